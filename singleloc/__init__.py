@@ -1,0 +1,24 @@
+"""singleloc: multi-head attention in the high-dimensional single-location model.
+
+Exact order-parameter dynamics (an ODE for ``(M, Q, b)`` whose drift JAX derives from the
+loss), finite-D online SGD simulations, the Bayes-optimal baseline, pruning and the
+normalization diagnostics. The conventions are those of ``MODEL.md``.
+"""
+
+__version__ = "0.1.0"
+
+from ._activations import (
+    Activation,
+    activation_names,
+    bsoftmax,
+    get_activation,
+    register_activation,
+    softmax,
+    softmax1,
+)
+from ._config import Config, load_config, preset_names
+from ._data import initial_overlaps, make_spikes, sample_sequence, seed_keys
+from ._layer import finite_loss, limit_loss, token_weights
+from ._priors import Prior, binary, discrete, flipped, gaussian, spikes
+from ._simulation import SimulationResult, simulate
+from ._specs import SGD, Model, Problem, Simulation, Theory

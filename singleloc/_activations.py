@@ -1,0 +1,90 @@
+"""Attention activations: maps from scores ``s`` of shape ``(H, L)`` to head weights ``A``.
+
+Conventions (MODEL.md section 2). Scores ``s_hl = <k_h, x_l>/sqrt(D) + b_h``; the layer
+aggregates the heads uniformly, ``a_l = (1/H) sum_h A_hl``.
+
+* ``softmax``:  ``A_hl = exp(s_hl) / sum_l' exp(s_hl')``;
+* ``softmax1``: ``A_hl = exp(s_hl) / (1 + sum_l' exp(s_hl'))``, a head may switch off;
+* ``bsoftmax``: ``A_hl = H exp(s_hl) / sum_{h',l'} exp(s_h'l')``, one distribution over
+  all heads and tokens, so that ``a`` is a probability vector.
+
+Every activation is written in max-subtracted form: finite for scores up to any finite
+magnitude, and a score of ``-inf`` gives a weight of exactly zero.
+
+An activation is any JAX function ``scores (H, L) -> weights (H, L)`` that is equivariant
+under permutations of the tokens (the theory engine fixes the relevant token at position 0
+and relies on this). Register your own with :func:`register_activation`; the simulator, the
+population risk and the ODE (whose drift is obtained by autodiff) then handle it with no
+further code.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+Activation = Callable[[jax.Array], jax.Array]
+
+_REGISTRY: dict[str, Activation] = {}
+
+
+def softmax(scores: jax.Array) -> jax.Array:
+    """Per-head softmax over tokens: each row of the result sums to one."""
+    return jax.nn.softmax(scores, axis=-1)
+
+
+def softmax1(scores: jax.Array) -> jax.Array:
+    """Softmax with an extra zero logit ("softmax-1"): rows sum to less than one.
+
+    ``exp(s_hl) / (1 + sum_l' exp(s_hl'))``, evaluated with the shift
+    ``m_h = max(0, max_l s_hl)`` so that neither the numerator nor the denominator overflows.
+    """
+    m = jax.lax.stop_gradient(jnp.maximum(jnp.max(scores, axis=-1, keepdims=True), 0.0))
+    e = jnp.exp(scores - m)
+    return e / (jnp.exp(-m) + jnp.sum(e, axis=-1, keepdims=True))
+
+
+def bsoftmax(scores: jax.Array) -> jax.Array:
+    """Bayes-softmax: one softmax over all heads and tokens, scaled by ``H``.
+
+    The head-average ``a_l = (1/H) sum_h A_hl`` is then a probability vector over tokens.
+    """
+    h = scores.shape[-2]
+    flat = jax.nn.softmax(scores.reshape(*scores.shape[:-2], -1), axis=-1)
+    return h * flat.reshape(scores.shape)
+
+
+def register_activation(name: str, fn: Activation, *, overwrite: bool = False) -> None:
+    """Make ``fn`` available under ``name`` (in configs: ``model.activation = name``).
+
+    ``fn`` maps scores of shape ``(H, L)`` to weights of the same shape and must be
+    equivariant under token permutations. Re-registering an existing name needs
+    ``overwrite=True``.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError("activation name must be a non-empty string")
+    if not callable(fn):
+        raise TypeError(f"activation {name!r}: expected a callable scores -> weights, got {fn!r}")
+    if name in _REGISTRY and not overwrite and _REGISTRY[name] is not fn:
+        raise ValueError(f"activation {name!r} is already registered (pass overwrite=True to replace it)")
+    _REGISTRY[name] = fn
+
+
+def get_activation(name: str) -> Activation:
+    """The activation registered under ``name``; a clear error lists the known names."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        known = ", ".join(sorted(_REGISTRY))
+        raise ValueError(f"model.activation: unknown activation {name!r} (known: {known})") from None
+
+
+def activation_names() -> tuple[str, ...]:
+    """Names of all registered activations."""
+    return tuple(sorted(_REGISTRY))
+
+
+for _name, _fn in (("softmax", softmax), ("softmax1", softmax1), ("bsoftmax", bsoftmax)):
+    register_activation(_name, _fn)

@@ -1,0 +1,190 @@
+"""Finite-D one-pass SGD in the single-location model (MODEL.md section 5).
+
+Step ``t`` draws one fresh sequence and updates
+
+    k_h <- k_h - lr * grad_{k_h} l,        b_h <- b_h - (lr / D) * dl/db_h  (if biases train),
+
+with ``l = |x_eps - yhat|^2 / D`` differentiated by JAX. Time is ``tau = t / D``. The run
+advances all seeds at once (``vmap``) inside one jitted ``fori_loop`` per saved interval,
+and at each saved time records the order parameters and two risks on ``test_samples`` fresh
+sequences: the empirical finite-D risk and the limit risk of MODEL.md section 3 evaluated on
+the same sequences.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm.auto import tqdm
+
+from ._activations import get_activation
+from ._config import Config
+from ._data import init_keys, make_spikes, overlaps, sample_sequence, seed_keys
+from ._priors import Prior
+from ._io import save_config, save_npz
+from ._layer import finite_loss, limit_loss, token_weights
+
+
+@dataclasses.dataclass(frozen=True)
+class SimulationResult:
+    """Saved trajectory of a simulation over ``S`` seeds and ``T`` saved times.
+
+    ``tau`` (T,), ``M`` (S, T, H, F), ``Q`` (S, T, H, H), ``b`` (S, T, H),
+    ``risk`` (S, T) the empirical test risk, ``risk_limit`` (S, T) the limit risk on the
+    same test sequences; ``K`` (S, H, D) and ``kstar`` (S, F, D) are the final keys and the
+    spikes (kept in memory, not written to ``simulation.npz``).
+    """
+
+    tau: np.ndarray
+    M: np.ndarray
+    Q: np.ndarray
+    b: np.ndarray
+    risk: np.ndarray
+    risk_limit: np.ndarray
+    K: np.ndarray
+    kstar: np.ndarray
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The arrays stored in ``simulation.npz``."""
+        return {k: getattr(self, k) for k in ("tau", "M", "Q", "b", "risk", "risk_limit")}
+
+    def save(self, directory: str | Path, config: Config) -> Path:
+        """Write ``DIR/simulation.npz`` and ``DIR/config.json`` atomically."""
+        save_config(directory, config)
+        return save_npz(Path(directory) / "simulation.npz", self.arrays())
+
+
+def save_steps(config: Config) -> np.ndarray:
+    """SGD step counts ``t`` at the saved times (``tau * D`` rounded, strictly increasing)."""
+    t = np.round(config.sgd.save_times() * config.simulation.D).astype(np.int64)
+    t = np.unique(t)
+    if len(t) < 2:
+        raise ValueError("sgd.tau_max * simulation.D is too small: fewer than two distinct saved steps")
+    return t
+
+
+def _run_functions(config: Config):
+    """Pure per-seed functions: initial state, advance by steps, and measure."""
+    pb, mdl, sgd, sim = config.problem, config.model, config.sgd, config.simulation
+    act = get_activation(mdl.activation)
+    prior = pb.build_prior()
+    L, F, H, D = pb.L, pb.F, mdl.heads, sim.D
+    lr = sgd.lr
+    grad = jax.grad(lambda K, b, X, eps: finite_loss(act, K, b, X, eps), argnums=(0, 1))
+
+    def init(index):
+        keys = seed_keys(sim.seed, index)
+        kstar = make_spikes(keys.spikes, F, D)
+        K = init_keys(keys.init, H, D, sgd.init_scale)
+        b = jnp.full((H,), mdl.bias_init, dtype=K.dtype)
+        return (K, b), (kstar, keys.train, keys.test)
+
+    def advance(params, consts, t0, t1):
+        kstar, train_key, _ = consts
+
+        def body(t, params):
+            K, b = params
+            X, eps = sample_sequence(jax.random.fold_in(train_key, t), prior, kstar, L)
+            gK, gb = grad(K, b, X, eps)
+            return K - lr * gK, (b - (lr / D) * gb) if mdl.train_bias else b
+
+        return jax.lax.fori_loop(t0, t1, body, params)
+
+    def measure(params, consts, i):
+        K, b = params
+        kstar, _, test_key = consts
+        keys = jax.random.split(jax.random.fold_in(test_key, i), sim.test_samples)
+        emp, lim = test_losses(act, prior, K, b, kstar, keys, L)
+        M, Q = overlaps(K, kstar)
+        return M, Q, b, jnp.mean(emp), jnp.mean(lim)
+
+    return init, advance, measure
+
+
+def test_losses(act, prior: Prior, K, b, kstar, keys, L: int):
+    """Finite-D and limit losses of fresh sequences, one per key, drawn exactly in law at a
+    cost independent of D.
+
+    A token splits as ``x = U^T y + x_perp`` with ``U`` (r, D) an orthonormal basis of the
+    span of the keys and spikes (``r = H + F``), ``y ~ N(0, I_r)`` (plus the signal shift for
+    ``x_eps``) and ``x_perp`` Gaussian in the complement. The scores need only ``y``; the
+    Gram matrix ``<x_l, x_l'> = y_l . y_l' + W_ll'`` needs in addition ``W``, a Wishart
+    ``(L, D - r)`` matrix drawn by the Bartlett decomposition. The finite-D loss is then
+    ``w^T Gram w / D`` with ``w = e_eps - a``: the same law as building the D-dimensional
+    tokens, without building them.
+    """
+    H, D = K.shape
+    F = kstar.shape[0]
+    r = H + F
+    U = jnp.linalg.qr(jnp.concatenate([K, kstar]).T)[0].T  # (r, D), orthonormal rows
+    KU, shift = K @ U.T / jnp.sqrt(D), U @ kstar.T / jnp.sqrt(D)  # (H, r), (r, F)
+    dof = D - r - jnp.arange(L)  # Bartlett: A_ii^2 ~ chi2(D - r - i)
+
+    def one(key):
+        k_theta, k_eps, k_y, k_diag, k_low = jax.random.split(key, 5)
+        theta = prior.sample(k_theta).astype(K.dtype)
+        eps = jax.random.randint(k_eps, (), 0, L)
+        y = jax.random.normal(k_y, (L, r), dtype=K.dtype).at[eps].add(shift @ theta)
+        s = KU @ y.T + b[:, None]
+        diag = jnp.sqrt(2.0 * jax.random.gamma(k_diag, dof / 2.0, dtype=K.dtype))
+        A = jnp.tril(jax.random.normal(k_low, (L, L), dtype=K.dtype), -1) + jnp.diag(diag)
+        w = jax.nn.one_hot(eps, L, dtype=K.dtype) - token_weights(act, s)
+        gram = y @ y.T + A @ A.T
+        return w @ gram @ w / D, limit_loss(act, s, eps)
+
+    return jax.vmap(one)(keys)
+
+
+def simulate(config: Config, *, progress: bool = True) -> SimulationResult:
+    """Run online SGD for every seed of ``config`` and record the saved trajectory.
+
+    Args:
+        config: the resolved configuration (see :func:`load_config`).
+        progress: show a progress bar over the saved times.
+
+    Raises:
+        FloatingPointError: the dynamics diverged (non-finite or exploding keys); the
+            message gives the time and suggests a smaller ``sgd.lr``.
+    """
+    pb, H, D = config.problem, config.model.heads, config.simulation.D
+    if D < H + pb.F + pb.L:
+        raise ValueError(f"simulation.D = {D} must be at least model.heads + problem.F + problem.L = {H + pb.F + pb.L}")
+    init, advance, measure = _run_functions(config)
+    seeds = jnp.arange(config.simulation.seeds)
+    params, consts = jax.jit(jax.vmap(init))(seeds)
+    advance_all = jax.jit(jax.vmap(advance, in_axes=(0, 0, None, None)))
+    measure_all = jax.jit(jax.vmap(measure, in_axes=(0, 0, None)))
+    steps = save_steps(config)
+    records = []
+    bar = tqdm(total=int(steps[-1]), disable=not progress, desc="simulate", unit="step", unit_scale=True, leave=False)
+    t_prev = 0
+    for i, t in enumerate(steps):
+        if t > t_prev:
+            params = advance_all(params, consts, t_prev, int(t))
+            bar.update(int(t) - t_prev)
+            t_prev = int(t)
+        rec = jax.device_get(measure_all(params, consts, i))
+        _check_finite(rec, t / D, config)
+        records.append(rec)
+    bar.close()
+    M, Q, b, risk, risk_limit = (np.stack([r[j] for r in records], axis=1) for j in range(5))
+    K, kstar = jax.device_get((params[0], consts[0]))
+    return SimulationResult(steps / D, M, Q, b, risk, risk_limit, np.asarray(K), np.asarray(kstar))
+
+
+# |Q| beyond this means the keys have run away: the loss is then flat and SGD cannot recover.
+_Q_RUNAWAY = 1e6
+
+
+def _check_finite(record, tau: float, config: Config) -> None:
+    M, Q, b, risk, risk_limit = record
+    bad = not all(np.all(np.isfinite(x)) for x in record) or np.max(np.abs(Q)) > _Q_RUNAWAY
+    if bad:
+        raise FloatingPointError(
+            f"the SGD dynamics diverged by tau = {tau:.4g} (non-finite or exploding keys, max |Q| = "
+            f"{np.nanmax(np.abs(Q)):.3g}); lower sgd.lr (now {config.sgd.lr}) or sgd.init_scale"
+        )

@@ -1,0 +1,217 @@
+"""Frozen, validated specifications: what is learned, by what layer, with what SGD.
+
+Each section of a config file is one of these dataclasses, with the same key names:
+``[problem]`` -> :class:`Problem`, ``[model]`` -> :class:`Model`, ``[sgd]`` -> :class:`SGD`,
+``[simulation]`` -> :class:`Simulation`, ``[theory]`` -> :class:`Theory`. Construction
+validates every value and raises ``ValueError`` naming the offending ``section.key``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+
+from ._activations import get_activation
+from ._priors import PRIOR_FACTORIES, Prior
+
+
+def _fail(section: str, key: str, message: str):
+    raise ValueError(f"{section}.{key}: {message}")
+
+
+def _int(section: str, key: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer, float)) or int(value) != value:
+        _fail(section, key, f"must be an integer, got {value!r}")
+    if value < minimum:
+        _fail(section, key, f"must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def _float(section: str, key: str, value: Any, *, positive: bool = False, nonneg: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        _fail(section, key, f"must be a number, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value):
+        _fail(section, key, f"must be finite, got {value}")
+    if positive and value <= 0:
+        _fail(section, key, f"must be > 0, got {value}")
+    if nonneg and value < 0:
+        _fail(section, key, f"must be >= 0, got {value}")
+    return value
+
+
+def _bool(section: str, key: str, value: Any) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        _fail(section, key, f"must be true or false, got {value!r}")
+    return bool(value)
+
+
+def _matrix(section: str, key: str, value: Any, ndim: int | tuple[int, ...]):
+    try:
+        arr = np.asarray(value, dtype=float)
+    except (TypeError, ValueError):
+        _fail(section, key, f"must be numeric, got {value!r}")
+    ndims = (ndim,) if isinstance(ndim, int) else ndim
+    if arr.ndim not in ndims:
+        _fail(section, key, f"must have {' or '.join(map(str, ndims))} dimension(s), got shape {arr.shape}")
+    if not np.all(np.isfinite(arr)):
+        _fail(section, key, "must be finite")
+    return arr.tolist()
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """The data (MODEL.md section 1): sequence length, spikes, and the prior of ``theta``.
+
+    ``prior`` is a name (``spikes``, ``flipped``, ``binary``, ``discrete``, ``gaussian``) whose
+    parameters are the other keys, or a :class:`~singleloc.Prior` object. Defaults of the
+    optional keys: ``discrete`` takes ``support = strength * I_F`` and uniform ``probs``;
+    ``gaussian`` takes ``mean = 0`` and ``cov = strength^2 I_F`` (isotropic).
+    """
+
+    L: int = 4
+    F: int = 2
+    prior: str | Prior = "spikes"
+    strength: float = 2.5
+    p: float = 0.5
+    support: list | None = None
+    probs: list | None = None
+    mean: list | None = None
+    cov: Any = None
+
+    def __post_init__(self):
+        s = "problem"
+        object.__setattr__(self, "L", _int(s, "L", self.L, 2))
+        object.__setattr__(self, "F", _int(s, "F", self.F, 1))
+        object.__setattr__(self, "strength", _float(s, "strength", self.strength, positive=True))
+        object.__setattr__(self, "p", _float(s, "p", self.p))
+        if not 0.0 < self.p < 1.0:
+            _fail(s, "p", f"must lie in (0, 1), got {self.p}")
+        for key, nd in (("support", 2), ("probs", 1), ("mean", 1), ("cov", (0, 1, 2))):
+            if getattr(self, key) is not None:
+                object.__setattr__(self, key, _matrix(s, key, getattr(self, key), nd))
+        if isinstance(self.prior, Prior):
+            if self.prior.F != self.F:
+                _fail(s, "F", f"is {self.F} but the prior object has F = {self.prior.F}")
+        elif self.prior not in PRIOR_FACTORIES:
+            _fail(s, "prior", f"unknown prior {self.prior!r} (known: {', '.join(PRIOR_FACTORIES)})")
+        prior = self.build_prior()
+        if prior.F != self.F:
+            _fail(s, "F", f"is {self.F} but the {prior.name} prior's parameters have dimension {prior.F}")
+
+    def build_prior(self) -> Prior:
+        """The :class:`Prior` this problem describes."""
+        if isinstance(self.prior, Prior):
+            return self.prior
+        F = self.F
+        try:
+            if self.prior in ("spikes", "flipped"):
+                return PRIOR_FACTORIES[self.prior](F, self.strength)
+            if self.prior == "binary":
+                return PRIOR_FACTORIES["binary"](F, self.strength, self.p)
+            if self.prior == "discrete":
+                support = self.support if self.support is not None else (self.strength * np.eye(F)).tolist()
+                k = len(support)
+                probs = self.probs if self.probs is not None else [1.0 / k] * k
+                return PRIOR_FACTORIES["discrete"](support, probs)
+            mean = self.mean if self.mean is not None else [0.0] * F
+            cov = self.cov if self.cov is not None else self.strength**2
+            return PRIOR_FACTORIES["gaussian"](mean, cov)
+        except ValueError as err:
+            msg = str(err)
+            raise ValueError(msg if msg.startswith("problem.") else f"problem.prior: {msg}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+    """The predictor (MODEL.md section 2): ``heads`` keys, an activation, optional biases."""
+
+    heads: int = 2
+    activation: str = "softmax"
+    train_bias: bool = False
+    bias_init: float = 0.0
+
+    def __post_init__(self):
+        s = "model"
+        object.__setattr__(self, "heads", _int(s, "heads", self.heads, 1))
+        if not isinstance(self.activation, str):
+            _fail(s, "activation", f"must be a name, got {self.activation!r}")
+        get_activation(self.activation)  # raises "model.activation: unknown ..."
+        object.__setattr__(self, "train_bias", _bool(s, "train_bias", self.train_bias))
+        object.__setattr__(self, "bias_init", _float(s, "bias_init", self.bias_init))
+
+
+@dataclasses.dataclass(frozen=True)
+class SGD:
+    """Online SGD (MODEL.md section 5) and the grid of saved times ``tau = t / D``.
+
+    ``spacing = "linear"`` saves at ``linspace(0, tau_max, n_save)``; ``"log"`` saves at
+    ``tau = 0`` and ``n_save - 1`` points log-spaced from ``tau_max / 1000`` to ``tau_max``.
+    """
+
+    lr: float = 0.5
+    init_scale: float = 0.5
+    tau_max: float = 30.0
+    n_save: int = 61
+    spacing: str = "linear"
+
+    def __post_init__(self):
+        s = "sgd"
+        object.__setattr__(self, "lr", _float(s, "lr", self.lr, positive=True))
+        object.__setattr__(self, "init_scale", _float(s, "init_scale", self.init_scale, nonneg=True))
+        object.__setattr__(self, "tau_max", _float(s, "tau_max", self.tau_max, positive=True))
+        object.__setattr__(self, "n_save", _int(s, "n_save", self.n_save, 2))
+        if self.spacing not in ("linear", "log"):
+            _fail(s, "spacing", f"must be 'linear' or 'log', got {self.spacing!r}")
+
+    def save_times(self) -> np.ndarray:
+        """The requested saved times (before rounding to whole SGD steps)."""
+        if self.spacing == "linear":
+            return np.linspace(0.0, self.tau_max, self.n_save)
+        return np.concatenate([[0.0], np.geomspace(self.tau_max * 1e-3, self.tau_max, self.n_save - 1)])
+
+
+@dataclasses.dataclass(frozen=True)
+class Simulation:
+    """Finite-D simulation: dimension, number of seeds, base seed, test-set size."""
+
+    D: int = 1000
+    seeds: int = 4
+    seed: int = 0
+    test_samples: int = 4096
+
+    def __post_init__(self):
+        s = "simulation"
+        object.__setattr__(self, "D", _int(s, "D", self.D, 1))
+        object.__setattr__(self, "seeds", _int(s, "seeds", self.seeds, 1))
+        object.__setattr__(self, "seed", _int(s, "seed", self.seed, 0))
+        object.__setattr__(self, "test_samples", _int(s, "test_samples", self.test_samples, 1))
+
+
+@dataclasses.dataclass(frozen=True)
+class Theory:
+    """Numerics of the order-parameter ODE.
+
+    ``points``: number of scrambled-Sobol quadrature points over the Gaussian local fields
+    (a power of two; the rule also uses their antithetic mirrors). ``rtol``/``atol``: the
+    tolerances of diffrax's adaptive step-size controller. ``qmc_seed``: the scrambling seed,
+    fixed so that the rule is deterministic.
+    """
+
+    points: int = 4096
+    rtol: float = 1e-6
+    atol: float = 1e-8
+    qmc_seed: int = 0
+
+    def __post_init__(self):
+        s = "theory"
+        pts = _int(s, "points", self.points, 16)
+        if pts & (pts - 1):
+            _fail(s, "points", f"must be a power of two (Sobol points), got {pts}")
+        object.__setattr__(self, "points", pts)
+        object.__setattr__(self, "rtol", _float(s, "rtol", self.rtol, positive=True))
+        object.__setattr__(self, "atol", _float(s, "atol", self.atol, positive=True))
+        object.__setattr__(self, "qmc_seed", _int(s, "qmc_seed", self.qmc_seed, 0))
