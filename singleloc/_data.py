@@ -5,6 +5,10 @@ Random streams. A run with base seed ``seed`` gives seed number ``s`` the key
 ``fold_in(PRNGKey(seed), s)``, split once into ``(spikes, init, train, test)``; the training
 sample of step ``t`` uses ``fold_in(train, t)``, so results do not depend on how a run is
 chunked.
+
+Finite-D runs are in single precision (``SIM_DTYPE``) whether or not JAX's x64 mode is on,
+so that a seed gives the same weights in every process; the theory casts the initial
+overlaps to its own precision.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import jax
 import jax.numpy as jnp
 
 from ._priors import Prior
+
+SIM_DTYPE = jnp.float32
 
 
 class SeedKeys(NamedTuple):
@@ -33,13 +39,13 @@ def make_spikes(key: jax.Array, F: int, D: int) -> jax.Array:
     """``F`` orthogonal spikes (F, D) with ``|k*_f|^2 = D``: ``sqrt(D)`` times QR rows."""
     if F > D:
         raise ValueError(f"simulation.D = {D} must be at least problem.F = {F} (orthogonal spikes)")
-    q, _ = jnp.linalg.qr(jax.random.normal(key, (D, F)))
+    q, _ = jnp.linalg.qr(jax.random.normal(key, (D, F), dtype=SIM_DTYPE))
     return jnp.sqrt(D) * q.T
 
 
 def init_keys(key: jax.Array, H: int, D: int, init_scale: float) -> jax.Array:
     """Initial keys ``k_h ~ N(0, init_scale^2 I_D)``, shape (H, D)."""
-    return init_scale * jax.random.normal(key, (H, D))
+    return init_scale * jax.random.normal(key, (H, D), dtype=SIM_DTYPE)
 
 
 def overlaps(K: jax.Array, kstar: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -25,6 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point; errors in the input are printed as one line, without a traceback."""
     args = build_parser().parse_args(argv)
+    import jax
+
+    jax.config.update("jax_enable_x64", True)  # the ODE runs in double precision; simulations stay in float32
     try:
         return int(args.func(args) or 0)
     except (ValueError, FloatingPointError, FileNotFoundError) as err:

@@ -1,6 +1,6 @@
 """Subcommands of the CLI. Each module defines ``register(subparsers)``, which adds its parser
 and sets ``func`` to the function that runs it; add a module here to add a command."""
 
-from . import simulate
+from . import compare, integrate, simulate
 
-COMMANDS = (simulate,)
+COMMANDS = (simulate, integrate, compare,)
