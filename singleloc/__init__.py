@@ -18,7 +18,10 @@ from ._activations import (
 )
 from ._config import Config, load_config, preset_names
 from ._data import initial_overlaps, make_spikes, sample_sequence, seed_keys
+from ._fields import LocalFields, psd_sqrt
 from ._layer import finite_loss, limit_loss, token_weights
+from ._ode import TheoryResult, initial_conditions, integrate
 from ._priors import Prior, binary, discrete, flipped, gaussian, spikes
 from ._simulation import SimulationResult, simulate
 from ._specs import SGD, Model, Problem, Simulation, Theory
+from ._theory import OrderParameterODE, OrderParameters, r_orth
