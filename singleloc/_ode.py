@@ -71,7 +71,7 @@ def _solve(ode: OrderParameterODE, y0: OrderParameters, ts: jax.Array, rtol: flo
         t1=ts[-1],
         dt0=None,
         y0=y0,
-        saveat=diffrax.SaveAt(ts=ts, t1=True),
+        saveat=diffrax.SaveAt(ts=ts),
         stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol),
         event=diffrax.Event(_invalid_state),
         max_steps=max_steps,
@@ -79,8 +79,8 @@ def _solve(ode: OrderParameterODE, y0: OrderParameters, ts: jax.Array, rtol: flo
         progress_meter=diffrax.TqdmProgressMeter() if progress else diffrax.NoProgressMeter(),
     )
     M, Q, b = sol.ys
-    risk = jax.vmap(lambda m, q, bb: jnp.where(jnp.isfinite(q).all(), ode.risk(m, q, bb), jnp.nan))(M[:-1], Q[:-1], b[:-1])
-    return M[:-1], Q[:-1], b[:-1], risk, sol.ts[-1], sol.result == diffrax.RESULTS.successful, sol.event_mask
+    risk = jax.vmap(lambda m, q, bb: jnp.where(jnp.isfinite(q).all(), ode.risk(m, q, bb), jnp.nan))(M, Q, b)
+    return M, Q, b, risk, sol.result == diffrax.RESULTS.successful
 
 
 @eqx.filter_jit
@@ -130,13 +130,16 @@ def integrate(
     ts = jnp.asarray(config.sgd.save_times() if ts is None else ts, dtype=y0.M.dtype)
     ode = OrderParameterODE.from_config(config)
     th = config.theory
-    M, Q, b, risk, t_end, ok, _ = jax.device_get(_solve_batch(ode, y0, ts, th.rtol, th.atol, max_steps, progress))
-    if not np.all(ok) or not np.all(np.isfinite(risk)):
-        i = int(np.argmin(ok)) if not np.all(ok) else int(np.argmax(~np.all(np.isfinite(risk), axis=1)))
+    M, Q, b, risk, ok = jax.device_get(_solve_batch(ode, y0, ts, th.rtol, th.atol, max_steps, progress))
+    valid = np.isfinite(risk)
+    if not np.all(ok) or not np.all(valid):
+        i = int(np.argmin(np.all(valid, axis=1) & ok))
+        k = int(np.argmin(valid[i])) if not np.all(valid[i]) else len(ts) - 1
         raise FloatingPointError(
-            f"the order-parameter ODE stopped at tau = {float(t_end[i]):.4g} (start {i}): the state left the set of "
-            f"valid overlaps (non-finite values, runaway keys or R_orth = Q - M M^T not PSD) or the solver ran out of "
-            f"steps; lower sgd.lr (now {config.sgd.lr}) or tighten theory.rtol/theory.atol"
+            f"the order-parameter ODE stopped at tau = {float(ts[k - 1]) if k else 0.0:.4g}..{float(ts[k]):.4g} (start {i}): "
+            f"the state left the set of valid overlaps (non-finite values, runaway keys with max |Q| > {_Q_RUNAWAY:g}, or "
+            f"R_orth = Q - M M^T not PSD) or the solver ran out of steps (max_steps = {max_steps}); lower sgd.lr (now "
+            f"{config.sgd.lr}) or tighten theory.rtol/theory.atol"
         )
     return TheoryResult(np.asarray(ts), M, Q, b, risk)
 
