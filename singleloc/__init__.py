@@ -16,6 +16,7 @@ from ._activations import (
     softmax,
     softmax1,
 )
+from ._bayes import RiskEstimate, bayes_point, bayes_risk, log_weight, population_risk, posterior
 from ._config import Config, load_config, preset_names
 from ._data import initial_overlaps, make_spikes, sample_sequence, seed_keys
 from ._fields import LocalFields, psd_sqrt

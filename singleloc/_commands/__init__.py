@@ -2,5 +2,7 @@
 and sets ``func`` to the function that runs it; add a module here to add a command."""
 
 from . import compare, integrate, simulate
+from . import bayes
 
 COMMANDS = (simulate, integrate, compare,)
+COMMANDS += (bayes,)

@@ -1,0 +1,181 @@
+"""The Bayes-optimal baseline of MODEL.md section 6.
+
+Posterior of the location. Given a sequence, only the spike fields ``nu_l`` (F,) of the
+tokens carry information on ``eps``: under ``eps = l`` token ``l`` has ``nu_l ~ N(theta, I_F)``
+and every other token ``N(0, I_F)``, so
+
+    p_l = w(nu_l) / sum_l' w(nu_l'),     w(nu) = E_theta[ exp(theta . nu - |theta|^2 / 2) ].
+
+The Bayes estimator ``sum_l p_l x_l`` has the limit risk ``E[(1 - p_eps)^2 + sum_{l != eps} p_l^2]``
+(the loss of MODEL.md section 3 with ``a = p``).
+
+The log-weight in closed form. Every prior is a mixture of ``N(a_k, S)`` with probabilities
+``pi_k`` and a common covariance ``S`` (``S = 0`` for the discrete priors). For one component,
+completing the square in ``theta`` gives, for any PSD ``S`` (singular included),
+
+    E_{theta ~ N(a, S)}[exp(theta . nu - |theta|^2/2)]
+        = det(I + S)^{-1/2} exp( a . nu - |a|^2/2 + 1/2 (nu - a)^T S (I + S)^{-1} (nu - a) ),
+
+so ``log w(nu) = logsumexp_k [log pi_k + a_k . nu - |a_k|^2/2 + 1/2 (nu - a_k)^T S (I+S)^{-1}
+(nu - a_k)] - 1/2 logdet(I + S)``. For ``S = 0`` this is the finite sum over the support; for
+one Gaussian ``N(mu, S)`` with ``S`` invertible its ``nu``-dependent part equals MODEL.md's
+``1/2 (S^-1 mu + nu)^T (S^-1 + I)^-1 (S^-1 mu + nu)`` (use ``(S^-1 + I)^-1 = S (I + S)^-1`` and
+``(S^-1 + I)^-1 S^-1 = (I + S)^-1``).
+
+The expectation over ``nu``. The spike fields have the law of head fields with ``H = F``,
+``M = I_F``, ``Q = I_F`` (``g = nu``), so the risk is one :meth:`LocalFields.expect` with
+those order parameters. :func:`bayes_risk` averages ``replicates`` independently scrambled
+rules and reports their standard error (randomised QMC), so the error estimate is measured,
+not assumed; :func:`population_risk` does the same for the risk of a layer at given
+``(M, Q, b)``.
+
+Bayes points. For a discrete prior with ``K`` atoms (of positive probability), bsoftmax with
+``H = K`` heads, ``M_h = theta^(h)``, ``R_orth = 0`` (``Q = M M^T``) and
+``b_h = log pi_h - |theta^(h)|^2 / 2`` has scores ``s_hl = theta^(h) . nu_l + b_h`` and weights
+``a_l = sum_h exp(s_hl) / sum_{h', l'} exp(s_h'l') = p_l``: it *is* the Bayes estimator
+(:func:`bayes_point`). With one atom (``K = 1``), bsoftmax with one head is softmax, so the
+same point is the softmax Bayes point (``M = strength``, ``Q = strength^2`` for F = 1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._activations import get_activation
+from ._fields import LocalFields
+from ._priors import Prior
+from ._theory import OrderParameterODE, OrderParameters
+
+
+def log_weight(prior: Prior, nu: jax.Array) -> jax.Array:
+    """``log E_theta[exp(theta . nu - |theta|^2 / 2)]`` for spike fields ``nu`` (..., F).
+
+    Exact (closed form per mixture component), valid for singular covariances; the result has
+    the shape ``nu.shape[:-1]``.
+    """
+    dtype = jnp.result_type(nu.dtype, float)
+    nu = jnp.asarray(nu, dtype)
+    atoms = jnp.asarray(prior.atoms_array(), dtype)  # (K, F)
+    with np.errstate(divide="ignore"):
+        log_pi = jnp.asarray(np.log(prior.probs_array()), dtype)  # (K,), -inf for empty atoms
+    S = np.asarray(prior.noise_cov, dtype=float)
+    F = S.shape[0]
+    lin = nu @ atoms.T - 0.5 * jnp.sum(atoms**2, axis=-1) + log_pi  # (..., K)
+    if prior.is_discrete:
+        return jax.nn.logsumexp(lin, axis=-1)
+    G = jnp.asarray(np.linalg.solve(np.eye(F) + S, S), dtype)  # S (I + S)^-1, symmetric
+    _, logdet = np.linalg.slogdet(np.eye(F) + S)
+    d = nu[..., None, :] - atoms  # (..., K, F)
+    quad = 0.5 * jnp.einsum("...kf,fg,...kg->...k", d, G, d)
+    return jax.nn.logsumexp(lin + quad, axis=-1) - 0.5 * logdet
+
+
+def posterior(prior: Prior, nu: jax.Array) -> jax.Array:
+    """Posterior of the location ``p`` (..., L) from the spike fields ``nu`` (..., L, F)."""
+    return jax.nn.softmax(log_weight(prior, nu), axis=-1)
+
+
+def bayes_loss(prior: Prior, nu: jax.Array, eps: int | jax.Array = 0) -> jax.Array:
+    """``(1 - p_eps)^2 + sum_{l != eps} p_l^2`` of one sequence with spike fields ``nu`` (L, F)."""
+    p = posterior(prior, nu)
+    return jnp.sum((jax.nn.one_hot(eps, p.shape[-1], dtype=p.dtype) - p) ** 2, axis=-1)
+
+
+@dataclasses.dataclass(frozen=True)
+class RiskEstimate:
+    """A risk computed by randomised quadrature, with its numerical error.
+
+    ``value``: mean over independently scrambled rules of ``points`` Sobol points each (plus
+    their mirrors); ``error``: the standard error of that mean (sample standard deviation of
+    the replicates over ``sqrt(len(replicates))``); ``replicates``: the individual estimates.
+    """
+
+    value: float
+    error: float
+    replicates: tuple[float, ...]
+    points: int
+
+    @classmethod
+    def from_replicates(cls, values, points: int) -> "RiskEstimate":
+        v = np.asarray(values, dtype=float)
+        return cls(float(v.mean()), float(v.std(ddof=1) / np.sqrt(len(v))), tuple(float(x) for x in v), int(points))
+
+    def to_dict(self) -> dict:
+        return {"value": self.value, "error": self.error, "replicates": list(self.replicates), "points": self.points}
+
+
+def _check_counts(L, replicates) -> None:
+    if isinstance(L, bool) or int(L) != L or L < 2:
+        raise ValueError(f"problem.L must be an integer >= 2, got {L!r}")
+    if isinstance(replicates, bool) or int(replicates) != replicates or replicates < 2:
+        raise ValueError(f"replicates must be an integer >= 2 (for the error estimate), got {replicates!r}")
+
+
+@eqx.filter_jit
+def _bayes_risk_on_rule(rule: LocalFields, loss_fn) -> jax.Array:
+    F = rule.atoms.shape[1]
+    eye = jnp.eye(F, dtype=rule.w.dtype)
+    return rule.expect(lambda g, theta: loss_fn(g), eye, eye)
+
+
+def bayes_risk(prior: Prior, L: int, points: int = 4096, seed: int = 0, replicates: int = 8) -> RiskEstimate:
+    """Bayes risk ``E[(1 - p_eps)^2 + sum_{l != eps} p_l^2]`` of the location for ``L`` tokens.
+
+    Args:
+        prior: the prior of ``theta``.
+        L: sequence length (>= 2).
+        points: Sobol points per rule (a power of two); each rule also uses their mirrors.
+        seed: scrambling seed of the first rule; replicate ``i`` uses ``seed + i``.
+        replicates: number of independent scramblings (>= 2, for the error estimate).
+    """
+    _check_counts(L, replicates)
+    loss_fn = jax.tree_util.Partial(lambda nu: bayes_loss(prior, nu, 0))
+    values = [float(_bayes_risk_on_rule(LocalFields.make(int(L), prior.F, prior, points, seed + i), loss_fn)) for i in range(int(replicates))]
+    return RiskEstimate.from_replicates(values, points)
+
+
+@eqx.filter_jit
+def _risk_on_rule(rule: LocalFields, activation, M, Q, b) -> jax.Array:
+    return OrderParameterODE(rule, activation, 1.0, False).risk(M, Q, b)
+
+
+def population_risk(
+    prior: Prior, L: int, activation: str, M, Q, b, points: int = 4096, seed: int = 0, replicates: int = 8
+) -> RiskEstimate:
+    """Population risk ``R(M, Q, b)`` of a layer (MODEL.md section 3) with its numerical error:
+    :meth:`OrderParameterODE.risk` on ``replicates`` independently scrambled rules."""
+    _check_counts(L, replicates)
+    act = get_activation(activation)
+    dtype = jnp.result_type(float)
+    M, Q, b = (jnp.asarray(x, dtype) for x in (M, Q, b))
+    H = M.shape[0]
+    if M.ndim != 2 or M.shape[1] != prior.F or Q.shape != (H, H) or b.shape != (H,):
+        raise ValueError(f"order parameters must have shapes M (H, {prior.F}), Q (H, H), b (H,), got {M.shape}, {Q.shape}, {b.shape}")
+    values = [float(_risk_on_rule(LocalFields.make(int(L), H, prior, points, seed + i), act, M, Q, b)) for i in range(int(replicates))]
+    return RiskEstimate.from_replicates(values, points)
+
+
+def bayes_point(prior: Prior, dtype=None) -> OrderParameters:
+    """Order parameters at which bsoftmax with ``H = K`` heads is the Bayes estimator.
+
+    ``K`` is the number of atoms of positive probability of a discrete prior; head ``h`` gets
+    ``M_h = theta^(h)``, ``Q = M M^T`` (``R_orth = 0``) and ``b_h = log pi_h - |theta^(h)|^2/2``.
+    For a one-atom prior (``K = 1``) this is also the softmax Bayes point (biases cancel).
+
+    Raises:
+        ValueError: the prior has a Gaussian part (no finite number of heads is exact).
+    """
+    if not prior.is_discrete:
+        raise ValueError(f"prior {prior.name!r} has a Gaussian part: the Bayes estimator is not a finite bsoftmax layer (bayes_point needs a discrete prior)")
+    probs = prior.probs_array()
+    keep = probs > 0
+    atoms = prior.atoms_array()[keep]
+    dtype = jnp.result_type(float) if dtype is None else dtype
+    M = jnp.asarray(atoms, dtype)
+    b = jnp.asarray(np.log(probs[keep]) - 0.5 * np.sum(atoms**2, axis=1), dtype)
+    return OrderParameters(M, M @ M.T, b)
