@@ -131,5 +131,9 @@ class LocalFields(eqx.Module):
             values = jax.vmap(at_atom)(self.atoms)
             return jax.tree.map(lambda v: jnp.tensordot(self.probs, v, axes=1), values)
 
-        values = jax.lax.map(at_node, (self.w, self.u), batch_size=min(self.batch_size, self.n_nodes))
+        nodes = (self.w, self.u)
+        if self.n_nodes <= self.batch_size:
+            values = jax.vmap(at_node)(nodes)
+        else:
+            values = jax.lax.map(at_node, nodes, batch_size=self.batch_size)
         return jax.tree.map(lambda v: jnp.mean(v, axis=0), values)
