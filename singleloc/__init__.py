@@ -19,6 +19,27 @@ from ._activations import (
 from ._bayes import RiskEstimate, bayes_point, bayes_risk, log_weight, population_risk, posterior
 from ._config import Config, load_config, preset_names
 from ._data import initial_overlaps, make_spikes, sample_sequence, seed_keys
+from ._diagnostics import (
+    FD_EPSILONS,
+    CriticalTopN,
+    TopN,
+    VanishingAttention,
+    context_vector,
+    critical_top_n,
+    effective_logit_bound,
+    finite_difference_sensitivity,
+    geometric_separability,
+    ks_critical_n,
+    logits_from_weights,
+    random_directions,
+    representation_distance,
+    select_top_n,
+    softmax_jacobian,
+    softmax_jacobian_norm,
+    top_n_diagnostics,
+    vanishing_attention,
+)
+from ._activations import scalable_softmax, ssmax
 from ._fields import LocalFields, psd_sqrt
 from ._layer import finite_loss, limit_loss, token_weights
 from ._ode import TheoryResult, initial_conditions, integrate

@@ -6,7 +6,9 @@ aggregates the heads uniformly, ``a_l = (1/H) sum_h A_hl``.
 * ``softmax``:  ``A_hl = exp(s_hl) / sum_l' exp(s_hl')``;
 * ``softmax1``: ``A_hl = exp(s_hl) / (1 + sum_l' exp(s_hl'))``, a head may switch off;
 * ``bsoftmax``: ``A_hl = H exp(s_hl) / sum_{h',l'} exp(s_h'l')``, one distribution over
-  all heads and tokens, so that ``a`` is a probability vector.
+  all heads and tokens, so that ``a`` is a probability vector;
+* ``ssmax`` (scalable softmax, MODEL.md section 8): ``A_hl = softmax_l(log(L) s_hl)``, the
+  length-aware normaliser; :func:`scalable_softmax` makes it with other scales.
 
 Every activation is written in max-subtracted form: finite for scores up to any finite
 magnitude, and a score of ``-inf`` gives a weight of exactly zero.
@@ -20,6 +22,7 @@ further code.
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import jax
@@ -86,5 +89,38 @@ def activation_names() -> tuple[str, ...]:
     return tuple(sorted(_REGISTRY))
 
 
+def scalable_softmax(s: float = 1.0) -> Activation:
+    """Scalable softmax (SSMax) with a fixed scale ``s``: ``A_hl = softmax_l(s log(L) s_hl)``.
+
+    A length-aware normaliser (MODEL.md section 8): multiplying the scores by ``s log L``
+    lets a score margin of order one keep a weight of order one as ``L`` grows, where plain
+    softmax's weights are squeezed into ``[exp(-2a)/L, exp(2a)/L]``. ``L`` is the number of
+    tokens, ``scores.shape[-1]``. It equals softmax at ``L = exp(1/s)`` (``L = e`` for the
+    default ``s = 1``, the registered ``"ssmax"``); to match softmax at a reference length
+    ``L0`` use ``s = 1/log(L0)`` and register the result under a name of your own. For
+    ``L = 1`` the single weight is 1. Stable for any finite scores; ``-inf`` gives weight 0.
+    """
+    try:
+        scale = float(s)
+    except (TypeError, ValueError):
+        raise ValueError(f"scalable_softmax: s must be a positive number, got {s!r}") from None
+    if not (scale > 0 and scale < float("inf")):
+        raise ValueError(f"scalable_softmax: s must be a positive finite number, got {s!r}")
+
+    def ssmax(scores: jax.Array) -> jax.Array:
+        n = scores.shape[-1]
+        if n == 1:
+            return jnp.ones_like(scores)
+        return jax.nn.softmax((scale * math.log(n)) * scores, axis=-1)
+
+    ssmax.__doc__ = f"Scalable softmax ``softmax_l({scale:g} log(L) s_hl)`` (see :func:`scalable_softmax`)."
+    return ssmax
+
+
+#: The registered ``"ssmax"``: :func:`scalable_softmax` with ``s = 1``.
+ssmax = scalable_softmax(1.0)
+
+
 for _name, _fn in (("softmax", softmax), ("softmax1", softmax1), ("bsoftmax", bsoftmax)):
     register_activation(_name, _fn)
+register_activation("ssmax", ssmax)

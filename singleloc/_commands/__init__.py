@@ -6,3 +6,5 @@ from . import bayes
 
 COMMANDS = (simulate, integrate, compare,)
 COMMANDS += (bayes,)
+from . import diagnose
+COMMANDS += (diagnose,)

@@ -1,0 +1,610 @@
+"""Normalization diagnostics for attention rows (MODEL.md section 8).
+
+These functions take attention from any model: the ``alpha`` of a softmax-type layer, one row
+per query, and (where needed) the token vectors the row averages. They are written in NumPy
+and accept NumPy or JAX arrays; results are NumPy arrays in float64.
+
+Conventions
+-----------
+* ``weights`` (or ``logits``) have shape ``(..., L)``: the last axis runs over the ``L`` tokens
+  of a row, every leading axis is a batch axis (layers, heads, query positions, samples...).
+* ``values`` (the token vectors ``x_i``) have shape ``(..., L, d)``; their leading shape must
+  broadcast against the leading shape of ``weights``. Values shared by all query rows of a
+  head are passed with a length-1 query axis, e.g. weights ``(layers, heads, Lq, L)`` with
+  values ``(layers, heads, 1, L, d)``.
+* ``mask`` (optional, boolean, broadcastable to ``weights``): ``True`` marks the tokens that
+  belong to the row. Masked tokens (e.g. the future tokens of causal attention) are ignored
+  everywhere: they are never selected, they do not count in ``L`` and they are not in the
+  complement of a selection. For logits, a value of ``-inf`` also marks a token as absent.
+* ``|.|`` is the Euclidean norm.
+
+Diagnostics
+-----------
+* Vanishing attention (:func:`vanishing_attention`): a normaliser that does not know ``L``
+  keeps every weight within ``[C1/L, C2/L]``; for softmax with logits in ``[-a, a]``,
+  ``exp(-2a)/L <= alpha_i <= exp(2a)/L``.
+* Top-N selection ``I_N`` (the ``N`` largest weights, :func:`select_top_n`), context
+  ``s = sum_{i in I_N} alpha_i x_i`` and representation distance
+  ``d = sum_{i not in I_N} |alpha_i x_i - s|`` (:func:`top_n_diagnostics`).
+* Geometric separability ``N_s/N``: with ``r = min_{j not in I_N} |s - alpha_j x_j|``, a
+  selected ``i`` is separable when ``|s - alpha_i x_i| < r``.
+* Critical top-N (:func:`critical_top_n`): the ``N`` from which selecting more tokens no
+  longer increases the representation distance (distance collapse), by a one-sided
+  two-sample Kolmogorov-Smirnov test between consecutive ``N`` across rows or heads.
+* Gradient sensitivity at temperature ``T``: the exact Jacobian of ``softmax(l/T)``,
+  ``(diag(alpha) - alpha alpha^T)/T`` (:func:`softmax_jacobian`, :func:`softmax_jacobian_norm`),
+  and the finite-difference estimate ``|softmax((l + eps v)/T) - softmax(l/T)| / eps`` along
+  random unit directions ``v`` (:func:`finite_difference_sensitivity`).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import NamedTuple, Sequence
+
+import numpy as np
+from scipy import stats
+
+#: The perturbation sizes of the finite-difference sensitivity (as in the source paper).
+FD_EPSILONS = (1e-3, 1e-1, 10.0)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _as_float(name: str, x, *, min_ndim: int = 1, allow_neg_inf: bool = False) -> np.ndarray:
+    try:
+        arr = np.asarray(x, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a numeric array, got {type(x).__name__}") from None
+    if arr.ndim < min_ndim:
+        raise ValueError(f"{name} must have at least {min_ndim} dimension(s), got shape {arr.shape}")
+    if any(n == 0 for n in arr.shape):
+        raise ValueError(f"{name} must not be empty, got shape {arr.shape}")
+    if np.isnan(arr).any():
+        raise ValueError(f"{name} contains NaN")
+    bad = np.isposinf(arr) if allow_neg_inf else ~np.isfinite(arr)
+    if bad.any():
+        raise ValueError(f"{name} contains {'+inf' if allow_neg_inf else 'inf'}")
+    return arr
+
+
+def _weights(weights) -> np.ndarray:
+    w = _as_float("weights", weights)
+    if (w < 0).any():
+        raise ValueError("weights must be non-negative")
+    return w
+
+
+def _logits(logits) -> np.ndarray:
+    lg = _as_float("logits", logits, allow_neg_inf=True)
+    if not np.isfinite(lg).any(axis=-1).all():
+        raise ValueError("logits: every row needs at least one finite logit")
+    return lg
+
+
+def _mask(mask, shape: tuple[int, ...]) -> np.ndarray:
+    if mask is None:
+        return np.ones(shape, dtype=bool)
+    m = np.asarray(mask)
+    if m.dtype != bool:
+        raise ValueError(f"mask must be a boolean array, got dtype {m.dtype}")
+    try:
+        return np.broadcast_to(m, shape)
+    except ValueError:
+        raise ValueError(f"mask of shape {m.shape} does not broadcast to the weights' shape {shape}") from None
+
+
+def _values(values, weights_shape: tuple[int, ...]) -> np.ndarray:
+    v = _as_float("values", values, min_ndim=2)
+    L = weights_shape[-1]
+    if v.shape[-2] != L:
+        raise ValueError(f"values must have shape (..., L, d) with L = {L} tokens, got shape {v.shape}")
+    try:
+        np.broadcast_shapes(v.shape[:-2], weights_shape[:-1])
+    except ValueError:
+        raise ValueError(
+            f"values' leading shape {v.shape[:-2]} does not broadcast against the weights' leading shape {weights_shape[:-1]}"
+        ) from None
+    return v
+
+
+def _count(name: str, n, L: int) -> int:
+    if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)):
+        raise ValueError(f"{name} must be an integer, got {n!r}")
+    if not 1 <= n < L:
+        raise ValueError(f"{name} must satisfy 1 <= {name} < L = {L}, got {n}")
+    return int(n)
+
+
+def _temperature(temperature) -> float:
+    try:
+        t = float(temperature)
+    except (TypeError, ValueError):
+        raise ValueError(f"temperature must be a positive number, got {temperature!r}") from None
+    if not (np.isfinite(t) and t > 0):
+        raise ValueError(f"temperature must be a positive finite number, got {temperature!r}")
+    return t
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    """Max-subtracted softmax over the last axis; ``-inf`` logits get weight exactly 0."""
+    m = np.max(logits, axis=-1, keepdims=True)
+    e = np.exp(logits - m)
+    return e / np.sum(e, axis=-1, keepdims=True)
+
+
+def logits_from_weights(weights, mask=None) -> np.ndarray:
+    """Logits that reproduce softmax weights: ``log(alpha)``, with ``-inf`` for zero or masked weights.
+
+    Softmax is invariant under adding a constant to a row, so these are the logits up to that
+    shift, which none of the diagnostics here depends on. ``softmax(logits_from_weights(w)/T)``
+    is the row sharpened (``T < 1``) or flattened (``T > 1``) to temperature ``T``; ``T = 1``
+    gives back ``w`` normalised to sum one.
+    """
+    w = _weights(weights)
+    m = _mask(mask, w.shape)
+    if not (m & (w > 0)).any(axis=-1).all():
+        raise ValueError("weights: every row needs at least one positive (unmasked) weight")
+    with np.errstate(divide="ignore"):
+        return np.where(m & (w > 0), np.log(np.where(w > 0, w, 1.0)), -np.inf)
+
+
+# --------------------------------------------------------------------------- vanishing attention
+
+
+class VanishingAttention(NamedTuple):
+    """Per-row vanishing-attention diagnostics, every field of shape ``weights.shape[:-1]``.
+
+    ``L``: tokens in the row; ``a``: the logit bound used; ``lower = exp(-2a)/L`` and
+    ``upper = exp(2a)/L``: the softmax bounds; ``min_weight``/``max_weight``: the extreme
+    weights; ``min_scaled = L*min_weight`` and ``max_scaled = L*max_weight`` (both 1 for uniform
+    attention); ``lower_ratio = min_weight/lower >= 1`` and ``upper_ratio = max_weight/upper <= 1``:
+    how close the row comes to the bounds (1 = the bound is attained); ``holds``: whether both
+    bounds hold (up to a relative tolerance of 1e-9).
+    """
+
+    L: np.ndarray
+    a: np.ndarray
+    lower: np.ndarray
+    upper: np.ndarray
+    min_weight: np.ndarray
+    max_weight: np.ndarray
+    min_scaled: np.ndarray
+    max_scaled: np.ndarray
+    lower_ratio: np.ndarray
+    upper_ratio: np.ndarray
+    holds: np.ndarray
+
+
+def effective_logit_bound(weights, mask=None) -> np.ndarray:
+    """The smallest ``a`` such that logits in ``[-a, a]`` give these weights through softmax.
+
+    Softmax weights fix the logits up to a shift, ``l_i = log(alpha_i) + c``; the smallest
+    ``max_i |l_i|`` over ``c`` is ``a = (log max_i alpha_i - log min_i alpha_i) / 2``. It is
+    ``inf`` for a row with a zero (unmasked) weight. Shape ``weights.shape[:-1]``.
+    """
+    w = _weights(weights)
+    m = _mask(mask, w.shape)
+    if not m.any(axis=-1).all():
+        raise ValueError("mask: every row needs at least one token")
+    wmax = np.max(np.where(m, w, -np.inf), axis=-1)
+    wmin = np.min(np.where(m, w, np.inf), axis=-1)
+    if (wmax <= 0).any():
+        raise ValueError("weights: every row needs at least one positive (unmasked) weight")
+    with np.errstate(divide="ignore"):
+        return 0.5 * (np.log(wmax) - np.log(wmin))
+
+
+def vanishing_attention(weights=None, *, logits=None, logit_bound=None, mask=None) -> VanishingAttention:
+    """Compare attention rows with the softmax bounds ``exp(-2a)/L <= alpha_i <= exp(2a)/L``.
+
+    For softmax with logits in ``[-a, a]``, ``alpha_i = exp(l_i)/sum_j exp(l_j)`` lies between
+    ``exp(-a)/(L exp(a))`` and ``exp(a)/(L exp(-a))``: a normaliser that does not know ``L``
+    forces weights of order ``1/L`` unless the logits grow like ``log L``.
+
+    Give the rows in one of three ways:
+
+    * ``logits`` (``-inf`` = absent token): the weights are their softmax (unless ``weights``
+      is given too) and ``a = max_i |l_i|`` over the finite logits of the row;
+    * ``weights`` and ``logit_bound``: a scalar or an array broadcasting to
+      ``weights.shape[:-1]`` (a known bound on the logits);
+    * ``weights`` alone: ``a`` is :func:`effective_logit_bound`, the smallest bound consistent
+      with the weights, for which the bounds are as tight as softmax allows.
+
+    ``L`` is the number of unmasked tokens of each row. Returns :class:`VanishingAttention`.
+    """
+    if logits is not None:
+        lg = _logits(logits)
+        m = _mask(mask, lg.shape) & np.isfinite(lg)
+        a = np.max(np.where(m, np.abs(np.where(m, lg, 0.0)), -np.inf), axis=-1)
+        if weights is None:
+            w = _softmax(np.where(m, lg, -np.inf))
+        else:
+            w = _weights(weights)
+            if w.shape != lg.shape:
+                raise ValueError(f"weights shape {w.shape} differs from logits shape {lg.shape}")
+    else:
+        if weights is None:
+            raise ValueError("vanishing_attention needs weights or logits")
+        w = _weights(weights)
+        m = _mask(mask, w.shape)
+        if not m.any(axis=-1).all():
+            raise ValueError("mask: every row needs at least one token")
+        if logit_bound is None:
+            a = effective_logit_bound(w, m)
+        else:
+            a = _as_float("logit_bound", logit_bound, min_ndim=0)
+            if (a < 0).any():
+                raise ValueError("logit_bound must be non-negative")
+            try:
+                a = np.broadcast_to(a, w.shape[:-1]).copy()
+            except ValueError:
+                raise ValueError(f"logit_bound of shape {a.shape} does not broadcast to the rows' shape {w.shape[:-1]}") from None
+    L = m.sum(axis=-1).astype(np.float64)
+    wmax = np.max(np.where(m, w, -np.inf), axis=-1)
+    wmin = np.min(np.where(m, w, np.inf), axis=-1)
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        lower = np.exp(-2 * a) / L
+        upper = np.exp(2 * a) / L
+        lower_ratio = wmin / lower
+        upper_ratio = wmax / upper
+    holds = (wmin >= lower * (1 - 1e-9)) & (wmax <= upper * (1 + 1e-9))
+    return VanishingAttention(L, a, lower, upper, wmin, wmax, L * wmin, L * wmax, lower_ratio, upper_ratio, holds)
+
+
+# --------------------------------------------------------------------------- top-N selection
+
+
+def _select(keys: np.ndarray, valid: np.ndarray, n: int) -> np.ndarray:
+    """The ``n`` valid tokens with the smallest keys (ties: lower index first)."""
+    keys = np.where(valid, keys, np.inf)
+    order = np.argsort(keys, axis=-1, kind="stable")
+    ranks = np.empty_like(order)
+    np.put_along_axis(ranks, order, np.arange(keys.shape[-1]), axis=-1)
+    return (ranks < n) & valid
+
+
+def select_top_n(weights, n: int, mask=None) -> np.ndarray:
+    """``I_N``: a boolean array of ``weights``' shape marking the ``n`` largest weights of each row.
+
+    Ties are broken towards the lower token index; masked tokens are never selected (a row with
+    fewer than ``n`` tokens selects all of them). Requires ``1 <= n < L``.
+    """
+    w = _weights(weights)
+    n = _count("n", n, w.shape[-1])
+    return _select(-w, _mask(mask, w.shape), n)
+
+
+class TopN(NamedTuple):
+    """Top-N diagnostics of each row (shapes: ``B`` = broadcast leading shape of weights/values).
+
+    ``selected`` (B, L): ``I_N``; ``context`` (B, d): ``s = sum_{i in I_N} alpha_i x_i``;
+    ``token_distance`` (B, L): ``|alpha_i x_i - s|`` for every token (NaN for masked ones);
+    ``distance`` (B): ``d = sum_{i not in I_N} |alpha_i x_i - s|``; ``radius`` (B):
+    ``r = min_{j not in I_N} |s - alpha_j x_j|``; ``n_separable`` (B): ``N_s``, the selected
+    tokens with ``|s - alpha_i x_i| < r``; ``separability`` (B): ``N_s/N``. ``distance``,
+    ``radius``, ``n_separable`` and ``separability`` are NaN for rows with no unselected token.
+    """
+
+    selected: np.ndarray
+    context: np.ndarray
+    token_distance: np.ndarray
+    distance: np.ndarray
+    radius: np.ndarray
+    n_separable: np.ndarray
+    separability: np.ndarray
+
+
+def top_n_diagnostics(weights, values, n: int | None = None, *, mask=None, selected=None) -> TopN:
+    """Context, representation distance and geometric separability of a selection of tokens.
+
+    With ``I`` the top-``n`` tokens (:func:`select_top_n`) or any boolean ``selected`` of the
+    weights' shape (e.g. a random selection, as a baseline):
+
+    * ``s = sum_{i in I} alpha_i x_i``;
+    * ``d = sum_{i not in I} |alpha_i x_i - s|`` (Euclidean norms, unmasked tokens only);
+    * ``r = min_{j not in I} |s - alpha_j x_j|``; ``N_s = #{i in I : |s - alpha_i x_i| < r}``
+      and the separability ratio is ``N_s / |I|``.
+
+    ``weights`` (..., L), ``values`` (..., L, d). The distances are computed from Gram products,
+    ``|alpha_i x_i - s|^2 = alpha_i^2 |x_i|^2 - 2 alpha_i <x_i, s> + |s|^2``, in float64,
+    without temporaries of the broadcast size ``(B, L, d)``: values shared by many query rows
+    (a length-1 query axis) cost little memory. Absolute accuracy about ``1e-8`` times the
+    token scale ``alpha_i |x_i| + |s|``.
+    """
+    w = _weights(weights)
+    v = _values(values, w.shape)
+    m = _mask(mask, w.shape)
+    if selected is None:
+        if n is None:
+            raise ValueError("top_n_diagnostics needs n or selected")
+        sel = select_top_n(w, n, m)
+    else:
+        sel = np.asarray(selected)
+        if sel.dtype != bool or sel.shape != w.shape:
+            raise ValueError(f"selected must be a boolean array of the weights' shape {w.shape}")
+        sel = sel & m
+    # Broadcast the leading shapes of weights and values once.
+    batch = np.broadcast_shapes(w.shape[:-1], v.shape[:-2])
+    w = np.broadcast_to(w, batch + w.shape[-1:])
+    sel = np.broadcast_to(sel, w.shape)
+    m = np.broadcast_to(m, w.shape)
+    ws = np.where(sel, w, 0.0)
+    s = np.matmul(ws[..., None, :], v)[..., 0, :]  # (B, d)
+    norms2 = np.sum(v * v, axis=-1)  # (Bv, L)
+    cross = np.matmul(v, s[..., :, None])[..., 0]  # (B, L)
+    s2 = np.sum(s * s, axis=-1, keepdims=True)
+    dist = np.sqrt(np.maximum(w * w * norms2 - 2 * w * cross + s2, 0.0))
+    dist = np.where(m, dist, np.nan)
+    rest = m & ~sel
+    has_rest = rest.any(axis=-1)
+    d = np.where(has_rest, np.sum(np.where(rest, dist, 0.0), axis=-1), np.nan)
+    r = np.where(has_rest, np.min(np.where(rest, dist, np.inf), axis=-1), np.nan)
+    ns = np.sum(sel & (dist < r[..., None]), axis=-1).astype(np.float64)
+    ns = np.where(has_rest, ns, np.nan)
+    size = sel.sum(axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = ns / size
+    return TopN(sel, s, dist, d, r, ns, ratio)
+
+
+def context_vector(weights, values, n: int, *, mask=None) -> np.ndarray:
+    """``s = sum_{i in I_N} alpha_i x_i``, shape (..., d); see :func:`top_n_diagnostics`."""
+    return top_n_diagnostics(weights, values, n, mask=mask).context
+
+
+def representation_distance(weights, values, n: int, *, mask=None) -> np.ndarray:
+    """``d = sum_{i not in I_N} |alpha_i x_i - s|`` per row; see :func:`top_n_diagnostics`."""
+    return top_n_diagnostics(weights, values, n, mask=mask).distance
+
+
+def geometric_separability(weights, values, n: int, *, mask=None) -> np.ndarray:
+    """``N_s/N`` per row: the share of the top-N tokens closer to ``s`` than every other token
+    (distances ``|s - alpha_i x_i|``); see :func:`top_n_diagnostics`."""
+    return top_n_diagnostics(weights, values, n, mask=mask).separability
+
+
+# --------------------------------------------------------------------------- critical top-N
+
+
+class CriticalTopN(NamedTuple):
+    """Result of :func:`critical_top_n` (K = ``len(n_grid)``, S = number of samples).
+
+    ``n_grid`` (K,); ``distance`` (K, S): the samples of ``d`` at each N (NaN where undefined,
+    left out of the test); ``statistic`` and ``pvalue`` (K - 1,): the one-sided two-sample KS
+    test of "``d`` at ``n_grid[k+1]`` is stochastically larger than at ``n_grid[k]``";
+    ``critical_n``: the first ``n_grid[k]`` at which that test fails to reject at level
+    ``significance`` (None if the distance grows significantly over the whole grid);
+    ``significance``: the level used.
+    """
+
+    n_grid: np.ndarray
+    distance: np.ndarray
+    statistic: np.ndarray
+    pvalue: np.ndarray
+    critical_n: int | None
+    significance: float
+
+
+def ks_critical_n(n_grid, distance, *, significance: float = 0.01) -> CriticalTopN:
+    """The statistical part of :func:`critical_top_n`, on precomputed samples ``distance`` (K, S).
+
+    Row ``k`` holds the samples of the representation distance at ``N = n_grid[k]`` (NaNs are
+    dropped). For each ``k < K - 1``, ``scipy.stats.ks_2samp(distance[k], distance[k+1],
+    alternative="greater")`` tests the null "the distribution function of ``d(n_grid[k])`` is
+    nowhere above that of ``d(n_grid[k+1])``" against the alternative that it is somewhere
+    above, i.e. that ``d`` at the larger N tends to be larger. ``critical_n`` is the first
+    ``n_grid[k]`` with ``pvalue >= significance``: from there, selecting more tokens no longer
+    increases the distance between the context and the other tokens.
+    """
+    grid = np.asarray(n_grid)
+    if grid.ndim != 1 or grid.size < 2:
+        raise ValueError(f"n_grid must be a 1-D sequence of at least two values, got shape {grid.shape}")
+    dist = np.asarray(distance, dtype=np.float64)
+    if dist.ndim != 2 or dist.shape[0] != grid.size:
+        raise ValueError(f"distance must have shape (len(n_grid) = {grid.size}, S), got {dist.shape}")
+    if not 0 < significance < 1:
+        raise ValueError(f"significance must lie in (0, 1), got {significance}")
+    stat = np.full(grid.size - 1, np.nan)
+    pval = np.full(grid.size - 1, np.nan)
+    critical = None
+    for k in range(grid.size - 1):
+        a, b = dist[k][np.isfinite(dist[k])], dist[k + 1][np.isfinite(dist[k + 1])]
+        if a.size >= 2 and b.size >= 2:
+            res = stats.ks_2samp(a, b, alternative="greater")
+            stat[k], pval[k] = res.statistic, res.pvalue
+            if critical is None and res.pvalue >= significance:
+                critical = int(grid[k])
+    return CriticalTopN(grid, dist, stat, pval, critical, float(significance))
+
+
+def critical_top_n(
+    weights,
+    values,
+    n_grid: Sequence[int],
+    *,
+    significance: float = 0.01,
+    mask=None,
+    pool_axes: Sequence[int] = (),
+) -> CriticalTopN:
+    """Critical top-N: the N at which the representation distance stops growing (distance collapse).
+
+    For every ``N`` of the increasing ``n_grid``, the representation distance
+    ``d(N) = sum_{i not in I_N} |alpha_i x_i - s|`` of :func:`top_n_diagnostics` is computed
+    for every row. Growing ``N`` moves weight into the context ``s`` (``d`` grows) while the
+    complement shrinks (``d`` falls to 0 at ``N = L``); the source paper's Theorem 1 says that
+    once ``N`` is a fixed fraction of ``L`` the distance must collapse. The samples of the test
+    are the rows, after averaging ``d`` over the leading axes ``pool_axes`` (indices into
+    ``weights.shape[:-1]``; e.g. ``pool_axes=(-1,)`` for weights ``(layers, heads, Lq, L)``
+    averages over query positions, so that every head is one sample: the distribution over
+    heads). Consecutive grid values are compared by a one-sided two-sample Kolmogorov-Smirnov
+    test (:func:`ks_critical_n`), and the critical top-N is the first ``N`` at which the
+    distribution of ``d`` at the next grid value is not significantly larger (level
+    ``significance``): selecting more tokens than that brings no more separation. With a
+    doubling grid this locates the onset of the collapse to within a factor of two; pass
+    ``range(1, L)`` to compare ``N`` with ``N + 1``. The result depends on the number of
+    samples (more samples detect smaller increases).
+    """
+    w = _weights(weights)
+    grid = [_count("n_grid entry", n, w.shape[-1]) for n in n_grid]
+    if len(grid) < 2 or any(b <= a for a, b in zip(grid, grid[1:])):
+        raise ValueError(f"n_grid must be an increasing sequence of at least two values, got {list(n_grid)!r}")
+    batch_ndim = w.ndim - 1
+    if not all(isinstance(a, (int, np.integer)) and -batch_ndim <= a < batch_ndim for a in pool_axes):
+        raise ValueError(f"pool_axes {tuple(pool_axes)!r} must be indices into the {batch_ndim} leading axes of weights")
+    axes = tuple(sorted({int(a) % batch_ndim for a in pool_axes}))
+    rows = []
+    for n in grid:
+        d = top_n_diagnostics(w, values, n, mask=mask).distance
+        if axes:
+            with warnings.catch_warnings():  # all-NaN slices (rows too short for n) stay NaN
+                warnings.simplefilter("ignore", RuntimeWarning)
+                d = np.nanmean(d, axis=axes)
+        rows.append(np.ravel(d))
+    return ks_critical_n(np.array(grid), np.stack(rows), significance=significance)
+
+
+# --------------------------------------------------------------------------- gradient sensitivity
+
+
+def _softmax_complement(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``alpha = softmax(logits)``, ``1 - alpha`` and the top-token indicator, all to full
+    relative precision: for the top token ``1 - alpha = sum_{j != top} alpha_j`` is summed
+    directly instead of subtracting a number close to one."""
+    m = np.max(logits, axis=-1, keepdims=True)
+    e = np.exp(logits - m)
+    z = np.sum(e, axis=-1, keepdims=True)
+    top = np.zeros(e.shape, dtype=bool)
+    np.put_along_axis(top, np.argmax(logits, axis=-1)[..., None], True, axis=-1)
+    rest = np.sum(np.where(top, 0.0, e), axis=-1, keepdims=True)
+    alpha = e / z
+    comp = np.where(top, rest / z, 1.0 - alpha)
+    return alpha, comp, top
+
+
+def softmax_jacobian(logits, temperature: float = 1.0) -> np.ndarray:
+    """Exact Jacobian of ``l -> softmax(l/T)``: ``(diag(alpha) - alpha alpha^T)/T``, shape (..., L, L).
+
+    ``alpha = softmax(l/T)``; entry ``[..., i, j] = d alpha_i / d l_j`` (the diagonal is
+    evaluated as ``alpha_i (1 - alpha_i)/T``). Tokens with logit ``-inf`` have weight 0 and
+    zero rows and columns.
+    """
+    lg = _logits(logits)
+    t = _temperature(temperature)
+    a, c, _ = _softmax_complement(lg / t)
+    jac = -a[..., :, None] * a[..., None, :]
+    idx = np.arange(a.shape[-1])
+    jac[..., idx, idx] = a * c
+    return jac / t
+
+
+def _largest_eigenvalue(a: np.ndarray, c: np.ndarray, top: np.ndarray, iterations: int = 80) -> np.ndarray:
+    """Largest eigenvalue of ``diag(a) - a a^T`` per row, for a probability vector ``a``.
+
+    ``c = 1 - a`` and ``top`` marks the largest entry (see :func:`_softmax_complement`).
+    The eigenvalues of a diagonal matrix minus a rank-one term interlace with the diagonal, so
+    the largest lies in ``[a_(2), a_(1)]`` (the two largest entries) and, when
+    ``a_(1) > a_(2) > 0``, solves the secular equation ``sum_i a_i^2 / (a_i - lam) = 1``.
+    Since ``a_(1)^2/(a_(1) - lam) - 1 = (lam - a_(1) c_(1))/(a_(1) - lam)`` this is written as
+    ``(lam - a_(1) c_(1))/(a_(1) - lam) + sum_{i != (1)} a_i^2/(a_i - lam) = 0``, increasing in
+    ``lam`` and free of cancellation for nearly one-hot rows, and solved by bisection on a
+    logarithmic scale. If ``a_(1) = a_(2)`` the eigenvalue is ``a_(1)`` (eigenvector
+    ``e_(1) - e_(2)``); if ``a_(2) = 0`` it is ``a_(1) c_(1)``.
+    """
+    a1 = np.sum(np.where(top, a, 0.0), axis=-1)
+    c1 = np.sum(np.where(top, c, 0.0), axis=-1)
+    others = np.where(top, 0.0, a)
+    if a.shape[-1] == 1:
+        return a1 * c1
+    a2 = np.max(others, axis=-1)
+    tie = a1 - a2 <= 1e-15 * a1
+    single = a2 <= 0
+    lo0, hi0 = a2, a1
+    lo = np.where(single | tie, 0.5 * a1, a2)  # placeholders keep the iteration finite
+    hi = a1.copy()
+    sq = others * others
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        for _ in range(iterations):
+            mid = np.sqrt(lo * hi)
+            f = (mid - a1 * c1) / (a1 - mid) + np.sum(sq / (others - mid[..., None]), axis=-1)
+            up = f < 0  # the root lies above mid
+            lo = np.where(up, mid, lo)
+            hi = np.where(up, hi, mid)
+    lam = np.clip(np.sqrt(lo * hi), lo0, hi0)
+    return np.where(tie, a1, np.where(single, a1 * c1, lam))
+
+
+def softmax_jacobian_norm(logits, temperature: float = 1.0, *, norm: str = "spectral") -> np.ndarray:
+    """Norm of the exact Jacobian ``J = (diag(alpha) - alpha alpha^T)/T`` per row, shape (...).
+
+    ``alpha = softmax(l/T)``. ``norm="spectral"`` (default): the operator 2-norm, i.e. the
+    largest eigenvalue of the positive semi-definite ``J``, solved from the secular equation
+    (no ``L x L`` matrices; full relative precision also when it is tiny). It never exceeds
+    ``1/(2T)`` (Gershgorin: ``2 alpha_i (1 - alpha_i) <= 1/2``), attained by two tied top
+    tokens; the source paper's ``1/(4T)`` bounds a single entry ``alpha_i (1 - alpha_i)/T``.
+    ``norm="frobenius"``: ``|J|_F^2 = sum_i alpha_i^2 (1 - alpha_i)^2 + sum_{i != j} alpha_i^2 alpha_j^2``
+    over ``T^2``.
+    """
+    lg = _logits(logits)
+    t = _temperature(temperature)
+    a, c, top = _softmax_complement(lg / t)
+    if norm == "spectral":
+        return _largest_eigenvalue(a, c, top) / t
+    if norm == "frobenius":
+        sq = a * a
+        p2 = np.sum(sq, axis=-1, keepdims=True)
+        rest_top = np.sum(np.where(top, 0.0, sq), axis=-1, keepdims=True)
+        rest = np.where(top, rest_top, p2 - sq)  # sum_{j != i} alpha_j^2
+        return np.sqrt(np.sum(sq * c * c + sq * rest, axis=-1)) / t
+    raise ValueError(f"norm must be 'spectral' or 'frobenius', got {norm!r}")
+
+
+def random_directions(shape: tuple[int, ...], num: int = 1, *, seed: int = 0, mask=None) -> np.ndarray:
+    """``num`` random unit vectors per row, shape ``shape[:-1] + (num, L)``.
+
+    Uniform on the unit sphere of the unmasked coordinates (normalised Gaussians, zero on the
+    masked ones), from ``numpy.random.default_rng(seed)``.
+    """
+    if not isinstance(num, (int, np.integer)) or isinstance(num, bool) or num < 1:
+        raise ValueError(f"num (number of directions) must be a positive integer, got {num!r}")
+    shape = tuple(shape)
+    m = _mask(mask, shape)
+    v = np.random.default_rng(seed).standard_normal(shape[:-1] + (num, shape[-1]))
+    v = np.where(m[..., None, :], v, 0.0)
+    return v / np.linalg.norm(v, axis=-1, keepdims=True)
+
+
+def finite_difference_sensitivity(
+    logits, temperature: float, eps: float, *, num_directions: int = 1, seed: int = 0, directions=None
+) -> np.ndarray:
+    """Finite-difference gradient sensitivity ``|softmax((l + eps v)/T) - softmax(l/T)| / eps``.
+
+    Euclidean norm, one value per row and direction: shape ``logits.shape[:-1] + (K,)``. The
+    unit directions ``v`` are ``directions`` (shape ``(..., K, L)`` broadcasting against the
+    rows; normalised here) or ``K = num_directions`` random ones (:func:`random_directions`
+    with ``seed``, restricted to the finite logits). As ``eps -> 0`` the estimate tends to
+    ``|J v|`` with ``J`` of :func:`softmax_jacobian`; for large ``eps`` it is at most
+    ``sqrt(2)/eps`` (two probability vectors are at most ``sqrt(2)`` apart).
+    """
+    lg = _logits(logits)
+    t = _temperature(temperature)
+    try:
+        e = float(eps)
+    except (TypeError, ValueError):
+        raise ValueError(f"eps must be a positive number, got {eps!r}") from None
+    if not (np.isfinite(e) and e > 0):
+        raise ValueError(f"eps must be a positive finite number, got {eps!r}")
+    if directions is None:
+        v = random_directions(lg.shape, num_directions, seed=seed, mask=np.isfinite(lg))
+    else:
+        v = _as_float("directions", directions, min_ndim=2)
+        if v.shape[-1] != lg.shape[-1]:
+            raise ValueError(f"directions must have shape (..., K, L) with L = {lg.shape[-1]}, got {v.shape}")
+        nv = np.linalg.norm(v, axis=-1, keepdims=True)
+        if (nv == 0).any():
+            raise ValueError("directions must be non-zero vectors")
+        v = v / nv
+    base = _softmax(lg / t)[..., None, :]
+    moved = _softmax((lg[..., None, :] + e * v) / t)
+    return np.linalg.norm(moved - base, axis=-1) / e
