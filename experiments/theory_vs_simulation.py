@@ -1,0 +1,149 @@
+"""Theory against simulation: agreement of the risk, the overlaps and the escape times.
+
+Part 1 (``--part agreement``): the default preset (softmax), and the softmax1 and bsoftmax
+presets (biases trained), simulated at D = 4000 with 4 seeds, each seed against the ODE
+started from its own initial overlaps. Reported:
+
+* the escape time of each curve: the escape from the unspecialized plateau, by the rule of
+  :mod:`singleloc._phases` (halfway from the plateau value to the final value), and the
+  relative difference simulation vs theory;
+* the escape window: the saved times at which the theory risk lies between 10% and 90% of
+  the way from the plateau to the final value, widened by the simulation's own window;
+* the maximal deviation of the risk outside and inside the windows, and of the overlaps M
+  outside them.
+
+Part 2 (``--part scaling``): the default preset to tau = 10 at D = 1000, 4000, 16000
+(2 seeds each): the maximal deviation of M (pure finite-D fluctuation; the test risk also
+carries the Monte Carlo error of its test set) against D, with the fitted exponent.
+
+Writes figures/theory_vs_simulation.png and figures/theory_vs_simulation_D.png.
+Run: ``python experiments/theory_vs_simulation.py [--part agreement|scaling|both]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+import singleloc as sl  # noqa: E402
+from singleloc._io import save_figure  # noqa: E402
+from singleloc._phases import halfway_time, plateaus  # noqa: E402
+
+FIGURES = Path(__file__).resolve().parents[1] / "figures"
+
+AGREEMENT = {
+    "softmax (default)": ("default", ["simulation.D=4000", "sgd.tau_max=30", "sgd.n_save=61"]),
+    "softmax1 + bias": ("softmax1", ["simulation.D=4000", "sgd.tau_max=30", "sgd.n_save=61"]),
+    "bsoftmax + bias": ("bsoftmax", ["simulation.D=4000", "sgd.tau_max=80", "sgd.n_save=81"]),
+}
+
+
+def run_pair(preset, overrides):
+    cfg = sl.load_config(preset, overrides)
+    t0 = time.perf_counter()
+    sim = sl.simulate(cfg, progress=False)
+    t1 = time.perf_counter()
+    th = sl.integrate(cfg, sl.initial_conditions(cfg), ts=sim.tau, progress=False)
+    t2 = time.perf_counter()
+    return cfg, sim, th, t1 - t0, t2 - t1
+
+
+def escape(tau, risk):
+    """(escape time, plateau value, final value) of the last escape, or None without one."""
+    ps = plateaus(tau, risk)
+    final = float(risk[-1])
+    for p in reversed(ps):
+        if p.end < tau[-1] and p.risk - final > 0.02:
+            return halfway_time(tau, risk, p.tau, p.risk, final), p.risk, final
+    return None
+
+
+def window(tau, risk, plateau, final):
+    """Saved times where the risk is between 10% and 90% of the way from plateau to final."""
+    frac = (plateau - risk) / (plateau - final)
+    inside = (frac > 0.1) & (frac < 0.9)
+    idx = np.flatnonzero(inside)
+    return (tau[idx[0]], tau[idx[-1]]) if len(idx) else None
+
+
+def agreement():
+    fig, axes = plt.subplots(2, 3, figsize=(13, 6.5), constrained_layout=True)
+    print("| config | seed | escape theory | escape sim | rel. diff | max dR outside | max dR inside | max dM outside |")
+    print("|---|---|---|---|---|---|---|---|")
+    for col, (name, (preset, overrides)) in enumerate(AGREEMENT.items()):
+        cfg, sim, th, t_sim, t_th = run_pair(preset, overrides)
+        tau = sim.tau
+        for s in range(sim.risk.shape[0]):
+            e_th, e_sim = escape(tau, th.risk[s]), escape(tau, sim.risk[s])
+            inside = np.zeros(len(tau), bool)
+            for e, r in ((e_th, th.risk[s]), (e_sim, sim.risk[s])):
+                if e is not None and (w := window(tau, r, e[1], e[2])) is not None:
+                    inside |= (tau >= w[0]) & (tau <= w[1])
+            dR = np.abs(sim.risk[s] - th.risk[s])
+            dM = np.abs(sim.M[s] - th.M[s]).max(axis=(1, 2))
+            out_R = dR[~inside].max()
+            in_R = dR[inside].max() if inside.any() else float("nan")
+            out_M = dM[~inside].max()
+            rel = abs(e_sim[0] - e_th[0]) / e_th[0] if (e_th and e_sim) else float("nan")
+            print(f"| {name} | {s} | {e_th[0] if e_th else float('nan'):.2f} | {e_sim[0] if e_sim else float('nan'):.2f} | "
+                  f"{rel:.3f} | {out_R:.4f} | {in_R:.4f} | {out_M:.4f} |")
+        print(f"<!-- {name}: simulation {t_sim:.1f} s, theory {t_th:.1f} s -->")
+        ax = axes[0, col]
+        for s in range(sim.risk.shape[0]):
+            ax.plot(tau, th.risk[s], "k", lw=1.0, alpha=0.7, label="theory" if s == 0 else None)
+            ax.plot(tau, sim.risk[s], "o", ms=2.2, color=f"C{s}", alpha=0.8, label=f"sim seed {s}")
+        ax.set_title(f"{name}, D = {cfg.simulation.D}", fontsize=10)
+        ax.set_xlabel(r"$\tau$")
+        ax.set_ylabel("risk")
+        ax.legend(frameon=False, fontsize=7)
+        ax = axes[1, col]
+        H, F = th.M.shape[2:]
+        for h in range(H):
+            for f in range(F):
+                ax.plot(tau, th.M[0, :, h, f], color=f"C{h * F + f}", lw=1.2, label=f"$M_{{{h + 1}{f + 1}}}$")
+                ax.plot(tau, sim.M[0, :, h, f], ".", ms=2.5, color=f"C{h * F + f}")
+        ax.set_xlabel(r"$\tau$")
+        ax.set_title("overlaps of seed 0 (lines: theory, dots: simulation)", fontsize=9)
+        ax.legend(frameon=False, fontsize=7, ncol=2)
+    save_figure(FIGURES / "theory_vs_simulation.png", fig)
+
+
+def scaling():
+    Ds = [1000, 4000, 16000]
+    devM, devR = [], []
+    for D in Ds:
+        cfg, sim, th, t_sim, t_th = run_pair("default", [f"simulation.D={D}", "simulation.seeds=2", "sgd.tau_max=10", "sgd.n_save=21"])
+        devM.append(np.abs(sim.M - th.M).max())
+        devR.append(np.abs(sim.risk - th.risk).max())
+        print(f"D = {D:6d}: max |dM| = {devM[-1]:.4f}, max |dR| = {devR[-1]:.4f} (simulation {t_sim:.0f} s, theory {t_th:.0f} s)")
+    slope = np.polyfit(np.log(Ds), np.log(devM), 1)[0]
+    print(f"fitted exponent of max |dM| against D: {slope:.2f} (finite-D fluctuations: -0.5)")
+    fig, ax = plt.subplots(figsize=(4.5, 3.5), constrained_layout=True)
+    ax.loglog(Ds, devM, "o-", label=r"max $|M_{sim} - M_{theory}|$")
+    ax.loglog(Ds, devR, "s-", label=r"max $|R_{sim} - R_{theory}|$")
+    ax.loglog(Ds, devM[0] * (np.array(Ds) / Ds[0]) ** -0.5, "k--", lw=0.8, label=r"$D^{-1/2}$")
+    ax.set_xlabel("D")
+    ax.set_title(f"default preset, tau <= 10; fitted exponent {slope:.2f}", fontsize=9)
+    ax.legend(frameon=False, fontsize=8)
+    save_figure(FIGURES / "theory_vs_simulation_D.png", fig)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--part", choices=["agreement", "scaling", "both"], default="both")
+    args = parser.parse_args()
+    if args.part in ("agreement", "both"):
+        agreement()
+    if args.part in ("scaling", "both"):
+        scaling()
