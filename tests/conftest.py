@@ -1,0 +1,47 @@
+"""Shared test setup.
+
+* Double precision everywhere (the reference computations of the tests are in float64; the
+  finite-D simulator keeps its own single precision by design).
+* A throw-away persistent compilation cache for the session: every ``simulate`` call builds
+  fresh closures and therefore retraces, and on a small CPU machine XLA compilation dominates
+  the run time of the tiny simulations. Identical programs (same config) are then compiled
+  once per session. The cache lives in a temporary folder removed at exit, so nothing leaks
+  between sessions and no stale executable can be picked up.
+"""
+
+from __future__ import annotations
+
+import atexit
+import shutil
+import tempfile
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+_CACHE_DIR = tempfile.mkdtemp(prefix="singleloc-test-jax-cache-")
+atexit.register(shutil.rmtree, _CACHE_DIR, ignore_errors=True)
+jax.config.update("jax_compilation_cache_dir", _CACHE_DIR)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    """A fixed numpy generator: every test is deterministic."""
+    return np.random.default_rng(20240607)
+
+
+def _orthogonal_spikes(rng: np.random.Generator, F: int, D: int) -> np.ndarray:
+    q, _ = np.linalg.qr(rng.standard_normal((D, F)))
+    return np.sqrt(D) * q.T
+
+
+@pytest.fixture
+def orthogonal_spikes():
+    """``f(rng, F, D)``: ``F`` orthogonal spikes of squared norm ``D`` (F, D), built in numpy
+    independently of :func:`singleloc.make_spikes`."""
+    return _orthogonal_spikes
