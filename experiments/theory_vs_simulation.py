@@ -4,11 +4,12 @@ Part 1 (``--part agreement``): the default preset (softmax), and the softmax1 an
 presets (biases trained), simulated at D = 4000 with 4 seeds, each seed against the ODE
 started from its own initial overlaps. Reported:
 
-* the escape time of each curve: the escape from the unspecialized plateau, by the rule of
-  :mod:`singleloc._phases` (halfway from the plateau value to the final value), and the
-  relative difference simulation vs theory;
-* the escape window: the saved times at which the theory risk lies between 10% and 90% of
-  the way from the plateau to the final value, widened by the simulation's own window;
+* the escape time of each theory curve that drops after a plateau: by the rule of
+  :mod:`singleloc._phases` (halfway from the plateau value to the final value); the
+  simulation's escape time is when its risk (3-point moving average) crosses the same
+  level; and their relative difference;
+* the escape window: the saved times at which the theory risk or the smoothed simulation
+  risk lies between 10% and 90% of the way from the plateau to the final value;
 * the maximal deviation of the risk outside and inside the windows, and of the overlaps M
   outside them.
 
@@ -42,10 +43,13 @@ from singleloc._phases import halfway_time, plateaus  # noqa: E402
 
 FIGURES = Path(__file__).resolve().parents[1] / "figures"
 
+# 65536 test sequences: Monte Carlo error of each saved test risk about 0.0015, so that the
+# pointwise 0.01 criterion measures the dynamics, not the test set.
+COMMON = ["simulation.D=4000", "simulation.test_samples=65536"]
 AGREEMENT = {
-    "softmax (default)": ("default", ["simulation.D=4000", "sgd.tau_max=30", "sgd.n_save=61"]),
-    "softmax1 + bias": ("softmax1", ["simulation.D=4000", "sgd.tau_max=30", "sgd.n_save=61"]),
-    "bsoftmax + bias": ("bsoftmax", ["simulation.D=4000", "sgd.tau_max=80", "sgd.n_save=81"]),
+    "softmax (default)": ("default", [*COMMON, "sgd.tau_max=30", "sgd.n_save=61"]),
+    "softmax1 + bias": ("softmax1", [*COMMON, "sgd.tau_max=30", "sgd.n_save=61"]),
+    "bsoftmax + bias": ("bsoftmax", [*COMMON, "sgd.tau_max=80", "sgd.n_save=81"]),
 }
 
 
@@ -60,13 +64,21 @@ def run_pair(preset, overrides):
 
 
 def escape(tau, risk):
-    """(escape time, plateau value, final value) of the last escape, or None without one."""
+    """(escape time, plateau value, final value) of the last escape of a theory curve that
+    drops by more than 0.02 after its plateau, or None without one."""
     ps = plateaus(tau, risk)
     final = float(risk[-1])
     for p in reversed(ps):
         if p.end < tau[-1] and p.risk - final > 0.02:
             return halfway_time(tau, risk, p.tau, p.risk, final), p.risk, final
     return None
+
+
+def smooth(risk):
+    """Three-point moving average (ends kept): the simulation's test risk is noisy."""
+    out = risk.copy()
+    out[1:-1] = (risk[:-2] + risk[1:-1] + risk[2:]) / 3
+    return out
 
 
 def window(tau, risk, plateau, final):
@@ -85,11 +97,18 @@ def agreement():
         cfg, sim, th, t_sim, t_th = run_pair(preset, overrides)
         tau = sim.tau
         for s in range(sim.risk.shape[0]):
-            e_th, e_sim = escape(tau, th.risk[s]), escape(tau, sim.risk[s])
+            # the plateau and final levels come from the theory; the simulation's escape is
+            # the time its (smoothed) risk crosses the same halfway level
+            e_th = escape(tau, th.risk[s])
+            e_sim = None
             inside = np.zeros(len(tau), bool)
-            for e, r in ((e_th, th.risk[s]), (e_sim, sim.risk[s])):
-                if e is not None and (w := window(tau, r, e[1], e[2])) is not None:
-                    inside |= (tau >= w[0]) & (tau <= w[1])
+            if e_th is not None:
+                _, plateau, final = e_th
+                start = tau[np.argmin(np.abs(th.risk[s] - plateau))]
+                e_sim = (halfway_time(tau, smooth(sim.risk[s]), start, plateau, final),)
+                for r in (th.risk[s], smooth(sim.risk[s])):
+                    if (w := window(tau, r, plateau, final)) is not None:
+                        inside |= (tau >= w[0]) & (tau <= w[1])
             dR = np.abs(sim.risk[s] - th.risk[s])
             dM = np.abs(sim.M[s] - th.M[s]).max(axis=(1, 2))
             out_R = dR[~inside].max()

@@ -97,46 +97,44 @@ def _run_functions(config: Config):
     def measure(params, consts, i):
         K, b = params
         kstar, _, test_key = consts
-        keys = jax.random.split(jax.random.fold_in(test_key, i), sim.test_samples)
-        emp, lim = test_losses(act, prior, K, b, kstar, keys, L)
+        emp, lim = test_losses(act, prior, K, b, kstar, jax.random.fold_in(test_key, i), sim.test_samples, L)
         M, Q = overlaps(K, kstar)
         return M, Q, b, jnp.mean(emp), jnp.mean(lim)
 
     return init, advance, measure
 
 
-def test_losses(act, prior: Prior, K, b, kstar, keys, L: int):
-    """Finite-D and limit losses of fresh sequences, one per key, drawn exactly in law at a
-    cost independent of D.
+def test_losses(act, prior: Prior, K, b, kstar, key, n: int, L: int):
+    """Finite-D and limit losses of ``n`` fresh sequences, drawn exactly in law at a cost
+    independent of D.
 
     A token splits as ``x = U^T y + x_perp`` with ``U`` (r, D) an orthonormal basis of the
     span of the keys and spikes (``r = H + F``), ``y ~ N(0, I_r)`` (plus the signal shift for
-    ``x_eps``) and ``x_perp`` Gaussian in the complement. The scores need only ``y``; the
-    Gram matrix ``<x_l, x_l'> = y_l . y_l' + W_ll'`` needs in addition ``W``, a Wishart
-    ``(L, D - r)`` matrix drawn by the Bartlett decomposition. The finite-D loss is then
-    ``w^T Gram w / D`` with ``w = e_eps - a``: the same law as building the D-dimensional
-    tokens, without building them.
+    ``x_eps``) and ``x_perp`` Gaussian in the complement. The scores need only ``y``. The
+    finite-D loss is ``w^T Gram w / D`` with ``w = e_eps - a`` and
+    ``Gram = y y^T + W``, where ``W = (<x_perp_l, x_perp_l'>)`` is Wishart ``(L, D - r)`` and
+    independent of ``y``, hence of ``w``; so ``w^T W w = |w|^2 chi2(D - r)`` exactly. One
+    chi-square per sequence replaces the ``L x D`` Gaussian entries of the tokens.
+
+    Returns ``(finite, limit)``, each of shape ``(n,)``.
     """
     H, D = K.shape
     F = kstar.shape[0]
     r = H + F
     U = jnp.linalg.qr(jnp.concatenate([K, kstar]).T)[0].T  # (r, D), orthonormal rows
     KU, shift = K @ U.T / jnp.sqrt(D), U @ kstar.T / jnp.sqrt(D)  # (H, r), (r, F)
-    dof = D - r - jnp.arange(L)  # Bartlett: A_ii^2 ~ chi2(D - r - i)
+    k_theta, k_eps, k_y, k_chi = jax.random.split(key, 4)
+    theta = prior.sample(k_theta, (n,)).astype(K.dtype)
+    eps = jax.random.randint(k_eps, (n,), 0, L)
+    y = jax.random.normal(k_y, (n, L, r), dtype=K.dtype).at[jnp.arange(n), eps].add(theta @ shift.T)
+    chi2 = 2.0 * jax.random.gamma(k_chi, (D - r) / 2.0, shape=(n,), dtype=K.dtype)
+    s = jnp.einsum("hr,nlr->nhl", KU, y) + b[:, None]
 
-    def one(key):
-        k_theta, k_eps, k_y, k_diag, k_low = jax.random.split(key, 5)
-        theta = prior.sample(k_theta).astype(K.dtype)
-        eps = jax.random.randint(k_eps, (), 0, L)
-        y = jax.random.normal(k_y, (L, r), dtype=K.dtype).at[eps].add(shift @ theta)
-        s = KU @ y.T + b[:, None]
-        diag = jnp.sqrt(2.0 * jax.random.gamma(k_diag, dof / 2.0, dtype=K.dtype))
-        A = jnp.tril(jax.random.normal(k_low, (L, L), dtype=K.dtype), -1) + jnp.diag(diag)
+    def one(s, y, eps, chi2):
         w = jax.nn.one_hot(eps, L, dtype=K.dtype) - token_weights(act, s)
-        gram = y @ y.T + A @ A.T
-        return w @ gram @ w / D, limit_loss(act, s, eps)
+        return (jnp.sum((w @ y) ** 2) + jnp.sum(w**2) * chi2) / D, limit_loss(act, s, eps)
 
-    return jax.vmap(one)(keys)
+    return jax.vmap(one)(s, y, eps, chi2)
 
 
 def simulate(config: Config, *, progress: bool = True) -> SimulationResult:
