@@ -47,3 +47,4 @@ from ._priors import Prior, binary, discrete, flipped, gaussian, spikes
 from ._simulation import SimulationResult, simulate
 from ._specs import SGD, Model, Problem, Simulation, Theory
 from ._theory import OrderParameterODE, OrderParameters, r_orth
+from ._phases import PhaseAnalysis, analyze, escape_rate, linearize, unspecialized_point
