@@ -8,3 +8,5 @@ COMMANDS = (simulate, integrate, compare,)
 COMMANDS += (bayes,)
 from . import diagnose
 COMMANDS += (diagnose,)
+from . import sweep
+COMMANDS += (sweep,)

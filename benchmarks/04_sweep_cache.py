@@ -1,0 +1,48 @@
+"""Benchmark 04: a repeated sweep is served from the cache.
+
+Runs a 12-point sweep (model.heads = 1..4 x model.activation = softmax, softmax1, bsoftmax;
+small ODE settings) twice into a fresh folder, in one process, and prints both wall times and
+their ratio. Acceptance: the second run is at least 10x faster (it computes nothing: the
+cache holds every point; what remains is reading 12 .npz files, the phase analysis, the CSV
+and the figures).
+
+    python benchmarks/04_sweep_cache.py [--figures]
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+from singleloc import load_config  # noqa: E402
+from singleloc._sweep import parse_grid, sweep  # noqa: E402
+
+BASE = ["theory.points=64", "sgd.tau_max=10.0", "sgd.n_save=21", "simulation.seeds=2"]
+GRIDS = ["model.heads=1,2,3,4", "model.activation=softmax,softmax1,bsoftmax"]
+
+
+def main() -> None:
+    figures = "--figures" in sys.argv
+    base = load_config("default", BASE)
+    grids = [parse_grid(g) for g in GRIDS]
+    with tempfile.TemporaryDirectory(prefix="singleloc-bench04-") as tmp:
+        out = Path(tmp)
+        t0 = time.perf_counter()
+        rows, s1 = sweep(base, grids, out, progress=False, figures=figures)
+        t1 = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        rows2, s2 = sweep(base, grids, out, progress=False, figures=figures)
+        t2 = time.perf_counter() - t0
+    assert repr(rows2) == repr(rows) and s2.computed == 0 and s2.cached == len(rows) == 12
+    print(f"sweep of {len(rows)} points (figures {'on' if figures else 'off'}): first run {t1:.2f} s ({s1.computed} computed), "
+          f"second run {t2:.3f} s ({s2.cached} from the cache); speed-up {t1 / t2:.0f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""Sweeps: grid parsing, the on-disk cache, the CSV and the ``sweep`` command."""
+
+from __future__ import annotations
+
+import csv
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from singleloc import load_config  # noqa: E402
+from singleloc import _sweep  # noqa: E402
+from singleloc.cli import main  # noqa: E402
+
+TINY = ["theory.points=16", "sgd.tau_max=2.0", "sgd.n_save=5", "simulation.seeds=1", "problem.L=3"]
+
+
+def read_csv(path):
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_parse_grid():
+    g = _sweep.parse_grid("model.heads=1,2,4")
+    assert (g.section, g.key, g.values, g.name) == ("model", "heads", (1, 2, 4), "model.heads")
+    assert _sweep.parse_grid("model.activation=softmax,bsoftmax").values == ("softmax", "bsoftmax")
+    assert _sweep.parse_grid("problem.mean=[1, 0],[0.5, 0.5]").values == ([1, 0], [0.5, 0.5])
+    assert _sweep.parse_grid("sgd.lr=0.5").values == (0.5,)
+    for bad, msg in (("model.heads", "section.key=v1"), ("heads=1,2", "section.key=v1"), ("model.heads=1,,2", "empty value"),
+                     ("model.nope=1,2", "unknown key model.nope"), ("nosec.heads=1", "unknown section"), ("model.heads=1,1", "repeated")):
+        with pytest.raises(ValueError, match=msg):
+            _sweep.parse_grid(bad)
+
+
+def test_grid_points_product_and_validation():
+    base = load_config("default")
+    pts = _sweep.grid_points(base, [_sweep.parse_grid("model.heads=1,2,3"), _sweep.parse_grid("problem.F=1,2")])
+    assert len(pts) == 6
+    assert [(v["model.heads"], v["problem.F"]) for v, _ in pts][:3] == [(1, 1), (1, 2), (2, 1)]
+    assert all(c.model.heads == v["model.heads"] and c.problem.F == v["problem.F"] for v, c in pts)
+    with pytest.raises(ValueError, match="grid point model.heads=0.*model.heads"):
+        _sweep.grid_points(base, [_sweep.parse_grid("model.heads=1,0")])
+
+
+def test_cache_key_depends_on_config_and_kind_only():
+    a = load_config("default")
+    assert _sweep.cache_key(a, "theory") == _sweep.cache_key(load_config("default"), "theory")
+    assert _sweep.cache_key(a, "theory") != _sweep.cache_key(a, "simulation")
+    assert _sweep.cache_key(a, "theory") != _sweep.cache_key(a.replace(sgd={"lr": 0.25}), "theory")
+
+
+@pytest.fixture
+def fake_compute(monkeypatch):
+    """Replace the ODE by a cheap synthetic trajectory and count the calls."""
+    calls = []
+
+    def fake(config):
+        calls.append(config)
+        H, F, S = config.model.heads, config.problem.F, config.simulation.seeds
+        tau = np.linspace(0, 10, 21)
+        M = np.zeros((S, 21, H, F))
+        for h in range(min(H, F)):
+            M[:, :, h, h] = np.linspace(0.0, 2.0, 21)
+        Q = M @ np.swapaxes(M, -1, -2) + 0.1 * np.eye(H)
+        risk = np.tile(np.linspace(0.8, 0.2, 21) * config.sgd.lr, (S, 1))
+        return {"tau": tau, "M": M, "Q": Q, "b": np.zeros((S, 21, H)), "risk": risk}
+
+    monkeypatch.setattr(_sweep, "compute_theory", fake)
+    return calls
+
+
+def test_second_sweep_hits_the_cache_and_changes_recompute_only_affected_points(tmp_path, fake_compute):
+    base = load_config("default", ["simulation.seeds=2"])
+    grids = [_sweep.parse_grid("model.heads=1,2"), _sweep.parse_grid("problem.F=1,2")]
+    rows, st = _sweep.sweep(base, grids, tmp_path, progress=False, figures=False)
+    assert (st.computed, st.cached, len(fake_compute)) == (4, 0, 4)
+    files = sorted((tmp_path / "cache").glob("theory-*.npz"))
+    mtimes = [f.stat().st_mtime_ns for f in files]
+    rows2, st2 = _sweep.sweep(base, grids, tmp_path, progress=False, figures=False)
+    assert (st2.computed, st2.cached, len(fake_compute)) == (0, 4, 4)
+    assert [f.stat().st_mtime_ns for f in sorted((tmp_path / "cache").glob("theory-*.npz"))] == mtimes
+    assert repr(rows2) == repr(rows)  # (NaN escape times compare unequal)
+    # a new grid value: only its points are computed
+    _, st3 = _sweep.sweep(base, [_sweep.parse_grid("model.heads=2,3"), grids[1]], tmp_path, progress=False, figures=False)
+    assert (st3.computed, st3.cached) == (2, 2)
+    # one base value changed: every point depends on it
+    _, st4 = _sweep.sweep(base.replace(sgd={"lr": 0.25}), grids, tmp_path, progress=False, figures=False)
+    assert (st4.computed, st4.cached) == (4, 0)
+    table = read_csv(tmp_path / "sweep.csv")
+    assert len(table) == 4
+    assert list(table[0])[:6] == ["model.heads", "problem.F", "activation", "heads", "F", "status"]
+    for r in table:
+        assert float(r["final_risk"]) == pytest.approx(0.2 * 0.25)
+        # with F = 1 the only spike is the mean direction: aligned, but not specialized
+        assert int(float(r["n_specialized"])) == (min(int(r["heads"]), int(r["F"])) if int(r["F"]) > 1 else 0)
+
+
+def test_damaged_cache_file_is_recomputed(tmp_path, fake_compute):
+    base = load_config("default")
+    grids = [_sweep.parse_grid("model.heads=1")]
+    _sweep.sweep(base, grids, tmp_path, progress=False, figures=False)
+    (f,) = (tmp_path / "cache").glob("*.npz")
+    f.write_bytes(b"not an npz")
+    _, st = _sweep.sweep(base, grids, tmp_path, progress=False, figures=False)
+    assert st.computed == 1
+
+
+def test_cli_sweep_real_theory_then_cached(tmp_path, capsys):
+    out = tmp_path / "sw"
+    args = ["sweep", "default", "--grid", "model.activation=softmax,bsoftmax",
+            *[a for s in TINY for a in ("--set", s)], "--out", str(out), "--no-progress"]
+    assert main(args) == 0
+    first = capsys.readouterr().out
+    assert "2 computed, 0 from the cache" in first
+    rows = read_csv(out / "sweep.csv")
+    assert len(rows) == 2 and {r["activation"] for r in rows} == {"softmax", "bsoftmax"}
+    assert all(np.isfinite(float(r["final_risk"])) for r in rows)
+    assert (out / "phase_softmax.png").is_file() and (out / "phase_bsoftmax.png").is_file()
+    assert main(args) == 0
+    assert "0 computed, 2 from the cache" in capsys.readouterr().out
+
+
+def test_cli_sweep_with_simulation(tmp_path, capsys):
+    out = tmp_path / "sim"
+    # same theory program as a point of the previous test (D and test_samples do not enter it):
+    # the session's compilation cache serves it
+    args = ["sweep", "default", "--grid", "model.activation=softmax", *[a for s in TINY + ["simulation.D=32", "simulation.test_samples=16"] for a in ("--set", s)],
+            "--simulate", "--out", str(out), "--cache", str(tmp_path / "c"), "--no-progress"]
+    assert main(args) == 0
+    (row,) = read_csv(out / "sweep.csv")
+    assert np.isfinite(float(row["sim_final_risk"]))
+    assert len(list((tmp_path / "c").glob("simulation-*.npz"))) == 1
+
+
+@pytest.mark.parametrize("grid", ["model.heads", "model.heads=1,x", "model.nokey=1,2", "model.heads=0,1"])
+def test_cli_bad_grid_exit_2_one_line(tmp_path, capsys, grid):
+    assert main(["sweep", "default", "--grid", grid, "--out", str(tmp_path), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("singleloc sweep: error:") and "\n" not in err
