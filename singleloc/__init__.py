@@ -47,4 +47,5 @@ from ._priors import Prior, binary, discrete, flipped, gaussian, spikes
 from ._simulation import SimulationResult, simulate
 from ._specs import SGD, Model, Problem, Simulation, Theory
 from ._theory import OrderParameterODE, OrderParameters, r_orth
+from ._pruning import ORDERS as PRUNING_ORDERS, PruningResult, TheoryRisk, WeightsRisk, finetune, keep_heads, prune, prune_theory, prune_weights, removable_heads
 from ._phases import PhaseAnalysis, analyze, escape_rate, linearize, unspecialized_point
