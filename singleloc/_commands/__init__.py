@@ -8,5 +8,7 @@ COMMANDS = (simulate, integrate, compare,)
 COMMANDS += (bayes,)
 from . import diagnose
 COMMANDS += (diagnose,)
+from . import prune
+COMMANDS += (prune,)
 from . import sweep
 COMMANDS += (sweep,)
