@@ -1,0 +1,280 @@
+"""Head pruning (MODEL.md section 7): theory on order parameters, simulation on weights, CLI."""
+
+from __future__ import annotations
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from singleloc import OrderParameterODE, load_config  # noqa: E402
+from singleloc._io import save_config, save_npz  # noqa: E402
+from singleloc._pruning import TheoryRisk, prune, prune_theory, prune_weights, removable_heads  # noqa: E402
+from singleloc.cli import main  # noqa: E402
+
+ACTIVATIONS = ("softmax", "softmax1", "bsoftmax")
+
+
+def small_config(activation="bsoftmax", H=3, F=2, points=1024, L=4, strength=2.0):
+    return load_config(None).replace(
+        problem={"L": L, "F": F, "strength": strength},
+        model={"heads": H, "activation": activation, "train_bias": activation != "softmax"},
+        theory={"points": points},
+    )
+
+
+def random_layer(rng, H, F, scale=1.5):
+    """Order parameters of real keys: M random, Q = M M^T + R_orth with R_orth PSD."""
+    M = scale * rng.standard_normal((H, F))
+    A = 0.6 * rng.standard_normal((H, H))
+    Q = M @ M.T + A @ A.T / H
+    b = 0.5 * rng.standard_normal(H)
+    return M, (Q + Q.T) / 2, b
+
+
+def risk_with_heads(cfg, M, Q, b):
+    """Population risk of a layer of len(b) heads, from an ODE object built for that many heads."""
+    ode = OrderParameterODE.from_config(cfg.replace(model={"heads": len(b)}))
+    return float(ode.risk(np.asarray(M), np.asarray(Q), np.asarray(b)))
+
+
+# -- theory -------------------------------------------------------------------------------
+
+
+def test_no_pruning_and_one_head(rng):
+    """k = 0 removed is the unpruned risk; H - 1 removed is the single-head model of the kept
+    head, built directly with one head (bsoftmax, whose factor H must become H')."""
+    H, F = 3, 2
+    cfg = small_config("bsoftmax", H, F)
+    M, Q, b = random_layer(rng, H, F)
+    res = prune_theory(cfg, M, Q, b, [2, 0])
+    assert res.risks.shape == (1, H)
+    assert res.risk[0] == pytest.approx(risk_with_heads(cfg, M, Q, b), abs=1e-12)
+    assert res.risk[H - 1] == pytest.approx(risk_with_heads(cfg, M[1:2], Q[1:2, 1:2], b[1:2]), abs=1e-12)
+    # the two-head step keeps heads 0 and 1
+    assert res.risk[1] == pytest.approx(risk_with_heads(cfg, M[:2], Q[:2, :2], b[:2]), abs=1e-12)
+
+
+def _single_head_mc(activation, M, Q, b, L, strength, F, n, rng):
+    """Independent numpy Monte Carlo of the limit risk of ONE head, spikes prior:
+    g_l = sqrt(Q) w_l, g_eps += M . theta, s = g + b, a = act(s) (one head: a = A)."""
+    f = rng.integers(F, size=n)
+    theta_dot_m = strength * M[f]
+    g = np.sqrt(Q) * rng.standard_normal((n, L))
+    g[:, 0] += theta_dot_m
+    s = g + b
+    m = np.maximum(s.max(axis=1, keepdims=True), 0.0)
+    e = np.exp(s - m)
+    if activation == "softmax1":
+        a = e / (np.exp(-m) + e.sum(axis=1, keepdims=True))
+    else:  # softmax, and bsoftmax with one head
+        a = e / e.sum(axis=1, keepdims=True)
+    loss = (1 - a[:, 0]) ** 2 + np.sum(a[:, 1:] ** 2, axis=1)
+    return loss.mean(), loss.std(ddof=1) / np.sqrt(n)
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_one_head_matches_independent_monte_carlo(rng, activation):
+    """Pruning down to one head gives the risk of that head alone, checked against a numpy
+    Monte Carlo that shares no code with the package (tolerance: 5 standard errors)."""
+    H, F, L, strength = 3, 2, 4, 2.0
+    cfg = small_config(activation, H, F, points=4096, L=L, strength=strength)
+    M, Q, b = random_layer(rng, H, F)
+    res = prune_theory(cfg, M, Q, b, [0, 2])
+    mc, se = _single_head_mc(activation, M[1], Q[1, 1], b[1], L, strength, F, 400_000, rng)
+    assert abs(res.risk[-1] - mc) < 5 * se, (res.risk[-1], mc, se)
+
+
+def test_renormalisation_over_kept_heads(rng):
+    """bsoftmax: heads with a very negative bias carry no weight, so removing them leaves the
+    risk unchanged (the factor H becomes H'); softmax cannot switch them off, and its
+    uniform average over the kept heads changes when they go. The rules for 4 and 2 heads
+    are different quadratures: at 8192 points their error is ~3e-4 (the spread of the risk
+    over rescramblings), hence the tolerance."""
+    F = 2
+    M = np.array([[2.0, 0.0], [0.0, 2.0], [0.3, 0.2], [0.1, 0.3]])
+    Q = M @ M.T + np.diag([0.05, 0.05, 1.0, 1.0])
+    b = np.array([0.0, 0.0, -40.0, -40.0])
+    cfg = small_config("bsoftmax", 4, F, strength=2.0, points=8192)
+    res = prune_theory(cfg, M, Q, b, "greedy")
+    assert sorted(res.removed[0, :2]) == [2, 3]
+    assert res.risk[2] == pytest.approx(res.risk[0], abs=2e-3)
+    assert res.risk[3] > res.risk[2] + 0.05  # one spike head cannot serve both spikes
+    soft = TheoryRisk(small_config("softmax", 4, F, strength=2.0, points=8192), M, Q, b)
+    assert soft([0, 1])[0] < soft([0, 1, 2, 3])[0] - 0.01  # the useless heads added noise
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_greedy_first_removal_is_best(rng, activation):
+    """Greedy's first removal is the best single removal: <= alignment and every random draw,
+    and equal to the minimum over all H single removals computed directly."""
+    H, F = 4, 2
+    cfg = small_config(activation, H, F, points=512)
+    M, Q, b = random_layer(rng, H, F)
+    greedy = prune_theory(cfg, M, Q, b, "greedy")
+    align = prune_theory(cfg, M, Q, b, "alignment")
+    rand = prune_theory(cfg, M, Q, b, "random", draws=6, seed=1)
+    singles = [risk_with_heads(cfg, np.delete(M, h, 0), np.delete(np.delete(Q, h, 0), h, 1), np.delete(b, h)) for h in range(H)]
+    assert greedy.risk[1] == pytest.approx(min(singles), abs=1e-12)
+    assert greedy.removed[0, 0] == int(np.argmin(singles))
+    assert greedy.risk[1] <= align.risk[1] + 1e-12
+    assert np.all(greedy.risk[1] <= rand.risks[:, 1] + 1e-12)
+    # alignment removes the smallest |M_h| first
+    norms = np.sqrt((M**2).sum(axis=1))
+    assert list(align.removed[0]) == list(np.argsort(norms)[: H - 1])
+    # every order ends on a single head and starts from the same unpruned risk
+    assert greedy.risk[0] == align.risk[0] == pytest.approx(rand.risks[0, 0])
+    assert rand.risks.shape == (6, H) and rand.removed.shape == (6, H - 1)
+    assert np.allclose(rand.risk, rand.risks.mean(axis=0))
+    for row in rand.removed:
+        assert len(set(row)) == H - 1
+
+
+def test_random_orders_are_seeded(rng):
+    H, F = 4, 2
+    cfg = small_config("softmax1", H, F, points=256)
+    M, Q, b = random_layer(rng, H, F)
+    a = prune_theory(cfg, M, Q, b, "random", draws=5, seed=3)
+    b2 = prune_theory(cfg, M, Q, b, "random", draws=5, seed=3)
+    c = prune_theory(cfg, M, Q, b, "random", draws=5, seed=4)
+    assert np.array_equal(a.removed, b2.removed) and np.array_equal(a.risks, b2.risks)
+    assert not np.array_equal(a.removed, c.removed)
+
+
+def test_bad_orders():
+    ev = lambda kept: (float(len(kept)), 0.0)  # noqa: E731
+    with pytest.raises(ValueError, match="unknown pruning order"):
+        prune(ev, 3, "largest")
+    with pytest.raises(ValueError, match="distinct head indices"):
+        prune(ev, 3, [0, 0])
+    with pytest.raises(ValueError, match="distinct head indices"):
+        prune(ev, 3, [0, 5])
+    with pytest.raises(ValueError, match="alignment"):
+        prune(ev, 3, "alignment")
+    with pytest.raises(ValueError, match="draws"):
+        prune(ev, 3, "random", draws=0)
+    assert list(prune(ev, 3, [2, 1, 0]).risk) == [3.0, 2.0, 1.0]
+
+
+def test_removable_heads():
+    assert removable_heads([0.2, 0.2, 0.205, 0.3, 0.21], 0.01) == 2
+    assert removable_heads([0.2, 0.19, 0.18], 0.01) == 2
+    assert removable_heads([0.2, 0.3], 0.01) == 0
+
+
+# -- theory against weights ---------------------------------------------------------------
+
+
+def weights_with_overlaps(rng, M, Q, D, orthogonal_spikes):
+    """Keys K (H, D) with K k*^T / D = M and K K^T / D = Q exactly: K = M k* + C Z, where the
+    rows of Z are orthogonal to the spikes, Z Z^T / D = I, and C C^T = Q - M M^T."""
+    H, F = M.shape
+    kstar = orthogonal_spikes(rng, F, D)
+    basis, _ = np.linalg.qr(np.concatenate([kstar.T, rng.standard_normal((D, H))], axis=1))
+    Z = np.sqrt(D) * basis[:, F:].T  # (H, D), orthogonal to the spikes
+    w, v = np.linalg.eigh(Q - M @ M.T)
+    C = v * np.sqrt(np.clip(w, 0, None))
+    K = M @ kstar + C @ Z
+    assert np.allclose(K @ kstar.T / D, M, atol=1e-10) and np.allclose(K @ K.T / D, Q, atol=1e-10)
+    return K, kstar
+
+
+@pytest.mark.parametrize("activation", ["softmax1", "bsoftmax"])
+def test_theory_matches_weights(rng, activation, orthogonal_spikes):
+    """The same layer pruned in theory (order parameters) and by weights on fresh sequences,
+    along the same order, agree within Monte Carlo error at every step. With the limit loss the
+    scores have exactly the law of the theory at any D (tolerance 4.5 standard errors); the
+    finite-D empirical loss differs from it by O((H + F + strength^2) / D), added to its tolerance."""
+    H, F, D, strength = 4, 2, 1500, 2.0
+    cfg = small_config(activation, H, F, points=2048, strength=strength)
+    M, Q, b = random_layer(rng, H, F, scale=1.2)
+    K, kstar = weights_with_overlaps(rng, M, Q, D, orthogonal_spikes)
+    theory = prune_theory(cfg, M, Q, b, "greedy")
+    order = list(theory.removed[0])
+    lim = prune_weights(cfg, K.astype(np.float32), b, kstar.astype(np.float32), order, samples=40_000, key=11, loss="limit")
+    assert np.all(np.abs(lim.risk - theory.risk) < 4.5 * lim.stderr[0]), (lim.risk, theory.risk, lim.stderr)
+    emp = prune_weights(cfg, K.astype(np.float32), b, kstar.astype(np.float32), order, samples=40_000, key=12)
+    bias = 2.0 * (2 * (H + F) + strength**2) / D
+    assert np.all(np.abs(emp.risk - theory.risk) < 4.5 * emp.stderr[0] + bias), (emp.risk, theory.risk)
+    # greedy on the weights (its own Monte Carlo estimates) starts from the same first choice
+    # when the theory's best removal is clearly the best
+    greedy_w = prune_weights(cfg, K.astype(np.float32), b, kstar.astype(np.float32), "greedy", samples=20_000, key=13, loss="limit")
+    assert np.all(np.abs(greedy_w.risk - theory.risk) < 0.02)
+
+
+def test_weights_risk_has_the_law_of_test_losses(rng, orthogonal_spikes):
+    """The fresh sequences of WeightsRisk (drawn once per layer, in numpy) have the law of the
+    simulator's test_losses: the mean losses of the full layer agree within Monte Carlo error."""
+    from singleloc import get_activation
+    from singleloc._simulation import test_losses
+
+    H, F, D, n = 3, 2, 400, 20_000
+    cfg = small_config("softmax1", H, F)
+    M, Q, b = random_layer(rng, H, F)
+    K, kstar = weights_with_overlaps(rng, M, Q, D, orthogonal_spikes)
+    emp, lim = (np.asarray(x, dtype=float) for x in test_losses(
+        get_activation("softmax1"), cfg.problem.build_prior(), K, b, kstar, jax.random.PRNGKey(5), n, cfg.problem.L))
+    for loss, ref in (("empirical", emp), ("limit", lim)):
+        mine = prune_weights(cfg, K, b, kstar, [0, 1], samples=n, key=6, loss=loss)
+        se = np.hypot(mine.stderr[0, 0], ref.std(ddof=1) / np.sqrt(n))
+        assert abs(mine.risk[0] - ref.mean()) < 4.5 * se, (loss, mine.risk[0], ref.mean(), se)
+
+
+# -- CLI ----------------------------------------------------------------------------------
+
+
+TINY = ["--set", "model.heads=3", "--set", "problem.F=2", "--set", "sgd.tau_max=1.0", "--set", "sgd.n_save=3",
+        "--set", "simulation.D=64", "--set", "theory.points=64", "--set", "simulation.seeds=2",
+        "--set", "simulation.test_samples=64", "--no-progress"]
+
+
+def test_cli_prune_integrate_output(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["integrate", "bsoftmax", "--out", str(out), *TINY]) == 0
+    capsys.readouterr()
+    assert main(["prune", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert (out / "prune.png").stat().st_size > 0 and (out / "prune.npz").is_file()
+    with np.load(out / "prune.npz") as d, np.load(out / "theory.npz") as th:
+        assert d["theory_risks"].shape == (1, 3) and d["theory_removed"].shape == (1, 2)
+        assert d["theory_risks"][0, 0] == pytest.approx(th["risk"][-1], abs=1e-10)  # unpruned = integrate's final risk
+    assert "theory" in text and "H - F = 1" in text
+    assert len([line for line in text.splitlines() if line.split()[:1] and line.split()[0].isdigit()]) == 3  # rows k = 0, 1, 2
+    assert main(["prune", str(out), "--order", "random", "--draws", "3", "--seed", "2"]) == 0
+    capsys.readouterr()
+
+    assert main(["prune", str(out), "--order", "biggest"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--order" in err and "greedy" in err
+    assert main(["prune", str(tmp_path / "missing")]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    assert main(["prune", str(out), "--source", "simulation"]) == 2
+    assert "simulation.npz" in capsys.readouterr().err
+
+
+def test_cli_prune_simulation_output(tmp_path, capsys, rng):
+    """A folder as `simulate` writes it (config.json + simulation.npz of 2 seeds, float32): every
+    seed is pruned through its final order parameters."""
+    out = tmp_path / "sim"
+    cfg = load_config("softmax1", [a for a in TINY if "=" in a])
+    H, F = cfg.model.heads, cfg.problem.F
+    Ms, Qs = zip(*(random_layer(rng, H, F)[:2] for _ in range(2)))
+    T = 3
+    save_config(out, cfg)
+    save_npz(out / "simulation.npz", {
+        "tau": np.arange(T, dtype=float), "M": np.repeat(np.stack(Ms)[:, None], T, 1).astype(np.float32),
+        "Q": np.repeat(np.stack(Qs)[:, None], T, 1).astype(np.float32), "b": np.zeros((2, T, H), np.float32),
+        "risk": np.zeros((2, T)), "risk_limit": np.zeros((2, T))})
+    assert main(["prune", str(out), "--order", "alignment"]) == 0
+    text = capsys.readouterr().out
+    assert "simulation (2 seeds" in text and "over seeds" in text
+    assert (out / "prune.png").is_file()
+    with np.load(out / "prune.npz") as d:
+        assert d["simulation_risks"].shape == (2, H)
+        for s in range(2):
+            M, Q = (np.asarray(x, np.float32).astype(float) for x in (Ms[s], Qs[s]))
+            assert d["simulation_risks"][s, 0] == pytest.approx(risk_with_heads(cfg, M, Q, np.zeros(H)), abs=1e-10)
+            order = np.argsort(np.sqrt((M**2).sum(axis=1)))
+            assert list(d["simulation_removed"][s]) == list(order[: H - 1])
