@@ -234,7 +234,7 @@ def main() -> None:
     ax = axes[1]
     ax.plot(D_of, esc[:n_main], ".", color="0.6", ms=4, label=f"theory, {SEEDS_THEORY} seeds/D")
     ax.plot(D_THEORY, tmean, "o", color="k", ms=5, label="theory mean")
-    ax.plot(sim_D, sim_esc, "s", color="C3", ms=5, mfc="none", label=f"simulation, {min(SIM_SEEDS.values())}-{max(SIM_SEEDS.values())} seeds/D")
+    ax.plot(sim_D, sim_esc, "s", color="C3", ms=5, mfc="none", label=f"simulation, {min(SIM_SEEDS.values())}" + (f"-{max(SIM_SEEDS.values())}" if max(SIM_SEEDS.values()) > min(SIM_SEEDS.values()) else "") + " seeds/D")
     xx = np.geomspace(min(D_SIM) * 0.8, 2e4, 50)
     ax.plot(xx, c_plain[0] + c_plain[1] * np.log(xx), "k-", lw=1, label=f"fit: slope {c_plain[1]:.2f}±{se_plain[1]:.2f}")
     ax.plot(xx, c_s[0] + c_s[1] * np.log(xx), "C3-", lw=0.8, alpha=0.7, label=f"simulation fit: {c_s[1]:.2f}±{se_s[1]:.2f}")

@@ -21,7 +21,8 @@ def plot_phases(analysis, risk, index: int = 0, *, title: str = "", log_time: bo
     """Four panels for trajectory ``index`` of a :class:`~singleloc._phases.PhaseAnalysis`:
     the risk with its plateaus (dots) and escape times (dashed lines); the alignment
     ``M_hf / sqrt(Q_hh)`` of every head with every spike; the number of specialized heads and
-    of covered directions; the number of redundant head pairs. ``risk`` is (S, T) or (T,)."""
+    of covered directions; the numbers of redundant head pairs and of pairs with a shared
+    spike profile. ``risk`` is (S, T) or (T,)."""
     a = analysis
     tau = a.tau
     r = np.atleast_2d(np.asarray(risk))[index]
@@ -60,9 +61,11 @@ def plot_phases(analysis, risk, index: int = 0, *, title: str = "", log_time: bo
     ax.set_title("specialization (red: rearrangements)")
     ax.legend(fontsize=8, frameon=False)
     ax = axes[3]
-    ax.step(tau, a.redundant[index], where="post", color="C4")
+    ax.step(tau, a.redundant[index], where="post", color="C4", label="redundant keys (cosine > 0.99)")
+    ax.step(tau, a.profiles[index], where="post", color="C5", ls="--", label="shared spike profile")
     ax.set_ylim(-0.2, max(1, H * (H - 1) // 2) + 0.2)
-    ax.set_title("redundant head pairs (cosine > 0.99)")
+    ax.set_title("head pairs")
+    ax.legend(fontsize=8, frameon=False)
     for ax in axes:
         ax.set_xlabel(r"$\tau$")
         if log_time:
@@ -84,10 +87,11 @@ def _grid(rows, key):
 
 def plot_phase_diagram(rows, *, title: str = "", simulate: bool = False):
     """Heat maps over (heads H, spikes F) of the final risk, the number of specialized heads
-    (annotated ``n / min(H, F)``), the redundant pairs and the escape time; a second row for the
+    (annotated ``n / min(H, F)``), the head pairs with a shared spike profile and the first
+    specialization time (means over seeds, at the last saved time); a second row for the
     simulation when ``simulate``. ``rows`` are sweep rows (dicts) of one activation."""
     panels = [("final_risk", "final risk", "viridis"), ("n_specialized", "specialized heads", "magma"),
-              ("redundant_pairs", "redundant pairs", "cividis"), ("escape_time", "escape time", "plasma")]
+              ("shared_profiles", "head pairs with a shared spike profile", "cividis"), ("first_specialization", "first specialization time", "plasma")]
     prefixes = [""] + (["sim_"] if simulate else [])
     fig, axes = plt.subplots(len(prefixes), len(panels), figsize=(4.0 * len(panels), 3.3 * len(prefixes)), constrained_layout=True, squeeze=False)
     for i, pre in enumerate(prefixes):
@@ -104,7 +108,8 @@ def plot_phase_diagram(rows, *, title: str = "", simulate: bool = False):
                 for x, H in enumerate(Hs):
                     v = A[y, x]
                     txt = "n/a" if not np.isfinite(v) else (f"{v:.2g}/{min(H, F)}" if key == "n_specialized" else f"{v:.3g}")
-                    ax.text(x, y, txt, ha="center", va="center", fontsize=8, color="w" if np.isfinite(v) else "k")
+                    light = np.isfinite(v) and im.norm(v) > 0.6 if np.any(np.isfinite(A)) else False
+                    ax.text(x, y, txt, ha="center", va="center", fontsize=8, color="k" if (light or not np.isfinite(v)) else "w")
             if np.any(np.isfinite(A)):
                 fig.colorbar(im, ax=ax, shrink=0.8)
     if title:

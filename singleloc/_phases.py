@@ -29,10 +29,13 @@ Post-processing rules (the numbers are the keyword defaults):
   time of a head is the first saved ``tau`` from which it stays specialized (to any direction)
   up to the end; a change of a head's label after it first specialized is a *rearrangement*.
 * **Redundancy.** Heads ``h != h'`` are redundant when their key cosine
-  ``Q_hh' / sqrt(Q_hh Q_h'h') > 0.99``.
+  ``Q_hh' / sqrt(Q_hh Q_h'h') > 0.99``. They share a *profile* when their spike parts point the
+  same way, ``M_h . M_h' / (|M_h| |M_h'|) > 0.99``, with both spike fractions ``>= 0.3``: the
+  keys may still differ off the spikes (``R_orth``), but the heads look for the same signal.
 * **Escape from the unspecialized phase** (:attr:`PhaseAnalysis.escape_time`): the escape
   from the last plateau whose centre precedes the first time any head is specialized; NaN if
-  no head specializes.
+  no head specializes, or if the risk has no plateau before (the first specialization time,
+  :attr:`PhaseAnalysis.first_specialization`, is defined whenever a head specializes).
 
 The second half linearises the ODE. The *symmetric subspace* is the set of states invariant
 under permutations of the heads: ``M_h = m`` for every head, ``R_orth = r_d I + r_o 1 1^T``,
@@ -203,6 +206,21 @@ def redundant_pairs(Q, threshold: float = 0.99) -> np.ndarray:
     return np.sum(c[..., iu[0], iu[1]] > threshold, axis=-1)
 
 
+def shared_profiles(M, Q, threshold: float = 0.99, min_fraction: float = 0.3) -> np.ndarray:
+    """Number of head pairs ``h < h'`` whose spike parts point the same way (...,): cosine of
+    ``M_h`` and ``M_h'`` above ``threshold``, both spike fractions ``|M_h| / sqrt(Q_hh)`` at
+    least ``min_fraction``."""
+    M, Q = np.asarray(M, float), np.asarray(Q, float)
+    norm = np.linalg.norm(M, axis=-1)
+    frac = norm / np.sqrt(np.clip(np.diagonal(Q, axis1=-2, axis2=-1), 1e-300, None))
+    u = M / np.clip(norm, 1e-300, None)[..., None]
+    c = u @ np.swapaxes(u, -1, -2)
+    ok = (frac >= min_fraction)[..., :, None] & (frac >= min_fraction)[..., None, :]
+    H = M.shape[-2]
+    iu = np.triu_indices(H, 1)
+    return np.sum((c > threshold)[..., iu[0], iu[1]] & ok[..., iu[0], iu[1]], axis=-1)
+
+
 def specialization_times(tau, labels) -> np.ndarray:
     """First saved ``tau`` from which each head stays specialized to the end (..., H); NaN
     for a head that is not specialized at the end. ``labels`` (..., T, H) from
@@ -242,7 +260,8 @@ class PhaseAnalysis:
     ``redundant`` (S, T) redundant pairs; ``cos`` (S, T, H, F) alignments;
     ``specialization_times`` (S, H); ``plateaus`` (per trajectory, a list of
     :class:`Plateau`); ``escapes`` (per trajectory, the escape times of every plateau);
-    ``escape_time`` (S,) the escape from the unspecialized phase; ``final_risk`` (S,);
+    ``escape_time`` (S,) the escape from the unspecialized phase; ``first_specialization`` (S,)
+    the first saved time at which a head is specialized; ``final_risk`` (S,);
     ``rearrangements`` (per trajectory, a list of ``(tau, head, old, new)``).
     """
 
@@ -251,23 +270,31 @@ class PhaseAnalysis:
     n_specialized: np.ndarray
     n_directions: np.ndarray
     redundant: np.ndarray
+    profiles: np.ndarray
     cos: np.ndarray
     specialization_times: np.ndarray
     plateaus: list
     escapes: list
     escape_time: np.ndarray
+    first_specialization: np.ndarray
     final_risk: np.ndarray
     rearrangements: list
 
     def summary(self, index: int | None = None) -> dict:
         """Scalars for tables: means over trajectories (or one trajectory)."""
         sel = slice(None) if index is None else slice(index, index + 1)
+
+        def nanmean(x):
+            return float(np.nanmean(x)) if np.any(np.isfinite(x)) else float("nan")
+
         return {
             "final_risk": float(np.nanmean(self.final_risk[sel])),
             "n_specialized": float(np.mean(self.n_specialized[sel, -1])),
             "n_directions": float(np.mean(self.n_directions[sel, -1])),
             "redundant_pairs": float(np.mean(self.redundant[sel, -1])),
-            "escape_time": float(np.nanmean(self.escape_time[sel])) if np.any(np.isfinite(self.escape_time[sel])) else float("nan"),
+            "shared_profiles": float(np.mean(self.profiles[sel, -1])),
+            "escape_time": nanmean(self.escape_time[sel]),
+            "first_specialization": nanmean(self.first_specialization[sel]),
         }
 
 
@@ -288,7 +315,7 @@ def analyze(tau, M, Q, risk, *, mean=None, directions=None, threshold: float = 0
     K = M.shape[-1] if directions is None else np.atleast_2d(directions).shape[0]
     n_dir = np.sum(np.stack([(labels == k).any(axis=-1) for k in range(K)], axis=-1), axis=-1)
     spec_t = specialization_times(tau, labels)
-    pls, escs, esc, rearr = [], [], [], []
+    pls, escs, esc, rearr, first = [], [], [], [], []
     for s in range(M.shape[0]):
         ps = plateaus(tau, risk[s], plateau_tol=plateau_tol, prominence=prominence)
         e = escape_times(tau, risk[s], ps)
@@ -296,13 +323,15 @@ def analyze(tau, M, Q, risk, *, mean=None, directions=None, threshold: float = 0
         escs.append(e)
         on = np.flatnonzero((labels[s] >= 0).any(axis=-1))
         t_first = tau[on[0]] if len(on) else np.nan
+        first.append(t_first)
         cand = [k for k, p in enumerate(ps) if p.tau < t_first and k < len(e)]
         esc.append(e[cand[-1]] if cand else np.nan)
         rearr.append(rearrangements(tau, labels[s]))
     return PhaseAnalysis(
         tau=tau, labels=labels, n_specialized=np.sum(labels >= 0, axis=-1), n_directions=n_dir,
-        redundant=redundant_pairs(Q, redundancy), cos=alignment(M, Q), specialization_times=spec_t,
-        plateaus=pls, escapes=escs, escape_time=np.asarray(esc, float), final_risk=risk[:, -1].copy(), rearrangements=rearr,
+        redundant=redundant_pairs(Q, redundancy), profiles=shared_profiles(M, Q, redundancy, min_fraction), cos=alignment(M, Q),
+        specialization_times=spec_t, plateaus=pls, escapes=escs, escape_time=np.asarray(esc, float),
+        first_specialization=np.asarray(first, float), final_risk=risk[:, -1].copy(), rearrangements=rearr,
     )
 
 

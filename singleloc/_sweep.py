@@ -15,8 +15,9 @@ points whose resolved configuration changed. Files are written atomically
 
 Output: ``DIR/sweep.csv`` with one row per point (the grid values, then ``activation``,
 ``heads``, ``F``, ``status``, ``final_risk``, ``n_specialized``, ``n_directions``,
-``redundant_pairs``, ``escape_time``, the same for the simulation with a ``sim_`` prefix, and
-the cache ``key``), and one phase diagram over ``(H, F)`` per activation (and per value of
+``redundant_pairs``, ``shared_profiles``, ``escape_time``, ``first_specialization`` (means over
+the seeds of :meth:`PhaseAnalysis.summary`), the same for the simulation with a ``sim_``
+prefix, and the cache ``key``), and one phase diagram over ``(H, F)`` per activation (and per value of
 the other grid keys): ``DIR/phase_<activation>[_<key>=<value>...].png``.
 """
 
@@ -177,7 +178,7 @@ def _summary(config: Config, data: dict[str, np.ndarray]) -> dict[str, float]:
     return a.summary()
 
 
-SUMMARY_KEYS = ("final_risk", "n_specialized", "n_directions", "redundant_pairs", "escape_time")
+SUMMARY_KEYS = ("final_risk", "n_specialized", "n_directions", "redundant_pairs", "shared_profiles", "escape_time", "first_specialization")
 
 
 def sweep(base: Config, grids: Sequence[Grid], out: str | Path, *, simulate: bool = False, cache_dir: str | Path | None = None,

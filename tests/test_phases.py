@@ -87,6 +87,10 @@ def test_alignment_cosines_and_redundancy():
     assert ph.head_cosines(Q)[0, 1] > 0.99
     assert int(ph.redundant_pairs(Q)) == 1
     assert int(ph.redundant_pairs(np.eye(3))) == 0
+    # same spike profile, different orthogonal parts: not redundant keys, but a shared profile
+    M2 = np.array([[1.0, 1.0], [1.0, 1.0], [2.0, 0.0], [0.01, 0.01]])
+    Q2 = M2 @ M2.T + 0.3 * np.eye(4)
+    assert int(ph.redundant_pairs(Q2)) == 0 and int(ph.shared_profiles(M2, Q2)) == 1
 
 
 def test_specialization_times_and_rearrangements():
@@ -114,6 +118,9 @@ def test_analyze_synthetic_trajectory():
     assert a.n_directions[0, -1] == 2
     assert a.redundant[0, 0] == 1 and a.redundant[0, -1] == 0
     assert a.escape_time[0] == pytest.approx(20.0, abs=0.1)
+    assert 19 <= a.first_specialization[0] < 21
+    assert a.profiles[0, 0] == 1 and a.profiles[0, -1] == 0
+    assert a.summary()["n_specialized"] == 2.0
     assert np.all((a.specialization_times[0] >= 19) & (a.specialization_times[0] < 25))
     with pytest.raises(ValueError, match="analyze expects"):
         ph.analyze(tau, M[:, :, :1, None], Q, risk)
