@@ -28,7 +28,6 @@ Writes figures/phases_logD.{png,json} (flipped) or figures/phases_logD_spikes.{p
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -47,7 +46,8 @@ import numpy as np  # noqa: E402
 
 from singleloc import OrderParameterODE, OrderParameters, initial_conditions, integrate, load_config, simulate  # noqa: E402
 from singleloc import _phases as ph  # noqa: E402
-from singleloc._io import load_npz, save_figure, save_json, save_npz  # noqa: E402
+from _stages import cache_dir, stage  # noqa: E402
+from singleloc._io import save_figure, save_json  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = "--quick" in sys.argv
@@ -71,18 +71,7 @@ SIM_SEEDS = {D: 2 for D in (250, 500, 1000)} if QUICK else S_["sim"]  # D -> see
 D_SIM = list(SIM_SEEDS)
 D_SCALED = [16000 * 4**k for k in range(6)]
 TAU_MAX, TAU_SIM = S_["tau_max"], S_["tau_sim"]
-CACHE = Path(sys.argv[sys.argv.index("--cache") + 1]) / SETTING if "--cache" in sys.argv else None
-
-
-def stage(name, fn):
-    """Run ``fn() -> dict of arrays``, or load it from ``--cache DIR`` (to redo the figure)."""
-    path = CACHE / f"{name}.npz" if CACHE else None
-    if path is not None and path.is_file():
-        return load_npz(path)
-    data = {k: np.asarray(v) for k, v in fn().items()}
-    if path is not None:
-        save_npz(path, data)
-    return data
+CACHE = cache_dir(SETTING)
 
 
 def fit(y, *xs):
@@ -115,7 +104,7 @@ def main() -> None:
         lam_path = ph.escape_rate_along(ode, path_tau, path_x, H, F, mean=mean)
         return {"M": fp.M, "Q": fp.Q, "b": fp.b, "x": fp.x, "residual": fp.residual, "risk": fp.risk, "path_tau": path_tau, "lam_path": lam_path}
 
-    fp = stage("fixed", fixed)
+    fp = stage(CACHE, "fixed", fixed)
     lin = ph.linearize(ode, fp["M"], fp["Q"], fp["b"])
     lam_star = ph.escape_rate(lin, mean=mean)
     k_esc = ph.escape_mode(lin, mean=mean)
@@ -137,7 +126,7 @@ def main() -> None:
         M = Ms + dM * np.sqrt(D_SCALED[0] / D)
         scaled.append(OrderParameters(jnp.asarray(M[None]), jnp.asarray((M @ M.T + R0)[None]), jnp.zeros((1, H))))
     t0 = time.time()
-    th = SimpleNamespace(**stage("theory", lambda: integrate(cfg, stack(y0s + scaled), ts=ts, progress=False).__dict__))
+    th = SimpleNamespace(**stage(CACHE, "theory", lambda: integrate(cfg, stack(y0s + scaled), ts=ts, progress=False).__dict__))
     n_main = len(D_of)
     print(f"theory: {th.risk.shape[0]} trajectories to tau = {TAU_MAX} in {time.time() - t0:.0f} s", flush=True)
     R_spec = float(np.median(th.risk[:n_main, -1]))
@@ -152,7 +141,7 @@ def main() -> None:
     t0 = time.time()
     for D in D_SIM:
         c = cfg.replace(simulation={"D": D, "seeds": SIM_SEEDS[D]}, sgd={"tau_max": TAU_SIM, "n_save": int(TAU_SIM * 4) + 1})
-        s = SimpleNamespace(**stage(f"simulation_{D}", lambda: {k: v for k, v in simulate(c, progress=False).__dict__.items() if k not in ("K", "kstar")}))
+        s = SimpleNamespace(**stage(CACHE, f"simulation_{D}", lambda: {k: v for k, v in simulate(c, progress=False).__dict__.items() if k not in ("K", "kstar")}))
         sims.append(s)
         print(f"  simulation D = {D}: {time.time() - t0:.0f} s", flush=True)
     sim_D = np.concatenate([[D] * SIM_SEEDS[D] for D in D_SIM])
@@ -201,7 +190,7 @@ def main() -> None:
     save_json(ROOT / "figures" / f"{S_['figure']}.json", out)
 
     print(f"R* = {fp.risk:.4f}, specialized R = {R_spec:.4f}, threshold {0.5 * (R_half_from + R_half_to):.4f}")
-    print(f"theory: mean escape per D: " + ", ".join(f"{D}: {t:.2f}" for D, t in zip(D_THEORY, tmean)))
+    print("theory: mean escape per D: " + ", ".join(f"{D}: {t:.2f}" for D, t in zip(D_THEORY, tmean)))
     print(f"theory slope d tau_esc / d log D: plain {c_plain[1]:.3f} +- {se_plain[1]:.3f}; at fixed z {c_z[1]:.3f} +- {se_z[1]:.3f} "
           f"(gamma {c_z[2]:.3f} vs -1/lambda(tau_esc) = {-1 / lam_at:.3f}; residual sd {sd_z:.2f})")
     print(f"scaled series slope {c_sc[1]:.3f}, local slopes {np.round(local_sc, 3)}")

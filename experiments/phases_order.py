@@ -18,7 +18,6 @@ Writes figures/phases_order.png and figures/phases_order.json; about 3 minutes o
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -27,7 +26,6 @@ import jax
 
 jax.config.update("jax_enable_x64", True)
 
-import jax.numpy as jnp  # noqa: E402
 import matplotlib  # noqa: E402
 
 matplotlib.use("Agg")
@@ -36,7 +34,8 @@ import numpy as np  # noqa: E402
 
 from singleloc import OrderParameterODE, initial_conditions, integrate, load_config, simulate  # noqa: E402
 from singleloc import _phases as ph  # noqa: E402
-from singleloc._io import load_npz, save_figure, save_json, save_npz  # noqa: E402
+from _stages import cache_dir, stage  # noqa: E402
+from singleloc._io import save_figure, save_json  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 STRENGTHS = (3.5, 2.5)
@@ -46,17 +45,7 @@ CONFIG = load_config("bsoftmax", ["problem.prior=discrete", f"problem.F={F}", f"
                                   "sgd.lr=1.0", "theory.points=1024", "simulation.D=1000", "simulation.test_samples=1024"])
 SEEDS_THEORY, SEEDS_SIM = 8, 3
 TAU_MAX, TAU_SIM = 60.0, 40.0
-CACHE = Path(sys.argv[sys.argv.index("--cache") + 1]) if "--cache" in sys.argv else None
-
-
-def stage(name, fn):
-    path = CACHE / f"{name}.npz" if CACHE else None
-    if path is not None and path.is_file():
-        return load_npz(path)
-    data = {k: np.asarray(v) for k, v in fn().items()}
-    if path is not None:
-        save_npz(path, data)
-    return data
+CACHE = cache_dir()
 
 
 def first_times(tau, labels, K):
@@ -82,7 +71,7 @@ def main() -> None:
         fp = ph.unspecialized_point(ode, H, F, init_scale=cfg.sgd.init_scale, tau_flow=40.0, dt=0.1)
         return {"M": fp.M, "Q": fp.Q, "b": fp.b, "x": fp.x, "residual": fp.residual, "risk": fp.risk}
 
-    fp = stage("fixed", fixed)
+    fp = stage(CACHE, "fixed", fixed)
     lin = ph.linearize(ode, fp["M"], fp["Q"], fp["b"])
     modes = ph.unstable_modes(lin, min_asymmetry=0.5)
     print(f"unspecialized point: m = {np.round(fp['x'][:F], 3)}, residual {float(fp['residual']):.1e}, R* = {float(fp['risk']):.4f} ({lin.method})")
@@ -107,11 +96,11 @@ def main() -> None:
     # theory and simulation ----------------------------------------------------------------
     ts = np.linspace(0.0, TAU_MAX, int(TAU_MAX * 4) + 1)
     t0 = time.time()
-    th = SimpleNamespace(**stage("theory", lambda: integrate(cfg, initial_conditions(cfg, SEEDS_THEORY), ts=ts, progress=False).__dict__))
+    th = SimpleNamespace(**stage(CACHE, "theory", lambda: integrate(cfg, initial_conditions(cfg, SEEDS_THEORY), ts=ts, progress=False).__dict__))
     print(f"theory: {SEEDS_THEORY} seeds to tau = {TAU_MAX} in {time.time() - t0:.0f} s", flush=True)
     t0 = time.time()
     csim = cfg.replace(simulation={"seeds": SEEDS_SIM}, sgd={"tau_max": TAU_SIM, "n_save": int(TAU_SIM * 2) + 1})
-    sim = SimpleNamespace(**stage("simulation", lambda: {k: v for k, v in simulate(csim, progress=False).__dict__.items() if k not in ("K", "kstar")}))
+    sim = SimpleNamespace(**stage(CACHE, "simulation", lambda: {k: v for k, v in simulate(csim, progress=False).__dict__.items() if k not in ("K", "kstar")}))
     print(f"simulation: {SEEDS_SIM} seeds at D = {cfg.simulation.D} to tau = {TAU_SIM} in {time.time() - t0:.0f} s", flush=True)
 
     a_th = ph.analyze(th.tau, th.M, th.Q, th.risk, mean=mean)

@@ -19,7 +19,6 @@ about 6 minutes on 2 CPU cores (``--cache DIR`` keeps the stages' results).
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -37,24 +36,15 @@ import numpy as np  # noqa: E402
 from singleloc import OrderParameterODE, initial_conditions, integrate, load_config, simulate  # noqa: E402
 from singleloc import _phases as ph  # noqa: E402
 from singleloc._fluctuations import integrate_sde  # noqa: E402
-from singleloc._io import load_npz, save_figure, save_json, save_npz  # noqa: E402
+from _stages import cache_dir, stage  # noqa: E402
+from singleloc._io import save_figure, save_json  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = load_config("bsoftmax", ["problem.prior=flipped", "problem.strength=3.0", "sgd.lr=1.0", "theory.points=1024", "simulation.test_samples=1024"])
 DS = {1000: 8, 4000: 4}  # D -> simulation seeds
 SEEDS = 16
 TAU = 14.0
-CACHE = Path(sys.argv[sys.argv.index("--cache") + 1]) if "--cache" in sys.argv else None
-
-
-def stage(name, fn):
-    path = CACHE / f"{name}.npz" if CACHE else None
-    if path is not None and path.is_file():
-        return load_npz(path)
-    data = {k: np.asarray(v) for k, v in fn().items()}
-    if path is not None:
-        save_npz(path, data)
-    return data
+CACHE = cache_dir()
 
 
 def main() -> None:
@@ -63,7 +53,7 @@ def main() -> None:
     H, F = cfg.model.heads, cfg.problem.F
     mean = cfg.problem.build_prior().mean()
     ode = OrderParameterODE.from_config(cfg)
-    fp = stage("fixed", lambda: (lambda p: {"M": p.M, "Q": p.Q, "b": p.b, "risk": p.risk})(ph.unspecialized_point(ode, H, F, tau_flow=20.0, dt=0.1)))
+    fp = stage(CACHE, "fixed", lambda: (lambda p: {"M": p.M, "Q": p.Q, "b": p.b, "risk": p.risk})(ph.unspecialized_point(ode, H, F, tau_flow=20.0, dt=0.1)))
     lin = ph.linearize(ode, fp["M"], fp["Q"], fp["b"])
     lam = ph.escape_rate(lin, mean=mean)
     basis = ph.escape_subspace(lin, mean=mean)
@@ -73,13 +63,13 @@ def main() -> None:
         c = cfg.replace(simulation={"D": D, "seeds": SEEDS})
         y0 = initial_conditions(c)
         t0 = time.time()
-        ode_r = SimpleNamespace(**stage(f"ode_{D}", lambda: integrate(c, y0, ts=ts, progress=False).__dict__))
+        ode_r = SimpleNamespace(**stage(CACHE, f"ode_{D}", lambda: integrate(c, y0, ts=ts, progress=False).__dict__))
         t1 = time.time()
         keys = jax.random.split(jax.random.PRNGKey(D), SEEDS)
-        sde_r = SimpleNamespace(**stage(f"sde_{D}", lambda: integrate_sde(c, y0, keys, ts=ts, dt=0.05).__dict__))
+        sde_r = SimpleNamespace(**stage(CACHE, f"sde_{D}", lambda: integrate_sde(c, y0, keys, ts=ts, dt=0.05).__dict__))
         t2 = time.time()
         cs = c.replace(simulation={"seeds": n_sim}, sgd={"tau_max": TAU, "n_save": int(TAU * 4) + 1})
-        sim_r = SimpleNamespace(**stage(f"sim_{D}", lambda: {k: v for k, v in simulate(cs, progress=False).__dict__.items() if k not in ("K", "kstar")}))
+        sim_r = SimpleNamespace(**stage(CACHE, f"sim_{D}", lambda: {k: v for k, v in simulate(cs, progress=False).__dict__.items() if k not in ("K", "kstar")}))
         t3 = time.time()
         print(f"D = {D}: ODE {t1 - t0:.0f} s, SDE {t2 - t1:.0f} s, simulation {t3 - t2:.0f} s", flush=True)
         res[D] = (ode_r, sde_r, sim_r)

@@ -6,7 +6,6 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
 
 _COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
 

@@ -34,7 +34,6 @@ import dataclasses
 from typing import Callable, Sequence
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 import numpy as np
 
