@@ -52,27 +52,38 @@ from ._priors import Prior
 from ._theory import OrderParameterODE, OrderParameters
 
 
+def _weight_params(prior: Prior):
+    """Arrays of the closed form: atoms (K, F), log pi (K,), ``G = S (I + S)^-1`` (F, F) or
+    ``None`` for a discrete prior, and ``logdet(I + S)``."""
+    atoms = prior.atoms_array()
+    with np.errstate(divide="ignore"):
+        log_pi = np.log(prior.probs_array())  # -inf for atoms of probability 0
+    if prior.is_discrete:
+        return atoms, log_pi, None, 0.0
+    S = np.asarray(prior.noise_cov, dtype=float)
+    eye = np.eye(S.shape[0])
+    return atoms, log_pi, np.linalg.solve(eye + S, S), float(np.linalg.slogdet(eye + S)[1])
+
+
+def _log_weight(nu, atoms, log_pi, G, logdet):
+    lin = nu @ atoms.T - 0.5 * jnp.sum(atoms**2, axis=-1) + log_pi  # (..., K)
+    if G is None:
+        return jax.nn.logsumexp(lin, axis=-1)
+    d = nu[..., None, :] - atoms  # (..., K, F)
+    quad = 0.5 * jnp.einsum("...kf,fg,...kg->...k", d, G, d)
+    return jax.nn.logsumexp(lin + quad, axis=-1) - 0.5 * logdet
+
+
 def log_weight(prior: Prior, nu: jax.Array) -> jax.Array:
     """``log E_theta[exp(theta . nu - |theta|^2 / 2)]`` for spike fields ``nu`` (..., F).
 
     Exact (closed form per mixture component), valid for singular covariances; the result has
     the shape ``nu.shape[:-1]``.
     """
-    dtype = jnp.result_type(nu.dtype, float)
-    nu = jnp.asarray(nu, dtype)
-    atoms = jnp.asarray(prior.atoms_array(), dtype)  # (K, F)
-    with np.errstate(divide="ignore"):
-        log_pi = jnp.asarray(np.log(prior.probs_array()), dtype)  # (K,), -inf for empty atoms
-    S = np.asarray(prior.noise_cov, dtype=float)
-    F = S.shape[0]
-    lin = nu @ atoms.T - 0.5 * jnp.sum(atoms**2, axis=-1) + log_pi  # (..., K)
-    if prior.is_discrete:
-        return jax.nn.logsumexp(lin, axis=-1)
-    G = jnp.asarray(np.linalg.solve(np.eye(F) + S, S), dtype)  # S (I + S)^-1, symmetric
-    _, logdet = np.linalg.slogdet(np.eye(F) + S)
-    d = nu[..., None, :] - atoms  # (..., K, F)
-    quad = 0.5 * jnp.einsum("...kf,fg,...kg->...k", d, G, d)
-    return jax.nn.logsumexp(lin + quad, axis=-1) - 0.5 * logdet
+    dtype = jnp.result_type(jnp.asarray(nu).dtype, float)
+    atoms, log_pi, G, logdet = _weight_params(prior)
+    cast = lambda x: None if x is None else jnp.asarray(x, dtype)  # noqa: E731
+    return _log_weight(jnp.asarray(nu, dtype), cast(atoms), cast(log_pi), cast(G), logdet)
 
 
 def posterior(prior: Prior, nu: jax.Array) -> jax.Array:
@@ -117,10 +128,15 @@ def _check_counts(L, replicates) -> None:
 
 
 @eqx.filter_jit
-def _bayes_risk_on_rule(rule: LocalFields, loss_fn) -> jax.Array:
+def _bayes_risk_on_rule(rule: LocalFields, params) -> jax.Array:
     F = rule.atoms.shape[1]
     eye = jnp.eye(F, dtype=rule.w.dtype)
-    return rule.expect(lambda g, theta: loss_fn(g), eye, eye)
+
+    def loss(nu, theta):
+        p = jax.nn.softmax(_log_weight(nu, *params), axis=-1)
+        return (1.0 - p[0]) ** 2 + jnp.sum(p[1:] ** 2)
+
+    return rule.expect(loss, eye, eye)
 
 
 def bayes_risk(prior: Prior, L: int, points: int = 4096, seed: int = 0, replicates: int = 8) -> RiskEstimate:
@@ -134,8 +150,10 @@ def bayes_risk(prior: Prior, L: int, points: int = 4096, seed: int = 0, replicat
         replicates: number of independent scramblings (>= 2, for the error estimate).
     """
     _check_counts(L, replicates)
-    loss_fn = jax.tree_util.Partial(lambda nu: bayes_loss(prior, nu, 0))
-    values = [float(_bayes_risk_on_rule(LocalFields.make(int(L), prior.F, prior, points, seed + i), loss_fn)) for i in range(int(replicates))]
+    dtype = jnp.result_type(float)
+    atoms, log_pi, G, logdet = _weight_params(prior)
+    params = (jnp.asarray(atoms, dtype), jnp.asarray(log_pi, dtype), None if G is None else jnp.asarray(G, dtype), jnp.asarray(logdet, dtype))
+    values = [float(_bayes_risk_on_rule(LocalFields.make(int(L), prior.F, prior, points, seed + i), params)) for i in range(int(replicates))]
     return RiskEstimate.from_replicates(values, points)
 
 
