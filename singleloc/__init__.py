@@ -40,7 +40,8 @@ from ._diagnostics import (
     vanishing_attention,
 )
 from ._activations import scalable_softmax, ssmax
-from ._fields import LocalFields, psd_sqrt
+from ._fields import LocalFields
+from ._numerics import psd_sqrt
 from ._layer import finite_loss, limit_loss, token_weights
 from ._ode import TheoryResult, initial_conditions, integrate
 from ._priors import Prior, binary, discrete, flipped, gaussian, spikes

@@ -35,6 +35,7 @@ import numpy as np
 from scipy.special import ndtri
 from scipy.stats import qmc
 
+from ._numerics import psd_sqrt
 from ._priors import Prior
 
 
@@ -50,28 +51,6 @@ def gaussian_nodes(dim: int, points: int, seed: int) -> np.ndarray:
     # moment matching: whiten so that the empirical second moments are exactly the identity
     w, v = np.linalg.eigh(z.T @ z / len(z))
     return z @ (v / np.sqrt(w)) @ v.T
-
-
-# Eigenvalues below this fraction of the largest count as zero in the pseudo-inverse root.
-_PINV_RTOL = 1e-12
-
-
-def psd_sqrt(A: jax.Array) -> jax.Array:
-    """Symmetric square root of a symmetric PSD matrix (negative eigenvalues clipped)."""
-    return psd_sqrt_and_pinv_sqrt(A)[0]
-
-
-def psd_sqrt_and_pinv_sqrt(A: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """``(A^{1/2}, (A^+)^{1/2})`` of a symmetric PSD matrix from one eigendecomposition.
-
-    Eigenvalues below ``1e-12`` times the largest are treated as zero in the pseudo-inverse.
-    """
-    w, v = jnp.linalg.eigh((A + A.T) / 2)
-    w = jnp.clip(w, 0.0, None)
-    keep = w > _PINV_RTOL * jnp.max(w)
-    root = jnp.sqrt(w)
-    inv_root = jnp.where(keep, 1.0 / jnp.where(keep, root, 1.0), 0.0)
-    return (v * root) @ v.T, (v * inv_root) @ v.T
 
 
 class LocalFields(eqx.Module):

@@ -25,9 +25,9 @@ import numpy as np
 from ._config import Config
 from ._data import initial_overlaps
 from ._io import save_config, save_npz
+from ._numerics import Q_RUNAWAY
 from ._theory import OrderParameterODE, OrderParameters, r_orth
 
-_Q_RUNAWAY = 1e6
 _PSD_SLACK = 1e-6
 
 
@@ -59,7 +59,7 @@ def _invalid_state(t, y, args, **kwargs):
     finite = jnp.all(jnp.isfinite(M)) & jnp.all(jnp.isfinite(Q)) & jnp.all(jnp.isfinite(b))
     scale = 1.0 + jnp.max(jnp.abs(jnp.where(jnp.isfinite(Q), Q, 0.0)))
     min_eig = jnp.min(jnp.linalg.eigvalsh(jnp.where(finite, r_orth(M, Q), 0.0)))
-    return (~finite) | (scale > _Q_RUNAWAY) | (min_eig < -_PSD_SLACK * scale)
+    return (~finite) | (scale > Q_RUNAWAY) | (min_eig < -_PSD_SLACK * scale)
 
 
 def _solve(ode: OrderParameterODE, y0: OrderParameters, ts: jax.Array, rtol: float, atol: float, max_steps: int, progress: bool):
@@ -137,7 +137,7 @@ def integrate(
         k = int(np.argmin(valid[i])) if not np.all(valid[i]) else len(ts) - 1
         raise FloatingPointError(
             f"the order-parameter ODE stopped at tau = {float(ts[k - 1]) if k else 0.0:.4g}..{float(ts[k]):.4g} (start {i}): "
-            f"the state left the set of valid overlaps (non-finite values, runaway keys with max |Q| > {_Q_RUNAWAY:g}, or "
+            f"the state left the set of valid overlaps (non-finite values, runaway keys with max |Q| > {Q_RUNAWAY:g}, or "
             f"R_orth = Q - M M^T not PSD) or the solver ran out of steps (max_steps = {max_steps}); lower sgd.lr (now "
             f"{config.sgd.lr}) or tighten theory.rtol/theory.atol"
         )

@@ -23,6 +23,9 @@ import jax.numpy as jnp
 import numpy as np
 
 
+from ._numerics import psd_sqrt
+
+
 def _as_tuple(a: np.ndarray):
     return tuple(map(_as_tuple, a)) if a.ndim > 1 else tuple(float(x) for x in a)
 
@@ -85,8 +88,7 @@ class Prior:
 
     def cov_sqrt(self) -> np.ndarray:
         """Symmetric square root of ``noise_cov``."""
-        w, v = np.linalg.eigh(np.asarray(self.noise_cov, dtype=float))
-        return (v * np.sqrt(np.clip(w, 0.0, None))) @ v.T
+        return psd_sqrt(np.asarray(self.noise_cov, dtype=float))
 
     def mean(self) -> np.ndarray:
         """``E[theta]`` (F,)."""

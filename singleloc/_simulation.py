@@ -27,6 +27,7 @@ from ._data import init_keys, make_spikes, overlaps, sample_sequence, seed_keys
 from ._priors import Prior
 from ._io import save_config, save_npz
 from ._layer import finite_loss, limit_loss, token_weights
+from ._numerics import Q_RUNAWAY
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,12 +176,11 @@ def simulate(config: Config, *, progress: bool = True) -> SimulationResult:
 
 
 # |Q| beyond this means the keys have run away: the loss is then flat and SGD cannot recover.
-_Q_RUNAWAY = 1e6
 
 
 def _check_finite(record, tau: float, config: Config) -> None:
     M, Q, b, risk, risk_limit = record
-    bad = not all(np.all(np.isfinite(x)) for x in record) or np.max(np.abs(Q)) > _Q_RUNAWAY
+    bad = not all(np.all(np.isfinite(x)) for x in record) or np.max(np.abs(Q)) > Q_RUNAWAY
     if bad:
         raise FloatingPointError(
             f"the SGD dynamics diverged by tau = {tau:.4g} (non-finite or exploding keys, max |Q| = "

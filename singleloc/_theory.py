@@ -40,7 +40,8 @@ import jax.numpy as jnp
 
 from ._activations import Activation, get_activation
 from ._config import Config
-from ._fields import LocalFields, psd_sqrt_and_pinv_sqrt
+from ._fields import LocalFields
+from ._numerics import psd_sqrt_and_pinv_sqrt
 from ._layer import limit_loss
 
 

@@ -1,0 +1,54 @@
+"""Numerical building blocks shared by the theory, the simulator and the analysis.
+
+One home for the small pieces that several modules need: the symmetric square root of a PSD
+matrix (and its pseudo-inverse root), and the named thresholds that decide when a state is
+"runaway" or a norm is "zero". Thresholds are tied to the floating-point format where they
+are floors, and stated in ``docs/model.md`` where they are modelling choices.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+#: Keys whose overlaps exceed this in absolute value are "runaway": the dynamics diverged.
+#: Used by the ODE's terminating event and by the simulator's finiteness check.
+Q_RUNAWAY = 1e6
+
+#: Smallest positive normal float64: the floor under norms and diagonals before a division
+#: (a zero key has cosine 0 with everything instead of NaN).
+TINY = float(np.finfo(np.float64).tiny)
+
+#: Eigenvalues below this fraction of the largest count as zero in pseudo-inverse roots
+#: (about 4500 float64 ulps: rounding of an eigendecomposition stays below it).
+PINV_RTOL = 1e-12
+
+
+def _namespace(A):
+    return jnp if isinstance(A, jax.Array) else np
+
+
+def psd_sqrt_and_pinv_sqrt(A):
+    """``(A^{1/2}, (A^+)^{1/2})`` of a symmetric PSD matrix from one eigendecomposition.
+
+    ``A`` is symmetrised first and negative eigenvalues (rounding) are clipped at zero;
+    eigenvalues below ``PINV_RTOL`` times the largest are zero in the pseudo-inverse. The
+    root is continuous in ``A``, defined for singular ``A`` and equivariant under
+    permutations (two identical heads keep identical fields). Works on NumPy arrays (on the
+    host, in float64) and on JAX arrays (traceable), with the same arithmetic.
+    """
+    xp = _namespace(A)
+    w, v = xp.linalg.eigh((A + xp.swapaxes(A, -1, -2)) / 2)
+    w = xp.clip(w, 0.0, None)
+    keep = w > PINV_RTOL * xp.max(w, axis=-1, keepdims=True)
+    root = xp.sqrt(w)
+    inv_root = xp.where(keep, 1.0 / xp.where(keep, root, 1.0), 0.0)
+    vt = xp.swapaxes(v, -1, -2)
+    return (v * root[..., None, :]) @ vt, (v * inv_root[..., None, :]) @ vt
+
+
+def psd_sqrt(A):
+    """Symmetric square root ``A^{1/2}`` of a symmetric PSD matrix (negative eigenvalues,
+    from rounding, clipped at zero); NumPy in, NumPy out; JAX in, JAX out."""
+    return psd_sqrt_and_pinv_sqrt(A)[0]
