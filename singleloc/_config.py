@@ -19,6 +19,7 @@ try:  # Python >= 3.11
 except ModuleNotFoundError:  # pragma: no cover
     import tomli as tomllib
 
+from ._presets import preset_names
 from ._priors import Prior
 from ._specs import SGD, Model, Problem, Simulation, Theory
 
@@ -78,12 +79,6 @@ def _restore_prior(data: dict) -> dict:
     if isinstance(prior, Mapping):
         data["problem"]["prior"] = Prior(**prior)
     return data
-
-
-def preset_names() -> tuple[str, ...]:
-    """Names of the presets shipped with the package."""
-    files = resources.files("singleloc") / "presets"
-    return tuple(sorted(p.name[:-5] for p in files.iterdir() if p.name.endswith(".toml")))
 
 
 def parse_override(text: str) -> tuple[str, str, Any]:
