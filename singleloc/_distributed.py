@@ -1,0 +1,212 @@
+"""Independent points on Dask ``distributed``: in this process, on a local cluster, or on an external one.
+
+:func:`run_points` maps a module-level function over tasks ``(key, args)`` and hands every result
+to a callback ``on_result(key, result)`` **in the calling (client) process**, as the results
+complete. The workers receive the arguments (for a sweep: the kind and the resolved
+configuration as a plain dict, :meth:`Config.to_dict`) and send back arrays; only the client
+writes files, so the workers need no shared file system.
+
+Where the tasks run:
+
+* ``workers == 1`` and no scheduler address: one after the other in this process, in the order
+  given. Dask is neither imported nor started (a plain ``singleloc sweep``).
+* ``workers > 1``: an embedded :class:`distributed.LocalCluster` of ``workers`` processes with one
+  thread each, started for the call and closed at its end. Its workers get the environment
+  :data:`WORKER_ENV` (one CPU thread for XLA and BLAS, no preallocation of accelerator memory),
+  so ``workers`` processes use ``workers`` cores.
+* ``scheduler="tcp://HOST:PORT"`` (or, with ``workers == 1``, the address in the environment
+  variable ``DASK_SCHEDULER_ADDRESS``, Dask's own convention): an existing cluster (``dask
+  scheduler`` and ``dask worker`` processes, ``dask-jobqueue`` on Slurm or PBS; ``docs/scale.md``).
+  Its workers must have the same version of ``singleloc`` installed.
+
+Faults:
+
+* A task that raises: its exception is recorded under its key (:attr:`PointsReport.errors`) and
+  the other tasks go on. Nothing is retried: the computations are deterministic.
+* A worker process that dies in the middle of a task (killed, out of memory): the scheduler runs
+  the task again on another worker, up to the Dask setting ``distributed.scheduler.allowed-failures``
+  times (3 by default); past that the task is recorded with Dask's ``KilledWorker``. Each result
+  is handed to ``on_result`` once.
+* Ctrl-C or SIGTERM on the client: the results completed so far were already handed to
+  ``on_result``; the pending tasks are cancelled, the local cluster is closed and
+  :class:`KeyboardInterrupt` propagates.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from tqdm.auto import tqdm
+
+from . import _sweep
+from ._config import load_config
+
+#: Environment variable holding the address of an external scheduler (Dask's convention).
+SCHEDULER_ENV = "DASK_SCHEDULER_ADDRESS"
+
+#: Environment of the worker processes of a local cluster: XLA's CPU code on one thread (the
+#: usual flags; XLA may still start helper threads), so that ``workers`` processes share
+#: ``workers`` cores, and no preallocation of accelerator memory (local workers may share a GPU).
+#: ``XLA_FLAGS`` is appended to the caller's own; Dask itself already sets one thread for
+#: OpenMP, MKL and OpenBLAS (``distributed.nanny.pre-spawn-environ``). Double precision is
+#: enabled by :func:`compute_point` itself (an environment variable would be read too late when
+#: the caller's main module imports JAX, which the spawned workers re-import).
+WORKER_ENV = {
+    "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1",
+    "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+}
+
+
+@dataclasses.dataclass
+class PointsReport:
+    """What :func:`run_points` did: the keys handed to ``on_result`` (in completion order), the
+    exception of every task that raised (by key), the wall time and where the tasks ran
+    (``"serial"``, ``"local"`` or the scheduler address)."""
+
+    completed: list[Hashable]
+    errors: dict[Hashable, BaseException]
+    seconds: float
+    where: str
+
+
+def run_points(
+    tasks: Sequence[tuple[Hashable, tuple]],
+    fn: Callable[..., Any],
+    on_result: Callable[[Hashable, Any], None],
+    *,
+    workers: int = 1,
+    scheduler: str | None = None,
+    progress: bool = True,
+    desc: str = "points",
+) -> PointsReport:
+    """Run ``fn(*args)`` for every task ``(key, args)`` and call ``on_result(key, result)`` in
+    this process as each result arrives.
+
+    Args:
+        tasks: ``(key, args)`` pairs with distinct keys; the caller leaves out what is done already.
+        fn: a module-level (importable) function; it runs on the workers.
+        on_result: called once per successful task, in this process; an exception it raises
+            stops the run (the cluster is closed) and propagates.
+        workers: ``1``: in this process (unless ``scheduler`` or ``DASK_SCHEDULER_ADDRESS`` names a
+            cluster); ``N > 1``: a local cluster of ``N`` single-threaded worker processes.
+        scheduler: address of an external Dask scheduler, ``tcp://HOST:PORT``.
+        progress: show a progress bar over the completed tasks.
+        desc: label of the progress bar.
+
+    Returns:
+        A :class:`PointsReport`.
+
+    Raises:
+        ValueError: repeated keys, ``workers < 1``, or both ``workers > 1`` and ``scheduler``.
+        KeyboardInterrupt: Ctrl-C or SIGTERM; the results completed before it were handed to
+            ``on_result``.
+    """
+    keys = [key for key, _ in tasks]
+    if len(set(keys)) != len(keys):
+        raise ValueError("run_points: repeated task keys")
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
+    if scheduler and workers > 1:
+        raise ValueError("give either workers > 1 (a local cluster) or a scheduler address, not both")
+    address = scheduler or (os.environ.get(SCHEDULER_ENV) if workers == 1 else None)
+    report = PointsReport([], {}, 0.0, address or ("local" if workers > 1 else "serial"))
+    t0 = time.perf_counter()
+    bar = tqdm(total=len(tasks), desc=desc, unit="point", disable=not progress, leave=False)
+    outcomes = _serial(tasks, fn) if report.where == "serial" else _on_cluster(tasks, fn, workers, address)
+    # closing(): the cluster is closed as soon as the loop ends, also when on_result raises.
+    with _sigterm_as_interrupt(), bar, contextlib.closing(outcomes):
+        for key, result, error in outcomes:
+            if error is None:
+                on_result(key, result)
+                report.completed.append(key)
+            else:
+                report.errors[key] = error
+            bar.update()
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def compute_point(kind: str, config: Mapping[str, Mapping[str, Any]]) -> dict[str, np.ndarray]:
+    """The work of one sweep point, run on a worker: ``kind`` (``"theory"`` or ``"simulation"``,
+    :func:`singleloc._sweep.compute_theory` / ``compute_simulation``) of the resolved
+    configuration ``config`` (a :meth:`Config.to_dict`), as NumPy arrays.
+
+    Enables double precision in the process that runs it, as the command line does: the ODE is
+    solved in float64 (the simulator keeps its own float32), also on a worker started by hand.
+    """
+    jax.config.update("jax_enable_x64", True)
+    compute = getattr(_sweep, _sweep._COMPUTE[kind])
+    return {name: np.asarray(value) for name, value in compute(load_config(config)).items()}
+
+
+Outcome = tuple[Hashable, Any, "BaseException | None"]
+
+
+def _serial(tasks: Sequence[tuple[Hashable, tuple]], fn: Callable[..., Any]) -> Iterator[Outcome]:
+    for key, args in tasks:
+        try:
+            result = fn(*args)
+        except Exception as err:  # recorded like a failed task on a worker
+            yield key, None, err
+        else:
+            yield key, result, None
+
+
+def _on_cluster(tasks: Sequence[tuple[Hashable, tuple]], fn: Callable[..., Any], workers: int,
+                address: str | None) -> Iterator[Outcome]:
+    # Dask is imported here, not at the top: a serial run neither imports nor starts it.
+    from distributed import Client, LocalCluster, as_completed
+
+    with contextlib.ExitStack() as stack:
+        if address:
+            client = stack.enter_context(Client(address))
+        else:
+            cluster = stack.enter_context(LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                                                       dashboard_address=None, env=worker_env()))
+            client = stack.enter_context(Client(cluster))
+        futures = {client.submit(fn, *args, pure=False): key for key, args in tasks}
+        try:
+            for future in as_completed(futures):
+                key = futures[future]
+                if future.status == "finished":
+                    yield key, future.result(), None
+                else:
+                    yield key, None, future.exception()
+                future.release()
+        finally:  # interrupted, or on_result raised: drop what is still queued before closing
+            pending = [f for f in futures if f.status == "pending"]
+            if pending:
+                client.cancel(pending)
+
+
+def worker_env() -> dict[str, str]:
+    """:data:`WORKER_ENV`, its ``XLA_FLAGS`` after those of this process (e.g. a host device count)."""
+    flags = " ".join(filter(None, (os.environ.get("XLA_FLAGS", ""), WORKER_ENV["XLA_FLAGS"])))
+    return {**WORKER_ENV, "XLA_FLAGS": flags}
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """Within the block, SIGTERM raises :class:`KeyboardInterrupt` like Ctrl-C, so that the
+    cleanup (cancel, close the cluster, remove temporary files) runs. Only in the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

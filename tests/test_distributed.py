@@ -1,0 +1,236 @@
+"""Points on Dask: serial path without Dask, failed tasks, a worker killed mid-task, Ctrl-C /
+SIGTERM on the client, and an external scheduler. Real clusters (``LocalCluster``, ``dask
+scheduler`` / ``dask worker`` processes on 127.0.0.1), no mocks."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import cloudpickle
+import jax
+import numpy as np
+import pytest
+
+from singleloc import load_config
+from singleloc._distributed import compute_point, run_points, worker_env
+from singleloc._io import load_npz, save_npz
+
+# The task functions below run on worker processes: send them by value, not as a module import.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+TINY = ["sgd.tau_max=2", "theory.points=256"]  # one compilation: strength changes no shape and no static field
+STARTUP = 120  # seconds allowed for a cluster or a process to start or stop on a loaded machine
+
+
+def _square(x: int) -> dict[str, np.ndarray]:
+    if x == 3:
+        raise FloatingPointError("diverged by tau = 1; lower sgd.lr")
+    return {"x": np.array([x * x])}
+
+
+def _square_once_killed(x: int, flags: str) -> dict[str, np.ndarray]:
+    """Marks each start as ``started-X-PID``; the first attempt of ``x == 0`` waits to be killed."""
+    flags = Path(flags)
+    first = not (flags / "killed").exists()
+    (flags / f"started-{x}-{os.getpid()}").touch()
+    if x == 0 and first:
+        time.sleep(STARTUP)  # not killed: the test fails on the number of attempts
+    return {"x": np.array([x * x]), "pid": np.array(os.getpid())}
+
+
+def _collect():
+    got: dict = {}
+
+    def on_result(key, result):
+        assert key not in got, f"result {key} handed over twice"
+        got[key] = result
+
+    return got, on_result
+
+
+def test_serial_is_in_process_and_records_errors():
+    got, on_result = _collect()
+    report = run_points([(x, (x,)) for x in range(5)], _square, on_result, progress=False)
+    assert report.where == "serial" and report.completed == [0, 1, 2, 4]
+    assert {k: int(v["x"][0]) for k, v in got.items()} == {0: 0, 1: 1, 2: 4, 4: 16}
+    assert list(report.errors) == [3] and isinstance(report.errors[3], FloatingPointError)
+    with pytest.raises(ValueError, match="repeated"):
+        run_points([(1, (1,)), (1, (2,))], _square, on_result)
+    with pytest.raises(ValueError, match="either"):
+        run_points([], _square, on_result, workers=2, scheduler="tcp://127.0.0.1:1")
+    with pytest.raises(ZeroDivisionError):  # a failing callback stops the run
+        run_points([(1, (1,))], _square, lambda k, r: 1 / 0, progress=False)
+
+
+def test_importing_singleloc_or_a_serial_run_does_not_import_dask():
+    code = ("import sys, singleloc\nassert not {'distributed', 'dask'} & set(sys.modules)\n"
+            "from singleloc._distributed import run_points\n"
+            "r = run_points([(1, (2.0,))], abs, lambda k, v: None, progress=False)\n"
+            "assert r.where == 'serial' and r.completed == [1]\n"
+            "assert not {'distributed', 'dask'} & set(sys.modules)\n")
+    env = {k: v for k, v in os.environ.items() if k != "DASK_SCHEDULER_ADDRESS"}
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=STARTUP, env=env)
+
+
+def test_local_cluster_reports_a_failing_task_and_completes_the_others():
+    got, on_result = _collect()
+    report = run_points([(x, (x,)) for x in range(6)], _square, on_result, workers=2, progress=False)
+    assert report.where == "local"
+    assert sorted(report.completed) == [0, 1, 2, 4, 5] and len(report.completed) == 5
+    assert {k: int(v["x"][0]) for k, v in got.items()} == {x: x * x for x in (0, 1, 2, 4, 5)}
+    assert list(report.errors) == [3]
+    err = report.errors[3]
+    assert isinstance(err, FloatingPointError) and "lower sgd.lr" in str(err)
+
+
+def test_worker_killed_mid_task_is_retried_and_every_result_arrives_once(tmp_path):
+    flags, cache = tmp_path / "flags", tmp_path / "cache"
+    flags.mkdir()
+    killed: list[int] = []
+
+    def kill_first_attempt():  # the test kills the worker process running point 0
+        deadline = time.monotonic() + STARTUP
+        while time.monotonic() < deadline:
+            started = list(flags.glob("started-0-*"))
+            if started:
+                pid = int(started[0].name.split("-")[-1])
+                (flags / "killed").touch()
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+                return
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_first_attempt, daemon=True)
+    killer.start()
+    got, on_result = _collect()
+
+    def store(key, result):  # as the sweep does: the client writes the cache atomically
+        on_result(key, result)
+        save_npz(cache / f"{key}.npz", result)
+
+    report = run_points([(x, (x, str(flags))) for x in range(4)], _square_once_killed, store, workers=2, progress=False)
+    killer.join(timeout=5)
+    assert len(killed) == 1, "point 0 never started"
+    attempts = sorted(flags.glob("started-0-*"))
+    assert len(attempts) == 2 and int(got[0]["pid"]) != killed[0]  # run again, by another process
+    assert report.errors == {} and sorted(report.completed) == [0, 1, 2, 3] and len(report.completed) == 4
+    assert {k: int(v["x"][0]) for k, v in got.items()} == {x: x * x for x in range(4)}
+    assert sorted(p.name for p in cache.iterdir()) == [f"{x}.npz" for x in range(4)]  # no temporary file left
+    assert all(int(load_npz(cache / f"{x}.npz")["x"][0]) == x * x for x in range(4))
+
+
+INTERRUPTED_RUN = textwrap.dedent("""
+    import os, sys, time
+    from pathlib import Path
+    import numpy as np
+
+    def task(x, flags):  # the spawned workers import this file: no JAX there, they start faster
+        (Path(flags) / f"worker-{os.getpid()}").touch()
+        if x >= 2:
+            time.sleep(600)
+        return {"x": np.array([x])}
+
+    if __name__ == "__main__":
+        from singleloc._distributed import run_points
+        from singleloc._io import save_npz
+
+        def on_result(key, result):
+            save_npz(Path(sys.argv[2]) / f"{key}.npz", result)
+            print(key, flush=True)
+
+        run_points([(x, (x, sys.argv[1])) for x in range(5)], task, on_result, workers=2, progress=False)
+""")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupted_client_keeps_finished_results_and_closes_the_cluster(tmp_path, sig):
+    flags, cache = tmp_path / "flags", tmp_path / "cache"
+    flags.mkdir()
+    cache.mkdir()
+    script = tmp_path / "run.py"
+    script.write_text(INTERRUPTED_RUN)
+    proc = subprocess.Popen([sys.executable, str(script), str(flags), str(cache)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        done = [proc.stdout.readline().strip() for _ in range(2)]  # points 0 and 1 finish; the others block
+        assert sorted(done) == ["0", "1"]
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=STARTUP)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err
+    assert sorted(p.name for p in cache.iterdir()) == ["0.npz", "1.npz"]  # complete files only
+    assert [int(load_npz(cache / f"{x}.npz")["x"][0]) for x in (0, 1)] == [0, 1]
+    workers = [int(p.name.split("-")[1]) for p in flags.glob("worker-*")]
+    assert workers
+    deadline = time.monotonic() + 30
+    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(pid) for pid in workers), "worker processes left running"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.fixture
+def external_cluster(tmp_path):
+    """A ``dask scheduler`` and one ``dask worker`` on 127.0.0.1, as separate processes. The
+    worker shares this session's persistent compilation cache, so it does not compile again."""
+    env = {k: v for k, v in os.environ.items() if k != "DASK_SCHEDULER_ADDRESS"}
+    env.update(worker_env(), PYTHONPATH=os.pathsep.join(filter(None, (str(Path(__file__).parents[1]), env.get("PYTHONPATH")))))
+    cache = jax.config.jax_compilation_cache_dir
+    if cache:
+        env.update(JAX_COMPILATION_CACHE_DIR=cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                   JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+    file = tmp_path / "scheduler.json"
+    procs = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", "0",
+                               "--no-dashboard", "--scheduler-file", str(file)], env=env, stderr=subprocess.DEVNULL)]
+    try:
+        deadline = time.monotonic() + STARTUP
+        while not file.is_file() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        address = json.loads(file.read_text())["address"]
+        procs.append(subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker", address, "--nworkers", "1",
+                                       "--nthreads", "1", "--no-dashboard"], env=env, stderr=subprocess.DEVNULL))
+        yield address
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def test_external_scheduler_gives_the_serial_results(external_cluster, monkeypatch):
+    configs = {s: load_config("default", TINY + [f"problem.strength={s}"]).to_dict() for s in (2.5, 3.5)}
+    tasks = [(s, ("theory", cfg)) for s, cfg in configs.items()]
+    serial, on_serial = _collect()
+    run_points(tasks, compute_point, on_serial, progress=False)
+    remote, on_remote = _collect()
+    report = run_points(tasks, compute_point, on_remote, scheduler=external_cluster, progress=False)
+    assert report.where == external_cluster and report.errors == {} and sorted(report.completed) == [2.5, 3.5]
+    for s in configs:
+        assert remote[s].keys() == serial[s].keys() == {"tau", "M", "Q", "b", "risk"}
+        assert remote[s]["M"].dtype == np.float64  # the worker enabled x64 itself
+        for name in serial[s]:
+            np.testing.assert_array_equal(remote[s][name], serial[s][name])
+    assert not np.allclose(serial[2.5]["risk"], serial[3.5]["risk"])  # the two points differ
+    monkeypatch.setenv("DASK_SCHEDULER_ADDRESS", external_cluster)  # Dask's convention, with workers = 1
+    assert run_points(tasks[:1], compute_point, lambda k, r: None, progress=False).where == external_cluster
