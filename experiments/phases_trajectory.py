@@ -1,4 +1,4 @@
-"""One trajectory through its phases, drawn with ``singleloc._phase_plots.plot_phases``.
+"""One trajectory through its phases, drawn with ``singleloc.plots.plot_phases``.
 
 bsoftmax with trained biases, L=4, H=2 heads, F=2 spikes of strength 3, lr=1; the ODE from
 the simulator's initial overlaps at D=1000 (seed 0). Panels: the risk with its plateaus and
@@ -19,7 +19,7 @@ jax.config.update("jax_enable_x64", True)
 from singleloc import initial_conditions, integrate, load_config  # noqa: E402
 from singleloc import _phases as ph  # noqa: E402
 from singleloc._io import save_figure  # noqa: E402
-from singleloc._phase_plots import close, plot_phases  # noqa: E402
+from singleloc.plots import plot_phases  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,7 +33,6 @@ def main() -> None:
           f"specialization times {a.specialization_times[0]}, final risk {s['final_risk']:.4f}")
     fig = plot_phases(a, r.risk, 0, title="bsoftmax, H=2, F=2 spikes of strength 3, lr=1: the ODE from a D=1000 start")
     save_figure(ROOT / "figures" / "phases_trajectory.png", fig)
-    close(fig)
 
 
 if __name__ == "__main__":

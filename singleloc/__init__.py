@@ -19,26 +19,23 @@ from ._activations import (
 from ._bayes import RiskEstimate, bayes_point, bayes_risk, log_weight, population_risk, posterior
 from ._config import Config, load_config, preset_names
 from ._data import initial_overlaps, make_spikes, sample_sequence, seed_keys
+from ._diagnose import AttentionDiagnosis, diagnose_attention
 from ._diagnostics import (
-    FD_EPSILONS,
     CriticalTopN,
     TopN,
     VanishingAttention,
     context_vector,
     critical_top_n,
     effective_logit_bound,
-    finite_difference_sensitivity,
     geometric_separability,
     ks_critical_n,
     logits_from_weights,
-    random_directions,
     representation_distance,
     select_top_n,
-    softmax_jacobian,
-    softmax_jacobian_norm,
     top_n_diagnostics,
     vanishing_attention,
 )
+from ._sensitivity import FD_EPSILONS, finite_difference_sensitivity, random_directions, softmax_jacobian, softmax_jacobian_norm
 from ._activations import scalable_softmax, ssmax
 from ._fields import LocalFields
 from ._numerics import psd_sqrt

@@ -144,8 +144,7 @@ def compute_point(kind: str, config: Mapping[str, Mapping[str, Any]]) -> dict[st
     solved in float64 (the simulator keeps its own float32), also on a worker started by hand.
     """
     jax.config.update("jax_enable_x64", True)
-    compute = getattr(_sweep, _sweep._COMPUTE[kind])
-    return {name: np.asarray(value) for name, value in compute(load_config(config)).items()}
+    return {name: np.asarray(value) for name, value in _sweep.compute(load_config(config), kind).items()}
 
 
 Outcome = tuple[Hashable, Any, "BaseException | None"]

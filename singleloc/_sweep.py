@@ -4,14 +4,18 @@ A sweep takes a base configuration and one or more grids ``section.key = v1, v2,
 points are their Cartesian product. At each point it integrates the ODE from the simulator's
 initial overlaps of every seed (``simulation.seeds`` starts, one batched, vmapped solve) and,
 optionally, runs the finite-D simulation; then it analyses the phases
-(:func:`singleloc._phases.analyze`).
+(:func:`singleloc._phase_analysis.analyze`) of the limit risk: the theory's ``risk`` and the
+simulation's ``risk_limit`` (the limit loss of the trained weights on the test sequences).
 
 Cache. Every computed point is stored as ``CACHE/<kind>-<key>.npz`` (kind ``theory`` or
 ``simulation``), where ``key`` is the SHA-256 (first 24 hex digits) of the canonical JSON of
-the resolved configuration, the package version and the kind. A repeated sweep therefore
-recomputes nothing, and changing one value of the base configuration recomputes only the
-points whose resolved configuration changed. Files are written atomically
-(:mod:`singleloc._io`); a failed point (the ODE left the valid set) is not cached.
+the resolved configuration, the package version, :data:`CACHE_VERSION` and the kind. A
+repeated sweep therefore recomputes nothing, and changing one value of the base configuration
+recomputes only the points whose resolved configuration changed. A theory entry holds ``tau``,
+``M``, ``Q``, ``b`` and ``risk`` as :class:`~singleloc.TheoryResult`; a simulation entry the
+same names as :class:`~singleloc.SimulationResult` (``risk`` the empirical finite-D risk,
+``risk_limit`` the limit loss). Files are written atomically (:mod:`singleloc._io`); a failed
+point (the ODE left the valid set) is not cached, and an unreadable entry is recomputed.
 
 Output: ``DIR/sweep.csv`` with one row per point (the grid values, then ``activation``,
 ``heads``, ``F``, ``status``, ``final_risk``, ``n_specialized``, ``n_directions``,
@@ -32,15 +36,28 @@ import json
 import math
 import re
 import time
+import zipfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
+from tqdm.auto import tqdm
 
-from . import __version__
 from ._config import SECTIONS, Config, parse_override
-from ._io import _atomic_write, load_npz, save_npz
+from ._io import load_npz, save_figure, save_npz, save_text
+from ._ode import initial_conditions, integrate
+from ._phase_analysis import analyze
+from ._simulation import simulate as simulate_sgd
+from ._version import __version__
+from .plots import plot_phase_diagram
 
+#: Layout of the cache entries; part of every cache key, so that entries of an earlier layout
+#: are never read. 2: a simulation entry's ``risk`` is the empirical risk (1: the limit risk).
+CACHE_VERSION = 2
+
+#: The risk the phase analysis reads in an entry of each kind: the limit risk in both.
+PHASE_RISK = {"theory": "risk", "simulation": "risk_limit"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,30 +134,31 @@ def grid_points(base: Config, grids: Sequence[Grid]) -> list[tuple[dict[str, Any
 
 
 def cache_key(config: Config, kind: str) -> str:
-    """SHA-256 of the canonical JSON of the resolved config, the package version and the kind."""
-    blob = json.dumps({"singleloc_version": __version__, "kind": kind, "config": config.to_dict()}, sort_keys=True, separators=(",", ":"))
+    """SHA-256 of the canonical JSON of the resolved config, the package version, the cache
+    layout version and the kind."""
+    data = {"singleloc_version": __version__, "cache_version": CACHE_VERSION, "kind": kind, "config": config.to_dict()}
+    blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
 # The two expensive steps; module-level so that tests can count or replace them.
 def compute_theory(config: Config) -> dict[str, np.ndarray]:
     """ODE trajectories from the initial overlaps of every seed (one batched solve)."""
-    from ._ode import initial_conditions, integrate
-
     r = integrate(config, initial_conditions(config), progress=False)
     return {"tau": r.tau, "M": r.M, "Q": r.Q, "b": r.b, "risk": r.risk}
 
 
 def compute_simulation(config: Config) -> dict[str, np.ndarray]:
-    """Finite-D SGD for every seed; ``risk`` is the limit risk on the test sequences (the
-    empirical finite-D risk is stored as ``risk_empirical``)."""
-    from ._simulation import simulate
-
-    r = simulate(config, progress=False)
-    return {"tau": r.tau, "M": r.M, "Q": r.Q, "b": r.b, "risk": r.risk_limit, "risk_empirical": r.risk}
+    """Finite-D SGD for every seed: ``risk`` (empirical) and ``risk_limit`` as in :class:`~singleloc.SimulationResult`."""
+    r = simulate_sgd(config, progress=False)
+    return {"tau": r.tau, "M": r.M, "Q": r.Q, "b": r.b, "risk": r.risk, "risk_limit": r.risk_limit}
 
 
-_COMPUTE = {"theory": "compute_theory", "simulation": "compute_simulation"}
+def compute(config: Config, kind: str) -> dict[str, np.ndarray]:
+    """The entry of ``kind`` (``"theory"`` or ``"simulation"``) for ``config``, computed."""
+    if kind not in ("theory", "simulation"):
+        raise ValueError(f"kind must be 'theory' or 'simulation', got {kind!r}")
+    return compute_theory(config) if kind == "theory" else compute_simulation(config)
 
 
 @dataclasses.dataclass
@@ -162,23 +180,22 @@ def cached_run(config: Config, kind: str, cache_dir: Path, stats: SweepStats | N
             if stats:
                 stats.cached += 1
             return data
-        except (OSError, ValueError):  # a damaged file: recompute
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile):  # a damaged file: recompute
             pass
-    data = globals()[_COMPUTE[kind]](config)
+    data = compute(config, kind)
     save_npz(path, data)
     if stats:
         stats.computed += 1
     return data
 
 
-def _summary(config: Config, data: dict[str, np.ndarray]) -> dict[str, float]:
-    from ._phases import analyze
-
-    a = analyze(data["tau"], data["M"], data["Q"], data["risk"], mean=config.problem.build_prior().mean())
+def _summary(config: Config, data: dict[str, np.ndarray], kind: str) -> dict[str, float]:
+    a = analyze(data["tau"], data["M"], data["Q"], data[PHASE_RISK[kind]], mean=config.problem.build_prior().mean())
     return a.summary()
 
 
-SUMMARY_KEYS = ("final_risk", "n_specialized", "n_directions", "redundant_pairs", "shared_profiles", "escape_time", "first_specialization")
+SUMMARY_KEYS = ("final_risk", "n_specialized", "n_directions", "redundant_pairs", "shared_profiles", "escape_time",
+                "first_specialization")
 
 
 def sweep(base: Config, grids: Sequence[Grid], out: str | Path, *, simulate: bool = False, cache_dir: str | Path | None = None,
@@ -187,8 +204,6 @@ def sweep(base: Config, grids: Sequence[Grid], out: str | Path, *, simulate: boo
 
     Returns the CSV rows (dicts) and the :class:`SweepStats`.
     """
-    from tqdm.auto import tqdm
-
     t0 = time.perf_counter()
     out = Path(out)
     cache = out / "cache" if cache_dir is None else Path(cache_dir)
@@ -202,7 +217,7 @@ def sweep(base: Config, grids: Sequence[Grid], out: str | Path, *, simulate: boo
         for kind in kinds:
             prefix = "" if kind == "theory" else "sim_"
             try:
-                summ = _summary(cfg, cached_run(cfg, kind, cache, stats))
+                summ = _summary(cfg, cached_run(cfg, kind, cache, stats), kind)
             except FloatingPointError as err:
                 stats.failed += 1
                 row["status"] = f"{kind} failed: {str(err).split(';')[0]}"
@@ -212,18 +227,15 @@ def sweep(base: Config, grids: Sequence[Grid], out: str | Path, *, simulate: boo
         rows.append(row)
     write_csv(out / "sweep.csv", rows)
     if figures:
-        from ._phase_plots import close, plot_phase_diagram
-        from ._io import save_figure
-
         other = [g.name for g in grids if g.name not in ("model.heads", "problem.F", "model.activation")]
         groups: dict[tuple, list] = {}
         for r in rows:
             groups.setdefault((r["activation"],) + tuple(r[k] for k in other), []).append(r)
         for gkey, grows in groups.items():
             tag = "".join(f"_{k.split('.')[-1]}={_slug(v)}" for k, v in zip(other, gkey[1:]))
-            fig = plot_phase_diagram(grows, title=f"{gkey[0]}" + "".join(f", {k}={v}" for k, v in zip(other, gkey[1:])), simulate=simulate)
+            title = f"{gkey[0]}" + "".join(f", {k}={v}" for k, v in zip(other, gkey[1:]))
+            fig = plot_phase_diagram(grows, title=title, simulate=simulate)
             save_figure(out / f"phase_{_slug(gkey[0])}{tag}.png", fig)
-            close(fig)
     stats.seconds = time.perf_counter() - t0
     return rows, stats
 
@@ -240,6 +252,6 @@ def write_csv(path: str | Path, rows: list[dict[str, Any]]) -> Path:
     w = csv.DictWriter(buf, fieldnames=list(rows[0].keys()), lineterminator="\n")
     w.writeheader()
     for r in rows:
-        w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in r.items()})
-    text = buf.getvalue().encode()
-    return _atomic_write(Path(path), lambda fh: fh.write(text))
+        w.writerow({k: f"{v:.6g}" if isinstance(v, float) else json.dumps(v) if isinstance(v, (list, dict)) else v
+                    for k, v in r.items()})
+    return save_text(path, buf.getvalue())

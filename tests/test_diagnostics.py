@@ -10,15 +10,12 @@ import json
 import math
 
 import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
 
-jax.config.update("jax_enable_x64", True)
-
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-
-import singleloc  # noqa: E402
-from singleloc import cli  # noqa: E402
+import singleloc
+from singleloc import cli
 
 
 @pytest.fixture
@@ -310,7 +307,8 @@ def test_finite_difference_converges_to_jacobian_vector_norm(rng):
     np.testing.assert_allclose(np.linalg.norm(v, axis=-1), 1.0)
     J = np.asarray(jax_jacobians(jnp.asarray(logits), T))
     jv = np.linalg.norm(np.einsum("rij,rkj->rki", J, v), axis=-1)  # |J v| per row and direction
-    errors = [np.max(np.abs(singleloc.finite_difference_sensitivity(logits, T, e, directions=v) - jv)) for e in (1e-1, 1e-3, 1e-6)]
+    fd = [singleloc.finite_difference_sensitivity(logits, T, e, directions=v) for e in (1e-1, 1e-3, 1e-6)]
+    errors = [np.max(np.abs(f - jv)) for f in fd]
     assert errors[0] > errors[1] > errors[2]
     assert errors[2] < 1e-5 * jv.max()
     # for a large eps the estimate is at most sqrt(2)/eps
@@ -362,8 +360,11 @@ def test_ssmax_is_length_scaled_softmax(rng):
     np.testing.assert_allclose(out, softmax_np(np.log(17) * scores), rtol=1e-12)
     np.testing.assert_allclose(out.sum(axis=-1), 1.0, rtol=1e-12)
     # scale s = 1/log(L) gives back softmax at that L; another s rescales the logits
-    np.testing.assert_allclose(np.asarray(singleloc.scalable_softmax(1 / np.log(17))(jnp.asarray(scores))), softmax_np(scores), rtol=1e-12)
-    np.testing.assert_allclose(np.asarray(singleloc.scalable_softmax(0.3)(jnp.asarray(scores))), softmax_np(0.3 * np.log(17) * scores), rtol=1e-12)
+    def scaled(s):
+        return np.asarray(singleloc.scalable_softmax(s)(jnp.asarray(scores)))
+
+    np.testing.assert_allclose(scaled(1 / np.log(17)), softmax_np(scores), rtol=1e-12)
+    np.testing.assert_allclose(scaled(0.3), softmax_np(0.3 * np.log(17) * scores), rtol=1e-12)
 
 
 def test_ssmax_is_stable_and_usable_by_the_layer():
@@ -382,6 +383,60 @@ def test_ssmax_is_stable_and_usable_by_the_layer():
 def test_scalable_softmax_rejects_bad_scale(s):
     with pytest.raises(ValueError, match="s must be"):
         singleloc.scalable_softmax(s)
+
+
+# --------------------------------------------------------------------------- diagnose_attention
+
+
+def test_diagnose_attention_agrees_with_the_row_functions(rng):
+    """The whole-array report against the row functions applied by hand to the same rows."""
+    L = 12
+    w = _causal_attention(rng, (3, 2), L)  # 6 heads, 12 query rows
+    v = rng.standard_normal((3, 2, L, 4))
+    grid = [1, 2, 4, 8]
+    d = singleloc.diagnose_attention(w, v, top_n=grid, temperatures=[0.5, 2.0], max_rows=5, significance=0.2)
+    rows = [0, 3, 6, 8, 11]  # linspace(11, 0, 5) rounded, sorted: evenly spaced and with the last one
+    assert d.query_rows == tuple(rows) and d.mask == "causal" and d.heads == 6
+    sel = w[..., rows, :]
+    mask = np.arange(L)[None, :] <= np.array(rows)[:, None]
+    keep = np.broadcast_to(mask.sum(-1) >= 2, sel.shape[:-1])  # query row 0 has a single token
+    assert d.rows_analysed == keep.sum() == 6 * 4
+    va = singleloc.vanishing_attention(sel, mask=np.broadcast_to(mask, sel.shape))
+    assert d.vanishing["L_times_max_weight"]["max"] == pytest.approx(va.max_scaled[keep].max(), rel=1e-12)
+    np.testing.assert_array_equal(d.tokens, np.broadcast_to(mask.sum(-1), keep.shape)[keep])
+    crit = singleloc.critical_top_n(sel, v[..., None, :, :], grid, significance=0.2, mask=np.broadcast_to(mask, sel.shape),
+                                    pool_axes=(-1,))
+    assert d.top_n["critical_n"] == crit.critical_n and d.top_n["ks_samples"] == "heads" and d.ks_sample_count == 6
+    np.testing.assert_allclose(d.top_n["ks_pvalue"], crit.pvalue, rtol=1e-12)
+    t = singleloc.top_n_diagnostics(sel, v[..., None, :, :], 2, mask=np.broadcast_to(mask, sel.shape))
+    assert d.top_n["distance"][1]["mean"] == pytest.approx(np.nanmean(t.distance), rel=1e-12)
+    logits = singleloc.logits_from_weights(sel, np.broadcast_to(mask, sel.shape))[keep]
+    assert d.jacobian[0]["spectral_mean"] == pytest.approx(singleloc.softmax_jacobian_norm(logits, 0.5).mean(), rel=1e-12)
+    assert [r["T"] for r in d.jacobian] == [0.5, 2.0] and d.jacobian[1]["bound"] == 0.25
+    data = json.loads(json.dumps(d.to_dict()))
+    assert data["query_rows"] == rows and data["top_n"]["N"] == grid
+    assert "critical top-N" in d.table() and "mask: causal" in d.table()
+
+
+def test_diagnose_attention_without_values_and_one_row():
+    from singleloc._diagnose import TEMPERATURES
+
+    d = singleloc.diagnose_attention(np.array([0.5, 0.25, 0.25]))
+    assert d.top_n is None and "top_n" not in d.to_dict() and d.query_rows == (0,) and d.mask == "none"
+    assert d.vanishing["L_times_max_weight"]["max"] == pytest.approx(1.5)
+    assert [r["T"] for r in d.jacobian] == list(TEMPERATURES)
+
+
+def test_diagnose_help_states_the_library_defaults(capsys):
+    from singleloc._diagnose import KS_SAMPLES, MASKS, TEMPERATURES
+
+    with pytest.raises(SystemExit):
+        cli.main(["diagnose", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default: " + " ".join(f"{t:g}" for t in TEMPERATURES) + ")" in text
+    assert "(default: " + " ".join(f"{e:g}" for e in singleloc.FD_EPSILONS) + ")" in text
+    choices = {a.dest: a.choices for a in cli.build_parser()._subparsers._group_actions[0].choices["diagnose"]._actions}
+    assert tuple(choices["mask"]) == MASKS and tuple(choices["ks_over"]) == KS_SAMPLES
 
 
 # --------------------------------------------------------------------------- the diagnose command
@@ -432,10 +487,15 @@ def test_diagnose_defaults_next_to_the_input(tmp_path, rng):
     [
         (lambda w: np.where(w > 0.5, np.nan, w), [], "NaN"),
         (lambda w: -w, [], "non-negative"),
-        (lambda w: w, ["--top-n", "8"], "--top-n"),
-        (lambda w: w, ["--temperature", "0"], "--temperature"),
-        (lambda w: w, ["--values", "BADVALUES"], "--values"),
-        (lambda w: w, ["--mask", "causal"], "--mask causal"),
+        (lambda w: w, ["--top-n", "8"], "top_n entry must satisfy 1 <= top_n entry < L = 8"),
+        (lambda w: w, ["--top-n", "0"], "--top-n: expected an integer >= 1"),
+        (lambda w: w, ["--top-n", "4", "2"], "top_n must be an increasing sequence"),
+        (lambda w: w, ["--temperature", "0"], "temperatures must be a positive finite number"),
+        (lambda w: w, ["--epsilon", "inf"], "epsilons must be a positive finite number"),
+        (lambda w: w, ["--significance", "1"], "significance must lie in (0, 1)"),
+        (lambda w: w, ["--mask", "nope"], "--mask: invalid choice"),
+        (lambda w: w, ["--values", "BADVALUES"], "values of shape (2, 7, 3) do not match the weights (2, 5, 8)"),
+        (lambda w: w, ["--mask", "causal"], "mask 'causal' needs square (L, L) last axes"),
         (lambda w: w[..., :1], [], "at least 2 tokens"),
         (lambda w: w, ["--values", "MISSING"], "does not exist"),
     ],

@@ -4,16 +4,11 @@ from __future__ import annotations
 
 import csv
 
-import jax
+import numpy as np
+import pytest
 
-jax.config.update("jax_enable_x64", True)
-
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-
-from singleloc import load_config  # noqa: E402
-from singleloc import _sweep  # noqa: E402
-from singleloc.cli import main  # noqa: E402
+from singleloc import _sweep, load_config
+from singleloc.cli import main
 
 TINY = ["theory.points=16", "sgd.tau_max=2.0", "sgd.n_save=5", "simulation.seeds=1", "problem.L=3"]
 
@@ -30,7 +25,8 @@ def test_parse_grid():
     assert _sweep.parse_grid("problem.mean=[1, 0],[0.5, 0.5]").values == ([1, 0], [0.5, 0.5])
     assert _sweep.parse_grid("sgd.lr=0.5").values == (0.5,)
     for bad, msg in (("model.heads", "section.key=v1"), ("heads=1,2", "section.key=v1"), ("model.heads=1,,2", "empty value"),
-                     ("model.nope=1,2", "unknown key model.nope"), ("nosec.heads=1", "unknown section"), ("model.heads=1,1", "repeated")):
+                     ("model.nope=1,2", "unknown key model.nope"), ("nosec.heads=1", "unknown section"),
+                     ("model.heads=1,1", "repeated")):
         with pytest.raises(ValueError, match=msg):
             _sweep.parse_grid(bad)
 
@@ -108,6 +104,31 @@ def test_damaged_cache_file_is_recomputed(tmp_path, fake_compute):
     assert st.computed == 1
 
 
+def test_simulation_entry_names_its_risks_as_simulation_result(tmp_path, fake_compute, monkeypatch):
+    """A simulation entry stores ``risk`` (empirical) and ``risk_limit`` under the names of
+    SimulationResult; the phase analysis reads the limit risk, as for the theory."""
+
+    def fake_simulation(config):
+        data = _sweep.compute_theory(config)  # the fake theory trajectory
+        return {**data, "risk": data["risk"] + 0.5, "risk_limit": data["risk"]}
+
+    monkeypatch.setattr(_sweep, "compute_simulation", fake_simulation)
+    base = load_config("default")
+    rows, _ = _sweep.sweep(base, [_sweep.parse_grid("model.heads=2")], tmp_path, simulate=True, progress=False, figures=False)
+    (f,) = (tmp_path / "cache").glob("simulation-*.npz")
+    with np.load(f) as d:
+        assert sorted(d.files) == ["M", "Q", "b", "risk", "risk_limit", "tau"]
+        assert d["risk"][0, -1] == pytest.approx(d["risk_limit"][0, -1] + 0.5)
+    assert rows[0]["sim_final_risk"] == pytest.approx(rows[0]["final_risk"]) == pytest.approx(0.2 * base.sgd.lr)
+
+
+def test_cache_key_changes_with_the_cache_layout(monkeypatch):
+    a = load_config("default")
+    key = _sweep.cache_key(a, "simulation")
+    monkeypatch.setattr(_sweep, "CACHE_VERSION", _sweep.CACHE_VERSION - 1)
+    assert _sweep.cache_key(a, "simulation") != key
+
+
 def test_cli_sweep_real_theory_then_cached(tmp_path, capsys):
     out = tmp_path / "sw"
     args = ["sweep", "default", "--grid", "model.activation=softmax,bsoftmax",
@@ -127,7 +148,8 @@ def test_cli_sweep_with_simulation(tmp_path, capsys):
     out = tmp_path / "sim"
     # same theory program as a point of the previous test (D and test_samples do not enter it):
     # the session's compilation cache serves it
-    args = ["sweep", "default", "--grid", "model.activation=softmax", *[a for s in TINY + ["simulation.D=32", "simulation.test_samples=16"] for a in ("--set", s)],
+    sets = TINY + ["simulation.D=32", "simulation.test_samples=16"]
+    args = ["sweep", "default", "--grid", "model.activation=softmax", *[a for s in sets for a in ("--set", s)],
             "--simulate", "--out", str(out), "--cache", str(tmp_path / "c"), "--no-progress"]
     assert main(args) == 0
     (row,) = read_csv(out / "sweep.csv")

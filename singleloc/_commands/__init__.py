@@ -1,14 +1,7 @@
 """Subcommands of the CLI. Each module defines ``register(subparsers)``, which adds its parser
-and sets ``func`` to the function that runs it; add a module here to add a command."""
+(with light imports only) and sets ``func`` to its ``run(args)``; add a module here to add a
+command."""
 
-from . import compare, integrate, simulate
-from . import bayes
+from . import bayes, compare, diagnose, integrate, prune, simulate, sweep
 
-COMMANDS = (simulate, integrate, compare,)
-COMMANDS += (bayes,)
-from . import diagnose
-COMMANDS += (diagnose,)
-from . import prune
-COMMANDS += (prune,)
-from . import sweep
-COMMANDS += (sweep,)
+COMMANDS = (simulate, integrate, compare, bayes, diagnose, prune, sweep)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import json
 
-from .._bayes import bayes_point, bayes_risk, population_risk
-from ._common import add_config_arguments, config_from_args
+from ._common import add_config_arguments, config_from_args, int_at_least
 
 
 def register(sub) -> None:
@@ -23,11 +22,14 @@ def register(sub) -> None:
     )
     add_config_arguments(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    p.add_argument("--replicates", type=int, default=8, metavar="N", help="independent scramblings for the error estimate (default 8, at least 2)")
+    p.add_argument("--replicates", type=int_at_least(2), default=8, metavar="N",
+                   help="independent scramblings for the error estimate (default 8, at least 2)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    from .._bayes import bayes_point, bayes_risk, population_risk
+
     config = config_from_args(args)
     pb, th = config.problem, config.theory
     prior = pb.build_prior()
@@ -38,9 +40,11 @@ def run(args) -> int:
         M, Q, b = bayes_point(prior)
         # independent scramblings (seeds after the Bayes risk's), so the two numbers are two checks
         risk = population_risk(prior, pb.L, "bsoftmax", M, Q, b, **{**kw, "seed": th.qmc_seed + args.replicates})
-        point = {"activation": "bsoftmax", "heads": int(M.shape[0]), "M": M.tolist(), "Q": Q.tolist(), "b": b.tolist(), "risk": risk.to_dict()}
+        point = {"activation": "bsoftmax", "heads": int(M.shape[0]), "M": M.tolist(), "Q": Q.tolist(), "b": b.tolist(),
+                 "risk": risk.to_dict()}
     if args.json:
-        out = {"problem": config.to_dict()["problem"], "prior": prior.name, "L": pb.L, "F": prior.F, "replicates": args.replicates, "bayes_risk": bayes.to_dict(), "bayes_point": point}
+        out = {"problem": config.to_dict()["problem"], "prior": prior.name, "L": pb.L, "F": prior.F,
+               "replicates": args.replicates, "bayes_risk": bayes.to_dict(), "bayes_point": point}
         print(json.dumps(out))
         return 0
     print(f"Bayes risk ({prior.name} prior, F = {prior.F}, L = {pb.L}): {bayes.value:.6f} +- {bayes.error:.1e} "

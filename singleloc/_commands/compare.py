@@ -2,15 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import numpy as np
-
-from .._io import save_figure, save_npz
-from .._ode import initial_conditions, integrate
-from .._plots import close, plot_compare
-from .._simulation import simulate
-from ._common import add_config_arguments, config_from_args
+from ._common import add_config_arguments, add_out_argument, config_from_args, describe
 
 
 def register(sub) -> None:
@@ -24,22 +16,26 @@ def register(sub) -> None:
         "DIR/config.json and DIR/compare.png (risk and overlaps M_hf against tau).",
     )
     add_config_arguments(p)
-    p.add_argument("--out", required=True, type=Path, metavar="DIR", help="output folder (created if missing)")
+    add_out_argument(p)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    import numpy as np
+
+    from .._io import save_figure, save_npz
+    from .._ode import initial_conditions, integrate
+    from .._simulation import simulate
+    from ..plots import plot_compare
+
     config = config_from_args(args)
     sim = simulate(config, progress=args.progress)
     theory = integrate(config, initial_conditions(config), ts=sim.tau, progress=args.progress)
     sim.save(args.out, config)
     theory.save(args.out, config)
     save_npz(args.out / "theory_seeds.npz", {"tau": theory.tau, "M": theory.M, "Q": theory.Q, "b": theory.b, "risk": theory.risk})
-    pb, m = config.problem, config.model
-    fig = plot_compare(theory, sim, title=f"{m.activation}, H={m.heads}, L={pb.L}, F={pb.F}, {pb.prior if isinstance(pb.prior, str) else pb.prior.name} "
-                       f"prior, D={config.simulation.D}, lr={config.sgd.lr}")
-    save_figure(args.out / "compare.png", fig)
-    close(fig)
+    title = f"{describe(config)}, D={config.simulation.D}, lr={config.sgd.lr}"
+    save_figure(args.out / "compare.png", plot_compare(theory, sim, title=title))
     dev = np.abs(sim.risk - theory.risk)
     print(f"wrote {args.out}/compare.png: simulation risk {sim.risk.mean(0)[0]:.4f} -> {sim.risk.mean(0)[-1]:.4f}, "
           f"theory {theory.risk.mean(0)[0]:.4f} -> {theory.risk.mean(0)[-1]:.4f}, max |sim - theory| per seed = {dev.max():.4f}")

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from .._ode import integrate
-from ._common import add_config_arguments, config_from_args
+from ._common import add_config_arguments, add_out_argument, config_from_args
 
 
 def register(sub) -> None:
@@ -18,11 +15,13 @@ def register(sub) -> None:
         "M (T,H,F), Q (T,H,H), b (T,H), risk (T), and DIR/config.json.",
     )
     add_config_arguments(p)
-    p.add_argument("--out", required=True, type=Path, metavar="DIR", help="output folder (created if missing)")
+    add_out_argument(p)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    from .._ode import integrate
+
     config = config_from_args(args)
     result = integrate(config, progress=args.progress)
     path = result.save(args.out, config)

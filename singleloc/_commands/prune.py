@@ -1,16 +1,18 @@
-"""``singleloc prune RESULT_DIR``: head pruning of a trained layer (MODEL.md section 7)."""
+"""``singleloc prune RESULT_DIR``: head pruning of a trained layer (docs/model.md section 7)."""
 
 from __future__ import annotations
 
-import json
+import dataclasses
+import math
 from pathlib import Path
 
 import numpy as np
 
-from .._config import load_config
-from .._io import load_npz, save_figure, save_npz
-from .._pruning import ORDERS, PruningResult, plot_pruning, prune_theory
+from ._common import add_out_argument, describe, int_at_least
 
+#: The orders of removal, as :data:`singleloc.PRUNING_ORDERS` (spelt out here so that building the
+#: parser does not import the library; a test checks that the two agree).
+ORDERS = ("greedy", "alignment", "random")
 SOURCES = ("auto", "theory", "simulation")
 
 
@@ -27,66 +29,42 @@ def register(sub) -> None:
         "keys), so each simulation seed is pruned through its final order parameters with this "
         "theory risk, not on fresh finite-D data; to prune finite-D weights on fresh data use "
         "singleloc.prune_weights in Python. Prints a table of risk against heads removed and "
-        "writes RESULT_DIR/prune.png (the curves) and RESULT_DIR/prune.npz (n_removed, and for "
+        "writes DIR/prune.png (the curves) and DIR/prune.npz (n_removed, and for "
         "each source <source>_risks (draws or seeds x H) and <source>_removed (rows x H-1)).",
     )
     p.add_argument("result_dir", metavar="RESULT_DIR", type=Path,
                    help="output folder of `singleloc integrate`, `simulate` or `compare`")
-    p.add_argument("--order", default="greedy", metavar="ORDER",
+    p.add_argument("--order", default="greedy", choices=ORDERS,
                    help="order of removal: greedy (drop the head whose removal raises the risk least), "
-                   "alignment (drop the smallest |M_h| first) or random (--draws random orders); default greedy")
-    p.add_argument("--draws", type=int, default=20, metavar="N",
+                   "alignment (drop the smallest spike-overlap norm |M_h| first) or random (--draws random orders); "
+                   "default greedy")
+    p.add_argument("--draws", type=int_at_least(1), default=20, metavar="N",
                    help="number of random orders for --order random (mean and spread are reported); default 20")
     p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the random orders; default 0")
-    p.add_argument("--source", default="auto", metavar="SOURCE",
+    p.add_argument("--source", default="auto", choices=SOURCES,
                    help="which stored layer to prune: theory (theory.npz), simulation (simulation.npz, "
                    "every seed) or auto (every one present); default auto")
     p.add_argument("--tol", type=float, default=0.01, metavar="DR",
                    help="risk rise that counts as harmful: the summary line reports how many heads can be "
                    "removed before the risk exceeds the unpruned risk by more than DR; default 0.01")
+    add_out_argument(p, default="RESULT_DIR")
     p.set_defaults(func=run)
 
 
-def _read_config(directory: Path):
-    path = directory / "config.json"
-    if not directory.is_dir():
-        raise FileNotFoundError(f"RESULT_DIR {str(directory)!r} is not a folder")
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: RESULT_DIR must be the output folder of integrate, simulate or compare")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path} is not valid JSON: {err}") from None
-    data.pop("singleloc_version", None)
-    return load_config(data)
-
-
 def run(args) -> int:
-    if args.order not in ORDERS:
-        raise ValueError(f"--order must be one of {', '.join(ORDERS)}, got {args.order!r}")
-    if args.source not in SOURCES:
-        raise ValueError(f"--source must be one of {', '.join(SOURCES)}, got {args.source!r}")
-    if args.draws < 1:
-        raise ValueError(f"--draws must be >= 1, got {args.draws}")
-    if not np.isfinite(args.tol) or args.tol < 0:
-        raise ValueError(f"--tol must be a non-negative number, got {args.tol}")
-    directory = args.result_dir
-    config = _read_config(directory)
-    wanted = ("theory", "simulation") if args.source == "auto" else (args.source,)
-    files = {s: directory / f"{s}.npz" for s in wanted if (directory / f"{s}.npz").is_file()}
-    if not files:
-        names = " or ".join(f"{s}.npz" for s in wanted)
-        raise FileNotFoundError(f"no {names} in {directory}")
+    from .._io import RUN_KINDS, load_run, save_figure, save_npz
+    from .._pruning import prune_theory
+    from ..plots import plot_pruning
 
-    kw = dict(draws=args.draws, seed=args.seed)
-    results: dict[str, list[PruningResult]] = {}
-    if "theory" in files:
-        d = load_npz(files["theory"])
-        results["theory"] = [prune_theory(config, d["M"][-1], d["Q"][-1], d["b"][-1], args.order, **kw)]
-    if "simulation" in files:
-        d = load_npz(files["simulation"])
-        results["simulation"] = [prune_theory(config, d["M"][s, -1].astype(float), d["Q"][s, -1].astype(float),
-                                              d["b"][s, -1].astype(float), args.order, **kw) for s in range(d["M"].shape[0])]
+    if not math.isfinite(args.tol) or args.tol < 0:
+        raise ValueError(f"--tol must be a non-negative number, got {args.tol}")
+    loaded = load_run(args.result_dir, RUN_KINDS if args.source == "auto" else (args.source,))
+    config = loaded.config
+    results = {}
+    for kind, d in loaded.data.items():  # theory.npz: (T, ...) of seed 0; simulation.npz: (S, T, ...)
+        M, Q, b = (np.asarray(d[k], dtype=float) for k in "MQb")
+        layers = [(M[-1], Q[-1], b[-1])] if kind == "theory" else [(M[s, -1], Q[s, -1], b[s, -1]) for s in range(M.shape[0])]
+        results[kind] = [prune_theory(config, *layer, args.order, draws=args.draws, seed=args.seed) for layer in layers]
 
     H, F = config.model.heads, config.problem.F
     _print_table(results, args, H, F)
@@ -95,29 +73,26 @@ def run(args) -> int:
     for source, res in results.items():
         arrays[f"{source}_risks"] = np.concatenate([r.risks for r in res])
         arrays[f"{source}_removed"] = np.concatenate([r.removed for r in res])
-        label = "theory (ODE final state)" if source == "theory" else f"simulation order parameters, {len(res)} seed(s), theory risk"
+        label = ("theory (ODE final state)" if source == "theory"
+                 else f"simulation order parameters, {len(res)} seed(s), theory risk")
         curves[label] = _merge(res)
-    save_npz(directory / "prune.npz", arrays)
-    pb, m = config.problem, config.model
-    prior = pb.prior if isinstance(pb.prior, str) else pb.prior.name
-    fig = plot_pruning(curves, F=F, tol=args.tol,
-                       title=f"{args.order} pruning: {m.activation}, H={H}, L={pb.L}, F={F}, {prior} prior")
-    save_figure(directory / "prune.png", fig)
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-    print(f"wrote {directory / 'prune.png'} and {directory / 'prune.npz'}")
+    out = args.out if args.out is not None else args.result_dir
+    save_npz(out / "prune.npz", arrays)
+    fig = plot_pruning(curves, F=F, tol=args.tol, title=f"{args.order} pruning: {describe(config)}")
+    save_figure(out / "prune.png", fig)
+    print(f"wrote {out / 'prune.png'} and {out / 'prune.npz'}")
     return 0
 
 
-def _merge(res: list[PruningResult]) -> PruningResult:
-    """One curve from several (seeds): the rows of all of them."""
+def _merge(res: list):
+    """One :class:`~singleloc.PruningResult` from several (seeds): the rows of all of them."""
     if len(res) == 1:
         return res[0]
-    return PruningResult(res[0].order, np.concatenate([r.removed for r in res]), np.concatenate([r.risks for r in res]))
+    return dataclasses.replace(res[0], removed=np.concatenate([r.removed for r in res]),
+                               risks=np.concatenate([r.risks for r in res]))
 
 
-def _print_table(results: dict[str, list[PruningResult]], args, H: int, F: int) -> None:
+def _print_table(results: dict[str, list], args, H: int, F: int) -> None:
     spread = args.order == "random"
     head = f"{'removed':>7} {'kept':>4}"
     for source, res in results.items():
@@ -131,7 +106,7 @@ def _print_table(results: dict[str, list[PruningResult]], args, H: int, F: int) 
     print(head)
     for k in range(H):
         row = f"{k:>7} {H - k:>4}"
-        for source, res in results.items():
+        for res in results.values():
             rows = np.concatenate([r.risks[:, k] for r in res])
             cell = f"{rows.mean():.4f}" + (f" +- {rows.std(ddof=1):.4f}" if len(rows) > 1 else "")
             row += f"  {cell:>28}"

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .._sweep import parse_grid, sweep
-from ._common import add_config_arguments, config_from_args
+from ._common import add_config_arguments, add_out_argument, config_from_args
 
 
 def register(sub) -> None:
@@ -21,18 +20,21 @@ def register(sub) -> None:
     )
     add_config_arguments(p)
     p.add_argument("--grid", action="append", default=[], required=True, metavar="SECTION.KEY=V1,V2,...",
-                   help="values of one config key (repeatable; the sweep is the product), e.g. --grid model.heads=1,2,4 --grid problem.F=1,2")
+                   help="values of one config key (repeatable; the sweep is the product), "
+                   "e.g. --grid model.heads=1,2,4 --grid problem.F=1,2")
     p.add_argument("--simulate", action="store_true", help="also run the finite-D simulation at every point")
-    p.add_argument("--out", required=True, type=Path, metavar="DIR", help="output folder (created if missing)")
+    add_out_argument(p)
     p.add_argument("--cache", type=Path, default=None, metavar="DIR", help="cache folder (default DIR/cache)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    from .._sweep import parse_grid, sweep
+
     config = config_from_args(args)
     grids = [parse_grid(g) for g in args.grid]
     rows, stats = sweep(config, grids, args.out, simulate=args.simulate, cache_dir=args.cache, progress=args.progress)
     failed = f", {stats.failed} failed" if stats.failed else ""
-    print(f"swept {len(rows)} points ({stats.computed} computed, {stats.cached} from the cache{failed}) in {stats.seconds:.1f} s; "
-          f"wrote {args.out / 'sweep.csv'}")
+    print(f"swept {len(rows)} points ({stats.computed} computed, {stats.cached} from the cache{failed}) "
+          f"in {stats.seconds:.1f} s; wrote {args.out / 'sweep.csv'}")
     return 0

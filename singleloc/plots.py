@@ -1,0 +1,298 @@
+"""Figures of the package: trajectories, phases, pruning curves and attention diagnostics.
+
+Every function builds and returns a :class:`matplotlib.figure.Figure` through the object API:
+nothing here touches pyplot, the backend or any other global state, so importing this module
+in a notebook changes nothing, and a figure is freed as soon as it is no longer referenced (no
+``close`` needed). Show one in a notebook by evaluating it, save it with ``fig.savefig`` or
+:func:`save_figure` (atomic PNG). This module is not imported by ``import singleloc``.
+
+* :func:`plot_compare`: risk and overlaps against tau, theory against simulation.
+* :func:`plot_phases`: one trajectory's phases (:class:`~singleloc.PhaseAnalysis`).
+* :func:`plot_phase_diagram`: heat maps of sweep rows over heads H and spikes F.
+* :func:`plot_pruning`: risk against heads removed (:class:`~singleloc.PruningResult`).
+* :func:`plot_vanishing`, :func:`plot_sensitivity`, :func:`plot_top_n`: the three figures of
+  an :class:`~singleloc.AttentionDiagnosis`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib as mpl
+import numpy as np
+from matplotlib.figure import Figure
+
+from ._io import save_figure
+from ._numerics import TINY
+
+__all__ = ["plot_compare", "plot_phase_diagram", "plot_phases", "plot_pruning", "plot_sensitivity", "plot_top_n",
+           "plot_vanishing", "save_figure"]
+
+
+def _colors() -> list[str]:
+    """The colour cycle of the current matplotlib style."""
+    return mpl.rcParams["axes.prop_cycle"].by_key()["color"]
+
+
+# --------------------------------------------------------------------------- trajectories
+
+
+def plot_compare(theory, simulation=None, title: str = "") -> Figure:
+    """Risk against tau and the overlaps ``M_hf(tau)``: theory lines (one per start, the
+    first solid), simulation means as points with a band from the min to the max over seeds.
+
+    ``theory`` and ``simulation`` are :class:`~singleloc.TheoryResult` /
+    :class:`~singleloc.SimulationResult` (or anything with ``tau``, ``risk`` (S, T), ``M`` (S, T, H, F)).
+    """
+    colors = _colors()
+    S, T, H, F = theory.M.shape
+    fig = Figure(figsize=(4.2 * (1 + F), 3.6), constrained_layout=True)
+    axes = fig.subplots(1, 1 + F)
+    ax = axes[0]
+    for s in range(S):
+        ax.plot(theory.tau, theory.risk[s], color="k", lw=1.4 if s == 0 else 0.8, alpha=1.0 if s == 0 else 0.45,
+                label="theory (one line per seed)" if s == 0 else None)
+    if simulation is not None:
+        r = simulation.risk
+        ax.fill_between(simulation.tau, r.min(0), r.max(0), color=colors[0], alpha=0.25, lw=0)
+        ax.plot(simulation.tau, r.mean(0), "o", ms=3, color=colors[0], label=f"simulation, {r.shape[0]} seeds")
+    ax.set_xlabel(r"$\tau = t/D$")
+    ax.set_ylabel("risk")
+    ax.set_title("risk")
+    ax.legend(frameon=False, fontsize=8)
+    for f in range(F):
+        ax = axes[1 + f]
+        for h in range(H):
+            c = colors[h % len(colors)]
+            for s in range(S):
+                ax.plot(theory.tau, theory.M[s, :, h, f], color=c, lw=1.4 if s == 0 else 0.8, alpha=1.0 if s == 0 else 0.45,
+                        label=f"head {h + 1}" if s == 0 else None)
+            if simulation is not None:
+                ax.plot(simulation.tau, simulation.M[:, :, h, f].T, ".", ms=2.5, color=c, alpha=0.6)
+        ax.set_xlabel(r"$\tau$")
+        ax.set_title(rf"$M_{{h{f + 1}}}$: overlap with spike {f + 1}")
+        ax.legend(frameon=False, fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return fig
+
+
+# --------------------------------------------------------------------------- phases
+
+
+def plot_phases(analysis, risk, index: int = 0, *, title: str = "", log_time: bool = False, direction_names=None) -> Figure:
+    """Four panels for trajectory ``index`` of a :class:`~singleloc.PhaseAnalysis`:
+    the risk with its plateaus (dots) and escape times (dashed lines); the alignment
+    ``M_hf / sqrt(Q_hh)`` of every head with every spike; the number of specialized heads and
+    of covered directions; the numbers of redundant head pairs and of pairs with a shared
+    spike profile. ``risk`` is (S, T) or (T,)."""
+    colors = _colors()
+    a = analysis
+    tau = a.tau
+    r = np.atleast_2d(np.asarray(risk))[index]
+    fig = Figure(figsize=(17, 3.6), constrained_layout=True)
+    axes = fig.subplots(1, 4)
+    ax = axes[0]
+    ax.plot(tau, r, "k-", lw=1.3)
+    for p in a.plateaus[index]:
+        ax.plot([p.start, p.end], [p.risk, p.risk], "-", color="C1", lw=4, alpha=0.4)
+        ax.plot(p.tau, p.risk, "o", color="C1", ms=4)
+    for e in a.escapes[index]:
+        if np.isfinite(e):
+            ax.axvline(e, color="C3", ls="--", lw=0.8)
+    if np.isfinite(a.escape_time[index]):
+        ax.axvline(a.escape_time[index], color="C3", lw=1.5, label=f"escape {a.escape_time[index]:.1f}")
+        ax.legend(fontsize=8, frameon=False)
+    ax.set_ylabel("risk")
+    ax.set_title("risk, plateaus, escapes")
+    ax = axes[1]
+    H, F = a.cos.shape[-2:]
+    styles = ["-", "--", ":", "-."]
+    for h in range(H):
+        for f in range(F):
+            name = direction_names[f] if direction_names else f"f={f + 1}"
+            ax.plot(tau, a.cos[index, :, h, f], styles[f % 4], color=colors[h % len(colors)], lw=1.2,
+                    label=f"head {h + 1}, {name}")
+        t = a.specialization_times[index, h]
+        if np.isfinite(t):
+            ax.plot(t, a.cos[index, np.searchsorted(tau, t), h].max(), "v", color=colors[h % len(colors)], ms=6)
+    ax.set_title(r"alignment $M_{hf}/\sqrt{Q_{hh}}$ (triangles: specialization)")
+    ax.legend(fontsize=6, frameon=False, ncol=2)
+    ax = axes[2]
+    ax.step(tau, a.n_specialized[index], where="post", label="specialized heads")
+    ax.step(tau, a.n_directions[index], where="post", ls="--", label="directions covered")
+    for t, *_ in a.rearrangements[index]:
+        ax.axvline(t, color="C3", lw=0.8, alpha=0.6)
+    ax.set_ylim(-0.2, H + 0.2)
+    ax.set_title("specialization (red: rearrangements)")
+    ax.legend(fontsize=8, frameon=False)
+    ax = axes[3]
+    ax.step(tau, a.redundant[index], where="post", color="C4", label="redundant keys (cosine > 0.99)")
+    ax.step(tau, a.profiles[index], where="post", color="C5", ls="--", label="shared spike profile")
+    ax.set_ylim(-0.2, max(1, H * (H - 1) // 2) + 0.2)
+    ax.set_title("head pairs")
+    ax.legend(fontsize=8, frameon=False)
+    for ax in axes:
+        ax.set_xlabel(r"$\tau$")
+        if log_time:
+            ax.set_xscale("symlog", linthresh=max(tau[1], 1e-3))
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def _grid(rows, key):
+    Hs = sorted({int(r["heads"]) for r in rows})
+    Fs = sorted({int(r["F"]) for r in rows})
+    A = np.full((len(Fs), len(Hs)), np.nan)
+    for r in rows:
+        v = r.get(key, math.nan)
+        A[Fs.index(int(r["F"])), Hs.index(int(r["heads"]))] = np.nan if v is None else float(v)
+    return Hs, Fs, A
+
+
+def plot_phase_diagram(rows, *, title: str = "", simulate: bool = False) -> Figure:
+    """Heat maps over (heads H, spikes F) of the final risk, the number of specialized heads
+    (annotated ``n / min(H, F)``), the head pairs with a shared spike profile and the first
+    specialization time (means over seeds, at the last saved time); a second row for the
+    simulation when ``simulate``. ``rows`` are sweep rows (dicts) of one activation."""
+    panels = [("final_risk", "final risk", "viridis"), ("n_specialized", "specialized heads", "magma"),
+              ("shared_profiles", "head pairs with a shared spike profile", "cividis"),
+              ("first_specialization", "first specialization time", "plasma")]
+    prefixes = [""] + (["sim_"] if simulate else [])
+    fig = Figure(figsize=(4.0 * len(panels), 3.3 * len(prefixes)), constrained_layout=True)
+    axes = fig.subplots(len(prefixes), len(panels), squeeze=False)
+    for i, pre in enumerate(prefixes):
+        for j, (key, label, cmap) in enumerate(panels):
+            ax = axes[i, j]
+            Hs, Fs, A = _grid(rows, pre + key)
+            im = ax.imshow(A, origin="lower", cmap=cmap, aspect="auto")
+            ax.set_xticks(range(len(Hs)), [str(h) for h in Hs])
+            ax.set_yticks(range(len(Fs)), [str(f) for f in Fs])
+            ax.set_xlabel("heads H")
+            ax.set_ylabel("spikes F")
+            ax.set_title(("simulation: " if pre else "theory: ") + label, fontsize=9)
+            for y, F in enumerate(Fs):
+                for x, H in enumerate(Hs):
+                    v = A[y, x]
+                    txt = "n/a" if not np.isfinite(v) else (f"{v:.2g}/{min(H, F)}" if key == "n_specialized" else f"{v:.3g}")
+                    light = np.isfinite(v) and im.norm(v) > 0.6 if np.any(np.isfinite(A)) else False
+                    ax.text(x, y, txt, ha="center", va="center", fontsize=8, color="k" if (light or not np.isfinite(v)) else "w")
+            if np.any(np.isfinite(A)):
+                fig.colorbar(im, ax=ax, shrink=0.8)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return fig
+
+
+# --------------------------------------------------------------------------- pruning
+
+
+def plot_pruning(curves: dict, *, F: int | None = None, tol: float | None = 0.01, title: str = "", ax=None) -> Figure:
+    """Risk against the number of heads removed, one curve per entry of ``curves``
+    (``label -> PruningResult``); random orders get a band of +- one standard deviation
+    over draws, Monte Carlo results error bars. ``F`` marks ``H - F`` removed heads;
+    ``tol`` draws the unpruned risk + tol of the first curve. Draws into ``ax`` when given
+    (and returns its figure)."""
+    if ax is None:
+        ax = Figure(figsize=(5.2, 3.8), constrained_layout=True).subplots()
+    first = None
+    for label, res in curves.items():
+        x = res.n_removed
+        if res.risks.shape[0] > 1:
+            line, = ax.plot(x, res.risk, "-", lw=1.2, label=f"{label} (mean of {res.risks.shape[0]})")
+            ax.fill_between(x, res.risk - res.risk_std, res.risk + res.risk_std, color=line.get_color(), alpha=0.2, lw=0)
+        elif res.stderr is not None:
+            ax.errorbar(x, res.risk, yerr=res.stderr[0], fmt="o", ms=4, capsize=2, label=label)
+        else:
+            ax.plot(x, res.risk, "-", marker=".", lw=1.4, label=label)
+        first = res if first is None else first
+    if first is not None:
+        H = first.heads
+        if F is not None and 0 <= H - F < H:
+            ax.axvline(H - F, color="grey", ls=":", lw=1, label=f"H - F = {H - F}")
+        if tol is not None:
+            ax.axhline(first.risk[0] + tol, color="grey", ls="--", lw=0.8, label=f"unpruned + {tol:g}")
+        ax.set_xticks(np.arange(H))
+    ax.set_xlabel("heads removed")
+    ax.set_ylabel("risk")
+    if title:
+        ax.set_title(title, fontsize=9)
+    ax.legend(frameon=False, fontsize=7)
+    return ax.figure
+
+
+# --------------------------------------------------------------------------- attention diagnostics
+
+
+def plot_vanishing(diagnosis) -> Figure:
+    """Vanishing attention of an :class:`~singleloc.AttentionDiagnosis`: histograms of
+    ``L * max alpha`` and ``L * min alpha`` (log scale), and the largest weight of each row
+    against its number of tokens with the median per length and ``1/L``."""
+    fig = Figure(figsize=(11, 4.2))
+    ax1, ax2 = fig.subplots(1, 2)
+    mx, mn = diagnosis.max_scaled, diagnosis.min_scaled
+    lo = max(min(mn[mn > 0].min() if (mn > 0).any() else 1e-3, 1.0) / 2, 1e-12)
+    hi = max(mx.max(), 1.0) * 2
+    bins = np.logspace(np.log10(lo), np.log10(hi), 50)
+    ax1.hist(np.clip(mx, lo, hi), bins=bins, alpha=0.6, label="L * max alpha")
+    ax1.hist(np.clip(mn, lo, hi), bins=bins, alpha=0.6, label="L * min alpha (zeros at the left edge)")
+    ax1.axvline(1.0, color="k", lw=0.8, ls="--", label="uniform row")
+    ax1.set(xscale="log", xlabel="L * weight", ylabel="rows", title="vanishing attention: weights in units of 1/L")
+    ax1.legend(fontsize=8)
+    lens, wmax = diagnosis.tokens, diagnosis.max_weight
+    ax2.loglog(lens, wmax, ".", ms=2, alpha=0.3, color="C0", label="rows")
+    ul = np.unique(lens)
+    ax2.loglog(ul, [np.median(wmax[lens == u]) for u in ul], "o-", ms=3, color="C3", label="median per length")
+    ax2.loglog(ul, 1.0 / ul, color="k", lw=0.8, ls="--", label="1/L")
+    ax2.set(xlabel="tokens in the row", ylabel="max_i alpha_i", title="largest weight against the row length")
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_sensitivity(diagnosis) -> Figure:
+    """Gradient sensitivity of an :class:`~singleloc.AttentionDiagnosis` against the
+    temperature: exact Jacobian norms (mean, median), the worst case ``1/(2T)`` and the finite
+    differences of each size ``eps``."""
+    jac = diagnosis.jacobian
+    fig = Figure(figsize=(6.5, 4.6))
+    ax = fig.subplots()
+    T = np.array([r["T"] for r in jac])
+    ax.loglog(T, 0.5 / T, color="gray", lw=1, ls="-.", label="1/(2T): worst case")
+    ax.loglog(T, [r["spectral_mean"] for r in jac], "k-", lw=2, label="exact |J|_2, mean")
+    ax.loglog(T, [max(r["spectral_median"], TINY) for r in jac], "k--", lw=1.2, label="exact |J|_2, median")
+    for i, e in enumerate(diagnosis.epsilons):
+        ax.loglog(T, [r["finite_difference"][f"{e:g}"] for r in jac], "o-", ms=3, lw=1, color=f"C{i}",
+                  label=f"finite difference, eps = {e:g}")
+    top = max(max(r["bound"] for r in jac), 1e-3)
+    ax.set_ylim(max(min(min(r["spectral_mean"] for r in jac), 1e-8) / 10, 1e-12), top * 3)
+    ax.set(xlabel="temperature T", ylabel="sensitivity of softmax(log(alpha)/T)", title="gradient sensitivity")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_top_n(diagnosis) -> Figure:
+    """Top-N diagnostics of an :class:`~singleloc.AttentionDiagnosis` computed with values:
+    the mean representation distance and the mean geometric separability against ``N``, with
+    the critical top-N. Raises ``ValueError`` for a diagnosis without values."""
+    topn = diagnosis.top_n
+    if topn is None:
+        raise ValueError("the diagnosis has no top-N diagnostics (computed without values)")
+    fig = Figure(figsize=(11, 4.2))
+    ax1, ax2 = fig.subplots(1, 2)
+    N = np.array(topn["N"])
+    d = [s["mean"] if s["mean"] is not None else np.nan for s in topn["distance"]]
+    sep = [s["mean"] if s["mean"] is not None else np.nan for s in topn["separability"]]
+    ax1.plot(N, d, "o-", color="C0")
+    ax2.plot(N, sep, "o-", color="C1")
+    for ax in (ax1, ax2):
+        ax.set_xscale("log")
+        if topn["critical_n"] is not None:
+            ax.axvline(topn["critical_n"], color="C3", lw=0.8, ls="--", label=f"critical top-N = {topn['critical_n']}")
+            ax.legend(fontsize=8)
+    ax1.set(xlabel="N (top-N)", ylabel="mean representation distance d", title=f"distance (L = {diagnosis.L})")
+    ax2.set(xlabel="N (top-N)", ylabel="mean N_s / N", ylim=(-0.02, 1.02), title="geometric separability")
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,64 @@
+"""``singleloc.plots``: figures through the Figure API, without global matplotlib state."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import types
+
+import numpy as np
+from matplotlib.figure import Figure
+
+import singleloc
+from singleloc import plots
+
+
+def test_importing_and_plotting_keeps_the_backend_and_pyplot_untouched(tmp_path):
+    """A notebook user's backend survives ``import singleloc`` and ``singleloc.plots``, and no
+    pyplot figure registry is created."""
+    code = (
+        "import sys, matplotlib, numpy as np\n"
+        "import singleloc, singleloc.plots as plots\n"
+        "from singleloc import PruningResult\n"
+        "fig = plots.plot_pruning({'x': PruningResult('greedy', np.array([[1]]), np.array([[0.2, 0.3]]))})\n"
+        f"plots.save_figure({str(tmp_path / 'p.png')!r}, fig)\n"
+        "print(matplotlib.get_backend(), 'matplotlib.pyplot' in sys.modules)\n"
+    )
+    env = {"MPLBACKEND": "svg", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env, check=True).stdout
+    assert out.split() == ["svg", "False"]
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plots_is_not_imported_by_the_package():
+    code = "import sys, singleloc; singleloc.simulate; print('singleloc.plots' in sys.modules, 'matplotlib' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True).stdout
+    assert out.split() == ["False", "False"]
+
+
+def test_every_figure_is_a_figure_with_its_panels(tmp_path):
+    rng = np.random.default_rng(0)
+    S, T, H, F = 2, 11, 2, 2
+    tau = np.linspace(0, 5, T)
+    M = np.cumsum(rng.standard_normal((S, T, H, F)) * 0.2, axis=1)
+    Q = M @ np.swapaxes(M, -1, -2) + np.eye(H)
+    risk = 0.5 * np.exp(-tau)[None] + np.zeros((S, 1))
+    run = types.SimpleNamespace(tau=tau, M=M, risk=risk)
+    analysis = singleloc.analyze(tau, M, Q, risk, mean=np.zeros(F))
+    rows = [{"heads": h, "F": f, "final_risk": 0.1 * h, "n_specialized": 1, "shared_profiles": 0, "first_specialization": 1.0}
+            for h in (1, 2) for f in (1, 2)]
+    pruning = {"greedy": singleloc.PruningResult("greedy", np.array([[1]]), np.array([[0.2, 0.3]]))}
+    w = rng.dirichlet(np.ones(6), size=(2, 6))
+    diagnosis = singleloc.diagnose_attention(w, rng.standard_normal((2, 6, 3)), temperatures=[1.0])
+    figures = {
+        "compare": (plots.plot_compare(run, run, title="t"), 1 + F),
+        "phases": (plots.plot_phases(analysis, risk), 4),
+        "diagram": (plots.plot_phase_diagram(rows), 4 + 4),  # four heat maps with their colour bars
+        "pruning": (plots.plot_pruning(pruning, F=1), 1),
+        "vanishing": (plots.plot_vanishing(diagnosis), 2),
+        "sensitivity": (plots.plot_sensitivity(diagnosis), 1),
+        "top_n": (plots.plot_top_n(diagnosis), 2),
+    }
+    for name, (fig, panels) in figures.items():
+        assert isinstance(fig, Figure) and len(fig.axes) == panels, name
+        assert plots.save_figure(tmp_path / f"{name}.png", fig).stat().st_size > 0
