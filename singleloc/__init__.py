@@ -3,47 +3,63 @@
 Exact order-parameter dynamics (an ODE for ``(M, Q, b)`` whose drift JAX derives from the
 loss), finite-D online SGD simulations, the Bayes-optimal baseline, pruning and the
 normalization diagnostics. The conventions are those of ``MODEL.md``.
+
+The public names below are imported from their private modules on first use (module-level
+``__getattr__``, PEP 562), so that ``import singleloc`` and the command line's ``--help`` do
+not load JAX; ``from singleloc import X``, ``singleloc.X`` and ``dir(singleloc)`` work as for
+eager imports. Figures live in :mod:`singleloc.plots` (imported explicitly).
 """
 
-__version__ = "0.1.0"
+from __future__ import annotations
 
-from ._activations import (
-    Activation,
-    activation_names,
-    bsoftmax,
-    get_activation,
-    register_activation,
-    softmax,
-    softmax1,
-)
-from ._bayes import RiskEstimate, bayes_point, bayes_risk, log_weight, population_risk, posterior
-from ._config import Config, load_config, preset_names
-from ._data import initial_overlaps, make_spikes, sample_sequence, seed_keys
-from ._diagnose import AttentionDiagnosis, diagnose_attention
-from ._diagnostics import (
-    CriticalTopN,
-    TopN,
-    VanishingAttention,
-    context_vector,
-    critical_top_n,
-    effective_logit_bound,
-    geometric_separability,
-    ks_critical_n,
-    logits_from_weights,
-    representation_distance,
-    select_top_n,
-    top_n_diagnostics,
-    vanishing_attention,
-)
-from ._sensitivity import FD_EPSILONS, finite_difference_sensitivity, random_directions, softmax_jacobian, softmax_jacobian_norm
-from ._activations import scalable_softmax, ssmax
-from ._fields import LocalFields
-from ._numerics import psd_sqrt
-from ._layer import finite_loss, limit_loss, token_weights
-from ._ode import TheoryResult, initial_conditions, integrate
-from ._priors import Prior, binary, discrete, flipped, gaussian, spikes
-from ._simulation import SimulationResult, simulate
-from ._specs import SGD, Model, Problem, Simulation, Theory
-from ._theory import OrderParameterODE, OrderParameters, r_orth
-from ._pruning import ORDERS as PRUNING_ORDERS, PruningResult, TheoryRisk, WeightsRisk, finetune, keep_heads, prune, prune_theory, prune_weights, removable_heads
-from ._phases import PhaseAnalysis, analyze, escape_rate, linearize, unspecialized_point
+import importlib
+
+from ._version import __version__ as __version__
+
+# The public API: private module -> the names it exports ("NAME as PUBLIC" renames).
+_EXPORTS = {
+    "_activations": ("Activation", "activation_names", "bsoftmax", "get_activation", "register_activation", "scalable_softmax",
+                     "softmax", "softmax1", "ssmax"),
+    "_bayes": ("RiskEstimate", "bayes_point", "bayes_risk", "log_weight", "population_risk", "posterior"),
+    "_config": ("Config", "load_config", "preset_names"),
+    "_data": ("initial_overlaps", "make_spikes", "sample_sequence", "seed_keys"),
+    "_diagnose": ("AttentionDiagnosis", "diagnose_attention"),
+    "_diagnostics": ("CriticalTopN", "TopN", "VanishingAttention", "context_vector", "critical_top_n", "effective_logit_bound",
+                     "geometric_separability", "ks_critical_n", "logits_from_weights", "representation_distance", "select_top_n",
+                     "top_n_diagnostics", "vanishing_attention"),
+    "_sensitivity": ("FD_EPSILONS", "finite_difference_sensitivity", "random_directions", "softmax_jacobian",
+                     "softmax_jacobian_norm"),
+    "_fields": ("LocalFields",),
+    "_numerics": ("psd_sqrt",),
+    "_layer": ("finite_loss", "limit_loss", "token_weights"),
+    "_ode": ("TheoryResult", "initial_conditions", "integrate"),
+    "_priors": ("Prior", "binary", "discrete", "flipped", "gaussian", "spikes"),
+    "_simulation": ("SimulationResult", "simulate"),
+    "_specs": ("SGD", "Model", "Problem", "Simulation", "Theory"),
+    "_theory": ("OrderParameterODE", "OrderParameters", "r_orth"),
+    "_pruning": ("ORDERS as PRUNING_ORDERS", "PruningResult", "TheoryRisk", "WeightsRisk", "finetune", "keep_heads", "prune",
+                 "prune_theory", "prune_weights", "removable_heads"),
+    "_phase_analysis": ("PhaseAnalysis", "Plateau", "analyze", "halfway_time", "plateaus"),
+    "_stability": ("FixedPoint", "Linearization", "escape_mode", "escape_rate", "escape_rate_along", "escape_subspace",
+                   "linear_escape_time", "linearize", "predicted_escape_slope", "subspace_amplitude", "unspecialized_point",
+                   "unstable_modes"),
+}
+
+# public name -> (module, name in the module)
+_ORIGIN = {public: (module, name) for module, names in _EXPORTS.items()
+           for name, _, alias in (entry.partition(" as ") for entry in names) for public in (alias or name,)}
+
+__all__ = sorted(_ORIGIN)
+
+
+def __getattr__(name: str):
+    if name not in _ORIGIN:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, attr = _ORIGIN[name]
+    value = getattr(importlib.import_module(f".{module}", __name__), attr)
+    globals()[name] = value  # later look-ups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
