@@ -27,10 +27,10 @@ def modules_after(argv: list[str]) -> list[str]:
         f"sys.argv = ['singleloc', *{argv!r}]\n"
         "try:\n    runpy.run_module('singleloc', run_name='__main__')\n"
         "except SystemExit as e:\n    assert e.code == 0, e.code\n"
-        f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))\n"
+        f"print('loaded:', *(m for m in {HEAVY!r} if m in sys.modules))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
-    return [m for m in out.strip().splitlines()[-1].split(",") if m]
+    return out.strip().splitlines()[-1].split()[1:]
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["--version"], *[[c, "--help"] for c in COMMAND_NAMES]])
