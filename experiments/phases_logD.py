@@ -13,7 +13,7 @@ Settings (``--setting``): bsoftmax with trained biases, L=4, F=2, H=2 heads, lr=
    simulations at D = 125..2000 with 6-8 seeds per D (spikes: D = 250..2000, 3 seeds).
 3. Escape time = first tau at which the risk has fallen halfway from the unspecialized
    fixed point's risk R* to the specialized risk (median theory risk at tau_max) -- one fixed
-   threshold for every run (``singleloc._phases.halfway_time``).
+   threshold for every run (``singleloc._phase_analysis.halfway_time``).
 4. Fits: tau_esc = a + beta log D (plain), and tau_esc = a + beta log D + gamma log|z| with
    z = A0 sqrt(D) the seed's normalised initial amplitude along the escape mode (removes the
    seed-to-seed scatter, which is the whole spread at fixed D). Predictions: beta = 1/(2 lambda)
@@ -45,7 +45,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from singleloc import OrderParameterODE, OrderParameters, initial_conditions, integrate, load_config, simulate  # noqa: E402
-from singleloc import _phases as ph  # noqa: E402
+import singleloc as sl  # noqa: E402
 from _stages import cache_dir, stage  # noqa: E402
 from singleloc._io import save_figure, save_json  # noqa: E402
 
@@ -99,15 +99,15 @@ def main() -> None:
 
     # 1. fixed point and escape rates -------------------------------------------------------
     def fixed():
-        fp = ph.unspecialized_point(ode, H, F, init_scale=cfg.sgd.init_scale, tau_flow=TAU_MAX, dt=0.1)
+        fp = sl.unspecialized_point(ode, H, F, init_scale=cfg.sgd.init_scale, tau_flow=TAU_MAX, dt=0.1)
         path_tau, path_x = fp.path_tau[::2], fp.path_x[::2]
-        lam_path = ph.escape_rate_along(ode, path_tau, path_x, H, F, mean=mean)
+        lam_path = sl.escape_rate_along(ode, path_tau, path_x, H, F, mean=mean)
         return {"M": fp.M, "Q": fp.Q, "b": fp.b, "x": fp.x, "residual": fp.residual, "risk": fp.risk, "path_tau": path_tau, "lam_path": lam_path}
 
     fp = stage(CACHE, "fixed", fixed)
-    lin = ph.linearize(ode, fp["M"], fp["Q"], fp["b"])
-    lam_star = ph.escape_rate(lin, mean=mean)
-    k_esc = ph.escape_mode(lin, mean=mean)
+    lin = sl.linearize(ode, fp["M"], fp["Q"], fp["b"])
+    lam_star = sl.escape_rate(lin, mean=mean)
+    k_esc = sl.escape_mode(lin, mean=mean)
     path_tau, lam_path = fp["path_tau"], fp["lam_path"]
     fp = SimpleNamespace(x=fp["x"], residual=float(fp["residual"]), risk=float(fp["risk"]))
     print(f"fixed point: x = {np.round(fp.x, 4)}, residual {fp.residual:.1e}, R* = {fp.risk:.4f}; lambda* = {lam_star:.4f} ({lin.method}); "
@@ -131,10 +131,10 @@ def main() -> None:
     print(f"theory: {th.risk.shape[0]} trajectories to tau = {TAU_MAX} in {time.time() - t0:.0f} s", flush=True)
     R_spec = float(np.median(th.risk[:n_main, -1]))
     R_half_from, R_half_to = fp.risk, R_spec
-    esc = np.array([ph.halfway_time(ts, r, 0.0, R_half_from, R_half_to) for r in th.risk])
-    basis = ph.escape_subspace(lin, mean=mean)
-    A0 = ph.subspace_amplitude(basis, th.M[:, 0])
-    t_lin = ph.linear_escape_time(path_tau, lam_path, A0)
+    esc = np.array([sl.halfway_time(ts, r, 0.0, R_half_from, R_half_to) for r in th.risk])
+    basis = sl.escape_subspace(lin, mean=mean)
+    A0 = sl.subspace_amplitude(basis, th.M[:, 0])
+    t_lin = sl.linear_escape_time(path_tau, lam_path, A0)
 
     # 3. simulation -------------------------------------------------------------------------
     sims = []
@@ -145,9 +145,9 @@ def main() -> None:
         sims.append(s)
         print(f"  simulation D = {D}: {time.time() - t0:.0f} s", flush=True)
     sim_D = np.concatenate([[D] * SIM_SEEDS[D] for D in D_SIM])
-    sim_esc = np.concatenate([[ph.halfway_time(s.tau, r, 0.0, R_half_from, R_half_to) for r in s.risk_limit] for s in sims])
-    sim_A0 = np.concatenate([ph.subspace_amplitude(basis, s.M[:, 0]) for s in sims])
-    sim_tlin = ph.linear_escape_time(path_tau, lam_path, sim_A0)
+    sim_esc = np.concatenate([[sl.halfway_time(s.tau, r, 0.0, R_half_from, R_half_to) for r in s.risk_limit] for s in sims])
+    sim_A0 = np.concatenate([sl.subspace_amplitude(basis, s.M[:, 0]) for s in sims])
+    sim_tlin = sl.linear_escape_time(path_tau, lam_path, sim_A0)
 
     # 4. fits -------------------------------------------------------------------------------
     lD, lDs = np.log(D_of), np.log(sim_D)
@@ -156,15 +156,15 @@ def main() -> None:
     c_z, se_z, sd_z = fit(esc[:n_main], lD, np.log(z_th))
     # adiabatic prediction at the typical amplitude A0 = median(z) / sqrt(D), D from 125 to 16000
     D_grid = np.geomspace(min(D_SIM + D_THEORY), max(D_THEORY), 9)
-    c_lin, _, _ = fit(ph.linear_escape_time(path_tau, lam_path, np.median(z_th_all := A0[:n_main] * np.sqrt(D_of)) / np.sqrt(D_grid)), np.log(D_grid))
+    c_lin, _, _ = fit(sl.linear_escape_time(path_tau, lam_path, np.median(z_th_all := A0[:n_main] * np.sqrt(D_of)) / np.sqrt(D_grid)), np.log(D_grid))
     c_s, se_s, _ = fit(sim_esc, lDs)
     c_sz, se_sz, sd_sz = fit(sim_esc, lDs, np.log(z_sim))
     D_sgrid = np.geomspace(min(D_SIM), max(D_SIM), 9)
-    c_slin, _, _ = fit(ph.linear_escape_time(path_tau, lam_path, np.median(z_th_all) / np.sqrt(D_sgrid)), np.log(D_sgrid))
+    c_slin, _, _ = fit(sl.linear_escape_time(path_tau, lam_path, np.median(z_th_all) / np.sqrt(D_sgrid)), np.log(D_sgrid))
     esc_sc = esc[n_main:]
     c_sc, _, _ = fit(esc_sc, np.log(D_SCALED))
     local_sc = np.diff(esc_sc) / np.diff(np.log(D_SCALED))
-    pred_star = ph.predicted_escape_slope(lam_star)
+    pred_star = sl.predicted_escape_slope(lam_star)
     pred_adia = float(c_lin[1])
     pred_adia_sim = float(c_slin[1])
     tmean = [float(np.nanmean(esc[:n_main][D_of == D])) for D in D_THEORY]
@@ -184,7 +184,7 @@ def main() -> None:
                        "slope_plain": [float(c_s[1]), float(se_s[1])], "slope_at_fixed_z": [float(c_sz[1]), float(se_sz[1])],
                        "gamma": [float(c_sz[2]), float(se_sz[2])], "residual_sd": sd_sz},
         "predicted": {"slope_fixed_point": pred_star, "slope_adiabatic_theory": pred_adia, "slope_adiabatic_simulation": pred_adia_sim,
-                      "lambda_at_mean_escape": lam_at, "slope_at_mean_escape": ph.predicted_escape_slope(lam_at)},
+                      "lambda_at_mean_escape": lam_at, "slope_at_mean_escape": sl.predicted_escape_slope(lam_at)},
         "runtime_s": time.time() - t_start,
     }
     save_json(ROOT / "figures" / f"{S_['figure']}.json", out)
@@ -196,7 +196,7 @@ def main() -> None:
     print(f"scaled series slope {c_sc[1]:.3f}, local slopes {np.round(local_sc, 3)}")
     print(f"simulation slope: plain {c_s[1]:.3f} +- {se_s[1]:.3f}; at fixed z {c_sz[1]:.3f} +- {se_sz[1]:.3f} (gamma {c_sz[2]:.3f}; residual sd {sd_sz:.2f})")
     print(f"predicted: 1/(2 lambda*) = {pred_star:.3f}; adiabatic (lambda(tau) along the plateau) D in {min(D_SIM + D_THEORY)}..{max(D_THEORY)}: {pred_adia:.3f}, D in simulation range: {pred_adia_sim:.3f}; "
-          f"1/(2 lambda(mean tau_esc = {np.nanmean(esc[:n_main]):.1f})) = {ph.predicted_escape_slope(lam_at):.3f}")
+          f"1/(2 lambda(mean tau_esc = {np.nanmean(esc[:n_main]):.1f})) = {sl.predicted_escape_slope(lam_at):.3f}")
     for name, val in (("theory", c_z[1]), ("simulation", c_sz[1])):
         ref = pred_adia if name == "theory" else pred_adia_sim
         print(f"  {name}: fitted/adiabatic = {val / ref:.3f}, fitted/fixed-point = {val / pred_star:.3f}")

@@ -8,7 +8,7 @@ unspecialized point is M = 0 (heads aligned with nothing, R_orth and biases rela
    grouped by the latent direction their M block loads on: one rate lambda_f per direction.
 2. Theory from the simulator's initial overlaps at D = 1000 (8 seeds) and simulations (D =
    1000, 3 seeds): the first time a head is specialized to each direction
-   (``singleloc._phases.specialization``: |cos| >= 0.9 with e_f, spike fraction >= 0.3).
+   (``singleloc._phase_analysis.specialization``: |cos| >= 0.9 with e_f, spike fraction >= 0.3).
 3. Prediction: direction f escapes when A_f exp(lambda_f tau) reaches a fixed size, A_f being
    the initial amplitude in the escape subspace of direction f: tau_f = c + log(1/A_f)/lambda_f.
 
@@ -33,7 +33,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from singleloc import OrderParameterODE, initial_conditions, integrate, load_config, simulate  # noqa: E402
-from singleloc import _phases as ph  # noqa: E402
+import singleloc as sl  # noqa: E402
 from _stages import cache_dir, stage  # noqa: E402
 from singleloc._io import save_figure, save_json  # noqa: E402
 
@@ -68,12 +68,12 @@ def main() -> None:
     ode = OrderParameterODE.from_config(cfg)
 
     def fixed():
-        fp = ph.unspecialized_point(ode, H, F, init_scale=cfg.sgd.init_scale, tau_flow=40.0, dt=0.1)
+        fp = sl.unspecialized_point(ode, H, F, init_scale=cfg.sgd.init_scale, tau_flow=40.0, dt=0.1)
         return {"M": fp.M, "Q": fp.Q, "b": fp.b, "x": fp.x, "residual": fp.residual, "risk": fp.risk}
 
     fp = stage(CACHE, "fixed", fixed)
-    lin = ph.linearize(ode, fp["M"], fp["Q"], fp["b"])
-    modes = ph.unstable_modes(lin, min_asymmetry=0.5)
+    lin = sl.linearize(ode, fp["M"], fp["Q"], fp["b"])
+    modes = sl.unstable_modes(lin, min_asymmetry=0.5)
     print(f"unspecialized point: m = {np.round(fp['x'][:F], 3)}, residual {float(fp['residual']):.1e}, R* = {float(fp['risk']):.4f} ({lin.method})")
     for m in modes:
         load = np.linalg.norm(m["M"], axis=0)
@@ -103,13 +103,13 @@ def main() -> None:
     sim = SimpleNamespace(**stage(CACHE, "simulation", lambda: {k: v for k, v in simulate(csim, progress=False).__dict__.items() if k not in ("K", "kstar")}))
     print(f"simulation: {SEEDS_SIM} seeds at D = {cfg.simulation.D} to tau = {TAU_SIM} in {time.time() - t0:.0f} s", flush=True)
 
-    a_th = ph.analyze(th.tau, th.M, th.Q, th.risk, mean=mean)
-    a_sim = ph.analyze(sim.tau, sim.M, sim.Q, sim.risk_limit, mean=mean)
+    a_th = sl.analyze(th.tau, th.M, th.Q, th.risk, mean=mean)
+    a_sim = sl.analyze(sim.tau, sim.M, sim.Q, sim.risk_limit, mean=mean)
     ft_th, ft_sim = first_times(th.tau, a_th.labels, F), first_times(sim.tau, a_sim.labels, F)
     first_th = np.nanargmin(np.where(np.isfinite(ft_th), ft_th, np.inf), axis=1)
     first_sim = np.nanargmin(np.where(np.isfinite(ft_sim), ft_sim, np.inf), axis=1)
-    A_th = np.stack([ph.subspace_amplitude(basis[f], th.M[:, 0]) for f in range(F)], 1)
-    A_sim = np.stack([ph.subspace_amplitude(basis[f], sim.M[:, 0]) for f in range(F)], 1)
+    A_th = np.stack([sl.subspace_amplitude(basis[f], th.M[:, 0]) for f in range(F)], 1)
+    A_sim = np.stack([sl.subspace_amplitude(basis[f], sim.M[:, 0]) for f in range(F)], 1)
     pred_th, pred_sim = np.log(1 / A_th) / lam, np.log(1 / A_sim) / lam  # up to a common constant
     ok = np.isfinite(ft_th)
     offset = float(np.median((ft_th - pred_th)[ok]))

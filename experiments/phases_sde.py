@@ -34,7 +34,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from singleloc import OrderParameterODE, initial_conditions, integrate, load_config, simulate  # noqa: E402
-from singleloc import _phases as ph  # noqa: E402
+import singleloc as sl  # noqa: E402
 from singleloc._fluctuations import integrate_sde  # noqa: E402
 from _stages import cache_dir, stage  # noqa: E402
 from singleloc._io import save_figure, save_json  # noqa: E402
@@ -53,10 +53,10 @@ def main() -> None:
     H, F = cfg.model.heads, cfg.problem.F
     mean = cfg.problem.build_prior().mean()
     ode = OrderParameterODE.from_config(cfg)
-    fp = stage(CACHE, "fixed", lambda: (lambda p: {"M": p.M, "Q": p.Q, "b": p.b, "risk": p.risk})(ph.unspecialized_point(ode, H, F, tau_flow=20.0, dt=0.1)))
-    lin = ph.linearize(ode, fp["M"], fp["Q"], fp["b"])
-    lam = ph.escape_rate(lin, mean=mean)
-    basis = ph.escape_subspace(lin, mean=mean)
+    fp = stage(CACHE, "fixed", lambda: (lambda p: {"M": p.M, "Q": p.Q, "b": p.b, "risk": p.risk})(sl.unspecialized_point(ode, H, F, tau_flow=20.0, dt=0.1)))
+    lin = sl.linearize(ode, fp["M"], fp["Q"], fp["b"])
+    lam = sl.escape_rate(lin, mean=mean)
+    basis = sl.escape_subspace(lin, mean=mean)
     ts = np.linspace(0.0, TAU, int(TAU * 4) + 1)
     res = {}
     for D, n_sim in DS.items():
@@ -80,8 +80,8 @@ def main() -> None:
     for j, (D, (o, s, m)) in enumerate(res.items()):
         rows = {}
         for name, r, risk in (("ODE", o, o.risk), ("SDE", s, s.risk), ("simulation", m, m.risk_limit)):
-            esc = np.array([ph.halfway_time(r.tau, x, 0.0, R_from, R_to) for x in risk])
-            A0 = ph.subspace_amplitude(basis, r.M[:, 0])
+            esc = np.array([sl.halfway_time(r.tau, x, 0.0, R_from, R_to) for x in risk])
+            A0 = sl.subspace_amplitude(basis, r.M[:, 0])
             ok = np.isfinite(esc)
             slope = float(np.polyfit(np.log(1 / A0[ok]), esc[ok], 1)[0]) if ok.sum() > 2 else float("nan")
             em = esc[: DS[D]]  # the starts shared with the simulations

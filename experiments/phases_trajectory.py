@@ -17,7 +17,7 @@ import jax
 jax.config.update("jax_enable_x64", True)
 
 from singleloc import initial_conditions, integrate, load_config  # noqa: E402
-from singleloc import _phases as ph  # noqa: E402
+from singleloc import _phase_analysis as ph  # noqa: E402
 from singleloc._io import save_figure  # noqa: E402
 from singleloc.plots import plot_phases  # noqa: E402
 

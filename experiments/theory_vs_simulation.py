@@ -5,7 +5,7 @@ presets (biases trained), simulated at D = 4000 with 4 seeds, each seed against 
 started from its own initial overlaps. Reported:
 
 * the escape time of each theory curve that drops after a plateau: by the rule of
-  :mod:`singleloc._phases` (halfway from the plateau value to the final value); the
+  :mod:`singleloc._phase_analysis` (halfway from the plateau value to the final value); the
   simulation's escape time is when its risk (3-point moving average) crosses the same
   level; and their relative difference;
 * the escape window: the saved times at which the theory risk or the smoothed simulation
@@ -39,7 +39,7 @@ import numpy as np  # noqa: E402
 
 import singleloc as sl  # noqa: E402
 from singleloc._io import save_figure  # noqa: E402
-from singleloc._phases import halfway_time, plateaus  # noqa: E402
+from singleloc._phase_analysis import halfway_time, plateaus  # noqa: E402
 
 FIGURES = Path(__file__).resolve().parents[1] / "figures"
 

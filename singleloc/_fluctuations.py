@@ -6,7 +6,7 @@ One SGD step changes the order parameters by ``-(lr / D) u`` (plus the determini
     u = ( sum_l c_l nu_l^T  (H, F),   sum_l (c_l g_l^T + g_l c_l^T)  (H, H),   sum_l c_l  (H) ).
 
 Over ``d tau`` there are ``D d tau`` independent steps, so the state ``y = (M, Q, b)``
-(flattened as :func:`singleloc._phases.flatten_state`) follows, to leading order in ``1/D``,
+(flattened as :func:`singleloc._theory.flatten_state`) follows, to leading order in ``1/D``,
 
     dy = drift(y) d tau + sqrt(Sigma(y) / D) dW,      Sigma = lr^2 Cov(u):
 
@@ -19,46 +19,39 @@ covariance ``I - M^T Q^+ M``; the mean enters ``u`` and the covariance adds
 ``E[sum_l c_l c_l^T] (x) (I - M^T Q^+ M)`` to the ``M`` block.
 
 :func:`integrate_sde` integrates the SDE with diffrax (Euler-Maruyama on a
-``VirtualBrownianTree``), one Brownian path per key, batched with ``vmap``.
+``VirtualBrownianTree``), one Brownian path per key, batched with ``vmap``. Drift and
+diffusion come from one evaluation of :func:`update_moments` per step (:class:`_SDETerm`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
 import numpy as np
 
-
-def _jax():
-    import jax
-    import jax.numpy as jnp
-
-    return jax, jnp
+from ._numerics import psd_sqrt, psd_sqrt_and_pinv_sqrt
+from ._theory import OrderParameterODE, flatten_state, unflatten_state
 
 
-def update_moments(ode, M, Q, b):
+def update_moments(ode: OrderParameterODE, M, Q, b):
     """``(drift, Sigma)`` at ``(M, Q, b)``: the drift over :func:`flatten_state` coordinates
     and ``Sigma = lr^2 Cov(u)`` (n, n), the per-step update covariance times ``D^2`` (so the
     diffusion per unit time is ``Sigma / D``)."""
-    jax, jnp = _jax()
-    from ._fields import psd_sqrt_and_pinv_sqrt
-    from ._phases import flatten_state
-
     H, F = M.shape
     tb = bool(ode.train_bias)
     Qh, Qh_pinv = psd_sqrt_and_pinv_sqrt(Q)
     A = Qh_pinv @ M  # (H, F): nu_bar_l = theta 1[l=0] + A^T w_l
-    iu = jnp.triu_indices(H)
 
     def integrand(g, theta, w):
         c = jax.grad(ode._loss)(g.T + b[:, None])  # (H, L)
         nu = w @ A
         nu = nu.at[0].add(theta)
-        UM = c @ nu
         UQ = c @ g
-        UQ = UQ + UQ.T
-        parts = [UM.ravel(), UQ[iu]] + ([c.sum(1)] if tb else [])
-        u = jnp.concatenate(parts)
+        u = flatten_state(c @ nu, UQ + UQ.T, c.sum(1), tb)
         return {"u": u, "uu": jnp.outer(u, u), "cc": c @ c.T}
 
     m = ode.fields.expect(integrand, M, Q, Qh=Qh, with_noise=True)
@@ -70,10 +63,32 @@ def update_moments(ode, M, Q, b):
     return flatten_state(d.M, d.Q, d.b, tb), ode.lr**2 * cov
 
 
-def _sqrt_psd(S):
-    _, jnp = _jax()
-    w, v = jnp.linalg.eigh((S + S.T) / 2)
-    return (v * jnp.sqrt(jnp.clip(w, 0.0, None))) @ v.T
+class _SDETerm(diffrax.AbstractTerm):
+    """``dy = drift(y) dtau + sqrt(Sigma(y) / D) dW`` as one diffrax term.
+
+    The vector field is the pair ``(drift, sqrt(Sigma / D))`` from one :func:`update_moments`
+    call, the control the pair ``(dtau, dW)``, and their product ``drift dtau +
+    sqrt(Sigma / D) dW``: a ``MultiTerm`` of an ``ODETerm`` and a ``ControlTerm`` would evaluate
+    the moments once for each. ``b0`` supplies the biases when they do not train.
+    """
+
+    ode: OrderParameterODE
+    brownian: diffrax.AbstractBrownianPath
+    b0: jax.Array
+    inv_D: jax.Array
+    H: int = eqx.field(static=True)
+    F: int = eqx.field(static=True)
+
+    def vf(self, t, y, args):
+        drift, Sigma = update_moments(self.ode, *unflatten_state(y, self.H, self.F, self.b0))
+        return drift, psd_sqrt(Sigma * self.inv_D)
+
+    def contr(self, t0, t1, **kwargs):
+        return t1 - t0, self.brownian.evaluate(t0, t1, **kwargs)
+
+    def prod(self, vf, control):
+        (drift, diffusion), (dt, dW) = vf, control
+        return drift * dt + diffusion @ dW
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +103,22 @@ class SDEResult:
     risk: np.ndarray
 
 
+def _solve_path(ode: OrderParameterODE, v0, b0, key, inv_D, ts, dt: float, H: int, F: int, max_steps: int):
+    """One Euler-Maruyama path from the flat state ``v0``: ``(M, Q, b, risk)`` at ``ts``."""
+    t0, t1 = ts[0], ts[-1]
+    bm = diffrax.VirtualBrownianTree(t0, t1, tol=dt / 4, shape=(v0.shape[0],), key=key)
+    term = _SDETerm(ode, bm, b0, inv_D, H, F)
+    sol = diffrax.diffeqsolve(term, diffrax.Euler(), t0, t1, dt, v0, saveat=diffrax.SaveAt(ts=ts), max_steps=max_steps)
+    Ms, Qs, bs = jax.vmap(lambda v: unflatten_state(v, H, F, b0))(sol.ys)
+    bs = bs if ode.train_bias else jnp.broadcast_to(b0, (len(ts), H))
+    return Ms, Qs, bs, jax.vmap(ode.risk)(Ms, Qs, bs)
+
+
+@eqx.filter_jit
+def _solve_paths(ode: OrderParameterODE, v0, b0, keys, inv_D, ts, dt: float, H: int, F: int, max_steps: int):
+    return jax.vmap(lambda v, b, k, i: _solve_path(ode, v, b, k, i, ts, dt, H, F, max_steps))(v0, b0, keys, inv_D)
+
+
 def integrate_sde(config, y0, keys, *, D=None, ts=None, dt: float = 0.05) -> SDEResult:
     """Integrate the fluctuation SDE from initial states ``y0`` (an ``OrderParameters`` with a
     leading axis S) with one Brownian path per PRNG key (``keys`` (S, 2)), at dimension ``D``
@@ -98,45 +129,16 @@ def integrate_sde(config, y0, keys, *, D=None, ts=None, dt: float = 0.05) -> SDE
     ``Q`` is symmetrised through the flattened coordinates; the state is not projected back
     onto valid overlaps (at the D used here the noise is far too small to leave them).
     """
-    import diffrax
-    import equinox as eqx
-
-    jax, jnp = _jax()
-    from ._phases import flatten_state, unflatten_state
-    from ._theory import OrderParameterODE
-
     D = config.simulation.D if D is None else D
     ode = OrderParameterODE.from_config(config)
     H, F = config.model.heads, config.problem.F
     tb = bool(ode.train_bias)
     dtype = jnp.result_type(float)
-    ts = np.asarray(config.sgd.save_times() if ts is None else ts, float)  # numpy: constants under jit
-    t0, t1 = float(ts[0]), float(ts[-1])
-    max_steps = int(np.ceil((t1 - t0) / dt)) + 10
-    b_fixed = jnp.asarray(y0.b, dtype)
-    v0 = jax.vmap(lambda M, Q, b: flatten_state(M, Q, b, tb))(jnp.asarray(y0.M, dtype), jnp.asarray(y0.Q, dtype), b_fixed)
-    n = v0.shape[1]
-
+    ts = np.asarray(config.sgd.save_times() if ts is None else ts, float)
+    max_steps = int(np.ceil((ts[-1] - ts[0]) / dt)) + 10
+    b0 = jnp.asarray(y0.b, dtype)
+    v0 = jax.vmap(lambda M, Q, b: flatten_state(M, Q, b, tb))(jnp.asarray(y0.M, dtype), jnp.asarray(y0.Q, dtype), b0)
     inv_D = jnp.broadcast_to(1.0 / jnp.asarray(D, dtype), (v0.shape[0],))
-
-    def solve(ode, v0, b0, key, inv_D):
-        def split(v):
-            return unflatten_state(v, H, F, b0)
-
-        def drift(t, v, args):
-            return update_moments(ode, *split(v))[0]
-
-        def diffusion(t, v, args):
-            return _sqrt_psd(update_moments(ode, *split(v))[1] * inv_D)
-
-        bm = diffrax.VirtualBrownianTree(t0, t1, tol=dt / 4, shape=(n,), key=key)
-        terms = diffrax.MultiTerm(diffrax.ODETerm(drift), diffrax.ControlTerm(diffusion, bm))
-        sol = diffrax.diffeqsolve(terms, diffrax.Euler(), t0, t1, dt, v0, saveat=diffrax.SaveAt(ts=jnp.asarray(ts, dtype)), max_steps=max_steps)
-        Ms, Qs, bs = jax.vmap(split)(sol.ys)
-        bs = bs if tb else jnp.broadcast_to(b0, (len(ts), H))
-        risk = jax.vmap(ode.risk)(Ms, Qs, bs)
-        return Ms, Qs, bs, risk
-
-    run = eqx.filter_jit(jax.vmap(solve, in_axes=(None, 0, 0, 0, 0)))
-    Ms, Qs, bs, risk = jax.device_get(run(ode, v0, b_fixed, jnp.asarray(keys), inv_D))
+    paths = _solve_paths(ode, v0, b0, jnp.asarray(keys), inv_D, jnp.asarray(ts, dtype), float(dt), H, F, max_steps)
+    Ms, Qs, bs, risk = jax.device_get(paths)
     return SDEResult(ts, np.asarray(Ms), np.asarray(Qs), np.asarray(bs), np.asarray(risk))

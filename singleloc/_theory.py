@@ -107,3 +107,22 @@ class OrderParameterODE(eqx.Module):
         dQ = -lr * (A + A.T) + lr**2 * m["cc"]
         db = -lr * m["c_sum"] if self.train_bias else jnp.zeros_like(b)
         return OrderParameters(dM, (dQ + dQ.T) / 2, db)
+
+
+def flatten_state(M: jax.Array, Q: jax.Array, b: jax.Array, train_bias: bool = True) -> jax.Array:
+    """The state as one vector, ``[M.ravel(), Q[upper triangle], b]`` (``b`` only when biases
+    train): the coordinates in which the drift is linearised and the SDE is written. The upper
+    triangle (row-major, diagonal included) holds each free entry of the symmetric ``Q`` once."""
+    iu = jnp.triu_indices(M.shape[0])
+    return jnp.concatenate([M.ravel(), Q[iu]] + ([b] if train_bias else []))
+
+
+def unflatten_state(v: jax.Array, H: int, F: int, b: jax.Array | None = None) -> OrderParameters:
+    """Inverse of :func:`flatten_state`: ``Q`` rebuilt symmetric from its upper triangle;
+    ``b`` supplies the biases when they are not in ``v``."""
+    iu = jnp.triu_indices(H)
+    nq = len(iu[0])
+    M = v[: H * F].reshape(H, F)
+    Qu = jnp.zeros((H, H), v.dtype).at[iu].set(v[H * F : H * F + nq])
+    bb = v[H * F + nq :] if len(v) > H * F + nq else b
+    return OrderParameters(M, Qu + jnp.triu(Qu, 1).T, bb)

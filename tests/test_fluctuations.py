@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import diffrax
 import jax
+import jax.numpy as jnp
+import numpy as np
 
-jax.config.update("jax_enable_x64", True)
-
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-
-from singleloc import OrderParameterODE, OrderParameters, integrate, load_config  # noqa: E402
-from singleloc._activations import get_activation  # noqa: E402
-from singleloc._data import make_spikes, sample_sequence  # noqa: E402
-from singleloc._fluctuations import integrate_sde, update_moments  # noqa: E402
-from singleloc._layer import finite_loss  # noqa: E402
+from singleloc import OrderParameterODE, OrderParameters, integrate, load_config
+from singleloc import _fluctuations as fl
+from singleloc._activations import get_activation
+from singleloc._data import make_spikes, sample_sequence
+from singleloc._fluctuations import integrate_sde, update_moments
+from singleloc._layer import finite_loss
+from singleloc._numerics import psd_sqrt
+from singleloc._theory import flatten_state
 
 CFG = load_config("bsoftmax", ["problem.prior=flipped", "problem.strength=3.0", "sgd.lr=1.0", "theory.points=256"])
 
@@ -42,7 +43,7 @@ def test_update_covariance_matches_single_sgd_steps():
 
 
 def test_sde_reduces_to_the_ode_as_D_grows():
-    H, F = 2, 2
+    H = 2
     M0 = jnp.array([[[0.05, -0.02], [-0.03, 0.04]]])
     y0 = OrderParameters(M0, M0 @ jnp.swapaxes(M0, -1, -2) + 0.25 * jnp.eye(H), jnp.zeros((1, H)))
     ts = np.linspace(0.0, 2.0, 5)
@@ -52,3 +53,22 @@ def test_sde_reduces_to_the_ode_as_D_grows():
     np.testing.assert_allclose(sde.M[0], ode.M[0], atol=2e-3)  # Euler at dt = 0.01 vs the adaptive solver
     np.testing.assert_allclose(sde.risk[0], ode.risk[0], atol=2e-3)
     assert np.abs(sde.M[1] - ode.M[0]).max() > 1e-2  # at D = 100 the noise shows
+
+
+def test_one_moment_evaluation_per_step(monkeypatch):
+    """The SDE term's increment is ``drift dt + sqrt(Sigma / D) dW`` from a single
+    :func:`update_moments` call (a drift term and a diffusion term would make two)."""
+    ode = OrderParameterODE.from_config(CFG)
+    M = jnp.array([[0.8, 0.3], [-0.2, 0.6]])
+    Q, b = M @ M.T + 0.3 * jnp.eye(2), jnp.array([0.1, -0.2])
+    v = flatten_state(M, Q, b)
+    bm = diffrax.VirtualBrownianTree(0.0, 1.0, tol=0.01, shape=v.shape, key=jax.random.PRNGKey(3))
+    term = fl._SDETerm(ode, bm, b, jnp.asarray(1e-2), 2, 2)
+    calls = []
+    monkeypatch.setattr(fl, "update_moments", lambda *a: calls.append(1) or update_moments(*a))
+    dt, dW = term.contr(0.0, 0.05)
+    step = term.vf_prod(0.0, v, None, (dt, dW))
+    assert len(calls) == 1
+    drift, Sigma = update_moments(ode, M, Q, b)
+    np.testing.assert_allclose(step, drift * 0.05 + psd_sqrt(Sigma * 1e-2) @ dW, rtol=1e-13, atol=1e-15)
+    np.testing.assert_allclose(dW, bm.evaluate(0.0, 0.05))

@@ -1,0 +1,426 @@
+"""Linear stability of the unspecialized fixed point of the ODE (MODEL.md section 5).
+
+Coordinates. The drift :meth:`OrderParameterODE.drift` is linearised over the flattened state
+``v = (M, upper triangle of Q, b)`` of :func:`singleloc._theory.flatten_state` (``b`` only
+when the biases train).
+
+The symmetric subspace. States invariant under permutations of the heads, ``M_h = m`` for
+every head, ``R_orth = r_d I + r_o 1 1^T`` and ``b_h = b_0``, are written
+``x = [m (F), r_d, r_o, b_0]`` (``r_o`` absent when ``H = 1``; :func:`symmetric_state`). The
+subspace is invariant under the flow (the quadrature rule is permutation-equivariant) and
+contains the unspecialized fixed point, found by integrating the restricted flow
+(:func:`symmetric_flow`, diffrax) and polishing with a root finder
+(:func:`unspecialized_point`).
+
+Jacobians. ``jax.jacobian`` of the drift, or central finite differences where it cannot be
+trusted: the derivative of ``jnp.linalg.eigh`` (inside ``Q^{1/2}``) divides by the gaps between
+eigenvalues, so where ``Q`` has repeated eigenvalues (symmetric states with ``H >= 3``, or with
+``M = 0``) autodiff is NaN when the computed eigenvalues are exactly equal and finite but wrong
+when rounding separates them (15% off at a symmetric ``H = 3`` state). ``Q^{1/2}`` itself is
+smooth there, so differences are accurate. The fallback is taken when two eigenvalues of ``Q``
+are within ``_EIGH_GAP_RTOL`` of each other (relative) or autodiff is not finite. One routine
+(:func:`_jacobian`) serves the full drift (:func:`drift_jacobian`) and the restricted one (the
+gauge detection of :func:`unspecialized_point`).
+
+Escape. The eigenvectors of the Jacobian at the fixed point that break the head symmetry carry
+the escape, and the largest real part among them is the escape rate ``lambda``
+(:func:`escape_rate`). The log D law: the escape direction starts at amplitude ``O(D^{-1/2})``
+(the random initial overlaps) and grows like ``exp(lambda tau)``, so it reaches ``O(1)`` at
+``tau_esc = tau_0 + (1 / (2 lambda)) log D`` (:func:`predicted_escape_slope`,
+:func:`linear_escape_time`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from scipy import optimize
+
+from ._numerics import TINY
+from ._theory import OrderParameterODE, flatten_state, unflatten_state
+
+#: ``xtol`` of the root finder that polishes the fixed point: the relative change of the
+#: coordinates below which MINPACK's ``hybr`` stops, about 450 float64 ulps (the drift's
+#: rounding, not the tolerance, then limits the residual).
+_ROOT_XTOL = 1e-13
+
+#: Eigenvalues of ``Q`` closer than this fraction of its largest ``|eigenvalue|`` count as
+#: repeated (module docstring). Above it, the rounding error of the eigenvector derivatives,
+#: ``~ 1e-16 |Q| / gap``, stays below 1e-10 relative, under the finite-difference error.
+_EIGH_GAP_RTOL = 1e-6
+
+# -- the drift as a vector field, and its Jacobian ------------------------------------------
+
+
+def _flat_drift(ode: OrderParameterODE, v: jax.Array, b: jax.Array, H: int, F: int) -> jax.Array:
+    """The drift over :func:`flatten_state` coordinates; ``b`` is used when biases are frozen."""
+    d = ode.drift(*unflatten_state(v, H, F, b))
+    return flatten_state(d.M, d.Q, d.b, bool(ode.train_bias))
+
+
+def symmetric_state(x, H: int, F: int):
+    """Head-symmetric state from ``x = [m (F), r_d, r_o, b_0]``: ``M_h = m``,
+    ``Q = M M^T + r_d I + r_o 1 1^T``, ``b_h = b_0`` (``r_o`` is absent when ``H = 1``)."""
+    m = x[:F]
+    rd = x[F]
+    ro = x[F + 1] if H > 1 else 0.0
+    b0 = x[-1]
+    M = jnp.broadcast_to(m, (H, F))
+    Q = M @ M.T + rd * jnp.eye(H) + ro * jnp.ones((H, H))
+    return M, Q, b0 * jnp.ones(H)
+
+
+def symmetric_coordinates(M, Q, b) -> np.ndarray:
+    """Projection of a state onto the symmetric subspace, as ``x`` of :func:`symmetric_state`."""
+    M, Q, b = np.asarray(M, float), np.asarray(Q, float), np.asarray(b, float)
+    H, F = M.shape
+    m = M.mean(0)
+    R = Q - M @ M.T
+    dia = np.trace(R) / H
+    off = (R.sum() - np.trace(R)) / (H * (H - 1)) if H > 1 else 0.0
+    x = [*m, dia - off] + ([off] if H > 1 else []) + [b.mean()]
+    return np.asarray(x, float)
+
+
+def symmetric_drift(ode: OrderParameterODE, x, H: int, F: int):
+    """The drift restricted to the symmetric subspace, in the coordinates ``x``."""
+    M, Q, b = symmetric_state(x, H, F)
+    dM, dQ, db = ode.drift(M, Q, b)
+    dR = dQ - dM @ M.T - M @ dM.T
+    dia = jnp.trace(dR) / H
+    parts = [dM.mean(0)]
+    if H > 1:
+        off = (dR.sum() - jnp.trace(dR)) / (H * (H - 1))
+        parts.append(jnp.stack([dia - off, off]))
+    else:
+        parts.append(jnp.stack([dia]))
+    parts.append(jnp.stack([db.mean()]))
+    return jnp.concatenate(parts)
+
+
+def _symmetric_risk(ode: OrderParameterODE, x, H: int, F: int):
+    return ode.risk(*symmetric_state(x, H, F))
+
+
+# One compilation per ODE structure and state shape (equinox traces the ODE's arrays; H, F are static).
+_flat_drift_jit = eqx.filter_jit(_flat_drift)
+_flat_drift_jacobian = eqx.filter_jit(jax.jacobian(_flat_drift, argnums=1))
+_symmetric_drift_jit = eqx.filter_jit(symmetric_drift)
+_symmetric_drift_jacobian = eqx.filter_jit(jax.jacobian(symmetric_drift, argnums=1))
+_symmetric_risk_jit = eqx.filter_jit(_symmetric_risk)
+
+
+def _repeated_eigenvalues(Q) -> bool:
+    """Whether two eigenvalues of the symmetric ``Q`` are within ``_EIGH_GAP_RTOL`` (relative)."""
+    w = np.linalg.eigvalsh(np.asarray(Q, float))
+    return len(w) > 1 and bool(np.min(np.diff(w)) <= _EIGH_GAP_RTOL * max(np.abs(w).max(), TINY))
+
+
+def _jacobian(field: Callable, jacobian: Callable, v0, Q, *, method: str, step: float) -> tuple[np.ndarray, str]:
+    """Jacobian of the vector field ``field(v)`` at ``v0`` (a state whose ``Q`` is given) and the
+    method used.
+
+    ``jacobian(v)`` is its ``jax.jacobian``. ``method="autodiff"`` uses it; ``"finite-difference"``
+    takes central differences with relative step ``step`` (``h_i = step * max(1, |v0_i|)``);
+    ``"auto"`` uses autodiff unless ``Q`` has repeated eigenvalues or autodiff is not finite,
+    then differences (module docstring).
+    """
+    if method not in ("auto", "autodiff", "finite-difference"):
+        raise ValueError(f"method must be 'auto', 'autodiff' or 'finite-difference', got {method!r}")
+    v0 = jnp.asarray(v0, dtype=jnp.result_type(float))
+    if method == "autodiff" or (method == "auto" and not _repeated_eigenvalues(Q)):
+        J = np.asarray(jacobian(v0))
+        if np.all(np.isfinite(J)) or method == "autodiff":
+            return J, "autodiff"
+    cols = []
+    for i in range(len(v0)):
+        h = step * max(1.0, abs(float(v0[i])))
+        delta = jnp.zeros_like(v0).at[i].set(h)
+        cols.append((np.asarray(field(v0 + delta)) - np.asarray(field(v0 - delta))) / (2 * h))
+    return np.stack(cols, axis=1), "finite-difference"
+
+
+def drift_jacobian(ode: OrderParameterODE, M, Q, b, *, method: str = "auto", step: float = 1e-6) -> tuple[np.ndarray, str]:
+    """Jacobian of ``ode.drift`` over :func:`flatten_state` coordinates at ``(M, Q, b)``, and the
+    method used: ``"autodiff"``, ``"finite-difference"`` (relative ``step``) or ``"auto"``
+    (autodiff, or differences where ``Q`` has repeated eigenvalues or autodiff is not finite)."""
+    M = jnp.asarray(M, dtype=jnp.result_type(float))
+    Q, b = jnp.asarray(Q, dtype=M.dtype), jnp.asarray(b, dtype=M.dtype)
+    H, F = M.shape
+    v0 = flatten_state(M, Q, b, bool(ode.train_bias))
+    return _jacobian(lambda v: _flat_drift_jit(ode, v, b, H, F), lambda v: _flat_drift_jacobian(ode, v, b, H, F), v0, Q,
+                     method=method, step=step)
+
+
+# -- eigen-decomposition and the escape modes -----------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Linearization:
+    """The drift linearised at a state: ``jacobian`` (n, n) over ``flatten_state`` coordinates,
+    its ``eigenvalues`` (n,) sorted by decreasing real part, the matching ``eigenvectors``
+    (n, n) (columns), ``asymmetry`` (n,) the fraction of each eigenvector outside the
+    head-symmetric subspace, and the ``method`` used (``"autodiff"`` or ``"finite-difference"``)."""
+
+    jacobian: np.ndarray
+    eigenvalues: np.ndarray
+    eigenvectors: np.ndarray
+    asymmetry: np.ndarray
+    method: str
+    H: int
+    F: int
+    train_bias: bool
+
+    def mode_M(self, i: int) -> np.ndarray:
+        """The ``M`` block (H, F) of eigenvector ``i`` (real part, unit max-norm)."""
+        v = np.real(self.eigenvectors[: self.H * self.F, i]).reshape(self.H, self.F)
+        return v / max(np.abs(v).max(), TINY)
+
+
+def _symmetric_projection(v: np.ndarray, H: int, F: int, train_bias: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(full-matrix representation of v, of its head-symmetric projection), flattened."""
+    iu = np.triu_indices(H)
+    nq = len(iu[0])
+    M = v[: H * F].reshape(H, F)
+    Qu = np.zeros((H, H), v.dtype)
+    Qu[iu] = v[H * F : H * F + nq]
+    Q = Qu + np.triu(Qu, 1).T
+    b = v[H * F + nq :] if train_bias else np.zeros(0, v.dtype)
+    Ms = np.broadcast_to(M.mean(0), M.shape)
+    off = (Q.sum() - np.trace(Q)) / (H * (H - 1)) if H > 1 else 0.0
+    dia = np.trace(Q) / H
+    Qs = (dia - off) * np.eye(H) + off * np.ones((H, H))
+    bs = np.full_like(b, b.mean()) if len(b) else b
+    full = np.concatenate([M.ravel(), Q.ravel(), b])
+    sym = np.concatenate([Ms.ravel(), Qs.ravel(), bs])
+    return full, sym
+
+
+def linearize(ode: OrderParameterODE, M, Q, b, *, method: str = "auto") -> Linearization:
+    """Eigen-decomposition of the drift's Jacobian at ``(M, Q, b)`` (:class:`Linearization`)."""
+    M, Q, b = np.asarray(M, float), np.asarray(Q, float), np.asarray(b, float)
+    H, F = M.shape
+    J, used = drift_jacobian(ode, M, Q, b, method=method)
+    w, V = np.linalg.eig(J)
+    order = np.argsort(-w.real, kind="stable")
+    w, V = w[order], V[:, order]
+    asym = []
+    for i in range(len(w)):
+        full_r, sym_r = _symmetric_projection(np.real(V[:, i]), H, F, ode.train_bias)
+        full_i, sym_i = _symmetric_projection(np.imag(V[:, i]), H, F, ode.train_bias)
+        num = np.linalg.norm(full_r - sym_r) ** 2 + np.linalg.norm(full_i - sym_i) ** 2
+        den = np.linalg.norm(full_r) ** 2 + np.linalg.norm(full_i) ** 2
+        asym.append(np.sqrt(num / den) if den > 0 else 0.0)
+    return Linearization(J, w, V, np.asarray(asym), used, H, F, bool(ode.train_bias))
+
+
+def orthogonal_fraction(lin: Linearization, mean=None) -> np.ndarray:
+    """For each eigenvector, the fraction of its ``M`` block orthogonal to the mean direction
+    ``E[theta]`` in R^F (1 for every mode when ``mean`` is None or zero)."""
+    n = len(lin.eigenvalues)
+    if mean is None or np.linalg.norm(mean) < 1e-12:
+        return np.ones(n)
+    mu = np.asarray(mean, float) / np.linalg.norm(mean)
+    P = np.eye(lin.F) - np.outer(mu, mu)
+    out = []
+    for i in range(n):
+        Mi = lin.eigenvectors[: lin.H * lin.F, i].reshape(lin.H, lin.F)
+        tot = np.linalg.norm(Mi)
+        out.append(np.linalg.norm(Mi @ P) / tot if tot > 1e-12 else 0.0)
+    return np.asarray(out)
+
+
+def _escape_candidates(lin: Linearization, mean, min_asymmetry: float, min_orthogonal: float) -> np.ndarray:
+    """Mask of the modes that break the head symmetry and point away from the mean direction."""
+    return (lin.asymmetry > min_asymmetry) & (orthogonal_fraction(lin, mean) > min_orthogonal)
+
+
+def escape_mode(lin: Linearization, *, mean=None, min_asymmetry: float = 0.5, min_orthogonal: float = 0.5) -> int:
+    """Index of the eigenpair that :func:`escape_rate` selects (-1 if none)."""
+    sel = _escape_candidates(lin, mean, min_asymmetry, min_orthogonal)
+    if not np.any(sel):
+        return -1
+    return int(np.flatnonzero(sel)[np.argmax(lin.eigenvalues.real[sel])])
+
+
+def escape_rate(lin: Linearization, *, mean=None, min_asymmetry: float = 0.5, min_orthogonal: float = 0.5) -> float:
+    """The escape rate ``lambda``: the largest real part among the eigenvalues whose
+    eigenvector breaks the head symmetry (asymmetry fraction above ``min_asymmetry``) and, when
+    the prior's ``mean`` is given, whose ``M`` block points mostly away from the mean direction
+    (fraction above ``min_orthogonal``): a mode along which the heads leave the unspecialized
+    profile. Modes that only split the heads' norms along the mean direction are left out.
+    NaN when no mode qualifies."""
+    k = escape_mode(lin, mean=mean, min_asymmetry=min_asymmetry, min_orthogonal=min_orthogonal)
+    return float(lin.eigenvalues[k].real) if k >= 0 else float("nan")
+
+
+def mode_amplitude(lin: Linearization, index: int, M) -> np.ndarray:
+    """Amplitude of overlaps ``M`` (..., H, F) along the ``M`` block of eigenvector ``index``:
+    ``|<M, V_M>| / |V_M|``. Applied to the initial overlaps it is the ``O(D^{-1/2})`` seed of
+    the escape."""
+    V = np.real(lin.eigenvectors[: lin.H * lin.F, index]).reshape(lin.H, lin.F)
+    return np.abs(np.einsum("...hf,hf->...", np.asarray(M, float), V)) / np.linalg.norm(V)
+
+
+def escape_subspace(lin: Linearization, *, mean=None, rtol: float = 0.02, min_asymmetry: float = 0.5,
+                    min_orthogonal: float = 0.5) -> np.ndarray:
+    """Orthonormal basis (n, H*F) of the ``M`` blocks of the escape modes: every selected
+    mode (as in :func:`escape_rate`) whose rate is within ``rtol`` of the escape rate. With a
+    symmetric prior the escape is degenerate (one mode per equivalent latent direction)."""
+    lam = escape_rate(lin, mean=mean, min_asymmetry=min_asymmetry, min_orthogonal=min_orthogonal)
+    if not np.isfinite(lam):
+        return np.zeros((0, lin.H * lin.F))
+    sel = _escape_candidates(lin, mean, min_asymmetry, min_orthogonal) & (lin.eigenvalues.real >= lam - rtol * abs(lam))
+    V = lin.eigenvectors[: lin.H * lin.F, sel]
+    B = np.concatenate([V.real, V.imag], axis=1)
+    u, sv, _ = np.linalg.svd(B, full_matrices=False)
+    return u[:, sv > 1e-8 * sv.max()].T
+
+
+def subspace_amplitude(basis: np.ndarray, M) -> np.ndarray:
+    """Norm of the projection of overlaps ``M`` (..., H, F) on an :func:`escape_subspace`."""
+    M = np.asarray(M, float)
+    flat = M.reshape(M.shape[:-2] + (-1,))
+    return np.linalg.norm(flat @ basis.T, axis=-1)
+
+
+def unstable_modes(lin: Linearization, *, tol: float = 1e-6, min_asymmetry: float = 0.0) -> list[dict]:
+    """Unstable eigenpairs (``Re lambda > tol``), decreasing: ``rate``, ``asymmetry``, the ``M``
+    block of the eigenvector (H, F) and ``direction``, the spike ``f`` its ``M`` block loads
+    most on (largest column norm)."""
+    out = []
+    for i, lam in enumerate(lin.eigenvalues):
+        if lam.real > tol and lin.asymmetry[i] >= min_asymmetry:
+            Mi = lin.mode_M(i)
+            out.append({"rate": float(lam.real), "imag": float(lam.imag), "asymmetry": float(lin.asymmetry[i]), "M": Mi,
+                        "direction": int(np.argmax(np.linalg.norm(Mi, axis=0)))})
+    return out
+
+
+# -- escape times ---------------------------------------------------------------------------
+
+
+def predicted_escape_slope(rate: float) -> float:
+    """``d tau_esc / d log D = 1 / (2 lambda)``: the amplitude ``D^{-1/2} exp(lambda tau)`` of
+    the escape direction reaches a fixed size when ``lambda tau = (1/2) log D + const``."""
+    return 1.0 / (2.0 * rate)
+
+
+def linear_escape_time(path_tau, path_rate, amplitude, threshold: float = 0.1) -> np.ndarray:
+    """Time at which ``amplitude * exp(int_0^tau rate)`` reaches ``threshold``: the escape of
+    the linearised dynamics along a plateau whose escape rate ``path_rate`` (at ``path_tau``,
+    e.g. from :func:`escape_rate_along`) drifts (adiabatic approximation). NaN if not reached
+    within the path."""
+    t, lam = np.asarray(path_tau, float), np.asarray(path_rate, float)
+    growth = np.concatenate([[0.0], np.cumsum(0.5 * (lam[1:] + lam[:-1]) * np.diff(t))])
+    need = np.log(threshold / np.asarray(amplitude, float))
+    out = np.interp(need, growth, t, left=0.0, right=np.nan) if np.all(np.diff(growth) > 0) else np.full(np.shape(need), np.nan)
+    return np.where(need <= 0, 0.0, out)
+
+
+# -- the unspecialized fixed point ----------------------------------------------------------
+
+
+@eqx.filter_jit
+def _symmetric_solve(ode: OrderParameterODE, x0: jax.Array, ts: jax.Array, dt: jax.Array, H: int, F: int, max_steps: int):
+    term = diffrax.ODETerm(lambda t, x, args: symmetric_drift(ode, x, H, F))
+    sol = diffrax.diffeqsolve(term, diffrax.Tsit5(), ts[0], ts[-1], dt, x0, saveat=diffrax.SaveAt(ts=ts),
+                              stepsize_controller=diffrax.ConstantStepSize(), max_steps=max_steps)
+    return sol.ys, jax.vmap(lambda x: _symmetric_risk(ode, x, H, F))(sol.ys)
+
+
+def symmetric_flow(ode: OrderParameterODE, x0, H: int, F: int, tau_max: float, dt: float = 0.1, n_save: int = 101):
+    """Integrate the restricted flow from ``x0``; returns ``(tau, x, risk)`` at about ``n_save``
+    equally spaced times.
+
+    Tsit5 (diffrax) with the constant step ``h = tau_max / ceil(tau_max / dt)`` (at most
+    ``dt``); the states are saved every ``per = max(n_steps // (n_save - 1), 1)`` steps, so the
+    last saved time is ``tau_max`` rounded down to a multiple of ``per * h``.
+    """
+    n_steps = max(int(np.ceil(tau_max / dt)), 1)
+    h = tau_max / n_steps
+    per = max(n_steps // (n_save - 1), 1)
+    taus = np.arange(n_steps // per + 1) * per * h
+    x0 = jnp.asarray(x0, dtype=jnp.result_type(float))
+    xs, risk = _symmetric_solve(ode, x0, jnp.asarray(taus, x0.dtype), jnp.asarray(h, x0.dtype), H, F, n_steps + 16)
+    return taus, np.asarray(xs), np.asarray(risk)
+
+
+@dataclasses.dataclass(frozen=True)
+class FixedPoint:
+    """The unspecialized fixed point: state ``M`` (H, F), ``Q`` (H, H), ``b`` (H,); symmetric
+    coordinates ``x``; ``residual`` = max |drift| there; ``converged``; its ``risk``; and the
+    symmetric trajectory ``path_tau``, ``path_x``, ``path_risk`` that led to it."""
+
+    M: np.ndarray
+    Q: np.ndarray
+    b: np.ndarray
+    x: np.ndarray
+    residual: float
+    converged: bool
+    risk: float
+    path_tau: np.ndarray
+    path_x: np.ndarray
+    path_risk: np.ndarray
+
+
+def unspecialized_point(ode: OrderParameterODE, H: int, F: int, x0=None, *, init_scale: float = 0.5, bias_init: float = 0.0,
+                        tau_flow: float = 60.0, dt: float = 0.1, polish: bool = True, tol: float = 1e-10) -> FixedPoint:
+    """The unspecialized (head-symmetric) fixed point of the ODE.
+
+    Integrates the restricted flow (:func:`symmetric_flow`, step ``dt``) from ``x0`` (default:
+    ``M = 0``, ``R_orth = init_scale^2 I``, ``b = bias_init``, the ``D -> infinity`` limit of a
+    random start) for ``tau_flow``, then polishes with ``scipy.optimize.root`` over the
+    coordinates the drift depends on: a coordinate whose row and column of the restricted
+    Jacobian vanish (below ``1e-8`` of its largest entry) is a gauge and is left alone (a common
+    bias shift is a symmetry of softmax and bsoftmax). The polished point is kept only if its
+    residual is smaller. ``converged`` tells whether the residual fell below ``tol``; where the
+    restricted flow creeps (slow modes), the polished point can lie far from where the
+    trajectory is at finite times.
+    """
+    if x0 is None:
+        x0 = np.asarray([0.0] * F + [init_scale**2] + ([0.0] if H > 1 else []) + [bias_init])
+    taus, xs, risks = symmetric_flow(ode, x0, H, F, tau_flow, dt)
+    x = xs[-1].copy()
+
+    def drift(z):
+        return np.asarray(_symmetric_drift_jit(ode, jnp.asarray(z), H, F))
+
+    if polish:
+        Q = symmetric_state(jnp.asarray(x), H, F)[1]
+        J, _ = _jacobian(drift, lambda z: _symmetric_drift_jacobian(ode, z, H, F), x, Q, method="auto", step=1e-6)
+        scale = max(np.abs(J).max(), TINY)
+        free = [i for i in range(len(x)) if np.abs(J[:, i]).max() > 1e-8 * scale or np.abs(J[i, :]).max() > 1e-8 * scale]
+
+        def restricted(y):
+            z = x.copy()
+            z[free] = y
+            return drift(z)[free]
+
+        sol = optimize.root(restricted, x[free], method="hybr", options={"xtol": _ROOT_XTOL})
+        cand = x.copy()
+        cand[free] = sol.x
+        if np.all(np.isfinite(cand)) and np.max(np.abs(drift(cand))) < np.max(np.abs(drift(x))):
+            x = cand
+    res = float(np.max(np.abs(drift(x))))
+    M, Q, b = (np.asarray(a) for a in symmetric_state(jnp.asarray(x), H, F))
+    risk = float(_symmetric_risk_jit(ode, jnp.asarray(x), H, F))
+    return FixedPoint(M, Q, b, x, res, res < tol, risk, taus, xs, risks)
+
+
+def escape_rate_along(ode: OrderParameterODE, tau, xs, H: int, F: int, *, mean=None, method: str = "auto") -> np.ndarray:
+    """Escape rate (:func:`escape_rate`) of the linearisation at each symmetric state ``xs``
+    (from :func:`symmetric_flow`; ``tau`` their times, unused): the instantaneous growth rate
+    of the symmetry-breaking direction along a plateau that has not yet reached its fixed
+    point."""
+    out = []
+    for x in xs:
+        M, Q, b = symmetric_state(jnp.asarray(x), H, F)
+        out.append(escape_rate(linearize(ode, np.asarray(M), np.asarray(Q), np.asarray(b), method=method), mean=mean))
+    return np.asarray(out)
