@@ -91,12 +91,6 @@ def posterior(prior: Prior, nu: jax.Array) -> jax.Array:
     return jax.nn.softmax(log_weight(prior, nu), axis=-1)
 
 
-def bayes_loss(prior: Prior, nu: jax.Array, eps: int | jax.Array = 0) -> jax.Array:
-    """``(1 - p_eps)^2 + sum_{l != eps} p_l^2`` of one sequence with spike fields ``nu`` (L, F)."""
-    p = posterior(prior, nu)
-    return jnp.sum((jax.nn.one_hot(eps, p.shape[-1], dtype=p.dtype) - p) ** 2, axis=-1)
-
-
 @dataclasses.dataclass(frozen=True)
 class RiskEstimate:
     """A risk computed by randomised quadrature, with its numerical error.
@@ -112,7 +106,7 @@ class RiskEstimate:
     points: int
 
     @classmethod
-    def from_replicates(cls, values, points: int) -> "RiskEstimate":
+    def from_replicates(cls, values, points: int) -> RiskEstimate:
         v = np.asarray(values, dtype=float)
         return cls(float(v.mean()), float(v.std(ddof=1) / np.sqrt(len(v))), tuple(float(x) for x in v), int(points))
 
@@ -152,14 +146,19 @@ def bayes_risk(prior: Prior, L: int, points: int = 4096, seed: int = 0, replicat
     _check_counts(L, replicates)
     dtype = jnp.result_type(float)
     atoms, log_pi, G, logdet = _weight_params(prior)
-    params = (jnp.asarray(atoms, dtype), jnp.asarray(log_pi, dtype), None if G is None else jnp.asarray(G, dtype), jnp.asarray(logdet, dtype))
-    values = [float(_bayes_risk_on_rule(LocalFields.make(int(L), prior.F, prior, points, seed + i), params)) for i in range(int(replicates))]
+    params = (jnp.asarray(atoms, dtype), jnp.asarray(log_pi, dtype), None if G is None else jnp.asarray(G, dtype),
+              jnp.asarray(logdet, dtype))
+    rules = (LocalFields.make(int(L), prior.F, prior, points, seed + i) for i in range(int(replicates)))
+    values = [float(_bayes_risk_on_rule(rule, params)) for rule in rules]
     return RiskEstimate.from_replicates(values, points)
 
 
 @eqx.filter_jit
-def _risk_on_rule(rule: LocalFields, activation, M, Q, b) -> jax.Array:
-    return OrderParameterODE(rule, activation, 1.0, False).risk(M, Q, b)
+def layer_risk(ode: OrderParameterODE, M, Q, b) -> jax.Array:
+    """:meth:`OrderParameterODE.risk` of ``(M, Q, b)``, jitted: one compilation per rule shape and
+    activation (the rule's nodes are traced arguments, so rescrambled rules reuse it). The one
+    jitted entry point of the population risk for the Bayes baseline and for pruning."""
+    return ode.risk(M, Q, b)
 
 
 def population_risk(
@@ -173,8 +172,11 @@ def population_risk(
     M, Q, b = (jnp.asarray(x, dtype) for x in (M, Q, b))
     H = M.shape[0]
     if M.ndim != 2 or M.shape[1] != prior.F or Q.shape != (H, H) or b.shape != (H,):
-        raise ValueError(f"order parameters must have shapes M (H, {prior.F}), Q (H, H), b (H,), got {M.shape}, {Q.shape}, {b.shape}")
-    values = [float(_risk_on_rule(LocalFields.make(int(L), H, prior, points, seed + i), act, M, Q, b)) for i in range(int(replicates))]
+        raise ValueError(f"order parameters must have shapes M (H, {prior.F}), Q (H, H), b (H,), "
+                         f"got {M.shape}, {Q.shape}, {b.shape}")
+    rules = (LocalFields.make(int(L), H, prior, points, seed + i) for i in range(int(replicates)))
+    # the learning rate and bias training (1.0, False) do not enter the risk
+    values = [float(layer_risk(OrderParameterODE(rule, act, 1.0, False), M, Q, b)) for rule in rules]
     return RiskEstimate.from_replicates(values, points)
 
 
@@ -189,7 +191,8 @@ def bayes_point(prior: Prior, dtype=None) -> OrderParameters:
         ValueError: the prior has a Gaussian part (no finite number of heads is exact).
     """
     if not prior.is_discrete:
-        raise ValueError(f"prior {prior.name!r} has a Gaussian part: the Bayes estimator is not a finite bsoftmax layer (bayes_point needs a discrete prior)")
+        raise ValueError(f"prior {prior.name!r} has a Gaussian part: the Bayes estimator is not a finite bsoftmax layer "
+                         "(bayes_point needs a discrete prior)")
     probs = prior.probs_array()
     keep = probs > 0
     atoms = prior.atoms_array()[keep]

@@ -12,16 +12,18 @@ Two evaluators of the risk of a kept subset:
   ``(M, Q, b)``, with an :class:`~singleloc.OrderParameterODE` built for ``H'`` heads (its
   quadrature rule over the local fields depends on ``H'``; one is built and cached per ``H'``);
 * weights (:class:`WeightsRisk`): the kept rows of the keys ``K`` and biases ``b``,
-  evaluated on fresh sequences drawn in the law of :func:`singleloc._simulation.test_losses`
-  (finite-D empirical loss or the limit loss), with the same sequences for every subset
+  evaluated on the simulator's held-out sequences (:mod:`singleloc._heldout`: exact in law at
+  any D, finite-D empirical loss or the limit loss), with the same sequences for every subset
   (common random numbers, so that differences between subsets are measured with little noise).
 
 Three orders of removal (:data:`ORDERS`):
 
 * ``greedy``: at each step remove the head whose removal raises the risk least (ties go to
   the lowest head index);
-* ``alignment``: remove the least aligned head first, by ``|M_h|`` (Euclidean norm of row ``h``
-  of ``M``, the overlap with the spike subspace);
+* ``alignment``: remove first the head with the smallest spike-overlap norm ``|M_h|`` (the
+  Euclidean norm of row ``h`` of ``M``, i.e. of the head's overlaps with the ``F`` spikes).
+  The name is the one the CLI accepts; the order ranks by these norms, not by the cosines
+  ``M_hf / sqrt(Q_hh)`` that the phase analysis calls alignments;
 * ``random``: ``draws`` uniformly random orders from ``numpy.random.default_rng(seed)``;
   the result holds every draw, and its mean and spread.
 
@@ -31,16 +33,19 @@ An explicit order (a sequence of head indices) is accepted too.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from ._activations import get_activation
+from ._bayes import layer_risk
 from ._config import Config
 from ._data import overlaps
-from ._layer import token_weights
+from ._heldout import draw_heldout, heldout_losses
+from ._ode import integrate
 from ._theory import OrderParameterODE, OrderParameters
 
 ORDERS = ("greedy", "alignment", "random")
@@ -109,9 +114,9 @@ def keep_heads(M, Q, b, kept: Sequence[int]) -> OrderParameters:
 # -- evaluators ---------------------------------------------------------------------------
 
 
-@eqx.filter_jit
-def _population_risk(ode: OrderParameterODE, M, Q, b):
-    return ode.risk(M, Q, b)
+# compiled once per shape: the draw per (H, D, samples, L, prior), the losses per subset size H'
+_draw_heldout = eqx.filter_jit(draw_heldout)
+_heldout_losses = eqx.filter_jit(heldout_losses)
 
 
 class TheoryRisk:
@@ -140,7 +145,7 @@ class TheoryRisk:
     def __call__(self, kept: Sequence[int]) -> tuple[float, float]:
         """``(risk, 0.0)`` of the sub-layer of heads ``kept`` (no Monte Carlo error)."""
         M, Q, b = keep_heads(self.M, self.Q, self.b, kept)
-        return float(_population_risk(self.ode(len(kept)), M, Q, b)), 0.0
+        return float(layer_risk(self.ode(len(kept)), M, Q, b)), 0.0
 
 
 class WeightsRisk:
@@ -149,50 +154,38 @@ class WeightsRisk:
     subset). ``loss="empirical"``: the finite-D loss ``|x_eps - yhat|^2 / D``;
     ``loss="limit"``: the limit loss of MODEL.md section 3 of the same scores.
 
-    The sequences are drawn in law exactly as :func:`singleloc._simulation.test_losses` draws
-    them (tokens split on an orthonormal basis ``U`` of the span of the keys and spikes, ``y``
-    their coordinates; the complement adds ``|w|^2 chi2(D - r)`` to ``|x_eps - yhat|^2``),
-    but once per layer, in numpy, from ``numpy.random.default_rng(key)``: the basis spans all
-    ``H`` keys, so every kept subset is scored on the same sequences, and no JAX program is
-    compiled per subset size (a jitted ``test_losses`` compiles per shape, ~10-20 s each on a
-    loaded 2-core machine, and a pruning run needs H shapes per layer).
+    The sequences are those of the simulator's test risk: :func:`~singleloc._heldout.draw_heldout`
+    from the JAX key ``key`` (an int is ``jax.random.PRNGKey(key)``), in ``K``'s dtype, and
+    :func:`~singleloc._heldout.heldout_losses` scores the kept heads on them. With every head
+    kept and the simulator's key ``fold_in(seed_keys(seed, s).test, i)`` this is the simulator's
+    test risk of seed ``s`` at saved time ``i``. The draws span all ``H`` keys, so every kept
+    subset is scored exactly in law on the same sequences (common random numbers); the jitted
+    evaluation compiles once per subset size.
     """
 
-    def __init__(self, config: Config, K, b, kstar, *, samples: int | None = None, key: int = 0,
+    def __init__(self, config: Config, K, b, kstar, *, samples: int | None = None, key: int | jax.Array = 0,
                  loss: str = "empirical"):
         if loss not in ("empirical", "limit"):
             raise ValueError(f"loss must be 'empirical' or 'limit', got {loss!r}")
-        K, b, kstar = (np.asarray(x, dtype=np.float64) for x in (K, b, kstar))
+        K = jnp.asarray(K)
+        K = K.astype(jnp.result_type(K.dtype, jnp.float32))
+        b, kstar = jnp.asarray(b, K.dtype), jnp.asarray(kstar, K.dtype)
         H, D = K.shape
         F = config.problem.F
         if b.shape != (H,) or kstar.shape != (F, D):
             raise ValueError(f"weights must have shapes K (H, D), b (H,), kstar (F, D) with F = {F}; "
                              f"got K {K.shape}, b {b.shape}, kstar {kstar.shape}")
         L = config.problem.L
-        r = H + F
-        if D < r + L:
-            raise ValueError(f"D = {D} must be at least H + F + L = {r + L}")
+        if D < H + F + L:
+            raise ValueError(f"D = {D} must be at least H + F + L = {H + F + L}")
         n = config.simulation.test_samples if samples is None else int(samples)
         if n < 2:
             raise ValueError(f"samples must be >= 2, got {n}")
+        key = jax.random.PRNGKey(key) if isinstance(key, (int, np.integer)) else key
         self.K, self.b, self.kstar, self.heads, self.D = K, b, kstar, H, D
         self.act = get_activation(config.model.activation)
         self.loss = loss
-        rng = np.random.default_rng(key)
-        U = np.linalg.qr(np.concatenate([K, kstar]).T)[0].T  # (r, D), orthonormal rows
-        self.KU = K @ U.T / np.sqrt(D)  # (H, r): scores are KU y_l + b
-        shift = U @ kstar.T / np.sqrt(D)  # (r, F)
-        prior = config.problem.build_prior()
-        theta = prior.atoms_array()[rng.choice(len(prior.probs), size=n, p=prior.probs_array())]
-        if not prior.is_discrete:
-            theta = theta + rng.standard_normal((n, F)) @ prior.cov_sqrt()
-        self.eps = rng.integers(0, L, size=n)
-        y = rng.standard_normal((n, L, r))
-        y[np.arange(n), self.eps] += theta @ shift.T
-        self.y = y
-        # the complement of the span enters w^T Gram w only as |w|^2 chi2(D - r) (rotation invariance)
-        self.chi2 = rng.chisquare(D - r, size=n)
-        self.target = np.eye(L)[self.eps]
+        self.sequences = _draw_heldout(key, config.problem.build_prior(), K, kstar, n, L)
 
     def overlaps(self) -> tuple[np.ndarray, np.ndarray]:
         """``M = K k*^T / D`` and ``Q = K K^T / D`` of the full layer."""
@@ -201,13 +194,8 @@ class WeightsRisk:
 
     def losses(self, kept: Sequence[int]) -> np.ndarray:
         """``(samples,)`` losses of the sub-layer of heads ``kept``."""
-        idx = np.asarray(kept, dtype=int)
-        s = np.einsum("hr,nlr->nhl", self.KU[idx], self.y) + self.b[idx][:, None]
-        a = np.asarray(token_weights(self.act, jnp.asarray(s)), dtype=np.float64)  # (n, L)
-        w = self.target - a
-        if self.loss == "limit":
-            return np.sum(w**2, axis=1)
-        return (np.sum(np.einsum("nl,nlr->nr", w, self.y) ** 2, axis=1) + np.sum(w**2, axis=1) * self.chi2) / self.D
+        finite, limit = _heldout_losses(self.act, self.sequences, self.b, jnp.asarray(kept, dtype=int))
+        return np.asarray(limit if self.loss == "limit" else finite, dtype=np.float64)
 
     def __call__(self, kept: Sequence[int]) -> tuple[float, float]:
         """``(mean loss, its standard error)`` of the sub-layer of heads ``kept``."""
@@ -219,7 +207,7 @@ class WeightsRisk:
 
 
 def prune(evaluate: Callable[[Sequence[int]], tuple[float, float]], heads: int, order: str | Sequence[int] = "greedy",
-          *, alignment: np.ndarray | None = None, draws: int = 16, seed: int = 0) -> PruningResult:
+          *, overlap_norms: np.ndarray | None = None, draws: int = 16, seed: int = 0) -> PruningResult:
     """Remove heads one at a time along ``order`` and record the risk.
 
     Args:
@@ -227,7 +215,8 @@ def prune(evaluate: Callable[[Sequence[int]], tuple[float, float]], heads: int, 
         heads: ``H``.
         order: ``"greedy"``, ``"alignment"``, ``"random"``, or an explicit sequence of ``H - 1``
             (or ``H``; the last is then ignored) distinct head indices, removed in that order.
-        alignment: ``(H,)`` ``|M_h|``, required for ``order="alignment"``.
+        overlap_norms: ``(H,)`` spike-overlap norms ``|M_h|``, required for ``order="alignment"``
+            (which removes the smallest first; ties go to the lowest head index).
         draws: number of random orders (``order="random"`` only).
         seed: seed of the random orders.
     """
@@ -240,12 +229,12 @@ def prune(evaluate: Callable[[Sequence[int]], tuple[float, float]], heads: int, 
         if order == "greedy":
             return _greedy(evaluate, H)
         if order == "alignment":
-            if alignment is None:
-                raise ValueError("order 'alignment' needs the alignments |M_h|")
-            alignment = np.asarray(alignment, dtype=float)
-            if alignment.shape != (H,):
-                raise ValueError(f"alignment must have shape ({H},), got {alignment.shape}")
-            sequences = [np.argsort(alignment, kind="stable")[: H - 1]]
+            if overlap_norms is None:
+                raise ValueError("order 'alignment' needs the spike-overlap norms |M_h| (overlap_norms)")
+            overlap_norms = np.asarray(overlap_norms, dtype=float)
+            if overlap_norms.shape != (H,):
+                raise ValueError(f"overlap_norms must have shape ({H},), got {overlap_norms.shape}")
+            sequences = [np.argsort(overlap_norms, kind="stable")[: H - 1]]
         else:
             if int(draws) < 1:
                 raise ValueError(f"draws must be >= 1, got {draws}")
@@ -269,7 +258,8 @@ def prune(evaluate: Callable[[Sequence[int]], tuple[float, float]], heads: int, 
             e.append(ek)
         risks.append(r)
         errs.append(e)
-    return PruningResult(label, np.asarray(sequences, dtype=int).reshape(len(sequences), H - 1), np.asarray(risks), np.asarray(errs))
+    removed = np.asarray(sequences, dtype=int).reshape(len(sequences), H - 1)
+    return PruningResult(label, removed, np.asarray(risks), np.asarray(errs))
 
 
 def _greedy(evaluate, H: int) -> PruningResult:
@@ -294,29 +284,28 @@ def prune_theory(config: Config, M, Q, b, order: str | Sequence[int] = "greedy",
     """Prune the layer with order parameters ``M`` (H, F), ``Q`` (H, H), ``b`` (H,), scoring
     every kept subset by its population risk (see :class:`TheoryRisk`)."""
     evaluate = TheoryRisk(config, M, Q, b)
-    align = np.linalg.norm(np.asarray(M, dtype=float), axis=1)
-    return _finish(prune(evaluate, evaluate.heads, order, alignment=align, draws=draws, seed=seed), True)
+    norms = np.linalg.norm(np.asarray(M, dtype=float), axis=1)
+    return _finish(prune(evaluate, evaluate.heads, order, overlap_norms=norms, draws=draws, seed=seed), True)
 
 
 def prune_weights(config: Config, K, b, kstar, order: str | Sequence[int] = "greedy", *, draws: int = 16,
-                  seed: int = 0, samples: int | None = None, key: int = 0,
+                  seed: int = 0, samples: int | None = None, key: int | jax.Array = 0,
                   loss: str = "empirical") -> PruningResult:
     """Prune the finite-D layer ``K`` (H, D), ``b`` (H,) with spikes ``kstar`` (F, D), scoring
     every kept subset on the same ``samples`` fresh sequences (default
-    ``simulation.test_samples``) drawn from ``numpy.random.default_rng(key)`` (see
-    :class:`WeightsRisk`). The greedy
-    choices are made on these Monte Carlo estimates; ``stderr`` holds their standard errors.
-    ``alignment`` uses ``|M_h|`` with ``M = K k*^T / D``."""
+    ``simulation.test_samples``) drawn from the JAX key ``key`` as the simulator draws its test
+    sequences (see :class:`WeightsRisk`). The greedy choices are made on these Monte Carlo
+    estimates; ``stderr`` holds their standard errors. ``alignment`` ranks by ``|M_h|`` with
+    ``M = K k*^T / D``."""
     evaluate = WeightsRisk(config, K, b, kstar, samples=samples, key=key, loss=loss)
-    align = np.linalg.norm(evaluate.overlaps()[0], axis=1)
-    return prune(evaluate, evaluate.heads, order, alignment=align, draws=draws, seed=seed)
+    norms = np.linalg.norm(evaluate.overlaps()[0], axis=1)
+    return prune(evaluate, evaluate.heads, order, overlap_norms=norms, draws=draws, seed=seed)
 
 
 def finetune(config: Config, M, Q, b, kept: Sequence[int], ts, **kwargs):
     """Continue the ODE from the pruned layer: :func:`~singleloc.integrate` of the
     ``len(kept)``-head model from ``y0`` = the kept rows/columns of ``(M, Q, b)``, saved at
     ``ts`` (which start at the pruning time, e.g. 0). Returns a :class:`~singleloc.TheoryResult`."""
-    from ._ode import integrate
-
     y0 = keep_heads(M, Q, b, kept)
     return integrate(config.replace(model={"heads": len(kept)}), y0, ts=np.asarray(ts), **kwargs)
+

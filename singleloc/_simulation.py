@@ -8,7 +8,9 @@ with ``l = |x_eps - yhat|^2 / D`` differentiated by JAX. Time is ``tau = t / D``
 advances all seeds at once (``vmap``) inside one jitted ``fori_loop`` per saved interval,
 and at each saved time records the order parameters and two risks on ``test_samples`` fresh
 sequences: the empirical finite-D risk and the limit risk of MODEL.md section 3 evaluated on
-the same sequences.
+the same sequences. The held-out sequences of saved time ``i`` are
+:func:`~singleloc._heldout.draw_heldout` from ``fold_in(test, i)`` (exact in law at a cost
+independent of D), scored by :func:`~singleloc._heldout.heldout_losses`.
 """
 
 from __future__ import annotations
@@ -24,9 +26,9 @@ from tqdm.auto import tqdm
 from ._activations import get_activation
 from ._config import Config
 from ._data import init_keys, make_spikes, overlaps, sample_sequence, seed_keys
-from ._priors import Prior
+from ._heldout import draw_heldout, heldout_losses
 from ._io import save_config, save_npz
-from ._layer import finite_loss, limit_loss, token_weights
+from ._layer import finite_loss
 from ._numerics import Q_RUNAWAY
 
 
@@ -98,44 +100,12 @@ def _run_functions(config: Config):
     def measure(params, consts, i):
         K, b = params
         kstar, _, test_key = consts
-        emp, lim = test_losses(act, prior, K, b, kstar, jax.random.fold_in(test_key, i), sim.test_samples, L)
+        seqs = draw_heldout(jax.random.fold_in(test_key, i), prior, K, kstar, sim.test_samples, L)
+        emp, lim = heldout_losses(act, seqs, b)
         M, Q = overlaps(K, kstar)
         return M, Q, b, jnp.mean(emp), jnp.mean(lim)
 
     return init, advance, measure
-
-
-def test_losses(act, prior: Prior, K, b, kstar, key, n: int, L: int):
-    """Finite-D and limit losses of ``n`` fresh sequences, drawn exactly in law at a cost
-    independent of D.
-
-    A token splits as ``x = U^T y + x_perp`` with ``U`` (r, D) an orthonormal basis of the
-    span of the keys and spikes (``r = H + F``), ``y ~ N(0, I_r)`` (plus the signal shift for
-    ``x_eps``) and ``x_perp`` Gaussian in the complement. The scores need only ``y``. The
-    finite-D loss is ``w^T Gram w / D`` with ``w = e_eps - a`` and
-    ``Gram = y y^T + W``, where ``W = (<x_perp_l, x_perp_l'>)`` is Wishart ``(L, D - r)`` and
-    independent of ``y``, hence of ``w``; so ``w^T W w = |w|^2 chi2(D - r)`` exactly. One
-    chi-square per sequence replaces the ``L x D`` Gaussian entries of the tokens.
-
-    Returns ``(finite, limit)``, each of shape ``(n,)``.
-    """
-    H, D = K.shape
-    F = kstar.shape[0]
-    r = H + F
-    U = jnp.linalg.qr(jnp.concatenate([K, kstar]).T)[0].T  # (r, D), orthonormal rows
-    KU, shift = K @ U.T / jnp.sqrt(D), U @ kstar.T / jnp.sqrt(D)  # (H, r), (r, F)
-    k_theta, k_eps, k_y, k_chi = jax.random.split(key, 4)
-    theta = prior.sample(k_theta, (n,)).astype(K.dtype)
-    eps = jax.random.randint(k_eps, (n,), 0, L)
-    y = jax.random.normal(k_y, (n, L, r), dtype=K.dtype).at[jnp.arange(n), eps].add(theta @ shift.T)
-    chi2 = 2.0 * jax.random.gamma(k_chi, (D - r) / 2.0, shape=(n,), dtype=K.dtype)
-    s = jnp.einsum("hr,nlr->nhl", KU, y) + b[:, None]
-
-    def one(s, y, eps, chi2):
-        w = jax.nn.one_hot(eps, L, dtype=K.dtype) - token_weights(act, s)
-        return (jnp.sum((w @ y) ** 2) + jnp.sum(w**2) * chi2) / D, limit_loss(act, s, eps)
-
-    return jax.vmap(one)(s, y, eps, chi2)
 
 
 def simulate(config: Config, *, progress: bool = True) -> SimulationResult:
@@ -175,11 +145,10 @@ def simulate(config: Config, *, progress: bool = True) -> SimulationResult:
     return SimulationResult(steps / D, M, Q, b, risk, risk_limit, np.asarray(K), np.asarray(kstar))
 
 
-# |Q| beyond this means the keys have run away: the loss is then flat and SGD cannot recover.
-
-
 def _check_finite(record, tau: float, config: Config) -> None:
-    M, Q, b, risk, risk_limit = record
+    """Raise if a record is not finite or the keys have run away (``max |Q| > Q_RUNAWAY``: the
+    loss is then flat and SGD cannot recover)."""
+    Q = record[1]
     bad = not all(np.all(np.isfinite(x)) for x in record) or np.max(np.abs(Q)) > Q_RUNAWAY
     if bad:
         raise FloatingPointError(

@@ -1,8 +1,9 @@
 """Finite-D data, losses and online SGD (MODEL.md sections 1-5).
 
 * the finite-D loss converges to the limit loss of section 3 (Monte Carlo at D = 4096);
-* the D-independent test-risk sampler ``_simulation.test_losses`` has the law of brute-force
-  D-dimensional sampling;
+* the D-independent held-out sampler of ``_heldout`` (``draw_heldout`` + ``heldout_losses``)
+  has the law of brute-force D-dimensional sampling, and pruning's weights route scores the
+  simulator's own held-out sequences;
 * one SGD step equals a hand-written numpy gradient;
 * saved overlaps match the final weights, runs are reproducible, the CLI writes the
   documented files, and divergence is reported.
@@ -20,9 +21,11 @@ from scipy import stats
 
 import singleloc
 from singleloc import finite_loss, get_activation, limit_loss, load_config, sample_sequence, simulate
+from singleloc._data import seed_keys
+from singleloc._heldout import draw_heldout, heldout_losses
 from singleloc._layer import token_weights
+from singleloc._pruning import WeightsRisk, prune_weights
 from singleloc._simulation import _run_functions
-from singleloc._simulation import test_losses as sample_test_losses  # not collected as a test
 from singleloc.cli import main
 
 # A tiny run: D = 64, 64 SGD steps, 3 saved times, 2 seeds. softmax1 with trained biases so
@@ -152,8 +155,9 @@ def test_sample_sequence_law(rng, orthogonal_spikes):
 # -- the D-independent test sampler ---------------------------------------------------------
 
 
-def test_test_losses_match_brute_force(rng, orthogonal_spikes):
-    """``test_losses`` (span coordinates + one chi-square) against building the D-dimensional tokens.
+def test_heldout_losses_match_brute_force(rng, orthogonal_spikes):
+    """``draw_heldout`` + ``heldout_losses`` (span coordinates + one chi-square) against
+    building the D-dimensional tokens.
 
     Two independent Monte Carlo samples of the same law: the means agree within 4 combined
     SE, and a two-sample Kolmogorov-Smirnov test does not reject, for the empirical finite-D
@@ -165,7 +169,8 @@ def test_test_losses_match_brute_force(rng, orthogonal_spikes):
     prior = singleloc.flipped(F, 2.0)
     K, b, kstar = _random_layer(rng, H, F, D, orthogonal_spikes)
     keys_b = jax.random.split(jax.random.PRNGKey(11), n)
-    emp_a, lim_a = (np.asarray(x) for x in jax.jit(lambda k: sample_test_losses(act, prior, K, b, kstar, k, n, L))(jax.random.PRNGKey(10)))
+    heldout = jax.jit(lambda k: heldout_losses(act, draw_heldout(k, prior, K, kstar, n, L), b))
+    emp_a, lim_a = (np.asarray(x) for x in heldout(jax.random.PRNGKey(10)))
 
     @jax.jit
     def brute(keys):
@@ -184,6 +189,31 @@ def test_test_losses_match_brute_force(rng, orthogonal_spikes):
     # power: the finite-D loss is not the limit loss at D = 64
     se = np.sqrt(emp_b.var() / n + lim_a.var() / n)
     assert abs(emp_b.mean() - lim_a.mean()) > 4 * se
+
+
+def test_pruning_weights_route_reproduces_the_test_risk(tiny_run, tiny_config):
+    """Pruning's weights evaluator and the simulator draw the same held-out sequences: with
+    every head kept and the simulator's test key of the last saved time, ``WeightsRisk``
+    returns the recorded test risks of each seed. The only difference allowed is float32
+    rounding of the mean (the simulator averages in float32 inside its jitted program); another
+    key, i.e. other sequences, moves the risk by its Monte Carlo error, far beyond that."""
+    cfg, res = tiny_config, tiny_run
+    S, T = res.risk.shape
+    n = cfg.simulation.test_samples
+    for s in range(S):
+        key = jax.random.fold_in(seed_keys(cfg.simulation.seed, s).test, T - 1)
+        weights = [res.K[s], res.b[s, -1], res.kstar[s]]
+        emp = WeightsRisk(cfg, *weights, key=key)
+        lim = WeightsRisk(cfg, *weights, key=key, loss="limit")
+        everyone = list(range(cfg.model.heads))
+        for ev, recorded in ((emp, res.risk[s, -1]), (lim, res.risk_limit[s, -1])):
+            losses = ev.losses(everyone)
+            assert losses.shape == (n,)
+            np.testing.assert_allclose(np.float32(losses.astype(np.float32).mean()), recorded, rtol=1e-6)
+        pruned = prune_weights(cfg, *weights, [0], key=key)
+        assert pruned.risks[0, 0] == pytest.approx(res.risk[s, -1], rel=1e-6)
+        other = WeightsRisk(cfg, *weights, key=jax.random.fold_in(key, 1))(everyone)
+        assert abs(other[0] - res.risk[s, -1]) > 1e-4 * res.risk[s, -1]
 
 
 # -- one SGD step against numpy ---------------------------------------------------------------
