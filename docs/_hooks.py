@@ -35,7 +35,7 @@ FIGURES = ROOT / "figures"
 HELP_MARK = re.compile(r"<!-- singleloc-help (\S+) -->")
 MODULE_MARK = re.compile(r"<!-- module-docstring (\w+) -->")
 API_ENTRY = re.compile(r"^::: singleloc\.(\w+)\s*$", re.MULTILINE)
-HELP_COLUMNS = "100"
+HELP_COLUMNS = "80"
 
 
 def _tutorial_markdown(script: str) -> str:
