@@ -67,11 +67,6 @@ class HeldoutSequences(eqx.Module):
     chi2: jax.Array
     D: int = eqx.field(static=True)
 
-    @property
-    def n(self) -> int:
-        """Number of sequences."""
-        return self.y.shape[0]
-
 
 def draw_heldout(key: jax.Array, prior: Prior, K: jax.Array, kstar: jax.Array, n: int, L: int) -> HeldoutSequences:
     """Draw ``n`` fresh sequences of ``L`` tokens for keys ``K`` (H, D) and spikes ``kstar`` (F, D).
