@@ -22,8 +22,8 @@ Three orders of removal (:data:`ORDERS`):
   the lowest head index);
 * ``alignment``: remove first the head with the smallest spike-overlap norm ``|M_h|`` (the
   Euclidean norm of row ``h`` of ``M``, i.e. of the head's overlaps with the ``F`` spikes).
-  The name is the one the CLI accepts; the order ranks by these norms, not by the cosines
-  ``M_hf / sqrt(Q_hh)`` that the phase analysis calls alignments;
+  The name is the one the CLI accepts; the order ranks by these norms, not by the
+  head-spike cosines ``M_hf / sqrt(Q_hh)`` of the phase analysis;
 * ``random``: ``draws`` uniformly random orders from ``numpy.random.default_rng(seed)``;
   the result holds every draw, and its mean and spread.
 
