@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import signal
 import threading
@@ -87,6 +88,7 @@ def run_points(
     scheduler: str | None = None,
     progress: bool = True,
     desc: str = "points",
+    group: Callable[..., Hashable] | None = None,
 ) -> PointsReport:
     """Run ``fn(*args)`` for every task ``(key, args)`` and call ``on_result(key, result)`` in
     this process as each result arrives.
@@ -101,6 +103,10 @@ def run_points(
         scheduler: address of an external Dask scheduler, ``tcp://HOST:PORT``.
         progress: show a progress bar over the completed tasks.
         desc: label of the progress bar.
+        group: on a cluster, ``group(*args)`` names the tasks that share compiled programs
+            (e.g. :func:`compile_group`): the groups are dealt to the workers in turn and each
+            task prefers the worker of its group, which has compiled its programs already. The
+            preference is loose: Dask still moves tasks to an idle or surviving worker.
 
     Returns:
         A :class:`PointsReport`.
@@ -121,7 +127,7 @@ def run_points(
     report = PointsReport([], {}, 0.0, address or ("local" if workers > 1 else "serial"))
     t0 = time.perf_counter()
     bar = tqdm(total=len(tasks), desc=desc, unit="point", disable=not progress, leave=False)
-    outcomes = _serial(tasks, fn) if report.where == "serial" else _on_cluster(tasks, fn, workers, address)
+    outcomes = _serial(tasks, fn) if report.where == "serial" else _on_cluster(tasks, fn, workers, address, group)
     # closing(): the cluster is closed as soon as the loop ends, also when on_result raises.
     with _sigterm_as_interrupt(), bar, contextlib.closing(outcomes):
         for key, result, error in outcomes:
@@ -136,15 +142,27 @@ def run_points(
 
 
 def compute_point(kind: str, config: Mapping[str, Mapping[str, Any]]) -> dict[str, np.ndarray]:
-    """The work of one sweep point, run on a worker: ``kind`` (``"theory"`` or ``"simulation"``,
-    :func:`singleloc._sweep.compute_theory` / ``compute_simulation``) of the resolved
-    configuration ``config`` (a :meth:`Config.to_dict`), as NumPy arrays.
+    """The work of one sweep point, run on a worker: :func:`singleloc._sweep.compute` of ``kind``
+    (``"theory"`` or ``"simulation"``) for the resolved configuration ``config`` (a
+    :meth:`Config.to_dict`), as NumPy arrays.
 
     Enables double precision in the process that runs it, as the command line does: the ODE is
     solved in float64 (the simulator keeps its own float32), also on a worker started by hand.
     """
     jax.config.update("jax_enable_x64", True)
     return {name: np.asarray(value) for name, value in _sweep.compute(load_config(config), kind).items()}
+
+
+#: Keys that change only the values a compiled program receives, not the program: points that
+#: differ in them alone share their compilations (:func:`compile_group`).
+VALUE_KEYS = {"problem": ("strength",), "sgd": ("init_scale",), "simulation": ("seed",)}
+
+
+def compile_group(kind: str, config: Mapping[str, Mapping[str, Any]]) -> str:
+    """The compiled programs a sweep point needs, as a hashable name: ``kind`` and ``config``
+    without :data:`VALUE_KEYS` (a ``group`` for :func:`run_points` with :func:`compute_point`)."""
+    rest = {s: {k: v for k, v in sec.items() if k not in VALUE_KEYS.get(s, ())} for s, sec in config.items()}
+    return json.dumps([kind, rest], sort_keys=True)
 
 
 Outcome = tuple[Hashable, Any, "BaseException | None"]
@@ -160,8 +178,8 @@ def _serial(tasks: Sequence[tuple[Hashable, tuple]], fn: Callable[..., Any]) -> 
             yield key, result, None
 
 
-def _on_cluster(tasks: Sequence[tuple[Hashable, tuple]], fn: Callable[..., Any], workers: int,
-                address: str | None) -> Iterator[Outcome]:
+def _on_cluster(tasks: Sequence[tuple[Hashable, tuple]], fn: Callable[..., Any], workers: int, address: str | None,
+                group: Callable[..., Hashable] | None) -> Iterator[Outcome]:
     # Dask is imported here, not at the top: a serial run neither imports nor starts it.
     from distributed import Client, LocalCluster, as_completed
 
@@ -172,7 +190,8 @@ def _on_cluster(tasks: Sequence[tuple[Hashable, tuple]], fn: Callable[..., Any],
             cluster = stack.enter_context(LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
                                                        dashboard_address=None, env=worker_env()))
             client = stack.enter_context(Client(cluster))
-        futures = {client.submit(fn, *args, pure=False): key for key, args in tasks}
+        homes = _homes([group(*args) for _, args in tasks], list(client.nthreads())) if group else [{}] * len(tasks)
+        futures = {client.submit(fn, *args, pure=False, **home): key for (key, args), home in zip(tasks, homes)}
         try:
             for future in as_completed(futures):
                 key = futures[future]
@@ -185,6 +204,17 @@ def _on_cluster(tasks: Sequence[tuple[Hashable, tuple]], fn: Callable[..., Any],
             pending = [f for f in futures if f.status == "pending"]
             if pending:
                 client.cancel(pending)
+
+
+def _homes(groups: list[Hashable], addresses: list[str]) -> list[dict[str, Any]]:
+    """``submit`` options that send the tasks of one group to one worker (loosely), the groups
+    dealt to ``addresses`` in turn in the order they first appear."""
+    if not addresses:  # an external cluster with no worker yet: no preference
+        return [{}] * len(groups)
+    home: dict[Hashable, str] = {}
+    for g in groups:
+        home.setdefault(g, addresses[len(home) % len(addresses)])
+    return [{"workers": [home[g]], "allow_other_workers": True} for g in groups]
 
 
 def worker_env() -> dict[str, str]:

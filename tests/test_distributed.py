@@ -14,17 +14,13 @@ import threading
 import time
 from pathlib import Path
 
-import cloudpickle
 import jax
 import numpy as np
 import pytest
 
 from singleloc import load_config
-from singleloc._distributed import compute_point, run_points, worker_env
+from singleloc._distributed import _homes, compile_group, compute_point, run_points, worker_env
 from singleloc._io import load_npz, save_npz
-
-# The task functions below run on worker processes: send them by value, not as a module import.
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 TINY = ["sgd.tau_max=2", "theory.points=256"]  # one compilation: strength changes no shape and no static field
 STARTUP = 120  # seconds allowed for a cluster or a process to start or stop on a loaded machine
@@ -116,7 +112,9 @@ def test_worker_killed_mid_task_is_retried_and_every_result_arrives_once(tmp_pat
         on_result(key, result)
         save_npz(cache / f"{key}.npz", result)
 
-    report = run_points([(x, (x, str(flags))) for x in range(4)], _square_once_killed, store, workers=2, progress=False)
+    # all tasks prefer one worker (one group): the preference must not outlive that worker
+    report = run_points([(x, (x, str(flags))) for x in range(4)], _square_once_killed, store, workers=2, progress=False,
+                        group=lambda x, flags: "one")
     killer.join(timeout=5)
     assert len(killed) == 1, "point 0 never started"
     attempts = sorted(flags.glob("started-0-*"))
@@ -125,6 +123,16 @@ def test_worker_killed_mid_task_is_retried_and_every_result_arrives_once(tmp_pat
     assert {k: int(v["x"][0]) for k, v in got.items()} == {x: x * x for x in range(4)}
     assert sorted(p.name for p in cache.iterdir()) == [f"{x}.npz" for x in range(4)]  # no temporary file left
     assert all(int(load_npz(cache / f"{x}.npz")["x"][0]) == x * x for x in range(4))
+
+
+def test_groups_share_a_worker_and_only_value_keys_share_a_group():
+    homes = _homes(["a", "b", "a", "c", "b"], ["w1", "w2"])
+    assert [h["workers"] for h in homes] == [["w1"], ["w2"], ["w1"], ["w1"], ["w2"]]
+    assert all(h["allow_other_workers"] for h in homes) and _homes(["a"], []) == [{}]
+    base = load_config("default")
+    group = lambda **sections: compile_group("theory", base.replace(**sections).to_dict())  # noqa: E731
+    assert group(problem={"strength": 3.5}, sgd={"init_scale": 0.3}, simulation={"seed": 4}) == group()
+    assert len({group(), group(sgd={"lr": 0.3}), group(model={"heads": 3}), compile_group("simulation", base.to_dict())}) == 4
 
 
 INTERRUPTED_RUN = textwrap.dedent("""
@@ -192,7 +200,8 @@ def external_cluster(tmp_path):
     """A ``dask scheduler`` and one ``dask worker`` on 127.0.0.1, as separate processes. The
     worker shares this session's persistent compilation cache, so it does not compile again."""
     env = {k: v for k, v in os.environ.items() if k != "DASK_SCHEDULER_ADDRESS"}
-    env.update(worker_env(), PYTHONPATH=os.pathsep.join(filter(None, (str(Path(__file__).parents[1]), env.get("PYTHONPATH")))))
+    here = Path(__file__).parent  # the task functions of this module are imported there by name
+    env.update(worker_env(), PYTHONPATH=os.pathsep.join(filter(None, (str(here), str(here.parent), env.get("PYTHONPATH")))))
     cache = jax.config.jax_compilation_cache_dir
     if cache:
         env.update(JAX_COMPILATION_CACHE_DIR=cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
@@ -219,18 +228,30 @@ def external_cluster(tmp_path):
 
 
 def test_external_scheduler_gives_the_serial_results(external_cluster, monkeypatch):
+    tasks = [(x, (x,)) for x in range(5)]
+    serial, on_serial = _collect()
+    run_points(tasks, _square, on_serial, progress=False)
+    remote, on_remote = _collect()
+    report = run_points(tasks, _square, on_remote, scheduler=external_cluster, progress=False)
+    assert report.where == external_cluster and sorted(report.completed) == [0, 1, 2, 4], report.errors
+    assert list(report.errors) == [3] and isinstance(report.errors[3], FloatingPointError)
+    assert remote.keys() == serial.keys() and all(np.array_equal(remote[k]["x"], serial[k]["x"]) for k in serial)
+    monkeypatch.setenv("DASK_SCHEDULER_ADDRESS", external_cluster)  # Dask's convention, with workers = 1
+    assert run_points(tasks[:1], _square, lambda k, r: None, progress=False).where == external_cluster
+
+
+@pytest.mark.slow
+def test_external_scheduler_computes_theory_points_as_the_serial_run(external_cluster):
     configs = {s: load_config("default", TINY + [f"problem.strength={s}"]).to_dict() for s in (2.5, 3.5)}
     tasks = [(s, ("theory", cfg)) for s, cfg in configs.items()]
     serial, on_serial = _collect()
     run_points(tasks, compute_point, on_serial, progress=False)
     remote, on_remote = _collect()
     report = run_points(tasks, compute_point, on_remote, scheduler=external_cluster, progress=False)
-    assert report.where == external_cluster and report.errors == {} and sorted(report.completed) == [2.5, 3.5]
+    assert report.errors == {} and sorted(report.completed) == [2.5, 3.5]
     for s in configs:
         assert remote[s].keys() == serial[s].keys() == {"tau", "M", "Q", "b", "risk"}
         assert remote[s]["M"].dtype == np.float64  # the worker enabled x64 itself
         for name in serial[s]:
             np.testing.assert_array_equal(remote[s][name], serial[s][name])
     assert not np.allclose(serial[2.5]["risk"], serial[3.5]["risk"])  # the two points differ
-    monkeypatch.setenv("DASK_SCHEDULER_ADDRESS", external_cluster)  # Dask's convention, with workers = 1
-    assert run_points(tasks[:1], compute_point, lambda k, r: None, progress=False).where == external_cluster
