@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from ._common import add_config_arguments, add_out_argument, config_from_args, describe
 
 
@@ -21,8 +23,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    import numpy as np
-
     from .._io import save_figure, save_npz
     from .._ode import initial_conditions, integrate
     from .._simulation import simulate
