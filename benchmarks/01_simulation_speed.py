@@ -39,14 +39,16 @@ jax.config.update("jax_enable_x64", True)  # as the CLI does; the simulator keep
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from singleloc import load_config  # noqa: E402
+import singleloc as sl  # noqa: E402
+
+# the simulator's own per-seed step, timed on purpose: private, as no public function runs SGD steps without measuring
 from singleloc._simulation import _run_functions  # noqa: E402
 
 H, L, F, STRENGTH, LR = 4, 4, 2, 2.5, 0.5
 
 
 def _config(D: int, seeds: int):
-    return load_config(
+    return sl.load_config(
         "default",
         [
             f"simulation.D={D}",

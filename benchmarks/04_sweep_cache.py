@@ -21,26 +21,25 @@ import jax
 
 jax.config.update("jax_enable_x64", True)
 
-from singleloc import load_config  # noqa: E402
-from singleloc._sweep import parse_grid, sweep  # noqa: E402
+import singleloc as sl  # noqa: E402
 
 BASE = ["theory.points=64", "sgd.tau_max=10.0", "sgd.n_save=21", "simulation.seeds=2"]
 GRIDS = ["model.heads=1,2,3,4", "model.activation=softmax,softmax1,bsoftmax"]
 
 
 def main() -> None:
-    base = load_config("default", BASE)
-    grids = [parse_grid(g) for g in GRIDS]
+    base = sl.load_config("default", BASE)
+    grids = [sl.parse_grid(g) for g in GRIDS]
     with tempfile.TemporaryDirectory(prefix="singleloc-bench04-") as tmp:
         out = Path(tmp)
         t0 = time.perf_counter()
-        rows, s1 = sweep(base, grids, out, progress=False)
+        rows, s1 = sl.sweep(base, grids, out, progress=False)
         t1 = time.perf_counter() - t0
         t0 = time.perf_counter()
-        rows2, s2 = sweep(base, grids, out, progress=False)
+        rows2, s2 = sl.sweep(base, grids, out, progress=False)
         t2 = time.perf_counter() - t0
         t0 = time.perf_counter()
-        _, s3 = sweep(base, grids, out, progress=False, figures=False)
+        _, s3 = sl.sweep(base, grids, out, progress=False, figures=False)
         t3 = time.perf_counter() - t0
         n_fig = len(list(out.glob("phase_*.png")))
     assert repr(rows2) == repr(rows) and s2.computed == s3.computed == 0 and s2.cached == len(rows) == 12

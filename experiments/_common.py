@@ -5,7 +5,11 @@
   without recomputing) and ``--quick`` (a smaller version, for checking that a script runs);
 * :func:`stage`: run one stage of a computation, or load it from the cache;
 * :func:`figure`: a matplotlib ``Figure`` (no pyplot, no global backend switch);
-* ``FIGURES``: the repository's ``figures/`` folder, wherever the script is run from.
+* :func:`fit`: least squares with standard errors (the escape-time laws);
+* ``FIGURES``: the repository's ``figures/`` folder, wherever the script is run from, or the
+  folder named by the environment variable ``SINGLELOC_FIGURES`` (to run a script without
+  overwriting the committed figures); :func:`figures_dir`: ``FIGURES``, or a temporary folder
+  with ``--quick``.
 
 Figures and JSON files are written atomically with ``singleloc.save_figure`` /
 ``singleloc.save_json``.
@@ -14,6 +18,8 @@ Figures and JSON files are written atomically with ``singleloc.save_figure`` /
 from __future__ import annotations
 
 import argparse
+import os
+import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -22,23 +28,35 @@ from matplotlib.figure import Figure
 
 from singleloc import load_npz, save_figure, save_json, save_npz
 
-__all__ = ["FIGURES", "cache_dir", "figure", "parser", "save_figure", "save_json", "stage"]
+__all__ = ["FIGURES", "cache_dir", "figure", "figures_dir", "fit", "parser", "save_figure", "save_json", "stage"]
 
-FIGURES = Path(__file__).resolve().parents[1] / "figures"
+FIGURES = Path(os.environ.get("SINGLELOC_FIGURES") or Path(__file__).resolve().parents[1] / "figures").resolve()
 
 
-def parser(doc: str | None) -> argparse.ArgumentParser:
-    """A parser described by the first paragraph of ``doc``, with ``--cache`` and ``--quick``."""
+def parser(doc: str | None, *, cache: bool = True) -> argparse.ArgumentParser:
+    """A parser described by the first paragraph of ``doc``, with ``--quick`` and, unless
+    ``cache=False`` (a script without stages worth keeping), ``--cache``."""
     p = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--cache", metavar="DIR", type=Path, help="keep the stages' arrays in DIR and reuse them")
+    if cache:
+        p.add_argument("--cache", metavar="DIR", type=Path, help="keep the stages' arrays in DIR and reuse them")
     p.add_argument("--quick", action="store_true", help="a smaller run, to check that the script works")
     return p
 
 
 def cache_dir(args: argparse.Namespace, subfolder: str = "") -> Path | None:
-    """``args.cache / subfolder``, or None without ``--cache``."""
-    return None if args.cache is None else Path(args.cache) / subfolder
+    """``args.cache / subfolder`` (``/ "quick"`` with ``--quick``, so that a full run never
+    reuses a quick run's stages), or None without ``--cache``."""
+    if getattr(args, "cache", None) is None:
+        return None
+    return Path(args.cache) / subfolder / ("quick" if getattr(args, "quick", False) else "")
+
+
+def figures_dir(args: argparse.Namespace) -> Path:
+    """Where a script writes its figures and JSON files: ``FIGURES``, or with ``--quick`` the
+    folder ``singleloc-quick`` in the system's temporary directory, so that a check never
+    overwrites the committed figures."""
+    return Path(tempfile.gettempdir()) / "singleloc-quick" if getattr(args, "quick", False) else FIGURES
 
 
 def stage(cache: Path | None, name: str, fn: Callable[[], Mapping]) -> dict[str, np.ndarray]:
@@ -55,3 +73,20 @@ def stage(cache: Path | None, name: str, fn: Callable[[], Mapping]) -> dict[str,
 def figure(**kwargs) -> Figure:
     """A new matplotlib ``Figure`` (``kwargs`` as for ``Figure``)."""
     return Figure(**kwargs)
+
+
+def fit(y, *xs) -> tuple[np.ndarray, np.ndarray, float]:
+    """Least squares ``y = c_0 + sum_i c_i x_i`` over the finite ``y``.
+
+    Returns the coefficients ``c``, their standard errors (from the residuals, with
+    ``len(y) - len(c)`` degrees of freedom, at least one) and the residual standard deviation.
+    """
+    X = np.column_stack([np.ones(len(y))] + [np.asarray(x, float) for x in xs])
+    y = np.asarray(y, float)
+    ok = np.isfinite(y)
+    X, y = X[ok], y[ok]
+    coef, *_ = np.linalg.lstsq(X, y, rcond=None)
+    res = y - X @ coef
+    dof = max(len(y) - X.shape[1], 1)
+    cov = np.linalg.inv(X.T @ X) * (res @ res) / dof
+    return coef, np.sqrt(np.diag(cov)), float(np.sqrt(res @ res / dof))

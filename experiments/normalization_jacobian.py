@@ -23,22 +23,22 @@ temperature below which the finite difference departs by more than 10% from ``|J
 and its plateau at ``T = 1e-3`` against the ceiling ``sqrt(2)/eps``.
 
 Run: ``python experiments/normalization_jacobian.py`` (one to two minutes on two CPU cores);
-writes ``figures/normalization_jacobian.png``.
+writes ``figures/normalization_jacobian.png``. ``--quick``: 400 rows.
 """
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
-import matplotlib
+import jax
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+jax.config.update("jax_enable_x64", True)
+
+import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from _common import figure, figures_dir, parser  # noqa: E402
 
-from singleloc import FD_EPSILONS, finite_difference_sensitivity, random_directions, softmax_jacobian_norm  # noqa: E402
-from singleloc._io import save_figure  # noqa: E402
+import singleloc as sl  # noqa: E402
 
 STRENGTH = 2.0
 L = 64
@@ -47,40 +47,40 @@ DIRECTIONS = 4
 TEMPERATURES = np.logspace(-3, 3, 61)
 FIT_FROM = 30.0
 SEED = 0
-OUT = Path(__file__).resolve().parents[1] / "figures" / "normalization_jacobian.png"
 
 
 def jv_norm(logits, T, v):
-    """``|J v|`` for every row and direction: ``J v = alpha * (v - <alpha, v>) / T``."""
-    z = logits / T
-    a = np.exp(z - z.max(axis=-1, keepdims=True))
-    a /= a.sum(axis=-1, keepdims=True)
-    a = a[:, None, :]
-    return np.linalg.norm(a * (v - np.sum(a * v, axis=-1, keepdims=True)), axis=-1) / T
+    """``|J v|`` for every row (rows, L) and direction ``v`` (rows, K, L): the forward-mode
+    derivative of the activation ``singleloc.softmax(l / T)`` along ``v``, in float64."""
+    l = jnp.broadcast_to(jnp.asarray(logits)[:, None, :], v.shape)
+    _, jv = jax.jvp(lambda x: sl.softmax(x / T), (l,), (jnp.asarray(v),))
+    return np.linalg.norm(np.asarray(jv), axis=-1)
 
 
 def sweep(logits, v):
     """Mean/median exact norm, mean |J v| and mean finite differences over the temperature grid."""
-    out = {"mean": [], "median": [], "jv": [], **{e: [] for e in FD_EPSILONS}}
+    out = {"mean": [], "median": [], "jv": [], **{e: [] for e in sl.FD_EPSILONS}}
     for T in TEMPERATURES:
-        n = softmax_jacobian_norm(logits, T)
+        n = sl.softmax_jacobian_norm(logits, T)
         out["mean"].append(n.mean())
         out["median"].append(np.median(n))
         out["jv"].append(jv_norm(logits, T, v).mean())
-        for e in FD_EPSILONS:
-            out[e].append(finite_difference_sensitivity(logits, T, e, directions=v).mean())
+        for e in sl.FD_EPSILONS:
+            out[e].append(sl.finite_difference_sensitivity(logits, T, e, directions=v).mean())
     return {k: np.array(y) for k, y in out.items()}
 
 
 def main():
+    args = parser(__doc__, cache=False).parse_args()
     t0 = time.time()
+    n_rows = 400 if args.quick else ROWS
     rng = np.random.default_rng(SEED)
-    x0 = rng.standard_normal((ROWS, L))
+    x0 = rng.standard_normal((n_rows, L))
     x0[:, 0] += STRENGTH  # relevant token at position 0
     logits = STRENGTH * x0
-    v = random_directions(logits.shape, DIRECTIONS, seed=SEED + 1)
+    v = sl.random_directions(logits.shape, DIRECTIONS, seed=SEED + 1)
     order = np.argsort(-logits, axis=-1)
-    rows = np.arange(ROWS)
+    rows = np.arange(n_rows)
     gap = logits[rows, order[:, 0]] - logits[rows, order[:, 1]]
     tied = logits.copy()
     tied[rows, order[:, 1]] = tied[rows, order[:, 0]]  # worst case: the two top logits tied
@@ -96,14 +96,14 @@ def main():
     k_peak = int(np.argmax(g["median"]))
     k_peak_mean = int(np.argmax(g["mean"]))
     print(f"softmax Jacobian vs temperature: logits of the trained-like head (theta = M = {STRENGTH:g}, "
-          f"Q = {STRENGTH**2:g}), L = {L}, {ROWS} rows, {DIRECTIONS} random unit directions per row")
+          f"Q = {STRENGTH**2:g}), L = {L}, {n_rows} rows, {DIRECTIONS} random unit directions per row")
     for title, r in (("generic rows (as sampled)", g), ("worst-case rows (two top logits tied)", w)):
         print(f"\n{title}")
-        print("   T      exact mean  exact median    1/(2T)     |Jv| mean  " + "  ".join(f"FD eps={e:g}" for e in FD_EPSILONS))
+        print("   T      exact mean  exact median    1/(2T)     |Jv| mean  " + "  ".join(f"FD eps={e:g}" for e in sl.FD_EPSILONS))
         for k in range(0, TEMPERATURES.size, 5):
             T = TEMPERATURES[k]
             print(f"{T:8.3g}  {r['mean'][k]:11.4g} {r['median'][k]:12.4g} {0.5 / T:10.4g} {r['jv'][k]:12.4g}  "
-                  + "  ".join(f"{r[e][k]:11.4g}" for e in FD_EPSILONS))
+                  + "  ".join(f"{r[e][k]:11.4g}" for e in sl.FD_EPSILONS))
     print(f"\n1/T law at high temperature (T >= {FIT_FROM:g}): log-log slope {slope:+.3f}, "
           f"mean |J| ~= {c:.4f}/T (alpha -> uniform gives 1/L = {1 / L:.4f})")
     print(f"1/T law for tied top logits (T <= 0.1): log-log slope {slope_tied:+.3f}, mean |J| * T = "
@@ -112,7 +112,7 @@ def main():
           f"median top-two logit gap {np.median(gap):.3g}) and collapses below (alpha one-hot); the mean peaks at "
           f"T = {TEMPERATURES[k_peak_mean]:.3g} (|J| = {g['mean'][k_peak_mean]:.3g}) and saturates at "
           f"{g['mean'][0]:.3g} for T = {TEMPERATURES[0]:g} (share of rows with gap < T: {np.mean(gap < TEMPERATURES[0]):.4f})")
-    for e in FD_EPSILONS:
+    for e in sl.FD_EPSILONS:
         rel = np.abs(g[e] / g["jv"] - 1)
         bad = np.nonzero(rel > 0.1)[0]
         dep = "never on the grid" if not bad.size else f"T <= {TEMPERATURES[bad.max()]:.3g}"
@@ -122,7 +122,8 @@ def main():
               f"(FD < |Jv|/2) below {t_sat}, plateau {w[e][0]:.4g} at T = {TEMPERATURES[0]:g} "
               f"(ceiling sqrt(2)/eps = {np.sqrt(2) / e:.4g})")
 
-    fig, axes = plt.subplots(2, 2, figsize=(12, 9.5))
+    fig = figure(figsize=(12, 9.5))
+    axes = fig.subplots(2, 2)
     for row, (name, r) in enumerate((("generic rows", g), ("two top logits tied", w))):
         ax = axes[row, 0]
         ax.loglog(TEMPERATURES, 0.5 / TEMPERATURES, color="gray", lw=1, ls="-.", label="1/(2T): worst case")
@@ -139,7 +140,7 @@ def main():
         ax.legend(fontsize=8, loc="upper right")
         ax = axes[row, 1]
         ax.loglog(TEMPERATURES, r["jv"], color="k", lw=2, label="exact |J v|, mean")
-        for i, e in enumerate(FD_EPSILONS):
+        for i, e in enumerate(sl.FD_EPSILONS):
             ax.loglog(TEMPERATURES, r[e], color=f"C{i}", marker="o", ms=3, lw=1, label=f"finite difference, eps = {e:g}")
             ax.axhline(np.sqrt(2) / e, color=f"C{i}", lw=0.6, ls=":")
         ax.set_ylim(1e-6, 3e3)
@@ -147,8 +148,8 @@ def main():
                title=f"finite differences, {name} (dotted: sqrt(2)/eps)")
         ax.legend(fontsize=8, loc="upper right")
     fig.tight_layout()
-    save_figure(OUT, fig)
-    print(f"\nwrote {OUT} ({time.time() - t0:.0f} s)")
+    path = sl.save_figure(figures_dir(args) / "normalization_jacobian.png", fig)
+    print(f"\nwrote {path} ({time.time() - t0:.0f} s)")
 
 
 if __name__ == "__main__":

@@ -35,12 +35,12 @@ greedy by weights) before the risk rises by more than 0.01, against ``H - F``; t
 
 Run: ``python experiments/pruning.py [--finetune]``; writes ``figures/pruning.png``. Measured
 on the shared 2-core machine (load 6-8 from other jobs): ~8 min without ``--finetune``,
-~11 min with it (7 min of CPU; see the timing lines).
+~11 min with it (7 min of CPU; see the timing lines). ``--quick``: bsoftmax with F = 2 only,
+``--tau 100 --tau-sim 2 --D 500 --samples 2000 --points 1024 --draws 4`` (or less).
 """
 
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 
@@ -48,26 +48,20 @@ import jax
 
 jax.config.update("jax_enable_x64", True)
 
-import matplotlib  # noqa: E402
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from _common import figure, figures_dir, parser  # noqa: E402
 
-from singleloc import initial_conditions, integrate, load_config, simulate  # noqa: E402
-from singleloc._data import overlaps  # noqa: E402
-from singleloc._io import save_figure  # noqa: E402
-from singleloc._pruning import TheoryRisk, finetune, prune, prune_theory, prune_weights, removable_heads  # noqa: E402
+import singleloc as sl  # noqa: E402
 
 H = 8
 ACTIVATIONS = ("softmax", "softmax1", "bsoftmax")
 FS = (2, 3)
 TOL = 0.01
-FIGURE = Path(__file__).resolve().parents[1] / "figures" / "pruning.png"
+QUICK = {"tau": 100.0, "tau_sim": 2.0, "D": 500, "samples": 2000, "points": 1024, "draws": 4}
 
 
-def make_config(activation: str, F: int, args) -> object:
-    return load_config(None).replace(
+def make_config(activation: str, F: int, args) -> sl.Config:
+    return sl.load_config(None).replace(
         problem={"L": 4, "F": F, "prior": "spikes", "strength": 2.5},
         model={"heads": H, "activation": activation, "train_bias": activation != "softmax"},
         sgd={"lr": 0.5, "init_scale": 0.5, "tau_max": args.tau_sim, "n_save": 3, "spacing": "linear"},
@@ -92,36 +86,36 @@ def run_one(activation: str, F: int, args) -> dict:
     t0 = time.perf_counter()
     ts = np.unique(np.concatenate([[0.0], np.geomspace(0.1, args.tau, 40), [args.tau_sim]]))
     i_sim = int(np.searchsorted(ts, args.tau_sim))
-    th = integrate(cfg, initial_conditions(cfg, 1), ts=ts, progress=False)
+    th = sl.integrate(cfg, sl.initial_conditions(cfg, 1), ts=ts, progress=False)
     t_int = time.perf_counter() - t0
     M, Q, b = th.M[0, -1], th.Q[0, -1], th.b[0, -1]
     out = {"cfg": cfg, "risk_traj": th.risk[0], "tau": ts, "t_integrate": t_int}
     out["risk_decade"] = float(th.risk[0, np.searchsorted(ts, args.tau / 10)])
-    out["greedy"] = prune_theory(cfg, M, Q, b, "greedy")
+    out["greedy"] = sl.prune_theory(cfg, M, Q, b, "greedy")
     # the trained theory layer realised by finite-D keys, pruned greedily by weights on fresh data
     Kt, kst = weights_with_overlaps(np.asarray(M), np.asarray(Q), args.D, seed=7)
-    out["trained_weights"] = prune_weights(cfg, Kt, b, kst, "greedy", samples=args.samples, key=500)
-    out["trained_weights_same"] = prune_weights(cfg, Kt, b, kst, list(out["greedy"].removed[0]), samples=args.samples, key=500)
-    out["alignment"] = prune_theory(cfg, M, Q, b, "alignment")
-    out["random"] = prune_theory(cfg, M, Q, b, "random", draws=args.draws, seed=1)
+    out["trained_weights"] = sl.prune_weights(cfg, Kt, b, kst, "greedy", samples=args.samples, key=500)
+    out["trained_weights_same"] = sl.prune_weights(cfg, Kt, b, kst, list(out["greedy"].removed[0]), samples=args.samples, key=500)
+    out["alignment"] = sl.prune_theory(cfg, M, Q, b, "alignment")
+    out["random"] = sl.prune_theory(cfg, M, Q, b, "random", draws=args.draws, seed=1)
     out["M_final"] = M
     # theory at the simulation time, per seed (each seed's own initial overlaps)
     t1 = time.perf_counter()
-    sim = simulate(cfg, progress=False)
+    sim = sl.simulate(cfg, progress=False)
     out["t_simulate"] = time.perf_counter() - t1
-    ths = integrate(cfg, initial_conditions(cfg), ts=sim.tau, progress=False) if args.seeds > 1 else None
+    ths = sl.integrate(cfg, sl.initial_conditions(cfg), ts=sim.tau, progress=False) if args.seeds > 1 else None
     out["theory_at_sim"], out["sim_weights"], out["sim_op"] = [], [], []
     for s in range(args.seeds):
         if ths is None:
             Ms, Qs, bs = th.M[0, i_sim], th.Q[0, i_sim], th.b[0, i_sim]
         else:
             Ms, Qs, bs = ths.M[s, -1], ths.Q[s, -1], ths.b[s, -1]
-        out["theory_at_sim"].append(prune_theory(cfg, Ms, Qs, bs, "greedy"))
+        out["theory_at_sim"].append(sl.prune_theory(cfg, Ms, Qs, bs, "greedy"))
         K, bk, kstar = sim.K[s], sim.b[s, -1], sim.kstar[s]
-        w = prune_weights(cfg, K, bk, kstar, "greedy", samples=args.samples, key=1000 + s)
+        w = sl.prune_weights(cfg, K, bk, kstar, "greedy", samples=args.samples, key=1000 + s)
         out["sim_weights"].append(w)
-        Mk, Qk = (np.asarray(x, dtype=float) for x in overlaps(K.astype(np.float64), kstar.astype(np.float64)))
-        out["sim_op"].append(prune(TheoryRisk(cfg, Mk, Qk, bk.astype(float)), H, list(w.removed[0])))
+        Mk, Qk = (np.asarray(x, dtype=float) for x in sl.overlaps(K.astype(np.float64), kstar.astype(np.float64)))
+        out["sim_op"].append(sl.prune(sl.TheoryRisk(cfg, Mk, Qk, bk.astype(float)), H, list(w.removed[0])))
     out["sim_risk_trained"] = sim.risk[:, -1]
     out["t_prune"] = time.perf_counter() - t1 - out["t_simulate"]
     if args.finetune:
@@ -131,7 +125,8 @@ def run_one(activation: str, F: int, args) -> dict:
         ft = {}
         for k in range(max(n_ok + 1, H - F), H):
             kept = [h for h in range(H) if h not in set(g.removed[0, :k])]
-            res = finetune(cfg, M, Q, b, kept, np.concatenate([[0.0], np.geomspace(0.1, args.tau_finetune, 12)]), progress=False)
+            ts_ft = np.concatenate([[0.0], np.geomspace(0.1, args.tau_finetune, 12)])
+            res = sl.finetune(cfg, M, Q, b, kept, ts_ft, progress=False)
             ft[k] = float(res.risk[0, -1])
         out["finetune"] = ft
         out["t_finetune"] = time.perf_counter() - t2
@@ -165,13 +160,14 @@ def report(results: dict, args) -> list[str]:
             lines.append(row)
         dev = max(np.max(np.abs(x.risk - y.risk)) for x, y in zip(r["theory_at_sim"], r["sim_weights"]))
         dev_op = max(np.max(np.abs(x.risk - y.risk)) for x, y in zip(r["sim_op"], r["sim_weights"]))
-        ns = [removable_heads(x.risk, TOL) for x in r["sim_weights"]]
+        ns = [sl.removable_heads(x.risk, TOL) for x in r["sim_weights"]]
         tw = r["trained_weights"]
         lines.append(f"  removable before the risk rises > {TOL}: greedy {g.removable(TOL)}, alignment {a.removable(TOL)}, "
                      f"random (mean curve) {rnd.removable(TOL)}, greedy by weights (trained overlaps, D = {args.D}) "
                      f"{tw.removable(TOL)}; H - F = {H - F}")
         same = r["trained_weights_same"]
-        lines.append(f"  trained layer at D = {args.D}: max |theory greedy - greedy by weights| = {np.max(np.abs(g.risk - tw.risk)):.4f}; "
+        lines.append(f"  trained layer at D = {args.D}: max |theory greedy - greedy by weights| = "
+                     f"{np.max(np.abs(g.risk - tw.risk)):.4f}; "
                      f"along the theory's greedy order: max |theory - weights| = {np.max(np.abs(g.risk - same.risk)):.4f}, "
                      f"max |theory - weights| / stderr = {np.max(np.abs(g.risk - same.risk) / same.stderr[0]):.2f}")
         lines.append(f"  at tau = {args.tau_sim:g}: max |theory - simulation(weights)| = {dev:.4f}; "
@@ -182,9 +178,9 @@ def report(results: dict, args) -> list[str]:
     return lines
 
 
-def figure(results: dict, args):
-    fig, axes = plt.subplots(len(FS), len(ACTIVATIONS), figsize=(4.3 * len(ACTIVATIONS), 3.6 * len(FS)),
-                             constrained_layout=True, squeeze=False)
+def draw(results: dict, args):
+    fig = figure(figsize=(4.3 * len(ACTIVATIONS), 3.6 * len(FS)), layout="constrained")
+    axes = fig.subplots(len(FS), len(ACTIVATIONS), squeeze=False)
     x = np.arange(H)
     for (act, F), r in results.items():
         ax = axes[FS.index(F), ACTIVATIONS.index(act)]
@@ -204,7 +200,8 @@ def figure(results: dict, args):
                     label=rf"SGD simulation D={args.D}, $\tau$={args.tau_sim:g}, greedy by weights")
         if "finetune" in r and r["finetune"]:
             k = sorted(r["finetune"])
-            ax.plot(k, [r["finetune"][j] for j in k], "*", ms=9, color="C3", label=rf"greedy + finetune $\Delta\tau$={args.tau_finetune:g}")
+            ax.plot(k, [r["finetune"][j] for j in k], "*", ms=9, color="C3",
+                    label=rf"greedy + finetune $\Delta\tau$={args.tau_finetune:g}")
         ax.axvline(H - F, color="grey", ls=":", lw=1)
         ax.axhline(g.risk[0] + TOL, color="grey", ls="--", lw=0.7)
         ax.set_xticks(x)
@@ -218,8 +215,8 @@ def figure(results: dict, args):
     return fig
 
 
-def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main() -> None:
+    p = parser(__doc__, cache=False)
     p.add_argument("--tau", type=float, default=1e4, help="theory training time (default 10000)")
     p.add_argument("--tau-sim", type=float, default=20.0, help="simulation training time (default 20)")
     p.add_argument("--D", type=int, default=2000, help="simulation dimension (default 2000)")
@@ -230,8 +227,13 @@ def main(argv=None) -> None:
     p.add_argument("--finetune", action="store_true", help="continue the ODE from the pruned layers")
     p.add_argument("--tau-finetune", type=float, default=200.0, help="finetuning time (default 200)")
     p.add_argument("--only", default=None, help="run one case, e.g. bsoftmax:2")
-    p.add_argument("--out", type=Path, default=FIGURE, help=f"figure path (default {FIGURE})")
-    args = p.parse_args(argv)
+    p.add_argument("--out", type=Path, default=None, help="figure path (default figures/pruning.png)")
+    args = p.parse_args()
+    if args.quick:
+        for name, value in QUICK.items():
+            setattr(args, name, min(getattr(args, name), value))
+        args.only = args.only or "bsoftmax:2"
+    out = args.out or figures_dir(args) / "pruning.png"
     start = time.perf_counter()
     cases = [(a, F) for F in FS for a in ACTIVATIONS]
     if args.only:
@@ -241,10 +243,8 @@ def main(argv=None) -> None:
     for act, F in cases:
         results[(act, F)] = run_one(act, F, args)
         print("\n".join(report({(act, F): results[(act, F)]}, args)), flush=True)
-    fig = figure(results, args)
-    save_figure(args.out, fig)
-    plt.close(fig)
-    print(f"\nwrote {args.out}; total {time.perf_counter() - start:.0f} s wall, {time.process_time():.0f} s CPU of this process")
+    path = sl.save_figure(out, draw(results, args))
+    print(f"\nwrote {path}; total {time.perf_counter() - start:.0f} s wall, {time.process_time():.0f} s CPU of this process")
 
 
 if __name__ == "__main__":

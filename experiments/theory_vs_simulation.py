@@ -4,10 +4,10 @@ Part 1 (``--part agreement``): the default preset (softmax), and the softmax1 an
 presets (biases trained), simulated at D = 4000 with 4 seeds, each seed against the ODE
 started from its own initial overlaps. Reported:
 
-* the escape time of each theory curve that drops after a plateau: by the rule of
-  :mod:`singleloc._phase_analysis` (halfway from the plateau value to the final value); the
-  simulation's escape time is when its risk (3-point moving average) crosses the same
-  level; and their relative difference;
+* the escape time of each theory curve that drops by more than 0.02 after a plateau: by the
+  rule of :func:`singleloc.escape_times` (halfway from the plateau value to the next plateau's
+  value, or to the final value); the simulation's escape time is when its risk (3-point moving
+  average) crosses the same level; and their relative difference;
 * the escape window: the saved times at which the theory risk or the smoothed simulation
   risk lies between 10% and 90% of the way from the plateau to the final value;
 * the maximal deviation of the risk outside and inside the windows, and of the overlaps M
@@ -18,59 +18,58 @@ Part 2 (``--part scaling``): the default preset to tau = 10 at D = 1000, 4000, 1
 carries the Monte Carlo error of its test set) against D, with the fitted exponent.
 
 Writes figures/theory_vs_simulation.png and figures/theory_vs_simulation_D.png.
-Run: ``python experiments/theory_vs_simulation.py [--part agreement|scaling|both]``.
+Run: ``python experiments/theory_vs_simulation.py [--part agreement|scaling|both]``; ``--quick``:
+2 seeds, D divided by 8, 4096 test sequences (agreement) and 256 quadrature points; ``--cache
+DIR`` keeps every simulation and ODE run.
 """
 
 from __future__ import annotations
 
-import argparse
 import time
-from pathlib import Path
+from types import SimpleNamespace
 
 import jax
 
 jax.config.update("jax_enable_x64", True)
 
-import matplotlib  # noqa: E402
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from _common import cache_dir, figure, figures_dir, parser, stage  # noqa: E402
 
 import singleloc as sl  # noqa: E402
-from singleloc._io import save_figure  # noqa: E402
-from singleloc._phase_analysis import halfway_time, plateaus  # noqa: E402
-
-FIGURES = Path(__file__).resolve().parents[1] / "figures"
 
 # 65536 test sequences: Monte Carlo error of each saved test risk about 0.0015, so that the
 # pointwise 0.01 criterion measures the dynamics, not the test set.
 COMMON = ["simulation.D=4000", "simulation.test_samples=65536"]
+QUICK = ["simulation.D=500", "simulation.test_samples=4096", "simulation.seeds=2", "theory.points=256"]
 AGREEMENT = {
-    "softmax (default)": ("default", [*COMMON, "sgd.tau_max=30", "sgd.n_save=61"]),
-    "softmax1 + bias": ("softmax1", [*COMMON, "sgd.tau_max=30", "sgd.n_save=61"]),
-    "bsoftmax + bias": ("bsoftmax", [*COMMON, "sgd.tau_max=80", "sgd.n_save=81"]),
+    "softmax (default)": ("default", ["sgd.tau_max=30", "sgd.n_save=61"]),
+    "softmax1 + bias": ("softmax1", ["sgd.tau_max=30", "sgd.n_save=61"]),
+    "bsoftmax + bias": ("bsoftmax", ["sgd.tau_max=80", "sgd.n_save=81"]),
 }
+SCALING_D = [1000, 4000, 16000]
 
 
-def run_pair(preset, overrides):
+def run_pair(preset, overrides, cache, name):
+    """The simulation of ``preset`` with ``overrides`` and the ODE from each seed's initial
+    overlaps on its saved times (kept in ``cache`` as ``sim_<name>``, ``theory_<name>``)."""
     cfg = sl.load_config(preset, overrides)
     t0 = time.perf_counter()
-    sim = sl.simulate(cfg, progress=False)
+    sim = SimpleNamespace(**stage(cache, f"sim_{name}", lambda: sl.simulate(cfg, progress=False).arrays()))
     t1 = time.perf_counter()
-    th = sl.integrate(cfg, sl.initial_conditions(cfg), ts=sim.tau, progress=False)
+    th = SimpleNamespace(**stage(cache, f"theory_{name}",
+                                 lambda: vars(sl.integrate(cfg, sl.initial_conditions(cfg), ts=sim.tau, progress=False))))
     t2 = time.perf_counter()
     return cfg, sim, th, t1 - t0, t2 - t1
 
 
 def escape(tau, risk):
-    """(escape time, plateau value, final value) of the last escape of a theory curve that
-    drops by more than 0.02 after its plateau, or None without one."""
-    ps = plateaus(tau, risk)
-    final = float(risk[-1])
-    for p in reversed(ps):
-        if p.end < tau[-1] and p.risk - final > 0.02:
-            return halfway_time(tau, risk, p.tau, p.risk, final), p.risk, final
+    """``(escape time, plateau value, value escaped to)`` of the last escape of a theory curve
+    (:func:`singleloc.escape_times`) whose risk drops by more than 0.02, or None without one."""
+    ps = sl.plateaus(tau, risk)
+    levels = [p.risk for p in ps[1:]] + [float(risk[-1])]  # the next plateau's value, or the final risk
+    for p, t, to in reversed(list(zip(ps, sl.escape_times(tau, risk, ps), levels))):
+        if p.risk - to > 0.02:
+            return t, p.risk, to
     return None
 
 
@@ -89,12 +88,14 @@ def window(tau, risk, plateau, final):
     return (tau[idx[0]], tau[idx[-1]]) if len(idx) else None
 
 
-def agreement():
-    fig, axes = plt.subplots(2, 3, figsize=(13, 6.5), constrained_layout=True)
+def agreement(args) -> None:
+    quick, cache = args.quick, cache_dir(args)
+    fig = figure(figsize=(13, 6.5), layout="constrained")
+    axes = fig.subplots(2, 3)
     print("| config | seed | escape theory | escape sim | rel. diff | max dR outside | max dR inside | max dM outside |")
     print("|---|---|---|---|---|---|---|---|")
     for col, (name, (preset, overrides)) in enumerate(AGREEMENT.items()):
-        cfg, sim, th, t_sim, t_th = run_pair(preset, overrides)
+        cfg, sim, th, t_sim, t_th = run_pair(preset, [*(QUICK if quick else COMMON), *overrides], cache, preset)
         tau = sim.tau
         for s in range(sim.risk.shape[0]):
             # the plateau and final levels come from the theory; the simulation's escape is
@@ -105,7 +106,7 @@ def agreement():
             if e_th is not None:
                 _, plateau, final = e_th
                 start = tau[np.argmin(np.abs(th.risk[s] - plateau))]
-                e_sim = (halfway_time(tau, smooth(sim.risk[s]), start, plateau, final),)
+                e_sim = (sl.halfway_time(tau, smooth(sim.risk[s]), start, plateau, final),)
                 for r in (th.risk[s], smooth(sim.risk[s])):
                     if (w := window(tau, r, plateau, final)) is not None:
                         inside |= (tau >= w[0]) & (tau <= w[1])
@@ -135,34 +136,42 @@ def agreement():
         ax.set_xlabel(r"$\tau$")
         ax.set_title("overlaps of seed 0 (lines: theory, dots: simulation)", fontsize=9)
         ax.legend(frameon=False, fontsize=7, ncol=2)
-    save_figure(FIGURES / "theory_vs_simulation.png", fig)
+    print(f"wrote {sl.save_figure(figures_dir(args) / 'theory_vs_simulation.png', fig)}")
 
 
-def scaling():
-    Ds = [1000, 4000, 16000]
+def scaling(args) -> None:
+    quick, cache = args.quick, cache_dir(args)
+    Ds = [D // 8 for D in SCALING_D] if quick else SCALING_D
     devM, devR = [], []
     for D in Ds:
-        cfg, sim, th, t_sim, t_th = run_pair("default", [f"simulation.D={D}", "simulation.seeds=2", "sgd.tau_max=10", "sgd.n_save=21"])
+        overrides = [f"simulation.D={D}", "simulation.seeds=2", "sgd.tau_max=10", "sgd.n_save=21"]
+        overrides += ["theory.points=256"] if quick else []
+        _, sim, th, t_sim, t_th = run_pair("default", overrides, cache, f"default_D{D}")
         devM.append(np.abs(sim.M - th.M).max())
         devR.append(np.abs(sim.risk - th.risk).max())
         print(f"D = {D:6d}: max |dM| = {devM[-1]:.4f}, max |dR| = {devR[-1]:.4f} (simulation {t_sim:.0f} s, theory {t_th:.0f} s)")
     slope = np.polyfit(np.log(Ds), np.log(devM), 1)[0]
     print(f"fitted exponent of max |dM| against D: {slope:.2f} (finite-D fluctuations: -0.5)")
-    fig, ax = plt.subplots(figsize=(4.5, 3.5), constrained_layout=True)
+    fig = figure(figsize=(4.5, 3.5), layout="constrained")
+    ax = fig.subplots()
     ax.loglog(Ds, devM, "o-", label=r"max $|M_{sim} - M_{theory}|$")
     ax.loglog(Ds, devR, "s-", label=r"max $|R_{sim} - R_{theory}|$")
     ax.loglog(Ds, devM[0] * (np.array(Ds) / Ds[0]) ** -0.5, "k--", lw=0.8, label=r"$D^{-1/2}$")
     ax.set_xlabel("D")
     ax.set_title(f"default preset, tau <= 10; fitted exponent {slope:.2f}", fontsize=9)
     ax.legend(frameon=False, fontsize=8)
-    save_figure(FIGURES / "theory_vs_simulation_D.png", fig)
+    print(f"wrote {sl.save_figure(figures_dir(args) / 'theory_vs_simulation_D.png', fig)}")
+
+
+def main() -> None:
+    p = parser(__doc__)
+    p.add_argument("--part", choices=["agreement", "scaling", "both"], default="both", help="what to run (default both)")
+    args = p.parse_args()
+    if args.part in ("agreement", "both"):
+        agreement(args)
+    if args.part in ("scaling", "both"):
+        scaling(args)
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--part", choices=["agreement", "scaling", "both"], default="both")
-    args = parser.parse_args()
-    if args.part in ("agreement", "both"):
-        agreement()
-    if args.part in ("scaling", "both"):
-        scaling()
+    main()
