@@ -71,6 +71,7 @@ def test_importing_singleloc_or_a_serial_run_does_not_import_dask():
             "from singleloc._distributed import run_points\n"
             "r = run_points([(1, (2.0,))], abs, lambda k, v: None, progress=False)\n"
             "assert r.where == 'serial' and r.completed == [1]\n"
+            "assert run_points([], abs, print, workers=2).completed == []  # nothing to run, no cluster\n"
             "assert not {'distributed', 'dask'} & set(sys.modules)\n")
     env = {k: v for k, v in os.environ.items() if k != "DASK_SCHEDULER_ADDRESS"}
     subprocess.run([sys.executable, "-c", code], check=True, timeout=STARTUP, env=env)
