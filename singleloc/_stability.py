@@ -9,8 +9,11 @@ every head, ``R_orth = r_d I + r_o 1 1^T`` and ``b_h = b_0``, are written
 ``x = [m (F), r_d, r_o, b_0]`` (``r_o`` absent when ``H = 1``; :func:`symmetric_state`). The
 subspace is invariant under the flow (the quadrature rule is permutation-equivariant) and
 contains the unspecialized fixed point, found by integrating the restricted flow
-(:func:`symmetric_flow`, diffrax) and polishing with a root finder
-(:func:`unspecialized_point`).
+(:func:`symmetric_flow` with a constant step, :func:`symmetric_path` with an adaptive one;
+diffrax) and polishing with a root finder (:func:`unspecialized_point`). A polished point must
+be a valid set of overlaps (``R_orth`` PSD: ``r_d >= 0`` and ``r_d + H r_o >= 0``, which makes
+``Q`` PSD too); where the flow creeps, the root finder can land outside that set, and the
+flow's end point is kept instead.
 
 Jacobians. ``jax.jacobian`` of the drift, or central finite differences where it cannot be
 trusted: the derivative of ``jnp.linalg.eigh`` (inside ``Q^{1/2}``) divides by the gaps between
@@ -27,7 +30,8 @@ the escape, and the largest real part among them is the escape rate ``lambda``
 (:func:`escape_rate`). The log D law: the escape direction starts at amplitude ``O(D^{-1/2})``
 (the random initial overlaps) and grows like ``exp(lambda tau)``, so it reaches ``O(1)`` at
 ``tau_esc = tau_0 + (1 / (2 lambda)) log D`` (:func:`predicted_escape_slope`,
-:func:`linear_escape_time`).
+:func:`linear_escape_time`; the prediction for a configuration, with its integration horizon,
+is :func:`singleloc._predictions.predicted_escape`).
 """
 
 from __future__ import annotations
@@ -49,6 +53,11 @@ from ._theory import OrderParameterODE, flatten_state, unflatten_state
 #: coordinates below which MINPACK's ``hybr`` stops, about 450 float64 ulps (the drift's
 #: rounding, not the tolerance, then limits the residual).
 _ROOT_XTOL = 1e-13
+
+#: Slack of the validity test of a polished fixed point (:func:`valid_symmetric_state`): the
+#: eigenvalues of ``R_orth`` may be negative by this fraction of the size of ``Q`` (the rounding
+#: of a point on the boundary of the PSD cone, not more).
+_PSD_RTOL = 1e-10
 
 #: Eigenvalues of ``Q`` closer than this fraction of its largest ``|eigenvalue|`` count as
 #: repeated (module docstring). Above it, the rounding error of the eigenvector derivatives,
@@ -86,6 +95,20 @@ def symmetric_coordinates(M, Q, b) -> np.ndarray:
     off = (R.sum() - np.trace(R)) / (H * (H - 1)) if H > 1 else 0.0
     x = [*m, dia - off] + ([off] if H > 1 else []) + [b.mean()]
     return np.asarray(x, float)
+
+
+def valid_symmetric_state(x, H: int, F: int) -> bool:
+    """Whether symmetric coordinates ``x`` are finite overlaps of real keys: ``R_orth =
+    r_d I + r_o 1 1^T`` is PSD, i.e. its eigenvalues ``r_d`` and ``r_d + H r_o`` are
+    non-negative (up to a rounding slack ``_PSD_RTOL`` relative to the size of ``Q``); then
+    ``Q = M M^T + R_orth`` is PSD too."""
+    x = np.asarray(x, float)
+    if not np.all(np.isfinite(x)):
+        return False
+    m, rd = x[:F], x[F]
+    ro = x[F + 1] if H > 1 else 0.0
+    slack = _PSD_RTOL * (1.0 + H * (m @ m + abs(rd) + abs(ro)))
+    return bool(min(rd, rd + H * ro) >= -slack)
 
 
 def symmetric_drift(ode: OrderParameterODE, x, H: int, F: int):
@@ -312,26 +335,38 @@ def predicted_escape_slope(rate: float) -> float:
     return 1.0 / (2.0 * rate)
 
 
-def linear_escape_time(path_tau, path_rate, amplitude, threshold: float = 0.1) -> np.ndarray:
-    """Time at which ``amplitude * exp(int_0^tau rate)`` reaches ``threshold``: the escape of
-    the linearised dynamics along a plateau whose escape rate ``path_rate`` (at ``path_tau``,
-    e.g. from :func:`escape_rate_along`) drifts (adiabatic approximation). NaN if not reached
-    within the path."""
+def linear_escape_time(path_tau, path_rate, amplitude, threshold: float = 0.1, *, extrapolate: bool = False) -> np.ndarray:
+    """First time at which ``amplitude * exp(int_{tau_0}^tau rate)`` reaches ``threshold``
+    (``tau_0 = path_tau[0]``): the escape of the linearised dynamics along a plateau whose
+    escape rate ``path_rate`` (at ``path_tau``, e.g. from :func:`escape_rate_along`) drifts
+    (adiabatic approximation). The integral is the trapezoid rule on the path, interpolated
+    linearly within the step where it crosses; the rate may change sign. ``tau_0`` if the
+    amplitude starts at the threshold. Not reached within the path: NaN, or with
+    ``extrapolate`` the rate is held at its last value beyond the path (``inf`` if that value
+    is not positive)."""
     t, lam = np.asarray(path_tau, float), np.asarray(path_rate, float)
     growth = np.concatenate([[0.0], np.cumsum(0.5 * (lam[1:] + lam[:-1]) * np.diff(t))])
     need = np.log(threshold / np.asarray(amplitude, float))
-    out = np.interp(need, growth, t, left=0.0, right=np.nan) if np.all(np.diff(growth) > 0) else np.full(np.shape(need), np.nan)
-    return np.where(need <= 0, 0.0, out)
+    out = np.full(np.shape(need), np.nan)
+    for idx, g in np.ndenumerate(need):
+        past = np.flatnonzero(growth >= g)
+        if len(past):
+            i = past[0]
+            out[idx] = t[0] if i == 0 else t[i - 1] + (g - growth[i - 1]) / (growth[i] - growth[i - 1]) * (t[i] - t[i - 1])
+        elif extrapolate:
+            out[idx] = t[-1] + (g - growth[-1]) / lam[-1] if lam[-1] > 0 else np.inf
+    return out
 
 
 # -- the unspecialized fixed point ----------------------------------------------------------
 
 
 @eqx.filter_jit
-def _symmetric_solve(ode: OrderParameterODE, x0: jax.Array, ts: jax.Array, dt: jax.Array, H: int, F: int, max_steps: int):
+def _symmetric_solve(ode: OrderParameterODE, x0: jax.Array, ts: jax.Array, dt0: jax.Array | None,
+                     controller: diffrax.AbstractStepSizeController, H: int, F: int, max_steps: int):
     term = diffrax.ODETerm(lambda t, x, args: symmetric_drift(ode, x, H, F))
-    sol = diffrax.diffeqsolve(term, diffrax.Tsit5(), ts[0], ts[-1], dt, x0, saveat=diffrax.SaveAt(ts=ts),
-                              stepsize_controller=diffrax.ConstantStepSize(), max_steps=max_steps)
+    sol = diffrax.diffeqsolve(term, diffrax.Tsit5(), ts[0], ts[-1], dt0, x0, saveat=diffrax.SaveAt(ts=ts),
+                              stepsize_controller=controller, max_steps=max_steps, throw=False)
     return sol.ys, jax.vmap(lambda x: _symmetric_risk(ode, x, H, F))(sol.ys)
 
 
@@ -348,8 +383,22 @@ def symmetric_flow(ode: OrderParameterODE, x0, H: int, F: int, tau_max: float, d
     per = max(n_steps // (n_save - 1), 1)
     taus = np.arange(n_steps // per + 1) * per * h
     x0 = jnp.asarray(x0, dtype=jnp.result_type(float))
-    xs, risk = _symmetric_solve(ode, x0, jnp.asarray(taus, x0.dtype), jnp.asarray(h, x0.dtype), H, F, n_steps + 16)
+    xs, risk = _symmetric_solve(ode, x0, jnp.asarray(taus, x0.dtype), jnp.asarray(h, x0.dtype), diffrax.ConstantStepSize(),
+                                H, F, n_steps + 16)
     return taus, np.asarray(xs), np.asarray(risk)
+
+
+def symmetric_path(ode: OrderParameterODE, x0, H: int, F: int, ts, *, rtol: float = 1e-8, atol: float = 1e-10,
+                   max_steps: int = 100_000) -> tuple[np.ndarray, np.ndarray]:
+    """The restricted flow from ``x0`` saved at the times ``ts`` (increasing, ``ts[0]`` the
+    start): ``(x, risk)``. Tsit5 with diffrax's PID step-size controller (``rtol``, ``atol``),
+    for long flows along a creeping plateau, where a constant step wastes thousands of steps
+    (about 100 adaptive steps reach tau = 1000 at the default problem). States after a failure
+    of the solver (out of steps, non-finite drift) are not finite."""
+    x0 = jnp.asarray(x0, dtype=jnp.result_type(float))
+    xs, risk = _symmetric_solve(ode, x0, jnp.asarray(ts, x0.dtype), None, diffrax.PIDController(rtol=rtol, atol=atol),
+                                H, F, max_steps)
+    return np.asarray(xs), np.asarray(risk)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -379,10 +428,14 @@ def unspecialized_point(ode: OrderParameterODE, H: int, F: int, x0=None, *, init
     random start) for ``tau_flow``, then polishes with ``scipy.optimize.root`` over the
     coordinates the drift depends on: a coordinate whose row and column of the restricted
     Jacobian vanish (below ``1e-8`` of its largest entry) is a gauge and is left alone (a common
-    bias shift is a symmetry of softmax and bsoftmax). The polished point is kept only if its
-    residual is smaller. ``converged`` tells whether the residual fell below ``tol``; where the
-    restricted flow creeps (slow modes), the polished point can lie far from where the
-    trajectory is at finite times.
+    bias shift is a symmetry of softmax and bsoftmax). The polished point is kept only if it is
+    a valid set of overlaps (``R_orth`` PSD, :func:`valid_symmetric_state`) and its residual is
+    smaller; otherwise the flow's end point is kept. ``converged`` tells whether the residual
+    fell below ``tol``. Where the restricted flow creeps (slow modes) it has no fixed point
+    within reach: at the default problem (softmax, spikes of strength 2.5) the root finder
+    lands at ``r_d = -0.29``, outside the valid set, and the result is the flow's end point
+    with ``converged=False``; use the rate along the flow there (:func:`escape_rate_along`,
+    :func:`singleloc._predictions.predicted_escape`).
     """
     if x0 is None:
         x0 = np.asarray([0.0] * F + [init_scale**2] + ([0.0] if H > 1 else []) + [bias_init])
@@ -406,7 +459,7 @@ def unspecialized_point(ode: OrderParameterODE, H: int, F: int, x0=None, *, init
         sol = optimize.root(restricted, x[free], method="hybr", options={"xtol": _ROOT_XTOL})
         cand = x.copy()
         cand[free] = sol.x
-        if np.all(np.isfinite(cand)) and np.max(np.abs(drift(cand))) < np.max(np.abs(drift(x))):
+        if valid_symmetric_state(cand, H, F) and np.max(np.abs(drift(cand))) < np.max(np.abs(drift(x))):
             x = cand
     res = float(np.max(np.abs(drift(x))))
     M, Q, b = (np.asarray(a) for a in symmetric_state(jnp.asarray(x), H, F))

@@ -1,6 +1,8 @@
 """Linear stability of the unspecialized point: the state <-> vector map, the Jacobian (autodiff
 against finite differences, and the fallback at repeated eigenvalues), the restricted flow
-against the full ODE, the saddle and its escape mode, and the escape-time formulas."""
+against the full ODE, the saddle and its escape mode, the validity of the polished point, the
+escape-time formulas, the escape time of the ODE from a controlled amplitude, and the predicted
+escape and horizon of a configuration."""
 
 from __future__ import annotations
 
@@ -10,8 +12,9 @@ import numpy as np
 import pytest
 from scipy.integrate import solve_ivp
 
-from singleloc import OrderParameterODE, load_config
+from singleloc import OrderParameterODE, integrate, load_config
 from singleloc import _stability as st
+from singleloc._predictions import EscapePrediction, adiabatic_escape, escape_horizon, predicted_escape
 from singleloc._theory import flatten_state, unflatten_state
 
 TINY_OVERRIDES = ["theory.points=64", "problem.L=3", "problem.strength=3.0", "sgd.lr=1.0"]
@@ -146,3 +149,153 @@ def test_symmetric_coordinates_roundtrip():
     x = np.array([0.7, 0.4, 0.3, -0.05, 0.2])
     M, Q, b = (np.asarray(a) for a in st.symmetric_state(jnp.asarray(x), 3, 2))
     np.testing.assert_allclose(st.symmetric_coordinates(M, Q, b), x, atol=1e-12)
+
+
+# -- validity of the polished point ---------------------------------------------------------
+
+
+def test_valid_symmetric_state():
+    # R_orth = r_d I + r_o 1 1^T has eigenvalues r_d and r_d + H r_o
+    assert st.valid_symmetric_state([1.4, 1.4, 0.1, 0.04, 0.0], 2, 2)
+    assert not st.valid_symmetric_state([1.467, 1.467, -0.415, 0.308, 0.0], 2, 2)  # r_d < 0
+    assert not st.valid_symmetric_state([1.0, 1.0, 0.2, -0.11, 0.0], 2, 2)  # r_d + 2 r_o < 0
+    assert st.valid_symmetric_state([1.0, 1.0, 0.2, -0.1, 0.0], 2, 2)  # on the boundary
+    assert not st.valid_symmetric_state([np.nan, 1.0, 0.2, 0.0, 0.0], 2, 2)
+    assert st.valid_symmetric_state([1.0, 0.0, 0.0], 1, 2) and not st.valid_symmetric_state([1.0, -1e-3, 0.0], 1, 1)
+
+
+@pytest.mark.slow
+def test_polish_rejects_a_root_outside_the_valid_set():
+    """Softmax at the default problem creeps: the root finder started at the end of a flow of
+    length 200 lands at r_d = -0.42 (theory.points = 256), not a Gram matrix. The flow's end
+    point is kept, unconverged (about 20 s)."""
+    ode = OrderParameterODE.from_config(load_config("default", ["theory.points=256"]))
+    fp = st.unspecialized_point(ode, 2, 2, init_scale=0.5, tau_flow=200.0, dt=0.5)
+    assert not fp.converged and fp.residual > 1e-6
+    np.testing.assert_array_equal(fp.x, fp.path_x[-1])
+    assert st.valid_symmetric_state(fp.x, 2, 2)
+
+
+# -- escape time from a controlled amplitude, and the horizon rule --------------------------
+
+
+FLIPPED = ["problem.prior=flipped", "theory.points=1024", "theory.rtol=1e-10", "theory.atol=1e-12"]
+
+
+@pytest.fixture(scope="module")
+def flipped():
+    """bsoftmax, zero-mean prior (theta = +-2.5 e_f), H = F = 2: the unspecialized point is
+    M = 0 and is a fixed point of the full flow (no creep in M)."""
+    cfg = load_config("bsoftmax", FLIPPED)
+    ode = OrderParameterODE.from_config(cfg)
+    fp = st.unspecialized_point(ode, 2, 2, init_scale=cfg.sgd.init_scale, tau_flow=10.0, dt=0.5)
+    return cfg, ode, fp, st.linearize(ode, fp.M, fp.Q, fp.b)
+
+
+def test_escape_time_from_a_controlled_amplitude(flipped):
+    """Start the full ODE at the fixed point plus A v (v the unit escape eigenvector) for A = 1e-4
+    and 1e-5; the times at which |M| reaches 0.05 differ by log(10) / lambda.
+
+    Tolerance: starting exactly on the eigenvector, the two runs differ only by the O(A^2)
+    terms the larger one picked up before the smaller one reaches amplitude A, a time shift of
+    order A / lambda = 4e-4; the solver (rtol 1e-10) and the log-linear interpolation of the
+    crossing between saved times 0.05 apart add less than 1e-6. So 1e-3, which a rate off by
+    0.02% already exceeds (the measured difference is 4e-6)."""
+    cfg, ode, fp, lin = flipped
+    assert fp.converged and np.abs(fp.M).max() < 1e-12
+    k = st.escape_mode(lin)
+    lam = lin.eigenvalues[k]
+    assert lam.imag == 0 and lam.real > 0.1
+    v = np.real(lin.eigenvectors[:, k])
+    v /= np.linalg.norm(v)
+    x0 = np.asarray(flatten_state(jnp.asarray(fp.M), jnp.asarray(fp.Q), jnp.asarray(fp.b), cfg.model.train_bias))
+    A = np.array([1e-4, 1e-5])
+    starts = [unflatten_state(jnp.asarray(x0 + a * v), 2, 2, jnp.asarray(fp.b)) for a in A]
+    y0 = type(starts[0])(*(jnp.stack(parts) for parts in zip(*starts)))
+    ts = np.arange(0.0, 36.0, 0.05)
+    r = integrate(cfg, y0, ts=ts, progress=False)
+    amp = np.log(np.linalg.norm(r.M, axis=(-1, -2)))  # (2, T)
+    target = np.log(0.05)
+    times = []
+    for s in range(2):
+        i = int(np.argmax(amp[s] >= target))
+        assert i > 0
+        times.append(ts[i - 1] + (target - amp[s, i - 1]) / (amp[s, i] - amp[s, i - 1]) * (ts[i] - ts[i - 1]))
+    assert times[1] - times[0] == pytest.approx(np.log(10.0) / lam.real, abs=1e-3)
+
+
+def test_linear_escape_time_with_a_rate_that_changes_sign():
+    # lambda(t) = 0.1 (t - 5): the growth int_0^t = 0.05 (t - 5)^2 - 1.25 first reaches g at
+    # t = 5 + sqrt((g + 1.25) / 0.05); the trapezoid rule is exact for a linear rate
+    t = np.linspace(0.0, 20.0, 4001)
+    g = np.array([0.5, 2.0])
+    got = st.linear_escape_time(t, 0.1 * (t - 5.0), np.exp(-g), 1.0)
+    np.testing.assert_allclose(got, 5.0 + np.sqrt((g + 1.25) / 0.05), atol=1e-5)
+    # beyond the path: NaN, or the last rate held (inf when it is not positive)
+    assert np.isnan(st.linear_escape_time(t[:100], np.full(100, 0.1), 1e-3, 1.0))
+    far = st.linear_escape_time(t[:101], np.full(101, 0.1), 1e-3, 1.0, extrapolate=True)
+    assert far == pytest.approx(np.log(1e3) / 0.1)
+    assert st.linear_escape_time(t, -np.ones_like(t), 1e-3, 1.0, extrapolate=True) == np.inf
+
+
+def test_adiabatic_escape_rule():
+    t = np.linspace(10.0, 200.0, 20)
+    # a constant rate: tau_0 + log(D) / (2 lambda), within the path and beyond it
+    for D in (100, 1000, 10**6):
+        esc, rate = adiabatic_escape(t, np.full(20, 0.05), D)
+        assert esc == pytest.approx(10.0 + np.log(D) / 0.1, rel=1e-12) and rate == pytest.approx(0.05, rel=1e-12)
+    # monotonic: later for a larger D, earlier for a larger rate; the mean rate reproduces it
+    lam = 0.02 + 0.01 * np.sin(t / 30.0)
+    esc = [adiabatic_escape(t, lam, D)[0] for D in (250, 500, 1000, 2000)]
+    assert np.all(np.diff(esc) > 0)
+    assert adiabatic_escape(t, 1.5 * lam, 1000)[0] < esc[2]
+    e, r = adiabatic_escape(t, lam, 1000)
+    assert e == pytest.approx(t[0] + np.log(1000) / (2 * r), rel=1e-12)
+    # NaN rates (no symmetry-breaking mode there) are skipped
+    lam_nan = np.where(np.arange(20) % 3 == 1, np.nan, np.full(20, 0.05))
+    assert adiabatic_escape(t, lam_nan, 1000)[0] == pytest.approx(10.0 + np.log(1000) / 0.1, rel=1e-12)
+    # no unstable direction: inf, with the last rate, or NaN without any
+    assert adiabatic_escape(t, np.full(20, -0.01), 1000) == (np.inf, -0.01)
+    e, r = adiabatic_escape(t, np.full(20, np.nan), 1000)
+    assert e == np.inf and np.isnan(r)
+
+
+def test_escape_horizon_rule():
+    assert escape_horizon(100.0) == 250.0
+    assert escape_horizon(123.4) == 310.0  # 2.5 * 123.4 = 308.5, rounded up to two digits
+    assert escape_horizon(0.42) == 1.1
+    assert escape_horizon(2000.0) == 3000.0  # the cap
+    assert escape_horizon(np.inf) == escape_horizon(np.nan) == 300.0  # the fallback
+    assert escape_horizon(np.inf, fallback=5000.0) == 3000.0
+    assert escape_horizon(100.0, multiple=4.0, cap=350.0) == 350.0
+    grid = np.geomspace(0.1, 5000.0, 400)
+    h = np.array([escape_horizon(x) for x in grid])
+    assert np.all(np.diff(h) >= 0)
+    assert np.all(h >= np.minimum(2.5 * grid, 3000.0)) and np.all(h <= np.minimum(2.75 * grid, 3000.0))
+    with pytest.raises(ValueError, match="must be > 0"):
+        escape_horizon(10.0, multiple=0.0)
+
+
+def test_predicted_escape_of_a_configuration(flipped):
+    """The rule on a real configuration: the rates are those of the linearisation along the
+    symmetric flow (checked at the same times on the constant-step flow, an independent
+    integration), they approach the fixed point's rate, and the prediction is
+    tau_0 + log(D) / (2 lambda) with their mean; H = 1 has no escape and the fallback horizon."""
+    cfg, ode, fp, lin = flipped
+    lam_star = st.escape_rate(lin)
+    p = predicted_escape(cfg)
+    assert p.escapes and p.D == cfg.simulation.D and len(p.path_tau) >= 2
+    assert p.predicted_escape == pytest.approx(p.tau_plateau + np.log(p.D) / (2 * p.rate), rel=1e-12)
+    assert p.horizon == escape_horizon(p.predicted_escape)
+    x0 = np.array([0.0, 0.0, cfg.sgd.init_scale**2, 0.0, 0.0])
+    # every step saved (h = 0.05): the nearest saved state is at most 0.025 away, where the rate
+    # moves by less than 1e-5 relative (it drifts by 1% over tau = 30)
+    n = int(np.ceil(p.path_tau[-1] / 0.05))
+    taus, xs, _ = st.symmetric_flow(ode, x0, 2, 2, n * 0.05, dt=0.05, n_save=n + 1)
+    nearest = [int(np.argmin(np.abs(taus - t))) for t in p.path_tau]
+    assert np.max(np.abs(taus[nearest] - p.path_tau)) <= 0.025 + 1e-9
+    np.testing.assert_allclose(p.path_rate, st.escape_rate_along(ode, p.path_tau, xs[nearest], 2, 2), rtol=1e-4)
+    assert np.all(np.abs(p.path_rate / lam_star - 1) < 0.05)
+    one = predicted_escape(cfg.replace(model={"heads": 1}))
+    assert not one.escapes and np.isnan(one.rate) and one.horizon == 300.0 and len(one.path_rate) == 0
+    assert EscapePrediction.from_arrays(p.arrays()).predicted_escape == p.predicted_escape
