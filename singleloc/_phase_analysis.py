@@ -1,5 +1,5 @@
-"""Phases of a trajectory: plateaus, escapes, head specialization and redundancy
-(MODEL.md section 5).
+"""Phases of a trajectory: plateaus, escapes, what each head has learned, redundancy
+(MODEL.md section 5; docs/phases.md).
 
 Everything here works on plain NumPy arrays, so it applies equally to a theory trajectory
 (:class:`~singleloc.TheoryResult`) and to a simulation (:class:`~singleloc.SimulationResult`):
@@ -34,10 +34,41 @@ Post-processing rules (the numbers are the keyword defaults):
   ``Q_hh' / sqrt(Q_hh Q_h'h') > 0.99``. They share a *profile* when their spike parts point the
   same way, ``M_h . M_h' / (|M_h| |M_h'|) > 0.99``, with both spike fractions ``>= 0.3``: the
   keys may still differ off the spikes (``R_orth``), but the heads look for the same signal.
-* **Escape from the unspecialized phase** (:attr:`PhaseAnalysis.escape_time`): the escape
-  from the last plateau whose centre precedes the first time any head is specialized; NaN if
-  no head specializes, or if the risk has no plateau before (the first specialization time,
-  :attr:`PhaseAnalysis.first_specialization`, is defined whenever a head specializes).
+* **Head classes** (:func:`classify_heads`, at every saved time). With ``mu`` the unit mean
+  direction (none for a zero-mean prior), ``f`` the nearest spike (largest ``|u_hf|``, sign
+  ``s``), ``w_h`` the head's attention weight (:func:`singleloc._predictions.head_weights`),
+  the first rule that applies:
+
+  1. ``off``: ``w_h < off_fraction = 0.05``: the head puts less than 5% of a full head's weight
+     on the sequence, so it contributes less than ``0.05 / H`` to the output weights ``a``
+     (a softmax1 head whose bias or scores went to minus infinity; a bsoftmax head outweighed
+     by the others). Never without ``weights``; never for softmax (``w_h = 1``).
+  2. ``redundant``: key cosine ``>= redundancy = 0.99`` with a lower-index head that is not
+     off: a copy of it (its own profile is that head's).
+  3. ``unspecialized``: spike fraction ``phi_h < min_fraction = 0.3``, or (``mu`` defined) the
+     part of the key in the spike span orthogonal to the mean direction is small,
+     ``psi_h = |M_h - (M_h . mu) mu| / sqrt(Q_hh) < mean_tol = 0.1``: the mean-direction
+     profile of the plateau (for ``F = 1`` the only spike is the mean direction).
+  4. ``aligned``: specialized to a spike (the rule above: ``|cos| >= 0.9``, ``margin`` closer
+     than the mean direction).
+  5. ``leaning``: ``mu`` defined and ``u_h = alpha mu + beta s e_f + r`` with ``alpha > 0``,
+     ``beta > 0`` and ``|r| <= plane_tol = 0.2``: between the mean direction and one spike (the
+     softmax heads of the default problem end at ``M_h ~ (2.04, 1.14)``: 29 degrees from
+     ``e_1``, 16 from the mean).
+  6. ``combination``: any other spike profile: a combination of spikes that is neither the
+     mean, nor one spike, nor between them (``e_1 - e_2`` under the spikes prior; ``e_1 +
+     e_2`` under a zero-mean prior such as ``flipped``).
+
+  ``aligned``, ``leaning`` and ``combination`` are the *learned* classes. The angles of the
+  profile to the nearest spike and to the mean are reported for every head.
+* **Escape from the unspecialized phase.** A trajectory has *escaped* when a head is in a
+  learned class at its last saved time; :attr:`PhaseAnalysis.first_learned` is the first
+  saved time from which some head stays learned to the end (NaN if none),
+  :attr:`PhaseAnalysis.first_specialization` the first saved time at which some head is
+  aligned, and :attr:`PhaseAnalysis.escape_time` the halfway time from the last plateau whose centre
+  precedes it to the next plateau's value (the final risk after the last plateau, also when
+  that plateau's extent runs to the end: a drop too small for the rate criterion, as for late
+  softmax heads); NaN if the risk has no plateau before.
 
 Norms are floored at :data:`singleloc._numerics.TINY` before a division: a zero key has cosine
 0 with everything, and a head with ``M_h = 0`` has spike fraction 0 (never specialized).
@@ -203,6 +234,86 @@ def specialization(M, Q, *, mean=None, directions=None, threshold: float = 0.9, 
     return np.where(ok.any(axis=-1), best, -1)
 
 
+#: The head classes of :func:`classify_heads`, in the order of their integer codes.
+HEAD_CLASSES = ("unspecialized", "aligned", "leaning", "combination", "redundant", "off")
+
+#: The classes of a head that has left the unspecialized profile.
+LEARNED_CLASSES = ("aligned", "leaning", "combination")
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadClasses:
+    """What each head has learned (:func:`classify_heads`): ``code`` (..., H), an index into
+    :data:`HEAD_CLASSES`; ``spike`` (..., H) the nearest spike ``f`` (largest ``|u_hf|``);
+    ``angle_spike`` (..., H) the angle in degrees between the profile ``u_h`` and ``+-e_f``;
+    ``angle_mean`` (..., H) between ``u_h`` and the mean direction (NaN for a zero-mean prior);
+    both angles NaN where ``M_h = 0``."""
+
+    code: np.ndarray
+    spike: np.ndarray
+    angle_spike: np.ndarray
+    angle_mean: np.ndarray
+
+    def names(self) -> np.ndarray:
+        """The class names (..., H)."""
+        return np.asarray(HEAD_CLASSES)[self.code]
+
+    def counts(self) -> dict[str, np.ndarray]:
+        """Number of heads in each class (...,), by name."""
+        return {name: np.sum(self.code == k, axis=-1) for k, name in enumerate(HEAD_CLASSES)}
+
+    def learned(self) -> np.ndarray:
+        """Whether each head is in a learned class (..., H)."""
+        return np.isin(self.code, [HEAD_CLASSES.index(c) for c in LEARNED_CLASSES])
+
+
+def classify_heads(M, Q, *, mean=None, weights=None, threshold: float = 0.9, margin: float = 0.05, min_fraction: float = 0.3,
+                   mean_tol: float = 0.1, plane_tol: float = 0.2, redundancy: float = 0.99,
+                   off_fraction: float = 0.05) -> HeadClasses:
+    """The class of every head (rules and defaults in the module docstring).
+
+    Args:
+        M, Q: overlaps (..., H, F) and (..., H, H).
+        mean: ``E[theta]`` (F,); ``None`` or zero for a zero-mean prior (no mean direction:
+            no ``leaning`` class, and ``unspecialized`` only by the spike fraction).
+        weights: ``w_h = E[sum_l A_hl]`` (..., H) from :func:`singleloc._predictions.head_weights`;
+            ``None``: no head is ``off``.
+    """
+    M, Q = np.asarray(M, float), np.asarray(Q, float)
+    u, phi = head_profiles(M, Q)
+    F = u.shape[-1]
+    has_mean = mean is not None and np.linalg.norm(mean) > 1e-12
+    mu = np.asarray(mean, float) / np.linalg.norm(mean) if has_mean else np.zeros(F)
+    nonzero = np.linalg.norm(M, axis=-1) > 0
+    f = np.argmax(np.abs(u), axis=-1)
+    uf = np.take_along_axis(u, f[..., None], axis=-1)[..., 0]  # s |u_f| with s = sign(u_f)
+    angle_spike = np.where(nonzero, np.degrees(np.arccos(np.clip(np.abs(uf), 0.0, 1.0))), np.nan)
+    c_mean = u @ mu
+    angle_mean = np.where(nonzero & has_mean, np.degrees(np.arccos(np.clip(c_mean, -1.0, 1.0))), np.nan)
+    # leaning: u = alpha mu + beta s e_f + r (least squares on the two unit vectors)
+    s = np.where(uf >= 0, 1.0, -1.0)
+    c = s * mu[f]  # cosine between mu and s e_f
+    det = 1.0 - c**2
+    safe = np.where(det > 1e-9, det, 1.0)
+    alpha = (c_mean - c * np.abs(uf)) / safe
+    beta = (np.abs(uf) - c * c_mean) / safe
+    resid = np.linalg.norm(u - alpha[..., None] * mu - (beta * s)[..., None] * np.eye(F)[f], axis=-1)
+    leaning = has_mean & (det > 1e-9) & (alpha > 0) & (beta > 0) & (resid <= plane_tol)
+    # unspecialized: no spike part, or no part away from the mean direction
+    psi = phi * np.sqrt(np.clip(1.0 - c_mean**2, 0.0, None)) if has_mean else phi
+    unspecialized = (phi < min_fraction) | (psi < mean_tol)
+    aligned = specialization(M, Q, mean=mean, threshold=threshold, margin=margin, min_fraction=min_fraction) >= 0
+    code = np.select([unspecialized, aligned, leaning], [0, 1, 2], default=3)
+    off = np.zeros(code.shape, bool) if weights is None else np.asarray(weights, float) < off_fraction
+    cos = head_cosines(Q)
+    H = code.shape[-1]
+    redundant = np.zeros(code.shape, bool)
+    for h in range(1, H):
+        redundant[..., h] = np.any((cos[..., :h, h] >= redundancy) & ~off[..., :h], axis=-1)
+    code = np.where(off, HEAD_CLASSES.index("off"), np.where(redundant, HEAD_CLASSES.index("redundant"), code))
+    return HeadClasses(code.astype(np.int8), f, angle_spike, angle_mean)
+
+
 def _count_pairs(pair_mask: np.ndarray) -> np.ndarray:
     """Number of pairs ``h < h'`` where a (..., H, H) mask is true (...,)."""
     iu = np.triu_indices(pair_mask.shape[-1], 1)
@@ -260,18 +371,25 @@ def rearrangements(tau, labels) -> list[tuple[float, int, int, int]]:
 class PhaseAnalysis:
     """Phases of ``S`` trajectories on a common time grid (see :func:`analyze`).
 
-    ``tau`` (T,); ``labels`` (S, T, H) specialization labels; ``n_specialized`` (S, T) number
-    of specialized heads; ``n_directions`` (S, T) number of distinct directions covered;
+    ``tau`` (T,); ``classes`` (:class:`HeadClasses` over (S, T, H)) what each head has
+    learned; ``escaped`` (S,) whether a head is in a learned class at the end; ``labels``
+    (S, T, H) the spike (latent direction) each head is aligned to, or -1;
+    ``n_specialized`` (S, T) number of aligned heads (labels >= 0, copies included);
+    ``n_directions`` (S, T) number of distinct directions they cover;
     ``redundant`` (S, T) redundant pairs; ``profiles`` (S, T) pairs with a shared profile;
     ``cos`` (S, T, H, F) head-spike cosines (:func:`head_spike_cosines`);
-    ``specialization_times`` (S, H); ``plateaus`` (per trajectory, a list of
-    :class:`Plateau`); ``escapes`` (per trajectory, the escape times of every plateau);
-    ``escape_time`` (S,) the escape from the unspecialized phase; ``first_specialization`` (S,)
-    the first saved time at which a head is specialized; ``final_risk`` (S,);
-    ``rearrangements`` (per trajectory, a list of ``(tau, head, old, new)``).
+    ``specialization_times`` (S, H) from which each head stays aligned; ``plateaus`` (per
+    trajectory, a list of :class:`Plateau`); ``escapes`` (per trajectory, the escape times of
+    every plateau); ``escape_time`` (S,) the escape from the unspecialized phase;
+    ``first_learned`` (S,) the first saved time from which a head stays in a learned class;
+    ``first_specialization`` (S,) the first saved time at which a head is aligned;
+    ``final_risk`` (S,); ``rearrangements`` (per trajectory, a list of ``(tau, head,
+    old, new)`` changes of the aligned direction).
     """
 
     tau: np.ndarray
+    classes: HeadClasses
+    escaped: np.ndarray
     labels: np.ndarray
     n_specialized: np.ndarray
     n_directions: np.ndarray
@@ -282,62 +400,92 @@ class PhaseAnalysis:
     plateaus: list
     escapes: list
     escape_time: np.ndarray
+    first_learned: np.ndarray
     first_specialization: np.ndarray
     final_risk: np.ndarray
     rearrangements: list
 
     def summary(self, index: int | None = None) -> dict:
-        """Scalars for tables: means over trajectories (or one trajectory)."""
+        """Scalars for tables: means over trajectories (or one trajectory) at the last saved
+        time: ``final_risk``, ``escaped`` (fraction of trajectories), ``escape_time``,
+        ``first_learned``, ``first_specialization``, ``n_<class>`` for every class of :data:`HEAD_CLASSES`,
+        ``leaning_angle_spike`` and ``leaning_angle_mean`` (mean angles of the leaning heads,
+        in degrees; NaN if none), ``n_directions`` and ``shared_profiles``."""
         sel = slice(None) if index is None else slice(index, index + 1)
 
         def nanmean(x):
             return float(np.nanmean(x)) if np.any(np.isfinite(x)) else float("nan")
 
-        return {
+        code = self.classes.code[sel, -1]
+        lean = code == HEAD_CLASSES.index("leaning")
+        out = {
             "final_risk": float(np.nanmean(self.final_risk[sel])),
-            "n_specialized": float(np.mean(self.n_specialized[sel, -1])),
-            "n_directions": float(np.mean(self.n_directions[sel, -1])),
-            "redundant_pairs": float(np.mean(self.redundant[sel, -1])),
-            "shared_profiles": float(np.mean(self.profiles[sel, -1])),
+            "escaped": float(np.mean(self.escaped[sel])),
             "escape_time": nanmean(self.escape_time[sel]),
+            "first_learned": nanmean(self.first_learned[sel]),
             "first_specialization": nanmean(self.first_specialization[sel]),
         }
+        out.update({f"n_{name}": float(np.mean(code == k, axis=0).sum()) for k, name in enumerate(HEAD_CLASSES)})
+        out["leaning_angle_spike"] = nanmean(np.where(lean, self.classes.angle_spike[sel, -1], np.nan))
+        out["leaning_angle_mean"] = nanmean(np.where(lean, self.classes.angle_mean[sel, -1], np.nan))
+        out["n_directions"] = float(np.mean(self.n_directions[sel, -1]))
+        out["shared_profiles"] = float(np.mean(self.profiles[sel, -1]))
+        return out
 
 
-def analyze(tau, M, Q, risk, *, mean=None, directions=None, threshold: float = 0.9, margin: float = 0.05,
-            min_fraction: float = 0.3, redundancy: float = 0.99, plateau_tol: float = 0.1,
-            prominence: float = 2.0) -> PhaseAnalysis:
+def analyze(tau, M, Q, risk, *, mean=None, weights=None, directions=None, threshold: float = 0.9, margin: float = 0.05,
+            min_fraction: float = 0.3, mean_tol: float = 0.1, plane_tol: float = 0.2, redundancy: float = 0.99,
+            off_fraction: float = 0.05, plateau_tol: float = 0.1, prominence: float = 2.0) -> PhaseAnalysis:
     """Phase analysis of one trajectory (``M`` (T, H, F), ``Q`` (T, H, H), ``risk`` (T,)) or
     of several (a leading axis ``S``); keyword arguments as in the module docstring.
 
-    ``mean`` is ``E[theta]`` (``config.problem.build_prior().mean()``).
+    ``mean`` is ``E[theta]`` (``config.problem.build_prior().mean()``); ``weights`` (S, T, H)
+    or (T, H) the heads' attention weights (:func:`singleloc._predictions.head_weights`),
+    without which no head is classified ``off``; ``directions`` the latent directions of the
+    ``labels`` (default the spikes).
     """
     tau = np.asarray(tau, float)
     M, Q, risk = np.asarray(M, float), np.asarray(Q, float), np.asarray(risk, float)
     if M.ndim == 3:
         M, Q, risk = M[None], Q[None], risk[None]
+        weights = None if weights is None else np.asarray(weights, float)[None]
     if M.ndim != 4 or Q.shape[:3] != M.shape[:3] or risk.shape != M.shape[:2] or len(tau) != M.shape[1]:
         raise ValueError("analyze expects tau (T,), M (S, T, H, F), Q (S, T, H, H), risk (S, T); "
                          f"got {tau.shape}, {M.shape}, {Q.shape}, {risk.shape}")
+    if weights is not None and np.shape(weights) != M.shape[:3]:
+        raise ValueError(f"analyze expects weights of shape {M.shape[:3]} (S, T, H), got {np.shape(weights)}")
     labels = specialization(M, Q, mean=mean, directions=directions, threshold=threshold, margin=margin, min_fraction=min_fraction)
+    classes = classify_heads(M, Q, mean=mean, weights=weights, threshold=threshold, margin=margin, min_fraction=min_fraction,
+                             mean_tol=mean_tol, plane_tol=plane_tol, redundancy=redundancy, off_fraction=off_fraction)
+    learned = classes.learned().any(axis=-1)  # (S, T)
     K = M.shape[-1] if directions is None else np.atleast_2d(directions).shape[0]
     n_dir = np.sum(np.stack([(labels == k).any(axis=-1) for k in range(K)], axis=-1), axis=-1)
-    pls, escs, esc, rearr, first = [], [], [], [], []
+    pls, escs, esc, rearr, first, first_aligned = [], [], [], [], [], []
     for s in range(M.shape[0]):
         ps = plateaus(tau, risk[s], plateau_tol=plateau_tol, prominence=prominence)
         e = escape_times(tau, risk[s], ps)
         pls.append(ps)
         escs.append(e)
-        on = np.flatnonzero((labels[s] >= 0).any(axis=-1))
-        t_first = tau[on[0]] if len(on) else np.nan
+        # first saved time from which some head stays learned to the end
+        off = np.flatnonzero(~learned[s])
+        start = 0 if len(off) == 0 else off[-1] + 1
+        t_first = tau[start] if start < len(tau) else np.nan
         first.append(t_first)
-        cand = [k for k, p in enumerate(ps) if p.tau < t_first and k < len(e)]
-        esc.append(e[cand[-1]] if cand else np.nan)
+        on = np.flatnonzero((labels[s] >= 0).any(axis=-1))
+        first_aligned.append(tau[on[0]] if len(on) else np.nan)
+        # the escape from the last plateau before it, also when that plateau runs to the end of
+        # the curve (a drop too small for the rate criterion, as for late softmax heads)
+        cand = [k for k, p in enumerate(ps) if p.tau < t_first]
+        k = cand[-1] if cand else -1
+        esc.append(np.nan if k < 0 else halfway_time(tau, risk[s], ps[k].tau, ps[k].risk,
+                                                     ps[k + 1].risk if k + 1 < len(ps) else risk[s, -1]))
         rearr.append(rearrangements(tau, labels[s]))
     return PhaseAnalysis(
-        tau=tau, labels=labels, n_specialized=np.sum(labels >= 0, axis=-1), n_directions=n_dir,
+        tau=tau, classes=classes, escaped=learned[:, -1].copy(), labels=labels, n_specialized=np.sum(labels >= 0, axis=-1),
+        n_directions=n_dir,
         redundant=redundant_pairs(Q, redundancy), profiles=shared_profiles(M, Q, redundancy, min_fraction),
         cos=head_spike_cosines(M, Q), specialization_times=specialization_times(tau, labels), plateaus=pls, escapes=escs,
-        escape_time=np.asarray(esc, float), first_specialization=np.asarray(first, float), final_risk=risk[:, -1].copy(),
+        escape_time=np.asarray(esc, float), first_learned=np.asarray(first, float),
+        first_specialization=np.asarray(first_aligned, float), final_risk=risk[:, -1].copy(),
         rearrangements=rearr,
     )

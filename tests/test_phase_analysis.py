@@ -1,12 +1,16 @@
-"""Phase analysis of trajectories: the plateau/escape rule, specialization, redundancy and
-shared profiles, on curves and overlaps built by hand."""
+"""Phase analysis of trajectories: the plateau/escape rule, specialization, the head classes,
+redundancy and shared profiles, on curves and overlaps built by hand; the heads' attention
+weights against Monte Carlo."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from scipy.optimize import brentq
 
+from singleloc import OrderParameterODE, load_config
 from singleloc import _phase_analysis as pa
+from singleloc._predictions import head_weights
 
 
 def logistic(tau, t0, width, hi, lo):
@@ -128,8 +132,135 @@ def test_analyze_synthetic_trajectory():
     assert a.escape_time[0] == pytest.approx(20.0, abs=0.1)
     assert 19 <= a.first_specialization[0] < 21
     assert a.profiles[0, 0] == 1 and a.profiles[0, -1] == 0
-    assert a.summary()["n_specialized"] == 2.0
+    assert a.summary()["n_aligned"] == 2.0 and a.summary()["escaped"] == 1.0
+    # the heads leave the mean profile when psi = sqrt(2) s / sqrt(2 + 2 s^2 + 0.005) reaches
+    # 0.1, i.e. s = 0.1005 (tau = 20 - log(0.9 / 0.1005) = 17.81); the next saved time is 18
+    assert a.first_learned[0] == 18.0
     assert np.all((a.specialization_times[0] >= 19) & (a.specialization_times[0] < 25))
     np.testing.assert_array_equal(a.cos[0], pa.head_spike_cosines(M, Q))
     with pytest.raises(ValueError, match="analyze expects"):
         pa.analyze(tau, M[:, :, :1, None], Q, risk)
+
+
+# -- head classes ---------------------------------------------------------------------------
+
+
+def _keys_state(M, orth):
+    """Overlaps of keys ``(M_h, orth_h)``: the spike part and an explicit orthogonal part."""
+    K = np.concatenate([np.asarray(M, float), np.asarray(orth, float)], axis=1)
+    return K[:, : len(M[0])], K @ K.T
+
+
+def test_one_hand_made_head_per_class():
+    """Spikes prior (mean along (1, 1)), F = 2: one head of each class, in the order of the rules."""
+    M = [[2.0, 0.1],      # aligned with e_1: cos 0.999
+         [2.04, 1.14],    # leaning: the final softmax head of the default problem
+         [1.5, -1.5],     # combination e_1 - e_2
+         [1.4, 1.4],      # unspecialized: the mean-direction profile
+         [2.0, 0.1],      # redundant: the same key as head 0
+         [0.1, 2.0]]      # off (by its weight), although aligned with e_2
+    orth = 0.3 * np.eye(6)
+    orth[4] = orth[0]
+    M, Q = _keys_state(M, orth)
+    weights = np.array([1.0, 1.0, 1.0, 1.0, 1.0, 0.01])
+    c = pa.classify_heads(M, Q, mean=[1.25, 1.25], weights=weights)
+    assert c.names().tolist() == ["aligned", "leaning", "combination", "unspecialized", "redundant", "off"]
+    assert {k: int(v) for k, v in c.counts().items()} == dict.fromkeys(pa.HEAD_CLASSES, 1)
+    assert c.learned().tolist() == [True, True, True, False, False, False]
+    # the angles of the leaning head: atan(1.14 / 2.04) from e_1, 45 degrees minus that from the mean
+    a1 = np.degrees(np.arctan2(1.14, 2.04))
+    assert c.spike[1] == 0 and c.angle_spike[1] == pytest.approx(a1, abs=1e-12)
+    assert c.angle_mean[1] == pytest.approx(45.0 - a1, abs=1e-12)
+    assert c.angle_mean[3] == pytest.approx(0.0, abs=1e-6) and c.angle_mean[2] == pytest.approx(90.0)
+    # without weights nothing is off: the last head is aligned with e_2
+    assert pa.classify_heads(M, Q, mean=[1.25, 1.25]).names()[5] == "aligned"
+    # a redundant copy of an off head is not redundant (it is classified by its own profile)
+    w_off0 = np.array([0.01, 1.0, 1.0, 1.0, 1.0, 1.0])
+    assert pa.classify_heads(M, Q, mean=[1.25, 1.25], weights=w_off0).names()[[0, 4]].tolist() == ["off", "aligned"]
+
+
+def test_class_boundaries():
+    """The thresholds of the rules, on heads placed just inside and outside them (F = 2, spikes
+    prior; each head alone, orthogonal part 0 unless stated, so the spike fraction is 1)."""
+    mean = [1.0, 1.0]
+
+    def names(M, orth=0.0):
+        return [pa.classify_heads(*_keys_state([m], [[orth]]), mean=mean).names()[0] for m in M]
+
+    # psi = |M - (M . mu) mu| / |M| = sin(angle to the mean): 0.1 at 5.74 degrees
+    t = np.radians(45.0 - np.degrees(np.arcsin(0.1)))
+    assert names([[np.cos(t - 1e-3), np.sin(t - 1e-3)], [np.cos(t + 1e-3), np.sin(t + 1e-3)]]) == ["leaning", "unspecialized"]
+    # aligned needs |cos| >= 0.9 and a cosine 0.05 above the mean's: between the mean and e_1 the
+    # second condition binds, at the angle a from e_1 where cos(a) = cos(45 - a) + 0.05
+    a = brentq(lambda x: np.cos(np.radians(x)) - np.cos(np.radians(45.0 - x)) - 0.05, 10.0, 30.0)
+
+    def at(deg):
+        return [np.cos(np.radians(deg)), np.sin(np.radians(deg))]
+
+    assert names([at(a - 0.01), at(a + 0.01)]) == ["aligned", "leaning"]
+    # beyond the spike, away from the mean: aligned while |cos| >= 0.9 (25.84 degrees), then a combination
+    b = np.degrees(np.arccos(0.9))
+    assert names([at(-b + 0.01), at(-b - 0.01)]) == ["aligned", "combination"]
+    # a small spike part: unspecialized whatever its direction (spike fraction 0.2 < 0.3)
+    assert names([[0.2, 0.0]], orth=np.sqrt(1 - 0.04)) == ["unspecialized"]
+    # F = 3: out of the plane of the mean and e_1 by more than plane_tol = 0.2 is a combination
+    M3 = np.array([[0.9, 0.3, 0.3], [0.8, 0.55, 0.1]])
+    M3 = M3 / np.linalg.norm(M3, axis=1, keepdims=True)
+    assert [pa.classify_heads(*_keys_state([m], [[0.0]]), mean=[1.0, 1.0, 1.0]).names()[0] for m in M3] \
+        == ["leaning", "combination"]
+
+
+def test_classes_without_a_mean_direction_and_with_one_spike():
+    # zero-mean prior (flipped): e_1 + e_2 is a combination, -e_1 aligned, a tiny key unspecialized
+    M, Q = _keys_state([[1.5, 1.5], [-2.0, 0.1], [0.01, 0.0]], 0.3 * np.eye(3))
+    for mean in (None, [0.0, 0.0]):
+        assert pa.classify_heads(M, Q, mean=mean).names().tolist() == ["combination", "aligned", "unspecialized"]
+    # F = 1 with a mean: the only spike is the mean direction
+    M1, Q1 = _keys_state([[2.0], [-1.0]], 0.3 * np.eye(2))
+    assert pa.classify_heads(M1, Q1, mean=[2.5]).names().tolist() == ["unspecialized", "unspecialized"]
+
+
+def test_escape_from_a_plateau_that_runs_to_the_end():
+    """A late escape whose risk drop (0.005) is too small for the rate criterion: the plateau's
+    extent runs to the end of the curve, and the escape is still read at the halfway time."""
+    tau = np.concatenate([[0.0], np.geomspace(0.5, 800.0, 400)])
+    risk = 0.33 + 0.45 * np.exp(-tau / 5.0) - 0.005 / (1 + np.exp(-(tau - 300.0) / 20.0))
+    s = 1.0 / (1 + np.exp(-(tau - 300.0) / 20.0))
+    m = 1.4 * (1 - np.exp(-tau / 5.0)) + 1e-3
+    M = np.stack([np.stack([m * (1 + 0.4 * s), m * (1 - 0.4 * s)], -1), np.stack([m * (1 - 0.4 * s), m * (1 + 0.4 * s)], -1)], 1)
+    Q = M @ np.swapaxes(M, -1, -2) + 0.2 * np.eye(2)
+    a = pa.analyze(tau, M, Q, risk, mean=[1.0, 1.0])
+    assert a.plateaus[0][-1].end == tau[-1]
+    assert a.escaped[0] and a.classes.names()[0, -1].tolist() == ["leaning", "leaning"]
+    assert 250 < a.first_learned[0] < 300
+    # halfway between the plateau value and the final risk: at tau = 300 up to the creep of the
+    # plateau value (the risk at its centre) and the logistic's tail at the end
+    assert a.escape_time[0] == pytest.approx(300.0, abs=5.0)
+    assert np.isnan(a.first_specialization[0])
+
+
+def test_head_weights_against_monte_carlo():
+    """w_h = E[sum_l A_hl] by the ODE's quadrature: 1 for softmax, summing to H for bsoftmax, and
+    for softmax1 against plain Monte Carlo over the fields (a head with a bias of -12 is off)."""
+    M = np.array([[1.0, 0.2], [0.3, 0.8]])
+    Q = M @ M.T + np.array([[0.4, 0.1], [0.1, 0.3]])
+    b = np.array([0.5, -12.0])
+    cfg = load_config("default", ["theory.points=1024", "problem.L=4"])
+    w_soft = head_weights(OrderParameterODE.from_config(cfg), M, Q, b)
+    np.testing.assert_allclose(w_soft, 1.0, atol=1e-12)
+    w_b = head_weights(OrderParameterODE.from_config(cfg.replace(model={"activation": "bsoftmax"})), M[None], Q[None], b[None])
+    assert w_b.shape == (1, 2) and w_b.sum() == pytest.approx(2.0, abs=1e-12)
+    w1 = head_weights(OrderParameterODE.from_config(cfg.replace(model={"activation": "softmax1"})), M, Q, b)
+    # Monte Carlo: token 0 carries M theta, theta = 2.5 e_f with f uniform; 4e5 samples
+    rng = np.random.default_rng(0)
+    n, L = 400_000, 4
+    g = rng.standard_normal((n, L, 2)) @ np.linalg.cholesky(Q).T
+    theta = 2.5 * np.eye(2)[rng.integers(0, 2, n)]
+    g[:, 0] += theta @ M.T
+    e = np.exp(g + b)
+    ref = (e.sum(1) / (1 + e.sum(1))).mean(0)
+    se = (e.sum(1) / (1 + e.sum(1))).std(0) / np.sqrt(n)
+    np.testing.assert_allclose(w1, ref, atol=5 * se.max() + 2e-3)
+    assert w1[1] < 1e-3
+    c = pa.classify_heads(M, Q, mean=[1.25, 1.25], weights=w1)
+    assert c.names()[1] == "off"
