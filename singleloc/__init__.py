@@ -30,7 +30,7 @@ _EXPORTS = {
     "_sensitivity": ("FD_EPSILONS", "finite_difference_sensitivity", "random_directions", "softmax_jacobian",
                      "softmax_jacobian_norm"),
     "_fields": ("LocalFields",),
-    "_io": ("Run", "add_to_run", "config_hash", "load_npz", "load_run", "save_figure", "save_json", "save_npz", "save_run"),
+    "_io": ("Run", "load_npz", "load_run", "save_figure", "save_json", "save_npz"),
     "_numerics": ("psd_sqrt",),
     "_layer": ("finite_loss", "limit_loss", "token_weights"),
     "_ode": ("TheoryResult", "initial_conditions", "integrate"),
