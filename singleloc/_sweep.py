@@ -1,28 +1,52 @@
 """Parameter sweeps with an on-disk cache: ``singleloc sweep CONFIG --grid section.key=v1,v2``.
 
 A sweep takes a base configuration and one or more grids ``section.key = v1, v2, ...``; the
-points are their Cartesian product. At each point it integrates the ODE from the simulator's
-initial overlaps of every seed (``simulation.seeds`` starts, one batched, vmapped solve) and,
-optionally, runs the finite-D simulation; then it analyses the phases
-(:func:`singleloc._phase_analysis.analyze`) of the limit risk: the theory's ``risk`` and the
-simulation's ``risk_limit`` (the limit loss of the trained weights on the test sequences).
+points are their Cartesian product. At each point it
+
+1. predicts the escape from the unspecialized plateau and the horizon
+   (:func:`singleloc._predictions.predicted_escape`: ``tau_0 + log(D) / (2 lambda)`` from the
+   linearisation along the symmetric flow; horizon 2.5 times that, rounded up to two digits,
+   at most 3000; 300 when no escape is predicted);
+2. resolves the configuration it integrates (:func:`resolve_horizon`): with ``horizon="auto"``
+   (the default) ``sgd.tau_max`` is the point's horizon, with a number it is that number,
+   and both save ``max(sgd.n_save, 201)`` times on a log grid (``sgd.spacing = "log"``:
+   ``tau = 0`` and log-spaced from ``tau_max / 1000``), which resolves the plateau and an
+   escape at any of these horizons; ``horizon="config"`` keeps the configuration as it is;
+3. integrates the ODE from the simulator's initial overlaps of every seed
+   (``simulation.seeds`` starts, one batched, vmapped solve) and, optionally, runs the
+   finite-D simulation, both on the resolved configuration;
+4. analyses the phases (:func:`singleloc._phase_analysis.analyze`) of the limit risk (the
+   theory's ``risk``, the simulation's ``risk_limit``) with the heads' attention weights
+   (:func:`singleloc._predictions.head_weights`), which classify every head (``aligned``,
+   ``leaning``, ``combination``, ``redundant``, ``off``, ``unspecialized``).
+
+Each step is a pure function of its configuration (:func:`compute` with the kinds
+``prediction``, ``theory``, ``simulation``; :func:`resolve_horizon`), so the points can be
+computed anywhere.
 
 Cache. Every computed point is stored as ``CACHE/<kind>-<key>.npz`` (kind ``theory`` or
 ``simulation``), where ``key`` is the SHA-256 (first 24 hex digits) of the canonical JSON of
-the resolved configuration, the package version, :data:`CACHE_VERSION` and the kind. A
-repeated sweep therefore recomputes nothing, and changing one value of the base configuration
-recomputes only the points whose resolved configuration changed. A theory entry holds ``tau``,
-``M``, ``Q``, ``b`` and ``risk`` as :class:`~singleloc.TheoryResult`; a simulation entry the
-same names as :class:`~singleloc.SimulationResult` (``risk`` the empirical finite-D risk,
-``risk_limit`` the limit loss). Files are written atomically (:mod:`singleloc._io`); a failed
-point (the ODE left the valid set) is not cached, and an unreadable entry is recomputed.
+the configuration (for a theory or simulation entry the resolved one, so the key includes the
+horizon), the package version, :data:`CACHE_VERSION` and the kind. A repeated sweep therefore
+recomputes nothing, and changing one value of the base configuration recomputes only the
+points whose configuration changed. A prediction entry holds the fields of
+:class:`~singleloc.EscapePrediction`; a theory entry ``tau``, ``M``, ``Q``, ``b`` and ``risk`` as
+:class:`~singleloc.TheoryResult`; a simulation entry the same names as
+:class:`~singleloc.SimulationResult` (``risk`` the empirical finite-D risk, ``risk_limit`` the
+limit loss). Files are written atomically (:mod:`singleloc._io`); a failed point (the ODE left
+the valid set) is not cached, and a damaged entry (unreadable, truncated, or without one of
+its arrays) is reported in one warning line, recomputed and replaced.
 
-Output: ``DIR/sweep.csv`` with one row per point (the grid values, then ``activation``,
-``heads``, ``F``, ``status``, ``final_risk``, ``n_specialized``, ``n_directions``,
-``redundant_pairs``, ``shared_profiles``, ``escape_time``, ``first_specialization`` (means over
-the seeds of :meth:`PhaseAnalysis.summary`), the same for the simulation with a ``sim_``
-prefix, and the cache ``key``), and one phase diagram over ``(H, F)`` per activation (and per value of
-the other grid keys): ``DIR/phase_<activation>[_<key>=<value>...].png``.
+Output: ``DIR/sweep.csv`` with one row per point: the grid values, ``activation``, ``heads``,
+``F``, ``status``, the prediction (``lambda``, ``tau_plateau``, ``predicted_escape``,
+``horizon``), the phase summary of the theory (means over the seeds of
+:meth:`PhaseAnalysis.summary`: ``final_risk``, ``escaped`` (fraction of seeds),
+``escape_time``, ``first_learned``, ``first_specialization``, ``n_<class>`` for every head class,
+``leaning_angle_spike``, ``leaning_angle_mean``, ``n_directions``, ``shared_profiles``), the
+same for the simulation with a ``sim_`` prefix, and the cache ``key``. ``status`` is ``ok``,
+``not yet (predicted escape at tau = X)`` for a point with a predicted escape where some seed
+has not escaped by the horizon, or the failure. One phase diagram over ``(H, F)`` per
+activation (and per value of the other grid keys): ``DIR/phase_<activation>[_<key>=<value>...].png``.
 """
 
 from __future__ import annotations
@@ -36,7 +60,7 @@ import json
 import math
 import re
 import time
-import zipfile
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -45,16 +69,24 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ._config import SECTIONS, Config, parse_override
-from ._io import load_npz, save_figure, save_npz, save_text
+from ._io import NPZ_ERRORS, load_npz, save_figure, save_npz, save_text
 from ._ode import initial_conditions, integrate
-from ._phase_analysis import analyze
+from ._phase_analysis import HEAD_CLASSES, analyze
+from ._predictions import EscapePrediction, head_weights, predicted_escape
 from ._simulation import simulate as simulate_sgd
+from ._theory import OrderParameterODE
 from ._version import __version__
 from .plots import plot_phase_diagram
 
 #: Layout of the cache entries; part of every cache key, so that entries of an earlier layout
 #: are never read. 2: a simulation entry's ``risk`` is the empirical risk (1: the limit risk).
 CACHE_VERSION = 2
+
+#: Least number of saved times of a point integrated to a predicted or given horizon.
+HORIZON_N_SAVE = 201
+
+#: The kinds of cache entries, in the order a point needs them.
+KINDS = ("prediction", "theory", "simulation")
 
 #: The risk the phase analysis reads in an entry of each kind: the limit risk in both.
 PHASE_RISK = {"theory": "risk", "simulation": "risk_limit"}
@@ -141,7 +173,30 @@ def cache_key(config: Config, kind: str) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
-# The two expensive steps; module-level so that tests can count or replace them.
+def _check_horizon(horizon) -> None:
+    if horizon in ("auto", "config"):
+        return
+    if isinstance(horizon, bool) or not isinstance(horizon, (int, float)) or not math.isfinite(horizon) or horizon <= 0:
+        raise ValueError(f"horizon must be 'auto', 'config' or a positive number, got {horizon!r}")
+
+
+def resolve_horizon(config: Config, prediction: EscapePrediction, horizon: str | float = "auto") -> Config:
+    """The configuration a point is integrated with (module docstring): ``"auto"``: up to the
+    prediction's horizon; a number: up to it; both on a log grid of
+    ``max(sgd.n_save, HORIZON_N_SAVE)`` times. ``"config"``: ``config`` unchanged."""
+    _check_horizon(horizon)
+    if horizon == "config":
+        return config
+    tau_max = prediction.horizon if horizon == "auto" else float(horizon)
+    return config.replace(sgd={"tau_max": tau_max, "spacing": "log", "n_save": max(config.sgd.n_save, HORIZON_N_SAVE)})
+
+
+# The expensive steps; module-level so that tests can count or replace them.
+def compute_prediction(config: Config) -> dict[str, np.ndarray]:
+    """The predicted escape and horizon (:func:`~singleloc._predictions.predicted_escape`) as arrays."""
+    return predicted_escape(config).arrays()
+
+
 def compute_theory(config: Config) -> dict[str, np.ndarray]:
     """ODE trajectories from the initial overlaps of every seed (one batched solve)."""
     r = integrate(config, initial_conditions(config), progress=False)
@@ -155,15 +210,19 @@ def compute_simulation(config: Config) -> dict[str, np.ndarray]:
 
 
 def compute(config: Config, kind: str) -> dict[str, np.ndarray]:
-    """The entry of ``kind`` (``"theory"`` or ``"simulation"``) for ``config``, computed."""
-    if kind not in ("theory", "simulation"):
-        raise ValueError(f"kind must be 'theory' or 'simulation', got {kind!r}")
-    return compute_theory(config) if kind == "theory" else compute_simulation(config)
+    """The entry of ``kind`` (``"prediction"``, ``"theory"`` or ``"simulation"``) for
+    ``config``, computed (for a theory or simulation entry ``config`` is the resolved one,
+    :func:`resolve_horizon`)."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {', '.join(map(repr, KINDS))}, got {kind!r}")
+    return {"prediction": compute_prediction, "theory": compute_theory, "simulation": compute_simulation}[kind](config)
 
 
 @dataclasses.dataclass
 class SweepStats:
-    """Counts of one sweep: points computed, loaded from the cache, failed; wall time."""
+    """Counts of points of one sweep: computed (some theory or simulation entry computed or
+    failed), loaded entirely from the cache, failed (the theory or the simulation; counted
+    among the computed); wall time. :func:`cached_run` counts entries in the same fields."""
 
     computed: int = 0
     cached: int = 0
@@ -171,17 +230,36 @@ class SweepStats:
     seconds: float = 0.0
 
 
-def cached_run(config: Config, kind: str, cache_dir: Path, stats: SweepStats | None = None) -> dict[str, np.ndarray]:
-    """Load ``kind`` for ``config`` from the cache, or compute and store it."""
-    path = Path(cache_dir) / f"{kind}-{cache_key(config, kind)}.npz"
-    if path.is_file():
-        try:
-            data = load_npz(path)
-            if stats:
-                stats.cached += 1
+#: The arrays of a complete cache entry of each kind.
+ENTRY_KEYS = {"prediction": tuple(f.name for f in dataclasses.fields(EscapePrediction)),
+              "theory": ("tau", "M", "Q", "b", "risk"), "simulation": ("tau", "M", "Q", "b", "risk", "risk_limit")}
+
+
+def _read_entry(path: Path, kind: str) -> dict[str, np.ndarray] | None:
+    """The cache entry at ``path``, or ``None`` (after a one-line warning) when it is damaged:
+    unreadable (truncated, bad CRC, not a zip file) or without one of :data:`ENTRY_KEYS`."""
+    try:
+        data = load_npz(path)
+    except NPZ_ERRORS as err:
+        problem = f"{type(err).__name__}: {' '.join(str(err).split())}"
+    else:
+        missing = [k for k in ENTRY_KEYS[kind] if k not in data]
+        if not missing:
             return data
-        except (OSError, ValueError, EOFError, zipfile.BadZipFile):  # a damaged file: recompute
-            pass
+        problem = f"no array {', '.join(missing)}"
+    warnings.warn(f"cache entry {path} is damaged ({problem}); recomputing it", stacklevel=3)
+    return None
+
+
+def cached_run(config: Config, kind: str, cache_dir: Path, stats: SweepStats | None = None) -> dict[str, np.ndarray]:
+    """Load ``kind`` for ``config`` from the cache, or compute and store it (also in place of a
+    damaged entry)."""
+    path = Path(cache_dir) / f"{kind}-{cache_key(config, kind)}.npz"
+    data = _read_entry(path, kind) if path.is_file() else None
+    if data is not None:
+        if stats:
+            stats.cached += 1
+        return data
     data = compute(config, kind)
     save_npz(path, data)
     if stats:
@@ -189,21 +267,29 @@ def cached_run(config: Config, kind: str, cache_dir: Path, stats: SweepStats | N
     return data
 
 
-def _summary(config: Config, data: dict[str, np.ndarray], kind: str) -> dict[str, float]:
-    a = analyze(data["tau"], data["M"], data["Q"], data[PHASE_RISK[kind]], mean=config.problem.build_prior().mean())
+def summarize(config: Config, data: dict[str, np.ndarray], kind: str) -> dict[str, float]:
+    """:meth:`PhaseAnalysis.summary` of an entry, with the heads' attention weights."""
+    weights = head_weights(OrderParameterODE.from_config(config), data["M"], data["Q"], data["b"])
+    a = analyze(data["tau"], data["M"], data["Q"], data[PHASE_RISK[kind]], mean=config.problem.build_prior().mean(),
+                weights=weights)
     return a.summary()
 
 
-SUMMARY_KEYS = ("final_risk", "n_specialized", "n_directions", "redundant_pairs", "shared_profiles", "escape_time",
-                "first_specialization")
+#: The columns of a phase summary, in the order of the CSV.
+SUMMARY_KEYS = ("final_risk", "escaped", "escape_time", "first_learned", "first_specialization",
+                *(f"n_{c}" for c in HEAD_CLASSES), "leaning_angle_spike", "leaning_angle_mean", "n_directions", "shared_profiles")
 
 
-def sweep(base: Config, grids: Sequence[Grid], out: str | Path, *, simulate: bool = False, cache_dir: str | Path | None = None,
-          progress: bool = True, figures: bool = True) -> tuple[list[dict[str, Any]], SweepStats]:
+def sweep(base: Config, grids: Sequence[Grid], out: str | Path, *, horizon: str | float = "auto", simulate: bool = False,
+          cache_dir: str | Path | None = None, progress: bool = True,
+          figures: bool = True) -> tuple[list[dict[str, Any]], SweepStats]:
     """Run (or load) every grid point, write ``OUT/sweep.csv`` and the phase diagrams.
 
-    Returns the CSV rows (dicts) and the :class:`SweepStats`.
+    ``horizon``: ``"auto"`` (each point to its predicted horizon), ``"config"``
+    (``sgd.tau_max``) or a number (module docstring). Returns the CSV rows (dicts) and the
+    :class:`SweepStats`.
     """
+    _check_horizon(horizon)
     t0 = time.perf_counter()
     out = Path(out)
     cache = out / "cache" if cache_dir is None else Path(cache_dir)
@@ -211,19 +297,31 @@ def sweep(base: Config, grids: Sequence[Grid], out: str | Path, *, simulate: boo
     stats = SweepStats()
     rows = []
     for values, cfg in tqdm(points, desc="sweep", unit="point", disable=not progress, leave=False):
+        pred = EscapePrediction.from_arrays(cached_run(cfg, "prediction", cache))
+        run_cfg = resolve_horizon(cfg, pred, horizon)
         row: dict[str, Any] = dict(values)
-        row.update(activation=cfg.model.activation, heads=cfg.model.heads, F=cfg.problem.F, status="ok")
-        kinds = ["theory"] + (["simulation"] if simulate else [])
-        for kind in kinds:
+        row.update(activation=cfg.model.activation, heads=cfg.model.heads, F=cfg.problem.F, status="ok",
+                   horizon=run_cfg.sgd.tau_max, **{"lambda": pred.rate}, tau_plateau=pred.tau_plateau,
+                   predicted_escape=pred.predicted_escape)
+        entries, failures = SweepStats(), []
+        for kind in ["theory"] + (["simulation"] if simulate else []):
             prefix = "" if kind == "theory" else "sim_"
             try:
-                summ = _summary(cfg, cached_run(cfg, kind, cache, stats), kind)
+                summ = summarize(run_cfg, cached_run(run_cfg, kind, cache, entries), kind)
             except FloatingPointError as err:
-                stats.failed += 1
-                row["status"] = f"{kind} failed: {str(err).split(';')[0]}"
+                failures.append(f"{kind} failed: {str(err).split(';')[0]}")
                 summ = {k: math.nan for k in SUMMARY_KEYS}
             row.update({prefix + k: summ[k] for k in SUMMARY_KEYS})
-        row["key"] = cache_key(cfg, "theory")
+        if failures:  # every failure of the point, theory and simulation
+            row["status"] = "; ".join(failures)
+            stats.failed += 1
+        if entries.computed or failures:
+            stats.computed += 1
+        else:
+            stats.cached += 1
+        if row["status"] == "ok" and pred.escapes and row["escaped"] < 1:
+            row["status"] = f"not yet (predicted escape at tau = {pred.predicted_escape:.3g})"
+        row["key"] = cache_key(run_cfg, "theory")
         rows.append(row)
     write_csv(out / "sweep.csv", rows)
     if figures:

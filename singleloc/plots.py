@@ -83,9 +83,9 @@ def plot_compare(theory, simulation=None, title: str = "") -> Figure:
 def plot_phases(analysis, risk, index: int = 0, *, title: str = "", log_time: bool = False, direction_names=None) -> Figure:
     """Four panels for trajectory ``index`` of a :class:`~singleloc.PhaseAnalysis`:
     the risk with its plateaus (dots) and escape times (dashed lines); the alignment
-    ``M_hf / sqrt(Q_hh)`` of every head with every spike; the number of specialized heads and
-    of covered directions; the numbers of redundant head pairs and of pairs with a shared
-    spike profile. ``risk`` is (S, T) or (T,)."""
+    ``M_hf / sqrt(Q_hh)`` of every head with every spike; the number of heads in each class
+    (:data:`~singleloc.HEAD_CLASSES`, the classes that occur); the numbers of redundant head
+    pairs and of pairs with a shared spike profile. ``risk`` is (S, T) or (T,)."""
     colors = _colors()
     a = analysis
     tau = a.tau
@@ -119,12 +119,13 @@ def plot_phases(analysis, risk, index: int = 0, *, title: str = "", log_time: bo
     ax.set_title(r"alignment $M_{hf}/\sqrt{Q_{hh}}$ (triangles: specialization)")
     ax.legend(fontsize=6, frameon=False, ncol=2)
     ax = axes[2]
-    ax.step(tau, a.n_specialized[index], where="post", label="specialized heads")
-    ax.step(tau, a.n_directions[index], where="post", ls="--", label="directions covered")
+    for k, (name, count) in enumerate(a.classes.counts().items()):
+        if np.any(count[index]):
+            ax.step(tau, count[index], where="post", color=colors[k % len(colors)], ls=styles[k % 4], label=f"{name} heads")
     for t, *_ in a.rearrangements[index]:
         ax.axvline(t, color="C3", lw=0.8, alpha=0.6)
     ax.set_ylim(-0.2, H + 0.2)
-    ax.set_title("specialization (red: rearrangements)")
+    ax.set_title("head classes (red: aligned heads change spike)")
     ax.legend(fontsize=8, frameon=False)
     ax = axes[3]
     ax.step(tau, a.redundant[index], where="post", color="C4", label="redundant keys (cosine > 0.99)")
@@ -141,44 +142,79 @@ def plot_phases(analysis, risk, index: int = 0, *, title: str = "", log_time: bo
     return fig
 
 
-def _grid(rows, key):
+def _value(row, key: str) -> float:
+    v = row.get(key, math.nan)
+    return math.nan if v is None or v == "" else float(v)
+
+
+def _grid(rows, value, prefix: str):
+    """Heads, spikes and the (F, H) array of ``value(row, prefix)``."""
     Hs = sorted({int(r["heads"]) for r in rows})
     Fs = sorted({int(r["F"]) for r in rows})
     A = np.full((len(Fs), len(Hs)), np.nan)
     for r in rows:
-        v = r.get(key, math.nan)
-        A[Fs.index(int(r["F"])), Hs.index(int(r["heads"]))] = np.nan if v is None else float(v)
+        A[Fs.index(int(r["F"])), Hs.index(int(r["heads"]))] = value(r, prefix)
     return Hs, Fs, A
 
 
+#: Abbreviations of the head classes in the phase diagram.
+_CLASS_LETTERS = {"aligned": "A", "leaning": "L", "combination": "C", "redundant": "R", "off": "O", "unspecialized": "U"}
+
+
+def _learned(row, prefix: str) -> float:
+    return sum(_value(row, f"{prefix}n_{c}") for c in ("aligned", "leaning", "combination"))
+
+
+def _classes_text(row, prefix: str) -> str:
+    parts = [f"{v:g}{letter}" for name, letter in _CLASS_LETTERS.items() if (v := _value(row, f"{prefix}n_{name}")) > 0]
+    return " ".join(parts) if parts else "n/a"
+
+
+def _escape_text(row, prefix: str) -> str:
+    measured, pred, escaped = (_value(row, k) for k in (prefix + "first_learned", "predicted_escape", prefix + "escaped"))
+    head = f"{measured:.3g}" if escaped >= 1 and np.isfinite(measured) else ("not yet" if np.isfinite(pred) else "none")
+    return head + (f"\npred {pred:.3g}" if np.isfinite(pred) else "")
+
+
 def plot_phase_diagram(rows, *, title: str = "", simulate: bool = False) -> Figure:
-    """Heat maps over (heads H, spikes F) of the final risk, the number of specialized heads
-    (annotated ``n / min(H, F)``), the head pairs with a shared spike profile and the first
-    specialization time (means over seeds, at the last saved time); a second row for the
-    simulation when ``simulate``. ``rows`` are sweep rows (dicts) of one activation."""
-    panels = [("final_risk", "final risk", "viridis"), ("n_specialized", "specialized heads", "magma"),
-              ("shared_profiles", "head pairs with a shared spike profile", "cividis"),
-              ("first_specialization", "first specialization time", "plasma")]
+    """Heat maps over (heads H, spikes F) of sweep rows (dicts) of one activation, at the last
+    saved time and as means over seeds: the final risk; the head classes (colour: heads in a
+    learned class, ``aligned + leaning + combination``; text: the count of each class, ``A``
+    aligned, ``L`` leaning, ``C`` combination, ``R`` redundant, ``O`` off, ``U``
+    unspecialized); the escape (colour: the first time from which a head stays learned; text:
+    that time or "not yet", and the predicted escape); the escape rate ``lambda`` with the
+    horizon ``h``. A second row for the simulation when ``simulate`` (without the last panel:
+    the prediction is the theory's)."""
+    panels = [("final risk", "viridis", lambda r, p: _value(r, p + "final_risk"),
+               lambda r, p: f"{_value(r, p + 'final_risk'):.3g}"),
+              ("head classes (colour: learned heads)", "magma", _learned, _classes_text),
+              ("escape: measured / predicted", "plasma", lambda r, p: _value(r, p + "first_learned"), _escape_text),
+              ("escape rate lambda (h: horizon)", "cividis", lambda r, p: _value(r, "lambda"),
+               lambda r, p: (f"{lam:.3g}" if np.isfinite(lam := _value(r, "lambda")) else "none")
+               + f"\nh {_value(r, 'horizon'):.3g}")]
     prefixes = [""] + (["sim_"] if simulate else [])
     fig = Figure(figsize=(4.0 * len(panels), 3.3 * len(prefixes)), constrained_layout=True)
     axes = fig.subplots(len(prefixes), len(panels), squeeze=False)
     for i, pre in enumerate(prefixes):
-        for j, (key, label, cmap) in enumerate(panels):
+        for j, (label, cmap, value, text) in enumerate(panels):
             ax = axes[i, j]
-            Hs, Fs, A = _grid(rows, pre + key)
+            if pre and j == len(panels) - 1:
+                ax.set_axis_off()
+                continue
+            Hs, Fs, A = _grid(rows, value, pre)
             im = ax.imshow(A, origin="lower", cmap=cmap, aspect="auto")
             ax.set_xticks(range(len(Hs)), [str(h) for h in Hs])
             ax.set_yticks(range(len(Fs)), [str(f) for f in Fs])
             ax.set_xlabel("heads H")
             ax.set_ylabel("spikes F")
             ax.set_title(("simulation: " if pre else "theory: ") + label, fontsize=9)
-            for y, F in enumerate(Fs):
-                for x, H in enumerate(Hs):
-                    v = A[y, x]
-                    txt = "n/a" if not np.isfinite(v) else (f"{v:.2g}/{min(H, F)}" if key == "n_specialized" else f"{v:.3g}")
-                    light = np.isfinite(v) and im.norm(v) > 0.6 if np.any(np.isfinite(A)) else False
-                    ax.text(x, y, txt, ha="center", va="center", fontsize=8, color="k" if (light or not np.isfinite(v)) else "w")
-            if np.any(np.isfinite(A)):
+            finite = np.any(np.isfinite(A))
+            for r in rows:
+                x, y = Hs.index(int(r["heads"])), Fs.index(int(r["F"]))
+                light = bool(finite and np.isfinite(A[y, x]) and im.norm(A[y, x]) > 0.6)
+                ax.text(x, y, text(r, pre), ha="center", va="center", fontsize=7,
+                        color="k" if (light or not np.isfinite(A[y, x])) else "w")
+            if finite:
                 fig.colorbar(im, ax=ax, shrink=0.8)
     if title:
         fig.suptitle(title, fontsize=10)

@@ -1,4 +1,4 @@
-"""Sweeps: grid parsing, the on-disk cache, the CSV and the ``sweep`` command."""
+"""Sweeps: grid parsing, the on-disk cache, the horizon, the CSV and the ``sweep`` command."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from singleloc import _sweep, load_config
+from singleloc._predictions import EscapePrediction, escape_horizon
 from singleloc.cli import main
 
 TINY = ["theory.points=16", "sgd.tau_max=2.0", "sgd.n_save=5", "simulation.seeds=1", "problem.L=3"]
@@ -48,10 +49,20 @@ def test_cache_key_depends_on_config_and_kind_only():
     assert _sweep.cache_key(a, "theory") != _sweep.cache_key(a.replace(sgd={"lr": 0.25}), "theory")
 
 
+def fake_prediction(config):
+    """An escape predicted at tau = 40 (rate 0.1) for H >= 2, none for H = 1."""
+    esc = 40.0 if config.model.heads > 1 else np.inf
+    return EscapePrediction(rate=0.1 if config.model.heads > 1 else np.nan, tau_plateau=5.0, plateau_risk=0.3,
+                            predicted_escape=esc, horizon=escape_horizon(esc), D=config.simulation.D,
+                            path_tau=np.array([5.0, 40.0]), path_rate=np.array([0.1, 0.1])).arrays()
+
+
 @pytest.fixture
 def fake_compute(monkeypatch):
-    """Replace the ODE by a cheap synthetic trajectory and count the calls."""
+    """Replace the prediction and the ODE by cheap synthetic ones and count the ODE calls: head h
+    < F goes from 0 to 2 e_h (aligned for F >= 2; along the mean, so unspecialized, for F = 1)."""
     calls = []
+    monkeypatch.setattr(_sweep, "compute_prediction", fake_prediction)
 
     def fake(config):
         calls.append(config)
@@ -69,11 +80,12 @@ def fake_compute(monkeypatch):
 
 
 def test_second_sweep_hits_the_cache_and_changes_recompute_only_affected_points(tmp_path, fake_compute):
-    base = load_config("default", ["simulation.seeds=2"])
+    base = load_config("default", ["simulation.seeds=2", "theory.points=64"])  # the head weights' quadrature
     grids = [_sweep.parse_grid("model.heads=1,2"), _sweep.parse_grid("problem.F=1,2")]
     rows, st = _sweep.sweep(base, grids, tmp_path, progress=False, figures=False)
     assert (st.computed, st.cached, len(fake_compute)) == (4, 0, 4)
     files = sorted((tmp_path / "cache").glob("theory-*.npz"))
+    assert len(files) == 4 and len(list((tmp_path / "cache").glob("prediction-*.npz"))) == 4
     mtimes = [f.stat().st_mtime_ns for f in files]
     rows2, st2 = _sweep.sweep(base, grids, tmp_path, progress=False, figures=False)
     assert (st2.computed, st2.cached, len(fake_compute)) == (0, 4, 4)
@@ -87,18 +99,25 @@ def test_second_sweep_hits_the_cache_and_changes_recompute_only_affected_points(
     assert (st4.computed, st4.cached) == (4, 0)
     table = read_csv(tmp_path / "sweep.csv")
     assert len(table) == 4
-    assert list(table[0])[:6] == ["model.heads", "problem.F", "activation", "heads", "F", "status"]
+    assert list(table[0])[:10] == ["model.heads", "problem.F", "activation", "heads", "F", "status", "horizon", "lambda",
+                                   "tau_plateau", "predicted_escape"]
     for r in table:
+        H, F = int(r["heads"]), int(r["F"])
         assert float(r["final_risk"]) == pytest.approx(0.2 * 0.25)
-        # with F = 1 the only spike is the mean direction: aligned, but not specialized
-        assert int(float(r["n_specialized"])) == (min(int(r["heads"]), int(r["F"])) if int(r["F"]) > 1 else 0)
+        assert float(r["horizon"]) == (100.0 if H > 1 else 300.0)
+        # with F = 1 the only spike is the mean direction: along it, a head is unspecialized;
+        # head 1 of H = 2, F = 1 has no spike part (unspecialized too)
+        assert float(r["n_aligned"]) == (min(H, F) if F > 1 else 0)
+        assert float(r["n_unspecialized"]) == H - float(r["n_aligned"])
+        assert float(r["escaped"]) == (1.0 if F > 1 else 0.0)
+        assert r["status"] == ("not yet (predicted escape at tau = 40)" if H > 1 and F == 1 else "ok")
 
 
 def test_damaged_cache_file_is_recomputed(tmp_path, fake_compute):
     base = load_config("default")
     grids = [_sweep.parse_grid("model.heads=1")]
     _sweep.sweep(base, grids, tmp_path, progress=False, figures=False)
-    (f,) = (tmp_path / "cache").glob("*.npz")
+    (f,) = (tmp_path / "cache").glob("theory-*.npz")
     f.write_bytes(b"not an npz")
     _, st = _sweep.sweep(base, grids, tmp_path, progress=False, figures=False)
     assert st.computed == 1
@@ -129,9 +148,42 @@ def test_cache_key_changes_with_the_cache_layout(monkeypatch):
     assert _sweep.cache_key(a, "simulation") != key
 
 
-def test_cli_sweep_real_theory_then_cached(tmp_path, capsys):
+def test_horizon_modes(tmp_path, fake_compute):
+    """auto: the prediction's horizon on a log grid of at least 201 times; a number: that time on
+    the same grid; config: the configuration as it is. The horizon is part of the cache key."""
+    base = load_config("default", ["sgd.n_save=31", "theory.points=64"])
+    grids = [_sweep.parse_grid("model.heads=2")]
+    for horizon, want in (("auto", (100.0, "log", 201)), (77.0, (77.0, "log", 201)), ("config", (30.0, "linear", 31))):
+        rows, _ = _sweep.sweep(base, grids, tmp_path, horizon=horizon, progress=False, figures=False)
+        sgd = fake_compute[-1].sgd
+        assert (sgd.tau_max, sgd.spacing, sgd.n_save) == want and rows[0]["horizon"] == want[0]
+        assert rows[0]["key"] == _sweep.cache_key(fake_compute[-1], "theory")
+    assert len(fake_compute) == 3
+    big = base.replace(sgd={"n_save": 401})
+    assert _sweep.resolve_horizon(big, EscapePrediction.from_arrays(fake_prediction(big)), "auto").sgd.n_save == 401
+    for bad in ("never", 0, -1.0, float("inf"), True):
+        with pytest.raises(ValueError, match="horizon must be"):
+            _sweep.sweep(base, grids, tmp_path, horizon=bad, progress=False, figures=False)
+
+
+def test_cli_sweep_auto_horizon_real_prediction(tmp_path):
+    """The default horizon with the real prediction and ODE (bsoftmax escapes fast)."""
+    out = tmp_path / "auto"
+    sets = ["theory.points=64", "simulation.seeds=1", "problem.L=3", "model.activation=bsoftmax"]
+    assert main(["sweep", "default", "--grid", "model.heads=2", *[a for s in sets for a in ("--set", s)], "--out", str(out),
+                 "--no-progress"]) == 0
+    (two,) = read_csv(out / "sweep.csv")
+    pred = float(two["predicted_escape"])
+    assert 0 < float(two["tau_plateau"]) < pred < np.inf and float(two["lambda"]) > 0
+    assert float(two["horizon"]) == escape_horizon(pred)
+    assert two["status"] == "ok" and float(two["escaped"]) == 1.0 and float(two["first_learned"]) < float(two["horizon"])
+    assert float(two["n_aligned"]) + float(two["n_leaning"]) == 2.0
+
+
+def test_cli_sweep_real_theory_then_cached(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(_sweep, "compute_prediction", fake_prediction)  # the real one: test_cli_sweep_auto_horizon_...
     out = tmp_path / "sw"
-    args = ["sweep", "default", "--grid", "model.activation=softmax,bsoftmax",
+    args = ["sweep", "default", "--grid", "model.activation=softmax,bsoftmax", "--horizon", "config",
             *[a for s in TINY for a in ("--set", s)], "--out", str(out), "--no-progress"]
     assert main(args) == 0
     first = capsys.readouterr().out
@@ -144,21 +196,24 @@ def test_cli_sweep_real_theory_then_cached(tmp_path, capsys):
     assert "0 computed, 2 from the cache" in capsys.readouterr().out
 
 
-def test_cli_sweep_with_simulation(tmp_path, capsys):
+def test_cli_sweep_with_simulation(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(_sweep, "compute_prediction", fake_prediction)
     out = tmp_path / "sim"
     # same theory program as a point of the previous test (D and test_samples do not enter it):
     # the session's compilation cache serves it
     sets = TINY + ["simulation.D=32", "simulation.test_samples=16"]
     args = ["sweep", "default", "--grid", "model.activation=softmax", *[a for s in sets for a in ("--set", s)],
-            "--simulate", "--out", str(out), "--cache", str(tmp_path / "c"), "--no-progress"]
+            "--simulate", "--horizon", "config", "--out", str(out), "--cache", str(tmp_path / "c"), "--no-progress"]
     assert main(args) == 0
     (row,) = read_csv(out / "sweep.csv")
     assert np.isfinite(float(row["sim_final_risk"]))
     assert len(list((tmp_path / "c").glob("simulation-*.npz"))) == 1
 
 
-@pytest.mark.parametrize("grid", ["model.heads", "model.heads=1,x", "model.nokey=1,2", "model.heads=0,1"])
-def test_cli_bad_grid_exit_2_one_line(tmp_path, capsys, grid):
-    assert main(["sweep", "default", "--grid", grid, "--out", str(tmp_path), "--no-progress"]) == 2
+@pytest.mark.parametrize("args", [["--grid", "model.heads"], ["--grid", "model.heads=1,x"], ["--grid", "model.nokey=1,2"],
+                                  ["--grid", "model.heads=0,1"], ["--grid", "model.heads=1", "--horizon", "soon"],
+                                  ["--grid", "model.heads=1", "--horizon", "-5"]])
+def test_cli_bad_arguments_exit_2_one_line(tmp_path, capsys, args):
+    assert main(["sweep", "default", *args, "--out", str(tmp_path), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("singleloc sweep: error:") and "\n" not in err

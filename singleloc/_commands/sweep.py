@@ -2,39 +2,64 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import argparse
+import math
 
-from ._common import add_config_arguments, add_out_argument, config_from_args
+from ._common import add_config_arguments, add_out_argument, config_from_args, output_folder
 
 
 def register(sub) -> None:
     p = sub.add_parser(
         "sweep",
         help="run the theory (and optionally simulations) over a grid of config values, with a cache",
-        description="Integrate the ODE (one batched solve over the simulation.seeds initial "
-        "conditions) at every point of the product of the --grid lists, analyse the phases "
-        "(final risk, specialized heads, redundant pairs, escape time) and write DIR/sweep.csv "
-        "and DIR/phase_<activation>.png (phase diagrams over heads H and spikes F). Every point "
-        "is cached under a hash of its resolved config and the package version, so a repeated "
-        "sweep recomputes nothing and a changed value recomputes only the affected points.",
+        description="At every point of the product of the --grid lists: predict the escape from the "
+        "unspecialized plateau (tau_0 + log(D) / (2 lambda), lambda from the linearisation along the "
+        "head-symmetric flow), integrate the ODE (one batched solve over the simulation.seeds initial "
+        "conditions) up to the horizon, classify every head (aligned, leaning, combination, redundant, "
+        "off, unspecialized) and analyse the phases; write DIR/sweep.csv and DIR/phase_<activation>.png "
+        "(phase diagrams over heads H and spikes F). A point that has not escaped by its horizon says "
+        "'not yet (predicted escape at tau = X)'. Every point is cached under a hash of its resolved "
+        "config (horizon included) and the package version, so a repeated sweep recomputes nothing "
+        "and a changed value recomputes only the affected points.",
     )
     add_config_arguments(p)
     p.add_argument("--grid", action="append", default=[], required=True, metavar="SECTION.KEY=V1,V2,...",
                    help="values of one config key (repeatable; the sweep is the product), "
                    "e.g. --grid model.heads=1,2,4 --grid problem.F=1,2")
+    p.add_argument("--horizon", type=_horizon, default="auto", metavar="auto|config|TAU",
+                   help="how far to integrate each point: auto (default): 2.5 times its predicted escape, "
+                   "rounded up to two digits, at most 3000 (300 without a predicted escape); TAU: that time; "
+                   "both on a log grid of at least 201 saved times; config: sgd.tau_max and the config's grid")
     p.add_argument("--simulate", action="store_true", help="also run the finite-D simulation at every point")
     add_out_argument(p)
-    p.add_argument("--cache", type=Path, default=None, metavar="DIR", help="cache folder (default DIR/cache)")
+    p.add_argument("--cache", type=output_folder, default=None, metavar="DIR", help="cache folder (default DIR/cache)")
     p.set_defaults(func=run)
 
 
+def _horizon(text: str) -> str | float:
+    """argparse type of --horizon: auto, config or a positive number."""
+    if text in ("auto", "config"):
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected auto, config or a positive number, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected auto, config or a positive number, got {text!r}")
+    return value
+
+
 def run(args) -> int:
-    from .._sweep import parse_grid, sweep
+    from .._resources import check_run
+    from .._sweep import grid_points, parse_grid, sweep
 
     config = config_from_args(args)
     grids = [parse_grid(g) for g in args.grid]
-    rows, stats = sweep(config, grids, args.out, simulate=args.simulate, cache_dir=args.cache, progress=args.progress)
-    failed = f", {stats.failed} failed" if stats.failed else ""
+    for _, point in grid_points(config, grids):  # every point can run, before the first one does
+        check_run(point, simulation=args.simulate, theory_starts=point.simulation.seeds)
+    rows, stats = sweep(config, grids, args.out, horizon=args.horizon, simulate=args.simulate, cache_dir=args.cache,
+                        progress=args.progress)
+    failed = f"; {stats.failed} failed, see the status column" if stats.failed else ""
     print(f"swept {len(rows)} points ({stats.computed} computed, {stats.cached} from the cache{failed}) "
           f"in {stats.seconds:.1f} s; wrote {args.out / 'sweep.csv'}")
     return 0
