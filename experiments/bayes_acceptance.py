@@ -1,5 +1,5 @@
 """Acceptance check: bsoftmax with H = K heads, trained by online SGD from a random start on the
-spikes prior, reaches the Bayes risk (MODEL.md section 6), and the finite-D simulation at
+spikes prior, reaches the Bayes risk (docs/model.md section 6), and the finite-D simulation at
 D = 4000 follows the theory.
 
 Setting: L = 4, spikes prior with F = 2 and F = 3 (K = F atoms), bsoftmax with H = F heads and

@@ -1,5 +1,5 @@
 """Final risk after training against the number of heads H, for softmax, softmax1 and bsoftmax,
-with the Bayes risk (MODEL.md section 6).
+with the Bayes risk (docs/model.md section 6).
 
 Setting: L = 4, spikes prior with F = 3 directions (support size K = 3), strength 2.5;
 H in {1, 2, 3, 4, 6}. softmax trains no bias (it cancels); softmax1 and bsoftmax train their

@@ -1,5 +1,5 @@
 """Final risk after training against the signal strength, for softmax, softmax1 and bsoftmax,
-with the Bayes risk (MODEL.md section 6), for four priors.
+with the Bayes risk (docs/model.md section 6), for four priors.
 
 Setting: L = 4 tokens, F = 2 spikes, priors ``spikes`` (K = 2 atoms, H = 2 heads), ``flipped``
 (K = 4, H = 4), ``binary`` with p = 1/2 (K = 4, H = 4) and the isotropic ``gaussian``

@@ -1,4 +1,4 @@
-"""Gradient sensitivity of softmax against the temperature (MODEL.md section 8).
+"""Gradient sensitivity of softmax against the temperature (docs/model.md section 8).
 
 Logits: the scores of the trained-like head of the single-location model (F = 1, point prior
 ``theta = strength``, one head with ``M = strength``, ``Q = strength^2``), i.e.

@@ -1,18 +1,18 @@
-"""Vanishing attention against the sequence length in the single-location model (MODEL.md s. 8).
+"""Vanishing attention against the sequence length in the single-location model (docs/model.md section 8).
 
 Setting: F = 1 spike, point prior ``theta = strength`` (``spikes`` prior with F = 1), one head
 with the order parameters of a trained layer, ``M = strength``, ``Q = strength^2`` (key
 aligned with the spike, ``R_orth = 0``), ``b = 0``. For softmax this head is exactly the
-Bayes-optimal estimator (MODEL.md section 6), so here softmax's weights are the posterior
+Bayes-optimal estimator (docs/model.md section 6), so here softmax's weights are the posterior
 of the location. Activations: softmax, softmax1, bsoftmax (identical to softmax for one
 head: ``H exp(s)/sum_{h,l} exp(s)`` with ``H = 1``) and ssmax (``softmax(log(L) s)``, scale 1).
 
-Part 1, limit ``D -> infinity`` (Monte Carlo over the local fields of MODEL.md section 4,
+Part 1, limit ``D -> infinity`` (Monte Carlo over the local fields of docs/model.md section 4,
 relevant token at position 0, which permutation equivariance allows): ``nu_l ~ N(0, 1)``,
 ``g_l = M nu_l + sqrt(Q - M^2) xi_l`` for noise tokens, plus the shift ``(M theta, theta)`` at
 ``eps``. Reported against L: the mean (and median) aggregated weight on the relevant token
 ``a_eps``, its log-log slope for L >= 64 (1/L decay: slope -1), and the limit risk
-``E[(1 - a_eps)^2 + sum_{l != eps} a_l^2]`` of MODEL.md section 3.
+``E[(1 - a_eps)^2 + sum_{l != eps} a_l^2]`` of docs/model.md section 3.
 
 Part 2, the top-N diagnostics with the relevant token as ground truth. They need token
 vectors; we use the tokens themselves at a moderate dimension ``D`` (the values of this

@@ -1,4 +1,4 @@
-"""The log D law of the specialization time (MODEL.md section 5, issue 5).
+"""The log D law of the specialization time (docs/model.md section 5, issue 5).
 
 Settings (``--setting``): bsoftmax with trained biases, L=4, F=2, H=2 heads, lr=1, and
 * ``flipped`` (default): theta = +-3 e_f, zero mean; the unspecialized point is M = 0;

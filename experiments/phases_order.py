@@ -1,4 +1,4 @@
-"""Order of specialization with an anisotropic prior (MODEL.md section 5, issue 5).
+"""Order of specialization with an anisotropic prior (docs/model.md section 5, issue 5).
 
 Setting: bsoftmax with trained biases, L=4, H=4 heads, F=2 latent directions, discrete prior
 theta in {+-3.5 e_1, +-2.5 e_2} (uniform), so Var theta = (6.1, 3.1): a zero-mean prior whose

@@ -1,4 +1,4 @@
-"""Head pruning after training (MODEL.md section 7): how many of H = 8 heads can go?
+"""Head pruning after training (docs/model.md section 7): how many of H = 8 heads can go?
 
 Setting: L = 4, spikes prior of strength 2.5 with F = 2 and F = 3 spikes, H = 8 heads, lr = 0.5,
 init_scale = 0.5, activations softmax (no bias), softmax1 and bsoftmax (trained biases).

@@ -1,13 +1,13 @@
 """Attention activations: maps from scores ``s`` of shape ``(H, L)`` to head weights ``A``.
 
-Conventions (MODEL.md section 2). Scores ``s_hl = <k_h, x_l>/sqrt(D) + b_h``; the layer
+Conventions (docs/model.md section 2). Scores ``s_hl = <k_h, x_l>/sqrt(D) + b_h``; the layer
 aggregates the heads uniformly, ``a_l = (1/H) sum_h A_hl``.
 
 * ``softmax``:  ``A_hl = exp(s_hl) / sum_l' exp(s_hl')``;
 * ``softmax1``: ``A_hl = exp(s_hl) / (1 + sum_l' exp(s_hl'))``, a head may switch off;
 * ``bsoftmax``: ``A_hl = H exp(s_hl) / sum_{h',l'} exp(s_h'l')``, one distribution over
   all heads and tokens, so that ``a`` is a probability vector;
-* ``ssmax`` (scalable softmax, MODEL.md section 8): ``A_hl = softmax_l(log(L) s_hl)``, the
+* ``ssmax`` (scalable softmax, docs/model.md section 8): ``A_hl = softmax_l(log(L) s_hl)``, the
   length-aware normaliser; :func:`scalable_softmax` makes it with other scales.
 
 Every activation is written in max-subtracted form: finite for scores up to any finite
@@ -92,7 +92,7 @@ def activation_names() -> tuple[str, ...]:
 def scalable_softmax(s: float = 1.0) -> Activation:
     """Scalable softmax (SSMax) with a fixed scale ``s``: ``A_hl = softmax_l(s log(L) s_hl)``.
 
-    A length-aware normaliser (MODEL.md section 8): multiplying the scores by ``s log L``
+    A length-aware normaliser (docs/model.md section 8): multiplying the scores by ``s log L``
     lets a score margin of order one keep a weight of order one as ``L`` grows, where plain
     softmax's weights are squeezed into ``[exp(-2a)/L, exp(2a)/L]``. ``L`` is the number of
     tokens, ``scores.shape[-1]``. It equals softmax at ``L = exp(1/s)`` (``L = e`` for the

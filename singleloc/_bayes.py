@@ -1,4 +1,4 @@
-"""The Bayes-optimal baseline of MODEL.md section 6.
+"""The Bayes-optimal baseline of docs/model.md section 6.
 
 Posterior of the location. Given a sequence, only the spike fields ``nu_l`` (F,) of the
 tokens carry information on ``eps``: under ``eps = l`` token ``l`` has ``nu_l ~ N(theta, I_F)``
@@ -7,7 +7,7 @@ and every other token ``N(0, I_F)``, so
     p_l = w(nu_l) / sum_l' w(nu_l'),     w(nu) = E_theta[ exp(theta . nu - |theta|^2 / 2) ].
 
 The Bayes estimator ``sum_l p_l x_l`` has the limit risk ``E[(1 - p_eps)^2 + sum_{l != eps} p_l^2]``
-(the loss of MODEL.md section 3 with ``a = p``).
+(the loss of docs/model.md section 3 with ``a = p``).
 
 The log-weight in closed form. Every prior is a mixture of ``N(a_k, S)`` with probabilities
 ``pi_k`` and a common covariance ``S`` (``S = 0`` for the discrete priors). For one component,
@@ -18,7 +18,7 @@ completing the square in ``theta`` gives, for any PSD ``S`` (singular included),
 
 so ``log w(nu) = logsumexp_k [log pi_k + a_k . nu - |a_k|^2/2 + 1/2 (nu - a_k)^T S (I+S)^{-1}
 (nu - a_k)] - 1/2 logdet(I + S)``. For ``S = 0`` this is the finite sum over the support; for
-one Gaussian ``N(mu, S)`` with ``S`` invertible its ``nu``-dependent part equals MODEL.md's
+one Gaussian ``N(mu, S)`` with ``S`` invertible its ``nu``-dependent part equals docs/model.md's
 ``1/2 (S^-1 mu + nu)^T (S^-1 + I)^-1 (S^-1 mu + nu)`` (use ``(S^-1 + I)^-1 = S (I + S)^-1`` and
 ``(S^-1 + I)^-1 S^-1 = (I + S)^-1``).
 
@@ -164,7 +164,7 @@ def layer_risk(ode: OrderParameterODE, M, Q, b) -> jax.Array:
 def population_risk(
     prior: Prior, L: int, activation: str, M, Q, b, points: int = 4096, seed: int = 0, replicates: int = 8
 ) -> RiskEstimate:
-    """Population risk ``R(M, Q, b)`` of a layer (MODEL.md section 3) with its numerical error:
+    """Population risk ``R(M, Q, b)`` of a layer (docs/model.md section 3) with its numerical error:
     :meth:`OrderParameterODE.risk` on ``replicates`` independently scrambled rules."""
     _check_counts(L, replicates)
     act = get_activation(activation)

@@ -1,4 +1,4 @@
-"""Finite-D data and initial weights (MODEL.md sections 1 and 5), shared by the simulator and
+"""Finite-D data and initial weights (docs/model.md sections 1 and 5), shared by the simulator and
 by the theory's initial conditions so that both start from the same point.
 
 Random streams. A run with base seed ``seed`` gives seed number ``s`` the key

@@ -1,4 +1,4 @@
-"""Normalization diagnostics for attention rows (MODEL.md section 8).
+"""Normalization diagnostics for attention rows (docs/model.md section 8).
 
 These functions take attention from any model: the ``alpha`` of a softmax-type layer, one row
 per query, and (where needed) the token vectors the row averages. They are written in NumPy

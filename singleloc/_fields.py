@@ -1,4 +1,4 @@
-"""Expectations over the local fields of MODEL.md section 4, by a deterministic rule.
+"""Expectations over the local fields of docs/model.md section 4, by a deterministic rule.
 
 The population risk and the ODE drift are expectations of functions of the scores of one
 sequence. With the relevant token fixed at position 0 (exact for token-permutation

@@ -1,4 +1,4 @@
-"""Finite-D fluctuations of the order parameters: an SDE around the ODE of MODEL.md section 5.
+"""Finite-D fluctuations of the order parameters: an SDE around the ODE of docs/model.md section 5.
 
 One SGD step changes the order parameters by ``-(lr / D) u`` (plus the deterministic
 ``(lr^2 / D) sum_l c_l c_l^T`` in ``Q``), with, for one fresh sequence,

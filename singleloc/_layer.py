@@ -1,4 +1,4 @@
-"""The attention layer and its losses (MODEL.md sections 2 and 3).
+"""The attention layer and its losses (docs/model.md sections 2 and 3).
 
 All functions act on one sequence; ``jax.vmap`` them over samples.
 

@@ -1,5 +1,5 @@
 """Phases of a trajectory: plateaus, escapes, what each head has learned, redundancy
-(MODEL.md section 5; docs/phases.md).
+(docs/model.md section 5; docs/phases.md).
 
 Everything here works on plain NumPy arrays, so it applies equally to a theory trajectory
 (:class:`~singleloc.TheoryResult`) and to a simulation (:class:`~singleloc.SimulationResult`):

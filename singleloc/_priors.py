@@ -1,4 +1,4 @@
-"""Priors of the latent signal ``theta`` in R^F (MODEL.md section 1).
+"""Priors of the latent signal ``theta`` in R^F (docs/model.md section 1).
 
 Every prior of the package is a finite mixture of Gaussians with a common covariance,
 

@@ -1,4 +1,4 @@
-"""Head pruning of a trained layer (MODEL.md section 7).
+"""Head pruning of a trained layer (docs/model.md section 7).
 
 A layer with ``H`` heads is pruned by removing heads one at a time; the layer that keeps a
 subset ``S`` of ``H'`` heads is the same activation applied to those ``H'`` heads only, so the
@@ -152,7 +152,7 @@ class WeightsRisk:
     """Risk of sub-layers of the finite-D layer with keys ``K`` (H, D), biases ``b`` (H,) and
     spikes ``kstar`` (F, D), on ``samples`` fresh sequences (the same sequences for every
     subset). ``loss="empirical"``: the finite-D loss ``|x_eps - yhat|^2 / D``;
-    ``loss="limit"``: the limit loss of MODEL.md section 3 of the same scores.
+    ``loss="limit"``: the limit loss of docs/model.md section 3 of the same scores.
 
     The sequences are those of the simulator's test risk: :func:`~singleloc._heldout.draw_heldout`
     from the JAX key ``key`` (an int is ``jax.random.PRNGKey(key)``), in ``K``'s dtype, and

@@ -1,4 +1,4 @@
-"""Linear stability of the unspecialized fixed point of the ODE (MODEL.md section 5).
+"""Linear stability of the unspecialized fixed point of the ODE (docs/model.md section 5).
 
 Coordinates. The drift :meth:`OrderParameterODE.drift` is linearised over the flattened state
 ``v = (M, upper triangle of Q, b)`` of :func:`singleloc._theory.flatten_state` (``b`` only

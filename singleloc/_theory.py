@@ -1,7 +1,7 @@
-"""Population risk and the order-parameter drift of MODEL.md section 5, by autodiff.
+"""Population risk and the order-parameter drift of docs/model.md section 5, by autodiff.
 
 Write ``f(s) = l_inf(s)`` for the limit loss as a function of the scores ``s`` (H, L) with
-the relevant token at 0, and ``c = df/ds`` (autodiff). MODEL.md's drift is
+the relevant token at 0, and ``c = df/ds`` (autodiff). docs/model.md's drift is
 
     dM/dtau  = -lr E[sum_l c_l nu_l^T]
     dQ/dtau  = -lr E[sum_l (c_l g_l^T + g_l c_l^T)] + lr^2 E[sum_l c_l c_l^T]
@@ -98,7 +98,7 @@ class OrderParameterODE(eqx.Module):
         return self.fields.expect(integrand, M, Q, Qh=Qh, with_noise=True)
 
     def drift(self, M: jax.Array, Q: jax.Array, b: jax.Array) -> OrderParameters:
-        """``(dM, dQ, db) / dtau`` of MODEL.md section 5 (``db = 0`` unless biases train)."""
+        """``(dM, dQ, db) / dtau`` of docs/model.md section 5 (``db = 0`` unless biases train)."""
         Qh, Qh_pinv = psd_sqrt_and_pinv_sqrt(Q)
         m = self.moments(M, Q, b, Qh)
         lr, P, W = self.lr, m["P"], m["W"]

@@ -1,4 +1,4 @@
-"""The attention activations (MODEL.md section 2): normalisation, switch-off, stability,
+"""The attention activations (docs/model.md section 2): normalisation, switch-off, stability,
 registry, and token-permutation equivariance. Reference values are computed in numpy."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The Bayes-optimal baseline (MODEL.md section 6): closed forms, Bayes points, the risk, the CLI.
+"""The Bayes-optimal baseline (docs/model.md section 6): closed forms, Bayes points, the risk, the CLI.
 
 Every tolerance is derived from a measured numerical error: the standard error over
 independently scrambled quadrature rules (``RiskEstimate.error``) or the Monte Carlo standard

@@ -1,4 +1,4 @@
-"""Normalization diagnostics (MODEL.md section 8), the ssmax activation and ``singleloc diagnose``.
+"""Normalization diagnostics (docs/model.md section 8), the ssmax activation and ``singleloc diagnose``.
 
 Every expected value is worked out by hand in the test (uniform, one-hot and two-token rows)
 or computed by an independent route (``jax.jacobian``, dense eigenvalues, explicit loops).

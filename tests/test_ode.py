@@ -78,7 +78,7 @@ def test_integrate_cli_writes_documented_files(tmp_path, capsys):
 def test_theory_tracks_a_large_D_simulation():
     """Early dynamics (tau <= 3) at D = 4000: the theory of each seed's own start against its
     simulation, within 4 Monte Carlo errors of the test risk plus the O(1/sqrt(D)) spread
-    allowance of MODEL.md's agreement target (0.01)."""
+    allowance of docs/model.md's agreement target (0.01)."""
     cfg = sl.load_config("softmax1", ["simulation.D=4000", "simulation.seeds=2", "sgd.tau_max=3", "sgd.n_save=4", "theory.points=1024"])
     sim = sl.simulate(cfg, progress=False)
     th = sl.integrate(cfg, sl.initial_conditions(cfg), ts=sim.tau, progress=False)

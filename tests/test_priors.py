@@ -1,4 +1,4 @@
-"""Priors of theta (MODEL.md section 1): sampled moments against hand-written closed forms.
+"""Priors of theta (docs/model.md section 1): sampled moments against hand-written closed forms.
 
 For each prior the test writes down the support (or the Gaussian law) by hand, derives the
 mean, covariance and the fourth central moments from it, checks ``prior.mean()`` and

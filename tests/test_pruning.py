@@ -1,4 +1,4 @@
-"""Head pruning (MODEL.md section 7): theory on order parameters, simulation on weights, CLI."""
+"""Head pruning (docs/model.md section 7): theory on order parameters, simulation on weights, CLI."""
 
 from __future__ import annotations
 

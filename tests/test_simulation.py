@@ -1,4 +1,4 @@
-"""Finite-D data, losses and online SGD (MODEL.md sections 1-5).
+"""Finite-D data, losses and online SGD (docs/model.md sections 1-5).
 
 * the finite-D loss converges to the limit loss of section 3 (Monte Carlo at D = 4096);
 * the D-independent held-out sampler of ``_heldout`` (``draw_heldout`` + ``heldout_losses``)

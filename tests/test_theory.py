@@ -3,7 +3,7 @@
 * The O(lr) part of the drift must be the gradient flow of R(M, Q, b) through the order
   parameters (derivatives of R alone, by autodiff through the symmetric square root):
   dM = -lr (P + (G + G^T) M), dQ = -lr (P M^T + M P^T + (G + G^T) Q + Q (G + G^T)).
-* At the exact Bayes points of MODEL.md section 6 that part vanishes.
+* At the exact Bayes points of docs/model.md section 6 that part vanishes.
 * The quadrature agrees with plain Monte Carlo over (g, nu) drawn directly, within the MC error.
 * Identical heads stay identical (the rule does not break the permutation symmetry).
 
@@ -173,7 +173,7 @@ def test_quadrature_reproduces_gaussian_moments():
 
 @pytest.mark.parametrize("activation", ["softmax1", "bsoftmax"])
 def test_drift_agrees_with_monte_carlo_over_g_and_nu(activation):
-    """MODEL.md's drift taken literally: draw (g_l, nu_l) jointly (Cholesky of
+    """docs/model.md's drift taken literally: draw (g_l, nu_l) jointly (Cholesky of
     C = [[Q, M], [M^T, I]]), eps uniform, and average -lr sum_l c_l nu_l^T etc.; the quadrature
     route (conditional means, no nu drawn) must agree within 4 Monte Carlo errors."""
     rng = np.random.default_rng(8)
