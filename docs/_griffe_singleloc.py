@@ -8,17 +8,24 @@
 * **Sphinx roles.** The docstrings use ``:func:`~singleloc.integrate```; on the site they become
   code, linked to the API page when the target is rendered there (a public name, or a documented
   member of one), plain code otherwise (private modules, local helpers, undocumented members).
+* **Citations of the model.** ``docs/model.md section 5.9`` links to that section of the model
+  page (mkdocs-autorefs resolves heading anchors); a number with no such heading stays text.
 """
 
 from __future__ import annotations
 
 import re
 import sys
+from pathlib import Path
 
 import griffe
+from markdown.extensions.toc import slugify
 
 ROLE = re.compile(r":(?:py:)?(?:func|class|meth|mod|attr|data|obj|exc|const):`(~?)([\w.]+)(?:\(\))?`")
 LOOKUP_ERRORS = (KeyError, ValueError, griffe.AliasResolutionError, griffe.CyclicAliasError)
+MODEL = Path(__file__).resolve().parent / "model.md"
+CITATION = re.compile(r"docs/model\.md,? sections? (\d+(?:\.\d+)?)")
+SECTION = re.compile(r"^#{2,4} ((\d+(?:\.\d+)?)\.? .*)$", re.MULTILINE)
 
 
 class SingleLoc(griffe.Extension):
@@ -43,9 +50,15 @@ class SingleLoc(griffe.Extension):
                 return f"[`{text}`][singleloc.{'.'.join(parts)}]"
             return f"`{text}`"
 
+        anchors = {number: slugify(title, "-") for title, number in SECTION.findall(MODEL.read_text())}
+
+        def cite(match: re.Match) -> str:
+            anchor = anchors.get(match.group(1))
+            return f"[{match.group(0)}][{anchor}]" if anchor else match.group(0)
+
         for obj in _objects(pkg):
             if obj.docstring is not None:
-                obj.docstring.value = ROLE.sub(replace, obj.docstring.value)
+                obj.docstring.value = CITATION.sub(cite, ROLE.sub(replace, obj.docstring.value))
 
 
 def _defining_path(pkg: griffe.Module, value) -> str | None:
