@@ -2,7 +2,7 @@
 
 Exact order-parameter dynamics (an ODE for ``(M, Q, b)`` whose drift JAX derives from the
 loss), finite-D online SGD simulations, the Bayes-optimal baseline, pruning and the
-normalization diagnostics. The conventions are those of ``MODEL.md``.
+normalization diagnostics. The conventions are those of ``docs/model.md``.
 
 The public names below are imported from their private modules on first use (module-level
 ``__getattr__``, PEP 562), so that ``import singleloc`` and the command line's ``--help`` do
@@ -30,7 +30,7 @@ _EXPORTS = {
     "_sensitivity": ("FD_EPSILONS", "finite_difference_sensitivity", "random_directions", "softmax_jacobian",
                      "softmax_jacobian_norm"),
     "_fields": ("LocalFields",),
-    "_io": ("Run", "load_npz", "load_run", "save_figure", "save_json", "save_npz"),
+    "_io": ("Run", "add_to_run", "config_hash", "load_npz", "load_run", "save_figure", "save_json", "save_npz", "save_run"),
     "_numerics": ("psd_sqrt",),
     "_layer": ("finite_loss", "limit_loss", "token_weights"),
     "_ode": ("TheoryResult", "initial_conditions", "integrate"),

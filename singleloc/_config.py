@@ -3,27 +3,37 @@
 A config has the sections ``[problem]``, ``[model]``, ``[sgd]``, ``[simulation]`` and
 ``[theory]``; every key is optional and takes the default of the matching specification
 (:class:`Problem`, :class:`Model`, :class:`SGD`, :class:`Simulation`, :class:`Theory`).
-Presets are TOML files shipped in ``singleloc/presets``; ``CONFIG`` on the command line is a
-path to a TOML file or a preset name.
+Presets are TOML files shipped in ``singleloc/presets``.
+
+``CONFIG`` on the command line (and a string or path given to :func:`load_config`) is resolved
+as a shell resolves a command: a name without a folder part that names a preset is the preset
+(even if a file or folder of that name exists in the working folder; write ``./NAME`` for that
+file); anything else is a path, which must be a regular file holding UTF-8 TOML.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 try:  # Python >= 3.11
     import tomllib
 except ModuleNotFoundError:  # pragma: no cover
     import tomli as tomllib
 
+from ._files import describe_path
 from ._presets import preset_names
 from ._priors import Prior
 from ._specs import SGD, Model, Problem, Simulation, Theory
 
 SECTIONS = {"problem": Problem, "model": Model, "sgd": SGD, "simulation": Simulation, "theory": Theory}
+
+#: The keys ``config.json`` of a run adds beside the sections (see :mod:`singleloc._io`);
+#: :meth:`Config.from_dict` ignores them, so that ``config.json`` reads back as it is.
+RUN_METADATA = ("singleloc_version", "config_hash")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,20 +47,24 @@ class Config:
     theory: Theory = Theory()
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Mapping[str, Any]]) -> "Config":
-        """Build from nested ``{section: {key: value}}``; unknown sections or keys are errors."""
+    def from_dict(cls, data: Mapping[str, Mapping[str, Any]]) -> Config:
+        """Build from nested ``{section: {key: value}}``; unknown sections or keys are errors
+        (the :data:`RUN_METADATA` keys are ignored)."""
         if not isinstance(data, Mapping):
             raise ValueError(f"config must be a table of sections, got {type(data).__name__}")
-        unknown = set(data) - set(SECTIONS)
+        unknown = set(data) - set(SECTIONS) - set(RUN_METADATA)
         if unknown:
             raise ValueError(f"unknown config section(s) {sorted(unknown)} (known: {', '.join(SECTIONS)})")
         parts = {}
         for name, spec in SECTIONS.items():
-            values = dict(data.get(name, {}))
+            values = data.get(name, {})
+            if not isinstance(values, Mapping):
+                raise ValueError(f"config section [{name}] must be a table of keys, got {_toml_kind(values)} {values!r}")
             fields = {f.name for f in dataclasses.fields(spec)}
             bad = set(values) - fields
             if bad:
-                raise ValueError(f"unknown key(s) {', '.join(f'{name}.{k}' for k in sorted(bad))} (known: {', '.join(sorted(fields))})")
+                listed = ", ".join(f"{name}.{k}" for k in sorted(bad))
+                raise ValueError(f"unknown key(s) {listed} (known: {', '.join(sorted(fields))})")
             parts[name] = spec(**values)
         return cls(**parts)
 
@@ -58,13 +72,11 @@ class Config:
         """Plain, JSON-serialisable ``{section: {key: value}}`` (a prior object becomes a table)."""
         out = {}
         for name in SECTIONS:
-            sec = dataclasses.asdict(getattr(self, name))
-            if isinstance(sec.get("prior"), dict):  # a Prior object
-                sec["prior"] = {"atoms": sec["prior"]["atoms"], "probs": sec["prior"]["probs"], "noise_cov": sec["prior"]["noise_cov"], "name": sec["prior"]["name"]}
+            sec = dataclasses.asdict(getattr(self, name))  # a Prior object becomes the table PRIOR_TABLE
             out[name] = {k: v for k, v in sec.items() if v is not None}
         return out
 
-    def replace(self, **sections: Mapping[str, Any]) -> "Config":
+    def replace(self, **sections: Mapping[str, Any]) -> Config:
         """A copy with some keys changed: ``cfg.replace(model={"heads": 4})``."""
         data = self.to_dict()
         for name, values in sections.items():
@@ -74,11 +86,47 @@ class Config:
         return Config.from_dict(_restore_prior(data))
 
 
+def _toml_kind(value: Any) -> str:
+    """``"an integer"``, ``"an array"``, ...: the TOML name of a value's type, for messages."""
+    kinds = ((bool, "a boolean"), (int, "an integer"), (float, "a float"), (str, "a string"), (Mapping, "a table"),
+             (list, "an array"))
+    return next((words for kind, words in kinds if isinstance(value, kind)), f"a {type(value).__name__}")
+
+
+#: The keys of a prior written as a table (as :meth:`Config.to_dict` writes a :class:`Prior`).
+PRIOR_TABLE = tuple(f.name for f in dataclasses.fields(Prior))
+
+
 def _restore_prior(data: dict) -> dict:
-    prior = data.get("problem", {}).get("prior")
+    """Turn a ``problem.prior`` table (a :class:`Prior` as written in ``config.json``) back into a
+    :class:`Prior`; a table with other keys or values is a ``ValueError`` naming the key."""
+    problem = data.get("problem")
+    prior = problem.get("prior") if isinstance(problem, Mapping) else None
     if isinstance(prior, Mapping):
-        data["problem"]["prior"] = Prior(**prior)
+        required = set(PRIOR_TABLE) - {"name"}
+        if not required <= set(prior) <= set(PRIOR_TABLE):
+            raise ValueError(f"problem.prior: a table must hold the keys {', '.join(sorted(required))} (and optionally name), "
+                             f"got {', '.join(sorted(prior)) or 'none'}; or give a prior name")
+        try:
+            data["problem"] = {**problem, "prior": Prior(**prior)}
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"problem.prior: {err}") from None
     return data
+
+
+def _read_toml(source: str | Path) -> dict:
+    path, name = Path(source), repr(str(source))
+    if not path.exists():
+        raise ValueError(f"config file {name} does not exist")
+    if not path.is_file():
+        raise ValueError(f"config file {name} is {describe_path(path)}; expected a TOML file or a preset name "
+                         f"({', '.join(preset_names())})")
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ValueError(f"config file {name} is not UTF-8 text (a binary file?); expected a TOML file") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ValueError(f"config file {name} is not valid TOML: {err}") from None
 
 
 def parse_override(text: str) -> tuple[str, str, Any]:
@@ -102,28 +150,29 @@ def load_config(source: str | Path | Mapping | None = None, overrides: Sequence[
     """Read a config from a TOML path, a preset name, or a dict, then apply overrides.
 
     Args:
-        source: path to a ``.toml`` file, the name of a preset (see :func:`preset_names`),
-            a nested dict, or ``None`` for the defaults.
+        source: the name of a preset (see :func:`preset_names`), a path to a TOML file (see
+            the module docstring for how a string is resolved), a nested dict, or ``None`` for
+            the defaults.
         overrides: strings ``"section.key=value"`` applied in order.
+
+    Raises:
+        ValueError: ``source`` is neither a preset nor an existing regular file, the file is not
+            UTF-8 TOML, or a value is invalid (naming the key).
     """
     if source is None:
         data: dict = {}
     elif isinstance(source, Mapping):
-        data = {k: dict(v) for k, v in source.items()}
+        data = dict(source)
+    elif isinstance(source, str) and source in preset_names():
+        data = tomllib.loads((resources.files("singleloc") / "presets" / f"{source}.toml").read_text())
+    elif isinstance(source, str) and Path(source).name == source and Path(source).suffix != ".toml" and not Path(source).exists():
+        raise ValueError(f"CONFIG {source!r} is neither a preset ({', '.join(preset_names())}) nor an existing file")
     else:
-        path = Path(source)
-        if path.suffix == ".toml" or path.exists():
-            if not path.is_file():
-                raise ValueError(f"config file {str(path)!r} does not exist")
-            try:
-                data = tomllib.loads(path.read_text())
-            except tomllib.TOMLDecodeError as err:
-                raise ValueError(f"config file {str(path)!r} is not valid TOML: {err}") from None
-        elif str(source) in preset_names():
-            data = tomllib.loads((resources.files("singleloc") / "presets" / f"{source}.toml").read_text())
-        else:
-            raise ValueError(f"CONFIG {str(source)!r} is neither a TOML file nor a preset (presets: {', '.join(preset_names())})")
+        data = _read_toml(source)
     for text in overrides:
         section, key, value = parse_override(text)
-        data.setdefault(section, {})[key] = value
+        current = data.get(section, {})
+        if not isinstance(current, Mapping):
+            raise ValueError(f"--set {text!r}: config section [{section}] is {_toml_kind(current)}, not a table")
+        data[section] = {**current, key: value}
     return Config.from_dict(_restore_prior(data))

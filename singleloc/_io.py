@@ -1,17 +1,35 @@
-"""Atomic output files and run directories.
+"""Output files and run folders.
 
-Every file is written to a temporary name in the target folder and moved into place with
-``os.replace``, so a reader never sees a half-written file. :func:`load_run` reads an output
-folder of ``integrate``, ``simulate`` or ``compare`` back.
+Files. :func:`save_npz`, :func:`save_json`, :func:`save_text` and :func:`save_figure` write
+atomically (:func:`singleloc._files.atomic_write`): a reader never sees a half-written file,
+and files get the usual permissions (``0o666`` less the umask).
+
+Run folders. The outputs of one ``integrate``, ``simulate`` or ``compare`` form one unit, a
+folder written by :func:`save_run`:
+
+* every file carries the **config hash** of the run (:func:`config_hash`: SHA-256 of the
+  canonical JSON of the resolved config): ``config.json`` holds it as ``config_hash`` next to
+  the config and ``singleloc_version``; each ``.npz`` as its zip comment
+  ``singleloc config_hash HASH`` (:func:`npz_stamp`; the arrays are unchanged); each ``.png``
+  as the text entry ``singleloc config_hash``;
+* the folder is replaced as a whole (:func:`singleloc._files.write_folder`): the files are
+  written into a hidden sibling that then takes the folder's place, so a failure or a kill
+  leaves the previous run intact and no file of an earlier run survives beside the new ones.
+
+:func:`add_to_run` adds files to an existing run (``prune`` writes ``prune.npz`` and
+``prune.png``, stamped with the hash of the run it pruned) in the same way. :func:`load_run`
+reads a run back and refuses a folder whose files disagree: a data file whose hash is not that
+of ``config.json``, a ``config.json`` edited after the run (its contents no longer give its
+hash), a missing array or one whose shape does not fit the config.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
-import os
-import tempfile
 import zipfile
+import zlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,36 +37,52 @@ from typing import Any
 import numpy as np
 
 from ._config import Config, load_config
+from ._files import atomic_write, describe_path, write_folder
 from ._version import __version__
 
 #: The data files of a run folder, ``<kind>.npz``, in the order :func:`load_run` reads them.
 RUN_KINDS = ("theory", "simulation")
 
+#: Name of the hash entry in ``config.json`` (and, prefixed by ``singleloc``, in the other files).
+HASH_KEY = "config_hash"
+_NPZ_STAMP = f"singleloc {HASH_KEY} "
 
-def _atomic_write(path: Path, write) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            write(fh)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+#: The errors NumPy and zipfile raise for a damaged or truncated ``.npz`` file.
+NPZ_ERRORS = (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error)
 
 
-def save_npz(path: str | Path, arrays: Mapping[str, Any]) -> Path:
-    """Write ``arrays`` to ``path`` (``.npz``) atomically."""
-    return _atomic_write(Path(path), lambda fh: np.savez(fh, **{k: np.asarray(v) for k, v in arrays.items()}))
+def config_hash(config: Config | Mapping[str, Any]) -> str:
+    """First 16 hex digits of the SHA-256 of the canonical JSON (sorted keys, no spaces) of
+    ``config.to_dict()`` (or of the plain dict as stored in ``config.json``)."""
+    data = config.to_dict() if isinstance(config, Config) else config
+    return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def save_npz(path: str | Path, arrays: Mapping[str, Any], stamp: str | None = None) -> Path:
+    """Write ``arrays`` to ``path`` (``.npz``) atomically; ``stamp``: a config hash, stored as
+    the zip comment ``singleloc config_hash STAMP`` (see :func:`npz_stamp`)."""
+
+    def write(fh) -> None:
+        np.savez(fh, **{k: np.asarray(v) for k, v in arrays.items()})
+        if stamp is not None:
+            fh.seek(0)
+            with zipfile.ZipFile(fh, "a") as z:
+                z.comment = (_NPZ_STAMP + stamp).encode()
+
+    return atomic_write(Path(path), write)
+
+
+def npz_stamp(path: str | Path) -> str | None:
+    """The config hash an ``.npz`` file of a run carries (its zip comment), or ``None``."""
+    with zipfile.ZipFile(path) as z:
+        comment = z.comment.decode(errors="replace")
+    return comment[len(_NPZ_STAMP):] if comment.startswith(_NPZ_STAMP) else None
 
 
 def save_text(path: str | Path, text: str) -> Path:
     """Write ``text`` (UTF-8) atomically."""
     data = text.encode()
-    return _atomic_write(Path(path), lambda fh: fh.write(data))
+    return atomic_write(Path(path), lambda fh: fh.write(data))
 
 
 def save_json(path: str | Path, data: Any) -> Path:
@@ -56,14 +90,39 @@ def save_json(path: str | Path, data: Any) -> Path:
     return save_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
 
 
-def save_figure(path: str | Path, fig) -> Path:
-    """Save a matplotlib figure as PNG atomically."""
-    return _atomic_write(Path(path), lambda fh: fig.savefig(fh, format="png", dpi=110, bbox_inches="tight"))
+def save_figure(path: str | Path, fig, metadata: Mapping[str, str] | None = None) -> Path:
+    """Save a matplotlib figure as PNG atomically (``metadata``: PNG text entries)."""
+    return atomic_write(Path(path), lambda fh: fig.savefig(fh, format="png", dpi=110, bbox_inches="tight",
+                                                           metadata=dict(metadata or {})))
 
 
-def save_config(directory: str | Path, config: Config) -> Path:
-    """``DIR/config.json``: the resolved config and the package version."""
-    return save_json(Path(directory) / "config.json", {"singleloc_version": __version__, **config.to_dict()})
+def _write_stamped(folder: Path, files: Mapping[str, Any], stamp: str) -> None:
+    for name, content in files.items():
+        if name.endswith(".npz"):
+            save_npz(folder / name, content, stamp)
+        elif name.endswith(".png"):
+            save_figure(folder / name, content, {f"singleloc {HASH_KEY}": stamp})
+        else:
+            raise ValueError(f"a run holds .npz and .png files, got {name!r}")
+
+
+def save_run(directory: str | Path, config: Config, files: Mapping[str, Any]) -> Path:
+    """Write a run folder: ``config.json`` and ``files`` (name -> arrays for ``.npz``, a
+    matplotlib figure for ``.png``), all stamped with the config hash, replacing ``directory``
+    as a whole (see the module docstring). Returns ``directory``."""
+    stamp = config_hash(config)
+
+    def fill(folder: Path) -> None:
+        save_json(folder / "config.json", {"singleloc_version": __version__, HASH_KEY: stamp, **config.to_dict()})
+        _write_stamped(folder, files, stamp)
+
+    return write_folder(directory, fill)
+
+
+def add_to_run(run: Run, files: Mapping[str, Any]) -> Path:
+    """Add ``files`` (as for :func:`save_run`) to the folder of ``run``, stamped with its hash;
+    its other files are kept, and the folder is again replaced as a whole."""
+    return write_folder(run.directory, lambda folder: _write_stamped(folder, files, run.config_hash), keep=True)
 
 
 def load_npz(path: str | Path) -> dict[str, np.ndarray]:
@@ -72,8 +131,8 @@ def load_npz(path: str | Path) -> dict[str, np.ndarray]:
         return {k: data[k] for k in data.files}
 
 
-def _one_line(err: Exception) -> str:
-    return " ".join(str(err).split())
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split()) or type(err).__name__
 
 
 def load_npy(path: str | Path, name: str) -> np.ndarray:
@@ -82,8 +141,10 @@ def load_npy(path: str | Path, name: str) -> np.ndarray:
     ``name`` names the file in the error messages (``FileNotFoundError`` for a missing file,
     ``ValueError`` for one that is not a real numeric ``.npy`` array)."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"{name} {str(path)!r} does not exist")
+    if not path.is_file():
+        raise ValueError(f"{name} {str(path)!r} is {describe_path(path)}; expected a .npy file")
     try:
         arr = np.load(path, mmap_mode="r", allow_pickle=False)
     except Exception as err:  # numpy raises several types for a malformed file
@@ -95,12 +156,35 @@ def load_npy(path: str | Path, name: str) -> np.ndarray:
 
 @dataclasses.dataclass(frozen=True)
 class Run:
-    """An output folder read back: its ``config`` and, for each ``<kind>.npz`` present
-    (``kind`` in :data:`RUN_KINDS`), its arrays in ``data[kind]``."""
+    """An output folder read back: its ``config``, the ``config_hash`` every file carries and,
+    for each ``<kind>.npz`` present (``kind`` in :data:`RUN_KINDS`), its arrays in ``data[kind]``."""
 
     directory: Path
     config: Config
     data: Mapping[str, dict[str, np.ndarray]]
+    config_hash: str
+
+
+def _expected_shapes(config: Config, kind: str) -> dict[str, tuple]:
+    """Shapes of the arrays of ``<kind>.npz``; ``"T"`` and ``"S"`` stand for any length."""
+    H, F = config.model.heads, config.problem.F
+    seeds = () if kind == "theory" else ("S",)
+    shapes = {"tau": ("T",), "M": (*seeds, "T", H, F), "Q": (*seeds, "T", H, H), "b": (*seeds, "T", H), "risk": (*seeds, "T")}
+    return shapes if kind == "theory" else {**shapes, "risk_limit": ("S", "T")}
+
+
+def _check_arrays(file: Path, arrays: Mapping[str, np.ndarray], config: Config, kind: str) -> None:
+    sizes: dict[str, int] = {}
+    for key, shape in _expected_shapes(config, kind).items():
+        if key not in arrays:
+            raise ValueError(f"{file} has no array {key!r}: the file is incomplete")
+        got = arrays[key].shape
+        ok = len(got) == len(shape) and all(sizes.setdefault(s, n) == n if isinstance(s, str) else s == n
+                                            for s, n in zip(shape, got))
+        if not ok:
+            want = "(" + ", ".join(map(str, shape)) + ")"
+            raise ValueError(f"{file}: {key} has shape {got}, expected {want} for model.heads = {config.model.heads}, "
+                             f"problem.F = {config.problem.F}")
 
 
 def load_run(directory: str | Path, kinds: Sequence[str] = RUN_KINDS) -> Run:
@@ -108,7 +192,8 @@ def load_run(directory: str | Path, kinds: Sequence[str] = RUN_KINDS) -> Run:
     and those of ``<kind>.npz`` (``kind`` in ``kinds``) that are present.
 
     Raises ``FileNotFoundError`` when the folder, its ``config.json`` or every wanted data file
-    is missing, and ``ValueError`` when a file present cannot be read, naming the file.
+    is missing, and ``ValueError`` when a file present cannot be read, is incomplete, or does
+    not carry the config hash of ``config.json`` (the folder mixes runs), naming the file.
     """
     directory = Path(directory)
     if not directory.is_dir():
@@ -122,11 +207,18 @@ def load_run(directory: str | Path, kinds: Sequence[str] = RUN_KINDS) -> Run:
         raise ValueError(f"{path} is not valid JSON: {_one_line(err)}") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path} must hold a table of config sections, got a JSON {type(data).__name__}")
-    data.pop("singleloc_version", None)
+    version = data.pop("singleloc_version", "unknown")
+    stamp = data.pop(HASH_KEY, None)  # Config.from_dict would ignore both; the hash is of the rest
     try:
         config = load_config(data)
     except (TypeError, ValueError) as err:
         raise ValueError(f"{path}: {_one_line(err)}") from None
+    if stamp is None:
+        raise ValueError(f"{path} carries no config hash (written by singleloc {version}, before runs were stamped), "
+                         "so its files cannot be checked to belong together: rerun the command that made it")
+    if config_hash(data) != stamp:
+        raise ValueError(f"{path} was edited after the run: its contents no longer give its config hash {stamp}, "
+                         "so the data files were made by another config; rerun the command instead of editing the file")
     files = {kind: directory / f"{kind}.npz" for kind in kinds if (directory / f"{kind}.npz").is_file()}
     if not files:
         raise FileNotFoundError(f"no {' or '.join(f'{kind}.npz' for kind in kinds)} in {directory}")
@@ -134,6 +226,12 @@ def load_run(directory: str | Path, kinds: Sequence[str] = RUN_KINDS) -> Run:
     for kind, file in files.items():
         try:
             arrays[kind] = load_npz(file)
-        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
+            got = npz_stamp(file)
+        except NPZ_ERRORS as err:
             raise ValueError(f"{file} is not a readable .npz file ({_one_line(err)})") from None
-    return Run(directory, config, arrays)
+        if got != stamp:
+            made = "carries no config hash" if got is None else f"was made by another config (hash {got})"
+            raise ValueError(f"{file} {made}, not by the config.json beside it (hash {stamp}): the folder mixes files "
+                             "of different runs; rerun the command that made it")
+        _check_arrays(file, arrays[kind], config, kind)
+    return Run(directory, config, arrays, stamp)

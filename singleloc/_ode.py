@@ -24,7 +24,7 @@ import numpy as np
 
 from ._config import Config
 from ._data import initial_overlaps
-from ._io import save_config, save_npz
+from ._io import save_run
 from ._numerics import Q_RUNAWAY
 from ._theory import OrderParameterODE, OrderParameters, r_orth
 
@@ -49,9 +49,9 @@ class TheoryResult:
         return {"tau": self.tau, "M": self.M[index], "Q": self.Q[index], "b": self.b[index], "risk": self.risk[index]}
 
     def save(self, directory: str | Path, config: Config, index: int = 0) -> Path:
-        """Write ``DIR/theory.npz`` (trajectory ``index``) and ``DIR/config.json`` atomically."""
-        save_config(directory, config)
-        return save_npz(Path(directory) / "theory.npz", self.arrays(index))
+        """Write the run folder ``DIR``: ``theory.npz`` (trajectory ``index``) and ``config.json``,
+        replacing ``DIR`` as a whole (:func:`singleloc.save_run`); returns ``DIR/theory.npz``."""
+        return save_run(directory, config, {"theory.npz": self.arrays(index)}) / "theory.npz"
 
 
 def _invalid_state(t, y, args, **kwargs):

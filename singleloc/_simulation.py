@@ -1,4 +1,4 @@
-"""Finite-D one-pass SGD in the single-location model (MODEL.md section 5).
+"""Finite-D one-pass SGD in the single-location model (docs/model.md section 5).
 
 Step ``t`` draws one fresh sequence and updates
 
@@ -7,7 +7,7 @@ Step ``t`` draws one fresh sequence and updates
 with ``l = |x_eps - yhat|^2 / D`` differentiated by JAX. Time is ``tau = t / D``. The run
 advances all seeds at once (``vmap``) inside one jitted ``fori_loop`` per saved interval,
 and at each saved time records the order parameters and two risks on ``test_samples`` fresh
-sequences: the empirical finite-D risk and the limit risk of MODEL.md section 3 evaluated on
+sequences: the empirical finite-D risk and the limit risk of docs/model.md section 3 evaluated on
 the same sequences. The held-out sequences of saved time ``i`` are
 :func:`~singleloc._heldout.draw_heldout` from ``fold_in(test, i)`` (exact in law at a cost
 independent of D), scored by :func:`~singleloc._heldout.heldout_losses`.
@@ -27,9 +27,10 @@ from ._activations import get_activation
 from ._config import Config
 from ._data import init_keys, make_spikes, overlaps, sample_sequence, seed_keys
 from ._heldout import draw_heldout, heldout_losses
-from ._io import save_config, save_npz
+from ._io import save_run
 from ._layer import finite_loss
 from ._numerics import Q_RUNAWAY
+from ._resources import check_dimension
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,9 +57,9 @@ class SimulationResult:
         return {k: getattr(self, k) for k in ("tau", "M", "Q", "b", "risk", "risk_limit")}
 
     def save(self, directory: str | Path, config: Config) -> Path:
-        """Write ``DIR/simulation.npz`` and ``DIR/config.json`` atomically."""
-        save_config(directory, config)
-        return save_npz(Path(directory) / "simulation.npz", self.arrays())
+        """Write the run folder ``DIR``: ``simulation.npz`` and ``config.json``, replacing ``DIR``
+        as a whole (:func:`singleloc.save_run`); returns ``DIR/simulation.npz``."""
+        return save_run(directory, config, {"simulation.npz": self.arrays()}) / "simulation.npz"
 
 
 def save_steps(config: Config) -> np.ndarray:
@@ -119,9 +120,8 @@ def simulate(config: Config, *, progress: bool = True) -> SimulationResult:
         FloatingPointError: the dynamics diverged (non-finite or exploding keys); the
             message gives the time and suggests a smaller ``sgd.lr``.
     """
-    pb, H, D = config.problem, config.model.heads, config.simulation.D
-    if D < H + pb.F + pb.L:
-        raise ValueError(f"simulation.D = {D} must be at least model.heads + problem.F + problem.L = {H + pb.F + pb.L}")
+    check_dimension(config, "simulation")
+    D = config.simulation.D
     init, advance, measure = _run_functions(config)
     seeds = jnp.arange(config.simulation.seeds)
     params, consts = jax.jit(jax.vmap(init))(seeds)

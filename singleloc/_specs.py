@@ -17,16 +17,30 @@ import numpy as np
 from ._activations import get_activation
 from ._priors import PRIOR_FACTORIES, Prior
 
+#: Largest ``|model.bias_init|``: float32 (the simulation's precision) spaces numbers near 1000 by
+#: 6e-5, so O(1) scores keep four digits beside the bias; near 1e30 they vanish entirely.
+BIAS_MAX = 1000.0
+
+#: Seeds are 32-bit: ``jax.random.PRNGKey`` keeps only the low 32 bits of a larger seed when
+#: JAX's x64 mode is off, so larger seeds would not give the same weights in every process.
+SEED_MAX = 2**32 - 1
+
+#: Smallest ``theory.rtol``: the relative spacing of float64 numbers.
+RTOL_MIN = float(np.finfo(np.float64).eps)
+
 
 def _fail(section: str, key: str, message: str):
     raise ValueError(f"{section}.{key}: {message}")
 
 
-def _int(section: str, key: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer, float)) or int(value) != value:
+def _int(section: str, key: str, value: Any, minimum: int, maximum: int | None = None) -> int:
+    if (isinstance(value, bool) or not isinstance(value, (int, np.integer, float))
+            or (isinstance(value, float) and not math.isfinite(value)) or int(value) != value):
         _fail(section, key, f"must be an integer, got {value!r}")
     if value < minimum:
         _fail(section, key, f"must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        _fail(section, key, f"must be <= {maximum}, got {value}")
     return int(value)
 
 
@@ -64,7 +78,7 @@ def _matrix(section: str, key: str, value: Any, ndim: int | tuple[int, ...]):
 
 @dataclasses.dataclass(frozen=True)
 class Problem:
-    """The data (MODEL.md section 1): sequence length, spikes, and the prior of ``theta``.
+    """The data (docs/model.md section 1): sequence length, spikes, and the prior of ``theta``.
 
     ``prior`` is a name (``spikes``, ``flipped``, ``binary``, ``discrete``, ``gaussian``) whose
     parameters are the other keys, or a :class:`~singleloc.Prior` object. Defaults of the
@@ -96,6 +110,8 @@ class Problem:
         if isinstance(self.prior, Prior):
             if self.prior.F != self.F:
                 _fail(s, "F", f"is {self.F} but the prior object has F = {self.prior.F}")
+        elif not isinstance(self.prior, str):
+            _fail(s, "prior", f"must be a prior name ({', '.join(PRIOR_FACTORIES)}) or a Prior, got {self.prior!r}")
         elif self.prior not in PRIOR_FACTORIES:
             _fail(s, "prior", f"unknown prior {self.prior!r} (known: {', '.join(PRIOR_FACTORIES)})")
         prior = self.build_prior()
@@ -127,7 +143,7 @@ class Problem:
 
 @dataclasses.dataclass(frozen=True)
 class Model:
-    """The predictor (MODEL.md section 2): ``heads`` keys, an activation, optional biases."""
+    """The predictor (docs/model.md section 2): ``heads`` keys, an activation, optional biases."""
 
     heads: int = 2
     activation: str = "softmax"
@@ -142,11 +158,14 @@ class Model:
         get_activation(self.activation)  # raises "model.activation: unknown ..."
         object.__setattr__(self, "train_bias", _bool(s, "train_bias", self.train_bias))
         object.__setattr__(self, "bias_init", _float(s, "bias_init", self.bias_init))
+        if abs(self.bias_init) > BIAS_MAX:
+            _fail(s, "bias_init", f"must lie in [-{BIAS_MAX:g}, {BIAS_MAX:g}], got {self.bias_init:g}: the scores are O(1) "
+                  "and the simulation runs in float32, whose spacing near a larger bias erases them")
 
 
 @dataclasses.dataclass(frozen=True)
 class SGD:
-    """Online SGD (MODEL.md section 5) and the grid of saved times ``tau = t / D``.
+    """Online SGD (docs/model.md section 5) and the grid of saved times ``tau = t / D``.
 
     ``spacing = "linear"`` saves at ``linspace(0, tau_max, n_save)``; ``"log"`` saves at
     ``tau = 0`` and ``n_save - 1`` points log-spaced from ``tau_max / 1000`` to ``tau_max``.
@@ -187,7 +206,7 @@ class Simulation:
         s = "simulation"
         object.__setattr__(self, "D", _int(s, "D", self.D, 1))
         object.__setattr__(self, "seeds", _int(s, "seeds", self.seeds, 1))
-        object.__setattr__(self, "seed", _int(s, "seed", self.seed, 0))
+        object.__setattr__(self, "seed", _int(s, "seed", self.seed, 0, SEED_MAX))
         object.__setattr__(self, "test_samples", _int(s, "test_samples", self.test_samples, 1))
 
 
@@ -213,5 +232,7 @@ class Theory:
             _fail(s, "points", f"must be a power of two (Sobol points), got {pts}")
         object.__setattr__(self, "points", pts)
         object.__setattr__(self, "rtol", _float(s, "rtol", self.rtol, positive=True))
+        if self.rtol < RTOL_MIN:
+            _fail(s, "rtol", f"must be >= {RTOL_MIN:.3g} (the relative spacing of float64 numbers), got {self.rtol:g}")
         object.__setattr__(self, "atol", _float(s, "atol", self.atol, positive=True))
         object.__setattr__(self, "qmc_seed", _int(s, "qmc_seed", self.qmc_seed, 0))

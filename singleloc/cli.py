@@ -1,21 +1,37 @@
 """The ``singleloc`` command line: one subcommand per module in ``singleloc._commands``.
 
 Start-up is kept short: building the parser imports no numerical library (each command imports
-what it needs inside its ``run``), so ``singleloc --help`` does not load JAX. Errors in the
-command line and expected failures of the input are turned into one line
-``singleloc COMMAND: error: ...`` and exit code 2 in one place, :func:`main`.
+what it needs inside its ``run``), so ``singleloc --help`` does not load JAX.
+
+Errors. Every expected failure ends in one line ``singleloc COMMAND: error: CAUSE`` on stderr
+and exit code 2, in one place, :func:`main`: an invalid command line, an invalid config or
+value (``ValueError``), a file that cannot be read or written (``OSError``: missing, damaged,
+no permission, disk full), a run that cannot fit in memory (``MemoryError``, including JAX's
+``RESOURCE_EXHAUSTED``), dynamics that leave the valid set (``FloatingPointError``). Ctrl-C
+ends in ``singleloc COMMAND: interrupted`` and exit code 130; a run folder being written is
+then left as it was. ``--debug`` (or ``SINGLELOC_DEBUG=1``) prints the traceback before the
+line. Warnings of the library (a surprise that is not an error) are printed as one line
+``singleloc COMMAND: warning: ...``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import traceback
+import warnings
 
 from ._commands import COMMANDS
 from ._version import __version__
 
-#: Failures caused by the input (config, files, values): reported in one line, exit code 2.
-EXPECTED_ERRORS = (ValueError, FloatingPointError, FileNotFoundError)
+#: Failures caused by the input (config, files, values, sizes): reported in one line, exit code 2.
+EXPECTED_ERRORS = (ValueError, FloatingPointError, OverflowError, OSError, MemoryError)
+
+#: Exit code after Ctrl-C (128 + SIGINT), as shells report it.
+INTERRUPTED = 130
+
+DEBUG_ENV = "SINGLELOC_DEBUG"
 
 
 class UsageError(Exception):
@@ -38,9 +54,13 @@ def build_parser() -> argparse.ArgumentParser:
         "order-parameter ODEs, finite-D SGD simulations, Bayes risk, pruning, diagnostics.",
     )
     parser.add_argument("--version", action="version", version=f"singleloc {__version__}")
+    debug = dict(action="store_true", help=f"print the traceback of an error (or set {DEBUG_ENV}=1)")
+    parser.add_argument("--debug", **debug)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for command in COMMANDS:
         command.register(sub)
+    for p in sub.choices.values():  # also after the command; SUPPRESS keeps the value given before it
+        p.add_argument("--debug", **debug, default=argparse.SUPPRESS)
     return parser
 
 
@@ -51,23 +71,57 @@ def _run(args: argparse.Namespace) -> int:
     return int(args.func(args) or 0)
 
 
+def _one_line(message: str) -> str:
+    return " ".join(message.split())
+
+
 def _fail(prog: str, message: str) -> int:
-    message = " ".join(message.split())
-    print(f"{prog}: error: {message}", file=sys.stderr)
+    print(f"{prog}: error: {_one_line(message)}", file=sys.stderr)
     return 2
+
+
+def _cause(err: BaseException) -> str:
+    """The message of an expected failure, without Python's decorations."""
+    if isinstance(err, OSError) and err.strerror:
+        return f"{err.strerror}: {err.filename!r}" if err.filename else err.strerror
+    if isinstance(err, MemoryError):
+        return f"out of memory: {err}" if str(err) else "out of memory"
+    if isinstance(err, RuntimeError):  # JAX's RESOURCE_EXHAUSTED: the first line says what did not fit
+        return f"out of memory on the device: {str(err).splitlines()[0]}; lower the sizes of the run"
+    return str(err) or type(err).__name__
+
+
+def _show_warning(prog: str):
+    def show(message, category, filename, lineno, file=None, line=None):
+        print(f"{prog}: warning: {_one_line(str(message))}", file=sys.stderr)
+
+    return show
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: parse ``argv``, run the command, return the exit code (2: an error in the
-    command line or an expected failure of the input, printed as one line)."""
+    command line or an expected failure, printed as one line; 130: interrupted)."""
     try:
         args = build_parser().parse_args(argv)
     except UsageError as err:
         return _fail(err.prog, f"{err} (see {err.prog} --help)")
-    try:
-        return _run(args)
-    except EXPECTED_ERRORS as err:
-        return _fail(f"singleloc {args.command}", str(err))
+    prog = f"singleloc {args.command}"
+    debug = args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+    with warnings.catch_warnings():
+        warnings.showwarning = _show_warning(prog)
+        try:
+            return _run(args)
+        except KeyboardInterrupt:
+            if debug:
+                traceback.print_exc()
+            print(f"{prog}: interrupted", file=sys.stderr)
+            return INTERRUPTED
+        except (*EXPECTED_ERRORS, RuntimeError) as err:
+            if isinstance(err, RuntimeError) and "RESOURCE_EXHAUSTED" not in str(err):
+                raise
+            if debug:
+                traceback.print_exc()
+            return _fail(prog, _cause(err))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,19 +1,17 @@
-"""The command line layer: start-up without the numerical libraries, one-line errors, ``--out``,
-and run folders read back by :func:`singleloc._io.load_run`."""
+"""The command line layer: start-up without the numerical libraries, one-line usage errors and
+``--out`` checked before anything runs (run folders and failures: ``test_io.py``,
+``test_robustness.py``)."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
+from pathlib import Path
 
-import numpy as np
 import pytest
 
 import singleloc
-from singleloc import load_config
 from singleloc._commands import COMMANDS
-from singleloc._io import load_run, save_config, save_npz
 from singleloc.cli import build_parser, main
 
 HEAVY = ("jax", "diffrax", "equinox", "scipy", "matplotlib", "tqdm")
@@ -73,53 +71,40 @@ def test_every_command_that_writes_takes_out():
     assert takes_out == set(WRITERS)
 
 
+RUN_WRITERS = {"simulate", "integrate", "compare", "prune"}  # --out is a run folder, replaced as a whole
+
+
 @pytest.mark.parametrize("command", sorted(WRITERS))
-@pytest.mark.parametrize("bad, words", [("", "expected a folder, got an empty name"), ("FILE", "exists and is not a folder")])
+@pytest.mark.parametrize("bad, words", [
+    ("", "expected a folder, got an empty name"),
+    ("TMP/file", "is a regular file, not a folder"),
+    ("TMP/file/sub", "is a regular file, not a folder"),
+    ("/dev/null", "is a character device, not a folder"),
+    ("/sys/singleloc-test", "cannot create files in '/sys'"),
+    ("TMP/mine", "it holds notes.txt, which is not part of a singleloc run"),  # run folders only
+])
 def test_out_is_checked_before_anything_runs(tmp_path, capsys, command, bad, words):
+    """Checked while parsing: no JAX, no computation (a few milliseconds)."""
+    if bad == "TMP/mine" and command not in RUN_WRITERS:
+        pytest.skip("plain output folders may hold other files")
+    if bad.startswith("/sys") and not Path("/sys").is_dir():
+        pytest.skip("needs /sys")
     (tmp_path / "file").write_text("x")
-    out = str(tmp_path / "file") if bad == "FILE" else bad
-    assert main([command, *WRITERS[command], "--out", out]) == 2
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("x")
+    assert main([command, *WRITERS[command], "--out", bad.replace("TMP", str(tmp_path))]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"singleloc {command}: error: argument --out: " in err and words in err
+
+
+def test_debug_is_accepted_before_and_after_the_command():
+    parser = build_parser()
+    assert parser.parse_args(["--debug", "simulate", "default", "--out", "x"]).debug is True
+    assert parser.parse_args(["simulate", "default", "--out", "x", "--debug"]).debug is True
+    assert parser.parse_args(["simulate", "default", "--out", "x"]).debug is False
 
 
 def test_prune_orders_match_the_library():
     from singleloc._commands import prune
 
     assert prune.ORDERS == singleloc.PRUNING_ORDERS
-
-
-# --------------------------------------------------------------------------- run folders
-
-
-@pytest.fixture
-def run_dir(tmp_path):
-    config = load_config("default", ["model.heads=3"])
-    save_config(tmp_path, config)
-    save_npz(tmp_path / "theory.npz", {"tau": np.arange(3.0), "M": np.ones((3, 3, 2))})
-    return tmp_path, config
-
-
-def test_load_run_reads_config_and_present_files(run_dir):
-    path, config = run_dir
-    run = load_run(path)
-    assert run.config == config and list(run.data) == ["theory"]
-    np.testing.assert_array_equal(run.data["theory"]["M"], np.ones((3, 3, 2)))
-    save_npz(path / "simulation.npz", {"tau": np.arange(3.0)})
-    assert list(load_run(path).data) == ["theory", "simulation"]
-    assert list(load_run(path, ("simulation",)).data) == ["simulation"]
-
-
-@pytest.mark.parametrize("damage, error, words", [
-    (lambda p: p / "missing", FileNotFoundError, "is not a folder"),
-    (lambda p: (p / "config.json").unlink() or p, FileNotFoundError, "config.json not found"),
-    (lambda p: (p / "config.json").write_text("{") and p, ValueError, "is not valid JSON"),
-    (lambda p: (p / "config.json").write_text("[1, 2]") and p, ValueError, "got a JSON list"),
-    (lambda p: (p / "config.json").write_text(json.dumps({"model": {"heads": 0}})) and p, ValueError, "model.heads"),
-    (lambda p: (p / "theory.npz").unlink() or p, FileNotFoundError, "no theory.npz or simulation.npz"),
-    (lambda p: (p / "theory.npz").write_bytes(b"PK\x03\x04 truncated") and p, ValueError, "theory.npz is not a readable .npz"),
-])
-def test_load_run_errors_name_the_file(run_dir, damage, error, words):
-    path = damage(run_dir[0])
-    with pytest.raises(error, match=words):
-        load_run(path)

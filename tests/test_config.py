@@ -3,6 +3,9 @@ errors that name the offending ``section.key``."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -257,3 +260,73 @@ def test_cli_missing_config_is_one_line_error(tmp_path, capsys):
     assert rc == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "missing.toml" in err
+
+
+# -- malformed structure, bounds, and how CONFIG is resolved (issue 11) ----------------------
+
+
+@pytest.mark.parametrize("text, words", [
+    ("problem = 3\n", "config section [problem] must be a table of keys, got an integer 3"),
+    ("[[problem]]\nL = 4\n", "config section [problem] must be a table of keys, got an array"),
+    ("[problem]\nprior = [1, 2]\n", "problem.prior: must be a prior name"),
+    ("[problem]\nprior = {foo = 1}\n", "problem.prior: a table must hold the keys atoms, noise_cov, probs"),
+    ("[problem]\nprior = {atoms = 'x', probs = [1.0], noise_cov = [[0.0]]}\n", "problem.prior: "),
+])
+def test_malformed_structure_is_a_value_error_naming_the_key(tmp_path, text, words):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=re.escape(words)):
+        load_config(path)
+
+
+@pytest.mark.parametrize("override, words", [
+    ("problem.prior={foo=1}", "problem.prior: a table must hold the keys"),
+    ("problem.prior=[1,2]", "problem.prior: must be a prior name"),
+    ("problem.prior=3", "problem.prior: must be a prior name"),
+    ("simulation.seed=4294967296", "simulation.seed: must be <= 4294967295"),
+    ("simulation.seed=100000000000000000000000000000", "simulation.seed: must be <= 4294967295"),
+    ("simulation.D=inf", "simulation.D: must be an integer"),
+    ("problem.L=nan", "problem.L: must be an integer"),
+    ("model.bias_init=1e300", "model.bias_init: must lie in [-1000, 1000]"),
+    ("theory.rtol=1e-300", "theory.rtol: must be >= 2.22e-16"),
+])
+def test_bad_values_of_issue_11_name_the_key(override, words):
+    with pytest.raises(ValueError, match=re.escape(words)):
+        load_config("default", [override])
+
+
+def test_bounds_keep_the_values_at_their_edges():
+    cfg = load_config("default", ["simulation.seed=4294967295", "model.bias_init=-1000", "theory.rtol=2.220446049250313e-16"])
+    assert (cfg.simulation.seed, cfg.model.bias_init, cfg.theory.rtol) == (2**32 - 1, -1000.0, np.finfo(float).eps)
+
+
+def test_a_preset_name_is_the_preset_whatever_the_working_folder_holds(tmp_path, monkeypatch):
+    """`singleloc simulate default --out default` twice: the folder `default` does not hide the
+    preset; ./default names the path."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "default").mkdir()
+    (tmp_path / "softmax1").write_text("[model]\nheads = 7\n")
+    assert load_config("default") == Config()
+    assert load_config("softmax1").model.activation == "softmax1"
+    assert load_config("./softmax1").model.heads == 7
+    with pytest.raises(ValueError, match=r"config file './default' is a folder; expected a TOML file or a preset name"):
+        load_config("./default")
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda p: p.mkdir() or p, "is a folder; expected a TOML file or a preset name"),
+    (lambda p: (p.write_bytes(bytes(range(256))), p)[1], "is not UTF-8 text (a binary file?); expected a TOML file"),
+    (lambda p: Path("/dev/null"), "'/dev/null' is a character device; expected a TOML file"),
+    (lambda p: p, "does not exist"),
+])
+def test_a_config_path_that_is_not_a_toml_file_says_what_it_is(tmp_path, make, words):
+    path = make(tmp_path / "cfg.toml")
+    with pytest.raises(ValueError, match=re.escape(words)) as err:
+        load_config(path)
+    assert str(path) in str(err.value)
+
+
+def test_an_unknown_bare_name_lists_the_presets(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"'defualt' is neither a preset \(bsoftmax, default, softmax1\) nor an existing file"):
+        load_config("defualt")

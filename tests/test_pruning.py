@@ -7,7 +7,7 @@ import pytest
 from scipy import stats
 
 from singleloc import OrderParameterODE, load_config
-from singleloc._io import save_config, save_npz
+from singleloc._io import save_run
 from singleloc._pruning import TheoryRisk, WeightsRisk, prune, prune_theory, prune_weights, removable_heads
 from singleloc.cli import main
 
@@ -262,11 +262,10 @@ def test_cli_prune_simulation_output(tmp_path, capsys, rng):
     H, F = cfg.model.heads, cfg.problem.F
     Ms, Qs = zip(*(random_layer(rng, H, F)[:2] for _ in range(2)))
     T = 3
-    save_config(out, cfg)
-    save_npz(out / "simulation.npz", {
+    save_run(out, cfg, {"simulation.npz": {
         "tau": np.arange(T, dtype=float), "M": np.repeat(np.stack(Ms)[:, None], T, 1).astype(np.float32),
         "Q": np.repeat(np.stack(Qs)[:, None], T, 1).astype(np.float32), "b": np.zeros((2, T, H), np.float32),
-        "risk": np.zeros((2, T)), "risk_limit": np.zeros((2, T))})
+        "risk": np.zeros((2, T)), "risk_limit": np.zeros((2, T))}})
     assert main(["prune", str(out), "--order", "alignment"]) == 0
     text = capsys.readouterr().out
     assert "simulation (2 seeds" in text and "over seeds" in text

@@ -1,4 +1,5 @@
-"""Arguments shared by the subcommands.
+"""Arguments shared by the subcommands, and what every run command does before and after it
+computes (checks of its config and output folder, warnings about surprising results).
 
 Only light modules are imported here (no JAX, SciPy or matplotlib), so that building the
 parser, and ``--help``, stays fast; the commands import the library inside ``run``.
@@ -7,13 +8,19 @@ parser, and ``--help``, stays fast; the commands import the library inside ``run
 from __future__ import annotations
 
 import argparse
+import math
+import sys
+import warnings
 from pathlib import Path
 
+import numpy as np
+
+from .._files import check_output_folder, check_run_folder
 from .._presets import preset_names
 
 CONFIG_HELP = (
-    "a TOML config file or the name of a shipped preset ({presets}); sections [problem], "
-    "[model], [sgd], [simulation], [theory], every key optional"
+    "the name of a shipped preset ({presets}) or a TOML config file (write ./NAME for a file named like a preset); "
+    "sections [problem], [model], [sgd], [simulation], [theory], every key optional"
 )
 
 
@@ -33,21 +40,39 @@ def int_at_least(minimum: int):
 
 
 def output_folder(text: str) -> Path:
-    """An argparse type: a folder to write into (created if missing), not an existing file."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError("expected a folder, got an empty name")
-    path = Path(text)
-    if path.exists() and not path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text!r} exists and is not a folder")
-    return path
+    """An argparse type: a folder to write files into (created if missing), checked before
+    anything runs (see :func:`singleloc._files.check_output_folder`)."""
+    try:
+        check_output_folder(text)
+    except (OSError, ValueError) as err:
+        raise argparse.ArgumentTypeError(err.strerror if isinstance(err, OSError) and err.strerror else str(err)) from None
+    return Path(text)
 
 
-def add_out_argument(parser: argparse.ArgumentParser, default: str | None = None) -> None:
+def run_folder(text: str) -> Path:
+    """An argparse type: the folder of a run, new or holding a previous run that the new one
+    replaces as a whole; checked before anything runs (see :func:`singleloc._files.check_run_folder`)."""
+    try:
+        check_run_folder(text)
+    except (OSError, ValueError) as err:
+        raise argparse.ArgumentTypeError(err.strerror if isinstance(err, OSError) and err.strerror else str(err)) from None
+    return Path(text)
+
+
+OUT_HELP = {
+    False: "output folder, created if missing",
+    True: "run folder, created if missing; a folder holding a previous run is replaced as a whole once the new run "
+          "completes (a failure or Ctrl-C leaves it as it was); a folder holding other files is refused",
+}
+
+
+def add_out_argument(parser: argparse.ArgumentParser, default: str | None = None, run: bool = False) -> None:
     """``--out DIR``, the folder every file of the command goes to: required, or optional with
-    ``default`` describing where the files go without it (the command then receives ``None``)."""
+    ``default`` describing where the files go without it (the command then receives ``None``).
+    ``run``: the files form a run folder (:func:`run_folder`), else plain files (:func:`output_folder`)."""
     where = "required" if default is None else f"default: {default}"
-    parser.add_argument("--out", type=output_folder, required=default is None, default=None, metavar="DIR",
-                        help=f"output folder, created if missing ({where})")
+    parser.add_argument("--out", type=run_folder if run else output_folder, required=default is None, default=None,
+                        metavar="DIR", help=f"{OUT_HELP[run]} ({where})")
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
@@ -76,3 +101,55 @@ def describe(config) -> str:
     pb, m = config.problem, config.model
     prior = pb.prior if isinstance(pb.prior, str) else pb.prior.name
     return f"{m.activation}, H={m.heads}, L={pb.L}, F={pb.F}, {prior} prior"
+
+
+def prepare_run(args: argparse.Namespace, *, simulation: bool = False, theory: str | None = None):
+    """The config of a run command, checked before anything is computed: its dimension,
+    quadrature and memory (:func:`singleloc._resources.check_run`) for a simulation and/or the
+    theory from ``"one"`` start or one per seed (``"seeds"``), a warning when saved times of the
+    simulation coincide, and a note when ``--out`` holds a run that the new one will replace."""
+    from .._resources import check_run
+
+    config = config_from_args(args)
+    starts = {None: 0, "one": 1, "seeds": config.simulation.seeds}[theory]
+    check_run(config, simulation=simulation, theory_starts=starts)
+    if simulation:
+        _warn_dropped_times(config)
+    if args.out.is_dir() and any(args.out.iterdir()):
+        print(f"singleloc {args.command}: note: {str(args.out)!r} holds a run; it is replaced when this one completes",
+              file=sys.stderr)
+    return config
+
+
+def _warn_dropped_times(config) -> None:
+    """Warn when saved times of the simulation coincide after rounding ``tau * D`` to whole SGD
+    steps, so that fewer than ``sgd.n_save`` times are saved."""
+    from .._simulation import save_steps
+
+    kept = len(save_steps(config))
+    if kept < config.sgd.n_save:
+        warnings.warn(f"sgd.n_save = {config.sgd.n_save} saved times fall on {kept} distinct SGD steps (tau = t / D with "
+                      f"simulation.D = {config.simulation.D}); the simulation saves {kept}", stacklevel=2)
+
+
+def warn_if_risk_rose(config, *, simulation=None, theory=None) -> None:
+    """Warn when the mean final risk of a :class:`~singleloc.SimulationResult` (its limit risk)
+    or a :class:`~singleloc.TheoryResult` exceeds the mean initial risk by more than three times
+    its error: the standard error over the seeds of the rise, or a floor if larger. The
+    simulation's floor is the test-set noise: the limit loss of one sequence lies in [0, 2]
+    (weights non-negative, summing to at most one), so its standard deviation is at most 1 and
+    a rise compares two independent test sets of ``test_samples`` sequences per seed. The
+    theory's floor is the solver's tolerance on the initial risk."""
+    sim, th = config.simulation, config.theory
+    checks = []
+    if simulation is not None:
+        checks.append(("simulation's limit", simulation.risk_limit, math.sqrt(2.0 / (sim.test_samples * sim.seeds))))
+    if theory is not None:
+        checks.append(("theory", theory.risk, th.rtol * float(np.abs(theory.risk[:, 0]).max()) + th.atol))
+    for what, risk, floor in checks:
+        rise = risk[:, -1] - risk[:, 0]
+        spread = float(rise.std(ddof=1) / math.sqrt(len(rise))) if len(rise) > 1 else 0.0
+        error = max(spread, floor)
+        if rise.mean() > 3 * error:
+            warnings.warn(f"the {what} risk rose during training ({risk[:, 0].mean():.4g} -> {risk[:, -1].mean():.4g}, more "
+                          f"than 3 x its error {error:.2g}): sgd.lr = {config.sgd.lr:g} may be too large", stacklevel=2)

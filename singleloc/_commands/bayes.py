@@ -1,4 +1,4 @@
-"""``singleloc bayes CONFIG``: the Bayes risk of the config's problem (MODEL.md section 6)."""
+"""``singleloc bayes CONFIG``: the Bayes risk of the config's problem (docs/model.md section 6)."""
 
 from __future__ import annotations
 
@@ -29,10 +29,16 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from .._bayes import bayes_point, bayes_risk, population_risk
+    from .._resources import check_memory, check_quadrature, theory_bytes
 
     config = config_from_args(args)
     pb, th = config.problem, config.theory
     prior = pb.build_prior()
+    # the Bayes risk integrates over the fields of L tokens and F spike directions; the Bayes point has K heads
+    heads = {"problem.F": prior.F, **({"the number of atoms of the prior": len(prior.atoms)} if prior.is_discrete else {})}
+    for key, H in heads.items():
+        check_quadrature(pb.L, H, prior, th.points, heads_key=key)
+    check_memory({f"the quadrature (theory.points = {th.points})": theory_bytes(config, 1, heads=max(heads.values()))})
     kw = dict(points=th.points, seed=th.qmc_seed, replicates=args.replicates)
     bayes = bayes_risk(prior, pb.L, **kw)
     point = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._common import add_config_arguments, add_out_argument, config_from_args, describe
+from ._common import add_config_arguments, add_out_argument, describe, prepare_run, warn_if_risk_rose
 
 
 def register(sub) -> None:
@@ -15,27 +15,29 @@ def register(sub) -> None:
         "simulation seed, started from that seed's initial overlaps. Writes "
         "DIR/simulation.npz (as `simulate`), DIR/theory.npz (seed 0, as `integrate`), "
         "DIR/theory_seeds.npz (every seed: M (S,T,H,F), Q (S,T,H,H), b (S,T,H), risk (S,T)), "
-        "DIR/config.json and DIR/compare.png (risk and overlaps M_hf against tau).",
+        "DIR/config.json and DIR/compare.png (risk and overlaps M_hf against tau). Every file carries "
+        "the config hash, and DIR is replaced as a whole when all of them are written.",
     )
     add_config_arguments(p)
-    add_out_argument(p)
+    add_out_argument(p, run=True)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from .._io import save_figure, save_npz
+    from .._io import save_run
     from .._ode import initial_conditions, integrate
     from .._simulation import simulate
     from ..plots import plot_compare
 
-    config = config_from_args(args)
+    config = prepare_run(args, simulation=True, theory="seeds")
     sim = simulate(config, progress=args.progress)
     theory = integrate(config, initial_conditions(config), ts=sim.tau, progress=args.progress)
-    sim.save(args.out, config)
-    theory.save(args.out, config)
-    save_npz(args.out / "theory_seeds.npz", {"tau": theory.tau, "M": theory.M, "Q": theory.Q, "b": theory.b, "risk": theory.risk})
+    warn_if_risk_rose(config, simulation=sim, theory=theory)
     title = f"{describe(config)}, D={config.simulation.D}, lr={config.sgd.lr}"
-    save_figure(args.out / "compare.png", plot_compare(theory, sim, title=title))
+    save_run(args.out, config, {
+        "simulation.npz": sim.arrays(), "theory.npz": theory.arrays(0),
+        "theory_seeds.npz": {"tau": theory.tau, "M": theory.M, "Q": theory.Q, "b": theory.b, "risk": theory.risk},
+        "compare.png": plot_compare(theory, sim, title=title)})
     dev = np.abs(sim.risk - theory.risk)
     print(f"wrote {args.out}/compare.png: simulation risk {sim.risk.mean(0)[0]:.4f} -> {sim.risk.mean(0)[-1]:.4f}, "
           f"theory {theory.risk.mean(0)[0]:.4f} -> {theory.risk.mean(0)[-1]:.4f}, max |sim - theory| per seed = {dev.max():.4f}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from .._files import check_output_folder
 from ._common import add_out_argument, int_at_least
 
 DESCRIPTION = """\
@@ -68,7 +69,7 @@ def register(sub) -> None:
                    "'rows' = every row, 'auto' (default) = heads when ATTN has at least 2 heads, else rows")
     p.add_argument("--significance", type=float, default=0.01, metavar="ALPHA",
                    help="level of the Kolmogorov-Smirnov test, in (0, 1) (default: 0.01)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random directions (default: 0)")
+    p.add_argument("--seed", type=int_at_least(0), default=0, help="seed of the random directions (default: 0)")
     add_out_argument(p, default="the folder of ATTN.npy")
     p.set_defaults(func=run)
 
@@ -81,13 +82,14 @@ def run(args) -> int:
 
     weights = load_npy(args.attn, "ATTN")
     values = None if args.values is None else load_npy(args.values, "--values")
+    out = args.out if args.out is not None else args.attn.resolve().parent
+    check_output_folder(out)  # before the work (--out itself was checked by the parser)
     diagnosis = diagnose_attention(
         weights, values, top_n=args.top_n, temperatures=args.temperature or TEMPERATURES, epsilons=args.epsilon or FD_EPSILONS,
         directions=args.directions, mask=args.mask, max_rows=args.max_rows, ks_samples=args.ks_over,
         significance=args.significance, seed=args.seed)
     print(f"ATTN {args.attn}: {diagnosis.table()}")
 
-    out = args.out if args.out is not None else args.attn.resolve().parent
     stem = args.attn.stem
     files = [save_json(out / f"{stem}_diagnostics.json", {"attn": str(args.attn), **diagnosis.to_dict()}),
              save_figure(out / f"{stem}_vanishing.png", plot_vanishing(diagnosis)),

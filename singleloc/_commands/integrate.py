@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._common import add_config_arguments, add_out_argument, config_from_args
+from ._common import add_config_arguments, add_out_argument, prepare_run, warn_if_risk_rose
 
 
 def register(sub) -> None:
@@ -12,18 +12,20 @@ def register(sub) -> None:
         description="Integrate the D -> infinity ODE of (M, Q, b) with diffrax, starting from "
         "the overlaps of the simulator's initial weights for seed 0 (simulation.seed, "
         "simulation.D), and save at the sgd time grid. Writes DIR/theory.npz with tau (T), "
-        "M (T,H,F), Q (T,H,H), b (T,H), risk (T), and DIR/config.json.",
+        "M (T,H,F), Q (T,H,H), b (T,H), risk (T), and DIR/config.json; every file carries the "
+        "config hash, and DIR is replaced as a whole.",
     )
     add_config_arguments(p)
-    add_out_argument(p)
+    add_out_argument(p, run=True)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from .._ode import integrate
 
-    config = config_from_args(args)
+    config = prepare_run(args, theory="one")
     result = integrate(config, progress=args.progress)
+    warn_if_risk_rose(config, theory=result)
     path = result.save(args.out, config)
     print(f"wrote {path}: tau 0..{result.tau[-1]:g}, risk {result.risk[0, 0]:.4f} -> {result.risk[0, -1]:.4f}")
     return 0

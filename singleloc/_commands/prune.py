@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .._files import check_run_folder
 from ._common import add_out_argument, describe, int_at_least
 
 #: The orders of removal, as :data:`singleloc.PRUNING_ORDERS` (spelt out here so that building the
@@ -30,7 +31,10 @@ def register(sub) -> None:
         "theory risk, not on fresh finite-D data; to prune finite-D weights on fresh data use "
         "singleloc.prune_weights in Python. Prints a table of risk against heads removed and "
         "writes DIR/prune.png (the curves) and DIR/prune.npz (n_removed, and for "
-        "each source <source>_risks (draws or seeds x H) and <source>_removed (rows x H-1)).",
+        "each source <source>_risks (draws or seeds x H) and <source>_removed (rows x H-1)), "
+        "stamped with the config hash of RESULT_DIR: into RESULT_DIR they are added to the run (its "
+        "other files kept); another DIR becomes a run folder of its own with RESULT_DIR's config.json. "
+        "A RESULT_DIR whose files carry different config hashes (files of different runs) is refused.",
     )
     p.add_argument("result_dir", metavar="RESULT_DIR", type=Path,
                    help="output folder of `singleloc integrate`, `simulate` or `compare`")
@@ -40,26 +44,35 @@ def register(sub) -> None:
                    "default greedy")
     p.add_argument("--draws", type=int_at_least(1), default=20, metavar="N",
                    help="number of random orders for --order random (mean and spread are reported); default 20")
-    p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the random orders; default 0")
+    p.add_argument("--seed", type=int_at_least(0), default=0, metavar="S", help="seed of the random orders; default 0")
     p.add_argument("--source", default="auto", choices=SOURCES,
                    help="which stored layer to prune: theory (theory.npz), simulation (simulation.npz, "
                    "every seed) or auto (every one present); default auto")
     p.add_argument("--tol", type=float, default=0.01, metavar="DR",
                    help="risk rise that counts as harmful: the summary line reports how many heads can be "
                    "removed before the risk exceeds the unpruned risk by more than DR; default 0.01")
-    add_out_argument(p, default="RESULT_DIR")
+    add_out_argument(p, default="RESULT_DIR", run=True)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from .._io import RUN_KINDS, load_run, save_figure, save_npz
+    from .._io import RUN_KINDS, add_to_run, load_run, save_run
     from .._pruning import prune_theory
+    from .._resources import check_memory, check_quadrature, theory_bytes
     from ..plots import plot_pruning
 
     if not math.isfinite(args.tol) or args.tol < 0:
         raise ValueError(f"--tol must be a non-negative number, got {args.tol}")
     loaded = load_run(args.result_dir, RUN_KINDS if args.source == "auto" else (args.source,))
+    in_place = args.out is None or args.out.resolve() == args.result_dir.resolve()
+    if in_place:
+        try:
+            check_run_folder(args.result_dir)
+        except ValueError as err:
+            raise ValueError(f"RESULT_DIR {err}; or write elsewhere with --out") from None
     config = loaded.config
+    check_quadrature(config.problem.L, config.model.heads, config.problem.build_prior(), config.theory.points)
+    check_memory({f"the theory's quadrature (theory.points = {config.theory.points})": theory_bytes(config, 1)})
     results = {}
     for kind, d in loaded.data.items():  # theory.npz: (T, ...) of seed 0; simulation.npz: (S, T, ...)
         M, Q, b = (np.asarray(d[k], dtype=float) for k in "MQb")
@@ -76,10 +89,9 @@ def run(args) -> int:
         label = ("theory (ODE final state)" if source == "theory"
                  else f"simulation order parameters, {len(res)} seed(s), theory risk")
         curves[label] = _merge(res)
-    out = args.out if args.out is not None else args.result_dir
-    save_npz(out / "prune.npz", arrays)
     fig = plot_pruning(curves, F=F, tol=args.tol, title=f"{args.order} pruning: {describe(config)}")
-    save_figure(out / "prune.png", fig)
+    files = {"prune.npz": arrays, "prune.png": fig}
+    out = add_to_run(loaded, files) if in_place else save_run(args.out, config, files)
     print(f"wrote {out / 'prune.png'} and {out / 'prune.npz'}")
     return 0
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._common import add_config_arguments, add_out_argument, config_from_args
+from ._common import add_config_arguments, add_out_argument, prepare_run, warn_if_risk_rose
 
 
 def register(sub) -> None:
@@ -13,18 +13,20 @@ def register(sub) -> None:
         "simulation.D for simulation.seeds seeds (batched), saving at the sgd time grid. "
         "Writes DIR/simulation.npz with tau (T), M (S,T,H,F), Q (S,T,H,H), b (S,T,H), "
         "risk (S,T) (empirical test risk) and risk_limit (S,T) (limit loss on the same test "
-        "sequences), and DIR/config.json (the resolved config and package version).",
+        "sequences), and DIR/config.json (the resolved config, its hash and the package version); "
+        "every file carries the config hash, and DIR is replaced as a whole.",
     )
     add_config_arguments(p)
-    add_out_argument(p)
+    add_out_argument(p, run=True)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from .._simulation import simulate
 
-    config = config_from_args(args)
+    config = prepare_run(args, simulation=True)
     result = simulate(config, progress=args.progress)
+    warn_if_risk_rose(config, simulation=result)
     path = result.save(args.out, config)
     r = result.risk.mean(axis=0)
     print(f"wrote {path}: tau 0..{result.tau[-1]:g}, risk {r[0]:.4f} -> {r[-1]:.4f} (mean over {result.risk.shape[0]} seeds)")

@@ -1,0 +1,151 @@
+"""What a run needs, checked before it starts: the dimension, the quadrature rule, memory.
+
+Dimension. The simulator's held-out risk splits ``R^D`` into the span of the keys and spikes
+(``H + F`` directions) and its complement, drawn as a ``chi2(D - H - F)``
+(:mod:`singleloc._heldout`): a simulation needs ``D > H + F``. The theory starts from the
+overlaps of ``H`` random keys with ``F`` orthogonal spikes, whose ``R_orth = Q - M M^T`` is
+the Gram matrix of the keys' components outside the spikes' span: it is nonsingular, as a
+generic ODE start must be, only for ``D >= H + F``.
+
+Quadrature. The rule of :class:`~singleloc.LocalFields` integrates over ``d = L H + G`` Gaussian
+dimensions (``G = F`` for a prior with a Gaussian part, else 0) with scrambled Sobol points,
+which SciPy provides up to :data:`SOBOL_MAX_DIM` dimensions, and whitens the node set, which
+needs at least ``d`` points: ``2 points`` nodes (the points and their mirrors) span only
+``points`` dimensions, and fewer than ``d`` leave a zero eigenvalue that the whitening divides by.
+
+Memory. Peak bytes, fitted to the peak resident memory of CPU runs (JAX 0.10; within 30 %,
+above in most cases), for ``S`` seeds (or ODE starts):
+
+* simulation (float32): ``4 S [D (10 L + 5 (H + F)) + n L (3 (H + F) + 4 H)]``, ``n`` the
+  test samples (one step's sample, gradient and keys; the held-out draw of one saved time);
+* theory (float64): ``8 [7 N d + 2 S B K (4 L H + H F + 2 H^2)]`` with ``N = 2 points`` nodes,
+  ``B = min(N, 8192)`` nodes evaluated at once and ``K`` atoms of the prior (the nodes in
+  NumPy while they are built; the vmapped integrand);
+* plus :data:`OVERHEAD` for the runtime and the compiled programs.
+
+A run whose estimate exceeds the available memory (``MemAvailable`` of ``/proc/meminfo``,
+else the free physical pages) is refused before it starts, with the estimate and the keys
+that drive it. ``SINGLELOC_MEMORY_LIMIT`` overrides the available memory (bytes, or with a
+suffix ``K``, ``M``, ``G``, ``T``: ``SINGLELOC_MEMORY_LIMIT=200G``); ``none`` turns the check off.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from ._config import Config
+from ._priors import Prior
+
+#: SciPy's largest Sobol dimension (``scipy.stats.qmc.Sobol``: "Maximum supported dimensionality is 21201").
+SOBOL_MAX_DIM = 21201
+
+#: Bytes of the runtime and compiled programs, on top of the arrays.
+OVERHEAD = 300 * 2**20
+
+#: Nodes the quadrature evaluates at once (:meth:`~singleloc.LocalFields.make`'s ``batch_size``).
+NODE_BATCH = 8192
+
+MEMORY_ENV = "SINGLELOC_MEMORY_LIMIT"
+
+
+def check_dimension(config: Config, use: str) -> None:
+    """``simulation.D`` large enough for ``use`` = ``"simulation"`` (``D > H + F``) or
+    ``"theory"`` (``D >= H + F``, the initial overlaps); ``ValueError`` naming the keys."""
+    H, F, D = config.model.heads, config.problem.F, config.simulation.D
+    if use == "simulation" and D <= H + F:
+        raise ValueError(f"simulation.D = {D} must exceed model.heads + problem.F = {H + F}: the held-out risk integrates "
+                         "the token components outside the span of the keys and spikes")
+    if use == "theory" and D < H + F:
+        raise ValueError(f"simulation.D = {D} must be at least model.heads + problem.F = {H + F}: the ODE starts from the "
+                         "overlaps of D-dimensional keys and spikes, which are degenerate for smaller D")
+
+
+def quadrature_dimension(L: int, heads: int, prior: Prior) -> int:
+    """Gaussian dimensions of the local-field rule: ``L heads`` (+ ``F`` for a Gaussian part)."""
+    return L * heads + (0 if prior.is_discrete else prior.F)
+
+
+def check_quadrature(L: int, heads: int, prior: Prior, points: int, heads_key: str = "model.heads") -> None:
+    """The rule over ``L * heads`` fields can be built with ``points`` Sobol points;
+    ``ValueError`` naming the keys otherwise (``heads_key`` names what plays the heads)."""
+    d = quadrature_dimension(L, heads, prior)
+    dims = f"problem.L * {heads_key}" + ("" if prior.is_discrete else " + problem.F (Gaussian prior)")
+    if d > SOBOL_MAX_DIM:
+        raise ValueError(f"the theory's quadrature integrates over {dims} = {d} Gaussian dimensions, more than the "
+                         f"{SOBOL_MAX_DIM} of SciPy's Sobol sequence; lower problem.L or {heads_key}")
+    if points < d:
+        need = 1 << (d - 1).bit_length()
+        raise ValueError(f"theory.points = {points} must be at least {dims} = {d} (the quadrature's whitening needs as many "
+                         f"points as dimensions): use theory.points = {need} or more")
+
+
+def simulation_bytes(config: Config) -> int:
+    """Estimated peak bytes of :func:`~singleloc.simulate` (module docstring)."""
+    pb, H, sim = config.problem, config.model.heads, config.simulation
+    r = H + pb.F
+    return 4 * sim.seeds * (sim.D * (10 * pb.L + 5 * r) + sim.test_samples * pb.L * (3 * r + 4 * H))
+
+
+def theory_bytes(config: Config, starts: int, heads: int | None = None) -> int:
+    """Estimated peak bytes of the quadrature for ``starts`` ODE starts (module docstring);
+    ``heads`` replaces ``model.heads`` (the Bayes point has as many heads as atoms)."""
+    pb, H = config.problem, config.model.heads if heads is None else heads
+    prior = pb.build_prior()
+    N = 2 * config.theory.points
+    d = quadrature_dimension(pb.L, H, prior)
+    atoms = len(prior.atoms)
+    return 8 * (7 * N * d + 2 * starts * min(N, NODE_BATCH) * atoms * (4 * pb.L * H + H * pb.F + 2 * H * H))
+
+
+def _parse_size(text: str) -> float:
+    match = re.fullmatch(r"\s*([0-9.]+(?:e[0-9]+)?)\s*([kmgt]?)i?b?\s*", text.lower())
+    if not match:
+        raise ValueError(f"{MEMORY_ENV}={text!r}: expected a size such as 2000000000, 64G or 512M, or 'none'")
+    return float(match.group(1)) * 1024 ** " kmgt".index(match.group(2) or " ")
+
+
+def available_memory() -> tuple[float, str]:
+    """Bytes a run may use and where the figure comes from (``inf`` when the check is off)."""
+    limit = os.environ.get(MEMORY_ENV, "").strip()
+    if limit:
+        return (float("inf"), f"{MEMORY_ENV}=none") if limit.lower() == "none" else (_parse_size(limit), f"{MEMORY_ENV}={limit}")
+    meminfo = Path("/proc/meminfo")
+    if meminfo.is_file():
+        match = re.search(r"^MemAvailable:\s+(\d+) kB", meminfo.read_text(), re.MULTILINE)
+        if match:
+            return 1024.0 * int(match.group(1)), "MemAvailable in /proc/meminfo"
+    return float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")), "free physical pages"
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.3g} GB"
+
+
+def check_memory(parts: dict[str, int]) -> None:
+    """Refuse (``MemoryError``, one line) when the estimates ``parts`` (description -> bytes)
+    and :data:`OVERHEAD` exceed :func:`available_memory`."""
+    total = OVERHEAD + sum(parts.values())
+    limit, source = available_memory()
+    if total > limit:
+        listed = " + ".join(f"{_gb(n)} for {what}" for what, n in sorted(parts.items(), key=lambda kv: -kv[1]))
+        raise MemoryError(f"the run needs about {_gb(total)} ({listed}), more than the {_gb(limit)} available ({source}); "
+                          f"lower those values, or set {MEMORY_ENV} (a size, or none) to override the estimate")
+
+
+def check_run(config: Config, *, simulation: bool = False, theory_starts: int = 0) -> None:
+    """Everything above, before a command computes: the dimension and memory of a simulation
+    of every seed, and of the theory for ``theory_starts`` ODE starts (0: no theory)."""
+    pb, H, sim = config.problem, config.model.heads, config.simulation
+    parts = {}
+    if simulation:
+        check_dimension(config, "simulation")
+        parts[f"the simulation (simulation.seeds = {sim.seeds} x simulation.D = {sim.D} x problem.L = {pb.L}, "
+              f"simulation.test_samples = {sim.test_samples})"] = simulation_bytes(config)
+    if theory_starts:
+        check_dimension(config, "theory")
+        check_quadrature(pb.L, H, pb.build_prior(), config.theory.points)
+        parts[f"the theory's quadrature (theory.points = {config.theory.points} x problem.L = {pb.L} x model.heads = {H}, "
+              f"{theory_starts} start(s))"] = theory_bytes(config, theory_starts)
+    check_memory(parts)

@@ -1,0 +1,374 @@
+"""No traceback for any input, and results that can be trusted on disk (issue 11): one test per
+class of failure, through the command line, asserting the one-line message, the exit code and
+that the previous results are intact."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+import warnings
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from singleloc import _resources, _sweep, load_config
+from singleloc._io import load_npz, load_run, npz_stamp, save_npz, save_run
+from singleloc.cli import main
+
+TINY = ["--set", "sgd.tau_max=1", "--set", "sgd.n_save=3", "--set", "simulation.D=64", "--set", "simulation.seeds=2",
+        "--set", "theory.points=256", "--no-progress"]
+CONFIG = load_config("default", [a for a in TINY if "=" in a])
+
+
+def one_line(capsys, command: str, kind: str = "error") -> str:
+    """The single line a failed command printed on stderr (and nothing else, no traceback)."""
+    captured = capsys.readouterr()
+    lines = [line for line in captured.err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in captured.err, captured.err
+    assert lines[0].startswith(f"singleloc {command}: {kind}"), lines[0]
+    return lines[0]
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+@pytest.fixture
+def previous_run(tmp_path):
+    """A run folder as `simulate` writes it (without computing one)."""
+    H, F, S = CONFIG.model.heads, CONFIG.problem.F, CONFIG.simulation.seeds
+    arrays = {"tau": np.arange(3.0), "M": np.zeros((S, 3, H, F)), "Q": np.tile(np.eye(H), (S, 3, 1, 1)),
+              "b": np.zeros((S, 3, H)), "risk": np.ones((S, 3)), "risk_limit": np.ones((S, 3))}
+    return save_run(tmp_path / "run", CONFIG, {"simulation.npz": arrays})
+
+
+# ----------------------------------------------------------------------------- 1. a run is one unit
+
+
+def test_a_new_run_replaces_the_old_one_and_prune_reads_one_consistent_run(tmp_path, capsys):
+    """The sequence of the issue: compare, then simulate with L = 8 into the same folder, then
+    prune. The folder now holds the L = 8 run alone; files of another run are refused."""
+    out = str(tmp_path / "X")
+    assert main(["compare", "default", *TINY, "--out", out]) == 0
+    assert {"compare.png", "theory.npz", "theory_seeds.npz", "simulation.npz"} <= set(os.listdir(out))
+    capsys.readouterr()
+    assert main(["simulate", "default", *TINY, "--set", "problem.L=8", "--out", out]) == 0
+    assert "note: " in capsys.readouterr().err and sorted(os.listdir(out)) == ["config.json", "simulation.npz"]
+    assert main(["prune", out]) == 0
+    run = load_run(out)
+    assert run.config.problem.L == 8 and npz_stamp(Path(out) / "prune.npz") == run.config_hash
+    # a file of another run put beside it
+    assert main(["integrate", "default", *TINY, "--out", str(tmp_path / "other")]) == 0
+    (Path(out) / "theory.npz").write_bytes((tmp_path / "other" / "theory.npz").read_bytes())
+    before = snapshot(Path(out))
+    capsys.readouterr()
+    assert main(["prune", out]) == 2
+    assert "theory.npz was made by another config" in one_line(capsys, "prune")
+    assert snapshot(Path(out)) == before
+
+
+def test_a_full_disk_fails_in_one_line_and_keeps_the_previous_run(previous_run, capsys, monkeypatch):
+    before = snapshot(previous_run)
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(np, "savez", full)
+    assert main(["simulate", "default", *TINY, "--out", str(previous_run)]) == 2
+    captured = capsys.readouterr()
+    line = captured.err.strip().splitlines()[-1]  # after the note that the run would be replaced
+    assert "Traceback" not in captured.err and len(captured.err.strip().splitlines()) == 2
+    assert line == (f"singleloc simulate: error: could not write the run folder: No space left on device; "
+                    f"'{previous_run}' is unchanged")
+    assert snapshot(previous_run) == before
+
+
+@pytest.mark.slow
+def test_kill_9_of_a_real_compare_keeps_the_previous_run(previous_run, tmp_path):
+    """`singleloc compare` killed with SIGKILL while it computes (after its note on stderr)."""
+    before = snapshot(previous_run)
+    proc = subprocess.Popen([sys.executable, "-m", "singleloc", "compare", "default", *TINY, "--set", "sgd.tau_max=20",
+                             "--out", str(previous_run)], stderr=subprocess.PIPE, text=True)
+    assert "holds a run" in proc.stderr.readline()
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert snapshot(previous_run) == before
+
+
+# ----------------------------------------------------------------------------- 2. damaged cache entries
+
+
+def _truncate(path):
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _flip_a_data_byte(path):  # the CRC of the member no longer matches
+    data = bytearray(path.read_bytes())
+    with zipfile.ZipFile(path) as z:
+        info = z.getinfo("risk.npy")
+    data[info.header_offset + 30 + len(info.filename) + info.file_size - 1] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _drop_risk(path):
+    save_npz(path, {k: v for k, v in load_npz(path).items() if k != "risk"})
+
+
+@pytest.mark.parametrize("damage, words", [
+    (_truncate, r"(BadZipFile|EOFError)"), (_flip_a_data_byte, "BadZipFile: Bad CRC-32"),
+    (lambda p: p.write_bytes(b"not an npz"), "ValueError: This file contains pickled"), (_drop_risk, "no array risk"),
+])
+def test_a_damaged_cache_entry_is_reported_recomputed_and_replaced(tmp_path, monkeypatch, damage, words):
+    calls = []
+
+    def compute(config, kind):
+        calls.append(kind)
+        return {"tau": np.arange(3.0), "M": np.ones((1, 3, 2, 2)), "Q": np.ones((1, 3, 2, 2)), "b": np.zeros((1, 3, 2)),
+                "risk": np.full((1, 3), 0.5)}
+
+    monkeypatch.setattr(_sweep, "compute", compute)
+    first = _sweep.cached_run(CONFIG, "theory", tmp_path)
+    (path,) = tmp_path.glob("theory-*.npz")
+    damage(path)
+    with pytest.warns(UserWarning, match=f"cache entry {path} is damaged \\({words}.*\\); recomputing it"):
+        again = _sweep.cached_run(CONFIG, "theory", tmp_path)
+    assert calls == ["theory", "theory"] and again.keys() == first.keys()
+    assert load_npz(path).keys() == first.keys()  # replaced by a complete entry
+    _sweep.cached_run(CONFIG, "theory", tmp_path)
+    assert len(calls) == 2
+
+
+# ----------------------------------------------------------------------------- 4. presets and paths
+
+
+def test_a_folder_named_like_a_preset_does_not_hide_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["simulate", "default", *TINY, "--out", "default"]) == 0
+    assert main(["simulate", "default", *TINY, "--out", "default"]) == 0
+    assert "note: 'default' holds a run" in capsys.readouterr().err
+    assert load_run("default").config == CONFIG
+
+
+@pytest.mark.parametrize("command, make, words", [
+    ("simulate", lambda p: p.mkdir() or p, "is a folder; expected a TOML file or a preset name"),
+    ("simulate", lambda p: Path("/dev/null"), "'/dev/null' is a character device; expected a TOML file"),
+    ("simulate", lambda p: (p.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff"), p)[1], "is not UTF-8 text"),
+    ("diagnose", lambda p: p.mkdir() or p, "ATTN"),
+    ("diagnose", lambda p: Path("/dev/null"), "ATTN '/dev/null' is a character device; expected a .npy file"),
+])
+def test_a_config_or_attn_path_says_what_it_is(tmp_path, capsys, command, make, words):
+    path = make(tmp_path / "thing")
+    assert main([command, str(path), "--out", str(tmp_path / "out")]) == 2
+    line = one_line(capsys, command)
+    assert words in line and str(path) in line
+
+
+# ----------------------------------------------------------------------------- 5. no tracebacks
+
+
+@pytest.mark.parametrize("toml, sets, words", [
+    ("problem = 3\n", [], "config section [problem] must be a table of keys, got an integer 3"),
+    ("[[problem]]\nL = 4\n", [], "config section [problem] must be a table of keys, got an array"),
+    ("", ["problem.prior={foo=1}"], "problem.prior: a table must hold the keys"),
+    ("", ["problem.prior=[1,2]"], "problem.prior: must be a prior name"),
+    ("", ["simulation.seed=100000000000000000000000000000"], "simulation.seed: must be <= 4294967295"),
+    ("", ["model.bias_init=1e300"], "model.bias_init: must lie in [-1000, 1000]"),
+])
+def test_malformed_configs_fail_in_one_line(tmp_path, capsys, toml, sets, words):
+    (tmp_path / "c.toml").write_text(toml)
+    args = [a for s in sets for a in ("--set", s)]
+    assert main(["simulate", str(tmp_path / "c.toml"), *args, "--out", str(tmp_path / "out")]) == 2
+    assert words in one_line(capsys, "simulate") and not (tmp_path / "out").exists()
+
+
+def _bad_npz(run):
+    (run / "simulation.npz").write_bytes(b"PK\x03\x04 junk")
+
+
+def _truncated_npz(run):
+    path = run / "simulation.npz"
+    path.write_bytes(path.read_bytes()[:300])
+
+
+def _npz_without_M(run):
+    path = run / "simulation.npz"
+    save_npz(path, {k: v for k, v in load_npz(path).items() if k != "M"}, npz_stamp(path))
+
+
+def _config_list(run):
+    (run / "config.json").write_text("[1, 2]")
+
+
+@pytest.mark.parametrize("damage, words", [
+    (_bad_npz, "simulation.npz is not a readable .npz file"), (_truncated_npz, "simulation.npz is not a readable .npz file"),
+    (_npz_without_M, "has no array 'M'"), (_config_list, "must hold a table of config sections, got a JSON list"),
+])
+def test_prune_of_a_damaged_run_fails_in_one_line(previous_run, capsys, damage, words):
+    damage(previous_run)
+    before = snapshot(previous_run)
+    assert main(["prune", str(previous_run)]) == 2
+    assert words in one_line(capsys, "prune") and snapshot(previous_run) == before
+
+
+@pytest.mark.parametrize("error, code, words", [
+    (KeyboardInterrupt(), 130, "singleloc simulate: interrupted"),
+    (FileExistsError(errno.EEXIST, "File exists", "/x/y"), 2, "error: File exists: '/x/y'"),
+    (MemoryError("Unable to allocate 64.0 GiB for an array"), 2, "error: out of memory: Unable to allocate 64.0 GiB"),
+    ("jax-oom", 2, "error: out of memory on the device: RESOURCE_EXHAUSTED: Out of memory while trying to allocate"),
+])
+def test_failures_during_a_run_are_one_line_and_keep_the_previous_run(previous_run, capsys, monkeypatch, error, code, words):
+    import jax
+
+    import singleloc._simulation
+
+    if error == "jax-oom":
+        error = jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 68719476736 bytes.\n"
+                                           "BufferAssignment OOM Debugging.\n...")
+
+    def failing(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(singleloc._simulation, "simulate", failing)
+    before = snapshot(previous_run)
+    assert main(["simulate", "default", *TINY, "--out", str(previous_run)]) == code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "holds a run" in err[0] and words in err[1], err  # the note, then the one line
+    assert snapshot(previous_run) == before
+    # --debug (or SINGLELOC_DEBUG=1) adds the traceback, same exit code
+    assert main(["simulate", "default", *TINY, "--out", str(previous_run), "--debug"]) == code
+    assert "Traceback (most recent call last)" in capsys.readouterr().err
+    monkeypatch.setenv("SINGLELOC_DEBUG", "1")
+    assert main(["simulate", "default", *TINY, "--out", str(previous_run)]) == code
+    assert "Traceback (most recent call last)" in capsys.readouterr().err
+
+
+def test_an_unexpected_runtime_error_is_not_hidden(monkeypatch, tmp_path):
+    import singleloc._simulation
+
+    def bug(*args, **kwargs):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(singleloc._simulation, "simulate", bug)
+    with pytest.raises(RuntimeError, match="a bug"):
+        main(["simulate", "default", *TINY, "--out", str(tmp_path / "out")])
+
+
+# ----------------------------------------------------------------------------- 6. bounds on costly values
+
+
+@pytest.mark.parametrize("command, sets, words", [
+    ("simulate", ["simulation.D=1000000000"], "for the simulation (simulation.seeds = 2 x simulation.D = 1000000000"),
+    ("simulate", ["problem.L=100000"], "problem.L = 100000"),
+    ("integrate", ["theory.points=1073741824"], "for the theory's quadrature (theory.points = 1073741824"),
+    ("compare", ["simulation.test_samples=1000000000"], "simulation.test_samples = 1000000000"),
+])
+def test_runs_that_cannot_fit_in_memory_are_refused_before_they_start(tmp_path, capsys, monkeypatch, command, sets, words):
+    monkeypatch.setenv(_resources.MEMORY_ENV, "16G")
+    args = [a for s in sets for a in ("--set", s)]
+    assert main([command, "default", *TINY, *args, "--out", str(tmp_path / "out")]) == 2
+    line = one_line(capsys, command)
+    assert "the run needs about" in line and "GB" in line and words in line and "SINGLELOC_MEMORY_LIMIT" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_memory_limit_can_be_set_or_turned_off(monkeypatch):
+    monkeypatch.setenv(_resources.MEMORY_ENV, "1M")
+    assert _resources.available_memory() == (2.0**20, "SINGLELOC_MEMORY_LIMIT=1M")
+    with pytest.raises(MemoryError, match="more than the 0.00105 GB available"):
+        _resources.check_run(CONFIG, simulation=True)
+    monkeypatch.setenv(_resources.MEMORY_ENV, "none")
+    assert _resources.available_memory()[0] == float("inf")
+    _resources.check_run(load_config("default", ["simulation.D=1000000000000"]), simulation=True)
+    monkeypatch.setenv(_resources.MEMORY_ENV, "lots")
+    with pytest.raises(ValueError, match="expected a size such as"):
+        _resources.available_memory()
+    monkeypatch.delenv(_resources.MEMORY_ENV)
+    assert 0 < _resources.available_memory()[0] < float("inf")
+
+
+@pytest.mark.parametrize("sets, words", [
+    (["problem.L=10601", "model.heads=2"], "problem.L * model.heads = 21202 Gaussian dimensions, more than the 21201"),
+    (["problem.L=128", "model.heads=2", "problem.prior=gaussian"],
+     "theory.points = 256 must be at least problem.L * model.heads + problem.F (Gaussian prior) = 258"),
+    (["problem.L=40", "model.heads=8"], "theory.points = 256 must be at least problem.L * model.heads = 320"),
+])
+def test_the_quadrature_limits_name_the_keys(tmp_path, capsys, sets, words):
+    args = [a for s in sets for a in ("--set", s)]
+    assert main(["integrate", "default", *TINY, *args, "--out", str(tmp_path / "out")]) == 2
+    assert words in one_line(capsys, "integrate")
+
+
+# ----------------------------------------------------------------------------- 7. messages name the cause
+
+
+def test_the_dimension_bounds_are_the_real_ones(tmp_path, capsys):
+    assert main(["integrate", "default", *TINY, "--set", "simulation.D=3", "--out", str(tmp_path / "a")]) == 2
+    assert "simulation.D = 3 must be at least model.heads + problem.F = 4" in one_line(capsys, "integrate")
+    assert main(["simulate", "default", *TINY, "--set", "simulation.D=4", "--out", str(tmp_path / "b")]) == 2
+    assert "simulation.D = 4 must exceed model.heads + problem.F = 4" in one_line(capsys, "simulate")
+    # D = H + F + 1 < H + F + L is enough for a simulation
+    assert main(["simulate", "default", *TINY, "--set", "simulation.D=5", "--out", str(tmp_path / "c")]) == 0
+
+
+# ----------------------------------------------------------------------------- 9. sweep accounting
+
+
+def test_a_sweep_counts_failed_points_and_keeps_every_failure(tmp_path, monkeypatch):
+    from singleloc._predictions import EscapePrediction
+
+    nan = float("nan")
+    prediction = EscapePrediction(nan, nan, nan, float("inf"), 1.0, 64, np.zeros(1), np.zeros(1)).arrays()
+    monkeypatch.setattr(_sweep, "compute_prediction", lambda config: prediction)
+
+    def diverge(kind):
+        def compute(config):
+            raise FloatingPointError(f"{kind} diverged at tau = 1; lower sgd.lr")
+        return compute
+
+    monkeypatch.setattr(_sweep, "compute_theory", diverge("ODE"))
+    monkeypatch.setattr(_sweep, "compute_simulation", diverge("SGD"))
+    rows, stats = _sweep.sweep(CONFIG, [_sweep.parse_grid("model.heads=1,2")], tmp_path, horizon="config", simulate=True,
+                               progress=False, figures=False)
+    assert (stats.computed, stats.cached, stats.failed) == (2, 0, 2)
+    both = "theory failed: ODE diverged at tau = 1; simulation failed: SGD diverged at tau = 1"
+    assert [r["status"] for r in rows] == [both, both]
+
+
+# ----------------------------------------------------------------------------- 10. silent surprises
+
+
+def test_dropped_saved_times_are_a_one_line_warning(tmp_path, capsys):
+    assert main(["simulate", "default", *TINY, "--set", "sgd.n_save=100000", "--out", str(tmp_path / "a")]) == 0
+    line = one_line(capsys, "simulate", "warning")
+    assert "sgd.n_save = 100000 saved times fall on 65 distinct SGD steps" in line
+    with np.load(tmp_path / "a" / "simulation.npz") as d:
+        assert d["tau"].shape == (65,)
+
+
+def test_a_rising_risk_is_a_one_line_warning(tmp_path, capsys):
+    from singleloc._commands._common import warn_if_risk_rose
+    from singleloc._ode import TheoryResult
+
+    def theory(risk):
+        risk = np.asarray(risk, float)
+        return TheoryResult(np.arange(risk.shape[1]), None, None, None, risk)
+
+    with pytest.warns(UserWarning, match=r"the theory risk rose during training \(0.81 -> 1.04, .*sgd.lr = 0.5"):
+        warn_if_risk_rose(CONFIG, theory=theory([[0.81, 0.9, 1.04]]))
+    with pytest.warns(UserWarning, match="simulation's limit risk rose"):
+        sim = type("Sim", (), {"risk_limit": np.array([[0.81, 1.04], [0.80, 1.05]])})
+        warn_if_risk_rose(CONFIG, simulation=sim)
+    with warnings.catch_warnings():  # within the noise of the test sets (2 x 4096 sequences): no warning
+        warnings.simplefilter("error")
+        sim = type("Sim", (), {"risk_limit": np.array([[0.80, 0.81], [0.80, 0.82]])})
+        warn_if_risk_rose(CONFIG, simulation=sim)
+        warn_if_risk_rose(CONFIG, theory=theory([[0.81, 0.5, 0.81 + 1e-7]]))
+    # through the command line: lr = 1e4 (the case of the issue)
+    assert main(["integrate", "default", *TINY, "--set", "sgd.lr=10000", "--out", str(tmp_path / "a")]) in (0, 2)
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err and len(captured.err.strip().splitlines()) == 1
