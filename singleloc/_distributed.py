@@ -42,6 +42,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from concurrent.futures import CancelledError
 from typing import Any
 
 import jax
@@ -194,7 +195,7 @@ def _on_cluster(tasks: Sequence[tuple[Hashable, tuple]], fn: Callable[..., Any],
     with contextlib.ExitStack() as stack:
         if address:
             client = stack.enter_context(Client(address))
-        else:  # no dashboard, hence no statistical profiler: it samples the deep stacks of JAX's tracing
+        else:
             with dask.config.set(LOCAL_CONFIG):
                 cluster = stack.enter_context(LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
                                                            dashboard_address=None, env=worker_env()))
@@ -206,8 +207,10 @@ def _on_cluster(tasks: Sequence[tuple[Hashable, tuple]], fn: Callable[..., Any],
                 key = futures[future]
                 if future.status == "finished":
                     yield key, future.result(), None
-                else:
+                elif future.status == "error":
                     yield key, None, future.exception()
+                else:  # cancelled or lost on the cluster (e.g. by another client)
+                    yield key, None, CancelledError(f"task {future.status} on the cluster")
                 future.release()
         finally:  # interrupted, or on_result raised: drop what is still queued before closing
             pending = [f for f in futures if f.status == "pending"]
