@@ -151,8 +151,8 @@ def run_points(
 
 def compute_point(kind: str, config: Mapping[str, Mapping[str, Any]]) -> dict[str, np.ndarray]:
     """The work of one sweep point, run on a worker: :func:`singleloc._sweep.compute` of ``kind``
-    (``"theory"`` or ``"simulation"``) for the resolved configuration ``config`` (a
-    :meth:`Config.to_dict`), as NumPy arrays.
+    (an entry kind of the sweep cache, e.g. ``"theory"``) for the resolved configuration
+    ``config`` (a :meth:`Config.to_dict`), as NumPy arrays.
 
     Enables double precision in the process that runs it, as the command line does: the ODE is
     solved in float64 (the simulator keeps its own float32), also on a worker started by hand.
