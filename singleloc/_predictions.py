@@ -26,7 +26,7 @@ of a random start (``M = 0``, ``R_orth = init_scale^2 I``, ``b = bias_init``) up
   symmetric flow has no fixed point within reach (``m`` goes 1.11, 1.33, 1.38 at tau = 60,
   240, 600, and the root finder's "fixed point" is not a valid state), and the rate along it
   goes 0.0115, 0.0152, 0.0161, 0.0150, 0.0127 at tau = 60, 120, 240, 360, 600. The rate at
-  the end of a flow of arbitrary length would move the prediction by 30%; the mean over the
+  the end of a flow of arbitrary length would move the prediction by up to 40%; the mean over the
   stretch the perturbation actually grows on does not depend on that length, and equals the
   fixed-point rate when the plateau is a fixed point (a zero-mean prior, where ``M = 0``).
 
@@ -36,8 +36,8 @@ of a random start (``M = 0``, ``R_orth = init_scale^2 I``, ``b = bias_init``) up
 
 **The horizon** (:func:`escape_horizon`): ``multiple = 2.5`` times the predicted escape,
 rounded up to two significant digits and capped at ``cap = 3000``; without a predicted escape,
-``fallback = 300`` (the plateaus have settled to within ``1e-3`` in risk by then at the
-default problem). ``singleloc sweep`` integrates each point up to its horizon.
+``fallback = 300`` (at the default problem the symmetric risk changes by less than ``1e-4``
+after tau = 200). ``singleloc sweep`` integrates each point up to its horizon.
 
 **Head weights** (:func:`head_weights`): ``w_h = E[sum_l A_hl]``, the attention weight head
 ``h`` puts on the sequence, by the quadrature rule of the ODE (the same expectation as the

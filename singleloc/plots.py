@@ -191,7 +191,7 @@ def plot_phase_diagram(rows, *, title: str = "", simulate: bool = False) -> Figu
               ("escape: measured / predicted", "plasma", lambda r, p: _value(r, p + "first_learned"), _escape_text),
               ("escape rate lambda (h: horizon)", "cividis", lambda r, p: _value(r, "lambda"),
                lambda r, p: (f"{lam:.3g}" if np.isfinite(lam := _value(r, "lambda")) else "none")
-               + f"\nh {_value(r, 'horizon'):.3g}")]
+               + f"\nh {_value(r, 'horizon'):.4g}")]
     prefixes = [""] + (["sim_"] if simulate else [])
     fig = Figure(figsize=(4.0 * len(panels), 3.3 * len(prefixes)), constrained_layout=True)
     axes = fig.subplots(len(prefixes), len(panels), squeeze=False)
