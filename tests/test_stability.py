@@ -164,11 +164,10 @@ def test_valid_symmetric_state():
     assert st.valid_symmetric_state([1.0, 0.0, 0.0], 1, 2) and not st.valid_symmetric_state([1.0, -1e-3, 0.0], 1, 1)
 
 
-@pytest.mark.slow
 def test_polish_rejects_a_root_outside_the_valid_set():
     """Softmax at the default problem creeps: the root finder started at the end of a flow of
     length 200 lands at r_d = -0.42 (theory.points = 256), not a Gram matrix. The flow's end
-    point is kept, unconverged (about 20 s)."""
+    point is kept, unconverged (about 10 s)."""
     ode = OrderParameterODE.from_config(load_config("default", ["theory.points=256"]))
     fp = st.unspecialized_point(ode, 2, 2, init_scale=0.5, tau_flow=200.0, dt=0.5)
     assert not fp.converged and fp.residual > 1e-6
