@@ -16,7 +16,8 @@
 # A tour of `singleloc` in six steps, each a few lines of the public API: the theory (an ODE for the order
 # parameters) against finite-$D$ SGD, heads that specialize, the escape rate of the unspecialized point, the
 # Bayes risk, pruning a trained layer, and the diagnostics of an attention array. The whole script runs in
-# about three minutes on a laptop CPU (two shared cores), most of it JAX compiling each new problem once.
+# about a minute on two CPU cores (three minutes when they are busy with other work), most of it JAX
+# compiling each new problem once.
 #
 # Run it as a script, `python docs/tutorial.py` (CI does, so it never goes stale), or open it as a
 # notebook: it is a [jupytext](https://jupytext.readthedocs.io) percent script, so `jupytext --to ipynb
