@@ -131,9 +131,12 @@ def write_folder(target: str | Path, fill: Callable[[Path], object], keep: bool 
     ``fill`` writes into a fresh hidden sibling; with ``keep``, the files of ``target`` that
     ``fill`` does not write are carried over (hard links, or copies where links fail). Then the
     sibling takes ``target``'s place (see the module docstring). On any failure the sibling is
-    removed and ``target`` is unchanged. Returns ``target``."""
+    removed and ``target`` is unchanged. A ``target`` that :func:`check_run_folder` refuses
+    (the current folder, a folder with files of the user's) raises before anything is written.
+    Returns ``target``."""
+    check_run_folder(target)
     given = Path(target)
-    target = Path(os.path.abspath(target))
+    target = Path(os.path.realpath(target))  # a symbolic link keeps pointing to the (new) run
     target.parent.mkdir(parents=True, exist_ok=True)
     _remove_orphans(target)
     new = _hidden_sibling(target, "new")
@@ -221,7 +224,7 @@ def check_run_folder(folder: str | Path) -> bool:
     if not str(folder).strip():
         raise ValueError("expected a folder, got an empty name")
     folder = Path(folder)
-    absolute = Path(os.path.abspath(folder))
+    absolute = Path(os.path.realpath(folder))
     if Path.cwd() == absolute or absolute in Path.cwd().parents:
         raise ValueError(f"{str(folder)!r} is or contains the current folder, and writing a run replaces its folder as a "
                          "whole: run singleloc from outside it")

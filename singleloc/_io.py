@@ -126,8 +126,11 @@ def add_to_run(run: Run, files: Mapping[str, Any]) -> Path:
 
 
 def load_npz(path: str | Path) -> dict[str, np.ndarray]:
-    """All arrays of an ``.npz`` file as a dict."""
-    with np.load(path) as data:
+    """All arrays of an ``.npz`` file as a dict (``ValueError`` for a file that is not a zip
+    archive, rather than NumPy's attempt to read it as a pickle)."""
+    if not zipfile.is_zipfile(path):
+        raise ValueError("not a zip archive")
+    with np.load(path, allow_pickle=False) as data:
         return {k: data[k] for k in data.files}
 
 

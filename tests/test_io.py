@@ -76,6 +76,25 @@ def test_a_new_run_replaces_the_folder_as_a_whole(run_dir):
     assert siblings(run_dir) == []  # no temporary folder left
 
 
+def test_a_run_never_replaces_a_folder_of_the_users_files(tmp_path, monkeypatch):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="notes.txt, which is not part of a singleloc run"):
+        save_run(mine, CONFIG, {"theory.npz": theory_arrays()})
+    monkeypatch.chdir(mine)
+    with pytest.raises(ValueError, match="is or contains the current folder"):
+        save_run(".", CONFIG, {"theory.npz": theory_arrays()})
+    assert sorted(os.listdir(mine)) == ["notes.txt"] and siblings(mine) == []
+
+
+def test_a_symbolic_link_to_a_run_keeps_pointing_to_the_new_run(run_dir, tmp_path):
+    link = tmp_path / "link"
+    link.symlink_to(run_dir)
+    save_run(link, CONFIG.replace(problem={"L": 8}), {"theory.npz": theory_arrays()})
+    assert link.is_symlink() and load_run(link).config.problem.L == 8 == load_run(run_dir).config.problem.L
+
+
 def test_add_to_run_keeps_the_run_and_stamps_the_new_files(run_dir):
     before = snapshot(run_dir)
     run = load_run(run_dir)

@@ -120,8 +120,8 @@ def _drop_risk(path):
 
 
 @pytest.mark.parametrize("damage, words", [
-    (_truncate, r"(BadZipFile|EOFError)"), (_flip_a_data_byte, "BadZipFile: Bad CRC-32"),
-    (lambda p: p.write_bytes(b"not an npz"), "ValueError: This file contains pickled"), (_drop_risk, "no array risk"),
+    (_truncate, r"(BadZipFile|EOFError|ValueError: not a zip archive)"), (_flip_a_data_byte, "BadZipFile: Bad CRC-32"),
+    (lambda p: p.write_bytes(b"not an npz"), "ValueError: not a zip archive"), (_drop_risk, "no array risk"),
 ])
 def test_a_damaged_cache_entry_is_reported_recomputed_and_replaced(tmp_path, monkeypatch, damage, words):
     calls = []
@@ -218,7 +218,7 @@ def test_prune_of_a_damaged_run_fails_in_one_line(previous_run, capsys, damage, 
 @pytest.mark.parametrize("error, code, words", [
     (KeyboardInterrupt(), 130, "singleloc simulate: interrupted"),
     (FileExistsError(errno.EEXIST, "File exists", "/x/y"), 2, "error: File exists: '/x/y'"),
-    (MemoryError("Unable to allocate 64.0 GiB for an array"), 2, "error: out of memory: Unable to allocate 64.0 GiB"),
+    (MemoryError("Unable to allocate 64.0 GiB for an array"), 2, "error: Unable to allocate 64.0 GiB"),
     ("jax-oom", 2, "error: out of memory on the device: RESOURCE_EXHAUSTED: Out of memory while trying to allocate"),
 ])
 def test_failures_during_a_run_are_one_line_and_keep_the_previous_run(previous_run, capsys, monkeypatch, error, code, words):
