@@ -33,13 +33,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="singleloc-bench04-") as tmp:
         out = Path(tmp)
         t0 = time.perf_counter()
-        rows, s1 = sl.sweep(base, grids, out, progress=False)
+        rows, s1 = sl.sweep(base, grids, out, horizon="config", progress=False)
         t1 = time.perf_counter() - t0
         t0 = time.perf_counter()
-        rows2, s2 = sl.sweep(base, grids, out, progress=False)
+        rows2, s2 = sl.sweep(base, grids, out, horizon="config", progress=False)
         t2 = time.perf_counter() - t0
         t0 = time.perf_counter()
-        _, s3 = sl.sweep(base, grids, out, progress=False, figures=False)
+        _, s3 = sl.sweep(base, grids, out, horizon="config", progress=False, figures=False)
         t3 = time.perf_counter() - t0
         n_fig = len(list(out.glob("phase_*.png")))
     assert repr(rows2) == repr(rows) and s2.computed == s3.computed == 0 and s2.cached == len(rows) == 12

@@ -2,7 +2,7 @@
 
 The points: the default preset with ``model.heads = 1, 2`` x ``problem.F = 1, 2`` x ``sgd.lr =
 0.3, 0.5`` x ``problem.strength = 2.5, 3.5`` and ``sgd.tau_max = 100``. Each is the theory of a
-sweep point (:func:`singleloc._distributed.compute_point`: one batched ODE solve over the seeds'
+sweep point (:func:`singleloc._sweep.compute_point`: one batched ODE solve over the seeds'
 initial overlaps), run through :func:`singleloc._distributed.run_points`
 
 1. serially in this process (``workers = 1``: no Dask), then
@@ -31,8 +31,8 @@ jax.config.update("jax_enable_x64", True)
 import numpy as np  # noqa: E402
 
 from singleloc import load_config  # noqa: E402
-from singleloc._distributed import compile_group, compute_point, run_points  # noqa: E402
-from singleloc._sweep import grid_points, parse_grid  # noqa: E402
+from singleloc._distributed import run_points  # noqa: E402
+from singleloc._sweep import compile_group, compute_point, grid_points, parse_grid  # noqa: E402  # noqa: E402
 
 GRIDS = ["model.heads=1,2", "problem.F=1,2", "sgd.lr=0.3,0.5", "problem.strength=2.5,3.5"]
 

@@ -36,21 +36,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from concurrent.futures import CancelledError
 from typing import Any
 
-import jax
-import numpy as np
 from tqdm.auto import tqdm
-
-from . import _sweep
-from ._config import load_config
 
 #: Environment variable holding the address of an external scheduler (Dask's convention).
 SCHEDULER_ENV = "DASK_SCHEDULER_ADDRESS"
@@ -147,30 +141,6 @@ def run_points(
             bar.update()
     report.seconds = time.perf_counter() - t0
     return report
-
-
-def compute_point(kind: str, config: Mapping[str, Mapping[str, Any]]) -> dict[str, np.ndarray]:
-    """The work of one sweep point, run on a worker: :func:`singleloc._sweep.compute` of ``kind``
-    (an entry kind of the sweep cache, e.g. ``"theory"``) for the resolved configuration
-    ``config`` (a :meth:`Config.to_dict`), as NumPy arrays.
-
-    Enables double precision in the process that runs it, as the command line does: the ODE is
-    solved in float64 (the simulator keeps its own float32), also on a worker started by hand.
-    """
-    jax.config.update("jax_enable_x64", True)
-    return {name: np.asarray(value) for name, value in _sweep.compute(load_config(config), kind).items()}
-
-
-#: Keys that change only the values a compiled program receives, not the program: points that
-#: differ in them alone share their compilations (:func:`compile_group`).
-VALUE_KEYS = {"problem": ("strength",), "sgd": ("init_scale",), "simulation": ("seed",)}
-
-
-def compile_group(kind: str, config: Mapping[str, Mapping[str, Any]]) -> str:
-    """The compiled programs a sweep point needs, as a hashable name: ``kind`` and ``config``
-    without :data:`VALUE_KEYS` (a ``group`` for :func:`run_points` with :func:`compute_point`)."""
-    rest = {s: {k: v for k, v in sec.items() if k not in VALUE_KEYS.get(s, ())} for s, sec in config.items()}
-    return json.dumps([kind, rest], sort_keys=True)
 
 
 Outcome = tuple[Hashable, Any, "BaseException | None"]

@@ -61,14 +61,15 @@ import math
 import re
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
-from tqdm.auto import tqdm
 
-from ._config import SECTIONS, Config, parse_override
+from ._config import SECTIONS, Config, load_config, parse_override
+from ._distributed import run_points
 from ._io import NPZ_ERRORS, load_npz, save_figure, save_npz, save_text
 from ._ode import initial_conditions, integrate
 from ._phase_analysis import HEAD_CLASSES, analyze
@@ -218,6 +219,29 @@ def compute(config: Config, kind: str) -> dict[str, np.ndarray]:
     return {"prediction": compute_prediction, "theory": compute_theory, "simulation": compute_simulation}[kind](config)
 
 
+def compute_point(kind: str, config: Mapping[str, Mapping[str, Any]]) -> dict[str, np.ndarray]:
+    """The work of one sweep point, run on a worker: :func:`singleloc._sweep.compute` of ``kind``
+    (an entry kind of the sweep cache, e.g. ``"theory"``) for the resolved configuration
+    ``config`` (a :meth:`Config.to_dict`), as NumPy arrays.
+
+    Enables double precision in the process that runs it, as the command line does: the ODE is
+    solved in float64 (the simulator keeps its own float32), also on a worker started by hand.
+    """
+    jax.config.update("jax_enable_x64", True)
+    return {name: np.asarray(value) for name, value in compute(load_config(config), kind).items()}
+
+
+#: Keys that change only the values a compiled program receives, not the program: points that
+#: differ in them alone share their compilations (:func:`compile_group`).
+VALUE_KEYS = {"problem": ("strength",), "sgd": ("init_scale",), "simulation": ("seed",)}
+
+
+def compile_group(kind: str, config: Mapping[str, Mapping[str, Any]]) -> str:
+    """The compiled programs a sweep point needs, as a hashable name: ``kind`` and ``config``
+    without :data:`VALUE_KEYS` (a ``group`` for :func:`~singleloc._distributed.run_points` with :func:`compute_point`)."""
+    rest = {s: {k: v for k, v in sec.items() if k not in VALUE_KEYS.get(s, ())} for s, sec in config.items()}
+    return json.dumps([kind, rest], sort_keys=True)
+
 @dataclasses.dataclass
 class SweepStats:
     """Counts of points of one sweep: computed (some theory or simulation entry computed or
@@ -280,48 +304,104 @@ SUMMARY_KEYS = ("final_risk", "escaped", "escape_time", "first_learned", "first_
                 *(f"n_{c}" for c in HEAD_CLASSES), "leaning_angle_spike", "leaning_angle_mean", "n_directions", "shared_profiles")
 
 
+def _entry_path(cache: Path, config: Config, kind: str) -> Path:
+    return cache / f"{kind}-{cache_key(config, kind)}.npz"
+
+
+def fill_cache(entries: Sequence[tuple[Config, str]], cache: Path, *, workers: int = 1, scheduler: str | None = None,
+               progress: bool = True, desc: str = "points") -> tuple[set[str], dict[str, BaseException]]:
+    """Compute the ``(config, kind)`` entries missing from (or damaged in) the cache, with
+    :func:`~singleloc._distributed.run_points` (in this process, on a local Dask cluster of
+    ``workers`` processes or on the cluster at ``scheduler``). Only this process writes the
+    cache (atomically), as each result arrives. Returns the names of the entries computed and
+    the failures (entry name -> exception)."""
+    tasks = {}
+    for config, kind in entries:
+        path = _entry_path(cache, config, kind)
+        if path.name not in tasks and (not path.is_file() or _read_entry(path, kind) is None):
+            tasks[path.name] = (kind, config.to_dict())
+    done: set[str] = set()
+
+    def store(name, arrays):
+        save_npz(cache / name, arrays)
+        done.add(name)
+
+    report = run_points(list(tasks.items()), compute_point, store, workers=workers, scheduler=scheduler,
+                        progress=progress, desc=desc, group=compile_group)
+    return done, dict(report.errors)
+
+
+def _failure(kind: str, err: BaseException) -> str:
+    text = str(err).split(";")[0] if isinstance(err, FloatingPointError) else f"{type(err).__name__}: {err}"
+    return f"{kind} failed: {' '.join(text.split())}"
+
+
 def sweep(base: Config, grids: Sequence[Grid], out: str | Path, *, horizon: str | float = "auto", simulate: bool = False,
-          cache_dir: str | Path | None = None, progress: bool = True,
-          figures: bool = True) -> tuple[list[dict[str, Any]], SweepStats]:
+          cache_dir: str | Path | None = None, progress: bool = True, figures: bool = True, workers: int = 1,
+          scheduler: str | None = None) -> tuple[list[dict[str, Any]], SweepStats]:
     """Run (or load) every grid point, write ``OUT/sweep.csv`` and the phase diagrams.
 
     ``horizon``: ``"auto"`` (each point to its predicted horizon), ``"config"``
-    (``sgd.tau_max``) or a number (module docstring). Returns the CSV rows (dicts) and the
-    :class:`SweepStats`.
+    (``sgd.tau_max``) or a number (module docstring). The entries missing from the cache are
+    computed in two rounds (the escape predictions, then the theory and simulation runs to
+    their horizons) by :func:`fill_cache`: in this process (``workers = 1``, no ``scheduler``),
+    on a local Dask cluster of ``workers`` processes, or on the Dask cluster at ``scheduler``
+    (or ``DASK_SCHEDULER_ADDRESS``); a point that fails is reported in its row and does not
+    stop the others. Returns the CSV rows (dicts) and the :class:`SweepStats`.
     """
     _check_horizon(horizon)
     t0 = time.perf_counter()
     out = Path(out)
     cache = out / "cache" if cache_dir is None else Path(cache_dir)
+    cache.mkdir(parents=True, exist_ok=True)
     points = grid_points(base, grids)
+    run = dict(workers=workers, scheduler=scheduler, progress=progress)
+    computed, errors = fill_cache([(cfg, "prediction") for _, cfg in points], cache, desc="escape predictions", **run)
+    predictions, run_cfgs = {}, {}
+    for i, (_, cfg) in enumerate(points):
+        path = _entry_path(cache, cfg, "prediction")
+        if path.name not in errors:
+            predictions[i] = EscapePrediction.from_arrays(cached_run(cfg, "prediction", cache))
+            run_cfgs[i] = resolve_horizon(cfg, predictions[i], horizon)
+    kinds = ["theory"] + (["simulation"] if simulate else [])
+    done, run_errors = fill_cache([(run_cfgs[i], kind) for i in run_cfgs for kind in kinds], cache, desc="sweep", **run)
+    computed |= done
+    errors.update(run_errors)
     stats = SweepStats()
     rows = []
-    for values, cfg in tqdm(points, desc="sweep", unit="point", disable=not progress, leave=False):
-        pred = EscapePrediction.from_arrays(cached_run(cfg, "prediction", cache))
-        run_cfg = resolve_horizon(cfg, pred, horizon)
+    for i, (values, cfg) in enumerate(points):
         row: dict[str, Any] = dict(values)
-        row.update(activation=cfg.model.activation, heads=cfg.model.heads, F=cfg.problem.F, status="ok",
-                   horizon=run_cfg.sgd.tau_max, **{"lambda": pred.rate}, tau_plateau=pred.tau_plateau,
-                   predicted_escape=pred.predicted_escape)
-        entries, failures = SweepStats(), []
-        for kind in ["theory"] + (["simulation"] if simulate else []):
+        row.update(activation=cfg.model.activation, heads=cfg.model.heads, F=cfg.problem.F, status="ok")
+        names = [_entry_path(cache, cfg, "prediction").name]
+        failures = []
+        if i not in predictions:
+            failures.append(_failure("prediction", errors[names[0]]))
+            row.update({k: math.nan for k in ("horizon", "lambda", "tau_plateau", "predicted_escape")})
+        else:
+            pred, run_cfg = predictions[i], run_cfgs[i]
+            row.update(horizon=run_cfg.sgd.tau_max, **{"lambda": pred.rate}, tau_plateau=pred.tau_plateau,
+                       predicted_escape=pred.predicted_escape)
+        for kind in kinds:
             prefix = "" if kind == "theory" else "sim_"
-            try:
-                summ = summarize(run_cfg, cached_run(run_cfg, kind, cache, entries), kind)
-            except FloatingPointError as err:
-                failures.append(f"{kind} failed: {str(err).split(';')[0]}")
-                summ = {k: math.nan for k in SUMMARY_KEYS}
+            summ = {k: math.nan for k in SUMMARY_KEYS}
+            if i in predictions:
+                name = _entry_path(cache, run_cfgs[i], kind).name
+                names.append(name)
+                if name in errors:
+                    failures.append(_failure(kind, errors[name]))
+                else:
+                    summ = summarize(run_cfgs[i], cached_run(run_cfgs[i], kind, cache), kind)
             row.update({prefix + k: summ[k] for k in SUMMARY_KEYS})
-        if failures:  # every failure of the point, theory and simulation
+        if failures:  # every failure of the point: prediction, theory and simulation
             row["status"] = "; ".join(failures)
             stats.failed += 1
-        if entries.computed or failures:
+        if failures or computed.intersection(names):
             stats.computed += 1
         else:
             stats.cached += 1
-        if row["status"] == "ok" and pred.escapes and row["escaped"] < 1:
-            row["status"] = f"not yet (predicted escape at tau = {pred.predicted_escape:.3g})"
-        row["key"] = cache_key(run_cfg, "theory")
+        if row["status"] == "ok" and predictions[i].escapes and row["escaped"] < 1:
+            row["status"] = f"not yet (predicted escape at tau = {predictions[i].predicted_escape:.3g})"
+        row["key"] = cache_key(run_cfgs[i], "theory") if i in run_cfgs else ""
         rows.append(row)
     write_csv(out / "sweep.csv", rows)
     if figures:

@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 
 from singleloc import load_config
-from singleloc._distributed import _homes, compile_group, compute_point, run_points, worker_env
+from singleloc._distributed import _homes, run_points, worker_env
 from singleloc._io import load_npz, save_npz
+from singleloc._sweep import compile_group, compute_point, parse_grid, sweep
 
 TINY = ["sgd.tau_max=2", "theory.points=256"]  # one compilation: strength changes no shape and no static field
 STARTUP = 120  # seconds allowed for a cluster or a process to start or stop on a loaded machine
@@ -256,3 +257,20 @@ def test_external_scheduler_computes_theory_points_as_the_serial_run(external_cl
         for name in serial[s]:
             np.testing.assert_array_equal(remote[s][name], serial[s][name])
     assert not np.allclose(serial[2.5]["risk"], serial[3.5]["risk"])  # the two points differ
+
+
+@pytest.mark.slow
+def test_sweep_on_an_external_cluster_writes_the_serial_csv(external_cluster, tmp_path):
+    """The whole sweep (escape predictions, then the runs to their horizons) on the external
+    cluster: the client alone writes the cache and the CSV, identical to the serial sweep's."""
+    base = load_config("default", TINY + ["model.heads=1"])
+    grids = [parse_grid("problem.strength=2.5,3.5")]
+    serial_rows, serial_stats = sweep(base, grids, tmp_path / "serial", horizon="config", progress=False, figures=False)
+    rows, stats = sweep(base, grids, tmp_path / "remote", horizon="config", progress=False, figures=False,
+                        scheduler=external_cluster)
+    assert (tmp_path / "remote" / "sweep.csv").read_text() == (tmp_path / "serial" / "sweep.csv").read_text()
+    assert stats.computed == serial_stats.computed == 2 and stats.failed == 0
+    assert not list((tmp_path / "remote" / "cache").glob("*.tmp"))  # only complete entries
+    _, again = sweep(base, grids, tmp_path / "remote", horizon="config", progress=False, figures=False,
+                     scheduler=external_cluster)
+    assert again.cached == 2 and again.computed == 0  # cached points are not submitted

@@ -45,7 +45,8 @@ def test_every_figure_is_a_figure_with_its_panels(tmp_path):
     risk = 0.5 * np.exp(-tau)[None] + np.zeros((S, 1))
     run = types.SimpleNamespace(tau=tau, M=M, risk=risk)
     analysis = singleloc.analyze(tau, M, Q, risk, mean=np.zeros(F))
-    rows = [{"heads": h, "F": f, "final_risk": 0.1 * h, "n_specialized": 1, "shared_profiles": 0, "first_specialization": 1.0}
+    rows = [{"heads": h, "F": f, "final_risk": 0.1 * h, "n_aligned": 1, "n_leaning": 1, "n_combination": 0,
+             "first_learned": 1.0, "escaped": 1.0, "predicted_escape": 2.0, "lambda": 0.1, "horizon": 5.0}
             for h in (1, 2) for f in (1, 2)]
     pruning = {"greedy": singleloc.PruningResult("greedy", np.array([[1]]), np.array([[0.2, 0.3]]))}
     w = rng.dirichlet(np.ones(6), size=(2, 6))

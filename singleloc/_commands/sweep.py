@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from ._common import add_config_arguments, add_out_argument, config_from_args, output_folder
+from ._common import add_config_arguments, add_out_argument, config_from_args, int_at_least, output_folder
 
 
 def register(sub) -> None:
@@ -31,6 +31,12 @@ def register(sub) -> None:
                    "rounded up to two digits, at most 3000 (300 without a predicted escape); TAU: that time; "
                    "both on a log grid of at least 201 saved times; config: sgd.tau_max and the config's grid")
     p.add_argument("--simulate", action="store_true", help="also run the finite-D simulation at every point")
+    p.add_argument("--workers", type=int_at_least(1), default=1, metavar="N",
+                   help="compute the points on a local Dask cluster of N worker processes (default 1: in this "
+                   "process, no Dask started); only this process writes the cache and the CSV")
+    p.add_argument("--scheduler", default=None, metavar="tcp://HOST:PORT",
+                   help="compute the points on an existing Dask cluster (default: the DASK_SCHEDULER_ADDRESS "
+                   "environment variable when set); see docs/scale.md for clusters on Slurm/PBS")
     add_out_argument(p)
     p.add_argument("--cache", type=output_folder, default=None, metavar="DIR", help="cache folder (default DIR/cache)")
     p.set_defaults(func=run)
@@ -57,8 +63,10 @@ def run(args) -> int:
     grids = [parse_grid(g) for g in args.grid]
     for _, point in grid_points(config, grids):  # every point can run, before the first one does
         check_run(point, simulation=args.simulate, theory_starts=point.simulation.seeds)
+    if args.workers > 1 and args.scheduler:
+        raise ValueError("give either --workers N (a local cluster) or --scheduler ADDRESS (an existing one), not both")
     rows, stats = sweep(config, grids, args.out, horizon=args.horizon, simulate=args.simulate, cache_dir=args.cache,
-                        progress=args.progress)
+                        progress=args.progress, workers=args.workers, scheduler=args.scheduler)
     failed = f"; {stats.failed} failed, see the status column" if stats.failed else ""
     print(f"swept {len(rows)} points ({stats.computed} computed, {stats.cached} from the cache{failed}) "
           f"in {stats.seconds:.1f} s; wrote {args.out / 'sweep.csv'}")
