@@ -22,7 +22,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-
 from ._numerics import psd_sqrt
 
 
@@ -63,8 +62,9 @@ class Prior:
             raise ValueError(f"prior {self.name}: cov must have shape ({f}, {f}), got {cov.shape}")
         if not np.all(np.isfinite(cov)) or not np.allclose(cov, cov.T, atol=1e-12):
             raise ValueError(f"prior {self.name}: cov must be a finite symmetric matrix")
-        if np.linalg.eigvalsh(cov).min() < -1e-10 * max(1.0, np.abs(cov).max()):
-            raise ValueError(f"prior {self.name}: cov must be positive semi-definite (eigenvalues {np.linalg.eigvalsh(cov).tolist()})")
+        eigenvalues = np.linalg.eigvalsh(cov)
+        if eigenvalues.min() < -1e-10 * max(1.0, np.abs(cov).max()):
+            raise ValueError(f"prior {self.name}: cov must be positive semi-definite (eigenvalues {eigenvalues.tolist()})")
         object.__setattr__(self, "atoms", _as_tuple(atoms))
         object.__setattr__(self, "probs", _as_tuple(probs))
         object.__setattr__(self, "noise_cov", _as_tuple(cov))
