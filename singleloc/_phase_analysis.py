@@ -217,7 +217,8 @@ def specialization(M, Q, *, mean=None, directions=None, threshold: float = 0.9, 
     to, or -1 (rule in the module docstring).
 
     Args:
-        M, Q: overlaps (..., H, F) and (..., H, H).
+        M: overlaps (..., H, F).
+        Q: overlaps (..., H, H).
         mean: ``E[theta]`` (F,) of the prior; ``None`` or zero drops the mean condition.
         directions: (K, F) latent directions (normalised here); default the spikes ``e_f``.
     """
@@ -273,7 +274,8 @@ def classify_heads(M, Q, *, mean=None, weights=None, threshold: float = 0.9, mar
     """The class of every head (rules and defaults in the module docstring).
 
     Args:
-        M, Q: overlaps (..., H, F) and (..., H, H).
+        M: overlaps (..., H, F).
+        Q: overlaps (..., H, H).
         mean: ``E[theta]`` (F,); ``None`` or zero for a zero-mean prior (no mean direction:
             no ``leaning`` class, and ``unspecialized`` only by the spike fraction).
         weights: ``w_h = E[sum_l A_hl]`` (..., H) from :func:`singleloc._predictions.head_weights`;
