@@ -13,8 +13,13 @@ eager imports. Figures live in :mod:`singleloc.plots` (imported explicitly).
 from __future__ import annotations
 
 import importlib
+import os
 
 from ._version import __version__ as __version__
+
+# Before any module imports equinox: its runtime checks as NaN, not host callbacks, so that
+# compiled programs can be cached across processes (singleloc._compilation).
+os.environ.setdefault("EQX_ON_ERROR", "nan")
 
 # The public API: private module -> the names it exports ("NAME as PUBLIC" renames).
 _EXPORTS = {
@@ -29,7 +34,9 @@ _EXPORTS = {
                      "top_n_diagnostics", "vanishing_attention"),
     "_sensitivity": ("FD_EPSILONS", "finite_difference_sensitivity", "random_directions", "softmax_jacobian",
                      "softmax_jacobian_norm"),
-    "_fields": ("LocalFields",),
+    "_accuracy": ("PointsChoice", "choose_points", "relative_drift_error"),
+    "_compilation": ("enable_compilation_cache",),
+    "_fields": ("LocalFields", "replicate_rules"),
     "_io": ("Run", "add_to_run", "config_hash", "load_npz", "load_run", "save_figure", "save_json", "save_npz", "save_run"),
     "_numerics": ("psd_sqrt",),
     "_layer": ("finite_loss", "limit_loss", "token_weights"),

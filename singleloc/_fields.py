@@ -12,21 +12,35 @@ have to be drawn: wherever they appear (the drift of ``M``) their conditional me
 dimensions, plus ``F`` for the Gaussian part of the prior.
 
 The rule. The atoms of the prior are summed exactly with their probabilities; the Gaussian
-dimensions use ``n`` scrambled Sobol points mapped to normals by the inverse CDF, together
-with their antithetic mirrors ``-z`` (so every odd moment is integrated exactly), linearly
-whitened so that second moments are exact too (moment matching: it cut the error of
-second moments tenfold at 1024 points). The points are drawn once, from a fixed seed, and held for the whole solve: the expectations are
-smooth, deterministic functions of ``(M, Q, b)``.
+dimensions use scrambled Sobol points mapped to normals by the inverse CDF, together with
+their antithetic mirrors ``-z`` (so every odd moment is integrated exactly), linearly
+whitened so that second moments are exact too (moment matching: it cut the error of second
+moments tenfold at 1024 points). The points are drawn once, from a fixed seed, and held for
+the whole solve: the expectations are smooth, deterministic functions of ``(M, Q, b)``.
 
-``Q^{1/2}`` is the symmetric PSD square root (eigenvalues clipped at zero). It is
-continuous, defined for singular ``Q`` (identical heads), and permutation-equivariant: two
-identical heads get identical fields at every node, so the rule never breaks the
-head-permutation symmetry by itself.
+Exchange symmetry of the heads. ``Q^{1/2}`` is the symmetric PSD square root (eigenvalues
+clipped at zero): continuous, defined for singular ``Q`` (identical heads), and
+permutation-equivariant, ``(P Q P^T)^{1/2} = P Q^{1/2} P^T``. Permuting the heads of a state
+therefore permutes the fields of node ``w`` into the fields of node ``w P``, and the rule is
+exactly equivariant under the permutations ``P`` that map its node set onto itself. With
+``symmetric=True`` (the ODE's rule) the nodes are closed under the cyclic shifts of the head
+columns of ``w``: ``points / H`` Sobol points, each with its ``H`` shifts and their mirrors
+(``2 points`` nodes, as without the closure). The drift is then exactly equivariant under
+the cyclic shifts of the heads -- every permutation for ``H <= 2`` -- and so is the solve: a
+start mapped onto itself by a shift of the heads together with a symmetry of the problem
+(e.g. swapping two spikes of the ``spikes`` prior) keeps that symmetry, and quadrature error
+alone cannot split equivalent heads. Without the closure the rule breaks the symmetry at the
+level of its error, and in long runs such heads drifted apart along the slow directions
+(docs/model.md section 4.4). Identical heads stay identical with either rule: their fields
+coincide at every node.
+
+Replicates. :func:`replicate_rules` stacks independently scrambled rules (seeds ``seed + r``)
+along a leading axis, to be ``jax.vmap``-ed over: their spread estimates the rule's error.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable, Sequence
 
 import equinox as eqx
 import jax
@@ -39,18 +53,41 @@ from ._numerics import psd_sqrt
 from ._priors import Prior
 
 
-def gaussian_nodes(dim: int, points: int, seed: int) -> np.ndarray:
-    """``2 * points`` standard-normal nodes in ``dim`` dimensions: scrambled Sobol points
-    through the inverse normal CDF, followed by their antithetic mirrors, then whitened so
-    that the node set's first and second moments are exactly those of ``N(0, I)``."""
+def sobol_normals(dim: int, n: int, seed: int) -> np.ndarray:
+    """The first ``n`` points of a scrambled Sobol sequence in ``dim`` dimensions (``n`` rounded
+    up to a power of two and cut) mapped to standard normals by the inverse CDF, (n, dim)."""
+    m = max(int(np.ceil(np.log2(n))), 0)
+    u = qmc.Sobol(dim, scramble=True, seed=seed).random_base2(m)[:n]
+    return ndtri(np.clip(u, 1e-12, 1 - 1e-12))
+
+
+def head_shifts(L: int, H: int, extra: int = 0) -> np.ndarray:
+    """Index permutations (H, L*H + extra) of flattened nodes ``(w (L, H), u (extra,))``: row
+    ``k`` shifts the head columns of ``w`` cyclically by ``k`` and leaves ``u`` alone."""
+    heads = (np.arange(H)[None, :] + np.arange(H)[:, None]) % H  # (k, h) -> source head of head h
+    w_index = np.arange(L)[None, :, None] * H + heads[:, None, :]  # (k, L, H)
+    u_index = np.broadcast_to(L * H + np.arange(extra), (H, extra))
+    return np.concatenate([w_index.reshape(H, L * H), u_index], axis=1)
+
+
+def gaussian_nodes(L: int, H: int, extra: int, points: int, seed: int, symmetric: bool) -> np.ndarray:
+    """Base nodes (n, L*H + extra) of the rule: scrambled Sobol normals, whitened so that their
+    orbit (with the head shifts when ``symmetric``, and the mirrors ``-z``) has exactly the
+    first and second moments of ``N(0, I)``. ``n = points`` without the closure and
+    ``points // H`` with it."""
+    dim = L * H + extra
+    shifts = head_shifts(L, H, extra) if symmetric and H > 1 else np.arange(dim)[None, :]
+    n = max(points // len(shifts), 1)
     if dim == 0:
-        return np.zeros((2 * points, 0))
-    m = int(np.log2(points))
-    u = qmc.Sobol(dim, scramble=True, seed=seed).random_base2(m)
-    z = np.concatenate([ndtri(np.clip(u, 1e-12, 1 - 1e-12))] * 2) * np.repeat([1.0, -1.0], points)[:, None]
-    # moment matching: whiten so that the empirical second moments are exactly the identity
-    w, v = np.linalg.eigh(z.T @ z / len(z))
-    return z @ (v / np.sqrt(w)) @ v.T
+        return np.zeros((n, 0))
+    if n * len(shifts) < dim:
+        raise ValueError(f"theory.points = {points} is too few for the whitening of {dim} Gaussian coordinates (L * H"
+                         f"{' + F' if extra else ''}): use at least {1 << (dim - 1).bit_length()}")
+    z = sobol_normals(dim, n, seed)
+    C = z.T @ z / n  # second moments of the base points (and of their mirrors)
+    C = np.mean([C[np.ix_(p, p)] for p in shifts], axis=0)  # ... of the orbit: shift-invariant
+    w, v = np.linalg.eigh(C)
+    return z @ (v / np.sqrt(w)) @ v.T  # C^{-1/2} commutes with the shifts: the orbit stays closed
 
 
 class LocalFields(eqx.Module):
@@ -59,22 +96,30 @@ class LocalFields(eqx.Module):
     Build it with :meth:`make`; then ``rule.expect(fn, M, Q)`` returns ``E[fn(g, theta)]``
     where ``g`` (L, H) are the head fields (token 0 relevant) and ``theta`` (F,) the latent.
     ``fn`` may return any pytree of arrays.
+
+    The nodes are the base points ``w``, ``u`` under the cyclic head shifts ``0..orbit-1``
+    (``orbit = H`` for a symmetric rule, 1 otherwise) and the sign flip, each with weight
+    ``1 / (2 * orbit * n)``.
     """
 
-    w: jax.Array  # (N, L, H) standard normals for the head fields
-    u: jax.Array  # (N, G) standard normals for the Gaussian part of the prior (G = 0 or F)
+    w: jax.Array  # (n, L, H) base standard normals for the head fields
+    u: jax.Array  # (n, G) base standard normals for the Gaussian part of the prior (G = 0 or F)
     atoms: jax.Array  # (K, F)
     probs: jax.Array  # (K,)
     cov_sqrt: jax.Array  # (F, G): theta = atom + cov_sqrt @ u
+    orbit: int = eqx.field(static=True)
     batch_size: int = eqx.field(static=True)
 
     @classmethod
-    def make(cls, L: int, H: int, prior: Prior, points: int = 4096, seed: int = 0, batch_size: int = 8192) -> "LocalFields":
-        """A rule with ``points`` Sobol points (a power of two) and their mirrors."""
+    def make(
+        cls, L: int, H: int, prior: Prior, points: int = 4096, seed: int = 0, batch_size: int = 8192, *, symmetric: bool = False
+    ) -> LocalFields:
+        """A rule of ``2 * points`` nodes from ``points`` Sobol points (a power of two) and their
+        mirrors; ``symmetric``: closed under the cyclic shifts of the heads (module docstring)."""
         if points < 1 or points & (points - 1):
             raise ValueError(f"theory.points must be a power of two, got {points}")
         G = 0 if prior.is_discrete else prior.F
-        z = gaussian_nodes(L * H + G, points, seed)
+        z = gaussian_nodes(L, H, G, points, seed, symmetric)
         dtype = jnp.result_type(float)
         return cls(
             w=jnp.asarray(z[:, : L * H].reshape(-1, L, H), dtype),
@@ -82,12 +127,14 @@ class LocalFields(eqx.Module):
             atoms=jnp.asarray(prior.atoms_array(), dtype),
             probs=jnp.asarray(prior.probs_array(), dtype),
             cov_sqrt=jnp.asarray(prior.cov_sqrt() if G else np.zeros((prior.F, 0)), dtype),
+            orbit=H if symmetric and H > 1 else 1,
             batch_size=batch_size,
         )
 
     @property
     def n_nodes(self) -> int:
-        return self.w.shape[0]
+        """Number of nodes: base points times shifts times signs."""
+        return 2 * self.orbit * self.w.shape[-3]
 
     def expect(self, fn: Callable, M: jax.Array, Q: jax.Array, *, Qh: jax.Array | None = None, with_noise: bool = False):
         """``E[fn(g, theta)]`` over the fields of order parameters ``M`` (H, F), ``Q`` (H, H).
@@ -96,10 +143,12 @@ class LocalFields(eqx.Module):
         ``fn(g, theta, w)`` with the standard normals ``w`` (L, H) behind ``g = w Q^{1/2}``.
         """
         Qh = psd_sqrt(Q) if Qh is None else Qh
+        H = self.w.shape[-1]
+        shifts = jnp.arange(self.orbit)
 
-        def at_node(node):
-            w, u = node
-            noise = self.cov_sqrt @ u
+        def at_image(w, u, shift, sign):
+            w = sign * jnp.take(w, (jnp.arange(H) + shift) % H, axis=-1)
+            noise = self.cov_sqrt @ (sign * u)
             g = w @ Qh
 
             def at_atom(atom):
@@ -110,9 +159,22 @@ class LocalFields(eqx.Module):
             values = jax.vmap(at_atom)(self.atoms)
             return jax.tree.map(lambda v: jnp.tensordot(self.probs, v, axes=1), values)
 
+        def at_node(node):
+            w, u = node
+            images = jax.vmap(jax.vmap(at_image, (None, None, None, 0)), (None, None, 0, None))
+            values = images(w, u, shifts, jnp.array([1.0, -1.0], w.dtype))
+            return jax.tree.map(lambda v: jnp.mean(v, axis=(0, 1)), values)
+
         nodes = (self.w, self.u)
         if self.n_nodes <= self.batch_size:
             values = jax.vmap(at_node)(nodes)
         else:
-            values = jax.lax.map(at_node, nodes, batch_size=self.batch_size)
+            values = jax.lax.map(at_node, nodes, batch_size=max(self.batch_size // (2 * self.orbit), 1))
         return jax.tree.map(lambda v: jnp.mean(v, axis=0), values)
+
+
+def replicate_rules(L: int, H: int, prior: Prior, points: int, seeds: Sequence[int], **kwargs) -> LocalFields:
+    """Independently scrambled rules (one per seed) stacked along a leading axis: ``jax.vmap``
+    a function of the rule over it (``in_axes=0`` on the rule)."""
+    rules = [LocalFields.make(L, H, prior, points, int(seed), **kwargs) for seed in seeds]
+    return jax.tree.map(lambda *leaves: jnp.asarray(np.stack(leaves)), *rules)

@@ -9,6 +9,29 @@ leaving the PSD cone; :func:`integrate` then raises with the time at which it ha
 Initial conditions are the overlaps of a real D-dimensional initialisation
 (:func:`~singleloc.initial_overlaps` with the config's ``simulation.seed`` and ``D``), the
 same weights the simulator starts from, so that ``M(0) = O(1/sqrt(D))`` as in a finite run.
+
+Replicates and the error of the result. With ``theory.replicates = R``, the rules of ``R``
+independent scramblings (seeds ``qmc_seed + r``) each drive their own trajectory (one
+vmapped solve). The result is the mean over the replicates of ``M``, ``Q``, ``b`` and of
+the risk; ``risk_se`` is the standard error of that mean (the spread over replicates over
+``sqrt(R)``), so it holds both the quadrature error of the drift, carried along the
+trajectory, and that of evaluating the risk. ``drift_error`` is the estimated relative
+error of the mean drift at the start (:mod:`~singleloc._accuracy`). ``R = 1`` is one rule
+at the cost of one solve, without an error estimate.
+
+The risk of a trajectory is never evaluated on the nodes that drove it: a trained state fits
+its own rule's error, and its risk on that rule is biased low (by up to 2e-3 in the Bayes
+work). Trajectory ``r`` is evaluated on a rule of yet another scrambling, seed
+``qmc_seed + R + r`` (:attr:`Theory.evaluation_seed` ``+ r``).
+
+Compilation. The solve, the risk along it and the drift at the start are one program per
+shape: the rules, the starts, the saved times and the tolerances are its arguments, so a new
+time grid or a new start of the same shapes runs without compiling again, and a later
+process loads it from the cache folder, neither traced nor compiled again
+(:func:`~singleloc.enable_compilation_cache`, :mod:`~singleloc._compilation`).
+Diffrax runs with ``ForwardMode`` (the solve is never differentiated: no checkpointing,
+less to trace). ``progress=True`` adds diffrax's progress bar, a host callback that keeps
+the program out of the persistent cache.
 """
 
 from __future__ import annotations
@@ -22,6 +45,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._accuracy import choose_points, flat_drift, relative_drift_error
+from ._compilation import exported_call
 from ._config import Config
 from ._data import initial_overlaps
 from ._io import save_run
@@ -35,7 +60,11 @@ _PSD_SLACK = 1e-6
 class TheoryResult:
     """ODE trajectories of ``S`` initial conditions at ``T`` saved times.
 
-    ``tau`` (T,), ``M`` (S, T, H, F), ``Q`` (S, T, H, H), ``b`` (S, T, H), ``risk`` (S, T).
+    ``tau`` (T,), ``M`` (S, T, H, F), ``Q`` (S, T, H, H), ``b`` (S, T, H), ``risk`` (S, T):
+    the means over the ``replicates`` rules (module docstring); ``risk_se`` (S, T): the
+    standard error of ``risk`` (NaN for one replicate); ``drift_error``: the estimated
+    relative drift error at the start, worst start (NaN without an estimate); ``points``:
+    the Sobol points per rule (the choice, for ``theory.points = "auto"``).
     ``theory.npz`` stores the first trajectory with the leading ``S`` axis dropped.
     """
 
@@ -44,14 +73,38 @@ class TheoryResult:
     Q: np.ndarray
     b: np.ndarray
     risk: np.ndarray
+    risk_se: np.ndarray | None = None  # None: no estimate (NaN of the shape of risk)
+    drift_error: float = float("nan")
+    points: int = 0  # 0: not known
+    replicates: int = 1
+
+    def __post_init__(self):
+        if self.risk_se is None:
+            object.__setattr__(self, "risk_se", np.full(np.shape(self.risk), np.nan))
 
     def arrays(self, index: int = 0) -> dict[str, np.ndarray]:
-        return {"tau": self.tau, "M": self.M[index], "Q": self.Q[index], "b": self.b[index], "risk": self.risk[index]}
+        return {"tau": self.tau, "M": self.M[index], "Q": self.Q[index], "b": self.b[index], "risk": self.risk[index],
+                "risk_se": self.risk_se[index], "drift_error": np.asarray(self.drift_error), "points": np.asarray(self.points),
+                "replicates": np.asarray(self.replicates)}
+
+    def quadrature(self) -> str:
+        """One line on the rule: points, replicates and the error estimates (for printing)."""
+        parts = [f"{self.points} points x {self.replicates} replicate{'s' if self.replicates > 1 else ''}"]
+        if np.isfinite(self.drift_error):
+            parts.append(f"estimated relative drift error at the start {self.drift_error:.1e}")
+        if self.replicates > 1:
+            parts.append(f"largest standard error of the risk {np.max(self.risk_se):.1e}")
+        return "quadrature: " + "; ".join(parts)
 
     def save(self, directory: str | Path, config: Config, index: int = 0) -> Path:
-        """Write the run folder ``DIR``: ``theory.npz`` (trajectory ``index``) and ``config.json``,
-        replacing ``DIR`` as a whole (:func:`singleloc.save_run`); returns ``DIR/theory.npz``."""
-        return save_run(directory, config, {"theory.npz": self.arrays(index)}) / "theory.npz"
+        """Write the run folder ``DIR``: ``theory.npz`` (trajectory ``index``) and ``config.json``
+        (with the number of points chosen when ``theory.points = "auto"``), replacing ``DIR`` as
+        a whole (:func:`singleloc.save_run`); returns ``DIR/theory.npz``."""
+        return save_run(directory, self.resolved(config), {"theory.npz": self.arrays(index)}) / "theory.npz"
+
+    def resolved(self, config: Config) -> Config:
+        """``config`` with ``theory.points = "auto"`` replaced by the number of points used."""
+        return config.replace(theory={"points": self.points}) if config.theory.points == "auto" else config
 
 
 def _invalid_state(t, y, args, **kwargs):
@@ -62,7 +115,7 @@ def _invalid_state(t, y, args, **kwargs):
     return (~finite) | (scale > Q_RUNAWAY) | (min_eig < -_PSD_SLACK * scale)
 
 
-def _solve(ode: OrderParameterODE, y0: OrderParameters, ts: jax.Array, rtol: float, atol: float, max_steps: int, progress: bool):
+def _solve(ode: OrderParameterODE, y0: OrderParameters, ts: jax.Array, rtol, atol, max_steps: int, progress: bool):
     term = diffrax.ODETerm(lambda t, y, args: ode.drift(*y))
     sol = diffrax.diffeqsolve(
         term,
@@ -76,26 +129,38 @@ def _solve(ode: OrderParameterODE, y0: OrderParameters, ts: jax.Array, rtol: flo
         event=diffrax.Event(_invalid_state),
         max_steps=max_steps,
         throw=False,
+        adjoint=diffrax.ForwardMode(),
         progress_meter=diffrax.TqdmProgressMeter() if progress else diffrax.NoProgressMeter(),
     )
-    M, Q, b = sol.ys
-    risk = jax.vmap(lambda m, q, bb: jnp.where(jnp.isfinite(q).all(), ode.risk(m, q, bb), jnp.nan))(M, Q, b)
-    return M, Q, b, risk, sol.result == diffrax.RESULTS.successful
+    return *sol.ys, sol.result == diffrax.RESULTS.successful
 
 
 @eqx.filter_jit
-def _solve_batch(ode, y0, ts, rtol, atol, max_steps, progress):
-    return jax.vmap(lambda y: _solve(ode, y, ts, rtol, atol, max_steps, progress))(y0)
+def _run(dynamics: OrderParameterODE, evaluation: OrderParameterODE, y0: OrderParameters, ts, rtol, atol, max_steps, progress):
+    """Trajectories, their risks on the evaluation rules and the drifts at the start, for
+    every start (leading axis of ``y0``) and replicate (leading axis of the rules)."""
+
+    def trajectory(dyn, ev, y):
+        M, Q, b, ok = _solve(dyn, y, ts, rtol, atol, max_steps, progress)
+        risk = jax.vmap(lambda m, q, bb: jnp.where(jnp.isfinite(q).all(), ev.risk(m, q, bb), jnp.nan))(M, Q, b)
+        return M, Q, b, risk, ok, flat_drift(dyn.drift(*y))
+
+    return jax.vmap(jax.vmap(trajectory, in_axes=(0, 0, None)), in_axes=(None, None, 0))(dynamics, evaluation, y0)
+
+
+@eqx.filter_jit
+def _initial_overlaps(seed: int, indices: jax.Array, F: int, H: int, D: int, init_scale: float):
+    return jax.vmap(lambda s: initial_overlaps(seed, s, F, H, D, init_scale))(indices)
 
 
 def initial_conditions(config: Config, seeds: int | None = None) -> OrderParameters:
     """Overlaps ``(M0, Q0, b0)`` of the simulator's initial weights for seeds ``0..seeds-1``
-    (``simulation.seeds`` by default), stacked along a leading axis."""
+    (``simulation.seeds`` by default), stacked along a leading axis (one program for all
+    seeds; the same bits as the simulator's own initialisation)."""
     pb, sim, sgd, H = config.problem, config.simulation, config.sgd, config.model.heads
     n = sim.seeds if seeds is None else seeds
-    Ms, Qs = zip(*(initial_overlaps(sim.seed, s, pb.F, H, sim.D, sgd.init_scale) for s in range(n)))
-    b = jnp.full((n, H), config.model.bias_init)
-    return OrderParameters(jnp.stack(Ms), jnp.stack(Qs), b)
+    M, Q = _initial_overlaps(sim.seed, jnp.arange(n), pb.F, H, sim.D, sgd.init_scale)
+    return OrderParameters(M, Q, jnp.full((n, H), config.model.bias_init))
 
 
 def integrate(
@@ -104,17 +169,18 @@ def integrate(
     *,
     ts: np.ndarray | None = None,
     max_steps: int = 100_000,
-    progress: bool = True,
+    progress: bool = False,
 ) -> TheoryResult:
     """Integrate the order-parameter ODE for one or several initial conditions.
 
     Args:
-        config: the resolved configuration.
+        config: the resolved configuration; ``theory.points = "auto"`` is resolved here by
+            :func:`~singleloc.choose_points` at the starts ``y0``.
         y0: initial ``(M0, Q0, b0)``, each with a leading batch axis ``S`` (or none, for one
             start). Default: the overlaps of seed 0 of the simulator's initialisation.
         ts: saved times (default: the config's ``sgd`` grid).
         max_steps: cap on the number of solver steps.
-        progress: show diffrax's progress bar.
+        progress: show diffrax's progress bar (the program is then compiled in every process).
 
     Raises:
         FloatingPointError: the state left the set of valid overlaps (non-finite, runaway
@@ -123,25 +189,36 @@ def integrate(
     if y0 is None:
         y0 = initial_conditions(config, 1)
     y0 = OrderParameters(*(jnp.asarray(x, dtype=jnp.result_type(float)) for x in y0))
-    single = y0.M.ndim == 2
-    if single:
+    if y0.M.ndim == 2:
         y0 = OrderParameters(*(x[None] for x in y0))
     _check_initial(config, y0)
     ts = jnp.asarray(config.sgd.save_times() if ts is None else ts, dtype=y0.M.dtype)
-    ode = OrderParameterODE.from_config(config)
     th = config.theory
-    M, Q, b, risk, ok = jax.device_get(_solve_batch(ode, y0, ts, th.rtol, th.atol, max_steps, progress))
+    R, points, drift_error = th.replicates, th.points, float("nan")
+    if points == "auto":
+        choice = choose_points(config, y0)
+        points, drift_error = choice.points, choice.error
+    dynamics = OrderParameterODE.from_config(config, seeds=th.qmc_seed + np.arange(R), points=points)
+    evaluation = OrderParameterODE.from_config(config, seeds=th.evaluation_seed + np.arange(R), points=points)
+    tol = (jnp.asarray(th.rtol, ts.dtype), jnp.asarray(th.atol, ts.dtype))
+    args = (dynamics, evaluation, y0, ts, *tol)
+    out = _run(*args, max_steps, True) if progress else exported_call("integrate", _run, *args, static=(max_steps, False))
+    M, Q, b, risk, ok, drift0 = jax.device_get(out)
     valid = np.isfinite(risk)
     if not np.all(ok) or not np.all(valid):
-        i = int(np.argmin(np.all(valid, axis=1) & ok))
-        k = int(np.argmin(valid[i])) if not np.all(valid[i]) else len(ts) - 1
+        i, r = np.unravel_index(np.argmin(np.all(valid, axis=2) & ok), ok.shape)
+        k = int(np.argmin(valid[i, r])) if not np.all(valid[i, r]) else len(ts) - 1
         raise FloatingPointError(
-            f"the order-parameter ODE stopped at tau = {float(ts[k - 1]) if k else 0.0:.4g}..{float(ts[k]):.4g} (start {i}): "
-            f"the state left the set of valid overlaps (non-finite values, runaway keys with max |Q| > {Q_RUNAWAY:g}, or "
-            f"R_orth = Q - M M^T not PSD) or the solver ran out of steps (max_steps = {max_steps}); lower sgd.lr (now "
-            f"{config.sgd.lr}) or tighten theory.rtol/theory.atol"
+            f"the order-parameter ODE stopped at tau = {float(ts[k - 1]) if k else 0.0:.4g}..{float(ts[k]):.4g} (start {i}"
+            f"{f', replicate {r}' if R > 1 else ''}): the state left the set of valid overlaps (non-finite values, runaway keys "
+            f"with max |Q| > {Q_RUNAWAY:g}, or R_orth = Q - M M^T not PSD) or the solver ran out of steps (max_steps = "
+            f"{max_steps}); lower sgd.lr (now {config.sgd.lr}) or tighten theory.rtol/theory.atol"
         )
-    return TheoryResult(np.asarray(ts), M, Q, b, risk)
+    risk_se = risk.std(axis=1, ddof=1) / np.sqrt(R) if R > 1 else np.full(risk.shape[::2], np.nan)
+    if R > 1:
+        drift_error = float(np.max(relative_drift_error(drift0))) / np.sqrt(R)
+    mean = lambda x: x.mean(axis=1)
+    return TheoryResult(np.asarray(ts), mean(M), mean(Q), mean(b), mean(risk), risk_se, drift_error, int(points), R)
 
 
 def _check_initial(config: Config, y0: OrderParameters) -> None:

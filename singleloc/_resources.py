@@ -145,7 +145,8 @@ def check_run(config: Config, *, simulation: bool = False, theory_starts: int = 
               f"simulation.test_samples = {sim.test_samples})"] = simulation_bytes(config)
     if theory_starts:
         check_dimension(config, "theory")
-        check_quadrature(pb.L, H, pb.build_prior(), config.theory.points)
-        parts[f"the theory's quadrature (theory.points = {config.theory.points} x problem.L = {pb.L} x model.heads = {H}, "
-              f"{theory_starts} start(s))"] = theory_bytes(config, theory_starts)
+        if config.theory.points != "auto":  # "auto" is checked as the points are chosen (singleloc._accuracy)
+            check_quadrature(pb.L, H, pb.build_prior(), config.theory.points)
+            parts[f"the theory's quadrature (theory.points = {config.theory.points} x problem.L = {pb.L} x model.heads = {H}, "
+                  f"{theory_starts} start(s))"] = theory_bytes(config, theory_starts * config.theory.replicates)
     check_memory(parts)

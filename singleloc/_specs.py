@@ -215,24 +215,43 @@ class Theory:
     """Numerics of the order-parameter ODE.
 
     ``points``: number of scrambled-Sobol quadrature points over the Gaussian local fields
-    (a power of two; the rule also uses their antithetic mirrors). ``rtol``/``atol``: the
-    tolerances of diffrax's adaptive step-size controller. ``qmc_seed``: the scrambling seed,
-    fixed so that the rule is deterministic.
+    (a power of two; the rule also uses their antithetic mirrors, and it is closed under the
+    cyclic shifts of the heads), or ``"auto"``: the smallest power of two whose estimated
+    relative drift error at the start is at most ``tol`` with a margin (see
+    :func:`~singleloc.choose_points`; the choice is stored with the result).
+    ``replicates``: ``R`` independent scramblings (seeds ``qmc_seed + r``), each driving its
+    own trajectory; the result is their mean, with standard errors (``R = 1``: one rule, no
+    error estimate). ``rtol``/``atol``: the tolerances of diffrax's adaptive step-size
+    controller. ``qmc_seed``: the scrambling seed, fixed so that the rule is deterministic.
     """
 
-    points: int = 4096
+    points: int | str = 4096
     rtol: float = 1e-6
     atol: float = 1e-8
     qmc_seed: int = 0
+    replicates: int = 1
+    tol: float = 1e-3
 
     def __post_init__(self):
         s = "theory"
-        pts = _int(s, "points", self.points, 16)
-        if pts & (pts - 1):
-            _fail(s, "points", f"must be a power of two (Sobol points), got {pts}")
-        object.__setattr__(self, "points", pts)
+        if isinstance(self.points, str) and self.points != "auto":
+            _fail(s, "points", f"must be a power of two or 'auto', got {self.points!r}")
+        if self.points != "auto":
+            pts = _int(s, "points", self.points, 16)
+            if pts & (pts - 1):
+                _fail(s, "points", f"must be a power of two (Sobol points) or 'auto', got {pts}")
+            object.__setattr__(self, "points", pts)
         object.__setattr__(self, "rtol", _float(s, "rtol", self.rtol, positive=True))
         if self.rtol < RTOL_MIN:
             _fail(s, "rtol", f"must be >= {RTOL_MIN:.3g} (the relative spacing of float64 numbers), got {self.rtol:g}")
         object.__setattr__(self, "atol", _float(s, "atol", self.atol, positive=True))
         object.__setattr__(self, "qmc_seed", _int(s, "qmc_seed", self.qmc_seed, 0))
+        object.__setattr__(self, "replicates", _int(s, "replicates", self.replicates, 1))
+        object.__setattr__(self, "tol", _float(s, "tol", self.tol, positive=True))
+
+    @property
+    def evaluation_seed(self) -> int:
+        """Scrambling seed of the rule that evaluates the risk of a trained state (of replicate
+        ``r``: ``evaluation_seed + r``): independent of the rules that drove the dynamics
+        (seeds ``qmc_seed .. qmc_seed + replicates - 1``), whose errors a trained state fits."""
+        return self.qmc_seed + self.replicates

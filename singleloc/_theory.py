@@ -32,6 +32,7 @@ any registered activation gets its ODE from autodiff.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import equinox as eqx
@@ -40,9 +41,9 @@ import jax.numpy as jnp
 
 from ._activations import Activation, get_activation
 from ._config import Config
-from ._fields import LocalFields
-from ._numerics import psd_sqrt_and_pinv_sqrt
+from ._fields import LocalFields, replicate_rules
 from ._layer import limit_loss
+from ._numerics import psd_sqrt_and_pinv_sqrt
 
 
 class OrderParameters(NamedTuple):
@@ -74,9 +75,23 @@ class OrderParameterODE(eqx.Module):
     train_bias: bool = eqx.field(static=True)
 
     @classmethod
-    def from_config(cls, config: Config) -> "OrderParameterODE":
+    def from_config(cls, config: Config, *, seeds: Sequence[int] | None = None, points: int | None = None) -> OrderParameterODE:
+        """The ODE of a configuration, with its rule closed under the cyclic head shifts.
+
+        ``seeds``: a stack of rules with these scrambling seeds (leading axis, see
+        :func:`~singleloc.replicate_rules`) instead of the one rule of ``theory.qmc_seed``;
+        ``points``: instead of ``theory.points`` (which must be a number here: integrate
+        resolves ``"auto"``).
+        """
         pb, th = config.problem, config.theory
-        fields = LocalFields.make(pb.L, config.model.heads, pb.build_prior(), th.points, th.qmc_seed)
+        points = th.points if points is None else points
+        if not isinstance(points, int):
+            raise ValueError(f"theory.points = {points!r}: a number is needed here (integrate resolves 'auto' by choose_points)")
+        args = (pb.L, config.model.heads, pb.build_prior(), points)
+        if seeds is None:
+            fields = LocalFields.make(*args, th.qmc_seed, symmetric=True)
+        else:
+            fields = replicate_rules(*args, seeds, symmetric=True)
         return cls(fields, get_activation(config.model.activation), config.sgd.lr, config.model.train_bias)
 
     def _loss(self, s: jax.Array) -> jax.Array:

@@ -13,7 +13,8 @@ TINY = ["sgd.tau_max=2", "sgd.n_save=5", "theory.points=256"]
 
 
 def test_initial_conditions_are_the_simulators_initial_overlaps():
-    cfg = sl.load_config("default", ["simulation.D=64", "simulation.seeds=3", "sgd.tau_max=0.1", "sgd.n_save=2", "simulation.test_samples=16"])
+    cfg = sl.load_config("default", ["simulation.D=64", "simulation.seeds=3", "sgd.tau_max=0.1", "sgd.n_save=2",
+                                     "simulation.test_samples=16"])
     sim = sl.simulate(cfg, progress=False)
     y0 = sl.initial_conditions(cfg)
     # the same float32 weights; only the rounding of the overlap matmul may differ
@@ -65,8 +66,9 @@ def test_integrate_cli_writes_documented_files(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["integrate", "default", "--out", str(out), "--no-progress", *sum((["--set", s] for s in TINY), [])]) == 0
     with np.load(out / "theory.npz") as f:
-        assert set(f.files) == {"tau", "M", "Q", "b", "risk"}
+        assert set(f.files) == {"tau", "M", "Q", "b", "risk", "risk_se", "drift_error", "points", "replicates"}
         assert f["M"].shape == (5, 2, 2) and f["Q"].shape == (5, 2, 2) and f["b"].shape == (5, 2) and f["risk"].shape == (5,)
+        assert f["risk_se"].shape == (5,) and int(f["points"]) == 256 and int(f["replicates"]) == 1
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["singleloc_version"] == sl.__version__ and cfg["theory"]["points"] == 256
     assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary files left
@@ -79,7 +81,8 @@ def test_theory_tracks_a_large_D_simulation():
     """Early dynamics (tau <= 3) at D = 4000: the theory of each seed's own start against its
     simulation, within 4 Monte Carlo errors of the test risk plus the O(1/sqrt(D)) spread
     allowance of docs/model.md's agreement target (0.01)."""
-    cfg = sl.load_config("softmax1", ["simulation.D=4000", "simulation.seeds=2", "sgd.tau_max=3", "sgd.n_save=4", "theory.points=1024"])
+    cfg = sl.load_config("softmax1", ["simulation.D=4000", "simulation.seeds=2", "sgd.tau_max=3", "sgd.n_save=4",
+                                      "theory.points=1024"])
     sim = sl.simulate(cfg, progress=False)
     th = sl.integrate(cfg, sl.initial_conditions(cfg), ts=sim.tau, progress=False)
     se = 1.0 / np.sqrt(cfg.simulation.test_samples)  # the per-sample loss lies in [0, 2]: sd <= 1

@@ -1,0 +1,150 @@
+"""Compilation: programs that a later process reuses from disk, without tracing or compiling.
+
+A short theory run spends most of its time turning Python into an XLA executable: tracing
+the solve into a program (seconds: diffrax is large) and compiling it (more seconds). Both
+can be skipped in a later process.
+
+* Compiling. JAX keeps executables in a persistent cache (``jax_compilation_cache_dir``),
+  keyed by the program's text. Host callbacks keep a program out of it: their keys hold
+  process-specific pointers. Equinox's runtime checks (``eqx.error_if``, inside diffrax) are
+  host callbacks in their default mode ``EQX_ON_ERROR=raise``; with ``EQX_ON_ERROR=nan`` they
+  are a select that returns NaN, and the solve's own checks report the failure
+  (:func:`~singleloc.integrate` raises on a non-finite trajectory). Equinox reads the
+  variable when it is imported, so ``import singleloc`` sets ``EQX_ON_ERROR=nan`` unless it
+  is set (set ``EQX_ON_ERROR=raise`` before the import to debug a failing check; programs
+  are then compiled in every process). Diffrax's progress bar is a host callback too, shown
+  only when asked for (``progress=True``). JAX also skips programs that compiled in under a
+  second; :func:`enable_compilation_cache` lowers that floor to zero.
+* Tracing. :func:`exported_call` stores the traced program itself, serialised with
+  ``jax.export`` (StableHLO), next to the executables, and a later process loads it instead
+  of tracing. The file is keyed by everything the program is built from: the shapes and
+  dtypes of the arrays, the structure and static values of the arguments, a digest of the
+  package's source files, the versions of JAX, equinox, diffrax, optimistix and lineax, the
+  backend, the JAX options that change tracing, and ``EQX_ON_ERROR``. A static value that
+  cannot be named across processes (a function defined outside ``singleloc``, e.g. a
+  user-registered activation) disables the stored program for that call, as do host
+  callbacks in the traced program and a missing ``flatbuffers`` (needed by
+  ``jax.export`` serialisation).
+
+The cache is opt-in (it changes JAX's global configuration): the command line turns it on,
+a script calls :func:`enable_compilation_cache`. Its folder is ``$SINGLELOC_CACHE_DIR`` if
+set (an empty value turns it off), else ``$XDG_CACHE_HOME/singleloc/jax`` (by default
+``~/.cache/singleloc/jax``). A stale entry is never used (the keys above), and the folder
+can be deleted at any time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import inspect
+import os
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import jax
+
+_PACKAGE = Path(__file__).parent
+_DEPENDENCIES = ("jax", "jaxlib", "equinox", "diffrax", "optimistix", "lineax")
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+_LOADED: dict[str, Callable] = {}  # digest -> the loaded program, jitted (one per process and key)
+
+
+def cache_dir() -> Path | None:
+    """The folder of the persistent compilation cache (``None``: turned off)."""
+    if "SINGLELOC_CACHE_DIR" in os.environ:
+        value = os.environ["SINGLELOC_CACHE_DIR"].strip()
+        return Path(value).expanduser() if value else None
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "singleloc" / "jax"
+
+
+def enable_compilation_cache(directory: str | Path | None = None) -> Path | None:
+    """Turn on JAX's persistent compilation cache (and :func:`exported_call`'s stored
+    programs) for this process and return its folder.
+
+    Args:
+        directory: the cache folder; default :func:`cache_dir`.
+
+    A cache folder that JAX already uses (set by the caller, e.g. a test session) is kept.
+    Returns ``None`` when the cache is turned off (``SINGLELOC_CACHE_DIR=""``).
+    """
+    current = jax.config.jax_compilation_cache_dir
+    if current:
+        return Path(current)
+    folder = Path(directory).expanduser() if directory is not None else cache_dir()
+    if folder is None:
+        return None
+    jax.config.update("jax_compilation_cache_dir", str(folder))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return folder
+
+
+def _source_digest() -> str:
+    h = hashlib.sha256()
+    for path in sorted(_PACKAGE.rglob("*.py")):
+        h.update(str(path.relative_to(_PACKAGE)).encode() + path.read_bytes())
+    return h.hexdigest()
+
+
+def _stable_names() -> dict[str, str]:
+    """``repr`` -> ``module.name`` of every module-level function of the imported singleloc
+    modules (their code is covered by the source digest)."""
+    names = {}
+    for module_name, module in list(sys.modules.items()):
+        if module_name == "singleloc" or module_name.startswith("singleloc."):
+            for attr, value in vars(module).items():
+                if callable(value) and inspect.isfunction(value):
+                    names[repr(value)] = f"{module_name}.{attr}"
+    return names
+
+
+def _structure(args) -> str | None:
+    """The structure and static values of ``args`` as a string that is the same in every
+    process, or ``None`` if a static value has no such name."""
+    text = str(jax.tree.structure(args))
+    for value, name in _stable_names().items():
+        text = text.replace(value, name)
+    return None if _ADDRESS.search(text) else text
+
+
+def _environment() -> tuple:
+    versions = tuple(importlib.metadata.version(name) for name in _DEPENDENCIES)
+    options = ("jax_enable_x64", "jax_default_matmul_precision", "jax_numpy_dtype_promotion", "jax_numpy_rank_promotion")
+    return (versions, jax.default_backend(), tuple(str(getattr(jax.config, o)) for o in options), os.environ.get("EQX_ON_ERROR"),
+            _source_digest())
+
+
+def exported_call(name: str, fn: Callable, *args, static: tuple = ()):
+    """``fn(*args, *static)`` through a program stored in the cache folder (module docstring).
+
+    ``fn`` (named ``name``, its code in the package) must be a pure function of the array
+    leaves of ``args``; ``static`` holds its static Python arguments (numbers, flags). Without
+    a cache folder, or when the program cannot be stored, this is ``fn(*args, *static)``.
+    """
+    folder = jax.config.jax_compilation_cache_dir
+    structure = _structure(args)
+    if not folder or structure is None or importlib.util.find_spec("flatbuffers") is None:
+        return fn(*args, *static)
+    leaves, treedef = jax.tree.flatten(args)
+    shapes = tuple((tuple(x.shape), str(x.dtype)) for x in leaves)
+    digest = hashlib.sha256(repr((name, static, structure, shapes, _environment())).encode()).hexdigest()
+    call = _LOADED.get(digest)
+    if call is None:
+        path = Path(folder) / "exported" / f"{name}-{digest[:32]}.bin"
+        if path.exists():
+            exported = jax.export.deserialize(bytearray(path.read_bytes()))
+        else:
+            exported = jax.export.export(jax.jit(lambda *x: fn(*jax.tree.unflatten(treedef, x), *static)))(*leaves)
+            if "callback" in exported.mlir_module():
+                return fn(*args, *static)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_name(f".{path.name}.{os.getpid()}")
+            partial.write_bytes(exported.serialize())
+            partial.replace(path)
+        call = _LOADED[digest] = jax.jit(exported.call)
+    return call(*leaves)

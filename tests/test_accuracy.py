@@ -1,0 +1,152 @@
+"""The rule's exchange symmetry, its error estimates and the automatic number of points.
+
+* Permuting the heads of a state (non-identical heads) permutes the drift, to rounding, for
+  every cyclic shift of the heads (every permutation when H = 2); the plain rule does not.
+* A start symmetric under swapping heads and spikes together stays symmetric along a solve.
+* Error bars cover the error: standard errors from replicates against the deviation from a
+  reference with 16x the points (another scrambling), over several states and along a
+  trajectory.
+* ``theory.points = "auto"`` reaches its tolerance, and says what it chose.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import singleloc as sl
+from singleloc import LocalFields, OrderParameterODE, OrderParameters
+from singleloc._accuracy import MARGIN, flat_drift, start_drifts
+from singleloc._ode import _run
+
+
+def random_state(H, F, rng, scale=0.8):
+    M = rng.normal(size=(H, F)) * scale
+    A = rng.normal(size=(H, H)) * 0.5
+    return OrderParameters(jnp.asarray(M), jnp.asarray(M @ M.T + A @ A.T), jnp.asarray(rng.normal(size=H) * 0.3))
+
+
+def permuted(y, p):
+    return OrderParameters(y.M[p], y.Q[p][:, p], y.b[p])
+
+
+def config(H=2, *overrides):
+    return sl.load_config("softmax1", [f"model.heads={H}", *overrides])
+
+
+@pytest.mark.parametrize("H", [2, 3])
+def test_permuting_the_heads_permutes_the_drift(H):
+    cfg = config(H, "theory.points=256")
+    y = random_state(H, 2, np.random.default_rng(H))
+    ode = OrderParameterODE.from_config(cfg)
+    plain = OrderParameterODE(LocalFields.make(cfg.problem.L, H, cfg.problem.build_prior(), 256, 0), ode.activation, ode.lr, True)
+    d, d_plain = ode.drift(*y), plain.drift(*y)
+    scale = float(jnp.max(jnp.abs(flat_drift(d))))
+    for k in range(1, H):
+        p = (np.arange(H) + k) % H
+        expected = flat_drift(permuted(d, p))
+        np.testing.assert_allclose(flat_drift(ode.drift(*permuted(y, p))), expected, rtol=0, atol=1e-13 * scale)
+        # the rule without the closure breaks the symmetry at the level of its error
+        assert float(jnp.max(jnp.abs(flat_drift(plain.drift(*permuted(y, p))) - flat_drift(permuted(d_plain, p))))) > 1e-6 * scale
+
+
+def test_symmetric_rule_integrates_gaussian_moments_exactly():
+    """The orbit of the base nodes (head shifts and mirrors) has mean 0 and covariance I."""
+    rule = LocalFields.make(3, 4, sl.gaussian([0.5, -1.0], [[1.0, 0.3], [0.3, 0.5]]), 256, 0, symmetric=True)
+    w = np.asarray(rule.w)
+    orbit = np.concatenate([s * np.roll(w, -k, axis=2) for k in range(4) for s in (1, -1)]).reshape(-1, 12)
+    assert rule.n_nodes == len(orbit) == 2 * 256
+    np.testing.assert_allclose(orbit.mean(0), 0, atol=1e-14)
+    np.testing.assert_allclose(orbit.T @ orbit / len(orbit), np.eye(12), atol=1e-12)
+
+
+def test_heads_exchanged_with_spikes_stay_exchanged():
+    """Swapping both heads and both spikes maps this start onto itself; the exact dynamics keep
+    that symmetry, so the heads' components along the mean spike direction stay equal."""
+    cfg = sl.load_config("default", ["sgd.tau_max=40", "sgd.n_save=5", "theory.points=256"])
+    y0 = (np.array([[0.02, -0.01], [-0.01, 0.02]]), np.array([[0.25, 0.01], [0.01, 0.25]]), np.zeros(2))
+    res = sl.integrate(cfg, y0)
+    along_mean = res.M[0].sum(axis=-1)
+    assert np.max(np.abs(np.diff(res.M[0, -1]))) > 0.01  # the heads are not identical ...
+    np.testing.assert_allclose(along_mean[:, 0], along_mean[:, 1], rtol=0, atol=1e-10)  # ... but exchanged
+
+
+def test_drift_error_bars_cover_the_error():
+    """8 replicates of 512 points at 5 states: the per-entry standard errors against the
+    deviation from one rule of 65536 points (16 x the 8 x 512, another scrambling)."""
+    cfg = config(2)
+    rng = np.random.default_rng(0)
+    y = OrderParameters(*(jnp.stack(x) for x in zip(*(random_state(2, 2, rng) for _ in range(5)))))
+    statics = (sl.get_activation(cfg.model.activation), cfg.sgd.lr, cfg.model.train_bias)
+    rule = lambda n, seed: OrderParameterODE(LocalFields.make(4, 2, cfg.problem.build_prior(), n, seed, symmetric=True), *statics)  # noqa: E731
+    drifts = np.stack([start_drifts(rule(512, s), y) for s in range(8)], axis=1)
+    ref = np.asarray(start_drifts(rule(65536, 99), y))
+    mean, se = drifts.mean(1), drifts.std(1, ddof=1) / np.sqrt(8)
+    z = np.abs(mean - ref) / se
+    assert np.mean(z <= 3) >= 0.9 and np.median(z) > 0.2, np.sort(z)
+    estimate = sl.relative_drift_error(drifts) / np.sqrt(8)
+    actual = np.max(np.abs(mean - ref), axis=1) / np.max(np.abs(ref), axis=1)
+    assert np.all((actual < 3 * estimate) & (actual > estimate / 3)), (actual, estimate)
+
+
+@pytest.mark.slow
+def test_risk_error_bars_cover_the_error_along_a_trajectory():
+    cfg = sl.load_config("default", ["sgd.tau_max=10", "sgd.n_save=6", "theory.points=256", "theory.replicates=8"])
+    res = sl.integrate(cfg)
+    ref = sl.integrate(cfg.replace(theory={"points": 32768, "replicates": 1, "qmc_seed": 50}))
+    assert res.risk_se.shape == res.risk.shape and np.all(res.risk_se > 0) and np.isfinite(res.drift_error)
+    z = np.abs(res.risk - ref.risk) / res.risk_se
+    assert np.all(z < 4) and np.median(z) > 0.05, z
+
+
+def test_one_replicate_has_no_error_estimate_and_the_risk_uses_other_nodes():
+    """R = 1: the dynamics run on the rule of qmc_seed, the risk is evaluated on qmc_seed + 1."""
+    cfg = sl.load_config("default", ["sgd.tau_max=2", "sgd.n_save=3", "theory.points=256", "theory.qmc_seed=3"])
+    res = sl.integrate(cfg)
+    assert np.all(np.isnan(res.risk_se)) and np.isnan(res.drift_error) and res.points == 256 and res.replicates == 1
+    y = [jnp.asarray(x[0, -1]) for x in (res.M, res.Q, res.b)]
+    evaluation = OrderParameterODE.from_config(cfg.replace(theory={"qmc_seed": 4}))
+    dynamics = OrderParameterODE.from_config(cfg)
+    np.testing.assert_allclose(res.risk[0, -1], float(evaluation.risk(*y)), rtol=1e-12)
+    assert abs(res.risk[0, -1] - float(dynamics.risk(*y))) > 1e-7
+
+
+def test_auto_points_reach_the_tolerance():
+    tol = 2e-3
+    cfg = sl.load_config("default", ["sgd.tau_max=1", "sgd.n_save=2", "theory.points=auto", f"theory.tol={tol}"])
+    y0 = sl.initial_conditions(cfg, 1)
+    choice = sl.choose_points(cfg, y0)
+    tried, target = dict(choice.tried), tol / MARGIN
+    assert choice.error == tried[choice.points] <= target
+    assert choice.points == 64 or tried[choice.points // 2] > target  # the smallest power of two tried that passes
+    # the actual error of rules with the chosen points, against 16 x the points
+    rule = lambda n, seed: OrderParameterODE.from_config(cfg.replace(theory={"points": n, "qmc_seed": seed}))  # noqa: E731
+    ref = np.asarray(start_drifts(rule(16 * choice.points, 77), y0))
+    errors = [np.max(np.abs(np.asarray(start_drifts(rule(choice.points, s), y0)) - ref)) / np.max(np.abs(ref)) for s in range(4)]
+    assert max(errors) <= tol, errors
+    res = sl.integrate(cfg, y0)
+    assert res.points == choice.points and res.drift_error == pytest.approx(choice.error)
+
+
+def test_a_new_grid_or_start_of_the_same_shapes_is_not_traced_again():
+    cfg = sl.load_config("default", ["sgd.tau_max=2", "sgd.n_save=3", "theory.points=256"])
+    y0 = sl.initial_conditions(cfg, 2)
+    sl.integrate(cfg, y0)
+    shifted = OrderParameters(y0.M * 1.5, y0.Q * 1.2, y0.b + 0.1)
+    traces = []
+    listener = lambda event, duration, **kw: traces.append(event) if event == "/jax/core/compile/jaxpr_trace_duration" else None  # noqa: E731
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        res = sl.integrate(cfg, shifted, ts=np.array([0.0, 0.5, 3.0]))
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert res.tau[-1] == 3.0 and not traces, traces
+
+
+def test_the_solve_has_no_host_callback():
+    """Host callbacks keep a program out of the persistent compilation cache."""
+    cfg = sl.load_config("default", ["theory.points=16"])
+    ode = OrderParameterODE.from_config(cfg, seeds=[0])
+    y0 = sl.initial_conditions(cfg, 1)
+    text = _run.lower(ode, ode, y0, jnp.linspace(0.0, 1.0, 3), jnp.asarray(1e-6), jnp.asarray(1e-8), 100, False).as_text()
+    assert "callback" not in text

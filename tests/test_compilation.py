@@ -1,0 +1,74 @@
+"""Compiled programs reused across processes: the cache folder, the stored (exported) solve,
+and a fresh process that neither traces nor compiles the solve again."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import numpy as np
+import pytest
+
+import singleloc as sl
+from singleloc import _compilation
+
+
+def test_cache_folder_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("SINGLELOC_CACHE_DIR", str(tmp_path / "c"))
+    assert _compilation.cache_dir() == tmp_path / "c"
+    monkeypatch.setenv("SINGLELOC_CACHE_DIR", "")
+    assert _compilation.cache_dir() is None
+    monkeypatch.delenv("SINGLELOC_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
+    assert _compilation.cache_dir() == tmp_path / "x" / "singleloc" / "jax"
+
+
+def test_a_cache_folder_in_use_is_kept():
+    """The test session set its own folder (conftest): enabling keeps it."""
+    folder = jax.config.jax_compilation_cache_dir
+    assert folder and sl.enable_compilation_cache() == _compilation.Path(folder)
+    assert os.environ["EQX_ON_ERROR"] == "nan"
+
+
+def test_static_values_outside_the_package_have_no_stable_name():
+    cfg = sl.load_config("default", ["theory.points=64"])
+    ode = sl.OrderParameterODE.from_config(cfg)
+    assert "singleloc._activations.softmax" in _compilation._structure((ode,))
+    sl.register_activation("test_half_softmax", lambda s: jax.nn.softmax(s, axis=-1) / 2, overwrite=True)
+    user = sl.OrderParameterODE.from_config(cfg.replace(model={"activation": "test_half_softmax"}))
+    assert _compilation._structure((user,)) is None
+
+
+def test_integrate_stores_and_reloads_its_program(monkeypatch):
+    pytest.importorskip("flatbuffers")
+    cfg = sl.load_config("default", ["sgd.tau_max=1", "sgd.n_save=3", "theory.points=64"])
+    first = sl.integrate(cfg)
+    stored = list((_compilation.Path(jax.config.jax_compilation_cache_dir) / "exported").glob("integrate-*.bin"))
+    assert stored
+    monkeypatch.setattr(_compilation, "_LOADED", {})  # as in a new process: read from the file
+    second = sl.integrate(cfg)
+    np.testing.assert_array_equal(first.risk, second.risk)
+    np.testing.assert_array_equal(first.M, second.M)
+
+
+@pytest.mark.slow
+def test_a_fresh_process_does_not_trace_the_solve_again(tmp_path):
+    pytest.importorskip("flatbuffers")
+    script = textwrap.dedent("""
+        import jax
+        import singleloc as sl
+        from singleloc import _ode
+        traced = []
+        solve = _ode._solve
+        _ode._solve = lambda *a: traced.append(1) or solve(*a)
+        jax.config.update("jax_enable_x64", True)
+        sl.enable_compilation_cache()
+        cfg = sl.load_config("default", ["sgd.tau_max=2", "sgd.n_save=3", "theory.points=64"])
+        r = sl.integrate(cfg)
+        print(len(traced), repr(float(r.risk[0, -1])))
+    """)
+    env = {**os.environ, "SINGLELOC_CACHE_DIR": str(tmp_path)}
+    runs = [subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True).stdout.split()
+            for _ in range(2)]
+    assert runs[0][0] == "1" and runs[1][0] == "0" and runs[0][1] == runs[1][1], runs
