@@ -67,7 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
 def _run(args: argparse.Namespace) -> int:
     import jax
 
+    from ._compilation import enable_compilation_cache
+
     jax.config.update("jax_enable_x64", True)  # the ODE runs in double precision; simulations stay in float32
+    enable_compilation_cache()  # compiled programs are kept for the next run (singleloc._compilation)
     return int(args.func(args) or 0)
 
 

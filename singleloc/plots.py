@@ -49,9 +49,20 @@ def plot_compare(theory, simulation=None, title: str = "") -> Figure:
     fig = Figure(figsize=(4.2 * (1 + F), 3.6), constrained_layout=True)
     axes = fig.subplots(1, 1 + F)
     ax = axes[0]
+    se = getattr(theory, "risk_se", None)
+    se = se if se is not None and np.all(np.isfinite(se)) else None  # theory.replicates > 1: quadrature error
     for s in range(S):
         ax.plot(theory.tau, theory.risk[s], color="k", lw=1.4 if s == 0 else 0.8, alpha=1.0 if s == 0 else 0.45,
                 label="theory (one line per seed)" if s == 0 else None)
+        if se is not None:
+            ax.fill_between(theory.tau, theory.risk[s] - 2 * se[s], theory.risk[s] + 2 * se[s], color="k",
+                            alpha=0.3 if s == 0 else 0.12, lw=0, label="theory +- 2 standard errors" if s == 0 else None)
+    if se is not None:  # the band is often thinner than the line: its width, on a log scale
+        inset = ax.inset_axes([0.55, 0.36, 0.42, 0.28])
+        inset.semilogy(theory.tau, 2 * se.T, color="k", lw=0.8)
+        inset.set_title("theory: 2 standard errors", fontsize=7)
+        inset.tick_params(labelsize=6, which="both")
+        inset.yaxis.set_minor_formatter(mpl.ticker.NullFormatter())
     if simulation is not None:
         r = simulation.risk
         ax.fill_between(simulation.tau, r.min(0), r.max(0), color=colors[0], alpha=0.25, lw=0)

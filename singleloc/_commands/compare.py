@@ -14,7 +14,7 @@ def register(sub) -> None:
         description="Run the finite-D simulation of CONFIG and integrate the ODE once per "
         "simulation seed, started from that seed's initial overlaps. Writes "
         "DIR/simulation.npz (as `simulate`), DIR/theory.npz (seed 0, as `integrate`), "
-        "DIR/theory_seeds.npz (every seed: M (S,T,H,F), Q (S,T,H,H), b (S,T,H), risk (S,T)), "
+        "DIR/theory_seeds.npz (every seed: M (S,T,H,F), Q (S,T,H,H), b (S,T,H), risk and risk_se (S,T)), "
         "DIR/config.json and DIR/compare.png (risk and overlaps M_hf against tau). Every file carries "
         "the config hash, and DIR is replaced as a whole when all of them are written.",
     )
@@ -31,14 +31,16 @@ def run(args) -> int:
 
     config = prepare_run(args, simulation=True, theory="seeds")
     sim = simulate(config, progress=args.progress)
-    theory = integrate(config, initial_conditions(config), ts=sim.tau, progress=args.progress)
+    theory = integrate(config, initial_conditions(config), ts=sim.tau)
     warn_if_risk_rose(config, simulation=sim, theory=theory)
     title = f"{describe(config)}, D={config.simulation.D}, lr={config.sgd.lr}"
-    save_run(args.out, config, {
+    save_run(args.out, theory.resolved(config), {
         "simulation.npz": sim.arrays(), "theory.npz": theory.arrays(0),
-        "theory_seeds.npz": {"tau": theory.tau, "M": theory.M, "Q": theory.Q, "b": theory.b, "risk": theory.risk},
+        "theory_seeds.npz": {"tau": theory.tau, "M": theory.M, "Q": theory.Q, "b": theory.b, "risk": theory.risk,
+                             "risk_se": theory.risk_se},
         "compare.png": plot_compare(theory, sim, title=title)})
     dev = np.abs(sim.risk - theory.risk)
     print(f"wrote {args.out}/compare.png: simulation risk {sim.risk.mean(0)[0]:.4f} -> {sim.risk.mean(0)[-1]:.4f}, "
           f"theory {theory.risk.mean(0)[0]:.4f} -> {theory.risk.mean(0)[-1]:.4f}, max |sim - theory| per seed = {dev.max():.4f}")
+    print(f"theory {theory.quadrature()}")
     return 0

@@ -24,8 +24,10 @@ def run(args) -> int:
     from .._ode import integrate
 
     config = prepare_run(args, theory="one")
-    result = integrate(config, progress=args.progress)
+    result = integrate(config)
     warn_if_risk_rose(config, theory=result)
     path = result.save(args.out, config)
-    print(f"wrote {path}: tau 0..{result.tau[-1]:g}, risk {result.risk[0, 0]:.4f} -> {result.risk[0, -1]:.4f}")
+    se = f" +- {result.risk_se[0, -1]:.1e}" if result.replicates > 1 else ""
+    print(f"wrote {path}: tau 0..{result.tau[-1]:g}, risk {result.risk[0, 0]:.4f} -> {result.risk[0, -1]:.4f}{se}")
+    print(result.quadrature())
     return 0
