@@ -55,7 +55,7 @@ def test_drift_is_gradient_flow_plus_lr2_term(activation):
     M, Q, b = random_point(2, 2, rng)
     results = []
     for seed in (0, 1):
-        d1 = first_order_drift(lambda lr: make_ode(activation, seed=seed, lr=lr), M, Q, b)
+        d1 = first_order_drift(lambda lr, seed=seed: make_ode(activation, seed=seed, lr=lr), M, Q, b)
         gf = gradient_flow(make_ode(activation, seed=seed, lr=1.0), M, Q, b)
         results.append((d1, gf))
     # quadrature error: spread of each route between two independent scramblings
@@ -190,7 +190,8 @@ def test_drift_agrees_with_monte_carlo_over_g_and_nu(activation):
     z[np.arange(n), eps] += np.concatenate([theta @ M.T, theta], axis=1)
     g, nu = z[..., :H], z[..., H:]
     act = sl.get_activation(activation)
-    c = np.asarray(jax.vmap(jax.grad(lambda s, e: sl.limit_loss(act, s, e)))(jnp.asarray(np.swapaxes(g, 1, 2) + b[None, :, None]), jnp.asarray(eps)))
+    scores = jnp.asarray(np.swapaxes(g, 1, 2) + b[None, :, None])
+    c = np.asarray(jax.vmap(jax.grad(lambda s, e: sl.limit_loss(act, s, e)))(scores, jnp.asarray(eps)))
     samples = {
         "M": -lr * np.einsum("nhl,nlf->nhf", c, nu),
         "Q": -lr * (np.einsum("nhl,nlk->nhk", c, g) + np.einsum("nkl,nlh->nhk", c, g)) + lr**2 * np.einsum("nhl,nkl->nhk", c, c),
