@@ -423,6 +423,6 @@ def test_cli_divergence_exit_code(tmp_path, capsys):
 
 
 def test_too_small_dimension_is_rejected():
-    cfg = load_config("default", ["simulation.D=5", "simulation.seeds=1"])  # D < H + F + L
+    cfg = load_config("default", ["simulation.D=4", "simulation.seeds=1"])  # D = H + F: no room for the noise tokens
     with pytest.raises(ValueError, match=r"simulation\.D"):
         simulate(cfg, progress=False)
