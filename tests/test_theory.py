@@ -19,8 +19,6 @@ import pytest
 import singleloc as sl
 from singleloc import LocalFields, OrderParameterODE
 
-jax.config.update("jax_enable_x64", True)
-
 
 def make_ode(activation="softmax", prior=None, L=4, H=2, points=4096, seed=0, lr=0.5, train_bias=True):
     prior = prior or sl.spikes(2, 2.5)
