@@ -137,9 +137,13 @@ class TheoryRisk:
         self._odes: dict[int, OrderParameterODE] = {}
 
     def ode(self, heads: int) -> OrderParameterODE:
-        """The (cached) :class:`OrderParameterODE` of a layer with ``heads`` heads."""
+        """The (cached) :class:`OrderParameterODE` of a layer with ``heads`` heads. Its rule is
+        the evaluation scrambling of :func:`~singleloc.integrate` (``Theory.evaluation_seed``),
+        independent of the nodes that drove a trained layer's dynamics, so that the unpruned
+        risk is the risk ``integrate`` reports."""
         if heads not in self._odes:
-            self._odes[heads] = OrderParameterODE.from_config(self.config.replace(model={"heads": heads}))
+            evaluation = {"qmc_seed": self.config.theory.evaluation_seed}
+            self._odes[heads] = OrderParameterODE.from_config(self.config.replace(model={"heads": heads}, theory=evaluation))
         return self._odes[heads]
 
     def __call__(self, kept: Sequence[int]) -> tuple[float, float]:
