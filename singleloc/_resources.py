@@ -69,7 +69,11 @@ def quadrature_dimension(L: int, heads: int, prior: Prior) -> int:
 
 def check_quadrature(L: int, heads: int, prior: Prior, points: int, heads_key: str = "model.heads") -> None:
     """The rule over ``L * heads`` fields can be built with ``points`` Sobol points;
-    ``ValueError`` naming the keys otherwise (``heads_key`` names what plays the heads)."""
+    ``ValueError`` naming the keys otherwise (``heads_key`` names what plays the heads).
+    ``points = "auto"`` is resolved by ``integrate`` only: here it is an error."""
+    if not isinstance(points, int):
+        raise ValueError(f"theory.points = {points!r}: this computation needs a number of points ('auto' is chosen "
+                         "by integrate from the drift at the start); give a power of two, e.g. theory.points = 4096")
     d = quadrature_dimension(L, heads, prior)
     dims = f"problem.L * {heads_key}" + ("" if prior.is_discrete else " + problem.F (Gaussian prior)")
     if d > SOBOL_MAX_DIM:
