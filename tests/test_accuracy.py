@@ -9,7 +9,10 @@
 * ``theory.points = "auto"`` reaches its tolerance, and says what it chose.
 """
 
-import jax
+import os
+import subprocess
+import sys
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -128,19 +131,30 @@ def test_auto_points_reach_the_tolerance():
     assert res.points == choice.points and res.drift_error == pytest.approx(choice.error)
 
 
-def test_a_new_grid_or_start_of_the_same_shapes_is_not_traced_again():
-    cfg = sl.load_config("default", ["sgd.tau_max=2", "sgd.n_save=3", "theory.points=256"])
-    y0 = sl.initial_conditions(cfg, 2)
-    sl.integrate(cfg, y0)
-    shifted = OrderParameters(y0.M * 1.5, y0.Q * 1.2, y0.b + 0.1)
-    traces = []
-    listener = lambda event, duration, **kw: traces.append(event) if event == "/jax/core/compile/jaxpr_trace_duration" else None  # noqa: E731
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
-        res = sl.integrate(cfg, shifted, ts=np.array([0.0, 0.5, 3.0]))
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
-    assert res.tau[-1] == 3.0 and not traces, traces
+_NO_RETRACE = """
+import jax, numpy as np
+jax.config.update("jax_enable_x64", True)
+import singleloc as sl
+cfg = sl.load_config("default", ["sgd.tau_max=2", "sgd.n_save=3", "theory.points=256"])
+y0 = sl.initial_conditions(cfg, 2)
+sl.integrate(cfg, y0)
+shifted = sl.OrderParameters(y0.M * 1.5, y0.Q * 1.2, y0.b + 0.1)
+traces = []
+listener = lambda event, duration, **kw: traces.append(event) if event == "/jax/core/compile/jaxpr_trace_duration" else None
+jax.monitoring.register_event_duration_secs_listener(listener)
+res = sl.integrate(cfg, shifted, ts=np.array([0.0, 0.5, 3.0]))
+jax.monitoring.unregister_event_duration_listener(listener)
+print("tau", res.tau[-1], "traces", len(traces))
+"""
+
+
+def test_a_new_grid_or_start_of_the_same_shapes_is_not_traced_again(tmp_path):
+    """In a fresh process (other test modules change JAX's global configuration): after one
+    solve, a new start and a new time grid of the same shapes run the compiled program again."""
+    env = {**os.environ, "SINGLELOC_CACHE_DIR": str(tmp_path / "jax")}
+    done = subprocess.run([sys.executable, "-c", _NO_RETRACE], capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "tau 3.0 traces 0" in done.stdout, done.stdout
 
 
 def test_the_solve_has_no_host_callback():
