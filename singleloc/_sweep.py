@@ -278,7 +278,7 @@ def _read_entry(path: Path, kind: str) -> dict[str, np.ndarray] | None:
 def cached_run(config: Config, kind: str, cache_dir: Path, stats: SweepStats | None = None) -> dict[str, np.ndarray]:
     """Load ``kind`` for ``config`` from the cache, or compute and store it (also in place of a
     damaged entry)."""
-    path = Path(cache_dir) / f"{kind}-{cache_key(config, kind)}.npz"
+    path = _entry_path(Path(cache_dir), config, kind)
     data = _read_entry(path, kind) if path.is_file() else None
     if data is not None:
         if stats:
