@@ -141,4 +141,10 @@ def integrate_sde(config, y0, keys, *, D=None, ts=None, dt: float = 0.05) -> SDE
     inv_D = jnp.broadcast_to(1.0 / jnp.asarray(D, dtype), (v0.shape[0],))
     paths = _solve_paths(ode, v0, b0, jnp.asarray(keys), inv_D, jnp.asarray(ts, dtype), float(dt), H, F, max_steps)
     Ms, Qs, bs, risk = jax.device_get(paths)
+    bad = ~np.all(np.isfinite(Qs), axis=(1, 2, 3))
+    if bad.any():  # diffrax reports failures as NaN under EQX_ON_ERROR=nan (singleloc._compilation)
+        first = int(np.argmax(bad))
+        tau = ts[int(np.argmax(~np.isfinite(Qs[first]).all(axis=(1, 2))))]
+        raise FloatingPointError(f"SDE path {first} stopped being finite by tau = {tau:.4g} (sgd.lr = {config.sgd.lr}, "
+                                 f"dt = {dt}); lower sgd.lr or dt")
     return SDEResult(ts, np.asarray(Ms), np.asarray(Qs), np.asarray(bs), np.asarray(risk))

@@ -6,6 +6,7 @@ import diffrax
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from singleloc import OrderParameterODE, OrderParameters, integrate, load_config
 from singleloc import _fluctuations as fl
@@ -72,3 +73,12 @@ def test_one_moment_evaluation_per_step(monkeypatch):
     drift, Sigma = update_moments(ode, M, Q, b)
     np.testing.assert_allclose(step, drift * 0.05 + psd_sqrt(Sigma * 1e-2) @ dW, rtol=1e-13, atol=1e-15)
     np.testing.assert_allclose(dW, bm.evaluate(0.0, 0.05))
+
+
+def test_a_non_finite_path_raises_naming_the_learning_rate():
+    """diffrax reports a failed solve as NaN (``EQX_ON_ERROR=nan``): the SDE checks its paths
+    instead of returning them."""
+    M0 = jnp.array([[[0.05, jnp.nan], [-0.03, 0.04]], [[0.05, -0.02], [-0.03, 0.04]]])
+    y0 = OrderParameters(M0, M0 @ jnp.swapaxes(M0, -1, -2) + 0.25 * jnp.eye(2), jnp.zeros((2, 2)))
+    with pytest.raises(FloatingPointError, match=r"SDE path 0 stopped being finite by tau = 0 \(sgd.lr = 1.0"):
+        integrate_sde(CFG, y0, jax.random.split(jax.random.PRNGKey(0), 2), D=100.0, ts=np.linspace(0.0, 0.2, 3), dt=0.05)
