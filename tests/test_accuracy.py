@@ -114,6 +114,7 @@ def test_one_replicate_has_no_error_estimate_and_the_risk_uses_other_nodes():
     assert abs(res.risk[0, -1] - float(dynamics.risk(*y))) > 1e-7
 
 
+@pytest.mark.slow
 def test_auto_points_reach_the_tolerance():
     tol = 2e-3
     cfg = sl.load_config("default", ["sgd.tau_max=1", "sgd.n_save=2", "theory.points=auto", f"theory.tol={tol}"])

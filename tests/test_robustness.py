@@ -50,6 +50,7 @@ def previous_run(tmp_path):
 # ----------------------------------------------------------------------------- 1. a run is one unit
 
 
+@pytest.mark.slow
 def test_a_new_run_replaces_the_old_one_and_prune_reads_one_consistent_run(tmp_path, capsys):
     """The sequence of the issue: compare, then simulate with L = 8 into the same folder, then
     prune. The folder now holds the L = 8 run alone; files of another run are refused."""

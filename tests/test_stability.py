@@ -55,6 +55,7 @@ def test_jacobian_matches_finite_differences(tiny_ode):
         st.drift_jacobian(ode, M, Q, b, method="spline")
 
 
+@pytest.mark.slow
 def test_unstable_eigenvalue_at_the_unspecialized_point(tiny_ode):
     cfg, ode = tiny_ode
     mean = cfg.problem.build_prior().mean()
@@ -164,6 +165,7 @@ def test_valid_symmetric_state():
     assert st.valid_symmetric_state([1.0, 0.0, 0.0], 1, 2) and not st.valid_symmetric_state([1.0, -1e-3, 0.0], 1, 1)
 
 
+@pytest.mark.slow
 def test_polish_keeps_the_point_in_the_valid_set():
     """Softmax at the default problem creeps: a root finder started at the end of a flow of
     length 200 can land outside the valid set (r_d < 0, not a Gram matrix; seen with the rule
@@ -195,6 +197,7 @@ def flipped():
     return cfg, ode, fp, st.linearize(ode, fp.M, fp.Q, fp.b)
 
 
+@pytest.mark.slow
 def test_escape_time_from_a_controlled_amplitude(flipped):
     """Start the full ODE at the fixed point plus A v (v the unit escape eigenvector) for A = 1e-4
     and 1e-5; the times at which |M| reaches 0.05 differ by log(10) / lambda.
@@ -279,6 +282,7 @@ def test_escape_horizon_rule():
         escape_horizon(10.0, multiple=0.0)
 
 
+@pytest.mark.slow
 def test_predicted_escape_of_a_configuration(flipped):
     """The rule on a real configuration: the rates are those of the linearisation along the
     symmetric flow (checked at the same times on the constant-step flow, an independent
