@@ -45,6 +45,7 @@ _EXPORTS = {
     "_priors": ("Prior", "binary", "discrete", "flipped", "gaussian", "spikes"),
     "_simulation": ("SimulationResult", "simulate"),
     "_sweep": ("Grid", "SweepStats", "parse_grid", "sweep"),
+    "_sweep_dataset": ("load_sweep",),
     "_specs": ("SGD", "Model", "Problem", "Simulation", "Theory"),
     "_theory": ("OrderParameterODE", "OrderParameters", "r_orth"),
     "_pruning": ("ORDERS as PRUNING_ORDERS", "PruningResult", "TheoryRisk", "WeightsRisk", "finetune", "keep_heads", "prune",

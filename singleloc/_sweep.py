@@ -47,6 +47,9 @@ same for the simulation with a ``sim_`` prefix, and the cache ``key``. ``status`
 ``not yet (predicted escape at tau = X)`` for a point with a predicted escape where some seed
 has not escaped by the horizon, or the failure. One phase diagram over ``(H, F)`` per
 activation (and per value of the other grid keys): ``DIR/phase_<activation>[_<key>=<value>...].png``.
+The trajectories of every point with the columns of the CSV, as labelled arrays over the grid
+keys, the seeds and the saved times, go to ``DIR/sweep.nc`` (:mod:`singleloc._sweep_dataset`),
+read back by :func:`~singleloc.load_sweep`.
 """
 
 from __future__ import annotations
@@ -75,6 +78,7 @@ from ._ode import initial_conditions, integrate
 from ._phase_analysis import HEAD_CLASSES, analyze
 from ._predictions import EscapePrediction, head_weights, predicted_escape
 from ._simulation import simulate as simulate_sgd
+from ._sweep_dataset import write_sweep
 from ._theory import OrderParameterODE
 from ._version import __version__
 from .plots import plot_phase_diagram
@@ -404,6 +408,9 @@ def sweep(base: Config, grids: Sequence[Grid], out: str | Path, *, horizon: str 
         row["key"] = cache_key(run_cfgs[i], "theory") if i in run_cfgs else ""
         rows.append(row)
     write_csv(out / "sweep.csv", rows)
+    write_sweep(out, base, grids, rows, [{kind: cached_run(run_cfgs[i], kind, cache) for kind in kinds if i in run_cfgs
+                                          and _entry_path(cache, run_cfgs[i], kind).name not in errors}
+                                         for i in range(len(rows))])
     if figures:
         other = [g.name for g in grids if g.name not in ("model.heads", "problem.F", "model.activation")]
         groups: dict[tuple, list] = {}

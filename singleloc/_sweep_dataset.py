@@ -1,0 +1,176 @@
+"""A sweep as labelled arrays: ``DIR/sweep.nc``, an :class:`xarray.Dataset` written by ``singleloc sweep``
+beside ``sweep.csv`` and read back by :func:`load_sweep`.
+
+Dimensions.
+
+* One per grid key, in the order of the grids, named by the key with its dot replaced by an
+  underscore (``model.heads`` -> ``model_heads``, ``problem.F`` -> ``problem_F``), so that it is
+  a Python name (``ds.sel(model_heads=2)``). Its coordinate holds the grid values (numbers, or
+  strings; a list value such as ``problem.mean=[1,0]`` and a grid mixing kinds of values, as
+  ``theory.points=auto,64``, hold their text: ``"[1, 0]"``, ``"auto"``, ``"64"``) and the
+  attribute ``grid_key`` (``"model.heads"``).
+* ``seed``: the ``simulation.seeds`` runs of a point (from the simulator's initial overlaps).
+* ``step``: the index of a saved time. The points of a sweep are integrated to different
+  horizons (``--horizon auto``: each to its predicted horizon, on a log grid of the same length),
+  so time is not one coordinate of the sweep: ``tau`` is a coordinate over
+  ``(grid..., step)``, ``tau[..., k]`` the ``k``-th saved time of that point. Once a point (or a
+  set of points with one horizon) is selected, ``tau`` is one-dimensional and
+  ``plot.line(x="tau")`` draws against it; over several points
+  ``plot.line(x="tau", hue=GRID_DIM)`` draws each against its own times.
+* ``sim_step`` (with ``--simulate``): the same for the simulation, whose saved times are the
+  theory's rounded to whole SGD steps (duplicates removed, so there may be fewer): coordinate
+  ``sim_tau`` over ``(grid..., sim_step)``.
+* ``head``, ``other_head`` (``h``, ``h'`` of ``Q``) and ``direction`` (the spike directions ``f``
+  of ``M``).
+
+Variables. The theory's ``M (grid..., seed, step, head, direction)``, ``Q (grid..., seed,
+step, head, other_head)``, ``b (grid..., seed, step, head)`` and ``risk (grid..., seed, step)``
+(the limit risk), as in :class:`~singleloc.TheoryResult`; with ``--simulate`` the simulation's
+``sim_M``, ``sim_Q``, ``sim_b``, ``sim_risk`` (the empirical finite-D risk) and
+``sim_risk_limit`` over ``sim_step``, as in :class:`~singleloc.SimulationResult`. The values are
+those of the cache entries, unchanged. Per point, over the grid dimensions only: every column
+of ``sweep.csv`` other than the grid values (``activation``, ``heads``, ``F``, ``status``,
+``horizon``, ``lambda``, ``tau_plateau``, ``predicted_escape``, the phase summary ``final_risk``,
+``escaped``, ..., ``n_<class>``, ..., its ``sim_`` twin, and ``key``, the cache key of the
+point's theory entry). Attributes: ``config`` (the base configuration as JSON), ``grids``
+(``{key: [values]}`` as JSON) and ``singleloc_version``.
+
+Padding. Points with fewer heads, directions, seeds or saved times than the largest of the
+sweep fill the leading part of each axis and are padded with NaN (``tau`` too); a failed point's
+arrays are NaN throughout and its ``status`` says what failed. Reductions such as
+``.mean("seed")`` skip NaN, so the padding does not enter them.
+
+Why netCDF (netCDF-4 on HDF5, written with ``h5netcdf``) rather than zarr: the sweep is one
+self-describing file (dimensions, coordinates and attributes inside it), written to a
+temporary sibling and moved into place in one step (:func:`singleloc._files.atomic_write`), so a
+reader never sees a half-written sweep, and readable by any netCDF or HDF5 tool (xarray,
+netCDF4, h5py, ``ncdump``); a zarr store is a folder of many files, which cannot be replaced in
+one step. Floating-point arrays are compressed losslessly (zlib).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import xarray as xr
+
+from ._config import Config
+from ._files import atomic_write
+from ._version import __version__
+
+if TYPE_CHECKING:
+    from ._sweep import Grid
+
+#: The file of a sweep in its output folder.
+SWEEP_FILE = "sweep.nc"
+
+#: The engine xarray writes and reads the file with.
+ENGINE = "h5netcdf"
+
+#: The dimensions of the arrays of a cache entry (the theory's; the simulation's use ``sim_step``).
+ENTRY_DIMS = {"tau": ("step",), "M": ("seed", "step", "head", "direction"), "Q": ("seed", "step", "head", "other_head"),
+              "b": ("seed", "step", "head"), "risk": ("seed", "step"), "risk_limit": ("seed", "step")}
+
+#: The variable prefix of each kind of entry.
+PREFIX = {"theory": "", "simulation": "sim_"}
+
+#: The ``description`` attribute of each array variable (a ``sim_`` variable without its own: that of its theory twin).
+DESCRIPTIONS = {"tau": "saved times of the point (NaN past its last)", "M": "overlaps M[h, f] of head h with spike direction f",
+                "Q": "overlaps Q[h, h'] of the heads", "b": "bias b[h] of head h", "risk": "limit risk of the theory",
+                "sim_risk": "empirical finite-D risk of the simulation", "sim_risk_limit": "limit risk of the simulated weights"}
+
+
+def dim_name(key: str) -> str:
+    """The dimension of the grid key ``section.key``: ``section_key``."""
+    return key.replace(".", "_")
+
+
+def _coordinate(values: Sequence[Any]) -> np.ndarray:
+    """Grid values as a coordinate: numbers, booleans or strings as they are; otherwise their text."""
+    kinds = {str if isinstance(v, str) else bool if isinstance(v, bool) else float if isinstance(v, (int, float)) else None
+             for v in values}
+    if len(kinds) == 1 and None not in kinds:
+        return np.asarray(values)
+    return np.array([v if isinstance(v, str) else json.dumps(v) for v in values])
+
+
+def _padded(arrays: Sequence[np.ndarray | None], grid_shape: tuple[int, ...], index: Sequence[tuple[int, ...]],
+            shape: tuple[int, ...]) -> np.ndarray:
+    """The arrays of the points stacked over the grid, each in the leading part of ``shape``, NaN elsewhere."""
+    present = [a for a in arrays if a is not None]
+    out = np.full(grid_shape + shape, np.nan, dtype=np.result_type(*present) if present else np.float64)
+    for i, a in zip(index, arrays):
+        if a is not None:
+            out[i][tuple(slice(0, n) for n in a.shape)] = a
+    return out
+
+
+def sweep_dataset(base: Config, grids: Sequence[Grid], rows: Sequence[Mapping[str, Any]],
+                  entries: Sequence[Mapping[str, Mapping[str, np.ndarray]]]) -> xr.Dataset:
+    """The Dataset of a sweep (module docstring): ``grids`` its grids, ``rows`` the rows of
+    ``sweep.csv`` (one per point, any order), ``entries[i]`` the cache entries of the point of
+    ``rows[i]`` (kind -> arrays; a failed kind is absent)."""
+    dims = [dim_name(g.name) for g in grids]
+    grid_shape = tuple(len(g.values) for g in grids)
+    index = [tuple(g.values.index(r[g.name]) for g in grids) for r in rows]
+    if sorted(index) != sorted(np.ndindex(grid_shape)):
+        raise ValueError(f"the rows do not cover the grid {', '.join(g.name for g in grids)} once each")
+    kinds = ["theory"] + (["simulation"] if "sim_final_risk" in rows[0] else [])
+    present = [e[k] for e in entries for k in kinds if k in e]
+    sizes = {"seed": max((a["M"].shape[0] for a in present), default=0), "head": max(r["heads"] for r in rows),
+             "direction": max(r["F"] for r in rows)}
+    sizes["other_head"] = sizes["head"]
+    data_vars, coords = {}, {}
+    for kind in kinds:
+        prefix = PREFIX[kind]
+        step = prefix + "step"
+        sizes[step] = max((e[kind]["tau"].shape[0] for e in entries if kind in e), default=0)
+        for name, entry_dims in ENTRY_DIMS.items():
+            if name == "risk_limit" and kind == "theory":
+                continue
+            vdims = tuple(step if d == "step" else d for d in entry_dims)
+            array = _padded([e[kind][name] if kind in e else None for e in entries], grid_shape, index,
+                            tuple(sizes[d] for d in vdims))
+            attrs = {"description": DESCRIPTIONS.get(prefix + name) or DESCRIPTIONS[name]}
+            (coords if name == "tau" else data_vars)[prefix + name] = xr.Variable((*dims, *vdims), array, attrs)
+    grid_names = {g.name for g in grids}
+    for column in rows[0]:
+        if column not in grid_names:
+            values = np.empty(grid_shape, dtype=np.asarray([r[column] for r in rows]).dtype)
+            for i, r in zip(index, rows):
+                values[i] = r[column]
+            data_vars[column] = xr.Variable(dims, values)
+    for d, g in zip(dims, grids):
+        coords[d] = xr.Variable((d,), _coordinate(g.values), {"grid_key": g.name})
+    coords.update({d: np.arange(n) for d, n in sizes.items()})
+    return xr.Dataset(data_vars, coords, {"config": json.dumps(base.to_dict(), sort_keys=True),
+                                          "grids": json.dumps({g.name: list(g.values) for g in grids}),
+                                          "singleloc_version": __version__})
+
+
+def write_sweep(out: str | Path, base: Config, grids: Sequence[Grid], rows: Sequence[Mapping[str, Any]],
+                entries: Sequence[Mapping[str, Mapping[str, np.ndarray]]]) -> Path:
+    """Write :func:`sweep_dataset` to ``OUT/sweep.nc`` atomically; returns its path."""
+    ds = sweep_dataset(base, grids, rows, entries)
+    encoding = {name: {"zlib": True} for name, v in ds.variables.items() if v.dtype.kind == "f"}
+    return atomic_write(Path(out) / SWEEP_FILE, lambda fh: ds.to_netcdf(fh, engine=ENGINE, encoding=encoding))
+
+
+def load_sweep(directory: str | Path) -> xr.Dataset:
+    """The Dataset of the sweep whose output folder is ``directory`` (``singleloc sweep --out
+    DIR`` writes ``DIR/sweep.nc``; layout in :mod:`singleloc._sweep_dataset`), loaded into memory
+    (the file is closed again). Raises ``FileNotFoundError`` when the folder holds no sweep file
+    and ``ValueError`` when the file is not readable, each in one line naming the path."""
+    path = Path(directory) / SWEEP_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"no sweep file {path}: {str(directory)!r} is not the output folder of singleloc sweep "
+                                "(or it was written before sweeps wrote sweep.nc)")
+    try:
+        with xr.open_dataset(path, engine=ENGINE) as ds:
+            return ds.load()
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{path} is not a readable netCDF file ({' '.join(str(err).split())})") from None
