@@ -23,8 +23,10 @@ can be skipped in a later process.
   backend, the JAX options that change tracing, and ``EQX_ON_ERROR``. A static value that
   cannot be named across processes (a function defined outside ``singleloc``, e.g. a
   user-registered activation) disables the stored program for that call, as do host
-  callbacks in the traced program and a missing ``flatbuffers`` (needed by
-  ``jax.export`` serialisation).
+  callbacks in the traced program, a missing ``flatbuffers`` (needed by
+  ``jax.export`` serialisation) and more than one local device (the stored programs are
+  single-device; a batch split over the devices, :mod:`~singleloc._sharding`, is traced in
+  every process and its executable still comes from the compilation cache).
 
 The cache is opt-in (it changes JAX's global configuration): the command line turns it on,
 a script calls :func:`enable_compilation_cache`. Its folder is ``$SINGLELOC_CACHE_DIR`` if
@@ -128,7 +130,7 @@ def exported_call(name: str, fn: Callable, *args, static: tuple = ()):
     """
     folder = jax.config.jax_compilation_cache_dir
     structure = _structure(args)
-    if not folder or structure is None or importlib.util.find_spec("flatbuffers") is None:
+    if not folder or structure is None or importlib.util.find_spec("flatbuffers") is None or jax.local_device_count() > 1:
         return fn(*args, *static)
     leaves, treedef = jax.tree.flatten(args)
     shapes = tuple((tuple(x.shape), str(x.dtype)) for x in leaves)

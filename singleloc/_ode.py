@@ -37,6 +37,7 @@ the program out of the persistent cache.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
 
 import diffrax
@@ -51,6 +52,7 @@ from ._config import Config
 from ._data import initial_overlaps
 from ._io import save_run
 from ._numerics import Q_RUNAWAY
+from ._sharding import shard_batch, unpad
 from ._theory import OrderParameterODE, OrderParameters, r_orth
 
 _PSD_SLACK = 1e-6
@@ -135,17 +137,29 @@ def _solve(ode: OrderParameterODE, y0: OrderParameters, ts: jax.Array, rtol, ato
     return *sol.ys, sol.result == diffrax.RESULTS.successful
 
 
-@eqx.filter_jit
-def _run(dynamics: OrderParameterODE, evaluation: OrderParameterODE, y0: OrderParameters, ts, rtol, atol, max_steps, progress):
+def _trajectories(dynamics: OrderParameterODE, evaluation: OrderParameterODE, y0: OrderParameters, ts, rtol, atol, max_steps,
+                  progress):
     """Trajectories, their risks on the evaluation rules and the drifts at the start, for
-    every start (leading axis of ``y0``) and replicate (leading axis of the rules)."""
+    every start (leading axis of ``y0``) and replicate (leading axis of the ODE stacks)."""
 
     def trajectory(dyn, ev, y):
         M, Q, b, ok = _solve(dyn, y, ts, rtol, atol, max_steps, progress)
         risk = jax.vmap(lambda m, q, bb: jnp.where(jnp.isfinite(q).all(), ev.risk(m, q, bb), jnp.nan))(M, Q, b)
         return M, Q, b, risk, ok, flat_drift(dyn.drift(*y))
 
-    return jax.vmap(jax.vmap(trajectory, in_axes=(0, 0, None)), in_axes=(None, None, 0))(dynamics, evaluation, y0)
+    rules = eqx.tree_at(lambda ode: ode.lr, jax.tree.map(lambda _: 0, dynamics), None, is_leaf=lambda x: x is None)
+    return jax.vmap(jax.vmap(trajectory, in_axes=(rules, rules, None)), in_axes=(None, None, 0))(dynamics, evaluation, y0)
+
+
+_run = eqx.filter_jit(_trajectories)
+
+
+@eqx.filter_jit
+def _run_points(dynamics: OrderParameterODE, evaluation: OrderParameterODE, y0: OrderParameters, ts, rtol, atol, max_steps):
+    """:func:`_trajectories` of a batch of points: a leading points axis on every argument (the
+    ODE stacks, starts, saved times and tolerances of each point). Every trajectory keeps its
+    own adaptive steps (diffrax's solve under ``vmap``)."""
+    return jax.vmap(lambda *args: _trajectories(*args, max_steps, False))(dynamics, evaluation, y0, ts, rtol, atol)
 
 
 @eqx.filter_jit
@@ -161,6 +175,37 @@ def initial_conditions(config: Config, seeds: int | None = None) -> OrderParamet
     n = sim.seeds if seeds is None else seeds
     M, Q = _initial_overlaps(sim.seed, jnp.arange(n), pb.F, H, sim.D, sgd.init_scale)
     return OrderParameters(M, Q, jnp.full((n, H), config.model.bias_init))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Problem:
+    """What one point's solve receives: the arguments of :func:`_trajectories` (``args``: the
+    dynamics and evaluation ODE stacks, the starts, the saved times, ``rtol``, ``atol``) and
+    the rule it was built with (``points``; ``drift_error`` when ``"auto"`` chose it)."""
+
+    config: Config
+    args: tuple
+    points: int
+    drift_error: float
+
+
+def _problem(config: Config, y0: OrderParameters | None, ts: np.ndarray | None) -> _Problem:
+    if y0 is None:
+        y0 = initial_conditions(config, 1)
+    y0 = OrderParameters(*(jnp.asarray(x, dtype=jnp.result_type(float)) for x in y0))
+    if y0.M.ndim == 2:
+        y0 = OrderParameters(*(x[None] for x in y0))
+    _check_initial(config, y0)
+    ts = jnp.asarray(config.sgd.save_times() if ts is None else ts, dtype=y0.M.dtype)
+    th = config.theory
+    R, points, drift_error = th.replicates, th.points, float("nan")
+    if points == "auto":
+        choice = choose_points(config, y0)
+        points, drift_error = choice.points, choice.error
+    dynamics = OrderParameterODE.from_config(config, seeds=th.qmc_seed + np.arange(R), points=points)
+    evaluation = OrderParameterODE.from_config(config, seeds=th.evaluation_seed + np.arange(R), points=points)
+    tol = (jnp.asarray(th.rtol, ts.dtype), jnp.asarray(th.atol, ts.dtype))
+    return _Problem(config, (dynamics, evaluation, y0, ts, *tol), int(points), drift_error)
 
 
 def integrate(
@@ -182,43 +227,79 @@ def integrate(
         max_steps: cap on the number of solver steps.
         progress: show diffrax's progress bar (the program is then compiled in every process).
 
+    The starts are split over the local devices (:mod:`~singleloc._sharding`).
+
     Raises:
         FloatingPointError: the state left the set of valid overlaps (non-finite, runaway
             keys, or ``R_orth`` not PSD); the message gives the time and suggests a remedy.
     """
-    if y0 is None:
-        y0 = initial_conditions(config, 1)
-    y0 = OrderParameters(*(jnp.asarray(x, dtype=jnp.result_type(float)) for x in y0))
-    if y0.M.ndim == 2:
-        y0 = OrderParameters(*(x[None] for x in y0))
-    _check_initial(config, y0)
-    ts = jnp.asarray(config.sgd.save_times() if ts is None else ts, dtype=y0.M.dtype)
-    th = config.theory
-    R, points, drift_error = th.replicates, th.points, float("nan")
-    if points == "auto":
-        choice = choose_points(config, y0)
-        points, drift_error = choice.points, choice.error
-    dynamics = OrderParameterODE.from_config(config, seeds=th.qmc_seed + np.arange(R), points=points)
-    evaluation = OrderParameterODE.from_config(config, seeds=th.evaluation_seed + np.arange(R), points=points)
-    tol = (jnp.asarray(th.rtol, ts.dtype), jnp.asarray(th.atol, ts.dtype))
-    args = (dynamics, evaluation, y0, ts, *tol)
+    problem = _problem(config, y0, ts)
+    dynamics, evaluation, y0, ts, rtol, atol = problem.args
+    y0, (dynamics, evaluation, ts, rtol, atol), n = shard_batch(y0, (dynamics, evaluation, ts, rtol, atol))
+    args = (dynamics, evaluation, y0, ts, rtol, atol)
     out = _run(*args, max_steps, True) if progress else exported_call("integrate", _run, *args, static=(max_steps, False))
-    M, Q, b, risk, ok, drift0 = jax.device_get(out)
+    result = _result(problem, unpad(jax.device_get(out), n), max_steps)
+    if isinstance(result, FloatingPointError):
+        raise result
+    return result
+
+
+def integrate_points(problems: Sequence[tuple[Config, OrderParameters | None]], *, max_steps: int = 100_000
+                     ) -> list[TheoryResult | FloatingPointError]:
+    """:func:`integrate` of several points ``(config, y0)`` as one vmapped solve per shape.
+
+    Points whose arrays have the same shapes (heads, spikes, sequence length, prior support,
+    activation, bias training, number of points (``"auto"`` resolved per point), replicates,
+    starts and saved times) share one program: their ODE stacks, starts, saved times and
+    tolerances are stacked along a leading axis, split over the local devices, and solved
+    together, each trajectory with its own adaptive steps; the results equal :func:`integrate`'s
+    to the solver's tolerance (not bitwise: the batched program rounds differently). Returns
+    one result per point, in order, or the :class:`FloatingPointError` :func:`integrate` would
+    raise for it (a failing point does not stop the others).
+    """
+    prepared = [_problem(config, y0, None) for config, y0 in problems]
+    groups: dict[tuple, list[int]] = {}
+    for i, problem in enumerate(prepared):
+        groups.setdefault(_shape_key(problem.args), []).append(i)
+    results: list = [None] * len(prepared)
+    for members in groups.values():
+        stacked = jax.tree.map(lambda *x: jnp.stack(x), *(prepared[i].args for i in members))
+        stacked, _, n = shard_batch(stacked)
+        out = unpad(jax.device_get(exported_call("integrate_points", _run_points, *stacked, static=(max_steps,))), n)
+        for j, i in enumerate(members):
+            results[i] = _result(prepared[i], [x[j] for x in out], max_steps)
+    return results
+
+
+def _shape_key(args) -> tuple:
+    """What decides the program of :func:`_trajectories`: the structure and static values of the
+    arguments and the shapes and dtypes of their arrays."""
+    leaves, treedef = jax.tree.flatten(args)
+    return str(treedef), tuple((x.shape, str(x.dtype)) for x in leaves)
+
+
+def _result(problem: _Problem, out, max_steps: int) -> TheoryResult | FloatingPointError:
+    """The :class:`TheoryResult` of one point's outputs of :func:`_trajectories`, or the error
+    that says where its solve stopped."""
+    config, ts = problem.config, problem.args[3]
+    R = config.theory.replicates
+    M, Q, b, risk, ok, drift0 = out
     valid = np.isfinite(risk)
     if not np.all(ok) or not np.all(valid):
         i, r = np.unravel_index(np.argmin(np.all(valid, axis=2) & ok), ok.shape)
         k = int(np.argmin(valid[i, r])) if not np.all(valid[i, r]) else len(ts) - 1
-        raise FloatingPointError(
+        return FloatingPointError(
             f"the order-parameter ODE stopped at tau = {float(ts[k - 1]) if k else 0.0:.4g}..{float(ts[k]):.4g} (start {i}"
             f"{f', replicate {r}' if R > 1 else ''}): the state left the set of valid overlaps (non-finite values, runaway keys "
             f"with max |Q| > {Q_RUNAWAY:g}, or R_orth = Q - M M^T not PSD) or the solver ran out of steps (max_steps = "
             f"{max_steps}); lower sgd.lr (now {config.sgd.lr}) or tighten theory.rtol/theory.atol"
         )
+    drift_error = problem.drift_error
     risk_se = risk.std(axis=1, ddof=1) / np.sqrt(R) if R > 1 else np.full(risk.shape[::2], np.nan)
     if R > 1:
         drift_error = float(np.max(relative_drift_error(drift0))) / np.sqrt(R)
     mean = lambda x: x.mean(axis=1)
-    return TheoryResult(np.asarray(ts), mean(M), mean(Q), mean(b), mean(risk), risk_se, drift_error, int(points), R)
+    return TheoryResult(np.asarray(ts), mean(M), mean(Q), mean(b), mean(risk), risk_se, drift_error, problem.points, R)
 
 
 def _check_initial(config: Config, y0: OrderParameters) -> None:

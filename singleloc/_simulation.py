@@ -5,7 +5,8 @@ Step ``t`` draws one fresh sequence and updates
     k_h <- k_h - lr * grad_{k_h} l,        b_h <- b_h - (lr / D) * dl/db_h  (if biases train),
 
 with ``l = |x_eps - yhat|^2 / D`` differentiated by JAX. Time is ``tau = t / D``. The run
-advances all seeds at once (``vmap``) inside one jitted ``fori_loop`` per saved interval,
+advances all seeds at once (``vmap``, the seeds split over the local devices by
+:mod:`~singleloc._sharding`) inside one jitted ``fori_loop`` per saved interval,
 and at each saved time records the order parameters and two risks on ``test_samples`` fresh
 sequences: the empirical finite-D risk and the limit risk of docs/model.md section 3 evaluated on
 the same sequences. The held-out sequences of saved time ``i`` are
@@ -31,6 +32,7 @@ from ._io import save_run
 from ._layer import finite_loss
 from ._numerics import Q_RUNAWAY
 from ._resources import check_dimension
+from ._sharding import shard_batch, unpad
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,7 +125,7 @@ def simulate(config: Config, *, progress: bool = True) -> SimulationResult:
     check_dimension(config, "simulation")
     D = config.simulation.D
     init, advance, measure = _run_functions(config)
-    seeds = jnp.arange(config.simulation.seeds)
+    seeds, _, n = shard_batch(jnp.arange(config.simulation.seeds))
     params, consts = jax.jit(jax.vmap(init))(seeds)
     advance_all = jax.jit(jax.vmap(advance, in_axes=(0, 0, None, None)))
     measure_all = jax.jit(jax.vmap(measure, in_axes=(0, 0, None)))
@@ -136,12 +138,12 @@ def simulate(config: Config, *, progress: bool = True) -> SimulationResult:
             params = advance_all(params, consts, t_prev, int(t))
             bar.update(int(t) - t_prev)
             t_prev = int(t)
-        rec = jax.device_get(measure_all(params, consts, i))
+        rec = unpad(jax.device_get(measure_all(params, consts, i)), n)
         _check_finite(rec, t / D, config)
         records.append(rec)
     bar.close()
     M, Q, b, risk, risk_limit = (np.stack([r[j] for r in records], axis=1) for j in range(5))
-    K, kstar = jax.device_get((params[0], consts[0]))
+    K, kstar = unpad(jax.device_get((params[0], consts[0])), n)
     return SimulationResult(steps / D, M, Q, b, risk, risk_limit, np.asarray(K), np.asarray(kstar))
 
 

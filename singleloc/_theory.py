@@ -65,13 +65,14 @@ class OrderParameterODE(eqx.Module):
     Attributes:
         fields: the quadrature rule over the local fields.
         activation: the attention activation (scores (H, L) -> weights (H, L)).
-        lr: the SGD learning rate.
+        lr: the SGD learning rate, an array (a value the compiled programs receive, so that
+            ODEs that differ only in it share their programs).
         train_bias: whether the biases follow their own drift.
     """
 
     fields: LocalFields
     activation: Activation = eqx.field(static=True)
-    lr: float = eqx.field(static=True)
+    lr: jax.Array = eqx.field(converter=jnp.asarray)
     train_bias: bool = eqx.field(static=True)
 
     @classmethod
