@@ -3,8 +3,9 @@
 :func:`run_points` maps a module-level function over tasks ``(key, args)`` and hands every result
 to a callback ``on_result(key, result)`` **in the calling (client) process**, as the results
 complete. The workers receive the arguments (for a sweep: the kind and the resolved
-configuration as a plain dict, :meth:`Config.to_dict`) and send back arrays; only the client
-writes files, so the workers need no shared file system.
+configurations of a group of points as plain dicts, :meth:`Config.to_dict`, computed together by
+:func:`~singleloc._sweep.compute_points`) and send back arrays; only the client writes files, so
+the workers need no shared file system.
 
 Where the tasks run:
 

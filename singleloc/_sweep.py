@@ -24,6 +24,19 @@ Each step is a pure function of its configuration (:func:`compute` with the kind
 ``prediction``, ``theory``, ``simulation``; :func:`resolve_horizon`), so the points can be
 computed anywhere.
 
+Batching. Theory points that differ only in the :data:`VALUE_KEYS` (``problem.strength``,
+``sgd.lr``, ``sgd.init_scale``, ``sgd.tau_max``, so also the horizon of ``horizon="auto"``,
+``simulation.seed``, ``simulation.D``, ``theory.qmc_seed``, ``theory.rtol``, ``theory.atol``)
+have arrays of the same shapes: with ``batch=True`` (the default) they are one task, one
+vmapped solve of all their seeds' starts with one compilation
+(:func:`~singleloc._ode.integrate_points`; a group is one Dask task with ``workers`` or
+``scheduler``). Every trajectory keeps its own adaptive steps, so a point's entry equals its
+own solve to the solver's tolerance (not bitwise: the batched program rounds differently; the
+cache key does not say which, and either entry serves). Any other key (``model.heads``,
+``problem.F``, ``problem.L``, the prior, ``model.activation``, ``theory.points``,
+``theory.replicates``, ``simulation.seeds``, ``sgd.n_save``, ...) starts another group.
+Escape predictions and simulations run one point after the other.
+
 Cache. Every computed point is stored as ``CACHE/<kind>-<key>.npz`` (kind ``theory`` or
 ``simulation``), where ``key`` is the SHA-256 (first 24 hex digits) of the canonical JSON of
 the configuration (for a theory or simulation entry the resolved one, so the key includes the
@@ -74,7 +87,7 @@ import numpy as np
 from ._config import SECTIONS, Config, load_config, parse_override
 from ._distributed import run_points
 from ._io import NPZ_ERRORS, load_npz, save_figure, save_npz, save_text
-from ._ode import initial_conditions, integrate
+from ._ode import initial_conditions, integrate, integrate_points
 from ._phase_analysis import HEAD_CLASSES, analyze
 from ._predictions import EscapePrediction, head_weights, predicted_escape
 from ._simulation import simulate as simulate_sgd
@@ -223,28 +236,70 @@ def compute(config: Config, kind: str) -> dict[str, np.ndarray]:
     return {"prediction": compute_prediction, "theory": compute_theory, "simulation": compute_simulation}[kind](config)
 
 
-def compute_point(kind: str, config: Mapping[str, Mapping[str, Any]]) -> dict[str, np.ndarray]:
-    """The work of one sweep point, run on a worker: :func:`singleloc._sweep.compute` of ``kind``
-    (an entry kind of the sweep cache, e.g. ``"theory"``) for the resolved configuration
-    ``config`` (a :meth:`Config.to_dict`), as NumPy arrays.
+def compute_theories(configs: Sequence[Config]) -> list[dict[str, np.ndarray] | FloatingPointError]:
+    """:func:`compute_theory` of several points as one vmapped solve per shape
+    (:func:`~singleloc._ode.integrate_points`): the arrays of each point, or the error its
+    solve stopped with."""
+    results = integrate_points([(config, initial_conditions(config)) for config in configs])
+    return [r if isinstance(r, FloatingPointError) else {"tau": r.tau, "M": r.M, "Q": r.Q, "b": r.b, "risk": r.risk}
+            for r in results]
+
+
+#: Keys that change only the values the compiled theory programs receive, not the programs:
+#: theory points that differ in them alone have arrays of the same shapes (``sgd.tau_max``
+#: changes the saved times, not their number), share their compilations (:func:`compile_group`)
+#: and, batched, are solved together (:func:`compute_points`).
+VALUE_KEYS = {"problem": ("strength",), "sgd": ("lr", "init_scale", "tau_max"), "simulation": ("seed", "D"),
+              "theory": ("qmc_seed", "rtol", "atol")}
+
+#: The kinds of entries whose points are batched (the others run one point after the other).
+BATCH_KINDS = ("theory",)
+
+
+def compile_group(kind: str, config: Mapping[str, Mapping[str, Any]], *more: Mapping[str, Mapping[str, Any]]) -> str:
+    """The compiled programs a sweep point needs, as a hashable name: ``kind`` and ``config``
+    without :data:`VALUE_KEYS` for a theory point, the whole ``config`` otherwise (a ``group``
+    for :func:`~singleloc._distributed.run_points` with :func:`compute_point` or
+    :func:`compute_points`, whose further configs ``more`` are of the same group)."""
+    drop = VALUE_KEYS if kind == "theory" else {}
+    rest = {s: {k: v for k, v in sec.items() if k not in drop.get(s, ())} for s, sec in config.items()}
+    return json.dumps([kind, rest], sort_keys=True)
+
+
+def compute_points(kind: str, *configs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, np.ndarray] | BaseException]:
+    """The work of sweep points of one :func:`compile_group`, run on a worker: the entries of
+    ``kind`` (e.g. ``"theory"``) for the resolved configurations ``configs``
+    (:meth:`Config.to_dict`), as NumPy arrays, or the exception a point raised (the others go
+    on). Several theory points are one batched solve (:func:`compute_theories`); other kinds,
+    and a single point, :func:`compute` one after the other.
 
     Enables double precision in the process that runs it, as the command line does: the ODE is
     solved in float64 (the simulator keeps its own float32), also on a worker started by hand.
     """
     jax.config.update("jax_enable_x64", True)
-    return {name: np.asarray(value) for name, value in compute(load_config(config), kind).items()}
+    resolved = [load_config(config) for config in configs]
+    if kind in BATCH_KINDS and len(resolved) > 1:
+        results: list = compute_theories(resolved)
+    else:
+        results = []
+        for config in resolved:
+            try:
+                results.append(compute(config, kind))
+            except Exception as err:  # reported for this point only
+                results.append(err)
+    return [r if isinstance(r, BaseException) else {name: np.asarray(value) for name, value in r.items()} for r in results]
 
 
-#: Keys that change only the values a compiled program receives, not the program: points that
-#: differ in them alone share their compilations (:func:`compile_group`).
-VALUE_KEYS = {"problem": ("strength",), "sgd": ("init_scale",), "simulation": ("seed",)}
+def compute_point(kind: str, config: Mapping[str, Mapping[str, Any]]) -> dict[str, np.ndarray]:
+    """The work of one sweep point, run on a worker: :func:`singleloc._sweep.compute` of ``kind``
+    (an entry kind of the sweep cache, e.g. ``"theory"``) for the resolved configuration
+    ``config`` (a :meth:`Config.to_dict`), as NumPy arrays (:func:`compute_points` of one point;
+    its exception is raised)."""
+    (result,) = compute_points(kind, config)
+    if isinstance(result, BaseException):
+        raise result
+    return result
 
-
-def compile_group(kind: str, config: Mapping[str, Mapping[str, Any]]) -> str:
-    """The compiled programs a sweep point needs, as a hashable name: ``kind`` and ``config``
-    without :data:`VALUE_KEYS` (a ``group`` for :func:`~singleloc._distributed.run_points` with :func:`compute_point`)."""
-    rest = {s: {k: v for k, v in sec.items() if k not in VALUE_KEYS.get(s, ())} for s, sec in config.items()}
-    return json.dumps([kind, rest], sort_keys=True)
 
 @dataclasses.dataclass
 class SweepStats:
@@ -313,26 +368,39 @@ def _entry_path(cache: Path, config: Config, kind: str) -> Path:
 
 
 def fill_cache(entries: Sequence[tuple[Config, str]], cache: Path, *, workers: int = 1, scheduler: str | None = None,
-               progress: bool = True, desc: str = "points") -> tuple[set[str], dict[str, BaseException]]:
+               progress: bool = True, desc: str = "points", batch: bool = True) -> tuple[set[str], dict[str, BaseException]]:
     """Compute the ``(config, kind)`` entries missing from (or damaged in) the cache, with
     :func:`~singleloc._distributed.run_points` (in this process, on a local Dask cluster of
-    ``workers`` processes or on the cluster at ``scheduler``). Only this process writes the
-    cache (atomically), as each result arrives. Returns the names of the entries computed and
-    the failures (entry name -> exception)."""
+    ``workers`` processes or on the cluster at ``scheduler``). With ``batch``, the entries of a
+    kind in :data:`BATCH_KINDS` are one task per :func:`compile_group` (one batched solve,
+    :func:`compute_points`); otherwise one task per entry. Only this process writes the cache
+    (atomically), as each result arrives. Returns the names of the entries computed and the
+    failures (entry name -> exception)."""
     tasks = {}
     for config, kind in entries:
         path = _entry_path(cache, config, kind)
         if path.name not in tasks and (not path.is_file() or _read_entry(path, kind) is None):
             tasks[path.name] = (kind, config.to_dict())
+    groups: dict[str, list[str]] = {}
+    for name, (kind, config) in tasks.items():
+        groups.setdefault(compile_group(kind, config) if batch and kind in BATCH_KINDS else name, []).append(name)
     done: set[str] = set()
+    errors: dict[str, BaseException] = {}
 
-    def store(name, arrays):
-        save_npz(cache / name, arrays)
-        done.add(name)
+    def store(names, results):
+        for name, result in zip(names, results):
+            if isinstance(result, BaseException):
+                errors[name] = result
+            else:
+                save_npz(cache / name, result)
+                done.add(name)
 
-    report = run_points(list(tasks.items()), compute_point, store, workers=workers, scheduler=scheduler,
-                        progress=progress, desc=desc, group=compile_group)
-    return done, dict(report.errors)
+    work = [(tuple(names), (tasks[names[0]][0], *(tasks[name][1] for name in names))) for names in groups.values()]
+    report = run_points(work, compute_points, store, workers=workers, scheduler=scheduler, progress=progress, desc=desc,
+                        group=compile_group)
+    for names, err in report.errors.items():  # the whole task failed (e.g. its worker died too often)
+        errors.update(dict.fromkeys(names, err))
+    return done, errors
 
 
 def _failure(kind: str, err: BaseException) -> str:
@@ -342,7 +410,7 @@ def _failure(kind: str, err: BaseException) -> str:
 
 def sweep(base: Config, grids: Sequence[Grid], out: str | Path, *, horizon: str | float = "auto", simulate: bool = False,
           cache_dir: str | Path | None = None, progress: bool = True, figures: bool = True, workers: int = 1,
-          scheduler: str | None = None) -> tuple[list[dict[str, Any]], SweepStats]:
+          scheduler: str | None = None, batch: bool = True) -> tuple[list[dict[str, Any]], SweepStats]:
     """Run (or load) every grid point, write ``OUT/sweep.csv`` and the phase diagrams.
 
     ``horizon``: ``"auto"`` (each point to its predicted horizon), ``"config"``
@@ -351,7 +419,8 @@ def sweep(base: Config, grids: Sequence[Grid], out: str | Path, *, horizon: str 
     their horizons) by :func:`fill_cache`: in this process (``workers = 1``, no ``scheduler``),
     on a local Dask cluster of ``workers`` processes, or on the Dask cluster at ``scheduler``
     (or ``DASK_SCHEDULER_ADDRESS``); a point that fails is reported in its row and does not
-    stop the others. Returns the CSV rows (dicts) and the :class:`SweepStats`.
+    stop the others. ``batch``: the theory points of one :func:`compile_group` are one batched
+    solve (one task). Returns the CSV rows (dicts) and the :class:`SweepStats`.
     """
     _check_horizon(horizon)
     t0 = time.perf_counter()
@@ -359,7 +428,7 @@ def sweep(base: Config, grids: Sequence[Grid], out: str | Path, *, horizon: str 
     cache = out / "cache" if cache_dir is None else Path(cache_dir)
     cache.mkdir(parents=True, exist_ok=True)
     points = grid_points(base, grids)
-    run = dict(workers=workers, scheduler=scheduler, progress=progress)
+    run = dict(workers=workers, scheduler=scheduler, progress=progress, batch=batch)
     computed, errors = fill_cache([(cfg, "prediction") for _, cfg in points], cache, desc="escape predictions", **run)
     predictions, run_cfgs = {}, {}
     for i, (_, cfg) in enumerate(points):

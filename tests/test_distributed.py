@@ -133,8 +133,11 @@ def test_groups_share_a_worker_and_only_value_keys_share_a_group():
     assert all(h["allow_other_workers"] for h in homes) and _homes(["a"], []) == [{}]
     base = load_config("default")
     group = lambda **sections: compile_group("theory", base.replace(**sections).to_dict())  # noqa: E731
-    assert group(problem={"strength": 3.5}, sgd={"init_scale": 0.3}, simulation={"seed": 4}) == group()
-    assert len({group(), group(sgd={"lr": 0.3}), group(model={"heads": 3}), compile_group("simulation", base.to_dict())}) == 4
+    assert group(problem={"strength": 3.5}, sgd={"init_scale": 0.3, "lr": 0.3, "tau_max": 7.0}, simulation={"seed": 4, "D": 50},
+                 theory={"qmc_seed": 3, "rtol": 1e-7, "atol": 1e-9}) == group()
+    assert len({group(), group(sgd={"n_save": 7}), group(model={"heads": 3}), compile_group("simulation", base.to_dict())}) == 4
+    simulation = lambda **sections: compile_group("simulation", base.replace(**sections).to_dict())  # noqa: E731
+    assert simulation(simulation={"seed": 4}) != simulation()  # the simulator's programs hold the config's values
 
 
 INTERRUPTED_RUN = textwrap.dedent("""

@@ -76,6 +76,7 @@ def fake_compute(monkeypatch):
         return {"tau": tau, "M": M, "Q": Q, "b": np.zeros((S, 21, H)), "risk": risk}
 
     monkeypatch.setattr(_sweep, "compute_theory", fake)
+    monkeypatch.setattr(_sweep, "compute_theories", lambda configs: [fake(c) for c in configs])  # batched points
     return calls
 
 
@@ -194,6 +195,21 @@ def test_cli_sweep_real_theory_then_cached(tmp_path, capsys, monkeypatch):
     assert (out / "phase_softmax.png").is_file() and (out / "phase_bsoftmax.png").is_file()
     assert main(args) == 0
     assert "0 computed, 2 from the cache" in capsys.readouterr().out
+
+
+def test_cli_sweep_batched_and_not_give_the_same_table(tmp_path, capsys, monkeypatch):
+    """Four points that differ in values only (learning rate, strength): one batched solve or
+    four; the CSV (6 digits) is the same, and each run fills its own cache."""
+    monkeypatch.setattr(_sweep, "compute_prediction", fake_prediction)
+    tables = {}
+    for mode in ("--batch", "--no-batch"):
+        out = tmp_path / mode
+        assert main(["sweep", "default", "--grid", "sgd.lr=0.3,0.5", "--grid", "problem.strength=2.5,3.5", "--horizon", "config",
+                     *[a for s in TINY for a in ("--set", s)], "--out", str(out), "--no-progress", mode]) == 0
+        assert "4 computed, 0 from the cache" in capsys.readouterr().out
+        tables[mode] = (out / "sweep.csv").read_text()
+    assert tables["--batch"] == tables["--no-batch"]
+    assert len({r["final_risk"] for r in read_csv(tmp_path / "--batch" / "sweep.csv")}) == 4
 
 
 def test_cli_sweep_with_simulation(tmp_path, capsys, monkeypatch):

@@ -37,6 +37,11 @@ def register(sub) -> None:
     p.add_argument("--scheduler", default=None, metavar="tcp://HOST:PORT",
                    help="compute the points on an existing Dask cluster (default: the DASK_SCHEDULER_ADDRESS "
                    "environment variable when set); see docs/scale.md for clusters on Slurm/PBS")
+    p.add_argument("--batch", action=argparse.BooleanOptionalAction, default=True,
+                   help="solve the theory points that differ only in sgd.lr, sgd.tau_max (so the horizon), "
+                   "sgd.init_scale, problem.strength, simulation.seed, simulation.D, theory.qmc_seed, theory.rtol or "
+                   "theory.atol together, as one vmapped ODE solve with one compilation (default; equal to the "
+                   "separate solves to the solver's tolerance); --no-batch solves every point on its own")
     add_out_argument(p)
     p.add_argument("--cache", type=output_folder, default=None, metavar="DIR", help="cache folder (default DIR/cache)")
     p.set_defaults(func=run)
@@ -66,7 +71,7 @@ def run(args) -> int:
     if args.workers > 1 and args.scheduler:
         raise ValueError("give either --workers N (a local cluster) or --scheduler ADDRESS (an existing one), not both")
     rows, stats = sweep(config, grids, args.out, horizon=args.horizon, simulate=args.simulate, cache_dir=args.cache,
-                        progress=args.progress, workers=args.workers, scheduler=args.scheduler)
+                        progress=args.progress, workers=args.workers, scheduler=args.scheduler, batch=args.batch)
     failed = f"; {stats.failed} failed, see the status column" if stats.failed else ""
     print(f"swept {len(rows)} points ({stats.computed} computed, {stats.cached} from the cache{failed}) "
           f"in {stats.seconds:.1f} s; wrote {args.out / 'sweep.csv'}")

@@ -1,0 +1,99 @@
+"""Batched sweep points: theory points that differ only in values (learning rate, strength,
+horizon, initial scale, seed, D) are one vmapped solve with one compilation, and each point's
+result equals its own solve to the solver's tolerance."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from singleloc import _sweep, load_config
+from singleloc.cli import main
+
+BASE = ["theory.points=32", "sgd.n_save=5", "simulation.seeds=2", "problem.L=3"]
+VALUES = [  # every batched key moves between the points
+    ["sgd.lr=0.3", "problem.strength=2.5", "sgd.tau_max=3", "sgd.init_scale=0.5", "simulation.seed=0", "simulation.D=100"],
+    ["sgd.lr=0.5", "problem.strength=3.5", "sgd.tau_max=4", "sgd.init_scale=0.4", "simulation.seed=1", "simulation.D=1000"],
+    ["sgd.lr=0.4", "problem.strength=3.0", "sgd.tau_max=2", "sgd.init_scale=0.6", "simulation.seed=2", "simulation.D=300"],
+]
+
+
+def configs(*extra):
+    return [load_config("default", BASE + v + list(extra)) for v in VALUES]
+
+
+def solver_tolerance(cfg, x):
+    """What two solves of the same problem at ``theory.rtol``/``atol`` may differ by: their local
+    error bounds at the scale of ``x``, with a factor 10 for the growth along 2 to 4 time units."""
+    return 10 * (cfg.theory.rtol * np.max(np.abs(x)) + cfg.theory.atol)
+
+
+def test_batched_points_equal_their_own_solves():
+    cfgs = configs()
+    groups = {_sweep.compile_group("theory", c.to_dict()) for c in cfgs}
+    assert len(groups) == 1  # the values do not split the group ...
+    assert _sweep.compile_group("theory", cfgs[0].replace(model={"heads": 1}).to_dict()) not in groups  # ... a shape does
+    batched = _sweep.compute_points("theory", *(c.to_dict() for c in cfgs))
+    single = [_sweep.compute_point("theory", c.to_dict()) for c in cfgs]
+    for cfg, b, s in zip(cfgs, batched, single):
+        np.testing.assert_array_equal(b["tau"], s["tau"])  # each point its own horizon
+        assert b["tau"][-1] == cfg.sgd.tau_max
+        for name in ("M", "Q", "b", "risk"):
+            np.testing.assert_allclose(b[name], s[name], rtol=0, atol=solver_tolerance(cfg, s[name]), err_msg=name)
+    # the points differ by far more than the tolerance: a result given to the wrong point fails
+    gap = np.max(np.abs(single[0]["risk"][:, -1] - single[1]["risk"][:, -1]))
+    assert gap > 100 * solver_tolerance(cfgs[0], single[0]["risk"])
+
+
+def test_a_failing_point_does_not_stop_its_batch():
+    cfgs = configs()
+    cfgs[1] = cfgs[1].replace(sgd={"lr": 1e7, "tau_max": 30.0})  # diverges at once
+    results = _sweep.compute_points("theory", *(c.to_dict() for c in cfgs))
+    assert isinstance(results[1], FloatingPointError) and "sgd.lr" in str(results[1])
+    for cfg, r in zip(cfgs[::2], results[::2]):
+        s = _sweep.compute_point("theory", cfg.to_dict())
+        np.testing.assert_allclose(r["risk"], s["risk"], rtol=0, atol=solver_tolerance(cfg, s["risk"]))
+
+
+_COUNT = textwrap.dedent("""
+    import sys, json
+    from pathlib import Path
+    import jax
+    jax.config.update("jax_enable_x64", True)
+    import singleloc as sl
+    from singleloc import _sweep
+    programs = []
+    def listener(event, duration, fun_name="", **kw):
+        if event == "/jax/core/compile/backend_compile_duration" and fun_name in ("jit(_run_points)", "jit(_trajectories)"):
+            programs.append(fun_name)
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    base = ["theory.points=16", "sgd.n_save=3", "sgd.tau_max=1", "simulation.seeds=1", "problem.L=3"]
+    entries = [(sl.load_config("default", base + [f"model.heads={h}", f"sgd.lr={lr}", f"problem.strength={s}"]), "theory")
+               for h in (1, 2) for lr in (0.3, 0.5) for s in (2.5, 3.5)]
+    done, errors = _sweep.fill_cache(entries, Path(sys.argv[1]), progress=False, batch=sys.argv[2] == "batch")
+    print(json.dumps({"programs": programs, "done": len(done), "errors": len(errors)}))
+""")
+
+
+@pytest.mark.parametrize("mode", ["batch", "no-batch"])
+def test_one_compilation_per_shape_group(tmp_path, mode):
+    """8 points in 2 shape groups (heads 1, 2; learning rates and strengths are values): two
+    compiled solves, batched (one per group) or not (one per shape, the learning rate traced)."""
+    env = {**os.environ, "SINGLELOC_CACHE_DIR": "", "JAX_PLATFORMS": "cpu"}
+    done = subprocess.run([sys.executable, "-c", _COUNT, str(tmp_path), mode], capture_output=True, text=True, timeout=600,
+                          env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    program = "jit(_run_points)" if mode == "batch" else "jit(_trajectories)"
+    assert report == {"programs": [program] * 2, "done": 8, "errors": 0}
+    assert len(list(tmp_path.glob("theory-*.npz"))) == 8 and not list(tmp_path.glob("*.tmp"))
+
+
+def test_sweep_command_has_batch_switch(capsys):
+    with pytest.raises(SystemExit):
+        main(["sweep", "--help"])
+    assert "--batch, --no-batch" in capsys.readouterr().out
