@@ -16,6 +16,7 @@ import sys
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import random_overlaps
 
 import singleloc as sl
 from singleloc import LocalFields, OrderParameterODE, OrderParameters
@@ -24,9 +25,7 @@ from singleloc._ode import _run
 
 
 def random_state(H, F, rng, scale=0.8):
-    M = rng.normal(size=(H, F)) * scale
-    A = rng.normal(size=(H, H)) * 0.5
-    return OrderParameters(jnp.asarray(M), jnp.asarray(M @ M.T + A @ A.T), jnp.asarray(rng.normal(size=H) * 0.3))
+    return OrderParameters(*(jnp.asarray(x) for x in random_overlaps(rng, H, F, m=scale, r=0.5, b=0.3)))
 
 
 def permuted(y, p):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import random_overlaps, weights_with_overlaps
 from scipy import stats
 
 from singleloc import OrderParameterODE, load_config
@@ -24,11 +25,7 @@ def small_config(activation="bsoftmax", H=3, F=2, points=1024, L=4, strength=2.0
 
 def random_layer(rng, H, F, scale=1.5):
     """Order parameters of real keys: M random, Q = M M^T + R_orth with R_orth PSD."""
-    M = scale * rng.standard_normal((H, F))
-    A = 0.6 * rng.standard_normal((H, H))
-    Q = M @ M.T + A @ A.T / H
-    b = 0.5 * rng.standard_normal(H)
-    return M, (Q + Q.T) / 2, b
+    return random_overlaps(rng, H, F, m=scale, r=0.6 / np.sqrt(H), b=0.5)
 
 
 def risk_with_heads(cfg, M, Q, b):
@@ -163,20 +160,6 @@ def test_removable_heads():
 
 
 # -- theory against weights ---------------------------------------------------------------
-
-
-def weights_with_overlaps(rng, M, Q, D, orthogonal_spikes):
-    """Keys K (H, D) with K k*^T / D = M and K K^T / D = Q exactly: K = M k* + C Z, where the
-    rows of Z are orthogonal to the spikes, Z Z^T / D = I, and C C^T = Q - M M^T."""
-    H, F = M.shape
-    kstar = orthogonal_spikes(rng, F, D)
-    basis, _ = np.linalg.qr(np.concatenate([kstar.T, rng.standard_normal((D, H))], axis=1))
-    Z = np.sqrt(D) * basis[:, F:].T  # (H, D), orthogonal to the spikes
-    w, v = np.linalg.eigh(Q - M @ M.T)
-    C = v * np.sqrt(np.clip(w, 0, None))
-    K = M @ kstar + C @ Z
-    assert np.allclose(K @ kstar.T / D, M, atol=1e-10) and np.allclose(K @ K.T / D, Q, atol=1e-10)
-    return K, kstar
 
 
 @pytest.mark.parametrize("activation", ["softmax1", "bsoftmax"])
