@@ -1,16 +1,30 @@
 """Final risk after training against the number of heads H, for softmax, softmax1 and bsoftmax,
-with the Bayes risk (docs/model.md section 6).
+with the Bayes risk (docs/model.md section 6), for two priors (``--prior``).
 
-Setting: L = 4, spikes prior with F = 3 directions (support size K = 3), strength 2.5;
-H in {1, 2, 3, 4, 6}. softmax trains no bias (it cancels); softmax1 and bsoftmax train their
-biases. SGD: lr = 0.5, keys initialised with scale 0.5. The ODE is integrated from the
-overlaps of a real D = 1000 initialisation (seed 0), up to tau = 2e4 on a log grid, with
-``theory.points = 1024``; the final risk is re-evaluated at the final ``(M, Q, b)`` on 4
-independent rules of 8192 points (see ``bayes_strength.py`` for why and for the check against
-2048-point dynamics). Convergence: the relative change of the ODE's risk over the last 10% of
-tau is printed for every point; points above 1e-3 are flagged (``*``) and drawn open.
+Settings (L = 4 tokens):
 
-Quadrature caveat at large H: the rule integrates over L * H Gaussian dimensions (24 at H = 6).
+* ``spikes`` (default; ``figures/bayes_heads.png``): spikes prior with F = 3 directions (support
+  size K = 3), strength 2.5; H in {1, 2, 3, 4, 6}.
+* ``gaussian`` (``figures/bayes_heads_gaussian.png``): the isotropic Gaussian prior
+  ``theta ~ N(0, 3^2 I_2)`` (F = 2, strength 3); H in {1, 2, 4, 8, 16}. A continuous prior has
+  no finite Bayes point: the question is whether the risk approaches the Bayes risk as heads
+  are added (the posterior mean is a mixture over a continuum of directions, which softmax1 and
+  bsoftmax can tile with more heads) or stalls (softmax: all heads' weights sum to one, so the
+  layer cannot switch its output off when no direction fits).
+
+softmax trains no bias (it cancels); softmax1 and bsoftmax train their biases. SGD: lr = 0.5,
+keys initialised with scale 0.5. The ODE is integrated from the overlaps of a real D = 1000
+initialisation (seed 0), up to ``tau_max`` on a log grid, with ``theory.points`` Sobol points;
+the final risk is re-evaluated at the final ``(M, Q, b)`` on 4 independent rules of 8192 points
+(see ``bayes_strength.py`` for why and for the check against 2048-point dynamics). Convergence:
+the relative change of the ODE's risk over the last 10% of tau is printed for every point;
+points above 1e-3 are flagged (``*``) and drawn open. For every trained layer the script also
+prints what its heads do: the mean weight on the relevant token ``E[a_eps]``, the layer's total
+attention weight ``E[sum_l a_l]`` (1 for softmax and
+bsoftmax; below 1 for softmax1, whose heads can switch off), how many heads are off and the
+directions of the others in the spike plane.
+
+Quadrature caveat at large H (spikes): the rule integrates over L * H Gaussian dimensions (24 at H = 6).
 For bsoftmax the re-evaluated final risk of the state from 1024-point dynamics is 0.2566 at H = 3
 and 0.2541 at H = 6; with 4096-point dynamics 0.2563 and 0.2520. So H <= 3 is resolved to 3e-4,
 H = 6 only to about 2e-3 (the ODE's *own* risk at H = 6, 1024 points, even falls below the Bayes
@@ -20,37 +34,45 @@ Also printed: the Bayes risk (8 scramblings of 4096 points, with its standard er
 risk of bsoftmax at its Bayes point with H = K (``M_h = theta^(h)``, ``Q = M M^T``,
 ``b_h = log pi_h - |theta^(h)|^2/2``), which must equal it.
 
-Run: ``python experiments/bayes_heads.py``; writes ``figures/bayes_heads.png``. ``--quick``: H in
-{1, 3}, tau_max = 100, 256 quadrature points.
+Run: ``python experiments/bayes_heads.py [--prior spikes|gaussian] [--cache DIR]``; writes the figure
+named above and prints the numbers (runtime: its last line). ``--quick``: H in {1, 3}
+(spikes) or {1, 2} (gaussian), tau_max = 100, 256 quadrature points.
 """
 
 from __future__ import annotations
 
 import sys
 import time
+from functools import partial
 
 import jax
 
 jax.config.update("jax_enable_x64", True)
 
+import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from _common import figure, figures_dir, parser  # noqa: E402
+from _common import cache_dir, figure, figures_dir, parser, stage  # noqa: E402
 
 import singleloc as sl  # noqa: E402
 
-L, F, STRENGTH = 4, 3, 2.5
-HEADS = (1, 2, 3, 4, 6)
+L = 4
+#: prior -> (F, strength, heads, tau_max, dynamics points, figure name)
+SETTINGS = {
+    "spikes": (3, 2.5, (1, 2, 3, 4, 6), 20000.0, 1024, "bayes_heads.png"),
+    "gaussian": (2, 3.0, (1, 2, 4, 8, 16), 20000.0, 1024, "bayes_heads_gaussian.png"),
+}
 ACTIVATIONS = ("softmax", "softmax1", "bsoftmax")
-LR, INIT_SCALE, D_THEORY, TAU_MAX, POINTS = 0.5, 0.5, 1000, 20000.0, 1024
+LR, INIT_SCALE, D_THEORY = 0.5, 0.5, 1000
 EVAL = {"points": 8192, "seed": 1000, "replicates": 4}  # re-evaluation of the final risk
 CONVERGED = 1e-3
 COLORS = {"softmax": "C0", "softmax1": "C1", "bsoftmax": "C2"}
-QUICK = {"heads": (1, 3), "tau_max": 100.0, "points": 256}
+QUICK = {"spikes": (1, 3), "gaussian": (1, 2), "tau_max": 100.0, "points": 256}
 
 
-def config(activation: str, heads: int, tau_max: float = TAU_MAX, points: int = POINTS):
+def config(prior: str, activation: str, heads: int, tau_max: float, points: int):
+    F, strength = SETTINGS[prior][:2]
     return sl.load_config({
-        "problem": {"L": L, "F": F, "prior": "spikes", "strength": STRENGTH},
+        "problem": {"L": L, "F": F, "prior": prior, "strength": strength},
         "model": {"heads": heads, "activation": activation, "train_bias": activation != "softmax"},
         "sgd": {"lr": LR, "init_scale": INIT_SCALE, "tau_max": tau_max, "spacing": "log", "n_save": 41},
         "simulation": {"D": D_THEORY, "seeds": 1},
@@ -58,19 +80,58 @@ def config(activation: str, heads: int, tau_max: float = TAU_MAX, points: int = 
     })
 
 
+def trained(cfg, ts: np.ndarray) -> dict[str, np.ndarray]:
+    """The ODE from the seed-0 start on ``ts``; the final state re-evaluated on independent rules."""
+    try:
+        res = sl.integrate(cfg, sl.initial_conditions(cfg, 1), ts=ts, progress=False)
+    except FloatingPointError as err:
+        print(f"  {cfg.model.activation} H = {cfg.model.heads}: integration failed: {err}")
+        H, F = cfg.model.heads, cfg.problem.F
+        return {"risk": np.full(len(ts), np.nan), "final": np.nan, "error": np.nan, "M": np.full((H, F), np.nan),
+                "Q": np.full((H, H), np.nan), "b": np.full(H, np.nan)}
+    M, Q, b = res.M[0, -1], res.Q[0, -1], res.b[0, -1]
+    fin = sl.population_risk(cfg.problem.build_prior(), L, cfg.model.activation, M, Q, b, **EVAL)
+    return {"risk": res.risk[0], "final": fin.value, "error": fin.error, "M": M, "Q": Q, "b": b}
+
+
+def heads_used(cfg, run) -> str:
+    """What the trained heads do: the mean weight on the relevant token ``E[a_eps]``, the layer's
+    total weight ``E[sum_l a_l]`` (the mean over heads
+    of ``w_h = E[sum_l A_hl]``, 1 for softmax and bsoftmax), the heads switched off (``w_h`` below
+    5% of the largest) and the directions of the others in the spike plane (degrees)."""
+    M, Q, b = run["M"], run["Q"], run["b"]
+    if not np.all(np.isfinite(M)):
+        return ""
+    ode = sl.OrderParameterODE.from_config(cfg)
+    w = sl.head_weights(ode, M, Q, b)
+    # the relevant token is token 0 of the fields (docs/model.md section 4)
+    a_eps = float(ode.fields.expect(lambda g, theta: jnp.mean(ode.activation(g.T + jnp.asarray(b)[:, None])[:, 0]), M, Q))
+    on = w >= 0.05 * w.max()
+    angles = np.sort(np.degrees(np.arctan2(M[on, 1], M[on, 0])).round()) if M.shape[1] == 2 else []
+    return (f"E[a_eps] = {a_eps:.3f}, E[sum_l a_l] = {w.mean():.3f}, {int((~on).sum())} of {len(w)} heads off"
+            + (f", directions of the others: {', '.join(f'{a:.0f}' for a in angles)} deg" if len(angles) else ""))
+
+
 def main() -> int:
-    args = parser(__doc__, cache=False).parse_args()
-    heads, tau_max, points = (QUICK["heads"], QUICK["tau_max"], QUICK["points"]) if args.quick else (HEADS, TAU_MAX, POINTS)
+    p = parser(__doc__)
+    p.add_argument("--prior", choices=tuple(SETTINGS), default="spikes", help="the setting (module docstring)")
+    args = p.parse_args()
+    prior = args.prior
+    F, strength, heads, tau_max, points, name = SETTINGS[prior]
+    if args.quick:
+        heads, tau_max, points = QUICK[prior], QUICK["tau_max"], QUICK["points"]
+    cache = cache_dir(args, prior)
     t_start = time.time()
-    prior = config("bsoftmax", F).problem.build_prior()
-    bayes = sl.bayes_risk(prior, L, points=4096, replicates=8)
-    M, Q, b = sl.bayes_point(prior)
-    at_point = sl.population_risk(prior, L, "bsoftmax", M, Q, b, points=4096, replicates=8)
-    K = M.shape[0]
-    print(f"L = {L}, spikes prior F = {F} (K = {K}), strength {STRENGTH}, lr = {LR}, tau_max = {tau_max:g}, "
-          f"theory.points = {points}")
-    print(f"Bayes risk {bayes.value:.5f} +- {bayes.error:.1e}; bsoftmax at the Bayes point (H = K = {K}): "
-          f"{at_point.value:.5f} +- {at_point.error:.1e}")
+    bsoftmax = config(prior, "bsoftmax", F, tau_max, points)
+    bayes = sl.bayes_risk(bsoftmax.problem.build_prior(), L, points=4096, replicates=8)
+    print(f"L = {L}, {prior} prior F = {F}, strength {strength}, lr = {LR}, tau_max = {tau_max:g}, theory.points = {points}")
+    print(f"Bayes risk {bayes.value:.5f} +- {bayes.error:.1e}")
+    K = None
+    if prior != "gaussian":
+        M, Q, b = sl.bayes_point(bsoftmax.problem.build_prior())
+        K = M.shape[0]
+        at_point = sl.population_risk(bsoftmax.problem.build_prior(), L, "bsoftmax", M, Q, b, points=4096, replicates=8)
+        print(f"bsoftmax at the Bayes point (H = K = {K}): {at_point.value:.5f} +- {at_point.error:.1e}")
 
     ts = np.unique(np.concatenate([[0.0], np.geomspace(1e-2, tau_max, 48), [0.9 * tau_max]]))
     i90 = int(np.argmin(np.abs(ts - 0.9 * tau_max)))
@@ -80,18 +141,14 @@ def main() -> int:
     for act in ACTIVATIONS:
         for j, H in enumerate(heads):
             t0 = time.time()
-            cfg = config(act, H, tau_max, points)
-            try:
-                res = sl.integrate(cfg, sl.initial_conditions(cfg, 1), ts=ts, progress=False)
-            except FloatingPointError as err:
-                print(f"  {act} H = {H}: integration failed: {err}")
-                continue
-            r = res.risk[0]
-            fin = sl.population_risk(prior, L, act, res.M[0, -1], res.Q[0, -1], res.b[0, -1], **EVAL)
-            final[act][j], error[act][j], change[act][j] = fin.value, fin.error, abs(r[-1] - r[i90]) / r[-1]
-            print(f"  {act:9s} H = {H}: final risk {fin.value:.5f} +- {fin.error:.1e} (ODE's own {r[-1]:.5f}; gap to Bayes "
-                  f"{fin.value - bayes.value:+.5f}), rel. change over last 10% of tau {change[act][j]:.1e}  "
+            run = stage(cache, f"{act}_H{H}", partial(trained, config(prior, act, H, tau_max, points), ts))
+            r = run["risk"]
+            final[act][j], error[act][j] = float(run["final"]), float(run["error"])
+            change[act][j] = abs(r[-1] - r[i90]) / r[-1]
+            print(f"  {act:9s} H = {H:2d}: final risk {final[act][j]:.5f} +- {error[act][j]:.1e} (ODE's own {r[-1]:.5f}; "
+                  f"gap to Bayes {final[act][j] - bayes.value:+.5f}), rel. change over last 10% of tau {change[act][j]:.1e}  "
                   f"[{time.time() - t0:.0f} s]", flush=True)
+            print(f"             {heads_used(config(prior, act, H, tau_max, points), run)}")
 
     print("\nfinal risk at tau_max (gap to Bayes); * = rel. change over the last 10% of tau > 1e-3")
     print(f"{'H':>3s}" + "".join(f"{a:>22s}" for a in ACTIVATIONS))
@@ -100,10 +157,11 @@ def main() -> int:
                  for a in ACTIVATIONS]
         print(f"{H:3d}" + "".join(f"{c:>22s}" for c in cells))
     print(f"largest standard error of a final risk: {np.nanmax([error[a] for a in ACTIVATIONS]):.1e}")
-    j = heads.index(K)
-    print(f"at H = K = {K}: bsoftmax - Bayes = {final['bsoftmax'][j] - bayes.value:+.5f}; "
-          f"softmax floor (min over H of softmax - Bayes) = {np.nanmin(final['softmax']) - bayes.value:+.5f}; "
-          f"softmax1 min over H - Bayes = {np.nanmin(final['softmax1']) - bayes.value:+.5f}")
+    if K in heads:
+        j = heads.index(K)
+        print(f"at H = K = {K}: bsoftmax - Bayes = {final['bsoftmax'][j] - bayes.value:+.5f}")
+    for act in ACTIVATIONS:
+        print(f"{act}: min over H of risk - Bayes = {np.nanmin(final[act]) - bayes.value:+.5f}")
 
     fig = figure(figsize=(5.2, 3.8), layout="constrained")
     ax = fig.subplots()
@@ -113,15 +171,19 @@ def main() -> int:
         ax.plot(heads, final[act], "-", color=COLORS[act], lw=1.2, label=act)
         ax.plot(np.array(heads)[conv], final[act][conv], "o", color=COLORS[act], ms=5)
         ax.plot(np.array(heads)[~conv], final[act][~conv], "o", mfc="none", color=COLORS[act], ms=6)
-    ax.axvline(K, color="grey", ls=":", lw=1)
-    ax.text(K, ax.get_ylim()[1], " H = K", va="top", fontsize=8, color="grey")
+    if K in heads:
+        ax.axvline(K, color="grey", ls=":", lw=1)
+        ax.text(K, ax.get_ylim()[1], " H = K", va="top", fontsize=8, color="grey")
     ax.set_xlabel("number of heads H")
     ax.set_ylabel(f"risk at tau = {tau_max:g} (theory)")
-    ax.set_title(f"spikes prior, F = K = {F}, strength {STRENGTH}, L = {L}", fontsize=10)
-    ax.set_xticks(heads)
+    what = f"spikes prior, F = K = {F}" if prior == "spikes" else f"isotropic Gaussian prior N(0, {strength:g}$^2$ I$_{F}$)"
+    ax.set_title(f"{what}, strength {strength:g}, L = {L}", fontsize=10)
+    if prior == "gaussian":
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(heads, [str(h) for h in heads])
     ax.grid(alpha=0.3)
     ax.legend(frameon=False, fontsize=8)
-    path = sl.save_figure(figures_dir(args) / "bayes_heads.png", fig)
+    path = sl.save_figure(figures_dir(args) / name, fig)
     print(f"wrote {path}; total runtime {time.time() - t_start:.0f} s")
     return 0
 
