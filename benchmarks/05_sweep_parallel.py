@@ -1,72 +1,146 @@
-"""Benchmark 05: a 16-point theory sweep, one process vs Dask worker processes.
+"""Benchmark 05: a 16-point theory sweep serially and on Dask workers, batched and not.
 
 The points: the default preset with ``model.heads = 1, 2`` x ``problem.F = 1, 2`` x ``sgd.lr =
-0.3, 0.5`` x ``problem.strength = 2.5, 3.5`` and ``sgd.tau_max = 100``. Each is the theory of a
-sweep point (:func:`singleloc._sweep.compute_point`: one batched ODE solve over the seeds'
-initial overlaps), run through :func:`singleloc._distributed.run_points`
+0.3, 0.5`` x ``problem.strength = 2.5, 3.5`` and ``sgd.tau_max = 100`` (the configuration's own
+grid, as ``singleloc sweep --horizon config``): 4 shapes (H, F), 4 points of each that differ in
+values only. Each point is the theory of a sweep point, computed as ``singleloc sweep`` computes
+it (:func:`singleloc._sweep.compute_points` through :func:`singleloc._distributed.run_points`,
+``group=compile_group``):
 
-1. serially in this process (``workers = 1``: no Dask), then
-2. on a local cluster of ``--workers`` (default 2) single-threaded worker processes, started and
-   closed inside the timing,
+* unbatched: one task per point (the learning rate is a traced value, so the points of one shape
+  share one compiled program: 4 programs);
+* batched: one task per shape group, one vmapped solve of its 4 points (4 programs);
 
-both from a cold start (no compiled program in memory). The results must agree (the workers'
-XLA runs on one thread); the script prints both wall times and their ratio. Target: >= 1.6x with
-2 workers on 2 idle cores. The sweep needs 8 compiled programs (the learning rate is a static
-field of the ODE, the strength a value): with ``group=compile_group`` the two points of one
-program prefer one worker, so each worker compiles about half of them. ``--workers 1`` runs the
-serial part alone (where ``distributed`` is not installed).
+each serially in one process (no Dask) and on a local cluster of ``--workers`` (default 2)
+single-threaded worker processes, started and closed inside the timing. Every run is a fresh
+Python process with its own empty compilation cache folder (``SINGLELOC_CACHE_DIR``, turned on
+as the command line does), so no run finds a program compiled by another. The script prints per
+run the load average at its start (other work on the machine), the wall time (of the points,
+and of the whole process with its imports), the CPU time of the run's processes (workers
+included), the number of XLA compilations of the solve and in all, and the largest deviation of the risks from the serial
+unbatched run; then the ratios. Target: >= 1.6x with 2 workers on 2 idle cores.
 
-    python benchmarks/05_sweep_parallel.py [--tau-max 100] [--workers 2]
+    python benchmarks/05_sweep_parallel.py [--tau-max 100] [--workers 2] [--modes serial,workers,...]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
-import jax
-
-jax.config.update("jax_enable_x64", True)
-
-import numpy as np  # noqa: E402
-
-from singleloc import load_config  # noqa: E402
-from singleloc._distributed import run_points  # noqa: E402
-from singleloc._sweep import compile_group, compute_point, grid_points, parse_grid  # noqa: E402  # noqa: E402
+import numpy as np
 
 GRIDS = ["model.heads=1,2", "problem.F=1,2", "sgd.lr=0.3,0.5", "problem.strength=2.5,3.5"]
+MODES = {"serial": (1, False), "workers": (2, False), "serial-batched": (1, True), "workers-batched": (2, True)}
+SOLVES = ("jit(_run_points)", "jit(_trajectories)", "jit(call)")  # the solve in XLA's compile events (call: a stored program)
+COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
 
-def timed_run(tasks, workers: int) -> tuple[float, dict]:
-    results: dict = {}
+def counted_points(kind, *configs):
+    """:func:`~singleloc._sweep.compute_points` and the XLA compilations it caused in this
+    process (names), counted by a ``jax.monitoring`` listener registered once per process."""
+    import jax
+
+    from singleloc._sweep import compute_points
+
+    names = getattr(jax.monitoring, "_benchmark05_compilations", None)
+    if names is None:
+        names = jax.monitoring._benchmark05_compilations = []
+        jax.monitoring.register_event_duration_secs_listener(
+            lambda event, seconds, fun_name="", **kw: names.append(fun_name) if event == COMPILE_EVENT else None)
+    before = len(names)
+    return compute_points(kind, *configs), names[before:]
+
+
+def run(mode: str, tau_max: float, workers: int, out: Path) -> None:
+    """One run, in this (fresh) process: the points as tasks, their results saved to ``out``."""
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    from singleloc import enable_compilation_cache, load_config
+    from singleloc._distributed import run_points
+    from singleloc._sweep import compile_group, grid_points, parse_grid
+
+    enable_compilation_cache()
+    n_workers, batch = MODES[mode]
+    n_workers = workers if n_workers > 1 else 1
+    base = load_config("default", [f"sgd.tau_max={tau_max}"])
+    configs = [cfg.to_dict() for _, cfg in grid_points(base, [parse_grid(g) for g in GRIDS])]
+    groups: dict[str, list[int]] = {}
+    for i, cfg in enumerate(configs):
+        groups.setdefault(compile_group("theory", cfg) if batch else str(i), []).append(i)
+    tasks = [(tuple(members), ("theory", *(configs[i] for i in members))) for members in groups.values()]
+    risks, compilations = {}, []
+
+    def collect(members, result):
+        arrays, names = result
+        compilations.extend(names)
+        for i, a in zip(members, arrays):
+            if isinstance(a, BaseException):
+                raise a
+            risks[f"risk{i}"] = a["risk"]
+
     t0 = time.perf_counter()
-    report = run_points(tasks, compute_point, results.__setitem__, workers=workers, progress=False, group=compile_group)
+    report = run_points(tasks, counted_points, collect, workers=n_workers, progress=False, group=compile_group)
     seconds = time.perf_counter() - t0
     if report.errors:
         raise RuntimeError(f"failed points: {report.errors}")
-    return seconds, results
+    np.savez(out / f"{mode}.npz", **risks)
+    solves = sum(name in SOLVES for name in compilations)
+    print(json.dumps({"mode": mode, "wall": seconds, "tasks": len(tasks), "points": len(configs), "solve_compilations": solves,
+                      "compilations": len(compilations)}))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tau-max", type=float, default=100.0)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--modes", default=",".join(MODES), help=f"runs, in order (of {', '.join(MODES)})")
+    parser.add_argument("--run", default=None, help=argparse.SUPPRESS)  # one run, in a child process
+    parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    base = load_config("default", [f"sgd.tau_max={args.tau_max}"])
-    points = grid_points(base, [parse_grid(g) for g in GRIDS])
-    tasks = [(i, ("theory", cfg.to_dict())) for i, (_, cfg) in enumerate(points)]
-    t_serial, serial = timed_run(tasks, 1)
-    if args.workers == 1:
-        print(f"{len(tasks)}-point theory sweep to tau = {args.tau_max:g}: serial {t_serial:.1f} s")
+    if args.run:
+        run(args.run, args.tau_max, args.workers, Path(args.out))
         return
-    t_par, parallel = timed_run(tasks, args.workers)
-    same = all(np.array_equal(serial[i][k], parallel[i][k]) for i in serial for k in serial[i])
-    close = all(np.allclose(serial[i][k], parallel[i][k], rtol=1e-9, atol=1e-12) for i in serial for k in serial[i])
-    print(f"{len(tasks)}-point theory sweep to tau = {args.tau_max:g}: serial {t_serial:.1f} s, "
-          f"{args.workers} workers {t_par:.1f} s (cluster start included): speed-up {t_serial / t_par:.2f}x; "
-          f"results {'identical' if same else 'equal to 1e-9' if close else 'DIFFERENT'}")
-    if not close:
-        raise SystemExit(1)
+    modes = [m for m in args.modes.split(",") if args.workers > 1 or not m.startswith("workers")]
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="bench05-") as tmp:
+        for mode in modes:
+            cache = Path(tmp) / f"cache-{mode}"  # a fresh, empty compilation cache for every run
+            env = {**os.environ, "SINGLELOC_CACHE_DIR": str(cache)}
+            load = os.getloadavg()[0]
+            cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            t0 = time.perf_counter()
+            done = subprocess.run([sys.executable, __file__, "--run", mode, "--out", tmp, "--tau-max", str(args.tau_max),
+                                   "--workers", str(args.workers)], env=env, capture_output=True, text=True)
+            wall = time.perf_counter() - t0
+            cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            if done.returncode:
+                raise SystemExit(f"{mode} failed:\n{done.stderr[-3000:]}")
+            r = json.loads(done.stdout.strip().splitlines()[-1])
+            r.update(load=load, process_wall=wall, cpu=(cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime))
+            r["risks"] = dict(np.load(Path(tmp) / f"{mode}.npz"))
+            results[mode] = r
+    ref = results[modes[0]]["risks"]
+    print(f"16-point theory sweep to tau = {args.tau_max:g} (default preset, {' x '.join(GRIDS)}) on {os.cpu_count()} cores")
+    print(f"{'run':<16} {'load':>5} {'tasks':>5} {'wall s':>7} {'process s':>9} {'CPU s':>7} {'solve comp.':>11} "
+          f"{'all comp.':>9} {'max |risk - ' + modes[0] + '|':>22}")
+    for mode, r in results.items():
+        dev = max(float(np.max(np.abs(r["risks"][k] - ref[k]))) for k in ref)
+        print(f"{mode:<16} {r['load']:>5.1f} {r['tasks']:>5} {r['wall']:>7.1f} {r['process_wall']:>9.1f} {r['cpu']:>7.1f} "
+              f"{r['solve_compilations']:>11} {r['compilations']:>9} {dev:>22.1e}")
+    ratio = lambda a, b: f"{results[a]['wall'] / results[b]['wall']:.2f}x" if a in results and b in results else "-"  # noqa: E731
+    print(f"speed-up of {args.workers} workers over serial: unbatched {ratio('serial', 'workers')}, batched "
+          f"{ratio('serial-batched', 'workers-batched')}; batched over unbatched: serial {ratio('serial', 'serial-batched')}, "
+          f"{args.workers} workers {ratio('workers', 'workers-batched')}; serial unbatched over {args.workers} workers batched "
+          f"{ratio('serial', 'workers-batched')}")
 
 
 if __name__ == "__main__":

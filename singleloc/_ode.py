@@ -29,9 +29,16 @@ shape: the rules, the starts, the saved times and the tolerances are its argumen
 time grid or a new start of the same shapes runs without compiling again, and a later
 process loads it from the cache folder, neither traced nor compiled again
 (:func:`~singleloc.enable_compilation_cache`, :mod:`~singleloc._compilation`).
-Diffrax runs with ``ForwardMode`` (the solve is never differentiated: no checkpointing,
-less to trace). ``progress=True`` adds diffrax's progress bar, a host callback that keeps
+The learning rate is a value too (:class:`~singleloc.OrderParameterODE`), so
+points that differ in it share the program. Diffrax runs with ``ForwardMode`` (the solve is
+never differentiated: no checkpointing, less to trace). ``progress=True`` adds diffrax's progress bar, a host callback that keeps
 the program out of the persistent cache.
+
+Batched points. :func:`integrate_points` solves several points (configurations) of the same
+shapes as one program: their ODE stacks, starts, saved times and tolerances along a leading
+axis, ``vmap`` over the points of the solve above, each trajectory with its own adaptive steps.
+The batch axis of a solve (the starts, or the points) is split over the local devices
+(:mod:`~singleloc._sharding`).
 """
 
 from __future__ import annotations
@@ -147,6 +154,7 @@ def _trajectories(dynamics: OrderParameterODE, evaluation: OrderParameterODE, y0
         risk = jax.vmap(lambda m, q, bb: jnp.where(jnp.isfinite(q).all(), ev.risk(m, q, bb), jnp.nan))(M, Q, b)
         return M, Q, b, risk, ok, flat_drift(dyn.drift(*y))
 
+    # the replicates' rules are stacked, their learning rate is one for all
     rules = eqx.tree_at(lambda ode: ode.lr, jax.tree.map(lambda _: 0, dynamics), None, is_leaf=lambda x: x is None)
     return jax.vmap(jax.vmap(trajectory, in_axes=(rules, rules, None)), in_axes=(None, None, 0))(dynamics, evaluation, y0)
 
