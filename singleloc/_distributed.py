@@ -91,6 +91,7 @@ def run_points(
     progress: bool = True,
     desc: str = "points",
     group: Callable[..., Hashable] | None = None,
+    size: Callable[..., int] | None = None,
 ) -> PointsReport:
     """Run ``fn(*args)`` for every task ``(key, args)`` and call ``on_result(key, result)`` in
     this process as each result arrives.
@@ -103,12 +104,14 @@ def run_points(
         workers: ``1``: in this process (unless ``scheduler`` or ``DASK_SCHEDULER_ADDRESS`` names a
             cluster); ``N > 1``: a local cluster of ``N`` single-threaded worker processes.
         scheduler: address of an external Dask scheduler, ``tcp://HOST:PORT``.
-        progress: show a progress bar over the completed tasks.
+        progress: show a progress bar over the completed tasks (or points, with ``size``).
         desc: label of the progress bar.
         group: on a cluster, ``group(*args)`` names the tasks that share compiled programs
             (e.g. :func:`compile_group`): the groups are dealt to the workers in turn and each
             task prefers the worker of its group, which has compiled its programs already. The
             preference is loose: Dask still moves tasks to an idle or surviving worker.
+        size: ``size(*args)`` is the number of points of a task (several points batched in
+            one task), what the progress bar counts; default 1.
 
     Returns:
         A :class:`PointsReport`.
@@ -128,7 +131,8 @@ def run_points(
     address = scheduler or (os.environ.get(SCHEDULER_ENV) if workers == 1 else None)
     report = PointsReport([], {}, 0.0, address or ("local" if workers > 1 else "serial"))
     t0 = time.perf_counter()
-    bar = tqdm(total=len(tasks), desc=desc, unit="point", disable=not progress, leave=False)
+    sizes = {key: size(*args) if size else 1 for key, args in tasks}
+    bar = tqdm(total=sum(sizes.values()), desc=desc, unit="point", disable=not progress, leave=False)
     on_cluster = tasks and report.where != "serial"  # nothing to run: no cluster started
     outcomes = _on_cluster(tasks, fn, workers, address, group) if on_cluster else _serial(tasks, fn)
     # closing(): the cluster is closed as soon as the loop ends, also when on_result raises.
@@ -139,7 +143,7 @@ def run_points(
                 report.completed.append(key)
             else:
                 report.errors[key] = error
-            bar.update()
+            bar.update(sizes[key])
     report.seconds = time.perf_counter() - t0
     return report
 

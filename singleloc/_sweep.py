@@ -397,7 +397,7 @@ def fill_cache(entries: Sequence[tuple[Config, str]], cache: Path, *, workers: i
 
     work = [(tuple(names), (tasks[names[0]][0], *(tasks[name][1] for name in names))) for names in groups.values()]
     report = run_points(work, compute_points, store, workers=workers, scheduler=scheduler, progress=progress, desc=desc,
-                        group=compile_group)
+                        group=compile_group, size=lambda kind, *configs: len(configs))
     for names, err in report.errors.items():  # the whole task failed (e.g. its worker died too often)
         errors.update(dict.fromkeys(names, err))
     return done, errors
