@@ -30,7 +30,8 @@ Batching. Theory points that differ only in the :data:`VALUE_KEYS` (``problem.st
 have arrays of the same shapes: with ``batch=True`` (the default) they are one task, one
 vmapped solve of all their seeds' starts with one compilation
 (:func:`~singleloc._ode.integrate_points`; a group is one Dask task with ``workers`` or
-``scheduler``). Every trajectory keeps its own adaptive steps, so a point's entry equals its
+``scheduler``, cut into near-equal parts when it holds more than ``1 / workers`` of the points,
+:func:`split_groups`). Every trajectory keeps its own adaptive steps, so a point's entry equals its
 own solve to the solver's tolerance (not bitwise: the batched program rounds differently; the
 cache key does not say which, and either entry serves). Any other key (``model.heads``,
 ``problem.F``, ``problem.L``, the prior, ``model.activation``, ``theory.points``,
@@ -373,7 +374,8 @@ def fill_cache(entries: Sequence[tuple[Config, str]], cache: Path, *, workers: i
     :func:`~singleloc._distributed.run_points` (in this process, on a local Dask cluster of
     ``workers`` processes or on the cluster at ``scheduler``). With ``batch``, the entries of a
     kind in :data:`BATCH_KINDS` are one task per :func:`compile_group` (one batched solve,
-    :func:`compute_points`); otherwise one task per entry. Only this process writes the cache
+    :func:`compute_points`; a large group cut for ``workers`` by :func:`split_groups`);
+    otherwise one task per entry. Only this process writes the cache
     (atomically), as each result arrives. Returns the names of the entries computed and the
     failures (entry name -> exception)."""
     tasks = {}
@@ -395,12 +397,26 @@ def fill_cache(entries: Sequence[tuple[Config, str]], cache: Path, *, workers: i
                 save_npz(cache / name, result)
                 done.add(name)
 
-    work = [(tuple(names), (tasks[names[0]][0], *(tasks[name][1] for name in names))) for names in groups.values()]
+    work = [(tuple(names), (tasks[names[0]][0], *(tasks[name][1] for name in names)))
+            for names in split_groups(list(groups.values()), workers)]
     report = run_points(work, compute_points, store, workers=workers, scheduler=scheduler, progress=progress, desc=desc,
                         group=compile_group, size=lambda kind, *configs: len(configs))
     for names, err in report.errors.items():  # the whole task failed (e.g. its worker died too often)
         errors.update(dict.fromkeys(names, err))
     return done, errors
+
+
+def split_groups(groups: list[list[str]], workers: int) -> list[list[str]]:
+    """The tasks of batched groups on ``workers`` local workers: a group of more than
+    ``ceil(points / workers)`` points (``points`` of all groups together) is cut into that many
+    near-equal parts (sizes that differ by one at most, so at most two programs per group), so
+    that one large group still keeps every worker busy. ``workers = 1``: the groups as they are."""
+    limit = math.ceil(sum(map(len, groups)) / workers)
+    parts = []
+    for names in groups:
+        n = math.ceil(len(names) / limit)
+        parts.extend(names[i * len(names) // n:(i + 1) * len(names) // n] for i in range(n))
+    return parts
 
 
 def _failure(kind: str, err: BaseException) -> str:

@@ -97,3 +97,13 @@ def test_sweep_command_has_batch_switch(capsys):
     with pytest.raises(SystemExit):
         main(["sweep", "--help"])
     assert "--batch, --no-batch" in capsys.readouterr().out
+
+
+def test_a_large_group_is_cut_for_the_workers():
+    one = [list("abcdefghijklmnop")]  # one group of 16 points, 2 workers: two tasks of 8
+    assert _sweep.split_groups(one, 2) == [list("abcdefgh"), list("ijklmnop")]
+    four = [list("abcd"), list("efgh"), list("ijkl"), list("mnop")]  # enough groups: kept whole
+    assert _sweep.split_groups(four, 2) == four and _sweep.split_groups(one, 1) == one
+    parts = _sweep.split_groups([list("abcde"), ["x"]], 2)  # at most ceil(6 / 2) = 3 points a task
+    assert parts == [["a", "b"], ["c", "d", "e"], ["x"]]
+    assert sorted(sum(_sweep.split_groups([list("abcdefg")], 3), [])) == list("abcdefg")
