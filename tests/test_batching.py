@@ -107,3 +107,16 @@ def test_a_large_group_is_cut_for_the_workers():
     parts = _sweep.split_groups([list("abcde"), ["x"]], 2)  # at most ceil(6 / 2) = 3 points a task
     assert parts == [["a", "b"], ["c", "d", "e"], ["x"]]
     assert sorted(sum(_sweep.split_groups([list("abcdefg")], 3), [])) == list("abcdefg")
+
+
+def test_the_memory_check_counts_the_starts_of_a_batched_group(tmp_path, capsys, monkeypatch):
+    """8 learning rates x 4 seeds at 16384 points: 32 starts (366 MiB) in one batched solve, 4
+    (58 MiB) a point without batching; with 500 MiB available (300 MiB of overhead) only the
+    unbatched sweep may start."""
+    monkeypatch.setenv("SINGLELOC_MEMORY_LIMIT", "500M")
+    monkeypatch.setattr(_sweep, "sweep", lambda *a, **k: ([{"point": 1}], _sweep.SweepStats()))  # nothing computed
+    args = ["sweep", "default", "--grid", "sgd.lr=0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8", "--set", "theory.points=16384", "--set",
+            "simulation.seeds=4", "--out", str(tmp_path), "--no-progress"]
+    assert main(args) == 2
+    assert "32 start(s)" in capsys.readouterr().err
+    assert main(args + ["--no-batch"]) == 0

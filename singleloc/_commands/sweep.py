@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections import Counter
 
 from ._common import add_config_arguments, add_out_argument, config_from_args, int_at_least, output_folder
 
@@ -62,12 +63,16 @@ def _horizon(text: str) -> str | float:
 
 def run(args) -> int:
     from .._resources import check_run
-    from .._sweep import grid_points, parse_grid, sweep
+    from .._sweep import compile_group, grid_points, parse_grid, sweep
 
     config = config_from_args(args)
     grids = [parse_grid(g) for g in args.grid]
-    for _, point in grid_points(config, grids):  # every point can run, before the first one does
-        check_run(point, simulation=args.simulate, theory_starts=point.simulation.seeds)
+    points = [point for _, point in grid_points(config, grids)]
+    # a batched group solves the starts of all its points at once
+    groups = Counter(compile_group("theory", point.to_dict()) for point in points) if args.batch else Counter()
+    for point in points:  # every point can run, before the first one does
+        batch = groups[compile_group("theory", point.to_dict())] if args.batch else 1
+        check_run(point, simulation=args.simulate, theory_starts=point.simulation.seeds * batch)
     if args.workers > 1 and args.scheduler:
         raise ValueError("give either --workers N (a local cluster) or --scheduler ADDRESS (an existing one), not both")
     rows, stats = sweep(config, grids, args.out, horizon=args.horizon, simulate=args.simulate, cache_dir=args.cache,
