@@ -16,7 +16,7 @@ single-threaded worker processes, started and closed inside the timing. Every ru
 Python process with its own empty compilation cache folder (``SINGLELOC_CACHE_DIR``, turned on
 as the command line does), so no run finds a program compiled by another. The script prints per
 run the load average at its start (other work on the machine), the wall time (of the points,
-and of the whole process with its imports), the CPU time of the run's processes (workers
+the sum of the tasks' own times, and of the whole process with its imports), the CPU time of the run's processes (workers
 included), the number of XLA compilations of the solve and in all, and the largest deviation of the risks from the serial
 unbatched run; then the ratios. Target: >= 1.6x with 2 workers on 2 idle cores.
 
@@ -44,8 +44,8 @@ COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
 
 def counted_points(kind, *configs):
-    """:func:`~singleloc._sweep.compute_points` and the XLA compilations it caused in this
-    process (names), counted by a ``jax.monitoring`` listener registered once per process."""
+    """:func:`~singleloc._sweep.compute_points`, the XLA compilations it caused in this process
+    (names, counted by a ``jax.monitoring`` listener registered once per process) and its wall time."""
     import jax
 
     from singleloc._sweep import compute_points
@@ -55,8 +55,9 @@ def counted_points(kind, *configs):
         names = jax.monitoring._benchmark05_compilations = []
         jax.monitoring.register_event_duration_secs_listener(
             lambda event, seconds, fun_name="", **kw: names.append(fun_name) if event == COMPILE_EVENT else None)
-    before = len(names)
-    return compute_points(kind, *configs), names[before:]
+    before, t0 = len(names), time.perf_counter()
+    results = compute_points(kind, *configs)
+    return results, names[before:], time.perf_counter() - t0
 
 
 def run(mode: str, tau_max: float, workers: int, out: Path) -> None:
@@ -77,11 +78,12 @@ def run(mode: str, tau_max: float, workers: int, out: Path) -> None:
     for i, cfg in enumerate(configs):
         groups.setdefault(compile_group("theory", cfg) if batch else str(i), []).append(i)
     tasks = [(tuple(members), ("theory", *(configs[i] for i in members))) for members in groups.values()]
-    risks, compilations = {}, []
+    risks, compilations, in_tasks = {}, [], []
 
     def collect(members, result):
-        arrays, names = result
+        arrays, names, seconds = result
         compilations.extend(names)
+        in_tasks.append(seconds)
         for i, a in zip(members, arrays):
             if isinstance(a, BaseException):
                 raise a
@@ -94,8 +96,8 @@ def run(mode: str, tau_max: float, workers: int, out: Path) -> None:
         raise RuntimeError(f"failed points: {report.errors}")
     np.savez(out / f"{mode}.npz", **risks)
     solves = sum(name in SOLVES for name in compilations)
-    print(json.dumps({"mode": mode, "wall": seconds, "tasks": len(tasks), "points": len(configs), "solve_compilations": solves,
-                      "compilations": len(compilations)}))
+    print(json.dumps({"mode": mode, "wall": seconds, "in_tasks": sum(in_tasks), "tasks": len(tasks), "points": len(configs),
+                      "solve_compilations": solves, "compilations": len(compilations)}))
 
 
 def main() -> None:
@@ -130,12 +132,12 @@ def main() -> None:
             results[mode] = r
     ref = results[modes[0]]["risks"]
     print(f"16-point theory sweep to tau = {args.tau_max:g} (default preset, {' x '.join(GRIDS)}) on {os.cpu_count()} cores")
-    print(f"{'run':<16} {'load':>5} {'tasks':>5} {'wall s':>7} {'process s':>9} {'CPU s':>7} {'solve comp.':>11} "
-          f"{'all comp.':>9} {'max |risk - ' + modes[0] + '|':>22}")
+    print(f"{'run':<16} {'load':>5} {'tasks':>5} {'wall s':>7} {'in tasks s':>10} {'process s':>9} {'CPU s':>7} "
+          f"{'solve comp.':>11} {'all comp.':>9} {'max |risk - ' + modes[0] + '|':>22}")
     for mode, r in results.items():
         dev = max(float(np.max(np.abs(r["risks"][k] - ref[k]))) for k in ref)
-        print(f"{mode:<16} {r['load']:>5.1f} {r['tasks']:>5} {r['wall']:>7.1f} {r['process_wall']:>9.1f} {r['cpu']:>7.1f} "
-              f"{r['solve_compilations']:>11} {r['compilations']:>9} {dev:>22.1e}")
+        print(f"{mode:<16} {r['load']:>5.1f} {r['tasks']:>5} {r['wall']:>7.1f} {r['in_tasks']:>10.1f} {r['process_wall']:>9.1f} "
+              f"{r['cpu']:>7.1f} {r['solve_compilations']:>11} {r['compilations']:>9} {dev:>22.1e}")
     ratio = lambda a, b: f"{results[a]['wall'] / results[b]['wall']:.2f}x" if a in results and b in results else "-"  # noqa: E731
     print(f"speed-up of {args.workers} workers over serial: unbatched {ratio('serial', 'workers')}, batched "
           f"{ratio('serial-batched', 'workers-batched')}; batched over unbatched: serial {ratio('serial', 'serial-batched')}, "
