@@ -63,7 +63,7 @@ from ._files import atomic_write
 from ._version import __version__
 
 if TYPE_CHECKING:
-    from ._sweep import Grid
+    from ._grid import Grid
 
 #: The file of a sweep in its output folder.
 SWEEP_FILE = "sweep.nc"

@@ -20,8 +20,9 @@ import pytest
 
 from singleloc import load_config
 from singleloc._distributed import _homes, run_points, worker_env
+from singleloc._grid import parse_grid
 from singleloc._io import load_npz, save_npz
-from singleloc._sweep import compile_group, compute_point, parse_grid, sweep
+from singleloc._sweep import compile_group, compute_point, sweep
 
 TINY = ["sgd.tau_max=2", "theory.points=256"]  # one compilation: strength changes no shape and no static field
 STARTUP = 120  # seconds allowed for a cluster or a process to start or stop on a loaded machine

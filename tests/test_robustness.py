@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from singleloc import _resources, _sweep, load_config
+from singleloc._grid import parse_grid
 from singleloc._io import load_npz, load_run, npz_stamp, save_npz, save_run
 from singleloc.cli import main
 
@@ -333,7 +334,7 @@ def test_a_sweep_counts_failed_points_and_keeps_every_failure(tmp_path, monkeypa
 
     monkeypatch.setattr(_sweep, "compute_theory", diverge("ODE"))
     monkeypatch.setattr(_sweep, "compute_simulation", diverge("SGD"))
-    rows, stats = _sweep.sweep(CONFIG, [_sweep.parse_grid("model.heads=1,2")], tmp_path, horizon="config", simulate=True,
+    rows, stats = _sweep.sweep(CONFIG, [parse_grid("model.heads=1,2")], tmp_path, horizon="config", simulate=True,
                                progress=False, figures=False)
     assert (stats.computed, stats.cached, stats.failed) == (2, 0, 2)
     both = "theory failed: ODE diverged at tau = 1; simulation failed: SGD diverged at tau = 1"

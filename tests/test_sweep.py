@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from singleloc import _sweep, load_config
+from singleloc._grid import grid_points, parse_grid
 from singleloc._predictions import EscapePrediction, escape_horizon
 from singleloc.cli import main
 
@@ -20,26 +21,26 @@ def read_csv(path):
 
 
 def test_parse_grid():
-    g = _sweep.parse_grid("model.heads=1,2,4")
+    g = parse_grid("model.heads=1,2,4")
     assert (g.section, g.key, g.values, g.name) == ("model", "heads", (1, 2, 4), "model.heads")
-    assert _sweep.parse_grid("model.activation=softmax,bsoftmax").values == ("softmax", "bsoftmax")
-    assert _sweep.parse_grid("problem.mean=[1, 0],[0.5, 0.5]").values == ([1, 0], [0.5, 0.5])
-    assert _sweep.parse_grid("sgd.lr=0.5").values == (0.5,)
+    assert parse_grid("model.activation=softmax,bsoftmax").values == ("softmax", "bsoftmax")
+    assert parse_grid("problem.mean=[1, 0],[0.5, 0.5]").values == ([1, 0], [0.5, 0.5])
+    assert parse_grid("sgd.lr=0.5").values == (0.5,)
     for bad, msg in (("model.heads", "section.key=v1"), ("heads=1,2", "section.key=v1"), ("model.heads=1,,2", "empty value"),
                      ("model.nope=1,2", "unknown key model.nope"), ("nosec.heads=1", "unknown section"),
                      ("model.heads=1,1", "repeated")):
         with pytest.raises(ValueError, match=msg):
-            _sweep.parse_grid(bad)
+            parse_grid(bad)
 
 
 def test_grid_points_product_and_validation():
     base = load_config("default")
-    pts = _sweep.grid_points(base, [_sweep.parse_grid("model.heads=1,2,3"), _sweep.parse_grid("problem.F=1,2")])
+    pts = grid_points(base, [parse_grid("model.heads=1,2,3"), parse_grid("problem.F=1,2")])
     assert len(pts) == 6
     assert [(v["model.heads"], v["problem.F"]) for v, _ in pts][:3] == [(1, 1), (1, 2), (2, 1)]
     assert all(c.model.heads == v["model.heads"] and c.problem.F == v["problem.F"] for v, c in pts)
     with pytest.raises(ValueError, match="grid point model.heads=0.*model.heads"):
-        _sweep.grid_points(base, [_sweep.parse_grid("model.heads=1,0")])
+        grid_points(base, [parse_grid("model.heads=1,0")])
 
 
 def test_cache_key_depends_on_config_and_kind_only():
@@ -82,7 +83,7 @@ def fake_compute(monkeypatch):
 
 def test_second_sweep_hits_the_cache_and_changes_recompute_only_affected_points(tmp_path, fake_compute):
     base = load_config("default", ["simulation.seeds=2", "theory.points=64"])  # the head weights' quadrature
-    grids = [_sweep.parse_grid("model.heads=1,2"), _sweep.parse_grid("problem.F=1,2")]
+    grids = [parse_grid("model.heads=1,2"), parse_grid("problem.F=1,2")]
     rows, st = _sweep.sweep(base, grids, tmp_path, progress=False, figures=False)
     assert (st.computed, st.cached, len(fake_compute)) == (4, 0, 4)
     files = sorted((tmp_path / "cache").glob("theory-*.npz"))
@@ -93,7 +94,7 @@ def test_second_sweep_hits_the_cache_and_changes_recompute_only_affected_points(
     assert [f.stat().st_mtime_ns for f in sorted((tmp_path / "cache").glob("theory-*.npz"))] == mtimes
     assert repr(rows2) == repr(rows)  # (NaN escape times compare unequal)
     # a new grid value: only its points are computed
-    _, st3 = _sweep.sweep(base, [_sweep.parse_grid("model.heads=2,3"), grids[1]], tmp_path, progress=False, figures=False)
+    _, st3 = _sweep.sweep(base, [parse_grid("model.heads=2,3"), grids[1]], tmp_path, progress=False, figures=False)
     assert (st3.computed, st3.cached) == (2, 2)
     # one base value changed: every point depends on it
     _, st4 = _sweep.sweep(base.replace(sgd={"lr": 0.25}), grids, tmp_path, progress=False, figures=False)
@@ -116,7 +117,7 @@ def test_second_sweep_hits_the_cache_and_changes_recompute_only_affected_points(
 
 def test_damaged_cache_file_is_recomputed(tmp_path, fake_compute):
     base = load_config("default")
-    grids = [_sweep.parse_grid("model.heads=1")]
+    grids = [parse_grid("model.heads=1")]
     _sweep.sweep(base, grids, tmp_path, progress=False, figures=False)
     (f,) = (tmp_path / "cache").glob("theory-*.npz")
     f.write_bytes(b"not an npz")
@@ -134,7 +135,7 @@ def test_simulation_entry_names_its_risks_as_simulation_result(tmp_path, fake_co
 
     monkeypatch.setattr(_sweep, "compute_simulation", fake_simulation)
     base = load_config("default")
-    rows, _ = _sweep.sweep(base, [_sweep.parse_grid("model.heads=2")], tmp_path, simulate=True, progress=False, figures=False)
+    rows, _ = _sweep.sweep(base, [parse_grid("model.heads=2")], tmp_path, simulate=True, progress=False, figures=False)
     (f,) = (tmp_path / "cache").glob("simulation-*.npz")
     with np.load(f) as d:
         assert sorted(d.files) == ["M", "Q", "b", "risk", "risk_limit", "tau"]
@@ -153,7 +154,7 @@ def test_horizon_modes(tmp_path, fake_compute):
     """auto: the prediction's horizon on a log grid of at least 201 times; a number: that time on
     the same grid; config: the configuration as it is. The horizon is part of the cache key."""
     base = load_config("default", ["sgd.n_save=31", "theory.points=64"])
-    grids = [_sweep.parse_grid("model.heads=2")]
+    grids = [parse_grid("model.heads=2")]
     for horizon, want in (("auto", (100.0, "log", 201)), (77.0, (77.0, "log", 201)), ("config", (30.0, "linear", 31))):
         rows, _ = _sweep.sweep(base, grids, tmp_path, horizon=horizon, progress=False, figures=False)
         sgd = fake_compute[-1].sgd

@@ -11,6 +11,7 @@ import pytest
 from test_sweep import TINY, fake_prediction, read_csv
 
 from singleloc import _sweep, load_config, load_sweep
+from singleloc._grid import grid_points, parse_grid
 from singleloc._io import load_npz
 from singleloc._sweep_dataset import ENTRY_DIMS, SWEEP_FILE, sweep_dataset
 from singleloc._version import __version__
@@ -51,7 +52,7 @@ def test_sweep_file_round_trips_the_cache_and_the_csv(tmp_path, monkeypatch):
     monkeypatch.setattr(_sweep, "compute_prediction", prediction)
     monkeypatch.setattr(_sweep, "compute_simulation", simulation)
     base = load_config("default", [*TINY, "simulation.seeds=2"])
-    grids = [_sweep.parse_grid("model.heads=1,2"), _sweep.parse_grid("sgd.tau_max=1.0,2.0")]
+    grids = [parse_grid("model.heads=1,2"), parse_grid("sgd.tau_max=1.0,2.0")]
     out = tmp_path / "out"
     rows, stats = _sweep.sweep(base, grids, out, horizon="config", simulate=True, progress=False, figures=False)
     assert stats.failed == 1
@@ -68,7 +69,7 @@ def test_sweep_file_round_trips_the_cache_and_the_csv(tmp_path, monkeypatch):
 
     table = read_csv(out / "sweep.csv")
     cache = out / "cache"
-    for row, csv_row, (values, config) in zip(rows, table, _sweep.grid_points(base, grids)):
+    for row, csv_row, (values, config) in zip(rows, table, grid_points(base, grids)):
         point = ds.sel(model_heads=values["model.heads"], sgd_tau_max=values["sgd.tau_max"])
         failed = values == {"model.heads": 2, "sgd.tau_max": 1.0}
         assert row["key"] == ("" if failed else _sweep.cache_key(config, "theory"))
@@ -108,10 +109,10 @@ def test_sweep_file_round_trips_the_cache_and_the_csv(tmp_path, monkeypatch):
 def test_padding_text_coordinates_and_a_failed_prediction():
     """Points with F = 1 and 2 under a list-valued grid: M padded over ``direction``; a point whose
     prediction failed has no entries, NaN arrays and its status."""
-    grids = [_sweep.parse_grid("problem.mean=[1.0],[1.0, 0.0]"), _sweep.parse_grid("problem.F=1,2")]
+    grids = [parse_grid("problem.mean=[1.0],[1.0, 0.0]"), parse_grid("problem.F=1,2")]
     base = load_config("default")
     rows, entries = [], []
-    for values, config in _sweep.grid_points(base, grids):
+    for values, config in grid_points(base, grids):
         F = config.problem.F
         failed = F == 2 and values["problem.mean"] == [1.0, 0.0]
         rows.append({**values, "heads": 2, "F": F, "status": "prediction failed: X" if failed else "ok",

@@ -62,8 +62,9 @@ def _horizon(text: str) -> str | float:
 
 
 def run(args) -> int:
+    from .._grid import grid_points, parse_grid
     from .._resources import check_run
-    from .._sweep import compile_group, grid_points, parse_grid, sweep
+    from .._sweep import compile_group, sweep
 
     config = config_from_args(args)
     grids = [parse_grid(g) for g in args.grid]
