@@ -67,7 +67,8 @@ def run(mode: str, tau_max: float, workers: int, out: Path) -> None:
     jax.config.update("jax_enable_x64", True)
     from singleloc import enable_compilation_cache, load_config
     from singleloc._distributed import run_points
-    from singleloc._sweep import compile_group, grid_points, parse_grid
+    from singleloc._grid import grid_points, parse_grid
+    from singleloc._sweep import compile_group
 
     enable_compilation_cache()
     n_workers, batch = MODES[mode]

@@ -64,6 +64,7 @@ def run_sweeps(args, heads, fs, strengths, seeds, horizon) -> dict[str, list[dic
         t0 = time.time()
         rows[act], stats = sl.sweep(base, grids, args.out / act, horizon=horizon, workers=args.workers,
                                     cache_dir=args.out / "cache", progress=True)
+        jax.clear_caches()  # free the compiled programs of this activation (one process compiling ~100 ran out of mappings)
         print(f"{act}: {len(rows[act])} points ({stats.computed} computed, {stats.cached} from the cache, {stats.failed} "
               f"failed) in {time.time() - t0:.0f} s", flush=True)
     return rows
