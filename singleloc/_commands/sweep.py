@@ -17,8 +17,9 @@ def register(sub) -> None:
         "unspecialized plateau (tau_0 + log(D) / (2 lambda), lambda from the linearisation along the "
         "head-symmetric flow), integrate the ODE (one batched solve over the simulation.seeds initial "
         "conditions) up to the horizon, classify every head (aligned, leaning, combination, redundant, "
-        "off, unspecialized) and analyse the phases; write DIR/sweep.csv and DIR/phase_<activation>.png "
-        "(phase diagrams over heads H and spikes F). A point that has not escaped by its horizon says "
+        "off, unspecialized) and analyse the phases; write DIR/sweep.csv, DIR/sweep.nc (the whole sweep as "
+        "an xarray Dataset: singleloc.load_sweep(DIR)) and DIR/phase_<activation>.png (phase diagrams over "
+        "heads H and spikes F). A point that has not escaped by its horizon says "
         "'not yet (predicted escape at tau = X)'. Every point is cached under a hash of its resolved "
         "config (horizon included) and the package version, so a repeated sweep recomputes nothing "
         "and a changed value recomputes only the affected points.",
@@ -80,5 +81,5 @@ def run(args) -> int:
                         progress=args.progress, workers=args.workers, scheduler=args.scheduler, batch=args.batch)
     failed = f"; {stats.failed} failed, see the status column" if stats.failed else ""
     print(f"swept {len(rows)} points ({stats.computed} computed, {stats.cached} from the cache{failed}) "
-          f"in {stats.seconds:.1f} s; wrote {args.out / 'sweep.csv'}")
+          f"in {stats.seconds:.1f} s; wrote {args.out / 'sweep.csv'} and {args.out / 'sweep.nc'}")
     return 0
