@@ -36,7 +36,7 @@ def config(H=2, *overrides):
     return sl.load_config("softmax1", [f"model.heads={H}", *overrides])
 
 
-@pytest.mark.parametrize("H", [2, 3])
+@pytest.mark.parametrize("H", [pytest.param(2, marks=pytest.mark.slow), 3])
 def test_permuting_the_heads_permutes_the_drift(H):
     cfg = config(H, "theory.points=256")
     y = random_state(H, 2, np.random.default_rng(H))

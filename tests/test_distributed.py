@@ -164,7 +164,7 @@ INTERRUPTED_RUN = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)])
 def test_interrupted_client_keeps_finished_results_and_closes_the_cluster(tmp_path, sig):
     flags, cache = tmp_path / "flags", tmp_path / "cache"
     flags.mkdir()

@@ -20,6 +20,7 @@ from singleloc._theory import flatten_state
 CFG = load_config("bsoftmax", ["problem.prior=flipped", "problem.strength=3.0", "sgd.lr=1.0", "theory.points=256"])
 
 
+@pytest.mark.slow
 def test_update_covariance_matches_single_sgd_steps():
     ode = OrderParameterODE.from_config(CFG)
     D, H, F, L = 600, 2, 2, 4
@@ -43,6 +44,7 @@ def test_update_covariance_matches_single_sgd_steps():
     assert np.linalg.norm(np.asarray(Sigma) - emp) / np.linalg.norm(emp) < 0.12
 
 
+@pytest.mark.slow
 def test_sde_reduces_to_the_ode_as_D_grows():
     H = 2
     M0 = jnp.array([[[0.05, -0.02], [-0.03, 0.04]]])

@@ -308,6 +308,7 @@ def test_the_quadrature_limits_name_the_keys(tmp_path, capsys, sets, words):
 # ----------------------------------------------------------------------------- 7. messages name the cause
 
 
+@pytest.mark.slow
 def test_the_dimension_bounds_are_the_real_ones(tmp_path, capsys):
     assert main(["integrate", "default", *TINY, "--set", "simulation.D=3", "--out", str(tmp_path / "a")]) == 2
     assert "simulation.D = 3 must be at least model.heads + problem.F = 4" in one_line(capsys, "integrate")

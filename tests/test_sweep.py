@@ -182,6 +182,7 @@ def test_cli_sweep_auto_horizon_real_prediction(tmp_path):
     assert float(two["n_aligned"]) + float(two["n_leaning"]) == 2.0
 
 
+@pytest.mark.slow
 def test_cli_sweep_real_theory_then_cached(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(_sweep, "compute_prediction", fake_prediction)  # the real one: test_cli_sweep_auto_horizon_...
     out = tmp_path / "sw"
@@ -198,6 +199,7 @@ def test_cli_sweep_real_theory_then_cached(tmp_path, capsys, monkeypatch):
     assert "0 computed, 2 from the cache" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_cli_sweep_batched_and_not_give_the_same_table(tmp_path, capsys, monkeypatch):
     """Four points that differ in values only (learning rate, strength): one batched solve or
     four; the CSV (6 digits) is the same, and each run fills its own cache."""
