@@ -141,8 +141,11 @@ def exported_call(name: str, fn: Callable, *args, static: tuple = ()):
         if path.exists():
             exported = jax.export.deserialize(bytearray(path.read_bytes()))
         else:
-            exported = jax.export.export(jax.jit(lambda *x: fn(*jax.tree.unflatten(treedef, x), *static)))(*leaves)
-            if "callback" in exported.mlir_module():
+            try:
+                exported = jax.export.export(jax.jit(lambda *x: fn(*jax.tree.unflatten(treedef, x), *static)))(*leaves)
+            except NotImplementedError:  # host callbacks: jax.export refuses them (newer JAX) ...
+                return fn(*args, *static)
+            if "callback" in exported.mlir_module():  # ... or exports them unserialisable (older JAX)
                 return fn(*args, *static)
             path.parent.mkdir(parents=True, exist_ok=True)
             partial = path.with_name(f".{path.name}.{os.getpid()}")

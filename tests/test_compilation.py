@@ -72,3 +72,25 @@ def test_a_fresh_process_does_not_trace_the_solve_again(tmp_path):
     runs = [subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True).stdout.split()
             for _ in range(2)]
     assert runs[0][0] == "1" and runs[1][0] == "0" and runs[0][1] == runs[1][1], runs
+
+
+def test_equinox_imported_first_still_integrates(tmp_path):
+    """equinox reads ``EQX_ON_ERROR`` when it is first imported: a script that imports diffrax
+    before singleloc keeps the checks as host callbacks, which ``jax.export`` refuses. The solve
+    then runs without a stored program instead of failing."""
+    script = textwrap.dedent("""
+        import diffrax, jax
+        import singleloc as sl
+        jax.config.update("jax_enable_x64", True)
+        sl.enable_compilation_cache()
+        cfg = sl.load_config("default", ["theory.points=64", "sgd.tau_max=1", "sgd.n_save=3", "simulation.seeds=1"])
+        r = sl.integrate(cfg, sl.initial_conditions(cfg), progress=False)
+        import equinox._config
+        print(equinox._config.EQX_ON_ERROR, float(r.risk[0, -1]))
+    """)
+    env = {**os.environ, "SINGLELOC_CACHE_DIR": str(tmp_path), "JAX_PLATFORMS": "cpu"}
+    env.pop("EQX_ON_ERROR", None)
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    mode, risk = out.stdout.split()
+    assert mode == "raise" and 0 < float(risk) < 1
