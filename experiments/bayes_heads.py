@@ -163,25 +163,30 @@ def main() -> int:
     for act in ACTIVATIONS:
         print(f"{act}: min over H of risk - Bayes = {np.nanmin(final[act]) - bayes.value:+.5f}")
 
-    fig = figure(figsize=(5.2, 3.8), layout="constrained")
-    ax = fig.subplots()
+    fig = figure(figsize=(9.6, 3.8), layout="constrained")
+    ax, gap = fig.subplots(1, 2)
     ax.axhline(bayes.value, color="k", lw=1.4, label="Bayes risk")
     for act in ACTIVATIONS:
         conv = change[act] <= CONVERGED
-        ax.plot(heads, final[act], "-", color=COLORS[act], lw=1.2, label=act)
-        ax.plot(np.array(heads)[conv], final[act][conv], "o", color=COLORS[act], ms=5)
-        ax.plot(np.array(heads)[~conv], final[act][~conv], "o", mfc="none", color=COLORS[act], ms=6)
+        for a, y in ((ax, final[act]), (gap, final[act] - bayes.value)):
+            a.plot(heads, y, "-", color=COLORS[act], lw=1.2, label=act)
+            a.plot(np.array(heads)[conv], y[conv], "o", color=COLORS[act], ms=5)
+            a.plot(np.array(heads)[~conv], y[~conv], "o", mfc="none", color=COLORS[act], ms=6)
+    for a in (ax, gap):
+        if K in heads:
+            a.axvline(K, color="grey", ls=":", lw=1)
+        if prior == "gaussian":
+            a.set_xscale("log", base=2)
+        a.set_xticks(heads, [str(h) for h in heads])
+        a.set_xlabel("number of heads H")
+        a.grid(alpha=0.3)
     if K in heads:
-        ax.axvline(K, color="grey", ls=":", lw=1)
         ax.text(K, ax.get_ylim()[1], " H = K", va="top", fontsize=8, color="grey")
-    ax.set_xlabel("number of heads H")
     ax.set_ylabel(f"risk at tau = {tau_max:g} (theory)")
+    gap.set_yscale("log")
+    gap.set_ylabel("risk - Bayes risk")
     what = f"spikes prior, F = K = {F}" if prior == "spikes" else f"isotropic Gaussian prior N(0, {strength:g}$^2$ I$_{F}$)"
-    ax.set_title(f"{what}, strength {strength:g}, L = {L}", fontsize=10)
-    if prior == "gaussian":
-        ax.set_xscale("log", base=2)
-    ax.set_xticks(heads, [str(h) for h in heads])
-    ax.grid(alpha=0.3)
+    fig.suptitle(f"{what}, L = {L}; open markers: still moving at tau = {tau_max:g}", fontsize=10)
     ax.legend(frameon=False, fontsize=8)
     path = sl.save_figure(figures_dir(args) / name, fig)
     print(f"wrote {path}; total runtime {time.time() - t_start:.0f} s")
