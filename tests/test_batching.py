@@ -79,7 +79,8 @@ _COUNT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("mode", ["batch", pytest.param("no-batch", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["batch", "no-batch"])
 def test_one_compilation_per_shape_group(tmp_path, mode):
     """8 points in 2 shape groups (heads 1, 2; learning rates and strengths are values): two
     compiled solves, batched (one per group) or not (one per shape, the learning rate traced)."""

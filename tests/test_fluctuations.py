@@ -58,6 +58,7 @@ def test_sde_reduces_to_the_ode_as_D_grows():
     assert np.abs(sde.M[1] - ode.M[0]).max() > 1e-2  # at D = 100 the noise shows
 
 
+@pytest.mark.slow
 def test_one_moment_evaluation_per_step(monkeypatch):
     """The SDE term's increment is ``drift dt + sqrt(Sigma / D) dW`` from a single
     :func:`update_moments` call (a drift term and a diffusion term would make two)."""
