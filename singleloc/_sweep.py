@@ -385,7 +385,9 @@ def sweep(base: Config, grids: Sequence[Grid], out: str | Path, *, horizon: str 
     errors.update(run_errors)
     stats = SweepStats()
     rows = []
+    loaded: list[dict[str, dict[str, np.ndarray]]] = []  # per point, its theory/simulation entries, read once
     for i, (values, cfg) in enumerate(points):
+        loaded.append({})
         row: dict[str, Any] = dict(values)
         row.update(activation=cfg.model.activation, heads=cfg.model.heads, F=cfg.problem.F, status="ok")
         names = [_entry_path(cache, cfg, "prediction").name]
@@ -406,7 +408,8 @@ def sweep(base: Config, grids: Sequence[Grid], out: str | Path, *, horizon: str 
                 if name in errors:
                     failures.append(_failure(kind, errors[name]))
                 else:
-                    summ = summarize(run_cfgs[i], cached_run(run_cfgs[i], kind, cache), kind)
+                    loaded[i][kind] = cached_run(run_cfgs[i], kind, cache)
+                    summ = summarize(run_cfgs[i], loaded[i][kind], kind)
             row.update({prefix + k: summ[k] for k in SUMMARY_KEYS})
         if failures:  # every failure of the point: prediction, theory and simulation
             row["status"] = "; ".join(failures)
@@ -420,9 +423,7 @@ def sweep(base: Config, grids: Sequence[Grid], out: str | Path, *, horizon: str 
         row["key"] = cache_key(run_cfgs[i], "theory") if i in run_cfgs else ""
         rows.append(row)
     write_csv(out / "sweep.csv", rows)
-    write_sweep(out, base, grids, rows, [{kind: cached_run(run_cfgs[i], kind, cache) for kind in kinds if i in run_cfgs
-                                          and _entry_path(cache, run_cfgs[i], kind).name not in errors}
-                                         for i in range(len(rows))])
+    write_sweep(out, base, grids, rows, loaded)
     if figures:
         other = [g.name for g in grids if g.name not in ("model.heads", "problem.F", "model.activation")]
         groups: dict[tuple, list] = {}
