@@ -7,14 +7,16 @@ configurations of a group of points as plain dicts, :meth:`Config.to_dict`, comp
 :func:`~singleloc._sweep.compute_points`) and send back arrays; only the client writes files, so
 the workers need no shared file system.
 
-Where the tasks run:
+Where the tasks run (a :class:`Cluster`, from :func:`open_cluster`; :func:`run_points` opens one
+for the call unless it is handed an open one, so that several calls, e.g. the two rounds of a
+sweep, share one cluster):
 
 * ``workers == 1`` and no scheduler address: one after the other in this process, in the order
   given. Dask is neither imported nor started (a plain ``singleloc sweep``).
 * ``workers > 1``: an embedded :class:`distributed.LocalCluster` of ``workers`` processes with one
-  thread each, started for the call and closed at its end. Its workers get the environment
-  :data:`WORKER_ENV` (one CPU thread for XLA and BLAS, no preallocation of accelerator memory),
-  so ``workers`` processes use ``workers`` cores.
+  thread each, started when the first task is submitted and closed with the :class:`Cluster`. Its
+  workers get the environment :data:`WORKER_ENV` (one CPU thread for XLA and BLAS, no
+  preallocation of accelerator memory), so ``workers`` processes use ``workers`` cores.
 * ``scheduler="tcp://HOST:PORT"`` (or, with ``workers == 1``, the address in the environment
   variable ``DASK_SCHEDULER_ADDRESS``, Dask's own convention): an existing cluster (``dask
   scheduler`` and ``dask worker`` processes, ``dask-jobqueue`` on Slurm or PBS; ``docs/scale.md``).
@@ -29,8 +31,8 @@ Faults:
   times (3 by default); past that the task is recorded with Dask's ``KilledWorker``. Each result
   is handed to ``on_result`` once.
 * Ctrl-C or SIGTERM on the client: the results completed so far were already handed to
-  ``on_result``; the pending tasks are cancelled, the local cluster is closed and
-  :class:`KeyboardInterrupt` propagates.
+  ``on_result``; the pending tasks are cancelled, the local cluster is closed (by the
+  :class:`Cluster`'s context) and :class:`KeyboardInterrupt` propagates.
 """
 
 from __future__ import annotations
@@ -81,6 +83,80 @@ class PointsReport:
     where: str
 
 
+class Cluster:
+    """Where tasks run: this process (``where == "serial"``), a local cluster (``"local"``) or the
+    external cluster at a scheduler address (``where`` is the address). Made by
+    :func:`open_cluster`, which closes it. Dask is imported, and a local cluster started or an
+    external one connected, only when :meth:`client` is first called (by :func:`run_points` with
+    tasks to run, or :attr:`threads` of an external cluster), so that a sweep whose points are all
+    cached starts nothing."""
+
+    def __init__(self, workers: int, address: str | None):
+        self.workers = workers
+        self.address = address
+        self.where = address or ("local" if workers > 1 else "serial")
+        self._stack = contextlib.ExitStack()
+        self._client = None
+
+    def client(self):
+        """The :class:`distributed.Client` of the cluster, started or connected on the first call."""
+        if self.where == "serial":
+            raise RuntimeError("a serial Cluster has no Dask client")
+        if self._client is None:
+            # Dask is imported here, not at the top: a serial run neither imports nor starts it.
+            import dask
+            from distributed import Client, LocalCluster
+
+            if self.address:
+                self._client = self._stack.enter_context(Client(self.address))
+            else:
+                with dask.config.set(LOCAL_CONFIG):
+                    cluster = self._stack.enter_context(LocalCluster(
+                        n_workers=self.workers, threads_per_worker=1, processes=True, dashboard_address=None,
+                        env=worker_env()))
+                self._client = self._stack.enter_context(Client(cluster))
+        return self._client
+
+    @property
+    def threads(self) -> int:
+        """The tasks the cluster runs at once: 1 in this process, ``workers`` on a local cluster,
+        the worker threads of an external cluster now (connecting to it; at least 1)."""
+        if self.where == "serial":
+            return 1
+        if not self.address:
+            return self.workers
+        return max(1, sum(self.client().nthreads().values()))
+
+    def close(self) -> None:
+        """Close the client and a local cluster (its worker processes end); idempotent."""
+        self._client = None
+        self._stack.close()
+
+
+@contextlib.contextmanager
+def open_cluster(workers: int = 1, scheduler: str | None = None) -> Iterator[Cluster]:
+    """A :class:`Cluster` for one or more :func:`run_points` calls, closed when the block ends
+    (also on Ctrl-C or an error).
+
+    Args:
+        workers: ``1``: this process (unless ``scheduler`` or ``DASK_SCHEDULER_ADDRESS`` names a
+            cluster); ``N > 1``: a local cluster of ``N`` single-threaded worker processes.
+        scheduler: address of an external Dask scheduler, ``tcp://HOST:PORT``.
+
+    Raises:
+        ValueError: ``workers < 1``, or both ``workers > 1`` and ``scheduler``.
+    """
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
+    if scheduler and workers > 1:
+        raise ValueError("give either workers > 1 (a local cluster) or a scheduler address, not both")
+    cluster = Cluster(workers, scheduler or (os.environ.get(SCHEDULER_ENV) if workers == 1 else None))
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
 def run_points(
     tasks: Sequence[tuple[Hashable, tuple]],
     fn: Callable[..., Any],
@@ -88,6 +164,7 @@ def run_points(
     *,
     workers: int = 1,
     scheduler: str | None = None,
+    cluster: Cluster | None = None,
     progress: bool = True,
     desc: str = "points",
     group: Callable[..., Hashable] | None = None,
@@ -100,10 +177,10 @@ def run_points(
         tasks: ``(key, args)`` pairs with distinct keys; the caller leaves out what is done already.
         fn: a module-level (importable) function; it runs on the workers.
         on_result: called once per successful task, in this process; an exception it raises
-            stops the run (the cluster is closed) and propagates.
-        workers: ``1``: in this process (unless ``scheduler`` or ``DASK_SCHEDULER_ADDRESS`` names a
-            cluster); ``N > 1``: a local cluster of ``N`` single-threaded worker processes.
-        scheduler: address of an external Dask scheduler, ``tcp://HOST:PORT``.
+            stops the run (the pending tasks are cancelled) and propagates.
+        workers, scheduler: where to run, as :func:`open_cluster` (a cluster opened for this call
+            and closed at its end); not with ``cluster``.
+        cluster: an open :class:`Cluster` to run on, left open (:func:`open_cluster`).
         progress: show a progress bar over the completed tasks (or points, with ``size``).
         desc: label of the progress bar.
         group: on a cluster, ``group(*args)`` names the tasks that share compiled programs
@@ -117,26 +194,32 @@ def run_points(
         A :class:`PointsReport`.
 
     Raises:
-        ValueError: repeated keys, ``workers < 1``, or both ``workers > 1`` and ``scheduler``.
+        ValueError: repeated keys, ``workers < 1``, both ``workers > 1`` and ``scheduler``, or
+            ``workers``/``scheduler`` together with ``cluster``.
         KeyboardInterrupt: Ctrl-C or SIGTERM; the results completed before it were handed to
             ``on_result``.
     """
     keys = [key for key, _ in tasks]
     if len(set(keys)) != len(keys):
         raise ValueError("run_points: repeated task keys")
-    if workers < 1:
-        raise ValueError(f"workers must be at least 1, got {workers}")
-    if scheduler and workers > 1:
-        raise ValueError("give either workers > 1 (a local cluster) or a scheduler address, not both")
-    address = scheduler or (os.environ.get(SCHEDULER_ENV) if workers == 1 else None)
-    report = PointsReport([], {}, 0.0, address or ("local" if workers > 1 else "serial"))
+    if cluster is not None and (workers != 1 or scheduler):
+        raise ValueError("give either an open cluster or workers/scheduler, not both")
+    # SIGTERM is turned into KeyboardInterrupt before a cluster of this call starts and until it is closed.
+    with _sigterm_as_interrupt(), contextlib.ExitStack() as stack:
+        if cluster is None:
+            cluster = stack.enter_context(open_cluster(workers, scheduler))
+        return _run(tasks, fn, on_result, cluster, progress, desc, group, size)
+
+
+def _run(tasks, fn, on_result, cluster: Cluster, progress, desc, group, size) -> PointsReport:
+    report = PointsReport([], {}, 0.0, cluster.where)
     t0 = time.perf_counter()
     sizes = {key: size(*args) if size else 1 for key, args in tasks}
     bar = tqdm(total=sum(sizes.values()), desc=desc, unit="point", disable=not progress, leave=False)
-    on_cluster = tasks and report.where != "serial"  # nothing to run: no cluster started
-    outcomes = _on_cluster(tasks, fn, workers, address, group) if on_cluster else _serial(tasks, fn)
-    # closing(): the cluster is closed as soon as the loop ends, also when on_result raises.
-    with _sigterm_as_interrupt(), bar, contextlib.closing(outcomes):
+    on_cluster = tasks and cluster.where != "serial"  # nothing to run: no cluster started
+    outcomes = _on_cluster(tasks, fn, cluster, group) if on_cluster else _serial(tasks, fn)
+    # closing(): the pending tasks are cancelled as soon as the loop ends, also when on_result raises.
+    with bar, contextlib.closing(outcomes):
         for key, result, error in outcomes:
             if error is None:
                 on_result(key, result)
@@ -161,36 +244,27 @@ def _serial(tasks: Sequence[tuple[Hashable, tuple]], fn: Callable[..., Any]) -> 
             yield key, result, None
 
 
-def _on_cluster(tasks: Sequence[tuple[Hashable, tuple]], fn: Callable[..., Any], workers: int, address: str | None,
+def _on_cluster(tasks: Sequence[tuple[Hashable, tuple]], fn: Callable[..., Any], cluster: Cluster,
                 group: Callable[..., Hashable] | None) -> Iterator[Outcome]:
-    # Dask is imported here, not at the top: a serial run neither imports nor starts it.
-    import dask
-    from distributed import Client, LocalCluster, as_completed
+    from distributed import as_completed
 
-    with contextlib.ExitStack() as stack:
-        if address:
-            client = stack.enter_context(Client(address))
-        else:
-            with dask.config.set(LOCAL_CONFIG):
-                cluster = stack.enter_context(LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                                                           dashboard_address=None, env=worker_env()))
-            client = stack.enter_context(Client(cluster))
-        homes = _homes([group(*args) for _, args in tasks], list(client.nthreads())) if group else [{}] * len(tasks)
-        futures = {client.submit(fn, *args, pure=False, **home): key for (key, args), home in zip(tasks, homes)}
-        try:
-            for future in as_completed(futures):
-                key = futures[future]
-                if future.status == "finished":
-                    yield key, future.result(), None
-                elif future.status == "error":
-                    yield key, None, future.exception()
-                else:  # cancelled or lost on the cluster (e.g. by another client)
-                    yield key, None, CancelledError(f"task {future.status} on the cluster")
-                future.release()
-        finally:  # interrupted, or on_result raised: drop what is still queued before closing
-            pending = [f for f in futures if f.status == "pending"]
-            if pending:
-                client.cancel(pending)
+    client = cluster.client()
+    homes = _homes([group(*args) for _, args in tasks], list(client.nthreads())) if group else [{}] * len(tasks)
+    futures = {client.submit(fn, *args, pure=False, **home): key for (key, args), home in zip(tasks, homes)}
+    try:
+        for future in as_completed(futures):
+            key = futures[future]
+            if future.status == "finished":
+                yield key, future.result(), None
+            elif future.status == "error":
+                yield key, None, future.exception()
+            else:  # cancelled or lost on the cluster (e.g. by another client)
+                yield key, None, CancelledError(f"task {future.status} on the cluster")
+            future.release()
+    finally:  # interrupted, or on_result raised: drop what is still queued
+        pending = [f for f in futures if f.status == "pending"]
+        if pending:
+            client.cancel(pending)
 
 
 def _homes(groups: list[Hashable], addresses: list[str]) -> list[dict[str, Any]]:

@@ -26,13 +26,13 @@ computed anywhere.
 
 Batching. Theory points that differ only in the :data:`VALUE_KEYS` (``problem.strength``,
 ``sgd.lr``, ``sgd.init_scale``, ``sgd.tau_max``, so also the horizon of ``horizon="auto"``,
-``simulation.seed``, ``simulation.D``, ``theory.qmc_seed``, ``theory.rtol``, ``theory.atol``)
-have arrays of the same shapes: with ``batch=True`` (the default) they are one task, one
-vmapped solve of all their seeds' starts with one compilation
-(:func:`~singleloc._ode.integrate_points`; a group is one Dask task with ``workers`` or
-``scheduler``, cut into near-equal parts when it holds more than ``1 / workers`` of the points,
-:func:`split_groups`). Every trajectory keeps its own adaptive steps, so a point's entry equals its
-own solve to the solver's tolerance (not bitwise: the batched program rounds differently; the
+``simulation.seed``, ``simulation.D``, ``theory.qmc_seed``, ``theory.rtol``, ``theory.atol``) have
+arrays of the same shapes: with ``batch=True`` (the default) they are one task, one vmapped solve
+of all their seeds' starts with one compilation (:func:`~singleloc._ode.integrate_points`; a group
+is one Dask task with ``workers`` or ``scheduler``, cut into near-equal parts when it holds more
+than ``1 / T`` of the points, with ``T`` the tasks the cluster runs at once,
+:func:`split_groups`). Every trajectory keeps its own adaptive steps, so a point's entry equals
+its own solve to the solver's tolerance (not bitwise: the batched program rounds differently; the
 cache key does not say which, and either entry serves). Any other key (``model.heads``,
 ``problem.F``, ``problem.L``, the prior, ``model.activation``, ``theory.points``,
 ``theory.replicates``, ``simulation.seeds``, ``sgd.n_save``, ...) starts another group.
@@ -68,6 +68,7 @@ read back by :func:`~singleloc.load_sweep`.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import hashlib
@@ -84,8 +85,9 @@ from typing import Any
 import jax
 import numpy as np
 
+from ._compilation import hold_programs
 from ._config import Config, load_config
-from ._distributed import run_points
+from ._distributed import Cluster, open_cluster, run_points
 from ._grid import Grid, grid_points
 from ._io import NPZ_ERRORS, load_npz, save_figure, save_npz, save_text
 from ._ode import initial_conditions, integrate, integrate_points
@@ -184,12 +186,17 @@ VALUE_KEYS = {"problem": ("strength",), "sgd": ("lr", "init_scale", "tau_max"), 
 BATCH_KINDS = ("theory",)
 
 
+#: The kinds whose compiled programs depend on the arrays' shapes and static values only, not on
+#: the :data:`VALUE_KEYS` (traced); the simulator's programs hold the configuration's values.
+SHAPE_KINDS = ("prediction", "theory")
+
+
 def compile_group(kind: str, config: Mapping[str, Mapping[str, Any]], *more: Mapping[str, Mapping[str, Any]]) -> str:
     """The compiled programs a sweep point needs, as a hashable name: ``kind`` and ``config``
-    without :data:`VALUE_KEYS` for a theory point, the whole ``config`` otherwise (a ``group``
-    for :func:`~singleloc._distributed.run_points` with :func:`compute_point` or
+    without :data:`VALUE_KEYS` for a kind in :data:`SHAPE_KINDS`, the whole ``config`` otherwise
+    (a ``group`` for :func:`~singleloc._distributed.run_points` with :func:`compute_point` or
     :func:`compute_points`, whose further configs ``more`` are of the same group)."""
-    drop = VALUE_KEYS if kind == "theory" else {}
+    drop = VALUE_KEYS if kind in SHAPE_KINDS else {}
     rest = {s: {k: v for k, v in sec.items() if k not in drop.get(s, ())} for s, sec in config.items()}
     return json.dumps([kind, rest], sort_keys=True)
 
@@ -203,8 +210,12 @@ def compute_points(kind: str, *configs: Mapping[str, Mapping[str, Any]]) -> list
 
     Enables double precision in the process that runs it, as the command line does: the ODE is
     solved in float64 (the simulator keeps its own float32), also on a worker started by hand.
+    The process holds the compiled programs of a bounded number of shapes
+    (:func:`~singleloc._compilation.hold_programs`), so that a long sweep over many shapes does
+    not exhaust its memory mappings.
     """
     jax.config.update("jax_enable_x64", True)
+    hold_programs(compile_group(kind, configs[0]))  # a bounded number of groups' programs per process
     resolved = [load_config(config) for config in configs]
     if kind in BATCH_KINDS and len(resolved) > 1:
         results: list = compute_theories(resolved)
@@ -295,16 +306,16 @@ def _entry_path(cache: Path, config: Config, kind: str) -> Path:
     return cache / f"{kind}-{cache_key(config, kind)}.npz"
 
 
-def fill_cache(entries: Sequence[tuple[Config, str]], cache: Path, *, workers: int = 1, scheduler: str | None = None,
+def fill_cache(entries: Sequence[tuple[Config, str]], cache: Path, *, cluster: Cluster | None = None,
                progress: bool = True, desc: str = "points", batch: bool = True) -> tuple[set[str], dict[str, BaseException]]:
     """Compute the ``(config, kind)`` entries missing from (or damaged in) the cache, with
-    :func:`~singleloc._distributed.run_points` (in this process, on a local Dask cluster of
-    ``workers`` processes or on the cluster at ``scheduler``). With ``batch``, the entries of a
-    kind in :data:`BATCH_KINDS` are one task per :func:`compile_group` (one batched solve,
-    :func:`compute_points`; a large group cut for ``workers`` by :func:`split_groups`);
-    otherwise one task per entry. Only this process writes the cache
-    (atomically), as each result arrives. Returns the names of the entries computed and the
-    failures (entry name -> exception)."""
+    :func:`~singleloc._distributed.run_points` on ``cluster`` (an open
+    :class:`~singleloc._distributed.Cluster`; ``None``: in this process). With ``batch``, the
+    entries of a kind in :data:`BATCH_KINDS` are one task per :func:`compile_group` (one batched
+    solve, :func:`compute_points`; a large group cut for the cluster's
+    :attr:`~singleloc._distributed.Cluster.threads` by :func:`split_groups`); otherwise one task
+    per entry. Only this process writes the cache (atomically), as each result arrives. Returns
+    the names of the entries computed and the failures (entry name -> exception)."""
     tasks = {}
     for config, kind in entries:
         path = _entry_path(cache, config, kind)
@@ -324,20 +335,24 @@ def fill_cache(entries: Sequence[tuple[Config, str]], cache: Path, *, workers: i
                 save_npz(cache / name, result)
                 done.add(name)
 
-    work = [(tuple(names), (tasks[names[0]][0], *(tasks[name][1] for name in names)))
-            for names in split_groups(list(groups.values()), workers)]
-    report = run_points(work, compute_points, store, workers=workers, scheduler=scheduler, progress=progress, desc=desc,
-                        group=compile_group, size=lambda kind, *configs: len(configs))
+    with contextlib.ExitStack() as stack:
+        cluster = cluster or stack.enter_context(open_cluster())
+        threads = cluster.threads if tasks else 1  # an external cluster is connected only when there is work
+        work = [(tuple(names), (tasks[names[0]][0], *(tasks[name][1] for name in names)))
+                for names in split_groups(list(groups.values()), threads)]
+        report = run_points(work, compute_points, store, cluster=cluster, progress=progress, desc=desc,
+                            group=compile_group, size=lambda kind, *configs: len(configs))
     for names, err in report.errors.items():  # the whole task failed (e.g. its worker died too often)
         errors.update(dict.fromkeys(names, err))
     return done, errors
 
 
 def split_groups(groups: list[list[str]], workers: int) -> list[list[str]]:
-    """The tasks of batched groups on ``workers`` local workers: a group of more than
-    ``ceil(points / workers)`` points (``points`` of all groups together) is cut into that many
-    near-equal parts (sizes that differ by one at most, so at most two programs per group), so
-    that one large group still keeps every worker busy. ``workers = 1``: the groups as they are."""
+    """The tasks of batched groups on a cluster that runs ``workers`` tasks at once: a group of
+    more than ``ceil(points / workers)`` points (``points`` of all groups together) is cut into
+    that many near-equal parts (sizes that differ by one at most, so at most two programs per
+    group), so that one large group still keeps every worker busy. ``workers = 1``: the groups
+    as they are."""
     limit = math.ceil(sum(map(len, groups)) / workers)
     parts = []
     for names in groups:
@@ -361,7 +376,8 @@ def sweep(base: Config, grids: Sequence[Grid], out: str | Path, *, horizon: str 
     computed in two rounds (the escape predictions, then the theory and simulation runs to
     their horizons) by :func:`fill_cache`: in this process (``workers = 1``, no ``scheduler``),
     on a local Dask cluster of ``workers`` processes, or on the Dask cluster at ``scheduler``
-    (or ``DASK_SCHEDULER_ADDRESS``); a point that fails is reported in its row and does not
+    (or ``DASK_SCHEDULER_ADDRESS``), one cluster for both rounds (started only when some entry
+    is missing); a point that fails is reported in its row and does not
     stop the others. ``batch``: the theory points of one :func:`compile_group` are one batched
     solve (one task). Returns the CSV rows (dicts) and the :class:`SweepStats`.
     """
@@ -371,16 +387,17 @@ def sweep(base: Config, grids: Sequence[Grid], out: str | Path, *, horizon: str 
     cache = out / "cache" if cache_dir is None else Path(cache_dir)
     cache.mkdir(parents=True, exist_ok=True)
     points = grid_points(base, grids)
-    run = dict(workers=workers, scheduler=scheduler, progress=progress, batch=batch)
-    computed, errors = fill_cache([(cfg, "prediction") for _, cfg in points], cache, desc="escape predictions", **run)
-    predictions, run_cfgs = {}, {}
-    for i, (_, cfg) in enumerate(points):
-        path = _entry_path(cache, cfg, "prediction")
-        if path.name not in errors:
-            predictions[i] = EscapePrediction.from_arrays(cached_run(cfg, "prediction", cache))
-            run_cfgs[i] = resolve_horizon(cfg, predictions[i], horizon)
     kinds = ["theory"] + (["simulation"] if simulate else [])
-    done, run_errors = fill_cache([(run_cfgs[i], kind) for i in run_cfgs for kind in kinds], cache, desc="sweep", **run)
+    with open_cluster(workers, scheduler) as cluster:  # one cluster for both rounds, started only if needed
+        run = dict(cluster=cluster, progress=progress, batch=batch)
+        computed, errors = fill_cache([(cfg, "prediction") for _, cfg in points], cache, desc="escape predictions", **run)
+        predictions, run_cfgs = {}, {}
+        for i, (_, cfg) in enumerate(points):
+            path = _entry_path(cache, cfg, "prediction")
+            if path.name not in errors:
+                predictions[i] = EscapePrediction.from_arrays(cached_run(cfg, "prediction", cache))
+                run_cfgs[i] = resolve_horizon(cfg, predictions[i], horizon)
+        done, run_errors = fill_cache([(run_cfgs[i], kind) for i in run_cfgs for kind in kinds], cache, desc="sweep", **run)
     computed |= done
     errors.update(run_errors)
     stats = SweepStats()

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from singleloc import load_config
-from singleloc._distributed import _homes, run_points, worker_env
+from singleloc._distributed import _homes, open_cluster, run_points, worker_env
 from singleloc._grid import parse_grid
 from singleloc._io import load_npz, save_npz
 from singleloc._sweep import compile_group, compute_point, sweep
@@ -89,6 +89,29 @@ def test_local_cluster_reports_a_failing_task_and_completes_the_others():
     err = report.errors[3]
     assert isinstance(err, FloatingPointError) and "lower sgd.lr" in str(err)
 
+
+
+def _pid(x: int) -> dict[str, np.ndarray]:
+    return {"pid": np.array(os.getpid())}
+
+
+def test_one_cluster_serves_several_runs_and_starts_only_with_work():
+    with open_cluster(workers=2) as cluster:
+        assert run_points([], _pid, print, cluster=cluster).completed == [] and cluster._client is None  # nothing started
+        assert cluster.threads == 2 and cluster._client is None
+        pids = []
+        for _ in range(2):  # e.g. the two rounds of a sweep
+            got, on_result = _collect()
+            report = run_points([(x, (x,)) for x in range(4)], _pid, on_result, cluster=cluster, progress=False)
+            assert report.where == "local" and sorted(report.completed) == [0, 1, 2, 3]
+            pids.append({int(r["pid"]) for r in got.values()})
+        assert pids[0] == pids[1] and os.getpid() not in pids[0]  # the same worker processes both times
+        with pytest.raises(ValueError, match="not both"):
+            run_points([(0, (0,))], _pid, print, cluster=cluster, workers=2)
+    deadline = time.monotonic() + 30
+    while any(_alive(pid) for pid in pids[0]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(pid) for pid in pids[0]), "worker processes left running after the block"
 
 def test_worker_killed_mid_task_is_retried_and_every_result_arrives_once(tmp_path):
     flags, cache = tmp_path / "flags", tmp_path / "cache"
@@ -242,6 +265,8 @@ def test_external_scheduler_gives_the_serial_results(external_cluster, monkeypat
     assert report.where == external_cluster and sorted(report.completed) == [0, 1, 2, 4], report.errors
     assert list(report.errors) == [3] and isinstance(report.errors[3], FloatingPointError)
     assert remote.keys() == serial.keys() and all(np.array_equal(remote[k]["x"], serial[k]["x"]) for k in serial)
+    with open_cluster(scheduler=external_cluster) as cluster:
+        assert cluster.threads == 1  # the fixture's one single-threaded worker: a sweep cuts its groups for that
     monkeypatch.setenv("DASK_SCHEDULER_ADDRESS", external_cluster)  # Dask's convention, with workers = 1
     assert run_points(tasks[:1], _square, lambda k, r: None, progress=False).where == external_cluster
 
@@ -278,3 +303,34 @@ def test_sweep_on_an_external_cluster_writes_the_serial_csv(external_cluster, tm
     _, again = sweep(base, grids, tmp_path / "remote", horizon="config", progress=False, figures=False,
                      scheduler=external_cluster)
     assert again.cached == 2 and again.computed == 0  # cached points are not submitted
+
+
+
+PREDICTIONS_COMPILED = textwrap.dedent("""
+    import sys
+    import jax
+    from singleloc import load_config
+    from singleloc._sweep import compile_group, compute_point
+
+    names = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, seconds, fun_name="", **kw: names.append(fun_name) if event.endswith("backend_compile_duration") else None)
+    base = load_config("default", sys.argv[1:])
+    other = base.replace(problem={"strength": 3.5}, sgd={"lr": 0.3, "init_scale": 0.5}, simulation={"seed": 3, "D": 500},
+                         theory={"qmc_seed": 4})
+    assert compile_group("prediction", base.to_dict()) == compile_group("prediction", other.to_dict())
+    compute_point("prediction", base.to_dict())
+    compiled = len(names)
+    compute_point("prediction", other.to_dict())
+    assert compiled > 0 and len(names) == compiled, names[compiled:]
+""")
+
+
+@pytest.mark.slow
+def test_escape_predictions_of_one_group_share_their_programs():
+    """The claim behind ``SHAPE_KINDS``: in a fresh process without a compilation cache, a
+    prediction at other values of the value keys compiles nothing new."""
+    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": "", "SINGLELOC_CACHE_DIR": ""}
+    done = subprocess.run([sys.executable, "-c", PREDICTIONS_COMPILED, *TINY], env=env, capture_output=True, text=True,
+                          timeout=STARTUP * 3)
+    assert done.returncode == 0, done.stderr[-2000:]
