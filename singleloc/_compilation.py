@@ -28,6 +28,14 @@ can be skipped in a later process.
   single-device; a batch split over the devices, :mod:`~singleloc._sharding`, is traced in
   every process and its executable still comes from the compilation cache).
 
+* Memory. Every executable in a process holds memory-mapped sections of machine code, and
+  Linux caps a process's mappings (``vm.max_map_count``, 65530 by default): one process that
+  compiled the programs of about a hundred shapes (a long serial sweep) failed with "LLVM
+  ERROR: Unable to allocate section memory". :func:`hold_programs` bounds that: a process
+  keeps the programs of at most :data:`MAX_HELD_SHAPES` shapes, then frees them all
+  (``jax.clear_caches``); with the persistent cache on, a shape that comes back is loaded, not
+  compiled again.
+
 The cache is opt-in (it changes JAX's global configuration): the command line turns it on,
 a script calls :func:`enable_compilation_cache`. Its folder is ``$SINGLELOC_CACHE_DIR`` if
 set (an empty value turns it off), else ``$XDG_CACHE_HOME/singleloc/jax`` (by default
@@ -44,7 +52,7 @@ import inspect
 import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from pathlib import Path
 
 import jax
@@ -53,6 +61,23 @@ _PACKAGE = Path(__file__).parent
 _DEPENDENCIES = ("jax", "jaxlib", "equinox", "diffrax", "optimistix", "lineax")
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 _LOADED: dict[str, Callable] = {}  # digest -> the loaded program, jitted (one per process and key)
+
+#: Most shapes whose compiled programs one process holds (:func:`hold_programs`). A theory shape
+#: holds a few dozen executables; 16 shapes stay far below ``vm.max_map_count``.
+MAX_HELD_SHAPES = 16
+_HELD: set[Hashable] = set()  # the shapes whose programs this process holds since the last clear
+
+
+def hold_programs(shape: Hashable) -> None:
+    """Note that the next computation compiles (or reuses) the programs of ``shape`` (any
+    hashable name of the arrays' shapes and the static values, e.g. a sweep's
+    :func:`~singleloc._sweep.compile_group`). Before a new shape beyond :data:`MAX_HELD_SHAPES`,
+    every compiled program of this process is freed (``jax.clear_caches()``; module docstring,
+    "Memory"). Results do not change: a freed program is compiled or loaded again when needed."""
+    if shape not in _HELD and len(_HELD) >= MAX_HELD_SHAPES:
+        jax.clear_caches()
+        _HELD.clear()
+    _HELD.add(shape)
 
 
 def cache_dir() -> Path | None:

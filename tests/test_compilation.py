@@ -94,3 +94,16 @@ def test_equinox_imported_first_still_integrates(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     mode, risk = out.stdout.split()
     assert mode == "raise" and 0 < float(risk) < 1
+
+
+def test_programs_of_more_shapes_than_the_bound_are_freed(monkeypatch):
+    monkeypatch.setattr(_compilation, "MAX_HELD_SHAPES", 2)
+    monkeypatch.setattr(_compilation, "_HELD", set())
+    f = jax.jit(lambda x: 2 * x + 1)
+    f(1.0)
+    for shape in ("a", "b", "a", "b"):  # two shapes: within the bound, nothing freed
+        _compilation.hold_programs(shape)
+    assert f._cache_size() == 1
+    _compilation.hold_programs("c")  # a third: every program freed, then "c" held
+    assert f._cache_size() == 0 and _compilation._HELD == {"c"}
+    assert float(f(1.0)) == 3.0  # compiled again when needed
