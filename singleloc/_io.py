@@ -134,6 +134,15 @@ def load_npz(path: str | Path) -> dict[str, np.ndarray]:
         return {k: data[k] for k in data.files}
 
 
+def npz_names(path: str | Path) -> list[str]:
+    """The names of the arrays of an ``.npz`` file, from its zip directory only (no array is
+    read; errors as :func:`load_npz`)."""
+    if not zipfile.is_zipfile(path):
+        raise ValueError("not a zip archive")
+    with np.load(path, allow_pickle=False) as data:
+        return list(data.files)
+
+
 def _one_line(err: BaseException) -> str:
     return " ".join(str(err).split()) or type(err).__name__
 

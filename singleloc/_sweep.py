@@ -89,7 +89,7 @@ from ._compilation import hold_programs
 from ._config import Config, load_config
 from ._distributed import Cluster, open_cluster, run_points
 from ._grid import Grid, grid_points
-from ._io import NPZ_ERRORS, load_npz, save_figure, save_npz, save_text
+from ._io import NPZ_ERRORS, load_npz, npz_names, save_figure, save_npz, save_text
 from ._ode import initial_conditions, integrate, integrate_points
 from ._phase_analysis import HEAD_CLASSES, analyze
 from ._predictions import EscapePrediction, head_weights, predicted_escape
@@ -257,11 +257,14 @@ ENTRY_KEYS = {"prediction": tuple(f.name for f in dataclasses.fields(EscapePredi
               "theory": ("tau", "M", "Q", "b", "risk"), "simulation": ("tau", "M", "Q", "b", "risk", "risk_limit")}
 
 
-def _read_entry(path: Path, kind: str) -> dict[str, np.ndarray] | None:
+def _read_entry(path: Path, kind: str, *, arrays: bool = True) -> dict[str, np.ndarray | None] | None:
     """The cache entry at ``path``, or ``None`` (after a one-line warning) when it is damaged:
-    unreadable (truncated, bad CRC, not a zip file) or without one of :data:`ENTRY_KEYS`."""
+    unreadable (truncated, bad CRC, not a zip file) or without one of :data:`ENTRY_KEYS`. With
+    ``arrays=False`` only the zip's directory is read (the names map to ``None``): a cheap check
+    that finds a missing, truncated or incomplete entry; a damaged array inside a whole file is
+    found when the entry is read."""
     try:
-        data = load_npz(path)
+        data = load_npz(path) if arrays else dict.fromkeys(npz_names(path))
     except NPZ_ERRORS as err:
         problem = f"{type(err).__name__}: {' '.join(str(err).split())}"
     else:
@@ -319,7 +322,7 @@ def fill_cache(entries: Sequence[tuple[Config, str]], cache: Path, *, cluster: C
     tasks = {}
     for config, kind in entries:
         path = _entry_path(cache, config, kind)
-        if path.name not in tasks and (not path.is_file() or _read_entry(path, kind) is None):
+        if path.name not in tasks and (not path.is_file() or _read_entry(path, kind, arrays=False) is None):
             tasks[path.name] = (kind, config.to_dict())
     groups: dict[str, list[str]] = {}
     for name, (kind, config) in tasks.items():
@@ -388,6 +391,16 @@ def sweep(base: Config, grids: Sequence[Grid], out: str | Path, *, horizon: str 
     cache.mkdir(parents=True, exist_ok=True)
     points = grid_points(base, grids)
     kinds = ["theory"] + (["simulation"] if simulate else [])
+    recomputed = SweepStats()
+
+    def read(config: Config, kind: str) -> dict[str, np.ndarray]:
+        """An entry that :func:`fill_cache` left in the cache; one found damaged inside is recomputed here."""
+        before = recomputed.computed
+        data = cached_run(config, kind, cache, recomputed)
+        if recomputed.computed > before:
+            computed.add(_entry_path(cache, config, kind).name)
+        return data
+
     with open_cluster(workers, scheduler) as cluster:  # one cluster for both rounds, started only if needed
         run = dict(cluster=cluster, progress=progress, batch=batch)
         computed, errors = fill_cache([(cfg, "prediction") for _, cfg in points], cache, desc="escape predictions", **run)
@@ -395,7 +408,7 @@ def sweep(base: Config, grids: Sequence[Grid], out: str | Path, *, horizon: str 
         for i, (_, cfg) in enumerate(points):
             path = _entry_path(cache, cfg, "prediction")
             if path.name not in errors:
-                predictions[i] = EscapePrediction.from_arrays(cached_run(cfg, "prediction", cache))
+                predictions[i] = EscapePrediction.from_arrays(read(cfg, "prediction"))
                 run_cfgs[i] = resolve_horizon(cfg, predictions[i], horizon)
         done, run_errors = fill_cache([(run_cfgs[i], kind) for i in run_cfgs for kind in kinds], cache, desc="sweep", **run)
     computed |= done
@@ -425,7 +438,7 @@ def sweep(base: Config, grids: Sequence[Grid], out: str | Path, *, horizon: str 
                 if name in errors:
                     failures.append(_failure(kind, errors[name]))
                 else:
-                    loaded[i][kind] = cached_run(run_cfgs[i], kind, cache)
+                    loaded[i][kind] = read(run_cfgs[i], kind)
                     summ = summarize(run_cfgs[i], loaded[i][kind], kind)
             row.update({prefix + k: summ[k] for k in SUMMARY_KEYS})
         if failures:  # every failure of the point: prediction, theory and simulation

@@ -9,6 +9,7 @@ import pytest
 
 from singleloc import _sweep, load_config
 from singleloc._grid import grid_points, parse_grid
+from singleloc._io import save_npz
 from singleloc._predictions import EscapePrediction, escape_horizon
 from singleloc.cli import main
 
@@ -120,9 +121,23 @@ def test_damaged_cache_file_is_recomputed(tmp_path, fake_compute):
     grids = [parse_grid("model.heads=1")]
     _sweep.sweep(base, grids, tmp_path, progress=False, figures=False)
     (f,) = (tmp_path / "cache").glob("theory-*.npz")
-    f.write_bytes(b"not an npz")
-    _, st = _sweep.sweep(base, grids, tmp_path, progress=False, figures=False)
-    assert st.computed == 1
+    good = f.read_bytes()
+    with np.load(f) as d:
+        arrays = {k: d[k] for k in d.files}
+    # not a zip file; one array missing (both found from the zip's directory, before the run);
+    # a whole zip with one array's bytes damaged (found by its CRC when the row is read)
+    middle = len(good) // 2
+    damaged = [b"not an npz", None, good[:middle] + bytes(b ^ 0xFF for b in good[middle:middle + 64]) + good[middle + 64:]]
+    for bad in damaged:
+        if bad is None:
+            save_npz(f, {k: v for k, v in arrays.items() if k != "Q"})
+        else:
+            f.write_bytes(bad)
+        with pytest.warns(UserWarning, match="is damaged"):
+            _, st = _sweep.sweep(base, grids, tmp_path, progress=False, figures=False)
+        assert st.computed == 1
+        with np.load(f) as d:
+            assert sorted(d.files) == sorted(arrays) and all(np.array_equal(d[k], v) for k, v in arrays.items())
 
 
 def test_simulation_entry_names_its_risks_as_simulation_result(tmp_path, fake_compute, monkeypatch):
