@@ -36,10 +36,18 @@ coincide at every node.
 
 Replicates. :func:`replicate_rules` stacks independently scrambled rules (seeds ``seed + r``)
 along a leading axis, to be ``jax.vmap``-ed over: their spread estimates the rule's error.
+
+Blocks. :meth:`LocalFields.split` cuts the base nodes into equal blocks, one per device
+(:mod:`~singleloc._sharding`): the expectation is then the sum over the blocks of each block's
+weighted sum, the weight ``1 / n`` of every one of the ``n`` base points (and its images)
+unchanged. A count ``n`` that the blocks do not divide is padded with copies of the last base
+point of weight zero: the padding adds exact zeros, and copies of a real point keep every value
+finite. The ``batch_size`` memory cap then holds per block.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 
 import equinox as eqx
@@ -99,7 +107,8 @@ class LocalFields(eqx.Module):
 
     The nodes are the base points ``w``, ``u`` under the cyclic head shifts ``0..orbit-1``
     (``orbit = H`` for a symmetric rule, 1 otherwise) and the sign flip, each with weight
-    ``1 / (2 * orbit * n)``.
+    ``1 / (2 * orbit * n)``. ``shards > 1``: the base points are in ``shards`` equal blocks,
+    the last ``padding`` of them of weight zero (:meth:`split`).
     """
 
     w: jax.Array  # (n, L, H) base standard normals for the head fields
@@ -109,6 +118,8 @@ class LocalFields(eqx.Module):
     cov_sqrt: jax.Array  # (F, G): theta = atom + cov_sqrt @ u
     orbit: int = eqx.field(static=True)
     batch_size: int = eqx.field(static=True)
+    shards: int = eqx.field(static=True, default=1)
+    padding: int = eqx.field(static=True, default=0)
 
     @classmethod
     def make(
@@ -134,7 +145,20 @@ class LocalFields(eqx.Module):
     @property
     def n_nodes(self) -> int:
         """Number of nodes: base points times shifts times signs."""
-        return 2 * self.orbit * self.w.shape[-3]
+        return 2 * self.orbit * (self.w.shape[-3] - self.padding)
+
+    def split(self, shards: int) -> LocalFields:
+        """The same rule with its base points in ``shards`` equal blocks (one per device): padded
+        with copies of the last base point, of weight zero (module docstring). Leading (replicate)
+        axes are kept."""
+        n = self.w.shape[-3] - self.padding
+        pad = -n % shards
+
+        def padded(x, axis):
+            x = jax.lax.slice_in_dim(x, 0, n, axis=axis)
+            return jnp.concatenate([x] + [jax.lax.slice_in_dim(x, n - 1, n, axis=axis)] * pad, axis=axis)
+
+        return dataclasses.replace(self, w=padded(self.w, -3), u=padded(self.u, -2), shards=shards, padding=pad)
 
     def expect(self, fn: Callable, M: jax.Array, Q: jax.Array, *, Qh: jax.Array | None = None, with_noise: bool = False):
         """``E[fn(g, theta)]`` over the fields of order parameters ``M`` (H, F), ``Q`` (H, H).
@@ -165,12 +189,20 @@ class LocalFields(eqx.Module):
             values = images(w, u, shifts, jnp.array([1.0, -1.0], w.dtype))
             return jax.tree.map(lambda v: jnp.mean(v, axis=(0, 1)), values)
 
+        def at_nodes(nodes):  # at most batch_size nodes (base points and their images) at once
+            if 2 * self.orbit * nodes[0].shape[0] <= self.batch_size:
+                return jax.vmap(at_node)(nodes)
+            return jax.lax.map(at_node, nodes, batch_size=max(self.batch_size // (2 * self.orbit), 1))
+
         nodes = (self.w, self.u)
-        if self.n_nodes <= self.batch_size:
-            values = jax.vmap(at_node)(nodes)
-        else:
-            values = jax.lax.map(at_node, nodes, batch_size=max(self.batch_size // (2 * self.orbit), 1))
-        return jax.tree.map(lambda v: jnp.mean(v, axis=0), values)
+        if self.shards == 1:
+            return jax.tree.map(lambda v: jnp.mean(v, axis=0), at_nodes(nodes))
+        # block k on device k (_sharding): the contraction over the blocks is XLA's all-reduce
+        blocks = jax.tree.map(lambda x: x.reshape(self.shards, x.shape[0] // self.shards, *x.shape[1:]), nodes)
+        n = self.w.shape[-3]
+        weights = jnp.where(jnp.arange(n) < n - self.padding, 1 / (n - self.padding), 0.0).astype(self.w.dtype)
+        weights = weights.reshape(self.shards, -1)
+        return jax.tree.map(lambda v: jnp.tensordot(weights, v, axes=2), jax.vmap(at_nodes)(blocks))
 
 
 def replicate_rules(L: int, H: int, prior: Prior, points: int, seeds: Sequence[int], **kwargs) -> LocalFields:

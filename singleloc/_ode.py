@@ -37,7 +37,8 @@ the program out of the persistent cache.
 Batched points. :func:`integrate_points` solves several points (configurations) of the same
 shapes as one program: their ODE stacks, starts, saved times and tolerances along a leading
 axis, ``vmap`` over the points of the solve above, each trajectory with its own adaptive steps.
-The batch axis of a solve (the starts, or the points) is split over the local devices
+The batch axis of a solve (the starts, or the points) is split over the local devices, or, for
+a batch smaller than the device count (one start), the quadrature nodes of its rules
 (:mod:`~singleloc._sharding`).
 """
 
@@ -235,7 +236,8 @@ def integrate(
         max_steps: cap on the number of solver steps.
         progress: show diffrax's progress bar (the program is then compiled in every process).
 
-    The starts are split over the local devices (:mod:`~singleloc._sharding`).
+    The starts are split over the local devices; one start (fewer starts than devices) has the
+    nodes of its rules split instead (:mod:`~singleloc._sharding`).
 
     Raises:
         FloatingPointError: the state left the set of valid overlaps (non-finite, runaway
