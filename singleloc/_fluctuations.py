@@ -1,17 +1,17 @@
 """Finite-D fluctuations of the order parameters: an SDE around the ODE of docs/model.md section 5.
 
-One SGD step changes the order parameters by ``-(lr / D) u`` (plus the deterministic
-``(lr^2 / D) sum_l c_l c_l^T`` in ``Q``), with, for one fresh sequence,
+One SGD step changes the order parameters by ``-(lr / D) u``, with, for one fresh sequence,
 
-    u = ( sum_l c_l nu_l^T  (H, F),   sum_l (c_l g_l^T + g_l c_l^T)  (H, H),   sum_l c_l  (H) ).
+    u = ( sum_l c_l nu_l^T  (H, F),   sum_l (c_l g_l^T + g_l c_l^T) - lr sum_l c_l c_l^T  (H, H),   sum_l c_l  (H) )
 
-Over ``d tau`` there are ``D d tau`` independent steps, so the state ``y = (M, Q, b)``
-(flattened as :func:`singleloc._theory.flatten_state`) follows, to leading order in ``1/D``,
+(the last term of the ``Q`` block is the Gram matrix of the step, ``lr^2 / D`` times ``sum_l c_l
+c_l^T``; its mean is the ``lr^2`` term of the drift). Over ``d tau`` there are ``D d tau``
+independent steps, so the state ``y = (M, Q, b)`` (flattened as
+:func:`singleloc._theory.flatten_state`) follows, to leading order in ``1/D``,
 
     dy = drift(y) d tau + sqrt(Sigma(y) / D) dW,      Sigma = lr^2 Cov(u):
 
-the per-step update covariance of the order parameters divided by D (per unit time). The
-Gram-matrix term of ``Q`` fluctuates at a smaller order and is left in the drift.
+the per-step update covariance of the order parameters divided by D (per unit time).
 
 ``Cov(u)`` is an expectation over the local fields like the drift. ``nu_l`` is never drawn:
 given the head fields it is Gaussian with mean ``theta 1[l = 0] + M^T (Q^+)^{1/2} w_l`` and
@@ -50,9 +50,9 @@ def update_moments(ode: OrderParameterODE, M, Q, b):
         c = jax.grad(ode._loss)(g.T + b[:, None])  # (H, L)
         nu = w @ A
         nu = nu.at[0].add(theta)
-        UQ = c @ g
-        u = flatten_state(c @ nu, UQ + UQ.T, c.sum(1), tb)
-        return {"u": u, "uu": jnp.outer(u, u), "cc": c @ c.T}
+        UQ, cc = c @ g, c @ c.T
+        u = flatten_state(c @ nu, UQ + UQ.T - ode.lr * cc, c.sum(1), tb)
+        return {"u": u, "uu": jnp.outer(u, u), "cc": cc}
 
     m = ode.fields.expect(integrand, M, Q, Qh=Qh, with_noise=True)
     cov = m["uu"] - jnp.outer(m["u"], m["u"])

@@ -36,12 +36,14 @@ def test_update_covariance_matches_single_sgd_steps():
     def one(key):  # the increments of one step, times D / lr (lr = 1)
         X, eps = sample_sequence(key, prior, kstar, L)
         gK, gb = grad(K, b, X.astype(jnp.float64), eps)
-        dQ = -(gK @ K.T + K @ gK.T)
+        dQ = -(gK @ K.T + K @ gK.T) + gK @ gK.T  # K -> K - gK: D times the change of Q, its Gram term included
         return jnp.concatenate([-(gK @ kstar.T).ravel(), dQ[iu], -gb])
 
-    u = np.asarray(jax.jit(jax.vmap(one))(jax.random.split(jax.random.PRNGKey(2), 6000)))
+    u = np.asarray(jax.jit(jax.vmap(one))(jax.random.split(jax.random.PRNGKey(2), 20000)))
     emp = np.cov(u.T)
-    assert np.linalg.norm(np.asarray(Sigma) - emp) / np.linalg.norm(emp) < 0.12
+    # Relative error 0.04-0.06 over seeds (Monte Carlo of fourth moments, D = 600, 256 points); without the
+    # fluctuation of the Gram term of Q it is 0.08-0.10.
+    assert np.linalg.norm(np.asarray(Sigma) - emp) / np.linalg.norm(emp) < 0.07
 
 
 @pytest.mark.slow
