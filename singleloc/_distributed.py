@@ -15,8 +15,9 @@ sweep, share one cluster):
   given. Dask is neither imported nor started (a plain ``singleloc sweep``).
 * ``workers > 1``: an embedded :class:`distributed.LocalCluster` of ``workers`` processes with one
   thread each, started when the first task is submitted and closed with the :class:`Cluster`. Its
-  workers get the environment :data:`WORKER_ENV` (one CPU thread for XLA and BLAS, no
-  preallocation of accelerator memory), so ``workers`` processes use ``workers`` cores.
+  workers get the environment :func:`worker_env` (one CPU thread for XLA and BLAS, no
+  preallocation of accelerator memory, so ``workers`` processes use ``workers`` cores; the
+  caller's persistent compilation cache).
 * ``scheduler="tcp://HOST:PORT"`` (or, with ``workers == 1``, the address in the environment
   variable ``DASK_SCHEDULER_ADDRESS``, Dask's own convention): an existing cluster (``dask
   scheduler`` and ``dask worker`` processes, ``dask-jobqueue`` on Slurm or PBS; ``docs/scale.md``).
@@ -41,6 +42,7 @@ import contextlib
 import dataclasses
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterator, Sequence
@@ -279,9 +281,20 @@ def _homes(groups: list[Hashable], addresses: list[str]) -> list[dict[str, Any]]
 
 
 def worker_env() -> dict[str, str]:
-    """:data:`WORKER_ENV`, its ``XLA_FLAGS`` after those of this process (e.g. a host device count)."""
+    """The environment of a local cluster's workers: :data:`WORKER_ENV`, its ``XLA_FLAGS`` after
+    those of this process (e.g. a host device count), and this process's persistent compilation
+    cache when it is on (``JAX_COMPILATION_CACHE_DIR`` and its two thresholds, which JAX reads
+    when a worker imports it): the workers then load the programs that this process, another
+    worker or an earlier run compiled (:mod:`singleloc._compilation`), instead of compiling
+    them again."""
     flags = " ".join(filter(None, (os.environ.get("XLA_FLAGS", ""), WORKER_ENV["XLA_FLAGS"])))
-    return {**WORKER_ENV, "XLA_FLAGS": flags}
+    env = {**WORKER_ENV, "XLA_FLAGS": flags}
+    jax = sys.modules.get("jax")  # not imported: no cache turned on here (the environment is inherited)
+    if jax is not None and jax.config.jax_compilation_cache_dir:
+        env.update(JAX_COMPILATION_CACHE_DIR=str(jax.config.jax_compilation_cache_dir),
+                   JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=str(jax.config.jax_persistent_cache_min_compile_time_secs),
+                   JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=str(jax.config.jax_persistent_cache_min_entry_size_bytes))
+    return env
 
 
 @contextlib.contextmanager

@@ -92,7 +92,8 @@ def test_local_cluster_reports_a_failing_task_and_completes_the_others():
 
 
 def _pid(x: int) -> dict[str, np.ndarray]:
-    return {"pid": np.array(os.getpid())}
+    """The worker's process and its persistent compilation cache (JAX configured from its environment)."""
+    return {"pid": np.array(os.getpid()), "cache": np.array(jax.config.jax_compilation_cache_dir or "")}
 
 
 def test_one_cluster_serves_several_runs_and_starts_only_with_work():
@@ -106,6 +107,7 @@ def test_one_cluster_serves_several_runs_and_starts_only_with_work():
             assert report.where == "local" and sorted(report.completed) == [0, 1, 2, 3]
             pids.append({int(r["pid"]) for r in got.values()})
         assert pids[0] == pids[1] and os.getpid() not in pids[0]  # the same worker processes both times
+        assert {str(r["cache"]) for r in got.values()} == {jax.config.jax_compilation_cache_dir}  # this session's cache
         with pytest.raises(ValueError, match="not both"):
             run_points([(0, (0,))], _pid, print, cluster=cluster, workers=2)
     deadline = time.monotonic() + 30
