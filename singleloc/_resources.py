@@ -20,7 +20,10 @@ above in most cases), for ``S`` seeds (or ODE starts):
   test samples (one step's sample, gradient and keys; the held-out draw of one saved time);
 * theory (float64): ``8 [7 N d + 2 S B K (4 L H + H F + 2 H^2)]`` with ``N = 2 points`` nodes,
   ``B = min(N, 8192)`` nodes evaluated at once and ``K`` atoms of the prior (the nodes in
-  NumPy while they are built; the vmapped integrand);
+  NumPy while they are built; the vmapped integrand). A solve whose nodes are split over
+  several devices (:mod:`~singleloc._sharding`) evaluates up to ``B`` nodes on each; the
+  estimate counts ``B`` once (on CPU host devices, which share the host's memory, the integrand
+  part can reach the device count times that);
 * plus :data:`OVERHEAD` for the runtime and the compiled programs.
 
 A run whose estimate exceeds the available memory (``MemAvailable`` of ``/proc/meminfo``,
