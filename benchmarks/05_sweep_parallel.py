@@ -12,12 +12,20 @@ it (:func:`singleloc._sweep.compute_points` through :func:`singleloc._distribute
 * batched: one task per shape group, one vmapped solve of its 4 points (4 programs);
 
 each serially in one process (no Dask) and on a local cluster of ``--workers`` (default 2)
-single-threaded worker processes, started and closed inside the timing. Every run is a fresh
+single-threaded worker processes, started and closed inside the timing. A serial process keeps
+more than one core busy (XLA's threads), so on a machine with as many cores as workers the
+speed-up over it is bounded by ``cores / (cores one serial process uses)``; the ``serial-1thread``
+runs are serial with a worker's environment (:data:`singleloc._distributed.WORKER_ENV`: XLA on one
+thread), the baseline that measures what the workers themselves add. The ``-warm`` runs find
+their compilation cache filled by an untimed run of the same sweep just before (as a user's
+second sweep over new values of the same shapes finds it): they time loading the programs and
+solving, not compiling. Every run is a fresh
 Python process with its own empty compilation cache folder (``SINGLELOC_CACHE_DIR``, turned on
 as the command line does), so no run finds a program compiled by another. The script prints per
 run the load average at its start (other work on the machine), the wall time (of the points,
 the sum of the tasks' own times, and of the whole process with its imports), the CPU time of the run's processes (workers
-included), the number of XLA compilations of the solve and in all, and the largest deviation of the risks from the serial
+included), the number of XLA compilations of the solve and in all (JAX's backend-compile event, which also
+counts a program loaded from the compilation cache), and the largest deviation of the risks from the serial
 unbatched run; then the ratios. Target: >= 1.6x with 2 workers on 2 idle cores.
 
     python benchmarks/05_sweep_parallel.py [--tau-max 100] [--workers 2] [--modes serial,workers,...]
@@ -37,8 +45,12 @@ from pathlib import Path
 
 import numpy as np
 
+from singleloc._distributed import worker_env
+
 GRIDS = ["model.heads=1,2", "problem.F=1,2", "sgd.lr=0.3,0.5", "problem.strength=2.5,3.5"]
-MODES = {"serial": (1, False), "workers": (2, False), "serial-batched": (1, True), "workers-batched": (2, True)}
+MODES = {"serial": (1, False), "workers": (2, False), "serial-batched": (1, True), "workers-batched": (2, True),
+         "serial-1thread": (1, False), "serial-1thread-batched": (1, True),
+         "serial-batched-warm": (1, True), "workers-batched-warm": (2, True)}  # (workers, batched)
 SOLVES = ("jit(_run_points)", "jit(_trajectories)", "jit(call)")  # the solve in XLA's compile events (call: a stored program)
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
@@ -113,16 +125,24 @@ def main() -> None:
         run(args.run, args.tau_max, args.workers, Path(args.out))
         return
     modes = [m for m in args.modes.split(",") if args.workers > 1 or not m.startswith("workers")]
+    unknown = sorted(set(modes) - set(MODES))
+    if unknown:
+        parser.error(f"--modes: unknown run(s) {', '.join(unknown)}; choose from {', '.join(MODES)}")
     results = {}
     with tempfile.TemporaryDirectory(prefix="bench05-") as tmp:
         for mode in modes:
             cache = Path(tmp) / f"cache-{mode}"  # a fresh, empty compilation cache for every run
             env = {**os.environ, "SINGLELOC_CACHE_DIR": str(cache)}
+            if "1thread" in mode:
+                env.update(worker_env())
+            command = [sys.executable, __file__, "--run", mode, "--out", tmp, "--tau-max", str(args.tau_max),
+                       "--workers", str(args.workers)]
+            if mode.endswith("-warm"):  # an untimed run first fills the compilation cache
+                subprocess.run(command, env=env, capture_output=True, check=True)
             load = os.getloadavg()[0]
             cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
             t0 = time.perf_counter()
-            done = subprocess.run([sys.executable, __file__, "--run", mode, "--out", tmp, "--tau-max", str(args.tau_max),
-                                   "--workers", str(args.workers)], env=env, capture_output=True, text=True)
+            done = subprocess.run(command, env=env, capture_output=True, text=True)
             wall = time.perf_counter() - t0
             cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
             if done.returncode:
@@ -133,17 +153,22 @@ def main() -> None:
             results[mode] = r
     ref = results[modes[0]]["risks"]
     print(f"16-point theory sweep to tau = {args.tau_max:g} (default preset, {' x '.join(GRIDS)}) on {os.cpu_count()} cores")
-    print(f"{'run':<16} {'load':>5} {'tasks':>5} {'wall s':>7} {'in tasks s':>10} {'process s':>9} {'CPU s':>7} "
+    print(f"{'run':<22} {'load':>5} {'tasks':>5} {'wall s':>7} {'in tasks s':>10} {'process s':>9} {'CPU s':>7} "
           f"{'solve comp.':>11} {'all comp.':>9} {'max |risk - ' + modes[0] + '|':>22}")
     for mode, r in results.items():
         dev = max(float(np.max(np.abs(r["risks"][k] - ref[k]))) for k in ref)
-        print(f"{mode:<16} {r['load']:>5.1f} {r['tasks']:>5} {r['wall']:>7.1f} {r['in_tasks']:>10.1f} {r['process_wall']:>9.1f} "
+        print(f"{mode:<22} {r['load']:>5.1f} {r['tasks']:>5} {r['wall']:>7.1f} {r['in_tasks']:>10.1f} {r['process_wall']:>9.1f} "
               f"{r['cpu']:>7.1f} {r['solve_compilations']:>11} {r['compilations']:>9} {dev:>22.1e}")
     ratio = lambda a, b: f"{results[a]['wall'] / results[b]['wall']:.2f}x" if a in results and b in results else "-"  # noqa: E731
     print(f"speed-up of {args.workers} workers over serial: unbatched {ratio('serial', 'workers')}, batched "
           f"{ratio('serial-batched', 'workers-batched')}; batched over unbatched: serial {ratio('serial', 'serial-batched')}, "
           f"{args.workers} workers {ratio('workers', 'workers-batched')}; serial unbatched over {args.workers} workers batched "
           f"{ratio('serial', 'workers-batched')}")
+    print(f"with the compilation cache filled by an earlier run (a sweep repeated at new values): 2 workers batched over "
+          f"serial batched {ratio('serial-batched-warm', 'workers-batched-warm')}")
+    print(f"over one serial process on one XLA thread (what a worker gets): unbatched {ratio('serial-1thread', 'workers')}, "
+          f"batched {ratio('serial-1thread-batched', 'workers-batched')}; CPU / wall of the serial process: "
+          + (f"{results['serial']['cpu'] / results['serial']['process_wall']:.2f} cores" if "serial" in results else "-"))
 
 
 if __name__ == "__main__":
