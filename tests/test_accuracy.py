@@ -148,6 +148,7 @@ print("tau", res.tau[-1], "traces", len(traces))
 """
 
 
+@pytest.mark.slow
 def test_a_new_grid_or_start_of_the_same_shapes_is_not_traced_again(tmp_path):
     """In a fresh process (other test modules change JAX's global configuration): after one
     solve, a new start and a new time grid of the same shapes run the compiled program again."""

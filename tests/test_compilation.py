@@ -74,6 +74,7 @@ def test_a_fresh_process_does_not_trace_the_solve_again(tmp_path):
     assert runs[0][0] == "1" and runs[1][0] == "0" and runs[0][1] == runs[1][1], runs
 
 
+@pytest.mark.slow
 def test_equinox_imported_first_still_integrates(tmp_path):
     """equinox reads ``EQX_ON_ERROR`` when it is first imported: a script that imports diffrax
     before singleloc keeps the checks as host callbacks, which ``jax.export`` refuses. The solve

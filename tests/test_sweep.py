@@ -183,6 +183,7 @@ def test_horizon_modes(tmp_path, fake_compute):
             _sweep.sweep(base, grids, tmp_path, horizon=bad, progress=False, figures=False)
 
 
+@pytest.mark.slow
 def test_cli_sweep_auto_horizon_real_prediction(tmp_path):
     """The default horizon with the real prediction and ODE (bsoftmax escapes fast)."""
     out = tmp_path / "auto"
