@@ -10,7 +10,8 @@ Two evaluators of the risk of a kept subset:
 
 * theory (:class:`TheoryRisk`): the population risk of the kept rows/columns of
   ``(M, Q, b)``, with an :class:`~singleloc.OrderParameterODE` built for ``H'`` heads (its
-  quadrature rule over the local fields depends on ``H'``; one is built and cached per ``H'``);
+  quadrature rule over the local fields depends on ``H'``; one is built and cached per ``H'``;
+  with ``theory.replicates > 1``, one per replicate, and the risk has a quadrature error);
 * weights (:class:`WeightsRisk`): the kept rows of the keys ``K`` and biases ``b``,
   evaluated on the simulator's held-out sequences (:mod:`singleloc._heldout`: exact in law at
   any D, finite-D empirical loss or the limit loss), with the same sequences for every subset
@@ -60,8 +61,9 @@ class PruningResult:
         removed: ``(draws, H - 1)`` int, the heads removed, in order (indices of the original
             layer); one row unless the order is random.
         risks: ``(draws, H)``, the risk after removing ``k = 0 .. H-1`` heads.
-        stderr: ``(draws, H)`` Monte Carlo standard error of each risk (weights evaluator),
-            or ``None`` (theory: a deterministic quadrature).
+        stderr: ``(draws, H)`` standard error of each risk: Monte Carlo (weights evaluator),
+            quadrature (theory evaluator with ``theory.replicates > 1``), or ``None`` (theory
+            with one rule: no estimate).
     """
 
     order: str
@@ -121,9 +123,13 @@ _heldout_losses = eqx.filter_jit(heldout_losses)
 
 class TheoryRisk:
     """Population risk of sub-layers of the layer ``(M, Q, b)`` (``M`` (H, F), ``Q`` (H, H),
-    ``b`` (H,)). ``risk(kept)`` evaluates the heads ``kept`` with an ODE object for
+    ``b`` (H,)). ``risk(kept)`` evaluates the heads ``kept`` with ODE objects for
     ``len(kept)`` heads, built from ``config`` (problem, activation, ``theory.points``,
-    ``theory.qmc_seed``) and cached."""
+    ``theory.qmc_seed``, ``theory.replicates``) and cached.
+
+    With ``theory.replicates = R > 1`` a risk is the mean over ``R`` independently scrambled
+    rules and comes with its standard error (their spread over ``sqrt(R)``): the quadrature
+    error of the risk of the given layer. With ``R = 1`` the error is not estimated (0.0)."""
 
     def __init__(self, config: Config, M, Q, b):
         dtype = jnp.result_type(float)
@@ -134,22 +140,25 @@ class TheoryRisk:
             raise ValueError(f"order parameters must have shapes (H, F), (H, H), (H,) with F = {config.problem.F}; "
                              f"got M {self.M.shape}, Q {self.Q.shape}, b {self.b.shape}")
         self.heads = H
-        self._odes: dict[int, OrderParameterODE] = {}
+        self._odes: dict[int, list[OrderParameterODE]] = {}
 
-    def ode(self, heads: int) -> OrderParameterODE:
-        """The (cached) :class:`OrderParameterODE` of a layer with ``heads`` heads. Its rule is
-        the evaluation scrambling of :func:`~singleloc.integrate` (``Theory.evaluation_seed``),
-        independent of the nodes that drove a trained layer's dynamics, so that the unpruned
-        risk is the risk ``integrate`` reports."""
+    def odes(self, heads: int) -> list[OrderParameterODE]:
+        """The (cached) :class:`OrderParameterODE` objects of a layer with ``heads`` heads, one
+        per replicate ``r``: the rule of scrambling ``Theory.evaluation_seed + r``, the one on
+        which :func:`~singleloc.integrate` evaluates replicate ``r``'s risk, independent of the
+        nodes that drove a trained layer's dynamics (so that the unpruned risk is the risk
+        ``integrate`` reports)."""
         if heads not in self._odes:
-            evaluation = {"qmc_seed": self.config.theory.evaluation_seed}
-            self._odes[heads] = OrderParameterODE.from_config(self.config.replace(model={"heads": heads}, theory=evaluation))
+            th = self.config.theory
+            self._odes[heads] = [OrderParameterODE.from_config(self.config.replace(
+                model={"heads": heads}, theory={"qmc_seed": th.evaluation_seed + r})) for r in range(th.replicates)]
         return self._odes[heads]
 
     def __call__(self, kept: Sequence[int]) -> tuple[float, float]:
-        """``(risk, 0.0)`` of the sub-layer of heads ``kept`` (no Monte Carlo error)."""
+        """``(risk, standard error)`` of the sub-layer of heads ``kept`` (class docstring)."""
         M, Q, b = keep_heads(self.M, self.Q, self.b, kept)
-        return float(layer_risk(self.ode(len(kept)), M, Q, b)), 0.0
+        risks = np.array([float(layer_risk(ode, M, Q, b)) for ode in self.odes(len(kept))])
+        return float(risks.mean()), float(risks.std(ddof=1) / np.sqrt(len(risks))) if len(risks) > 1 else 0.0
 
 
 class WeightsRisk:
@@ -286,10 +295,12 @@ def _finish(result: PruningResult, deterministic: bool) -> PruningResult:
 def prune_theory(config: Config, M, Q, b, order: str | Sequence[int] = "greedy", *, draws: int = 16,
                  seed: int = 0) -> PruningResult:
     """Prune the layer with order parameters ``M`` (H, F), ``Q`` (H, H), ``b`` (H,), scoring
-    every kept subset by its population risk (see :class:`TheoryRisk`)."""
+    every kept subset by its population risk (see :class:`TheoryRisk`; with
+    ``theory.replicates > 1`` each risk comes with its quadrature error in ``stderr``)."""
     evaluate = TheoryRisk(config, M, Q, b)
     norms = np.linalg.norm(np.asarray(M, dtype=float), axis=1)
-    return _finish(prune(evaluate, evaluate.heads, order, overlap_norms=norms, draws=draws, seed=seed), True)
+    result = prune(evaluate, evaluate.heads, order, overlap_norms=norms, draws=draws, seed=seed)
+    return _finish(result, deterministic=config.theory.replicates == 1)
 
 
 def prune_weights(config: Config, K, b, kstar, order: str | Sequence[int] = "greedy", *, draws: int = 16,

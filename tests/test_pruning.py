@@ -8,6 +8,7 @@ from helpers import random_overlaps, weights_with_overlaps
 from scipy import stats
 
 from singleloc import OrderParameterODE, load_config
+from singleloc._bayes import bayes_point
 from singleloc._io import save_run
 from singleloc._pruning import TheoryRisk, WeightsRisk, prune, prune_theory, prune_weights, removable_heads
 from singleloc.cli import main
@@ -51,6 +52,38 @@ def test_no_pruning_and_one_head(rng):
     # the two-head step keeps heads 0 and 1
     assert res.risk[1] == pytest.approx(risk_with_heads(cfg, M[:2], Q[:2, :2], b[:2]), abs=1e-12)
 
+
+
+def test_replicated_theory_risk_carries_its_quadrature_error(rng):
+    """With theory.replicates = R the risk of each kept subset is the mean over R scramblings
+    and its standard error covers the distance to a reference rule of 16 times the points."""
+    H, F = 3, 2
+    cfg = small_config("softmax1", H, F, points=256).replace(theory={"replicates": 6})
+    M, Q, b = random_layer(rng, H, F)
+    res = prune_theory(cfg, M, Q, b, [1, 0])
+    assert res.stderr.shape == (1, H) and np.all(res.stderr > 0) and np.all(res.stderr < 0.01)
+    fine = small_config("softmax1", H, F, points=256 * 16)
+    for k, kept in enumerate(([0, 1, 2], [0, 2], [2])):
+        reference = risk_with_heads(fine, M[kept], Q[np.ix_(kept, kept)], b[kept])
+        assert abs(res.risks[0, k] - reference) < 4 * res.stderr[0, k] + 1e-4, (k, res.risks[0, k], reference, res.stderr)
+    assert prune_theory(cfg.replace(theory={"replicates": 1}), M, Q, b, [1, 0]).stderr is None  # one rule: no estimate
+
+
+def test_cli_prune_prints_the_quadrature_error(tmp_path, capsys):
+    """The bsoftmax Bayes layer of two spikes: either head removed raises the risk."""
+    out = tmp_path / "run"
+    cfg = small_config("bsoftmax", 2, 2, points=256).replace(theory={"replicates": 3})
+    M, Q, b = (np.asarray(x) for x in bayes_point(cfg.problem.build_prior()))
+    T = 2
+    save_run(out, cfg, {"theory.npz": {"tau": np.arange(T, dtype=float), "M": np.repeat(M[None], T, 0),
+                                       "Q": np.repeat(Q[None], T, 0), "b": np.repeat(b[None], T, 0), "risk": np.zeros(T)}})
+    assert main(["prune", str(out), "--tol", "0"]) == 0
+    text = capsys.readouterr().out
+    with np.load(out / "prune.npz") as d:
+        risks, se = d["theory_risks"][0], d["theory_stderr"][0]
+    assert "+- quadrature SE" in text and f"{risks[1]:.4f} +- {se[1]:.4f}" in text
+    k = removable_heads(risks, 0.0) + 1  # the first harmful removal
+    assert k == 1 and f"removing {k} raises it by {risks[k] - risks[0]:.4f} +- {np.hypot(se[k], se[0]):.4f}" in text
 
 def _single_head_mc(activation, M, Q, b, L, strength, F, n, rng):
     """Independent numpy Monte Carlo of the limit risk of ONE head, spikes prior:

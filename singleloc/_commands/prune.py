@@ -26,7 +26,10 @@ def register(sub) -> None:
         "a time along --order and evaluate the pruned layer, whose aggregation is renormalised "
         "over the kept heads (a = (1/H') sum_kept A_h; bsoftmax's factor H becomes H'). "
         "The risk is the population risk of the kept rows/columns of (M, Q, b), computed with "
-        "the config's theory quadrature. simulation.npz stores order parameters only (not the "
+        "the config's theory quadrature; with theory.replicates = R > 1 it is the mean over R "
+        "independently scrambled rules and comes with its quadrature standard error (in the "
+        "table, in prune.npz as <source>_stderr, and for the first harmful removal in the summary "
+        "line). simulation.npz stores order parameters only (not the "
         "keys), so each simulation seed is pruned through its final order parameters with this "
         "theory risk, not on fresh finite-D data; to prune finite-D weights on fresh data use "
         "singleloc.prune_weights in Python. Prints a table of risk against heads removed and "
@@ -86,6 +89,8 @@ def run(args) -> int:
     for source, res in results.items():
         arrays[f"{source}_risks"] = np.concatenate([r.risks for r in res])
         arrays[f"{source}_removed"] = np.concatenate([r.removed for r in res])
+        if res[0].stderr is not None:
+            arrays[f"{source}_stderr"] = np.concatenate([r.stderr for r in res])
         label = ("theory (ODE final state)" if source == "theory"
                  else f"simulation order parameters, {len(res)} seed(s), theory risk")
         curves[label] = _merge(res)
@@ -110,7 +115,8 @@ def _print_table(results: dict[str, list], args, H: int, F: int) -> None:
     for source, res in results.items():
         n = len(res)
         name = source if source == "theory" else f"simulation ({n} seed{'s' * (n > 1)}, order parameters)"
-        head += f"  {name + (' mean +- sd' if spread or n > 1 else ''):>28}"
+        name += " mean +- sd" if spread or n > 1 else (" +- quadrature SE" if res[0].stderr is not None else "")
+        head += f"  {name:>28}"
         if args.order != "random":
             head += f"  {'dropped':>{max(7, 4 * n)}}"
     print(f"{args.order} pruning, H = {H}, F = {F}: risk against heads removed "
@@ -120,7 +126,10 @@ def _print_table(results: dict[str, list], args, H: int, F: int) -> None:
         row = f"{k:>7} {H - k:>4}"
         for res in results.values():
             rows = np.concatenate([r.risks[:, k] for r in res])
-            cell = f"{rows.mean():.4f}" + (f" +- {rows.std(ddof=1):.4f}" if len(rows) > 1 else "")
+            if len(rows) > 1:
+                cell = f"{rows.mean():.4f} +- {rows.std(ddof=1):.4f}"
+            else:
+                cell = f"{rows[0]:.4f}" + (f" +- {res[0].stderr[0, k]:.4f}" if res[0].stderr is not None else "")
             row += f"  {cell:>28}"
             if args.order != "random":
                 dropped = ",".join(str(int(r.removed[0, k - 1])) for r in res) if k else "-"
@@ -129,4 +138,15 @@ def _print_table(results: dict[str, list], args, H: int, F: int) -> None:
     for source, res in results.items():
         counts = [r.removable(args.tol) for r in res]
         what = f"{counts[0]}" if len(counts) == 1 else f"{min(counts)}..{max(counts)} over seeds"
-        print(f"{source}: {what} head(s) can be removed before the risk rises by more than {args.tol:g} (H - F = {H - F})")
+        print(f"{source}: {what} head(s) can be removed before the risk rises by more than {args.tol:g} (H - F = {H - F})"
+              + _margin(res[0], counts[0]) * (len(res) == 1))
+
+
+def _margin(result, k: int) -> str:
+    """The rise of the risk at the first harmful removal, with its quadrature error (a count
+    near the threshold is only as sure as that error)."""
+    if result.stderr is None or result.risks.shape[0] > 1 or k + 1 >= result.heads:
+        return ""
+    risk, se = result.risks[0], result.stderr[0]
+    return (f"; removing {k + 1} raises it by {risk[k + 1] - risk[0]:.4f} +- {np.hypot(se[k + 1], se[0]):.4f} "
+            "(quadrature SE)")
