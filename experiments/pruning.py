@@ -57,6 +57,7 @@ H = 8
 ACTIVATIONS = ("softmax", "softmax1", "bsoftmax")
 FS = (2, 3)
 TOL = 0.01
+REPLICATES = 4  # rules that give the greedy curve its quadrature error
 QUICK = {"tau": 100.0, "tau_sim": 2.0, "D": 500, "samples": 2000, "points": 1024, "draws": 4}
 
 
@@ -92,6 +93,9 @@ def run_one(activation: str, F: int, args) -> dict:
     out = {"cfg": cfg, "risk_traj": th.risk[0], "tau": ts, "t_integrate": t_int}
     out["risk_decade"] = float(th.risk[0, np.searchsorted(ts, args.tau / 10)])
     out["greedy"] = sl.prune_theory(cfg, M, Q, b, "greedy")
+    # the same order on REPLICATES other scramblings: the quadrature error of every step
+    out["greedy_replicated"] = sl.prune_theory(cfg.replace(theory={"replicates": REPLICATES}), M, Q, b,
+                                               list(out["greedy"].removed[0]))
     # the trained theory layer realised by finite-D keys, pruned greedily by weights on fresh data
     Kt, kst = weights_with_overlaps(np.asarray(M), np.asarray(Q), args.D, seed=7)
     out["trained_weights"] = sl.prune_weights(cfg, Kt, b, kst, "greedy", samples=args.samples, key=500)
@@ -162,9 +166,16 @@ def report(results: dict, args) -> list[str]:
         dev_op = max(np.max(np.abs(x.risk - y.risk)) for x, y in zip(r["sim_op"], r["sim_weights"]))
         ns = [sl.removable_heads(x.risk, TOL) for x in r["sim_weights"]]
         tw = r["trained_weights"]
-        lines.append(f"  removable before the risk rises > {TOL}: greedy {g.removable(TOL)}, alignment {a.removable(TOL)}, "
+        lines.append(f"  removable before the risk rises > {TOL}: greedy {g.removable(TOL)} (same order on {REPLICATES} "
+                     f"other rules: {r['greedy_replicated'].removable(TOL)}), alignment {a.removable(TOL)}, "
                      f"random (mean curve) {rnd.removable(TOL)}, greedy by weights (trained overlaps, D = {args.D}) "
                      f"{tw.removable(TOL)}; H - F = {H - F}")
+        rep = r["greedy_replicated"]
+        k = g.removable(TOL) + 1
+        if k < H:
+            lines.append(f"  quadrature error ({REPLICATES} other rules, same order): removing {k} raises the risk by "
+                         f"{rep.risk[k] - rep.risk[0]:.4f} +- {np.hypot(rep.stderr[0, k], rep.stderr[0, 0]):.4f} "
+                         f"(this rule: {g.risk[k] - g.risk[0]:.4f}); largest SE of a step {rep.stderr.max():.4f}")
         same = r["trained_weights_same"]
         lines.append(f"  trained layer at D = {args.D}: max |theory greedy - greedy by weights| = "
                      f"{np.max(np.abs(g.risk - tw.risk)):.4f}; "
@@ -186,6 +197,9 @@ def draw(results: dict, args):
         ax = axes[FS.index(F), ACTIVATIONS.index(act)]
         g, a, rnd = r["greedy"], r["alignment"], r["random"]
         ax.plot(x, g.risk, "-", color="k", lw=1.6, label=rf"theory greedy, $\tau$={args.tau:g}")
+        rep = r["greedy_replicated"]
+        ax.errorbar(x + 0.15, rep.risk, yerr=rep.stderr[0], fmt="none", ecolor="k", elinewidth=0.8, capsize=2,
+                    label=f"same order, mean of {REPLICATES} other rules +- SE")
         ax.plot(x, a.risk, "--", color="C1", lw=1.2, label="theory by alignment")
         ax.plot(x, rnd.risk, "-", color="C2", lw=1.0, label=f"theory random ({rnd.risks.shape[0]} orders)")
         ax.fill_between(x, rnd.risk - rnd.risk_std, rnd.risk + rnd.risk_std, color="C2", alpha=0.2, lw=0)
@@ -205,7 +219,8 @@ def draw(results: dict, args):
         ax.axvline(H - F, color="grey", ls=":", lw=1)
         ax.axhline(g.risk[0] + TOL, color="grey", ls="--", lw=0.7)
         ax.set_xticks(x)
-        ax.set_title(f"{act}, F = {F}: {g.removable(TOL)} heads removable (H - F = {H - F})", fontsize=9)
+        ax.set_title(f"{act}, F = {F}: {rep.removable(TOL)} heads removable ({REPLICATES} rules; one rule: "
+                     f"{g.removable(TOL)}; H - F = {H - F})", fontsize=8)
         ax.set_xlabel("heads removed")
         ax.set_ylabel("risk")
         if (act, F) == next(iter(results)):
