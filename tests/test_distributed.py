@@ -196,8 +196,10 @@ def test_interrupted_client_keeps_finished_results_and_closes_the_cluster(tmp_pa
     cache.mkdir()
     script = tmp_path / "run.py"
     script.write_text(INTERRUPTED_RUN)
+    # SIGINT at its default in the child, as in a terminal: a shell starts background jobs with SIGINT ignored,
+    # which Python then keeps (no KeyboardInterrupt), so a test run in the background would hang here
     proc = subprocess.Popen([sys.executable, str(script), str(flags), str(cache)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         done = [proc.stdout.readline().strip() for _ in range(2)]  # points 0 and 1 finish; the others block
         assert sorted(done) == ["0", "1"]
