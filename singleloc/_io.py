@@ -25,12 +25,13 @@ hash), a missing array or one whose shape does not fit the config.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import zipfile
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -125,21 +126,26 @@ def add_to_run(run: Run, files: Mapping[str, Any]) -> Path:
     return write_folder(run.directory, lambda folder: _write_stamped(folder, files, run.config_hash), keep=True)
 
 
-def load_npz(path: str | Path) -> dict[str, np.ndarray]:
-    """All arrays of an ``.npz`` file as a dict (``ValueError`` for a file that is not a zip
-    archive, rather than NumPy's attempt to read it as a pickle)."""
+@contextlib.contextmanager
+def _open_npz(path: str | Path) -> Iterator[Any]:
+    """``np.load`` of an ``.npz`` file (``ValueError`` for a file that is not a zip archive,
+    rather than NumPy's attempt to read it as a pickle)."""
     if not zipfile.is_zipfile(path):
         raise ValueError("not a zip archive")
     with np.load(path, allow_pickle=False) as data:
+        yield data
+
+
+def load_npz(path: str | Path) -> dict[str, np.ndarray]:
+    """All arrays of an ``.npz`` file as a dict (errors as :func:`_open_npz`)."""
+    with _open_npz(path) as data:
         return {k: data[k] for k in data.files}
 
 
 def npz_names(path: str | Path) -> list[str]:
     """The names of the arrays of an ``.npz`` file, from its zip directory only (no array is
     read; errors as :func:`load_npz`)."""
-    if not zipfile.is_zipfile(path):
-        raise ValueError("not a zip archive")
-    with np.load(path, allow_pickle=False) as data:
+    with _open_npz(path) as data:
         return list(data.files)
 
 

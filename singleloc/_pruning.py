@@ -42,7 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._activations import get_activation
-from ._bayes import layer_risk
+from ._bayes import RiskEstimate, layer_risk
 from ._config import Config
 from ._data import overlaps
 from ._heldout import draw_heldout, heldout_losses
@@ -157,8 +157,11 @@ class TheoryRisk:
     def __call__(self, kept: Sequence[int]) -> tuple[float, float]:
         """``(risk, standard error)`` of the sub-layer of heads ``kept`` (class docstring)."""
         M, Q, b = keep_heads(self.M, self.Q, self.b, kept)
-        risks = np.array([float(layer_risk(ode, M, Q, b)) for ode in self.odes(len(kept))])
-        return float(risks.mean()), float(risks.std(ddof=1) / np.sqrt(len(risks))) if len(risks) > 1 else 0.0
+        risks = [float(layer_risk(ode, M, Q, b)) for ode in self.odes(len(kept))]
+        if len(risks) == 1:
+            return risks[0], 0.0
+        estimate = RiskEstimate.from_replicates(risks, self.config.theory.points)
+        return estimate.value, estimate.error
 
 
 class WeightsRisk:

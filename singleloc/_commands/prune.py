@@ -139,7 +139,7 @@ def _print_table(results: dict[str, list], args, H: int, F: int) -> None:
         counts = [r.removable(args.tol) for r in res]
         what = f"{counts[0]}" if len(counts) == 1 else f"{min(counts)}..{max(counts)} over seeds"
         print(f"{source}: {what} head(s) can be removed before the risk rises by more than {args.tol:g} (H - F = {H - F})"
-              + _margin(res[0], counts[0]) * (len(res) == 1))
+              + (_margin(res[0], counts[0]) if len(res) == 1 else ""))
 
 
 def _margin(result, k: int) -> str:

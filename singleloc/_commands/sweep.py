@@ -71,9 +71,10 @@ def run(args) -> int:
     grids = [parse_grid(g) for g in args.grid]
     points = [point for _, point in grid_points(config, grids)]
     # a batched group solves the starts of all its points at once
-    groups = Counter(compile_group("theory", point.to_dict()) for point in points) if args.batch else Counter()
-    for point in points:  # every point can run, before the first one does
-        batch = groups[compile_group("theory", point.to_dict())] if args.batch else 1
+    groups = [compile_group("theory", point.to_dict()) for point in points]
+    sizes = Counter(groups)
+    for point, group in zip(points, groups):  # every point can run, before the first one does
+        batch = sizes[group] if args.batch else 1
         check_run(point, simulation=args.simulate, theory_starts=point.simulation.seeds * batch)
     if args.workers > 1 and args.scheduler:
         raise ValueError("give either --workers N (a local cluster) or --scheduler ADDRESS (an existing one), not both")
