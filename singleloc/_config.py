@@ -86,6 +86,21 @@ class Config:
         return Config.from_dict(_restore_prior(data))
 
 
+def require_config(config: Any, where: str) -> None:
+    """``TypeError`` unless ``config`` is a :class:`Config`: the functions of the Python API take
+    a resolved config, and a preset name or a dict given in its place is named with the remedy."""
+    if not isinstance(config, Config):
+        hint = (f"singleloc.load_config({_short(config, 40)})" if isinstance(config, (str, Path, Mapping))
+                else "singleloc.load_config(...)")
+        raise TypeError(f"{where}: config must be a singleloc.Config, got {type(config).__name__} {_short(config)}; "
+                        f"pass {hint}")
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def _toml_kind(value: Any) -> str:
     """``"an integer"``, ``"an array"``, ...: the TOML name of a value's type, for messages."""
     kinds = ((bool, "a boolean"), (int, "an integer"), (float, "a float"), (str, "a string"), (Mapping, "a table"),

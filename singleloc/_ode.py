@@ -56,7 +56,7 @@ import numpy as np
 
 from ._accuracy import choose_points, flat_drift, relative_drift_error
 from ._compilation import exported_call
-from ._config import Config
+from ._config import Config, require_config
 from ._data import initial_overlaps
 from ._io import save_run
 from ._numerics import Q_RUNAWAY
@@ -224,6 +224,7 @@ def integrate(
     ts: np.ndarray | None = None,
     max_steps: int = 100_000,
     progress: bool = False,
+    t0: float = 0.0,
 ) -> TheoryResult:
     """Integrate the order-parameter ODE for one or several initial conditions.
 
@@ -232,18 +233,43 @@ def integrate(
             :func:`~singleloc.choose_points` at the starts ``y0``.
         y0: initial ``(M0, Q0, b0)``, each with a leading batch axis ``S`` (or none, for one
             start). Default: the overlaps of seed 0 of the simulator's initialisation.
-        ts: saved times (default: the config's ``sgd`` grid).
+        ts: saved times (default: the config's ``sgd`` grid): finite, strictly increasing, none
+            before ``t0``. A first time after ``t0`` is reached by solving from ``t0`` (the start
+            itself is then not among the saved times).
         max_steps: cap on the number of solver steps.
         progress: show diffrax's progress bar (the program is then compiled in every process).
+        t0: the time ``tau`` of the start ``y0`` (default 0).
 
     The starts are split over the local devices; one start (fewer starts than devices) has the
     nodes of its rules split instead (:mod:`~singleloc._sharding`).
 
     Raises:
+        ValueError: invalid ``ts`` or ``t0`` (naming them), or an invalid start.
         FloatingPointError: the state left the set of valid overlaps (non-finite, runaway
             keys, or ``R_orth`` not PSD); the message gives the time and suggests a remedy.
     """
-    problem = _problem(config, y0, ts)
+    require_config(config, "integrate")
+    try:
+        times = np.asarray(config.sgd.save_times() if ts is None else ts, dtype=np.float64)
+        t0 = float(t0)
+    except (TypeError, ValueError):
+        raise ValueError(f"ts and t0 must be numbers (saved times tau), got ts = {ts!r:.80}, t0 = {t0!r:.40}") from None
+    if times.ndim != 1 or times.size == 0:
+        raise ValueError(f"ts must be a non-empty 1-D sequence of saved times, got shape {times.shape}")
+    if not np.isfinite(t0):
+        raise ValueError(f"t0 must be finite, got {t0}")
+    if not np.all(np.isfinite(times)):
+        i = int(np.argmin(np.isfinite(times)))
+        raise ValueError(f"ts must be finite, got ts[{i}] = {times[i]}")
+    if np.any(np.diff(times) <= 0):
+        i = int(np.argmax(np.diff(times) <= 0))
+        raise ValueError(f"ts must be strictly increasing (the solve runs forward in tau), got ts[{i}] = {times[i]:g} "
+                         f"then ts[{i + 1}] = {times[i + 1]:g}")
+    if times[0] < t0:
+        raise ValueError(f"ts starts at {times[0]:g}, before the start y0 at t0 = {t0:g}: the saved times must be >= t0 "
+                         "(pass t0 = the time of y0 to start elsewhere than tau = 0)")
+    skip = bool(times[0] > t0)  # solve from the start at t0; do not return it
+    problem = _problem(config, y0, np.concatenate([[t0], times]) if skip else times)
     dynamics, evaluation, y0, ts, rtol, atol = problem.args
     y0, (dynamics, evaluation, ts, rtol, atol), n = shard_batch(y0, (dynamics, evaluation, ts, rtol, atol))
     args = (dynamics, evaluation, y0, ts, rtol, atol)
@@ -251,6 +277,10 @@ def integrate(
     result = _result(problem, unpad(jax.device_get(out), n), max_steps)
     if isinstance(result, FloatingPointError):
         raise result
+    if skip:  # the start at t0, solved from but not asked for
+        later = lambda x: x[:, 1:]
+        result = dataclasses.replace(result, tau=result.tau[1:], M=later(result.M), Q=later(result.Q), b=later(result.b),
+                                     risk=later(result.risk), risk_se=later(result.risk_se))
     return result
 
 

@@ -325,5 +325,7 @@ def finetune(config: Config, M, Q, b, kept: Sequence[int], ts, **kwargs):
     ``len(kept)``-head model from ``y0`` = the kept rows/columns of ``(M, Q, b)``, saved at
     ``ts`` (which start at the pruning time, e.g. 0). Returns a :class:`~singleloc.TheoryResult`."""
     y0 = keep_heads(M, Q, b, kept)
-    return integrate(config.replace(model={"heads": len(kept)}), y0, ts=np.asarray(ts), **kwargs)
+    ts = np.asarray(ts, dtype=float)
+    kwargs.setdefault("t0", float(ts.flat[0]) if ts.size else 0.0)  # the pruned layer is the state at ts[0]
+    return integrate(config.replace(model={"heads": len(kept)}), y0, ts=ts, **kwargs)
 

@@ -52,6 +52,10 @@ NODE_BATCH = 8192
 
 MEMORY_ENV = "SINGLELOC_MEMORY_LIMIT"
 
+#: Most SGD steps of a simulation: step ``t`` draws its sequence from ``fold_in(train, t)``, whose
+#: data is 32-bit, and the step counter of ``fori_loop`` is int32 without JAX's x64 mode.
+STEP_MAX = 2**31 - 1
+
 
 def check_dimension(config: Config, use: str) -> None:
     """``simulation.D`` large enough for ``use`` = ``"simulation"`` (``D > H + F``) or
@@ -63,6 +67,17 @@ def check_dimension(config: Config, use: str) -> None:
     if use == "theory" and D < H + F:
         raise ValueError(f"simulation.D = {D} must be at least model.heads + problem.F = {H + F}: the ODE starts from the "
                          "overlaps of D-dimensional keys and spikes, which are degenerate for smaller D")
+
+
+def check_steps(config: Config) -> None:
+    """The simulation's ``round(sgd.tau_max * simulation.D)`` SGD steps can be counted
+    (:data:`STEP_MAX`); ``ValueError`` naming the keys otherwise."""
+    tau_max, D = config.sgd.tau_max, config.simulation.D
+    steps = tau_max * D
+    if not steps <= STEP_MAX:
+        raise ValueError(f"sgd.tau_max: tau_max * simulation.D = {tau_max:g} * {D} = {steps:.3g} SGD steps, more than the "
+                         f"{STEP_MAX} a simulation can count (each step draws its sequence from a 32-bit step index); "
+                         "lower sgd.tau_max or simulation.D")
 
 
 def quadrature_dimension(L: int, heads: int, prior: Prior) -> int:
@@ -148,6 +163,7 @@ def check_run(config: Config, *, simulation: bool = False, theory_starts: int = 
     parts = {}
     if simulation:
         check_dimension(config, "simulation")
+        check_steps(config)
         parts[f"the simulation (simulation.seeds = {sim.seeds} x simulation.D = {sim.D} x problem.L = {pb.L}, "
               f"simulation.test_samples = {sim.test_samples})"] = simulation_bytes(config)
     if theory_starts:

@@ -31,7 +31,7 @@ from ._heldout import draw_heldout, heldout_losses
 from ._io import save_run
 from ._layer import finite_loss
 from ._numerics import Q_RUNAWAY
-from ._resources import check_dimension
+from ._resources import check_dimension, check_steps
 from ._sharding import shard_batch, unpad
 
 
@@ -65,7 +65,9 @@ class SimulationResult:
 
 
 def save_steps(config: Config) -> np.ndarray:
-    """SGD step counts ``t`` at the saved times (``tau * D`` rounded, strictly increasing)."""
+    """SGD step counts ``t`` at the saved times (``tau * D`` rounded, strictly increasing);
+    ``ValueError`` when there are more than :data:`~singleloc._resources.STEP_MAX` steps."""
+    check_steps(config)
     t = np.round(config.sgd.save_times() * config.simulation.D).astype(np.int64)
     t = np.unique(t)
     if len(t) < 2:

@@ -190,6 +190,8 @@ class SGD:
         """The requested saved times (before rounding to whole SGD steps)."""
         if self.spacing == "linear":
             return np.linspace(0.0, self.tau_max, self.n_save)
+        if self.n_save == 2:  # geomspace of one point gives its start, tau_max / 1000: the grid ends at tau_max
+            return np.array([0.0, self.tau_max])
         return np.concatenate([[0.0], np.geomspace(self.tau_max * 1e-3, self.tau_max, self.n_save - 1)])
 
 

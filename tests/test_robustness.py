@@ -375,3 +375,62 @@ def test_a_rising_risk_is_a_one_line_warning(tmp_path, capsys):
     assert main(["integrate", "default", *TINY, "--set", "sgd.lr=10000", "--out", str(tmp_path / "a")]) in (0, 2)
     captured = capsys.readouterr()
     assert "Traceback" not in captured.err and len(captured.err.strip().splitlines()) == 1
+
+
+# ----------------------------------------------------------------------------- issue 21: wrong numbers, silently
+
+
+@pytest.mark.parametrize("ts, t0, words", [
+    ([1.0, 0.5], 0.0, r"ts must be strictly increasing .* ts\[0\] = 1 then ts\[1\] = 0.5"),
+    ([0.0, 0.0, 1.0], 0.0, r"ts must be strictly increasing"),
+    ([-1.0, 0.0, 1.0], 0.0, r"ts starts at -1, before the start y0 at t0 = 0"),
+    ([0.0, np.nan], 0.0, r"ts must be finite, got ts\[1\] = nan"),
+    ([0.0, np.inf], 0.0, r"ts must be finite"),
+    ([[0.0, 1.0]], 0.0, r"ts must be a non-empty 1-D sequence"),
+    ([], 0.0, r"ts must be a non-empty 1-D sequence"),
+    ("later", 0.0, r"ts and t0 must be numbers"),
+    ([0.0, 1.0], np.nan, r"t0 must be finite"),
+])
+def test_integrate_refuses_saved_times_it_would_mislabel(ts, t0, words):
+    """Issue 21 item 1: a descending, negative or non-finite ``ts`` was solved as given (backwards,
+    or from ts[0]); now a ValueError naming ``ts`` before anything is compiled."""
+    import singleloc as sl
+
+    with pytest.raises(ValueError, match=words):
+        sl.integrate(CONFIG, ts=ts, **({} if t0 == 0 else {"t0": t0}))
+
+
+def test_integrate_from_zero_to_a_later_first_time_labels_the_states_by_their_tau():
+    """Issue 21 item 1: ``ts = [0.5, 1]`` started the solve at 0.5, labelling the start's risk tau = 0.5.
+    Now the solve starts at t0 = 0 and the state at 0.5 is the one of the full grid at 0.5."""
+    import singleloc as sl
+
+    full = sl.integrate(CONFIG, ts=[0.0, 0.5, 1.0])
+    later = sl.integrate(CONFIG, ts=[0.5, 1.0])
+    np.testing.assert_array_equal(later.tau, [0.5, 1.0])
+    assert later.M.shape[1] == later.risk.shape[1] == later.risk_se.shape[1] == 2
+    np.testing.assert_allclose(later.risk, full.risk[:, 1:], rtol=1e-12)
+    np.testing.assert_allclose(later.M, full.M[:, 1:], rtol=1e-12)
+    assert later.risk[0, 0] < full.risk[0, 0] - 1e-3  # not the start's risk
+    shifted = sl.integrate(CONFIG, ts=[-1.0, -0.5, 0.0], t0=-1.0)  # an explicit start time: the ODE is autonomous
+    np.testing.assert_allclose(shifted.risk, full.risk, rtol=1e-12)
+
+
+@pytest.mark.parametrize("n_save, expected", [(2, [0.0, 30.0]), (3, [0.0, 0.03, 30.0])])
+def test_a_log_grid_of_two_saved_times_ends_at_tau_max(n_save, expected):
+    """Issue 21 item 2: ``spacing = log, n_save = 2`` saved tau 0..0.03 although tau_max = 30."""
+    from singleloc._simulation import save_steps
+
+    cfg = load_config("default", ["sgd.spacing=log", f"sgd.n_save={n_save}"])
+    np.testing.assert_allclose(cfg.sgd.save_times(), expected)
+    np.testing.assert_array_equal(save_steps(cfg), np.round(np.asarray(expected) * cfg.simulation.D))
+
+
+@pytest.mark.parametrize("tau_max", ["1e300", "1e7"])
+def test_a_simulation_of_more_steps_than_it_can_count_is_refused(tmp_path, capsys, tau_max):
+    """Issue 21 item 3: ``tau_max = 1e300`` gave a cast warning, exit 0 and saved tau [-4.6e16, 0]."""
+    out = tmp_path / "out"
+    assert main(["simulate", "default", *TINY, "--set", f"sgd.tau_max={tau_max}", "--out", str(out)]) == 2
+    line = one_line(capsys, "simulate")
+    assert "sgd.tau_max: tau_max * simulation.D" in line and "more than the 2147483647" in line
+    assert not out.exists()
