@@ -93,9 +93,10 @@ class Cluster:
     tasks to run, or :attr:`threads` of an external cluster), so that a sweep whose points are all
     cached starts nothing."""
 
-    def __init__(self, workers: int, address: str | None):
+    def __init__(self, workers: int, address: str | None, source: str = "scheduler"):
         self.workers = workers
         self.address = address
+        self.source = source  # where the address comes from, for messages
         self.where = address or ("local" if workers > 1 else "serial")
         self._stack = contextlib.ExitStack()
         self._client = None
@@ -110,7 +111,7 @@ class Cluster:
             from distributed import Client, LocalCluster
 
             if self.address:
-                self._client = self._stack.enter_context(Client(self.address))
+                self._client = self._stack.enter_context(self._connect(Client))
             else:
                 with dask.config.set(LOCAL_CONFIG):
                     cluster = self._stack.enter_context(LocalCluster(
@@ -118,6 +119,29 @@ class Cluster:
                         env=worker_env()))
                 self._client = self._stack.enter_context(Client(cluster))
         return self._client
+
+    def _connect(self, Client):
+        """The client of the external scheduler; a bad or unreachable address is a one-line
+        ``ValueError`` / ``ConnectionError`` naming it and where it comes from."""
+        from distributed.comm.addressing import parse_address, parse_host_port
+        from distributed.comm.registry import get_backend
+
+        what = f"the Dask scheduler address {self.address!r} ({self.source})"
+        try:  # before Client: a Client that fails on the address leaves the next one hanging
+            scheme, location = parse_address(self.address)
+            get_backend(scheme)
+            if scheme in ("tcp", "tls"):
+                parse_host_port(location)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{what} is not usable: {err}; expected tcp://HOST:PORT") from None
+        try:
+            return Client(self.address)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{what} is not usable: {err}; expected tcp://HOST:PORT") from None
+        except (OSError, TimeoutError) as err:
+            raise ConnectionError(f"{what}: cannot connect ({err}); start the scheduler or fix the address"
+                                  + (f" (or unset {SCHEDULER_ENV} to run in this process)" if self.source == SCHEDULER_ENV
+                                     else "")) from None
 
     @property
     def threads(self) -> int:
@@ -152,7 +176,11 @@ def open_cluster(workers: int = 1, scheduler: str | None = None) -> Iterator[Clu
         raise ValueError(f"workers must be at least 1, got {workers}")
     if scheduler and workers > 1:
         raise ValueError("give either workers > 1 (a local cluster) or a scheduler address, not both")
-    cluster = Cluster(workers, scheduler or (os.environ.get(SCHEDULER_ENV) if workers == 1 else None))
+    if scheduler:
+        cluster = Cluster(workers, scheduler, "scheduler")
+    else:
+        address = os.environ.get(SCHEDULER_ENV, "").strip() if workers == 1 else ""
+        cluster = Cluster(workers, address or None, SCHEDULER_ENV)
     try:
         yield cluster
     finally:

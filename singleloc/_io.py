@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from ._config import Config, load_config
+from ._config import Config, load_config, require_config
 from ._files import atomic_write, describe_path, write_folder
 from ._version import __version__
 
@@ -111,6 +111,7 @@ def save_run(directory: str | Path, config: Config, files: Mapping[str, Any]) ->
     """Write a run folder: ``config.json`` and ``files`` (name -> arrays for ``.npz``, a
     matplotlib figure for ``.png``), all stamped with the config hash, replacing ``directory``
     as a whole (see the module docstring). Returns ``directory``."""
+    require_config(config, "save_run")
     stamp = config_hash(config)
 
     def fill(folder: Path) -> None:

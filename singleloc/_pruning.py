@@ -43,7 +43,7 @@ import numpy as np
 
 from ._activations import get_activation
 from ._bayes import RiskEstimate, layer_risk
-from ._config import Config
+from ._config import Config, require_config
 from ._data import overlaps
 from ._heldout import draw_heldout, heldout_losses
 from ._ode import integrate
@@ -132,6 +132,7 @@ class TheoryRisk:
     error of the risk of the given layer. With ``R = 1`` the error is not estimated (0.0)."""
 
     def __init__(self, config: Config, M, Q, b):
+        require_config(config, "TheoryRisk")
         dtype = jnp.result_type(float)
         self.config = config
         self.M, self.Q, self.b = (jnp.asarray(x, dtype) for x in (M, Q, b))
@@ -181,6 +182,7 @@ class WeightsRisk:
 
     def __init__(self, config: Config, K, b, kstar, *, samples: int | None = None, key: int | jax.Array = 0,
                  loss: str = "empirical"):
+        require_config(config, "WeightsRisk")
         if loss not in ("empirical", "limit"):
             raise ValueError(f"loss must be 'empirical' or 'limit', got {loss!r}")
         K = jnp.asarray(K)
@@ -300,6 +302,7 @@ def prune_theory(config: Config, M, Q, b, order: str | Sequence[int] = "greedy",
     """Prune the layer with order parameters ``M`` (H, F), ``Q`` (H, H), ``b`` (H,), scoring
     every kept subset by its population risk (see :class:`TheoryRisk`; with
     ``theory.replicates > 1`` each risk comes with its quadrature error in ``stderr``)."""
+    require_config(config, "prune_theory")
     evaluate = TheoryRisk(config, M, Q, b)
     norms = np.linalg.norm(np.asarray(M, dtype=float), axis=1)
     result = prune(evaluate, evaluate.heads, order, overlap_norms=norms, draws=draws, seed=seed)
@@ -315,6 +318,7 @@ def prune_weights(config: Config, K, b, kstar, order: str | Sequence[int] = "gre
     sequences (see :class:`WeightsRisk`). The greedy choices are made on these Monte Carlo
     estimates; ``stderr`` holds their standard errors. ``alignment`` ranks by ``|M_h|`` with
     ``M = K k*^T / D``."""
+    require_config(config, "prune_weights")
     evaluate = WeightsRisk(config, K, b, kstar, samples=samples, key=key, loss=loss)
     norms = np.linalg.norm(evaluate.overlaps()[0], axis=1)
     return prune(evaluate, evaluate.heads, order, overlap_norms=norms, draws=draws, seed=seed)
@@ -324,6 +328,7 @@ def finetune(config: Config, M, Q, b, kept: Sequence[int], ts, **kwargs):
     """Continue the ODE from the pruned layer: :func:`~singleloc.integrate` of the
     ``len(kept)``-head model from ``y0`` = the kept rows/columns of ``(M, Q, b)``, saved at
     ``ts`` (which start at the pruning time, e.g. 0). Returns a :class:`~singleloc.TheoryResult`."""
+    require_config(config, "finetune")
     y0 = keep_heads(M, Q, b, kept)
     ts = np.asarray(ts, dtype=float)
     kwargs.setdefault("t0", float(ts.flat[0]) if ts.size else 0.0)  # the pruned layer is the state at ts[0]

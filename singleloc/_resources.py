@@ -122,7 +122,7 @@ def theory_bytes(config: Config, starts: int, heads: int | None = None) -> int:
 
 
 def _parse_size(text: str) -> float:
-    match = re.fullmatch(r"\s*([0-9.]+(?:e[0-9]+)?)\s*([kmgt]?)i?b?\s*", text.lower())
+    match = re.fullmatch(r"\s*((?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e\+?[0-9]+)?)\s*([kmgt]?)i?b?\s*", text.lower())
     if not match:
         raise ValueError(f"{MEMORY_ENV}={text!r}: expected a size such as 2000000000, 64G or 512M, or 'none'")
     return float(match.group(1)) * 1024 ** " kmgt".index(match.group(2) or " ")

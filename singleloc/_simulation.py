@@ -25,7 +25,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ._activations import get_activation
-from ._config import Config
+from ._config import Config, require_config
 from ._data import init_keys, make_spikes, overlaps, sample_sequence, seed_keys
 from ._heldout import draw_heldout, heldout_losses
 from ._io import save_run
@@ -124,6 +124,7 @@ def simulate(config: Config, *, progress: bool = True) -> SimulationResult:
         FloatingPointError: the dynamics diverged (non-finite or exploding keys); the
             message gives the time and suggests a smaller ``sgd.lr``.
     """
+    require_config(config, "simulate")
     check_dimension(config, "simulation")
     D = config.simulation.D
     init, advance, measure = _run_functions(config)

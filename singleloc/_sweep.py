@@ -86,7 +86,7 @@ import jax
 import numpy as np
 
 from ._compilation import hold_programs
-from ._config import Config, load_config
+from ._config import Config, load_config, require_config
 from ._distributed import Cluster, open_cluster, run_points
 from ._grid import Grid, grid_points
 from ._io import NPZ_ERRORS, load_npz, npz_names, save_figure, save_npz, save_text
@@ -384,6 +384,7 @@ def sweep(base: Config, grids: Sequence[Grid], out: str | Path, *, horizon: str 
     stop the others. ``batch``: the theory points of one :func:`compile_group` are one batched
     solve (one task). Returns the CSV rows (dicts) and the :class:`SweepStats`.
     """
+    require_config(base, "sweep")
     _check_horizon(horizon)
     t0 = time.perf_counter()
     out = Path(out)

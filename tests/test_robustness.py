@@ -285,7 +285,7 @@ def test_the_memory_limit_can_be_set_or_turned_off(monkeypatch):
         _resources.check_run(CONFIG, simulation=True)
     monkeypatch.setenv(_resources.MEMORY_ENV, "none")
     assert _resources.available_memory()[0] == float("inf")
-    _resources.check_run(load_config("default", ["simulation.D=1000000000000"]), simulation=True)
+    _resources.check_run(load_config("default", ["simulation.D=1000000000000", "sgd.tau_max=0.001"]), simulation=True)
     monkeypatch.setenv(_resources.MEMORY_ENV, "lots")
     with pytest.raises(ValueError, match="expected a size such as"):
         _resources.available_memory()
@@ -434,3 +434,62 @@ def test_a_simulation_of_more_steps_than_it_can_count_is_refused(tmp_path, capsy
     line = one_line(capsys, "simulate")
     assert "sgd.tau_max: tau_max * simulation.D" in line and "more than the 2147483647" in line
     assert not out.exists()
+
+
+# ----------------------------------------------------------------------------- issue 21: promises not kept
+
+
+def test_prune_into_another_run_folder_says_it_replaces_it(previous_run, tmp_path, capsys, monkeypatch):
+    """Issue 21 item 9: ``prune A --out B`` replaced the run in B without the note the other commands print.
+    (The pruning itself is a stand-in: what is tested is the folder handling.)"""
+    from singleloc import _pruning
+
+    fake = lambda config, M, Q, b, order, **kw: _pruning.PruningResult(order, np.array([[1]]), np.array([[0.5, 0.6]]))  # noqa: E731
+    monkeypatch.setattr(_pruning, "prune_theory", fake)
+    other = save_run(tmp_path / "B", CONFIG, {"simulation.npz": dict(np.load(previous_run / "simulation.npz"))})
+    assert main(["prune", str(previous_run), "--out", str(other)]) == 0
+    err = capsys.readouterr().err
+    assert f"singleloc prune: note: {str(other)!r} holds a run; it is replaced when this one completes" in err
+    assert sorted(os.listdir(other)) == ["config.json", "prune.npz", "prune.png"]  # B is now the prune of A
+    assert npz_stamp(other / "prune.npz") == load_run(previous_run).config_hash
+    assert main(["prune", str(previous_run), "--out", str(tmp_path / "new")]) == 0  # a new folder: no note
+    assert "note:" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("call", ["simulate", "integrate", "sweep", "save_run", "prune_theory"])
+def test_the_python_api_names_a_config_given_as_a_preset_name(tmp_path, call):
+    """Issue 21 item 12: ``sl.simulate("default")`` failed with AttributeError: 'str' object has no attribute 'model'."""
+    import singleloc as sl
+
+    calls = {"simulate": lambda: sl.simulate("default"), "integrate": lambda: sl.integrate("default"),
+             "sweep": lambda: sl.sweep("default", [], tmp_path), "save_run": lambda: sl.save_run(tmp_path / "r", "default", {}),
+             "prune_theory": lambda: sl.prune_theory({"model": {}}, np.zeros((2, 2)), np.eye(2), np.zeros(2))}
+    with pytest.raises(TypeError, match=rf"{call.split('_')[0]}.*: config must be a singleloc.Config, got .*; pass "
+                                        r"singleloc.load_config\("):
+        calls[call]()
+
+
+@pytest.mark.parametrize("value", ["1.2.3G", "1..2", "G", "1e-3G", "-1G"])
+def test_a_malformed_memory_limit_is_named(monkeypatch, value):
+    """Issue 21 item 12: ``SINGLELOC_MEMORY_LIMIT=1.2.3G`` gave float()'s message without the variable."""
+    monkeypatch.setenv(_resources.MEMORY_ENV, value)
+    with pytest.raises(ValueError, match=rf"^SINGLELOC_MEMORY_LIMIT='{value}': expected a size such as"):
+        _resources.available_memory()
+
+
+@pytest.mark.parametrize("address, error, words", [
+    ("nonsense", ValueError, " is not usable: missing port number"),
+    ("foo://x:1", ValueError, " is not usable: unknown address scheme 'foo'"),
+    ("tcp://127.0.0.1:1", ConnectionError, ": cannot connect .*unset DASK_SCHEDULER_ADDRESS"),
+])
+def test_a_bad_scheduler_address_is_named_with_its_variable(monkeypatch, address, error, words):
+    """Issue 21 item 12: a bad ``DASK_SCHEDULER_ADDRESS`` was not named in its error."""
+    pytest.importorskip("distributed")
+    import dask
+
+    from singleloc._distributed import SCHEDULER_ENV, open_cluster
+
+    monkeypatch.setenv(SCHEDULER_ENV, address)
+    with dask.config.set({"distributed.comm.timeouts.connect": "1s"}), open_cluster() as cluster:
+        with pytest.raises(error, match=rf"the Dask scheduler address '{address}' \(DASK_SCHEDULER_ADDRESS\){words}"):
+            cluster.client()

@@ -115,10 +115,15 @@ def prepare_run(args: argparse.Namespace, *, simulation: bool = False, theory: s
     check_run(config, simulation=simulation, theory_starts=starts)
     if simulation:
         _warn_dropped_times(config)
-    if args.out.is_dir() and any(args.out.iterdir()):
-        print(f"singleloc {args.command}: note: {str(args.out)!r} holds a run; it is replaced when this one completes",
-              file=sys.stderr)
+    note_replaced(args.command, args.out)
     return config
+
+
+def note_replaced(command: str, out: Path) -> None:
+    """Say on stderr, before a run starts, that the run folder ``out`` holds a run that the new
+    one replaces (:func:`run_folder` has checked that it holds nothing else)."""
+    if out.is_dir() and any(out.iterdir()):
+        print(f"singleloc {command}: note: {str(out)!r} holds a run; it is replaced when this one completes", file=sys.stderr)
 
 
 def _warn_dropped_times(config) -> None:

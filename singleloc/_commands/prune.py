@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from .._files import check_run_folder
-from ._common import add_out_argument, describe, int_at_least
+from ._common import add_out_argument, describe, int_at_least, note_replaced
 
 #: The orders of removal, as :data:`singleloc.PRUNING_ORDERS` (spelt out here so that building the
 #: parser does not import the library; a test checks that the two agree).
@@ -76,6 +76,8 @@ def run(args) -> int:
     config = loaded.config
     check_quadrature(config.problem.L, config.model.heads, config.problem.build_prior(), config.theory.points)
     check_memory({f"the theory's quadrature (theory.points = {config.theory.points})": theory_bytes(config, 1)})
+    if not in_place:
+        note_replaced(args.command, args.out)
     results = {}
     for kind, d in loaded.data.items():  # theory.npz: (T, ...) of seed 0; simulation.npz: (S, T, ...)
         M, Q, b = (np.asarray(d[k], dtype=float) for k in "MQb")
