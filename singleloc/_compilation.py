@@ -41,10 +41,17 @@ a script calls :func:`enable_compilation_cache`. Its folder is ``$SINGLELOC_CACH
 set (an empty value turns it off), else ``$XDG_CACHE_HOME/singleloc/jax`` (by default
 ``~/.cache/singleloc/jax``). A stale entry is never used (the keys above), and the folder
 can be deleted at any time.
+
+Faults. A stored program that cannot be read back (a truncated or damaged file) is traced and
+compiled again and replaces the file, with one warning naming it. A cache folder that cannot be
+created or written (a file in its place, no permission, a read-only disk) is not used: one
+warning names it and the variable it comes from, and the programs are compiled in every run.
+A stored program that cannot be written (a full disk) is not stored, with one warning.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -52,6 +59,8 @@ import inspect
 import os
 import re
 import sys
+import tempfile
+import warnings
 from collections.abc import Callable, Hashable
 from pathlib import Path
 
@@ -80,13 +89,34 @@ def hold_programs(shape: Hashable) -> None:
     _HELD.add(shape)
 
 
+CACHE_ENV = "SINGLELOC_CACHE_DIR"
+
+
 def cache_dir() -> Path | None:
     """The folder of the persistent compilation cache (``None``: turned off)."""
-    if "SINGLELOC_CACHE_DIR" in os.environ:
-        value = os.environ["SINGLELOC_CACHE_DIR"].strip()
+    if CACHE_ENV in os.environ:
+        value = os.environ[CACHE_ENV].strip()
         return Path(value).expanduser() if value else None
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "singleloc" / "jax"
+
+
+def _cache_source() -> str:
+    """Where :func:`cache_dir` comes from, for messages."""
+    if CACHE_ENV in os.environ:
+        return CACHE_ENV
+    return "XDG_CACHE_HOME" if os.environ.get("XDG_CACHE_HOME") else "the default ~/.cache"
+
+
+def _usable(folder: Path) -> str | None:
+    """``None`` if ``folder`` can be created and written into, else why not."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as err:
+        return err.strerror or str(err)
+    return None
 
 
 def enable_compilation_cache(directory: str | Path | None = None) -> Path | None:
@@ -104,6 +134,13 @@ def enable_compilation_cache(directory: str | Path | None = None) -> Path | None
         return Path(current)
     folder = Path(directory).expanduser() if directory is not None else cache_dir()
     if folder is None:
+        return None
+    problem = _usable(folder)
+    if problem is not None:
+        source = "the directory argument" if directory is not None else _cache_source()
+        warnings.warn(f"the compilation cache folder {str(folder)!r} (from {source}) cannot be used ({problem}); programs are "
+                      f"compiled in every run: set {CACHE_ENV} to a writable folder, or to an empty value to turn the cache "
+                      "off", stacklevel=2)
         return None
     jax.config.update("jax_compilation_cache_dir", str(folder))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
@@ -163,18 +200,48 @@ def exported_call(name: str, fn: Callable, *args, static: tuple = ()):
     call = _LOADED.get(digest)
     if call is None:
         path = Path(folder) / "exported" / f"{name}-{digest[:32]}.bin"
-        if path.exists():
-            exported = jax.export.deserialize(bytearray(path.read_bytes()))
-        else:
+        exported = _load(path)
+        if exported is None:
             try:
                 exported = jax.export.export(jax.jit(lambda *x: fn(*jax.tree.unflatten(treedef, x), *static)))(*leaves)
             except NotImplementedError:  # host callbacks: jax.export refuses them (newer JAX) ...
                 return fn(*args, *static)
             if "callback" in exported.mlir_module():  # ... or exports them unserialisable (older JAX)
                 return fn(*args, *static)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            partial = path.with_name(f".{path.name}.{os.getpid()}")
-            partial.write_bytes(exported.serialize())
-            partial.replace(path)
+            _store(path, exported.serialize())
         call = _LOADED[digest] = jax.jit(exported.call)
     return call(*leaves)
+
+
+def _load(path: Path):
+    """The program stored at ``path``, or ``None`` when there is none or it cannot be read back
+    (damaged: one warning; the caller compiles it again and replaces the file)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        warnings.warn(f"the stored program {str(path)!r} cannot be read ({err.strerror or err}); compiling it again",
+                      stacklevel=3)
+        return None
+    try:
+        return jax.export.deserialize(bytearray(data))
+    except Exception as err:  # a truncated or damaged file: struct.error, flatbuffers' errors, ...
+        warnings.warn(f"the stored program {str(path)!r} is damaged ({type(err).__name__}: {err}); compiling it again and "
+                      "replacing it", stacklevel=3)
+        return None
+
+
+def _store(path: Path, data: bytes) -> None:
+    """Write a program to ``path`` in one step (a temporary sibling, renamed); a folder or disk
+    that refuses it leaves the program unstored, with one warning."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_bytes(data)
+        partial.replace(path)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            partial.unlink(missing_ok=True)
+        warnings.warn(f"the compiled program could not be stored in {str(path.parent)!r} (from {_cache_source()}: "
+                      f"{err.strerror or err}); it is compiled again in the next run", stacklevel=3)

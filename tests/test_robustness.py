@@ -493,3 +493,55 @@ def test_a_bad_scheduler_address_is_named_with_its_variable(monkeypatch, address
     with dask.config.set({"distributed.comm.timeouts.connect": "1s"}), open_cluster() as cluster:
         with pytest.raises(error, match=rf"the Dask scheduler address '{address}' \(DASK_SCHEDULER_ADDRESS\){words}"):
             cluster.client()
+
+
+# ----------------------------------------------------------------------------- issue 21: the compilation cache heals
+
+
+@pytest.fixture
+def jax_cache_dir():
+    """``set(folder)``: JAX's compilation cache folder for this test (the session's is restored after)."""
+    import jax
+
+    before = jax.config.jax_compilation_cache_dir
+    yield lambda folder: jax.config.update("jax_compilation_cache_dir", folder)
+    jax.config.update("jax_compilation_cache_dir", before)
+
+
+def test_a_damaged_stored_program_is_compiled_again_and_replaced(tmp_path, monkeypatch, jax_cache_dir):
+    """Issue 21 item 8: a truncated ``exported/*.bin`` raised struct.error on every run until deleted."""
+    import jax.numpy as jnp
+
+    from singleloc import _compilation
+
+    pytest.importorskip("flatbuffers")
+    jax_cache_dir(str(tmp_path))
+    monkeypatch.setattr(_compilation, "_LOADED", {})
+    twice = lambda x: 2 * x + 1  # noqa: E731
+    x = jnp.arange(3.0)
+    np.testing.assert_array_equal(_compilation.exported_call("damaged-test", twice, x), [1.0, 3.0, 5.0])
+    (stored,) = (tmp_path / "exported").glob("damaged-test-*.bin")
+    size = stored.stat().st_size
+    for damage in (lambda b: b[: len(b) // 2], lambda b: b"", lambda b: bytes(len(b))):
+        stored.write_bytes(damage(stored.read_bytes()))
+        monkeypatch.setattr(_compilation, "_LOADED", {})  # as a new process
+        with pytest.warns(UserWarning, match=r"the stored program .*damaged-test-.*\.bin' is damaged .*compiling it again "
+                                             "and replacing it"):
+            np.testing.assert_array_equal(_compilation.exported_call("damaged-test", twice, x), [1.0, 3.0, 5.0])
+        assert stored.stat().st_size == size  # replaced by a good one
+    monkeypatch.setattr(_compilation, "_LOADED", {})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_array_equal(_compilation.exported_call("damaged-test", twice, x), [1.0, 3.0, 5.0])
+
+
+def test_an_unusable_cache_folder_is_named_with_its_variable(tmp_path, monkeypatch, jax_cache_dir):
+    """Issue 21 item 8: an unusable cache folder is a warning naming it and SINGLELOC_CACHE_DIR; the run goes on."""
+    from singleloc import _compilation
+
+    (tmp_path / "file").write_text("")
+    jax_cache_dir(None)  # as in a new process
+    monkeypatch.setenv("SINGLELOC_CACHE_DIR", str(tmp_path / "file" / "cache"))
+    with pytest.warns(UserWarning, match=r"the compilation cache folder '.*file/cache' \(from SINGLELOC_CACHE_DIR\) cannot be "
+                                         r"used \(Not a directory\); programs are compiled in every run"):
+        assert _compilation.enable_compilation_cache() is None
