@@ -35,6 +35,13 @@ of ``sweep.csv`` other than the grid values (``activation``, ``heads``, ``F``, `
 point's theory entry). Attributes: ``config`` (the base configuration as JSON), ``grids``
 (``{key: [values]}`` as JSON) and ``singleloc_version``.
 
+Integrity. HDF5 checks neither the data nor the metadata of a file (one flipped bit changes a
+value silently, or makes the library fail or even loop), so the file ends with a trailer of
+:data:`TRAILER_SIZE` bytes after the HDF5 data, ``\nsingleloc-sweep-sha256:<hex>\n``, the
+SHA-256 of everything before it (HDF5 readers ignore bytes past the end of their data).
+:func:`load_sweep` checks it before the file is parsed, and refuses a file without it (another
+netCDF or HDF5 file, or one rewritten by another tool) or whose bytes no longer match it.
+
 Padding. Points with fewer heads, directions, seeds or saved times than the largest of the
 sweep fill the leading part of each axis and are padded with NaN (``tau`` too); a failed point's
 arrays are NaN throughout and its ``status`` says what failed. Reductions such as
@@ -50,7 +57,13 @@ one step. Floating-point arrays are compressed losslessly (zlib).
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import hashlib
+import io
 import json
+import os
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -70,6 +83,13 @@ SWEEP_FILE = "sweep.nc"
 
 #: The engine xarray writes and reads the file with.
 ENGINE = "h5netcdf"
+
+#: The trailer that ends a sweep file: this prefix, the SHA-256 (hex) of the bytes before it, a newline.
+TRAILER_PREFIX = b"\nsingleloc-sweep-sha256:"
+TRAILER_SIZE = len(TRAILER_PREFIX) + 64 + 1
+
+#: The attributes every sweep file holds.
+ATTRS = ("config", "grids", "singleloc_version")
 
 #: The dimensions of the arrays of a cache entry (the theory's; the simulation's use ``sim_step``).
 ENTRY_DIMS = {"tau": ("step",), "M": ("seed", "step", "head", "direction"), "Q": ("seed", "step", "head", "other_head"),
@@ -152,25 +172,76 @@ def sweep_dataset(base: Config, grids: Sequence[Grid], rows: Sequence[Mapping[st
                                           "singleloc_version": __version__})
 
 
+def _trailer(data: bytes) -> bytes:
+    return TRAILER_PREFIX + hashlib.sha256(data).hexdigest().encode() + b"\n"
+
+
+def _write_with_trailer(ds: xr.Dataset, encoding: dict, fh) -> None:
+    ds.to_netcdf(fh, engine=ENGINE, encoding=encoding)
+    fh.seek(0)
+    data = fh.read()
+    fh.seek(0, os.SEEK_END)
+    fh.write(_trailer(data))
+
+
 def write_sweep(out: str | Path, base: Config, grids: Sequence[Grid], rows: Sequence[Mapping[str, Any]],
                 entries: Sequence[Mapping[str, Mapping[str, np.ndarray]]]) -> Path:
     """Write :func:`sweep_dataset` to ``OUT/sweep.nc`` atomically; returns its path."""
     ds = sweep_dataset(base, grids, rows, entries)
     encoding = {name: {"zlib": True} for name, v in ds.variables.items() if v.dtype.kind == "f"}
-    return atomic_write(Path(out) / SWEEP_FILE, lambda fh: ds.to_netcdf(fh, engine=ENGINE, encoding=encoding))
+    return atomic_write(Path(out) / SWEEP_FILE, lambda fh: _write_with_trailer(ds, encoding, fh))
 
 
 def load_sweep(directory: str | Path) -> xr.Dataset:
     """The Dataset of the sweep whose output folder is ``directory`` (``singleloc sweep --out
     DIR`` writes ``DIR/sweep.nc``; layout in :mod:`singleloc._sweep_dataset`), loaded into memory
     (the file is closed again). Raises ``FileNotFoundError`` when the folder holds no sweep file
-    and ``ValueError`` when the file is not readable, each in one line naming the path."""
+    and ``ValueError`` when the file is not readable, is not a sweep of singleloc (another netCDF
+    or HDF5 file: no trailer) or is damaged (its bytes differ from its trailer's digest; checked
+    before the file is parsed), each in one line naming the path."""
     path = Path(directory) / SWEEP_FILE
     if not path.is_file():
         raise FileNotFoundError(f"no sweep file {path}: {str(directory)!r} is not the output folder of singleloc sweep "
                                 "(or it was written before sweeps wrote sweep.nc)")
     try:
-        with xr.open_dataset(path, engine=ENGINE) as ds:
-            return ds.load()
-    except (OSError, ValueError) as err:
-        raise ValueError(f"{path} is not a readable netCDF file ({' '.join(str(err).split())})") from None
+        data = path.read_bytes()
+    except OSError as err:
+        raise ValueError(f"{path} cannot be read ({err.strerror or err})") from None
+    body, trailer = data[:-TRAILER_SIZE], data[-TRAILER_SIZE:]
+    if len(data) < TRAILER_SIZE or not trailer.startswith(TRAILER_PREFIX):
+        if not data.startswith(b"\x89HDF\r\n\x1a\n"):
+            raise ValueError(f"{path} is not a readable netCDF file (no HDF5 signature)")
+        raise ValueError(f"{path} is not a sweep written by singleloc sweep (no singleloc trailer at its end: a truncated "
+                         "sweep, another netCDF or HDF5 file, one rewritten by another tool, or a sweep written before sweeps "
+                         "carried one): run the sweep "
+                         "again (its cache makes that quick)")
+    if trailer != _trailer(body):
+        raise ValueError(f"{path} is damaged: its bytes do not match the SHA-256 of its trailer (a changed or missing byte); "
+                         "run the sweep again (its cache makes that quick)")
+    message = None
+    with _quiet_finalisers():
+        try:
+            with xr.open_dataset(io.BytesIO(body), engine=ENGINE) as ds:  # the bytes just checked
+                ds = ds.load()
+        except Exception as err:  # h5py and xarray raise OSError, ValueError, KeyError, TypeError... on a damaged file
+            message = f"{path} is not a readable netCDF file ({type(err).__name__}: {' '.join(str(err).split())})"
+            del err
+            gc.collect()
+    if message is not None:
+        raise ValueError(message)
+    if not all(key in ds.attrs for key in ATTRS):
+        raise ValueError(f"{path} is not a sweep written by singleloc sweep (no {', '.join(ATTRS)} attributes)")
+    return ds
+
+
+@contextlib.contextmanager
+def _quiet_finalisers():
+    """Within the block, the "Exception ignored" tracebacks of finalisers are dropped: a failed
+    open leaves half-opened file objects whose finaliser fails (h5netcdf's ``File.close`` of a
+    file it never finished opening), which would print a traceback beside the one-line error."""
+    hook = sys.unraisablehook
+    sys.unraisablehook = lambda unraisable: None
+    try:
+        yield
+    finally:
+        sys.unraisablehook = hook

@@ -139,3 +139,59 @@ def test_load_sweep_errors_name_the_path(tmp_path):
     (tmp_path / SWEEP_FILE).write_bytes(b"not a netCDF file")
     with pytest.raises(ValueError, match=f"{tmp_path / SWEEP_FILE} is not a readable netCDF file"):
         load_sweep(tmp_path)
+
+
+def _small_sweep(out):
+    """A sweep file written as `singleloc sweep` writes it (from stand-in rows and entries; no ODE)."""
+    from singleloc._sweep_dataset import write_sweep
+
+    grids = [parse_grid("model.heads=1,2")]
+    base = load_config("default")
+    rows = [{"model.heads": h, "heads": h, "F": 2, "status": "ok", "escaped": h == 2, "final_risk": 0.1 * h} for h in (1, 2)]
+    entries = [{"theory": {"tau": np.array([0.0, 1.0]), "M": np.full((1, 2, h, 2), 0.5), "Q": np.tile(np.eye(h), (1, 2, 1, 1)),
+                           "b": np.zeros((1, 2, h)), "risk": np.ones((1, 2))}} for h in (1, 2)]
+    return write_sweep(out, base, grids, rows, entries)
+
+
+def test_load_sweep_refuses_foreign_and_damaged_files(tmp_path):
+    """Issue 21 item 10: load_sweep returned foreign netCDF files as sweeps, one flipped bit changed ``heads``
+    from 1 to 0 without error, and damaged metadata raised h5py's KeyError."""
+    import h5py
+    import xarray as xr
+
+    path = _small_sweep(tmp_path)
+    good = load_sweep(tmp_path)
+    assert good.heads.values.tolist() == [1, 2] and good.escaped.values.tolist() == [False, True]
+    original = path.read_bytes()
+    # a foreign netCDF file, and one that looks like a sweep without the digest
+    xr.Dataset({"heads": ("x", np.arange(2))}, attrs={"config": "{}"}).to_netcdf(path, engine="h5netcdf")
+    with pytest.raises(ValueError, match=f"{path} is not a sweep written by singleloc sweep"):
+        load_sweep(tmp_path)
+    # one flipped bit in the heads column: 1 -> 0
+    path.write_bytes(original)
+    with h5py.File(path, "r") as f:
+        offset = f["heads"].id.get_offset()
+    data = bytearray(original)
+    assert data[offset] == 1
+    data[offset] ^= 1
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=f"{path} is damaged: its bytes do not match the SHA-256 of its trailer"):
+        load_sweep(tmp_path)
+    # damaged metadata: an attribute removed, or a changed value in one
+    for edit in (lambda f: f.attrs.__delitem__("grids"), lambda f: f.attrs.__setitem__("config", "{}")):
+        path.write_bytes(original)
+        with h5py.File(path, "r+") as f:
+            edit(f)
+        with pytest.raises(ValueError, match=f"{path} (is not a sweep written by|is damaged)"):
+            load_sweep(tmp_path)
+    # truncated, or one flipped bit anywhere (in some places of the HDF5 structure it made h5py loop forever):
+    # refused before HDF5 parses the file
+    path.write_bytes(original[: len(original) // 2])
+    with pytest.raises(ValueError, match=f"{path} is not a sweep written by singleloc sweep .*a truncated sweep"):
+        load_sweep(tmp_path)
+    for offset in (1899, 0, len(original) - 1):
+        data = bytearray(original)
+        data[offset] ^= 0x10
+        path.write_bytes(bytes(data))
+        with pytest.raises(ValueError, match=f"{path} (is damaged|is not a readable netCDF file|is not a sweep written)"):
+            load_sweep(tmp_path)
