@@ -23,8 +23,8 @@ os.environ.setdefault("EQX_ON_ERROR", "nan")
 
 # The public API: private module -> the names it exports ("NAME as PUBLIC" renames).
 _EXPORTS = {
-    "_activations": ("Activation", "activation_names", "bsoftmax", "get_activation", "register_activation", "scalable_softmax",
-                     "softmax", "softmax1", "ssmax"),
+    "_activations": ("Activation", "ExponentialForm", "activation_names", "bsoftmax", "exponential_form", "get_activation",
+                     "register_activation", "scalable_softmax", "softmax", "softmax1", "ssmax"),
     "_bayes": ("RiskEstimate", "bayes_point", "bayes_risk", "log_weight", "population_risk", "posterior"),
     "_config": ("Config", "load_config", "preset_names"),
     "_data": ("initial_overlaps", "make_spikes", "overlaps", "sample_sequence", "seed_keys"),
@@ -37,6 +37,7 @@ _EXPORTS = {
     "_accuracy": ("PointsChoice", "choose_points", "relative_drift_error"),
     "_compilation": ("enable_compilation_cache",),
     "_fields": ("LocalFields", "replicate_rules"),
+    "_laplace": ("LaplaceRule", "exact_rule"),
     "_io": ("Run", "add_to_run", "config_hash", "load_npz", "load_run", "save_figure", "save_json", "save_npz", "save_run"),
     "_numerics": ("psd_sqrt",),
     "_layer": ("finite_loss", "limit_loss", "token_weights"),

@@ -24,11 +24,33 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 Activation = Callable[[jax.Array], jax.Array]
+
+
+class ExponentialForm(NamedTuple):
+    """How a normalised-exponential activation is built from ``x_hl = scale * s_hl``.
+
+    ``joint = False``: ``A_hl = exp(x_hl) / (offset + sum_l' exp(x_hl'))`` per head;
+    ``joint = True``: ``(1/H) sum_h A_hl = u_l / (offset + sum_l' u_l')``, ``u_l = sum_h exp(x_hl)``.
+    An activation declares it as the attribute ``exponential_form``, a function of the
+    sequence length ``L`` returning this tuple; the theory then uses the exact route
+    (:mod:`~singleloc._laplace`) for it.
+    """
+
+    scale: float
+    offset: float
+    joint: bool
+
+
+def exponential_form(activation: Activation, L: int) -> ExponentialForm | None:
+    """The normalised-exponential form an activation declares at length ``L``, or ``None``."""
+    form = getattr(activation, "exponential_form", None)
+    return None if form is None else ExponentialForm(*form(int(L)))
 
 _REGISTRY: dict[str, Activation] = {}
 
@@ -114,12 +136,17 @@ def scalable_softmax(s: float = 1.0) -> Activation:
         return jax.nn.softmax((scale * math.log(n)) * scores, axis=-1)
 
     ssmax.__doc__ = f"Scalable softmax ``softmax_l({scale:g} log(L) s_hl)`` (see :func:`scalable_softmax`)."
+    ssmax.exponential_form = lambda L: ExponentialForm(scale * math.log(L) if L > 1 else 1.0, 0.0, False)
     return ssmax
 
 
 #: The registered ``"ssmax"``: :func:`scalable_softmax` with ``s = 1``.
 ssmax = scalable_softmax(1.0)
 
+
+softmax.exponential_form = lambda L: ExponentialForm(1.0, 0.0, False)
+softmax1.exponential_form = lambda L: ExponentialForm(1.0, 1.0, False)
+bsoftmax.exponential_form = lambda L: ExponentialForm(1.0, 0.0, True)
 
 for _name, _fn in (("softmax", softmax), ("softmax1", softmax1), ("bsoftmax", bsoftmax)):
     register_activation(_name, _fn)

@@ -1,0 +1,433 @@
+"""Exact population risk of normalised-exponential layers, at a cost independent of ``L``.
+
+The family. An activation is a *normalised exponential* (:class:`~singleloc.ExponentialForm`)
+when, with ``x_hl = alpha (g_hl + b_h)``,
+
+* per head (``joint = False``): ``A_hl = exp(x_hl) / (kappa + sum_l' exp(x_hl'))`` -- softmax
+  (``alpha = 1, kappa = 0``), softmax1 (``kappa = 1``), scalable softmax (``alpha = s log L``);
+* joint (``joint = True``): ``a_l = u_l / (kappa + sum_l' u_l')`` with ``u_l = sum_h exp(x_hl)``
+  -- bsoftmax (``alpha = 1, kappa = 0``), whose head average is one distribution over tokens.
+
+The Laplace form. ``1 / Z^k = int_0^inf t^(k-1) exp(-t Z) dt / (k-1)!`` turns every normaliser
+into a product over tokens, ``exp(-t Z) = exp(-t kappa) prod_l exp(-t exp(x_l))``, and the
+tokens are independent given ``theta``: the ``L - 1`` noise tokens give the ``(L-1)``-th power of
+ONE token's expectation. With ``y = log t`` and the profiles
+
+    rho_k(u) = exp(k u - e^u)   (k = 0, 1, 2),        omega(u) = 1 - rho_0(u) = -expm1(-e^u),
+
+(so that ``t^k e^{k x} exp(-t e^x) = rho_k(y + x)``) the risk
+``R = 1 - 2 E[a_0] + E[a_0^2] + (L - 1) E[a_1^2]`` (token 0 relevant) needs, per head,
+
+    E[A_h0]     = int dy e^{-kappa e^y} E0[rho_1(y + x_h)] P(y)^(L-1),
+    E[A_h0^2]   = int dy e^{-kappa e^y} E0[rho_2(y + x_h)] P(y)^(L-1),
+    E[A_h1^2]   = int dy e^{-kappa e^y} E1[rho_2(y + x_h)] E0[rho_0(y + x_h)] P(y)^(L-2),
+
+with ``P = 1 - E1[omega(y + x_h)]`` (noise token ``E1``, relevant token ``E0``), and for a
+pair of heads the same with two variables ``(y, y')`` and two-dimensional token
+expectations such as ``E[rho_1(y + x_h) rho_1(y' + x_h')]``. Heads never enter more than
+two at a time: the risk of a per-head layer is a sum over pairs of heads of
+two-dimensional integrals. A joint layer has one normaliser, one variable ``y`` and the
+token expectations ``E[rho_k(y + lse(x))]`` over the ``H`` fields of one token
+(``lse = log sum_h exp``).
+
+The rules, and why they are exact to the precision stated.
+
+* ``y``: the trapezoidal rule on ``n_t`` equispaced nodes over a range computed from the
+  state (closed-form bounds, outside the gradient): below it every integrand is bounded by
+  ``E[exp(k (y + x))] <= eps`` (the tail of ``int_0 t^(k-1)`` near ``t = 0``); above it the
+  relevant token's factor is below ``Phi(-6.5) + rho(log 50)`` (``x`` exceeds ``y``'s
+  complement with that probability only). The integrands are analytic in the strip
+  ``|Im y| < pi/2`` and decay at both ends, so the rule converges geometrically, with an
+  error of order ``exp(-pi^2 / step)`` (``step = 0.5``: 3e-9).
+* Token expectations: Gauss-Hermite on the Gaussian fields of one token. A pair of heads is
+  written as the first head's field ``x = m + sqrt(C11) z`` (``n_outer`` nodes) and the second
+  head's given the first, ``x' = m' + (C12 / C11)(x - m) + sqrt(C22 - C12^2/C11) z'``
+  (``n_inner`` nodes). Identical heads make the conditional variance vanish: its derivative
+  is taken by the heat equation (Price's theorem), ``d E[f(u + s z)] / d(s^2) = E[f''(u + s z)] / 2``,
+  so the gradient stays finite and exact at ``R_orth = 0``.
+* A joint layer's ``H``-dimensional token expectation: a tensor Gauss-Hermite rule
+  (``H <= 3``) or, for more heads, scrambled Sobol normals with their mirrors
+  (``joint_points``), both in the principal axes of the token's covariance, largest variance
+  on the first coordinate (:func:`principal_factor`: heads that are copies leave only the
+  leading coordinates active, where a Sobol rule is best); the derivative in ``(mu, C)`` is
+  by Price's theorem, never through the eigendecomposition.
+* ``theta``: the atoms of the prior exactly; a Gaussian part is folded into the relevant
+  token's covariance, ``C0 = alpha^2 (Q + M Sigma M^T)`` (the relevant token's fields are
+  Gaussian given the atom).
+* Powers: ``P^(L-1) = exp((L-1) log1p(-E1[omega]))`` with ``E1[omega]`` computed directly (a sum
+  of non-negative terms), so ``L`` up to any size costs nothing and loses no digits.
+
+Nothing here depends on ``L`` but the exponents: the cost of a risk is
+``O(H^2 n_t^2 n_outer)`` for a per-head layer, ``O(n_t N)`` for a joint one with ``N`` nodes.
+
+Error statement. :func:`risk_error` compares the risk with that of a finer rule
+(:meth:`LaplaceRule.refined`, 1.5 x the nodes of every kind): the difference bounds the error of
+the coarse rule for a geometrically convergent rule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from scipy.special import roots_hermitenorm
+
+from ._activations import Activation, ExponentialForm, exponential_form
+from ._priors import Prior
+
+#: Profiles are evaluated with ``u`` clipped at this value: beyond it ``rho_k`` is an exact
+#: zero and ``omega`` an exact one in float64, and ``e^u`` stays finite in their derivatives.
+U_CLIP = 50.0
+#: The upper end of the ``y`` range puts the relevant token's ``y + x`` above ``log(U_TOP)``
+#: except with probability ``Phi(-TAIL_SIGMAS)``.
+U_TOP = math.log(50.0)
+TAIL_SIGMAS = 6.5
+#: Bound on the neglected lower tail of each ``y`` integral.
+TAIL_EPS = 1e-11
+#: Smallest variance of a head's field (a head of zero norm has a constant field).
+VAR_FLOOR = 1e-300
+
+#: Default node counts of the rule.
+N_T = 128
+N_OUTER = 64
+N_INNER = 32
+JOINT_TENSOR = {1: 128, 2: 64, 3: 24}
+JOINT_LEADING = (24, 8, 4)
+JOINT_POINTS = 64
+
+
+def gauss_hermite(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Nodes and weights (summing to one) of the ``n``-point rule for ``E[f(z)]``, ``z ~ N(0, 1)``."""
+    z, w = roots_hermitenorm(n)
+    return z, w / w.sum()
+
+
+# -- profiles ------------------------------------------------------------------------------
+# Stacked along a leading axis of 4: rho_0, rho_1, rho_2 (rho_k(u) = exp(k u - e^u)) and
+# omega(u) = 1 - rho_0(u) = -expm1(-e^u).
+RHO0, RHO1, RHO2, OMEGA = range(4)
+
+
+def _profiles(u):
+    """The four profiles at ``u``, shape ``(4, *u.shape)``."""
+    e = jnp.exp(jnp.minimum(u, U_CLIP))
+    r0 = jnp.exp(-e)
+    return jnp.stack([r0, e * r0, e * e * r0, -jnp.expm1(-e)])
+
+
+def _profile_derivatives(u):
+    """First and second derivatives of the four profiles, in closed form: ``rho_k' = (k - e^u) rho_k``,
+    ``rho_k'' = ((k - e^u)^2 - e^u) rho_k``, ``omega' = rho_1``, ``omega'' = (1 - e^u) rho_1``."""
+    e = jnp.exp(jnp.minimum(u, U_CLIP))
+    r0 = jnp.exp(-e)
+    rho = jnp.stack([r0, e * r0, e * e * r0])
+    k = jnp.arange(3.0).reshape((3,) + (1,) * u.ndim)
+    d1 = jnp.concatenate([(k - e) * rho, rho[1:2]])
+    d2 = jnp.concatenate([((k - e) ** 2 - e) * rho, (1 - e) * rho[1:2]])
+    return d1, d2
+
+
+@jax.custom_jvp
+def _smoothed(u, s2, z, w):
+    """``E[f(u + sqrt(s2) Z)]`` for the four profiles ``f`` (leading axis of 4), ``Z`` on the
+    nodes ``z`` with weights ``w``: the profiles smoothed by a Gaussian of variance
+    ``s2 >= 0`` (broadcast against ``u``)."""
+    x = u[..., None] + jnp.sqrt(jnp.maximum(s2, 0.0))[..., None] * z
+    return jnp.sum(w * _profiles(x), axis=-1)
+
+
+@_smoothed.defjvp
+def _smoothed_jvp(primals, tangents):
+    u, s2, z, w = primals
+    du, ds2, _, _ = tangents
+    x = u[..., None] + jnp.sqrt(jnp.maximum(s2, 0.0))[..., None] * z
+    d1, d2 = _profile_derivatives(x)
+    value = jnp.sum(w * _profiles(x), axis=-1)
+    # heat equation: d/d(s2) E[f(u + s Z)] = E[f''(u + s Z)] / 2 (Price), finite at s2 = 0
+    tangent = jnp.sum(w * d1, axis=-1) * du + 0.5 * jnp.sum(w * d2, axis=-1) * ds2
+    return value, tangent
+
+
+def _power(omega, n: int):
+    """``(1 - omega)^n`` for ``omega`` in ``[0, 1]`` (a sum of non-negative terms, computed
+    directly), as ``exp(n log1p(-omega))``: no digits lost for large ``n``, and finite
+    derivatives where ``omega`` reaches one (the power is then zero, or one for ``n = 0``)."""
+    if n == 0:
+        return jnp.ones_like(omega)
+    inside = omega < 1.0
+    safe = jnp.where(inside, jnp.clip(omega, 0.0, 1.0), 0.0)
+    return jnp.where(inside, jnp.exp(n * jnp.log1p(-safe)), 0.0)
+
+
+# -- the rule --------------------------------------------------------------------------------
+
+class LaplaceRule(eqx.Module):
+    """Deterministic rule for the exact risk of a normalised-exponential layer (module docstring).
+
+    Build it with :meth:`make`; :meth:`risk` is ``R(M, Q, b)``. Its node counts are static
+    (``n_t`` nodes of ``y`` per head, Gauss-Hermite rules of the token fields), its ranges
+    follow the state.
+    """
+
+    z_outer: jax.Array
+    w_outer: jax.Array
+    z_inner: jax.Array
+    w_inner: jax.Array
+    z_joint: jax.Array  # (N, H) standard normals of a joint layer's token fields (N = 0: per-head layer)
+    w_joint: jax.Array
+    atoms: jax.Array  # (K, F)
+    probs: jax.Array  # (K,)
+    prior_cov: jax.Array  # (F, F), the Gaussian part of the prior
+    form: ExponentialForm = eqx.field(static=True)
+    L: int = eqx.field(static=True)
+    n_t: int = eqx.field(static=True)
+    joint_points: int = eqx.field(static=True)
+
+    @classmethod
+    def make(cls, form: ExponentialForm, L: int, H: int, prior: Prior, *, n_t: int = N_T, n_outer: int = N_OUTER,
+             n_inner: int = N_INNER, joint_points: int = JOINT_POINTS, joint_tensor: dict | None = None,
+             joint_leading: tuple | None = None, seed: int = 0) -> LaplaceRule:
+        """The rule for ``H`` heads over sequences of ``L >= 2`` tokens under ``prior``.
+
+        ``joint_tensor``: Gauss-Hermite nodes per head for a joint layer with ``H <= 3`` (default
+        ``{1: 128, 2: 64, 3: 24}``); more heads use Gauss-Hermite rules of ``joint_leading``
+        sizes (default ``(24, 8, 4)``) on the leading principal directions and ``joint_points``
+        Sobol points (scrambling ``seed``) with their mirrors on the others.
+        """
+        if L < 2:
+            raise ValueError(f"problem.L must be >= 2 for the exact route, got {L}")
+        dtype = jnp.result_type(float)
+        zo, wo = gauss_hermite(n_outer)
+        zi, wi = gauss_hermite(n_inner)
+        zj, wj = np.zeros((0, H)), np.zeros((0,))
+        if form.joint:
+            zj, wj = joint_nodes(H, joint_points, seed, joint_tensor or JOINT_TENSOR, joint_leading)
+        as_array = lambda x: jnp.asarray(x, dtype)
+        return cls(as_array(zo), as_array(wo), as_array(zi), as_array(wi), as_array(zj), as_array(wj),
+                   as_array(prior.atoms_array()), as_array(prior.probs_array()), as_array(np.asarray(prior.noise_cov)),
+                   form, int(L), int(n_t), int(joint_points))
+
+    def refined(self, factor: float = 1.5, seed: int = 1) -> LaplaceRule:
+        """The same rule with ``factor`` times the nodes of every kind (the error estimate's
+        reference; a joint layer's Sobol points are rescrambled with ``seed``)."""
+        H = self.z_joint.shape[-1]
+        grow = lambda n: int(math.ceil(factor * n))
+        tensor = {h: grow(n) for h, n in JOINT_TENSOR.items()}
+        leading = tuple(grow(n) for n in JOINT_LEADING)
+        prior = Prior(np.asarray(self.atoms), np.asarray(self.probs), np.asarray(self.prior_cov))
+        return LaplaceRule.make(self.form, self.L, H, prior, n_t=grow(self.n_t), n_outer=grow(self.z_outer.shape[0]),
+                                n_inner=grow(self.z_inner.shape[0]), joint_points=1 << (grow(self.joint_points) - 1).bit_length(),
+                                joint_tensor=tensor, joint_leading=leading, seed=seed)
+
+    # -- the laws of one token's fields ------------------------------------------------------
+    def _token_laws(self, M, Q, b):
+        """Scaled means and covariances: noise token ``(alpha b, alpha^2 Q)``; relevant token per
+        atom ``alpha (b + M a_k)`` with ``alpha^2 (Q + M Sigma M^T)``."""
+        a = self.form.scale
+        m1 = a * b
+        C1 = a**2 * Q
+        m0 = a * (b[:, None] + M @ self.atoms.T)  # (H, K)
+        C0 = a**2 * (Q + M @ self.prior_cov @ M.T)
+        return m1, C1, m0, C0
+
+    def risk(self, M: jax.Array, Q: jax.Array, b: jax.Array) -> jax.Array:
+        """``R(M, Q, b) = E[(1 - a_0)^2 + sum_{l >= 1} a_l^2]`` (token 0 relevant), exactly to the
+        rule's precision."""
+        Q = (Q + Q.T) / 2
+        return self._joint_risk(M, Q, b) if self.form.joint else self._per_head_risk(M, Q, b)
+
+    # -- per-head layers ----------------------------------------------------------------------
+    def _ranges(self, m1, v1, m0, v0):
+        """``y`` nodes (H, n_t) and steps (H,) of every head (outside the gradient)."""
+        L = self.L
+        m1, v1, m0, v0 = (jax.lax.stop_gradient(x) for x in (m1, v1, m0, v0))
+        log_eps = math.log(TAIL_EPS)
+        # lower end: E[exp(k (y + x))] <= eps for the special token (noise terms carry a factor L - 1)
+        lows = []
+        for k in (1, 2):
+            lows.append((log_eps - math.log(L)) / k - m1 - k * v1 / 2)
+            lows.append(log_eps / k - jnp.max(m0, axis=1) - k * v0 / 2)
+        lo = jnp.min(jnp.stack(lows), axis=0)
+        # upper end: the relevant token's factor (or a noise token's) is negligible
+        hi = jnp.minimum(U_TOP - jnp.min(m0, axis=1) + TAIL_SIGMAS * jnp.sqrt(v0), U_TOP - m1 + TAIL_SIGMAS * jnp.sqrt(v1))
+        hi = jnp.maximum(hi, lo + 1.0)
+        s = jnp.linspace(0.0, 1.0, self.n_t)
+        return lo[:, None] + (hi - lo)[:, None] * s, (hi - lo) / (self.n_t - 1)
+
+    def _single(self, y, m, v):
+        """``E[f(y + x)]`` (4, n_t) of the four profiles for ``x ~ N(m, v)``, outer Gauss-Hermite rule."""
+        x = m + jnp.sqrt(jnp.maximum(v, VAR_FLOOR)) * self.z_outer
+        return _profiles(y[:, None] + x) @ self.w_outer
+
+    def _pair(self, combos, y, yp, m, mp, C11, C12, C22):
+        """``E[f_a(y + x) f_b(y' + x')]`` (len(combos), n_t, n_t) on the grid ``y x y'`` for the profile
+        pairs ``(a, b)`` in ``combos``, ``(x, x')`` Gaussian with means ``(m, m')`` and covariance
+        ``[[C11, C12], [C12, C22]]`` (module docstring)."""
+        C11 = jnp.maximum(C11, VAR_FLOOR)
+        sx = jnp.sqrt(C11) * self.z_outer  # x - m at the outer nodes
+        beta = C12 / C11
+        s2 = C22 - C12**2 / C11
+        outer = self.w_outer * _profiles(y[:, None] + m + sx)  # (4, n_t, n_outer)
+        inner = _smoothed(yp[None, :] + mp + beta * sx[:, None], s2, self.z_inner, self.w_inner)  # (4, n_outer, n_t)
+        return jnp.stack([outer[a] @ inner[b] for a, b in combos])
+
+    def _per_head_risk(self, M, Q, b):
+        H, L, kappa = Q.shape[0], self.L, self.form.offset
+        m1, C1, m0, C0 = self._token_laws(M, Q, b)
+        v1, v0 = jnp.diag(C1), jnp.diag(C0)
+        Y, step = self._ranges(m1, v1, m0, v0)
+        pre = step[:, None] * jnp.exp(-kappa * jnp.exp(Y))  # (H, n_t)
+
+        def atoms_mean(fn):  # the relevant token's expectation, averaged over the atoms of the prior
+            return jnp.tensordot(self.probs, jax.vmap(fn)(jnp.arange(self.probs.shape[0])), axes=1)
+
+        def single(h):
+            y = Y[h]
+            noise = self._single(y, m1[h], v1[h])
+            rel = atoms_mean(lambda k: self._single(y, m0[h, k], v0[h]))
+            p1, p2 = _power(noise[OMEGA], L - 1), _power(noise[OMEGA], L - 2)
+            w = pre[h]
+            same = jnp.sum(w * rel[RHO2] * p1) + (L - 1) * jnp.sum(w * noise[RHO2] * rel[RHO0] * p2)
+            return jnp.sum(w * rel[RHO1] * p1), same, noise[OMEGA]
+
+        EA0, EAA_same, omega = jax.vmap(single)(jnp.arange(H))
+        pairs = np.array(list(itertools.combinations(range(H), 2)), dtype=np.int32).reshape(-1, 2)
+
+        def pair(hh):
+            h, g = hh[0], hh[1]
+            y, yp = Y[h], Y[g]
+            noise = self._pair(((RHO0, OMEGA), (RHO1, RHO1)), y, yp, m1[h], m1[g], C1[h, h], C1[h, g], C1[g, g])
+            W = omega[h][:, None] + noise[0]  # 1 - E[rho_0 rho_0] as a sum of non-negative terms
+            rel = atoms_mean(lambda k: self._pair(((RHO0, RHO0), (RHO1, RHO1)), y, yp, m0[h, k], m0[g, k], C0[h, h],
+                                                  C0[h, g], C0[g, g]))
+            w = pre[h][:, None] * pre[g][None, :]
+            return jnp.sum(w * rel[1] * _power(W, L - 1)) + (L - 1) * jnp.sum(w * noise[1] * rel[0] * _power(W, L - 2))
+
+        cross = jnp.sum(jax.lax.map(jax.checkpoint(pair), jnp.asarray(pairs))) if len(pairs) else 0.0
+        return 1.0 - 2.0 * jnp.mean(EA0) + (jnp.sum(EAA_same) + 2.0 * cross) / H**2
+
+    # -- joint layers -------------------------------------------------------------------------
+    def _joint_risk(self, M, Q, b):
+        L, kappa = self.L, self.form.offset
+        m1, C1, m0, C0 = self._token_laws(M, Q, b)
+        z, w = self.z_joint, self.w_joint
+        S1, S0 = principal_factor(jax.lax.stop_gradient(C1)), principal_factor(jax.lax.stop_gradient(C0))
+        y, step = self._joint_range(m1, C1, m0, C0)
+        pre = step * jnp.exp(-kappa * jnp.exp(y))
+        noise = _lse_profiles(y, m1, C1, S1, z, w)
+        rel = jnp.tensordot(self.probs, jax.vmap(lambda mk: _lse_profiles(y, mk, C0, S0, z, w), in_axes=1)(m0), axes=1)
+        p1, p2 = _power(noise[OMEGA], L - 1), _power(noise[OMEGA], L - 2)
+        Ea0 = jnp.sum(pre * rel[RHO1] * p1)
+        Ea00 = jnp.sum(pre * rel[RHO2] * p1)
+        Ea11 = jnp.sum(pre * noise[RHO2] * rel[RHO0] * p2)
+        return 1.0 - 2.0 * Ea0 + Ea00 + (L - 1) * Ea11
+
+    def _joint_range(self, m1, C1, m0, C0):
+        L = self.L
+        m1, C1, m0, C0 = (jax.lax.stop_gradient(x) for x in (m1, C1, m0, C0))
+        v1, v0 = jnp.diag(C1), jnp.diag(C0)
+        log_eps = math.log(TAIL_EPS)
+
+        def log_moments(m, C):  # log E[u], log E[u^2] for u = sum_h exp(x_h), x ~ N(m, C)
+            v = jnp.diag(C)
+            first = jax.nn.logsumexp(m + v / 2)
+            second = jax.nn.logsumexp(m[:, None] + m[None, :] + (v[:, None] + v[None, :]) / 2 + C)
+            return first, second
+
+        f1, s1 = log_moments(m1, C1)
+        f0, s0 = jax.vmap(lambda mk: log_moments(mk, C0), in_axes=1)(m0)
+        lo = jnp.min(jnp.stack([log_eps - math.log(L) - f1, (log_eps - math.log(L) - s1) / 2,
+                                log_eps - jnp.max(f0), (log_eps - jnp.max(s0)) / 2]))
+        hi = jnp.minimum(U_TOP - jnp.max(jnp.min(m0, axis=1) - TAIL_SIGMAS * jnp.sqrt(v0)),
+                         U_TOP - jnp.max(m1 - TAIL_SIGMAS * jnp.sqrt(v1)))
+        hi = jnp.maximum(hi, lo + 1.0)
+        return jnp.linspace(lo, hi, self.n_t), (hi - lo) / (self.n_t - 1)
+
+
+def principal_factor(C: jax.Array) -> jax.Array:
+    """``S`` with ``S^T S = C`` whose row ``j`` is the ``j``-th principal direction scaled by its
+    standard deviation (largest first; signs with non-negative component sums): node
+    coordinate ``j`` of ``x = mu + z S`` moves the field along that direction. Heads that are
+    copies make ``C`` of low rank, and the leading coordinates of the rule then carry all of
+    the variance (rank-aware). Permuting the heads permutes the columns of ``S``."""
+    lam, V = jnp.linalg.eigh((C + C.T) / 2)
+    lam, V = jnp.clip(lam[::-1], 0.0, None), V[:, ::-1]
+    V = V * jnp.where(jnp.sum(V, axis=0) < 0, -1.0, 1.0)
+    return (V * jnp.sqrt(lam)).T
+
+
+def joint_nodes(H: int, points: int, seed: int, tensor: dict, leading: tuple = None) -> tuple[np.ndarray, np.ndarray]:
+    """Standard normal nodes (N, H) and weights of a joint layer's token rule, coordinate ``j``
+    along the ``j``-th principal direction (:func:`principal_factor`): a tensor Gauss-Hermite
+    rule for ``H`` in ``tensor``; else Gauss-Hermite rules of ``leading`` sizes (default
+    ``JOINT_LEADING``) on the leading coordinates times ``points`` scrambled Sobol normals
+    (:func:`~singleloc._fields.sobol_normals`, with their mirrors) on the others."""
+    if H in tensor:
+        rules = [gauss_hermite(tensor[H])] * H
+        sobol = None
+    else:
+        rules = [gauss_hermite(n) for n in (leading or JOINT_LEADING)]
+        from ._fields import sobol_normals
+
+        base = sobol_normals(H - len(rules), points, seed)
+        sobol = np.concatenate([base, -base], axis=0)
+    grids = np.meshgrid(*[z for z, _ in rules], indexing="ij")
+    nodes = np.stack([g.ravel() for g in grids], axis=1)
+    weights = np.prod(np.meshgrid(*[w for _, w in rules], indexing="ij"), axis=0).ravel()
+    if sobol is not None:
+        n = len(sobol)
+        nodes = np.concatenate([np.repeat(nodes, n, axis=0), np.tile(sobol, (len(weights), 1))], axis=1)
+        weights = np.repeat(weights, n) / n
+    return nodes, weights
+
+
+@jax.custom_jvp
+def _lse_profiles(y, mean, C, S, z, w):
+    """``E[f(y + lse(x))]`` (4, n_t) of the four profiles for ``x ~ N(mean, C)`` on the nodes
+    ``mean + z S`` (``S^T S = C``, :func:`principal_factor`); derivatives in ``(mean, C)`` by
+    Price's theorem, never through ``S``."""
+    ell = jax.nn.logsumexp(mean + z @ S, axis=-1)  # (N,)
+    return _profiles(y[:, None] + ell[None, :]) @ w
+
+
+@_lse_profiles.defjvp
+def _lse_profiles_jvp(primals, tangents):
+    y, mean, C, S, z, w = primals
+    _, dmean, dC, _, _, _ = tangents
+    x = mean + z @ S
+    ell = jax.nn.logsumexp(x, axis=-1)
+    u = y[:, None] + ell[None, :]
+    p = jax.nn.softmax(x, axis=-1)  # (N, H): the gradient of lse
+    dC = (dC + dC.T) / 2
+    a = p @ dmean
+    q = jnp.einsum("ni,ij,nj->n", p, dC, p)
+    s = p @ jnp.diag(dC)
+    d1, d2 = _profile_derivatives(u)
+    # Price: dE[F] = E[grad F] dmean + E[tr(hess F dC)] / 2, with grad F = f' p and
+    # hess F = f'' p p^T + f' (diag p - p p^T)
+    tangent = (d1 * (a + 0.5 * (s - q))) @ w + (0.5 * d2 * q) @ w
+    return _profiles(u) @ w, tangent
+
+
+def exact_rule(activation: Activation, L: int, H: int, prior: Prior, **kwargs) -> LaplaceRule | None:
+    """The :class:`LaplaceRule` of an activation that declares its normalised-exponential form
+    (:func:`~singleloc.exponential_form`), or ``None``."""
+    form = exponential_form(activation, L)
+    return None if form is None else LaplaceRule.make(form, L, H, prior, **kwargs)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExactRiskError:
+    """The risk by a rule and by its refinement; ``error = |risk - refined|``."""
+
+    risk: float
+    refined: float
+
+    @property
+    def error(self) -> float:
+        return abs(self.risk - self.refined)
