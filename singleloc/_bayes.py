@@ -48,6 +48,7 @@ import numpy as np
 
 from ._activations import get_activation
 from ._fields import LocalFields
+from ._laplace import exact_rule
 from ._priors import Prior
 from ._theory import OrderParameterODE, OrderParameters
 
@@ -110,6 +111,13 @@ class RiskEstimate:
         v = np.asarray(values, dtype=float)
         return cls(float(v.mean()), float(v.std(ddof=1) / np.sqrt(len(v))), tuple(float(x) for x in v), int(points))
 
+    @classmethod
+    def from_refinement(cls, value, refined) -> RiskEstimate:
+        """An exact-route risk (:mod:`~singleloc._laplace`): ``value`` with the error
+        ``|value - refined|`` against the finer rule; ``points = 0`` (no Sobol points)."""
+        value, refined = float(value), float(refined)
+        return cls(value, abs(value - refined), (value, refined), 0)
+
     def to_dict(self) -> dict:
         return {"value": self.value, "error": self.error, "replicates": list(self.replicates), "points": self.points}
 
@@ -161,11 +169,22 @@ def layer_risk(ode: OrderParameterODE, M, Q, b) -> jax.Array:
     return ode.risk(M, Q, b)
 
 
+@eqx.filter_jit
+def layer_risk_check(ode: OrderParameterODE, M, Q, b) -> jax.Array:
+    """:meth:`OrderParameterODE.risk_check` (the finer exact rule's risk), jitted."""
+    return ode.risk_check(M, Q, b)
+
+
 def population_risk(
-    prior: Prior, L: int, activation: str, M, Q, b, points: int = 4096, seed: int = 0, replicates: int = 8
+    prior: Prior, L: int, activation: str, M, Q, b, points: int = 4096, seed: int = 0, replicates: int = 8,
+    route: str = "auto",
 ) -> RiskEstimate:
-    """Population risk ``R(M, Q, b)`` of a layer (docs/model.md section 3) with its numerical error:
-    :meth:`OrderParameterODE.risk` on ``replicates`` independently scrambled rules."""
+    """Population risk ``R(M, Q, b)`` of a layer (docs/model.md section 3) with its numerical error.
+
+    A normalised-exponential activation (``route = "auto"``): the exact route
+    (:mod:`~singleloc._laplace`), its error against the finer rule; otherwise (or
+    ``route = "rule"``) :meth:`OrderParameterODE.risk` on ``replicates`` independently
+    scrambled rules, with their standard error."""
     _check_counts(L, replicates)
     act = get_activation(activation)
     dtype = jnp.result_type(float)
@@ -174,10 +193,19 @@ def population_risk(
     if M.ndim != 2 or M.shape[1] != prior.F or Q.shape != (H, H) or b.shape != (H,):
         raise ValueError(f"order parameters must have shapes M (H, {prior.F}), Q (H, H), b (H,), "
                          f"got {M.shape}, {Q.shape}, {b.shape}")
+    exact = exact_rule(act, int(L), H, prior)
+    if exact is not None and route != "rule":
+        fine = exact.refined()
+        return RiskEstimate.from_refinement(_exact_risk(exact, M, Q, b), _exact_risk(fine, M, Q, b))
     rules = (LocalFields.make(int(L), H, prior, points, seed + i) for i in range(int(replicates)))
     # the learning rate and bias training (1.0, False) do not enter the risk
     values = [float(layer_risk(OrderParameterODE(rule, act, 1.0, False), M, Q, b)) for rule in rules]
     return RiskEstimate.from_replicates(values, points)
+
+
+@eqx.filter_jit
+def _exact_risk(rule, M, Q, b) -> jax.Array:
+    return rule.risk(M, Q, b)
 
 
 def bayes_point(prior: Prior, dtype=None) -> OrderParameters:

@@ -65,6 +65,11 @@ from ._theory import OrderParameterODE, OrderParameters, r_orth
 
 _PSD_SLACK = 1e-6
 
+#: First step of the adaptive solver (the controller adapts it at once). A given first step
+#: spares diffrax's initial step-size search, one more evaluation site of the drift in the
+#: compiled program.
+DT0 = 1e-3
+
 
 @dataclasses.dataclass(frozen=True)
 class TheoryResult:
@@ -74,7 +79,10 @@ class TheoryResult:
     the means over the ``replicates`` rules (module docstring); ``risk_se`` (S, T): the
     standard error of ``risk`` (NaN for one replicate); ``drift_error``: the estimated
     relative drift error at the start, worst start (NaN without an estimate); ``points``:
-    the Sobol points per rule (the choice, for ``theory.points = "auto"``).
+    the Sobol points per rule (the choice, for ``theory.points = "auto"``); ``route``:
+    ``"exact"`` (risk and ``O(lr)`` drift by :mod:`~singleloc._laplace`, the Gram term on the
+    rule) or ``"rule"``; ``risk_error``: on the exact route, the largest difference of the
+    risk at the start and at the end to a finer exact rule (the stated error of ``risk``).
     ``theory.npz`` stores the first trajectory with the leading ``S`` axis dropped.
     """
 
@@ -87,6 +95,8 @@ class TheoryResult:
     drift_error: float = float("nan")
     points: int = 0  # 0: not known
     replicates: int = 1
+    route: str = "rule"
+    risk_error: float = float("nan")
 
     def __post_init__(self):
         if self.risk_se is None:
@@ -95,11 +105,16 @@ class TheoryResult:
     def arrays(self, index: int = 0) -> dict[str, np.ndarray]:
         return {"tau": self.tau, "M": self.M[index], "Q": self.Q[index], "b": self.b[index], "risk": self.risk[index],
                 "risk_se": self.risk_se[index], "drift_error": np.asarray(self.drift_error), "points": np.asarray(self.points),
-                "replicates": np.asarray(self.replicates)}
+                "replicates": np.asarray(self.replicates), "route": np.asarray(self.route),
+                "risk_error": np.asarray(self.risk_error)}
 
     def quadrature(self) -> str:
         """One line on the rule: points, replicates and the error estimates (for printing)."""
-        parts = [f"{self.points} points x {self.replicates} replicate{'s' if self.replicates > 1 else ''}"]
+        parts = []
+        if self.route == "exact":
+            parts.append(f"exact route (Laplace form; risk error {self.risk_error:.1e} against a finer rule), "
+                         "Gram term on the Sobol rule")
+        parts.append(f"{self.points} points x {self.replicates} replicate{'s' if self.replicates > 1 else ''}")
         if np.isfinite(self.drift_error):
             parts.append(f"estimated relative drift error at the start {self.drift_error:.1e}")
         if self.replicates > 1:
@@ -132,7 +147,7 @@ def _solve(ode: OrderParameterODE, y0: OrderParameters, ts: jax.Array, rtol, ato
         diffrax.Tsit5(),
         t0=ts[0],
         t1=ts[-1],
-        dt0=None,
+        dt0=DT0,
         y0=y0,
         saveat=diffrax.SaveAt(ts=ts),
         stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol),
@@ -149,15 +164,23 @@ def _trajectories(dynamics: OrderParameterODE, evaluation: OrderParameterODE, y0
                   progress):
     """Trajectories, their risks on the evaluation rules and the drifts at the start, for
     every start (leading axis of ``y0``) and replicate (leading axis of the ODE stacks)."""
+    replicated = dynamics.fields.w.shape[0] > 1  # the rules stack along a leading replicates axis
 
     def trajectory(dyn, ev, y):
         M, Q, b, ok = _solve(dyn, y, ts, rtol, atol, max_steps, progress)
         risk = jax.vmap(lambda m, q, bb: jnp.where(jnp.isfinite(q).all(), ev.risk(m, q, bb), jnp.nan))(M, Q, b)
-        return M, Q, b, risk, ok, flat_drift(dyn.drift(*y))
+        # the exact route's stated error: the risk at the start and at the end on a finer rule
+        ends = jnp.array([0, -1])
+        checked = lambda m, q, bb: jnp.where(jnp.isfinite(q).all(), ev.risk_check(m, q, bb), jnp.nan)
+        check = jax.vmap(checked)(M[ends], Q[ends], b[ends])
+        # the drift at the start serves the replicates' error estimate only (one replicate: zeros, not traced)
+        drift0 = flat_drift(dyn.drift(*y)) if replicated else jnp.zeros(sum(x.size for x in y), y.M.dtype)
+        return M, Q, b, risk, ok, drift0, jnp.abs(check - risk[ends])
 
     # the replicates' rules are stacked, their learning rate is one for all
-    rules = eqx.tree_at(lambda ode: ode.lr, jax.tree.map(lambda _: 0, dynamics), None, is_leaf=lambda x: x is None)
-    return jax.vmap(jax.vmap(trajectory, in_axes=(rules, rules, None)), in_axes=(None, None, 0))(dynamics, evaluation, y0)
+    rules = lambda ode: eqx.tree_at(lambda o: o.lr, jax.tree.map(lambda _: 0, ode), None, is_leaf=lambda x: x is None)
+    in_axes = (rules(dynamics), rules(evaluation), None)
+    return jax.vmap(jax.vmap(trajectory, in_axes=in_axes), in_axes=(None, None, 0))(dynamics, evaluation, y0)
 
 
 _run = eqx.filter_jit(_trajectories)
@@ -212,7 +235,7 @@ def _problem(config: Config, y0: OrderParameters | None, ts: np.ndarray | None) 
         choice = choose_points(config, y0)
         points, drift_error = choice.points, choice.error
     dynamics = OrderParameterODE.from_config(config, seeds=th.qmc_seed + np.arange(R), points=points)
-    evaluation = OrderParameterODE.from_config(config, seeds=th.evaluation_seed + np.arange(R), points=points)
+    evaluation = OrderParameterODE.from_config(config, seeds=th.evaluation_seed + np.arange(R), points=points, check=True)
     tol = (jnp.asarray(th.rtol, ts.dtype), jnp.asarray(th.atol, ts.dtype))
     return _Problem(config, (dynamics, evaluation, y0, ts, *tol), int(points), drift_error)
 
@@ -323,7 +346,7 @@ def _result(problem: _Problem, out, max_steps: int) -> TheoryResult | FloatingPo
     that says where its solve stopped."""
     config, ts = problem.config, problem.args[3]
     R = config.theory.replicates
-    M, Q, b, risk, ok, drift0 = out
+    M, Q, b, risk, ok, drift0, check = out
     valid = np.isfinite(risk)
     if not np.all(ok) or not np.all(valid):
         i, r = np.unravel_index(np.argmin(np.all(valid, axis=2) & ok), ok.shape)
@@ -339,7 +362,10 @@ def _result(problem: _Problem, out, max_steps: int) -> TheoryResult | FloatingPo
     if R > 1:
         drift_error = float(np.max(relative_drift_error(drift0))) / np.sqrt(R)
     mean = lambda x: x.mean(axis=1)
-    return TheoryResult(np.asarray(ts), mean(M), mean(Q), mean(b), mean(risk), risk_se, drift_error, problem.points, R)
+    route = "rule" if problem.args[1].exact is None else "exact"
+    risk_error = float(np.max(check)) if route == "exact" else float("nan")
+    return TheoryResult(np.asarray(ts), mean(M), mean(Q), mean(b), mean(risk), risk_se, drift_error, problem.points, R,
+                        route, risk_error)
 
 
 def _check_initial(config: Config, y0: OrderParameters) -> None:

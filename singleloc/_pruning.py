@@ -42,7 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._activations import get_activation
-from ._bayes import RiskEstimate, layer_risk
+from ._bayes import RiskEstimate, layer_risk, layer_risk_check
 from ._config import Config, require_config
 from ._data import overlaps
 from ._heldout import draw_heldout, heldout_losses
@@ -127,7 +127,9 @@ class TheoryRisk:
     ``len(kept)`` heads, built from ``config`` (problem, activation, ``theory.points``,
     ``theory.qmc_seed``, ``theory.replicates``) and cached.
 
-    With ``theory.replicates = R > 1`` a risk is the mean over ``R`` independently scrambled
+    On the exact route (``theory.route``, a normalised-exponential activation) a risk is the
+    exact one and its error the difference to the finer exact rule. On the Sobol rule, with
+    ``theory.replicates = R > 1`` a risk is the mean over ``R`` independently scrambled
     rules and comes with its standard error (their spread over ``sqrt(R)``): the quadrature
     error of the risk of the given layer. With ``R = 1`` the error is not estimated (0.0)."""
 
@@ -152,13 +154,17 @@ class TheoryRisk:
         if heads not in self._odes:
             th = self.config.theory
             self._odes[heads] = [OrderParameterODE.from_config(self.config.replace(
-                model={"heads": heads}, theory={"qmc_seed": th.evaluation_seed + r})) for r in range(th.replicates)]
+                model={"heads": heads}, theory={"qmc_seed": th.evaluation_seed + r}), check=True) for r in range(th.replicates)]
         return self._odes[heads]
 
     def __call__(self, kept: Sequence[int]) -> tuple[float, float]:
         """``(risk, standard error)`` of the sub-layer of heads ``kept`` (class docstring)."""
         M, Q, b = keep_heads(self.M, self.Q, self.b, kept)
-        risks = [float(layer_risk(ode, M, Q, b)) for ode in self.odes(len(kept))]
+        odes = self.odes(len(kept))
+        if odes[0].exact is not None:  # the exact route: one rule, its error against the finer one
+            estimate = RiskEstimate.from_refinement(layer_risk(odes[0], M, Q, b), layer_risk_check(odes[0], M, Q, b))
+            return estimate.value, estimate.error
+        risks = [float(layer_risk(ode, M, Q, b)) for ode in odes]
         if len(risks) == 1:
             return risks[0], 0.0
         estimate = RiskEstimate.from_replicates(risks, self.config.theory.points)

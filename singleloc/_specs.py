@@ -25,6 +25,20 @@ BIAS_MAX = 1000.0
 #: JAX's x64 mode is off, so larger seeds would not give the same weights in every process.
 SEED_MAX = 2**32 - 1
 
+#: Values of ``theory.route``.
+ROUTES = ("auto", "exact", "rule")
+
+
+def default_route() -> str:
+    """The default of ``theory.route``: ``"auto"``, or the environment's ``SINGLELOC_THEORY_ROUTE``
+    (for configs that do not set it; the test suite runs its mechanics on ``"rule"``)."""
+    import os
+
+    value = os.environ.get("SINGLELOC_THEORY_ROUTE", "auto")
+    if value not in ROUTES:
+        raise ValueError(f"SINGLELOC_THEORY_ROUTE must be one of {', '.join(ROUTES)}, got {value!r}")
+    return value
+
 #: Smallest ``theory.rtol``: the relative spacing of float64 numbers.
 RTOL_MIN = float(np.finfo(np.float64).eps)
 
@@ -225,6 +239,14 @@ class Theory:
     own trajectory; the result is their mean, with standard errors (``R = 1``: one rule, no
     error estimate). ``rtol``/``atol``: the tolerances of diffrax's adaptive step-size
     controller. ``qmc_seed``: the scrambling seed, fixed so that the rule is deterministic.
+
+    ``route``: how the risk and the ``O(lr)`` drift are computed. ``"auto"`` (default): exactly
+    (:mod:`~singleloc._laplace`, the Laplace form of the normaliser) when the activation is a
+    normalised exponential (softmax, softmax1, bsoftmax, ssmax), else by the Sobol rule;
+    ``"exact"``: the same, and an error for any other activation; ``"rule"``: the Sobol rule
+    for everything. The ``lr^2`` (Gram) term of the drift always uses the Sobol rule.
+    ``nodes``: the Gauss-Hermite nodes of the exact route's token expectations (``2 nodes``
+    trapezoidal nodes of its Laplace variable, ``nodes / 2`` of its conditional expectations).
     """
 
     points: int | str = 4096
@@ -233,9 +255,14 @@ class Theory:
     qmc_seed: int = 0
     replicates: int = 1
     tol: float = 1e-3
+    route: str = dataclasses.field(default_factory=lambda: default_route())
+    nodes: int = 64
 
     def __post_init__(self):
         s = "theory"
+        if self.route not in ROUTES:
+            _fail(s, "route", f"must be one of {', '.join(ROUTES)}, got {self.route!r}")
+        object.__setattr__(self, "nodes", _int(s, "nodes", self.nodes, 8, 1024))
         if isinstance(self.points, str) and self.points != "auto":
             _fail(s, "points", f"must be a power of two or 'auto', got {self.points!r}")
         if self.points != "auto":

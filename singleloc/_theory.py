@@ -28,6 +28,20 @@ The ``O(lr)`` part is the gradient flow of the population risk ``R(M, Q, b) = E[
 the order parameters; ``tests/test_theory.py`` checks it against derivatives of ``R`` alone
 and against plain Monte Carlo over ``(g, nu)``. Nothing here depends on the activation:
 any registered activation gets its ODE from autodiff.
+
+The exact route. For a normalised-exponential activation (:mod:`~singleloc._laplace`) the
+risk is computed exactly, and the ``O(lr)`` drift is its gradient: with ``G_M, G_Q, G_b`` the
+derivatives of ``R`` (``Q``'s entries as independent arguments) and ``S = G_Q + G_Q^T``,
+the mean SGD step of the keys is ``-lr D grad_{k_h} R = -lr (sum_f G_M[h, f] k*_f + sum_h' S[h, h'] k_h')``,
+so
+
+    dM/dtau = -lr (G_M + S M),
+    dQ/dtau = -lr (G_M M^T + S Q + (G_M M^T + S Q)^T) + lr^2 E[sum_l c_l c_l^T],
+    db/dtau = -lr G_b.
+
+The derivatives are exact and finite at identical heads (Price's theorem inside the rule).
+The ``lr^2`` (Gram) term, a product of two gradients with up to six heads per term, stays on
+the Sobol rule of ``fields``.
 """
 
 from __future__ import annotations
@@ -42,6 +56,7 @@ import jax.numpy as jnp
 from ._activations import Activation, get_activation
 from ._config import Config
 from ._fields import LocalFields, replicate_rules
+from ._laplace import LaplaceRule, exact_rule
 from ._layer import limit_loss
 from ._numerics import psd_sqrt_and_pinv_sqrt
 
@@ -68,21 +83,29 @@ class OrderParameterODE(eqx.Module):
         lr: the SGD learning rate, an array (a value the compiled programs receive, so that
             ODEs that differ only in it share their programs).
         train_bias: whether the biases follow their own drift.
+        exact: the exact rule of the risk and of the ``O(lr)`` drift (module docstring), or
+            ``None`` (the Sobol rule for everything).
+        exact_check: a finer exact rule (:meth:`~singleloc._laplace.LaplaceRule.refined`)
+            whose risk states the error of ``exact``'s (:meth:`risk_check`), or ``None``.
     """
 
     fields: LocalFields
     activation: Activation = eqx.field(static=True)
     lr: jax.Array = eqx.field(converter=jnp.asarray)
     train_bias: bool = eqx.field(static=True)
+    exact: LaplaceRule | None = None
+    exact_check: LaplaceRule | None = None
 
     @classmethod
-    def from_config(cls, config: Config, *, seeds: Sequence[int] | None = None, points: int | None = None) -> OrderParameterODE:
+    def from_config(cls, config: Config, *, seeds: Sequence[int] | None = None, points: int | None = None,
+                    check: bool = False) -> OrderParameterODE:
         """The ODE of a configuration, with its rule closed under the cyclic head shifts.
 
         ``seeds``: a stack of rules with these scrambling seeds (leading axis, see
         :func:`~singleloc.replicate_rules`) instead of the one rule of ``theory.qmc_seed``;
         ``points``: instead of ``theory.points`` (which must be a number here: integrate
-        resolves ``"auto"``).
+        resolves ``"auto"``). The exact rule follows ``theory.route`` (:func:`exact_route`);
+        ``check``: with its finer copy for :meth:`risk_check`.
         """
         pb, th = config.problem, config.theory
         points = th.points if points is None else points
@@ -93,14 +116,41 @@ class OrderParameterODE(eqx.Module):
             fields = LocalFields.make(*args, th.qmc_seed, symmetric=True)
         else:
             fields = replicate_rules(*args, seeds, symmetric=True)
-        return cls(fields, get_activation(config.model.activation), config.sgd.lr, config.model.train_bias)
+        exact = exact_route(config)
+        if exact is not None and seeds is not None:  # one exact rule for every replicate (it has no scrambling)
+            exact = jax.tree.map(lambda x: jnp.broadcast_to(x, (len(seeds), *x.shape)), exact)
+        fine = None
+        if check and exact is not None:
+            fine = exact_route(config, refined=True)
+            if seeds is not None:
+                fine = jax.tree.map(lambda x: jnp.broadcast_to(x, (len(seeds), *x.shape)), fine)
+        return cls(fields, get_activation(config.model.activation), config.sgd.lr, config.model.train_bias, exact, fine)
 
     def _loss(self, s: jax.Array) -> jax.Array:
         return limit_loss(self.activation, s, 0)
 
     def risk(self, M: jax.Array, Q: jax.Array, b: jax.Array) -> jax.Array:
-        """Population risk ``R(M, Q, b) = E[(1 - a_eps)^2 + sum_{l != eps} a_l^2]``."""
+        """Population risk ``R(M, Q, b) = E[(1 - a_eps)^2 + sum_{l != eps} a_l^2]``: exact on the
+        exact route, else on the Sobol rule."""
+        if self.exact is not None:
+            return self.exact.risk(M, Q, b)
         return self.fields.expect(lambda g, theta: self._loss(g.T + b[:, None]), M, Q)
+
+    def risk_check(self, M: jax.Array, Q: jax.Array, b: jax.Array) -> jax.Array:
+        """The risk on the finer exact rule ``exact_check`` (NaN without one): its difference to
+        :meth:`risk` is the stated error of the exact route."""
+        if self.exact_check is None:
+            return jnp.full((), jnp.nan, dtype=M.dtype)
+        return self.exact_check.risk(M, Q, b)
+
+    def gram(self, M: jax.Array, Q: jax.Array, b: jax.Array) -> jax.Array:
+        """``E[sum_l c_l c_l^T]`` (H, H), the ``lr^2`` term of ``dQ``, on the Sobol rule."""
+
+        def integrand(g, theta):
+            c = jax.grad(self._loss)(g.T + b[:, None])
+            return c @ c.T
+
+        return self.fields.expect(integrand, M, Q)
 
     def moments(self, M: jax.Array, Q: jax.Array, b: jax.Array, Qh: jax.Array | None = None) -> dict[str, jax.Array]:
         """The field averages the drift is made of: ``risk``, ``c_sum`` = E[sum_l c_l] (H,),
@@ -115,6 +165,8 @@ class OrderParameterODE(eqx.Module):
 
     def drift(self, M: jax.Array, Q: jax.Array, b: jax.Array) -> OrderParameters:
         """``(dM, dQ, db) / dtau`` of docs/model.md section 5 (``db = 0`` unless biases train)."""
+        if self.exact is not None:
+            return self._exact_drift(M, Q, b)
         Qh, Qh_pinv = psd_sqrt_and_pinv_sqrt(Q)
         m = self.moments(M, Q, b, Qh)
         lr, P, W = self.lr, m["P"], m["W"]
@@ -123,6 +175,40 @@ class OrderParameterODE(eqx.Module):
         dQ = -lr * (A + A.T) + lr**2 * m["cc"]
         db = -lr * m["c_sum"] if self.train_bias else jnp.zeros_like(b)
         return OrderParameters(dM, (dQ + dQ.T) / 2, db)
+
+    def _exact_drift(self, M, Q, b) -> OrderParameters:
+        """The drift from the gradient of the exact risk plus the rule's Gram term (module docstring)."""
+        GM, GQ, Gb = _risk_gradient(self.exact, M, Q, b)
+        lr, S = self.lr, GQ + GQ.T
+        dM = -lr * (GM + S @ M)
+        A = GM @ M.T + S @ Q
+        dQ = -lr * (A + A.T) + lr**2 * self.gram(M, Q, b)
+        db = -lr * Gb if self.train_bias else jnp.zeros_like(b)
+        return OrderParameters(dM, (dQ + dQ.T) / 2, db)
+
+
+@jax.jit
+def _risk_gradient(rule: LaplaceRule, M, Q, b):
+    """``(dR/dM, dR/dQ, dR/db)`` of the exact risk. Jitted on its own, so that a solve that
+    evaluates the drift at several places (diffrax's first step, its stages, the start) traces
+    it once."""
+    return jax.grad(rule.risk, argnums=(0, 1, 2))(M, Q, b)
+
+
+def exact_route(config: Config, *, refined: bool = False) -> LaplaceRule | None:
+    """The exact rule ``theory.route`` asks for: ``None`` for ``"rule"`` and, with ``"auto"``, for
+    an activation that is not a normalised exponential; ``"exact"`` with such an activation
+    raises. ``refined``: the finer rule of the error statement."""
+    th, pb, H = config.theory, config.problem, config.model.heads
+    if th.route == "rule":
+        return None
+    activation = get_activation(config.model.activation)
+    n = th.nodes
+    rule = exact_rule(activation, pb.L, H, pb.build_prior(), n_t=2 * n, n_outer=n, n_inner=max(n // 2, 8))
+    if rule is None and th.route == "exact":
+        raise ValueError(f"theory.route = 'exact': activation {config.model.activation!r} is not a normalised exponential "
+                         "(softmax, softmax1, bsoftmax, ssmax or one declaring exponential_form); use 'auto' or 'rule'")
+    return rule.refined() if refined and rule is not None else rule
 
 
 def flatten_state(M: jax.Array, Q: jax.Array, b: jax.Array, train_bias: bool = True) -> jax.Array:

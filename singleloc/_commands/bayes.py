@@ -57,8 +57,9 @@ def run(args) -> int:
           f"(standard error over {args.replicates} scramblings of {th.points} Sobol points)")
     if point is not None:
         r = point["risk"]
+        how = "exact route, error against a finer rule" if r["points"] == 0 else "independent scramblings"
         print(f"bsoftmax with H = K = {point['heads']} heads at the Bayes point: {r['value']:.6f} +- {r['error']:.1e} "
-              f"(difference {r['value'] - bayes.value:+.1e}, independent scramblings)")
+              f"(difference {r['value'] - bayes.value:+.1e}; {how})")
     else:
         print("no finite bsoftmax Bayes point: the prior has a Gaussian part")
     return 0
