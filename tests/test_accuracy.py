@@ -38,7 +38,8 @@ def config(H=2, *overrides):
 
 @pytest.mark.parametrize("H", [pytest.param(2, marks=pytest.mark.slow), 3])
 def test_permuting_the_heads_permutes_the_drift(H):
-    cfg = config(H, "theory.points=256")
+    """The Sobol rule closed under the head shifts (the exact route: tests/test_laplace.py)."""
+    cfg = config(H, "theory.points=256", "theory.route=rule")
     y = random_state(H, 2, np.random.default_rng(H))
     ode = OrderParameterODE.from_config(cfg)
     plain = OrderParameterODE(LocalFields.make(cfg.problem.L, H, cfg.problem.build_prior(), 256, 0), ode.activation, ode.lr, True)

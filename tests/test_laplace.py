@@ -1,0 +1,260 @@
+"""The exact route (singleloc._laplace) against independent references.
+
+* plain Monte Carlo over whole sequences, with its standard error, at trained states: heads
+  that are exact copies, near copies (small ``R_orth``), specialised heads, random states;
+* closed forms: zero keys (uniform softmax weights, ``R = 1 - 1/L``; softmax1 and bsoftmax
+  likewise), at ``L`` up to 4096;
+* exact identities between the module's own pieces that share no code path: ``H`` identical
+  heads of a per-head layer (pairs of heads, conditional variance zero) equal one head (no
+  pairs); bsoftmax copies with biases ``b_h`` equal one head with bias ``logsumexp(b)``;
+* the bsoftmax Bayes point of a discrete prior equals the Bayes risk (MODEL.md section 6);
+* derivatives against central differences, at identical heads included (Price's theorem),
+  and the drift against the Sobol rule at many points where that rule converges.
+"""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import singleloc as sl
+from singleloc._activations import exponential_form
+from singleloc._laplace import LaplaceRule
+from singleloc._layer import limit_loss
+
+pytestmark = pytest.mark.exact_route
+
+ACTIVATIONS = ("softmax", "softmax1", "bsoftmax", "ssmax")
+SLOW = pytest.mark.slow
+
+
+@eqx.filter_jit
+def _risk(rule, M, Q, b):
+    return rule.risk(M, Q, b)
+
+
+@eqx.filter_jit
+def _grad(rule, M, Q, b):
+    return jax.grad(rule.risk, argnums=(0, 1, 2))(M, Q, b)
+
+
+def rule_for(name, L, H, prior, **kwargs):
+    return LaplaceRule.make(exponential_form(sl.get_activation(name), L), L, H, prior, **kwargs)
+
+
+def monte_carlo(name, prior, L, M, Q, b, n=2**18, seed=0, batches=4):
+    """Plain Monte Carlo risk of whole sequences (fields sampled directly), with its standard error."""
+    act = sl.get_activation(name)
+    H = Q.shape[0]
+    Qh = jnp.asarray(sl.psd_sqrt(np.asarray(Q)))
+    atoms, probs = jnp.asarray(prior.atoms_array()), jnp.asarray(prior.probs_array())
+    cs = jnp.asarray(prior.cov_sqrt())
+
+    @jax.jit
+    def batch(key):
+        k1, k2, k3 = jax.random.split(key, 3)
+        g = jax.random.normal(k1, (n, L, H)) @ Qh
+        theta = atoms[jax.random.choice(k2, len(probs), (n,), p=probs)] + jax.random.normal(k3, (n, cs.shape[1])) @ cs.T
+        g = g.at[:, 0].add(theta @ M.T)
+        f = jax.vmap(lambda x: limit_loss(act, x.T + b[:, None], 0))(g)
+        return f.mean(), f.var()
+
+    out = np.array([batch(k) for k in jax.random.split(jax.random.PRNGKey(seed), batches)])
+    return out[:, 0].mean(), np.sqrt(out[:, 1].mean() / (n * batches))
+
+
+def trained_state(kind, H, F, rng):
+    """States of the kinds the ODE visits late in training."""
+    M = np.zeros((H, F))
+    if kind == "copies":  # softmax, F = 1, H = 6 at tau = 300 (issue 20): every entry alike
+        M[:, 0] = 1.96
+        Q = np.full((H, H), 3.86)
+    elif kind == "near":  # leaning heads, R_orth ~ 0.05 I
+        M[:, 0] = 1.96
+        Q = M @ M.T + 0.05 * np.eye(H) + 0.01
+    elif kind == "specialised":
+        for h in range(H):
+            M[h, h % F] = 2.3
+        Q = M @ M.T + 0.05 * np.eye(H)
+    else:
+        M = 0.3 * rng.standard_normal((H, F))
+        A = 0.5 * rng.standard_normal((H, H))
+        Q = M @ M.T + A @ A.T / H
+    b = 0.3 * rng.standard_normal(H)
+    return jnp.asarray(M), jnp.asarray(Q), jnp.asarray(b)
+
+
+MC_CASES = [(name, *case) for name in ACTIVATIONS
+            for case in [("copies", 4, 1, 4), ("near", 3, 2, 8), ("specialised", 2, 2, 4), ("random", 3, 2, 4)]]
+DEFAULT_MC = {("softmax", "copies"), ("bsoftmax", "near"), ("softmax1", "specialised"), ("ssmax", "random")}
+
+
+@pytest.mark.parametrize("name,kind,H,F,L", [pytest.param(*c, marks=() if c[:2] in DEFAULT_MC else SLOW) for c in MC_CASES])
+def test_risk_matches_monte_carlo_at_trained_states(name, kind, H, F, L, rng):
+    prior = sl.spikes(F, 2.5)
+    M, Q, b = trained_state(kind, H, F, rng)
+    exact = float(_risk(rule_for(name, L, H, prior), M, Q, b))
+    mean, se = monte_carlo(name, prior, L, M, Q, b)
+    assert abs(exact - mean) < 4.5 * se, (exact, mean, se)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ACTIVATIONS)
+@pytest.mark.parametrize("kind,H,F,L", [("copies", 6, 1, 4), ("near", 8, 2, 8), ("specialised", 4, 2, 16), ("near", 2, 1, 64)])
+def test_risk_matches_large_monte_carlo(name, kind, H, F, L, rng):
+    prior = sl.spikes(F, 2.5)
+    M, Q, b = trained_state(kind, H, F, rng)
+    exact = float(_risk(rule_for(name, L, H, prior), M, Q, b))
+    mean, se = monte_carlo(name, prior, L, M, Q, b, n=2**19 if L <= 16 else 2**16, batches=16)
+    assert abs(exact - mean) < 4.5 * se, (exact, mean, se)
+
+
+@pytest.mark.parametrize("L", [2, pytest.param(64, marks=SLOW), 4096])
+def test_zero_keys_closed_forms(L):
+    """``Q = 0``: every score is the bias. Softmax and bsoftmax weights are ``1/L``
+    (``R = 1 - 1/L``); softmax1 weights ``c = mean_h e^b_h / (1 + L e^b_h)``, ``R = (1 - c)^2 + (L-1) c^2``."""
+    H, F = 3, 2
+    prior = sl.spikes(F, 2.5)
+    M, Q = jnp.zeros((H, F)), jnp.zeros((H, H))
+    b = jnp.array([-0.7, 0.1, 1.3])
+    for name in ("softmax", "bsoftmax", "ssmax"):
+        assert float(_risk(rule_for(name, L, H, prior), M, Q, b)) == pytest.approx(1 - 1 / L, abs=1e-10)
+    c = float(np.mean(np.exp(b) / (1 + L * np.exp(b))))
+    assert float(_risk(rule_for("softmax1", L, H, prior), M, Q, b)) == pytest.approx((1 - c) ** 2 + (L - 1) * c**2, abs=1e-10)
+
+
+@pytest.mark.parametrize("name,L", [pytest.param("softmax", 4, marks=SLOW), ("softmax", 256),
+                                    pytest.param("softmax1", 4, marks=SLOW), pytest.param("softmax1", 256, marks=SLOW),
+                                    ("ssmax", 4), pytest.param("ssmax", 8, marks=SLOW)])
+def test_identical_heads_equal_one_head(name, L):
+    """Copies of one head make a per-head layer one head: the pair integrals (conditional
+    variance exactly zero) against the single-head integrals. (ssmax at small L only: its
+    scores are scaled by log L, and the default nodes resolve token variances up to about 10.)"""
+    prior = sl.gaussian([1.0, 0.5], [[1.0, 0.2], [0.2, 0.5]])
+    m, q, bias = np.array([[1.4, -0.6]]), np.array([[2.1]]), np.array([0.4])
+    one = float(_risk(rule_for(name, L, 1, prior), jnp.asarray(m), jnp.asarray(q), jnp.asarray(bias)))
+    H = 4
+    many = float(_risk(rule_for(name, L, H, prior), jnp.asarray(np.repeat(m, H, 0)), jnp.full((H, H), q[0, 0]),
+                       jnp.full(H, bias[0])))
+    assert many == pytest.approx(one, abs=1e-9)
+
+
+def test_bsoftmax_copies_equal_one_head_with_logsumexp_bias():
+    prior = sl.spikes(2, 2.5)
+    b = np.array([-1.0, 0.3, 0.5, 2.0])
+    M1, Q1 = jnp.array([[1.2, 0.4]]), jnp.array([[2.5]])
+    one = float(_risk(rule_for("bsoftmax", 8, 1, prior), M1, Q1, jnp.array([np.log(np.exp(b).sum())])))
+    many = float(_risk(rule_for("bsoftmax", 8, 4, prior), jnp.repeat(M1, 4, 0), jnp.full((4, 4), 2.5), jnp.asarray(b)))
+    assert many == pytest.approx(one, abs=1e-8)
+
+
+@pytest.mark.parametrize("K", [pytest.param(1, marks=SLOW), 2, pytest.param(3, marks=SLOW)])
+def test_bayes_point_has_the_bayes_risk(K):
+    """MODEL.md section 6: bsoftmax with H = K heads at the Bayes point is the Bayes estimator."""
+    prior = sl.spikes(K, 2.5) if K > 1 else sl.discrete([[2.5]], [1.0])
+    L = 6
+    M, Q, b = sl.bayes_point(prior)
+    exact = float(_risk(rule_for("bsoftmax", L, K, prior), M, Q, b))
+    bayes = sl.bayes_risk(prior, L, points=8192, replicates=8)
+    assert abs(exact - bayes.value) < 5 * bayes.error + 1e-6, (exact, bayes)
+
+
+def _central_difference(rule, M, Q, b, h=1e-5):
+    """Derivatives of the risk in every entry of M, the upper triangle of Q (moved symmetrically)
+    and b, by central differences."""
+    def at(dM=0.0, dQ=0.0, db=0.0):
+        return float(_risk(rule, M + dM, Q + dQ, b + db))
+
+    H, F = M.shape
+    gM = np.zeros((H, F))
+    for i in range(H):
+        for j in range(F):
+            e = np.zeros((H, F))
+            e[i, j] = h
+            gM[i, j] = (at(dM=e) - at(dM=-e)) / (2 * h)
+    gQ = np.zeros((H, H))
+    for i in range(H):
+        for j in range(i, H):
+            e = np.zeros((H, H))
+            e[i, j] = e[j, i] = h
+            gQ[i, j] = gQ[j, i] = (at(dQ=e) - at(dQ=-e)) / (2 * h)
+    gb = np.array([(at(db=h * np.eye(H)[i]) - at(db=-h * np.eye(H)[i])) / (2 * h) for i in range(H)])
+    return gM, gQ, gb
+
+
+@pytest.mark.parametrize("name", ["softmax", "bsoftmax", pytest.param("softmax1", marks=SLOW), pytest.param("ssmax", marks=SLOW)])
+def test_gradient_matches_central_differences(name, rng):
+    prior = sl.spikes(2, 2.5)
+    M, Q, b = trained_state("random", 3, 2, rng)
+    rule = rule_for(name, 5, 3, prior)
+    gM, gQ, gb = _grad(rule, M, Q, b)
+    fM, fQ, fb = _central_difference(rule, M, Q, b)
+    np.testing.assert_allclose(np.asarray(gM), fM, atol=2e-7)
+    # a symmetric move of Q_ij changes both entries: the derivative is gQ_ij + gQ_ji (once on the diagonal)
+    sym = np.asarray(gQ) + np.asarray(gQ).T - np.diag(np.diag(np.asarray(gQ)))
+    np.testing.assert_allclose(sym, fQ, atol=2e-7)
+    np.testing.assert_allclose(np.asarray(gb), fb, atol=2e-7)
+
+
+@pytest.mark.parametrize("name", ["softmax1", "bsoftmax", pytest.param("softmax", marks=SLOW), pytest.param("ssmax", marks=SLOW)])
+def test_gradient_at_identical_heads_is_finite_and_continuous(name):
+    """At ``R_orth = 0`` with copies the square roots have infinite derivatives; Price's theorem
+    keeps the gradient finite, and equal to the limit of the gradients at nearly identical heads."""
+    H, F = 3, 1
+    prior = sl.spikes(F, 2.5)
+    M = jnp.full((H, F), 1.9)
+    Q = M @ M.T
+    b = jnp.array([0.1, 0.1, 0.1])
+    rule = rule_for(name, 4, H, prior)
+    exact = [np.asarray(x) for x in _grad(rule, M, Q, b)]
+    assert all(np.all(np.isfinite(x)) for x in exact)
+    for delta in (1e-4, 1e-6):
+        near = [np.asarray(x) for x in _grad(rule, M, Q + delta * jnp.eye(H), b)]
+        for a, c in zip(exact, near):
+            np.testing.assert_allclose(a, c, atol=50 * delta)
+
+
+@pytest.mark.parametrize("name", ["softmax", pytest.param("bsoftmax", marks=SLOW)])
+def test_drift_matches_converged_rule(name):
+    """The exact drift against the Sobol rule's at 2^16 points (where it converges, a start)."""
+    cfg = sl.load_config("default").replace(model={"activation": name}, problem={"L": 3}, theory={"points": 65536})
+    y0 = sl.initial_conditions(cfg, 1)
+    state = [jnp.asarray(x[0], jnp.float64) for x in y0]
+    drift = eqx.filter_jit(lambda ode, *y: ode.drift(*y))
+    exact = drift(sl.OrderParameterODE.from_config(cfg), *state)
+    rule = drift(sl.OrderParameterODE.from_config(cfg.replace(theory={"route": "rule"})), *state)
+    scale = max(float(jnp.max(jnp.abs(x))) for x in exact)
+    for a, c in zip(exact, rule):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(c), atol=2e-3 * scale)
+
+
+def test_route_rule_and_exact_are_chosen_from_the_config():
+    cfg = sl.load_config("default")
+    assert sl.OrderParameterODE.from_config(cfg).exact is not None
+    assert sl.OrderParameterODE.from_config(cfg.replace(theory={"route": "rule"})).exact is None
+    sl.register_activation("test_laplace_relu", lambda s: jax.nn.relu(s) / (1e-9 + jnp.sum(jax.nn.relu(s), -1, keepdims=True)),
+                           overwrite=True)
+    other = cfg.replace(model={"activation": "test_laplace_relu"})
+    assert sl.OrderParameterODE.from_config(other).exact is None
+    with pytest.raises(ValueError, match="theory.route"):
+        sl.OrderParameterODE.from_config(other.replace(theory={"route": "exact"}))
+
+
+@pytest.mark.parametrize("name", ["softmax1", pytest.param("bsoftmax", marks=SLOW)])
+def test_permuting_the_heads_permutes_the_exact_drift(name, rng):
+    """The exact route is a function of (M, Q, b): permuting the heads permutes its drift, to
+    within the rule's error (a pair of heads is integrated with one of them outside)."""
+    cfg = sl.load_config("default").replace(model={"activation": name, "heads": 3, "train_bias": True})
+    M, Q, b = trained_state("random", 3, 2, rng)
+    ode = sl.OrderParameterODE.from_config(cfg)
+    drift = eqx.filter_jit(lambda o, *y: o.drift(*y))
+    d = drift(ode, M, Q, b)
+    p = np.array([2, 0, 1])
+    dp = drift(ode, M[p], Q[p][:, p], b[p])
+    scale = max(float(jnp.max(jnp.abs(x))) for x in d)
+    np.testing.assert_allclose(np.asarray(dp.M), np.asarray(d.M)[p], atol=1e-6 * scale)
+    np.testing.assert_allclose(np.asarray(dp.Q), np.asarray(d.Q)[p][:, p], atol=1e-6 * scale)
+    np.testing.assert_allclose(np.asarray(dp.b), np.asarray(d.b)[p], atol=1e-6 * scale)
