@@ -118,6 +118,7 @@ class Cluster:
                         n_workers=self.workers, threads_per_worker=1, processes=True, dashboard_address=None,
                         env=worker_env()))
                 self._client = self._stack.enter_context(Client(cluster))
+                self._client.run(_quiet_worker_logs)
         return self._client
 
     def _connect(self, Client):
@@ -153,10 +154,19 @@ class Cluster:
             return self.workers
         return max(1, sum(self.client().nthreads().values()))
 
-    def close(self) -> None:
-        """Close the client and a local cluster (its worker processes end); idempotent."""
+    def close(self, *, quiet: bool = False) -> None:
+        """Close the client and a local cluster (its worker processes end); idempotent.
+        ``quiet``: without Dask's log lines (after Ctrl-C, when the workers are stopped in the
+        middle of their tasks and Dask logs every cancelled task and every worker it kills)."""
         self._client = None
-        self._stack.close()
+        if not quiet:
+            self._stack.close()
+            return
+        _silence_dask_logging()
+        try:
+            self._stack.close()
+        finally:
+            _restore_dask_logging()
 
 
 @contextlib.contextmanager
@@ -183,6 +193,9 @@ def open_cluster(workers: int = 1, scheduler: str | None = None) -> Iterator[Clu
         cluster = Cluster(workers, address or None, SCHEDULER_ENV)
     try:
         yield cluster
+    except KeyboardInterrupt:
+        cluster.close(quiet=True)
+        raise
     finally:
         cluster.close()
 
@@ -250,13 +263,18 @@ def _run(tasks, fn, on_result, cluster: Cluster, progress, desc, group, size) ->
     outcomes = _on_cluster(tasks, fn, cluster, group) if on_cluster else _serial(tasks, fn)
     # closing(): the pending tasks are cancelled as soon as the loop ends, also when on_result raises.
     with bar, contextlib.closing(outcomes):
-        for key, result, error in outcomes:
-            if error is None:
-                on_result(key, result)
-                report.completed.append(key)
-            else:
-                report.errors[key] = error
-            bar.update(sizes[key])
+        try:
+            for key, result, error in outcomes:
+                if error is None:
+                    on_result(key, result)
+                    report.completed.append(key)
+                else:
+                    report.errors[key] = error
+                bar.update(sizes[key])
+        except KeyboardInterrupt:  # quiet before closing() cancels the pending tasks (open_cluster restores it)
+            if on_cluster:
+                _silence_dask_logging()
+            raise
     report.seconds = time.perf_counter() - t0
     return report
 
@@ -323,6 +341,37 @@ def worker_env() -> dict[str, str]:
                    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=str(jax.config.jax_persistent_cache_min_compile_time_secs),
                    JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=str(jax.config.jax_persistent_cache_min_entry_size_bytes))
     return env
+
+
+def _quiet_worker_logs() -> None:
+    """Only Dask's errors in a local worker's log (run on each worker as the cluster starts): a
+    worker busy compiling logs "event loop unresponsive" warnings, and one stopped by Ctrl-C a
+    warning for every cancelled task; the errors of tasks come back to the client with the task."""
+    import logging
+
+    logging.getLogger("distributed").setLevel(logging.ERROR)
+
+
+_DASK_LEVEL: list[int] = []  # the level of Dask's logger while it is silenced
+
+
+def _silence_dask_logging() -> None:
+    """Turn off Dask's log lines in this process (the scheduler and nannies of a local cluster
+    live here) until :func:`_restore_dask_logging`: after Ctrl-C, the cancelled tasks and the
+    workers stopped in the middle of them would each log a line or a traceback."""
+    import logging
+
+    logger = logging.getLogger("distributed")
+    if not _DASK_LEVEL:
+        _DASK_LEVEL.append(logger.level)
+    logger.setLevel(logging.CRITICAL + 1)
+
+
+def _restore_dask_logging() -> None:
+    import logging
+
+    if _DASK_LEVEL:
+        logging.getLogger("distributed").setLevel(_DASK_LEVEL.pop())
 
 
 @contextlib.contextmanager

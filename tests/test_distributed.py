@@ -210,6 +210,8 @@ def test_interrupted_client_keeps_finished_results_and_closes_the_cluster(tmp_pa
             proc.kill()
             proc.wait()
     assert proc.returncode != 0 and "KeyboardInterrupt" in err
+    # issue 21 item 12: no Dask log lines (cancelled tasks, workers killed) or worker tracebacks beside the interrupt
+    assert " - distributed." not in err and err.count("Traceback") <= 1, err
     assert sorted(p.name for p in cache.iterdir()) == ["0.npz", "1.npz"]  # complete files only
     assert [int(load_npz(cache / f"{x}.npz")["x"][0]) for x in (0, 1)] == [0, 1]
     workers = [int(p.name.split("-")[1]) for p in flags.glob("worker-*")]
