@@ -426,7 +426,7 @@ def test_a_log_grid_of_two_saved_times_ends_at_tau_max(n_save, expected):
     np.testing.assert_array_equal(save_steps(cfg), np.round(np.asarray(expected) * cfg.simulation.D))
 
 
-@pytest.mark.parametrize("tau_max", ["1e300", "1e7"])
+@pytest.mark.parametrize("tau_max", ["1e300", "1e8"])
 def test_a_simulation_of_more_steps_than_it_can_count_is_refused(tmp_path, capsys, tau_max):
     """Issue 21 item 3: ``tau_max = 1e300`` gave a cast warning, exit 0 and saved tau [-4.6e16, 0]."""
     out = tmp_path / "out"
