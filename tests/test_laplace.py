@@ -258,3 +258,16 @@ def test_permuting_the_heads_permutes_the_exact_drift(name, rng):
     np.testing.assert_allclose(np.asarray(dp.M), np.asarray(d.M)[p], atol=1e-6 * scale)
     np.testing.assert_allclose(np.asarray(dp.Q), np.asarray(d.Q)[p][:, p], atol=1e-6 * scale)
     np.testing.assert_allclose(np.asarray(dp.b), np.asarray(d.b)[p], atol=1e-6 * scale)
+
+
+def test_integrate_runs_on_the_exact_route_and_states_its_error():
+    """The users' default end to end: the solve on the exact route, its stated risk error, and
+    the same trajectory as the Sobol route to within that route's error (its risk error at this
+    trained H = 2 state is about 1e-3)."""
+    cfg = sl.load_config("default", ["sgd.tau_max=20", "sgd.n_save=5"])
+    exact = sl.integrate(cfg)
+    assert exact.route == "exact" and exact.risk_error < 1e-8
+    assert "exact route" in exact.quadrature()
+    rule = sl.integrate(cfg.replace(theory={"route": "rule"}))
+    assert rule.route == "rule" and np.isnan(rule.risk_error)
+    np.testing.assert_allclose(exact.risk, rule.risk, atol=3e-3)
