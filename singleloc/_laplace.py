@@ -60,14 +60,13 @@ The rules, and why they are exact to the precision stated.
 Nothing here depends on ``L`` but the exponents: the cost of a risk is
 ``O(H^2 n_t^2 n_outer)`` for a per-head layer, ``O(n_t N)`` for a joint one with ``N`` nodes.
 
-Error statement. :func:`risk_error` compares the risk with that of a finer rule
+Error statement. The risk is compared with that of a finer rule
 (:meth:`LaplaceRule.refined`, 1.5 x the nodes of every kind): the difference bounds the error of
 the coarse rule for a geometrically convergent rule.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 
@@ -419,15 +418,3 @@ def exact_rule(activation: Activation, L: int, H: int, prior: Prior, **kwargs) -
     (:func:`~singleloc.exponential_form`), or ``None``."""
     form = exponential_form(activation, L)
     return None if form is None else LaplaceRule.make(form, L, H, prior, **kwargs)
-
-
-@dataclasses.dataclass(frozen=True)
-class ExactRiskError:
-    """The risk by a rule and by its refinement; ``error = |risk - refined|``."""
-
-    risk: float
-    refined: float
-
-    @property
-    def error(self) -> float:
-        return abs(self.risk - self.refined)

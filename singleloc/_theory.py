@@ -116,14 +116,13 @@ class OrderParameterODE(eqx.Module):
             fields = LocalFields.make(*args, th.qmc_seed, symmetric=True)
         else:
             fields = replicate_rules(*args, seeds, symmetric=True)
-        exact = exact_route(config)
-        if exact is not None and seeds is not None:  # one exact rule for every replicate (it has no scrambling)
-            exact = jax.tree.map(lambda x: jnp.broadcast_to(x, (len(seeds), *x.shape)), exact)
-        fine = None
-        if check and exact is not None:
-            fine = exact_route(config, refined=True)
-            if seeds is not None:
-                fine = jax.tree.map(lambda x: jnp.broadcast_to(x, (len(seeds), *x.shape)), fine)
+        def per_replicate(rule):  # one exact rule for every replicate (it has no scrambling)
+            if rule is None or seeds is None:
+                return rule
+            return jax.tree.map(lambda x: jnp.broadcast_to(x, (len(seeds), *x.shape)), rule)
+
+        exact = per_replicate(exact_route(config))
+        fine = per_replicate(exact_route(config, refined=True)) if check and exact is not None else None
         return cls(fields, get_activation(config.model.activation), config.sgd.lr, config.model.train_bias, exact, fine)
 
     def _loss(self, s: jax.Array) -> jax.Array:
