@@ -8,6 +8,11 @@ and moves it into place with ``os.replace``: a reader sees the old file or the n
 part. The temporary file is created with mode ``0o666`` less the umask (what ``open`` gives),
 so the result is as readable as any file the user creates.
 
+Files written together. Inside :func:`written_together` (``sweep``'s and ``diagnose``'s outputs),
+the files of a folder are staged as hidden temporary files and renamed into place only when
+all of them are complete: a full disk or a read-only folder leaves the previous outputs as they
+were, never a new file beside old ones, and is one ``OSError`` naming the file and the folder.
+
 Run folders. A run (``integrate``, ``simulate``, ``compare``) is one folder whose files belong
 together. :func:`write_folder` fills a hidden sibling ``.NAME.new-PID-XXXX`` (mode ``0o777``
 less the umask) and swaps it with ``NAME`` in one step (Linux ``renameat2(RENAME_EXCHANGE)``;
@@ -21,6 +26,8 @@ carries ``singleloc_version``): a folder holding anything else is never replaced
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import ctypes
 import errno
 import json
@@ -28,7 +35,7 @@ import os
 import re
 import secrets
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -52,19 +59,136 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], object]) -> Path:
     sibling, then move it onto ``path``.
 
     The folder is created if missing. On any failure (and on Ctrl-C) the temporary file is
-    removed and ``path`` is unchanged."""
+    removed and ``path`` is unchanged; a failure to write (a full disk, a read-only folder) is
+    an ``OSError`` whose message names ``path``. Inside :func:`written_together` for the
+    folder of ``path``, the file is only staged: it takes its place with the others of the set."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _hidden_sibling(path, "tmp")
-    fd = _create(tmp, 0o666)
+    staging = _STAGING.get()
+    staged = staging is not None and staging.holds(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = _hidden_sibling(path, "tmp")
+        fd = _create(tmp, 0o666)
+    except OSError as err:
+        raise _named(err, path) from err
     try:
         with os.fdopen(fd, "w+b") as fh:
             write(fh)
-        os.replace(tmp, path)
-    except BaseException:
+        if staged:
+            staging.add(tmp, path)
+        else:
+            os.replace(tmp, path)
+    except BaseException as err:
         tmp.unlink(missing_ok=True)
+        if isinstance(err, OSError) and not isinstance(err, _Named):
+            raise _named(err, path) from err
         raise
     return path
+
+
+class _Named(OSError):
+    """An ``OSError`` whose message already names the file it is about; ``reason``: the
+    system's words alone (``No space left on device``)."""
+
+    def __init__(self, code, message: str, reason: str):
+        super().__init__(code, message)
+        self.reason = reason
+
+
+def _reason(err: OSError) -> str:
+    return err.reason if isinstance(err, _Named) else str(err.strerror or err)
+
+
+def _named(err: OSError, path: Path) -> OSError:
+    """``err`` as one line naming ``path``: ``could not write PATH: No space left on device``."""
+    if isinstance(err, _Named):
+        return err
+    return _Named(err.errno, f"could not write {str(path)!r}: {_reason(err)}", _reason(err))
+
+
+# ----------------------------------------------------------------------------- files written together
+
+
+class _Staging:
+    """The files of one :func:`written_together` block: temporary files written whole, moved
+    into place together when the block ends without error."""
+
+    def __init__(self, folder: Path):
+        self.folder = Path(os.path.abspath(folder))
+        self.files: list[tuple[Path, Path]] = []  # (temporary file, target)
+
+    def holds(self, path: Path) -> bool:
+        return Path(os.path.abspath(path)).parent == self.folder
+
+    def add(self, tmp: Path, path: Path) -> None:
+        self.files.append((tmp, path))
+
+    def discard(self) -> None:
+        for tmp, _ in self.files:
+            tmp.unlink(missing_ok=True)
+        self.files.clear()
+
+
+_STAGING: contextvars.ContextVar[_Staging | None] = contextvars.ContextVar("singleloc_staging", default=None)
+
+
+@contextlib.contextmanager
+def written_together(folder: str | Path, stale: Callable[[set[Path]], Iterable[Path]] | None = None
+                     ) -> Iterator[list[Path]]:
+    """The files written into ``folder`` in this block (by :func:`atomic_write`, so by every
+    ``save_*`` of :mod:`singleloc._io`) are one unit: each is written whole into a hidden
+    temporary file, and only when the block ends without error do they all take their places
+    (renames within one folder, which need no free space). On any failure (a full disk, a
+    read-only folder, an error, Ctrl-C) every temporary file is removed and ``folder`` holds
+    what it held before: no new file beside the old ones; the ``OSError`` says so in one line.
+    ``stale(written)``: the files of an earlier output of the same command that this one did not
+    write (e.g. a figure it no longer makes), removed once the new files are in place. Yields
+    the list of the paths put in place (filled when the block ends)."""
+    folder = Path(folder)
+    staging = _Staging(folder)
+    token = _STAGING.set(staging)
+    placed: list[Path] = []
+    try:
+        yield placed
+    except OSError as err:
+        staging.discard()
+        raise _Named(err.errno, f"{err.strerror or err}; {_unchanged(folder)}", _reason(err)) from err
+    except BaseException:
+        staging.discard()
+        raise
+    finally:
+        _STAGING.reset(token)
+    written = {path for _, path in staging.files}
+    try:
+        for tmp, path in staging.files:
+            os.replace(tmp, path)
+            placed.append(path)
+    except OSError as err:
+        staging.discard()
+        raise _Named(err.errno, f"could not move the outputs into {str(folder)!r}: {_reason(err)}", _reason(err)) from err
+    for path in stale(written) if stale is not None else ():
+        if path not in written:
+            Path(path).unlink(missing_ok=True)
+
+
+def _unchanged(folder: Path) -> str:
+    return f"nothing was written to {str(folder)!r}, which is unchanged"
+
+
+#: The PNG text entry by which a command marks the figures it writes outside run folders
+#: (``sweep``, ``diagnose``), so that it removes only its own figures when a later output no longer has them.
+OUTPUT_KEY = "singleloc output"
+
+
+def png_has_text(path: str | Path, key: str, value: str) -> bool:
+    """Whether the PNG file ``path`` carries the text entry ``key`` = ``value`` (as
+    :func:`singleloc.save_figure` writes its ``metadata``): how a command recognises a figure
+    of its own before it removes it."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError:
+        return False
+    return data.startswith(b"\x89PNG") and b"tEXt" + key.encode("latin-1") + b"\x00" + value.encode("latin-1") in data
 
 
 # ----------------------------------------------------------------------------- folder swaps
@@ -152,7 +276,7 @@ def write_folder(target: str | Path, fill: Callable[[Path], object], keep: bool 
     except OSError as err:
         shutil.rmtree(new, ignore_errors=True)
         unchanged = f"{str(given)!r} is unchanged" if target.exists() else f"nothing was written to {str(given)!r}"
-        raise OSError(err.errno, f"could not write the run folder: {err.strerror or err}; {unchanged}") from err
+        raise _Named(err.errno, f"could not write the run folder: {_reason(err)}; {unchanged}", _reason(err)) from err
     except BaseException:
         shutil.rmtree(new, ignore_errors=True)
         raise

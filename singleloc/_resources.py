@@ -24,6 +24,11 @@ above in most cases), for ``S`` seeds (or ODE starts):
   several devices (:mod:`~singleloc._sharding`) evaluates up to ``B`` nodes on each; the
   estimate counts ``B`` once (on CPU host devices, which share the host's memory, the integrand
   part can reach the device count times that);
+* the saved times (``T = sgd.n_save``, ``R`` replicates): ``8 T R (2 S s + 6 B L H)``, ``s``
+  the numbers of one saved state (:func:`state_size`), and the risk at the saved times, whose
+  integrand XLA materialises for all of them at once (10 GB at ``T = 4000`` on the rule); the
+  simulation stores ``4 S 2 T s`` more. At most :data:`SAVED_MAX` saved times per start
+  and replicate: above, XLA's evaluation of the risk needs terabytes or aborts (issue 21);
 * plus :data:`OVERHEAD` for the runtime and the compiled programs.
 
 A run whose estimate exceeds the available memory (``MemAvailable`` of ``/proc/meminfo``,
@@ -51,6 +56,10 @@ OVERHEAD = 300 * 2**20
 NODE_BATCH = 8192
 
 MEMORY_ENV = "SINGLELOC_MEMORY_LIMIT"
+
+#: Most saved times of one ODE start (and replicate): the risk at the saved times is one
+#: vectorised evaluation, which XLA materialises whole for many of them (issue 21 item 5).
+SAVED_MAX = 16384
 
 #: Most SGD steps of a simulation: step ``t`` draws its sequence from ``fold_in(train, t)``, whose
 #: data is 32-bit, and the step counter of ``fori_loop`` is int32 without JAX's x64 mode.
@@ -107,7 +116,34 @@ def simulation_bytes(config: Config) -> int:
     """Estimated peak bytes of :func:`~singleloc.simulate` (module docstring)."""
     pb, H, sim = config.problem, config.model.heads, config.simulation
     r = H + pb.F
-    return 4 * sim.seeds * (sim.D * (10 * pb.L + 5 * r) + sim.test_samples * pb.L * (3 * r + 4 * H))
+    return 4 * sim.seeds * (sim.D * (10 * pb.L + 5 * r) + sim.test_samples * pb.L * (3 * r + 4 * H)
+                            + 2 * config.sgd.n_save * state_size(config))
+
+
+def state_size(config: Config) -> int:
+    """Numbers saved per saved time and start: ``M`` (H, F), ``Q`` (H, H), ``b`` (H) and two risks."""
+    H, F = config.model.heads, config.problem.F
+    return H * F + H * H + H + 2
+
+
+def check_saved_times(config: Config) -> None:
+    """At most :data:`SAVED_MAX` saved times per ODE start and replicate; ``ValueError`` naming
+    ``sgd.n_save`` and the bound otherwise."""
+    n, R = config.sgd.n_save, config.theory.replicates
+    if n * R > SAVED_MAX:
+        times = f"sgd.n_save = {n}" + (f" x theory.replicates = {R}" if R > 1 else "")
+        raise ValueError(f"{times} saved times per ODE start, more than the {SAVED_MAX} the theory evaluates its risk at "
+                         f"(one vectorised evaluation over the saved times: at 60000 XLA asks for terabytes, at 70000 it "
+                         f"aborts); lower sgd.n_save to at most {SAVED_MAX // R}")
+
+
+def saved_bytes(config: Config, starts: int) -> int:
+    """Estimated peak bytes of the theory's saved states and of its risk at the saved times
+    (module docstring)."""
+    pb, H, th = config.problem, config.model.heads, config.theory
+    saved = config.sgd.n_save * th.replicates
+    nodes = min(2 * th.points, NODE_BATCH) if isinstance(th.points, int) else NODE_BATCH
+    return 8 * saved * (2 * starts * state_size(config) + 6 * nodes * pb.L * H)
 
 
 def theory_bytes(config: Config, starts: int, heads: int | None = None) -> int:
@@ -165,11 +201,14 @@ def check_run(config: Config, *, simulation: bool = False, theory_starts: int = 
         check_dimension(config, "simulation")
         check_steps(config)
         parts[f"the simulation (simulation.seeds = {sim.seeds} x simulation.D = {sim.D} x problem.L = {pb.L}, "
-              f"simulation.test_samples = {sim.test_samples})"] = simulation_bytes(config)
+              f"simulation.test_samples = {sim.test_samples}, sgd.n_save = {config.sgd.n_save})"] = simulation_bytes(config)
     if theory_starts:
         check_dimension(config, "theory")
         if config.theory.points != "auto":  # "auto" is checked as the points are chosen (singleloc._accuracy)
             check_quadrature(pb.L, H, pb.build_prior(), config.theory.points)
             parts[f"the theory's quadrature (theory.points = {config.theory.points} x problem.L = {pb.L} x model.heads = {H}, "
                   f"{theory_starts} start(s))"] = theory_bytes(config, theory_starts * config.theory.replicates)
+        check_saved_times(config)
+        parts[f"the theory's saved times and their risks (sgd.n_save = {config.sgd.n_save} x {theory_starts} start(s))"] = \
+            saved_bytes(config, theory_starts)
     check_memory(parts)

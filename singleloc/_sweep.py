@@ -88,6 +88,7 @@ import numpy as np
 from ._compilation import hold_programs
 from ._config import Config, load_config, require_config
 from ._distributed import Cluster, open_cluster, run_points
+from ._files import OUTPUT_KEY, png_has_text, written_together
 from ._grid import Grid, grid_points
 from ._io import NPZ_ERRORS, load_npz, npz_names, save_figure, save_npz, save_text
 from ._ode import initial_conditions, integrate, integrate_points
@@ -453,18 +454,24 @@ def sweep(base: Config, grids: Sequence[Grid], out: str | Path, *, horizon: str 
             row["status"] = f"not yet (predicted escape at tau = {predictions[i].predicted_escape:.3g})"
         row["key"] = cache_key(run_cfgs[i], "theory") if i in run_cfgs else ""
         rows.append(row)
-    write_csv(out / "sweep.csv", rows)
-    write_sweep(out, base, grids, rows, loaded)
-    if figures:
-        other = [g.name for g in grids if g.name not in ("model.heads", "problem.F", "model.activation")]
-        groups: dict[tuple, list] = {}
-        for r in rows:
-            groups.setdefault((r["activation"],) + tuple(r[k] for k in other), []).append(r)
-        for gkey, grows in groups.items():
-            tag = "".join(f"_{k.split('.')[-1]}={_slug(v)}" for k, v in zip(other, gkey[1:]))
-            title = f"{gkey[0]}" + "".join(f", {k}={v}" for k, v in zip(other, gkey[1:]))
-            fig = plot_phase_diagram(grows, title=title, simulate=simulate)
-            save_figure(out / f"phase_{_slug(gkey[0])}{tag}.png", fig)
+    mark = {OUTPUT_KEY: "sweep"}
+
+    def own_figures(written):  # phase diagrams of an earlier sweep into OUT that this one does not draw
+        return [p for p in out.glob("phase_*.png") if p not in written and png_has_text(p, OUTPUT_KEY, "sweep")]
+
+    with written_together(out, stale=own_figures):  # the CSV, the Dataset and the figures: all of them, or none
+        write_csv(out / "sweep.csv", rows)
+        write_sweep(out, base, grids, rows, loaded)
+        if figures:
+            other = [g.name for g in grids if g.name not in ("model.heads", "problem.F", "model.activation")]
+            groups: dict[tuple, list] = {}
+            for r in rows:
+                groups.setdefault((r["activation"],) + tuple(r[k] for k in other), []).append(r)
+            for gkey, grows in groups.items():
+                tag = "".join(f"_{k.split('.')[-1]}={_slug(v)}" for k, v in zip(other, gkey[1:]))
+                title = f"{gkey[0]}" + "".join(f", {k}={v}" for k, v in zip(other, gkey[1:]))
+                fig = plot_phase_diagram(grows, title=title, simulate=simulate)
+                save_figure(out / f"phase_{_slug(gkey[0])}{tag}.png", fig, mark)
     stats.seconds = time.perf_counter() - t0
     return rows, stats
 

@@ -62,7 +62,6 @@ import gc
 import hashlib
 import io
 import json
-import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -177,10 +176,13 @@ def _trailer(data: bytes) -> bytes:
 
 
 def _write_with_trailer(ds: xr.Dataset, encoding: dict, fh) -> None:
-    ds.to_netcdf(fh, engine=ENGINE, encoding=encoding)
-    fh.seek(0)
-    data = fh.read()
-    fh.seek(0, os.SEEK_END)
+    # HDF5 writes into memory, and the file gets the finished bytes: a full disk is then one
+    # OSError of a plain write, where HDF5 writing to the file failed in ~170 lines of
+    # tracebacks and a segmentation fault (issue 21 item 4)
+    buffer = io.BytesIO()
+    ds.to_netcdf(buffer, engine=ENGINE, encoding=encoding)
+    data = buffer.getvalue()
+    fh.write(data)
     fh.write(_trailer(data))
 
 

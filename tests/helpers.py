@@ -31,3 +31,31 @@ def weights_with_overlaps(rng: np.random.Generator, M, Q, D: int, orthogonal_spi
     K = M @ kstar + C @ Z
     assert np.allclose(K @ kstar.T / D, M, atol=1e-10) and np.allclose(K @ K.T / D, Q, atol=1e-10)
     return K, kstar
+
+
+def full_disk_after(monkeypatch, files_written: int, code: int | None = None) -> list:
+    """Make the disk full after ``files_written`` more files: every later file that
+    :func:`singleloc._files.atomic_write` creates is created (so its clean-up is tested) but
+    written to ``/dev/full`` (each write fails with ENOSPC); with ``code`` (e.g. ``errno.EROFS``,
+    ``errno.EACCES``) creating it fails with that error instead (a read-only folder). Returns
+    the list of the paths created, in order."""
+    import errno
+    import os
+
+    from singleloc import _files
+
+    real = _files._create
+    created = []
+
+    def create(path, mode):
+        created.append(path)
+        if len(created) <= files_written:
+            return real(path, mode)
+        if code is not None:
+            raise OSError(code, os.strerror(code), str(path))
+        os.close(real(path, mode))
+        return os.open("/dev/full", os.O_RDWR)
+
+    assert errno.ENOSPC and os.path.exists("/dev/full")
+    monkeypatch.setattr(_files, "_create", create)
+    return created

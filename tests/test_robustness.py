@@ -268,6 +268,9 @@ def test_an_unexpected_runtime_error_is_not_hidden(monkeypatch, tmp_path):
     ("simulate", ["problem.L=100000"], "problem.L = 100000"),
     ("integrate", ["theory.points=1073741824"], "for the theory's quadrature (theory.points = 1073741824"),
     ("compare", ["simulation.test_samples=1000000000"], "simulation.test_samples = 1000000000"),
+    # issue 21 item 5: the estimate counts the saved times (16000 of them asked XLA for 10 GB and more)
+    ("integrate", ["sgd.n_save=16000", "theory.points=4096"], "for the theory's saved times and their risks (sgd.n_save = 16000"),
+    ("simulate", ["sgd.n_save=400000000", "sgd.tau_max=10000000"], "sgd.n_save = 400000000)"),
 ])
 def test_runs_that_cannot_fit_in_memory_are_refused_before_they_start(tmp_path, capsys, monkeypatch, command, sets, words):
     monkeypatch.setenv(_resources.MEMORY_ENV, "16G")
@@ -545,3 +548,58 @@ def test_an_unusable_cache_folder_is_named_with_its_variable(tmp_path, monkeypat
     with pytest.warns(UserWarning, match=r"the compilation cache folder '.*file/cache' \(from SINGLELOC_CACHE_DIR\) cannot be "
                                          r"used \(Not a directory\); programs are compiled in every run"):
         assert _compilation.enable_compilation_cache() is None
+
+
+# ----------------------------------------------------------------------------- issue 21: outputs, sizes, costs
+
+
+def _attention(tmp_path, name="attn"):
+    rng = np.random.default_rng(0)
+    weights = rng.dirichlet(np.ones(8), size=(2, 3, 8))  # 2 x 3 heads, 8 rows of 8 tokens
+    np.save(tmp_path / f"{name}.npy", weights)
+    np.save(tmp_path / "values.npy", rng.standard_normal((2, 3, 8, 4)))
+    return tmp_path / f"{name}.npy"
+
+
+def _files_in(folder):
+    return {p.name: (p.stat().st_ino, p.read_bytes()) for p in sorted(folder.iterdir()) if p.suffix in (".json", ".png")}
+
+
+@pytest.mark.parametrize("after, code", [(0, None), (1, None), (3, None), (2, errno.EACCES)])  # 2: the checks of --out
+def test_diagnose_on_a_full_disk_or_read_only_folder_writes_all_or_nothing(tmp_path, capsys, monkeypatch, after, code):
+    """Issue 21 item 4: diagnose on a full disk left the new JSON beside the old figures."""
+    from helpers import full_disk_after
+
+    attn, out = _attention(tmp_path), tmp_path / "out"
+    args = ["diagnose", str(attn), "--values", str(tmp_path / "values.npy"), "--out", str(out)]
+    assert main(args) == 0
+    before = _files_in(out)
+    assert set(before) == {"attn_diagnostics.json", "attn_vanishing.png", "attn_jacobian.png", "attn_topn.png"}
+    capsys.readouterr()
+    full_disk_after(monkeypatch, after, code)
+    assert main([*args, "--seed", "1"]) == 2
+    line = one_line(capsys, "diagnose")
+    assert ("Permission denied" if code else "No space left on device") in line
+    assert line.endswith(f"nothing was written to '{out}', which is unchanged")
+    assert _files_in(out) == before and not [p for p in out.iterdir() if p.name.startswith(".")]
+
+
+def test_diagnose_removes_its_own_figure_that_a_new_diagnosis_does_not_make(tmp_path, capsys):
+    attn, out = _attention(tmp_path), tmp_path / "out"
+    assert main(["diagnose", str(attn), "--values", str(tmp_path / "values.npy"), "--out", str(out)]) == 0
+    assert main(["diagnose", str(attn), "--out", str(out)]) == 0  # no top-N: the old STEM_topn.png would mismatch
+    assert not (out / "attn_topn.png").exists() and (out / "attn_jacobian.png").is_file()
+    (out / "attn_topn.png").write_bytes(b"\x89PNG a figure of the user's")
+    assert main(["diagnose", str(attn), "--out", str(out)]) == 0
+    assert (out / "attn_topn.png").read_bytes() == b"\x89PNG a figure of the user's"  # not singleloc's: kept
+
+
+@pytest.mark.parametrize("command, sets", [("integrate", ["sgd.n_save=1e6"]), ("integrate", ["sgd.n_save=10000000"]),
+                                           ("compare", ["sgd.n_save=9000", "theory.replicates=2"])])
+def test_more_saved_times_than_the_theory_can_evaluate_are_refused(tmp_path, capsys, command, sets):
+    """Issue 21 item 5: ``integrate --set sgd.n_save=1e6`` aborted in XLA (exit 134)."""
+    args = [a for s in sets for a in ("--set", s)]
+    assert main([command, "default", *TINY, *args, "--out", str(tmp_path / "out")]) == 2
+    line = one_line(capsys, command)
+    assert "sgd.n_save = " in line and "more than the 16384" in line and "lower sgd.n_save to at most" in line
+    assert not (tmp_path / "out").exists()

@@ -252,3 +252,53 @@ def test_cli_bad_arguments_exit_2_one_line(tmp_path, capsys, args):
     assert main(["sweep", "default", *args, "--out", str(tmp_path), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("singleloc sweep: error:") and "\n" not in err
+
+
+def _outputs(folder):
+    """Every file of a sweep's output folder but its cache: name -> (inode, bytes)."""
+    return {p.name: (p.stat().st_ino, p.read_bytes()) for p in sorted(folder.iterdir()) if p.name != "cache"}
+
+
+@pytest.mark.parametrize("after, code, heads", [(0, None, "1,2"), (1, None, "1,2"), (2, None, "1,2"), (1, "EROFS", "1,2"),
+                                               (0, None, "1,2,3")])
+def test_a_full_disk_or_read_only_folder_leaves_the_earlier_sweep_whole(tmp_path, capsys, fake_compute, monkeypatch,
+                                                                         after, code, heads):
+    """Issue 21 item 4: a full disk during the outputs left a new sweep.csv beside the old
+    sweep.nc (and a .sweep.nc.tmp-* file, after h5py's tracebacks and a segmentation fault).
+    Now the outputs are replaced together or not at all, with one line. The same grid again
+    writes the outputs only (its cache is complete: the disk fills at the CSV, the Dataset or a
+    figure); one more head fills it at the new point's cache entry."""
+    import errno
+
+    from helpers import full_disk_after
+
+    out = tmp_path / "out"
+    args = ["sweep", "default", "--grid", "model.heads=1,2", "--horizon", "config", "--no-progress", "--out", str(out)]
+    assert main(args) == 0
+    before = _outputs(out)
+    assert {"sweep.csv", "sweep.nc", "phase_softmax.png"} <= set(before)
+    capsys.readouterr()
+    full_disk_after(monkeypatch, after, getattr(errno, code) if code else None)
+    assert main([*args[:3], f"model.heads={heads}", *args[4:]]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    words = "Read-only file system" if code else "No space left on device"
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("singleloc sweep: error: could not write ") and words in lines[0], lines[0]
+    if heads == "1,2":
+        assert lines[0].endswith(f"nothing was written to '{out}', which is unchanged"), lines[0]
+    else:
+        assert f"{out / 'cache'}" in lines[0]
+    assert _outputs(out) == before  # the same files, not even rewritten, and no temporary file
+    assert not [p for p in (out / "cache").iterdir() if p.name.startswith(".")]
+
+
+def test_a_new_sweep_removes_its_own_stale_figures_only(tmp_path, fake_compute):
+    out = tmp_path / "out"
+    base = ["sweep", "default", "--horizon", "config", "--no-progress", "--out", str(out)]
+    assert main([*base, "--grid", "model.activation=softmax,softmax1", "--grid", "model.heads=1"]) == 0
+    assert (out / "phase_softmax1.png").is_file()
+    (out / "phase_mine.png").write_bytes(b"\x89PNG not singleloc's")
+    assert main([*base, "--grid", "model.activation=softmax", "--grid", "model.heads=1"]) == 0
+    assert not (out / "phase_softmax1.png").exists() and (out / "phase_softmax.png").is_file()
+    assert (out / "phase_mine.png").read_bytes() == b"\x89PNG not singleloc's"

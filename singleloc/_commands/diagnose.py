@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .._files import check_output_folder
+from .._files import OUTPUT_KEY, check_output_folder, png_has_text, written_together
 from ._common import add_out_argument, int_at_least
 
 DESCRIPTION = """\
@@ -91,10 +91,22 @@ def run(args) -> int:
     print(f"ATTN {args.attn}: {diagnosis.table()}")
 
     stem = args.attn.stem
-    files = [save_json(out / f"{stem}_diagnostics.json", {"attn": str(args.attn), **diagnosis.to_dict()}),
-             save_figure(out / f"{stem}_vanishing.png", plot_vanishing(diagnosis)),
-             save_figure(out / f"{stem}_jacobian.png", plot_sensitivity(diagnosis))]
-    if diagnosis.top_n is not None:
-        files.append(save_figure(out / f"{stem}_topn.png", plot_top_n(diagnosis)))
+    mark = {OUTPUT_KEY: f"diagnose {stem}"}  # how a later diagnose of ATTN recognises its figures
+    figures = {"vanishing": plot_vanishing, "jacobian": plot_sensitivity, "topn": plot_top_n}
+    if diagnosis.top_n is None:
+        del figures["topn"]
+
+    def own_figures(written):  # an earlier diagnose's figures that this one does not make (STEM_topn.png)
+        return [p for p in (out / f"{stem}_{name}.png" for name in FIGURES) if p not in written
+                and png_has_text(p, OUTPUT_KEY, mark[OUTPUT_KEY])]
+
+    with written_together(out, stale=own_figures) as files:  # all of them, or none on a full disk
+        save_json(out / f"{stem}_diagnostics.json", {"attn": str(args.attn), **diagnosis.to_dict()})
+        for name, plot in figures.items():
+            save_figure(out / f"{stem}_{name}.png", plot(diagnosis), mark)
     print("\nwrote " + ", ".join(str(f) for f in files))
     return 0
+
+
+#: The figures of a diagnosis, ``STEM_NAME.png``.
+FIGURES = ("vanishing", "jacobian", "topn")
