@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._config import Config
+from ._config import Config, require_config
 from ._theory import OrderParameterODE, OrderParameters
 
 FIRST_POINTS = 1024
@@ -92,6 +92,7 @@ def drift_error(config: Config, y0: OrderParameters, points: int, replicates: in
 def choose_points(config: Config, y0: OrderParameters) -> PointsChoice:
     """The smallest power of two of points whose estimated relative drift error at the
     starts ``y0`` (leading axis ``S``) is at most ``theory.tol / MARGIN`` (module docstring)."""
+    require_config(config, "choose_points")
     tol, R = config.theory.tol / MARGIN, config.theory.replicates
     tried: dict[int, float] = {}
 

@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._config import require_config
 from ._numerics import psd_sqrt, psd_sqrt_and_pinv_sqrt
 from ._theory import OrderParameterODE, flatten_state, unflatten_state
 
@@ -129,6 +130,7 @@ def integrate_sde(config, y0, keys, *, D=None, ts=None, dt: float = 0.05) -> SDE
     ``Q`` is symmetrised through the flattened coordinates; the state is not projected back
     onto valid overlaps (at the D used here the noise is far too small to leave them).
     """
+    require_config(config, "integrate_sde")
     D = config.simulation.D if D is None else D
     ode = OrderParameterODE.from_config(config)
     H, F = config.model.heads, config.problem.F

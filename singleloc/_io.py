@@ -55,6 +55,8 @@ NPZ_ERRORS = (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.
 def config_hash(config: Config | Mapping[str, Any]) -> str:
     """First 16 hex digits of the SHA-256 of the canonical JSON (sorted keys, no spaces) of
     ``config.to_dict()`` (or of the plain dict as stored in ``config.json``)."""
+    if not isinstance(config, Mapping):
+        require_config(config, "config_hash")  # a preset name hashed as a string would be a hash of nothing
     data = config.to_dict() if isinstance(config, Config) else config
     return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 

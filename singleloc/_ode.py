@@ -129,6 +129,7 @@ class TheoryResult:
 
     def resolved(self, config: Config) -> Config:
         """``config`` with ``theory.points = "auto"`` replaced by the number of points used."""
+        require_config(config, "TheoryResult.save")
         return config.replace(theory={"points": self.points}) if config.theory.points == "auto" else config
 
 
@@ -203,6 +204,7 @@ def initial_conditions(config: Config, seeds: int | None = None) -> OrderParamet
     """Overlaps ``(M0, Q0, b0)`` of the simulator's initial weights for seeds ``0..seeds-1``
     (``simulation.seeds`` by default), stacked along a leading axis (one program for all
     seeds; the same bits as the simulator's own initialisation)."""
+    require_config(config, "initial_conditions")
     pb, sim, sgd, H = config.problem, config.simulation, config.sgd, config.model.heads
     n = sim.seeds if seeds is None else seeds
     M, Q = _initial_overlaps(sim.seed, jnp.arange(n), pb.F, H, sim.D, sgd.init_scale)

@@ -58,7 +58,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._config import Config
+from ._config import Config, require_config
 from ._stability import escape_rate, linear_escape_time, linearize, symmetric_path, symmetric_state
 from ._theory import OrderParameterODE
 
@@ -155,6 +155,7 @@ def predicted_escape(config: Config, *, multiple: float = HORIZON_MULTIPLE, cap:
     ``config`` (module docstring; ``method`` is the Jacobian's, as in
     :func:`~singleloc._stability.linearize`). Rates are evaluated in time order and only until
     the growth reaches ``(1/2) log D``."""
+    require_config(config, "predicted_escape")
     H, F = config.model.heads, config.problem.F
     D = config.simulation.D
     ode = OrderParameterODE.from_config(config)
