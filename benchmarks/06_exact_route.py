@@ -10,6 +10,10 @@
    per exact ``O(lr)`` drift, and the stated error (against the refined rule), at a trained state.
 4. One full drift (exact ``O(lr)`` part plus the Gram term on 4096 Sobol points) at H = 8, L = 8 on a
    trained state, against the Sobol rule's drift at 65536 points.
+5. The ``lr^2`` Gram term ``E[sum_l c_l c_l^T]`` at trained states (``lr = 0.5``): the head-symmetric
+   Sobol rule (the rule route's) against the rank-aware one (the exact route's) at 1024 ... 16384
+   points (4 scramblings), both against the rank-aware rule at 2^19 points; the error relative to
+   the largest entry of the ``O(lr)`` drift (what the solve's ``gram_error`` states).
 
 Times are medians of 3 calls after compilation, as ratios in one run (the machine may be shared).
 Run: ``python benchmarks/06_exact_route.py [--quick]``.
@@ -129,6 +133,33 @@ def full_drift(H=8, L=8, F=2) -> None:
           f"{np.max(np.abs(d - d_rule)) / np.max(np.abs(d)):.1e}")
 
 
+def gram_precision(quick: bool) -> None:
+    print("\nThe lr^2 Gram term (lr = 0.5): mean error over 4 scramblings relative to the largest O(lr) drift entry")
+    print("| activation | H | L | F | state | rule | points | relative error | ms / Gram |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    cases = [("softmax", 6, 4, 1, "copies"), ("softmax", 6, 4, 1, "near copies"), ("bsoftmax", 4, 4, 2, "specialised")]
+    gram = eqx.filter_jit(lambda fields, ode, *s: eqx.tree_at(lambda o: o.gram_fields, ode, fields).gram(*s))
+    for act, H, L, F, kind in cases:
+        state = trained(kind, H, F)
+        cfg = config(act, H, L, F).replace(sgd={"lr": 0.5})
+        ode = sl.OrderParameterODE.from_config(cfg)
+        d = ode.drift(*state)
+        first = float(jnp.max(jnp.abs(flat_drift(d._replace(Q=d.Q - ode.lr**2 * ode.gram(*state))))))
+        prior = cfg.problem.build_prior()
+        ref = gram(sl.LocalFields.make(L, H, prior, 1 << (16 if quick else 19), 99, principal=True), ode, *state)
+        for principal in (False, True):
+            for n in (1024, 4096) if quick else (1024, 4096, 16384):
+                errs, ts = [], []
+                for seed in range(4):
+                    fields = sl.LocalFields.make(L, H, prior, n, seed, principal=principal, symmetric=not principal)
+                    g, t = timed(gram, fields, ode, *state)
+                    errs.append(float(ode.lr) ** 2 * float(np.max(np.abs(g - np.asarray(ref)))) / first)
+                    ts.append(t)
+                name = "rank-aware" if principal else "head-symmetric"
+                print(f"| {act} | {H} | {L} | {F} | {kind} | {name} | {n} | {np.mean(errs):.1e} | {np.median(ts):.1f} |",
+                      flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer rule sizes and head counts")
@@ -136,6 +167,7 @@ def main():
     work_precision(args.quick)
     cost_tables(args.quick)
     full_drift()
+    gram_precision(args.quick)
 
 
 if __name__ == "__main__":

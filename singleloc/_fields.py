@@ -57,7 +57,7 @@ import numpy as np
 from scipy.special import ndtri
 from scipy.stats import qmc
 
-from ._numerics import psd_sqrt
+from ._numerics import principal_factor, psd_sqrt
 from ._priors import Prior
 
 
@@ -120,26 +120,42 @@ class LocalFields(eqx.Module):
     batch_size: int = eqx.field(static=True)
     shards: int = eqx.field(static=True, default=1)
     padding: int = eqx.field(static=True, default=0)
+    principal: bool = eqx.field(static=True, default=False)
 
     @classmethod
     def make(
-        cls, L: int, H: int, prior: Prior, points: int = 4096, seed: int = 0, batch_size: int = 8192, *, symmetric: bool = False
+        cls, L: int, H: int, prior: Prior, points: int = 4096, seed: int = 0, batch_size: int = 8192, *, symmetric: bool = False,
+        principal: bool = False,
     ) -> LocalFields:
         """A rule of ``2 * points`` nodes from ``points`` Sobol points (a power of two) and their
-        mirrors; ``symmetric``: closed under the cyclic shifts of the heads (module docstring)."""
+        mirrors; ``symmetric``: closed under the cyclic shifts of the heads (module docstring).
+
+        ``principal`` (rank-aware, not with ``symmetric``): the fields are ``g_l = w_l S`` with the
+        principal factor ``S`` of ``Q`` (:func:`~singleloc._numerics.principal_factor`, largest
+        variance first), and the Sobol coordinates are assigned direction-major -- the first ``L``
+        to every token's leading direction, the next ``L`` to the second, ... -- so that a state
+        whose heads are (near) copies, ``Q`` of (near) low rank, puts its variance on the leading
+        Sobol coordinates, where the sequence is best distributed, instead of spreading one
+        direction over all ``L * H``. Identical heads keep identical fields; a permutation of the
+        heads maps the rule onto itself only up to the signs of directions whose components sum
+        to zero (equivariant to the rule's error)."""
         if points < 1 or points & (points - 1):
             raise ValueError(f"theory.points must be a power of two, got {points}")
+        if principal and symmetric:
+            raise ValueError("a principal (rank-aware) rule cannot also be closed under the head shifts")
         G = 0 if prior.is_discrete else prior.F
         z = gaussian_nodes(L, H, G, points, seed, symmetric)
+        w = z[:, : L * H].reshape(-1, H, L).transpose(0, 2, 1) if principal else z[:, : L * H].reshape(-1, L, H)
         dtype = jnp.result_type(float)
         return cls(
-            w=jnp.asarray(z[:, : L * H].reshape(-1, L, H), dtype),
+            w=jnp.asarray(w, dtype),
             u=jnp.asarray(z[:, L * H :], dtype),
             atoms=jnp.asarray(prior.atoms_array(), dtype),
             probs=jnp.asarray(prior.probs_array(), dtype),
             cov_sqrt=jnp.asarray(prior.cov_sqrt() if G else np.zeros((prior.F, 0)), dtype),
             orbit=H if symmetric and H > 1 else 1,
             batch_size=batch_size,
+            principal=principal,
         )
 
     @property
@@ -164,8 +180,13 @@ class LocalFields(eqx.Module):
         """``E[fn(g, theta)]`` over the fields of order parameters ``M`` (H, F), ``Q`` (H, H).
 
         ``Qh``: ``Q^{1/2}`` when the caller already has it. ``with_noise=True`` calls
-        ``fn(g, theta, w)`` with the standard normals ``w`` (L, H) behind ``g = w Q^{1/2}``.
+        ``fn(g, theta, w)`` with the standard normals ``w`` (L, H) behind ``g = w Q^{1/2}`` (not
+        for a principal rule, whose factor is not ``Q^{1/2}``).
         """
+        if self.principal:
+            if with_noise or Qh is not None:
+                raise ValueError("a principal rule draws g = w S with S the principal factor of Q: no Qh, no with_noise")
+            Qh = principal_factor(Q)
         Qh = psd_sqrt(Q) if Qh is None else Qh
         H = self.w.shape[-1]
         shifts = jnp.arange(self.orbit)

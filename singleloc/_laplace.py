@@ -77,6 +77,7 @@ import numpy as np
 from scipy.special import roots_hermitenorm
 
 from ._activations import Activation, ExponentialForm, exponential_form
+from ._numerics import principal_factor
 from ._priors import Prior
 
 #: Profiles are evaluated with ``u`` clipped at this value: beyond it ``rho_k`` is an exact
@@ -237,6 +238,7 @@ class LaplaceRule(eqx.Module):
     def risk(self, M: jax.Array, Q: jax.Array, b: jax.Array) -> jax.Array:
         """``R(M, Q, b) = E[(1 - a_0)^2 + sum_{l >= 1} a_l^2]`` (token 0 relevant), exactly to the
         rule's precision."""
+        M, Q, b = (jnp.asarray(x, self.atoms.dtype) for x in (M, Q, b))
         Q = (Q + Q.T) / 2
         return self._joint_risk(M, Q, b) if self.form.joint else self._per_head_risk(M, Q, b)
 
@@ -346,18 +348,6 @@ class LaplaceRule(eqx.Module):
                          U_TOP - jnp.max(m1 - TAIL_SIGMAS * jnp.sqrt(v1)))
         hi = jnp.maximum(hi, lo + 1.0)
         return jnp.linspace(lo, hi, self.n_t), (hi - lo) / (self.n_t - 1)
-
-
-def principal_factor(C: jax.Array) -> jax.Array:
-    """``S`` with ``S^T S = C`` whose row ``j`` is the ``j``-th principal direction scaled by its
-    standard deviation (largest first; signs with non-negative component sums): node
-    coordinate ``j`` of ``x = mu + z S`` moves the field along that direction. Heads that are
-    copies make ``C`` of low rank, and the leading coordinates of the rule then carry all of
-    the variance (rank-aware). Permuting the heads permutes the columns of ``S``."""
-    lam, V = jnp.linalg.eigh((C + C.T) / 2)
-    lam, V = jnp.clip(lam[::-1], 0.0, None), V[:, ::-1]
-    V = V * jnp.where(jnp.sum(V, axis=0) < 0, -1.0, 1.0)
-    return (V * jnp.sqrt(lam)).T
 
 
 def joint_nodes(H: int, points: int, seed: int, tensor: dict, leading: tuple = None) -> tuple[np.ndarray, np.ndarray]:

@@ -52,3 +52,15 @@ def psd_sqrt(A):
     """Symmetric square root ``A^{1/2}`` of a symmetric PSD matrix (negative eigenvalues,
     from rounding, clipped at zero); NumPy in, NumPy out; JAX in, JAX out."""
     return psd_sqrt_and_pinv_sqrt(A)[0]
+
+
+def principal_factor(C: jax.Array) -> jax.Array:
+    """``S`` with ``S^T S = C`` whose row ``j`` is the ``j``-th principal direction scaled by its
+    standard deviation (largest first; signs with non-negative component sums): node
+    coordinate ``j`` of ``x = mu + z S`` moves the field along that direction. Heads that are
+    copies make ``C`` of low rank, and the leading coordinates of the rule then carry all of
+    the variance (rank-aware). Permuting the heads permutes the columns of ``S``."""
+    lam, V = jnp.linalg.eigh((C + C.T) / 2)
+    lam, V = jnp.clip(lam[::-1], 0.0, None), V[:, ::-1]
+    V = V * jnp.where(jnp.sum(V, axis=0) < 0, -1.0, 1.0)
+    return (V * jnp.sqrt(lam)).T

@@ -82,7 +82,10 @@ class TheoryResult:
     the Sobol points per rule (the choice, for ``theory.points = "auto"``); ``route``:
     ``"exact"`` (risk and ``O(lr)`` drift by :mod:`~singleloc._laplace`, the Gram term on the
     rule) or ``"rule"``; ``risk_error``: on the exact route, the largest difference of the
-    risk at the start and at the end to a finer exact rule (the stated error of ``risk``).
+    risk at the start and at the end to a finer exact rule (the stated error of ``risk``);
+    ``gram_error``: on the exact route, the estimated error of the ``lr^2`` (Gram) term at the
+    start and at the end, relative to the largest entry of the ``O(lr)`` drift there (its
+    difference between two scramblings over ``sqrt(2)``: :func:`gram_error`).
     ``theory.npz`` stores the first trajectory with the leading ``S`` axis dropped.
     """
 
@@ -97,6 +100,7 @@ class TheoryResult:
     replicates: int = 1
     route: str = "rule"
     risk_error: float = float("nan")
+    gram_error: float = float("nan")
 
     def __post_init__(self):
         if self.risk_se is None:
@@ -106,14 +110,14 @@ class TheoryResult:
         return {"tau": self.tau, "M": self.M[index], "Q": self.Q[index], "b": self.b[index], "risk": self.risk[index],
                 "risk_se": self.risk_se[index], "drift_error": np.asarray(self.drift_error), "points": np.asarray(self.points),
                 "replicates": np.asarray(self.replicates), "route": np.asarray(self.route),
-                "risk_error": np.asarray(self.risk_error)}
+                "risk_error": np.asarray(self.risk_error), "gram_error": np.asarray(self.gram_error)}
 
     def quadrature(self) -> str:
         """One line on the rule: points, replicates and the error estimates (for printing)."""
         parts = []
         if self.route == "exact":
             parts.append(f"exact route (Laplace form; risk error {self.risk_error:.1e} against a finer rule), "
-                         "Gram term on the Sobol rule")
+                         f"lr^2 Gram term on the rank-aware Sobol rule (relative drift error {self.gram_error:.1e})")
         parts.append(f"{self.points} points x {self.replicates} replicate{'s' if self.replicates > 1 else ''}")
         if np.isfinite(self.drift_error):
             parts.append(f"estimated relative drift error at the start {self.drift_error:.1e}")
@@ -176,12 +180,29 @@ def _trajectories(dynamics: OrderParameterODE, evaluation: OrderParameterODE, y0
         check = jax.vmap(checked)(M[ends], Q[ends], b[ends])
         # the drift at the start serves the replicates' error estimate only (one replicate: zeros, not traced)
         drift0 = flat_drift(dyn.drift(*y)) if replicated else jnp.zeros(sum(x.size for x in y), y.M.dtype)
-        return M, Q, b, risk, ok, drift0, jnp.abs(check - risk[ends])
+        grams = jax.vmap(lambda m, q, bb: gram_error(dyn, ev, m, q, bb))(M[ends], Q[ends], b[ends])
+        return M, Q, b, risk, ok, drift0, jnp.abs(check - risk[ends]), grams
 
     # the replicates' rules are stacked, their learning rate is one for all
     rules = lambda ode: eqx.tree_at(lambda o: o.lr, jax.tree.map(lambda _: 0, ode), None, is_leaf=lambda x: x is None)
     in_axes = (rules(dynamics), rules(evaluation), None)
     return jax.vmap(jax.vmap(trajectory, in_axes=in_axes), in_axes=(None, None, 0))(dynamics, evaluation, y0)
+
+
+def gram_error(dynamics: OrderParameterODE, evaluation: OrderParameterODE, M, Q, b) -> jax.Array:
+    """The stated error of the exact route's ``lr^2`` term at one state: ``lr^2 max |G - G'| / sqrt(2)``
+    for the Gram matrices ``G, G'`` of two independent scramblings (each has the same error law),
+    relative to the largest entry of the ``O(lr)`` drift (which the Gram term balances at a
+    stationary state, where the full drift vanishes); 0 on the rule route (``drift_error``
+    states its error), NaN for a non-finite state."""
+    if dynamics.gram_fields is None:
+        return jnp.zeros((), M.dtype)
+    lr2 = dynamics.lr**2
+    G = dynamics.gram(M, Q, b)
+    d = dynamics.drift(M, Q, b)
+    first = jnp.max(jnp.abs(flat_drift(d._replace(Q=d.Q - lr2 * G))))
+    err = lr2 * jnp.max(jnp.abs(G - evaluation.gram(M, Q, b))) / jnp.sqrt(2.0)
+    return jnp.where(jnp.isfinite(Q).all() & (first > 0), err / first, jnp.nan)
 
 
 _run = eqx.filter_jit(_trajectories)
@@ -348,7 +369,7 @@ def _result(problem: _Problem, out, max_steps: int) -> TheoryResult | FloatingPo
     that says where its solve stopped."""
     config, ts = problem.config, problem.args[3]
     R = config.theory.replicates
-    M, Q, b, risk, ok, drift0, check = out
+    M, Q, b, risk, ok, drift0, check, grams = out
     valid = np.isfinite(risk)
     if not np.all(ok) or not np.all(valid):
         i, r = np.unravel_index(np.argmin(np.all(valid, axis=2) & ok), ok.shape)
@@ -366,8 +387,9 @@ def _result(problem: _Problem, out, max_steps: int) -> TheoryResult | FloatingPo
     mean = lambda x: x.mean(axis=1)
     route = "rule" if problem.args[1].exact is None else "exact"
     risk_error = float(np.max(check)) if route == "exact" else float("nan")
+    gram = float(np.max(grams)) / np.sqrt(R) if route == "exact" else float("nan")
     return TheoryResult(np.asarray(ts), mean(M), mean(Q), mean(b), mean(risk), risk_se, drift_error, problem.points, R,
-                        route, risk_error)
+                        route, risk_error, gram)
 
 
 def _check_initial(config: Config, y0: OrderParameters) -> None:

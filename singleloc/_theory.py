@@ -40,8 +40,12 @@ so
     db/dtau = -lr G_b.
 
 The derivatives are exact and finite at identical heads (Price's theorem inside the rule).
-The ``lr^2`` (Gram) term, a product of two gradients with up to six heads per term, stays on
-the Sobol rule of ``fields``.
+The ``lr^2`` (Gram) term, a product of two gradients with up to four distinct heads per term
+(four Laplace variables: no cheap exact form), stays on a Sobol rule, the rank-aware one of
+``gram_fields`` (principal axes of ``Q``, direction-major coordinates): at trained states with
+near-copy heads it has about a tenth of the error of the head-symmetric rule at the same
+points (``benchmarks/06_exact_route.py``). Its error is stated with the solve (the Gram on
+the evaluation rule's scrambling against the dynamics rule's, at the start and the end).
 """
 
 from __future__ import annotations
@@ -87,6 +91,8 @@ class OrderParameterODE(eqx.Module):
             ``None`` (the Sobol rule for everything).
         exact_check: a finer exact rule (:meth:`~singleloc._laplace.LaplaceRule.refined`)
             whose risk states the error of ``exact``'s (:meth:`risk_check`), or ``None``.
+        gram_fields: on the exact route, the rank-aware (principal) Sobol rule of the ``lr^2``
+            term (:meth:`gram`); ``None`` on the rule route, where ``fields`` serves for all.
     """
 
     fields: LocalFields
@@ -95,6 +101,7 @@ class OrderParameterODE(eqx.Module):
     train_bias: bool = eqx.field(static=True)
     exact: LaplaceRule | None = None
     exact_check: LaplaceRule | None = None
+    gram_fields: LocalFields | None = None
 
     @classmethod
     def from_config(cls, config: Config, *, seeds: Sequence[int] | None = None, points: int | None = None,
@@ -112,10 +119,12 @@ class OrderParameterODE(eqx.Module):
         if not isinstance(points, int):
             raise ValueError(f"theory.points = {points!r}: a number is needed here (integrate resolves 'auto' by choose_points)")
         args = (pb.L, config.model.heads, pb.build_prior(), points)
-        if seeds is None:
-            fields = LocalFields.make(*args, th.qmc_seed, symmetric=True)
-        else:
-            fields = replicate_rules(*args, seeds, symmetric=True)
+
+        def sobol_rule(**kind):
+            if seeds is None:
+                return LocalFields.make(*args, th.qmc_seed, **kind)
+            return replicate_rules(*args, seeds, **kind)
+
         def per_replicate(rule):  # one exact rule for every replicate (it has no scrambling)
             if rule is None or seeds is None:
                 return rule
@@ -123,7 +132,9 @@ class OrderParameterODE(eqx.Module):
 
         exact = per_replicate(exact_route(config))
         fine = per_replicate(exact_route(config, refined=True)) if check and exact is not None else None
-        return cls(fields, get_activation(config.model.activation), config.sgd.lr, config.model.train_bias, exact, fine)
+        gram = sobol_rule(principal=True) if exact is not None else None
+        return cls(sobol_rule(symmetric=True), get_activation(config.model.activation), config.sgd.lr, config.model.train_bias,
+                   exact, fine, gram)
 
     def _loss(self, s: jax.Array) -> jax.Array:
         return limit_loss(self.activation, s, 0)
@@ -143,13 +154,14 @@ class OrderParameterODE(eqx.Module):
         return self.exact_check.risk(M, Q, b)
 
     def gram(self, M: jax.Array, Q: jax.Array, b: jax.Array) -> jax.Array:
-        """``E[sum_l c_l c_l^T]`` (H, H), the ``lr^2`` term of ``dQ``, on the Sobol rule."""
+        """``E[sum_l c_l c_l^T]`` (H, H), the ``lr^2`` term of ``dQ``, on the Sobol rule (the
+        rank-aware ``gram_fields`` on the exact route)."""
 
         def integrand(g, theta):
             c = jax.grad(self._loss)(g.T + b[:, None])
             return c @ c.T
 
-        return self.fields.expect(integrand, M, Q)
+        return (self.fields if self.gram_fields is None else self.gram_fields).expect(integrand, M, Q)
 
     def moments(self, M: jax.Array, Q: jax.Array, b: jax.Array, Qh: jax.Array | None = None) -> dict[str, jax.Array]:
         """The field averages the drift is made of: ``risk``, ``c_sum`` = E[sum_l c_l] (H,),
