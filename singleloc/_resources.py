@@ -39,6 +39,8 @@ suffix ``K``, ``M``, ``G``, ``T``: ``SINGLELOC_MEMORY_LIMIT=200G``); ``none`` tu
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 import re
 from pathlib import Path
@@ -212,3 +214,91 @@ def check_run(config: Config, *, simulation: bool = False, theory_starts: int = 
         parts[f"the theory's saved times and their risks (sgd.n_save = {config.sgd.n_save} x {theory_starts} start(s))"] = \
             saved_bytes(config, theory_starts)
     check_memory(parts)
+
+
+#: Bytes of one local Dask worker process before it computes (Python, JAX and the package).
+WORKER_BYTES = OVERHEAD
+
+
+def cpu_count() -> int:
+    """The CPUs this process may run on (its affinity mask where the system has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def check_workers(workers: int, name: str = "workers", force: bool = False) -> None:
+    """A local cluster of ``workers`` processes can start: an integer >= 1, each process's
+    :data:`WORKER_BYTES` within the available memory and (unless ``force``) at most one per
+    CPU (:func:`cpu_count`; more only share the same cores); one line naming ``name`` otherwise."""
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {workers!r}")
+    limit, source = available_memory()
+    if workers > 1 and workers * WORKER_BYTES > limit:
+        raise MemoryError(f"{name} = {workers}: {workers} worker processes need about {_gb(workers * WORKER_BYTES)} before "
+                          f"they compute, more than the {_gb(limit)} available ({source}); at most "
+                          f"{int(limit // WORKER_BYTES)} fit, and {cpu_count()} (the CPUs) are useful")
+    if workers > cpu_count() and not force:
+        raise ValueError(f"{name} = {workers} is more than the {cpu_count()} CPUs of this machine (more workers only share "
+                         f"them): give {name} <= {cpu_count()}, or pass --force to start them anyway")
+
+
+# ----------------------------------------------------------------------------- what a run will cost
+
+#: Seconds of the cost model, measured on a 2-core CPU (scaled by 2 / the CPUs of this machine):
+#: a simulation's SGD step costs ``L D (SIM_TOKEN + SIM_HEAD H)`` per seed; the finite
+#: differences and Jacobians of ``diagnose`` ``DIAGNOSE_UNIT (L / 256) (1 + E K) / 13`` per
+#: analysed row and temperature (``E`` perturbation sizes, ``K`` directions). Estimates within a
+#: factor of about 2; they tell a run of minutes from one of days.
+SIM_TOKEN, SIM_HEAD, DIAGNOSE_UNIT = 40e-9, 4.8e-9, 0.33e-3
+MEASURED_CPUS = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Cost:
+    """What a run will cost: ``work`` in words (steps, sizes), the estimated ``seconds`` and
+    peak ``memory`` in bytes, and the ``keys`` that drive it (for the message)."""
+
+    work: str
+    seconds: float
+    memory: float
+    keys: str
+
+    def describe(self) -> str:
+        return f"{self.work}: about {duration(self.seconds)} and {_gb(self.memory)} of memory (estimated)"
+
+
+def duration(seconds: float) -> str:
+    """``"40 s"``, ``"12 min"``, ``"6.4 h"``, ``"3.1 days"``."""
+    if seconds < 90:
+        return f"{seconds:.2g} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.2g} min"
+    return f"{seconds / 3600:.2g} h" if seconds < 72 * 3600 else f"{seconds / 86400:.2g} days"
+
+
+def _speed() -> float:
+    return MEASURED_CPUS / max(1, min(cpu_count(), 64))
+
+
+def simulation_cost(config: Config) -> Cost:
+    """The cost of :func:`~singleloc.simulate` (model above)."""
+    pb, H, sim = config.problem, config.model.heads, config.simulation
+    steps = round(config.sgd.tau_max * sim.D)
+    seconds = steps * sim.seeds * pb.L * sim.D * (SIM_TOKEN + SIM_HEAD * H) * _speed()
+    work = (f"{steps:.3g} SGD steps (sgd.tau_max x simulation.D) x {sim.seeds} seeds of model.heads = {H} keys in simulation.D "
+            f"= {sim.D} dimensions")
+    return Cost(work, seconds, OVERHEAD + simulation_bytes(config), "sgd.tau_max, simulation.D, simulation.seeds or model.heads")
+
+
+def diagnose_cost(shape: tuple, max_rows: int, temperatures: int, epsilons: int, directions: int) -> Cost:
+    """The cost of ``diagnose`` of weights of ``shape`` (model above)."""
+    L = shape[-1]
+    heads = int(math.prod(shape[:-2])) if len(shape) >= 2 else 1
+    queries = shape[-2] if len(shape) >= 2 else 1
+    rows = heads * (min(max_rows, queries) if max_rows else queries)
+    seconds = rows * temperatures * DIAGNOSE_UNIT * (L / 256) * (1 + epsilons * directions) / 13 * _speed()
+    work = (f"{rows} rows of L = {L} tokens x {temperatures} temperatures x {epsilons} perturbation sizes x {directions} "
+            "directions")
+    return Cost(work, seconds, 8.0 * rows * L * (4 + temperatures), "--temperature, --epsilon, --directions or --max-rows")

@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
+import time
 import traceback
 import warnings
 
@@ -101,15 +104,84 @@ def _show_warning(prog: str):
     return show
 
 
+#: Seconds the main thread has to take a Ctrl-C (raise ``KeyboardInterrupt``) before the
+#: process ends without it: a thread inside XLA (compiling or solving) sees no signal until it
+#: returns, which took minutes (issue 21 item 6).
+INTERRUPT_GRACE = 1.0
+
+
+#: Seconds the unwinding of a taken Ctrl-C may last (closing a Dask cluster, removing temporary files).
+UNWIND_MAX = 10.0
+
+
+def _end(code: int) -> None:
+    """End the process now, with ``code``, after flushing what it printed: the computations
+    that XLA still runs in its threads would otherwise keep the interpreter's exit waiting."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
+def _watch_interrupts(prog: str) -> threading.Event | None:
+    """In the command-line process: a thread that wakes up on Ctrl-C (through the signal's
+    wake-up file, written by the C-level handler even while the main thread is inside XLA) and,
+    if the main thread has not taken the interrupt within :data:`INTERRUPT_GRACE` seconds,
+    prints the one line and ends the process with 130. Returns the event that the main thread's
+    handler sets (``None`` where Ctrl-C is ignored, e.g. a background job, or off the main thread)."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is not \
+            signal.default_int_handler:
+        return None
+    taken = threading.Event()
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+
+    def on_interrupt(signum, frame):
+        if taken.is_set():  # a second Ctrl-C while the first one unwinds: end now
+            print(f"{prog}: interrupted", file=sys.stderr)
+            _end(INTERRUPTED)
+        taken.set()
+        raise KeyboardInterrupt
+
+    def watch() -> None:
+        while True:
+            try:
+                data = os.read(read, 64)
+            except OSError:
+                return
+            if signal.SIGINT in data:
+                if taken.wait(INTERRUPT_GRACE):  # taken: the work unwinds (a cluster closes...), for a while at most
+                    time.sleep(UNWIND_MAX)
+                print(f"{prog}: interrupted", file=sys.stderr)
+                _end(INTERRUPTED)
+
+    try:
+        signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    except ValueError:
+        return None
+    signal.signal(signal.SIGINT, on_interrupt)
+    threading.Thread(target=watch, name="singleloc-interrupt", daemon=True).start()
+    return taken
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: parse ``argv``, run the command, return the exit code (2: an error in the
-    command line or an expected failure, printed as one line; 130: interrupted)."""
+    command line or an expected failure, printed as one line; 130: interrupted).
+
+    Called without ``argv`` (the ``singleloc`` command, ``python -m singleloc``), Ctrl-C ends the
+    process within :data:`INTERRUPT_GRACE` seconds whatever runs (:func:`_watch_interrupts`),
+    and after the ``interrupted`` line the process exits at once."""
+    console = argv is None
     try:
         args = build_parser().parse_args(argv)
     except UsageError as err:
         return _fail(err.prog, f"{err} (see {err.prog} --help)")
     prog = f"singleloc {args.command}"
     debug = args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+    if console:
+        _watch_interrupts(prog)
     with warnings.catch_warnings():
         warnings.showwarning = _show_warning(prog)
         try:
@@ -118,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
             if debug:
                 traceback.print_exc()
             print(f"{prog}: interrupted", file=sys.stderr)
+            if console:  # the work is unwound (temporary files removed); XLA's threads would keep the exit waiting
+                _end(INTERRUPTED)
             return INTERRUPTED
         except (*EXPECTED_ERRORS, RuntimeError) as err:
             if isinstance(err, RuntimeError) and "RESOURCE_EXHAUSTED" not in str(err):

@@ -613,3 +613,145 @@ def test_more_saved_times_than_the_theory_can_evaluate_are_refused(tmp_path, cap
     line = one_line(capsys, command)
     assert "sgd.n_save = " in line and "more than the 16384" in line and "lower sgd.n_save to at most" in line
     assert not (tmp_path / "out").exists()
+
+
+_STUCK = """
+import sys
+import jax
+import singleloc._ode
+from singleloc.cli import main
+
+def stuck(config, *args, **kwargs):  # a solve that XLA does not leave for about a minute
+    inner = lambda i, y: jax.lax.fori_loop(0, 2**31 - 1, lambda j, z: z * 1.0000001 + 1e-9, y)
+    spin = jax.jit(lambda x: jax.lax.fori_loop(0, 8, inner, x))
+    print("solving", file=sys.stderr, flush=True)
+    return spin(1.0).block_until_ready()
+
+singleloc._ode.integrate = stuck
+sys.argv = ["singleloc", "integrate", "default", "--no-progress", "--out", sys.argv[1]]
+sys.exit(main())
+"""
+
+
+def _interrupt(args, tmp_path, wait_for=None, delay=0.0, limit=10.0):
+    """Start ``python ARGS`` (SIGINT at its default, as in a terminal), send SIGINT once its stderr
+    shows ``wait_for`` (then ``delay`` seconds), and return (exit code, seconds until it ended, stderr)."""
+    import time
+
+    proc = subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=tmp_path, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    seen = ""
+    while wait_for is not None and wait_for not in seen:
+        line = proc.stderr.readline()
+        assert line, f"ended before {wait_for!r}: {seen}"
+        seen += line
+    time.sleep(delay)
+    start = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    try:
+        _, err = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        pytest.fail(f"still running {limit} s after Ctrl-C")
+    return proc.returncode, time.monotonic() - start, seen + err
+
+
+@pytest.mark.slow
+def test_ctrl_c_ends_the_process_while_xla_runs(tmp_path):
+    """Issue 21 item 6: Ctrl-C printed "interrupted" but the process ran on for minutes (the main
+    thread inside XLA sees the signal only when XLA returns)."""
+    (tmp_path / "stuck.py").write_text(_STUCK)
+    code, seconds, err = _interrupt(["stuck.py", str(tmp_path / "out")], tmp_path, wait_for="solving", delay=1.0)
+    assert code == 130 and seconds < 3.0, (code, seconds, err)
+    assert err.strip().splitlines()[-1] == "singleloc integrate: interrupted" and "Traceback" not in err
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.*"))
+
+
+@pytest.mark.slow
+def test_ctrl_c_of_a_long_integrate_ends_it_at_once(tmp_path):
+    """The issue's case: ``integrate --set sgd.tau_max=1e6``, interrupted while it compiles or solves."""
+    args = ["-m", "singleloc", "integrate", "default", "--set", "sgd.tau_max=1e6", "--set", "theory.points=256",
+            "--no-progress", "--force", "--out", "out"]
+    code, seconds, err = _interrupt(args, tmp_path, delay=15.0)
+    assert code == 130 and seconds < 3.0, (code, seconds, err)
+    assert err.strip().splitlines()[-1] == "singleloc integrate: interrupted" and "Traceback" not in err
+
+
+@pytest.mark.parametrize("workers, cpus, words", [
+    ("1000000", 2, "--workers = 1000000: 1000000 worker processes need about"),
+    ("3", 2, "--workers = 3 is more than the 2 CPUs of this machine (more workers only share them): give --workers <= 2, "
+             "or pass --force"),
+])
+def test_a_sweep_with_more_workers_than_the_machine_runs_is_refused_before_any_cluster(tmp_path, capsys, monkeypatch, workers,
+                                                                                       cpus, words):
+    """Issue 21 item 7: ``sweep --workers 1000000`` grew by 17 MB/s for minutes, silently."""
+    import singleloc._distributed
+
+    monkeypatch.setattr(_resources, "cpu_count", lambda: cpus)
+    monkeypatch.setenv(_resources.MEMORY_ENV, "16G")
+    monkeypatch.setattr(singleloc._distributed, "open_cluster", lambda *a, **k: pytest.fail("a cluster was started"))
+    assert main(["sweep", "default", *TINY, "--grid", "model.heads=1", "--workers", workers, "--out", str(tmp_path / "o")]) == 2
+    assert words in one_line(capsys, "sweep")
+    _resources.check_workers(3, "--workers", force=True)  # --force passes the CPU bound, not the memory one
+    with pytest.raises(MemoryError, match="workers = 1000000"):
+        _resources.check_workers(1000000, force=True)
+    with pytest.raises(ValueError, match="workers must be an integer >= 1, got 0"):
+        _resources.check_workers(0)
+
+
+def test_a_simulation_of_many_hours_is_refused_without_force_and_says_its_cost(tmp_path, capsys, monkeypatch):
+    """Issue 21 item 11: a 10000-head simulate passed the memory check without a word on its time."""
+    monkeypatch.setattr(_resources, "cpu_count", lambda: 2)
+    monkeypatch.setenv(_resources.MEMORY_ENV, "16G")
+    big = ["--set", "model.heads=2000", "--set", "simulation.D=5000"]
+    out = str(tmp_path / "out")
+    assert main(["simulate", "default", *big, "--no-progress", "--out", out]) == 2
+    line = one_line(capsys, "simulate")
+    assert "1.5e+05 SGD steps (sgd.tau_max x simulation.D) x 4 seeds of model.heads = 2000 keys in simulation.D = 5000" in line
+    assert " h and " in line and "more than the 4 h a run may take without --force" in line and "pass --force" in line
+    assert not (tmp_path / "out").exists()
+    import singleloc._simulation
+
+    ran = []
+    def started(config, progress):
+        ran.append(config)
+        raise ValueError("started")
+
+    monkeypatch.setattr(singleloc._simulation, "simulate", started)
+    assert main(["simulate", "default", *big, "--no-progress", "--force", "--out", out]) == 2
+    err = capsys.readouterr().err
+    assert len(ran) == 1 and "singleloc simulate: note: 1.5e+05 SGD steps" in err  # --force: said, and started
+
+
+def test_a_long_diagnosis_is_refused_without_force_and_a_minute_long_one_is_announced(tmp_path, capsys, monkeypatch):
+    """Issue 21 item 11: ``diagnose --temperature`` with 1000 values ran 25 minutes without a word."""
+    attn = _attention(tmp_path)
+    temps = [str(0.01 * (i + 1)) for i in range(1000)]
+    monkeypatch.setattr(_resources, "cpu_count", lambda: 2)
+    monkeypatch.setattr(_resources, "DIAGNOSE_UNIT", 20.0)  # the 48 rows of 8 tokens as slow as a large model's
+    assert main(["diagnose", str(attn), "--temperature", *temps, "--out", str(tmp_path / "o")]) == 2
+    line = one_line(capsys, "diagnose")
+    assert "48 rows of L = 8 tokens x 1000 temperatures x 3 perturbation sizes x 4 directions: about" in line
+    assert "lower --temperature, --epsilon, --directions or --max-rows, or pass --force" in line
+    monkeypatch.setattr(_resources, "DIAGNOSE_UNIT", 25.0)  # 75 s
+    assert main(["diagnose", str(attn), "--temperature", "1", "2", "--out", str(tmp_path / "o")]) == 0
+    assert "singleloc diagnose: note: 48 rows of L = 8 tokens x 2 temperatures" in capsys.readouterr().err
+
+
+def test_a_long_integrate_says_so_and_shows_its_progress(tmp_path, capsys, monkeypatch):
+    """Issue 21 items 6 and 11: ``integrate --set sgd.tau_max=1e6`` ran for minutes without output."""
+    import singleloc._ode
+
+    calls = []
+    def started(config, **kwargs):
+        calls.append(kwargs)
+        raise ValueError("started")
+
+    monkeypatch.setattr(singleloc._ode, "integrate", started)
+    assert main(["integrate", "default", *TINY, "--set", "sgd.tau_max=1e6", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "singleloc integrate: note: sgd.tau_max = 1e+06 is a long solve: up to 100000 adaptive steps" in err
+    assert calls == [{"max_steps": 100000, "progress": False}]  # --no-progress in TINY
+    assert main(["integrate", "default", *TINY[:-1], "--set", "sgd.tau_max=1e6", "--out", str(tmp_path / "o")]) == 2
+    assert calls[-1]["progress"] is True and "its progress bar follows" in capsys.readouterr().err

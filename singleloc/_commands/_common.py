@@ -75,6 +75,33 @@ def add_out_argument(parser: argparse.ArgumentParser, default: str | None = None
                         metavar="DIR", help=f"{OUT_HELP[run]} ({where})")
 
 
+FORCE_HELP = ("run even when the estimate says the run is huge: an estimated time above {hours:g} h, or (sweep) more "
+              "--workers than CPUs; what cannot be represented or does not fit in memory is still refused")
+
+
+#: An estimated run time above which a command refuses to start without ``--force``.
+LONG_RUN_SECONDS = 4 * 3600.0
+
+#: An estimated run time above which a command says what the run will cost before it starts.
+ANNOUNCE_SECONDS = 60.0
+
+
+def add_force_argument(parser: argparse.ArgumentParser) -> None:
+    """``--force``: let a deliberate huge run pass the cost checks (:func:`check_cost`)."""
+    parser.add_argument("--force", action="store_true", help=FORCE_HELP.format(hours=LONG_RUN_SECONDS / 3600))
+
+
+def check_cost(command: str, cost, force: bool) -> None:
+    """Say on stderr what a run will cost (:class:`singleloc._resources.Cost`) when its estimated
+    time exceeds :data:`ANNOUNCE_SECONDS`, and refuse it (``ValueError``) above
+    :data:`LONG_RUN_SECONDS` unless ``force``."""
+    if cost.seconds > LONG_RUN_SECONDS and not force:
+        raise ValueError(f"{cost.describe()}: more than the {LONG_RUN_SECONDS / 3600:g} h a run may take without --force; "
+                         f"lower {cost.keys}, or pass --force to run it anyway")
+    if cost.seconds > ANNOUNCE_SECONDS:
+        print(f"singleloc {command}: note: {cost.describe()}", file=sys.stderr)
+
+
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     """``CONFIG``, repeatable ``--set section.key=value`` and ``--no-progress``."""
     parser.add_argument("config", metavar="CONFIG", help=CONFIG_HELP.format(presets=", ".join(preset_names())))
@@ -108,11 +135,13 @@ def prepare_run(args: argparse.Namespace, *, simulation: bool = False, theory: s
     quadrature and memory (:func:`singleloc._resources.check_run`) for a simulation and/or the
     theory from ``"one"`` start or one per seed (``"seeds"``), a warning when saved times of the
     simulation coincide, and a note when ``--out`` holds a run that the new one will replace."""
-    from .._resources import check_run
+    from .._resources import check_run, simulation_cost
 
     config = config_from_args(args)
     starts = {None: 0, "one": 1, "seeds": config.simulation.seeds}[theory]
     check_run(config, simulation=simulation, theory_starts=starts)
+    if simulation:
+        check_cost(args.command, simulation_cost(config), args.force)
     if simulation:
         _warn_dropped_times(config)
     note_replaced(args.command, args.out)

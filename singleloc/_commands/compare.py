@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._common import add_config_arguments, add_out_argument, describe, prepare_run, warn_if_risk_rose
+from ._common import add_config_arguments, add_force_argument, add_out_argument, describe, prepare_run, warn_if_risk_rose
 
 
 def register(sub) -> None:
@@ -19,6 +19,7 @@ def register(sub) -> None:
         "the config hash, and DIR is replaced as a whole when all of them are written.",
     )
     add_config_arguments(p)
+    add_force_argument(p)
     add_out_argument(p, run=True)
     p.set_defaults(func=run)
 

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from .._files import OUTPUT_KEY, check_output_folder, png_has_text, written_together
-from ._common import add_out_argument, int_at_least
+from ._common import add_force_argument, add_out_argument, check_cost, int_at_least
 
 DESCRIPTION = """\
 Normalization diagnostics (docs/model.md section 8) of attention weights dumped from any model.
@@ -70,6 +70,7 @@ def register(sub) -> None:
     p.add_argument("--significance", type=float, default=0.01, metavar="ALPHA",
                    help="level of the Kolmogorov-Smirnov test, in (0, 1) (default: 0.01)")
     p.add_argument("--seed", type=int_at_least(0), default=0, help="seed of the random directions (default: 0)")
+    add_force_argument(p)
     add_out_argument(p, default="the folder of ATTN.npy")
     p.set_defaults(func=run)
 
@@ -77,6 +78,7 @@ def register(sub) -> None:
 def run(args) -> int:
     from .._diagnose import TEMPERATURES, diagnose_attention
     from .._io import load_npy, save_figure, save_json
+    from .._resources import diagnose_cost
     from .._sensitivity import FD_EPSILONS
     from ..plots import plot_sensitivity, plot_top_n, plot_vanishing
 
@@ -84,8 +86,11 @@ def run(args) -> int:
     values = None if args.values is None else load_npy(args.values, "--values")
     out = args.out if args.out is not None else args.attn.resolve().parent
     check_output_folder(out)  # before the work (--out itself was checked by the parser)
+    temperatures, epsilons = args.temperature or TEMPERATURES, args.epsilon or FD_EPSILONS
+    check_cost("diagnose", diagnose_cost(weights.shape, args.max_rows, len(temperatures), len(epsilons), args.directions),
+               args.force)
     diagnosis = diagnose_attention(
-        weights, values, top_n=args.top_n, temperatures=args.temperature or TEMPERATURES, epsilons=args.epsilon or FD_EPSILONS,
+        weights, values, top_n=args.top_n, temperatures=temperatures, epsilons=epsilons,
         directions=args.directions, mask=args.mask, max_rows=args.max_rows, ks_samples=args.ks_over,
         significance=args.significance, seed=args.seed)
     print(f"ATTN {args.attn}: {diagnosis.table()}")

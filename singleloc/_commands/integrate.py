@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from ._common import add_config_arguments, add_out_argument, prepare_run, warn_if_risk_rose
+import sys
+
+from ._common import add_config_arguments, add_force_argument, add_out_argument, prepare_run, warn_if_risk_rose
+
+#: Above this ``sgd.tau_max`` (the sweep's horizon cap), ``integrate`` says that the solve may be
+#: long and shows diffrax's progress bar (whose host callback keeps the program out of the
+#: persistent compilation cache, which a long solve does not miss).
+LONG_TAU = 3000.0
+
+#: The solver's step bound (:func:`singleloc.integrate`'s default ``max_steps``).
+MAX_STEPS = 100_000
 
 
 def register(sub) -> None:
@@ -16,6 +26,7 @@ def register(sub) -> None:
         "config hash, and DIR is replaced as a whole.",
     )
     add_config_arguments(p)
+    add_force_argument(p)
     add_out_argument(p, run=True)
     p.set_defaults(func=run)
 
@@ -24,7 +35,13 @@ def run(args) -> int:
     from .._ode import integrate
 
     config = prepare_run(args, theory="one")
-    result = integrate(config)
+    long = config.sgd.tau_max > LONG_TAU
+    if long:  # the number of adaptive steps is not known before: say the bound, and show the solve
+        print(f"singleloc integrate: note: sgd.tau_max = {config.sgd.tau_max:g} is a long solve: up to {MAX_STEPS} adaptive "
+              f"steps (each 6 drift evaluations over {2 * config.theory.points if config.theory.points != 'auto' else 'the'} "
+              f"quadrature nodes), which can take many minutes{'; its progress bar follows' if args.progress else ''}",
+              file=sys.stderr)
+    result = integrate(config, max_steps=MAX_STEPS, progress=long and args.progress)
     warn_if_risk_rose(config, theory=result)
     path = result.save(args.out, config)
     se = f" +- {result.risk_se[0, -1]:.1e}" if result.replicates > 1 else ""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._common import add_config_arguments, add_out_argument, prepare_run, warn_if_risk_rose
+from ._common import add_config_arguments, add_force_argument, add_out_argument, prepare_run, warn_if_risk_rose
 
 
 def register(sub) -> None:
@@ -17,6 +17,7 @@ def register(sub) -> None:
         "every file carries the config hash, and DIR is replaced as a whole.",
     )
     add_config_arguments(p)
+    add_force_argument(p)
     add_out_argument(p, run=True)
     p.set_defaults(func=run)
 

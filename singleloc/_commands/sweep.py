@@ -6,7 +6,7 @@ import argparse
 import math
 from collections import Counter
 
-from ._common import add_config_arguments, add_out_argument, config_from_args, int_at_least, output_folder
+from ._common import add_config_arguments, add_force_argument, add_out_argument, config_from_args, int_at_least, output_folder
 
 
 def register(sub) -> None:
@@ -44,6 +44,7 @@ def register(sub) -> None:
                    "sgd.init_scale, problem.strength, simulation.seed, simulation.D, theory.qmc_seed, theory.rtol or "
                    "theory.atol together, as one vmapped ODE solve with one compilation (default; equal to the "
                    "separate solves to the solver's tolerance); --no-batch solves every point on its own")
+    add_force_argument(p)
     add_out_argument(p)
     p.add_argument("--cache", type=output_folder, default=None, metavar="DIR", help="cache folder (default DIR/cache)")
     p.set_defaults(func=run)
@@ -64,7 +65,7 @@ def _horizon(text: str) -> str | float:
 
 def run(args) -> int:
     from .._grid import grid_points, parse_grid
-    from .._resources import check_run
+    from .._resources import check_run, check_workers
     from .._sweep import compile_group, sweep
 
     config = config_from_args(args)
@@ -78,6 +79,7 @@ def run(args) -> int:
         check_run(point, simulation=args.simulate, theory_starts=point.simulation.seeds * batch)
     if args.workers > 1 and args.scheduler:
         raise ValueError("give either --workers N (a local cluster) or --scheduler ADDRESS (an existing one), not both")
+    check_workers(args.workers, "--workers", force=args.force)  # before any cluster starts
     rows, stats = sweep(config, grids, args.out, horizon=args.horizon, simulate=args.simulate, cache_dir=args.cache,
                         progress=args.progress, workers=args.workers, scheduler=args.scheduler, batch=args.batch)
     failed = f"; {stats.failed} failed, see the status column" if stats.failed else ""
