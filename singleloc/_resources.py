@@ -293,8 +293,9 @@ def simulation_cost(config: Config) -> Cost:
 
 
 def diagnose_cost(shape: tuple, max_rows: int, temperatures: int, epsilons: int, directions: int) -> Cost:
-    """The cost of ``diagnose`` of weights of ``shape`` (model above)."""
-    L = shape[-1]
+    """The cost of ``diagnose`` of weights of ``shape`` (model above; a shape that
+    :func:`~singleloc.diagnose_attention` refuses costs nothing, and is refused there)."""
+    L = shape[-1] if shape else 0
     heads = int(math.prod(shape[:-2])) if len(shape) >= 2 else 1
     queries = shape[-2] if len(shape) >= 2 else 1
     rows = heads * (min(max_rows, queries) if max_rows else queries)

@@ -755,3 +755,10 @@ def test_a_long_integrate_says_so_and_shows_its_progress(tmp_path, capsys, monke
     assert calls == [{"max_steps": 100000, "progress": False}]  # --no-progress in TINY
     assert main(["integrate", "default", *TINY[:-1], "--set", "sgd.tau_max=1e6", "--out", str(tmp_path / "o")]) == 2
     assert calls[-1]["progress"] is True and "its progress bar follows" in capsys.readouterr().err
+
+
+def test_diagnose_of_a_scalar_is_one_line(tmp_path, capsys):
+    """Found in the hostile pass of issue 21: the cost estimate read the last axis of a 0-d array (IndexError)."""
+    np.save(tmp_path / "scalar.npy", np.float64(1.0))
+    assert main(["diagnose", str(tmp_path / "scalar.npy")]) == 2
+    assert "weights must be a non-empty array of shape (..., L), got shape ()" in one_line(capsys, "diagnose")
