@@ -13,7 +13,7 @@
 5. The ``lr^2`` Gram term ``E[sum_l c_l c_l^T]`` at trained states (``lr = 0.5``): the head-symmetric
    Sobol rule (the rule route's) against the rank-aware one (the exact route's) at 1024 ... 16384
    points (4 scramblings), both against the rank-aware rule at 2^19 points; the error relative to
-   the largest entry of the ``O(lr)`` drift (what the solve's ``gram_error`` states).
+   the largest entry of the ``O(lr)`` drift (the solve's ``gram_error`` is relative to the Gram term itself).
 
 Times are medians of 3 calls after compilation, as ratios in one run (the machine may be shared).
 Run: ``python benchmarks/06_exact_route.py [--quick]``.
