@@ -41,7 +41,7 @@ _EXPORTS = {
     "_io": ("Run", "add_to_run", "config_hash", "load_npz", "load_run", "save_figure", "save_json", "save_npz", "save_run"),
     "_numerics": ("psd_sqrt",),
     "_layer": ("finite_loss", "limit_loss", "token_weights"),
-    "_ode": ("TheoryResult", "initial_conditions", "integrate"),
+    "_ode": ("TheoryResult", "initial_conditions", "integrate", "resolve_points"),
     "_fluctuations": ("SDEResult", "integrate_sde"),
     "_priors": ("Prior", "binary", "discrete", "flipped", "gaussian", "spikes"),
     "_simulation": ("SimulationResult", "simulate"),

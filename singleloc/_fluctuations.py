@@ -35,6 +35,7 @@ import numpy as np
 
 from ._config import require_config
 from ._numerics import psd_sqrt, psd_sqrt_and_pinv_sqrt
+from ._ode import resolve_points
 from ._theory import OrderParameterODE, flatten_state, unflatten_state
 
 
@@ -129,8 +130,10 @@ def integrate_sde(config, y0, keys, *, D=None, ts=None, dt: float = 0.05) -> SDE
     Euler-Maruyama with step ``dt`` on a ``diffrax.VirtualBrownianTree`` (tolerance ``dt/4``).
     ``Q`` is symmetrised through the flattened coordinates; the state is not projected back
     onto valid overlaps (at the D used here the noise is far too small to leave them).
+    ``theory.points = "auto"`` is resolved at the starts ``y0`` (:func:`~singleloc.resolve_points`).
     """
     require_config(config, "integrate_sde")
+    config = resolve_points(config, y0)
     D = config.simulation.D if D is None else D
     ode = OrderParameterODE.from_config(config)
     H, F = config.model.heads, config.problem.F

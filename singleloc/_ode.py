@@ -235,6 +235,30 @@ def initial_conditions(config: Config, seeds: int | None = None) -> OrderParamet
     return OrderParameters(M, Q, jnp.full((n, H), config.model.bias_init))
 
 
+def resolve_points(config: Config, y0: OrderParameters | None = None) -> Config:
+    """``config`` with ``theory.points = "auto"`` replaced by the number of points
+    :func:`~singleloc.choose_points` picks at the starts ``y0`` (leading axis ``S``; default the
+    start :func:`integrate` uses, the simulator's initial overlaps of seed 0); ``config`` itself
+    when ``theory.points`` is a number.
+
+    Every entry point that builds an :class:`~singleloc.OrderParameterODE` from a config that may
+    say ``"auto"`` calls it first (the escape prediction, the SDE, the pruning risks, a sweep's
+    points), so that the value is resolved once, before anything is built, and the ODEs of one
+    computation share one rule. :func:`integrate` resolves it at its own starts, with the error
+    estimate of the choice (:attr:`TheoryResult.drift_error`)."""
+    require_config(config, "resolve_points")
+    if config.theory.points != "auto":
+        return config
+    starts = initial_conditions(config, 1) if y0 is None else _batched_starts(y0)
+    return config.replace(theory={"points": choose_points(config, starts).points})
+
+
+def _batched_starts(y0: OrderParameters) -> OrderParameters:
+    """``y0`` in the dtype of the solve, with a leading axis (one start: added)."""
+    y0 = OrderParameters(*(jnp.asarray(x, dtype=jnp.result_type(float)) for x in y0))
+    return OrderParameters(*(x[None] for x in y0)) if y0.M.ndim == 2 else y0
+
+
 @dataclasses.dataclass(frozen=True)
 class _Problem:
     """What one point's solve receives: the arguments of :func:`_trajectories` (``args``: the
@@ -248,11 +272,7 @@ class _Problem:
 
 
 def _problem(config: Config, y0: OrderParameters | None, ts: np.ndarray | None) -> _Problem:
-    if y0 is None:
-        y0 = initial_conditions(config, 1)
-    y0 = OrderParameters(*(jnp.asarray(x, dtype=jnp.result_type(float)) for x in y0))
-    if y0.M.ndim == 2:
-        y0 = OrderParameters(*(x[None] for x in y0))
+    y0 = _batched_starts(initial_conditions(config, 1) if y0 is None else y0)
     _check_initial(config, y0)
     ts = jnp.asarray(config.sgd.save_times() if ts is None else ts, dtype=y0.M.dtype)
     th = config.theory

@@ -59,6 +59,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._config import Config, require_config
+from ._ode import resolve_points
 from ._stability import escape_rate, linear_escape_time, linearize, symmetric_path, symmetric_state
 from ._theory import OrderParameterODE
 
@@ -154,8 +155,10 @@ def predicted_escape(config: Config, *, multiple: float = HORIZON_MULTIPLE, cap:
     """The predicted escape from the unspecialized plateau and the integration horizon of
     ``config`` (module docstring; ``method`` is the Jacobian's, as in
     :func:`~singleloc._stability.linearize`). Rates are evaluated in time order and only until
-    the growth reaches ``(1/2) log D``."""
+    the growth reaches ``(1/2) log D``. ``theory.points = "auto"`` is resolved first
+    (:func:`~singleloc.resolve_points`)."""
     require_config(config, "predicted_escape")
+    config = resolve_points(config)
     H, F = config.model.heads, config.problem.F
     D = config.simulation.D
     ode = OrderParameterODE.from_config(config)

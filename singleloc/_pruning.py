@@ -46,7 +46,7 @@ from ._bayes import RiskEstimate, layer_risk, layer_risk_check
 from ._config import Config, require_config
 from ._data import overlaps
 from ._heldout import draw_heldout, heldout_losses
-from ._ode import integrate
+from ._ode import integrate, resolve_points
 from ._theory import OrderParameterODE, OrderParameters
 
 ORDERS = ("greedy", "alignment", "random")
@@ -125,7 +125,8 @@ class TheoryRisk:
     """Population risk of sub-layers of the layer ``(M, Q, b)`` (``M`` (H, F), ``Q`` (H, H),
     ``b`` (H,)). ``risk(kept)`` evaluates the heads ``kept`` with ODE objects for
     ``len(kept)`` heads, built from ``config`` (problem, activation, ``theory.points``,
-    ``theory.qmc_seed``, ``theory.replicates``) and cached.
+    ``theory.qmc_seed``, ``theory.replicates``) and cached; ``theory.points = "auto"`` is
+    resolved first (:func:`~singleloc.resolve_points`, at the config's start).
 
     On the exact route (``theory.route``, a normalised-exponential activation) a risk is the
     exact one and its error the difference to the finer exact rule. On the Sobol rule, with
@@ -136,7 +137,7 @@ class TheoryRisk:
     def __init__(self, config: Config, M, Q, b):
         require_config(config, "TheoryRisk")
         dtype = jnp.result_type(float)
-        self.config = config
+        self.config = resolve_points(config)  # one rule for every sub-layer
         self.M, self.Q, self.b = (jnp.asarray(x, dtype) for x in (M, Q, b))
         H = self.M.shape[0]
         if self.M.shape != (H, config.problem.F) or self.Q.shape != (H, H) or self.b.shape != (H,):

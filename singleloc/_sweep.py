@@ -6,7 +6,9 @@ points are their Cartesian product. At each point it
 1. predicts the escape from the unspecialized plateau and the horizon
    (:func:`singleloc._predictions.predicted_escape`: ``tau_0 + log(D) / (2 lambda)`` from the
    linearisation along the symmetric flow; horizon 2.5 times that, rounded up to two digits,
-   at most 3000; 300 when no escape is predicted);
+   at most 3000; 300 when no escape is predicted); with ``theory.points = "auto"`` it first
+   chooses the point's number of points (:func:`~singleloc.resolve_points` at the starts of
+   step 3), stored with the prediction and used by every later step of the point;
 2. resolves the configuration it integrates (:func:`resolve_horizon`): with ``horizon="auto"``
    (the default) ``sgd.tau_max`` is the point's horizon, with a number it is that number,
    and both save ``max(sgd.n_save, 201)`` times on a log grid (``sgd.spacing = "log"``:
@@ -91,7 +93,7 @@ from ._distributed import Cluster, open_cluster, run_points
 from ._files import OUTPUT_KEY, png_has_text, written_together
 from ._grid import Grid, grid_points
 from ._io import NPZ_ERRORS, load_npz, npz_names, save_figure, save_npz, save_text
-from ._ode import initial_conditions, integrate, integrate_points
+from ._ode import initial_conditions, integrate, integrate_points, resolve_points
 from ._phase_analysis import HEAD_CLASSES, analyze
 from ._predictions import EscapePrediction, head_weights, predicted_escape
 from ._simulation import simulate as simulate_sgd
@@ -142,8 +144,23 @@ def resolve_horizon(config: Config, prediction: EscapePrediction, horizon: str |
 
 # The expensive steps; module-level so that tests can count or replace them.
 def compute_prediction(config: Config) -> dict[str, np.ndarray]:
-    """The predicted escape and horizon (:func:`~singleloc._predictions.predicted_escape`) as arrays."""
-    return predicted_escape(config).arrays()
+    """The predicted escape and horizon (:func:`~singleloc._predictions.predicted_escape`) as arrays.
+    With ``theory.points = "auto"`` the number of points is chosen here, once for the point, at the
+    starts its theory integrates from (:func:`~singleloc.resolve_points` at the initial overlaps of
+    every seed), and stored in the entry as ``points``: the prediction, the theory and the phase
+    summaries of the point all use it (:func:`with_chosen_points`)."""
+    if config.theory.points != "auto":
+        return predicted_escape(config).arrays()
+    resolved = resolve_points(config, initial_conditions(config))
+    return predicted_escape(resolved).arrays() | {"points": np.asarray(resolved.theory.points)}
+
+
+def with_chosen_points(config: Config, prediction: Mapping[str, np.ndarray]) -> Config:
+    """``config`` with ``theory.points = "auto"`` replaced by the number its prediction entry
+    chose (:func:`compute_prediction`); ``config`` itself otherwise."""
+    if config.theory.points != "auto" or "points" not in prediction:
+        return config
+    return config.replace(theory={"points": int(prediction["points"])})
 
 
 def compute_theory(config: Config) -> dict[str, np.ndarray]:
@@ -410,8 +427,9 @@ def sweep(base: Config, grids: Sequence[Grid], out: str | Path, *, horizon: str 
         for i, (_, cfg) in enumerate(points):
             path = _entry_path(cache, cfg, "prediction")
             if path.name not in errors:
-                predictions[i] = EscapePrediction.from_arrays(read(cfg, "prediction"))
-                run_cfgs[i] = resolve_horizon(cfg, predictions[i], horizon)
+                entry = read(cfg, "prediction")
+                predictions[i] = EscapePrediction.from_arrays(entry)
+                run_cfgs[i] = resolve_horizon(with_chosen_points(cfg, entry), predictions[i], horizon)
         done, run_errors = fill_cache([(run_cfgs[i], kind) for i in run_cfgs for kind in kinds], cache, desc="sweep", **run)
     computed |= done
     errors.update(run_errors)

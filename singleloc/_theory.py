@@ -110,14 +110,15 @@ class OrderParameterODE(eqx.Module):
 
         ``seeds``: a stack of rules with these scrambling seeds (leading axis, see
         :func:`~singleloc.replicate_rules`) instead of the one rule of ``theory.qmc_seed``;
-        ``points``: instead of ``theory.points`` (which must be a number here: integrate
-        resolves ``"auto"``). The exact rule follows ``theory.route`` (:func:`exact_route`);
+        ``points``: instead of ``theory.points`` (which must be a number here:
+        :func:`~singleloc.resolve_points` resolves ``"auto"``). The exact rule follows ``theory.route`` (:func:`exact_route`);
         ``check``: with its finer copy for :meth:`risk_check`.
         """
         pb, th = config.problem, config.theory
         points = th.points if points is None else points
         if not isinstance(points, int):
-            raise ValueError(f"theory.points = {points!r}: a number is needed here (integrate resolves 'auto' by choose_points)")
+            raise ValueError(f"theory.points = {points!r}: a number is needed here; resolve 'auto' first with "
+                             "singleloc.resolve_points(config) (integrate does it itself)")
         args = (pb.L, config.model.heads, pb.build_prior(), points)
 
         def sobol_rule(**kind):

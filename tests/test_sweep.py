@@ -302,3 +302,25 @@ def test_a_new_sweep_removes_its_own_stale_figures_only(tmp_path, fake_compute):
     assert main([*base, "--grid", "model.activation=softmax", "--grid", "model.heads=1"]) == 0
     assert not (out / "phase_softmax1.png").exists() and (out / "phase_softmax.png").is_file()
     assert (out / "phase_mine.png").read_bytes() == b"\x89PNG not singleloc's"
+
+
+@pytest.mark.slow
+def test_sweep_with_auto_points_resolves_them_once_per_point(tmp_path):
+    """``theory.points = "auto"`` in a sweep (issue 23 item 1: every point failed with "a number is
+    needed here"): the prediction, the theory and the phase summary of a point use one number, the
+    one :func:`resolve_points` picks at the point's starts; a sweep that gives that number
+    explicitly integrates the same configurations (same theory keys) to the same table."""
+    sets = [s for s in TINY if not s.startswith("theory.points")]
+    grids = [parse_grid("model.heads=1,2")]
+    auto = load_config("default", sets + ["theory.points=auto", "theory.tol=0.05"])
+    rows, _ = _sweep.sweep(auto, grids, tmp_path / "auto", horizon="config", progress=False, figures=False)
+    assert [r["status"] for r in rows] == ["ok", "ok"]
+    from singleloc import initial_conditions, resolve_points
+
+    for row in rows:
+        H = row["heads"]
+        chosen = resolve_points(auto.replace(model={"heads": H}), initial_conditions(auto.replace(model={"heads": H})))
+        assert isinstance(chosen.theory.points, int)
+        fixed, _ = _sweep.sweep(chosen, [parse_grid(f"model.heads={H}")], tmp_path / f"fixed{H}", horizon="config",
+                                progress=False, figures=False)
+        assert fixed[0]["key"] == row["key"] and fixed[0]["final_risk"] == row["final_risk"]
