@@ -49,6 +49,7 @@ _EXPORTS = {
     "_sweep": ("SweepStats", "sweep"),
     "_sweep_dataset": ("load_sweep",),
     "_specs": ("SGD", "Model", "Problem", "Simulation", "Theory"),
+    "_sgd_rule": ("GradientMoments", "OnlineSGD", "sgd_rule"),
     "_theory": ("OrderParameterODE", "OrderParameters", "r_orth"),
     "_pruning": ("ORDERS as PRUNING_ORDERS", "PruningResult", "TheoryRisk", "WeightsRisk", "finetune", "keep_heads", "prune",
                  "prune_theory", "prune_weights", "removable_heads"),

@@ -1,26 +1,29 @@
 """Finite-D fluctuations of the order parameters: an SDE around the ODE of docs/model.md section 5.
 
-One SGD step changes the order parameters by ``-(lr / D) u``, with, for one fresh sequence,
+One SGD step changes the order parameters by ``U / D``, with, for one fresh sequence and plain
+online SGD (the SGD rule's :meth:`~singleloc.OnlineSGD.update`, :mod:`~singleloc._sgd_rule`),
 
-    u = ( sum_l c_l nu_l^T  (H, F),   sum_l (c_l g_l^T + g_l c_l^T) - lr sum_l c_l c_l^T  (H, H),   sum_l c_l  (H) )
+    U = -lr ( sum_l c_l nu_l^T  (H, F),   sum_l (c_l g_l^T + g_l c_l^T) - lr sum_l c_l c_l^T  (H, H),   sum_l c_l  (H) )
 
 (the last term of the ``Q`` block is the Gram matrix of the step, ``lr^2 / D`` times ``sum_l c_l
 c_l^T``; its mean is the ``lr^2`` term of the drift). Over ``d tau`` there are ``D d tau``
 independent steps, so the state ``y = (M, Q, b)`` (flattened as
 :func:`singleloc._theory.flatten_state`) follows, to leading order in ``1/D``,
 
-    dy = drift(y) d tau + sqrt(Sigma(y) / D) dW,      Sigma = lr^2 Cov(u):
+    dy = drift(y) d tau + sqrt(Sigma(y) / D) dW,      drift = E[U],   Sigma = Cov(U):
 
 the per-step update covariance of the order parameters divided by D (per unit time).
 
-``Cov(u)`` is an expectation over the local fields like the drift. ``nu_l`` is never drawn:
+``Cov(U)`` is an expectation over the local fields like the drift. ``nu_l`` is never drawn:
 given the head fields it is Gaussian with mean ``theta 1[l = 0] + M^T (Q^+)^{1/2} w_l`` and
-covariance ``I - M^T Q^+ M``; the mean enters ``u`` and the covariance adds
-``E[sum_l c_l c_l^T] (x) (I - M^T Q^+ M)`` to the ``M`` block.
+covariance ``I - M^T Q^+ M``; the mean enters ``U`` and the covariance adds
+``lr^2 E[sum_l c_l c_l^T] (x) (I - M^T Q^+ M)`` to the ``M`` block
+(:meth:`~singleloc.OnlineSGD.update_covariance`).
 
 :func:`integrate_sde` integrates the SDE with diffrax (Euler-Maruyama on a
 ``VirtualBrownianTree``), one Brownian path per key, batched with ``vmap``. Drift and
-diffusion come from one evaluation of :func:`update_moments` per step (:class:`_SDETerm`).
+diffusion come from one evaluation of :func:`update_moments` per step (:class:`_SDETerm`): one
+pass over the rule's nodes, whose mean update is the drift (on the Sobol rule).
 """
 
 from __future__ import annotations
@@ -39,12 +42,20 @@ from ._ode import resolve_points
 from ._theory import OrderParameterODE, flatten_state, unflatten_state
 
 
-def update_moments(ode: OrderParameterODE, M, Q, b):
-    """``(drift, Sigma)`` at ``(M, Q, b)``: the drift over :func:`flatten_state` coordinates
-    and ``Sigma = lr^2 Cov(u)`` (n, n), the per-step update covariance times ``D^2`` (so the
-    diffusion per unit time is ``Sigma / D``)."""
-    H, F = M.shape
-    tb = bool(ode.train_bias)
+def update_moments(ode: OrderParameterODE, M, Q, b, tau=0.0):
+    """``(drift, Sigma)`` at ``(M, Q, b)`` and time ``tau``: the drift over :func:`flatten_state`
+    coordinates and ``Sigma = Cov(U)`` (n, n), the per-step update covariance times ``D^2`` (so
+    the diffusion per unit time is ``Sigma / D``), both from the SGD rule's update ``U`` of one
+    sequence (:meth:`~singleloc.OnlineSGD.update`, :meth:`~singleloc.OnlineSGD.update_covariance`)
+    on one pass over the rule's nodes.
+
+    On the Sobol rule the drift is ``E[U]`` of that same pass (it equals
+    :meth:`~singleloc.OrderParameterODE.drift` up to rounding, about 1e-16 relative: the same
+    average over the same nodes); on the exact route it is the ODE's own drift (the exact
+    risk's gradient, no second pass over these nodes), so that the SDE's mean is the ODE."""
+    F = M.shape[1]
+    rule = ode.sgd
+    tb = bool(rule.train_bias)
     Qh, Qh_pinv = psd_sqrt_and_pinv_sqrt(Q)
     A = Qh_pinv @ M  # (H, F): nu_bar_l = theta 1[l=0] + A^T w_l
 
@@ -52,17 +63,17 @@ def update_moments(ode: OrderParameterODE, M, Q, b):
         c = jax.grad(ode._loss)(g.T + b[:, None])  # (H, L)
         nu = w @ A
         nu = nu.at[0].add(theta)
-        UQ, cc = c @ g, c @ c.T
-        u = flatten_state(c @ nu, UQ + UQ.T - ode.lr * cc, c.sum(1), tb)
-        return {"u": u, "uu": jnp.outer(u, u), "cc": cc}
+        U = rule.update(tau, M, Q, b, c, g, nu)
+        u = flatten_state(U.M, U.Q, U.b, tb)
+        return {"u": u, "uu": jnp.outer(u, u), "cc": c @ c.T}
 
     m = ode.fields.expect(integrand, M, Q, Qh=Qh, with_noise=True)
-    cov = m["uu"] - jnp.outer(m["u"], m["u"])
     xi = jnp.eye(F) - M.T @ (Qh_pinv @ Qh_pinv) @ M  # Cov(nu | g), PSD up to rounding
-    n_M = H * F
-    cov = cov.at[:n_M, :n_M].add(jnp.kron(m["cc"], xi))
-    d = ode.drift(M, Q, b)
-    return flatten_state(d.M, d.Q, d.b, tb), ode.lr**2 * cov
+    Sigma = rule.update_covariance(tau, m["u"], m["uu"], m["cc"], xi)
+    if ode.exact is None:
+        return m["u"], Sigma
+    d = ode.drift(M, Q, b, tau)
+    return flatten_state(d.M, d.Q, d.b, tb), Sigma
 
 
 class _SDETerm(diffrax.AbstractTerm):
@@ -82,7 +93,7 @@ class _SDETerm(diffrax.AbstractTerm):
     F: int = eqx.field(static=True)
 
     def vf(self, t, y, args):
-        drift, Sigma = update_moments(self.ode, *unflatten_state(y, self.H, self.F, self.b0))
+        drift, Sigma = update_moments(self.ode, *unflatten_state(y, self.H, self.F, self.b0), t)
         return drift, psd_sqrt(Sigma * self.inv_D)
 
     def contr(self, t0, t1, **kwargs):

@@ -150,7 +150,7 @@ def _invalid_state(t, y, args, **kwargs):
 
 
 def _solve(ode: OrderParameterODE, y0: OrderParameters, ts: jax.Array, rtol, atol, max_steps: int, progress: bool):
-    term = diffrax.ODETerm(lambda t, y, args: ode.drift(*y))
+    term = diffrax.ODETerm(lambda t, y, args: ode.drift(*y, tau=t))
     sol = diffrax.diffeqsolve(
         term,
         diffrax.Tsit5(),
@@ -187,8 +187,8 @@ def _trajectories(dynamics: OrderParameterODE, evaluation: OrderParameterODE, y0
         grams = jax.vmap(lambda m, q, bb: gram_error(dyn, ev, m, q, bb))(M[ends], Q[ends], b[ends])
         return M, Q, b, risk, ok, drift0, jnp.abs(check - risk[ends]), grams
 
-    # the replicates' rules are stacked, their learning rate is one for all
-    rules = lambda ode: eqx.tree_at(lambda o: o.lr, jax.tree.map(lambda _: 0, ode), None, is_leaf=lambda x: x is None)
+    # the replicates' rules are stacked, their SGD rule (the learning rate) is one for all
+    rules = lambda ode: eqx.tree_at(lambda o: o.sgd, jax.tree.map(lambda _: 0, ode), None, is_leaf=lambda x: x is None)
     in_axes = (rules(dynamics), rules(evaluation), None)
     return jax.vmap(jax.vmap(trajectory, in_axes=in_axes), in_axes=(None, None, 0))(dynamics, evaluation, y0)
 

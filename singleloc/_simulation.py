@@ -4,7 +4,8 @@ Step ``t`` draws one fresh sequence and updates
 
     k_h <- k_h - lr * grad_{k_h} l,        b_h <- b_h - (lr / D) * dl/db_h  (if biases train),
 
-with ``l = |x_eps - yhat|^2 / D`` differentiated by JAX. Time is ``tau = t / D``. The run
+with ``l = |x_eps - yhat|^2 / D`` differentiated by JAX: the step of the configuration's SGD
+rule (:meth:`~singleloc.OnlineSGD.step`, :func:`~singleloc.sgd_rule`). Time is ``tau = t / D``. The run
 advances all seeds at once (``vmap``, the seeds split over the local devices by
 :mod:`~singleloc._sharding`) inside one jitted ``fori_loop`` per saved interval,
 and at each saved time records the order parameters and two risks on ``test_samples`` fresh
@@ -32,6 +33,7 @@ from ._io import save_run
 from ._layer import finite_loss
 from ._numerics import Q_RUNAWAY
 from ._resources import check_dimension, check_steps
+from ._sgd_rule import sgd_rule
 from ._sharding import shard_batch, unpad
 
 
@@ -81,7 +83,7 @@ def _run_functions(config: Config):
     act = get_activation(mdl.activation)
     prior = pb.build_prior()
     L, F, H, D = pb.L, pb.F, mdl.heads, sim.D
-    lr = sgd.lr
+    rule = sgd_rule(config)
     grad = jax.grad(lambda K, b, X, eps: finite_loss(act, K, b, X, eps), argnums=(0, 1))
 
     def init(index):
@@ -98,7 +100,7 @@ def _run_functions(config: Config):
             K, b = params
             X, eps = sample_sequence(jax.random.fold_in(train_key, t), prior, kstar, L)
             gK, gb = grad(K, b, X, eps)
-            return K - lr * gK, (b - (lr / D) * gb) if mdl.train_bias else b
+            return rule.step(t / D, K, b, gK, gb, D)
 
         return jax.lax.fori_loop(t0, t1, body, params)
 

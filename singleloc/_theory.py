@@ -7,6 +7,11 @@ the relevant token at 0, and ``c = df/ds`` (autodiff). docs/model.md's drift is
     dQ/dtau  = -lr E[sum_l (c_l g_l^T + g_l c_l^T)] + lr^2 E[sum_l c_l c_l^T]
     db/dtau  = -lr E[sum_l c_l]                      (only when biases train).
 
+for plain online SGD. The rule itself lives in :mod:`~singleloc._sgd_rule`
+(:class:`~singleloc.OnlineSGD`): this module computes the field averages it is made of
+(:class:`~singleloc.GradientMoments`: ``E[sum_l c_l nu_l^T]``, ``E[sum_l c_l g_l^T]``,
+``E[sum_l c_l]``, ``E[sum_l c_l c_l^T]``), and the rule turns them into the drift.
+
 The quadrature draws ``g_l = Q^{1/2} w_l`` (plus ``M theta`` on token 0) and never ``nu``:
 given ``theta``, ``(g_l, nu_l)`` is Gaussian with ``Cov(g_l, nu_l) = M``, so
 ``E[nu_l | g_l] = M^T Q^+ (g_l - E g_l)`` (plus ``theta`` on token 0). With
@@ -51,7 +56,6 @@ the evaluation rule's scrambling against the dynamics rule's, at the start and t
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
 
 import equinox as eqx
 import jax
@@ -63,14 +67,7 @@ from ._fields import LocalFields, replicate_rules
 from ._laplace import LaplaceRule, exact_rule
 from ._layer import limit_loss
 from ._numerics import psd_sqrt_and_pinv_sqrt
-
-
-class OrderParameters(NamedTuple):
-    """``M`` (H, F) head-spike overlaps, ``Q`` (H, H) head-head overlaps, ``b`` (H,) biases."""
-
-    M: jax.Array
-    Q: jax.Array
-    b: jax.Array
+from ._sgd_rule import GradientMoments, OnlineSGD, OrderParameters, sgd_rule
 
 
 def r_orth(M: jax.Array, Q: jax.Array) -> jax.Array:
@@ -79,14 +76,18 @@ def r_orth(M: jax.Array, Q: jax.Array) -> jax.Array:
 
 
 class OrderParameterODE(eqx.Module):
-    """Population risk and drift for one problem, layer and learning rate.
+    """Population risk and drift for one problem, layer and SGD rule.
+
+    ``OrderParameterODE(fields, activation, lr, train_bias, ...)`` is plain online SGD
+    (:class:`~singleloc.OnlineSGD`); ``OrderParameterODE(fields, activation, sgd=rule, ...)``
+    takes any rule. ``lr`` and ``train_bias`` read the rule's.
 
     Attributes:
         fields: the quadrature rule over the local fields.
         activation: the attention activation (scores (H, L) -> weights (H, L)).
-        lr: the SGD learning rate, an array (a value the compiled programs receive, so that
-            ODEs that differ only in it share their programs).
-        train_bias: whether the biases follow their own drift.
+        sgd: the SGD rule (:mod:`~singleloc._sgd_rule`), which turns the field averages of the
+            loss gradient into the drift; its numbers are arrays (values the compiled programs
+            receive, so that ODEs that differ only in the learning rate share their programs).
         exact: the exact rule of the risk and of the ``O(lr)`` drift (module docstring), or
             ``None`` (the Sobol rule for everything).
         exact_check: a finer exact rule (:meth:`~singleloc._laplace.LaplaceRule.refined`)
@@ -97,11 +98,33 @@ class OrderParameterODE(eqx.Module):
 
     fields: LocalFields
     activation: Activation = eqx.field(static=True)
-    lr: jax.Array = eqx.field(converter=jnp.asarray)
-    train_bias: bool = eqx.field(static=True)
+    sgd: OnlineSGD
     exact: LaplaceRule | None = None
     exact_check: LaplaceRule | None = None
     gram_fields: LocalFields | None = None
+
+    def __init__(self, fields: LocalFields, activation: Activation, lr=None, train_bias: bool | None = None,
+                 exact: LaplaceRule | None = None, exact_check: LaplaceRule | None = None,
+                 gram_fields: LocalFields | None = None, *, sgd: OnlineSGD | None = None):
+        if sgd is None:
+            if lr is None:
+                raise TypeError("OrderParameterODE needs the learning rate lr (plain online SGD) or an SGD rule sgd=")
+            sgd = OnlineSGD(lr, bool(train_bias))
+        elif lr is not None or train_bias is not None:
+            raise TypeError("OrderParameterODE takes either lr and train_bias or sgd=, not both (the rule holds them)")
+        self.fields, self.activation = fields, activation
+        self.sgd = jax.tree.map(jnp.asarray, sgd)
+        self.exact, self.exact_check, self.gram_fields = exact, exact_check, gram_fields
+
+    @property
+    def lr(self) -> jax.Array:
+        """The learning rate of the SGD rule (at ``tau = 0``)."""
+        return self.sgd.learning_rate(0.0)
+
+    @property
+    def train_bias(self) -> bool:
+        """Whether the biases train (the SGD rule's)."""
+        return self.sgd.train_bias
 
     @classmethod
     def from_config(cls, config: Config, *, seeds: Sequence[int] | None = None, points: int | None = None,
@@ -134,8 +157,8 @@ class OrderParameterODE(eqx.Module):
         exact = per_replicate(exact_route(config))
         fine = per_replicate(exact_route(config, refined=True)) if check and exact is not None else None
         gram = sobol_rule(principal=True) if exact is not None else None
-        return cls(sobol_rule(symmetric=True), get_activation(config.model.activation), config.sgd.lr, config.model.train_bias,
-                   exact, fine, gram)
+        return cls(sobol_rule(symmetric=True), get_activation(config.model.activation), exact=exact, exact_check=fine,
+                   gram_fields=gram, sgd=sgd_rule(config))
 
     def _loss(self, s: jax.Array) -> jax.Array:
         return limit_loss(self.activation, s, 0)
@@ -175,28 +198,25 @@ class OrderParameterODE(eqx.Module):
 
         return self.fields.expect(integrand, M, Q, Qh=Qh, with_noise=True)
 
-    def drift(self, M: jax.Array, Q: jax.Array, b: jax.Array) -> OrderParameters:
-        """``(dM, dQ, db) / dtau`` of docs/model.md section 5 (``db = 0`` unless biases train)."""
+    def gradient_moments(self, M: jax.Array, Q: jax.Array, b: jax.Array) -> GradientMoments:
+        """The field averages of the loss gradient the drift is made of (module docstring): on the
+        rule, ``E[sum_l c_l nu_l^T] = P + W (Q^+)^{1/2} M`` and ``E[sum_l c_l g_l^T] = P M^T + W
+        Q^{1/2}``; on the exact route, ``G_M + S M`` and ``G_M M^T + S Q`` from the exact risk's
+        gradient, with ``G_b`` and the rule's Gram term."""
         if self.exact is not None:
-            return self._exact_drift(M, Q, b)
+            GM, GQ, Gb = _risk_gradient(self.exact, M, Q, b)
+            S = GQ + GQ.T
+            return GradientMoments(GM + S @ M, GM @ M.T + S @ Q, Gb, self.gram(M, Q, b))
         Qh, Qh_pinv = psd_sqrt_and_pinv_sqrt(Q)
         m = self.moments(M, Q, b, Qh)
-        lr, P, W = self.lr, m["P"], m["W"]
-        dM = -lr * (P + W @ (Qh_pinv @ M))
-        A = P @ M.T + W @ Qh
-        dQ = -lr * (A + A.T) + lr**2 * m["cc"]
-        db = -lr * m["c_sum"] if self.train_bias else jnp.zeros_like(b)
-        return OrderParameters(dM, (dQ + dQ.T) / 2, db)
+        P, W = m["P"], m["W"]
+        return GradientMoments(P + W @ (Qh_pinv @ M), P @ M.T + W @ Qh, m["c_sum"], m["cc"])
 
-    def _exact_drift(self, M, Q, b) -> OrderParameters:
-        """The drift from the gradient of the exact risk plus the rule's Gram term (module docstring)."""
-        GM, GQ, Gb = _risk_gradient(self.exact, M, Q, b)
-        lr, S = self.lr, GQ + GQ.T
-        dM = -lr * (GM + S @ M)
-        A = GM @ M.T + S @ Q
-        dQ = -lr * (A + A.T) + lr**2 * self.gram(M, Q, b)
-        db = -lr * Gb if self.train_bias else jnp.zeros_like(b)
-        return OrderParameters(dM, (dQ + dQ.T) / 2, db)
+    def drift(self, M: jax.Array, Q: jax.Array, b: jax.Array, tau=0.0) -> OrderParameters:
+        """``(dM, dQ, db) / dtau`` of docs/model.md section 5 at time ``tau`` (``db = 0`` unless
+        biases train): the SGD rule's mean update (:meth:`~singleloc.OnlineSGD.drift`) of
+        :meth:`gradient_moments`."""
+        return self.sgd.drift(tau, M, Q, b, self.gradient_moments(M, Q, b))
 
 
 @jax.jit
