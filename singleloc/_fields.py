@@ -59,6 +59,7 @@ from scipy.stats import qmc
 
 from ._numerics import principal_factor, psd_sqrt
 from ._priors import Prior
+from ._resources import SOBOL_MAX_DIM
 
 
 def sobol_normals(dim: int, n: int, seed: int) -> np.ndarray:
@@ -78,20 +79,31 @@ def head_shifts(L: int, H: int, extra: int = 0) -> np.ndarray:
     return np.concatenate([w_index.reshape(H, L * H), u_index], axis=1)
 
 
+#: The node set is whitened only up to this many coordinates (the eigendecomposition of their
+#: second-moment matrix takes minutes and gigabytes beyond: 8192 coordinates at L = 4096, H = 2).
+WHITEN_MAX_DIM = 2048
+
+
 def gaussian_nodes(L: int, H: int, extra: int, points: int, seed: int, symmetric: bool) -> np.ndarray:
     """Base nodes (n, L*H + extra) of the rule: scrambled Sobol normals, whitened so that their
     orbit (with the head shifts when ``symmetric``, and the mirrors ``-z``) has exactly the
     first and second moments of ``N(0, I)``. ``n = points`` without the closure and
-    ``points // H`` with it."""
+    ``points // H`` with it.
+
+    Long sequences (the exact route needs this rule only for its ``lr^2`` term, at any ``L``):
+    coordinates beyond SciPy's Sobol limit (21201) are pseudo-random normals from ``seed``; with fewer
+    orbit points than coordinates, or more than :data:`WHITEN_MAX_DIM` coordinates, the nodes
+    are not whitened (the mirrors still integrate every odd moment exactly)."""
     dim = L * H + extra
     shifts = head_shifts(L, H, extra) if symmetric and H > 1 else np.arange(dim)[None, :]
     n = max(points // len(shifts), 1)
     if dim == 0:
         return np.zeros((n, 0))
-    if n * len(shifts) < dim:
-        raise ValueError(f"theory.points = {points} is too few for the whitening of {dim} Gaussian coordinates (L * H"
-                         f"{' + F' if extra else ''}): use at least {1 << (dim - 1).bit_length()}")
-    z = sobol_normals(dim, n, seed)
+    z = sobol_normals(min(dim, SOBOL_MAX_DIM), n, seed)
+    if dim > SOBOL_MAX_DIM:
+        z = np.concatenate([z, np.random.default_rng(seed).standard_normal((n, dim - SOBOL_MAX_DIM))], axis=1)
+    if n * len(shifts) < dim or dim > WHITEN_MAX_DIM:
+        return z
     C = z.T @ z / n  # second moments of the base points (and of their mirrors)
     C = np.mean([C[np.ix_(p, p)] for p in shifts], axis=0)  # ... of the orbit: shift-invariant
     w, v = np.linalg.eigh(C)

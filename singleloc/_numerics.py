@@ -64,3 +64,13 @@ def principal_factor(C: jax.Array) -> jax.Array:
     lam, V = jnp.clip(lam[::-1], 0.0, None), V[:, ::-1]
     V = V * jnp.where(jnp.sum(V, axis=0) < 0, -1.0, 1.0)
     return (V * jnp.sqrt(lam)).T
+
+
+def require_x64(where: str) -> None:
+    """Refuse to build the theory in single precision: the order-parameter ODE, its quadrature and
+    the exact route's Laplace form (powers ``P^(L-1)``, profiles down to ``1e-11``) are float64
+    computations. The library does not switch JAX's global mode itself (the command line does)."""
+    if not jax.config.jax_enable_x64:
+        raise RuntimeError(f"{where} needs JAX's float64 mode, which is off: call jax.config.update('jax_enable_x64', True) "
+                           "before using singleloc's theory (the singleloc command line does it; in float32 the exact "
+                           "route's powers lose every digit at long sequences)")

@@ -48,7 +48,8 @@ from pathlib import Path
 from ._config import Config
 from ._priors import Prior
 
-#: SciPy's largest Sobol dimension (``scipy.stats.qmc.Sobol``: "Maximum supported dimensionality is 21201").
+#: SciPy's largest Sobol dimension (``scipy.stats.qmc.Sobol``: "Maximum supported dimensionality is 21201");
+#: the rule route's limit (the exact route's ``lr^2`` rule goes on with pseudo-random coordinates).
 SOBOL_MAX_DIM = 21201
 
 #: Bytes of the runtime and compiled programs, on top of the arrays.
@@ -94,6 +95,17 @@ def check_steps(config: Config) -> None:
 def quadrature_dimension(L: int, heads: int, prior: Prior) -> int:
     """Gaussian dimensions of the local-field rule: ``L heads`` (+ ``F`` for a Gaussian part)."""
     return L * heads + (0 if prior.is_discrete else prior.F)
+
+
+def on_exact_route(config: Config) -> bool:
+    """Whether the theory of ``config`` takes the exact route (``theory.route`` and the activation,
+    :func:`singleloc._theory.exact_route`): its risk and ``O(lr)`` drift integrate no ``L * H``
+    dimensional rule, and the Sobol rule of its ``lr^2`` term takes any dimension
+    (:func:`singleloc._fields.gaussian_nodes`), so the quadrature limits below do not apply."""
+    from ._activations import exponential_form, get_activation
+
+    return config.theory.route != "rule" and exponential_form(get_activation(config.model.activation),
+                                                              config.problem.L) is not None
 
 
 def check_quadrature(L: int, heads: int, prior: Prior, points: int, heads_key: str = "model.heads") -> None:
@@ -207,7 +219,8 @@ def check_run(config: Config, *, simulation: bool = False, theory_starts: int = 
     if theory_starts:
         check_dimension(config, "theory")
         if config.theory.points != "auto":  # "auto" is checked as the points are chosen (singleloc._accuracy)
-            check_quadrature(pb.L, H, pb.build_prior(), config.theory.points)
+            if not on_exact_route(config):
+                check_quadrature(pb.L, H, pb.build_prior(), config.theory.points)
             parts[f"the theory's quadrature (theory.points = {config.theory.points} x problem.L = {pb.L} x model.heads = {H}, "
                   f"{theory_starts} start(s))"] = theory_bytes(config, theory_starts * config.theory.replicates)
         check_saved_times(config)

@@ -66,7 +66,7 @@ from ._config import Config
 from ._fields import LocalFields, replicate_rules
 from ._laplace import LaplaceRule, exact_rule
 from ._layer import limit_loss
-from ._numerics import psd_sqrt_and_pinv_sqrt
+from ._numerics import psd_sqrt_and_pinv_sqrt, require_x64
 from ._sgd_rule import GradientMoments, OnlineSGD, OrderParameters, sgd_rule
 
 
@@ -137,6 +137,7 @@ class OrderParameterODE(eqx.Module):
         :func:`~singleloc.resolve_points` resolves ``"auto"``). The exact rule follows ``theory.route`` (:func:`exact_route`);
         ``check``: with its finer copy for :meth:`risk_check`.
         """
+        require_x64("the order-parameter ODE")
         pb, th = config.problem, config.theory
         points = th.points if points is None else points
         if not isinstance(points, int):

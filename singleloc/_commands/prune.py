@@ -62,7 +62,7 @@ def run(args) -> int:
     from .._io import RUN_KINDS, add_to_run, load_run, save_run
     from .._ode import resolve_points
     from .._pruning import prune_theory
-    from .._resources import check_memory, check_quadrature, theory_bytes
+    from .._resources import check_memory, check_quadrature, on_exact_route, theory_bytes
     from ..plots import plot_pruning
 
     if not math.isfinite(args.tol) or args.tol < 0:
@@ -75,7 +75,7 @@ def run(args) -> int:
         except ValueError as err:
             raise ValueError(f"RESULT_DIR {err}; or write elsewhere with --out") from None
     config = loaded.config
-    if config.theory.points != "auto":  # "auto" is checked as the points are chosen (singleloc._accuracy)
+    if config.theory.points != "auto" and not on_exact_route(config):  # "auto": checked as the points are chosen
         check_quadrature(config.problem.L, config.model.heads, config.problem.build_prior(), config.theory.points)
     theory = resolve_points(config)  # one rule for every layer pruned (the run folder keeps its config)
     check_memory({f"the theory's quadrature (theory.points = {theory.theory.points})": theory_bytes(theory, 1)})
