@@ -153,11 +153,13 @@ def check_saved_times(config: Config) -> None:
 
 def saved_bytes(config: Config, starts: int) -> int:
     """Estimated peak bytes of the theory's saved states and of its risk at the saved times
-    (module docstring)."""
+    (module docstring; on the exact route that risk is the Laplace rule's, whose size does not
+    depend on ``L``: only the saved states count)."""
     pb, H, th = config.problem, config.model.heads, config.theory
     saved = config.sgd.n_save * th.replicates
     nodes = min(2 * th.points, NODE_BATCH) if isinstance(th.points, int) else NODE_BATCH
-    return 8 * saved * (2 * starts * state_size(config) + 6 * nodes * pb.L * H)
+    risk = 0 if on_exact_route(config) else 6 * nodes * pb.L * H
+    return 8 * saved * (2 * starts * state_size(config) + risk)
 
 
 def theory_bytes(config: Config, starts: int, heads: int | None = None) -> int:
