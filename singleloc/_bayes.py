@@ -50,6 +50,7 @@ from ._activations import get_activation
 from ._fields import LocalFields
 from ._laplace import exact_rule
 from ._priors import Prior
+from ._specs import ROUTES
 from ._theory import OrderParameterODE, OrderParameters
 
 
@@ -193,7 +194,11 @@ def population_risk(
     if M.ndim != 2 or M.shape[1] != prior.F or Q.shape != (H, H) or b.shape != (H,):
         raise ValueError(f"order parameters must have shapes M (H, {prior.F}), Q (H, H), b (H,), "
                          f"got {M.shape}, {Q.shape}, {b.shape}")
+    if route not in ROUTES:
+        raise ValueError(f"route must be one of {', '.join(map(repr, ROUTES))}, got {route!r}")
     exact = exact_rule(act, int(L), H, prior)
+    if exact is None and route == "exact":
+        raise ValueError(f"route = 'exact': activation {activation!r} is not a normalised exponential; use 'auto' or 'rule'")
     if exact is not None and route != "rule":
         fine = exact.refined()
         return RiskEstimate.from_refinement(_exact_risk(exact, M, Q, b), _exact_risk(fine, M, Q, b))

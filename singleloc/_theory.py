@@ -67,6 +67,7 @@ from ._fields import LocalFields, replicate_rules
 from ._laplace import LaplaceRule, exact_rule
 from ._layer import limit_loss
 from ._numerics import psd_sqrt_and_pinv_sqrt, require_x64
+from ._resources import on_exact_route
 from ._sgd_rule import GradientMoments, OnlineSGD, OrderParameters, sgd_rule
 
 
@@ -229,19 +230,21 @@ def _risk_gradient(rule: LaplaceRule, M, Q, b):
 
 
 def exact_route(config: Config, *, refined: bool = False) -> LaplaceRule | None:
-    """The exact rule ``theory.route`` asks for: ``None`` for ``"rule"`` and, with ``"auto"``, for
-    an activation that is not a normalised exponential; ``"exact"`` with such an activation
+    """The exact rule ``theory.route`` asks for (the decision is
+    :func:`~singleloc._resources.on_exact_route`'s): ``None`` for ``"rule"`` and, with ``"auto"``,
+    for an activation that is not a normalised exponential; ``"exact"`` with such an activation
     raises. ``refined``: the finer rule of the error statement."""
     th, pb, H = config.theory, config.problem, config.model.heads
-    if th.route == "rule":
+    if not on_exact_route(config):
+        if th.route == "exact":
+            raise ValueError(f"theory.route = 'exact': activation {config.model.activation!r} is not a normalised "
+                             "exponential (softmax, softmax1, bsoftmax, ssmax or one declaring exponential_form); use "
+                             "'auto' or 'rule'")
         return None
-    activation = get_activation(config.model.activation)
     n = th.nodes
-    rule = exact_rule(activation, pb.L, H, pb.build_prior(), n_t=2 * n, n_outer=n, n_inner=max(n // 2, 8))
-    if rule is None and th.route == "exact":
-        raise ValueError(f"theory.route = 'exact': activation {config.model.activation!r} is not a normalised exponential "
-                         "(softmax, softmax1, bsoftmax, ssmax or one declaring exponential_form); use 'auto' or 'rule'")
-    return rule.refined() if refined and rule is not None else rule
+    rule = exact_rule(get_activation(config.model.activation), pb.L, H, pb.build_prior(), n_t=2 * n, n_outer=n,
+                      n_inner=max(n // 2, 8))
+    return rule.refined() if refined else rule
 
 
 def flatten_state(M: jax.Array, Q: jax.Array, b: jax.Array, train_bias: bool = True) -> jax.Array:

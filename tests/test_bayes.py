@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import json
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from singleloc import LocalFields, OrderParameterODE, Prior, binary, flipped, gaussian, get_activation, spikes, token_weights
+from singleloc._activations import register_activation
 from singleloc._bayes import bayes_point, bayes_risk, layer_risk, log_weight, population_risk
 from singleloc.cli import main
 
@@ -260,3 +262,14 @@ def test_cli_bayes_bad_config_exit_2_one_line(tmp_path, capsys, text, args):
     assert captured.out == ""
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("singleloc bayes: error:")
+
+
+def test_population_risk_names_a_bad_route():
+    prior = spikes(1, 2.5)
+    M, Q, b = np.ones((1, 1)), np.ones((1, 1)), np.zeros(1)
+    with pytest.raises(ValueError, match="route must be one of"):
+        population_risk(prior, 4, "softmax", M, Q, b, route="exactly")
+    register_activation("test_bayes_relu", lambda s: jax.nn.relu(s) / (1e-9 + jnp.sum(jax.nn.relu(s), -1, keepdims=True)),
+                           overwrite=True)
+    with pytest.raises(ValueError, match="route = 'exact'.*not a normalised exponential"):
+        population_risk(prior, 4, "test_bayes_relu", M, Q, b, route="exact")
