@@ -79,11 +79,6 @@ def head_shifts(L: int, H: int, extra: int = 0) -> np.ndarray:
     return np.concatenate([w_index.reshape(H, L * H), u_index], axis=1)
 
 
-#: The node set is whitened only up to this many coordinates (the eigendecomposition of their
-#: second-moment matrix takes minutes and gigabytes beyond: 8192 coordinates at L = 4096, H = 2).
-WHITEN_MAX_DIM = 2048
-
-
 def gaussian_nodes(L: int, H: int, extra: int, points: int, seed: int, symmetric: bool) -> np.ndarray:
     """Base nodes (n, L*H + extra) of the rule: scrambled Sobol normals, whitened so that their
     orbit (with the head shifts when ``symmetric``, and the mirrors ``-z``) has exactly the
@@ -92,8 +87,9 @@ def gaussian_nodes(L: int, H: int, extra: int, points: int, seed: int, symmetric
 
     Long sequences (the exact route needs this rule only for its ``lr^2`` term, at any ``L``):
     coordinates beyond SciPy's Sobol limit (21201) are pseudo-random normals from ``seed``; with fewer
-    orbit points than coordinates, or more than :data:`WHITEN_MAX_DIM` coordinates, the nodes
-    are not whitened (the mirrors still integrate every odd moment exactly)."""
+    orbit points than coordinates the nodes are not whitened (the mirrors still integrate every
+    odd moment exactly). The rule route refuses both cases before it builds a rule
+    (:func:`~singleloc._resources.check_quadrature`)."""
     dim = L * H + extra
     shifts = head_shifts(L, H, extra) if symmetric and H > 1 else np.arange(dim)[None, :]
     n = max(points // len(shifts), 1)
@@ -102,7 +98,7 @@ def gaussian_nodes(L: int, H: int, extra: int, points: int, seed: int, symmetric
     z = sobol_normals(min(dim, SOBOL_MAX_DIM), n, seed)
     if dim > SOBOL_MAX_DIM:
         z = np.concatenate([z, np.random.default_rng(seed).standard_normal((n, dim - SOBOL_MAX_DIM))], axis=1)
-    if n * len(shifts) < dim or dim > WHITEN_MAX_DIM:
+    if n * len(shifts) < dim:
         return z
     C = z.T @ z / n  # second moments of the base points (and of their mirrors)
     C = np.mean([C[np.ix_(p, p)] for p in shifts], axis=0)  # ... of the orbit: shift-invariant

@@ -780,7 +780,7 @@ def test_the_theory_refuses_single_precision_with_the_remedy():
 def test_long_sequences_pass_the_checks_on_the_exact_route_only(monkeypatch):
     """The quadrature limits (points >= L*H for the whitening, L*H <= 21201 Sobol dimensions) are the
     rule route's: the exact route integrates no L*H-dimensional rule but its lr^2 term's, which
-    takes any dimension (pseudo-random coordinates beyond Sobol's, no whitening beyond 2048)."""
+    takes any dimension (pseudo-random coordinates beyond Sobol's, no whitening below L*H points)."""
     from singleloc._fields import gaussian_nodes
 
     monkeypatch.setenv(_resources.MEMORY_ENV, "none")
