@@ -75,6 +75,9 @@ RISK_ERROR_WARN = 1e-6
 #: compiled program.
 DT0 = 1e-3
 
+#: Default cap on the adaptive solver's steps (:func:`integrate`, :func:`integrate_points`).
+MAX_STEPS = 100_000
+
 
 @dataclasses.dataclass(frozen=True)
 class TheoryResult:
@@ -291,7 +294,7 @@ def integrate(
     y0: OrderParameters | None = None,
     *,
     ts: np.ndarray | None = None,
-    max_steps: int = 100_000,
+    max_steps: int = MAX_STEPS,
     progress: bool = False,
     t0: float = 0.0,
 ) -> TheoryResult:
@@ -353,7 +356,7 @@ def integrate(
     return result
 
 
-def integrate_points(problems: Sequence[tuple[Config, OrderParameters | None]], *, max_steps: int = 100_000
+def integrate_points(problems: Sequence[tuple[Config, OrderParameters | None]], *, max_steps: int = MAX_STEPS
                      ) -> list[TheoryResult | FloatingPointError]:
     """:func:`integrate` of several points ``(config, y0)`` as one vmapped solve per shape.
 
@@ -414,10 +417,14 @@ def _result(problem: _Problem, out, max_steps: int) -> TheoryResult | FloatingPo
     if risk_error > RISK_ERROR_WARN:
         scale = problem.args[1].exact.form.scale
         variance = scale**2 * float(np.max(np.diagonal(Q[:, :, -1], axis1=-2, axis2=-1)))
+        joint = ""
+        if problem.args[1].exact.form.joint and config.model.heads >= 4:
+            joint = (" (a joint layer with H >= 4 has its own token rule, which theory.nodes does not refine: its error "
+                     "at specialised states is in docs/model.md section 4.6)")
         warnings.warn(f"the exact route's stated risk error is {risk_error:.1e} (against a rule of 1.5 x the nodes): the "
                       f"token fields reach a variance of {variance:.3g} (alpha^2 Q_hh), which theory.nodes = "
                       f"{config.theory.nodes} resolves only to that precision; raise theory.nodes (cost grows like its square "
-                      "to cube)", stacklevel=3)
+                      f"to cube){joint}", stacklevel=3)
     return TheoryResult(np.asarray(ts), mean(M), mean(Q), mean(b), mean(risk), risk_se, drift_error, problem.points, R,
                         route, risk_error, gram)
 

@@ -11,9 +11,6 @@ from ._common import add_config_arguments, add_force_argument, add_out_argument,
 #: persistent compilation cache, which a long solve does not miss).
 LONG_TAU = 3000.0
 
-#: The solver's step bound (:func:`singleloc.integrate`'s default ``max_steps``).
-MAX_STEPS = 100_000
-
 
 def register(sub) -> None:
     p = sub.add_parser(
@@ -32,7 +29,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from .._ode import integrate
+    from .._ode import MAX_STEPS, integrate
 
     config = prepare_run(args, theory="one")
     long = config.sgd.tau_max > LONG_TAU
