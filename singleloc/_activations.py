@@ -15,9 +15,10 @@ magnitude, and a score of ``-inf`` gives a weight of exactly zero.
 
 An activation is any JAX function ``scores (H, L) -> weights (H, L)`` that is equivariant
 under permutations of the tokens (the theory engine fixes the relevant token at position 0
-and relies on this). Register your own with :func:`register_activation`; the simulator, the
-population risk and the ODE (whose drift is obtained by autodiff) then handle it with no
-further code.
+and relies on this). Register your own with :func:`register_activation`, or name it in a config
+as ``model.activation = "package.module:function"`` (imported where the config is used, Dask
+workers included: :mod:`~singleloc._extensions`); the simulator, the population risk and the
+ODE (whose drift is obtained by autodiff) then handle it with no further code.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+
+from ._extensions import import_reference, is_reference
 
 Activation = Callable[[jax.Array], jax.Array]
 
@@ -98,12 +101,26 @@ def register_activation(name: str, fn: Activation, *, overwrite: bool = False) -
 
 
 def get_activation(name: str) -> Activation:
-    """The activation registered under ``name``; a clear error lists the known names."""
-    try:
+    """The activation registered under ``name``, or the function a reference
+    ``"package.module:function"`` names (imported on first use, :mod:`~singleloc._extensions`;
+    it must map scores ``(H, L)`` to weights of the same shape). A clear error lists the known
+    names."""
+    if name in _REGISTRY:
         return _REGISTRY[name]
-    except KeyError:
-        known = ", ".join(sorted(_REGISTRY))
-        raise ValueError(f"model.activation: unknown activation {name!r} (known: {known})") from None
+    if is_reference(name):
+        fn = import_reference(name, "model.activation")
+        try:
+            out = jax.eval_shape(fn, jax.ShapeDtypeStruct((2, 3), jnp.float32))
+        except Exception as err:
+            raise ValueError(f"model.activation: {name!r} fails on scores of shape (H, L) = (2, 3) "
+                             f"({type(err).__name__}: {err})") from None
+        if getattr(out, "shape", None) != (2, 3):
+            raise ValueError(f"model.activation: {name!r} must map scores (H, L) to weights of the same shape; "
+                             f"scores (2, 3) gave {getattr(out, 'shape', type(out).__name__)}")
+        return fn
+    known = ", ".join(sorted(_REGISTRY))
+    raise ValueError(f"model.activation: unknown activation {name!r} (known: {known}, or a reference "
+                     "'package.module:function')")
 
 
 def activation_names() -> tuple[str, ...]:

@@ -21,8 +21,9 @@ can be skipped in a later process.
   dtypes of the arrays, the structure and static values of the arguments, a digest of the
   package's source files, the versions of JAX, equinox, diffrax, optimistix and lineax, the
   backend, the JAX options that change tracing, and ``EQX_ON_ERROR``. A static value that
-  cannot be named across processes (a function defined outside ``singleloc``, e.g. a
-  user-registered activation) disables the stored program for that call, as do host
+  cannot be named across processes (a function defined outside ``singleloc``, e.g. an
+  activation registered from a script; one named by a ``"package.module:function"`` reference
+  is named by it, :mod:`~singleloc._extensions`) disables the stored program for that call, as do host
   callbacks in the traced program, a missing ``flatbuffers`` (needed by
   ``jax.export`` serialisation) and more than one local device (the stored programs are
   single-device; a batch split over the devices, :mod:`~singleloc._sharding`, is traced in
@@ -65,6 +66,8 @@ from collections.abc import Callable, Hashable
 from pathlib import Path
 
 import jax
+
+from ._extensions import stable_names
 
 _PACKAGE = Path(__file__).parent
 _DEPENDENCIES = ("jax", "jaxlib", "equinox", "diffrax", "optimistix", "lineax")
@@ -157,8 +160,9 @@ def _source_digest() -> str:
 
 def _stable_names() -> dict[str, str]:
     """``repr`` -> ``module.name`` of every module-level function of the imported singleloc
-    modules (their code is covered by the source digest)."""
-    names = {}
+    modules (their code is covered by the source digest), and ``reference@digest`` of every
+    function a config names by reference (its module's source digest)."""
+    names = stable_names()  # functions a config names by reference (singleloc._extensions)
     for module_name, module in list(sys.modules.items()):
         if module_name == "singleloc" or module_name.startswith("singleloc."):
             for attr, value in vars(module).items():

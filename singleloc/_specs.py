@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ._activations import get_activation
+from ._extensions import import_reference, is_reference
 from ._priors import PRIOR_FACTORIES, Prior
 
 #: Largest ``|model.bias_init|``: float32 (the simulation's precision) spaces numbers near 1000 by
@@ -95,7 +96,9 @@ class Problem:
     """The data (docs/model.md section 1): sequence length, spikes, and the prior of ``theta``.
 
     ``prior`` is a name (``spikes``, ``flipped``, ``binary``, ``discrete``, ``gaussian``) whose
-    parameters are the other keys, or a :class:`~singleloc.Prior` object. Defaults of the
+    parameters are the other keys, a reference ``"package.module:function"`` to a function
+    ``problem -> Prior`` (:mod:`~singleloc._extensions`; it reads the keys it needs from this
+    section), or a :class:`~singleloc.Prior` object. Defaults of the
     optional keys: ``discrete`` takes ``support = strength * I_F`` and uniform ``probs``;
     ``gaussian`` takes ``mean = 0`` and ``cov = strength^2 I_F`` (isotropic).
     """
@@ -126,8 +129,9 @@ class Problem:
                 _fail(s, "F", f"is {self.F} but the prior object has F = {self.prior.F}")
         elif not isinstance(self.prior, str):
             _fail(s, "prior", f"must be a prior name ({', '.join(PRIOR_FACTORIES)}) or a Prior, got {self.prior!r}")
-        elif self.prior not in PRIOR_FACTORIES:
-            _fail(s, "prior", f"unknown prior {self.prior!r} (known: {', '.join(PRIOR_FACTORIES)})")
+        elif self.prior not in PRIOR_FACTORIES and not is_reference(self.prior):
+            _fail(s, "prior", f"unknown prior {self.prior!r} (known: {', '.join(PRIOR_FACTORIES)}, or a reference "
+                              "'package.module:function' to a function problem -> Prior)")
         prior = self.build_prior()
         if prior.F != self.F:
             _fail(s, "F", f"is {self.F} but the {prior.name} prior's parameters have dimension {prior.F}")
@@ -136,6 +140,11 @@ class Problem:
         """The :class:`Prior` this problem describes."""
         if isinstance(self.prior, Prior):
             return self.prior
+        if is_reference(self.prior):  # a user's factory, problem -> Prior (singleloc._extensions)
+            prior = import_reference(self.prior, "problem.prior")(self)
+            if not isinstance(prior, Prior):
+                _fail("problem", "prior", f"{self.prior!r} must return a singleloc.Prior, got {type(prior).__name__}")
+            return prior
         F = self.F
         try:
             if self.prior in ("spikes", "flipped"):
