@@ -110,6 +110,7 @@ def test_a_referenced_activation_has_a_name_for_stored_programs(user_module):
     assert _compilation._structure(OrderParameterODE.from_config(cfg)) is None
 
 
+@pytest.mark.slow
 def test_the_command_line_takes_a_referenced_activation(user_module, tmp_path):
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "singleloc", "integrate", "default", "--set", f"model.activation={user_module}:double_softmax",
