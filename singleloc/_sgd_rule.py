@@ -1,6 +1,6 @@
-"""Online SGD: the one rule behind the simulator, the ODE and the SDE (docs/model.md section 5).
+"""Online SGD: the one rule behind the simulator, the ODE and the SDE (docs/model.md sections 5, 11).
 
-Step ``t`` (time ``tau = t / D``) draws one fresh sequence and updates the keys and biases,
+Step ``t`` (time ``tau = t / D``) of plain online SGD draws one fresh sequence and updates the keys and biases,
 
     k_h <- k_h - lr grad_{k_h} l_D,        b_h <- b_h - (lr / D) dl_D/db_h   (when biases train),
 
@@ -24,18 +24,34 @@ drift is the same map applied to their field averages, :class:`GradientMoments`,
 computes on either route (the Sobol rule, or the exact risk's gradient plus the rule's Gram
 term: :meth:`~singleloc.OrderParameterODE.gradient_moments`).
 
-Every view takes the time ``tau`` (``learning_rate(tau)``: constant here), so that a schedule
-changes one method. A variant of the algorithm (mini-batches, weight decay, a learning-rate
-schedule) is a subclass overriding the views it changes, and one config field read by
-:func:`sgd_rule`; the simulator (:mod:`~singleloc._simulation`), the ODE
-(:mod:`~singleloc._theory`) and the SDE (:mod:`~singleloc._fluctuations`) call the rule and
-nothing else, so the cross-checks (the SDE's covariance against single SGD steps,
-``tests/test_fluctuations.py``; the ODE against the simulation, ``tests/test_simulation.py``)
-test every variant.
+Every view takes the time ``tau`` (``learning_rate(tau)``, the schedule's rate), so that the
+ODE, the SDE and the simulator see the same rate at the same time.
+
+Training variants (docs/model.md section 11) are fields of the one rule, read by
+:func:`sgd_rule` from the ``sgd`` section, and they compose; each enters the views it changes:
+
+* ``batch = B``: a step follows the mean gradient of ``B`` fresh sequences, and time counts
+  sequences, ``tau = t B / D``. To leading order in ``1/D`` the gradients of different
+  sequences of a batch do not interact (their cross Gram terms are ``O(D^{-1/2})`` and average
+  out), so a step is ``B`` steps of one sequence at the rate per sequence ``r = lr / B``
+  (:meth:`OnlineSGD.rate`): ``U``, its mean and its covariance are those above at ``r``;
+* ``weight_decay = wd``, ``bias_decay = bd``: the penalty ``(wd / 2) tr Q + (bd / 2) |b|^2`` on
+  the loss (the risk's scale), so ``k <- k - lr (grad + (wd / D) k)``, ``b <- b - (lr / D)
+  (grad + bd b)``, and ``U`` gains ``(-r wd M, -2 r wd Q, -r bd b)``;
+* ``schedule``: :class:`LearningRateSchedule`, the factor of ``learning_rate(tau)``;
+* ``gradient_flow``: ``U`` without its ``r^2`` term and no covariance: the limit ``lr -> 0`` in
+  the time ``lr tau``, the gradient flow of the (penalised) population risk.
+
+The simulator (:mod:`~singleloc._simulation`), the ODE (:mod:`~singleloc._theory`) and the
+SDE (:mod:`~singleloc._fluctuations`) call the rule and nothing else, so the cross-checks (the
+SDE's covariance against single SGD steps, ``tests/test_fluctuations.py``; the ODE against the
+simulation, ``tests/test_simulation.py``, ``tests/test_training_variants.py``) test every
+variant.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import equinox as eqx
@@ -65,9 +81,50 @@ class GradientMoments(NamedTuple):
     cc: jax.Array
 
 
+@dataclasses.dataclass(frozen=True)
+class LearningRateSchedule:
+    """The learning rate's factor ``w(tau) s(tau)`` of ``sgd.schedule`` (the SGD spec's docstring
+    gives each ``kind``): ``tau`` is ``sgd.schedule_tau``, ``factor`` ``sgd.decay_factor`` and
+    ``warmup`` ``sgd.warmup_tau``. Hashable (a static part of the rule: a schedule's programs are
+    its own)."""
+
+    kind: str = "constant"
+    tau: float = 10.0
+    factor: float = 0.1
+    warmup: float = 0.0
+
+    @property
+    def constant(self) -> bool:
+        """Whether the rate is constant (``lr`` itself, untouched, is then the rate)."""
+        return self.kind in ("constant", "warmup") and self.warmup == 0
+
+    def __call__(self, lr, tau):
+        """``lr w(tau) s(tau)``; ``lr`` itself when the schedule is constant."""
+        if self.constant:
+            return lr
+        tau = jnp.asarray(tau)
+        if self.kind == "step":
+            s = self.factor ** jnp.floor(tau / self.tau)
+        elif self.kind == "cosine":
+            s = self.factor + (1 - self.factor) * (1 + jnp.cos(jnp.pi * jnp.clip(tau / self.tau, 0.0, 1.0))) / 2
+        elif self.kind == "inverse":
+            s = 1 / (1 + tau / self.tau)
+        else:  # constant or warmup
+            s = jnp.ones_like(tau)
+        if self.warmup > 0:
+            s = s * jnp.clip(tau / self.warmup, 0.0, 1.0)
+        return lr * s
+
+
 class OnlineSGD(eqx.Module):
-    """Plain online SGD, one fresh sequence per step, at the constant learning rate ``lr``
-    (module docstring). ``train_bias``: whether the biases follow their gradient.
+    """Online SGD (module docstring): plain, one fresh sequence per step at the constant
+    learning rate ``lr``, by default; ``train_bias``: whether the biases follow their gradient.
+
+    The variants are fields, which compose (docs/model.md section 11): ``batch`` ``B`` sequences
+    per step (mean gradient; time counts sequences, ``tau = t B / D``), ``weight_decay`` and
+    ``bias_decay`` (the penalty ``(wd / 2) tr Q + (bd / 2) |b|^2`` on the loss), ``schedule``
+    (:class:`LearningRateSchedule`) and ``gradient_flow`` (no ``lr^2`` term). They are static:
+    a variant's programs are its own, while ODEs that differ only in ``lr`` share theirs.
 
     ``lr`` is a float for the simulator (its update then rounds as ``k - lr * g`` in the keys'
     precision) and an array in :class:`~singleloc.OrderParameterODE` (a value its compiled
@@ -76,30 +133,54 @@ class OnlineSGD(eqx.Module):
 
     lr: float | jax.Array
     train_bias: bool = eqx.field(static=True, default=False)
+    batch: int = eqx.field(static=True, default=1)
+    weight_decay: float = eqx.field(static=True, default=0.0)
+    bias_decay: float = eqx.field(static=True, default=0.0)
+    schedule: LearningRateSchedule = eqx.field(static=True, default=LearningRateSchedule())
+    gradient_flow: bool = eqx.field(static=True, default=False)
 
     def learning_rate(self, tau) -> float | jax.Array:
-        """The learning rate at time ``tau``: ``lr``."""
-        return self.lr
+        """The learning rate of a step at time ``tau``: ``lr w(tau) s(tau)`` (``lr`` when the
+        schedule is constant)."""
+        return self.schedule(self.lr, tau)
+
+    def rate(self, tau) -> float | jax.Array:
+        """The rate per sequence, ``learning_rate(tau) / batch``: a step of ``B`` sequences moves
+        the order parameters as ``B`` steps of one sequence at this rate (docs/model.md section 11.1)."""
+        lr = self.learning_rate(tau)
+        return lr if self.batch == 1 else lr / self.batch
 
     def step(self, tau, K: jax.Array, b: jax.Array, gK: jax.Array, gb: jax.Array, D: int) -> tuple[jax.Array, jax.Array]:
         """The finite-D step at time ``tau``: the keys ``K`` (H, D) and biases ``b`` (H,) after one
-        sequence whose loss ``l_D`` has the gradients ``gK``, ``gb``:
-        ``K - lr gK`` and ``b - (lr / D) gb`` (``b`` when the biases do not train)."""
+        step whose loss ``l_D`` (the mean over the batch) has the gradients ``gK``, ``gb``:
+        ``K - lr (gK + (wd / D) K)`` and ``b - (lr / D) (gb + bd b)`` (``b`` when the biases do not
+        train), in the keys' precision."""
+        if self.gradient_flow:
+            raise ValueError("sgd.gradient_flow = true has no finite-D step (it is the limit lr -> 0 in the time lr tau)")
         lr = self.learning_rate(tau)
-        return K - lr * gK, (b - (lr / D) * gb) if self.train_bias else b
+        if not self.schedule.constant:
+            lr = jnp.asarray(lr, K.dtype)
+        if self.weight_decay:
+            gK = gK + (self.weight_decay / D) * K
+        if not self.train_bias:
+            return K - lr * gK, b
+        if self.bias_decay:
+            gb = gb + self.bias_decay * b
+        return K - lr * gK, b - (lr / D) * gb
 
     def update(self, tau, M, Q, b, c: jax.Array, g: jax.Array, nu: jax.Array) -> OrderParameters:
-        """``U``, ``D`` times the change of ``(M, Q, b)`` by one step at time ``tau`` on one sequence
-        with loss gradient ``c`` (H, L), head fields ``g`` (L, H) and spike fields ``nu`` (L, F),
-        at the state ``(M, Q, b)`` (module docstring; the ``b`` block is 0 when the biases do not
-        train)."""
-        return self._increment(tau, GradientMoments(c @ nu, c @ g, jnp.sum(c, axis=1), c @ c.T), b)
+        """``U``, ``D`` times the change of ``(M, Q, b)`` by one sequence at time ``tau`` (one step
+        of batch 1; ``1 / B`` of a step of ``B``), with loss gradient ``c`` (H, L), head fields
+        ``g`` (L, H) and spike fields ``nu`` (L, F), at the state ``(M, Q, b)`` (module docstring
+        at the rate per sequence :meth:`rate`, with the decay; the ``b`` block is 0 when the biases
+        do not train)."""
+        return self._increment(tau, GradientMoments(c @ nu, c @ g, jnp.sum(c, axis=1), c @ c.T), M, Q, b)
 
     def drift(self, tau, M, Q, b, moments: GradientMoments) -> OrderParameters:
         """``E[U] = (dM, dQ, db) / dtau`` at time ``tau`` and state ``(M, Q, b)`` from the field
-        averages ``moments`` (docs/model.md section 5.3; ``dQ`` symmetrised, ``db = 0`` unless the
-        biases train)."""
-        d = self._increment(tau, moments, b)
+        averages ``moments`` (docs/model.md sections 5.3 and 11; ``dQ`` symmetrised, ``db = 0``
+        unless the biases train)."""
+        d = self._increment(tau, moments, M, Q, b)
         return OrderParameters(d.M, (d.Q + d.Q.T) / 2, d.b)
 
     def update_covariance(self, tau, mean: jax.Array, second: jax.Array, cc: jax.Array, xi: jax.Array) -> jax.Array:
@@ -107,23 +188,42 @@ class OnlineSGD(eqx.Module):
         (:func:`~singleloc._theory.flatten_state`), from the averages ``mean = E[U]`` and
         ``second = E[U U^T]`` of :meth:`update` taken with ``nu`` at its conditional mean given the
         head fields, ``cc = E[sum_l c_l c_l^T]`` (H, H) and ``xi`` (F, F), the conditional
-        covariance of ``nu``: its part of ``U``, ``-lr sum_l c_l xi_l^T``, adds
-        ``lr^2 cc (x) xi`` to the ``M`` block (docs/model.md section 5.8)."""
-        lr = self.learning_rate(tau)
+        covariance of ``nu``: its part of ``U``, ``-r sum_l c_l xi_l^T`` at the rate per sequence
+        ``r``, adds ``r^2 cc (x) xi`` to the ``M`` block (docs/model.md section 5.8). Sequences are
+        independent, also within a batch, so this is the covariance per sequence of any batch.
+        0 for gradient flow (its noise vanishes in the limit, docs/model.md section 11.4)."""
+        if self.gradient_flow:
+            return jnp.zeros_like(second)
+        r = self.rate(tau)
         n_M = cc.shape[0] * xi.shape[0]
         cov = second - jnp.outer(mean, mean)
-        return cov.at[:n_M, :n_M].add(lr**2 * jnp.kron(cc, xi))
+        return cov.at[:n_M, :n_M].add(r**2 * jnp.kron(cc, xi))
 
-    def _increment(self, tau, m: GradientMoments, b) -> OrderParameters:
-        """``U`` as the linear map of the products (or of their averages) ``m``."""
-        lr = self.learning_rate(tau)
-        dM = -lr * m.cnu
-        dQ = -lr * (m.cg + m.cg.T) + lr**2 * m.cc
-        db = -lr * m.c if self.train_bias else jnp.zeros_like(b)
+    def _increment(self, tau, m: GradientMoments, M, Q, b) -> OrderParameters:
+        """``U`` as the linear map of the products (or of their averages) ``m``, plus the decay."""
+        r = self.rate(tau)
+        dM = -r * m.cnu
+        dQ = -r * (m.cg + m.cg.T)
+        if not self.gradient_flow:
+            dQ = dQ + r**2 * m.cc
+        if self.weight_decay:
+            dM = dM - (r * self.weight_decay) * M
+            dQ = dQ - (2 * r * self.weight_decay) * Q
+        if not self.train_bias:
+            return OrderParameters(dM, dQ, jnp.zeros_like(b))
+        db = -r * m.c
+        if self.bias_decay:
+            db = db - (r * self.bias_decay) * b
         return OrderParameters(dM, dQ, db)
 
 
 def sgd_rule(config: Config) -> OnlineSGD:
     """The SGD rule of a configuration: :class:`OnlineSGD` at ``sgd.lr``, the biases training
-    with ``model.train_bias`` (a variant adds its config field and its branch here)."""
-    return OnlineSGD(config.sgd.lr, config.model.train_bias)
+    with ``model.train_bias``, and the variants of the ``sgd`` section; ``sgd.bias_decay`` without
+    trained biases is a ``ValueError``."""
+    sgd, train_bias = config.sgd, config.model.train_bias
+    if sgd.bias_decay and not train_bias:
+        raise ValueError(f"sgd.bias_decay = {sgd.bias_decay:g} acts on trained biases only; set model.train_bias = true "
+                         "or sgd.bias_decay = 0")
+    schedule = LearningRateSchedule(sgd.schedule, sgd.schedule_tau, sgd.decay_factor, sgd.warmup_tau)
+    return OnlineSGD(sgd.lr, train_bias, sgd.batch, sgd.weight_decay, sgd.bias_decay, schedule, sgd.gradient_flow)

@@ -1,11 +1,16 @@
 """Finite-D one-pass SGD in the single-location model (docs/model.md section 5).
 
-Step ``t`` draws one fresh sequence and updates
+Step ``t`` draws ``B`` (``sgd.batch``, default 1) fresh sequences and updates
 
     k_h <- k_h - lr * grad_{k_h} l,        b_h <- b_h - (lr / D) * dl/db_h  (if biases train),
 
-with ``l = |x_eps - yhat|^2 / D`` differentiated by JAX: the step of the configuration's SGD
-rule (:meth:`~singleloc.OnlineSGD.step`, :func:`~singleloc.sgd_rule`). Time is ``tau = t / D``. The run
+with ``l`` the mean of ``|x_eps - yhat|^2 / D`` over the ``B`` sequences, differentiated by
+JAX: the step of the configuration's SGD rule (:meth:`~singleloc.OnlineSGD.step`,
+:func:`~singleloc.sgd_rule`, which adds the weight decay and takes the learning rate of the
+schedule at the step's time). Time counts sequences, ``tau = t B / D`` (``t / D`` for
+``B = 1``), so a saved time ``tau`` is the step ``round(tau D / B)``. Step ``t`` of one
+sequence draws it from ``fold_in(train, t)``; of ``B`` sequences, from the ``B`` keys of
+``split(fold_in(train, t), B)``. The run
 advances all seeds at once (``vmap``, the seeds split over the local devices by
 :mod:`~singleloc._sharding`) inside one jitted ``fori_loop`` per saved interval,
 and at each saved time records the order parameters and two risks on ``test_samples`` fresh
@@ -67,13 +72,14 @@ class SimulationResult:
 
 
 def save_steps(config: Config) -> np.ndarray:
-    """SGD step counts ``t`` at the saved times (``tau * D`` rounded, strictly increasing);
-    ``ValueError`` when there are more than :data:`~singleloc._resources.STEP_MAX` steps."""
+    """SGD step counts ``t`` at the saved times (``tau * D / sgd.batch`` rounded, strictly
+    increasing); ``ValueError`` when there are more than :data:`~singleloc._resources.STEP_MAX`
+    steps."""
     check_steps(config)
-    t = np.round(config.sgd.save_times() * config.simulation.D).astype(np.int64)
+    t = np.round(config.sgd.save_times() * config.simulation.D / config.sgd.batch).astype(np.int64)
     t = np.unique(t)
     if len(t) < 2:
-        raise ValueError("sgd.tau_max * simulation.D is too small: fewer than two distinct saved steps")
+        raise ValueError("sgd.tau_max * simulation.D / sgd.batch is too small: fewer than two distinct saved steps")
     return t
 
 
@@ -82,9 +88,13 @@ def _run_functions(config: Config):
     pb, mdl, sgd, sim = config.problem, config.model, config.sgd, config.simulation
     act = get_activation(mdl.activation)
     prior = pb.build_prior()
-    L, F, H, D = pb.L, pb.F, mdl.heads, sim.D
+    L, F, H, D, B = pb.L, pb.F, mdl.heads, sim.D, sgd.batch
     rule = sgd_rule(config)
     grad = jax.grad(lambda K, b, X, eps: finite_loss(act, K, b, X, eps), argnums=(0, 1))
+    if rule.gradient_flow:
+        raise ValueError("sgd.gradient_flow = true has no finite-D simulation (it is the limit lr -> 0 in the time "
+                         "lr tau); simulate plain SGD at a small sgd.lr and compare at equal lr tau, or a large "
+                         "sgd.batch B at equal steps (tau / B) (docs/model.md section 11.4)")
 
     def init(index):
         keys = seed_keys(sim.seed, index)
@@ -96,11 +106,16 @@ def _run_functions(config: Config):
     def advance(params, consts, t0, t1):
         kstar, train_key, _ = consts
 
+        def gradient(K, b, key):  # of the mean loss of the step's sequences
+            if B == 1:
+                return grad(K, b, *sample_sequence(key, prior, kstar, L))
+            gK, gb = jax.vmap(lambda k: grad(K, b, *sample_sequence(k, prior, kstar, L)))(jax.random.split(key, B))
+            return jnp.mean(gK, axis=0), jnp.mean(gb, axis=0)
+
         def body(t, params):
             K, b = params
-            X, eps = sample_sequence(jax.random.fold_in(train_key, t), prior, kstar, L)
-            gK, gb = grad(K, b, X, eps)
-            return rule.step(t / D, K, b, gK, gb, D)
+            gK, gb = gradient(K, b, jax.random.fold_in(train_key, t))
+            return rule.step(t * (B / D), K, b, gK, gb, D)
 
         return jax.lax.fori_loop(t0, t1, body, params)
 
@@ -149,7 +164,7 @@ def simulate(config: Config, *, progress: bool = True) -> SimulationResult:
     bar.close()
     M, Q, b, risk, risk_limit = (np.stack([r[j] for r in records], axis=1) for j in range(5))
     K, kstar = unpad(jax.device_get((params[0], consts[0])), n)
-    return SimulationResult(steps / D, M, Q, b, risk, risk_limit, np.asarray(K), np.asarray(kstar))
+    return SimulationResult(steps * config.sgd.batch / D, M, Q, b, risk, risk_limit, np.asarray(K), np.asarray(kstar))
 
 
 def _check_finite(record, tau: float, config: Config) -> None:

@@ -186,12 +186,35 @@ class Model:
                   "and the simulation runs in float32, whose spacing near a larger bias erases them")
 
 
+#: Values of ``sgd.schedule`` (:class:`SGD`; the rates are ``singleloc._sgd_rule.LearningRateSchedule``'s).
+SCHEDULES = ("constant", "step", "cosine", "inverse", "warmup")
+
+
 @dataclasses.dataclass(frozen=True)
 class SGD:
-    """Online SGD (docs/model.md section 5) and the grid of saved times ``tau = t / D``.
+    """Online SGD (docs/model.md sections 5 and 11) and the grid of saved times ``tau``.
+
+    Time is ``tau = (sequences seen) / D``: ``t B / D`` after ``t`` steps of ``batch = B``
+    sequences (``t / D`` for the default ``B = 1``), so that runs of different batch sizes at
+    one ``tau`` have seen the same data.
 
     ``spacing = "linear"`` saves at ``linspace(0, tau_max, n_save)``; ``"log"`` saves at
     ``tau = 0`` and ``n_save - 1`` points log-spaced from ``tau_max / 1000`` to ``tau_max``.
+
+    Training variants (docs/model.md section 11; the defaults are plain online SGD):
+
+    * ``batch``: ``B`` fresh sequences per step, the step follows their mean gradient;
+    * ``weight_decay``, ``bias_decay``: the L2 penalty ``(wd / 2) tr Q + (bd / 2) |b|^2`` added to
+      the loss, so ``k_h <- k_h - lr (grad + (wd / D) k_h)`` and ``b_h <- b_h - (lr / D) (grad +
+      bd b_h)``; ``bias_decay`` needs ``model.train_bias``;
+    * ``schedule``: the learning rate ``lr(tau) = lr w(tau) s(tau)`` with the warm-up ramp
+      ``w = min(1, tau / warmup_tau)`` (``1`` when ``warmup_tau = 0``) and ``s``: ``"constant"``
+      1; ``"step"`` ``decay_factor ** floor(tau / schedule_tau)``; ``"cosine"`` from 1 to
+      ``decay_factor`` along half a cosine over ``[0, schedule_tau]``, then ``decay_factor``;
+      ``"inverse"`` ``1 / (1 + tau / schedule_tau)``; ``"warmup"`` 1 after the ramp (it needs
+      ``warmup_tau > 0``);
+    * ``gradient_flow``: the ODE without its ``lr^2`` term (the limit ``lr -> 0`` in the time
+      ``lr tau``); it has no finite-D simulation.
     """
 
     lr: float = 0.5
@@ -199,6 +222,14 @@ class SGD:
     tau_max: float = 30.0
     n_save: int = 61
     spacing: str = "linear"
+    batch: int = 1
+    weight_decay: float = 0.0
+    bias_decay: float = 0.0
+    schedule: str = "constant"
+    schedule_tau: float = 10.0
+    decay_factor: float = 0.1
+    warmup_tau: float = 0.0
+    gradient_flow: bool = False
 
     def __post_init__(self):
         s = "sgd"
@@ -208,6 +239,20 @@ class SGD:
         object.__setattr__(self, "n_save", _int(s, "n_save", self.n_save, 2))
         if self.spacing not in ("linear", "log"):
             _fail(s, "spacing", f"must be 'linear' or 'log', got {self.spacing!r}")
+        object.__setattr__(self, "batch", _int(s, "batch", self.batch, 1))
+        object.__setattr__(self, "weight_decay", _float(s, "weight_decay", self.weight_decay, nonneg=True))
+        object.__setattr__(self, "bias_decay", _float(s, "bias_decay", self.bias_decay, nonneg=True))
+        if self.schedule not in SCHEDULES:
+            _fail(s, "schedule", f"must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        object.__setattr__(self, "schedule_tau", _float(s, "schedule_tau", self.schedule_tau, positive=True))
+        object.__setattr__(self, "decay_factor", _float(s, "decay_factor", self.decay_factor, nonneg=True))
+        if self.decay_factor > 1:
+            _fail(s, "decay_factor", f"must lie in [0, 1] (the rate's factor at each drop, or at the end of the cosine), "
+                  f"got {self.decay_factor:g}")
+        object.__setattr__(self, "warmup_tau", _float(s, "warmup_tau", self.warmup_tau, nonneg=True))
+        if self.schedule == "warmup" and self.warmup_tau == 0:
+            _fail(s, "warmup_tau", "must be > 0 with sgd.schedule = 'warmup' (the length of the linear ramp of the rate)")
+        object.__setattr__(self, "gradient_flow", _bool(s, "gradient_flow", self.gradient_flow))
 
     def save_times(self) -> np.ndarray:
         """The requested saved times (before rounding to whole SGD steps)."""
