@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from typing import TYPE_CHECKING
 
 from ._version import __version__ as __version__
 
@@ -60,6 +61,141 @@ _EXPORTS = {
                    "linear_escape_time", "linearize", "predicted_escape_slope", "subspace_amplitude", "unspecialized_point",
                    "unstable_modes"),
 }
+
+# What a type checker or an IDE reads (runtime imports stay lazy, above); tests/test_public_api.py checks
+# that it names exactly the exports of _EXPORTS.
+if TYPE_CHECKING:
+    from ._accuracy import PointsChoice as PointsChoice
+    from ._accuracy import choose_points as choose_points
+    from ._accuracy import relative_drift_error as relative_drift_error
+    from ._activations import Activation as Activation
+    from ._activations import ExponentialForm as ExponentialForm
+    from ._activations import activation_names as activation_names
+    from ._activations import bsoftmax as bsoftmax
+    from ._activations import exponential_form as exponential_form
+    from ._activations import get_activation as get_activation
+    from ._activations import register_activation as register_activation
+    from ._activations import scalable_softmax as scalable_softmax
+    from ._activations import softmax as softmax
+    from ._activations import softmax1 as softmax1
+    from ._activations import ssmax as ssmax
+    from ._bayes import RiskEstimate as RiskEstimate
+    from ._bayes import bayes_point as bayes_point
+    from ._bayes import bayes_risk as bayes_risk
+    from ._bayes import log_weight as log_weight
+    from ._bayes import population_risk as population_risk
+    from ._bayes import posterior as posterior
+    from ._compilation import enable_compilation_cache as enable_compilation_cache
+    from ._config import Config as Config
+    from ._config import load_config as load_config
+    from ._config import preset_names as preset_names
+    from ._data import initial_overlaps as initial_overlaps
+    from ._data import make_spikes as make_spikes
+    from ._data import overlaps as overlaps
+    from ._data import sample_sequence as sample_sequence
+    from ._data import seed_keys as seed_keys
+    from ._diagnose import AttentionDiagnosis as AttentionDiagnosis
+    from ._diagnose import diagnose_attention as diagnose_attention
+    from ._diagnostics import CriticalTopN as CriticalTopN
+    from ._diagnostics import TopN as TopN
+    from ._diagnostics import VanishingAttention as VanishingAttention
+    from ._diagnostics import context_vector as context_vector
+    from ._diagnostics import critical_top_n as critical_top_n
+    from ._diagnostics import effective_logit_bound as effective_logit_bound
+    from ._diagnostics import geometric_separability as geometric_separability
+    from ._diagnostics import ks_critical_n as ks_critical_n
+    from ._diagnostics import logits_from_weights as logits_from_weights
+    from ._diagnostics import representation_distance as representation_distance
+    from ._diagnostics import select_top_n as select_top_n
+    from ._diagnostics import top_n_diagnostics as top_n_diagnostics
+    from ._diagnostics import vanishing_attention as vanishing_attention
+    from ._fields import LocalFields as LocalFields
+    from ._fields import replicate_rules as replicate_rules
+    from ._fluctuations import SDEResult as SDEResult
+    from ._fluctuations import integrate_sde as integrate_sde
+    from ._grid import Grid as Grid
+    from ._grid import parse_grid as parse_grid
+    from ._io import Run as Run
+    from ._io import add_to_run as add_to_run
+    from ._io import config_hash as config_hash
+    from ._io import load_npz as load_npz
+    from ._io import load_run as load_run
+    from ._io import save_figure as save_figure
+    from ._io import save_json as save_json
+    from ._io import save_npz as save_npz
+    from ._io import save_run as save_run
+    from ._laplace import LaplaceRule as LaplaceRule
+    from ._laplace import exact_rule as exact_rule
+    from ._layer import finite_loss as finite_loss
+    from ._layer import limit_loss as limit_loss
+    from ._layer import token_weights as token_weights
+    from ._numerics import psd_sqrt as psd_sqrt
+    from ._ode import TheoryResult as TheoryResult
+    from ._ode import initial_conditions as initial_conditions
+    from ._ode import integrate as integrate
+    from ._ode import resolve_points as resolve_points
+    from ._phase_analysis import HEAD_CLASSES as HEAD_CLASSES
+    from ._phase_analysis import HeadClasses as HeadClasses
+    from ._phase_analysis import PhaseAnalysis as PhaseAnalysis
+    from ._phase_analysis import Plateau as Plateau
+    from ._phase_analysis import analyze as analyze
+    from ._phase_analysis import classify_heads as classify_heads
+    from ._phase_analysis import escape_times as escape_times
+    from ._phase_analysis import halfway_time as halfway_time
+    from ._phase_analysis import plateaus as plateaus
+    from ._predictions import EscapePrediction as EscapePrediction
+    from ._predictions import escape_horizon as escape_horizon
+    from ._predictions import head_weights as head_weights
+    from ._predictions import predicted_escape as predicted_escape
+    from ._priors import Prior as Prior
+    from ._priors import binary as binary
+    from ._priors import discrete as discrete
+    from ._priors import flipped as flipped
+    from ._priors import gaussian as gaussian
+    from ._priors import spikes as spikes
+    from ._pruning import ORDERS as PRUNING_ORDERS  # noqa: F401 (in __all__, built from _EXPORTS)
+    from ._pruning import PruningResult as PruningResult
+    from ._pruning import TheoryRisk as TheoryRisk
+    from ._pruning import WeightsRisk as WeightsRisk
+    from ._pruning import finetune as finetune
+    from ._pruning import keep_heads as keep_heads
+    from ._pruning import prune as prune
+    from ._pruning import prune_theory as prune_theory
+    from ._pruning import prune_weights as prune_weights
+    from ._pruning import removable_heads as removable_heads
+    from ._sensitivity import FD_EPSILONS as FD_EPSILONS
+    from ._sensitivity import finite_difference_sensitivity as finite_difference_sensitivity
+    from ._sensitivity import random_directions as random_directions
+    from ._sensitivity import softmax_jacobian as softmax_jacobian
+    from ._sensitivity import softmax_jacobian_norm as softmax_jacobian_norm
+    from ._sgd_rule import GradientMoments as GradientMoments
+    from ._sgd_rule import OnlineSGD as OnlineSGD
+    from ._sgd_rule import sgd_rule as sgd_rule
+    from ._simulation import SimulationResult as SimulationResult
+    from ._simulation import simulate as simulate
+    from ._specs import SGD as SGD
+    from ._specs import Model as Model
+    from ._specs import Problem as Problem
+    from ._specs import Simulation as Simulation
+    from ._specs import Theory as Theory
+    from ._stability import FixedPoint as FixedPoint
+    from ._stability import Linearization as Linearization
+    from ._stability import escape_mode as escape_mode
+    from ._stability import escape_rate as escape_rate
+    from ._stability import escape_rate_along as escape_rate_along
+    from ._stability import escape_subspace as escape_subspace
+    from ._stability import linear_escape_time as linear_escape_time
+    from ._stability import linearize as linearize
+    from ._stability import predicted_escape_slope as predicted_escape_slope
+    from ._stability import subspace_amplitude as subspace_amplitude
+    from ._stability import unspecialized_point as unspecialized_point
+    from ._stability import unstable_modes as unstable_modes
+    from ._sweep import SweepStats as SweepStats
+    from ._sweep import sweep as sweep
+    from ._sweep_dataset import load_sweep as load_sweep
+    from ._theory import OrderParameterODE as OrderParameterODE
+    from ._theory import OrderParameters as OrderParameters
+    from ._theory import r_orth as r_orth
 
 # public name -> (module, name in the module)
 _ORIGIN = {public: (module, name) for module, names in _EXPORTS.items()
