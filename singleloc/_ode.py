@@ -103,7 +103,7 @@ class TheoryResult:
     risk: np.ndarray
     risk_se: np.ndarray | None = None  # None: no estimate (NaN of the shape of risk)
     drift_error: float = float("nan")
-    points: int = 0  # 0: not known
+    points: int = 0  # the Sobol rule's points (on the exact route: the Gram term's); 0: not known
     replicates: int = 1
     route: str = "rule"
     risk_error: float = float("nan")
@@ -125,7 +125,8 @@ class TheoryResult:
         if self.route == "exact":
             parts.append(f"exact route (Laplace form; risk error {self.risk_error:.1e} against a finer rule), "
                          f"lr^2 Gram term on the rank-aware Sobol rule (its relative error {self.gram_error:.1e})")
-        parts.append(f"{self.points} points x {self.replicates} replicate{'s' if self.replicates > 1 else ''}")
+        rule = "the Gram term's " if self.route == "exact" else ""
+        parts.append(f"{rule}{self.points} points x {self.replicates} replicate{'s' if self.replicates > 1 else ''}")
         if np.isfinite(self.drift_error):
             parts.append(f"estimated relative drift error at the start {self.drift_error:.1e}")
         if self.replicates > 1:
@@ -286,6 +287,8 @@ def _problem(config: Config, y0: OrderParameters | None, ts: np.ndarray | None) 
     dynamics = OrderParameterODE.from_config(config, seeds=th.qmc_seed + np.arange(R), points=points)
     evaluation = OrderParameterODE.from_config(config, seeds=th.evaluation_seed + np.arange(R), points=points, check=True)
     tol = (jnp.asarray(th.rtol, ts.dtype), jnp.asarray(th.atol, ts.dtype))
+    if dynamics.gram_fields is not None:  # the exact route: its one Sobol rule is the Gram term's
+        points = th.gram_rule_points(config.problem.L, config.model.heads, points)
     return _Problem(config, (dynamics, evaluation, y0, ts, *tol), int(points), drift_error)
 
 

@@ -165,9 +165,11 @@ def saved_bytes(config: Config, starts: int) -> int:
 def theory_bytes(config: Config, starts: int, heads: int | None = None) -> int:
     """Estimated peak bytes of the quadrature for ``starts`` ODE starts (module docstring);
     ``heads`` replaces ``model.heads`` (the Bayes point has as many heads as atoms)."""
-    pb, H = config.problem, config.model.heads if heads is None else heads
+    pb, H, th = config.problem, config.model.heads if heads is None else heads, config.theory
     prior = pb.build_prior()
-    N = 2 * config.theory.points
+    N = 2 * th.points
+    if on_exact_route(config):  # its one Sobol rule, the Gram term's, has as many or more points
+        N = 2 * th.gram_rule_points(pb.L, H, th.points)
     d = quadrature_dimension(pb.L, H, prior)
     atoms = len(prior.atoms)
     return 8 * (7 * N * d + 2 * starts * min(N, NODE_BATCH) * atoms * (4 * pb.L * H + H * pb.F + 2 * H * H))

@@ -49,8 +49,10 @@ The ``lr^2`` (Gram) term, a product of two gradients with up to four distinct he
 (four Laplace variables: no cheap exact form), stays on a Sobol rule, the rank-aware one of
 ``gram_fields`` (principal axes of ``Q``, direction-major coordinates): at trained states with
 near-copy heads it has about a tenth of the error of the head-symmetric rule at the same
-points (``benchmarks/06_exact_route.py``). Its error is stated with the solve (the Gram on
-the evaluation rule's scrambling against the dynamics rule's, at the start and the end).
+points (``benchmarks/06_exact_route.py``), with ``theory.gram_points`` points (16384 by default
+for ``L * H <= 256``: :meth:`~singleloc.Theory.gram_rule_points`). Its error is stated with the
+solve (the Gram on the evaluation rule's scrambling against the dynamics rule's, at the start and
+the end).
 """
 
 from __future__ import annotations
@@ -144,12 +146,12 @@ class OrderParameterODE(eqx.Module):
         if not isinstance(points, int):
             raise ValueError(f"theory.points = {points!r}: a number is needed here; resolve 'auto' first with "
                              "singleloc.resolve_points(config) (integrate does it itself)")
-        args = (pb.L, config.model.heads, pb.build_prior(), points)
+        H, prior = config.model.heads, pb.build_prior()
 
-        def sobol_rule(**kind):
+        def sobol_rule(n=points, **kind):
             if seeds is None:
-                return LocalFields.make(*args, th.qmc_seed, **kind)
-            return replicate_rules(*args, seeds, **kind)
+                return LocalFields.make(pb.L, H, prior, n, th.qmc_seed, **kind)
+            return replicate_rules(pb.L, H, prior, n, seeds, **kind)
 
         def per_replicate(rule):  # one exact rule for every replicate (it has no scrambling)
             if rule is None or seeds is None:
@@ -158,7 +160,7 @@ class OrderParameterODE(eqx.Module):
 
         exact = per_replicate(exact_route(config))
         fine = per_replicate(exact_route(config, refined=True)) if check and exact is not None else None
-        gram = sobol_rule(principal=True) if exact is not None else None
+        gram = sobol_rule(th.gram_rule_points(pb.L, H, points), principal=True) if exact is not None else None
         return cls(sobol_rule(symmetric=True), get_activation(config.model.activation), exact=exact, exact_check=fine,
                    gram_fields=gram, sgd=sgd_rule(config))
 
