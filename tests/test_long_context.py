@@ -1,0 +1,85 @@
+"""Long sequences (issue 22, experiments/long_context.py, docs/long_context.md).
+
+* The checks before a run follow the route: on the exact route (the risk and ``O(lr)`` drift
+  of the Laplace form, whose cost does not depend on ``L``) a long sequence is not refused by
+  the rule route's quadrature limits, and ``singleloc sweep`` accepts it; on the rule route it
+  still is.
+* Scalable softmax is softmax on rescaled keys: with ``c = s log L``, the ssmax risk at
+  ``(M, Q, b)`` is the softmax risk at ``(c M, c^2 Q, c b)`` (exact route, any ``L``), and its
+  ODE at learning rate ``lr`` is softmax's at ``c^2 lr`` in the rescaled coordinates.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import singleloc as sl
+from singleloc import _resources
+
+pytestmark = pytest.mark.exact_route
+
+
+def _config(L: int, route: str, **extra) -> sl.Config:
+    sets = [f"problem.L={L}", "model.heads=4", "problem.F=1", f"theory.route={route}"]
+    return sl.load_config("default", sets + [f"{k}={v}" for k, v in extra.items()])
+
+
+def test_long_sequences_pass_the_checks_on_the_exact_route_only(monkeypatch):
+    monkeypatch.setenv(_resources.MEMORY_ENV, "none")  # the quadrature's limits alone
+    exact = _config(4096, "auto")
+    assert _resources.on_exact_route(exact)
+    _resources.check_run(exact, theory_starts=exact.simulation.seeds)  # 4 starts at L * H = 16384: not refused
+    _resources.check_run(_config(32768, "auto"), theory_starts=1)  # beyond Sobol's 21201 dimensions
+    with pytest.raises(ValueError, match="theory.points = 4096 must be at least"):
+        _resources.check_run(_config(4096, "rule"), theory_starts=1)
+    with pytest.raises(ValueError, match="Sobol"):
+        _resources.check_run(_config(8192, "rule", **{"theory.points": 65536}), theory_starts=1)
+
+
+def test_sweep_accepts_a_long_sequence_on_the_exact_route(monkeypatch, tmp_path):
+    """``singleloc sweep`` runs its checks for every point before the first is computed: the grid
+    ``L = 4, 4096`` with two heads and four seeds is accepted within 24 GB (the sweep itself is
+    replaced: only the checks run)."""
+    from types import SimpleNamespace
+
+    import singleloc._sweep
+    from singleloc import cli
+
+    monkeypatch.setenv(_resources.MEMORY_ENV, "24G")
+    checked, swept = [], []
+    monkeypatch.setattr(_resources, "check_workers", lambda *a, **k: checked.append(True))  # after every point's check_run
+    monkeypatch.setattr(singleloc._sweep, "sweep", lambda *a, **k: swept.append(True) or
+                        ([], SimpleNamespace(failed=0, computed=0, cached=0, seconds=0.0)))
+    code = cli.main(["sweep", "default", "--set", "theory.route=auto", "--set", "model.heads=2", "--set", "problem.F=1",
+                     "--grid", "problem.L=4,4096", "--out", str(tmp_path / "out")])
+    assert code == 0 and checked and swept
+
+
+def test_ssmax_risk_is_softmax_risk_on_rescaled_keys():
+    prior = sl.spikes(1, 2.5)
+    L = 64
+    c = math.log(L)  # the registered ssmax: s = 1
+    M, Q, b = np.array([[0.6]]), np.array([[0.5]]), np.zeros(1)
+    ss = sl.population_risk(prior, L, "ssmax", M, Q, b)
+    sm = sl.population_risk(prior, L, "softmax", c * M, c**2 * Q, c * b)
+    assert abs(ss.value - sm.value) < 1e-9 + 10 * (ss.error + sm.error)
+    assert abs(ss.value - sl.population_risk(prior, L, "softmax", M, Q, b).value) > 0.02  # not a trivial equality
+
+
+@pytest.mark.slow
+def test_ssmax_ode_is_softmax_ode_at_rescaled_learning_rate():
+    import jax.numpy as jnp
+
+    L, lr = 16, 0.5
+    c = math.log(L)
+    ss = sl.load_config("default", [f"problem.L={L}", "model.heads=1", "problem.F=1", "model.activation=ssmax",
+                                    "theory.route=auto", f"sgd.lr={lr}"])
+    sm = ss.replace(model={"activation": "softmax"}, sgd={"lr": lr * c**2})
+    M, Q, b = jnp.array([[0.7]]), jnp.array([[0.8]]), jnp.zeros(1)
+    d_ss = sl.OrderParameterODE.from_config(ss).drift(M, Q, b)
+    d_sm = sl.OrderParameterODE.from_config(sm).drift(c * M, c**2 * Q, c * b)
+    np.testing.assert_allclose(c * np.asarray(d_ss.M), np.asarray(d_sm.M), rtol=1e-6)
+    np.testing.assert_allclose(c**2 * np.asarray(d_ss.Q), np.asarray(d_sm.Q), rtol=1e-6)
