@@ -16,7 +16,7 @@
    the largest entry of the ``O(lr)`` drift (the solve's ``gram_error`` is relative to the Gram term itself).
 
 Times are medians of 3 calls after compilation, as ratios in one run (the machine may be shared).
-Run: ``python benchmarks/06_exact_route.py [--quick]``.
+Run: ``python benchmarks/06_exact_route.py [--quick] [--sections 3,4]``.
 """
 
 from __future__ import annotations
@@ -163,11 +163,18 @@ def gram_precision(quick: bool) -> None:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer rule sizes and head counts")
+    parser.add_argument("--sections", default="1,2,3,4,5", help="which sections to run (default all: 1,2,3,4,5; "
+                        "1 and 2 run together)")
     args = parser.parse_args()
-    work_precision(args.quick)
-    cost_tables(args.quick)
-    full_drift()
-    gram_precision(args.quick)
+    sections = {int(x) for x in args.sections.split(",")}
+    if sections & {1, 2}:
+        work_precision(args.quick)
+    if 3 in sections:
+        cost_tables(args.quick)
+    if 4 in sections:
+        full_drift()
+    if 5 in sections:
+        gram_precision(args.quick)
 
 
 if __name__ == "__main__":
