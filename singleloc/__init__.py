@@ -50,7 +50,7 @@ _EXPORTS = {
     "_sweep": ("SweepStats", "sweep"),
     "_sweep_dataset": ("load_sweep",),
     "_specs": ("SGD", "Model", "Problem", "Simulation", "Theory"),
-    "_sgd_rule": ("GradientMoments", "OnlineSGD", "sgd_rule"),
+    "_sgd_rule": ("GradientMoments", "LearningRateSchedule", "OnlineSGD", "sgd_rule"),
     "_theory": ("OrderParameterODE", "OrderParameters", "r_orth"),
     "_pruning": ("ORDERS as PRUNING_ORDERS", "PruningResult", "TheoryRisk", "WeightsRisk", "finetune", "keep_heads", "prune",
                  "prune_theory", "prune_weights", "removable_heads"),
@@ -169,6 +169,7 @@ if TYPE_CHECKING:
     from ._sensitivity import softmax_jacobian as softmax_jacobian
     from ._sensitivity import softmax_jacobian_norm as softmax_jacobian_norm
     from ._sgd_rule import GradientMoments as GradientMoments
+    from ._sgd_rule import LearningRateSchedule as LearningRateSchedule
     from ._sgd_rule import OnlineSGD as OnlineSGD
     from ._sgd_rule import sgd_rule as sgd_rule
     from ._simulation import SimulationResult as SimulationResult
