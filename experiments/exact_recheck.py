@@ -1,0 +1,120 @@
+"""The numbers that rest on small differences, recomputed on the exact route.
+
+The head-count and acceptance experiments (``head_count.py``, ``bayes_acceptance.py``) were run
+on the Sobol rule, whose error at trained states with redundant heads (1e-3 to 1e-2) is of the
+size of the effects they report. This script recomputes their most sensitive numbers on the
+exact route (:mod:`singleloc._laplace`: the risk and the ``O(lr)`` drift to ~1e-10, the ``lr^2``
+Gram term on the rank-aware rule with its stated relative error), side by side with the same
+runs on the rule route (``theory.route = "rule"``, 4096 points, the setting of the original
+figures):
+
+1. Head count, F = 1 rows (spikes prior, strength 2.5, L = 4, tau = 300, the horizon the
+   original table judged them at; one start, the overlaps of simulation seed 0 at D = 1000):
+   softmax at H = 1, 2, 3, 4, 6, 8, softmax1 at H = 2, 4, bsoftmax (trained biases) at
+   H = 1, 2, 3 (a joint layer with H >= 4 costs ~20 s per drift on the exact route, too slow
+   here). For each: the final risk on both routes, and the exact risk of the rule route's own
+   final state (what part of the difference is the rule's evaluation, what part its dynamics).
+2. The acceptance case: bsoftmax, H = F = 2, strength 3.0, lr = 0.5, trained biases, tau = 3000
+   (log grid): the final risk on both routes and its gap to the Bayes risk (exact route).
+
+Writes figures/exact_recheck.png (final risk against H, both routes, per activation) and
+figures/exact_recheck.json (every number printed). ``--cache DIR`` keeps each run;
+``--quick``: softmax H = 1, 2 at tau = 20 only. Runtime: its last line (about 40 minutes on
+the 2-core machine).
+"""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import numpy as np  # noqa: E402
+from _common import cache_dir, figure, figures_dir, parser, save_json, stage  # noqa: E402
+
+import singleloc as sl  # noqa: E402
+
+HEADS = {"softmax": (1, 2, 3, 4, 6, 8), "softmax1": (2, 4), "bsoftmax": (2, 3)}
+QUICK_HEADS = {"softmax": (1, 2)}
+TAU, QUICK_TAU = 300.0, 20.0
+ACCEPTANCE = ["problem.F=2", "problem.strength=3.0", "model.heads=2", "sgd.tau_max=3000", "sgd.spacing=log",
+              "sgd.n_save=41"]
+
+
+def config(activation: str, overrides: list[str], route: str) -> sl.Config:
+    preset = "default" if activation == "softmax" else activation
+    return sl.load_config(preset, [*overrides, f"theory.route={route}"])
+
+
+def solve(activation: str, overrides: list[str], route: str) -> dict[str, np.ndarray]:
+    """One solve: saved times, risk and the final state, with the route's stated errors."""
+    t0 = time.time()
+    r = sl.integrate(config(activation, overrides, route))
+    return {"tau": r.tau, "risk": r.risk[0], "M": r.M[0, -1], "Q": r.Q[0, -1], "b": r.b[0, -1], "risk_error": r.risk_error,
+            "gram_error": r.gram_error, "points": r.points, "seconds": time.time() - t0}
+
+
+def exact_risk(cfg: sl.Config, out: dict) -> float:
+    """The exact risk of a final state (the exact route's rule at the config's nodes)."""
+    prior = cfg.problem.build_prior()
+    return float(sl.population_risk(prior, cfg.problem.L, cfg.model.activation, out["M"], out["Q"], out["b"],
+                                    route="exact").value)
+
+
+def main() -> int:
+    p = parser(__doc__)
+    args = p.parse_args()
+    cache = cache_dir(args, "exact_recheck")
+    heads, tau = (QUICK_HEADS, QUICK_TAU) if args.quick else (HEADS, TAU)
+    t_start = time.time()
+    table: dict = {}
+    print(f"head count, F = 1, strength 2.5, tau = {tau:g}: final risk (rule route | exact route | exact risk of the "
+          "rule's final state), stated errors of the exact route")
+    for act, Hs in heads.items():
+        for H in Hs:
+            overrides = ["problem.F=1", "problem.strength=2.5", f"model.heads={H}", f"sgd.tau_max={tau:g}"]
+            out = {route: stage(cache, f"{act}_H{H}_{route}", partial(solve, act, overrides, route))
+                   for route in ("rule", "exact")}
+            rule_state_exact = exact_risk(config(act, overrides, "exact"), out["rule"])
+            row = {"rule": float(out["rule"]["risk"][-1]), "exact": float(out["exact"]["risk"][-1]),
+                   "rule_state_exact": rule_state_exact, "risk_error": float(out["exact"]["risk_error"]),
+                   "gram_error": float(out["exact"]["gram_error"]), "gram_points": int(out["exact"].get("points", 4096)),
+                   "seconds": {k: float(v["seconds"]) for k, v in out.items()}}
+            table[f"{act},H={H}"] = row
+            print(f"  {act:9s} H = {H}: {row['rule']:.5f} | {row['exact']:.5f} | {rule_state_exact:.5f}   "
+                  f"(risk error {row['risk_error']:.1e}, Gram {row['gram_error']:.1e} at {row['gram_points']} points; "
+                  f"{row['seconds']['rule']:.0f} s / {row['seconds']['exact']:.0f} s)", flush=True)
+
+    acceptance = None
+    if not args.quick:
+        out = {route: stage(cache, f"acceptance_{route}", partial(solve, "bsoftmax", ACCEPTANCE, route))
+               for route in ("rule", "exact")}
+        cfg = config("bsoftmax", ACCEPTANCE, "exact")
+        bayes = sl.bayes_risk(cfg.problem.build_prior(), cfg.problem.L)
+        acceptance = {"rule": float(out["rule"]["risk"][-1]), "exact": float(out["exact"]["risk"][-1]),
+                      "rule_state_exact": exact_risk(cfg, out["rule"]), "bayes": bayes.value, "bayes_error": bayes.error,
+                      "risk_error": float(out["exact"]["risk_error"]), "gram_error": float(out["exact"]["gram_error"])}
+        print(f"acceptance (bsoftmax H = F = 2, strength 3, tau 3000): rule {acceptance['rule']:.6f}, exact "
+              f"{acceptance['exact']:.6f}, exact risk of the rule's state {acceptance['rule_state_exact']:.6f}; Bayes "
+              f"{bayes.value:.6f} +- {bayes.error:.1e}: gap {acceptance['exact'] - bayes.value:.5f} (exact) against "
+              f"{acceptance['rule'] - bayes.value:.5f} (rule)")
+
+    fig = figure(figsize=(4.0 * len(heads), 3.2), layout="constrained")
+    axes = fig.subplots(1, len(heads), squeeze=False)[0]
+    for ax, (act, Hs) in zip(axes, heads.items()):
+        for key, style, label in (("rule", "o--", "rule route (4096 points)"), ("exact", "s-", "exact route"),
+                                  ("rule_state_exact", "x:", "exact risk of the rule's state")):
+            ax.plot(Hs, [table[f"{act},H={H}"][key] for H in Hs], style, label=label)
+        ax.set(title=f"{act}, F = 1, tau = {tau:g}", xlabel="heads H", ylabel="final risk")
+    axes[0].legend(fontsize=7)
+    sl.save_figure(figures_dir(args) / "exact_recheck.png", fig)
+    save_json(figures_dir(args) / "exact_recheck.json", {"tau": tau, "head_count_F1": table, "acceptance": acceptance})
+    print(f"runtime {time.time() - t_start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
