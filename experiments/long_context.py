@@ -453,7 +453,7 @@ def draw(p, trajs, probe, bayes_r, escapes, sims, res, out) -> None:
     ax_j.legend(fontsize=7)
     for act, marker in (("softmax", "o"), ("softmax1", "s"), ("ssmax", "^")):
         rs = [r for r in (res["runs"].get(name(act, 1, 1, L)) for L in p["lengths"]) if r and r["status"] == "ok"]
-        law = res["laws"].get(f"{act}_H1", {}).get("drift_start_vs_L", {"beta": np.nan})
+        law = power_law([r["L"] for r in rs], [r["drift_M_start"] for r in rs])
         ax_p.loglog([r["L"] for r in rs], [r["drift_M_start"] for r in rs], marker=marker, color=COLORS[act],
                     label=f"{act}: |dM/dtau| at the start, slope {law['beta']:.2f}")
         ax_p.loglog([r["L"] for r in rs], [r["jacobian_end"] for r in rs], marker=marker, ls="--", mfc="none",
