@@ -78,6 +78,18 @@ def _float(section: str, key: str, value: Any, *, positive: bool = False, nonneg
     return value
 
 
+def _sobol_points(section: str, key: str, value: Any) -> int | str:
+    """A number of Sobol points (a power of two, at least 16) or ``"auto"``."""
+    if value == "auto":
+        return value
+    if isinstance(value, str):
+        _fail(section, key, f"must be a power of two or 'auto', got {value!r}")
+    pts = _int(section, key, value, 16)
+    if pts & (pts - 1):
+        _fail(section, key, f"must be a power of two (Sobol points) or 'auto', got {pts}")
+    return pts
+
+
 def _bool(section: str, key: str, value: Any) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         _fail(section, key, f"must be true or false, got {value!r}")
@@ -323,23 +335,11 @@ class Theory:
 
     def __post_init__(self):
         s = "theory"
-        if self.gram_points != "auto":
-            if isinstance(self.gram_points, str):
-                _fail(s, "gram_points", f"must be a power of two or 'auto', got {self.gram_points!r}")
-            pts = _int(s, "gram_points", self.gram_points, 16)
-            if pts & (pts - 1):
-                _fail(s, "gram_points", f"must be a power of two (Sobol points) or 'auto', got {pts}")
-            object.__setattr__(self, "gram_points", pts)
+        object.__setattr__(self, "gram_points", _sobol_points(s, "gram_points", self.gram_points))
         if self.route not in ROUTES:
             _fail(s, "route", f"must be one of {', '.join(ROUTES)}, got {self.route!r}")
         object.__setattr__(self, "nodes", _int(s, "nodes", self.nodes, 8, 1024))
-        if isinstance(self.points, str) and self.points != "auto":
-            _fail(s, "points", f"must be a power of two or 'auto', got {self.points!r}")
-        if self.points != "auto":
-            pts = _int(s, "points", self.points, 16)
-            if pts & (pts - 1):
-                _fail(s, "points", f"must be a power of two (Sobol points) or 'auto', got {pts}")
-            object.__setattr__(self, "points", pts)
+        object.__setattr__(self, "points", _sobol_points(s, "points", self.points))
         object.__setattr__(self, "rtol", _float(s, "rtol", self.rtol, positive=True))
         if self.rtol < RTOL_MIN:
             _fail(s, "rtol", f"must be >= {RTOL_MIN:.3g} (the relative spacing of float64 numbers), got {self.rtol:g}")

@@ -159,6 +159,9 @@ BAD_OVERRIDES = [
     ("problem.strength=-2.5", "problem.strength"),
     ("problem.prior=laplace", "problem.prior"),
     ("theory.points=1000", "theory.points"),
+    ("theory.gram_points=1000", "theory.gram_points"),
+    ("theory.gram_points=8", "theory.gram_points"),
+    ("theory.gram_points=many", "theory.gram_points"),
     ("theory.rtol=0", "theory.rtol"),
     ("sgd.speed=3", "sgd.speed"),  # unknown key
 ]
@@ -330,3 +333,12 @@ def test_an_unknown_bare_name_lists_the_presets(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError, match=r"'defualt' is neither a preset \(bsoftmax, default, softmax1\) nor an existing file"):
         load_config("defualt")
+
+
+@pytest.mark.parametrize("L, H, expected", [(4, 2, 16384), (128, 2, 16384), (256, 2, 8192), (1024, 2, 4096), (4096, 4, 4096)])
+def test_auto_gram_points_fit_the_node_budget_and_never_go_below_points(L, H, expected):
+    """``"auto"``: the largest power of two <= 16384 with points * L * H <= 2^22, at least theory.points."""
+    th = load_config("default").theory
+    assert th.gram_rule_points(L, H, 4096) == expected
+    assert th.gram_rule_points(L, H, 32768) == max(expected, 32768)
+    assert load_config("default", ["theory.gram_points=256"]).theory.gram_rule_points(L, H, 4096) == 256
