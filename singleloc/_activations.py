@@ -56,6 +56,8 @@ def exponential_form(activation: Activation, L: int) -> ExponentialForm | None:
     return None if form is None else ExponentialForm(*form(int(L)))
 
 _REGISTRY: dict[str, Activation] = {}
+#: References ("package.module:function") whose shape check has passed in this process.
+_CHECKED: set[str] = set()
 
 
 def softmax(scores: jax.Array) -> jax.Array:
@@ -109,14 +111,16 @@ def get_activation(name: str) -> Activation:
         return _REGISTRY[name]
     if is_reference(name):
         fn = import_reference(name, "model.activation")
-        try:
-            out = jax.eval_shape(fn, jax.ShapeDtypeStruct((2, 3), jnp.float32))
-        except Exception as err:
-            raise ValueError(f"model.activation: {name!r} fails on scores of shape (H, L) = (2, 3) "
-                             f"({type(err).__name__}: {err})") from None
-        if getattr(out, "shape", None) != (2, 3):
-            raise ValueError(f"model.activation: {name!r} must map scores (H, L) to weights of the same shape; "
-                             f"scores (2, 3) gave {getattr(out, 'shape', type(out).__name__)}")
+        if name not in _CHECKED:  # once per process: every config that names it asks again
+            try:
+                out = jax.eval_shape(fn, jax.ShapeDtypeStruct((2, 3), jnp.float32))
+            except Exception as err:
+                raise ValueError(f"model.activation: {name!r} fails on scores of shape (H, L) = (2, 3) "
+                                 f"({type(err).__name__}: {err})") from None
+            if getattr(out, "shape", None) != (2, 3):
+                raise ValueError(f"model.activation: {name!r} must map scores (H, L) to weights of the same shape; "
+                                 f"scores (2, 3) gave {getattr(out, 'shape', type(out).__name__)}")
+            _CHECKED.add(name)
         return fn
     known = ", ".join(sorted(_REGISTRY))
     raise ValueError(f"model.activation: unknown activation {name!r} (known: {known}, or a reference "
