@@ -19,8 +19,8 @@ figures):
 
 Writes figures/exact_recheck.png (final risk against H, both routes, per activation) and
 figures/exact_recheck.json (every number printed). ``--cache DIR`` keeps each run;
-``--quick``: softmax H = 1, 2 at tau = 20 only. Runtime: its last line (about 40 minutes on
-the 2-core machine).
+``--quick``: softmax H = 1, 2 at tau = 20 only. Runtime: its last line (26 minutes on the
+shared 2-core machine).
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def main() -> int:
             rule_state_exact = exact_risk(config(act, overrides, "exact"), out["rule"])
             row = {"rule": float(out["rule"]["risk"][-1]), "exact": float(out["exact"]["risk"][-1]),
                    "rule_state_exact": rule_state_exact, "risk_error": float(out["exact"]["risk_error"]),
-                   "gram_error": float(out["exact"]["gram_error"]), "gram_points": int(out["exact"].get("points", 4096)),
+                   "gram_error": float(out["exact"]["gram_error"]), "gram_points": int(out["exact"]["points"]),
                    "seconds": {k: float(v["seconds"]) for k, v in out.items()}}
             table[f"{act},H={H}"] = row
             print(f"  {act:9s} H = {H}: {row['rule']:.5f} | {row['exact']:.5f} | {rule_state_exact:.5f}   "
