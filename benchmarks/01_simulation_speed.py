@@ -21,9 +21,9 @@ What is measured
 
 How to run
     python benchmarks/01_simulation_speed.py            # about 1-2 minutes on a laptop CPU
-    python benchmarks/01_simulation_speed.py --seconds 2
+    python benchmarks/01_simulation_speed.py --seconds 2 --save benchmarks/results/01_simulation_speed.json
 
-It prints a markdown table. Nothing is written to disk.
+It prints a markdown table; ``--save PATH`` also writes its numbers as JSON (``benchmarks/_common.py``).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ jax.config.update("jax_enable_x64", True)  # as the CLI does; the simulator keep
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from _common import add_save_option, save  # noqa: E402
 
 import singleloc as sl  # noqa: E402
 
@@ -137,7 +138,7 @@ def numpy_rate(D: int, seconds: float, dtype) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=1.0, help="target duration of one timed repeat")
-    args = parser.parse_args()
+    args = add_save_option(parser).parse_args()
 
     rows = []
     for D in (1_000, 10_000):
@@ -148,16 +149,19 @@ def main() -> None:
         np_rate = numpy_rate(D, args.seconds, np.dtype(dtype_name).type)
         for seeds in (1, 8):
             r = jax_rates[seeds]
-            rows.append((f"{D:,}", "jax (vmap+jit)", seeds, r, seeds * r, seeds * r / np_rate, dtype_name))
-        rows.append((f"{D:,}", "numpy loop", 1, np_rate, np_rate, 1.0, dtype_name))
+            rows.append((D, "jax (vmap+jit)", seeds, r, seeds * r, seeds * r / np_rate, dtype_name))
+        rows.append((D, "numpy loop", 1, np_rate, np_rate, 1.0, dtype_name))
 
     print(f"SGD speed, H={H}, L={L}, F={F}, softmax, spikes; {platform.processor() or platform.machine()}, "
           f"jax {jax.__version__} on {jax.devices()[0].platform}, numpy {np.__version__}\n")
     print("| D | implementation | seeds | steps/s | seed-steps/s | jax/numpy |")
     print("|---:|---|---:|---:|---:|---:|")
     for D, impl, seeds, r, sr, ratio, _ in rows:
-        print(f"| {D} | {impl} | {seeds} | {r:,.0f} | {sr:,.0f} | {ratio:.2f} |")
+        print(f"| {D:,} | {impl} | {seeds} | {r:,.0f} | {sr:,.0f} | {ratio:.2f} |")
     print(f"\n(precision: {rows[0][-1]}; jax/numpy = seed-steps/s over the single-seed numpy loop)")
+    keys = ("D", "implementation", "seeds", "steps_per_s", "seed_steps_per_s", "jax_over_numpy", "precision")
+    save(args, __file__, {"H": H, "L": L, "F": F, "activation": "softmax", "prior": "spikes",
+                          "rows": [dict(zip(keys, row)) for row in rows]})
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@ the closure only removes distinct points.
 Last, ``theory.points = "auto"`` at (H, L, F) = (16, 8, 4) with ``theory.tol = 1e-3``: the choice, its
 estimated error and its actual error against 16 x the points.
 
-Run: ``python benchmarks/02_drift_accuracy.py [--quick] [--alternatives]``.
+Run: ``python benchmarks/02_drift_accuracy.py [--quick] [--alternatives] [--save PATH]`` (``--save``: the numbers as
+JSON, ``benchmarks/_common.py``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ jax.config.update("jax_enable_x64", True)
 import equinox as eqx  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from _common import add_save_option, save  # noqa: E402
 
 import singleloc as sl  # noqa: E402
 from singleloc._accuracy import flat_drift  # noqa: E402
@@ -78,7 +80,8 @@ def relative(d, ref):
     return float(np.max(np.abs(d - ref)) / np.max(np.abs(ref)))
 
 
-def work_precision(points: list[int]) -> None:
+def work_precision(points: list[int]) -> list[dict]:
+    rows = []
     print("| H | L | F | state | points | error | estimate | CPU s / drift |")
     print("|---|---|---|---|---|---|---|---|")
     for H, L, F in CONFIGS:
@@ -93,6 +96,9 @@ def work_precision(points: list[int]) -> None:
                 estimate = float(sl.relative_drift_error(d))
                 cpu = np.median([r[1] for r in runs])
                 print(f"| {H} | {L} | {F} | {label} | {n} | {error:.1e} | {estimate:.1e} | {cpu:.3f} |", flush=True)
+                rows.append({"H": H, "L": L, "F": F, "state": label, "points": n, "error": error, "estimate": estimate,
+                             "cpu_s_per_drift": cpu})
+    return rows
 
 
 def alternative_rule(kind: str, cfg, n: int, seed: int) -> sl.OrderParameterODE:
@@ -113,7 +119,8 @@ def alternative_rule(kind: str, cfg, n: int, seed: int) -> sl.OrderParameterODE:
     return sl.OrderParameterODE(fields, sl.get_activation(cfg.model.activation), cfg.sgd.lr, cfg.model.train_bias)
 
 
-def alternatives(n: int = 4096) -> None:
+def alternatives(n: int = 4096) -> list[dict]:
+    rows = []
     print(f"\nRules not kept, at n = {n} (same node budget), error as above (mean of {SCRAMBLINGS} scramblings):")
     print("| H | L | F | state | head closure (kept) | plain Sobol | Monte Carlo | head-major Sobol |")
     print("|---|---|---|---|---|---|---|---|")
@@ -129,9 +136,13 @@ def alternatives(n: int = 4096) -> None:
                 row.append(np.mean([relative(np.asarray(drift(alternative_rule(kind, cfg, n, s), *state)), ref)
                                     for s in range(SCRAMBLINGS)]))
             print(f"| {H} | {L} | {F} | {label} | {' | '.join(f'{e:.1e}' for e in row)} |", flush=True)
+            rows.append({"H": H, "L": L, "F": F, "state": label, "points": n,
+                         **dict(zip(("head closure", "plain Sobol", "Monte Carlo", "head-major Sobol"), row))})
+    return rows
 
 
-def auto_rule(H=16, L=8, F=4, tol=1e-3) -> None:
+def auto_rule(H=16, L=8, F=4, tol=1e-3) -> dict:
+    """The automatic choice and its actual error (the caller checks ``error <= tol``)."""
     cfg = sl.load_config("default", [f"model.heads={H}", f"problem.L={L}", f"problem.F={F}", "theory.points=auto",
                                      f"theory.tol={tol}"])
     y0 = sl.initial_conditions(cfg, 1)
@@ -148,18 +159,21 @@ def auto_rule(H=16, L=8, F=4, tol=1e-3) -> None:
     error = relative(d, ref)
     print(f"actual relative drift error at the start against 16 x the points: {error:.1e} (target {tol:g}); "
           f"{t:.2f} CPU s per drift")
-    assert error <= tol, error
+    return {"H": H, "L": L, "F": F, "tol": tol, "tried": [list(x) for x in choice.tried], "points": choice.points,
+            "estimated_error": choice.error, "choice_cpu_s": t_choice, "error": error, "cpu_s_per_drift": t}
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="points up to 16384 only (reference 16 x 16384)")
     parser.add_argument("--alternatives", action="store_true", help="also the rules that were not kept")
-    args = parser.parse_args()
-    work_precision(POINTS[:-1] if args.quick else POINTS)
+    args = add_save_option(parser).parse_args()
+    results = {"work_precision": work_precision(POINTS[:-1] if args.quick else POINTS)}
     if args.alternatives:
-        alternatives()
-    auto_rule()
+        results["alternatives"] = alternatives()
+    auto = results["auto"] = auto_rule()
+    save(args, __file__, results)
+    assert auto["error"] <= auto["tol"], auto["error"]
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@
    cost per unit tau times ``tau_max`` against the warm ``integrate`` call of step 2: the
    cost of the computation itself, without Python's and JAX's start-up, which is paid once).
 
-Run: ``python benchmarks/03_theory_speed.py [--tau-max 300] [--repeat 3]``.
+Run: ``python benchmarks/03_theory_speed.py [--tau-max 300] [--repeat 3] [--save PATH]`` (``--save``: the numbers
+as JSON, ``benchmarks/_common.py``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from _common import add_save_option, save
 
 SIM_TAU = 3.0
 
@@ -75,7 +78,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tau-max", type=float, default=300.0)
     parser.add_argument("--repeat", type=int, default=3, help="warm runs (the median is reported)")
-    args = parser.parse_args()
+    args = add_save_option(parser).parse_args()
+    results = {"tau_max": args.tau_max, "repeat": args.repeat}
     cli = [sys.executable, "-m", "singleloc"]
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "SINGLELOC_CACHE_DIR": f"{tmp}/cache"}
@@ -85,10 +89,13 @@ def main():
         print(f"integrate default, tau_max = {args.tau_max:g}, whole process: cold {cold[0]:.1f} s wall ({cold[1]:.1f} s CPU), "
               f"warm {warm[0]:.1f} s wall ({warm[1]:.1f} s CPU; median of {args.repeat}); load average "
               f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+        results.update(cold_wall_s=cold[0], cold_cpu_s=cold[1], warm_wall_s=warm[0], warm_cpu_s=warm[1],
+                       load_average=os.getloadavg()[0], phases={})
         env_split = {**os.environ, "SINGLELOC_CACHE_DIR": f"{tmp}/split"}
         for label in ("cold", "warm"):
             phases = split(args.tau_max, env_split)
             warm_integrate = phases["integrate"]
+            results["phases"][label] = phases
             print(f"  {label}, wall s by phase: " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()))
         sim = [*cli, "simulate", "default", "--set", "simulation.D=10000", "--set", "simulation.seeds=1", "--set", "sgd.n_save=4",
                "--out", f"{tmp}/s", "--no-progress"]
@@ -102,6 +109,11 @@ def main():
     print(f"ratio in one process (no imports, no compilation on either side): simulation {per_tau * args.tau_max:.0f} s "
           f"(its cost per unit tau times tau_max) / integrate {warm_integrate:.2f} s (the warm call, program loaded from "
           f"the cache) = {per_tau * args.tau_max / warm_integrate:.0f}x")
+    results.update(simulate={"D": 10_000, "seeds": 1, "tau": [SIM_TAU, 2 * SIM_TAU], "wall_s": [t1, t2], "cpu_s": [c1, c2],
+                             "wall_s_per_tau": per_tau, "extrapolated_wall_s": t_sim, "extrapolated_cpu_s": c_sim},
+                   ratio_processes_wall=t_sim / warm[0], ratio_processes_cpu=c_sim / warm[1],
+                   ratio_in_process=per_tau * args.tau_max / warm_integrate)
+    save(args, __file__, results)
 
 
 if __name__ == "__main__":

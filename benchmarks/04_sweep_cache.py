@@ -8,11 +8,14 @@ and the figures). Both runs write the CSV and the phase diagrams, as the command
 run without figures times the cache path alone. About 3 minutes on 2 CPU cores, nearly all
 of it the first run's compilations.
 
-    python benchmarks/04_sweep_cache.py
+    python benchmarks/04_sweep_cache.py [--save PATH]
+
+``--save PATH`` also writes the numbers as JSON (``benchmarks/_common.py``).
 """
 
 from __future__ import annotations
 
+import argparse
 import tempfile
 import time
 from pathlib import Path
@@ -21,6 +24,8 @@ import jax
 
 jax.config.update("jax_enable_x64", True)
 
+from _common import add_save_option, save  # noqa: E402
+
 import singleloc as sl  # noqa: E402
 
 BASE = ["theory.points=64", "sgd.tau_max=10.0", "sgd.n_save=21", "simulation.seeds=2"]
@@ -28,6 +33,7 @@ GRIDS = ["model.heads=1,2,3,4", "model.activation=softmax,softmax1,bsoftmax"]
 
 
 def main() -> None:
+    args = add_save_option(argparse.ArgumentParser(description=__doc__.split("\n")[0])).parse_args()
     base = sl.load_config("default", BASE)
     grids = [sl.parse_grid(g) for g in GRIDS]
     with tempfile.TemporaryDirectory(prefix="singleloc-bench04-") as tmp:
@@ -46,6 +52,9 @@ def main() -> None:
     print(f"sweep of {len(rows)} points: first run {t1:.2f} s ({s1.computed} computed), second run {t2:.3f} s "
           f"({s2.cached} from the cache, CSV and {n_fig} figures included); speed-up {t1 / t2:.0f}x "
           f"(without the figures: {t3:.3f} s, {t1 / t3:.0f}x)")
+    save(args, __file__, {"base": BASE, "grids": GRIDS, "points": len(rows), "first_s": t1, "computed": s1.computed,
+                          "second_s": t2, "cached": s2.cached, "figures": n_fig, "speedup": t1 / t2,
+                          "without_figures_s": t3, "speedup_without_figures": t1 / t3})
 
 
 if __name__ == "__main__":

@@ -28,7 +28,9 @@ included), the number of XLA compilations of the solve and in all (JAX's backend
 counts a program loaded from the compilation cache), and the largest deviation of the risks from the serial
 unbatched run; then the ratios. Target: >= 1.6x with 2 workers on 2 idle cores.
 
-    python benchmarks/05_sweep_parallel.py [--tau-max 100] [--workers 2] [--modes serial,workers,...]
+    python benchmarks/05_sweep_parallel.py [--tau-max 100] [--workers 2] [--modes serial,workers,...] [--save PATH]
+
+``--save PATH`` also writes the numbers as JSON (``benchmarks/_common.py``; the risks themselves are not saved).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _common import add_save_option, save
 
 from singleloc._distributed import worker_env
 
@@ -120,7 +123,7 @@ def main() -> None:
     parser.add_argument("--modes", default=",".join(MODES), help=f"runs, in order (of {', '.join(MODES)})")
     parser.add_argument("--run", default=None, help=argparse.SUPPRESS)  # one run, in a child process
     parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = add_save_option(parser).parse_args()
     if args.run:
         run(args.run, args.tau_max, args.workers, Path(args.out))
         return
@@ -156,10 +159,11 @@ def main() -> None:
     print(f"{'run':<22} {'load':>5} {'tasks':>5} {'wall s':>7} {'in tasks s':>10} {'process s':>9} {'CPU s':>7} "
           f"{'solve comp.':>11} {'all comp.':>9} {'max |risk - ' + modes[0] + '|':>22}")
     for mode, r in results.items():
-        dev = max(float(np.max(np.abs(r["risks"][k] - ref[k]))) for k in ref)
+        dev = r["max_risk_deviation"] = max(float(np.max(np.abs(r["risks"][k] - ref[k]))) for k in ref)
         print(f"{mode:<22} {r['load']:>5.1f} {r['tasks']:>5} {r['wall']:>7.1f} {r['in_tasks']:>10.1f} {r['process_wall']:>9.1f} "
               f"{r['cpu']:>7.1f} {r['solve_compilations']:>11} {r['compilations']:>9} {dev:>22.1e}")
-    ratio = lambda a, b: f"{results[a]['wall'] / results[b]['wall']:.2f}x" if a in results and b in results else "-"  # noqa: E731
+    speedup = lambda a, b: results[a]["wall"] / results[b]["wall"] if a in results and b in results else None  # noqa: E731
+    ratio = lambda a, b: "-" if speedup(a, b) is None else f"{speedup(a, b):.2f}x"  # noqa: E731
     print(f"speed-up of {args.workers} workers over serial: unbatched {ratio('serial', 'workers')}, batched "
           f"{ratio('serial-batched', 'workers-batched')}; batched over unbatched: serial {ratio('serial', 'serial-batched')}, "
           f"{args.workers} workers {ratio('workers', 'workers-batched')}; serial unbatched over {args.workers} workers batched "
@@ -169,6 +173,16 @@ def main() -> None:
     print(f"over one serial process on one XLA thread (what a worker gets): unbatched {ratio('serial-1thread', 'workers')}, "
           f"batched {ratio('serial-1thread-batched', 'workers-batched')}; CPU / wall of the serial process: "
           + (f"{results['serial']['cpu'] / results['serial']['process_wall']:.2f} cores" if "serial" in results else "-"))
+    pairs = {"workers_over_serial": ("serial", "workers"), "workers_over_serial_batched": ("serial-batched", "workers-batched"),
+             "batched_over_unbatched_serial": ("serial", "serial-batched"),
+             "batched_over_unbatched_workers": ("workers", "workers-batched"),
+             "workers_batched_over_serial": ("serial", "workers-batched"),
+             "warm_workers_batched_over_serial_batched": ("serial-batched-warm", "workers-batched-warm"),
+             "workers_over_serial_1thread": ("serial-1thread", "workers"),
+             "workers_batched_over_serial_1thread_batched": ("serial-1thread-batched", "workers-batched")}
+    runs = {mode: {k: v for k, v in r.items() if k != "risks"} for mode, r in results.items()}
+    save(args, __file__, {"grids": GRIDS, "tau_max": args.tau_max, "workers": args.workers, "cpu_count": os.cpu_count(),
+                          "reference": modes[0], "runs": runs, "speedups": {name: speedup(*ab) for name, ab in pairs.items()}})
 
 
 if __name__ == "__main__":

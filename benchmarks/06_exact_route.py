@@ -16,7 +16,8 @@
    the largest entry of the ``O(lr)`` drift (the solve's ``gram_error`` is relative to the Gram term itself).
 
 Times are medians of 3 calls after compilation, as ratios in one run (the machine may be shared).
-Run: ``python benchmarks/06_exact_route.py [--quick] [--sections 3,4]``.
+Run: ``python benchmarks/06_exact_route.py [--quick] [--sections 3,4] [--save PATH]`` (``--save``: the numbers as
+JSON, ``benchmarks/_common.py``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ jax.config.update("jax_enable_x64", True)
 import equinox as eqx  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from _common import add_save_option, save  # noqa: E402
 
 import singleloc as sl  # noqa: E402
 from singleloc._accuracy import flat_drift  # noqa: E402
@@ -78,11 +80,12 @@ def trained(kind, H, F):
     return jnp.asarray(M), jnp.asarray(Q), jnp.asarray(np.linspace(-0.2, 0.2, H))
 
 
-def work_precision(quick: bool) -> None:
+def work_precision(quick: bool) -> list[dict]:
     cases = [("softmax", 6, 4, 1, "copies"), ("softmax", 8, 8, 2, "near copies"), ("bsoftmax", 4, 4, 2, "specialised"),
              ("bsoftmax", 6, 4, 1, "copies")]
     nodes = [16, 24, 32, 48, 64]
     points = [1024, 4096, 16384] if quick else [1024, 4096, 16384, 65536]
+    rows = []
     print("| activation | H | L | F | state | route | size | risk error | ms / risk | O(lr) drift error | ms / drift |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for act, H, L, F, kind in cases:
@@ -94,8 +97,11 @@ def work_precision(quick: bool) -> None:
             ode = sl.OrderParameterODE.from_config(config(act, H, L, F, nodes=n))
             r, tr = timed(risk, ode, *state)
             d, td = timed(drift, ode, *state)
-            print(f"| {act} | {H} | {L} | {F} | {kind} | exact | {n} nodes | {abs(float(r) - r_ref):.1e} | {tr:.1f} | "
-                  f"{np.max(np.abs(d - d_ref)) / scale:.1e} | {td:.1f} |", flush=True)
+            err_r, err_d = abs(float(r) - r_ref), np.max(np.abs(d - d_ref)) / scale
+            print(f"| {act} | {H} | {L} | {F} | {kind} | exact | {n} nodes | {err_r:.1e} | {tr:.1f} | "
+                  f"{err_d:.1e} | {td:.1f} |", flush=True)
+            rows.append({"activation": act, "H": H, "L": L, "F": F, "state": kind, "route": "exact", "nodes": n,
+                         "risk_error": err_r, "ms_per_risk": tr, "drift_error": err_d, "ms_per_drift": td})
         for n in points:
             odes = [sl.OrderParameterODE.from_config(config(act, H, L, F, route="rule", points=n, qmc_seed=s)) for s in range(3)]
             runs = [(timed(risk, ode, *state), timed(drift, ode, *state)) for ode in odes]
@@ -104,9 +110,13 @@ def work_precision(quick: bool) -> None:
             t_r, t_d = np.median([r[0][1] for r in runs]), np.median([r[1][1] for r in runs])
             print(f"| {act} | {H} | {L} | {F} | {kind} | rule | {n} points | {err_r:.1e} | {t_r:.1f} | {err_d:.1e} | {t_d:.1f} |",
                   flush=True)
+            rows.append({"activation": act, "H": H, "L": L, "F": F, "state": kind, "route": "rule", "points": n,
+                         "risk_error": err_r, "ms_per_risk": t_r, "drift_error": err_d, "ms_per_drift": t_d})
+    return rows
 
 
-def cost_tables(quick: bool) -> None:
+def cost_tables(quick: bool) -> list[dict]:
+    out = []
     print("\nCost of the exact route (softmax, near copies, theory.nodes = 64): against L at H = 2, against H at L = 8")
     print("| H | L | ms / risk | ms / O(lr) drift | stated risk error |")
     print("|---|---|---|---|---|")
@@ -119,21 +129,25 @@ def cost_tables(quick: bool) -> None:
         _, td = timed(drift, ode, *state)
         fine = float(eqx.filter_jit(lambda o, *s: o.risk_check(*s))(ode, *state))
         print(f"| {H} | {L} | {tr:.1f} | {td:.1f} | {abs(float(r) - fine):.1e} |", flush=True)
+        out.append({"H": H, "L": L, "ms_per_risk": tr, "ms_per_drift": td, "stated_risk_error": abs(float(r) - fine)})
+    return out
 
 
-def full_drift(H=8, L=8, F=2) -> None:
+def full_drift(H=8, L=8, F=2) -> dict:
     state = trained("near copies", H, F)
     cfg = sl.load_config("default").replace(model={"heads": H}, problem={"L": L, "F": F})
     exact = sl.OrderParameterODE.from_config(cfg)
     d, t = timed(drift, exact, *state)
     rule = sl.OrderParameterODE.from_config(cfg.replace(theory={"route": "rule", "points": 65536}))
     d_rule, t_rule = timed(drift, rule, *state)
+    difference = np.max(np.abs(d - d_rule)) / np.max(np.abs(d))
     print(f"\nOne full drift at H = {H}, L = {L}, F = {F} (near copies, lr = {cfg.sgd.lr}): exact route with the Gram term on "
-          f"4096 points {t:.0f} ms; the Sobol rule at 65536 points {t_rule:.0f} ms; relative difference "
-          f"{np.max(np.abs(d - d_rule)) / np.max(np.abs(d)):.1e}")
+          f"4096 points {t:.0f} ms; the Sobol rule at 65536 points {t_rule:.0f} ms; relative difference {difference:.1e}")
+    return {"H": H, "L": L, "F": F, "lr": cfg.sgd.lr, "exact_ms": t, "rule_65536_ms": t_rule, "relative_difference": difference}
 
 
-def gram_precision(quick: bool) -> None:
+def gram_precision(quick: bool) -> list[dict]:
+    rows = []
     print("\nThe lr^2 Gram term (lr = 0.5): mean error over 4 scramblings relative to the largest O(lr) drift entry")
     print("| activation | H | L | F | state | rule | points | relative error | ms / Gram |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -158,6 +172,9 @@ def gram_precision(quick: bool) -> None:
                 name = "rank-aware" if principal else "head-symmetric"
                 print(f"| {act} | {H} | {L} | {F} | {kind} | {name} | {n} | {np.mean(errs):.1e} | {np.median(ts):.1f} |",
                       flush=True)
+                rows.append({"activation": act, "H": H, "L": L, "F": F, "state": kind, "rule": name, "points": n,
+                             "relative_error": np.mean(errs), "ms_per_gram": np.median(ts)})
+    return rows
 
 
 def main():
@@ -165,16 +182,18 @@ def main():
     parser.add_argument("--quick", action="store_true", help="fewer rule sizes and head counts")
     parser.add_argument("--sections", default="1,2,3,4,5", help="which sections to run (default all: 1,2,3,4,5; "
                         "1 and 2 run together)")
-    args = parser.parse_args()
+    args = add_save_option(parser).parse_args()
     sections = {int(x) for x in args.sections.split(",")}
+    results = {}
     if sections & {1, 2}:
-        work_precision(args.quick)
+        results["work_precision"] = work_precision(args.quick)
     if 3 in sections:
-        cost_tables(args.quick)
+        results["cost"] = cost_tables(args.quick)
     if 4 in sections:
-        full_drift()
+        results["full_drift"] = full_drift()
     if 5 in sections:
-        gram_precision(args.quick)
+        results["gram"] = gram_precision(args.quick)
+    save(args, __file__, results)
 
 
 if __name__ == "__main__":
