@@ -6,10 +6,11 @@ writes the measured numbers as JSON::
     {"benchmark": "04_sweep_cache", "date": "2026-12-02T10:11:12+00:00", "command": "python benchmarks/...",
      "options": {...}, "machine": {"platform": ..., "cpu_count": ..., "jax": ..., "device_kind": ...}, "results": {...}}
 
-The file is written atomically (a temporary file in the same folder, then :func:`os.replace`), so a
-reader sees the previous file or the new one, never half of one, and a failed write leaves no file
-behind. The machine is described when the file is written, after the measurements: JAX's backend is
-not started by this module before a benchmark runs (a GPU's memory stays the benchmark's).
+The file is written atomically by the package's own writer (:func:`singleloc.save_json`: a temporary
+file in the same folder, then :func:`os.replace`), so a reader sees the previous file or the new one,
+never half of one, and a failed write leaves no file behind. The machine is described when the file
+is written, after the measurements: this module does not start JAX's backend before a benchmark runs
+(a GPU's memory stays the benchmark's).
 """
 
 from __future__ import annotations
@@ -17,14 +18,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import json
 import math
 import os
 import platform
 import shlex
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,26 +98,13 @@ def _plain(value):
 
 
 def write_json(path: str | os.PathLike, data) -> Path:
-    """Writes ``data`` as JSON to ``path`` atomically: the text is made first (an unserialisable value
-    fails before any file is touched), written to a temporary file in the same folder, flushed to
-    disk and moved over ``path`` with :func:`os.replace`. On any failure the temporary file is
-    removed and an existing ``path`` is left as it was."""
-    path = Path(path)
-    text = json.dumps(_plain(data), indent=2, allow_nan=False) + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp's 0600 would make the result private
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    return path
+    """Writes ``data`` as JSON to ``path`` atomically, with :func:`singleloc.save_json` (a temporary
+    file in the same folder, then :func:`os.replace`; on any failure the temporary file is removed
+    and an existing ``path`` is left as it was). The text is made before the file is created, so an
+    unserialisable value fails before any file is touched."""
+    from singleloc import save_json
+
+    return save_json(path, _plain(data))
 
 
 def record(benchmark: str, results, options: dict | None = None) -> dict:
