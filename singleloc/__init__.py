@@ -57,9 +57,9 @@ _EXPORTS = {
     "_phase_analysis": ("HEAD_CLASSES", "HeadClasses", "PhaseAnalysis", "Plateau", "analyze", "classify_heads", "escape_times",
                         "halfway_time", "plateaus"),
     "_predictions": ("EscapePrediction", "escape_horizon", "head_weights", "predicted_escape"),
-    "_stability": ("FixedPoint", "Linearization", "escape_mode", "escape_rate", "escape_rate_along", "escape_subspace",
-                   "linear_escape_time", "linearize", "predicted_escape_slope", "subspace_amplitude", "unspecialized_point",
-                   "unstable_modes"),
+    "_fixed_point": ("FixedPoint", "unspecialized_point"),
+    "_stability": ("Linearization", "escape_mode", "escape_rate", "escape_rate_along", "escape_subspace", "linear_escape_time",
+                   "linearize", "predicted_escape_slope", "subspace_amplitude", "unstable_modes"),
 }
 
 # What a type checker or an IDE reads (runtime imports stay lazy, above); tests/test_public_api.py checks
@@ -111,6 +111,8 @@ if TYPE_CHECKING:
     from ._diagnostics import vanishing_attention as vanishing_attention
     from ._fields import LocalFields as LocalFields
     from ._fields import replicate_rules as replicate_rules
+    from ._fixed_point import FixedPoint as FixedPoint
+    from ._fixed_point import unspecialized_point as unspecialized_point
     from ._fluctuations import SDEResult as SDEResult
     from ._fluctuations import integrate_sde as integrate_sde
     from ._grid import Grid as Grid
@@ -179,7 +181,6 @@ if TYPE_CHECKING:
     from ._specs import Problem as Problem
     from ._specs import Simulation as Simulation
     from ._specs import Theory as Theory
-    from ._stability import FixedPoint as FixedPoint
     from ._stability import Linearization as Linearization
     from ._stability import escape_mode as escape_mode
     from ._stability import escape_rate as escape_rate
@@ -189,7 +190,6 @@ if TYPE_CHECKING:
     from ._stability import linearize as linearize
     from ._stability import predicted_escape_slope as predicted_escape_slope
     from ._stability import subspace_amplitude as subspace_amplitude
-    from ._stability import unspecialized_point as unspecialized_point
     from ._stability import unstable_modes as unstable_modes
     from ._sweep import SweepStats as SweepStats
     from ._sweep import sweep as sweep

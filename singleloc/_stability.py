@@ -1,29 +1,17 @@
-"""Linear stability of the unspecialized fixed point of the ODE (docs/model.md section 5).
+"""Linear stability along the head-symmetric subspace of the ODE (docs/model.md section 5).
 
 Coordinates. The drift :meth:`OrderParameterODE.drift` is linearised over the flattened state
 ``v = (M, upper triangle of Q, b)`` of :func:`singleloc._theory.flatten_state` (``b`` only
-when the biases train).
+when the biases train); its Jacobian is :func:`singleloc._drift_jacobian.drift_jacobian`
+(autodiff, or central differences where ``Q`` has repeated eigenvalues).
 
 The symmetric subspace. States invariant under permutations of the heads, ``M_h = m`` for
 every head, ``R_orth = r_d I + r_o 1 1^T`` and ``b_h = b_0``, are written
 ``x = [m (F), r_d, r_o, b_0]`` (``r_o`` absent when ``H = 1``; :func:`symmetric_state`). The
 subspace is invariant under the flow (the quadrature rule is permutation-equivariant) and
-contains the unspecialized fixed point, found by integrating the restricted flow
-(:func:`symmetric_flow` with a constant step, :func:`symmetric_path` with an adaptive one;
-diffrax) and polishing with a root finder (:func:`unspecialized_point`). A polished point must
-be a valid set of overlaps (``R_orth`` PSD: ``r_d >= 0`` and ``r_d + H r_o >= 0``, which makes
-``Q`` PSD too); where the flow creeps, the root finder can land outside that set, and the
-flow's end point is kept instead.
-
-Jacobians. ``jax.jacobian`` of the drift, or central finite differences where it cannot be
-trusted: the derivative of ``jnp.linalg.eigh`` (inside ``Q^{1/2}``) divides by the gaps between
-eigenvalues, so where ``Q`` has repeated eigenvalues (symmetric states with ``H >= 3``, or with
-``M = 0``) autodiff is NaN when the computed eigenvalues are exactly equal and finite but wrong
-when rounding separates them (15% off at a symmetric ``H = 3`` state). ``Q^{1/2}`` itself is
-smooth there, so differences are accurate. The fallback is taken when two eigenvalues of ``Q``
-are within ``_EIGH_GAP_RTOL`` of each other (relative) or autodiff is not finite. One routine
-(:func:`_jacobian`) serves the full drift (:func:`drift_jacobian`) and the restricted one (the
-gauge detection of :func:`unspecialized_point`).
+contains the unspecialized fixed point (:func:`~singleloc.unspecialized_point`, found by
+integrating the restricted flow: :func:`symmetric_flow` with a constant step,
+:func:`symmetric_path` with an adaptive one; diffrax).
 
 Escape. The eigenvectors of the Jacobian at the fixed point that break the head symmetry carry
 the escape, and the largest real part among them is the escape rate ``lambda``
@@ -37,40 +25,18 @@ is :func:`singleloc._predictions.predicted_escape`).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 
 import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from scipy import optimize
 
+from ._drift_jacobian import drift_jacobian
 from ._numerics import TINY
-from ._theory import OrderParameterODE, flatten_state, unflatten_state
+from ._theory import OrderParameterODE
 
-#: ``xtol`` of the root finder that polishes the fixed point: the relative change of the
-#: coordinates below which MINPACK's ``hybr`` stops, about 450 float64 ulps (the drift's
-#: rounding, not the tolerance, then limits the residual).
-_ROOT_XTOL = 1e-13
-
-#: Slack of the validity test of a polished fixed point (:func:`valid_symmetric_state`): the
-#: eigenvalues of ``R_orth`` may be negative by this fraction of the size of ``Q`` (the rounding
-#: of a point on the boundary of the PSD cone, not more).
-_PSD_RTOL = 1e-10
-
-#: Eigenvalues of ``Q`` closer than this fraction of its largest ``|eigenvalue|`` count as
-#: repeated (module docstring). Above it, the rounding error of the eigenvector derivatives,
-#: ``~ 1e-16 |Q| / gap``, stays below 1e-10 relative, under the finite-difference error.
-_EIGH_GAP_RTOL = 1e-6
-
-# -- the drift as a vector field, and its Jacobian ------------------------------------------
-
-
-def _flat_drift(ode: OrderParameterODE, v: jax.Array, b: jax.Array, H: int, F: int) -> jax.Array:
-    """The drift over :func:`flatten_state` coordinates; ``b`` is used when biases are frozen."""
-    d = ode.drift(*unflatten_state(v, H, F, b))
-    return flatten_state(d.M, d.Q, d.b, bool(ode.train_bias))
+# -- the symmetric subspace and its flow ----------------------------------------------------
 
 
 def symmetric_state(x, H: int, F: int):
@@ -97,20 +63,6 @@ def symmetric_coordinates(M, Q, b) -> np.ndarray:
     return np.asarray(x, float)
 
 
-def valid_symmetric_state(x, H: int, F: int) -> bool:
-    """Whether symmetric coordinates ``x`` are finite overlaps of real keys: ``R_orth =
-    r_d I + r_o 1 1^T`` is PSD, i.e. its eigenvalues ``r_d`` and ``r_d + H r_o`` are
-    non-negative (up to a rounding slack ``_PSD_RTOL`` relative to the size of ``Q``); then
-    ``Q = M M^T + R_orth`` is PSD too."""
-    x = np.asarray(x, float)
-    if not np.all(np.isfinite(x)):
-        return False
-    m, rd = x[:F], x[F]
-    ro = x[F + 1] if H > 1 else 0.0
-    slack = _PSD_RTOL * (1.0 + H * (m @ m + abs(rd) + abs(ro)))
-    return bool(min(rd, rd + H * ro) >= -slack)
-
-
 def symmetric_drift(ode: OrderParameterODE, x, H: int, F: int):
     """The drift restricted to the symmetric subspace, in the coordinates ``x``."""
     M, Q, b = symmetric_state(x, H, F)
@@ -131,54 +83,44 @@ def _symmetric_risk(ode: OrderParameterODE, x, H: int, F: int):
     return ode.risk(*symmetric_state(x, H, F))
 
 
-# One compilation per ODE structure and state shape (equinox traces the ODE's arrays; H, F are static).
-_flat_drift_jit = eqx.filter_jit(_flat_drift)
-_flat_drift_jacobian = eqx.filter_jit(jax.jacobian(_flat_drift, argnums=1))
-_symmetric_drift_jit = eqx.filter_jit(symmetric_drift)
-_symmetric_drift_jacobian = eqx.filter_jit(jax.jacobian(symmetric_drift, argnums=1))
-_symmetric_risk_jit = eqx.filter_jit(_symmetric_risk)
+@eqx.filter_jit
+def _symmetric_solve(ode: OrderParameterODE, x0: jax.Array, ts: jax.Array, dt0: jax.Array | None,
+                     controller: diffrax.AbstractStepSizeController, H: int, F: int, max_steps: int):
+    term = diffrax.ODETerm(lambda t, x, args: symmetric_drift(ode, x, H, F))
+    sol = diffrax.diffeqsolve(term, diffrax.Tsit5(), ts[0], ts[-1], dt0, x0, saveat=diffrax.SaveAt(ts=ts),
+                              stepsize_controller=controller, max_steps=max_steps, throw=False)
+    return sol.ys, jax.vmap(lambda x: _symmetric_risk(ode, x, H, F))(sol.ys)
 
 
-def _repeated_eigenvalues(Q) -> bool:
-    """Whether two eigenvalues of the symmetric ``Q`` are within ``_EIGH_GAP_RTOL`` (relative)."""
-    w = np.linalg.eigvalsh(np.asarray(Q, float))
-    return len(w) > 1 and bool(np.min(np.diff(w)) <= _EIGH_GAP_RTOL * max(np.abs(w).max(), TINY))
+def symmetric_flow(ode: OrderParameterODE, x0, H: int, F: int, tau_max: float, dt: float = 0.1, n_save: int = 101):
+    """Integrate the restricted flow from ``x0``; returns ``(tau, x, risk)`` at about ``n_save``
+    equally spaced times.
 
-
-def _jacobian(field: Callable, jacobian: Callable, v0, Q, *, method: str, step: float) -> tuple[np.ndarray, str]:
-    """Jacobian of the vector field ``field(v)`` at ``v0`` (a state whose ``Q`` is given) and the
-    method used.
-
-    ``jacobian(v)`` is its ``jax.jacobian``. ``method="autodiff"`` uses it; ``"finite-difference"``
-    takes central differences with relative step ``step`` (``h_i = step * max(1, |v0_i|)``);
-    ``"auto"`` uses autodiff unless ``Q`` has repeated eigenvalues or autodiff is not finite,
-    then differences (module docstring).
+    Tsit5 (diffrax) with the constant step ``h = tau_max / ceil(tau_max / dt)`` (at most
+    ``dt``); the states are saved every ``per = max(n_steps // (n_save - 1), 1)`` steps, so the
+    last saved time is ``tau_max`` rounded down to a multiple of ``per * h``.
     """
-    if method not in ("auto", "autodiff", "finite-difference"):
-        raise ValueError(f"method must be 'auto', 'autodiff' or 'finite-difference', got {method!r}")
-    v0 = jnp.asarray(v0, dtype=jnp.result_type(float))
-    if method == "autodiff" or (method == "auto" and not _repeated_eigenvalues(Q)):
-        J = np.asarray(jacobian(v0))
-        if np.all(np.isfinite(J)) or method == "autodiff":
-            return J, "autodiff"
-    cols = []
-    for i in range(len(v0)):
-        h = step * max(1.0, abs(float(v0[i])))
-        delta = jnp.zeros_like(v0).at[i].set(h)
-        cols.append((np.asarray(field(v0 + delta)) - np.asarray(field(v0 - delta))) / (2 * h))
-    return np.stack(cols, axis=1), "finite-difference"
+    n_steps = max(int(np.ceil(tau_max / dt)), 1)
+    h = tau_max / n_steps
+    per = max(n_steps // (n_save - 1), 1)
+    taus = np.arange(n_steps // per + 1) * per * h
+    x0 = jnp.asarray(x0, dtype=jnp.result_type(float))
+    xs, risk = _symmetric_solve(ode, x0, jnp.asarray(taus, x0.dtype), jnp.asarray(h, x0.dtype), diffrax.ConstantStepSize(),
+                                H, F, n_steps + 16)
+    return taus, np.asarray(xs), np.asarray(risk)
 
 
-def drift_jacobian(ode: OrderParameterODE, M, Q, b, *, method: str = "auto", step: float = 1e-6) -> tuple[np.ndarray, str]:
-    """Jacobian of ``ode.drift`` over :func:`flatten_state` coordinates at ``(M, Q, b)``, and the
-    method used: ``"autodiff"``, ``"finite-difference"`` (relative ``step``) or ``"auto"``
-    (autodiff, or differences where ``Q`` has repeated eigenvalues or autodiff is not finite)."""
-    M = jnp.asarray(M, dtype=jnp.result_type(float))
-    Q, b = jnp.asarray(Q, dtype=M.dtype), jnp.asarray(b, dtype=M.dtype)
-    H, F = M.shape
-    v0 = flatten_state(M, Q, b, bool(ode.train_bias))
-    return _jacobian(lambda v: _flat_drift_jit(ode, v, b, H, F), lambda v: _flat_drift_jacobian(ode, v, b, H, F), v0, Q,
-                     method=method, step=step)
+def symmetric_path(ode: OrderParameterODE, x0, H: int, F: int, ts, *, rtol: float = 1e-8, atol: float = 1e-10,
+                   max_steps: int = 100_000) -> tuple[np.ndarray, np.ndarray]:
+    """The restricted flow from ``x0`` saved at the times ``ts`` (increasing, ``ts[0]`` the
+    start): ``(x, risk)``. Tsit5 with diffrax's PID step-size controller (``rtol``, ``atol``),
+    for long flows along a creeping plateau, where a constant step wastes thousands of steps
+    (about 100 adaptive steps reach tau = 1000 at the default problem). States after a failure
+    of the solver (out of steps, non-finite drift) are not finite."""
+    x0 = jnp.asarray(x0, dtype=jnp.result_type(float))
+    xs, risk = _symmetric_solve(ode, x0, jnp.asarray(ts, x0.dtype), None, diffrax.PIDController(rtol=rtol, atol=atol),
+                                H, F, max_steps)
+    return np.asarray(xs), np.asarray(risk)
 
 
 # -- eigen-decomposition and the escape modes -----------------------------------------------
@@ -356,115 +298,6 @@ def linear_escape_time(path_tau, path_rate, amplitude, threshold: float = 0.1, *
         elif extrapolate:
             out[idx] = t[-1] + (g - growth[-1]) / lam[-1] if lam[-1] > 0 else np.inf
     return out
-
-
-# -- the unspecialized fixed point ----------------------------------------------------------
-
-
-@eqx.filter_jit
-def _symmetric_solve(ode: OrderParameterODE, x0: jax.Array, ts: jax.Array, dt0: jax.Array | None,
-                     controller: diffrax.AbstractStepSizeController, H: int, F: int, max_steps: int):
-    term = diffrax.ODETerm(lambda t, x, args: symmetric_drift(ode, x, H, F))
-    sol = diffrax.diffeqsolve(term, diffrax.Tsit5(), ts[0], ts[-1], dt0, x0, saveat=diffrax.SaveAt(ts=ts),
-                              stepsize_controller=controller, max_steps=max_steps, throw=False)
-    return sol.ys, jax.vmap(lambda x: _symmetric_risk(ode, x, H, F))(sol.ys)
-
-
-def symmetric_flow(ode: OrderParameterODE, x0, H: int, F: int, tau_max: float, dt: float = 0.1, n_save: int = 101):
-    """Integrate the restricted flow from ``x0``; returns ``(tau, x, risk)`` at about ``n_save``
-    equally spaced times.
-
-    Tsit5 (diffrax) with the constant step ``h = tau_max / ceil(tau_max / dt)`` (at most
-    ``dt``); the states are saved every ``per = max(n_steps // (n_save - 1), 1)`` steps, so the
-    last saved time is ``tau_max`` rounded down to a multiple of ``per * h``.
-    """
-    n_steps = max(int(np.ceil(tau_max / dt)), 1)
-    h = tau_max / n_steps
-    per = max(n_steps // (n_save - 1), 1)
-    taus = np.arange(n_steps // per + 1) * per * h
-    x0 = jnp.asarray(x0, dtype=jnp.result_type(float))
-    xs, risk = _symmetric_solve(ode, x0, jnp.asarray(taus, x0.dtype), jnp.asarray(h, x0.dtype), diffrax.ConstantStepSize(),
-                                H, F, n_steps + 16)
-    return taus, np.asarray(xs), np.asarray(risk)
-
-
-def symmetric_path(ode: OrderParameterODE, x0, H: int, F: int, ts, *, rtol: float = 1e-8, atol: float = 1e-10,
-                   max_steps: int = 100_000) -> tuple[np.ndarray, np.ndarray]:
-    """The restricted flow from ``x0`` saved at the times ``ts`` (increasing, ``ts[0]`` the
-    start): ``(x, risk)``. Tsit5 with diffrax's PID step-size controller (``rtol``, ``atol``),
-    for long flows along a creeping plateau, where a constant step wastes thousands of steps
-    (about 100 adaptive steps reach tau = 1000 at the default problem). States after a failure
-    of the solver (out of steps, non-finite drift) are not finite."""
-    x0 = jnp.asarray(x0, dtype=jnp.result_type(float))
-    xs, risk = _symmetric_solve(ode, x0, jnp.asarray(ts, x0.dtype), None, diffrax.PIDController(rtol=rtol, atol=atol),
-                                H, F, max_steps)
-    return np.asarray(xs), np.asarray(risk)
-
-
-@dataclasses.dataclass(frozen=True)
-class FixedPoint:
-    """The unspecialized fixed point: state ``M`` (H, F), ``Q`` (H, H), ``b`` (H,); symmetric
-    coordinates ``x``; ``residual`` = max |drift| there; ``converged``; its ``risk``; and the
-    symmetric trajectory ``path_tau``, ``path_x``, ``path_risk`` that led to it."""
-
-    M: np.ndarray
-    Q: np.ndarray
-    b: np.ndarray
-    x: np.ndarray
-    residual: float
-    converged: bool
-    risk: float
-    path_tau: np.ndarray
-    path_x: np.ndarray
-    path_risk: np.ndarray
-
-
-def unspecialized_point(ode: OrderParameterODE, H: int, F: int, x0=None, *, init_scale: float = 0.5, bias_init: float = 0.0,
-                        tau_flow: float = 60.0, dt: float = 0.1, polish: bool = True, tol: float = 1e-10) -> FixedPoint:
-    """The unspecialized (head-symmetric) fixed point of the ODE.
-
-    Integrates the restricted flow (:func:`symmetric_flow`, step ``dt``) from ``x0`` (default:
-    ``M = 0``, ``R_orth = init_scale^2 I``, ``b = bias_init``, the ``D -> infinity`` limit of a
-    random start) for ``tau_flow``, then polishes with ``scipy.optimize.root`` over the
-    coordinates the drift depends on: a coordinate whose row and column of the restricted
-    Jacobian vanish (below ``1e-8`` of its largest entry) is a gauge and is left alone (a common
-    bias shift is a symmetry of softmax and bsoftmax). The polished point is kept only if it is
-    a valid set of overlaps (``R_orth`` PSD, :func:`valid_symmetric_state`) and its residual is
-    smaller; otherwise the flow's end point is kept. ``converged`` tells whether the residual
-    fell below ``tol``. Where the restricted flow creeps (slow modes) it has no fixed point
-    within reach: at the default problem (softmax, spikes of strength 2.5) the root finder
-    lands at ``r_d = -0.29``, outside the valid set, and the result is the flow's end point
-    with ``converged=False``; use the rate along the flow there (:func:`escape_rate_along`,
-    :func:`singleloc._predictions.predicted_escape`).
-    """
-    if x0 is None:
-        x0 = np.asarray([0.0] * F + [init_scale**2] + ([0.0] if H > 1 else []) + [bias_init])
-    taus, xs, risks = symmetric_flow(ode, x0, H, F, tau_flow, dt)
-    x = xs[-1].copy()
-
-    def drift(z):
-        return np.asarray(_symmetric_drift_jit(ode, jnp.asarray(z), H, F))
-
-    if polish:
-        Q = symmetric_state(jnp.asarray(x), H, F)[1]
-        J, _ = _jacobian(drift, lambda z: _symmetric_drift_jacobian(ode, z, H, F), x, Q, method="auto", step=1e-6)
-        scale = max(np.abs(J).max(), TINY)
-        free = [i for i in range(len(x)) if np.abs(J[:, i]).max() > 1e-8 * scale or np.abs(J[i, :]).max() > 1e-8 * scale]
-
-        def restricted(y):
-            z = x.copy()
-            z[free] = y
-            return drift(z)[free]
-
-        sol = optimize.root(restricted, x[free], method="hybr", options={"xtol": _ROOT_XTOL})
-        cand = x.copy()
-        cand[free] = sol.x
-        if valid_symmetric_state(cand, H, F) and np.max(np.abs(drift(cand))) < np.max(np.abs(drift(x))):
-            x = cand
-    res = float(np.max(np.abs(drift(x))))
-    M, Q, b = (np.asarray(a) for a in symmetric_state(jnp.asarray(x), H, F))
-    risk = float(_symmetric_risk_jit(ode, jnp.asarray(x), H, F))
-    return FixedPoint(M, Q, b, x, res, res < tol, risk, taus, xs, risks)
 
 
 def escape_rate_along(ode: OrderParameterODE, tau, xs, H: int, F: int, *, mean=None, method: str = "auto") -> np.ndarray:

@@ -13,6 +13,8 @@ import pytest
 from scipy.integrate import solve_ivp
 
 from singleloc import OrderParameterODE, integrate, load_config
+from singleloc import _drift_jacobian as dj
+from singleloc import _fixed_point as fxp
 from singleloc import _stability as st
 from singleloc._predictions import EscapePrediction, adiabatic_escape, escape_horizon, predicted_escape
 from singleloc._theory import flatten_state, unflatten_state
@@ -47,19 +49,19 @@ def test_jacobian_matches_finite_differences(tiny_ode):
     M = np.array([[1.2, 0.9], [0.8, 1.1]]) + 0.05 * rng.standard_normal((2, 2))
     Q = M @ M.T + np.array([[0.4, -0.05], [-0.05, 0.35]])
     b = np.array([0.1, -0.1])
-    J_ad, how = st.drift_jacobian(ode, M, Q, b, method="autodiff")
-    J_fd, _ = st.drift_jacobian(ode, M, Q, b, method="finite-difference")
+    J_ad, how = dj.drift_jacobian(ode, M, Q, b, method="autodiff")
+    J_fd, _ = dj.drift_jacobian(ode, M, Q, b, method="finite-difference")
     assert how == "autodiff" and J_ad.shape == (2 * 2 + 3 + 2,) * 2
     np.testing.assert_allclose(J_ad, J_fd, rtol=1e-5, atol=1e-7)
     with pytest.raises(ValueError, match="method must be"):
-        st.drift_jacobian(ode, M, Q, b, method="spline")
+        dj.drift_jacobian(ode, M, Q, b, method="spline")
 
 
 @pytest.mark.slow
 def test_unstable_eigenvalue_at_the_unspecialized_point(tiny_ode):
     cfg, ode = tiny_ode
     mean = cfg.problem.build_prior().mean()
-    fp = st.unspecialized_point(ode, 2, 2, init_scale=cfg.sgd.init_scale, tau_flow=30.0, dt=0.2)
+    fp = fxp.unspecialized_point(ode, 2, 2, init_scale=cfg.sgd.init_scale, tau_flow=30.0, dt=0.2)
     assert fp.converged and fp.residual < 1e-10
     np.testing.assert_allclose(fp.M[0], fp.M[1])  # heads identical in M
     assert fp.M[0, 0] == pytest.approx(fp.M[0, 1])  # along the mean direction of the spikes
@@ -118,7 +120,7 @@ def test_auto_jacobian_at_repeated_eigenvalues():
     ode = OrderParameterODE.from_config(load_config("bsoftmax", TINY_OVERRIDES + [f"model.heads={H}"]))
     M, Q, b = (np.asarray(a) for a in st.symmetric_state(jnp.asarray([0.6, 0.6, 0.3, 0.05, 0.0]), H, F))
     assert np.ptp(np.linalg.eigvalsh(Q)[:2]) < 1e-14
-    J, how = st.drift_jacobian(ode, M, Q, b)
+    J, how = dj.drift_jacobian(ode, M, Q, b)
     assert how == "finite-difference"
     field = jax.jit(lambda v: (lambda d: flatten_state(d.M, d.Q, d.b))(ode.drift(*unflatten_state(v, H, F))))
     v0 = flatten_state(jnp.asarray(M), jnp.asarray(Q), jnp.asarray(b))
@@ -131,7 +133,7 @@ def test_auto_jacobian_at_repeated_eigenvalues():
     ref = (4 * central(5e-4) - central(1e-3)) / 3
     np.testing.assert_allclose(J @ np.asarray(u), ref, atol=1e-8)
     # away from repeated eigenvalues "auto" is autodiff
-    _, how_generic = st.drift_jacobian(ode, M + np.array([[0.1, 0.0], [0.0, 0.2], [0.0, 0.0]]), Q + np.diag([0.3, 0.1, 0.0]), b)
+    _, how_generic = dj.drift_jacobian(ode, M + np.array([[0.1, 0.0], [0.0, 0.2], [0.0, 0.0]]), Q + np.diag([0.3, 0.1, 0.0]), b)
     assert how_generic == "autodiff"
 
 
@@ -157,12 +159,12 @@ def test_symmetric_coordinates_roundtrip():
 
 def test_valid_symmetric_state():
     # R_orth = r_d I + r_o 1 1^T has eigenvalues r_d and r_d + H r_o
-    assert st.valid_symmetric_state([1.4, 1.4, 0.1, 0.04, 0.0], 2, 2)
-    assert not st.valid_symmetric_state([1.467, 1.467, -0.415, 0.308, 0.0], 2, 2)  # r_d < 0
-    assert not st.valid_symmetric_state([1.0, 1.0, 0.2, -0.11, 0.0], 2, 2)  # r_d + 2 r_o < 0
-    assert st.valid_symmetric_state([1.0, 1.0, 0.2, -0.1, 0.0], 2, 2)  # on the boundary
-    assert not st.valid_symmetric_state([np.nan, 1.0, 0.2, 0.0, 0.0], 2, 2)
-    assert st.valid_symmetric_state([1.0, 0.0, 0.0], 1, 2) and not st.valid_symmetric_state([1.0, -1e-3, 0.0], 1, 1)
+    assert fxp.valid_symmetric_state([1.4, 1.4, 0.1, 0.04, 0.0], 2, 2)
+    assert not fxp.valid_symmetric_state([1.467, 1.467, -0.415, 0.308, 0.0], 2, 2)  # r_d < 0
+    assert not fxp.valid_symmetric_state([1.0, 1.0, 0.2, -0.11, 0.0], 2, 2)  # r_d + 2 r_o < 0
+    assert fxp.valid_symmetric_state([1.0, 1.0, 0.2, -0.1, 0.0], 2, 2)  # on the boundary
+    assert not fxp.valid_symmetric_state([np.nan, 1.0, 0.2, 0.0, 0.0], 2, 2)
+    assert fxp.valid_symmetric_state([1.0, 0.0, 0.0], 1, 2) and not fxp.valid_symmetric_state([1.0, -1e-3, 0.0], 1, 1)
 
 
 @pytest.mark.slow
@@ -172,8 +174,8 @@ def test_polish_keeps_the_point_in_the_valid_set():
     before its head closure). Whatever the polish does, the returned point is a valid state:
     either a converged root inside the set, or the flow's end point, unconverged (about 10 s)."""
     ode = OrderParameterODE.from_config(load_config("default", ["theory.points=256"]))
-    fp = st.unspecialized_point(ode, 2, 2, init_scale=0.5, tau_flow=200.0, dt=0.5)
-    assert st.valid_symmetric_state(fp.x, 2, 2)
+    fp = fxp.unspecialized_point(ode, 2, 2, init_scale=0.5, tau_flow=200.0, dt=0.5)
+    assert fxp.valid_symmetric_state(fp.x, 2, 2)
     assert np.linalg.eigvalsh(fp.Q - fp.M @ fp.M.T).min() >= -1e-9
     if fp.converged:
         assert fp.residual < 1e-10
@@ -193,7 +195,7 @@ def flipped():
     M = 0 and is a fixed point of the full flow (no creep in M)."""
     cfg = load_config("bsoftmax", FLIPPED)
     ode = OrderParameterODE.from_config(cfg)
-    fp = st.unspecialized_point(ode, 2, 2, init_scale=cfg.sgd.init_scale, tau_flow=10.0, dt=0.5)
+    fp = fxp.unspecialized_point(ode, 2, 2, init_scale=cfg.sgd.init_scale, tau_flow=10.0, dt=0.5)
     return cfg, ode, fp, st.linearize(ode, fp.M, fp.Q, fp.b)
 
 
