@@ -30,9 +30,10 @@ _EXPORTS = {
     "_config": ("Config", "load_config", "preset_names"),
     "_data": ("initial_overlaps", "make_spikes", "overlaps", "sample_sequence", "seed_keys"),
     "_diagnose": ("AttentionDiagnosis", "diagnose_attention"),
-    "_diagnostics": ("CriticalTopN", "TopN", "VanishingAttention", "context_vector", "critical_top_n", "effective_logit_bound",
-                     "geometric_separability", "ks_critical_n", "logits_from_weights", "representation_distance", "select_top_n",
-                     "top_n_diagnostics", "vanishing_attention"),
+    "_diagnostics": ("logits_from_weights",),
+    "_vanishing_attention": ("VanishingAttention", "effective_logit_bound", "vanishing_attention"),
+    "_top_n": ("CriticalTopN", "TopN", "context_vector", "critical_top_n", "geometric_separability", "ks_critical_n",
+               "representation_distance", "select_top_n", "top_n_diagnostics"),
     "_sensitivity": ("FD_EPSILONS", "finite_difference_sensitivity", "random_directions", "softmax_jacobian",
                      "softmax_jacobian_norm"),
     "_accuracy": ("PointsChoice", "choose_points", "relative_drift_error"),
@@ -96,19 +97,7 @@ if TYPE_CHECKING:
     from ._data import seed_keys as seed_keys
     from ._diagnose import AttentionDiagnosis as AttentionDiagnosis
     from ._diagnose import diagnose_attention as diagnose_attention
-    from ._diagnostics import CriticalTopN as CriticalTopN
-    from ._diagnostics import TopN as TopN
-    from ._diagnostics import VanishingAttention as VanishingAttention
-    from ._diagnostics import context_vector as context_vector
-    from ._diagnostics import critical_top_n as critical_top_n
-    from ._diagnostics import effective_logit_bound as effective_logit_bound
-    from ._diagnostics import geometric_separability as geometric_separability
-    from ._diagnostics import ks_critical_n as ks_critical_n
     from ._diagnostics import logits_from_weights as logits_from_weights
-    from ._diagnostics import representation_distance as representation_distance
-    from ._diagnostics import select_top_n as select_top_n
-    from ._diagnostics import top_n_diagnostics as top_n_diagnostics
-    from ._diagnostics import vanishing_attention as vanishing_attention
     from ._fields import LocalFields as LocalFields
     from ._fields import replicate_rules as replicate_rules
     from ._fixed_point import FixedPoint as FixedPoint
@@ -197,6 +186,18 @@ if TYPE_CHECKING:
     from ._theory import OrderParameterODE as OrderParameterODE
     from ._theory import OrderParameters as OrderParameters
     from ._theory import r_orth as r_orth
+    from ._top_n import CriticalTopN as CriticalTopN
+    from ._top_n import TopN as TopN
+    from ._top_n import context_vector as context_vector
+    from ._top_n import critical_top_n as critical_top_n
+    from ._top_n import geometric_separability as geometric_separability
+    from ._top_n import ks_critical_n as ks_critical_n
+    from ._top_n import representation_distance as representation_distance
+    from ._top_n import select_top_n as select_top_n
+    from ._top_n import top_n_diagnostics as top_n_diagnostics
+    from ._vanishing_attention import VanishingAttention as VanishingAttention
+    from ._vanishing_attention import effective_logit_bound as effective_logit_bound
+    from ._vanishing_attention import vanishing_attention as vanishing_attention
 
 # public name -> (module, name in the module)
 _ORIGIN = {public: (module, name) for module, names in _EXPORTS.items()

@@ -1,8 +1,8 @@
 """All normalization diagnostics of an array of dumped attention (docs/model.md section 8).
 
 :func:`diagnose_attention` takes the weights of any model, e.g. GPT-2's ``(layers, heads, L, L)``,
-and runs the diagnostics of :mod:`singleloc._diagnostics` and :mod:`singleloc._sensitivity`
-on them; it is what ``singleloc diagnose`` prints and saves.
+and runs the diagnostics of :mod:`singleloc._vanishing_attention`, :mod:`singleloc._top_n` and
+:mod:`singleloc._sensitivity` on them; it is what ``singleloc diagnose`` prints and saves.
 
 Layout of ``weights`` ``(..., Lq, L)``: the last axis runs over the ``L`` tokens of a row, the
 second-to-last over the query rows, the axes before it index heads (a 1-D array is one row).
@@ -18,18 +18,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ._diagnostics import (
-    _ks_samples,
-    _n_grid,
-    _positive,
-    _significance,
-    _weights,
-    ks_critical_n,
-    logits_from_weights,
-    top_n_diagnostics,
-    vanishing_attention,
-)
+from ._diagnostics import _n_grid, _positive, _significance, _weights, logits_from_weights
 from ._sensitivity import FD_EPSILONS, finite_difference_sensitivity, random_directions, softmax_jacobian_norm
+from ._top_n import _ks_samples, ks_critical_n, top_n_diagnostics
+from ._vanishing_attention import vanishing_attention
 
 #: Temperatures of the gradient-sensitivity table (from very sharp to nearly uniform rows).
 TEMPERATURES = (0.001, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 100.0)
@@ -213,14 +205,14 @@ def diagnose_attention(
     * ``mask``: ``"causal"`` (the tokens ``0..q`` of query ``q``; square last axes),
       ``"none"`` (all ``L`` tokens, zero weights included) or ``"auto"`` (causal when the last
       axes are square and every weight above the diagonal is exactly 0).
-    * Vanishing attention (:func:`~singleloc._diagnostics.vanishing_attention`) with the
+    * Vanishing attention (:func:`~singleloc._vanishing_attention.vanishing_attention`) with the
       effective logit bound of each row.
     * Gradient sensitivity of ``softmax(log(alpha)/T)`` at each of ``temperatures``: exact
       Jacobian norms and finite differences of size ``epsilons`` along ``directions`` random
       unit directions per row (from ``seed``).
     * With ``values``: for each ``N`` of the increasing ``top_n`` (default ``1, 2, 4, ... < L``),
       the representation distance and the geometric separability of every row, and the
-      critical top-N (:func:`~singleloc._diagnostics.critical_top_n`) with level
+      critical top-N (:func:`~singleloc._top_n.critical_top_n`) with level
       ``significance``, its samples being the heads (``d`` averaged over each head's rows) or
       the rows (``ks_samples``; ``"auto"``: heads when there are at least two).
 
