@@ -55,8 +55,9 @@ _EXPORTS = {
     "_theory": ("OrderParameterODE", "OrderParameters", "r_orth"),
     "_pruning": ("ORDERS as PRUNING_ORDERS", "PruningResult", "TheoryRisk", "WeightsRisk", "finetune", "keep_heads", "prune",
                  "prune_theory", "prune_weights", "removable_heads"),
-    "_phase_analysis": ("HEAD_CLASSES", "HeadClasses", "PhaseAnalysis", "Plateau", "analyze", "classify_heads", "escape_times",
-                        "halfway_time", "plateaus"),
+    "_phase_analysis": ("PhaseAnalysis", "analyze"),
+    "_plateaus": ("Plateau", "escape_times", "halfway_time", "plateaus"),
+    "_head_classes": ("HEAD_CLASSES", "HeadClasses", "classify_heads"),
     "_predictions": ("EscapePrediction", "escape_horizon", "head_weights", "predicted_escape"),
     "_fixed_point": ("FixedPoint", "unspecialized_point"),
     "_stability": ("Linearization", "escape_mode", "escape_rate", "escape_rate_along", "escape_subspace", "linear_escape_time",
@@ -106,6 +107,9 @@ if TYPE_CHECKING:
     from ._fluctuations import integrate_sde as integrate_sde
     from ._grid import Grid as Grid
     from ._grid import parse_grid as parse_grid
+    from ._head_classes import HEAD_CLASSES as HEAD_CLASSES
+    from ._head_classes import HeadClasses as HeadClasses
+    from ._head_classes import classify_heads as classify_heads
     from ._io import Run as Run
     from ._io import add_to_run as add_to_run
     from ._io import config_hash as config_hash
@@ -125,15 +129,12 @@ if TYPE_CHECKING:
     from ._ode import initial_conditions as initial_conditions
     from ._ode import integrate as integrate
     from ._ode import resolve_points as resolve_points
-    from ._phase_analysis import HEAD_CLASSES as HEAD_CLASSES
-    from ._phase_analysis import HeadClasses as HeadClasses
     from ._phase_analysis import PhaseAnalysis as PhaseAnalysis
-    from ._phase_analysis import Plateau as Plateau
     from ._phase_analysis import analyze as analyze
-    from ._phase_analysis import classify_heads as classify_heads
-    from ._phase_analysis import escape_times as escape_times
-    from ._phase_analysis import halfway_time as halfway_time
-    from ._phase_analysis import plateaus as plateaus
+    from ._plateaus import Plateau as Plateau
+    from ._plateaus import escape_times as escape_times
+    from ._plateaus import halfway_time as halfway_time
+    from ._plateaus import plateaus as plateaus
     from ._predictions import EscapePrediction as EscapePrediction
     from ._predictions import escape_horizon as escape_horizon
     from ._predictions import head_weights as head_weights

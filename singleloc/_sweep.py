@@ -92,9 +92,10 @@ from ._config import Config, load_config, require_config
 from ._distributed import Cluster, open_cluster, run_points
 from ._files import OUTPUT_KEY, png_has_text, written_together
 from ._grid import Grid, grid_points
+from ._head_classes import HEAD_CLASSES
 from ._io import NPZ_ERRORS, load_npz, npz_names, save_figure, save_npz, save_text
 from ._ode import initial_conditions, integrate, integrate_points, resolve_points
-from ._phase_analysis import HEAD_CLASSES, analyze
+from ._phase_analysis import analyze
 from ._predictions import EscapePrediction, head_weights, predicted_escape
 from ._simulation import simulate as simulate_sgd
 from ._sweep_dataset import write_sweep

@@ -9,7 +9,9 @@ import pytest
 from scipy.optimize import brentq
 
 from singleloc import OrderParameterODE, load_config
+from singleloc import _head_classes as hc
 from singleloc import _phase_analysis as pa
+from singleloc import _plateaus as pl
 from singleloc._predictions import head_weights
 
 
@@ -23,10 +25,10 @@ def logistic(tau, t0, width, hi, lo):
 def test_single_logistic_drop_escape_at_midpoint():
     tau = np.linspace(0.0, 60.0, 601)
     risk = logistic(tau, 20.0, 1.5, 0.7, 0.2)
-    ps = pa.plateaus(tau, risk)
+    ps = pl.plateaus(tau, risk)
     assert len(ps) == 2
     assert ps[0].risk == pytest.approx(0.7, abs=1e-3) and ps[1].risk == pytest.approx(0.2, abs=1e-3)
-    esc = pa.escape_times(tau, risk)
+    esc = pl.escape_times(tau, risk)
     assert esc.shape == (1,)
     assert esc[0] == pytest.approx(20.0, abs=0.02)
 
@@ -34,9 +36,9 @@ def test_single_logistic_drop_escape_at_midpoint():
 def test_two_drops_give_two_escapes_and_the_intermediate_plateau():
     tau = np.concatenate([[0.0], np.geomspace(0.01, 100.0, 800)])
     risk = 0.2 + (logistic(tau, 3.0, 0.3, 0.6, 0.3) - 0.3) + (logistic(tau, 30.0, 2.0, 0.3, 0.0))
-    ps = pa.plateaus(tau, risk)
+    ps = pl.plateaus(tau, risk)
     assert [round(p.risk, 2) for p in ps] == [0.8, 0.5, 0.2]
-    esc = pa.escape_times(tau, risk)
+    esc = pl.escape_times(tau, risk)
     np.testing.assert_allclose(esc, [3.0, 30.0], atol=0.05)
 
 
@@ -44,15 +46,15 @@ def test_halfway_time_interpolates_and_reports_nan():
     tau = np.array([0.0, 1.0, 2.0, 3.0])
     risk = np.array([1.0, 0.9, 0.3, 0.2])
     # from 1.0 to 0.2: target 0.6, crossed between tau 1 and 2 at 1.5
-    assert pa.halfway_time(tau, risk, 0.0, 1.0, 0.2) == pytest.approx(1.5)
-    assert np.isnan(pa.halfway_time(tau, risk, 0.0, 1.0, -2.0))
+    assert pl.halfway_time(tau, risk, 0.0, 1.0, 0.2) == pytest.approx(1.5)
+    assert np.isnan(pl.halfway_time(tau, risk, 0.0, 1.0, -2.0))
 
 
 def test_flat_curve_is_one_plateau_and_no_escape():
     tau = np.linspace(0, 10, 50)
-    ps = pa.plateaus(tau, np.full(50, 0.3))
+    ps = pl.plateaus(tau, np.full(50, 0.3))
     assert len(ps) == 1
-    assert pa.escape_times(tau, np.full(50, 0.3)).size == 0
+    assert pl.escape_times(tau, np.full(50, 0.3)).size == 0
 
 
 # -- specialization and redundancy ---------------------------------------------------------
@@ -66,15 +68,15 @@ def _state(M, R=None):
 
 def test_specialization_labels_on_constructed_overlaps():
     M, Q = _state([[2.0, 0.05], [0.1, 1.8], [1.0, 1.0], [0.01, 0.002]])
-    labels = pa.specialization(M, Q, mean=[0.5, 0.5])
+    labels = hc.specialization(M, Q, mean=[0.5, 0.5])
     # head 0 -> spike 0, head 1 -> spike 1, head 2 along the mean (unspecialized),
     # head 3 has almost no spike component (spike fraction below 0.3)
     assert labels.tolist() == [0, 1, -1, -1]
     # with a zero-mean prior a head along a spike, either sign, is specialized
     M2, Q2 = _state([[-1.5, 0.0], [0.0, 1.5]])
-    assert pa.specialization(M2, Q2, mean=[0.0, 0.0]).tolist() == [0, 1]
+    assert hc.specialization(M2, Q2, mean=[0.0, 0.0]).tolist() == [0, 1]
     # custom directions: a head along (1, 1) is specialized to that direction
-    assert pa.specialization(M, Q, directions=[[1.0, 1.0], [1.0, -1.0]]).tolist() == [-1, -1, 0, -1]
+    assert hc.specialization(M, Q, directions=[[1.0, 1.0], [1.0, -1.0]]).tolist() == [-1, -1, 0, -1]
 
 
 def test_head_profiles_of_constructed_keys():
@@ -83,37 +85,37 @@ def test_head_profiles_of_constructed_keys():
     kstar = np.sqrt(3.0) * np.eye(3)[:2]
     K = np.array([[3.0, 4.0, 0.0], [1.0, 0.0, 1.0], [0.0, 0.0, 2.0]])
     M, Q = K @ kstar.T / 3, K @ K.T / 3
-    u, phi = pa.head_profiles(M, Q)
+    u, phi = hc.head_profiles(M, Q)
     np.testing.assert_allclose(u, [[0.6, 0.8], [1.0, 0.0], [0.0, 0.0]], atol=1e-15)
     np.testing.assert_allclose(phi, [1.0, 1 / np.sqrt(2), 0.0], atol=1e-15)
     # a zero key: no NaN, nothing specialized
-    u0, phi0 = pa.head_profiles(np.zeros((1, 2)), np.zeros((1, 1)))
-    assert np.all(u0 == 0) and phi0[0] == 0 and pa.specialization(np.zeros((1, 2)), np.zeros((1, 1)))[0] == -1
+    u0, phi0 = hc.head_profiles(np.zeros((1, 2)), np.zeros((1, 1)))
+    assert np.all(u0 == 0) and phi0[0] == 0 and hc.specialization(np.zeros((1, 2)), np.zeros((1, 1)))[0] == -1
 
 
 def test_head_spike_cosines_and_redundancy():
     M = np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
     Q = M @ M.T + np.diag([0.0, 1e-4, 0.5])
-    cos = pa.head_spike_cosines(M, Q)
+    cos = hc.head_spike_cosines(M, Q)
     assert cos[0, 0] == pytest.approx(1.0) and cos[2, 1] == pytest.approx(1 / np.sqrt(1.5))
-    assert pa.head_cosines(Q)[0, 1] > 0.99
-    assert int(pa.redundant_pairs(Q)) == 1
-    assert int(pa.redundant_pairs(np.eye(3))) == 0
+    assert hc.head_cosines(Q)[0, 1] > 0.99
+    assert int(hc.redundant_pairs(Q)) == 1
+    assert int(hc.redundant_pairs(np.eye(3))) == 0
     # same spike profile, different orthogonal parts: not redundant keys, but a shared profile
     M2 = np.array([[1.0, 1.0], [1.0, 1.0], [2.0, 0.0], [0.01, 0.01]])
     Q2 = M2 @ M2.T + 0.3 * np.eye(4)
-    assert int(pa.redundant_pairs(Q2)) == 0 and int(pa.shared_profiles(M2, Q2)) == 1
+    assert int(hc.redundant_pairs(Q2)) == 0 and int(hc.shared_profiles(M2, Q2)) == 1
 
 
 def test_specialization_times_and_rearrangements():
     tau = np.arange(6.0)
     labels = np.array([[-1, -1], [0, -1], [-1, -1], [0, 1], [0, 1], [1, 1]])
-    t = pa.specialization_times(tau, labels)
+    t = hc.specialization_times(tau, labels)
     assert t.tolist() == [3.0, 3.0]
-    ev = pa.rearrangements(tau, labels)
+    ev = hc.rearrangements(tau, labels)
     assert (2.0, 0, 0, -1) in ev and (5.0, 0, 0, 1) in ev
     # a head that loses its label at the end has no specialization time
-    assert np.isnan(pa.specialization_times(tau, np.array([[0], [0], [-1], [-1], [-1], [-1]]))[0])
+    assert np.isnan(hc.specialization_times(tau, np.array([[0], [0], [-1], [-1], [-1], [-1]]))[0])
 
 
 def test_analyze_synthetic_trajectory():
@@ -137,7 +139,7 @@ def test_analyze_synthetic_trajectory():
     # 0.1, i.e. s = 0.1005 (tau = 20 - log(0.9 / 0.1005) = 17.81); the next saved time is 18
     assert a.first_learned[0] == 18.0
     assert np.all((a.specialization_times[0] >= 19) & (a.specialization_times[0] < 25))
-    np.testing.assert_array_equal(a.cos[0], pa.head_spike_cosines(M, Q))
+    np.testing.assert_array_equal(a.cos[0], hc.head_spike_cosines(M, Q))
     with pytest.raises(ValueError, match="analyze expects"):
         pa.analyze(tau, M[:, :, :1, None], Q, risk)
 
@@ -163,9 +165,9 @@ def test_one_hand_made_head_per_class():
     orth[4] = orth[0]
     M, Q = _keys_state(M, orth)
     weights = np.array([1.0, 1.0, 1.0, 1.0, 1.0, 0.01])
-    c = pa.classify_heads(M, Q, mean=[1.25, 1.25], weights=weights)
+    c = hc.classify_heads(M, Q, mean=[1.25, 1.25], weights=weights)
     assert c.names().tolist() == ["aligned", "leaning", "combination", "unspecialized", "redundant", "off"]
-    assert {k: int(v) for k, v in c.counts().items()} == dict.fromkeys(pa.HEAD_CLASSES, 1)
+    assert {k: int(v) for k, v in c.counts().items()} == dict.fromkeys(hc.HEAD_CLASSES, 1)
     assert c.learned().tolist() == [True, True, True, False, False, False]
     # the angles of the leaning head: atan(1.14 / 2.04) from e_1, 45 degrees minus that from the mean
     a1 = np.degrees(np.arctan2(1.14, 2.04))
@@ -173,10 +175,10 @@ def test_one_hand_made_head_per_class():
     assert c.angle_mean[1] == pytest.approx(45.0 - a1, abs=1e-12)
     assert c.angle_mean[3] == pytest.approx(0.0, abs=1e-6) and c.angle_mean[2] == pytest.approx(90.0)
     # without weights nothing is off: the last head is aligned with e_2
-    assert pa.classify_heads(M, Q, mean=[1.25, 1.25]).names()[5] == "aligned"
+    assert hc.classify_heads(M, Q, mean=[1.25, 1.25]).names()[5] == "aligned"
     # a redundant copy of an off head is not redundant (it is classified by its own profile)
     w_off0 = np.array([0.01, 1.0, 1.0, 1.0, 1.0, 1.0])
-    assert pa.classify_heads(M, Q, mean=[1.25, 1.25], weights=w_off0).names()[[0, 4]].tolist() == ["off", "aligned"]
+    assert hc.classify_heads(M, Q, mean=[1.25, 1.25], weights=w_off0).names()[[0, 4]].tolist() == ["off", "aligned"]
 
 
 def test_class_boundaries():
@@ -185,7 +187,7 @@ def test_class_boundaries():
     mean = [1.0, 1.0]
 
     def names(M, orth=0.0):
-        return [pa.classify_heads(*_keys_state([m], [[orth]]), mean=mean).names()[0] for m in M]
+        return [hc.classify_heads(*_keys_state([m], [[orth]]), mean=mean).names()[0] for m in M]
 
     # psi = |M - (M . mu) mu| / |M| = sin(angle to the mean): 0.1 at 5.74 degrees
     t = np.radians(45.0 - np.degrees(np.arcsin(0.1)))
@@ -206,7 +208,7 @@ def test_class_boundaries():
     # F = 3: out of the plane of the mean and e_1 by more than plane_tol = 0.2 is a combination
     M3 = np.array([[0.9, 0.3, 0.3], [0.8, 0.55, 0.1]])
     M3 = M3 / np.linalg.norm(M3, axis=1, keepdims=True)
-    assert [pa.classify_heads(*_keys_state([m], [[0.0]]), mean=[1.0, 1.0, 1.0]).names()[0] for m in M3] \
+    assert [hc.classify_heads(*_keys_state([m], [[0.0]]), mean=[1.0, 1.0, 1.0]).names()[0] for m in M3] \
         == ["leaning", "combination"]
 
 
@@ -214,10 +216,10 @@ def test_classes_without_a_mean_direction_and_with_one_spike():
     # zero-mean prior (flipped): e_1 + e_2 is a combination, -e_1 aligned, a tiny key unspecialized
     M, Q = _keys_state([[1.5, 1.5], [-2.0, 0.1], [0.01, 0.0]], 0.3 * np.eye(3))
     for mean in (None, [0.0, 0.0]):
-        assert pa.classify_heads(M, Q, mean=mean).names().tolist() == ["combination", "aligned", "unspecialized"]
+        assert hc.classify_heads(M, Q, mean=mean).names().tolist() == ["combination", "aligned", "unspecialized"]
     # F = 1 with a mean: the only spike is the mean direction
     M1, Q1 = _keys_state([[2.0], [-1.0]], 0.3 * np.eye(2))
-    assert pa.classify_heads(M1, Q1, mean=[2.5]).names().tolist() == ["unspecialized", "unspecialized"]
+    assert hc.classify_heads(M1, Q1, mean=[2.5]).names().tolist() == ["unspecialized", "unspecialized"]
 
 
 def test_escape_from_a_plateau_that_runs_to_the_end():
@@ -262,5 +264,5 @@ def test_head_weights_against_monte_carlo():
     se = (e.sum(1) / (1 + e.sum(1))).std(0) / np.sqrt(n)
     np.testing.assert_allclose(w1, ref, atol=5 * se.max() + 2e-3)
     assert w1[1] < 1e-3
-    c = pa.classify_heads(M, Q, mean=[1.25, 1.25], weights=w1)
+    c = hc.classify_heads(M, Q, mean=[1.25, 1.25], weights=w1)
     assert c.names()[1] == "off"
