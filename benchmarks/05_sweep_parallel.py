@@ -4,7 +4,7 @@ The points: the default preset with ``model.heads = 1, 2`` x ``problem.F = 1, 2`
 0.3, 0.5`` x ``problem.strength = 2.5, 3.5`` and ``sgd.tau_max = 100`` (the configuration's own
 grid, as ``singleloc sweep --horizon config``): 4 shapes (H, F), 4 points of each that differ in
 values only. Each point is the theory of a sweep point, computed as ``singleloc sweep`` computes
-it (:func:`singleloc._sweep.compute_points` through :func:`singleloc._distributed.run_points`,
+it (:func:`singleloc._sweep_compute.compute_points` through :func:`singleloc._distributed.run_points`,
 ``group=compile_group``):
 
 * unbatched: one task per point (the learning rate is a traced value, so the points of one shape
@@ -59,11 +59,11 @@ COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
 
 def counted_points(kind, *configs):
-    """:func:`~singleloc._sweep.compute_points`, the XLA compilations it caused in this process
+    """:func:`~singleloc._sweep_compute.compute_points`, the XLA compilations it caused in this process
     (names, counted by a ``jax.monitoring`` listener registered once per process) and its wall time."""
     import jax
 
-    from singleloc._sweep import compute_points
+    from singleloc._sweep_compute import compute_points
 
     names = getattr(jax.monitoring, "_benchmark05_compilations", None)
     if names is None:
@@ -83,7 +83,7 @@ def run(mode: str, tau_max: float, workers: int, out: Path) -> None:
     from singleloc import enable_compilation_cache, load_config
     from singleloc._distributed import run_points
     from singleloc._grid import grid_points, parse_grid
-    from singleloc._sweep import compile_group
+    from singleloc._sweep_compute import compile_group
 
     enable_compilation_cache()
     n_workers, batch = MODES[mode]

@@ -83,7 +83,7 @@ _HELD: set[Hashable] = set()  # the shapes whose programs this process holds sin
 def hold_programs(shape: Hashable) -> None:
     """Note that the next computation compiles (or reuses) the programs of ``shape`` (any
     hashable name of the arrays' shapes and the static values, e.g. a sweep's
-    :func:`~singleloc._sweep.compile_group`). Before a new shape beyond :data:`MAX_HELD_SHAPES`,
+    :func:`~singleloc._sweep_compute.compile_group`). Before a new shape beyond :data:`MAX_HELD_SHAPES`,
     every compiled program of this process is freed (``jax.clear_caches()``; module docstring,
     "Memory"). Results do not change: a freed program is compiled or loaded again when needed."""
     if shape not in _HELD and len(_HELD) >= MAX_HELD_SHAPES:

@@ -4,7 +4,7 @@
 to a callback ``on_result(key, result)`` **in the calling (client) process**, as the results
 complete. The workers receive the arguments (for a sweep: the kind and the resolved
 configurations of a group of points as plain dicts, :meth:`Config.to_dict`, computed together by
-:func:`~singleloc._sweep.compute_points`) and send back arrays; only the client writes files, so
+:func:`~singleloc._sweep_compute.compute_points`) and send back arrays; only the client writes files, so
 the workers need no shared file system.
 
 Where the tasks run (a :class:`Cluster`, from :func:`open_cluster`; :func:`run_points` opens one

@@ -22,36 +22,12 @@ points are their Cartesian product. At each point it
    (:func:`singleloc._predictions.head_weights`), which classify every head (``aligned``,
    ``leaning``, ``combination``, ``redundant``, ``off``, ``unspecialized``).
 
-Each step is a pure function of its configuration (:func:`compute` with the kinds
-``prediction``, ``theory``, ``simulation``; :func:`resolve_horizon`), so the points can be
-computed anywhere.
-
-Batching. Theory points that differ only in the :data:`VALUE_KEYS` (``problem.strength``,
-``sgd.lr``, ``sgd.init_scale``, ``sgd.tau_max``, so also the horizon of ``horizon="auto"``,
-``simulation.seed``, ``simulation.D``, ``theory.qmc_seed``, ``theory.rtol``, ``theory.atol``) have
-arrays of the same shapes: with ``batch=True`` (the default) they are one task, one vmapped solve
-of all their seeds' starts with one compilation (:func:`~singleloc._ode.integrate_points`; a group
-is one Dask task with ``workers`` or ``scheduler``, cut into near-equal parts when it holds more
-than ``1 / T`` of the points, with ``T`` the tasks the cluster runs at once,
-:func:`split_groups`). Every trajectory keeps its own adaptive steps, so a point's entry equals
-its own solve to the solver's tolerance (not bitwise: the batched program rounds differently; the
-cache key does not say which, and either entry serves). Any other key (``model.heads``,
-``problem.F``, ``problem.L``, the prior, ``model.activation``, ``theory.points``,
-``theory.replicates``, ``simulation.seeds``, ``sgd.n_save``, ...) starts another group.
-Escape predictions and simulations run one point after the other.
-
-Cache. Every computed point is stored as ``CACHE/<kind>-<key>.npz`` (kind ``theory`` or
-``simulation``), where ``key`` is the SHA-256 (first 24 hex digits) of the canonical JSON of
-the configuration (for a theory or simulation entry the resolved one, so the key includes the
-horizon), the package version, :data:`CACHE_VERSION` and the kind. A repeated sweep therefore
-recomputes nothing, and changing one value of the base configuration recomputes only the
-points whose configuration changed. A prediction entry holds the fields of
-:class:`~singleloc.EscapePrediction`; a theory entry ``tau``, ``M``, ``Q``, ``b`` and ``risk`` as
-:class:`~singleloc.TheoryResult`; a simulation entry the same names as
-:class:`~singleloc.SimulationResult` (``risk`` the empirical finite-D risk, ``risk_limit`` the
-limit loss). Files are written atomically (:mod:`singleloc._io`); a failed point (the ODE left
-the valid set) is not cached, and a damaged entry (unreadable, truncated, or without one of
-its arrays) is reported in one warning line, recomputed and replaced.
+Each step is a pure function of its configuration (:func:`singleloc._sweep_compute.compute` with
+the kinds ``prediction``, ``theory``, ``simulation``; :func:`resolve_horizon`), so the points can
+be computed anywhere, on this process or on a Dask cluster; theory points of the same shapes are
+one batched solve (:mod:`singleloc._sweep_compute`), and every entry is cached on disk under a
+hash of its configuration (:mod:`singleloc._sweep_cache`), so that a repeated sweep recomputes
+nothing.
 
 Output: ``DIR/sweep.csv`` with one row per point: the grid values, ``activation``, ``heads``,
 ``F``, ``status``, the prediction (``lambda``, ``tau_plateau``, ``predicted_escape``,
@@ -70,59 +46,37 @@ read back by :func:`~singleloc.load_sweep`.
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import dataclasses
-import hashlib
 import io
 import json
 import math
 import re
 import time
-import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import jax
 import numpy as np
 
-from ._compilation import hold_programs
-from ._config import Config, load_config, require_config
-from ._distributed import Cluster, open_cluster, run_points
+from ._config import Config, require_config
+from ._distributed import open_cluster
 from ._files import OUTPUT_KEY, png_has_text, written_together
 from ._grid import Grid, grid_points
 from ._head_classes import HEAD_CLASSES
-from ._io import NPZ_ERRORS, load_npz, npz_names, save_figure, save_npz, save_text
-from ._ode import initial_conditions, integrate, integrate_points, resolve_points
+from ._io import save_figure, save_text
 from ._phase_analysis import analyze
-from ._predictions import EscapePrediction, head_weights, predicted_escape
-from ._simulation import simulate as simulate_sgd
+from ._predictions import EscapePrediction, head_weights
+from ._sweep_cache import _entry_path, cache_key, cached_run, fill_cache
 from ._sweep_dataset import write_sweep
 from ._theory import OrderParameterODE
-from ._version import __version__
 from .plots import plot_phase_diagram
-
-#: Layout of the cache entries; part of every cache key, so that entries of an earlier layout
-#: are never read. 2: a simulation entry's ``risk`` is the empirical risk (1: the limit risk).
-CACHE_VERSION = 2
 
 #: Least number of saved times of a point integrated to a predicted or given horizon.
 HORIZON_N_SAVE = 201
 
-#: The kinds of cache entries, in the order a point needs them.
-KINDS = ("prediction", "theory", "simulation")
-
 #: The risk the phase analysis reads in an entry of each kind: the limit risk in both.
 PHASE_RISK = {"theory": "risk", "simulation": "risk_limit"}
-
-
-def cache_key(config: Config, kind: str) -> str:
-    """SHA-256 of the canonical JSON of the resolved config, the package version, the cache
-    layout version and the kind."""
-    data = {"singleloc_version": __version__, "cache_version": CACHE_VERSION, "kind": kind, "config": config.to_dict()}
-    blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
 def _check_horizon(horizon) -> None:
@@ -143,172 +97,25 @@ def resolve_horizon(config: Config, prediction: EscapePrediction, horizon: str |
     return config.replace(sgd={"tau_max": tau_max, "spacing": "log", "n_save": max(config.sgd.n_save, HORIZON_N_SAVE)})
 
 
-# The expensive steps; module-level so that tests can count or replace them.
-def compute_prediction(config: Config) -> dict[str, np.ndarray]:
-    """The predicted escape and horizon (:func:`~singleloc._predictions.predicted_escape`) as arrays.
-    With ``theory.points = "auto"`` the number of points is chosen here, once for the point, at the
-    starts its theory integrates from (:func:`~singleloc.resolve_points` at the initial overlaps of
-    every seed), and stored in the entry as ``points``: the prediction, the theory and the phase
-    summaries of the point all use it (:func:`with_chosen_points`)."""
-    if config.theory.points != "auto":
-        return predicted_escape(config).arrays()
-    resolved = resolve_points(config, initial_conditions(config))
-    return predicted_escape(resolved).arrays() | {"points": np.asarray(resolved.theory.points)}
-
-
 def with_chosen_points(config: Config, prediction: Mapping[str, np.ndarray]) -> Config:
     """``config`` with ``theory.points = "auto"`` replaced by the number its prediction entry
-    chose (:func:`compute_prediction`); ``config`` itself otherwise."""
+    chose (:func:`~singleloc._sweep_compute.compute_prediction`); ``config`` itself otherwise."""
     if config.theory.points != "auto" or "points" not in prediction:
         return config
     return config.replace(theory={"points": int(prediction["points"])})
-
-
-def compute_theory(config: Config) -> dict[str, np.ndarray]:
-    """ODE trajectories from the initial overlaps of every seed (one batched solve)."""
-    r = integrate(config, initial_conditions(config), progress=False)
-    return {"tau": r.tau, "M": r.M, "Q": r.Q, "b": r.b, "risk": r.risk}
-
-
-def compute_simulation(config: Config) -> dict[str, np.ndarray]:
-    """Finite-D SGD for every seed: ``risk`` (empirical) and ``risk_limit`` as in :class:`~singleloc.SimulationResult`."""
-    r = simulate_sgd(config, progress=False)
-    return {"tau": r.tau, "M": r.M, "Q": r.Q, "b": r.b, "risk": r.risk, "risk_limit": r.risk_limit}
-
-
-def compute(config: Config, kind: str) -> dict[str, np.ndarray]:
-    """The entry of ``kind`` (``"prediction"``, ``"theory"`` or ``"simulation"``) for
-    ``config``, computed (for a theory or simulation entry ``config`` is the resolved one,
-    :func:`resolve_horizon`)."""
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {', '.join(map(repr, KINDS))}, got {kind!r}")
-    return {"prediction": compute_prediction, "theory": compute_theory, "simulation": compute_simulation}[kind](config)
-
-
-def compute_theories(configs: Sequence[Config]) -> list[dict[str, np.ndarray] | FloatingPointError]:
-    """:func:`compute_theory` of several points as one vmapped solve per shape
-    (:func:`~singleloc._ode.integrate_points`): the arrays of each point, or the error its
-    solve stopped with."""
-    results = integrate_points([(config, initial_conditions(config)) for config in configs])
-    return [r if isinstance(r, FloatingPointError) else {"tau": r.tau, "M": r.M, "Q": r.Q, "b": r.b, "risk": r.risk}
-            for r in results]
-
-
-#: Keys that change only the values the compiled theory programs receive, not the programs:
-#: theory points that differ in them alone have arrays of the same shapes (``sgd.tau_max``
-#: changes the saved times, not their number), share their compilations (:func:`compile_group`)
-#: and, batched, are solved together (:func:`compute_points`).
-VALUE_KEYS = {"problem": ("strength",), "sgd": ("lr", "init_scale", "tau_max"), "simulation": ("seed", "D"),
-              "theory": ("qmc_seed", "rtol", "atol")}
-
-#: The kinds of entries whose points are batched (the others run one point after the other).
-BATCH_KINDS = ("theory",)
-
-
-#: The kinds whose compiled programs depend on the arrays' shapes and static values only, not on
-#: the :data:`VALUE_KEYS` (traced); the simulator's programs hold the configuration's values.
-SHAPE_KINDS = ("prediction", "theory")
-
-
-def compile_group(kind: str, config: Mapping[str, Mapping[str, Any]], *more: Mapping[str, Mapping[str, Any]]) -> str:
-    """The compiled programs a sweep point needs, as a hashable name: ``kind`` and ``config``
-    without :data:`VALUE_KEYS` for a kind in :data:`SHAPE_KINDS`, the whole ``config`` otherwise
-    (a ``group`` for :func:`~singleloc._distributed.run_points` with :func:`compute_point` or
-    :func:`compute_points`, whose further configs ``more`` are of the same group)."""
-    drop = VALUE_KEYS if kind in SHAPE_KINDS else {}
-    rest = {s: {k: v for k, v in sec.items() if k not in drop.get(s, ())} for s, sec in config.items()}
-    return json.dumps([kind, rest], sort_keys=True)
-
-
-def compute_points(kind: str, *configs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, np.ndarray] | BaseException]:
-    """The work of sweep points of one :func:`compile_group`, run on a worker: the entries of
-    ``kind`` (e.g. ``"theory"``) for the resolved configurations ``configs``
-    (:meth:`Config.to_dict`), as NumPy arrays, or the exception a point raised (the others go
-    on). Several theory points are one batched solve (:func:`compute_theories`); other kinds,
-    and a single point, :func:`compute` one after the other.
-
-    Enables double precision in the process that runs it, as the command line does: the ODE is
-    solved in float64 (the simulator keeps its own float32), also on a worker started by hand.
-    The process holds the compiled programs of a bounded number of shapes
-    (:func:`~singleloc._compilation.hold_programs`), so that a long sweep over many shapes does
-    not exhaust its memory mappings.
-    """
-    jax.config.update("jax_enable_x64", True)
-    hold_programs(compile_group(kind, configs[0]))  # a bounded number of groups' programs per process
-    resolved = [load_config(config) for config in configs]
-    if kind in BATCH_KINDS and len(resolved) > 1:
-        results: list = compute_theories(resolved)
-    else:
-        results = []
-        for config in resolved:
-            try:
-                results.append(compute(config, kind))
-            except Exception as err:  # reported for this point only
-                results.append(err)
-    return [r if isinstance(r, BaseException) else {name: np.asarray(value) for name, value in r.items()} for r in results]
-
-
-def compute_point(kind: str, config: Mapping[str, Mapping[str, Any]]) -> dict[str, np.ndarray]:
-    """The work of one sweep point, run on a worker: :func:`singleloc._sweep.compute` of ``kind``
-    (an entry kind of the sweep cache, e.g. ``"theory"``) for the resolved configuration
-    ``config`` (a :meth:`Config.to_dict`), as NumPy arrays (:func:`compute_points` of one point;
-    its exception is raised)."""
-    (result,) = compute_points(kind, config)
-    if isinstance(result, BaseException):
-        raise result
-    return result
 
 
 @dataclasses.dataclass
 class SweepStats:
     """Counts of points of one sweep: computed (some theory or simulation entry computed or
     failed), loaded entirely from the cache, failed (the theory or the simulation; counted
-    among the computed); wall time. :func:`cached_run` counts entries in the same fields."""
+    among the computed); wall time. :func:`~singleloc._sweep_cache.cached_run` counts entries
+    in the same fields."""
 
     computed: int = 0
     cached: int = 0
     failed: int = 0
     seconds: float = 0.0
-
-
-#: The arrays of a complete cache entry of each kind.
-ENTRY_KEYS = {"prediction": tuple(f.name for f in dataclasses.fields(EscapePrediction)),
-              "theory": ("tau", "M", "Q", "b", "risk"), "simulation": ("tau", "M", "Q", "b", "risk", "risk_limit")}
-
-
-def _read_entry(path: Path, kind: str, *, arrays: bool = True) -> dict[str, np.ndarray | None] | None:
-    """The cache entry at ``path``, or ``None`` (after a one-line warning) when it is damaged:
-    unreadable (truncated, bad CRC, not a zip file) or without one of :data:`ENTRY_KEYS`. With
-    ``arrays=False`` only the zip's directory is read (the names map to ``None``): a cheap check
-    that finds a missing, truncated or incomplete entry; a damaged array inside a whole file is
-    found when the entry is read."""
-    try:
-        data = load_npz(path) if arrays else dict.fromkeys(npz_names(path))
-    except NPZ_ERRORS as err:
-        problem = f"{type(err).__name__}: {' '.join(str(err).split())}"
-    else:
-        missing = [k for k in ENTRY_KEYS[kind] if k not in data]
-        if not missing:
-            return data
-        problem = f"no array {', '.join(missing)}"
-    warnings.warn(f"cache entry {path} is damaged ({problem}); recomputing it", stacklevel=3)
-    return None
-
-
-def cached_run(config: Config, kind: str, cache_dir: Path, stats: SweepStats | None = None) -> dict[str, np.ndarray]:
-    """Load ``kind`` for ``config`` from the cache, or compute and store it (also in place of a
-    damaged entry)."""
-    path = _entry_path(Path(cache_dir), config, kind)
-    data = _read_entry(path, kind) if path.is_file() else None
-    if data is not None:
-        if stats:
-            stats.cached += 1
-        return data
-    data = compute(config, kind)
-    save_npz(path, data)
-    if stats:
-        stats.computed += 1
-    return data
 
 
 def summarize(config: Config, data: dict[str, np.ndarray], kind: str) -> dict[str, float]:
@@ -324,65 +131,6 @@ SUMMARY_KEYS = ("final_risk", "escaped", "escape_time", "first_learned", "first_
                 *(f"n_{c}" for c in HEAD_CLASSES), "leaning_angle_spike", "leaning_angle_mean", "n_directions", "shared_profiles")
 
 
-def _entry_path(cache: Path, config: Config, kind: str) -> Path:
-    return cache / f"{kind}-{cache_key(config, kind)}.npz"
-
-
-def fill_cache(entries: Sequence[tuple[Config, str]], cache: Path, *, cluster: Cluster | None = None,
-               progress: bool = True, desc: str = "points", batch: bool = True) -> tuple[set[str], dict[str, BaseException]]:
-    """Compute the ``(config, kind)`` entries missing from (or damaged in) the cache, with
-    :func:`~singleloc._distributed.run_points` on ``cluster`` (an open
-    :class:`~singleloc._distributed.Cluster`; ``None``: in this process). With ``batch``, the
-    entries of a kind in :data:`BATCH_KINDS` are one task per :func:`compile_group` (one batched
-    solve, :func:`compute_points`; a large group cut for the cluster's
-    :attr:`~singleloc._distributed.Cluster.threads` by :func:`split_groups`); otherwise one task
-    per entry. Only this process writes the cache (atomically), as each result arrives. Returns
-    the names of the entries computed and the failures (entry name -> exception)."""
-    tasks = {}
-    for config, kind in entries:
-        path = _entry_path(cache, config, kind)
-        if path.name not in tasks and (not path.is_file() or _read_entry(path, kind, arrays=False) is None):
-            tasks[path.name] = (kind, config.to_dict())
-    groups: dict[str, list[str]] = {}
-    for name, (kind, config) in tasks.items():
-        groups.setdefault(compile_group(kind, config) if batch and kind in BATCH_KINDS else name, []).append(name)
-    done: set[str] = set()
-    errors: dict[str, BaseException] = {}
-
-    def store(names, results):
-        for name, result in zip(names, results):
-            if isinstance(result, BaseException):
-                errors[name] = result
-            else:
-                save_npz(cache / name, result)
-                done.add(name)
-
-    with contextlib.ExitStack() as stack:
-        cluster = cluster or stack.enter_context(open_cluster())
-        threads = cluster.threads if tasks else 1  # an external cluster is connected only when there is work
-        work = [(tuple(names), (tasks[names[0]][0], *(tasks[name][1] for name in names)))
-                for names in split_groups(list(groups.values()), threads)]
-        report = run_points(work, compute_points, store, cluster=cluster, progress=progress, desc=desc,
-                            group=compile_group, size=lambda kind, *configs: len(configs))
-    for names, err in report.errors.items():  # the whole task failed (e.g. its worker died too often)
-        errors.update(dict.fromkeys(names, err))
-    return done, errors
-
-
-def split_groups(groups: list[list[str]], workers: int) -> list[list[str]]:
-    """The tasks of batched groups on a cluster that runs ``workers`` tasks at once: a group of
-    more than ``ceil(points / workers)`` points (``points`` of all groups together) is cut into
-    that many near-equal parts (sizes that differ by one at most, so at most two programs per
-    group), so that one large group still keeps every worker busy. ``workers = 1``: the groups
-    as they are."""
-    limit = math.ceil(sum(map(len, groups)) / workers)
-    parts = []
-    for names in groups:
-        n = math.ceil(len(names) / limit)
-        parts.extend(names[i * len(names) // n:(i + 1) * len(names) // n] for i in range(n))
-    return parts
-
-
 def _failure(kind: str, err: BaseException) -> str:
     text = str(err).split(";")[0] if isinstance(err, FloatingPointError) else f"{type(err).__name__}: {err}"
     return f"{kind} failed: {' '.join(text.split())}"
@@ -396,12 +144,13 @@ def sweep(base: Config, grids: Sequence[Grid], out: str | Path, *, horizon: str 
     ``horizon``: ``"auto"`` (each point to its predicted horizon), ``"config"``
     (``sgd.tau_max``) or a number (module docstring). The entries missing from the cache are
     computed in two rounds (the escape predictions, then the theory and simulation runs to
-    their horizons) by :func:`fill_cache`: in this process (``workers = 1``, no ``scheduler``),
-    on a local Dask cluster of ``workers`` processes, or on the Dask cluster at ``scheduler``
-    (or ``DASK_SCHEDULER_ADDRESS``), one cluster for both rounds (started only when some entry
-    is missing); a point that fails is reported in its row and does not
-    stop the others. ``batch``: the theory points of one :func:`compile_group` are one batched
-    solve (one task). Returns the CSV rows (dicts) and the :class:`SweepStats`.
+    their horizons) by :func:`~singleloc._sweep_cache.fill_cache`: in this process
+    (``workers = 1``, no ``scheduler``), on a local Dask cluster of ``workers`` processes, or on
+    the Dask cluster at ``scheduler`` (or ``DASK_SCHEDULER_ADDRESS``), one cluster for both
+    rounds (started only when some entry is missing); a point that fails is reported in its row
+    and does not stop the others. ``batch``: the theory points of one
+    :func:`~singleloc._sweep_compute.compile_group` are one batched solve (one task). Returns the
+    CSV rows (dicts) and the :class:`SweepStats`.
     """
     require_config(base, "sweep")
     _check_horizon(horizon)

@@ -11,7 +11,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from singleloc import _sweep, load_config
+from singleloc import _sweep, _sweep_cache, _sweep_compute, load_config
 from singleloc.cli import main
 
 BASE = ["theory.points=32", "sgd.n_save=5", "simulation.seeds=2", "problem.L=3"]
@@ -34,11 +34,11 @@ def solver_tolerance(cfg, x):
 
 def test_batched_points_equal_their_own_solves():
     cfgs = configs()
-    groups = {_sweep.compile_group("theory", c.to_dict()) for c in cfgs}
+    groups = {_sweep_compute.compile_group("theory", c.to_dict()) for c in cfgs}
     assert len(groups) == 1  # the values do not split the group ...
-    assert _sweep.compile_group("theory", cfgs[0].replace(model={"heads": 1}).to_dict()) not in groups  # ... a shape does
-    batched = _sweep.compute_points("theory", *(c.to_dict() for c in cfgs))
-    single = [_sweep.compute_point("theory", c.to_dict()) for c in cfgs]
+    assert _sweep_compute.compile_group("theory", cfgs[0].replace(model={"heads": 1}).to_dict()) not in groups  # ... a shape does
+    batched = _sweep_compute.compute_points("theory", *(c.to_dict() for c in cfgs))
+    single = [_sweep_compute.compute_point("theory", c.to_dict()) for c in cfgs]
     for cfg, b, s in zip(cfgs, batched, single):
         np.testing.assert_array_equal(b["tau"], s["tau"])  # each point its own horizon
         assert b["tau"][-1] == cfg.sgd.tau_max
@@ -52,10 +52,10 @@ def test_batched_points_equal_their_own_solves():
 def test_a_failing_point_does_not_stop_its_batch():
     cfgs = configs()
     cfgs[1] = cfgs[1].replace(sgd={"lr": 1e7, "tau_max": 30.0})  # diverges at once
-    results = _sweep.compute_points("theory", *(c.to_dict() for c in cfgs))
+    results = _sweep_compute.compute_points("theory", *(c.to_dict() for c in cfgs))
     assert isinstance(results[1], FloatingPointError) and "sgd.lr" in str(results[1])
     for cfg, r in zip(cfgs[::2], results[::2]):
-        s = _sweep.compute_point("theory", cfg.to_dict())
+        s = _sweep_compute.compute_point("theory", cfg.to_dict())
         np.testing.assert_allclose(r["risk"], s["risk"], rtol=0, atol=solver_tolerance(cfg, s["risk"]))
 
 
@@ -65,7 +65,7 @@ _COUNT = textwrap.dedent("""
     import jax
     jax.config.update("jax_enable_x64", True)
     import singleloc as sl
-    from singleloc import _sweep
+    from singleloc import _sweep_cache
     programs = []
     def listener(event, duration, fun_name="", **kw):
         if event == "/jax/core/compile/backend_compile_duration" and fun_name in ("jit(_run_points)", "jit(_trajectories)"):
@@ -74,7 +74,7 @@ _COUNT = textwrap.dedent("""
     base = ["theory.points=16", "sgd.n_save=3", "sgd.tau_max=1", "simulation.seeds=1", "problem.L=3"]
     entries = [(sl.load_config("default", base + [f"model.heads={h}", f"sgd.lr={lr}", f"problem.strength={s}"]), "theory")
                for h in (1, 2) for lr in (0.3, 0.5) for s in (2.5, 3.5)]
-    done, errors = _sweep.fill_cache(entries, Path(sys.argv[1]), progress=False, batch=sys.argv[2] == "batch")
+    done, errors = _sweep_cache.fill_cache(entries, Path(sys.argv[1]), progress=False, batch=sys.argv[2] == "batch")
     print(json.dumps({"programs": programs, "done": len(done), "errors": len(errors)}))
 """)
 
@@ -102,12 +102,12 @@ def test_sweep_command_has_batch_switch(capsys):
 
 def test_a_large_group_is_cut_for_the_workers():
     one = [list("abcdefghijklmnop")]  # one group of 16 points, 2 workers: two tasks of 8
-    assert _sweep.split_groups(one, 2) == [list("abcdefgh"), list("ijklmnop")]
+    assert _sweep_cache.split_groups(one, 2) == [list("abcdefgh"), list("ijklmnop")]
     four = [list("abcd"), list("efgh"), list("ijkl"), list("mnop")]  # enough groups: kept whole
-    assert _sweep.split_groups(four, 2) == four and _sweep.split_groups(one, 1) == one
-    parts = _sweep.split_groups([list("abcde"), ["x"]], 2)  # at most ceil(6 / 2) = 3 points a task
+    assert _sweep_cache.split_groups(four, 2) == four and _sweep_cache.split_groups(one, 1) == one
+    parts = _sweep_cache.split_groups([list("abcde"), ["x"]], 2)  # at most ceil(6 / 2) = 3 points a task
     assert parts == [["a", "b"], ["c", "d", "e"], ["x"]]
-    assert sorted(sum(_sweep.split_groups([list("abcdefg")], 3), [])) == list("abcdefg")
+    assert sorted(sum(_sweep_cache.split_groups([list("abcdefg")], 3), [])) == list("abcdefg")
 
 
 def test_the_memory_check_counts_the_starts_of_a_batched_group(tmp_path, capsys, monkeypatch):

@@ -22,7 +22,8 @@ from singleloc import load_config
 from singleloc._distributed import _homes, open_cluster, run_points, worker_env
 from singleloc._grid import parse_grid
 from singleloc._io import load_npz, save_npz
-from singleloc._sweep import compile_group, compute_point, sweep
+from singleloc._sweep import sweep
+from singleloc._sweep_compute import compile_group, compute_point
 
 TINY = ["sgd.tau_max=2", "theory.points=256"]  # one compilation: strength changes no shape and no static field
 STARTUP = 120  # seconds allowed for a cluster or a process to start or stop on a loaded machine
@@ -316,7 +317,7 @@ PREDICTIONS_COMPILED = textwrap.dedent("""
     import sys
     import jax
     from singleloc import load_config
-    from singleloc._sweep import compile_group, compute_point
+    from singleloc._sweep_compute import compile_group, compute_point
 
     names = []
     jax.monitoring.register_event_duration_secs_listener(

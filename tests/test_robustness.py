@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from singleloc import _resources, _sweep, load_config
+from singleloc import _resources, _sweep, _sweep_cache, _sweep_compute, load_config
 from singleloc._grid import parse_grid
 from singleloc._io import load_npz, load_run, npz_stamp, save_npz, save_run
 from singleloc.cli import main
@@ -133,15 +133,15 @@ def test_a_damaged_cache_entry_is_reported_recomputed_and_replaced(tmp_path, mon
         return {"tau": np.arange(3.0), "M": np.ones((1, 3, 2, 2)), "Q": np.ones((1, 3, 2, 2)), "b": np.zeros((1, 3, 2)),
                 "risk": np.full((1, 3), 0.5)}
 
-    monkeypatch.setattr(_sweep, "compute", compute)
-    first = _sweep.cached_run(CONFIG, "theory", tmp_path)
+    monkeypatch.setattr(_sweep_cache, "compute", compute)
+    first = _sweep_cache.cached_run(CONFIG, "theory", tmp_path)
     (path,) = tmp_path.glob("theory-*.npz")
     damage(path)
     with pytest.warns(UserWarning, match=f"cache entry {path} is damaged \\({words}.*\\); recomputing it"):
-        again = _sweep.cached_run(CONFIG, "theory", tmp_path)
+        again = _sweep_cache.cached_run(CONFIG, "theory", tmp_path)
     assert calls == ["theory", "theory"] and again.keys() == first.keys()
     assert load_npz(path).keys() == first.keys()  # replaced by a complete entry
-    _sweep.cached_run(CONFIG, "theory", tmp_path)
+    _sweep_cache.cached_run(CONFIG, "theory", tmp_path)
     assert len(calls) == 2
 
 
@@ -329,15 +329,15 @@ def test_a_sweep_counts_failed_points_and_keeps_every_failure(tmp_path, monkeypa
 
     nan = float("nan")
     prediction = EscapePrediction(nan, nan, nan, float("inf"), 1.0, 64, np.zeros(1), np.zeros(1)).arrays()
-    monkeypatch.setattr(_sweep, "compute_prediction", lambda config: prediction)
+    monkeypatch.setattr(_sweep_compute, "compute_prediction", lambda config: prediction)
 
     def diverge(kind):
         def compute(config):
             raise FloatingPointError(f"{kind} diverged at tau = 1; lower sgd.lr")
         return compute
 
-    monkeypatch.setattr(_sweep, "compute_theory", diverge("ODE"))
-    monkeypatch.setattr(_sweep, "compute_simulation", diverge("SGD"))
+    monkeypatch.setattr(_sweep_compute, "compute_theory", diverge("ODE"))
+    monkeypatch.setattr(_sweep_compute, "compute_simulation", diverge("SGD"))
     rows, stats = _sweep.sweep(CONFIG, [parse_grid("model.heads=1,2")], tmp_path, horizon="config", simulate=True,
                                progress=False, figures=False)
     assert (stats.computed, stats.cached, stats.failed) == (2, 0, 2)

@@ -7,7 +7,7 @@ import csv
 import numpy as np
 import pytest
 
-from singleloc import _sweep, load_config
+from singleloc import _sweep, _sweep_cache, _sweep_compute, load_config
 from singleloc._grid import grid_points, parse_grid
 from singleloc._io import save_npz
 from singleloc._predictions import EscapePrediction, escape_horizon
@@ -46,9 +46,9 @@ def test_grid_points_product_and_validation():
 
 def test_cache_key_depends_on_config_and_kind_only():
     a = load_config("default")
-    assert _sweep.cache_key(a, "theory") == _sweep.cache_key(load_config("default"), "theory")
-    assert _sweep.cache_key(a, "theory") != _sweep.cache_key(a, "simulation")
-    assert _sweep.cache_key(a, "theory") != _sweep.cache_key(a.replace(sgd={"lr": 0.25}), "theory")
+    assert _sweep_cache.cache_key(a, "theory") == _sweep_cache.cache_key(load_config("default"), "theory")
+    assert _sweep_cache.cache_key(a, "theory") != _sweep_cache.cache_key(a, "simulation")
+    assert _sweep_cache.cache_key(a, "theory") != _sweep_cache.cache_key(a.replace(sgd={"lr": 0.25}), "theory")
 
 
 def fake_prediction(config):
@@ -64,7 +64,7 @@ def fake_compute(monkeypatch):
     """Replace the prediction and the ODE by cheap synthetic ones and count the ODE calls: head h
     < F goes from 0 to 2 e_h (aligned for F >= 2; along the mean, so unspecialized, for F = 1)."""
     calls = []
-    monkeypatch.setattr(_sweep, "compute_prediction", fake_prediction)
+    monkeypatch.setattr(_sweep_compute, "compute_prediction", fake_prediction)
 
     def fake(config):
         calls.append(config)
@@ -77,8 +77,8 @@ def fake_compute(monkeypatch):
         risk = np.tile(np.linspace(0.8, 0.2, 21) * config.sgd.lr, (S, 1))
         return {"tau": tau, "M": M, "Q": Q, "b": np.zeros((S, 21, H)), "risk": risk}
 
-    monkeypatch.setattr(_sweep, "compute_theory", fake)
-    monkeypatch.setattr(_sweep, "compute_theories", lambda configs: [fake(c) for c in configs])  # batched points
+    monkeypatch.setattr(_sweep_compute, "compute_theory", fake)
+    monkeypatch.setattr(_sweep_compute, "compute_theories", lambda configs: [fake(c) for c in configs])  # batched points
     return calls
 
 
@@ -145,10 +145,10 @@ def test_simulation_entry_names_its_risks_as_simulation_result(tmp_path, fake_co
     SimulationResult; the phase analysis reads the limit risk, as for the theory."""
 
     def fake_simulation(config):
-        data = _sweep.compute_theory(config)  # the fake theory trajectory
+        data = _sweep_compute.compute_theory(config)  # the fake theory trajectory
         return {**data, "risk": data["risk"] + 0.5, "risk_limit": data["risk"]}
 
-    monkeypatch.setattr(_sweep, "compute_simulation", fake_simulation)
+    monkeypatch.setattr(_sweep_compute, "compute_simulation", fake_simulation)
     base = load_config("default")
     rows, _ = _sweep.sweep(base, [parse_grid("model.heads=2")], tmp_path, simulate=True, progress=False, figures=False)
     (f,) = (tmp_path / "cache").glob("simulation-*.npz")
@@ -160,9 +160,9 @@ def test_simulation_entry_names_its_risks_as_simulation_result(tmp_path, fake_co
 
 def test_cache_key_changes_with_the_cache_layout(monkeypatch):
     a = load_config("default")
-    key = _sweep.cache_key(a, "simulation")
-    monkeypatch.setattr(_sweep, "CACHE_VERSION", _sweep.CACHE_VERSION - 1)
-    assert _sweep.cache_key(a, "simulation") != key
+    key = _sweep_cache.cache_key(a, "simulation")
+    monkeypatch.setattr(_sweep_cache, "CACHE_VERSION", _sweep_cache.CACHE_VERSION - 1)
+    assert _sweep_cache.cache_key(a, "simulation") != key
 
 
 def test_horizon_modes(tmp_path, fake_compute):
@@ -174,7 +174,7 @@ def test_horizon_modes(tmp_path, fake_compute):
         rows, _ = _sweep.sweep(base, grids, tmp_path, horizon=horizon, progress=False, figures=False)
         sgd = fake_compute[-1].sgd
         assert (sgd.tau_max, sgd.spacing, sgd.n_save) == want and rows[0]["horizon"] == want[0]
-        assert rows[0]["key"] == _sweep.cache_key(fake_compute[-1], "theory")
+        assert rows[0]["key"] == _sweep_cache.cache_key(fake_compute[-1], "theory")
     assert len(fake_compute) == 3
     big = base.replace(sgd={"n_save": 401})
     assert _sweep.resolve_horizon(big, EscapePrediction.from_arrays(fake_prediction(big)), "auto").sgd.n_save == 401
@@ -200,7 +200,7 @@ def test_cli_sweep_auto_horizon_real_prediction(tmp_path):
 
 @pytest.mark.slow
 def test_cli_sweep_real_theory_then_cached(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(_sweep, "compute_prediction", fake_prediction)  # the real one: test_cli_sweep_auto_horizon_...
+    monkeypatch.setattr(_sweep_compute, "compute_prediction", fake_prediction)  # the real one: test_cli_sweep_auto_horizon_...
     out = tmp_path / "sw"
     args = ["sweep", "default", "--grid", "model.activation=softmax,bsoftmax", "--horizon", "config",
             *[a for s in TINY for a in ("--set", s)], "--out", str(out), "--no-progress"]
@@ -219,7 +219,7 @@ def test_cli_sweep_real_theory_then_cached(tmp_path, capsys, monkeypatch):
 def test_cli_sweep_batched_and_not_give_the_same_table(tmp_path, capsys, monkeypatch):
     """Four points that differ in values only (learning rate, strength): one batched solve or
     four; the CSV (6 digits) is the same, and each run fills its own cache."""
-    monkeypatch.setattr(_sweep, "compute_prediction", fake_prediction)
+    monkeypatch.setattr(_sweep_compute, "compute_prediction", fake_prediction)
     tables = {}
     for mode in ("--batch", "--no-batch"):
         out = tmp_path / mode
@@ -232,7 +232,7 @@ def test_cli_sweep_batched_and_not_give_the_same_table(tmp_path, capsys, monkeyp
 
 
 def test_cli_sweep_with_simulation(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(_sweep, "compute_prediction", fake_prediction)
+    monkeypatch.setattr(_sweep_compute, "compute_prediction", fake_prediction)
     out = tmp_path / "sim"
     # same theory program as a point of the previous test (D and test_samples do not enter it):
     # the session's compilation cache serves it

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from test_sweep import TINY, fake_prediction, read_csv
 
-from singleloc import _sweep, load_config, load_sweep
+from singleloc import _sweep, _sweep_cache, _sweep_compute, load_config, load_sweep
 from singleloc._grid import grid_points, parse_grid
 from singleloc._io import load_npz
 from singleloc._sweep_dataset import ENTRY_DIMS, SWEEP_FILE, sweep_dataset
@@ -49,8 +49,8 @@ def test_sweep_file_round_trips_the_cache_and_the_csv(tmp_path, monkeypatch):
         return {"tau": tau, "M": M, "Q": M @ np.swapaxes(M, -1, -2) + np.eye(H, dtype=np.float32),
                 "b": np.zeros((S, tau.size, H), np.float32), "risk": risk, "risk_limit": risk - np.float32(0.01)}
 
-    monkeypatch.setattr(_sweep, "compute_prediction", prediction)
-    monkeypatch.setattr(_sweep, "compute_simulation", simulation)
+    monkeypatch.setattr(_sweep_compute, "compute_prediction", prediction)
+    monkeypatch.setattr(_sweep_compute, "compute_simulation", simulation)
     base = load_config("default", [*TINY, "simulation.seeds=2"])
     grids = [parse_grid("model.heads=1,2"), parse_grid("sgd.tau_max=1.0,2.0")]
     out = tmp_path / "out"
@@ -72,9 +72,9 @@ def test_sweep_file_round_trips_the_cache_and_the_csv(tmp_path, monkeypatch):
     for row, csv_row, (values, config) in zip(rows, table, grid_points(base, grids)):
         point = ds.sel(model_heads=values["model.heads"], sgd_tau_max=values["sgd.tau_max"])
         failed = values == {"model.heads": 2, "sgd.tau_max": 1.0}
-        assert row["key"] == ("" if failed else _sweep.cache_key(config, "theory"))
+        assert row["key"] == ("" if failed else _sweep_cache.cache_key(config, "theory"))
         for kind, prefix in (("theory", ""), ("simulation", "sim_")):
-            path = cache / f"{kind}-{_sweep.cache_key(config, kind)}.npz"
+            path = cache / f"{kind}-{_sweep_cache.cache_key(config, kind)}.npz"
             assert path.is_file() != failed
             entry = load_npz(path) if path.is_file() else None
             for name, dims in ENTRY_DIMS.items():

@@ -66,7 +66,8 @@ def _horizon(text: str) -> str | float:
 def run(args) -> int:
     from .._grid import grid_points, parse_grid
     from .._resources import check_run, check_workers
-    from .._sweep import compile_group, sweep
+    from .._sweep import sweep
+    from .._sweep_compute import compile_group
 
     config = config_from_args(args)
     grids = [parse_grid(g) for g in args.grid]

@@ -1,0 +1,152 @@
+"""The on-disk cache of a sweep (:mod:`singleloc._sweep`): the entries, their keys, and the
+computation of the missing ones (:func:`fill_cache`, on this process or a Dask cluster).
+
+Cache. Every computed point is stored as ``CACHE/<kind>-<key>.npz`` (kind ``theory`` or
+``simulation``), where ``key`` is the SHA-256 (first 24 hex digits) of the canonical JSON of
+the configuration (for a theory or simulation entry the resolved one, so the key includes the
+horizon), the package version, :data:`CACHE_VERSION` and the kind. A repeated sweep therefore
+recomputes nothing, and changing one value of the base configuration recomputes only the
+points whose configuration changed. A prediction entry holds the fields of
+:class:`~singleloc.EscapePrediction`; a theory entry ``tau``, ``M``, ``Q``, ``b`` and ``risk`` as
+:class:`~singleloc.TheoryResult`; a simulation entry the same names as
+:class:`~singleloc.SimulationResult` (``risk`` the empirical finite-D risk, ``risk_limit`` the
+limit loss). Files are written atomically (:mod:`singleloc._io`); a failed point (the ODE left
+the valid set) is not cached, and a damaged entry (unreadable, truncated, or without one of
+its arrays) is reported in one warning line, recomputed and replaced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import math
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ._config import Config
+from ._distributed import Cluster, open_cluster, run_points
+from ._io import NPZ_ERRORS, load_npz, npz_names, save_npz
+from ._predictions import EscapePrediction
+from ._sweep_compute import BATCH_KINDS, compile_group, compute, compute_points
+from ._version import __version__
+
+if TYPE_CHECKING:
+    from ._sweep import SweepStats
+
+#: Layout of the cache entries; part of every cache key, so that entries of an earlier layout
+#: are never read. 2: a simulation entry's ``risk`` is the empirical risk (1: the limit risk).
+CACHE_VERSION = 2
+
+
+def cache_key(config: Config, kind: str) -> str:
+    """SHA-256 of the canonical JSON of the resolved config, the package version, the cache
+    layout version and the kind."""
+    data = {"singleloc_version": __version__, "cache_version": CACHE_VERSION, "kind": kind, "config": config.to_dict()}
+    blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+#: The arrays of a complete cache entry of each kind.
+ENTRY_KEYS = {"prediction": tuple(f.name for f in dataclasses.fields(EscapePrediction)),
+              "theory": ("tau", "M", "Q", "b", "risk"), "simulation": ("tau", "M", "Q", "b", "risk", "risk_limit")}
+
+
+def _read_entry(path: Path, kind: str, *, arrays: bool = True) -> dict[str, np.ndarray | None] | None:
+    """The cache entry at ``path``, or ``None`` (after a one-line warning) when it is damaged:
+    unreadable (truncated, bad CRC, not a zip file) or without one of :data:`ENTRY_KEYS`. With
+    ``arrays=False`` only the zip's directory is read (the names map to ``None``): a cheap check
+    that finds a missing, truncated or incomplete entry; a damaged array inside a whole file is
+    found when the entry is read."""
+    try:
+        data = load_npz(path) if arrays else dict.fromkeys(npz_names(path))
+    except NPZ_ERRORS as err:
+        problem = f"{type(err).__name__}: {' '.join(str(err).split())}"
+    else:
+        missing = [k for k in ENTRY_KEYS[kind] if k not in data]
+        if not missing:
+            return data
+        problem = f"no array {', '.join(missing)}"
+    warnings.warn(f"cache entry {path} is damaged ({problem}); recomputing it", stacklevel=3)
+    return None
+
+
+def cached_run(config: Config, kind: str, cache_dir: Path, stats: SweepStats | None = None) -> dict[str, np.ndarray]:
+    """Load ``kind`` for ``config`` from the cache, or compute and store it (also in place of a
+    damaged entry)."""
+    path = _entry_path(Path(cache_dir), config, kind)
+    data = _read_entry(path, kind) if path.is_file() else None
+    if data is not None:
+        if stats:
+            stats.cached += 1
+        return data
+    data = compute(config, kind)
+    save_npz(path, data)
+    if stats:
+        stats.computed += 1
+    return data
+
+
+def _entry_path(cache: Path, config: Config, kind: str) -> Path:
+    return cache / f"{kind}-{cache_key(config, kind)}.npz"
+
+
+def fill_cache(entries: Sequence[tuple[Config, str]], cache: Path, *, cluster: Cluster | None = None,
+               progress: bool = True, desc: str = "points", batch: bool = True) -> tuple[set[str], dict[str, BaseException]]:
+    """Compute the ``(config, kind)`` entries missing from (or damaged in) the cache, with
+    :func:`~singleloc._distributed.run_points` on ``cluster`` (an open
+    :class:`~singleloc._distributed.Cluster`; ``None``: in this process). With ``batch``, the
+    entries of a kind in :data:`~singleloc._sweep_compute.BATCH_KINDS` are one task per
+    :func:`~singleloc._sweep_compute.compile_group` (one batched solve,
+    :func:`~singleloc._sweep_compute.compute_points`; a large group cut for the cluster's
+    :attr:`~singleloc._distributed.Cluster.threads` by :func:`split_groups`); otherwise one task
+    per entry. Only this process writes the cache (atomically), as each result arrives. Returns
+    the names of the entries computed and the failures (entry name -> exception)."""
+    tasks = {}
+    for config, kind in entries:
+        path = _entry_path(cache, config, kind)
+        if path.name not in tasks and (not path.is_file() or _read_entry(path, kind, arrays=False) is None):
+            tasks[path.name] = (kind, config.to_dict())
+    groups: dict[str, list[str]] = {}
+    for name, (kind, config) in tasks.items():
+        groups.setdefault(compile_group(kind, config) if batch and kind in BATCH_KINDS else name, []).append(name)
+    done: set[str] = set()
+    errors: dict[str, BaseException] = {}
+
+    def store(names, results):
+        for name, result in zip(names, results):
+            if isinstance(result, BaseException):
+                errors[name] = result
+            else:
+                save_npz(cache / name, result)
+                done.add(name)
+
+    with contextlib.ExitStack() as stack:
+        cluster = cluster or stack.enter_context(open_cluster())
+        threads = cluster.threads if tasks else 1  # an external cluster is connected only when there is work
+        work = [(tuple(names), (tasks[names[0]][0], *(tasks[name][1] for name in names)))
+                for names in split_groups(list(groups.values()), threads)]
+        report = run_points(work, compute_points, store, cluster=cluster, progress=progress, desc=desc,
+                            group=compile_group, size=lambda kind, *configs: len(configs))
+    for names, err in report.errors.items():  # the whole task failed (e.g. its worker died too often)
+        errors.update(dict.fromkeys(names, err))
+    return done, errors
+
+
+def split_groups(groups: list[list[str]], workers: int) -> list[list[str]]:
+    """The tasks of batched groups on a cluster that runs ``workers`` tasks at once: a group of
+    more than ``ceil(points / workers)`` points (``points`` of all groups together) is cut into
+    that many near-equal parts (sizes that differ by one at most, so at most two programs per
+    group), so that one large group still keeps every worker busy. ``workers = 1``: the groups
+    as they are."""
+    limit = math.ceil(sum(map(len, groups)) / workers)
+    parts = []
+    for names in groups:
+        n = math.ceil(len(names) / limit)
+        parts.extend(names[i * len(names) // n:(i + 1) * len(names) // n] for i in range(n))
+    return parts

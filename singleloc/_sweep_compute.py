@@ -1,0 +1,150 @@
+"""The work of sweep points (:mod:`singleloc._sweep`): the entries of a point, as pure functions
+of its resolved configuration, and their batching.
+
+A point needs entries of the kinds :data:`KINDS`: ``prediction`` (the escape prediction and the
+horizon, :func:`compute_prediction`), ``theory`` (the ODE from the initial overlaps of every
+seed, :func:`compute_theory`) and ``simulation`` (finite-D SGD, :func:`compute_simulation`);
+:func:`compute` gives any of them. :func:`compute_points` (and :func:`compute_point`, one point)
+is what a worker runs; it needs nothing but the configurations, so the points can be computed
+anywhere.
+
+Batching. Theory points that differ only in the :data:`VALUE_KEYS` (``problem.strength``,
+``sgd.lr``, ``sgd.init_scale``, ``sgd.tau_max``, so also the horizon of ``horizon="auto"``,
+``simulation.seed``, ``simulation.D``, ``theory.qmc_seed``, ``theory.rtol``, ``theory.atol``) have
+arrays of the same shapes: with ``batch=True`` (the default) they are one task, one vmapped solve
+of all their seeds' starts with one compilation (:func:`~singleloc._ode.integrate_points`; a group
+is one Dask task with ``workers`` or ``scheduler``, cut into near-equal parts when it holds more
+than ``1 / T`` of the points, with ``T`` the tasks the cluster runs at once,
+:func:`~singleloc._sweep_cache.split_groups`). Every trajectory keeps its own adaptive steps, so
+a point's entry equals its own solve to the solver's tolerance (not bitwise: the batched program
+rounds differently; the cache key does not say which, and either entry serves). Any other key (``model.heads``,
+``problem.F``, ``problem.L``, the prior, ``model.activation``, ``theory.points``,
+``theory.replicates``, ``simulation.seeds``, ``sgd.n_save``, ...) starts another group.
+Escape predictions and simulations run one point after the other.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from ._compilation import hold_programs
+from ._config import Config, load_config
+from ._ode import initial_conditions, integrate, integrate_points, resolve_points
+from ._predictions import predicted_escape
+from ._simulation import simulate as simulate_sgd
+
+#: The kinds of cache entries, in the order a point needs them.
+KINDS = ("prediction", "theory", "simulation")
+
+
+# The expensive steps; module-level so that tests can count or replace them.
+def compute_prediction(config: Config) -> dict[str, np.ndarray]:
+    """The predicted escape and horizon (:func:`~singleloc._predictions.predicted_escape`) as arrays.
+    With ``theory.points = "auto"`` the number of points is chosen here, once for the point, at the
+    starts its theory integrates from (:func:`~singleloc.resolve_points` at the initial overlaps of
+    every seed), and stored in the entry as ``points``: the prediction, the theory and the phase
+    summaries of the point all use it (:func:`~singleloc._sweep.with_chosen_points`)."""
+    if config.theory.points != "auto":
+        return predicted_escape(config).arrays()
+    resolved = resolve_points(config, initial_conditions(config))
+    return predicted_escape(resolved).arrays() | {"points": np.asarray(resolved.theory.points)}
+
+
+def compute_theory(config: Config) -> dict[str, np.ndarray]:
+    """ODE trajectories from the initial overlaps of every seed (one batched solve)."""
+    r = integrate(config, initial_conditions(config), progress=False)
+    return {"tau": r.tau, "M": r.M, "Q": r.Q, "b": r.b, "risk": r.risk}
+
+
+def compute_simulation(config: Config) -> dict[str, np.ndarray]:
+    """Finite-D SGD for every seed: ``risk`` (empirical) and ``risk_limit`` as in :class:`~singleloc.SimulationResult`."""
+    r = simulate_sgd(config, progress=False)
+    return {"tau": r.tau, "M": r.M, "Q": r.Q, "b": r.b, "risk": r.risk, "risk_limit": r.risk_limit}
+
+
+def compute(config: Config, kind: str) -> dict[str, np.ndarray]:
+    """The entry of ``kind`` (``"prediction"``, ``"theory"`` or ``"simulation"``) for
+    ``config``, computed (for a theory or simulation entry ``config`` is the resolved one,
+    :func:`~singleloc._sweep.resolve_horizon`)."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {', '.join(map(repr, KINDS))}, got {kind!r}")
+    return {"prediction": compute_prediction, "theory": compute_theory, "simulation": compute_simulation}[kind](config)
+
+
+def compute_theories(configs: Sequence[Config]) -> list[dict[str, np.ndarray] | FloatingPointError]:
+    """:func:`compute_theory` of several points as one vmapped solve per shape
+    (:func:`~singleloc._ode.integrate_points`): the arrays of each point, or the error its
+    solve stopped with."""
+    results = integrate_points([(config, initial_conditions(config)) for config in configs])
+    return [r if isinstance(r, FloatingPointError) else {"tau": r.tau, "M": r.M, "Q": r.Q, "b": r.b, "risk": r.risk}
+            for r in results]
+
+
+#: Keys that change only the values the compiled theory programs receive, not the programs:
+#: theory points that differ in them alone have arrays of the same shapes (``sgd.tau_max``
+#: changes the saved times, not their number), share their compilations (:func:`compile_group`)
+#: and, batched, are solved together (:func:`compute_points`).
+VALUE_KEYS = {"problem": ("strength",), "sgd": ("lr", "init_scale", "tau_max"), "simulation": ("seed", "D"),
+              "theory": ("qmc_seed", "rtol", "atol")}
+
+#: The kinds of entries whose points are batched (the others run one point after the other).
+BATCH_KINDS = ("theory",)
+
+
+#: The kinds whose compiled programs depend on the arrays' shapes and static values only, not on
+#: the :data:`VALUE_KEYS` (traced); the simulator's programs hold the configuration's values.
+SHAPE_KINDS = ("prediction", "theory")
+
+
+def compile_group(kind: str, config: Mapping[str, Mapping[str, Any]], *more: Mapping[str, Mapping[str, Any]]) -> str:
+    """The compiled programs a sweep point needs, as a hashable name: ``kind`` and ``config``
+    without :data:`VALUE_KEYS` for a kind in :data:`SHAPE_KINDS`, the whole ``config`` otherwise
+    (a ``group`` for :func:`~singleloc._distributed.run_points` with :func:`compute_point` or
+    :func:`compute_points`, whose further configs ``more`` are of the same group)."""
+    drop = VALUE_KEYS if kind in SHAPE_KINDS else {}
+    rest = {s: {k: v for k, v in sec.items() if k not in drop.get(s, ())} for s, sec in config.items()}
+    return json.dumps([kind, rest], sort_keys=True)
+
+
+def compute_points(kind: str, *configs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, np.ndarray] | BaseException]:
+    """The work of sweep points of one :func:`compile_group`, run on a worker: the entries of
+    ``kind`` (e.g. ``"theory"``) for the resolved configurations ``configs``
+    (:meth:`Config.to_dict`), as NumPy arrays, or the exception a point raised (the others go
+    on). Several theory points are one batched solve (:func:`compute_theories`); other kinds,
+    and a single point, :func:`compute` one after the other.
+
+    Enables double precision in the process that runs it, as the command line does: the ODE is
+    solved in float64 (the simulator keeps its own float32), also on a worker started by hand.
+    The process holds the compiled programs of a bounded number of shapes
+    (:func:`~singleloc._compilation.hold_programs`), so that a long sweep over many shapes does
+    not exhaust its memory mappings.
+    """
+    jax.config.update("jax_enable_x64", True)
+    hold_programs(compile_group(kind, configs[0]))  # a bounded number of groups' programs per process
+    resolved = [load_config(config) for config in configs]
+    if kind in BATCH_KINDS and len(resolved) > 1:
+        results: list = compute_theories(resolved)
+    else:
+        results = []
+        for config in resolved:
+            try:
+                results.append(compute(config, kind))
+            except Exception as err:  # reported for this point only
+                results.append(err)
+    return [r if isinstance(r, BaseException) else {name: np.asarray(value) for name, value in r.items()} for r in results]
+
+
+def compute_point(kind: str, config: Mapping[str, Mapping[str, Any]]) -> dict[str, np.ndarray]:
+    """The work of one sweep point, run on a worker: :func:`singleloc._sweep_compute.compute` of ``kind``
+    (an entry kind of the sweep cache, e.g. ``"theory"``) for the resolved configuration
+    ``config`` (a :meth:`Config.to_dict`), as NumPy arrays (:func:`compute_points` of one point;
+    its exception is raised)."""
+    (result,) = compute_points(kind, config)
+    if isinstance(result, BaseException):
+        raise result
+    return result
