@@ -52,7 +52,7 @@ _EXPORTS = {
     "_sweep_dataset": ("load_sweep",),
     "_specs": ("SGD", "Model", "Problem", "Simulation", "Theory"),
     "_sgd_rule": ("GradientMoments", "LearningRateSchedule", "OnlineSGD", "sgd_rule"),
-    "_theory": ("OrderParameterODE", "OrderParameters", "r_orth"),
+    "_theory": ("OrderParameterODE", "OrderParameters", "WeightedOrderParameters", "r_orth"),
     "_pruning": ("ORDERS as PRUNING_ORDERS", "PruningResult", "TheoryRisk", "WeightsRisk", "finetune", "keep_heads", "prune",
                  "prune_theory", "prune_weights", "removable_heads"),
     "_phase_analysis": ("PhaseAnalysis", "analyze"),
@@ -186,6 +186,7 @@ if TYPE_CHECKING:
     from ._sweep_dataset import load_sweep as load_sweep
     from ._theory import OrderParameterODE as OrderParameterODE
     from ._theory import OrderParameters as OrderParameters
+    from ._theory import WeightedOrderParameters as WeightedOrderParameters
     from ._theory import r_orth as r_orth
     from ._top_n import CriticalTopN as CriticalTopN
     from ._top_n import TopN as TopN

@@ -45,8 +45,9 @@ MARGIN = 1.5
 
 
 def flat_drift(drift: OrderParameters) -> jax.Array:
-    """All entries of ``(dM, dQ, db)`` (leading batch axes kept) as one vector."""
-    return jnp.concatenate([jnp.reshape(x, (*x.shape[: x.ndim - k], -1)) for x, k in zip(drift, (2, 2, 1))], axis=-1)
+    """All entries of ``(dM, dQ, db)`` (and ``dv`` with trained head weights; leading batch axes
+    kept) as one vector."""
+    return jnp.concatenate([jnp.reshape(x, (*x.shape[: x.ndim - k], -1)) for x, k in zip(drift, (2, 2, 1, 1))], axis=-1)
 
 
 def relative_drift_error(drifts) -> np.ndarray:
@@ -65,7 +66,7 @@ def relative_drift_error(drifts) -> np.ndarray:
 @eqx.filter_jit
 def start_drifts(ode: OrderParameterODE, y0: OrderParameters) -> jax.Array:
     """Flattened drifts (S, P) of one rule at the starts ``y0`` (leading axis ``S``)."""
-    return flat_drift(jax.vmap(lambda M, Q, b: ode.drift(M, Q, b))(*y0))
+    return flat_drift(jax.vmap(ode.state_drift)(y0))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -163,11 +163,12 @@ def bayes_risk(prior: Prior, L: int, points: int = 4096, seed: int = 0, replicat
 
 
 @eqx.filter_jit
-def layer_risk(ode: OrderParameterODE, M, Q, b) -> jax.Array:
-    """:meth:`OrderParameterODE.risk` of ``(M, Q, b)``, jitted: one compilation per rule shape and
-    activation (the rule's nodes are traced arguments, so rescrambled rules reuse it). The one
-    jitted entry point of the population risk for the Bayes baseline and for pruning."""
-    return ode.risk(M, Q, b)
+def layer_risk(ode: OrderParameterODE, M, Q, b, v=None) -> jax.Array:
+    """:meth:`OrderParameterODE.risk` of ``(M, Q, b)`` (head weights ``v``), jitted: one compilation
+    per rule shape and activation (the rule's nodes are traced arguments, so rescrambled rules
+    reuse it). The one jitted entry point of the population risk for the Bayes baseline and for
+    pruning."""
+    return ode.risk(M, Q, b, v)
 
 
 @eqx.filter_jit
@@ -178,14 +179,15 @@ def layer_risk_check(ode: OrderParameterODE, M, Q, b) -> jax.Array:
 
 def population_risk(
     prior: Prior, L: int, activation: str, M, Q, b, points: int = 4096, seed: int = 0, replicates: int = 8,
-    route: str = "auto",
+    route: str = "auto", v=None,
 ) -> RiskEstimate:
     """Population risk ``R(M, Q, b)`` of a layer (docs/model.md section 3) with its numerical error.
 
     A normalised-exponential activation (``route = "auto"``): the exact route
     (:mod:`~singleloc._laplace`), its error against the finer rule; otherwise (or
     ``route = "rule"``) :meth:`OrderParameterODE.risk` on ``replicates`` independently
-    scrambled rules, with their standard error."""
+    scrambled rules, with their standard error. ``v`` (H,): trained head weights, ``a_l = sum_h
+    v_h A_hl`` (default the head average; a joint layer with weights has no exact route)."""
     _check_counts(L, replicates)
     act = get_activation(activation)
     dtype = jnp.result_type(float)
@@ -194,23 +196,32 @@ def population_risk(
     if M.ndim != 2 or M.shape[1] != prior.F or Q.shape != (H, H) or b.shape != (H,):
         raise ValueError(f"order parameters must have shapes M (H, {prior.F}), Q (H, H), b (H,), "
                          f"got {M.shape}, {Q.shape}, {b.shape}")
+    if v is not None:
+        v = jnp.asarray(v, dtype)
+        if v.shape != (H,) or not bool(jnp.all(jnp.isfinite(v))):
+            raise ValueError(f"head weights v must be finite with shape ({H},), got shape {v.shape}")
     if route not in ROUTES:
         raise ValueError(f"route must be one of {', '.join(map(repr, ROUTES))}, got {route!r}")
     exact = exact_rule(act, int(L), H, prior)
+    if exact is not None and exact.form.joint and v is not None:
+        if route == "exact":
+            raise ValueError(f"route = 'exact': {activation!r} with head weights v has no exact route (a joint layer's "
+                             "head mixture is not a normalised exponential); use 'auto' or 'rule'")
+        exact = None
     if exact is None and route == "exact":
         raise ValueError(f"route = 'exact': activation {activation!r} is not a normalised exponential; use 'auto' or 'rule'")
     if exact is not None and route != "rule":
         fine = exact.refined()
-        return RiskEstimate.from_refinement(_exact_risk(exact, M, Q, b), _exact_risk(fine, M, Q, b))
+        return RiskEstimate.from_refinement(_exact_risk(exact, M, Q, b, v), _exact_risk(fine, M, Q, b, v))
     rules = (LocalFields.make(int(L), H, prior, points, seed + i) for i in range(int(replicates)))
     # the learning rate and bias training (1.0, False) do not enter the risk
-    values = [float(layer_risk(OrderParameterODE(rule, act, 1.0, False), M, Q, b)) for rule in rules]
+    values = [float(layer_risk(OrderParameterODE(rule, act, 1.0, False), M, Q, b, v)) for rule in rules]
     return RiskEstimate.from_replicates(values, points)
 
 
 @eqx.filter_jit
-def _exact_risk(rule, M, Q, b) -> jax.Array:
-    return rule.risk(M, Q, b)
+def _exact_risk(rule, M, Q, b, v=None) -> jax.Array:
+    return rule.risk(M, Q, b, v)
 
 
 def bayes_point(prior: Prior, dtype=None) -> OrderParameters:

@@ -96,6 +96,16 @@ def require_config(config: Any, where: str) -> None:
                         f"pass {hint}")
 
 
+def require_uniform_head_weights(config: Config, where: str) -> None:
+    """``ValueError`` naming ``model.head_weights`` when ``config`` trains its head weights and
+    ``where`` (a computation written for the head average: the SDE, the linearisation and the
+    head-symmetric flow, pruning) does not take them."""
+    if config.model.trained_head_weights:
+        raise ValueError(f"{where}: model.head_weights = 'trained' is not supported here (it is written for the head "
+                         "average a_l = (1/H) sum_h A_hl); integrate, simulate, compare and sweep (with a numeric "
+                         "horizon) take trained head weights; set model.head_weights = 'uniform'")
+
+
 def _short(value: Any, limit: int = 60) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[:limit - 3] + "..."

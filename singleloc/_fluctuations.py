@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._config import require_config
+from ._config import require_config, require_uniform_head_weights
 from ._numerics import psd_sqrt, psd_sqrt_and_pinv_sqrt
 from ._ode import resolve_points
 from ._theory import OrderParameterODE, flatten_state, unflatten_state
@@ -147,6 +147,7 @@ def integrate_sde(config, y0, keys, *, D=None, ts=None, dt: float = 0.05) -> SDE
     ``theory.points = "auto"`` is resolved at the starts ``y0`` (:func:`~singleloc.resolve_points`).
     """
     require_config(config, "integrate_sde")
+    require_uniform_head_weights(config, "integrate_sde")
     config = resolve_points(config, y0)
     D = config.simulation.D if D is None else D
     ode = OrderParameterODE.from_config(config)

@@ -88,17 +88,21 @@ def draw_heldout(key: jax.Array, prior: Prior, K: jax.Array, kstar: jax.Array, n
 
 
 def heldout_losses(activation: Activation, seqs: HeldoutSequences, b: jax.Array,
-                   kept: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+                   kept: jax.Array | None = None, *, v: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """Finite-D and limit losses, each of shape ``(n,)``, of the layer with biases ``b`` (H,)
-    on the sequences ``seqs``; ``kept`` (H',) int: evaluate the sub-layer of those heads only
-    (its aggregation renormalised over them), default all heads."""
+    and head weights ``v`` (H,; default the head average) on the sequences ``seqs``; ``kept``
+    (H',) int: evaluate the sub-layer of those heads only (its aggregation renormalised over
+    them: the head average of the kept heads, or their weights scaled to the same sum), default
+    all heads."""
     keys = seqs.keys if kept is None else seqs.keys[kept]
     b = b if kept is None else b[kept]
+    if v is not None and kept is not None:
+        v = v[kept] * (jnp.sum(v) / jnp.sum(v[kept]))
     L = seqs.y.shape[1]
     s = jnp.einsum("hr,nlr->nhl", keys, seqs.y) + b[:, None]
 
     def one(s, y, eps, chi2):
-        w = jax.nn.one_hot(eps, L, dtype=s.dtype) - token_weights(activation, s)
+        w = jax.nn.one_hot(eps, L, dtype=s.dtype) - token_weights(activation, s, v)
         limit = jnp.sum(w**2)
         return (jnp.sum((w @ y) ** 2) + limit * chi2) / seqs.D, limit
 

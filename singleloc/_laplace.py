@@ -240,12 +240,20 @@ class LaplaceRule(eqx.Module):
         C0 = a**2 * (Q + M @ self.prior_cov @ M.T)
         return m1, C1, m0, C0
 
-    def risk(self, M: jax.Array, Q: jax.Array, b: jax.Array) -> jax.Array:
+    def risk(self, M: jax.Array, Q: jax.Array, b: jax.Array, v: jax.Array | None = None) -> jax.Array:
         """``R(M, Q, b) = E[(1 - a_0)^2 + sum_{l >= 1} a_l^2]`` (token 0 relevant), exactly to the
-        rule's precision."""
+        rule's precision; ``v``: trained head weights, ``a_l = sum_h v_h A_hl`` (per-head layers
+        only: a joint layer's head mixture is not a normalised exponential)."""
         M, Q, b = (jnp.asarray(x, self.atoms.dtype) for x in (M, Q, b))
         Q = (Q + Q.T) / 2
-        return self._joint_risk(M, Q, b) if self.form.joint else self._per_head_risk(M, Q, b)
+        if self.form.joint:
+            if v is not None:
+                raise ValueError("the exact route of a joint layer (bsoftmax) takes uniform head weights only; "
+                                 "model.head_weights = 'trained' goes on theory.route = 'rule'")
+            return self._joint_risk(M, Q, b)
+        H = Q.shape[0]
+        v = jnp.full((H,), 1.0 / H, M.dtype) if v is None else jnp.asarray(v, M.dtype)
+        return self._per_head_risk(M, Q, b, v)
 
     # -- per-head layers ----------------------------------------------------------------------
     def _ranges(self, m1, v1, m0, v0):
@@ -282,7 +290,9 @@ class LaplaceRule(eqx.Module):
         inner = _smoothed(yp[None, :] + mp + beta * sx[:, None], s2, self.z_inner, self.w_inner)  # (4, n_outer, n_t)
         return jnp.stack([outer[a] @ inner[b] for a, b in combos])
 
-    def _per_head_risk(self, M, Q, b):
+    def _per_head_risk(self, M, Q, b, v):
+        """The risk ``1 - 2 sum_h v_h E[A_h0] + sum_{h, g} v_h v_g E[sum_l A_hl A_gl]`` of the
+        mixture ``a = sum_h v_h A_h`` (the head average: ``v = 1/H``)."""
         H, L, kappa = Q.shape[0], self.L, self.form.offset
         m1, C1, m0, C0 = self._token_laws(M, Q, b)
         v1, v0 = jnp.diag(C1), jnp.diag(C0)
@@ -314,8 +324,10 @@ class LaplaceRule(eqx.Module):
             w = pre[h][:, None] * pre[g][None, :]
             return jnp.sum(w * rel[1] * _power(W, L - 1)) + (L - 1) * jnp.sum(w * noise[1] * rel[0] * _power(W, L - 2))
 
-        cross = jnp.sum(jax.lax.map(jax.checkpoint(pair), jnp.asarray(pairs))) if len(pairs) else 0.0
-        return 1.0 - 2.0 * jnp.mean(EA0) + (jnp.sum(EAA_same) + 2.0 * cross) / H**2
+        cross = 0.0
+        if len(pairs):
+            cross = jax.lax.map(jax.checkpoint(pair), jnp.asarray(pairs)) @ (v[pairs[:, 0]] * v[pairs[:, 1]])
+        return 1.0 - 2.0 * (v @ EA0) + v**2 @ EAA_same + 2.0 * cross
 
     # -- joint layers -------------------------------------------------------------------------
     def _joint_risk(self, M, Q, b):

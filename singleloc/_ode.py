@@ -62,7 +62,7 @@ from ._data import initial_overlaps
 from ._io import save_run
 from ._numerics import Q_RUNAWAY
 from ._sharding import shard_batch, unpad
-from ._theory import OrderParameterODE, OrderParameters, r_orth
+from ._theory import OrderParameterODE, OrderParameters, WeightedOrderParameters, r_orth
 
 _PSD_SLACK = 1e-6
 
@@ -92,7 +92,8 @@ class TheoryResult:
     rule) or ``"rule"``; ``risk_error``: on the exact route, the largest difference of the
     risk at the start and at the end to a finer exact rule (the stated error of ``risk``);
     ``gram_error``: on the exact route, the estimated relative error of the ``lr^2`` (Gram) term
-    at the start and at the end (its difference between two scramblings: :func:`gram_error`).
+    at the start and at the end (its difference between two scramblings: :func:`gram_error`);
+    ``v`` (S, T, H): the trained head weights (``model.head_weights = "trained"``; else ``None``).
     ``theory.npz`` stores the first trajectory with the leading ``S`` axis dropped.
     """
 
@@ -108,6 +109,7 @@ class TheoryResult:
     route: str = "rule"
     risk_error: float = float("nan")
     gram_error: float = float("nan")
+    v: np.ndarray | None = None  # (S, T, H): trained head weights; None for the head average
 
     def __post_init__(self):
         if self.risk_se is None:
@@ -117,7 +119,8 @@ class TheoryResult:
         return {"tau": self.tau, "M": self.M[index], "Q": self.Q[index], "b": self.b[index], "risk": self.risk[index],
                 "risk_se": self.risk_se[index], "drift_error": np.asarray(self.drift_error), "points": np.asarray(self.points),
                 "replicates": np.asarray(self.replicates), "route": np.asarray(self.route),
-                "risk_error": np.asarray(self.risk_error), "gram_error": np.asarray(self.gram_error)}
+                "risk_error": np.asarray(self.risk_error), "gram_error": np.asarray(self.gram_error),
+                **({} if self.v is None else {"v": self.v[index]})}
 
     def quadrature(self) -> str:
         """One line on the rule: points, replicates and the error estimates (for printing)."""
@@ -146,15 +149,15 @@ class TheoryResult:
 
 
 def _invalid_state(t, y, args, **kwargs):
-    M, Q, b = y
-    finite = jnp.all(jnp.isfinite(M)) & jnp.all(jnp.isfinite(Q)) & jnp.all(jnp.isfinite(b))
+    M, Q = y.M, y.Q
+    finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in y]))
     scale = 1.0 + jnp.max(jnp.abs(jnp.where(jnp.isfinite(Q), Q, 0.0)))
     min_eig = jnp.min(jnp.linalg.eigvalsh(jnp.where(finite, r_orth(M, Q), 0.0)))
     return (~finite) | (scale > Q_RUNAWAY) | (min_eig < -_PSD_SLACK * scale)
 
 
 def _solve(ode: OrderParameterODE, y0: OrderParameters, ts: jax.Array, rtol, atol, max_steps: int, progress: bool):
-    term = diffrax.ODETerm(lambda t, y, args: ode.drift(*y, tau=t))
+    term = diffrax.ODETerm(lambda t, y, args: ode.state_drift(y, tau=t))
     sol = diffrax.diffeqsolve(
         term,
         diffrax.Tsit5(),
@@ -170,7 +173,7 @@ def _solve(ode: OrderParameterODE, y0: OrderParameters, ts: jax.Array, rtol, ato
         adjoint=diffrax.ForwardMode(),
         progress_meter=diffrax.TqdmProgressMeter() if progress else diffrax.NoProgressMeter(),
     )
-    return *sol.ys, sol.result == diffrax.RESULTS.successful
+    return sol.ys, sol.result == diffrax.RESULTS.successful
 
 
 def _trajectories(dynamics: OrderParameterODE, evaluation: OrderParameterODE, y0: OrderParameters, ts, rtol, atol, max_steps,
@@ -180,16 +183,18 @@ def _trajectories(dynamics: OrderParameterODE, evaluation: OrderParameterODE, y0
     replicated = dynamics.fields.w.shape[0] > 1  # the rules stack along a leading replicates axis
 
     def trajectory(dyn, ev, y):
-        M, Q, b, ok = _solve(dyn, y, ts, rtol, atol, max_steps, progress)
-        risk = jax.vmap(lambda m, q, bb: jnp.where(jnp.isfinite(q).all(), ev.risk(m, q, bb), jnp.nan))(M, Q, b)
+        ys, ok = _solve(dyn, y, ts, rtol, atol, max_steps, progress)
+        risk = jax.vmap(lambda s: jnp.where(jnp.isfinite(s.Q).all(), ev.state_risk(s), jnp.nan))(ys)
         # the exact route's stated error: the risk at the start and at the end on a finer rule
         ends = jnp.array([0, -1])
-        checked = lambda m, q, bb: jnp.where(jnp.isfinite(q).all(), ev.risk_check(m, q, bb), jnp.nan)
-        check = jax.vmap(checked)(M[ends], Q[ends], b[ends])
+        at_ends = jax.tree.map(lambda x: x[ends], ys)
+        checked = lambda s: jnp.where(jnp.isfinite(s.Q).all(), ev.risk_check(*s), jnp.nan)
+        check = jax.vmap(checked)(at_ends)
         # the drift at the start serves the replicates' error estimate only (one replicate: zeros, not traced)
-        drift0 = flat_drift(dyn.drift(*y)) if replicated else jnp.zeros(sum(x.size for x in y), y.M.dtype)
-        grams = jax.vmap(lambda m, q, bb: gram_error(dyn, ev, m, q, bb))(M[ends], Q[ends], b[ends])
-        return M, Q, b, risk, ok, drift0, jnp.abs(check - risk[ends]), grams
+        drift0 = flat_drift(dyn.state_drift(y)) if replicated else jnp.zeros(sum(x.size for x in y), y.M.dtype)
+        grams = jax.vmap(lambda s: gram_error(dyn, ev, *s))(at_ends)
+        # a plain tuple of the state's fields: the stored program's outputs are built-in containers
+        return tuple(ys), risk, ok, drift0, jnp.abs(check - risk[ends]), grams
 
     # the replicates' rules are stacked, their SGD rule (the learning rate) is one for all
     rules = lambda ode: eqx.tree_at(lambda o: o.sgd, jax.tree.map(lambda _: 0, ode), None, is_leaf=lambda x: x is None)
@@ -197,17 +202,18 @@ def _trajectories(dynamics: OrderParameterODE, evaluation: OrderParameterODE, y0
     return jax.vmap(jax.vmap(trajectory, in_axes=in_axes), in_axes=(None, None, 0))(dynamics, evaluation, y0)
 
 
-def gram_error(dynamics: OrderParameterODE, evaluation: OrderParameterODE, M, Q, b) -> jax.Array:
+def gram_error(dynamics: OrderParameterODE, evaluation: OrderParameterODE, M, Q, b, v=None) -> jax.Array:
     """The stated relative error of the exact route's ``lr^2`` term at one state: ``max |G - G'| /
     (sqrt(2) max |G|)`` for the Gram matrices ``G, G'`` of two independent scramblings (each has
     the same error law). At a stationary state the Gram term balances the ``O(lr)`` part of ``dQ``,
-    so this is the relative error of that part of the drift there. 0 on the rule route
-    (``drift_error`` states its error), NaN for a non-finite state. (No gradient here: a second
-    site of the exact gradient in the solve's program would add a quarter to its compile time.)"""
+    so this is the relative error of that part of the drift there (``v``: trained head weights). 0
+    on the rule route (``drift_error`` states its error), NaN for a non-finite state. (No gradient
+    here: a second site of the exact gradient in the solve's program would add a quarter to its
+    compile time.)"""
     if dynamics.gram_fields is None:
         return jnp.zeros((), M.dtype)
-    G = dynamics.gram(M, Q, b)
-    err = jnp.max(jnp.abs(G - evaluation.gram(M, Q, b))) / jnp.sqrt(2.0)
+    G = dynamics.gram(M, Q, b, v)
+    err = jnp.max(jnp.abs(G - evaluation.gram(M, Q, b, v))) / jnp.sqrt(2.0)
     size = jnp.max(jnp.abs(G))
     return jnp.where(jnp.isfinite(Q).all() & (size > 0), err / size, jnp.nan)
 
@@ -228,15 +234,34 @@ def _initial_overlaps(seed: int, indices: jax.Array, F: int, H: int, D: int, ini
     return jax.vmap(lambda s: initial_overlaps(seed, s, F, H, D, init_scale))(indices)
 
 
-def initial_conditions(config: Config, seeds: int | None = None) -> OrderParameters:
+def initial_conditions(config: Config, seeds: int | None = None) -> OrderParameters | WeightedOrderParameters:
     """Overlaps ``(M0, Q0, b0)`` of the simulator's initial weights for seeds ``0..seeds-1``
     (``simulation.seeds`` by default), stacked along a leading axis (one program for all
-    seeds; the same bits as the simulator's own initialisation)."""
+    seeds; the same bits as the simulator's own initialisation); with trained head weights,
+    :class:`~singleloc.WeightedOrderParameters` with ``v0 = 1/H``."""
     require_config(config, "initial_conditions")
     pb, sim, sgd, H = config.problem, config.simulation, config.sgd, config.model.heads
     n = sim.seeds if seeds is None else seeds
     M, Q = _initial_overlaps(sim.seed, jnp.arange(n), pb.F, H, sim.D, sgd.init_scale)
-    return OrderParameters(M, Q, jnp.full((n, H), config.model.bias_init))
+    y0 = OrderParameters(M, Q, jnp.full((n, H), config.model.bias_init))
+    return with_head_weights(config, y0)
+
+
+def with_head_weights(config: Config, y0: OrderParameters | WeightedOrderParameters
+                      ) -> OrderParameters | WeightedOrderParameters:
+    """The start ``y0`` in the state kind of ``config``: with trained head weights, ``y0`` with
+    ``v0 = 1/H`` when it has none; ``ValueError`` for head weights in a layer that averages its
+    heads uniformly."""
+    trained, H = config.model.trained_head_weights, config.model.heads
+    if len(y0) == 4:
+        if not trained:
+            raise ValueError("the start has head weights v0 but model.head_weights = 'uniform'; pass (M0, Q0, b0) or set "
+                             "model.head_weights = 'trained'")
+        return WeightedOrderParameters(*y0)
+    if not trained:
+        return y0
+    b = jnp.asarray(y0[2])
+    return WeightedOrderParameters(*y0, jnp.full(b.shape, 1.0 / H, dtype=jnp.result_type(float)))
 
 
 def resolve_points(config: Config, y0: OrderParameters | None = None) -> Config:
@@ -253,14 +278,15 @@ def resolve_points(config: Config, y0: OrderParameters | None = None) -> Config:
     require_config(config, "resolve_points")
     if config.theory.points != "auto":
         return config
-    starts = initial_conditions(config, 1) if y0 is None else _batched_starts(y0)
+    starts = initial_conditions(config, 1) if y0 is None else _batched_starts(with_head_weights(config, y0))
     return config.replace(theory={"points": choose_points(config, starts).points})
 
 
 def _batched_starts(y0: OrderParameters) -> OrderParameters:
     """``y0`` in the dtype of the solve, with a leading axis (one start: added)."""
-    y0 = OrderParameters(*(jnp.asarray(x, dtype=jnp.result_type(float)) for x in y0))
-    return OrderParameters(*(x[None] for x in y0)) if y0.M.ndim == 2 else y0
+    kind = WeightedOrderParameters if len(y0) == 4 else OrderParameters  # a plain tuple is read by its length
+    y0 = kind(*(jnp.asarray(x, dtype=jnp.result_type(float)) for x in y0))
+    return kind(*(x[None] for x in y0)) if y0.M.ndim == 2 else y0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -276,7 +302,7 @@ class _Problem:
 
 
 def _problem(config: Config, y0: OrderParameters | None, ts: np.ndarray | None) -> _Problem:
-    y0 = _batched_starts(initial_conditions(config, 1) if y0 is None else y0)
+    y0 = _batched_starts(initial_conditions(config, 1) if y0 is None else with_head_weights(config, y0))
     _check_initial(config, y0)
     ts = jnp.asarray(config.sgd.save_times() if ts is None else ts, dtype=y0.M.dtype)
     th = config.theory
@@ -355,7 +381,8 @@ def integrate(
     if skip:  # the start at t0, solved from but not asked for
         later = lambda x: x[:, 1:]
         result = dataclasses.replace(result, tau=result.tau[1:], M=later(result.M), Q=later(result.Q), b=later(result.b),
-                                     risk=later(result.risk), risk_se=later(result.risk_se))
+                                     risk=later(result.risk), risk_se=later(result.risk_se),
+                                     v=None if result.v is None else later(result.v))
     return result
 
 
@@ -398,7 +425,8 @@ def _result(problem: _Problem, out, max_steps: int) -> TheoryResult | FloatingPo
     that says where its solve stopped."""
     config, ts = problem.config, problem.args[3]
     R = config.theory.replicates
-    M, Q, b, risk, ok, drift0, check, grams = out
+    ys, risk, ok, drift0, check, grams = out
+    M, Q, b, v = (*ys, None)[:4]  # (M, Q, b) or, with trained head weights, (M, Q, b, v)
     valid = np.isfinite(risk)
     if not np.all(ok) or not np.all(valid):
         i, r = np.unravel_index(np.argmin(np.all(valid, axis=2) & ok), ok.shape)
@@ -429,13 +457,14 @@ def _result(problem: _Problem, out, max_steps: int) -> TheoryResult | FloatingPo
                       f"{config.theory.nodes} resolves only to that precision; raise theory.nodes (cost grows like its square "
                       f"to cube){joint}", stacklevel=3)
     return TheoryResult(np.asarray(ts), mean(M), mean(Q), mean(b), mean(risk), risk_se, drift_error, problem.points, R,
-                        route, risk_error, gram)
+                        route, risk_error, gram, None if v is None else mean(v))
 
 
 def _check_initial(config: Config, y0: OrderParameters) -> None:
     H, F = config.model.heads, config.problem.F
     S = y0.M.shape[0]
-    for name, x, shape in (("M0", y0.M, (S, H, F)), ("Q0", y0.Q, (S, H, H)), ("b0", y0.b, (S, H))):
+    parts = (("M0", y0.M, (S, H, F)), ("Q0", y0.Q, (S, H, H)), ("b0", y0.b, (S, H)))
+    for name, x, shape in parts + ((("v0", y0.v, (S, H)),) if isinstance(y0, WeightedOrderParameters) else ()):
         if x.shape != shape:
             raise ValueError(f"{name} must have shape {shape[1:]} (model.heads = {H}, problem.F = {F}), got {x.shape[1:]}")
         if not np.all(np.isfinite(np.asarray(x))):

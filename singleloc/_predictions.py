@@ -33,6 +33,8 @@ of a random start (``M = 0``, ``R_orth = init_scale^2 I``, ``b = bias_init``) up
   No unstable symmetry-breaking direction (``H = 1``; ``F = 1`` with a non-zero mean, where
   the only spike is the mean direction; or a rate that stays non-positive) gives
   ``predicted_escape = inf`` and ``rate`` NaN (no mode) or the last, non-positive rate.
+  Trained head weights (``model.head_weights = "trained"``) have no head-symmetric flow here:
+  every number of the prediction is NaN (not predicted) and the horizon is the ``fallback``.
 
 **The horizon** (:func:`escape_horizon`): ``multiple = 2.5`` times the predicted escape,
 rounded up to two significant digits and capped at ``cap = 3000``; without a predicted escape,
@@ -45,7 +47,7 @@ risk). The output weights are ``a_l = (1/H) sum_h A_hl``, so ``w_h / H`` is the 
 of ``sum_l a_l``: a softmax head has ``w_h = 1`` always, a softmax1 head ``w_h < 1`` (``-> 0``
 as its bias or its scores go to minus infinity), and bsoftmax heads share ``sum_h w_h = H``.
 The phase analysis calls a head switched off when ``w_h`` is below a fraction of the weight
-of a full head (:func:`singleloc._phase_analysis.classify_heads`).
+of a full head (:func:`singleloc._head_classes.classify_heads`).
 """
 
 from __future__ import annotations
@@ -159,6 +161,11 @@ def predicted_escape(config: Config, *, multiple: float = HORIZON_MULTIPLE, cap:
     (:func:`~singleloc.resolve_points`)."""
     require_config(config, "predicted_escape")
     config = resolve_points(config)
+    if config.model.trained_head_weights:  # no head-symmetric flow of the weighted layer: no prediction
+        nan, empty = math.nan, np.zeros(0)
+        return EscapePrediction(rate=nan, tau_plateau=nan, plateau_risk=nan, predicted_escape=nan,
+                                horizon=escape_horizon(nan, multiple=multiple, cap=cap, fallback=fallback),
+                                D=config.simulation.D, path_tau=empty, path_rate=empty)
     H, F = config.model.heads, config.problem.F
     D = config.simulation.D
     ode = OrderParameterODE.from_config(config)

@@ -43,7 +43,7 @@ import numpy as np
 
 from ._activations import get_activation
 from ._bayes import RiskEstimate, layer_risk, layer_risk_check
-from ._config import Config, require_config
+from ._config import Config, require_config, require_uniform_head_weights
 from ._data import overlaps
 from ._heldout import draw_heldout, heldout_losses
 from ._ode import integrate, resolve_points
@@ -136,6 +136,7 @@ class TheoryRisk:
 
     def __init__(self, config: Config, M, Q, b):
         require_config(config, "TheoryRisk")
+        require_uniform_head_weights(config, "TheoryRisk")
         dtype = jnp.result_type(float)
         self.config = resolve_points(config)  # one rule for every sub-layer
         self.M, self.Q, self.b = (jnp.asarray(x, dtype) for x in (M, Q, b))
@@ -190,6 +191,7 @@ class WeightsRisk:
     def __init__(self, config: Config, K, b, kstar, *, samples: int | None = None, key: int | jax.Array = 0,
                  loss: str = "empirical"):
         require_config(config, "WeightsRisk")
+        require_uniform_head_weights(config, "WeightsRisk")
         if loss not in ("empirical", "limit"):
             raise ValueError(f"loss must be 'empirical' or 'limit', got {loss!r}")
         K = jnp.asarray(K)
@@ -336,6 +338,7 @@ def finetune(config: Config, M, Q, b, kept: Sequence[int], ts, **kwargs):
     ``len(kept)``-head model from ``y0`` = the kept rows/columns of ``(M, Q, b)``, saved at
     ``ts`` (which start at the pruning time, e.g. 0). Returns a :class:`~singleloc.TheoryResult`."""
     require_config(config, "finetune")
+    require_uniform_head_weights(config, "finetune")
     y0 = keep_heads(M, Q, b, kept)
     ts = np.asarray(ts, dtype=float)
     kwargs.setdefault("t0", float(ts.flat[0]) if ts.size else 0.0)  # the pruned layer is the state at ts[0]

@@ -101,11 +101,15 @@ def on_exact_route(config: Config) -> bool:
     """Whether the theory of ``config`` takes the exact route (``theory.route`` and the activation,
     :func:`singleloc._theory.exact_route`): its risk and ``O(lr)`` drift integrate no ``L * H``
     dimensional rule, and the Sobol rule of its ``lr^2`` term takes any dimension
-    (:func:`singleloc._fields.gaussian_nodes`), so the quadrature limits below do not apply."""
+    (:func:`singleloc._fields.gaussian_nodes`), so the quadrature limits below do not apply. A joint
+    layer (bsoftmax) with trained head weights has no exact route (its head mixture is not a
+    normalised exponential)."""
     from ._activations import exponential_form, get_activation
 
-    return config.theory.route != "rule" and exponential_form(get_activation(config.model.activation),
-                                                              config.problem.L) is not None
+    form = exponential_form(get_activation(config.model.activation), config.problem.L)
+    if form is None or (form.joint and config.model.trained_head_weights):
+        return False
+    return config.theory.route != "rule"
 
 
 def check_quadrature(L: int, heads: int, prior: Prior, points: int, heads_key: str = "model.heads") -> None:

@@ -40,7 +40,11 @@ Training variants (docs/model.md section 11) are fields of the one rule, read by
   (grad + bd b)``, and ``U`` gains ``(-r wd M, -2 r wd Q, -r bd b)``;
 * ``schedule``: :class:`LearningRateSchedule`, the factor of ``learning_rate(tau)``;
 * ``gradient_flow``: ``U`` without its ``r^2`` term and no covariance: the limit ``lr -> 0`` in
-  the time ``lr tau``, the gradient flow of the (penalised) population risk.
+  the time ``lr tau``, the gradient flow of the (penalised) population risk;
+* ``train_head_weights`` (``model.head_weights = "trained"``): the head weights ``v`` of ``a_l =
+  sum_h v_h A_hl`` step like the biases, ``v <- v - (lr / D) dl/dv``, so ``U`` gains the block
+  ``-r dl/dv`` and the state is :class:`WeightedOrderParameters` (no ``r^2`` term: ``v`` moves by
+  ``O(1/D)`` per step, docs/model.md section 11.5). The SDE does not take this variant.
 
 The simulator (:mod:`~singleloc._simulation`), the ODE (:mod:`~singleloc._theory`) and the
 SDE (:mod:`~singleloc._fluctuations`) call the rule and nothing else, so the cross-checks (the
@@ -69,16 +73,29 @@ class OrderParameters(NamedTuple):
     b: jax.Array
 
 
+class WeightedOrderParameters(NamedTuple):
+    """The state of a layer with trained head weights (``model.head_weights = "trained"``,
+    docs/model.md section 11.5): :class:`OrderParameters` and the head weights ``v`` (H,) of
+    ``a_l = sum_h v_h A_hl``, an ``O(1)`` vector like the biases."""
+
+    M: jax.Array
+    Q: jax.Array
+    b: jax.Array
+    v: jax.Array
+
+
 class GradientMoments(NamedTuple):
     """Field averages of the limit loss's gradient ``c`` (H, L) that the drift of online SGD is made
     of: ``cnu = E[sum_l c_l nu_l^T]`` (H, F), ``cg = E[sum_l c_l g_l^T]`` (H, H), ``c =
-    E[sum_l c_l]`` (H,) and ``cc = E[sum_l c_l c_l^T]`` (H, H). For one sequence (no average) they
-    are the products themselves."""
+    E[sum_l c_l]`` (H,) and ``cc = E[sum_l c_l c_l^T]`` (H, H); with trained head weights ``v``,
+    ``cv = E[dl/dv]`` (H,) (``None`` otherwise). For one sequence (no average) they are the
+    products themselves."""
 
     cnu: jax.Array
     cg: jax.Array
     c: jax.Array
     cc: jax.Array
+    cv: jax.Array | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,6 +155,7 @@ class OnlineSGD(eqx.Module):
     bias_decay: float = eqx.field(static=True, default=0.0)
     schedule: LearningRateSchedule = eqx.field(static=True, default=LearningRateSchedule())
     gradient_flow: bool = eqx.field(static=True, default=False)
+    train_head_weights: bool = eqx.field(static=True, default=False)
 
     def learning_rate(self, tau) -> float | jax.Array:
         """The learning rate of a step at time ``tau``: ``lr w(tau) s(tau)`` (``lr`` when the
@@ -150,11 +168,13 @@ class OnlineSGD(eqx.Module):
         lr = self.learning_rate(tau)
         return lr if self.batch == 1 else lr / self.batch
 
-    def step(self, tau, K: jax.Array, b: jax.Array, gK: jax.Array, gb: jax.Array, D: int) -> tuple[jax.Array, jax.Array]:
+    def step(self, tau, K: jax.Array, b: jax.Array, gK: jax.Array, gb: jax.Array, D: int, v: jax.Array | None = None,
+             gv: jax.Array | None = None) -> tuple[jax.Array, ...]:
         """The finite-D step at time ``tau``: the keys ``K`` (H, D) and biases ``b`` (H,) after one
         step whose loss ``l_D`` (the mean over the batch) has the gradients ``gK``, ``gb``:
         ``K - lr (gK + (wd / D) K)`` and ``b - (lr / D) (gb + bd b)`` (``b`` when the biases do not
-        train), in the keys' precision."""
+        train), in the keys' precision. With trained head weights, ``v`` (H,) and its gradient
+        ``gv`` too: ``(K, b, v - (lr / D) gv)``."""
         if self.gradient_flow:
             raise ValueError("sgd.gradient_flow = true has no finite-D step (it is the limit lr -> 0 in the time lr tau)")
         lr = self.learning_rate(tau)
@@ -162,11 +182,12 @@ class OnlineSGD(eqx.Module):
             lr = jnp.asarray(lr, K.dtype)
         if self.weight_decay:
             gK = gK + (self.weight_decay / D) * K
-        if not self.train_bias:
-            return K - lr * gK, b
-        if self.bias_decay:
-            gb = gb + self.bias_decay * b
-        return K - lr * gK, b - (lr / D) * gb
+        K = K - lr * gK
+        if self.train_bias:
+            if self.bias_decay:
+                gb = gb + self.bias_decay * b
+            b = b - (lr / D) * gb
+        return (K, b) if v is None else (K, b, v - (lr / D) * gv)
 
     def update(self, tau, M, Q, b, c: jax.Array, g: jax.Array, nu: jax.Array) -> OrderParameters:
         """``U``, ``D`` times the change of ``(M, Q, b)`` by one sequence at time ``tau`` (one step
@@ -176,12 +197,12 @@ class OnlineSGD(eqx.Module):
         do not train)."""
         return self._increment(tau, GradientMoments(c @ nu, c @ g, jnp.sum(c, axis=1), c @ c.T), M, Q, b)
 
-    def drift(self, tau, M, Q, b, moments: GradientMoments) -> OrderParameters:
+    def drift(self, tau, M, Q, b, moments: GradientMoments) -> OrderParameters | WeightedOrderParameters:
         """``E[U] = (dM, dQ, db) / dtau`` at time ``tau`` and state ``(M, Q, b)`` from the field
         averages ``moments`` (docs/model.md sections 5.3 and 11; ``dQ`` symmetrised, ``db = 0``
-        unless the biases train)."""
+        unless the biases train); with trained head weights also ``dv / dtau = -r E[dl/dv]``."""
         d = self._increment(tau, moments, M, Q, b)
-        return OrderParameters(d.M, (d.Q + d.Q.T) / 2, d.b)
+        return d._replace(Q=(d.Q + d.Q.T) / 2)
 
     def update_covariance(self, tau, mean: jax.Array, second: jax.Array, cc: jax.Array, xi: jax.Array) -> jax.Array:
         """``Sigma = Cov(U)`` (n, n) at time ``tau`` over the flattened coordinates
@@ -199,9 +220,20 @@ class OnlineSGD(eqx.Module):
         cov = second - jnp.outer(mean, mean)
         return cov.at[:n_M, :n_M].add(r**2 * jnp.kron(cc, xi))
 
-    def _increment(self, tau, m: GradientMoments, M, Q, b) -> OrderParameters:
+    def _increment(self, tau, m: GradientMoments, M, Q, b) -> OrderParameters | WeightedOrderParameters:
         """``U`` as the linear map of the products (or of their averages) ``m``, plus the decay."""
         r = self.rate(tau)
+        d = self._keys_and_biases(r, m, M, Q, b)
+        if not self.train_head_weights:
+            return d
+        if m.cv is None:
+            raise ValueError("model.head_weights = 'trained': this computation gives no head weights v (it is written for "
+                             "the head average: the linearisation, the head-symmetric flow, the SDE); pass the state's v "
+                             "(OrderParameterODE.drift(M, Q, b, tau, v=v)) or set model.head_weights = 'uniform'")
+        return WeightedOrderParameters(*d, -r * m.cv)
+
+    def _keys_and_biases(self, r, m: GradientMoments, M, Q, b) -> OrderParameters:
+        """The ``(M, Q, b)`` blocks of ``U`` at the rate per sequence ``r``."""
         dM = -r * m.cnu
         dQ = -r * (m.cg + m.cg.T)
         if not self.gradient_flow:
@@ -219,11 +251,12 @@ class OnlineSGD(eqx.Module):
 
 def sgd_rule(config: Config) -> OnlineSGD:
     """The SGD rule of a configuration: :class:`OnlineSGD` at ``sgd.lr``, the biases training
-    with ``model.train_bias``, and the variants of the ``sgd`` section; ``sgd.bias_decay`` without
-    trained biases is a ``ValueError``."""
+    with ``model.train_bias``, the head weights with ``model.head_weights``, and the variants of
+    the ``sgd`` section; ``sgd.bias_decay`` without trained biases is a ``ValueError``."""
     sgd, train_bias = config.sgd, config.model.train_bias
     if sgd.bias_decay and not train_bias:
         raise ValueError(f"sgd.bias_decay = {sgd.bias_decay:g} acts on trained biases only; set model.train_bias = true "
                          "or sgd.bias_decay = 0")
     schedule = LearningRateSchedule(sgd.schedule, sgd.schedule_tau, sgd.decay_factor, sgd.warmup_tau)
-    return OnlineSGD(sgd.lr, train_bias, sgd.batch, sgd.weight_decay, sgd.bias_decay, schedule, sgd.gradient_flow)
+    return OnlineSGD(sgd.lr, train_bias, sgd.batch, sgd.weight_decay, sgd.bias_decay, schedule, sgd.gradient_flow,
+                     config.model.trained_head_weights)

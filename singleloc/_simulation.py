@@ -49,7 +49,8 @@ class SimulationResult:
     ``tau`` (T,), ``M`` (S, T, H, F), ``Q`` (S, T, H, H), ``b`` (S, T, H),
     ``risk`` (S, T) the empirical test risk, ``risk_limit`` (S, T) the limit risk on the
     same test sequences; ``K`` (S, H, D) and ``kstar`` (S, F, D) are the final keys and the
-    spikes (kept in memory, not written to ``simulation.npz``).
+    spikes (kept in memory, not written to ``simulation.npz``); ``v`` (S, T, H): the trained head
+    weights (``model.head_weights = "trained"``; else ``None``).
     """
 
     tau: np.ndarray
@@ -60,10 +61,11 @@ class SimulationResult:
     risk_limit: np.ndarray
     K: np.ndarray
     kstar: np.ndarray
+    v: np.ndarray | None = None
 
     def arrays(self) -> dict[str, np.ndarray]:
-        """The arrays stored in ``simulation.npz``."""
-        return {k: getattr(self, k) for k in ("tau", "M", "Q", "b", "risk", "risk_limit")}
+        """The arrays stored in ``simulation.npz`` (``v`` with trained head weights)."""
+        return {k: getattr(self, k) for k in ("tau", "M", "Q", "b", "risk", "risk_limit", "v") if getattr(self, k) is not None}
 
     def save(self, directory: str | Path, config: Config) -> Path:
         """Write the run folder ``DIR``: ``simulation.npz`` and ``config.json``, replacing ``DIR``
@@ -90,7 +92,8 @@ def _run_functions(config: Config):
     prior = pb.build_prior()
     L, F, H, D, B = pb.L, pb.F, mdl.heads, sim.D, sgd.batch
     rule = sgd_rule(config)
-    grad = jax.grad(lambda K, b, X, eps: finite_loss(act, K, b, X, eps), argnums=(0, 1))
+    trained = mdl.trained_head_weights  # params (K, b, v) with head weights, else (K, b)
+    grad = jax.grad(lambda K, b, v, X, eps: finite_loss(act, K, b, X, eps, v), argnums=(0, 1, 2) if trained else (0, 1))
     if rule.gradient_flow:
         raise ValueError("sgd.gradient_flow = true has no finite-D simulation (it is the limit lr -> 0 in the time "
                          "lr tau); simulate plain SGD at a small sgd.lr and compare at equal lr tau, or a large "
@@ -101,31 +104,33 @@ def _run_functions(config: Config):
         kstar = make_spikes(keys.spikes, F, D)
         K = init_keys(keys.init, H, D, sgd.init_scale)
         b = jnp.full((H,), mdl.bias_init, dtype=K.dtype)
-        return (K, b), (kstar, keys.train, keys.test)
+        params = (K, b, jnp.full((H,), 1.0 / H, dtype=K.dtype)) if trained else (K, b)
+        return params, (kstar, keys.train, keys.test)
 
     def advance(params, consts, t0, t1):
         kstar, train_key, _ = consts
 
-        def gradient(K, b, key):  # of the mean loss of the step's sequences
+        def gradient(params, key):  # of the mean loss of the step's sequences: (gK, gb[, gv])
+            K, b, v = (*params, None)[:3]
             if B == 1:
-                return grad(K, b, *sample_sequence(key, prior, kstar, L))
-            gK, gb = jax.vmap(lambda k: grad(K, b, *sample_sequence(k, prior, kstar, L)))(jax.random.split(key, B))
-            return jnp.mean(gK, axis=0), jnp.mean(gb, axis=0)
+                return grad(K, b, v, *sample_sequence(key, prior, kstar, L))
+            grads = jax.vmap(lambda k: grad(K, b, v, *sample_sequence(k, prior, kstar, L)))(jax.random.split(key, B))
+            return tuple(jnp.mean(g, axis=0) for g in grads)
 
         def body(t, params):
-            K, b = params
-            gK, gb = gradient(K, b, jax.random.fold_in(train_key, t))
-            return rule.step(t * (B / D), K, b, gK, gb, D)
+            grads = gradient(params, jax.random.fold_in(train_key, t))
+            K, b, v = (*params, None)[:3]
+            return rule.step(t * (B / D), K, b, grads[0], grads[1], D, v, grads[2] if trained else None)
 
         return jax.lax.fori_loop(t0, t1, body, params)
 
     def measure(params, consts, i):
-        K, b = params
+        K, b, v = (*params, None)[:3]
         kstar, _, test_key = consts
         seqs = draw_heldout(jax.random.fold_in(test_key, i), prior, K, kstar, sim.test_samples, L)
-        emp, lim = heldout_losses(act, seqs, b)
+        emp, lim = heldout_losses(act, seqs, b, v=v)
         M, Q = overlaps(K, kstar)
-        return M, Q, b, jnp.mean(emp), jnp.mean(lim)
+        return M, Q, b, jnp.mean(emp), jnp.mean(lim), (b if v is None else v)
 
     return init, advance, measure
 
@@ -162,9 +167,10 @@ def simulate(config: Config, *, progress: bool = True) -> SimulationResult:
         _check_finite(rec, t / D, config)
         records.append(rec)
     bar.close()
-    M, Q, b, risk, risk_limit = (np.stack([r[j] for r in records], axis=1) for j in range(5))
+    M, Q, b, risk, risk_limit, v = (np.stack([r[j] for r in records], axis=1) for j in range(6))
     K, kstar = unpad(jax.device_get((params[0], consts[0])), n)
-    return SimulationResult(steps * config.sgd.batch / D, M, Q, b, risk, risk_limit, np.asarray(K), np.asarray(kstar))
+    return SimulationResult(steps * config.sgd.batch / D, M, Q, b, risk, risk_limit, np.asarray(K), np.asarray(kstar),
+                            v if config.model.trained_head_weights else None)
 
 
 def _check_finite(record, tau: float, config: Config) -> None:

@@ -26,6 +26,9 @@ BIAS_MAX = 1000.0
 #: JAX's x64 mode is off, so larger seeds would not give the same weights in every process.
 SEED_MAX = 2**32 - 1
 
+#: Values of ``model.head_weights``.
+HEAD_WEIGHTS = ("uniform", "trained")
+
 #: Values of ``theory.route``.
 ROUTES = ("auto", "exact", "rule")
 
@@ -184,12 +187,18 @@ class Problem:
 
 @dataclasses.dataclass(frozen=True)
 class Model:
-    """The predictor (docs/model.md section 2): ``heads`` keys, an activation, optional biases."""
+    """The predictor (docs/model.md section 2): ``heads`` keys, an activation, optional biases.
+
+    ``head_weights``: how the layer mixes its heads, ``a_l = sum_h v_h A_hl``. ``"uniform"``
+    (the default): ``v_h = 1/H`` fixed, the head average; ``"trained"``: ``v`` starts at ``1/H``
+    and learns by SGD like the biases, ``v <- v - (lr / D) dl/dv`` (docs/model.md section 11.5).
+    """
 
     heads: int = 2
     activation: str = "softmax"
     train_bias: bool = False
     bias_init: float = 0.0
+    head_weights: str = "uniform"
 
     def __post_init__(self):
         s = "model"
@@ -202,6 +211,13 @@ class Model:
         if abs(self.bias_init) > BIAS_MAX:
             _fail(s, "bias_init", f"must lie in [-{BIAS_MAX:g}, {BIAS_MAX:g}], got {self.bias_init:g}: the scores are O(1) "
                   "and the simulation runs in float32, whose spacing near a larger bias erases them")
+        if self.head_weights not in HEAD_WEIGHTS:
+            _fail(s, "head_weights", f"must be one of {', '.join(map(repr, HEAD_WEIGHTS))}, got {self.head_weights!r}")
+
+    @property
+    def trained_head_weights(self) -> bool:
+        """Whether the head weights ``v`` learn (``head_weights = "trained"``)."""
+        return self.head_weights == "trained"
 
 
 #: Values of ``sgd.schedule`` (:class:`SGD`; the rates are ``singleloc._sgd_rule.LearningRateSchedule``'s).

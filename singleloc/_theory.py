@@ -63,14 +63,14 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ._activations import Activation, get_activation
+from ._activations import Activation, exponential_form, get_activation
 from ._config import Config
 from ._fields import LocalFields, replicate_rules
 from ._laplace import LaplaceRule, exact_rule
 from ._layer import limit_loss
 from ._numerics import psd_sqrt_and_pinv_sqrt, require_x64
 from ._resources import on_exact_route
-from ._sgd_rule import GradientMoments, OnlineSGD, OrderParameters, sgd_rule
+from ._sgd_rule import GradientMoments, OnlineSGD, OrderParameters, WeightedOrderParameters, sgd_rule
 
 
 def r_orth(M: jax.Array, Q: jax.Array) -> jax.Array:
@@ -164,71 +164,93 @@ class OrderParameterODE(eqx.Module):
         return cls(sobol_rule(symmetric=True), get_activation(config.model.activation), exact=exact, exact_check=fine,
                    gram_fields=gram, sgd=sgd_rule(config))
 
-    def _loss(self, s: jax.Array) -> jax.Array:
-        return limit_loss(self.activation, s, 0)
+    def _loss(self, s: jax.Array, v: jax.Array | None = None) -> jax.Array:
+        return limit_loss(self.activation, s, 0, v)
 
-    def risk(self, M: jax.Array, Q: jax.Array, b: jax.Array) -> jax.Array:
+    def risk(self, M: jax.Array, Q: jax.Array, b: jax.Array, v: jax.Array | None = None) -> jax.Array:
         """Population risk ``R(M, Q, b) = E[(1 - a_eps)^2 + sum_{l != eps} a_l^2]``: exact on the
-        exact route, else on the Sobol rule."""
+        exact route, else on the Sobol rule. ``v``: trained head weights (``None``: the head
+        average)."""
         if self.exact is not None:
-            return self.exact.risk(M, Q, b)
-        return self.fields.expect(lambda g, theta: self._loss(g.T + b[:, None]), M, Q)
+            return self.exact.risk(M, Q, b, v)
+        return self.fields.expect(lambda g, theta: self._loss(g.T + b[:, None], v), M, Q)
 
-    def risk_check(self, M: jax.Array, Q: jax.Array, b: jax.Array) -> jax.Array:
+    def risk_check(self, M: jax.Array, Q: jax.Array, b: jax.Array, v: jax.Array | None = None) -> jax.Array:
         """The risk on the finer exact rule ``exact_check`` (NaN without one): its difference to
         :meth:`risk` is the stated error of the exact route."""
         if self.exact_check is None:
             return jnp.full((), jnp.nan, dtype=M.dtype)
-        return self.exact_check.risk(M, Q, b)
+        return self.exact_check.risk(M, Q, b, v)
 
-    def gram(self, M: jax.Array, Q: jax.Array, b: jax.Array) -> jax.Array:
+    def gram(self, M: jax.Array, Q: jax.Array, b: jax.Array, v: jax.Array | None = None) -> jax.Array:
         """``E[sum_l c_l c_l^T]`` (H, H), the ``lr^2`` term of ``dQ``, on the Sobol rule (the
         rank-aware ``gram_fields`` on the exact route)."""
 
         def integrand(g, theta):
-            c = jax.grad(self._loss)(g.T + b[:, None])
+            c = jax.grad(self._loss)(g.T + b[:, None], v)
             return c @ c.T
 
         return (self.fields if self.gram_fields is None else self.gram_fields).expect(integrand, M, Q)
 
-    def moments(self, M: jax.Array, Q: jax.Array, b: jax.Array, Qh: jax.Array | None = None) -> dict[str, jax.Array]:
+    def moments(self, M: jax.Array, Q: jax.Array, b: jax.Array, Qh: jax.Array | None = None,
+                v: jax.Array | None = None) -> dict[str, jax.Array]:
         """The field averages the drift is made of: ``risk``, ``c_sum`` = E[sum_l c_l] (H,),
         ``P`` (H, F), ``W`` (H, H) and ``cc`` = E[sum_l c_l c_l^T] (H, H); ``Qh = Q^{1/2}``
-        if already known."""
+        if already known; with head weights ``v``, also ``cv`` = E[dl/dv] (H,)."""
 
         def integrand(g, theta, w):
-            f, c = jax.value_and_grad(self._loss)(g.T + b[:, None])
-            return {"risk": f, "c_sum": jnp.sum(c, axis=1), "P": jnp.outer(c[:, 0], theta), "W": c @ w, "cc": c @ c.T}
+            if v is None:
+                f, c = jax.value_and_grad(self._loss)(g.T + b[:, None])
+                extra = {}
+            else:
+                f, (c, cv) = jax.value_and_grad(self._loss, argnums=(0, 1))(g.T + b[:, None], v)
+                extra = {"cv": cv}
+            return {"risk": f, "c_sum": jnp.sum(c, axis=1), "P": jnp.outer(c[:, 0], theta), "W": c @ w, "cc": c @ c.T,
+                    **extra}
 
         return self.fields.expect(integrand, M, Q, Qh=Qh, with_noise=True)
 
-    def gradient_moments(self, M: jax.Array, Q: jax.Array, b: jax.Array) -> GradientMoments:
+    def gradient_moments(self, M: jax.Array, Q: jax.Array, b: jax.Array, v: jax.Array | None = None) -> GradientMoments:
         """The field averages of the loss gradient the drift is made of (module docstring): on the
         rule, ``E[sum_l c_l nu_l^T] = P + W (Q^+)^{1/2} M`` and ``E[sum_l c_l g_l^T] = P M^T + W
         Q^{1/2}``; on the exact route, ``G_M + S M`` and ``G_M M^T + S Q`` from the exact risk's
-        gradient, with ``G_b`` and the rule's Gram term."""
+        gradient, with ``G_b`` and the rule's Gram term. With head weights ``v``: ``cv = dR/dv``
+        (exact, or on the rule)."""
         if self.exact is not None:
-            GM, GQ, Gb = _risk_gradient(self.exact, M, Q, b)
+            GM, GQ, Gb, Gv = _risk_gradient(self.exact, M, Q, b, v)
             S = GQ + GQ.T
-            return GradientMoments(GM + S @ M, GM @ M.T + S @ Q, Gb, self.gram(M, Q, b))
+            return GradientMoments(GM + S @ M, GM @ M.T + S @ Q, Gb, self.gram(M, Q, b, v), Gv)
         Qh, Qh_pinv = psd_sqrt_and_pinv_sqrt(Q)
-        m = self.moments(M, Q, b, Qh)
+        m = self.moments(M, Q, b, Qh, v)
         P, W = m["P"], m["W"]
-        return GradientMoments(P + W @ (Qh_pinv @ M), P @ M.T + W @ Qh, m["c_sum"], m["cc"])
+        return GradientMoments(P + W @ (Qh_pinv @ M), P @ M.T + W @ Qh, m["c_sum"], m["cc"], m.get("cv"))
 
-    def drift(self, M: jax.Array, Q: jax.Array, b: jax.Array, tau=0.0) -> OrderParameters:
+    def drift(self, M: jax.Array, Q: jax.Array, b: jax.Array, tau=0.0, v: jax.Array | None = None
+              ) -> OrderParameters | WeightedOrderParameters:
         """``(dM, dQ, db) / dtau`` of docs/model.md section 5 at time ``tau`` (``db = 0`` unless
         biases train): the SGD rule's mean update (:meth:`~singleloc.OnlineSGD.drift`) of
-        :meth:`gradient_moments`."""
-        return self.sgd.drift(tau, M, Q, b, self.gradient_moments(M, Q, b))
+        :meth:`gradient_moments`; with trained head weights ``v``, also ``dv / dtau``
+        (:class:`~singleloc.WeightedOrderParameters`)."""
+        return self.sgd.drift(tau, M, Q, b, self.gradient_moments(M, Q, b, v))
+
+    def state_drift(self, y: OrderParameters | WeightedOrderParameters, tau=0.0
+                    ) -> OrderParameters | WeightedOrderParameters:
+        """:meth:`drift` of a state ``y`` of either kind (the vector field of the solve)."""
+        return self.drift(y.M, y.Q, y.b, tau, getattr(y, "v", None))
+
+    def state_risk(self, y: OrderParameters | WeightedOrderParameters) -> jax.Array:
+        """:meth:`risk` of a state ``y`` of either kind."""
+        return self.risk(y.M, y.Q, y.b, getattr(y, "v", None))
 
 
 @jax.jit
-def _risk_gradient(rule: LaplaceRule, M, Q, b):
-    """``(dR/dM, dR/dQ, dR/db)`` of the exact risk. Jitted on its own, so that a solve that
-    evaluates the drift at several places (diffrax's first step, its stages, the start) traces
-    it once."""
-    return jax.grad(rule.risk, argnums=(0, 1, 2))(M, Q, b)
+def _risk_gradient(rule: LaplaceRule, M, Q, b, v=None):
+    """``(dR/dM, dR/dQ, dR/db, dR/dv)`` of the exact risk (``dR/dv`` ``None`` without head
+    weights). Jitted on its own, so that a solve that evaluates the drift at several places
+    (diffrax's first step, its stages, the start) traces it once."""
+    if v is None:
+        return (*jax.grad(rule.risk, argnums=(0, 1, 2))(M, Q, b), None)
+    return jax.grad(rule.risk, argnums=(0, 1, 2, 3))(M, Q, b, v)
 
 
 def exact_route(config: Config, *, refined: bool = False) -> LaplaceRule | None:
@@ -238,6 +260,11 @@ def exact_route(config: Config, *, refined: bool = False) -> LaplaceRule | None:
     raises. ``refined``: the finer rule of the error statement."""
     th, pb, H = config.theory, config.problem, config.model.heads
     if not on_exact_route(config):
+        if th.route == "exact" and config.model.trained_head_weights and exponential_form(
+                get_activation(config.model.activation), pb.L) is not None:
+            raise ValueError(f"theory.route = 'exact': activation {config.model.activation!r} with model.head_weights = "
+                             "'trained' has no exact route (a joint layer's head mixture is not a normalised "
+                             "exponential); use 'auto' or 'rule'")
         if th.route == "exact":
             raise ValueError(f"theory.route = 'exact': activation {config.model.activation!r} is not a normalised "
                              "exponential (softmax, softmax1, bsoftmax, ssmax or one declaring exponential_form); use "

@@ -43,11 +43,14 @@ def plot_compare(theory, simulation=None, title: str = "") -> Figure:
 
     ``theory`` and ``simulation`` are :class:`~singleloc.TheoryResult` /
     :class:`~singleloc.SimulationResult` (or anything with ``tau``, ``risk`` (S, T), ``M`` (S, T, H, F)).
+    With trained head weights (``theory.v`` not ``None``) a last panel shows ``v_h(tau)``.
     """
     colors = _colors()
     S, T, H, F = theory.M.shape
-    fig = Figure(figsize=(4.2 * (1 + F), 3.6), constrained_layout=True)
-    axes = fig.subplots(1, 1 + F)
+    v = getattr(theory, "v", None)
+    panels = 1 + F + (v is not None)
+    fig = Figure(figsize=(4.2 * panels, 3.6), constrained_layout=True)
+    axes = fig.subplots(1, panels)
     ax = axes[0]
     se = getattr(theory, "risk_se", None)
     se = se if se is not None and np.all(np.isfinite(se)) else None  # theory.replicates > 1: quadrature error
@@ -82,6 +85,19 @@ def plot_compare(theory, simulation=None, title: str = "") -> Figure:
                 ax.plot(simulation.tau, simulation.M[:, :, h, f].T, ".", ms=2.5, color=c, alpha=0.6)
         ax.set_xlabel(r"$\tau$")
         ax.set_title(rf"$M_{{h{f + 1}}}$: overlap with spike {f + 1}")
+        ax.legend(frameon=False, fontsize=8)
+    if v is not None:
+        ax = axes[-1]
+        sim_v = getattr(simulation, "v", None) if simulation is not None else None
+        for h in range(H):
+            c = colors[h % len(colors)]
+            for s in range(S):
+                ax.plot(theory.tau, v[s, :, h], color=c, lw=1.4 if s == 0 else 0.8, alpha=1.0 if s == 0 else 0.45,
+                        label=f"head {h + 1}" if s == 0 else None)
+            if sim_v is not None:
+                ax.plot(simulation.tau, sim_v[:, :, h].T, ".", ms=2.5, color=c, alpha=0.6)
+        ax.set_xlabel(r"$\tau$")
+        ax.set_title(r"head weights $v_h$ of $a_l = \sum_h v_h A_{hl}$")
         ax.legend(frameon=False, fontsize=8)
     if title:
         fig.suptitle(title, fontsize=10)
