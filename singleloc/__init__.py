@@ -47,6 +47,7 @@ _EXPORTS = {
     "_fluctuations": ("SDEResult", "integrate_sde"),
     "_priors": ("Prior", "binary", "discrete", "flipped", "gaussian", "spikes"),
     "_simulation": ("SimulationResult", "simulate"),
+    "_run_checks": ("warn_if_risk_rose",),
     "_grid": ("Grid", "parse_grid"),
     "_sweep": ("SweepStats", "sweep"),
     "_sweep_dataset": ("load_sweep",),
@@ -155,6 +156,7 @@ if TYPE_CHECKING:
     from ._pruning import prune_theory as prune_theory
     from ._pruning import prune_weights as prune_weights
     from ._pruning import removable_heads as removable_heads
+    from ._run_checks import warn_if_risk_rose as warn_if_risk_rose
     from ._sensitivity import FD_EPSILONS as FD_EPSILONS
     from ._sensitivity import finite_difference_sensitivity as finite_difference_sensitivity
     from ._sensitivity import random_directions as random_directions

@@ -38,6 +38,7 @@ from ._io import save_run
 from ._layer import finite_loss
 from ._numerics import Q_RUNAWAY
 from ._resources import check_dimension, check_steps
+from ._run_checks import warn_if_risk_rose, warn_if_times_dropped
 from ._sgd_rule import sgd_rule
 from ._sharding import shard_batch, unpad
 
@@ -145,6 +146,10 @@ def simulate(config: Config, *, progress: bool = True) -> SimulationResult:
     Raises:
         FloatingPointError: the dynamics diverged (non-finite or exploding keys); the
             message gives the time and suggests a smaller ``sgd.lr``.
+
+    Warns:
+        UserWarning: fewer than ``sgd.n_save`` distinct SGD steps carry the saved times, or the
+            limit risk rose during training (:func:`~singleloc.warn_if_risk_rose`).
     """
     require_config(config, "simulate")
     check_dimension(config, "simulation")
@@ -155,6 +160,7 @@ def simulate(config: Config, *, progress: bool = True) -> SimulationResult:
     advance_all = jax.jit(jax.vmap(advance, in_axes=(0, 0, None, None)))
     measure_all = jax.jit(jax.vmap(measure, in_axes=(0, 0, None)))
     steps = save_steps(config)
+    warn_if_times_dropped(config, len(steps))
     records = []
     bar = tqdm(total=int(steps[-1]), disable=not progress, desc="simulate", unit="step", unit_scale=True, leave=False)
     t_prev = 0
@@ -169,8 +175,10 @@ def simulate(config: Config, *, progress: bool = True) -> SimulationResult:
     bar.close()
     M, Q, b, risk, risk_limit, v = (np.stack([r[j] for r in records], axis=1) for j in range(6))
     K, kstar = unpad(jax.device_get((params[0], consts[0])), n)
-    return SimulationResult(steps * config.sgd.batch / D, M, Q, b, risk, risk_limit, np.asarray(K), np.asarray(kstar),
-                            v if config.model.trained_head_weights else None)
+    result = SimulationResult(steps * config.sgd.batch / D, M, Q, b, risk, risk_limit, np.asarray(K), np.asarray(kstar),
+                              v if config.model.trained_head_weights else None)
+    warn_if_risk_rose(config, simulation=result)
+    return result
 
 
 def _check_finite(record, tau: float, config: Config) -> None:

@@ -1,5 +1,5 @@
-"""Arguments shared by the subcommands, and what every run command does before and after it
-computes (checks of its config and output folder, warnings about surprising results).
+"""Arguments shared by the subcommands, and what every run command does before it computes
+(checks of its config, cost and output folder).
 
 Only light modules are imported here (no JAX, SciPy or matplotlib), so that building the
 parser, and ``--help``, stays fast; the commands import the library inside ``run``.
@@ -8,12 +8,8 @@ parser, and ``--help``, stays fast; the commands import the library inside ``run
 from __future__ import annotations
 
 import argparse
-import math
 import sys
-import warnings
 from pathlib import Path
-
-import numpy as np
 
 from .._files import check_output_folder, check_run_folder
 from .._presets import preset_names
@@ -133,8 +129,9 @@ def describe(config) -> str:
 def prepare_run(args: argparse.Namespace, *, simulation: bool = False, theory: str | None = None):
     """The config of a run command, checked before anything is computed: its dimension,
     quadrature and memory (:func:`singleloc._resources.check_run`) for a simulation and/or the
-    theory from ``"one"`` start or one per seed (``"seeds"``), a warning when saved times of the
-    simulation coincide, and a note when ``--out`` holds a run that the new one will replace."""
+    theory from ``"one"`` start or one per seed (``"seeds"``), what a simulation will cost
+    (:func:`check_cost`), and a note when ``--out`` holds a run that the new one will replace.
+    (The warnings about a run's results, :mod:`singleloc._run_checks`, come from the library.)"""
     from .._resources import check_run, simulation_cost
 
     config = config_from_args(args)
@@ -142,8 +139,6 @@ def prepare_run(args: argparse.Namespace, *, simulation: bool = False, theory: s
     check_run(config, simulation=simulation, theory_starts=starts)
     if simulation:
         check_cost(args.command, simulation_cost(config), args.force)
-    if simulation:
-        _warn_dropped_times(config)
     note_replaced(args.command, args.out)
     return config
 
@@ -153,37 +148,3 @@ def note_replaced(command: str, out: Path) -> None:
     one replaces (:func:`run_folder` has checked that it holds nothing else)."""
     if out.is_dir() and any(out.iterdir()):
         print(f"singleloc {command}: note: {str(out)!r} holds a run; it is replaced when this one completes", file=sys.stderr)
-
-
-def _warn_dropped_times(config) -> None:
-    """Warn when saved times of the simulation coincide after rounding ``tau * D`` to whole SGD
-    steps, so that fewer than ``sgd.n_save`` times are saved."""
-    from .._simulation import save_steps
-
-    kept = len(save_steps(config))
-    if kept < config.sgd.n_save:
-        warnings.warn(f"sgd.n_save = {config.sgd.n_save} saved times fall on {kept} distinct SGD steps (tau = t / D with "
-                      f"simulation.D = {config.simulation.D}); the simulation saves {kept}", stacklevel=2)
-
-
-def warn_if_risk_rose(config, *, simulation=None, theory=None) -> None:
-    """Warn when the mean final risk of a :class:`~singleloc.SimulationResult` (its limit risk)
-    or a :class:`~singleloc.TheoryResult` exceeds the mean initial risk by more than three times
-    its error: the standard error over the seeds of the rise, or a floor if larger. The
-    simulation's floor is the test-set noise: the limit loss of one sequence lies in [0, 2]
-    (weights non-negative, summing to at most one), so its standard deviation is at most 1 and
-    a rise compares two independent test sets of ``test_samples`` sequences per seed. The
-    theory's floor is the solver's tolerance on the initial risk."""
-    sim, th = config.simulation, config.theory
-    checks = []
-    if simulation is not None:
-        checks.append(("simulation's limit", simulation.risk_limit, math.sqrt(2.0 / (sim.test_samples * sim.seeds))))
-    if theory is not None:
-        checks.append(("theory", theory.risk, th.rtol * float(np.abs(theory.risk[:, 0]).max()) + th.atol))
-    for what, risk, floor in checks:
-        rise = risk[:, -1] - risk[:, 0]
-        spread = float(rise.std(ddof=1) / math.sqrt(len(rise))) if len(rise) > 1 else 0.0
-        error = max(spread, floor)
-        if rise.mean() > 3 * error:
-            warnings.warn(f"the {what} risk rose during training ({risk[:, 0].mean():.4g} -> {risk[:, -1].mean():.4g}, more "
-                          f"than 3 x its error {error:.2g}): sgd.lr = {config.sgd.lr:g} may be too large", stacklevel=2)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._common import add_config_arguments, add_force_argument, add_out_argument, describe, prepare_run, warn_if_risk_rose
+from ._common import add_config_arguments, add_force_argument, add_out_argument, describe, prepare_run
 
 
 def register(sub) -> None:
@@ -27,13 +27,14 @@ def register(sub) -> None:
 def run(args) -> int:
     from .._io import save_run
     from .._ode import initial_conditions, integrate
+    from .._run_checks import warn_if_risk_rose
     from .._simulation import simulate
     from ..plots import plot_compare
 
     config = prepare_run(args, simulation=True, theory="seeds")
-    sim = simulate(config, progress=args.progress)
+    sim = simulate(config, progress=args.progress)  # warns of dropped saved times and of a rising risk
     theory = integrate(config, initial_conditions(config), ts=sim.tau)
-    warn_if_risk_rose(config, simulation=sim, theory=theory)
+    warn_if_risk_rose(config, theory=theory)  # the library's check, which integrate does not run itself
     title = f"{describe(config)}, D={config.simulation.D}, lr={config.sgd.lr}"
     save_run(args.out, theory.resolved(config), {
         "simulation.npz": sim.arrays(), "theory.npz": theory.arrays(0),

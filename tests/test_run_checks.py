@@ -1,0 +1,77 @@
+"""The checks that the command line runs around a computation live in the library (issue 23
+item 6): calling the Python API gives the same warnings and errors, named by the config keys,
+and the command line does not repeat them."""
+
+from __future__ import annotations
+
+import warnings
+
+import jax
+import numpy as np
+import pytest
+
+import singleloc as sl
+from singleloc import _run_checks
+
+jax.config.update("jax_enable_x64", True)
+
+CONFIG = sl.load_config("default")
+#: A simulation of a few steps (64 SGD steps, two seeds).
+TINY_SIM = ["sgd.tau_max=1", "sgd.n_save=3", "simulation.D=64", "simulation.seeds=2", "simulation.test_samples=64",
+            "theory.points=256"]
+
+
+def _messages(record) -> list[str]:
+    return [str(w.message) for w in record]
+
+
+# ----------------------------------------------------------------------------- the statistical checks
+
+
+def test_dropped_saved_times_warn_with_the_counts():
+    cfg = sl.load_config("default", ["simulation.D=64", "sgd.tau_max=1", "sgd.n_save=100"])
+    with pytest.warns(UserWarning, match=r"sgd.n_save = 100 saved times fall on 65 distinct SGD steps .*simulation.D = 64"):
+        _run_checks.warn_if_times_dropped(cfg, 65)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _run_checks.warn_if_times_dropped(cfg, 100)  # every saved time kept: silent
+
+
+def test_simulate_warns_of_dropped_saved_times_once():
+    cfg = sl.load_config("default", [*TINY_SIM, "sgd.n_save=100"])
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        result = sl.simulate(cfg, progress=False)
+    dropped = [w for w in record if "distinct SGD steps" in str(w.message)]
+    assert _messages(dropped) == ["sgd.n_save = 100 saved times fall on 65 distinct SGD steps (tau = t / D with "
+                                  "simulation.D = 64); the simulation saves 65"]
+    assert dropped[0].filename == __file__  # attributed to the caller of simulate
+    assert result.tau.shape == (65,)
+
+
+def test_a_rising_risk_warns_naming_the_learning_rate():
+    def theory(risk):
+        return sl.TheoryResult(np.arange(len(risk[0])), None, None, None, np.asarray(risk, float))
+
+    with pytest.warns(UserWarning, match=r"the theory risk rose during training \(0.81 -> 1.04, .*sgd.lr = 0.5 may be too"):
+        sl.warn_if_risk_rose(CONFIG, theory=theory([[0.81, 0.9, 1.04]]))
+    sim = type("Sim", (), {"risk_limit": np.array([[0.81, 1.04], [0.80, 1.05]])})
+    with pytest.warns(UserWarning, match=r"the simulation's limit risk rose during training \(0.805 -> 1.045"):
+        sl.warn_if_risk_rose(CONFIG, simulation=sim)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sl.warn_if_risk_rose(CONFIG, theory=theory([[0.81, 0.5, 0.3]]))  # a falling risk
+        sl.warn_if_risk_rose(CONFIG, theory=theory([[0.81, 0.5, 0.81 + 1e-7]]))  # within the solver's tolerance
+        # within the noise of two test sets of 4096 sequences per seed
+        sl.warn_if_risk_rose(CONFIG, simulation=type("Sim", (), {"risk_limit": np.array([[0.80, 0.81], [0.80, 0.82]])}))
+
+
+def test_simulate_warns_when_its_risk_rises(monkeypatch):
+    """``simulate`` runs the check on its own result: a stand-in check records what it receives."""
+    seen = []
+    import singleloc._simulation
+
+    monkeypatch.setattr(singleloc._simulation, "warn_if_risk_rose", lambda config, **kw: seen.append((config, kw)))
+    cfg = sl.load_config("default", TINY_SIM)
+    result = sl.simulate(cfg, progress=False)
+    assert len(seen) == 1 and seen[0][0] is cfg and seen[0][1]["simulation"] is result
