@@ -53,6 +53,7 @@ import json
 import math
 import re
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -67,7 +68,9 @@ from ._head_classes import HEAD_CLASSES
 from ._io import save_figure, save_text
 from ._phase_analysis import analyze
 from ._predictions import EscapePrediction, head_weights
+from ._resources import check_run
 from ._sweep_cache import _entry_path, cache_key, cached_run, fill_cache
+from ._sweep_compute import compile_group
 from ._sweep_dataset import write_sweep
 from ._theory import OrderParameterODE
 from .plots import plot_phase_diagram
@@ -103,6 +106,23 @@ def with_chosen_points(config: Config, prediction: Mapping[str, np.ndarray]) -> 
     if config.theory.points != "auto" or "points" not in prediction:
         return config
     return config.replace(theory={"points": int(prediction["points"])})
+
+
+def check_sweep(base: Config, grids: Sequence[Grid], *, simulate: bool = False, batch: bool = True) -> None:
+    """Refuse a sweep that cannot run, before its first point does: the dimension, quadrature and
+    memory of every point (:func:`~singleloc._resources.check_run`), for its simulation
+    (``simulate``) and for the theory of its ``simulation.seeds`` starts, times the points of its
+    batched solve with ``batch`` (the points of one :func:`~singleloc._sweep_compute.compile_group`
+    are one solve); ``ValueError`` or ``MemoryError`` naming the keys. :func:`sweep` runs it."""
+    require_config(base, "check_sweep")
+    _check_points([point for _, point in grid_points(base, grids)], simulate, batch)
+
+
+def _check_points(points: Sequence[Config], simulate: bool, batch: bool) -> None:
+    groups = [compile_group("theory", point.to_dict()) for point in points]
+    sizes = Counter(groups)  # a batched group solves the starts of all its points at once
+    for point, group in zip(points, groups):
+        check_run(point, simulation=simulate, theory_starts=point.simulation.seeds * (sizes[group] if batch else 1))
 
 
 @dataclasses.dataclass
@@ -151,14 +171,19 @@ def sweep(base: Config, grids: Sequence[Grid], out: str | Path, *, horizon: str 
     and does not stop the others. ``batch``: the theory points of one
     :func:`~singleloc._sweep_compute.compile_group` are one batched solve (one task). Returns the
     CSV rows (dicts) and the :class:`SweepStats`.
+
+    Before anything is computed or written, every point is checked (:func:`check_sweep`: its
+    dimension, quadrature and memory); a point that cannot run is refused with ``ValueError`` or
+    ``MemoryError`` naming the keys.
     """
     require_config(base, "sweep")
     _check_horizon(horizon)
     t0 = time.perf_counter()
+    points = grid_points(base, grids)
+    _check_points([cfg for _, cfg in points], simulate, batch)  # every point can run, before the first one does
     out = Path(out)
     cache = out / "cache" if cache_dir is None else Path(cache_dir)
     cache.mkdir(parents=True, exist_ok=True)
-    points = grid_points(base, grids)
     kinds = ["theory"] + (["simulation"] if simulate else [])
     recomputed = SweepStats()
 

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import singleloc as sl
-from singleloc import _run_checks
+from singleloc import _resources, _run_checks, _sweep
+from singleloc._grid import parse_grid
 
 jax.config.update("jax_enable_x64", True)
 
@@ -75,3 +76,42 @@ def test_simulate_warns_when_its_risk_rises(monkeypatch):
     cfg = sl.load_config("default", TINY_SIM)
     result = sl.simulate(cfg, progress=False)
     assert len(seen) == 1 and seen[0][0] is cfg and seen[0][1]["simulation"] is result
+
+
+# ----------------------------------------------------------------------------- the sweep's checks
+
+#: On the rule route a point with L * H = 40 * 8 = 320 fields cannot be integrated with 256 points.
+RULE_40 = ["theory.route=rule", "problem.L=40", "theory.points=256"]
+
+
+def test_sweep_refuses_a_point_that_cannot_run_before_it_writes_anything(tmp_path):
+    cfg = sl.load_config("default", RULE_40)
+    with pytest.raises(ValueError, match=r"theory.points = 256 must be at least problem.L \* model.heads = 320"):
+        sl.sweep(cfg, [parse_grid("model.heads=1,8")], tmp_path / "out", progress=False, figures=False)
+    assert not (tmp_path / "out").exists()
+    _sweep.check_sweep(cfg, [parse_grid("model.heads=1,6")], simulate=False)  # 240 fields: fits
+
+
+def _theory_bytes(cfg, starts):
+    """What check_run counts for the theory of ``starts`` ODE starts, with the overhead."""
+    return _resources.OVERHEAD + _resources.theory_bytes(cfg, starts * cfg.theory.replicates) + \
+        _resources.saved_bytes(cfg, starts)
+
+
+def test_the_sweep_memory_check_counts_the_starts_of_a_batched_solve(monkeypatch):
+    """The 20 points of ``sgd.lr`` are one batched solve of 20 x 4 starts: refused within a memory
+    that one point's 4 starts fit, accepted point by point (``batch=False``)."""
+    cfg = sl.load_config("default", ["theory.points=4096"])
+    grids = [parse_grid("sgd.lr=" + ",".join(f"0.{i:02d}" for i in range(1, 21)))]
+    seeds = cfg.simulation.seeds
+    monkeypatch.setenv(_resources.MEMORY_ENV, str((_theory_bytes(cfg, seeds) + _theory_bytes(cfg, 20 * seeds)) // 2))
+    _sweep.check_sweep(cfg, grids, batch=False)
+    with pytest.raises(MemoryError, match=rf"theory.points = 4096 .*{20 * seeds} start\(s\).*SINGLELOC_MEMORY_LIMIT"):
+        _sweep.check_sweep(cfg, grids, batch=True)
+
+
+def test_the_sweep_checks_simulations_only_when_it_simulates():
+    cfg = sl.load_config("default", ["simulation.D=4"])  # D = H + F: the theory starts, a simulation cannot
+    _sweep.check_sweep(cfg, [parse_grid("sgd.lr=0.1,0.2")])
+    with pytest.raises(ValueError, match="simulation.D = 4 must exceed model.heads \\+ problem.F = 4"):
+        _sweep.check_sweep(cfg, [parse_grid("sgd.lr=0.1,0.2")], simulate=True)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections import Counter
 
 from ._common import add_config_arguments, add_force_argument, add_out_argument, config_from_args, int_at_least, output_folder
 
@@ -64,23 +63,17 @@ def _horizon(text: str) -> str | float:
 
 
 def run(args) -> int:
-    from .._grid import grid_points, parse_grid
-    from .._resources import check_run, check_workers
-    from .._sweep import sweep
-    from .._sweep_compute import compile_group
+    from .._grid import parse_grid
+    from .._resources import check_workers
+    from .._sweep import check_sweep, sweep
 
     config = config_from_args(args)
     grids = [parse_grid(g) for g in args.grid]
-    points = [point for _, point in grid_points(config, grids)]
-    # a batched group solves the starts of all its points at once
-    groups = [compile_group("theory", point.to_dict()) for point in points]
-    sizes = Counter(groups)
-    for point, group in zip(points, groups):  # every point can run, before the first one does
-        batch = sizes[group] if args.batch else 1
-        check_run(point, simulation=args.simulate, theory_starts=point.simulation.seeds * batch)
+    # every point can run (sweep checks them too, in milliseconds), then the workers, before any cluster starts
+    check_sweep(config, grids, simulate=args.simulate, batch=args.batch)
     if args.workers > 1 and args.scheduler:
         raise ValueError("give either --workers N (a local cluster) or --scheduler ADDRESS (an existing one), not both")
-    check_workers(args.workers, "--workers", force=args.force)  # before any cluster starts
+    check_workers(args.workers, "--workers", force=args.force)
     rows, stats = sweep(config, grids, args.out, horizon=args.horizon, simulate=args.simulate, cache_dir=args.cache,
                         progress=args.progress, workers=args.workers, scheduler=args.scheduler, batch=args.batch)
     failed = f"; {stats.failed} failed, see the status column" if stats.failed else ""
