@@ -35,6 +35,13 @@ Bayes points. For a discrete prior with ``K`` atoms (of positive probability), b
 ``a_l = sum_h exp(s_hl) / sum_{h', l'} exp(s_h'l') = p_l``: it *is* the Bayes estimator
 (:func:`bayes_point`). With one atom (``K = 1``), bsoftmax with one head is softmax, so the
 same point is the softmax Bayes point (``M = strength``, ``Q = strength^2`` for F = 1).
+
+Checks. Before a Sobol rule is built, :func:`bayes_risk` (over the ``L F`` spike fields) and
+:func:`population_risk` on the rule route (over the ``L H`` head fields) check that it can be
+built with ``points`` points and fits in memory (:func:`~singleloc._resources.check_quadrature`,
+:func:`~singleloc._resources.check_memory`): ``ValueError`` or ``MemoryError`` naming the keys
+(``problem.L``, ``problem.F``, ``model.heads``, ``theory.points``). :func:`check_bayes` checks both
+rules of ``singleloc bayes`` (the Bayes risk's, and the Bayes point's over ``L K`` fields) at once.
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ from ._activations import get_activation
 from ._fields import LocalFields
 from ._laplace import exact_rule
 from ._priors import Prior
+from ._resources import check_memory, check_quadrature, rule_bytes
 from ._specs import ROUTES
 from ._theory import OrderParameterODE, OrderParameters
 
@@ -130,6 +138,26 @@ def _check_counts(L, replicates) -> None:
         raise ValueError(f"replicates must be an integer >= 2 (for the error estimate), got {replicates!r}")
 
 
+def _check_rules(prior: Prior, L: int, points, heads: dict[str, int]) -> None:
+    """The Sobol rules over ``L * H`` fields (``H`` each value of ``heads``, keyed by what plays
+    the heads, for the message) can be built with ``points`` points, and the largest fits in
+    memory; ``ValueError`` or ``MemoryError`` naming the keys otherwise."""
+    points = int(points) if isinstance(points, np.integer) else points
+    for key, H in heads.items():
+        check_quadrature(int(L), H, prior, points, heads_key=key)
+    check_memory({f"the quadrature (theory.points = {points})": rule_bytes(int(L), max(heads.values()), prior, points)})
+
+
+def check_bayes(prior: Prior, L: int, points: int) -> None:
+    """The rules of the Bayes risk (over ``L F`` fields, :func:`bayes_risk`) and, for a discrete
+    prior, of the risk at its Bayes point (``K`` heads, the atoms: :func:`bayes_point`,
+    :func:`population_risk`) can be built with ``points`` Sobol points and fit in memory,
+    checked before either is computed; ``ValueError`` or ``MemoryError`` naming the keys."""
+    _check_counts(L, 2)
+    heads = {"problem.F": prior.F, **({"the number of atoms of the prior": len(prior.atoms)} if prior.is_discrete else {})}
+    _check_rules(prior, L, points, heads)
+
+
 @eqx.filter_jit
 def _bayes_risk_on_rule(rule: LocalFields, params) -> jax.Array:
     F = rule.atoms.shape[1]
@@ -151,8 +179,14 @@ def bayes_risk(prior: Prior, L: int, points: int = 4096, seed: int = 0, replicat
         points: Sobol points per rule (a power of two); each rule also uses their mirrors.
         seed: scrambling seed of the first rule; replicate ``i`` uses ``seed + i``.
         replicates: number of independent scramblings (>= 2, for the error estimate).
+
+    Raises:
+        ValueError: the rule over the ``L F`` spike fields cannot be built with ``points`` points
+            (too few, or more dimensions than SciPy's Sobol sequence has).
+        MemoryError: the rule does not fit in the available memory (:mod:`singleloc._resources`).
     """
     _check_counts(L, replicates)
+    _check_rules(prior, L, points, {"problem.F": prior.F})
     dtype = jnp.result_type(float)
     atoms, log_pi, G, logdet = _weight_params(prior)
     params = (jnp.asarray(atoms, dtype), jnp.asarray(log_pi, dtype), None if G is None else jnp.asarray(G, dtype),
@@ -187,7 +221,9 @@ def population_risk(
     (:mod:`~singleloc._laplace`), its error against the finer rule; otherwise (or
     ``route = "rule"``) :meth:`OrderParameterODE.risk` on ``replicates`` independently
     scrambled rules, with their standard error. ``v`` (H,): trained head weights, ``a_l = sum_h
-    v_h A_hl`` (default the head average; a joint layer with weights has no exact route)."""
+    v_h A_hl`` (default the head average; a joint layer with weights has no exact route). The rule
+    route first checks its rule over the ``L H`` fields (``ValueError`` or ``MemoryError``, as
+    :func:`bayes_risk`)."""
     _check_counts(L, replicates)
     act = get_activation(activation)
     dtype = jnp.result_type(float)
@@ -213,6 +249,7 @@ def population_risk(
     if exact is not None and route != "rule":
         fine = exact.refined()
         return RiskEstimate.from_refinement(_exact_risk(exact, M, Q, b, v), _exact_risk(fine, M, Q, b, v))
+    _check_rules(prior, L, points, {"model.heads": H})
     rules = (LocalFields.make(int(L), H, prior, points, seed + i) for i in range(int(replicates)))
     # the learning rate and bias training (1.0, False) do not enter the risk
     values = [float(layer_risk(OrderParameterODE(rule, act, 1.0, False), M, Q, b, v)) for rule in rules]

@@ -168,15 +168,21 @@ def saved_bytes(config: Config, starts: int) -> int:
 
 def theory_bytes(config: Config, starts: int, heads: int | None = None) -> int:
     """Estimated peak bytes of the quadrature for ``starts`` ODE starts (module docstring);
-    ``heads`` replaces ``model.heads`` (the Bayes point has as many heads as atoms)."""
+    ``heads`` replaces ``model.heads`` (a pruned layer's largest sub-layer)."""
     pb, H, th = config.problem, config.model.heads if heads is None else heads, config.theory
-    prior = pb.build_prior()
-    N = 2 * th.points
+    points = th.points
     if on_exact_route(config):  # its one Sobol rule, the Gram term's, has as many or more points
-        N = 2 * th.gram_rule_points(pb.L, H, th.points)
-    d = quadrature_dimension(pb.L, H, prior)
-    atoms = len(prior.atoms)
-    return 8 * (7 * N * d + 2 * starts * min(N, NODE_BATCH) * atoms * (4 * pb.L * H + H * pb.F + 2 * H * H))
+        points = th.gram_rule_points(pb.L, H, th.points)
+    return rule_bytes(pb.L, H, pb.build_prior(), points, starts)
+
+
+def rule_bytes(L: int, heads: int, prior: Prior, points: int, starts: int = 1) -> int:
+    """Estimated peak bytes of a rule of ``points`` Sobol points (``N = 2 points`` nodes) over
+    ``L * heads`` fields (+ ``F`` for a Gaussian part) and its integrand for ``starts`` states
+    (module docstring)."""
+    N, H, F = 2 * points, heads, prior.F
+    d = quadrature_dimension(L, H, prior)
+    return 8 * (7 * N * d + 2 * starts * min(N, NODE_BATCH) * len(prior.atoms) * (4 * L * H + H * F + 2 * H * H))
 
 
 def _parse_size(text: str) -> float:

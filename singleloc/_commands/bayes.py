@@ -28,17 +28,12 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from .._bayes import bayes_point, bayes_risk, population_risk
-    from .._resources import check_memory, check_quadrature, theory_bytes
+    from .._bayes import bayes_point, bayes_risk, check_bayes, population_risk
 
     config = config_from_args(args)
     pb, th = config.problem, config.theory
     prior = pb.build_prior()
-    # the Bayes risk integrates over the fields of L tokens and F spike directions; the Bayes point has K heads
-    heads = {"problem.F": prior.F, **({"the number of atoms of the prior": len(prior.atoms)} if prior.is_discrete else {})}
-    for key, H in heads.items():
-        check_quadrature(pb.L, H, prior, th.points, heads_key=key)
-    check_memory({f"the quadrature (theory.points = {th.points})": theory_bytes(config, 1, heads=max(heads.values()))})
+    check_bayes(prior, pb.L, th.points)  # both rules, before either risk is computed
     kw = dict(points=th.points, seed=th.qmc_seed, replicates=args.replicates)
     bayes = bayes_risk(prior, pb.L, **kw)
     point = None
