@@ -55,7 +55,7 @@ _EXPORTS = {
     "_sgd_rule": ("GradientMoments", "LearningRateSchedule", "OnlineSGD", "sgd_rule"),
     "_theory": ("OrderParameterODE", "OrderParameters", "WeightedOrderParameters", "r_orth"),
     "_pruning": ("ORDERS as PRUNING_ORDERS", "PruningResult", "TheoryRisk", "WeightsRisk", "finetune", "keep_heads", "prune",
-                 "prune_theory", "prune_weights", "removable_heads"),
+                 "prune_run", "prune_theory", "prune_weights", "removable_heads"),
     "_phase_analysis": ("PhaseAnalysis", "analyze"),
     "_plateaus": ("Plateau", "escape_times", "halfway_time", "plateaus"),
     "_head_classes": ("HEAD_CLASSES", "HeadClasses", "classify_heads"),
@@ -153,6 +153,7 @@ if TYPE_CHECKING:
     from ._pruning import finetune as finetune
     from ._pruning import keep_heads as keep_heads
     from ._pruning import prune as prune
+    from ._pruning import prune_run as prune_run
     from ._pruning import prune_theory as prune_theory
     from ._pruning import prune_weights as prune_weights
     from ._pruning import removable_heads as removable_heads

@@ -29,12 +29,18 @@ Three orders of removal (:data:`ORDERS`):
   the result holds every draw, and its mean and spread.
 
 An explicit order (a sequence of head indices) is accepted too.
+
+A run folder (:func:`prune_run`): the final state of ``theory.npz`` and of every seed of
+``simulation.npz``, each pruned with the theory evaluator on one rule, the run's config checked
+(:func:`pruning_config`: the quadrature and the memory of the rule) and ``theory.points = "auto"``
+resolved once, before the first layer is pruned.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import equinox as eqx
 import jax
@@ -47,7 +53,11 @@ from ._config import Config, require_config, require_uniform_head_weights
 from ._data import overlaps
 from ._heldout import draw_heldout, heldout_losses
 from ._ode import integrate, resolve_points
+from ._resources import check_memory, check_quadrature, on_exact_route, theory_bytes
 from ._theory import OrderParameterODE, OrderParameters
+
+if TYPE_CHECKING:
+    from ._io import Run
 
 ORDERS = ("greedy", "alignment", "random")
 
@@ -121,12 +131,33 @@ _draw_heldout = eqx.filter_jit(draw_heldout)
 _heldout_losses = eqx.filter_jit(heldout_losses)
 
 
+def pruning_config(config: Config, heads: int | None = None) -> Config:
+    """The config that :class:`TheoryRisk` scores the sub-layers of a layer of ``heads`` heads
+    (default ``model.heads``) with, checked before a rule is built: on the Sobol rule route the
+    rule over ``problem.L * heads`` fields can be built with ``theory.points`` points
+    (:func:`~singleloc._resources.check_quadrature`; ``"auto"`` is checked as the points are
+    chosen), ``theory.points = "auto"`` is resolved (:func:`~singleloc.resolve_points`, one rule
+    for every sub-layer), and the rule fits in memory (:func:`~singleloc._resources.check_memory`).
+    ``ValueError`` or ``MemoryError`` naming the keys otherwise (``model.head_weights =
+    "trained"``: pruning is written for the head average)."""
+    require_config(config, "pruning_config")
+    require_uniform_head_weights(config, "pruning")
+    H = config.model.heads if heads is None else int(heads)
+    if config.theory.points != "auto" and not on_exact_route(config):
+        check_quadrature(config.problem.L, H, config.problem.build_prior(), config.theory.points)
+    resolved = resolve_points(config)
+    check_memory({f"the theory's quadrature (theory.points = {resolved.theory.points})": theory_bytes(resolved, 1, heads=H)})
+    return resolved
+
+
 class TheoryRisk:
     """Population risk of sub-layers of the layer ``(M, Q, b)`` (``M`` (H, F), ``Q`` (H, H),
     ``b`` (H,)). ``risk(kept)`` evaluates the heads ``kept`` with ODE objects for
     ``len(kept)`` heads, built from ``config`` (problem, activation, ``theory.points``,
     ``theory.qmc_seed``, ``theory.replicates``) and cached; ``theory.points = "auto"`` is
-    resolved first (:func:`~singleloc.resolve_points`, at the config's start).
+    resolved first (:func:`~singleloc.resolve_points`, at the config's start), and the rule is
+    checked before it is built (:func:`pruning_config`: ``ValueError`` or ``MemoryError`` naming
+    the keys).
 
     On the exact route (``theory.route``, a normalised-exponential activation) a risk is the
     exact one and its error the difference to the finer exact rule. On the Sobol rule, with
@@ -138,12 +169,12 @@ class TheoryRisk:
         require_config(config, "TheoryRisk")
         require_uniform_head_weights(config, "TheoryRisk")
         dtype = jnp.result_type(float)
-        self.config = resolve_points(config)  # one rule for every sub-layer
         self.M, self.Q, self.b = (jnp.asarray(x, dtype) for x in (M, Q, b))
         H = self.M.shape[0]
         if self.M.shape != (H, config.problem.F) or self.Q.shape != (H, H) or self.b.shape != (H,):
             raise ValueError(f"order parameters must have shapes (H, F), (H, H), (H,) with F = {config.problem.F}; "
                              f"got M {self.M.shape}, Q {self.Q.shape}, b {self.b.shape}")
+        self.config = pruning_config(config, heads=H)  # checked; one rule for every sub-layer
         self.heads = H
         self._odes: dict[int, list[OrderParameterODE]] = {}
 
@@ -316,6 +347,29 @@ def prune_theory(config: Config, M, Q, b, order: str | Sequence[int] = "greedy",
     norms = np.linalg.norm(np.asarray(M, dtype=float), axis=1)
     result = prune(evaluate, evaluate.heads, order, overlap_norms=norms, draws=draws, seed=seed)
     return _finish(result, deterministic=config.theory.replicates == 1)
+
+
+def prune_run(run: Run, order: str | Sequence[int] = "greedy", *, draws: int = 16,
+              seed: int = 0) -> dict[str, list[PruningResult]]:
+    """Prune the trained layers of a run folder read back by :func:`~singleloc.load_run`, with
+    :func:`prune_theory`: the final state of ``theory.npz`` (one layer) and the final order
+    parameters of every seed of ``simulation.npz`` (one layer per seed; the keys are not stored,
+    so a seed is pruned through its order parameters with the theory's risk, not on fresh
+    finite-D data: for that, :func:`prune_weights`). Every layer is scored on one rule of the
+    run's config, checked and with ``theory.points = "auto"`` resolved once
+    (:func:`pruning_config`) before the first layer is pruned.
+
+    Returns:
+        ``{kind: [PruningResult, ...]}`` for each kind of ``run.data`` (``"theory"``: one result;
+        ``"simulation"``: one per seed), in the run's order.
+    """
+    config = pruning_config(run.config)
+    results = {}
+    for kind, d in run.data.items():  # theory.npz: (T, ...) of seed 0; simulation.npz: (S, T, ...)
+        M, Q, b = (np.asarray(d[k], dtype=float) for k in "MQb")
+        layers = [(M[-1], Q[-1], b[-1])] if kind == "theory" else [(M[s, -1], Q[s, -1], b[s, -1]) for s in range(M.shape[0])]
+        results[kind] = [prune_theory(config, *layer, order, draws=draws, seed=seed) for layer in layers]
+    return results
 
 
 def prune_weights(config: Config, K, b, kstar, order: str | Sequence[int] = "greedy", *, draws: int = 16,

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import singleloc as sl
-from singleloc import _resources, _run_checks, _sweep
+from singleloc import _pruning, _resources, _run_checks, _sweep
 from singleloc._grid import parse_grid
 
 jax.config.update("jax_enable_x64", True)
@@ -150,3 +150,56 @@ def test_check_bayes_checks_the_bayes_point_too():
     sl.bayes_risk(prior, 80, points=256, replicates=2)  # the Bayes risk's own rule has 80 x 2 = 160 fields
     with pytest.raises(ValueError, match=r"problem.L \* the number of atoms of the prior = 320"):
         check_bayes(prior, 80, 256)
+
+
+# ----------------------------------------------------------------------------- pruning's run preparation
+
+
+def _layer(H, F):
+    M = 0.3 * np.ones((H, F))
+    return M, M @ M.T + 0.2 * np.eye(H), np.zeros(H)
+
+
+def test_pruning_checks_the_rule_before_it_builds_one():
+    cfg = sl.load_config("default", [*RULE_40, "model.heads=8"])
+    with pytest.raises(ValueError, match=r"theory.points = 256 must be at least problem.L \* model.heads = 320"):
+        sl.prune_theory(cfg, *_layer(8, 2))
+    with pytest.raises(ValueError, match=r"theory.points = 256 must be at least problem.L \* model.heads = 320"):
+        sl.TheoryRisk(cfg.replace(model={"heads": 2}), *_layer(8, 2))  # the layer's heads count, not the config's
+
+
+def test_pruning_checks_its_memory(monkeypatch):
+    monkeypatch.setenv(_resources.MEMORY_ENV, "1M")
+    with pytest.raises(MemoryError, match=r"for the theory's quadrature \(theory.points = 256\)"):
+        sl.prune_theory(sl.load_config("default", ["theory.points=256"]), *_layer(2, 2))
+
+
+def test_prune_run_prunes_the_final_state_of_every_stored_layer(monkeypatch):
+    """The theory's final state and every seed's; one resolution of ``theory.points = "auto"``."""
+    cfg = sl.load_config("default", ["theory.points=auto"])
+    T, S, H, F = 5, 3, cfg.model.heads, cfg.problem.F
+    rng = np.random.default_rng(0)
+    theory = {"tau": np.arange(T), "M": rng.normal(size=(T, H, F)), "Q": rng.normal(size=(T, H, H)), "b": rng.normal(size=(T, H))}
+    sim = {k: rng.normal(size=(S, *v.shape)) for k, v in theory.items() if k != "tau"}
+    run = sl.Run(None, cfg, {"theory": theory, "simulation": sim}, "hash")
+    resolved, calls = [], []
+    monkeypatch.setattr(_pruning, "resolve_points", lambda config: resolved.append(config) or config.replace(
+        theory={"points": 512}))
+    monkeypatch.setattr(_pruning, "prune_theory", lambda config, M, Q, b, order, **kw: calls.append((config, M, Q, b, order, kw)))
+    results = sl.prune_run(run, "alignment", draws=3, seed=7)
+    assert len(resolved) == 1 and list(results) == ["theory", "simulation"] and len(results["simulation"]) == S
+    layers = [(theory["M"][-1], theory["Q"][-1], theory["b"][-1])] + [(sim["M"][s, -1], sim["Q"][s, -1], sim["b"][s, -1])
+                                                                      for s in range(S)]
+    assert len(calls) == 1 + S
+    for (config, M, Q, b, order, kw), layer in zip(calls, layers):
+        assert config.theory.points == 512 and order == "alignment" and kw == {"draws": 3, "seed": 7}
+        for got, want in zip((M, Q, b), layer):
+            np.testing.assert_array_equal(got, want)
+
+
+def test_prune_run_refuses_trained_head_weights_by_name():
+    cfg = sl.load_config("default", ["model.head_weights=trained"])
+    H, F = cfg.model.heads, cfg.problem.F
+    run = sl.Run(None, cfg, {"theory": {"M": np.zeros((2, H, F)), "Q": np.ones((2, H, H)), "b": np.zeros((2, H))}}, "hash")
+    with pytest.raises(ValueError, match="pruning: model.head_weights = 'trained' is not supported here"):
+        sl.prune_run(run)

@@ -60,9 +60,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from .._io import RUN_KINDS, add_to_run, load_run, save_run
-    from .._ode import resolve_points
-    from .._pruning import prune_theory
-    from .._resources import check_memory, check_quadrature, on_exact_route, theory_bytes
+    from .._pruning import prune_run, pruning_config
     from ..plots import plot_pruning
 
     if not math.isfinite(args.tol) or args.tol < 0:
@@ -75,17 +73,10 @@ def run(args) -> int:
         except ValueError as err:
             raise ValueError(f"RESULT_DIR {err}; or write elsewhere with --out") from None
     config = loaded.config
-    if config.theory.points != "auto" and not on_exact_route(config):  # "auto": checked as the points are chosen
-        check_quadrature(config.problem.L, config.model.heads, config.problem.build_prior(), config.theory.points)
-    theory = resolve_points(config)  # one rule for every layer pruned (the run folder keeps its config)
-    check_memory({f"the theory's quadrature (theory.points = {theory.theory.points})": theory_bytes(theory, 1)})
+    theory = pruning_config(config)  # checked and "auto" resolved, before the note (the run folder keeps its config)
     if not in_place:
         note_replaced(args.command, args.out)
-    results = {}
-    for kind, d in loaded.data.items():  # theory.npz: (T, ...) of seed 0; simulation.npz: (S, T, ...)
-        M, Q, b = (np.asarray(d[k], dtype=float) for k in "MQb")
-        layers = [(M[-1], Q[-1], b[-1])] if kind == "theory" else [(M[s, -1], Q[s, -1], b[s, -1]) for s in range(M.shape[0])]
-        results[kind] = [prune_theory(theory, *layer, args.order, draws=args.draws, seed=args.seed) for layer in layers]
+    results = prune_run(dataclasses.replace(loaded, config=theory), args.order, draws=args.draws, seed=args.seed)
 
     H, F = config.model.heads, config.problem.F
     _print_table(results, args, H, F)
