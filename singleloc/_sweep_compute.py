@@ -57,14 +57,19 @@ def compute_prediction(config: Config) -> dict[str, np.ndarray]:
 
 def compute_theory(config: Config) -> dict[str, np.ndarray]:
     """ODE trajectories from the initial overlaps of every seed (one batched solve)."""
-    r = integrate(config, initial_conditions(config), progress=False)
-    return {"tau": r.tau, "M": r.M, "Q": r.Q, "b": r.b, "risk": r.risk}
+    return _trajectory_arrays(integrate(config, initial_conditions(config), progress=False))
 
 
 def compute_simulation(config: Config) -> dict[str, np.ndarray]:
     """Finite-D SGD for every seed: ``risk`` (empirical) and ``risk_limit`` as in :class:`~singleloc.SimulationResult`."""
     r = simulate_sgd(config, progress=False)
-    return {"tau": r.tau, "M": r.M, "Q": r.Q, "b": r.b, "risk": r.risk, "risk_limit": r.risk_limit}
+    return _trajectory_arrays(r) | {"risk_limit": r.risk_limit}
+
+
+def _trajectory_arrays(r) -> dict[str, np.ndarray]:
+    """The arrays of a theory or simulation entry: ``tau``, ``M``, ``Q``, ``b``, ``risk``, and ``v``
+    with trained head weights."""
+    return {"tau": r.tau, "M": r.M, "Q": r.Q, "b": r.b, "risk": r.risk} | ({} if r.v is None else {"v": r.v})
 
 
 def compute(config: Config, kind: str) -> dict[str, np.ndarray]:
@@ -81,8 +86,7 @@ def compute_theories(configs: Sequence[Config]) -> list[dict[str, np.ndarray] | 
     (:func:`~singleloc._ode.integrate_points`): the arrays of each point, or the error its
     solve stopped with."""
     results = integrate_points([(config, initial_conditions(config)) for config in configs])
-    return [r if isinstance(r, FloatingPointError) else {"tau": r.tau, "M": r.M, "Q": r.Q, "b": r.b, "risk": r.risk}
-            for r in results]
+    return [r if isinstance(r, FloatingPointError) else _trajectory_arrays(r) for r in results]
 
 
 #: Keys that change only the values the compiled theory programs receive, not the programs:

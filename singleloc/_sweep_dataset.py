@@ -92,7 +92,8 @@ ATTRS = ("config", "grids", "singleloc_version")
 
 #: The dimensions of the arrays of a cache entry (the theory's; the simulation's use ``sim_step``).
 ENTRY_DIMS = {"tau": ("step",), "M": ("seed", "step", "head", "direction"), "Q": ("seed", "step", "head", "other_head"),
-              "b": ("seed", "step", "head"), "risk": ("seed", "step"), "risk_limit": ("seed", "step")}
+              "b": ("seed", "step", "head"), "risk": ("seed", "step"), "risk_limit": ("seed", "step"),
+              "v": ("seed", "step", "head")}
 
 #: The variable prefix of each kind of entry.
 PREFIX = {"theory": "", "simulation": "sim_"}
@@ -100,6 +101,7 @@ PREFIX = {"theory": "", "simulation": "sim_"}
 #: The ``description`` attribute of each array variable (a ``sim_`` variable without its own: that of its theory twin).
 DESCRIPTIONS = {"tau": "saved times of the point (NaN past its last)", "M": "overlaps M[h, f] of head h with spike direction f",
                 "Q": "overlaps Q[h, h'] of the heads", "b": "bias b[h] of head h", "risk": "limit risk of the theory",
+                "v": "trained head weight v[h] of a_l = sum_h v_h A_hl (model.head_weights = 'trained'; NaN for the average)",
                 "sim_risk": "empirical finite-D risk of the simulation", "sim_risk_limit": "limit risk of the simulated weights"}
 
 
@@ -151,8 +153,10 @@ def sweep_dataset(base: Config, grids: Sequence[Grid], rows: Sequence[Mapping[st
         for name, entry_dims in ENTRY_DIMS.items():
             if name == "risk_limit" and kind == "theory":
                 continue
+            if name == "v" and not any(kind in e and "v" in e[kind] for e in entries):
+                continue  # no point trains its head weights
             vdims = tuple(step if d == "step" else d for d in entry_dims)
-            array = _padded([e[kind][name] if kind in e else None for e in entries], grid_shape, index,
+            array = _padded([e[kind].get(name) if kind in e else None for e in entries], grid_shape, index,
                             tuple(sizes[d] for d in vdims))
             attrs = {"description": DESCRIPTIONS.get(prefix + name) or DESCRIPTIONS[name]}
             (coords if name == "tau" else data_vars)[prefix + name] = xr.Variable((*dims, *vdims), array, attrs)

@@ -17,9 +17,11 @@ import pytest
 from helpers import random_overlaps
 
 import singleloc as sl
+from singleloc._grid import grid_points, parse_grid
 from singleloc._layer import limit_loss
 from singleloc._resources import on_exact_route
 from singleloc._simulation import _run_functions
+from singleloc._sweep_dataset import sweep_dataset
 from singleloc._theory import flatten_state, unflatten_state
 
 
@@ -157,6 +159,28 @@ def test_trained_head_weights_theory_tracks_a_large_D_simulation():
     sim = sl.simulate(cfg, progress=False)
     se = lambda x: x.std(axis=0, ddof=1) / np.sqrt(len(x))
     risk, vsum = sim.risk_limit, sim.v.sum(-1)
+    print(f"max |sim - theory|: risk {np.abs(risk.mean(0) - th.risk[0]).max():.4f} (largest SE {se(risk).max():.4f}), "
+          f"sum v {np.abs(vsum.mean(0) - th.v[0].sum(-1)).max():.4f} (largest SE {se(vsum).max():.4f}); "
+          f"final sum v {th.v[0, -1].sum():.4f}")
     assert np.all(np.abs(risk.mean(0) - th.risk[0]) <= 4 * se(risk) + 0.01), (risk.mean(0), th.risk[0])
     assert np.all(np.abs(vsum.mean(0) - th.v[0].sum(-1)) <= 4 * se(vsum) + 0.02), (vsum.mean(0), th.v[0].sum(-1))
     assert th.v[0, -1].sum() - 1 > 0.05  # the weights moved away from the head average
+
+
+def test_sweep_dataset_holds_the_head_weights_of_the_points_that_train_them():
+    """A grid over ``model.head_weights``: ``v`` is the trained point's entry, NaN for the head
+    average (which stores none)."""
+    grids = [parse_grid("model.head_weights=uniform,trained")]
+    rows, entries = [], []
+    for values, config in grid_points(sl.load_config("default"), grids):
+        rows.append({**values, "heads": 2, "F": 2, "status": "ok"})
+        theory = {"tau": np.array([0.0, 1.0]), "M": np.ones((1, 2, 2, 2)), "Q": np.ones((1, 2, 2, 2)), "b": np.zeros((1, 2, 2)),
+                  "risk": np.ones((1, 2))}
+        if config.model.trained_head_weights:
+            theory["v"] = np.array([[[0.5, 0.5], [0.7, 0.4]]])
+        entries.append({"theory": theory})
+    ds = sweep_dataset(sl.load_config("default"), grids, rows, entries)
+    assert ds.v.dims == ("model_head_weights", "seed", "step", "head")
+    np.testing.assert_array_equal(ds.v.sel(model_head_weights="trained").values, entries[1]["theory"]["v"])
+    assert np.isnan(ds.v.sel(model_head_weights="uniform").values).all()
+
