@@ -61,6 +61,7 @@ from ._config import Config, require_config
 from ._data import initial_overlaps
 from ._io import save_run
 from ._numerics import Q_RUNAWAY
+from ._run_checks import warn_if_risk_rose
 from ._sharding import shard_batch, unpad
 from ._theory import OrderParameterODE, OrderParameters, WeightedOrderParameters, r_orth
 
@@ -348,6 +349,8 @@ def integrate(
         ValueError: invalid ``ts`` or ``t0`` (naming them), or an invalid start.
         FloatingPointError: the state left the set of valid overlaps (non-finite, runaway
             keys, or ``R_orth`` not PSD); the message gives the time and suggests a remedy.
+
+    Warns when the risk rose during training (:func:`~singleloc.warn_if_risk_rose`).
     """
     require_config(config, "integrate")
     try:
@@ -383,6 +386,7 @@ def integrate(
         result = dataclasses.replace(result, tau=result.tau[1:], M=later(result.M), Q=later(result.Q), b=later(result.b),
                                      risk=later(result.risk), risk_se=later(result.risk_se),
                                      v=None if result.v is None else later(result.v))
+    warn_if_risk_rose(config, theory=result)
     return result
 
 
@@ -409,7 +413,7 @@ def integrate_points(problems: Sequence[tuple[Config, OrderParameters | None]], 
         stacked, _, n = shard_batch(stacked)
         out = unpad(jax.device_get(exported_call("integrate_points", _run_points, *stacked, static=(max_steps,))), n)
         for j, i in enumerate(members):
-            results[i] = _result(prepared[i], [x[j] for x in out], max_steps)
+            results[i] = _result(prepared[i], jax.tree.map(lambda x, j=j: x[j], out), max_steps)
     return results
 
 

@@ -30,7 +30,6 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from .._ode import MAX_STEPS, integrate
-    from .._run_checks import warn_if_risk_rose
 
     config = prepare_run(args, theory="one")
     long = config.sgd.tau_max > LONG_TAU
@@ -40,7 +39,6 @@ def run(args) -> int:
               f"quadrature nodes), which can take many minutes{'; its progress bar follows' if args.progress else ''}",
               file=sys.stderr)
     result = integrate(config, max_steps=MAX_STEPS, progress=long and args.progress)
-    warn_if_risk_rose(config, theory=result)  # the library's check, which integrate does not run itself
     path = result.save(args.out, config)
     se = f" +- {result.risk_se[0, -1]:.1e}" if result.replicates > 1 else ""
     print(f"wrote {path}: tau 0..{result.tau[-1]:g}, risk {result.risk[0, 0]:.4f} -> {result.risk[0, -1]:.4f}{se}")
