@@ -61,6 +61,7 @@ from ._config import Config, require_config
 from ._data import initial_overlaps
 from ._io import save_run
 from ._numerics import Q_RUNAWAY
+from ._resources import check_run
 from ._run_checks import warn_if_risk_rose
 from ._sharding import shard_batch, unpad
 from ._theory import OrderParameterODE, OrderParameters, WeightedOrderParameters, r_orth
@@ -347,6 +348,8 @@ def integrate(
 
     Raises:
         ValueError: invalid ``ts`` or ``t0`` (naming them), or an invalid start.
+        ValueError, MemoryError: the solve cannot be built (:func:`~singleloc._resources.check_run`:
+            dimension, quadrature, saved times, memory), naming the keys.
         FloatingPointError: the state left the set of valid overlaps (non-finite, runaway
             keys, or ``R_orth`` not PSD); the message gives the time and suggests a remedy.
 
@@ -373,6 +376,8 @@ def integrate(
         raise ValueError(f"ts starts at {times[0]:g}, before the start y0 at t0 = {t0:g}: the saved times must be >= t0 "
                          "(pass t0 = the time of y0 to start elsewhere than tau = 0)")
     skip = bool(times[0] > t0)  # solve from the start at t0; do not return it
+    starts = 1 if y0 is None or np.ndim(y0[0]) != 3 else int(np.shape(y0[0])[0])
+    check_run(config, theory_starts=starts)  # dimension, quadrature, saved times and memory, before anything is built
     problem = _problem(config, y0, np.concatenate([[t0], times]) if skip else times)
     dynamics, evaluation, y0, ts, rtol, atol = problem.args
     y0, (dynamics, evaluation, ts, rtol, atol), n = shard_batch(y0, (dynamics, evaluation, ts, rtol, atol))

@@ -37,7 +37,7 @@ from ._heldout import draw_heldout, heldout_losses
 from ._io import save_run
 from ._layer import finite_loss
 from ._numerics import Q_RUNAWAY
-from ._resources import check_dimension, check_steps
+from ._resources import check_run, check_steps
 from ._run_checks import warn_if_risk_rose, warn_if_times_dropped
 from ._sgd_rule import sgd_rule
 from ._sharding import shard_batch, unpad
@@ -144,6 +144,8 @@ def simulate(config: Config, *, progress: bool = True) -> SimulationResult:
         progress: show a progress bar over the saved times.
 
     Raises:
+        ValueError, MemoryError: the run cannot be built (:func:`~singleloc._resources.check_run`:
+            dimension, steps, memory), naming the keys.
         FloatingPointError: the dynamics diverged (non-finite or exploding keys); the
             message gives the time and suggests a smaller ``sgd.lr``.
 
@@ -152,7 +154,7 @@ def simulate(config: Config, *, progress: bool = True) -> SimulationResult:
             limit risk rose during training (:func:`~singleloc.warn_if_risk_rose`).
     """
     require_config(config, "simulate")
-    check_dimension(config, "simulation")
+    check_run(config, simulation=True)  # the dimension, the number of steps and the memory, before anything runs
     D = config.simulation.D
     init, advance, measure = _run_functions(config)
     seeds, _, n = shard_batch(jnp.arange(config.simulation.seeds))

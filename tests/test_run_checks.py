@@ -203,3 +203,16 @@ def test_prune_run_refuses_trained_head_weights_by_name():
     run = sl.Run(None, cfg, {"theory": {"M": np.zeros((2, H, F)), "Q": np.ones((2, H, H)), "b": np.zeros((2, H))}}, "hash")
     with pytest.raises(ValueError, match="pruning: model.head_weights = 'trained' is not supported here"):
         sl.prune_run(run)
+
+
+def test_simulate_and_integrate_check_their_memory_before_they_run(monkeypatch):
+    """Called from Python, not only from the command line, a run that does not fit is refused
+    before anything is built, naming what it needs (the limit: ``SINGLELOC_MEMORY_LIMIT``)."""
+    monkeypatch.setenv(_resources.MEMORY_ENV, "1M")
+    cfg = sl.load_config("default", ["theory.points=256", "sgd.tau_max=1", "simulation.D=200"])
+    with pytest.raises(MemoryError, match=r"the simulation \(simulation\.seeds"):
+        sl.simulate(cfg, progress=False)
+    with pytest.raises(MemoryError, match=r"the theory's quadrature"):
+        sl.integrate(cfg)
+    monkeypatch.setenv(_resources.MEMORY_ENV, "none")
+    assert sl.integrate(cfg).risk.shape == (1, cfg.sgd.n_save)  # the same run passes without the limit
