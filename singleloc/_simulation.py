@@ -111,17 +111,16 @@ def _run_functions(config: Config):
     def advance(params, consts, t0, t1):
         kstar, train_key, _ = consts
 
-        def gradient(params, key):  # of the mean loss of the step's sequences: (gK, gb[, gv])
-            K, b, v = (*params, None)[:3]
+        def gradient(K, b, v, key):  # of the mean loss of the step's sequences: (gK, gb[, gv])
             if B == 1:
                 return grad(K, b, v, *sample_sequence(key, prior, kstar, L))
             grads = jax.vmap(lambda k: grad(K, b, v, *sample_sequence(k, prior, kstar, L)))(jax.random.split(key, B))
             return tuple(jnp.mean(g, axis=0) for g in grads)
 
         def body(t, params):
-            grads = gradient(params, jax.random.fold_in(train_key, t))
             K, b, v = (*params, None)[:3]
-            return rule.step(t * (B / D), K, b, grads[0], grads[1], D, v, grads[2] if trained else None)
+            gK, gb, *gv = gradient(K, b, v, jax.random.fold_in(train_key, t))
+            return rule.step(t * (B / D), K, b, gK, gb, D, v, *gv)
 
         return jax.lax.fori_loop(t0, t1, body, params)
 
@@ -131,7 +130,8 @@ def _run_functions(config: Config):
         seqs = draw_heldout(jax.random.fold_in(test_key, i), prior, K, kstar, sim.test_samples, L)
         emp, lim = heldout_losses(act, seqs, b, v=v)
         M, Q = overlaps(K, kstar)
-        return M, Q, b, jnp.mean(emp), jnp.mean(lim), (b if v is None else v)
+        record = (M, Q, b, jnp.mean(emp), jnp.mean(lim))
+        return record if v is None else (*record, v)
 
     return init, advance, measure
 
@@ -175,10 +175,10 @@ def simulate(config: Config, *, progress: bool = True) -> SimulationResult:
         _check_finite(rec, t / D, config)
         records.append(rec)
     bar.close()
-    M, Q, b, risk, risk_limit, v = (np.stack([r[j] for r in records], axis=1) for j in range(6))
+    M, Q, b, risk, risk_limit, *v = (np.stack([r[j] for r in records], axis=1) for j in range(len(records[0])))
     K, kstar = unpad(jax.device_get((params[0], consts[0])), n)
     result = SimulationResult(steps * config.sgd.batch / D, M, Q, b, risk, risk_limit, np.asarray(K), np.asarray(kstar),
-                              v if config.model.trained_head_weights else None)
+                              *v)
     warn_if_risk_rose(config, simulation=result)
     return result
 
