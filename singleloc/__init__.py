@@ -27,6 +27,7 @@ _EXPORTS = {
     "_activations": ("Activation", "ExponentialForm", "activation_names", "bsoftmax", "exponential_form", "get_activation",
                      "register_activation", "scalable_softmax", "softmax", "softmax1", "ssmax"),
     "_bayes": ("RiskEstimate", "bayes_point", "bayes_risk", "log_weight", "population_risk", "posterior"),
+    "_choices": ("PRUNING_ORDERS",),
     "_config": ("Config", "load_config", "preset_names"),
     "_data": ("initial_overlaps", "make_spikes", "overlaps", "sample_sequence", "seed_keys"),
     "_diagnose": ("AttentionDiagnosis", "diagnose_attention"),
@@ -54,7 +55,7 @@ _EXPORTS = {
     "_specs": ("SGD", "Model", "Problem", "Simulation", "Theory"),
     "_sgd_rule": ("GradientMoments", "LearningRateSchedule", "OnlineSGD", "sgd_rule"),
     "_theory": ("OrderParameterODE", "OrderParameters", "WeightedOrderParameters", "r_orth"),
-    "_pruning": ("ORDERS as PRUNING_ORDERS", "PruningResult", "TheoryRisk", "WeightsRisk", "finetune", "keep_heads", "prune",
+    "_pruning": ("PruningResult", "TheoryRisk", "WeightsRisk", "finetune", "keep_heads", "prune",
                  "prune_run", "prune_theory", "prune_weights", "removable_heads"),
     "_phase_analysis": ("PhaseAnalysis", "analyze"),
     "_plateaus": ("Plateau", "escape_times", "halfway_time", "plateaus"),
@@ -88,6 +89,7 @@ if TYPE_CHECKING:
     from ._bayes import log_weight as log_weight
     from ._bayes import population_risk as population_risk
     from ._bayes import posterior as posterior
+    from ._choices import PRUNING_ORDERS as PRUNING_ORDERS
     from ._compilation import enable_compilation_cache as enable_compilation_cache
     from ._config import Config as Config
     from ._config import load_config as load_config
@@ -146,7 +148,6 @@ if TYPE_CHECKING:
     from ._priors import flipped as flipped
     from ._priors import gaussian as gaussian
     from ._priors import spikes as spikes
-    from ._pruning import ORDERS as PRUNING_ORDERS  # noqa: F401 (in __all__, built from _EXPORTS)
     from ._pruning import PruningResult as PruningResult
     from ._pruning import TheoryRisk as TheoryRisk
     from ._pruning import WeightsRisk as WeightsRisk

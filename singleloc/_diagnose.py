@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ._choices import KS_SAMPLES, MASKS
 from ._diagnostics import _n_grid, _positive, _significance, _weights, logits_from_weights
 from ._sensitivity import FD_EPSILONS, finite_difference_sensitivity, random_directions, softmax_jacobian_norm
 from ._top_n import _ks_samples, ks_critical_n, top_n_diagnostics
@@ -26,8 +27,6 @@ from ._vanishing_attention import vanishing_attention
 #: Temperatures of the gradient-sensitivity table (from very sharp to nearly uniform rows).
 TEMPERATURES = (0.001, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 100.0)
 
-MASKS = ("auto", "none", "causal")
-KS_SAMPLES = ("auto", "heads", "rows")
 
 
 def _stats(x: np.ndarray) -> dict:

@@ -17,7 +17,7 @@ Two evaluators of the risk of a kept subset:
   any D, finite-D empirical loss or the limit loss), with the same sequences for every subset
   (common random numbers, so that differences between subsets are measured with little noise).
 
-Three orders of removal (:data:`ORDERS`):
+Three orders of removal (:data:`~singleloc.PRUNING_ORDERS`):
 
 * ``greedy``: at each step remove the head whose removal raises the risk least (ties go to
   the lowest head index);
@@ -49,6 +49,7 @@ import numpy as np
 
 from ._activations import get_activation
 from ._bayes import RiskEstimate, layer_risk, layer_risk_check
+from ._choices import PRUNING_ORDERS
 from ._config import Config, require_config, require_uniform_head_weights
 from ._data import overlaps
 from ._heldout import draw_heldout, heldout_losses
@@ -59,7 +60,6 @@ from ._theory import OrderParameterODE, OrderParameters
 if TYPE_CHECKING:
     from ._io import Run
 
-ORDERS = ("greedy", "alignment", "random")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -282,8 +282,8 @@ def prune(evaluate: Callable[[Sequence[int]], tuple[float, float]], heads: int, 
     if H < 1:
         raise ValueError(f"a layer needs at least one head, got {H}")
     if isinstance(order, str):
-        if order not in ORDERS:
-            raise ValueError(f"unknown pruning order {order!r} (known: {', '.join(ORDERS)})")
+        if order not in PRUNING_ORDERS:
+            raise ValueError(f"unknown pruning order {order!r} (known: {', '.join(PRUNING_ORDERS)})")
         if order == "greedy":
             return _greedy(evaluate, H)
         if order == "alignment":

@@ -428,7 +428,8 @@ def test_diagnose_attention_without_values_and_one_row():
 
 
 def test_diagnose_help_states_the_library_defaults(capsys):
-    from singleloc._diagnose import KS_SAMPLES, MASKS, TEMPERATURES
+    from singleloc._choices import KS_SAMPLES, MASKS
+    from singleloc._diagnose import TEMPERATURES
 
     with pytest.raises(SystemExit):
         cli.main(["diagnose", "--help"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from .._choices import KS_SAMPLES, MASKS
 from .._files import OUTPUT_KEY, check_output_folder, png_has_text, written_together
 from ._common import add_force_argument, add_out_argument, check_cost, int_at_least
 
@@ -56,7 +57,7 @@ def register(sub) -> None:
                    help="perturbation sizes eps > 0 of the finite-difference sensitivity (default: 0.001 0.1 10)")
     p.add_argument("--directions", type=int_at_least(1), default=4, metavar="K",
                    help="random unit directions v per row for the finite differences (default: 4)")
-    p.add_argument("--mask", choices=("auto", "none", "causal"), default="auto",
+    p.add_argument("--mask", choices=MASKS, default="auto",
                    help="which tokens belong to a row: 'causal' = tokens 0..q for query q (needs a square L x L "
                    "last pair of axes), 'none' = all L tokens (zero weights count as tokens), 'auto' (default) = "
                    "causal if the last two axes are square and every weight above the diagonal is exactly 0")
@@ -64,7 +65,7 @@ def register(sub) -> None:
                    help="analyse at most R query rows per head, evenly spaced and always including the last one "
                    "(default: 32; 0 = all rows; the run time grows linearly with it: of the order of a minute for "
                    "GPT-2's 144 heads at L = 1024 with the default on two CPU cores)")
-    p.add_argument("--ks-over", dest="ks_over", choices=("auto", "heads", "rows"), default="auto",
+    p.add_argument("--ks-over", dest="ks_over", choices=KS_SAMPLES, default="auto",
                    help="samples of the Kolmogorov-Smirnov test: 'heads' = d averaged over each head's query rows, "
                    "'rows' = every row, 'auto' (default) = heads when ATTN has at least 2 heads, else rows")
     p.add_argument("--significance", type=float, default=0.01, metavar="ALPHA",

@@ -8,12 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
+from .._choices import PRUNING_ORDERS
 from .._files import check_run_folder
 from ._common import add_out_argument, describe, int_at_least, note_replaced
 
-#: The orders of removal, as :data:`singleloc.PRUNING_ORDERS` (spelt out here so that building the
-#: parser does not import the library; a test checks that the two agree).
-ORDERS = ("greedy", "alignment", "random")
 SOURCES = ("auto", "theory", "simulation")
 
 
@@ -41,7 +39,7 @@ def register(sub) -> None:
     )
     p.add_argument("result_dir", metavar="RESULT_DIR", type=Path,
                    help="output folder of `singleloc integrate`, `simulate` or `compare`")
-    p.add_argument("--order", default="greedy", choices=ORDERS,
+    p.add_argument("--order", default="greedy", choices=PRUNING_ORDERS,
                    help="order of removal: greedy (drop the head whose removal raises the risk least), "
                    "alignment (drop the smallest spike-overlap norm |M_h| first) or random (--draws random orders); "
                    "default greedy")

@@ -1,0 +1,17 @@
+"""The enumerations of the library's options that the command line offers as choices.
+
+This module imports nothing (no JAX, SciPy or NumPy), so that building the parser, and
+``--help``, loads no numerical library (see :mod:`singleloc.cli`); the library modules that
+check these options read them from here too.
+"""
+
+from __future__ import annotations
+
+#: The orders of removal of :func:`singleloc.prune` (:mod:`singleloc._pruning`).
+PRUNING_ORDERS = ("greedy", "alignment", "random")
+
+#: Which tokens belong to a row of :func:`singleloc.diagnose_attention` (``mask``).
+MASKS = ("auto", "none", "causal")
+
+#: The samples of the Kolmogorov-Smirnov test of :func:`singleloc.diagnose_attention` (``ks_samples``).
+KS_SAMPLES = ("auto", "heads", "rows")
