@@ -45,11 +45,11 @@ import numpy as np  # noqa: E402
 from _common import figure, figures_dir, parser, save_json  # noqa: E402
 
 import singleloc as sl  # noqa: E402
+from singleloc._head_classes import CLASS_LETTERS, class_counts_text  # noqa: E402
 
 ACTIVATIONS = ("softmax", "softmax1", "bsoftmax")  # the presets of the same names ("default" for softmax)
 HEADS, FS, STRENGTHS = (1, 2, 3, 4, 6, 8), (1, 2, 3, 4), (2.5, 3.5)
 SEEDS, L, WITHIN, SAME = 2, 4, 0.01, 0.98
-CLASSES = ("aligned", "leaning", "combination", "redundant", "off", "unspecialized")
 CLASS_COLORS = ("C2", "C1", "C4", "C7", "k", "C3")
 QUICK = {"heads": (1, 2), "fs": (1, 2), "strengths": (2.5,), "seeds": 1, "horizon": 20.0}
 
@@ -86,11 +86,6 @@ def distinct_profiles(M: np.ndarray) -> float:
                 centres.append(v)
         counts.append(len(centres))
     return float(np.mean(counts))
-
-
-def composition(entry: dict) -> str:
-    """``"1.5A 0.5L"``: the mean count of each head class present."""
-    return " ".join(f"{entry[c]:g}{c[0].upper()}" for c in CLASSES if entry[c] > 0)
 
 
 def head_count(final: dict[int, float], heads) -> int | None:
@@ -133,7 +128,7 @@ def main() -> int:
                           "horizon": r["horizon"],
                           "predicted_escape": r["predicted_escape"], "n_directions": r["n_directions"],
                           "distinct_profiles": distinct_profiles(point[..., :key[3], :key[2]]),
-                          **{c: r[f"n_{c}"] for c in CLASSES}}
+                          **{c: r[f"n_{c}"] for c in CLASS_LETTERS}}
 
     answer = {}
     print(f"\nfinal risk - Bayes at each point's horizon (mean over {seeds} seeds); "
@@ -153,7 +148,7 @@ def main() -> int:
         for act in ACTIVATIONS:
             print(f"\n{act}, strength {s}:  " + "".join(f"{'F=' + str(F):>22s}" for F in fs))
             for H in heads:
-                cells = [f"{composition(table[act, s, F, H])} | {table[act, s, F, H]['distinct_profiles']:g}" for F in fs]
+                cells = [f"{class_counts_text(table[act, s, F, H])} | {table[act, s, F, H]['distinct_profiles']:g}" for F in fs]
                 print(f"  H = {H}:".ljust(18) + "".join(f"{c:>22s}" for c in cells))
     print(f"\nheads needed to come within {WITHIN} of the activation's own risk at H = {heads[-1]} (rows F)")
     for s in strengths:
@@ -195,7 +190,7 @@ def main() -> int:
     for i, s in enumerate(strengths):
         for j, act in enumerate(ACTIVATIONS):
             ax, bottom = axes[i, j], np.zeros(len(labels))
-            for c, color in zip(CLASSES, CLASS_COLORS):
+            for c, color in zip(CLASS_LETTERS, CLASS_COLORS):
                 frac = np.array([table[act, s, F, H][c] / H for F in fs for H in heads])
                 ax.bar(np.arange(len(labels)), frac, bottom=bottom, color=color, width=0.85, label=c)
                 bottom += frac

@@ -118,6 +118,16 @@ HEAD_CLASSES = ("unspecialized", "aligned", "leaning", "combination", "redundant
 #: The classes of a head that has left the unspecialized profile.
 LEARNED_CLASSES = ("aligned", "leaning", "combination")
 
+#: Every class of :data:`HEAD_CLASSES` with its one-letter abbreviation, in the order in which
+#: tables and figures list them (the learned classes first).
+CLASS_LETTERS = {"aligned": "A", "leaning": "L", "combination": "C", "redundant": "R", "off": "O", "unspecialized": "U"}
+
+
+def class_counts_text(counts) -> str:
+    """``"1.5A 0.5L"``: the count ``counts[name]`` of every class present (count > 0), abbreviated
+    (:data:`CLASS_LETTERS`) and in that order; empty when no class is present."""
+    return " ".join(f"{v:g}{letter}" for name, letter in CLASS_LETTERS.items() if (v := counts[name]) > 0)
+
 
 @dataclasses.dataclass(frozen=True)
 class HeadClasses:

@@ -22,6 +22,7 @@ import matplotlib as mpl
 import numpy as np
 from matplotlib.figure import Figure
 
+from ._head_classes import CLASS_LETTERS, LEARNED_CLASSES, class_counts_text
 from ._io import save_figure
 from ._numerics import TINY
 
@@ -184,17 +185,12 @@ def _grid(rows, value, prefix: str):
     return Hs, Fs, A
 
 
-#: Abbreviations of the head classes in the phase diagram.
-_CLASS_LETTERS = {"aligned": "A", "leaning": "L", "combination": "C", "redundant": "R", "off": "O", "unspecialized": "U"}
-
-
 def _learned(row, prefix: str) -> float:
-    return sum(_value(row, f"{prefix}n_{c}") for c in ("aligned", "leaning", "combination"))
+    return sum(_value(row, f"{prefix}n_{c}") for c in LEARNED_CLASSES)
 
 
 def _classes_text(row, prefix: str) -> str:
-    parts = [f"{v:g}{letter}" for name, letter in _CLASS_LETTERS.items() if (v := _value(row, f"{prefix}n_{name}")) > 0]
-    return " ".join(parts) if parts else "n/a"
+    return class_counts_text({c: _value(row, f"{prefix}n_{c}") for c in CLASS_LETTERS}) or "n/a"
 
 
 def _escape_text(row, prefix: str) -> str:

@@ -169,6 +169,8 @@ def test_one_hand_made_head_per_class():
     assert c.names().tolist() == ["aligned", "leaning", "combination", "unspecialized", "redundant", "off"]
     assert {k: int(v) for k, v in c.counts().items()} == dict.fromkeys(hc.HEAD_CLASSES, 1)
     assert c.learned().tolist() == [True, True, True, False, False, False]
+    assert set(hc.CLASS_LETTERS) == set(hc.HEAD_CLASSES) and tuple(hc.CLASS_LETTERS)[:3] == hc.LEARNED_CLASSES
+    assert hc.class_counts_text({**c.counts(), "leaning": 0.5, "off": 0}) == "1A 0.5L 1C 1R 1U"
     # the angles of the leaning head: atan(1.14 / 2.04) from e_1, 45 degrees minus that from the mean
     a1 = np.degrees(np.arctan2(1.14, 2.04))
     assert c.spike[1] == 0 and c.angle_spike[1] == pytest.approx(a1, abs=1e-12)
