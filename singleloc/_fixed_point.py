@@ -22,7 +22,7 @@ from scipy import optimize
 
 from ._drift_jacobian import _jacobian
 from ._numerics import TINY
-from ._stability import _symmetric_risk, symmetric_drift, symmetric_flow, symmetric_state
+from ._stability import _symmetric_risk, symmetric_drift, symmetric_flow, symmetric_start, symmetric_state
 from ._theory import OrderParameterODE
 
 #: ``xtol`` of the root finder that polishes the fixed point: the relative change of the
@@ -93,7 +93,7 @@ def unspecialized_point(ode: OrderParameterODE, H: int, F: int, x0=None, *, init
     (:func:`~singleloc.escape_rate_along`, :func:`singleloc._predictions.predicted_escape`).
     """
     if x0 is None:
-        x0 = np.asarray([0.0] * F + [init_scale**2] + ([0.0] if H > 1 else []) + [bias_init])
+        x0 = symmetric_start(H, F, init_scale, bias_init)
     taus, xs, risks = symmetric_flow(ode, x0, H, F, tau_flow, dt)
     x = xs[-1].copy()
 

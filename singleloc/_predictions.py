@@ -62,7 +62,7 @@ import numpy as np
 
 from ._config import Config, require_config
 from ._ode import resolve_points
-from ._stability import escape_rate, linear_escape_time, linearize, symmetric_path, symmetric_state
+from ._stability import linear_escape_time, symmetric_escape_rate, symmetric_path, symmetric_start
 from ._theory import OrderParameterODE
 
 #: Defaults of the horizon rule (:func:`escape_horizon`).
@@ -170,7 +170,7 @@ def predicted_escape(config: Config, *, multiple: float = HORIZON_MULTIPLE, cap:
     D = config.simulation.D
     ode = OrderParameterODE.from_config(config)
     mean = config.problem.build_prior().mean()
-    x0 = np.asarray([0.0] * F + [config.sgd.init_scale**2] + ([0.0] if H > 1 else []) + [config.model.bias_init])
+    x0 = symmetric_start(H, F, config.sgd.init_scale, config.model.bias_init)
     ts = np.concatenate([[0.0], np.geomspace(tau_flow * 1e-4, tau_flow, _PATH_POINTS)])
     xs, risk = symmetric_path(ode, x0, H, F, ts)
     n = int(np.argmin(np.isfinite(risk))) if not np.all(np.isfinite(risk)) else len(ts)
@@ -181,9 +181,8 @@ def predicted_escape(config: Config, *, multiple: float = HORIZON_MULTIPLE, cap:
         grid = np.geomspace(max(tau_0, ts[1]), ts[-1], n_rates)
         need = 0.5 * math.log(D)
         for i in np.unique(np.searchsorted(ts, grid * (1 - 1e-12))):
-            M, Q, b = (np.asarray(a) for a in symmetric_state(jnp.asarray(xs[i]), H, F))
             path_tau.append(float(ts[i]))
-            path_rate.append(escape_rate(linearize(ode, M, Q, b, method=method), mean=mean))
+            path_rate.append(symmetric_escape_rate(ode, xs[i], H, F, mean=mean, method=method))
             t, lam = np.asarray(path_tau), np.asarray(path_rate)
             ok = np.isfinite(lam)
             if ok.sum() > 1 and np.trapezoid(lam[ok], t[ok]) >= need:

@@ -25,6 +25,7 @@ is :func:`singleloc._predictions.predicted_escape`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import diffrax
 import equinox as eqx
@@ -34,7 +35,7 @@ import numpy as np
 
 from ._drift_jacobian import drift_jacobian
 from ._numerics import TINY
-from ._theory import OrderParameterODE
+from ._theory import OrderParameterODE, OrderParameters, unflatten_state
 
 # -- the symmetric subspace and its flow ----------------------------------------------------
 
@@ -51,15 +52,26 @@ def symmetric_state(x, H: int, F: int):
     return M, Q, b0 * jnp.ones(H)
 
 
+def symmetric_start(H: int, F: int, init_scale: float, bias_init: float) -> np.ndarray:
+    """``x`` of the ``D -> infinity`` limit of a random start: ``M = 0``, ``R_orth = init_scale^2 I``,
+    ``b = bias_init``."""
+    return np.asarray([0.0] * F + [init_scale**2] + ([0.0] if H > 1 else []) + [bias_init])
+
+
+def _diagonal_means(A, H: int):
+    """``(d, o)``: the mean of the diagonal of the (H, H) array ``A`` and the mean of its
+    off-diagonal entries (``o = 0`` when ``H = 1``), so that the head-symmetric part of ``A`` is
+    ``(d - o) I + o 1 1^T``. NumPy, or JAX (traceable)."""
+    trace = A.trace()
+    return trace / H, ((A.sum() - trace) / (H * (H - 1)) if H > 1 else 0.0)
+
+
 def symmetric_coordinates(M, Q, b) -> np.ndarray:
     """Projection of a state onto the symmetric subspace, as ``x`` of :func:`symmetric_state`."""
     M, Q, b = np.asarray(M, float), np.asarray(Q, float), np.asarray(b, float)
     H, F = M.shape
-    m = M.mean(0)
-    R = Q - M @ M.T
-    dia = np.trace(R) / H
-    off = (R.sum() - np.trace(R)) / (H * (H - 1)) if H > 1 else 0.0
-    x = [*m, dia - off] + ([off] if H > 1 else []) + [b.mean()]
+    dia, off = _diagonal_means(Q - M @ M.T, H)
+    x = [*M.mean(0), dia - off] + ([off] if H > 1 else []) + [b.mean()]
     return np.asarray(x, float)
 
 
@@ -67,16 +79,8 @@ def symmetric_drift(ode: OrderParameterODE, x, H: int, F: int):
     """The drift restricted to the symmetric subspace, in the coordinates ``x``."""
     M, Q, b = symmetric_state(x, H, F)
     dM, dQ, db = ode.drift(M, Q, b)
-    dR = dQ - dM @ M.T - M @ dM.T
-    dia = jnp.trace(dR) / H
-    parts = [dM.mean(0)]
-    if H > 1:
-        off = (dR.sum() - jnp.trace(dR)) / (H * (H - 1))
-        parts.append(jnp.stack([dia - off, off]))
-    else:
-        parts.append(jnp.stack([dia]))
-    parts.append(jnp.stack([db.mean()]))
-    return jnp.concatenate(parts)
+    dia, off = _diagonal_means(dQ - dM @ M.T - M @ dM.T, H)
+    return jnp.concatenate([dM.mean(0), jnp.stack([dia - off, off] if H > 1 else [dia]), jnp.stack([db.mean()])])
 
 
 def _symmetric_risk(ode: OrderParameterODE, x, H: int, F: int):
@@ -148,18 +152,18 @@ class Linearization:
         return v / max(np.abs(v).max(), TINY)
 
 
-def _symmetric_projection(v: np.ndarray, H: int, F: int, train_bias: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(full-matrix representation of v, of its head-symmetric projection), flattened."""
-    iu = np.triu_indices(H)
-    nq = len(iu[0])
-    M = v[: H * F].reshape(H, F)
-    Qu = np.zeros((H, H), v.dtype)
-    Qu[iu] = v[H * F : H * F + nq]
-    Q = Qu + np.triu(Qu, 1).T
-    b = v[H * F + nq :] if train_bias else np.zeros(0, v.dtype)
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _unflatten_columns(V: jax.Array, H: int, F: int) -> OrderParameters:
+    """:func:`~singleloc._theory.unflatten_state` of every column of ``V`` (stacked; ``b`` of
+    length 0 where the biases are frozen)."""
+    return jax.vmap(lambda v: unflatten_state(v, H, F, jnp.zeros(0, v.dtype)))(V.T)
+
+
+def _symmetric_projection(M: np.ndarray, Q: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the state, its head-symmetric projection), each flattened with the full ``Q``."""
+    H = M.shape[0]
     Ms = np.broadcast_to(M.mean(0), M.shape)
-    off = (Q.sum() - np.trace(Q)) / (H * (H - 1)) if H > 1 else 0.0
-    dia = np.trace(Q) / H
+    dia, off = _diagonal_means(Q, H)
     Qs = (dia - off) * np.eye(H) + off * np.ones((H, H))
     bs = np.full_like(b, b.mean()) if len(b) else b
     full = np.concatenate([M.ravel(), Q.ravel(), b])
@@ -175,10 +179,11 @@ def linearize(ode: OrderParameterODE, M, Q, b, *, method: str = "auto") -> Linea
     w, V = np.linalg.eig(J)
     order = np.argsort(-w.real, kind="stable")
     w, V = w[order], V[:, order]
+    real, imag = ([np.asarray(a) for a in _unflatten_columns(jnp.asarray(part), H, F)] for part in (np.real(V), np.imag(V)))
     asym = []
     for i in range(len(w)):
-        full_r, sym_r = _symmetric_projection(np.real(V[:, i]), H, F, ode.train_bias)
-        full_i, sym_i = _symmetric_projection(np.imag(V[:, i]), H, F, ode.train_bias)
+        full_r, sym_r = _symmetric_projection(*(a[i] for a in real))
+        full_i, sym_i = _symmetric_projection(*(a[i] for a in imag))
         num = np.linalg.norm(full_r - sym_r) ** 2 + np.linalg.norm(full_i - sym_i) ** 2
         den = np.linalg.norm(full_r) ** 2 + np.linalg.norm(full_i) ** 2
         asym.append(np.sqrt(num / den) if den > 0 else 0.0)
@@ -300,13 +305,15 @@ def linear_escape_time(path_tau, path_rate, amplitude, threshold: float = 0.1, *
     return out
 
 
+def symmetric_escape_rate(ode: OrderParameterODE, x, H: int, F: int, *, mean=None, method: str = "auto") -> float:
+    """Escape rate (:func:`escape_rate`) of the linearisation at the symmetric state ``x``."""
+    M, Q, b = (np.asarray(a) for a in symmetric_state(jnp.asarray(x), H, F))
+    return escape_rate(linearize(ode, M, Q, b, method=method), mean=mean)
+
+
 def escape_rate_along(ode: OrderParameterODE, tau, xs, H: int, F: int, *, mean=None, method: str = "auto") -> np.ndarray:
     """Escape rate (:func:`escape_rate`) of the linearisation at each symmetric state ``xs``
     (from :func:`symmetric_flow`; ``tau`` their times, unused): the instantaneous growth rate
     of the symmetry-breaking direction along a plateau that has not yet reached its fixed
     point."""
-    out = []
-    for x in xs:
-        M, Q, b = symmetric_state(jnp.asarray(x), H, F)
-        out.append(escape_rate(linearize(ode, np.asarray(M), np.asarray(Q), np.asarray(b), method=method), mean=mean))
-    return np.asarray(out)
+    return np.asarray([symmetric_escape_rate(ode, x, H, F, mean=mean, method=method) for x in xs])
