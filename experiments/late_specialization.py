@@ -40,6 +40,7 @@ import numpy as np  # noqa: E402
 from _common import cache_dir, figure, figures_dir, fit, parser, save_json, stage  # noqa: E402
 
 import singleloc as sl  # noqa: E402
+from singleloc._numerics import first_crossing  # noqa: E402
 
 ACTIVATIONS = ("softmax", "softmax1")
 PLATEAU_WINDOW = (150.0, 500.0)  # where the escapes of D = 250..2000 happen
@@ -77,17 +78,6 @@ def spread(M: np.ndarray, mean: np.ndarray) -> np.ndarray:
     dev = M - M.mean(axis=-2, keepdims=True)
     dev = dev - (dev @ u)[..., None] * u
     return np.sqrt(np.mean(np.sum(dev**2, axis=-1), axis=-1))
-
-
-def first_crossing(tau: np.ndarray, s: np.ndarray, level: float) -> float:
-    """First time ``s`` reaches ``level`` (linear interpolation between saved times); NaN if never."""
-    above = np.flatnonzero(s >= level)
-    if len(above) == 0:
-        return np.nan
-    k = above[0]
-    if k == 0:
-        return float(tau[0])
-    return float(np.interp(level, [s[k - 1], s[k]], [tau[k - 1], tau[k]]))
 
 
 def fit_log(D, t):

@@ -1,8 +1,9 @@
 """Numerical building blocks shared by the theory, the simulator and the analysis.
 
 One home for the small pieces that several modules need: the symmetric square root of a PSD
-matrix (and its pseudo-inverse root), and the named thresholds that decide when a state is
-"runaway" or a norm is "zero". Thresholds are tied to the floating-point format where they
+matrix (and its pseudo-inverse root), the first crossing of a level by a sampled curve (escape
+and halfway times), and the named thresholds that decide when a state is "runaway" or a norm is
+"zero". Thresholds are tied to the floating-point format where they
 are floors, and stated in ``docs/model.md`` where they are modelling choices.
 """
 
@@ -64,6 +65,18 @@ def principal_factor(C: jax.Array) -> jax.Array:
     lam, V = jnp.clip(lam[::-1], 0.0, None), V[:, ::-1]
     V = V * jnp.where(jnp.sum(V, axis=0) < 0, -1.0, 1.0)
     return (V * jnp.sqrt(lam)).T
+
+
+def first_crossing(t, y, level: float) -> float:
+    """The first time at which a curve ``y`` sampled at increasing times ``t`` reaches ``level``
+    (``y >= level``), interpolated linearly within the step where it does; ``t[0]`` if it starts
+    there, NaN if it never does."""
+    t, y = np.asarray(t, float), np.asarray(y, float)
+    past = np.flatnonzero(y >= level)
+    if not len(past):
+        return float("nan")
+    i = past[0]
+    return float(t[0] if i == 0 else t[i - 1] + (level - y[i - 1]) / (y[i] - y[i - 1]) * (t[i] - t[i - 1]))
 
 
 def require_x64(where: str) -> None:

@@ -22,6 +22,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ._numerics import first_crossing
+
 
 @dataclasses.dataclass(frozen=True)
 class Plateau:
@@ -90,18 +92,16 @@ def halfway_time(tau, risk, after: float, r_from: float, r_to: float) -> float:
     """First ``tau >= after`` at which ``risk`` has moved halfway from ``r_from`` to ``r_to``
     (linear interpolation between saved points); NaN if it never does."""
     tau, risk = np.asarray(tau, float), np.asarray(risk, float)
-    target = 0.5 * (r_from + r_to)
     sign = 1.0 if r_to <= r_from else -1.0
-    past = sign * (risk - target) <= 0  # True once the risk has crossed the target
+    y, level = -sign * risk, -sign * 0.5 * (r_from + r_to)  # y rises through level where the risk is halfway
+    past = y >= level
     start = int(np.searchsorted(tau, after, side="left"))
-    for i in range(max(start, 1), len(tau)):
-        if past[i] and not past[i - 1]:
-            r0, r1 = risk[i - 1], risk[i]
-            w = 0.0 if r1 == r0 else (target - r0) / (r1 - r0)
-            return float(tau[i - 1] + w * (tau[i] - tau[i - 1]))
-    if start < len(tau) and past[start] and start == 0:
-        return float(tau[0])
-    return float("nan")
+    # the first crossing from a saved point not yet halfway, from the one before `after` on
+    lo = max(start - 1, 0)
+    not_yet = np.flatnonzero(~past[lo:])
+    if len(not_yet) and past[lo + not_yet[0]:].any():
+        return first_crossing(tau[lo + not_yet[0]:], y[lo + not_yet[0]:], level)
+    return float(tau[0]) if start == 0 and len(tau) and past[0] else float("nan")
 
 
 def escape_times(tau, risk, plateau_list: Sequence[Plateau] | None = None, **kwargs) -> np.ndarray:

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._drift_jacobian import drift_jacobian
-from ._numerics import TINY
+from ._numerics import TINY, first_crossing
 from ._theory import OrderParameterODE, OrderParameters, unflatten_state
 
 # -- the symmetric subspace and its flow ----------------------------------------------------
@@ -296,10 +296,8 @@ def linear_escape_time(path_tau, path_rate, amplitude, threshold: float = 0.1, *
     need = np.log(threshold / np.asarray(amplitude, float))
     out = np.full(np.shape(need), np.nan)
     for idx, g in np.ndenumerate(need):
-        past = np.flatnonzero(growth >= g)
-        if len(past):
-            i = past[0]
-            out[idx] = t[0] if i == 0 else t[i - 1] + (g - growth[i - 1]) / (growth[i] - growth[i - 1]) * (t[i] - t[i - 1])
+        if (growth >= g).any():
+            out[idx] = first_crossing(t, growth, g)
         elif extrapolate:
             out[idx] = t[-1] + (g - growth[-1]) / lam[-1] if lam[-1] > 0 else np.inf
     return out
