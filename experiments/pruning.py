@@ -52,6 +52,7 @@ import numpy as np  # noqa: E402
 from _common import figure, figures_dir, parser  # noqa: E402
 
 import singleloc as sl  # noqa: E402
+from singleloc._data import keys_with_overlaps  # noqa: E402
 
 H = 8
 ACTIVATIONS = ("softmax", "softmax1", "bsoftmax")
@@ -72,14 +73,13 @@ def make_config(activation: str, F: int, args) -> sl.Config:
 
 
 def weights_with_overlaps(M, Q, D: int, seed: int):
-    """Finite-D keys K (H, D) and spikes k* (F, D) with K k*^T / D = M and K K^T / D = Q:
-    K = M k* + C Z, the rows of Z orthogonal to the spikes with Z Z^T / D = I, C C^T = Q - M M^T."""
+    """Finite-D keys K (H, D) and spikes k* (F, D) with K k*^T / D = M and K K^T / D = Q
+    (``singleloc._data.keys_with_overlaps``), spikes and Z from one random orthonormal basis."""
     rng = np.random.default_rng(seed)
     Hh, F = M.shape
     basis, _ = np.linalg.qr(rng.standard_normal((D, F + Hh)))
     kstar, Z = np.sqrt(D) * basis[:, :F].T, np.sqrt(D) * basis[:, F:].T
-    w, v = np.linalg.eigh(Q - M @ M.T)
-    return M @ kstar + (v * np.sqrt(np.clip(w, 0.0, None))) @ Z, kstar
+    return keys_with_overlaps(M, Q, kstar, Z), kstar
 
 
 def run_one(activation: str, F: int, args) -> dict:

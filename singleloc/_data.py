@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ._priors import Prior
 
@@ -52,6 +53,16 @@ def overlaps(K: jax.Array, kstar: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Order parameters ``M = K k*^T / D`` (H, F) and ``Q = K K^T / D`` (H, H)."""
     D = K.shape[-1]
     return K @ kstar.T / D, K @ K.T / D
+
+
+def keys_with_overlaps(M, Q, kstar, Z) -> np.ndarray:
+    """Keys ``K = M k* + C Z`` (H, D) whose overlaps are ``K k*^T / D = M`` and ``K K^T / D = Q``
+    (``C C^T = Q - M M^T``, from its eigendecomposition, rounding's negative eigenvalues clipped),
+    given spikes ``kstar`` (F, D) and ``Z`` (H, D) whose rows are orthogonal to each other and to
+    the spikes, with squared norms ``D``. NumPy, in float64: keys that realise given overlaps."""
+    M, Q = np.asarray(M, float), np.asarray(Q, float)
+    w, v = np.linalg.eigh(Q - M @ M.T)
+    return M @ np.asarray(kstar) + (v * np.sqrt(np.clip(w, 0.0, None))) @ np.asarray(Z)
 
 
 def initial_overlaps(seed: int, index: int, F: int, H: int, D: int, init_scale: float) -> tuple[jax.Array, jax.Array]:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from singleloc._data import keys_with_overlaps
+
 
 def random_overlaps(rng: np.random.Generator, H: int, F: int, *, m: float, r: float, b: float):
     """``M = m Z_1`` (H, F), ``Q = M M^T + r^2 Z_2 Z_2^T`` (so ``R_orth = Q - M M^T`` is PSD) and
@@ -19,16 +21,13 @@ def random_overlaps(rng: np.random.Generator, H: int, F: int, *, m: float, r: fl
 
 
 def weights_with_overlaps(rng: np.random.Generator, M, Q, D: int, orthogonal_spikes):
-    """Keys K (H, D) with K k*^T / D = M and K K^T / D = Q exactly, and the spikes k* (F, D):
-    K = M k* + C Z, where the rows of Z are orthogonal to the spikes, Z Z^T / D = I, and
-    C C^T = Q - M M^T. ``orthogonal_spikes(rng, F, D)`` draws the spikes (the conftest fixture)."""
+    """Keys K (H, D) with K k*^T / D = M and K K^T / D = Q exactly, and the spikes k* (F, D)
+    (:func:`singleloc._data.keys_with_overlaps`, with Z drawn orthogonal to the spikes).
+    ``orthogonal_spikes(rng, F, D)`` draws the spikes (the conftest fixture)."""
     H, F = M.shape
     kstar = orthogonal_spikes(rng, F, D)
     basis, _ = np.linalg.qr(np.concatenate([kstar.T, rng.standard_normal((D, H))], axis=1))
-    Z = np.sqrt(D) * basis[:, F:].T  # (H, D), orthogonal to the spikes
-    w, v = np.linalg.eigh(Q - M @ M.T)
-    C = v * np.sqrt(np.clip(w, 0, None))
-    K = M @ kstar + C @ Z
+    K = keys_with_overlaps(M, Q, kstar, np.sqrt(D) * basis[:, F:].T)  # Z (H, D) orthogonal to the spikes
     assert np.allclose(K @ kstar.T / D, M, atol=1e-10) and np.allclose(K @ K.T / D, Q, atol=1e-10)
     return K, kstar
 
