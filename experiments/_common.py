@@ -6,6 +6,7 @@
 * :func:`stage`: run one stage of a computation, or load it from the cache;
 * :func:`figure`: a matplotlib ``Figure`` (no pyplot, no global backend switch);
 * :func:`fit`: least squares with standard errors (the escape-time laws);
+* :func:`fixed_point`: the unspecialized fixed point of a config's ODE, as the arrays of a stage;
 * ``FIGURES``: the repository's ``figures/`` folder, wherever the script is run from, or the
   folder named by the environment variable ``SINGLELOC_FIGURES`` (to run a script without
   overwriting the committed figures); :func:`figures_dir`: ``FIGURES``, or a temporary folder
@@ -18,6 +19,7 @@ Figures and JSON files are written atomically with ``singleloc.save_figure`` /
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import tempfile
 from collections.abc import Callable, Mapping
@@ -26,9 +28,10 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
+import singleloc as sl
 from singleloc import load_npz, save_figure, save_json, save_npz
 
-__all__ = ["FIGURES", "cache_dir", "figure", "figures_dir", "fit", "parser", "save_figure", "save_json", "stage"]
+__all__ = ["FIGURES", "cache_dir", "figure", "figures_dir", "fit", "fixed_point", "parser", "save_figure", "save_json", "stage"]
 
 FIGURES = Path(os.environ.get("SINGLELOC_FIGURES") or Path(__file__).resolve().parents[1] / "figures").resolve()
 
@@ -68,6 +71,15 @@ def stage(cache: Path | None, name: str, fn: Callable[[], Mapping]) -> dict[str,
     if path is not None:
         save_npz(path, data)
     return data
+
+
+def fixed_point(config, ode, **kwargs) -> dict[str, np.ndarray]:
+    """``singleloc.unspecialized_point`` of ``config``'s ODE ``ode``, from the ``D -> infinity`` limit
+    of the config's random start (its ``model.heads``, ``problem.F``, ``sgd.init_scale`` and
+    ``model.bias_init``; ``kwargs`` as there): every field of the ``FixedPoint`` as an array."""
+    fp = sl.unspecialized_point(ode, config.model.heads, config.problem.F, init_scale=config.sgd.init_scale,
+                                bias_init=config.model.bias_init, **kwargs)
+    return {f.name: np.asarray(getattr(fp, f.name)) for f in dataclasses.fields(fp)}
 
 
 def figure(**kwargs) -> Figure:

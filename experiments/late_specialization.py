@@ -37,7 +37,7 @@ import jax
 jax.config.update("jax_enable_x64", True)
 
 import numpy as np  # noqa: E402
-from _common import cache_dir, figure, figures_dir, fit, parser, save_json, stage  # noqa: E402
+from _common import cache_dir, figure, figures_dir, fit, fixed_point, parser, save_json, stage  # noqa: E402
 
 import singleloc as sl  # noqa: E402
 from singleloc._numerics import first_crossing  # noqa: E402
@@ -119,11 +119,10 @@ def plateau_rates(activation: str, plan: Plan) -> dict[str, np.ndarray]:
     cfg = sl.load_config("default", [f"model.activation={activation}"])
     ode = sl.OrderParameterODE.from_config(cfg)
     mean = cfg.problem.build_prior().mean()
-    H, F = cfg.model.heads, cfg.problem.F
-    fp = sl.unspecialized_point(ode, H, F, init_scale=cfg.sgd.init_scale, tau_flow=plan.tau_plateau, polish=False)
+    fp = fixed_point(cfg, ode, tau_flow=plan.tau_plateau, polish=False)
     keep = slice(None, None, 5)
-    rates = sl.escape_rate_along(ode, fp.path_tau[keep], fp.path_x[keep], H, F, mean=mean)
-    return {"tau": fp.path_tau[keep], "rate": rates, "risk": fp.path_risk[keep]}
+    rates = sl.escape_rate_along(ode, fp["path_tau"][keep], fp["path_x"][keep], cfg.model.heads, cfg.problem.F, mean=mean)
+    return {"tau": fp["path_tau"][keep], "rate": rates, "risk": fp["path_risk"][keep]}
 
 
 def analyse(act: str, plan: Plan, cache) -> tuple[dict, dict]:

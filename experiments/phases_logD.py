@@ -39,7 +39,7 @@ jax.config.update("jax_enable_x64", True)
 import jax.numpy as jnp  # noqa: E402
 import matplotlib as mpl  # noqa: E402
 import numpy as np  # noqa: E402
-from _common import cache_dir, figure, figures_dir, fit, parser, save_json, stage  # noqa: E402
+from _common import cache_dir, figure, figures_dir, fit, fixed_point, parser, save_json, stage  # noqa: E402
 
 import singleloc as sl  # noqa: E402
 
@@ -79,11 +79,10 @@ def main() -> None:
 
     # 1. fixed point and escape rates -------------------------------------------------------
     def fixed():
-        fp = sl.unspecialized_point(ode, H, F, init_scale=cfg.sgd.init_scale, tau_flow=tau_max, dt=0.1)
-        path_tau, path_x = fp.path_tau[::2], fp.path_x[::2]
+        fp = fixed_point(cfg, ode, tau_flow=tau_max, dt=0.1)
+        path_tau, path_x = fp["path_tau"][::2], fp["path_x"][::2]
         lam_path = sl.escape_rate_along(ode, path_tau, path_x, H, F, mean=mean)
-        return {"M": fp.M, "Q": fp.Q, "b": fp.b, "x": fp.x, "residual": fp.residual, "risk": fp.risk,
-                "path_tau": path_tau, "lam_path": lam_path}
+        return {k: fp[k] for k in ("M", "Q", "b", "x", "residual", "risk")} | {"path_tau": path_tau, "lam_path": lam_path}
 
     fp = stage(cache, "fixed", fixed)
     lin = sl.linearize(ode, fp["M"], fp["Q"], fp["b"])

@@ -27,7 +27,7 @@ import jax
 jax.config.update("jax_enable_x64", True)
 
 import numpy as np  # noqa: E402
-from _common import cache_dir, figure, figures_dir, parser, save_json, stage  # noqa: E402
+from _common import cache_dir, figure, figures_dir, fixed_point, parser, save_json, stage  # noqa: E402
 
 import singleloc as sl  # noqa: E402
 
@@ -65,11 +65,7 @@ def main() -> None:
     mean, var = prior.mean(), np.diag(prior.cov())
     ode = sl.OrderParameterODE.from_config(cfg)
 
-    def fixed():
-        fp = sl.unspecialized_point(ode, H, F, init_scale=cfg.sgd.init_scale, tau_flow=40.0, dt=0.1)
-        return {"M": fp.M, "Q": fp.Q, "b": fp.b, "x": fp.x, "residual": fp.residual, "risk": fp.risk}
-
-    fp = stage(cache, "fixed", fixed)
+    fp = stage(cache, "fixed", lambda: fixed_point(cfg, ode, tau_flow=40.0, dt=0.1))
     lin = sl.linearize(ode, fp["M"], fp["Q"], fp["b"])
     modes = sl.unstable_modes(lin, min_asymmetry=0.5)
     print(f"unspecialized point: m = {np.round(fp['x'][:F], 3)}, residual {float(fp['residual']):.1e}, "

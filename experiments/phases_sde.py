@@ -28,7 +28,7 @@ import jax
 jax.config.update("jax_enable_x64", True)
 
 import numpy as np  # noqa: E402
-from _common import cache_dir, figure, figures_dir, parser, save_json, stage  # noqa: E402
+from _common import cache_dir, figure, figures_dir, fixed_point, parser, save_json, stage  # noqa: E402
 
 import singleloc as sl  # noqa: E402
 
@@ -49,11 +49,7 @@ def main() -> None:
     mean = cfg.problem.build_prior().mean()
     ode = sl.OrderParameterODE.from_config(cfg)
 
-    def fixed():
-        p = sl.unspecialized_point(ode, H, F, tau_flow=20.0, dt=0.1)
-        return {"M": p.M, "Q": p.Q, "b": p.b, "risk": p.risk}
-
-    fp = stage(cache, "fixed", fixed)
+    fp = stage(cache, "fixed", lambda: fixed_point(cfg, ode, tau_flow=20.0, dt=0.1))
     lin = sl.linearize(ode, fp["M"], fp["Q"], fp["b"])
     lam = sl.escape_rate(lin, mean=mean)
     basis = sl.escape_subspace(lin, mean=mean)
