@@ -169,6 +169,17 @@ class Cluster:
             _restore_dask_logging()
 
 
+def check_cluster(workers: int, scheduler: str | None, *, local: str = "workers > 1",
+                  external: str = "a scheduler address") -> None:
+    """``workers`` and ``scheduler`` name one place to run (:func:`open_cluster`): ``ValueError`` for
+    ``workers < 1``, or for both ``workers > 1`` and a scheduler (``local`` and ``external`` name the
+    two in the message; the command line names its options)."""
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
+    if scheduler and workers > 1:
+        raise ValueError(f"give either {local} (a local cluster) or {external} (an existing one), not both")
+
+
 @contextlib.contextmanager
 def open_cluster(workers: int = 1, scheduler: str | None = None) -> Iterator[Cluster]:
     """A :class:`Cluster` for one or more :func:`run_points` calls, closed when the block ends
@@ -182,10 +193,7 @@ def open_cluster(workers: int = 1, scheduler: str | None = None) -> Iterator[Clu
     Raises:
         ValueError: ``workers < 1``, or both ``workers > 1`` and ``scheduler``.
     """
-    if workers < 1:
-        raise ValueError(f"workers must be at least 1, got {workers}")
-    if scheduler and workers > 1:
-        raise ValueError("give either workers > 1 (a local cluster) or a scheduler address, not both")
+    check_cluster(workers, scheduler)
     if scheduler:
         cluster = Cluster(workers, scheduler, "scheduler")
     else:

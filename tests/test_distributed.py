@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from singleloc import load_config
-from singleloc._distributed import _homes, open_cluster, run_points, worker_env
+from singleloc._distributed import _homes, check_cluster, open_cluster, run_points, worker_env
 from singleloc._grid import parse_grid
 from singleloc._io import load_npz, save_npz
 from singleloc._sweep import sweep
@@ -95,6 +95,19 @@ def test_local_cluster_reports_a_failing_task_and_completes_the_others():
 def _pid(x: int) -> dict[str, np.ndarray]:
     """The worker's process and its persistent compilation cache (JAX configured from its environment)."""
     return {"pid": np.array(os.getpid()), "cache": np.array(jax.config.jax_compilation_cache_dir or "")}
+
+
+def test_one_check_of_where_to_run_names_the_callers_options(tmp_path, capsys):
+    check_cluster(1, "tcp://127.0.0.1:1") or check_cluster(2, None)
+    with pytest.raises(ValueError, match="workers must be at least 1, got 0"):
+        open_cluster(0).__enter__()
+    with pytest.raises(ValueError, match=r"workers > 1 \(a local cluster\) or a scheduler address \(an existing one\), not both"):
+        open_cluster(2, "tcp://127.0.0.1:1").__enter__()
+    from singleloc.cli import main
+
+    assert main(["sweep", "default", *[f"--set={t}" for t in TINY], "--grid", "model.heads=1", "--workers", "2",
+                 "--scheduler", "tcp://127.0.0.1:1", "--out", str(tmp_path / "o")]) == 2
+    assert "either --workers N (a local cluster) or --scheduler ADDRESS (an existing one), not both" in capsys.readouterr().err
 
 
 def test_one_cluster_serves_several_runs_and_starts_only_with_work():

@@ -63,6 +63,7 @@ def _horizon(text: str) -> str | float:
 
 
 def run(args) -> int:
+    from .._distributed import check_cluster
     from .._grid import parse_grid
     from .._resources import check_workers
     from .._sweep import check_sweep, sweep
@@ -71,8 +72,7 @@ def run(args) -> int:
     grids = [parse_grid(g) for g in args.grid]
     # every point can run (sweep checks them too, in milliseconds), then the workers, before any cluster starts
     check_sweep(config, grids, simulate=args.simulate, batch=args.batch)
-    if args.workers > 1 and args.scheduler:
-        raise ValueError("give either --workers N (a local cluster) or --scheduler ADDRESS (an existing one), not both")
+    check_cluster(args.workers, args.scheduler, local="--workers N", external="--scheduler ADDRESS")
     check_workers(args.workers, "--workers", force=args.force)
     rows, stats = sweep(config, grids, args.out, horizon=args.horizon, simulate=args.simulate, cache_dir=args.cache,
                         progress=args.progress, workers=args.workers, scheduler=args.scheduler, batch=args.batch)
