@@ -60,6 +60,7 @@ from ._priors import Prior
 from ._resources import check_memory, check_quadrature, rule_bytes
 from ._specs import ROUTES
 from ._theory import OrderParameterODE, OrderParameters
+from ._validation import integer
 
 
 def _weight_params(prior: Prior):
@@ -132,10 +133,8 @@ class RiskEstimate:
 
 
 def _check_counts(L, replicates) -> None:
-    if isinstance(L, bool) or int(L) != L or L < 2:
-        raise ValueError(f"problem.L must be an integer >= 2, got {L!r}")
-    if isinstance(replicates, bool) or int(replicates) != replicates or replicates < 2:
-        raise ValueError(f"replicates must be an integer >= 2 (for the error estimate), got {replicates!r}")
+    integer("problem.L", L, 2)
+    integer("replicates (for the error estimate)", replicates, 2)
 
 
 def _check_rules(prior: Prior, L: int, points, heads: dict[str, int]) -> None:

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._numerics import psd_sqrt
+from ._validation import integer, number
 
 
 def _as_tuple(a: np.ndarray):
@@ -112,35 +113,22 @@ class Prior:
         return theta
 
 
-def _check_positive(name: str, value: float) -> float:
-    value = float(value)
-    if not np.isfinite(value) or value <= 0:
-        raise ValueError(f"problem.{name} must be a positive finite number, got {value}")
-    return value
-
-
-def _check_F(F: int) -> int:
-    if isinstance(F, bool) or int(F) != F or F < 1:
-        raise ValueError(f"problem.F must be a positive integer, got {F!r}")
-    return int(F)
-
-
 def spikes(F: int, strength: float) -> Prior:
     """``theta = strength * e_f`` with ``f`` uniform in ``1..F``."""
-    F, s = _check_F(F), _check_positive("strength", strength)
+    F, s = integer("problem.F", F, 1), number("problem.strength", strength, positive=True)
     return Prior(s * np.eye(F), np.full(F, 1.0 / F), np.zeros((F, F)), name="spikes")
 
 
 def flipped(F: int, strength: float) -> Prior:
     """``theta = +- strength * e_f``, ``f`` and the sign uniform (zero mean)."""
-    F, s = _check_F(F), _check_positive("strength", strength)
+    F, s = integer("problem.F", F, 1), number("problem.strength", strength, positive=True)
     atoms = np.concatenate([s * np.eye(F), -s * np.eye(F)])
     return Prior(atoms, np.full(2 * F, 1.0 / (2 * F)), np.zeros((F, F)), name="flipped")
 
 
 def binary(F: int, strength: float, p: float = 0.5) -> Prior:
     """``theta = strength * u`` with ``u_f ~ Bernoulli(p)`` i.i.d. (``2^F`` atoms)."""
-    F, s = _check_F(F), _check_positive("strength", strength)
+    F, s = integer("problem.F", F, 1), number("problem.strength", strength, positive=True)
     p = float(p)
     if not 0.0 < p < 1.0:
         raise ValueError(f"problem.p must lie in (0, 1), got {p}")

@@ -9,7 +9,6 @@ validates every value and raises ``ValueError`` naming the offending ``section.k
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 import numpy as np
@@ -17,6 +16,7 @@ import numpy as np
 from ._activations import get_activation
 from ._extensions import import_reference, is_reference
 from ._priors import PRIOR_FACTORIES, Prior
+from ._validation import integer, number
 
 #: Largest ``|model.bias_init|``: float32 (the simulation's precision) spaces numbers near 1000 by
 #: 6e-5, so O(1) scores keep four digits beside the bias; near 1e30 they vanish entirely.
@@ -57,37 +57,13 @@ def _fail(section: str, key: str, message: str):
     raise ValueError(f"{section}.{key}: {message}")
 
 
-def _int(section: str, key: str, value: Any, minimum: int, maximum: int | None = None) -> int:
-    if (isinstance(value, bool) or not isinstance(value, (int, np.integer, float))
-            or (isinstance(value, float) and not math.isfinite(value)) or int(value) != value):
-        _fail(section, key, f"must be an integer, got {value!r}")
-    if value < minimum:
-        _fail(section, key, f"must be >= {minimum}, got {value}")
-    if maximum is not None and value > maximum:
-        _fail(section, key, f"must be <= {maximum}, got {value}")
-    return int(value)
-
-
-def _float(section: str, key: str, value: Any, *, positive: bool = False, nonneg: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        _fail(section, key, f"must be a number, got {value!r}")
-    value = float(value)
-    if not math.isfinite(value):
-        _fail(section, key, f"must be finite, got {value}")
-    if positive and value <= 0:
-        _fail(section, key, f"must be > 0, got {value}")
-    if nonneg and value < 0:
-        _fail(section, key, f"must be >= 0, got {value}")
-    return value
-
-
 def _sobol_points(section: str, key: str, value: Any) -> int | str:
     """A number of Sobol points (a power of two, at least 16) or ``"auto"``."""
     if value == "auto":
         return value
     if isinstance(value, str):
         _fail(section, key, f"must be a power of two or 'auto', got {value!r}")
-    pts = _int(section, key, value, 16)
+    pts = integer(f"{section}.{key}", value, 16)
     if pts & (pts - 1):
         _fail(section, key, f"must be a power of two (Sobol points) or 'auto', got {pts}")
     return pts
@@ -136,10 +112,10 @@ class Problem:
 
     def __post_init__(self):
         s = "problem"
-        object.__setattr__(self, "L", _int(s, "L", self.L, 2))
-        object.__setattr__(self, "F", _int(s, "F", self.F, 1))
-        object.__setattr__(self, "strength", _float(s, "strength", self.strength, positive=True))
-        object.__setattr__(self, "p", _float(s, "p", self.p))
+        object.__setattr__(self, "L", integer(f"{s}.L", self.L, 2))
+        object.__setattr__(self, "F", integer(f"{s}.F", self.F, 1))
+        object.__setattr__(self, "strength", number(f"{s}.strength", self.strength, positive=True))
+        object.__setattr__(self, "p", number(f"{s}.p", self.p))
         if not 0.0 < self.p < 1.0:
             _fail(s, "p", f"must lie in (0, 1), got {self.p}")
         for key, nd in (("support", 2), ("probs", 1), ("mean", 1), ("cov", (0, 1, 2))):
@@ -202,12 +178,12 @@ class Model:
 
     def __post_init__(self):
         s = "model"
-        object.__setattr__(self, "heads", _int(s, "heads", self.heads, 1))
+        object.__setattr__(self, "heads", integer(f"{s}.heads", self.heads, 1))
         if not isinstance(self.activation, str):
             _fail(s, "activation", f"must be a name, got {self.activation!r}")
         get_activation(self.activation)  # raises "model.activation: unknown ..."
         object.__setattr__(self, "train_bias", _bool(s, "train_bias", self.train_bias))
-        object.__setattr__(self, "bias_init", _float(s, "bias_init", self.bias_init))
+        object.__setattr__(self, "bias_init", number(f"{s}.bias_init", self.bias_init))
         if abs(self.bias_init) > BIAS_MAX:
             _fail(s, "bias_init", f"must lie in [-{BIAS_MAX:g}, {BIAS_MAX:g}], got {self.bias_init:g}: the scores are O(1) "
                   "and the simulation runs in float32, whose spacing near a larger bias erases them")
@@ -267,23 +243,23 @@ class SGD:
 
     def __post_init__(self):
         s = "sgd"
-        object.__setattr__(self, "lr", _float(s, "lr", self.lr, positive=True))
-        object.__setattr__(self, "init_scale", _float(s, "init_scale", self.init_scale, nonneg=True))
-        object.__setattr__(self, "tau_max", _float(s, "tau_max", self.tau_max, positive=True))
-        object.__setattr__(self, "n_save", _int(s, "n_save", self.n_save, 2))
+        object.__setattr__(self, "lr", number(f"{s}.lr", self.lr, positive=True))
+        object.__setattr__(self, "init_scale", number(f"{s}.init_scale", self.init_scale, nonneg=True))
+        object.__setattr__(self, "tau_max", number(f"{s}.tau_max", self.tau_max, positive=True))
+        object.__setattr__(self, "n_save", integer(f"{s}.n_save", self.n_save, 2))
         if self.spacing not in ("linear", "log"):
             _fail(s, "spacing", f"must be 'linear' or 'log', got {self.spacing!r}")
-        object.__setattr__(self, "batch", _int(s, "batch", self.batch, 1))
-        object.__setattr__(self, "weight_decay", _float(s, "weight_decay", self.weight_decay, nonneg=True))
-        object.__setattr__(self, "bias_decay", _float(s, "bias_decay", self.bias_decay, nonneg=True))
+        object.__setattr__(self, "batch", integer(f"{s}.batch", self.batch, 1))
+        object.__setattr__(self, "weight_decay", number(f"{s}.weight_decay", self.weight_decay, nonneg=True))
+        object.__setattr__(self, "bias_decay", number(f"{s}.bias_decay", self.bias_decay, nonneg=True))
         if self.schedule not in SCHEDULES:
             _fail(s, "schedule", f"must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
-        object.__setattr__(self, "schedule_tau", _float(s, "schedule_tau", self.schedule_tau, positive=True))
-        object.__setattr__(self, "decay_factor", _float(s, "decay_factor", self.decay_factor, nonneg=True))
+        object.__setattr__(self, "schedule_tau", number(f"{s}.schedule_tau", self.schedule_tau, positive=True))
+        object.__setattr__(self, "decay_factor", number(f"{s}.decay_factor", self.decay_factor, nonneg=True))
         if self.decay_factor > 1:
             _fail(s, "decay_factor", f"must lie in [0, 1] (the rate's factor at each drop, or at the end of the cosine), "
                   f"got {self.decay_factor:g}")
-        object.__setattr__(self, "warmup_tau", _float(s, "warmup_tau", self.warmup_tau, nonneg=True))
+        object.__setattr__(self, "warmup_tau", number(f"{s}.warmup_tau", self.warmup_tau, nonneg=True))
         if self.schedule == "warmup" and self.warmup_tau == 0:
             _fail(s, "warmup_tau", "must be > 0 with sgd.schedule = 'warmup' (the length of the linear ramp of the rate)")
         object.__setattr__(self, "gradient_flow", _bool(s, "gradient_flow", self.gradient_flow))
@@ -308,10 +284,10 @@ class Simulation:
 
     def __post_init__(self):
         s = "simulation"
-        object.__setattr__(self, "D", _int(s, "D", self.D, 1))
-        object.__setattr__(self, "seeds", _int(s, "seeds", self.seeds, 1))
-        object.__setattr__(self, "seed", _int(s, "seed", self.seed, 0, SEED_MAX))
-        object.__setattr__(self, "test_samples", _int(s, "test_samples", self.test_samples, 1))
+        object.__setattr__(self, "D", integer(f"{s}.D", self.D, 1))
+        object.__setattr__(self, "seeds", integer(f"{s}.seeds", self.seeds, 1))
+        object.__setattr__(self, "seed", integer(f"{s}.seed", self.seed, 0, SEED_MAX))
+        object.__setattr__(self, "test_samples", integer(f"{s}.test_samples", self.test_samples, 1))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -354,15 +330,15 @@ class Theory:
         object.__setattr__(self, "gram_points", _sobol_points(s, "gram_points", self.gram_points))
         if self.route not in ROUTES:
             _fail(s, "route", f"must be one of {', '.join(ROUTES)}, got {self.route!r}")
-        object.__setattr__(self, "nodes", _int(s, "nodes", self.nodes, 8, 1024))
+        object.__setattr__(self, "nodes", integer(f"{s}.nodes", self.nodes, 8, 1024))
         object.__setattr__(self, "points", _sobol_points(s, "points", self.points))
-        object.__setattr__(self, "rtol", _float(s, "rtol", self.rtol, positive=True))
+        object.__setattr__(self, "rtol", number(f"{s}.rtol", self.rtol, positive=True))
         if self.rtol < RTOL_MIN:
             _fail(s, "rtol", f"must be >= {RTOL_MIN:.3g} (the relative spacing of float64 numbers), got {self.rtol:g}")
-        object.__setattr__(self, "atol", _float(s, "atol", self.atol, positive=True))
-        object.__setattr__(self, "qmc_seed", _int(s, "qmc_seed", self.qmc_seed, 0))
-        object.__setattr__(self, "replicates", _int(s, "replicates", self.replicates, 1))
-        object.__setattr__(self, "tol", _float(s, "tol", self.tol, positive=True))
+        object.__setattr__(self, "atol", number(f"{s}.atol", self.atol, positive=True))
+        object.__setattr__(self, "qmc_seed", integer(f"{s}.qmc_seed", self.qmc_seed, 0))
+        object.__setattr__(self, "replicates", integer(f"{s}.replicates", self.replicates, 1))
+        object.__setattr__(self, "tol", number(f"{s}.tol", self.tol, positive=True))
 
     def gram_rule_points(self, L: int, H: int, points: int) -> int:
         """The Sobol points of the exact route's Gram term for ``L`` tokens, ``H`` heads and the
