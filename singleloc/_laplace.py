@@ -67,6 +67,7 @@ the coarse rule for a geometrically convergent rule.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 
@@ -117,43 +118,43 @@ def gauss_hermite(n: int) -> tuple[np.ndarray, np.ndarray]:
 RHO0, RHO1, RHO2, OMEGA = range(4)
 
 
+def _profile(u, which: int, order: int = 0):
+    """Profile ``which`` at ``u`` (``order`` 0), or its first or second derivative, in closed form:
+    ``rho_k' = (k - e^u) rho_k``, ``rho_k'' = ((k - e^u)^2 - e^u) rho_k``, ``omega' = rho_1``,
+    ``omega'' = (1 - e^u) rho_1``. One profile at a time, so that a sum over nodes fuses with
+    its evaluation (no stacked intermediate the size of the nodes)."""
+    e = jnp.exp(jnp.minimum(u, U_CLIP))
+    r0 = jnp.exp(-e)
+    if which == OMEGA:
+        return (-jnp.expm1(-e), e * r0, (1 - e) * e * r0)[order]
+    k = float(which)
+    rho = e**which * r0 if which else r0
+    return (rho, (k - e) * rho, ((k - e) ** 2 - e) * rho)[order]
+
+
 def _profiles(u):
     """The four profiles at ``u``, shape ``(4, *u.shape)``."""
-    e = jnp.exp(jnp.minimum(u, U_CLIP))
-    r0 = jnp.exp(-e)
-    return jnp.stack([r0, e * r0, e * e * r0, -jnp.expm1(-e)])
+    return jnp.stack([_profile(u, p) for p in range(4)])
 
 
-def _profile_derivatives(u):
-    """First and second derivatives of the four profiles, in closed form: ``rho_k' = (k - e^u) rho_k``,
-    ``rho_k'' = ((k - e^u)^2 - e^u) rho_k``, ``omega' = rho_1``, ``omega'' = (1 - e^u) rho_1``."""
-    e = jnp.exp(jnp.minimum(u, U_CLIP))
-    r0 = jnp.exp(-e)
-    rho = jnp.stack([r0, e * r0, e * e * r0])
-    k = jnp.arange(3.0).reshape((3,) + (1,) * u.ndim)
-    d1 = jnp.concatenate([(k - e) * rho, rho[1:2]])
-    d2 = jnp.concatenate([((k - e) ** 2 - e) * rho, (1 - e) * rho[1:2]])
-    return d1, d2
-
-
-@jax.custom_jvp
-def _smoothed(u, s2, z, w):
-    """``E[f(u + sqrt(s2) Z)]`` for the four profiles ``f`` (leading axis of 4), ``Z`` on the
-    nodes ``z`` with weights ``w``: the profiles smoothed by a Gaussian of variance
-    ``s2 >= 0`` (broadcast against ``u``)."""
+@functools.partial(jax.custom_jvp, nondiff_argnums=(4,))
+def _smoothed(u, s2, z, w, which):
+    """``E[f(u + sqrt(s2) Z)]`` for the profiles ``f`` listed in ``which`` (static; leading axis
+    ``len(which)``), ``Z`` on the nodes ``z`` with weights ``w``: the profiles smoothed by a
+    Gaussian of variance ``s2 >= 0`` (broadcast against ``u``)."""
     x = u[..., None] + jnp.sqrt(jnp.maximum(s2, 0.0))[..., None] * z
-    return jnp.sum(w * _profiles(x), axis=-1)
+    return jnp.stack([jnp.sum(w * _profile(x, p), axis=-1) for p in which])
 
 
 @_smoothed.defjvp
-def _smoothed_jvp(primals, tangents):
+def _smoothed_jvp(which, primals, tangents):
     u, s2, z, w = primals
     du, ds2, _, _ = tangents
     x = u[..., None] + jnp.sqrt(jnp.maximum(s2, 0.0))[..., None] * z
-    d1, d2 = _profile_derivatives(x)
-    value = jnp.sum(w * _profiles(x), axis=-1)
+    mean = lambda p, order: jnp.sum(w * _profile(x, p, order), axis=-1)
+    value = jnp.stack([mean(p, 0) for p in which])
     # heat equation: d/d(s2) E[f(u + s Z)] = E[f''(u + s Z)] / 2 (Price), finite at s2 = 0
-    tangent = jnp.sum(w * d1, axis=-1) * du + 0.5 * jnp.sum(w * d2, axis=-1) * ds2
+    tangent = jnp.stack([mean(p, 1) * du + 0.5 * mean(p, 2) * ds2 for p in which])
     return value, tangent
 
 
@@ -287,8 +288,9 @@ class LaplaceRule(eqx.Module):
         beta = C12 / C11
         s2 = C22 - C12**2 / C11
         outer = self.w_outer * _profiles(y[:, None] + m + sx)  # (4, n_t, n_outer)
-        inner = _smoothed(yp[None, :] + mp + beta * sx[:, None], s2, self.z_inner, self.w_inner)  # (4, n_outer, n_t)
-        return jnp.stack([outer[a] @ inner[b] for a, b in combos])
+        which = tuple(sorted({b for _, b in combos}))  # only the second head's profiles that are used
+        inner = _smoothed(yp[None, :] + mp + beta * sx[:, None], s2, self.z_inner, self.w_inner, which)  # (., n_outer, n_t)
+        return jnp.stack([outer[a] @ inner[which.index(b)] for a, b in combos])
 
     def _per_head_risk(self, M, Q, b, v):
         """The risk ``1 - 2 sum_h v_h E[A_h0] + sum_{h, g} v_h v_g E[sum_l A_hl A_gl]`` of the
@@ -413,7 +415,7 @@ def _lse_profiles_jvp(primals, tangents):
     a = p @ dmean
     q = jnp.einsum("ni,ij,nj->n", p, dC, p)
     s = p @ jnp.diag(dC)
-    d1, d2 = _profile_derivatives(u)
+    d1, d2 = (jnp.stack([_profile(u, p, order) for p in range(4)]) for order in (1, 2))
     # Price: dE[F] = E[grad F] dmean + E[tr(hess F dC)] / 2, with grad F = f' p and
     # hess F = f'' p p^T + f' (diag p - p p^T)
     tangent = (d1 * (a + 0.5 * (s - q))) @ w + (0.5 * d2 * q) @ w
