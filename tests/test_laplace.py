@@ -310,3 +310,70 @@ def test_a_large_stated_error_warns_with_the_token_variance():
     with pytest.warns(UserWarning, match=r"variance of 1[0-9][0-9] .*raise theory\.nodes"):
         r = sl.integrate(cfg, (M, Q, jnp.zeros(2)))
     assert r.risk_error > 1e-6
+
+
+@pytest.mark.parametrize("stretch", [1.0, 2.0])
+def test_stated_drift_error_covers_the_drift_error(stretch):
+    """The exact route's stated drift error (its ``O(lr)`` drift against a rule of 1.5 x the nodes)
+    against the actual error (against a rule of 3 x the nodes), at a trained H = 2 state whose heads
+    are near copies and at the same state with keys twice as long (token variance ~15, where 64
+    nodes resolve the drift to about 1e-4 only): within a factor 4 of each other."""
+    from singleloc._theory import _exact_moments
+
+    cfg = sl.load_config("default")
+    M = stretch * jnp.array([[1.41, 1.28], [1.27, 1.40]])
+    Q = stretch**2 * jnp.array([[3.79, 3.62], [3.62, 3.75]])
+    b = jnp.zeros(2)
+    ode = sl.OrderParameterODE.from_config(cfg, check=True)
+    stated = float(eqx.filter_jit(lambda o, *s: o.exact_drift_error(*s))(ode, M, Q, b))
+    lr_drift = eqx.filter_jit(lambda rule, sgd: jnp.concatenate(
+        [x.ravel() for x in sgd.drift(0.0, M, Q, b, _exact_moments(rule, M, Q, b, None, jnp.zeros((2, 2))))]))
+    reference = sl.OrderParameterODE.from_config(cfg.replace(theory={"nodes": 192}))
+    d, ref = lr_drift(ode.exact, ode.sgd), lr_drift(reference.exact, ode.sgd)
+    actual = float(jnp.max(jnp.abs(d - ref)) / jnp.max(jnp.abs(ref)))
+    assert actual / 4 < stated < 4 * actual
+    assert (stated > 1e-5) == (stretch > 1)  # the long keys are where the drift is the least resolved
+
+
+def _trapezoid_reference(rule):
+    """``rule`` with its one-token expectations on 8193 trapezoidal nodes in ``z`` over [-12, 12]
+    (the Gauss-Hermite code path with other nodes: an independent rule whose nodes are dense
+    enough for token standard deviations up to about 30) and 1024 nodes of the Laplace variable."""
+    z = np.linspace(-12.0, 12.0, 8193)
+    w = np.exp(-z**2 / 2)
+    fine = sl.LaplaceRule.make(rule.form, rule.L, 1, sl.spikes(1, 2.5), n_t=1024)
+    return eqx.tree_at(lambda r: (r.z_outer, r.w_outer), fine, (jnp.asarray(z), jnp.asarray(w / w.sum())))
+
+
+@pytest.mark.parametrize("L, M, Q", [(64, 1.68, 3.39), (64, 4.23, 20.1), (256, 2.0, 5.0), (4, 4.23, 20.1)])
+def test_wide_token_fields_stay_exact(monkeypatch, L, M, Q):
+    """One ssmax head with the long keys of training at L = 64, 256 (token variance
+    (log L)^2 Q up to 620, where Gauss-Hermite nodes had risk errors of 1e-3): the risk and its
+    gradient on the profile grid against the trapezoidal reference, and the stated error (the
+    finer rule) within a factor 5 of the actual one."""
+    from singleloc import _laplace
+
+    rule = sl.exact_rule(sl.get_activation("ssmax"), L, 1, sl.spikes(1, 2.5))
+    value_grad = lambda r: jax.jit(lambda *s: jax.value_and_grad(r.risk, argnums=(0, 1, 2))(*s))
+    state = (jnp.array([[M]]), jnp.array([[Q]]), jnp.array([0.1]))
+    (r, g), (rf, _) = value_grad(rule)(*state), value_grad(rule.refined())(*state)
+    monkeypatch.setattr(_laplace, "WIDE_SIGMA", 1e6)  # the reference: the Gauss-Hermite code path only
+    rr, gr = value_grad(_trapezoid_reference(rule))(*state)
+    flat = lambda d: np.concatenate([np.ravel(x) for x in d])
+    scale = np.max(np.abs(flat(gr)))
+    assert abs(float(r - rr)) < 1e-9 and np.max(np.abs(flat(g) - flat(gr))) < 1e-8 * scale
+    actual, stated = abs(float(r - rr)), abs(float(r - rf))
+    assert stated < 5 * actual + 1e-13 and actual < 5 * stated + 1e-13
+
+
+def test_the_switch_to_the_profile_grid_is_continuous():
+    """Just below and just above ``sqrt(v) = WIDE_SIGMA`` (Gauss-Hermite nodes, then the profile
+    grid) the one-token expectations agree to rounding: the drift has no step there."""
+    from singleloc._laplace import RHO2, WIDE_SIGMA
+
+    rule = sl.exact_rule(sl.get_activation("softmax"), 8, 1, sl.spikes(1, 2.5))
+    y = jnp.linspace(-30.0, 6.0, 128)
+    below = rule._single(y, 0.3, WIDE_SIGMA**2 * (1 - 1e-12))
+    above = rule._single(y, 0.3, WIDE_SIGMA**2 * (1 + 1e-12))
+    np.testing.assert_allclose(np.asarray(below), np.asarray(above), atol=1e-12)
+    assert float(jnp.max(below[RHO2])) > 0.01  # the profiles are not all zero there
