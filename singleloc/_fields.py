@@ -59,7 +59,7 @@ from scipy.stats import qmc
 
 from ._numerics import principal_factor, psd_sqrt
 from ._priors import Prior
-from ._resources import SOBOL_MAX_DIM
+from ._resources import SOBOL_MAX_DIM, node_batch
 
 
 def sobol_normals(dim: int, n: int, seed: int) -> np.ndarray:
@@ -132,11 +132,13 @@ class LocalFields(eqx.Module):
 
     @classmethod
     def make(
-        cls, L: int, H: int, prior: Prior, points: int = 4096, seed: int = 0, batch_size: int = 8192, *, symmetric: bool = False,
-        principal: bool = False,
+        cls, L: int, H: int, prior: Prior, points: int = 4096, seed: int = 0, batch_size: int | None = None, *,
+        symmetric: bool = False, principal: bool = False,
     ) -> LocalFields:
         """A rule of ``2 * points`` nodes from ``points`` Sobol points (a power of two) and their
         mirrors; ``symmetric``: closed under the cyclic shifts of the heads (module docstring).
+        ``batch_size``: nodes evaluated at once (default :func:`~singleloc._resources.node_batch`,
+        fewer at large ``L * H``).
 
         ``principal`` (rank-aware, not with ``symmetric``): the fields are ``g_l = w_l S`` with the
         principal factor ``S`` of ``Q`` (:func:`~singleloc._numerics.principal_factor`, largest
@@ -162,7 +164,7 @@ class LocalFields(eqx.Module):
             probs=jnp.asarray(prior.probs_array(), dtype),
             cov_sqrt=jnp.asarray(prior.cov_sqrt() if G else np.zeros((prior.F, 0)), dtype),
             orbit=H if symmetric and H > 1 else 1,
-            batch_size=batch_size,
+            batch_size=node_batch(L, H) if batch_size is None else int(batch_size),
             principal=principal,
         )
 

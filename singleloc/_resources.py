@@ -55,8 +55,18 @@ SOBOL_MAX_DIM = 21201
 #: Bytes of the runtime and compiled programs, on top of the arrays.
 OVERHEAD = 300 * 2**20
 
-#: Nodes the quadrature evaluates at once (:meth:`~singleloc.LocalFields.make`'s ``batch_size``).
+#: Most nodes the quadrature evaluates at once, and most numbers (nodes x fields) in one batch.
 NODE_BATCH = 8192
+BATCH_NUMBERS = 2**22
+
+
+def node_batch(L: int, heads: int) -> int:
+    """Nodes the quadrature evaluates at once (:meth:`~singleloc.LocalFields.make`'s default
+    ``batch_size``): ``NODE_BATCH``, fewer over more than ``BATCH_NUMBERS / NODE_BATCH = 512``
+    fields (``L * heads``), so that a batch's integrand holds about ``BATCH_NUMBERS`` numbers per
+    field kind at any ``L`` (256 nodes at ``L = 4096``, ``H = 4``). The batches are summed in turn:
+    the rule and its result do not change, only the memory of one batch."""
+    return max(16, min(NODE_BATCH, BATCH_NUMBERS // max(L * heads, 1)))
 
 MEMORY_ENV = "SINGLELOC_MEMORY_LIMIT"
 
@@ -161,7 +171,8 @@ def saved_bytes(config: Config, starts: int) -> int:
     depend on ``L``: only the saved states count)."""
     pb, H, th = config.problem, config.model.heads, config.theory
     saved = config.sgd.n_save * th.replicates
-    nodes = min(2 * th.points, NODE_BATCH) if isinstance(th.points, int) else NODE_BATCH
+    batch = node_batch(pb.L, H)
+    nodes = min(2 * th.points, batch) if isinstance(th.points, int) else batch
     risk = 0 if on_exact_route(config) else 6 * nodes * pb.L * H
     return 8 * saved * (2 * starts * state_size(config) + risk)
 
@@ -182,7 +193,7 @@ def rule_bytes(L: int, heads: int, prior: Prior, points: int, starts: int = 1) -
     (module docstring)."""
     N, H, F = 2 * points, heads, prior.F
     d = quadrature_dimension(L, H, prior)
-    return 8 * (7 * N * d + 2 * starts * min(N, NODE_BATCH) * len(prior.atoms) * (4 * L * H + H * F + 2 * H * H))
+    return 8 * (7 * N * d + 2 * starts * min(N, node_batch(L, H)) * len(prior.atoms) * (4 * L * H + H * F + 2 * H * H))
 
 
 def _parse_size(text: str) -> float:
