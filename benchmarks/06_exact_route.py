@@ -14,6 +14,10 @@
    Sobol rule (the rule route's) against the rank-aware one (the exact route's) at 1024 ... 16384
    points (4 scramblings), both against the rank-aware rule at 2^19 points; the error relative to
    the largest entry of the ``O(lr)`` drift (the solve's ``gram_error`` is relative to the Gram term itself).
+6. Wide fields: one softmax head at ``L = 64`` with token standard deviations ``s = sqrt(Q)`` from 0.5
+   to 32 (the long keys of ssmax training reach 25 at ``L = 256``): the risk and its gradient on 64
+   Gauss-Hermite nodes (the rule before the profile grid) and on the profile grid (the default above
+   ``s = 0.6``), both against 8193 trapezoidal nodes in ``z`` and 1024 nodes of the Laplace variable.
 
 Times are medians of 3 calls after compilation, as ratios in one run (the machine may be shared).
 Run: ``python benchmarks/06_exact_route.py [--quick] [--sections 3,4] [--save PATH]`` (``--save``: the numbers as
@@ -177,10 +181,45 @@ def gram_precision(quick: bool) -> list[dict]:
     return rows
 
 
+def wide_fields(quick: bool) -> list[dict]:
+    from singleloc import _laplace
+
+    print("\nWide fields: one softmax head, L = 64; risk error | relative gradient error")
+    print("| s | Gauss-Hermite (64 nodes) | profile grid | ms / gradient (grid) |")
+    print("|---|---|---|---|")
+    prior = sl.spikes(1, 2.5)
+    rule = sl.exact_rule(sl.get_activation("softmax"), 64, 1, prior)
+    z = np.linspace(-12.0, 12.0, 8193)
+    w = np.exp(-z**2 / 2)
+    reference = eqx.tree_at(lambda r: (r.z_outer, r.w_outer), sl.LaplaceRule.make(rule.form, 64, 1, prior, n_t=1024),
+                            (jnp.asarray(z), jnp.asarray(w / w.sum())))
+    def grad(r, *x):  # the risk and then its gradient's entries, as one vector; traced anew at every call of this
+        return eqx.filter_jit(lambda r, *x: jnp.concatenate([jnp.ravel(a) for a in jax.tree.leaves(
+            jax.value_and_grad(r.risk, argnums=(0, 1, 2))(*x))]))(r, *x)
+
+    rows, switch = [], _laplace.WIDE_SIGMA
+    for s in (0.5, 1.0, 2.0, 8.0, 32.0) if quick else (0.5, 1.0, 1.5, 2.0, 4.0, 8.0, 16.0, 25.0, 32.0):
+        state = (jnp.array([[0.8 * s]]), jnp.array([[s * s]]), jnp.array([0.1]))
+        errors = {}
+        for label, limit in (("gauss_hermite", 1e6), ("profile_grid", switch)):
+            _laplace.WIDE_SIGMA = limit  # read when the program is traced
+            compiled = eqx.filter_jit(lambda *x: grad(rule, *x))  # traced with this WIDE_SIGMA
+            out, t = timed(compiled, *state)
+            _laplace.WIDE_SIGMA = 1e6
+            ref = np.asarray(grad(reference, *state))
+            errors[label] = (abs(out[0] - ref[0]), float(np.max(np.abs(out[1:] - ref[1:])) / np.max(np.abs(ref[1:]))), t)
+        _laplace.WIDE_SIGMA = switch
+        gh, grid = errors["gauss_hermite"], errors["profile_grid"]
+        print(f"| {s:g} | {gh[0]:.1e} \\| {gh[1]:.1e} | {grid[0]:.1e} \\| {grid[1]:.1e} | {grid[2]:.1f} |", flush=True)
+        rows.append({"s": s, "gauss_hermite_risk_error": gh[0], "gauss_hermite_gradient_error": gh[1],
+                     "grid_risk_error": grid[0], "grid_gradient_error": grid[1], "grid_ms": grid[2]})
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer rule sizes and head counts")
-    parser.add_argument("--sections", default="1,2,3,4,5", help="which sections to run (default all: 1,2,3,4,5; "
+    parser.add_argument("--sections", default="1,2,3,4,5,6", help="which sections to run (default all: 1,...,6; "
                         "1 and 2 run together)")
     args = add_save_option(parser).parse_args()
     sections = {int(x) for x in args.sections.split(",")}
@@ -193,6 +232,8 @@ def main():
         results["full_drift"] = full_drift()
     if 5 in sections:
         results["gram"] = gram_precision(args.quick)
+    if 6 in sections:
+        results["wide_fields"] = wide_fields(args.quick)
     save(args, __file__, results)
 
 
