@@ -44,7 +44,8 @@ _EXPORTS = {
     "_io": ("Run", "add_to_run", "config_hash", "load_npz", "load_run", "save_figure", "save_json", "save_npz", "save_run"),
     "_numerics": ("psd_sqrt",),
     "_layer": ("finite_loss", "limit_loss", "token_weights"),
-    "_ode": ("TheoryResult", "initial_conditions", "integrate", "resolve_points"),
+    "_ode": ("initial_conditions", "integrate", "resolve_points"),
+    "_theory_result": ("TheoryResult",),
     "_fluctuations": ("SDEResult", "integrate_sde"),
     "_priors": ("Prior", "binary", "discrete", "flipped", "gaussian", "spikes"),
     "_simulation": ("SimulationResult", "simulate"),
@@ -128,7 +129,6 @@ if TYPE_CHECKING:
     from ._layer import limit_loss as limit_loss
     from ._layer import token_weights as token_weights
     from ._numerics import psd_sqrt as psd_sqrt
-    from ._ode import TheoryResult as TheoryResult
     from ._ode import initial_conditions as initial_conditions
     from ._ode import integrate as integrate
     from ._ode import resolve_points as resolve_points
@@ -192,6 +192,7 @@ if TYPE_CHECKING:
     from ._theory import OrderParameters as OrderParameters
     from ._theory import WeightedOrderParameters as WeightedOrderParameters
     from ._theory import r_orth as r_orth
+    from ._theory_result import TheoryResult as TheoryResult
     from ._top_n import CriticalTopN as CriticalTopN
     from ._top_n import TopN as TopN
     from ._top_n import context_vector as context_vector

@@ -70,7 +70,6 @@ the coarse rule for a geometrically convergent rule.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 
@@ -78,15 +77,12 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from scipy.special import roots_hermitenorm
 
 from ._activations import Activation, ExponentialForm, exponential_form
+from ._laplace_profiles import OMEGA, RHO0, RHO1, RHO2, _power, _profile, _profiles, _smoothed, gauss_hermite
 from ._numerics import principal_factor
 from ._priors import Prior
 
-#: Profiles are evaluated with ``u`` clipped at this value: beyond it ``rho_k`` is an exact
-#: zero and ``omega`` an exact one in float64, and ``e^u`` stays finite in their derivatives.
-U_CLIP = 50.0
 #: The upper end of the ``y`` range puts the relevant token's ``y + x`` above ``log(U_TOP)``
 #: except with probability ``Phi(-TAIL_SIGMAS)``.
 U_TOP = math.log(50.0)
@@ -117,69 +113,6 @@ JOINT_TENSOR = {1: 128, 2: 64, 3: 24}
 #: at the same number of nodes, by 1.3e-5 to 4.2e-4 (against (28, 24, 12) x 16; docs/model.md 4.6).
 JOINT_LEADING = (24, 16, 8)
 JOINT_POINTS = 16
-
-
-def gauss_hermite(n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Nodes and weights (summing to one) of the ``n``-point rule for ``E[f(z)]``, ``z ~ N(0, 1)``."""
-    z, w = roots_hermitenorm(n)
-    return z, w / w.sum()
-
-
-# -- profiles ------------------------------------------------------------------------------
-# Stacked along a leading axis of 4: rho_0, rho_1, rho_2 (rho_k(u) = exp(k u - e^u)) and
-# omega(u) = 1 - rho_0(u) = -expm1(-e^u).
-RHO0, RHO1, RHO2, OMEGA = range(4)
-
-
-def _profile(u, which: int, order: int = 0):
-    """Profile ``which`` at ``u`` (``order`` 0), or its first or second derivative, in closed form:
-    ``rho_k' = (k - e^u) rho_k``, ``rho_k'' = ((k - e^u)^2 - e^u) rho_k``, ``omega' = rho_1``,
-    ``omega'' = (1 - e^u) rho_1``. One profile at a time, so that a sum over nodes fuses with
-    its evaluation (no stacked intermediate the size of the nodes)."""
-    e = jnp.exp(jnp.minimum(u, U_CLIP))
-    r0 = jnp.exp(-e)
-    if which == OMEGA:
-        return (-jnp.expm1(-e), e * r0, (1 - e) * e * r0)[order]
-    k = float(which)
-    rho = e**which * r0 if which else r0
-    return (rho, (k - e) * rho, ((k - e) ** 2 - e) * rho)[order]
-
-
-def _profiles(u):
-    """The four profiles at ``u``, shape ``(4, *u.shape)``."""
-    return jnp.stack([_profile(u, p) for p in range(4)])
-
-
-@functools.partial(jax.custom_jvp, nondiff_argnums=(4,))
-def _smoothed(u, s2, z, w, which):
-    """``E[f(u + sqrt(s2) Z)]`` for the profiles ``f`` listed in ``which`` (static; leading axis
-    ``len(which)``), ``Z`` on the nodes ``z`` with weights ``w``: the profiles smoothed by a
-    Gaussian of variance ``s2 >= 0`` (broadcast against ``u``)."""
-    x = u[..., None] + jnp.sqrt(jnp.maximum(s2, 0.0))[..., None] * z
-    return jnp.stack([jnp.sum(w * _profile(x, p), axis=-1) for p in which])
-
-
-@_smoothed.defjvp
-def _smoothed_jvp(which, primals, tangents):
-    u, s2, z, w = primals
-    du, ds2, _, _ = tangents
-    x = u[..., None] + jnp.sqrt(jnp.maximum(s2, 0.0))[..., None] * z
-    mean = lambda p, order: jnp.sum(w * _profile(x, p, order), axis=-1)
-    value = jnp.stack([mean(p, 0) for p in which])
-    # heat equation: d/d(s2) E[f(u + s Z)] = E[f''(u + s Z)] / 2 (Price), finite at s2 = 0
-    tangent = jnp.stack([mean(p, 1) * du + 0.5 * mean(p, 2) * ds2 for p in which])
-    return value, tangent
-
-
-def _power(omega, n: int):
-    """``(1 - omega)^n`` for ``omega`` in ``[0, 1]`` (a sum of non-negative terms, computed
-    directly), as ``exp(n log1p(-omega))``: no digits lost for large ``n``, and finite
-    derivatives where ``omega`` reaches one (the power is then zero, or one for ``n = 0``)."""
-    if n == 0:
-        return jnp.ones_like(omega)
-    inside = omega < 1.0
-    safe = jnp.where(inside, jnp.clip(omega, 0.0, 1.0), 0.0)
-    return jnp.where(inside, jnp.exp(n * jnp.log1p(-safe)), 0.0)
 
 
 # -- the rule --------------------------------------------------------------------------------

@@ -47,7 +47,6 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from collections.abc import Sequence
-from pathlib import Path
 
 import diffrax
 import equinox as eqx
@@ -59,12 +58,12 @@ from ._accuracy import choose_points, flat_drift, relative_drift_error
 from ._compilation import exported_call
 from ._config import Config, require_config
 from ._data import initial_overlaps
-from ._io import save_run
 from ._numerics import Q_RUNAWAY
 from ._resources import check_run
 from ._run_checks import warn_if_risk_rose
 from ._sharding import shard_batch, unpad
 from ._theory import OrderParameterODE, OrderParameters, WeightedOrderParameters, r_orth
+from ._theory_result import TheoryResult
 
 _PSD_SLACK = 1e-6
 
@@ -81,82 +80,6 @@ DT0 = 1e-3
 
 #: Default cap on the adaptive solver's steps (:func:`integrate`, :func:`integrate_points`).
 MAX_STEPS = 100_000
-
-
-@dataclasses.dataclass(frozen=True)
-class TheoryResult:
-    """ODE trajectories of ``S`` initial conditions at ``T`` saved times.
-
-    ``tau`` (T,), ``M`` (S, T, H, F), ``Q`` (S, T, H, H), ``b`` (S, T, H), ``risk`` (S, T):
-    the means over the ``replicates`` rules (module docstring); ``risk_se`` (S, T): the
-    standard error of ``risk`` (NaN for one replicate); ``drift_error``: the estimated
-    relative drift error at the start, worst start (NaN without an estimate); ``points``:
-    the Sobol points per rule (the choice, for ``theory.points = "auto"``); ``route``:
-    ``"exact"`` (risk and ``O(lr)`` drift by :mod:`~singleloc._laplace`, the Gram term on the
-    rule) or ``"rule"``; ``risk_error``: on the exact route, the largest difference of the
-    risk at the start and at the end to a finer exact rule (the stated error of ``risk``);
-    ``gram_error``: on the exact route, the estimated relative error of the ``lr^2`` (Gram) term
-    at the start and at the end (its difference between two scramblings: :func:`gram_error`);
-    ``exact_drift_error``: on the exact route, the largest relative difference of the ``O(lr)`` drift
-    to the finer exact rule at the start and at the end
-    (:meth:`~singleloc.OrderParameterODE.exact_drift_error`; a risk error of 1e-3 can come with a
-    drift error of order one);
-    ``v`` (S, T, H): the trained head weights (``model.head_weights = "trained"``; else ``None``).
-    ``theory.npz`` stores the first trajectory with the leading ``S`` axis dropped.
-    """
-
-    tau: np.ndarray
-    M: np.ndarray
-    Q: np.ndarray
-    b: np.ndarray
-    risk: np.ndarray
-    risk_se: np.ndarray | None = None  # None: no estimate (NaN of the shape of risk)
-    drift_error: float = float("nan")
-    points: int = 0  # the Sobol rule's points (on the exact route: the Gram term's); 0: not known
-    replicates: int = 1
-    route: str = "rule"
-    risk_error: float = float("nan")
-    gram_error: float = float("nan")
-    exact_drift_error: float = float("nan")
-    v: np.ndarray | None = None  # (S, T, H): trained head weights; None for the head average
-
-    def __post_init__(self):
-        if self.risk_se is None:
-            object.__setattr__(self, "risk_se", np.full(np.shape(self.risk), np.nan))
-
-    def arrays(self, index: int = 0) -> dict[str, np.ndarray]:
-        return {"tau": self.tau, "M": self.M[index], "Q": self.Q[index], "b": self.b[index], "risk": self.risk[index],
-                "risk_se": self.risk_se[index], "drift_error": np.asarray(self.drift_error), "points": np.asarray(self.points),
-                "replicates": np.asarray(self.replicates), "route": np.asarray(self.route),
-                "risk_error": np.asarray(self.risk_error), "gram_error": np.asarray(self.gram_error),
-                "exact_drift_error": np.asarray(self.exact_drift_error),
-                **({} if self.v is None else {"v": self.v[index]})}
-
-    def quadrature(self) -> str:
-        """One line on the rule: points, replicates and the error estimates (for printing)."""
-        parts = []
-        if self.route == "exact":
-            parts.append(f"exact route (Laplace form; risk error {self.risk_error:.1e} and relative drift error "
-                         f"{self.exact_drift_error:.1e} against a finer rule), "
-                         f"lr^2 Gram term on the rank-aware Sobol rule (its relative error {self.gram_error:.1e})")
-        rule = "the Gram term's " if self.route == "exact" else ""
-        parts.append(f"{rule}{self.points} points x {self.replicates} replicate{'s' if self.replicates > 1 else ''}")
-        if np.isfinite(self.drift_error):
-            parts.append(f"estimated relative drift error at the start {self.drift_error:.1e}")
-        if self.replicates > 1:
-            parts.append(f"largest standard error of the risk {np.max(self.risk_se):.1e}")
-        return "quadrature: " + "; ".join(parts)
-
-    def save(self, directory: str | Path, config: Config, index: int = 0) -> Path:
-        """Write the run folder ``DIR``: ``theory.npz`` (trajectory ``index``) and ``config.json``
-        (with the number of points chosen when ``theory.points = "auto"``), replacing ``DIR`` as
-        a whole (:func:`singleloc.save_run`); returns ``DIR/theory.npz``."""
-        return save_run(directory, self.resolved(config), {"theory.npz": self.arrays(index)}) / "theory.npz"
-
-    def resolved(self, config: Config) -> Config:
-        """``config`` with ``theory.points = "auto"`` replaced by the number of points used."""
-        require_config(config, "TheoryResult.save")
-        return config.replace(theory={"points": self.points}) if config.theory.points == "auto" else config
 
 
 def _invalid_state(t, y, args, **kwargs):

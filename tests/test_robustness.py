@@ -358,7 +358,7 @@ def test_dropped_saved_times_are_a_one_line_warning(tmp_path, capsys):
 
 def test_a_rising_risk_is_a_one_line_warning(tmp_path, capsys):
     from singleloc import warn_if_risk_rose
-    from singleloc._ode import TheoryResult
+    from singleloc._theory_result import TheoryResult
 
     def theory(risk):
         risk = np.asarray(risk, float)
