@@ -29,7 +29,8 @@ class TheoryResult:
     ``exact_drift_error``: on the exact route, the largest relative difference of the ``O(lr)`` drift
     to the finer exact rule at the start and at the end
     (:meth:`~singleloc.OrderParameterODE.exact_drift_error`; a risk error of 1e-3 can come with a
-    drift error of order one);
+    drift error of order one), computed where ``risk_error`` exceeds 1e-9, NaN below (where it is
+    under about 1e-5: ``singleloc._ode.DRIFT_CHECK_ABOVE``);
     ``v`` (S, T, H): the trained head weights (``model.head_weights = "trained"``; else ``None``).
     ``theory.npz`` stores the first trajectory with the leading ``S`` axis dropped.
     """
@@ -65,8 +66,10 @@ class TheoryResult:
         """One line on the rule: points, replicates and the error estimates (for printing)."""
         parts = []
         if self.route == "exact":
-            parts.append(f"exact route (Laplace form; risk error {self.risk_error:.1e} and relative drift error "
-                         f"{self.exact_drift_error:.1e} against a finer rule), "
+            drift = (f"{self.exact_drift_error:.1e}" if np.isfinite(self.exact_drift_error) else
+                     "below 1e-5 (not computed: risk error under 1e-9)")
+            parts.append(f"exact route (Laplace form; risk error {self.risk_error:.1e} and relative drift error {drift} "
+                         "against a finer rule), "
                          f"lr^2 Gram term on the rank-aware Sobol rule (its relative error {self.gram_error:.1e})")
         rule = "the Gram term's " if self.route == "exact" else ""
         parts.append(f"{rule}{self.points} points x {self.replicates} replicate{'s' if self.replicates > 1 else ''}")

@@ -269,7 +269,8 @@ def test_integrate_runs_on_the_exact_route_and_states_its_error():
     cfg = sl.load_config("default", ["sgd.tau_max=20", "sgd.n_save=5"])
     exact = sl.integrate(cfg)
     assert exact.route == "exact" and exact.risk_error < 1e-8
-    assert "exact route" in exact.quadrature()
+    assert "exact route" in exact.quadrature() and "relative drift error" in exact.quadrature()
+    assert np.isnan(exact.exact_drift_error) or exact.exact_drift_error < 1e-5
     rule = sl.integrate(cfg.replace(theory={"route": "rule"}))
     assert rule.route == "rule" and np.isnan(rule.risk_error)
     np.testing.assert_allclose(exact.risk, rule.risk, atol=3e-3)
@@ -309,7 +310,7 @@ def test_a_large_stated_error_warns_with_the_token_variance():
     Q = M @ M.T + 0.5 * jnp.eye(2)
     with pytest.warns(UserWarning, match=r"variance of 1[0-9][0-9] .*raise theory\.nodes"):
         r = sl.integrate(cfg, (M, Q, jnp.zeros(2)))
-    assert r.risk_error > 1e-6
+    assert r.risk_error > 1e-6 and r.exact_drift_error > 1e-4  # the drift's error is computed and stated too
 
 
 @pytest.mark.parametrize("stretch", [1.0, 2.0])
