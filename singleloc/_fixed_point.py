@@ -21,7 +21,7 @@ import numpy as np
 from scipy import optimize
 
 from ._drift_jacobian import _jacobian
-from ._numerics import TINY
+from ._numerics import PSD_ROUNDING, TINY
 from ._stability import _symmetric_risk, symmetric_drift, symmetric_flow, symmetric_start, symmetric_state
 from ._theory import OrderParameterODE
 
@@ -30,23 +30,20 @@ from ._theory import OrderParameterODE
 #: rounding, not the tolerance, then limits the residual).
 _ROOT_XTOL = 1e-13
 
-#: Slack of the validity test of a polished fixed point (:func:`valid_symmetric_state`): the
-#: eigenvalues of ``R_orth`` may be negative by this fraction of the size of ``Q`` (the rounding
-#: of a point on the boundary of the PSD cone, not more).
-_PSD_RTOL = 1e-10
 
 
 def valid_symmetric_state(x, H: int, F: int) -> bool:
     """Whether symmetric coordinates ``x`` are finite overlaps of real keys: ``R_orth =
     r_d I + r_o 1 1^T`` is PSD, i.e. its eigenvalues ``r_d`` and ``r_d + H r_o`` are
-    non-negative (up to a rounding slack ``_PSD_RTOL`` relative to the size of ``Q``); then
+    non-negative (up to the rounding slack ``PSD_ROUNDING`` relative to the size of ``Q``: a point on the
+    boundary of the PSD cone, not more); then
     ``Q = M M^T + R_orth`` is PSD too."""
     x = np.asarray(x, float)
     if not np.all(np.isfinite(x)):
         return False
     m, rd = x[:F], x[F]
     ro = x[F + 1] if H > 1 else 0.0
-    slack = _PSD_RTOL * (1.0 + H * (m @ m + abs(rd) + abs(ro)))
+    slack = PSD_ROUNDING * (1.0 + H * (m @ m + abs(rd) + abs(ro)))
     return bool(min(rd, rd + H * ro) >= -slack)
 
 

@@ -21,6 +21,16 @@ Q_RUNAWAY = 1e6
 #: (a zero key has cosine 0 with everything instead of NaN).
 TINY = float(np.finfo(np.float64).tiny)
 
+#: The slack of the positive semi-definiteness tests, one per kind of check: an eigenvalue may be
+#: negative by this fraction of the matrix's size (``1 + max |entry|``, or the check's own measure of it).
+#: ``PSD_ROUNDING``: a matrix given or computed in closed form (a prior's covariance, a polished fixed
+#: point), rounding only. ``PSD_INPUT``: overlaps given as a start (``Q0 - M0 M0^T``; they may come from
+#: a finite-D run or single precision). ``PSD_SOLVE``: ``R_orth`` along an ODE solve, which also carries
+#: the solver's error (the terminating event).
+PSD_ROUNDING = 1e-10
+PSD_INPUT = 1e-8
+PSD_SOLVE = 1e-6
+
 #: Eigenvalues below this fraction of the largest count as zero in pseudo-inverse roots
 #: (about 4500 float64 ulps: rounding of an eigendecomposition stays below it).
 PINV_RTOL = 1e-12

@@ -58,14 +58,12 @@ from ._accuracy import choose_points, flat_drift, relative_drift_error
 from ._compilation import exported_call
 from ._config import Config, require_config
 from ._data import initial_overlaps
-from ._numerics import Q_RUNAWAY
+from ._numerics import PSD_INPUT, PSD_SOLVE, Q_RUNAWAY
 from ._resources import check_run
 from ._run_checks import warn_if_risk_rose
 from ._sharding import shard_batch, unpad
 from ._theory import OrderParameterODE, OrderParameters, WeightedOrderParameters, r_orth
 from ._theory_result import TheoryResult
-
-_PSD_SLACK = 1e-6
 
 #: A stated risk error of the exact route above this draws a warning (the exact route aims at 1e-5 and
 #: reaches 1e-10 at the states of L = 4 training; large token variances ``alpha^2 Q_hh`` need more nodes).
@@ -93,7 +91,7 @@ def _invalid_state(t, y, args, **kwargs):
     finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in y]))
     scale = 1.0 + jnp.max(jnp.abs(jnp.where(jnp.isfinite(Q), Q, 0.0)))
     min_eig = jnp.min(jnp.linalg.eigvalsh(jnp.where(finite, r_orth(M, Q), 0.0)))
-    return (~finite) | (scale > Q_RUNAWAY) | (min_eig < -_PSD_SLACK * scale)
+    return (~finite) | (scale > Q_RUNAWAY) | (min_eig < -PSD_SOLVE * scale)
 
 
 def _solve(ode: OrderParameterODE, y0: OrderParameters, ts: jax.Array, rtol, atol, max_steps: int, progress: bool):
@@ -440,5 +438,5 @@ def _check_initial(config: Config, y0: OrderParameters) -> None:
     if not np.allclose(Q, np.swapaxes(Q, -1, -2), atol=1e-10):
         raise ValueError("Q0 must be symmetric")
     R = Q - np.asarray(y0.M) @ np.swapaxes(np.asarray(y0.M), -1, -2)
-    if np.min(np.linalg.eigvalsh(R)) < -1e-8 * (1 + np.abs(Q).max()):
+    if np.min(np.linalg.eigvalsh(R)) < -PSD_INPUT * (1 + np.abs(Q).max()):
         raise ValueError("Q0 - M0 M0^T must be positive semi-definite (the overlaps of real keys)")

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._numerics import psd_sqrt
+from ._numerics import PSD_ROUNDING, psd_sqrt
 from ._validation import integer, number
 
 
@@ -63,9 +63,7 @@ class Prior:
             raise ValueError(f"prior {self.name}: cov must have shape ({f}, {f}), got {cov.shape}")
         if not np.all(np.isfinite(cov)) or not np.allclose(cov, cov.T, atol=1e-12):
             raise ValueError(f"prior {self.name}: cov must be a finite symmetric matrix")
-        eigenvalues = np.linalg.eigvalsh(cov)
-        if eigenvalues.min() < -1e-10 * max(1.0, np.abs(cov).max()):
-            raise ValueError(f"prior {self.name}: cov must be positive semi-definite (eigenvalues {eigenvalues.tolist()})")
+        _require_psd(cov, f"prior {self.name}: cov")
         object.__setattr__(self, "atoms", _as_tuple(atoms))
         object.__setattr__(self, "probs", _as_tuple(probs))
         object.__setattr__(self, "noise_cov", _as_tuple(cov))
@@ -168,10 +166,16 @@ def gaussian(mean, cov) -> Prior:
         raise ValueError(f"problem.cov must be a scalar, a length-{F} diagonal or an ({F}, {F}) matrix, got shape {cov.shape}")
     if not np.allclose(cov, cov.T, atol=1e-12):
         raise ValueError("problem.cov must be symmetric")
-    eig = np.linalg.eigvalsh(cov)
-    if eig.min() < -1e-10 * max(1.0, np.abs(cov).max()):
-        raise ValueError(f"problem.cov must be positive semi-definite, its eigenvalues are {eig.tolist()}")
+    _require_psd(cov, "problem.cov")
     return Prior(mean[None, :], np.ones(1), cov, name="gaussian")
+
+
+def _require_psd(cov: np.ndarray, name: str) -> None:
+    """``ValueError`` naming ``name`` unless the symmetric ``cov`` is positive semi-definite up to
+    rounding (:data:`~singleloc._numerics.PSD_ROUNDING`)."""
+    eigenvalues = np.linalg.eigvalsh(cov)
+    if eigenvalues.min() < -PSD_ROUNDING * max(1.0, np.abs(cov).max()):
+        raise ValueError(f"{name} must be positive semi-definite, its eigenvalues are {eigenvalues.tolist()}")
 
 
 PRIOR_FACTORIES = {"spikes": spikes, "flipped": flipped, "binary": binary, "discrete": discrete, "gaussian": gaussian}
