@@ -26,7 +26,8 @@ os.environ.setdefault("EQX_ON_ERROR", "nan")
 _EXPORTS = {
     "_activations": ("Activation", "ExponentialForm", "activation_names", "bsoftmax", "exponential_form", "get_activation",
                      "register_activation", "scalable_softmax", "softmax", "softmax1", "ssmax"),
-    "_bayes": ("RiskEstimate", "bayes_point", "bayes_risk", "log_weight", "population_risk", "posterior"),
+    "_bayes": ("bayes_point", "bayes_risk", "log_weight", "posterior"),
+    "_population_risk": ("RiskEstimate", "population_risk"),
     "_choices": ("PRUNING_ORDERS",),
     "_config": ("Config", "load_config", "preset_names"),
     "_data": ("initial_overlaps", "make_spikes", "overlaps", "sample_sequence", "seed_keys"),
@@ -84,11 +85,9 @@ if TYPE_CHECKING:
     from ._activations import softmax as softmax
     from ._activations import softmax1 as softmax1
     from ._activations import ssmax as ssmax
-    from ._bayes import RiskEstimate as RiskEstimate
     from ._bayes import bayes_point as bayes_point
     from ._bayes import bayes_risk as bayes_risk
     from ._bayes import log_weight as log_weight
-    from ._bayes import population_risk as population_risk
     from ._bayes import posterior as posterior
     from ._choices import PRUNING_ORDERS as PRUNING_ORDERS
     from ._compilation import enable_compilation_cache as enable_compilation_cache
@@ -138,6 +137,8 @@ if TYPE_CHECKING:
     from ._plateaus import escape_times as escape_times
     from ._plateaus import halfway_time as halfway_time
     from ._plateaus import plateaus as plateaus
+    from ._population_risk import RiskEstimate as RiskEstimate
+    from ._population_risk import population_risk as population_risk
     from ._predictions import EscapePrediction as EscapePrediction
     from ._predictions import escape_horizon as escape_horizon
     from ._predictions import head_weights as head_weights

@@ -26,7 +26,7 @@ The expectation over ``nu``. The spike fields have the law of head fields with `
 ``M = I_F``, ``Q = I_F`` (``g = nu``), so the risk is one :meth:`LocalFields.expect` with
 those order parameters. :func:`bayes_risk` averages ``replicates`` independently scrambled
 rules and reports their standard error (randomised QMC), so the error estimate is measured,
-not assumed; :func:`population_risk` does the same for the risk of a layer at given
+not assumed; :func:`~singleloc.population_risk` does the same for the risk of a layer at given
 ``(M, Q, b)``.
 
 Bayes points. For a discrete prior with ``K`` atoms (of positive probability), bsoftmax with
@@ -37,7 +37,7 @@ Bayes points. For a discrete prior with ``K`` atoms (of positive probability), b
 same point is the softmax Bayes point (``M = strength``, ``Q = strength^2`` for F = 1).
 
 Checks. Before a Sobol rule is built, :func:`bayes_risk` (over the ``L F`` spike fields) and
-:func:`population_risk` on the rule route (over the ``L H`` head fields) check that it can be
+:func:`~singleloc.population_risk` on the rule route (over the ``L H`` head fields) check that it can be
 built with ``points`` points and fits in memory (:func:`~singleloc._resources.check_quadrature`,
 :func:`~singleloc._resources.check_memory`): ``ValueError`` or ``MemoryError`` naming the keys
 (``problem.L``, ``problem.F``, ``model.heads``, ``theory.points``). :func:`check_bayes` checks both
@@ -46,21 +46,15 @@ rules of ``singleloc bayes`` (the Bayes risk's, and the Bayes point's over ``L K
 
 from __future__ import annotations
 
-import dataclasses
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._activations import get_activation
 from ._fields import LocalFields
-from ._laplace import exact_rule
+from ._population_risk import RiskEstimate, _check_counts, _check_rules
 from ._priors import Prior
-from ._resources import check_memory, check_quadrature, rule_bytes
-from ._specs import ROUTES
-from ._theory import OrderParameterODE, OrderParameters
-from ._validation import integer
+from ._theory import OrderParameters
 
 
 def _weight_params(prior: Prior):
@@ -102,55 +96,10 @@ def posterior(prior: Prior, nu: jax.Array) -> jax.Array:
     return jax.nn.softmax(log_weight(prior, nu), axis=-1)
 
 
-@dataclasses.dataclass(frozen=True)
-class RiskEstimate:
-    """A risk computed by randomised quadrature, with its numerical error.
-
-    ``value``: mean over independently scrambled rules of ``points`` Sobol points each (plus
-    their mirrors); ``error``: the standard error of that mean (sample standard deviation of
-    the replicates over ``sqrt(len(replicates))``); ``replicates``: the individual estimates.
-    """
-
-    value: float
-    error: float
-    replicates: tuple[float, ...]
-    points: int
-
-    @classmethod
-    def from_replicates(cls, values, points: int) -> RiskEstimate:
-        v = np.asarray(values, dtype=float)
-        return cls(float(v.mean()), float(v.std(ddof=1) / np.sqrt(len(v))), tuple(float(x) for x in v), int(points))
-
-    @classmethod
-    def from_refinement(cls, value, refined) -> RiskEstimate:
-        """An exact-route risk (:mod:`~singleloc._laplace`): ``value`` with the error
-        ``|value - refined|`` against the finer rule; ``points = 0`` (no Sobol points)."""
-        value, refined = float(value), float(refined)
-        return cls(value, abs(value - refined), (value, refined), 0)
-
-    def to_dict(self) -> dict:
-        return {"value": self.value, "error": self.error, "replicates": list(self.replicates), "points": self.points}
-
-
-def _check_counts(L, replicates) -> None:
-    integer("problem.L", L, 2)
-    integer("replicates (for the error estimate)", replicates, 2)
-
-
-def _check_rules(prior: Prior, L: int, points, heads: dict[str, int]) -> None:
-    """The Sobol rules over ``L * H`` fields (``H`` each value of ``heads``, keyed by what plays
-    the heads, for the message) can be built with ``points`` points, and the largest fits in
-    memory; ``ValueError`` or ``MemoryError`` naming the keys otherwise."""
-    points = int(points) if isinstance(points, np.integer) else points
-    for key, H in heads.items():
-        check_quadrature(int(L), H, prior, points, heads_key=key)
-    check_memory({f"the quadrature (theory.points = {points})": rule_bytes(int(L), max(heads.values()), prior, points)})
-
-
 def check_bayes(prior: Prior, L: int, points: int) -> None:
     """The rules of the Bayes risk (over ``L F`` fields, :func:`bayes_risk`) and, for a discrete
     prior, of the risk at its Bayes point (``K`` heads, the atoms: :func:`bayes_point`,
-    :func:`population_risk`) can be built with ``points`` Sobol points and fit in memory,
+    :func:`~singleloc.population_risk`) can be built with ``points`` Sobol points and fit in memory,
     checked before either is computed; ``ValueError`` or ``MemoryError`` naming the keys."""
     _check_counts(L, 2)
     heads = {"problem.F": prior.F, **({"the number of atoms of the prior": len(prior.atoms)} if prior.is_discrete else {})}
@@ -193,71 +142,6 @@ def bayes_risk(prior: Prior, L: int, points: int = 4096, seed: int = 0, replicat
     rules = (LocalFields.make(int(L), prior.F, prior, points, seed + i) for i in range(int(replicates)))
     values = [float(_bayes_risk_on_rule(rule, params)) for rule in rules]
     return RiskEstimate.from_replicates(values, points)
-
-
-@eqx.filter_jit
-def layer_risk(ode: OrderParameterODE, M, Q, b, v=None) -> jax.Array:
-    """:meth:`OrderParameterODE.risk` of ``(M, Q, b)`` (head weights ``v``), jitted: one compilation
-    per rule shape and activation (the rule's nodes are traced arguments, so rescrambled rules
-    reuse it). The one jitted entry point of the population risk for the Bayes baseline and for
-    pruning."""
-    return ode.risk(M, Q, b, v)
-
-
-@eqx.filter_jit
-def layer_risk_check(ode: OrderParameterODE, M, Q, b) -> jax.Array:
-    """:meth:`OrderParameterODE.risk_check` (the finer exact rule's risk), jitted."""
-    return ode.risk_check(M, Q, b)
-
-
-def population_risk(
-    prior: Prior, L: int, activation: str, M, Q, b, points: int = 4096, seed: int = 0, replicates: int = 8,
-    route: str = "auto", v=None,
-) -> RiskEstimate:
-    """Population risk ``R(M, Q, b)`` of a layer (docs/model.md section 3) with its numerical error.
-
-    A normalised-exponential activation (``route = "auto"``): the exact route
-    (:mod:`~singleloc._laplace`), its error against the finer rule; otherwise (or
-    ``route = "rule"``) :meth:`OrderParameterODE.risk` on ``replicates`` independently
-    scrambled rules, with their standard error. ``v`` (H,): trained head weights, ``a_l = sum_h
-    v_h A_hl`` (default the head average; a joint layer with weights has no exact route). The rule
-    route first checks its rule over the ``L H`` fields (``ValueError`` or ``MemoryError``, as
-    :func:`bayes_risk`)."""
-    _check_counts(L, replicates)
-    act = get_activation(activation)
-    dtype = jnp.result_type(float)
-    M, Q, b = (jnp.asarray(x, dtype) for x in (M, Q, b))
-    H = M.shape[0]
-    if M.ndim != 2 or M.shape[1] != prior.F or Q.shape != (H, H) or b.shape != (H,):
-        raise ValueError(f"order parameters must have shapes M (H, {prior.F}), Q (H, H), b (H,), "
-                         f"got {M.shape}, {Q.shape}, {b.shape}")
-    if v is not None:
-        v = jnp.asarray(v, dtype)
-        if v.shape != (H,) or not bool(jnp.all(jnp.isfinite(v))):
-            raise ValueError(f"head weights v must be finite with shape ({H},), got shape {v.shape}")
-    if route not in ROUTES:
-        raise ValueError(f"route must be one of {', '.join(map(repr, ROUTES))}, got {route!r}")
-    exact = exact_rule(act, int(L), H, prior)
-    if exact is not None and exact.form.joint and v is not None:
-        if route == "exact":
-            raise ValueError(f"route = 'exact': {activation!r} with head weights v has no exact route (a joint layer's "
-                             "head mixture is not a normalised exponential); use 'auto' or 'rule'")
-        exact = None
-    if exact is None and route == "exact":
-        raise ValueError(f"route = 'exact': activation {activation!r} is not a normalised exponential; use 'auto' or 'rule'")
-    if exact is not None and route != "rule":
-        fine = exact.refined()
-        return RiskEstimate.from_refinement(_exact_risk(exact, M, Q, b, v), _exact_risk(fine, M, Q, b, v))
-    _check_rules(prior, L, points, {"model.heads": H})
-    rules = (LocalFields.make(int(L), H, prior, points, seed + i) for i in range(int(replicates)))
-    # the learning rate and bias training (1.0, False) do not enter the risk
-    values = [float(layer_risk(OrderParameterODE(rule, act, 1.0, False), M, Q, b, v)) for rule in rules]
-    return RiskEstimate.from_replicates(values, points)
-
-
-@eqx.filter_jit
-def _exact_risk(rule, M, Q, b, v=None) -> jax.Array:
-    return rule.risk(M, Q, b, v)
 
 
 def bayes_point(prior: Prior, dtype=None) -> OrderParameters:

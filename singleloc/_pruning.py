@@ -48,12 +48,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._activations import get_activation
-from ._bayes import RiskEstimate, layer_risk, layer_risk_check
 from ._choices import PRUNING_ORDERS
 from ._config import Config, require_config, require_uniform_head_weights
 from ._data import overlaps
 from ._heldout import draw_heldout, heldout_losses
 from ._ode import integrate, resolve_points
+from ._population_risk import RiskEstimate, layer_risk, layer_risk_check
 from ._resources import check_memory, check_quadrature, on_exact_route, theory_bytes
 from ._theory import OrderParameterODE, OrderParameters
 

@@ -19,7 +19,8 @@ import pytest
 
 from singleloc import LocalFields, OrderParameterODE, Prior, binary, flipped, gaussian, get_activation, spikes, token_weights
 from singleloc._activations import register_activation
-from singleloc._bayes import bayes_point, bayes_risk, layer_risk, log_weight, population_risk
+from singleloc._bayes import bayes_point, bayes_risk, log_weight
+from singleloc._population_risk import layer_risk, population_risk
 from singleloc.cli import main
 
 Z = 4.0

@@ -28,7 +28,8 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from .._bayes import bayes_point, bayes_risk, check_bayes, population_risk
+    from .._bayes import bayes_point, bayes_risk, check_bayes
+    from .._population_risk import population_risk
 
     config = config_from_args(args)
     pb, th = config.problem, config.theory

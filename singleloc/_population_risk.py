@@ -1,0 +1,137 @@
+"""The population risk of a layer at given order parameters, with its numerical error.
+
+:func:`population_risk` is ``R(M, Q, b)`` of docs/model.md section 3: on the exact route
+(:mod:`~singleloc._laplace`) with its error against the finer rule, else on independently
+scrambled Sobol rules with their standard error (:class:`RiskEstimate`). :func:`layer_risk` is
+the one jitted entry point of a layer's risk that the Bayes baseline and pruning share. The
+checks of a Sobol rule over ``L H`` fields (it can be built, it fits in memory) are here too,
+for the Bayes risk's rule as well.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._activations import get_activation
+from ._fields import LocalFields
+from ._laplace import exact_rule
+from ._priors import Prior
+from ._resources import check_memory, check_quadrature, rule_bytes
+from ._specs import ROUTES
+from ._theory import OrderParameterODE
+from ._validation import integer
+
+
+@dataclasses.dataclass(frozen=True)
+class RiskEstimate:
+    """A risk computed by randomised quadrature, with its numerical error.
+
+    ``value``: mean over independently scrambled rules of ``points`` Sobol points each (plus
+    their mirrors); ``error``: the standard error of that mean (sample standard deviation of
+    the replicates over ``sqrt(len(replicates))``); ``replicates``: the individual estimates.
+    """
+
+    value: float
+    error: float
+    replicates: tuple[float, ...]
+    points: int
+
+    @classmethod
+    def from_replicates(cls, values, points: int) -> RiskEstimate:
+        v = np.asarray(values, dtype=float)
+        return cls(float(v.mean()), float(v.std(ddof=1) / np.sqrt(len(v))), tuple(float(x) for x in v), int(points))
+
+    @classmethod
+    def from_refinement(cls, value, refined) -> RiskEstimate:
+        """An exact-route risk (:mod:`~singleloc._laplace`): ``value`` with the error
+        ``|value - refined|`` against the finer rule; ``points = 0`` (no Sobol points)."""
+        value, refined = float(value), float(refined)
+        return cls(value, abs(value - refined), (value, refined), 0)
+
+    def to_dict(self) -> dict:
+        return {"value": self.value, "error": self.error, "replicates": list(self.replicates), "points": self.points}
+
+
+def _check_counts(L, replicates) -> None:
+    integer("problem.L", L, 2)
+    integer("replicates (for the error estimate)", replicates, 2)
+
+
+def _check_rules(prior: Prior, L: int, points, heads: dict[str, int]) -> None:
+    """The Sobol rules over ``L * H`` fields (``H`` each value of ``heads``, keyed by what plays
+    the heads, for the message) can be built with ``points`` points, and the largest fits in
+    memory; ``ValueError`` or ``MemoryError`` naming the keys otherwise."""
+    points = int(points) if isinstance(points, np.integer) else points
+    for key, H in heads.items():
+        check_quadrature(int(L), H, prior, points, heads_key=key)
+    check_memory({f"the quadrature (theory.points = {points})": rule_bytes(int(L), max(heads.values()), prior, points)})
+
+
+@eqx.filter_jit
+def layer_risk(ode: OrderParameterODE, M, Q, b, v=None) -> jax.Array:
+    """:meth:`OrderParameterODE.risk` of ``(M, Q, b)`` (head weights ``v``), jitted: one compilation
+    per rule shape and activation (the rule's nodes are traced arguments, so rescrambled rules
+    reuse it). The one jitted entry point of the population risk for the Bayes baseline and for
+    pruning."""
+    return ode.risk(M, Q, b, v)
+
+
+@eqx.filter_jit
+def layer_risk_check(ode: OrderParameterODE, M, Q, b) -> jax.Array:
+    """:meth:`OrderParameterODE.risk_check` (the finer exact rule's risk), jitted."""
+    return ode.risk_check(M, Q, b)
+
+
+def population_risk(
+    prior: Prior, L: int, activation: str, M, Q, b, points: int = 4096, seed: int = 0, replicates: int = 8,
+    route: str = "auto", v=None,
+) -> RiskEstimate:
+    """Population risk ``R(M, Q, b)`` of a layer (docs/model.md section 3) with its numerical error.
+
+    A normalised-exponential activation (``route = "auto"``): the exact route
+    (:mod:`~singleloc._laplace`), its error against the finer rule; otherwise (or
+    ``route = "rule"``) :meth:`OrderParameterODE.risk` on ``replicates`` independently
+    scrambled rules, with their standard error. ``v`` (H,): trained head weights, ``a_l = sum_h
+    v_h A_hl`` (default the head average; a joint layer with weights has no exact route). The rule
+    route first checks its rule over the ``L H`` fields (``ValueError`` or ``MemoryError``, as
+    :func:`bayes_risk`)."""
+    _check_counts(L, replicates)
+    act = get_activation(activation)
+    dtype = jnp.result_type(float)
+    M, Q, b = (jnp.asarray(x, dtype) for x in (M, Q, b))
+    H = M.shape[0]
+    if M.ndim != 2 or M.shape[1] != prior.F or Q.shape != (H, H) or b.shape != (H,):
+        raise ValueError(f"order parameters must have shapes M (H, {prior.F}), Q (H, H), b (H,), "
+                         f"got {M.shape}, {Q.shape}, {b.shape}")
+    if v is not None:
+        v = jnp.asarray(v, dtype)
+        if v.shape != (H,) or not bool(jnp.all(jnp.isfinite(v))):
+            raise ValueError(f"head weights v must be finite with shape ({H},), got shape {v.shape}")
+    if route not in ROUTES:
+        raise ValueError(f"route must be one of {', '.join(map(repr, ROUTES))}, got {route!r}")
+    exact = exact_rule(act, int(L), H, prior)
+    if exact is not None and exact.form.joint and v is not None:
+        if route == "exact":
+            raise ValueError(f"route = 'exact': {activation!r} with head weights v has no exact route (a joint layer's "
+                             "head mixture is not a normalised exponential); use 'auto' or 'rule'")
+        exact = None
+    if exact is None and route == "exact":
+        raise ValueError(f"route = 'exact': activation {activation!r} is not a normalised exponential; use 'auto' or 'rule'")
+    if exact is not None and route != "rule":
+        fine = exact.refined()
+        return RiskEstimate.from_refinement(_exact_risk(exact, M, Q, b, v), _exact_risk(fine, M, Q, b, v))
+    _check_rules(prior, L, points, {"model.heads": H})
+    rules = (LocalFields.make(int(L), H, prior, points, seed + i) for i in range(int(replicates)))
+    # the learning rate and bias training (1.0, False) do not enter the risk
+    values = [float(layer_risk(OrderParameterODE(rule, act, 1.0, False), M, Q, b, v)) for rule in rules]
+    return RiskEstimate.from_replicates(values, points)
+
+
+@eqx.filter_jit
+def _exact_risk(rule, M, Q, b, v=None) -> jax.Array:
+    return rule.risk(M, Q, b, v)
