@@ -7,7 +7,7 @@ at large ``L`` (the ``lr^2`` Gram term's Sobol rule still grows with ``L``: 0.7 
 ODE starts from the overlaps of seed 0's random keys at ``D = 1000`` (``M(0) = O(D^-1/2)``).
 
 1. Trajectories (``F = 1``): softmax with one head at every ``L`` (4, 16, 64, 256, 1024, 4096);
-   ssmax (the registered one, scale 1) at 4, 64, 256; softmax1 at 64; bsoftmax with two heads at
+   ssmax (the registered one, scale 1) at 4, 64, 256, 1024; softmax1 at 64; bsoftmax with two heads at
    4, 64 (with one head bsoftmax *is* softmax). Horizon ``tau_max(L) = max(200, 4 L / (lr
    strength^2))``, four times the plateau's scale (docs/long_context.md), 2600 at ``L = 4096``.
    Read off: the plateau length (the first time the risk has moved halfway from its start to its
@@ -27,9 +27,9 @@ ODE starts from the overlaps of seed 0's random keys at ``D = 1000`` (``M(0) = O
    law), ``M`` and ``Q_hh`` at the end against ``log L``, ``E[a_eps]`` against ``L``, the plateau's
    drift norm against ``L``.
 
-Writes figures/long_context_*.png and figures/long_context.json. About 75 minutes of CPU on the
+Writes figures/long_context_*.png and figures/long_context.json. About 38 minutes on the
 2-core machine while it was shared (one compiled solve per activation, ``H`` and ``L``, 30-120 s
-each; ssmax at ``L = 256`` 8 minutes; ``L = 4096`` the longest); ``--cache DIR`` keeps every stage
+each; ssmax at ``L = 1024`` 10 minutes, softmax at ``L = 4096`` 3); ``--cache DIR`` keeps every stage
 (``.cache/long_context`` is the gitignored choice) and reuses it; ``--cached-only`` draws from the
 stages in the cache and skips the others; ``--quick``: ``L`` = 4, 16, short horizons, figures in
 the temporary folder.
@@ -65,7 +65,7 @@ def plan(quick: bool) -> dict:
     lengths = (4, 16) if quick else (4, 16, 64, 256, 1024, 4096)
     pick = (lambda *Ls: (4, 16)) if quick else (lambda *Ls: Ls)  # noqa: E731
     runs = [("softmax", 1, 1, L) for L in lengths]
-    runs += [("ssmax", 1, 1, L) for L in pick(4, 64, 256)]
+    runs += [("ssmax", 1, 1, L) for L in pick(4, 64, 256, 1024)]
     runs += [("softmax1", 1, 1, L) for L in pick(64)]
     runs += [("bsoftmax", 2, 1, L) for L in pick(4, 64)]
     escape = [("softmax", L) for L in pick(4, 16)]
