@@ -313,7 +313,7 @@ def test_a_large_stated_error_warns_with_the_token_variance():
     assert r.risk_error > 1e-6 and r.exact_drift_error > 1e-4  # the drift's error is computed and stated too
 
 
-@pytest.mark.parametrize("stretch", [1.0, 2.0])
+@pytest.mark.parametrize("stretch", [pytest.param(1.0, marks=pytest.mark.slow), 2.0])
 def test_stated_drift_error_covers_the_drift_error(stretch):
     """The exact route's stated drift error (its ``O(lr)`` drift against a rule of 1.5 x the nodes)
     against the actual error (against a rule of 3 x the nodes), at a trained H = 2 state whose heads
@@ -346,7 +346,8 @@ def _trapezoid_reference(rule):
     return eqx.tree_at(lambda r: (r.z_outer, r.w_outer), fine, (jnp.asarray(z), jnp.asarray(w / w.sum())))
 
 
-@pytest.mark.parametrize("L, M, Q", [(64, 1.68, 3.39), (64, 4.23, 20.1), (256, 2.0, 5.0), (4, 4.23, 20.1)])
+@pytest.mark.parametrize("L, M, Q", [pytest.param(64, 1.68, 3.39, marks=pytest.mark.slow), (64, 4.23, 20.1), (256, 2.0, 5.0),
+                                     pytest.param(4, 4.23, 20.1, marks=pytest.mark.slow)])
 def test_wide_token_fields_stay_exact(monkeypatch, L, M, Q):
     """One ssmax head with the long keys of training at L = 64, 256 (token variance
     (log L)^2 Q up to 620, where Gauss-Hermite nodes had risk errors of 1e-3): the risk and its
