@@ -7,6 +7,8 @@ check these options read them from here too.
 
 from __future__ import annotations
 
+import math
+
 #: The orders of removal of :func:`singleloc.prune` (:mod:`singleloc._pruning`).
 PRUNING_ORDERS = ("greedy", "alignment", "random")
 
@@ -15,3 +17,15 @@ MASKS = ("auto", "none", "causal")
 
 #: The samples of the Kolmogorov-Smirnov test of :func:`singleloc.diagnose_attention` (``ks_samples``).
 KS_SAMPLES = ("auto", "heads", "rows")
+
+#: The words a sweep's ``horizon`` takes besides a positive number (:func:`singleloc.sweep`).
+HORIZON_WORDS = ("auto", "config")
+
+
+def check_horizon(horizon) -> None:
+    """``ValueError`` unless ``horizon`` is ``"auto"``, ``"config"`` or a positive finite number
+    (the library's check, which ``singleloc sweep --horizon`` applies to its parsed value too)."""
+    if horizon in HORIZON_WORDS:
+        return
+    if isinstance(horizon, bool) or not isinstance(horizon, (int, float)) or not math.isfinite(horizon) or horizon <= 0:
+        raise ValueError(f"horizon must be 'auto', 'config' or a positive number, got {horizon!r}")

@@ -60,6 +60,7 @@ from typing import Any
 
 import numpy as np
 
+from ._choices import check_horizon
 from ._config import Config, require_config
 from ._distributed import open_cluster
 from ._files import OUTPUT_KEY, png_has_text, written_together
@@ -82,18 +83,11 @@ HORIZON_N_SAVE = 201
 PHASE_RISK = {"theory": "risk", "simulation": "risk_limit"}
 
 
-def _check_horizon(horizon) -> None:
-    if horizon in ("auto", "config"):
-        return
-    if isinstance(horizon, bool) or not isinstance(horizon, (int, float)) or not math.isfinite(horizon) or horizon <= 0:
-        raise ValueError(f"horizon must be 'auto', 'config' or a positive number, got {horizon!r}")
-
-
 def resolve_horizon(config: Config, prediction: EscapePrediction, horizon: str | float = "auto") -> Config:
     """The configuration a point is integrated with (module docstring): ``"auto"``: up to the
     prediction's horizon; a number: up to it; both on a log grid of
     ``max(sgd.n_save, HORIZON_N_SAVE)`` times. ``"config"``: ``config`` unchanged."""
-    _check_horizon(horizon)
+    check_horizon(horizon)
     if horizon == "config":
         return config
     tau_max = prediction.horizon if horizon == "auto" else float(horizon)
@@ -177,7 +171,7 @@ def sweep(base: Config, grids: Sequence[Grid], out: str | Path, *, horizon: str 
     ``MemoryError`` naming the keys.
     """
     require_config(base, "sweep")
-    _check_horizon(horizon)
+    check_horizon(horizon)
     t0 = time.perf_counter()
     points = grid_points(base, grids)
     _check_points([cfg for _, cfg in points], simulate, batch)  # every point can run, before the first one does

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import math
 
 from ._common import add_config_arguments, add_force_argument, add_out_argument, config_from_args, int_at_least, output_folder
 
@@ -50,15 +49,14 @@ def register(sub) -> None:
 
 
 def _horizon(text: str) -> str | float:
-    """argparse type of --horizon: auto, config or a positive number."""
-    if text in ("auto", "config"):
-        return text
+    """argparse type of --horizon: auto, config or a positive number (the library's check)."""
+    from .._choices import HORIZON_WORDS, check_horizon
+
     try:
-        value = float(text)
+        value = text if text in HORIZON_WORDS else float(text)
+        check_horizon(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected auto, config or a positive number, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected auto, config or a positive number, got {text!r}")
     return value
 
 
