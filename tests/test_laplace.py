@@ -133,15 +133,19 @@ def test_zero_keys_closed_forms(L):
                                     ("ssmax", 4), pytest.param("ssmax", 8, marks=SLOW)])
 def test_identical_heads_equal_one_head(name, L):
     """Copies of one head make a per-head layer one head: the pair integrals (conditional
-    variance exactly zero) against the single-head integrals. (ssmax at small L only: its
-    scores are scaled by log L, and the default nodes resolve token variances up to about 10.)"""
+    variance exactly zero) against the single-head integrals, which are exact at any token
+    variance (the profile grid). The pairs' first field is on Gauss-Hermite nodes: at ssmax's
+    token variance of about 15 (L = 8) they are off by 3e-8, and the stated error (against the
+    refined rule) covers that; elsewhere they agree to 1e-9."""
     prior = sl.gaussian([1.0, 0.5], [[1.0, 0.2], [0.2, 0.5]])
     m, q, bias = np.array([[1.4, -0.6]]), np.array([[2.1]]), np.array([0.4])
     one = float(_risk(rule_for(name, L, 1, prior), jnp.asarray(m), jnp.asarray(q), jnp.asarray(bias)))
     H = 4
-    many = float(_risk(rule_for(name, L, H, prior), jnp.asarray(np.repeat(m, H, 0)), jnp.full((H, H), q[0, 0]),
-                       jnp.full(H, bias[0])))
-    assert many == pytest.approx(one, abs=1e-9)
+    copies = (jnp.asarray(np.repeat(m, H, 0)), jnp.full((H, H), q[0, 0]), jnp.full(H, bias[0]))
+    rule = rule_for(name, L, H, prior)
+    many = float(_risk(rule, *copies))
+    stated = abs(many - float(_risk(rule.refined(), *copies)))
+    assert abs(many - one) <= max(1e-9, 2 * stated)
 
 
 def test_bsoftmax_copies_equal_one_head_with_logsumexp_bias():
