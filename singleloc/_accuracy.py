@@ -31,10 +31,10 @@ import warnings
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from ._config import Config, require_config
+from ._sgd_rule import flat_drift
 from ._theory import OrderParameterODE, OrderParameters
 
 FIRST_POINTS = 1024
@@ -42,12 +42,6 @@ MIN_POINTS = 64
 MAX_POINTS = 2**20
 PROBE_REPLICATES = 4
 MARGIN = 1.5
-
-
-def flat_drift(drift: OrderParameters) -> jax.Array:
-    """All entries of ``(dM, dQ, db)`` (and ``dv`` with trained head weights; leading batch axes
-    kept) as one vector."""
-    return jnp.concatenate([jnp.reshape(x, (*x.shape[: x.ndim - k], -1)) for x, k in zip(drift, (2, 2, 1, 1))], axis=-1)
 
 
 def relative_drift_error(drifts) -> np.ndarray:

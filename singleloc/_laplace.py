@@ -96,7 +96,7 @@ VAR_FLOOR = 1e-300
 #: profile grid (:meth:`LaplaceRule._single`), smaller ones on Gauss-Hermite nodes.
 WIDE_SIGMA = 0.6
 #: The profile grid: ``u`` from ``U_GRID_LOW`` (``e^u`` below 1e-15: the profiles' lower tails are
-#: negligible there, also times ``L = 4096``) to ``U_CLIP_GRID`` (``rho_k`` below ``e^-90``) in steps
+#: negligible there, also times ``L = 4096``) to ``U_GRID_HIGH`` (``rho_k`` below ``e^-90``) in steps
 #: of ``U_GRID_STEP`` (trapezoidal error of order ``exp(-pi^2 / step)``, 7e-18).
 U_GRID_LOW = -36.0
 U_GRID_HIGH = 4.5

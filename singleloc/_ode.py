@@ -54,13 +54,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._accuracy import choose_points, flat_drift, relative_drift_error
+from ._accuracy import choose_points, relative_drift_error
 from ._compilation import exported_call
 from ._config import Config, require_config
 from ._data import initial_overlaps
 from ._numerics import PSD_INPUT, PSD_SOLVE, Q_RUNAWAY
 from ._resources import check_run
 from ._run_checks import warn_if_risk_rose
+from ._sgd_rule import flat_drift
 from ._sharding import shard_batch, unpad
 from ._theory import OrderParameterODE, OrderParameters, WeightedOrderParameters, r_orth
 from ._theory_result import TheoryResult
@@ -389,9 +390,8 @@ def _result(problem: _Problem, out, max_steps: int) -> TheoryResult | FloatingPo
     mean = lambda x: x.mean(axis=1)
     route = "rule" if problem.args[1].exact is None else "exact"
     risk_error = float(np.max(check)) if route == "exact" else float("nan")
-    exact_drift_error = float("nan")
-    if route == "exact":
-        exact_drift_error = _exact_drift_error(problem.args[1], ys) if risk_error > DRIFT_CHECK_ABOVE else float("nan")
+    computed = route == "exact" and risk_error > DRIFT_CHECK_ABOVE
+    exact_drift_error = _exact_drift_error(problem.args[1], ys) if computed else float("nan")
     gram = float(np.max(grams)) / np.sqrt(R) if route == "exact" else float("nan")
     if risk_error > RISK_ERROR_WARN or exact_drift_error > DRIFT_ERROR_WARN:
         scale = problem.args[1].exact.form.scale
@@ -403,7 +403,7 @@ def _result(problem: _Problem, out, max_steps: int) -> TheoryResult | FloatingPo
         warnings.warn(f"the exact route's stated errors are {risk_error:.1e} (risk) and {exact_drift_error:.1e} (relative "
                       f"O(lr) drift), against a rule of 1.5 x the nodes: the token fields reach a variance of {variance:.3g} "
                       f"(alpha^2 Q_hh), which theory.nodes = {config.theory.nodes} resolves only to that precision; raise "
-                      f"theory.nodes (cost grows like its square to cube) and check that the trajectory stays{joint}",
+                      f"theory.nodes (cost grows like its square to cube) and check that the trajectory does not move{joint}",
                       stacklevel=3)
     return TheoryResult(np.asarray(ts), mean(M), mean(Q), mean(b), mean(risk), risk_se, drift_error, problem.points, R,
                         route, risk_error, gram, exact_drift_error, None if v is None else mean(v))

@@ -84,6 +84,12 @@ class WeightedOrderParameters(NamedTuple):
     v: jax.Array
 
 
+def flat_drift(drift: OrderParameters) -> jax.Array:
+    """All entries of ``(dM, dQ, db)`` (and ``dv`` with trained head weights; leading batch axes
+    kept) as one vector."""
+    return jnp.concatenate([jnp.reshape(x, (*x.shape[: x.ndim - k], -1)) for x, k in zip(drift, (2, 2, 1, 1))], axis=-1)
+
+
 class GradientMoments(NamedTuple):
     """Field averages of the limit loss's gradient ``c`` (H, L) that the drift of online SGD is made
     of: ``cnu = E[sum_l c_l nu_l^T]`` (H, F), ``cg = E[sum_l c_l g_l^T]`` (H, H), ``c =

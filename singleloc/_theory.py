@@ -70,7 +70,7 @@ from ._laplace import LaplaceRule, exact_rule
 from ._layer import limit_loss
 from ._numerics import psd_sqrt_and_pinv_sqrt, require_x64
 from ._resources import on_exact_route
-from ._sgd_rule import GradientMoments, OnlineSGD, OrderParameters, WeightedOrderParameters, sgd_rule
+from ._sgd_rule import GradientMoments, OnlineSGD, OrderParameters, WeightedOrderParameters, flat_drift, sgd_rule
 
 
 def r_orth(M: jax.Array, Q: jax.Array) -> jax.Array:
@@ -240,8 +240,7 @@ class OrderParameterODE(eqx.Module):
         if self.exact_check is None:
             return jnp.full((), jnp.nan, dtype=M.dtype)
         no_gram = jnp.zeros(Q.shape, Q.dtype)
-        flat = lambda rule: jnp.concatenate(
-            [x.ravel() for x in self.sgd.drift(0.0, M, Q, b, _exact_moments(rule, M, Q, b, v, no_gram))])
+        flat = lambda rule: flat_drift(self.sgd.drift(0.0, M, Q, b, _exact_moments(rule, M, Q, b, v, no_gram)))
         d, fine = flat(self.exact), flat(self.exact_check)
         return jnp.max(jnp.abs(d - fine)) / jnp.max(jnp.abs(fine))
 

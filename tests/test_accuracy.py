@@ -20,8 +20,9 @@ from helpers import random_overlaps
 
 import singleloc as sl
 from singleloc import LocalFields, OrderParameterODE, OrderParameters
-from singleloc._accuracy import MARGIN, flat_drift, start_drifts
+from singleloc._accuracy import MARGIN, start_drifts
 from singleloc._ode import _run
+from singleloc._sgd_rule import flat_drift
 
 
 def random_state(H, F, rng, scale=0.8):
