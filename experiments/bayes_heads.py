@@ -103,7 +103,7 @@ def heads_used(cfg, run) -> str:
     if not np.all(np.isfinite(M)):
         return ""
     ode = sl.OrderParameterODE.from_config(cfg)
-    w = sl.head_weights(ode, M, Q, b)
+    w = sl.attention_mass(ode, M, Q, b)
     # the relevant token is token 0 of the fields (docs/model.md section 4)
     a_eps = float(ode.fields.expect(lambda g, theta: jnp.mean(ode.activation(g.T + jnp.asarray(b)[:, None])[:, 0]), M, Q))
     on = w >= 0.05 * w.max()

@@ -143,7 +143,7 @@ def decay_stage(quick: bool) -> dict:
             M, Q, b = th.M[0, -1], th.Q[0, -1], th.b[0, -1]
             key = f"{act}_{wd}"
             out[key + "_tau"], out[key + "_risk"] = th.tau, th.risk[0]
-            out[key + "_w"] = sl.head_weights(ode, M, Q, b)
+            out[key + "_w"] = sl.attention_mass(ode, M, Q, b)
             out[key + "_M"], out[key + "_Q"], out[key + "_b"] = M, Q, b
     return out
 

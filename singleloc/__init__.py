@@ -45,11 +45,13 @@ _EXPORTS = {
     "_io": ("Run", "add_to_run", "config_hash", "load_npz", "load_run", "save_figure", "save_json", "save_npz", "save_run"),
     "_numerics": ("psd_sqrt",),
     "_layer": ("finite_loss", "limit_loss", "token_weights"),
-    "_ode": ("initial_conditions", "integrate", "resolve_points"),
+    "_ode": ("integrate", "resolve_points"),
+    "_starts": ("initial_conditions",),
     "_theory_result": ("TheoryResult",),
     "_fluctuations": ("SDEResult", "integrate_sde"),
     "_priors": ("Prior", "binary", "discrete", "flipped", "gaussian", "spikes"),
-    "_simulation": ("SimulationResult", "simulate"),
+    "_simulation": ("simulate",),
+    "_simulation_result": ("SimulationResult",),
     "_run_checks": ("warn_if_risk_rose",),
     "_grid": ("Grid", "parse_grid"),
     "_sweep": ("SweepStats", "sweep"),
@@ -62,7 +64,8 @@ _EXPORTS = {
     "_phase_analysis": ("PhaseAnalysis", "analyze"),
     "_plateaus": ("Plateau", "escape_times", "halfway_time", "plateaus"),
     "_head_classes": ("HEAD_CLASSES", "HeadClasses", "classify_heads"),
-    "_predictions": ("EscapePrediction", "escape_horizon", "head_weights", "predicted_escape"),
+    "_predictions": ("EscapePrediction", "escape_horizon", "predicted_escape"),
+    "_attention_mass": ("attention_mass",),
     "_fixed_point": ("FixedPoint", "unspecialized_point"),
     "_stability": ("Linearization", "escape_mode", "escape_rate", "escape_rate_along", "escape_subspace", "linear_escape_time",
                    "linearize", "predicted_escape_slope", "subspace_amplitude", "unstable_modes"),
@@ -85,6 +88,7 @@ if TYPE_CHECKING:
     from ._activations import softmax as softmax
     from ._activations import softmax1 as softmax1
     from ._activations import ssmax as ssmax
+    from ._attention_mass import attention_mass as attention_mass
     from ._bayes import bayes_point as bayes_point
     from ._bayes import bayes_risk as bayes_risk
     from ._bayes import log_weight as log_weight
@@ -128,7 +132,6 @@ if TYPE_CHECKING:
     from ._layer import limit_loss as limit_loss
     from ._layer import token_weights as token_weights
     from ._numerics import psd_sqrt as psd_sqrt
-    from ._ode import initial_conditions as initial_conditions
     from ._ode import integrate as integrate
     from ._ode import resolve_points as resolve_points
     from ._phase_analysis import PhaseAnalysis as PhaseAnalysis
@@ -141,7 +144,6 @@ if TYPE_CHECKING:
     from ._population_risk import population_risk as population_risk
     from ._predictions import EscapePrediction as EscapePrediction
     from ._predictions import escape_horizon as escape_horizon
-    from ._predictions import head_weights as head_weights
     from ._predictions import predicted_escape as predicted_escape
     from ._priors import Prior as Prior
     from ._priors import binary as binary
@@ -169,8 +171,8 @@ if TYPE_CHECKING:
     from ._sgd_rule import LearningRateSchedule as LearningRateSchedule
     from ._sgd_rule import OnlineSGD as OnlineSGD
     from ._sgd_rule import sgd_rule as sgd_rule
-    from ._simulation import SimulationResult as SimulationResult
     from ._simulation import simulate as simulate
+    from ._simulation_result import SimulationResult as SimulationResult
     from ._specs import SGD as SGD
     from ._specs import Model as Model
     from ._specs import Problem as Problem
@@ -186,6 +188,7 @@ if TYPE_CHECKING:
     from ._stability import predicted_escape_slope as predicted_escape_slope
     from ._stability import subspace_amplitude as subspace_amplitude
     from ._stability import unstable_modes as unstable_modes
+    from ._starts import initial_conditions as initial_conditions
     from ._sweep import SweepStats as SweepStats
     from ._sweep import sweep as sweep
     from ._sweep_dataset import load_sweep as load_sweep

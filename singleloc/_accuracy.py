@@ -33,8 +33,9 @@ import equinox as eqx
 import jax
 import numpy as np
 
-from ._config import Config, require_config
+from ._config import Config, gather_specs, require_arguments
 from ._sgd_rule import flat_drift
+from ._specs import SGD, Model, Problem, Theory
 from ._theory import OrderParameterODE, OrderParameters
 
 FIRST_POINTS = 1024
@@ -84,10 +85,13 @@ def drift_error(config: Config, y0: OrderParameters, points: int, replicates: in
     return float(np.max(relative_drift_error(np.stack(drifts, axis=-2)))) / np.sqrt(replicates)
 
 
-def choose_points(config: Config, y0: OrderParameters) -> PointsChoice:
+def choose_points(config: Config | None = None, y0: OrderParameters | None = None, *, problem: Problem | None = None,
+                  model: Model | None = None, sgd: SGD | None = None, theory: Theory | None = None) -> PointsChoice:
     """The smallest power of two of points whose estimated relative drift error at the
-    starts ``y0`` (leading axis ``S``) is at most ``theory.tol / MARGIN`` (module docstring)."""
-    require_config(config, "choose_points")
+    starts ``y0`` (leading axis ``S``) is at most ``theory.tol / MARGIN`` (module docstring).
+    The run is ``config`` or the specifications by keyword (defaults for those not given)."""
+    config = gather_specs("choose_points", config, problem=problem, model=model, sgd=sgd, theory=theory)
+    require_arguments("choose_points", y0=y0)
     tol, R = config.theory.tol / MARGIN, config.theory.replicates
     tried: dict[int, float] = {}
 

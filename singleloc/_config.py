@@ -77,13 +77,49 @@ class Config:
         return out
 
     def replace(self, **sections: Mapping[str, Any]) -> Config:
-        """A copy with some keys changed: ``cfg.replace(model={"heads": 4})``."""
-        data = self.to_dict()
+        """A copy with some keys changed: ``cfg.replace(model={"heads": 4})``. Only the sections
+        named are validated again (their ``__post_init__``); the others are the same objects."""
+        parts = {}
         for name, values in sections.items():
             if name not in SECTIONS:
                 raise ValueError(f"unknown config section {name!r} (known: {', '.join(SECTIONS)})")
-            data.setdefault(name, {}).update(values)
-        return Config.from_dict(_restore_prior(data))
+            if not isinstance(values, Mapping):
+                raise ValueError(f"config section [{name}] must be a table of keys, got {_toml_kind(values)} {values!r}")
+            fields = {f.name for f in dataclasses.fields(SECTIONS[name])}
+            bad = set(values) - fields
+            if bad:
+                listed = ", ".join(f"{name}.{k}" for k in sorted(bad))
+                raise ValueError(f"unknown key(s) {listed} (known: {', '.join(sorted(fields))})")
+            if name == "problem":  # a prior written as a table (config.json) becomes a Prior
+                values = _restore_prior({"problem": dict(values)})["problem"]
+            parts[name] = dataclasses.replace(getattr(self, name), **values)
+        return dataclasses.replace(self, **parts)
+
+
+def gather_specs(where: str, config: Config | None = None, **specs: Any) -> Config:
+    """The specifications a computation runs on, as one :class:`Config` (the bundle the
+    internals pass on): either ``config`` (a TOML file's, a preset's) or the specification
+    objects given by keyword (``problem=Problem(...)``, ``model=Model(...)``, ...; one not
+    given takes its defaults), never both. ``TypeError`` naming ``where`` and the parameter
+    otherwise (a preset name or a dict given in place of an object is named with the remedy)."""
+    if config is not None:
+        require_config(config, where)
+        given = sorted(name for name, spec in specs.items() if spec is not None)
+        if given:
+            raise TypeError(f"{where}: pass either a config or the specifications ({', '.join(given)}), not both; "
+                            f"to change a section of a config: config.replace({given[0]}={{...}})")
+        return config
+    parts = {}
+    for name, spec in specs.items():
+        kind = SECTIONS[name]
+        if spec is None:
+            continue
+        if not isinstance(spec, kind):
+            hint = f"; pass singleloc.{kind.__name__}(**{_short(spec, 40)})" if isinstance(spec, Mapping) else ""
+            raise TypeError(f"{where}: {name} must be a singleloc.{kind.__name__}, got {type(spec).__name__} "
+                            f"{_short(spec)}{hint}")
+        parts[name] = spec
+    return Config(**parts)
 
 
 def require_config(config: Any, where: str) -> None:
@@ -94,6 +130,15 @@ def require_config(config: Any, where: str) -> None:
                 else "singleloc.load_config(...)")
         raise TypeError(f"{where}: config must be a singleloc.Config, got {type(config).__name__} {_short(config)}; "
                         f"pass {hint}")
+
+
+def require_arguments(where: str, **values: Any) -> None:
+    """``TypeError`` naming the arguments of ``values`` that are ``None``: the data a call needs
+    (a start, a layer), optional in its signature only because the specifications before them
+    may be given by keyword."""
+    missing = [name for name, value in values.items() if value is None]
+    if missing:
+        raise TypeError(f"{where}: missing the argument(s) {', '.join(missing)}")
 
 
 def require_uniform_head_weights(config: Config, where: str) -> None:

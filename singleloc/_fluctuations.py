@@ -39,10 +39,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._config import require_config, require_uniform_head_weights
+from ._config import Config, gather_specs, require_arguments, require_uniform_head_weights
 from ._numerics import psd_sqrt, psd_sqrt_and_pinv_sqrt
 from ._ode import resolve_points
-from ._theory import OrderParameterODE, flatten_state, unflatten_state
+from ._specs import SGD, Model, Problem, Simulation, Theory
+from ._theory import OrderParameterODE, OrderParameters, flatten_state, unflatten_state
 
 
 def update_moments(ode: OrderParameterODE, M, Q, b, tau=0.0):
@@ -135,7 +136,10 @@ def _solve_paths(ode: OrderParameterODE, v0, b0, keys, inv_D, ts, dt: float, H: 
     return jax.vmap(lambda v, b, k, i: _solve_path(ode, v, b, k, i, ts, dt, H, F, max_steps))(v0, b0, keys, inv_D)
 
 
-def integrate_sde(config, y0, keys, *, D=None, ts=None, dt: float = 0.05) -> SDEResult:
+def integrate_sde(config: Config | None = None, y0: OrderParameters | None = None, keys=None, *,
+                  problem: Problem | None = None, model: Model | None = None, sgd: SGD | None = None,
+                  theory: Theory | None = None, simulation: Simulation | None = None, D=None, ts=None,
+                  dt: float = 0.05) -> SDEResult:
     """Integrate the fluctuation SDE from initial states ``y0`` (an ``OrderParameters`` with a
     leading axis S) with one Brownian path per PRNG key (``keys`` (S, 2)), at dimension ``D``
     (default ``config.simulation.D``; a scalar or one value per path), saving at ``ts``
@@ -145,8 +149,11 @@ def integrate_sde(config, y0, keys, *, D=None, ts=None, dt: float = 0.05) -> SDE
     ``Q`` is symmetrised through the flattened coordinates; the state is not projected back
     onto valid overlaps (at the D used here the noise is far too small to leave them).
     ``theory.points = "auto"`` is resolved at the starts ``y0`` (:func:`~singleloc.resolve_points`).
+    The run is ``config`` or the specifications by keyword (defaults for those not given).
     """
-    require_config(config, "integrate_sde")
+    config = gather_specs("integrate_sde", config, problem=problem, model=model, sgd=sgd, theory=theory,
+                          simulation=simulation)
+    require_arguments("integrate_sde", y0=y0, keys=keys)
     require_uniform_head_weights(config, "integrate_sde")
     config = resolve_points(config, y0)
     D = config.simulation.D if D is None else D

@@ -22,7 +22,7 @@ simulation (a time axis ``T`` before ``H`` for :func:`specialization_times` and
   keys may still differ off the spikes (``R_orth``), but the heads look for the same signal.
 * **Head classes** (:func:`classify_heads`, at every saved time). With ``mu`` the unit mean
   direction (none for a zero-mean prior), ``f`` the nearest spike (largest ``|u_hf|``, sign
-  ``s``), ``w_h`` the head's attention weight (:func:`singleloc._predictions.head_weights`),
+  ``s``), ``w_h`` the head's attention weight (:func:`singleloc.attention_mass`),
   the first rule that applies:
 
   1. ``off``: ``w_h < off_fraction = 0.05``: the head puts less than 5% of a full head's weight
@@ -165,7 +165,7 @@ def classify_heads(M, Q, *, mean=None, weights=None, threshold: float = 0.9, mar
         Q: overlaps (..., H, H).
         mean: ``E[theta]`` (F,); ``None`` or zero for a zero-mean prior (no mean direction:
             no ``leaning`` class, and ``unspecialized`` only by the spike fraction).
-        weights: ``w_h = E[sum_l A_hl]`` (..., H) from :func:`singleloc._predictions.head_weights`;
+        weights: ``w_h = E[sum_l A_hl]`` (..., H) from :func:`singleloc.attention_mass`;
             ``None``: no head is ``off``.
     """
     M, Q = np.asarray(M, float), np.asarray(Q, float)

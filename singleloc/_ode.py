@@ -6,9 +6,8 @@ config's time grid. A terminating event stops the solve when the state stops bei
 set of overlaps: a non-finite entry, runaway keys (``max |Q| > 1e6``), or ``R_orth = Q - M M^T``
 leaving the PSD cone; :func:`integrate` then raises with the time at which it happened.
 
-Initial conditions are the overlaps of a real D-dimensional initialisation
-(:func:`~singleloc.initial_overlaps` with the config's ``simulation.seed`` and ``D``), the
-same weights the simulator starts from, so that ``M(0) = O(1/sqrt(D))`` as in a finite run.
+The default start is the overlaps of the simulator's initial weights
+(:func:`~singleloc.initial_conditions`, :mod:`~singleloc._starts`).
 
 Replicates and the error of the result. With ``theory.replicates = R``, the rules of ``R``
 independent scramblings (seeds ``qmc_seed + r``) each drive their own trajectory (one
@@ -56,13 +55,14 @@ import numpy as np
 
 from ._accuracy import choose_points, relative_drift_error
 from ._compilation import exported_call
-from ._config import Config, require_config
-from ._data import initial_overlaps
+from ._config import Config, gather_specs, require_config
 from ._numerics import PSD_INPUT, PSD_SOLVE, Q_RUNAWAY
 from ._resources import check_run
 from ._run_checks import warn_if_risk_rose
 from ._sgd_rule import flat_drift
 from ._sharding import shard_batch, unpad
+from ._specs import SGD, Model, Problem, Simulation, Theory
+from ._starts import batched_starts, initial_conditions, with_head_weights
 from ._theory import OrderParameterODE, OrderParameters, WeightedOrderParameters, r_orth
 from ._theory_result import TheoryResult
 
@@ -169,40 +169,6 @@ def _run_points(dynamics: OrderParameterODE, evaluation: OrderParameterODE, y0: 
 
 
 @eqx.filter_jit
-def _initial_overlaps(seed: int, indices: jax.Array, F: int, H: int, D: int, init_scale: float):
-    return jax.vmap(lambda s: initial_overlaps(seed, s, F, H, D, init_scale))(indices)
-
-
-def initial_conditions(config: Config, seeds: int | None = None) -> OrderParameters | WeightedOrderParameters:
-    """Overlaps ``(M0, Q0, b0)`` of the simulator's initial weights for seeds ``0..seeds-1``
-    (``simulation.seeds`` by default), stacked along a leading axis (one program for all
-    seeds; the same bits as the simulator's own initialisation); with trained head weights,
-    :class:`~singleloc.WeightedOrderParameters` with ``v0 = 1/H``."""
-    require_config(config, "initial_conditions")
-    pb, sim, sgd, H = config.problem, config.simulation, config.sgd, config.model.heads
-    n = sim.seeds if seeds is None else seeds
-    M, Q = _initial_overlaps(sim.seed, jnp.arange(n), pb.F, H, sim.D, sgd.init_scale)
-    y0 = OrderParameters(M, Q, jnp.full((n, H), config.model.bias_init))
-    return with_head_weights(config, y0)
-
-
-def with_head_weights(config: Config, y0: OrderParameters | WeightedOrderParameters
-                      ) -> OrderParameters | WeightedOrderParameters:
-    """The start ``y0`` in the state kind of ``config``: with trained head weights, ``y0`` with
-    ``v0 = 1/H`` when it has none; ``ValueError`` for head weights in a layer that averages its
-    heads uniformly."""
-    trained, H = config.model.trained_head_weights, config.model.heads
-    if len(y0) == 4:
-        if not trained:
-            raise ValueError("the start has head weights v0 but model.head_weights = 'uniform'; pass (M0, Q0, b0) or set "
-                             "model.head_weights = 'trained'")
-        return WeightedOrderParameters(*y0)
-    if not trained:
-        return y0
-    b = jnp.asarray(y0[2])
-    return WeightedOrderParameters(*y0, jnp.full(b.shape, 1.0 / H, dtype=jnp.result_type(float)))
-
-
 def resolve_points(config: Config, y0: OrderParameters | None = None) -> Config:
     """``config`` with ``theory.points = "auto"`` replaced by the number of points
     :func:`~singleloc.choose_points` picks at the starts ``y0`` (leading axis ``S``; default the
@@ -217,15 +183,8 @@ def resolve_points(config: Config, y0: OrderParameters | None = None) -> Config:
     require_config(config, "resolve_points")
     if config.theory.points != "auto":
         return config
-    starts = initial_conditions(config, 1) if y0 is None else _batched_starts(with_head_weights(config, y0))
+    starts = initial_conditions(config, 1) if y0 is None else batched_starts(with_head_weights(config, y0))
     return config.replace(theory={"points": choose_points(config, starts).points})
-
-
-def _batched_starts(y0: OrderParameters) -> OrderParameters:
-    """``y0`` in the dtype of the solve, with a leading axis (one start: added)."""
-    kind = WeightedOrderParameters if len(y0) == 4 else OrderParameters  # a plain tuple is read by its length
-    y0 = kind(*(jnp.asarray(x, dtype=jnp.result_type(float)) for x in y0))
-    return kind(*(x[None] for x in y0)) if y0.M.ndim == 2 else y0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,7 +200,7 @@ class _Problem:
 
 
 def _problem(config: Config, y0: OrderParameters | None, ts: np.ndarray | None) -> _Problem:
-    y0 = _batched_starts(initial_conditions(config, 1) if y0 is None else with_head_weights(config, y0))
+    y0 = batched_starts(initial_conditions(config, 1) if y0 is None else with_head_weights(config, y0))
     _check_initial(config, y0)
     ts = jnp.asarray(config.sgd.save_times() if ts is None else ts, dtype=y0.M.dtype)
     th = config.theory
@@ -258,9 +217,14 @@ def _problem(config: Config, y0: OrderParameters | None, ts: np.ndarray | None) 
 
 
 def integrate(
-    config: Config,
+    config: Config | None = None,
     y0: OrderParameters | None = None,
     *,
+    problem: Problem | None = None,
+    model: Model | None = None,
+    sgd: SGD | None = None,
+    theory: Theory | None = None,
+    simulation: Simulation | None = None,
     ts: np.ndarray | None = None,
     max_steps: int = MAX_STEPS,
     progress: bool = False,
@@ -268,11 +232,20 @@ def integrate(
 ) -> TheoryResult:
     """Integrate the order-parameter ODE for one or several initial conditions.
 
+    ``sl.integrate(problem=sl.Problem(L=64), model=sl.Model(heads=4), sgd=sl.SGD(tau_max=300))``
+    or ``sl.integrate(sl.load_config("default"))``.
+
     Args:
-        config: the resolved configuration; ``theory.points = "auto"`` is resolved here by
-            :func:`~singleloc.choose_points` at the starts ``y0``.
+        config: a configuration (a TOML file's or a preset's), or ``None`` to give the
+            specifications by keyword instead (:func:`~singleloc._config.gather_specs`).
         y0: initial ``(M0, Q0, b0)``, each with a leading batch axis ``S`` (or none, for one
-            start). Default: the overlaps of seed 0 of the simulator's initialisation.
+            start). Default: the overlaps of seed 0 of the simulator's initialisation
+            (:func:`~singleloc.initial_conditions`, at ``simulation.D``).
+        problem, model, sgd, theory: the data, the layer, the SGD rule and its saved times, and
+            the numerics (defaults for those not given); ``theory.points = "auto"`` is resolved
+            here by :func:`~singleloc.choose_points` at the starts ``y0``.
+        simulation: the finite-D initialisation of the default start (only read when ``y0`` is
+            not given).
         ts: saved times (default: the config's ``sgd`` grid): finite, strictly increasing, none
             before ``t0``. A first time after ``t0`` is reached by solving from ``t0`` (the start
             itself is then not among the saved times).
@@ -292,7 +265,8 @@ def integrate(
 
     Warns when the risk rose during training (:func:`~singleloc.warn_if_risk_rose`).
     """
-    require_config(config, "integrate")
+    config = gather_specs("integrate", config, problem=problem, model=model, sgd=sgd, theory=theory,
+                          simulation=simulation)
     try:
         times = np.asarray(config.sgd.save_times() if ts is None else ts, dtype=np.float64)
         t0 = float(t0)

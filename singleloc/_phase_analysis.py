@@ -116,7 +116,7 @@ def analyze(tau, M, Q, risk, *, mean=None, weights=None, directions=None, thresh
     :mod:`singleloc._head_classes` (the others).
 
     ``mean`` is ``E[theta]`` (``config.problem.build_prior().mean()``); ``weights`` (S, T, H)
-    or (T, H) the heads' attention weights (:func:`singleloc._predictions.head_weights`),
+    or (T, H) the heads' attention weights (:func:`singleloc.attention_mass`),
     without which no head is classified ``off``; ``directions`` the latent directions of the
     ``labels`` (default the spikes).
     """

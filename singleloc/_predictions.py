@@ -40,14 +40,6 @@ of a random start (``M = 0``, ``R_orth = init_scale^2 I``, ``b = bias_init``) up
 rounded up to two significant digits and capped at ``cap = 3000``; without a predicted escape,
 ``fallback = 300`` (at the default problem the symmetric risk changes by less than ``1e-4``
 after tau = 200). ``singleloc sweep`` integrates each point up to its horizon.
-
-**Head weights** (:func:`head_weights`): ``w_h = E[sum_l A_hl]``, the attention weight head
-``h`` puts on the sequence, by the quadrature rule of the ODE (the same expectation as the
-risk). The output weights are ``a_l = (1/H) sum_h A_hl``, so ``w_h / H`` is the head's share
-of ``sum_l a_l``: a softmax head has ``w_h = 1`` always, a softmax1 head ``w_h < 1`` (``-> 0``
-as its bias or its scores go to minus infinity), and bsoftmax heads share ``sum_h w_h = H``.
-The phase analysis calls a head switched off when ``w_h`` is below a fraction of the weight
-of a full head (:func:`singleloc._head_classes.classify_heads`).
 """
 
 from __future__ import annotations
@@ -55,13 +47,11 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import equinox as eqx
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from ._config import Config, require_config
+from ._config import Config, gather_specs
 from ._ode import resolve_points
+from ._specs import SGD, Model, Problem, Simulation, Theory
 from ._stability import linear_escape_time, symmetric_escape_rate, symmetric_path, symmetric_start
 from ._theory import OrderParameterODE
 
@@ -151,15 +141,19 @@ def escape_horizon(predicted: float, *, multiple: float = HORIZON_MULTIPLE, cap:
     return float(min(cap, math.ceil(round(x / unit, 9)) * unit))
 
 
-def predicted_escape(config: Config, *, multiple: float = HORIZON_MULTIPLE, cap: float = HORIZON_CAP,
+def predicted_escape(config: Config | None = None, *, problem: Problem | None = None, model: Model | None = None,
+                     sgd: SGD | None = None, theory: Theory | None = None, simulation: Simulation | None = None,
+                     multiple: float = HORIZON_MULTIPLE, cap: float = HORIZON_CAP,
                      fallback: float = HORIZON_FALLBACK, tau_flow: float = 1000.0, plateau_fraction: float = 0.05,
                      n_rates: int = 16, method: str = "auto") -> EscapePrediction:
     """The predicted escape from the unspecialized plateau and the integration horizon of
     ``config`` (module docstring; ``method`` is the Jacobian's, as in
     :func:`~singleloc._stability.linearize`). Rates are evaluated in time order and only until
     the growth reaches ``(1/2) log D``. ``theory.points = "auto"`` is resolved first
-    (:func:`~singleloc.resolve_points`)."""
-    require_config(config, "predicted_escape")
+    (:func:`~singleloc.resolve_points`). The run is ``config`` or the specifications by keyword
+    (``simulation``: the dimension ``D`` of the escape; defaults for those not given)."""
+    config = gather_specs("predicted_escape", config, problem=problem, model=model, sgd=sgd, theory=theory,
+                          simulation=simulation)
     config = resolve_points(config)
     if config.model.trained_head_weights:  # no head-symmetric flow of the weighted layer: no prediction
         nan, empty = math.nan, np.zeros(0)
@@ -191,23 +185,3 @@ def predicted_escape(config: Config, *, multiple: float = HORIZON_MULTIPLE, cap:
     return EscapePrediction(rate=rate, tau_plateau=tau_0, plateau_risk=float(risk[-1]), predicted_escape=tau_esc,
                             horizon=escape_horizon(tau_esc, multiple=multiple, cap=cap, fallback=fallback), D=D,
                             path_tau=np.asarray(path_tau, float), path_rate=np.asarray(path_rate, float))
-
-
-def _head_weights(ode: OrderParameterODE, M: jax.Array, Q: jax.Array, b: jax.Array) -> jax.Array:
-    return ode.fields.expect(lambda g, theta: jnp.sum(ode.activation(g.T + b[:, None]), axis=1), M, Q)
-
-
-@eqx.filter_jit
-def _head_weights_many(ode: OrderParameterODE, M: jax.Array, Q: jax.Array, b: jax.Array) -> jax.Array:
-    return jax.lax.map(lambda s: _head_weights(ode, *s), (M, Q, b))
-
-
-def head_weights(ode: OrderParameterODE, M, Q, b) -> np.ndarray:
-    """``w_h = E[sum_l A_hl]`` (..., H) at overlaps ``M`` (..., H, F), ``Q`` (..., H, H), ``b``
-    (..., H): the attention weight each head puts on a sequence, by the ODE's quadrature rule
-    (module docstring)."""
-    M, Q, b = np.asarray(M, float), np.asarray(Q, float), np.asarray(b, float)
-    H, F = M.shape[-2:]
-    lead = M.shape[:-2]
-    w = _head_weights_many(ode, jnp.asarray(M.reshape(-1, H, F)), jnp.asarray(Q.reshape(-1, H, H)), jnp.asarray(b.reshape(-1, H)))
-    return np.asarray(w).reshape(lead + (H,))

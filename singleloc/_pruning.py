@@ -49,12 +49,13 @@ import numpy as np
 
 from ._activations import get_activation
 from ._choices import PRUNING_ORDERS
-from ._config import Config, require_config, require_uniform_head_weights
+from ._config import Config, gather_specs, require_arguments, require_config, require_uniform_head_weights
 from ._data import overlaps
 from ._heldout import draw_heldout, heldout_losses
 from ._ode import integrate, resolve_points
 from ._population_risk import RiskEstimate, layer_risk, layer_risk_check
 from ._resources import check_memory, check_quadrature, on_exact_route, theory_bytes
+from ._specs import SGD, Model, Problem, Simulation, Theory
 from ._theory import OrderParameterODE, OrderParameters
 
 if TYPE_CHECKING:
@@ -163,10 +164,15 @@ class TheoryRisk:
     exact one and its error the difference to the finer exact rule. On the Sobol rule, with
     ``theory.replicates = R > 1`` a risk is the mean over ``R`` independently scrambled
     rules and comes with its standard error (their spread over ``sqrt(R)``): the quadrature
-    error of the risk of the given layer. With ``R = 1`` the error is not estimated (0.0)."""
+    error of the risk of the given layer. With ``R = 1`` the error is not estimated (0.0).
 
-    def __init__(self, config: Config, M, Q, b):
-        require_config(config, "TheoryRisk")
+    The run is ``config`` or the specifications by keyword (``TheoryRisk(M=M, Q=Q, b=b,
+    problem=..., model=..., theory=...)``; ``sgd``'s rule does not enter a risk)."""
+
+    def __init__(self, config: Config | None = None, M=None, Q=None, b=None, *, problem: Problem | None = None,
+                 model: Model | None = None, sgd: SGD | None = None, theory: Theory | None = None):
+        config = gather_specs("TheoryRisk", config, problem=problem, model=model, sgd=sgd, theory=theory)
+        require_arguments("TheoryRisk", M=M, Q=Q, b=b)
         require_uniform_head_weights(config, "TheoryRisk")
         dtype = jnp.result_type(float)
         self.M, self.Q, self.b = (jnp.asarray(x, dtype) for x in (M, Q, b))
@@ -217,11 +223,16 @@ class WeightsRisk:
     test risk of seed ``s`` at saved time ``i``. The draws span all ``H`` keys, so every kept
     subset is scored exactly in law on the same sequences (common random numbers); the jitted
     evaluation compiles once per subset size.
+
+    The run is ``config`` or the specifications by keyword (``problem``; ``model``: the
+    activation; ``simulation``: ``test_samples``, the default of ``samples``).
     """
 
-    def __init__(self, config: Config, K, b, kstar, *, samples: int | None = None, key: int | jax.Array = 0,
-                 loss: str = "empirical"):
-        require_config(config, "WeightsRisk")
+    def __init__(self, config: Config | None = None, K=None, b=None, kstar=None, *, problem: Problem | None = None,
+                 model: Model | None = None, simulation: Simulation | None = None, samples: int | None = None,
+                 key: int | jax.Array = 0, loss: str = "empirical"):
+        config = gather_specs("WeightsRisk", config, problem=problem, model=model, simulation=simulation)
+        require_arguments("WeightsRisk", K=K, b=b, kstar=kstar)
         require_uniform_head_weights(config, "WeightsRisk")
         if loss not in ("empirical", "limit"):
             raise ValueError(f"loss must be 'empirical' or 'limit', got {loss!r}")
@@ -337,12 +348,15 @@ def _finish(result: PruningResult, deterministic: bool) -> PruningResult:
     return dataclasses.replace(result, stderr=None) if deterministic else result
 
 
-def prune_theory(config: Config, M, Q, b, order: str | Sequence[int] = "greedy", *, draws: int = 16,
-                 seed: int = 0) -> PruningResult:
+def prune_theory(config: Config | None = None, M=None, Q=None, b=None, order: str | Sequence[int] = "greedy", *,
+                 problem: Problem | None = None, model: Model | None = None, sgd: SGD | None = None,
+                 theory: Theory | None = None, draws: int = 16, seed: int = 0) -> PruningResult:
     """Prune the layer with order parameters ``M`` (H, F), ``Q`` (H, H), ``b`` (H,), scoring
     every kept subset by its population risk (see :class:`TheoryRisk`; with
-    ``theory.replicates > 1`` each risk comes with its quadrature error in ``stderr``)."""
-    require_config(config, "prune_theory")
+    ``theory.replicates > 1`` each risk comes with its quadrature error in ``stderr``). The run
+    is ``config`` or the specifications by keyword (defaults for those not given)."""
+    config = gather_specs("prune_theory", config, problem=problem, model=model, sgd=sgd, theory=theory)
+    require_arguments("prune_theory", M=M, Q=Q, b=b)
     evaluate = TheoryRisk(config, M, Q, b)
     norms = np.linalg.norm(np.asarray(M, dtype=float), axis=1)
     result = prune(evaluate, evaluate.heads, order, overlap_norms=norms, draws=draws, seed=seed)
@@ -372,26 +386,32 @@ def prune_run(run: Run, order: str | Sequence[int] = "greedy", *, draws: int = 1
     return results
 
 
-def prune_weights(config: Config, K, b, kstar, order: str | Sequence[int] = "greedy", *, draws: int = 16,
-                  seed: int = 0, samples: int | None = None, key: int | jax.Array = 0,
+def prune_weights(config: Config | None = None, K=None, b=None, kstar=None, order: str | Sequence[int] = "greedy", *,
+                  problem: Problem | None = None, model: Model | None = None, simulation: Simulation | None = None,
+                  draws: int = 16, seed: int = 0, samples: int | None = None, key: int | jax.Array = 0,
                   loss: str = "empirical") -> PruningResult:
     """Prune the finite-D layer ``K`` (H, D), ``b`` (H,) with spikes ``kstar`` (F, D), scoring
     every kept subset on the same ``samples`` fresh sequences (default
     ``simulation.test_samples``) drawn from the JAX key ``key`` as the simulator draws its test
     sequences (see :class:`WeightsRisk`). The greedy choices are made on these Monte Carlo
     estimates; ``stderr`` holds their standard errors. ``alignment`` ranks by ``|M_h|`` with
-    ``M = K k*^T / D``."""
-    require_config(config, "prune_weights")
+    ``M = K k*^T / D``. The run is ``config`` or the specifications by keyword."""
+    config = gather_specs("prune_weights", config, problem=problem, model=model, simulation=simulation)
+    require_arguments("prune_weights", K=K, b=b, kstar=kstar)
     evaluate = WeightsRisk(config, K, b, kstar, samples=samples, key=key, loss=loss)
     norms = np.linalg.norm(evaluate.overlaps()[0], axis=1)
     return prune(evaluate, evaluate.heads, order, overlap_norms=norms, draws=draws, seed=seed)
 
 
-def finetune(config: Config, M, Q, b, kept: Sequence[int], ts, **kwargs):
+def finetune(config: Config | None = None, M=None, Q=None, b=None, kept: Sequence[int] | None = None, ts=None, *,
+             problem: Problem | None = None, model: Model | None = None, sgd: SGD | None = None,
+             theory: Theory | None = None, **kwargs):
     """Continue the ODE from the pruned layer: :func:`~singleloc.integrate` of the
     ``len(kept)``-head model from ``y0`` = the kept rows/columns of ``(M, Q, b)``, saved at
-    ``ts`` (which start at the pruning time, e.g. 0). Returns a :class:`~singleloc.TheoryResult`."""
-    require_config(config, "finetune")
+    ``ts`` (which start at the pruning time, e.g. 0). Returns a :class:`~singleloc.TheoryResult`.
+    The run is ``config`` or the specifications by keyword (``model``: the unpruned layer)."""
+    config = gather_specs("finetune", config, problem=problem, model=model, sgd=sgd, theory=theory)
+    require_arguments("finetune", M=M, Q=Q, b=b, kept=kept, ts=ts)
     require_uniform_head_weights(config, "finetune")
     y0 = keep_heads(M, Q, b, kept)
     ts = np.asarray(ts, dtype=float)

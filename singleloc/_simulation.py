@@ -22,56 +22,23 @@ independent of D), scored by :func:`~singleloc._heldout.heldout_losses`.
 
 from __future__ import annotations
 
-import dataclasses
-from pathlib import Path
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
 from ._activations import get_activation
-from ._config import Config, require_config
+from ._config import Config, gather_specs
 from ._data import init_keys, make_spikes, overlaps, sample_sequence, seed_keys
 from ._heldout import draw_heldout, heldout_losses
-from ._io import save_run
 from ._layer import finite_loss
 from ._numerics import Q_RUNAWAY
 from ._resources import check_run, check_steps
 from ._run_checks import warn_if_risk_rose, warn_if_times_dropped
 from ._sgd_rule import sgd_rule
 from ._sharding import shard_batch, unpad
-
-
-@dataclasses.dataclass(frozen=True)
-class SimulationResult:
-    """Saved trajectory of a simulation over ``S`` seeds and ``T`` saved times.
-
-    ``tau`` (T,), ``M`` (S, T, H, F), ``Q`` (S, T, H, H), ``b`` (S, T, H),
-    ``risk`` (S, T) the empirical test risk, ``risk_limit`` (S, T) the limit risk on the
-    same test sequences; ``K`` (S, H, D) and ``kstar`` (S, F, D) are the final keys and the
-    spikes (kept in memory, not written to ``simulation.npz``); ``v`` (S, T, H): the trained head
-    weights (``model.head_weights = "trained"``; else ``None``).
-    """
-
-    tau: np.ndarray
-    M: np.ndarray
-    Q: np.ndarray
-    b: np.ndarray
-    risk: np.ndarray
-    risk_limit: np.ndarray
-    K: np.ndarray
-    kstar: np.ndarray
-    v: np.ndarray | None = None
-
-    def arrays(self) -> dict[str, np.ndarray]:
-        """The arrays stored in ``simulation.npz`` (``v`` with trained head weights)."""
-        return {k: getattr(self, k) for k in ("tau", "M", "Q", "b", "risk", "risk_limit", "v") if getattr(self, k) is not None}
-
-    def save(self, directory: str | Path, config: Config) -> Path:
-        """Write the run folder ``DIR``: ``simulation.npz`` and ``config.json``, replacing ``DIR``
-        as a whole (:func:`singleloc.save_run`); returns ``DIR/simulation.npz``."""
-        return save_run(directory, config, {"simulation.npz": self.arrays()}) / "simulation.npz"
+from ._simulation_result import SimulationResult
+from ._specs import SGD, Model, Problem, Simulation
 
 
 def save_steps(config: Config) -> np.ndarray:
@@ -136,11 +103,18 @@ def _run_functions(config: Config):
     return init, advance, measure
 
 
-def simulate(config: Config, *, progress: bool = True) -> SimulationResult:
-    """Run online SGD for every seed of ``config`` and record the saved trajectory.
+def simulate(config: Config | None = None, *, problem: Problem | None = None, model: Model | None = None,
+             sgd: SGD | None = None, simulation: Simulation | None = None, progress: bool = True) -> SimulationResult:
+    """Run online SGD for every seed and record the saved trajectory.
+
+    ``sl.simulate(problem=sl.Problem(L=64), model=sl.Model(heads=4), simulation=sl.Simulation(D=1000))``
+    or ``sl.simulate(sl.load_config("default"))``.
 
     Args:
-        config: the resolved configuration (see :func:`load_config`).
+        config: a configuration (see :func:`load_config`), or ``None`` to give the
+            specifications by keyword instead (:func:`~singleloc._config.gather_specs`).
+        problem, model, sgd, simulation: the data, the layer, the SGD rule and its saved times,
+            and the finite-D run (dimension, seeds, test samples); defaults for those not given.
         progress: show a progress bar over the saved times.
 
     Raises:
@@ -153,7 +127,7 @@ def simulate(config: Config, *, progress: bool = True) -> SimulationResult:
         UserWarning: fewer than ``sgd.n_save`` distinct SGD steps carry the saved times, or the
             limit risk rose during training (:func:`~singleloc.warn_if_risk_rose`).
     """
-    require_config(config, "simulate")
+    config = gather_specs("simulate", config, problem=problem, model=model, sgd=sgd, simulation=simulation)
     check_run(config, simulation=True)  # the dimension, the number of steps and the memory, before anything runs
     D = config.simulation.D
     init, advance, measure = _run_functions(config)

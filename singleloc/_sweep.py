@@ -19,7 +19,7 @@ points are their Cartesian product. At each point it
    finite-D simulation, both on the resolved configuration;
 4. analyses the phases (:func:`singleloc._phase_analysis.analyze`) of the limit risk (the
    theory's ``risk``, the simulation's ``risk_limit``) with the heads' attention weights
-   (:func:`singleloc._predictions.head_weights`), which classify every head (``aligned``,
+   (:func:`singleloc.attention_mass`), which classify every head (``aligned``,
    ``leaning``, ``combination``, ``redundant``, ``off``, ``unspecialized``).
 
 Each step is a pure function of its configuration (:func:`singleloc._sweep_compute.compute` with
@@ -60,6 +60,7 @@ from typing import Any
 
 import numpy as np
 
+from ._attention_mass import attention_mass
 from ._choices import check_horizon
 from ._config import Config, require_config
 from ._distributed import open_cluster
@@ -67,14 +68,14 @@ from ._files import OUTPUT_KEY, png_has_text, written_together
 from ._grid import Grid, grid_points
 from ._head_classes import HEAD_CLASSES
 from ._io import save_figure, save_text
+from ._numerics import require_x64
 from ._phase_analysis import analyze
-from ._predictions import EscapePrediction, head_weights
+from ._predictions import EscapePrediction
 from ._resources import check_run
 from ._sweep_cache import _entry_path, cache_key, cached_run, fill_cache
 from ._sweep_compute import compile_group
 from ._sweep_dataset import write_sweep
 from ._theory import OrderParameterODE
-from .plots import plot_phase_diagram
 
 #: Least number of saved times of a point integrated to a predicted or given horizon.
 HORIZON_N_SAVE = 201
@@ -134,7 +135,7 @@ class SweepStats:
 
 def summarize(config: Config, data: dict[str, np.ndarray], kind: str) -> dict[str, float]:
     """:meth:`PhaseAnalysis.summary` of an entry, with the heads' attention weights."""
-    weights = head_weights(OrderParameterODE.from_config(config), data["M"], data["Q"], data["b"])
+    weights = attention_mass(OrderParameterODE.from_config(config), data["M"], data["Q"], data["b"])
     a = analyze(data["tau"], data["M"], data["Q"], data[PHASE_RISK[kind]], mean=config.problem.build_prior().mean(),
                 weights=weights)
     return a.summary()
@@ -190,6 +191,8 @@ def sweep(base: Config, grids: Sequence[Grid], out: str | Path, *, horizon: str 
         return data
 
     with open_cluster(workers, scheduler) as cluster:  # one cluster for both rounds, started only if needed
+        if cluster.where == "serial":  # the points run in this process, whose JAX settings are the caller's
+            require_x64("singleloc.sweep with workers = 1 (the points run in this process)")
         run = dict(cluster=cluster, progress=progress, batch=batch)
         computed, errors = fill_cache([(cfg, "prediction") for _, cfg in points], cache, desc="escape predictions", **run)
         predictions, run_cfgs = {}, {}
@@ -250,6 +253,8 @@ def sweep(base: Config, grids: Sequence[Grid], out: str | Path, *, horizon: str 
         write_csv(out / "sweep.csv", rows)
         write_sweep(out, base, grids, rows, loaded)
         if figures:
+            from .plots import plot_phase_diagram  # matplotlib is imported only when a figure is drawn
+
             other = [g.name for g in grids if g.name not in ("model.heads", "problem.F", "model.activation")]
             groups: dict[tuple, list] = {}
             for r in rows:

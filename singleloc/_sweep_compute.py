@@ -26,6 +26,7 @@ Escape predictions and simulations run one point after the other.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -34,9 +35,10 @@ import numpy as np
 
 from ._compilation import hold_programs
 from ._config import Config, load_config
-from ._ode import initial_conditions, integrate, integrate_points, resolve_points
+from ._ode import integrate, integrate_points, resolve_points
 from ._predictions import predicted_escape
 from ._simulation import simulate as simulate_sgd
+from ._starts import initial_conditions
 
 #: The kinds of cache entries, in the order a point needs them.
 KINDS = ("prediction", "theory", "simulation")
@@ -115,6 +117,19 @@ def compile_group(kind: str, config: Mapping[str, Mapping[str, Any]], *more: Map
     return json.dumps([kind, rest], sort_keys=True)
 
 
+def _on_dask_worker() -> bool:
+    """Whether this runs as a task on a Dask worker (Dask is not imported for it: a process
+    that has not imported ``distributed`` is no worker)."""
+    distributed = sys.modules.get("distributed")
+    if distributed is None:
+        return False
+    try:
+        distributed.get_worker()
+    except ValueError:
+        return False
+    return True
+
+
 def compute_points(kind: str, *configs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, np.ndarray] | BaseException]:
     """The work of sweep points of one :func:`compile_group`, run on a worker: the entries of
     ``kind`` (e.g. ``"theory"``) for the resolved configurations ``configs``
@@ -122,14 +137,16 @@ def compute_points(kind: str, *configs: Mapping[str, Mapping[str, Any]]) -> list
     on). Several theory points are one batched solve (:func:`compute_theories`); other kinds,
     and a single point, :func:`compute` one after the other.
 
-    Enables double precision in the process that runs it, as the command line does: the ODE is
-    solved in float64 (the simulator keeps its own float32), also on a worker started by hand.
-    The process holds the compiled programs of a bounded number of shapes
-    (:func:`~singleloc._compilation.hold_programs`), so that a long sweep over many shapes does
-    not exhaust its memory mappings.
+    On a Dask worker (a process the cluster owns) it sets the process up as the command line
+    sets its own: double precision (the ODE is solved in float64; the simulator keeps its own
+    float32), also on a worker started by hand, and the compiled programs of a bounded number of
+    shapes (:func:`~singleloc._compilation.hold_programs`), so that a long sweep over many shapes
+    does not exhaust its memory mappings. In the caller's process (a serial sweep) it changes
+    neither: :func:`~singleloc.sweep` checks the float64 mode there instead.
     """
-    jax.config.update("jax_enable_x64", True)
-    hold_programs(compile_group(kind, configs[0]))  # a bounded number of groups' programs per process
+    if _on_dask_worker():
+        jax.config.update("jax_enable_x64", True)
+        hold_programs(compile_group(kind, configs[0]))  # a bounded number of groups' programs per process
     resolved = [load_config(config) for config in configs]
     if kind in BATCH_KINDS and len(resolved) > 1:
         results: list = compute_theories(resolved)

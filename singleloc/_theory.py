@@ -64,13 +64,14 @@ import jax
 import jax.numpy as jnp
 
 from ._activations import Activation, exponential_form, get_activation
-from ._config import Config
+from ._config import Config, gather_specs
 from ._fields import LocalFields, replicate_rules
 from ._laplace import LaplaceRule, exact_rule
 from ._layer import limit_loss
 from ._numerics import psd_sqrt_and_pinv_sqrt, require_x64
 from ._resources import on_exact_route
 from ._sgd_rule import GradientMoments, OnlineSGD, OrderParameters, WeightedOrderParameters, flat_drift, sgd_rule
+from ._specs import SGD, Model, Problem, Theory
 
 
 def r_orth(M: jax.Array, Q: jax.Array) -> jax.Array:
@@ -128,6 +129,16 @@ class OrderParameterODE(eqx.Module):
     def train_bias(self) -> bool:
         """Whether the biases train (the SGD rule's)."""
         return self.sgd.train_bias
+
+    @classmethod
+    def from_specs(cls, problem: Problem | None = None, model: Model | None = None, sgd: SGD | None = None,
+                   theory: Theory | None = None, *, seeds: Sequence[int] | None = None, points: int | None = None,
+                   check: bool = False) -> OrderParameterODE:
+        """The ODE of the specifications (defaults for those not given): the data ``problem``,
+        the layer ``model``, the SGD rule ``sgd`` and the numerics ``theory``; the other
+        arguments as :meth:`from_config`'s, which this is on the bundle of the four."""
+        config = gather_specs("OrderParameterODE.from_specs", problem=problem, model=model, sgd=sgd, theory=theory)
+        return cls.from_config(config, seeds=seeds, points=points, check=check)
 
     @classmethod
     def from_config(cls, config: Config, *, seeds: Sequence[int] | None = None, points: int | None = None,

@@ -12,7 +12,7 @@ from singleloc import OrderParameterODE, load_config
 from singleloc import _head_classes as hc
 from singleloc import _phase_analysis as pa
 from singleloc import _plateaus as pl
-from singleloc._predictions import head_weights
+from singleloc._attention_mass import attention_mass
 
 
 def logistic(tau, t0, width, hi, lo):
@@ -243,18 +243,18 @@ def test_escape_from_a_plateau_that_runs_to_the_end():
     assert np.isnan(a.first_specialization[0])
 
 
-def test_head_weights_against_monte_carlo():
+def test_attention_mass_against_monte_carlo():
     """w_h = E[sum_l A_hl] by the ODE's quadrature: 1 for softmax, summing to H for bsoftmax, and
     for softmax1 against plain Monte Carlo over the fields (a head with a bias of -12 is off)."""
     M = np.array([[1.0, 0.2], [0.3, 0.8]])
     Q = M @ M.T + np.array([[0.4, 0.1], [0.1, 0.3]])
     b = np.array([0.5, -12.0])
     cfg = load_config("default", ["theory.points=1024", "problem.L=4"])
-    w_soft = head_weights(OrderParameterODE.from_config(cfg), M, Q, b)
+    w_soft = attention_mass(OrderParameterODE.from_config(cfg), M, Q, b)
     np.testing.assert_allclose(w_soft, 1.0, atol=1e-12)
-    w_b = head_weights(OrderParameterODE.from_config(cfg.replace(model={"activation": "bsoftmax"})), M[None], Q[None], b[None])
+    w_b = attention_mass(OrderParameterODE.from_config(cfg.replace(model={"activation": "bsoftmax"})), M[None], Q[None], b[None])
     assert w_b.shape == (1, 2) and w_b.sum() == pytest.approx(2.0, abs=1e-12)
-    w1 = head_weights(OrderParameterODE.from_config(cfg.replace(model={"activation": "softmax1"})), M, Q, b)
+    w1 = attention_mass(OrderParameterODE.from_config(cfg.replace(model={"activation": "softmax1"})), M, Q, b)
     # Monte Carlo: token 0 carries M theta, theta = 2.5 e_f with f uniform; 4e5 samples
     rng = np.random.default_rng(0)
     n, L = 400_000, 4

@@ -26,8 +26,9 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from .._io import save_run
-    from .._ode import initial_conditions, integrate
+    from .._ode import integrate
     from .._simulation import simulate
+    from .._starts import initial_conditions
     from ..plots import plot_compare
 
     config = prepare_run(args, simulation=True, theory="seeds")

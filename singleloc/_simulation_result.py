@@ -1,0 +1,42 @@
+"""The record of a finite-D simulation (:func:`~singleloc.simulate`) and its run folder."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+
+from ._config import Config
+from ._io import save_run
+
+
+@dataclasses.dataclass(frozen=True)
+class SimulationResult:
+    """Saved trajectory of a simulation over ``S`` seeds and ``T`` saved times.
+
+    ``tau`` (T,), ``M`` (S, T, H, F), ``Q`` (S, T, H, H), ``b`` (S, T, H),
+    ``risk`` (S, T) the empirical test risk, ``risk_limit`` (S, T) the limit risk on the
+    same test sequences; ``K`` (S, H, D) and ``kstar`` (S, F, D) are the final keys and the
+    spikes (kept in memory, not written to ``simulation.npz``); ``v`` (S, T, H): the trained head
+    weights (``model.head_weights = "trained"``; else ``None``).
+    """
+
+    tau: np.ndarray
+    M: np.ndarray
+    Q: np.ndarray
+    b: np.ndarray
+    risk: np.ndarray
+    risk_limit: np.ndarray
+    K: np.ndarray
+    kstar: np.ndarray
+    v: np.ndarray | None = None
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The arrays stored in ``simulation.npz`` (``v`` with trained head weights)."""
+        return {k: getattr(self, k) for k in ("tau", "M", "Q", "b", "risk", "risk_limit", "v") if getattr(self, k) is not None}
+
+    def save(self, directory: str | Path, config: Config) -> Path:
+        """Write the run folder ``DIR``: ``simulation.npz`` and ``config.json``, replacing ``DIR``
+        as a whole (:func:`singleloc.save_run`); returns ``DIR/simulation.npz``."""
+        return save_run(directory, config, {"simulation.npz": self.arrays()}) / "simulation.npz"
