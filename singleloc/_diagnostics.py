@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._validation import integer, number
+
 # --------------------------------------------------------------------------- validation
 
 
@@ -99,22 +101,16 @@ def _values(values, weights_shape: tuple[int, ...]) -> np.ndarray:
 
 
 def _count(name: str, n, L: int) -> int:
-    if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)):
-        raise ValueError(f"{name} must be an integer, got {n!r}")
-    if not 1 <= n < L:
-        raise ValueError(f"{name} must satisfy 1 <= {name} < L = {L}, got {n}")
-    return int(n)
+    """A top-N size: an integer ``1 <= n < L``."""
+    try:
+        return integer(name, n, 1, L - 1)
+    except ValueError as err:
+        raise ValueError(f"{err} (1 <= {name} < L = {L})") from None
 
 
 def _positive(name: str, x) -> float:
     """A positive finite number (a temperature, a perturbation size)."""
-    try:
-        t = float(x)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a positive number, got {x!r}") from None
-    if not (np.isfinite(t) and t > 0):
-        raise ValueError(f"{name} must be a positive finite number, got {x!r}")
-    return t
+    return number(name, x, positive=True)
 
 
 def _n_grid(n_grid, L: int, *, at_least: int, name: str = "n_grid") -> list[int]:
@@ -126,9 +122,8 @@ def _n_grid(n_grid, L: int, *, at_least: int, name: str = "n_grid") -> list[int]
 
 
 def _significance(significance) -> float:
-    if not 0 < significance < 1:
-        raise ValueError(f"significance must lie in (0, 1), got {significance}")
-    return float(significance)
+    """A level in the open interval (0, 1)."""
+    return number("significance", significance, positive=True, below=1)
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:

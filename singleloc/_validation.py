@@ -1,7 +1,10 @@
 """The one family of validators of numbers given by a user: an integer in a range and a finite
-number, positive or non-negative. Each raises ``ValueError`` naming the parameter
-(``"problem.L: must be >= 2, got 1"``). Config values (:mod:`singleloc._specs`), the priors'
-parameters and the Bayes risk's counts are checked with them. NumPy only.
+number, positive or non-negative, optionally below a bound. Each raises ``ValueError`` naming the
+parameter (``"problem.L: must be >= 2, got 1"``). Config values (:mod:`singleloc._specs`), the
+priors' parameters, the Bayes risk's counts, the diagnostics' sizes, temperatures and levels
+(:mod:`singleloc._diagnostics`) and the CLI's integer arguments
+(:func:`singleloc._commands._common.int_at_least`) are checked with them. NumPy only (no JAX:
+the CLI's parser imports this module).
 """
 
 from __future__ import annotations
@@ -25,9 +28,10 @@ def integer(name: str, value: Any, minimum: int, maximum: int | None = None) -> 
     return int(value)
 
 
-def number(name: str, value: Any, *, positive: bool = False, nonneg: bool = False) -> float:
+def number(name: str, value: Any, *, positive: bool = False, nonneg: bool = False,
+           below: float | None = None) -> float:
     """``value`` as a finite ``float`` (a number, not a bool), ``> 0`` with ``positive``, ``>= 0``
-    with ``nonneg``."""
+    with ``nonneg`` and ``< below`` (when given)."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise ValueError(f"{name}: must be a number, got {value!r}")
     value = float(value)
@@ -37,4 +41,6 @@ def number(name: str, value: Any, *, positive: bool = False, nonneg: bool = Fals
         raise ValueError(f"{name}: must be > 0, got {value}")
     if nonneg and value < 0:
         raise ValueError(f"{name}: must be >= 0, got {value}")
+    if below is not None and value >= below:
+        raise ValueError(f"{name}: must be < {below}, got {value}")
     return value

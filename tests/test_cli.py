@@ -49,9 +49,10 @@ def test_version_is_the_installed_distribution(capsys):
     (["simulate", "default"], "the following arguments are required: --out"),
     (["prune", "x", "--order", "biggest"], "argument --order: invalid choice: 'biggest'"),
     (["prune", "x", "--source", "both"], "argument --source: invalid choice"),
-    (["prune", "x", "--draws", "0"], "argument --draws: expected an integer >= 1, got '0'"),
-    (["bayes", "default", "--replicates", "1"], "argument --replicates: expected an integer >= 2"),
-    (["diagnose", "a.npy", "--max-rows", "-1"], "argument --max-rows: expected an integer >= 0"),
+    (["prune", "x", "--draws", "0"], "argument --draws: must be >= 1, got 0"),
+    (["bayes", "default", "--replicates", "1"], "argument --replicates: must be >= 2, got 1"),
+    (["diagnose", "a.npy", "--max-rows", "-1"], "argument --max-rows: must be >= 0, got -1"),
+    (["sweep", "default", "--workers", "two"], "argument --workers: must be an integer, got 'two'"),
 ])
 def test_usage_errors_are_one_line(capsys, argv, words):
     assert main(argv) == 2

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from .._files import check_output_folder, check_run_folder
 from .._presets import preset_names
+from .._validation import integer
 
 CONFIG_HELP = (
     "the name of a shipped preset ({presets}) or a TOML config file (write ./NAME for a file named like a preset); "
@@ -21,16 +22,18 @@ CONFIG_HELP = (
 
 
 def int_at_least(minimum: int):
-    """An argparse type: an integer ``>= minimum``."""
+    """An argparse type: an integer ``>= minimum``, checked by :func:`singleloc._validation.integer`
+    (argparse names the argument: ``"argument --draws: must be >= 1, got 0"``)."""
 
     def parse(text: str) -> int:
         try:
-            n = int(text)
+            value = int(text)
         except ValueError:
-            n = minimum - 1
-        if n < minimum:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}")
-        return n
+            value = text  # not an integer: refused by integer(), which quotes it
+        try:
+            return integer("N", value, minimum)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err).removeprefix("N: ")) from None
 
     return parse
 
