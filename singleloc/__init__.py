@@ -31,8 +31,8 @@ _EXPORTS = {
     "_choices": ("PRUNING_ORDERS",),
     "_config": ("Config", "load_config", "preset_names"),
     "_data": ("initial_overlaps", "make_spikes", "overlaps", "sample_sequence", "seed_keys"),
-    "_diagnose": ("AttentionDiagnosis", "diagnose_attention"),
-    "_diagnostics": ("logits_from_weights",),
+    "_attention_diagnosis": ("AttentionDiagnosis", "diagnose_attention"),
+    "_attention_rows": ("logits_from_weights",),
     "_vanishing_attention": ("VanishingAttention", "effective_logit_bound", "vanishing_attention"),
     "_top_n": ("CriticalTopN", "TopN", "context_vector", "critical_top_n", "geometric_separability", "ks_critical_n",
                "representation_distance", "select_top_n", "top_n_diagnostics"),
@@ -42,7 +42,8 @@ _EXPORTS = {
     "_compilation": ("enable_compilation_cache",),
     "_fields": ("LocalFields", "replicate_rules"),
     "_laplace": ("LaplaceRule", "exact_rule"),
-    "_io": ("Run", "add_to_run", "config_hash", "load_npz", "load_run", "save_figure", "save_json", "save_npz", "save_run"),
+    "_run_folders": ("Run", "add_to_run", "config_hash", "load_npz", "load_run", "save_figure", "save_json", "save_npz",
+                     "save_run"),
     "_numerics": ("psd_sqrt",),
     "_layer": ("finite_loss", "limit_loss", "token_weights"),
     "_ode": ("integrate", "resolve_points"),
@@ -88,7 +89,10 @@ if TYPE_CHECKING:
     from ._activations import softmax as softmax
     from ._activations import softmax1 as softmax1
     from ._activations import ssmax as ssmax
+    from ._attention_diagnosis import AttentionDiagnosis as AttentionDiagnosis
+    from ._attention_diagnosis import diagnose_attention as diagnose_attention
     from ._attention_mass import attention_mass as attention_mass
+    from ._attention_rows import logits_from_weights as logits_from_weights
     from ._bayes import bayes_point as bayes_point
     from ._bayes import bayes_risk as bayes_risk
     from ._bayes import log_weight as log_weight
@@ -103,9 +107,6 @@ if TYPE_CHECKING:
     from ._data import overlaps as overlaps
     from ._data import sample_sequence as sample_sequence
     from ._data import seed_keys as seed_keys
-    from ._diagnose import AttentionDiagnosis as AttentionDiagnosis
-    from ._diagnose import diagnose_attention as diagnose_attention
-    from ._diagnostics import logits_from_weights as logits_from_weights
     from ._fields import LocalFields as LocalFields
     from ._fields import replicate_rules as replicate_rules
     from ._fixed_point import FixedPoint as FixedPoint
@@ -117,15 +118,6 @@ if TYPE_CHECKING:
     from ._head_classes import HEAD_CLASSES as HEAD_CLASSES
     from ._head_classes import HeadClasses as HeadClasses
     from ._head_classes import classify_heads as classify_heads
-    from ._io import Run as Run
-    from ._io import add_to_run as add_to_run
-    from ._io import config_hash as config_hash
-    from ._io import load_npz as load_npz
-    from ._io import load_run as load_run
-    from ._io import save_figure as save_figure
-    from ._io import save_json as save_json
-    from ._io import save_npz as save_npz
-    from ._io import save_run as save_run
     from ._laplace import LaplaceRule as LaplaceRule
     from ._laplace import exact_rule as exact_rule
     from ._layer import finite_loss as finite_loss
@@ -162,6 +154,15 @@ if TYPE_CHECKING:
     from ._pruning import prune_weights as prune_weights
     from ._pruning import removable_heads as removable_heads
     from ._run_checks import warn_if_risk_rose as warn_if_risk_rose
+    from ._run_folders import Run as Run
+    from ._run_folders import add_to_run as add_to_run
+    from ._run_folders import config_hash as config_hash
+    from ._run_folders import load_npz as load_npz
+    from ._run_folders import load_run as load_run
+    from ._run_folders import save_figure as save_figure
+    from ._run_folders import save_json as save_json
+    from ._run_folders import save_npz as save_npz
+    from ._run_folders import save_run as save_run
     from ._sensitivity import FD_EPSILONS as FD_EPSILONS
     from ._sensitivity import finite_difference_sensitivity as finite_difference_sensitivity
     from ._sensitivity import random_directions as random_directions

@@ -24,14 +24,14 @@ try:  # Python >= 3.11
 except ModuleNotFoundError:  # pragma: no cover
     import tomli as tomllib
 
-from ._files import describe_path
+from ._atomic_files import describe_path
 from ._presets import preset_names
 from ._priors import Prior
 from ._specs import SGD, Model, Problem, Simulation, Theory
 
 SECTIONS = {"problem": Problem, "model": Model, "sgd": SGD, "simulation": Simulation, "theory": Theory}
 
-#: The keys ``config.json`` of a run adds beside the sections (see :mod:`singleloc._io`);
+#: The keys ``config.json`` of a run adds beside the sections (see :mod:`singleloc._run_folders`);
 #: :meth:`Config.from_dict` ignores them, so that ``config.json`` reads back as it is.
 RUN_METADATA = ("singleloc_version", "config_hash")
 

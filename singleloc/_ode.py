@@ -241,9 +241,11 @@ def integrate(
         y0: initial ``(M0, Q0, b0)``, each with a leading batch axis ``S`` (or none, for one
             start). Default: the overlaps of seed 0 of the simulator's initialisation
             (:func:`~singleloc.initial_conditions`, at ``simulation.D``).
-        problem, model, sgd, theory: the data, the layer, the SGD rule and its saved times, and
-            the numerics (defaults for those not given); ``theory.points = "auto"`` is resolved
-            here by :func:`~singleloc.choose_points` at the starts ``y0``.
+        problem: the data (default :class:`~singleloc.Problem` ``()``; so for every spec not given).
+        model: the layer.
+        sgd: the SGD rule and its saved times.
+        theory: the numerics; ``theory.points = "auto"`` is resolved here by
+            :func:`~singleloc.choose_points` at the starts ``y0``.
         simulation: the finite-D initialisation of the default start (only read when ``y0`` is
             not given).
         ts: saved times (default: the config's ``sgd`` grid): finite, strictly increasing, none

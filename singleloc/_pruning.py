@@ -59,7 +59,7 @@ from ._specs import SGD, Model, Problem, Simulation, Theory
 from ._theory import OrderParameterODE, OrderParameters
 
 if TYPE_CHECKING:
-    from ._io import Run
+    from ._run_folders import Run
 
 
 

@@ -1,7 +1,7 @@
 """Gradient sensitivity of softmax attention at a temperature (docs/model.md section 8).
 
 A row of weights ``alpha`` gives logits ``l = log(alpha)`` up to a per-row shift (see
-:func:`singleloc._diagnostics.logits_from_weights`); sharpening (``T < 1``) or flattening
+:func:`singleloc._attention_rows.logits_from_weights`); sharpening (``T < 1``) or flattening
 (``T > 1``) the row is ``softmax(l/T)``. Its sensitivity to the logits is measured two ways:
 
 * the exact Jacobian ``(diag(alpha) - alpha alpha^T)/T`` with ``alpha = softmax(l/T)``
@@ -9,7 +9,7 @@ A row of weights ``alpha`` gives logits ``l = log(alpha)`` up to a per-row shift
 * the finite difference ``|softmax((l + eps v)/T) - softmax(l/T)| / eps`` along random unit
   directions ``v`` (:func:`random_directions`, :func:`finite_difference_sensitivity`).
 
-Shapes and masks follow the conventions of :mod:`singleloc._diagnostics`: logits ``(..., L)``,
+Shapes and masks follow the conventions of :mod:`singleloc._attention_rows`: logits ``(..., L)``,
 ``-inf`` for an absent token; NumPy in float64.
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._diagnostics import _as_float, _logits, _mask, _positive, _softmax
+from ._attention_rows import _as_float, _logits, _mask, _positive, _softmax
 
 #: The perturbation sizes of the finite-difference sensitivity (as in the source paper).
 FD_EPSILONS = (1e-3, 1e-1, 10.0)

@@ -113,8 +113,10 @@ def simulate(config: Config | None = None, *, problem: Problem | None = None, mo
     Args:
         config: a configuration (see :func:`load_config`), or ``None`` to give the
             specifications by keyword instead (:func:`~singleloc._config.gather_specs`).
-        problem, model, sgd, simulation: the data, the layer, the SGD rule and its saved times,
-            and the finite-D run (dimension, seeds, test samples); defaults for those not given.
+        problem: the data (default :class:`~singleloc.Problem` ``()``; so for every spec not given).
+        model: the layer.
+        sgd: the SGD rule and its saved times.
+        simulation: the finite-D run (dimension, seeds, test samples).
         progress: show a progress bar over the saved times.
 
     Raises:

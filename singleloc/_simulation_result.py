@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from ._config import Config
-from ._io import save_run
+from ._run_folders import save_run
 
 
 @dataclasses.dataclass(frozen=True)

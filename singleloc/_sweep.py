@@ -60,18 +60,18 @@ from typing import Any
 
 import numpy as np
 
+from ._atomic_files import OUTPUT_KEY, png_has_text, written_together
 from ._attention_mass import attention_mass
 from ._choices import check_horizon
 from ._config import Config, require_config
 from ._distributed import open_cluster
-from ._files import OUTPUT_KEY, png_has_text, written_together
 from ._grid import Grid, grid_points
 from ._head_classes import HEAD_CLASSES
-from ._io import save_figure, save_text
 from ._numerics import require_x64
 from ._phase_analysis import analyze
 from ._predictions import EscapePrediction
 from ._resources import check_run
+from ._run_folders import save_figure, save_text
 from ._sweep_cache import _entry_path, cache_key, cached_run, fill_cache
 from ._sweep_compute import compile_group
 from ._sweep_dataset import write_sweep

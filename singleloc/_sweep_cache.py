@@ -10,7 +10,7 @@ points whose configuration changed. A prediction entry holds the fields of
 :class:`~singleloc.EscapePrediction`; a theory entry ``tau``, ``M``, ``Q``, ``b`` and ``risk`` as
 :class:`~singleloc.TheoryResult`; a simulation entry the same names as
 :class:`~singleloc.SimulationResult` (``risk`` the empirical finite-D risk, ``risk_limit`` the
-limit loss). Files are written atomically (:mod:`singleloc._io`); a failed point (the ODE left
+limit loss). Files are written atomically (:mod:`singleloc._run_folders`); a failed point (the ODE left
 the valid set) is not cached, and a damaged entry (unreadable, truncated, or without one of
 its arrays) is reported in one warning line, recomputed and replaced.
 """
@@ -31,8 +31,8 @@ import numpy as np
 
 from ._config import Config
 from ._distributed import Cluster, open_cluster, run_points
-from ._io import NPZ_ERRORS, load_npz, npz_names, save_npz
 from ._predictions import EscapePrediction
+from ._run_folders import NPZ_ERRORS, load_npz, npz_names, save_npz
 from ._sweep_compute import BATCH_KINDS, compile_group, compute, compute_points
 from ._version import __version__
 

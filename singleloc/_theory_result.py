@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from ._config import Config, require_config
-from ._io import save_run
+from ._run_folders import save_run
 
 
 @dataclasses.dataclass(frozen=True)

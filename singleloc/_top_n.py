@@ -9,7 +9,7 @@
   longer increases the representation distance (distance collapse), by a one-sided
   two-sample Kolmogorov-Smirnov test between consecutive ``N`` across rows or heads.
 
-Shapes, masks and validation follow the conventions of :mod:`singleloc._diagnostics`.
+Shapes, masks and validation follow the conventions of :mod:`singleloc._attention_rows`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import NamedTuple
 import numpy as np
 from scipy import stats
 
-from ._diagnostics import _count, _mask, _n_grid, _significance, _values, _weights
+from ._attention_rows import _count, _mask, _n_grid, _significance, _values, _weights
 
 # --------------------------------------------------------------------------- top-N selection
 

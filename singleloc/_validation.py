@@ -2,7 +2,7 @@
 number, positive or non-negative, optionally below a bound. Each raises ``ValueError`` naming the
 parameter (``"problem.L: must be >= 2, got 1"``). Config values (:mod:`singleloc._specs`), the
 priors' parameters, the Bayes risk's counts, the diagnostics' sizes, temperatures and levels
-(:mod:`singleloc._diagnostics`) and the CLI's integer arguments
+(:mod:`singleloc._attention_rows`) and the CLI's integer arguments
 (:func:`singleloc._commands._common.int_at_least`) are checked with them. NumPy only (no JAX:
 the CLI's parser imports this module).
 """

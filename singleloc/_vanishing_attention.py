@@ -2,7 +2,7 @@
 every weight within ``[C1/L, C2/L]``; for softmax with logits in ``[-a, a]``,
 ``exp(-2a)/L <= alpha_i <= exp(2a)/L`` (:func:`vanishing_attention`).
 
-Shapes, masks and validation follow the conventions of :mod:`singleloc._diagnostics`.
+Shapes, masks and validation follow the conventions of :mod:`singleloc._attention_rows`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._diagnostics import _as_float, _logits, _mask, _softmax, _weights
+from ._attention_rows import _as_float, _logits, _mask, _softmax, _weights
 
 
 class VanishingAttention(NamedTuple):

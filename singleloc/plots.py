@@ -23,8 +23,8 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from ._head_classes import CLASS_LETTERS, LEARNED_CLASSES, class_counts_text
-from ._io import save_figure
 from ._numerics import TINY
+from ._run_folders import save_figure
 
 __all__ = ["plot_compare", "plot_phase_diagram", "plot_phases", "plot_pruning", "plot_sensitivity", "plot_top_n",
            "plot_vanishing", "save_figure"]

@@ -34,16 +34,16 @@ def weights_with_overlaps(rng: np.random.Generator, M, Q, D: int, orthogonal_spi
 
 def full_disk_after(monkeypatch, files_written: int, code: int | None = None) -> list:
     """Make the disk full after ``files_written`` more files: every later file that
-    :func:`singleloc._files.atomic_write` creates is created (so its clean-up is tested) but
+    :func:`singleloc._atomic_files.atomic_write` creates is created (so its clean-up is tested) but
     written to ``/dev/full`` (each write fails with ENOSPC); with ``code`` (e.g. ``errno.EROFS``,
     ``errno.EACCES``) creating it fails with that error instead (a read-only folder). Returns
     the list of the paths created, in order."""
     import errno
     import os
 
-    from singleloc import _files
+    from singleloc import _atomic_files
 
-    real = _files._create
+    real = _atomic_files._create
     created = []
 
     def create(path, mode):
@@ -56,5 +56,5 @@ def full_disk_after(monkeypatch, files_written: int, code: int | None = None) ->
         return os.open("/dev/full", os.O_RDWR)
 
     assert errno.ENOSPC and os.path.exists("/dev/full")
-    monkeypatch.setattr(_files, "_create", create)
+    monkeypatch.setattr(_atomic_files, "_create", create)
     return created

@@ -21,7 +21,7 @@ import pytest
 from singleloc import load_config
 from singleloc._distributed import _homes, check_cluster, open_cluster, run_points, worker_env
 from singleloc._grid import parse_grid
-from singleloc._io import load_npz, save_npz
+from singleloc._run_folders import load_npz, save_npz
 from singleloc._sweep import sweep
 from singleloc._sweep_compute import compile_group, compute_point
 
@@ -193,7 +193,7 @@ INTERRUPTED_RUN = textwrap.dedent("""
 
     if __name__ == "__main__":
         from singleloc._distributed import run_points
-        from singleloc._io import save_npz
+        from singleloc._run_folders import save_npz
 
         def on_result(key, result):
             save_npz(Path(sys.argv[2]) / f"{key}.npz", result)

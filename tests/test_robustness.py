@@ -18,7 +18,7 @@ import pytest
 
 from singleloc import _resources, _sweep, _sweep_cache, _sweep_compute, load_config
 from singleloc._grid import parse_grid
-from singleloc._io import load_npz, load_run, npz_stamp, save_npz, save_run
+from singleloc._run_folders import load_npz, load_run, npz_stamp, save_npz, save_run
 from singleloc.cli import main
 
 TINY = ["--set", "sgd.tau_max=1", "--set", "sgd.n_save=3", "--set", "simulation.D=64", "--set", "simulation.seeds=2",

@@ -9,8 +9,8 @@ import pytest
 
 from singleloc import _sweep, _sweep_cache, _sweep_compute, load_config
 from singleloc._grid import grid_points, parse_grid
-from singleloc._io import save_npz
 from singleloc._predictions import EscapePrediction, escape_horizon
+from singleloc._run_folders import save_npz
 from singleloc.cli import main
 
 TINY = ["theory.points=16", "sgd.tau_max=2.0", "sgd.n_save=5", "simulation.seeds=1", "problem.L=3"]

@@ -12,7 +12,7 @@ from test_sweep import TINY, fake_prediction, read_csv
 
 from singleloc import _sweep, _sweep_cache, _sweep_compute, load_config, load_sweep
 from singleloc._grid import grid_points, parse_grid
-from singleloc._io import load_npz
+from singleloc._run_folders import load_npz
 from singleloc._sweep_dataset import ENTRY_DIMS, SWEEP_FILE, sweep_dataset
 from singleloc._version import __version__
 

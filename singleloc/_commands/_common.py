@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .._files import check_output_folder, check_run_folder
+from .._atomic_files import check_output_folder, check_run_folder
 from .._presets import preset_names
 from .._validation import integer
 
@@ -40,7 +40,7 @@ def int_at_least(minimum: int):
 
 def output_folder(text: str) -> Path:
     """An argparse type: a folder to write files into (created if missing), checked before
-    anything runs (see :func:`singleloc._files.check_output_folder`)."""
+    anything runs (see :func:`singleloc._atomic_files.check_output_folder`)."""
     try:
         check_output_folder(text)
     except (OSError, ValueError) as err:
@@ -50,7 +50,7 @@ def output_folder(text: str) -> Path:
 
 def run_folder(text: str) -> Path:
     """An argparse type: the folder of a run, new or holding a previous run that the new one
-    replaces as a whole; checked before anything runs (see :func:`singleloc._files.check_run_folder`)."""
+    replaces as a whole; checked before anything runs (see :func:`singleloc._atomic_files.check_run_folder`)."""
     try:
         check_run_folder(text)
     except (OSError, ValueError) as err:

@@ -25,8 +25,8 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from .._io import save_run
     from .._ode import integrate
+    from .._run_folders import save_run
     from .._simulation import simulate
     from .._starts import initial_conditions
     from ..plots import plot_compare

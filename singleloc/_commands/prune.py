@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .._atomic_files import check_run_folder
 from .._choices import PRUNING_ORDERS
-from .._files import check_run_folder
 from ._common import add_out_argument, describe, int_at_least, note_replaced
 
 SOURCES = ("auto", "theory", "simulation")
@@ -57,8 +57,8 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from .._io import RUN_KINDS, add_to_run, load_run, save_run
     from .._pruning import prune_run, pruning_config
+    from .._run_folders import RUN_KINDS, add_to_run, load_run, save_run
     from ..plots import plot_pruning
 
     if not math.isfinite(args.tol) or args.tol < 0:

@@ -28,7 +28,7 @@ Diagnostics
 * Gradient sensitivity at temperature ``T`` (:mod:`singleloc._sensitivity`): the exact
   Jacobian of ``softmax(l/T)``, ``(diag(alpha) - alpha alpha^T)/T``, and its finite-difference
   estimate along random unit directions.
-* All of them on a whole array of dumped attention: :func:`singleloc._diagnose.diagnose_attention`.
+* All of them on a whole array of dumped attention: :func:`singleloc._attention_diagnosis.diagnose_attention`.
 
 This module validates the arguments (weights, logits, masks, values, counts, grids of ``N``,
 temperatures, significance levels) and turns weights into logits (:func:`logits_from_weights`).

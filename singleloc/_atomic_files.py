@@ -136,7 +136,7 @@ _STAGING: contextvars.ContextVar[_Staging | None] = contextvars.ContextVar("sing
 def written_together(folder: str | Path, stale: Callable[[set[Path]], Iterable[Path]] | None = None
                      ) -> Iterator[list[Path]]:
     """The files written into ``folder`` in this block (by :func:`atomic_write`, so by every
-    ``save_*`` of :mod:`singleloc._io`) are one unit: each is written whole into a hidden
+    ``save_*`` of :mod:`singleloc._run_folders`) are one unit: each is written whole into a hidden
     temporary file, and only when the block ends without error do they all take their places
     (renames within one folder, which need no free space). On any failure (a full disk, a
     read-only folder, an error, Ctrl-C) every temporary file is removed and ``folder`` holds

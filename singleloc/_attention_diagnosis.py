@@ -18,8 +18,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ._attention_rows import _n_grid, _positive, _significance, _weights, logits_from_weights
 from ._choices import KS_SAMPLES, MASKS
-from ._diagnostics import _n_grid, _positive, _significance, _weights, logits_from_weights
 from ._sensitivity import FD_EPSILONS, finite_difference_sensitivity, random_directions, softmax_jacobian_norm
 from ._top_n import _ks_samples, ks_critical_n, top_n_diagnostics
 from ._vanishing_attention import vanishing_attention
