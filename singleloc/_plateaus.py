@@ -94,14 +94,14 @@ def halfway_time(tau, risk, after: float, r_from: float, r_to: float) -> float:
     tau, risk = np.asarray(tau, float), np.asarray(risk, float)
     sign = 1.0 if r_to <= r_from else -1.0
     y, level = -sign * risk, -sign * 0.5 * (r_from + r_to)  # y rises through level where the risk is halfway
-    past = y >= level
+    reached = y >= level
     start = int(np.searchsorted(tau, after, side="left"))
-    # the first crossing from a saved point not yet halfway, from the one before `after` on
-    lo = max(start - 1, 0)
-    not_yet = np.flatnonzero(~past[lo:])
-    if len(not_yet) and past[lo + not_yet[0]:].any():
-        return first_crossing(tau[lo + not_yet[0]:], y[lo + not_yet[0]:], level)
-    return float(tau[0]) if start == 0 and len(tau) and past[0] else float("nan")
+    lo = max(start - 1, 0)  # a crossing may begin at the last saved point before `after`
+    below = lo + np.flatnonzero(~reached[lo:])  # the saved points from there on not yet halfway
+    if below.size and reached[below[0]:].any():  # the risk gets halfway after the first of them
+        return first_crossing(tau[below[0]:], y[below[0]:], level)
+    halfway_at_start = start == 0 and tau.size > 0 and reached[0]
+    return float(tau[0]) if halfway_at_start else float("nan")
 
 
 def escape_times(tau, risk, plateau_list: Sequence[Plateau] | None = None, **kwargs) -> np.ndarray:
