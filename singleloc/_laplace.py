@@ -39,18 +39,23 @@ The rules, and why they are exact to the precision stated.
   complement with that probability only). The integrands are analytic in the strip
   ``|Im y| < pi/2`` and decay at both ends, so the rule converges geometrically, with an
   error of order ``exp(-pi^2 / step)`` (``step = 0.5``: 3e-9).
-* Token expectations: Gauss-Hermite on the Gaussian fields of one token; a single head's field
+* Token expectations: standard normal rules on the Gaussian fields of one token
+  (:func:`~singleloc._laplace_profiles.normal_rule`: the trapezoidal rule on ``[-8, 8]`` from 32
+  nodes, Gauss-Hermite below; the profiles make the integrand analytic only in a strip of
+  half-width ``pi / (2 s)`` for a field of width ``s``, where the trapezoidal rule converges
+  like ``exp(-pi^2 / (s step))`` and Gauss-Hermite more slowly); a single head's field
   wider than ``WIDE_SIGMA`` on the profile grid instead (:meth:`LaplaceRule._single`: the
   profiles, not the Gaussian, carry the fine structure, so its accuracy does not fall with the
-  field's width as Gauss-Hermite's does). A pair of heads is
+  field's width at all). A pair of heads is
   written as the first head's field ``x = m + sqrt(C11) z`` (``n_outer`` nodes) and the second
   head's given the first, ``x' = m' + (C12 / C11)(x - m) + sqrt(C22 - C12^2/C11) z'``
   (``n_inner`` nodes). Identical heads make the conditional variance vanish: its derivative
   is taken by the heat equation (Price's theorem), ``d E[f(u + s z)] / d(s^2) = E[f''(u + s z)] / 2``,
   so the gradient stays finite and exact at ``R_orth = 0``.
-* A joint layer's ``H``-dimensional token expectation: a tensor Gauss-Hermite rule
-  (``H <= 3``) or, for more heads, scrambled Sobol normals with their mirrors
-  (``joint_points``), both in the principal axes of the token's covariance, largest variance
+* A joint layer's ``H``-dimensional token expectation: a tensor rule of normal rules
+  (``H <= 3``, :data:`JOINT_TENSOR` sizes) or, for more heads, Gauss-Hermite rules on the leading
+  directions times scrambled Sobol normals with their mirrors (``joint_points``), both in the
+  principal axes of the token's covariance, largest variance
   on the first coordinate (:func:`principal_factor`: heads that are copies leave only the
   leading coordinates active, where a Sobol rule is best); the derivative in ``(mu, C)`` is
   by Price's theorem, never through the eigendecomposition.
@@ -79,7 +84,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._activations import Activation, ExponentialForm, exponential_form
-from ._laplace_profiles import OMEGA, RHO0, RHO1, RHO2, _power, _profile, _profiles, _smoothed, gauss_hermite
+from ._laplace_profiles import OMEGA, RHO0, RHO1, RHO2, _power, _profile, _profiles, _smoothed, normal_rule
 from ._numerics import principal_factor
 from ._priors import Prior
 
@@ -106,7 +111,13 @@ U_GRID_STEP = 0.25
 N_T = 128
 N_OUTER = 64
 N_INNER = 32
-JOINT_TENSOR = {1: 128, 2: 64, 3: 24}
+#: Joint layers with H <= 3: a tensor rule, these sizes along the principal directions (largest
+#: variance first; :func:`~singleloc._laplace_profiles.normal_rule`: trapezoidal from 32 nodes). The
+#: leading directions carry the width of trained keys: at a trained bsoftmax H = 3, F = 2 state
+#: (tau = 160, key variances 5.7 and 6.9 on two directions, 0.15 on the third) 24 Gauss-Hermite
+#: nodes on every direction left a relative O(lr) drift error of 5.7e-4, (64, 32, 16) 5.0e-5 and
+#: (64, 48, 16) 6.2e-9 (against (96, 72, 48)), at twice the cost of (64, 24, 16).
+JOINT_TENSOR = {1: (128,), 2: (64, 64), 3: (64, 48, 16)}
 #: Joint layers with H >= 4: Gauss-Hermite sizes on the three leading principal directions and
 #: Sobol points on the rest. Specialised heads put comparable variance on several directions:
 #: (24, 8, 4) x 64 was off by 5e-4 (H = 4, F = 2) to 1.1e-2 (H = 4, F = 4) there; (24, 16, 8) x 16,
@@ -121,7 +132,7 @@ class LaplaceRule(eqx.Module):
     """Deterministic rule for the exact risk of a normalised-exponential layer (module docstring).
 
     Build it with :meth:`make`; :meth:`risk` is ``R(M, Q, b)``. Its node counts are static
-    (``n_t`` nodes of ``y`` per head, Gauss-Hermite rules of the token fields), its ranges
+    (``n_t`` nodes of ``y`` per head, normal rules of the token fields), its ranges
     follow the state.
     """
 
@@ -146,8 +157,8 @@ class LaplaceRule(eqx.Module):
              joint_leading: tuple | None = None, seed: int = 0, u_step: float = U_GRID_STEP) -> LaplaceRule:
         """The rule for ``H`` heads over sequences of ``L >= 2`` tokens under ``prior``.
 
-        ``joint_tensor``: Gauss-Hermite nodes per head for a joint layer with ``H <= 3`` (default
-        ``{1: 128, 2: 64, 3: 24}``); more heads use Gauss-Hermite rules of ``joint_leading``
+        ``joint_tensor``: the tensor rule's sizes along the principal directions for a joint layer
+        with ``H <= 3`` (default :data:`JOINT_TENSOR`); more heads use Gauss-Hermite rules of ``joint_leading``
         sizes (default ``(24, 16, 8)``) on the leading principal directions and ``joint_points``
         Sobol points (scrambling ``seed``) with their mirrors on the others. ``u_step``: the step
         of the profile grid (:meth:`_single`).
@@ -155,8 +166,8 @@ class LaplaceRule(eqx.Module):
         if L < 2:
             raise ValueError(f"problem.L must be >= 2 for the exact route, got {L}")
         dtype = jnp.result_type(float)
-        zo, wo = gauss_hermite(n_outer)
-        zi, wi = gauss_hermite(n_inner)
+        zo, wo = normal_rule(n_outer)
+        zi, wi = normal_rule(n_inner)
         zj, wj = np.zeros((0, H)), np.zeros((0,))
         if form.joint:
             zj, wj = joint_nodes(H, joint_points, seed, joint_tensor or JOINT_TENSOR, joint_leading)
@@ -172,7 +183,7 @@ class LaplaceRule(eqx.Module):
         points would multiply the joint rule's memory, several gigabytes at H = 4)."""
         H = self.z_joint.shape[-1]
         grow = lambda n: int(math.ceil(factor * n))
-        tensor = {h: grow(n) for h, n in JOINT_TENSOR.items()}
+        tensor = {h: tuple(grow(n) for n in sizes) for h, sizes in JOINT_TENSOR.items()}
         leading = tuple(grow(n) for n in JOINT_LEADING)
         prior = Prior(np.asarray(self.atoms), np.asarray(self.probs), np.asarray(self.prior_cov))
         return LaplaceRule.make(self.form, self.L, H, prior, n_t=grow(self.n_t), n_outer=grow(self.z_outer.shape[0]),
@@ -340,15 +351,16 @@ class LaplaceRule(eqx.Module):
 
 def joint_nodes(H: int, points: int, seed: int, tensor: dict, leading: tuple = None) -> tuple[np.ndarray, np.ndarray]:
     """Standard normal nodes (N, H) and weights of a joint layer's token rule, coordinate ``j``
-    along the ``j``-th principal direction (:func:`principal_factor`): a tensor Gauss-Hermite
-    rule for ``H`` in ``tensor``; else Gauss-Hermite rules of ``leading`` sizes (default
+    along the ``j``-th principal direction (:func:`principal_factor`): a tensor rule of
+    :func:`~singleloc._laplace_profiles.normal_rule` of the ``tensor[H]`` sizes for ``H`` in
+    ``tensor``; else Gauss-Hermite rules of ``leading`` sizes (default
     ``JOINT_LEADING``) on the leading coordinates times ``points`` scrambled Sobol normals
     (:func:`~singleloc._fields.sobol_normals`, with their mirrors) on the others."""
     if H in tensor:
-        rules = [gauss_hermite(tensor[H])] * H
+        rules = [normal_rule(n) for n in tensor[H]]
         sobol = None
     else:
-        rules = [gauss_hermite(n) for n in (leading or JOINT_LEADING)]
+        rules = [normal_rule(n) for n in (leading or JOINT_LEADING)]
         from ._fields import sobol_normals
 
         base = sobol_normals(H - len(rules), points, seed)

@@ -83,6 +83,10 @@ DRIFT_CHECK_ABOVE = 1e-9
 #: compiled program.
 DT0 = 1e-3
 
+#: Saved states whose risks are evaluated together (``lax.map`` in batches): all of them at once
+#: held a joint layer's token rule once per state (H = 3 bsoftmax, 201 saved times: 32 GB).
+RISK_BATCH = 4
+
 #: Default cap on the adaptive solver's steps (:func:`integrate`, :func:`integrate_points`).
 MAX_STEPS = 100_000
 
@@ -123,12 +127,13 @@ def _trajectories(dynamics: OrderParameterODE, evaluation: OrderParameterODE, y0
 
     def trajectory(dyn, ev, y):
         ys, ok = _solve(dyn, y, ts, rtol, atol, max_steps, progress)
-        risk = jax.vmap(lambda s: jnp.where(jnp.isfinite(s.Q).all(), ev.state_risk(s), jnp.nan))(ys)
+        risk = jax.lax.map(lambda s: jnp.where(jnp.isfinite(s.Q).all(), ev.state_risk(s), jnp.nan), ys,
+                           batch_size=RISK_BATCH)
         # the exact route's stated error: the risk at the start and at the end on a finer rule
         ends = jnp.array([0, -1])
         at_ends = jax.tree.map(lambda x: x[ends], ys)
         checked = lambda s: jnp.where(jnp.isfinite(s.Q).all(), ev.risk_check(*s), jnp.nan)
-        check = jax.vmap(checked)(at_ends)
+        check = jax.lax.map(checked, at_ends)  # one at a time: the finer rule is the largest
         # the drift at the start serves the replicates' error estimate only (one replicate: zeros, not traced)
         drift0 = flat_drift(dyn.state_drift(y)) if replicated else jnp.zeros(sum(x.size for x in y), y.M.dtype)
         grams = jax.vmap(lambda s: gram_error(dyn, ev, *s))(at_ends)
@@ -398,7 +403,7 @@ def _exact_drift_error(evaluation: OrderParameterODE, ys) -> float:
 
 @eqx.filter_jit
 def _drift_errors(ode: OrderParameterODE, states) -> jax.Array:
-    return jax.vmap(lambda s: jnp.where(jnp.isfinite(s[1]).all(), ode.exact_drift_error(*s), jnp.nan))(states)
+    return jax.lax.map(lambda s: jnp.where(jnp.isfinite(s[1]).all(), ode.exact_drift_error(*s), jnp.nan), states)
 
 
 def _check_initial(config: Config, y0: OrderParameters) -> None:
