@@ -16,15 +16,21 @@ figures):
    final state (what part of the difference is the rule's evaluation, what part its dynamics).
 2. The acceptance case: bsoftmax, H = F = 2, strength 3.0, lr = 0.5, trained biases, tau = 3000
    (log grid): the final risk on both routes and its gap to the Bayes risk (exact route).
+3. With ``--F 2``, instead of 1 and 2: the head-count F = 2 rows at strength 2.5 (softmax and
+   softmax1 at H = 1, 2, 3, 4, 6, 8, where the table's "4 heads within 0.01 of H = 8" is decided,
+   bsoftmax at H = 1, 2, 3), each to the horizon its head-count point was judged at
+   (``figures/head_count.json``: 2.5 times the predicted escape, 110 to 2700; 300 without one),
+   with the Bayes risk of the prior.
 
 Writes figures/exact_recheck.png (final risk against H, both routes, per activation) and
-figures/exact_recheck.json (every number printed). ``--cache DIR`` keeps each run;
-``--quick``: softmax H = 1, 2 at tau = 20 only. Runtime: its last line (26 minutes on the
-shared 2-core machine).
+figures/exact_recheck.json (every number printed); ``--F 2``: figures/exact_recheck_F2.png and
+.json. ``--cache DIR`` keeps each run; ``--quick``: softmax H = 1, 2 at tau = 20 only.
+Runtime: its last line (26 minutes on the shared 2-core machine; ``--F 2``: see its json).
 """
 
 from __future__ import annotations
 
+import json
 import time
 from functools import partial
 
@@ -33,11 +39,13 @@ import jax
 jax.config.update("jax_enable_x64", True)
 
 import numpy as np  # noqa: E402
-from _common import cache_dir, figure, figures_dir, parser, save_json, stage  # noqa: E402
+from _common import FIGURES, cache_dir, figure, figures_dir, parser, save_json, stage  # noqa: E402
 
 import singleloc as sl  # noqa: E402
 
 HEADS = {"softmax": (1, 2, 3, 4, 6, 8), "softmax1": (2, 4), "bsoftmax": (2, 3)}
+HEADS_F2 = {"softmax": (1, 2, 3, 4, 6, 8), "softmax1": (1, 2, 3, 4, 6, 8), "bsoftmax": (1, 2, 3)}
+STRENGTH = 2.5
 QUICK_HEADS = {"softmax": (1, 2)}
 TAU, QUICK_TAU = 300.0, 20.0
 ACCEPTANCE = ["problem.F=2", "problem.strength=3.0", "model.heads=2", "sgd.tau_max=3000", "sgd.spacing=log",
@@ -64,32 +72,50 @@ def exact_risk(cfg: sl.Config, out: dict) -> float:
                                     route="exact").value)
 
 
+def head_count_horizons(F: int) -> dict[str, float]:
+    """The horizon each head-count point of ``F`` spikes (strength 2.5) was judged at."""
+    points = json.loads((FIGURES / "head_count.json").read_text())["points"]
+    return {key: float(v["horizon"]) for key, v in points.items() if f"strength={STRENGTH},F={F}," in key}
+
+
 def main() -> int:
     p = parser(__doc__)
+    p.add_argument("--F", type=int, choices=(1, 2), default=1, help="the head-count rows of F = 1 (and the acceptance "
+                   "case) or of F = 2 (module docstring)")
     args = p.parse_args()
     cache = cache_dir(args, "exact_recheck")
-    heads, tau = (QUICK_HEADS, QUICK_TAU) if args.quick else (HEADS, TAU)
+    F = args.F
+    heads, tau = (QUICK_HEADS, QUICK_TAU) if args.quick else (HEADS if F == 1 else HEADS_F2, TAU)
+    horizons = head_count_horizons(F) if F == 2 and not args.quick else {}
     t_start = time.time()
     table: dict = {}
-    print(f"head count, F = 1, strength 2.5, tau = {tau:g}: final risk (rule route | exact route | exact risk of the "
-          "rule's final state), stated errors of the exact route")
+    print(f"head count, F = {F}, strength {STRENGTH:g}, tau = {tau:g} (F = 2: the head count's horizon of each point): "
+          "final risk (rule route | exact route | exact risk of the rule's final state), stated errors of the exact route")
     for act, Hs in heads.items():
         for H in Hs:
-            overrides = ["problem.F=1", "problem.strength=2.5", f"model.heads={H}", f"sgd.tau_max={tau:g}"]
-            out = {route: stage(cache, f"{act}_H{H}_{route}", partial(solve, act, overrides, route))
+            t_H = horizons.get(f"{act},strength={STRENGTH},F={F},H={H}", tau)
+            overrides = [f"problem.F={F}", f"problem.strength={STRENGTH}", f"model.heads={H}", f"sgd.tau_max={t_H:g}"]
+            name = f"{act}_H{H}" if F == 1 else f"{act}_F{F}_H{H}"
+            out = {route: stage(cache, f"{name}_{route}", partial(solve, act, overrides, route))
                    for route in ("rule", "exact")}
             rule_state_exact = exact_risk(config(act, overrides, "exact"), out["rule"])
             row = {"rule": float(out["rule"]["risk"][-1]), "exact": float(out["exact"]["risk"][-1]),
                    "rule_state_exact": rule_state_exact, "risk_error": float(out["exact"]["risk_error"]),
                    "gram_error": float(out["exact"]["gram_error"]), "gram_points": int(out["exact"]["points"]),
-                   "seconds": {k: float(v["seconds"]) for k, v in out.items()}}
+                   "tau": t_H, "seconds": {k: float(v["seconds"]) for k, v in out.items()}}
             table[f"{act},H={H}"] = row
-            print(f"  {act:9s} H = {H}: {row['rule']:.5f} | {row['exact']:.5f} | {rule_state_exact:.5f}   "
+            print(f"  {act:9s} H = {H} (tau {t_H:g}): {row['rule']:.5f} | {row['exact']:.5f} | {rule_state_exact:.5f}   "
                   f"(risk error {row['risk_error']:.1e}, Gram {row['gram_error']:.1e} at {row['gram_points']} points; "
                   f"{row['seconds']['rule']:.0f} s / {row['seconds']['exact']:.0f} s)", flush=True)
 
     acceptance = None
-    if not args.quick:
+    bayes_F = None
+    if F == 2 and not args.quick:
+        cfg = config("softmax", [f"problem.F={F}", f"problem.strength={STRENGTH}"], "exact")
+        b = sl.bayes_risk(cfg.problem.build_prior(), cfg.problem.L)
+        bayes_F = {"value": b.value, "error": b.error}
+        print(f"Bayes risk: {b.value:.5f} +- {b.error:.1e}")
+    if F == 1 and not args.quick:
         out = {route: stage(cache, f"acceptance_{route}", partial(solve, "bsoftmax", ACCEPTANCE, route))
                for route in ("rule", "exact")}
         cfg = config("bsoftmax", ACCEPTANCE, "exact")
@@ -108,10 +134,13 @@ def main() -> int:
         for key, style, label in (("rule", "o--", "rule route (4096 points)"), ("exact", "s-", "exact route"),
                                   ("rule_state_exact", "x:", "exact risk of the rule's state")):
             ax.plot(Hs, [table[f"{act},H={H}"][key] for H in Hs], style, label=label)
-        ax.set(title=f"{act}, F = 1, tau = {tau:g}", xlabel="heads H", ylabel="final risk")
+        when = f"tau = {tau:g}" if F == 1 else "tau of the head count"
+        ax.set(title=f"{act}, F = {F}, {when}", xlabel="heads H", ylabel="final risk")
     axes[0].legend(fontsize=7)
-    sl.save_figure(figures_dir(args) / "exact_recheck.png", fig)
-    save_json(figures_dir(args) / "exact_recheck.json", {"tau": tau, "head_count_F1": table, "acceptance": acceptance})
+    stem = "exact_recheck" if F == 1 else f"exact_recheck_F{F}"
+    sl.save_figure(figures_dir(args) / f"{stem}.png", fig)
+    save_json(figures_dir(args) / f"{stem}.json", {"tau": tau, f"head_count_F{F}": table, "acceptance": acceptance,
+                                                  "bayes": bayes_F, "seconds": time.time() - t_start})
     print(f"runtime {time.time() - t_start:.0f} s")
     return 0
 

@@ -384,3 +384,23 @@ def test_the_switch_to_the_profile_grid_is_continuous():
     above = rule._single(y, 0.3, WIDE_SIGMA**2 * (1 + 1e-12))
     np.testing.assert_allclose(np.asarray(below), np.asarray(above), atol=1e-12)
     assert float(jnp.max(below[RHO2])) > 0.01  # the profiles are not all zero there
+
+
+@SLOW
+def test_a_trained_three_head_joint_layer_is_resolved():
+    """bsoftmax with H = 3 trained on two spikes (tau = 160 of the head-count point: two heads
+    aligned with key variances 5.6 and 5.8, a third between them): the O(lr) drift of the default
+    tensor rule against a rule of (96, 72, 48) nodes, relative to the drift's largest entry (the
+    quantity the solve states). 24 Gauss-Hermite nodes per direction were off by 5.7e-4 here."""
+    from singleloc._theory import _exact_moments
+
+    cfg = sl.load_config("bsoftmax", ["problem.F=2", "model.heads=3", "theory.points=1024"])
+    M = jnp.array([[0.015, 2.344], [0.336, 1.095], [2.366, -0.024]])
+    Q = jnp.array([[5.648, 2.571, -0.02], [2.571, 1.464, 0.767], [-0.02, 0.767, 5.757]])
+    b = jnp.array([0.09, -0.189, 0.099])
+    ode = sl.OrderParameterODE.from_config(cfg)
+    fine = rule_for("bsoftmax", 4, 3, cfg.problem.build_prior(), joint_tensor={3: (96, 72, 48)})
+    drift = lambda rule: np.concatenate([np.ravel(x) for x in ode.sgd.drift(
+        0.0, M, Q, b, _exact_moments(rule, M, Q, b, None, jnp.zeros((3, 3))))])
+    d, ref = drift(ode.exact), drift(fine)
+    assert np.max(np.abs(d - ref)) / np.max(np.abs(ref)) < 1e-6
