@@ -16,8 +16,9 @@
    the largest entry of the ``O(lr)`` drift (the solve's ``gram_error`` is relative to the Gram term itself).
 6. Wide fields: one softmax head at ``L = 64`` with token standard deviations ``s = sqrt(Q)`` from 0.5
    to 32 (the long keys of ssmax training reach 25 at ``L = 256``): the risk and its gradient on 64
-   Gauss-Hermite nodes (the rule before the profile grid) and on the profile grid (the default above
-   ``s = 0.6``), both against 8193 trapezoidal nodes in ``z`` and 1024 nodes of the Laplace variable.
+   Gauss-Hermite nodes (the first rule), on 64 trapezoidal nodes (the normal rule of narrow fields,
+   ``singleloc._laplace_profiles.normal_rule``) and on the profile grid (the default above
+   ``s = 0.6``), all against 8193 trapezoidal nodes in ``z`` and 1024 nodes of the Laplace variable.
 
 Times are medians of 3 calls after compilation, as ratios in one run (the machine may be shared).
 Run: ``python benchmarks/06_exact_route.py [--quick] [--sections 3,4] [--save PATH]`` (``--save``: the numbers as
@@ -182,13 +183,16 @@ def gram_precision(quick: bool) -> list[dict]:
 
 
 def wide_fields(quick: bool) -> list[dict]:
-    from singleloc import _laplace
+    from singleloc import _laplace, _laplace_profiles
 
     print("\nWide fields: one softmax head, L = 64; risk error | relative gradient error")
-    print("| s | Gauss-Hermite (64 nodes) | profile grid | ms / gradient (grid) |")
-    print("|---|---|---|---|")
+    print("| s | Gauss-Hermite (64 nodes) | trapezoidal (64 nodes) | profile grid | ms / gradient (grid) |")
+    print("|---|---|---|---|---|")
     prior = sl.spikes(1, 2.5)
     rule = sl.exact_rule(sl.get_activation("softmax"), 64, 1, prior)
+    trapezoid_from, _laplace_profiles.TRAPEZOID_FROM = _laplace_profiles.TRAPEZOID_FROM, 10**9
+    rule_gh = sl.exact_rule(sl.get_activation("softmax"), 64, 1, prior)  # every normal rule Gauss-Hermite
+    _laplace_profiles.TRAPEZOID_FROM = trapezoid_from
     z = np.linspace(-12.0, 12.0, 8193)
     w = np.exp(-z**2 / 2)
     reference = eqx.tree_at(lambda r: (r.z_outer, r.w_outer), sl.LaplaceRule.make(rule.form, 64, 1, prior, n_t=1024),
@@ -201,17 +205,19 @@ def wide_fields(quick: bool) -> list[dict]:
     for s in (0.5, 1.0, 2.0, 8.0, 32.0) if quick else (0.5, 1.0, 1.5, 2.0, 4.0, 8.0, 16.0, 25.0, 32.0):
         state = (jnp.array([[0.8 * s]]), jnp.array([[s * s]]), jnp.array([0.1]))
         errors = {}
-        for label, limit in (("gauss_hermite", 1e6), ("profile_grid", switch)):
+        for label, r, limit in (("gauss_hermite", rule_gh, 1e6), ("trapezoidal", rule, 1e6), ("profile_grid", rule, switch)):
             _laplace.WIDE_SIGMA = limit  # read when the program is traced
-            compiled = eqx.filter_jit(lambda *x: grad(rule, *x))  # traced with this WIDE_SIGMA
+            compiled = eqx.filter_jit(lambda *x, r=r: grad(r, *x))  # traced with this WIDE_SIGMA
             out, t = timed(compiled, *state)
             _laplace.WIDE_SIGMA = 1e6
             ref = np.asarray(grad(reference, *state))
             errors[label] = (abs(out[0] - ref[0]), float(np.max(np.abs(out[1:] - ref[1:])) / np.max(np.abs(ref[1:]))), t)
         _laplace.WIDE_SIGMA = switch
-        gh, grid = errors["gauss_hermite"], errors["profile_grid"]
-        print(f"| {s:g} | {gh[0]:.1e} \\| {gh[1]:.1e} | {grid[0]:.1e} \\| {grid[1]:.1e} | {grid[2]:.1f} |", flush=True)
+        gh, tr, grid = errors["gauss_hermite"], errors["trapezoidal"], errors["profile_grid"]
+        print(f"| {s:g} | {gh[0]:.1e} \\| {gh[1]:.1e} | {tr[0]:.1e} \\| {tr[1]:.1e} | {grid[0]:.1e} \\| {grid[1]:.1e} "
+              f"| {grid[2]:.1f} |", flush=True)
         rows.append({"s": s, "gauss_hermite_risk_error": gh[0], "gauss_hermite_gradient_error": gh[1],
+                     "trapezoidal_risk_error": tr[0], "trapezoidal_gradient_error": tr[1],
                      "grid_risk_error": grid[0], "grid_gradient_error": grid[1], "grid_ms": grid[2]})
     return rows
 
