@@ -21,8 +21,10 @@ ODE starts from the overlaps of seed 0's random keys at ``D = 1000`` (``M(0) = O
 3. Specialization (softmax, ``H = F = 2``, ``L`` = 4, 16): the escape rate ``lambda(L)`` of the
    unspecialized saddle along the symmetric flow and the predicted escape time at ``D = 1000``
    (``singleloc.predicted_escape``).
-4. Simulations (softmax, ``H = F = 1``): ``L = 64`` at ``D = 500`` (3 seeds, tau <= 80), each seed
-   against the ODE from its own initial overlaps; the agreement outside and inside the escape window.
+4. Simulations (softmax, ``H = F = 1``): ``L = 64`` at ``D = 500`` (3 seeds, tau <= 80) and ``L = 256``
+   at ``D`` = 500 and 1000 (2 seeds, tau <= 160), each seed against the ODE from its own initial
+   overlaps; the agreement outside and inside the escape window. ``--simulations-only``: only these,
+   written to figures/long_context_simulations.json (about 10 minutes).
 5. Fits with standard errors (``_common.fit``) over ``L >= 64``: plateau length against ``L`` (power
    law), ``M`` and ``Q_hh`` at the end against ``log L``, ``E[a_eps]`` against ``L``, the plateau's
    drift norm against ``L``.
@@ -69,7 +71,7 @@ def plan(quick: bool) -> dict:
     runs += [("softmax1", 1, 1, L) for L in pick(64)]
     runs += [("bsoftmax", 2, 1, L) for L in pick(4, 64)]
     escape = [("softmax", L) for L in pick(4, 16)]
-    sims = [(16, 250, 2, 40.0)] if quick else [(64, 500, 3, 80.0)]
+    sims = [(16, 250, 2, 40.0)] if quick else [(64, 500, 3, 80.0), (256, 500, 2, 160.0), (256, 1000, 2, 160.0)]
     return {"lengths": lengths, "runs": runs, "escape": escape, "sims": sims, "quick": quick}
 
 
@@ -239,6 +241,40 @@ def log_law(L, y, Lmin=FIT_FROM) -> dict:
     return {"beta": float(coef[1]), "se": float(se[1]), "c": float(coef[0]), "points": int(keep.sum())}
 
 
+def simulation_agreement(sims) -> dict:
+    """Per simulation stage: theory against simulation outside and inside the escape window."""
+    agreement = {}
+    for (L, D, seeds, tau_max), s in sims.items():
+        diff = s["sim_risk"] - s["th_risk"]
+        diff_lim = s["sim_risk_limit"] - s["th_risk"]
+        dM = s["sim_M"][..., 0, 0] - s["th_M"][..., 0, 0]
+        r = s["th_risk"].mean(0)  # the escape window: the theory's risk 10% to 90% of the way down
+        frac = (r[0] - r) / (r[0] - r[-1])
+        window = (frac > 0.1) & (frac < 0.9)
+        lim_mean, lim_se = diff_lim.mean(0), diff_lim.std(0, ddof=1) / math.sqrt(seeds)
+        agreement[f"L{L}_D{D}"] = {
+            "L": L, "D": D, "seeds": seeds, "tau_max": tau_max,
+            "seconds_simulation": float(s["seconds_simulation"]), "seconds_theory": float(s["seconds_theory"]),
+            "max_abs_risk_diff": float(np.max(np.abs(diff))),
+            "max_abs_mean_risk_diff": float(np.max(np.abs(diff.mean(0)))),
+            "seed_se_at_max": float(diff.std(0, ddof=1)[np.argmax(np.abs(diff.mean(0)))] / math.sqrt(seeds)),
+            "max_abs_mean_risk_limit_diff": float(np.max(np.abs(lim_mean))),
+            "outside_window": {"max_abs_mean_risk_limit_diff": float(np.max(np.abs(lim_mean[~window]))),
+                               "seed_se_at_max": float(lim_se[~window][np.argmax(np.abs(lim_mean[~window]))]),
+                               "max_abs_mean_M_diff": float(np.max(np.abs(dM.mean(0)[~window])))},
+            "inside_window": {"tau": [float(s["sim_tau"][window].min()), float(s["sim_tau"][window].max())],
+                              "max_abs_mean_risk_limit_diff": float(np.max(np.abs(lim_mean[window]))),
+                              "seed_se_at_max": float(lim_se[window][np.argmax(np.abs(lim_mean[window]))]),
+                              "max_abs_mean_M_diff": float(np.max(np.abs(dM.mean(0)[window])))},
+            "max_abs_M_diff": float(np.max(np.abs(dM))),
+            "max_abs_mean_M_diff": float(np.max(np.abs(dM.mean(0)))),
+            "M_seed_se_at_max": float(dM.std(0, ddof=1)[np.argmax(np.abs(dM.mean(0)))] / math.sqrt(seeds)),
+            "escape_theory": [plateau_end(s["sim_tau"], r) for r in s["th_risk"]],
+            "escape_simulation": [plateau_end(s["sim_tau"], r) for r in s["sim_risk_limit"]],
+        }
+    return agreement
+
+
 def summarise(p, trajs, probe, bayes_r, escapes, sims) -> dict:
     lengths = list(p["lengths"])
     rows = {}
@@ -298,35 +334,7 @@ def summarise(p, trajs, probe, bayes_r, escapes, sims) -> dict:
         laws[f"predicted_escape_{act}_vs_L"] = power_law([e["L"] for e in es], [e["predicted_escape"] for e in es], xmin=4)
     es = [e for e in esc.values() if e["activation"] == "bsoftmax"]
     laws["ode_escape_bsoftmax_vs_L"] = power_law([e["L"] for e in es], [e["ode_escape"] for e in es], xmin=4)
-    agreement = {}
-    for (L, D, seeds, tau_max), s in sims.items():
-        diff = s["sim_risk"] - s["th_risk"]
-        diff_lim = s["sim_risk_limit"] - s["th_risk"]
-        dM = s["sim_M"][..., 0, 0] - s["th_M"][..., 0, 0]
-        r = s["th_risk"].mean(0)  # the escape window: the theory's risk 10% to 90% of the way down
-        frac = (r[0] - r) / (r[0] - r[-1])
-        window = (frac > 0.1) & (frac < 0.9)
-        lim_mean, lim_se = diff_lim.mean(0), diff_lim.std(0, ddof=1) / math.sqrt(seeds)
-        agreement[f"L{L}"] = {
-            "L": L, "D": D, "seeds": seeds, "tau_max": tau_max,
-            "seconds_simulation": float(s["seconds_simulation"]), "seconds_theory": float(s["seconds_theory"]),
-            "max_abs_risk_diff": float(np.max(np.abs(diff))),
-            "max_abs_mean_risk_diff": float(np.max(np.abs(diff.mean(0)))),
-            "seed_se_at_max": float(diff.std(0, ddof=1)[np.argmax(np.abs(diff.mean(0)))] / math.sqrt(seeds)),
-            "max_abs_mean_risk_limit_diff": float(np.max(np.abs(lim_mean))),
-            "outside_window": {"max_abs_mean_risk_limit_diff": float(np.max(np.abs(lim_mean[~window]))),
-                               "seed_se_at_max": float(lim_se[~window][np.argmax(np.abs(lim_mean[~window]))]),
-                               "max_abs_mean_M_diff": float(np.max(np.abs(dM.mean(0)[~window])))},
-            "inside_window": {"tau": [float(s["sim_tau"][window].min()), float(s["sim_tau"][window].max())],
-                              "max_abs_mean_risk_limit_diff": float(np.max(np.abs(lim_mean[window]))),
-                              "seed_se_at_max": float(lim_se[window][np.argmax(np.abs(lim_mean[window]))]),
-                              "max_abs_mean_M_diff": float(np.max(np.abs(dM.mean(0)[window])))},
-            "max_abs_M_diff": float(np.max(np.abs(dM))),
-            "max_abs_mean_M_diff": float(np.max(np.abs(dM.mean(0)))),
-            "M_seed_se_at_max": float(dM.std(0, ddof=1)[np.argmax(np.abs(dM.mean(0)))] / math.sqrt(seeds)),
-            "escape_theory": [plateau_end(s["sim_tau"], r) for r in s["th_risk"]],
-            "escape_simulation": [plateau_end(s["sim_tau"], r) for r in s["sim_risk_limit"]],
-        }
+    agreement = simulation_agreement(sims)
     return {"setting": {"strength": STRENGTH, "lr": LR, "D_start": D_START, "lengths": lengths,
                         "horizons": {L: horizon(L, p["quick"]) for L in lengths}, "mc_sequences": MC_SEQUENCES},
             "bayes": {f"F{F}": bayes_r[f"F{F}"].tolist() for F in (1, 2)},
@@ -497,6 +505,8 @@ def draw(p, trajs, probe, bayes_r, escapes, sims, res, out) -> None:
 def main() -> None:
     cli = parser(__doc__)
     cli.add_argument("--cached-only", action="store_true", help="draw from the stages already in --cache, skip the others")
+    cli.add_argument("--simulations-only", action="store_true", help="only the simulation stages (section 4), their "
+                     "agreement written to long_context_simulations.json")
     args = cli.parse_args()
     p = plan(args.quick)
     cache = cache_dir(args)
@@ -541,6 +551,12 @@ def main() -> None:
         print(f"escape {act} L = {L}: lambda {float(escapes[(act, L)]['rate']):.4f} ({time.time() - start:.0f} s so far)",
               flush=True)
 
+    if args.simulations_only:
+        for s in p["sims"]:
+            run_simulation(s)
+        save_json(figures_dir(args) / "long_context_simulations.json", simulation_agreement(sims))
+        print(f"simulations written in {time.time() - start:.0f} s")
+        return
     # one-head runs up to L = 1024, the simulations, the escape rates, two heads, L = 4096
     order = sorted(p["runs"], key=lambda r: (r[3] > 1024, r[1], r[2], r[3], r[0]))
     for run in [r for r in order if r[1] == 1 and r[3] <= 1024]:
