@@ -78,6 +78,19 @@ _LOADED: dict[str, Callable] = {}  # digest -> the loaded program, jitted (one p
 #: holds a few dozen executables; 16 shapes stay far below ``vm.max_map_count``.
 MAX_HELD_SHAPES = 16
 _HELD: set[Hashable] = set()  # the shapes whose programs this process holds since the last clear
+_OWNED = [False]  # whether singleloc owns this process's JAX state (own_process)
+
+
+def own_process() -> None:
+    """Declare that singleloc owns this process's JAX state: the command line and a Dask worker
+    (a process the cluster owns) say so, a Python caller's process does not. Only an owned
+    process has its compiled programs freed by :func:`hold_programs`."""
+    _OWNED[0] = True
+
+
+def process_owned() -> bool:
+    """Whether :func:`own_process` was called in this process."""
+    return _OWNED[0]
 
 
 def hold_programs(shape: Hashable) -> None:

@@ -173,7 +173,6 @@ def _run_points(dynamics: OrderParameterODE, evaluation: OrderParameterODE, y0: 
     return jax.vmap(lambda *args: _trajectories(*args, max_steps, False))(dynamics, evaluation, y0, ts, rtol, atol)
 
 
-@eqx.filter_jit
 def resolve_points(config: Config, y0: OrderParameters | None = None) -> Config:
     """``config`` with ``theory.points = "auto"`` replaced by the number of points
     :func:`~singleloc.choose_points` picks at the starts ``y0`` (leading axis ``S``; default the

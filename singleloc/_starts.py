@@ -8,6 +8,7 @@ with trained head weights the state also holds ``v0 = 1/H``.
 
 from __future__ import annotations
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 
@@ -17,6 +18,7 @@ from ._sgd_rule import OrderParameters, WeightedOrderParameters
 from ._specs import SGD, Model, Problem, Simulation
 
 
+@eqx.filter_jit
 def _initial_overlaps(seed: int, indices: jax.Array, F: int, H: int, D: int, init_scale: float):
     return jax.vmap(lambda s: initial_overlaps(seed, s, F, H, D, init_scale))(indices)
 

@@ -33,7 +33,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from ._compilation import hold_programs
+from ._compilation import hold_programs, own_process, process_owned
 from ._config import Config, load_config
 from ._ode import integrate, integrate_points, resolve_points
 from ._predictions import predicted_escape
@@ -141,11 +141,14 @@ def compute_points(kind: str, *configs: Mapping[str, Mapping[str, Any]]) -> list
     sets its own: double precision (the ODE is solved in float64; the simulator keeps its own
     float32), also on a worker started by hand, and the compiled programs of a bounded number of
     shapes (:func:`~singleloc._compilation.hold_programs`), so that a long sweep over many shapes
-    does not exhaust its memory mappings. In the caller's process (a serial sweep) it changes
-    neither: :func:`~singleloc.sweep` checks the float64 mode there instead.
+    does not exhaust its memory mappings; so in the command line's own process (a serial
+    ``singleloc sweep``). In a Python caller's process (a serial :func:`~singleloc.sweep`) it
+    changes neither: the sweep checks the float64 mode there instead.
     """
     if _on_dask_worker():
+        own_process()
         jax.config.update("jax_enable_x64", True)
+    if process_owned():
         hold_programs(compile_group(kind, configs[0]))  # a bounded number of groups' programs per process
     resolved = [load_config(config) for config in configs]
     if kind in BATCH_KINDS and len(resolved) > 1:

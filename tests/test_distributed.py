@@ -329,6 +329,7 @@ def test_sweep_on_an_external_cluster_writes_the_serial_csv(external_cluster, tm
 PREDICTIONS_COMPILED = textwrap.dedent("""
     import sys
     import jax
+    jax.config.update("jax_enable_x64", True)  # compute_point leaves a caller's process as it finds it
     from singleloc import load_config
     from singleloc._sweep_compute import compile_group, compute_point
 

@@ -132,3 +132,19 @@ assert not jax.config.jax_enable_x64
     done = _run(code)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "refused: singleloc.sweep with workers = 1" in done.stdout and "jax_enable_x64" in done.stdout
+
+
+def test_only_a_process_singleloc_owns_has_its_programs_freed(monkeypatch):
+    """A serial sweep point bounds the compiled programs it holds (``hold_programs``) in the
+    command line's process (and on Dask workers), never in a Python caller's."""
+    from singleloc import _compilation, _sweep_compute
+
+    held = []
+    monkeypatch.setattr(_sweep_compute, "hold_programs", held.append)
+    cfg = CONFIG.replace(sgd={"tau_max": 1.0, "n_save": 2})
+    monkeypatch.setattr(_compilation, "_OWNED", [False])
+    _sweep_compute.compute_points("simulation", cfg.to_dict())
+    assert held == []
+    _compilation.own_process()  # what the command line does
+    _sweep_compute.compute_points("simulation", cfg.to_dict())
+    assert held == [_sweep_compute.compile_group("simulation", cfg.to_dict())]
