@@ -55,18 +55,7 @@ class Config:
         unknown = set(data) - set(SECTIONS) - set(RUN_METADATA)
         if unknown:
             raise ValueError(f"unknown config section(s) {sorted(unknown)} (known: {', '.join(SECTIONS)})")
-        parts = {}
-        for name, spec in SECTIONS.items():
-            values = data.get(name, {})
-            if not isinstance(values, Mapping):
-                raise ValueError(f"config section [{name}] must be a table of keys, got {_toml_kind(values)} {values!r}")
-            fields = {f.name for f in dataclasses.fields(spec)}
-            bad = set(values) - fields
-            if bad:
-                listed = ", ".join(f"{name}.{k}" for k in sorted(bad))
-                raise ValueError(f"unknown key(s) {listed} (known: {', '.join(sorted(fields))})")
-            parts[name] = spec(**values)
-        return cls(**parts)
+        return cls(**{name: spec(**_section_keys(name, data.get(name, {}))) for name, spec in SECTIONS.items()})
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """Plain, JSON-serialisable ``{section: {key: value}}`` (a prior object becomes a table)."""
@@ -83,17 +72,24 @@ class Config:
         for name, values in sections.items():
             if name not in SECTIONS:
                 raise ValueError(f"unknown config section {name!r} (known: {', '.join(SECTIONS)})")
-            if not isinstance(values, Mapping):
-                raise ValueError(f"config section [{name}] must be a table of keys, got {_toml_kind(values)} {values!r}")
-            fields = {f.name for f in dataclasses.fields(SECTIONS[name])}
-            bad = set(values) - fields
-            if bad:
-                listed = ", ".join(f"{name}.{k}" for k in sorted(bad))
-                raise ValueError(f"unknown key(s) {listed} (known: {', '.join(sorted(fields))})")
+            values = _section_keys(name, values)
             if name == "problem":  # a prior written as a table (config.json) becomes a Prior
                 values = _restore_prior({"problem": dict(values)})["problem"]
             parts[name] = dataclasses.replace(getattr(self, name), **values)
         return dataclasses.replace(self, **parts)
+
+
+def _section_keys(name: str, values: Any) -> Mapping[str, Any]:
+    """``values``, the keys given for section ``name``, checked: a table whose keys are fields
+    of the section's specification (``ValueError`` naming them otherwise)."""
+    if not isinstance(values, Mapping):
+        raise ValueError(f"config section [{name}] must be a table of keys, got {_toml_kind(values)} {values!r}")
+    fields = {f.name for f in dataclasses.fields(SECTIONS[name])}
+    bad = set(values) - fields
+    if bad:
+        listed = ", ".join(f"{name}.{k}" for k in sorted(bad))
+        raise ValueError(f"unknown key(s) {listed} (known: {', '.join(sorted(fields))})")
+    return values
 
 
 def gather_specs(where: str, config: Config | None = None, **specs: Any) -> Config:
