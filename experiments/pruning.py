@@ -4,8 +4,11 @@ Setting: L = 4, spikes prior of strength 2.5 with F = 2 and F = 3 spikes, H = 8 
 init_scale = 0.5, activations softmax (no bias), softmax1 and bsoftmax (trained biases).
 
 * Theory: the ODE from the initial overlaps of seed 0 at D = 2000 (``initial_conditions``),
-  on a log time grid to ``--tau`` (default 10^4), ``theory.points = 4096``,
-  ``rtol = 1e-4``, ``atol = 1e-6``. Numerics checked before choosing them: 8192 points move
+  on a log time grid to ``--tau`` (default 10^4), ``rtol = 1e-4``, ``atol = 1e-6``; softmax and
+  softmax1 on the exact route (``theory.route = "auto"``: risks and pruning steps exact, each
+  with its stated error against the finer exact rule), bsoftmax on the Sobol rule
+  (``theory.route = "rule"``, ``theory.points = 4096``: its exact route's joint token rule over
+  8 fields costs about 20 s a drift, ``ROUTES``). Numerics of the rule checked before choosing them: 8192 points move
   the final risk (bsoftmax, F = 2, tau = 1000) by 7e-5; 1024 points are not usable at H = 8
   (the risk drifts up to 0.54 instead of 0.21); rtol 1e-4 instead of 1e-6 changes the
   softmax1 F = 2 trajectory to tau = 10^4 by < 1e-4 at 30 s instead of 43 s. Training is
@@ -53,12 +56,15 @@ from _common import figure, figures_dir, parser  # noqa: E402
 
 import singleloc as sl  # noqa: E402
 from singleloc._data import keys_with_overlaps  # noqa: E402
+from singleloc._resources import on_exact_route  # noqa: E402
 
 H = 8
 ACTIVATIONS = ("softmax", "softmax1", "bsoftmax")
 FS = (2, 3)
 TOL = 0.01
-REPLICATES = 4  # rules that give the greedy curve its quadrature error
+REPLICATES = 4  # rules that give the greedy curve its quadrature error (Sobol rule route)
+#: ``theory.route`` of each activation (module docstring).
+ROUTES = {"softmax": "auto", "softmax1": "auto", "bsoftmax": "rule"}
 QUICK = {"tau": 100.0, "tau_sim": 2.0, "D": 500, "samples": 2000, "points": 1024, "draws": 4}
 
 
@@ -68,7 +74,7 @@ def make_config(activation: str, F: int, args) -> sl.Config:
         model={"heads": H, "activation": activation, "train_bias": activation != "softmax"},
         sgd={"lr": 0.5, "init_scale": 0.5, "tau_max": args.tau_sim, "n_save": 3, "spacing": "linear"},
         simulation={"D": args.D, "seeds": args.seeds, "seed": 0, "test_samples": 2048},
-        theory={"points": args.points, "rtol": 1e-4, "atol": 1e-6},
+        theory={"points": args.points, "rtol": 1e-4, "atol": 1e-6, "route": ROUTES[activation]},
     )
 
 
@@ -90,10 +96,12 @@ def run_one(activation: str, F: int, args) -> dict:
     th = sl.integrate(cfg, sl.initial_conditions(cfg, 1), ts=ts, progress=False)
     t_int = time.perf_counter() - t0
     M, Q, b = th.M[0, -1], th.Q[0, -1], th.b[0, -1]
-    out = {"cfg": cfg, "risk_traj": th.risk[0], "tau": ts, "t_integrate": t_int}
+    out = {"cfg": cfg, "risk_traj": th.risk[0], "tau": ts, "t_integrate": t_int, "quadrature": th.quadrature(),
+           "exact": on_exact_route(cfg)}
     out["risk_decade"] = float(th.risk[0, np.searchsorted(ts, args.tau / 10)])
     out["greedy"] = sl.prune_theory(cfg, M, Q, b, "greedy")
-    # the same order on REPLICATES other scramblings: the quadrature error of every step
+    # the same order on REPLICATES other scramblings: the quadrature error of every step (the exact
+    # route: the same exact risks, each with its error against the finer rule)
     out["greedy_replicated"] = sl.prune_theory(cfg.replace(theory={"replicates": REPLICATES}), M, Q, b,
                                                list(out["greedy"].removed[0]))
     # the trained theory layer realised by finite-D keys, pruned greedily by weights on fresh data
@@ -137,12 +145,19 @@ def run_one(activation: str, F: int, args) -> dict:
     return out
 
 
+def check_words(r: dict) -> str:
+    """What the replicated greedy curve is: the exact risks with their stated errors, or the mean of
+    ``REPLICATES`` other Sobol rules with its standard error."""
+    return "exact route, error against the finer rule" if r["exact"] else f"same order on {REPLICATES} other rules"
+
+
 def report(results: dict, args) -> list[str]:
     lines = []
     for (act, F), r in results.items():
         g, a, rnd = r["greedy"], r["alignment"], r["random"]
         lines.append(f"\n{act}, F = {F}, H = {H} (H - F = {H - F}): trained theory risk {g.risk[0]:.4f} at tau = {args.tau:g} "
                      f"({r['risk_decade']:.4f} at tau = {args.tau / 10:g})")
+        lines.append(f"  {r['quadrature']}")
         lines.append(f"  |M_h| of the trained heads: {np.round(np.linalg.norm(r['M_final'], axis=1), 2).tolist()}")
         hdr = f"  {'removed':>7} {'greedy':>8} {'dropped':>7} {'align':>8} {'random':>16} {'wts(trained)':>16}"
         hdr += f" | tau={args.tau_sim:g}: {'theory':>8} {'sim(wts)':>16} {'th(sim OP)':>10}"
@@ -166,14 +181,14 @@ def report(results: dict, args) -> list[str]:
         dev_op = max(np.max(np.abs(x.risk - y.risk)) for x, y in zip(r["sim_op"], r["sim_weights"]))
         ns = [sl.removable_heads(x.risk, TOL) for x in r["sim_weights"]]
         tw = r["trained_weights"]
-        lines.append(f"  removable before the risk rises > {TOL}: greedy {g.removable(TOL)} (same order on {REPLICATES} "
-                     f"other rules: {r['greedy_replicated'].removable(TOL)}), alignment {a.removable(TOL)}, "
+        lines.append(f"  removable before the risk rises > {TOL}: greedy {g.removable(TOL)} ({check_words(r)}: "
+                     f"{r['greedy_replicated'].removable(TOL)}), alignment {a.removable(TOL)}, "
                      f"random (mean curve) {rnd.removable(TOL)}, greedy by weights (trained overlaps, D = {args.D}) "
                      f"{tw.removable(TOL)}; H - F = {H - F}")
         rep = r["greedy_replicated"]
         k = g.removable(TOL) + 1
         if k < H:
-            lines.append(f"  quadrature error ({REPLICATES} other rules, same order): removing {k} raises the risk by "
+            lines.append(f"  quadrature error ({check_words(r)}): removing {k} raises the risk by "
                          f"{rep.risk[k] - rep.risk[0]:.4f} +- {np.hypot(rep.stderr[0, k], rep.stderr[0, 0]):.4f} "
                          f"(this rule: {g.risk[k] - g.risk[0]:.4f}); largest SE of a step {rep.stderr.max():.4f}")
         same = r["trained_weights_same"]
@@ -199,7 +214,7 @@ def draw(results: dict, args):
         ax.plot(x, g.risk, "-", color="k", lw=1.6, label=rf"theory greedy, $\tau$={args.tau:g}")
         rep = r["greedy_replicated"]
         ax.errorbar(x + 0.15, rep.risk, yerr=rep.stderr[0], fmt="none", ecolor="k", elinewidth=0.8, capsize=2,
-                    label=f"same order, mean of {REPLICATES} other rules +- SE")
+                    label=f"{check_words(r)} (error bars)")
         ax.plot(x, a.risk, "--", color="C1", lw=1.2, label="theory by alignment")
         ax.plot(x, rnd.risk, "-", color="C2", lw=1.0, label=f"theory random ({rnd.risks.shape[0]} orders)")
         ax.fill_between(x, rnd.risk - rnd.risk_std, rnd.risk + rnd.risk_std, color="C2", alpha=0.2, lw=0)
@@ -219,8 +234,8 @@ def draw(results: dict, args):
         ax.axvline(H - F, color="grey", ls=":", lw=1)
         ax.axhline(g.risk[0] + TOL, color="grey", ls="--", lw=0.7)
         ax.set_xticks(x)
-        ax.set_title(f"{act}, F = {F}: {rep.removable(TOL)} heads removable ({REPLICATES} rules; one rule: "
-                     f"{g.removable(TOL)}; H - F = {H - F})", fontsize=8)
+        how = "exact route" if r["exact"] else f"Sobol rule, {REPLICATES} rules; one rule: {g.removable(TOL)}"
+        ax.set_title(f"{act}, F = {F}: {rep.removable(TOL)} heads removable ({how}; H - F = {H - F})", fontsize=8)
         ax.set_xlabel("heads removed")
         ax.set_ylabel("risk")
         if (act, F) == next(iter(results)):

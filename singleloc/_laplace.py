@@ -47,9 +47,15 @@ The rules, and why they are exact to the precision stated.
   wider than ``WIDE_SIGMA`` on the profile grid instead (:meth:`LaplaceRule._single`: the
   profiles, not the Gaussian, carry the fine structure, so its accuracy does not fall with the
   field's width at all). A pair of heads is
-  written as the first head's field ``x = m + sqrt(C11) z`` (``n_outer`` nodes) and the second
-  head's given the first, ``x' = m' + (C12 / C11)(x - m) + sqrt(C22 - C12^2/C11) z'``
-  (``n_inner`` nodes). Identical heads make the conditional variance vanish: its derivative
+  written as the first head's field ``x = m + sqrt(C11) z`` (``n_outer`` trapezoidal nodes,
+  ``n_outer * ceil(alpha)`` from :func:`exact_rule`: 128 per unit of ``alpha`` resolve fields of
+  ``alpha sqrt(Q_hh)`` up to about 4 to 1e-9) and the second head's given the first,
+  ``x' = m' + (C12 / C11)(x - m) + sqrt(C22 - C12^2/C11) z'``. The second head's profiles smoothed by
+  that conditional Gaussian are one function of their argument: they are tabulated on a lattice
+  and interpolated (:func:`~singleloc._laplace_profiles.smoothed_profiles`: on ``n_inner`` normal
+  nodes for a narrow conditional width, on the profile grid for a wide one, so that no width
+  loses accuracy; interpolation error below 1e-10), which costs a table plus a few operations per
+  argument instead of ``n_inner`` profile evaluations. Identical heads make the conditional variance vanish: its derivative
   is taken by the heat equation (Price's theorem), ``d E[f(u + s z)] / d(s^2) = E[f''(u + s z)] / 2``,
   so the gradient stays finite and exact at ``R_orth = 0``.
 * A joint layer's ``H``-dimensional token expectation: a tensor rule of normal rules
@@ -84,7 +90,19 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._activations import Activation, ExponentialForm, exponential_form
-from ._laplace_profiles import OMEGA, RHO0, RHO1, RHO2, _power, _profile, _profiles, _smoothed, normal_rule
+from ._laplace_profiles import (
+    OMEGA,
+    RHO0,
+    RHO1,
+    RHO2,
+    _power,
+    _profile,
+    _profiles,
+    grid_smoothing,
+    normal_rule,
+    normal_smoothing,
+    smoothed_profiles,
+)
 from ._numerics import principal_factor
 from ._priors import Prior
 
@@ -109,8 +127,8 @@ U_GRID_STEP = 0.25
 
 #: Default node counts of the rule.
 N_T = 128
-N_OUTER = 64
-N_INNER = 32
+N_OUTER = 128
+N_INNER = 64
 #: Joint layers with H <= 3: a tensor rule, these sizes along the principal directions (largest
 #: variance first; :func:`~singleloc._laplace_profiles.normal_rule`: trapezoidal from 32 nodes). The
 #: leading directions carry the width of trained keys: at a trained bsoftmax H = 3, F = 2 state
@@ -247,16 +265,9 @@ class LaplaceRule(eqx.Module):
         ``s`` (64 nodes: 4e-9 at ``s = 1``, 3e-6 at ``s = 1.5``; the two rules cross near
         ``s = 0.6``); the grid's does not (a trapezoidal rule of an integrand analytic in
         ``|Im u| < pi/2``)."""
-        x = m + jnp.sqrt(jnp.maximum(v, VAR_FLOOR)) * self.z_outer
-        narrow = _profiles(y[:, None] + x) @ self.w_outer
-        s = jnp.sqrt(jnp.maximum(v, WIDE_SIGMA**2))  # the wide branch, finite also where it is not taken
-        u = self.u_grid
-        step = u[1] - u[0]
-        c = (u[None, :] - y[:, None] - m) / s  # (n_t, n_u)
-        density = step * jnp.exp(-0.5 * c**2) / (s * math.sqrt(2 * math.pi))
-        rho1, rho2 = _profile(u, RHO1), _profile(u, RHO2)
-        omega = step * (jax.scipy.special.ndtr(-c) @ rho1)
-        wide = jnp.stack([1.0 - omega, density @ rho1, density @ rho2, omega])
+        every = (RHO0, RHO1, RHO2, OMEGA)
+        narrow = normal_smoothing(y + m, jnp.sqrt(jnp.maximum(v, VAR_FLOOR)), self.z_outer, self.w_outer, every)
+        wide = grid_smoothing(y + m, jnp.sqrt(jnp.maximum(v, WIDE_SIGMA**2)), self.u_grid, every)  # finite also where not taken
         return jnp.where(v > WIDE_SIGMA**2, wide, narrow)
 
     def _pair(self, combos, y, yp, m, mp, C11, C12, C22):
@@ -269,7 +280,8 @@ class LaplaceRule(eqx.Module):
         s2 = C22 - C12**2 / C11
         outer = self.w_outer * _profiles(y[:, None] + m + sx)  # (4, n_t, n_outer)
         which = tuple(sorted({b for _, b in combos}))  # only the second head's profiles that are used
-        inner = _smoothed(yp[None, :] + mp + beta * sx[:, None], s2, self.z_inner, self.w_inner, which)  # (., n_outer, n_t)
+        inner = smoothed_profiles(yp[None, :] + mp + beta * sx[:, None], s2, self.z_inner, self.w_inner, self.u_grid, which,
+                                  WIDE_SIGMA)  # (., n_outer, n_t)
         return jnp.stack([outer[a] @ inner[which.index(b)] for a, b in combos])
 
     def _per_head_risk(self, M, Q, b, v):
@@ -403,8 +415,14 @@ def _lse_profiles_jvp(primals, tangents):
     return _profiles(u) @ w, tangent
 
 
-def exact_rule(activation: Activation, L: int, H: int, prior: Prior, **kwargs) -> LaplaceRule | None:
+def exact_rule(activation: Activation, L: int, H: int, prior: Prior, *, n_outer: int = N_OUTER,
+               **kwargs) -> LaplaceRule | None:
     """The :class:`LaplaceRule` of an activation that declares its normalised-exponential form
-    (:func:`~singleloc.exponential_form`), or ``None``."""
+    (:func:`~singleloc.exponential_form`), or ``None``. ``n_outer``: the pairs' outer nodes per unit
+    of the form's scale ``alpha`` (the rule gets ``n_outer * ceil(alpha)``: a token field's width is
+    ``alpha sqrt(Q_hh)``, so scalable softmax, ``alpha = log L``, keeps the resolution per unit of key
+    length that softmax has); the other keywords as :meth:`LaplaceRule.make`."""
     form = exponential_form(activation, L)
-    return None if form is None else LaplaceRule.make(form, L, H, prior, **kwargs)
+    if form is None:
+        return None
+    return LaplaceRule.make(form, L, H, prior, n_outer=n_outer * max(1, math.ceil(form.scale)), **kwargs)
