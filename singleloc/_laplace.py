@@ -266,8 +266,8 @@ class LaplaceRule(eqx.Module):
         ``s = 0.6``); the grid's does not (a trapezoidal rule of an integrand analytic in
         ``|Im u| < pi/2``)."""
         every = (RHO0, RHO1, RHO2, OMEGA)
-        narrow = normal_smoothing(y + m, jnp.sqrt(jnp.maximum(v, VAR_FLOOR)), self.z_outer, self.w_outer, every)
-        wide = grid_smoothing(y + m, jnp.sqrt(jnp.maximum(v, WIDE_SIGMA**2)), self.u_grid, every)  # finite also where not taken
+        narrow = normal_smoothing(y + m, jnp.sqrt(jnp.maximum(v, VAR_FLOOR)), self.z_outer, self.w_outer, every)[0]
+        wide = grid_smoothing(y + m, jnp.sqrt(jnp.maximum(v, WIDE_SIGMA**2)), self.u_grid, every)[0]  # finite where not taken
         return jnp.where(v > WIDE_SIGMA**2, wide, narrow)
 
     def _pair(self, combos, y, yp, m, mp, C11, C12, C22):

@@ -76,32 +76,39 @@ def _profiles(u):
     return jnp.stack([_profile(u, p) for p in range(4)])
 
 
-def normal_smoothing(c, s, z, w, which, order: int = 0):
-    """``E[f^(order)(c + s Z)]`` for the profiles ``f`` listed in ``which`` (leading axis
-    ``len(which)``), ``Z`` on the standard normal nodes ``z`` with weights ``w``: exact for a
-    narrow Gaussian (``s`` up to a few times the profiles' own scale, :func:`normal_rule`)."""
-    x = c[..., None] + s[..., None] * z if jnp.ndim(s) else c[..., None] + s * z
-    return jnp.stack([jnp.sum(w * _profile(x, p, order), axis=-1) for p in which])
+def normal_smoothing(c, s, z, w, which, orders=(0,)):
+    """``E[f^(order)(c + s Z)]`` ``(len(orders), len(which), *c.shape)`` for the profiles ``f`` listed
+    in ``which`` and the derivatives listed in ``orders``, ``Z`` on the standard normal nodes ``z``
+    with weights ``w``: exact for a narrow Gaussian (``s`` up to a few times the profiles' own scale,
+    :func:`normal_rule`)."""
+    x = c[..., None] + s * z
+    return jnp.stack([jnp.stack([jnp.sum(w * _profile(x, p, order), axis=-1) for p in which]) for order in orders])
 
 
-def grid_smoothing(c, s, u, which, order: int = 0):
-    """``E[f^(order)(c + s Z)]`` for the profiles in ``which`` on the profile grid ``u`` (equispaced,
-    covering the profiles' support): ``int f(v) phi_s(v - c) dv`` for ``rho_1, rho_2`` and, as
-    ``omega' = rho_1``, ``E[omega(c + s Z)] = int rho_1(v) Phi((c - v) / s) dv`` (a sum of
-    non-negative terms), ``rho_0 = 1 - omega``. The profiles, not the Gaussian, carry the fine
-    structure, so the rule is exact for any ``s`` above the grid's step (a trapezoidal rule of an
+def grid_smoothing(c, s, u, which, orders=(0,)):
+    """``E[f^(order)(c + s Z)]`` ``(len(orders), len(which), *c.shape)`` for the profiles in ``which``
+    on the profile grid ``u`` (equispaced, covering the profiles' support): ``int f(v) phi_s(v - c) dv``
+    for ``rho_1, rho_2`` and, as ``omega' = rho_1``, ``E[omega(c + s Z)] = int rho_1(v) Phi((c - v) / s) dv``
+    (a sum of non-negative terms), ``rho_0 = 1 - omega``. The profiles, not the Gaussian, carry the
+    fine structure, so the rule is exact for any ``s`` above the grid's step (a trapezoidal rule of an
     integrand analytic in ``|Im v| < pi/2``), however wide."""
     step = u[1] - u[0]
     d = (u - c[..., None]) / s  # (..., n_u)
     density = step * jnp.exp(-0.5 * d**2) / (s * np.sqrt(2 * np.pi))
+    omega = None
     out = []
-    for p in which:
-        if p in (RHO1, RHO2):
-            out.append(density @ _profile(u, p, order))
-            continue
-        omega = step * (jax.scipy.special.ndtr(-d) @ _profile(u, RHO1)) if order == 0 else density @ _profile(u, RHO1, order - 1)
-        out.append(omega if p == OMEGA else (1.0 - omega if order == 0 else -omega))
-    return jnp.stack(out)
+    for order in orders:
+        for p in which:
+            if p in (RHO1, RHO2):
+                out.append(density @ _profile(u, p, order))
+                continue
+            if order == 0:
+                omega = step * (jax.scipy.special.ndtr(-d) @ _profile(u, RHO1)) if omega is None else omega
+                value = omega
+            else:
+                value = density @ _profile(u, RHO1, order - 1)
+            out.append(value if p == OMEGA else (1.0 - value if order == 0 else -value))
+    return jnp.stack(out).reshape((len(orders), len(which)) + c.shape)
 
 
 # -- the smoothed profiles of a pair's second field: tables on a lattice, interpolated ---------
@@ -125,42 +132,39 @@ def _lattice(s2, u):
 
 
 def _lagrange_weights(x):
-    """Weights ``(P, *x.shape)`` of the ``P = INTERPOLATION_POINTS`` point Lagrange interpolation at
-    ``x`` from the nodes ``0, 1, ..., P - 1``."""
+    """Weights ``(*x.shape, P)`` of the ``P = INTERPOLATION_POINTS`` point Lagrange interpolation at
+    ``x`` from the nodes ``0, 1, ..., P - 1``: ``prod_{r != q} (x - r) / (q - r)``, the products
+    left and right of ``q`` as cumulative products (no division by ``x - q``)."""
     P = INTERPOLATION_POINTS
-    out = []
-    for q in range(P):
-        num = jnp.ones_like(x)
-        for r in range(P):
-            if r != q:
-                num = num * (x - r)
-        out.append(num / float(math.prod(q - r for r in range(P) if r != q)))
-    return jnp.stack(out)
+    d = x[..., None] - np.arange(P)
+    ones = jnp.ones_like(d[..., :1])
+    left = jnp.cumprod(jnp.concatenate([ones, d[..., :-1]], axis=-1), axis=-1)
+    right = jnp.flip(jnp.cumprod(jnp.concatenate([ones, jnp.flip(d[..., 1:], axis=-1)], axis=-1), axis=-1), axis=-1)
+    denominators = np.array([math.prod(q - r for r in range(P) if r != q) for q in range(P)], dtype=float)
+    return left * right / denominators
 
 
 def _tabulated(c, s2, z, w, u, which, wide, orders):
     """The smoothed profiles of :func:`smoothed_profiles` and of their derivatives (``orders``) at
-    ``c``: tabulated on the lattice of :func:`_lattice` (the normal rule for ``s <= wide``, the
-    profile grid above) and interpolated; their asymptotes outside the lattice."""
+    ``c``, ``(len(orders), len(which), *c.shape)``: tabulated on the lattice of :func:`_lattice` (the
+    normal rule for ``s <= wide``, the profile grid above) and interpolated; their asymptotes outside
+    the lattice."""
     s2 = jnp.maximum(s2, 0.0)
     lo, h = _lattice(jax.lax.stop_gradient(s2), u)
     lattice = lo + h * jnp.arange(TABLE_POINTS, dtype=u.dtype)
     P = INTERPOLATION_POINTS
     t = (c - lo) / h
     k0 = jnp.clip(jnp.floor(t).astype(jnp.int32) - (P // 2 - 1), 0, TABLE_POINTS - P)
-    weights = _lagrange_weights(t - k0)
-    below, above = t < 0, t > TABLE_POINTS - 1
-    is_wide = s2 > wide**2
-    narrow_s, wide_s = jnp.sqrt(s2), jnp.sqrt(jnp.maximum(s2, wide**2))  # each finite where it is not taken
-    out = []
-    for order in orders:
-        table = jnp.where(is_wide, grid_smoothing(lattice, wide_s, u, which, order),
-                          normal_smoothing(lattice, narrow_s, z, w, which, order))  # (len(which), TABLE_POINTS)
-        value = sum(weights[q] * table[:, k0 + q] for q in range(P))
-        low = jnp.asarray([1.0 if (p == RHO0 and order == 0) else 0.0 for p in which]).reshape((-1,) + (1,) * c.ndim)
-        high = jnp.asarray([1.0 if (p == OMEGA and order == 0) else 0.0 for p in which]).reshape((-1,) + (1,) * c.ndim)
-        out.append(jnp.where(below, low, jnp.where(above, high, value)))
-    return out
+    weights = _lagrange_weights(t - k0)  # (*c.shape, P)
+    nodes = k0[..., None] + np.arange(P)  # (*c.shape, P)
+    wide_s, narrow_s = jnp.sqrt(jnp.maximum(s2, wide**2)), jnp.sqrt(s2)  # each finite where it is not taken
+    table = jnp.where(s2 > wide**2, grid_smoothing(lattice, wide_s, u, which, orders),
+                      normal_smoothing(lattice, narrow_s, z, w, which, orders))  # (len(orders), len(which), TABLE_POINTS)
+    value = jnp.sum(weights * table[:, :, nodes], axis=-1)
+    shape = (len(orders), len(which)) + (1,) * c.ndim
+    low = np.array([[1.0 if (p == RHO0 and order == 0) else 0.0 for p in which] for order in orders]).reshape(shape)
+    high = np.array([[1.0 if (p == OMEGA and order == 0) else 0.0 for p in which] for order in orders]).reshape(shape)
+    return jnp.where(t < 0, low, jnp.where(t > TABLE_POINTS - 1, high, value))
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(5, 6))
