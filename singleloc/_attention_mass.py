@@ -1,8 +1,9 @@
 """The attention mass of each head at given overlaps.
 
 ``w_h = E[sum_l A_hl]``, the attention weight head
-``h`` puts on the sequence, by the quadrature rule of the ODE (the same expectation as the
-risk). The output weights are ``a_l = (1/H) sum_h A_hl``, so ``w_h / H`` is the head's share
+``h`` puts on the sequence, by the ODE's own expectations: exactly on the exact route
+(:meth:`~singleloc._laplace.LaplaceRule.attention_mass`, the risk's one-head integrals), by its
+quadrature rule otherwise. The output weights are ``a_l = (1/H) sum_h A_hl``, so ``w_h / H`` is the head's share
 of ``sum_l a_l``: a softmax head has ``w_h = 1`` always, a softmax1 head ``w_h < 1`` (``-> 0``
 as its bias or its scores go to minus infinity), and bsoftmax heads share ``sum_h w_h = H``.
 The phase analysis calls a head switched off when ``w_h`` is below a fraction of the weight
@@ -23,6 +24,8 @@ from ._theory import OrderParameterODE
 
 
 def _attention_mass(ode: OrderParameterODE, M: jax.Array, Q: jax.Array, b: jax.Array) -> jax.Array:
+    if ode.exact is not None:
+        return ode.exact.attention_mass(M, Q, b)
     return ode.fields.expect(lambda g, theta: jnp.sum(ode.activation(g.T + b[:, None]), axis=1), M, Q)
 
 
@@ -33,8 +36,8 @@ def _attention_mass_many(ode: OrderParameterODE, M: jax.Array, Q: jax.Array, b: 
 
 def attention_mass(ode: OrderParameterODE, M, Q, b) -> np.ndarray:
     """``w_h = E[sum_l A_hl]`` (..., H) at overlaps ``M`` (..., H, F), ``Q`` (..., H, H), ``b``
-    (..., H): the attention weight each head puts on a sequence, by the ODE's quadrature rule
-    (module docstring)."""
+    (..., H): the attention weight each head puts on a sequence, exactly on the exact route, by the
+    ODE's quadrature rule otherwise (module docstring)."""
     M, Q, b = np.asarray(M, float), np.asarray(Q, float), np.asarray(b, float)
     H, F = M.shape[-2:]
     lead = M.shape[:-2]

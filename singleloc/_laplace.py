@@ -284,28 +284,48 @@ class LaplaceRule(eqx.Module):
                                   WIDE_SIGMA)  # (., n_outer, n_t)
         return jnp.stack([outer[a] @ inner[which.index(b)] for a, b in combos])
 
-    def _per_head_risk(self, M, Q, b, v):
-        """The risk ``1 - 2 sum_h v_h E[A_h0] + sum_{h, g} v_h v_g E[sum_l A_hl A_gl]`` of the
-        mixture ``a = sum_h v_h A_h`` (the head average: ``v = 1/H``)."""
+    def attention_mass(self, M: jax.Array, Q: jax.Array, b: jax.Array) -> jax.Array:
+        """``w_h = E[sum_l A_hl]`` (H,): the attention weight each head puts on a sequence
+        (:func:`singleloc.attention_mass`), exactly: ``E[A_h0] + (L - 1) E[A_h1]`` from the same
+        one-head (per-head layer) or one-token (joint layer) integrals as the risk."""
+        M, Q, b = (jnp.asarray(x, self.atoms.dtype) for x in (M, Q, b))
+        Q = (Q + Q.T) / 2
+        return self._joint_terms(M, Q, b)[1] if self.form.joint else self._head_terms(M, Q, b)[1]["mass"]
+
+    def _head_terms(self, M, Q, b):
+        """What a per-head layer's risk and attention mass need of each head alone: the token laws,
+        the ``y`` nodes ``Y`` and weights ``pre`` (H, n_t), and per head ``E[A_h0]``, ``E[A_h0^2] +
+        (L - 1) E[A_h1^2]``, the noise token's ``E1[omega]`` on its nodes and ``E[sum_l A_hl]``."""
         H, L, kappa = Q.shape[0], self.L, self.form.offset
-        m1, C1, m0, C0 = self._token_laws(M, Q, b)
+        laws = self._token_laws(M, Q, b)
+        m1, C1, m0, C0 = laws
         v1, v0 = jnp.diag(C1), jnp.diag(C0)
         Y, step = self._ranges(m1, v1, m0, v0)
         pre = step[:, None] * jnp.exp(-kappa * jnp.exp(Y))  # (H, n_t)
 
-        def atoms_mean(fn):  # the relevant token's expectation, averaged over the atoms of the prior
-            return jnp.tensordot(self.probs, jax.vmap(fn)(jnp.arange(self.probs.shape[0])), axes=1)
-
         def single(h):
             y = Y[h]
             noise = self._single(y, m1[h], v1[h])
-            rel = atoms_mean(lambda k: self._single(y, m0[h, k], v0[h]))
+            rel = self._atoms_mean(lambda k: self._single(y, m0[h, k], v0[h]))
             p1, p2 = _power(noise[OMEGA], L - 1), _power(noise[OMEGA], L - 2)
             w = pre[h]
+            first = jnp.sum(w * rel[RHO1] * p1)
             same = jnp.sum(w * rel[RHO2] * p1) + (L - 1) * jnp.sum(w * noise[RHO2] * rel[RHO0] * p2)
-            return jnp.sum(w * rel[RHO1] * p1), same, noise[OMEGA]
+            mass = first + (L - 1) * jnp.sum(w * noise[RHO1] * rel[RHO0] * p2)
+            return {"first": first, "same": same, "omega": noise[OMEGA], "mass": mass}
 
-        EA0, EAA_same, omega = jax.vmap(single)(jnp.arange(H))
+        return (laws, Y, pre), jax.vmap(single)(jnp.arange(H))
+
+    def _atoms_mean(self, fn):
+        """The relevant token's expectation ``fn(k)`` of atom ``k``, averaged over the prior's atoms."""
+        return jnp.tensordot(self.probs, jax.vmap(fn)(jnp.arange(self.probs.shape[0])), axes=1)
+
+    def _per_head_risk(self, M, Q, b, v):
+        """The risk ``1 - 2 sum_h v_h E[A_h0] + sum_{h, g} v_h v_g E[sum_l A_hl A_gl]`` of the
+        mixture ``a = sum_h v_h A_h`` (the head average: ``v = 1/H``)."""
+        H, L = Q.shape[0], self.L
+        ((m1, C1, m0, C0), Y, pre), heads = self._head_terms(M, Q, b)
+        EA0, EAA_same, omega = heads["first"], heads["same"], heads["omega"]
         pairs = np.array(list(itertools.combinations(range(H), 2)), dtype=np.int32).reshape(-1, 2)
 
         def pair(hh):
@@ -313,8 +333,8 @@ class LaplaceRule(eqx.Module):
             y, yp = Y[h], Y[g]
             noise = self._pair(((RHO0, OMEGA), (RHO1, RHO1)), y, yp, m1[h], m1[g], C1[h, h], C1[h, g], C1[g, g])
             W = omega[h][:, None] + noise[0]  # 1 - E[rho_0 rho_0] as a sum of non-negative terms
-            rel = atoms_mean(lambda k: self._pair(((RHO0, RHO0), (RHO1, RHO1)), y, yp, m0[h, k], m0[g, k], C0[h, h],
-                                                  C0[h, g], C0[g, g]))
+            rel = self._atoms_mean(lambda k: self._pair(((RHO0, RHO0), (RHO1, RHO1)), y, yp, m0[h, k], m0[g, k], C0[h, h],
+                                                        C0[h, g], C0[g, g]))
             w = pre[h][:, None] * pre[g][None, :]
             return jnp.sum(w * rel[1] * _power(W, L - 1)) + (L - 1) * jnp.sum(w * noise[1] * rel[0] * _power(W, L - 2))
 
@@ -325,19 +345,28 @@ class LaplaceRule(eqx.Module):
 
     # -- joint layers -------------------------------------------------------------------------
     def _joint_risk(self, M, Q, b):
-        L, kappa = self.L, self.form.offset
+        return self._joint_terms(M, Q, b)[0]
+
+    def _joint_terms(self, M, Q, b):
+        """A joint layer's risk and its heads' attention masses ``H E[sum_l exp(x_hl) / Z]``, the
+        latter from the token expectations ``E[rho_1(y + lse(x)) p_h(x)]`` (``p = softmax(x)``: the
+        share of head ``h`` in ``u = sum_h exp(x_h)``) on the same nodes."""
+        L, kappa, H = self.L, self.form.offset, Q.shape[0]
         m1, C1, m0, C0 = self._token_laws(M, Q, b)
         z, w = self.z_joint, self.w_joint
         S1, S0 = principal_factor(jax.lax.stop_gradient(C1)), principal_factor(jax.lax.stop_gradient(C0))
         y, step = self._joint_range(m1, C1, m0, C0)
         pre = step * jnp.exp(-kappa * jnp.exp(y))
         noise = _lse_profiles(y, m1, C1, S1, z, w)
-        rel = jnp.tensordot(self.probs, jax.vmap(lambda mk: _lse_profiles(y, mk, C0, S0, z, w), in_axes=1)(m0), axes=1)
+        rel = self._atoms_mean(lambda k: _lse_profiles(y, m0[:, k], C0, S0, z, w))
         p1, p2 = _power(noise[OMEGA], L - 1), _power(noise[OMEGA], L - 2)
         Ea0 = jnp.sum(pre * rel[RHO1] * p1)
         Ea00 = jnp.sum(pre * rel[RHO2] * p1)
         Ea11 = jnp.sum(pre * noise[RHO2] * rel[RHO0] * p2)
-        return 1.0 - 2.0 * Ea0 + Ea00 + (L - 1) * Ea11
+        shares1 = _lse_shares(y, m1, S1, z, w)  # (n_t, H)
+        shares0 = self._atoms_mean(lambda k: _lse_shares(y, m0[:, k], S0, z, w))
+        mass = H * ((pre * p1) @ shares0 + (L - 1) * (pre * rel[RHO0] * p2) @ shares1)
+        return 1.0 - 2.0 * Ea0 + Ea00 + (L - 1) * Ea11, mass
 
     def _joint_range(self, m1, C1, m0, C0):
         L = self.L
@@ -394,6 +423,14 @@ def _lse_profiles(y, mean, C, S, z, w):
     Price's theorem, never through ``S``."""
     ell = jax.nn.logsumexp(mean + z @ S, axis=-1)  # (N,)
     return _profiles(y[:, None] + ell[None, :]) @ w
+
+
+def _lse_shares(y, mean, S, z, w):
+    """``E[rho_1(y + lse(x)) softmax(x)_h]`` (n_t, H) for ``x ~ N(mean, S^T S)`` on the nodes
+    ``mean + z S``: each head's share of ``rho_1`` (no derivatives: the attention mass is not
+    differentiated)."""
+    x = mean + z @ S
+    return _profile(y[:, None] + jax.nn.logsumexp(x, axis=-1)[None, :], RHO1) @ (w[:, None] * jax.nn.softmax(x, axis=-1))
 
 
 @_lse_profiles.defjvp

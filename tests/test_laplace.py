@@ -464,6 +464,40 @@ def test_tabulated_smoothing_matches_direct_smoothing():
         np.testing.assert_allclose(in_s2, 0.5 * direct(s, 2), atol=1e-9, err_msg=f"s = {s}")
 
 
+@pytest.mark.parametrize("name", ["softmax1", "bsoftmax", pytest.param("softmax", marks=SLOW), pytest.param("ssmax", marks=SLOW)])
+def test_attention_mass_matches_monte_carlo_at_trained_states(name, rng):
+    """``w_h = E[sum_l A_hl]`` on the exact route at near copies with a switched-off head (bias -12)
+    against plain Monte Carlo over whole sequences, within 5 standard errors; softmax heads have
+    exactly 1 and bsoftmax heads sum to H."""
+    H, F, L = 3, 2, 8
+    M, Q, b = trained_state("near", H, F, rng)
+    b = b.at[2].set(-12.0)
+    prior = sl.spikes(F, 2.5)
+    w = np.asarray(eqx.filter_jit(lambda r, *s: r.attention_mass(*s))(rule_for(name, L, H, prior), M, Q, b))
+    act = sl.get_activation(name)
+    Qh = jnp.asarray(sl.psd_sqrt(np.asarray(Q)))
+    atoms = jnp.asarray(prior.atoms_array())
+
+    @jax.jit
+    def batch(key):
+        k1, k2 = jax.random.split(key)
+        g = jax.random.normal(k1, (2**17, L, H)) @ Qh
+        g = g.at[:, 0].add(atoms[jax.random.choice(k2, len(atoms), (2**17,))] @ M.T)
+        mass = jax.vmap(lambda x: jnp.sum(act(x.T + b[:, None]), axis=1))(g)  # (n, H)
+        return mass.mean(0), mass.var(0)
+
+    out = [batch(k) for k in jax.random.split(jax.random.PRNGKey(3), 4)]
+    ref = np.mean([o[0] for o in out], axis=0)
+    se = np.sqrt(np.mean([o[1] for o in out], axis=0) / (4 * 2**17))
+    assert np.all(np.abs(w - ref) < 5 * se + 1e-10), (w, ref, se)  # 1e-10: the y range's neglected tails (TAIL_EPS)
+    if name in ("softmax", "ssmax"):
+        np.testing.assert_allclose(w, 1.0, atol=1e-9)
+    if name == "bsoftmax":
+        assert w.sum() == pytest.approx(H, abs=1e-9)
+    if name == "softmax1":
+        assert w[2] < 0.05 < w[0]  # the switched-off head
+
+
 def test_the_switch_to_the_profile_grid_is_continuous():
     """Just below and just above ``sqrt(v) = WIDE_SIGMA`` (the normal rule's nodes, then the profile
     grid) the one-token expectations agree to rounding: the drift has no step there."""
