@@ -3,7 +3,10 @@
 With ``y = log t`` the Laplace form needs, per token, ``rho_k(u) = exp(k u - e^u)`` (``k = 0, 1,
 2``) and ``omega(u) = 1 - rho_0(u) = -expm1(-e^u)`` at ``u = y + x``; their derivatives are in
 closed form, and their smoothing by a Gaussian, ``E[f(u + s Z)]``, has its derivative in ``s^2``
-by the heat equation (Price's theorem), finite at ``s = 0`` where heads are copies.
+by the heat equation (Price's theorem), finite at ``s = 0`` where heads are copies. Two rules smooth
+them: normal rules for a narrow Gaussian (:func:`normal_smoothing`) and the profile grid for a wide
+one (:func:`grid_smoothing`); a pair's second field, smoothed at many arguments, goes through a
+table of either on a lattice, interpolated (:func:`smoothed_profiles`).
 """
 
 from __future__ import annotations
