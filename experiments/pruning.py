@@ -37,8 +37,8 @@ greedy by weights) before the risk rises by more than 0.01, against ``H - F``; t
 ``|theory - finite D|`` of the pruning curves.
 
 Run: ``python experiments/pruning.py [--finetune]``; writes ``figures/pruning.png``. Measured
-on the shared 2-core machine (load 6-8 from other jobs): ~8 min without ``--finetune``,
-~11 min with it (7 min of CPU; see the timing lines). ``--quick``: bsoftmax with F = 2 only,
+on the shared 2-core machine beside two other jobs: 34 min with ``--finetune`` (39 min of CPU; the
+exact route's softmax and softmax1 solves at H = 8 take 3-5 min each; see the timing lines). ``--quick``: bsoftmax with F = 2 only,
 ``--tau 100 --tau-sim 2 --D 500 --samples 2000 --points 1024 --draws 4`` (or less).
 """
 
