@@ -38,8 +38,8 @@ greedy by weights) before the risk rises by more than 0.01, against ``H - F``; t
 
 Run: ``python experiments/pruning.py [--finetune]``; writes ``figures/pruning.png``. Measured
 on the shared 2-core machine beside two other jobs: 34 min with ``--finetune`` (39 min of CPU; the
-exact route's softmax and softmax1 solves at H = 8 take 3-5 min each; see the timing lines). ``--quick``: bsoftmax with F = 2 only,
-``--tau 100 --tau-sim 2 --D 500 --samples 2000 --points 1024 --draws 4`` (or less).
+exact route's softmax and softmax1 solves at H = 8 take 3-5 min each; see the timing lines).
+``--quick``: bsoftmax with F = 2 only, ``--tau 100 --tau-sim 2 --D 500 --samples 2000 --points 1024 --draws 4`` (or less).
 """
 
 from __future__ import annotations

@@ -48,8 +48,9 @@ The rules, and why they are exact to the precision stated.
   profiles, not the Gaussian, carry the fine structure, so its accuracy does not fall with the
   field's width at all). A pair of heads is
   written as the first head's field ``x = m + sqrt(C11) z`` (``n_outer`` trapezoidal nodes,
-  ``n_outer * ceil(alpha)`` from :func:`exact_rule`: 128 per unit of ``alpha`` resolve fields of
-  ``alpha sqrt(Q_hh)`` up to about 4 to 1e-9) and the second head's given the first,
+  ``n_outer * ceil(alpha)`` from :func:`exact_rule`: 64 per unit of ``alpha`` resolve fields of
+  standard deviation ``alpha sqrt(Q_hh)`` up to about 3 to 1e-10 in the risk and 1e-7 in its
+  gradient) and the second head's given the first,
   ``x' = m' + (C12 / C11)(x - m) + sqrt(C22 - C12^2/C11) z'``. The second head's profiles smoothed by
   that conditional Gaussian are one function of their argument: they are tabulated on a lattice
   and interpolated (:func:`~singleloc._laplace_profiles.smoothed_profiles`: on ``n_inner`` normal
@@ -127,7 +128,7 @@ U_GRID_STEP = 0.25
 
 #: Default node counts of the rule.
 N_T = 128
-N_OUTER = 128
+N_OUTER = 64
 N_INNER = 64
 #: Joint layers with H <= 3: a tensor rule, these sizes along the principal directions (largest
 #: variance first; :func:`~singleloc._laplace_profiles.normal_rule`: trapezoidal from 32 nodes). The

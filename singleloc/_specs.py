@@ -310,8 +310,8 @@ class Theory:
     ``"exact"``: the same, and an error for any other activation; ``"rule"``: the Sobol rule
     for everything. The ``lr^2`` (Gram) term of the drift always uses the Sobol rule.
     ``nodes``: the normal rule of the exact route's token expectations (``2 nodes`` trapezoidal
-    nodes of its Laplace variable, ``2 nodes`` per unit of the activation's scale for a pair's first
-    field, ``nodes`` for the tables of its second field's conditional expectations).
+    nodes of its Laplace variable, ``nodes`` per unit of the activation's scale for a pair's first
+    field and for the tables of its second field's conditional expectations).
     ``gram_points``: the Sobol points of the exact route's Gram term (its rank-aware rule), a
     power of two or ``"auto"`` (:meth:`gram_rule_points`).
     """

@@ -300,7 +300,7 @@ def exact_route(config: Config, *, refined: bool = False) -> LaplaceRule | None:
                              "'auto' or 'rule'")
         return None
     n = th.nodes
-    rule = exact_rule(get_activation(config.model.activation), pb.L, H, pb.build_prior(), n_t=2 * n, n_outer=2 * n,
+    rule = exact_rule(get_activation(config.model.activation), pb.L, H, pb.build_prior(), n_t=2 * n, n_outer=n,
                       n_inner=n)
     return rule.refined() if refined else rule
 
