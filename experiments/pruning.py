@@ -188,9 +188,10 @@ def report(results: dict, args) -> list[str]:
         rep = r["greedy_replicated"]
         k = g.removable(TOL) + 1
         if k < H:
+            err = ".1e" if r["exact"] else ".4f"  # the exact route's errors are ~1e-11
             lines.append(f"  quadrature error ({check_words(r)}): removing {k} raises the risk by "
-                         f"{rep.risk[k] - rep.risk[0]:.4f} +- {np.hypot(rep.stderr[0, k], rep.stderr[0, 0]):.4f} "
-                         f"(this rule: {g.risk[k] - g.risk[0]:.4f}); largest SE of a step {rep.stderr.max():.4f}")
+                         f"{rep.risk[k] - rep.risk[0]:.4f} +- {np.hypot(rep.stderr[0, k], rep.stderr[0, 0]):{err}} "
+                         f"(this rule: {g.risk[k] - g.risk[0]:.4f}); largest SE of a step {rep.stderr.max():{err}}")
         same = r["trained_weights_same"]
         lines.append(f"  trained layer at D = {args.D}: max |theory greedy - greedy by weights| = "
                      f"{np.max(np.abs(g.risk - tw.risk)):.4f}; "
