@@ -439,11 +439,11 @@ def test_tabulated_smoothing_matches_direct_smoothing():
     the heat equation, in the variance) against direct normal rules of 2001 nodes, across the
     switch from the normal rule's table to the profile grid's and at variance zero (the profiles
     themselves)."""
-    from singleloc._laplace import U_GRID_HIGH, U_GRID_LOW, WIDE_SIGMA
-    from singleloc._laplace_profiles import OMEGA, RHO0, RHO1, RHO2, _profile, normal_rule, smoothed_profiles
+    from singleloc._laplace import WIDE_SIGMA
+    from singleloc._laplace_profiles import OMEGA, RHO0, RHO1, RHO2, _profile, smoothed_profiles
 
-    z, w = (jnp.asarray(x) for x in normal_rule(64))  # the default rule's n_inner
-    u = jnp.linspace(U_GRID_LOW, U_GRID_HIGH, 163)
+    rule = sl.exact_rule(sl.get_activation("softmax"), 4, 2, sl.spikes(1, 2.5))  # the default rule's tables
+    z, w, u = rule.z_inner, rule.w_inner, rule.u_grid
     zd = np.linspace(-9.0, 9.0, 2001)
     wd = np.exp(-zd**2 / 2)
     zd, wd = jnp.asarray(zd), jnp.asarray(wd / wd.sum())
