@@ -221,12 +221,17 @@ class LaplaceRule(eqx.Module):
         C0 = a**2 * (Q + M @ self.prior_cov @ M.T)
         return m1, C1, m0, C0
 
+    def _state(self, M, Q, b):
+        """``(M, Q, b)`` in the rule's dtype, ``Q`` symmetrised (its entries are independent
+        arguments of the gradient; the risk depends on their symmetric part)."""
+        M, Q, b = (jnp.asarray(x, self.atoms.dtype) for x in (M, Q, b))
+        return M, (Q + Q.T) / 2, b
+
     def risk(self, M: jax.Array, Q: jax.Array, b: jax.Array, v: jax.Array | None = None) -> jax.Array:
         """``R(M, Q, b) = E[(1 - a_0)^2 + sum_{l >= 1} a_l^2]`` (token 0 relevant), exactly to the
         rule's precision; ``v``: trained head weights, ``a_l = sum_h v_h A_hl`` (per-head layers
         only: a joint layer's head mixture is not a normalised exponential)."""
-        M, Q, b = (jnp.asarray(x, self.atoms.dtype) for x in (M, Q, b))
-        Q = (Q + Q.T) / 2
+        M, Q, b = self._state(M, Q, b)
         if self.form.joint:
             if v is not None:
                 raise ValueError("the exact route of a joint layer (bsoftmax) takes uniform head weights only; "
@@ -289,8 +294,7 @@ class LaplaceRule(eqx.Module):
         """``w_h = E[sum_l A_hl]`` (H,): the attention weight each head puts on a sequence
         (:func:`singleloc.attention_mass`), exactly: ``E[A_h0] + (L - 1) E[A_h1]`` from the same
         one-head (per-head layer) or one-token (joint layer) integrals as the risk."""
-        M, Q, b = (jnp.asarray(x, self.atoms.dtype) for x in (M, Q, b))
-        Q = (Q + Q.T) / 2
+        M, Q, b = self._state(M, Q, b)
         return self._joint_terms(M, Q, b)[1] if self.form.joint else self._head_terms(M, Q, b)[1]["mass"]
 
     def _head_terms(self, M, Q, b):
