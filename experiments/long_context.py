@@ -28,13 +28,22 @@ ODE starts from the overlaps of seed 0's random keys at ``D = 1000`` (``M(0) = O
 5. Fits with standard errors (``_common.fit``) over ``L >= 64``: plateau length against ``L`` (power
    law), ``M`` and ``Q_hh`` at the end against ``log L``, ``E[a_eps]`` against ``L``, the plateau's
    drift norm against ``L``.
+6. ``--heads``: more heads and two spikes against ``L`` (4 ... 1024), written to
+   figures/long_context_heads.json and .png instead: softmax with ``H`` = 1, 2, 4 and bsoftmax with
+   ``H = 2`` at every ``L``, softmax1 and ssmax with ``H = 2`` at ``L`` <= 64 (``F = 2``), and two
+   softmax heads with one spike at ``L`` = 64, 256. Horizon ``max(600, 4 L / (lr strength^2))``
+   (the specialization escape of ``H = F = 2`` comes after the first plateau: 270 at ``L = 4``).
+   Read off: the first plateau's end, the escape (the head spread orthogonal to the prior mean
+   reaching half its final value), the final risk against the Bayes risk of the prior at that
+   ``L``, and the head classes at the end (``singleloc.classify_heads``).
 
 Writes figures/long_context_*.png and figures/long_context.json. About 38 minutes on the
 2-core machine while it was shared (one compiled solve per activation, ``H`` and ``L``, 30-120 s
 each; ssmax at ``L = 1024`` 10 minutes, softmax at ``L = 4096`` 3); ``--cache DIR`` keeps every stage
 (``.cache/long_context`` is the gitignored choice) and reuses it; ``--cached-only`` draws from the
 stages in the cache and skips the others; ``--quick``: ``L`` = 4, 16, short horizons, figures in
-the temporary folder.
+the temporary folder. ``--heads``: about an hour and a half here (the ``lr^2`` Gram term costs
+0.2-0.5 s per drift at ``L = 1024``).
 """
 
 from __future__ import annotations
@@ -75,6 +84,22 @@ def plan(quick: bool) -> dict:
     return {"lengths": lengths, "runs": runs, "escape": escape, "sims": sims, "quick": quick}
 
 
+def heads_plan(quick: bool) -> dict:
+    """Section 6 (``--heads``): ``(activation, H, F, L)`` runs with two spikes and more heads."""
+    lengths = (4, 16) if quick else (4, 16, 64, 256, 1024)
+    short = [L for L in lengths if L <= 64]
+    runs = [("softmax", H, 2, L) for L in lengths for H in (1, 2, 4)]
+    runs += [("bsoftmax", 2, 2, L) for L in lengths]
+    runs += [(act, 2, 2, L) for L in short for act in ("softmax1", "ssmax")]
+    runs += [("softmax", 2, 1, L) for L in ((16,) if quick else (64, 256))]
+    return {"lengths": lengths, "runs": sorted(runs, key=lambda r: (r[3], r[1], r[0])), "quick": quick}
+
+
+def heads_horizon(L: int, quick: bool = False) -> float:
+    """Section 6's horizon: four plateau scales and at least 600 (the ``H = F = 2`` escape)."""
+    return 30.0 if quick else float(max(600, 10 * round(0.4 * L / (LR * STRENGTH**2))))
+
+
 def horizon(L: int, quick: bool = False) -> float:
     """Four times the plateau's scale ``L / (lr strength^2)``, at least 200 (30 with ``--quick``);
     at ``L = 4096`` two times (2600: the solve costs about 1 s per drift there)."""
@@ -96,9 +121,10 @@ def name(act, H, F, L) -> str:
 # -- stages -----------------------------------------------------------------------------------
 
 
-def trajectory(act, H, F, L, quick) -> dict:
-    """The ODE from seed 0's start; a diverging solve is recorded with its message."""
-    cfg = config(act, H, F, L, horizon(L, quick))
+def trajectory(act, H, F, L, quick, tau_max=None) -> dict:
+    """The ODE from seed 0's start to ``tau_max`` (default :func:`horizon`); a diverging solve
+    is recorded with its message."""
+    cfg = config(act, H, F, L, horizon(L, quick) if tau_max is None else tau_max)
     start = time.time()
     try:
         th = sl.integrate(cfg, sl.initial_conditions(cfg, 1))
@@ -221,6 +247,14 @@ def spread(M) -> np.ndarray:
     return np.sqrt(np.mean(np.sum(dev**2, axis=-1), axis=-1))
 
 
+def spread_escape(tau, M) -> float:
+    """The escape from the unspecialized saddle: the first saved time at which the head spread has
+    reached half its final value (NaN when it ends below 0.3: no escape by the horizon)."""
+    s = spread(M)
+    k = np.flatnonzero(s >= 0.5 * s[-1])
+    return float(tau[k[0]]) if s[-1] > 0.3 and len(k) else float("nan")
+
+
 def power_law(x, y, xmin=FIT_FROM) -> dict:
     """``log y = c + beta log x`` over ``x >= xmin`` (finite, positive ``y``): beta and its standard error."""
     x, y = np.asarray(x, float), np.asarray(y, float)
@@ -323,11 +357,8 @@ def summarise(p, trajs, probe, bayes_r, escapes, sims) -> dict:
                               "plateau_risk": float(e["plateau_risk"]), "predicted_escape": float(e["predicted_escape"])}
     for (act, _H, F, L), tr in trajs.items():  # the escape of the ODE from seed 0's start (head spread)
         if F == 2 and str(tr["status"]) == "ok":
-            s = spread(tr["M"])
-            k = np.flatnonzero(s >= 0.5 * s[-1])
-            t = float(tr["tau"][k[0]]) if s[-1] > 0.3 and len(k) else float("nan")
-            esc.setdefault(f"{act}_L{L}", {"activation": act, "L": L})["ode_escape"] = t
-            esc[f"{act}_L{L}"]["spread_end"] = float(s[-1])
+            esc.setdefault(f"{act}_L{L}", {"activation": act, "L": L})["ode_escape"] = spread_escape(tr["tau"], tr["M"])
+            esc[f"{act}_L{L}"]["spread_end"] = float(spread(tr["M"])[-1])
     for act in ("softmax", "ssmax"):
         es = [e for e in esc.values() if e["activation"] == act]
         laws[f"rate_{act}_vs_L"] = power_law([e["L"] for e in es], [e["rate"] for e in es], xmin=4)
@@ -502,11 +533,110 @@ def draw(p, trajs, probe, bayes_r, escapes, sims, res, out) -> None:
     sl.save_figure(out / "long_context_specialization.png", fig)
 
 
+# -- section 6: more heads and two spikes (--heads) ---------------------------------------------
+
+
+def summarise_heads(hp, trajs, bayes_r, bayes_lengths) -> dict:
+    """Per run: the first plateau (the unspecialized saddle's risk and when it is reached halfway),
+    the escape from it (:func:`spread_escape`), the final risk against the Bayes risk at that ``L``,
+    and the head classes at the end."""
+    from singleloc._head_classes import class_counts_text
+
+    rows = {}
+    for (act, H, F, L), tr in trajs.items():
+        key = name(act, H, F, L)
+        base = {"activation": act, "H": H, "F": F, "L": L, "tau_max": heads_horizon(L, hp["quick"]),
+                "seconds": float(tr["seconds"]), "status": str(tr["status"])}
+        if base["status"] != "ok":
+            rows[key] = base
+            continue
+        tau, risk, M, Q = tr["tau"], tr["risk"], tr["M"], tr["Q"]
+        rb = float(bayes_r[f"F{F}"][list(bayes_lengths).index(L)])
+        esc = spread_escape(tau, M) if H > 1 and F > 1 else float("nan")
+        sp = spread(M)
+        saddle = np.flatnonzero(sp < 0.1 * sp[-1]) if np.isfinite(esc) else np.arange(len(tau))
+        r_saddle = float(risk[saddle[-1]])  # the last saved time still on the unspecialized saddle
+        prior = sl.spikes(F, STRENGTH)
+        classes = sl.classify_heads(M[-1], Q[-1], mean=prior.mean())
+        rows[key] = {**base, "risk_start": float(risk[0]), "risk_end": float(risk[-1]), "bayes": rb,
+                     "excess": float(risk[-1]) - rb, "saddle_risk": r_saddle,
+                     "first_plateau_end": sl.halfway_time(tau, risk, 0.0, float(risk[0]), r_saddle),
+                     "escape": esc, "settled": settled(tau, risk), "M_end": M[-1].tolist(),
+                     "Q_end": Q[-1].tolist(), "head_spread_end": float(sp[-1]),
+                     "classes": class_counts_text({k: int(v) for k, v in classes.counts().items()}),
+                     "risk_error": float(tr["risk_error"]), "gram_error": float(tr["gram_error"])}
+    laws = {}
+    for act, H, F in sorted({(r["activation"], r["H"], r["F"]) for r in rows.values()}):
+        rs = [r for r in rows.values() if (r["activation"], r["H"], r["F"]) == (act, H, F) and r["status"] == "ok"]
+        Ls = [r["L"] for r in rs]
+        laws[f"{act}_H{H}_F{F}"] = {"first_plateau_vs_L": power_law(Ls, [r["first_plateau_end"] for r in rs]),
+                                    "escape_vs_L": power_law(Ls, [r["escape"] for r in rs], xmin=4),
+                                    "excess_vs_L": power_law(Ls, [r["excess"] for r in rs])}
+    return {"setting": {"strength": STRENGTH, "lr": LR, "D_start": D_START, "lengths": list(hp["lengths"]),
+                        "horizons": {L: heads_horizon(L, hp["quick"]) for L in hp["lengths"]}},
+            "bayes": {f"F{F}": {L: float(bayes_r[f"F{F}"][list(bayes_lengths).index(L)]) for L in hp["lengths"]}
+                      for F in (1, 2)},
+            "runs": rows, "laws": laws}
+
+
+def report_heads(res: dict) -> None:
+    print("\nrun                       tau_max  1st plateau  saddle R  escape   R_end   Bayes  excess  settled  classes    s")
+    for k, r in res["runs"].items():
+        if r["status"] != "ok":
+            print(f"{k:25s} {r['tau_max']:7.0f}  FAILED: {r['status'][:90]}")
+            continue
+        print(f"{k:25s} {r['tau_max']:7.0f} {r['first_plateau_end']:11.1f} {r['saddle_risk']:9.4f} {r['escape']:7.1f} "
+              f"{r['risk_end']:7.4f} {r['bayes']:7.4f} {r['excess']:7.4f}  {'yes' if r['settled'] else 'no ':7s} "
+              f"{r['classes']:10s} {r['seconds']:4.0f}")
+    print("\nlaws (power laws in L; first plateau and excess for L >= 64, escape for L >= 4; beta +- standard error)")
+    for k, v in res["laws"].items():
+        print(f"  {k}: " + "; ".join(f"{q} {w['beta']:.3f} +- {w['se']:.3f} ({w['points']})" for q, w in v.items()))
+
+
+def draw_heads(hp, trajs, bayes_r, bayes_lengths, res, out) -> None:
+    lengths = np.array(hp["lengths"], float)
+    bayes2 = np.array([res["bayes"]["F2"][L] for L in hp["lengths"]])
+    styles = {("softmax", 1): ("C0", "o", ":"), ("softmax", 2): ("C0", "s", "-"), ("softmax", 4): ("C0", "^", "--"),
+              ("bsoftmax", 2): ("C2", "D", "-"), ("softmax1", 2): ("C1", "v", "-"), ("ssmax", 2): ("C3", "P", "-")}
+    fig = figure(figsize=(15, 4.4))
+    ax_c, ax_r, ax_t = fig.subplots(1, 3)
+    for i, L in enumerate(hp["lengths"]):
+        a = 0.35 + 0.65 * i / max(len(lengths) - 1, 1)
+        for act, H in (("softmax", 2), ("bsoftmax", 2)):
+            tr = trajs.get((act, H, 2, L))
+            if tr is not None and str(tr["status"]) == "ok":
+                c, _, ls = styles[(act, H)]
+                ax_c.plot(tr["tau"][1:], tr["risk"][1:], color=c, ls=ls, alpha=a,
+                          label=f"{act}, L = {L}" if act == "softmax" or i == len(lengths) - 1 else None)
+        ax_c.axhline(bayes2[i], color="k", alpha=a, ls=":", lw=0.8)
+    ax_c.set(xscale="log", xlabel="tau", ylabel="risk", title="H = F = 2: softmax (C0), bsoftmax (C2); dotted: Bayes")
+    ax_c.legend(fontsize=7)
+    for (act, H), (c, marker, ls) in styles.items():
+        rs = [r for r in res["runs"].values() if (r["activation"], r["H"], r["F"]) == (act, H, 2) and r["status"] == "ok"]
+        if not rs:
+            continue
+        Ls = [r["L"] for r in rs]
+        ax_r.loglog(Ls, [r["excess"] for r in rs], marker=marker, color=c, ls=ls, label=f"{act}, H = {H}")
+        ax_t.loglog(Ls, [r["first_plateau_end"] for r in rs], marker=marker, color=c, ls=ls, mfc="none",
+                    label=f"{act}, H = {H}: first plateau")
+        if H > 1:
+            ax_t.loglog(Ls, [r["escape"] for r in rs], marker=marker, color=c, ls=ls, label=f"{act}, H = {H}: escape")
+    ax_r.set(xlabel="L", ylabel="final risk - Bayes risk", title="F = 2: excess risk at the horizon")
+    ax_r.legend(fontsize=7)
+    ax_t.loglog(lengths, lengths / (2 * LR * STRENGTH**2), "k:", lw=1, label="L / (2 lr strength^2)")
+    ax_t.set(xlabel="L", ylabel="tau", title="F = 2: first plateau (open) and specialization escape (filled)")
+    ax_t.legend(fontsize=6.5, ncol=2)
+    fig.tight_layout()
+    sl.save_figure(out / "long_context_heads.png", fig)
+
+
 def main() -> None:
     cli = parser(__doc__)
     cli.add_argument("--cached-only", action="store_true", help="draw from the stages already in --cache, skip the others")
     cli.add_argument("--simulations-only", action="store_true", help="only the simulation stages (section 4), their "
                      "agreement written to long_context_simulations.json")
+    cli.add_argument("--heads", action="store_true", help="section 6 only: more heads and two spikes against L, "
+                     "written to long_context_heads.json and .png")
     args = cli.parse_args()
     p = plan(args.quick)
     cache = cache_dir(args)
@@ -551,6 +681,26 @@ def main() -> None:
         print(f"escape {act} L = {L}: lambda {float(escapes[(act, L)]['rate']):.4f} ({time.time() - start:.0f} s so far)",
               flush=True)
 
+    if args.heads:
+        hp = heads_plan(args.quick)
+        for run in hp["runs"]:
+            key = name(*run)
+            try:
+                trajs[run] = stage(cache, f"traj_{key}_T{heads_horizon(run[3], p['quick']):g}",
+                                   lambda run=run: trajectory(*run, p["quick"], heads_horizon(run[3], p["quick"])))
+            except LookupError:
+                continue
+            print(f"{key}: {trajs[run]['status']!s:.80} ({float(trajs[run]['seconds']):.0f} s; "
+                  f"{time.time() - start:.0f} s so far)", flush=True)
+        if missing:
+            print(f"--cached-only: not in the cache, left out: {', '.join(missing)}")
+        res = summarise_heads(hp, trajs, bayes_r, p["lengths"])
+        report_heads(res)
+        out = figures_dir(args)
+        draw_heads(hp, trajs, bayes_r, p["lengths"], res, out)
+        save_json(out / "long_context_heads.json", res)
+        print(f"{out}/long_context_heads.png written in {time.time() - start:.0f} s")
+        return
     if args.simulations_only:
         for s in p["sims"]:
             run_simulation(s)
