@@ -59,8 +59,12 @@ The rules, and why they are exact to the precision stated.
   argument instead of ``n_inner`` profile evaluations. Identical heads make the conditional variance vanish: its derivative
   is taken by the heat equation (Price's theorem), ``d E[f(u + s z)] / d(s^2) = E[f''(u + s z)] / 2``,
   so the gradient stays finite and exact at ``R_orth = 0``.
-* A joint layer's ``H``-dimensional token expectation: a tensor rule of normal rules
-  (``H <= 3``, :data:`JOINT_TENSOR` sizes) or, for more heads, Gauss-Hermite rules on the leading
+* A joint layer's ``H``-dimensional token expectation. With ``H <= 2`` in product form
+  (:meth:`LaplaceRule._product_token`): ``exp(-t u) = prod_h rho_0(y + x_h)`` turns every profile
+  of ``lse(x)`` into sums of products of one head's profiles, so one token's expectations are one
+  head's and a pair's (the pair rule above, on the diagonal ``y' = y``), exact at the widths of
+  trained keys. With ``H = 3`` a tensor rule of normal rules (:data:`JOINT_TENSOR` sizes) or, for more
+  heads, Gauss-Hermite rules on the leading
   directions times scrambled Sobol normals with their mirrors (``joint_points``), both in the
   principal axes of the token's covariance, largest variance
   on the first coordinate (:func:`principal_factor`: heads that are copies leave only the
@@ -73,7 +77,8 @@ The rules, and why they are exact to the precision stated.
   of non-negative terms), so ``L`` up to any size costs nothing and loses no digits.
 
 Nothing here depends on ``L`` but the exponents: the cost of a risk is
-``O(H^2 n_t^2 n_outer)`` for a per-head layer, ``O(n_t N)`` for a joint one with ``N`` nodes.
+``O(H^2 n_t^2 n_outer)`` for a per-head layer, ``O(n_t N)`` for a joint one with ``N`` nodes
+(``O(n_t n_outer)`` in product form).
 
 Error statement. The risk is compared with that of a finer rule
 (:meth:`LaplaceRule.refined`, 1.5 x the nodes of every kind): the difference bounds the error of
@@ -130,13 +135,14 @@ U_GRID_STEP = 0.25
 N_T = 128
 N_OUTER = 64
 N_INNER = 64
-#: Joint layers with H <= 3: a tensor rule, these sizes along the principal directions (largest
+#: Joint layers with H = 3 (H <= 2 are in product form, ``LaplaceRule._product_token``, unless a
+#: size is given here for them): a tensor rule, these sizes along the principal directions (largest
 #: variance first; :func:`~singleloc._laplace_profiles.normal_rule`: trapezoidal from 32 nodes). The
 #: leading directions carry the width of trained keys: at a trained bsoftmax H = 3, F = 2 state
 #: (tau = 160, key variances 5.7 and 6.9 on two directions, 0.15 on the third) 24 Gauss-Hermite
 #: nodes on every direction left a relative O(lr) drift error of 5.7e-4, (64, 32, 16) 5.0e-5 and
 #: (64, 48, 16) 6.2e-9 (against (96, 72, 48)), at twice the cost of (64, 24, 16).
-JOINT_TENSOR = {1: (128,), 2: (64, 64), 3: (64, 48, 16)}
+JOINT_TENSOR = {3: (64, 48, 16)}
 #: Joint layers with H >= 4: Gauss-Hermite sizes on the three leading principal directions and
 #: Sobol points on the rest. Specialised heads put comparable variance on several directions:
 #: (24, 8, 4) x 64 was off by 5e-4 (H = 4, F = 2) to 1.1e-2 (H = 4, F = 4) there; (24, 16, 8) x 16,
@@ -177,7 +183,8 @@ class LaplaceRule(eqx.Module):
         """The rule for ``H`` heads over sequences of ``L >= 2`` tokens under ``prior``.
 
         ``joint_tensor``: the tensor rule's sizes along the principal directions for a joint layer
-        with ``H <= 3`` (default :data:`JOINT_TENSOR`); more heads use Gauss-Hermite rules of ``joint_leading``
+        of ``H`` heads, ``{H: sizes}`` (default :data:`JOINT_TENSOR`, ``H = 3``; without an entry,
+        ``H <= 2`` are in product form, :meth:`_product_token`); more heads use Gauss-Hermite rules of ``joint_leading``
         sizes (default ``(24, 16, 8)``) on the leading principal directions and ``joint_points``
         Sobol points (scrambling ``seed``) with their mirrors on the others. ``u_step``: the step
         of the profile grid (:meth:`_single`).
@@ -280,6 +287,18 @@ class LaplaceRule(eqx.Module):
         """``E[f_a(y + x) f_b(y' + x')]`` (len(combos), n_t, n_t) on the grid ``y x y'`` for the profile
         pairs ``(a, b)`` in ``combos``, ``(x, x')`` Gaussian with means ``(m, m')`` and covariance
         ``[[C11, C12], [C12, C22]]`` (module docstring)."""
+        outer, inner, which = self._pair_factors(combos, y, yp, m, mp, C11, C12, C22)
+        return jnp.stack([outer[a] @ inner[which.index(b)] for a, b in combos])
+
+    def _pair_diagonal(self, combos, y, m, mp, C11, C12, C22):
+        """:meth:`_pair` on the diagonal ``y' = y`` only: (len(combos), n_t), the two fields of one
+        token under one normaliser (a joint layer's product form, :meth:`_product_token`)."""
+        outer, inner, which = self._pair_factors(combos, y, y, m, mp, C11, C12, C22)
+        return jnp.stack([jnp.einsum("to,ot->t", outer[a], inner[which.index(b)]) for a, b in combos])
+
+    def _pair_factors(self, combos, y, yp, m, mp, C11, C12, C22):
+        """The weighted first-field profiles (4, n_t, n_outer) and the second field's smoothed
+        profiles given the first (len(which), n_outer, n_t) of :meth:`_pair`."""
         C11 = jnp.maximum(C11, VAR_FLOOR)
         sx = jnp.sqrt(C11) * self.z_outer  # x - m at the outer nodes
         beta = C12 / C11
@@ -288,7 +307,7 @@ class LaplaceRule(eqx.Module):
         which = tuple(sorted({b for _, b in combos}))  # only the second head's profiles that are used
         inner = smoothed_profiles(yp[None, :] + mp + beta * sx[:, None], s2, self.z_inner, self.w_inner, self.u_grid, which,
                                   WIDE_SIGMA)  # (., n_outer, n_t)
-        return jnp.stack([outer[a] @ inner[which.index(b)] for a, b in combos])
+        return outer, inner, which
 
     def attention_mass(self, M: jax.Array, Q: jax.Array, b: jax.Array) -> jax.Array:
         """``w_h = E[sum_l A_hl]`` (H,): the attention weight each head puts on a sequence
@@ -322,8 +341,10 @@ class LaplaceRule(eqx.Module):
         return (laws, Y, pre), jax.vmap(single)(jnp.arange(H))
 
     def _atoms_mean(self, fn):
-        """The relevant token's expectation ``fn(k)`` of atom ``k``, averaged over the prior's atoms."""
-        return jnp.tensordot(self.probs, jax.vmap(fn)(jnp.arange(self.probs.shape[0])), axes=1)
+        """The relevant token's expectation ``fn(k)`` of atom ``k`` (an array or a tuple of arrays),
+        averaged over the prior's atoms."""
+        values = jax.vmap(fn)(jnp.arange(self.probs.shape[0]))
+        return jax.tree_util.tree_map(lambda v: jnp.tensordot(self.probs, v, axes=1), values)
 
     def _per_head_risk(self, M, Q, b, v):
         """The risk ``1 - 2 sum_h v_h E[A_h0] + sum_{h, g} v_h v_g E[sum_l A_hl A_gl]`` of the
@@ -358,20 +379,46 @@ class LaplaceRule(eqx.Module):
         share of head ``h`` in ``u = sum_h exp(x_h)``) on the same nodes."""
         L, kappa, H = self.L, self.form.offset, Q.shape[0]
         m1, C1, m0, C0 = self._token_laws(M, Q, b)
-        z, w = self.z_joint, self.w_joint
-        S1, S0 = principal_factor(jax.lax.stop_gradient(C1)), principal_factor(jax.lax.stop_gradient(C0))
         y, step = self._joint_range(m1, C1, m0, C0)
         pre = step * jnp.exp(-kappa * jnp.exp(y))
-        noise = _lse_profiles(y, m1, C1, S1, z, w)
-        rel = self._atoms_mean(lambda k: _lse_profiles(y, m0[:, k], C0, S0, z, w))
+        if self.z_joint.shape[0] == 0:  # the product form (H <= 2)
+            noise, shares1 = self._product_token(y, m1, C1)
+            rel, shares0 = self._atoms_mean(lambda k: self._product_token(y, m0[:, k], C0))
+        else:
+            z, w = self.z_joint, self.w_joint
+            S1, S0 = principal_factor(jax.lax.stop_gradient(C1)), principal_factor(jax.lax.stop_gradient(C0))
+            noise = _lse_profiles(y, m1, C1, S1, z, w)
+            rel = self._atoms_mean(lambda k: _lse_profiles(y, m0[:, k], C0, S0, z, w))
+            shares1 = _lse_shares(y, m1, S1, z, w)  # (n_t, H)
+            shares0 = self._atoms_mean(lambda k: _lse_shares(y, m0[:, k], S0, z, w))
         p1, p2 = _power(noise[OMEGA], L - 1), _power(noise[OMEGA], L - 2)
         Ea0 = jnp.sum(pre * rel[RHO1] * p1)
         Ea00 = jnp.sum(pre * rel[RHO2] * p1)
         Ea11 = jnp.sum(pre * noise[RHO2] * rel[RHO0] * p2)
-        shares1 = _lse_shares(y, m1, S1, z, w)  # (n_t, H)
-        shares0 = self._atoms_mean(lambda k: _lse_shares(y, m0[:, k], S0, z, w))
         mass = H * ((pre * p1) @ shares0 + (L - 1) * (pre * rel[RHO0] * p2) @ shares1)
         return 1.0 - 2.0 * Ea0 + Ea00 + (L - 1) * Ea11, mass
+
+    def _product_token(self, y, m, C):
+        """One token's ``E[f(y + lse(x))]`` (4, n_t) and the heads' shares ``E[rho_1(y + lse(x))
+        softmax(x)_h]`` (n_t, H) for ``x ~ N(m, C)`` with ``H <= 2`` fields, in product form:
+        ``exp(-t u) = prod_h rho_0(y + x_h)``, so with ``f_h = f(y + x_h)``
+
+            rho_0(lse) = rho_0,1 rho_0,2,     rho_1(lse) = rho_1,1 rho_0,2 + rho_0,1 rho_1,2,
+            rho_2(lse) = rho_2,1 rho_0,2 + 2 rho_1,1 rho_1,2 + rho_0,1 rho_2,2,
+            omega(lse) = omega_1 + rho_0,1 omega_2   (a sum of non-negative terms),
+
+        one head's expectations (:meth:`_single`) and a pair's on the diagonal ``y' = y``
+        (:meth:`_pair_diagonal`): exact at any width of the second field and, for the first, to a
+        standard deviation of about 3 (module docstring), where a tensor rule in the principal axes
+        loses accuracy with the width of both. Head ``h``'s share of ``rho_1(lse)`` is its term of
+        that sum."""
+        one = self._single(y, m[0], C[0, 0])
+        if m.shape[0] == 1:
+            return one, one[RHO1][:, None]
+        combos = ((RHO1, RHO0), (RHO0, RHO1), (RHO0, RHO0), (RHO2, RHO0), (RHO1, RHO1), (RHO0, RHO2), (RHO0, OMEGA))
+        p10, p01, p00, p20, p11, p02, p0w = self._pair_diagonal(combos, y, m[0], m[1], C[0, 0], C[0, 1], C[1, 1])
+        token = {RHO0: p00, RHO1: p10 + p01, RHO2: p20 + 2.0 * p11 + p02, OMEGA: one[OMEGA] + p0w}
+        return jnp.stack([token[f] for f in range(4)]), jnp.stack([p10, p01], axis=-1)
 
     def _joint_range(self, m1, C1, m0, C0):
         L = self.L
@@ -405,6 +452,8 @@ def joint_nodes(H: int, points: int, seed: int, tensor: dict, leading: tuple = N
     if H in tensor:
         rules = [normal_rule(n) for n in tensor[H]]
         sobol = None
+    elif H <= 2:  # no nodes: the product form (LaplaceRule._product_token)
+        return np.zeros((0, H)), np.zeros((0,))
     else:
         rules = [normal_rule(n) for n in (leading or JOINT_LEADING)]
         from ._fields import sobol_normals
