@@ -19,6 +19,10 @@
    Gauss-Hermite nodes (the first rule), on 64 trapezoidal nodes (the normal rule of narrow fields,
    ``singleloc._laplace_profiles.normal_rule``) and on the profile grid (the default above
    ``s = 0.6``), all against 8193 trapezoidal nodes in ``z`` and 1024 nodes of the Laplace variable.
+7. Two bsoftmax heads (a joint layer) at trained token widths 1 to 3.5: the product form (one head's
+   and a pair's expectations, the default for ``H <= 2``) and the 64 x 64 tensor rule in the
+   token's principal axes that it replaced, both against a 400 x 400 tensor rule: risk error,
+   relative gradient error and milliseconds per gradient.
 
 Times are medians of 3 calls after compilation, as ratios in one run (the machine may be shared).
 Run: ``python benchmarks/06_exact_route.py [--quick] [--sections 3,4] [--save PATH]`` (``--save``: the numbers as
@@ -28,6 +32,7 @@ JSON, ``benchmarks/_common.py``).
 from __future__ import annotations
 
 import argparse
+import itertools
 import time
 
 import jax
@@ -222,10 +227,44 @@ def wide_fields(quick: bool) -> list[dict]:
     return rows
 
 
+def joint_pairs(quick: bool) -> list[dict]:
+    """Section 7: two bsoftmax heads (a joint layer) at trained widths, product form against the
+    64 x 64 tensor rule it replaced, both against a 400 x 400 tensor rule."""
+    print("\nTwo bsoftmax heads (joint layer), L = 16, F = 2, one spike each (M = m I) or a mixture (M = m (I + 0.2 J) / 1.2), "
+          "R_orth = [[0.15, 0.03], [0.03, 0.15]] (the principal axes of trained heads: diagonal ones would let the tensor "
+          "rule separate): risk error | relative gradient error, ms per gradient")
+    print("| heads | m | token std | product form | ms | tensor 64 x 64 | ms |")
+    print("|---|---|---|---|---|---|---|")
+    prior = sl.spikes(2, 2.5)
+    act = sl.get_activation("bsoftmax")
+    rules = {"product": sl.exact_rule(act, 16, 2, prior), "tensor": sl.exact_rule(act, 16, 2, prior, joint_tensor={2: (64, 64)}),
+             "reference": sl.exact_rule(act, 16, 2, prior, joint_tensor={2: (400, 400)})}
+    value_grad = eqx.filter_jit(lambda r, *x: jnp.concatenate([jnp.ravel(a) for a in jax.tree.leaves(
+        jax.value_and_grad(r.risk, argnums=(0, 1, 2))(*x))]))
+    rows = []
+    widths = (1.0, 2.0, 3.0) if quick else (1.0, 1.5, 2.0, 2.5, 3.0, 3.5)
+    for kind, m in itertools.product(("one spike each", "mixture"), widths):
+        M = m * (np.eye(2) if kind == "one spike each" else (np.eye(2) + 0.2 * np.ones((2, 2))) / 1.2)
+        state = (jnp.asarray(M), jnp.asarray(M @ M.T + np.array([[0.15, 0.03], [0.03, 0.15]])), jnp.array([0.1, -0.1]))
+        ref = np.asarray(value_grad(rules["reference"], *state))
+        out = {}
+        for label in ("product", "tensor"):
+            v, t = timed(value_grad, rules[label], *state)
+            out[label] = (abs(v[0] - ref[0]), float(np.max(np.abs(v[1:] - ref[1:])) / np.max(np.abs(ref[1:]))), t)
+        std = float(np.sqrt(np.max(np.diag(state[1]))))
+        (pr, pg, pt), (tr, tg, tt) = out["product"], out["tensor"]
+        print(f"| {kind} | {m:g} | {std:.2f} | {pr:.1e} \\| {pg:.1e} | {pt:.1f} | {tr:.1e} \\| {tg:.1e} | {tt:.1f} |",
+              flush=True)
+        rows.append({"heads": kind, "m": m, "token_std": std, "product_risk_error": pr, "product_gradient_error": pg,
+                     "product_ms": pt,
+                     "tensor_risk_error": tr, "tensor_gradient_error": tg, "tensor_ms": tt})
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer rule sizes and head counts")
-    parser.add_argument("--sections", default="1,2,3,4,5,6", help="which sections to run (default all: 1,...,6; "
+    parser.add_argument("--sections", default="1,2,3,4,5,6,7", help="which sections to run (default all: 1,...,7; "
                         "1 and 2 run together)")
     args = add_save_option(parser).parse_args()
     sections = {int(x) for x in args.sections.split(",")}
@@ -240,6 +279,8 @@ def main():
         results["gram"] = gram_precision(args.quick)
     if 6 in sections:
         results["wide_fields"] = wide_fields(args.quick)
+    if 7 in sections:
+        results["joint_pairs"] = joint_pairs(args.quick)
     save(args, __file__, results)
 
 
