@@ -571,7 +571,7 @@ def summarise_heads(hp, trajs, bayes_r, bayes_lengths) -> dict:
         rs = [r for r in rows.values() if (r["activation"], r["H"], r["F"]) == (act, H, F) and r["status"] == "ok"]
         Ls = [r["L"] for r in rs]
         laws[f"{act}_H{H}_F{F}"] = {"first_plateau_vs_L": power_law(Ls, [r["first_plateau_end"] for r in rs]),
-                                    "escape_vs_L": power_law(Ls, [r["escape"] for r in rs], xmin=4),
+                                    "escape_vs_L": power_law(Ls, [r["escape"] for r in rs]),
                                     "excess_vs_L": power_law(Ls, [r["excess"] for r in rs])}
     return {"setting": {"strength": STRENGTH, "lr": LR, "D_start": D_START, "lengths": list(hp["lengths"]),
                         "horizons": {L: heads_horizon(L, hp["quick"]) for L in hp["lengths"]}},
@@ -589,7 +589,7 @@ def report_heads(res: dict) -> None:
         print(f"{k:25s} {r['tau_max']:7.0f} {r['first_plateau_end']:11.1f} {r['saddle_risk']:9.4f} {r['escape']:7.1f} "
               f"{r['risk_end']:7.4f} {r['bayes']:7.4f} {r['excess']:7.4f}  {'yes' if r['settled'] else 'no ':7s} "
               f"{r['classes']:10s} {r['seconds']:4.0f}")
-    print("\nlaws (power laws in L; first plateau and excess for L >= 64, escape for L >= 4; beta +- standard error)")
+    print("\nlaws (power laws in L >= 64; beta +- standard error (points))")
     for k, v in res["laws"].items():
         print(f"  {k}: " + "; ".join(f"{q} {w['beta']:.3f} +- {w['se']:.3f} ({w['points']})" for q, w in v.items()))
 
