@@ -374,22 +374,25 @@ def summarise(p, trajs, probe, bayes_r, escapes, sims) -> dict:
             "runs": rows, "laws": laws, "escape": esc, "simulations": agreement}
 
 
-def report(res: dict) -> None:
-    print("\nrun                       tau_max  plateau   R_end   Bayes  excess  M_end   Q_end   E[a_eps] L*E[a_eps]  "
-          "|drift|_0  settled  s")
+def print_runs(res: dict, header: str, line) -> None:
+    """The table of runs (``line(r)``: the columns after the name and horizon of a run that
+    finished) and the fitted laws, each ``beta +- standard error (points)``."""
+    print(f"\nrun                       tau_max  {header}")
     for k, r in res["runs"].items():
-        if r["status"] != "ok":
-            print(f"{k:25s} {r['tau_max']:7.0f}  FAILED: {r['status'][:90]}")
-            continue
-        print(f"{k:25s} {r['tau_max']:7.0f} {r['plateau_end']:8.1f} {r['risk_end']:7.4f} {r['bayes']:7.4f} "
-              f"{r['excess']:7.4f} {np.mean(r['M_end']):6.3f} {np.mean(r['Q_diag_end']):7.3f} {r['a_eps_end']:8.4f} "
-              f"{r['L_a_eps_end']:9.2f} {r['drift_start']:10.2e}  {'yes' if r['settled'] else 'no ':4s} {r['seconds']:6.0f}")
-    print("\nlaws (fits for L >= 64; beta +- standard error)")
+        tail = line(r) if r["status"] == "ok" else f"FAILED: {r['status'][:90]}"
+        print(f"{k:25s} {r['tau_max']:7.0f}  {tail}")
+    print("\nlaws (power laws in L or laws in log L, fitted for L >= 64; beta +- standard error (points))")
+    fmt = lambda w: f"{w['beta']:.3f} +- {w['se']:.3f} ({w['points']})"  # noqa: E731
     for k, v in res["laws"].items():
-        if "beta" in v:
-            print(f"  {k}: beta {v['beta']:.3f} +- {v['se']:.3f} ({v['points']} points)")
-        else:
-            print(f"  {k}: " + "; ".join(f"{q} {w['beta']:.3f} +- {w['se']:.3f}" for q, w in v.items()))
+        print(f"  {k}: " + (fmt(v) if "beta" in v else "; ".join(f"{q} {fmt(w)}" for q, w in v.items())))
+
+
+def report(res: dict) -> None:
+    print_runs(res, "plateau   R_end   Bayes  excess  M_end   Q_end   E[a_eps] L*E[a_eps]  |drift|_0  settled  s",
+               lambda r: f"{r['plateau_end']:7.1f} {r['risk_end']:7.4f} {r['bayes']:7.4f} {r['excess']:7.4f} "
+                         f"{np.mean(r['M_end']):6.3f} {np.mean(r['Q_diag_end']):7.3f} {r['a_eps_end']:8.4f} "
+                         f"{r['L_a_eps_end']:9.2f} {r['drift_start']:10.2e}  {'yes' if r['settled'] else 'no ':4s} "
+                         f"{r['seconds']:6.0f}")
     print("\nspecialization, H = F = 2")
     for k, e in res["escape"].items():
         if "rate" in e:
@@ -581,17 +584,10 @@ def summarise_heads(hp, trajs, bayes_r, bayes_lengths) -> dict:
 
 
 def report_heads(res: dict) -> None:
-    print("\nrun                       tau_max  1st plateau  saddle R  escape   R_end   Bayes  excess  settled  classes    s")
-    for k, r in res["runs"].items():
-        if r["status"] != "ok":
-            print(f"{k:25s} {r['tau_max']:7.0f}  FAILED: {r['status'][:90]}")
-            continue
-        print(f"{k:25s} {r['tau_max']:7.0f} {r['first_plateau_end']:11.1f} {r['saddle_risk']:9.4f} {r['escape']:7.1f} "
-              f"{r['risk_end']:7.4f} {r['bayes']:7.4f} {r['excess']:7.4f}  {'yes' if r['settled'] else 'no ':7s} "
-              f"{r['classes']:10s} {r['seconds']:4.0f}")
-    print("\nlaws (power laws in L >= 64; beta +- standard error (points))")
-    for k, v in res["laws"].items():
-        print(f"  {k}: " + "; ".join(f"{q} {w['beta']:.3f} +- {w['se']:.3f} ({w['points']})" for q, w in v.items()))
+    print_runs(res, "1st plateau  saddle R  escape   R_end   Bayes  excess  settled  classes    s",
+               lambda r: f"{r['first_plateau_end']:10.1f} {r['saddle_risk']:9.4f} {r['escape']:7.1f} {r['risk_end']:7.4f} "
+                         f"{r['bayes']:7.4f} {r['excess']:7.4f}  {'yes' if r['settled'] else 'no ':7s} {r['classes']:10s} "
+                         f"{r['seconds']:4.0f}")
 
 
 def draw_heads(hp, trajs, bayes_r, bayes_lengths, res, out) -> None:
