@@ -35,7 +35,9 @@ ODE starts from the overlaps of seed 0's random keys at ``D = 1000`` (``M(0) = O
    (the specialization escape of ``H = F = 2`` comes after the first plateau: 270 at ``L = 4``).
    Read off: the first plateau's end, the escape (the head spread orthogonal to the prior mean
    reaching half its final value), the final risk against the Bayes risk of the prior at that
-   ``L``, and the head classes at the end (``singleloc.classify_heads``).
+   ``L``, and the head classes at the end (``singleloc.classify_heads``). And the escape rate
+   ``lambda(L)`` of the unspecialized saddle (as in 3) for softmax at ``L`` <= 256 and ssmax at
+   ``L`` <= 64, with its power law.
 
 Writes figures/long_context_*.png and figures/long_context.json. About 38 minutes on the
 2-core machine while it was shared (one compiled solve per activation, ``H`` and ``L``, 30-120 s
@@ -93,7 +95,8 @@ def heads_plan(quick: bool) -> dict:
     runs += [(act, 2, 2, L) for L in short for act in ("softmax1", "ssmax")]
     runs += [("softmax", 2, 1, L) for L in ((16,) if quick else (64, 256))]
     runs += [] if quick else [("softmax", 4, 1, 64)]  # one spike: does the excess fall like 1/H?
-    return {"lengths": lengths, "runs": sorted(runs, key=lambda r: (r[3], r[1], r[0])), "quick": quick}
+    escape = [("softmax", L) for L in lengths if L <= 256] + [("ssmax", L) for L in short]
+    return {"lengths": lengths, "runs": sorted(runs, key=lambda r: (r[3], r[1], r[0])), "escape": escape, "quick": quick}
 
 
 def heads_horizon(L: int, quick: bool = False) -> float:
@@ -540,7 +543,7 @@ def draw(p, trajs, probe, bayes_r, escapes, sims, res, out) -> None:
 # -- section 6: more heads and two spikes (--heads) ---------------------------------------------
 
 
-def summarise_heads(hp, trajs, bayes_r, bayes_lengths) -> dict:
+def summarise_heads(hp, trajs, bayes_r, bayes_lengths, escapes) -> dict:
     """Per run: the first plateau (the unspecialized saddle's risk and when it is reached halfway),
     the escape from it (:func:`spread_escape`), the final risk against the Bayes risk at that ``L``,
     and the head classes at the end."""
@@ -576,8 +579,15 @@ def summarise_heads(hp, trajs, bayes_r, bayes_lengths) -> dict:
         laws[f"{act}_H{H}_F{F}"] = {"first_plateau_vs_L": power_law(Ls, [r["first_plateau_end"] for r in rs]),
                                     "escape_vs_L": power_law(Ls, [r["escape"] for r in rs]),
                                     "excess_vs_L": power_law(Ls, [r["excess"] for r in rs])}
+    rates = {f"{act}_L{L}": {"activation": act, "L": L, "rate": float(e["rate"]), "tau_plateau": float(e["tau_plateau"]),
+                             "plateau_risk": float(e["plateau_risk"]), "predicted_escape": float(e["predicted_escape"])}
+             for (act, L), e in escapes.items()}
+    for act in sorted({a for a, _ in escapes}):
+        es = [e for e in rates.values() if e["activation"] == act]
+        laws[f"rate_{act}_vs_L"] = {"rate_vs_L": power_law([e["L"] for e in es], [e["rate"] for e in es], xmin=16)}
     return {"setting": {"strength": STRENGTH, "lr": LR, "D_start": D_START, "lengths": list(hp["lengths"]),
                         "horizons": {L: heads_horizon(L, hp["quick"]) for L in hp["lengths"]}},
+            "escape_rates": rates,
             "bayes": {f"F{F}": {L: float(bayes_r[f"F{F}"][list(bayes_lengths).index(L)]) for L in hp["lengths"]}
                       for F in (1, 2)},
             "runs": rows, "laws": laws}
@@ -588,6 +598,10 @@ def report_heads(res: dict) -> None:
                lambda r: f"{r['first_plateau_end']:10.1f} {r['saddle_risk']:9.4f} {r['escape']:7.1f} {r['risk_end']:7.4f} "
                          f"{r['bayes']:7.4f} {r['excess']:7.4f}  {'yes' if r['settled'] else 'no ':7s} {r['classes']:10s} "
                          f"{r['seconds']:4.0f}")
+    print("\nescape rate of the unspecialized saddle, H = F = 2")
+    for k, e in res["escape_rates"].items():
+        print(f"  {k}: lambda {e['rate']:.4f}, plateau from tau {e['tau_plateau']:.1f} (risk {e['plateau_risk']:.4f}), "
+              f"predicted escape at D = {D_START}: {e['predicted_escape']:.0f}")
 
 
 def draw_heads(hp, trajs, bayes_r, bayes_lengths, res, out) -> None:
@@ -595,8 +609,8 @@ def draw_heads(hp, trajs, bayes_r, bayes_lengths, res, out) -> None:
     bayes2 = np.array([res["bayes"]["F2"][L] for L in hp["lengths"]])
     styles = {("softmax", 1): ("C0", "o", ":"), ("softmax", 2): ("C0", "s", "-"), ("softmax", 4): ("C0", "^", "--"),
               ("bsoftmax", 2): ("C2", "D", "-"), ("softmax1", 2): ("C1", "v", "-"), ("ssmax", 2): ("C3", "P", "-")}
-    fig = figure(figsize=(15, 4.4))
-    ax_c, ax_r, ax_t = fig.subplots(1, 3)
+    fig = figure(figsize=(20, 4.4))
+    ax_c, ax_r, ax_t, ax_l = fig.subplots(1, 4)
     for i, L in enumerate(hp["lengths"]):
         a = 0.35 + 0.65 * i / max(len(lengths) - 1, 1)
         for act, H in (("softmax", 2), ("bsoftmax", 2)):
@@ -623,6 +637,13 @@ def draw_heads(hp, trajs, bayes_r, bayes_lengths, res, out) -> None:
     ax_t.loglog(lengths, lengths / (2 * LR * STRENGTH**2), "k:", lw=1, label="L / (2 lr strength^2)")
     ax_t.set(xlabel="L", ylabel="tau", title="F = 2: first plateau (open) and specialization escape (filled)")
     ax_t.legend(fontsize=6.5, ncol=2)
+    for act, marker in (("softmax", "s"), ("ssmax", "P")):
+        es = [e for e in res["escape_rates"].values() if e["activation"] == act]
+        law = res["laws"].get(f"rate_{act}_vs_L", {}).get("rate_vs_L", {"beta": np.nan, "se": np.nan})
+        slope = f": slope {law['beta']:.2f} +- {law['se']:.2f} (L >= 16)" if np.isfinite(law["beta"]) else ""
+        ax_l.loglog([e["L"] for e in es], [e["rate"] for e in es], marker=marker, color=COLORS[act], label=act + slope)
+    ax_l.set(xlabel="L", ylabel="escape rate lambda", title="H = F = 2: escape rate of the unspecialized saddle")
+    ax_l.legend(fontsize=7)
     fig.tight_layout()
     sl.save_figure(out / "long_context_heads.png", fig)
 
@@ -689,9 +710,11 @@ def main() -> None:
                 continue
             print(f"{key}: {trajs[run]['status']!s:.80} ({float(trajs[run]['seconds']):.0f} s; "
                   f"{time.time() - start:.0f} s so far)", flush=True)
+        for act, L in hp["escape"]:
+            run_escape(act, L)
         if missing:
             print(f"--cached-only: not in the cache, left out: {', '.join(missing)}")
-        res = summarise_heads(hp, trajs, bayes_r, p["lengths"])
+        res = summarise_heads(hp, trajs, bayes_r, p["lengths"], escapes)
         report_heads(res)
         out = figures_dir(args)
         draw_heads(hp, trajs, bayes_r, p["lengths"], res, out)
