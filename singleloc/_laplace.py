@@ -120,6 +120,11 @@ TAIL_SIGMAS = 6.5
 TAIL_EPS = 1e-11
 #: Smallest variance of a head's field (a head of zero norm has a constant field).
 VAR_FLOOR = 1e-300
+#: Smallest variance of a pair's first field: its conditional mean ``C12 / C11`` and variance
+#: ``C22 - C12^2 / C11`` have derivatives of order ``1 / C11^2``, which must not overflow (a head of
+#: zero norm, e.g. ``sgd.init_scale = 0``, gave NaN gradients). The change of the risk is of the
+#: order of the floor; at ``Q = 0`` the ``O(lr)`` drift does not depend on ``dR/dQ``.
+PAIR_VAR_FLOOR = 1e-12
 
 #: Fields of a larger standard deviation than this have their one-token expectations on the
 #: profile grid (:meth:`LaplaceRule._single`), smaller ones on Gauss-Hermite nodes.
@@ -299,7 +304,7 @@ class LaplaceRule(eqx.Module):
     def _pair_factors(self, combos, y, yp, m, mp, C11, C12, C22):
         """The weighted first-field profiles (4, n_t, n_outer) and the second field's smoothed
         profiles given the first (len(which), n_outer, n_t) of :meth:`_pair`."""
-        C11 = jnp.maximum(C11, VAR_FLOOR)
+        C11 = jnp.maximum(C11, PAIR_VAR_FLOOR)
         sx = jnp.sqrt(C11) * self.z_outer  # x - m at the outer nodes
         beta = C12 / C11
         s2 = C22 - C12**2 / C11

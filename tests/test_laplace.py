@@ -560,3 +560,24 @@ def test_a_two_head_joint_layer_is_exact_in_product_form(L, M, Q, b, gradient_to
         assert np.max(np.abs(gf - gr)) > former_error * scale
     mass, mass_ref = (np.asarray(eqx.filter_jit(lambda r, *x: r.attention_mass(*x))(rules[n], *state)) for n in (None, 160))
     np.testing.assert_allclose(mass, mass_ref, atol=1e-9)
+
+
+@pytest.mark.parametrize("name", ["softmax", "bsoftmax", pytest.param("softmax1", marks=SLOW), pytest.param("ssmax", marks=SLOW)])
+def test_a_head_of_zero_norm_has_a_finite_exact_gradient(name):
+    """A head whose key is zero (``Q_hh = 0``, e.g. ``sgd.init_scale = 0``) beside a trained one: the
+    pair rule's conditional law divides by the first field's variance, which gave NaN gradients.
+    Now every derivative is finite, and those the drift uses (``M``, the other head's ``Q``, ``b``;
+    ``dR/dQ_hh`` of the zero head is multiplied by ``M_h = 0`` and ``Q_h. = 0`` there) agree with
+    central differences of the risk."""
+    rule = rule_for(name, 16, 2, sl.spikes(2, 2.5))
+    M, Q, b = jnp.array([[0.0, 0.0], [1.5, 0.2]]), jnp.array([[0.0, 0.0], [0.0, 3.0]]), jnp.array([-0.7, 1.3])
+    gM, gQ, gb = _grad(rule, M, Q, b)
+    assert all(bool(jnp.all(jnp.isfinite(g))) for g in (gM, gQ, gb))
+    h = 1e-5
+    entries = [(0, gM, (i, j)) for i in range(2) for j in range(2)] + [(1, gQ, (1, 1)), (2, gb, (0,)), (2, gb, (1,))]
+    for arg, grad, index in entries:
+        step = [jnp.zeros_like(x) for x in (M, Q, b)]
+        step[arg] = step[arg].at[index].set(h)
+        up = float(_risk(rule, *(x + d for x, d in zip((M, Q, b), step))))
+        down = float(_risk(rule, *(x - d for x, d in zip((M, Q, b), step))))
+        assert float(grad[index]) == pytest.approx((up - down) / (2 * h), abs=1e-7)
