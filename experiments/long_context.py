@@ -30,7 +30,7 @@ ODE starts from the overlaps of seed 0's random keys at ``D = 1000`` (``M(0) = O
    drift norm against ``L``.
 6. ``--heads``: more heads and two spikes against ``L`` (4 ... 1024), written to
    figures/long_context_heads.json and .png instead: softmax with ``H`` = 1, 2, 4 and bsoftmax with
-   ``H = 2`` at every ``L``, softmax1 and ssmax with ``H = 2`` at ``L`` <= 64 (``F = 2``), and two
+   ``H = 2`` at every ``L``, softmax1 with ``H = 2`` at every ``L`` and ssmax at ``L`` <= 64 (``F = 2``), and two
    softmax heads with one spike at ``L`` = 64, 256 (four at 64). Horizon ``max(600, 4 L / (lr strength^2))``
    (the specialization escape of ``H = F = 2`` comes after the first plateau: 270 at ``L = 4``).
    Read off: the first plateau's end, the escape (the head spread orthogonal to the prior mean
@@ -92,7 +92,7 @@ def heads_plan(quick: bool) -> dict:
     short = [L for L in lengths if L <= 64]
     runs = [("softmax", H, 2, L) for L in lengths for H in (1, 2, 4)]
     runs += [("bsoftmax", 2, 2, L) for L in lengths]
-    runs += [(act, 2, 2, L) for L in short for act in ("softmax1", "ssmax")]
+    runs += [("softmax1", 2, 2, L) for L in lengths] + [("ssmax", 2, 2, L) for L in short]
     runs += [("softmax", 2, 1, L) for L in ((16,) if quick else (64, 256))]
     runs += [] if quick else [("softmax", 4, 1, 64)]  # one spike: does the excess fall like 1/H?
     escape = [("softmax", L) for L in lengths if L <= 256] + [("ssmax", L) for L in short]
