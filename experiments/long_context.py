@@ -64,6 +64,7 @@ from _common import cache_dir, figure, figures_dir, fit, parser, save_json  # no
 from _common import stage as cached_stage  # noqa: E402
 
 import singleloc as sl  # noqa: E402
+from singleloc._head_classes import class_counts_text  # noqa: E402
 
 STRENGTH, LR, D_START = 2.5, 0.5, 1000
 ACTIVATIONS = ("softmax", "softmax1", "bsoftmax", "ssmax")
@@ -547,8 +548,6 @@ def summarise_heads(hp, trajs, bayes_r, bayes_lengths, escapes) -> dict:
     """Per run: the first plateau (the unspecialized saddle's risk and when it is reached halfway),
     the escape from it (:func:`spread_escape`), the final risk against the Bayes risk at that ``L``,
     and the head classes at the end."""
-    from singleloc._head_classes import class_counts_text
-
     rows = {}
     for (act, H, F, L), tr in trajs.items():
         key = name(act, H, F, L)
