@@ -137,37 +137,53 @@ def _lattice(s2, u):
 def _lagrange_weights(x):
     """Weights ``(*x.shape, P)`` of the ``P = INTERPOLATION_POINTS`` point Lagrange interpolation at
     ``x`` from the nodes ``0, 1, ..., P - 1``: ``prod_{r != q} (x - r) / (q - r)``, the products
-    left and right of ``q`` as cumulative products (no division by ``x - q``)."""
+    left and right of ``q`` built up one factor at a time (no division by ``x - q``; unrolled, so
+    that they fuse into one elementwise pass)."""
     P = INTERPOLATION_POINTS
-    d = x[..., None] - np.arange(P)
-    ones = jnp.ones_like(d[..., :1])
-    left = jnp.cumprod(jnp.concatenate([ones, d[..., :-1]], axis=-1), axis=-1)
-    right = jnp.flip(jnp.cumprod(jnp.concatenate([ones, jnp.flip(d[..., 1:], axis=-1)], axis=-1), axis=-1), axis=-1)
-    denominators = np.array([math.prod(q - r for r in range(P) if r != q) for q in range(P)], dtype=float)
-    return left * right / denominators
+    d = [x - r for r in range(P)]
+    left, right = [jnp.ones_like(x)], [jnp.ones_like(x)]
+    for r in range(P - 1):
+        left.append(left[-1] * d[r])
+        right.append(right[-1] * d[P - 1 - r])
+    denominators = [math.prod(q - r for r in range(P) if r != q) for q in range(P)]
+    return jnp.stack([left[q] * right[P - 1 - q] / denominators[q] for q in range(P)], axis=-1)
 
 
-def _tabulated(c, s2, z, w, u, which, wide, orders):
-    """The smoothed profiles of :func:`smoothed_profiles` and of their derivatives (``orders``) at
-    ``c``, ``(len(orders), len(which), *c.shape)``: tabulated on the lattice of :func:`_lattice` (the
-    normal rule for ``s <= wide``, the profile grid above) and interpolated; their asymptotes outside
-    the lattice."""
+def smoothing_table(s2, z, w, u, which, wide, orders):
+    """The smoothed profiles ``E[f^(order)(c + sqrt(s2) Z)]`` of :func:`smoothed_profiles` tabulated on
+    the lattice of :func:`_lattice`, ``(lo, h, table)`` with ``table`` of shape ``(len(orders),
+    len(which), TABLE_POINTS)``: on the normal rule ``z, w`` for ``sqrt(s2) <= wide``, on the profile
+    grid ``u`` above. Built once, looked up at many arguments (:func:`interpolated`)."""
     s2 = jnp.maximum(s2, 0.0)
     lo, h = _lattice(jax.lax.stop_gradient(s2), u)
     lattice = lo + h * jnp.arange(TABLE_POINTS, dtype=u.dtype)
+    wide_s, narrow_s = jnp.sqrt(jnp.maximum(s2, wide**2)), jnp.sqrt(s2)  # each finite where it is not taken
+    table = jnp.where(s2 > wide**2, grid_smoothing(lattice, wide_s, u, which, orders),
+                      normal_smoothing(lattice, narrow_s, z, w, which, orders))
+    return lo, h, table
+
+
+def interpolated(lo, h, table, c, which, orders):
+    """The tabulated smoothed profiles (:func:`smoothing_table`) at the arguments ``c``,
+    ``(len(orders), len(which), *c.shape)``: :data:`INTERPOLATION_POINTS`-point Lagrange interpolation
+    inside the lattice, the asymptotes outside it (``rho_0 = 1`` below, ``omega = 1`` above, every
+    other profile and derivative zero)."""
     P = INTERPOLATION_POINTS
     t = (c - lo) / h
     k0 = jnp.clip(jnp.floor(t).astype(jnp.int32) - (P // 2 - 1), 0, TABLE_POINTS - P)
     weights = _lagrange_weights(t - k0)  # (*c.shape, P)
-    nodes = k0[..., None] + np.arange(P)  # (*c.shape, P)
-    wide_s, narrow_s = jnp.sqrt(jnp.maximum(s2, wide**2)), jnp.sqrt(s2)  # each finite where it is not taken
-    table = jnp.where(s2 > wide**2, grid_smoothing(lattice, wide_s, u, which, orders),
-                      normal_smoothing(lattice, narrow_s, z, w, which, orders))  # (len(orders), len(which), TABLE_POINTS)
-    value = jnp.sum(weights * table[:, :, nodes], axis=-1)
+    rows = table.reshape(-1, TABLE_POINTS).T[k0[..., None] + np.arange(P)]  # (*c.shape, P, orders x profiles)
+    value = jnp.moveaxis(jnp.sum(weights[..., None] * rows, axis=-2), -1, 0).reshape(table.shape[:2] + c.shape)
     shape = (len(orders), len(which)) + (1,) * c.ndim
     low = np.array([[1.0 if (p == RHO0 and order == 0) else 0.0 for p in which] for order in orders]).reshape(shape)
     high = np.array([[1.0 if (p == OMEGA and order == 0) else 0.0 for p in which] for order in orders]).reshape(shape)
     return jnp.where(t < 0, low, jnp.where(t > TABLE_POINTS - 1, high, value))
+
+
+def _tabulated(c, s2, z, w, u, which, wide, orders):
+    """The smoothed profiles of :func:`smoothed_profiles` and of their derivatives (``orders``) at
+    ``c``, ``(len(orders), len(which), *c.shape)``: a table (:func:`smoothing_table`), interpolated."""
+    return interpolated(*smoothing_table(s2, z, w, u, which, wide, orders), c, which, orders)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(5, 6))
