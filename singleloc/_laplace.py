@@ -59,17 +59,17 @@ The rules, and why they are exact to the precision stated.
   argument instead of ``n_inner`` profile evaluations. Identical heads make the conditional variance vanish: its derivative
   is taken by the heat equation (Price's theorem), ``d E[f(u + s z)] / d(s^2) = E[f''(u + s z)] / 2``,
   so the gradient stays finite and exact at ``R_orth = 0``.
-* A joint layer's ``H``-dimensional token expectation. With ``H <= 2`` in product form
-  (:meth:`LaplaceRule._product_token`): ``exp(-t u) = prod_h rho_0(y + x_h)`` turns every profile
-  of ``lse(x)`` into sums of products of one head's profiles, so one token's expectations are one
-  head's and a pair's (the pair rule above, on the diagonal ``y' = y``), exact at the widths of
-  trained keys. With ``H = 3`` a tensor rule of normal rules (:data:`JOINT_TENSOR` sizes) or, for more
-  heads, Gauss-Hermite rules on the leading
-  directions times scrambled Sobol normals with their mirrors (``joint_points``), both in the
-  principal axes of the token's covariance, largest variance
-  on the first coordinate (:func:`principal_factor`: heads that are copies leave only the
-  leading coordinates active, where a Sobol rule is best); the derivative in ``(mu, C)`` is
-  by Price's theorem, never through the eigendecomposition.
+* A joint layer's ``H``-dimensional token expectation, in conditional product form
+  (:func:`_joint_token`). Write the token's covariance ``C = delta I + S^T S`` with ``delta`` its
+  smallest eigenvalue: given the standard normals ``z`` on the ``H - 1`` principal directions of
+  ``C - delta I``, the fields are independent, ``x_h = mu_h(z) + sqrt(delta) Z_h``, and
+  ``exp(-t u) = prod_h rho_0(y + x_h)`` (``u = sum_h exp(x_h)``) makes every profile of ``lse(x)``
+  a polynomial in one head's profiles smoothed by ``N(0, delta)``: tabulated once, interpolated. The
+  smallest variance is integrated exactly; on the others a tensor of normal rules along the
+  leading directions (where trained keys are wide, :data:`JOINT_LEADING`) times a symmetric rule of
+  degree 5 on the rest (the anisotropy of ``R_orth``: small). Heads that are copies leave
+  ``delta = 0`` and fewer active directions; the derivative in ``(mu, C)`` is by Price's theorem
+  on the same nodes, never through the eigendecomposition.
 * ``theta``: the atoms of the prior exactly; a Gaussian part is folded into the relevant
   token's covariance, ``C0 = alpha^2 (Q + M Sigma M^T)`` (the relevant token's fields are
   Gaussian given the atom).
@@ -77,12 +77,12 @@ The rules, and why they are exact to the precision stated.
   of non-negative terms), so ``L`` up to any size costs nothing and loses no digits.
 
 Nothing here depends on ``L`` but the exponents: the cost of a risk is
-``O(H^2 n_t^2 n_outer)`` for a per-head layer, ``O(n_t N)`` for a joint one with ``N`` nodes
-(``O(n_t n_outer)`` in product form).
+``O(H^2 n_t^2 n_outer)`` for a per-head layer, ``O(H n_t N)`` for a joint one with ``N`` nodes.
 
 Error statement. The risk is compared with that of a finer rule
-(:meth:`LaplaceRule.refined`, 1.5 x the nodes of every kind): the difference bounds the error of
-the coarse rule for a geometrically convergent rule.
+(:meth:`LaplaceRule.refined`, 1.5 x the nodes of every kind, and a joint layer's first degree-5
+direction on a normal rule of its own): the difference bounds the error of the coarse rule for a
+geometrically convergent rule.
 """
 
 from __future__ import annotations
@@ -102,12 +102,13 @@ from ._laplace_profiles import (
     RHO1,
     RHO2,
     _power,
-    _profile,
     _profiles,
     grid_smoothing,
+    interpolated,
     normal_rule,
     normal_smoothing,
     smoothed_profiles,
+    smoothing_table,
 )
 from ._numerics import principal_factor
 from ._priors import Prior
@@ -140,20 +141,22 @@ U_GRID_STEP = 0.25
 N_T = 128
 N_OUTER = 64
 N_INNER = 64
-#: Joint layers with H = 3 (H <= 2 are in product form, ``LaplaceRule._product_token``, unless a
-#: size is given here for them): a tensor rule, these sizes along the principal directions (largest
-#: variance first; :func:`~singleloc._laplace_profiles.normal_rule`: trapezoidal from 32 nodes). The
-#: leading directions carry the width of trained keys: at a trained bsoftmax H = 3, F = 2 state
-#: (tau = 160, key variances 5.7 and 6.9 on two directions, 0.15 on the third) 24 Gauss-Hermite
-#: nodes on every direction left a relative O(lr) drift error of 5.7e-4, (64, 32, 16) 5.0e-5 and
-#: (64, 48, 16) 6.2e-9 (against (96, 72, 48)), at twice the cost of (64, 24, 16).
-JOINT_TENSOR = {3: (64, 48, 16)}
-#: Joint layers with H >= 4: Gauss-Hermite sizes on the three leading principal directions and
-#: Sobol points on the rest. Specialised heads put comparable variance on several directions:
-#: (24, 8, 4) x 64 was off by 5e-4 (H = 4, F = 2) to 1.1e-2 (H = 4, F = 4) there; (24, 16, 8) x 16,
-#: at the same number of nodes, by 1.3e-5 to 4.2e-4 (against (28, 24, 12) x 16; docs/model.md 4.6).
-JOINT_LEADING = (24, 16, 8)
-JOINT_POINTS = 16
+#: Joint layers (bsoftmax), :func:`_joint_token`: the sizes of the normal rules
+#: (:func:`~singleloc._laplace_profiles.normal_rule`, trapezoidal from 32 nodes) on the leading
+#: principal directions of the token's covariance less its smallest variance, largest first; on
+#: ``min(max(F, 2), 3, H - 1)`` of them (:func:`joint_layout`: trained keys are wide along the ``F``
+#: directions of ``M``), a symmetric rule of degree 5 (:func:`symmetric_degree5`) on the others, whose
+#: variances are the anisotropy of ``R_orth`` (small: the isotropic part is the smoothed ``delta``).
+#: Measured (docs/model.md 4.6, against (128, 96) and (96, 72, 12)): at a trained H = 3, F = 2 state
+#: (key variances 5.8 and 7.0, 0.15 on the third direction) (64, 48) leaves a risk error of 5e-16 and
+#: a relative gradient error of 2e-13 ((48, 32), at half the cost: 4.5e-10 and 4.3e-8, and 6e-6 of
+#: the O(lr) drift); at an H = 4 state with variances 10.3 and 11.9 and a third direction of 0.07
+#: beyond the smallest, (64, 48) and the degree-5 rule 1.8e-7 and 2.4e-6 (that direction on 8 nodes:
+#: 2e-14 and 8e-11, at 3.4 times the cost).
+JOINT_LEADING = (64, 48, 16)
+#: The refined rule (:meth:`LaplaceRule.refined`) takes the first direction of the degree-5 rule out
+#: of it, onto a normal rule of this many nodes: the stated error then covers that rule too.
+JOINT_PROMOTED = 6
 
 
 # -- the rule --------------------------------------------------------------------------------
@@ -171,7 +174,7 @@ class LaplaceRule(eqx.Module):
     z_inner: jax.Array
     w_inner: jax.Array
     u_grid: jax.Array  # (n_u,) the profile grid of the one-token expectations of wide fields
-    z_joint: jax.Array  # (N, H) standard normals of a joint layer's token fields (N = 0: per-head layer)
+    z_joint: jax.Array  # (N, H - 1) standard normals of a joint layer's rule (:func:`joint_nodes`; (0, 0): per-head layer)
     w_joint: jax.Array
     atoms: jax.Array  # (K, F)
     probs: jax.Array  # (K,)
@@ -179,47 +182,47 @@ class LaplaceRule(eqx.Module):
     form: ExponentialForm = eqx.field(static=True)
     L: int = eqx.field(static=True)
     n_t: int = eqx.field(static=True)
-    joint_points: int = eqx.field(static=True)
+    heads: int = eqx.field(static=True)
+    joint_layout: tuple = eqx.field(static=True)  # (sizes, small) of a joint layer's rule (:func:`joint_layout`)
 
     @classmethod
     def make(cls, form: ExponentialForm, L: int, H: int, prior: Prior, *, n_t: int = N_T, n_outer: int = N_OUTER,
-             n_inner: int = N_INNER, joint_points: int = JOINT_POINTS, joint_tensor: dict | None = None,
-             joint_leading: tuple | None = None, seed: int = 0, u_step: float = U_GRID_STEP) -> LaplaceRule:
+             n_inner: int = N_INNER, joint_sizes: tuple | None = None, u_step: float = U_GRID_STEP) -> LaplaceRule:
         """The rule for ``H`` heads over sequences of ``L >= 2`` tokens under ``prior``.
 
-        ``joint_tensor``: the tensor rule's sizes along the principal directions for a joint layer
-        of ``H`` heads, ``{H: sizes}`` (default :data:`JOINT_TENSOR`, ``H = 3``; without an entry,
-        ``H <= 2`` are in product form, :meth:`_product_token`); more heads use Gauss-Hermite rules of ``joint_leading``
-        sizes (default ``(24, 16, 8)``) on the leading principal directions and ``joint_points``
-        Sobol points (scrambling ``seed``) with their mirrors on the others. ``u_step``: the step
-        of the profile grid (:meth:`_single`).
+        ``joint_sizes``: a joint layer's normal-rule sizes on its leading principal directions (at
+        most ``H - 1``; the others on the degree-5 rule), default :func:`joint_layout`. ``u_step``:
+        the step of the profile grid (:meth:`_single`).
         """
         if L < 2:
             raise ValueError(f"problem.L must be >= 2 for the exact route, got {L}")
         dtype = jnp.result_type(float)
         zo, wo = normal_rule(n_outer)
         zi, wi = normal_rule(n_inner)
-        zj, wj = np.zeros((0, H)), np.zeros((0,))
+        layout, (zj, wj) = ((), 0), (np.zeros((0, 0)), np.zeros((0,)))
         if form.joint:
-            zj, wj = joint_nodes(H, joint_points, seed, joint_tensor or JOINT_TENSOR, joint_leading)
+            F = prior.atoms_array().shape[1]
+            layout = joint_layout(H, F) if joint_sizes is None else (tuple(joint_sizes), H - 1 - len(joint_sizes))
+            if layout[1] < 0:
+                raise ValueError(f"joint_sizes = {joint_sizes}: at most H - 1 = {H - 1} sizes (the principal directions "
+                                 "but the smallest)")
+            zj, wj = joint_nodes(*layout)
         as_array = lambda x: jnp.asarray(x, dtype)
         u = np.linspace(U_GRID_LOW, U_GRID_HIGH, int(math.ceil((U_GRID_HIGH - U_GRID_LOW) / u_step)) + 1)
         return cls(as_array(zo), as_array(wo), as_array(zi), as_array(wi), as_array(u), as_array(zj), as_array(wj),
                    as_array(prior.atoms_array()), as_array(prior.probs_array()), as_array(np.asarray(prior.noise_cov)),
-                   form, int(L), int(n_t), int(joint_points))
+                   form, int(L), int(n_t), int(H), layout)
 
-    def refined(self, factor: float = 1.5, seed: int = 1) -> LaplaceRule:
-        """The same rule with ``factor`` times the nodes of every kind but a joint layer's Sobol
-        points, which are rescrambled with ``seed`` (the error estimate's reference; more Sobol
-        points would multiply the joint rule's memory, several gigabytes at H = 4)."""
-        H = self.z_joint.shape[-1]
+    def refined(self, factor: float = 1.5) -> LaplaceRule:
+        """The same rule with ``factor`` times the nodes of every kind and, in a joint layer, the first
+        direction of the degree-5 rule on :data:`JOINT_PROMOTED` nodes (the error estimate's
+        reference)."""
         grow = lambda n: int(math.ceil(factor * n))
-        tensor = {h: tuple(grow(n) for n in sizes) for h, sizes in JOINT_TENSOR.items()}
-        leading = tuple(grow(n) for n in JOINT_LEADING)
+        sizes, small = self.joint_layout
+        sizes = tuple(grow(n) for n in sizes) + ((JOINT_PROMOTED,) if small else ())
         prior = Prior(np.asarray(self.atoms), np.asarray(self.probs), np.asarray(self.prior_cov))
-        return LaplaceRule.make(self.form, self.L, H, prior, n_t=grow(self.n_t), n_outer=grow(self.z_outer.shape[0]),
-                                n_inner=grow(self.z_inner.shape[0]), joint_points=self.joint_points,
-                                joint_tensor=tensor, joint_leading=leading, seed=seed,
+        return LaplaceRule.make(self.form, self.L, self.heads, prior, n_t=grow(self.n_t), n_outer=grow(self.z_outer.shape[0]),
+                                n_inner=grow(self.z_inner.shape[0]), joint_sizes=sizes if self.form.joint else None,
                                 u_step=float(self.u_grid[1] - self.u_grid[0]) / factor)
 
     # -- the laws of one token's fields ------------------------------------------------------
@@ -294,12 +297,6 @@ class LaplaceRule(eqx.Module):
         ``[[C11, C12], [C12, C22]]`` (module docstring)."""
         outer, inner, which = self._pair_factors(combos, y, yp, m, mp, C11, C12, C22)
         return jnp.stack([outer[a] @ inner[which.index(b)] for a, b in combos])
-
-    def _pair_diagonal(self, combos, y, m, mp, C11, C12, C22):
-        """:meth:`_pair` on the diagonal ``y' = y`` only: (len(combos), n_t), the two fields of one
-        token under one normaliser (a joint layer's product form, :meth:`_product_token`)."""
-        outer, inner, which = self._pair_factors(combos, y, y, m, mp, C11, C12, C22)
-        return jnp.stack([jnp.einsum("to,ot->t", outer[a], inner[which.index(b)]) for a, b in combos])
 
     def _pair_factors(self, combos, y, yp, m, mp, C11, C12, C22):
         """The weighted first-field profiles (4, n_t, n_outer) and the second field's smoothed
@@ -386,44 +383,17 @@ class LaplaceRule(eqx.Module):
         m1, C1, m0, C0 = self._token_laws(M, Q, b)
         y, step = self._joint_range(m1, C1, m0, C0)
         pre = step * jnp.exp(-kappa * jnp.exp(y))
-        if self.z_joint.shape[0] == 0:  # the product form (H <= 2)
-            noise, shares1 = self._product_token(y, m1, C1)
-            rel, shares0 = self._atoms_mean(lambda k: self._product_token(y, m0[:, k], C0))
-        else:
-            z, w = self.z_joint, self.w_joint
-            S1, S0 = principal_factor(jax.lax.stop_gradient(C1)), principal_factor(jax.lax.stop_gradient(C0))
-            noise = _lse_profiles(y, m1, C1, S1, z, w)
-            rel = self._atoms_mean(lambda k: _lse_profiles(y, m0[:, k], C0, S0, z, w))
-            shares1 = _lse_shares(y, m1, S1, z, w)  # (n_t, H)
-            shares0 = self._atoms_mean(lambda k: _lse_shares(y, m0[:, k], S0, z, w))
+        z, w, tab = self.z_joint, self.w_joint, (self.z_inner, self.w_inner, self.u_grid)
+        noise = _joint_token(y, m1, C1, z, w, tab)
+        rel = self._atoms_mean(lambda k: _joint_token(y, m0[:, k], C0, z, w, tab))
+        shares1 = _joint_shares(y, m1, C1, z, w, tab)  # (n_t, H)
+        shares0 = self._atoms_mean(lambda k: _joint_shares(y, m0[:, k], C0, z, w, tab))
         p1, p2 = _power(noise[OMEGA], L - 1), _power(noise[OMEGA], L - 2)
         Ea0 = jnp.sum(pre * rel[RHO1] * p1)
         Ea00 = jnp.sum(pre * rel[RHO2] * p1)
         Ea11 = jnp.sum(pre * noise[RHO2] * rel[RHO0] * p2)
         mass = H * ((pre * p1) @ shares0 + (L - 1) * (pre * rel[RHO0] * p2) @ shares1)
         return 1.0 - 2.0 * Ea0 + Ea00 + (L - 1) * Ea11, mass
-
-    def _product_token(self, y, m, C):
-        """One token's ``E[f(y + lse(x))]`` (4, n_t) and the heads' shares ``E[rho_1(y + lse(x))
-        softmax(x)_h]`` (n_t, H) for ``x ~ N(m, C)`` with ``H <= 2`` fields, in product form:
-        ``exp(-t u) = prod_h rho_0(y + x_h)``, so with ``f_h = f(y + x_h)``
-
-            rho_0(lse) = rho_0,1 rho_0,2,     rho_1(lse) = rho_1,1 rho_0,2 + rho_0,1 rho_1,2,
-            rho_2(lse) = rho_2,1 rho_0,2 + 2 rho_1,1 rho_1,2 + rho_0,1 rho_2,2,
-            omega(lse) = omega_1 + rho_0,1 omega_2   (a sum of non-negative terms),
-
-        one head's expectations (:meth:`_single`) and a pair's on the diagonal ``y' = y``
-        (:meth:`_pair_diagonal`): exact at any width of the second field and, for the first, to a
-        standard deviation of about 3 (module docstring), where a tensor rule in the principal axes
-        loses accuracy with the width of both. Head ``h``'s share of ``rho_1(lse)`` is its term of
-        that sum."""
-        one = self._single(y, m[0], C[0, 0])
-        if m.shape[0] == 1:
-            return one, one[RHO1][:, None]
-        combos = ((RHO1, RHO0), (RHO0, RHO1), (RHO0, RHO0), (RHO2, RHO0), (RHO1, RHO1), (RHO0, RHO2), (RHO0, OMEGA))
-        p10, p01, p00, p20, p11, p02, p0w = self._pair_diagonal(combos, y, m[0], m[1], C[0, 0], C[0, 1], C[1, 1])
-        token = {RHO0: p00, RHO1: p10 + p01, RHO2: p20 + 2.0 * p11 + p02, OMEGA: one[OMEGA] + p0w}
-        return jnp.stack([token[f] for f in range(4)]), jnp.stack([p10, p01], axis=-1)
 
     def _joint_range(self, m1, C1, m0, C0):
         L = self.L
@@ -447,68 +417,179 @@ class LaplaceRule(eqx.Module):
         return jnp.linspace(lo, hi, self.n_t), (hi - lo) / (self.n_t - 1)
 
 
-def joint_nodes(H: int, points: int, seed: int, tensor: dict, leading: tuple = None) -> tuple[np.ndarray, np.ndarray]:
-    """Standard normal nodes (N, H) and weights of a joint layer's token rule, coordinate ``j``
-    along the ``j``-th principal direction (:func:`principal_factor`): a tensor rule of
-    :func:`~singleloc._laplace_profiles.normal_rule` of the ``tensor[H]`` sizes for ``H`` in
-    ``tensor``; else Gauss-Hermite rules of ``leading`` sizes (default
-    ``JOINT_LEADING``) on the leading coordinates times ``points`` scrambled Sobol normals
-    (:func:`~singleloc._fields.sobol_normals`, with their mirrors) on the others."""
-    if H in tensor:
-        rules = [normal_rule(n) for n in tensor[H]]
-        sobol = None
-    elif H <= 2:  # no nodes: the product form (LaplaceRule._product_token)
-        return np.zeros((0, H)), np.zeros((0,))
-    else:
-        rules = [normal_rule(n) for n in (leading or JOINT_LEADING)]
-        from ._fields import sobol_normals
+def joint_layout(H: int, F: int, leading: tuple = JOINT_LEADING) -> tuple[tuple[int, ...], int]:
+    """``(sizes, small)`` of the rule of a joint layer of ``H`` heads under a prior on ``F`` directions:
+    normal rules of ``sizes`` on ``min(max(F, 2), len(leading), H - 1)`` leading principal directions
+    and the degree-5 rule on the ``small`` others (:data:`JOINT_LEADING`)."""
+    r = min(max(F, 2), len(leading), H - 1)
+    return tuple(leading[:r]), H - 1 - r
 
-        base = sobol_normals(H - len(rules), points, seed)
-        sobol = np.concatenate([base, -base], axis=0)
-    grids = np.meshgrid(*[z for z, _ in rules], indexing="ij")
-    nodes = np.stack([g.ravel() for g in grids], axis=1)
-    weights = np.prod(np.meshgrid(*[w for _, w in rules], indexing="ij"), axis=0).ravel()
-    if sobol is not None:
-        n = len(sobol)
-        nodes = np.concatenate([np.repeat(nodes, n, axis=0), np.tile(sobol, (len(weights), 1))], axis=1)
-        weights = np.repeat(weights, n) / n
-    return nodes, weights
+
+def symmetric_degree5(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The fully symmetric rule of degree 5 for ``E[f(z)]``, ``z ~ N(0, I_n)``, on ``2 n^2 + 1`` points:
+    the origin, ``+-sqrt(3) e_i`` and ``+-sqrt(3) e_i +- sqrt(3) e_j`` (``i < j``), weights
+    ``(n^2 - 7n + 18) / 18``, ``(4 - n) / 18`` and ``1 / 36`` (the moment equations ``E[1] = E[z_i^2] =
+    E[z_i^2 z_j^2] = 1``, ``E[z_i^4] = 3``; every odd moment vanishes by symmetry). ``n = 1`` is the
+    three-point Gauss-Hermite rule; ``n = 0`` one point."""
+    points, weights = [np.zeros(n)], [(n * n - 7 * n + 18) / 18]
+    r = math.sqrt(3.0)
+    for i in range(n):
+        for sign in (1.0, -1.0):
+            points.append(sign * r * np.eye(n)[i])
+            weights.append((4 - n) / 18)
+    for i, j in itertools.combinations(range(n), 2):
+        for si, sj in itertools.product((1.0, -1.0), repeat=2):
+            points.append(r * (si * np.eye(n)[i] + sj * np.eye(n)[j]))
+            weights.append(1 / 36)
+    return np.array(points).reshape(len(weights), n), np.array(weights)
+
+
+def joint_nodes(sizes: tuple, small: int) -> tuple[np.ndarray, np.ndarray]:
+    """Standard normal nodes ``(N, len(sizes) + small)`` and weights of a joint layer's rule
+    (:func:`_joint_token`), coordinate ``j`` along the ``j``-th principal direction: the tensor rule
+    of :func:`~singleloc._laplace_profiles.normal_rule` of ``sizes`` times :func:`symmetric_degree5` on
+    the ``small`` last ones."""
+    nodes, weights = np.zeros((1, 0)), np.ones(1)
+    for z, w in (normal_rule(n) for n in sizes):
+        nodes = np.concatenate([np.repeat(nodes, len(w), axis=0), np.tile(z[:, None], (len(weights), 1))], axis=1)
+        weights = np.repeat(weights, len(w)) * np.tile(w, len(weights))
+    zs, ws = symmetric_degree5(small)
+    nodes = np.concatenate([np.repeat(nodes, len(ws), axis=0), np.tile(zs, (len(weights), 1))], axis=1)
+    return nodes, np.repeat(weights, len(ws)) * np.tile(ws, len(weights))
+
+
+#: A joint layer's per-head ``rho_0`` factors are floored here before they divide a product of them
+#: (:func:`_conditional_terms`): every term of the token's expectations is a product of bounded
+#: factors, so the floor changes none by more than about this size.
+RHO0_FLOOR = 1e-30
+
+
+def _conditional_law(C, dims: int):
+    """``(delta, S)``: ``C = delta I + S^T S`` with ``delta`` the least eigenvalue of ``C`` (clipped at
+    zero) and ``S`` (dims, H) the principal factor (:func:`principal_factor`) of ``C - delta I`` on its
+    ``dims`` leading directions (``dims = H - 1`` holds all of it: its last eigenvalue is zero).
+    Outside the gradient (the derivatives are by Price's theorem, :func:`_joint_token`)."""
+    C = jax.lax.stop_gradient(C)
+    delta = jnp.maximum(jnp.linalg.eigvalsh(C)[0], 0.0)
+    return delta, principal_factor(C - delta * jnp.eye(C.shape[0], dtype=C.dtype))[:dims]
+
+
+def _conditional_terms(values):
+    """The pieces of the product form from the heads' smoothed profiles ``values`` (4, ..., H) at one
+    ``y`` (:func:`_joint_token`): ``P = prod_h r0_h``, ``q_k = r_k / r0`` (k = 1, 2, per head) with
+    ``r0`` floored at :data:`RHO0_FLOOR`, ``A = sum_h q_1`` and the exclusive products
+    ``prod_{g < h} r0_g`` (the telescoped ``omega``)."""
+    r0, r1, r2, om = values
+    a = jnp.maximum(r0, RHO0_FLOOR)
+    P = jnp.prod(a, axis=-1)
+    q1, q2 = r1 / a, r2 / a
+    before = jnp.cumprod(jnp.concatenate([jnp.ones_like(a[..., :1]), a[..., :-1]], axis=-1), axis=-1)
+    return a, P, q1, q2, jnp.sum(q1, axis=-1), before
+
+
+def _token_from_heads(values):
+    """One token's ``E[f(y + lse(x)) | z]`` (4, ...) for ``f = rho_0, rho_1, rho_2, omega`` from the
+    heads' smoothed profiles (fields independent given ``z``):
+
+        rho_0(lse) = P,   rho_1(lse) = P sum_h q1_h,   rho_2(lse) = P (sum_h q2_h + sum_{h != g} q1_h q1_g),
+        omega(lse) = sum_h omega_h prod_{g < h} r0_g   (non-negative terms: no digits lost near 0)."""
+    _, P, q1, q2, A, before = _conditional_terms(values)
+    rho2 = P * (jnp.sum(q2, axis=-1) + A**2 - jnp.sum(q1**2, axis=-1))
+    return jnp.stack([P, P * A, rho2, jnp.sum(values[OMEGA] * before, axis=-1)])
 
 
 @jax.custom_jvp
-def _lse_profiles(y, mean, C, S, z, w):
-    """``E[f(y + lse(x))]`` (4, n_t) of the four profiles for ``x ~ N(mean, C)`` on the nodes
-    ``mean + z S`` (``S^T S = C``, :func:`principal_factor`); derivatives in ``(mean, C)`` by
-    Price's theorem, never through ``S``."""
-    ell = jax.nn.logsumexp(mean + z @ S, axis=-1)  # (N,)
-    return _profiles(y[:, None] + ell[None, :]) @ w
+def _joint_token(y, mean, C, z, w, table_rule):
+    """``E[f(y + lse(x))]`` (4, n_t) of the four profiles for the ``H >= 3`` fields ``x ~ N(mean, C)``
+    of one token, in conditional product form.
+
+    Write ``C = delta I + S^T S`` (:func:`_conditional_law`): given the standard normals ``z`` on the
+    ``H - 1`` principal directions of ``C - delta I`` (the nodes ``z`` (N, H - 1), weights ``w``), the
+    fields ``x_h = mu_h + sqrt(delta) Z_h`` with ``mu = mean + z S`` are independent, so
+    ``exp(-t u) = prod_h rho_0(y + x_h)`` (``u = sum_h exp(x_h)``) makes each profile of ``lse(x)`` a
+    polynomial in one head's profiles smoothed by ``N(0, delta)`` (:func:`_token_from_heads`), which
+    are tabulated once and interpolated (:func:`~singleloc._laplace_profiles.smoothing_table`). The
+    smallest principal variance is integrated exactly, and heads that are copies leave ``delta = 0``
+    and fewer active directions. ``table_rule``: ``(z_inner, w_inner, u_grid)`` of the tables.
+
+    Derivatives by Price's theorem, ``dE[F] = E[grad F] dmean + E[tr(hess F dC)] / 2``, with the
+    gradient and Hessian of the conditional expectation in ``mu`` from the tabulated derivatives of
+    the smoothed profiles (:func:`_joint_token_jvp`): never through ``S``."""
+    tables = _joint_tables(C, z.shape[1], table_rule, (0,))
+    mu = _joint_means(mean, C, z)
+    return jax.lax.map(lambda yy: _token_from_heads(interpolated(*tables, yy + mu, JOINT_PROFILES, (0,))[0]) @ w, y).T
 
 
-def _lse_shares(y, mean, S, z, w):
-    """``E[rho_1(y + lse(x)) softmax(x)_h]`` (n_t, H) for ``x ~ N(mean, S^T S)`` on the nodes
-    ``mean + z S``: each head's share of ``rho_1`` (no derivatives: the attention mass is not
-    differentiated)."""
-    x = mean + z @ S
-    return _profile(y[:, None] + jax.nn.logsumexp(x, axis=-1)[None, :], RHO1) @ (w[:, None] * jax.nn.softmax(x, axis=-1))
+JOINT_PROFILES = (RHO0, RHO1, RHO2, OMEGA)
 
 
-@_lse_profiles.defjvp
-def _lse_profiles_jvp(primals, tangents):
-    y, mean, C, S, z, w = primals
-    _, dmean, dC, _, _, _ = tangents
-    x = mean + z @ S
-    ell = jax.nn.logsumexp(x, axis=-1)
-    u = y[:, None] + ell[None, :]
-    p = jax.nn.softmax(x, axis=-1)  # (N, H): the gradient of lse
+def _joint_tables(C, dims, table_rule, orders):
+    zi, wi, u = table_rule
+    delta, _ = _conditional_law(C, dims)
+    return smoothing_table(delta, zi, wi, u, JOINT_PROFILES, WIDE_SIGMA, orders)
+
+
+def _joint_means(mean, C, z):
+    return mean + z @ _conditional_law(C, z.shape[1])[1]
+
+
+@_joint_token.defjvp
+def _joint_token_jvp(primals, tangents):
+    """Price's theorem on the conditional product form. With ``a = r0``, ``l = a' / a``,
+    ``q_k = r_k / a`` (derivatives in the head's conditional mean, from the tables of the smoothed
+    profiles' derivatives) every profile is ``G = P Psi(A, B, C)`` of the sums ``A = sum q1``,
+    ``B = sum q2``, ``C = sum q1^2`` (``Psi`` = 1, ``A``, ``B + A^2 - C``), so
+
+        d_h G = P (l_h Psi + e_h),    e_h = sum_s Psi_s ds_h,
+        d_h d_g G = P (Psi l_h l_g + l_h e_g + e_h l_g + c q1'_h q1'_g) + [h = g] P (l'_h Psi + f_h)
+
+    (``c = Psi_AA``, ``f_h = sum_s Psi_s d^2 s_h``), and ``omega(lse) = 1 - rho_0(lse)``."""
+    y, mean, C, z, w, table_rule = primals
+    _, dmean, dC = tangents[:3]
+    tables = _joint_tables(C, z.shape[1], table_rule, (0, 1, 2))
+    mu = _joint_means(mean, C, z)
+
+    def one(yy):
+        values, first, second = interpolated(*tables, yy + mu, JOINT_PROFILES, (0, 1, 2))  # (4, N, H) each
+        a, P, q1, q2, A, _ = _conditional_terms(values)
+        l1 = first[RHO0] / a
+        l2 = second[RHO0] / a - l1**2
+        q1p = first[RHO1] / a - q1 * l1
+        q2p = first[RHO2] / a - q2 * l1
+        q1pp = second[RHO1] / a - 2 * q1p * l1 - q1 * second[RHO0] / a
+        q2pp = second[RHO2] / a - 2 * q2p * l1 - q2 * second[RHO0] / a
+        Psi = (jnp.ones_like(A), A, jnp.sum(q2, axis=-1) + A**2 - jnp.sum(q1**2, axis=-1))
+        e = (jnp.zeros_like(q1), q1p, 2 * A[:, None] * q1p + q2p - 2 * q1 * q1p)
+        f = (jnp.zeros_like(q1), q1pp, 2 * A[:, None] * q1pp + q2pp - 2 * (q1p**2 + q1 * q1pp))
+        wP = w * P
+        outer = lambda c, x, xp: jnp.einsum("n,nh,ng->hg", c, x, xp)
+        grads, hessians = [], []
+        for k in range(3):
+            grads.append((wP * Psi[k]) @ l1 + wP @ e[k])
+            cross = outer(wP, l1, e[k])
+            hess = outer(wP * Psi[k], l1, l1) + cross + cross.T + jnp.diag(wP @ (l2 * Psi[k][:, None] + f[k]))
+            hessians.append(hess + (2.0 * outer(wP, q1p, q1p) if k == 2 else 0.0))
+        grads.append(-grads[0])
+        hessians.append(-hessians[0])
+        return _token_from_heads(values) @ w, jnp.stack(grads), jnp.stack(hessians)
+
+    value, grad, hess = jax.lax.map(one, y)  # (n_t, 4), (n_t, 4, H), (n_t, 4, H, H)
     dC = (dC + dC.T) / 2
-    a = p @ dmean
-    q = jnp.einsum("ni,ij,nj->n", p, dC, p)
-    s = p @ jnp.diag(dC)
-    d1, d2 = (jnp.stack([_profile(u, p, order) for p in range(4)]) for order in (1, 2))
-    # Price: dE[F] = E[grad F] dmean + E[tr(hess F dC)] / 2, with grad F = f' p and
-    # hess F = f'' p p^T + f' (diag p - p p^T)
-    tangent = (d1 * (a + 0.5 * (s - q))) @ w + (0.5 * d2 * q) @ w
-    return _profiles(u) @ w, tangent
+    tangent = jnp.einsum("tkh,h->tk", grad, dmean) + 0.5 * jnp.einsum("tkhg,hg->tk", hess, dC)
+    return value.T, tangent.T
+
+
+def _joint_shares(y, mean, C, z, w, table_rule):
+    """``E[rho_1(y + lse(x)) softmax(x)_h]`` (n_t, H): each head's share ``P q1_h`` of ``rho_1(lse)``
+    (:func:`_joint_token`; no derivatives: the attention mass is not differentiated)."""
+    tables = _joint_tables(C, z.shape[1], table_rule, (0,))
+    mu = _joint_means(mean, C, z)
+
+    def one(yy):
+        _, P, q1, _, _, _ = _conditional_terms(interpolated(*tables, yy + mu, JOINT_PROFILES, (0,))[0])
+        return (w * P) @ q1
+
+    return jax.lax.map(one, y)
 
 
 def exact_rule(activation: Activation, L: int, H: int, prior: Prior, *, n_outer: int = N_OUTER,
