@@ -11,8 +11,8 @@ figures):
 1. Head count, F = 1 rows (spikes prior, strength 2.5, L = 4, tau = 300, the horizon the
    original table judged them at; one start, the overlaps of simulation seed 0 at D = 1000):
    softmax at H = 1, 2, 3, 4, 6, 8, softmax1 at H = 2, 4, bsoftmax (trained biases) at
-   H = 1, 2, 3 (a joint layer with H >= 4 costs ~20 s per drift on the exact route, too slow
-   here). For each: the final risk on both routes, and the exact risk of the rule route's own
+   H = 1, 2, 3 (a joint layer with H >= 4 cost ~20 s per drift on the exact route when this
+   ran, too slow here). For each: the final risk on both routes, and the exact risk of the rule route's own
    final state (what part of the difference is the rule's evaluation, what part its dynamics).
 2. The acceptance case: bsoftmax, H = F = 2, strength 3.0, lr = 0.5, trained biases, tau = 3000
    (log grid): the final risk on both routes and its gap to the Bayes risk (exact route).

@@ -66,8 +66,8 @@ The rules, and why they are exact to the precision stated.
   ``exp(-t u) = prod_h rho_0(y + x_h)`` (``u = sum_h exp(x_h)``) makes every profile of ``lse(x)``
   a polynomial in one head's profiles smoothed by ``N(0, delta)``: tabulated once, interpolated. The
   smallest variance is integrated exactly; on the others a tensor of normal rules along the
-  leading directions (where trained keys are wide, :data:`JOINT_LEADING`) times a symmetric rule of
-  degree 5 on the rest (the anisotropy of ``R_orth``: small). Heads that are copies leave
+  leading directions (where trained keys are wide, :data:`JOINT_LEADING`) and the next one times a
+  symmetric rule of degree 5 on the rest (the anisotropy of ``R_orth``: small). Heads that are copies leave
   ``delta = 0`` and fewer active directions; the derivative in ``(mu, C)`` is by Price's theorem
   on the same nodes, never through the eigendecomposition.
 * ``theta``: the atoms of the prior exactly; a Gaussian part is folded into the relevant
@@ -145,15 +145,17 @@ N_INNER = 64
 #: (:func:`~singleloc._laplace_profiles.normal_rule`, trapezoidal from 32 nodes) on the leading
 #: principal directions of the token's covariance less its smallest variance, largest first; on
 #: ``min(max(F, 2), 3, H - 1)`` of them (:func:`joint_layout`: trained keys are wide along the ``F``
-#: directions of ``M``), a symmetric rule of degree 5 (:func:`symmetric_degree5`) on the others, whose
-#: variances are the anisotropy of ``R_orth`` (small: the isotropic part is the smoothed ``delta``).
-#: Measured (docs/model.md 4.6, against (128, 96) and (96, 72, 12)): at a trained H = 3, F = 2 state
-#: (key variances 5.8 and 7.0, 0.15 on the third direction) (64, 48) leaves a risk error of 5e-16 and
-#: a relative gradient error of 2e-13 ((48, 32), at half the cost: 4.5e-10 and 4.3e-8, and 6e-6 of
-#: the O(lr) drift); at an H = 4 state with variances 10.3 and 11.9 and a third direction of 0.07
-#: beyond the smallest, (64, 48) and the degree-5 rule 1.8e-7 and 2.4e-6 (that direction on 8 nodes:
-#: 2e-14 and 8e-11, at 3.4 times the cost).
+#: directions of ``M``). The next direction, the first whose variance is the anisotropy of ``R_orth``
+#: (small: its isotropic part is the smoothed ``delta``), on :data:`JOINT_SMALL` Gauss-Hermite nodes,
+#: any others on a symmetric rule of degree 5 (:func:`symmetric_degree5`).
+#: Measured (docs/model.md 4.6, against 1.5 x the nodes): at a trained H = 3, F = 2 state (key variances
+#: 5.8 and 7.0, 0.15 on the third direction) (64, 48) leaves a risk error of 5e-16 and a relative
+#: gradient error of 2e-13 ((48, 32), at half the cost: 4.5e-10 and 4.3e-8, and 6e-6 of the O(lr)
+#: drift); at an H = 4 state with variances 10.3 and 11.9 and a third direction of 0.07 beyond the
+#: smallest, that direction on the degree-5 rule (3 nodes) left 4.8e-5 of the O(lr) drift, on 4, 5 and
+#: 6 Gauss-Hermite nodes 1.4e-6, 7e-8 and 3e-8.
 JOINT_LEADING = (64, 48, 16)
+JOINT_SMALL = 5
 #: The refined rule (:meth:`LaplaceRule.refined`) takes the first direction of the degree-5 rule out
 #: of it, onto a normal rule of this many nodes: the stated error then covers that rule too.
 JOINT_PROMOTED = 6
@@ -420,9 +422,11 @@ class LaplaceRule(eqx.Module):
 def joint_layout(H: int, F: int, leading: tuple = JOINT_LEADING) -> tuple[tuple[int, ...], int]:
     """``(sizes, small)`` of the rule of a joint layer of ``H`` heads under a prior on ``F`` directions:
     normal rules of ``sizes`` on ``min(max(F, 2), len(leading), H - 1)`` leading principal directions
-    and the degree-5 rule on the ``small`` others (:data:`JOINT_LEADING`)."""
+    (:data:`JOINT_LEADING`) and the next one (:data:`JOINT_SMALL`), the degree-5 rule on the ``small``
+    others."""
     r = min(max(F, 2), len(leading), H - 1)
-    return tuple(leading[:r]), H - 1 - r
+    sizes = tuple(leading[:r]) + ((JOINT_SMALL,) if H - 1 > r else ())
+    return sizes, H - 1 - len(sizes)
 
 
 def symmetric_degree5(n: int) -> tuple[np.ndarray, np.ndarray]:

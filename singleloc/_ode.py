@@ -377,9 +377,9 @@ def _result(problem: _Problem, out, max_steps: int) -> TheoryResult | FloatingPo
         scale = problem.args[1].exact.form.scale
         variance = scale**2 * float(np.max(np.diagonal(Q[:, :, -1], axis1=-2, axis2=-1)))
         joint = ""
-        if problem.args[1].exact.form.joint and config.model.heads >= 4:
-            joint = (" (a joint layer with H >= 4 has its own token rule, which theory.nodes does not refine: its error "
-                     "at specialised states is in docs/model.md section 4.6)")
+        if problem.args[1].exact.form.joint and config.model.heads >= 2:
+            joint = (" (a joint layer's token rule, singleloc._laplace.JOINT_LEADING, is not refined by theory.nodes: "
+                     "its error at trained states is in docs/model.md section 4.6)")
         warnings.warn(f"the exact route's stated errors are {risk_error:.1e} (risk) and {exact_drift_error:.1e} (relative "
                       f"O(lr) drift), against a rule of 1.5 x the nodes: the token fields reach a variance of {variance:.3g} "
                       f"(alpha^2 Q_hh), which theory.nodes = {config.theory.nodes} resolves only to that precision; raise "
