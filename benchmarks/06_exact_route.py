@@ -19,9 +19,10 @@
    Gauss-Hermite nodes (the first rule), on 64 trapezoidal nodes (the normal rule of narrow fields,
    ``singleloc._laplace_profiles.normal_rule``) and on the profile grid (the default above
    ``s = 0.6``), all against 8193 trapezoidal nodes in ``z`` and 1024 nodes of the Laplace variable.
-7. Two bsoftmax heads (a joint layer) at trained token widths 1 to 3.5: the product form (one head's
-   and a pair's expectations, the default for ``H <= 2``) and the 64 x 64 tensor rule in the
-   token's principal axes that it replaced, both against a 400 x 400 tensor rule: risk error,
+7. Joint layers (bsoftmax) at trained states, the conditional product form (the smallest principal
+   variance smoothed into every head's profiles): two heads at token widths 1 to 3.5, three to five
+   heads on two spikes; the default rule and one of half its normal rules' sizes against a reference
+   with 1.5 x those sizes and every direction of the degree-5 rule on 8 normal nodes: risk error,
    relative gradient error and milliseconds per gradient.
 
 Times are medians of 3 calls after compilation, as ratios in one run (the machine may be shared).
@@ -227,37 +228,54 @@ def wide_fields(quick: bool) -> list[dict]:
     return rows
 
 
-def joint_pairs(quick: bool) -> list[dict]:
-    """Section 7: two bsoftmax heads (a joint layer) at trained widths, product form against the
-    64 x 64 tensor rule it replaced, both against a 400 x 400 tensor rule."""
-    print("\nTwo bsoftmax heads (joint layer), L = 16, F = 2, one spike each (M = m I) or a mixture (M = m (I + 0.2 J) / 1.2), "
-          "R_orth = [[0.15, 0.03], [0.03, 0.15]] (the principal axes of trained heads: diagonal ones would let the tensor "
-          "rule separate): risk error | relative gradient error, ms per gradient")
-    print("| heads | m | token std | product form | ms | tensor 64 x 64 | ms |")
-    print("|---|---|---|---|---|---|---|")
+def joint_states(quick: bool):
+    """Trained-like bsoftmax states on two spikes: two heads on one spike each or on a mixture of
+    both, at widths ``m``; three to five heads near the spikes with a random ``R_orth`` of scale 0.15."""
+    for kind, m in itertools.product(("one spike each", "mixture"), (1.0, 2.0, 3.0) if quick else (1.0, 2.0, 2.5, 3.0, 3.5)):
+        M = m * (np.eye(2) if kind == "one spike each" else (np.eye(2) + 0.2 * np.ones((2, 2))) / 1.2)
+        yield 2, kind, M, M @ M.T + np.array([[0.15, 0.03], [0.03, 0.15]]), np.array([0.1, -0.1])
+    rng = np.random.default_rng(0)
+    for H in (3, 4) if quick else (3, 4, 5):
+        M = np.zeros((H, 2))
+        for h in range(H):
+            M[h, h % 2], M[h, (h + 1) % 2] = 2.4 - 0.05 * h, 0.05 * h
+        A = 0.1 * rng.normal(size=(H, H))
+        yield H, "near the spikes", M, M @ M.T + 0.15 * np.eye(H) + 0.03 + A @ A.T, np.linspace(-0.2, 0.2, H)
+
+
+def joint_layers(quick: bool) -> list[dict]:
+    """Section 7: joint layers in conditional product form at trained states, the default rule and
+    one of half its leading sizes against a reference (1.5 x the leading sizes, every other
+    direction on 8 normal nodes)."""
+    print("\nJoint layers (bsoftmax), L = 16, two spikes: risk error | relative gradient error, ms per gradient; "
+          "token std: the largest; small std: those of the directions beyond the two leading ones and the smallest")
+    print("| H | heads | token std | small std | default (nodes) | ms | half leading sizes | ms |")
+    print("|---|---|---|---|---|---|---|---|")
     prior = sl.spikes(2, 2.5)
     act = sl.get_activation("bsoftmax")
-    rules = {"product": sl.exact_rule(act, 16, 2, prior), "tensor": sl.exact_rule(act, 16, 2, prior, joint_tensor={2: (64, 64)}),
-             "reference": sl.exact_rule(act, 16, 2, prior, joint_tensor={2: (400, 400)})}
     value_grad = eqx.filter_jit(lambda r, *x: jnp.concatenate([jnp.ravel(a) for a in jax.tree.leaves(
         jax.value_and_grad(r.risk, argnums=(0, 1, 2))(*x))]))
     rows = []
-    widths = (1.0, 2.0, 3.0) if quick else (1.0, 1.5, 2.0, 2.5, 3.0, 3.5)
-    for kind, m in itertools.product(("one spike each", "mixture"), widths):
-        M = m * (np.eye(2) if kind == "one spike each" else (np.eye(2) + 0.2 * np.ones((2, 2))) / 1.2)
-        state = (jnp.asarray(M), jnp.asarray(M @ M.T + np.array([[0.15, 0.03], [0.03, 0.15]])), jnp.array([0.1, -0.1]))
-        ref = np.asarray(value_grad(rules["reference"], *state))
+    for H, kind, M, Q, b in joint_states(quick):
+        default = sl.exact_rule(act, 16, H, prior)
+        sizes, small = default.joint_layout
+        rules = {"default": default, "half": sl.exact_rule(act, 16, H, prior, joint_sizes=tuple(n // 2 for n in sizes))}
+        reference = sl.exact_rule(act, 16, H, prior, joint_sizes=tuple(3 * n // 2 for n in sizes) + (8,) * small)
+        state = tuple(jnp.asarray(x) for x in (M, Q, b))
+        ref = np.asarray(value_grad(reference, *state))
         out = {}
-        for label in ("product", "tensor"):
-            v, t = timed(value_grad, rules[label], *state)
+        for label, rule in rules.items():
+            v, t = timed(value_grad, rule, *state)
             out[label] = (abs(v[0] - ref[0]), float(np.max(np.abs(v[1:] - ref[1:])) / np.max(np.abs(ref[1:]))), t)
-        std = float(np.sqrt(np.max(np.diag(state[1]))))
-        (pr, pg, pt), (tr, tg, tt) = out["product"], out["tensor"]
-        print(f"| {kind} | {m:g} | {std:.2f} | {pr:.1e} \\| {pg:.1e} | {pt:.1f} | {tr:.1e} \\| {tg:.1e} | {tt:.1f} |",
-              flush=True)
-        rows.append({"heads": kind, "m": m, "token_std": std, "product_risk_error": pr, "product_gradient_error": pg,
-                     "product_ms": pt,
-                     "tensor_risk_error": tr, "tensor_gradient_error": tg, "tensor_ms": tt})
+        lam = np.linalg.eigvalsh(Q)
+        std, small_std = float(np.sqrt(lam[-1])), np.sqrt(np.maximum(lam[1:max(H - 2, 1)] - lam[0], 0.0))
+        (dr, dg, dt), (hr, hg, ht) = out["default"], out["half"]
+        small_text = ", ".join(f"{x:.2f}" for x in small_std) or "-"
+        print(f"| {H} | {kind} | {std:.2f} | {small_text} | {dr:.1e} \\| {dg:.1e} ({default.w_joint.shape[0]}) | {dt:.0f} | "
+              f"{hr:.1e} \\| {hg:.1e} | {ht:.0f} |", flush=True)
+        rows.append({"H": H, "heads": kind, "token_std": std, "small_std": small_std.tolist(),
+                     "nodes": int(default.w_joint.shape[0]), "risk_error": dr, "gradient_error": dg, "ms": dt,
+                     "half_risk_error": hr, "half_gradient_error": hg, "half_ms": ht})
     return rows
 
 
@@ -280,7 +298,7 @@ def main():
     if 6 in sections:
         results["wide_fields"] = wide_fields(args.quick)
     if 7 in sections:
-        results["joint_pairs"] = joint_pairs(args.quick)
+        results["joint_layers"] = joint_layers(args.quick)
     save(args, __file__, results)
 
 
