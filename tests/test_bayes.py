@@ -231,13 +231,14 @@ def _write(tmp_path, text):
 
 
 def test_cli_bayes_json_discrete(tmp_path, capsys):
-    cfg = _write(tmp_path, '[problem]\nL = 4\nF = 2\nprior = "flipped"\nstrength = 2.0\n[theory]\npoints = 1024\n')
+    # F = 1: two atoms, two bsoftmax heads at the Bayes point (the four-head point of F = 2 is checked above)
+    cfg = _write(tmp_path, '[problem]\nL = 4\nF = 1\nprior = "flipped"\nstrength = 2.0\n[theory]\npoints = 1024\n')
     assert main(["bayes", cfg, "--json", "--replicates", "4"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["prior"] == "flipped" and out["L"] == 4 and out["F"] == 2
+    assert out["prior"] == "flipped" and out["L"] == 4 and out["F"] == 1
     br, bp = out["bayes_risk"], out["bayes_point"]
     assert len(br["replicates"]) == 4 and br["points"] == 1024 and br["error"] > 0
-    assert bp["activation"] == "bsoftmax" and bp["heads"] == 4
+    assert bp["activation"] == "bsoftmax" and bp["heads"] == 2
     assert abs(bp["risk"]["value"] - br["value"]) <= Z * np.hypot(bp["risk"]["error"], br["error"])
 
 
