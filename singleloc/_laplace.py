@@ -466,6 +466,8 @@ def joint_nodes(sizes: tuple, small: int) -> tuple[np.ndarray, np.ndarray]:
 #: (:func:`_conditional_terms`): every term of the token's expectations is a product of bounded
 #: factors, so the floor changes none by more than about this size.
 RHO0_FLOOR = 1e-30
+#: The heads' profiles a joint layer's token needs (:func:`_token_from_heads`).
+JOINT_PROFILES = (RHO0, RHO1, RHO2, OMEGA)
 
 
 def _conditional_law(C, dims: int):
@@ -504,8 +506,8 @@ def _token_from_heads(values):
 
 @jax.custom_jvp
 def _joint_token(y, mean, C, z, w, table_rule):
-    """``E[f(y + lse(x))]`` (4, n_t) of the four profiles for the ``H >= 3`` fields ``x ~ N(mean, C)``
-    of one token, in conditional product form.
+    """``E[f(y + lse(x))]`` (4, n_t) of the four profiles for the ``H`` fields ``x ~ N(mean, C)`` of
+    one token, in conditional product form.
 
     Write ``C = delta I + S^T S`` (:func:`_conditional_law`): given the standard normals ``z`` on the
     ``H - 1`` principal directions of ``C - delta I`` (the nodes ``z`` (N, H - 1), weights ``w``), the
@@ -519,22 +521,18 @@ def _joint_token(y, mean, C, z, w, table_rule):
     Derivatives by Price's theorem, ``dE[F] = E[grad F] dmean + E[tr(hess F dC)] / 2``, with the
     gradient and Hessian of the conditional expectation in ``mu`` from the tabulated derivatives of
     the smoothed profiles (:func:`_joint_token_jvp`): never through ``S``."""
-    tables = _joint_tables(C, z.shape[1], table_rule, (0,))
-    mu = _joint_means(mean, C, z)
+    tables, mu = _conditional_fields(mean, C, z, table_rule, (0,))
     return jax.lax.map(lambda yy: _token_from_heads(interpolated(*tables, yy + mu, JOINT_PROFILES, (0,))[0]) @ w, y).T
 
 
-JOINT_PROFILES = (RHO0, RHO1, RHO2, OMEGA)
-
-
-def _joint_tables(C, dims, table_rule, orders):
+def _conditional_fields(mean, C, z, table_rule, orders):
+    """The table of the heads' profiles smoothed by ``N(0, delta)`` and of their derivatives
+    (``orders``; :func:`~singleloc._laplace_profiles.smoothing_table`, on ``table_rule = (z_inner,
+    w_inner, u_grid)``) and the conditional means ``mu = mean + z S`` (N, H) at the nodes ``z``
+    (:func:`_conditional_law`)."""
     zi, wi, u = table_rule
-    delta, _ = _conditional_law(C, dims)
-    return smoothing_table(delta, zi, wi, u, JOINT_PROFILES, WIDE_SIGMA, orders)
-
-
-def _joint_means(mean, C, z):
-    return mean + z @ _conditional_law(C, z.shape[1])[1]
+    delta, S = _conditional_law(C, z.shape[1])
+    return smoothing_table(delta, zi, wi, u, JOINT_PROFILES, WIDE_SIGMA, orders), mean + z @ S
 
 
 @_joint_token.defjvp
@@ -550,8 +548,7 @@ def _joint_token_jvp(primals, tangents):
     (``c = Psi_AA``, ``f_h = sum_s Psi_s d^2 s_h``), and ``omega(lse) = 1 - rho_0(lse)``."""
     y, mean, C, z, w, table_rule = primals
     _, dmean, dC = tangents[:3]
-    tables = _joint_tables(C, z.shape[1], table_rule, (0, 1, 2))
-    mu = _joint_means(mean, C, z)
+    tables, mu = _conditional_fields(mean, C, z, table_rule, (0, 1, 2))
 
     def one(yy):
         values, first, second = interpolated(*tables, yy + mu, JOINT_PROFILES, (0, 1, 2))  # (4, N, H) each
@@ -586,8 +583,7 @@ def _joint_token_jvp(primals, tangents):
 def _joint_shares(y, mean, C, z, w, table_rule):
     """``E[rho_1(y + lse(x)) softmax(x)_h]`` (n_t, H): each head's share ``P q1_h`` of ``rho_1(lse)``
     (:func:`_joint_token`; no derivatives: the attention mass is not differentiated)."""
-    tables = _joint_tables(C, z.shape[1], table_rule, (0,))
-    mu = _joint_means(mean, C, z)
+    tables, mu = _conditional_fields(mean, C, z, table_rule, (0,))
 
     def one(yy):
         _, P, q1, _, _, _ = _conditional_terms(interpolated(*tables, yy + mu, JOINT_PROFILES, (0,))[0])
