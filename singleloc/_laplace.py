@@ -493,6 +493,11 @@ def _conditional_terms(values):
     return a, P, q1, q2, jnp.sum(q1, axis=-1), before
 
 
+def _rho2_factor(q1, q2, A):
+    """``rho_2(lse) / P = sum_h q2_h + sum_{h != g} q1_h q1_g``, as ``sum q2 + A^2 - sum q1^2``."""
+    return jnp.sum(q2, axis=-1) + A**2 - jnp.sum(q1**2, axis=-1)
+
+
 def _token_from_heads(values):
     """One token's ``E[f(y + lse(x)) | z]`` (4, ...) for ``f = rho_0, rho_1, rho_2, omega`` from the
     heads' smoothed profiles (fields independent given ``z``):
@@ -500,8 +505,7 @@ def _token_from_heads(values):
         rho_0(lse) = P,   rho_1(lse) = P sum_h q1_h,   rho_2(lse) = P (sum_h q2_h + sum_{h != g} q1_h q1_g),
         omega(lse) = sum_h omega_h prod_{g < h} r0_g   (non-negative terms: no digits lost near 0)."""
     _, P, q1, q2, A, before = _conditional_terms(values)
-    rho2 = P * (jnp.sum(q2, axis=-1) + A**2 - jnp.sum(q1**2, axis=-1))
-    return jnp.stack([P, P * A, rho2, jnp.sum(values[OMEGA] * before, axis=-1)])
+    return jnp.stack([P, P * A, P * _rho2_factor(q1, q2, A), jnp.sum(values[OMEGA] * before, axis=-1)])
 
 
 @jax.custom_jvp
@@ -559,7 +563,7 @@ def _joint_token_jvp(primals, tangents):
         q2p = first[RHO2] / a - q2 * l1
         q1pp = second[RHO1] / a - 2 * q1p * l1 - q1 * second[RHO0] / a
         q2pp = second[RHO2] / a - 2 * q2p * l1 - q2 * second[RHO0] / a
-        Psi = (jnp.ones_like(A), A, jnp.sum(q2, axis=-1) + A**2 - jnp.sum(q1**2, axis=-1))
+        Psi = (jnp.ones_like(A), A, _rho2_factor(q1, q2, A))
         e = (jnp.zeros_like(q1), q1p, 2 * A[:, None] * q1p + q2p - 2 * q1 * q1p)
         f = (jnp.zeros_like(q1), q1pp, 2 * A[:, None] * q1pp + q2pp - 2 * (q1p**2 + q1 * q1pp))
         wP = w * P

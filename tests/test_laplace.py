@@ -521,11 +521,15 @@ def _near_the_spikes(H):
     return M, M @ M.T + 0.15 * np.eye(H) + 0.03 + A @ A.T, np.linspace(-0.2, 0.2, H)
 
 
+#: bsoftmax with H = 3 trained on two spikes (tau = 160 of the head-count point): two heads aligned with key
+#: variances 5.6 and 5.8, a third between them.
+THREE_TRAINED_HEADS = ([[0.015, 2.344], [0.336, 1.095], [2.366, -0.024]],
+                       [[5.648, 2.571, -0.02], [2.571, 1.464, 0.767], [-0.02, 0.767, 5.757]], [0.09, -0.189, 0.099])
+
+
 @SLOW
 @pytest.mark.parametrize("H, state, reference, tolerance", [
-    # tau = 160 of the bsoftmax head-count point: two heads aligned with key variances 5.6 and 5.8, a third between
-    (3, ([[0.015, 2.344], [0.336, 1.095], [2.366, -0.024]], [[5.648, 2.571, -0.02], [2.571, 1.464, 0.767],
-                                                             [-0.02, 0.767, 5.757]], [0.09, -0.189, 0.099]), (96, 72), 1e-9),
+    (3, THREE_TRAINED_HEADS, (96, 72), 1e-9),
     # a third direction of variance 0.07 beyond the smallest, on 5 Gauss-Hermite nodes (8 in the reference; on the
     # degree-5 rule, 3 nodes, it was off by 4.8e-5)
     (4, _near_the_spikes(4), (96, 72, 8), 1e-6),
@@ -581,11 +585,7 @@ def _dense_joint_token(sizes):
     (16, [[2.605, 0.005], [0.005, 2.605]], [[6.937, 0.025], [0.025, 6.937]], [0.0, 0.0], (160, 160), 1e-9),
     # wider, correlated, unequal heads with biases, at a long sequence (first field's standard deviation 2.9)
     pytest.param(1024, [[2.8, 0.3], [0.2, 2.6]], [[8.4, 1.1], [1.1, 7.3]], [0.3, -0.2], (160, 160), 1e-9, marks=SLOW),
-    # three heads trained on two spikes (tau = 160 of the head-count point): two aligned heads of key
-    # variances 5.6 and 5.8, a third between them
-    pytest.param(4, [[0.015, 2.344], [0.336, 1.095], [2.366, -0.024]],
-                 [[5.648, 2.571, -0.02], [2.571, 1.464, 0.767], [-0.02, 0.767, 5.757]], [0.09, -0.189, 0.099],
-                 (96, 72, 48), 1e-8, marks=SLOW),
+    pytest.param(4, *THREE_TRAINED_HEADS, (96, 72, 48), 1e-8, marks=SLOW),
 ])
 def test_a_joint_layer_is_exact_in_conditional_product_form(monkeypatch, L, M, Q, b, reference, gradient_tolerance):
     """bsoftmax: one token's ``E[f(y + lse(x))]`` in conditional product form (the smallest principal
