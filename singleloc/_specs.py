@@ -349,7 +349,10 @@ class Theory:
         drift's only Sobol integral there and costs a fraction of the exact gradient, so it gets
         more points than the rule route's default: at the default problem (L = 4, H = 2, tau = 300)
         its stated relative error falls from 6.4e-3 at 4096 points to 1.0e-3 at 16384, and the
-        final risk moves by 1.2e-5 between them (by 9e-7 from 16384 to 65536)."""
+        final risk moves by 1.2e-5 between them (by 9e-7 from 16384 to 65536). The error it carries
+        into a final risk is measured by ``theory.replicates``: over four scramblings at 16384
+        points the final risk at ``tau = 300`` spreads by a standard deviation of 4.5e-6 (the default
+        problem), 4.1e-6 (``F = 1``) and 8.0e-6 (``F = 1``, one head)."""
         if self.gram_points != "auto":
             return int(self.gram_points)
         fit = 1 << max(int(GRAM_NODE_BUDGET // (L * H)).bit_length() - 1, 0)
