@@ -96,6 +96,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._activations import Activation, ExponentialForm, exponential_form
+from ._laplace_gram import one_head_gram
 from ._laplace_profiles import (
     OMEGA,
     RHO0,
@@ -258,15 +259,29 @@ class LaplaceRule(eqx.Module):
         v = jnp.full((H,), 1.0 / H, M.dtype) if v is None else jnp.asarray(v, M.dtype)
         return self._per_head_risk(M, Q, b, v)
 
+    @property
+    def exact_gram(self) -> bool:
+        """Whether :meth:`gram` is exact for this rule: one head (:mod:`~singleloc._laplace_gram`;
+        two heads or more hold moments of up to four distinct heads)."""
+        return self.heads == 1
+
+    def gram(self, M: jax.Array, Q: jax.Array, b: jax.Array) -> jax.Array:
+        """The ``lr^2`` Gram term ``E[sum_l c_l c_l^T]`` (1, 1) of a one-head layer, exactly
+        (:func:`~singleloc._laplace_gram.one_head_gram`)."""
+        if not self.exact_gram:
+            raise ValueError(f"the exact Gram term needs one head, got H = {self.heads} (more heads: the Sobol rule)")
+        return one_head_gram(self, M, Q, b)
+
     # -- per-head layers ----------------------------------------------------------------------
-    def _ranges(self, m1, v1, m0, v0):
-        """``y`` nodes (H, n_t) and steps (H,) of every head (outside the gradient)."""
+    def _ranges(self, m1, v1, m0, v0, powers=(1, 2)):
+        """``y`` nodes (H, n_t) and steps (H,) of every head (outside the gradient), for moments
+        of the weights up to the largest of ``powers`` (the risk's: 2)."""
         L = self.L
         m1, v1, m0, v0 = (jax.lax.stop_gradient(x) for x in (m1, v1, m0, v0))
         log_eps = math.log(TAIL_EPS)
         # lower end: E[exp(k (y + x))] <= eps for the special token (noise terms carry a factor L - 1)
         lows = []
-        for k in (1, 2):
+        for k in powers:
             lows.append((log_eps - math.log(L)) / k - m1 - k * v1 / 2)
             lows.append(log_eps / k - jnp.max(m0, axis=1) - k * v0 / 2)
         lo = jnp.min(jnp.stack(lows), axis=0)
@@ -276,8 +291,9 @@ class LaplaceRule(eqx.Module):
         s = jnp.linspace(0.0, 1.0, self.n_t)
         return lo[:, None] + (hi - lo)[:, None] * s, (hi - lo) / (self.n_t - 1)
 
-    def _single(self, y, m, v):
-        """``E[f(y + x)]`` (4, n_t) of the four profiles for ``x ~ N(m, v)``.
+    def _single(self, y, m, v, which=(RHO0, RHO1, RHO2, OMEGA)):
+        """``E[f(y + x)]`` (len(which), n_t) of the profiles ``which`` (default the four of the
+        risk) for ``x ~ N(m, v)``.
 
         A narrow field (``sqrt(v) <= WIDE_SIGMA``) on the outer Gauss-Hermite nodes. A wide one on
         the profile grid ``u_p`` instead, where the profiles, not the Gaussian, carry the fine
@@ -287,9 +303,8 @@ class LaplaceRule(eqx.Module):
         ``s`` (64 nodes: 4e-9 at ``s = 1``, 3e-6 at ``s = 1.5``; the two rules cross near
         ``s = 0.6``); the grid's does not (a trapezoidal rule of an integrand analytic in
         ``|Im u| < pi/2``)."""
-        every = (RHO0, RHO1, RHO2, OMEGA)
-        narrow = normal_smoothing(y + m, jnp.sqrt(jnp.maximum(v, VAR_FLOOR)), self.z_outer, self.w_outer, every)[0]
-        wide = grid_smoothing(y + m, jnp.sqrt(jnp.maximum(v, WIDE_SIGMA**2)), self.u_grid, every)[0]  # finite where not taken
+        narrow = normal_smoothing(y + m, jnp.sqrt(jnp.maximum(v, VAR_FLOOR)), self.z_outer, self.w_outer, which)[0]
+        wide = grid_smoothing(y + m, jnp.sqrt(jnp.maximum(v, WIDE_SIGMA**2)), self.u_grid, which)[0]  # finite where not taken
         return jnp.where(v > WIDE_SIGMA**2, wide, narrow)
 
     def _pair(self, combos, y, yp, m, mp, C11, C12, C22):

@@ -56,8 +56,14 @@ def normal_rule(n: int) -> tuple[np.ndarray, np.ndarray]:
 
 # -- profiles ------------------------------------------------------------------------------
 # Stacked along a leading axis of 4: rho_0, rho_1, rho_2 (rho_k(u) = exp(k u - e^u)) and
-# omega(u) = 1 - rho_0(u) = -expm1(-e^u).
+# omega(u) = 1 - rho_0(u) = -expm1(-e^u). The higher profiles rho_k, k >= 3 (the Gram term's
+# moments, :mod:`~singleloc._laplace_gram`), follow omega: profile ``rho(k)``.
 RHO0, RHO1, RHO2, OMEGA = range(4)
+
+
+def rho(k: int) -> int:
+    """The profile index of ``rho_k(u) = exp(k u - e^u)``, ``k >= 0``."""
+    return (RHO0, RHO1, RHO2)[k] if k < 3 else OMEGA + k - 2
 
 
 def _profile(u, which: int, order: int = 0):
@@ -69,9 +75,9 @@ def _profile(u, which: int, order: int = 0):
     r0 = jnp.exp(-e)
     if which == OMEGA:
         return (-jnp.expm1(-e), e * r0, (1 - e) * e * r0)[order]
-    k = float(which)
-    rho = e**which * r0 if which else r0
-    return (rho, (k - e) * rho, ((k - e) ** 2 - e) * rho)[order]
+    k = which if which < OMEGA else which - 1
+    value = e**k * r0 if k else r0
+    return (value, (k - e) * value, ((k - e) ** 2 - e) * value)[order]
 
 
 def _profiles(u):
@@ -96,7 +102,7 @@ STEP_SIGMAS = 8.5
 def grid_smoothing(c, s, u, which, orders=(0,)):
     """``E[f^(order)(c + s Z)]`` ``(len(orders), len(which), *c.shape)`` for the profiles in ``which``
     on the profile grid ``u`` (equispaced, covering the profiles' support): ``int f(v) phi_s(v - c) dv``
-    as a trapezoidal sum. ``rho_1, rho_2`` and every derivative vanish at both ends of the grid;
+    as a trapezoidal sum. ``rho_k`` (``k >= 1``) and every derivative vanish at both ends of the grid;
     ``omega`` rises to one, so it is split as ``omega = Phi((v - a) / s0) + g`` with a smooth step of
     centre ``a`` (the grid's middle) and width ``s0`` (:data:`STEP_SIGMAS` of them to either end), whose
     smoothing is ``Phi((c - a) / sqrt(s0^2 + s^2))``, and a remainder ``g`` that vanishes at both ends;
@@ -112,7 +118,7 @@ def grid_smoothing(c, s, u, which, orders=(0,)):
     out = []
     for order in orders:
         for p in which:
-            if p in (RHO1, RHO2):
+            if p not in (RHO0, OMEGA):
                 out.append(density @ _profile(u, p, order))
                 continue
             if order == 0:

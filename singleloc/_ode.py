@@ -149,15 +149,20 @@ def _trajectories(dynamics: OrderParameterODE, evaluation: OrderParameterODE, y0
 def gram_error(dynamics: OrderParameterODE, evaluation: OrderParameterODE, M, Q, b, v=None) -> jax.Array:
     """The stated relative error of the exact route's ``lr^2`` term at one state: ``max |G - G'| /
     (sqrt(2) max |G|)`` for the Gram matrices ``G, G'`` of two independent scramblings (each has
-    the same error law). At a stationary state the Gram term balances the ``O(lr)`` part of ``dQ``,
+    the same error law); for an exact Gram term (one head), ``max |G - G'| / max |G|`` against the
+    finer exact rule. At a stationary state the Gram term balances the ``O(lr)`` part of ``dQ``,
     so this is the relative error of that part of the drift there (``v``: trained head weights). 0
     on the rule route (``drift_error`` states its error), NaN for a non-finite state. (No gradient
     here: a second site of the exact gradient in the solve's program would add a quarter to its
     compile time.)"""
-    if dynamics.gram_fields is None:
+    if dynamics.exact_gram:  # against the finer exact rule
+        G = dynamics.gram(M, Q, b, v)
+        err = jnp.max(jnp.abs(G - evaluation.exact_check.gram(M, Q, b)))
+    elif dynamics.gram_fields is None:
         return jnp.zeros((), M.dtype)
-    G = dynamics.gram(M, Q, b, v)
-    err = jnp.max(jnp.abs(G - evaluation.gram(M, Q, b, v))) / jnp.sqrt(2.0)
+    else:
+        G = dynamics.gram(M, Q, b, v)
+        err = jnp.max(jnp.abs(G - evaluation.gram(M, Q, b, v))) / jnp.sqrt(2.0)
     size = jnp.max(jnp.abs(G))
     return jnp.where(jnp.isfinite(Q).all() & (size > 0), err / size, jnp.nan)
 
@@ -372,7 +377,8 @@ def _result(problem: _Problem, out, max_steps: int) -> TheoryResult | FloatingPo
     risk_error = float(np.max(check)) if route == "exact" else float("nan")
     computed = route == "exact" and risk_error > DRIFT_CHECK_ABOVE
     exact_drift_error = _exact_drift_error(problem.args[1], ys) if computed else float("nan")
-    gram = float(np.max(grams)) / np.sqrt(R) if route == "exact" else float("nan")
+    exact_gram = problem.args[0].exact_gram
+    gram = float(np.max(grams)) / (1.0 if exact_gram else np.sqrt(R)) if route == "exact" else float("nan")
     if risk_error > RISK_ERROR_WARN or exact_drift_error > DRIFT_ERROR_WARN:
         scale = problem.args[1].exact.form.scale
         variance = scale**2 * float(np.max(np.diagonal(Q[:, :, -1], axis1=-2, axis2=-1)))
@@ -386,7 +392,8 @@ def _result(problem: _Problem, out, max_steps: int) -> TheoryResult | FloatingPo
                       f"theory.nodes (cost grows like its square to cube) and check that the trajectory does not move{joint}",
                       stacklevel=3)
     return TheoryResult(np.asarray(ts), mean(M), mean(Q), mean(b), mean(risk), risk_se, drift_error, problem.points, R,
-                        route, risk_error, gram, exact_drift_error, None if v is None else mean(v))
+                        route, risk_error, gram, exact_drift_error, None if v is None else mean(v),
+                        "exact" if exact_gram else "sobol")
 
 
 def _exact_drift_error(evaluation: OrderParameterODE, ys) -> float:

@@ -352,7 +352,7 @@ class Theory:
         final risk moves by 1.2e-5 between them (by 9e-7 from 16384 to 65536). The error it carries
         into a final risk is measured by ``theory.replicates``: over four scramblings at 16384
         points the final risk at ``tau = 300`` spreads by a standard deviation of 4.5e-6 (the default
-        problem), 4.1e-6 (``F = 1``) and 8.0e-6 (``F = 1``, one head)."""
+        problem) and 4.1e-6 (``F = 1``). (One head has the term exactly: :mod:`~singleloc._laplace_gram`.)"""
         if self.gram_points != "auto":
             return int(self.gram_points)
         fit = 1 << max(int(GRAM_NODE_BUDGET // (L * H)).bit_length() - 1, 0)

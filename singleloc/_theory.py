@@ -45,8 +45,10 @@ so
     db/dtau = -lr G_b.
 
 The derivatives are exact and finite at identical heads (Price's theorem inside the rule).
-The ``lr^2`` (Gram) term, a product of two gradients with up to four distinct heads per term
-(four Laplace variables: no cheap exact form), stays on a Sobol rule, the rank-aware one of
+The ``lr^2`` (Gram) term of one head is exact too (a polynomial of degree six in the token
+weights, whose moments the Laplace form gives: :mod:`~singleloc._laplace_gram`). With more
+heads, a product of two gradients with up to four distinct heads per term
+(four Laplace variables: no cheap exact form), it stays on a Sobol rule, the rank-aware one of
 ``gram_fields`` (principal axes of ``Q``, direction-major coordinates): at trained states with
 near-copy heads it has about a tenth of the error of the head-symmetric rule at the same
 points (``benchmarks/06_exact_route.py``), with ``theory.gram_points`` points (16384 by default
@@ -97,7 +99,8 @@ class OrderParameterODE(eqx.Module):
         exact_check: a finer exact rule (:meth:`~singleloc._laplace.LaplaceRule.refined`)
             whose risk states the error of ``exact``'s (:meth:`risk_check`), or ``None``.
         gram_fields: on the exact route, the rank-aware (principal) Sobol rule of the ``lr^2``
-            term (:meth:`gram`); ``None`` on the rule route, where ``fields`` serves for all.
+            term (:meth:`gram`); ``None`` on the rule route, where ``fields`` serves for all, and
+            where the exact route has the term exactly (one head: :attr:`exact_gram`).
     """
 
     fields: LocalFields
@@ -171,7 +174,8 @@ class OrderParameterODE(eqx.Module):
 
         exact = per_replicate(exact_route(config))
         fine = per_replicate(exact_route(config, refined=True)) if check and exact is not None else None
-        gram = sobol_rule(th.gram_rule_points(pb.L, H, points), principal=True) if exact is not None else None
+        exact_gram = exact is not None and exact.exact_gram and not config.model.trained_head_weights
+        gram = sobol_rule(th.gram_rule_points(pb.L, H, points), principal=True) if exact is not None and not exact_gram else None
         return cls(sobol_rule(symmetric=True), get_activation(config.model.activation), exact=exact, exact_check=fine,
                    gram_fields=gram, sgd=sgd_rule(config))
 
@@ -193,9 +197,21 @@ class OrderParameterODE(eqx.Module):
             return jnp.full((), jnp.nan, dtype=M.dtype)
         return self.exact_check.risk(M, Q, b, v)
 
+    @property
+    def exact_gram(self) -> bool:
+        """Whether the ``lr^2`` Gram term is exact too (the exact route with one head and the head
+        average: :mod:`~singleloc._laplace_gram`)."""
+        return self.exact is not None and self.gram_fields is None
+
     def gram(self, M: jax.Array, Q: jax.Array, b: jax.Array, v: jax.Array | None = None) -> jax.Array:
-        """``E[sum_l c_l c_l^T]`` (H, H), the ``lr^2`` term of ``dQ``, on the Sobol rule (the
-        rank-aware ``gram_fields`` on the exact route)."""
+        """``E[sum_l c_l c_l^T]`` (H, H), the ``lr^2`` term of ``dQ``: exact for one head on the exact
+        route (:attr:`exact_gram`), else on the Sobol rule (the rank-aware ``gram_fields`` on the
+        exact route)."""
+        if self.exact_gram:
+            if v is not None:
+                raise ValueError("the exact Gram term takes the head average only (model.head_weights = 'trained' "
+                                 "builds the ODE with its Sobol rule)")
+            return self.exact.gram(M, Q, b)
 
         def integrand(g, theta):
             c = jax.grad(self._loss)(g.T + b[:, None], v)

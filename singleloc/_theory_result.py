@@ -25,7 +25,9 @@ class TheoryResult:
     rule) or ``"rule"``; ``risk_error``: on the exact route, the largest difference of the
     risk at the start and at the end to a finer exact rule (the stated error of ``risk``);
     ``gram_error``: on the exact route, the estimated relative error of the ``lr^2`` (Gram) term
-    at the start and at the end (its difference between two scramblings: :func:`gram_error`);
+    at the start and at the end (its difference between two scramblings, or for an exact Gram term
+    to the finer exact rule: :func:`gram_error`); ``gram_route``: ``"exact"`` where the exact route has
+    the Gram term exactly (one head, :mod:`~singleloc._laplace_gram`), else ``"sobol"``;
     ``exact_drift_error``: on the exact route, the largest relative difference of the ``O(lr)`` drift
     to the finer exact rule at the start and at the end
     (:meth:`~singleloc.OrderParameterODE.exact_drift_error`; a risk error of 1e-3 can come with a
@@ -49,6 +51,7 @@ class TheoryResult:
     gram_error: float = float("nan")
     exact_drift_error: float = float("nan")
     v: np.ndarray | None = None  # (S, T, H): trained head weights; None for the head average
+    gram_route: str = "sobol"  # the lr^2 Gram term's: "exact" (exact route, one head) or "sobol"
 
     def __post_init__(self):
         if self.risk_se is None:
@@ -59,7 +62,7 @@ class TheoryResult:
                 "risk_se": self.risk_se[index], "drift_error": np.asarray(self.drift_error), "points": np.asarray(self.points),
                 "replicates": np.asarray(self.replicates), "route": np.asarray(self.route),
                 "risk_error": np.asarray(self.risk_error), "gram_error": np.asarray(self.gram_error),
-                "exact_drift_error": np.asarray(self.exact_drift_error),
+                "exact_drift_error": np.asarray(self.exact_drift_error), "gram_route": np.asarray(self.gram_route),
                 **({} if self.v is None else {"v": self.v[index]})}
 
     def quadrature(self) -> str:
@@ -68,11 +71,14 @@ class TheoryResult:
         if self.route == "exact":
             drift = (f"{self.exact_drift_error:.1e}" if np.isfinite(self.exact_drift_error) else
                      "below 1e-5 (not computed: risk error under 1e-9)")
+            gram = ("lr^2 Gram term exact too (one head; its relative error against the finer rule "
+                    f"{self.gram_error:.1e})" if self.gram_route == "exact" else
+                    f"lr^2 Gram term on the rank-aware Sobol rule (its relative error {self.gram_error:.1e})")
             parts.append(f"exact route (Laplace form; risk error {self.risk_error:.1e} and relative drift error {drift} "
-                         "against a finer rule), "
-                         f"lr^2 Gram term on the rank-aware Sobol rule (its relative error {self.gram_error:.1e})")
-        rule = "the Gram term's " if self.route == "exact" else ""
-        parts.append(f"{rule}{self.points} points x {self.replicates} replicate{'s' if self.replicates > 1 else ''}")
+                         f"against a finer rule), {gram}")
+        if self.route != "exact" or self.gram_route != "exact":
+            rule = "the Gram term's " if self.route == "exact" else ""
+            parts.append(f"{rule}{self.points} points x {self.replicates} replicate{'s' if self.replicates > 1 else ''}")
         if np.isfinite(self.drift_error):
             parts.append(f"estimated relative drift error at the start {self.drift_error:.1e}")
         if self.replicates > 1:
