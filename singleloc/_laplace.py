@@ -96,7 +96,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._activations import Activation, ExponentialForm, exponential_form
-from ._laplace_gram import one_head_gram
+from ._laplace_gram import laplace_gram
 from ._laplace_profiles import (
     OMEGA,
     RHO0,
@@ -261,16 +261,17 @@ class LaplaceRule(eqx.Module):
 
     @property
     def exact_gram(self) -> bool:
-        """Whether :meth:`gram` is exact for this rule: one head (:mod:`~singleloc._laplace_gram`;
-        two heads or more hold moments of up to four distinct heads)."""
-        return self.heads == 1
+        """Whether :meth:`gram` is exact for this rule: one head, or two heads of a per-head layer
+        (:mod:`~singleloc._laplace_gram`; more heads hold moments of up to four distinct heads)."""
+        return self.heads == 1 or (self.heads == 2 and not self.form.joint)
 
     def gram(self, M: jax.Array, Q: jax.Array, b: jax.Array) -> jax.Array:
-        """The ``lr^2`` Gram term ``E[sum_l c_l c_l^T]`` (1, 1) of a one-head layer, exactly
-        (:func:`~singleloc._laplace_gram.one_head_gram`)."""
+        """The ``lr^2`` Gram term ``E[sum_l c_l c_l^T]`` (H, H) of the head average, exactly
+        (:func:`~singleloc._laplace_gram.laplace_gram`) where :attr:`exact_gram`."""
         if not self.exact_gram:
-            raise ValueError(f"the exact Gram term needs one head, got H = {self.heads} (more heads: the Sobol rule)")
-        return one_head_gram(self, M, Q, b)
+            raise ValueError(f"the exact Gram term takes one head or two heads of a per-head layer, got H = {self.heads}"
+                             f"{' (a joint layer)' if self.form.joint else ''}: the Sobol rule holds it there")
+        return laplace_gram(self, M, Q, b)
 
     # -- per-head layers ----------------------------------------------------------------------
     def _ranges(self, m1, v1, m0, v0, powers=(1, 2)):
@@ -311,21 +312,22 @@ class LaplaceRule(eqx.Module):
         """``E[f_a(y + x) f_b(y' + x')]`` (len(combos), n_t, n_t) on the grid ``y x y'`` for the profile
         pairs ``(a, b)`` in ``combos``, ``(x, x')`` Gaussian with means ``(m, m')`` and covariance
         ``[[C11, C12], [C12, C22]]`` (module docstring)."""
-        outer, inner, which = self._pair_factors(combos, y, yp, m, mp, C11, C12, C22)
-        return jnp.stack([outer[a] @ inner[which.index(b)] for a, b in combos])
+        outer, inner, firsts, seconds = self._pair_factors(combos, y, yp, m, mp, C11, C12, C22)
+        return jnp.stack([outer[firsts.index(a)] @ inner[seconds.index(b)] for a, b in combos])
 
     def _pair_factors(self, combos, y, yp, m, mp, C11, C12, C22):
-        """The weighted first-field profiles (4, n_t, n_outer) and the second field's smoothed
-        profiles given the first (len(which), n_outer, n_t) of :meth:`_pair`."""
+        """The weighted first-field profiles (len(firsts), n_t, n_outer) and the second field's
+        smoothed profiles given the first (len(seconds), n_outer, n_t) of :meth:`_pair`, for the
+        profiles ``firsts`` and ``seconds`` that ``combos`` uses."""
         C11 = jnp.maximum(C11, PAIR_VAR_FLOOR)
         sx = jnp.sqrt(C11) * self.z_outer  # x - m at the outer nodes
         beta = C12 / C11
         s2 = C22 - C12**2 / C11
-        outer = self.w_outer * _profiles(y[:, None] + m + sx)  # (4, n_t, n_outer)
-        which = tuple(sorted({b for _, b in combos}))  # only the second head's profiles that are used
-        inner = smoothed_profiles(yp[None, :] + mp + beta * sx[:, None], s2, self.z_inner, self.w_inner, self.u_grid, which,
-                                  WIDE_SIGMA)  # (., n_outer, n_t)
-        return outer, inner, which
+        firsts, seconds = (tuple(sorted({pair[i] for pair in combos})) for i in (0, 1))
+        outer = self.w_outer * _profiles(y[:, None] + m + sx, firsts)  # (., n_t, n_outer)
+        inner = smoothed_profiles(yp[None, :] + mp + beta * sx[:, None], s2, self.z_inner, self.w_inner, self.u_grid,
+                                  seconds, WIDE_SIGMA)  # (., n_outer, n_t)
+        return outer, inner, firsts, seconds
 
     def attention_mass(self, M: jax.Array, Q: jax.Array, b: jax.Array) -> jax.Array:
         """``w_h = E[sum_l A_hl]`` (H,): the attention weight each head puts on a sequence

@@ -1,39 +1,45 @@
-"""The ``lr^2`` Gram term of a one-head layer, exactly, in the Laplace form (:mod:`~singleloc._laplace`).
+"""The ``lr^2`` Gram term of one or two heads, exactly, in the Laplace form (:mod:`~singleloc._laplace`).
 
-The term. The loss ``(1 - a_0)^2 + sum_{l >= 1} a_l^2`` (token 0 relevant) of one normalised
-exponential head ``A_l = exp(alpha s_l) / (kappa + sum_m exp(alpha s_m))`` (softmax, softmax1,
-scalable softmax, and bsoftmax, which is softmax at ``H = 1``) has, as
-``dA_m / ds_l = alpha A_m (delta_ml - A_l)`` for any offset ``kappa``, the score gradient
+The term. The loss ``(1 - a_0)^2 + sum_{l >= 1} a_l^2`` (token 0 relevant) of the head average
+``a_l = sum_h v_h A_hl`` (``v_h = 1 / H``) of normalised exponential heads
+``A_hl = exp(alpha s_hl) / (kappa + sum_m exp(alpha s_hm))`` (softmax, softmax1, scalable softmax;
+bsoftmax is softmax at ``H = 1``) has, as ``dA_hm / ds_hl = alpha A_hm (delta_ml - A_hl)`` for any
+offset ``kappa``, the score gradient
 
-    c_l = alpha A_l (e_l - e_bar),    e_l = 2 (A_l - delta_l0),    e_bar = sum_m e_m A_m = 2 (S_2 - A_0),
+    c_hl = alpha v_h A_hl (e_l - e_bar_h),    e_l = 2 (a_l - delta_l0),    e_bar_h = sum_m e_m A_hm.
 
-with ``S_k = sum_m A_m^k``, so that the Gram term of ``dQ`` is
+One head: ``e_bar = 2 (S_2 - A_0)`` with ``S_k = sum_m A_m^k``, and
 
-    G = E[sum_l c_l^2] = 4 alpha^2 E[sum_l A_l^2 (B_l - S_2)^2],    B_0 = 2 A_0 - 1,  B_l = A_l + A_0 (l >= 1),
-      = 4 alpha^2 E[sum_l A_l^2 B_l^2 - 2 S_2 sum_l A_l^2 B_l + S_2^3]:
+    G = E[sum_l c_l^2] = 4 alpha^2 E[sum_l A_l^2 B_l^2 - 2 S_2 sum_l A_l^2 B_l + S_2^3],
+    B_0 = 2 A_0 - 1,  B_l = A_l + A_0 (l >= 1).
 
-a polynomial (:func:`gram_polynomial`) in the relevant token's weight ``A_0`` and the noise tokens'
-power sums ``p_k = sum_{l >= 1} A_l^k``, of degree six.
+In general every entry ``sum_l c_hl c_gl`` is a polynomial of degree six in the relevant token's
+weights ``A_h0`` and the noise tokens' power sums ``p_k = sum_{l >= 1} prod_h A_hl^(k_h)``
+(:func:`gram_polynomials`, built by expanding the definitions above symbolically).
 
 Its moments. A product of power sums is a sum, over the set partitions of its factors, of sums over
 *distinct* noise tokens with the factors of a block merged into one power (:func:`distinct_moments`).
 The Laplace form ``1 / Z^K = int_0^inf t^(K-1) e^(-t Z) dt / (K-1)!`` then turns each into one
-integral over ``y = log t`` of one-token expectations, as for the risk:
+integral per head over ``y_h = log t_h`` of one-token expectations, as for the risk; for one head
 
     E[A_0^a sum_{distinct l_1..l_j >= 1} prod_i A_{l_i}^(k_i)]
         = (L-1)_j / (K-1)! int dy e^(-kappa e^y) r^0_a(y) prod_i r^1_(k_i)(y) r^1_0(y)^(L-1-j),
 
 with ``K = a + sum_i k_i``, ``(L-1)_j = (L-1)(L-2)...(L-j)`` and ``r^0_k, r^1_k`` the relevant and a
 noise token's ``E[rho_k(y + x)]`` (``rho_k(u) = exp(k u - e^u)``, up to ``k = 6``;
-``r^1_0 = 1 - E[omega]`` through the power of :mod:`~singleloc._laplace`). The ``y`` rule and the
-one-token expectations are the risk's (:meth:`~singleloc._laplace.LaplaceRule._single`), the lower
-end of the range moved for the sixth moments, so the term is exact to the same precision and costs
-a few one-head risks, whatever ``L``. Its error is stated against the refined rule
-(:meth:`~singleloc._laplace.LaplaceRule.refined`), as the risk's.
+``r^1_0 = 1 - E[omega]`` through the power of :mod:`~singleloc._laplace`), and for two heads the same
+with two variables and the pair rule's two-dimensional token expectations. Moments of one head (in a
+two-head entry, those in which the other head's powers all vanish) are one-dimensional. The ``y``
+rule and the token expectations are the risk's (the lower end of the range moved for the sixth
+moments), so the term is exact to the same precision, whatever ``L``. Its error is stated against
+the refined rule (:meth:`~singleloc._laplace.LaplaceRule.refined`), as the risk's. Cost: about a
+millisecond for one head (20 moments), tens of milliseconds for two (177 moments over 46 pair
+products of profiles; a two-head solve takes about twice as long as with the Sobol rule, whence
+``theory.gram = "auto"`` keeps that rule there).
 
-Two heads or more. Then ``e_l`` holds the head average, and the Gram term's entries are moments
-of up to four distinct heads: four Laplace variables, with no cheap exact form. They stay on
-the rank-aware Sobol rule (:class:`~singleloc.OrderParameterODE`).
+Three heads or more. Then the entries hold moments of up to four distinct heads: four Laplace
+variables, with no cheap exact form. They stay on the rank-aware Sobol rule
+(:class:`~singleloc.OrderParameterODE`).
 """
 
 from __future__ import annotations
@@ -42,13 +48,17 @@ import math
 from fractions import Fraction
 
 import jax.numpy as jnp
+import numpy as np
 
-from ._laplace_profiles import OMEGA, _power, rho
+from ._laplace_profiles import OMEGA, RHO0, _power, rho
 
 #: The highest power of one token's weight in the Gram term (the degree of :func:`gram_polynomial`).
 DEGREE = 6
 
-# A polynomial: {(a, ks): coefficient} for the monomial A_0^a prod_{k in ks} p_k (ks sorted).
+# A polynomial in the relevant token's weights A_h0 and the noise tokens' power sums
+# p_k = sum_{l >= 1} prod_h A_hl^(k_h): {(a, ks): coefficient} for the monomial prod_h A_h0^(a_h) prod_{k in ks} p_k
+# (a and every k a tuple over the heads, ks sorted). A *token* polynomial, the same in one token's
+# own weights A_hl: {kappa: polynomial} for prod_h A_hl^(kappa_h) times the polynomial.
 Polynomial = dict
 
 
@@ -56,33 +66,68 @@ def _times(p: Polynomial, q: Polynomial) -> Polynomial:
     out: Polynomial = {}
     for (a1, k1), c1 in p.items():
         for (a2, k2), c2 in q.items():
-            key = (a1 + a2, tuple(sorted(k1 + k2)))
+            key = (tuple(x + y for x, y in zip(a1, a2)), tuple(sorted(k1 + k2)))
             out[key] = out.get(key, 0) + c1 * c2
     return {key: c for key, c in out.items() if c}
 
 
-def _plus(*ps: Polynomial, scale=(1,)) -> Polynomial:
+def _plus(*ps: Polynomial, scale=None) -> Polynomial:
     out: Polynomial = {}
-    for p, s in zip(ps, scale * len(ps) if len(scale) == 1 else scale):
+    for p, s in zip(ps, scale or [1] * len(ps)):
         for key, c in p.items():
             out[key] = out.get(key, 0) + s * c
     return {key: c for key, c in out.items() if c}
 
 
-def gram_polynomial() -> Polynomial:
-    """``sum_l A_l^2 (B_l - S_2)^2`` (module docstring) as a polynomial in ``A_0`` and the noise
-    tokens' power sums: ``{(a, ks): coefficient}`` for ``A_0^a prod_{k in ks} p_k``."""
-    one, x = {(0, ()): 1}, {(1, ()): 1}
-    p = lambda k: {(0, (k,)): 1}  # noqa: E731
-    x2 = _times(x, x)
-    two_x_less_one = _plus(x, one, scale=(2, -1))
-    s2 = _plus(x2, p(2))
-    # sum_l A_l^2 B_l^2 = A_0^2 (2 A_0 - 1)^2 + p_4 + 2 A_0 p_3 + A_0^2 p_2
-    squares = _plus(_times(x2, _times(two_x_less_one, two_x_less_one)), p(4), _times(x, p(3)), _times(x2, p(2)),
-                    scale=(1, 1, 2, 1))
-    # sum_l A_l^2 B_l = A_0^2 (2 A_0 - 1) + p_3 + A_0 p_2
-    linear = _plus(_times(x2, two_x_less_one), p(3), _times(x, p(2)))
-    return _plus(squares, _times(s2, linear), _times(s2, _times(s2, s2)), scale=(1, -2, 1))
+def _token_times(f: dict, g: dict) -> dict:
+    out: dict = {}
+    for k1, p in f.items():
+        for k2, q in g.items():
+            k = tuple(x + y for x, y in zip(k1, k2))
+            out[k] = _plus(out.get(k, {}), _times(p, q))
+    return {k: p for k, p in out.items() if p}
+
+
+def _token_plus(*fs: dict, scale=None) -> dict:
+    out: dict = {}
+    for f, s in zip(fs, scale or [1] * len(fs)):
+        for k, p in f.items():
+            out[k] = _plus(out.get(k, {}), p, scale=[1, s])
+    return {k: p for k, p in out.items() if p}
+
+
+def _over_tokens(relevant: dict, noise: dict, H: int) -> Polynomial:
+    """``sum_l f(l)`` for a token polynomial that is ``relevant`` at token 0 and ``noise`` at the others."""
+    zero = (0,) * H
+    out = _plus(*[_times(p, {(k, ()): 1}) for k, p in relevant.items()])
+    for k, p in noise.items():
+        if k == zero:
+            raise ValueError("a sum over the noise tokens of a constant (L - 1) is not a moment")
+        out = _plus(out, _times(p, {(zero, (k,)): 1}))
+    return out
+
+
+def gram_polynomials(H: int) -> dict[tuple[int, int], Polynomial]:
+    """``sum_l c_hl c_gl / alpha^2`` of the head average of ``H`` heads as polynomials (one per entry
+    ``h <= g``): ``c_hl = alpha v_h A_hl (e_l - e_bar_h)``, ``e_l = 2 (sum_k v_k A_kl - delta_l0)``,
+    ``e_bar_h = sum_m e_m A_hm``, ``v_h = 1 / H`` (module docstring)."""
+    zero, v = (0,) * H, Fraction(1, H)
+    unit = lambda h: tuple(int(i == h) for i in range(H))  # noqa: E731
+    weight = lambda h: {unit(h): {(zero, ()): 1}}  # noqa: E731  A_hl
+    constant = {zero: {(zero, ()): 1}}
+
+    def e(relevant: bool) -> dict:
+        mean = _token_plus(*[weight(k) for k in range(H)], scale=[2 * v] * H)
+        return _token_plus(mean, constant, scale=[1, -2]) if relevant else mean
+
+    e_bar = [_over_tokens(_token_times(e(True), weight(h)), _token_times(e(False), weight(h)), H) for h in range(H)]
+
+    def term(h, g, relevant):
+        gap = lambda k: _token_plus(e(relevant), {zero: e_bar[k]}, scale=[1, -1])  # noqa: E731
+        return _token_times(_token_times(weight(h), weight(g)), _token_times(gap(h), gap(g)))
+
+    return {(h, g): _plus(_over_tokens(term(h, g, True), term(h, g, False), H), scale=[v * v])
+            for h in range(H) for g in range(h, H)}
 
 
 def _set_partitions(items: list) -> list[list[list]]:
@@ -102,29 +147,82 @@ def distinct_moments(poly: Polynomial, L: int) -> dict[tuple[int, tuple[int, ...
     out: dict = {}
     for (a, ks), c in poly.items():
         for part in _set_partitions(list(ks)):
-            merged = tuple(sorted(sum(block) for block in part))
+            merged = tuple(sorted(tuple(map(sum, zip(*block))) for block in part))
             count = math.prod(range(L - 1, L - 1 - len(merged), -1))
             if count:
                 out[(a, merged)] = out.get((a, merged), 0) + Fraction(c) * count
     return {key: float(c) for key, c in out.items() if c}
 
 
-def one_head_gram(rule, M: jnp.ndarray, Q: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
-    """``E[sum_l c_l c_l^T]`` (1, 1) of a one-head layer on the exact rule ``rule``
-    (:class:`~singleloc._laplace.LaplaceRule`; module docstring)."""
-    L, kappa, alpha = rule.L, rule.form.offset, rule.form.scale
+def _moment_table(H: int, L: int):
+    """Every distinct-token moment the Gram entries ``h <= g`` need, as static index arrays: per moment
+    its heads' total powers ``K`` (M, H), the relevant token's powers ``a`` (M, H), the noise blocks'
+    powers (M, MAX_BLOCKS, H; padded with ``-1``: a factor one), the number of blocks ``j`` (M,), and the
+    weights (M, E) of the moments in the ``E`` entries (falling factorials and ``1 / (K_h - 1)!`` folded in)."""
+    entries = sorted(gram_polynomials(H))
+    per_entry = [distinct_moments(gram_polynomials(H)[e], L) for e in entries]
+    keys = sorted({key for mom in per_entry for key in mom})
+    blocks = max((len(ks) for _, ks in keys), default=0)
+    K = np.array([[a[i] + sum(k[i] for k in ks) for i in range(H)] for a, ks in keys])
+    scale = np.array([math.prod(1.0 / math.factorial(x - 1) for x in row if x) for row in K])
+    weights = np.array([[mom.get(key, 0.0) for mom in per_entry] for key in keys]) * scale[:, None]
+    noise = np.full((len(keys), blocks, H), -1)
+    for m, (_, ks) in enumerate(keys):
+        if ks:
+            noise[m, :len(ks)] = ks
+    return entries, K, np.array([a for a, _ in keys]), noise, np.array([len(ks) for _, ks in keys]), weights, blocks
+
+
+def _powers_of(omega, L: int, blocks: int):
+    """``(1 - omega)^(L - 1 - j)`` for ``j = 0 ... blocks`` (stacked; zero where ``j > L - 1``)."""
+    return jnp.stack([_power(omega, L - 1 - j) if j <= L - 1 else jnp.zeros_like(omega) for j in range(blocks + 1)])
+
+
+def laplace_gram(rule, M: jnp.ndarray, Q: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
+    """``E[sum_l c_l c_l^T]`` (H, H) of a per-head layer of ``H <= 2`` heads (the head average) on
+    the exact rule ``rule`` (:class:`~singleloc._laplace.LaplaceRule`; module docstring): each moment
+    of one head on the risk's one-head rule, of two heads on its pair rule, all moments of a kind
+    gathered from stacked one-token expectations and summed at once."""
+    H, L, kappa, alpha = Q.shape[0], rule.L, rule.form.offset, rule.form.scale
+    if H > 2:
+        raise ValueError(f"the exact Gram term takes one or two heads, got H = {H}")
     m1, C1, m0, C0 = rule._token_laws(*rule._state(M, Q, b))
     v1, v0 = jnp.diag(C1), jnp.diag(C0)
     Y, step = rule._ranges(m1, v1, m0, v0, powers=range(1, DEGREE + 1))
-    y, pre = Y[0], step[0] * jnp.exp(-kappa * jnp.exp(Y[0]))
+    pre = step[:, None] * jnp.exp(-kappa * jnp.exp(Y))
+    entries, K, a, noise, j, weights, blocks = _moment_table(H, L)
     profiles = tuple(rho(k) for k in range(DEGREE + 1))
-    noise = rule._single(y, m1[0], v1[0], (*profiles, OMEGA))
-    rel = rule._atoms_mean(lambda k: rule._single(y, m0[0, k], v0[0], profiles))
-    total = 0.0
-    for (a, ks), weight in distinct_moments(gram_polynomial(), L).items():
-        K = a + sum(ks)
-        integrand = pre * rel[a] * _power(noise[-1], L - 1 - len(ks))
-        for k in ks:
-            integrand = integrand * noise[k]
-        total = total + weight / math.factorial(K - 1) * jnp.sum(integrand)
-    return (4.0 * alpha**2 * total).reshape(1, 1)
+    integrals = jnp.zeros(len(K), Y.dtype)
+    for h in range(H):  # moments of head h alone: one-head rule
+        rows = np.flatnonzero(((K > 0).sum(axis=1) == 1) & (K[:, h] > 0))
+        if not len(rows):
+            continue
+        nz = rule._single(Y[h], m1[h], v1[h], (*profiles, OMEGA))
+        rel = rule._atoms_mean(lambda k, h=h: rule._single(Y[h], m0[h, k], v0[h], profiles))
+        factors = jnp.concatenate([nz[:-1], jnp.ones_like(nz[:1])])[noise[rows, :, h]]  # (., blocks, n_t); -1: one
+        value = pre[h] * rel[a[rows, h]] * _powers_of(nz[-1], L, blocks)[j[rows]] * jnp.prod(factors, axis=1)
+        integrals = integrals.at[rows].set(jnp.sum(value, axis=-1))
+    rows = np.flatnonzero((K > 0).all(axis=1)) if H == 2 else np.zeros(0, int)
+    if len(rows):  # moments of both heads: the pair rule (head 0 the first field)
+        pair = lambda k: (rho(k[0]), rho(k[1]))  # noqa: E731
+        noise_combos = sorted({pair(k) for k in noise[rows].reshape(-1, 2) if k[0] >= 0} | {(RHO0, OMEGA)})
+        rel_combos = sorted({pair(k) for k in a[rows]})
+        nz = rule._pair(noise_combos, Y[0], Y[1], m1[0], m1[1], C1[0, 0], C1[0, 1], C1[1, 1])
+        rel = rule._atoms_mean(lambda k: rule._pair(rel_combos, Y[0], Y[1], m0[0, k], m0[1, k], C0[0, 0], C0[0, 1], C0[1, 1]))
+        omega = rule._single(Y[0], m1[0], v1[0], (OMEGA,))[0][:, None] + nz[noise_combos.index((RHO0, OMEGA))]
+        # a moment is sum_ij (pre pre' rel[r])_ij (prod of its noise factors and power)_ij: the noise side is
+        # formed once per distinct group (factors, j), and every (r, group) sum is one matrix product
+        index = np.array([[noise_combos.index(pair(k)) if k[0] >= 0 else len(noise_combos) for k in row]
+                          for row in noise[rows]])
+        groups, group = np.unique(np.concatenate([index, j[rows, None]], axis=1), axis=0, return_inverse=True)
+        factors = jnp.concatenate([nz, jnp.ones_like(nz[:1])])[groups[:, :-1]]  # (G, blocks, n_t, n_t)
+        noise_side = jnp.prod(factors, axis=1) * _powers_of(omega, L, blocks)[groups[:, -1]]
+        rel_side = pre[0][:, None] * pre[1][None, :] * rel
+        sums = rel_side.reshape(len(rel_combos), -1) @ noise_side.reshape(len(groups), -1).T  # (R, G)
+        r = np.array([rel_combos.index(pair(k)) for k in a[rows]])
+        integrals = integrals.at[rows].set(sums[r, group.ravel()])
+    values = integrals @ weights  # one per entry h <= g
+    G = [[None] * H for _ in range(H)]
+    for (h, g), value in zip(entries, values):
+        G[h][g] = G[g][h] = value
+    return alpha**2 * jnp.stack([jnp.stack(row) for row in G])

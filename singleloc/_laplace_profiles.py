@@ -80,9 +80,9 @@ def _profile(u, which: int, order: int = 0):
     return (value, (k - e) * value, ((k - e) ** 2 - e) * value)[order]
 
 
-def _profiles(u):
-    """The four profiles at ``u``, shape ``(4, *u.shape)``."""
-    return jnp.stack([_profile(u, p) for p in range(4)])
+def _profiles(u, which=(RHO0, RHO1, RHO2, OMEGA)):
+    """The profiles ``which`` (default the four of the risk) at ``u``, shape ``(len(which), *u.shape)``."""
+    return jnp.stack([_profile(u, p) for p in which])
 
 
 def normal_smoothing(c, s, z, w, which, orders=(0,)):

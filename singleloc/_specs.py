@@ -31,6 +31,8 @@ HEAD_WEIGHTS = ("uniform", "trained")
 
 #: Values of ``theory.route``.
 ROUTES = ("auto", "exact", "rule")
+#: ``theory.gram``: how the exact route computes the ``lr^2`` (Gram) term.
+GRAM_ROUTES = ("auto", "exact", "sobol")
 
 
 def default_route() -> str:
@@ -308,7 +310,12 @@ class Theory:
     (:mod:`~singleloc._laplace`, the Laplace form of the normaliser) when the activation is a
     normalised exponential (softmax, softmax1, bsoftmax, ssmax), else by the Sobol rule;
     ``"exact"``: the same, and an error for any other activation; ``"rule"``: the Sobol rule
-    for everything. The ``lr^2`` (Gram) term of the drift always uses the Sobol rule.
+    for everything. ``gram``: the ``lr^2`` (Gram) term on the exact route: ``"exact"`` in the
+    Laplace form (:mod:`~singleloc._laplace_gram`; one head, or two heads of a per-head layer, with
+    the head average; else an error), ``"sobol"`` on the rank-aware Sobol rule, ``"auto"`` (default)
+    exactly for one head, where it costs less than the Sobol rule, on the Sobol rule otherwise (at
+    two heads the exact term doubles the time of a solve; the rule's relative error, about 1e-3,
+    is stated with the run). The rule route has the Gram term on its own rule.
     ``nodes``: the normal rule of the exact route's token expectations (``2 nodes`` trapezoidal
     nodes of its Laplace variable, ``nodes`` per unit of the activation's scale for a pair's first
     field and for the tables of its second field's conditional expectations).
@@ -325,9 +332,12 @@ class Theory:
     route: str = dataclasses.field(default_factory=lambda: default_route())
     nodes: int = 64
     gram_points: int | str = "auto"
+    gram: str = "auto"
 
     def __post_init__(self):
         s = "theory"
+        if self.gram not in GRAM_ROUTES:
+            _fail(s, "gram", f"must be one of {', '.join(GRAM_ROUTES)}, got {self.gram!r}")
         object.__setattr__(self, "gram_points", _sobol_points(s, "gram_points", self.gram_points))
         if self.route not in ROUTES:
             _fail(s, "route", f"must be one of {', '.join(ROUTES)}, got {self.route!r}")

@@ -46,8 +46,8 @@ so
 
 The derivatives are exact and finite at identical heads (Price's theorem inside the rule).
 The ``lr^2`` (Gram) term of one head is exact too (a polynomial of degree six in the token
-weights, whose moments the Laplace form gives: :mod:`~singleloc._laplace_gram`). With more
-heads, a product of two gradients with up to four distinct heads per term
+weights, whose moments the Laplace form gives: :mod:`~singleloc._laplace_gram`), and of two heads
+with ``theory.gram = "exact"``. Otherwise, a product of two gradients with up to four distinct heads per term
 (four Laplace variables: no cheap exact form), it stays on a Sobol rule, the rank-aware one of
 ``gram_fields`` (principal axes of ``Q``, direction-major coordinates): at trained states with
 near-copy heads it has about a tenth of the error of the head-symmetric rule at the same
@@ -174,7 +174,7 @@ class OrderParameterODE(eqx.Module):
 
         exact = per_replicate(exact_route(config))
         fine = per_replicate(exact_route(config, refined=True)) if check and exact is not None else None
-        exact_gram = exact is not None and exact.exact_gram and not config.model.trained_head_weights
+        exact_gram = exact is not None and exact_gram_term(config, exact)
         gram = sobol_rule(th.gram_rule_points(pb.L, H, points), principal=True) if exact is not None and not exact_gram else None
         return cls(sobol_rule(symmetric=True), get_activation(config.model.activation), exact=exact, exact_check=fine,
                    gram_fields=gram, sgd=sgd_rule(config))
@@ -319,6 +319,20 @@ def exact_route(config: Config, *, refined: bool = False) -> LaplaceRule | None:
     rule = exact_rule(get_activation(config.model.activation), pb.L, H, pb.build_prior(), n_t=2 * n, n_outer=n,
                       n_inner=n)
     return rule.refined() if refined else rule
+
+
+def exact_gram_term(config: Config, exact: LaplaceRule) -> bool:
+    """Whether the exact route ``exact`` of ``config`` has the ``lr^2`` Gram term exactly
+    (``theory.gram``: ``"auto"`` for one head, ``"exact"`` for one or two heads of a per-head layer
+    with the head average; :mod:`~singleloc._laplace_gram`)."""
+    choice, H = config.theory.gram, config.model.heads
+    possible = exact.exact_gram and not config.model.trained_head_weights
+    if choice == "exact" and not possible:
+        why = ("trained head weights" if config.model.trained_head_weights else
+               "a joint layer" if exact.form.joint else f"H = {H}")
+        raise ValueError(f"theory.gram = 'exact': the exact Gram term takes one head, or two heads of a per-head layer "
+                         f"with the head average, not {why}; use 'auto' or 'sobol'")
+    return possible and (choice == "exact" or (choice == "auto" and H == 1))
 
 
 def flatten_state(M: jax.Array, Q: jax.Array, b: jax.Array, train_bias: bool = True) -> jax.Array:

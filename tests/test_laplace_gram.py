@@ -16,43 +16,51 @@ import pytest
 import singleloc as sl
 from singleloc._activations import exponential_form
 from singleloc._laplace import LaplaceRule
-from singleloc._laplace_gram import distinct_moments, gram_polynomial
+from singleloc._laplace_gram import distinct_moments, gram_polynomials
 from singleloc._layer import limit_loss
 
 jax.config.update("jax_enable_x64", True)
 
 
 def _direct(A):
-    """``sum_l A_l^2 (B_l - S_2)^2`` (module docstring) from the weights ``A`` (token 0 relevant)."""
-    B = A + A[0] - np.eye(len(A))[0]
-    B[0] = 2 * A[0] - 1
-    return np.sum(A**2 * (B - np.sum(A**2)) ** 2)
+    """``sum_l c_hl c_gl / alpha^2`` (H, H) from the weights ``A`` (H, L) of the head average (token 0
+    relevant): ``c_hl = A_hl (e_l - e_bar_h) / H``, ``e_l = 2 (a_l - delta_l0)``, ``e_bar_h = sum_m e_m A_hm``."""
+    H, L = A.shape
+    e = 2 * (A.mean(axis=0) - np.eye(L)[0])
+    c = A * (e[None, :] - (A @ e)[:, None]) / H
+    return c @ c.T
 
 
 def _evaluate(poly, A):
-    """The polynomial at the weights ``A``: ``A_0^a prod p_k`` with ``p_k = sum_{l >= 1} A_l^k``."""
-    return sum(c * A[0] ** a * np.prod([np.sum(A[1:] ** k) for k in ks]) for (a, ks), c in poly.items())
+    """The polynomial at the weights ``A`` (H, L): ``prod_h A_h0^(a_h) prod p_k``, ``p_k = sum_{l >= 1}
+    prod_h A_hl^(k_h)``."""
+    power = lambda k, cols: np.prod(A[:, cols] ** np.array(k)[:, None], axis=0)  # noqa: E731
+    return sum(c * power(a, [0])[0] * np.prod([np.sum(power(k, slice(1, None))) for k in ks]) for (a, ks), c in poly.items())
 
 
 def _distinct(moments, A):
     """The distinct-token moments at the weights ``A``, each sum over distinct noise tokens by brute
     force, divided by the falling factorial that :func:`distinct_moments` folds into its weights."""
-    L, total = len(A), 0.0
+    L, total = A.shape[1], 0.0
     for (a, ks), weight in moments.items():
         count = np.prod([L - 1 - i for i in range(len(ks))])
-        tuples = itertools.permutations(range(1, L), len(ks))
-        total += weight / count * A[0] ** a * sum(np.prod([A[l] ** k for l, k in zip(ls, ks)]) for ls in tuples)
+        tokens = itertools.permutations(range(1, L), len(ks))
+        head0 = np.prod(A[:, 0] ** np.array(a))
+        total += weight / count * head0 * sum(np.prod([np.prod(A[:, l] ** np.array(k)) for l, k in zip(ls, ks)])
+                                              for ls in tokens)
     return total
 
 
-@pytest.mark.parametrize("L", [2, 3, 5])
-def test_the_gram_polynomial_and_its_distinct_moments_are_the_sums_over_tokens(L):
-    rng = np.random.default_rng(L)
-    for _ in range(5):
-        A = rng.dirichlet(np.ones(L)) * rng.uniform(0.5, 1.0)  # softmax1 leaves mass on the offset
-        poly = gram_polynomial()
-        np.testing.assert_allclose(_evaluate(poly, A), _direct(A), rtol=1e-12, atol=1e-15)
-        np.testing.assert_allclose(_distinct(distinct_moments(poly, L), A), _direct(A), rtol=1e-12, atol=1e-15)
+@pytest.mark.parametrize("H, L", [(1, 2), (1, 3), (1, 5), (2, 2), (2, 4)])
+def test_the_gram_polynomials_and_their_distinct_moments_are_the_sums_over_tokens(H, L):
+    rng = np.random.default_rng(10 * H + L)
+    polys = gram_polynomials(H)
+    for _ in range(4):
+        A = rng.dirichlet(np.ones(L), size=H) * rng.uniform(0.5, 1.0, size=(H, 1))  # softmax1 leaves mass on the offset
+        direct = _direct(A)
+        for (h, g), poly in polys.items():
+            np.testing.assert_allclose(_evaluate(poly, A), direct[h, g], rtol=1e-12, atol=1e-15)
+            np.testing.assert_allclose(_distinct(distinct_moments(poly, L), A), direct[h, g], rtol=1e-12, atol=1e-15)
 
 
 def _rule(name, L, prior):
@@ -144,6 +152,54 @@ def test_a_one_head_ode_has_the_exact_gram_term_and_states_it():
     assert result.gram_route == "exact" and result.gram_error < 1e-9
     assert "Gram term exact" in result.quadrature()
     assert not sl.OrderParameterODE.from_config(cfg.replace(model={"heads": 2})).exact_gram  # two heads: the Sobol rule
+
+
+def test_theory_gram_chooses_the_gram_term_and_names_itself_when_it_cannot():
+    base = ["model.heads=2", "problem.F=1", "theory.route=exact"]
+    ode = lambda *extra: sl.OrderParameterODE.from_config(sl.load_config("default", [*base, *extra]))  # noqa: E731
+    assert not ode().exact_gram  # auto: the Sobol rule from two heads on
+    assert ode("theory.gram=exact").exact_gram
+    assert not ode("model.heads=1", "theory.gram=sobol").exact_gram
+    for extra in (["model.activation=bsoftmax"], ["model.heads=3"], ["model.head_weights=trained"]):
+        with pytest.raises(ValueError, match="theory.gram = 'exact'"):
+            ode("theory.gram=exact", *extra)
+    with pytest.raises(ValueError, match="theory.gram"):
+        sl.load_config("default", ["theory.gram=quadrature"])
+
+
+def monte_carlo_gram2(name, prior, L, M, Q, b, n=2**15, batches=8, seed=0):
+    """Plain Monte Carlo of ``sum_l c_l c_l^T`` (2, 2) of two heads over whole sequences."""
+    act = sl.get_activation(name)
+    atoms, probs = jnp.asarray(prior.atoms_array()), jnp.asarray(prior.probs_array())
+    Qh = jnp.asarray(sl.psd_sqrt(np.asarray(Q)))
+
+    @jax.jit
+    def batch(key):
+        k1, k2 = jax.random.split(key)
+        g = jax.random.normal(k1, (n, L, 2)) @ Qh
+        g = g.at[:, 0].add(atoms[jax.random.choice(k2, len(probs), (n,), p=probs)] @ M.T)
+        c = jax.vmap(lambda x: jax.grad(lambda s: limit_loss(act, s, 0))(x.T + b[:, None]))(g)
+        G = jnp.einsum("nhl,ngl->nhg", c, c)
+        return G.mean(0), G.var(0)
+
+    out = [batch(k) for k in jax.random.split(jax.random.PRNGKey(seed), batches)]
+    return np.mean([o[0] for o in out], axis=0), np.sqrt(np.mean([o[1] for o in out], axis=0) / (n * batches))
+
+
+@pytest.mark.parametrize("name, L, F, M, Q, b", [
+    ("softmax", 4, 1, [[1.96], [1.96]], [[3.86, 3.85], [3.85, 3.86]], [0.0, 0.0]),  # near copies
+    pytest.param("softmax", 4, 2, [[2.2, 0.1], [0.05, 2.1]], [[5.0, 0.3], [0.3, 4.6]], [0.0, 0.0],  # specialised
+                 marks=pytest.mark.slow),
+    pytest.param("softmax1", 8, 2, [[1.5, 0.3], [0.2, 1.4]], [[2.6, 0.5], [0.5, 2.3]], [0.2, -0.1], marks=pytest.mark.slow),
+])
+def test_the_exact_gram_term_of_two_heads_agrees_with_monte_carlo(name, L, F, M, Q, b):
+    prior = sl.spikes(F, 2.5)
+    M, Q, b = (jnp.asarray(x, float) for x in (M, Q, b))
+    rule = LaplaceRule.make(exponential_form(sl.get_activation(name), L), L, 2, prior)
+    value = np.asarray(_gram(rule, M, Q, b))
+    ref, se = monte_carlo_gram2(name, prior, L, M, Q, b)
+    assert np.all(np.abs(value - ref) < 5 * se), (value, ref, se)
+    assert np.all(se < 0.01 * ref)
 
 
 def test_trained_head_weights_keep_the_sobol_gram_term():
