@@ -67,7 +67,7 @@ def test_integrate_cli_writes_documented_files(tmp_path, capsys):
     assert main(["integrate", "default", "--out", str(out), "--no-progress", *sum((["--set", s] for s in TINY), [])]) == 0
     with np.load(out / "theory.npz") as f:
         assert set(f.files) == {"tau", "M", "Q", "b", "risk", "risk_se", "drift_error", "points", "replicates", "route",
-                                "risk_error", "gram_error", "exact_drift_error"}
+                                "risk_error", "gram_error", "exact_drift_error", "gram_route"}
         assert f["M"].shape == (5, 2, 2) and f["Q"].shape == (5, 2, 2) and f["b"].shape == (5, 2) and f["risk"].shape == (5,)
         assert f["risk_se"].shape == (5,) and int(f["points"]) == 256 and int(f["replicates"]) == 1
     cfg = json.loads((out / "config.json").read_text())
