@@ -18,7 +18,7 @@ figures):
    (log grid): the final risk on both routes and its gap to the Bayes risk (exact route).
 3. With ``--F 2``, instead of 1 and 2: the head-count F = 2 rows at strength 2.5 (softmax and
    softmax1 at H = 1, 2, 3, 4, 6, 8, where the table's "4 heads within 0.01 of H = 8" is decided,
-   bsoftmax at H = 1, 2, 3, 4), each to the horizon its head-count point was judged at
+   bsoftmax at H = 1, 2, 3), each to the horizon its head-count point was judged at
    (``figures/head_count.json``: 2.5 times the predicted escape, 110 to 2700; 300 without one),
    with the Bayes risk of the prior.
 
@@ -44,7 +44,7 @@ from _common import FIGURES, cache_dir, figure, figures_dir, parser, save_json, 
 import singleloc as sl  # noqa: E402
 
 HEADS = {"softmax": (1, 2, 3, 4, 6, 8), "softmax1": (2, 4), "bsoftmax": (2, 3, 4)}
-HEADS_F2 = {"softmax": (1, 2, 3, 4, 6, 8), "softmax1": (1, 2, 3, 4, 6, 8), "bsoftmax": (1, 2, 3, 4)}
+HEADS_F2 = {"softmax": (1, 2, 3, 4, 6, 8), "softmax1": (1, 2, 3, 4, 6, 8), "bsoftmax": (1, 2, 3)}
 STRENGTH = 2.5
 QUICK_HEADS = {"softmax": (1, 2)}
 TAU, QUICK_TAU = 300.0, 20.0

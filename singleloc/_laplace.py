@@ -298,8 +298,9 @@ class LaplaceRule(eqx.Module):
 
         A narrow field (``sqrt(v) <= WIDE_SIGMA``) on the outer Gauss-Hermite nodes. A wide one on
         the profile grid ``u_p`` instead, where the profiles, not the Gaussian, carry the fine
-        structure: ``E[f(y + x)] = int f(u) phi_s(u - y - m) du`` (:func:`~singleloc._laplace_profiles.grid_smoothing`; ``omega``
-        through a smooth step, ``rho_0 = 1 - omega``). Gauss-Hermite nodes are spread over the
+        structure: ``E[f(y + x)] = int f(u) phi_s(u - y - m) du`` for ``f = rho_k`` and, as
+        ``omega' = rho_1``, ``E[omega(y + x)] = int rho_1(u) Phi((y + m - u) / s) du`` (a sum of
+        non-negative terms), ``rho_0 = 1 - omega``. Gauss-Hermite nodes are spread over the
         Gaussian, ``s`` times further apart than the profiles' own scale, so their error grows with
         ``s`` (64 nodes: 4e-9 at ``s = 1``, 3e-6 at ``s = 1.5``; the two rules cross near
         ``s = 0.6``); the grid's does not (a trapezoidal rule of an integrand analytic in

@@ -94,23 +94,13 @@ def normal_smoothing(c, s, z, w, which, orders=(0,)):
     return jnp.stack([jnp.stack([jnp.sum(w * _profile(x, p, order), axis=-1) for p in which]) for order in orders])
 
 
-#: Standard deviations of the grid's half-width in the smooth step of :func:`grid_smoothing` (the step's
-#: mass beyond the grid's ends: ``Phi(-8.5)``, 1e-17).
-STEP_SIGMAS = 8.5
-
-
 def grid_smoothing(c, s, u, which, orders=(0,)):
     """``E[f^(order)(c + s Z)]`` ``(len(orders), len(which), *c.shape)`` for the profiles in ``which``
     on the profile grid ``u`` (equispaced, covering the profiles' support): ``int f(v) phi_s(v - c) dv``
-    as a trapezoidal sum. ``rho_k`` (``k >= 1``) and every derivative vanish at both ends of the grid;
-    ``omega`` rises to one, so it is split as ``omega = Phi((v - a) / s0) + g`` with a smooth step of
-    centre ``a`` (the grid's middle) and width ``s0`` (:data:`STEP_SIGMAS` of them to either end), whose
-    smoothing is ``Phi((c - a) / sqrt(s0^2 + s^2))``, and a remainder ``g`` that vanishes at both ends;
-    ``rho_0 = 1 - omega``. The profiles, not the Gaussian, carry the fine structure, so the rule is
-    exact for any ``s`` above the grid's step (a trapezoidal rule of an integrand analytic in
-    ``|Im v| < pi/2``, error of order ``exp(-pi^2 / step)``), however wide. The error is absolute
-    (about 1e-16), which is what ``(1 - E[omega])^(L - 1)`` needs; one normal CDF per argument
-    ``c``, none per grid point."""
+    for ``rho_k`` (``k >= 1``) and, as ``omega' = rho_1``, ``E[omega(c + s Z)] = int rho_1(v) Phi((c - v) / s) dv``
+    (a sum of non-negative terms), ``rho_0 = 1 - omega``. The profiles, not the Gaussian, carry the
+    fine structure, so the rule is exact for any ``s`` above the grid's step (a trapezoidal rule of an
+    integrand analytic in ``|Im v| < pi/2``), however wide."""
     step = u[1] - u[0]
     d = (u - c[..., None]) / s  # (..., n_u)
     density = step * jnp.exp(-0.5 * d**2) / (s * np.sqrt(2 * np.pi))
@@ -122,11 +112,7 @@ def grid_smoothing(c, s, u, which, orders=(0,)):
                 out.append(density @ _profile(u, p, order))
                 continue
             if order == 0:
-                if omega is None:
-                    a = (u[0] + u[-1]) / 2
-                    s0 = (u[-1] - u[0]) / (2 * STEP_SIGMAS)
-                    rest = _profile(u, OMEGA) - jax.scipy.special.ndtr((u - a) / s0)
-                    omega = jax.scipy.special.ndtr((c - a) / jnp.sqrt(s0**2 + s**2)) + density @ rest
+                omega = step * (jax.scipy.special.ndtr(-d) @ _profile(u, RHO1)) if omega is None else omega
                 value = omega
             else:
                 value = density @ _profile(u, RHO1, order - 1)

@@ -516,8 +516,8 @@ def test_the_profile_grid_smooths_every_profile_exactly(s):
     """``E[f(c + s Z)]`` of the four profiles on the profile grid (``omega`` through its smooth step)
     against the trapezoidal rule in ``z`` on 20001 nodes over ``[-12, 12]`` (exact to rounding for these
     widths), for ``c`` from far below the profiles' support to far above it: absolute error at rounding
-    (measured: ``omega`` and ``rho_0`` 6e-16 to 9e-16, ``rho_2`` 5.5e-14 at ``s = 0.6``, the narrowest width
-    the grid takes, where the trapezoidal step 0.25 resolves ``rho_2``'s peak least well)."""
+    (``rho_2`` 5.5e-14 at ``s = 0.6``, the narrowest width the grid takes, where the trapezoidal step 0.25
+    resolves its peak least well)."""
     from singleloc._laplace import U_GRID_HIGH, U_GRID_LOW, U_GRID_STEP
     from singleloc._laplace_profiles import _profiles, grid_smoothing
 
