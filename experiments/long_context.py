@@ -31,8 +31,7 @@ ODE starts from the overlaps of seed 0's random keys at ``D = 1000`` (``M(0) = O
 6. ``--heads``: more heads and two spikes against ``L`` (4 ... 1024), written to
    figures/long_context_heads.json and .png instead: softmax with ``H`` = 1, 2, 4 and bsoftmax with
    ``H = 2`` at every ``L``, softmax1 with ``H = 2`` at every ``L`` and ssmax at ``L`` <= 64 (``F = 2``), and two
-   softmax heads with one spike at ``L`` = 64, 256 (four at 64), and four bsoftmax heads at ``L = 4``
-   (a joint layer of four heads: about 4 s per drift on the conditional product form). Horizon ``max(600, 4 L / (lr strength^2))``
+   softmax heads with one spike at ``L`` = 64, 256 (four at 64). Horizon ``max(600, 4 L / (lr strength^2))``
    (the specialization escape of ``H = F = 2`` comes after the first plateau: 270 at ``L = 4``).
    Read off: the first plateau's end, the escape (the head spread orthogonal to the prior mean
    reaching half its final value), the final risk against the Bayes risk of the prior at that
@@ -97,7 +96,6 @@ def heads_plan(quick: bool) -> dict:
     runs += [("softmax1", 2, 2, L) for L in lengths] + [("ssmax", 2, 2, L) for L in short]
     runs += [("softmax", 2, 1, L) for L in ((16,) if quick else (64, 256))]
     runs += [] if quick else [("softmax", 4, 1, 64)]  # one spike: does the excess fall like 1/H?
-    runs += [] if quick else [("bsoftmax", 4, 2, 4)]  # a joint layer of four heads: ~4 s per drift
     escape = [("softmax", L) for L in lengths] + [("ssmax", L) for L in short]
     return {"lengths": lengths, "runs": sorted(runs, key=lambda r: (r[3], r[1], r[0])), "escape": escape, "quick": quick}
 
