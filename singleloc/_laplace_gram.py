@@ -44,6 +44,7 @@ variables, with no cheap exact form. They stay on the rank-aware Sobol rule
 
 from __future__ import annotations
 
+import functools
 import math
 from fractions import Fraction
 
@@ -52,7 +53,7 @@ import numpy as np
 
 from ._laplace_profiles import OMEGA, RHO0, _power, rho
 
-#: The highest power of one token's weight in the Gram term (the degree of :func:`gram_polynomial`).
+#: The highest power of one token's weight in the Gram term (the degree of :func:`gram_polynomials`).
 DEGREE = 6
 
 # A polynomial in the relevant token's weights A_h0 and the noise tokens' power sums
@@ -154,13 +155,15 @@ def distinct_moments(poly: Polynomial, L: int) -> dict[tuple[int, tuple[int, ...
     return {key: float(c) for key, c in out.items() if c}
 
 
+@functools.cache
 def _moment_table(H: int, L: int):
     """Every distinct-token moment the Gram entries ``h <= g`` need, as static index arrays: per moment
     its heads' total powers ``K`` (M, H), the relevant token's powers ``a`` (M, H), the noise blocks'
     powers (M, MAX_BLOCKS, H; padded with ``-1``: a factor one), the number of blocks ``j`` (M,), and the
     weights (M, E) of the moments in the ``E`` entries (falling factorials and ``1 / (K_h - 1)!`` folded in)."""
-    entries = sorted(gram_polynomials(H))
-    per_entry = [distinct_moments(gram_polynomials(H)[e], L) for e in entries]
+    polys = gram_polynomials(H)
+    entries = sorted(polys)
+    per_entry = [distinct_moments(polys[e], L) for e in entries]
     keys = sorted({key for mom in per_entry for key in mom})
     blocks = max((len(ks) for _, ks in keys), default=0)
     K = np.array([[a[i] + sum(k[i] for k in ks) for i in range(H)] for a, ks in keys])
