@@ -149,19 +149,19 @@ def _trajectories(dynamics: OrderParameterODE, evaluation: OrderParameterODE, y0
 def gram_error(dynamics: OrderParameterODE, evaluation: OrderParameterODE, M, Q, b, v=None) -> jax.Array:
     """The stated relative error of the exact route's ``lr^2`` term at one state: ``max |G - G'| /
     (sqrt(2) max |G|)`` for the Gram matrices ``G, G'`` of two independent scramblings (each has
-    the same error law); for an exact Gram term (one head), ``max |G - G'| / max |G|`` against the
-    finer exact rule. At a stationary state the Gram term balances the ``O(lr)`` part of ``dQ``,
-    so this is the relative error of that part of the drift there (``v``: trained head weights). 0
+    the same error law); for an exact Gram term (:attr:`~singleloc.OrderParameterODE.exact_gram`),
+    ``max |G - G'| / max |G|`` against the finer exact rule. At a stationary state the Gram term
+    balances the ``O(lr)`` part of ``dQ``, so this is the relative error of that part of the drift
+    there (``v``: trained head weights). 0
     on the rule route (``drift_error`` states its error), NaN for a non-finite state. (No gradient
     here: a second site of the exact gradient in the solve's program would add a quarter to its
     compile time.)"""
-    if dynamics.exact_gram:  # against the finer exact rule
-        G = dynamics.gram(M, Q, b, v)
-        err = jnp.max(jnp.abs(G - evaluation.exact_check.gram(M, Q, b)))
-    elif dynamics.gram_fields is None:
+    if dynamics.gram_fields is None and not dynamics.exact_gram:
         return jnp.zeros((), M.dtype)
+    G = dynamics.gram(M, Q, b, v)
+    if dynamics.exact_gram:  # against the finer exact rule
+        err = jnp.max(jnp.abs(G - evaluation.exact_check.gram(M, Q, b)))
     else:
-        G = dynamics.gram(M, Q, b, v)
         err = jnp.max(jnp.abs(G - evaluation.gram(M, Q, b, v))) / jnp.sqrt(2.0)
     size = jnp.max(jnp.abs(G))
     return jnp.where(jnp.isfinite(Q).all() & (size > 0), err / size, jnp.nan)

@@ -100,7 +100,7 @@ class OrderParameterODE(eqx.Module):
             whose risk states the error of ``exact``'s (:meth:`risk_check`), or ``None``.
         gram_fields: on the exact route, the rank-aware (principal) Sobol rule of the ``lr^2``
             term (:meth:`gram`); ``None`` on the rule route, where ``fields`` serves for all, and
-            where the exact route has the term exactly (one head: :attr:`exact_gram`).
+            where the exact route has the term exactly (:attr:`exact_gram`).
     """
 
     fields: LocalFields
@@ -199,13 +199,13 @@ class OrderParameterODE(eqx.Module):
 
     @property
     def exact_gram(self) -> bool:
-        """Whether the ``lr^2`` Gram term is exact too (the exact route with one head and the head
-        average: :mod:`~singleloc._laplace_gram`)."""
+        """Whether the ``lr^2`` Gram term is exact too (the exact route with ``theory.gram`` asking for it
+        where it can: :func:`exact_gram_term`, :mod:`~singleloc._laplace_gram`)."""
         return self.exact is not None and self.gram_fields is None
 
     def gram(self, M: jax.Array, Q: jax.Array, b: jax.Array, v: jax.Array | None = None) -> jax.Array:
-        """``E[sum_l c_l c_l^T]`` (H, H), the ``lr^2`` term of ``dQ``: exact for one head on the exact
-        route (:attr:`exact_gram`), else on the Sobol rule (the rank-aware ``gram_fields`` on the
+        """``E[sum_l c_l c_l^T]`` (H, H), the ``lr^2`` term of ``dQ``: exactly where :attr:`exact_gram`
+        (one head, or two with ``theory.gram = "exact"``), else on the Sobol rule (the rank-aware ``gram_fields`` on the
         exact route)."""
         if self.exact_gram:
             if v is not None:

@@ -27,7 +27,7 @@ class TheoryResult:
     ``gram_error``: on the exact route, the estimated relative error of the ``lr^2`` (Gram) term
     at the start and at the end (its difference between two scramblings, or for an exact Gram term
     to the finer exact rule: :func:`gram_error`); ``gram_route``: ``"exact"`` where the exact route has
-    the Gram term exactly (one head, :mod:`~singleloc._laplace_gram`), else ``"sobol"``;
+    the Gram term exactly (``theory.gram``, :mod:`~singleloc._laplace_gram`), else ``"sobol"``;
     ``exact_drift_error``: on the exact route, the largest relative difference of the ``O(lr)`` drift
     to the finer exact rule at the start and at the end
     (:meth:`~singleloc.OrderParameterODE.exact_drift_error`; a risk error of 1e-3 can come with a
@@ -51,7 +51,7 @@ class TheoryResult:
     gram_error: float = float("nan")
     exact_drift_error: float = float("nan")
     v: np.ndarray | None = None  # (S, T, H): trained head weights; None for the head average
-    gram_route: str = "sobol"  # the lr^2 Gram term's: "exact" (exact route, one head) or "sobol"
+    gram_route: str = "sobol"  # the lr^2 Gram term's: "exact" (exact route, theory.gram) or "sobol"
 
     def __post_init__(self):
         if self.risk_se is None:
@@ -71,7 +71,7 @@ class TheoryResult:
         if self.route == "exact":
             drift = (f"{self.exact_drift_error:.1e}" if np.isfinite(self.exact_drift_error) else
                      "below 1e-5 (not computed: risk error under 1e-9)")
-            gram = ("lr^2 Gram term exact too (one head; its relative error against the finer rule "
+            gram = ("lr^2 Gram term exact too (its relative error against the finer rule "
                     f"{self.gram_error:.1e})" if self.gram_route == "exact" else
                     f"lr^2 Gram term on the rank-aware Sobol rule (its relative error {self.gram_error:.1e})")
             parts.append(f"exact route (Laplace form; risk error {self.risk_error:.1e} and relative drift error {drift} "
