@@ -16,15 +16,15 @@ figures):
    final state (what part of the difference is the rule's evaluation, what part its dynamics).
 2. The acceptance case: bsoftmax, H = F = 2, strength 3.0, lr = 0.5, trained biases, tau = 3000
    (log grid): the final risk on both routes and its gap to the Bayes risk (exact route).
-3. With ``--F 2``, instead of 1 and 2: the head-count F = 2 rows at strength 2.5 (softmax and
-   softmax1 at H = 1, 2, 3, 4, 6, 8, where the table's "4 heads within 0.01 of H = 8" is decided,
-   bsoftmax at H = 1, 2, 3), each to the horizon its head-count point was judged at
+3. With ``--F 2`` (or 3, 4), instead of 1 and 2: the head-count rows of that many spikes at strength
+   2.5 (softmax and softmax1 at H = 1, 2, 3, 4, 6, 8, where the table's "heads within 0.01 of H = 8"
+   is decided, bsoftmax at H = 1, 2, 3), each to the horizon its head-count point was judged at
    (``figures/head_count.json``: 2.5 times the predicted escape, 110 to 2700; 300 without one),
    with the Bayes risk of the prior.
 
 Writes figures/exact_recheck.png (final risk against H, both routes, per activation) and
 figures/exact_recheck.json (every number printed); ``--F 2``: figures/exact_recheck_F2.png and
-.json. ``--cache DIR`` keeps each run; ``--quick``: softmax H = 1, 2 at tau = 20 only.
+.json (``--F 3``: ``_F3``, ...). ``--cache DIR`` keeps each run; ``--quick``: softmax H = 1, 2 at tau = 20 only.
 Runtime: its last line (32 minutes on the shared 2-core machine, 21 of them for bsoftmax ``H = 4``; ``--F 2``: see its json).
 """
 
@@ -44,7 +44,7 @@ from _common import FIGURES, cache_dir, figure, figures_dir, parser, save_json, 
 import singleloc as sl  # noqa: E402
 
 HEADS = {"softmax": (1, 2, 3, 4, 6, 8), "softmax1": (2, 4), "bsoftmax": (2, 3, 4)}
-HEADS_F2 = {"softmax": (1, 2, 3, 4, 6, 8), "softmax1": (1, 2, 3, 4, 6, 8), "bsoftmax": (1, 2, 3)}
+HEADS_MANY = {"softmax": (1, 2, 3, 4, 6, 8), "softmax1": (1, 2, 3, 4, 6, 8), "bsoftmax": (1, 2, 3)}
 STRENGTH = 2.5
 QUICK_HEADS = {"softmax": (1, 2)}
 TAU, QUICK_TAU = 300.0, 20.0
@@ -80,16 +80,16 @@ def head_count_horizons(F: int) -> dict[str, float]:
 
 def main() -> int:
     p = parser(__doc__)
-    p.add_argument("--F", type=int, choices=(1, 2), default=1, help="the head-count rows of F = 1 (and the acceptance "
-                   "case) or of F = 2 (module docstring)")
+    p.add_argument("--F", type=int, choices=(1, 2, 3, 4), default=1, help="the head-count rows of F = 1 (and the "
+                   "acceptance case) or of F = 2, 3, 4 spikes (module docstring)")
     args = p.parse_args()
     cache = cache_dir(args, "exact_recheck")
     F = args.F
-    heads, tau = (QUICK_HEADS, QUICK_TAU) if args.quick else (HEADS if F == 1 else HEADS_F2, TAU)
-    horizons = head_count_horizons(F) if F == 2 and not args.quick else {}
+    heads, tau = (QUICK_HEADS, QUICK_TAU) if args.quick else (HEADS if F == 1 else HEADS_MANY, TAU)
+    horizons = head_count_horizons(F) if F >= 2 and not args.quick else {}
     t_start = time.time()
     table: dict = {}
-    print(f"head count, F = {F}, strength {STRENGTH:g}, tau = {tau:g} (F = 2: the head count's horizon of each point): "
+    print(f"head count, F = {F}, strength {STRENGTH:g}, tau = {tau:g} (F >= 2: the head count's horizon of each point): "
           "final risk (rule route | exact route | exact risk of the rule's final state), stated errors of the exact route")
     for act, Hs in heads.items():
         for H in Hs:
@@ -110,7 +110,7 @@ def main() -> int:
 
     acceptance = None
     bayes_F = None
-    if F == 2 and not args.quick:
+    if F >= 2 and not args.quick:
         cfg = config("softmax", [f"problem.F={F}", f"problem.strength={STRENGTH}"], "exact")
         b = sl.bayes_risk(cfg.problem.build_prior(), cfg.problem.L)
         bayes_F = {"value": b.value, "error": b.error}
