@@ -313,9 +313,10 @@ class Theory:
     for everything. ``gram``: the ``lr^2`` (Gram) term on the exact route: ``"exact"`` in the
     Laplace form (:mod:`~singleloc._laplace_gram`; one head, or two heads of a per-head layer, with
     the head average; else an error), ``"sobol"`` on the rank-aware Sobol rule, ``"auto"`` (default)
-    exactly for one head, where it costs less than the Sobol rule, on the Sobol rule otherwise (at
-    two heads the exact term doubles the time of a solve; the rule's relative error, about 1e-3,
-    is stated with the run). The rule route has the Gram term on its own rule.
+    exactly where it costs less than the Sobol rule: one head, and two heads of a per-head layer from
+    ``L * H >= 64`` on (at ``L = 4`` the exact two-head term doubles the time of a solve, and the
+    rule's relative error there, about 1e-3, is stated with the run); on the Sobol rule otherwise.
+    The rule route has the Gram term on its own rule.
     ``nodes``: the normal rule of the exact route's token expectations (``2 nodes`` trapezoidal
     nodes of its Laplace variable, ``nodes`` per unit of the activation's scale for a pair's first
     field and for the tables of its second field's conditional expectations).

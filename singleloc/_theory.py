@@ -205,7 +205,7 @@ class OrderParameterODE(eqx.Module):
 
     def gram(self, M: jax.Array, Q: jax.Array, b: jax.Array, v: jax.Array | None = None) -> jax.Array:
         """``E[sum_l c_l c_l^T]`` (H, H), the ``lr^2`` term of ``dQ``: exactly where :attr:`exact_gram`
-        (one head, or two with ``theory.gram = "exact"``), else on the Sobol rule (the rank-aware ``gram_fields`` on the
+        (one head, or two: ``theory.gram``), else on the Sobol rule (the rank-aware ``gram_fields`` on the
         exact route)."""
         if self.exact_gram:
             if v is not None:
@@ -321,10 +321,18 @@ def exact_route(config: Config, *, refined: bool = False) -> LaplaceRule | None:
     return rule.refined() if refined else rule
 
 
+#: ``theory.gram = "auto"`` takes the exact Gram term of two heads from this many fields ``L * H`` on:
+#: there it costs less than the Sobol rule's share of a drift (one Gram term at a trained ``H = 2``
+#: state, shared 2-core machine: 41 against 21 ms at ``L = 8``, 44 against 53 ms at ``L = 32``, 46
+#: against 276 ms at ``L = 256``), whose points shrink from ``L * H > 256`` on to fit its memory budget.
+GRAM_EXACT_FROM = 64
+
+
 def exact_gram_term(config: Config, exact: LaplaceRule) -> bool:
     """Whether the exact route ``exact`` of ``config`` has the ``lr^2`` Gram term exactly
-    (``theory.gram``: ``"auto"`` for one head, ``"exact"`` for one or two heads of a per-head layer
-    with the head average; :mod:`~singleloc._laplace_gram`)."""
+    (``theory.gram``: ``"exact"`` for one or two heads of a per-head layer with the head average;
+    ``"auto"`` for one head, and for two from ``L * H >=`` :data:`GRAM_EXACT_FROM` on;
+    :mod:`~singleloc._laplace_gram`)."""
     choice, H = config.theory.gram, config.model.heads
     possible = exact.exact_gram and not config.model.trained_head_weights
     if choice == "exact" and not possible:
@@ -332,7 +340,8 @@ def exact_gram_term(config: Config, exact: LaplaceRule) -> bool:
                "a joint layer" if exact.form.joint else f"H = {H}")
         raise ValueError(f"theory.gram = 'exact': the exact Gram term takes one head, or two heads of a per-head layer "
                          f"with the head average, not {why}; use 'auto' or 'sobol'")
-    return possible and (choice == "exact" or (choice == "auto" and H == 1))
+    auto = H == 1 or config.problem.L * H >= GRAM_EXACT_FROM
+    return possible and (choice == "exact" or (choice == "auto" and auto))
 
 
 def flatten_state(M: jax.Array, Q: jax.Array, b: jax.Array, train_bias: bool = True) -> jax.Array:

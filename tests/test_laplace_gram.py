@@ -157,7 +157,10 @@ def test_a_one_head_ode_has_the_exact_gram_term_and_states_it():
 def test_theory_gram_chooses_the_gram_term_and_names_itself_when_it_cannot():
     base = ["model.heads=2", "problem.F=1", "theory.route=exact"]
     ode = lambda *extra: sl.OrderParameterODE.from_config(sl.load_config("default", [*base, *extra]))  # noqa: E731
-    assert not ode().exact_gram  # auto: the Sobol rule from two heads on
+    assert not ode().exact_gram  # auto at L = 4: the Sobol rule for two heads, where it is cheaper
+    assert ode("problem.L=32").exact_gram  # auto from L H = 64 on: the exact term, cheaper there
+    assert not ode("problem.L=32", "model.activation=bsoftmax").exact_gram  # a joint layer: the rule
+    assert not ode("problem.L=32", "theory.gram=sobol").exact_gram
     assert ode("theory.gram=exact").exact_gram
     assert not ode("model.heads=1", "theory.gram=sobol").exact_gram
     for extra in (["model.activation=bsoftmax"], ["model.heads=3"], ["model.head_weights=trained"]):
