@@ -2,8 +2,9 @@
 
 The single-location model at sequence lengths ``L`` = 4 ... 4096 on the exact route of the
 theory (Laplace form, singleloc/_laplace.py), whose risk and ``O(lr)`` drift cost nothing more
-at large ``L`` (the ``lr^2`` Gram term's Sobol rule still grows with ``L``: 0.7 s per drift at
-``L = 4096``, ``H = 1``). Spikes prior of strength 2.5, lr 0.5, init scale 0.5, no biases; every
+at large ``L``, nor does the ``lr^2`` Gram term of one head, or of two per-head heads from ``L H >= 64``
+(``theory.gram = "auto"``); with more heads, or bsoftmax, the Gram term is a Sobol rule whose cost
+grows with ``L``. Spikes prior of strength 2.5, lr 0.5, init scale 0.5, no biases; every
 ODE starts from the overlaps of seed 0's random keys at ``D = 1000`` (``M(0) = O(D^-1/2)``).
 
 1. Trajectories (``F = 1``): softmax with one head at every ``L`` (4, 16, 64, 256, 1024, 4096);
