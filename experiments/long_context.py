@@ -36,7 +36,8 @@ ODE starts from the overlaps of seed 0's random keys at ``D = 1000`` (``M(0) = O
    ``H = 2`` at ``L`` <= 1024 (softmax with ``H`` = 1, 2 also at 4096), softmax1 with ``H = 2`` at ``L`` <= 1024
    and ssmax at ``L`` <= 64 (``F = 2``), and two
    softmax heads with one spike at ``L`` = 64, 256 (four at 64). Horizon ``max(600, 4 L / (lr strength^2))``,
-   twice that at ``L = 4096`` (the specialization escape of ``H = F = 2`` comes after the first plateau: 270 at ``L = 4``).
+   twice that from ``L = 1024`` (the specialization escape of ``H = F = 2`` comes after the first plateau: 270 at
+   ``L = 4``, 1101 of 1310 at ``L = 1024``).
    Read off: the first plateau's end, the escape (the head spread orthogonal to the prior mean
    reaching half its final value), the final risk against the Bayes risk of the prior at that
    ``L``, and the head classes at the end (``singleloc.classify_heads``). And the escape rate
@@ -109,9 +110,10 @@ def heads_plan(quick: bool) -> dict:
 
 
 def heads_horizon(L: int, quick: bool = False) -> float:
-    """Section 6's horizon: four plateau scales and at least 600 (the ``H = F = 2`` escape); eight at
-    ``L = 4096`` (10490), where two heads escape at 0.7 of four (3699 of 5240), too late to read a final risk."""
-    return 30.0 if quick else float(max(600, plateau_scales(8 if L >= 4096 else 4, L)))
+    """Section 6's horizon: four plateau scales and at least 600 (the ``H = F = 2`` escape); eight from
+    ``L = 1024`` (2620 and 10490), where two heads escape at 0.84 and 0.7 of four (1101 of 1310, 3699 of
+    5240), too late to read a final risk."""
+    return 30.0 if quick else float(max(600, plateau_scales(8 if L >= 1024 else 4, L)))
 
 
 def plateau_scales(n: int, L: int) -> int:
