@@ -21,10 +21,13 @@ figures):
    is decided, bsoftmax at H = 1, 2, 3), each to the horizon its head-count point was judged at
    (``figures/head_count.json``: 2.5 times the predicted escape, 110 to 2700; 300 without one),
    with the Bayes risk of the prior.
+4. With ``--strength 3.5`` (the head-count table's second strength): the same head-count rows at that
+   spike strength (``--F 1``: without the acceptance case), to the horizons of those points.
 
 Writes figures/exact_recheck.png (final risk against H, both routes, per activation) and
 figures/exact_recheck.json (every number printed); ``--F 2``: figures/exact_recheck_F2.png and
-.json (``--F 3``: ``_F3``, ...). ``--cache DIR`` keeps each run; ``--quick``: softmax H = 1, 2 at tau = 20 only.
+.json (``--F 3``: ``_F3``, ...; ``--strength 3.5``: ``_s3.5`` after that). ``--cache DIR`` keeps
+each run; ``--quick``: softmax H = 1, 2 at tau = 20 only.
 Runtime: its last line (32 minutes on the shared 2-core machine, 21 of them for bsoftmax ``H = 4``; ``--F 2``: see its json).
 """
 
@@ -72,30 +75,33 @@ def exact_risk(cfg: sl.Config, out: dict) -> float:
                                     route="exact").value)
 
 
-def head_count_horizons(F: int) -> dict[str, float]:
-    """The horizon each head-count point of ``F`` spikes (strength 2.5) was judged at."""
+def head_count_horizons(F: int, strength: float) -> dict[str, float]:
+    """The horizon each head-count point of ``F`` spikes at ``strength`` was judged at."""
     points = json.loads((FIGURES / "head_count.json").read_text())["points"]
-    return {key: float(v["horizon"]) for key, v in points.items() if f"strength={STRENGTH},F={F}," in key}
+    return {key: float(v["horizon"]) for key, v in points.items() if f"strength={strength:g},F={F}," in key}
 
 
 def main() -> int:
     p = parser(__doc__)
     p.add_argument("--F", type=int, choices=(1, 2, 3, 4), default=1, help="the head-count rows of F = 1 (and the "
                    "acceptance case) or of F = 2, 3, 4 spikes (module docstring)")
+    p.add_argument("--strength", type=float, choices=(2.5, 3.5), default=STRENGTH,
+                   help="the spike strength of the head-count rows (3.5: the table's second strength)")
     args = p.parse_args()
     cache = cache_dir(args, "exact_recheck")
-    F = args.F
+    F, strength = args.F, args.strength
+    tag = "" if strength == STRENGTH else f"_s{strength:g}"
     heads, tau = (QUICK_HEADS, QUICK_TAU) if args.quick else (HEADS if F == 1 else HEADS_MANY, TAU)
-    horizons = head_count_horizons(F) if F >= 2 and not args.quick else {}
+    horizons = head_count_horizons(F, strength) if F >= 2 and not args.quick else {}
     t_start = time.time()
     table: dict = {}
-    print(f"head count, F = {F}, strength {STRENGTH:g}, tau = {tau:g} (F >= 2: the head count's horizon of each point): "
+    print(f"head count, F = {F}, strength {strength:g}, tau = {tau:g} (F >= 2: the head count's horizon of each point): "
           "final risk (rule route | exact route | exact risk of the rule's final state), stated errors of the exact route")
     for act, Hs in heads.items():
         for H in Hs:
-            t_H = horizons.get(f"{act},strength={STRENGTH},F={F},H={H}", tau)
-            overrides = [f"problem.F={F}", f"problem.strength={STRENGTH}", f"model.heads={H}", f"sgd.tau_max={t_H:g}"]
-            name = f"{act}_H{H}" if F == 1 else f"{act}_F{F}_H{H}"
+            t_H = horizons.get(f"{act},strength={strength:g},F={F},H={H}", tau)
+            overrides = [f"problem.F={F}", f"problem.strength={strength}", f"model.heads={H}", f"sgd.tau_max={t_H:g}"]
+            name = (f"{act}_H{H}" if F == 1 else f"{act}_F{F}_H{H}") + tag
             out = {route: stage(cache, f"{name}_{route}", partial(solve, act, overrides, route))
                    for route in ("rule", "exact")}
             rule_state_exact = exact_risk(config(act, overrides, "exact"), out["rule"])
@@ -110,12 +116,12 @@ def main() -> int:
 
     acceptance = None
     bayes_F = None
-    if F >= 2 and not args.quick:
-        cfg = config("softmax", [f"problem.F={F}", f"problem.strength={STRENGTH}"], "exact")
+    if (F >= 2 or strength != STRENGTH) and not args.quick:
+        cfg = config("softmax", [f"problem.F={F}", f"problem.strength={strength}"], "exact")
         b = sl.bayes_risk(cfg.problem.build_prior(), cfg.problem.L)
         bayes_F = {"value": b.value, "error": b.error}
         print(f"Bayes risk: {b.value:.5f} +- {b.error:.1e}")
-    if F == 1 and not args.quick:
+    if F == 1 and strength == STRENGTH and not args.quick:
         out = {route: stage(cache, f"acceptance_{route}", partial(solve, "bsoftmax", ACCEPTANCE, route))
                for route in ("rule", "exact")}
         cfg = config("bsoftmax", ACCEPTANCE, "exact")
@@ -135,11 +141,12 @@ def main() -> int:
                                   ("rule_state_exact", "x:", "exact risk of the rule's state")):
             ax.plot(Hs, [table[f"{act},H={H}"][key] for H in Hs], style, label=label)
         when = f"tau = {tau:g}" if F == 1 else "tau of the head count"
-        ax.set(title=f"{act}, F = {F}, {when}", xlabel="heads H", ylabel="final risk")
+        ax.set(title=f"{act}, F = {F}, strength {strength:g}, {when}", xlabel="heads H", ylabel="final risk")
     axes[0].legend(fontsize=7)
-    stem = "exact_recheck" if F == 1 else f"exact_recheck_F{F}"
+    stem = ("exact_recheck" if F == 1 else f"exact_recheck_F{F}") + tag
     sl.save_figure(figures_dir(args) / f"{stem}.png", fig)
-    save_json(figures_dir(args) / f"{stem}.json", {"tau": tau, f"head_count_F{F}": table, "acceptance": acceptance,
+    save_json(figures_dir(args) / f"{stem}.json", {"tau": tau, "strength": strength, f"head_count_F{F}": table,
+                                                  "acceptance": acceptance,
                                                   "bayes": bayes_F, "seconds": time.time() - t_start})
     print(f"runtime {time.time() - t_start:.0f} s")
     return 0
