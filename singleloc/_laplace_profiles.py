@@ -163,9 +163,8 @@ def smoothing_table(s2, z, w, u, which, wide, orders):
     s2 = jnp.maximum(s2, 0.0)
     lo, h = _lattice(jax.lax.stop_gradient(s2), u)
     lattice = lo + h * jnp.arange(TABLE_POINTS, dtype=u.dtype)
-    wide_s, narrow_s = jnp.sqrt(jnp.maximum(s2, wide**2)), jnp.sqrt(s2)  # each finite where it is not taken
-    table = jnp.where(s2 > wide**2, grid_smoothing(lattice, wide_s, u, which, orders),
-                      normal_smoothing(lattice, narrow_s, z, w, which, orders))
+    table = jax.lax.cond(s2 > wide**2, lambda: grid_smoothing(lattice, jnp.sqrt(s2), u, which, orders),
+                         lambda: normal_smoothing(lattice, jnp.sqrt(s2), z, w, which, orders))
     return lo, h, table
 
 
