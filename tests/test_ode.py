@@ -35,6 +35,16 @@ def test_integrate_shapes_and_a_decreasing_risk():
     assert np.linalg.eigvalsh(R).min() > -1e-8
 
 
+def test_one_start_solves_as_in_a_batch():
+    # a batch of one is solved unvmapped (_ode._batched); its trajectory must be the batched one's
+    cfg = sl.load_config("default", TINY)
+    starts = sl.initial_conditions(cfg, 2)
+    alone = sl.integrate(cfg, type(starts)(*(x[:1] for x in starts)), progress=False)
+    batch = sl.integrate(cfg, starts, progress=False)
+    for name in ("M", "Q", "b", "risk"):
+        np.testing.assert_allclose(getattr(alone, name)[0], getattr(batch, name)[0], rtol=1e-9, atol=1e-12)
+
+
 def test_identical_heads_stay_identical_along_the_solution():
     cfg = sl.load_config("bsoftmax", TINY)
     M0 = np.array([[0.01, 0.02], [0.01, 0.02]])
