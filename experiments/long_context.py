@@ -8,7 +8,7 @@ grows with ``L``. Spikes prior of strength 2.5, lr 0.5, init scale 0.5, no biase
 ODE starts from the overlaps of seed 0's random keys at ``D = 1000`` (``M(0) = O(D^-1/2)``).
 
 1. Trajectories (``F = 1``): softmax with one head at every ``L`` (4, 16, 64, 256, 1024, 4096);
-   ssmax (the registered one, scale 1) at 4, 64, 256, 1024; softmax1 at 64; bsoftmax with two heads at
+   ssmax (the registered one, scale 1) at 4, 64, 256, 1024, 4096; softmax1 at 64; bsoftmax with two heads at
    4, 64 (with one head bsoftmax *is* softmax). Horizon ``tau_max(L) = max(200, 4 L / (lr
    strength^2))``, four times the plateau's scale (docs/long_context.md), 2600 at ``L = 4096``.
    Read off: the plateau length (the first time the risk has moved halfway from its start to its
@@ -86,7 +86,7 @@ def plan(quick: bool) -> dict:
     lengths = (4, 16) if quick else (4, 16, 64, 256, 1024, 4096)
     pick = (lambda *Ls: (4, 16)) if quick else (lambda *Ls: Ls)  # noqa: E731
     runs = [("softmax", 1, 1, L) for L in lengths]
-    runs += [("ssmax", 1, 1, L) for L in pick(4, 64, 256, 1024)]
+    runs += [("ssmax", 1, 1, L) for L in pick(4, 64, 256, 1024, 4096)]
     runs += [("softmax1", 1, 1, L) for L in pick(64)]
     runs += [("bsoftmax", 2, 1, L) for L in pick(4, 64)]
     escape = [("softmax", L) for L in pick(4, 16)]
