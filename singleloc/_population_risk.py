@@ -17,11 +17,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._activations import get_activation
+from ._activations import exponential_form, get_activation
 from ._fields import LocalFields
 from ._laplace import exact_rule
 from ._priors import Prior
-from ._resources import check_memory, check_quadrature, rule_bytes
+from ._resources import JOINT_RISK_MAX, check_memory, check_quadrature, exact_rule_bytes, joint_exact_affordable, rule_bytes
 from ._specs import ROUTES
 from ._theory import OrderParameterODE
 from ._validation import integer
@@ -94,7 +94,9 @@ def population_risk(
     """Population risk ``R(M, Q, b)`` of a layer (docs/model.md section 3) with its numerical error.
 
     A normalised-exponential activation (``route = "auto"``): the exact route
-    (:mod:`~singleloc._laplace`), its error against the finer rule; otherwise (or
+    (:mod:`~singleloc._laplace`), its error against the finer rule (for a joint layer, bsoftmax,
+    only up to :data:`~singleloc._resources.JOINT_RISK_MAX`: four spikes' Bayes point, not eight
+    atoms'; ``route = "exact"`` whatever the size, within memory, else ``MemoryError``); otherwise (or
     ``route = "rule"``) :meth:`OrderParameterODE.risk` on ``replicates`` independently
     scrambled rules, with their standard error. ``v`` (H,): trained head weights, ``a_l = sum_h
     v_h A_hl`` (default the head average; a joint layer with weights has no exact route). The rule
@@ -114,17 +116,21 @@ def population_risk(
             raise ValueError(f"head weights v must be finite with shape ({H},), got shape {v.shape}")
     if route not in ROUTES:
         raise ValueError(f"route must be one of {', '.join(map(repr, ROUTES))}, got {route!r}")
-    exact = exact_rule(act, int(L), H, prior)
-    if exact is not None and exact.form.joint and v is not None:
+    form = exponential_form(act, int(L))  # the exact route's, if any (its rule is built below, once it fits)
+    if form is not None and form.joint and v is not None:
         if route == "exact":
             raise ValueError(f"route = 'exact': {activation!r} with head weights v has no exact route (a joint layer's "
                              "head mixture is not a normalised exponential); use 'auto' or 'rule'")
-        exact = None
-    if exact is None and route == "exact":
+        form = None
+    if form is None and route == "exact":
         raise ValueError(f"route = 'exact': activation {activation!r} is not a normalised exponential; use 'auto' or 'rule'")
-    if exact is not None and route != "rule":
-        fine = exact.refined()
-        return RiskEstimate.from_refinement(_exact_risk(exact, M, Q, b, v), _exact_risk(fine, M, Q, b, v))
+    if form is not None and route == "auto" and form.joint and not joint_exact_affordable(H, prior, JOINT_RISK_MAX):
+        form = None  # a joint layer whose exact rule would take minutes or more (JOINT_RISK_MAX): the rule
+    if form is not None and route != "rule":
+        check_memory({f"the exact route's rule ({activation}, {H} heads, {len(prior.atoms)} atoms of the prior)":
+                      exact_rule_bytes(activation, H, prior)})
+        exact = exact_rule(act, int(L), H, prior)
+        return RiskEstimate.from_refinement(_exact_risk(exact, M, Q, b, v), _exact_risk(exact.refined(), M, Q, b, v))
     _check_rules(prior, L, points, {"model.heads": H})
     rules = (LocalFields.make(int(L), H, prior, points, seed + i) for i in range(int(replicates)))
     # the learning rate and bias training (1.0, False) do not enter the risk

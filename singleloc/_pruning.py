@@ -138,12 +138,18 @@ def pruning_config(config: Config, heads: int | None = None) -> Config:
     rule over ``problem.L * heads`` fields can be built with ``theory.points`` points
     (:func:`~singleloc._resources.check_quadrature`; ``"auto"`` is checked as the points are
     chosen), ``theory.points = "auto"`` is resolved (:func:`~singleloc.resolve_points`, one rule
-    for every sub-layer), and the rule fits in memory (:func:`~singleloc._resources.check_memory`).
+    for every sub-layer), ``theory.route = "auto"`` is fixed to the full layer's route (one for every
+    sub-layer: bsoftmax beyond :data:`~singleloc._resources.JOINT_EXACT_MAX` on the rule), and the rule
+    fits in memory (:func:`~singleloc._resources.check_memory`).
     ``ValueError`` or ``MemoryError`` naming the keys otherwise (``model.head_weights =
     "trained"``: pruning is written for the head average)."""
     require_config(config, "pruning_config")
     require_uniform_head_weights(config, "pruning")
     H = config.model.heads if heads is None else int(heads)
+    if config.theory.route == "auto" and not on_exact_route(config.replace(model={"heads": H})):
+        # one route for every sub-layer, the full layer's: a joint layer too large for the exact route
+        # (JOINT_EXACT_MAX) would otherwise have its smaller sub-layers on it, and the steps mix routes
+        config = config.replace(theory={"route": "rule"})
     if config.theory.points != "auto" and not on_exact_route(config):
         check_quadrature(config.problem.L, H, config.problem.build_prior(), config.theory.points)
     resolved = resolve_points(config)

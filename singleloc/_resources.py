@@ -107,19 +107,59 @@ def quadrature_dimension(L: int, heads: int, prior: Prior) -> int:
     return L * heads + (0 if prior.is_discrete else prior.F)
 
 
+#: ``theory.route = "auto"`` integrates a joint layer (bsoftmax) on the exact route up to this
+#: :func:`~singleloc._laplace.joint_rule_size` (nodes x heads x atoms), and on the rule route beyond:
+#: its conditional product form then costs more than about 10 s a drift here (4.7 s at 61440, ``H = 4``
+#: on the Gaussian prior; ``H = 4`` with two spikes, 122880, is the largest it takes, ``H = 4`` with
+#: three spikes, 589824, and ``H = 5`` with two, 921600, go to the rule).
+JOINT_EXACT_MAX = 2**17
+#: The same for one risk (:func:`~singleloc.population_risk`, :func:`~singleloc.bayes_risk` with
+#: ``route = "auto"``), computed once on the exact rule and once on its refined copy: up to about
+#: a minute here (the Bayes point of four spikes, 786432, takes it; eight binary atoms do not).
+JOINT_RISK_MAX = 2**20
+#: Bytes per unit of a joint layer's refined rule (:func:`~singleloc._laplace.joint_rule_size`) at
+#: its peak: 0.53 kB measured (binary prior, F = 2, K = H = 4: 472 MB over the process's baseline).
+JOINT_UNIT_BYTES = 640
+
+
 def on_exact_route(config: Config) -> bool:
     """Whether the theory of ``config`` takes the exact route (``theory.route`` and the activation,
     :func:`singleloc._theory.exact_route`): its risk and ``O(lr)`` drift integrate no ``L * H``
     dimensional rule, and the Sobol rule of its ``lr^2`` term takes any dimension
     (:func:`singleloc._fields.gaussian_nodes`), so the quadrature limits below do not apply. A joint
     layer (bsoftmax) with trained head weights has no exact route (its head mixture is not a
-    normalised exponential)."""
+    normalised exponential); with ``theory.route = "auto"`` one whose exact rule is larger than
+    :data:`JOINT_EXACT_MAX` takes the rule route (``"exact"`` takes it whatever its size, within
+    memory: :func:`exact_rule_bytes`)."""
     from ._activations import exponential_form, get_activation
 
     form = exponential_form(get_activation(config.model.activation), config.problem.L)
     if form is None or (form.joint and config.model.trained_head_weights):
         return False
+    if config.theory.route == "auto" and form.joint:
+        return joint_exact_affordable(config.model.heads, config.problem.build_prior(), JOINT_EXACT_MAX)
     return config.theory.route != "rule"
+
+
+def joint_exact_affordable(H: int, prior: Prior, limit: int) -> bool:
+    """Whether a joint layer of ``H`` heads under ``prior`` has an exact rule of at most ``limit``
+    units (:func:`~singleloc._laplace.joint_rule_size`)."""
+    from ._laplace import joint_rule_size
+
+    return joint_rule_size(H, prior) <= limit
+
+
+def exact_rule_bytes(activation: str, H: int, prior: Prior) -> int:
+    """Estimated peak bytes of the exact route's own rule (its refined copy, the larger): a joint
+    layer's :data:`JOINT_UNIT_BYTES` per unit of :func:`~singleloc._laplace.joint_rule_size`; 0 for a
+    per-head layer, whose pair rule is small and does not grow with ``H`` or the prior."""
+    from ._activations import exponential_form, get_activation
+    from ._laplace import joint_rule_size
+
+    form = exponential_form(get_activation(activation), 2)
+    if form is None or not form.joint:
+        return 0
+    return JOINT_UNIT_BYTES * joint_rule_size(H, prior, refined=True)
 
 
 def check_quadrature(L: int, heads: int, prior: Prior, points: int, heads_key: str = "model.heads") -> None:
@@ -248,6 +288,9 @@ def check_run(config: Config, *, simulation: bool = False, theory_starts: int = 
                 check_quadrature(pb.L, H, pb.build_prior(), config.theory.points)
             parts[f"the theory's quadrature (theory.points = {config.theory.points} x problem.L = {pb.L} x model.heads = {H}, "
                   f"{theory_starts} start(s))"] = theory_bytes(config, theory_starts * config.theory.replicates)
+        if on_exact_route(config) and (joint := exact_rule_bytes(config.model.activation, H, pb.build_prior())):
+            parts[f"the exact route's rule of a joint layer (model.heads = {H}, problem.F = {pb.F}, "
+                  f"{len(pb.build_prior().atoms)} atoms of the prior)"] = joint
         check_saved_times(config)
         parts[f"the theory's saved times and their risks (sgd.n_save = {config.sgd.n_save} x {theory_starts} start(s))"] = \
             saved_bytes(config, theory_starts)

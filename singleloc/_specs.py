@@ -308,9 +308,12 @@ class Theory:
 
     ``route``: how the risk and the ``O(lr)`` drift are computed. ``"auto"`` (default): exactly
     (:mod:`~singleloc._laplace`, the Laplace form of the normaliser) when the activation is a
-    normalised exponential (softmax, softmax1, bsoftmax, ssmax), else by the Sobol rule;
-    ``"exact"``: the same, and an error for any other activation; ``"rule"``: the Sobol rule
-    for everything. ``gram``: the ``lr^2`` (Gram) term on the exact route: ``"exact"`` in the
+    normalised exponential (softmax, softmax1, bsoftmax, ssmax), else by the Sobol rule, and for a
+    joint layer (bsoftmax) only while its exact rule is affordable (:data:`~singleloc._resources.JOINT_EXACT_MAX`:
+    up to ``H = 4`` heads with one or two spikes, ``H = 3`` with three or four; the exact rule's work grows
+    like a power of ``H``); ``"exact"``: the exact route whatever its cost (within memory), and an error
+    for any other activation; ``"rule"``: the Sobol rule for everything.
+    ``gram``: the ``lr^2`` (Gram) term on the exact route: ``"exact"`` in the
     Laplace form (:mod:`~singleloc._laplace_gram`; one head, or two heads of a per-head layer, with
     the head average; else an error), ``"sobol"`` on the rank-aware Sobol rule, ``"auto"`` (default)
     exactly where it costs less than the Sobol rule: one head, and two heads of a per-head layer from

@@ -77,7 +77,7 @@ class TheoryResult:
             parts.append(f"exact route (Laplace form; risk error {self.risk_error:.1e} and relative drift error {drift} "
                          f"against a finer rule), {gram}")
         if self.route != "exact" or self.gram_route != "exact":
-            rule = "the Gram term's " if self.route == "exact" else ""
+            rule = "the Gram term's " if self.route == "exact" else "rule route (Sobol): "
             parts.append(f"{rule}{self.points} points x {self.replicates} replicate{'s' if self.replicates > 1 else ''}")
         if np.isfinite(self.drift_error):
             parts.append(f"estimated relative drift error at the start {self.drift_error:.1e}")
