@@ -26,7 +26,7 @@ os.environ.setdefault("EQX_ON_ERROR", "nan")
 _EXPORTS = {
     "_activations": ("Activation", "ExponentialForm", "activation_names", "bsoftmax", "exponential_form", "get_activation",
                      "register_activation", "scalable_softmax", "softmax", "softmax1", "ssmax"),
-    "_bayes": ("bayes_point", "bayes_risk", "log_weight", "posterior"),
+    "_bayes": ("bayes_point", "bayes_risk", "bayes_route", "log_weight", "posterior"),
     "_population_risk": ("RiskEstimate", "population_risk"),
     "_choices": ("PRUNING_ORDERS",),
     "_config": ("Config", "load_config", "preset_names"),
@@ -95,6 +95,7 @@ if TYPE_CHECKING:
     from ._attention_rows import logits_from_weights as logits_from_weights
     from ._bayes import bayes_point as bayes_point
     from ._bayes import bayes_risk as bayes_risk
+    from ._bayes import bayes_route as bayes_route
     from ._bayes import log_weight as log_weight
     from ._bayes import posterior as posterior
     from ._choices import PRUNING_ORDERS as PRUNING_ORDERS

@@ -22,12 +22,17 @@ one Gaussian ``N(mu, S)`` with ``S`` invertible its ``nu``-dependent part equals
 ``1/2 (S^-1 mu + nu)^T (S^-1 + I)^-1 (S^-1 mu + nu)`` (use ``(S^-1 + I)^-1 = S (I + S)^-1`` and
 ``(S^-1 + I)^-1 S^-1 = (I + S)^-1``).
 
-The expectation over ``nu``. The spike fields have the law of head fields with ``H = F``,
-``M = I_F``, ``Q = I_F`` (``g = nu``), so the risk is one :meth:`LocalFields.expect` with
-those order parameters. :func:`bayes_risk` averages ``replicates`` independently scrambled
-rules and reports their standard error (randomised QMC), so the error estimate is measured,
-not assumed; :func:`~singleloc.population_risk` does the same for the risk of a layer at given
-``(M, Q, b)``.
+The expectation over ``nu``, two routes. Exact: for a discrete prior the Bayes estimator is a
+bsoftmax layer (Bayes points, below), whose risk the exact route computes by the Laplace form of
+its normaliser whatever ``L`` (:mod:`~singleloc._laplace`; error stated against the refined rule,
+1e-12 at the spikes priors); :func:`bayes_risk` takes it where the layer's rule is affordable
+(:func:`bayes_route`: up to four spikes, or four binary or flipped atoms). Rule: the spike fields
+have the law of head fields with ``H = F``, ``M = I_F``, ``Q = I_F`` (``g = nu``), so the risk is
+one :meth:`LocalFields.expect` with those order parameters; :func:`bayes_risk` averages
+``replicates`` independently scrambled rules and reports their standard error (randomised QMC),
+so the error estimate is measured, not assumed; :func:`~singleloc.population_risk` does the same
+for the risk of a layer at given ``(M, Q, b)``. The two routes share no code past the prior: the
+rule's closed-form posterior is the exact route's independent check.
 
 Bayes points. For a discrete prior with ``K`` atoms (of positive probability), bsoftmax with
 ``H = K`` heads, ``M_h = theta^(h)``, ``R_orth = 0`` (``Q = M M^T``) and
@@ -52,8 +57,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._fields import LocalFields
-from ._population_risk import RiskEstimate, _check_counts, _check_rules
+from ._population_risk import RiskEstimate, _check_counts, _check_rules, population_risk
 from ._priors import Prior
+from ._resources import JOINT_RISK_MAX, joint_exact_affordable
+from ._specs import ROUTES
 from ._theory import OrderParameters
 
 
@@ -118,8 +125,32 @@ def _bayes_risk_on_rule(rule: LocalFields, params) -> jax.Array:
     return rule.expect(loss, eye, eye)
 
 
-def bayes_risk(prior: Prior, L: int, points: int = 4096, seed: int = 0, replicates: int = 8) -> RiskEstimate:
+def bayes_route(prior: Prior, route: str = "auto") -> str:
+    """The route of :func:`bayes_risk`: ``"exact"`` or ``"rule"`` (module docstring). ``route``:
+    ``"auto"`` takes the exact route for a discrete prior whose Bayes point is affordable there
+    (:data:`~singleloc._resources.JOINT_RISK_MAX`); ``"exact"`` for any discrete prior
+    (``ValueError`` for one with a Gaussian part); ``"rule"`` never."""
+    if route not in ROUTES:
+        raise ValueError(f"route must be one of {', '.join(map(repr, ROUTES))}, got {route!r}")
+    if route == "exact" and not prior.is_discrete:
+        raise ValueError(f"route (theory.route) = 'exact': prior {prior.name!r} has a Gaussian part, so the Bayes "
+                         "estimator is no finite bsoftmax layer and has no exact route; use 'auto' or 'rule' (the Sobol rule)")
+    K = int(np.sum(prior.probs_array() > 0))
+    if route == "exact" or (route == "auto" and prior.is_discrete and joint_exact_affordable(K, prior, JOINT_RISK_MAX)):
+        return "exact"
+    return "rule"
+
+
+def bayes_risk(prior: Prior, L: int, points: int = 4096, seed: int = 0, replicates: int = 8,
+               route: str = "auto") -> RiskEstimate:
     """Bayes risk ``E[(1 - p_eps)^2 + sum_{l != eps} p_l^2]`` of the location for ``L`` tokens.
+
+    Two routes (:func:`bayes_route`). Exact: for a discrete prior the Bayes estimator *is* bsoftmax
+    with ``K`` heads at :func:`bayes_point`, so its risk is that layer's on the exact route
+    (:mod:`~singleloc._laplace`, whatever ``L``), with the error against the refined rule
+    (``points = 0`` in the result). Rule: the closed-form posterior on ``replicates`` independently
+    scrambled Sobol rules over the ``L F`` spike fields, with their standard error (the only route
+    for a prior with a Gaussian part; the independent check of the exact one).
 
     Args:
         prior: the prior of ``theta``.
@@ -127,13 +158,18 @@ def bayes_risk(prior: Prior, L: int, points: int = 4096, seed: int = 0, replicat
         points: Sobol points per rule (a power of two); each rule also uses their mirrors.
         seed: scrambling seed of the first rule; replicate ``i`` uses ``seed + i``.
         replicates: number of independent scramblings (>= 2, for the error estimate).
+        route: ``"auto"`` (default), ``"exact"`` or ``"rule"`` (:func:`bayes_route`).
 
     Raises:
-        ValueError: the rule over the ``L F`` spike fields cannot be built with ``points`` points
-            (too few, or more dimensions than SciPy's Sobol sequence has).
+        ValueError: an unknown ``route``, ``"exact"`` for a prior with a Gaussian part, or a rule over
+            the ``L F`` spike fields that cannot be built with ``points`` points (too few, or more
+            dimensions than SciPy's Sobol sequence has).
         MemoryError: the rule does not fit in the available memory (:mod:`singleloc._resources`).
     """
     _check_counts(L, replicates)
+    if bayes_route(prior, route) == "exact":
+        M, Q, b = bayes_point(prior)
+        return population_risk(prior, L, "bsoftmax", M, Q, b, route="exact")
     _check_rules(prior, L, points, {"problem.F": prior.F})
     dtype = jnp.result_type(float)
     atoms, log_pi, G, logdet = _weight_params(prior)

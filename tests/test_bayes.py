@@ -19,7 +19,7 @@ import pytest
 
 from singleloc import LocalFields, OrderParameterODE, Prior, binary, flipped, gaussian, get_activation, spikes, token_weights
 from singleloc._activations import register_activation
-from singleloc._bayes import bayes_point, bayes_risk, log_weight
+from singleloc._bayes import bayes_point, bayes_risk, bayes_route, log_weight
 from singleloc._population_risk import layer_risk, population_risk
 from singleloc.cli import main
 
@@ -131,7 +131,8 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def bayes_values():
-    return {p: bayes_risk(p, L, points=2048, replicates=8) for p, _ in CASES}
+    # the rule route: the closed-form posterior, independent of the layer's risk at the Bayes point
+    return {p: bayes_risk(p, L, points=2048, replicates=8, route="rule") for p, _ in CASES}
 
 
 @pytest.mark.parametrize("prior, activation", CASES, ids=lambda c: getattr(c, "name", c))
@@ -186,12 +187,13 @@ def _mc_bayes(rng, sample_theta, log_w, n, F):
     return loss.mean(), loss.std(ddof=1) / np.sqrt(n)
 
 
-def test_bayes_risk_matches_brute_force_monte_carlo_discrete(rng):
-    prior = flipped(2, 2.0)
+@pytest.mark.parametrize("route", ["rule", pytest.param("exact", marks=pytest.mark.slow)])
+def test_bayes_risk_matches_brute_force_monte_carlo_discrete(rng, route):
+    prior = flipped(2, 2.0)  # four atoms: on the exact route, bsoftmax with four heads (a minute)
     atoms, probs = prior.atoms_array(), prior.probs_array()
     mc, se = _mc_bayes(rng, lambda n: atoms[rng.choice(len(atoms), size=n, p=probs)],
                        lambda nu: _np_log_weight_discrete(atoms, probs, nu), 200_000, 2)
-    q = bayes_risk(prior, L, points=2048, replicates=8)
+    q = bayes_risk(prior, L, points=2048, replicates=8, route=route)
     assert abs(mc - q.value) <= Z * np.hypot(se, q.error), (mc, se, q)
 
 
@@ -212,12 +214,13 @@ def test_bayes_risk_error_estimate_is_honest():
     assert abs(coarse.value - fine.value) <= Z * np.hypot(coarse.error, fine.error)
 
 
-def test_bayes_risk_limits():
+@pytest.mark.parametrize("route", ["rule", "exact"])
+def test_bayes_risk_limits(route):
     # strength -> 0: the posterior is uniform, risk (1 - 1/L)^2 + (L-1)/L^2 = 1 - 1/L exactly
-    weak = bayes_risk(spikes(2, 1e-6), L, points=256, replicates=2)
+    weak = bayes_risk(spikes(2, 1e-6), L, points=256, replicates=2, route=route)
     assert abs(weak.value - (1 - 1 / L)) < 1e-9
     # strength -> infinity: the relevant token is found with certainty
-    strong = bayes_risk(spikes(2, 12.0), L, points=1024, replicates=4)
+    strong = bayes_risk(spikes(2, 12.0), L, points=1024, replicates=4, route=route)
     assert strong.value < 1e-6
 
 
@@ -233,13 +236,17 @@ def _write(tmp_path, text):
 def test_cli_bayes_json_discrete(tmp_path, capsys):
     # F = 1: two atoms, two bsoftmax heads at the Bayes point (the four-head point of F = 2 is checked above)
     cfg = _write(tmp_path, '[problem]\nL = 4\nF = 1\nprior = "flipped"\nstrength = 2.0\n[theory]\npoints = 1024\n')
-    assert main(["bayes", cfg, "--json", "--replicates", "4"]) == 0
-    out = json.loads(capsys.readouterr().out)
-    assert out["prior"] == "flipped" and out["L"] == 4 and out["F"] == 1
-    br, bp = out["bayes_risk"], out["bayes_point"]
-    assert len(br["replicates"]) == 4 and br["points"] == 1024 and br["error"] > 0
-    assert bp["activation"] == "bsoftmax" and bp["heads"] == 2
-    assert abs(bp["risk"]["value"] - br["value"]) <= Z * np.hypot(bp["risk"]["error"], br["error"])
+    for route in ("rule", "auto"):  # auto: the exact route, checked by the posterior on the rule
+        assert main(["bayes", cfg, "--json", "--replicates", "4", "--set", f"theory.route={route}"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["prior"] == "flipped" and out["L"] == 4 and out["F"] == 1
+        br, bp, check = out["bayes_risk"], out["bayes_point"], out["check"]["risk"]
+        assert out["route"] == {"rule": "rule", "auto": "exact"}[route]
+        rule, other = (br, check) if route == "rule" else (check, br)
+        assert len(rule["replicates"]) == 4 and rule["points"] == 1024 and rule["error"] > 0
+        assert other["points"] == 0 and other["error"] < 1e-8  # the exact route at the Bayes point
+        assert bp["activation"] == "bsoftmax" and bp["heads"] == 2 and bp["risk"]["value"] == other["value"]
+        assert abs(check["value"] - br["value"]) <= Z * np.hypot(check["error"], br["error"])
 
 
 def test_cli_bayes_text_gaussian_with_overrides(tmp_path, capsys):
@@ -275,3 +282,34 @@ def test_population_risk_names_a_bad_route():
                            overwrite=True)
     with pytest.raises(ValueError, match="route = 'exact'.*not a normalised exponential"):
         population_risk(prior, 4, "test_bayes_relu", M, Q, b, route="exact")
+
+
+# --- the exact route of the Bayes risk ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("prior, length", [(spikes(2, 2.5), 4), (flipped(1, 2.0), 64),
+                                           pytest.param(spikes(3, 2.5), 8, marks=pytest.mark.slow)],
+                         ids=["spikes2-L4", "flipped1-L64", "spikes3-L8"])
+def test_the_exact_bayes_risk_agrees_with_the_posterior_on_the_rule(prior, length):
+    """The exact route (bsoftmax at the Bayes point, Laplace form) against the closed-form posterior on
+    independently scrambled Sobol rules: two computations that share nothing past the prior."""
+    exact = bayes_risk(prior, length)
+    assert exact.points == 0 and exact.error < 1e-9  # the exact route, its error against the refined rule
+    rule = bayes_risk(prior, length, points=4096, replicates=8, route="rule")
+    assert rule.points == 4096 and 0 < rule.error < 1e-3
+    assert abs(exact.value - rule.value) <= Z * rule.error + 1e-9, (exact, rule)
+
+
+def test_bayes_route_choices_and_errors():
+    assert bayes_route(spikes(4, 2.5)) == "exact"  # K = 4 spikes: the largest Bayes point auto takes
+    assert bayes_route(binary(3, 2.5)) == "rule"  # eight atoms: the exact rule would be hours
+    assert bayes_route(gaussian([0.0, 0.0], 1.0)) == "rule"
+    assert bayes_route(spikes(2, 2.5), "rule") == "rule"
+    assert bayes_route(binary(3, 2.5), "exact") == "exact"
+    with pytest.raises(ValueError, match=r"route \(theory.route\) = 'exact': prior 'gaussian' has a Gaussian part"):
+        bayes_risk(gaussian([0.0, 0.0], 1.0), L, route="exact")
+    with pytest.raises(ValueError, match="route must be one of 'auto', 'exact', 'rule', got 'fast'"):
+        bayes_risk(spikes(2, 2.5), L, route="fast")
+    # asked for, the eight-atom rule is refused before it is built, naming what drives it
+    with pytest.raises(MemoryError, match=r"for the exact route's rule \(bsoftmax, 8 heads, 8 atoms of the prior\)"):
+        bayes_risk(binary(3, 2.5), L, route="exact")

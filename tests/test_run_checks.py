@@ -123,17 +123,17 @@ def test_the_sweep_checks_simulations_only_when_it_simulates():
 def test_bayes_risk_checks_its_rule():
     with pytest.raises(ValueError, match=r"theory.points = 256 must be at least problem.L \* problem.F = 400 .*"
                                          r"use theory.points = 512"):
-        sl.bayes_risk(sl.spikes(2, 2.5), 200, points=256)
+        sl.bayes_risk(sl.spikes(2, 2.5), 200, points=256, route="rule")
     with pytest.raises(ValueError, match=r"problem.L \* problem.F \+ problem.F \(Gaussian prior\) = 264"):
         sl.bayes_risk(sl.gaussian([1.0, 0.0], 1.0), 131, points=256)
     with pytest.raises(ValueError, match=r"theory.points = 'auto': this computation needs a number of points"):
-        sl.bayes_risk(sl.spikes(2, 2.5), 4, points="auto")
+        sl.bayes_risk(sl.spikes(2, 2.5), 4, points="auto", route="rule")
 
 
 def test_bayes_risk_checks_its_memory(monkeypatch):
     monkeypatch.setenv(_resources.MEMORY_ENV, "1M")
     with pytest.raises(MemoryError, match=r"GB for the quadrature \(theory.points = 256\)\), more than the 0.00105 GB"):
-        sl.bayes_risk(sl.spikes(2, 2.5), 4, points=256)
+        sl.bayes_risk(sl.spikes(2, 2.5), 4, points=256, route="rule")
 
 
 def test_population_risk_checks_the_rule_it_builds():
@@ -147,7 +147,7 @@ def test_check_bayes_checks_the_bayes_point_too():
 
     prior = sl.flipped(2, 2.5)  # 4 atoms: the Bayes point has 4 heads
     check_bayes(prior, 64, 256)  # 64 x 4 = 256 fields
-    sl.bayes_risk(prior, 80, points=256, replicates=2)  # the Bayes risk's own rule has 80 x 2 = 160 fields
+    sl.bayes_risk(prior, 80, points=256, replicates=2, route="rule")  # the Bayes risk's own rule has 80 x 2 = 160 fields
     with pytest.raises(ValueError, match=r"problem.L \* the number of atoms of the prior = 320"):
         check_bayes(prior, 80, 256)
 

@@ -12,13 +12,16 @@ def register(sub) -> None:
         "bayes",
         help="Bayes-optimal risk of the problem and, for discrete priors, the bsoftmax Bayes point",
         description="Print the Bayes risk E[(1 - p_eps)^2 + sum_{l != eps} p_l^2] of locating the "
-        "relevant token for the [problem] of CONFIG (D -> infinity), with its numerical error: the "
-        "standard error over --replicates independently scrambled Sobol rules of theory.points "
-        "points (seeds theory.qmc_seed, +1, ...). For a discrete prior with K atoms it also "
-        "prints the population risk of bsoftmax with H = K heads at the Bayes point "
-        "(M_h = theta^(h), Q = M M^T, b_h = log pi_h - |theta^(h)|^2/2), which equals the Bayes "
-        "risk, on independent scramblings (the next --replicates seeds). The [model] and [sgd] "
-        "sections are not used.",
+        "relevant token for the [problem] of CONFIG (D -> infinity), with its numerical error, and an "
+        "independent check. For a discrete prior with K atoms the Bayes estimator is bsoftmax with H = K "
+        "heads at the Bayes point (M_h = theta^(h), Q = M M^T, b_h = log pi_h - |theta^(h)|^2/2): with "
+        "theory.route = auto (default) its risk on the exact route (the Laplace form, any L; error against "
+        "a finer rule) where that rule is affordable (up to four spikes, four binary or flipped atoms), "
+        "checked against the closed-form posterior on --replicates independently scrambled Sobol rules of "
+        "theory.points points (seeds theory.qmc_seed, +1, ...). Otherwise (a Gaussian part, more atoms, or "
+        "theory.route = rule) the Sobol estimate with its standard error, checked for a discrete prior "
+        "against the population risk of the Bayes point on the next --replicates seeds. The [model] and "
+        "[sgd] sections are not used.",
     )
     add_config_arguments(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
@@ -28,34 +31,45 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from .._bayes import bayes_point, bayes_risk, check_bayes
-    from .._population_risk import population_risk
+    from .._bayes import bayes_point, bayes_risk, bayes_route, check_bayes
+    from .._population_risk import _check_rules, population_risk
 
     config = config_from_args(args)
     pb, th = config.problem, config.theory
     prior = pb.build_prior()
-    check_bayes(prior, pb.L, th.points)  # both rules, before either risk is computed
+    route = bayes_route(prior, th.route)
+    if route == "exact":  # the check's rule over the L F spike fields, before anything is computed
+        _check_rules(prior, pb.L, th.points, {"problem.F": prior.F})
+    else:
+        check_bayes(prior, pb.L, th.points)  # both rules, before either risk is computed
     kw = dict(points=th.points, seed=th.qmc_seed, replicates=args.replicates)
-    bayes = bayes_risk(prior, pb.L, **kw)
-    point = None
+    bayes = bayes_risk(prior, pb.L, **kw, route=route)
+    point = check = None
     if prior.is_discrete:
         M, Q, b = bayes_point(prior)
-        # independent scramblings (seeds after the Bayes risk's), so the two numbers are two checks
-        risk = population_risk(prior, pb.L, "bsoftmax", M, Q, b, **{**kw, "seed": th.qmc_seed + args.replicates})
+        if route == "exact":  # the Bayes risk is this point's; the independent check: the posterior on the rule
+            risk = bayes
+            check = {"what": "the closed-form posterior on the Sobol rule",
+                     "risk": bayes_risk(prior, pb.L, **kw, route="rule").to_dict()}
+        else:  # independent scramblings (seeds after the Bayes risk's), so the two numbers are two checks
+            risk = population_risk(prior, pb.L, "bsoftmax", M, Q, b, **{**kw, "seed": th.qmc_seed + args.replicates})
+            check = {"what": f"bsoftmax with H = K = {int(M.shape[0])} heads at the Bayes point", "risk": risk.to_dict()}
         point = {"activation": "bsoftmax", "heads": int(M.shape[0]), "M": M.tolist(), "Q": Q.tolist(), "b": b.tolist(),
                  "risk": risk.to_dict()}
     if args.json:
         out = {"problem": config.to_dict()["problem"], "prior": prior.name, "L": pb.L, "F": prior.F,
-               "replicates": args.replicates, "bayes_risk": bayes.to_dict(), "bayes_point": point}
+               "replicates": args.replicates, "route": route, "bayes_risk": bayes.to_dict(), "check": check,
+               "bayes_point": point}
         print(json.dumps(out))
         return 0
-    print(f"Bayes risk ({prior.name} prior, F = {prior.F}, L = {pb.L}): {bayes.value:.6f} +- {bayes.error:.1e} "
-          f"(standard error over {args.replicates} scramblings of {th.points} Sobol points)")
-    if point is not None:
-        r = point["risk"]
-        how = "exact route, error against a finer rule" if r["points"] == 0 else "independent scramblings"
-        print(f"bsoftmax with H = K = {point['heads']} heads at the Bayes point: {r['value']:.6f} +- {r['error']:.1e} "
-              f"(difference {r['value'] - bayes.value:+.1e}; {how})")
+    how = ("exact route: bsoftmax at the Bayes point, error against a finer rule" if route == "exact" else
+           f"standard error over {args.replicates} scramblings of {th.points} Sobol points")
+    print(f"Bayes risk ({prior.name} prior, F = {prior.F}, L = {pb.L}): {bayes.value:.6f} +- {bayes.error:.1e} ({how})")
+    if check is not None:
+        r = check["risk"]
+        error = "error against a finer rule" if r["points"] == 0 else "independent scramblings"
+        print(f"check, {check['what']}: {r['value']:.6f} +- {r['error']:.1e} (difference {r['value'] - bayes.value:+.1e}, "
+              f"{abs(r['value'] - bayes.value) / max(r['error'], bayes.error):.1f} standard errors; {error})")
     else:
         print("no finite bsoftmax Bayes point: the prior has a Gaussian part")
     return 0
