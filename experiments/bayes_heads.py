@@ -14,28 +14,31 @@ Settings (L = 4 tokens):
 
 softmax trains no bias (it cancels); softmax1 and bsoftmax train their biases. SGD: lr = 0.5,
 keys initialised with scale 0.5. The ODE is integrated from the overlaps of a real D = 1000
-initialisation (seed 0), up to ``tau_max`` on a log grid, with ``theory.points`` Sobol points;
-the final risk is re-evaluated at the final ``(M, Q, b)`` on 4 independent rules of 8192 points
-(see ``bayes_strength.py`` for why and for the check against 2048-point dynamics). Convergence:
-the relative change of the ODE's risk over the last 10% of tau is printed for every point;
-points above 1e-3 are flagged (``*``) and drawn open. For every trained layer the script also
-prints what its heads do: the mean weight on the relevant token ``E[a_eps]``, the layer's total
-attention weight ``E[sum_l a_l]`` (1 for softmax and
-bsoftmax; below 1 for softmax1, whose heads can switch off), how many heads are off and the
-directions of the others in the spike plane.
+initialisation (seed 0), up to ``tau_max`` on a log grid. Convergence: the relative change of the
+ODE's risk over the last 10% of tau is printed for every point; points above 1e-3 are flagged
+(``*``) and drawn open. For every trained layer the script also prints what its heads do: the mean
+weight on the relevant token ``E[a_eps]`` (on a Sobol rule of 8192 points), the layer's total
+attention weight ``E[sum_l a_l]`` (1 for softmax and bsoftmax; below 1 for softmax1, whose heads can
+switch off), how many heads are off and the directions of the others in the spike plane.
 
-Quadrature caveat at large H (spikes): the rule integrates over L * H Gaussian dimensions (24 at H = 6).
-For bsoftmax the re-evaluated final risk of the state from 1024-point dynamics is 0.2566 at H = 3
-and 0.2541 at H = 6; with 4096-point dynamics 0.2563 and 0.2520. So H <= 3 is resolved to 3e-4,
-H = 6 only to about 2e-3 (the ODE's *own* risk at H = 6, 1024 points, even falls below the Bayes
-risk: the dynamics fit the error of the fixed rule). The conclusions below do not depend on it.
+Routes. Every point runs on the exact route (``theory.route = "exact"``: the risk and the ``O(lr)``
+drift to ~1e-10 whatever the heads do; the ``lr^2`` Gram term on the rank-aware Sobol rule of 16384
+points, exactly for one head) and its final risk is the exact risk of the final state, with the
+route's stated errors (risk against the refined rule, Gram term relative) -- except bsoftmax from
+``H = 4`` on (``JOINT_EXACT_MAX``): a joint layer's exact rule costs seconds per drift there (4.7 s
+at ``H = 4``) and grows with ``H``, so those points stay on the rule route of the original figures
+(1024 Sobol points over the ``L H`` fields, the final state re-evaluated on 4 independent rules of
+8192 points; its error at trained states with redundant heads is 1e-3 to 1e-2) and are drawn with
+a different marker. ``--route rule`` runs every point on the rule route (the original figures).
 
-Also printed: the Bayes risk (8 scramblings of 4096 points, with its standard error) and the
-risk of bsoftmax at its Bayes point with H = K (``M_h = theta^(h)``, ``Q = M M^T``,
-``b_h = log pi_h - |theta^(h)|^2/2``), which must equal it.
+Also printed: the Bayes risk (spikes: exactly, as the risk of bsoftmax at its Bayes point with H = K,
+``M_h = theta^(h)``, ``Q = M M^T``, ``b_h = log pi_h - |theta^(h)|^2/2``, on the exact route, checked
+against the closed-form posterior on 8 scramblings of 4096 Sobol points; Gaussian: that Sobol estimate,
+with its standard error).
 
-Run: ``python experiments/bayes_heads.py [--prior spikes|gaussian] [--cache DIR]``; writes the figure
-named above and prints the numbers (runtime: its last line). ``--quick``: H in {1, 3}
+Run: ``python experiments/bayes_heads.py [--prior spikes|gaussian] [--route auto|rule] [--cache DIR]``; writes
+the figure named above with its JSON (every number printed, the route and stated errors of each point) and prints
+the numbers (runtime: its last line). ``--quick``: H in {1, 3}
 (spikes) or {1, 2} (gaussian), tau_max = 100, 256 quadrature points.
 """
 
@@ -44,6 +47,7 @@ from __future__ import annotations
 import sys
 import time
 from functools import partial
+from pathlib import Path
 
 import jax
 
@@ -51,7 +55,7 @@ jax.config.update("jax_enable_x64", True)
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from _common import cache_dir, figure, figures_dir, parser, stage  # noqa: E402
+from _common import cache_dir, figure, figures_dir, parser, save_json, stage  # noqa: E402
 
 import singleloc as sl  # noqa: E402
 
@@ -67,31 +71,46 @@ EVAL = {"points": 8192, "seed": 1000, "replicates": 4}  # re-evaluation of the f
 CONVERGED = 1e-3
 COLORS = {"softmax": "C0", "softmax1": "C1", "bsoftmax": "C2"}
 QUICK = {"spikes": (1, 3), "gaussian": (1, 2), "tau_max": 100.0, "points": 256}
+#: bsoftmax with more heads than this stays on the rule route (module docstring: a joint layer's exact
+#: rule costs 4.7 s per drift at H = 4 on the Gaussian prior, against 0.35 s for eight softmax1 heads).
+JOINT_EXACT_MAX = 3
+A_EPS_POINTS = 8192  # the Sobol rule of the E[a_eps] printed for each trained layer
 
 
-def config(prior: str, activation: str, heads: int, tau_max: float, points: int):
+def route(choice: str, activation: str, heads: int) -> str:
+    """The route of one point: ``"rule"`` everywhere with ``--route rule``, else the exact route
+    except for bsoftmax with more than :data:`JOINT_EXACT_MAX` heads."""
+    return "rule" if choice == "rule" or (activation == "bsoftmax" and heads > JOINT_EXACT_MAX) else "exact"
+
+
+def config(prior: str, activation: str, heads: int, tau_max: float, points: int, route: str = "rule"):
     F, strength = SETTINGS[prior][:2]
     return sl.load_config({
         "problem": {"L": L, "F": F, "prior": prior, "strength": strength},
         "model": {"heads": heads, "activation": activation, "train_bias": activation != "softmax"},
         "sgd": {"lr": LR, "init_scale": INIT_SCALE, "tau_max": tau_max, "spacing": "log", "n_save": 41},
         "simulation": {"D": D_THEORY, "seeds": 1},
-        "theory": {"points": points},
+        "theory": {"points": points, "route": route},
     })
 
 
 def trained(cfg, ts: np.ndarray) -> dict[str, np.ndarray]:
-    """The ODE from the seed-0 start on ``ts``; the final state re-evaluated on independent rules."""
+    """The ODE from the seed-0 start on ``ts``; the final risk exact on the exact route (its error
+    against the refined rule), else re-evaluated on independent rules (their standard error); the
+    route's stated errors of the solve (NaN on the rule route) and the wall time."""
+    t0, H, F = time.time(), cfg.model.heads, cfg.problem.F
     try:
         res = sl.integrate(cfg, sl.initial_conditions(cfg, 1), ts=ts, progress=False)
     except FloatingPointError as err:
-        print(f"  {cfg.model.activation} H = {cfg.model.heads}: integration failed: {err}")
-        H, F = cfg.model.heads, cfg.problem.F
+        print(f"  {cfg.model.activation} H = {H}: integration failed: {err}")
         return {"risk": np.full(len(ts), np.nan), "final": np.nan, "error": np.nan, "M": np.full((H, F), np.nan),
-                "Q": np.full((H, H), np.nan), "b": np.full(H, np.nan)}
+                "Q": np.full((H, H), np.nan), "b": np.full(H, np.nan), "risk_error": np.nan, "gram_error": np.nan,
+                "seconds": time.time() - t0}
     M, Q, b = res.M[0, -1], res.Q[0, -1], res.b[0, -1]
-    fin = sl.population_risk(cfg.problem.build_prior(), L, cfg.model.activation, M, Q, b, **EVAL)
-    return {"risk": res.risk[0], "final": fin.value, "error": fin.error, "M": M, "Q": Q, "b": b}
+    evaluation = {"route": "exact"} if cfg.theory.route == "exact" else {"route": "rule", **EVAL}
+    fin = sl.population_risk(cfg.problem.build_prior(), L, cfg.model.activation, M, Q, b, **evaluation)
+    return {"risk": res.risk[0], "final": fin.value, "error": fin.error, "M": M, "Q": Q, "b": b,
+            "risk_error": res.risk_error, "gram_error": res.gram_error, "seconds": time.time() - t0}
 
 
 def heads_used(cfg, run) -> str:
@@ -102,7 +121,7 @@ def heads_used(cfg, run) -> str:
     M, Q, b = run["M"], run["Q"], run["b"]
     if not np.all(np.isfinite(M)):
         return ""
-    ode = sl.OrderParameterODE.from_config(cfg)
+    ode = sl.OrderParameterODE.from_config(cfg.replace(theory={"points": A_EPS_POINTS}))
     w = sl.attention_mass(ode, M, Q, b)
     # the relevant token is token 0 of the fields (docs/model.md section 4)
     a_eps = float(ode.fields.expect(lambda g, theta: jnp.mean(ode.activation(g.T + jnp.asarray(b)[:, None])[:, 0]), M, Q))
@@ -115,7 +134,15 @@ def heads_used(cfg, run) -> str:
 def main() -> int:
     p = parser(__doc__)
     p.add_argument("--prior", choices=tuple(SETTINGS), default="spikes", help="the setting (module docstring)")
+    p.add_argument("--route", choices=("auto", "rule"), default="auto",
+                   help="auto (default): the exact route, bsoftmax from H = 4 on the rule route; rule: every point on "
+                        "the rule route (the original figures)")
+    p.add_argument("--activations", type=lambda t: tuple(t.split(",")), default=ACTIVATIONS,
+                   help="a comma-separated subset of softmax,softmax1,bsoftmax to compute (default all; with --cache, "
+                        "processes for different subsets fill one cache in parallel, and a last run draws the figure)")
     args = p.parse_args()
+    if not set(args.activations) <= set(ACTIVATIONS):
+        p.error(f"--activations: choose from {','.join(ACTIVATIONS)}, got {','.join(args.activations)}")
     prior = args.prior
     F, strength, heads, tau_max, points, name = SETTINGS[prior]
     if args.quick:
@@ -125,31 +152,47 @@ def main() -> int:
     bsoftmax = config(prior, "bsoftmax", F, tau_max, points)
     bayes = sl.bayes_risk(bsoftmax.problem.build_prior(), L, points=4096, replicates=8)
     print(f"L = {L}, {prior} prior F = {F}, strength {strength}, lr = {LR}, tau_max = {tau_max:g}, theory.points = {points}")
-    print(f"Bayes risk {bayes.value:.5f} +- {bayes.error:.1e}")
+    how = "exact route: bsoftmax at the Bayes point" if bayes.points == 0 else "Sobol rule, 8 scramblings"
+    print(f"Bayes risk {bayes.value:.5f} +- {bayes.error:.1e} ({how})")
     K = None
     if prior != "gaussian":
         M, Q, b = sl.bayes_point(bsoftmax.problem.build_prior())
         K = M.shape[0]
-        at_point = sl.population_risk(bsoftmax.problem.build_prior(), L, "bsoftmax", M, Q, b, points=4096, replicates=8)
-        print(f"bsoftmax at the Bayes point (H = K = {K}): {at_point.value:.5f} +- {at_point.error:.1e}")
+        check = sl.bayes_risk(bsoftmax.problem.build_prior(), L, points=4096, replicates=8, route="rule")
+        print(f"check, the closed-form posterior on the Sobol rule: {check.value:.5f} +- {check.error:.1e}")
 
     ts = np.unique(np.concatenate([[0.0], np.geomspace(1e-2, tau_max, 48), [0.9 * tau_max]]))
     i90 = int(np.argmin(np.abs(ts - 0.9 * tau_max)))
     final = {a: np.full(len(heads), np.nan) for a in ACTIVATIONS}
     change = {a: np.full(len(heads), np.nan) for a in ACTIVATIONS}
     error = {a: np.full(len(heads), np.nan) for a in ACTIVATIONS}
-    for act in ACTIVATIONS:
+    exact = {a: np.zeros(len(heads), bool) for a in ACTIVATIONS}
+    rows = {}
+    for act in args.activations:
         for j, H in enumerate(heads):
             t0 = time.time()
-            run = stage(cache, f"{act}_H{H}", partial(trained, config(prior, act, H, tau_max, points), ts))
+            way = route(args.route, act, H)
+            cfg = config(prior, act, H, tau_max, points, way)
+            run = stage(cache, f"{act}_H{H}_{way}", partial(trained, cfg, ts))
             r = run["risk"]
-            final[act][j], error[act][j] = float(run["final"]), float(run["error"])
+            final[act][j], error[act][j], exact[act][j] = float(run["final"]), float(run["error"]), way == "exact"
             change[act][j] = abs(r[-1] - r[i90]) / r[-1]
+            stated = (f"exact route: risk error {float(run['risk_error']):.1e}, Gram {float(run['gram_error']):.1e}"
+                      if way == "exact" else f"rule route, {points} points")
             print(f"  {act:9s} H = {H:2d}: final risk {final[act][j]:.5f} +- {error[act][j]:.1e} (ODE's own {r[-1]:.5f}; "
-                  f"gap to Bayes {final[act][j] - bayes.value:+.5f}), rel. change over last 10% of tau {change[act][j]:.1e}  "
-                  f"[{time.time() - t0:.0f} s]", flush=True)
-            print(f"             {heads_used(config(prior, act, H, tau_max, points), run)}")
+                  f"gap to Bayes {final[act][j] - bayes.value:+.5f}), rel. change over last 10% of tau {change[act][j]:.1e}; "
+                  f"{stated}  [{float(run['seconds']):.0f} s to compute, {time.time() - t0:.0f} s now]", flush=True)
+            used = heads_used(cfg, run)
+            print(f"             {used}")
+            rows[f"{act},H={H}"] = {"route": way, "final": final[act][j], "error": error[act][j],
+                                    "gap": final[act][j] - bayes.value, "change_last_10pct": change[act][j],
+                                    "risk_error": float(run["risk_error"]), "gram_error": float(run["gram_error"]),
+                                    "seconds": float(run["seconds"]), "heads": used}
 
+    if set(args.activations) != set(ACTIVATIONS):
+        print(f"computed {', '.join(args.activations)} only: no figure (run without --activations to draw it); "
+              f"runtime {time.time() - t_start:.0f} s")
+        return 0
     print("\nfinal risk at tau_max (gap to Bayes); * = rel. change over the last 10% of tau > 1e-3")
     print(f"{'H':>3s}" + "".join(f"{a:>22s}" for a in ACTIVATIONS))
     for j, H in enumerate(heads):
@@ -170,8 +213,13 @@ def main() -> int:
         conv = change[act] <= CONVERGED
         for a, y in ((ax, final[act]), (gap, final[act] - bayes.value)):
             a.plot(heads, y, "-", color=COLORS[act], lw=1.2, label=act)
-            a.plot(np.array(heads)[conv], y[conv], "o", color=COLORS[act], ms=5)
-            a.plot(np.array(heads)[~conv], y[~conv], "o", mfc="none", color=COLORS[act], ms=6)
+            for on_route, marker in ((exact[act], "o"), (~exact[act], "D")):
+                a.plot(np.array(heads)[conv & on_route], y[conv & on_route], marker, color=COLORS[act], ms=5)
+                a.plot(np.array(heads)[~conv & on_route], y[~conv & on_route], marker, mfc="none", color=COLORS[act],
+                       ms=6)
+    if not all(e.all() for e in exact.values()) and any(e.any() for e in exact.values()):
+        ax.plot([], [], "o", color="grey", ms=5, label="exact route")
+        ax.plot([], [], "D", color="grey", ms=5, label=f"rule route ({points} points)")
     for a in (ax, gap):
         if K in heads:
             a.axvline(K, color="grey", ls=":", lw=1)
@@ -189,6 +237,10 @@ def main() -> int:
     fig.suptitle(f"{what}, L = {L}; open markers: still moving at tau = {tau_max:g}", fontsize=10)
     ax.legend(frameon=False, fontsize=8)
     path = sl.save_figure(figures_dir(args) / name, fig)
+    save_json(figures_dir(args) / f"{Path(name).stem}.json",
+              {"prior": prior, "F": F, "strength": strength, "L": L, "lr": LR, "tau_max": tau_max, "route": args.route,
+               "rule_points": points, "bayes": {"value": bayes.value, "error": bayes.error}, "runs": rows,
+               "seconds": time.time() - t_start})
     print(f"wrote {path}; total runtime {time.time() - t_start:.0f} s")
     return 0
 

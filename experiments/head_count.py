@@ -11,7 +11,7 @@ points, the risk on an independent scrambling). The sweeps run on a Dask ``Local
 ``--workers`` processes (default 1: in this process).
 
 For each point the script reports the final risk (mean over the seeds) minus the Bayes risk of
-its prior (:func:`singleloc.bayes_risk`, 8 scramblings of 4096 points), the number of distinct
+its prior (:func:`singleloc.bayes_risk`: exactly, bsoftmax at the Bayes point on the exact route), the number of distinct
 directions the heads learned and the counts of each head class (``aligned``, ``leaning``,
 ``combination``, ``redundant``, ``off``, ``unspecialized``; docs/model.md section 9 and
 :func:`singleloc.classify_heads`), all at the last saved time. The head count asked for is
