@@ -127,8 +127,8 @@ def population_risk(
     if form is not None and route == "auto" and form.joint and not joint_exact_affordable(H, prior, JOINT_RISK_MAX):
         form = None  # a joint layer whose exact rule would take minutes or more (JOINT_RISK_MAX): the rule
     if form is not None and route != "rule":
-        check_memory({f"the exact route's rule ({activation}, {H} heads, {len(prior.atoms)} atoms of the prior)":
-                      exact_rule_bytes(activation, H, prior)})
+        if need := exact_rule_bytes(activation, H, prior):  # a joint layer's rule grows with H and the atoms
+            check_memory({f"the exact route's rule ({activation}, {H} heads, {len(prior.atoms)} atoms of the prior)": need})
         exact = exact_rule(act, int(L), H, prior)
         return RiskEstimate.from_refinement(_exact_risk(exact, M, Q, b, v), _exact_risk(exact.refined(), M, Q, b, v))
     _check_rules(prior, L, points, {"model.heads": H})

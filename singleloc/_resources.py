@@ -156,7 +156,7 @@ def exact_rule_bytes(activation: str, H: int, prior: Prior) -> int:
     from ._activations import exponential_form, get_activation
     from ._laplace import joint_rule_size
 
-    form = exponential_form(get_activation(activation), 2)
+    form = exponential_form(get_activation(activation), 2)  # whether a layer is joint does not depend on L
     if form is None or not form.joint:
         return 0
     return JOINT_UNIT_BYTES * joint_rule_size(H, prior, refined=True)
