@@ -370,6 +370,17 @@ def _shape_key(args) -> tuple:
     return str(treedef), tuple((x.shape, str(x.dtype)) for x in leaves)
 
 
+def largest_token_variance(config: Config, scale: float, M, Q) -> float:
+    """``alpha^2 max_h (Q + M Sigma M^T)_hh`` at states ``M`` (..., H, F), ``Q`` (..., H, H): the largest
+    variance of one token's fields, the relevant token's under a prior with a Gaussian part ``Sigma``
+    (``alpha = scale``; ``Sigma = 0`` for a discrete prior, where it is the noise tokens' ``alpha^2 Q_hh``
+    too). What the exact route's normal rules must resolve: the warning on a large stated error names it."""
+    sigma = np.asarray(config.problem.build_prior().noise_cov, dtype=float)
+    M, Q = np.asarray(M, dtype=float), np.asarray(Q, dtype=float)
+    relevant = Q + M @ sigma @ np.swapaxes(M, -1, -2)
+    return scale**2 * float(np.max(np.diagonal(relevant, axis1=-2, axis2=-1)))
+
+
 def _result(problem: _Problem, out, max_steps: int) -> TheoryResult | FloatingPointError:
     """The :class:`TheoryResult` of one point's outputs of :func:`_trajectories`, or the error
     that says where its solve stopped."""
@@ -399,15 +410,15 @@ def _result(problem: _Problem, out, max_steps: int) -> TheoryResult | FloatingPo
     exact_gram = problem.args[0].exact_gram
     gram = float(np.max(grams)) / (1.0 if exact_gram else np.sqrt(R)) if route == "exact" else float("nan")
     if risk_error > RISK_ERROR_WARN or exact_drift_error > DRIFT_ERROR_WARN:
-        scale = problem.args[1].exact.form.scale
-        variance = scale**2 * float(np.max(np.diagonal(Q[:, :, -1], axis1=-2, axis2=-1)))
+        variance = largest_token_variance(config, problem.args[1].exact.form.scale, M[:, :, -1], Q[:, :, -1])
         joint = ""
         if problem.args[1].exact.form.joint and config.model.heads >= 2:
             joint = (" (a joint layer's token rule, singleloc._laplace.JOINT_LEADING, is not refined by theory.nodes: "
                      "its error at trained states is in docs/model.md section 4.6)")
         warnings.warn(f"the exact route's stated errors are {risk_error:.1e} (risk) and {exact_drift_error:.1e} (relative "
                       f"O(lr) drift), against a rule of 1.5 x the nodes: the token fields reach a variance of {variance:.3g} "
-                      f"(alpha^2 Q_hh), which theory.nodes = {config.theory.nodes} resolves only to that precision; raise "
+                      f"(alpha^2 (Q + M Sigma M^T)_hh, Sigma the prior's Gaussian part), which theory.nodes = "
+                      f"{config.theory.nodes} resolves only to that precision; raise "
                       f"theory.nodes (cost grows like its square to cube) and check that the trajectory does not move{joint}",
                       stacklevel=3)
     return TheoryResult(np.asarray(ts), mean(M), mean(Q), mean(b), mean(risk), risk_se, drift_error, problem.points, R,

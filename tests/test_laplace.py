@@ -665,3 +665,19 @@ def test_a_head_of_zero_norm_has_a_finite_exact_gradient(name):
         up = float(_risk(rule, *(x + d for x, d in zip((M, Q, b), step))))
         down = float(_risk(rule, *(x - d for x, d in zip((M, Q, b), step))))
         assert float(grad[index]) == pytest.approx((up - down) / (2 * h), abs=1e-7)
+
+
+def test_the_token_variance_named_by_the_warning_includes_the_priors_gaussian_part():
+    """Under a Gaussian prior the relevant token's fields have variance ``alpha^2 (Q + M Sigma M^T)_hh``,
+    ten times ``Q_hh`` at the trained softmax1 state of four heads on N(0, 3^2 I) (keys of 3.5, Q_hh 12.5,
+    where the exact route at 64 nodes stated a risk error of 5e-5): the warning must name that variance."""
+    from singleloc._ode import largest_token_variance
+
+    M = np.array([[-2.889, 1.824], [-1.893, -2.97], [2.987, -1.874], [1.852, 2.978]])
+    Q = M @ M.T + 0.1 * np.eye(4)
+    gaussian = sl.load_config("softmax1", ["problem.prior=gaussian", "problem.strength=3.0", "model.heads=4"])
+    expected = max(Q[h, h] + 9.0 * M[h] @ M[h] for h in range(4))
+    assert largest_token_variance(gaussian, 1.0, M, Q) == pytest.approx(expected)
+    assert largest_token_variance(gaussian, 2.0, M[None], Q[None]) == pytest.approx(4 * expected)  # alpha^2, a batch
+    spikes = gaussian.replace(problem={"prior": "spikes"})  # discrete: the noise tokens' Q_hh
+    assert largest_token_variance(spikes, 1.0, M, Q) == pytest.approx(np.max(np.diag(Q)))
