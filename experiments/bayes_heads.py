@@ -25,7 +25,7 @@ Routes. Every point runs on the exact route (``theory.route = "exact"``: the ris
 drift to ~1e-10 whatever the heads do; the ``lr^2`` Gram term on the rank-aware Sobol rule of 16384
 points, exactly for one head) and its final risk is the exact risk of the final state, with the
 route's stated errors (risk against the refined rule, Gram term relative) -- except bsoftmax from
-``H = 4`` on (``JOINT_EXACT_MAX``): a joint layer's exact rule costs seconds per drift there (4.7 s
+``H = 4`` on (``BSOFTMAX_EXACT_HEADS``): a joint layer's exact rule costs seconds per drift there (4.7 s
 at ``H = 4``) and grows with ``H``, so those points stay on the rule route of the original figures
 (1024 Sobol points over the ``L H`` fields, the final state re-evaluated on 4 independent rules of
 8192 points; its error at trained states with redundant heads is 1e-3 to 1e-2) and are drawn with
@@ -73,14 +73,16 @@ COLORS = {"softmax": "C0", "softmax1": "C1", "bsoftmax": "C2"}
 QUICK = {"spikes": (1, 3), "gaussian": (1, 2), "tau_max": 100.0, "points": 256}
 #: bsoftmax with more heads than this stays on the rule route (module docstring: a joint layer's exact
 #: rule costs 4.7 s per drift at H = 4 on the Gaussian prior, against 0.35 s for eight softmax1 heads).
-JOINT_EXACT_MAX = 3
+#: Stricter than the package's ``theory.route = "auto"`` (singleloc._resources.JOINT_EXACT_MAX), which
+#: takes four heads on the Gaussian prior: hours to tau = 2e4 here.
+BSOFTMAX_EXACT_HEADS = 3
 A_EPS_POINTS = 8192  # the Sobol rule of the E[a_eps] printed for each trained layer
 
 
 def route(choice: str, activation: str, heads: int) -> str:
     """The route of one point: ``"rule"`` everywhere with ``--route rule``, else the exact route
-    except for bsoftmax with more than :data:`JOINT_EXACT_MAX` heads."""
-    return "rule" if choice == "rule" or (activation == "bsoftmax" and heads > JOINT_EXACT_MAX) else "exact"
+    except for bsoftmax with more than :data:`BSOFTMAX_EXACT_HEADS` heads."""
+    return "rule" if choice == "rule" or (activation == "bsoftmax" and heads > BSOFTMAX_EXACT_HEADS) else "exact"
 
 
 def config(prior: str, activation: str, heads: int, tau_max: float, points: int, route: str = "rule"):
