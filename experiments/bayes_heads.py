@@ -21,8 +21,9 @@ weight on the relevant token ``E[a_eps]`` (on a Sobol rule of 8192 points), the 
 attention weight ``E[sum_l a_l]`` (1 for softmax and bsoftmax; below 1 for softmax1, whose heads can
 switch off), how many heads are off and the directions of the others in the spike plane.
 
-Routes. Every point runs on the exact route (``theory.route = "exact"``: the risk and the ``O(lr)``
-drift to ~1e-10 whatever the heads do; the ``lr^2`` Gram term on the rank-aware Sobol rule of 16384
+Routes. Every point runs on the exact route (``theory.route = "exact"``, ``theory.nodes`` per prior:
+``NODES``, 128 for the Gaussian prior, whose relevant token has the variance ``Q_hh + 9 |M_h|^2``; the risk
+and the ``O(lr)`` drift to ~1e-8 or better whatever the heads do; the ``lr^2`` Gram term on the rank-aware Sobol rule of 16384
 points, exactly for one head) and its final risk is the exact risk of the final state, with the
 route's stated errors (risk against the refined rule, Gram term relative) -- except bsoftmax from
 ``H = 4`` on (``BSOFTMAX_EXACT_HEADS``): a joint layer's exact rule costs seconds per drift there (4.7 s
@@ -85,6 +86,12 @@ def route(choice: str, activation: str, heads: int) -> str:
     return "rule" if choice == "rule" or (activation == "bsoftmax" and heads > BSOFTMAX_EXACT_HEADS) else "exact"
 
 
+#: ``theory.nodes`` of the exact route per prior: under the Gaussian prior the relevant token's fields have
+#: variance ``Q_hh + 9 |M_h|^2`` (124 at softmax1's four trained heads), which the default 64 nodes resolve to
+#: a risk error of 5.7e-5 and a gradient error of 1.1e-2 only; 128 nodes: 2.9e-8 and 2.7e-6.
+NODES = {"spikes": 64, "gaussian": 128}
+
+
 def config(prior: str, activation: str, heads: int, tau_max: float, points: int, route: str = "rule"):
     F, strength = SETTINGS[prior][:2]
     return sl.load_config({
@@ -92,7 +99,7 @@ def config(prior: str, activation: str, heads: int, tau_max: float, points: int,
         "model": {"heads": heads, "activation": activation, "train_bias": activation != "softmax"},
         "sgd": {"lr": LR, "init_scale": INIT_SCALE, "tau_max": tau_max, "spacing": "log", "n_save": 41},
         "simulation": {"D": D_THEORY, "seeds": 1},
-        "theory": {"points": points, "route": route},
+        "theory": {"points": points, "route": route, "nodes": NODES[prior]},
     })
 
 
@@ -175,7 +182,8 @@ def main() -> int:
             t0 = time.time()
             way = route(args.route, act, H)
             cfg = config(prior, act, H, tau_max, points, way)
-            run = stage(cache, f"{act}_H{H}_{way}", partial(trained, cfg, ts))
+            nodes = f"_n{NODES[prior]}" if way == "exact" and NODES[prior] != 64 else ""  # the stage's exact rule
+            run = stage(cache, f"{act}_H{H}_{way}{nodes}", partial(trained, cfg, ts))
             r = run["risk"]
             final[act][j], error[act][j], exact[act][j] = float(run["final"]), float(run["error"]), way == "exact"
             change[act][j] = abs(r[-1] - r[i90]) / r[-1]
