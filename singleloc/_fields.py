@@ -6,7 +6,8 @@ equivariant activations, since ``eps`` is uniform), the fields are
 
     g_l = Q^{1/2} w_l            (l = 1..L-1),      g_0 = M theta + Q^{1/2} w_0,
 
-with ``w_l ~ N(0, I_H)`` i.i.d. and ``theta`` from the prior. The spike fields ``nu`` never
+with ``w_l ~ N(0, I_H)`` i.i.d. and ``theta`` from the prior (or any factor ``S`` of ``Q``, ``S^T S = Q``, in
+place of ``Q^{1/2}``: the same law). The spike fields ``nu`` never
 have to be drawn: wherever they appear (the drift of ``M``) their conditional mean given
 ``g`` replaces them (see ``_theory.py``), so the rule integrates over ``L * H`` Gaussian
 dimensions, plus ``F`` for the Gaussian part of the prior.
@@ -18,12 +19,19 @@ whitened so that second moments are exact too (moment matching: it cut the error
 moments tenfold at 1024 points). The points are drawn once, from a fixed seed, and held for
 the whole solve: the expectations are smooth, deterministic functions of ``(M, Q, b)``.
 
-Exchange symmetry of the heads. ``Q^{1/2}`` is the symmetric PSD square root (eigenvalues
-clipped at zero): continuous, defined for singular ``Q`` (identical heads), and
+Rank-aware fields. With ``principal=True`` (the ODE's rule with ``theory.axes = "principal"``,
+:func:`~singleloc.population_risk`'s and the exact route's Gram term's) the fields are ``g_l = w_l S`` with the
+principal factor ``S`` of ``Q`` (``S^T S = Q``, largest variance first) and the Sobol coordinates
+assigned direction-major, so that heads that are (near) copies put the variance on the leading
+coordinates (:meth:`LocalFields.make`; docs/model.md section 4.4 for what it gains and gives up).
+:meth:`LocalFields.factors` gives each rule's factor with ``T = S Q^+``, which the drift needs.
+
+Exchange symmetry of the heads (``theory.axes = "heads"``, the ODE's default). ``Q^{1/2}`` is the symmetric PSD
+square root (eigenvalues clipped at zero): continuous, defined for singular ``Q`` (identical heads), and
 permutation-equivariant, ``(P Q P^T)^{1/2} = P Q^{1/2} P^T``. Permuting the heads of a state
 therefore permutes the fields of node ``w`` into the fields of node ``w P``, and the rule is
 exactly equivariant under the permutations ``P`` that map its node set onto itself. With
-``symmetric=True`` (the ODE's rule) the nodes are closed under the cyclic shifts of the head
+``symmetric=True`` the nodes are closed under the cyclic shifts of the head
 columns of ``w``: ``points / H`` Sobol points, each with its ``H`` shifts and their mirrors
 (``2 points`` nodes, as without the closure). The drift is then exactly equivariant under
 the cyclic shifts of the heads -- every permutation for ``H <= 2`` -- and so is the solve: a
@@ -57,7 +65,7 @@ import numpy as np
 from scipy.special import ndtri
 from scipy.stats import qmc
 
-from ._numerics import principal_factor, psd_sqrt
+from ._numerics import principal_factor_and_pinv, psd_sqrt_and_pinv_sqrt
 from ._priors import Prior
 from ._resources import SOBOL_MAX_DIM, node_batch
 
@@ -186,18 +194,24 @@ class LocalFields(eqx.Module):
 
         return dataclasses.replace(self, w=padded(self.w, -3), u=padded(self.u, -2), shards=shards, padding=pad)
 
-    def expect(self, fn: Callable, M: jax.Array, Q: jax.Array, *, Qh: jax.Array | None = None, with_noise: bool = False):
+    def factors(self, Q: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """``(S, T)``: the factor ``S`` of this rule's fields ``g_l = w_l S`` (``S^T S = Q``) and
+        ``T = S Q^+`` (``T^T T = Q^+``): the principal factor and its inverse-scaled directions
+        (:func:`~singleloc._numerics.principal_factor_and_pinv`) for a principal rule, ``(Q^{1/2},
+        (Q^+)^{1/2})`` otherwise. A field average ``E[c w^T] = W`` gives ``E[c g^T] = W S`` and
+        ``E[c g^T] Q^+ = W T``."""
+        return principal_factor_and_pinv(Q) if self.principal else psd_sqrt_and_pinv_sqrt(Q)
+
+    def expect(self, fn: Callable, M: jax.Array, Q: jax.Array, *, factor: jax.Array | None = None,
+               with_noise: bool = False):
         """``E[fn(g, theta)]`` over the fields of order parameters ``M`` (H, F), ``Q`` (H, H).
 
-        ``Qh``: ``Q^{1/2}`` when the caller already has it. ``with_noise=True`` calls
-        ``fn(g, theta, w)`` with the standard normals ``w`` (L, H) behind ``g = w Q^{1/2}`` (not
-        for a principal rule, whose factor is not ``Q^{1/2}``).
+        ``factor``: this rule's factor ``S`` of ``Q`` (:meth:`factors`) when the caller already has it.
+        ``with_noise=True`` calls ``fn(g, theta, w)`` with the standard normals ``w`` (L, H) behind
+        ``g = w S`` (for a principal rule, ``w[:, j]`` moves the fields along the ``j``-th principal
+        direction).
         """
-        if self.principal:
-            if with_noise or Qh is not None:
-                raise ValueError("a principal rule draws g = w S with S the principal factor of Q: no Qh, no with_noise")
-            Qh = principal_factor(Q)
-        Qh = psd_sqrt(Q) if Qh is None else Qh
+        Qh = self.factors(Q)[0] if factor is None else factor
         H = self.w.shape[-1]
         shifts = jnp.arange(self.orbit)
 

@@ -40,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._config import Config, gather_specs, require_arguments, require_uniform_head_weights
-from ._numerics import psd_sqrt, psd_sqrt_and_pinv_sqrt
+from ._numerics import psd_sqrt
 from ._ode import resolve_points
 from ._specs import SGD, Model, Problem, Simulation, Theory
 from ._theory import OrderParameterODE, OrderParameters, flatten_state, unflatten_state
@@ -60,8 +60,8 @@ def update_moments(ode: OrderParameterODE, M, Q, b, tau=0.0):
     F = M.shape[1]
     rule = ode.sgd
     tb = bool(rule.train_bias)
-    Qh, Qh_pinv = psd_sqrt_and_pinv_sqrt(Q)
-    A = Qh_pinv @ M  # (H, F): nu_bar_l = theta 1[l=0] + A^T w_l
+    S, T = ode.fields.factors(Q)  # g_l = w_l S, T = S Q^+
+    A = T @ M  # (H, F): nu_bar_l = theta 1[l=0] + A^T w_l
 
     def integrand(g, theta, w):
         c = jax.grad(ode._loss)(g.T + b[:, None])  # (H, L)
@@ -71,8 +71,8 @@ def update_moments(ode: OrderParameterODE, M, Q, b, tau=0.0):
         u = flatten_state(U.M, U.Q, U.b, tb)
         return {"u": u, "uu": jnp.outer(u, u), "cc": c @ c.T}
 
-    m = ode.fields.expect(integrand, M, Q, Qh=Qh, with_noise=True)
-    xi = jnp.eye(F) - M.T @ (Qh_pinv @ Qh_pinv) @ M  # Cov(nu | g), PSD up to rounding
+    m = ode.fields.expect(integrand, M, Q, factor=S, with_noise=True)
+    xi = jnp.eye(F) - M.T @ (T.T @ T) @ M  # Cov(nu | g), PSD up to rounding
     Sigma = rule.update_covariance(tau, m["u"], m["uu"], m["cc"], xi)
     if ode.exact is None:
         return m["u"], Sigma

@@ -71,10 +71,23 @@ def principal_factor(C: jax.Array) -> jax.Array:
     coordinate ``j`` of ``x = mu + z S`` moves the field along that direction. Heads that are
     copies make ``C`` of low rank, and the leading coordinates of the rule then carry all of
     the variance (rank-aware). Permuting the heads permutes the columns of ``S``."""
+    return principal_factor_and_pinv(C)[0]
+
+
+def principal_factor_and_pinv(C: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(S, T)``: the principal factor ``S`` of :func:`principal_factor` and ``T = S C^+``, whose row
+    ``j`` is the ``j``-th principal direction divided by its standard deviation (zero for an eigenvalue
+    below ``PINV_RTOL`` times the largest), from one eigendecomposition. For fields ``x = z S`` of
+    standard normals ``z``, ``T`` maps a covariance with the fields back to one with ``z``:
+    ``E[y x^T] C^+ = E[y z^T] T``, and ``T^T T = C^+``; with the symmetric root,
+    :func:`psd_sqrt_and_pinv_sqrt` gives the same pair ``(C^{1/2}, (C^+)^{1/2})``."""
     lam, V = jnp.linalg.eigh((C + C.T) / 2)
     lam, V = jnp.clip(lam[::-1], 0.0, None), V[:, ::-1]
     V = V * jnp.where(jnp.sum(V, axis=0) < 0, -1.0, 1.0)
-    return (V * jnp.sqrt(lam)).T
+    keep = lam > PINV_RTOL * jnp.max(lam)
+    root = jnp.sqrt(lam)
+    inv_root = jnp.where(keep, 1.0 / jnp.where(keep, root, 1.0), 0.0)
+    return (V * root).T, (V * inv_root).T
 
 
 def first_crossing(t, y, level: float) -> float:

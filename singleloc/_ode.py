@@ -423,7 +423,7 @@ def _result(problem: _Problem, out, max_steps: int) -> TheoryResult | FloatingPo
                       stacklevel=3)
     return TheoryResult(np.asarray(ts), mean(M), mean(Q), mean(b), mean(risk), risk_se, drift_error, problem.points, R,
                         route, risk_error, gram, exact_drift_error, None if v is None else mean(v),
-                        "exact" if exact_gram else "sobol")
+                        "exact" if exact_gram else "sobol", config.theory.axes)
 
 
 def _exact_drift_error(evaluation: OrderParameterODE, ys) -> float:

@@ -101,7 +101,8 @@ def population_risk(
     scrambled rules, with their standard error. ``v`` (H,): trained head weights, ``a_l = sum_h
     v_h A_hl`` (default the head average; a joint layer with weights has no exact route). The rule
     route first checks its rule over the ``L H`` fields (``ValueError`` or ``MemoryError``, as
-    :func:`bayes_risk`)."""
+    :func:`bayes_risk`); its rules are rank-aware (``theory.axes = "principal"``, :class:`~singleloc.LocalFields`):
+    heads that are copies lose no accuracy."""
     _check_counts(L, replicates)
     act = get_activation(activation)
     dtype = jnp.result_type(float)
@@ -132,7 +133,7 @@ def population_risk(
         exact = exact_rule(act, int(L), H, prior)
         return RiskEstimate.from_refinement(_exact_risk(exact, M, Q, b, v), _exact_risk(exact.refined(), M, Q, b, v))
     _check_rules(prior, L, points, {"model.heads": H})
-    rules = (LocalFields.make(int(L), H, prior, points, seed + i) for i in range(int(replicates)))
+    rules = (LocalFields.make(int(L), H, prior, points, seed + i, principal=True) for i in range(int(replicates)))
     # the learning rate and bias training (1.0, False) do not enter the risk
     values = [float(layer_risk(OrderParameterODE(rule, act, 1.0, False), M, Q, b, v)) for rule in rules]
     return RiskEstimate.from_replicates(values, points)

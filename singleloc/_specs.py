@@ -33,6 +33,8 @@ HEAD_WEIGHTS = ("uniform", "trained")
 ROUTES = ("auto", "exact", "rule")
 #: ``theory.gram``: how the exact route computes the ``lr^2`` (Gram) term.
 GRAM_ROUTES = ("auto", "exact", "sobol")
+#: ``theory.axes``: the coordinates of the Sobol rule's fields.
+RULE_AXES = ("principal", "heads")
 
 
 def default_route() -> str:
@@ -297,8 +299,7 @@ class Theory:
     """Numerics of the order-parameter ODE.
 
     ``points``: number of scrambled-Sobol quadrature points over the Gaussian local fields
-    (a power of two; the rule also uses their antithetic mirrors, and it is closed under the
-    cyclic shifts of the heads), or ``"auto"``: the smallest power of two whose estimated
+    (a power of two; the rule also uses their antithetic mirrors), or ``"auto"``: the smallest power of two whose estimated
     relative drift error at the start is at most ``tol`` with a margin (see
     :func:`~singleloc.choose_points`; the choice is stored with the result).
     ``replicates``: ``R`` independent scramblings (seeds ``qmc_seed + r``), each driving its
@@ -325,6 +326,16 @@ class Theory:
     field and for the tables of its second field's conditional expectations).
     ``gram_points``: the Sobol points of the exact route's Gram term (its rank-aware rule), a
     power of two or ``"auto"`` (:meth:`gram_rule_points`).
+    ``axes``: the coordinates of the rule route's Sobol rule (:class:`~singleloc.LocalFields`;
+    docs/model.md section 4.4). ``"heads"`` (default): ``g_l = w_l Q^{1/2}`` on a rule closed under the
+    cyclic shifts of the heads: continuous in ``Q`` everywhere and exactly equivariant under those
+    shifts, which the analyses at head-symmetric states need (fixed points, their Jacobians, escape
+    predictions). ``"principal"`` (rank-aware; for trajectories whose heads become copies): fields
+    ``g_l = w_l S`` with ``S`` the principal factor of ``Q``, the Sobol coordinates direction-major, so
+    that (near) copies put their variance on the leading coordinates: at near-copy heads 7 to 35 times
+    less risk error and 3 to 30 times less drift error at the same points
+    (``benchmarks/07_rank_aware_rule.py``); continuous only where ``Q``'s eigenvalues are distinct, and
+    at states that a head exchange maps onto themselves equivariant only to the rule's error.
     """
 
     points: int | str = 4096
@@ -337,9 +348,12 @@ class Theory:
     nodes: int = 64
     gram_points: int | str = "auto"
     gram: str = "auto"
+    axes: str = "heads"
 
     def __post_init__(self):
         s = "theory"
+        if self.axes not in RULE_AXES:
+            _fail(s, "axes", f"must be one of {', '.join(RULE_AXES)}, got {self.axes!r}")
         if self.gram not in GRAM_ROUTES:
             _fail(s, "gram", f"must be one of {', '.join(GRAM_ROUTES)}, got {self.gram!r}")
         object.__setattr__(self, "gram_points", _sobol_points(s, "gram_points", self.gram_points))

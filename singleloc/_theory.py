@@ -70,7 +70,7 @@ from ._config import Config, gather_specs
 from ._fields import LocalFields, replicate_rules
 from ._laplace import LaplaceRule, exact_rule
 from ._layer import limit_loss
-from ._numerics import psd_sqrt_and_pinv_sqrt, require_x64
+from ._numerics import require_x64
 from ._resources import on_exact_route
 from ._sgd_rule import GradientMoments, OnlineSGD, OrderParameters, WeightedOrderParameters, flat_drift, sgd_rule
 from ._specs import SGD, Model, Problem, Theory
@@ -176,7 +176,8 @@ class OrderParameterODE(eqx.Module):
         fine = per_replicate(exact_route(config, refined=True)) if check and exact is not None else None
         exact_gram = exact is not None and exact_gram_term(config, exact)
         gram = sobol_rule(th.gram_rule_points(pb.L, H, points), principal=True) if exact is not None and not exact_gram else None
-        return cls(sobol_rule(symmetric=True), get_activation(config.model.activation), exact=exact, exact_check=fine,
+        axes = {"principal": True} if th.axes == "principal" else {"symmetric": True}
+        return cls(sobol_rule(**axes), get_activation(config.model.activation), exact=exact, exact_check=fine,
                    gram_fields=gram, sgd=sgd_rule(config))
 
     def _loss(self, s: jax.Array, v: jax.Array | None = None) -> jax.Array:
@@ -219,11 +220,12 @@ class OrderParameterODE(eqx.Module):
 
         return (self.fields if self.gram_fields is None else self.gram_fields).expect(integrand, M, Q)
 
-    def moments(self, M: jax.Array, Q: jax.Array, b: jax.Array, Qh: jax.Array | None = None,
+    def moments(self, M: jax.Array, Q: jax.Array, b: jax.Array, factor: jax.Array | None = None,
                 v: jax.Array | None = None) -> dict[str, jax.Array]:
         """The field averages the drift is made of: ``risk``, ``c_sum`` = E[sum_l c_l] (H,),
-        ``P`` (H, F), ``W`` (H, H) and ``cc`` = E[sum_l c_l c_l^T] (H, H); ``Qh = Q^{1/2}``
-        if already known; with head weights ``v``, also ``cv`` = E[dl/dv] (H,)."""
+        ``P`` (H, F), ``W`` = E[sum_l c_l w_l^T] (H, H) and ``cc`` = E[sum_l c_l c_l^T] (H, H);
+        ``factor``: the rule's factor ``S`` of ``Q`` (:meth:`~singleloc.LocalFields.factors`) if
+        already known; with head weights ``v``, also ``cv`` = E[dl/dv] (H,)."""
 
         def integrand(g, theta, w):
             if v is None:
@@ -235,20 +237,21 @@ class OrderParameterODE(eqx.Module):
             return {"risk": f, "c_sum": jnp.sum(c, axis=1), "P": jnp.outer(c[:, 0], theta), "W": c @ w, "cc": c @ c.T,
                     **extra}
 
-        return self.fields.expect(integrand, M, Q, Qh=Qh, with_noise=True)
+        return self.fields.expect(integrand, M, Q, factor=factor, with_noise=True)
 
     def gradient_moments(self, M: jax.Array, Q: jax.Array, b: jax.Array, v: jax.Array | None = None) -> GradientMoments:
         """The field averages of the loss gradient the drift is made of (module docstring): on the
-        rule, ``E[sum_l c_l nu_l^T] = P + W (Q^+)^{1/2} M`` and ``E[sum_l c_l g_l^T] = P M^T + W
-        Q^{1/2}``; on the exact route, ``G_M + S M`` and ``G_M M^T + S Q`` from the exact risk's
-        gradient, with ``G_b`` and the rule's Gram term. With head weights ``v``: ``cv = dR/dv``
+        rule, whose fields are ``g_l = w_l S`` with ``T = S Q^+`` (:meth:`~singleloc.LocalFields.factors`),
+        ``E[sum_l c_l nu_l^T] = P + W T M`` and ``E[sum_l c_l g_l^T] = P M^T + W S``; on the exact route,
+        ``G_M + G M`` and ``G_M M^T + G Q`` (``G = G_Q + G_Q^T``) from the exact risk's gradient, with
+        ``G_b`` and the rule's Gram term. With head weights ``v``: ``cv = dR/dv``
         (exact, or on the rule)."""
         if self.exact is not None:
             return _exact_moments(self.exact, M, Q, b, v, self.gram(M, Q, b, v))
-        Qh, Qh_pinv = psd_sqrt_and_pinv_sqrt(Q)
-        m = self.moments(M, Q, b, Qh, v)
+        S, T = self.fields.factors(Q)
+        m = self.moments(M, Q, b, S, v)
         P, W = m["P"], m["W"]
-        return GradientMoments(P + W @ (Qh_pinv @ M), P @ M.T + W @ Qh, m["c_sum"], m["cc"], m.get("cv"))
+        return GradientMoments(P + W @ (T @ M), P @ M.T + W @ S, m["c_sum"], m["cc"], m.get("cv"))
 
     def drift(self, M: jax.Array, Q: jax.Array, b: jax.Array, tau=0.0, v: jax.Array | None = None
               ) -> OrderParameters | WeightedOrderParameters:

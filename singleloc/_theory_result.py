@@ -33,7 +33,8 @@ class TheoryResult:
     (:meth:`~singleloc.OrderParameterODE.exact_drift_error`; a risk error of 1e-3 can come with a
     drift error of order one), computed where ``risk_error`` exceeds 1e-9, NaN below (where it is
     under about 1e-5: ``singleloc._ode.DRIFT_CHECK_ABOVE``);
-    ``v`` (S, T, H): the trained head weights (``model.head_weights = "trained"``; else ``None``).
+    ``axes``: the rule route's field layout (``theory.axes``; printed by :meth:`quadrature`, stored in the
+    run's ``config.json``); ``v`` (S, T, H): the trained head weights (``model.head_weights = "trained"``; else ``None``).
     ``theory.npz`` stores the first trajectory with the leading ``S`` axis dropped.
     """
 
@@ -52,6 +53,7 @@ class TheoryResult:
     exact_drift_error: float = float("nan")
     v: np.ndarray | None = None  # (S, T, H): trained head weights; None for the head average
     gram_route: str = "sobol"  # the lr^2 Gram term's: "exact" (exact route, theory.gram) or "sobol"
+    axes: str = "heads"  # the rule route's field layout (theory.axes): "heads" or "principal" (rank-aware)
 
     def __post_init__(self):
         if self.risk_se is None:
@@ -77,7 +79,8 @@ class TheoryResult:
             parts.append(f"exact route (Laplace form; risk error {self.risk_error:.1e} and relative drift error {drift} "
                          f"against a finer rule), {gram}")
         if self.route != "exact" or self.gram_route != "exact":
-            rule = "the Gram term's " if self.route == "exact" else "rule route (Sobol): "
+            layout = "rank-aware, theory.axes = 'principal'" if self.axes == "principal" else "head-shift rule"
+            rule = "the Gram term's " if self.route == "exact" else f"rule route (Sobol, {layout}): "
             parts.append(f"{rule}{self.points} points x {self.replicates} replicate{'s' if self.replicates > 1 else ''}")
         if np.isfinite(self.drift_error):
             parts.append(f"estimated relative drift error at the start {self.drift_error:.1e}")

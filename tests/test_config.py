@@ -162,6 +162,7 @@ BAD_OVERRIDES = [
     ("theory.gram_points=1000", "theory.gram_points"),
     ("theory.gram_points=8", "theory.gram_points"),
     ("theory.gram_points=many", "theory.gram_points"),
+    ("theory.axes=eigen", "theory.axes"),
     ("theory.rtol=0", "theory.rtol"),
     ("sgd.speed=3", "sgd.speed"),  # unknown key
 ]
