@@ -17,7 +17,8 @@ dimensions use scrambled Sobol points mapped to normals by the inverse CDF, toge
 their antithetic mirrors ``-z`` (so every odd moment is integrated exactly), linearly
 whitened so that second moments are exact too (moment matching: it cut the error of second
 moments tenfold at 1024 points). The points are drawn once, from a fixed seed, and held for
-the whole solve: the expectations are smooth, deterministic functions of ``(M, Q, b)``.
+the whole solve: the expectations are deterministic functions of ``(M, Q, b)``, smooth on the
+head-shift rule below (the rank-aware rule: continuous where the eigenvalues of ``Q`` are distinct).
 
 Rank-aware fields. With ``principal=True`` (the ODE's rule with ``theory.axes = "principal"``,
 :func:`~singleloc.population_risk`'s and the exact route's Gram term's) the fields are ``g_l = w_l S`` with the
@@ -211,14 +212,14 @@ class LocalFields(eqx.Module):
         ``g = w S`` (for a principal rule, ``w[:, j]`` moves the fields along the ``j``-th principal
         direction).
         """
-        Qh = self.factors(Q)[0] if factor is None else factor
+        S = self.factors(Q)[0] if factor is None else factor
         H = self.w.shape[-1]
         shifts = jnp.arange(self.orbit)
 
         def at_image(w, u, shift, sign):
             w = sign * jnp.take(w, (jnp.arange(H) + shift) % H, axis=-1)
             noise = self.cov_sqrt @ (sign * u)
-            g = w @ Qh
+            g = w @ S
 
             def at_atom(atom):
                 theta = atom + noise

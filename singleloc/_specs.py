@@ -34,7 +34,7 @@ ROUTES = ("auto", "exact", "rule")
 #: ``theory.gram``: how the exact route computes the ``lr^2`` (Gram) term.
 GRAM_ROUTES = ("auto", "exact", "sobol")
 #: ``theory.axes``: the coordinates of the Sobol rule's fields.
-RULE_AXES = ("principal", "heads")
+RULE_AXES = ("heads", "principal")
 
 
 def default_route() -> str:
