@@ -114,8 +114,9 @@ def quadrature_dimension(L: int, heads: int, prior: Prior) -> int:
 #: three spikes, 589824, and ``H = 5`` with two, 921600, go to the rule).
 JOINT_EXACT_MAX = 2**17
 #: The same for one risk (:func:`~singleloc.population_risk`, :func:`~singleloc.bayes_risk` with
-#: ``route = "auto"``), computed once on the exact rule and once on its refined copy: up to about
-#: a minute here (the Bayes point of four spikes, 786432, takes it; eight binary atoms do not).
+#: ``route = "auto"``), computed once on the exact rule and once on its refined copy: about a minute
+#: to a quarter of an hour here (the Bayes point of four spikes, 786432, 4-6 minutes loaded; six trained
+#: bsoftmax heads on one spike, 829440, 10-14 minutes beside other jobs; eight binary atoms are beyond it).
 JOINT_RISK_MAX = 2**20
 #: Bytes per unit of a joint layer's refined rule (:func:`~singleloc._laplace.joint_rule_size`) at
 #: its peak: 0.53 kB measured (binary prior, F = 2, K = H = 4: 472 MB over the process's baseline).
