@@ -47,12 +47,14 @@ def parser(doc: str | None, *, cache: bool = True) -> argparse.ArgumentParser:
     return p
 
 
-def cache_dir(args: argparse.Namespace, subfolder: str = "") -> Path | None:
-    """``args.cache / subfolder`` (``/ "quick"`` with ``--quick``, so that a full run never
-    reuses a quick run's stages), or None without ``--cache``."""
+def cache_dir(args: argparse.Namespace, script: str, subfolder: str = "") -> Path | None:
+    """``args.cache / script / subfolder`` (``/ "quick"`` with ``--quick``, so that a full run never
+    reuses a quick run's stages), or None without ``--cache``. ``script`` (the experiment's name) keeps
+    the stages of different scripts apart when they share one ``--cache`` folder: their stage names
+    (``fixed``, ``theory``, ...) repeat."""
     if getattr(args, "cache", None) is None:
         return None
-    return Path(args.cache) / subfolder / ("quick" if getattr(args, "quick", False) else "")
+    return Path(args.cache) / script / subfolder / ("quick" if getattr(args, "quick", False) else "")
 
 
 def figures_dir(args: argparse.Namespace) -> Path:

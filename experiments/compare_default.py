@@ -20,7 +20,7 @@ def main() -> None:
     args = parser(__doc__).parse_args()
     quick = ["--set", "sgd.tau_max=2"] if args.quick else []
     with tempfile.TemporaryDirectory() as tmp:
-        out = cache_dir(args) or Path(tmp)
+        out = cache_dir(args, "compare_default") or Path(tmp)
         if not (out / "compare.png").is_file():
             if singleloc_command(["compare", "default", "--out", str(out), "--no-progress", *quick]) != 0:
                 raise SystemExit("singleloc compare default failed")

@@ -200,7 +200,7 @@ def report(act: str, r: dict, plan: Plan) -> None:
 def main() -> None:
     args = parser(__doc__).parse_args()
     plan = QUICK if args.quick else FULL
-    cache = cache_dir(args)
+    cache = cache_dir(args, "late_specialization")
     start = time.time()
     runs, results = {}, {}
     for act in ACTIVATIONS:

@@ -672,7 +672,7 @@ def main() -> None:
                      "written to long_context_heads.json and .png")
     args = cli.parse_args()
     p = plan(args.quick)
-    cache = cache_dir(args)
+    cache = cache_dir(args, "long_context")
     start = time.time()
     bayes_r = cached_stage(cache, "bayes", lambda: bayes(p["lengths"]))
     trajs, probe, escapes, sims = {}, {}, {}, {}

@@ -71,7 +71,7 @@ def main() -> None:
     sim_seeds = {D: 2 for D in (250, 500, 1000)} if args.quick else setting["sim"]  # D -> seeds
     d_sim = list(sim_seeds)
     tau_max, tau_sim = setting["tau_max"], setting["tau_sim"]
-    cache = cache_dir(args, args.setting)
+    cache = cache_dir(args, "phases_logD", args.setting)
     t_start = time.time()
     H, F = cfg.model.heads, cfg.problem.F
     mean = cfg.problem.build_prior().mean()

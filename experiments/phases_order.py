@@ -56,7 +56,7 @@ def first_times(tau, labels, K):
 
 def main() -> None:
     args = parser(__doc__).parse_args()
-    cache = cache_dir(args)
+    cache = cache_dir(args, "phases_order")
     seeds_theory, seeds_sim, tau_sim = (2, 1, 10.0) if args.quick else (SEEDS_THEORY, SEEDS_SIM, TAU_SIM)
     t_start = time.time()
     cfg = CONFIG

@@ -41,7 +41,7 @@ TAU = 14.0
 
 def main() -> None:
     args = parser(__doc__).parse_args()
-    cache = cache_dir(args)
+    cache = cache_dir(args, "phases_sde")
     ds, seeds = ({1000: 2}, 4) if args.quick else (DS, SEEDS)
     t_start = time.time()
     cfg = CONFIG

@@ -26,7 +26,8 @@ def main() -> None:
     points = 256 if args.quick else 1024
     cfg = sl.load_config("bsoftmax", ["problem.strength=3.0", "sgd.lr=1.0", f"theory.points={points}", "sgd.tau_max=60",
                                       "sgd.n_save=241"])
-    r = stage(cache_dir(args), "theory", lambda: vars(sl.integrate(cfg, sl.initial_conditions(cfg, 1), progress=False)))
+    cache = cache_dir(args, "phases_trajectory")
+    r = stage(cache, "theory", lambda: vars(sl.integrate(cfg, sl.initial_conditions(cfg, 1), progress=False)))
     a = sl.analyze(r["tau"], r["M"], r["Q"], r["risk"], mean=cfg.problem.build_prior().mean())
     s = a.summary()
     print(f"plateaus {[(round(p.tau, 2), round(p.risk, 4)) for p in a.plateaus[0]]}, escape {a.escape_time[0]:.2f}, "

@@ -89,7 +89,7 @@ def window(tau, risk, plateau, final):
 
 
 def agreement(args) -> None:
-    quick, cache = args.quick, cache_dir(args)
+    quick, cache = args.quick, cache_dir(args, "theory_vs_simulation")
     fig = figure(figsize=(13, 6.5), layout="constrained")
     axes = fig.subplots(2, 3)
     print("| config | seed | escape theory | escape sim | rel. diff | max dR outside | max dR inside | max dM outside |")
@@ -140,7 +140,7 @@ def agreement(args) -> None:
 
 
 def scaling(args) -> None:
-    quick, cache = args.quick, cache_dir(args)
+    quick, cache = args.quick, cache_dir(args, "theory_vs_simulation")
     Ds = [D // 8 for D in SCALING_D] if quick else SCALING_D
     devM, devR = [], []
     for D in Ds:
