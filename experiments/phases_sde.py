@@ -14,8 +14,8 @@ theta = +-3 e_f, lr=1), at D = 1000 and 4000. For each D:
 Escape time: the risk halfway from the unspecialized plateau to the median ODE risk at
 tau = 14 (one threshold for every run). Reported: mean and spread of the escape times, and their dependence on
 the initial amplitude along the escape subspace. Writes figures/phases_sde.png and .json;
-about 6 minutes on 2 CPU cores (``--cache DIR`` keeps the stages' results; ``--quick``: D = 1000
-only, 4 ODE and SDE runs, 2 simulations).
+about 27 minutes on 2 CPU cores beside other work, on the exact route (``--cache DIR`` keeps the
+stages' results; ``--quick``: D = 1000 only, 4 ODE and SDE runs, 2 simulations).
 """
 
 from __future__ import annotations
