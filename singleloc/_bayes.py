@@ -109,7 +109,8 @@ def check_bayes(prior: Prior, L: int, points: int) -> None:
     :func:`~singleloc.population_risk`) can be built with ``points`` Sobol points and fit in memory,
     checked before either is computed; ``ValueError`` or ``MemoryError`` naming the keys."""
     _check_counts(L, 2)
-    heads = {"problem.F": prior.F, **({"the number of atoms of the prior": len(prior.atoms)} if prior.is_discrete else {})}
+    atoms = {"the number of atoms of the prior": (len(prior.atoms), True)} if prior.is_discrete else {}  # population_risk's
+    heads = {"problem.F": (prior.F, False), **atoms}
     _check_rules(prior, L, points, heads)
 
 
@@ -172,7 +173,7 @@ def bayes_risk(prior: Prior, L: int, points: int = 4096, seed: int = 0, replicat
     if bayes_route(prior, route) == "exact":
         M, Q, b = bayes_point(prior)
         return population_risk(prior, L, "bsoftmax", M, Q, b, route="exact")
-    _check_rules(prior, L, points, {"problem.F": prior.F})
+    _check_rules(prior, L, points, {"problem.F": (prior.F, False)})
     dtype = jnp.result_type(float)
     atoms, log_pi, G, logdet = _weight_params(prior)
     params = (jnp.asarray(atoms, dtype), jnp.asarray(log_pi, dtype), None if G is None else jnp.asarray(G, dtype),

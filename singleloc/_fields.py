@@ -17,15 +17,17 @@ dimensions use scrambled Sobol points mapped to normals by the inverse CDF, toge
 their antithetic mirrors ``-z`` (so every odd moment is integrated exactly), linearly
 whitened so that second moments are exact too (moment matching: it cut the error of second
 moments tenfold at 1024 points). The points are drawn once, from a fixed seed, and held for
-the whole solve: the expectations are deterministic functions of ``(M, Q, b)``, smooth on the
-head-shift rule below (the rank-aware rule: continuous where the eigenvalues of ``Q`` are distinct).
+the whole solve: the expectations are deterministic functions of ``(M, Q, b)``, continuous on
+both layouts below.
 
 Rank-aware fields. With ``principal=True`` (the ODE's rule with ``theory.axes = "principal"``,
 :func:`~singleloc.population_risk`'s and the exact route's Gram term's) the fields are ``g_l = w_l S`` with the
-principal factor ``S`` of ``Q`` (``S^T S = Q``, largest variance first) and the Sobol coordinates
-assigned direction-major, so that heads that are (near) copies put the variance on the leading
-coordinates (:meth:`LocalFields.make`; docs/model.md section 4.4 for what it gains and gives up).
-:meth:`LocalFields.factors` gives each rule's factor with ``T = S Q^+``, which the drift needs.
+rank-aware factor ``S`` (2H, H) of ``Q`` (:func:`~singleloc._numerics.rank_aware_factor_and_pinv`: every
+principal direction that is well defined on coordinates of its own, the rest on a symmetric root, blended
+continuously) and the Sobol coordinates assigned row-major in ``S`` -- the first ``L`` to every token's
+leading direction -- so that heads that are (near) copies put the variance on the leading coordinates
+(docs/model.md section 4.4 for what it gains and gives up). :meth:`LocalFields.factors` gives each rule's
+factor with ``T = S Q^+``, which the drift needs.
 
 Exchange symmetry of the heads (``theory.axes = "heads"``, the ODE's default). ``Q^{1/2}`` is the symmetric PSD
 square root (eigenvalues clipped at zero): continuous, defined for singular ``Q`` (identical heads), and
@@ -66,7 +68,7 @@ import numpy as np
 from scipy.special import ndtri
 from scipy.stats import qmc
 
-from ._numerics import principal_factor_and_pinv, psd_sqrt_and_pinv_sqrt
+from ._numerics import psd_sqrt_and_pinv_sqrt, rank_aware_factor_and_pinv
 from ._priors import Prior
 from ._resources import SOBOL_MAX_DIM, node_batch
 
@@ -150,25 +152,28 @@ class LocalFields(eqx.Module):
         fewer at large ``L * H``).
 
         ``principal`` (rank-aware, not with ``symmetric``): the fields are ``g_l = w_l S`` with the
-        principal factor ``S`` of ``Q`` (:func:`~singleloc._numerics.principal_factor`, largest
-        variance first), and the Sobol coordinates are assigned direction-major -- the first ``L``
-        to every token's leading direction, the next ``L`` to the second, ... -- so that a state
-        whose heads are (near) copies, ``Q`` of (near) low rank, puts its variance on the leading
-        Sobol coordinates, where the sequence is best distributed, instead of spreading one
-        direction over all ``L * H``. Identical heads keep identical fields; a permutation of the
-        heads maps the rule onto itself only up to the signs of directions whose components sum
-        to zero (equivariant to the rule's error)."""
+        rank-aware factor ``S`` (2H, H) of ``Q`` (:func:`~singleloc._numerics.rank_aware_factor_and_pinv`:
+        the leading principal direction, a symmetric root of what the well-defined directions leave, the
+        other directions), on ``2 L H`` Sobol coordinates assigned row-major in ``S`` -- the first ``L`` to
+        every token's leading direction -- so that a state whose heads are (near) copies, ``Q`` of (near)
+        low rank, puts its variance on the leading Sobol coordinates, where the sequence is best
+        distributed, instead of spreading one direction over all ``L * H``. Identical heads keep
+        identical fields; the fields are continuous in ``Q``; a permutation of the heads maps the rule
+        onto itself where every principal direction is determined, else up to the symmetric block's
+        rows (equivariant to the rule's error)."""
         if points < 1 or points & (points - 1):
             raise ValueError(f"theory.points must be a power of two, got {points}")
         if principal and symmetric:
             raise ValueError("a principal (rank-aware) rule cannot also be closed under the head shifts")
         G = 0 if prior.is_discrete else prior.F
-        z = gaussian_nodes(L, H, G, points, seed, symmetric)
-        w = z[:, : L * H].reshape(-1, H, L).transpose(0, 2, 1) if principal else z[:, : L * H].reshape(-1, L, H)
+        width = 2 * H if principal else H  # a rank-aware rule's factor has 2 H rows
+        z = gaussian_nodes(L, width, G, points, seed, symmetric)
+        d = L * width
+        w = z[:, :d].reshape(-1, width, L).transpose(0, 2, 1) if principal else z[:, :d].reshape(-1, L, H)
         dtype = jnp.result_type(float)
         return cls(
             w=jnp.asarray(w, dtype),
-            u=jnp.asarray(z[:, L * H :], dtype),
+            u=jnp.asarray(z[:, d:], dtype),
             atoms=jnp.asarray(prior.atoms_array(), dtype),
             probs=jnp.asarray(prior.probs_array(), dtype),
             cov_sqrt=jnp.asarray(prior.cov_sqrt() if G else np.zeros((prior.F, 0)), dtype),
@@ -197,11 +202,11 @@ class LocalFields(eqx.Module):
 
     def factors(self, Q: jax.Array) -> tuple[jax.Array, jax.Array]:
         """``(S, T)``: the factor ``S`` of this rule's fields ``g_l = w_l S`` (``S^T S = Q``) and
-        ``T = S Q^+`` (``T^T T = Q^+``): the principal factor and its inverse-scaled directions
-        (:func:`~singleloc._numerics.principal_factor_and_pinv`) for a principal rule, ``(Q^{1/2},
+        ``T = S Q^+`` (``T^T T = Q^+``): the rank-aware pair
+        (:func:`~singleloc._numerics.rank_aware_factor_and_pinv`) for a principal rule, ``(Q^{1/2},
         (Q^+)^{1/2})`` otherwise. A field average ``E[c w^T] = W`` gives ``E[c g^T] = W S`` and
         ``E[c g^T] Q^+ = W T``."""
-        return principal_factor_and_pinv(Q) if self.principal else psd_sqrt_and_pinv_sqrt(Q)
+        return rank_aware_factor_and_pinv(Q) if self.principal else psd_sqrt_and_pinv_sqrt(Q)
 
     def expect(self, fn: Callable, M: jax.Array, Q: jax.Array, *, factor: jax.Array | None = None,
                with_noise: bool = False):
@@ -209,8 +214,7 @@ class LocalFields(eqx.Module):
 
         ``factor``: this rule's factor ``S`` of ``Q`` (:meth:`factors`) when the caller already has it.
         ``with_noise=True`` calls ``fn(g, theta, w)`` with the standard normals ``w`` (L, H) behind
-        ``g = w S`` (for a principal rule, ``w[:, j]`` moves the fields along the ``j``-th principal
-        direction).
+        ``g = w S`` (``w`` (L, 2H) for a principal rule, whose factor has ``2 H`` rows).
         """
         S = self.factors(Q)[0] if factor is None else factor
         H = self.w.shape[-1]

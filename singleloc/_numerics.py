@@ -68,26 +68,66 @@ def psd_sqrt(A):
 def principal_factor(C: jax.Array) -> jax.Array:
     """``S`` with ``S^T S = C`` whose row ``j`` is the ``j``-th principal direction scaled by its
     standard deviation (largest first; signs with non-negative component sums): node
-    coordinate ``j`` of ``x = mu + z S`` moves the field along that direction. Heads that are
-    copies make ``C`` of low rank, and the leading coordinates of the rule then carry all of
-    the variance (rank-aware). Permuting the heads permutes the columns of ``S``."""
-    return principal_factor_and_pinv(C)[0]
-
-
-def principal_factor_and_pinv(C: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """``(S, T)``: the principal factor ``S`` of :func:`principal_factor` and ``T = S C^+``, whose row
-    ``j`` is the ``j``-th principal direction divided by its standard deviation (zero for an eigenvalue
-    below ``PINV_RTOL`` times the largest), from one eigendecomposition. For fields ``x = z S`` of
-    standard normals ``z``, ``T`` maps a covariance with the fields back to one with ``z``:
-    ``E[y x^T] C^+ = E[y z^T] T``, and ``T^T T = C^+``; with the symmetric root,
-    :func:`psd_sqrt_and_pinv_sqrt` gives the same pair ``(C^{1/2}, (C^+)^{1/2})``."""
+    coordinate ``j`` of ``x = mu + z S`` moves the field along that direction."""
     lam, V = jnp.linalg.eigh((C + C.T) / 2)
     lam, V = jnp.clip(lam[::-1], 0.0, None), V[:, ::-1]
     V = V * jnp.where(jnp.sum(V, axis=0) < 0, -1.0, 1.0)
-    keep = lam > PINV_RTOL * jnp.max(lam)
+    return (V * jnp.sqrt(lam)).T
+
+
+#: The rank-aware factor's blend (:func:`rank_aware_factor_and_pinv`): a principal direction takes its own
+#: rule coordinates in full where its eigenvalue is at least ``RANK_AWARE_GAP[1]`` times itself away from both
+#: neighbours and the cube sum of its components is at least ``RANK_AWARE_SKEW[1]`` in absolute value, not at
+#: all where either is below ``[0]`` (it is then left to the symmetric root), smoothly in between.
+RANK_AWARE_GAP = (0.05, 0.1)
+RANK_AWARE_SKEW = (0.05, 0.1)
+
+
+def _smoothstep(x, edges):
+    t = jnp.clip((x - edges[0]) / (edges[1] - edges[0]), 0.0, 1.0)
+    return t * t * (3.0 - 2.0 * t)
+
+
+def rank_aware_factor_and_pinv(C: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(S, T)``: a factor ``S`` (2H, H) of ``C`` (``S^T S = C``) with ``T = S C^+`` (``T^T T = C^+``),
+    that puts the principal directions which are well defined on rows of their own and the rest of
+    ``C`` on a symmetric root: with ``C = V Lambda V^T`` (largest first),
+
+        lead = diag(sin phi) Lambda^{1/2} V^T,    sym = V diag(cos phi) Lambda^{1/2} V^T,
+        S = [lead_1; sym; lead_2 .. lead_H]     (rows, in the order of the rule's coordinates).
+
+    Each eigenvector's sign makes the cube sum of its components ``k_j = sum_h V_hj^3`` positive (odd
+    and permutation-invariant, so a permutation of the heads permutes the chosen vectors; zero where a
+    permutation maps a vector onto its negative, e.g. ``(1, -1)`` at a state that a head swap maps onto
+    itself). The angle ``phi_j = (pi / 2) s_gap s_skew`` runs from 0 to ``pi / 2`` with two smooth steps
+    (:data:`RANK_AWARE_GAP`, :data:`RANK_AWARE_SKEW`): of the distance of ``lambda_j`` to its neighbours
+    relative to ``lambda_j``, and of ``|k_j|``. A direction gets its own coordinates only where it and its
+    sign are determined; where eigenvalues nearly coincide (eigenvectors that turn quickly) or the sign is
+    not fixed, the symmetric block carries it. ``S`` is therefore continuous in ``C`` (the principal
+    factor is not at a near-crossing of eigenvalues, where solves on it took many short steps), and where
+    every ``phi_j = pi / 2`` it is the principal factor, whose rows a permutation of the heads permutes
+    with the columns. Heads that are (near) copies make a leading direction of large, well separated
+    variance, which gets the rule's first coordinates (rank-aware). Eigenvalues below ``PINV_RTOL``
+    times the largest count as zero in ``T``."""
+    lam, V = jnp.linalg.eigh((C + C.T) / 2)
+    lam, V = jnp.clip(lam[::-1], 0.0, None), V[:, ::-1]
+    skew = jnp.sum(V**3, axis=0)
+    V = V * jnp.where(skew < 0, -1.0, 1.0)
+    top = jnp.maximum(lam[0], TINY)
+    gaps = -jnp.diff(lam)
+    ends = jnp.full((1,), top, lam.dtype)  # no neighbour: a gap of the largest eigenvalue (relative >= 1)
+    gap = jnp.minimum(jnp.concatenate([ends, gaps]), jnp.concatenate([gaps, ends]))
+    phi = jnp.pi / 2 * _smoothstep(gap / jnp.maximum(lam, PINV_RTOL * top), RANK_AWARE_GAP) * _smoothstep(
+        jnp.abs(skew), RANK_AWARE_SKEW)
+    keep = lam > PINV_RTOL * top
     root = jnp.sqrt(lam)
     inv_root = jnp.where(keep, 1.0 / jnp.where(keep, root, 1.0), 0.0)
-    return (V * root).T, (V * inv_root).T
+
+    def rows(scale):
+        lead, sym = (V * (jnp.sin(phi) * scale)).T, (V * (jnp.cos(phi) * scale)) @ V.T
+        return jnp.concatenate([lead[:1], sym, lead[1:]])
+
+    return rows(root), rows(inv_root)
 
 
 def first_crossing(t, y, level: float) -> float:

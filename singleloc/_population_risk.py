@@ -62,14 +62,15 @@ def _check_counts(L, replicates) -> None:
     integer("replicates (for the error estimate)", replicates, 2)
 
 
-def _check_rules(prior: Prior, L: int, points, heads: dict[str, int]) -> None:
-    """The Sobol rules over ``L * H`` fields (``H`` each value of ``heads``, keyed by what plays
-    the heads, for the message) can be built with ``points`` points, and the largest fits in
-    memory; ``ValueError`` or ``MemoryError`` naming the keys otherwise."""
+def _check_rules(prior: Prior, L: int, points, heads: dict[str, tuple[int, bool]]) -> None:
+    """The Sobol rules over ``L * H`` fields (``heads``: what plays the heads, for the message ->
+    ``(H, rank_aware)``, the rank-aware layout holding ``2 L H`` coordinates) can be built with ``points``
+    points, and the largest fits in memory; ``ValueError`` or ``MemoryError`` naming the keys otherwise."""
     points = int(points) if isinstance(points, np.integer) else points
-    for key, H in heads.items():
-        check_quadrature(int(L), H, prior, points, heads_key=key)
-    check_memory({f"the quadrature (theory.points = {points})": rule_bytes(int(L), max(heads.values()), prior, points)})
+    for key, (H, rank_aware) in heads.items():
+        check_quadrature(int(L), H, prior, points, heads_key=key, principal=rank_aware)
+    largest = max(rule_bytes(int(L), H, prior, points, principal=rank_aware) for H, rank_aware in heads.values())
+    check_memory({f"the quadrature (theory.points = {points})": largest})
 
 
 @eqx.filter_jit
@@ -132,7 +133,7 @@ def population_risk(
             check_memory({f"the exact route's rule ({activation}, {H} heads, {len(prior.atoms)} atoms of the prior)": need})
         exact = exact_rule(act, int(L), H, prior)
         return RiskEstimate.from_refinement(_exact_risk(exact, M, Q, b, v), _exact_risk(exact.refined(), M, Q, b, v))
-    _check_rules(prior, L, points, {"model.heads": H})
+    _check_rules(prior, L, points, {"model.heads": (H, True)})
     rules = (LocalFields.make(int(L), H, prior, points, seed + i, principal=True) for i in range(int(replicates)))
     # the learning rate and bias training (1.0, False) do not enter the risk
     values = [float(layer_risk(OrderParameterODE(rule, act, 1.0, False), M, Q, b, v)) for rule in rules]

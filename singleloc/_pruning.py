@@ -151,7 +151,8 @@ def pruning_config(config: Config, heads: int | None = None) -> Config:
         # (JOINT_EXACT_MAX) would otherwise have its smaller sub-layers on it, and the steps mix routes
         config = config.replace(theory={"route": "rule"})
     if config.theory.points != "auto" and not on_exact_route(config):
-        check_quadrature(config.problem.L, H, config.problem.build_prior(), config.theory.points)
+        check_quadrature(config.problem.L, H, config.problem.build_prior(), config.theory.points,
+                         principal=config.theory.axes == "principal")
     resolved = resolve_points(config)
     check_memory({f"the theory's quadrature (theory.points = {resolved.theory.points})": theory_bytes(resolved, 1, heads=H)})
     return resolved

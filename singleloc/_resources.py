@@ -102,9 +102,11 @@ def check_steps(config: Config) -> None:
                          "lower sgd.tau_max or simulation.D")
 
 
-def quadrature_dimension(L: int, heads: int, prior: Prior) -> int:
-    """Gaussian dimensions of the local-field rule: ``L heads`` (+ ``F`` for a Gaussian part)."""
-    return L * heads + (0 if prior.is_discrete else prior.F)
+def quadrature_dimension(L: int, heads: int, prior: Prior, principal: bool = False) -> int:
+    """Gaussian dimensions of the local-field rule: ``L heads`` (+ ``F`` for a Gaussian part);
+    ``2 L heads`` on the rank-aware layout (``principal``), whose factor has ``2 heads`` rows
+    (:meth:`~singleloc.LocalFields.make`)."""
+    return L * heads * (2 if principal else 1) + (0 if prior.is_discrete else prior.F)
 
 
 #: ``theory.route = "auto"`` integrates a joint layer (bsoftmax) on the exact route up to this
@@ -163,15 +165,19 @@ def exact_rule_bytes(activation: str, H: int, prior: Prior) -> int:
     return JOINT_UNIT_BYTES * joint_rule_size(H, prior, refined=True)
 
 
-def check_quadrature(L: int, heads: int, prior: Prior, points: int, heads_key: str = "model.heads") -> None:
-    """The rule over ``L * heads`` fields can be built with ``points`` Sobol points;
-    ``ValueError`` naming the keys otherwise (``heads_key`` names what plays the heads).
-    ``points = "auto"`` is resolved by ``integrate`` only: here it is an error."""
+def check_quadrature(L: int, heads: int, prior: Prior, points: int, heads_key: str = "model.heads",
+                     principal: bool = False) -> None:
+    """The rule over ``L * heads`` fields (on the rank-aware layout, ``principal``: ``2 L heads``
+    coordinates) can be built with ``points`` Sobol points; ``ValueError`` naming the keys otherwise
+    (``heads_key`` names what plays the heads). ``points = "auto"`` is resolved by ``integrate`` only:
+    here it is an error."""
     if not isinstance(points, int):
         raise ValueError(f"theory.points = {points!r}: this computation needs a number of points ('auto' is chosen "
                          "by integrate from the drift at the start); give a power of two, e.g. theory.points = 4096")
-    d = quadrature_dimension(L, heads, prior)
-    dims = f"problem.L * {heads_key}" + ("" if prior.is_discrete else " + problem.F (Gaussian prior)")
+    d = quadrature_dimension(L, heads, prior, principal)
+    gaussian = "" if prior.is_discrete else " + problem.F (Gaussian prior)"
+    dims = (f"{'2 * ' if principal else ''}problem.L * {heads_key}" + gaussian
+            + (" (the rank-aware rule)" if principal else ""))
     if d > SOBOL_MAX_DIM:
         raise ValueError(f"the theory's quadrature integrates over {dims} = {d} Gaussian dimensions, more than the "
                          f"{SOBOL_MAX_DIM} of SciPy's Sobol sequence; lower problem.L or {heads_key}")
@@ -223,17 +229,18 @@ def theory_bytes(config: Config, starts: int, heads: int | None = None) -> int:
     ``heads`` replaces ``model.heads`` (a pruned layer's largest sub-layer)."""
     pb, H, th = config.problem, config.model.heads if heads is None else heads, config.theory
     points = th.points
-    if on_exact_route(config):  # its one Sobol rule, the Gram term's, has as many or more points
+    exact = on_exact_route(config)
+    if exact:  # its one Sobol rule, the Gram term's (rank-aware), has as many or more points
         points = th.gram_rule_points(pb.L, H, th.points)
-    return rule_bytes(pb.L, H, pb.build_prior(), points, starts)
+    return rule_bytes(pb.L, H, pb.build_prior(), points, starts, principal=exact or th.axes == "principal")
 
 
-def rule_bytes(L: int, heads: int, prior: Prior, points: int, starts: int = 1) -> int:
+def rule_bytes(L: int, heads: int, prior: Prior, points: int, starts: int = 1, principal: bool = False) -> int:
     """Estimated peak bytes of a rule of ``points`` Sobol points (``N = 2 points`` nodes) over
-    ``L * heads`` fields (+ ``F`` for a Gaussian part) and its integrand for ``starts`` states
-    (module docstring)."""
+    ``L * heads`` fields (+ ``F`` for a Gaussian part; ``principal``: the rank-aware layout's
+    ``2 L heads`` coordinates) and its integrand for ``starts`` states (module docstring)."""
     N, H, F = 2 * points, heads, prior.F
-    d = quadrature_dimension(L, H, prior)
+    d = quadrature_dimension(L, H, prior, principal)
     return 8 * (7 * N * d + 2 * starts * min(N, node_batch(L, H)) * len(prior.atoms) * (4 * L * H + H * F + 2 * H * H))
 
 
@@ -286,7 +293,8 @@ def check_run(config: Config, *, simulation: bool = False, theory_starts: int = 
         check_dimension(config, "theory")
         if config.theory.points != "auto":  # "auto" is checked as the points are chosen (singleloc._accuracy)
             if not on_exact_route(config):
-                check_quadrature(pb.L, H, pb.build_prior(), config.theory.points)
+                check_quadrature(pb.L, H, pb.build_prior(), config.theory.points,
+                                 principal=config.theory.axes == "principal")
             parts[f"the theory's quadrature (theory.points = {config.theory.points} x problem.L = {pb.L} x model.heads = {H}, "
                   f"{theory_starts} start(s))"] = theory_bytes(config, theory_starts * config.theory.replicates)
         if on_exact_route(config) and (joint := exact_rule_bytes(config.model.activation, H, pb.build_prior())):

@@ -48,7 +48,8 @@ def default_route() -> str:
     return value
 
 #: ``theory.gram_points = "auto"``: at most this many points, and nodes of at most
-#: ``GRAM_NODE_BUDGET`` numbers (``points * L * H``; 32 MB), so that long sequences keep the cost
+#: ``GRAM_NODE_BUDGET`` fields (``points * L * H``; the rank-aware rule's nodes hold twice as many numbers, 64 MB),
+#: so that long sequences keep the cost
 #: and memory of ``theory.points`` (:meth:`Theory.gram_rule_points`).
 GRAM_POINTS_MAX = 16384
 GRAM_NODE_BUDGET = 2**22
@@ -331,11 +332,13 @@ class Theory:
     cyclic shifts of the heads: continuous in ``Q`` everywhere and exactly equivariant under those
     shifts, which the analyses at head-symmetric states need (fixed points, their Jacobians, escape
     predictions). ``"principal"`` (rank-aware; for trajectories whose heads become copies): fields
-    ``g_l = w_l S`` with ``S`` the principal factor of ``Q``, the Sobol coordinates direction-major, so
-    that (near) copies put their variance on the leading coordinates: at near-copy heads 7 to 35 times
-    less risk error and 3 to 30 times less drift error at the same points
-    (``benchmarks/07_rank_aware_rule.py``); continuous only where ``Q``'s eigenvalues are distinct, and
-    at states that a head exchange maps onto themselves equivariant only to the rule's error.
+    ``g_l = w_l S`` with the rank-aware factor ``S`` (2H, H) of ``Q`` (the principal directions that are
+    well defined on Sobol coordinates of their own, the leading one first, the rest on a symmetric root,
+    blended continuously), so that (near) copies put their variance on the leading coordinates: at
+    near-copy heads several to tens of times less risk and drift error at the same points
+    (``benchmarks/07_rank_aware_rule.py``); continuous in ``Q``, and exactly equivariant only where every
+    principal direction is determined (at a state that a head exchange maps onto itself, to the rule's
+    error).
     """
 
     points: int | str = 4096

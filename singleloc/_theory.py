@@ -49,12 +49,13 @@ The ``lr^2`` (Gram) term of one head is exact too (a polynomial of degree six in
 weights, whose moments the Laplace form gives: :mod:`~singleloc._laplace_gram`), and of two heads
 with ``theory.gram = "exact"``. Otherwise, a product of two gradients with up to four distinct heads per term
 (four Laplace variables: no cheap exact form), it stays on a Sobol rule, the rank-aware one of
-``gram_fields`` (principal axes of ``Q``, direction-major coordinates): at trained states with
-near-copy heads it has about a tenth of the error of the head-symmetric rule at the same
-points (``benchmarks/06_exact_route.py``), with ``theory.gram_points`` points (16384 by default
-for ``L * H <= 256``: :meth:`~singleloc.Theory.gram_rule_points`). Its error is stated with the
-solve (the Gram on the evaluation rule's scrambling against the dynamics rule's, at the start and
-the end).
+``gram_fields`` (the well-defined principal axes of ``Q`` on coordinates of their own, the rest on a
+symmetric root: :func:`~singleloc._numerics.rank_aware_factor_and_pinv`): at trained states with
+(near) copies of six heads it has an eighth to a fiftieth of the error of the head-symmetric rule at
+the same points, the same for distinct heads (``benchmarks/06_exact_route.py``), with
+``theory.gram_points`` points (16384 by default for ``L * H <= 256``:
+:meth:`~singleloc.Theory.gram_rule_points`). Its error is stated with the solve (the Gram on the
+evaluation rule's scrambling against the dynamics rule's, at the start and the end).
 """
 
 from __future__ import annotations

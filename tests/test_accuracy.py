@@ -26,7 +26,7 @@ from helpers import random_overlaps
 import singleloc as sl
 from singleloc import LocalFields, OrderParameterODE, OrderParameters
 from singleloc._accuracy import MARGIN, start_drifts
-from singleloc._numerics import principal_factor_and_pinv
+from singleloc._numerics import principal_factor, rank_aware_factor_and_pinv
 from singleloc._ode import _run
 from singleloc._sgd_rule import flat_drift
 
@@ -81,29 +81,65 @@ def test_heads_exchanged_with_spikes_stay_exchanged():
     np.testing.assert_allclose(along_mean[:, 0], along_mean[:, 1], rtol=0, atol=1e-10)  # ... but exchanged
 
 
-def test_principal_factor_pair():
-    """``S^T S = C``, ``T = S C^+``, ``T^T T = C^+``, rows by decreasing variance with non-negative sums;
-    at identical heads (rank one) the minor rows vanish in both."""
+def test_rank_aware_factor_pair():
+    """``S^T S = C``, ``T = S C^+``, ``T^T T = C^+`` for the (2H, H) rank-aware pair, at a generic ``C``, at
+    identical heads (rank one: the leading direction carries everything, every other row vanishes) and
+    at a state that a head swap maps onto itself (there the antisymmetric direction, whose sign no
+    permutation-invariant rule can fix, is on the symmetric block, not on rows of its own)."""
     rng = np.random.default_rng(3)
     A = rng.standard_normal((4, 4))
-    M = np.ones((4, 1)) * 1.3
-    for C in (A @ A.T, M @ M.T):
-        S, T = (np.asarray(x) for x in principal_factor_and_pinv(jnp.asarray(C)))
+    copies = np.ones((4, 1)) * 1.3
+    swapped = np.array([[2.0, 0.7], [0.7, 2.0]])
+    for C in (A @ A.T, copies @ copies.T, swapped):
+        H = len(C)
+        S, T = (np.asarray(x) for x in rank_aware_factor_and_pinv(jnp.asarray(C)))
+        assert S.shape == T.shape == (2 * H, H)
         pinv = np.linalg.pinv(C, rcond=1e-12, hermitian=True)
         np.testing.assert_allclose(S.T @ S, C, atol=1e-12)
         np.testing.assert_allclose(T, S @ pinv, atol=1e-10)
         np.testing.assert_allclose(T.T @ T, pinv, atol=1e-10)
-        variances = np.sum(S**2, axis=1)
-        assert np.all(np.diff(variances) <= 1e-12) and np.all(S.sum(axis=1) >= -1e-12)
-    assert np.allclose(S[1:], 0, atol=1e-7) and np.allclose(T[1:], 0)
+    S = np.asarray(rank_aware_factor_and_pinv(jnp.asarray(copies @ copies.T))[0])
+    np.testing.assert_allclose(S[0], np.full(4, 1.3), atol=1e-7)  # 2.6 (its deviation) along (1, 1, 1, 1) / 2
+    assert np.allclose(S[1:], 0, atol=1e-7)
+    S = np.asarray(rank_aware_factor_and_pinv(jnp.asarray(swapped))[0])
+    assert np.allclose(S[3], 0, atol=1e-12)  # the antisymmetric direction has no row of its own ...
+    np.testing.assert_allclose(S[1:3], np.sqrt(1.3) * np.array([[0.5, -0.5], [-0.5, 0.5]]), atol=1e-12)  # ... but the block
 
 
-def test_principal_rule_permutes_the_drift_with_every_permutation():
-    """The principal factor of ``P Q P^T`` is ``S P^T`` (eigenvalues and sign rule unchanged), so the
-    fields of every node are permuted with the heads: the drift is equivariant under every permutation
-    (here all six of three heads), not only the cyclic shifts of the head-shift rule."""
+def test_rank_aware_factor_is_continuous_where_eigenvalues_nearly_cross():
+    """Along a path on which the two minor eigenvalues of three near-copy heads pass within 1e-6 of each
+    other (their eigenvectors turn by a right angle), the rank-aware factor moves by the size of the step,
+    where the principal factor jumps by the minor directions' scale."""
+    rng = np.random.default_rng(5)
+    base = np.outer(np.ones(3), np.ones(3)) * 3.8
+    U = np.linalg.qr(np.column_stack([np.ones(3), rng.standard_normal((3, 2))]))[0][:, 1:]  # orthogonal to the copies
+
+    def C(t):  # minor eigenvalues 0.05 +- t along a rotating pair, plus a coupling 1e-6 that avoids the crossing
+        R = np.array([[0.05 + t, 1e-6], [1e-6, 0.05 - t]])
+        return base + U @ R @ U.T
+
+    ts = np.linspace(-1e-4, 1e-4, 41)
+    factors = [np.asarray(rank_aware_factor_and_pinv(jnp.asarray(C(t)))[0]) for t in ts]
+    steps = [np.max(np.abs(b - a)) for a, b in zip(factors, factors[1:])]
+    assert max(steps) < 1e-3, max(steps)
+    principal = [np.asarray(principal_factor(jnp.asarray(C(t)))) for t in ts]
+    jumps = [np.max(np.abs(b - a)) for a, b in zip(principal, principal[1:])]
+    assert max(jumps) > 0.1, max(jumps)  # the eigenvectors swap within one step: sqrt(0.05) ~ 0.22
+
+
+def test_rank_aware_rule_permutes_the_drift_with_every_permutation():
+    """Where every principal direction of ``Q`` is determined (eigenvalues apart, cube sums away from zero),
+    the rank-aware factor of ``P Q P^T`` is ``S P^T``, so the fields of every node are permuted with the
+    heads: the drift is equivariant under every permutation (here all six of three heads), not only the
+    cyclic shifts of the head-shift rule."""
     cfg = config(3, "theory.points=256", "theory.route=rule", "theory.axes=principal")
-    y = random_state(3, 2, np.random.default_rng(8))
+    rng = np.random.default_rng(8)
+    M = jnp.asarray(rng.standard_normal((3, 2)))
+    V = np.linalg.qr(rng.standard_normal((3, 3)))[0]
+    Q = M @ M.T + jnp.asarray(V @ np.diag([0.9, 0.5, 0.2]) @ V.T)
+    lam, vecs = np.linalg.eigh(np.asarray(Q))
+    assert np.min(np.diff(lam) / lam[1:]) > 0.1 and np.min(np.abs(np.sum(vecs**3, axis=0))) > 0.1  # determined
+    y = OrderParameters(M, Q, jnp.asarray(rng.standard_normal(3)))
     ode = OrderParameterODE.from_config(cfg)
     assert ode.fields.principal
     d = ode.drift(*y)
@@ -123,28 +159,32 @@ def near_copies(H, rng):
 
 
 def test_rank_aware_rule_at_near_copy_heads():
-    """Eight near-copy softmax heads (L = 4): on the principal rule the risk and the O(lr) drift of
-    4 scramblings of 4096 points agree with the exact route within their standard errors, and the
-    risk's error is a fraction of the head-shift rule's at the same points (a tenth measured:
+    """Eight near-copy softmax heads (L = 4): on the rank-aware rule the risk and the O(lr) drift of
+    8 scramblings of 4096 points agree with the exact route within their standard errors, and the
+    risk's typical error (the median over the scramblings: single scramblings are heavy-tailed) is a
+    third of the head-shift rule's or less (15 times less over 32 scramblings:
     benchmarks/07_rank_aware_rule.py)."""
     base = sl.load_config("default", ["model.heads=8", "problem.F=1", "sgd.lr=1e-6"])
     M, Q, b = near_copies(8, np.random.default_rng(0))
     exact = OrderParameterODE.from_config(base.replace(theory={"route": "exact"}), points=1024)
     r_ex, d_ex = float(exact.risk(M, Q, b)), np.asarray(flat_drift(exact.drift(M, Q, b)))
+    import equinox as eqx  # after singleloc, which sets EQX_ON_ERROR for equinox's first import
+
+    risk_and_drift = eqx.filter_jit(lambda ode: (ode.risk(M, Q, b), flat_drift(ode.drift(M, Q, b))))
+    n = 8
 
     def scramblings(axes):
-        odes = [OrderParameterODE.from_config(base.replace(theory={"route": "rule", "axes": axes, "qmc_seed": s}))
-                for s in range(4)]
-        return (np.array([float(o.risk(M, Q, b)) for o in odes]),
-                np.stack([np.asarray(flat_drift(o.drift(M, Q, b))) for o in odes]))
+        out = [risk_and_drift(OrderParameterODE.from_config(base.replace(
+            theory={"route": "rule", "axes": axes, "qmc_seed": s}))) for s in range(n)]
+        return np.array([float(r) for r, _ in out]), np.stack([np.asarray(d) for _, d in out])
 
     risks, drifts = scramblings("principal")
-    se = risks.std(ddof=1) / 2
+    se = risks.std(ddof=1) / np.sqrt(n)
     assert abs(risks.mean() - r_ex) < 4 * se + 1e-6, (risks - r_ex, se)
-    z = np.abs(drifts.mean(0) - d_ex) / (drifts.std(0, ddof=1) / 2 + 1e-12 * np.max(np.abs(d_ex)))
+    z = np.abs(drifts.mean(0) - d_ex) / (drifts.std(0, ddof=1) / np.sqrt(n) + 1e-12 * np.max(np.abs(d_ex)))
     assert np.mean(z < 3) >= 0.9, np.sort(z)
     heads, _ = scramblings("heads")
-    assert np.sqrt(np.mean((heads - r_ex) ** 2)) > 4 * np.sqrt(np.mean((risks - r_ex) ** 2)), (heads - r_ex, risks - r_ex)
+    assert np.median(np.abs(heads - r_ex)) > 3 * np.median(np.abs(risks - r_ex)), (heads - r_ex, risks - r_ex)
 
 
 @pytest.mark.slow

@@ -88,12 +88,13 @@ def test_ssmax_ode_is_softmax_ode_at_rescaled_learning_rate():
 def test_four_heads_at_L_4096_fit_because_the_node_batch_follows_L(monkeypatch):
     """Four heads and four seeds at ``L = 4096`` were refused at 76 GB: the quadrature evaluated
     8192 nodes of 16384 fields at once for every start. The rule's node batch now follows ``L *
-    H`` (256 nodes there), the memory estimate counts the same batch, and the run fits in 24 GB;
-    a few fields keep the batch of 8192 (no number changes there)."""
+    H`` (256 nodes there), the memory estimate counts the same batch, and the run fits in 24 GB
+    (about 16 GB estimated: the exact route's rank-aware Gram rule holds ``2 L H`` coordinates per
+    node); a few fields keep the batch of 8192 (no number changes there)."""
     monkeypatch.setenv(_resources.MEMORY_ENV, "24G")
     cfg = _config(4096, "auto")
     _resources.check_run(cfg, theory_starts=4)
-    assert _resources.theory_bytes(cfg, 4) < 12e9
+    assert _resources.theory_bytes(cfg, 4) < 20e9
     rule = sl.LocalFields.make(4096, 4, cfg.problem.build_prior(), 16)
     assert rule.batch_size == _resources.node_batch(4096, 4) == 256
     assert sl.LocalFields.make(4, 2, cfg.problem.build_prior(), 16).batch_size == _resources.NODE_BATCH

@@ -138,18 +138,19 @@ def test_bayes_risk_checks_its_memory(monkeypatch):
 
 def test_population_risk_checks_the_rule_it_builds():
     M, Q, b = 0.5 * np.ones((3, 1)), np.eye(3), np.zeros(3)
-    with pytest.raises(ValueError, match=r"theory.points = 256 must be at least problem.L \* model.heads = 300"):
+    with pytest.raises(ValueError, match=r"theory.points = 256 must be at least 2 \* problem.L \* model.heads \(the "
+                                         r"rank-aware rule\) = 600 .*use theory.points = 1024"):
         sl.population_risk(sl.spikes(1, 2.5), 100, "softmax", M, Q, b, points=256, route="rule")
 
 
 def test_check_bayes_checks_the_bayes_point_too():
     from singleloc._bayes import check_bayes
 
-    prior = sl.flipped(2, 2.5)  # 4 atoms: the Bayes point has 4 heads
-    check_bayes(prior, 64, 256)  # 64 x 4 = 256 fields
+    prior = sl.flipped(2, 2.5)  # 4 atoms: the Bayes point has 4 heads, its risk a rank-aware rule of 2 L H coordinates
+    check_bayes(prior, 32, 256)  # 2 x 32 x 4 = 256 coordinates
     sl.bayes_risk(prior, 80, points=256, replicates=2, route="rule")  # the Bayes risk's own rule has 80 x 2 = 160 fields
-    with pytest.raises(ValueError, match=r"problem.L \* the number of atoms of the prior = 320"):
-        check_bayes(prior, 80, 256)
+    with pytest.raises(ValueError, match=r"2 \* problem.L \* the number of atoms of the prior \(the rank-aware rule\) = 320"):
+        check_bayes(prior, 40, 256)
 
 
 # ----------------------------------------------------------------------------- pruning's run preparation

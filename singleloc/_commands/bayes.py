@@ -39,7 +39,7 @@ def run(args) -> int:
     prior = pb.build_prior()
     route = bayes_route(prior, th.route)
     if route == "exact":  # the check's rule over the L F spike fields, before anything is computed
-        _check_rules(prior, pb.L, th.points, {"problem.F": prior.F})
+        _check_rules(prior, pb.L, th.points, {"problem.F": (prior.F, False)})
     else:
         check_bayes(prior, pb.L, th.points)  # both rules, before either risk is computed
     kw = dict(points=th.points, seed=th.qmc_seed, replicates=args.replicates)
