@@ -6,7 +6,7 @@ Its head-count rows beyond that -- ``H`` = 4 (from three spikes), 6 and 8, where
 redundant or switched off -- were computed on the rule route with the head-shift rule
 (``theory.axes = "heads"``), whose error at near-copy heads is of the size of the differences the
 head count rests on. This script recomputes them on the rank-aware rule (``theory.axes =
-"principal"``, docs/model.md section 4.4; 7-35 times less risk error at near-copy heads,
+"principal"``, docs/model.md section 4.4; 7-64 times less risk error at near-copy heads,
 ``benchmarks/07_rank_aware_rule.py``), side by side with the head-shift rule, and checks the
 rank-aware rule against the exact route where both exist (``figures/exact_recheck*.json``).
 
