@@ -152,7 +152,7 @@ def pruning_config(config: Config, heads: int | None = None) -> Config:
         config = config.replace(theory={"route": "rule"})
     if config.theory.points != "auto" and not on_exact_route(config):
         check_quadrature(config.problem.L, H, config.problem.build_prior(), config.theory.points,
-                         principal=config.theory.axes == "principal")
+                         principal=config.theory.rank_aware)
     resolved = resolve_points(config)
     check_memory({f"the theory's quadrature (theory.points = {resolved.theory.points})": theory_bytes(resolved, 1, heads=H)})
     return resolved

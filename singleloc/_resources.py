@@ -232,7 +232,7 @@ def theory_bytes(config: Config, starts: int, heads: int | None = None) -> int:
     exact = on_exact_route(config)
     if exact:  # its one Sobol rule, the Gram term's (rank-aware), has as many or more points
         points = th.gram_rule_points(pb.L, H, th.points)
-    return rule_bytes(pb.L, H, pb.build_prior(), points, starts, principal=exact or th.axes == "principal")
+    return rule_bytes(pb.L, H, pb.build_prior(), points, starts, principal=exact or th.rank_aware)
 
 
 def rule_bytes(L: int, heads: int, prior: Prior, points: int, starts: int = 1, principal: bool = False) -> int:
@@ -294,7 +294,7 @@ def check_run(config: Config, *, simulation: bool = False, theory_starts: int = 
         if config.theory.points != "auto":  # "auto" is checked as the points are chosen (singleloc._accuracy)
             if not on_exact_route(config):
                 check_quadrature(pb.L, H, pb.build_prior(), config.theory.points,
-                                 principal=config.theory.axes == "principal")
+                                 principal=config.theory.rank_aware)
             parts[f"the theory's quadrature (theory.points = {config.theory.points} x problem.L = {pb.L} x model.heads = {H}, "
                   f"{theory_starts} start(s))"] = theory_bytes(config, theory_starts * config.theory.replicates)
         if on_exact_route(config) and (joint := exact_rule_bytes(config.model.activation, H, pb.build_prior())):

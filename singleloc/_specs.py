@@ -390,6 +390,12 @@ class Theory:
         return max(int(points), min(GRAM_POINTS_MAX, fit))
 
     @property
+    def rank_aware(self) -> bool:
+        """Whether the rule route draws its fields on the rank-aware layout (``axes = "principal"``:
+        ``2 L H`` Sobol coordinates, :meth:`~singleloc.LocalFields.make`)."""
+        return self.axes == "principal"
+
+    @property
     def evaluation_seed(self) -> int:
         """Scrambling seed of the rule that evaluates the risk of a trained state (of replicate
         ``r``: ``evaluation_seed + r``): independent of the rules that drove the dynamics

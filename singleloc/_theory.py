@@ -177,7 +177,7 @@ class OrderParameterODE(eqx.Module):
         fine = per_replicate(exact_route(config, refined=True)) if check and exact is not None else None
         exact_gram = exact is not None and exact_gram_term(config, exact)
         gram = sobol_rule(th.gram_rule_points(pb.L, H, points), principal=True) if exact is not None and not exact_gram else None
-        axes = {"principal": True} if th.axes == "principal" else {"symmetric": True}
+        axes = {"principal": True} if th.rank_aware else {"symmetric": True}
         return cls(sobol_rule(**axes), get_activation(config.model.activation), exact=exact, exact_check=fine,
                    gram_fields=gram, sgd=sgd_rule(config))
 
