@@ -22,9 +22,10 @@ Settings (``--setting``): bsoftmax with trained biases, L=4, F=2, H=2 heads, lr=
    With a finite D the SGD noise keeps seeding the escape direction, so in simulations the
    escape time depends less on the initial amplitude than in the ODE (gamma closer to 0).
 
-Writes figures/phases_logD.{png,json} (flipped) or figures/phases_logD_spikes.{png,json}. About 6
-minutes on 2 CPU cores (``--quick``: 4 theory seeds per D, simulations at D = 250, 500, 1000 with 2
-seeds each; ``--cache DIR``: keep the stages' results in DIR and reuse them).
+Writes figures/phases_logD.{png,json} (flipped) or figures/phases_logD_spikes.{png,json}. About 25
+minutes on 2 CPU cores beside other work, on the exact route (``--quick``: 4 theory seeds per D,
+simulations at D = 250, 500, 1000 with 2 seeds each; ``--cache DIR``: keep the stages' results in DIR
+and reuse them).
 """
 
 from __future__ import annotations
