@@ -56,6 +56,7 @@ import numpy as np
 from ._accuracy import choose_points, relative_drift_error
 from ._compilation import exported_call
 from ._config import Config, gather_specs, require_config
+from ._laplace_gram import WIDE_GRAM_SIGMA
 from ._numerics import PSD_INPUT, PSD_SOLVE, Q_RUNAWAY
 from ._resources import check_run
 from ._run_checks import warn_if_risk_rose
@@ -71,6 +72,11 @@ from ._theory_result import TheoryResult
 RISK_ERROR_WARN = 1e-6
 #: The same for the stated relative error of its ``O(lr)`` drift (the issue's target is 1e-4).
 DRIFT_ERROR_WARN = 1e-4
+#: The same for the stated relative error of its ``lr^2`` Gram term (:func:`gram_error`). On the Sobol
+#: rule it is 1e-3 to 1e-2 at trained states (long keys make attention nearly an argmax, whose
+#: gradient lives on thin sets of the fields); the exact two-head term resolves token fields of
+#: standard deviation up to about :data:`~singleloc._laplace_gram.WIDE_GRAM_SIGMA` at ``theory.nodes = 64``.
+GRAM_ERROR_WARN = 1e-2
 #: The drift's error is computed (after the solve, in a program of its own: in the solve's it added
 #: 70% to the compile time) where the stated risk error exceeds this; below it is not computed (NaN).
 #: The relative drift error was at most 5e3 times the risk error at the states measured for this
@@ -421,9 +427,29 @@ def _result(problem: _Problem, out, max_steps: int) -> TheoryResult | FloatingPo
                       f"{config.theory.nodes} resolves only to that precision; raise "
                       f"theory.nodes (cost grows like its square to cube) and check that the trajectory does not move{joint}",
                       stacklevel=3)
+    if gram > GRAM_ERROR_WARN:
+        _warn_gram(config, gram, exact_gram, problem, risk_se)
     return TheoryResult(np.asarray(ts), mean(M), mean(Q), mean(b), mean(risk), risk_se, drift_error, problem.points, R,
                         route, risk_error, gram, exact_drift_error, None if v is None else mean(v),
                         "exact" if exact_gram else "sobol", config.theory.axes)
+
+
+def _warn_gram(config: Config, gram: float, exact_gram: bool, problem: _Problem, risk_se: np.ndarray) -> None:
+    """The warning on a large stated error of the exact route's ``lr^2`` Gram term: what it is, and
+    what to do (the term moves the trajectory, not the risk of a given state)."""
+    th = config.theory
+    if exact_gram:
+        advice = (f"the exact two-head term resolves token fields of standard deviation up to about "
+                  f"{WIDE_GRAM_SIGMA:g} at theory.nodes = 64 (now {th.nodes}); raise theory.nodes or set theory.gram = 'sobol'")
+    elif th.replicates > 1:
+        advice = (f"its effect on the trajectory, the standard error of the risk over the {th.replicates} replicates "
+                  f"(independent Gram rules), is at most {float(np.nanmax(risk_se)):.1e}")
+    else:
+        advice = (f"theory.replicates = 2 or more states its effect on the trajectory (the standard error of the risk over "
+                  f"independent Gram rules); raising theory.gram_points (now {problem.points}) lowers it slowly")
+    against = "the finer exact rule" if exact_gram else "a second, independent Sobol rule"
+    warnings.warn(f"the exact route's lr^2 Gram term has a stated relative error of {gram:.1e} (against {against}, at "
+                  f"the start and the end of the solve): {advice}", stacklevel=4)
 
 
 def _exact_drift_error(evaluation: OrderParameterODE, ys) -> float:

@@ -209,3 +209,39 @@ def test_trained_head_weights_keep_the_sobol_gram_term():
     cfg = sl.load_config("default", ["model.heads=1", "problem.F=1", "model.head_weights=trained", "theory.route=exact"])
     ode = sl.OrderParameterODE.from_config(cfg)
     assert ode.exact is not None and not ode.exact_gram
+
+
+def test_a_gram_term_beyond_its_resolution_warns_naming_what_to_change():
+    """Two heads with token fields of standard deviation 7 (beyond ``WIDE_GRAM_SIGMA`` at 64 nodes): the
+    exact term is off (its stated error against the finer rule is large), and the solve says so, naming
+    ``theory.gram``; the risk stays exact (no risk warning)."""
+    import warnings
+
+    from singleloc._laplace_gram import WIDE_GRAM_SIGMA
+
+    cfg = sl.load_config("default", ["sgd.tau_max=0.01", "sgd.n_save=2", "theory.route=exact",
+                                     "theory.gram=exact"])
+    M = jnp.diag(jnp.array([7.0, 7.0]))
+    assert 7.0 > WIDE_GRAM_SIGMA
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        r = sl.integrate(cfg, (M, M @ M.T + 0.4 * jnp.eye(2), jnp.zeros(2)))
+    messages = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+    assert r.gram_route == "exact" and r.gram_error > 1e-2 and r.risk_error < 1e-6
+    assert any("Gram term has a stated relative error" in m and "theory.gram = 'sobol'" in m for m in messages), messages
+    assert not any("stated errors are" in m for m in messages)  # the risk's warning: not drawn
+
+
+@pytest.mark.parametrize("replicates", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_a_sobol_gram_term_with_a_large_error_warns_with_its_effect_on_the_risk(replicates):
+    """Three heads (the Gram term on the Sobol rule) with long keys and few Gram points: the warning names
+    ``theory.replicates``, and with replicates it states their standard error of the risk."""
+    cfg = sl.load_config("default", ["sgd.tau_max=0.01", "sgd.n_save=2", "model.heads=3", "theory.route=exact",
+                                     "theory.gram_points=64",
+                                     f"theory.replicates={replicates}"])
+    M = jnp.array([[3.5, 0.3], [0.2, 3.5], [2.5, 2.4]])
+    match = r"Gram term has a stated relative error .*" + (
+        r"standard error of the risk over the 2 replicates" if replicates == 2 else r"theory\.replicates = 2 or more")
+    with pytest.warns(UserWarning, match=match):
+        r = sl.integrate(cfg, (M, M @ M.T + 0.3 * jnp.eye(3), jnp.zeros(3)))
+    assert r.gram_error > 1e-2
