@@ -54,15 +54,15 @@ import numpy as np
 
 from ._laplace_profiles import OMEGA, RHO0, _power, rho
 
-#: Two heads: the pair rule's outer nodes (``theory.nodes = 64``) resolve the Gram term's moments (profiles up
-#: to the sixth power, narrower than the risk's) for token fields of standard deviation up to about this
-#: (measured at ``L = 4``, spikes, two aligned heads of key length ``s`` and ``R_orth = s^2/128``: relative error
-#: 1.3e-3 against 4 x 2^16 rank-aware Sobol points (their standard error 8e-4) and 2.5e-6 against 96 nodes at
-#: ``s = 4``, 3e-4 against 96 nodes at 5; at 6 9%, at 7 a factor of four; at ``L = 64``: 2.6e-6 and 1.8e-4 against
-#: 96 nodes at 4 and 5, within the Sobol points' 2.4e-3 at 5, 1.6% off at 6). Beyond it the stated error (against
-#: the finer rule) is large, and the solve warns (:data:`~singleloc._ode.GRAM_ERROR_WARN`); the risk and its
-#: gradient stay exact there (1e-6 against 96 nodes at ``s = 8``).
-WIDE_GRAM_SIGMA = 5.0
+#: Two heads: the pair moments' outer rule (:data:`~singleloc._laplace.GRAM_OUTER` times ``theory.nodes = 64``)
+#: resolves the Gram term's moments (profiles up to the sixth power, narrower than the risk's) to 1e-4 for
+#: token fields of standard deviation up to about this, and to 3e-3 up to twice it (measured, spikes, two
+#: aligned heads of key length ``s`` and ``R_orth = s^2/128``, relative error against 96 and 160 nodes:
+#: at ``L = 4`` 1e-10 up to ``s = 6``, 2.2e-3 at 7, 2.1e-4 at 8, 5.8e-4 at 10, 2.5e-3 at 12; at ``L = 64`` 4e-8
+#: at 6, 9e-5 at 8, 2.4e-3 at 12; within 1 to 2.5 standard errors of 4 x 2^16 rank-aware Sobol points up to 8;
+#: on the risk's outer rule, 64 nodes, it was 9% off at 6). Its stated error (against the finer rule) equals
+#: its actual error there; a stated error above :data:`~singleloc._ode.GRAM_ERROR_WARN` warns.
+WIDE_GRAM_SIGMA = 6.0
 
 #: The highest power of one token's weight in the Gram term (the degree of :func:`gram_polynomials`).
 DEGREE = 6
@@ -221,8 +221,10 @@ def laplace_gram(rule, M: jnp.ndarray, Q: jnp.ndarray, b: jnp.ndarray) -> jnp.nd
         pair = lambda k: (rho(k[0]), rho(k[1]))  # noqa: E731
         noise_combos = sorted({pair(k) for k in noise[rows].reshape(-1, 2) if k[0] >= 0} | {(RHO0, OMEGA)})
         rel_combos = sorted({pair(k) for k in a[rows]})
-        nz = rule._pair(noise_combos, Y[0], Y[1], m1[0], m1[1], C1[0, 0], C1[0, 1], C1[1, 1])
-        rel = rule._atoms_mean(lambda k: rule._pair(rel_combos, Y[0], Y[1], m0[0, k], m0[1, k], C0[0, 0], C0[0, 1], C0[1, 1]))
+        outer = (rule.z_gram, rule.w_gram)  # finer than the risk's: the sixth powers are narrow
+        nz = rule._pair(noise_combos, Y[0], Y[1], m1[0], m1[1], C1[0, 0], C1[0, 1], C1[1, 1], outer)
+        rel = rule._atoms_mean(lambda k: rule._pair(rel_combos, Y[0], Y[1], m0[0, k], m0[1, k], C0[0, 0], C0[0, 1], C0[1, 1],
+                                                    outer))
         omega = rule._single(Y[0], m1[0], v1[0], (OMEGA,))[0][:, None] + nz[noise_combos.index((RHO0, OMEGA))]
         # a moment is sum_ij (pre pre' rel[r])_ij (prod of its noise factors and power)_ij: the noise side is
         # formed once per distinct group (factors, j), and every (r, group) sum is one matrix product

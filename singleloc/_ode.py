@@ -440,7 +440,8 @@ def _warn_gram(config: Config, gram: float, exact_gram: bool, problem: _Problem,
     th = config.theory
     if exact_gram:
         advice = (f"the exact two-head term resolves token fields of standard deviation up to about "
-                  f"{WIDE_GRAM_SIGMA:g} at theory.nodes = 64 (now {th.nodes}); raise theory.nodes or set theory.gram = 'sobol'")
+                  f"{WIDE_GRAM_SIGMA:g} to 1e-4 and {2 * WIDE_GRAM_SIGMA:g} to 3e-3 at theory.nodes = 64 (now {th.nodes}); "
+                  "raise theory.nodes or set theory.gram = 'sobol'")
     elif th.replicates > 1:
         advice = (f"its effect on the trajectory, the standard error of the risk over the {th.replicates} replicates "
                   f"(independent Gram rules), is at most {float(np.nanmax(risk_se)):.1e}")
