@@ -70,7 +70,7 @@ from scipy.stats import qmc
 
 from ._numerics import psd_sqrt_and_pinv_sqrt, rank_aware_factor_and_pinv
 from ._priors import Prior
-from ._resources import SOBOL_MAX_DIM, node_batch
+from ._resources import SOBOL_MAX_DIM, factor_rows, node_batch
 
 
 def sobol_normals(dim: int, n: int, seed: int) -> np.ndarray:
@@ -166,7 +166,7 @@ class LocalFields(eqx.Module):
         if principal and symmetric:
             raise ValueError("a principal (rank-aware) rule cannot also be closed under the head shifts")
         G = 0 if prior.is_discrete else prior.F
-        width = 2 * H if principal else H  # a rank-aware rule's factor has 2 H rows
+        width = factor_rows(H, principal)
         z = gaussian_nodes(L, width, G, points, seed, symmetric)
         d = L * width
         w = z[:, :d].reshape(-1, width, L).transpose(0, 2, 1) if principal else z[:, :d].reshape(-1, L, H)

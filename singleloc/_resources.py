@@ -102,11 +102,17 @@ def check_steps(config: Config) -> None:
                          "lower sgd.tau_max or simulation.D")
 
 
+def factor_rows(heads: int, principal: bool = False) -> int:
+    """Rows of the factor ``S`` of a local-field rule's fields ``g_l = w_l S``, the normals per token:
+    ``heads``, or ``2 heads`` on the rank-aware layout (``principal``:
+    :func:`~singleloc._numerics.rank_aware_factor_and_pinv`)."""
+    return 2 * heads if principal else heads
+
+
 def quadrature_dimension(L: int, heads: int, prior: Prior, principal: bool = False) -> int:
-    """Gaussian dimensions of the local-field rule: ``L heads`` (+ ``F`` for a Gaussian part);
-    ``2 L heads`` on the rank-aware layout (``principal``), whose factor has ``2 heads`` rows
-    (:meth:`~singleloc.LocalFields.make`)."""
-    return L * heads * (2 if principal else 1) + (0 if prior.is_discrete else prior.F)
+    """Gaussian dimensions of the local-field rule: ``L`` times its :func:`factor_rows` (+ ``F`` for a
+    Gaussian part) (:meth:`~singleloc.LocalFields.make`)."""
+    return L * factor_rows(heads, principal) + (0 if prior.is_discrete else prior.F)
 
 
 #: ``theory.route = "auto"`` integrates a joint layer (bsoftmax) on the exact route up to this
