@@ -106,8 +106,8 @@ def config(prior: str, activation: str, heads: int, tau_max: float, points: int,
 
 
 def trained(cfg, ts: np.ndarray) -> dict[str, np.ndarray]:
-    """The ODE from the seed-0 start on ``ts``; the final risk exact on the exact route (its error
-    against the refined rule), else re-evaluated on independent rules (their standard error); the
+    """The ODE from the seed-0 start on ``ts``; the final risk exact on the exact route (on the run's
+    ``theory.nodes``, its error against the refined rule), else re-evaluated on independent rules (their standard error); the
     route's stated errors of the solve (NaN on the rule route) and the wall time."""
     t0, H, F = time.time(), cfg.model.heads, cfg.problem.F
     try:
@@ -118,7 +118,7 @@ def trained(cfg, ts: np.ndarray) -> dict[str, np.ndarray]:
                 "Q": np.full((H, H), np.nan), "b": np.full(H, np.nan), "risk_error": np.nan, "gram_error": np.nan,
                 "seconds": time.time() - t0}
     M, Q, b = res.M[0, -1], res.Q[0, -1], res.b[0, -1]
-    evaluation = {"route": "exact"} if cfg.theory.route == "exact" else {"route": "rule", **EVAL}
+    evaluation = {"route": "exact", "nodes": cfg.theory.nodes} if cfg.theory.route == "exact" else {"route": "rule", **EVAL}
     fin = sl.population_risk(cfg.problem.build_prior(), L, cfg.model.activation, M, Q, b, **evaluation)
     return {"risk": res.risk[0], "final": fin.value, "error": fin.error, "M": M, "Q": Q, "b": b,
             "risk_error": res.risk_error, "gram_error": res.gram_error, "seconds": time.time() - t0}

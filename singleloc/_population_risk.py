@@ -19,7 +19,7 @@ import numpy as np
 
 from ._activations import exponential_form, get_activation
 from ._fields import LocalFields
-from ._laplace import exact_rule
+from ._laplace import N_OUTER, exact_rule
 from ._priors import Prior
 from ._resources import JOINT_RISK_MAX, check_memory, check_quadrature, exact_rule_bytes, joint_exact_affordable, rule_bytes
 from ._specs import ROUTES
@@ -90,7 +90,7 @@ def layer_risk_check(ode: OrderParameterODE, M, Q, b) -> jax.Array:
 
 def population_risk(
     prior: Prior, L: int, activation: str, M, Q, b, points: int = 4096, seed: int = 0, replicates: int = 8,
-    route: str = "auto", v=None,
+    route: str = "auto", v=None, nodes: int = N_OUTER,
 ) -> RiskEstimate:
     """Population risk ``R(M, Q, b)`` of a layer (docs/model.md section 3) with its numerical error.
 
@@ -100,7 +100,9 @@ def population_risk(
     atoms'; ``route = "exact"`` whatever the size, within memory, else ``MemoryError``); otherwise (or
     ``route = "rule"``) :meth:`OrderParameterODE.risk` on ``replicates`` independently
     scrambled rules, with their standard error. ``v`` (H,): trained head weights, ``a_l = sum_h
-    v_h A_hl`` (default the head average; a joint layer with weights has no exact route). The rule
+    v_h A_hl`` (default the head average; a joint layer with weights has no exact route). ``nodes``: the
+    exact route's node count, as ``theory.nodes`` (default 64; wide token fields, e.g. trained keys on a
+    Gaussian prior of strength 3, need 128: the refined rule's error says so). The rule
     route first checks its rule over the ``L H`` fields (``ValueError`` or ``MemoryError``, as
     :func:`bayes_risk`); its rules are rank-aware (``theory.axes = "principal"``, :class:`~singleloc.LocalFields`):
     heads that are copies lose no accuracy."""
@@ -118,6 +120,7 @@ def population_risk(
             raise ValueError(f"head weights v must be finite with shape ({H},), got shape {v.shape}")
     if route not in ROUTES:
         raise ValueError(f"route must be one of {', '.join(map(repr, ROUTES))}, got {route!r}")
+    nodes = integer("nodes", nodes, 8, 1024)  # the bounds of theory.nodes
     form = exponential_form(act, int(L))  # the exact route's, if any (its rule is built below, once it fits)
     if form is not None and form.joint and v is not None:
         if route == "exact":
@@ -131,7 +134,7 @@ def population_risk(
     if form is not None and route != "rule":
         if need := exact_rule_bytes(activation, H, prior):  # a joint layer's rule grows with H and the atoms
             check_memory({f"the exact route's rule ({activation}, {H} heads, {len(prior.atoms)} atoms of the prior)": need})
-        exact = exact_rule(act, int(L), H, prior)
+        exact = exact_rule(act, int(L), H, prior, n_t=2 * nodes, n_outer=nodes, n_inner=nodes)
         return RiskEstimate.from_refinement(_exact_risk(exact, M, Q, b, v), _exact_risk(exact.refined(), M, Q, b, v))
     _check_rules(prior, L, points, {"model.heads": (H, True)})
     rules = (LocalFields.make(int(L), H, prior, points, seed + i, principal=True) for i in range(int(replicates)))
