@@ -290,8 +290,7 @@ def wide_gram(quick: bool) -> list[dict]:
     print("\nThe exact two-head Gram term at wide fields (relative error | ms per term)")
     print("| L | s | risk's outer rule | GRAM_OUTER x | against Sobol (its s.e.) |")
     print("|---|---|---|---|---|")
-    make = lambda L, n, prior: sl.exact_rule(sl.get_activation("softmax"), L, 2, prior, n_t=2 * n, n_outer=n,  # noqa: E731
-                                             n_inner=n)
+    make = lambda L, n, prior: sl.exact_rule(sl.get_activation("softmax"), L, 2, prior, nodes=n)  # noqa: E731
     term = eqx.filter_jit(lambda r, *x: r.gram(*x))
     sobol = eqx.filter_jit(lambda ode, *x: ode.gram(*x))
     default, rows = _laplace.GRAM_OUTER, []

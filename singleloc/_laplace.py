@@ -48,7 +48,7 @@ The rules, and why they are exact to the precision stated.
   profiles, not the Gaussian, carry the fine structure, so its accuracy does not fall with the
   field's width at all). A pair of heads is
   written as the first head's field ``x = m + sqrt(C11) z`` (``n_outer`` trapezoidal nodes,
-  ``n_outer * ceil(alpha)`` from :func:`exact_rule`: 64 per unit of ``alpha`` resolve fields of
+  ``nodes * ceil(alpha)`` from :func:`exact_rule` (``theory.nodes``): 64 per unit of ``alpha`` resolve fields of
   standard deviation ``alpha sqrt(Q_hh)`` up to about 3 to 1e-10 in the risk and 1e-7 in its
   gradient) and the second head's given the first,
   ``x' = m' + (C12 / C11)(x - m) + sqrt(C22 - C12^2/C11) z'``. The second head's profiles smoothed by
@@ -639,14 +639,16 @@ def _joint_shares(y, mean, C, z, w, table_rule):
     return jax.lax.map(one, y)
 
 
-def exact_rule(activation: Activation, L: int, H: int, prior: Prior, *, n_outer: int = N_OUTER,
+def exact_rule(activation: Activation, L: int, H: int, prior: Prior, *, nodes: int = N_OUTER,
                **kwargs) -> LaplaceRule | None:
     """The :class:`LaplaceRule` of an activation that declares its normalised-exponential form
-    (:func:`~singleloc.exponential_form`), or ``None``. ``n_outer``: the pairs' outer nodes per unit
-    of the form's scale ``alpha`` (the rule gets ``n_outer * ceil(alpha)``: a token field's width is
-    ``alpha sqrt(Q_hh)``, so scalable softmax, ``alpha = log L``, keeps the resolution per unit of key
-    length that softmax has); the other keywords as :meth:`LaplaceRule.make`."""
+    (:func:`~singleloc.exponential_form`), or ``None``. ``nodes`` (``theory.nodes``): the normal rules
+    of ``nodes`` nodes (the pairs' outer rule ``nodes`` per unit of the form's scale ``alpha``, i.e.
+    ``nodes * ceil(alpha)``: a token field's width is ``alpha sqrt(Q_hh)``, so scalable softmax, ``alpha
+    = log L``, keeps the resolution per unit of key length that softmax has) and ``2 nodes`` nodes of
+    the Laplace variable; the other keywords as :meth:`LaplaceRule.make`."""
     form = exponential_form(activation, L)
     if form is None:
         return None
-    return LaplaceRule.make(form, L, H, prior, n_outer=n_outer * max(1, math.ceil(form.scale)), **kwargs)
+    return LaplaceRule.make(form, L, H, prior, n_t=2 * nodes, n_outer=nodes * max(1, math.ceil(form.scale)),
+                            n_inner=nodes, **kwargs)

@@ -134,7 +134,7 @@ def population_risk(
     if form is not None and route != "rule":
         if need := exact_rule_bytes(activation, H, prior):  # a joint layer's rule grows with H and the atoms
             check_memory({f"the exact route's rule ({activation}, {H} heads, {len(prior.atoms)} atoms of the prior)": need})
-        exact = exact_rule(act, int(L), H, prior, n_t=2 * nodes, n_outer=nodes, n_inner=nodes)
+        exact = exact_rule(act, int(L), H, prior, nodes=nodes)
         return RiskEstimate.from_refinement(_exact_risk(exact, M, Q, b, v), _exact_risk(exact.refined(), M, Q, b, v))
     _check_rules(prior, L, points, {"model.heads": (H, True)})
     rules = (LocalFields.make(int(L), H, prior, points, seed + i, principal=True) for i in range(int(replicates)))

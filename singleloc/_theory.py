@@ -319,9 +319,7 @@ def exact_route(config: Config, *, refined: bool = False) -> LaplaceRule | None:
                              "exponential (softmax, softmax1, bsoftmax, ssmax or one declaring exponential_form); use "
                              "'auto' or 'rule'")
         return None
-    n = th.nodes
-    rule = exact_rule(get_activation(config.model.activation), pb.L, H, pb.build_prior(), n_t=2 * n, n_outer=n,
-                      n_inner=n)
+    rule = exact_rule(get_activation(config.model.activation), pb.L, H, pb.build_prior(), nodes=th.nodes)
     return rule.refined() if refined else rule
 
 
