@@ -180,7 +180,7 @@ class LaplaceRule(eqx.Module):
 
     z_outer: jax.Array
     w_outer: jax.Array
-    z_gram: jax.Array  # the Gram term's outer rule (GRAM_OUTER x the nodes)
+    z_gram: jax.Array  # the two-head Gram term's outer rule (GRAM_OUTER x the nodes; empty for other layers)
     w_gram: jax.Array
     z_inner: jax.Array
     w_inner: jax.Array
@@ -209,7 +209,8 @@ class LaplaceRule(eqx.Module):
             raise ValueError(f"problem.L must be >= 2 for the exact route, got {L}")
         dtype = jnp.result_type(float)
         zo, wo = normal_rule(n_outer)
-        zg, wg = normal_rule(GRAM_OUTER * n_outer)
+        pair_gram = H == 2 and not form.joint  # the exact Gram term's moments of two heads: the one use of it
+        zg, wg = normal_rule(GRAM_OUTER * n_outer) if pair_gram else (np.zeros(0), np.zeros(0))
         zi, wi = normal_rule(n_inner)
         layout, (zj, wj) = ((), 0), (np.zeros((0, 0)), np.zeros((0,)))
         if form.joint:
