@@ -7,7 +7,12 @@
    would be). Targets: warm < 6 s, cold < 12 s.
 2. Where a warm and a cold run spend their time, in one process: imports, the initial overlaps,
    tracing (jaxpr), lowering, XLA compiling, reading the cache, and the solve itself.
-3. The ratio of ``simulate`` (D = 1e4, 1 seed) to the warm ``integrate`` over the same tau range
+3. What the cold run compiles, piece by piece, in one process: the drift alone, the solve around it
+   (Tsit5, the step-size controller, the event), the risk on the evaluation rule and on the finer
+   check rule, and the Gram term's stated error, each lowered and compiled as its own program at the
+   start of ``integrate default``, against the whole solve program (``integrate``'s). The floor of
+   a cold run is the imports plus the solve's compilation, whatever else is trimmed.
+4. The ratio of ``simulate`` (D = 1e4, 1 seed) to the warm ``integrate`` over the same tau range
    (target >= 1000x). The simulation is run as a fresh process to ``SIM_TAU`` and to ``2 SIM_TAU``;
    the difference gives its cost per unit tau (constant: one fresh sample and one gradient per step),
    which extrapolates the first run (compilation included) to ``tau_max``. Two ratios: whole
@@ -58,6 +63,42 @@ print(json.dumps({"imports": t1 - t0, "initial overlaps": t2 - t1, "integrate": 
                   **{k: spent.get(v, 0.0) for k, v in names.items()}}))
 """
 
+# Each piece of integrate's program compiled on its own, in one process (jax.stages: lower, then compile).
+COMPONENTS = """
+import json, sys, time
+import equinox as eqx, jax
+import singleloc as sl
+from singleloc._ode import _problem, _run, _solve, gram_error
+jax.config.update("jax_enable_x64", True)
+cfg = sl.load_config("default", [f"sgd.tau_max={sys.argv[1]}"])
+dynamics, evaluation, y0, ts, rtol, atol = _problem(cfg, None, None).args
+def first(ode):  # replicate 0 of an ODE stack (its SGD rule is shared, not stacked)
+    rules = eqx.tree_at(lambda o: o.sgd, ode, None, is_leaf=lambda x: x is None)
+    one = jax.tree.map(lambda x: x[0] if eqx.is_array(x) else x, rules)
+    return eqx.tree_at(lambda o: o.sgd, one, ode.sgd, is_leaf=lambda x: x is None)
+dyn, ev, y = first(dynamics), first(evaluation), jax.tree.map(lambda x: x[0], y0)
+pieces = {
+    "drift": (lambda o, y: o.state_drift(y, tau=0.0), dyn, y),
+    "solve": (lambda o, y: _solve(o, y, ts, rtol, atol, 100_000, False), dyn, y),
+    "risk": (lambda o, y: o.state_risk(y), ev, y),
+    "risk check": (lambda o, y: o.risk_check(*y), ev, y),
+    "gram error": (lambda o, e, y: gram_error(o, e, *y), dyn, ev, y),
+}
+out = {}
+for name, (fn, *args) in pieces.items():
+    t0 = time.perf_counter()
+    lowered = eqx.filter_jit(fn).lower(*args)
+    t1 = time.perf_counter()
+    lowered.compile()
+    out[name] = {"trace+lower": t1 - t0, "compile": time.perf_counter() - t1}
+t0 = time.perf_counter()
+lowered = _run.lower(dynamics, evaluation, y0, ts, rtol, atol, 100_000, False)
+t1 = time.perf_counter()
+lowered.compile()
+out["whole program"] = {"trace+lower": t1 - t0, "compile": time.perf_counter() - t1}
+print(json.dumps(out))
+"""
+
 
 def timed(cmd: list[str], env: dict) -> tuple[float, float]:
     """Wall and CPU (user + sys) seconds of a child process."""
@@ -71,6 +112,11 @@ def timed(cmd: list[str], env: dict) -> tuple[float, float]:
 
 def split(tau_max: float, env: dict) -> dict:
     out = subprocess.run([sys.executable, "-c", SPLIT, str(tau_max)], check=True, capture_output=True, text=True, env=env)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def components(tau_max: float) -> dict:
+    out = subprocess.run([sys.executable, "-c", COMPONENTS, str(tau_max)], check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -97,6 +143,10 @@ def main():
             warm_integrate = phases["integrate"]
             results["phases"][label] = phases
             print(f"  {label}, wall s by phase: " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()))
+        pieces = components(args.tau_max)  # no persistent cache: everything compiled
+        results["compile_by_piece"] = pieces
+        print("  compiled one by one (trace+lower / XLA compile, s): " + ", ".join(
+            f"{k} {v['trace+lower']:.1f} / {v['compile']:.1f}" for k, v in pieces.items()))
         sim = [*cli, "simulate", "default", "--set", "simulation.D=10000", "--set", "simulation.seeds=1", "--set", "sgd.n_save=4",
                "--out", f"{tmp}/s", "--no-progress"]
         t1, c1 = timed([*sim, "--set", f"sgd.tau_max={SIM_TAU}"], env)
