@@ -35,7 +35,10 @@ Output: ``DIR/sweep.csv`` with one row per point: the grid values, ``activation`
 :meth:`PhaseAnalysis.summary`: ``final_risk``, ``escaped`` (fraction of seeds),
 ``escape_time``, ``first_learned``, ``first_specialization``, ``n_<class>`` for every head class,
 ``leaning_angle_spike``, ``leaning_angle_mean``, ``n_directions``, ``shared_profiles``), the
-same for the simulation with a ``sim_`` prefix, and the cache ``key``. ``status`` is ``ok``,
+theory's quadrature as :class:`~singleloc.TheoryResult` states it (``route``, ``gram_route``,
+``risk_error``, ``exact_drift_error``, ``gram_error``, ``drift_error``, ``points``: blank for an
+entry cached before entries carried them, or a failed one), the same phase summary for the
+simulation with a ``sim_`` prefix, and the cache ``key``. ``status`` is ``ok``,
 ``not yet (predicted escape at tau = X)`` for a point with a predicted escape where some seed
 has not escaped by the horizon, or the failure. One phase diagram over ``(H, F)`` per
 activation (and per value of the other grid keys): ``DIR/phase_<activation>[_<key>=<value>...].png``.
@@ -76,6 +79,7 @@ from ._sweep_cache import _entry_path, cache_key, cached_run, fill_cache
 from ._sweep_compute import compile_group
 from ._sweep_dataset import write_sweep
 from ._theory import OrderParameterODE
+from ._theory_result import DRIFT_UNCHECKED, STATEMENT_FIELDS
 
 #: Least number of saved times of a point integrated to a predicted or given horizon.
 HORIZON_N_SAVE = 201
@@ -144,6 +148,41 @@ def summarize(config: Config, data: dict[str, np.ndarray], kind: str) -> dict[st
 #: The columns of a phase summary, in the order of the CSV.
 SUMMARY_KEYS = ("final_risk", "escaped", "escape_time", "first_learned", "first_specialization",
                 *(f"n_{c}" for c in HEAD_CLASSES), "leaning_angle_spike", "leaning_angle_mean", "n_directions", "shared_profiles")
+
+
+def statement_columns(entry: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """The quadrature statement of a theory entry (:data:`~singleloc._theory_result.STATEMENT_FIELDS`)
+    as CSV values: text for the routes, numbers for the errors and points; ``""`` and NaN where the
+    entry does not carry it (cached by an earlier version, or the point failed)."""
+    text = ("route", "gram_route")
+    return {k: (str(entry[k]) if k in entry else "") if k in text else (float(entry[k]) if k in entry else math.nan)
+            for k in STATEMENT_FIELDS}
+
+
+def quadrature_summary(rows: Sequence[Mapping[str, Any]]) -> str:
+    """One line on the routes of a sweep's theory points and their largest stated errors (what
+    ``singleloc sweep`` prints; the per-point values are :func:`statement_columns`')."""
+    def largest(points, key, none="not computed"):
+        values = [r[key] for r in points if np.isfinite(r[key])]
+        return f"{max(values):.1e}" if values else none
+
+    def points(n):
+        return f"{n} point{'' if n == 1 else 's'}"
+
+    parts = []
+    exact = [r for r in rows if r.get("route") == "exact"]
+    if exact:
+        parts.append(f"exact route at {points(len(exact))} (largest stated risk error {largest(exact, 'risk_error')}, "
+                     f"relative O(lr) drift error {largest(exact, 'exact_drift_error', DRIFT_UNCHECKED)}, lr^2 Gram term "
+                     f"{largest(exact, 'gram_error')})")
+    rule = [r for r in rows if r.get("route") == "rule"]
+    if rule:
+        parts.append(f"rule route at {points(len(rule))} (largest estimated relative drift error at the start "
+                     f"{largest(rule, 'drift_error')})")
+    unstated = len(rows) - len(exact) - len(rule)
+    if unstated:
+        parts.append(f"not stated at {points(unstated)} (failed, or cached before entries carried it)")
+    return "theory quadrature: " + "; ".join(parts)
 
 
 def _failure(kind: str, err: BaseException) -> str:
@@ -233,6 +272,8 @@ def sweep(base: Config, grids: Sequence[Grid], out: str | Path, *, horizon: str 
                     loaded[i][kind] = read(run_cfgs[i], kind)
                     summ = summarize(run_cfgs[i], loaded[i][kind], kind)
             row.update({prefix + k: summ[k] for k in SUMMARY_KEYS})
+            if kind == "theory":
+                row.update(statement_columns(loaded[i].get("theory", {})))
         if failures:  # every failure of the point: prediction, theory and simulation
             row["status"] = "; ".join(failures)
             stats.failed += 1

@@ -58,8 +58,10 @@ def compute_prediction(config: Config) -> dict[str, np.ndarray]:
 
 
 def compute_theory(config: Config) -> dict[str, np.ndarray]:
-    """ODE trajectories from the initial overlaps of every seed (one batched solve)."""
-    return _trajectory_arrays(integrate(config, initial_conditions(config), progress=False))
+    """ODE trajectories from the initial overlaps of every seed (one batched solve), with the
+    route and stated errors of the quadrature (:meth:`~singleloc.TheoryResult.statement`)."""
+    r = integrate(config, initial_conditions(config), progress=False)
+    return _trajectory_arrays(r) | r.statement()
 
 
 def compute_simulation(config: Config) -> dict[str, np.ndarray]:
@@ -88,7 +90,7 @@ def compute_theories(configs: Sequence[Config]) -> list[dict[str, np.ndarray] | 
     (:func:`~singleloc._ode.integrate_points`): the arrays of each point, or the error its
     solve stopped with."""
     results = integrate_points([(config, initial_conditions(config)) for config in configs])
-    return [r if isinstance(r, FloatingPointError) else _trajectory_arrays(r) for r in results]
+    return [r if isinstance(r, FloatingPointError) else _trajectory_arrays(r) | r.statement() for r in results]
 
 
 #: Keys that change only the values the compiled theory programs receive, not the programs:

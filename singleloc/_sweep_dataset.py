@@ -31,7 +31,8 @@ step, head, other_head)``, ``b (grid..., seed, step, head)`` and ``risk (grid...
 those of the cache entries, unchanged. Per point, over the grid dimensions only: every column
 of ``sweep.csv`` other than the grid values (``activation``, ``heads``, ``F``, ``status``,
 ``horizon``, ``lambda``, ``tau_plateau``, ``predicted_escape``, the phase summary ``final_risk``,
-``escaped``, ..., ``n_<class>``, ..., its ``sim_`` twin, and ``key``, the cache key of the
+``escaped``, ..., ``n_<class>``, ..., the theory's quadrature ``route``, ``risk_error``, ..., the
+summary's ``sim_`` twin, and ``key``, the cache key of the
 point's theory entry). Attributes: ``config`` (the base configuration as JSON), ``grids``
 (``{key: [values]}`` as JSON) and ``singleloc_version``.
 

@@ -11,6 +11,13 @@ import numpy as np
 from ._config import Config, require_config
 from ._run_folders import save_run
 
+#: The fields of a :class:`TheoryResult` that state its quadrature (route and errors), as a sweep's
+#: cache entries and CSV columns carry them (:meth:`TheoryResult.statement`).
+STATEMENT_FIELDS = ("route", "gram_route", "risk_error", "exact_drift_error", "gram_error", "drift_error", "points")
+#: The exact route's ``O(lr)`` drift error where it is not computed (``risk_error`` under
+#: ``singleloc._ode.DRIFT_CHECK_ABOVE``: the drift error is then under about 1e-5).
+DRIFT_UNCHECKED = "below 1e-5 (not computed: risk error under 1e-9)"
+
 
 @dataclasses.dataclass(frozen=True)
 class TheoryResult:
@@ -59,20 +66,20 @@ class TheoryResult:
         if self.risk_se is None:
             object.__setattr__(self, "risk_se", np.full(np.shape(self.risk), np.nan))
 
+    def statement(self) -> dict[str, np.ndarray]:
+        """The route and stated errors (:data:`STATEMENT_FIELDS`) as 0-d arrays."""
+        return {k: np.asarray(getattr(self, k)) for k in STATEMENT_FIELDS}
+
     def arrays(self, index: int = 0) -> dict[str, np.ndarray]:
         return {"tau": self.tau, "M": self.M[index], "Q": self.Q[index], "b": self.b[index], "risk": self.risk[index],
-                "risk_se": self.risk_se[index], "drift_error": np.asarray(self.drift_error), "points": np.asarray(self.points),
-                "replicates": np.asarray(self.replicates), "route": np.asarray(self.route),
-                "risk_error": np.asarray(self.risk_error), "gram_error": np.asarray(self.gram_error),
-                "exact_drift_error": np.asarray(self.exact_drift_error), "gram_route": np.asarray(self.gram_route),
+                "risk_se": self.risk_se[index], "replicates": np.asarray(self.replicates), **self.statement(),
                 **({} if self.v is None else {"v": self.v[index]})}
 
     def quadrature(self) -> str:
         """One line on the rule: points, replicates and the error estimates (for printing)."""
         parts = []
         if self.route == "exact":
-            drift = (f"{self.exact_drift_error:.1e}" if np.isfinite(self.exact_drift_error) else
-                     "below 1e-5 (not computed: risk error under 1e-9)")
+            drift = f"{self.exact_drift_error:.1e}" if np.isfinite(self.exact_drift_error) else DRIFT_UNCHECKED
             gram = ("lr^2 Gram term exact too (its relative error against the finer rule "
                     f"{self.gram_error:.1e})" if self.gram_route == "exact" else
                     f"lr^2 Gram term on the rank-aware Sobol rule (its relative error {self.gram_error:.1e})")

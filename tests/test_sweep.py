@@ -114,6 +114,9 @@ def test_second_sweep_hits_the_cache_and_changes_recompute_only_affected_points(
         assert float(r["n_unspecialized"]) == H - float(r["n_aligned"])
         assert float(r["escaped"]) == (1.0 if F > 1 else 0.0)
         assert r["status"] == ("not yet (predicted escape at tau = 40)" if H > 1 and F == 1 else "ok")
+        # the synthetic entries state no quadrature (as entries cached before they carried it): blank, not invented
+        assert (r["route"], r["gram_route"]) == ("", "") and np.isnan(float(r["risk_error"]))
+    assert _sweep.quadrature_summary(rows).endswith("not stated at 4 points (failed, or cached before entries carried it)")
 
 
 def test_damaged_cache_file_is_recomputed(tmp_path, fake_compute):
@@ -199,6 +202,7 @@ def test_cli_sweep_auto_horizon_real_prediction(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.exact_route
 def test_cli_sweep_real_theory_then_cached(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(_sweep_compute, "compute_prediction", fake_prediction)  # the real one: test_cli_sweep_auto_horizon_...
     out = tmp_path / "sw"
@@ -210,6 +214,11 @@ def test_cli_sweep_real_theory_then_cached(tmp_path, capsys, monkeypatch):
     rows = read_csv(out / "sweep.csv")
     assert len(rows) == 2 and {r["activation"] for r in rows} == {"softmax", "bsoftmax"}
     assert all(np.isfinite(float(r["final_risk"])) for r in rows)
+    # the quadrature as integrate states it: both on the exact route (risk errors ~1e-12 at these short keys,
+    # far under the route's 1e-5), the Gram term of L H = 6 fields on the Sobol rule
+    assert all((r["route"], r["gram_route"]) == ("exact", "sobol") for r in rows)
+    assert all(0 <= float(r["risk_error"]) < 1e-8 and 0 < float(r["gram_error"]) < 0.1 for r in rows)
+    assert "theory quadrature: exact route at 2 points (largest stated risk error" in first
     assert (out / "phase_softmax.png").is_file() and (out / "phase_bsoftmax.png").is_file()
     assert main(args) == 0
     assert "0 computed, 2 from the cache" in capsys.readouterr().out
@@ -242,6 +251,11 @@ def test_cli_sweep_with_simulation(tmp_path, capsys, monkeypatch):
     assert main(args) == 0
     (row,) = read_csv(out / "sweep.csv")
     assert np.isfinite(float(row["sim_final_risk"]))
+    # the theory's quadrature as integrate states it: the suite's mechanics run on the rule route (conftest),
+    # 16 points given, so no error estimate (the exact route's statement: test_cli_sweep_real_theory_then_cached)
+    assert (row["route"], float(row["points"])) == ("rule", 16.0) and np.isnan(float(row["risk_error"]))
+    assert ("theory quadrature: rule route at 1 point (largest estimated relative drift error at the start not "
+            "computed)") in capsys.readouterr().out
     assert len(list((tmp_path / "c").glob("simulation-*.npz"))) == 1
 
 

@@ -64,7 +64,7 @@ def run(args) -> int:
     from .._distributed import check_cluster
     from .._grid import parse_grid
     from .._resources import check_workers
-    from .._sweep import check_sweep, sweep
+    from .._sweep import check_sweep, quadrature_summary, sweep
 
     config = config_from_args(args)
     grids = [parse_grid(g) for g in args.grid]
@@ -77,4 +77,5 @@ def run(args) -> int:
     failed = f"; {stats.failed} failed, see the status column" if stats.failed else ""
     print(f"swept {len(rows)} points ({stats.computed} computed, {stats.cached} from the cache{failed}) "
           f"in {stats.seconds:.1f} s; wrote {args.out / 'sweep.csv'} and {args.out / 'sweep.nc'}")
+    print(quadrature_summary(rows))
     return 0
