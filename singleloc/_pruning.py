@@ -72,9 +72,10 @@ class PruningResult:
         removed: ``(draws, H - 1)`` int, the heads removed, in order (indices of the original
             layer); one row unless the order is random.
         risks: ``(draws, H)``, the risk after removing ``k = 0 .. H-1`` heads.
-        stderr: ``(draws, H)`` standard error of each risk: Monte Carlo (weights evaluator),
-            quadrature (theory evaluator with ``theory.replicates > 1``), or ``None`` (theory
-            with one rule: no estimate).
+        stderr: ``(draws, H)`` error of each risk: Monte Carlo standard error (weights evaluator),
+            quadrature (theory evaluator: on the exact route the difference to the finer exact
+            rule, on the Sobol rule with ``theory.replicates > 1`` the replicates' standard
+            error), or ``None`` (one Sobol rule: no estimate).
     """
 
     order: str
@@ -359,15 +360,17 @@ def prune_theory(config: Config | None = None, M=None, Q=None, b=None, order: st
                  problem: Problem | None = None, model: Model | None = None, sgd: SGD | None = None,
                  theory: Theory | None = None, draws: int = 16, seed: int = 0) -> PruningResult:
     """Prune the layer with order parameters ``M`` (H, F), ``Q`` (H, H), ``b`` (H,), scoring
-    every kept subset by its population risk (see :class:`TheoryRisk`; with
-    ``theory.replicates > 1`` each risk comes with its quadrature error in ``stderr``). The run
+    every kept subset by its population risk (see :class:`TheoryRisk`; on the exact route, or
+    with ``theory.replicates > 1`` on the Sobol rule, each risk comes with its quadrature error
+    in ``stderr``: the difference to the finer exact rule, or the replicates' standard error). The run
     is ``config`` or the specifications by keyword (defaults for those not given)."""
     config = gather_specs("prune_theory", config, problem=problem, model=model, sgd=sgd, theory=theory)
     require_arguments("prune_theory", M=M, Q=Q, b=b)
     evaluate = TheoryRisk(config, M, Q, b)
     norms = np.linalg.norm(np.asarray(M, dtype=float), axis=1)
     result = prune(evaluate, evaluate.heads, order, overlap_norms=norms, draws=draws, seed=seed)
-    return _finish(result, deterministic=config.theory.replicates == 1)
+    # one Sobol rule states no error; the exact route states its own (against the finer exact rule)
+    return _finish(result, deterministic=config.theory.replicates == 1 and not on_exact_route(evaluate.config))
 
 
 def prune_run(run: Run, order: str | Sequence[int] = "greedy", *, draws: int = 16,

@@ -81,9 +81,32 @@ def test_cli_prune_prints_the_quadrature_error(tmp_path, capsys):
     text = capsys.readouterr().out
     with np.load(out / "prune.npz") as d:
         risks, se = d["theory_risks"][0], d["theory_stderr"][0]
+        route = str(d["route"])
     assert "+- quadrature SE" in text and f"{risks[1]:.4f} +- {se[1]:.4f}" in text
+    assert route == "rule" and "on the Sobol rule route" in text  # the suite's mechanics run on the rule (conftest)
     k = removable_heads(risks, 0.0) + 1  # the first harmful removal
     assert k == 1 and f"removing {k} raises it by {risks[k] - risks[0]:.4f} +- {np.hypot(se[k], se[0]):.4f}" in text
+
+
+@pytest.mark.exact_route
+def test_cli_prune_on_the_exact_route_says_so_and_agrees_with_the_rule(tmp_path, capsys):
+    """The same Bayes layer on the user's default route (exact for bsoftmax's two heads): the table
+    names the route and its stated error (against a finer exact rule, far under 1e-5), and the risks
+    agree with six independent Sobol rules of 4096 points within four of their standard errors."""
+    out = tmp_path / "run"
+    cfg = small_config("bsoftmax", 2, 2, points=256)
+    M, Q, b = (np.asarray(x) for x in bayes_point(cfg.problem.build_prior()))
+    save_run(out, cfg, {"theory.npz": {"tau": np.arange(2.0), "M": np.repeat(M[None], 2, 0), "Q": np.repeat(Q[None], 2, 0),
+                                       "b": np.repeat(b[None], 2, 0), "risk": np.zeros(2)}})
+    assert main(["prune", str(out), "--tol", "0"]) == 0
+    text = capsys.readouterr().out
+    with np.load(out / "prune.npz") as d:
+        risks, err, route = d["theory_risks"][0], d["theory_stderr"][0], str(d["route"])
+    assert route == "exact" and "on the exact route" in text and "+- stated error" in text
+    assert np.all(err < 1e-6)
+    rule = prune_theory(small_config("bsoftmax", 2, 2, points=4096).replace(theory={"replicates": 6, "route": "rule"}),
+                        M, Q, b, [int(i) for i in np.load(out / "prune.npz")["theory_removed"][0]])
+    assert np.all(np.abs(rule.risks[0] - risks) < 4 * rule.stderr[0] + 1e-6), (risks, rule.risks, rule.stderr)
 
 def _single_head_mc(activation, M, Q, b, L, strength, F, n, rng):
     """Independent numpy Monte Carlo of the limit risk of ONE head, spikes prior:

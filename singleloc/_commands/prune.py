@@ -58,6 +58,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from .._pruning import prune_run, pruning_config
+    from .._resources import on_exact_route
     from .._run_folders import RUN_KINDS, add_to_run, load_run, save_run
     from ..plots import plot_pruning
 
@@ -77,8 +78,9 @@ def run(args) -> int:
     results = prune_run(dataclasses.replace(loaded, config=theory), args.order, draws=args.draws, seed=args.seed)
 
     H, F = config.model.heads, config.problem.F
-    _print_table(results, args, H, F)
-    arrays = {"n_removed": np.arange(H)}
+    route = "exact" if on_exact_route(theory) else "rule"
+    _print_table(results, args, H, F, route)
+    arrays = {"n_removed": np.arange(H), "route": np.asarray(route)}
     curves = {}
     for source, res in results.items():
         arrays[f"{source}_risks"] = np.concatenate([r.risks for r in res])
@@ -103,18 +105,21 @@ def _merge(res: list):
                                risks=np.concatenate([r.risks for r in res]))
 
 
-def _print_table(results: dict[str, list], args, H: int, F: int) -> None:
+def _print_table(results: dict[str, list], args, H: int, F: int, route: str) -> None:
     spread = args.order == "random"
+    error = "stated error" if route == "exact" else "quadrature SE"  # the finer exact rule's difference, or replicates'
     head = f"{'removed':>7} {'kept':>4}"
     for source, res in results.items():
         n = len(res)
         name = source if source == "theory" else f"simulation ({n} seed{'s' * (n > 1)}, order parameters)"
-        name += " mean +- sd" if spread or n > 1 else (" +- quadrature SE" if res[0].stderr is not None else "")
+        name += " mean +- sd" if spread or n > 1 else (f" +- {error}" if res[0].stderr is not None else "")
         head += f"  {name:>28}"
         if args.order != "random":
             head += f"  {'dropped':>{max(7, 4 * n)}}"
+    how = ("the exact route; its stated error is the difference to a finer exact rule" if route == "exact" else
+           "the Sobol rule route; its error is the replicates' standard error, with theory.replicates > 1")
     print(f"{args.order} pruning, H = {H}, F = {F}: risk against heads removed "
-          f"(population risk of the kept order parameters)")
+          f"(population risk of the kept order parameters, on {how})")
     print(head)
     for k in range(H):
         row = f"{k:>7} {H - k:>4}"
@@ -133,14 +138,14 @@ def _print_table(results: dict[str, list], args, H: int, F: int) -> None:
         counts = [r.removable(args.tol) for r in res]
         what = f"{counts[0]}" if len(counts) == 1 else f"{min(counts)}..{max(counts)} over seeds"
         print(f"{source}: {what} head(s) can be removed before the risk rises by more than {args.tol:g} (H - F = {H - F})"
-              + (_margin(res[0], counts[0]) if len(res) == 1 else ""))
+              + (_margin(res[0], counts[0], error) if len(res) == 1 else ""))
 
 
-def _margin(result, k: int) -> str:
+def _margin(result, k: int, error: str) -> str:
     """The rise of the risk at the first harmful removal, with its quadrature error (a count
     near the threshold is only as sure as that error)."""
     if result.stderr is None or result.risks.shape[0] > 1 or k + 1 >= result.heads:
         return ""
     risk, se = result.risks[0], result.stderr[0]
     return (f"; removing {k + 1} raises it by {risk[k + 1] - risk[0]:.4f} +- {np.hypot(se[k + 1], se[0]):.4f} "
-            "(quadrature SE)")
+            f"({error})")
