@@ -60,14 +60,18 @@ def compute_prediction(config: Config) -> dict[str, np.ndarray]:
 def compute_theory(config: Config) -> dict[str, np.ndarray]:
     """ODE trajectories from the initial overlaps of every seed (one batched solve), with the
     route and stated errors of the quadrature (:meth:`~singleloc.TheoryResult.statement`)."""
-    r = integrate(config, initial_conditions(config), progress=False)
-    return _trajectory_arrays(r) | r.statement()
+    return _theory_arrays(integrate(config, initial_conditions(config), progress=False))
 
 
 def compute_simulation(config: Config) -> dict[str, np.ndarray]:
     """Finite-D SGD for every seed: ``risk`` (empirical) and ``risk_limit`` as in :class:`~singleloc.SimulationResult`."""
     r = simulate_sgd(config, progress=False)
     return _trajectory_arrays(r) | {"risk_limit": r.risk_limit}
+
+
+def _theory_arrays(r) -> dict[str, np.ndarray]:
+    """A theory entry: the trajectories and the quadrature's statement (:meth:`~singleloc.TheoryResult.statement`)."""
+    return _trajectory_arrays(r) | r.statement()
 
 
 def _trajectory_arrays(r) -> dict[str, np.ndarray]:
@@ -90,7 +94,7 @@ def compute_theories(configs: Sequence[Config]) -> list[dict[str, np.ndarray] | 
     (:func:`~singleloc._ode.integrate_points`): the arrays of each point, or the error its
     solve stopped with."""
     results = integrate_points([(config, initial_conditions(config)) for config in configs])
-    return [r if isinstance(r, FloatingPointError) else _trajectory_arrays(r) | r.statement() for r in results]
+    return [r if isinstance(r, FloatingPointError) else _theory_arrays(r) for r in results]
 
 
 #: Keys that change only the values the compiled theory programs receive, not the programs:
