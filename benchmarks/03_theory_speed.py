@@ -4,15 +4,20 @@
    empty cache folder: everything traced and compiled) and warm (the same command again: the
    stored program and executables are loaded), whole-process wall time and CPU time (user + sys
    of the child: the machine may be shared, and CPU time is what a quiet machine's wall time
-   would be). Targets: warm < 6 s, cold < 12 s.
-2. Where a warm and a cold run spend their time, in one process: imports, the initial overlaps,
+   would be). Targets: warm < 6 s, cold < 12 s (rule route); 5 s / 2 s (exact route, issue 20).
+2. The floor of any such command here: a fresh process that imports JAX, equinox and diffrax, turns
+   on the same persistent compilation cache and runs a trivial Tsit5 solve (``dy/dt = -y`` on ten
+   numbers, the same saved times, tolerances and step-size controller), cold and warm, timed the
+   same way. What ``integrate`` takes beyond it is the package's; a target below it cannot be met
+   by any program on this machine.
+3. Where a warm and a cold run spend their time, in one process: imports, the initial overlaps,
    tracing (jaxpr), lowering, XLA compiling, reading the cache, and the solve itself.
-3. What the cold run compiles, piece by piece, in one process: the drift alone, the solve around it
+4. What the cold run compiles, piece by piece, in one process: the drift alone, the solve around it
    (Tsit5, the step-size controller, the event), the risk on the evaluation rule and on the finer
    check rule, and the Gram term's stated error, each lowered and compiled as its own program at the
    start of ``integrate default``, against the whole solve program (``integrate``'s). The floor of
    a cold run is the imports plus the solve's compilation, whatever else is trimmed.
-4. The ratio of ``simulate`` (D = 1e4, 1 seed) to the warm ``integrate`` over the same tau range
+5. The ratio of ``simulate`` (D = 1e4, 1 seed) to the warm ``integrate`` over the same tau range
    (target >= 1000x). The simulation is run as a fresh process to ``SIM_TAU`` and to ``2 SIM_TAU``;
    the difference gives its cost per unit tau (constant: one fresh sample and one gradient per step),
    which extrapolates the first run (compilation included) to ``tau_max``. Two ratios: whole
@@ -61,6 +66,24 @@ names = {"trace": "/jax/core/compile/jaxpr_trace_duration", "lower": "/jax/core/
          "compile": "/jax/core/compile/backend_compile_duration", "cache read": "/jax/compilation_cache/cache_retrieval_time_sec"}
 print(json.dumps({"imports": t1 - t0, "initial overlaps": t2 - t1, "integrate": t3 - t2,
                   **{k: spent.get(v, 0.0) for k, v in names.items()}}))
+"""
+
+# The floor: a trivial diffrax program in a fresh process, set up as integrate's (x64, persistent cache).
+FLOOR = """
+import os, sys
+import jax
+jax.config.update("jax_enable_x64", True)
+jax.config.update("jax_compilation_cache_dir", os.environ["SINGLELOC_CACHE_DIR"])
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+import diffrax, equinox as eqx, jax.numpy as jnp
+tau_max = float(sys.argv[1])
+@eqx.filter_jit
+def solve(y0):
+    term = diffrax.ODETerm(lambda t, y, args: -y)
+    saveat = diffrax.SaveAt(ts=jnp.linspace(0.0, tau_max, 61))
+    return diffrax.diffeqsolve(term, diffrax.Tsit5(), 0.0, tau_max, 0.01, y0, saveat=saveat,
+                               stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=1e-8), max_steps=100_000).ys
+print(float(solve(jnp.ones(10))[-1, 0]))
 """
 
 # Each piece of integrate's program compiled on its own, in one process (jax.stages: lower, then compile).
@@ -137,6 +160,16 @@ def main():
               f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
         results.update(cold_wall_s=cold[0], cold_cpu_s=cold[1], warm_wall_s=warm[0], warm_cpu_s=warm[1],
                        load_average=os.getloadavg()[0], phases={})
+        env_floor = {**os.environ, "SINGLELOC_CACHE_DIR": f"{tmp}/floor"}
+        floor_cmd = [sys.executable, "-c", FLOOR, str(args.tau_max)]
+        floor_cold = timed(floor_cmd, env_floor)
+        floor_warm = sorted(timed(floor_cmd, env_floor) for _ in range(args.repeat))[args.repeat // 2]
+        print(f"  floor (a trivial Tsit5 solve in a fresh process): cold {floor_cold[0]:.1f} s wall ({floor_cold[1]:.1f} s CPU), "
+              f"warm {floor_warm[0]:.1f} s wall ({floor_warm[1]:.1f} s CPU); integrate / floor: cold "
+              f"{cold[0] / floor_cold[0]:.1f}x, warm {warm[0] / floor_warm[0]:.1f}x")
+        results.update(floor_cold_wall_s=floor_cold[0], floor_cold_cpu_s=floor_cold[1], floor_warm_wall_s=floor_warm[0],
+                       floor_warm_cpu_s=floor_warm[1], ratio_floor_cold=cold[0] / floor_cold[0],
+                       ratio_floor_warm=warm[0] / floor_warm[0])
         env_split = {**os.environ, "SINGLELOC_CACHE_DIR": f"{tmp}/split"}
         for label in ("cold", "warm"):
             phases = split(args.tau_max, env_split)
