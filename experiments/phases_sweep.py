@@ -4,18 +4,18 @@ The sweep of docs/phases.md, ``singleloc sweep default --grid model.activation=.
 model.heads=1,2,4 --grid problem.F=1,2,3`` (spikes of strength 2.5, L = 4, lr = 0.5, 4 starts of
 D = 1000, each point to its predicted horizon), run through :func:`singleloc.sweep` one activation
 at a time. Every point takes ``theory.route = "auto"`` (the exact route wherever it exists) except
-the points of ``RULE_POINTS``, on the Sobol rule: bsoftmax with four heads under three spikes, whose
-joint exact rule is beyond ``JOINT_EXACT_MAX`` (the default 4096 points), and under one spike, whose
-joint exact rule takes about two hours of one core for the four starts: there four copies of an
-unspecialized head leave the default rule 1.3e-3 low (0.13996 against the exact route's 0.14121,
-run once), so it takes 65536 points and two replicates (0.14130, about 6 minutes; ``--exact-all``
-puts it on the exact route).
+the points of ``RULE_POINTS``: bsoftmax with four heads, whose joint exact rule is beyond
+``JOINT_EXACT_MAX`` under three spikes and takes hours a point under one or two (about 9 s a drift;
+the four starts of one spike took two hours of one core). They go on the Sobol rule at 65536 points
+and two replicates (minutes a point): at four copies of an unspecialized head (one spike) it is
+within 9e-5 of the exact route (0.14130 against 0.14121), where the default 4096 points leave it
+1.3e-3 low (0.13996). ``--exact-all``: every point on ``"auto"`` (hours).
 
 Writes ``figures/phases_sweep_<activation>.png`` and the rows of the redone activations into
 ``figures/phases_sweep_exact.csv`` (the rows of the others are kept; a ``route`` column says which
 route each point took, blank for rows written before the sweeps stored it). ``--activations``: the
-activations to redo (default all three; each is one sweep, minutes for softmax and softmax1 on the
-exact route, about three hours for bsoftmax on two cores). ``--cache DIR``: the sweeps' point cache
+activations to redo (default all three; bsoftmax took about an hour of one core of this 2-core
+machine, its six exact points 20 minutes of it). ``--cache DIR``: the sweeps' point cache
 (a sweep repeated there recomputes nothing). ``--quick``: H = 1, 2 and F = 1, 2 at a horizon of 30.
 """
 
@@ -38,8 +38,7 @@ from singleloc.plots import plot_phase_diagram  # noqa: E402
 ACTIVATIONS = ("softmax", "softmax1", "bsoftmax")
 HEADS, SPIKES = (1, 2, 4), (1, 2, 3)
 #: (activation, H, F) on the rule route, with their theory settings (module docstring).
-RULE_POINTS = {("bsoftmax", 4, 3): {"route": "rule"},
-               ("bsoftmax", 4, 1): {"route": "rule", "points": 65536, "replicates": 2}}
+RULE_POINTS = {("bsoftmax", 4, F): {"route": "rule", "points": 65536, "replicates": 2} for F in SPIKES}
 CSV_NAME = "phases_sweep_exact.csv"
 
 
