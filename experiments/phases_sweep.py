@@ -48,8 +48,8 @@ def grids(activation: str, heads, spikes) -> list[sl.Grid]:
 
 
 def sweep_rows(activation: str, cache: Path, work: Path, *, quick: bool, exact_all: bool) -> list[dict]:
-    """The rows of one activation's points: one sweep on the default route, one on the rule for the
-    points of ``RULE_POINTS`` (the same product of heads and spikes otherwise)."""
+    """The rows of one activation's points, sorted by ``(H, F)``: per head count, one sweep of its
+    spikes on the default route and one sweep for each of its points in ``RULE_POINTS``."""
     heads, spikes = ((1, 2), (1, 2)) if quick else (HEADS, SPIKES)
     horizon = 30.0 if quick else "auto"
     base = sl.load_config("default")
@@ -58,25 +58,24 @@ def sweep_rows(activation: str, cache: Path, work: Path, *, quick: bool, exact_a
     rows = []
     for h in heads:  # per head count: its spikes on the default route in one sweep, then each rule point
         auto = [f for f in spikes if (h, f) not in rule]
-        runs = [({}, auto)] + [(rule[h, f], [f]) for f in spikes if (h, f) in rule]
+        runs = ([({}, auto)] if auto else []) + [(rule[h, f], [f]) for f in spikes if (h, f) in rule]
         for theory, fs in runs:
-            if fs:
-                label = ", ".join(f"{k} = {v}" for k, v in theory.items()) or "auto route"
-                out = work / f"{activation}_H{h}_F{'-'.join(map(str, fs))}"
-                got, stats = sl.sweep(base.replace(theory=theory) if theory else base, grids(activation, [h], fs), out,
-                                      horizon=horizon, cache_dir=cache, figures=False)
-                print(f"{activation} H = {h}, F = {fs} ({label}): {stats.computed} computed, {stats.cached} from the "
-                      f"cache, {stats.failed} failed, {stats.seconds:.0f} s")
-                rows += got
+            label = ", ".join(f"{k} = {v}" for k, v in theory.items()) or "auto route"
+            out = work / f"{activation}_H{h}_F{'-'.join(map(str, fs))}"
+            got, stats = sl.sweep(base.replace(theory=theory) if theory else base, grids(activation, [h], fs), out,
+                                  horizon=horizon, cache_dir=cache, figures=False)
+            print(f"{activation} H = {h}, F = {fs} ({label}): {stats.computed} computed, {stats.cached} from the "
+                  f"cache, {stats.failed} failed, {stats.seconds:.0f} s")
+            rows += got
     return sorted(rows, key=lambda r: (int(r["heads"]), int(r["F"])))
 
 
-def merged(old: list[dict], new: list[dict], redone: set[str]) -> tuple[list[dict], list[str]]:
-    """``old`` without the rows of the ``redone`` activations, then ``new``; the columns' union in
-    order of first appearance (a column a row lacks is left blank)."""
+def merged(old: list[dict], new: list[dict], redone: set[str]) -> list[dict]:
+    """``old`` without the rows of the ``redone`` activations, then ``new``, every row on the columns'
+    union in order of first appearance (a column a row lacks is left blank)."""
     rows = [r for r in old if r["activation"] not in redone] + new
     columns = list(dict.fromkeys(k for r in rows for k in r))
-    return rows, columns
+    return [{k: r.get(k, "") for k in columns} for r in rows]
 
 
 def main():
@@ -101,9 +100,12 @@ def main():
             print(f"wrote {figures / f'phases_sweep_{activation}.png'}")
             new += rows
     path = figures / CSV_NAME
-    old = list(csv.DictReader(path.open())) if path.exists() else []
-    rows, columns = merged(old, new, set(activations))
-    write_csv(path, [{k: r.get(k, "") for k in columns} for r in rows])
+    old = []
+    if path.exists():
+        with path.open() as f:
+            old = list(csv.DictReader(f))
+    rows = merged(old, new, set(activations))
+    write_csv(path, rows)
     print(f"wrote {path}: {len(rows)} rows ({len(new)} redone)")
 
 
