@@ -116,7 +116,8 @@ def alternative_rule(kind: str, cfg, n: int, seed: int) -> sl.OrderParameterODE:
         base = sl.LocalFields.make(L, H, cfg.problem.build_prior(), n, seed)
         w = jnp.asarray(z.reshape(n, L, H))
         fields = sl.LocalFields(w, base.u, base.atoms, base.probs, base.cov_sqrt, 1, base.batch_size)
-    return sl.OrderParameterODE(fields, sl.get_activation(cfg.model.activation), cfg.sgd.lr, cfg.model.train_bias)
+    expectation = sl.SobolExpectation(fields=fields, activation=sl.get_activation(cfg.model.activation))
+    return sl.OrderParameterODE(expectation, sl.OnlineSGD(cfg.sgd.lr, cfg.model.train_bias))
 
 
 def alternatives(n: int = 4096) -> list[dict]:

@@ -91,7 +91,7 @@ COMPONENTS = """
 import json, sys, time
 import equinox as eqx, jax
 import singleloc as sl
-from singleloc._ode import _problem, _run, _solve, gram_error
+from singleloc._ode import _problem, _run, _solve
 jax.config.update("jax_enable_x64", True)
 cfg = sl.load_config("default", [f"sgd.tau_max={sys.argv[1]}"])
 dynamics, evaluation, y0, ts, rtol, atol = _problem(cfg, None, None).args
@@ -105,7 +105,7 @@ pieces = {
     "solve": (lambda o, y: _solve(o, y, ts, rtol, atol, 100_000, False), dyn, y),
     "risk": (lambda o, y: o.state_risk(y), ev, y),
     "risk check": (lambda o, y: o.risk_check(*y), ev, y),
-    "gram error": (lambda o, e, y: gram_error(o, e, *y), dyn, ev, y),
+    "gram error": (lambda o, e, y: o.expectation.gram_error(e.expectation, *y), dyn, ev, y),
 }
 out = {}
 for name, (fn, *args) in pieces.items():

@@ -168,7 +168,7 @@ def gram_precision(quick: bool) -> list[dict]:
     print("| activation | H | L | F | state | rule | points | relative error | ms / Gram |")
     print("|---|---|---|---|---|---|---|---|---|")
     cases = [("softmax", 6, 4, 1, "copies"), ("softmax", 6, 4, 1, "near copies"), ("bsoftmax", 4, 4, 2, "specialised")]
-    gram = eqx.filter_jit(lambda fields, ode, *s: eqx.tree_at(lambda o: o.gram_fields, ode, fields).gram(*s))
+    gram = eqx.filter_jit(lambda fields, ode, *s: eqx.tree_at(lambda o: o.expectation.gram_term.fields, ode, fields).gram(*s))
     for act, H, L, F, kind in cases:
         state = trained(kind, H, F)
         cfg = config(act, H, L, F).replace(sgd={"lr": 0.5})
@@ -310,7 +310,7 @@ def wide_gram(quick: bool) -> list[dict]:
             text = ""
             if s <= 8.0:
                 points = 2**14 if quick else 2**16
-                G = np.array([sobol(eqx.tree_at(lambda o: o.fields, ode, sl.LocalFields.make(L, 2, prior, points, k,
+                G = np.array([sobol(eqx.tree_at(lambda o: o.expectation.fields, ode, sl.LocalFields.make(L, 2, prior, points, k,
                                                                                               principal=True)), *state)
                               for k in range(4)])
                 row.update(sobol=rel(after, G.mean(0)), sobol_se=float(np.max(G.std(0, ddof=1) / 2) / np.max(np.abs(ref))))

@@ -145,7 +145,8 @@ def heads_used(cfg, run) -> str:
     ode = sl.OrderParameterODE.from_config(cfg.replace(theory={"points": A_EPS_POINTS}))
     w = sl.attention_mass(ode, M, Q, b)
     # the relevant token is token 0 of the fields (docs/model.md section 4)
-    a_eps = float(ode.fields.expect(lambda g, theta: jnp.mean(ode.activation(g.T + jnp.asarray(b)[:, None])[:, 0]), M, Q))
+    first = lambda g, theta: jnp.mean(ode.activation(g.T + jnp.asarray(b)[:, None])[:, 0])  # noqa: E731
+    a_eps = float(ode.expectation.fields.expect(first, M, Q))
     on = w >= 0.05 * w.max()
     angles = np.sort(np.degrees(np.arctan2(M[on, 1], M[on, 0])).round()) if M.shape[1] == 2 else []
     return (f"E[a_eps] = {a_eps:.3f}, E[sum_l a_l] = {w.mean():.3f}, {int((~on).sum())} of {len(w)} heads off"

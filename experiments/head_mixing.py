@@ -67,7 +67,7 @@ def weights_used(cfg: sl.Config, M, Q, b, v) -> tuple[float, float]:
     ode = sl.OrderParameterODE.from_config(cfg.replace(theory={"points": EVAL["points"], "qmc_seed": EVAL["seed"]}))
     b, v = jnp.asarray(b), jnp.asarray(v)
     a = lambda g: sl.token_weights(ode.activation, g.T + b[:, None], v)
-    out = ode.fields.expect(lambda g, theta: jnp.stack([a(g)[0], jnp.sum(a(g))]), jnp.asarray(M), jnp.asarray(Q))
+    out = ode.expectation.fields.expect(lambda g, theta: jnp.stack([a(g)[0], jnp.sum(a(g))]), jnp.asarray(M), jnp.asarray(Q))
     return float(out[0]), float(out[1])
 
 

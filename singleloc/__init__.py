@@ -41,6 +41,11 @@ _EXPORTS = {
     "_accuracy": ("PointsChoice", "choose_points", "relative_drift_error"),
     "_compilation": ("enable_compilation_cache",),
     "_fields": ("LocalFields", "replicate_rules"),
+    "_expectation": ("AbstractExpectation", "AbstractGramTerm"),
+    "_sobol_expectation": ("SobolExpectation", "SobolGram"),
+    "_laplace_expectation": ("LaplaceExpectation", "LaplaceGram"),
+    "_monte_carlo_expectation": ("MonteCarloExpectation",),
+    "_routes": ("RouteChoice", "choose_route"),
     "_laplace": ("LaplaceRule", "exact_rule"),
     "_run_folders": ("Run", "add_to_run", "config_hash", "load_npz", "load_run", "save_figure", "save_json", "save_npz",
                      "save_run"),
@@ -108,6 +113,8 @@ if TYPE_CHECKING:
     from ._data import overlaps as overlaps
     from ._data import sample_sequence as sample_sequence
     from ._data import seed_keys as seed_keys
+    from ._expectation import AbstractExpectation as AbstractExpectation
+    from ._expectation import AbstractGramTerm as AbstractGramTerm
     from ._fields import LocalFields as LocalFields
     from ._fields import replicate_rules as replicate_rules
     from ._fixed_point import FixedPoint as FixedPoint
@@ -121,9 +128,12 @@ if TYPE_CHECKING:
     from ._head_classes import classify_heads as classify_heads
     from ._laplace import LaplaceRule as LaplaceRule
     from ._laplace import exact_rule as exact_rule
+    from ._laplace_expectation import LaplaceExpectation as LaplaceExpectation
+    from ._laplace_expectation import LaplaceGram as LaplaceGram
     from ._layer import finite_loss as finite_loss
     from ._layer import limit_loss as limit_loss
     from ._layer import token_weights as token_weights
+    from ._monte_carlo_expectation import MonteCarloExpectation as MonteCarloExpectation
     from ._numerics import psd_sqrt as psd_sqrt
     from ._ode import integrate as integrate
     from ._ode import resolve_points as resolve_points
@@ -154,6 +164,8 @@ if TYPE_CHECKING:
     from ._pruning import prune_theory as prune_theory
     from ._pruning import prune_weights as prune_weights
     from ._pruning import removable_heads as removable_heads
+    from ._routes import RouteChoice as RouteChoice
+    from ._routes import choose_route as choose_route
     from ._run_checks import warn_if_risk_rose as warn_if_risk_rose
     from ._run_folders import Run as Run
     from ._run_folders import add_to_run as add_to_run
@@ -175,6 +187,8 @@ if TYPE_CHECKING:
     from ._sgd_rule import sgd_rule as sgd_rule
     from ._simulation import simulate as simulate
     from ._simulation_result import SimulationResult as SimulationResult
+    from ._sobol_expectation import SobolExpectation as SobolExpectation
+    from ._sobol_expectation import SobolGram as SobolGram
     from ._specs import SGD as SGD
     from ._specs import Model as Model
     from ._specs import Problem as Problem

@@ -23,15 +23,9 @@ import numpy as np
 from ._theory import OrderParameterODE
 
 
-def _attention_mass(ode: OrderParameterODE, M: jax.Array, Q: jax.Array, b: jax.Array) -> jax.Array:
-    if ode.exact is not None:
-        return ode.exact.attention_mass(M, Q, b)
-    return ode.fields.expect(lambda g, theta: jnp.sum(ode.activation(g.T + b[:, None]), axis=1), M, Q)
-
-
 @eqx.filter_jit
 def _attention_mass_many(ode: OrderParameterODE, M: jax.Array, Q: jax.Array, b: jax.Array) -> jax.Array:
-    return jax.lax.map(lambda s: _attention_mass(ode, *s), (M, Q, b))
+    return jax.lax.map(lambda s: ode.expectation.attention_mass(*s), (M, Q, b))
 
 
 def attention_mass(ode: OrderParameterODE, M, Q, b) -> np.ndarray:

@@ -70,7 +70,7 @@ from scipy.stats import qmc
 
 from ._numerics import psd_sqrt_and_pinv_sqrt, rank_aware_factor_and_pinv
 from ._priors import Prior
-from ._resources import SOBOL_MAX_DIM, factor_rows, node_batch
+from ._sobol_geometry import SOBOL_MAX_DIM, factor_rows, node_batch
 
 
 def sobol_normals(dim: int, n: int, seed: int) -> np.ndarray:
@@ -148,7 +148,7 @@ class LocalFields(eqx.Module):
     ) -> LocalFields:
         """A rule of ``2 * points`` nodes from ``points`` Sobol points (a power of two) and their
         mirrors; ``symmetric``: closed under the cyclic shifts of the heads (module docstring).
-        ``batch_size``: nodes evaluated at once (default :func:`~singleloc._resources.node_batch`,
+        ``batch_size``: nodes evaluated at once (default :func:`~singleloc._sobol_geometry.node_batch`,
         fewer at large ``L * H``).
 
         ``principal`` (rank-aware, not with ``symmetric``): the fields are ``g_l = w_l S`` with the

@@ -60,21 +60,22 @@ def update_moments(ode: OrderParameterODE, M, Q, b, tau=0.0):
     F = M.shape[1]
     rule = ode.sgd
     tb = bool(rule.train_bias)
-    S, T = ode.fields.factors(Q)  # g_l = w_l S, T = S Q^+
+    fields = ode.expectation.sde_rule  # the route's Sobol rule
+    S, T = fields.factors(Q)  # g_l = w_l S, T = S Q^+
     A = T @ M  # (H, F): nu_bar_l = theta 1[l=0] + A^T w_l
 
     def integrand(g, theta, w):
-        c = jax.grad(ode._loss)(g.T + b[:, None])  # (H, L)
+        c = jax.grad(ode.expectation.loss)(g.T + b[:, None])  # (H, L)
         nu = w @ A
         nu = nu.at[0].add(theta)
         U = rule.update(tau, M, Q, b, c, g, nu)
         u = flatten_state(U.M, U.Q, U.b, tb)
         return {"u": u, "uu": jnp.outer(u, u), "cc": c @ c.T}
 
-    m = ode.fields.expect(integrand, M, Q, factor=S, with_noise=True)
+    m = fields.expect(integrand, M, Q, factor=S, with_noise=True)
     xi = jnp.eye(F) - M.T @ (T.T @ T) @ M  # Cov(nu | g), PSD up to rounding
     Sigma = rule.update_covariance(tau, m["u"], m["uu"], m["cc"], xi)
-    if ode.exact is None:
+    if ode.expectation.route == "rule":  # the drift is this pass's mean
         return m["u"], Sigma
     d = ode.drift(M, Q, b, tau)
     return flatten_state(d.M, d.Q, d.b, tb), Sigma

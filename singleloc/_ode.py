@@ -44,7 +44,6 @@ a batch smaller than the device count (one start), the quadrature nodes of its r
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from collections.abc import Sequence
 
 import diffrax
@@ -56,7 +55,7 @@ import numpy as np
 from ._accuracy import choose_points, relative_drift_error
 from ._compilation import exported_call
 from ._config import Config, gather_specs, require_config
-from ._laplace_gram import WIDE_GRAM_SIGMA
+from ._expectation import SolveReport
 from ._numerics import PSD_INPUT, PSD_SOLVE, Q_RUNAWAY
 from ._resources import check_run
 from ._run_checks import warn_if_risk_rose
@@ -66,23 +65,6 @@ from ._specs import SGD, Model, Problem, Simulation, Theory
 from ._starts import batched_starts, initial_conditions, with_head_weights
 from ._theory import OrderParameterODE, OrderParameters, WeightedOrderParameters, r_orth
 from ._theory_result import TheoryResult
-
-#: A stated risk error of the exact route above this draws a warning (the exact route aims at 1e-5 and
-#: reaches 1e-10 at the states of L = 4 training; large token variances ``alpha^2 Q_hh`` need more nodes).
-RISK_ERROR_WARN = 1e-6
-#: The same for the stated relative error of its ``O(lr)`` drift (the issue's target is 1e-4).
-DRIFT_ERROR_WARN = 1e-4
-#: The same for the stated relative error of its ``lr^2`` Gram term (:func:`gram_error`). On the Sobol
-#: rule it is 1e-3 to 1e-2 at trained states (long keys make attention nearly an argmax, whose
-#: gradient lives on thin sets of the fields); the exact two-head term resolves token fields of
-#: standard deviation up to about :data:`~singleloc._laplace_gram.WIDE_GRAM_SIGMA` at ``theory.nodes = 64``.
-GRAM_ERROR_WARN = 1e-2
-#: The drift's error is computed (after the solve, in a program of its own: in the solve's it added
-#: 70% to the compile time) where the stated risk error exceeds this; below it is not computed (NaN).
-#: The relative drift error was at most 5e3 times the risk error at the states measured for this
-#: choice (trained, specialised, copies, random; softmax, softmax1, ssmax; L = 4 ... 1024), so that
-#: below this it is under about 1e-5.
-DRIFT_CHECK_ABOVE = 1e-9
 
 #: First step of the adaptive solver (the controller adapts it at once). A given first step
 #: spares diffrax's initial step-size search, one more evaluation site of the drift in the
@@ -129,7 +111,7 @@ def _trajectories(dynamics: OrderParameterODE, evaluation: OrderParameterODE, y0
                   progress):
     """Trajectories, their risks on the evaluation rules and the drifts at the start, for
     every start (leading axis of ``y0``) and replicate (leading axis of the ODE stacks)."""
-    replicated = dynamics.fields.w.shape[0] > 1  # the rules stack along a leading replicates axis
+    replicated = dynamics.expectation.replicates > 1  # the rules stack along a leading replicates axis
 
     def trajectory(dyn, ev, y):
         ys, ok = _solve(dyn, y, ts, rtol, atol, max_steps, progress)
@@ -142,14 +124,14 @@ def _trajectories(dynamics: OrderParameterODE, evaluation: OrderParameterODE, y0
         check = jax.lax.map(checked, at_ends)  # one at a time: the finer rule is the largest
         # the drift at the start serves the replicates' error estimate only (one replicate: zeros, not traced)
         drift0 = flat_drift(dyn.state_drift(y)) if replicated else jnp.zeros(sum(x.size for x in y), y.M.dtype)
-        grams = jax.vmap(lambda s: gram_error(dyn, ev, *s))(at_ends)
+        grams = jax.vmap(lambda s: dyn.expectation.gram_error(ev.expectation, *s))(at_ends)
         # a plain tuple of the state's fields: the stored program's outputs are built-in containers
         return tuple(ys), risk, ok, drift0, jnp.abs(check - risk[ends]), grams
 
     # the replicates' rules are stacked, their SGD rule (the learning rate) is one for all
     rules = lambda ode: eqx.tree_at(lambda o: o.sgd, jax.tree.map(lambda _: 0, ode), None, is_leaf=lambda x: x is None)
     in_axes = (rules(dynamics), rules(evaluation), None)
-    over_replicates = _batched(trajectory, in_axes, dynamics.fields.w.shape[0])
+    over_replicates = _batched(trajectory, in_axes, dynamics.expectation.replicates)
     return _batched(over_replicates, (None, None, 0), y0.M.shape[0])(dynamics, evaluation, y0)
 
 
@@ -169,27 +151,6 @@ def _batched(fn, in_axes, size: int):
         return jax.tree.map(lambda x: x[None], fn(*element))
 
     return only
-
-
-def gram_error(dynamics: OrderParameterODE, evaluation: OrderParameterODE, M, Q, b, v=None) -> jax.Array:
-    """The stated relative error of the exact route's ``lr^2`` term at one state: ``max |G - G'| /
-    (sqrt(2) max |G|)`` for the Gram matrices ``G, G'`` of two independent scramblings (each has
-    the same error law); for an exact Gram term (:attr:`~singleloc.OrderParameterODE.exact_gram`),
-    ``max |G - G'| / max |G|`` against the finer exact rule. At a stationary state the Gram term
-    balances the ``O(lr)`` part of ``dQ``, so this is the relative error of that part of the drift
-    there (``v``: trained head weights). 0
-    on the rule route (``drift_error`` states its error), NaN for a non-finite state. (No gradient
-    here: a second site of the exact gradient in the solve's program would add a quarter to its
-    compile time.)"""
-    if dynamics.gram_fields is None and not dynamics.exact_gram:
-        return jnp.zeros((), M.dtype)
-    G = dynamics.gram(M, Q, b, v)
-    if dynamics.exact_gram:  # against the finer exact rule
-        err = jnp.max(jnp.abs(G - evaluation.exact_check.gram(M, Q, b)))
-    else:
-        err = jnp.max(jnp.abs(G - evaluation.gram(M, Q, b, v))) / jnp.sqrt(2.0)
-    size = jnp.max(jnp.abs(G))
-    return jnp.where(jnp.isfinite(Q).all() & (size > 0), err / size, jnp.nan)
 
 
 _run = eqx.filter_jit(_trajectories)
@@ -245,8 +206,8 @@ def _problem(config: Config, y0: OrderParameters | None, ts: np.ndarray | None) 
     dynamics = OrderParameterODE.from_config(config, seeds=th.qmc_seed + np.arange(R), points=points)
     evaluation = OrderParameterODE.from_config(config, seeds=th.evaluation_seed + np.arange(R), points=points, check=True)
     tol = (jnp.asarray(th.rtol, ts.dtype), jnp.asarray(th.atol, ts.dtype))
-    if dynamics.gram_fields is not None:  # the exact route: its one Sobol rule is the Gram term's
-        points = th.gram_rule_points(config.problem.L, config.model.heads, points)
+    if dynamics.expectation.route == "exact" and dynamics.expectation.gram_name == "sobol":
+        points = th.gram_rule_points(config.problem.L, config.model.heads, points)  # its one Sobol rule is the Gram term's
     return _Problem(config, (dynamics, evaluation, y0, ts, *tol), int(points), drift_error)
 
 
@@ -376,17 +337,6 @@ def _shape_key(args) -> tuple:
     return str(treedef), tuple((x.shape, str(x.dtype)) for x in leaves)
 
 
-def largest_token_variance(config: Config, scale: float, M, Q) -> float:
-    """``alpha^2 max_h (Q + M Sigma M^T)_hh`` at states ``M`` (..., H, F), ``Q`` (..., H, H): the largest
-    variance of one token's fields, the relevant token's under a prior with a Gaussian part ``Sigma``
-    (``alpha = scale``; ``Sigma = 0`` for a discrete prior, where it is the noise tokens' ``alpha^2 Q_hh``
-    too). What the exact route's normal rules must resolve: the warning on a large stated error names it."""
-    sigma = np.asarray(config.problem.build_prior().noise_cov, dtype=float)
-    M, Q = np.asarray(M, dtype=float), np.asarray(Q, dtype=float)
-    relevant = Q + M @ sigma @ np.swapaxes(M, -1, -2)
-    return scale**2 * float(np.max(np.diagonal(relevant, axis1=-2, axis2=-1)))
-
-
 def _result(problem: _Problem, out, max_steps: int) -> TheoryResult | FloatingPointError:
     """The :class:`TheoryResult` of one point's outputs of :func:`_trajectories`, or the error
     that says where its solve stopped."""
@@ -409,64 +359,13 @@ def _result(problem: _Problem, out, max_steps: int) -> TheoryResult | FloatingPo
     if R > 1:
         drift_error = float(np.max(relative_drift_error(drift0))) / np.sqrt(R)
     mean = lambda x: x.mean(axis=1)
-    route = "rule" if problem.args[1].exact is None else "exact"
-    risk_error = float(np.max(check)) if route == "exact" else float("nan")
-    computed = route == "exact" and risk_error > DRIFT_CHECK_ABOVE
-    exact_drift_error = _exact_drift_error(problem.args[1], ys) if computed else float("nan")
-    exact_gram = problem.args[0].exact_gram
-    gram = float(np.max(grams)) / (1.0 if exact_gram else np.sqrt(R)) if route == "exact" else float("nan")
-    if risk_error > RISK_ERROR_WARN or exact_drift_error > DRIFT_ERROR_WARN:
-        variance = largest_token_variance(config, problem.args[1].exact.form.scale, M[:, :, -1], Q[:, :, -1])
-        joint = ""
-        if problem.args[1].exact.form.joint and config.model.heads >= 2:
-            joint = (" (a joint layer's token rule, singleloc._laplace.JOINT_LEADING, is not refined by theory.nodes: "
-                     "its error at trained states is in docs/model.md section 4.6)")
-        warnings.warn(f"the exact route's stated errors are {risk_error:.1e} (risk) and {exact_drift_error:.1e} (relative "
-                      f"O(lr) drift), against a rule of 1.5 x the nodes: the token fields reach a variance of {variance:.3g} "
-                      f"(alpha^2 (Q + M Sigma M^T)_hh, Sigma the prior's Gaussian part), which theory.nodes = "
-                      f"{config.theory.nodes} resolves only to that precision; raise "
-                      f"theory.nodes (cost grows like its square to cube) and check that the trajectory does not move{joint}",
-                      stacklevel=3)
-    if gram > GRAM_ERROR_WARN:
-        _warn_gram(config, gram, exact_gram, problem, risk_se)
+    dynamics, evaluation = problem.args[0], problem.args[1]
+    report = SolveReport(ys, check, grams, risk_se, evaluation.expectation, evaluation.sgd, config.theory,
+                         config.problem.build_prior(), config.model.heads, problem.points)
+    stated = evaluation.expectation.statement(report)
     return TheoryResult(np.asarray(ts), mean(M), mean(Q), mean(b), mean(risk), risk_se, drift_error, problem.points, R,
-                        route, risk_error, gram, exact_drift_error, None if v is None else mean(v),
-                        "exact" if exact_gram else "sobol", config.theory.axes)
-
-
-def _warn_gram(config: Config, gram: float, exact_gram: bool, problem: _Problem, risk_se: np.ndarray) -> None:
-    """The warning on a large stated error of the exact route's ``lr^2`` Gram term: what it is, and
-    what to do (the term moves the trajectory, not the risk of a given state)."""
-    th = config.theory
-    if exact_gram:
-        advice = (f"the exact two-head term resolves token fields of standard deviation up to about "
-                  f"{WIDE_GRAM_SIGMA:g} to 1e-4 and {2 * WIDE_GRAM_SIGMA:g} to 3e-3 at theory.nodes = 64 (now {th.nodes}); "
-                  "raise theory.nodes or set theory.gram = 'sobol'")
-    elif th.replicates > 1:
-        advice = (f"its effect on the trajectory, the standard error of the risk over the {th.replicates} replicates "
-                  f"(independent Gram rules), is at most {float(np.nanmax(risk_se)):.1e}")
-    else:
-        advice = (f"theory.replicates = 2 or more states its effect on the trajectory (the standard error of the risk over "
-                  f"independent Gram rules); raising theory.gram_points (now {problem.points}) lowers it slowly")
-    against = "the finer exact rule" if exact_gram else "a second, independent Sobol rule"
-    warnings.warn(f"the exact route's lr^2 Gram term has a stated relative error of {gram:.1e} (against {against}, at "
-                  f"the start and the end of the solve): {advice}", stacklevel=4)
-
-
-def _exact_drift_error(evaluation: OrderParameterODE, ys) -> float:
-    """The largest :meth:`~singleloc.OrderParameterODE.exact_drift_error` at the starts and the ends
-    of the solve's trajectories ``ys`` (leading axes: starts, replicates, saved times)."""
-    one = lambda x: x[0]  # the exact rules are the same for every replicate
-    ode = eqx.tree_at(lambda o: (o.exact, o.exact_check), evaluation,
-                      (jax.tree.map(one, evaluation.exact), jax.tree.map(one, evaluation.exact_check)))
-    ends = [np.concatenate([x[:, :, 0], x[:, :, -1]]).reshape(-1, *x.shape[3:]) for x in ys]
-    errors = np.asarray(_drift_errors(ode, tuple(jnp.asarray(x) for x in ends)))
-    return float(np.nanmax(errors)) if np.any(np.isfinite(errors)) else float("nan")
-
-
-@eqx.filter_jit
-def _drift_errors(ode: OrderParameterODE, states) -> jax.Array:
-    return jax.lax.map(lambda s: jnp.where(jnp.isfinite(s[1]).all(), ode.exact_drift_error(*s), jnp.nan), states)
+                        evaluation.expectation.route, stated.risk_error, stated.gram_error, stated.exact_drift_error,
+                        None if v is None else mean(v), dynamics.expectation.gram_name, config.theory.axes)
 
 
 def _check_initial(config: Config, y0: OrderParameters) -> None:

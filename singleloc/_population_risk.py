@@ -17,13 +17,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._activations import exponential_form, get_activation
+from ._activations import get_activation
+from ._expectation import AbstractExpectation
 from ._fields import LocalFields
 from ._laplace import N_OUTER, exact_rule
+from ._monte_carlo_expectation import MonteCarloExpectation
 from ._priors import Prior
-from ._resources import JOINT_RISK_MAX, check_memory, check_quadrature, exact_rule_bytes, joint_exact_affordable, rule_bytes
-from ._specs import ROUTES
-from ._theory import OrderParameterODE
+from ._resources import check_memory, check_quadrature, rule_bytes
+from ._routes import JOINT_RISK_MAX, decide, exact_rule_bytes
+from ._sobol_expectation import SobolExpectation
 from ._validation import integer
 
 
@@ -74,18 +76,18 @@ def _check_rules(prior: Prior, L: int, points, heads: dict[str, tuple[int, bool]
 
 
 @eqx.filter_jit
-def layer_risk(ode: OrderParameterODE, M, Q, b, v=None) -> jax.Array:
-    """:meth:`OrderParameterODE.risk` of ``(M, Q, b)`` (head weights ``v``), jitted: one compilation
+def layer_risk(expectation: AbstractExpectation, M, Q, b, v=None) -> jax.Array:
+    """The risk of ``(M, Q, b)`` (head weights ``v``) on an expectation route, jitted: one compilation
     per rule shape and activation (the rule's nodes are traced arguments, so rescrambled rules
     reuse it). The one jitted entry point of the population risk for the Bayes baseline and for
     pruning."""
-    return ode.risk(M, Q, b, v)
+    return expectation.risk(M, Q, b, v)
 
 
 @eqx.filter_jit
-def layer_risk_check(ode: OrderParameterODE, M, Q, b) -> jax.Array:
-    """:meth:`OrderParameterODE.risk_check` (the finer exact rule's risk), jitted."""
-    return ode.risk_check(M, Q, b)
+def layer_risk_check(expectation: AbstractExpectation, M, Q, b) -> jax.Array:
+    """:meth:`~singleloc._expectation.AbstractExpectation.risk_check` (the route's finer rule's risk), jitted."""
+    return expectation.risk_check(M, Q, b)
 
 
 def population_risk(
@@ -96,18 +98,19 @@ def population_risk(
 
     A normalised-exponential activation (``route = "auto"``): the exact route
     (:mod:`~singleloc._laplace`), its error against the finer rule (for a joint layer, bsoftmax,
-    only up to :data:`~singleloc._resources.JOINT_RISK_MAX`: four spikes' Bayes point, not eight
+    only up to :data:`~singleloc._routes.JOINT_RISK_MAX`: four spikes' Bayes point, not eight
     atoms'; ``route = "exact"`` whatever the size, within memory, else ``MemoryError``); otherwise (or
-    ``route = "rule"``) :meth:`OrderParameterODE.risk` on ``replicates`` independently
-    scrambled rules, with their standard error. ``v`` (H,): trained head weights, ``a_l = sum_h
-    v_h A_hl`` (default the head average; a joint layer with weights has no exact route). ``nodes``: the
-    exact route's node count, as ``theory.nodes`` (default 64; wide token fields, e.g. trained keys on a
-    Gaussian prior of strength 3, need 128: the refined rule's error says so). The rule
-    route first checks its rule over the ``L H`` fields (``ValueError`` or ``MemoryError``, as
-    :func:`bayes_risk`); its rules are rank-aware (``theory.axes = "principal"``, :class:`~singleloc.LocalFields`):
-    heads that are copies lose no accuracy."""
+    ``route = "rule"``) the risk on ``replicates`` independently scrambled Sobol rules, with their
+    standard error (``route = "montecarlo"``: on plain Monte Carlo draws of ``2 points`` sequences
+    each). ``v`` (H,): trained head weights, ``a_l = sum_h v_h A_hl`` (default the head average; a
+    joint layer with weights has no exact route). ``nodes``: the exact route's node count, as
+    ``theory.nodes`` (default 64; wide token fields, e.g. trained keys on a Gaussian prior of strength
+    3, need 128: the refined rule's error says so). The rule route first checks its rule over the
+    ``L H`` fields (``ValueError`` or ``MemoryError``, as :func:`bayes_risk`); its rules are
+    rank-aware (``theory.axes = "principal"``, :class:`~singleloc.LocalFields`): heads that are copies
+    lose no accuracy."""
     _check_counts(L, replicates)
-    act = get_activation(activation)
+    get_activation(activation)  # an unknown activation is named before anything else
     dtype = jnp.result_type(float)
     M, Q, b = (jnp.asarray(x, dtype) for x in (M, Q, b))
     H = M.shape[0]
@@ -118,28 +121,21 @@ def population_risk(
         v = jnp.asarray(v, dtype)
         if v.shape != (H,) or not bool(jnp.all(jnp.isfinite(v))):
             raise ValueError(f"head weights v must be finite with shape ({H},), got shape {v.shape}")
-    if route not in ROUTES:
-        raise ValueError(f"route must be one of {', '.join(map(repr, ROUTES))}, got {route!r}")
     nodes = integer("nodes", nodes, 8, 1024)  # the bounds of theory.nodes
-    form = exponential_form(act, int(L))  # the exact route's, if any (its rule is built below, once it fits)
-    if form is not None and form.joint and v is not None:
-        if route == "exact":
-            raise ValueError(f"route = 'exact': {activation!r} with head weights v has no exact route (a joint layer's "
-                             "head mixture is not a normalised exponential); use 'auto' or 'rule'")
-        form = None
-    if form is None and route == "exact":
-        raise ValueError(f"route = 'exact': activation {activation!r} is not a normalised exponential; use 'auto' or 'rule'")
-    if form is not None and route == "auto" and form.joint and not joint_exact_affordable(H, prior, JOINT_RISK_MAX):
-        form = None  # a joint layer whose exact rule would take minutes or more (JOINT_RISK_MAX): the rule
-    if form is not None and route != "rule":
+    choice = decide(activation, int(L), H, prior, route, trained_head_weights=v is not None, budget=JOINT_RISK_MAX,
+                    key="route")
+    if choice.exact:
         if need := exact_rule_bytes(activation, H, prior):  # a joint layer's rule grows with H and the atoms
             check_memory({f"the exact route's rule ({activation}, {H} heads, {len(prior.atoms)} atoms of the prior)": need})
-        exact = exact_rule(act, int(L), H, prior, nodes=nodes)
+        exact = exact_rule(choice.activation, int(L), H, prior, nodes=nodes)
         return RiskEstimate.from_refinement(_exact_risk(exact, M, Q, b, v), _exact_risk(exact.refined(), M, Q, b, v))
+    if choice.route == "montecarlo":
+        draws = (MonteCarloExpectation.make(choice.activation, prior, int(L), H, 2 * points, seed + i)
+                 for i in range(int(replicates)))
+        return RiskEstimate.from_replicates([float(layer_risk(e, M, Q, b, v)) for e in draws], points)
     _check_rules(prior, L, points, {"model.heads": (H, True)})
     rules = (LocalFields.make(int(L), H, prior, points, seed + i, principal=True) for i in range(int(replicates)))
-    # the learning rate and bias training (1.0, False) do not enter the risk
-    values = [float(layer_risk(OrderParameterODE(rule, act, 1.0, False), M, Q, b, v)) for rule in rules]
+    values = [float(layer_risk(SobolExpectation(fields=rule, activation=choice.activation), M, Q, b, v)) for rule in rules]
     return RiskEstimate.from_replicates(values, points)
 
 

@@ -54,7 +54,8 @@ from ._data import overlaps
 from ._heldout import draw_heldout, heldout_losses
 from ._ode import integrate, resolve_points
 from ._population_risk import RiskEstimate, layer_risk, layer_risk_check
-from ._resources import check_memory, check_quadrature, on_exact_route, theory_bytes
+from ._resources import check_memory, check_quadrature, theory_bytes
+from ._routes import route_of
 from ._specs import SGD, Model, Problem, Simulation, Theory
 from ._theory import OrderParameterODE, OrderParameters
 
@@ -140,18 +141,18 @@ def pruning_config(config: Config, heads: int | None = None) -> Config:
     (:func:`~singleloc._resources.check_quadrature`; ``"auto"`` is checked as the points are
     chosen), ``theory.points = "auto"`` is resolved (:func:`~singleloc.resolve_points`, one rule
     for every sub-layer), ``theory.route = "auto"`` is fixed to the full layer's route (one for every
-    sub-layer: bsoftmax beyond :data:`~singleloc._resources.JOINT_EXACT_MAX` on the rule), and the rule
+    sub-layer: bsoftmax beyond :data:`~singleloc._routes.JOINT_EXACT_MAX` on the rule), and the rule
     fits in memory (:func:`~singleloc._resources.check_memory`).
     ``ValueError`` or ``MemoryError`` naming the keys otherwise (``model.head_weights =
     "trained"``: pruning is written for the head average)."""
     require_config(config, "pruning_config")
     require_uniform_head_weights(config, "pruning")
     H = config.model.heads if heads is None else int(heads)
-    if config.theory.route == "auto" and not on_exact_route(config.replace(model={"heads": H})):
+    if config.theory.route == "auto" and not route_of(config.replace(model={"heads": H})).exact:
         # one route for every sub-layer, the full layer's: a joint layer too large for the exact route
         # (JOINT_EXACT_MAX) would otherwise have its smaller sub-layers on it, and the steps mix routes
         config = config.replace(theory={"route": "rule"})
-    if config.theory.points != "auto" and not on_exact_route(config):
+    if config.theory.points != "auto" and not route_of(config).exact:
         check_quadrature(config.problem.L, H, config.problem.build_prior(), config.theory.points,
                          principal=config.theory.rank_aware)
     resolved = resolve_points(config)
@@ -208,10 +209,11 @@ class TheoryRisk:
         """``(risk, standard error)`` of the sub-layer of heads ``kept`` (class docstring)."""
         M, Q, b = keep_heads(self.M, self.Q, self.b, kept)
         odes = self.odes(len(kept))
-        if odes[0].exact is not None:  # the exact route: one rule, its error against the finer one
-            estimate = RiskEstimate.from_refinement(layer_risk(odes[0], M, Q, b), layer_risk_check(odes[0], M, Q, b))
+        if odes[0].expectation.route == "exact":  # the exact route: one rule, its error against the finer one
+            exact = odes[0].expectation
+            estimate = RiskEstimate.from_refinement(layer_risk(exact, M, Q, b), layer_risk_check(exact, M, Q, b))
             return estimate.value, estimate.error
-        risks = [float(layer_risk(ode, M, Q, b)) for ode in odes]
+        risks = [float(layer_risk(ode.expectation, M, Q, b)) for ode in odes]
         if len(risks) == 1:
             return risks[0], 0.0
         estimate = RiskEstimate.from_replicates(risks, self.config.theory.points)
@@ -370,7 +372,7 @@ def prune_theory(config: Config | None = None, M=None, Q=None, b=None, order: st
     norms = np.linalg.norm(np.asarray(M, dtype=float), axis=1)
     result = prune(evaluate, evaluate.heads, order, overlap_norms=norms, draws=draws, seed=seed)
     # one Sobol rule states no error; the exact route states its own (against the finer exact rule)
-    return _finish(result, deterministic=config.theory.replicates == 1 and not on_exact_route(evaluate.config))
+    return _finish(result, deterministic=config.theory.replicates == 1 and not route_of(evaluate.config).exact)
 
 
 def prune_run(run: Run, order: str | Sequence[int] = "greedy", *, draws: int = 16,

@@ -47,26 +47,11 @@ from pathlib import Path
 
 from ._config import Config
 from ._priors import Prior
-
-#: SciPy's largest Sobol dimension (``scipy.stats.qmc.Sobol``: "Maximum supported dimensionality is 21201");
-#: the rule route's limit (the exact route's ``lr^2`` rule goes on with pseudo-random coordinates).
-SOBOL_MAX_DIM = 21201
+from ._routes import exact_rule_bytes, route_of
+from ._sobol_geometry import SOBOL_MAX_DIM, node_batch, quadrature_dimension
 
 #: Bytes of the runtime and compiled programs, on top of the arrays.
 OVERHEAD = 300 * 2**20
-
-#: Most nodes the quadrature evaluates at once, and most numbers (nodes x fields) in one batch.
-NODE_BATCH = 8192
-BATCH_NUMBERS = 2**22
-
-
-def node_batch(L: int, heads: int) -> int:
-    """Nodes the quadrature evaluates at once (:meth:`~singleloc.LocalFields.make`'s default
-    ``batch_size``): ``NODE_BATCH``, fewer over more than ``BATCH_NUMBERS / NODE_BATCH = 512``
-    fields (``L * heads``), so that a batch's integrand holds about ``BATCH_NUMBERS`` numbers per
-    field kind at any ``L`` (256 nodes at ``L = 4096``, ``H = 4``). The batches are summed in turn:
-    the rule and its result do not change, only the memory of one batch."""
-    return max(16, min(NODE_BATCH, BATCH_NUMBERS // max(L * heads, 1)))
 
 MEMORY_ENV = "SINGLELOC_MEMORY_LIMIT"
 
@@ -100,75 +85,6 @@ def check_steps(config: Config) -> None:
         raise ValueError(f"sgd.tau_max: tau_max * simulation.D = {tau_max:g} * {D} = {steps:.3g} SGD steps, more than the "
                          f"{STEP_MAX} a simulation can count (each step draws its sequence from a 32-bit step index); "
                          "lower sgd.tau_max or simulation.D")
-
-
-def factor_rows(heads: int, principal: bool = False) -> int:
-    """Rows of the factor ``S`` of a local-field rule's fields ``g_l = w_l S``, the normals per token:
-    ``heads``, or ``2 heads`` on the rank-aware layout (``principal``:
-    :func:`~singleloc._numerics.rank_aware_factor_and_pinv`)."""
-    return 2 * heads if principal else heads
-
-
-def quadrature_dimension(L: int, heads: int, prior: Prior, principal: bool = False) -> int:
-    """Gaussian dimensions of the local-field rule: ``L`` times its :func:`factor_rows` (+ ``F`` for a
-    Gaussian part) (:meth:`~singleloc.LocalFields.make`)."""
-    return L * factor_rows(heads, principal) + (0 if prior.is_discrete else prior.F)
-
-
-#: ``theory.route = "auto"`` integrates a joint layer (bsoftmax) on the exact route up to this
-#: :func:`~singleloc._laplace.joint_rule_size` (nodes x heads x atoms), and on the rule route beyond:
-#: its conditional product form then costs more than about 10 s a drift here (4.7 s at 61440, ``H = 4``
-#: on the Gaussian prior; ``H = 4`` with two spikes, 122880, is the largest it takes, ``H = 4`` with
-#: three spikes, 589824, and ``H = 5`` with two, 921600, go to the rule).
-JOINT_EXACT_MAX = 2**17
-#: The same for one risk (:func:`~singleloc.population_risk`, :func:`~singleloc.bayes_risk` with
-#: ``route = "auto"``), computed once on the exact rule and once on its refined copy: about a minute
-#: to a quarter of an hour here (the Bayes point of four spikes, 786432, 4-6 minutes loaded; six trained
-#: bsoftmax heads on one spike, 829440, 10-14 minutes beside other jobs; eight binary atoms are beyond it).
-JOINT_RISK_MAX = 2**20
-#: Bytes per unit of a joint layer's refined rule (:func:`~singleloc._laplace.joint_rule_size`) at
-#: its peak: 0.53 kB measured (binary prior, F = 2, K = H = 4: 472 MB over the process's baseline).
-JOINT_UNIT_BYTES = 640
-
-
-def on_exact_route(config: Config) -> bool:
-    """Whether the theory of ``config`` takes the exact route (``theory.route`` and the activation,
-    :func:`singleloc._theory.exact_route`): its risk and ``O(lr)`` drift integrate no ``L * H``
-    dimensional rule, and the Sobol rule of its ``lr^2`` term takes any dimension
-    (:func:`singleloc._fields.gaussian_nodes`), so the quadrature limits below do not apply. A joint
-    layer (bsoftmax) with trained head weights has no exact route (its head mixture is not a
-    normalised exponential); with ``theory.route = "auto"`` one whose exact rule is larger than
-    :data:`JOINT_EXACT_MAX` takes the rule route (``"exact"`` takes it whatever its size, within
-    memory: :func:`exact_rule_bytes`)."""
-    from ._activations import exponential_form, get_activation
-
-    form = exponential_form(get_activation(config.model.activation), config.problem.L)
-    if form is None or (form.joint and config.model.trained_head_weights):
-        return False
-    if config.theory.route == "auto" and form.joint:
-        return joint_exact_affordable(config.model.heads, config.problem.build_prior(), JOINT_EXACT_MAX)
-    return config.theory.route != "rule"
-
-
-def joint_exact_affordable(H: int, prior: Prior, limit: int) -> bool:
-    """Whether a joint layer of ``H`` heads under ``prior`` has an exact rule of at most ``limit``
-    units (:func:`~singleloc._laplace.joint_rule_size`)."""
-    from ._laplace import joint_rule_size
-
-    return joint_rule_size(H, prior) <= limit
-
-
-def exact_rule_bytes(activation: str, H: int, prior: Prior) -> int:
-    """Estimated peak bytes of the exact route's own rule (its refined copy, the larger): a joint
-    layer's :data:`JOINT_UNIT_BYTES` per unit of :func:`~singleloc._laplace.joint_rule_size`; 0 for a
-    per-head layer, whose pair rule is small and does not grow with ``H`` or the prior."""
-    from ._activations import exponential_form, get_activation
-    from ._laplace import joint_rule_size
-
-    form = exponential_form(get_activation(activation), 2)  # whether a layer is joint does not depend on L
-    if form is None or not form.joint:
-        return 0
-    return JOINT_UNIT_BYTES * joint_rule_size(H, prior, refined=True)
 
 
 def check_quadrature(L: int, heads: int, prior: Prior, points: int, heads_key: str = "model.heads",
@@ -226,7 +142,7 @@ def saved_bytes(config: Config, starts: int) -> int:
     saved = config.sgd.n_save * th.replicates
     batch = node_batch(pb.L, H)
     nodes = min(2 * th.points, batch) if isinstance(th.points, int) else batch
-    risk = 0 if on_exact_route(config) else 6 * nodes * pb.L * H
+    risk = 0 if route_of(config).exact else 6 * nodes * pb.L * H
     return 8 * saved * (2 * starts * state_size(config) + risk)
 
 
@@ -235,7 +151,7 @@ def theory_bytes(config: Config, starts: int, heads: int | None = None) -> int:
     ``heads`` replaces ``model.heads`` (a pruned layer's largest sub-layer)."""
     pb, H, th = config.problem, config.model.heads if heads is None else heads, config.theory
     points = th.points
-    exact = on_exact_route(config)
+    exact = route_of(config).exact
     if exact:  # its one Sobol rule, the Gram term's (rank-aware), has as many or more points
         points = th.gram_rule_points(pb.L, H, th.points)
     return rule_bytes(pb.L, H, pb.build_prior(), points, starts, principal=exact or th.rank_aware)
@@ -297,13 +213,14 @@ def check_run(config: Config, *, simulation: bool = False, theory_starts: int = 
               f"simulation.test_samples = {sim.test_samples}, sgd.n_save = {config.sgd.n_save})"] = simulation_bytes(config)
     if theory_starts:
         check_dimension(config, "theory")
+        exact = route_of(config).exact
         if config.theory.points != "auto":  # "auto" is checked as the points are chosen (singleloc._accuracy)
-            if not on_exact_route(config):
+            if not exact:
                 check_quadrature(pb.L, H, pb.build_prior(), config.theory.points,
                                  principal=config.theory.rank_aware)
             parts[f"the theory's quadrature (theory.points = {config.theory.points} x problem.L = {pb.L} x model.heads = {H}, "
                   f"{theory_starts} start(s))"] = theory_bytes(config, theory_starts * config.theory.replicates)
-        if on_exact_route(config) and (joint := exact_rule_bytes(config.model.activation, H, pb.build_prior())):
+        if exact and (joint := exact_rule_bytes(config.model.activation, H, pb.build_prior())):
             parts[f"the exact route's rule of a joint layer (model.heads = {H}, problem.F = {pb.F}, "
                   f"{len(pb.build_prior().atoms)} atoms of the prior)"] = joint
         check_saved_times(config)

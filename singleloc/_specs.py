@@ -16,6 +16,7 @@ import numpy as np
 from ._activations import get_activation
 from ._extensions import import_reference, is_reference
 from ._priors import PRIOR_FACTORIES, Prior
+from ._routes import ROUTES
 from ._validation import integer, number
 
 #: Largest ``|model.bias_init|``: float32 (the simulation's precision) spaces numbers near 1000 by
@@ -29,8 +30,6 @@ SEED_MAX = 2**32 - 1
 #: Values of ``model.head_weights``.
 HEAD_WEIGHTS = ("uniform", "trained")
 
-#: Values of ``theory.route``.
-ROUTES = ("auto", "exact", "rule")
 #: ``theory.gram``: how the exact route computes the ``lr^2`` (Gram) term.
 GRAM_ROUTES = ("auto", "exact", "sobol")
 #: ``theory.axes``: the coordinates of the Sobol rule's fields.
@@ -311,7 +310,7 @@ class Theory:
     ``route``: how the risk and the ``O(lr)`` drift are computed. ``"auto"`` (default): exactly
     (:mod:`~singleloc._laplace`, the Laplace form of the normaliser) when the activation is a
     normalised exponential (softmax, softmax1, bsoftmax, ssmax), else by the Sobol rule, and for a
-    joint layer (bsoftmax) only while its exact rule is affordable (:data:`~singleloc._resources.JOINT_EXACT_MAX`:
+    joint layer (bsoftmax) only while its exact rule is affordable (:data:`~singleloc._routes.JOINT_EXACT_MAX`:
     up to ``H = 4`` heads with one or two spikes, ``H = 3`` with three or four; the exact rule's work grows
     like a power of ``H``); ``"exact"``: the exact route whatever its cost (within memory), and an error
     for any other activation; ``"rule"``: the Sobol rule for everything.

@@ -49,7 +49,8 @@ def test_permuting_the_heads_permutes_the_drift(H):
     cfg = config(H, "theory.points=256", "theory.route=rule")
     y = random_state(H, 2, np.random.default_rng(H))
     ode = OrderParameterODE.from_config(cfg)
-    plain = OrderParameterODE(LocalFields.make(cfg.problem.L, H, cfg.problem.build_prior(), 256, 0), ode.activation, ode.lr, True)
+    plain = OrderParameterODE(sl.SobolExpectation(fields=LocalFields.make(cfg.problem.L, H, cfg.problem.build_prior(), 256, 0),
+                                                  activation=ode.activation), sl.OnlineSGD(ode.lr, True))
     d, d_plain = ode.drift(*y), plain.drift(*y)
     scale = float(jnp.max(jnp.abs(flat_drift(d))))
     for k in range(1, H):
@@ -141,7 +142,7 @@ def test_rank_aware_rule_permutes_the_drift_with_every_permutation():
     assert np.min(np.diff(lam) / lam[1:]) > 0.1 and np.min(np.abs(np.sum(vecs**3, axis=0))) > 0.1  # determined
     y = OrderParameters(M, Q, jnp.asarray(rng.standard_normal(3)))
     ode = OrderParameterODE.from_config(cfg)
-    assert ode.fields.principal
+    assert ode.expectation.fields.principal
     d = ode.drift(*y)
     scale = float(jnp.max(jnp.abs(flat_drift(d))))
     for p in itertools.permutations(range(3)):
@@ -206,8 +207,8 @@ def test_rank_aware_rule_follows_the_exact_route_where_heads_become_copies():
 def test_a_run_on_the_rank_aware_rule_says_so():
     cfg = sl.load_config("default", ["sgd.tau_max=2", "sgd.n_save=3", "theory.points=256", "theory.route=rule",
                                      "theory.axes=principal"])
-    assert OrderParameterODE.from_config(cfg).fields.principal
-    assert not OrderParameterODE.from_config(cfg.replace(theory={"axes": "heads"})).fields.principal
+    assert OrderParameterODE.from_config(cfg).expectation.fields.principal
+    assert not OrderParameterODE.from_config(cfg.replace(theory={"axes": "heads"})).expectation.fields.principal
     res = sl.integrate(cfg)
     assert res.axes == "principal" and "theory.axes = 'principal'" in res.quadrature() and np.all(np.isfinite(res.risk))
 
@@ -218,8 +219,9 @@ def test_drift_error_bars_cover_the_error():
     cfg = config(2)
     rng = np.random.default_rng(0)
     y = OrderParameters(*(jnp.stack(x) for x in zip(*(random_state(2, 2, rng) for _ in range(5)))))
-    statics = (sl.get_activation(cfg.model.activation), cfg.sgd.lr, cfg.model.train_bias)
-    rule = lambda n, seed: OrderParameterODE(LocalFields.make(4, 2, cfg.problem.build_prior(), n, seed, symmetric=True), *statics)  # noqa: E731
+    act, sgd = sl.get_activation(cfg.model.activation), sl.OnlineSGD(cfg.sgd.lr, cfg.model.train_bias)
+    rule = lambda n, seed: OrderParameterODE(sl.SobolExpectation(  # noqa: E731
+        fields=LocalFields.make(4, 2, cfg.problem.build_prior(), n, seed, symmetric=True), activation=act), sgd)
     drifts = np.stack([start_drifts(rule(512, s), y) for s in range(8)], axis=1)
     ref = np.asarray(start_drifts(rule(65536, 99), y))
     mean, se = drifts.mean(1), drifts.std(1, ddof=1) / np.sqrt(8)

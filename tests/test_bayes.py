@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from singleloc import LocalFields, OrderParameterODE, Prior, binary, flipped, gaussian, get_activation, spikes, token_weights
+from singleloc import LocalFields, Prior, SobolExpectation, binary, flipped, gaussian, get_activation, spikes, token_weights
 from singleloc._activations import register_activation
 from singleloc._bayes import bayes_point, bayes_risk, bayes_route, log_weight
 from singleloc._population_risk import layer_risk, population_risk
@@ -154,7 +154,7 @@ def test_the_bayes_risk_is_below_every_other_point(prior, activation, bayes_valu
     M0, Q0, b0 = (np.asarray(x) for x in bayes_point(prior))
     H = M0.shape[0]
     rule = LocalFields.make(L, H, prior, 2048, 7)
-    ode = {a: OrderParameterODE(rule, get_activation(a), 1.0, False) for a in ("softmax", "softmax1", "bsoftmax")}
+    ode = {a: SobolExpectation(fields=rule, activation=get_activation(a)) for a in ("softmax", "softmax1", "bsoftmax")}
     candidates = [("softmax", M0, Q0, b0), ("softmax1", M0, Q0, b0)]
     for scale in (0.05, 0.2, 0.5):
         dM = scale * rng.normal(size=M0.shape)

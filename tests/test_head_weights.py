@@ -19,7 +19,7 @@ from helpers import random_overlaps
 import singleloc as sl
 from singleloc._grid import grid_points, parse_grid
 from singleloc._layer import limit_loss
-from singleloc._resources import on_exact_route
+from singleloc._routes import route_of
 from singleloc._simulation import _run_functions
 from singleloc._sweep_dataset import sweep_dataset
 from singleloc._theory import flatten_state, unflatten_state
@@ -118,8 +118,8 @@ def test_head_weight_drift_is_the_mean_of_finite_D_steps():
 def test_routes_and_refusals():
     """bsoftmax with trained weights goes on the rule (its head mixture is not a normalised
     exponential); the computations written for the head average refuse trained weights by name."""
-    assert not on_exact_route(sl.load_config("bsoftmax", ["model.head_weights=trained", "theory.route=auto"]))
-    assert on_exact_route(sl.load_config("softmax1", ["model.head_weights=trained", "theory.route=auto"]))
+    assert not route_of(sl.load_config("bsoftmax", ["model.head_weights=trained", "theory.route=auto"])).exact
+    assert route_of(sl.load_config("softmax1", ["model.head_weights=trained", "theory.route=auto"])).exact
     with pytest.raises(ValueError, match=r"model\.head_weights"):
         sl.OrderParameterODE.from_config(sl.load_config("bsoftmax", ["model.head_weights=trained", "theory.route=exact"]))
     cfg = sl.load_config("softmax1", ["model.head_weights=trained", "theory.points=256"])

@@ -18,6 +18,8 @@ import pytest
 
 import singleloc as sl
 from singleloc import _resources
+from singleloc._routes import route_of
+from singleloc._sobol_geometry import NODE_BATCH, node_batch
 
 pytestmark = pytest.mark.exact_route
 
@@ -30,7 +32,7 @@ def _config(L: int, route: str, **extra) -> sl.Config:
 def test_long_sequences_pass_the_checks_on_the_exact_route_only(monkeypatch):
     monkeypatch.setenv(_resources.MEMORY_ENV, "none")  # the quadrature's limits alone
     exact = _config(4096, "auto")
-    assert _resources.on_exact_route(exact)
+    assert route_of(exact).exact
     _resources.check_run(exact, theory_starts=exact.simulation.seeds)  # 4 starts at L * H = 16384: not refused
     _resources.check_run(_config(32768, "auto"), theory_starts=1)  # beyond Sobol's 21201 dimensions
     with pytest.raises(ValueError, match="theory.points = 4096 must be at least"):
@@ -96,5 +98,5 @@ def test_four_heads_at_L_4096_fit_because_the_node_batch_follows_L(monkeypatch):
     _resources.check_run(cfg, theory_starts=4)
     assert _resources.theory_bytes(cfg, 4) < 20e9
     rule = sl.LocalFields.make(4096, 4, cfg.problem.build_prior(), 16)
-    assert rule.batch_size == _resources.node_batch(4096, 4) == 256
-    assert sl.LocalFields.make(4, 2, cfg.problem.build_prior(), 16).batch_size == _resources.NODE_BATCH
+    assert rule.batch_size == node_batch(4096, 4) == 256
+    assert sl.LocalFields.make(4, 2, cfg.problem.build_prior(), 16).batch_size == NODE_BATCH

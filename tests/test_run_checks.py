@@ -228,15 +228,15 @@ def test_auto_takes_a_joint_layers_exact_route_only_while_it_is_affordable(heads
     the rule route beyond ``JOINT_EXACT_MAX`` (H = 4 with three spikes, H = 5 with two), "exact" any
     size, and a per-head layer is never limited."""
     from singleloc._laplace import joint_rule_size
-    from singleloc._theory import exact_route
+    from singleloc._routes import JOINT_EXACT_MAX, route_of
 
     cfg = sl.load_config("bsoftmax", [f"model.heads={heads}", f"problem.F={F}", "theory.route=auto"])
     size = joint_rule_size(heads, cfg.problem.build_prior())
-    assert (size <= _resources.JOINT_EXACT_MAX) == exact
-    assert _resources.on_exact_route(cfg) == exact
-    assert (exact_route(cfg) is not None) == exact
-    assert _resources.on_exact_route(cfg.replace(theory={"route": "exact"}))
-    assert _resources.on_exact_route(cfg.replace(model={"activation": "softmax"}))
+    assert (size <= JOINT_EXACT_MAX) == exact
+    assert route_of(cfg).exact == exact
+    assert (sl.OrderParameterODE.from_config(cfg, points=64).expectation.route == "exact") == exact
+    assert route_of(cfg.replace(theory={"route": "exact"})).exact
+    assert route_of(cfg.replace(model={"activation": "softmax"})).exact
 
 
 def test_a_joint_exact_rule_that_does_not_fit_is_refused_by_name(monkeypatch):
@@ -263,4 +263,4 @@ def test_pruning_scores_every_sub_layer_on_the_full_layers_route():
     assert _pruning.pruning_config(cfg, heads=4).theory.route == "auto"  # a layer of four: its own exact route
     assert _pruning.pruning_config(cfg.replace(model={"activation": "softmax"})).theory.route == "auto"
     risk = _pruning.TheoryRisk(cfg, M=np.zeros((8, 2)), Q=np.eye(8), b=np.zeros(8))
-    assert risk.odes(4)[0].exact is None and risk.odes(8)[0].exact is None
+    assert risk.odes(4)[0].expectation.route == "rule" and risk.odes(8)[0].expectation.route == "rule"

@@ -60,15 +60,12 @@ def test_the_sde_drift_is_the_ode_drift_from_one_pass():
         np.testing.assert_array_equal(x, y)
 
 
-def test_the_ode_takes_either_a_learning_rate_or_a_rule():
+def test_the_ode_takes_an_expectation_route_and_a_rule():
     fields = sl.LocalFields.make(3, 2, sl.binary(2, 3.0), 64, 0)
     act = sl.get_activation("softmax")
-    plain = sl.OrderParameterODE(fields, act, 0.5, True)
-    ruled = sl.OrderParameterODE(fields, act, sgd=sl.OnlineSGD(0.5, True))
-    assert float(plain.lr) == float(ruled.lr) == 0.5 and plain.train_bias and ruled.train_bias
-    assert isinstance(ruled.sgd.lr, jax.Array)  # a value of the compiled programs, not a constant
-    with pytest.raises(TypeError, match="either lr and train_bias or sgd="):
-        sl.OrderParameterODE(fields, act, 0.5, sgd=sl.OnlineSGD(0.5))
-    with pytest.raises(TypeError, match="learning rate lr"):
-        sl.OrderParameterODE(fields, act)
+    ode = sl.OrderParameterODE(sl.SobolExpectation(fields=fields, activation=act), sl.OnlineSGD(0.5, True))
+    assert float(ode.lr) == 0.5 and ode.train_bias and ode.activation is act
+    assert isinstance(ode.sgd.lr, jax.Array)  # a value of the compiled programs, not a constant
+    with pytest.raises(TypeError, match="expectation must be an expectation route"):
+        sl.OrderParameterODE(fields, sl.OnlineSGD(0.5))
     assert sl.sgd_rule(sl.load_config("default", ["sgd.lr=0.25"])) == sl.OnlineSGD(0.25, False)

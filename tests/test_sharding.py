@@ -74,7 +74,8 @@ _RUN_NODES = textwrap.dedent("""
     cfg = sl.load_config("default", sys.argv[2:])
     received = []  # the rule integrate's program receives
     call = _ode.exported_call
-    _ode.exported_call = lambda name, fn, *args, **kw: received.append(args[0].fields.w) or call(name, fn, *args, **kw)
+    rule = lambda ode: ode.expectation.fields.w
+    _ode.exported_call = lambda name, fn, *args, **kw: received.append(rule(args[0])) or call(name, fn, *args, **kw)
     theory = sl.integrate(cfg)
     w = received[0]
     y0, (ode,), _ = shard_batch(sl.initial_conditions(cfg, 1), (OrderParameterODE.from_config(cfg),))
@@ -117,7 +118,7 @@ def test_split_rule_integrates_as_the_whole_rule(prior, batch_size):
     """The padding of LocalFields.split is neutral: 21 base points in 2 or 4 blocks (1 or 3 padded
     points) give the moments of the whole rule, on one device."""
     cfg = sl.load_config("default", ["model.heads=3", "theory.points=64", f"problem.prior={prior}"])
-    ode = OrderParameterODE.from_config(cfg)
+    ode = OrderParameterODE.from_config(cfg).expectation  # the Sobol rule's route
     ode = dataclasses.replace(ode, fields=dataclasses.replace(ode.fields, batch_size=batch_size))
     M, Q, b = (x[0] for x in sl.initial_conditions(cfg, 1))
     Q = Q + 0.3 * M @ M.T  # a state with some alignment, so that every moment is far from zero

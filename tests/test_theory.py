@@ -22,7 +22,8 @@ from singleloc import LocalFields, OrderParameterODE
 
 def make_ode(activation="softmax", prior=None, L=4, H=2, points=4096, seed=0, lr=0.5, train_bias=True):
     prior = prior or sl.spikes(2, 2.5)
-    return OrderParameterODE(LocalFields.make(L, H, prior, points, seed), sl.get_activation(activation), lr, train_bias)
+    rule = sl.SobolExpectation(fields=LocalFields.make(L, H, prior, points, seed), activation=sl.get_activation(activation))
+    return OrderParameterODE(rule, sl.OnlineSGD(lr, train_bias))
 
 
 def random_point(H, F, rng, scale=0.8):

@@ -58,7 +58,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from .._pruning import prune_run, pruning_config
-    from .._resources import on_exact_route
+    from .._routes import route_of
     from .._run_folders import RUN_KINDS, add_to_run, load_run, save_run
     from ..plots import plot_pruning
 
@@ -78,7 +78,7 @@ def run(args) -> int:
     results = prune_run(dataclasses.replace(loaded, config=theory), args.order, draws=args.draws, seed=args.seed)
 
     H, F = config.model.heads, config.problem.F
-    route = "exact" if on_exact_route(theory) else "rule"
+    route = route_of(theory).route
     _print_table(results, args, H, F, route)
     arrays = {"n_removed": np.arange(H), "route": np.asarray(route)}
     curves = {}
