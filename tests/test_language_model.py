@@ -352,6 +352,13 @@ def test_command_refuses_a_context_that_does_not_fit_in_memory(tiny, tmp_path, c
     assert "L = " in line and "--max-tokens" in line and not (tmp_path / "o" / "attention.npy").exists()
 
 
+def test_maps_in_memory_are_checked_against_the_available_memory(tiny, monkeypatch):
+    model = load_model(tiny[0])
+    monkeypatch.setenv("SINGLELOC_MEMORY_LIMIT", "1M")
+    with pytest.raises(MemoryError, match=r"the attention maps in memory \(2 blocks x 4 heads x L\^2 float32, L = 6\)"):
+        model.attention(list(range(6)))
+
+
 def test_bad_layers_option_is_a_usage_error(capsys):
     assert main(["attention", "t.txt", "--layers", "a-b", "--out", "o"]) == 2
     assert "argument --layers: expected 'all' or block indices" in one_error_line(capsys)

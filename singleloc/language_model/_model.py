@@ -121,12 +121,20 @@ class LanguageModel:
     def attention(self, text: str | Sequence[int], layers: Sequence[int] | None = None,
                   max_tokens: int | None = None) -> AttentionMaps:
         """The :class:`AttentionMaps` of ``text`` (a string, or token ids) for the blocks
-        ``layers`` (default: all), in memory: ``layers x heads x L^2`` float32 numbers. A text
-        longer than ``max_tokens`` raises ``ValueError`` (cut it with :func:`truncate` first)."""
+        ``layers`` (default: all), in memory: ``layers x heads x L^2`` float32 numbers (checked
+        against the available memory first: ``MemoryError``). A text longer than ``max_tokens``
+        raises ``ValueError`` (cut it with :func:`truncate` first)."""
         ids = np.asarray(self.encode(text) if isinstance(text, str) else text)
         if max_tokens is not None and len(ids) > max_tokens:
             raise ValueError(f"the text is {len(ids)} tokens, more than max_tokens = {max_tokens}; cut it with truncate()")
         keep = self.check_layers(layers)
+        from .._resources import check_memory
+        from ._outputs import memory_parts
+
+        c, L = self.config, len(ids)
+        check_memory({**memory_parts(c, L, len(keep)),
+                      f"the attention maps in memory ({len(keep)} blocks x {c.heads} heads x L^2 float32, L = {L})":
+                          4 * len(keep) * c.heads * L * L})
         logits: list[np.ndarray] = []
         blocks = list(self.layers(ids, keep, on_logits=logits.append))
         stack = {name: np.stack([getattr(b, name) for b in blocks]) for name in ("attention", "queries", "keys", "values")}

@@ -14,9 +14,14 @@ Files in the output folder, written together (all of them or none,
 
 ``ATTN = attention.npy`` with ``--values values.npy`` is what ``singleloc diagnose`` reads.
 
-Costs, checked before the run: memory (:func:`memory_parts`: the float32 weights, one block's
-scores and weights ``4 heads L^2`` numbers, the kept queries, keys and values), disk
-(:func:`disk_bytes`) and time (:func:`forward_cost`).
+Costs, checked before the run: memory (:func:`memory_parts`), disk (:func:`disk_bytes`) and time
+(:func:`forward_cost`). Peak memory, fitted to the peak resident memory of CPU runs of SmolLM2
+(JAX 0.10: 1.38 GB at L = 1024 keeping 30 blocks, 2.01 GB at L = 2048 keeping one; the estimate
+is 5-10 % above): ``5.5`` bytes per weight (the float32 arrays, the file's metadata and the
+runtime), ``28 heads L^2`` bytes for one block's scores and weights (seven float32 copies: the
+scores, the masked scores, their exponentials, the weights on the device and on the host, ...),
+``12 layers heads L head_dim`` for the kept queries, keys and values, plus
+:data:`singleloc._resources.OVERHEAD`.
 """
 
 from __future__ import annotations
@@ -63,8 +68,9 @@ def forward_cost(config: LlamaConfig, L: int, kept: int) -> Cost:
 def memory_parts(config: LlamaConfig, L: int, kept: int) -> dict[str, int]:
     """Peak bytes of the run, by part (for :func:`singleloc._resources.check_memory`)."""
     c = config
-    return {f"the model's float32 weights ({c.parameters() / 1e6:.0f} M numbers)": int(4.4 * c.parameters()),
-            f"one block's scores and weights (4 x {c.heads} heads x L^2, L = {L} from --max-tokens)": 16 * c.heads * L * L,
+    return {f"the model's float32 weights ({c.parameters() / 1e6:.0f} M numbers)": int(5.5 * c.parameters()),
+            f"one block's scores and weights (7 x {c.heads} heads x L^2 float32, L = {L} from --max-tokens)":
+                28 * c.heads * L * L,
             f"the kept queries, keys and values (3 x {kept} blocks from --layers x {c.heads} heads x L x {c.head_dim})":
                 12 * kept * c.heads * L * c.head_dim}
 
