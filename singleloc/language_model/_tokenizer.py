@@ -79,23 +79,29 @@ class ByteLevelBPE:
     pre: str = "gpt-2"
     bos_id: int | None = None
     add_bos: bool = False
+    # derived in __post_init__: the compiled pre-tokeniser, token ids, merge ranks, byte decoder, merged pieces
+    _patterns: tuple = dataclasses.field(init=False, repr=False)
+    _ids: dict = dataclasses.field(init=False, repr=False)
+    _ranks: dict = dataclasses.field(init=False, repr=False)
+    _decoder: dict = dataclasses.field(init=False, repr=False)
+    _cache: dict = dataclasses.field(init=False, repr=False)
 
     def __post_init__(self):
         if self.pre not in PRE_TOKENIZERS:
             raise ValueError(f"the tokenizer's pre-tokeniser {self.pre!r} is not supported (supported: "
                              f"{', '.join(PRE_TOKENIZERS)})")
         regex = require_extra("regex")
-        object.__setattr__(self, "_patterns", tuple(regex.compile(p) for p in PRE_TOKENIZERS[self.pre]))
-        object.__setattr__(self, "_ids", {t: i for i, t in enumerate(self.tokens)})
         ranks = {}
         for rank, merge in enumerate(self.merges):
             left, sep, right = merge.partition(" ")
             if not sep:
                 raise ValueError(f"merge {rank} of the tokenizer, {merge!r}, is not a pair 'A B'")
             ranks.setdefault((left, right), rank)
-        object.__setattr__(self, "_ranks", ranks)
-        object.__setattr__(self, "_decoder", {c: b for b, c in byte_table().items()})
-        object.__setattr__(self, "_cache", {})
+        derived = {"_patterns": tuple(regex.compile(p) for p in PRE_TOKENIZERS[self.pre]),
+                   "_ids": {t: i for i, t in enumerate(self.tokens)}, "_ranks": ranks,
+                   "_decoder": {c: b for b, c in byte_table().items()}, "_cache": {}}
+        for name, value in derived.items():
+            object.__setattr__(self, name, value)
 
     @classmethod
     def from_reader(cls, reader) -> ByteLevelBPE:
