@@ -13,7 +13,8 @@ For token ids ``t_1..t_L`` (positions ``p = 0..L-1``), ``x = E[t]`` (L, width), 
 * ``h = RMSNorm(x) g_ffn``, ``x <- x + (silu(h W_gate^T) * (h W_up^T)) W_down^T``;
 
 and the next-token logits are ``RMSNorm(x[L-1]) g_out W_out^T``. Everything runs in float32 (the
-precision of the dequantised weights), whatever JAX's default; one compiled program per ``L``
+precision of the dequantised weights), whatever JAX's default, with full float32 products on
+GPUs too (``Precision.HIGHEST``: no TensorFloat-32); one compiled program per ``L``
 serves every block. :func:`run_layers` yields each block's attention ``(heads, L, L)`` with the
 queries, keys and values it used, ``(heads, L, d)`` each (keys and values repeated for the query
 heads that share them; queries and keys after the rotation, so that
@@ -64,6 +65,13 @@ def rms_norm(x: jax.Array, gain: jax.Array, eps: float) -> jax.Array:
     return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * gain
 
 
+_HIGHEST = jax.lax.Precision.HIGHEST
+
+
+def _mm(a: jax.Array, b: jax.Array) -> jax.Array:
+    return jnp.matmul(a, b, precision=_HIGHEST)
+
+
 def _heads(x: jax.Array, count: int) -> jax.Array:
     """(L, count * d) -> (count, L, d)."""
     return x.reshape(x.shape[0], count, -1).transpose(1, 0, 2)
@@ -72,18 +80,18 @@ def _heads(x: jax.Array, count: int) -> jax.Array:
 def block(layer: LlamaLayer, x: jax.Array, cos: jax.Array, sin: jax.Array, *, heads: int, kv_heads: int, eps: float):
     """One block (module docstring): the new ``x`` and the attention, queries, keys and values."""
     h = rms_norm(x, layer.attn_norm, eps)
-    q = rotate(_heads(h @ layer.wq.T, heads), cos, sin)
-    k = jnp.repeat(rotate(_heads(h @ layer.wk.T, kv_heads), cos, sin), heads // kv_heads, axis=0)
-    v = jnp.repeat(_heads(h @ layer.wv.T, kv_heads), heads // kv_heads, axis=0)
+    q = rotate(_heads(_mm(h, layer.wq.T), heads), cos, sin)
+    k = jnp.repeat(rotate(_heads(_mm(h, layer.wk.T), kv_heads), cos, sin), heads // kv_heads, axis=0)
+    v = jnp.repeat(_heads(_mm(h, layer.wv.T), kv_heads), heads // kv_heads, axis=0)
     length = x.shape[0]
-    scores = jnp.einsum("hqd,hkd->hqk", q, k) / jnp.sqrt(jnp.float32(q.shape[-1]))
+    scores = jnp.einsum("hqd,hkd->hqk", q, k, precision=_HIGHEST) / jnp.sqrt(jnp.float32(q.shape[-1]))
     causal = jnp.tril(jnp.ones((length, length), dtype=bool))
     scores = jnp.where(causal, scores, -jnp.inf)
     attention = jax.nn.softmax(scores, axis=-1)
-    out = jnp.einsum("hqk,hkd->qhd", attention, v).reshape(length, -1)
-    x = x + out @ layer.wo.T
+    out = jnp.einsum("hqk,hkd->qhd", attention, v, precision=_HIGHEST).reshape(length, -1)
+    x = x + _mm(out, layer.wo.T)
     h = rms_norm(x, layer.ffn_norm, eps)
-    x = x + (jax.nn.silu(h @ layer.w_gate.T) * (h @ layer.w_up.T)) @ layer.w_down.T
+    x = x + _mm(jax.nn.silu(_mm(h, layer.w_gate.T)) * _mm(h, layer.w_up.T), layer.w_down.T)
     return x, attention, q, k, v
 
 
@@ -94,7 +102,7 @@ def _block(arrays: tuple, x, cos, sin, *, heads: int, kv_heads: int, eps: float)
 
 @jax.jit
 def _logits(x_last: jax.Array, gain: jax.Array, output: jax.Array, eps: jax.Array) -> jax.Array:
-    return rms_norm(x_last, gain, eps) @ output.T
+    return _mm(rms_norm(x_last, gain, eps), output.T)
 
 
 def _arrays(layer: LlamaLayer) -> tuple:
