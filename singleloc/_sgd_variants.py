@@ -124,10 +124,11 @@ class WeightDecay(AbstractVariant):
 
 
 class Momentum(AbstractVariant):
-    """Heavy-ball momentum ``beta`` in ``[0, 1)``: a velocity ``u`` per parameter (its state, zero at
-    the start), ``u <- beta u + d`` with ``d`` the direction of the pieces before (the gradient, and
-    the decay when it comes first), and the step along ``u`` (so ``k <- k - lr u``, ``b <- b - (lr /
-    D) u_b``). Its online limit is plain SGD at ``r / (1 - beta)`` (module docstring)."""
+    """Heavy-ball momentum ``beta`` in ``[0, 1)`` (``sgd.momentum``, the ``mu`` of docs/model.md
+    section 11.6): a velocity ``u`` per parameter (its state, zero at the start), ``u <- beta u + d``
+    with ``d`` the direction of the pieces before (the gradient, and the decay when it comes first),
+    and the step along ``u`` (so ``k <- k - lr u``, ``b <- b - (lr / D) u_b``). Its online limit is
+    plain SGD at ``r / (1 - beta)`` (module docstring)."""
 
     beta: float = field(static=True)
 

@@ -17,7 +17,7 @@ from ._activations import get_activation
 from ._extensions import import_reference, is_reference
 from ._priors import PRIOR_FACTORIES, Prior
 from ._sgd_rule import AbstractSGDRule, GradientFlow, OnlineSGD
-from ._sgd_variants import LearningRateSchedule, MiniBatch, WeightDecay
+from ._sgd_variants import LearningRateSchedule, MiniBatch, Momentum, WeightDecay
 from ._validation import integer, number
 
 if TYPE_CHECKING:
@@ -234,7 +234,10 @@ class SGD:
       ``"inverse"`` ``1 / (1 + tau / schedule_tau)``; ``"warmup"`` 1 after the ramp (it needs
       ``warmup_tau > 0``);
     * ``gradient_flow``: the ODE without its ``lr^2`` term (the limit ``lr -> 0`` in the time
-      ``lr tau``); it has no finite-D simulation.
+      ``lr tau``); it has no finite-D simulation;
+    * ``momentum``: heavy-ball momentum ``beta`` in ``[0, 1)``, a velocity ``u <- beta u + grad`` per
+      parameter and the step along it; its ODE and SDE are plain SGD's at the rate ``lr / (1 - beta)``
+      (``None``, the default, is plain SGD and is not written to ``config.json``).
 
     :meth:`build_rule` turns the section into the SGD rule (:func:`sgd_rule`).
     """
@@ -252,6 +255,7 @@ class SGD:
     decay_factor: float = 0.1
     warmup_tau: float = 0.0
     gradient_flow: bool = False
+    momentum: float | None = None
 
     def __post_init__(self):
         s = "sgd"
@@ -275,6 +279,8 @@ class SGD:
         if self.schedule == "warmup" and self.warmup_tau == 0:
             _fail(s, "warmup_tau", "must be > 0 with sgd.schedule = 'warmup' (the length of the linear ramp of the rate)")
         object.__setattr__(self, "gradient_flow", _bool(s, "gradient_flow", self.gradient_flow))
+        if self.momentum is not None:  # None (the default, plain SGD) stays out of config.json and the hashes
+            object.__setattr__(self, "momentum", number(f"{s}.momentum", self.momentum, nonneg=True, below=1.0))
 
     def save_times(self) -> np.ndarray:
         """The requested saved times (before rounding to whole SGD steps)."""
@@ -288,7 +294,7 @@ class SGD:
         """The SGD rule of this section for the layer ``model``: :class:`~singleloc.OnlineSGD` (or
         :class:`~singleloc.GradientFlow`) at ``lr``, the biases training with ``model.train_bias``,
         the head weights with ``model.head_weights``, and the chain of the variants that are on,
-        in the order schedule, batch, decay;
+        in the order schedule, batch, decay, momentum (the decay enters the velocity);
         ``bias_decay`` without trained biases is a ``ValueError``."""
         if self.bias_decay and not model.train_bias:
             raise ValueError(f"sgd.bias_decay = {self.bias_decay:g} acts on trained biases only; set model.train_bias = "
@@ -299,6 +305,8 @@ class SGD:
             chain.append(MiniBatch(self.batch))
         if self.weight_decay or self.bias_decay:
             chain.append(WeightDecay(self.weight_decay, self.bias_decay))
+        if self.momentum:
+            chain.append(Momentum(self.momentum))
         rule = GradientFlow if self.gradient_flow else OnlineSGD
         return rule(self.lr, model.train_bias, tuple(chain), train_head_weights=model.trained_head_weights)
 

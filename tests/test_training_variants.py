@@ -31,7 +31,8 @@ from singleloc._theory import flatten_state, unflatten_state
     ("sgd.bias_decay=-1", "sgd.bias_decay"), ("sgd.schedule=linear", "sgd.schedule"),
     ("sgd.schedule_tau=0", "sgd.schedule_tau"), ("sgd.decay_factor=2", "sgd.decay_factor"),
     ("sgd.warmup_tau=-1", "sgd.warmup_tau"), ("sgd.schedule=warmup", "sgd.warmup_tau"),
-    ("sgd.gradient_flow=1", "sgd.gradient_flow"),
+    ("sgd.gradient_flow=1", "sgd.gradient_flow"), ("sgd.momentum=1", "sgd.momentum"), ("sgd.momentum=-0.1", "sgd.momentum"),
+    ("sgd.momentum=fast", "sgd.momentum"),
 ])
 def test_invalid_variant_keys_are_named(override, key):
     with pytest.raises(ValueError, match=key.replace(".", r"\.")):
