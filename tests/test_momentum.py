@@ -59,6 +59,12 @@ def test_the_heavy_ball_step_is_the_geometric_echo_of_the_gradients():
     np.testing.assert_allclose(params.K, K, rtol=0, atol=1e-12)
     np.testing.assert_array_equal(params.b, p0.b)  # the biases do not train here
 
+    # beta = 0 is plain SGD, bit for bit (u = 0 u + g = g)
+    still, plain = sl.OnlineSGD(lr, True, (sl.Momentum(0.0),)), sl.OnlineSGD(lr, True)
+    p_still, p_plain = (r.step(0.0, p0, gs[0], r.init_state(p0), D)[0] for r in (still, plain))
+    for x, y in zip(jax.tree.leaves(p_still), jax.tree.leaves(p_plain)):
+        np.testing.assert_array_equal(x, y)
+
 
 # ---------------------------------------------------------------------------------------------
 # the online limit against finite-D windows from one state
