@@ -66,6 +66,21 @@ def test_the_heavy_ball_step_is_the_geometric_echo_of_the_gradients():
         np.testing.assert_array_equal(x, y)
 
 
+def test_a_decay_moves_at_the_rate_of_its_place_in_the_chain():
+    """A weight decay before the momentum enters the velocity (its drift terms at ``lr / (1 - beta)``,
+    the coupled decay ``sgd_rule`` builds); after it, the step (at ``lr``, decoupled), from the closed
+    forms ``-r wd M``, ``-2 r wd Q``. (The decoupled order is not reachable from a config and has no
+    finite-D check here.)"""
+    lr, beta, wd = 0.4, 0.5, 0.3
+    M, Q, b = jnp.array([[0.5, 0.1], [0.0, 0.3]]), jnp.array([[1.0, 0.2], [0.2, 0.8]]), jnp.zeros(2)
+    m = sl.GradientMoments(jnp.ones((2, 2)), jnp.eye(2), jnp.ones(2), jnp.eye(2))
+    bare = sl.OnlineSGD(lr, False, (sl.Momentum(beta),)).drift(0.0, M, Q, b, m)
+    for chain, r in (((sl.WeightDecay(wd), sl.Momentum(beta)), lr / (1 - beta)), ((sl.Momentum(beta), sl.WeightDecay(wd)), lr)):
+        d = sl.OnlineSGD(lr, False, chain).drift(0.0, M, Q, b, m)
+        np.testing.assert_allclose(d.M - bare.M, -r * wd * M, rtol=1e-14)
+        np.testing.assert_allclose(d.Q - bare.Q, -2 * r * wd * Q, rtol=1e-14)
+
+
 # ---------------------------------------------------------------------------------------------
 # the online limit against finite-D windows from one state
 
