@@ -73,8 +73,8 @@ from ._laplace import LaplaceRule, exact_rule
 from ._layer import limit_loss
 from ._numerics import require_x64
 from ._resources import on_exact_route
-from ._sgd_rule import GradientMoments, OnlineSGD, OrderParameters, WeightedOrderParameters, flat_drift, sgd_rule
-from ._specs import SGD, Model, Problem, Theory
+from ._sgd_rule import AbstractSGDRule, GradientMoments, OnlineSGD, OrderParameters, WeightedOrderParameters, flat_drift
+from ._specs import SGD, Model, Problem, Theory, sgd_rule
 
 
 def r_orth(M: jax.Array, Q: jax.Array) -> jax.Array:
@@ -106,14 +106,14 @@ class OrderParameterODE(eqx.Module):
 
     fields: LocalFields
     activation: Activation = eqx.field(static=True)
-    sgd: OnlineSGD
+    sgd: AbstractSGDRule
     exact: LaplaceRule | None = None
     exact_check: LaplaceRule | None = None
     gram_fields: LocalFields | None = None
 
     def __init__(self, fields: LocalFields, activation: Activation, lr=None, train_bias: bool | None = None,
                  exact: LaplaceRule | None = None, exact_check: LaplaceRule | None = None,
-                 gram_fields: LocalFields | None = None, *, sgd: OnlineSGD | None = None):
+                 gram_fields: LocalFields | None = None, *, sgd: AbstractSGDRule | None = None):
         if sgd is None:
             if lr is None:
                 raise TypeError("OrderParameterODE needs the learning rate lr (plain online SGD) or an SGD rule sgd=")
