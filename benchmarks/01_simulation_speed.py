@@ -97,7 +97,7 @@ def jax_rate(D: int, seeds: int, seconds: float) -> tuple[float, str]:
         state["t"] = t0 + n
 
     run(4)  # warm-up: compile (excluded from the timings)
-    return _best_rate(run, seconds), str(params[0].dtype)
+    return _best_rate(run, seconds), str(params[0].K.dtype)
 
 
 def numpy_rate(D: int, seconds: float, dtype) -> float:

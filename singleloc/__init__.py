@@ -62,8 +62,9 @@ _EXPORTS = {
     "_grid": ("Grid", "parse_grid"),
     "_sweep": ("SweepStats", "sweep"),
     "_sweep_dataset": ("load_sweep",),
-    "_specs": ("SGD", "Model", "Problem", "Simulation", "Theory"),
-    "_sgd_rule": ("GradientMoments", "LearningRateSchedule", "OnlineSGD", "sgd_rule"),
+    "_specs": ("SGD", "Model", "Problem", "Simulation", "Theory", "sgd_rule"),
+    "_sgd_rule": ("AbstractSGDRule", "AbstractVariant", "GradientFlow", "GradientMoments", "LayerParameters", "OnlineSGD"),
+    "_sgd_variants": ("LearningRateSchedule", "MiniBatch", "Momentum", "WeightDecay"),
     "_theory": ("OrderParameterODE", "OrderParameters", "WeightedOrderParameters", "r_orth"),
     "_pruning": ("PruningResult", "TheoryRisk", "WeightsRisk", "finetune", "keep_heads", "prune",
                  "prune_run", "prune_theory", "prune_weights", "removable_heads"),
@@ -181,10 +182,16 @@ if TYPE_CHECKING:
     from ._sensitivity import random_directions as random_directions
     from ._sensitivity import softmax_jacobian as softmax_jacobian
     from ._sensitivity import softmax_jacobian_norm as softmax_jacobian_norm
+    from ._sgd_rule import AbstractSGDRule as AbstractSGDRule
+    from ._sgd_rule import AbstractVariant as AbstractVariant
+    from ._sgd_rule import GradientFlow as GradientFlow
     from ._sgd_rule import GradientMoments as GradientMoments
-    from ._sgd_rule import LearningRateSchedule as LearningRateSchedule
+    from ._sgd_rule import LayerParameters as LayerParameters
     from ._sgd_rule import OnlineSGD as OnlineSGD
-    from ._sgd_rule import sgd_rule as sgd_rule
+    from ._sgd_variants import LearningRateSchedule as LearningRateSchedule
+    from ._sgd_variants import MiniBatch as MiniBatch
+    from ._sgd_variants import Momentum as Momentum
+    from ._sgd_variants import WeightDecay as WeightDecay
     from ._simulation import simulate as simulate
     from ._simulation_result import SimulationResult as SimulationResult
     from ._sobol_expectation import SobolExpectation as SobolExpectation
@@ -194,6 +201,7 @@ if TYPE_CHECKING:
     from ._specs import Problem as Problem
     from ._specs import Simulation as Simulation
     from ._specs import Theory as Theory
+    from ._specs import sgd_rule as sgd_rule
     from ._stability import Linearization as Linearization
     from ._stability import escape_mode as escape_mode
     from ._stability import escape_rate as escape_rate

@@ -7,9 +7,10 @@ online SGD (the SGD rule's :meth:`~singleloc.OnlineSGD.update`, :mod:`~singleloc
 
 (the last term of the ``Q`` block is the Gram matrix of the step, ``lr^2 / D`` times ``sum_l c_l
 c_l^T``; its mean is the ``lr^2`` term of the drift). For the training variants (docs/model.md
-section 11) ``U`` is the rule's update of one sequence at the rate per sequence ``lr(tau) / B``
-with the decay: a step of ``B`` sequences adds ``B`` independent such updates, and ``tau``
-counts sequences, so the SDE below holds for every batch size. Over ``d tau`` there are ``D d tau``
+section 11) ``U`` is the rule's update of one sequence at the rate per sequence (``lr(tau) / B``,
+divided by ``1 - beta`` with momentum, whose echo sums to that of one such step) with the decay: a
+step of ``B`` sequences adds ``B`` independent such updates, and ``tau`` counts sequences, so the
+SDE below holds for every batch size and momentum. Over ``d tau`` there are ``D d tau``
 independent steps, so the state ``y = (M, Q, b)`` (flattened as
 :func:`singleloc._theory.flatten_state`) follows, to leading order in ``1/D``,
 

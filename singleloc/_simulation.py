@@ -6,8 +6,9 @@ Step ``t`` draws ``B`` (``sgd.batch``, default 1) fresh sequences and updates
 
 with ``l`` the mean of ``|x_eps - yhat|^2 / D`` over the ``B`` sequences, differentiated by
 JAX: the step of the configuration's SGD rule (:meth:`~singleloc.OnlineSGD.step`,
-:func:`~singleloc.sgd_rule`, which adds the weight decay and takes the learning rate of the
-schedule at the step's time). Time counts sequences, ``tau = t B / D`` (``t / D`` for
+:func:`~singleloc.sgd_rule`, which adds the weight decay and the momentum and takes the learning
+rate of the schedule at the step's time), threading the rule's own state (a velocity with
+momentum). Time counts sequences, ``tau = t B / D`` (``t / D`` for
 ``B = 1``), so a saved time ``tau`` is the step ``round(tau D / B)``. Step ``t`` of one
 sequence draws it from ``fold_in(train, t)``; of ``B`` sequences, from the ``B`` keys of
 ``split(fold_in(train, t), B)``. The run
@@ -35,10 +36,10 @@ from ._layer import finite_loss
 from ._numerics import Q_RUNAWAY
 from ._resources import check_run, check_steps
 from ._run_checks import warn_if_risk_rose, warn_if_times_dropped
-from ._sgd_rule import sgd_rule
+from ._sgd_rule import LayerParameters
 from ._sharding import shard_batch, unpad
 from ._simulation_result import SimulationResult
-from ._specs import SGD, Model, Problem, Simulation
+from ._specs import SGD, Model, Problem, Simulation, sgd_rule
 
 
 def save_steps(config: Config) -> np.ndarray:
@@ -54,51 +55,51 @@ def save_steps(config: Config) -> np.ndarray:
 
 
 def _run_functions(config: Config):
-    """Pure per-seed functions: initial state, advance by steps, and measure."""
+    """Pure per-seed functions: the initial state, advance by steps, and measure. The state is
+    ``(params, rule_state)``: the layer's :class:`~singleloc._sgd_rule.LayerParameters` and the SGD
+    rule's own finite-D state (:meth:`~singleloc.OnlineSGD.init_state`: a velocity with momentum,
+    nothing for plain SGD), which the rule's step threads."""
     pb, mdl, sgd, sim = config.problem, config.model, config.sgd, config.simulation
     act = get_activation(mdl.activation)
     prior = pb.build_prior()
-    L, F, H, D, B = pb.L, pb.F, mdl.heads, sim.D, sgd.batch
+    L, F, H, D = pb.L, pb.F, mdl.heads, sim.D
     rule = sgd_rule(config)
-    trained = mdl.trained_head_weights  # params (K, b, v) with head weights, else (K, b)
-    grad = jax.grad(lambda K, b, v, X, eps: finite_loss(act, K, b, X, eps, v), argnums=(0, 1, 2) if trained else (0, 1))
-    if rule.gradient_flow:
-        raise ValueError("sgd.gradient_flow = true has no finite-D simulation (it is the limit lr -> 0 in the time "
-                         "lr tau); simulate plain SGD at a small sgd.lr and compare at equal lr tau, or a large "
-                         "sgd.batch B at equal steps (tau / B) (docs/model.md section 11.4)")
+    B = rule.batch
+    grad = jax.grad(lambda p, X, eps: finite_loss(act, p.K, p.b, X, eps, p.v))
 
     def init(index):
         keys = seed_keys(sim.seed, index)
         kstar = make_spikes(keys.spikes, F, D)
         K = init_keys(keys.init, H, D, sgd.init_scale)
         b = jnp.full((H,), mdl.bias_init, dtype=K.dtype)
-        params = (K, b, jnp.full((H,), 1.0 / H, dtype=K.dtype)) if trained else (K, b)
-        return params, (kstar, keys.train, keys.test)
+        v = jnp.full((H,), 1.0 / H, dtype=K.dtype) if rule.train_head_weights else None
+        params = LayerParameters(K, b, v)
+        return (params, rule.init_state(params)), (kstar, keys.train, keys.test)
 
-    def advance(params, consts, t0, t1):
+    def advance(state, consts, t0, t1):
         kstar, train_key, _ = consts
 
-        def gradient(K, b, v, key):  # of the mean loss of the step's sequences: (gK, gb[, gv])
+        def gradient(params, key):  # of the mean loss of the step's sequences
             if B == 1:
-                return grad(K, b, v, *sample_sequence(key, prior, kstar, L))
-            grads = jax.vmap(lambda k: grad(K, b, v, *sample_sequence(k, prior, kstar, L)))(jax.random.split(key, B))
-            return tuple(jnp.mean(g, axis=0) for g in grads)
+                return grad(params, *sample_sequence(key, prior, kstar, L))
+            grads = jax.vmap(lambda k: grad(params, *sample_sequence(k, prior, kstar, L)))(jax.random.split(key, B))
+            return jax.tree.map(lambda g: jnp.mean(g, axis=0), grads)
 
-        def body(t, params):
-            K, b, v = (*params, None)[:3]
-            gK, gb, *gv = gradient(K, b, v, jax.random.fold_in(train_key, t))
-            return rule.step(t * (B / D), K, b, gK, gb, D, v, *gv)
+        def body(t, state):
+            params, rule_state = state
+            grads = gradient(params, jax.random.fold_in(train_key, t))
+            return rule.step(t * (B / D), params, grads, rule_state, D)
 
-        return jax.lax.fori_loop(t0, t1, body, params)
+        return jax.lax.fori_loop(t0, t1, body, state)
 
-    def measure(params, consts, i):
-        K, b, v = (*params, None)[:3]
+    def measure(state, consts, i):
+        params = state[0]
         kstar, _, test_key = consts
-        seqs = draw_heldout(jax.random.fold_in(test_key, i), prior, K, kstar, sim.test_samples, L)
-        emp, lim = heldout_losses(act, seqs, b, v=v)
-        M, Q = overlaps(K, kstar)
-        record = (M, Q, b, jnp.mean(emp), jnp.mean(lim))
-        return record if v is None else (*record, v)
+        seqs = draw_heldout(jax.random.fold_in(test_key, i), prior, params.K, kstar, sim.test_samples, L)
+        emp, lim = heldout_losses(act, seqs, params.b, v=params.v)
+        M, Q = overlaps(params.K, kstar)
+        record = (M, Q, params.b, jnp.mean(emp), jnp.mean(lim))
+        return record if params.v is None else (*record, params.v)
 
     return init, advance, measure
 
@@ -134,7 +135,7 @@ def simulate(config: Config | None = None, *, problem: Problem | None = None, mo
     D = config.simulation.D
     init, advance, measure = _run_functions(config)
     seeds, _, n = shard_batch(jnp.arange(config.simulation.seeds))
-    params, consts = jax.jit(jax.vmap(init))(seeds)
+    state, consts = jax.jit(jax.vmap(init))(seeds)
     advance_all = jax.jit(jax.vmap(advance, in_axes=(0, 0, None, None)))
     measure_all = jax.jit(jax.vmap(measure, in_axes=(0, 0, None)))
     steps = save_steps(config)
@@ -144,15 +145,15 @@ def simulate(config: Config | None = None, *, problem: Problem | None = None, mo
     t_prev = 0
     for i, t in enumerate(steps):
         if t > t_prev:
-            params = advance_all(params, consts, t_prev, int(t))
+            state = advance_all(state, consts, t_prev, int(t))
             bar.update(int(t) - t_prev)
             t_prev = int(t)
-        rec = unpad(jax.device_get(measure_all(params, consts, i)), n)
+        rec = unpad(jax.device_get(measure_all(state, consts, i)), n)
         _check_finite(rec, t / D, config)
         records.append(rec)
     bar.close()
     M, Q, b, risk, risk_limit, *v = (np.stack([r[j] for r in records], axis=1) for j in range(len(records[0])))
-    K, kstar = unpad(jax.device_get((params[0], consts[0])), n)
+    K, kstar = unpad(jax.device_get((state[0].K, consts[0])), n)
     result = SimulationResult(steps * config.sgd.batch / D, M, Q, b, risk, risk_limit, np.asarray(K), np.asarray(kstar),
                               *v)
     warn_if_risk_rose(config, simulation=result)

@@ -9,7 +9,7 @@ validates every value and raises ``ValueError`` naming the offending ``section.k
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -17,7 +17,12 @@ from ._activations import get_activation
 from ._extensions import import_reference, is_reference
 from ._priors import PRIOR_FACTORIES, Prior
 from ._routes import ROUTES
+from ._sgd_rule import AbstractSGDRule, GradientFlow, OnlineSGD
+from ._sgd_variants import LearningRateSchedule, MiniBatch, Momentum, WeightDecay
 from ._validation import integer, number
+
+if TYPE_CHECKING:
+    from ._config import Config
 
 #: Largest ``|model.bias_init|``: float32 (the simulation's precision) spaces numbers near 1000 by
 #: 6e-5, so O(1) scores keep four digits beside the bias; near 1e30 they vanish entirely.
@@ -200,7 +205,7 @@ class Model:
         return self.head_weights == "trained"
 
 
-#: Values of ``sgd.schedule`` (:class:`SGD`; the rates are ``singleloc._sgd_rule.LearningRateSchedule``'s).
+#: Values of ``sgd.schedule`` (:class:`SGD`; the rates are :class:`~singleloc.LearningRateSchedule`'s).
 SCHEDULES = ("constant", "step", "cosine", "inverse", "warmup")
 
 
@@ -228,7 +233,12 @@ class SGD:
       ``"inverse"`` ``1 / (1 + tau / schedule_tau)``; ``"warmup"`` 1 after the ramp (it needs
       ``warmup_tau > 0``);
     * ``gradient_flow``: the ODE without its ``lr^2`` term (the limit ``lr -> 0`` in the time
-      ``lr tau``); it has no finite-D simulation.
+      ``lr tau``); it has no finite-D simulation;
+    * ``momentum``: heavy-ball momentum ``beta`` in ``[0, 1)``, a velocity ``u <- beta u + grad`` per
+      parameter and the step along it; its ODE and SDE are plain SGD's at the rate ``lr / (1 - beta)``
+      (``None``, the default, is plain SGD and is not written to ``config.json``).
+
+    :meth:`build_rule` turns the section into the SGD rule (:func:`sgd_rule`).
     """
 
     lr: float = 0.5
@@ -244,6 +254,7 @@ class SGD:
     decay_factor: float = 0.1
     warmup_tau: float = 0.0
     gradient_flow: bool = False
+    momentum: float | None = None
 
     def __post_init__(self):
         s = "sgd"
@@ -267,6 +278,8 @@ class SGD:
         if self.schedule == "warmup" and self.warmup_tau == 0:
             _fail(s, "warmup_tau", "must be > 0 with sgd.schedule = 'warmup' (the length of the linear ramp of the rate)")
         object.__setattr__(self, "gradient_flow", _bool(s, "gradient_flow", self.gradient_flow))
+        if self.momentum is not None:  # None (the default, plain SGD) stays out of config.json and the hashes
+            object.__setattr__(self, "momentum", number(f"{s}.momentum", self.momentum, nonneg=True, below=1.0))
 
     def save_times(self) -> np.ndarray:
         """The requested saved times (before rounding to whole SGD steps)."""
@@ -275,6 +288,31 @@ class SGD:
         if self.n_save == 2:  # geomspace of one point gives its start, tau_max / 1000: the grid ends at tau_max
             return np.array([0.0, self.tau_max])
         return np.concatenate([[0.0], np.geomspace(self.tau_max * 1e-3, self.tau_max, self.n_save - 1)])
+
+    def build_rule(self, model: Model) -> AbstractSGDRule:
+        """The SGD rule of this section for the layer ``model``: :class:`~singleloc.OnlineSGD` (or
+        :class:`~singleloc.GradientFlow`) at ``lr``, the biases training with ``model.train_bias``,
+        the head weights with ``model.head_weights``, and the chain of the variants that are on,
+        in the order schedule, batch, decay, momentum (the decay enters the velocity);
+        ``bias_decay`` without trained biases is a ``ValueError``."""
+        if self.bias_decay and not model.train_bias:
+            raise ValueError(f"sgd.bias_decay = {self.bias_decay:g} acts on trained biases only; set model.train_bias = "
+                             "true or sgd.bias_decay = 0")
+        schedule = LearningRateSchedule(self.schedule, self.schedule_tau, self.decay_factor, self.warmup_tau)
+        chain = [] if schedule.constant else [schedule]
+        if self.batch > 1:
+            chain.append(MiniBatch(self.batch))
+        if self.weight_decay or self.bias_decay:
+            chain.append(WeightDecay(self.weight_decay, self.bias_decay))
+        if self.momentum:
+            chain.append(Momentum(self.momentum))
+        rule = GradientFlow if self.gradient_flow else OnlineSGD
+        return rule(self.lr, model.train_bias, tuple(chain), train_head_weights=model.trained_head_weights)
+
+
+def sgd_rule(config: Config) -> AbstractSGDRule:
+    """The SGD rule of a configuration (:meth:`SGD.build_rule` of its ``sgd`` and ``model`` sections)."""
+    return config.sgd.build_rule(config.model)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -34,8 +34,8 @@ from ._config import Config, gather_specs
 from ._expectation import AbstractExpectation
 from ._numerics import require_x64
 from ._routes import build_expectation, choose_route
-from ._sgd_rule import GradientMoments, OnlineSGD, OrderParameters, WeightedOrderParameters, sgd_rule
-from ._specs import SGD, Model, Problem, Theory
+from ._sgd_rule import AbstractSGDRule, GradientMoments, OrderParameters, WeightedOrderParameters
+from ._specs import SGD, Model, Problem, Theory, sgd_rule
 
 
 def r_orth(M: jax.Array, Q: jax.Array) -> jax.Array:
@@ -55,9 +55,9 @@ class OrderParameterODE(eqx.Module):
     """
 
     expectation: AbstractExpectation
-    sgd: OnlineSGD
+    sgd: AbstractSGDRule
 
-    def __init__(self, expectation: AbstractExpectation, sgd: OnlineSGD):
+    def __init__(self, expectation: AbstractExpectation, sgd: AbstractSGDRule):
         if not isinstance(expectation, AbstractExpectation):
             raise TypeError(f"OrderParameterODE: expectation must be an expectation route (singleloc.SobolExpectation, "
                             f"LaplaceExpectation, ...), got {type(expectation).__name__}")

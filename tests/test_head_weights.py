@@ -91,7 +91,7 @@ def test_head_weight_drift_is_the_mean_of_finite_D_steps():
                                       "sgd.lr=1.0", "theory.route=exact"])
     D = cfg.simulation.D
     init, advance, _ = _run_functions(cfg)
-    (K0, b0, v0), (kstar, _, test) = init(0)
+    ((K0, b0, v0), rule_state), (kstar, _, test) = init(0)
     orth = jax.random.normal(jax.random.PRNGKey(11), K0.shape, K0.dtype)
     orth = 0.6 * (orth - (orth @ kstar.T / D) @ kstar)
     K = (jnp.array([[1.2, 0.2], [0.1, 0.9]], K0.dtype) @ kstar + orth).astype(K0.dtype)
@@ -102,7 +102,7 @@ def test_head_weight_drift_is_the_mean_of_finite_D_steps():
         return jnp.concatenate([flatten_state(K @ ks.T / D, K @ K.T / D, b.astype(jnp.float64), True),
                                 v.astype(jnp.float64)])
 
-    step = jax.jit(jax.vmap(lambda key: flat(*advance((K, b, v), (kstar, key, test), 0, 1))))
+    step = jax.jit(jax.vmap(lambda key: flat(*advance((sl.LayerParameters(K, b, v), rule_state), (kstar, key, test), 0, 1)[0])))
     y0 = flat(K, b, v)
     inc = D * (np.asarray(step(jax.random.split(jax.random.PRNGKey(5), 4000))) - np.asarray(y0))
     mean, se = inc.mean(0), inc.std(0, ddof=1) / np.sqrt(len(inc))

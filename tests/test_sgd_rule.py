@@ -29,7 +29,9 @@ def test_the_step_in_order_parameters_is_the_update(train_bias):
     b = jnp.array([0.1, -0.2])
     X, eps = sample_sequence(jax.random.PRNGKey(2), sl.binary(F, 3.0), kstar, L)
     gK, gb = jax.grad(lambda K, b: finite_loss(act, K, b, X, eps), argnums=(0, 1))(K, b)
-    K1, b1 = rule.step(0.0, K, b, gK, gb, D)
+    params = sl.LayerParameters(K, b)
+    (K1, b1, _), state = rule.step(0.0, params, sl.LayerParameters(gK, gb), rule.init_state(params), D)
+    assert state == ()  # plain SGD has no state of its own
     M, Q = K @ kstar.T / D, K @ K.T / D
     stepped = (D * (K1 @ kstar.T / D - M), D * (K1 @ K1.T / D - Q), D * (b1 - b))
 

@@ -289,9 +289,10 @@ def test_one_sgd_step_matches_numpy(name, train_bias):
         ],
     )
     init, advance, _ = _run_functions(cfg)
-    (K0, b0), consts = init(1)
+    state, consts = init(1)
+    (K0, b0, _), _ = state
     kstar, train_key, _ = consts
-    K1, b1 = advance((K0, b0), consts, 0, 1)
+    (K1, b1, _), _ = advance(state, consts, 0, 1)
     # the sample of step t = 0 comes from fold_in(train, 0) (documented in singleloc._data)
     X, eps = sample_sequence(jax.random.fold_in(train_key, 0), cfg.problem.build_prior(), kstar, L)
     K0n, b0n, Xn = (np.asarray(x, dtype=np.float64) for x in (K0, b0, X))
@@ -318,7 +319,8 @@ def test_advance_does_not_depend_on_chunking(tiny_config):
     step = jax.jit(advance)
     whole = step(params, consts, 0, 6)
     parts = step(step(step(params, consts, 0, 2), consts, 2, 5), consts, 5, 6)
-    for x, y in zip(whole, parts):
+    assert jax.tree.structure(whole) == jax.tree.structure(parts)
+    for x, y in zip(jax.tree.leaves(whole), jax.tree.leaves(parts)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 

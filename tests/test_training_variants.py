@@ -19,7 +19,6 @@ import singleloc as sl
 from singleloc._data import make_spikes, sample_sequence
 from singleloc._fluctuations import update_moments
 from singleloc._layer import finite_loss, scores, token_weights
-from singleloc._sgd_rule import LearningRateSchedule
 from singleloc._simulation import _run_functions
 from singleloc._theory import flatten_state, unflatten_state
 
@@ -32,7 +31,8 @@ from singleloc._theory import flatten_state, unflatten_state
     ("sgd.bias_decay=-1", "sgd.bias_decay"), ("sgd.schedule=linear", "sgd.schedule"),
     ("sgd.schedule_tau=0", "sgd.schedule_tau"), ("sgd.decay_factor=2", "sgd.decay_factor"),
     ("sgd.warmup_tau=-1", "sgd.warmup_tau"), ("sgd.schedule=warmup", "sgd.warmup_tau"),
-    ("sgd.gradient_flow=1", "sgd.gradient_flow"),
+    ("sgd.gradient_flow=1", "sgd.gradient_flow"), ("sgd.momentum=1", "sgd.momentum"), ("sgd.momentum=-0.1", "sgd.momentum"),
+    ("sgd.momentum=fast", "sgd.momentum"),
 ])
 def test_invalid_variant_keys_are_named(override, key):
     with pytest.raises(ValueError, match=key.replace(".", r"\.")):
@@ -44,8 +44,9 @@ def test_variant_keys_reach_the_rule():
                                       "sgd.schedule=cosine", "sgd.schedule_tau=20", "sgd.decay_factor=0.05",
                                       "sgd.warmup_tau=1.5", "sgd.gradient_flow=true"])
     rule = sl.sgd_rule(cfg)
-    assert (rule.batch, rule.weight_decay, rule.bias_decay, rule.gradient_flow) == (8, 0.3, 0.2, True)
-    assert rule.schedule == LearningRateSchedule("cosine", 20.0, 0.05, 1.5)
+    assert rule == sl.GradientFlow(cfg.sgd.lr, True, (sl.LearningRateSchedule("cosine", 20.0, 0.05, 1.5), sl.MiniBatch(8),
+                                                      sl.WeightDecay(0.3, 0.2)))
+    assert rule.batch == 8 and not rule.train_head_weights
     assert sl.Config.from_dict(cfg.to_dict()) == cfg  # config.json reads back
     assert sl.sgd_rule(sl.load_config("default")) == sl.OnlineSGD(0.5, False)  # the defaults are plain SGD
     with pytest.raises(ValueError, match=r"sgd\.bias_decay .*model\.train_bias"):
@@ -88,7 +89,7 @@ def test_a_batch_step_with_decay_in_order_parameters():
     terms docs/model.md section 11 drops are added: the batch's full token Gram matrix (its cross
     blocks included) and the decay's square and its product with the gradient."""
     D, H, F, L, B, lr, wd, bd = 512, 2, 2, 4, 3, 0.9, 0.7, 0.4
-    rule = sl.OnlineSGD(lr, True, batch=B, weight_decay=wd, bias_decay=bd)
+    rule = sl.OnlineSGD(lr, True, (sl.MiniBatch(B), sl.WeightDecay(wd, bd)))
     act = sl.get_activation("softmax1")
     kstar = make_spikes(jax.random.PRNGKey(0), F, D).astype(jnp.float64)
     K = jnp.array([[0.8, 0.3], [-0.2, 0.6]]) @ kstar + 0.5 * jax.random.normal(jax.random.PRNGKey(1), (H, D))
@@ -97,7 +98,8 @@ def test_a_batch_step_with_decay_in_order_parameters():
     grad = jax.jit(jax.grad(lambda K, b, X, eps: finite_loss(act, K, b, X, eps), argnums=(0, 1)))
     grads = [grad(K, b, X, eps) for X, eps in seqs]
     gK, gb = sum(g[0] for g in grads) / B, sum(g[1] for g in grads) / B
-    K1, b1 = rule.step(0.0, K, b, gK, gb, D)
+    params = sl.LayerParameters(K, b)
+    (K1, b1, _), _ = rule.step(0.0, params, sl.LayerParameters(gK, gb), rule.init_state(params), D)
     M, Q = K @ kstar.T / D, K @ K.T / D
     stepped = (D * (K1 @ kstar.T / D - M), D * (K1 @ K1.T / D - Q), D * (b1 - b))
 
@@ -136,7 +138,7 @@ def _finite_steps(cfg, t: int, n: int):
     times the change of the flat state by ``n`` independent simulator steps ``t -> t + 1`` from
     it (one fresh batch each), (n, dim)."""
     init, advance, _ = _run_functions(cfg)
-    (K0, b0), (kstar, _, test) = init(0)
+    ((K0, b0, _), rule_state), (kstar, _, test) = init(0)
     D = cfg.simulation.D
     orth = jax.random.normal(jax.random.PRNGKey(11), K0.shape, K0.dtype)
     orth = 0.6 * (orth - (orth @ kstar.T / D) @ kstar)
@@ -147,7 +149,8 @@ def _finite_steps(cfg, t: int, n: int):
         K, ks = K.astype(jnp.float64), kstar.astype(jnp.float64)
         return flatten_state(K @ ks.T / D, K @ K.T / D, b.astype(jnp.float64), True)
 
-    step = jax.jit(jax.vmap(lambda key: flat(*advance((K, b), (kstar, key, test), t, t + 1))))
+    step = jax.jit(jax.vmap(lambda key: flat(*advance((sl.LayerParameters(K, b), rule_state), (kstar, key, test), t,
+                                                       t + 1)[0][:2])))
     v = D * (np.asarray(step(jax.random.split(jax.random.PRNGKey(5), n))) - np.asarray(flat(K, b)))
     return flat(K, b), v
 

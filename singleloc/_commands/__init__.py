@@ -2,6 +2,6 @@
 (with light imports only) and sets ``func`` to its ``run(args)``; add a module here to add a
 command."""
 
-from . import bayes, compare, diagnose, integrate, prune, simulate, sweep
+from . import attention, bayes, compare, diagnose, integrate, prune, simulate, sweep
 
-COMMANDS = (simulate, integrate, compare, bayes, diagnose, prune, sweep)
+COMMANDS = (simulate, integrate, compare, bayes, diagnose, attention, prune, sweep)
