@@ -29,7 +29,7 @@ _EXPORTS = {
     "_bayes": ("bayes_point", "bayes_risk", "bayes_route", "log_weight", "posterior"),
     "_population_risk": ("RiskEstimate", "population_risk"),
     "_choices": ("PRUNING_ORDERS",),
-    "_config": ("Config", "load_config", "preset_names"),
+    "_config": ("Config", "load_config", "preset_names", "sgd_rule"),
     "_data": ("initial_overlaps", "make_spikes", "overlaps", "sample_sequence", "seed_keys"),
     "_attention_diagnosis": ("AttentionDiagnosis", "diagnose_attention"),
     "_attention_rows": ("logits_from_weights",),
@@ -62,7 +62,7 @@ _EXPORTS = {
     "_grid": ("Grid", "parse_grid"),
     "_sweep": ("SweepStats", "sweep"),
     "_sweep_dataset": ("load_sweep",),
-    "_specs": ("SGD", "Model", "Problem", "Simulation", "Theory", "sgd_rule"),
+    "_specs": ("SGD", "Model", "Problem", "Simulation", "Theory"),
     "_sgd_rule": ("AbstractSGDRule", "AbstractVariant", "GradientFlow", "GradientMoments", "LayerParameters", "OnlineSGD"),
     "_sgd_variants": ("LearningRateSchedule", "MiniBatch", "Momentum", "WeightDecay"),
     "_theory": ("OrderParameterODE", "OrderParameters", "WeightedOrderParameters", "r_orth"),
@@ -109,6 +109,7 @@ if TYPE_CHECKING:
     from ._config import Config as Config
     from ._config import load_config as load_config
     from ._config import preset_names as preset_names
+    from ._config import sgd_rule as sgd_rule
     from ._data import initial_overlaps as initial_overlaps
     from ._data import make_spikes as make_spikes
     from ._data import overlaps as overlaps
@@ -201,7 +202,6 @@ if TYPE_CHECKING:
     from ._specs import Problem as Problem
     from ._specs import Simulation as Simulation
     from ._specs import Theory as Theory
-    from ._specs import sgd_rule as sgd_rule
     from ._stability import Linearization as Linearization
     from ._stability import escape_mode as escape_mode
     from ._stability import escape_rate as escape_rate

@@ -18,6 +18,17 @@ MASKS = ("auto", "none", "causal")
 #: The samples of the Kolmogorov-Smirnov test of :func:`singleloc.diagnose_attention` (``ks_samples``).
 KS_SAMPLES = ("auto", "heads", "rows")
 
+#: The expectation routes (:mod:`singleloc._routes`) by the name ``theory.route`` gives them: the module and
+#: class of each, imported when a route is built. A new route is a module and one line here.
+ROUTE_CLASSES = {
+    "exact": "singleloc._laplace_expectation:LaplaceExpectation",
+    "rule": "singleloc._sobol_expectation:SobolExpectation",
+    "montecarlo": "singleloc._monte_carlo_expectation:MonteCarloExpectation",
+}
+
+#: Values of ``theory.route``.
+ROUTES = ("auto", *ROUTE_CLASSES)
+
 #: The words a sweep's ``horizon`` takes besides a positive number (:func:`singleloc.sweep`).
 HORIZON_WORDS = ("auto", "config")
 

@@ -27,6 +27,7 @@ except ModuleNotFoundError:  # pragma: no cover
 from ._atomic_files import describe_path
 from ._presets import preset_names
 from ._priors import Prior
+from ._sgd_rule import AbstractSGDRule
 from ._specs import SGD, Model, Problem, Simulation, Theory
 
 SECTIONS = {"problem": Problem, "model": Model, "sgd": SGD, "simulation": Simulation, "theory": Theory}
@@ -90,6 +91,11 @@ def _section_keys(name: str, values: Any) -> Mapping[str, Any]:
         listed = ", ".join(f"{name}.{k}" for k in sorted(bad))
         raise ValueError(f"unknown key(s) {listed} (known: {', '.join(sorted(fields))})")
     return values
+
+
+def sgd_rule(config: Config) -> AbstractSGDRule:
+    """The SGD rule of a configuration (:meth:`SGD.build_rule` of its ``sgd`` and ``model`` sections)."""
+    return config.sgd.build_rule(config.model)
 
 
 def gather_specs(where: str, config: Config | None = None, **specs: Any) -> Config:

@@ -1,6 +1,6 @@
 """Which expectation route a computation takes, decided once, with the budgets that decide it.
 
-``theory.route`` names a route (:data:`ROUTE_CLASSES`) or ``"auto"``. :func:`choose_route` turns the
+``theory.route`` names a route (:data:`~singleloc._choices.ROUTE_CLASSES`) or ``"auto"``. :func:`choose_route` turns the
 problem, the layer and the numerics into a :class:`RouteChoice`: the route, the activation and its
 normalised-exponential form (:func:`~singleloc.exponential_form`), and on the exact route how its
 ``lr^2`` (Gram) term is computed. The decision:
@@ -20,7 +20,7 @@ rank-aware Sobol rule, ``"auto"`` exactly for one head and for two from ``L * H 
 :data:`GRAM_EXACT_FROM` on, where it costs less than the rule.
 
 A new route is a module with a class of :class:`~singleloc._expectation.AbstractExpectation` (with a
-``from_specs`` class method) and one line in :data:`ROUTE_CLASSES`.
+``from_specs`` class method) and one line in :data:`~singleloc._choices.ROUTE_CLASSES`.
 """
 
 from __future__ import annotations
@@ -29,21 +29,12 @@ import dataclasses
 import importlib
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # the specs import this module (its route names); the rest is imported when a route is chosen
+from ._choices import ROUTE_CLASSES, ROUTES
+
+if TYPE_CHECKING:  # imported when a route is chosen
     from ._activations import Activation, ExponentialForm
     from ._priors import Prior
     from ._specs import Model, Problem, Theory
-
-#: The routes by the name ``theory.route`` gives them: the module and class of each, imported when
-#: it is built.
-ROUTE_CLASSES = {
-    "exact": "singleloc._laplace_expectation:LaplaceExpectation",
-    "rule": "singleloc._sobol_expectation:SobolExpectation",
-    "montecarlo": "singleloc._monte_carlo_expectation:MonteCarloExpectation",
-}
-
-#: Values of ``theory.route``.
-ROUTES = ("auto", *ROUTE_CLASSES)
 
 #: ``theory.route = "auto"`` integrates a joint layer (bsoftmax) on the exact route up to this
 #: :func:`~singleloc._laplace.joint_rule_size` (nodes x heads x atoms), and on the rule route beyond:
@@ -68,7 +59,7 @@ GRAM_EXACT_FROM = 64
 
 @dataclasses.dataclass(frozen=True)
 class RouteChoice:
-    """The route of one computation (module docstring): ``route`` (a key of :data:`ROUTE_CLASSES`),
+    """The route of one computation (module docstring): ``route`` (a key of :data:`~singleloc._choices.ROUTE_CLASSES`),
     the ``activation`` and its normalised-exponential ``form`` (``None`` if it has none), and on the
     exact route ``gram``: ``"exact"`` or ``"sobol"`` (``None`` elsewhere)."""
 
@@ -84,7 +75,7 @@ class RouteChoice:
 
 
 def route_class(name: str) -> type:
-    """The expectation class of the route ``name`` (:data:`ROUTE_CLASSES`)."""
+    """The expectation class of the route ``name`` (:data:`~singleloc._choices.ROUTE_CLASSES`)."""
     module, _, attr = ROUTE_CLASSES[name].partition(":")
     return getattr(importlib.import_module(module), attr)
 

@@ -29,7 +29,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ._activations import get_activation
-from ._config import Config, gather_specs
+from ._config import Config, gather_specs, sgd_rule
 from ._data import init_keys, make_spikes, overlaps, sample_sequence, seed_keys
 from ._heldout import draw_heldout, heldout_losses
 from ._layer import finite_loss
@@ -39,7 +39,7 @@ from ._run_checks import warn_if_risk_rose, warn_if_times_dropped
 from ._sgd_rule import LayerParameters
 from ._sharding import shard_batch, unpad
 from ._simulation_result import SimulationResult
-from ._specs import SGD, Model, Problem, Simulation, sgd_rule
+from ._specs import SGD, Model, Problem, Simulation
 
 
 def save_steps(config: Config) -> np.ndarray:

@@ -9,20 +9,17 @@ validates every value and raises ``ValueError`` naming the offending ``section.k
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ._activations import get_activation
+from ._choices import ROUTES
 from ._extensions import import_reference, is_reference
 from ._priors import PRIOR_FACTORIES, Prior
-from ._routes import ROUTES
 from ._sgd_rule import AbstractSGDRule, GradientFlow, OnlineSGD
 from ._sgd_variants import LearningRateSchedule, MiniBatch, Momentum, WeightDecay
 from ._validation import integer, number
-
-if TYPE_CHECKING:
-    from ._config import Config
 
 #: Largest ``|model.bias_init|``: float32 (the simulation's precision) spaces numbers near 1000 by
 #: 6e-5, so O(1) scores keep four digits beside the bias; near 1e30 they vanish entirely.
@@ -238,7 +235,7 @@ class SGD:
       parameter and the step along it; its ODE and SDE are plain SGD's at the rate ``lr / (1 - beta)``
       (``None``, the default, is plain SGD and is not written to ``config.json``).
 
-    :meth:`build_rule` turns the section into the SGD rule (:func:`sgd_rule`).
+    :meth:`build_rule` turns the section into the SGD rule (:func:`~singleloc.sgd_rule` of a config).
     """
 
     lr: float = 0.5
@@ -308,11 +305,6 @@ class SGD:
             chain.append(Momentum(self.momentum))
         rule = GradientFlow if self.gradient_flow else OnlineSGD
         return rule(self.lr, model.train_bias, tuple(chain), train_head_weights=model.trained_head_weights)
-
-
-def sgd_rule(config: Config) -> AbstractSGDRule:
-    """The SGD rule of a configuration (:meth:`SGD.build_rule` of its ``sgd`` and ``model`` sections)."""
-    return config.sgd.build_rule(config.model)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,12 +30,12 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ._config import Config, gather_specs
+from ._config import Config, gather_specs, sgd_rule
 from ._expectation import AbstractExpectation
 from ._numerics import require_x64
 from ._routes import build_expectation, choose_route
 from ._sgd_rule import AbstractSGDRule, GradientMoments, OrderParameters, WeightedOrderParameters
-from ._specs import SGD, Model, Problem, Theory, sgd_rule
+from ._specs import SGD, Model, Problem, Theory
 
 
 def r_orth(M: jax.Array, Q: jax.Array) -> jax.Array:
