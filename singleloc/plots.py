@@ -26,7 +26,7 @@ from ._head_classes import CLASS_LETTERS, LEARNED_CLASSES, class_counts_text
 from ._numerics import TINY
 from ._run_folders import save_figure
 
-__all__ = ["plot_compare", "plot_phase_diagram", "plot_phases", "plot_pruning", "plot_sensitivity", "plot_top_n",
+__all__ = ["matched_heads", "plot_compare", "plot_phase_diagram", "plot_phases", "plot_pruning", "plot_sensitivity", "plot_top_n",
            "plot_vanishing", "save_figure"]
 
 
@@ -38,82 +38,175 @@ def _colors() -> list[str]:
 # --------------------------------------------------------------------------- trajectories
 
 
-def plot_compare(theory, simulation=None, title: str = "") -> Figure:
-    """Risk against tau and the overlaps ``M_hf(tau)``: theory lines (one per start, the
-    first solid), simulation means as points with a band from the min to the max over seeds.
+def matched_heads(M_last) -> np.ndarray:
+    """The heads of each trajectory reordered to match the spikes: ``M_last`` (S, H, F) (or
+    (H, F)), the overlaps at the last saved time; returns ``order`` (S, H) (or (H,)) such that
+    ``M[s, :, order[s]]`` puts in slot ``k < min(H, F)`` the head assigned to spike ``k`` by the
+    assignment that maximises ``sum |M_hf|`` (the Hungarian algorithm,
+    :func:`scipy.optimize.linear_sum_assignment`), and the other heads after them in their own
+    order. Heads take different spikes in different seeds; matched, slot ``k`` is "the head that
+    learns spike ``k``" in every seed, so means over seeds mean something."""
+    from scipy.optimize import linear_sum_assignment
+
+    M_last = np.asarray(M_last, dtype=float)
+    flat = M_last.reshape((-1,) + M_last.shape[-2:])
+    orders = []
+    for m in flat:
+        heads, spikes = linear_sum_assignment(np.abs(np.nan_to_num(m)), maximize=True)
+        first = [int(h) for _, h in sorted(zip(spikes, heads))]
+        orders.append(first + [h for h in range(m.shape[0]) if h not in first])
+    return np.asarray(orders).reshape(M_last.shape[:-1])
+
+
+def _log_grid(tau) -> bool:
+    """Whether saved times ``tau`` are log-spaced (``sgd.spacing = "log"``): their steps grow."""
+    steps = np.diff(np.asarray(tau, dtype=float)[1:])
+    return len(steps) > 2 and steps[0] > 0 and steps[-1] > 3 * steps[0]
+
+
+def _time_axis(ax, tau, log_time: bool | None) -> None:
+    ax.set_xlabel(r"$\tau = t/D$")
+    if log_time or (log_time is None and _log_grid(tau)):
+        ax.set_xscale("symlog", linthresh=max(float(tau[1]), 1e-6) if len(tau) > 1 else 1.0)
+
+
+def _head_label(k: int, F: int, matched: bool) -> str:
+    if not matched:
+        return f"head {k + 1}"
+    return f"head learning spike {k + 1}" if k < F else f"head {k + 1} (no spike of its own)"
+
+
+def _matched(result, match: bool):
+    """``M`` (S, T, H, F) and ``v`` (S, T, H) or None of a result, with the heads of each trajectory
+    in :func:`matched_heads` order when ``match``."""
+    M = np.asarray(result.M, dtype=float)
+    v = getattr(result, "v", None)
+    if not match:
+        return M, v
+    order = matched_heads(M[:, -1])
+    M = np.take_along_axis(M, order[:, None, :, None], axis=2)
+    if v is not None:
+        v = np.take_along_axis(np.asarray(v, dtype=float), order[:, None, :], axis=2)
+    return M, v
+
+
+def _mean_and_spread(ax, tau, values, color, kind: str, label: str | None) -> None:
+    """The mean over the first axis of ``values`` (S, T) with its min-max spread: a line and a
+    band for the theory, markers with bars for the simulation."""
+    mean, lo, hi = values.mean(0), values.min(0), values.max(0)
+    if kind == "theory":
+        ax.plot(tau, mean, "-", color=color, lw=1.6, label=label)
+        if values.shape[0] > 1:
+            ax.fill_between(tau, lo, hi, color=color, alpha=0.2, lw=0)
+    else:
+        every = max(1, len(tau) // 60)
+        yerr = np.stack([mean - lo, hi - mean])[:, ::every] if values.shape[0] > 1 else None
+        ax.errorbar(tau[::every], mean[::every], yerr=yerr, fmt="o", ms=3, mfc="none", color=color, lw=0.6, alpha=0.8,
+                    label=label)
+
+
+def _style_legend(theory, simulation) -> list:
+    """A legend of the line styles: theory (line, band) and simulation (markers, bars)."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    handles = []
+    if theory is not None:
+        S = theory.M.shape[0]
+        handles.append(Line2D([], [], color="0.2", lw=1.6, label="theory" + (f": mean of {S} starts" if S > 1 else "")))
+        if S > 1:
+            handles.append(Patch(color="0.2", alpha=0.2, lw=0, label="theory: min to max over starts"))
+    if simulation is not None:
+        S = simulation.M.shape[0]
+        handles.append(Line2D([], [], color="0.2", marker="o", mfc="none", ls="none",
+                              label=f"simulation: mean of {S} seeds" + (", bars min to max" if S > 1 else "")))
+    return handles
+
+
+def plot_compare(theory=None, simulation=None, title: str = "", *, log_time: bool | None = None,
+                 match: bool = True) -> Figure:
+    """Risk against tau and the overlaps ``M_hf(tau)``, theory against simulation, each as its
+    mean over starts (seeds) with the spread from the min to the max: theory a line with a band,
+    simulation markers with bars (a legend says which is which).
 
     ``theory`` and ``simulation`` are :class:`~singleloc.TheoryResult` /
-    :class:`~singleloc.SimulationResult` (or anything with ``tau``, ``risk`` (S, T), ``M`` (S, T, H, F)).
-    With trained head weights (``theory.v`` not ``None``) a last panel shows ``v_h(tau)``.
+    :class:`~singleloc.SimulationResult` (or anything with ``tau``, ``risk`` (S, T), ``M`` (S, T,
+    H, F)); either may be ``None``. With ``match`` (default; with ``H >= F``) the heads of every trajectory are put
+    in :func:`matched_heads` order (by their overlaps at the last saved time), so that the colour
+    of "the head learning spike ``f``" is the same in every seed and the means are over
+    like heads. One panel per spike ``f`` shows ``M_hf`` of every head. With trained head weights
+    (``theory.v`` not ``None``) a last panel shows ``v_h(tau)``; with a stated quadrature error
+    (``theory.risk_se``, ``theory.replicates > 1``) an inset shows its size. When both are given
+    on the same saved times, the risk panel states the largest per-seed ``|sim - theory|``.
+    ``log_time``: a log time axis (``None``: when the saved times are log-spaced).
     """
+    if theory is None and simulation is None:
+        raise ValueError("plot_compare needs a theory or a simulation result")
     colors = _colors()
-    S, T, H, F = theory.M.shape
-    v = getattr(theory, "v", None)
-    panels = 1 + F + (v is not None)
-    fig = Figure(figsize=(4.2 * panels, 3.6), constrained_layout=True)
+    first = theory if theory is not None else simulation
+    S, T, H, F = first.M.shape
+    match = match and H >= F  # with fewer heads than spikes, no head is "the one that learns spike f"
+    v_of = getattr(theory, "v", None) if theory is not None else getattr(simulation, "v", None)
+    panels = 1 + F + (v_of is not None)
+    fig = Figure(figsize=(4.2 * panels, 3.8), constrained_layout=True)
     axes = fig.subplots(1, panels)
+    series = [(kind, r, *_matched(r, match)) for kind, r in (("theory", theory), ("simulation", simulation)) if r is not None]
     ax = axes[0]
+    for kind, r, _, _ in series:
+        _mean_and_spread(ax, r.tau, np.atleast_2d(np.asarray(r.risk, dtype=float)), "k" if kind == "theory" else colors[0],
+                         kind, None)
     se = getattr(theory, "risk_se", None)
     se = se if se is not None and np.all(np.isfinite(se)) else None  # theory.replicates > 1: quadrature error
-    for s in range(S):
-        ax.plot(theory.tau, theory.risk[s], color="k", lw=1.4 if s == 0 else 0.8, alpha=1.0 if s == 0 else 0.45,
-                label="theory (one line per seed)" if s == 0 else None)
-        if se is not None:
-            ax.fill_between(theory.tau, theory.risk[s] - 2 * se[s], theory.risk[s] + 2 * se[s], color="k",
-                            alpha=0.3 if s == 0 else 0.12, lw=0, label="theory +- 2 standard errors" if s == 0 else None)
-    if se is not None:  # the band is often thinner than the line: its width, on a log scale
+    if se is not None:  # the quadrature's error is often thinner than the line: its width, on a log scale
         inset = ax.inset_axes([0.55, 0.36, 0.42, 0.28])
-        inset.semilogy(theory.tau, 2 * se.T, color="k", lw=0.8)
+        inset.semilogy(theory.tau, 2 * np.atleast_2d(se).T, color="k", lw=0.8)
         inset.set_title("theory: 2 standard errors", fontsize=7)
         inset.tick_params(labelsize=6, which="both")
         inset.yaxis.set_minor_formatter(mpl.ticker.NullFormatter())
-    if simulation is not None:
-        r = simulation.risk
-        ax.fill_between(simulation.tau, r.min(0), r.max(0), color=colors[0], alpha=0.25, lw=0)
-        ax.plot(simulation.tau, r.mean(0), "o", ms=3, color=colors[0], label=f"simulation, {r.shape[0]} seeds")
-    ax.set_xlabel(r"$\tau = t/D$")
+    if theory is not None and simulation is not None and np.shape(theory.risk) == np.shape(simulation.risk):
+        dev = float(np.max(np.abs(np.asarray(simulation.risk) - np.asarray(theory.risk))))
+        ax.text(0.97, 0.97, f"largest |simulation - theory|\nof one seed: {dev:.3f}", transform=ax.transAxes,
+                ha="right", va="top", fontsize=7)
+    handles = _style_legend(theory, simulation)
+    ax.legend(handles=handles, frameon=False, fontsize=7, loc="lower left")
     ax.set_ylabel("risk")
     ax.set_title("risk")
-    ax.legend(frameon=False, fontsize=8)
+    _time_axis(ax, first.tau, log_time)
+    heads = [(k, colors[k % len(colors)]) for k in range(H)]
     for f in range(F):
         ax = axes[1 + f]
-        for h in range(H):
-            c = colors[h % len(colors)]
-            for s in range(S):
-                ax.plot(theory.tau, theory.M[s, :, h, f], color=c, lw=1.4 if s == 0 else 0.8, alpha=1.0 if s == 0 else 0.45,
-                        label=f"head {h + 1}" if s == 0 else None)
-            if simulation is not None:
-                ax.plot(simulation.tau, simulation.M[:, :, h, f].T, ".", ms=2.5, color=c, alpha=0.6)
-        ax.set_xlabel(r"$\tau$")
-        ax.set_title(rf"$M_{{h{f + 1}}}$: overlap with spike {f + 1}")
-        ax.legend(frameon=False, fontsize=8)
-    if v is not None:
+        for k, c in heads:
+            for kind, r, M, _ in series:
+                _mean_and_spread(ax, r.tau, M[:, :, k, f], c, kind, _head_label(k, F, match) if kind == series[0][0] else None)
+        _time_axis(ax, first.tau, log_time)
+        ax.set_title(rf"$M_{{h{f + 1}}}$: overlap of each head with spike {f + 1}", fontsize=9)
+        ax.legend(frameon=False, fontsize=7)
+    if v_of is not None:
         ax = axes[-1]
-        sim_v = getattr(simulation, "v", None) if simulation is not None else None
-        for h in range(H):
-            c = colors[h % len(colors)]
-            for s in range(S):
-                ax.plot(theory.tau, v[s, :, h], color=c, lw=1.4 if s == 0 else 0.8, alpha=1.0 if s == 0 else 0.45,
-                        label=f"head {h + 1}" if s == 0 else None)
-            if sim_v is not None:
-                ax.plot(simulation.tau, sim_v[:, :, h].T, ".", ms=2.5, color=c, alpha=0.6)
-        ax.set_xlabel(r"$\tau$")
-        ax.set_title(r"head weights $v_h$ of $a_l = \sum_h v_h A_{hl}$")
-        ax.legend(frameon=False, fontsize=8)
+        for k, c in heads:
+            for kind, r, _, v in series:
+                if v is not None:
+                    _mean_and_spread(ax, r.tau, v[:, :, k], c, kind, _head_label(k, F, match) if kind == series[0][0] else None)
+        _time_axis(ax, first.tau, log_time)
+        ax.set_title(r"head weights $v_h$ of $a_l = \sum_h v_h A_{hl}$", fontsize=9)
+        ax.legend(frameon=False, fontsize=7)
     if title:
-        fig.suptitle(title, fontsize=10)
+        fig.suptitle(title + ("; heads matched to the spike they learn" if match and (H > 1 or F > 1) else ""), fontsize=10)
     return fig
 
 
 # --------------------------------------------------------------------------- phases
 
 
-def plot_phases(analysis, risk, index: int = 0, *, title: str = "", log_time: bool = False, direction_names=None) -> Figure:
+def plot_phases(analysis, risk, index: int = 0, *, title: str = "", log_time: bool | None = None,
+                direction_names=None) -> Figure:
     """Four panels for trajectory ``index`` of a :class:`~singleloc.PhaseAnalysis`:
     the risk with its plateaus (dots) and escape times (dashed lines); the alignment
-    ``M_hf / sqrt(Q_hh)`` of every head with every spike; the number of heads in each class
-    (:data:`~singleloc.HEAD_CLASSES`, the classes that occur); the numbers of redundant head
-    pairs and of pairs with a shared spike profile. ``risk`` is (S, T) or (T,)."""
+    ``M_hf / sqrt(Q_hh)`` of every head (colour) with every spike (line style); the number of heads
+    in each class (:data:`~singleloc.HEAD_CLASSES`, the classes that occur; thin vertical lines:
+    aligned heads change spike); the numbers of redundant head pairs and of pairs with a shared
+    spike profile. ``risk`` is (S, T) or (T,). ``log_time``: a log time axis (``None``: when the
+    saved times are log-spaced)."""
     colors = _colors()
     a = analysis
     tau = a.tau
@@ -136,24 +229,27 @@ def plot_phases(analysis, risk, index: int = 0, *, title: str = "", log_time: bo
     ax = axes[1]
     H, F = a.cos.shape[-2:]
     styles = ["-", "--", ":", "-."]
+    from matplotlib.lines import Line2D
+
     for h in range(H):
         for f in range(F):
-            name = direction_names[f] if direction_names else f"f={f + 1}"
-            ax.plot(tau, a.cos[index, :, h, f], styles[f % 4], color=colors[h % len(colors)], lw=1.2,
-                    label=f"head {h + 1}, {name}")
+            ax.plot(tau, a.cos[index, :, h, f], styles[f % 4], color=colors[h % len(colors)], lw=1.2)
         t = a.specialization_times[index, h]
         if np.isfinite(t):
             ax.plot(t, a.cos[index, np.searchsorted(tau, t), h].max(), "v", color=colors[h % len(colors)], ms=6)
-    ax.set_title(r"alignment $M_{hf}/\sqrt{Q_{hh}}$ (triangles: specialization)")
-    ax.legend(fontsize=6, frameon=False, ncol=2)
+    names = [direction_names[f] if direction_names else f"spike {f + 1}" for f in range(F)]
+    key = ([Line2D([], [], color=colors[h % len(colors)], lw=1.2, label=f"head {h + 1}") for h in range(H)]
+           + [Line2D([], [], color="0.3", ls=styles[f % 4], lw=1.2, label=names[f]) for f in range(F)])
+    ax.set_title(r"alignment $M_{hf}/\sqrt{Q_{hh}}$ (triangles: specialization)", fontsize=9)
+    ax.legend(handles=key, fontsize=6, frameon=False, ncol=2 if H + F > 6 else 1, loc="best")
     ax = axes[2]
     for k, (name, count) in enumerate(a.classes.counts().items()):
         if np.any(count[index]):
             ax.step(tau, count[index], where="post", color=colors[k % len(colors)], ls=styles[k % 4], label=f"{name} heads")
     for t, *_ in a.rearrangements[index]:
-        ax.axvline(t, color="C3", lw=0.8, alpha=0.6)
+        ax.axvline(t, color="0.4", ls=":", lw=0.8)
     ax.set_ylim(-0.2, H + 0.2)
-    ax.set_title("head classes (red: aligned heads change spike)")
+    ax.set_title("head classes (vertical lines: aligned heads change spike)", fontsize=9)
     ax.legend(fontsize=8, frameon=False)
     ax = axes[3]
     ax.step(tau, a.redundant[index], where="post", color="C4", label="redundant keys (cosine > 0.99)")
@@ -162,9 +258,7 @@ def plot_phases(analysis, risk, index: int = 0, *, title: str = "", log_time: bo
     ax.set_title("head pairs")
     ax.legend(fontsize=8, frameon=False)
     for ax in axes:
-        ax.set_xlabel(r"$\tau$")
-        if log_time:
-            ax.set_xscale("symlog", linthresh=max(tau[1], 1e-3))
+        _time_axis(ax, tau, log_time)
     if title:
         fig.suptitle(title, fontsize=10)
     return fig
