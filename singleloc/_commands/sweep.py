@@ -26,7 +26,7 @@ def register(sub) -> None:
     p.add_argument("--grid", action="append", default=[], required=True, metavar="SECTION.KEY=V1,V2,...",
                    help="values of one config key (repeatable; the sweep is the product), "
                    "e.g. --grid model.heads=1,2,4 --grid problem.F=1,2")
-    p.add_argument("--horizon", type=_horizon, default="auto", metavar="auto|config|TAU",
+    p.add_argument("--horizon", type=horizon_type, default="auto", metavar="auto|config|TAU",
                    help="how far to integrate each point: auto (default): 2.5 times its predicted escape, "
                    "rounded up to two digits, at most 3000 (300 without a predicted escape); TAU: that time; "
                    "both on a log grid of at least 201 saved times; config: sgd.tau_max and the config's grid")
@@ -48,8 +48,8 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _horizon(text: str) -> str | float:
-    """argparse type of --horizon: auto, config or a positive number (the library's check)."""
+def horizon_type(text: str) -> str | float:
+    """argparse type of --horizon (sweep, integrate): auto, config or a positive number (the library's check)."""
     from .._choices import HORIZON_WORDS, check_horizon
 
     try:
