@@ -9,6 +9,7 @@ in a notebook changes nothing, and a figure is freed as soon as it is no longer 
 * :func:`plot_compare`: risk and overlaps against tau, theory against simulation.
 * :func:`plot_phases`: one trajectory's phases (:class:`~singleloc.PhaseAnalysis`).
 * :func:`plot_phase_diagram`: heat maps of sweep rows over heads H and spikes F.
+* :func:`plot_heads_needed`: a sweep's gap to the Bayes risk against H, and the heads needed.
 * :func:`plot_pruning`: risk against heads removed (:class:`~singleloc.PruningResult`).
 * :func:`plot_vanishing`, :func:`plot_sensitivity`, :func:`plot_top_n`: the three figures of
   an :class:`~singleloc.AttentionDiagnosis`.
@@ -26,8 +27,8 @@ from ._head_classes import CLASS_LETTERS, LEARNED_CLASSES, class_counts_text
 from ._numerics import TINY
 from ._run_folders import save_figure
 
-__all__ = ["matched_heads", "plot_compare", "plot_phase_diagram", "plot_phases", "plot_pruning", "plot_sensitivity", "plot_top_n",
-           "plot_vanishing", "save_figure"]
+__all__ = ["matched_heads", "plot_compare", "plot_heads_needed", "plot_phase_diagram", "plot_phases", "plot_pruning",
+           "plot_sensitivity", "plot_top_n", "plot_vanishing", "save_figure"]
 
 
 def _colors() -> list[str]:
@@ -41,20 +42,25 @@ def _colors() -> list[str]:
 def matched_heads(M_last) -> np.ndarray:
     """The heads of each trajectory reordered to match the spikes: ``M_last`` (S, H, F) (or
     (H, F)), the overlaps at the last saved time; returns ``order`` (S, H) (or (H,)) such that
-    ``M[s, :, order[s]]`` puts in slot ``k < min(H, F)`` the head assigned to spike ``k`` by the
-    assignment that maximises ``sum |M_hf|`` (the Hungarian algorithm,
-    :func:`scipy.optimize.linear_sum_assignment`), and the other heads after them in their own
-    order. Heads take different spikes in different seeds; matched, slot ``k`` is "the head that
-    learns spike ``k``" in every seed, so means over seeds mean something."""
+    ``M[s, :, order[s]]`` puts in slot ``k`` a head on spike ``k mod F``: the assignment of heads to
+    spikes that maximises ``sum |M_hf|`` (the Hungarian algorithm,
+    :func:`scipy.optimize.linear_sum_assignment`) fills slots ``0 .. F-1``, the same assignment of the
+    heads left fills the next ``F`` slots, and so on (with ``H < F``, the ``H`` slots in the order of
+    the spikes assigned). Heads take different spikes in different seeds; matched, slot ``k`` is "the
+    head that learns spike ``k``" in every seed, so means over seeds mean something."""
     from scipy.optimize import linear_sum_assignment
 
-    M_last = np.asarray(M_last, dtype=float)
+    M_last = np.abs(np.nan_to_num(np.asarray(M_last, dtype=float)))
     flat = M_last.reshape((-1,) + M_last.shape[-2:])
     orders = []
     for m in flat:
-        heads, spikes = linear_sum_assignment(np.abs(np.nan_to_num(m)), maximize=True)
-        first = [int(h) for _, h in sorted(zip(spikes, heads))]
-        orders.append(first + [h for h in range(m.shape[0]) if h not in first])
+        left, order = list(range(m.shape[0])), []
+        while left:
+            rows, spikes = linear_sum_assignment(m[left], maximize=True)
+            chosen = [left[r] for _, r in sorted(zip(spikes, rows))]
+            order += chosen
+            left = [h for h in left if h not in chosen]
+        orders.append(order)
     return np.asarray(orders).reshape(M_last.shape[:-1])
 
 
@@ -73,21 +79,29 @@ def _time_axis(ax, tau, log_time: bool | None) -> None:
 def _head_label(k: int, F: int, matched: bool) -> str:
     if not matched:
         return f"head {k + 1}"
-    return f"head learning spike {k + 1}" if k < F else f"head {k + 1} (no spike of its own)"
+    nth = k // F + 1
+    return f"head learning spike {k % F + 1}" if nth == 1 else f"head {nth} on spike {k % F + 1}"
 
 
 def _matched(result, match: bool):
-    """``M`` (S, T, H, F) and ``v`` (S, T, H) or None of a result, with the heads of each trajectory
-    in :func:`matched_heads` order when ``match``."""
+    """``M`` (S, T, H, F), ``v`` (S, T, H) or None and the key norms ``sqrt(Q_hh)`` (S, T, H) or None
+    of a result, with the heads of each trajectory in :func:`matched_heads` order when ``match``."""
     M = np.asarray(result.M, dtype=float)
     v = getattr(result, "v", None)
+    Q = getattr(result, "Q", None)
+    norms = None if Q is None else np.sqrt(np.maximum(np.diagonal(np.asarray(Q, dtype=float), axis1=-2, axis2=-1), TINY))
     if not match:
-        return M, v
+        return M, v, norms
     order = matched_heads(M[:, -1])
     M = np.take_along_axis(M, order[:, None, :, None], axis=2)
+    H, F = M.shape[-2:]
+    own = M[:, -1, np.arange(H), np.arange(H) % F]  # (S, H): each slot's overlap with its spike at the end
+    M = M * np.where(own < 0, -1.0, 1.0)[:, None, :, None]  # a head on -e_f (zero-mean priors) drawn as on +e_f
     if v is not None:
         v = np.take_along_axis(np.asarray(v, dtype=float), order[:, None, :], axis=2)
-    return M, v
+    if norms is not None:
+        norms = np.take_along_axis(norms, order[:, None, :], axis=2)
+    return M, v, norms
 
 
 def _mean_and_spread(ax, tau, values, color, kind: str, label: str | None) -> None:
@@ -99,9 +113,9 @@ def _mean_and_spread(ax, tau, values, color, kind: str, label: str | None) -> No
         if values.shape[0] > 1:
             ax.fill_between(tau, lo, hi, color=color, alpha=0.2, lw=0)
     else:
-        every = max(1, len(tau) // 60)
+        every = max(1, len(tau) // 30)
         yerr = np.stack([mean - lo, hi - mean])[:, ::every] if values.shape[0] > 1 else None
-        ax.errorbar(tau[::every], mean[::every], yerr=yerr, fmt="o", ms=3, mfc="none", color=color, lw=0.6, alpha=0.8,
+        ax.errorbar(tau[::every], mean[::every], yerr=yerr, fmt="o", ms=3.5, mfc="none", color=color, lw=0.8, alpha=0.7,
                     label=label)
 
 
@@ -131,10 +145,16 @@ def plot_compare(theory=None, simulation=None, title: str = "", *, log_time: boo
 
     ``theory`` and ``simulation`` are :class:`~singleloc.TheoryResult` /
     :class:`~singleloc.SimulationResult` (or anything with ``tau``, ``risk`` (S, T), ``M`` (S, T,
-    H, F)); either may be ``None``. With ``match`` (default; with ``H >= F``) the heads of every trajectory are put
-    in :func:`matched_heads` order (by their overlaps at the last saved time), so that the colour
-    of "the head learning spike ``f``" is the same in every seed and the means are over
-    like heads. One panel per spike ``f`` shows ``M_hf`` of every head. With trained head weights
+    H, F)); either may be ``None``. With ``match`` (default; with ``H >= F``) the heads of every
+    trajectory are put in :func:`matched_heads` order (by their overlaps at the last saved time), so
+    that the colour of "the head learning spike ``f``" is the same in every seed and the means are over
+    like heads; a head whose overlap with its spike ends negative (a zero-mean prior's heads learn
+    ``-e_f`` as often as ``e_f``) is drawn with the signs of its overlaps flipped. One panel per
+    spike ``f`` shows ``M_hf`` of every head; with ``match`` and ``Q`` (``H >= F``) one more shows
+    the cosine ``M_hf / sqrt(Q_hh)`` of each head with its own spike, which sits at ``1/sqrt(F)``
+    while the heads lie along the mean of the spikes (the unspecialized plateau of the spikes prior),
+    near 0 while they have learned nothing (a zero-mean prior), and rises to 1 as the head
+    specializes. With trained head weights
     (``theory.v`` not ``None``) a last panel shows ``v_h(tau)``; with a stated quadrature error
     (``theory.risk_se``, ``theory.replicates > 1``) an inset shows its size. When both are given
     on the same saved times, the risk panel states the largest per-seed ``|sim - theory|``.
@@ -147,12 +167,13 @@ def plot_compare(theory=None, simulation=None, title: str = "", *, log_time: boo
     S, T, H, F = first.M.shape
     match = match and H >= F  # with fewer heads than spikes, no head is "the one that learns spike f"
     v_of = getattr(theory, "v", None) if theory is not None else getattr(simulation, "v", None)
-    panels = 1 + F + (v_of is not None)
+    aligned = match and getattr(first, "Q", None) is not None  # the alignment panel: matched heads, with Q
+    panels = 1 + F + aligned + (v_of is not None)
     fig = Figure(figsize=(4.2 * panels, 3.8), constrained_layout=True)
     axes = fig.subplots(1, panels)
     series = [(kind, r, *_matched(r, match)) for kind, r in (("theory", theory), ("simulation", simulation)) if r is not None]
     ax = axes[0]
-    for kind, r, _, _ in series:
+    for kind, r, *_ in series:
         _mean_and_spread(ax, r.tau, np.atleast_2d(np.asarray(r.risk, dtype=float)), "k" if kind == "theory" else colors[0],
                          kind, None)
     se = getattr(theory, "risk_se", None)
@@ -176,15 +197,27 @@ def plot_compare(theory=None, simulation=None, title: str = "", *, log_time: boo
     for f in range(F):
         ax = axes[1 + f]
         for k, c in heads:
-            for kind, r, M, _ in series:
+            for kind, r, M, *_ in series:
                 _mean_and_spread(ax, r.tau, M[:, :, k, f], c, kind, _head_label(k, F, match) if kind == series[0][0] else None)
         _time_axis(ax, first.tau, log_time)
         ax.set_title(rf"$M_{{h{f + 1}}}$: overlap of each head with spike {f + 1}", fontsize=9)
-        ax.legend(frameon=False, fontsize=7)
+        if f == 0:  # the colours of the heads, once
+            ax.legend(frameon=False, fontsize=7)
+    if aligned:  # the cosine of each matched head with its own spike: 1/sqrt(F) on the plateau, 1 once specialized
+        ax = axes[1 + F]
+        for k, c in heads:
+            for kind, r, M, _, norms in series:
+                if norms is not None:
+                    _mean_and_spread(ax, r.tau, M[:, :, k, k % F] / norms[:, :, k], c, kind, None)
+        ax.axhline(1 / np.sqrt(F), color="0.5", ls=":", lw=1, label=rf"$1/\sqrt{{{F}}}$: heads along the mean of the spikes")
+        ax.axhline(0.9, color="0.5", ls="--", lw=1, label="0.9: specialized")
+        _time_axis(ax, first.tau, log_time)
+        ax.set_title(r"specialization: $M_{hf}/\sqrt{Q_{hh}}$ of each head with its spike", fontsize=9)
+        ax.legend(frameon=False, fontsize=7, loc="lower right")
     if v_of is not None:
         ax = axes[-1]
         for k, c in heads:
-            for kind, r, _, v in series:
+            for kind, r, _, v, _ in series:
                 if v is not None:
                     _mean_and_spread(ax, r.tau, v[:, :, k], c, kind, _head_label(k, F, match) if kind == series[0][0] else None)
         _time_axis(ax, first.tau, log_time)
@@ -298,15 +331,16 @@ def plot_phase_diagram(rows, *, title: str = "", simulate: bool = False) -> Figu
     saved time and as means over seeds: the final risk; the head classes (colour: heads in a
     learned class, ``aligned + leaning + combination``; text: the count of each class, ``A``
     aligned, ``L`` leaning, ``C`` combination, ``R`` redundant, ``O`` off, ``U``
-    unspecialized); the escape (colour: the first time from which a head stays learned; text:
-    that time or "not yet", and the predicted escape); the escape rate ``lambda`` with the
-    horizon ``h``. A second row for the simulation when ``simulate`` (without the last panel:
-    the prediction is the theory's)."""
-    panels = [("final risk", "viridis", lambda r, p: _value(r, p + "final_risk"),
+    unspecialized); the escape (colour: ``first_learned``, the first time from which a head stays
+    learned; text: that time or "not yet", and ``predicted_escape``); the escape rate ``lambda``
+    with the ``horizon`` ``h``. Panels are titled by the sweep's column names. A second row for
+    the simulation when ``simulate`` (without the last panel: the prediction is the theory's)."""
+    panels = [("final_risk", "viridis", lambda r, p: _value(r, p + "final_risk"),
                lambda r, p: f"{_value(r, p + 'final_risk'):.3g}"),
               ("head classes (colour: learned heads)", "magma", _learned, _classes_text),
-              ("escape: measured / predicted", "plasma", lambda r, p: _value(r, p + "first_learned"), _escape_text),
-              ("escape rate lambda (h: horizon)", "cividis", lambda r, p: _value(r, "lambda"),
+              ("first_learned (pred: predicted_escape)", "plasma", lambda r, p: _value(r, p + "first_learned"),
+               _escape_text),
+              ("lambda (h: horizon)", "cividis", lambda r, p: _value(r, "lambda"),
                lambda r, p: (f"{lam:.3g}" if np.isfinite(lam := _value(r, "lambda")) else "none")
                + f"\nh {_value(r, 'horizon'):.4g}")]
     prefixes = [""] + (["sim_"] if simulate else [])
@@ -335,6 +369,48 @@ def plot_phase_diagram(rows, *, title: str = "", simulate: bool = False) -> Figu
                 fig.colorbar(im, ax=ax, shrink=0.8)
     if title:
         fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def plot_heads_needed(rows, other_keys=(), *, title: str = "") -> Figure:
+    """The gap to the Bayes risk against the number of heads, from sweep rows (dicts with
+    ``activation``, ``heads``, ``F``, ``gap_to_bayes``, ``heads_needed``, ``gap_tol``): one panel
+    per spike count ``F``, one line per activation (and value of the ``other_keys`` grid keys), a
+    dashed line at ``gap_tol`` and a star at ``heads_needed``, the fewest heads within it (the
+    legend says "more than H" where no point comes that close). Log scale; a gap at or below zero
+    (within the quadrature error of the Bayes risk) is drawn at the bottom of the panel."""
+    Fs = sorted({int(r["F"]) for r in rows})
+    fig = Figure(figsize=(4.4 * len(Fs), 3.8), constrained_layout=True)
+    axes = np.atleast_1d(fig.subplots(1, len(Fs)))
+    colors = _colors()
+    gap_tol = _value(rows[0], "gap_tol") if rows else math.nan
+    finite = [g for r in rows if np.isfinite(g := _value(r, "gap_to_bayes")) and g > 0]
+    floor = min([*finite, gap_tol if np.isfinite(gap_tol) else 1.0]) / 3
+    for ax, F in zip(axes, Fs):
+        lines: dict[tuple, list] = {}
+        for r in rows:
+            if int(r["F"]) == F:
+                lines.setdefault((r["activation"], *(r[k] for k in other_keys)), []).append(r)
+        for n, (key, group) in enumerate(lines.items()):
+            group = sorted(group, key=lambda r: int(r["heads"]))
+            H = np.array([int(r["heads"]) for r in group])
+            gap = np.array([_value(r, "gap_to_bayes") for r in group])
+            need = _value(group[0], "heads_needed")
+            name = key[0] + "".join(f", {k.split('.')[-1]}={v}" for k, v in zip(other_keys, key[1:]))
+            answer = f"{int(need)} heads" if np.isfinite(need) else f"more than {H.max()}"
+            c = colors[n % len(colors)]
+            ax.plot(H, np.maximum(gap, floor), "o-", color=c, ms=4, label=f"{name}: {answer}")
+            if np.isfinite(need):
+                ax.plot(need, max(gap[H == need][0], floor), "*", color=c, ms=14, mec="k", mew=0.5)
+        if np.isfinite(gap_tol):
+            ax.axhline(gap_tol, color="grey", ls="--", lw=0.9, label=f"gap_tol = {gap_tol:g}")
+        ax.set_yscale("log")
+        ax.set_xlabel("heads H")
+        ax.set_ylabel("gap_to_bayes = final_risk - bayes_risk")
+        ax.set_title(f"F = {F} spike{'s' if F > 1 else ''}: heads needed (stars)", fontsize=9)
+        ax.xaxis.set_major_locator(mpl.ticker.MaxNLocator(integer=True))
+        ax.legend(frameon=False, fontsize=7)
+    fig.suptitle(title or "heads needed to come within gap_tol of the Bayes risk", fontsize=10)
     return fig
 
 
