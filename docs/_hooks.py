@@ -6,6 +6,8 @@
   rendered as the page ``tutorial.md``: markdown cells as text, code cells as Python blocks.
 * ``<!-- singleloc-help COMMAND -->`` in a page becomes the output of ``singleloc COMMAND --help``
   (``singleloc --help`` for ``-``), so the options on the site are always the CLI's own.
+* ``<!-- sweep-columns -->`` becomes the table of the columns of ``sweep.csv`` and their descriptions
+  (``singleloc._sweep_dataset.COLUMNS``, the descriptions ``sweep.nc`` carries).
 * ``<!-- module-docstring NAME -->`` becomes the docstring of the module that defines the public
   ``singleloc.NAME`` (rendered by mkdocstrings), so an API page keeps the rules and conventions
   stated there whatever the private module is called.
@@ -36,6 +38,7 @@ HELP_MARK = re.compile(r"<!-- singleloc-help (\S+) -->")
 MODULE_MARK = re.compile(r"<!-- module-docstring (\w+) -->")
 API_ENTRY = re.compile(r"^::: singleloc\.(\w+)\s*$", re.MULTILINE)
 HELP_COLUMNS = "80"
+COLUMNS_MARK = "<!-- sweep-columns -->"
 
 
 def _tutorial_markdown(script: str) -> str:
@@ -112,7 +115,17 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
     if src == "gallery.md":
         _check_gallery(markdown)
     markdown = MODULE_MARK.sub(lambda m: _module_docstring(m.group(1)), markdown)
+    markdown = markdown.replace(COLUMNS_MARK, _sweep_columns())
     return HELP_MARK.sub(lambda m: f"```text\n{_cli_help(m.group(1))}\n```", markdown)
+
+
+def _sweep_columns() -> str:
+    """The columns of ``sweep.csv`` with their descriptions (``singleloc._sweep_dataset.COLUMNS``) as a table."""
+    from singleloc._sweep_dataset import COLUMNS
+
+    rows = [f"| `{name}` | {text} |" for name, text in COLUMNS.items() if not name.startswith("n_")]
+    return "\n".join(["| column | what it holds |", "|---|---|", "| `n_<class>` | heads classified `<class>` at the last "
+                      "saved time, mean over seeds |", *rows])
 
 
 def _module_docstring(name: str) -> str:
