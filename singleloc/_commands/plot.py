@@ -37,7 +37,8 @@ def run_figures(run, log_time: bool | None = None) -> dict:
     from .._attention_mass import attention_mass
     from .._phase_analysis import analyze
     from .._theory import OrderParameterODE
-    from ..plots import plot_compare, plot_phases, plot_pruning
+    from ..plots import plot_compare, plot_phases
+    from .prune import pruning_figure
 
     config, theory, simulation = run.config, run.theory, run.simulation
     title = f"{describe(config)}, D={config.simulation.D}, lr={config.sgd.lr}"
@@ -51,11 +52,7 @@ def run_figures(run, log_time: bool | None = None) -> dict:
                            mean=config.problem.build_prior().mean(), weights=weights)
         figures["phases.png"] = plot_phases(analysis, theory.risk[:1], title=f"theory, {title}", log_time=log_time)
     if run.pruning:
-        F = config.problem.F
-        labels = {"theory": "theory (ODE final state)", "simulation": "simulation order parameters, theory risk"}
-        curves = {labels[source]: result for source, result in run.pruning.items()}
-        order = next(iter(run.pruning.values())).order
-        figures["prune.png"] = plot_pruning(curves, F=F, title=f"{order} pruning: {describe(config)}")
+        figures["prune.png"] = pruning_figure(run.pruning, config, float(run.extra["prune"].get("tol", 0.01)))
     return figures
 
 

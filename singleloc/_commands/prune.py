@@ -61,7 +61,6 @@ def run(args) -> int:
     from .._pruning import prune_run, pruning_config
     from .._resources import on_exact_route
     from .._run_folders import RUN_KINDS, add_to_run, load_run, save_run
-    from ..plots import plot_pruning
 
     if not math.isfinite(args.tol) or args.tol < 0:
         raise ValueError(f"--tol must be a non-negative number, got {args.tol}")
@@ -84,21 +83,29 @@ def run(args) -> int:
     H, F = config.model.heads, config.problem.F
     route = "exact" if on_exact_route(theory) else "rule"
     _print_table(results, args, H, F, route)
-    arrays = {"n_removed": np.arange(H), "route": np.asarray(route), "order": np.asarray(args.order)}
-    curves = {}
+    arrays = {"n_removed": np.arange(H), "route": np.asarray(route), "order": np.asarray(args.order), "tol": np.asarray(args.tol)}
     for source, res in results.items():
         arrays[f"{source}_risks"] = np.concatenate([r.risks for r in res])
         arrays[f"{source}_removed"] = np.concatenate([r.removed for r in res])
         if res[0].stderr is not None:
             arrays[f"{source}_stderr"] = np.concatenate([r.stderr for r in res])
-        label = ("theory (ODE final state)" if source == "theory"
-                 else f"simulation order parameters, {len(res)} seed(s), theory risk")
-        curves[label] = _merge(res)
-    fig = plot_pruning(curves, F=F, tol=args.tol, title=f"{args.order} pruning: {describe(config)}")
+    fig = pruning_figure({source: _merge(res) for source, res in results.items()}, config, args.tol)
     files = {"prune.npz": arrays, "prune.png": fig}
     out = add_to_run(loaded, files) if in_place else save_run(args.out, config, files)
     print(f"wrote {out / 'prune.png'} and {out / 'prune.npz'}")
     return 0
+
+
+def pruning_figure(results: dict, config, tol: float = 0.01):
+    """``prune.png``: the curves of ``{source: PruningResult}`` (a simulation's rows: its seeds, or its
+    seeds' random draws) for the run of ``config`` (:func:`singleloc.plots.plot_pruning`)."""
+    from ..plots import plot_pruning
+
+    order = next(iter(results.values())).order
+    seeds = config.simulation.seeds
+    labels = {"theory": "theory (ODE final state)", "simulation": f"simulation order parameters, {seeds} seed(s), theory risk"}
+    curves = {labels[source]: result for source, result in results.items()}
+    return plot_pruning(curves, F=config.problem.F, tol=tol, title=f"{order} pruning: {describe(config)}")
 
 
 def _merge(res: list):
