@@ -63,7 +63,7 @@ def test_usage_errors_are_one_line(capsys, argv, words):
 
 
 WRITERS = {"simulate": ["default"], "integrate": ["default"], "compare": ["default"],
-           "sweep": ["default", "--grid", "model.heads=1"], "diagnose": ["a.npy"], "prune": ["run"]}
+           "sweep": ["default", "--grid", "model.heads=1"], "diagnose": ["a.npy"], "prune": ["run"], "plot": ["run"]}
 
 
 def test_every_command_that_writes_takes_out():
