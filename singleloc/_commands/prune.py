@@ -139,7 +139,7 @@ def _print_table(results: dict[str, list], args, H: int, F: int, route: str) -> 
             if len(rows) > 1:
                 cell = f"{rows.mean():.4f} +- {rows.std(ddof=1):.4f}"
             else:
-                cell = f"{rows[0]:.4f}" + (f" +- {res[0].stderr[0, k]:.1e}" if res[0].stderr is not None else "")
+                cell = f"{rows[0]:.4f}" + (f" +- {_error(res[0].stderr[0, k])}" if res[0].stderr is not None else "")
             row += f"  {cell:>28}"
             if args.order != "random":
                 dropped = ",".join(str(int(r.removed[0, k - 1]) + 1) for r in res) if k else "-"
@@ -152,11 +152,17 @@ def _print_table(results: dict[str, list], args, H: int, F: int, route: str) -> 
               + (_margin(res[0], counts[0], error) if len(res) == 1 else ""))
 
 
+def _error(value: float) -> str:
+    """An error beside a risk printed to four decimals: in the same digits, or in powers of ten when
+    it is below them (the exact route's stated errors, 1e-13, rather than ``0.0000``)."""
+    return f"{value:.4f}" if value >= 5e-5 else f"{value:.1e}"
+
+
 def _margin(result, k: int, error: str) -> str:
     """The rise of the risk at the first harmful removal, with its quadrature error (a count
     near the threshold is only as sure as that error)."""
     if result.stderr is None or result.risks.shape[0] > 1 or k + 1 >= result.heads:
         return ""
     risk, se = result.risks[0], result.stderr[0]
-    return (f"; removing {k + 1} raises it by {risk[k + 1] - risk[0]:.4f} +- {np.hypot(se[k + 1], se[0]):.1e} "
+    return (f"; removing {k + 1} raises it by {risk[k + 1] - risk[0]:.4f} +- {_error(np.hypot(se[k + 1], se[0]))} "
             f"({error})")
