@@ -74,6 +74,7 @@ def _time_axis(ax, tau, log_time: bool | None) -> None:
     ax.set_xlabel(r"$\tau = t/D$")
     if log_time or (log_time is None and _log_grid(tau)):
         ax.set_xscale("symlog", linthresh=max(float(tau[1]), 1e-6) if len(tau) > 1 else 1.0)
+        ax.set_xlim(float(tau[0]), float(tau[-1]))  # no margin into negative times
 
 
 def _head_label(k: int, F: int, matched: bool) -> str:
