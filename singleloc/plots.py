@@ -185,12 +185,13 @@ def plot_compare(theory=None, simulation=None, title: str = "", *, log_time: boo
         inset.set_title("theory: 2 standard errors", fontsize=7)
         inset.tick_params(labelsize=6, which="both")
         inset.yaxis.set_minor_formatter(mpl.ticker.NullFormatter())
-    if theory is not None and simulation is not None and np.shape(theory.risk) == np.shape(simulation.risk):
-        dev = float(np.max(np.abs(np.asarray(simulation.risk) - np.asarray(theory.risk))))
-        ax.text(0.97, 0.97, f"largest |simulation - theory|\nof one seed: {dev:.3f}", transform=ax.transAxes,
-                ha="right", va="top", fontsize=7)
     handles = _style_legend(theory, simulation)
-    ax.legend(handles=handles, frameon=False, fontsize=7, loc="lower left")
+    if theory is not None and simulation is not None and np.shape(theory.risk) == np.shape(simulation.risk):
+        from matplotlib.lines import Line2D
+
+        dev = float(np.max(np.abs(np.asarray(simulation.risk) - np.asarray(theory.risk))))
+        handles.append(Line2D([], [], ls="none", label=f"largest |simulation - theory| of one seed: {dev:.3f}"))
+    ax.legend(handles=handles, frameon=False, fontsize=7, loc="upper right")
     ax.set_ylabel("risk")
     ax.set_title("risk")
     _time_axis(ax, first.tau, log_time)

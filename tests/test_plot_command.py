@@ -118,7 +118,7 @@ def test_compare_figure_averages_like_heads(folders):
     assert legend == ["theory: mean of 2 starts", "theory: min to max over starts"]
     sim = SimulationResult(base["tau"], M, theory.Q, theory.b, theory.risk, theory.risk, None, None)
     legend = [t.get_text() for t in plots.plot_compare(theory, sim).axes[0].get_legend().get_texts()]
-    assert legend[-1] == "simulation: mean of 2 seeds, bars min to max"
+    assert legend[-2:] == ["simulation: mean of 2 seeds, bars min to max", "largest |simulation - theory| of one seed: 0.000"]
 
 
 def test_integrate_draws_its_figure_and_takes_a_horizon(tmp_path, capsys, monkeypatch):
