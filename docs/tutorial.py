@@ -16,8 +16,8 @@
 # A tour of `singleloc` in six steps, each a few lines of the public API: the theory (an ODE for the order
 # parameters) against finite-$D$ SGD, heads that specialize, the escape rate of the unspecialized point, the
 # Bayes risk, pruning a trained layer, and the diagnostics of an attention array. The whole script ran in
-# about seven minutes on a 2-core CPU busy with other work (load average 13), most of it JAX compiling each
-# new problem once (the first time: later runs load the compiled programs from the cache).
+# about seven minutes the first time on a 2-core CPU busy with other work (load average 13), most of it JAX
+# compiling each new problem once, and in four once the compiled programs were in the cache.
 #
 # Run it as a script, `python docs/tutorial.py` (CI does, so it never goes stale), or open it as a
 # notebook: it is a [jupytext](https://jupytext.readthedocs.io) percent script, so `jupytext --to ipynb
