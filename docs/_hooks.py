@@ -3,9 +3,13 @@
 * ``figures/`` (the repository's figures, made by ``experiments/``) is added to the site at build
   time as ``figures/NAME``, so pages link ``figures/NAME.png`` without a copy in ``docs/``.
 * ``docs/tutorial.py`` (a jupytext percent script, executed by ``tests/test_tutorial.py``) is
-  rendered as the page ``tutorial.md``: markdown cells as text, code cells as Python blocks.
+  rendered as the page ``tutorial.md``: markdown cells as text, code cells as Python blocks, each
+  followed by what it printed and drew when ``docs/_run_tutorial.py`` last ran it
+  (``docs/tutorial_outputs/``; outputs of changed cells are refused with a warning).
 * ``<!-- singleloc-help COMMAND -->`` in a page becomes the output of ``singleloc COMMAND --help``
   (``singleloc --help`` for ``-``), so the options on the site are always the CLI's own.
+* ``<!-- sweep-columns -->`` becomes the table of the columns of ``sweep.csv`` and their descriptions
+  (``singleloc._sweep_dataset.COLUMNS``, the descriptions ``sweep.nc`` carries).
 * ``<!-- module-docstring NAME -->`` becomes the docstring of the module that defines the public
   ``singleloc.NAME`` (rendered by mkdocstrings), so an API page keeps the rules and conventions
   stated there whatever the private module is called.
@@ -19,7 +23,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import io
+import json
 import logging
 import os
 import re
@@ -36,17 +42,39 @@ HELP_MARK = re.compile(r"<!-- singleloc-help (\S+) -->")
 MODULE_MARK = re.compile(r"<!-- module-docstring (\w+) -->")
 API_ENTRY = re.compile(r"^::: singleloc\.(\w+)\s*$", re.MULTILINE)
 HELP_COLUMNS = "80"
+TUTORIAL_OUTPUTS = "tutorial_outputs"
+COLUMNS_MARK = "<!-- sweep-columns -->"
 
 
-def _tutorial_markdown(script: str) -> str:
-    """The percent script as one markdown page (outputs are not rendered: the script is run by CI)."""
+def _tutorial_markdown(script: str, outputs: list[dict] | None) -> str:
+    """The percent script as one markdown page, each code cell followed by what it printed and drew
+    when ``docs/_run_tutorial.py`` last ran it (``outputs``: its ``outputs.json``). Outputs made from
+    other cell sources are not shown, and a warning (fatal under ``--strict``) says to run it again."""
     notebook = jupytext.reads(script, fmt="py:percent")
     parts = []
+    code = 0
+    stale = outputs is None
     for cell in notebook.cells:
         source = cell.source.strip("\n")
         if not source:
             continue
-        parts.append(source if cell.cell_type == "markdown" else f"```python\n{source}\n```")
+        if cell.cell_type == "markdown":
+            parts.append(source)
+            continue
+        parts.append(f"```python\n{source}\n```")
+        record = outputs[code] if outputs is not None and code < len(outputs) else None
+        code += 1
+        if record is None or record["source_sha256"] != hashlib.sha256(source.encode()).hexdigest():
+            stale = True
+            continue
+        text = (record["stdout"] + record["stderr"]).rstrip()
+        if text:
+            parts.append(f"```text\n{text}\n```")
+        if record["figure"]:
+            parts.append(f"![output of the cell above]({TUTORIAL_OUTPUTS}/{record['figure']})")
+    if stale or (outputs is not None and len(outputs) != code):
+        log.warning("docs/tutorial_outputs/ does not match docs/tutorial.py (a code cell changed): run "
+                    "`python docs/_run_tutorial.py` to show the outputs of the current cells")
     return "\n\n".join(parts) + "\n"
 
 
@@ -54,8 +82,11 @@ def on_files(files: Files, config) -> Files:
     for path in sorted(FIGURES.iterdir()):
         if path.is_file():
             files.append(File.generated(config, f"figures/{path.name}", abs_src_path=str(path)))
-    script = Path(config["docs_dir"]) / "tutorial.py"
-    files.append(File.generated(config, "tutorial.md", content=_tutorial_markdown(script.read_text())))
+    docs = Path(config["docs_dir"])
+    record = docs / TUTORIAL_OUTPUTS / "outputs.json"
+    outputs = json.loads(record.read_text()) if record.is_file() else None
+    content = _tutorial_markdown((docs / "tutorial.py").read_text(), outputs)
+    files.append(File.generated(config, "tutorial.md", content=content))
     return files
 
 
@@ -112,7 +143,17 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
     if src == "gallery.md":
         _check_gallery(markdown)
     markdown = MODULE_MARK.sub(lambda m: _module_docstring(m.group(1)), markdown)
+    markdown = markdown.replace(COLUMNS_MARK, _sweep_columns())
     return HELP_MARK.sub(lambda m: f"```text\n{_cli_help(m.group(1))}\n```", markdown)
+
+
+def _sweep_columns() -> str:
+    """The columns of ``sweep.csv`` with their descriptions (``singleloc._sweep_dataset.COLUMNS``) as a table."""
+    from singleloc._sweep_dataset import COLUMNS
+
+    rows = [f"| `{name}` | {text} |" for name, text in COLUMNS.items() if not name.startswith("n_")]
+    return "\n".join(["| column | what it holds |", "|---|---|", "| `n_<class>` | heads classified `<class>` at the last "
+                      "saved time, mean over seeds |", *rows])
 
 
 def _module_docstring(name: str) -> str:

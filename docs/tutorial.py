@@ -15,15 +15,16 @@
 #
 # A tour of `singleloc` in six steps, each a few lines of the public API: the theory (an ODE for the order
 # parameters) against finite-$D$ SGD, heads that specialize, the escape rate of the unspecialized point, the
-# Bayes risk, pruning a trained layer, and the diagnostics of an attention array. The whole script runs in
-# about a minute on two CPU cores (three minutes when they are busy with other work), most of it JAX
-# compiling each new problem once.
+# Bayes risk, pruning a trained layer, and the diagnostics of an attention array. The whole script ran in
+# about seven minutes the first time on a 2-core CPU busy with other work (load average 13), most of it JAX
+# compiling each new problem once, and in four once the compiled programs were in the cache.
 #
 # Run it as a script, `python docs/tutorial.py` (CI does, so it never goes stale), or open it as a
 # notebook: it is a [jupytext](https://jupytext.readthedocs.io) percent script, so `jupytext --to ipynb
 # docs/tutorial.py` (or Jupyter with the jupytext extension) turns it into one, and each figure shows below
-# its cell. [Download the script](tutorial.py). The mathematics behind each step is in
-# [the model](model.md).
+# its cell. [Download the script](tutorial.py). On this page every cell is followed by what it printed and
+# drew when the script last ran (`python docs/_run_tutorial.py` keeps them). The mathematics behind each
+# step is in [the model](model.md).
 
 # %%
 import time
@@ -60,9 +61,12 @@ print(f"largest |risk_sim - risk_theory| = {np.abs(simulation.risk - theory.risk
 # %% [markdown]
 # The risk falls from about 0.78 to 0.38 in both, and they agree to within the finite-$D$ fluctuations, of
 # order $D^{-1/2} \approx 0.045$ here, and the Monte Carlo error of the test risk ($4096$ fresh sequences per
-# saved time): both largest deviations come out between 0.01 and 0.03. The figure shows the risk and the
-# head-spike overlaps $M_{hf}$: lines for the theory, points and a band for the simulations (a `plots`
-# function returns a matplotlib `Figure`, which a notebook shows; `fig.savefig(...)` writes it).
+# saved time): both largest deviations come out between 0.01 and 0.03. The figure shows the risk, the
+# head-spike overlaps $M_{hf}$ and the cosine of each head with its spike: lines and bands for the theory
+# (its mean over the seeds and their spread), circles and bars for the simulations; the heads of every run
+# are matched to the spike they lean to. Up to $\tau = 10$ both heads lie along the mean of the spikes
+# (cosine $1/\sqrt 2$): softmax heads specialize much later ([phases](phases.md)). A `plots` function
+# returns a matplotlib `Figure`, which a notebook shows; `fig.savefig(...)` writes it.
 
 # %%
 plots.plot_compare(theory, simulation, title="default problem, D = 500")
@@ -87,7 +91,10 @@ print(f"plateau risk {phases.plateaus[0][0].risk:.3f}, escape at tau = {phases.e
 
 # %% [markdown]
 # The risk sits on a plateau near 0.26, escapes at $\tau \approx 16$, and the two heads specialize at
-# $\tau = 17.5$ and $23$ (one spike each), reaching 0.13 by $\tau = 30$.
+# $\tau = 17.5$ and $22.5$ (one spike each), reaching 0.13 by $\tau = 30$. The warning is the exact
+# route's statement about its one approximate part, the $\mathrm{lr}^2$ (Gram) term on a Sobol rule: a
+# relative error of 1e-2 in that term moves a final risk by about 1e-4 here; `theory.replicates = 2` would
+# measure it ([how the theory is computed](theory_route.md)).
 
 # %%
 plots.plot_phases(phases, trajectory.risk, title="bsoftmax, H = F = 2")
@@ -110,7 +117,7 @@ print(f"unspecialized point: M_h = {point.M[0].round(3)}, risk {point.risk:.3f},
 print(f"escape rate lambda = {rate:.3f}: d tau_esc / d log D = {sl.predicted_escape_slope(rate):.2f}")
 
 # %% [markdown]
-# Here $\lambda = 0.170$, so every factor $e$ in $D$ would delay the escape by about 2.9. With this prior,
+# Here $\lambda = 0.180$, so every factor $e$ in $D$ would delay the escape by about 2.8. With this prior,
 # though, the plateau creeps towards its fixed point without reaching it at these times, and the
 # rate along the way (`escape_rate_along`, on the symmetric trajectory that led to the point) is larger than
 # at the point itself: the heads leave earlier than $\lambda$ alone predicts. [Specialization
@@ -148,10 +155,13 @@ print(f"the trained layer of step 2 at tau = 30: {trajectory.risk[0, -1]:.4f} ({
 #
 # Train a layer with more heads than spikes, $H = 4$, then remove heads one at a time, greedily (the head
 # whose removal raises the risk least), scoring each pruned layer by its population risk
-# ([model, section 7](model.md#7-pruning)).
+# ([model, section 7](model.md#7-pruning)). A bsoftmax layer normalises across its heads, so its exact
+# expectations are joint over all four of them: seconds a drift on the exact route, minutes for this
+# trajectory. The Sobol rule (`theory.route = "rule"`, 1024 points as in step 2) takes seconds, at a stated
+# quadrature error of order 1e-3 ([how the theory is computed](theory_route.md)).
 
 # %%
-wide = bconfig.replace(model={"heads": 4})
+wide = bconfig.replace(model={"heads": 4}, theory={"route": "rule"})  # see below
 trained = sl.integrate(wide, progress=False)
 M, Q, b = trained.M[0, -1], trained.Q[0, -1], trained.b[0, -1]
 pruned = sl.prune_theory(wide, M, Q, b, "greedy")
@@ -159,8 +169,8 @@ print("risk after removing 0, 1, 2, 3 heads:", pruned.risk.round(4), " removed, 
 print(f"{pruned.removable(0.01)} heads can go before the risk rises by 0.01 (H - F = {4 - F})")
 
 # %% [markdown]
-# The risk after removing 0, 1, 2, 3 heads is about 0.131, 0.126, 0.124, 0.52: the two surplus heads can go
-# (the risk even falls slightly, since at $\tau = 30$ they were still mixed over the spikes), and the third
+# The risk after removing 0, 1, 2, 3 heads is about 0.128, 0.129, 0.126, 0.53: the two surplus heads can go
+# (the risk moves by less than 0.002; at $\tau = 30$ they were still mixed over the spikes), and the third
 # removal leaves one spike without a head.
 
 # %%

@@ -40,8 +40,9 @@ from pathlib import Path
 from typing import BinaryIO
 
 #: The files a run folder may hold: those written by ``integrate``, ``simulate``, ``compare``
-#: and ``prune`` (which adds its outputs to the run it pruned).
-RUN_FILES = ("config.json", "theory.npz", "simulation.npz", "theory_seeds.npz", "compare.png", "prune.npz", "prune.png")
+#: ``prune`` (which adds its outputs to the run it pruned) and ``plot`` (which adds its figures).
+RUN_FILES = ("config.json", "theory.npz", "simulation.npz", "theory_seeds.npz", "compare.png", "theory.png", "simulation.png",
+             "phases.png", "prune.npz", "prune.png")
 
 
 def _create(path: Path, mode: int) -> int:

@@ -175,15 +175,63 @@ def load_npy(path: str | Path, name: str) -> np.ndarray:
     return arr
 
 
+#: Further stamped data files a run folder may hold, read by :func:`load_run` when present:
+#: ``theory_seeds.npz`` (``compare``: the theory of every seed) and ``prune.npz`` (``prune``).
+EXTRA_KINDS = ("theory_seeds", "prune")
+
+
 @dataclasses.dataclass(frozen=True)
 class Run:
     """An output folder read back: its ``config``, the ``config_hash`` every file carries and,
-    for each ``<kind>.npz`` present (``kind`` in :data:`RUN_KINDS`), its arrays in ``data[kind]``."""
+    for each ``<kind>.npz`` present (``kind`` in :data:`RUN_KINDS`), its arrays in ``data[kind]``;
+    the arrays of the further files of :data:`EXTRA_KINDS` present in ``extra[kind]``.
+
+    The same data as the result objects the plotting functions (:mod:`singleloc.plots`) and the
+    analyses take: :attr:`theory` (a :class:`~singleloc.TheoryResult`), :attr:`simulation` (a
+    :class:`~singleloc.SimulationResult`) and :attr:`pruning` (``{source: PruningResult}``), each
+    ``None`` where the folder has no such file; so ``plots.plot_compare(run.theory, run.simulation)``
+    draws a run read back."""
 
     directory: Path
     config: Config
     data: Mapping[str, dict[str, np.ndarray]]
     config_hash: str
+    extra: Mapping[str, dict[str, np.ndarray]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def theory(self):
+        """The theory as a :class:`~singleloc.TheoryResult` (trajectories with a leading start axis):
+        every seed's of ``theory_seeds.npz`` (``compare``) when present, else the one trajectory of
+        ``theory.npz``; the route and stated errors from ``theory.npz``. ``None`` without either."""
+        from ._theory_result import theory_from_arrays
+
+        if "theory" not in self.data and "theory_seeds" not in self.extra:
+            return None
+        return theory_from_arrays(self.data.get("theory"), self.extra.get("theory_seeds"))
+
+    @property
+    def simulation(self):
+        """``simulation.npz`` as a :class:`~singleloc.SimulationResult` (without the final keys and
+        spikes, which the file does not hold: ``K`` and ``kstar`` are ``None``), or ``None``."""
+        from ._simulation_result import SimulationResult
+
+        d = self.data.get("simulation")
+        if d is None:
+            return None
+        return SimulationResult(d["tau"], d["M"], d["Q"], d["b"], d["risk"], d["risk_limit"], None, None, d.get("v"))
+
+    @property
+    def pruning(self):
+        """``prune.npz`` as ``{source: PruningResult}`` (``"theory"``, ``"simulation"``: the rows of
+        every seed or random draw), or ``None``."""
+        from ._pruning import PruningResult
+
+        d = self.extra.get("prune")
+        if d is None:
+            return None
+        order = str(d["order"]) if "order" in d else "given"
+        return {source: PruningResult(order, d[f"{source}_removed"], d[f"{source}_risks"], d.get(f"{source}_stderr"))
+                for source in RUN_KINDS if f"{source}_risks" in d}
 
 
 def _expected_shapes(config: Config, kind: str) -> dict[str, tuple]:
@@ -209,8 +257,11 @@ def _check_arrays(file: Path, arrays: Mapping[str, np.ndarray], config: Config, 
 
 
 def load_run(directory: str | Path, kinds: Sequence[str] = RUN_KINDS) -> Run:
-    """Read the output folder of ``integrate``, ``simulate`` or ``compare``: ``config.json``
-    and those of ``<kind>.npz`` (``kind`` in ``kinds``) that are present.
+    """Read the output folder of ``integrate``, ``simulate``, ``compare`` or ``prune``: ``config.json``,
+    those of ``<kind>.npz`` (``kind`` in ``kinds``) that are present and the further files of
+    :data:`EXTRA_KINDS` present (``theory_seeds.npz``, ``prune.npz``). The :class:`Run` gives them
+    as arrays (``run.data``) and as result objects (``run.theory``, ``run.simulation``,
+    ``run.pruning``).
 
     Raises ``FileNotFoundError`` when the folder, its ``config.json`` or every wanted data file
     is missing, and ``ValueError`` when a file present cannot be read, is incomplete, or does
@@ -240,7 +291,7 @@ def load_run(directory: str | Path, kinds: Sequence[str] = RUN_KINDS) -> Run:
     if config_hash(data) != stamp:
         raise ValueError(f"{path} was edited after the run: its contents no longer give its config hash {stamp}, "
                          "so the data files were made by another config; rerun the command instead of editing the file")
-    files = {kind: directory / f"{kind}.npz" for kind in kinds if (directory / f"{kind}.npz").is_file()}
+    files = {kind: directory / f"{kind}.npz" for kind in (*kinds, *EXTRA_KINDS) if (directory / f"{kind}.npz").is_file()}
     if not files:
         raise FileNotFoundError(f"no {' or '.join(f'{kind}.npz' for kind in kinds)} in {directory}")
     arrays = {}
@@ -254,5 +305,7 @@ def load_run(directory: str | Path, kinds: Sequence[str] = RUN_KINDS) -> Run:
             made = "carries no config hash" if got is None else f"was made by another config (hash {got})"
             raise ValueError(f"{file} {made}, not by the config.json beside it (hash {stamp}): the folder mixes files "
                              "of different runs; rerun the command that made it")
-        _check_arrays(file, arrays[kind], config, kind)
-    return Run(directory, config, arrays, stamp)
+        if kind in RUN_KINDS:
+            _check_arrays(file, arrays[kind], config, kind)
+    extra = {kind: arrays.pop(kind) for kind in EXTRA_KINDS if kind in arrays}
+    return Run(directory, config, arrays, stamp, extra)

@@ -18,7 +18,8 @@ class SimulationResult:
     ``tau`` (T,), ``M`` (S, T, H, F), ``Q`` (S, T, H, H), ``b`` (S, T, H),
     ``risk`` (S, T) the empirical test risk, ``risk_limit`` (S, T) the limit risk on the
     same test sequences; ``K`` (S, H, D) and ``kstar`` (S, F, D) are the final keys and the
-    spikes (kept in memory, not written to ``simulation.npz``); ``v`` (S, T, H): the trained head
+    spikes (kept in memory, not written to ``simulation.npz``: ``None`` in a run read back by
+    :func:`~singleloc.load_run`); ``v`` (S, T, H): the trained head
     weights (``model.head_weights = "trained"``; else ``None``).
     """
 
@@ -28,8 +29,8 @@ class SimulationResult:
     b: np.ndarray
     risk: np.ndarray
     risk_limit: np.ndarray
-    K: np.ndarray
-    kstar: np.ndarray
+    K: np.ndarray | None
+    kstar: np.ndarray | None
     v: np.ndarray | None = None
 
     def arrays(self) -> dict[str, np.ndarray]:

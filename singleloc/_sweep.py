@@ -22,6 +22,10 @@ points are their Cartesian product. At each point it
    (:func:`singleloc.attention_mass`), which classify every head (``aligned``,
    ``leaning``, ``combination``, ``redundant``, ``off``, ``unspecialized``).
 
+Beside the points, the Bayes risk of every problem of the grid (one cache entry per problem,
+:func:`singleloc._sweep_compute.bayes_config`) gives each point its ``gap_to_bayes`` and each
+activation and spike count its ``heads_needed`` (:mod:`singleloc._sweep_answers`).
+
 Each step is a pure function of its configuration (:func:`singleloc._sweep_compute.compute` with
 the kinds ``prediction``, ``theory``, ``simulation``; :func:`resolve_horizon`), so the points can
 be computed anywhere, on this process or on a Dask cluster; theory points of the same shapes are
@@ -29,19 +33,26 @@ one batched solve (:mod:`singleloc._sweep_compute`), and every entry is cached o
 hash of its configuration (:mod:`singleloc._sweep_cache`), so that a repeated sweep recomputes
 nothing.
 
+Two steps: :func:`compute_sweep` runs (or loads) every point and returns the rows and the
+trajectories; :func:`write_sweep_outputs` writes them; :func:`sweep` (``singleloc.sweep``) does
+both, the second only when given ``out``.
+
 Output: ``DIR/sweep.csv`` with one row per point: the grid values, ``activation``, ``heads``,
 ``F``, ``status``, the prediction (``lambda``, ``tau_plateau``, ``predicted_escape``,
 ``horizon``), the phase summary of the theory (means over the seeds of
 :meth:`PhaseAnalysis.summary`: ``final_risk``, ``escaped`` (fraction of seeds),
 ``escape_time``, ``first_learned``, ``first_specialization``, ``n_<class>`` for every head class,
 ``leaning_angle_spike``, ``leaning_angle_mean``, ``n_directions``, ``shared_profiles``), the
-theory's quadrature as :class:`~singleloc.TheoryResult` states it (``route``, ``gram_route``,
-``risk_error``, ``exact_drift_error``, ``gram_error``, ``drift_error``, ``points``: blank for an
-entry cached before entries carried them, or a failed one), the same phase summary for the
-simulation with a ``sim_`` prefix, and the cache ``key``. ``status`` is ``ok``,
+Bayes columns (``bayes_risk``, ``bayes_risk_error``, ``gap_to_bayes``), the theory's quadrature
+as :class:`~singleloc.TheoryResult` states it (``route``, ``gram_route``, ``risk_error``,
+``exact_drift_error``, ``gram_error``, ``drift_error``, ``points``: blank for an entry cached
+before entries carried them, or a failed one), the same phase summary for the simulation with a
+``sim_`` prefix (and ``sim_gap_to_bayes``), ``heads_needed``, ``gap_tol`` and the cache ``key``
+(every column described in :data:`singleloc._sweep_dataset.COLUMNS`). ``status`` is ``ok``,
 ``not yet (predicted escape at tau = X)`` for a point with a predicted escape where some seed
 has not escaped by the horizon, or the failure. One phase diagram over ``(H, F)`` per
-activation (and per value of the other grid keys): ``DIR/phase_<activation>[_<key>=<value>...].png``.
+activation (and per value of the other grid keys): ``DIR/phase_<activation>[_<key>=<value>...].png``;
+the gap to the Bayes risk against the heads: ``DIR/heads_needed.png``.
 The trajectories of every point with the columns of the CSV, as labelled arrays over the grid
 keys, the seeds and the saved times, go to ``DIR/sweep.nc`` (:mod:`singleloc._sweep_dataset`),
 read back by :func:`~singleloc.load_sweep`.
@@ -75,11 +86,15 @@ from ._phase_analysis import analyze
 from ._predictions import EscapePrediction
 from ._resources import check_run
 from ._run_folders import save_figure, save_text
+from ._sweep_answers import GAP_TOL, add_heads_needed, bayes_columns
 from ._sweep_cache import _entry_path, cache_key, cached_run, fill_cache
-from ._sweep_compute import compile_group
+from ._sweep_compute import bayes_config, compile_group
 from ._sweep_dataset import write_sweep
 from ._theory import OrderParameterODE
 from ._theory_result import DRIFT_UNCHECKED, STATEMENT_FIELDS
+
+#: The figure of the heads each activation needs (:func:`~singleloc.plots.plot_heads_needed`).
+HEADS_FIGURE = "heads_needed.png"
 
 #: Least number of saved times of a point integrated to a predicted or given horizon.
 HORIZON_N_SAVE = 201
@@ -97,6 +112,13 @@ def resolve_horizon(config: Config, prediction: EscapePrediction, horizon: str |
         return config
     tau_max = prediction.horizon if horizon == "auto" else float(horizon)
     return config.replace(sgd={"tau_max": tau_max, "spacing": "log", "n_save": max(config.sgd.n_save, HORIZON_N_SAVE)})
+
+
+def check_gap(gap: float) -> None:
+    """``ValueError`` unless ``gap`` (``--gap``, the largest gap to the Bayes risk that counts as
+    reaching it) is a finite number >= 0."""
+    if isinstance(gap, bool) or not isinstance(gap, (int, float)) or not math.isfinite(gap) or gap < 0:
+        raise ValueError(f"gap must be a finite number >= 0, got {gap!r}")
 
 
 def with_chosen_points(config: Config, prediction: Mapping[str, np.ndarray]) -> Config:
@@ -177,8 +199,12 @@ def quadrature_summary(rows: Sequence[Mapping[str, Any]]) -> str:
                      f"{largest(exact, 'gram_error')})")
     rule = [r for r in rows if r.get("route") == "rule"]
     if rule:
-        parts.append(f"rule route at {points(len(rule))} (largest estimated relative drift error at the start "
-                     f"{largest(rule, 'drift_error')})")
+        estimated = largest(rule, "drift_error", None)
+        sizes = sorted({int(r["points"]) for r in rule if np.isfinite(r["points"])})
+        nodes = f"{'/'.join(map(str, sizes))} Sobol points" if sizes else "Sobol points"
+        parts.append(f"rule route at {points(len(rule))} ({nodes}; " + (
+            f"largest estimated relative drift error at the start {estimated})" if estimated else
+            "no error estimate: theory.points = auto chooses the points for a stated drift error)"))
     unstated = len(rows) - len(exact) - len(rule)
     if unstated:
         parts.append(f"not stated at {points(unstated)} (failed, or cached before entries carried it)")
@@ -190,33 +216,73 @@ def _failure(kind: str, err: BaseException) -> str:
     return f"{kind} failed: {' '.join(text.split())}"
 
 
-def sweep(base: Config, grids: Sequence[Grid], out: str | Path, *, horizon: str | float = "auto", simulate: bool = False,
-          cache_dir: str | Path | None = None, progress: bool = True, figures: bool = True, workers: int = 1,
-          scheduler: str | None = None, batch: bool = True) -> tuple[list[dict[str, Any]], SweepStats]:
-    """Run (or load) every grid point, write ``OUT/sweep.csv`` and the phase diagrams.
+@dataclasses.dataclass
+class SweepOutcome:
+    """What :func:`compute_sweep` found, for :func:`write_sweep_outputs`: the base configuration,
+    the grids, the CSV ``rows``, the cache ``entries`` of every point (kind -> arrays, the points'
+    trajectories), whether it simulated, and the :class:`SweepStats`."""
+
+    base: Config
+    grids: Sequence[Grid]
+    rows: list[dict[str, Any]]
+    entries: list[dict[str, dict[str, np.ndarray]]]
+    simulate: bool
+    stats: SweepStats
+
+
+def sweep(base: Config, grids: Sequence[Grid], out: str | Path | None = None, *, horizon: str | float = "auto",
+          simulate: bool = False, cache_dir: str | Path | None = None, progress: bool = True, figures: bool = True,
+          workers: int = 1, scheduler: str | None = None, batch: bool = True,
+          gap: float = GAP_TOL) -> tuple[list[dict[str, Any]], SweepStats]:
+    """Run (or load) every grid point (:func:`compute_sweep`) and, with ``out``, write its files
+    (:func:`write_sweep_outputs`: ``OUT/sweep.csv``, ``OUT/sweep.nc``, the phase diagrams and the
+    heads-needed figure; ``figures=False``: the CSV and the Dataset only). Returns the CSV rows
+    (dicts) and the :class:`SweepStats`.
 
     ``horizon``: ``"auto"`` (each point to its predicted horizon), ``"config"``
-    (``sgd.tau_max``) or a number (module docstring). The entries missing from the cache are
-    computed in two rounds (the escape predictions, then the theory and simulation runs to
-    their horizons) by :func:`~singleloc._sweep_cache.fill_cache`: in this process
-    (``workers = 1``, no ``scheduler``), on a local Dask cluster of ``workers`` processes, or on
-    the Dask cluster at ``scheduler`` (or ``DASK_SCHEDULER_ADDRESS``), one cluster for both
-    rounds (started only when some entry is missing); a point that fails is reported in its row
-    and does not stop the others. ``batch``: the theory points of one
-    :func:`~singleloc._sweep_compute.compile_group` are one batched solve (one task). Returns the
-    CSV rows (dicts) and the :class:`SweepStats`.
+    (``sgd.tau_max``) or a number (module docstring). ``cache_dir``: the cache folder (default
+    ``OUT/cache``; one of the two is needed). ``gap``: the largest ``gap_to_bayes`` that counts as
+    reaching the Bayes risk in ``heads_needed`` (:mod:`singleloc._sweep_answers`). The other
+    arguments as :func:`compute_sweep`'s.
 
     Before anything is computed or written, every point is checked (:func:`check_sweep`: its
     dimension, quadrature and memory); a point that cannot run is refused with ``ValueError`` or
     ``MemoryError`` naming the keys.
     """
     require_config(base, "sweep")
+    t0 = time.perf_counter()
+    if cache_dir is None and out is None:
+        raise ValueError("sweep needs out (its cache goes to OUT/cache) or cache_dir")
+    cache = Path(out) / "cache" if cache_dir is None else Path(cache_dir)
+    outcome = compute_sweep(base, grids, cache, horizon=horizon, simulate=simulate, progress=progress, workers=workers,
+                            scheduler=scheduler, batch=batch, gap=gap)
+    if out is not None:
+        write_sweep_outputs(out, outcome, figures=figures)
+    outcome.stats.seconds = time.perf_counter() - t0
+    return outcome.rows, outcome.stats
+
+
+def compute_sweep(base: Config, grids: Sequence[Grid], cache: str | Path, *, horizon: str | float = "auto",
+                  simulate: bool = False, progress: bool = True, workers: int = 1, scheduler: str | None = None,
+                  batch: bool = True, gap: float = GAP_TOL) -> SweepOutcome:
+    """Run (or load from the cache folder ``cache``) every grid point; write nothing else.
+
+    The entries missing from the cache are computed in two rounds (the escape predictions and
+    the Bayes risks of the problems, then the theory and simulation runs to their horizons) by
+    :func:`~singleloc._sweep_cache.fill_cache`: in this process (``workers = 1``, no
+    ``scheduler``), on a local Dask cluster of ``workers`` processes, or on the Dask cluster at
+    ``scheduler`` (or ``DASK_SCHEDULER_ADDRESS``), one cluster for both rounds (started only when
+    some entry is missing); a point that fails is reported in its row and does not stop the
+    others. ``batch``: the theory points of one :func:`~singleloc._sweep_compute.compile_group`
+    are one batched solve (one task). ``gap``: as :func:`sweep`'s.
+    """
+    require_config(base, "sweep")
     check_horizon(horizon)
+    check_gap(gap)
     t0 = time.perf_counter()
     points = grid_points(base, grids)
     _check_points([cfg for _, cfg in points], simulate, batch)  # every point can run, before the first one does
-    out = Path(out)
-    cache = out / "cache" if cache_dir is None else Path(cache_dir)
+    cache = Path(cache)
     cache.mkdir(parents=True, exist_ok=True)
     kinds = ["theory"] + (["simulation"] if simulate else [])
     recomputed = SweepStats()
@@ -229,11 +295,13 @@ def sweep(base: Config, grids: Sequence[Grid], out: str | Path, *, horizon: str 
             computed.add(_entry_path(cache, config, kind).name)
         return data
 
+    problems = [bayes_config(cfg) for _, cfg in points]
     with open_cluster(workers, scheduler) as cluster:  # one cluster for both rounds, started only if needed
         if cluster.where == "serial":  # the points run in this process, whose JAX settings are the caller's
             require_x64("singleloc.sweep with workers = 1 (the points run in this process)")
         run = dict(cluster=cluster, progress=progress, batch=batch)
-        computed, errors = fill_cache([(cfg, "prediction") for _, cfg in points], cache, desc="escape predictions", **run)
+        first = [(cfg, "prediction") for _, cfg in points] + [(problem, "bayes") for problem in problems]
+        computed, errors = fill_cache(first, cache, desc="escape predictions and Bayes risks", **run)
         predictions, run_cfgs = {}, {}
         for i, (_, cfg) in enumerate(points):
             path = _entry_path(cache, cfg, "prediction")
@@ -260,6 +328,12 @@ def sweep(base: Config, grids: Sequence[Grid], out: str | Path, *, horizon: str 
             pred, run_cfg = predictions[i], run_cfgs[i]
             row.update(horizon=run_cfg.sgd.tau_max, **{"lambda": pred.rate}, tau_plateau=pred.tau_plateau,
                        predicted_escape=pred.predicted_escape)
+        bayes_name = _entry_path(cache, problems[i], "bayes").name
+        bayes = None
+        if bayes_name in errors:
+            failures.append(_failure("Bayes risk", errors[bayes_name]))
+        else:
+            bayes = read(problems[i], "bayes")
         for kind in kinds:
             prefix = "" if kind == "theory" else "sim_"
             summ = {k: math.nan for k in SUMMARY_KEYS}
@@ -273,8 +347,11 @@ def sweep(base: Config, grids: Sequence[Grid], out: str | Path, *, horizon: str 
                     summ = summarize(run_cfgs[i], loaded[i][kind], kind)
             row.update({prefix + k: summ[k] for k in SUMMARY_KEYS})
             if kind == "theory":
+                row.update(bayes_columns(row, bayes, simulate=False))
                 row.update(statement_columns(loaded[i].get("theory", {})))
-        if failures:  # every failure of the point: prediction, theory and simulation
+        if simulate:
+            row["sim_gap_to_bayes"] = bayes_columns(row, bayes, simulate=True)["sim_gap_to_bayes"]
+        if failures:  # every failure of the point: prediction, Bayes risk, theory and simulation
             row["status"] = "; ".join(failures)
             stats.failed += 1
         if failures or computed.intersection(names):
@@ -285,16 +362,32 @@ def sweep(base: Config, grids: Sequence[Grid], out: str | Path, *, horizon: str 
             row["status"] = f"not yet (predicted escape at tau = {predictions[i].predicted_escape:.3g})"
         row["key"] = cache_key(run_cfgs[i], "theory") if i in run_cfgs else ""
         rows.append(row)
+    add_heads_needed(rows, [g.name for g in grids], gap)
+    stats.seconds = time.perf_counter() - t0
+    return SweepOutcome(base, list(grids), rows, loaded, simulate, stats)
+
+
+def write_sweep_outputs(out: str | Path, outcome: SweepOutcome, *, figures: bool = True) -> Path:
+    """Write the files of a sweep into ``out``: ``sweep.csv`` (:func:`write_csv`), ``sweep.nc``
+    (:func:`~singleloc._sweep_dataset.write_sweep`) and, with ``figures``, one phase diagram per
+    activation (and per value of the other grid keys), ``phase_<activation>[_<key>=<value>...].png``,
+    and ``heads_needed.png`` (the gap to the Bayes risk against the heads). All of them or none are
+    renamed into place (:func:`~singleloc._atomic_files.written_together`), and figures of an
+    earlier sweep into ``out`` that this one does not draw are removed. Returns ``out``."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows, grids = outcome.rows, outcome.grids
     mark = {OUTPUT_KEY: "sweep"}
 
-    def own_figures(written):  # phase diagrams of an earlier sweep into OUT that this one does not draw
-        return [p for p in out.glob("phase_*.png") if p not in written and png_has_text(p, OUTPUT_KEY, "sweep")]
+    def own_figures(written):  # figures of an earlier sweep into OUT that this one does not draw
+        return [p for p in [*out.glob("phase_*.png"), out / HEADS_FIGURE]
+                if p.is_file() and p not in written and png_has_text(p, OUTPUT_KEY, "sweep")]
 
     with written_together(out, stale=own_figures):  # the CSV, the Dataset and the figures: all of them, or none
         write_csv(out / "sweep.csv", rows)
-        write_sweep(out, base, grids, rows, loaded)
+        write_sweep(out, outcome.base, grids, rows, outcome.entries)
         if figures:
-            from .plots import plot_phase_diagram  # matplotlib is imported only when a figure is drawn
+            from .plots import plot_heads_needed, plot_phase_diagram  # matplotlib is imported only when a figure is drawn
 
             other = [g.name for g in grids if g.name not in ("model.heads", "problem.F", "model.activation")]
             groups: dict[tuple, list] = {}
@@ -303,10 +396,10 @@ def sweep(base: Config, grids: Sequence[Grid], out: str | Path, *, horizon: str 
             for gkey, grows in groups.items():
                 tag = "".join(f"_{k.split('.')[-1]}={_slug(v)}" for k, v in zip(other, gkey[1:]))
                 title = f"{gkey[0]}" + "".join(f", {k}={v}" for k, v in zip(other, gkey[1:]))
-                fig = plot_phase_diagram(grows, title=title, simulate=simulate)
+                fig = plot_phase_diagram(grows, title=title, simulate=outcome.simulate)
                 save_figure(out / f"phase_{_slug(gkey[0])}{tag}.png", fig, mark)
-    stats.seconds = time.perf_counter() - t0
-    return rows, stats
+            save_figure(out / HEADS_FIGURE, plot_heads_needed(rows, other), mark)
+    return out
 
 
 def _slug(v: Any) -> str:

@@ -54,7 +54,8 @@ def cache_key(config: Config, kind: str) -> str:
 
 #: The arrays of a complete cache entry of each kind.
 ENTRY_KEYS = {"prediction": tuple(f.name for f in dataclasses.fields(EscapePrediction)),
-              "theory": ("tau", "M", "Q", "b", "risk"), "simulation": ("tau", "M", "Q", "b", "risk", "risk_limit")}
+              "theory": ("tau", "M", "Q", "b", "risk"), "simulation": ("tau", "M", "Q", "b", "risk", "risk_limit"),
+              "bayes": ("bayes_risk", "bayes_risk_error")}
 
 
 def _read_entry(path: Path, kind: str, *, arrays: bool = True) -> dict[str, np.ndarray | None] | None:

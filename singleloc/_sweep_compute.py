@@ -3,8 +3,9 @@ of its resolved configuration, and their batching.
 
 A point needs entries of the kinds :data:`KINDS`: ``prediction`` (the escape prediction and the
 horizon, :func:`compute_prediction`), ``theory`` (the ODE from the initial overlaps of every
-seed, :func:`compute_theory`) and ``simulation`` (finite-D SGD, :func:`compute_simulation`);
-:func:`compute` gives any of them. :func:`compute_points` (and :func:`compute_point`, one point)
+seed, :func:`compute_theory`), ``simulation`` (finite-D SGD, :func:`compute_simulation`) and
+``bayes`` (the Bayes risk of its problem, :func:`compute_bayes`, one entry per problem:
+:func:`bayes_config`); :func:`compute` gives any of them. :func:`compute_points` (and :func:`compute_point`, one point)
 is what a worker runs; it needs nothing but the configurations, so the points can be computed
 anywhere.
 
@@ -41,7 +42,13 @@ from ._simulation import simulate as simulate_sgd
 from ._starts import initial_conditions
 
 #: The kinds of cache entries, in the order a point needs them.
-KINDS = ("prediction", "theory", "simulation")
+KINDS = ("prediction", "theory", "simulation", "bayes")
+
+#: The ``[theory]`` keys the Bayes risk depends on (:func:`bayes_config`).
+BAYES_THEORY_KEYS = ("route", "points", "qmc_seed")
+
+#: Sobol points of the Bayes risk's rule route where the point has ``theory.points = "auto"``.
+BAYES_POINTS = 4096
 
 
 # The expensive steps; module-level so that tests can count or replace them.
@@ -69,6 +76,28 @@ def compute_simulation(config: Config) -> dict[str, np.ndarray]:
     return _trajectory_arrays(r) | {"risk_limit": r.risk_limit}
 
 
+def bayes_config(config: Config) -> Config:
+    """The configuration of the Bayes risk of a point: its ``[problem]`` and the ``[theory]`` keys
+    of :data:`BAYES_THEORY_KEYS`, every other key at its default, so that the points of one problem
+    share one cache entry (the Bayes risk depends on the problem alone: docs/model.md section 6)."""
+    data = config.to_dict()
+    return load_config({"problem": data["problem"], "theory": {k: data["theory"][k] for k in BAYES_THEORY_KEYS}})
+
+
+def compute_bayes(config: Config) -> dict[str, np.ndarray]:
+    """The Bayes risk of the problem (:func:`~singleloc.bayes_risk`: exact for a discrete prior
+    of up to four atoms, else on ``theory.points`` Sobol points (4096 for ``"auto"``) over 8
+    scramblings) as ``bayes_risk``, its error ``bayes_risk_error`` and ``bayes_route``."""
+    from ._bayes import bayes_risk, bayes_route
+
+    pb, th = config.problem, config.theory
+    prior = pb.build_prior()
+    route = bayes_route(prior, th.route)
+    points = BAYES_POINTS if th.points == "auto" else th.points
+    risk = bayes_risk(prior, pb.L, points=points, seed=th.qmc_seed, route=route)
+    return {"bayes_risk": np.asarray(risk.value), "bayes_risk_error": np.asarray(risk.error), "bayes_route": np.asarray(route)}
+
+
 def _theory_arrays(r) -> dict[str, np.ndarray]:
     """A theory entry: the trajectories and the quadrature's statement (:meth:`~singleloc.TheoryResult.statement`)."""
     return _trajectory_arrays(r) | r.statement()
@@ -81,12 +110,13 @@ def _trajectory_arrays(r) -> dict[str, np.ndarray]:
 
 
 def compute(config: Config, kind: str) -> dict[str, np.ndarray]:
-    """The entry of ``kind`` (``"prediction"``, ``"theory"`` or ``"simulation"``) for
-    ``config``, computed (for a theory or simulation entry ``config`` is the resolved one,
-    :func:`~singleloc._sweep.resolve_horizon`)."""
+    """The entry of ``kind`` (``"prediction"``, ``"theory"``, ``"simulation"`` or ``"bayes"``)
+    for ``config``, computed (for a theory or simulation entry ``config`` is the resolved one,
+    :func:`~singleloc._sweep.resolve_horizon`; for a Bayes entry :func:`bayes_config`)."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(map(repr, KINDS))}, got {kind!r}")
-    return {"prediction": compute_prediction, "theory": compute_theory, "simulation": compute_simulation}[kind](config)
+    return {"prediction": compute_prediction, "theory": compute_theory, "simulation": compute_simulation,
+            "bayes": compute_bayes}[kind](config)
 
 
 def compute_theories(configs: Sequence[Config]) -> list[dict[str, np.ndarray] | FloatingPointError]:

@@ -31,10 +31,13 @@ step, head, other_head)``, ``b (grid..., seed, step, head)`` and ``risk (grid...
 those of the cache entries, unchanged. Per point, over the grid dimensions only: every column
 of ``sweep.csv`` other than the grid values (``activation``, ``heads``, ``F``, ``status``,
 ``horizon``, ``lambda``, ``tau_plateau``, ``predicted_escape``, the phase summary ``final_risk``,
-``escaped``, ..., ``n_<class>``, ..., the theory's quadrature ``route``, ``risk_error``, ..., the
-summary's ``sim_`` twin, and ``key``, the cache key of the
-point's theory entry). Attributes: ``config`` (the base configuration as JSON), ``grids``
-(``{key: [values]}`` as JSON) and ``singleloc_version``.
+``escaped``, ..., ``n_<class>``, ..., the Bayes columns ``bayes_risk``, ``bayes_risk_error``,
+``gap_to_bayes``, the theory's quadrature ``route``, ``risk_error``, ..., the summary's ``sim_``
+twin with ``sim_gap_to_bayes``, ``heads_needed``, ``gap_tol`` and ``key``, the cache key of the
+point's theory entry), each with its ``description`` (:data:`COLUMNS`); ``heads_needed``, a
+summary over the heads, is over the other grid dimensions only (no ``model_heads``).
+Attributes: ``config`` (the base configuration as JSON), ``grids`` (``{key: [values]}`` as JSON)
+and ``singleloc_version``.
 
 Integrity. HDF5 checks neither the data nor the metadata of a file (one flipped bit changes a
 value silently, or makes the library fail or even loop), so the file ends with a trailer of
@@ -73,6 +76,7 @@ import xarray as xr
 
 from ._atomic_files import atomic_write
 from ._config import Config
+from ._head_classes import HEAD_CLASSES
 from ._version import __version__
 
 if TYPE_CHECKING:
@@ -104,6 +108,54 @@ DESCRIPTIONS = {"tau": "saved times of the point (NaN past its last)", "M": "ove
                 "Q": "overlaps Q[h, h'] of the heads", "b": "bias b[h] of head h", "risk": "limit risk of the theory",
                 "v": "trained head weight v[h] of a_l = sum_h v_h A_hl (model.head_weights = 'trained'; NaN for the average)",
                 "sim_risk": "empirical finite-D risk of the simulation", "sim_risk_limit": "limit risk of the simulated weights"}
+
+
+#: What every column of ``sweep.csv`` holds (the ``description`` attribute of its variable in
+#: ``sweep.nc``; a ``sim_`` column is its theory twin's for the simulation); docs/commands/sweep.md
+#: lists the same. Times are in ``tau = t/D``; risks are limit risks (``D -> infinity``).
+COLUMNS = {
+    "activation": "model.activation of the point", "heads": "model.heads (H) of the point",
+    "F": "problem.F, the number of spikes", "status": "ok; not yet (predicted escape at tau = X): some seed has not "
+    "escaped by the horizon; or what failed",
+    "horizon": "tau the point was integrated to", "lambda": "predicted escape rate of the unspecialized plateau "
+    "(linearisation along the head-symmetric flow)", "tau_plateau": "predicted time the symmetric flow reaches its plateau",
+    "predicted_escape": "tau_plateau + log(D) / (2 lambda): predicted escape from the plateau (inf: none predicted)",
+    "final_risk": "risk at the last saved time, mean over seeds", "escaped": "fraction of seeds with a head in a learned "
+    "class (aligned, leaning, combination) at the last saved time",
+    "escape_time": "halfway time of the risk's drop from the last plateau before first_learned (NaN: no plateau found)",
+    "first_learned": "first saved time from which some head stays in a learned class: the measured escape, the "
+    "quantity predicted_escape predicts", "first_specialization": "first saved time at which some head is aligned "
+    "with a spike", **{f"n_{c}": f"heads classified {c} at the last saved time, mean over seeds" for c in HEAD_CLASSES},
+    "leaning_angle_spike": "mean angle of the leaning heads to their spike (degrees)",
+    "leaning_angle_mean": "mean angle of the leaning heads to the mean direction (degrees)",
+    "n_directions": "spike directions with a specialized head", "shared_profiles": "pairs of heads with the same spike "
+    "profile", "bayes_risk": "Bayes risk of the point's problem (the best any estimator can do)",
+    "bayes_risk_error": "error of bayes_risk (exact route: against a finer rule; else standard error over scramblings)",
+    "gap_to_bayes": "final_risk - bayes_risk", "heads_needed": "fewest model.heads of the sweep, for this activation, F "
+    "and other grid values, whose gap_to_bayes is at most gap_tol (NaN: none)",
+    "gap_tol": "the largest gap_to_bayes that counts as reaching the Bayes risk (singleloc sweep --gap)",
+    "route": "the theory's quadrature route: exact or rule", "gram_route": "the lr^2 Gram term's route: exact or sobol",
+    "risk_error": "exact route: stated error of the risk (largest at start and end)",
+    "exact_drift_error": "exact route: relative error of the O(lr) drift against a finer rule (NaN: below 1e-5, "
+    "not computed)", "gram_error": "relative error of the lr^2 Gram term", "drift_error": "rule route: estimated relative "
+    "drift error at the start (NaN: no estimate, theory.points not auto)", "points": "Sobol points of the rule "
+    "(exact route: of the Gram term)", "key": "cache key of the point's theory entry",
+}
+
+
+def describe_column(name: str) -> str:
+    """The description of a column of ``sweep.csv`` (:data:`COLUMNS`; a ``sim_`` column's is its
+    theory twin's, for the simulation; a grid key's says so)."""
+    if name in COLUMNS:
+        return COLUMNS[name]
+    if name.startswith("sim_") and name[4:] in COLUMNS:
+        return f"simulation: {COLUMNS[name[4:]]}" + (" (of its limit risk)" if "risk" in name else "")
+    return "grid value" if "." in name else ""
+
+
+#: Columns that do not vary over ``model.heads`` (a summary over the heads): in ``sweep.nc`` over the
+#: other grid dimensions only.
+OVER_HEADS = ("heads_needed",)
 
 
 def dim_name(key: str) -> str:
@@ -164,10 +216,11 @@ def sweep_dataset(base: Config, grids: Sequence[Grid], rows: Sequence[Mapping[st
     grid_names = {g.name for g in grids}
     for column in rows[0]:
         if column not in grid_names:
-            values = np.empty(grid_shape, dtype=np.asarray([r[column] for r in rows]).dtype)
+            keep = [k for k, g in enumerate(grids) if not (column in OVER_HEADS and g.name == "model.heads")]
+            values = np.empty(tuple(grid_shape[k] for k in keep), dtype=np.asarray([r[column] for r in rows]).dtype)
             for i, r in zip(index, rows):
-                values[i] = r[column]
-            data_vars[column] = xr.Variable(dims, values)
+                values[tuple(i[k] for k in keep)] = r[column]
+            data_vars[column] = xr.Variable([dims[k] for k in keep], values, {"description": describe_column(column)})
     for d, g in zip(dims, grids):
         coords[d] = xr.Variable((d,), _coordinate(g.values), {"grid_key": g.name})
     coords.update({d: np.arange(n) for d, n in sizes.items()})

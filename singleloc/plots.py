@@ -6,9 +6,11 @@ in a notebook changes nothing, and a figure is freed as soon as it is no longer 
 ``close`` needed). Show one in a notebook by evaluating it, save it with ``fig.savefig`` or
 :func:`save_figure` (atomic PNG). This module is not imported by ``import singleloc``.
 
-* :func:`plot_compare`: risk and overlaps against tau, theory against simulation.
+* :func:`plot_compare`: risk and overlaps against tau, theory against simulation, with the heads
+  of every run in :func:`matched_heads` order (the spike each learns).
 * :func:`plot_phases`: one trajectory's phases (:class:`~singleloc.PhaseAnalysis`).
 * :func:`plot_phase_diagram`: heat maps of sweep rows over heads H and spikes F.
+* :func:`plot_heads_needed`: a sweep's gap to the Bayes risk against H, and the heads needed.
 * :func:`plot_pruning`: risk against heads removed (:class:`~singleloc.PruningResult`).
 * :func:`plot_vanishing`, :func:`plot_sensitivity`, :func:`plot_top_n`: the three figures of
   an :class:`~singleloc.AttentionDiagnosis`.
@@ -24,96 +26,25 @@ from matplotlib.figure import Figure
 
 from ._head_classes import CLASS_LETTERS, LEARNED_CLASSES, class_counts_text
 from ._numerics import TINY
+from ._plot_trajectories import _colors, _time_axis, matched_heads, plot_compare
 from ._run_folders import save_figure
 
-__all__ = ["plot_compare", "plot_phase_diagram", "plot_phases", "plot_pruning", "plot_sensitivity", "plot_top_n",
-           "plot_vanishing", "save_figure"]
-
-
-def _colors() -> list[str]:
-    """The colour cycle of the current matplotlib style."""
-    return mpl.rcParams["axes.prop_cycle"].by_key()["color"]
-
-
-# --------------------------------------------------------------------------- trajectories
-
-
-def plot_compare(theory, simulation=None, title: str = "") -> Figure:
-    """Risk against tau and the overlaps ``M_hf(tau)``: theory lines (one per start, the
-    first solid), simulation means as points with a band from the min to the max over seeds.
-
-    ``theory`` and ``simulation`` are :class:`~singleloc.TheoryResult` /
-    :class:`~singleloc.SimulationResult` (or anything with ``tau``, ``risk`` (S, T), ``M`` (S, T, H, F)).
-    With trained head weights (``theory.v`` not ``None``) a last panel shows ``v_h(tau)``.
-    """
-    colors = _colors()
-    S, T, H, F = theory.M.shape
-    v = getattr(theory, "v", None)
-    panels = 1 + F + (v is not None)
-    fig = Figure(figsize=(4.2 * panels, 3.6), constrained_layout=True)
-    axes = fig.subplots(1, panels)
-    ax = axes[0]
-    se = getattr(theory, "risk_se", None)
-    se = se if se is not None and np.all(np.isfinite(se)) else None  # theory.replicates > 1: quadrature error
-    for s in range(S):
-        ax.plot(theory.tau, theory.risk[s], color="k", lw=1.4 if s == 0 else 0.8, alpha=1.0 if s == 0 else 0.45,
-                label="theory (one line per seed)" if s == 0 else None)
-        if se is not None:
-            ax.fill_between(theory.tau, theory.risk[s] - 2 * se[s], theory.risk[s] + 2 * se[s], color="k",
-                            alpha=0.3 if s == 0 else 0.12, lw=0, label="theory +- 2 standard errors" if s == 0 else None)
-    if se is not None:  # the band is often thinner than the line: its width, on a log scale
-        inset = ax.inset_axes([0.55, 0.36, 0.42, 0.28])
-        inset.semilogy(theory.tau, 2 * se.T, color="k", lw=0.8)
-        inset.set_title("theory: 2 standard errors", fontsize=7)
-        inset.tick_params(labelsize=6, which="both")
-        inset.yaxis.set_minor_formatter(mpl.ticker.NullFormatter())
-    if simulation is not None:
-        r = simulation.risk
-        ax.fill_between(simulation.tau, r.min(0), r.max(0), color=colors[0], alpha=0.25, lw=0)
-        ax.plot(simulation.tau, r.mean(0), "o", ms=3, color=colors[0], label=f"simulation, {r.shape[0]} seeds")
-    ax.set_xlabel(r"$\tau = t/D$")
-    ax.set_ylabel("risk")
-    ax.set_title("risk")
-    ax.legend(frameon=False, fontsize=8)
-    for f in range(F):
-        ax = axes[1 + f]
-        for h in range(H):
-            c = colors[h % len(colors)]
-            for s in range(S):
-                ax.plot(theory.tau, theory.M[s, :, h, f], color=c, lw=1.4 if s == 0 else 0.8, alpha=1.0 if s == 0 else 0.45,
-                        label=f"head {h + 1}" if s == 0 else None)
-            if simulation is not None:
-                ax.plot(simulation.tau, simulation.M[:, :, h, f].T, ".", ms=2.5, color=c, alpha=0.6)
-        ax.set_xlabel(r"$\tau$")
-        ax.set_title(rf"$M_{{h{f + 1}}}$: overlap with spike {f + 1}")
-        ax.legend(frameon=False, fontsize=8)
-    if v is not None:
-        ax = axes[-1]
-        sim_v = getattr(simulation, "v", None) if simulation is not None else None
-        for h in range(H):
-            c = colors[h % len(colors)]
-            for s in range(S):
-                ax.plot(theory.tau, v[s, :, h], color=c, lw=1.4 if s == 0 else 0.8, alpha=1.0 if s == 0 else 0.45,
-                        label=f"head {h + 1}" if s == 0 else None)
-            if sim_v is not None:
-                ax.plot(simulation.tau, sim_v[:, :, h].T, ".", ms=2.5, color=c, alpha=0.6)
-        ax.set_xlabel(r"$\tau$")
-        ax.set_title(r"head weights $v_h$ of $a_l = \sum_h v_h A_{hl}$")
-        ax.legend(frameon=False, fontsize=8)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    return fig
+__all__ = ["matched_heads", "plot_compare", "plot_heads_needed", "plot_phase_diagram", "plot_phases", "plot_pruning",
+           "plot_sensitivity", "plot_top_n", "plot_vanishing", "save_figure"]
 
 
 # --------------------------------------------------------------------------- phases
 
 
-def plot_phases(analysis, risk, index: int = 0, *, title: str = "", log_time: bool = False, direction_names=None) -> Figure:
+def plot_phases(analysis, risk, index: int = 0, *, title: str = "", log_time: bool | None = None,
+                direction_names=None) -> Figure:
     """Four panels for trajectory ``index`` of a :class:`~singleloc.PhaseAnalysis`:
     the risk with its plateaus (dots) and escape times (dashed lines); the alignment
-    ``M_hf / sqrt(Q_hh)`` of every head with every spike; the number of heads in each class
-    (:data:`~singleloc.HEAD_CLASSES`, the classes that occur); the numbers of redundant head
-    pairs and of pairs with a shared spike profile. ``risk`` is (S, T) or (T,)."""
+    ``M_hf / sqrt(Q_hh)`` of every head (colour) with every spike (line style); the number of heads
+    in each class (:data:`~singleloc.HEAD_CLASSES`, the classes that occur; thin vertical lines:
+    aligned heads change spike); the numbers of redundant head pairs and of pairs with a shared
+    spike profile. ``risk`` is (S, T) or (T,). ``log_time``: a log time axis (``None``: when the
+    saved times are log-spaced)."""
     colors = _colors()
     a = analysis
     tau = a.tau
@@ -136,24 +67,27 @@ def plot_phases(analysis, risk, index: int = 0, *, title: str = "", log_time: bo
     ax = axes[1]
     H, F = a.cos.shape[-2:]
     styles = ["-", "--", ":", "-."]
+    from matplotlib.lines import Line2D
+
     for h in range(H):
         for f in range(F):
-            name = direction_names[f] if direction_names else f"f={f + 1}"
-            ax.plot(tau, a.cos[index, :, h, f], styles[f % 4], color=colors[h % len(colors)], lw=1.2,
-                    label=f"head {h + 1}, {name}")
+            ax.plot(tau, a.cos[index, :, h, f], styles[f % 4], color=colors[h % len(colors)], lw=1.2)
         t = a.specialization_times[index, h]
         if np.isfinite(t):
             ax.plot(t, a.cos[index, np.searchsorted(tau, t), h].max(), "v", color=colors[h % len(colors)], ms=6)
-    ax.set_title(r"alignment $M_{hf}/\sqrt{Q_{hh}}$ (triangles: specialization)")
-    ax.legend(fontsize=6, frameon=False, ncol=2)
+    names = [direction_names[f] if direction_names else f"spike {f + 1}" for f in range(F)]
+    key = ([Line2D([], [], color=colors[h % len(colors)], lw=1.2, label=f"head {h + 1}") for h in range(H)]
+           + [Line2D([], [], color="0.3", ls=styles[f % 4], lw=1.2, label=names[f]) for f in range(F)])
+    ax.set_title(r"alignment $M_{hf}/\sqrt{Q_{hh}}$ (triangles: specialization)", fontsize=9)
+    ax.legend(handles=key, fontsize=6, frameon=False, ncol=2 if H + F > 6 else 1, loc="best")
     ax = axes[2]
     for k, (name, count) in enumerate(a.classes.counts().items()):
         if np.any(count[index]):
             ax.step(tau, count[index], where="post", color=colors[k % len(colors)], ls=styles[k % 4], label=f"{name} heads")
     for t, *_ in a.rearrangements[index]:
-        ax.axvline(t, color="C3", lw=0.8, alpha=0.6)
+        ax.axvline(t, color="0.4", ls=":", lw=0.8)
     ax.set_ylim(-0.2, H + 0.2)
-    ax.set_title("head classes (red: aligned heads change spike)")
+    ax.set_title("head classes (vertical lines: aligned heads change spike)", fontsize=9)
     ax.legend(fontsize=8, frameon=False)
     ax = axes[3]
     ax.step(tau, a.redundant[index], where="post", color="C4", label="redundant keys (cosine > 0.99)")
@@ -162,9 +96,7 @@ def plot_phases(analysis, risk, index: int = 0, *, title: str = "", log_time: bo
     ax.set_title("head pairs")
     ax.legend(fontsize=8, frameon=False)
     for ax in axes:
-        ax.set_xlabel(r"$\tau$")
-        if log_time:
-            ax.set_xscale("symlog", linthresh=max(tau[1], 1e-3))
+        _time_axis(ax, tau, log_time)
     if title:
         fig.suptitle(title, fontsize=10)
     return fig
@@ -204,15 +136,16 @@ def plot_phase_diagram(rows, *, title: str = "", simulate: bool = False) -> Figu
     saved time and as means over seeds: the final risk; the head classes (colour: heads in a
     learned class, ``aligned + leaning + combination``; text: the count of each class, ``A``
     aligned, ``L`` leaning, ``C`` combination, ``R`` redundant, ``O`` off, ``U``
-    unspecialized); the escape (colour: the first time from which a head stays learned; text:
-    that time or "not yet", and the predicted escape); the escape rate ``lambda`` with the
-    horizon ``h``. A second row for the simulation when ``simulate`` (without the last panel:
-    the prediction is the theory's)."""
-    panels = [("final risk", "viridis", lambda r, p: _value(r, p + "final_risk"),
+    unspecialized); the escape (colour: ``first_learned``, the first time from which a head stays
+    learned; text: that time or "not yet", and ``predicted_escape``); the escape rate ``lambda``
+    with the ``horizon`` ``h``. Panels are titled by the sweep's column names. A second row for
+    the simulation when ``simulate`` (without the last panel: the prediction is the theory's)."""
+    panels = [("final_risk", "viridis", lambda r, p: _value(r, p + "final_risk"),
                lambda r, p: f"{_value(r, p + 'final_risk'):.3g}"),
               ("head classes (colour: learned heads)", "magma", _learned, _classes_text),
-              ("escape: measured / predicted", "plasma", lambda r, p: _value(r, p + "first_learned"), _escape_text),
-              ("escape rate lambda (h: horizon)", "cividis", lambda r, p: _value(r, "lambda"),
+              ("first_learned (pred: predicted_escape)", "plasma", lambda r, p: _value(r, p + "first_learned"),
+               _escape_text),
+              ("lambda (h: horizon)", "cividis", lambda r, p: _value(r, "lambda"),
                lambda r, p: (f"{lam:.3g}" if np.isfinite(lam := _value(r, "lambda")) else "none")
                + f"\nh {_value(r, 'horizon'):.4g}")]
     prefixes = [""] + (["sim_"] if simulate else [])
@@ -241,6 +174,48 @@ def plot_phase_diagram(rows, *, title: str = "", simulate: bool = False) -> Figu
                 fig.colorbar(im, ax=ax, shrink=0.8)
     if title:
         fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def plot_heads_needed(rows, other_keys=(), *, title: str = "") -> Figure:
+    """The gap to the Bayes risk against the number of heads, from sweep rows (dicts with
+    ``activation``, ``heads``, ``F``, ``gap_to_bayes``, ``heads_needed``, ``gap_tol``): one panel
+    per spike count ``F``, one line per activation (and value of the ``other_keys`` grid keys), a
+    dashed line at ``gap_tol`` and a star at ``heads_needed``, the fewest heads within it (the
+    legend says "more than H" where no point comes that close). Log scale; a gap at or below zero
+    (within the quadrature error of the Bayes risk) is drawn at the bottom of the panel."""
+    Fs = sorted({int(r["F"]) for r in rows})
+    fig = Figure(figsize=(4.4 * len(Fs), 3.8), constrained_layout=True)
+    axes = np.atleast_1d(fig.subplots(1, len(Fs)))
+    colors = _colors()
+    gap_tol = _value(rows[0], "gap_tol") if rows else math.nan
+    finite = [g for r in rows if np.isfinite(g := _value(r, "gap_to_bayes")) and g > 0]
+    floor = min([*finite, gap_tol if np.isfinite(gap_tol) else 1.0]) / 3
+    for ax, F in zip(axes, Fs):
+        lines: dict[tuple, list] = {}
+        for r in rows:
+            if int(r["F"]) == F:
+                lines.setdefault((r["activation"], *(r[k] for k in other_keys)), []).append(r)
+        for n, (key, group) in enumerate(lines.items()):
+            group = sorted(group, key=lambda r: int(r["heads"]))
+            H = np.array([int(r["heads"]) for r in group])
+            gap = np.array([_value(r, "gap_to_bayes") for r in group])
+            need = _value(group[0], "heads_needed")
+            name = key[0] + "".join(f", {k.split('.')[-1]}={v}" for k, v in zip(other_keys, key[1:]))
+            answer = f"{int(need)} heads" if np.isfinite(need) else f"more than {H.max()}"
+            c = colors[n % len(colors)]
+            ax.plot(H, np.maximum(gap, floor), "o-", color=c, ms=4, label=f"{name}: {answer}")
+            if np.isfinite(need):
+                ax.plot(need, max(gap[H == need][0], floor), "*", color=c, ms=14, mec="k", mew=0.5)
+        if np.isfinite(gap_tol):
+            ax.axhline(gap_tol, color="grey", ls="--", lw=0.9, label=f"gap_tol = {gap_tol:g}")
+        ax.set_yscale("log")
+        ax.set_xlabel("heads H")
+        ax.set_ylabel("gap_to_bayes = final_risk - bayes_risk")
+        ax.set_title(f"F = {F} spike{'s' if F > 1 else ''}: heads needed (stars)", fontsize=9)
+        ax.xaxis.set_major_locator(mpl.ticker.MaxNLocator(integer=True))
+        ax.legend(frameon=False, fontsize=7)
+    fig.suptitle(title or "heads needed to come within gap_tol of the Bayes risk", fontsize=10)
     return fig
 
 

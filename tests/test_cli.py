@@ -63,7 +63,8 @@ def test_usage_errors_are_one_line(capsys, argv, words):
 
 
 WRITERS = {"simulate": ["default"], "integrate": ["default"], "compare": ["default"],
-           "sweep": ["default", "--grid", "model.heads=1"], "diagnose": ["a.npy"], "prune": ["run"], "attention": ["t.txt"]}
+           "sweep": ["default", "--grid", "model.heads=1"], "diagnose": ["a.npy"], "prune": ["run"], "attention": ["t.txt"],
+           "plot": ["run"]}
 
 
 def test_every_command_that_writes_takes_out():

@@ -332,7 +332,8 @@ def test_a_config_path_that_is_not_a_toml_file_says_what_it_is(tmp_path, make, w
 
 def test_an_unknown_bare_name_lists_the_presets(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(ValueError, match=r"'defualt' is neither a preset \(bsoftmax, default, softmax1\) nor an existing file"):
+    presets = r"\(bsoftmax, default, showcase, softmax1\)"
+    with pytest.raises(ValueError, match=rf"'defualt' is neither a preset {presets} nor an existing file"):
         load_config("defualt")
 
 

@@ -53,8 +53,10 @@ def test_sweep_accepts_a_long_sequence_on_the_exact_route(monkeypatch, tmp_path)
     monkeypatch.setenv(_resources.MEMORY_ENV, "24G")
     checked, swept = [], []
     monkeypatch.setattr(_resources, "check_workers", lambda *a, **k: checked.append(True))  # after every point's check_run
-    monkeypatch.setattr(singleloc._sweep, "sweep", lambda *a, **k: swept.append(True) or
-                        ([], SimpleNamespace(failed=0, computed=0, cached=0, seconds=0.0)))
+    stats = SimpleNamespace(failed=0, computed=0, cached=0, seconds=0.0)
+    monkeypatch.setattr(singleloc._sweep, "compute_sweep", lambda *a, **k: swept.append(True) or
+                        SimpleNamespace(rows=[], stats=stats))
+    monkeypatch.setattr(singleloc._sweep, "write_sweep_outputs", lambda *a, **k: None)
     code = cli.main(["sweep", "default", "--set", "theory.route=auto", "--set", "model.heads=2", "--set", "problem.F=1",
                      "--grid", "problem.L=4,4096", "--out", str(tmp_path / "out")])
     assert code == 0 and checked and swept

@@ -59,12 +59,20 @@ def fake_prediction(config):
                             path_tau=np.array([5.0, 40.0]), path_rate=np.array([0.1, 0.1])).arrays()
 
 
+def fake_bayes(config):
+    """A Bayes risk of 0.01 F (with an error of 1e-6) for a problem with F spikes; it must see the problem only."""
+    assert config.to_dict()["model"] == load_config("default").to_dict()["model"]  # one entry per problem
+    return {"bayes_risk": np.asarray(0.01 * config.problem.F), "bayes_risk_error": np.asarray(1e-6),
+            "bayes_route": np.asarray("exact")}
+
+
 @pytest.fixture
 def fake_compute(monkeypatch):
     """Replace the prediction and the ODE by cheap synthetic ones and count the ODE calls: head h
     < F goes from 0 to 2 e_h (aligned for F >= 2; along the mean, so unspecialized, for F = 1)."""
     calls = []
     monkeypatch.setattr(_sweep_compute, "compute_prediction", fake_prediction)
+    monkeypatch.setattr(_sweep_compute, "compute_bayes", fake_bayes)
 
     def fake(config):
         calls.append(config)
@@ -254,8 +262,8 @@ def test_cli_sweep_with_simulation(tmp_path, capsys, monkeypatch):
     # the theory's quadrature as integrate states it: the suite's mechanics run on the rule route (conftest),
     # 16 points given, so no error estimate (the exact route's statement: test_cli_sweep_real_theory_then_cached)
     assert (row["route"], float(row["points"])) == ("rule", 16.0) and np.isnan(float(row["risk_error"]))
-    assert ("theory quadrature: rule route at 1 point (largest estimated relative drift error at the start not "
-            "computed)") in capsys.readouterr().out
+    assert ("theory quadrature: rule route at 1 point (16 Sobol points; no error estimate: theory.points = auto chooses "
+            "the points for a stated drift error)") in capsys.readouterr().out
     assert len(list((tmp_path / "c").glob("simulation-*.npz"))) == 1
 
 

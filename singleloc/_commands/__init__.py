@@ -2,6 +2,6 @@
 (with light imports only) and sets ``func`` to its ``run(args)``; add a module here to add a
 command."""
 
-from . import attention, bayes, compare, diagnose, integrate, prune, simulate, sweep
+from . import attention, bayes, compare, diagnose, integrate, plot, prune, simulate, sweep
 
-COMMANDS = (simulate, integrate, compare, bayes, diagnose, attention, prune, sweep)
+COMMANDS = (simulate, integrate, compare, plot, bayes, diagnose, attention, prune, sweep)

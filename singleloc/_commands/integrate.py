@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import sys
 
-from ._common import add_config_arguments, add_force_argument, add_out_argument, prepare_run
+from ._common import add_config_arguments, add_force_argument, add_out_argument, describe, prepare_run
+from .sweep import horizon_type
 
 #: Above this ``sgd.tau_max`` (the sweep's horizon cap), ``integrate`` says that the solve may be
 #: long and shows diffrax's progress bar (whose host callback keeps the program out of the
 #: persistent compilation cache, which a long solve does not miss).
 LONG_TAU = 3000.0
+
+#: Above this step between saved times on a linear grid, ``integrate`` suggests a log grid: the
+#: first drop of the risk (over a few units of tau at the presets) would fall between saved times.
+COARSE_STEP = 2.0
 
 
 def register(sub) -> None:
@@ -19,10 +24,16 @@ def register(sub) -> None:
         description="Integrate the D -> infinity ODE of (M, Q, b) with diffrax, starting from "
         "the overlaps of the simulator's initial weights for seed 0 (simulation.seed, "
         "simulation.D), and save at the sgd time grid. Writes DIR/theory.npz with tau (T), "
-        "M (T,H,F), Q (T,H,H), b (T,H), risk (T), and DIR/config.json; every file carries the "
+        "M (T,H,F), Q (T,H,H), b (T,H), risk (T), DIR/theory.png (the risk and the overlaps M_hf against "
+        "tau; `singleloc plot DIR` adds the phases) and DIR/config.json; every file carries the "
         "config hash, and DIR is replaced as a whole.",
     )
     add_config_arguments(p)
+    p.add_argument("--horizon", type=horizon_type, default="config", metavar="config|auto|TAU",
+                   help="how far to integrate: config (default): sgd.tau_max on the config's grid; auto: 2.5 times "
+                   "the predicted escape from the unspecialized plateau (tau_0 + log(D) / (2 lambda), as `sweep` "
+                   "predicts it; rounded up to two digits, at most 3000, 300 without a predicted escape); TAU: that "
+                   "time; both on a log grid of at least 201 saved times")
     add_force_argument(p)
     add_out_argument(p, run=True)
     p.set_defaults(func=run)
@@ -30,8 +41,17 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from .._ode import MAX_STEPS, integrate
+    from .._run_folders import save_run
+    from ..plots import plot_compare
 
     config = prepare_run(args, theory="one")
+    if args.horizon != "config":
+        config = _resolve_horizon(config, args.horizon)
+    step = config.sgd.tau_max / max(config.sgd.n_save - 1, 1)
+    if config.sgd.spacing == "linear" and step > COARSE_STEP:
+        print(f"singleloc integrate: note: a linear grid of {config.sgd.n_save} saved times is a step of {step:.3g} in tau, "
+              "coarser than the first drop of the risk; --set sgd.spacing=log saves on a log grid (as --horizon TAU does)",
+              file=sys.stderr)
     long = config.sgd.tau_max > LONG_TAU
     if long:  # the number of adaptive steps is not known before: say the bound, and show the solve
         print(f"singleloc integrate: note: sgd.tau_max = {config.sgd.tau_max:g} is a long solve: up to {MAX_STEPS} adaptive "
@@ -39,8 +59,36 @@ def run(args) -> int:
               f"quadrature nodes), which can take many minutes{'; its progress bar follows' if args.progress else ''}",
               file=sys.stderr)
     result = integrate(config, max_steps=MAX_STEPS, progress=long and args.progress)
-    path = result.save(args.out, config)
+    sim = config.simulation
+    title = f"{describe(config)}, theory from the D={sim.D} start of seed {sim.seed}, lr={config.sgd.lr}"
+    path = save_run(args.out, result.resolved(config), {"theory.npz": result.arrays(0),
+                                                        "theory.png": plot_compare(result, title=title)}) / "theory.npz"
     se = f" +- {result.risk_se[0, -1]:.1e}" if result.replicates > 1 else ""
-    print(f"wrote {path}: tau 0..{result.tau[-1]:g}, risk {result.risk[0, 0]:.4f} -> {result.risk[0, -1]:.4f}{se}")
+    print(f"wrote {path} and theory.png: tau 0..{result.tau[-1]:g}, risk {result.risk[0, 0]:.4f} -> {result.risk[0, -1]:.4f}{se}")
     print(result.quadrature())
     return 0
+
+
+def _resolve_horizon(config, horizon):
+    """``config`` integrated to ``horizon`` (``"auto"``: the predicted escape's horizon, as a sweep
+    point; a number), on the sweep's log grid (:func:`singleloc._sweep.resolve_horizon`)."""
+    from .._predictions import EscapePrediction
+    from .._resources import check_run
+    from .._sweep import resolve_horizon, with_chosen_points
+    from .._sweep_compute import compute_prediction
+
+    if horizon == "auto":
+        print("singleloc integrate: predicting the escape from the unspecialized plateau (the linearisation along the "
+              "head-symmetric flow: a few solves, a minute or more on the exact route)", file=sys.stderr)
+        entry = compute_prediction(config)
+        prediction = EscapePrediction.from_arrays(entry)
+        config = resolve_horizon(with_chosen_points(config, entry), prediction, "auto")
+        said = (f"predicted escape at tau = {prediction.predicted_escape:.3g} (plateau from tau = {prediction.tau_plateau:.3g}, "
+                f"escape rate lambda = {prediction.rate:.3g})" if prediction.escapes else "no escape predicted")
+    else:
+        config = resolve_horizon(config, None, horizon)
+        said = "horizon given"
+    check_run(config, theory_starts=1)  # the log grid's saved times too
+    print(f"singleloc integrate: {said}; integrating to tau = {config.sgd.tau_max:g} on a log grid of {config.sgd.n_save} "
+          "saved times", file=sys.stderr)
+    return config

@@ -32,7 +32,8 @@ def register(sub) -> None:
         "theory risk, not on fresh finite-D data; to prune finite-D weights on fresh data use "
         "singleloc.prune_weights in Python. Prints a table of risk against heads removed and "
         "writes DIR/prune.png (the curves) and DIR/prune.npz (n_removed, and for "
-        "each source <source>_risks (draws or seeds x H) and <source>_removed (rows x H-1)), "
+        "each source <source>_risks (draws or seeds x H) and <source>_removed (rows x H-1, 0-based head indices; the "
+        "table and the figures number heads from 1)), "
         "stamped with the config hash of RESULT_DIR: into RESULT_DIR they are added to the run (its "
         "other files kept); another DIR becomes a run folder of its own with RESULT_DIR's config.json. "
         "A RESULT_DIR whose files carry different config hashes (files of different runs) is refused.",
@@ -60,11 +61,13 @@ def run(args) -> int:
     from .._pruning import prune_run, pruning_config
     from .._routes import route_of
     from .._run_folders import RUN_KINDS, add_to_run, load_run, save_run
-    from ..plots import plot_pruning
 
     if not math.isfinite(args.tol) or args.tol < 0:
         raise ValueError(f"--tol must be a non-negative number, got {args.tol}")
     loaded = load_run(args.result_dir, RUN_KINDS if args.source == "auto" else (args.source,))
+    if not loaded.data:  # a folder of pruning results only (prune --out DIR)
+        kinds = " or ".join(f"{kind}.npz" for kind in (RUN_KINDS if args.source == "auto" else (args.source,)))
+        raise FileNotFoundError(f"no {kinds} in {args.result_dir}: nothing to prune")
     in_place = args.out is None or args.out.resolve() == args.result_dir.resolve()
     if in_place:
         try:
@@ -80,21 +83,29 @@ def run(args) -> int:
     H, F = config.model.heads, config.problem.F
     route = route_of(theory).route
     _print_table(results, args, H, F, route)
-    arrays = {"n_removed": np.arange(H), "route": np.asarray(route)}
-    curves = {}
+    arrays = {"n_removed": np.arange(H), "route": np.asarray(route), "order": np.asarray(args.order), "tol": np.asarray(args.tol)}
     for source, res in results.items():
         arrays[f"{source}_risks"] = np.concatenate([r.risks for r in res])
         arrays[f"{source}_removed"] = np.concatenate([r.removed for r in res])
         if res[0].stderr is not None:
             arrays[f"{source}_stderr"] = np.concatenate([r.stderr for r in res])
-        label = ("theory (ODE final state)" if source == "theory"
-                 else f"simulation order parameters, {len(res)} seed(s), theory risk")
-        curves[label] = _merge(res)
-    fig = plot_pruning(curves, F=F, tol=args.tol, title=f"{args.order} pruning: {describe(config)}")
+    fig = pruning_figure({source: _merge(res) for source, res in results.items()}, config, args.tol)
     files = {"prune.npz": arrays, "prune.png": fig}
     out = add_to_run(loaded, files) if in_place else save_run(args.out, config, files)
     print(f"wrote {out / 'prune.png'} and {out / 'prune.npz'}")
     return 0
+
+
+def pruning_figure(results: dict, config, tol: float = 0.01):
+    """``prune.png``: the curves of ``{source: PruningResult}`` (a simulation's rows: its seeds, or its
+    seeds' random draws) for the run of ``config`` (:func:`singleloc.plots.plot_pruning`)."""
+    from ..plots import plot_pruning
+
+    order = next(iter(results.values())).order
+    seeds = config.simulation.seeds
+    labels = {"theory": "theory (ODE final state)", "simulation": f"simulation order parameters, {seeds} seed(s), theory risk"}
+    curves = {labels[source]: result for source, result in results.items()}
+    return plot_pruning(curves, F=config.problem.F, tol=tol, title=f"{order} pruning: {describe(config)}")
 
 
 def _merge(res: list):
@@ -119,7 +130,7 @@ def _print_table(results: dict[str, list], args, H: int, F: int, route: str) -> 
     how = ("the exact route; its stated error is the difference to a finer exact rule" if route == "exact" else
            "the Sobol rule route; its error is the replicates' standard error, with theory.replicates > 1")
     print(f"{args.order} pruning, H = {H}, F = {F}: risk against heads removed "
-          f"(population risk of the kept order parameters, on {how})")
+          f"(population risk of the kept order parameters, on {how}; heads numbered 1..{H} as in the figures)")
     print(head)
     for k in range(H):
         row = f"{k:>7} {H - k:>4}"
@@ -128,10 +139,10 @@ def _print_table(results: dict[str, list], args, H: int, F: int, route: str) -> 
             if len(rows) > 1:
                 cell = f"{rows.mean():.4f} +- {rows.std(ddof=1):.4f}"
             else:
-                cell = f"{rows[0]:.4f}" + (f" +- {res[0].stderr[0, k]:.4f}" if res[0].stderr is not None else "")
+                cell = f"{rows[0]:.4f}" + (f" +- {_error(res[0].stderr[0, k])}" if res[0].stderr is not None else "")
             row += f"  {cell:>28}"
             if args.order != "random":
-                dropped = ",".join(str(int(r.removed[0, k - 1])) for r in res) if k else "-"
+                dropped = ",".join(str(int(r.removed[0, k - 1]) + 1) for r in res) if k else "-"
                 row += f"  {dropped:>{max(7, 4 * len(res))}}"
         print(row)
     for source, res in results.items():
@@ -141,11 +152,17 @@ def _print_table(results: dict[str, list], args, H: int, F: int, route: str) -> 
               + (_margin(res[0], counts[0], error) if len(res) == 1 else ""))
 
 
+def _error(value: float) -> str:
+    """An error beside a risk printed to four decimals: in the same digits, or in powers of ten when
+    it is below them (the exact route's stated errors, 1e-13, rather than ``0.0000``)."""
+    return f"{value:.4f}" if value >= 5e-5 else f"{value:.1e}"
+
+
 def _margin(result, k: int, error: str) -> str:
     """The rise of the risk at the first harmful removal, with its quadrature error (a count
     near the threshold is only as sure as that error)."""
     if result.stderr is None or result.risks.shape[0] > 1 or k + 1 >= result.heads:
         return ""
     risk, se = result.risks[0], result.stderr[0]
-    return (f"; removing {k + 1} raises it by {risk[k + 1] - risk[0]:.4f} +- {np.hypot(se[k + 1], se[0]):.4f} "
+    return (f"; removing {k + 1} raises it by {risk[k + 1] - risk[0]:.4f} +- {_error(np.hypot(se[k + 1], se[0]))} "
             f"({error})")
