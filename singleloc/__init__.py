@@ -48,7 +48,7 @@ _EXPORTS = {
     "_routes": ("RouteChoice", "choose_route"),
     "_laplace": ("LaplaceRule", "exact_rule"),
     "_run_folders": ("Run", "add_to_run", "config_hash", "load_npz", "load_run", "save_figure", "save_json", "save_npz",
-                     "save_run"),
+                     "save_run", "save_simulation", "save_theory"),
     "_numerics": ("psd_sqrt",),
     "_layer": ("finite_loss", "limit_loss", "token_weights"),
     "_ode": ("integrate", "resolve_points"),
@@ -66,8 +66,9 @@ _EXPORTS = {
     "_sgd_rule": ("AbstractSGDRule", "AbstractVariant", "GradientFlow", "GradientMoments", "LayerParameters", "OnlineSGD"),
     "_sgd_variants": ("LearningRateSchedule", "MiniBatch", "Momentum", "WeightDecay"),
     "_theory": ("OrderParameterODE", "OrderParameters", "WeightedOrderParameters", "r_orth"),
-    "_pruning": ("PruningResult", "TheoryRisk", "WeightsRisk", "finetune", "keep_heads", "prune",
-                 "prune_run", "prune_theory", "prune_weights", "removable_heads"),
+    "_pruning_result": ("PruningResult", "removable_heads"),
+    "_pruning": ("TheoryRisk", "WeightsRisk", "finetune", "keep_heads", "prune", "prune_run", "prune_theory",
+                 "prune_weights"),
     "_phase_analysis": ("PhaseAnalysis", "analyze"),
     "_plateaus": ("Plateau", "escape_times", "halfway_time", "plateaus"),
     "_head_classes": ("HEAD_CLASSES", "HeadClasses", "classify_heads"),
@@ -156,7 +157,6 @@ if TYPE_CHECKING:
     from ._priors import flipped as flipped
     from ._priors import gaussian as gaussian
     from ._priors import spikes as spikes
-    from ._pruning import PruningResult as PruningResult
     from ._pruning import TheoryRisk as TheoryRisk
     from ._pruning import WeightsRisk as WeightsRisk
     from ._pruning import finetune as finetune
@@ -165,7 +165,8 @@ if TYPE_CHECKING:
     from ._pruning import prune_run as prune_run
     from ._pruning import prune_theory as prune_theory
     from ._pruning import prune_weights as prune_weights
-    from ._pruning import removable_heads as removable_heads
+    from ._pruning_result import PruningResult as PruningResult
+    from ._pruning_result import removable_heads as removable_heads
     from ._routes import RouteChoice as RouteChoice
     from ._routes import choose_route as choose_route
     from ._run_checks import warn_if_risk_rose as warn_if_risk_rose
@@ -178,6 +179,8 @@ if TYPE_CHECKING:
     from ._run_folders import save_json as save_json
     from ._run_folders import save_npz as save_npz
     from ._run_folders import save_run as save_run
+    from ._run_folders import save_simulation as save_simulation
+    from ._run_folders import save_theory as save_theory
     from ._sensitivity import FD_EPSILONS as FD_EPSILONS
     from ._sensitivity import finite_difference_sensitivity as finite_difference_sensitivity
     from ._sensitivity import random_directions as random_directions

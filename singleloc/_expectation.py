@@ -63,8 +63,8 @@ class AbstractExpectation(eqx.Module):
     Attributes:
         activation: the attention activation (scores (H, L) -> weights (H, L)); static.
 
-    A route is built from the specifications by its class method ``from_specs(choice, problem, model,
-    theory, *, points, seeds=None, check=False)`` (:func:`~singleloc._routes.build_expectation`):
+    A route is built by its class method ``from_setup(setup, *, points, seeds=None, check=False)`` from
+    the objects of a computation (:class:`~singleloc._build.Setup`, :meth:`~singleloc.OrderParameterODE.from_setup`):
     ``seeds`` stacks the rules of several independent scramblings along a leading axis (the
     replicates), ``check`` adds what the route's error statement needs.
     """

@@ -116,31 +116,30 @@ class LaplaceExpectation(AbstractExpectation):
     route: ClassVar[str] = "exact"
 
     @classmethod
-    def from_specs(cls, choice, problem, model, theory, *, points: int, seeds=None, check: bool = False
-                   ) -> LaplaceExpectation:
-        """The exact route of the specifications (``choice``: :func:`~singleloc.choose_route`'s): the
-        exact rule of ``theory.nodes`` (the same for every replicate of ``seeds``: it has no scrambling),
-        with ``check`` its refined copy, the Gram term ``choice.gram`` (the Sobol one on
-        :meth:`~singleloc.Theory.gram_rule_points` rank-aware points) and the SDE's Sobol rule of
-        ``points`` points on the coordinates of ``theory.axes``."""
-        H, prior = model.heads, problem.build_prior()
+    def from_setup(cls, setup, *, points: int, seeds=None, check: bool = False) -> LaplaceExpectation:
+        """The exact route of ``setup`` (:class:`~singleloc._build.Setup`, whose route is
+        :func:`~singleloc.choose_route`'s): the exact rule of ``theory.nodes`` (the same for every replicate
+        of ``seeds``: it has no scrambling), with ``check`` its refined copy, the Gram term ``route.gram``
+        (the Sobol one on :meth:`~singleloc.Theory.gram_rule_points` rank-aware points) and the SDE's Sobol
+        rule of ``points`` points on the coordinates of ``theory.axes``."""
+        problem, theory, H, choice = setup.problem, setup.theory, setup.heads, setup.route
 
         def per_replicate(rule):
             if seeds is None:
                 return rule
             return jax.tree.map(lambda x: jnp.broadcast_to(x, (len(seeds), *x.shape)), rule)
 
-        rule = exact_rule(choice.activation, problem.L, H, prior, nodes=theory.nodes)
+        rule = exact_rule(choice.activation, problem.L, H, setup.prior, nodes=theory.nodes)
         fine = per_replicate(rule.refined()) if check else None
         rule = per_replicate(rule)
         if choice.gram == "exact":
             gram = LaplaceGram(rule)
         else:
             gram_points = theory.gram_rule_points(problem.L, H, points)
-            gram = SobolGram(fields=sobol_fields(problem, H, gram_points, theory.qmc_seed, seeds, principal=True),
+            gram = SobolGram(fields=sobol_fields(setup, gram_points, theory.qmc_seed, seeds, principal=True),
                              activation=choice.activation)
         axes = {"principal": True} if theory.rank_aware else {"symmetric": True}
-        fields = sobol_fields(problem, H, points, theory.qmc_seed, seeds, **axes)
+        fields = sobol_fields(setup, points, theory.qmc_seed, seeds, **axes)
         return cls(rule=rule, gram_term=gram, fields=fields, activation=choice.activation, check=fine)
 
     @property

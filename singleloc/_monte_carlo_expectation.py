@@ -58,17 +58,17 @@ class MonteCarloExpectation(AbstractExpectation):
     route: ClassVar[str] = "montecarlo"
 
     @classmethod
-    def from_specs(cls, choice, problem, model, theory, *, points: int, seeds=None, check: bool = False
-                   ) -> MonteCarloExpectation:
-        """``2 points`` draws from seed ``theory.qmc_seed`` (or one set per seed of ``seeds``, stacked)."""
-        prior, L, H = problem.build_prior(), problem.L, model.heads
+    def from_setup(cls, setup, *, points: int, seeds=None, check: bool = False) -> MonteCarloExpectation:
+        """``2 points`` draws from seed ``theory.qmc_seed`` (or one set per seed of ``seeds``, stacked), for
+        the problem and layer of ``setup`` (:class:`~singleloc._build.Setup`)."""
+        prior, L, H, theory = setup.prior, setup.problem.L, setup.heads, setup.theory
         dtype = jnp.result_type(float)
         if seeds is None:
             draws = draw_fields(prior, L, H, 2 * points, theory.qmc_seed)
         else:
             draws = [np.stack(x) for x in zip(*(draw_fields(prior, L, H, 2 * points, int(s)) for s in seeds))]
         z, nu, theta = (jnp.asarray(x, dtype) for x in draws)
-        return cls(z=z, nu=nu, theta=theta, activation=choice.activation)
+        return cls(z=z, nu=nu, theta=theta, activation=setup.activation)
 
     @classmethod
     def make(cls, activation: Activation, prior: Prior, L: int, H: int, n: int, seed: int = 0) -> MonteCarloExpectation:

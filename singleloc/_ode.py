@@ -53,6 +53,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._accuracy import choose_points, relative_drift_error
+from ._build import Setup, build
 from ._compilation import exported_call
 from ._config import Config, gather_specs, require_config
 from ._expectation import SolveReport
@@ -184,11 +185,13 @@ def resolve_points(config: Config, y0: OrderParameters | None = None) -> Config:
 
 @dataclasses.dataclass(frozen=True)
 class _Problem:
-    """What one point's solve receives: the arguments of :func:`_trajectories` (``args``: the
+    """What one point's solve receives: its objects (``setup``, :func:`~singleloc._build.build`), the
+    arguments of :func:`_trajectories` (``args``: the
     dynamics and evaluation ODE stacks, the starts, the saved times, ``rtol``, ``atol``) and
     the rule it was built with (``points``; ``drift_error`` when ``"auto"`` chose it)."""
 
     config: Config
+    setup: Setup
     args: tuple
     points: int
     drift_error: float
@@ -203,12 +206,13 @@ def _problem(config: Config, y0: OrderParameters | None, ts: np.ndarray | None) 
     if points == "auto":
         choice = choose_points(config, y0)
         points, drift_error = choice.points, choice.error
-    dynamics = OrderParameterODE.from_config(config, seeds=th.qmc_seed + np.arange(R), points=points)
-    evaluation = OrderParameterODE.from_config(config, seeds=th.evaluation_seed + np.arange(R), points=points, check=True)
+    setup = build(config)  # the prior, the SGD rule and the route, once for both ODEs
+    dynamics = OrderParameterODE.from_setup(setup, seeds=th.qmc_seed + np.arange(R), points=points)
+    evaluation = OrderParameterODE.from_setup(setup, seeds=th.evaluation_seed + np.arange(R), points=points, check=True)
     tol = (jnp.asarray(th.rtol, ts.dtype), jnp.asarray(th.atol, ts.dtype))
     if dynamics.expectation.route == "exact" and dynamics.expectation.gram_name == "sobol":
         points = th.gram_rule_points(config.problem.L, config.model.heads, points)  # its one Sobol rule is the Gram term's
-    return _Problem(config, (dynamics, evaluation, y0, ts, *tol), int(points), drift_error)
+    return _Problem(config, setup, (dynamics, evaluation, y0, ts, *tol), int(points), drift_error)
 
 
 def integrate(
@@ -361,7 +365,7 @@ def _result(problem: _Problem, out, max_steps: int) -> TheoryResult | FloatingPo
     mean = lambda x: x.mean(axis=1)
     dynamics, evaluation = problem.args[0], problem.args[1]
     report = SolveReport(ys, check, grams, risk_se, evaluation.expectation, evaluation.sgd, config.theory,
-                         config.problem.build_prior(), config.model.heads, problem.points)
+                         problem.setup.prior, config.model.heads, problem.points)
     stated = evaluation.expectation.statement(report)
     return TheoryResult(np.asarray(ts), mean(M), mean(Q), mean(b), mean(risk), risk_se, drift_error, problem.points, R,
                         evaluation.expectation.route, stated.risk_error, stated.gram_error, stated.exact_drift_error,

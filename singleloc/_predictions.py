@@ -49,6 +49,7 @@ import math
 
 import numpy as np
 
+from ._build import build
 from ._config import Config, gather_specs
 from ._ode import resolve_points
 from ._specs import SGD, Model, Problem, Simulation, Theory
@@ -162,8 +163,8 @@ def predicted_escape(config: Config | None = None, *, problem: Problem | None = 
                                 D=config.simulation.D, path_tau=empty, path_rate=empty)
     H, F = config.model.heads, config.problem.F
     D = config.simulation.D
-    ode = OrderParameterODE.from_config(config)
-    mean = config.problem.build_prior().mean()
+    setup = build(config)
+    ode, mean = OrderParameterODE.from_setup(setup), setup.prior.mean()
     x0 = symmetric_start(H, F, config.sgd.init_scale, config.model.bias_init)
     ts = np.concatenate([[0.0], np.geomspace(tau_flow * 1e-4, tau_flow, _PATH_POINTS)])
     xs, risk = symmetric_path(ode, x0, H, F, ts)

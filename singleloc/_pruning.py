@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 import equinox as eqx
 import jax
@@ -54,69 +53,11 @@ from ._data import overlaps
 from ._heldout import draw_heldout, heldout_losses
 from ._ode import integrate, resolve_points
 from ._population_risk import RiskEstimate, layer_risk, layer_risk_check
+from ._pruning_result import PruningResult
 from ._resources import check_memory, check_quadrature, theory_bytes
 from ._routes import route_of
 from ._specs import SGD, Model, Problem, Simulation, Theory
 from ._theory import OrderParameterODE, OrderParameters
-
-if TYPE_CHECKING:
-    from ._run_folders import Run
-
-
-
-@dataclasses.dataclass(frozen=True)
-class PruningResult:
-    """Risk of a layer against the number of heads removed.
-
-    Attributes:
-        order: ``"greedy"``, ``"alignment"``, ``"random"`` or ``"given"`` (explicit order).
-        removed: ``(draws, H - 1)`` int, the heads removed, in order (indices of the original
-            layer); one row unless the order is random.
-        risks: ``(draws, H)``, the risk after removing ``k = 0 .. H-1`` heads.
-        stderr: ``(draws, H)`` error of each risk: Monte Carlo standard error (weights evaluator),
-            quadrature (theory evaluator: on the exact route the difference to the finer exact
-            rule, on the Sobol rule with ``theory.replicates > 1`` the replicates' standard
-            error), or ``None`` (one Sobol rule: no estimate).
-    """
-
-    order: str
-    removed: np.ndarray
-    risks: np.ndarray
-    stderr: np.ndarray | None = None
-
-    @property
-    def heads(self) -> int:
-        """``H``, the number of heads of the unpruned layer."""
-        return self.risks.shape[1]
-
-    @property
-    def n_removed(self) -> np.ndarray:
-        """``0 .. H-1``."""
-        return np.arange(self.heads)
-
-    @property
-    def risk(self) -> np.ndarray:
-        """``(H,)`` risk against heads removed (the mean over draws for ``random``)."""
-        return self.risks.mean(axis=0)
-
-    @property
-    def risk_std(self) -> np.ndarray:
-        """``(H,)`` standard deviation over draws (zeros for a single order)."""
-        if self.risks.shape[0] < 2:
-            return np.zeros(self.heads)
-        return self.risks.std(axis=0, ddof=1)
-
-    def removable(self, tol: float = 0.01) -> int:
-        """How many heads (along this order, on the mean curve) can be removed before the
-        risk rises by more than ``tol`` above the unpruned risk."""
-        return removable_heads(self.risk, tol)
-
-
-def removable_heads(risk: Sequence[float], tol: float = 0.01) -> int:
-    """The largest ``k`` with ``risk[j] <= risk[0] + tol`` for every ``j <= k``."""
-    risk = np.asarray(risk, dtype=float)
-    over = np.nonzero(risk > risk[0] + tol)[0]
-    return int(over[0] - 1) if len(over) else len(risk) - 1
 
 
 def keep_heads(M, Q, b, kept: Sequence[int]) -> OrderParameters:
@@ -375,7 +316,7 @@ def prune_theory(config: Config | None = None, M=None, Q=None, b=None, order: st
     return _finish(result, deterministic=config.theory.replicates == 1 and not route_of(evaluate.config).exact)
 
 
-def prune_run(run: Run, order: str | Sequence[int] = "greedy", *, draws: int = 16,
+def prune_run(run, order: str | Sequence[int] = "greedy", *, draws: int = 16,
               seed: int = 0) -> dict[str, list[PruningResult]]:
     """Prune the trained layers of a run folder read back by :func:`~singleloc.load_run`, with
     :func:`prune_theory`: the final state of ``theory.npz`` (one layer) and the final order

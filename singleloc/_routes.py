@@ -20,7 +20,8 @@ rank-aware Sobol rule, ``"auto"`` exactly for one head and for two from ``L * H 
 :data:`GRAM_EXACT_FROM` on, where it costs less than the rule.
 
 A new route is a module with a class of :class:`~singleloc._expectation.AbstractExpectation` (with a
-``from_specs`` class method) and one line in :data:`~singleloc._choices.ROUTE_CLASSES`.
+``from_setup`` class method, :meth:`~singleloc.OrderParameterODE.from_setup`) and one line in
+:data:`~singleloc._choices.ROUTE_CLASSES`.
 """
 
 from __future__ import annotations
@@ -157,11 +158,3 @@ def exact_rule_bytes(activation: str, H: int, prior: Prior) -> int:
         return 0
     return JOINT_UNIT_BYTES * joint_rule_size(H, prior, refined=True)
 
-
-def build_expectation(choice: RouteChoice, problem: Problem, model: Model, theory: Theory, *, points: int,
-                      seeds=None, check: bool = False):
-    """The expectation of the route ``choice`` for the specifications (its class's ``from_specs``):
-    ``points`` Sobol points (a number: ``"auto"`` is resolved before, :func:`~singleloc.resolve_points`),
-    ``seeds`` the scramblings of stacked replicates (default one rule of ``theory.qmc_seed``), ``check``
-    what the route's error statement needs (the exact route's finer rule)."""
-    return route_class(choice.route).from_specs(choice, problem, model, theory, points=points, seeds=seeds, check=check)

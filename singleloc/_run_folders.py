@@ -39,6 +39,9 @@ import numpy as np
 
 from ._atomic_files import atomic_write, describe_path, write_folder
 from ._config import Config, load_config, require_config
+from ._pruning_result import PruningResult
+from ._simulation_result import SimulationResult
+from ._theory_result import TheoryResult, theory_from_arrays
 from ._version import __version__
 
 #: The data files of a run folder, ``<kind>.npz``, in the order :func:`load_run` reads them.
@@ -123,6 +126,21 @@ def save_run(directory: str | Path, config: Config, files: Mapping[str, Any]) ->
     return write_folder(directory, fill)
 
 
+def save_theory(directory: str | Path, config: Config, result: TheoryResult, index: int = 0) -> Path:
+    """Write the run folder ``DIR`` of an integration: ``theory.npz`` (trajectory ``index`` of ``result``)
+    and ``config.json`` (with the number of points chosen when ``theory.points = "auto"``), replacing
+    ``DIR`` as a whole (:func:`save_run`); returns ``DIR/theory.npz``."""
+    require_config(config, "save_theory")
+    return save_run(directory, result.resolved(config), {"theory.npz": result.arrays(index)}) / "theory.npz"
+
+
+def save_simulation(directory: str | Path, config: Config, result: SimulationResult) -> Path:
+    """Write the run folder ``DIR`` of a simulation: ``simulation.npz`` and ``config.json``, replacing
+    ``DIR`` as a whole (:func:`save_run`); returns ``DIR/simulation.npz``."""
+    require_config(config, "save_simulation")
+    return save_run(directory, config, {"simulation.npz": result.arrays()}) / "simulation.npz"
+
+
 def add_to_run(run: Run, files: Mapping[str, Any]) -> Path:
     """Add ``files`` (as for :func:`save_run`) to the folder of ``run``, stamped with its hash;
     its other files are kept, and the folder is again replaced as a whole."""
@@ -203,8 +221,6 @@ class Run:
         """The theory as a :class:`~singleloc.TheoryResult` (trajectories with a leading start axis):
         every seed's of ``theory_seeds.npz`` (``compare``) when present, else the one trajectory of
         ``theory.npz``; the route and stated errors from ``theory.npz``. ``None`` without either."""
-        from ._theory_result import theory_from_arrays
-
         if "theory" not in self.data and "theory_seeds" not in self.extra:
             return None
         return theory_from_arrays(self.data.get("theory"), self.extra.get("theory_seeds"))
@@ -213,8 +229,6 @@ class Run:
     def simulation(self):
         """``simulation.npz`` as a :class:`~singleloc.SimulationResult` (without the final keys and
         spikes, which the file does not hold: ``K`` and ``kstar`` are ``None``), or ``None``."""
-        from ._simulation_result import SimulationResult
-
         d = self.data.get("simulation")
         if d is None:
             return None
@@ -224,8 +238,6 @@ class Run:
     def pruning(self):
         """``prune.npz`` as ``{source: PruningResult}`` (``"theory"``, ``"simulation"``: the rows of
         every seed or random draw), or ``None``."""
-        from ._pruning import PruningResult
-
         d = self.extra.get("prune")
         if d is None:
             return None

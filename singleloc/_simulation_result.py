@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import numpy as np
-
-from ._config import Config
-from ._run_folders import save_run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,8 +32,3 @@ class SimulationResult:
     def arrays(self) -> dict[str, np.ndarray]:
         """The arrays stored in ``simulation.npz`` (``v`` with trained head weights)."""
         return {k: getattr(self, k) for k in ("tau", "M", "Q", "b", "risk", "risk_limit", "v") if getattr(self, k) is not None}
-
-    def save(self, directory: str | Path, config: Config) -> Path:
-        """Write the run folder ``DIR``: ``simulation.npz`` and ``config.json``, replacing ``DIR``
-        as a whole (:func:`singleloc.save_run`); returns ``DIR/simulation.npz``."""
-        return save_run(directory, config, {"simulation.npz": self.arrays()}) / "simulation.npz"

@@ -35,14 +35,13 @@ from ._layer import limit_loss
 from ._sgd_rule import GradientMoments
 
 
-def sobol_fields(problem, heads: int, points: int, seed: int, seeds=None, **kind) -> LocalFields:
-    """A Sobol rule of ``points`` points over the fields of ``problem`` and ``heads`` heads: scrambling
-    ``seed``, or (``seeds``) one rule per seed stacked along a leading axis
-    (:func:`~singleloc.replicate_rules`); ``kind``: the layout (``symmetric`` or ``principal``)."""
-    prior = problem.build_prior()
+def sobol_fields(setup, points: int, seed: int, seeds=None, **kind) -> LocalFields:
+    """A Sobol rule of ``points`` points over the fields of the problem and layer of ``setup``
+    (:class:`~singleloc._build.Setup`): scrambling ``seed``, or (``seeds``) one rule per seed stacked along
+    a leading axis (:func:`~singleloc.replicate_rules`); ``kind``: the layout (``symmetric`` or ``principal``)."""
     if seeds is None:
-        return LocalFields.make(problem.L, heads, prior, points, seed, **kind)
-    return replicate_rules(problem.L, heads, prior, points, seeds, **kind)
+        return LocalFields.make(setup.problem.L, setup.heads, setup.prior, points, seed, **kind)
+    return replicate_rules(setup.problem.L, setup.heads, setup.prior, points, seeds, **kind)
 
 
 def _gram_on(fields: LocalFields, activation: Activation, M, Q, b, v=None) -> jax.Array:
@@ -74,13 +73,14 @@ class SobolExpectation(AbstractExpectation):
     route: ClassVar[str] = "rule"
 
     @classmethod
-    def from_specs(cls, choice, problem, model, theory, *, points: int, seeds=None, check: bool = False
-                   ) -> SobolExpectation:
-        """The rule route of the specifications: ``points`` Sobol points on the coordinates of
-        ``theory.axes`` (scrambling ``theory.qmc_seed``, or one rule per seed of ``seeds``, stacked)."""
+    def from_setup(cls, setup, *, points: int, seeds=None, check: bool = False) -> SobolExpectation:
+        """The rule route of ``setup`` (:class:`~singleloc._build.Setup`): ``points`` Sobol points on the
+        coordinates of ``theory.axes`` (scrambling ``theory.qmc_seed``, or one rule per seed of ``seeds``,
+        stacked)."""
+        theory = setup.theory
         axes = {"principal": True} if theory.rank_aware else {"symmetric": True}
-        fields = sobol_fields(problem, model.heads, points, theory.qmc_seed, seeds, **axes)
-        return cls(fields=fields, activation=choice.activation)
+        fields = sobol_fields(setup, points, theory.qmc_seed, seeds, **axes)
+        return cls(fields=fields, activation=setup.activation)
 
     @property
     def replicates(self) -> int:

@@ -25,17 +25,21 @@ any registered activation gets its ODE from autodiff.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ._config import Config, gather_specs, sgd_rule
 from ._expectation import AbstractExpectation
 from ._numerics import require_x64
-from ._routes import build_expectation, choose_route
+from ._routes import route_class
 from ._sgd_rule import AbstractSGDRule, GradientMoments, OrderParameters, WeightedOrderParameters
-from ._specs import SGD, Model, Problem, Theory
+
+if TYPE_CHECKING:
+    from ._build import Setup
+    from ._config import Config
+    from ._specs import SGD, Model, Problem, Theory
 
 
 def r_orth(M: jax.Array, Q: jax.Array) -> jax.Array:
@@ -86,13 +90,25 @@ class OrderParameterODE(eqx.Module):
         """The ODE of the specifications (defaults for those not given): the data ``problem``,
         the layer ``model``, the SGD rule ``sgd`` and the numerics ``theory``; the other
         arguments as :meth:`from_config`'s, which this is on the bundle of the four."""
+        from ._config import gather_specs  # the edge: specifications bundled, then built once
+
         config = gather_specs("OrderParameterODE.from_specs", problem=problem, model=model, sgd=sgd, theory=theory)
         return cls.from_config(config, seeds=seeds, points=points, check=check)
 
     @classmethod
     def from_config(cls, config: Config, *, seeds: Sequence[int] | None = None, points: int | None = None,
                     check: bool = False) -> OrderParameterODE:
-        """The ODE of a configuration, on the route :func:`~singleloc.choose_route` takes for it.
+        """The ODE of a configuration: its objects built once (:func:`~singleloc._build.build`), then
+        :meth:`from_setup` (the other arguments are its)."""
+        from ._build import build  # the edge: a config's objects (this module takes objects)
+
+        return cls.from_setup(build(config), seeds=seeds, points=points, check=check)
+
+    @classmethod
+    def from_setup(cls, setup: Setup, *, seeds: Sequence[int] | None = None, points: int | None = None,
+                   check: bool = False) -> OrderParameterODE:
+        """The ODE of the objects ``setup`` (:class:`~singleloc._build.Setup`): its SGD rule on the
+        expectation of its route (the route class's ``from_setup``, :func:`~singleloc._routes.route_class`).
 
         ``seeds``: a stack of rules with these scrambling seeds (leading axis, see
         :func:`~singleloc.replicate_rules`) instead of the one rule of ``theory.qmc_seed``;
@@ -101,14 +117,12 @@ class OrderParameterODE(eqx.Module):
         error statement needs (the exact route's finer rule, :meth:`risk_check`).
         """
         require_x64("the order-parameter ODE")
-        points = config.theory.points if points is None else points
+        points = setup.theory.points if points is None else points
         if not isinstance(points, int):
             raise ValueError(f"theory.points = {points!r}: a number is needed here; resolve 'auto' first with "
                              "singleloc.resolve_points(config) (integrate does it itself)")
-        choice = choose_route(config.problem, config.model, config.theory)
-        expectation = build_expectation(choice, config.problem, config.model, config.theory, points=points, seeds=seeds,
-                                        check=check)
-        return cls(expectation, sgd_rule(config))
+        expectation = route_class(setup.route.route).from_setup(setup, points=points, seeds=seeds, check=check)
+        return cls(expectation, setup.sgd)
 
     def risk(self, M: jax.Array, Q: jax.Array, b: jax.Array, v: jax.Array | None = None) -> jax.Array:
         """Population risk ``R(M, Q, b) = E[(1 - a_eps)^2 + sum_{l != eps} a_l^2]`` on the route.

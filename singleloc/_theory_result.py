@@ -4,12 +4,10 @@ stated errors of the quadrature, and the run folder they are written to."""
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import numpy as np
 
 from ._config import Config, require_config
-from ._run_folders import save_run
 
 #: The fields of a :class:`TheoryResult` that state its quadrature (route and errors), as a sweep's
 #: cache entries and CSV columns carry them (:meth:`TheoryResult.statement`).
@@ -95,15 +93,9 @@ class TheoryResult:
             parts.append(f"largest standard error of the risk {np.max(self.risk_se):.1e}")
         return "quadrature: " + "; ".join(parts)
 
-    def save(self, directory: str | Path, config: Config, index: int = 0) -> Path:
-        """Write the run folder ``DIR``: ``theory.npz`` (trajectory ``index``) and ``config.json``
-        (with the number of points chosen when ``theory.points = "auto"``), replacing ``DIR`` as
-        a whole (:func:`singleloc.save_run`); returns ``DIR/theory.npz``."""
-        return save_run(directory, self.resolved(config), {"theory.npz": self.arrays(index)}) / "theory.npz"
-
     def resolved(self, config: Config) -> Config:
         """``config`` with ``theory.points = "auto"`` replaced by the number of points used."""
-        require_config(config, "TheoryResult.save")
+        require_config(config, "TheoryResult.resolved")
         return config.replace(theory={"points": self.points}) if config.theory.points == "auto" else config
 
 

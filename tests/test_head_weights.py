@@ -73,7 +73,7 @@ def test_exact_weighted_risk_against_the_rule(activation):
     exact = sl.OrderParameterODE.from_config(cfg.replace(theory={"route": "exact"}))
     risk, grad_v = jax.value_and_grad(lambda v: exact.risk(M, Q, b, v))(v)
     rules = [sl.OrderParameterODE.from_config(cfg.replace(theory={"route": "rule", "qmc_seed": 10 + r})) for r in range(4)]
-    moments = [ode.moments(M, Q, b, v=v) for ode in rules]
+    moments = [ode.expectation.moments(M, Q, b, v=v) for ode in rules]
     risks = np.array([float(m["risk"]) for m in moments])
     grads = np.array([np.asarray(m["cv"]) for m in moments])
     se = lambda x: x.std(axis=0, ddof=1) / np.sqrt(len(x))
@@ -139,12 +139,12 @@ def test_integrate_and_simulate_carry_the_head_weights(tmp_path):
                                       "simulation.D=200", "simulation.seeds=2", "simulation.test_samples=64"])
     th = sl.integrate(cfg)
     assert th.v.shape == (1, 3, 2) and np.all(th.v[:, 0] == 0.5) and np.all(th.v[:, -1] != 0.5)
-    assert "v" in np.load(th.save(tmp_path / "th", cfg))
+    assert "v" in np.load(sl.save_theory(tmp_path / "th", cfg, th))
     sim = sl.simulate(cfg, progress=False)
     assert sim.v.shape == (2, 3, 2) and np.all(sim.v[:, 0] == 0.5)
-    assert "v" in np.load(sim.save(tmp_path / "sim", cfg))
+    assert "v" in np.load(sl.save_simulation(tmp_path / "sim", cfg, sim))
     plain = sl.integrate(cfg.replace(model={"head_weights": "uniform"}))
-    assert plain.v is None and "v" not in np.load(plain.save(tmp_path / "plain", cfg))
+    assert plain.v is None and "v" not in np.load(sl.save_theory(tmp_path / "plain", cfg, plain))
 
 
 @pytest.mark.slow

@@ -460,7 +460,7 @@ def test_prune_into_another_run_folder_says_it_replaces_it(previous_run, tmp_pat
 
 
 @pytest.mark.parametrize("call", ["simulate", "integrate", "sweep", "save_run", "prune_theory", "initial_conditions",
-                                  "choose_points", "integrate_sde", "predicted_escape", "config_hash", "TheoryResult.save"])
+                                  "choose_points", "integrate_sde", "predicted_escape", "config_hash", "save_theory"])
 def test_the_python_api_names_a_config_given_as_a_preset_name(tmp_path, call):
     """Issue 21 item 12: ``sl.simulate("default")`` failed with AttributeError: 'str' object has no attribute 'model';
     so did ``sl.initial_conditions("default")`` and the other functions that take a Config."""
@@ -475,8 +475,8 @@ def test_the_python_api_names_a_config_given_as_a_preset_name(tmp_path, call):
              "choose_points": lambda: sl.choose_points("default", zeros),
              "integrate_sde": lambda: sl.integrate_sde("default", zeros, np.zeros((1, 2), np.uint32)),
              "predicted_escape": lambda: sl.predicted_escape("default"), "config_hash": lambda: sl.config_hash("default"),
-             "TheoryResult.save": lambda: result.save(tmp_path / "r", "default")}
-    where = {"TheoryResult.save": "TheoryResult.save"}.get(call, call.split("_")[0])
+             "save_theory": lambda: sl.save_theory(tmp_path / "r", "default", result)}
+    where = {"save_theory": "save_theory"}.get(call, call.split("_")[0])
     with pytest.raises(TypeError, match=rf"{where}.*: config must be a singleloc.Config, got .*; pass "
                                         r"singleloc.load_config\("):
         calls[call]()

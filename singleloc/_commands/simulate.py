@@ -23,11 +23,12 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from .._run_folders import save_simulation
     from .._simulation import simulate
 
     config = prepare_run(args, simulation=True)
     result = simulate(config, progress=args.progress)  # warns of dropped saved times and of a rising risk
-    path = result.save(args.out, config)
+    path = save_simulation(args.out, config, result)
     r = result.risk.mean(axis=0)
     print(f"wrote {path}: tau 0..{result.tau[-1]:g}, risk {r[0]:.4f} -> {r[-1]:.4f} (mean over {result.risk.shape[0]} seeds)")
     return 0
