@@ -16,7 +16,7 @@ def _type_checking_imports() -> dict[str, tuple[str, str]]:
     for node in block.body:
         assert isinstance(node, ast.ImportFrom) and node.level == 1, ast.dump(node)
         for alias in node.names:
-            found[alias.asname or alias.name] = (f"_{node.module.lstrip('_')}", alias.name)
+            found[alias.asname or alias.name] = (node.module, alias.name)
     return found
 
 
