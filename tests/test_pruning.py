@@ -9,7 +9,8 @@ from scipy import stats
 
 from singleloc import OrderParameterODE, load_config
 from singleloc._bayes import bayes_point
-from singleloc._pruning import TheoryRisk, WeightsRisk, prune, prune_theory, prune_weights, removable_heads
+from singleloc._pruning import TheoryRisk, WeightsRisk, prune, prune_theory, prune_weights
+from singleloc._pruning_result import removable_heads
 from singleloc._run_folders import save_run
 from singleloc.cli import main
 

@@ -447,7 +447,7 @@ def test_prune_into_another_run_folder_says_it_replaces_it(previous_run, tmp_pat
     (The pruning itself is a stand-in: what is tested is the folder handling.)"""
     from singleloc import _pruning
 
-    fake = lambda config, M, Q, b, order, **kw: _pruning.PruningResult(order, np.array([[1]]), np.array([[0.5, 0.6]]))  # noqa: E731
+    fake = lambda config, M, Q, b, order, **kw: sl.PruningResult(order, np.array([[1]]), np.array([[0.5, 0.6]]))  # noqa: E731
     monkeypatch.setattr(_pruning, "prune_theory", fake)
     other = save_run(tmp_path / "B", CONFIG, {"simulation.npz": dict(np.load(previous_run / "simulation.npz"))})
     assert main(["prune", str(previous_run), "--out", str(other)]) == 0
