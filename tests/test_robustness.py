@@ -445,6 +445,7 @@ def test_a_simulation_of_more_steps_than_it_can_count_is_refused(tmp_path, capsy
 def test_prune_into_another_run_folder_says_it_replaces_it(previous_run, tmp_path, capsys, monkeypatch):
     """Issue 21 item 9: ``prune A --out B`` replaced the run in B without the note the other commands print.
     (The pruning itself is a stand-in: what is tested is the folder handling.)"""
+    import singleloc as sl
     from singleloc import _pruning
 
     fake = lambda config, M, Q, b, order, **kw: sl.PruningResult(order, np.array([[1]]), np.array([[0.5, 0.6]]))  # noqa: E731
