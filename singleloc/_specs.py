@@ -37,17 +37,6 @@ GRAM_ROUTES = ("auto", "exact", "sobol")
 #: ``theory.axes``: the coordinates of the Sobol rule's fields.
 RULE_AXES = ("heads", "principal")
 
-
-def default_route() -> str:
-    """The default of ``theory.route``: ``"auto"``, or the environment's ``SINGLELOC_THEORY_ROUTE``
-    (for configs that do not set it; the test suite runs its mechanics on ``"rule"``)."""
-    import os
-
-    value = os.environ.get("SINGLELOC_THEORY_ROUTE", "auto")
-    if value not in ROUTES:
-        raise ValueError(f"SINGLELOC_THEORY_ROUTE must be one of {', '.join(ROUTES)}, got {value!r}")
-    return value
-
 #: ``theory.gram_points = "auto"``: at most this many points, and nodes of at most
 #: ``GRAM_NODE_BUDGET`` fields (``points * L * H``; the rank-aware rule's nodes hold twice as many numbers, 64 MB),
 #: so that long sequences keep the cost
@@ -376,7 +365,7 @@ class Theory:
     qmc_seed: int = 0
     replicates: int = 1
     tol: float = 1e-3
-    route: str = dataclasses.field(default_factory=lambda: default_route())
+    route: str = "auto"
     nodes: int = 64
     gram_points: int | str = "auto"
     gram: str = "auto"

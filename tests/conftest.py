@@ -2,40 +2,170 @@
 
 * Double precision everywhere (the reference computations of the tests are in float64; the
   finite-D simulator keeps its own single precision by design).
-* ``theory.route`` defaults to the Sobol rule (``SINGLELOC_THEORY_ROUTE=rule``) except in tests
-  marked ``exact_route``, which run on the users' default (the exact route where it applies).
+* Every test runs on the users' default ``theory.route`` (``"auto"``: the exact route for a
+  normalised exponential); a test whose subject is another route says so in its config
+  (``theory.route=rule``). The canonical tiny problems and the session's shared solves are in
+  ``tests/_tiny.py`` (fixtures below).
 * A throw-away persistent compilation cache for the session: every ``simulate`` call builds
   fresh closures and therefore retraces, and on a small CPU machine XLA compilation dominates
   the run time of the tiny simulations. Identical programs (same config) are then compiled
   once per session. The cache lives in a temporary folder removed at exit, so nothing leaks
-  between sessions and no stale executable can be picked up.
+  between sessions and no stale executable can be picked up; the command lines that tests
+  start (``SINGLELOC_CACHE_DIR``) share it.
+* A compilation budget (:class:`_Compilations`): a default test that compiles more new XLA programs
+  than it declares with ``@pytest.mark.compiles(n)`` (default :data:`DEFAULT_PROGRAMS`) fails, naming
+  them. Time is not a budget (machines are noisy): ``.ci/run`` prints the slowest tests.
 """
 
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import shutil
+import sys
 import tempfile
+import threading
+from collections import Counter
 
 import jax
 
 jax.config.update("jax_enable_x64", True)
-
-# The suite's mechanics (commands, files, sweeps, pruning, phases) run on the Sobol route, which
-# compiles in a fraction of the time; the exact route (theory.route = "auto", the users' default)
-# is tested by the tests marked ``exact_route`` (tests/test_laplace.py and the end-to-end runs),
-# which restore the default. Subprocesses (the command line) inherit the variable.
-os.environ["SINGLELOC_THEORY_ROUTE"] = "rule"
 
 _CACHE_DIR = tempfile.mkdtemp(prefix="singleloc-test-jax-cache-")
 atexit.register(shutil.rmtree, _CACHE_DIR, ignore_errors=True)
 jax.config.update("jax_compilation_cache_dir", _CACHE_DIR)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+os.environ["SINGLELOC_CACHE_DIR"] = _CACHE_DIR  # the command lines that tests start use the session's cache
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+from _tiny import tiny  # noqa: E402
+
+import singleloc as sl  # noqa: E402
+from singleloc._run_folders import save_run  # noqa: E402
+
+#: New XLA programs a default test may compile unless it declares more with ``@pytest.mark.compiles(n)``.
+#: A program is a jitted computation of singleloc or of the test (JAX's own operations run one by one,
+#: which compile small programs per shape, are counted apart, :data:`DEFAULT_EAGER`); one loaded from
+#: the session's persistent cache is not new. Compilations in the setup of a session- or module-scoped
+#: fixture are the fixture's (shared), not the test's.
+DEFAULT_PROGRAMS = 2
+#: JAX operations a default test may compile one by one (``@pytest.mark.compiles(n, eager=m)``): a
+#: computation run outside ``jit`` (an ODE's risk called eagerly) compiles hundreds.
+DEFAULT_EAGER = 100
+
+
+class _Compilations:
+    """XLA compilations of this process, from JAX's monitoring events: every compilation records
+    ``/jax/core/compile/backend_compile_duration`` (with the function's name), and one served by
+    the persistent cache records ``/jax/compilation_cache/cache_hits`` just before it."""
+
+    BACKEND = "/jax/core/compile/backend_compile_duration"
+    HIT = "/jax/compilation_cache/cache_hits"
+
+    def __init__(self):
+        self.programs: list[str] = []  # names of the new programs, in order
+        self.eager = 0
+        self.loaded = 0
+        self._hit = threading.local()
+        self._jax_names: set[str] = set()
+        self._modules = 0
+
+    def _library_operation(self, name: str) -> bool:
+        """Whether ``jit(name)`` is one of JAX's own operations (a primitive or a jitted function of
+        ``jax``), compiled when it runs outside ``jit``."""
+        if len(sys.modules) != self._modules:  # JAX modules imported since: read their names again
+            from jax.extend.core import Primitive
+
+            self._modules = len(sys.modules)
+            for module_name, module in list(sys.modules.items()):
+                if module is not None and module_name.split(".")[0] in ("jax", "jaxlib"):
+                    for attr, value in list(vars(module).items()):
+                        self._jax_names.add(value.name if isinstance(value, Primitive) else attr)
+        return name in self._jax_names
+
+    def event(self, event: str, **kwargs) -> None:
+        if event == self.HIT:
+            self._hit.value = True
+
+    def duration(self, event: str, seconds: float, **kwargs) -> None:
+        if event != self.BACKEND:
+            return
+        if getattr(self._hit, "value", False):
+            self._hit.value = False
+            self.loaded += 1
+            return
+        name = str(kwargs.get("fun_name", "?"))
+        inner = name[4:-1] if name.startswith("jit(") and name.endswith(")") else name
+        if self._library_operation(inner):
+            self.eager += 1
+        else:
+            self.programs.append(name)
+
+    def mark(self) -> tuple[int, int]:
+        return len(self.programs), self.eager
+
+
+_COMPILATIONS = _Compilations()
+jax.monitoring.register_event_listener(_COMPILATIONS.event)
+jax.monitoring.register_event_duration_secs_listener(_COMPILATIONS.duration)
+_SHARED = Counter()  # compilations of shared (session/module) fixtures during the current test's setup
+_REPORT: dict[str, dict] = {}
+
+
+def pytest_addoption(parser):
+    parser.addoption("--compilations", metavar="PATH", default=None,
+                     help="write the XLA compilations of every test (programs, eager operations) to a JSON file")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    if fixturedef.scope == "function" or _SHARED["depth"]:  # (a shared fixture's own fixtures are counted with it)
+        return (yield)
+    programs, eager = _COMPILATIONS.mark()
+    _SHARED["depth"] += 1
+    try:
+        return (yield)
+    finally:
+        _SHARED["depth"] -= 1
+        _SHARED["programs"] += len(_COMPILATIONS.programs) - programs
+        _SHARED["eager"] += _COMPILATIONS.eager - eager
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    _SHARED.clear()
+    item._compilations_start = _COMPILATIONS.mark()
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    result = yield  # a failing test fails with its own error
+    start_programs, start_eager = item._compilations_start
+    programs = _COMPILATIONS.programs[start_programs:]
+    new = len(programs) - _SHARED["programs"]
+    eager = _COMPILATIONS.eager - start_eager - _SHARED["eager"]
+    _REPORT[item.nodeid] = {"programs": new, "eager": eager, "shared": _SHARED["programs"], "names": programs}
+    marker = item.get_closest_marker("compiles")
+    budget = marker.args[0] if marker and marker.args else DEFAULT_PROGRAMS
+    eager_budget = marker.kwargs.get("eager", DEFAULT_EAGER) if marker else DEFAULT_EAGER
+    if item.get_closest_marker("slow") is None and (new > budget or eager > eager_budget):
+        names = ", ".join(f"{n} x{c}" if c > 1 else n for n, c in Counter(programs).items())
+        pytest.fail(f"compilation budget: this test compiled {new} new XLA programs ({names or 'none'}) and {eager} JAX "
+                    f"operations outside jit; it declares at most {budget} and {eager_budget} "
+                    f"(@pytest.mark.compiles({budget}, eager={eager_budget})). Share the program (tests/_tiny.py's "
+                    "problems and fixtures), stub the computation, or declare the cost.", pytrace=False)
+    return result
+
+
+def pytest_sessionfinish(session):
+    path = session.config.getoption("--compilations")
+    if path:
+        with open(path, "w") as fh:
+            json.dump({"loaded": _COMPILATIONS.loaded, "tests": _REPORT}, fh, indent=1)
 
 
 @pytest.fixture
@@ -56,8 +186,31 @@ def orthogonal_spikes():
     return _orthogonal_spikes
 
 
-@pytest.fixture(autouse=True)
-def _route(request, monkeypatch):
-    """Tests marked ``exact_route`` run on the default route of a user's session."""
-    if request.node.get_closest_marker("exact_route"):
-        monkeypatch.setenv("SINGLELOC_THEORY_ROUTE", "auto")
+# ----------------------------------------------------------------------------- the session's shared solves
+# (tests/_tiny.py: the canonical problems; a test that keeps their shapes shares their compiled programs)
+
+
+@pytest.fixture(scope="session")
+def tiny_theory():
+    """One :func:`~singleloc.integrate` of the canonical tiny problem on the default (exact) route,
+    from its default start: a :class:`~singleloc.TheoryResult` that tests read, never change."""
+    return sl.integrate(tiny())
+
+
+@pytest.fixture(scope="session")
+def tiny_simulation():
+    """One :func:`~singleloc.simulate` of the canonical tiny problem (two seeds at D = 64)."""
+    return sl.simulate(tiny(), progress=False)
+
+
+@pytest.fixture(scope="session")
+def _tiny_run_folder(tmp_path_factory, tiny_theory, tiny_simulation):
+    return save_run(tmp_path_factory.mktemp("tiny") / "run", tiny_theory.resolved(tiny()),
+                    {"theory.npz": tiny_theory.arrays(0), "simulation.npz": tiny_simulation.arrays()})
+
+
+@pytest.fixture
+def tiny_run(tmp_path, _tiny_run_folder):
+    """A copy (the test's own) of the run folder of the tiny problem: ``config.json``, ``theory.npz``
+    (:func:`tiny_theory`) and ``simulation.npz`` (:func:`tiny_simulation`), written once per session."""
+    return shutil.copytree(_tiny_run_folder, tmp_path / "run", copy_function=shutil.copy2)
