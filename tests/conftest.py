@@ -57,6 +57,12 @@ DEFAULT_PROGRAMS = 2
 DEFAULT_EAGER = 100
 
 
+#: Modules of JAX's operations (``jax.numpy``, ``jax.lax``, ``jax.random``, ... and their ``jax._src`` code): a
+#: jitted function of theirs run outside ``jit`` compiles as ``jit(name)``. (Not ``jax._src.export``: its
+#: ``jit(call)`` is a stored program of singleloc's, :func:`~singleloc._compilation.exported_call`.)
+_OPERATION_MODULES = {"numpy", "lax", "random", "prng", "nn", "scipy", "ops", "linalg", "fft", "image"}
+
+
 class _Compilations:
     """XLA compilations of this process, from JAX's monitoring events: every compilation records
     ``/jax/core/compile/backend_compile_duration`` (with the function's name), and one served by
@@ -81,7 +87,8 @@ class _Compilations:
 
             self._modules = len(sys.modules)
             for module_name, module in list(sys.modules.items()):
-                if module is not None and module_name.split(".")[0] in ("jax", "jaxlib"):
+                parts = module_name.split(".")
+                if module is not None and parts[0] == "jax" and _OPERATION_MODULES & set(parts):
                     for attr, value in list(vars(module).items()):
                         self._jax_names.add(value.name if isinstance(value, Primitive) else attr)
         return name in self._jax_names
@@ -120,18 +127,26 @@ def pytest_addoption(parser):
                      help="write the XLA compilations of every test (programs, eager operations) to a JSON file")
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_fixture_setup(fixturedef, request):
-    if fixturedef.scope == "function" or _SHARED["depth"]:  # (a shared fixture's own fixtures are counted with it)
-        return (yield)
-    programs, eager = _COMPILATIONS.mark()
-    _SHARED["depth"] += 1
-    try:
-        return (yield)
-    finally:
-        _SHARED["depth"] -= 1
-        _SHARED["programs"] += len(_COMPILATIONS.programs) - programs
-        _SHARED["eager"] += _COMPILATIONS.eager - eager
+class _SharedFixtures:
+    """Counts the compilations of session- and module-scoped fixtures apart (registered as a plugin:
+    a conftest's own hooks do not see the fixtures of the session's scope)."""
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_fixture_setup(self, fixturedef, request):
+        if fixturedef.scope == "function" or _SHARED["depth"]:  # (a shared fixture's own fixtures are counted with it)
+            return (yield)
+        programs, eager = _COMPILATIONS.mark()
+        _SHARED["depth"] += 1
+        try:
+            return (yield)
+        finally:
+            _SHARED["depth"] -= 1
+            _SHARED["programs"] += len(_COMPILATIONS.programs) - programs
+            _SHARED["eager"] += _COMPILATIONS.eager - eager
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(_SharedFixtures(), "singleloc-shared-fixtures")
 
 
 @pytest.hookimpl(wrapper=True)
@@ -214,3 +229,12 @@ def tiny_run(tmp_path, _tiny_run_folder):
     """A copy (the test's own) of the run folder of the tiny problem: ``config.json``, ``theory.npz``
     (:func:`tiny_theory`) and ``simulation.npz`` (:func:`tiny_simulation`), written once per session."""
     return shutil.copytree(_tiny_run_folder, tmp_path / "run", copy_function=shutil.copy2)
+
+
+@pytest.fixture(scope="session")
+def tiny_pruning(tiny_theory):
+    """:func:`~singleloc.prune_theory` of the tiny problem's final state (greedy): its programs (the
+    risks of two heads and of one on the default route) are compiled once, for every test that
+    prunes the tiny problem."""
+    final = (x[0, -1] for x in (tiny_theory.M, tiny_theory.Q, tiny_theory.b))
+    return sl.prune_theory(tiny(), *final)

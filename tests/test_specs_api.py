@@ -10,21 +10,28 @@ import dataclasses
 import subprocess
 import sys
 
+import equinox as eqx
 import numpy as np
 import pytest
+from _tiny import tiny
 
 import singleloc as sl
 
-PROBLEM = sl.Problem(L=4, F=1)
+# the canonical tiny problem (tests/_tiny.py), as specifications: its solves are the session's (compiled once)
+PROBLEM = sl.Problem(L=3, F=1)
 MODEL = sl.Model(heads=2)
-SGD = sl.SGD(tau_max=4.0, n_save=3)
-THEORY = sl.Theory(points=1024)
-SIMULATION = sl.Simulation(D=200, seeds=2, test_samples=256)
+SGD = sl.SGD(tau_max=2.0, n_save=3)
+THEORY = sl.Theory(points=64)
+SIMULATION = sl.Simulation(D=64, seeds=2, test_samples=256)
 CONFIG = sl.Config(problem=PROBLEM, model=MODEL, sgd=SGD, theory=THEORY, simulation=SIMULATION)
 
 
-def test_integrate_from_specs_is_integrate_from_their_config():
-    by_config = sl.integrate(CONFIG)
+def test_the_specifications_are_the_canonical_tiny_problem():
+    assert CONFIG == tiny()
+
+
+def test_integrate_from_specs_is_integrate_from_their_config(tiny_theory):
+    by_config = tiny_theory  # sl.integrate(tiny()), the session's
     by_specs = sl.integrate(problem=PROBLEM, model=MODEL, sgd=SGD, theory=THEORY, simulation=SIMULATION)
     for name in ("tau", "M", "Q", "b", "risk"):
         np.testing.assert_array_equal(getattr(by_specs, name), getattr(by_config, name), err_msg=name)
@@ -38,18 +45,18 @@ def test_a_spec_not_given_takes_its_defaults():
     assert sl.integrate(problem=PROBLEM, model=MODEL, sgd=SGD, theory=THEORY).M.shape == with_default.M.shape
 
 
-def test_simulate_from_specs_is_simulate_from_their_config():
-    by_config = sl.simulate(CONFIG, progress=False)
+def test_simulate_from_specs_is_simulate_from_their_config(tiny_simulation):
+    by_config = tiny_simulation  # sl.simulate(tiny()), the session's
     by_specs = sl.simulate(problem=PROBLEM, model=MODEL, sgd=SGD, simulation=SIMULATION, progress=False)
     np.testing.assert_array_equal(by_specs.risk, by_config.risk)
     np.testing.assert_array_equal(by_specs.Q, by_config.Q)
 
 
-def test_ode_and_pruning_from_specs():
+def test_ode_and_pruning_from_specs(tiny_pruning):
     ode = sl.OrderParameterODE.from_specs(PROBLEM, MODEL, SGD, THEORY)
     reference = sl.OrderParameterODE.from_config(CONFIG)
+    assert eqx.tree_equal(ode, reference)  # the same route, rule and numbers: the same risk and drift everywhere
     M, Q, b = np.array([[1.0], [0.2]]), np.array([[1.5, 0.3], [0.3, 0.8]]), np.zeros(2)
-    assert float(ode.risk(M, Q, b)) == float(reference.risk(M, Q, b))
     by_specs = sl.prune_theory(M=M, Q=Q, b=b, problem=PROBLEM, model=MODEL, theory=THEORY)
     by_config = sl.prune_theory(CONFIG, M, Q, b)
     np.testing.assert_array_equal(by_specs.risk, by_config.risk)
