@@ -213,6 +213,14 @@ def tiny_theory():
 
 
 @pytest.fixture(scope="session")
+def tiny_theory_seeds():
+    """One :func:`~singleloc.integrate` of the tiny problem from the starts of its two simulation seeds
+    (:func:`~singleloc.initial_conditions`, a batch of two: what ``compare`` and the sweeps solve)."""
+    config = tiny()
+    return sl.integrate(config, sl.initial_conditions(config))
+
+
+@pytest.fixture(scope="session")
 def tiny_simulation():
     """One :func:`~singleloc.simulate` of the canonical tiny problem (two seeds at D = 64)."""
     return sl.simulate(tiny(), progress=False)

@@ -1,21 +1,19 @@
 """Integration of the order-parameter ODE: starts, symmetry, errors, files, and agreement
-with a finite-D simulation."""
+with a finite-D simulation. On the users' default route (the exact one for these layers), on the
+canonical tiny problem (tests/_tiny.py) where the shapes do not matter."""
 
 import json
 
 import numpy as np
 import pytest
+from _tiny import cli_sets, tiny
 
 import singleloc as sl
 from singleloc.cli import main
 
-TINY = ["sgd.tau_max=2", "sgd.n_save=5", "theory.points=256"]
 
-
-def test_initial_conditions_are_the_simulators_initial_overlaps():
-    cfg = sl.load_config("default", ["simulation.D=64", "simulation.seeds=3", "sgd.tau_max=0.1", "sgd.n_save=2",
-                                     "simulation.test_samples=16"])
-    sim = sl.simulate(cfg, progress=False)
+def test_initial_conditions_are_the_simulators_initial_overlaps(tiny_simulation):
+    cfg, sim = tiny(), tiny_simulation
     y0 = sl.initial_conditions(cfg)
     # the same float32 weights; only the rounding of the overlap matmul may differ
     np.testing.assert_allclose(np.asarray(y0.M), sim.M[:, 0], rtol=1e-6, atol=1e-7)
@@ -24,29 +22,30 @@ def test_initial_conditions_are_the_simulators_initial_overlaps():
     assert np.all(np.abs(sim.M[:, 0]) < 5 * 0.5 / np.sqrt(64))
 
 
-def test_integrate_shapes_and_a_decreasing_risk():
-    cfg = sl.load_config("default", TINY)
-    res = sl.integrate(cfg, sl.initial_conditions(cfg, 2), progress=False)
-    assert res.M.shape == (2, 5, 2, 2) and res.Q.shape == (2, 5, 2, 2) and res.b.shape == (2, 5, 2) and res.risk.shape == (2, 5)
-    np.testing.assert_allclose(res.tau, np.linspace(0, 2, 5))
+def test_integrate_shapes_and_a_decreasing_risk(tiny_theory_seeds):
+    res = tiny_theory_seeds  # sl.integrate(tiny(), sl.initial_conditions(tiny(), 2))
+    assert res.M.shape == (2, 3, 2, 1) and res.Q.shape == (2, 3, 2, 2) and res.b.shape == (2, 3, 2) and res.risk.shape == (2, 3)
+    np.testing.assert_allclose(res.tau, np.linspace(0, 2, 3))
     assert np.all(np.diff(res.risk, axis=1) < 0)
     # R_orth stays PSD along the solution
     R = res.Q - res.M @ np.swapaxes(res.M, -1, -2)
     assert np.linalg.eigvalsh(R).min() > -1e-8
 
 
-def test_one_start_solves_as_in_a_batch():
+def test_one_start_solves_as_in_a_batch(tiny_theory, tiny_theory_seeds):
     # a batch of one is solved unvmapped (_ode._batched); its trajectory must be the batched one's
-    cfg = sl.load_config("default", TINY)
+    cfg = tiny()
     starts = sl.initial_conditions(cfg, 2)
-    alone = sl.integrate(cfg, type(starts)(*(x[:1] for x in starts)), progress=False)
-    batch = sl.integrate(cfg, starts, progress=False)
+    alone = sl.integrate(cfg, type(starts)(*(x[:1] for x in starts)), progress=False)  # tiny_theory's program
+    batch = tiny_theory_seeds  # sl.integrate(cfg, starts)
     for name in ("M", "Q", "b", "risk"):
         np.testing.assert_allclose(getattr(alone, name)[0], getattr(batch, name)[0], rtol=1e-9, atol=1e-12)
 
 
 def test_identical_heads_stay_identical_along_the_solution():
-    cfg = sl.load_config("bsoftmax", TINY)
+    """On the Sobol rule, closed under the cyclic shifts of the heads (its subject: the exact route's
+    symmetry is that of its quadrature, tests/test_laplace.py)."""
+    cfg = sl.load_config("bsoftmax", ["sgd.tau_max=2", "sgd.n_save=5", "theory.points=256", "theory.route=rule"])
     M0 = np.array([[0.01, 0.02], [0.01, 0.02]])
     Q0 = np.full((2, 2), 0.25)
     res = sl.integrate(cfg, (M0, Q0, np.zeros(2)), progress=False)
@@ -55,7 +54,7 @@ def test_identical_heads_stay_identical_along_the_solution():
 
 
 def test_bad_initial_conditions_are_named():
-    cfg = sl.load_config("default", TINY)
+    cfg = sl.load_config("default")  # refused before anything is built
     with pytest.raises(ValueError, match="M0 must have shape"):
         sl.integrate(cfg, (np.zeros((3, 2)), np.eye(3), np.zeros(3)), progress=False)
     with pytest.raises(ValueError, match="positive semi-definite"):
@@ -66,22 +65,24 @@ def test_bad_initial_conditions_are_named():
         sl.integrate(cfg, (np.full((2, 2), np.nan), np.eye(2), np.zeros(2)), progress=False)
 
 
-def test_diverging_learning_rate_stops_with_a_clear_error():
-    cfg = sl.load_config("default", ["sgd.lr=1e5", "sgd.tau_max=30", "sgd.n_save=4", "theory.points=256"])
+def test_diverging_learning_rate_stops_with_a_clear_error(tiny_theory):
+    cfg = tiny("sgd.lr=1e5", "sgd.tau_max=30")
     with pytest.raises(FloatingPointError, match=r"stopped at tau = .*sgd\.lr"):
         sl.integrate(cfg, progress=False)
 
 
-def test_integrate_cli_writes_documented_files(tmp_path, capsys):
+def test_integrate_cli_writes_documented_files(tmp_path, capsys, tiny_theory):
     out = tmp_path / "run"
-    assert main(["integrate", "default", "--out", str(out), "--no-progress", *sum((["--set", s] for s in TINY), [])]) == 0
+    assert main(["integrate", "default", "--out", str(out), *cli_sets()]) == 0
+    gram_points = tiny().theory.gram_rule_points(3, 2, 64)  # the exact route's one Sobol rule is its Gram term's
     with np.load(out / "theory.npz") as f:
         assert set(f.files) == {"tau", "M", "Q", "b", "risk", "risk_se", "drift_error", "points", "replicates", "route",
                                 "risk_error", "gram_error", "exact_drift_error", "gram_route"}
-        assert f["M"].shape == (5, 2, 2) and f["Q"].shape == (5, 2, 2) and f["b"].shape == (5, 2) and f["risk"].shape == (5,)
-        assert f["risk_se"].shape == (5,) and int(f["points"]) == 256 and int(f["replicates"]) == 1
+        assert f["M"].shape == (3, 2, 1) and f["Q"].shape == (3, 2, 2) and f["b"].shape == (3, 2) and f["risk"].shape == (3,)
+        assert f["risk_se"].shape == (3,) and int(f["points"]) == gram_points and int(f["replicates"]) == 1
+        assert str(f["route"]) == "exact"
     cfg = json.loads((out / "config.json").read_text())
-    assert cfg["singleloc_version"] == sl.__version__ and cfg["theory"]["points"] == 256
+    assert cfg["singleloc_version"] == sl.__version__ and cfg["theory"]["points"] == 64
     assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary files left
     assert main(["integrate", "default", "--out", str(out), "--set", "sgd.lr=-1"]) == 2
     err = capsys.readouterr().err
