@@ -25,11 +25,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-from tqdm.auto import tqdm
 
 from ._activations import get_activation
 from ._config import Config, gather_specs
 from ._data import init_keys, make_spikes, overlaps, sample_sequence, seed_keys
+from ._estimates import simulation_clock
 from ._heldout import draw_heldout, heldout_losses
 from ._layer import finite_loss
 from ._numerics import Q_RUNAWAY
@@ -139,8 +139,9 @@ def simulate(config: Config | None = None, *, problem: Problem | None = None, mo
     measure_all = jax.jit(jax.vmap(measure, in_axes=(0, 0, None)))
     steps = save_steps(config)
     warn_if_times_dropped(config, len(steps))
+    # compiled, a few steps timed and the estimate said (singleloc._estimates); its bar records the run's times
+    advance_all, measure_all, bar = simulation_clock(config, advance_all, measure_all, params, consts, steps, progress)
     records = []
-    bar = tqdm(total=int(steps[-1]), disable=not progress, desc="simulate", unit="step", unit_scale=True, leave=False)
     t_prev = 0
     for i, t in enumerate(steps):
         if t > t_prev:

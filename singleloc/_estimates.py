@@ -1,0 +1,447 @@
+"""What a computation will take, said before it starts, from times measured on this device.
+
+Theory solves (:func:`~singleloc.integrate`, :func:`~singleloc._ode.integrate_points`). A solve
+is one compiled program per shape family (:func:`theory_family`), so its time is the time to
+compile that program (or to load it from the persistent compilation cache, or nothing when this
+process holds it) and the time to solve, which grows with the span of ``tau`` solved.
+:class:`TheorySolve` estimates both from the records of :mod:`singleloc._timings`: for a family
+run before on this device, its own compile or load time and the line through its solves' times
+against ``tau``; for a new family, the compile time of the same route's families here and the
+solve time of the nearest of them (in :func:`theory_work`, the quadrature's size: nodes times
+fields times starts) scaled by the work; on a device without records, the reference times of
+the 2-core CPU where this was fitted (:data:`REFERENCE`) scaled by :func:`speed`, the device's
+calibration against that CPU's. It then runs the solve as a phase that follows JAX's
+compilation events (:class:`~singleloc._progress.Phase`: ``compiling the solve (...)``, then
+``solving to tau = ...``) and records what it measured, so that the next estimate of the family
+is measured.
+
+Simulations (:func:`~singleloc.simulate`). :func:`simulation_clock` compiles the SGD step and the
+measurement of the saved times (one phase), times a few steps of the compiled step on the device
+(and one measurement), and says the extrapolated time before the run starts: what the device
+does, not what a CPU constant says (an H200 ran a simulation announced as 17 minutes in 18 s).
+:func:`simulation_estimate` is the estimate before anything is compiled (the command line's
+check of a huge run): measured for this family, else scaled from the device's other simulations,
+else from its speed.
+
+Pruning (:func:`prune_estimate`): the seconds per sub-layer risk measured for the family (the
+first layer also compiles one risk per head count), else the reference's. ``compare`` adds a
+simulation and a theory of every seed (:func:`compare_estimate`). Sweeps:
+:mod:`singleloc._sweep_estimate`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+from collections.abc import Iterator
+from typing import Any
+
+from . import _timings
+from ._config import Config
+from ._progress import Bar, Phase, announce
+from ._timings import Estimate, device_label, predict, timings
+
+#: The reference: the 2-core CPU where the cost models were fitted (shared, load 6-10), with its
+#: calibration (:func:`~singleloc._timings.measure_benchmark`) at the same time. ``compile``: a
+#: theory solve's program from an empty cache (tracing, exporting, XLA's compilation); ``load``: the
+#: same from the persistent cache; ``solve``: drift evaluations per unit of ``tau`` solved (the
+#: adaptive steps of the default problem), ``saved`` per saved time (its risk, the error checks):
+#: 8 s to ``tau = 300`` at 27 ms a drift, 61 saved times; ``sgd_step``: seconds of one SGD step per
+#: ``seeds x batch x L x D x (H + F)``; ``measure``: seconds of one saved time's held-out risk per
+#: ``seeds x test_samples x L x (H + F)``;
+#: ``risk``: drift evaluations per sub-layer risk of pruning, ``risk_compile`` its program per head
+#: count; ``prediction``: an escape prediction's program and its drift evaluations (the symmetric
+#: path, and the Jacobians of its ``n_rates = 16`` rates, of ``H F + H^2 + H`` columns each).
+REFERENCE = {
+    "benchmark": {"run": 2.0e-3, "host": 1.2e-2},
+    "compile": {"exact": 40.0, "rule": 15.0}, "load": {"exact": 3.0, "rule": 1.5},
+    "solve": 1.0, "saved": 0.5, "sgd_step": 4.0e-9, "measure": 2.0e-8,
+    "risk": 0.5, "risk_compile": {"exact": 10.0, "rule": 4.0},
+    "prediction": {"exact": 30.0, "rule": 15.0}, "prediction_drifts": 300,
+}
+
+#: The families whose solve this process has compiled or loaded (no compile or load to wait for).
+_IN_PROCESS: set[str] = set()
+
+
+def speed(kind: str = "run") -> float:
+    """How much slower this device is than the reference (``kind``: ``"run"`` for the device's
+    kernels, ``"host"`` for the compiler's host), from :meth:`~singleloc._timings.Timings.benchmark`."""
+    return timings().benchmark()[kind] / REFERENCE["benchmark"][kind]
+
+
+def _digest(*parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _environment() -> str:
+    """What makes a stored program stale: the package's sources, the versions and options
+    (:func:`singleloc._compilation._environment`)."""
+    from ._compilation import _environment
+
+    return _digest(repr(_environment()))
+
+
+def _route(config: Config) -> str:
+    from ._resources import on_exact_route
+
+    return "exact" if on_exact_route(config) else "rule"
+
+
+def _label(config: Config) -> str:
+    """``"softmax H=2 L=4 F=2"``."""
+    pb, m = config.problem, config.model
+    return f"{m.activation} H={m.heads} L={pb.L} F={pb.F}"
+
+
+def theory_features(config: Config, starts: int, saved: int | None = None) -> dict[str, Any]:
+    """What the cost of a solve depends on (for scaling one family's times to another's)."""
+    pb, H, th = config.problem, config.model.heads, config.theory
+    prior = pb.build_prior()
+    points = th.points if isinstance(th.points, int) else 4096
+    features = {"route": _route(config), "activation": config.model.activation, "H": H, "F": pb.F, "L": pb.L,
+                "atoms": len(prior.atoms), "points": points, "replicates": th.replicates, "starts": starts,
+                "saved": config.sgd.n_save if saved is None else saved}
+    if features["route"] == "exact":
+        from ._activations import exponential_form, get_activation
+
+        form = exponential_form(get_activation(config.model.activation), pb.L)
+        if form is not None and form.joint:
+            from ._laplace import joint_rule_size
+
+            features["joint"] = joint_rule_size(H, prior)
+    return features
+
+
+def theory_work(features: dict[str, Any]) -> float:
+    """The seconds of one drift evaluation on the reference CPU (:data:`REFERENCE`), a model fitted
+    there: on the rule route ``3.2e-8`` s per node, field and atom (``2 points x L H x atoms``);
+    on the exact route ``2.8`` ms per ``H^2 atoms (1 + L / 22)`` (the pairs of heads on the
+    Laplace rule, and the Gram term, whose points fall as ``L H`` grows) and ``57`` microseconds
+    per unit of a joint layer's rule (:func:`~singleloc._laplace.joint_rule_size`); times the
+    starts and replicates (one vmapped evaluation). Measured at load 6 on the 2-core CPU: 27 ms
+    (softmax, H = 2, L = 4), 89 ms (L = 64), 159 ms (softmax1, H = 4, F = 3), 1.05 s (bsoftmax,
+    H = 3), 4 ms (the rule route's default, 4096 points)."""
+    f = features
+    per = f["starts"] * f["replicates"]
+    if f["route"] == "rule":
+        return per * 3.2e-8 * 2.0 * f["points"] * f["L"] * f["H"] * f["atoms"]
+    pairs = 2.8e-3 * f["H"] ** 2 * f["atoms"] * (1.0 + f["L"] / 22.0)
+    return per * (57e-6 * f["joint"] + 0.1 * pairs if f.get("joint") else pairs)
+
+
+def solve_size(features: dict[str, Any], span: float) -> float:
+    """The reference seconds of a solve over ``span`` of ``tau``: :func:`theory_work` times the
+    drift evaluations of the adaptive steps (``REFERENCE["solve"]`` per unit of ``tau``) and of
+    the risks at the saved times (``REFERENCE["saved"]`` each)."""
+    return theory_work(features) * (REFERENCE["solve"] * span + REFERENCE["saved"] * features.get("saved", 61))
+
+
+def theory_family(program: str, config: Config, starts: int, saved: int, batch: int = 1) -> str:
+    """The shape family of a solve: its program, the configuration without the values the program
+    receives as arguments (:func:`~singleloc._sweep_compute.compile_group`), the route, the starts,
+    the saved times and the points solved together."""
+    from ._sweep_compute import compile_group
+
+    return f"{program}:{_digest(compile_group('theory', config.to_dict()), _route(config), starts, saved, batch)}"
+
+
+def _nearest(records: list[dict], work: float, key) -> dict | None:
+    """The record whose work is nearest ``work`` (in ratio), among those with a value ``key``."""
+    usable = [r for r in records if key(r) and theory_work(r["features"]) > 0]
+    return min(usable, key=lambda r: abs(math.log(theory_work(r["features"]) / work)), default=None)
+
+
+class TheorySolve:
+    """The estimate, the phases and the record of one solve (module docstring): ``program``
+    (``"integrate"`` or ``"integrate_points"``), the ``config`` of its first point, ``starts``
+    per point, ``saved`` times, ``span`` of ``tau`` solved (the longest of a batch), ``batch``
+    points solved together; ``cached``: whether the program can come from the persistent cache
+    (not with diffrax's progress bar, a host callback)."""
+
+    def __init__(self, program: str, config: Config, starts: int, saved: int, span: float, batch: int = 1,
+                 cached: bool = True):
+        import jax
+
+        self.program, self.config, self.span, self.batch = program, config, float(span), batch
+        self.key = theory_family(program, config, starts, saved, batch)
+        self.features = theory_features(config, starts * batch, saved)
+        self.label = f"{program}, {_label(config)} on the {self.features['route']} route"
+        self.environment = _environment()
+        self.cache = cached and bool(jax.config.jax_compilation_cache_dir)
+        self.record = timings().family(self.key)
+        self.expect, self.why = self._expectation()
+        self.estimate = self._estimate()
+
+    @classmethod
+    def of_batch(cls, problems) -> TheorySolve:
+        """The solve of points solved together (:func:`~singleloc._ode.integrate_points`: their
+        prepared problems, whose ``args`` are the starts, the saved times, ...), announced."""
+        y0, ts = problems[0].args[2], problems[0].args[3]
+        span = max(float(p.args[3][-1] - p.args[3][0]) for p in problems)
+        solve = cls("integrate_points", problems[0].config, int(y0.M.shape[0]), len(ts), span, batch=len(problems))
+        solve.announce(f"{solve.label}, {len(problems)} points to tau = {span:g}")
+        return solve
+
+    def _expectation(self) -> tuple[str, str]:
+        """``("run" | "load" | "compile", why)``: what the program needs before it solves."""
+        if self.key in _IN_PROCESS:
+            return "run", "compiled in this process"
+        if not self.cache:
+            return "compile", "programs are compiled in every process without the compilation cache"
+        rec = self.record
+        if rec and rec.get("env") == self.environment and ("compile" in rec or "load" in rec):
+            return "load", "stored by an earlier run"
+        return "compile", "the package changed since its last run" if rec else "first run of this shape family"
+
+    def _estimate(self) -> Estimate:
+        records = [r for r in timings().families(self.program) if r.get("features", {}).get("route") == self.features["route"]]
+        route, work = self.features["route"], theory_work(self.features)
+        size = lambda features: lambda span: solve_size(features, span)  # noqa: E731
+        here = device_label(timings().device)
+        rec, basis = self.record, []
+        # before the solve: compile or load
+        first = 0.0
+        if self.expect != "run":
+            if rec and self.expect in rec:
+                first = rec[self.expect]
+            else:
+                others = sorted(r[self.expect] for r in records if self.expect in r)
+                first = others[len(others) // 2] if others else REFERENCE[self.expect][route] * speed("host")
+                basis.append(f"{'compiling' if self.expect == 'compile' else 'loading'} "
+                             + ("as this route's other families here" if others else f"from {here}'s speed"))
+        # the solve
+        if rec and rec.get("runs"):
+            solve = predict(rec["runs"], self.span, size(self.features))
+        else:
+            near = _nearest(records, work, lambda r: r.get("runs"))
+            if near is not None:  # its measured rate against the reference model, times this one's model
+                solve = (predict(near["runs"], self.span, size(near["features"]))
+                         * solve_size(self.features, self.span) / solve_size(near["features"], self.span))
+                basis.append(f"solving scaled from {near.get('label', 'a similar family')}")
+            else:
+                solve = solve_size(self.features, self.span) * speed("run")
+                basis.append(f"solving from {here}'s speed")
+        if basis == [f"compiling from {here}'s speed", f"solving from {here}'s speed"]:
+            basis = [f"from {here}'s speed"]
+        text = (f"measured on {here} for this shape family" if not basis else
+                ("first run of this shape family: " if not rec else "") + "; ".join(basis))
+        what = {"run": "", "load": "loading the stored program", "compile": "compiling"}[self.expect]
+        return Estimate(first + solve, text, ((what, first), ("solving", solve)) if what else (("solving", solve),))
+
+    def announce(self, what: str | None = None) -> None:
+        """Say the estimate (and refuse it over the limit: :func:`~singleloc._progress.announce`)."""
+        announce(what or f"{self.label}, to tau = {self.span:g}", self.estimate,
+                 "sgd.tau_max, model.heads or problem.L (or set theory.route = rule)")
+
+    def stages(self) -> list[tuple[str, str]]:
+        solve = (f"solving to tau = {self.span:g}" + (f" ({self.batch} points together)" if self.batch > 1 else ""), "solved")
+        if self.expect == "run":
+            return [solve]
+        if self.expect == "load":
+            return [(f"loading the stored solve ({self.label})", "loaded the stored solve"), solve]
+        return [(f"compiling the solve ({self.label}; {self.why})", "compiled the solve"), solve]
+
+    @contextlib.contextmanager
+    def solving(self) -> Iterator[Phase]:
+        """The solve's phase (compiling or loading, then solving, moved on by JAX's compilation
+        event of the solve's program), then its record (module docstring)."""
+        parts = [s for _, s in self.estimate.parts]
+        phase = Phase(self.stages(), parts, follow_compiles=("jit(call)", "jit(_trajectories)", "jit(_run_points)"))
+        with phase:
+            yield phase
+        self._record(phase)
+
+    def _record(self, phase: Phase) -> None:
+        _IN_PROCESS.add(self.key)
+        two = len(phase.seconds) == 2
+        before = phase.seconds[0] if two else phase.compile_seconds
+        solve = phase.seconds[-1] if two else max(phase.seconds[-1] - phase.compile_seconds, 0.0)
+        fields = {}
+        if phase.cache_misses or (not self.cache and before > 0):
+            fields["compile"] = before
+        elif phase.cache_hits:
+            fields["load"] = before
+        old = self.record or {}
+        fields = {k: 0.5 * (v + old[k]) if k in old and old.get("env") == self.environment else v for k, v in fields.items()}
+        timings().record(self.key, self.program, label=self.label, features=self.features, run=(self.span, solve),
+                         env=self.environment if self.cache else old.get("env"), **fields)
+
+
+# ----------------------------------------------------------------------------- simulations
+
+
+def _simulation_family(config: Config) -> tuple[str, dict[str, Any], float, float]:
+    """The key, features, steps and saved times of a simulation."""
+    pb, m, sim, sgd = config.problem, config.model, config.simulation, config.sgd
+    features = {"activation": m.activation, "H": m.heads, "F": pb.F, "L": pb.L, "D": sim.D, "seeds": sim.seeds,
+                "batch": sgd.batch, "test_samples": sim.test_samples, "atoms": len(pb.build_prior().atoms)}
+    return f"simulate:{_digest(features)}", features, round(sgd.tau_max * sim.D / sgd.batch), sgd.n_save
+
+
+def _sgd_size(f: dict[str, Any]) -> float:
+    return f["seeds"] * f["batch"] * f["L"] * f["D"] * (f["H"] + f["F"])
+
+
+def _measure_size(f: dict[str, Any]) -> float:
+    return f["seeds"] * f["test_samples"] * f["L"] * (f["H"] + f["F"])
+
+
+def simulation_estimate(config: Config) -> Estimate:
+    """The time of :func:`~singleloc.simulate` before anything is compiled (module docstring)."""
+    key, features, steps, saved = _simulation_family(config)
+    rec = timings().family(key)
+    here = device_label(timings().device)
+    if rec and "step" in rec:
+        return Estimate(steps * rec["step"] + saved * rec.get("measure", 0.0) + rec.get("compile", 0.0),
+                        f"measured on {here} for this simulation's sizes")
+    others = [r for r in timings().families("simulate") if "step" in r]
+    if others:
+        near = min(others, key=lambda r: abs(math.log(_sgd_size(r["features"]) / _sgd_size(features))))
+        scale = _sgd_size(features) / _sgd_size(near["features"])
+        return Estimate(steps * near["step"] * scale + saved * near.get("measure", 0.0) * _measure_size(features)
+                        / _measure_size(near["features"]) + near.get("compile", 0.0),
+                        f"scaled from a simulation of other sizes on {here}")
+    seconds = (steps * REFERENCE["sgd_step"] * _sgd_size(features) + saved * REFERENCE["measure"] * _measure_size(features)
+               ) * speed("run")
+    return Estimate(seconds, f"from {here}'s speed")
+
+
+def simulation_work(config: Config) -> str:
+    """The simulation in words (the estimate's line)."""
+    sim, H = config.simulation, config.model.heads
+    steps = round(config.sgd.tau_max * sim.D)
+    return (f"{steps:.3g} SGD steps (sgd.tau_max x simulation.D) x {sim.seeds} seeds of model.heads = {H} keys in "
+            f"simulation.D = {sim.D} dimensions")
+
+
+def simulation_cost(config: Config):
+    """The cost of :func:`~singleloc.simulate` before it is compiled (:class:`~singleloc._resources.Cost`:
+    :func:`simulation_estimate` and the memory estimate), for the command line's check of a huge run."""
+    from ._resources import OVERHEAD, Cost, simulation_bytes
+
+    estimate = simulation_estimate(config)
+    return Cost(simulation_work(config), estimate.seconds, OVERHEAD + simulation_bytes(config),
+                "sgd.tau_max, simulation.D, simulation.seeds or model.heads", estimate.basis)
+
+
+#: Seconds of SGD steps timed (at least) before a simulation states its measured estimate.
+TIMED = 0.25
+
+
+class _SimulationBar(Bar):
+    """The simulation's bar, which records the family's times when it closes."""
+
+    def __init__(self, *args, record=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.on_close = record
+
+    def close(self) -> None:
+        super().close()
+        if self.on_close is not None:
+            self.on_close(self.elapsed)
+
+
+def simulation_clock(config: Config, advance, measure, params, consts, steps, progress: bool = True):
+    """Compile the simulation's SGD step ``advance`` and measurement ``measure`` (jitted, as
+    :func:`~singleloc.simulate` builds them) for ``params`` and ``consts``, time a few steps and
+    one measurement on the device, say the estimate of the run over the saved ``steps`` before it
+    starts (refused over the run limit) and return the compiled ``advance``, ``measure`` and the
+    run's :class:`~singleloc._progress.Bar` (``progress=False``: no live bar), which records the
+    measured times when it closes. The timed steps are thrown away (the run is unchanged)."""
+    import jax
+
+    key, features, _, _ = _simulation_family(config)
+    total, saved = int(steps[-1]), len(steps)
+    what = (f"compiling the simulation (SGD step and held-out risk: {_label(config)}, D={config.simulation.D}, "
+            f"{config.simulation.seeds} seeds)")
+    with Phase((what, "compiled the simulation"), quiet=True) as compiling:
+        advance = advance.lower(params, consts, 0, 1).compile()
+        measure = measure.lower(params, consts, 0).compile()
+        jax.block_until_ready((advance(params, consts, 0, 1), measure(params, consts, 0)))  # first calls allocate: untimed
+    n, seconds = 1, 0.0
+    while n < total:  # time n steps, n growing fourfold until they take TIMED seconds or a quarter of the run
+        n = min(4 * n, max(total // 4, 1))
+        t0 = _timings.clock()
+        jax.block_until_ready(advance(params, consts, 0, n))
+        seconds = _timings.clock() - t0
+        if seconds >= TIMED or n >= total // 4:
+            break
+    step = seconds / n if n else 0.0
+    t0 = _timings.clock()
+    jax.block_until_ready(measure(params, consts, 0))
+    per_measure = _timings.clock() - t0
+    here = device_label(timings().device)
+    estimate = Estimate(total * step + saved * per_measure, f"measured: {n} steps timed on {here}")
+    announce(f"simulating {simulation_work(config)}", estimate, "sgd.tau_max, simulation.D, simulation.seeds or model.heads")
+
+    def record(elapsed: float) -> None:
+        # the step's time from the whole run, once it is long enough to say more than the timed steps
+        run_step = (elapsed - saved * per_measure) / total if elapsed > 4 * seconds and total else step
+        timings().record(key, "simulate", label=f"simulate, {_label(config)} D={config.simulation.D}", features=features,
+                         run=(total, elapsed), step=max(run_step, 0.0) or step, measure=per_measure,
+                         compile=compiling.seconds[-1])
+
+    bar = _SimulationBar(total, "simulate", "step", estimate=estimate, unit_scale=True, live=progress, record=record,
+                         done="simulated {n} SGD steps", watched=False, announced=True)
+    return advance, measure, bar.__enter__()
+
+
+# ----------------------------------------------------------------------------- pruning and compare
+
+
+def _prune_family(config: Config) -> tuple[str, dict[str, Any]]:
+    features = theory_features(config, 1)
+    return f"prune:{_digest(features)}", features
+
+
+def prune_evaluations(H: int, order, draws: int) -> int:
+    """Sub-layer risks one layer's pruning evaluates (greedy: ``H (H + 1) / 2``)."""
+    if order == "greedy":
+        return H * (H + 1) // 2
+    return H * (draws if order == "random" else 1)
+
+
+def prune_estimate(config: Config, layers: int, evaluations: int) -> Estimate:
+    """The time of pruning ``layers`` layers of ``evaluations`` risks each (module docstring)."""
+    key, features = _prune_family(config)
+    rec = timings().family(key)
+    here = device_label(timings().device)
+    work = theory_work(features)
+    if rec and rec.get("runs"):
+        per = predict(rec["runs"], evaluations)
+        first = rec.get("compile", 0.0)
+        return Estimate(first + layers * per, f"measured on {here} for this shape family")
+    route = features["route"]
+    first = REFERENCE["risk_compile"][route] * features["H"] * speed("host")
+    per = REFERENCE["risk"] * work * evaluations * speed("run")
+    return Estimate(first + layers * per, f"first run of this shape family: from {here}'s speed")
+
+
+@contextlib.contextmanager
+def pruning(config: Config, layers: int, evaluations: int) -> Iterator[Bar]:
+    """Announce the pruning of ``layers`` layers of ``evaluations`` sub-layer risks each, count
+    them in a bar (updated by the caller after each layer), and record the times: the first
+    layer's excess over the others as the compilation of the risks."""
+    key, features = _prune_family(config)
+    estimate = prune_estimate(config, layers, evaluations)
+    announce(f"pruning {layers} layer(s) of {config.model.heads} heads, {evaluations} sub-layer risks each", estimate,
+             "model.heads")
+    with Bar(layers, "pruning", "layer", estimate=estimate, each=True, done="pruned {n} layer(s)", announced=True) as bar:
+        yield bar
+    times = [b - a for a, b in zip([bar.start, *bar.marks], bar.marks)]
+    if times:
+        steady = times[1:] or times
+        per = sum(steady) / len(steady)
+        timings().record(key, "prune", label=f"prune, {_label(config)}", features=features, run=(evaluations, per),
+                         compile=max(times[0] - per, 0.0))
+
+
+def compare_estimate(config: Config) -> Estimate:
+    """The time of ``compare``: the simulation and the theory from every seed's start."""
+    sim = simulation_estimate(config)
+    theory = TheorySolve("integrate", config, config.simulation.seeds, config.sgd.n_save, config.sgd.tau_max).estimate
+    return Estimate(sim.seconds + theory.seconds, f"simulation {sim.basis}; theory {theory.basis}",
+                    (("simulating", sim.seconds), ("the theory", theory.seconds)))
