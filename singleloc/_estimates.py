@@ -207,6 +207,9 @@ class TheorySolve:
         if self.expect != "run":
             if rec and self.expect in rec:
                 first = rec[self.expect]
+            elif rec and self.expect == "load" and "compile" in rec:  # compiled here before, never loaded yet
+                first = rec["compile"] * REFERENCE["load"][route] / REFERENCE["compile"][route]
+                basis.append("loading scaled from its compile time here")
             else:
                 others = sorted(r[self.expect] for r in records if self.expect in r)
                 first = others[len(others) // 2] if others else REFERENCE[self.expect][route] * speed("host")
@@ -234,7 +237,7 @@ class TheorySolve:
     def announce(self, what: str | None = None) -> None:
         """Say the estimate (and refuse it over the limit: :func:`~singleloc._progress.announce`)."""
         announce(what or f"{self.label}, to tau = {self.span:g}", self.estimate,
-                 "sgd.tau_max, model.heads or problem.L (or set theory.route = rule)")
+                 "lower sgd.tau_max, model.heads or problem.L, or set theory.route = rule")
 
     def stages(self) -> list[tuple[str, str]]:
         solve = (f"solving to tau = {self.span:g}" + (f" ({self.batch} points together)" if self.batch > 1 else ""), "solved")
@@ -256,13 +259,12 @@ class TheorySolve:
 
     def _record(self, phase: Phase) -> None:
         _IN_PROCESS.add(self.key)
-        two = len(phase.seconds) == 2
-        before = phase.seconds[0] if two else phase.compile_seconds
-        solve = phase.seconds[-1] if two else max(phase.seconds[-1] - phase.compile_seconds, 0.0)
+        two = len(phase.seconds) == 2  # its program compiled or was loaded (the compilation event came), then ran
+        before, solve = (phase.seconds[0], phase.seconds[1]) if two else (0.0, phase.seconds[-1])
         fields = {}
-        if phase.cache_misses or (not self.cache and before > 0):
+        if two and (phase.cache_misses or not self.cache):
             fields["compile"] = before
-        elif phase.cache_hits:
+        elif two:
             fields["load"] = before
         old = self.record or {}
         fields = {k: 0.5 * (v + old[k]) if k in old and old.get("env") == self.environment else v for k, v in fields.items()}
@@ -317,14 +319,18 @@ def simulation_work(config: Config) -> str:
             f"simulation.D = {sim.D} dimensions")
 
 
+#: What drives a simulation's cost (the messages' advice).
+SIMULATION_KEYS = "sgd.tau_max, simulation.D, simulation.seeds or model.heads"
+
+
 def simulation_cost(config: Config):
     """The cost of :func:`~singleloc.simulate` before it is compiled (:class:`~singleloc._resources.Cost`:
     :func:`simulation_estimate` and the memory estimate), for the command line's check of a huge run."""
     from ._resources import OVERHEAD, Cost, simulation_bytes
 
     estimate = simulation_estimate(config)
-    return Cost(simulation_work(config), estimate.seconds, OVERHEAD + simulation_bytes(config),
-                "sgd.tau_max, simulation.D, simulation.seeds or model.heads", estimate.basis)
+    return Cost(simulation_work(config), estimate.seconds, OVERHEAD + simulation_bytes(config), SIMULATION_KEYS,
+                estimate.basis)
 
 
 #: Seconds of SGD steps timed (at least) before a simulation states its measured estimate.
@@ -375,7 +381,7 @@ def simulation_clock(config: Config, advance, measure, params, consts, steps, pr
     per_measure = _timings.clock() - t0
     here = device_label(timings().device)
     estimate = Estimate(total * step + saved * per_measure, f"measured: {n} steps timed on {here}")
-    announce(f"simulating {simulation_work(config)}", estimate, "sgd.tau_max, simulation.D, simulation.seeds or model.heads")
+    announce(f"simulating {simulation_work(config)}", estimate, f"lower {SIMULATION_KEYS}")
 
     def record(elapsed: float) -> None:
         # the step's time from the whole run, once it is long enough to say more than the timed steps
@@ -428,7 +434,7 @@ def pruning(config: Config, layers: int, evaluations: int) -> Iterator[Bar]:
     key, features = _prune_family(config)
     estimate = prune_estimate(config, layers, evaluations)
     announce(f"pruning {layers} layer(s) of {config.model.heads} heads, {evaluations} sub-layer risks each", estimate,
-             "model.heads")
+             "lower model.heads")
     with Bar(layers, "pruning", "layer", estimate=estimate, each=True, done="pruned {n} layer(s)", announced=True) as bar:
         yield bar
     times = [b - a for a, b in zip([bar.start, *bar.marks], bar.marks)]

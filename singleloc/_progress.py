@@ -29,9 +29,10 @@ persistent cache) and running, and it moves to its next stage (``"solving ..."``
 compiled it. No host callback is added to any program, so that what is shown never keeps a
 program out of the persistent compilation cache (:mod:`singleloc._compilation`).
 
-Limits. :func:`reporting` can set ``run_limit`` (seconds): :func:`announce` then refuses, in one
-line (``ValueError``), a computation whose estimate exceeds it; the command line sets its 4 hours
-unless ``--force`` (and ``sweep`` its hour per point unless ``--yes``, ``point_limit``).
+Limits. :func:`reporting` can set ``run_limit`` and ``point_limit`` (seconds): :func:`announce`
+then refuses, in one line (``ValueError``), a computation (or a sweep point) whose estimate exceeds
+it; the command line sets 4 hours a run unless ``--force`` and, for ``sweep``, an hour a point unless
+``--yes``.
 """
 
 from __future__ import annotations
@@ -69,8 +70,6 @@ class Settings:
     prefix: str = "singleloc"
     run_limit: float | None = None
     point_limit: float | None = None
-    limit_advice: str = "pass --force to run it anyway"
-    point_advice: str = "pass --yes to run it anyway"
 
 
 _SETTINGS = [Settings()]
@@ -205,15 +204,16 @@ def say(text: str) -> None:
         _SCREEN.line(f"{settings().prefix}: {text}")
 
 
-def announce(what: str, estimate: Estimate, keys: str = "", *, limit: str = "run") -> None:
+def announce(what: str, estimate: Estimate, remedy: str = "", *, limit: str = "run") -> None:
     """Say ``what: about X (basis)`` before a computation starts, and refuse it (``ValueError``,
-    one line naming ``keys``, what drives its cost) when the estimate exceeds the limit of
-    :func:`reporting` (``limit``: ``"run"`` or ``"point"``)."""
+    one line, with ``remedy``: what would make it cheaper) when the estimate exceeds the limit of
+    :func:`reporting` (``limit``: ``"run"``, or ``"point"`` for one point of a sweep)."""
     s = settings()
-    bound, advice = (s.run_limit, s.limit_advice) if limit == "run" else (s.point_limit, s.point_advice)
+    bound, flag, who = (s.run_limit, "--force", "a run") if limit == "run" else (s.point_limit, "--yes", "a sweep point")
     if bound is not None and estimate.seconds > bound:
-        lower = f"lower {keys}, or " if keys else ""
-        raise ValueError(f"{what}: {estimate.describe()}: more than the {duration(bound)} it may take; {lower}{advice}")
+        hours = f"{bound / 3600:g} h" if bound >= 3600 else duration(bound)
+        raise ValueError(f"{what}: {estimate.describe()}: more than the {hours} {who} may take without {flag}; "
+                         f"{remedy + ', or ' if remedy else ''}pass {flag} to run it anyway")
     if not _inside_bar():
         say(f"{what}: {estimate.describe()}")
 
@@ -291,7 +291,8 @@ class Phase(_Active):
     def __enter__(self) -> Phase:
         self._enter()
         self._stage_start = self.start
-        _listen_to_compiles()  # also in mode "off": the records of singleloc._timings are measured whatever is shown
+        if "jax" in sys.modules:  # also in mode "off": the records of singleloc._timings are measured whatever is shown
+            _listen_to_compiles()
         _PHASES.append(self)
         if self.mode == "lines" and not self.quiet and not self.inside_bar:
             self._say_start()
@@ -330,6 +331,8 @@ class Phase(_Active):
                 with _SCREEN.lock:
                     _SCREEN.clear()
             return
+        if self.follow and self.stage == 0 and len(self.stages) > 1:
+            self.stage = len(self.stages) - 1  # its program did not compile after all (this process held it): it only ran
         text = f"{settings().prefix}: {self.stages[self.stage][1]} in {duration(self.seconds[-1])}"
         with _SCREEN.lock:
             if self.mode == "live":
@@ -390,6 +393,9 @@ class Bar(_Active):
 
     def __enter__(self) -> Bar:
         self._enter()
+        if self.total <= 0:  # nothing to count (a sweep whose points are all cached): nothing to say
+            self._leave()
+            self.mode = "off"
         if self.mode == "live" and not self.live:  # no live bar asked for (progress=False): its lines
             self.mode = "lines"
         if self.inside_bar:  # a bar inside a bar (a simulation inside a sweep): the outer one speaks
@@ -430,7 +436,7 @@ class Bar(_Active):
                 self.tqdm.update(n)
         elif self.mode == "lines" and not self.inside_bar:
             now = _timings.clock()
-            if self.each or (not self.watched and self.still_due(now)):
+            if self.n < self.total and (self.each or (not self.watched and self.still_due(now))):  # the last: close()
                 _SCREEN.line(f"{settings().prefix}: {self._counted(now)}")
 
     def _counted(self, now: float) -> str:
