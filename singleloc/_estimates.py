@@ -171,6 +171,7 @@ class TheorySolve:
         self.label = f"{program}, {_label(config)} on the {self.features['route']} route"
         self.environment = _environment()
         self.cache = cached and bool(jax.config.jax_compilation_cache_dir)
+        self.meter = not cached  # diffrax's progress bar shows the solve
         self.record = timings().family(self.key)
         self.expect, self.why = self._expectation()
         self.estimate = self._estimate()
@@ -252,7 +253,8 @@ class TheorySolve:
         """The solve's phase (compiling or loading, then solving, moved on by JAX's compilation
         event of the solve's program), then its record (module docstring)."""
         parts = [s for _, s in self.estimate.parts]
-        phase = Phase(self.stages(), parts, follow_compiles=("jit(call)", "jit(_trajectories)", "jit(_run_points)"))
+        phase = Phase(self.stages(), parts, follow_compiles=("jit(call)", "jit(_trajectories)", "jit(_run_points)"),
+                      draw=not self.meter)  # not over diffrax's own bar (progress=True)
         with phase:
             yield phase
         self._record(phase)

@@ -162,9 +162,11 @@ class _Screen:
             self.clear()
             print(text, file=sys.stderr, flush=True)
 
-    def draw(self, text: str) -> None:
-        width = max(20, shutil.get_terminal_size((100, 20)).columns - 1)
-        sys.stderr.write("\r" + text[:width] + "\x1b[K")
+    def draw(self, text: str, tail: str = "") -> None:
+        """The live line: ``text`` cut to the terminal's width, keeping ``tail`` (the times) whole."""
+        width = max(20, shutil.get_terminal_size((100, 20)).columns - 1) - len(tail)
+        text = text if len(text) <= width else text[:max(width - 3, 0)] + "..."
+        sys.stderr.write("\r" + text + tail + "\x1b[K")
         sys.stderr.flush()
         self.drawn = True
 
@@ -189,8 +191,8 @@ class _Screen:
                     for active in list(self.stack):
                         active.tick(now)
                     top = self.stack[-1] if self.stack else None
-                    if isinstance(top, Phase) and top.mode == "live" and not top.inside_bar:
-                        self.draw(top.status(now))
+                    if isinstance(top, Phase) and top.mode == "live" and not top.inside_bar and top.draw:
+                        self.draw(*top.status(now))
                 self.wake.wait(TICK)
             self.thread = None
 
@@ -258,7 +260,7 @@ class _Active:
         self._next_still += 1
         return True
 
-    def status(self, now: float) -> str:  # pragma: no cover - overridden
+    def status(self, now: float) -> tuple[str, str]:  # pragma: no cover - overridden
         raise NotImplementedError
 
     def tick(self, now: float) -> None:  # pragma: no cover - overridden
@@ -271,16 +273,17 @@ class Phase(_Active):
     phase:`` (module docstring). ``stages``: ``(doing, done)`` texts (or one pair), moved through
     by :meth:`advance`, or by the end of XLA's compilation of a program named in ``follow_compiles``
     (JAX's ``fun_name``, e.g. ``"jit(call)"``: :func:`_listen_to_compiles`); ``estimates``:
-    the expected seconds of each stage (0: none); ``quiet``: a phase
+    the expected seconds of each stage (0: none); ``draw=False``: no live line (another bar
+    draws, e.g. diffrax's); ``quiet``: a phase
     expected to be short. After the block: :attr:`seconds` of each stage reached,
     :attr:`compile_seconds` (JAX's tracing, lowering and compilation inside it) and
     :attr:`cache_hits` / :attr:`cache_misses` of the persistent compilation cache."""
 
     def __init__(self, stages: Sequence[tuple[str, str]] | tuple[str, str], estimates: Sequence[float] = (), *,
-                 quiet: bool = False, follow_compiles: Sequence[str] = ()):
+                 quiet: bool = False, follow_compiles: Sequence[str] = (), draw: bool = True):
         self.stages = [stages] if isinstance(stages[0], str) else list(stages)
         self.estimates = list(estimates)
-        self.quiet, self.follow = quiet, follow_compiles
+        self.quiet, self.follow, self.draw = quiet, follow_compiles, draw
         self.stage = 0
         self.seconds: list[float] = []
         self.compile_seconds = 0.0
@@ -342,10 +345,11 @@ class Phase(_Active):
             elif self._said or not self.quiet:
                 _SCREEN.line(text)
 
-    def status(self, now: float) -> str:
+    def status(self, now: float) -> tuple[str, str]:
+        """The live line: what it does, and the elapsed time against the estimate."""
         est = self.estimates[self.stage] if self.stage < len(self.estimates) else 0.0
         of = f" of about {duration(est)}" if est > 0 else ""
-        return f"{settings().prefix}: {self.stages[self.stage][0]}: {duration(now - self._stage_start)}{of}"
+        return f"{settings().prefix}: {self.stages[self.stage][0]}", f": {duration(now - self._stage_start)}{of}"
 
     def tick(self, now: float) -> None:
         if self.mode != "lines" or self.inside_bar:
@@ -405,6 +409,7 @@ class Bar(_Active):
 
             self.tqdm = tqdm(total=self.total, desc=f"{settings().prefix}: {self.desc}", unit=self.unit, leave=False,
                              file=sys.stderr, dynamic_ncols=True, unit_scale=self.unit_scale)
+            self.plan([self.cost_total])
         elif self.mode == "lines" and not self.announced:
             of = f", about {duration(self.expected)}" if self.expected > 0 else ""
             _SCREEN.line(f"{settings().prefix}: {self.desc}: {self.total} {self.unit}s{of} ...")
@@ -414,14 +419,18 @@ class Bar(_Active):
         """The expected seconds of every item to come (their sum is the time left at the start)."""
         self.cost_total = float(sum(costs))
         self.expected = self.expected or self.cost_total
+        if self.tqdm is not None and self.cost_total > 0:  # the time left is ours (postfix), not tqdm's pace of the first items
+            self.tqdm.bar_format = "{l_bar}{bar}| {n_fmt}/{total_fmt} {unit}s [{elapsed}{postfix}]"
 
     def left(self, now: float) -> float:
         """Seconds left: the expected cost of what remains times the pace so far (measured seconds
-        per expected second), or, without costs, the elapsed time per item times the items left."""
+        per expected second, up to the last item done), less the time since that item; without
+        costs, the elapsed time per item times the items left."""
         elapsed = now - self.start
         if self.cost_total > 0:
-            pace = elapsed / self.cost_done if self.cost_done > 0 and elapsed > 0 else 1.0
-            return max(0.0, self.cost_total - self.cost_done) * pace
+            last = self.marks[-1] if self.marks else self.start
+            pace = (last - self.start) / self.cost_done if self.cost_done > 0 and last > self.start else 1.0
+            return max(0.0, max(0.0, self.cost_total - self.cost_done) * pace - (now - last))
         if self.n > 0:
             return elapsed / self.n * (self.total - self.n)
         return max(0.0, self.expected - elapsed) if self.expected else float("nan")
@@ -470,8 +479,8 @@ class Bar(_Active):
             self.tqdm.close()
             self.tqdm = None
 
-    def status(self, now: float) -> str:
-        return self._counted(now)
+    def status(self, now: float) -> tuple[str, str]:
+        return self._counted(now), ""
 
     def tick(self, now: float) -> None:
         if self.tqdm is not None:

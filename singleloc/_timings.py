@@ -86,11 +86,11 @@ def timings_path() -> Path | None:
 
 
 def duration(seconds: float) -> str:
-    """``"0.4 s"``, ``"40 s"``, ``"12 min"``, ``"6.4 h"``, ``"3.1 days"``."""
+    """``"0.4 s"``, ``"40 s"``, ``"12 min"``, ``"6.4 h"``, ``"3.1 days"`` (an unknown time: NaN or infinite)."""
     if not math.isfinite(seconds):
         return "an unknown time"
     if seconds < 90:
-        return f"{seconds:.2g} s" if seconds < 10 else f"{seconds:.0f} s"
+        return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
     if seconds < 5400:
         return f"{seconds / 60:.2g} min"
     return f"{seconds / 3600:.2g} h" if seconds < 72 * 3600 else f"{seconds / 86400:.2g} days"

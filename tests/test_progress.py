@@ -198,7 +198,13 @@ def test_the_time_left_of_a_bar_is_the_estimate_of_what_remains_not_the_pace_of_
             clock.t += 1.0
             bar.update(1, 1.0)
         assert bar.left(clock.t) == pytest.approx(100.0)
-        clock.t += 2.0  # slower than estimated so far: twice the estimate of what remains
+        clock.t += 30.0  # into the third point
+        assert bar.left(clock.t) == pytest.approx(70.0)
+    with _progress.reporting(mode="off"), _progress.Bar(3, "sweep", "point") as bar:
+        bar.plan([1.0, 1.0, 100.0])
+        for _ in range(2):
+            clock.t += 2.0  # slower than estimated: twice the estimate of what remains
+            bar.update(1, 1.0)
         assert bar.left(clock.t) == pytest.approx(200.0)
 
 
@@ -216,8 +222,8 @@ def test_a_long_phase_says_it_is_still_running_and_a_quiet_one_speaks_after_a_fe
             pass
     assert stderr_lines(capsys) == ["singleloc test: solving to tau = 300, about 80 s ...",
                                     "singleloc test: still solving to tau = 300: 61 s (about 80 s estimated)",
-                                    "singleloc test: solved in 0 s",
-                                    "singleloc test: writing ...", "singleloc test: wrote in 0 s"]
+                                    "singleloc test: solved in 0.0 s",
+                                    "singleloc test: writing ...", "singleloc test: wrote in 0.0 s"]
 
 
 def test_the_mode_python_callers_get(monkeypatch):
