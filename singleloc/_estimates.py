@@ -43,23 +43,26 @@ from ._config import Config
 from ._progress import Bar, Phase, announce
 from ._timings import Estimate, device_label, predict, timings
 
-#: The reference: the 2-core CPU where the cost models were fitted (shared, load 6-10), with its
-#: calibration (:func:`~singleloc._timings.measure_benchmark`) at the same time. ``compile``: a
-#: theory solve's program from an empty cache (tracing, exporting, XLA's compilation); ``load``: the
-#: same from the persistent cache; ``solve``: drift evaluations per unit of ``tau`` solved (the
-#: adaptive steps of the default problem), ``saved`` per saved time (its risk, the error checks):
-#: 8 s to ``tau = 300`` at 27 ms a drift, 61 saved times; ``sgd_step``: seconds of one SGD step per
-#: ``seeds x batch x L x D x (H + F)``; ``measure``: seconds of one saved time's held-out risk per
-#: ``seeds x test_samples x L x (H + F)``;
+#: The reference: the 2-core CPU where the cost models were fitted (shared, at load 5-7 on
+#: 2026-12-04), with its calibration (:func:`~singleloc._timings.measure_benchmark`) at the same
+#: time. ``compile``: a theory solve's program from an empty cache (tracing, exporting, XLA's
+#: compilation: 34 s on the exact route, 4.2 s on the rule route, the default problem); ``load``:
+#: the same from the persistent cache (1.1 s); ``prepare``: building its rules and starts (about 1 s);
+#: ``solve``: drift evaluations (:func:`theory_work`)
+#: per unit of ``tau`` solved (the adaptive steps), ``saved`` per saved time (its risk, the error
+#: checks): 6.2 s to ``tau = 300`` at 27 ms a drift, 61 saved times; ``sgd_step``: seconds of one
+#: SGD step per ``seeds x batch x L x D x (H + F)`` (6.0 s for the default simulation);
+#: ``measure``: seconds of one saved time's held-out risk per ``seeds x test_samples x L x (H + F)``;
 #: ``risk``: drift evaluations per sub-layer risk of pruning, ``risk_compile`` its program per head
-#: count; ``prediction``: an escape prediction's program and its drift evaluations (the symmetric
-#: path, and the Jacobians of its ``n_rates = 16`` rates, of ``H F + H^2 + H`` columns each).
+#: count (11 s for the default layer); ``prediction``: an escape prediction's program (62 s in all
+#: for the default problem), and ``prediction_drifts`` its drift evaluations besides the Jacobians
+#: of its ``n_rates = 16`` rates, of ``H F + H^2 + H`` columns each.
 REFERENCE = {
-    "benchmark": {"run": 2.0e-3, "host": 1.2e-2},
-    "compile": {"exact": 40.0, "rule": 15.0}, "load": {"exact": 3.0, "rule": 1.5},
-    "solve": 1.0, "saved": 0.5, "sgd_step": 4.0e-9, "measure": 2.0e-8,
-    "risk": 0.5, "risk_compile": {"exact": 10.0, "rule": 4.0},
-    "prediction": {"exact": 30.0, "rule": 15.0}, "prediction_drifts": 300,
+    "benchmark": {"run": 1.84e-3, "host": 1.26e-2},
+    "compile": {"exact": 34.0, "rule": 4.2}, "load": {"exact": 1.1, "rule": 0.5}, "prepare": 1.0,
+    "solve": 0.7, "saved": 0.35, "sgd_step": 3.1e-9, "measure": 2.0e-8,
+    "risk": 0.5, "risk_compile": {"exact": 5.0, "rule": 2.0},
+    "prediction": {"exact": 50.0, "rule": 10.0}, "prediction_drifts": 300,
 }
 
 #: The families whose solve this process has compiled or loaded (no compile or load to wait for).
@@ -183,6 +186,9 @@ class TheorySolve:
         y0, ts = problems[0].args[2], problems[0].args[3]
         span = max(float(p.args[3][-1] - p.args[3][0]) for p in problems)
         solve = cls("integrate_points", problems[0].config, int(y0.M.shape[0]), len(ts), span, batch=len(problems))
+        prepared = solve.estimate.parts[0][1]  # the rules of the points are built already
+        solve.estimate = Estimate(solve.estimate.seconds - prepared, solve.estimate.basis,
+                                  (("building the rules", 0.0),) + solve.estimate.parts[1:])
         solve.announce(f"{solve.label}, {len(problems)} points to tau = {span:g}")
         return solve
 
@@ -230,10 +236,12 @@ class TheorySolve:
                 basis.append(f"solving from {here}'s speed")
         if basis == [f"compiling from {here}'s speed", f"solving from {here}'s speed"]:
             basis = [f"from {here}'s speed"]
+        prepare = rec["prepare"] if rec and "prepare" in rec else REFERENCE["prepare"] * speed("host")
         text = (f"measured on {here} for this shape family" if not basis else
                 ("first run of this shape family: " if not rec else "") + "; ".join(basis))
         what = {"run": "", "load": "loading the stored program", "compile": "compiling"}[self.expect]
-        return Estimate(first + solve, text, ((what, first), ("solving", solve)) if what else (("solving", solve),))
+        parts = (("building the rules", prepare),) + (((what, first),) if what else ()) + (("solving", solve),)
+        return Estimate(prepare + first + solve, text, parts)
 
     def announce(self, what: str | None = None) -> None:
         """Say the estimate (and refuse it over the limit: :func:`~singleloc._progress.announce`)."""
@@ -249,10 +257,18 @@ class TheorySolve:
         return [(f"compiling the solve ({self.label}; {self.why})", "compiled the solve"), solve]
 
     @contextlib.contextmanager
+    def preparing(self) -> Iterator[Phase]:
+        """The phase of building the solve's rules and starts (quiet: said if it lasts), recorded."""
+        with Phase(("building the quadrature rules", "built the quadrature rules"), [self.estimate.parts[0][1]],
+                   quiet=True) as phase:
+            yield phase
+        self._prepared = phase.seconds[-1]
+
+    @contextlib.contextmanager
     def solving(self) -> Iterator[Phase]:
         """The solve's phase (compiling or loading, then solving, moved on by JAX's compilation
         event of the solve's program), then its record (module docstring)."""
-        parts = [s for _, s in self.estimate.parts]
+        parts = [s for _, s in self.estimate.parts[1:]]
         phase = Phase(self.stages(), parts, follow_compiles=("jit(call)", "jit(_trajectories)", "jit(_run_points)"),
                       draw=not self.meter)  # not over diffrax's own bar (progress=True)
         with phase:
@@ -268,6 +284,8 @@ class TheorySolve:
             fields["compile"] = before
         elif two:
             fields["load"] = before
+        if getattr(self, "_prepared", None) is not None:
+            fields["prepare"] = self._prepared
         old = self.record or {}
         fields = {k: 0.5 * (v + old[k]) if k in old and old.get("env") == self.environment else v for k, v in fields.items()}
         timings().record(self.key, self.program, label=self.label, features=self.features, run=(self.span, solve),

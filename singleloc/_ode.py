@@ -59,7 +59,6 @@ from ._config import Config, gather_specs, require_config
 from ._estimates import TheorySolve
 from ._laplace_gram import WIDE_GRAM_SIGMA
 from ._numerics import PSD_INPUT, PSD_SOLVE, Q_RUNAWAY
-from ._progress import Phase
 from ._resources import check_run
 from ._run_checks import warn_if_risk_rose
 from ._sgd_rule import flat_drift
@@ -329,7 +328,7 @@ def integrate(
     check_run(config, theory_starts=starts)  # dimension, quadrature, saved times and memory, before anything is built
     solve = TheorySolve("integrate", config, starts, times.size + skip, times[-1] - t0, cached=not progress)
     solve.announce()  # the estimate, before anything is built (singleloc._estimates)
-    with Phase(("building the quadrature rules", "built the quadrature rules"), quiet=True):
+    with solve.preparing():  # the rules and starts (said only if it lasts)
         problem = _problem(config, y0, np.concatenate([[t0], times]) if skip else times)
     dynamics, evaluation, y0, ts, rtol, atol = problem.args
     y0, (dynamics, evaluation, ts, rtol, atol), n = shard_batch(y0, (dynamics, evaluation, ts, rtol, atol))

@@ -227,6 +227,10 @@ def _inside_bar() -> bool:
 # ----------------------------------------------------------------------------- phases and bars
 
 
+def _plural(n: int, unit: str) -> str:
+    return unit if n == 1 else unit + "s"
+
+
 class _Active:
     """Something running that the screen shows (a phase or a bar)."""
 
@@ -388,7 +392,7 @@ class Bar(_Active):
         self.watched, self.announced = watched, announced
         self.marks: list[float] = []  # the clock at every update
         self.expected = estimate.seconds if isinstance(estimate, Estimate) else (float(estimate) if estimate else 0.0)
-        self.done_text = done or f"{desc}: {{n}} {unit}s"
+        self.done_text = done or f"{desc}: {{n}} {_plural(total, unit)}"
         self.unit_scale = unit_scale
         self.n = 0
         self.cost_done = 0.0
@@ -412,7 +416,7 @@ class Bar(_Active):
             self.plan([self.cost_total])
         elif self.mode == "lines" and not self.announced:
             of = f", about {duration(self.expected)}" if self.expected > 0 else ""
-            _SCREEN.line(f"{settings().prefix}: {self.desc}: {self.total} {self.unit}s{of} ...")
+            _SCREEN.line(f"{settings().prefix}: {self.desc}: {self.total} {_plural(self.total, self.unit)}{of} ...")
         return self
 
     def plan(self, costs: Sequence[float]) -> None:
@@ -450,8 +454,9 @@ class Bar(_Active):
 
     def _counted(self, now: float) -> str:
         left = self.left(now)
-        rest = f", about {duration(left)} left" if self.n < self.total and left == left else ""
-        return f"{self.desc}: {self.n}/{self.total} {self.unit}s after {duration(now - self.start)}{rest}"
+        rest = "" if self.n >= self.total or left != left else f", about {duration(left)} left" if left > 0 else \
+            ", longer than estimated"
+        return f"{self.desc}: {self.n}/{self.total} {_plural(self.total, self.unit)} after {duration(now - self.start)}{rest}"
 
     def _postfix(self, now: float) -> str:
         inner = next((a for a in reversed(_SCREEN.stack) if isinstance(a, Phase) and a.inside_bar), None)

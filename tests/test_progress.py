@@ -110,16 +110,17 @@ def test_a_solve_records_its_times_and_the_next_estimate_is_measured(records, mo
     assert first.expect == "compile" and first.why == "first run of this shape family"
     assert first.estimate.basis == "first run of this shape family: from this CPU's speed"
     features = first.features
-    expected = REFERENCE["compile"]["rule"] + solve_size(features, 2.0)  # the reference's speed: no scaling
+    expected = REFERENCE["prepare"] + REFERENCE["compile"]["rule"] + solve_size(features, 2.0)  # the reference's speed
     assert first.estimate.seconds == pytest.approx(expected)
     monkeypatch.setattr(_timings, "clock", FakeClock(1.0))  # each stage of the phase: one tick
     sl.integrate(config)
     record = _timings.timings().family(first.key)
-    assert record["runs"] == [[2.0, 1.0]] and record.get("compile", record.get("load")) == 1.0
+    assert record["runs"] == [[2.0, 1.0]] and record.get("compile", record.get("load")) == 1.0 and record["prepare"] == 1.0
     assert record["features"] == features and record["label"] == "integrate, softmax H=2 L=4 F=2 on the rule route"
     again = TheorySolve("integrate", config, 1, 3, 4.0)  # held by this process now: it only runs
     assert again.expect == "run" and again.estimate.basis == "measured on this CPU for this shape family"
-    assert again.estimate.seconds == pytest.approx(solve_size(features, 4.0) / solve_size(features, 2.0))
+    assert dict(again.estimate.parts) == pytest.approx({"building the rules": 1.0,
+                                                        "solving": solve_size(features, 4.0) / solve_size(features, 2.0)})
     other = TheorySolve("integrate", config.replace(model={"heads": 3}), 1, 3, 2.0)  # a new family, scaled from this one
     assert "solving scaled from integrate, softmax H=2 L=4 F=2 on the rule route" in other.estimate.basis
     assert other.estimate.parts[-1][1] == pytest.approx(solve_size(other.features, 2.0) / solve_size(features, 2.0))
