@@ -51,7 +51,8 @@ from ._timings import Estimate, device_label, predict, timings
 #: ``solve``: drift evaluations (:func:`theory_work`)
 #: per unit of ``tau`` solved (the adaptive steps), ``saved`` per saved time (its risk, the error
 #: checks): 6.2 s to ``tau = 300`` at 27 ms a drift, 61 saved times; ``sgd_step``: seconds of one
-#: SGD step per ``seeds x batch x L x D x (H + F)`` (6.0 s for the default simulation);
+#: SGD step per ``seeds x batch x L x D x (H + F)`` (6.0 s for the default simulation), ``sim_compile``
+#: the compilation of its step and measurement (8 s);
 #: ``measure``: seconds of one saved time's held-out risk per ``seeds x test_samples x L x (H + F)``;
 #: ``risk``: drift evaluations per sub-layer risk of pruning, ``risk_compile`` its program per head
 #: count (11 s for the default layer); ``prediction``: an escape prediction's program (62 s in all
@@ -60,7 +61,7 @@ from ._timings import Estimate, device_label, predict, timings
 REFERENCE = {
     "benchmark": {"run": 1.84e-3, "host": 1.26e-2},
     "compile": {"exact": 34.0, "rule": 4.2}, "load": {"exact": 1.1, "rule": 0.5}, "prepare": 1.0,
-    "solve": 0.7, "saved": 0.35, "sgd_step": 3.1e-9, "measure": 2.0e-8,
+    "solve": 0.7, "saved": 0.35, "sgd_step": 3.1e-9, "measure": 2.0e-8, "sim_compile": 8.0,
     "risk": 0.5, "risk_compile": {"exact": 5.0, "rule": 2.0},
     "prediction": {"exact": 50.0, "rule": 10.0}, "prediction_drifts": 300,
 }
@@ -383,7 +384,9 @@ def simulation_clock(config: Config, advance, measure, params, consts, steps, pr
     total, saved = int(steps[-1]), len(steps)
     what = (f"compiling the simulation (SGD step and held-out risk: {_label(config)}, D={config.simulation.D}, "
             f"{config.simulation.seeds} seeds)")
-    with Phase((what, "compiled the simulation"), quiet=True) as compiling:
+    rec = timings().family(key) or {}  # compiled here before: loaded from the cache, quickly (said only if it lasts)
+    expected = rec.get("compile", REFERENCE["sim_compile"] * speed("host"))
+    with Phase((what, "compiled the simulation"), [expected], quiet="compile" in rec) as compiling:
         advance = advance.lower(params, consts, 0, 1).compile()
         measure = measure.lower(params, consts, 0).compile()
         jax.block_until_ready((advance(params, consts, 0, 1), measure(params, consts, 0)))  # first calls allocate: untimed

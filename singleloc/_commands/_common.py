@@ -102,9 +102,9 @@ def reporting_for(args: argparse.Namespace):
     chosen = os.environ.get(MODE_ENV, "").strip().lower()
     live = getattr(args, "progress", True) and sys.stderr.isatty() and chosen in ("", "auto", "live")
     mode = chosen if chosen in ("lines", "off") else "live" if live else "lines"
-    return reporting(mode=mode, prefix=f"singleloc {args.command}",
-                     run_limit=None if getattr(args, "force", False) else LONG_RUN_SECONDS,
-                     point_limit=None if getattr(args, "yes", False) else POINT_SECONDS)
+    return reporting(mode=mode, prefix=f"singleloc {args.command}",  # limits only where a flag lifts them
+                     run_limit=LONG_RUN_SECONDS if getattr(args, "force", True) is False else None,
+                     point_limit=POINT_SECONDS if getattr(args, "yes", True) is False else None)
 
 
 def add_force_argument(parser: argparse.ArgumentParser) -> None:
