@@ -29,7 +29,6 @@ import numpy as np
 from ._activations import get_activation
 from ._config import Config, gather_specs
 from ._data import init_keys, make_spikes, overlaps, sample_sequence, seed_keys
-from ._estimates import simulation_clock
 from ._heldout import draw_heldout, heldout_losses
 from ._layer import finite_loss
 from ._numerics import Q_RUNAWAY
@@ -37,6 +36,7 @@ from ._resources import check_run, check_steps
 from ._run_checks import warn_if_risk_rose, warn_if_times_dropped
 from ._sgd_rule import sgd_rule
 from ._sharding import shard_batch, unpad
+from ._simulation_estimate import simulation_clock
 from ._simulation_result import SimulationResult
 from ._specs import SGD, Model, Problem, Simulation
 

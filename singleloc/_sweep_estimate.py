@@ -5,7 +5,7 @@ this device (:mod:`singleloc._estimates`, :mod:`singleloc._timings`): its escape
 (:func:`prediction_estimate`), its theory to its horizon (one solve of its seeds' starts,
 :class:`~singleloc._estimates.TheorySolve`; a compilation counted once per group of points that
 share their programs, :func:`~singleloc._sweep_compute.compile_group`) and its simulation
-(:func:`~singleloc._estimates.simulation_estimate`). :func:`announce_sweep` says the total, the
+(:func:`~singleloc._simulation_estimate.simulation_estimate`). :func:`announce_sweep` says the total, the
 most expensive points, and how the numbers were made, and refuses a point estimated above the
 point limit of :func:`~singleloc._progress.reporting` (the command line's hour, unless ``--yes``),
 naming what would make it cheaper. It returns the estimate of every entry, which the sweep's
@@ -29,8 +29,9 @@ from typing import Any
 
 from . import _timings
 from ._config import Config
-from ._estimates import REFERENCE, TheorySolve, _digest, _label, simulation_estimate, speed, theory_features, theory_work
+from ._estimates import REFERENCE, TheorySolve, _digest, _label, speed, theory_features, theory_work
 from ._progress import announce, say, settings
+from ._simulation_estimate import simulation_estimate
 from ._timings import Estimate, device_label, duration, timings
 
 #: The points named as the most expensive before a sweep starts.

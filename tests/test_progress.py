@@ -16,9 +16,10 @@ import numpy as np
 import pytest
 
 import singleloc as sl
-from singleloc import _compilation, _estimates, _progress, _sweep_compute, _sweep_estimate, _timings
+from singleloc import _compilation, _estimates, _progress, _simulation_estimate, _sweep_compute, _sweep_estimate, _timings
 from singleloc._estimates import REFERENCE, TheorySolve, solve_size
 from singleloc._grid import grid_points, parse_grid
+from singleloc._progress_bar import Bar
 from singleloc._timings import Estimate, Timings
 from singleloc.cli import main
 
@@ -162,7 +163,7 @@ def test_a_simulation_times_its_compiled_step_before_it_runs_and_records_it(reco
     assert re.fullmatch(rf"singleloc: simulated 400 SGD steps in {TIME}", lines[-1]), lines
     (record,) = _timings.timings().families("simulate")
     assert record["step"] > 0 and record["runs"][0][0] == 400
-    assert _estimates.simulation_estimate(config).basis == "measured on this CPU for this simulation's sizes"
+    assert _simulation_estimate.simulation_estimate(config).basis == "measured on this CPU for this simulation's sizes"
 
 
 def test_a_sweep_point_over_an_hour_is_refused_before_anything_runs_unless_yes(records, tmp_path, capsys, fake_compute):
@@ -193,7 +194,7 @@ def test_the_time_left_of_a_bar_is_the_estimate_of_what_remains_not_the_pace_of_
     each, as estimated) the time left is that point's estimate, not one more second."""
     clock = FakeClock(0.0)
     monkeypatch.setattr(_timings, "clock", clock)
-    with _progress.reporting(mode="off"), _progress.Bar(3, "sweep", "point") as bar:
+    with _progress.reporting(mode="off"), Bar(3, "sweep", "point") as bar:
         bar.plan([1.0, 1.0, 100.0])
         for _ in range(2):
             clock.t += 1.0
@@ -201,7 +202,7 @@ def test_the_time_left_of_a_bar_is_the_estimate_of_what_remains_not_the_pace_of_
         assert bar.left(clock.t) == pytest.approx(100.0)
         clock.t += 30.0  # into the third point
         assert bar.left(clock.t) == pytest.approx(70.0)
-    with _progress.reporting(mode="off"), _progress.Bar(3, "sweep", "point") as bar:
+    with _progress.reporting(mode="off"), Bar(3, "sweep", "point") as bar:
         bar.plan([1.0, 1.0, 100.0])
         for _ in range(2):
             clock.t += 2.0  # slower than estimated: twice the estimate of what remains

@@ -161,8 +161,8 @@ def prepare_run(args: argparse.Namespace, *, simulation: bool = False, theory: s
     theory from ``"one"`` start or one per seed (``"seeds"``), what a simulation will cost
     (:func:`check_cost`: a huge one is refused), and a note when ``--out`` holds a run that the new one will replace.
     (The warnings about a run's results, :mod:`singleloc._run_checks`, come from the library.)"""
-    from .._estimates import simulation_cost
     from .._resources import check_run
+    from .._simulation_estimate import simulation_cost
 
     config = config_from_args(args)
     starts = {None: 0, "one": 1, "seeds": config.simulation.seeds}[theory]

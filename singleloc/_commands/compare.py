@@ -25,11 +25,11 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from .._estimates import compare_estimate
     from .._ode import integrate
     from .._progress import announce
     from .._run_folders import save_run
     from .._simulation import simulate
+    from .._simulation_estimate import compare_estimate
     from .._starts import initial_conditions
     from ..plots import plot_compare
 
