@@ -52,6 +52,7 @@ _EXPORTS = {
     "_numerics": ("psd_sqrt",),
     "_layer": ("finite_loss", "limit_loss", "token_weights"),
     "_ode": ("integrate", "resolve_points"),
+    "_progress": ("set_progress",),
     "_starts": ("initial_conditions",),
     "_theory_result": ("TheoryResult",),
     "_fluctuations": ("SDEResult", "integrate_sde"),
@@ -157,6 +158,7 @@ if TYPE_CHECKING:
     from ._priors import flipped as flipped
     from ._priors import gaussian as gaussian
     from ._priors import spikes as spikes
+    from ._progress import set_progress as set_progress
     from ._pruning import TheoryRisk as TheoryRisk
     from ._pruning import WeightsRisk as WeightsRisk
     from ._pruning import finetune as finetune

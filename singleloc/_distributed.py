@@ -45,11 +45,9 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from concurrent.futures import CancelledError
 from typing import Any
-
-from tqdm.auto import tqdm
 
 #: Environment variable holding the address of an external scheduler (Dask's convention).
 SCHEDULER_ENV = "DASK_SCHEDULER_ADDRESS"
@@ -220,6 +218,7 @@ def run_points(
     desc: str = "points",
     group: Callable[..., Hashable] | None = None,
     size: Callable[..., int] | None = None,
+    costs: Mapping[Hashable, float] | None = None,
 ) -> PointsReport:
     """Run ``fn(*args)`` for every task ``(key, args)`` and call ``on_result(key, result)`` in
     this process as each result arrives.
@@ -240,6 +239,8 @@ def run_points(
             preference is loose: Dask still moves tasks to an idle or surviving worker.
         size: ``size(*args)`` is the number of points of a task (several points batched in
             one task), what the progress bar counts; default 1.
+        costs: the estimated seconds of tasks (by key), of which the bar's time left is made
+            (:class:`~singleloc._progress.Bar`).
 
     Returns:
         A :class:`PointsReport`.
@@ -259,14 +260,17 @@ def run_points(
     with _sigterm_as_interrupt(), contextlib.ExitStack() as stack:
         if cluster is None:
             cluster = stack.enter_context(open_cluster(workers, scheduler))
-        return _run(tasks, fn, on_result, cluster, progress, desc, group, size)
+        return _run(tasks, fn, on_result, cluster, progress, desc, group, size, costs or {})
 
 
-def _run(tasks, fn, on_result, cluster: Cluster, progress, desc, group, size) -> PointsReport:
+def _run(tasks, fn, on_result, cluster: Cluster, progress, desc, group, size, costs) -> PointsReport:
+    from ._progress_bar import Bar
+
     report = PointsReport([], {}, 0.0, cluster.where)
     t0 = time.perf_counter()
     sizes = {key: size(*args) if size else 1 for key, args in tasks}
-    bar = tqdm(total=sum(sizes.values()), desc=desc, unit="point", disable=not progress, leave=False)
+    bar = Bar(sum(sizes.values()), desc, "point", each=True, live=progress)  # one line a point without a terminal
+    bar.plan([costs.get(key, 0.0) for key, _ in tasks])
     on_cluster = tasks and cluster.where != "serial"  # nothing to run: no cluster started
     outcomes = _on_cluster(tasks, fn, cluster, group) if on_cluster else _serial(tasks, fn)
     # closing(): the pending tasks are cancelled as soon as the loop ends, also when on_result raises.
@@ -278,7 +282,7 @@ def _run(tasks, fn, on_result, cluster: Cluster, progress, desc, group, size) ->
                     report.completed.append(key)
                 else:
                     report.errors[key] = error
-                bar.update(sizes[key])
+                bar.update(sizes[key], costs.get(key))
         except KeyboardInterrupt:  # quiet before closing() cancels the pending tasks (open_cluster restores it)
             if on_cluster:
                 _silence_dask_logging()

@@ -56,6 +56,7 @@ from ._accuracy import choose_points, relative_drift_error
 from ._build import Setup, build
 from ._compilation import exported_call
 from ._config import Config, gather_specs, require_config
+from ._estimates import TheorySolve
 from ._expectation import SolveReport
 from ._numerics import PSD_INPUT, PSD_SOLVE, Q_RUNAWAY
 from ._resources import check_run
@@ -290,12 +291,17 @@ def integrate(
     skip = bool(times[0] > t0)  # solve from the start at t0; do not return it
     starts = 1 if y0 is None or np.ndim(y0[0]) != 3 else int(np.shape(y0[0])[0])
     check_run(config, theory_starts=starts)  # dimension, quadrature, saved times and memory, before anything is built
-    problem = _problem(config, y0, np.concatenate([[t0], times]) if skip else times)
+    solve = TheorySolve("integrate", config, starts, times.size + skip, times[-1] - t0, cached=not progress)
+    solve.announce()  # the estimate, before anything is built (singleloc._estimates)
+    with solve.preparing():  # the rules and starts (said only if it lasts)
+        problem = _problem(config, y0, np.concatenate([[t0], times]) if skip else times)
     dynamics, evaluation, y0, ts, rtol, atol = problem.args
     y0, (dynamics, evaluation, ts, rtol, atol), n = shard_batch(y0, (dynamics, evaluation, ts, rtol, atol))
     args = (dynamics, evaluation, y0, ts, rtol, atol)
-    out = _run(*args, max_steps, True) if progress else exported_call("integrate", _run, *args, static=(max_steps, False))
-    result = _result(problem, unpad(jax.device_get(out), n), max_steps)
+    with solve.solving():  # compiling or loading, then solving, said on stderr and recorded
+        out = jax.device_get(_run(*args, max_steps, True) if progress else
+                             exported_call("integrate", _run, *args, static=(max_steps, False)))
+    result = _result(problem, unpad(out, n), max_steps)
     if isinstance(result, FloatingPointError):
         raise result
     if skip:  # the start at t0, solved from but not asked for
@@ -328,7 +334,8 @@ def integrate_points(problems: Sequence[tuple[Config, OrderParameters | None]], 
     for members in groups.values():
         stacked = jax.tree.map(lambda *x: jnp.stack(x), *(prepared[i].args for i in members))
         stacked, _, n = shard_batch(stacked)
-        out = unpad(jax.device_get(exported_call("integrate_points", _run_points, *stacked, static=(max_steps,))), n)
+        with TheorySolve.of_batch([prepared[i] for i in members]).solving():
+            out = unpad(jax.device_get(exported_call("integrate_points", _run_points, *stacked, static=(max_steps,))), n)
         for j, i in enumerate(members):
             results[i] = _result(prepared[i], jax.tree.map(lambda x, j=j: x[j], out), max_steps)
     return results

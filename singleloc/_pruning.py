@@ -50,6 +50,7 @@ from ._activations import get_activation
 from ._choices import PRUNING_ORDERS
 from ._config import Config, gather_specs, require_arguments, require_config, require_uniform_head_weights
 from ._data import overlaps
+from ._estimates import prune_evaluations, pruning
 from ._heldout import draw_heldout, heldout_losses
 from ._ode import integrate, resolve_points
 from ._population_risk import RiskEstimate, layer_risk, layer_risk_check
@@ -332,11 +333,18 @@ def prune_run(run, order: str | Sequence[int] = "greedy", *, draws: int = 16,
     """
     config = pruning_config(run.config)
     results = {}
-    for kind, d in run.data.items():  # theory.npz: (T, ...) of seed 0; simulation.npz: (S, T, ...)
-        M, Q, b = (np.asarray(d[k], dtype=float) for k in "MQb")
-        layers = [(M[-1], Q[-1], b[-1])] if kind == "theory" else [(M[s, -1], Q[s, -1], b[s, -1]) for s in range(M.shape[0])]
-        results[kind] = [prune_theory(config, *layer, order, draws=draws, seed=seed) for layer in layers]
+    count = sum(1 if kind == "theory" else np.shape(d["M"])[0] for kind, d in run.data.items())
+    with pruning(config, count, prune_evaluations(config.model.heads, order, draws)) as bar:  # said, counted, recorded
+        for kind, d in run.data.items():  # theory.npz: (T, ...) of seed 0; simulation.npz: (S, T, ...)
+            M, Q, b = (np.asarray(d[k], dtype=float) for k in "MQb")
+            layers = [(M[-1], Q[-1], b[-1])] if kind == "theory" else [(M[s, -1], Q[s, -1], b[s, -1]) for s in range(M.shape[0])]
+            results[kind] = [_counted(bar, prune_theory(config, *layer, order, draws=draws, seed=seed)) for layer in layers]
     return results
+
+
+def _counted(bar, result: PruningResult) -> PruningResult:
+    bar.update()
+    return result
 
 
 def prune_weights(config: Config | None = None, K=None, b=None, kstar=None, order: str | Sequence[int] = "greedy", *,

@@ -49,6 +49,7 @@ from ._config import Config
 from ._priors import Prior
 from ._routes import exact_rule_bytes, route_of
 from ._sobol_geometry import SOBOL_MAX_DIM, node_batch, quadrature_dimension
+from ._timings import duration as duration  # re-exported: the durations of messages
 
 #: Bytes of the runtime and compiled programs, on top of the arrays.
 OVERHEAD = 300 * 2**20
@@ -259,50 +260,34 @@ def check_workers(workers: int, name: str = "workers", force: bool = False) -> N
 
 # ----------------------------------------------------------------------------- what a run will cost
 
-#: Seconds of the cost model, measured on a 2-core CPU (scaled by 2 / the CPUs of this machine):
-#: a simulation's SGD step costs ``L D (SIM_TOKEN + SIM_HEAD H)`` per seed; the finite
-#: differences and Jacobians of ``diagnose`` ``DIAGNOSE_UNIT (L / 256) (1 + E K) / 13`` per
+#: Seconds of ``diagnose``'s cost model, measured on a 2-core CPU (scaled by 2 / the CPUs of this
+#: machine): its finite differences and Jacobians cost ``DIAGNOSE_UNIT (L / 256) (1 + E K) / 13`` per
 #: analysed row and temperature (``E`` perturbation sizes, ``K`` directions). Estimates within a
-#: factor of about 2; they tell a run of minutes from one of days.
-SIM_TOKEN, SIM_HEAD, DIAGNOSE_UNIT = 40e-9, 4.8e-9, 0.33e-3
+#: factor of about 2; they tell a run of minutes from one of days. (The theory's and the
+#: simulation's times are measured on the device that runs them: :mod:`singleloc._estimates`.)
+DIAGNOSE_UNIT = 0.33e-3
 MEASURED_CPUS = 2
 
 
 @dataclasses.dataclass(frozen=True)
 class Cost:
     """What a run will cost: ``work`` in words (steps, sizes), the estimated ``seconds`` and
-    peak ``memory`` in bytes, and the ``keys`` that drive it (for the message)."""
+    peak ``memory`` in bytes, the ``keys`` that drive it (for the message) and the ``basis`` of
+    the time (what it was estimated from, when it says more than the model above)."""
 
     work: str
     seconds: float
     memory: float
     keys: str
+    basis: str = ""
 
     def describe(self) -> str:
-        return f"{self.work}: about {duration(self.seconds)} and {_gb(self.memory)} of memory (estimated)"
-
-
-def duration(seconds: float) -> str:
-    """``"40 s"``, ``"12 min"``, ``"6.4 h"``, ``"3.1 days"``."""
-    if seconds < 90:
-        return f"{seconds:.2g} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.2g} min"
-    return f"{seconds / 3600:.2g} h" if seconds < 72 * 3600 else f"{seconds / 86400:.2g} days"
+        basis = f" ({self.basis})" if self.basis else ""
+        return f"{self.work}: about {duration(self.seconds)}{basis} and {_gb(self.memory)} of memory (estimated)"
 
 
 def _speed() -> float:
     return MEASURED_CPUS / max(1, min(cpu_count(), 64))
-
-
-def simulation_cost(config: Config) -> Cost:
-    """The cost of :func:`~singleloc.simulate` (model above)."""
-    pb, H, sim = config.problem, config.model.heads, config.simulation
-    steps = round(config.sgd.tau_max * sim.D)
-    seconds = steps * sim.seeds * pb.L * sim.D * (SIM_TOKEN + SIM_HEAD * H) * _speed()
-    work = (f"{steps:.3g} SGD steps (sgd.tau_max x simulation.D) x {sim.seeds} seeds of model.heads = {H} keys in simulation.D "
-            f"= {sim.D} dimensions")
-    return Cost(work, seconds, OVERHEAD + simulation_bytes(config), "sgd.tau_max, simulation.D, simulation.seeds or model.heads")
 
 
 def diagnose_cost(shape: tuple, max_rows: int, temperatures: int, epsilons: int, directions: int) -> Cost:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-from tqdm.auto import tqdm
 
 from ._activations import get_activation
 from ._config import Config, gather_specs, sgd_rule
@@ -38,6 +37,7 @@ from ._resources import check_run, check_steps
 from ._run_checks import warn_if_risk_rose, warn_if_times_dropped
 from ._sgd_rule import LayerParameters
 from ._sharding import shard_batch, unpad
+from ._simulation_estimate import simulation_clock
 from ._simulation_result import SimulationResult
 from ._specs import SGD, Model, Problem, Simulation
 
@@ -140,8 +140,9 @@ def simulate(config: Config | None = None, *, problem: Problem | None = None, mo
     measure_all = jax.jit(jax.vmap(measure, in_axes=(0, 0, None)))
     steps = save_steps(config)
     warn_if_times_dropped(config, len(steps))
+    # compiled, a few steps timed and the estimate said (singleloc._estimates); its bar records the run's times
+    advance_all, measure_all, bar = simulation_clock(config, advance_all, measure_all, state, consts, steps, progress)
     records = []
-    bar = tqdm(total=int(steps[-1]), disable=not progress, desc="simulate", unit="step", unit_scale=True, leave=False)
     t_prev = 0
     for i, t in enumerate(steps):
         if t > t_prev:

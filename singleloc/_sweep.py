@@ -90,6 +90,7 @@ from ._sweep_answers import GAP_TOL, add_heads_needed, bayes_columns
 from ._sweep_cache import _entry_path, cache_key, cached_run, fill_cache
 from ._sweep_compute import bayes_config, compile_group
 from ._sweep_dataset import write_sweep
+from ._sweep_estimate import sweep_costs
 from ._theory import OrderParameterODE
 from ._theory_result import DRIFT_UNCHECKED, STATEMENT_FIELDS
 
@@ -283,8 +284,9 @@ def compute_sweep(base: Config, grids: Sequence[Grid], cache: str | Path, *, hor
     points = grid_points(base, grids)
     _check_points([cfg for _, cfg in points], simulate, batch)  # every point can run, before the first one does
     cache = Path(cache)
-    cache.mkdir(parents=True, exist_ok=True)
     kinds = ["theory"] + (["simulation"] if simulate else [])
+    costs = sweep_costs(points, None, kinds, cache, horizon)  # said before anything runs; a point over the limit refused
+    cache.mkdir(parents=True, exist_ok=True)
     recomputed = SweepStats()
 
     def read(config: Config, kind: str) -> dict[str, np.ndarray]:
@@ -301,7 +303,7 @@ def compute_sweep(base: Config, grids: Sequence[Grid], cache: str | Path, *, hor
             require_x64("singleloc.sweep with workers = 1 (the points run in this process)")
         run = dict(cluster=cluster, progress=progress, batch=batch)
         first = [(cfg, "prediction") for _, cfg in points] + [(problem, "bayes") for problem in problems]
-        computed, errors = fill_cache(first, cache, desc="escape predictions and Bayes risks", **run)
+        computed, errors = fill_cache(first, cache, desc="escape predictions and Bayes risks", costs=costs, **run)
         predictions, run_cfgs = {}, {}
         for i, (_, cfg) in enumerate(points):
             path = _entry_path(cache, cfg, "prediction")
@@ -309,7 +311,10 @@ def compute_sweep(base: Config, grids: Sequence[Grid], cache: str | Path, *, hor
                 entry = read(cfg, "prediction")
                 predictions[i] = EscapePrediction.from_arrays(entry)
                 run_cfgs[i] = resolve_horizon(with_chosen_points(cfg, entry), predictions[i], horizon)
-        done, run_errors = fill_cache([(run_cfgs[i], kind) for i in run_cfgs for kind in kinds], cache, desc="sweep", **run)
+        costs = sweep_costs(points, run_cfgs, kinds, cache, horizon, stage="the runs to the predicted horizons",
+                            quiet=not computed)  # said again, with the horizons the predictions set
+        done, run_errors = fill_cache([(run_cfgs[i], kind) for i in run_cfgs for kind in kinds], cache, desc="sweep",
+                                      costs=costs, **run)
     computed |= done
     errors.update(run_errors)
     stats = SweepStats()

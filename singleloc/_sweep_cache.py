@@ -23,7 +23,7 @@ import hashlib
 import json
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -98,7 +98,8 @@ def _entry_path(cache: Path, config: Config, kind: str) -> Path:
 
 
 def fill_cache(entries: Sequence[tuple[Config, str]], cache: Path, *, cluster: Cluster | None = None,
-               progress: bool = True, desc: str = "points", batch: bool = True) -> tuple[set[str], dict[str, BaseException]]:
+               progress: bool = True, desc: str = "points", batch: bool = True, costs: Mapping[str, float] | None = None
+               ) -> tuple[set[str], dict[str, BaseException]]:
     """Compute the ``(config, kind)`` entries missing from (or damaged in) the cache, with
     :func:`~singleloc._distributed.run_points` on ``cluster`` (an open
     :class:`~singleloc._distributed.Cluster`; ``None``: in this process). With ``batch``, the
@@ -106,8 +107,10 @@ def fill_cache(entries: Sequence[tuple[Config, str]], cache: Path, *, cluster: C
     :func:`~singleloc._sweep_compute.compile_group` (one batched solve,
     :func:`~singleloc._sweep_compute.compute_points`; a large group cut for the cluster's
     :attr:`~singleloc._distributed.Cluster.threads` by :func:`split_groups`); otherwise one task
-    per entry. Only this process writes the cache (atomically), as each result arrives. Returns
-    the names of the entries computed and the failures (entry name -> exception)."""
+    per entry. Only this process writes the cache (atomically), as each result arrives. ``costs``:
+    the estimated seconds of entries (by name, :mod:`singleloc._sweep_estimate`), which the bar's
+    time left is made of. Returns the names of the entries computed and the failures (entry name ->
+    exception)."""
     tasks = {}
     for config, kind in entries:
         path = _entry_path(cache, config, kind)
@@ -133,7 +136,8 @@ def fill_cache(entries: Sequence[tuple[Config, str]], cache: Path, *, cluster: C
         work = [(tuple(names), (tasks[names[0]][0], *(tasks[name][1] for name in names)))
                 for names in split_groups(list(groups.values()), threads)]
         report = run_points(work, compute_points, store, cluster=cluster, progress=progress, desc=desc,
-                            group=compile_group, size=lambda kind, *configs: len(configs))
+                            group=compile_group, size=lambda kind, *configs: len(configs),
+                            costs={names: sum((costs or {}).get(n, 0.0) for n in names) for names, _ in work})
     for names, err in report.errors.items():  # the whole task failed (e.g. its worker died too often)
         errors.update(dict.fromkeys(names, err))
     return done, errors

@@ -40,6 +40,7 @@ from ._ode import integrate, integrate_points, resolve_points
 from ._predictions import predicted_escape
 from ._simulation import simulate as simulate_sgd
 from ._starts import initial_conditions
+from ._sweep_estimate import recorded
 
 #: The kinds of cache entries, in the order a point needs them.
 KINDS = ("prediction", "theory", "simulation", "bayes")
@@ -115,8 +116,9 @@ def compute(config: Config, kind: str) -> dict[str, np.ndarray]:
     :func:`~singleloc._sweep.resolve_horizon`; for a Bayes entry :func:`bayes_config`)."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(map(repr, KINDS))}, got {kind!r}")
-    return {"prediction": compute_prediction, "theory": compute_theory, "simulation": compute_simulation,
-            "bayes": compute_bayes}[kind](config)
+    with recorded(kind, config):  # a prediction's time, for the next sweep's estimate (singleloc._sweep_estimate)
+        return {"prediction": compute_prediction, "theory": compute_theory, "simulation": compute_simulation,
+                "bayes": compute_bayes}[kind](config)
 
 
 def compute_theories(configs: Sequence[Config]) -> list[dict[str, np.ndarray] | FloatingPointError]:

@@ -70,12 +70,14 @@ def build_parser() -> argparse.ArgumentParser:
 def _run(args: argparse.Namespace) -> int:
     import jax
 
+    from ._commands._common import reporting_for
     from ._compilation import enable_compilation_cache, own_process
 
     own_process()  # the command line owns this process: its JAX settings and compiled programs
     jax.config.update("jax_enable_x64", True)  # the ODE runs in double precision; simulations stay in float32
     enable_compilation_cache()  # compiled programs are kept for the next run (singleloc._compilation)
-    return int(args.func(args) or 0)
+    with reporting_for(args):  # phases and estimates on stderr (singleloc._progress)
+        return int(args.func(args) or 0)
 
 
 def _one_line(message: str) -> str:

@@ -4,6 +4,7 @@
   finite-D simulator keeps its own single precision by design).
 * ``theory.route`` defaults to the Sobol rule (``SINGLELOC_THEORY_ROUTE=rule``) except in tests
   marked ``exact_route``, which run on the users' default (the exact route where it applies).
+* No phase lines on stderr (``SINGLELOC_PROGRESS=off``) except in tests/test_progress.py.
 * A throw-away persistent compilation cache for the session: every ``simulate`` call builds
   fresh closures and therefore retraces, and on a small CPU machine XLA compilation dominates
   the run time of the tiny simulations. Identical programs (same config) are then compiled
@@ -27,6 +28,10 @@ jax.config.update("jax_enable_x64", True)
 # is tested by the tests marked ``exact_route`` (tests/test_laplace.py and the end-to-end runs),
 # which restore the default. Subprocesses (the command line) inherit the variable.
 os.environ["SINGLELOC_THEORY_ROUTE"] = "rule"
+
+# The commands' phase lines and estimates (singleloc._progress) are off, as for a Python caller under
+# pytest, so that the tests of their other output read it alone; tests/test_progress.py turns them on.
+os.environ["SINGLELOC_PROGRESS"] = "off"
 
 _CACHE_DIR = tempfile.mkdtemp(prefix="singleloc-test-jax-cache-")
 atexit.register(shutil.rmtree, _CACHE_DIR, ignore_errors=True)

@@ -702,15 +702,21 @@ def test_a_sweep_with_more_workers_than_the_machine_runs_is_refused_before_any_c
 
 
 def test_a_simulation_of_many_hours_is_refused_without_force_and_says_its_cost(tmp_path, capsys, monkeypatch):
-    """Issue 21 item 11: a 10000-head simulate passed the memory check without a word on its time."""
-    monkeypatch.setattr(_resources, "cpu_count", lambda: 2)
+    """Issue 21 item 11: a 10000-head simulate passed the memory check without a word on its time.
+    (Its time comes from this device's records, none here, and its calibration, stubbed at the
+    reference CPU's: singleloc._estimates.)"""
+    from singleloc import _estimates, _timings
+
+    monkeypatch.setattr(_timings, "timings_path", lambda: tmp_path / "timings.json")
+    monkeypatch.setattr(_timings, "measure_benchmark", lambda: dict(_estimates.REFERENCE["benchmark"]))
     monkeypatch.setenv(_resources.MEMORY_ENV, "16G")
     big = ["--set", "model.heads=2000", "--set", "simulation.D=5000"]
     out = str(tmp_path / "out")
     assert main(["simulate", "default", *big, "--no-progress", "--out", out]) == 2
     line = one_line(capsys, "simulate")
     assert "1.5e+05 SGD steps (sgd.tau_max x simulation.D) x 4 seeds of model.heads = 2000 keys in simulation.D = 5000" in line
-    assert " h and " in line and "more than the 4 h a run may take without --force" in line and "pass --force" in line
+    assert " h (from this CPU's speed) and " in line and "more than the 4 h a run may take without --force" in line
+    assert "pass --force" in line
     assert not (tmp_path / "out").exists()
     import singleloc._simulation
 
@@ -721,8 +727,7 @@ def test_a_simulation_of_many_hours_is_refused_without_force_and_says_its_cost(t
 
     monkeypatch.setattr(singleloc._simulation, "simulate", started)
     assert main(["simulate", "default", *big, "--no-progress", "--force", "--out", out]) == 2
-    err = capsys.readouterr().err
-    assert len(ran) == 1 and "singleloc simulate: note: 1.5e+05 SGD steps" in err  # --force: said, and started
+    assert len(ran) == 1 and "started" in capsys.readouterr().err  # --force: started (it says its measured estimate)
 
 
 def test_a_long_diagnosis_is_refused_without_force_and_a_minute_long_one_is_announced(tmp_path, capsys, monkeypatch):

@@ -85,20 +85,46 @@ LONG_RUN_SECONDS = 4 * 3600.0
 ANNOUNCE_SECONDS = 60.0
 
 
+#: ``sweep``: an estimated time of one point above which the sweep refuses to start without ``--yes``.
+POINT_SECONDS = 3600.0
+
+
+def reporting_for(args: argparse.Namespace):
+    """What the command says while it runs (:func:`singleloc._progress.reporting`): its lines start
+    with ``singleloc COMMAND:``; a live status line on a terminal, one line per phase with
+    ``--no-progress`` or when stderr is not a terminal (``SINGLELOC_PROGRESS=lines`` or ``off``
+    too); a run estimated above :data:`LONG_RUN_SECONDS` is refused without ``--force``, a sweep
+    point above :data:`POINT_SECONDS` without ``--yes``."""
+    import os
+
+    from .._progress import MODE_ENV, reporting
+
+    chosen = os.environ.get(MODE_ENV, "").strip().lower()
+    live = getattr(args, "progress", True) and sys.stderr.isatty() and chosen in ("", "auto", "live")
+    mode = chosen if chosen in ("lines", "off") else "live" if live else "lines"
+    return reporting(mode=mode, prefix=f"singleloc {args.command}",  # limits only where a flag lifts them
+                     run_limit=LONG_RUN_SECONDS if getattr(args, "force", True) is False else None,
+                     point_limit=POINT_SECONDS if getattr(args, "yes", True) is False else None)
+
+
 def add_force_argument(parser: argparse.ArgumentParser) -> None:
     """``--force``: let a deliberate huge run pass the cost checks (:func:`check_cost`)."""
     parser.add_argument("--force", action="store_true", help=FORCE_HELP.format(hours=LONG_RUN_SECONDS / 3600))
 
 
-def check_cost(command: str, cost, force: bool) -> None:
+def check_cost(command: str, cost, force: bool, note: bool = True) -> None:
     """Say on stderr what a run will cost (:class:`singleloc._resources.Cost`) when its estimated
-    time exceeds :data:`ANNOUNCE_SECONDS`, and refuse it (``ValueError``) above
-    :data:`LONG_RUN_SECONDS` unless ``force``."""
+    time exceeds :data:`ANNOUNCE_SECONDS` (and ``note``: a simulation says its measured estimate
+    itself once compiled), and refuse it (``ValueError``) above :data:`LONG_RUN_SECONDS` unless ``force``."""
     if cost.seconds > LONG_RUN_SECONDS and not force:
         raise ValueError(f"{cost.describe()}: more than the {LONG_RUN_SECONDS / 3600:g} h a run may take without --force; "
                          f"lower {cost.keys}, or pass --force to run it anyway")
-    if cost.seconds > ANNOUNCE_SECONDS:
+    if note and cost.seconds > ANNOUNCE_SECONDS:
         print(f"singleloc {command}: note: {cost.describe()}", file=sys.stderr)
+
+
+PROGRESS_HELP = ("no live status line or progress bar: one line per phase (compiling, solving, ...) with its time, as when "
+                 "stderr is not a terminal")
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
@@ -112,7 +138,7 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECTION.KEY=VALUE",
         help="override one config value (repeatable), e.g. --set model.heads=4 --set sgd.lr=0.2",
     )
-    parser.add_argument("--no-progress", dest="progress", action="store_false", help="hide progress bars")
+    parser.add_argument("--no-progress", dest="progress", action="store_false", help=PROGRESS_HELP)
 
 
 def config_from_args(args: argparse.Namespace):
@@ -133,15 +159,16 @@ def prepare_run(args: argparse.Namespace, *, simulation: bool = False, theory: s
     """The config of a run command, checked before anything is computed: its dimension,
     quadrature and memory (:func:`singleloc._resources.check_run`) for a simulation and/or the
     theory from ``"one"`` start or one per seed (``"seeds"``), what a simulation will cost
-    (:func:`check_cost`), and a note when ``--out`` holds a run that the new one will replace.
+    (:func:`check_cost`: a huge one is refused), and a note when ``--out`` holds a run that the new one will replace.
     (The warnings about a run's results, :mod:`singleloc._run_checks`, come from the library.)"""
-    from .._resources import check_run, simulation_cost
+    from .._resources import check_run
+    from .._simulation_estimate import simulation_cost
 
     config = config_from_args(args)
     starts = {None: 0, "one": 1, "seeds": config.simulation.seeds}[theory]
     check_run(config, simulation=simulation, theory_starts=starts)
-    if simulation:
-        check_cost(args.command, simulation_cost(config), args.force)
+    if simulation:  # refused when huge; its estimate is said once it is measured (singleloc._estimates)
+        check_cost(args.command, simulation_cost(config), args.force, note=False)
     note_replaced(args.command, args.out)
     return config
 

@@ -33,6 +33,7 @@ def register(sub) -> None:
 def run(args) -> int:
     from .._bayes import bayes_point, bayes_risk, bayes_route, check_bayes
     from .._population_risk import _check_rules, population_risk
+    from .._progress import Phase
 
     config = config_from_args(args)
     pb, th = config.problem, config.theory
@@ -43,17 +44,20 @@ def run(args) -> int:
     else:
         check_bayes(prior, pb.L, th.points)  # both rules, before either risk is computed
     kw = dict(points=th.points, seed=th.qmc_seed, replicates=args.replicates)
-    bayes = bayes_risk(prior, pb.L, **kw, route=route)
+    with Phase((f"computing the Bayes risk ({prior.name} prior, F = {prior.F}, L = {pb.L}, {route} route)",
+                "computed the Bayes risk")):
+        bayes = bayes_risk(prior, pb.L, **kw, route=route)
     point = check = None
     if prior.is_discrete:
         M, Q, b = bayes_point(prior)
-        if route == "exact":  # the Bayes risk is this point's; the independent check: the posterior on the rule
-            risk = bayes
-            check = {"what": "the closed-form posterior on the Sobol rule",
-                     "risk": bayes_risk(prior, pb.L, **kw, route="rule").to_dict()}
-        else:  # independent scramblings (seeds after the Bayes risk's), so the two numbers are two checks
-            risk = population_risk(prior, pb.L, "bsoftmax", M, Q, b, **{**kw, "seed": th.qmc_seed + args.replicates})
-            check = {"what": f"bsoftmax with H = K = {int(M.shape[0])} heads at the Bayes point", "risk": risk.to_dict()}
+        with Phase(("checking it on an independent route", "checked it")):
+            if route == "exact":  # the Bayes risk is this point's; the independent check: the posterior on the rule
+                risk = bayes
+                check = {"what": "the closed-form posterior on the Sobol rule",
+                         "risk": bayes_risk(prior, pb.L, **kw, route="rule").to_dict()}
+            else:  # independent scramblings (seeds after the Bayes risk's), so the two numbers are two checks
+                risk = population_risk(prior, pb.L, "bsoftmax", M, Q, b, **{**kw, "seed": th.qmc_seed + args.replicates})
+                check = {"what": f"bsoftmax with H = K = {int(M.shape[0])} heads at the Bayes point", "risk": risk.to_dict()}
         point = {"activation": "bsoftmax", "heads": int(M.shape[0]), "M": M.tolist(), "Q": Q.tolist(), "b": b.tolist(),
                  "risk": risk.to_dict()}
     if args.json:

@@ -26,12 +26,15 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from .._ode import integrate
+    from .._progress import announce
     from .._run_folders import save_run
     from .._simulation import simulate
+    from .._simulation_estimate import compare_estimate
     from .._starts import initial_conditions
     from ..plots import plot_compare
 
     config = prepare_run(args, simulation=True, theory="seeds")
+    announce(f"the simulation and the theory of {config.simulation.seeds} seeds", compare_estimate(config))
     sim = simulate(config, progress=args.progress)  # warns of dropped saved times and of a rising risk
     theory = integrate(config, initial_conditions(config), ts=sim.tau)
     title = f"{describe(config)}, D={config.simulation.D}, lr={config.sgd.lr}"

@@ -10,7 +10,7 @@ import numpy as np
 
 from .._atomic_files import check_run_folder
 from .._choices import PRUNING_ORDERS
-from ._common import add_out_argument, describe, int_at_least, note_replaced
+from ._common import PROGRESS_HELP, add_out_argument, describe, int_at_least, note_replaced
 
 SOURCES = ("auto", "theory", "simulation")
 
@@ -53,6 +53,7 @@ def register(sub) -> None:
     p.add_argument("--tol", type=float, default=0.01, metavar="DR",
                    help="risk rise that counts as harmful: the summary line reports how many heads can be "
                    "removed before the risk exceeds the unpruned risk by more than DR; default 0.01")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help=PROGRESS_HELP)
     add_out_argument(p, default="RESULT_DIR", run=True)
     p.set_defaults(func=run)
 

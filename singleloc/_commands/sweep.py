@@ -48,6 +48,9 @@ def register(sub) -> None:
                    "sgd.init_scale, problem.strength, simulation.seed, simulation.D, theory.qmc_seed, theory.rtol or "
                    "theory.atol together, as one vmapped ODE solve with one compilation (default; equal to the "
                    "separate solves to the solver's tolerance); --no-batch solves every point on its own")
+    p.add_argument("--yes", action="store_true",
+                   help="start even when a point's estimated time passes an hour (without it the sweep refuses, before "
+                   "anything runs, and names what would make the point cheaper)")
     add_force_argument(p)
     add_out_argument(p)
     p.add_argument("--cache", type=output_folder, default=None, metavar="DIR", help="cache folder (default DIR/cache)")
