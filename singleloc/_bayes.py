@@ -60,7 +60,6 @@ from ._fields import LocalFields
 from ._population_risk import RiskEstimate, _check_counts, _check_rules, population_risk
 from ._priors import Prior
 from ._routes import JOINT_RISK_MAX, joint_exact_affordable
-from ._specs import ROUTES
 from ._theory import OrderParameters
 
 
@@ -126,15 +125,18 @@ def _bayes_risk_on_rule(rule: LocalFields, params) -> jax.Array:
     return rule.expect(loss, eye, eye)
 
 
+#: The routes of the Bayes risk (a layer's ``theory.route`` but ``"montecarlo"``: the posterior on the Sobol
+#: rule is the Bayes risk's independent check).
+BAYES_ROUTES = ("auto", "exact", "rule")
+
+
 def bayes_route(prior: Prior, route: str = "auto") -> str:
     """The route of :func:`bayes_risk`: ``"exact"`` or ``"rule"`` (module docstring). ``route``:
     ``"auto"`` takes the exact route for a discrete prior whose Bayes point is affordable there
     (:data:`~singleloc._routes.JOINT_RISK_MAX`); ``"exact"`` for any discrete prior
     (``ValueError`` for one with a Gaussian part); ``"rule"`` never."""
-    if route not in ROUTES:
-        raise ValueError(f"route must be one of {', '.join(map(repr, ROUTES))}, got {route!r}")
-    if route == "montecarlo":
-        raise ValueError("route = 'montecarlo' is a route of a layer's risk; the Bayes risk takes 'auto', 'exact' or 'rule'")
+    if route not in BAYES_ROUTES:
+        raise ValueError(f"route must be one of {', '.join(map(repr, BAYES_ROUTES))}, got {route!r}")
     if route == "exact" and not prior.is_discrete:
         raise ValueError(f"route (theory.route) = 'exact': prior {prior.name!r} has a Gaussian part, so the Bayes "
                          "estimator is no finite bsoftmax layer and has no exact route; use 'auto' or 'rule' (the Sobol rule)")

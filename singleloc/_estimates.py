@@ -80,9 +80,9 @@ def _environment() -> str:
 
 
 def _route(config: Config) -> str:
-    from ._resources import on_exact_route
+    from ._routes import route_of
 
-    return "exact" if on_exact_route(config) else "rule"
+    return route_of(config).route
 
 
 def _label(config: Config) -> str:

@@ -98,10 +98,10 @@ def _assumed(config: Config, horizon: str | float) -> tuple[Config, bool]:
 
 def _cheaper(config: Config) -> str:
     """What would make a point cheaper (the refusal's advice)."""
-    from ._resources import on_exact_route
+    from ._routes import route_of
 
     ways = []
-    if on_exact_route(config):
+    if route_of(config).exact:
         ways.append("--set theory.route=rule (its theory is on the exact route)")
     if config.model.heads > 1:
         ways.append("fewer model.heads")
