@@ -13,14 +13,9 @@ eager imports. Figures live in :mod:`singleloc.plots` (imported explicitly).
 from __future__ import annotations
 
 import importlib
-import os
 from typing import TYPE_CHECKING
 
 from ._version import __version__ as __version__
-
-# Before any module imports equinox: its runtime checks as NaN, not host callbacks, so that
-# compiled programs can be cached across processes (singleloc._compilation).
-os.environ.setdefault("EQX_ON_ERROR", "nan")
 
 # The public API: private module -> the names it exports ("NAME as PUBLIC" renames).
 _EXPORTS = {

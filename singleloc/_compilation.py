@@ -7,12 +7,13 @@ can be skipped in a later process.
 * Compiling. JAX keeps executables in a persistent cache (``jax_compilation_cache_dir``),
   keyed by the program's text. Host callbacks keep a program out of it: their keys hold
   process-specific pointers. Equinox's runtime checks (``eqx.error_if``, inside diffrax) are
-  host callbacks in their default mode ``EQX_ON_ERROR=raise``; with ``EQX_ON_ERROR=nan`` they
-  are a select that returns NaN, and the solve's own checks report the failure
-  (:func:`~singleloc.integrate` raises on a non-finite trajectory). Equinox reads the
-  variable when it is imported, so ``import singleloc`` sets ``EQX_ON_ERROR=nan`` unless it
-  is set (set ``EQX_ON_ERROR=raise`` before the import to debug a failing check; programs
-  are then compiled in every process). Diffrax's progress bar is a host callback too, shown
+  host callbacks in their default mode ``EQX_ON_ERROR=raise``; as NaN they are a select that
+  returns NaN, and the solve's own checks report the failure (:func:`~singleloc.integrate`
+  raises on a non-finite trajectory, in one line). The package's solves are traced inside
+  :func:`checks_as_nan`, which sets that mode for their tracing only: nothing is changed for
+  the rest of the process (no environment variable is set at import). A user who sets
+  ``EQX_ON_ERROR`` (``raise`` to debug a failing check) is obeyed; programs traced with host
+  callbacks are then compiled in every process. Diffrax's progress bar is a host callback too, shown
   only when asked for (``progress=True``). JAX also skips programs that compiled in under a
   second; :func:`enable_compilation_cache` lowers that floor to zero.
 * Tracing. :func:`exported_call` stores the traced program itself, serialised with
@@ -79,6 +80,32 @@ _LOADED: dict[str, Callable] = {}  # digest -> the loaded program, jitted (one p
 MAX_HELD_SHAPES = 16
 _HELD: set[Hashable] = set()  # the shapes whose programs this process holds since the last clear
 _OWNED = [False]  # whether singleloc owns this process's JAX state (own_process)
+
+
+@contextlib.contextmanager
+def checks_as_nan():
+    """Trace Equinox's runtime checks as a NaN select, not a host callback, within the block (module
+    docstring): the mode Equinox reads when a check is traced, set for the block and restored after it,
+    unless the process's ``EQX_ON_ERROR`` says otherwise (the user's choice)."""
+    try:
+        from equinox import _errors  # the module whose global the checks read when they are traced
+    except ImportError:  # pragma: no cover - another equinox layout: its default mode stays
+        yield
+        return
+    if "EQX_ON_ERROR" in os.environ or not hasattr(_errors, "EQX_ON_ERROR"):
+        yield
+        return
+    before = _errors.EQX_ON_ERROR
+    _errors.EQX_ON_ERROR = "nan"
+    try:
+        yield
+    finally:
+        _errors.EQX_ON_ERROR = before
+
+
+def checks_mode() -> str:
+    """The mode of Equinox's runtime checks in the package's programs (part of a stored program's key)."""
+    return os.environ.get("EQX_ON_ERROR", "nan")
 
 
 def own_process() -> None:
@@ -196,7 +223,7 @@ def _structure(args) -> str | None:
 def _environment() -> tuple:
     versions = tuple(importlib.metadata.version(name) for name in _DEPENDENCIES)
     options = ("jax_enable_x64", "jax_default_matmul_precision", "jax_numpy_dtype_promotion", "jax_numpy_rank_promotion")
-    return (versions, jax.default_backend(), tuple(str(getattr(jax.config, o)) for o in options), os.environ.get("EQX_ON_ERROR"),
+    return (versions, jax.default_backend(), tuple(str(getattr(jax.config, o)) for o in options), checks_mode(),
             _source_digest())
 
 
@@ -207,6 +234,11 @@ def exported_call(name: str, fn: Callable, *args, static: tuple = ()):
     leaves of ``args``; ``static`` holds its static Python arguments (numbers, flags). Without
     a cache folder, or when the program cannot be stored, this is ``fn(*args, *static)``.
     """
+    with checks_as_nan():  # the package's checks traced as NaN, for this call only
+        return _exported_call(name, fn, args, static)
+
+
+def _exported_call(name: str, fn: Callable, args: tuple, static: tuple):
     folder = jax.config.jax_compilation_cache_dir
     structure = _structure(args)
     if not folder or structure is None or importlib.util.find_spec("flatbuffers") is None or jax.local_device_count() > 1:

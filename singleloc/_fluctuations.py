@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._compilation import checks_as_nan
 from ._config import Config, gather_specs, require_arguments, require_uniform_head_weights
 from ._numerics import psd_sqrt
 from ._ode import resolve_points
@@ -168,10 +169,11 @@ def integrate_sde(config: Config | None = None, y0: OrderParameters | None = Non
     b0 = jnp.asarray(y0.b, dtype)
     v0 = jax.vmap(lambda M, Q, b: flatten_state(M, Q, b, tb))(jnp.asarray(y0.M, dtype), jnp.asarray(y0.Q, dtype), b0)
     inv_D = jnp.broadcast_to(1.0 / jnp.asarray(D, dtype), (v0.shape[0],))
-    paths = _solve_paths(ode, v0, b0, jnp.asarray(keys), inv_D, jnp.asarray(ts, dtype), float(dt), H, F, max_steps)
+    with checks_as_nan():  # a failed path is NaN, reported below in one line
+        paths = _solve_paths(ode, v0, b0, jnp.asarray(keys), inv_D, jnp.asarray(ts, dtype), float(dt), H, F, max_steps)
     Ms, Qs, bs, risk = jax.device_get(paths)
     bad = ~np.all(np.isfinite(Qs), axis=(1, 2, 3))
-    if bad.any():  # diffrax reports failures as NaN under EQX_ON_ERROR=nan (singleloc._compilation)
+    if bad.any():  # diffrax reports failures as NaN (singleloc._compilation.checks_as_nan)
         first = int(np.argmax(bad))
         tau = ts[int(np.argmax(~np.isfinite(Qs[first]).all(axis=(1, 2))))]
         raise FloatingPointError(f"SDE path {first} stopped being finite by tau = {tau:.4g} (sgd.lr = {config.sgd.lr}, "

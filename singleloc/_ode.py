@@ -54,7 +54,7 @@ import numpy as np
 
 from ._accuracy import choose_points, relative_drift_error
 from ._build import Setup, build
-from ._compilation import exported_call
+from ._compilation import checks_as_nan, exported_call
 from ._config import Config, gather_specs, require_config
 from ._estimates import TheorySolve
 from ._expectation import SolveReport
@@ -299,8 +299,9 @@ def integrate(
     y0, (dynamics, evaluation, ts, rtol, atol), n = shard_batch(y0, (dynamics, evaluation, ts, rtol, atol))
     args = (dynamics, evaluation, y0, ts, rtol, atol)
     with solve.solving():  # compiling or loading, then solving, said on stderr and recorded
-        out = jax.device_get(_run(*args, max_steps, True) if progress else
-                             exported_call("integrate", _run, *args, static=(max_steps, False)))
+        with checks_as_nan():  # the progress bar's program is traced here (exported_call sets it itself)
+            out = jax.device_get(_run(*args, max_steps, True) if progress else
+                                 exported_call("integrate", _run, *args, static=(max_steps, False)))
     result = _result(problem, unpad(out, n), max_steps)
     if isinstance(result, FloatingPointError):
         raise result

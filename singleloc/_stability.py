@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._compilation import checks_as_nan
 from ._drift_jacobian import drift_jacobian
 from ._numerics import TINY, first_crossing
 from ._theory import OrderParameterODE, OrderParameters, unflatten_state
@@ -109,8 +110,9 @@ def symmetric_flow(ode: OrderParameterODE, x0, H: int, F: int, tau_max: float, d
     per = max(n_steps // (n_save - 1), 1)
     taus = np.arange(n_steps // per + 1) * per * h
     x0 = jnp.asarray(x0, dtype=jnp.result_type(float))
-    xs, risk = _symmetric_solve(ode, x0, jnp.asarray(taus, x0.dtype), jnp.asarray(h, x0.dtype), diffrax.ConstantStepSize(),
-                                H, F, n_steps + 16)
+    with checks_as_nan():
+        xs, risk = _symmetric_solve(ode, x0, jnp.asarray(taus, x0.dtype), jnp.asarray(h, x0.dtype),
+                                    diffrax.ConstantStepSize(), H, F, n_steps + 16)
     return taus, np.asarray(xs), np.asarray(risk)
 
 
@@ -122,8 +124,9 @@ def symmetric_path(ode: OrderParameterODE, x0, H: int, F: int, ts, *, rtol: floa
     (about 100 adaptive steps reach tau = 1000 at the default problem). States after a failure
     of the solver (out of steps, non-finite drift) are not finite."""
     x0 = jnp.asarray(x0, dtype=jnp.result_type(float))
-    xs, risk = _symmetric_solve(ode, x0, jnp.asarray(ts, x0.dtype), None, diffrax.PIDController(rtol=rtol, atol=atol),
-                                H, F, max_steps)
+    with checks_as_nan():
+        xs, risk = _symmetric_solve(ode, x0, jnp.asarray(ts, x0.dtype), None, diffrax.PIDController(rtol=rtol, atol=atol),
+                                    H, F, max_steps)
     return np.asarray(xs), np.asarray(risk)
 
 

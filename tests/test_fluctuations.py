@@ -81,7 +81,7 @@ def test_one_moment_evaluation_per_step(monkeypatch):
 
 
 def test_a_non_finite_path_raises_naming_the_learning_rate():
-    """diffrax reports a failed solve as NaN (``EQX_ON_ERROR=nan``): the SDE checks its paths
+    """diffrax reports a failed solve as NaN (the package traces its checks as NaN): the SDE checks its paths
     instead of returning them."""
     M0 = jnp.array([[[0.05, jnp.nan], [-0.03, 0.04]], [[0.05, -0.02], [-0.03, 0.04]]])
     y0 = OrderParameters(M0, M0 @ jnp.swapaxes(M0, -1, -2) + 0.25 * jnp.eye(2), jnp.zeros((2, 2)))
