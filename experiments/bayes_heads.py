@@ -146,7 +146,9 @@ def heads_used(cfg, run) -> str:
     w = sl.attention_mass(ode, M, Q, b)
     # the relevant token is token 0 of the fields (docs/model.md section 4)
     first = lambda g, theta: jnp.mean(ode.activation(g.T + jnp.asarray(b)[:, None])[:, 0])  # noqa: E731
-    a_eps = float(ode.expectation.fields.expect(first, M, Q))
+    rule = sl.LocalFields.make(cfg.problem.L, cfg.model.heads, cfg.problem.build_prior(), A_EPS_POINTS,
+                               cfg.theory.qmc_seed, symmetric=True)  # the Sobol rule the ODE carried
+    a_eps = float(rule.expect(first, M, Q))
     on = w >= 0.05 * w.max()
     angles = np.sort(np.degrees(np.arctan2(M[on, 1], M[on, 0])).round()) if M.shape[1] == 2 else []
     return (f"E[a_eps] = {a_eps:.3f}, E[sum_l a_l] = {w.mean():.3f}, {int((~on).sum())} of {len(w)} heads off"

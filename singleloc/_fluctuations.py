@@ -40,15 +40,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._build import Setup, build
 from ._compilation import checks_as_nan
 from ._config import Config, gather_specs, require_arguments, require_uniform_head_weights
+from ._fields import LocalFields
 from ._numerics import psd_sqrt
 from ._ode import resolve_points
+from ._sobol_expectation import SobolExpectation
 from ._specs import SGD, Model, Problem, Simulation, Theory
 from ._theory import OrderParameterODE, OrderParameters, flatten_state, unflatten_state
 
 
-def update_moments(ode: OrderParameterODE, M, Q, b, tau=0.0):
+def update_moments(ode: OrderParameterODE, M, Q, b, tau=0.0, fields: LocalFields | None = None):
     """``(drift, Sigma)`` at ``(M, Q, b)`` and time ``tau``: the drift over :func:`flatten_state`
     coordinates and ``Sigma = Cov(U)`` (n, n), the per-step update covariance times ``D^2`` (so
     the diffusion per unit time is ``Sigma / D``), both from the SGD rule's update ``U`` of one
@@ -58,11 +61,14 @@ def update_moments(ode: OrderParameterODE, M, Q, b, tau=0.0):
     On the Sobol rule the drift is ``E[U]`` of that same pass (it equals
     :meth:`~singleloc.OrderParameterODE.drift` up to rounding, about 1e-16 relative: the same
     average over the same nodes); on the exact route it is the ODE's own drift (the exact
-    risk's gradient, no second pass over these nodes), so that the SDE's mean is the ODE."""
+    risk's gradient, no second pass over these nodes), so that the SDE's mean is the ODE.
+    ``fields``: the Sobol rule of the second moments, by default the route's own
+    (:attr:`~singleloc._expectation.AbstractExpectation.sde_rule`; the exact route has none:
+    :func:`sde_rule` builds it)."""
     F = M.shape[1]
     rule = ode.sgd
     tb = bool(rule.train_bias)
-    fields = ode.expectation.sde_rule  # the route's Sobol rule
+    fields = ode.expectation.sde_rule if fields is None else fields
     S, T = fields.factors(Q)  # g_l = w_l S, T = S Q^+
     A = T @ M  # (H, F): nu_bar_l = theta 1[l=0] + A^T w_l
 
@@ -93,6 +99,7 @@ class _SDETerm(diffrax.AbstractTerm):
     """
 
     ode: OrderParameterODE
+    fields: LocalFields
     brownian: diffrax.AbstractBrownianPath
     b0: jax.Array
     inv_D: jax.Array
@@ -100,7 +107,7 @@ class _SDETerm(diffrax.AbstractTerm):
     F: int = eqx.field(static=True)
 
     def vf(self, t, y, args):
-        drift, Sigma = update_moments(self.ode, *unflatten_state(y, self.H, self.F, self.b0), t)
+        drift, Sigma = update_moments(self.ode, *unflatten_state(y, self.H, self.F, self.b0), t, self.fields)
         return drift, psd_sqrt(Sigma * self.inv_D)
 
     def contr(self, t0, t1, **kwargs):
@@ -123,11 +130,12 @@ class SDEResult:
     risk: np.ndarray
 
 
-def _solve_path(ode: OrderParameterODE, v0, b0, key, inv_D, ts, dt: float, H: int, F: int, max_steps: int):
+def _solve_path(ode: OrderParameterODE, fields: LocalFields, v0, b0, key, inv_D, ts, dt: float, H: int, F: int,
+                max_steps: int):
     """One Euler-Maruyama path from the flat state ``v0``: ``(M, Q, b, risk)`` at ``ts``."""
     t0, t1 = ts[0], ts[-1]
     bm = diffrax.VirtualBrownianTree(t0, t1, tol=dt / 4, shape=(v0.shape[0],), key=key)
-    term = _SDETerm(ode, bm, b0, inv_D, H, F)
+    term = _SDETerm(ode, fields, bm, b0, inv_D, H, F)
     sol = diffrax.diffeqsolve(term, diffrax.Euler(), t0, t1, dt, v0, saveat=diffrax.SaveAt(ts=ts), max_steps=max_steps)
     Ms, Qs, bs = jax.vmap(lambda v: unflatten_state(v, H, F, b0))(sol.ys)
     bs = bs if ode.train_bias else jnp.broadcast_to(b0, (len(ts), H))
@@ -135,8 +143,16 @@ def _solve_path(ode: OrderParameterODE, v0, b0, key, inv_D, ts, dt: float, H: in
 
 
 @eqx.filter_jit
-def _solve_paths(ode: OrderParameterODE, v0, b0, keys, inv_D, ts, dt: float, H: int, F: int, max_steps: int):
-    return jax.vmap(lambda v, b, k, i: _solve_path(ode, v, b, k, i, ts, dt, H, F, max_steps))(v0, b0, keys, inv_D)
+def _solve_paths(ode: OrderParameterODE, fields: LocalFields, v0, b0, keys, inv_D, ts, dt: float, H: int, F: int,
+                 max_steps: int):
+    return jax.vmap(lambda v, b, k, i: _solve_path(ode, fields, v, b, k, i, ts, dt, H, F, max_steps))(v0, b0, keys, inv_D)
+
+
+def sde_rule(setup: Setup, points: int) -> LocalFields:
+    """The Sobol rule of the SDE's second moments for ``setup``: the rule route's own rule (``points``
+    points on the coordinates of ``theory.axes``, scrambling ``theory.qmc_seed``), whatever the route
+    of the drift."""
+    return SobolExpectation.from_setup(setup, points=points).fields
 
 
 def integrate_sde(config: Config | None = None, y0: OrderParameters | None = None, keys=None, *,
@@ -160,7 +176,9 @@ def integrate_sde(config: Config | None = None, y0: OrderParameters | None = Non
     require_uniform_head_weights(config, "integrate_sde")
     config = resolve_points(config, y0)
     D = config.simulation.D if D is None else D
-    ode = OrderParameterODE.from_config(config)
+    setup = build(config)
+    ode = OrderParameterODE.from_setup(setup)
+    fields = sde_rule(setup, config.theory.points)
     H, F = config.model.heads, config.problem.F
     tb = bool(ode.train_bias)
     dtype = jnp.result_type(float)
@@ -170,7 +188,8 @@ def integrate_sde(config: Config | None = None, y0: OrderParameters | None = Non
     v0 = jax.vmap(lambda M, Q, b: flatten_state(M, Q, b, tb))(jnp.asarray(y0.M, dtype), jnp.asarray(y0.Q, dtype), b0)
     inv_D = jnp.broadcast_to(1.0 / jnp.asarray(D, dtype), (v0.shape[0],))
     with checks_as_nan():  # a failed path is NaN, reported below in one line
-        paths = _solve_paths(ode, v0, b0, jnp.asarray(keys), inv_D, jnp.asarray(ts, dtype), float(dt), H, F, max_steps)
+        paths = _solve_paths(ode, fields, v0, b0, jnp.asarray(keys), inv_D, jnp.asarray(ts, dtype), float(dt), H, F,
+                             max_steps)
     Ms, Qs, bs, risk = jax.device_get(paths)
     bad = ~np.all(np.isfinite(Qs), axis=(1, 2, 3))
     if bad.any():  # diffrax reports failures as NaN (singleloc._compilation.checks_as_nan)

@@ -41,7 +41,6 @@ import numpy as np
 
 from ._activations import Activation
 from ._expectation import AbstractExpectation, AbstractGramTerm, RouteStatement, SolveReport
-from ._fields import LocalFields
 from ._laplace import LaplaceRule, exact_rule
 from ._laplace_gram import WIDE_GRAM_SIGMA
 from ._sgd_rule import GradientMoments, flat_drift
@@ -102,15 +101,18 @@ class LaplaceExpectation(AbstractExpectation):
     Attributes:
         rule: the exact rule of the risk and of the ``O(lr)`` drift.
         gram_term: the ``lr^2`` term (:class:`LaplaceGram` or :class:`~singleloc.SobolGram`).
-        fields: the Sobol rule of what only a rule computes (the SDE's second moments).
         activation: the activation; static.
+
+    Nothing here has the shape of the ``L H`` fields unless the Gram term is on a Sobol rule, so that
+    solves that differ in ``L`` alone share their compiled program (the exact rule takes ``L`` as a
+    value). The SDE's second moments, which only a rule computes, take a Sobol rule of their own
+    (:func:`~singleloc.integrate_sde`).
         check: a finer exact rule (:meth:`~singleloc._laplace.LaplaceRule.refined`) whose risk and
             drift state the error of ``rule``'s, or ``None``.
     """
 
     rule: LaplaceRule
     gram_term: AbstractGramTerm
-    fields: LocalFields
     activation: Activation = eqx.field(static=True)
     check: LaplaceRule | None = None
     route: ClassVar[str] = "exact"
@@ -119,9 +121,9 @@ class LaplaceExpectation(AbstractExpectation):
     def from_setup(cls, setup, *, points: int, seeds=None, check: bool = False) -> LaplaceExpectation:
         """The exact route of ``setup`` (:class:`~singleloc._build.Setup`, whose route is
         :func:`~singleloc.choose_route`'s): the exact rule of ``theory.nodes`` (the same for every replicate
-        of ``seeds``: it has no scrambling), with ``check`` its refined copy, the Gram term ``route.gram``
-        (the Sobol one on :meth:`~singleloc.Theory.gram_rule_points` rank-aware points) and the SDE's Sobol
-        rule of ``points`` points on the coordinates of ``theory.axes``."""
+        of ``seeds``: it has no scrambling), with ``check`` its refined copy, and the Gram term ``route.gram``
+        (the Sobol one on :meth:`~singleloc.Theory.gram_rule_points` rank-aware points, which follow
+        ``points``, one scrambling per seed of ``seeds``)."""
         problem, theory, H, choice = setup.problem, setup.theory, setup.heads, setup.route
 
         def per_replicate(rule):
@@ -138,17 +140,11 @@ class LaplaceExpectation(AbstractExpectation):
             gram_points = theory.gram_rule_points(problem.L, H, points)
             gram = SobolGram(fields=sobol_fields(setup, gram_points, theory.qmc_seed, seeds, principal=True),
                              activation=choice.activation)
-        axes = {"principal": True} if theory.rank_aware else {"symmetric": True}
-        fields = sobol_fields(setup, points, theory.qmc_seed, seeds, **axes)
-        return cls(rule=rule, gram_term=gram, fields=fields, activation=choice.activation, check=fine)
+        return cls(rule=rule, gram_term=gram, activation=choice.activation, check=fine)
 
     @property
     def replicates(self) -> int:
-        return self.fields.w.shape[0] if self.fields.w.ndim == 4 else 1
-
-    @property
-    def sde_rule(self) -> LocalFields:
-        return self.fields
+        return self.rule.z_outer.shape[0] if self.rule.z_outer.ndim == 2 else 1
 
     def risk(self, M, Q, b, v=None):
         return self.rule.risk(M, Q, b, v)
