@@ -17,7 +17,7 @@
 6. Wide fields: one softmax head at ``L = 64`` with token standard deviations ``s = sqrt(Q)`` from 0.5
    to 32 (the long keys of ssmax training reach 25 at ``L = 256``): the risk and its gradient on 64
    Gauss-Hermite nodes (the first rule), on 64 trapezoidal nodes (the normal rule of narrow fields,
-   ``singleloc._laplace_profiles.normal_rule``) and on the profile grid (the default above
+   ``singleloc._cubature.normal_rule``) and on the profile grid (the default above
    ``s = 0.6``), all against 8193 trapezoidal nodes in ``z`` and 1024 nodes of the Laplace variable.
 7. Joint layers (bsoftmax) at trained states, the conditional product form (the smallest principal
    variance smoothed into every head's profiles): two heads at token widths 1 to 3.5, three to five
@@ -194,20 +194,20 @@ def gram_precision(quick: bool) -> list[dict]:
 
 
 def wide_fields(quick: bool) -> list[dict]:
-    from singleloc import _laplace, _laplace_profiles
+    from singleloc import _cubature, _laplace
 
     print("\nWide fields: one softmax head, L = 64; risk error | relative gradient error")
     print("| s | Gauss-Hermite (64 nodes) | trapezoidal (64 nodes) | profile grid | ms / gradient (grid) |")
     print("|---|---|---|---|---|")
     prior = sl.spikes(1, 2.5)
     rule = sl.exact_rule(sl.get_activation("softmax"), 64, 1, prior)
-    trapezoid_from, _laplace_profiles.TRAPEZOID_FROM = _laplace_profiles.TRAPEZOID_FROM, 10**9
+    trapezoid_from, _cubature.TRAPEZOID_FROM = _cubature.TRAPEZOID_FROM, 10**9
     rule_gh = sl.exact_rule(sl.get_activation("softmax"), 64, 1, prior)  # every normal rule Gauss-Hermite
-    _laplace_profiles.TRAPEZOID_FROM = trapezoid_from
+    _cubature.TRAPEZOID_FROM = trapezoid_from
     z = np.linspace(-12.0, 12.0, 8193)
     w = np.exp(-z**2 / 2)
-    reference = eqx.tree_at(lambda r: (r.z_outer, r.w_outer), sl.LaplaceRule.make(rule.form, 64, 1, prior, n_t=1024),
-                            (jnp.asarray(z), jnp.asarray(w / w.sum())))
+    dense = sl.LaplaceRule.make(rule.form, 64, 1, prior, n_t=1024, n_outer=64, n_inner=64)
+    reference = eqx.tree_at(lambda r: (r.z_outer, r.w_outer), dense, (jnp.asarray(z), jnp.asarray(w / w.sum())))
     def grad(r, *x):  # the risk and then its gradient's entries, as one vector; traced anew at every call of this
         return eqx.filter_jit(lambda r, *x: jnp.concatenate([jnp.ravel(a) for a in jax.tree.leaves(
             jax.value_and_grad(r.risk, argnums=(0, 1, 2))(*x))]))(r, *x)
@@ -263,7 +263,7 @@ def joint_layers(quick: bool) -> list[dict]:
     rows = []
     for H, kind, M, Q, b in joint_states(quick):
         default = sl.exact_rule(act, 16, H, prior)
-        sizes, small = default.joint_layout
+        sizes, small = default.layer.layout
         rules = {"default": default, "half": sl.exact_rule(act, 16, H, prior, joint_sizes=tuple(n // 2 for n in sizes))}
         reference = sl.exact_rule(act, 16, H, prior, joint_sizes=tuple(3 * n // 2 for n in sizes) + (8,) * small)
         state = tuple(jnp.asarray(x) for x in (M, Q, b))
@@ -276,16 +276,16 @@ def joint_layers(quick: bool) -> list[dict]:
         std, small_std = float(np.sqrt(lam[-1])), np.sqrt(np.maximum(lam[1:max(H - 2, 1)] - lam[0], 0.0))
         (dr, dg, dt), (hr, hg, ht) = out["default"], out["half"]
         small_text = ", ".join(f"{x:.2f}" for x in small_std) or "-"
-        print(f"| {H} | {kind} | {std:.2f} | {small_text} | {dr:.1e} \\| {dg:.1e} ({default.w_joint.shape[0]}) | {dt:.0f} | "
+        print(f"| {H} | {kind} | {std:.2f} | {small_text} | {dr:.1e} \\| {dg:.1e} ({default.layer.w.shape[0]}) | {dt:.0f} | "
               f"{hr:.1e} \\| {hg:.1e} | {ht:.0f} |", flush=True)
         rows.append({"H": H, "heads": kind, "token_std": std, "small_std": small_std.tolist(),
-                     "nodes": int(default.w_joint.shape[0]), "risk_error": dr, "gradient_error": dg, "ms": dt,
+                     "nodes": int(default.layer.w.shape[0]), "risk_error": dr, "gradient_error": dg, "ms": dt,
                      "half_risk_error": hr, "half_gradient_error": hg, "half_ms": ht})
     return rows
 
 
 def wide_gram(quick: bool) -> list[dict]:
-    from singleloc import _laplace
+    from singleloc import _laplace_heads
 
     print("\nThe exact two-head Gram term at wide fields (relative error | ms per term)")
     print("| L | s | risk's outer rule | GRAM_OUTER x | against Sobol (its s.e.) |")
@@ -293,7 +293,7 @@ def wide_gram(quick: bool) -> list[dict]:
     make = lambda L, n, prior: sl.exact_rule(sl.get_activation("softmax"), L, 2, prior, nodes=n)  # noqa: E731
     term = eqx.filter_jit(lambda r, *x: r.gram(*x))
     sobol = eqx.filter_jit(lambda ode, *x: ode.gram(*x))
-    default, rows = _laplace.GRAM_OUTER, []
+    default, rows = _laplace_heads.GRAM_OUTER, []
     for L in (4,) if quick else (4, 64):
         prior = sl.spikes(2, 2.5)
         ode = sl.OrderParameterODE.from_config(config("softmax", 2, L, 2, route="rule", axes="principal"))
@@ -302,9 +302,9 @@ def wide_gram(quick: bool) -> list[dict]:
             state = (M, M @ M.T + s * s / 128 * jnp.eye(2), jnp.zeros(2))
             ref = np.asarray(term(make(L, REFERENCE_NODES, prior), *state))
             rel = lambda G, R=ref: float(np.max(np.abs(G - R)) / np.max(np.abs(R)))  # noqa: E731
-            _laplace.GRAM_OUTER = 1  # read when the rule is made
+            _laplace_heads.GRAM_OUTER = 1  # read when the rule is made
             before, t_before = timed(term, make(L, 64, prior), *state)
-            _laplace.GRAM_OUTER = default
+            _laplace_heads.GRAM_OUTER = default
             after, t_after = timed(term, make(L, 64, prior), *state)
             row = {"L": L, "s": s, "before": rel(before), "before_ms": t_before, "after": rel(after), "after_ms": t_after}
             text = ""

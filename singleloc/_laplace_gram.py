@@ -48,13 +48,17 @@ from __future__ import annotations
 import functools
 import math
 from fractions import Fraction
+from typing import TYPE_CHECKING
 
 import jax.numpy as jnp
 import numpy as np
 
 from ._laplace_profiles import OMEGA, RHO0, _power, rho
 
-#: Two heads: the pair moments' outer rule (:data:`~singleloc._laplace.GRAM_OUTER` times ``theory.nodes = 64``)
+if TYPE_CHECKING:
+    from ._laplace import LaplaceRule
+
+#: Two heads: the pair moments' outer rule (:data:`~singleloc._laplace_heads.GRAM_OUTER` times ``theory.nodes = 64``)
 #: resolves the Gram term's moments (profiles up to the sixth power, narrower than the risk's) to 1e-4 for
 #: token fields of standard deviation up to about this, and to 3e-3 up to twice it (measured, spikes, two
 #: aligned heads of key length ``s`` and ``R_orth = s^2/128``, relative error against 96 and 160 nodes:
@@ -192,17 +196,18 @@ def _powers_of(omega, L: int, blocks: int):
     return jnp.stack([_power(omega, L - 1 - j) if j <= L - 1 else jnp.zeros_like(omega) for j in range(blocks + 1)])
 
 
-def laplace_gram(rule, M: jnp.ndarray, Q: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
+def laplace_gram(rule: LaplaceRule, M: jnp.ndarray, Q: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
     """``E[sum_l c_l c_l^T]`` (H, H) of a per-head layer of ``H <= 2`` heads (the head average) on
-    the exact rule ``rule`` (:class:`~singleloc._laplace.LaplaceRule`; module docstring): each moment
-    of one head on the risk's one-head rule, of two heads on its pair rule, all moments of a kind
+    the exact rule ``rule`` (:class:`~singleloc._laplace.LaplaceRule`, through its public one-token and
+    pair expectations; module docstring): each moment of one head on the risk's one-head rule, of two
+    heads on its pair rule (on the per-head layer's Gram outer rule), all moments of a kind
     gathered from stacked one-token expectations and summed at once."""
     H, L, kappa, alpha = Q.shape[0], rule.L, rule.form.offset, rule.form.scale
     if H > 2:
         raise ValueError(f"the exact Gram term takes one or two heads, got H = {H}")
-    m1, C1, m0, C0 = rule._token_laws(*rule._state(M, Q, b))
+    m1, C1, m0, C0 = rule.token_laws(*rule.state(M, Q, b))
     v1, v0 = jnp.diag(C1), jnp.diag(C0)
-    Y, step = rule._ranges(m1, v1, m0, v0, powers=range(1, DEGREE + 1))
+    Y, step = rule.head_ranges(m1, v1, m0, v0, powers=range(1, DEGREE + 1))
     pre = step[:, None] * jnp.exp(-kappa * jnp.exp(Y))
     entries, K, a, noise, j, weights, blocks = _moment_table(H, L)
     profiles = tuple(rho(k) for k in range(DEGREE + 1))
@@ -211,8 +216,8 @@ def laplace_gram(rule, M: jnp.ndarray, Q: jnp.ndarray, b: jnp.ndarray) -> jnp.nd
         rows = np.flatnonzero(((K > 0).sum(axis=1) == 1) & (K[:, h] > 0))
         if not len(rows):
             continue
-        nz = rule._single(Y[h], m1[h], v1[h], (*profiles, OMEGA))
-        rel = rule._atoms_mean(lambda k, h=h: rule._single(Y[h], m0[h, k], v0[h], profiles))
+        nz = rule.single(Y[h], m1[h], v1[h], (*profiles, OMEGA))
+        rel = rule.atoms_mean(lambda k, h=h: rule.single(Y[h], m0[h, k], v0[h], profiles))
         factors = jnp.concatenate([nz[:-1], jnp.ones_like(nz[:1])])[noise[rows, :, h]]  # (., blocks, n_t); -1: one
         value = pre[h] * rel[a[rows, h]] * _powers_of(nz[-1], L, blocks)[j[rows]] * jnp.prod(factors, axis=1)
         integrals = integrals.at[rows].set(jnp.sum(value, axis=-1))
@@ -221,11 +226,11 @@ def laplace_gram(rule, M: jnp.ndarray, Q: jnp.ndarray, b: jnp.ndarray) -> jnp.nd
         pair = lambda k: (rho(k[0]), rho(k[1]))  # noqa: E731
         noise_combos = sorted({pair(k) for k in noise[rows].reshape(-1, 2) if k[0] >= 0} | {(RHO0, OMEGA)})
         rel_combos = sorted({pair(k) for k in a[rows]})
-        outer = (rule.z_gram, rule.w_gram)  # finer than the risk's: the sixth powers are narrow
-        nz = rule._pair(noise_combos, Y[0], Y[1], m1[0], m1[1], C1[0, 0], C1[0, 1], C1[1, 1], outer)
-        rel = rule._atoms_mean(lambda k: rule._pair(rel_combos, Y[0], Y[1], m0[0, k], m0[1, k], C0[0, 0], C0[0, 1], C0[1, 1],
+        outer = (rule.layer.z_gram, rule.layer.w_gram)  # finer than the risk's: the sixth powers are narrow
+        nz = rule.pair(noise_combos, Y[0], Y[1], m1[0], m1[1], C1[0, 0], C1[0, 1], C1[1, 1], outer)
+        rel = rule.atoms_mean(lambda k: rule.pair(rel_combos, Y[0], Y[1], m0[0, k], m0[1, k], C0[0, 0], C0[0, 1], C0[1, 1],
                                                     outer))
-        omega = rule._single(Y[0], m1[0], v1[0], (OMEGA,))[0][:, None] + nz[noise_combos.index((RHO0, OMEGA))]
+        omega = rule.single(Y[0], m1[0], v1[0], (OMEGA,))[0][:, None] + nz[noise_combos.index((RHO0, OMEGA))]
         # a moment is sum_ij (pre pre' rel[r])_ij (prod of its noise factors and power)_ij: the noise side is
         # formed once per distinct group (factors, j), and every (r, group) sum is one matrix product
         index = np.array([[noise_combos.index(pair(k)) if k[0] >= 0 else len(noise_combos) for k in row]

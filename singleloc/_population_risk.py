@@ -19,7 +19,7 @@ import numpy as np
 
 from ._activations import exponential_form, get_activation
 from ._fields import LocalFields
-from ._laplace import N_OUTER, exact_rule
+from ._laplace import NODES, exact_rule
 from ._priors import Prior
 from ._resources import JOINT_RISK_MAX, check_memory, check_quadrature, exact_rule_bytes, joint_exact_affordable, rule_bytes
 from ._specs import ROUTES
@@ -90,7 +90,7 @@ def layer_risk_check(ode: OrderParameterODE, M, Q, b) -> jax.Array:
 
 def population_risk(
     prior: Prior, L: int, activation: str, M, Q, b, points: int = 4096, seed: int = 0, replicates: int = 8,
-    route: str = "auto", v=None, nodes: int = N_OUTER,
+    route: str = "auto", v=None, nodes: int = NODES,
 ) -> RiskEstimate:
     """Population risk ``R(M, Q, b)`` of a layer (docs/model.md section 3) with its numerical error.
 

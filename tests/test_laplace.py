@@ -43,8 +43,12 @@ def _grad(rule, M, Q, b):
     return jax.grad(rule.risk, argnums=(0, 1, 2))(M, Q, b)
 
 
+#: The node counts these tests were written for (``theory.nodes = 64`` at a scale ``alpha <= 1``).
+NODES = {"n_t": 128, "n_outer": 64, "n_inner": 64}
+
+
 def rule_for(name, L, H, prior, **kwargs):
-    return LaplaceRule.make(exponential_form(sl.get_activation(name), L), L, H, prior, **kwargs)
+    return LaplaceRule.make(exponential_form(sl.get_activation(name), L), L, H, prior, **{**NODES, **kwargs})
 
 
 def monte_carlo(name, prior, L, M, Q, b, n=2**18, seed=0, batches=4):
@@ -347,7 +351,7 @@ def _trapezoid_reference(rule):
     enough for token standard deviations up to about 30) and 1024 nodes of the Laplace variable."""
     z = np.linspace(-12.0, 12.0, 8193)
     w = np.exp(-z**2 / 2)
-    fine = sl.LaplaceRule.make(rule.form, rule.L, 1, sl.spikes(1, 2.5), n_t=1024)
+    fine = sl.LaplaceRule.make(rule.form, rule.L, 1, sl.spikes(1, 2.5), **{**NODES, "n_t": 1024})
     return eqx.tree_at(lambda r: (r.z_outer, r.w_outer), fine, (jnp.asarray(z), jnp.asarray(w / w.sum())))
 
 
@@ -417,17 +421,17 @@ def test_a_pair_of_wide_fields_is_exact(monkeypatch, name, L, M, Q, b):
     against the nested trapezoidal pair rule with dense nodes (no tabulated smoothing), to 1e-9 and
     1e-8 of the gradient's size; the rule of the former sizes (outer nodes 64, second field on 32
     normal nodes) is off by far more, so the check can fail."""
-    from singleloc._laplace import LaplaceRule
+    from singleloc._cubature import normal_rule
 
     rule = sl.exact_rule(sl.get_activation(name), L, 2, sl.spikes(len(M[0]), 2.5))
     state = (jnp.asarray(M, float), jnp.asarray(Q, float), jnp.asarray(b, float))
     value_grad = lambda r: jax.jit(lambda *x: jax.value_and_grad(r.risk, argnums=(0, 1, 2))(*x))(*state)
     flat = lambda d: np.concatenate([np.ravel(x) for x in d])
     r, g = value_grad(rule)
-    monkeypatch.setattr(LaplaceRule, "_pair", _nested_trapezoid_pair(801, 401))
+    monkeypatch.setattr(LaplaceRule, "pair", _nested_trapezoid_pair(801, 401))
     rr, gr = value_grad(rule)
-    former = eqx.tree_at(lambda q: (q.z_outer, q.w_outer), rule, tuple(map(jnp.asarray, sl._laplace_profiles.normal_rule(64))))
-    monkeypatch.setattr(LaplaceRule, "_pair", _nested_trapezoid_pair(64, 32))
+    former = eqx.tree_at(lambda q: (q.z_outer, q.w_outer), rule, tuple(map(jnp.asarray, normal_rule(64))))
+    monkeypatch.setattr(LaplaceRule, "pair", _nested_trapezoid_pair(64, 32))
     rf, gf = value_grad(former)
     scale = np.max(np.abs(flat(gr)))
     assert abs(float(r - rr)) < 1e-9 and np.max(np.abs(flat(g) - flat(gr))) < 1e-8 * scale
@@ -439,8 +443,7 @@ def test_tabulated_smoothing_matches_direct_smoothing():
     the heat equation, in the variance) against direct normal rules of 2001 nodes, across the
     switch from the normal rule's table to the profile grid's and at variance zero (the profiles
     themselves)."""
-    from singleloc._laplace import WIDE_SIGMA
-    from singleloc._laplace_profiles import OMEGA, RHO0, RHO1, RHO2, _profile, smoothed_profiles
+    from singleloc._laplace_profiles import OMEGA, RHO0, RHO1, RHO2, WIDE_SIGMA, _profile, smoothed_profiles
 
     rule = sl.exact_rule(sl.get_activation("softmax"), 4, 2, sl.spikes(1, 2.5))  # the default rule's tables
     z, w, u = rule.z_inner, rule.w_inner, rule.u_grid
@@ -501,12 +504,12 @@ def test_attention_mass_matches_monte_carlo_at_trained_states(name, rng):
 def test_the_switch_to_the_profile_grid_is_continuous():
     """Just below and just above ``sqrt(v) = WIDE_SIGMA`` (the normal rule's nodes, then the profile
     grid) the one-token expectations agree to rounding: the drift has no step there."""
-    from singleloc._laplace import RHO2, WIDE_SIGMA
+    from singleloc._laplace_profiles import RHO2, WIDE_SIGMA
 
     rule = sl.exact_rule(sl.get_activation("softmax"), 8, 1, sl.spikes(1, 2.5))
     y = jnp.linspace(-30.0, 6.0, 128)
-    below = rule._single(y, 0.3, WIDE_SIGMA**2 * (1 - 1e-12))
-    above = rule._single(y, 0.3, WIDE_SIGMA**2 * (1 + 1e-12))
+    below = rule.single(y, 0.3, WIDE_SIGMA**2 * (1 - 1e-12))
+    above = rule.single(y, 0.3, WIDE_SIGMA**2 * (1 + 1e-12))
     np.testing.assert_allclose(np.asarray(below), np.asarray(above), atol=1e-12)
     assert float(jnp.max(below[RHO2])) > 0.01  # the profiles are not all zero there
 
@@ -518,8 +521,7 @@ def test_the_profile_grid_smooths_every_profile_exactly(s):
     widths), for ``c`` from far below the profiles' support to far above it: absolute error at rounding
     (``rho_2`` 5.5e-14 at ``s = 0.6``, the narrowest width the grid takes, where the trapezoidal step 0.25
     resolves its peak least well)."""
-    from singleloc._laplace import U_GRID_HIGH, U_GRID_LOW, U_GRID_STEP
-    from singleloc._laplace_profiles import _profiles, grid_smoothing
+    from singleloc._laplace_profiles import U_GRID_HIGH, U_GRID_LOW, U_GRID_STEP, _profiles, grid_smoothing
 
     u = jnp.asarray(np.linspace(U_GRID_LOW, U_GRID_HIGH, int(np.ceil((U_GRID_HIGH - U_GRID_LOW) / U_GRID_STEP)) + 1))
     c = jnp.linspace(-45.0 - 8 * s, 40.0 + 8 * s, 301)
@@ -578,7 +580,8 @@ def _dense_joint_token(sizes):
     ``x = mean + z Lambda^(1/2) V^T`` (all principal axes of ``C``, none smoothed), ``lse`` evaluated
     at every node and differentiated by plain autodiff (through ``eigh``: the states below have
     distinct eigenvalues). It shares no code with the conditional product form but the profiles."""
-    from singleloc._laplace_profiles import RHO1, _profile, _profiles, normal_rule
+    from singleloc._cubature import normal_rule
+    from singleloc._laplace_profiles import RHO1, _profile, _profiles
 
     rules = [normal_rule(n) for n in sizes]
     z = jnp.asarray(np.stack([g.ravel() for g in np.meshgrid(*[r[0] for r in rules], indexing="ij")], axis=1))
@@ -610,11 +613,11 @@ def _dense_joint_token(sizes):
 def test_a_joint_layer_is_exact_in_conditional_product_form(monkeypatch, L, M, Q, b, reference, gradient_tolerance):
     """bsoftmax: one token's ``E[f(y + lse(x))]`` in conditional product form (the smallest principal
     variance smoothed into each head's profiles, a tensor rule on the other directions,
-    ``singleloc._laplace._joint_token``; derivatives by Price's theorem) against a dense tensor rule
+    ``singleloc._laplace_joint._joint_token``; derivatives by Price's theorem) against a dense tensor rule
     over all ``H`` fields with ``lse`` at every node and plain autodiff (the former route, kept here
     as the reference): the risk to 1e-10, its gradient to ``gradient_tolerance`` of its size, the
     attention masses to 1e-10."""
-    import singleloc._laplace as laplace
+    import singleloc._laplace_joint as laplace
 
     prior = sl.spikes(2, 2.5)
     state = (jnp.asarray(M, float), jnp.asarray(Q, float), jnp.asarray(b, float))

@@ -63,8 +63,12 @@ def test_the_gram_polynomials_and_their_distinct_moments_are_the_sums_over_token
             np.testing.assert_allclose(_distinct(distinct_moments(poly, L), A), direct[h, g], rtol=1e-12, atol=1e-15)
 
 
-def _rule(name, L, prior):
-    return LaplaceRule.make(exponential_form(sl.get_activation(name), L), L, 1, prior)
+#: The node counts these tests were written for (``theory.nodes = 64`` at a scale ``alpha <= 1``).
+NODES = {"n_t": 128, "n_outer": 64, "n_inner": 64}
+
+
+def _rule(name, L, prior, H=1):
+    return LaplaceRule.make(exponential_form(sl.get_activation(name), L), L, H, prior, **NODES)
 
 
 @eqx.filter_jit
@@ -198,7 +202,7 @@ def monte_carlo_gram2(name, prior, L, M, Q, b, n=2**15, batches=8, seed=0):
 def test_the_exact_gram_term_of_two_heads_agrees_with_monte_carlo(name, L, F, M, Q, b):
     prior = sl.spikes(F, 2.5)
     M, Q, b = (jnp.asarray(x, float) for x in (M, Q, b))
-    rule = LaplaceRule.make(exponential_form(sl.get_activation(name), L), L, 2, prior)
+    rule = _rule(name, L, prior, H=2)
     value = np.asarray(_gram(rule, M, Q, b))
     ref, se = monte_carlo_gram2(name, prior, L, M, Q, b)
     assert np.all(np.abs(value - ref) < 5 * se), (value, ref, se)
