@@ -150,7 +150,9 @@ class LaplaceRule(eqx.Module):
     :meth:`atoms_mean`); its ``layer`` (:class:`~singleloc._laplace_heads.PerHeadLayer` or
     :class:`~singleloc._laplace_joint.JointLayer`) composes them into the risk and the attention
     masses. Its node counts are static (``n_t`` nodes of ``y`` per head, normal rules of the token
-    fields), its ranges follow the state.
+    fields), its ranges follow the state. The sequence length ``L`` and the form's scale ``alpha``
+    are arrays, not static: they enter as exponents and factors only, so rules that differ in them
+    alone share one compiled program.
     """
 
     z_outer: jax.Array
@@ -161,9 +163,10 @@ class LaplaceRule(eqx.Module):
     atoms: jax.Array  # (K, F)
     probs: jax.Array  # (K,)
     prior_cov: jax.Array  # (F, F), the Gaussian part of the prior
+    L: jax.Array  # () the sequence length, a float
+    alpha: jax.Array  # () the form's scale (ExponentialForm.scale)
     layer: PerHeadLayer | JointLayer
-    form: ExponentialForm = eqx.field(static=True)
-    L: int = eqx.field(static=True)
+    offset: float = eqx.field(static=True)  # the form's offset kappa (ExponentialForm.offset)
     n_t: int = eqx.field(static=True)
     heads: int = eqx.field(static=True)
 
@@ -190,7 +193,12 @@ class LaplaceRule(eqx.Module):
         layer = JointLayer.make(H, F, joint_sizes, dtype) if form.joint else PerHeadLayer.make(H, n_outer, dtype)
         return cls(as_array(zo), as_array(wo), as_array(zi), as_array(wi), as_array(profile_grid(u_step)),
                    as_array(prior.atoms_array()), as_array(prior.probs_array()), as_array(np.asarray(prior.noise_cov)),
-                   layer, form, int(L), int(n_t), int(H))
+                   as_array(int(L)), as_array(form.scale), layer, float(form.offset), int(n_t), int(H))
+
+    @property
+    def form(self) -> ExponentialForm:
+        """The layer's normalised-exponential form (its ``scale`` the array :attr:`alpha`)."""
+        return ExponentialForm(self.alpha, self.offset, isinstance(self.layer, JointLayer))
 
     def refined(self) -> LaplaceRule:
         """The same rule with :data:`~singleloc._cubature.REFINEMENT` times the nodes of every kind
@@ -198,7 +206,7 @@ class LaplaceRule(eqx.Module):
         degree-5 rule on a normal rule of its own (the error estimate's reference)."""
         n_t, n_outer, n_inner = refined_sizes(self.n_t, self.z_outer.shape[0], self.z_inner.shape[0])
         prior = Prior(np.asarray(self.atoms), np.asarray(self.probs), np.asarray(self.prior_cov))
-        return LaplaceRule.make(self.form, self.L, self.heads, prior, n_t=n_t, n_outer=n_outer, n_inner=n_inner,
+        return LaplaceRule.make(self.form, int(self.L), self.heads, prior, n_t=n_t, n_outer=n_outer, n_inner=n_inner,
                                 joint_sizes=self.layer.refined_sizes(),
                                 u_step=float(self.u_grid[1] - self.u_grid[0]) / REFINEMENT)
 
@@ -240,7 +248,7 @@ class LaplaceRule(eqx.Module):
         """Scaled means and covariances ``(m1, C1, m0, C0)`` of a state (:meth:`state`): noise token
         ``(alpha b, alpha^2 Q)``; relevant token per atom ``alpha (b + M a_k)`` (H, K) with
         ``alpha^2 (Q + M Sigma M^T)``."""
-        a = self.form.scale
+        a = self.alpha
         m1 = a * b
         C1 = a**2 * Q
         m0 = a * (b[:, None] + M @ self.atoms.T)  # (H, K)
@@ -257,13 +265,13 @@ class LaplaceRule(eqx.Module):
     def head_ranges(self, m1, v1, m0, v0, powers=(1, 2)):
         """``y`` nodes (H, n_t) and steps (H,) of every head (outside the gradient), for moments
         of the weights up to the largest of ``powers`` (the risk's: 2)."""
-        L = self.L
+        log_L = jnp.log(self.L)
         m1, v1, m0, v0 = (jax.lax.stop_gradient(x) for x in (m1, v1, m0, v0))
         log_eps = math.log(TAIL_EPS)
         # lower end: E[exp(k (y + x))] <= eps for the special token (noise terms carry a factor L - 1)
         lows = []
         for k in powers:
-            lows.append((log_eps - math.log(L)) / k - m1 - k * v1 / 2)
+            lows.append((log_eps - log_L) / k - m1 - k * v1 / 2)
             lows.append(log_eps / k - jnp.max(m0, axis=1) - k * v0 / 2)
         lo = jnp.min(jnp.stack(lows), axis=0)
         # upper end: the relevant token's factor (or a noise token's) is negligible
@@ -273,7 +281,7 @@ class LaplaceRule(eqx.Module):
         return lo[:, None] + (hi - lo)[:, None] * s, (hi - lo) / (self.n_t - 1)
 
     def joint_range(self, m1, C1, m0, C0):
-        L = self.L
+        log_L = jnp.log(self.L)
         m1, C1, m0, C0 = (jax.lax.stop_gradient(x) for x in (m1, C1, m0, C0))
         v1, v0 = jnp.diag(C1), jnp.diag(C0)
         log_eps = math.log(TAIL_EPS)
@@ -286,7 +294,7 @@ class LaplaceRule(eqx.Module):
 
         f1, s1 = log_moments(m1, C1)
         f0, s0 = jax.vmap(lambda mk: log_moments(mk, C0), in_axes=1)(m0)
-        lo = jnp.min(jnp.stack([log_eps - math.log(L) - f1, (log_eps - math.log(L) - s1) / 2,
+        lo = jnp.min(jnp.stack([log_eps - log_L - f1, (log_eps - log_L - s1) / 2,
                                 log_eps - jnp.max(f0), (log_eps - jnp.max(s0)) / 2]))
         hi = jnp.minimum(U_TOP - jnp.max(jnp.min(m0, axis=1) - TAIL_SIGMAS * jnp.sqrt(v0)),
                          U_TOP - jnp.max(m1 - TAIL_SIGMAS * jnp.sqrt(v1)))

@@ -156,44 +156,46 @@ def _set_partitions(items: list) -> list[list[list]]:
     return out
 
 
-def distinct_moments(poly: Polynomial, L: int) -> dict[tuple[int, tuple[int, ...]], float]:
-    """The polynomial's expectation as moments over distinct noise tokens: ``{(a, ks): weight}``,
-    each ``E[A_0^a sum_{distinct l_1..l_j} prod_i A_{l_i}^(k_i)]`` (``j = len(ks)``) counted with
-    the falling factorial ``(L-1)_j`` folded into its weight (terms with ``j > L - 1`` vanish)."""
+def distinct_moments(poly: Polynomial) -> dict[tuple[int, tuple[int, ...]], float]:
+    """The polynomial as sums over distinct noise tokens: ``{(a, ks): c}`` with ``poly = sum c
+    A_0^a sum_{distinct l_1..l_j >= 1} prod_i A_{l_i}^(k_i)`` (``j = len(ks)``; the blocks of a set
+    partition of a product of power sums merged). Whatever ``L``: a sum over ``j`` distinct noise tokens
+    has ``(L-1)_j`` equal terms in expectation (none for ``j > L - 1``), a factor :func:`laplace_gram`
+    applies."""
     out: dict = {}
     for (a, ks), c in poly.items():
         for part in _set_partitions(list(ks)):
             merged = tuple(sorted(tuple(map(sum, zip(*block))) for block in part))
-            count = math.prod(range(L - 1, L - 1 - len(merged), -1))
-            if count:
-                out[(a, merged)] = out.get((a, merged), 0) + Fraction(c) * count
+            out[(a, merged)] = out.get((a, merged), 0) + Fraction(c)
     return {key: float(c) for key, c in out.items() if c}
 
 
 @functools.cache
-def _moment_table(H: int, L: int):
+def _moment_table(H: int):
     """Every distinct-token moment the Gram entries ``h <= g`` need, as static index arrays: per moment
     its heads' total powers ``K`` (M, H), the relevant token's powers ``a`` (M, H), the noise blocks'
-    powers (M, MAX_BLOCKS, H; padded with ``-1``: a factor one), the number of blocks ``j`` (M,), and the
-    weights (M, E) of the moments in the ``E`` entries (falling factorials and ``1 / (K_h - 1)!`` folded in)."""
+    powers (M, MAX_BLOCKS, H; padded with ``-1``: a factor one), the number of blocks ``j`` (M,), the
+    coefficients (M, E) of the moments in the ``E`` entries (:func:`distinct_moments`) and the factors
+    ``prod_h 1 / (K_h - 1)!`` (M,) of their Laplace integrals; none depends on ``L``."""
     polys = gram_polynomials(H)
     entries = sorted(polys)
-    per_entry = [distinct_moments(polys[e], L) for e in entries]
+    per_entry = [distinct_moments(polys[e]) for e in entries]
     keys = sorted({key for mom in per_entry for key in mom})
     blocks = max((len(ks) for _, ks in keys), default=0)
     K = np.array([[a[i] + sum(k[i] for k in ks) for i in range(H)] for a, ks in keys])
     scale = np.array([math.prod(1.0 / math.factorial(x - 1) for x in row if x) for row in K])
-    weights = np.array([[mom.get(key, 0.0) for mom in per_entry] for key in keys]) * scale[:, None]
+    coefficients = np.array([[mom.get(key, 0.0) for mom in per_entry] for key in keys])
     noise = np.full((len(keys), blocks, H), -1)
     for m, (_, ks) in enumerate(keys):
         if ks:
             noise[m, :len(ks)] = ks
-    return entries, K, np.array([a for a, _ in keys]), noise, np.array([len(ks) for _, ks in keys]), weights, blocks
+    return (entries, K, np.array([a for a, _ in keys]), noise, np.array([len(ks) for _, ks in keys]), coefficients, scale,
+            blocks)
 
 
-def _powers_of(omega, L: int, blocks: int):
-    """``(1 - omega)^(L - 1 - j)`` for ``j = 0 ... blocks`` (stacked; zero where ``j > L - 1``)."""
-    return jnp.stack([_power(omega, L - 1 - j) if j <= L - 1 else jnp.zeros_like(omega) for j in range(blocks + 1)])
+def _powers_of(omega, L, blocks: int):
+    """``(1 - omega)^(L - 1 - j)`` for ``j = 0 ... blocks`` (stacked; zero where ``j > L - 1``; ``L`` an array)."""
+    return jnp.stack([jnp.where(j <= L - 1, _power(omega, jnp.maximum(L - 1 - j, 0)), 0.0) for j in range(blocks + 1)])
 
 
 def laplace_gram(rule: LaplaceRule, M: jnp.ndarray, Q: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
@@ -202,14 +204,16 @@ def laplace_gram(rule: LaplaceRule, M: jnp.ndarray, Q: jnp.ndarray, b: jnp.ndarr
     pair expectations; module docstring): each moment of one head on the risk's one-head rule, of two
     heads on its pair rule (on the per-head layer's Gram outer rule), all moments of a kind
     gathered from stacked one-token expectations and summed at once."""
-    H, L, kappa, alpha = Q.shape[0], rule.L, rule.form.offset, rule.form.scale
+    H, L, kappa, alpha = Q.shape[0], rule.L, rule.offset, rule.alpha
     if H > 2:
         raise ValueError(f"the exact Gram term takes one or two heads, got H = {H}")
     m1, C1, m0, C0 = rule.token_laws(*rule.state(M, Q, b))
     v1, v0 = jnp.diag(C1), jnp.diag(C0)
     Y, step = rule.head_ranges(m1, v1, m0, v0, powers=range(1, DEGREE + 1))
     pre = step[:, None] * jnp.exp(-kappa * jnp.exp(Y))
-    entries, K, a, noise, j, weights, blocks = _moment_table(H, L)
+    entries, K, a, noise, j, coefficients, scale, blocks = _moment_table(H)
+    falling = jnp.cumprod(jnp.concatenate([jnp.ones(1, Y.dtype), L - 1 - jnp.arange(blocks, dtype=Y.dtype)]))  # (L-1)_j
+    weights = coefficients * falling[j][:, None] * scale[:, None]  # every factor of a moment but its integral
     profiles = tuple(rho(k) for k in range(DEGREE + 1))
     integrals = jnp.zeros(len(K), Y.dtype)
     for h in range(H):  # moments of head h alone: one-head rule

@@ -95,7 +95,7 @@ class PerHeadLayer(eqx.Module):
         """What the risk and attention mass need of each head alone: the token laws, the ``y`` nodes
         ``Y`` and weights ``pre`` (H, n_t), and per head ``E[A_h0]``, ``E[A_h0^2] + (L - 1) E[A_h1^2]``,
         the noise token's ``E1[omega]`` on its nodes and ``E[sum_l A_hl]``."""
-        H, L, kappa = Q.shape[0], rule.L, rule.form.offset
+        H, L, kappa = Q.shape[0], rule.L, rule.offset
         laws = rule.token_laws(M, Q, b)
         m1, C1, m0, C0 = laws
         v1, v0 = jnp.diag(C1), jnp.diag(C0)

@@ -148,7 +148,7 @@ class JointLayer(eqx.Module):
         """The risk and the heads' attention masses, the latter from the token expectations
         ``E[rho_1(y + lse(x)) p_h(x)]`` (``p = softmax(x)``: the share of head ``h`` in
         ``u = sum_h exp(x_h)``) on the same nodes."""
-        L, kappa, H = rule.L, rule.form.offset, Q.shape[0]
+        L, kappa, H = rule.L, rule.offset, Q.shape[0]
         m1, C1, m0, C0 = rule.token_laws(M, Q, b)
         y, step = rule.joint_range(m1, C1, m0, C0)
         pre = step * jnp.exp(-kappa * jnp.exp(y))

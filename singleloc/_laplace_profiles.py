@@ -205,12 +205,11 @@ def _smoothed_profiles_jvp(which, wide, primals, tangents):
     return value, first * dc + 0.5 * second * ds2
 
 
-def _power(omega, n: int):
+def _power(omega, n):
     """``(1 - omega)^n`` for ``omega`` in ``[0, 1]`` (a sum of non-negative terms, computed
-    directly), as ``exp(n log1p(-omega))``: no digits lost for large ``n``, and finite
-    derivatives where ``omega`` reaches one (the power is then zero, or one for ``n = 0``)."""
-    if n == 0:
-        return jnp.ones_like(omega)
+    directly) and ``n >= 0`` (a number or an array: the sequence length is traced), as
+    ``exp(n log1p(-omega))``: no digits lost for large ``n``, and finite derivatives where
+    ``omega`` reaches one (the power is then zero, or one for ``n = 0``)."""
     inside = omega < 1.0
     safe = jnp.where(inside, jnp.clip(omega, 0.0, 1.0), 0.0)
-    return jnp.where(inside, jnp.exp(n * jnp.log1p(-safe)), 0.0)
+    return jnp.where(inside, jnp.exp(n * jnp.log1p(-safe)), jnp.where(n == 0, 1.0, 0.0))

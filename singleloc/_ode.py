@@ -416,7 +416,7 @@ def _result(problem: _Problem, out, max_steps: int) -> TheoryResult | FloatingPo
     exact_gram = problem.args[0].exact_gram
     gram = float(np.max(grams)) / (1.0 if exact_gram else np.sqrt(R)) if route == "exact" else float("nan")
     if risk_error > RISK_ERROR_WARN or exact_drift_error > DRIFT_ERROR_WARN:
-        variance = largest_token_variance(config, problem.args[1].exact.form.scale, M[:, :, -1], Q[:, :, -1])
+        variance = largest_token_variance(config, float(np.max(problem.args[1].exact.alpha)), M[:, :, -1], Q[:, :, -1])
         joint = ""
         if problem.args[1].exact.form.joint and config.model.heads >= 2:
             joint = (" (a joint layer's token rule, singleloc._laplace.JOINT_LEADING, is not refined by theory.nodes: "

@@ -39,15 +39,14 @@ def _evaluate(poly, A):
 
 
 def _distinct(moments, A):
-    """The distinct-token moments at the weights ``A``, each sum over distinct noise tokens by brute
-    force, divided by the falling factorial that :func:`distinct_moments` folds into its weights."""
+    """The distinct-token sums of :func:`distinct_moments` at the weights ``A``, each sum over distinct
+    noise tokens by brute force (none when there are fewer noise tokens than factors)."""
     L, total = A.shape[1], 0.0
-    for (a, ks), weight in moments.items():
-        count = np.prod([L - 1 - i for i in range(len(ks))])
+    for (a, ks), coefficient in moments.items():
         tokens = itertools.permutations(range(1, L), len(ks))
         head0 = np.prod(A[:, 0] ** np.array(a))
-        total += weight / count * head0 * sum(np.prod([np.prod(A[:, l] ** np.array(k)) for l, k in zip(ls, ks)])
-                                              for ls in tokens)
+        total += coefficient * head0 * sum(np.prod([np.prod(A[:, l] ** np.array(k)) for l, k in zip(ls, ks)])
+                                           for ls in tokens)
     return total
 
 
@@ -60,7 +59,7 @@ def test_the_gram_polynomials_and_their_distinct_moments_are_the_sums_over_token
         direct = _direct(A)
         for (h, g), poly in polys.items():
             np.testing.assert_allclose(_evaluate(poly, A), direct[h, g], rtol=1e-12, atol=1e-15)
-            np.testing.assert_allclose(_distinct(distinct_moments(poly, L), A), direct[h, g], rtol=1e-12, atol=1e-15)
+            np.testing.assert_allclose(_distinct(distinct_moments(poly), A), direct[h, g], rtol=1e-12, atol=1e-15)
 
 
 #: The node counts these tests were written for (``theory.nodes = 64`` at a scale ``alpha <= 1``).
