@@ -262,44 +262,36 @@ class LaplaceRule(eqx.Module):
         return jax.tree_util.tree_map(lambda v: jnp.tensordot(self.probs, v, axes=1), values)
 
     # -- the y nodes ------------------------------------------------------------------------
-    def head_ranges(self, m1, v1, m0, v0, powers=(1, 2)):
-        """``y`` nodes (H, n_t) and steps (H,) of every head (outside the gradient), for moments
-        of the weights up to the largest of ``powers`` (the risk's: 2)."""
-        log_L = jnp.log(self.L)
-        m1, v1, m0, v0 = (jax.lax.stop_gradient(x) for x in (m1, v1, m0, v0))
-        log_eps = math.log(TAIL_EPS)
-        # lower end: E[exp(k (y + x))] <= eps for the special token (noise terms carry a factor L - 1)
-        lows = []
-        for k in powers:
-            lows.append((log_eps - log_L) / k - m1 - k * v1 / 2)
-            lows.append(log_eps / k - jnp.max(m0, axis=1) - k * v0 / 2)
+    def y_range(self, moments1, moments0, fields1, fields0, powers=(1, 2)):
+        """The ``y`` nodes (..., n_t) and steps (...) for a token whose normaliser term is ``exp(X)``
+        (``X = x_h``, one head of a per-head layer, or ``X = lse(x)``, a joint layer's token), for
+        moments of the weights up to the largest of ``powers`` (the risk's: 2), outside the gradient.
+
+        ``moments1`` (len(powers), ...): ``log E1[exp(k X)] / k`` of a noise token; ``moments0``
+        (len(powers), ..., K): the relevant token's, per atom. ``fields1``: the means and standard
+        deviations (..., G) of fields ``x_g`` with ``X >= max_g x_g`` (``G = 1`` per head, ``G = H`` for
+        ``lse``); ``fields0``: the relevant token's, means per atom (..., G, K). The lower end keeps
+        every neglected tail ``E[exp(k (y + X))]`` below ``TAIL_EPS`` (a noise token's carries the
+        factor ``L``); above the upper end ``y + X > log(U_TOP)`` for both tokens, where their
+        profiles vanish, except with probability ``Phi(-TAIL_SIGMAS)``."""
+        moments1, moments0, fields1, fields0 = jax.lax.stop_gradient((moments1, moments0, fields1, fields0))
+        log_eps, log_L = math.log(TAIL_EPS), jnp.log(self.L)
+        lows = [bound for k, f1, f0 in zip(powers, moments1, moments0)
+                for bound in ((log_eps - log_L) / k - f1, log_eps / k - jnp.max(f0, axis=-1))]
         lo = jnp.min(jnp.stack(lows), axis=0)
-        # upper end: the relevant token's factor (or a noise token's) is negligible
-        hi = jnp.minimum(U_TOP - jnp.min(m0, axis=1) + TAIL_SIGMAS * jnp.sqrt(v0), U_TOP - m1 + TAIL_SIGMAS * jnp.sqrt(v1))
-        hi = jnp.maximum(hi, lo + 1.0)
+        low1 = jnp.max(fields1[0] - TAIL_SIGMAS * fields1[1], axis=-1)
+        low0 = jnp.max(jnp.min(fields0[0], axis=-1) - TAIL_SIGMAS * fields0[1], axis=-1)
+        hi = jnp.maximum(U_TOP - jnp.maximum(low0, low1), lo + 1.0)
         s = jnp.linspace(0.0, 1.0, self.n_t)
-        return lo[:, None] + (hi - lo)[:, None] * s, (hi - lo) / (self.n_t - 1)
+        return lo[..., None] + (hi - lo)[..., None] * s, (hi - lo) / (self.n_t - 1)
 
-    def joint_range(self, m1, C1, m0, C0):
-        log_L = jnp.log(self.L)
-        m1, C1, m0, C0 = (jax.lax.stop_gradient(x) for x in (m1, C1, m0, C0))
-        v1, v0 = jnp.diag(C1), jnp.diag(C0)
-        log_eps = math.log(TAIL_EPS)
-
-        def log_moments(m, C):  # log E[u], log E[u^2] for u = sum_h exp(x_h), x ~ N(m, C)
-            v = jnp.diag(C)
-            first = jax.nn.logsumexp(m + v / 2)
-            second = jax.nn.logsumexp(m[:, None] + m[None, :] + (v[:, None] + v[None, :]) / 2 + C)
-            return first, second
-
-        f1, s1 = log_moments(m1, C1)
-        f0, s0 = jax.vmap(lambda mk: log_moments(mk, C0), in_axes=1)(m0)
-        lo = jnp.min(jnp.stack([log_eps - log_L - f1, (log_eps - log_L - s1) / 2,
-                                log_eps - jnp.max(f0), (log_eps - jnp.max(s0)) / 2]))
-        hi = jnp.minimum(U_TOP - jnp.max(jnp.min(m0, axis=1) - TAIL_SIGMAS * jnp.sqrt(v0)),
-                         U_TOP - jnp.max(m1 - TAIL_SIGMAS * jnp.sqrt(v1)))
-        hi = jnp.maximum(hi, lo + 1.0)
-        return jnp.linspace(lo, hi, self.n_t), (hi - lo) / (self.n_t - 1)
+    def head_ranges(self, m1, v1, m0, v0, powers=(1, 2)):
+        """:meth:`y_range` of every head of a per-head layer, ``(H, n_t)`` and ``(H,)``, from its fields'
+        means and variances (:meth:`token_laws`): ``log E[exp(k x)] / k = m + k v / 2``."""
+        ks = np.asarray(powers, dtype=float)[:, None]
+        moments1, moments0 = m1 + ks * v1 / 2, m0 + (ks * v0 / 2)[..., None]
+        fields1, fields0 = (m1[:, None], jnp.sqrt(v1)[:, None]), (m0[:, None], jnp.sqrt(v0)[:, None])
+        return self.y_range(moments1, moments0, fields1, fields0, powers)
 
     # -- one token's and one pair's profile expectations ------------------------------------
     def single(self, y, m, v, which=(RHO0, RHO1, RHO2, OMEGA)):

@@ -150,7 +150,7 @@ class JointLayer(eqx.Module):
         ``u = sum_h exp(x_h)``) on the same nodes."""
         L, kappa, H = rule.L, rule.offset, Q.shape[0]
         m1, C1, m0, C0 = rule.token_laws(M, Q, b)
-        y, step = rule.joint_range(m1, C1, m0, C0)
+        y, step = _token_range(rule, m1, C1, m0, C0)
         pre = step * jnp.exp(-kappa * jnp.exp(y))
         z, w, tab = self.z, self.w, (rule.z_inner, rule.w_inner, rule.u_grid)
         noise = _joint_token(y, m1, C1, z, w, tab)
@@ -163,6 +163,20 @@ class JointLayer(eqx.Module):
         Ea11 = jnp.sum(pre * noise[RHO2] * rel[RHO0] * p2)
         mass = H * ((pre * p1) @ shares0 + (L - 1) * (pre * rel[RHO0] * p2) @ shares1)
         return 1.0 - 2.0 * Ea0 + Ea00 + (L - 1) * Ea11, mass
+
+
+def _token_range(rule: LaplaceRule, m1, C1, m0, C0):
+    """The ``y`` nodes (n_t,) and step of a joint layer (:meth:`~singleloc._laplace.LaplaceRule.y_range`)
+    for ``X = lse(x) >= max_h x_h``: ``log E[u]`` and ``log E[u^2] / 2`` of ``u = sum_h exp(x_h)`` in
+    closed form."""
+    def log_moments(m, C):  # log E[u], log E[u^2] / 2 for x ~ N(m, C)
+        v = jnp.diag(C)
+        second = jax.nn.logsumexp(m[:, None] + m[None, :] + (v[:, None] + v[None, :]) / 2 + C)
+        return jnp.stack([jax.nn.logsumexp(m + v / 2), second / 2])
+
+    moments0 = jax.vmap(lambda mk: log_moments(mk, C0), in_axes=1, out_axes=1)(m0)  # (2, K)
+    fields1, fields0 = (m1, jnp.sqrt(jnp.diag(C1))), (m0, jnp.sqrt(jnp.diag(C0)))
+    return rule.y_range(log_moments(m1, C1), moments0, fields1, fields0)
 
 
 # -- one token in conditional product form ----------------------------------------------------
