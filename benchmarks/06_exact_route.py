@@ -29,6 +29,12 @@
    on the risk's outer rule (``GRAM_OUTER = 1``, the code before) and on ``GRAM_OUTER`` times it (the
    default), against 160 nodes and against 4 scramblings of 2^16 rank-aware Sobol points (their standard
    error); relative errors (largest entry) and milliseconds per term.
+9. One program for every ``L``: the risk with its gradient and the exact Gram term of two heads (softmax,
+   ssmax, bsoftmax; one head of softmax), near copies, ``theory.nodes = 64``, at ``L`` = 4 ... 4096 in one
+   process: the programs compiled at each ``L`` (JAX's backend-compile events), the first call's seconds
+   (compilation included) and milliseconds per call after it. ``L`` and the scale ``alpha`` are arrays of
+   the rule, so a sweep compiles once per layer; ssmax's pair rule has ``nodes * ceil(alpha)`` outer nodes,
+   so it compiles once per value of ``ceil(log L)``.
 
 Times are medians of 3 calls after compilation, as ratios in one run (the machine may be shared).
 Run: ``python benchmarks/06_exact_route.py [--quick] [--sections 3,4] [--save PATH]`` (``--save``: the numbers as
@@ -321,10 +327,55 @@ def wide_gram(quick: bool) -> list[dict]:
     return rows
 
 
+def length_sweep(quick: bool) -> list[dict]:
+    """Section 9: the risk with its gradient and the exact Gram term across ``L`` on one program."""
+    compiled: list[str] = []
+
+    def listener(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiled.append(str(kwargs.get("fun_name")))
+
+    value_grad = eqx.filter_jit(lambda r, *x: jax.value_and_grad(r.risk, argnums=(0, 1, 2))(*x))
+    term = eqx.filter_jit(lambda r, *x: r.gram(*x))
+    lengths = (4, 64, 1024, 4096) if quick else (4, 16, 64, 256, 1024, 4096)
+    prior = sl.spikes(1, 2.5)
+    print("\nOne program for every L (near copies, theory.nodes = 64): programs compiled at each L, the first call (s, "
+          "compilation included), ms per call after it")
+    print("| activation | H | L | outer nodes | compiled | risk + gradient: first (s) \\| ms | Gram term: first (s) \\| ms |")
+    print("|---|---|---|---|---|---|---|")
+    rows = []
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        for act, H in (("softmax", 2), ("ssmax", 2), ("bsoftmax", 2), ("softmax", 1)):
+            state = trained("near copies", H, 1)
+            for L in lengths:
+                before = len(compiled)
+                rule = sl.exact_rule(sl.get_activation(act), L, H, prior)
+                t0 = time.perf_counter()
+                jax.block_until_ready(value_grad(rule, *state))
+                first = time.perf_counter() - t0
+                _, ms = timed(value_grad, rule, *state)
+                gram_first, gram_ms = float("nan"), float("nan")
+                if rule.exact_gram:
+                    t0 = time.perf_counter()
+                    jax.block_until_ready(term(rule, *state))
+                    gram_first = time.perf_counter() - t0
+                    _, gram_ms = timed(term, rule, *state)
+                row = {"activation": act, "H": H, "L": L, "outer_nodes": int(rule.z_outer.shape[0]),
+                       "compiled": len(compiled) - before, "first_s": first, "ms": ms, "gram_first_s": gram_first,
+                       "gram_ms": gram_ms}
+                print(f"| {act} | {H} | {L} | {row['outer_nodes']} | {row['compiled']} | {first:.1f} \\| {ms:.0f} | "
+                      f"{gram_first:.1f} \\| {gram_ms:.0f} |", flush=True)
+                rows.append(row)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer rule sizes and head counts")
-    parser.add_argument("--sections", default="1,2,3,4,5,6,7,8", help="which sections to run (default all: 1,...,8; "
+    parser.add_argument("--sections", default="1,2,3,4,5,6,7,8,9", help="which sections to run (default all: 1,...,9; "
                         "1 and 2 run together)")
     args = add_save_option(parser).parse_args()
     sections = {int(x) for x in args.sections.split(",")}
@@ -343,6 +394,8 @@ def main():
         results["joint_layers"] = joint_layers(args.quick)
     if 8 in sections:
         results["wide_gram"] = wide_gram(args.quick)
+    if 9 in sections:
+        results["length_sweep"] = length_sweep(args.quick)
     save(args, __file__, results)
 
 
