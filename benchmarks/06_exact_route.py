@@ -335,7 +335,8 @@ def length_sweep(quick: bool) -> list[dict]:
         if event == "/jax/core/compile/backend_compile_duration":
             compiled.append(str(kwargs.get("fun_name")))
 
-    value_grad = eqx.filter_jit(lambda r, *x: jax.value_and_grad(r.risk, argnums=(0, 1, 2))(*x))
+    value_grad = eqx.filter_jit(lambda r, *x: jnp.concatenate([jnp.ravel(a) for a in jax.tree.leaves(
+        jax.value_and_grad(r.risk, argnums=(0, 1, 2))(*x))]))
     term = eqx.filter_jit(lambda r, *x: r.gram(*x))
     lengths = (4, 64, 1024, 4096) if quick else (4, 16, 64, 256, 1024, 4096)
     prior = sl.spikes(1, 2.5)
