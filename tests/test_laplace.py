@@ -682,6 +682,24 @@ def test_a_joint_layer_is_exact_in_conditional_product_form(monkeypatch, L, M, Q
     np.testing.assert_allclose(w, wr, atol=1e-10)
 
 
+@pytest.mark.parametrize("H, F", [(2, 2), (3, 2), (4, 2), (4, 3), (5, 2)])
+def test_the_refined_rule_is_the_rule_the_joint_budget_counts(H, F):
+    """The refined rule (the stated error's reference) has 1.5 x the nodes of every kind and, in a joint
+    layer, the first degree-5 direction on a normal rule of its own; the joint sizing that budgets the
+    route (``joint_rule_size``, :mod:`singleloc._resources`) counts the nodes of exactly these rules."""
+    from singleloc._laplace_joint import joint_rule_size
+
+    prior = sl.spikes(F, 2.5)
+    rule = sl.exact_rule(sl.get_activation("bsoftmax"), 8, H, prior)
+    fine = rule.refined()
+    assert (fine.n_t, fine.z_outer.shape[0], fine.z_inner.shape[0]) == (192, 96, 96)
+    assert float(fine.u_grid[1] - fine.u_grid[0]) <= float(rule.u_grid[1] - rule.u_grid[0]) / 1.5
+    work = lambda r: r.layer.w.shape[0] * H * len(prior.atoms)  # noqa: E731
+    assert work(rule) == joint_rule_size(H, prior) and work(fine) == joint_rule_size(H, prior, refined=True)
+    sizes, small = rule.layer.layout
+    assert fine.layer.layout == (tuple(int(np.ceil(1.5 * n)) for n in sizes) + ((6,) if small else ()), max(small - 1, 0))
+
+
 def test_one_joint_head_is_one_softmax_head():
     """A joint layer of one head is softmax: its conditional product form smooths the head's whole
     variance on one node, the per-head layer's rule takes the profile grid (two code paths)."""
