@@ -419,7 +419,7 @@ def _result(problem: _Problem, out, max_steps: int) -> TheoryResult | FloatingPo
         variance = largest_token_variance(config, float(np.max(problem.args[1].exact.alpha)), M[:, :, -1], Q[:, :, -1])
         joint = ""
         if problem.args[1].exact.form.joint and config.model.heads >= 2:
-            joint = (" (a joint layer's token rule, singleloc._laplace.JOINT_LEADING, is not refined by theory.nodes: "
+            joint = (" (a joint layer's token rule, singleloc._laplace_joint.JOINT_LEADING, is not refined by theory.nodes: "
                      "its error at trained states is in docs/model.md section 4.6)")
         warnings.warn(f"the exact route's stated errors are {risk_error:.1e} (risk) and {exact_drift_error:.1e} (relative "
                       f"O(lr) drift), against a rule of 1.5 x the nodes: the token fields reach a variance of {variance:.3g} "
