@@ -104,7 +104,7 @@ def theory_features(config: Config, starts: int, saved: int | None = None) -> di
 
         form = exponential_form(get_activation(config.model.activation), pb.L)
         if form is not None and form.joint:
-            from ._laplace import joint_rule_size
+            from ._laplace_joint import joint_rule_size
 
             features["joint"] = joint_rule_size(H, prior)
     return features
@@ -115,7 +115,7 @@ def theory_work(features: dict[str, Any]) -> float:
     there: on the rule route ``3.2e-8`` s per node, field and atom (``2 points x L H x atoms``);
     on the exact route ``2.8`` ms per ``H^2 atoms (1 + L / 22)`` (the pairs of heads on the
     Laplace rule, and the Gram term, whose points fall as ``L H`` grows) and ``57`` microseconds
-    per unit of a joint layer's rule (:func:`~singleloc._laplace.joint_rule_size`); times the
+    per unit of a joint layer's rule (:func:`~singleloc._laplace_joint.joint_rule_size`); times the
     starts and replicates (one vmapped evaluation). Measured at load 6 on the 2-core CPU: 27 ms
     (softmax, H = 2, L = 4), 89 ms (L = 64), 159 ms (softmax1, H = 4, F = 3), 1.05 s (bsoftmax,
     H = 3), 4 ms (the rule route's default, 4096 points)."""

@@ -40,6 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._activations import Activation
+from ._cubature import REFINEMENT
 from ._expectation import AbstractExpectation, AbstractGramTerm, RouteStatement, SolveReport
 from ._laplace import LaplaceRule, exact_rule
 from ._laplace_gram import WIDE_GRAM_SIGMA
@@ -227,14 +228,14 @@ def largest_token_variance(prior, scale: float, M, Q) -> float:
 
 def _warn_risk(report: SolveReport, rule: LaplaceRule, risk_error: float, drift_error: float) -> None:
     M, Q = report.ys[0], report.ys[1]
-    variance = largest_token_variance(report.prior, rule.form.scale, M[:, :, -1], Q[:, :, -1])
+    variance = largest_token_variance(report.prior, float(np.max(rule.alpha)), M[:, :, -1], Q[:, :, -1])
     joint = ""
     if rule.form.joint and report.heads >= 2:
-        joint = (" (a joint layer's token rule, singleloc._laplace.JOINT_LEADING, is not refined by theory.nodes: "
+        joint = (" (a joint layer's token rule, singleloc._laplace_joint.JOINT_LEADING, is not refined by theory.nodes: "
                  "its error at trained states is in docs/model.md section 4.6)")
     warnings.warn(f"the exact route's stated errors are {risk_error:.1e} (risk) and {drift_error:.1e} (relative "
-                  f"O(lr) drift), against a rule of 1.5 x the nodes: the token fields reach a variance of {variance:.3g} "
-                  f"(alpha^2 (Q + M Sigma M^T)_hh, Sigma the prior's Gaussian part), which theory.nodes = "
+                  f"O(lr) drift), against a rule of {REFINEMENT:g} x the nodes: the token fields reach a variance of "
+                  f"{variance:.3g} (alpha^2 (Q + M Sigma M^T)_hh, Sigma the prior's Gaussian part), which theory.nodes = "
                   f"{report.theory.nodes} resolves only to that precision; raise "
                   f"theory.nodes (cost grows like its square to cube) and check that the trajectory does not move{joint}",
                   stacklevel=5)

@@ -48,13 +48,17 @@ from __future__ import annotations
 import functools
 import math
 from fractions import Fraction
+from typing import TYPE_CHECKING
 
 import jax.numpy as jnp
 import numpy as np
 
 from ._laplace_profiles import OMEGA, RHO0, _power, rho
 
-#: Two heads: the pair moments' outer rule (:data:`~singleloc._laplace.GRAM_OUTER` times ``theory.nodes = 64``)
+if TYPE_CHECKING:
+    from ._laplace import LaplaceRule
+
+#: Two heads: the pair moments' outer rule (:data:`~singleloc._laplace_heads.GRAM_OUTER` times ``theory.nodes = 64``)
 #: resolves the Gram term's moments (profiles up to the sixth power, narrower than the risk's) to 1e-4 for
 #: token fields of standard deviation up to about this, and to 3e-3 up to twice it (measured, spikes, two
 #: aligned heads of key length ``s`` and ``R_orth = s^2/128``, relative error against 96 and 160 nodes:
@@ -152,67 +156,72 @@ def _set_partitions(items: list) -> list[list[list]]:
     return out
 
 
-def distinct_moments(poly: Polynomial, L: int) -> dict[tuple[int, tuple[int, ...]], float]:
-    """The polynomial's expectation as moments over distinct noise tokens: ``{(a, ks): weight}``,
-    each ``E[A_0^a sum_{distinct l_1..l_j} prod_i A_{l_i}^(k_i)]`` (``j = len(ks)``) counted with
-    the falling factorial ``(L-1)_j`` folded into its weight (terms with ``j > L - 1`` vanish)."""
+def distinct_moments(poly: Polynomial) -> dict[tuple[int, tuple[int, ...]], float]:
+    """The polynomial as sums over distinct noise tokens: ``{(a, ks): c}`` with ``poly = sum c
+    A_0^a sum_{distinct l_1..l_j >= 1} prod_i A_{l_i}^(k_i)`` (``j = len(ks)``; the blocks of a set
+    partition of a product of power sums merged). Whatever ``L``: a sum over ``j`` distinct noise tokens
+    has ``(L-1)_j`` equal terms in expectation (none for ``j > L - 1``), a factor :func:`laplace_gram`
+    applies."""
     out: dict = {}
     for (a, ks), c in poly.items():
         for part in _set_partitions(list(ks)):
             merged = tuple(sorted(tuple(map(sum, zip(*block))) for block in part))
-            count = math.prod(range(L - 1, L - 1 - len(merged), -1))
-            if count:
-                out[(a, merged)] = out.get((a, merged), 0) + Fraction(c) * count
+            out[(a, merged)] = out.get((a, merged), 0) + Fraction(c)
     return {key: float(c) for key, c in out.items() if c}
 
 
 @functools.cache
-def _moment_table(H: int, L: int):
+def _moment_table(H: int):
     """Every distinct-token moment the Gram entries ``h <= g`` need, as static index arrays: per moment
     its heads' total powers ``K`` (M, H), the relevant token's powers ``a`` (M, H), the noise blocks'
-    powers (M, MAX_BLOCKS, H; padded with ``-1``: a factor one), the number of blocks ``j`` (M,), and the
-    weights (M, E) of the moments in the ``E`` entries (falling factorials and ``1 / (K_h - 1)!`` folded in)."""
+    powers (M, MAX_BLOCKS, H; padded with ``-1``: a factor one), the number of blocks ``j`` (M,), the
+    coefficients (M, E) of the moments in the ``E`` entries (:func:`distinct_moments`) and the factors
+    ``prod_h 1 / (K_h - 1)!`` (M,) of their Laplace integrals; none depends on ``L``."""
     polys = gram_polynomials(H)
     entries = sorted(polys)
-    per_entry = [distinct_moments(polys[e], L) for e in entries]
+    per_entry = [distinct_moments(polys[e]) for e in entries]
     keys = sorted({key for mom in per_entry for key in mom})
     blocks = max((len(ks) for _, ks in keys), default=0)
     K = np.array([[a[i] + sum(k[i] for k in ks) for i in range(H)] for a, ks in keys])
     scale = np.array([math.prod(1.0 / math.factorial(x - 1) for x in row if x) for row in K])
-    weights = np.array([[mom.get(key, 0.0) for mom in per_entry] for key in keys]) * scale[:, None]
+    coefficients = np.array([[mom.get(key, 0.0) for mom in per_entry] for key in keys])
     noise = np.full((len(keys), blocks, H), -1)
     for m, (_, ks) in enumerate(keys):
         if ks:
             noise[m, :len(ks)] = ks
-    return entries, K, np.array([a for a, _ in keys]), noise, np.array([len(ks) for _, ks in keys]), weights, blocks
+    return (entries, K, np.array([a for a, _ in keys]), noise, np.array([len(ks) for _, ks in keys]), coefficients, scale,
+            blocks)
 
 
-def _powers_of(omega, L: int, blocks: int):
-    """``(1 - omega)^(L - 1 - j)`` for ``j = 0 ... blocks`` (stacked; zero where ``j > L - 1``)."""
-    return jnp.stack([_power(omega, L - 1 - j) if j <= L - 1 else jnp.zeros_like(omega) for j in range(blocks + 1)])
+def _powers_of(omega, L, blocks: int):
+    """``(1 - omega)^(L - 1 - j)`` for ``j = 0 ... blocks`` (stacked; zero where ``j > L - 1``; ``L`` an array)."""
+    return jnp.stack([jnp.where(j <= L - 1, _power(omega, jnp.maximum(L - 1 - j, 0)), 0.0) for j in range(blocks + 1)])
 
 
-def laplace_gram(rule, M: jnp.ndarray, Q: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
+def laplace_gram(rule: LaplaceRule, M: jnp.ndarray, Q: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
     """``E[sum_l c_l c_l^T]`` (H, H) of a per-head layer of ``H <= 2`` heads (the head average) on
-    the exact rule ``rule`` (:class:`~singleloc._laplace.LaplaceRule`; module docstring): each moment
-    of one head on the risk's one-head rule, of two heads on its pair rule, all moments of a kind
+    the exact rule ``rule`` (:class:`~singleloc._laplace.LaplaceRule`, through its public one-token and
+    pair expectations; module docstring): each moment of one head on the risk's one-head rule, of two
+    heads on its pair rule (on the per-head layer's Gram outer rule), all moments of a kind
     gathered from stacked one-token expectations and summed at once."""
-    H, L, kappa, alpha = Q.shape[0], rule.L, rule.form.offset, rule.form.scale
+    H, L, kappa, alpha = Q.shape[0], rule.L, rule.offset, rule.alpha
     if H > 2:
         raise ValueError(f"the exact Gram term takes one or two heads, got H = {H}")
-    m1, C1, m0, C0 = rule._token_laws(*rule._state(M, Q, b))
+    m1, C1, m0, C0 = rule.token_laws(*rule.state(M, Q, b))
     v1, v0 = jnp.diag(C1), jnp.diag(C0)
-    Y, step = rule._ranges(m1, v1, m0, v0, powers=range(1, DEGREE + 1))
+    Y, step = rule.head_ranges(m1, v1, m0, v0, powers=range(1, DEGREE + 1))
     pre = step[:, None] * jnp.exp(-kappa * jnp.exp(Y))
-    entries, K, a, noise, j, weights, blocks = _moment_table(H, L)
+    entries, K, a, noise, j, coefficients, scale, blocks = _moment_table(H)
+    falling = jnp.cumprod(jnp.concatenate([jnp.ones(1, Y.dtype), L - 1 - jnp.arange(blocks, dtype=Y.dtype)]))  # (L-1)_j
+    weights = coefficients * falling[j][:, None] * scale[:, None]  # every factor of a moment but its integral
     profiles = tuple(rho(k) for k in range(DEGREE + 1))
     integrals = jnp.zeros(len(K), Y.dtype)
     for h in range(H):  # moments of head h alone: one-head rule
         rows = np.flatnonzero(((K > 0).sum(axis=1) == 1) & (K[:, h] > 0))
         if not len(rows):
             continue
-        nz = rule._single(Y[h], m1[h], v1[h], (*profiles, OMEGA))
-        rel = rule._atoms_mean(lambda k, h=h: rule._single(Y[h], m0[h, k], v0[h], profiles))
+        nz = rule.single(Y[h], m1[h], v1[h], (*profiles, OMEGA))
+        rel = rule.atoms_mean(lambda k, h=h: rule.single(Y[h], m0[h, k], v0[h], profiles))
         factors = jnp.concatenate([nz[:-1], jnp.ones_like(nz[:1])])[noise[rows, :, h]]  # (., blocks, n_t); -1: one
         value = pre[h] * rel[a[rows, h]] * _powers_of(nz[-1], L, blocks)[j[rows]] * jnp.prod(factors, axis=1)
         integrals = integrals.at[rows].set(jnp.sum(value, axis=-1))
@@ -221,11 +230,11 @@ def laplace_gram(rule, M: jnp.ndarray, Q: jnp.ndarray, b: jnp.ndarray) -> jnp.nd
         pair = lambda k: (rho(k[0]), rho(k[1]))  # noqa: E731
         noise_combos = sorted({pair(k) for k in noise[rows].reshape(-1, 2) if k[0] >= 0} | {(RHO0, OMEGA)})
         rel_combos = sorted({pair(k) for k in a[rows]})
-        outer = (rule.z_gram, rule.w_gram)  # finer than the risk's: the sixth powers are narrow
-        nz = rule._pair(noise_combos, Y[0], Y[1], m1[0], m1[1], C1[0, 0], C1[0, 1], C1[1, 1], outer)
-        rel = rule._atoms_mean(lambda k: rule._pair(rel_combos, Y[0], Y[1], m0[0, k], m0[1, k], C0[0, 0], C0[0, 1], C0[1, 1],
+        outer = (rule.layer.z_gram, rule.layer.w_gram)  # finer than the risk's: the sixth powers are narrow
+        nz = rule.pair(noise_combos, Y[0], Y[1], m1[0], m1[1], C1[0, 0], C1[0, 1], C1[1, 1], outer)
+        rel = rule.atoms_mean(lambda k: rule.pair(rel_combos, Y[0], Y[1], m0[0, k], m0[1, k], C0[0, 0], C0[0, 1], C0[1, 1],
                                                     outer))
-        omega = rule._single(Y[0], m1[0], v1[0], (OMEGA,))[0][:, None] + nz[noise_combos.index((RHO0, OMEGA))]
+        omega = rule.single(Y[0], m1[0], v1[0], (OMEGA,))[0][:, None] + nz[noise_combos.index((RHO0, OMEGA))]
         # a moment is sum_ij (pre pre' rel[r])_ij (prod of its noise factors and power)_ij: the noise side is
         # formed once per distinct group (factors, j), and every (r, group) sum is one matrix product
         index = np.array([[noise_combos.index(pair(k)) if k[0] >= 0 else len(noise_combos) for k in row]

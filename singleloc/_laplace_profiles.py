@@ -17,41 +17,27 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
-from scipy.special import roots_hermitenorm
 
 #: Profiles are evaluated with ``u`` clipped at this value: beyond it ``rho_k`` is an exact
 #: zero and ``omega`` an exact one in float64, and ``e^u`` stays finite in their derivatives.
 U_CLIP = 50.0
 
-#: Standard normal rules of at least this many nodes are trapezoidal (:func:`normal_rule`).
-TRAPEZOID_FROM = 32
-#: Half-width, in standard deviations, of the trapezoidal normal rule (the mass beyond: 1.2e-15).
-NORMAL_RANGE = 8.0
+#: Fields of a larger standard deviation than this are smoothed on the profile grid
+#: (:func:`grid_smoothing`), smaller ones on a normal rule (:func:`normal_smoothing`):
+#: :meth:`~singleloc._laplace.LaplaceRule.single`, :func:`smoothed_profiles`.
+WIDE_SIGMA = 0.6
+#: The profile grid: ``u`` from ``U_GRID_LOW`` (``e^u`` below 1e-15: the profiles' lower tails are
+#: negligible there, also times ``L = 4096``) to ``U_GRID_HIGH`` (``rho_k`` below ``e^-90``) in steps
+#: of ``U_GRID_STEP`` (trapezoidal error of order ``exp(-pi^2 / step)``, 7e-18).
+U_GRID_LOW = -36.0
+U_GRID_HIGH = 4.5
+U_GRID_STEP = 0.25
 
 
-def gauss_hermite(n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Nodes and weights (summing to one) of the ``n``-point rule for ``E[f(z)]``, ``z ~ N(0, 1)``."""
-    z, w = roots_hermitenorm(n)
-    return z, w / w.sum()
-
-
-def normal_rule(n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Nodes and weights (summing to one) of an ``n``-point rule for ``E[f(z)]``, ``z ~ N(0, 1)``,
-    for the profiles' ``f(z) = rho(u + s z)``: from :data:`TRAPEZOID_FROM` nodes the trapezoidal
-    rule on ``[-8, 8]`` (weights ``phi(z_k)``, normalised), below it Gauss-Hermite.
-
-    Why. ``rho(u + s z)`` is analytic in the strip ``|Im z| < pi / (2 s)`` only, and the rule's
-    error is set by that strip: the trapezoidal rule of step ``delta`` converges like
-    ``exp(-pi^2 / (s delta))``, Gauss-Hermite's nodes crowd at the centre and do worse at every
-    width (measured, ``max |E[rho_k]|`` error over ``u``: 64 nodes at ``s = 2``, trapezoidal 2e-7
-    against Gauss-Hermite's 9e-5; at ``s = 3`` 4e-5 against 2e-3; both 2e-16 for ``s <= 0.2``).
-    With fewer nodes the trapezoidal step is too coarse for the Gaussian itself
-    (``exp(-2 pi^2 / delta^2)``), and Gauss-Hermite is kept."""
-    if n < TRAPEZOID_FROM:
-        return gauss_hermite(n)
-    z = np.linspace(-NORMAL_RANGE, NORMAL_RANGE, n)
-    w = np.exp(-0.5 * z**2)
-    return z, w / w.sum()
+def profile_grid(step: float = U_GRID_STEP) -> np.ndarray:
+    """The profile grid of :func:`grid_smoothing`: equispaced from :data:`U_GRID_LOW` to
+    :data:`U_GRID_HIGH`, in steps of at most ``step``."""
+    return np.linspace(U_GRID_LOW, U_GRID_HIGH, int(math.ceil((U_GRID_HIGH - U_GRID_LOW) / step)) + 1)
 
 
 # -- profiles ------------------------------------------------------------------------------
@@ -89,7 +75,7 @@ def normal_smoothing(c, s, z, w, which, orders=(0,)):
     """``E[f^(order)(c + s Z)]`` ``(len(orders), len(which), *c.shape)`` for the profiles ``f`` listed
     in ``which`` and the derivatives listed in ``orders``, ``Z`` on the standard normal nodes ``z``
     with weights ``w``: exact for a narrow Gaussian (``s`` up to a few times the profiles' own scale,
-    :func:`normal_rule`)."""
+    :func:`~singleloc._cubature.normal_rule`)."""
     x = c[..., None] + s * z
     return jnp.stack([jnp.stack([jnp.sum(w * _profile(x, p, order), axis=-1) for p in which]) for order in orders])
 
@@ -219,12 +205,11 @@ def _smoothed_profiles_jvp(which, wide, primals, tangents):
     return value, first * dc + 0.5 * second * ds2
 
 
-def _power(omega, n: int):
+def _power(omega, n):
     """``(1 - omega)^n`` for ``omega`` in ``[0, 1]`` (a sum of non-negative terms, computed
-    directly), as ``exp(n log1p(-omega))``: no digits lost for large ``n``, and finite
-    derivatives where ``omega`` reaches one (the power is then zero, or one for ``n = 0``)."""
-    if n == 0:
-        return jnp.ones_like(omega)
+    directly) and ``n >= 0`` (a number or an array: the sequence length is traced), as
+    ``exp(n log1p(-omega))``: no digits lost for large ``n``, and finite derivatives where
+    ``omega`` reaches one (the power is then zero, or one for ``n = 0``)."""
     inside = omega < 1.0
     safe = jnp.where(inside, jnp.clip(omega, 0.0, 1.0), 0.0)
-    return jnp.where(inside, jnp.exp(n * jnp.log1p(-safe)), 0.0)
+    return jnp.where(inside, jnp.exp(n * jnp.log1p(-safe)), jnp.where(n == 0, 1.0, 0.0))

@@ -20,7 +20,7 @@ import numpy as np
 from ._activations import get_activation
 from ._expectation import AbstractExpectation
 from ._fields import LocalFields
-from ._laplace import N_OUTER, exact_rule
+from ._laplace import NODES, exact_rule
 from ._monte_carlo_expectation import MonteCarloExpectation
 from ._priors import Prior
 from ._resources import check_memory, check_quadrature, rule_bytes
@@ -92,7 +92,7 @@ def layer_risk_check(expectation: AbstractExpectation, M, Q, b) -> jax.Array:
 
 def population_risk(
     prior: Prior, L: int, activation: str, M, Q, b, points: int = 4096, seed: int = 0, replicates: int = 8,
-    route: str = "auto", v=None, nodes: int = N_OUTER,
+    route: str = "auto", v=None, nodes: int = NODES,
 ) -> RiskEstimate:
     """Population risk ``R(M, Q, b)`` of a layer (docs/model.md section 3) with its numerical error.
 

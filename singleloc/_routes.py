@@ -38,7 +38,7 @@ if TYPE_CHECKING:  # imported when a route is chosen
     from ._specs import Model, Problem, Theory
 
 #: ``theory.route = "auto"`` integrates a joint layer (bsoftmax) on the exact route up to this
-#: :func:`~singleloc._laplace.joint_rule_size` (nodes x heads x atoms), and on the rule route beyond:
+#: :func:`~singleloc._laplace_joint.joint_rule_size` (nodes x heads x atoms), and on the rule route beyond:
 #: its conditional product form then costs more than about 10 s a drift on a 2-core CPU (4.7 s at 61440,
 #: ``H = 4`` on the Gaussian prior; ``H = 4`` with two spikes, 122880, is the largest it takes, ``H = 4``
 #: with three spikes, 589824, and ``H = 5`` with two, 921600, go to the rule).
@@ -48,7 +48,7 @@ JOINT_EXACT_MAX = 2**17
 #: to a quarter of an hour on a 2-core CPU (the Bayes point of four spikes, 786432; six trained bsoftmax
 #: heads on one spike, 829440; eight binary atoms are beyond it).
 JOINT_RISK_MAX = 2**20
-#: Bytes per unit of a joint layer's refined rule (:func:`~singleloc._laplace.joint_rule_size`) at
+#: Bytes per unit of a joint layer's refined rule (:func:`~singleloc._laplace_joint.joint_rule_size`) at
 #: its peak: 0.53 kB measured (binary prior, F = 2, K = H = 4: 472 MB over the process's baseline).
 JOINT_UNIT_BYTES = 640
 
@@ -83,8 +83,8 @@ def route_class(name: str) -> type:
 
 def joint_exact_affordable(H: int, prior: Prior, limit: int) -> bool:
     """Whether a joint layer of ``H`` heads under ``prior`` has an exact rule of at most ``limit``
-    units (:func:`~singleloc._laplace.joint_rule_size`)."""
-    from ._laplace import joint_rule_size
+    units (:func:`~singleloc._laplace_joint.joint_rule_size`)."""
+    from ._laplace_joint import joint_rule_size
 
     return joint_rule_size(H, prior) <= limit
 
@@ -148,10 +148,10 @@ def route_of(config) -> RouteChoice:
 
 def exact_rule_bytes(activation: str, H: int, prior: Prior) -> int:
     """Estimated peak bytes of the exact route's own rule (its refined copy, the larger): a joint
-    layer's :data:`JOINT_UNIT_BYTES` per unit of :func:`~singleloc._laplace.joint_rule_size`; 0 for a
+    layer's :data:`JOINT_UNIT_BYTES` per unit of :func:`~singleloc._laplace_joint.joint_rule_size`; 0 for a
     per-head layer, whose pair rule is small and does not grow with ``H`` or the prior."""
     from ._activations import exponential_form, get_activation
-    from ._laplace import joint_rule_size
+    from ._laplace_joint import joint_rule_size
 
     form = exponential_form(get_activation(activation), 2)  # whether a layer is joint does not depend on L
     if form is None or not form.joint:

@@ -227,7 +227,7 @@ def test_auto_takes_a_joint_layers_exact_route_only_while_it_is_affordable(heads
     """bsoftmax's conditional product form grows like a power of H (``joint_rule_size``): "auto" takes
     the rule route beyond ``JOINT_EXACT_MAX`` (H = 4 with three spikes, H = 5 with two), "exact" any
     size, and a per-head layer is never limited."""
-    from singleloc._laplace import joint_rule_size
+    from singleloc._laplace_joint import joint_rule_size
     from singleloc._routes import JOINT_EXACT_MAX, route_of
 
     cfg = sl.load_config("bsoftmax", [f"model.heads={heads}", f"problem.F={F}", "theory.route=auto"])
