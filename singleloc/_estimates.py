@@ -80,9 +80,11 @@ def _environment() -> str:
 
 
 def _route(config: Config) -> str:
+    """The cost class of the route: ``"exact"``, or ``"rule"`` for a route over the fields' nodes (the Sobol
+    rule, plain Monte Carlo)."""
     from ._routes import route_of
 
-    return route_of(config).route
+    return "exact" if route_of(config).exact else "rule"
 
 
 def _label(config: Config) -> str:
