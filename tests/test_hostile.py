@@ -6,12 +6,19 @@ issue (it failed on the code the issue was filed against) and asserts the one li
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
+
+from singleloc import _sweep_cache, load_config
+from singleloc._config import Config
+from singleloc._run_folders import load_npz, save_npz
+from singleloc.cli import main
 
 #: A command line that solves in seconds (issue 54's ``S``).
 TINY = ["--set", "sgd.tau_max=2", "--set", "simulation.D=200", "--set", "simulation.seeds=1", "--set", "sgd.n_save=3",
@@ -111,3 +118,63 @@ def test_ctrl_c_while_a_real_command_compiles_is_one_line(tmp_path, command, arg
     code, seconds, err = _interrupt(tmp_path, [command, *args, *sizes, "--no-progress"], seconds=0.1, work=False,
                                     wait_for=None, delay=delay)
     _assert_clean_interrupt(code, seconds, err, command, within=2.5)
+
+
+# ----------------------------------------------------------------------------- 6. cache entries prove what they hold
+
+
+def _fake_compute(calls):
+    """A theory entry whose risk is the config's number of heads (so a row shows whose result it holds)."""
+
+    def compute(config, kind):
+        calls.append(config.model.heads)
+        H = config.model.heads
+        return {"tau": np.arange(3.0), "M": np.zeros((1, 3, H, 2)), "Q": np.ones((1, 3, H, H)), "b": np.zeros((1, 3, H)),
+                "risk": np.full((1, 3), float(H))}
+
+    return compute
+
+
+def test_a_cache_entry_copied_over_another_points_entry_is_recomputed(tmp_path, monkeypatch):
+    """Issue 54 item 6: the ``heads = 1`` entry copied over the ``heads = 2`` entry was used silently
+    ("2 from the cache", the heads = 2 row reporting the heads = 1 result): entries were trusted by
+    file name. Now each records the key of its configuration and every read verifies it."""
+    calls = []
+    monkeypatch.setattr(_sweep_cache, "compute", _fake_compute(calls))
+    monkeypatch.setattr(_sweep_cache, "compute_points", lambda kind, *configs: [
+        _fake_compute(calls)(Config.from_dict(c), kind) for c in configs])
+    one, two = (load_config("default", ["theory.route=rule", f"model.heads={h}"]) for h in (1, 2))
+    _sweep_cache.cached_run(one, "theory", tmp_path)
+    _sweep_cache.cached_run(two, "theory", tmp_path)
+    path_one, path_two = (_sweep_cache._entry_path(tmp_path, c, "theory") for c in (one, two))
+    shutil.copyfile(path_one, path_two)
+    with pytest.warns(UserWarning, match=f"cache entry {path_two} holds the result of another configuration"):
+        done, errors = _sweep_cache.fill_cache([(one, "theory"), (two, "theory")], tmp_path, progress=False)
+    assert done == {path_two.name} and not errors and calls == [1, 2, 2]  # the cheap check of fill_cache finds it
+    assert _sweep_cache.cached_run(two, "theory", tmp_path)["risk"][0, 0] == 2.0 and len(calls) == 3
+    shutil.copyfile(path_one, path_two)  # the full read (after fill_cache) finds it too
+    with pytest.warns(UserWarning, match="holds the result of another configuration"):
+        assert _sweep_cache.cached_run(two, "theory", tmp_path)["risk"][0, 0] == 2.0
+    save_npz(path_two, load_npz(path_one))  # an entry that records nothing (an earlier layout, a hand-made file)
+    with pytest.warns(UserWarning, match="records the key of none"):
+        assert _sweep_cache.cached_run(two, "theory", tmp_path)["risk"][0, 0] == 2.0
+    assert calls == [1, 2, 2, 2, 2]
+
+
+@pytest.mark.slow
+def test_the_issues_swapped_sweep_entry_is_recomputed_through_the_command_line(tmp_path, capsys):
+    """The issue's case end to end: a finished ``--grid model.heads=1,2`` sweep, the heads = 1 theory
+    entry copied over the heads = 2 one, the sweep run again on that cache."""
+    args = ["sweep", "default", *TINY, "--grid", "model.heads=1,2", "--horizon", "config", "--out", str(tmp_path / "o")]
+    assert main(args) == 0
+    first = (tmp_path / "o" / "sweep.csv").read_text()
+    capsys.readouterr()
+    one, two = (load_config("default", [a for a in TINY if "=" in a] + [f"model.heads={h}", "sgd.tau_max=2"]) for h in (1, 2))
+    paths = [_sweep_cache._entry_path(tmp_path / "o" / "cache", c, "theory") for c in (one, two)]
+    assert all(p.is_file() for p in paths)
+    shutil.copyfile(*paths)
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    assert "holds the result of another configuration" in captured.err, captured.err
+    assert "(1 computed, 1 from the cache)" in captured.out + captured.err, captured
+    assert (tmp_path / "o" / "sweep.csv").read_text() == first
