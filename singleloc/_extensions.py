@@ -11,7 +11,9 @@ function in any importable module:
   :class:`~singleloc.Problem` section (it reads ``F``, ``strength`` or any other key it needs)
   returning a :class:`~singleloc.Prior`.
 
-The module is imported where the config is used: in this process, and in each Dask worker
+The function is called through :func:`~singleloc._user_code.guarded` (an exception it raises is one
+line naming it) and checked with values where it enters (:mod:`~singleloc._user_code`). The module is
+imported where the config is used: in this process, and in each Dask worker
 process of a sweep (the config carries the string, not the function), so a user's activation
 works from the command line, in sweeps and on clusters as long as its module is importable
 there (installed, or on ``PYTHONPATH``). A reference is imported once per process.
@@ -61,6 +63,9 @@ def import_reference(reference: str, key: str) -> Any:
             raise ValueError(f"{key}: module {module_name!r} has no attribute {path!r} (from {reference!r})") from None
     if not callable(obj):
         raise ValueError(f"{key}: {reference!r} is not callable (got {type(obj).__name__})")
+    from ._user_code import guarded
+
+    obj = guarded(obj, reference, key)
     _IMPORTED[reference] = (obj, _file_digest(module))
     return obj
 

@@ -16,6 +16,7 @@ import numpy as np
 from ._activations import get_activation
 from ._extensions import import_reference, is_reference
 from ._priors import PRIOR_FACTORIES, Prior
+from ._user_code import check_prior
 from ._validation import integer, number
 
 #: Largest ``|model.bias_init|``: float32 (the simulation's precision) spaces numbers near 1000 by
@@ -142,10 +143,9 @@ class Problem:
         """The :class:`Prior` this problem describes."""
         if isinstance(self.prior, Prior):
             return self.prior
-        if is_reference(self.prior):  # a user's factory, problem -> Prior (singleloc._extensions)
+        if is_reference(self.prior):  # a user's factory, problem -> Prior (singleloc._extensions, singleloc._user_code)
             prior = import_reference(self.prior, "problem.prior")(self)
-            if not isinstance(prior, Prior):
-                _fail("problem", "prior", f"{self.prior!r} must return a singleloc.Prior, got {type(prior).__name__}")
+            check_prior(prior, self.prior)
             return prior
         F = self.F
         try:

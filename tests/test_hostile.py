@@ -178,3 +178,130 @@ def test_the_issues_swapped_sweep_entry_is_recomputed_through_the_command_line(t
     assert "holds the result of another configuration" in captured.err, captured.err
     assert "(1 computed, 1 from the cache)" in captured.out + captured.err, captured
     assert (tmp_path / "o" / "sweep.csv").read_text() == first
+
+
+# ----------------------------------------------------------------------------- 2-5. user code where it enters
+
+USER_MODULE = """
+import jax
+import jax.numpy as jnp
+import numpy as np
+import singleloc as sl
+
+def position_weighted(scores):  # softmax weighted by the position index: not token-permutation equivariant
+    e = jnp.exp(scores) * jnp.arange(1, scores.shape[-1] + 1, dtype=scores.dtype)
+    return e / e.sum(-1, keepdims=True)
+
+def nan_weights(scores):
+    return jnp.full_like(scores, jnp.nan)
+
+def nan_gradient(scores):  # finite weights, a gradient 0 * inf
+    return jax.nn.softmax(scores, axis=-1) + 0.0 * jnp.sqrt(jnp.abs(scores) - jnp.abs(scores))
+
+def raising(scores):
+    raise RuntimeError("boom")
+
+def numpy_only(scores):
+    e = np.exp(np.asarray(scores))
+    return e / e.sum(-1, keepdims=True)
+
+def double_precision(scores):
+    return jax.nn.softmax(scores.astype(jnp.float64), axis=-1)
+
+def lying(scores):  # declares softmax, computes softmax(2 s)
+    return jax.nn.softmax(2.0 * scores, axis=-1)
+lying.exponential_form = lambda L: (1.0, 0.0, False)
+
+def honest(scores):
+    return jax.nn.softmax(2.0 * scores, axis=-1)
+honest.exponential_form = lambda L: (2.0, 0.0, False)
+
+def short_only(scores):  # passes the probe (L = 5), raises on longer sequences
+    if scores.shape[-1] > 6:
+        raise IndexError("too long")
+    return jax.nn.softmax(scores, axis=-1)
+
+def raising_prior(problem):
+    raise RuntimeError("prior boom")
+
+def nan_prior(problem):
+    return sl.Prior([[float("nan")] * problem.F], [1.0], [[0.0] * problem.F] * problem.F)
+
+def huge_prior(problem):
+    return sl.spikes(problem.F, 1e200)
+"""
+
+
+@pytest.fixture
+def user_module(tmp_path, monkeypatch):
+    """A user's module ``hostile_<id>`` on ``sys.path`` (a unique name per test: each imports its own file)."""
+    name = f"hostile_{os.getpid()}_{abs(hash(tmp_path)) % 10**8}"
+    (tmp_path / f"{name}.py").write_text(USER_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield name
+    sys.modules.pop(name, None)
+
+
+@pytest.mark.parametrize("function, words", [
+    ("position_weighted", "is not equivariant under a permutation of the tokens: act(s P) and act(s) P differ by"),
+    ("nan_weights", "returns non-finite weights on random scores of shape (3, 5) and scale 1 (15 of 15 entries, e.g. nan)"),
+    ("nan_gradient", "has a non-finite gradient on random scores"),
+    ("raising", "raised RuntimeError: boom"),
+    ("numpy_only", "raised TracerArrayConversionError"),
+    ("double_precision", "must return weights of the scores' dtype (the simulation runs in float32); float32 scores gave "
+                         "float64 weights"),
+    ("lying", "is not the normalised exponential it declares (exponential_form at L = 5: scale 1, offset 0, joint False"),
+])
+def test_a_user_activation_is_probed_with_values_where_it_enters(user_module, tmp_path, capsys, function, words):
+    """Issue 54 items 2 and 3: a non-equivariant activation was accepted silently (the theory's numbers
+    were wrong), one returning NaN made ``integrate`` run on for minutes. Refused at once, in one line."""
+    args = ["integrate", "default", *TINY, "--set", f"model.activation={user_module}:{function}", "--out", str(tmp_path / "o")]
+    assert main(args) == 2
+    line = one_line(capsys, "integrate")
+    assert line.startswith(f"singleloc integrate: error: model.activation: '{user_module}:{function}' ") and words in line, line
+
+
+def test_the_probe_takes_the_packages_own_activations_and_an_honest_form(user_module):
+    import jax.numpy as jnp
+
+    import singleloc as sl
+    from singleloc._user_code import check_activation
+
+    for name in ("softmax", "softmax1", "bsoftmax", "ssmax"):
+        check_activation(sl.get_activation(name), name)
+    check_activation(sl.scalable_softmax(0.3), "scalable_softmax(0.3)")
+    fn = sl.get_activation(f"{user_module}:honest")
+    assert float(fn(jnp.zeros((1, 2)))[0, 0]) == 0.5
+    with pytest.raises(ValueError, match="'test_hostile_position' is not equivariant"):
+        sl.register_activation("test_hostile_position", sys.modules[user_module].position_weighted)
+    assert "test_hostile_position" not in sl.activation_names()
+
+
+@pytest.mark.parametrize("function, words", [
+    ("raising_prior", "raised RuntimeError: prior boom"),
+    ("nan_prior", "raised ValueError: prior custom: atoms must be finite"),
+    ("huge_prior", "returned a prior whose mean or covariance overflows float64 (atoms up to 1e+200)"),
+])
+def test_a_user_prior_that_raises_or_overflows_is_one_line(user_module, capsys, function, words):
+    """Issue 54 item 4: ``bayes default --set problem.prior=mymod:raiseprior`` gave a 35-line traceback, exit 1."""
+    assert main(["bayes", "default", "--set", f"problem.prior={user_module}:{function}"]) == 2
+    line = one_line(capsys, "bayes")
+    assert line.startswith(f"singleloc bayes: error: problem.prior: '{user_module}:{function}' ") and words in line, line
+
+
+def test_an_activation_that_raises_only_in_the_run_is_one_line(user_module, tmp_path, capsys):
+    """The probe passes (L = 5); the run's trace at L = 8 raises inside JAX: still one line naming the function."""
+    assert main(["integrate", "default", *TINY, "--set", f"model.activation={user_module}:short_only", "--set", "problem.L=8",
+                 "--out", str(tmp_path / "o")]) == 2
+    assert one_line(capsys, "integrate") == \
+        f"singleloc integrate: error: model.activation: '{user_module}:short_only' raised IndexError: too long"
+
+
+@pytest.mark.parametrize("s", [1e300, 1e3 * (1 + 1e-15), True, None])
+def test_scalable_softmax_refuses_a_scale_beyond_what_it_can_compute(s):
+    """Issue 54 item 5: ``sl.scalable_softmax(1e300)`` passed its check and failed 29 lines deep in JAX."""
+    import singleloc as sl
+
+    with pytest.raises(ValueError, match=r"scalable_softmax: s must be a number in \(0, 1000\], got .*; e.g. s = 1"):
+        sl.scalable_softmax(s)
+    assert sl.scalable_softmax(1e3).exponential_form(4).scale == pytest.approx(1e3 * np.log(4))
