@@ -105,7 +105,8 @@ def _count(name: str, n, L: int) -> int:
     try:
         return integer(name, n, 1, L - 1)
     except ValueError as err:
-        raise ValueError(f"{err} (1 <= {name} < L = {L})") from None
+        head, sep, tail = str(err).partition("; e.g.")
+        raise ValueError(f"{head} (1 <= {name} < L = {L}){sep}{tail}") from None
 
 
 def _positive(name: str, x) -> float:

@@ -474,6 +474,9 @@ def _check_initial(config: Config, y0: OrderParameters) -> None:
     S = y0.M.shape[0]
     parts = (("M0", y0.M, (S, H, F)), ("Q0", y0.Q, (S, H, H)), ("b0", y0.b, (S, H)))
     for name, x, shape in parts + ((("v0", y0.v, (S, H)),) if isinstance(y0, WeightedOrderParameters) else ()):
+        if x.shape[1:] == shape[1:] and x.shape[0] != S:  # shapes right, counts of starts not
+            raise ValueError(f"{name} holds {x.shape[0]} start(s) but M0 holds {S}: give every part of y0 the same leading "
+                             f"number of starts, e.g. {name} of shape {shape}")
         if x.shape != shape:
             raise ValueError(f"{name} must have shape {shape[1:]} (model.heads = {H}, problem.F = {F}), got {x.shape[1:]}")
         if not np.all(np.isfinite(np.asarray(x))):

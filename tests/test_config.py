@@ -292,7 +292,7 @@ def test_malformed_structure_is_a_value_error_naming_the_key(tmp_path, text, wor
     ("simulation.D=inf", "simulation.D: must be an integer"),
     ("problem.L=nan", "problem.L: must be an integer"),
     ("model.bias_init=1e300", "model.bias_init: must lie in [-1000, 1000]"),
-    ("theory.rtol=1e-300", "theory.rtol: must be >= 2.22e-16"),
+    ("theory.rtol=1e-300", "theory.rtol: must be >= 2.220446049250313e-16"),
 ])
 def test_bad_values_of_issue_11_name_the_key(override, words):
     with pytest.raises(ValueError, match=re.escape(words)):

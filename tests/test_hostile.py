@@ -5,6 +5,7 @@ issue (it failed on the code the issue was filed against) and asserts the one li
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import signal
@@ -305,3 +306,102 @@ def test_scalable_softmax_refuses_a_scale_beyond_what_it_can_compute(s):
     with pytest.raises(ValueError, match=r"scalable_softmax: s must be a number in \(0, 1000\], got .*; e.g. s = 1"):
         sl.scalable_softmax(s)
     assert sl.scalable_softmax(1e3).exponential_form(4).scale == pytest.approx(1e3 * np.log(4))
+
+
+# ----------------------------------------------------------------------------- 8. numbers in the range of their type
+
+
+@pytest.mark.parametrize("command, sets, words", [
+    ("integrate", ["sgd.batch=1e300"], "sgd.batch: must be <= 2147483647, got 1e+300; e.g. sgd.batch = 1"),
+    ("integrate", ["theory.qmc_seed=18446744073709551616"],
+     "theory.qmc_seed: must be <= 4294967295, got 18446744073709551616; e.g. theory.qmc_seed = 0"),
+    ("integrate", ["theory.replicates=1e6"], "sgd.n_save = 3 x theory.replicates = 1000000 saved times per ODE start, more "
+                                             "than the 16384"),
+    ("integrate", ["theory.rtol=2.22e-16"], "theory.rtol: must be >= 2.220446049250313e-16 (the relative spacing of float64 "
+                                            "numbers), got 2.22e-16; e.g. theory.rtol = 1e-12"),
+    ("simulate", ["problem.strength=1e300"], "problem.strength: 1e+300 is out of range: its square must be a float64 number, "
+                                             "so |problem.strength| <= 1.34e+154; e.g. problem.strength = 2.5"),
+    ("simulate", ["problem.strength=1e30"], "problem.strength: 1e+30 is out of range for the simulation, which runs in float32: "
+                                            "its square must be a float32 number, so |problem.strength| <= 1.84e+19"),
+    ("simulate", ["sgd.schedule=warmup", "sgd.warmup_tau=1e-300"], "sgd.warmup_tau: 1e-300 is out of range for the "
+                                                                   "simulation, which runs in float32"),
+    ("integrate", ["theory.route=exact", "theory.gram_points=1073741824"],
+     "for the exact route's Gram rule (theory.gram_points = 1073741824 x problem.L = 4"),
+])
+def test_the_issues_messages_name_the_key_and_a_possible_value(tmp_path, capsys, monkeypatch, command, sets, words):
+    """Issue 54 item 8: JAX's overflow message, "Python int too large to convert to C long", "lower sgd.n_save to at
+    most 0", "must be >= 2.22e-16, got 2.22e-16", ``problem.strength = 1e300`` blamed on ``sgd.lr``, ``theory.gram_points``
+    blamed on ``theory.points``."""
+    monkeypatch.setenv("SINGLELOC_MEMORY_LIMIT", "8G")
+    args = [command, "default", *TINY, *(a for s in sets for a in ("--set", s)), "--out", str(tmp_path / "o")]
+    assert main(args) == 2
+    line = one_line(capsys, command)
+    assert words in line, line
+    assert "e.g. " in line and "at most 0" not in line, line
+    if "replicates" in sets[0]:
+        assert line.endswith("e.g. theory.replicates = 5461"), line  # 3 x 5461 = 16383 saved times fit
+    if "gram_points" in sets[-1]:
+        value = int(line.split("e.g. theory.gram_points = ")[1].split(",")[0])
+        assert 16 <= value < 1073741824 and not value & (value - 1)
+
+
+def test_starts_of_different_counts_say_so():
+    """Issue 54 item 8: "Q0 must have shape (2, 2) ..., got (2, 2)" for three M0 and two Q0."""
+    import singleloc as sl
+
+    cfg = load_config("default", [a for a in TINY if "=" in a])
+    M0, Q0, b0 = np.zeros((3, 2, 2)), np.tile(np.eye(2), (2, 1, 1)), np.zeros((3, 2))
+    with pytest.raises(ValueError, match=r"^Q0 holds 2 start\(s\) but M0 holds 3: give every part of y0 the same leading "
+                                         r"number of starts, e.g. Q0 of shape \(3, 2, 2\)$"):
+        sl.integrate(cfg, (M0, Q0, b0))
+
+
+def _numeric_keys():
+    from singleloc._config import SECTIONS
+
+    for section, spec in SECTIONS.items():
+        for field in dataclasses.fields(spec):
+            default = spec().__getattribute__(field.name) if field.name != "prior" else None
+            if isinstance(default, (int, float)) and not isinstance(default, bool):
+                yield f"{section}.{field.name}"
+
+
+HOSTILE_NUMBERS = ["1e300", "-1e300", "1e-320", "1180591620717411303424", "-1", "0", "0.5", "nan", "inf", "'x'", "true"]
+
+
+@pytest.mark.parametrize("key", list(_numeric_keys()))
+def test_every_numeric_key_refuses_in_one_line_naming_it_with_a_value_that_passes(key):
+    """The class of item 8: for every numeric key and hostile value, either the config loads (and then the
+    value is in the range of float64 and int64) or the refusal names the key and suggests ``key = VALUE``, and
+    that suggestion loads."""
+    for value in HOSTILE_NUMBERS:
+        try:
+            cfg = load_config("default", [f"{key}={value}"])
+        except ValueError as err:
+            message = str(err)
+            assert message.startswith(f"{key}: ") or message.startswith(f"{key} "), message
+            assert f"; e.g. {key} = " in message, message
+            suggested = message.split(f"; e.g. {key} = ")[1].split(" ")[0].rstrip(",;)")
+            load_config("default", [f"{key}={suggested}"])  # the suggestion is possible
+        else:
+            section, name = key.split(".")
+            loaded = getattr(getattr(cfg, section), name)
+            assert isinstance(loaded, (int, float)) and np.isfinite(loaded)
+            assert abs(loaded) < (2**63 if isinstance(loaded, int) else np.finfo(np.float64).max)
+
+
+@pytest.mark.parametrize("key, value, words", [
+    ("problem.strength", 1e25, "its square must be a float32 number"),
+    ("sgd.lr", 1e39, "it must be a float32 number"),
+    ("sgd.init_scale", 1e20, "its square must be a float32 number"),
+    ("sgd.schedule_tau", 1e-40, "it must be a float32 normal number"),
+    ("sgd.weight_decay", 1e39, "it must be a float32 number"),
+])
+def test_what_a_simulation_holds_in_float32_is_checked_before_it_runs(key, value, words):
+    from singleloc import _resources
+
+    cfg = load_config("default", [f"{key}={value!r}"])
+    _resources.check_run(cfg, theory_starts=1)  # the theory runs in float64: fine
+    with pytest.raises(ValueError, match=rf"^{key}: .* is out of range for the simulation, which runs in float32: {words}.*"
+                                         rf"; e.g. {key} = "):
+        _resources.check_run(cfg, simulation=True)

@@ -91,7 +91,7 @@ def add_force_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def check_cost(command: str, cost, force: bool) -> None:
-    """Say on stderr what a run will cost (:class:`singleloc._resources.Cost`) when its estimated
+    """Say on stderr what a run will cost (:class:`singleloc._costs.Cost`) when its estimated
     time exceeds :data:`ANNOUNCE_SECONDS`, and refuse it (``ValueError``) above
     :data:`LONG_RUN_SECONDS` unless ``force``."""
     if cost.seconds > LONG_RUN_SECONDS and not force:
@@ -135,7 +135,8 @@ def prepare_run(args: argparse.Namespace, *, simulation: bool = False, theory: s
     theory from ``"one"`` start or one per seed (``"seeds"``), what a simulation will cost
     (:func:`check_cost`), and a note when ``--out`` holds a run that the new one will replace.
     (The warnings about a run's results, :mod:`singleloc._run_checks`, come from the library.)"""
-    from .._resources import check_run, simulation_cost
+    from .._costs import simulation_cost
+    from .._resources import check_run
 
     config = config_from_args(args)
     starts = {None: 0, "one": 1, "seeds": config.simulation.seeds}[theory]
