@@ -46,6 +46,11 @@ class Config:
     simulation: Simulation = Simulation()
     theory: Theory = Theory()
 
+    def __post_init__(self):
+        from ._combinations import check_combinations  # keys a run would silently drop (issue 54 item 7)
+
+        check_combinations(self)
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Mapping[str, Any]]) -> Config:
         """Build from nested ``{section: {key: value}}``; unknown sections or keys are errors

@@ -164,7 +164,7 @@ class Problem:
                 object.__setattr__(self, key, _matrix(s, key, getattr(self, key), nd))
         if isinstance(self.prior, Prior):
             if self.prior.F != self.F:
-                _fail(s, "F", f"is {self.F} but the prior object has F = {self.prior.F}")
+                _fail(s, "F", f"is {self.F} but the prior object has F = {self.prior.F}; e.g. problem.F = {self.prior.F}")
         elif not isinstance(self.prior, str):
             _fail(s, "prior", f"must be a prior name ({', '.join(PRIOR_FACTORIES)}) or a Prior, got {self.prior!r}")
         elif self.prior not in PRIOR_FACTORIES and not is_reference(self.prior):
@@ -172,7 +172,8 @@ class Problem:
                               "'package.module:function' to a function problem -> Prior)")
         prior = self.build_prior()
         if prior.F != self.F:
-            _fail(s, "F", f"is {self.F} but the {prior.name} prior's parameters have dimension {prior.F}")
+            _fail(s, "F", f"is {self.F} but the {prior.name} prior's parameters have dimension {prior.F}; "
+                          f"e.g. problem.F = {prior.F}")
 
     def build_prior(self) -> Prior:
         """The :class:`Prior` this problem describes."""

@@ -342,4 +342,4 @@ def test_auto_gram_points_fit_the_node_budget_and_never_go_below_points(L, H, ex
     th = load_config("default").theory
     assert th.gram_rule_points(L, H, 4096) == expected
     assert th.gram_rule_points(L, H, 32768) == max(expected, 32768)
-    assert load_config("default", ["theory.gram_points=256"]).theory.gram_rule_points(L, H, 4096) == 256
+    assert load_config("default", ["theory.route=exact", "theory.gram_points=256"]).theory.gram_rule_points(L, H, 4096) == 256

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -405,3 +406,43 @@ def test_what_a_simulation_holds_in_float32_is_checked_before_it_runs(key, value
     with pytest.raises(ValueError, match=rf"^{key}: .* is out of range for the simulation, which runs in float32: {words}.*"
                                          rf"; e.g. {key} = "):
         _resources.check_run(cfg, simulation=True)
+
+
+# ----------------------------------------------------------------------------- 7. combinations a run would drop
+
+
+def test_the_exact_gram_term_on_the_rule_route_is_refused(tmp_path, capsys):
+    """Issue 54 item 7: ``--set theory.gram=exact --set theory.route=rule`` was dropped silently (the run
+    recorded the Sobol Gram term)."""
+    assert main(["integrate", "default", *TINY, "--set", "theory.gram=exact", "--out", str(tmp_path / "o")]) == 2
+    assert one_line(capsys, "integrate") == (
+        "singleloc integrate: error: theory.gram = 'exact' applies to the exact route's Gram term, but theory.route = "
+        "'rule', whose Gram term is on its own Sobol rule (theory.points); e.g. theory.gram = 'auto', or theory.route = "
+        "'exact' for a normalised-exponential activation")
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("sets, words", [
+    (["theory.route=rule", "theory.gram_points=1024"], "theory.gram_points = 1024 applies to the exact route's Gram term"),
+    (["theory.route=auto", "model.activation=bsoftmax", "model.heads=6", "theory.gram=exact"],
+     "but model.activation = 'bsoftmax' takes the rule route here"),
+    (["sgd.gradient_flow=true", "theory.gram=sobol"], "theory.gram = 'sobol' has no effect with sgd.gradient_flow = true"),
+    (["sgd.bias_decay=0.1"], "sgd.bias_decay = 0.1 penalises biases that do not learn (model.train_bias = false); "
+                             "e.g. model.train_bias = true"),
+    (["problem.support=[[1, 0], [0, 1]]"], "problem.support applies to problem.prior = 'discrete' only"),
+    (["problem.prior=discrete", "problem.mean=[1, 0]"], "problem.mean applies to problem.prior = 'gaussian' only"),
+])
+def test_keys_a_run_would_silently_drop_are_refused(sets, words):
+    with pytest.raises(ValueError, match=re.escape(words)):
+        load_config("default", sets)
+
+
+@pytest.mark.parametrize("sets", [
+    ["theory.route=rule", "theory.gram=sobol"],  # the rule route's Gram term is on the Sobol rule: what was asked
+    ["theory.route=exact", "theory.gram=exact", "theory.gram_points=1024"],
+    ["model.train_bias=true", "sgd.bias_decay=0.1"],
+    ["problem.prior=discrete", "problem.support=[[1, 0], [0, 1]]", "problem.probs=[0.5, 0.5]"],
+    ["problem.prior=gaussian", "problem.mean=[1, 0]", "problem.cov=2.0"],
+])
+def test_consistent_combinations_load(sets):
+    load_config("default", sets)
