@@ -52,7 +52,10 @@ class ExponentialForm(NamedTuple):
 
 
 def exponential_form(activation: Activation, L: int) -> ExponentialForm | None:
-    """The normalised-exponential form an activation declares at length ``L``, or ``None``."""
+    """The normalised-exponential form an activation (a function, or a name for :func:`get_activation`)
+    declares at length ``L``, or ``None``."""
+    if isinstance(activation, str):  # a name would have no attribute: None, "no exact route", silently
+        activation = get_activation(activation)
     form = getattr(activation, "exponential_form", None)
     return None if form is None else ExponentialForm(*form(int(L)))
 

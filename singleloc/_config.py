@@ -229,7 +229,14 @@ def load_config(source: str | Path | Mapping | None = None, overrides: Sequence[
     Raises:
         ValueError: ``source`` is neither a preset nor an existing regular file, the file is not
             UTF-8 TOML, or a value is invalid (naming the key).
+        TypeError: ``source`` or ``overrides`` of another type (one string of overrides, not a list).
     """
+    if isinstance(overrides, (str, bytes)) or not isinstance(overrides, Sequence):
+        raise TypeError(f"load_config: overrides must be a list of 'section.key=value' strings, got "
+                        f"{type(overrides).__name__} {_short(overrides)}; e.g. [{_short(overrides)}]")
+    if not isinstance(source, (str, Path, Mapping, type(None))):
+        raise TypeError(f"load_config: source must be a preset name, a path or a dict, got {type(source).__name__} "
+                        f"{_short(source)}; e.g. 'default'")
     if source is None:
         data: dict = {}
     elif isinstance(source, Mapping):
@@ -241,6 +248,8 @@ def load_config(source: str | Path | Mapping | None = None, overrides: Sequence[
     else:
         data = _read_toml(source)
     for text in overrides:
+        if not isinstance(text, str):
+            raise TypeError(f"load_config: every override must be a string 'section.key=value', got {_short(text)}")
         section, key, value = parse_override(text)
         current = data.get(section, {})
         if not isinstance(current, Mapping):

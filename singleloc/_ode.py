@@ -54,6 +54,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._accuracy import choose_points, relative_drift_error
+from ._arguments import require_starts
 from ._compilation import exported_call
 from ._config import Config, gather_specs, require_config
 from ._laplace_gram import WIDE_GRAM_SIGMA
@@ -215,6 +216,7 @@ def resolve_points(config: Config, y0: OrderParameters | None = None) -> Config:
     computation share one rule. :func:`integrate` resolves it at its own starts, with the error
     estimate of the choice (:attr:`TheoryResult.drift_error`)."""
     require_config(config, "resolve_points")
+    require_starts("resolve_points", y0)
     if config.theory.points != "auto":
         return config
     starts = initial_conditions(config, 1) if y0 is None else batched_starts(with_head_weights(config, y0))
@@ -303,6 +305,7 @@ def integrate(
     """
     config = gather_specs("integrate", config, problem=problem, model=model, sgd=sgd, theory=theory,
                           simulation=simulation)
+    require_starts("integrate", y0)
     try:
         times = np.asarray(config.sgd.save_times() if ts is None else ts, dtype=np.float64)
         t0 = float(t0)

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._activations import exponential_form, get_activation
+from ._arguments import require_arrays, require_prior
 from ._fields import LocalFields
 from ._laplace import N_OUTER, exact_rule
 from ._priors import Prior
@@ -106,6 +107,8 @@ def population_risk(
     route first checks its rule over the ``L H`` fields (``ValueError`` or ``MemoryError``, as
     :func:`bayes_risk`); its rules are rank-aware (``theory.axes = "principal"``, :class:`~singleloc.LocalFields`):
     heads that are copies lose no accuracy."""
+    require_prior("population_risk", prior)
+    require_arrays("population_risk", M=M, Q=Q, b=b, v=v)
     _check_counts(L, replicates)
     act = get_activation(activation)
     dtype = jnp.result_type(float)

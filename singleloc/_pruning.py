@@ -48,6 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._activations import get_activation
+from ._arguments import require_arrays
 from ._choices import PRUNING_ORDERS
 from ._config import Config, gather_specs, require_arguments, require_config, require_uniform_head_weights
 from ._data import overlaps
@@ -121,6 +122,7 @@ def removable_heads(risk: Sequence[float], tol: float = 0.01) -> int:
 def keep_heads(M, Q, b, kept: Sequence[int]) -> OrderParameters:
     """The order parameters of the sub-layer of heads ``kept``: rows of ``M`` and ``b``,
     rows and columns of ``Q``."""
+    require_arrays("keep_heads", M=M, Q=Q, b=b, kept=kept)
     idx = np.asarray(kept, dtype=int)
     return OrderParameters(jnp.asarray(M)[idx], jnp.asarray(Q)[np.ix_(idx, idx)], jnp.asarray(b)[idx])
 
@@ -366,6 +368,7 @@ def prune_theory(config: Config | None = None, M=None, Q=None, b=None, order: st
     is ``config`` or the specifications by keyword (defaults for those not given)."""
     config = gather_specs("prune_theory", config, problem=problem, model=model, sgd=sgd, theory=theory)
     require_arguments("prune_theory", M=M, Q=Q, b=b)
+    require_arrays("prune_theory", M=M, Q=Q, b=b)
     evaluate = TheoryRisk(config, M, Q, b)
     norms = np.linalg.norm(np.asarray(M, dtype=float), axis=1)
     result = prune(evaluate, evaluate.heads, order, overlap_norms=norms, draws=draws, seed=seed)
@@ -387,6 +390,11 @@ def prune_run(run: Run, order: str | Sequence[int] = "greedy", *, draws: int = 1
         ``{kind: [PruningResult, ...]}`` for each kind of ``run.data`` (``"theory"``: one result;
         ``"simulation"``: one per seed), in the run's order.
     """
+    from ._run_folders import Run
+
+    if not isinstance(run, Run):
+        raise TypeError(f"prune_run: run must be a singleloc.Run, got {type(run).__name__} {run!r:.40}; pass "
+                        "singleloc.load_run(folder)")
     config = pruning_config(run.config)
     results = {}
     for kind, d in run.data.items():  # theory.npz: (T, ...) of seed 0; simulation.npz: (S, T, ...)
@@ -408,6 +416,7 @@ def prune_weights(config: Config | None = None, K=None, b=None, kstar=None, orde
     ``M = K k*^T / D``. The run is ``config`` or the specifications by keyword."""
     config = gather_specs("prune_weights", config, problem=problem, model=model, simulation=simulation)
     require_arguments("prune_weights", K=K, b=b, kstar=kstar)
+    require_arrays("prune_weights", K=K, b=b, kstar=kstar)
     evaluate = WeightsRisk(config, K, b, kstar, samples=samples, key=key, loss=loss)
     norms = np.linalg.norm(evaluate.overlaps()[0], axis=1)
     return prune(evaluate, evaluate.heads, order, overlap_norms=norms, draws=draws, seed=seed)
@@ -422,6 +431,7 @@ def finetune(config: Config | None = None, M=None, Q=None, b=None, kept: Sequenc
     The run is ``config`` or the specifications by keyword (``model``: the unpruned layer)."""
     config = gather_specs("finetune", config, problem=problem, model=model, sgd=sgd, theory=theory)
     require_arguments("finetune", M=M, Q=Q, b=b, kept=kept, ts=ts)
+    require_arrays("finetune", M=M, Q=Q, b=b, kept=kept, ts=ts)
     require_uniform_head_weights(config, "finetune")
     y0 = keep_heads(M, Q, b, kept)
     ts = np.asarray(ts, dtype=float)

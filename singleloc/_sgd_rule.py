@@ -62,7 +62,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ._config import Config
+from ._config import Config, require_config
 
 
 class OrderParameters(NamedTuple):
@@ -259,6 +259,7 @@ def sgd_rule(config: Config) -> OnlineSGD:
     """The SGD rule of a configuration: :class:`OnlineSGD` at ``sgd.lr``, the biases training
     with ``model.train_bias``, the head weights with ``model.head_weights``, and the variants of
     the ``sgd`` section; ``sgd.bias_decay`` without trained biases is a ``ValueError``."""
+    require_config(config, "sgd_rule")
     sgd, train_bias = config.sgd, config.model.train_bias
     if sgd.bias_decay and not train_bias:
         raise ValueError(f"sgd.bias_decay = {sgd.bias_decay:g} acts on trained biases only; set model.train_bias = true "

@@ -67,7 +67,8 @@ import jax
 import jax.numpy as jnp
 
 from ._activations import Activation, exponential_form, get_activation
-from ._config import Config, gather_specs
+from ._arguments import require_arrays
+from ._config import Config, gather_specs, require_config
 from ._fields import LocalFields, replicate_rules
 from ._laplace import LaplaceRule, exact_rule
 from ._layer import limit_loss
@@ -79,6 +80,7 @@ from ._specs import SGD, Model, Problem, Theory
 
 def r_orth(M: jax.Array, Q: jax.Array) -> jax.Array:
     """``R_orth = Q - M M^T``: Gram matrix of the key components orthogonal to the spikes."""
+    require_arrays("r_orth", M=M, Q=Q)
     return Q - M @ M.T
 
 
@@ -155,6 +157,7 @@ class OrderParameterODE(eqx.Module):
         :func:`~singleloc.resolve_points` resolves ``"auto"``). The exact rule follows ``theory.route`` (:func:`exact_route`);
         ``check``: with its finer copy for :meth:`risk_check`.
         """
+        require_config(config, "OrderParameterODE.from_config")
         require_x64("the order-parameter ODE")
         pb, th = config.problem, config.theory
         points = th.points if points is None else points

@@ -446,3 +446,104 @@ def test_keys_a_run_would_silently_drop_are_refused(sets, words):
 ])
 def test_consistent_combinations_load(sets):
     load_config("default", sets)
+
+
+# ----------------------------------------------------------------------------- 9. the Python API checks its arguments
+
+
+def test_the_issues_api_calls_raise_the_documented_exception_in_one_clear_message():
+    """Issue 54 item 9: ``from_config('default')`` -> AttributeError, ``integrate(cfg, "abc")`` -> a 23-line traceback,
+    ``load_config("default", "model.heads=3")`` read the string character by character."""
+    import singleloc as sl
+
+    with pytest.raises(TypeError, match=r"^OrderParameterODE.from_config: config must be a singleloc.Config, got str "
+                                        r"'default'; pass singleloc.load_config\('default'\)$"):
+        sl.OrderParameterODE.from_config("default")
+    cfg = load_config("default", [a for a in TINY if "=" in a])
+    with pytest.raises(TypeError, match=r"^integrate: y0 must be the starts \(M0, Q0, b0\) .* got str 'abc'"):
+        sl.integrate(cfg, "abc")
+    with pytest.raises(TypeError, match=r"^integrate: Q0 must be a numeric array, got str 'Q'$"):
+        sl.integrate(cfg, (np.zeros((2, 2)), "Q", np.zeros(2)))
+    with pytest.raises(TypeError, match=r"^load_config: overrides must be a list of 'section.key=value' strings, got str "
+                                        r"'model.heads=3'; e.g. \['model.heads=3'\]$"):
+        sl.load_config("default", "model.heads=3")
+
+
+def _config_functions():
+    """Every public function (or constructor) whose first parameter is a config."""
+    import inspect
+
+    import singleloc as sl
+
+    for name in sl.__all__:
+        obj = getattr(sl, name)
+        fn = getattr(obj, "from_config", None) if inspect.isclass(obj) else obj
+        if not callable(fn) or inspect.isclass(fn):
+            continue
+        try:
+            params = list(inspect.signature(fn).parameters)
+        except (TypeError, ValueError):
+            continue
+        if params and params[0] in ("config", "base"):
+            others = sum(p.default is p.empty and p.kind is p.POSITIONAL_OR_KEYWORD
+                         for p in list(inspect.signature(fn).parameters.values())[1:])
+            yield name, lambda config, fn=fn, n=others: fn(config, *[None] * n)
+
+
+@pytest.mark.parametrize("name, fn", list(_config_functions()), ids=lambda v: v if isinstance(v, str) else "")
+def test_a_preset_name_where_a_config_is_expected_is_a_type_error(name, fn):
+    """The class of item 9: every public function taking a config refuses a preset name at the door."""
+    with pytest.raises(TypeError, match=r"config must be a singleloc.Config, got str 'default'; pass "
+                                        r"singleloc.load_config\('default'\)"):
+        fn("default")
+
+
+def _string_calls():
+    import singleloc as sl
+
+    cfg = load_config("default", ["theory.route=rule", "theory.points=64"])
+    prior, M, Q, b = sl.spikes(2, 2.5), np.zeros((2, 2)), np.eye(2), np.zeros(2)
+    ode = lambda: sl.OrderParameterODE.from_config(cfg)  # noqa: E731
+    return {
+        "choose_points": (lambda: sl.choose_points(cfg, "abc"), "choose_points: y0 must be the starts"),
+        "resolve_points": (lambda: sl.resolve_points(cfg.replace(theory={"points": "auto"}), "abc"), "resolve_points: y0"),
+        "keep_heads": (lambda: sl.keep_heads("M", Q, b, [0]), "keep_heads: M must be a numeric array, got str 'M'"),
+        "population_risk array": (lambda: sl.population_risk(prior, 4, "softmax", M, "Q", b), "population_risk: Q must be"),
+        "population_risk prior": (lambda: sl.population_risk("spikes", 4, "softmax", M, Q, b),
+                                  r"population_risk: prior must be a singleloc.Prior, got str 'spikes'; pass singleloc.spikes"),
+        "bayes_risk": (lambda: sl.bayes_risk("spikes", 4), "bayes_risk: prior must be a singleloc.Prior"),
+        "bayes_point": (lambda: sl.bayes_point("binary"), "bayes_point: prior must be a singleloc.Prior"),
+        "LocalFields.make": (lambda: sl.LocalFields.make(4, 2, "spikes", 64), "LocalFields.make: prior must be"),
+        "linearize": (lambda: sl.linearize(ode(), M, Q, "b"), "linearize: b must be a numeric array"),
+        "linearize ode": (lambda: sl.linearize("ode", M, Q, b), "linearize: ode must be a singleloc.OrderParameterODE"),
+        "attention_mass": (lambda: sl.attention_mass(ode(), "M", Q, b), "attention_mass: M must be"),
+        "prune_theory": (lambda: sl.prune_theory(cfg, "M", Q, b), "prune_theory: M must be"),
+        "prune_run": (lambda: sl.prune_run("run"), r"prune_run: run must be a singleloc.Run, got str 'run'"),
+        "analyze": (lambda: sl.analyze("tau", M, Q, b), "analyze: tau must be"),
+        "classify_heads": (lambda: sl.classify_heads(M, {"Q": 1}), "classify_heads: Q must be a numeric array, got dict"),
+        "plateaus": (lambda: sl.plateaus([0.0, 1.0], "risk"), "plateaus: risk must be"),
+        "escape_times": (lambda: sl.escape_times("tau", [1.0]), "escape_times: tau must be"),
+        "r_orth": (lambda: sl.r_orth("M", Q), "r_orth: M must be"),
+        "psd_sqrt": (lambda: sl.psd_sqrt("abc"), "psd_sqrt: A must be"),
+        "token_weights": (lambda: sl.token_weights("softmax", M), r"token_weights: activation must be a function scores -> "
+                                                                  r"weights, got str 'softmax'; pass singleloc.get_activation"),
+        "unspecialized_point": (lambda: sl.unspecialized_point("ode", 2, 2), "unspecialized_point: ode must be"),
+        "parse_grid": (lambda: sl.parse_grid(3), "parse_grid: expects a string"),
+        "load_config source": (lambda: sl.load_config(3), "load_config: source must be a preset name, a path or a dict"),
+        "load_config entry": (lambda: sl.load_config("default", [3]), "load_config: every override must be a string"),
+    }
+
+
+@pytest.mark.parametrize("case", list(_string_calls()))
+def test_a_string_where_an_array_or_object_is_expected_is_a_type_error(case):
+    call, words = _string_calls()[case]
+    with pytest.raises(TypeError, match=words):
+        call()
+
+
+def test_a_named_activation_has_its_exponential_form():
+    """``exponential_form("softmax", 4)`` returned None (no attribute on a string): "no exact route", silently."""
+    import singleloc as sl
+
+    assert sl.exponential_form("softmax", 4) == sl.exponential_form(sl.softmax, 4) == (1.0, 0.0, False)
+    assert sl.exact_rule("softmax", 4, 2, sl.spikes(2, 2.5)) is not None
