@@ -109,9 +109,21 @@ def _count(name: str, n, L: int) -> int:
         raise ValueError(f"{head} (1 <= {name} < L = {L}){sep}{tail}") from None
 
 
+#: Range of a temperature or a perturbation size: the logits over a temperature (``|log alpha| <= 745`` for
+#: float64 weights, plus a perturbation) and the Jacobian's bound ``1/(2T)`` then stay far inside float64
+#: and the figures' logarithmic axes (at ``T = 1e-300``, ``1/(2T) = 5e299`` broke the figure's ticks, issue 54
+#: item 10); beyond it a row is one-hot (small ``T``) or uniform (large ``T``) to double precision anyway.
+SCALE_RANGE = (1e-100, 1e100)
+
+
 def _positive(name: str, x) -> float:
-    """A positive finite number (a temperature, a perturbation size)."""
-    return number(name, x, positive=True)
+    """A positive finite number (a temperature, a perturbation size) within :data:`SCALE_RANGE`."""
+    value = number(name, x, positive=True)
+    low, high = SCALE_RANGE
+    if not low <= value <= high:
+        raise ValueError(f"{name}: must lie in [{low:g}, {high:g}] (beyond, the diagnostics' numbers leave float64 and a "
+                         f"row is one-hot or uniform anyway), got {value!r}; e.g. {min(max(value, low), high):g}")
+    return value
 
 
 def _n_grid(n_grid, L: int, *, at_least: int, name: str = "n_grid") -> list[int]:

@@ -379,8 +379,8 @@ def _memory_parts(config: Config, simulation: bool, theory_starts: int) -> dict[
 
 def _fitting_value(config: Config, simulation: bool, theory_starts: int, limit: float) -> str:
     """``"e.g. KEY = VALUE"``: the largest value, halving from the current one, of the first key (the
-    simulation's seeds and test samples, the saved times, the rules' points) at which the run fits
-    in ``limit`` bytes; ``""`` when none does."""
+    simulation's seeds and test samples, the rules' points, the saved times, then the heads and the
+    tokens) at which the run fits in ``limit`` bytes; ``""`` when none does."""
     th, pb, H = config.theory, config.problem, config.model.heads
     keys = [("simulation", "seeds", config.simulation.seeds, 1)] if simulation else []
     keys += [("simulation", "test_samples", config.simulation.test_samples, 1)] if simulation else []
@@ -391,6 +391,7 @@ def _fitting_value(config: Config, simulation: bool, theory_starts: int, limit: 
         keys += [("theory", "gram_points", th.gram_rule_points(pb.L, H, points), max(16, points))] if exact else \
             [("theory", "points", points, max(16, low))]
         keys += [("sgd", "n_save", config.sgd.n_save, 2)]
+    keys += [("model", "heads", H, 1), ("problem", "L", pb.L, 2)]  # the sizes themselves, last
     for section, key, value, minimum in keys:
         while value // 2 >= minimum:
             value //= 2

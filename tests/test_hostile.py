@@ -6,6 +6,7 @@ issue (it failed on the code the issue was filed against) and asserts the one li
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import shutil
@@ -547,3 +548,71 @@ def test_a_named_activation_has_its_exponential_form():
 
     assert sl.exponential_form("softmax", 4) == sl.exponential_form(sl.softmax, 4) == (1.0, 0.0, False)
     assert sl.exact_rule("softmax", 4, 2, sl.spikes(2, 2.5)) is not None
+
+
+# ----------------------------------------------------------------------------- 10. long contexts, "auto", temperatures
+
+
+@pytest.mark.exact_route
+def test_bayes_at_a_million_tokens_is_not_refused_by_its_check(capsys, monkeypatch):
+    """Issue 54 item 10: ``bayes --set problem.L=1000000`` was refused by its Sobol cross-check, although the
+    exact route takes any L. The risks are stubbed (the real run: the slow test below): only the exact route's
+    risk is asked for, the rule's check is not."""
+    import singleloc._bayes
+    from singleloc._population_risk import RiskEstimate
+
+    routes = []
+    stub = lambda *a, route, **k: routes.append(route) or RiskEstimate(0.5, 0.0, (), 0)  # noqa: E731
+    monkeypatch.setattr(singleloc._bayes, "bayes_risk", stub)
+    assert main(["bayes", "default", "--set", "problem.L=1000000"]) == 0
+    captured = capsys.readouterr()
+    assert routes == ["exact"] and captured.err == "", captured
+    assert captured.out.splitlines()[-1] == (
+        "no independent check: its Sobol rule cannot be built here: the theory's quadrature integrates over problem.L * "
+        "problem.F = 2000000 Gaussian dimensions, more than the 21201 of SciPy's Sobol sequence")
+
+
+@pytest.mark.slow
+@pytest.mark.exact_route
+def test_bayes_at_a_million_tokens_runs_on_the_exact_route_and_says_it_has_no_check(capsys):
+    """The real run: a risk in (0, 1) (the Bayes risk of one spike among L tokens is not known in closed form at
+    finite strength), and why it is unchecked, in the JSON and on stderr."""
+    assert main(["bayes", "default", "--set", "problem.L=1000000", "--json"]) == 0
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    assert out["route"] == "exact" and out["check"] is None and 0 < out["bayes_risk"]["value"] < 1
+    assert "2000000 Gaussian dimensions, more than the 21201 of SciPy's Sobol sequence" in out["unchecked"]
+    assert "singleloc bayes: warning: no independent check of the exact route" in captured.err
+
+
+def test_the_memory_check_runs_for_automatic_points(monkeypatch):
+    """Issue 54 item 10: with ``theory.points = "auto"`` the memory check was skipped."""
+    from singleloc import _resources
+
+    monkeypatch.setenv("SINGLELOC_MEMORY_LIMIT", "10G")
+    cfg = load_config("default", ["theory.route=rule", "theory.points=auto", "problem.L=1000", "model.heads=8"])
+    with pytest.raises(MemoryError, match=r"for the theory's quadrature \(theory.points = 8192 at least, 'auto' x problem.L = "
+                                          r"1000 x model.heads = 8, 1 start\(s\)\).*; e.g. sgd.n_save = (\d+),") as err:
+        _resources.check_run(cfg, theory_starts=1)
+    fits = int(re.search(r"e.g. sgd.n_save = (\d+),", str(err.value)).group(1))
+    _resources.check_run(cfg.replace(sgd={"n_save": fits}), theory_starts=1)  # the suggestion fits
+    monkeypatch.setenv("SINGLELOC_MEMORY_LIMIT", "2G")  # no saved times or points fit: fewer heads or tokens
+    with pytest.raises(MemoryError, match=r"; e.g. (model.heads|problem.L) = \d+, or set SINGLELOC_MEMORY_LIMIT"):
+        _resources.check_run(cfg, theory_starts=1)
+    wide = load_config("default", ["theory.route=rule", "theory.points=auto", "problem.L=100000"])
+    with pytest.raises(ValueError, match="200000 Gaussian dimensions, more than the 21201 of SciPy's Sobol sequence; e.g. "
+                                         "problem.L = 10600"):
+        _resources.check_run(wide, theory_starts=1)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--temperature", "1e-300"], "temperatures: must lie in [1e-100, 1e+100]"),
+    (["--epsilon", "1e300"], "epsilons: must lie in [1e-100, 1e+100]"),
+])
+def test_diagnose_refuses_a_temperature_beyond_what_it_can_draw(tmp_path, capsys, args, words):
+    """Issue 54 item 10: ``diagnose --temperature 1e-300`` failed with "cannot convert float infinity to integer"."""
+    attn = tmp_path / "attn.npy"
+    np.save(attn, np.full((2, 4, 4), 0.25))
+    assert main(["diagnose", str(attn), *args, "--out", str(tmp_path / "o")]) == 2
+    line = one_line(capsys, "diagnose")
+    assert words in line and "; e.g. 1e" in line, line
