@@ -49,7 +49,9 @@ def save_steps(config: Config) -> np.ndarray:
     t = np.round(config.sgd.save_times() * config.simulation.D / config.sgd.batch).astype(np.int64)
     t = np.unique(t)
     if len(t) < 2:
-        raise ValueError("sgd.tau_max * simulation.D / sgd.batch is too small: fewer than two distinct saved steps")
+        fit = max(1, int(config.sgd.tau_max * config.simulation.D) // max(2, config.sgd.n_save - 1))
+        raise ValueError("sgd.tau_max * simulation.D / sgd.batch is too small: fewer than two distinct saved steps; "
+                         f"e.g. sgd.batch = {fit}")
     return t
 
 

@@ -51,7 +51,10 @@ class UserCodeError(ValueError):
 
 
 def _first_line(err: BaseException) -> str:
+    """``"TypeError: its message"``, the message's first sentence when it is long (JAX's run on)."""
     text = " ".join(str(err).split())
+    if len(text) > 160 and ". " in text[:300]:
+        text = text[:text.index(". ") + 1]
     return f"{type(err).__name__}: {text[:300]}" if text else type(err).__name__
 
 

@@ -90,14 +90,15 @@ def number(name: str, value: Any, *, positive: bool = False, nonneg: bool = Fals
 
 def representable(name: str, value: float, dtype: str, *, squared: bool = False, where: str = "",
                   example: float | None = None) -> None:
-    """``ValueError`` unless the finite ``value`` (and its square, with ``squared``) lies in the range
-    of the float type ``dtype`` (``"float32"``, ``"float64"``): at most its largest number in
-    magnitude and, unless zero, at least its smallest normal one (a smaller one is flushed to zero,
-    and a ratio by it is then ``0/0``). ``where`` names the computation that holds it in ``dtype``."""
+    """``ValueError`` unless the finite ``value`` lies in the range of the float type ``dtype``
+    (``"float32"``, ``"float64"``): at most its largest number in magnitude and, unless zero, at least
+    its smallest normal one (a smaller one is flushed to zero, and a ratio by it is then ``0/0``). With
+    ``squared`` its square must not overflow (a square that underflows to zero is harmless: a term
+    negligible to the type's precision). ``where`` names the computation that holds it in ``dtype``."""
     info = np.finfo(FLOAT_TYPES[dtype])
     top, tiny = float(info.max), float(info.tiny)
     if squared:
-        top, tiny = math.sqrt(top), math.sqrt(tiny)
+        top, tiny = math.sqrt(top), 0.0
     size = abs(float(value))
     if size <= top and (size == 0 or size >= tiny):
         return

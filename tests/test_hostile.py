@@ -46,6 +46,7 @@ def one_line(capsys, command: str, kind: str = "error") -> str:
 _GC_STRESS = """
 import gc, sys, time
 import singleloc._ode
+from singleloc.cli import main
 
 def callback(phase, info):
     start = time.perf_counter()
@@ -382,8 +383,9 @@ def test_every_numeric_key_refuses_in_one_line_naming_it_with_a_value_that_passe
         except ValueError as err:
             message = str(err)
             assert message.startswith(f"{key}: ") or message.startswith(f"{key} "), message
-            assert f"; e.g. {key} = " in message, message
-            suggested = message.split(f"; e.g. {key} = ")[1].split(" ")[0].rstrip(",;)")
+            remedy = message.split("; e.g. ", 1)[-1]
+            assert "; e.g. " in message and f"{key} = " in remedy, message
+            suggested = remedy.split(f"{key} = ")[1].split(" ")[0].rstrip(",;)")
             load_config("default", [f"{key}={suggested}"])  # the suggestion is possible
         else:
             section, name = key.split(".")
