@@ -130,13 +130,14 @@ def _n_grid(n_grid, L: int, *, at_least: int, name: str = "n_grid") -> list[int]
     """An increasing grid of top-N sizes ``1 <= N < L`` with at least ``at_least`` entries."""
     grid = [_count(f"{name} entry", n, L) for n in n_grid]
     if len(grid) < at_least or any(b <= a for a, b in zip(grid, grid[1:])):
-        raise ValueError(f"{name} must be an increasing sequence of at least {at_least} value(s), got {list(n_grid)!r}")
+        raise ValueError(f"{name} must be an increasing sequence of at least {at_least} value(s), got {list(n_grid)!r}; "
+                         f"e.g. {sorted(set(grid)) if len(set(grid)) >= at_least else list(range(1, min(at_least, L - 1) + 1))}")
     return grid
 
 
 def _significance(significance) -> float:
     """A level in the open interval (0, 1)."""
-    return number("significance", significance, positive=True, below=1)
+    return number("significance", significance, positive=True, below=1, example=0.01)
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:

@@ -18,6 +18,11 @@ MASKS = ("auto", "none", "causal")
 #: The samples of the Kolmogorov-Smirnov test of :func:`singleloc.diagnose_attention` (``ks_samples``).
 KS_SAMPLES = ("auto", "heads", "rows")
 
+#: Most independent scramblings of a risk's error estimate (``singleloc bayes --replicates``,
+#: :func:`singleloc.bayes_risk`, :func:`singleloc.population_risk`): its standard error shrinks like
+#: ``1/sqrt(R)`` while the work grows like ``R``; beyond, more points (``theory.points``) are cheaper.
+REPLICATES_MAX = 1024
+
 #: The words a sweep's ``horizon`` takes besides a positive number (:func:`singleloc.sweep`).
 HORIZON_WORDS = ("auto", "config")
 
@@ -28,4 +33,4 @@ def check_horizon(horizon) -> None:
     if horizon in HORIZON_WORDS:
         return
     if isinstance(horizon, bool) or not isinstance(horizon, (int, float)) or not math.isfinite(horizon) or horizon <= 0:
-        raise ValueError(f"horizon must be 'auto', 'config' or a positive number, got {horizon!r}")
+        raise ValueError(f"horizon must be 'auto', 'config' or a positive number, got {horizon!r}; e.g. 'auto'")

@@ -199,7 +199,7 @@ def exact_rule_bytes(activation: str, H: int, prior: Prior) -> int:
 
 
 def check_quadrature(L: int, heads: int, prior: Prior, points: int, heads_key: str = "model.heads",
-                     principal: bool = False) -> None:
+                     principal: bool = False, exact_hint: bool = False) -> None:
     """The rule over ``L * heads`` fields (on the rank-aware layout, ``principal``: ``2 L heads``
     coordinates) can be built with ``points`` Sobol points; ``ValueError`` naming the keys otherwise
     (``heads_key`` names what plays the heads). ``points = "auto"`` is resolved by ``integrate`` only:
@@ -216,8 +216,8 @@ def check_quadrature(L: int, heads: int, prior: Prior, points: int, heads_key: s
         fit = (f"problem.L = {room // factor_rows(heads, principal)}" if room // factor_rows(heads, principal) >= 2 else
                f"{heads_key} = {room // (2 * factor_rows(1, principal))} at problem.L = 2")
         raise ValueError(f"the theory's quadrature integrates over {dims} = {d} Gaussian dimensions, more than the "
-                         f"{SOBOL_MAX_DIM} of SciPy's Sobol sequence; e.g. {fit}, or the exact route "
-                         "(theory.route = 'exact') where the activation is a normalised exponential")
+                         f"{SOBOL_MAX_DIM} of SciPy's Sobol sequence; e.g. {fit}"
+                         + (", or the exact route (theory.route = 'auto' or 'exact'), which takes any L" if exact_hint else ""))
     if points < d:
         need = 1 << (d - 1).bit_length()
         raise ValueError(f"theory.points = {points} must be at least {dims} = {d} (the quadrature's whitening needs as many "
@@ -319,6 +319,15 @@ def check_memory(parts: dict[str, int], remedy: str = "") -> None:
                           f"{remedy or 'lower those values'}, or set {MEMORY_ENV} (a size, or none) to override the estimate")
 
 
+def _has_exact_route(config: Config) -> bool:
+    """Whether ``config``'s activation has an exact route (a normalised exponential; not a joint layer
+    with trained head weights), whatever ``theory.route`` says."""
+    from ._activations import exponential_form, get_activation
+
+    form = exponential_form(get_activation(config.model.activation), config.problem.L)
+    return form is not None and not (form.joint and config.model.trained_head_weights)
+
+
 def auto_points(config: Config) -> int:
     """The first number of points ``theory.points = "auto"`` tries (:func:`~singleloc.choose_points`:
     at least ``FIRST_POINTS`` and the quadrature's dimension), the least it may build."""
@@ -344,7 +353,8 @@ def check_run(config: Config, *, simulation: bool = False, theory_starts: int = 
         check_dimension(config, "theory")
         if not on_exact_route(config):
             points = config.theory.points if config.theory.points != "auto" else auto_points(config)
-            check_quadrature(pb.L, H, pb.build_prior(), points, principal=config.theory.rank_aware)
+            check_quadrature(pb.L, H, pb.build_prior(), points, principal=config.theory.rank_aware,
+                             exact_hint=_has_exact_route(config))
         check_saved_times(config)
     parts = _memory_parts(config, simulation, theory_starts)
     limit, _ = available_memory()

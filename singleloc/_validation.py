@@ -57,7 +57,8 @@ def integer(name: str, value: Any, minimum: int, maximum: int | None = None, *, 
     if value < minimum:
         fail(f"must be >= {minimum}, got {value}", minimum)
     if value > top:
-        fail(f"must be <= {top}{'' if maximum is not None else ' (the largest 64-bit integer)'}, got {value}", top)
+        fail(f"must be <= {top}{'' if maximum is not None else ' (the largest 64-bit integer)'}, got {value}",
+             top if maximum is not None else minimum)
     return int(value)
 
 

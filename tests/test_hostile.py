@@ -618,3 +618,48 @@ def test_diagnose_refuses_a_temperature_beyond_what_it_can_draw(tmp_path, capsys
     assert main(["diagnose", str(attn), *args, "--out", str(tmp_path / "o")]) == 2
     line = one_line(capsys, "diagnose")
     assert words in line and "; e.g. 1e" in line, line
+
+
+# ----------------------------------------------------------------------------- the hostile pass: what it found
+
+
+def test_a_reference_used_under_two_keys_names_the_key_it_is_used_as(user_module, capsys):
+    """An activation named as a prior (after its use as an activation in the same process) was blamed on
+    ``model.activation``: one guard per reference and key."""
+    import singleloc as sl
+
+    sl.get_activation(f"{user_module}:honest")
+    assert main(["bayes", "default", "--set", f"problem.prior={user_module}:honest"]) == 2
+    assert one_line(capsys, "bayes").startswith(f"singleloc bayes: error: problem.prior: '{user_module}:honest' raised ")
+
+
+@pytest.mark.parametrize("args, words", [
+    (["bayes", "default", "--replicates", "1000000000000"], "argument --replicates: must be <= 1024, got 1000000000000; "
+                                                            "e.g. 1024"),
+    (["bayes", "default", "--set", "theory.points=auto"], "the Bayes risk's Sobol rules need a number of points: e.g. "
+                                                          "theory.points = 4096"),
+    (["simulate", "default", *TINY, "--set", "sgd.batch=1000000"], "fewer than two distinct saved steps; e.g. sgd.batch = 200"),
+    (["diagnose", "ATTN", "--seed", "99999999999999999999999"], "(the largest 64-bit integer), got 99999999999999999999999; "
+                                                                "e.g. 0"),
+    (["diagnose", "ATTN", "--top-n", "3", "2"], "top_n must be an increasing sequence of at least 1 value(s), got [3, 2]; "
+                                                "e.g. [2, 3]"),
+])
+def test_what_the_hostile_pass_found_is_one_line_with_a_possible_value(tmp_path, capsys, args, words):
+    """``bayes --replicates 1e12`` ran silently for ever, ``bayes`` with ``theory.points = "auto"`` skipped its check
+    instead of asking for points, and these refusals suggested nothing or an impossible value."""
+    attn = tmp_path / "attn.npy"
+    np.save(attn, np.full((2, 4, 4), 0.25))
+    args = [str(attn) if a == "ATTN" else a for a in args]
+    out = ["--out", str(tmp_path / "o")] if args[0] in ("simulate", "diagnose") else []
+    assert main([*args, *out]) == 2
+    assert words in one_line(capsys, args[0])
+
+
+def test_a_bayes_rule_beyond_memory_suggests_the_points_that_fit(monkeypatch):
+    import singleloc as sl
+    from singleloc._bayes import check_bayes
+
+    monkeypatch.setenv("SINGLELOC_MEMORY_LIMIT", "1G")
+    with pytest.raises(MemoryError, match=r"the quadrature \(theory.points = 65536\)\).*; e.g. theory.points = \d+,") as err:
+        check_bayes(sl.flipped(6, 2.5), 4, 65536)  # the Bayes point's check: 12 heads
+    check_bayes(sl.flipped(6, 2.5), 4, int(re.search(r"theory.points = (\d+),", str(err.value)).group(1)))  # it fits

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import warnings
 
+from .._choices import REPLICATES_MAX
 from ._common import add_config_arguments, config_from_args, int_at_least
 
 
@@ -26,8 +27,8 @@ def register(sub) -> None:
     )
     add_config_arguments(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    p.add_argument("--replicates", type=int_at_least(2), default=8, metavar="N",
-                   help="independent scramblings for the error estimate (default 8, at least 2)")
+    p.add_argument("--replicates", type=int_at_least(2, REPLICATES_MAX), default=8, metavar="N",
+                   help=f"independent scramblings for the error estimate (default 8, from 2 to {REPLICATES_MAX})")
     p.set_defaults(func=run)
 
 
@@ -40,6 +41,9 @@ def run(args) -> int:
     prior = pb.build_prior()
     route = bayes_route(prior, th.route)
     unchecked = None  # why the exact route's independent check cannot run (the exact route takes any L)
+    if th.points == "auto":
+        raise ValueError("theory.points = 'auto' is chosen by integrate from the drift at the start; the Bayes risk's "
+                         "Sobol rules need a number of points: e.g. theory.points = 4096")
     if route == "exact":  # the check's rule over the L F spike fields, before anything is computed
         try:
             _check_rules(prior, pb.L, th.points, {"problem.F": (prior.F, False)})
