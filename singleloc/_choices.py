@@ -12,6 +12,11 @@ import math
 #: The orders of removal of :func:`singleloc.prune` (:mod:`singleloc._pruning`).
 PRUNING_ORDERS = ("greedy", "alignment", "random")
 
+#: Most random orders of :func:`singleloc.prune` (``draws``, ``singleloc prune --draws``): the mean over the
+#: orders has a standard error shrinking like ``1/sqrt(draws)``, 1 % of their spread at this many, while the
+#: work grows like ``draws`` (a billion ran silently for minutes, issue 54's hostile pass).
+PRUNING_DRAWS_MAX = 10000
+
 #: Which tokens belong to a row of :func:`singleloc.diagnose_attention` (``mask``).
 MASKS = ("auto", "none", "causal")
 

@@ -49,7 +49,7 @@ import numpy as np
 
 from ._activations import get_activation
 from ._arguments import require_arrays
-from ._choices import PRUNING_ORDERS
+from ._choices import PRUNING_DRAWS_MAX, PRUNING_ORDERS
 from ._config import Config, gather_specs, require_arguments, require_config, require_uniform_head_weights
 from ._data import overlaps
 from ._heldout import draw_heldout, heldout_losses
@@ -58,6 +58,7 @@ from ._population_risk import RiskEstimate, layer_risk, layer_risk_check
 from ._resources import check_memory, check_quadrature, on_exact_route, theory_bytes
 from ._specs import SGD, Model, Problem, Simulation, Theory
 from ._theory import OrderParameterODE, OrderParameters
+from ._validation import integer
 
 if TYPE_CHECKING:
     from ._run_folders import Run
@@ -315,8 +316,7 @@ def prune(evaluate: Callable[[Sequence[int]], tuple[float, float]], heads: int, 
                 raise ValueError(f"overlap_norms must have shape ({H},), got {overlap_norms.shape}")
             sequences = [np.argsort(overlap_norms, kind="stable")[: H - 1]]
         else:
-            if int(draws) < 1:
-                raise ValueError(f"draws must be >= 1, got {draws}")
+            draws = integer("draws", draws, 1, PRUNING_DRAWS_MAX, example=16)
             rng = np.random.default_rng(seed)
             sequences = [rng.permutation(H)[: H - 1] for _ in range(int(draws))]
         label = order

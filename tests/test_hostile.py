@@ -641,15 +641,18 @@ def test_a_reference_used_under_two_keys_names_the_key_it_is_used_as(user_module
     (["simulate", "default", *TINY, "--set", "sgd.batch=1000000"], "fewer than two distinct saved steps; e.g. sgd.batch = 200"),
     (["diagnose", "ATTN", "--seed", "99999999999999999999999"], "(the largest 64-bit integer), got 99999999999999999999999; "
                                                                 "e.g. 0"),
+    (["prune", "RUN", "--order", "random", "--draws", "1000000000"], "argument --draws: must be <= 10000, got 1000000000; "
+                                                                       "e.g. 10000"),
     (["diagnose", "ATTN", "--top-n", "3", "2"], "top_n must be an increasing sequence of at least 1 value(s), got [3, 2]; "
                                                 "e.g. [2, 3]"),
 ])
 def test_what_the_hostile_pass_found_is_one_line_with_a_possible_value(tmp_path, capsys, args, words):
-    """``bayes --replicates 1e12`` ran silently for ever, ``bayes`` with ``theory.points = "auto"`` skipped its check
-    instead of asking for points, and these refusals suggested nothing or an impossible value."""
+    """``bayes --replicates 1e12`` and ``prune --draws 1e9`` ran silently for ever, ``bayes`` with ``theory.points =
+    "auto"`` skipped its check instead of asking for points, and these refusals suggested nothing or an impossible
+    value."""
     attn = tmp_path / "attn.npy"
     np.save(attn, np.full((2, 4, 4), 0.25))
-    args = [str(attn) if a == "ATTN" else a for a in args]
+    args = [str(attn) if a == "ATTN" else str(tmp_path) if a == "RUN" else a for a in args]
     out = ["--out", str(tmp_path / "o")] if args[0] in ("simulate", "diagnose") else []
     assert main([*args, *out]) == 2
     assert words in one_line(capsys, args[0])
