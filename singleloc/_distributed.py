@@ -170,12 +170,15 @@ class Cluster:
         """Close the client and a local cluster (its worker processes end); idempotent.
         ``quiet``: without Dask's log lines (after Ctrl-C, when the workers are stopped in the
         middle of their tasks and Dask logs every cancelled task and every worker it kills)."""
-        self._client = None
+        client, self._client = self._client, None
         try:
             if not quiet:
                 self._stack.close()
                 return
             _silence_dask_logging()
+            if client is not None and not self.address:  # a local cluster's workers: no tracebacks as the scheduler goes
+                with contextlib.suppress(Exception):
+                    client.run(_silence_worker_logs, wait=False)
             try:
                 self._stack.close()
             finally:
@@ -373,6 +376,14 @@ def _quiet_worker_logs() -> None:
     import logging
 
     logging.getLogger("distributed").setLevel(logging.ERROR)
+
+
+async def _silence_worker_logs() -> None:  # a coroutine: Client.run(..., wait=False) takes only those
+    """No Dask log lines in a local worker (run on each as a cluster closes after Ctrl-C): a worker whose
+    scheduler has gone logs every failed heartbeat with its traceback (45 lines after one Ctrl-C)."""
+    import logging
+
+    logging.getLogger("distributed").setLevel(logging.CRITICAL + 1)
 
 
 _DASK_LEVEL: list[int] = []  # the level of Dask's logger while it is silenced
