@@ -10,13 +10,12 @@ import json
 import os
 import re
 import shutil
-import signal
-import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
+from test_robustness import _interrupt as interrupt
+from test_robustness import one_line
 
 from singleloc import _sweep_cache, load_config
 from singleloc._config import Config
@@ -26,15 +25,6 @@ from singleloc.cli import main
 #: A command line that solves in seconds (issue 54's ``S``).
 TINY = ["--set", "sgd.tau_max=2", "--set", "simulation.D=200", "--set", "simulation.seeds=1", "--set", "sgd.n_save=3",
         "--set", "theory.route=rule", "--set", "theory.points=64", "--no-progress"]
-
-
-def one_line(capsys, command: str, kind: str = "error") -> str:
-    """The single line a failed command printed on stderr (and nothing else, no traceback)."""
-    captured = capsys.readouterr()
-    lines = [line for line in captured.err.splitlines() if line.strip()]
-    assert len(lines) == 1 and "Traceback" not in captured.err, captured.err
-    assert lines[0].startswith(f"singleloc {command}: {kind}"), lines[0]
-    return lines[0]
 
 
 # ----------------------------------------------------------------------------- 1. Ctrl-C
@@ -72,23 +62,7 @@ def _interrupt(tmp_path, args, *, seconds: float, work: bool, wait_for: str | No
     script = tmp_path / "stressed.py"
     script.write_text(_GC_STRESS.replace("SECONDS", repr(seconds)).replace("WORK", repr(work)))
     env = {**os.environ, "SINGLELOC_CACHE_DIR": ""}  # no stored programs: the command compiles
-    proc = subprocess.Popen([sys.executable, str(script), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=tmp_path, env=env, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    seen = ""
-    while wait_for is not None and wait_for not in seen:
-        line = proc.stderr.readline()
-        assert line, f"ended before {wait_for!r}: {seen}"
-        seen += line
-    time.sleep(delay)
-    start = time.monotonic()
-    proc.send_signal(signal.SIGINT)
-    try:
-        _, err = proc.communicate(timeout=limit)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
-        pytest.fail(f"still running {limit} s after Ctrl-C")
-    return proc.returncode, time.monotonic() - start, seen + err
+    return interrupt([str(script), *args], tmp_path, wait_for, delay, limit, env)
 
 
 def _assert_clean_interrupt(code, seconds, err, command, within):

@@ -633,13 +633,14 @@ sys.exit(main())
 """
 
 
-def _interrupt(args, tmp_path, wait_for=None, delay=0.0, limit=10.0):
-    """Start ``python ARGS`` (SIGINT at its default, as in a terminal), send SIGINT once its stderr
-    shows ``wait_for`` (then ``delay`` seconds), and return (exit code, seconds until it ended, stderr)."""
+def _interrupt(args, tmp_path, wait_for=None, delay=0.0, limit=10.0, env=None):
+    """Start ``python ARGS`` (SIGINT at its default, as in a terminal; ``env``: its environment), send
+    SIGINT once its stderr shows ``wait_for`` (then ``delay`` seconds), and return (exit code, seconds
+    until it ended, stderr)."""
     import time
 
     proc = subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=tmp_path, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            cwd=tmp_path, env=env, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     seen = ""
     while wait_for is not None and wait_for not in seen:
         line = proc.stderr.readline()
