@@ -33,6 +33,7 @@ import equinox as eqx
 import jax
 import numpy as np
 
+from ._arguments import require_starts
 from ._config import Config, gather_specs, require_arguments
 from ._sgd_rule import flat_drift
 from ._specs import SGD, Model, Problem, Theory
@@ -92,6 +93,7 @@ def choose_points(config: Config | None = None, y0: OrderParameters | None = Non
     The run is ``config`` or the specifications by keyword (defaults for those not given)."""
     config = gather_specs("choose_points", config, problem=problem, model=model, sgd=sgd, theory=theory)
     require_arguments("choose_points", y0=y0)
+    require_starts("choose_points", y0)
     tol, R = config.theory.tol / MARGIN, config.theory.replicates
     tried: dict[int, float] = {}
 

@@ -29,6 +29,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ._extensions import import_reference, is_reference
 
@@ -51,12 +52,16 @@ class ExponentialForm(NamedTuple):
 
 
 def exponential_form(activation: Activation, L: int) -> ExponentialForm | None:
-    """The normalised-exponential form an activation declares at length ``L``, or ``None``."""
+    """The normalised-exponential form an activation (a function, or a name for :func:`get_activation`)
+    declares at length ``L``, or ``None``."""
+    if isinstance(activation, str):  # a name would have no attribute: None, "no exact route", silently
+        activation = get_activation(activation)
     form = getattr(activation, "exponential_form", None)
     return None if form is None else ExponentialForm(*form(int(L)))
 
 _REGISTRY: dict[str, Activation] = {}
-#: References ("package.module:function") whose shape check has passed in this process.
+#: References ("package.module:function") whose probe (:func:`~singleloc._user_code.check_activation`)
+#: has passed in this process.
 _CHECKED: set[str] = set()
 
 
@@ -90,8 +95,10 @@ def register_activation(name: str, fn: Activation, *, overwrite: bool = False) -
     """Make ``fn`` available under ``name`` (in configs: ``model.activation = name``).
 
     ``fn`` maps scores of shape ``(H, L)`` to weights of the same shape and must be
-    equivariant under token permutations. Re-registering an existing name needs
-    ``overwrite=True``.
+    equivariant under token permutations; it is probed here with random scores
+    (:func:`~singleloc._user_code.check_activation`: shape, finite weights and gradient,
+    equivariance, a declared ``exponential_form``), and a ``ValueError`` names what failed.
+    Re-registering an existing name needs ``overwrite=True``.
     """
     if not isinstance(name, str) or not name:
         raise ValueError("activation name must be a non-empty string")
@@ -99,27 +106,26 @@ def register_activation(name: str, fn: Activation, *, overwrite: bool = False) -
         raise TypeError(f"activation {name!r}: expected a callable scores -> weights, got {fn!r}")
     if name in _REGISTRY and not overwrite and _REGISTRY[name] is not fn:
         raise ValueError(f"activation {name!r} is already registered (pass overwrite=True to replace it)")
+    if _REGISTRY.get(name) is not fn:
+        from ._user_code import check_activation
+
+        check_activation(fn, name, key="activation")
     _REGISTRY[name] = fn
 
 
 def get_activation(name: str) -> Activation:
     """The activation registered under ``name``, or the function a reference
-    ``"package.module:function"`` names (imported on first use, :mod:`~singleloc._extensions`;
-    it must map scores ``(H, L)`` to weights of the same shape). A clear error lists the known
-    names."""
+    ``"package.module:function"`` names (imported on first use, :mod:`~singleloc._extensions`,
+    and probed once per process, :func:`~singleloc._user_code.check_activation`). A clear error
+    lists the known names."""
     if name in _REGISTRY:
         return _REGISTRY[name]
     if is_reference(name):
         fn = import_reference(name, "model.activation")
         if name not in _CHECKED:  # once per process: every config that names it asks again
-            try:
-                out = jax.eval_shape(fn, jax.ShapeDtypeStruct((2, 3), jnp.float32))
-            except Exception as err:
-                raise ValueError(f"model.activation: {name!r} fails on scores of shape (H, L) = (2, 3) "
-                                 f"({type(err).__name__}: {err})") from None
-            if getattr(out, "shape", None) != (2, 3):
-                raise ValueError(f"model.activation: {name!r} must map scores (H, L) to weights of the same shape; "
-                                 f"scores (2, 3) gave {getattr(out, 'shape', type(out).__name__)}")
+            from ._user_code import check_activation
+
+            check_activation(fn, name)
             _CHECKED.add(name)
         return fn
     known = ", ".join(sorted(_REGISTRY))
@@ -130,6 +136,11 @@ def get_activation(name: str) -> Activation:
 def activation_names() -> tuple[str, ...]:
     """Names of all registered activations."""
     return tuple(sorted(_REGISTRY))
+
+
+#: Largest scale of :func:`scalable_softmax`: ``s log(2) 0.03 >= 20`` above it, so the weights are the
+#: argmax's (the runner-up below ``2e-9`` of the winner) for every score gap above 0.03 at any ``L``.
+SSMAX_SCALE_MAX = 1e3
 
 
 def scalable_softmax(s: float = 1.0) -> Activation:
@@ -143,12 +154,12 @@ def scalable_softmax(s: float = 1.0) -> Activation:
     ``L0`` use ``s = 1/log(L0)`` and register the result under a name of your own. For
     ``L = 1`` the single weight is 1. Stable for any finite scores; ``-inf`` gives weight 0.
     """
-    try:
-        scale = float(s)
-    except (TypeError, ValueError):
-        raise ValueError(f"scalable_softmax: s must be a positive number, got {s!r}") from None
-    if not (scale > 0 and scale < float("inf")):
-        raise ValueError(f"scalable_softmax: s must be a positive finite number, got {s!r}")
+    if isinstance(s, (bool, np.bool_)) or not isinstance(s, (int, float, np.integer, np.floating)) or not (
+            math.isfinite(s) and 0 < s <= SSMAX_SCALE_MAX):
+        raise ValueError(f"scalable_softmax: s must be a number in (0, {SSMAX_SCALE_MAX:g}], got {s!r} (above it the weights "
+                         "are the argmax's for every score gap above 0.03 at any L, and the exact route's rule, "
+                         "theory.nodes x s log L nodes, outgrows memory); e.g. s = 1, or 1 / log(L0) to match softmax at L0")
+    scale = float(s)
 
     def ssmax(scores: jax.Array) -> jax.Array:
         n = scores.shape[-1]
@@ -169,6 +180,4 @@ softmax.exponential_form = lambda L: ExponentialForm(1.0, 0.0, False)
 softmax1.exponential_form = lambda L: ExponentialForm(1.0, 1.0, False)
 bsoftmax.exponential_form = lambda L: ExponentialForm(1.0, 0.0, True)
 
-for _name, _fn in (("softmax", softmax), ("softmax1", softmax1), ("bsoftmax", bsoftmax)):
-    register_activation(_name, _fn)
-register_activation("ssmax", ssmax)
+_REGISTRY.update(softmax=softmax, softmax1=softmax1, bsoftmax=bsoftmax, ssmax=ssmax)  # the package's own: not probed

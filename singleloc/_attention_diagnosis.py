@@ -174,7 +174,8 @@ def _mask(name: str, w: np.ndarray, rows: np.ndarray, shape: tuple[int, ...]) ->
     causal = (np.arange(w.shape[-1])[None, :] <= rows[:, None]) if square else None
     use_causal = name == "causal" or (name == "auto" and square and not np.any(w[..., ~causal]))
     if use_causal and np.any(w[..., ~causal] > 0):
-        raise ValueError("mask 'causal': the weights have positive entries above the diagonal (future tokens)")
+        raise ValueError("mask 'causal': the weights have positive entries above the diagonal (future tokens); e.g. mask "
+                         "'none' (every token of a row)")
     if use_causal:
         return np.broadcast_to(causal, w.shape), "causal"
     return np.ones(w.shape, dtype=bool), "none"

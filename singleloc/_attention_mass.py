@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._arguments import require_arrays, require_ode
 from ._theory import OrderParameterODE
 
 
@@ -32,6 +33,8 @@ def attention_mass(ode: OrderParameterODE, M, Q, b) -> np.ndarray:
     """``w_h = E[sum_l A_hl]`` (..., H) at overlaps ``M`` (..., H, F), ``Q`` (..., H, H), ``b``
     (..., H): the attention weight each head puts on a sequence, exactly on the exact route, by the
     ODE's quadrature rule otherwise (module docstring)."""
+    require_ode("attention_mass", ode)
+    require_arrays("attention_mass", M=M, Q=Q, b=b)
     M, Q, b = np.asarray(M, float), np.asarray(Q, float), np.asarray(b, float)
     H, F = M.shape[-2:]
     lead = M.shape[:-2]

@@ -105,25 +105,39 @@ def _count(name: str, n, L: int) -> int:
     try:
         return integer(name, n, 1, L - 1)
     except ValueError as err:
-        raise ValueError(f"{err} (1 <= {name} < L = {L})") from None
+        head, sep, tail = str(err).partition("; e.g.")
+        raise ValueError(f"{head} (1 <= {name} < L = {L}){sep}{tail}") from None
+
+
+#: Range of a temperature or a perturbation size: the logits over a temperature (``|log alpha| <= 745`` for
+#: float64 weights, plus a perturbation) and the Jacobian's bound ``1/(2T)`` then stay far inside float64
+#: and the figures' logarithmic axes (at ``T = 1e-300``, ``1/(2T) = 5e299`` broke the figure's ticks, issue 54
+#: item 10); beyond it a row is one-hot (small ``T``) or uniform (large ``T``) to double precision anyway.
+SCALE_RANGE = (1e-100, 1e100)
 
 
 def _positive(name: str, x) -> float:
-    """A positive finite number (a temperature, a perturbation size)."""
-    return number(name, x, positive=True)
+    """A positive finite number (a temperature, a perturbation size) within :data:`SCALE_RANGE`."""
+    value = number(name, x, positive=True)
+    low, high = SCALE_RANGE
+    if not low <= value <= high:
+        raise ValueError(f"{name}: must lie in [{low:g}, {high:g}] (beyond, the diagnostics' numbers leave float64 and a "
+                         f"row is one-hot or uniform anyway), got {value!r}; e.g. {min(max(value, low), high):g}")
+    return value
 
 
 def _n_grid(n_grid, L: int, *, at_least: int, name: str = "n_grid") -> list[int]:
     """An increasing grid of top-N sizes ``1 <= N < L`` with at least ``at_least`` entries."""
     grid = [_count(f"{name} entry", n, L) for n in n_grid]
     if len(grid) < at_least or any(b <= a for a, b in zip(grid, grid[1:])):
-        raise ValueError(f"{name} must be an increasing sequence of at least {at_least} value(s), got {list(n_grid)!r}")
+        raise ValueError(f"{name} must be an increasing sequence of at least {at_least} value(s), got {list(n_grid)!r}; "
+                         f"e.g. {sorted(set(grid)) if len(set(grid)) >= at_least else list(range(1, min(at_least, L - 1) + 1))}")
     return grid
 
 
 def _significance(significance) -> float:
     """A level in the open interval (0, 1)."""
-    return number("significance", significance, positive=True, below=1)
+    return number("significance", significance, positive=True, below=1, example=0.01)
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:

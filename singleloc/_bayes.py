@@ -56,6 +56,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._arguments import require_arrays, require_prior
 from ._fields import LocalFields
 from ._population_risk import RiskEstimate, _check_counts, _check_rules, population_risk
 from ._priors import Prior
@@ -91,6 +92,8 @@ def log_weight(prior: Prior, nu: jax.Array) -> jax.Array:
     Exact (closed form per mixture component), valid for singular covariances; the result has
     the shape ``nu.shape[:-1]``.
     """
+    require_prior("log_weight", prior)
+    require_arrays("log_weight", nu=nu)
     dtype = jnp.result_type(jnp.asarray(nu).dtype, float)
     atoms, log_pi, G, logdet = _weight_params(prior)
     cast = lambda x: None if x is None else jnp.asarray(x, dtype)  # noqa: E731
@@ -173,6 +176,7 @@ def bayes_risk(prior: Prior, L: int, points: int = 4096, seed: int = 0, replicat
             dimensions than SciPy's Sobol sequence has).
         MemoryError: the rule does not fit in the available memory (:mod:`singleloc._resources`).
     """
+    require_prior("bayes_risk", prior)
     _check_counts(L, replicates)
     if bayes_route(prior, route) == "exact":
         M, Q, b = bayes_point(prior)
@@ -197,6 +201,7 @@ def bayes_point(prior: Prior, dtype=None) -> OrderParameters:
     Raises:
         ValueError: the prior has a Gaussian part (no finite number of heads is exact).
     """
+    require_prior("bayes_point", prior)
     if not prior.is_discrete:
         raise ValueError(f"prior {prior.name!r} has a Gaussian part: the Bayes estimator is not a finite bsoftmax layer "
                          "(bayes_point needs a discrete prior)")

@@ -12,6 +12,11 @@ import math
 #: The orders of removal of :func:`singleloc.prune` (:mod:`singleloc._pruning`).
 PRUNING_ORDERS = ("greedy", "alignment", "random")
 
+#: Most random orders of :func:`singleloc.prune` (``draws``, ``singleloc prune --draws``): the mean over the
+#: orders has a standard error shrinking like ``1/sqrt(draws)``, 1 % of their spread at this many, while the
+#: work grows like ``draws`` (a billion ran silently for minutes, issue 54's hostile pass).
+PRUNING_DRAWS_MAX = 10000
+
 #: Which tokens belong to a row of :func:`singleloc.diagnose_attention` (``mask``).
 MASKS = ("auto", "none", "causal")
 
@@ -29,6 +34,11 @@ ROUTE_CLASSES = {
 #: Values of ``theory.route``.
 ROUTES = ("auto", *ROUTE_CLASSES)
 
+#: Most independent scramblings of a risk's error estimate (``singleloc bayes --replicates``,
+#: :func:`singleloc.bayes_risk`, :func:`singleloc.population_risk`): its standard error shrinks like
+#: ``1/sqrt(R)`` while the work grows like ``R``; beyond, more points (``theory.points``) are cheaper.
+REPLICATES_MAX = 1024
+
 #: The words a sweep's ``horizon`` takes besides a positive number (:func:`singleloc.sweep`).
 HORIZON_WORDS = ("auto", "config")
 
@@ -39,4 +49,4 @@ def check_horizon(horizon) -> None:
     if horizon in HORIZON_WORDS:
         return
     if isinstance(horizon, bool) or not isinstance(horizon, (int, float)) or not math.isfinite(horizon) or horizon <= 0:
-        raise ValueError(f"horizon must be 'auto', 'config' or a positive number, got {horizon!r}")
+        raise ValueError(f"horizon must be 'auto', 'config' or a positive number, got {horizon!r}; e.g. 'auto'")

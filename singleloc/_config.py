@@ -47,6 +47,11 @@ class Config:
     simulation: Simulation = Simulation()
     theory: Theory = Theory()
 
+    def __post_init__(self):
+        from ._combinations import check_combinations  # keys a run would silently drop (issue 54 item 7)
+
+        check_combinations(self)
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Mapping[str, Any]]) -> Config:
         """Build from nested ``{section: {key: value}}``; unknown sections or keys are errors
@@ -95,6 +100,7 @@ def _section_keys(name: str, values: Any) -> Mapping[str, Any]:
 
 def sgd_rule(config: Config) -> AbstractSGDRule:
     """The SGD rule of a configuration (:meth:`SGD.build_rule` of its ``sgd`` and ``model`` sections)."""
+    require_config(config, "sgd_rule")
     return config.sgd.build_rule(config.model)
 
 
@@ -230,7 +236,14 @@ def load_config(source: str | Path | Mapping | None = None, overrides: Sequence[
     Raises:
         ValueError: ``source`` is neither a preset nor an existing regular file, the file is not
             UTF-8 TOML, or a value is invalid (naming the key).
+        TypeError: ``source`` or ``overrides`` of another type (one string of overrides, not a list).
     """
+    if isinstance(overrides, (str, bytes)) or not isinstance(overrides, Sequence):
+        raise TypeError(f"load_config: overrides must be a list of 'section.key=value' strings, got "
+                        f"{type(overrides).__name__} {_short(overrides)}; e.g. [{_short(overrides)}]")
+    if not isinstance(source, (str, Path, Mapping, type(None))):
+        raise TypeError(f"load_config: source must be a preset name, a path or a dict, got {type(source).__name__} "
+                        f"{_short(source)}; e.g. 'default'")
     if source is None:
         data: dict = {}
     elif isinstance(source, Mapping):
@@ -242,6 +255,8 @@ def load_config(source: str | Path | Mapping | None = None, overrides: Sequence[
     else:
         data = _read_toml(source)
     for text in overrides:
+        if not isinstance(text, str):
+            raise TypeError(f"load_config: every override must be a string 'section.key=value', got {_short(text)}")
         section, key, value = parse_override(text)
         current = data.get(section, {})
         if not isinstance(current, Mapping):

@@ -83,6 +83,16 @@ class PointsReport:
     where: str
 
 
+#: The Dask clusters of this process started and not yet closed (:func:`clusters_open`).
+_OPEN: set[int] = set()
+
+
+def clusters_open() -> bool:
+    """Whether a cluster of this process is started (a local one running, an external one
+    connected) and not yet closed: Ctrl-C then gives it time to close (``singleloc.cli``)."""
+    return bool(_OPEN)
+
+
 class Cluster:
     """Where tasks run: this process (``where == "serial"``), a local cluster (``"local"``) or the
     external cluster at a scheduler address (``where`` is the address). Made by
@@ -107,6 +117,8 @@ class Cluster:
             # Dask is imported here, not at the top: a serial run neither imports nor starts it.
             import dask
             from distributed import Client, LocalCluster
+
+            _OPEN.add(id(self))  # from the start: Ctrl-C while it starts lets it close its workers
 
             if self.address:
                 self._client = self._stack.enter_context(self._connect(Client))
@@ -156,15 +168,21 @@ class Cluster:
         """Close the client and a local cluster (its worker processes end); idempotent.
         ``quiet``: without Dask's log lines (after Ctrl-C, when the workers are stopped in the
         middle of their tasks and Dask logs every cancelled task and every worker it kills)."""
-        self._client = None
-        if not quiet:
-            self._stack.close()
-            return
-        _silence_dask_logging()
+        client, self._client = self._client, None
         try:
-            self._stack.close()
+            if not quiet:
+                self._stack.close()
+                return
+            _silence_dask_logging()
+            if client is not None and not self.address:  # a local cluster's workers: no tracebacks as the scheduler goes
+                with contextlib.suppress(Exception):
+                    client.run(_silence_worker_logs, wait=False)
+            try:
+                self._stack.close()
+            finally:
+                _restore_dask_logging()
         finally:
-            _restore_dask_logging()
+            _OPEN.discard(id(self))
 
 
 def check_cluster(workers: int, scheduler: str | None, *, local: str = "workers > 1",
@@ -362,6 +380,14 @@ def _quiet_worker_logs() -> None:
     import logging
 
     logging.getLogger("distributed").setLevel(logging.ERROR)
+
+
+async def _silence_worker_logs() -> None:  # a coroutine: Client.run(..., wait=False) takes only those
+    """No Dask log lines in a local worker (run on each as a cluster closes after Ctrl-C): a worker whose
+    scheduler has gone logs every failed heartbeat with its traceback (45 lines after one Ctrl-C)."""
+    import logging
+
+    logging.getLogger("distributed").setLevel(logging.CRITICAL + 1)
 
 
 _DASK_LEVEL: list[int] = []  # the level of Dask's logger while it is silenced

@@ -11,7 +11,9 @@ function in any importable module:
   :class:`~singleloc.Problem` section (it reads ``F``, ``strength`` or any other key it needs)
   returning a :class:`~singleloc.Prior`.
 
-The module is imported where the config is used: in this process, and in each Dask worker
+The function is called through :func:`~singleloc._user_code.guarded` (an exception it raises is one
+line naming it) and checked with values where it enters (:mod:`~singleloc._user_code`). The module is
+imported where the config is used: in this process, and in each Dask worker
 process of a sweep (the config carries the string, not the function), so a user's activation
 works from the command line, in sweeps and on clusters as long as its module is importable
 there (installed, or on ``PYTHONPATH``). A reference is imported once per process.
@@ -32,6 +34,9 @@ from typing import Any
 
 #: ``reference -> (object, digest of its module's source file or None)`` of every reference imported.
 _IMPORTED: dict[str, tuple[Any, str | None]] = {}
+#: ``(reference, key) -> the object called through its guard`` (:func:`~singleloc._user_code.guarded`,
+#: which names the config key in its errors).
+_GUARDED: dict[tuple[str, str], Any] = {}
 
 
 def is_reference(name: Any) -> bool:
@@ -43,8 +48,10 @@ def import_reference(reference: str, key: str) -> Any:
     """The callable ``reference`` names, imported on first use; ``key`` (``"model.activation"``)
     names the config entry in the errors: a malformed reference, a module that cannot be
     imported (with the import's own error), a missing attribute, an object that is not callable."""
+    if (reference, key) in _GUARDED:
+        return _GUARDED[reference, key]
     if reference in _IMPORTED:
-        return _IMPORTED[reference][0]
+        return _guard(reference, key)
     module_name, _, path = reference.partition(":")
     if not module_name or not path or ":" in path:
         raise ValueError(f"{key}: {reference!r} is not a reference 'package.module:function'")
@@ -62,13 +69,20 @@ def import_reference(reference: str, key: str) -> Any:
     if not callable(obj):
         raise ValueError(f"{key}: {reference!r} is not callable (got {type(obj).__name__})")
     _IMPORTED[reference] = (obj, _file_digest(module))
-    return obj
+    return _guard(reference, key)
+
+
+def _guard(reference: str, key: str) -> Any:
+    from ._user_code import guarded
+
+    return _GUARDED.setdefault((reference, key), guarded(_IMPORTED[reference][0], reference, key))
 
 
 def stable_names() -> dict[str, str]:
     """``repr`` -> a name valid in every process (the reference and its module's digest) of every
     imported reference, for the keys of stored programs."""
-    return {repr(obj): f"{reference}@{digest}" for reference, (obj, digest) in _IMPORTED.items() if digest}
+    digests = {reference: digest for reference, (_, digest) in _IMPORTED.items() if digest}
+    return {repr(obj): f"{reference}@{digests[reference]}" for (reference, _), obj in _GUARDED.items() if reference in digests}
 
 
 def _file_digest(module) -> str | None:

@@ -68,6 +68,7 @@ import numpy as np
 from scipy.special import ndtri
 from scipy.stats import qmc
 
+from ._arguments import require_prior
 from ._numerics import psd_sqrt_and_pinv_sqrt, rank_aware_factor_and_pinv
 from ._priors import Prior
 from ._sobol_geometry import SOBOL_MAX_DIM, factor_rows, node_batch
@@ -161,6 +162,7 @@ class LocalFields(eqx.Module):
         identical fields; the fields are continuous in ``Q``; a permutation of the heads maps the rule
         onto itself where every principal direction is determined, else up to the symmetric block's
         rows (equivariant to the rule's error)."""
+        require_prior("LocalFields.make", prior)
         if points < 1 or points & (points - 1):
             raise ValueError(f"theory.points must be a power of two, got {points}")
         if principal and symmetric:

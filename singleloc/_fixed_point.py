@@ -20,10 +20,12 @@ import jax.numpy as jnp
 import numpy as np
 from scipy import optimize
 
+from ._arguments import require_arrays, require_ode
 from ._drift_jacobian import _jacobian
 from ._numerics import PSD_ROUNDING, TINY
 from ._stability import _symmetric_risk, symmetric_drift, symmetric_flow, symmetric_start, symmetric_state
 from ._theory import OrderParameterODE
+from ._validation import integer
 
 #: ``xtol`` of the root finder that polishes the fixed point: the relative change of the
 #: coordinates below which MINPACK's ``hybr`` stops, about 450 float64 ulps (the drift's
@@ -89,6 +91,9 @@ def unspecialized_point(ode: OrderParameterODE, H: int, F: int, x0=None, *, init
     with ``converged=False``; use the rate along the flow there
     (:func:`~singleloc.escape_rate_along`, :func:`singleloc._predictions.predicted_escape`).
     """
+    require_ode("unspecialized_point", ode)
+    H, F = integer("H", H, 1), integer("F", F, 1)
+    require_arrays("unspecialized_point", x0=x0)
     if x0 is None:
         x0 = symmetric_start(H, F, init_scale, bias_init)
     taus, xs, risks = symmetric_flow(ode, x0, H, F, tau_flow, dt)

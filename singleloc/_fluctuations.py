@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._arguments import require_starts
 from ._build import Setup, build
 from ._compilation import checks_as_nan
 from ._config import Config, gather_specs, require_arguments, require_uniform_head_weights
@@ -173,6 +174,7 @@ def integrate_sde(config: Config | None = None, y0: OrderParameters | None = Non
     config = gather_specs("integrate_sde", config, problem=problem, model=model, sgd=sgd, theory=theory,
                           simulation=simulation)
     require_arguments("integrate_sde", y0=y0, keys=keys)
+    require_starts("integrate_sde", y0)
     require_uniform_head_weights(config, "integrate_sde")
     config = resolve_points(config, y0)
     D = config.simulation.D if D is None else D

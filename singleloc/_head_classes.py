@@ -58,6 +58,7 @@ import dataclasses
 
 import numpy as np
 
+from ._arguments import require_arrays
 from ._numerics import TINY
 
 
@@ -168,6 +169,7 @@ def classify_heads(M, Q, *, mean=None, weights=None, threshold: float = 0.9, mar
         weights: ``w_h = E[sum_l A_hl]`` (..., H) from :func:`singleloc.attention_mass`;
             ``None``: no head is ``off``.
     """
+    require_arrays("classify_heads", M=M, Q=Q, mean=mean, weights=weights)
     M, Q = np.asarray(M, float), np.asarray(Q, float)
     u, phi = head_profiles(M, Q)
     F = u.shape[-1]

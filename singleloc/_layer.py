@@ -16,11 +16,13 @@ import jax
 import jax.numpy as jnp
 
 from ._activations import Activation
+from ._arguments import require_activation
 
 
 def token_weights(activation: Activation, scores: jax.Array, v: jax.Array | None = None) -> jax.Array:
     """Aggregated weights ``a`` (L,) from scores (H, L): the head average of ``act(scores)``, or
     its mixture ``sum_h v_h act(scores)_h`` with head weights ``v`` (H,)."""
+    require_activation("token_weights", activation)
     if v is None:
         return jnp.mean(activation(scores), axis=-2)
     return v @ activation(scores)

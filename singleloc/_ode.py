@@ -53,6 +53,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._accuracy import choose_points, relative_drift_error
+from ._arguments import require_starts
 from ._build import Setup, build
 from ._compilation import checks_as_nan, exported_call
 from ._config import Config, gather_specs, require_config
@@ -178,6 +179,7 @@ def resolve_points(config: Config, y0: OrderParameters | None = None) -> Config:
     computation share one rule. :func:`integrate` resolves it at its own starts, with the error
     estimate of the choice (:attr:`TheoryResult.drift_error`)."""
     require_config(config, "resolve_points")
+    require_starts("resolve_points", y0)
     if config.theory.points != "auto":
         return config
     starts = initial_conditions(config, 1) if y0 is None else batched_starts(with_head_weights(config, y0))
@@ -269,6 +271,7 @@ def integrate(
     """
     config = gather_specs("integrate", config, problem=problem, model=model, sgd=sgd, theory=theory,
                           simulation=simulation)
+    require_starts("integrate", y0)
     try:
         times = np.asarray(config.sgd.save_times() if ts is None else ts, dtype=np.float64)
         t0 = float(t0)
@@ -385,6 +388,9 @@ def _check_initial(config: Config, y0: OrderParameters) -> None:
     S = y0.M.shape[0]
     parts = (("M0", y0.M, (S, H, F)), ("Q0", y0.Q, (S, H, H)), ("b0", y0.b, (S, H)))
     for name, x, shape in parts + ((("v0", y0.v, (S, H)),) if isinstance(y0, WeightedOrderParameters) else ()):
+        if x.shape[1:] == shape[1:] and x.shape[0] != S:  # shapes right, counts of starts not
+            raise ValueError(f"{name} holds {x.shape[0]} start(s) but M0 holds {S}: give every part of y0 the same leading "
+                             f"number of starts, e.g. {name} of shape {shape}")
         if x.shape != shape:
             raise ValueError(f"{name} must have shape {shape[1:]} (model.heads = {H}, problem.F = {F}), got {x.shape[1:]}")
         if not np.all(np.isfinite(np.asarray(x))):

@@ -27,6 +27,7 @@ import dataclasses
 
 import numpy as np
 
+from ._arguments import require_arrays
 from ._head_classes import (
     HEAD_CLASSES,
     HeadClasses,
@@ -120,6 +121,7 @@ def analyze(tau, M, Q, risk, *, mean=None, weights=None, directions=None, thresh
     without which no head is classified ``off``; ``directions`` the latent directions of the
     ``labels`` (default the spikes).
     """
+    require_arrays("analyze", tau=tau, M=M, Q=Q, risk=risk, mean=mean, weights=weights, directions=directions)
     tau = np.asarray(tau, float)
     M, Q, risk = np.asarray(M, float), np.asarray(Q, float), np.asarray(risk, float)
     if M.ndim == 3:

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ._arguments import require_arrays
 from ._numerics import first_crossing
 
 
@@ -48,6 +49,7 @@ def _log_slope(tau: np.ndarray, risk: np.ndarray) -> tuple[np.ndarray, np.ndarra
 
 def plateaus(tau, risk, *, plateau_tol: float = 0.1, prominence: float = 2.0) -> list[Plateau]:
     """Plateaus of one risk curve, in time order (see the module docstring for the rule)."""
+    require_arrays("plateaus", tau=tau, risk=risk)
     tau, risk = np.asarray(tau, float), np.asarray(risk, float)
     if tau.ndim != 1 or risk.shape != tau.shape:
         raise ValueError(f"plateaus expects tau (T,) and risk (T,), got {tau.shape} and {risk.shape}")
@@ -107,6 +109,7 @@ def halfway_time(tau, risk, after: float, r_from: float, r_to: float) -> float:
 def escape_times(tau, risk, plateau_list: Sequence[Plateau] | None = None, **kwargs) -> np.ndarray:
     """Escape time from every plateau but the last (module docstring): an array of length
     ``len(plateaus) - 1`` if the curve ends on a plateau, else ``len(plateaus)``."""
+    require_arrays("escape_times", tau=tau, risk=risk)
     tau, risk = np.asarray(tau, float), np.asarray(risk, float)
     ps = plateaus(tau, risk, **kwargs) if plateau_list is None else list(plateau_list)
     out = []

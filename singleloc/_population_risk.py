@@ -18,14 +18,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._activations import get_activation
+from ._arguments import require_arrays, require_prior
+from ._choices import REPLICATES_MAX
 from ._expectation import AbstractExpectation
 from ._fields import LocalFields
 from ._laplace import NODES, exact_rule
 from ._monte_carlo_expectation import MonteCarloExpectation
 from ._priors import Prior
-from ._resources import check_memory, check_quadrature, rule_bytes
+from ._resources import OVERHEAD, available_memory, check_memory, check_quadrature, rule_bytes
 from ._routes import JOINT_RISK_MAX, decide, exact_rule_bytes
 from ._sobol_expectation import SobolExpectation
+from ._sobol_geometry import quadrature_dimension
 from ._validation import integer
 
 
@@ -60,8 +63,8 @@ class RiskEstimate:
 
 
 def _check_counts(L, replicates) -> None:
-    integer("problem.L", L, 2)
-    integer("replicates (for the error estimate)", replicates, 2)
+    integer("problem.L", L, 2, example=4)
+    integer("replicates (for the error estimate)", replicates, 2, REPLICATES_MAX, example=8)
 
 
 def _check_rules(prior: Prior, L: int, points, heads: dict[str, tuple[int, bool]]) -> None:
@@ -71,8 +74,17 @@ def _check_rules(prior: Prior, L: int, points, heads: dict[str, tuple[int, bool]
     points = int(points) if isinstance(points, np.integer) else points
     for key, (H, rank_aware) in heads.items():
         check_quadrature(int(L), H, prior, points, heads_key=key, principal=rank_aware)
-    largest = max(rule_bytes(int(L), H, prior, points, principal=rank_aware) for H, rank_aware in heads.values())
-    check_memory({f"the quadrature (theory.points = {points})": largest})
+    def largest(n: int, L: int = int(L)) -> int:
+        return max(rule_bytes(L, H, prior, n, principal=rank_aware) for H, rank_aware in heads.values())
+
+    limit, _ = available_memory()
+    if OVERHEAD + largest(points) > limit:  # a value that fits: fewer points (down to the dimension), else fewer tokens
+        low = max(16, *(1 << (quadrature_dimension(int(L), H, prior, r) - 1).bit_length() for H, r in heads.values()))
+        fits = [f"theory.points = {n}" for n in (points >> k for k in range(1, 40))
+                if low <= n and OVERHEAD + largest(n) <= limit]
+        fits += [f"problem.L = {n}" for n in (int(L) >> k for k in range(1, 40))
+                 if n >= 2 and OVERHEAD + largest(points, n) <= limit]
+        check_memory({f"the quadrature (theory.points = {points})": largest(points)}, f"e.g. {fits[0]}" if fits else "")
 
 
 @eqx.filter_jit
@@ -109,6 +121,8 @@ def population_risk(
     ``L H`` fields (``ValueError`` or ``MemoryError``, as :func:`bayes_risk`); its rules are
     rank-aware (``theory.axes = "principal"``, :class:`~singleloc.LocalFields`): heads that are copies
     lose no accuracy."""
+    require_prior("population_risk", prior)
+    require_arrays("population_risk", M=M, Q=Q, b=b, v=v)
     _check_counts(L, replicates)
     get_activation(activation)  # an unknown activation is named before anything else
     dtype = jnp.result_type(float)

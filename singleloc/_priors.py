@@ -47,6 +47,11 @@ class Prior:
     name: str = "custom"
 
     def __post_init__(self):
+        for key in ("atoms", "probs", "noise_cov"):
+            try:
+                np.asarray(getattr(self, key), dtype=float)
+            except (TypeError, ValueError):
+                raise ValueError(f"prior {self.name}: {key} must be numeric, got {getattr(self, key)!r:.60}") from None
         atoms = np.asarray(self.atoms, dtype=float)
         if atoms.ndim != 2 or atoms.shape[0] < 1 or atoms.shape[1] < 1:
             raise ValueError(f"prior {self.name}: atoms must have shape (K, F) with K, F >= 1, got {atoms.shape}")

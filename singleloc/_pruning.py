@@ -47,7 +47,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._activations import get_activation
-from ._choices import PRUNING_ORDERS
+from ._arguments import require_arrays
+from ._choices import PRUNING_DRAWS_MAX, PRUNING_ORDERS
 from ._config import Config, gather_specs, require_arguments, require_config, require_uniform_head_weights
 from ._data import overlaps
 from ._estimates import prune_evaluations, pruning
@@ -59,11 +60,13 @@ from ._resources import check_memory, check_quadrature, theory_bytes
 from ._routes import route_of
 from ._specs import SGD, Model, Problem, Simulation, Theory
 from ._theory import OrderParameterODE, OrderParameters
+from ._validation import integer
 
 
 def keep_heads(M, Q, b, kept: Sequence[int]) -> OrderParameters:
     """The order parameters of the sub-layer of heads ``kept``: rows of ``M`` and ``b``,
     rows and columns of ``Q``."""
+    require_arrays("keep_heads", M=M, Q=Q, b=b, kept=kept)
     idx = np.asarray(kept, dtype=int)
     return OrderParameters(jnp.asarray(M)[idx], jnp.asarray(Q)[np.ix_(idx, idx)], jnp.asarray(b)[idx])
 
@@ -257,8 +260,7 @@ def prune(evaluate: Callable[[Sequence[int]], tuple[float, float]], heads: int, 
                 raise ValueError(f"overlap_norms must have shape ({H},), got {overlap_norms.shape}")
             sequences = [np.argsort(overlap_norms, kind="stable")[: H - 1]]
         else:
-            if int(draws) < 1:
-                raise ValueError(f"draws must be >= 1, got {draws}")
+            draws = integer("draws", draws, 1, PRUNING_DRAWS_MAX, example=16)
             rng = np.random.default_rng(seed)
             sequences = [rng.permutation(H)[: H - 1] for _ in range(int(draws))]
         label = order
@@ -310,6 +312,7 @@ def prune_theory(config: Config | None = None, M=None, Q=None, b=None, order: st
     is ``config`` or the specifications by keyword (defaults for those not given)."""
     config = gather_specs("prune_theory", config, problem=problem, model=model, sgd=sgd, theory=theory)
     require_arguments("prune_theory", M=M, Q=Q, b=b)
+    require_arrays("prune_theory", M=M, Q=Q, b=b)
     evaluate = TheoryRisk(config, M, Q, b)
     norms = np.linalg.norm(np.asarray(M, dtype=float), axis=1)
     result = prune(evaluate, evaluate.heads, order, overlap_norms=norms, draws=draws, seed=seed)
@@ -331,6 +334,11 @@ def prune_run(run, order: str | Sequence[int] = "greedy", *, draws: int = 16,
         ``{kind: [PruningResult, ...]}`` for each kind of ``run.data`` (``"theory"``: one result;
         ``"simulation"``: one per seed), in the run's order.
     """
+    from ._run_folders import Run
+
+    if not isinstance(run, Run):
+        raise TypeError(f"prune_run: run must be a singleloc.Run, got {type(run).__name__} {run!r:.40}; pass "
+                        "singleloc.load_run(folder)")
     config = pruning_config(run.config)
     results = {}
     count = sum(1 if kind == "theory" else np.shape(d["M"])[0] for kind, d in run.data.items())
@@ -359,6 +367,7 @@ def prune_weights(config: Config | None = None, K=None, b=None, kstar=None, orde
     ``M = K k*^T / D``. The run is ``config`` or the specifications by keyword."""
     config = gather_specs("prune_weights", config, problem=problem, model=model, simulation=simulation)
     require_arguments("prune_weights", K=K, b=b, kstar=kstar)
+    require_arrays("prune_weights", K=K, b=b, kstar=kstar)
     evaluate = WeightsRisk(config, K, b, kstar, samples=samples, key=key, loss=loss)
     norms = np.linalg.norm(evaluate.overlaps()[0], axis=1)
     return prune(evaluate, evaluate.heads, order, overlap_norms=norms, draws=draws, seed=seed)
@@ -373,6 +382,7 @@ def finetune(config: Config | None = None, M=None, Q=None, b=None, kept: Sequenc
     The run is ``config`` or the specifications by keyword (``model``: the unpruned layer)."""
     config = gather_specs("finetune", config, problem=problem, model=model, sgd=sgd, theory=theory)
     require_arguments("finetune", M=M, Q=Q, b=b, kept=kept, ts=ts)
+    require_arrays("finetune", M=M, Q=Q, b=b, kept=kept, ts=ts)
     require_uniform_head_weights(config, "finetune")
     y0 = keep_heads(M, Q, b, kept)
     ts = np.asarray(ts, dtype=float)

@@ -39,16 +39,17 @@ suffix ``K``, ``M``, ``G``, ``T``: ``SINGLELOC_MEMORY_LIMIT=200G``); ``none`` tu
 
 from __future__ import annotations
 
-import dataclasses
-import math
 import os
 import re
 from pathlib import Path
 
+import numpy as np
+
+from ._activations import exponential_form, get_activation
 from ._config import Config
 from ._priors import Prior
-from ._routes import exact_rule_bytes, route_of
-from ._sobol_geometry import SOBOL_MAX_DIM, node_batch, quadrature_dimension
+from ._routes import exact_route_exists, exact_rule_bytes, route_of
+from ._sobol_geometry import SOBOL_MAX_DIM, factor_rows, node_batch, quadrature_dimension
 from ._timings import duration as duration  # re-exported: the durations of messages
 
 #: Bytes of the runtime and compiled programs, on top of the arrays.
@@ -71,10 +72,12 @@ def check_dimension(config: Config, use: str) -> None:
     H, F, D = config.model.heads, config.problem.F, config.simulation.D
     if use == "simulation" and D <= H + F:
         raise ValueError(f"simulation.D = {D} must exceed model.heads + problem.F = {H + F}: the held-out risk integrates "
-                         "the token components outside the span of the keys and spikes")
+                         "the token components outside the span of the keys and spikes; e.g. simulation.D = "
+                         f"{max(H + F + 1, 1000)}")
     if use == "theory" and D < H + F:
         raise ValueError(f"simulation.D = {D} must be at least model.heads + problem.F = {H + F}: the ODE starts from the "
-                         "overlaps of D-dimensional keys and spikes, which are degenerate for smaller D")
+                         "overlaps of D-dimensional keys and spikes, which are degenerate for smaller D; e.g. simulation.D = "
+                         f"{max(H + F, 1000)}")
 
 
 def check_steps(config: Config) -> None:
@@ -85,11 +88,36 @@ def check_steps(config: Config) -> None:
     if not steps <= STEP_MAX:
         raise ValueError(f"sgd.tau_max: tau_max * simulation.D = {tau_max:g} * {D} = {steps:.3g} SGD steps, more than the "
                          f"{STEP_MAX} a simulation can count (each step draws its sequence from a 32-bit step index); "
-                         "lower sgd.tau_max or simulation.D")
+                         f"e.g. sgd.tau_max = {STEP_MAX // D:g}")
+
+
+#: The keys a simulation holds in float32, with whether it squares them (|theta|^2 in the loss, the
+#: keys' overlaps ``Q ~ init_scale^2``) and an example value for the message.
+FLOAT32_KEYS = (("problem", "strength", True, 2.5), ("sgd", "lr", False, 0.5), ("sgd", "init_scale", True, 0.5),
+                ("sgd", "weight_decay", False, 0.0), ("sgd", "bias_decay", False, 0.0), ("sgd", "schedule_tau", False, 10.0),
+                ("sgd", "decay_factor", False, 0.1), ("sgd", "warmup_tau", False, 1.0))
+
+
+def check_float32(config: Config) -> None:
+    """The values a simulation holds in float32 (:data:`FLOAT32_KEYS`, the prior's atoms and
+    covariance) are in its range (:func:`~singleloc._validation.representable`): ``ValueError``
+    naming the key otherwise (``problem.strength = 1e300`` became infinite data, and the simulation
+    said to lower ``sgd.lr``, issue 54 item 8)."""
+    from ._validation import representable
+
+    for section, key, squared, example in FLOAT32_KEYS:
+        representable(f"{section}.{key}", getattr(getattr(config, section), key), "float32", squared=squared,
+                      where="the simulation, which runs in float32", example=example)
+    prior = config.problem.build_prior()
+    atoms, cov = prior.atoms_array(), np.asarray(prior.noise_cov)
+    representable("problem.prior", float(np.max(np.abs(atoms))), "float32", squared=True,
+                  where="the simulation's atoms of the prior", example=2.5)
+    representable("problem.prior", float(np.max(np.abs(cov))), "float32", where="the simulation's covariance of the prior",
+                  example=1.0)
 
 
 def check_quadrature(L: int, heads: int, prior: Prior, points: int, heads_key: str = "model.heads",
-                     principal: bool = False) -> None:
+                     principal: bool = False, exact_hint: bool = False) -> None:
     """The rule over ``L * heads`` fields (on the rank-aware layout, ``principal``: ``2 L heads``
     coordinates) can be built with ``points`` Sobol points; ``ValueError`` naming the keys otherwise
     (``heads_key`` names what plays the heads). ``points = "auto"`` is resolved by ``integrate`` only:
@@ -102,8 +130,12 @@ def check_quadrature(L: int, heads: int, prior: Prior, points: int, heads_key: s
     dims = (f"{'2 * ' if principal else ''}problem.L * {heads_key}" + gaussian
             + (" (the rank-aware rule)" if principal else ""))
     if d > SOBOL_MAX_DIM:
+        room = SOBOL_MAX_DIM - (0 if prior.is_discrete else prior.F)
+        fit = (f"problem.L = {room // factor_rows(heads, principal)}" if room // factor_rows(heads, principal) >= 2 else
+               f"{heads_key} = {room // (2 * factor_rows(1, principal))} at problem.L = 2")
         raise ValueError(f"the theory's quadrature integrates over {dims} = {d} Gaussian dimensions, more than the "
-                         f"{SOBOL_MAX_DIM} of SciPy's Sobol sequence; lower problem.L or {heads_key}")
+                         f"{SOBOL_MAX_DIM} of SciPy's Sobol sequence; e.g. {fit}"
+                         + (", or the exact route (theory.route = 'auto' or 'exact'), which takes any L" if exact_hint else ""))
     if points < d:
         need = 1 << (d - 1).bit_length()
         raise ValueError(f"theory.points = {points} must be at least {dims} = {d} (the quadrature's whitening needs as many "
@@ -130,9 +162,11 @@ def check_saved_times(config: Config) -> None:
     n, R = config.sgd.n_save, config.theory.replicates
     if n * R > SAVED_MAX:
         times = f"sgd.n_save = {n}" + (f" x theory.replicates = {R}" if R > 1 else "")
+        # the fewest saved times are 2: past SAVED_MAX / 2 replicates only fewer replicates help
+        remedy = f"sgd.n_save = {SAVED_MAX // R}" if SAVED_MAX // R >= 2 else f"theory.replicates = {SAVED_MAX // n}"
         raise ValueError(f"{times} saved times per ODE start, more than the {SAVED_MAX} the theory evaluates its risk at "
                          f"(one vectorised evaluation over the saved times: at 60000 XLA asks for terabytes, at 70000 it "
-                         f"aborts); lower sgd.n_save to at most {SAVED_MAX // R}")
+                         f"aborts); e.g. {remedy}")
 
 
 def saved_bytes(config: Config, starts: int) -> int:
@@ -191,43 +225,105 @@ def _gb(n: float) -> str:
     return f"{n / 1e9:.3g} GB"
 
 
-def check_memory(parts: dict[str, int]) -> None:
+def check_memory(parts: dict[str, int], remedy: str = "") -> None:
     """Refuse (``MemoryError``, one line) when the estimates ``parts`` (description -> bytes)
-    and :data:`OVERHEAD` exceed :func:`available_memory`."""
+    and :data:`OVERHEAD` exceed :func:`available_memory`; ``remedy``: a change that fits (``"e.g.
+    theory.points = 1024"``), else the message says to lower the values named."""
     total = OVERHEAD + sum(parts.values())
     limit, source = available_memory()
     if total > limit:
         listed = " + ".join(f"{_gb(n)} for {what}" for what, n in sorted(parts.items(), key=lambda kv: -kv[1]))
         raise MemoryError(f"the run needs about {_gb(total)} ({listed}), more than the {_gb(limit)} available ({source}); "
-                          f"lower those values, or set {MEMORY_ENV} (a size, or none) to override the estimate")
+                          f"{remedy or 'lower those values'}, or set {MEMORY_ENV} (a size, or none) to override the estimate")
+
+
+def _has_exact_route(config: Config) -> bool:
+    """Whether ``config``'s layer has an exact route, whatever ``theory.route`` says."""
+    return exact_route_exists(exponential_form(get_activation(config.model.activation), config.problem.L),
+                              config.model.trained_head_weights)
+
+
+def auto_points(config: Config) -> int:
+    """The first number of points ``theory.points = "auto"`` tries (:func:`~singleloc.choose_points`:
+    at least ``FIRST_POINTS`` and the quadrature's dimension), the least it may build."""
+    from ._accuracy import FIRST_POINTS, MIN_POINTS
+
+    pb = config.problem
+    dim = pb.L * config.model.heads + (0 if pb.build_prior().is_discrete else pb.F)
+    return max(FIRST_POINTS, MIN_POINTS, 1 << (dim - 1).bit_length())
 
 
 def check_run(config: Config, *, simulation: bool = False, theory_starts: int = 0) -> None:
     """Everything above, before a command computes: the dimension and memory of a simulation
-    of every seed, and of the theory for ``theory_starts`` ODE starts (0: no theory)."""
-    pb, H, sim = config.problem, config.model.heads, config.simulation
-    parts = {}
+    of every seed, and of the theory for ``theory_starts`` ODE starts (0: no theory). With
+    ``theory.points = "auto"`` the theory is checked at the first points it tries (:func:`auto_points`;
+    it may take more). A run that does not fit is refused with a value of one of its keys that fits
+    (:func:`_fitting_value`)."""
+    pb, H = config.problem, config.model.heads
     if simulation:
         check_dimension(config, "simulation")
         check_steps(config)
+        check_float32(config)
+    if theory_starts:
+        check_dimension(config, "theory")
+        if not route_of(config).exact:
+            points = config.theory.points if config.theory.points != "auto" else auto_points(config)
+            check_quadrature(pb.L, H, pb.build_prior(), points, principal=config.theory.rank_aware,
+                             exact_hint=_has_exact_route(config))
+        check_saved_times(config)
+    parts = _memory_parts(config, simulation, theory_starts)
+    limit, _ = available_memory()
+    if OVERHEAD + sum(parts.values()) > limit:
+        check_memory(parts, _fitting_value(config, simulation, theory_starts, limit))
+
+
+def _memory_parts(config: Config, simulation: bool, theory_starts: int) -> dict[str, int]:
+    """The estimated bytes of a run (:func:`check_run`), by what holds them."""
+    pb, H, sim, th = config.problem, config.model.heads, config.simulation, config.theory
+    parts = {}
+    if simulation:
         parts[f"the simulation (simulation.seeds = {sim.seeds} x simulation.D = {sim.D} x problem.L = {pb.L}, "
               f"simulation.test_samples = {sim.test_samples}, sgd.n_save = {config.sgd.n_save})"] = simulation_bytes(config)
     if theory_starts:
-        check_dimension(config, "theory")
+        auto = th.points == "auto"
+        if auto:
+            config = config.replace(theory={"points": auto_points(config)})
         exact = route_of(config).exact
-        if config.theory.points != "auto":  # "auto" is checked as the points are chosen (singleloc._accuracy)
-            if not exact:
-                check_quadrature(pb.L, H, pb.build_prior(), config.theory.points,
-                                 principal=config.theory.rank_aware)
-            parts[f"the theory's quadrature (theory.points = {config.theory.points} x problem.L = {pb.L} x model.heads = {H}, "
-                  f"{theory_starts} start(s))"] = theory_bytes(config, theory_starts * config.theory.replicates)
+        points = config.theory.points
+        rule = (f"the exact route's Gram rule (theory.gram_points = {th.gram_rule_points(pb.L, H, points)}" if exact else
+                f"the theory's quadrature (theory.points = {points}") + (" at least, 'auto'" if auto else "")
+        parts[f"{rule} x problem.L = {pb.L} x model.heads = {H}, {theory_starts} start(s))"] = \
+            theory_bytes(config, theory_starts * th.replicates)
         if exact and (joint := exact_rule_bytes(config.model.activation, H, pb.build_prior())):
             parts[f"the exact route's rule of a joint layer (model.heads = {H}, problem.F = {pb.F}, "
                   f"{len(pb.build_prior().atoms)} atoms of the prior)"] = joint
-        check_saved_times(config)
         parts[f"the theory's saved times and their risks (sgd.n_save = {config.sgd.n_save} x {theory_starts} start(s))"] = \
             saved_bytes(config, theory_starts)
-    check_memory(parts)
+    return parts
+
+
+def _fitting_value(config: Config, simulation: bool, theory_starts: int, limit: float) -> str:
+    """``"e.g. KEY = VALUE"``: the largest value, halving from the current one, of the first key (the
+    simulation's seeds and test samples, the rules' points, the saved times, then the heads and the
+    tokens) at which the run fits in ``limit`` bytes; ``""`` when none does."""
+    th, pb, H = config.theory, config.problem, config.model.heads
+    keys = [("simulation", "seeds", config.simulation.seeds, 1)] if simulation else []
+    keys += [("simulation", "test_samples", config.simulation.test_samples, 1)] if simulation else []
+    if theory_starts:
+        exact = route_of(config).exact
+        points = th.points if th.points != "auto" else auto_points(config)
+        low = 16 if exact else 1 << (quadrature_dimension(pb.L, H, pb.build_prior(), th.rank_aware) - 1).bit_length()
+        keys += [("theory", "gram_points", th.gram_rule_points(pb.L, H, points), max(16, points))] if exact else \
+            [("theory", "points", points, max(16, low))]
+        keys += [("sgd", "n_save", config.sgd.n_save, 2)]
+    keys += [("model", "heads", H, 1), ("problem", "L", pb.L, 2)]  # the sizes themselves, last
+    for section, key, value, minimum in keys:
+        while value // 2 >= minimum:
+            value //= 2
+            trial = config.replace(**{section: {key: value}})
+            if OVERHEAD + sum(_memory_parts(trial, simulation, theory_starts).values()) <= limit:
+                return f"e.g. {section}.{key} = {value}"
+    return ""
 
 
 #: Bytes of one local Dask worker process before it computes (Python, JAX and the package).
@@ -256,48 +352,3 @@ def check_workers(workers: int, name: str = "workers", force: bool = False) -> N
     if workers > cpu_count() and not force:
         raise ValueError(f"{name} = {workers} is more than the {cpu_count()} CPUs of this machine (more workers only share "
                          f"them): give {name} <= {cpu_count()}, or pass --force to start them anyway")
-
-
-# ----------------------------------------------------------------------------- what a run will cost
-
-#: Seconds of ``diagnose``'s cost model, measured on a 2-core CPU (scaled by 2 / the CPUs of this
-#: machine): its finite differences and Jacobians cost ``DIAGNOSE_UNIT (L / 256) (1 + E K) / 13`` per
-#: analysed row and temperature (``E`` perturbation sizes, ``K`` directions). Estimates within a
-#: factor of about 2; they tell a run of minutes from one of days. (The theory's and the
-#: simulation's times are measured on the device that runs them: :mod:`singleloc._estimates`.)
-DIAGNOSE_UNIT = 0.33e-3
-MEASURED_CPUS = 2
-
-
-@dataclasses.dataclass(frozen=True)
-class Cost:
-    """What a run will cost: ``work`` in words (steps, sizes), the estimated ``seconds`` and
-    peak ``memory`` in bytes, the ``keys`` that drive it (for the message) and the ``basis`` of
-    the time (what it was estimated from, when it says more than the model above)."""
-
-    work: str
-    seconds: float
-    memory: float
-    keys: str
-    basis: str = ""
-
-    def describe(self) -> str:
-        basis = f" ({self.basis})" if self.basis else ""
-        return f"{self.work}: about {duration(self.seconds)}{basis} and {_gb(self.memory)} of memory (estimated)"
-
-
-def _speed() -> float:
-    return MEASURED_CPUS / max(1, min(cpu_count(), 64))
-
-
-def diagnose_cost(shape: tuple, max_rows: int, temperatures: int, epsilons: int, directions: int) -> Cost:
-    """The cost of ``diagnose`` of weights of ``shape`` (model above; a shape that
-    :func:`~singleloc.diagnose_attention` refuses costs nothing, and is refused there)."""
-    L = shape[-1] if shape else 0
-    heads = int(math.prod(shape[:-2])) if len(shape) >= 2 else 1
-    queries = shape[-2] if len(shape) >= 2 else 1
-    rows = heads * (min(max_rows, queries) if max_rows else queries)
-    seconds = rows * temperatures * DIAGNOSE_UNIT * (L / 256) * (1 + epsilons * directions) / 13 * _speed()
-    work = (f"{rows} rows of L = {L} tokens x {temperatures} temperatures x {epsilons} perturbation sizes x {directions} "
-            "directions")
-    return Cost(work, seconds, 8.0 * rows * L * (4 + temperatures), "--temperature, --epsilon, --directions or --max-rows")

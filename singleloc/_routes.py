@@ -96,6 +96,13 @@ def exact_gram_possible(H: int, form: ExponentialForm, trained_head_weights: boo
     return (H == 1 or (H == 2 and not form.joint)) and not trained_head_weights
 
 
+def exact_route_exists(form: ExponentialForm | None, trained_head_weights: bool = False) -> bool:
+    """Whether a layer whose activation has the normalised-exponential ``form`` (``None``: none) has an
+    exact route: a normalised exponential, and not a joint layer with trained head weights (a joint layer's
+    head mixture is not one)."""
+    return form is not None and not (form.joint and trained_head_weights)
+
+
 def decide(activation_name: str, L: int, H: int, prior: Prior, route: str, *, trained_head_weights: bool = False,
            gram: str = "auto", budget: int = JOINT_EXACT_MAX, key: str = "theory.route") -> RouteChoice:
     """The route (module docstring) of a layer of ``H`` heads with the activation ``activation_name`` on
@@ -108,7 +115,7 @@ def decide(activation_name: str, L: int, H: int, prior: Prior, route: str, *, tr
         raise ValueError(f"{key} must be one of {', '.join(map(repr, ROUTES))}, got {route!r}")
     activation = get_activation(activation_name)
     form = exponential_form(activation, L)
-    exact = form is not None and not (form.joint and trained_head_weights)
+    exact = exact_route_exists(form, trained_head_weights)
     if route == "exact" and not exact:
         if form is not None:
             raise ValueError(f"{key} = 'exact': activation {activation_name!r} with model.head_weights = 'trained' has no "
@@ -118,11 +125,7 @@ def decide(activation_name: str, L: int, H: int, prior: Prior, route: str, *, tr
                          "softmax1, bsoftmax, ssmax or one declaring exponential_form); use 'auto' or 'rule'")
     if route == "auto":
         route = "exact" if exact and (not form.joint or joint_exact_affordable(H, prior, budget)) else "rule"
-    if route != "exact":
-        if gram == "exact":
-            raise ValueError(f"theory.gram = 'exact' is the exact route's Gram term, and {key} = {route!r} takes "
-                             f"{'the ' + route + ' route' if route != 'rule' else 'the Sobol rule'} for everything; set "
-                             "theory.gram = 'auto' (or theory.route = 'exact')")
+    if route != "exact":  # (a config that asks for the exact Gram term here is refused as it is built: _combinations)
         return RouteChoice(route, activation, form)
     possible = exact_gram_possible(H, form, trained_head_weights)
     if gram == "exact" and not possible:

@@ -23,7 +23,7 @@ import warnings
 
 import numpy as np
 
-from ._config import Config
+from ._config import Config, require_config
 
 
 def warn_if_times_dropped(config: Config, kept: int, *, stacklevel: int = 2) -> None:
@@ -52,6 +52,7 @@ def warn_if_risk_rose(config: Config, *, simulation=None, theory=None, stackleve
         theory: a :class:`~singleloc.TheoryResult` (its ``risk`` is read).
         stacklevel: as for :func:`warnings.warn`, counted from the caller of this function.
     """
+    require_config(config, "warn_if_risk_rose")
     sim, th = config.simulation, config.theory
     checks = []
     if simulation is not None:

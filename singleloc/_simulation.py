@@ -50,7 +50,9 @@ def save_steps(config: Config) -> np.ndarray:
     t = np.round(config.sgd.save_times() * config.simulation.D / config.sgd.batch).astype(np.int64)
     t = np.unique(t)
     if len(t) < 2:
-        raise ValueError("sgd.tau_max * simulation.D / sgd.batch is too small: fewer than two distinct saved steps")
+        fit = max(1, int(config.sgd.tau_max * config.simulation.D) // max(2, config.sgd.n_save - 1))
+        raise ValueError("sgd.tau_max * simulation.D / sgd.batch is too small: fewer than two distinct saved steps; "
+                         f"e.g. sgd.batch = {fit}")
     return t
 
 
@@ -169,5 +171,6 @@ def _check_finite(record, tau: float, config: Config) -> None:
     if bad:
         raise FloatingPointError(
             f"the SGD dynamics diverged by tau = {tau:.4g} (non-finite or exploding keys, max |Q| = "
-            f"{np.nanmax(np.abs(Q)):.3g}); lower sgd.lr (now {config.sgd.lr}) or sgd.init_scale"
+            f"{np.nanmax(np.abs(Q)):.3g}); lower sgd.lr (now {config.sgd.lr:g}; e.g. sgd.lr = {config.sgd.lr / 4:g}), "
+            f"sgd.init_scale or problem.strength (now {config.problem.strength:g}; the steps grow with its square)"
         )

@@ -19,14 +19,16 @@ from ._extensions import import_reference, is_reference
 from ._priors import PRIOR_FACTORIES, Prior
 from ._sgd_rule import AbstractSGDRule, GradientFlow, OnlineSGD
 from ._sgd_variants import LearningRateSchedule, MiniBatch, Momentum, WeightDecay
-from ._validation import integer, number
+from ._user_code import check_prior
+from ._validation import INT32_MAX, integer, number, representable
 
 #: Largest ``|model.bias_init|``: float32 (the simulation's precision) spaces numbers near 1000 by
 #: 6e-5, so O(1) scores keep four digits beside the bias; near 1e30 they vanish entirely.
 BIAS_MAX = 1000.0
 
 #: Seeds are 32-bit: ``jax.random.PRNGKey`` keeps only the low 32 bits of a larger seed when
-#: JAX's x64 mode is off, so larger seeds would not give the same weights in every process.
+#: JAX's x64 mode is off, so larger seeds would not give the same weights in every process
+#: (``simulation.seed``; ``theory.qmc_seed`` alike, whose rules take the seeds ``qmc_seed + r``).
 SEED_MAX = 2**32 - 1
 
 #: Values of ``model.head_weights``.
@@ -55,6 +57,10 @@ def default_route() -> str:
 GRAM_POINTS_MAX = 16384
 GRAM_NODE_BUDGET = 2**22
 
+#: Most Sobol points of a rule (``theory.points``, ``theory.gram_points``): its ``2 points`` nodes are
+#: counted in 32 bits (:data:`~singleloc._validation.INT32_MAX`).
+SOBOL_POINTS_MAX = 2**30
+
 #: Smallest ``theory.rtol``: the relative spacing of float64 numbers.
 RTOL_MIN = float(np.finfo(np.float64).eps)
 
@@ -63,35 +69,65 @@ def _fail(section: str, key: str, message: str):
     raise ValueError(f"{section}.{key}: {message}")
 
 
+def _count(section: str, key: str, value: Any, minimum: int, example: int) -> int:
+    """A count that sizes or indexes arrays: an integer in ``[minimum, INT32_MAX]``
+    (:data:`~singleloc._validation.INT32_MAX`, JAX's integer without its x64 mode); ``example`` is
+    suggested when it is refused."""
+    return integer(f"{section}.{key}", value, minimum, INT32_MAX, example=example)
+
+
+def _real(section: str, key: str, value: Any, example: float, *, squared: bool = False, **sign: bool) -> float:
+    """A finite float (``sign``: ``positive`` or ``nonneg``) in the range of float64, the theory's
+    type (its square too where the computation squares it, ``squared``); ``example`` is suggested
+    when it is refused. The simulation's float32 is checked where it runs
+    (:func:`~singleloc._resources.check_float32`)."""
+    name = f"{section}.{key}"
+    value = number(name, value, example=example, **sign)
+    representable(name, value, "float64", squared=squared, example=example)
+    return value
+
+
 def _sobol_points(section: str, key: str, value: Any) -> int | str:
     """A number of Sobol points (a power of two, at least 16) or ``"auto"``."""
     if value == "auto":
         return value
     if isinstance(value, str):
-        _fail(section, key, f"must be a power of two or 'auto', got {value!r}")
-    pts = integer(f"{section}.{key}", value, 16)
+        _fail(section, key, f"must be a power of two or 'auto', got {value!r}; e.g. {section}.{key} = 4096")
+    pts = integer(f"{section}.{key}", value, 16, SOBOL_POINTS_MAX, example=4096)
     if pts & (pts - 1):
-        _fail(section, key, f"must be a power of two (Sobol points) or 'auto', got {pts}")
+        _fail(section, key, f"must be a power of two (Sobol points) or 'auto', got {pts}; e.g. {section}.{key} = "
+                            f"{1 << (pts.bit_length() - 1)}")
     return pts
 
 
 def _bool(section: str, key: str, value: Any) -> bool:
     if not isinstance(value, (bool, np.bool_)):
-        _fail(section, key, f"must be true or false, got {value!r}")
+        _fail(section, key, f"must be true or false, got {value!r}; e.g. {section}.{key} = false")
     return bool(value)
 
 
 def _matrix(section: str, key: str, value: Any, ndim: int | tuple[int, ...]):
+    """A table of the prior (``problem.support``, ``probs``, ``mean``, ``cov``): numeric, of ``ndim``
+    dimensions, finite, and small enough that the prior's moments are float64 numbers."""
+    default = f"; e.g. leave {section}.{key} out (its default: {MATRIX_DEFAULTS[key]})"
     try:
         arr = np.asarray(value, dtype=float)
     except (TypeError, ValueError):
-        _fail(section, key, f"must be numeric, got {value!r}")
+        _fail(section, key, f"must be numeric, got {value!r}{default}")
     ndims = (ndim,) if isinstance(ndim, int) else ndim
     if arr.ndim not in ndims:
-        _fail(section, key, f"must have {' or '.join(map(str, ndims))} dimension(s), got shape {arr.shape}")
+        _fail(section, key, f"must have {' or '.join(map(str, ndims))} dimension(s), got shape {arr.shape}{default}")
     if not np.all(np.isfinite(arr)):
-        _fail(section, key, "must be finite")
+        _fail(section, key, f"must be finite{default}")
+    top = float(np.finfo(np.float64).max) ** (0.5 if key in ("support", "mean") else 1.0)  # the theory squares atoms
+    if arr.size and np.max(np.abs(arr)) > top:
+        _fail(section, key, f"has entries up to {np.max(np.abs(arr)):.3g}, out of range: the prior's moments must be float64 "
+                            f"numbers, so its entries must be at most {top:.3g} in magnitude{default}")
     return arr.tolist()
+
+
+#: The defaults of the prior's optional tables, for the messages (:class:`Problem`).
+MATRIX_DEFAULTS = {"support": "strength * I_F", "probs": "uniform", "mean": "0", "cov": "strength^2 I_F"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,18 +154,18 @@ class Problem:
 
     def __post_init__(self):
         s = "problem"
-        object.__setattr__(self, "L", integer(f"{s}.L", self.L, 2))
-        object.__setattr__(self, "F", integer(f"{s}.F", self.F, 1))
-        object.__setattr__(self, "strength", number(f"{s}.strength", self.strength, positive=True))
-        object.__setattr__(self, "p", number(f"{s}.p", self.p))
+        object.__setattr__(self, "L", _count(s, "L", self.L, 2, 4))
+        object.__setattr__(self, "F", _count(s, "F", self.F, 1, 2))
+        object.__setattr__(self, "strength", _real(s, "strength", self.strength, 2.5, squared=True, positive=True))
+        object.__setattr__(self, "p", number(f"{s}.p", self.p, example=0.5))
         if not 0.0 < self.p < 1.0:
-            _fail(s, "p", f"must lie in (0, 1), got {self.p}")
+            _fail(s, "p", f"must lie in (0, 1), got {self.p!r}; e.g. problem.p = 0.5")
         for key, nd in (("support", 2), ("probs", 1), ("mean", 1), ("cov", (0, 1, 2))):
             if getattr(self, key) is not None:
                 object.__setattr__(self, key, _matrix(s, key, getattr(self, key), nd))
         if isinstance(self.prior, Prior):
             if self.prior.F != self.F:
-                _fail(s, "F", f"is {self.F} but the prior object has F = {self.prior.F}")
+                _fail(s, "F", f"is {self.F} but the prior object has F = {self.prior.F}; e.g. problem.F = {self.prior.F}")
         elif not isinstance(self.prior, str):
             _fail(s, "prior", f"must be a prior name ({', '.join(PRIOR_FACTORIES)}) or a Prior, got {self.prior!r}")
         elif self.prior not in PRIOR_FACTORIES and not is_reference(self.prior):
@@ -137,16 +173,16 @@ class Problem:
                               "'package.module:function' to a function problem -> Prior)")
         prior = self.build_prior()
         if prior.F != self.F:
-            _fail(s, "F", f"is {self.F} but the {prior.name} prior's parameters have dimension {prior.F}")
+            _fail(s, "F", f"is {self.F} but the {prior.name} prior's parameters have dimension {prior.F}; "
+                          f"e.g. problem.F = {prior.F}")
 
     def build_prior(self) -> Prior:
         """The :class:`Prior` this problem describes."""
         if isinstance(self.prior, Prior):
             return self.prior
-        if is_reference(self.prior):  # a user's factory, problem -> Prior (singleloc._extensions)
+        if is_reference(self.prior):  # a user's factory, problem -> Prior (singleloc._extensions, singleloc._user_code)
             prior = import_reference(self.prior, "problem.prior")(self)
-            if not isinstance(prior, Prior):
-                _fail("problem", "prior", f"{self.prior!r} must return a singleloc.Prior, got {type(prior).__name__}")
+            check_prior(prior, self.prior)
             return prior
         F = self.F
         try:
@@ -184,15 +220,15 @@ class Model:
 
     def __post_init__(self):
         s = "model"
-        object.__setattr__(self, "heads", integer(f"{s}.heads", self.heads, 1))
+        object.__setattr__(self, "heads", _count(s, "heads", self.heads, 1, 2))
         if not isinstance(self.activation, str):
             _fail(s, "activation", f"must be a name, got {self.activation!r}")
         get_activation(self.activation)  # raises "model.activation: unknown ..."
         object.__setattr__(self, "train_bias", _bool(s, "train_bias", self.train_bias))
-        object.__setattr__(self, "bias_init", number(f"{s}.bias_init", self.bias_init))
+        object.__setattr__(self, "bias_init", number(f"{s}.bias_init", self.bias_init, example=0.0))
         if abs(self.bias_init) > BIAS_MAX:
             _fail(s, "bias_init", f"must lie in [-{BIAS_MAX:g}, {BIAS_MAX:g}], got {self.bias_init:g}: the scores are O(1) "
-                  "and the simulation runs in float32, whose spacing near a larger bias erases them")
+                  "and the simulation runs in float32, whose spacing near a larger bias erases them; e.g. model.bias_init = 0")
         if self.head_weights not in HEAD_WEIGHTS:
             _fail(s, "head_weights", f"must be one of {', '.join(map(repr, HEAD_WEIGHTS))}, got {self.head_weights!r}")
 
@@ -255,25 +291,26 @@ class SGD:
 
     def __post_init__(self):
         s = "sgd"
-        object.__setattr__(self, "lr", number(f"{s}.lr", self.lr, positive=True))
-        object.__setattr__(self, "init_scale", number(f"{s}.init_scale", self.init_scale, nonneg=True))
-        object.__setattr__(self, "tau_max", number(f"{s}.tau_max", self.tau_max, positive=True))
-        object.__setattr__(self, "n_save", integer(f"{s}.n_save", self.n_save, 2))
+        object.__setattr__(self, "lr", _real(s, "lr", self.lr, 0.5, squared=True, positive=True))
+        object.__setattr__(self, "init_scale", _real(s, "init_scale", self.init_scale, 0.5, squared=True, nonneg=True))
+        object.__setattr__(self, "tau_max", _real(s, "tau_max", self.tau_max, 30.0, positive=True))
+        object.__setattr__(self, "n_save", _count(s, "n_save", self.n_save, 2, 61))
         if self.spacing not in ("linear", "log"):
             _fail(s, "spacing", f"must be 'linear' or 'log', got {self.spacing!r}")
-        object.__setattr__(self, "batch", integer(f"{s}.batch", self.batch, 1))
-        object.__setattr__(self, "weight_decay", number(f"{s}.weight_decay", self.weight_decay, nonneg=True))
-        object.__setattr__(self, "bias_decay", number(f"{s}.bias_decay", self.bias_decay, nonneg=True))
+        object.__setattr__(self, "batch", _count(s, "batch", self.batch, 1, 1))
+        object.__setattr__(self, "weight_decay", _real(s, "weight_decay", self.weight_decay, 0.0, squared=True, nonneg=True))
+        object.__setattr__(self, "bias_decay", _real(s, "bias_decay", self.bias_decay, 0.0, squared=True, nonneg=True))
         if self.schedule not in SCHEDULES:
             _fail(s, "schedule", f"must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
-        object.__setattr__(self, "schedule_tau", number(f"{s}.schedule_tau", self.schedule_tau, positive=True))
-        object.__setattr__(self, "decay_factor", number(f"{s}.decay_factor", self.decay_factor, nonneg=True))
+        object.__setattr__(self, "schedule_tau", _real(s, "schedule_tau", self.schedule_tau, 10.0, positive=True))
+        object.__setattr__(self, "decay_factor", _real(s, "decay_factor", self.decay_factor, 0.1, nonneg=True))
         if self.decay_factor > 1:
             _fail(s, "decay_factor", f"must lie in [0, 1] (the rate's factor at each drop, or at the end of the cosine), "
-                  f"got {self.decay_factor:g}")
-        object.__setattr__(self, "warmup_tau", number(f"{s}.warmup_tau", self.warmup_tau, nonneg=True))
+                  f"got {self.decay_factor!r}; e.g. sgd.decay_factor = 0.1")
+        object.__setattr__(self, "warmup_tau", _real(s, "warmup_tau", self.warmup_tau, 1.0, nonneg=True))
         if self.schedule == "warmup" and self.warmup_tau == 0:
-            _fail(s, "warmup_tau", "must be > 0 with sgd.schedule = 'warmup' (the length of the linear ramp of the rate)")
+            _fail(s, "warmup_tau", "must be > 0 with sgd.schedule = 'warmup' (the length of the linear ramp of the rate); "
+                  "e.g. sgd.warmup_tau = 1")
         object.__setattr__(self, "gradient_flow", _bool(s, "gradient_flow", self.gradient_flow))
         if self.momentum is not None:  # None (the default, plain SGD) stays out of config.json and the hashes
             object.__setattr__(self, "momentum", number(f"{s}.momentum", self.momentum, nonneg=True, below=1.0))
@@ -318,10 +355,10 @@ class Simulation:
 
     def __post_init__(self):
         s = "simulation"
-        object.__setattr__(self, "D", integer(f"{s}.D", self.D, 1))
-        object.__setattr__(self, "seeds", integer(f"{s}.seeds", self.seeds, 1))
-        object.__setattr__(self, "seed", integer(f"{s}.seed", self.seed, 0, SEED_MAX))
-        object.__setattr__(self, "test_samples", integer(f"{s}.test_samples", self.test_samples, 1))
+        object.__setattr__(self, "D", integer(f"{s}.D", self.D, 1, example=1000))  # a dimension only: int64 (XLA's shapes)
+        object.__setattr__(self, "seeds", _count(s, "seeds", self.seeds, 1, 4))
+        object.__setattr__(self, "seed", integer(f"{s}.seed", self.seed, 0, SEED_MAX, example=0))
+        object.__setattr__(self, "test_samples", _count(s, "test_samples", self.test_samples, 1, 4096))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -391,15 +428,16 @@ class Theory:
         object.__setattr__(self, "gram_points", _sobol_points(s, "gram_points", self.gram_points))
         if self.route not in ROUTES:
             _fail(s, "route", f"must be one of {', '.join(ROUTES)}, got {self.route!r}")
-        object.__setattr__(self, "nodes", integer(f"{s}.nodes", self.nodes, 8, 1024))
+        object.__setattr__(self, "nodes", integer(f"{s}.nodes", self.nodes, 8, 1024, example=64))
         object.__setattr__(self, "points", _sobol_points(s, "points", self.points))
-        object.__setattr__(self, "rtol", number(f"{s}.rtol", self.rtol, positive=True))
+        object.__setattr__(self, "rtol", number(f"{s}.rtol", self.rtol, positive=True, example=1e-6))
         if self.rtol < RTOL_MIN:
-            _fail(s, "rtol", f"must be >= {RTOL_MIN:.3g} (the relative spacing of float64 numbers), got {self.rtol:g}")
-        object.__setattr__(self, "atol", number(f"{s}.atol", self.atol, positive=True))
-        object.__setattr__(self, "qmc_seed", integer(f"{s}.qmc_seed", self.qmc_seed, 0))
-        object.__setattr__(self, "replicates", integer(f"{s}.replicates", self.replicates, 1))
-        object.__setattr__(self, "tol", number(f"{s}.tol", self.tol, positive=True))
+            _fail(s, "rtol", f"must be >= {RTOL_MIN!r} (the relative spacing of float64 numbers), got {self.rtol!r}; "
+                             "e.g. theory.rtol = 1e-12")
+        object.__setattr__(self, "atol", _real(s, "atol", self.atol, 1e-8, positive=True))
+        object.__setattr__(self, "qmc_seed", integer(f"{s}.qmc_seed", self.qmc_seed, 0, SEED_MAX, example=0))
+        object.__setattr__(self, "replicates", _count(s, "replicates", self.replicates, 1, 1))
+        object.__setattr__(self, "tol", _real(s, "tol", self.tol, 1e-3, positive=True))
 
     def gram_rule_points(self, L: int, H: int, points: int) -> int:
         """The Sobol points of the exact route's Gram term for ``L`` tokens, ``H`` heads and the

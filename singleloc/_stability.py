@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._arguments import require_arrays, require_ode
 from ._compilation import checks_as_nan
 from ._drift_jacobian import drift_jacobian
 from ._numerics import TINY, first_crossing
@@ -176,6 +177,8 @@ def _symmetric_projection(M: np.ndarray, Q: np.ndarray, b: np.ndarray) -> tuple[
 
 def linearize(ode: OrderParameterODE, M, Q, b, *, method: str = "auto") -> Linearization:
     """Eigen-decomposition of the drift's Jacobian at ``(M, Q, b)`` (:class:`Linearization`)."""
+    require_ode("linearize", ode)
+    require_arrays("linearize", M=M, Q=Q, b=b)
     M, Q, b = np.asarray(M, float), np.asarray(Q, float), np.asarray(b, float)
     H, F = M.shape
     J, used = drift_jacobian(ode, M, Q, b, method=method)

@@ -13,6 +13,15 @@ points whose configuration changed. A prediction entry holds the fields of
 limit loss). Files are written atomically (:mod:`singleloc._run_folders`); a failed point (the ODE left
 the valid set) is not cached, and a damaged entry (unreadable, truncated, or without one of
 its arrays) is reported in one warning line, recomputed and replaced.
+
+Proof of what an entry holds. Every entry records the key of the configuration it was computed
+from, as run folders record their config hash (:func:`~singleloc._run_folders.npz_stamp`: the zip
+comment ``singleloc config_hash KEY``), and every read (:func:`_read_entry`, also the cheap check of
+:func:`fill_cache`) verifies it against the key of the configuration it is read for. An entry whose
+record differs (a file copied or renamed over another point's entry, issue 54 item 6) or is
+missing is reported in one warning line, recomputed and replaced, like a damaged one: the cache is
+a memo the sweep can always rebuild from the configuration, so a wrong entry costs a recomputation,
+never a wrong row, and refusing would only stop a long sweep for a file the user must then delete.
 """
 
 from __future__ import annotations
@@ -32,7 +41,7 @@ import numpy as np
 from ._config import Config
 from ._distributed import Cluster, open_cluster, run_points
 from ._predictions import EscapePrediction
-from ._run_folders import NPZ_ERRORS, load_npz, npz_names, save_npz
+from ._run_folders import NPZ_ERRORS, load_npz, npz_names, npz_stamp, save_npz
 from ._sweep_compute import BATCH_KINDS, compile_group, compute, compute_points
 from ._version import __version__
 
@@ -40,8 +49,9 @@ if TYPE_CHECKING:
     from ._sweep import SweepStats
 
 #: Layout of the cache entries; part of every cache key, so that entries of an earlier layout
-#: are never read. 2: a simulation entry's ``risk`` is the empirical risk (1: the limit risk).
-CACHE_VERSION = 2
+#: are never read. 2: a simulation entry's ``risk`` is the empirical risk (1: the limit risk);
+#: 3: every entry records its key (module docstring).
+CACHE_VERSION = 3
 
 
 def cache_key(config: Config, kind: str) -> str:
@@ -60,26 +70,34 @@ ENTRY_KEYS = {"prediction": tuple(f.name for f in dataclasses.fields(EscapePredi
 
 def _read_entry(path: Path, kind: str, *, arrays: bool = True) -> dict[str, np.ndarray | None] | None:
     """The cache entry at ``path``, or ``None`` (after a one-line warning) when it is damaged:
-    unreadable (truncated, bad CRC, not a zip file) or without one of :data:`ENTRY_KEYS`. With
-    ``arrays=False`` only the zip's directory is read (the names map to ``None``): a cheap check
-    that finds a missing, truncated or incomplete entry; a damaged array inside a whole file is
-    found when the entry is read."""
+    unreadable (truncated, bad CRC, not a zip file), without one of :data:`ENTRY_KEYS`, or
+    recorded for another configuration than the one its name is the key of (module docstring).
+    With ``arrays=False`` only the zip's directory is read (the names map to ``None``): a cheap check
+    that finds a missing, truncated, incomplete or foreign entry; a damaged array inside a whole
+    file is found when the entry is read."""
+    key = _entry_key(path, kind)
     try:
         data = load_npz(path) if arrays else dict.fromkeys(npz_names(path))
+        stamp = npz_stamp(path)
     except NPZ_ERRORS as err:
         problem = f"{type(err).__name__}: {' '.join(str(err).split())}"
     else:
         missing = [k for k in ENTRY_KEYS[kind] if k not in data]
-        if not missing:
+        if missing:
+            problem = f"no array {', '.join(missing)}"
+        elif stamp != key:
+            warnings.warn(f"cache entry {path} holds the result of another configuration (it records the key "
+                          f"{stamp or 'of none'}, not {key}); recomputing it", stacklevel=3)
+            return None
+        else:
             return data
-        problem = f"no array {', '.join(missing)}"
     warnings.warn(f"cache entry {path} is damaged ({problem}); recomputing it", stacklevel=3)
     return None
 
 
 def cached_run(config: Config, kind: str, cache_dir: Path, stats: SweepStats | None = None) -> dict[str, np.ndarray]:
     """Load ``kind`` for ``config`` from the cache, or compute and store it (also in place of a
-    damaged entry)."""
+    damaged or foreign entry)."""
     path = _entry_path(Path(cache_dir), config, kind)
     data = _read_entry(path, kind) if path.is_file() else None
     if data is not None:
@@ -87,7 +105,7 @@ def cached_run(config: Config, kind: str, cache_dir: Path, stats: SweepStats | N
             stats.cached += 1
         return data
     data = compute(config, kind)
-    save_npz(path, data)
+    _store(path, kind, data)
     if stats:
         stats.computed += 1
     return data
@@ -95,6 +113,16 @@ def cached_run(config: Config, kind: str, cache_dir: Path, stats: SweepStats | N
 
 def _entry_path(cache: Path, config: Config, kind: str) -> Path:
     return cache / f"{kind}-{cache_key(config, kind)}.npz"
+
+
+def _entry_key(path: Path, kind: str) -> str:
+    """The key of an entry's configuration, from its name (:func:`_entry_path`)."""
+    return path.name[len(kind) + 1:-len(".npz")]
+
+
+def _store(path: Path, kind: str, data: dict[str, np.ndarray]) -> None:
+    """Write an entry, recording its key (module docstring)."""
+    save_npz(path, data, stamp=_entry_key(path, kind))
 
 
 def fill_cache(entries: Sequence[tuple[Config, str]], cache: Path, *, cluster: Cluster | None = None,
@@ -127,7 +155,7 @@ def fill_cache(entries: Sequence[tuple[Config, str]], cache: Path, *, cluster: C
             if isinstance(result, BaseException):
                 errors[name] = result
             else:
-                save_npz(cache / name, result)
+                _store(cache / name, tasks[name][0], result)
                 done.add(name)
 
     with contextlib.ExitStack() as stack:

@@ -31,6 +31,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from ._arguments import require_arrays
 from ._expectation import AbstractExpectation
 from ._numerics import require_x64
 from ._routes import route_class
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
 
 def r_orth(M: jax.Array, Q: jax.Array) -> jax.Array:
     """``R_orth = Q - M M^T``: Gram matrix of the key components orthogonal to the spikes."""
+    require_arrays("r_orth", M=M, Q=Q)
     return Q - M @ M.T
 
 
@@ -101,7 +103,9 @@ class OrderParameterODE(eqx.Module):
         """The ODE of a configuration: its objects built once (:func:`~singleloc._build.build`), then
         :meth:`from_setup` (the other arguments are its)."""
         from ._build import build  # the edge: a config's objects (this module takes objects)
+        from ._config import require_config
 
+        require_config(config, "OrderParameterODE.from_config")
         return cls.from_setup(build(config), seeds=seeds, points=points, check=check)
 
     @classmethod

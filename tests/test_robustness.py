@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from singleloc import _resources, _sweep, _sweep_cache, _sweep_compute, load_config
+from singleloc import _costs, _resources, _sweep, _sweep_cache, _sweep_compute, load_config
 from singleloc._grid import parse_grid
 from singleloc._run_folders import load_npz, load_run, npz_stamp, save_npz, save_run
 from singleloc.cli import main
@@ -612,7 +612,7 @@ def test_more_saved_times_than_the_theory_can_evaluate_are_refused(tmp_path, cap
     args = [a for s in sets for a in ("--set", s)]
     assert main([command, "default", *TINY, *args, "--out", str(tmp_path / "out")]) == 2
     line = one_line(capsys, command)
-    assert "sgd.n_save = " in line and "more than the 16384" in line and "lower sgd.n_save to at most" in line
+    assert "sgd.n_save = " in line and "more than the 16384" in line and "e.g. sgd.n_save = " in line
     assert not (tmp_path / "out").exists()
 
 
@@ -634,13 +634,14 @@ sys.exit(main())
 """
 
 
-def _interrupt(args, tmp_path, wait_for=None, delay=0.0, limit=10.0):
-    """Start ``python ARGS`` (SIGINT at its default, as in a terminal), send SIGINT once its stderr
-    shows ``wait_for`` (then ``delay`` seconds), and return (exit code, seconds until it ended, stderr)."""
+def _interrupt(args, tmp_path, wait_for=None, delay=0.0, limit=10.0, env=None):
+    """Start ``python ARGS`` (SIGINT at its default, as in a terminal; ``env``: its environment), send
+    SIGINT once its stderr shows ``wait_for`` (then ``delay`` seconds), and return (exit code, seconds
+    until it ended, stderr)."""
     import time
 
     proc = subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=tmp_path, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            cwd=tmp_path, env=env, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     seen = ""
     while wait_for is not None and wait_for not in seen:
         line = proc.stderr.readline()
@@ -735,12 +736,12 @@ def test_a_long_diagnosis_is_refused_without_force_and_a_minute_long_one_is_anno
     attn = _attention(tmp_path)
     temps = [str(0.01 * (i + 1)) for i in range(1000)]
     monkeypatch.setattr(_resources, "cpu_count", lambda: 2)
-    monkeypatch.setattr(_resources, "DIAGNOSE_UNIT", 20.0)  # the 48 rows of 8 tokens as slow as a large model's
+    monkeypatch.setattr(_costs, "DIAGNOSE_UNIT", 20.0)  # the 48 rows of 8 tokens as slow as a large model's
     assert main(["diagnose", str(attn), "--temperature", *temps, "--out", str(tmp_path / "o")]) == 2
     line = one_line(capsys, "diagnose")
     assert "48 rows of L = 8 tokens x 1000 temperatures x 3 perturbation sizes x 4 directions: about" in line
     assert "lower --temperature, --epsilon, --directions or --max-rows, or pass --force" in line
-    monkeypatch.setattr(_resources, "DIAGNOSE_UNIT", 25.0)  # 75 s
+    monkeypatch.setattr(_costs, "DIAGNOSE_UNIT", 25.0)  # 75 s
     assert main(["diagnose", str(attn), "--temperature", "1", "2", "--out", str(tmp_path / "o")]) == 0
     assert "singleloc diagnose: note: 48 rows of L = 8 tokens x 2 temperatures" in capsys.readouterr().err
 

@@ -21,9 +21,10 @@ CONFIG_HELP = (
 )
 
 
-def int_at_least(minimum: int):
-    """An argparse type: an integer ``>= minimum``, checked by :func:`singleloc._validation.integer`
-    (argparse names the argument: ``"argument --draws: must be >= 1, got 0"``)."""
+def int_at_least(minimum: int, maximum: int | None = None):
+    """An argparse type: an integer ``>= minimum`` (and ``<= maximum``), checked by
+    :func:`singleloc._validation.integer` (argparse names the argument: ``"argument --draws: must be
+    >= 1, got 0"``)."""
 
     def parse(text: str) -> int:
         try:
@@ -31,7 +32,7 @@ def int_at_least(minimum: int):
         except ValueError:
             value = text  # not an integer: refused by integer(), which quotes it
         try:
-            return integer("N", value, minimum)
+            return integer("N", value, minimum, maximum)
         except ValueError as err:
             raise argparse.ArgumentTypeError(str(err).removeprefix("N: ")) from None
 
@@ -113,7 +114,7 @@ def add_force_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def check_cost(command: str, cost, force: bool, note: bool = True) -> None:
-    """Say on stderr what a run will cost (:class:`singleloc._resources.Cost`) when its estimated
+    """Say on stderr what a run will cost (:class:`singleloc._costs.Cost`) when its estimated
     time exceeds :data:`ANNOUNCE_SECONDS` (and ``note``: a simulation says its measured estimate
     itself once compiled), and refuse it (``ValueError``) above :data:`LONG_RUN_SECONDS` unless ``force``."""
     if cost.seconds > LONG_RUN_SECONDS and not force:

@@ -78,7 +78,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from .._attention_diagnosis import TEMPERATURES, diagnose_attention
-    from .._resources import diagnose_cost
+    from .._costs import diagnose_cost
     from .._run_folders import load_npy, save_figure, save_json
     from .._sensitivity import FD_EPSILONS
     from ..plots import plot_sensitivity, plot_top_n, plot_vanishing

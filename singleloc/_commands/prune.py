@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from .._atomic_files import check_run_folder
-from .._choices import PRUNING_ORDERS
+from .._choices import PRUNING_DRAWS_MAX, PRUNING_ORDERS
 from ._common import PROGRESS_HELP, add_out_argument, describe, int_at_least, note_replaced
 
 SOURCES = ("auto", "theory", "simulation")
@@ -44,7 +44,7 @@ def register(sub) -> None:
                    help="order of removal: greedy (drop the head whose removal raises the risk least), "
                    "alignment (drop the smallest spike-overlap norm |M_h| first) or random (--draws random orders); "
                    "default greedy")
-    p.add_argument("--draws", type=int_at_least(1), default=20, metavar="N",
+    p.add_argument("--draws", type=int_at_least(1, PRUNING_DRAWS_MAX), default=20, metavar="N",
                    help="number of random orders for --order random (mean and spread are reported); default 20")
     p.add_argument("--seed", type=int_at_least(0), default=0, metavar="S", help="seed of the random orders; default 0")
     p.add_argument("--source", default="auto", choices=SOURCES,
