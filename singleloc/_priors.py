@@ -183,4 +183,27 @@ def _require_psd(cov: np.ndarray, name: str) -> None:
         raise ValueError(f"{name} must be positive semi-definite, its eigenvalues are {eigenvalues.tolist()}")
 
 
-PRIOR_FACTORIES = {"spikes": spikes, "flipped": flipped, "binary": binary, "discrete": discrete, "gaussian": gaussian}
+def _discrete_of(problem) -> Prior:
+    """``discrete`` from a problem section: ``support`` (default ``strength * I_F``) with ``probs``
+    (default uniform)."""
+    support = problem.support if problem.support is not None else (problem.strength * np.eye(problem.F)).tolist()
+    probs = problem.probs if problem.probs is not None else [1.0 / len(support)] * len(support)
+    return discrete(support, probs)
+
+
+def _gaussian_of(problem) -> Prior:
+    """``gaussian`` from a problem section: ``mean`` (default 0) and ``cov`` (default ``strength^2 I_F``)."""
+    mean = problem.mean if problem.mean is not None else [0.0] * problem.F
+    return gaussian(mean, problem.cov if problem.cov is not None else problem.strength**2)
+
+
+#: The named priors of ``problem.prior``: each a function of the ``[problem]`` section (its ``F`` and the
+#: keys it reads: ``strength``, ``p``, ``support``, ``probs``, ``mean``, ``cov``) returning the
+#: :class:`Prior`. A new named prior is a function here and one line in this table.
+PRIOR_FACTORIES = {
+    "spikes": lambda problem: spikes(problem.F, problem.strength),
+    "flipped": lambda problem: flipped(problem.F, problem.strength),
+    "binary": lambda problem: binary(problem.F, problem.strength, problem.p),
+    "discrete": _discrete_of,
+    "gaussian": _gaussian_of,
+}

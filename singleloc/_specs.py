@@ -184,20 +184,8 @@ class Problem:
             prior = import_reference(self.prior, "problem.prior")(self)
             check_prior(prior, self.prior)
             return prior
-        F = self.F
         try:
-            if self.prior in ("spikes", "flipped"):
-                return PRIOR_FACTORIES[self.prior](F, self.strength)
-            if self.prior == "binary":
-                return PRIOR_FACTORIES["binary"](F, self.strength, self.p)
-            if self.prior == "discrete":
-                support = self.support if self.support is not None else (self.strength * np.eye(F)).tolist()
-                k = len(support)
-                probs = self.probs if self.probs is not None else [1.0 / k] * k
-                return PRIOR_FACTORIES["discrete"](support, probs)
-            mean = self.mean if self.mean is not None else [0.0] * F
-            cov = self.cov if self.cov is not None else self.strength**2
-            return PRIOR_FACTORIES["gaussian"](mean, cov)
+            return PRIOR_FACTORIES[self.prior](self)  # a named prior of this section's keys (singleloc._priors)
         except ValueError as err:
             msg = str(err)
             raise ValueError(msg if msg.startswith("problem.") else f"problem.prior: {msg}") from None
