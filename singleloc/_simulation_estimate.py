@@ -72,9 +72,10 @@ SIMULATION_KEYS = "sgd.tau_max, simulation.D, simulation.seeds or model.heads"
 
 
 def simulation_cost(config: Config):
-    """The cost of :func:`~singleloc.simulate` before it is compiled (:class:`~singleloc._resources.Cost`:
+    """The cost of :func:`~singleloc.simulate` before it is compiled (:class:`~singleloc._costs.Cost`:
     :func:`simulation_estimate` and the memory estimate), for the command line's check of a huge run."""
-    from ._resources import OVERHEAD, Cost, simulation_bytes
+    from ._costs import Cost
+    from ._resources import OVERHEAD, simulation_bytes
 
     estimate = simulation_estimate(config)
     return Cost(simulation_work(config), estimate.seconds, OVERHEAD + simulation_bytes(config), SIMULATION_KEYS,

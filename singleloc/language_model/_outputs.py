@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from .._atomic_files import OUTPUT_KEY, atomic_write, png_has_text, written_together
-from .._resources import MEASURED_CPUS, Cost, cpu_count
+from .._costs import Cost, speed
 from .._run_folders import save_json
 from .._version import __version__
 from ._gguf_reader import LlamaConfig
@@ -59,7 +59,7 @@ def layer_flops(config: LlamaConfig, L: int) -> float:
 
 def forward_cost(config: LlamaConfig, L: int, kept: int) -> Cost:
     """What running every block on ``L`` tokens and keeping ``kept`` blocks' arrays costs."""
-    seconds = config.layers * layer_flops(config, L) / FORWARD_FLOPS * MEASURED_CPUS / max(1, min(cpu_count(), 64))
+    seconds = config.layers * layer_flops(config, L) / FORWARD_FLOPS * speed()
     memory = sum(memory_parts(config, L, kept).values())
     return Cost(f"the forward pass of {config.layers} blocks on L = {L} tokens (--max-tokens), keeping {kept} (--layers)",
                 seconds, memory, "--max-tokens or --layers")
