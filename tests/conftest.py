@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import atexit
+import gc
 import os
 import shutil
 import tempfile
@@ -66,3 +67,26 @@ def _route(request, monkeypatch):
     """Tests marked ``exact_route`` run on the default route of a user's session."""
     if request.node.get_closest_marker("exact_route"):
         monkeypatch.setenv("SINGLELOC_THEORY_ROUTE", "auto")
+
+
+#: Memory mappings above which the session frees its compiled programs between tests. Every XLA
+#: executable holds a few mappings and Linux caps a process at ``vm.max_map_count`` (65530 by
+#: default); the whole suite in one process compiles past it, and the next compilation crashed the
+#: interpreter (a segmentation fault in ``executable.serialize``, CI at 85 %). Freed programs come
+#: back from the session's persistent cache when a later test needs them.
+MAPPINGS_HIGH = 20000
+
+
+def _mappings() -> int:
+    try:
+        with open("/proc/self/maps", "rb") as fh:
+            return sum(1 for _ in fh)
+    except OSError:  # not Linux: no such cap to stay under
+        return 0
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    if _mappings() > MAPPINGS_HIGH:
+        jax.clear_caches()
+        gc.collect()
