@@ -17,7 +17,7 @@
 6. Wide fields: one softmax head at ``L = 64`` with token standard deviations ``s = sqrt(Q)`` from 0.5
    to 32 (the long keys of ssmax training reach 25 at ``L = 256``): the risk and its gradient on 64
    Gauss-Hermite nodes (the first rule), on 64 trapezoidal nodes (the normal rule of narrow fields,
-   ``singleloc._cubature.normal_rule``) and on the profile grid (the default above
+   ``singleloc.expectations._cubature.normal_rule``) and on the profile grid (the default above
    ``s = 0.6``), all against 8193 trapezoidal nodes in ``z`` and 1024 nodes of the Laplace variable.
 7. Joint layers (bsoftmax) at trained states, the conditional product form (the smallest principal
    variance smoothed into every head's profiles): two heads at token widths 1 to 3.5, three to five
@@ -57,7 +57,7 @@ import numpy as np  # noqa: E402
 from _common import add_save_option, save  # noqa: E402
 
 import singleloc as sl  # noqa: E402
-from singleloc._sgd_rule import flat_drift  # noqa: E402
+from singleloc.sgd._sgd_rule import flat_drift  # noqa: E402
 
 REFERENCE_NODES = 160
 
@@ -200,7 +200,7 @@ def gram_precision(quick: bool) -> list[dict]:
 
 
 def wide_fields(quick: bool) -> list[dict]:
-    from singleloc import _cubature, _laplace
+    from singleloc.expectations import _cubature, _laplace
 
     print("\nWide fields: one softmax head, L = 64; risk error | relative gradient error")
     print("| s | Gauss-Hermite (64 nodes) | trapezoidal (64 nodes) | profile grid | ms / gradient (grid) |")
@@ -291,7 +291,7 @@ def joint_layers(quick: bool) -> list[dict]:
 
 
 def wide_gram(quick: bool) -> list[dict]:
-    from singleloc import _laplace_heads
+    from singleloc.expectations import _laplace_heads
 
     print("\nThe exact two-head Gram term at wide fields (relative error | ms per term)")
     print("| L | s | risk's outer rule | GRAM_OUTER x | against Sobol (its s.e.) |")

@@ -72,12 +72,12 @@ def _run(args: argparse.Namespace) -> int:
     import jax
 
     from ._commands._common import reporting_for
-    from ._compilation import enable_compilation_cache, own_process
+    from .runtime._compilation import enable_compilation_cache, own_process
 
     own_process()  # the command line owns this process: its JAX settings and compiled programs
     jax.config.update("jax_enable_x64", True)  # the ODE runs in double precision; simulations stay in float32
-    enable_compilation_cache()  # compiled programs are kept for the next run (singleloc._compilation)
-    with reporting_for(args):  # phases and estimates on stderr (singleloc._progress)
+    enable_compilation_cache()  # compiled programs are kept for the next run (singleloc.runtime._compilation)
+    with reporting_for(args):  # phases and estimates on stderr (singleloc.runtime._progress)
         return int(args.func(args) or 0)
 
 
@@ -94,7 +94,7 @@ def _cause(err: BaseException) -> str:
     """The message of an expected failure, without Python's decorations."""
     if isinstance(err, OSError) and err.strerror:
         return f"{err.strerror}: {err.filename!r}" if err.filename else err.strerror
-    if isinstance(err, MemoryError):  # NumPy's "Unable to allocate ...", or the estimate of singleloc._resources
+    if isinstance(err, MemoryError):  # NumPy's "Unable to allocate ...", or the estimate of singleloc.io._resources
         return str(err) or "out of memory"
     if isinstance(err, RuntimeError):  # JAX's RESOURCE_EXHAUSTED: the first line says what did not fit
         return f"out of memory on the device: {str(err).splitlines()[0]}; lower the sizes of the run"
@@ -132,8 +132,8 @@ def _end(code: int) -> None:
 
 def _unwind_seconds() -> float:
     """How long the watcher lets a taken Ctrl-C unwind: :data:`UNWIND_MAX` while a Dask cluster of
-    this process is open (:func:`singleloc._distributed.clusters_open`), else :data:`INTERRUPT_GRACE`."""
-    distributed = sys.modules.get("singleloc._distributed")  # not imported: no cluster
+    this process is open (:func:`singleloc.runtime._distributed.clusters_open`), else :data:`INTERRUPT_GRACE`."""
+    distributed = sys.modules.get("singleloc.runtime._distributed")  # not imported: no cluster
     return UNWIND_MAX if distributed is not None and distributed.clusters_open() else INTERRUPT_GRACE
 
 

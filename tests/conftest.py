@@ -30,7 +30,7 @@ jax.config.update("jax_enable_x64", True)
 # which restore the default. Subprocesses (the command line) inherit the variable.
 os.environ["SINGLELOC_THEORY_ROUTE"] = "rule"
 
-# The commands' phase lines and estimates (singleloc._progress) are off, as for a Python caller under
+# The commands' phase lines and estimates (singleloc.runtime._progress) are off, as for a Python caller under
 # pytest, so that the tests of their other output read it alone; tests/test_progress.py turns them on.
 os.environ["SINGLELOC_PROGRESS"] = "off"
 

@@ -25,10 +25,10 @@ from helpers import random_overlaps
 
 import singleloc as sl
 from singleloc import LocalFields, OrderParameterODE, OrderParameters
-from singleloc._accuracy import MARGIN, start_drifts
-from singleloc._numerics import principal_factor, rank_aware_factor_and_pinv
-from singleloc._ode import _run
-from singleloc._sgd_rule import flat_drift
+from singleloc.runtime._numerics import principal_factor, rank_aware_factor_and_pinv
+from singleloc.sgd._sgd_rule import flat_drift
+from singleloc.theory._accuracy import MARGIN, start_drifts
+from singleloc.theory._ode import _run
 
 
 def random_state(H, F, rng, scale=0.8):

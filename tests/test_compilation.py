@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import singleloc as sl
-from singleloc import _compilation
+from singleloc.runtime import _compilation
 
 
 def test_cache_folder_follows_the_environment(monkeypatch, tmp_path):
@@ -53,7 +53,7 @@ def test_the_checks_are_nan_only_while_the_package_traces(monkeypatch):
 def test_static_values_outside_the_package_have_no_stable_name():
     cfg = sl.load_config("default", ["theory.points=64"])
     ode = sl.OrderParameterODE.from_config(cfg)
-    assert "singleloc._activations.softmax" in _compilation._structure((ode,))
+    assert "singleloc.model._activations.softmax" in _compilation._structure((ode,))
     sl.register_activation("test_half_softmax", lambda s: jax.nn.softmax(s, axis=-1) / 2, overwrite=True)
     user = sl.OrderParameterODE.from_config(cfg.replace(model={"activation": "test_half_softmax"}))
     assert _compilation._structure((user,)) is None
@@ -77,7 +77,7 @@ def test_a_fresh_process_does_not_trace_the_solve_again(tmp_path):
     script = textwrap.dedent("""
         import jax
         import singleloc as sl
-        from singleloc import _ode
+        from singleloc.theory import _ode
         traced = []
         solve = _ode._solve
         _ode._solve = lambda *a: traced.append(1) or solve(*a)

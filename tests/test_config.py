@@ -11,8 +11,8 @@ import pytest
 
 import singleloc
 from singleloc import Config, load_config, preset_names
-from singleloc._config import parse_override
 from singleloc.cli import main
+from singleloc.configuration._config import parse_override
 
 
 def test_presets_exist_and_load():

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import singleloc as sl
-from singleloc._routes import ROUTE_CLASSES, ROUTES, decide, route_class, route_of
+from singleloc.expectations._routes import ROUTE_CLASSES, ROUTES, decide, route_class, route_of
 
 Z = 5.0
 DRAWS, SETS = 8192, 8

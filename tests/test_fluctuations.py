@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 
 from singleloc import OrderParameterODE, OrderParameters, integrate, load_config
-from singleloc import _fluctuations as fl
-from singleloc._activations import get_activation
-from singleloc._data import make_spikes, sample_sequence
-from singleloc._fluctuations import integrate_sde, update_moments
-from singleloc._layer import finite_loss
-from singleloc._numerics import psd_sqrt
-from singleloc._theory import flatten_state
+from singleloc.model._activations import get_activation
+from singleloc.model._data import make_spikes, sample_sequence
+from singleloc.model._layer import finite_loss
+from singleloc.runtime._numerics import psd_sqrt
+from singleloc.theory import _fluctuations as fl
+from singleloc.theory._fluctuations import integrate_sde, update_moments
+from singleloc.theory._theory import flatten_state
 
 CFG = load_config("bsoftmax", ["problem.prior=flipped", "problem.strength=3.0", "sgd.lr=1.0", "theory.points=256"])
 

@@ -17,10 +17,11 @@ import pytest
 from test_robustness import _interrupt as interrupt
 from test_robustness import one_line
 
-from singleloc import _sweep_cache, load_config
-from singleloc._config import Config
-from singleloc._run_folders import load_npz, save_npz
+from singleloc import load_config
 from singleloc.cli import main
+from singleloc.configuration._config import Config
+from singleloc.io._run_folders import load_npz, save_npz
+from singleloc.sweeps import _sweep_cache
 
 #: A command line that solves in seconds (issue 54's ``S``).
 TINY = ["--set", "sgd.tau_max=2", "--set", "simulation.D=200", "--set", "simulation.seeds=1", "--set", "sgd.n_save=3",
@@ -35,7 +36,7 @@ TINY = ["--set", "sgd.tau_max=2", "--set", "simulation.D=200", "--set", "simulat
 #: replaces the command's computation with a loop of collections (or, empty, the command runs).
 _GC_STRESS = """
 import gc, sys, time
-import singleloc._ode
+import singleloc.theory._ode
 from singleloc.cli import main
 
 def callback(phase, info):
@@ -50,7 +51,7 @@ def collecting(*args, **kwargs):
 
 gc.callbacks.append(callback)
 if WORK:
-    singleloc._ode.integrate = collecting
+    singleloc.theory._ode.integrate = collecting
 sys.argv = ["singleloc", *sys.argv[1:]]
 sys.exit(main())
 """
@@ -245,7 +246,7 @@ def test_the_probe_takes_the_packages_own_activations_and_an_honest_form(user_mo
     import jax.numpy as jnp
 
     import singleloc as sl
-    from singleloc._user_code import check_activation
+    from singleloc.configuration._user_code import check_activation
 
     for name in ("softmax", "softmax1", "bsoftmax", "ssmax"):
         check_activation(sl.get_activation(name), name)
@@ -336,7 +337,7 @@ def test_starts_of_different_counts_say_so():
 
 
 def _numeric_keys():
-    from singleloc._config import SECTIONS
+    from singleloc.configuration._config import SECTIONS
 
     for section, spec in SECTIONS.items():
         for field in dataclasses.fields(spec):
@@ -378,7 +379,7 @@ def test_every_numeric_key_refuses_in_one_line_naming_it_with_a_value_that_passe
     ("sgd.weight_decay", 1e39, "it must be a float32 number"),
 ])
 def test_what_a_simulation_holds_in_float32_is_checked_before_it_runs(key, value, words):
-    from singleloc import _resources
+    from singleloc.io import _resources
 
     cfg = load_config("default", [f"{key}={value!r}"])
     _resources.check_run(cfg, theory_starts=1)  # the theory runs in float64: fine
@@ -536,12 +537,12 @@ def test_bayes_at_a_million_tokens_is_not_refused_by_its_check(capsys, monkeypat
     """Issue 54 item 10: ``bayes --set problem.L=1000000`` was refused by its Sobol cross-check, although the
     exact route takes any L. The risks are stubbed (the real run: the slow test below): only the exact route's
     risk is asked for, the rule's check is not."""
-    import singleloc._bayes
-    from singleloc._population_risk import RiskEstimate
+    import singleloc.bayes._bayes
+    from singleloc.bayes._population_risk import RiskEstimate
 
     routes = []
     stub = lambda *a, route, **k: routes.append(route) or RiskEstimate(0.5, 0.0, (), 0)  # noqa: E731
-    monkeypatch.setattr(singleloc._bayes, "bayes_risk", stub)
+    monkeypatch.setattr(singleloc.bayes._bayes, "bayes_risk", stub)
     assert main(["bayes", "default", "--set", "problem.L=1000000"]) == 0
     captured = capsys.readouterr()
     assert routes == ["exact"] and captured.err == "", captured
@@ -565,7 +566,7 @@ def test_bayes_at_a_million_tokens_runs_on_the_exact_route_and_says_it_has_no_ch
 
 def test_the_memory_check_runs_for_automatic_points(monkeypatch):
     """Issue 54 item 10: with ``theory.points = "auto"`` the memory check was skipped."""
-    from singleloc import _resources
+    from singleloc.io import _resources
 
     monkeypatch.setenv("SINGLELOC_MEMORY_LIMIT", "10G")
     cfg = load_config("default", ["theory.route=rule", "theory.points=auto", "problem.L=1000", "model.heads=8"])
@@ -636,7 +637,7 @@ def test_what_the_hostile_pass_found_is_one_line_with_a_possible_value(tmp_path,
 
 def test_a_bayes_rule_beyond_memory_suggests_the_points_that_fit(monkeypatch):
     import singleloc as sl
-    from singleloc._bayes import check_bayes
+    from singleloc.bayes._bayes import check_bayes
 
     monkeypatch.setenv("SINGLELOC_MEMORY_LIMIT", "1G")
     with pytest.raises(MemoryError, match=r"the quadrature \(theory.points = 65536\)\).*; e.g. theory.points = \d+,") as err:

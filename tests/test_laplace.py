@@ -1,4 +1,4 @@
-"""The exact route (singleloc._laplace) against independent references.
+"""The exact route (singleloc.expectations._laplace) against independent references.
 
 * plain Monte Carlo over whole sequences, with its standard error, at trained states: heads
   that are exact copies, near copies (small ``R_orth``), specialised heads, random states;
@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 
 import singleloc as sl
-from singleloc._activations import exponential_form
-from singleloc._laplace import LaplaceRule
-from singleloc._layer import limit_loss
+from singleloc.expectations._laplace import LaplaceRule
+from singleloc.model._activations import exponential_form
+from singleloc.model._layer import limit_loss
 
 pytestmark = pytest.mark.exact_route
 
@@ -371,7 +371,7 @@ def test_stated_drift_error_covers_the_drift_error(stretch):
     are near copies and at the same state with keys twice as long (token variance ~15, where 64
     Gauss-Hermite nodes resolved the drift to about 1e-4 only, the trapezoidal normal rule to 8e-6):
     within a factor 4 of each other, and under the issue's 1e-4."""
-    from singleloc._laplace_expectation import exact_moments
+    from singleloc.expectations._laplace_expectation import exact_moments
 
     cfg = sl.load_config("default")
     M = stretch * jnp.array([[1.41, 1.28], [1.27, 1.40]])
@@ -405,7 +405,7 @@ def test_wide_token_fields_stay_exact(monkeypatch, L, M, Q):
     (log L)^2 Q up to 620, where Gauss-Hermite nodes had risk errors of 1e-3): the risk and its
     gradient on the profile grid against the trapezoidal reference, and the stated error (the
     finer rule) within a factor 5 of the actual one."""
-    from singleloc import _laplace
+    from singleloc.expectations import _laplace
 
     rule = sl.exact_rule(sl.get_activation("ssmax"), L, 1, sl.spikes(1, 2.5))
     state = (jnp.array([[M]]), jnp.array([[Q]]), jnp.array([0.1]))
@@ -425,7 +425,7 @@ def _nested_trapezoid_pair(outer_nodes, inner_nodes):
     field on ``outer_nodes`` trapezoidal nodes over [-8.5, 8.5] standard deviations, the second
     given the first on ``inner_nodes`` such nodes, every profile evaluated directly (no table,
     no interpolation, no profile grid), one outer node at a time."""
-    from singleloc._laplace_profiles import _profile, _profiles
+    from singleloc.expectations._laplace_profiles import _profile, _profiles
 
     def normal(n):
         z = np.linspace(-8.5, 8.5, n)
@@ -464,7 +464,7 @@ def test_a_pair_of_wide_fields_is_exact(monkeypatch, name, L, M, Q, b):
     against the nested trapezoidal pair rule with dense nodes (no tabulated smoothing), to 1e-9 and
     1e-8 of the gradient's size; the rule of the former sizes (outer nodes 64, second field on 32
     normal nodes) is off by far more, so the check can fail."""
-    from singleloc._cubature import normal_rule
+    from singleloc.expectations._cubature import normal_rule
 
     rule = sl.exact_rule(sl.get_activation(name), L, 2, sl.spikes(len(M[0]), 2.5))
     state = (jnp.asarray(M, float), jnp.asarray(Q, float), jnp.asarray(b, float))
@@ -486,7 +486,7 @@ def test_tabulated_smoothing_matches_direct_smoothing():
     the heat equation, in the variance) against direct normal rules of 2001 nodes, across the
     switch from the normal rule's table to the profile grid's and at variance zero (the profiles
     themselves)."""
-    from singleloc._laplace_profiles import OMEGA, RHO0, RHO1, RHO2, WIDE_SIGMA, _profile, smoothed_profiles
+    from singleloc.expectations._laplace_profiles import OMEGA, RHO0, RHO1, RHO2, WIDE_SIGMA, _profile, smoothed_profiles
 
     rule = sl.exact_rule(sl.get_activation("softmax"), 4, 2, sl.spikes(1, 2.5))  # the default rule's tables
     z, w, u = rule.z_inner, rule.w_inner, rule.u_grid
@@ -547,7 +547,7 @@ def test_attention_mass_matches_monte_carlo_at_trained_states(name, rng):
 def test_the_switch_to_the_profile_grid_is_continuous():
     """Just below and just above ``sqrt(v) = WIDE_SIGMA`` (the normal rule's nodes, then the profile
     grid) the one-token expectations agree to rounding: the drift has no step there."""
-    from singleloc._laplace_profiles import RHO2, WIDE_SIGMA
+    from singleloc.expectations._laplace_profiles import RHO2, WIDE_SIGMA
 
     rule = sl.exact_rule(sl.get_activation("softmax"), 8, 1, sl.spikes(1, 2.5))
     y = jnp.linspace(-30.0, 6.0, 128)
@@ -564,7 +564,7 @@ def test_the_profile_grid_smooths_every_profile_exactly(s):
     widths), for ``c`` from far below the profiles' support to far above it: absolute error at rounding
     (``rho_2`` 5.5e-14 at ``s = 0.6``, the narrowest width the grid takes, where the trapezoidal step 0.25
     resolves its peak least well)."""
-    from singleloc._laplace_profiles import U_GRID_HIGH, U_GRID_LOW, U_GRID_STEP, _profiles, grid_smoothing
+    from singleloc.expectations._laplace_profiles import U_GRID_HIGH, U_GRID_LOW, U_GRID_STEP, _profiles, grid_smoothing
 
     u = jnp.asarray(np.linspace(U_GRID_LOW, U_GRID_HIGH, int(np.ceil((U_GRID_HIGH - U_GRID_LOW) / U_GRID_STEP)) + 1))
     c = jnp.linspace(-45.0 - 8 * s, 40.0 + 8 * s, 301)
@@ -605,7 +605,7 @@ def test_a_trained_joint_layer_has_an_accurate_drift(H, state, reference, tolera
     other direction on normal nodes, relative to the drift's largest entry (the quantity the solve
     states). The former tensor rule of 24 Gauss-Hermite nodes per direction was off by 5.7e-4 at the
     three-head state."""
-    from singleloc._laplace_expectation import exact_moments
+    from singleloc.expectations._laplace_expectation import exact_moments
 
     cfg = sl.load_config("bsoftmax", ["problem.F=2", f"model.heads={H}", "theory.points=1024"])
     M, Q, b = (jnp.asarray(x, float) for x in state)
@@ -623,8 +623,8 @@ def _dense_joint_token(sizes):
     ``x = mean + z Lambda^(1/2) V^T`` (all principal axes of ``C``, none smoothed), ``lse`` evaluated
     at every node and differentiated by plain autodiff (through ``eigh``: the states below have
     distinct eigenvalues). It shares no code with the conditional product form but the profiles."""
-    from singleloc._cubature import normal_rule
-    from singleloc._laplace_profiles import RHO1, _profile, _profiles
+    from singleloc.expectations._cubature import normal_rule
+    from singleloc.expectations._laplace_profiles import RHO1, _profile, _profiles
 
     rules = [normal_rule(n) for n in sizes]
     z = jnp.asarray(np.stack([g.ravel() for g in np.meshgrid(*[r[0] for r in rules], indexing="ij")], axis=1))
@@ -656,11 +656,11 @@ def _dense_joint_token(sizes):
 def test_a_joint_layer_is_exact_in_conditional_product_form(monkeypatch, L, M, Q, b, reference, gradient_tolerance):
     """bsoftmax: one token's ``E[f(y + lse(x))]`` in conditional product form (the smallest principal
     variance smoothed into each head's profiles, a tensor rule on the other directions,
-    ``singleloc._laplace_joint._joint_token``; derivatives by Price's theorem) against a dense tensor rule
+    ``singleloc.expectations._laplace_joint._joint_token``; derivatives by Price's theorem) against a dense tensor rule
     over all ``H`` fields with ``lse`` at every node and plain autodiff (the former route, kept here
     as the reference): the risk to 1e-10, its gradient to ``gradient_tolerance`` of its size, the
     attention masses to 1e-10."""
-    import singleloc._laplace_joint as laplace
+    import singleloc.expectations._laplace_joint as laplace
 
     prior = sl.spikes(2, 2.5)
     state = (jnp.asarray(M, float), jnp.asarray(Q, float), jnp.asarray(b, float))
@@ -684,8 +684,8 @@ def test_a_joint_layer_is_exact_in_conditional_product_form(monkeypatch, L, M, Q
 def test_the_refined_rule_is_the_rule_the_joint_budget_counts(H, F):
     """The refined rule (the stated error's reference) has 1.5 x the nodes of every kind and, in a joint
     layer, the first degree-5 direction on a normal rule of its own; the joint sizing that budgets the
-    route (``joint_rule_size``, :mod:`singleloc._resources`) counts the nodes of exactly these rules."""
-    from singleloc._laplace_joint import joint_rule_size
+    route (``joint_rule_size``, :mod:`singleloc.io._resources`) counts the nodes of exactly these rules."""
+    from singleloc.expectations._laplace_joint import joint_rule_size
 
     prior = sl.spikes(F, 2.5)
     rule = sl.exact_rule(sl.get_activation("bsoftmax"), 8, H, prior)
@@ -735,7 +735,7 @@ def test_the_token_variance_named_by_the_warning_includes_the_priors_gaussian_pa
     """Under a Gaussian prior the relevant token's fields have variance ``alpha^2 (Q + M Sigma M^T)_hh``,
     ten times ``Q_hh`` at the trained softmax1 state of four heads on N(0, 3^2 I) (keys of 3.5, Q_hh 12.5,
     where the exact route at 64 nodes stated a risk error of 5e-5): the warning must name that variance."""
-    from singleloc._laplace_expectation import largest_token_variance
+    from singleloc.expectations._laplace_expectation import largest_token_variance
 
     M = np.array([[-2.889, 1.824], [-1.893, -2.97], [2.987, -1.874], [1.852, 2.978]])
     Q = M @ M.T + 0.1 * np.eye(4)

@@ -1,4 +1,4 @@
-"""The exact ``lr^2`` Gram term of one head (singleloc/_laplace_gram.py) against independent routes:
+"""The exact ``lr^2`` Gram term of one head (singleloc/expectations/_laplace_gram.py) against independent routes:
 the polynomial and its distinct-token moments against brute-force sums over tokens, a closed form
 where the weights are constant, plain Monte Carlo of whole sequences (with its standard error) at
 trained states, and the ODE's use of it."""
@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 import singleloc as sl
-from singleloc._activations import exponential_form
-from singleloc._laplace import LaplaceRule
-from singleloc._laplace_gram import distinct_moments, gram_polynomials
-from singleloc._layer import limit_loss
+from singleloc.expectations._laplace import LaplaceRule
+from singleloc.expectations._laplace_gram import distinct_moments, gram_polynomials
+from singleloc.model._activations import exponential_form
+from singleloc.model._layer import limit_loss
 
 jax.config.update("jax_enable_x64", True)
 

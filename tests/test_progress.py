@@ -3,7 +3,7 @@ commands, the live line on a terminal, the records of measured times per device 
 (written, read back and used), the sweep's estimate per point and its refusal above an hour.
 
 No test asserts on wall time: the times in the lines are matched as numbers, and where a time
-matters its clock is a fake one (``singleloc._timings.clock``)."""
+matters its clock is a fake one (``singleloc.runtime._timings.clock``)."""
 
 from __future__ import annotations
 
@@ -16,12 +16,14 @@ import numpy as np
 import pytest
 
 import singleloc as sl
-from singleloc import _compilation, _estimates, _progress, _simulation_estimate, _sweep_compute, _sweep_estimate, _timings
-from singleloc._estimates import REFERENCE, TheorySolve, solve_size
-from singleloc._grid import grid_points, parse_grid
-from singleloc._progress_bar import Bar
-from singleloc._timings import Estimate, Timings
 from singleloc.cli import main
+from singleloc.runtime import _compilation, _estimates, _progress, _timings
+from singleloc.runtime._estimates import REFERENCE, TheorySolve, solve_size
+from singleloc.runtime._progress_bar import Bar
+from singleloc.runtime._timings import Estimate, Timings
+from singleloc.simulation import _simulation_estimate
+from singleloc.sweeps import _sweep_compute, _sweep_estimate
+from singleloc.sweeps._grid import grid_points, parse_grid
 
 SETS = ["theory.route=rule", "theory.points=64", "sgd.tau_max=2", "sgd.n_save=3", "simulation.D=200", "simulation.seeds=1"]
 ARGS = [a for s in SETS for a in ("--set", s)]
@@ -248,7 +250,7 @@ def test_the_mode_python_callers_get(monkeypatch):
 def test_a_terminal_gets_a_live_line_and_the_phase_leaves_one_line_with_its_time(tmp_path):
     """On a pseudo-terminal, a Python caller's default: the status line redrawn in place (with
     the elapsed time against the estimate), then the phase's line."""
-    code = ("import time\nfrom singleloc._progress import Phase\n"
+    code = ("import time\nfrom singleloc.runtime._progress import Phase\n"
             "with Phase(('waiting for the test', 'waited for the test'), [60.0]):\n    time.sleep(1.6)\n")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_CURRENT_TEST", _progress.MODE_ENV)}
     leader, follower = os.openpty()

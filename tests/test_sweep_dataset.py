@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 from test_sweep import TINY, fake_prediction, read_csv
 
-from singleloc import _sweep, _sweep_cache, _sweep_compute, load_config, load_sweep
-from singleloc._grid import grid_points, parse_grid
-from singleloc._run_folders import load_npz
-from singleloc._sweep_dataset import ENTRY_DIMS, SWEEP_FILE, sweep_dataset
+from singleloc import load_config, load_sweep
 from singleloc._version import __version__
+from singleloc.io._run_folders import load_npz
+from singleloc.sweeps import _sweep, _sweep_cache, _sweep_compute
+from singleloc.sweeps._grid import grid_points, parse_grid
+from singleloc.sweeps._sweep_dataset import ENTRY_DIMS, SWEEP_FILE, sweep_dataset
 
 matplotlib.use("Agg")
 
@@ -148,7 +149,7 @@ def test_load_sweep_errors_name_the_path(tmp_path):
 
 def _small_sweep(out):
     """A sweep file written as `singleloc sweep` writes it (from stand-in rows and entries; no ODE)."""
-    from singleloc._sweep_dataset import write_sweep
+    from singleloc.sweeps._sweep_dataset import write_sweep
 
     grids = [parse_grid("model.heads=1,2")]
     base = load_config("default")

@@ -11,9 +11,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from .._atomic_files import check_output_folder, check_run_folder
-from .._presets import preset_names
-from .._validation import integer
+from ..configuration._presets import preset_names
+from ..configuration._validation import integer
+from ..io._atomic_files import check_output_folder, check_run_folder
 
 CONFIG_HELP = (
     "the name of a shipped preset ({presets}) or a TOML config file (write ./NAME for a file named like a preset); "
@@ -23,7 +23,7 @@ CONFIG_HELP = (
 
 def int_at_least(minimum: int, maximum: int | None = None):
     """An argparse type: an integer ``>= minimum`` (and ``<= maximum``), checked by
-    :func:`singleloc._validation.integer` (argparse names the argument: ``"argument --draws: must be
+    :func:`singleloc.configuration._validation.integer` (argparse names the argument: ``"argument --draws: must be
     >= 1, got 0"``)."""
 
     def parse(text: str) -> int:
@@ -41,7 +41,7 @@ def int_at_least(minimum: int, maximum: int | None = None):
 
 def output_folder(text: str) -> Path:
     """An argparse type: a folder to write files into (created if missing), checked before
-    anything runs (see :func:`singleloc._atomic_files.check_output_folder`)."""
+    anything runs (see :func:`singleloc.io._atomic_files.check_output_folder`)."""
     try:
         check_output_folder(text)
     except (OSError, ValueError) as err:
@@ -51,7 +51,7 @@ def output_folder(text: str) -> Path:
 
 def run_folder(text: str) -> Path:
     """An argparse type: the folder of a run, new or holding a previous run that the new one
-    replaces as a whole; checked before anything runs (see :func:`singleloc._atomic_files.check_run_folder`)."""
+    replaces as a whole; checked before anything runs (see :func:`singleloc.io._atomic_files.check_run_folder`)."""
     try:
         check_run_folder(text)
     except (OSError, ValueError) as err:
@@ -91,14 +91,14 @@ POINT_SECONDS = 3600.0
 
 
 def reporting_for(args: argparse.Namespace):
-    """What the command says while it runs (:func:`singleloc._progress.reporting`): its lines start
+    """What the command says while it runs (:func:`singleloc.runtime._progress.reporting`): its lines start
     with ``singleloc COMMAND:``; a live status line on a terminal, one line per phase with
     ``--no-progress`` or when stderr is not a terminal (``SINGLELOC_PROGRESS=lines`` or ``off``
     too); a run estimated above :data:`LONG_RUN_SECONDS` is refused without ``--force``, a sweep
     point above :data:`POINT_SECONDS` without ``--yes``."""
     import os
 
-    from .._progress import MODE_ENV, reporting
+    from ..runtime._progress import MODE_ENV, reporting
 
     chosen = os.environ.get(MODE_ENV, "").strip().lower()
     live = getattr(args, "progress", True) and sys.stderr.isatty() and chosen in ("", "auto", "live")
@@ -114,7 +114,7 @@ def add_force_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def check_cost(command: str, cost, force: bool, note: bool = True) -> None:
-    """Say on stderr what a run will cost (:class:`singleloc._costs.Cost`) when its estimated
+    """Say on stderr what a run will cost (:class:`singleloc.io._costs.Cost`) when its estimated
     time exceeds :data:`ANNOUNCE_SECONDS` (and ``note``: a simulation says its measured estimate
     itself once compiled), and refuse it (``ValueError``) above :data:`LONG_RUN_SECONDS` unless ``force``."""
     if cost.seconds > LONG_RUN_SECONDS and not force:
@@ -144,7 +144,7 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace):
     """The :class:`~singleloc.Config` of ``CONFIG`` and the ``--set`` overrides."""
-    from .._config import load_config
+    from ..configuration._config import load_config
 
     return load_config(args.config, args.overrides)
 
@@ -158,17 +158,17 @@ def describe(config) -> str:
 
 def prepare_run(args: argparse.Namespace, *, simulation: bool = False, theory: str | None = None):
     """The config of a run command, checked before anything is computed: its dimension,
-    quadrature and memory (:func:`singleloc._resources.check_run`) for a simulation and/or the
+    quadrature and memory (:func:`singleloc.io._resources.check_run`) for a simulation and/or the
     theory from ``"one"`` start or one per seed (``"seeds"``), what a simulation will cost
     (:func:`check_cost`: a huge one is refused), and a note when ``--out`` holds a run that the new one will replace.
-    (The warnings about a run's results, :mod:`singleloc._run_checks`, come from the library.)"""
-    from .._resources import check_run
-    from .._simulation_estimate import simulation_cost
+    (The warnings about a run's results, :mod:`singleloc.io._run_checks`, come from the library.)"""
+    from ..io._resources import check_run
+    from ..simulation._simulation_estimate import simulation_cost
 
     config = config_from_args(args)
     starts = {None: 0, "one": 1, "seeds": config.simulation.seeds}[theory]
     check_run(config, simulation=simulation, theory_starts=starts)
-    if simulation:  # refused when huge; its estimate is said once it is measured (singleloc._estimates)
+    if simulation:  # refused when huge; its estimate is said once it is measured (singleloc.runtime._estimates)
         check_cost(args.command, simulation_cost(config), args.force, note=False)
     note_replaced(args.command, args.out)
     return config

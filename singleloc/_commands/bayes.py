@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import warnings
 
-from .._choices import REPLICATES_MAX
+from ..configuration._choices import REPLICATES_MAX
 from ._common import add_config_arguments, config_from_args, int_at_least
 
 
@@ -33,9 +33,9 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from .._bayes import bayes_point, bayes_risk, bayes_route, check_bayes
-    from .._population_risk import _check_rules, population_risk
-    from .._progress import Phase
+    from ..bayes._bayes import bayes_point, bayes_risk, bayes_route, check_bayes
+    from ..bayes._population_risk import _check_rules, population_risk
+    from ..runtime._progress import Phase
 
     config = config_from_args(args)
     pb, th = config.problem, config.theory

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .._atomic_files import check_run_folder
-from .._choices import PRUNING_DRAWS_MAX, PRUNING_ORDERS
+from ..configuration._choices import PRUNING_DRAWS_MAX, PRUNING_ORDERS
+from ..io._atomic_files import check_run_folder
 from ._common import PROGRESS_HELP, add_out_argument, describe, int_at_least, note_replaced
 
 SOURCES = ("auto", "theory", "simulation")
@@ -59,9 +59,9 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from .._pruning import prune_run, pruning_config
-    from .._routes import route_of
-    from .._run_folders import RUN_KINDS, add_to_run, load_run, save_run
+    from ..expectations._routes import route_of
+    from ..io._run_folders import RUN_KINDS, add_to_run, load_run, save_run
+    from ..pruning._pruning import prune_run, pruning_config
 
     if not math.isfinite(args.tol) or args.tol < 0:
         raise ValueError(f"--tol must be a non-negative number, got {args.tol}")

@@ -59,7 +59,7 @@ def register(sub) -> None:
 
 def horizon_type(text: str) -> str | float:
     """argparse type of --horizon (sweep, integrate): auto, config or a positive number (the library's check)."""
-    from .._choices import HORIZON_WORDS, check_horizon
+    from ..configuration._choices import HORIZON_WORDS, check_horizon
 
     try:
         value = text if text in HORIZON_WORDS else float(text)
@@ -70,11 +70,11 @@ def horizon_type(text: str) -> str | float:
 
 
 def run(args) -> int:
-    from .._distributed import check_cluster
-    from .._grid import parse_grid
-    from .._resources import check_workers
-    from .._sweep import check_gap, check_sweep, compute_sweep, quadrature_summary, write_sweep_outputs
-    from .._sweep_answers import heads_needed_table
+    from ..io._resources import check_workers
+    from ..runtime._distributed import check_cluster
+    from ..sweeps._grid import parse_grid
+    from ..sweeps._sweep import check_gap, check_sweep, compute_sweep, quadrature_summary, write_sweep_outputs
+    from ..sweeps._sweep_answers import heads_needed_table
 
     config = config_from_args(args)
     grids = [parse_grid(g) for g in args.grid]
