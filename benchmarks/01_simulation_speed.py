@@ -6,7 +6,7 @@ What is measured
     (theta, eps, L tokens of dimension D), forward pass, gradient of
     ``|x_eps - sum_l a_l x_l|^2 / D`` with respect to the keys, update.
 
-    * ``jax``: the simulator's own per-seed ``advance`` (``singleloc._simulation._run_functions``),
+    * ``jax``: the simulator's own per-seed ``advance`` (``singleloc.simulation._simulation._run_functions``),
       ``vmap``-ed over 1 or 8 seeds and ``jit``-ed, exactly as ``singleloc simulate`` runs it.
       Compilation is excluded by a warm-up call (the step bounds are traced, so the timed
       calls reuse the compiled program), and every timed call ends with
@@ -43,7 +43,7 @@ from _common import add_save_option, save  # noqa: E402
 import singleloc as sl  # noqa: E402
 
 # the simulator's own per-seed step, timed on purpose: private, as no public function runs SGD steps without measuring
-from singleloc._simulation import _run_functions  # noqa: E402
+from singleloc.simulation._simulation import _run_functions  # noqa: E402
 
 H, L, F, STRENGTH, LR = 4, 4, 2, 2.5, 0.5
 

@@ -40,8 +40,8 @@ import numpy as np  # noqa: E402
 from _common import add_save_option, save  # noqa: E402
 
 import singleloc as sl  # noqa: E402
-from singleloc._fields import sobol_normals  # noqa: E402
-from singleloc._sgd_rule import flat_drift  # noqa: E402
+from singleloc.expectations._fields import sobol_normals  # noqa: E402
+from singleloc.sgd._sgd_rule import flat_drift  # noqa: E402
 
 CONFIGS = [(2, 4, 2), (4, 4, 2), (8, 8, 4), (16, 8, 4)]
 POINTS = [1024, 4096, 16384, 65536]

@@ -91,7 +91,7 @@ COMPONENTS = """
 import json, sys, time
 import equinox as eqx, jax
 import singleloc as sl
-from singleloc._ode import _problem, _run, _solve
+from singleloc.theory._ode import _problem, _run, _solve
 jax.config.update("jax_enable_x64", True)
 cfg = sl.load_config("default", [f"sgd.tau_max={sys.argv[1]}"])
 dynamics, evaluation, y0, ts, rtol, atol = _problem(cfg, None, None).args

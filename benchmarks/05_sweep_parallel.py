@@ -4,7 +4,7 @@ The points: the default preset with ``model.heads = 1, 2`` x ``problem.F = 1, 2`
 0.3, 0.5`` x ``problem.strength = 2.5, 3.5`` and ``sgd.tau_max = 100`` (the configuration's own
 grid, as ``singleloc sweep --horizon config``): 4 shapes (H, F), 4 points of each that differ in
 values only. Each point is the theory of a sweep point, computed as ``singleloc sweep`` computes
-it (:func:`singleloc._sweep_compute.compute_points` through :func:`singleloc._distributed.run_points`,
+it (:func:`singleloc.sweeps._sweep_compute.compute_points` through :func:`singleloc.runtime._distributed.run_points`,
 ``group=compile_group``):
 
 * unbatched: one task per point (the learning rate is a traced value, so the points of one shape
@@ -15,7 +15,7 @@ each serially in one process (no Dask) and on a local cluster of ``--workers`` (
 single-threaded worker processes, started and closed inside the timing. A serial process keeps
 more than one core busy (XLA's threads), so on a machine with as many cores as workers the
 speed-up over it is bounded by ``cores / (cores one serial process uses)``; the ``serial-1thread``
-runs are serial with a worker's environment (:data:`singleloc._distributed.WORKER_ENV`: XLA on one
+runs are serial with a worker's environment (:data:`singleloc.runtime._distributed.WORKER_ENV`: XLA on one
 thread), the baseline that measures what the workers themselves add. The ``-warm`` runs find
 their compilation cache filled by an untimed run of the same sweep just before (as a user's
 second sweep over new values of the same shapes finds it): they time loading the programs and
@@ -48,7 +48,7 @@ from pathlib import Path
 import numpy as np
 from _common import add_save_option, save
 
-from singleloc._distributed import worker_env
+from singleloc.runtime._distributed import worker_env
 
 GRIDS = ["model.heads=1,2", "problem.F=1,2", "sgd.lr=0.3,0.5", "problem.strength=2.5,3.5"]
 MODES = {"serial": (1, False), "workers": (2, False), "serial-batched": (1, True), "workers-batched": (2, True),
@@ -59,11 +59,11 @@ COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
 
 def counted_points(kind, *configs):
-    """:func:`~singleloc._sweep_compute.compute_points`, the XLA compilations it caused in this process
+    """:func:`~singleloc.sweeps._sweep_compute.compute_points`, the XLA compilations it caused in this process
     (names, counted by a ``jax.monitoring`` listener registered once per process) and its wall time."""
     import jax
 
-    from singleloc._sweep_compute import compute_points
+    from singleloc.sweeps._sweep_compute import compute_points
 
     names = getattr(jax.monitoring, "_benchmark05_compilations", None)
     if names is None:
@@ -81,9 +81,9 @@ def run(mode: str, tau_max: float, workers: int, out: Path) -> None:
 
     jax.config.update("jax_enable_x64", True)
     from singleloc import enable_compilation_cache, load_config
-    from singleloc._distributed import run_points
-    from singleloc._grid import grid_points, parse_grid
-    from singleloc._sweep_compute import compile_group
+    from singleloc.runtime._distributed import run_points
+    from singleloc.sweeps._grid import grid_points, parse_grid
+    from singleloc.sweeps._sweep_compute import compile_group
 
     enable_compilation_cache()
     n_workers, batch = MODES[mode]

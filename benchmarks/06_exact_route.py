@@ -17,7 +17,7 @@
 6. Wide fields: one softmax head at ``L = 64`` with token standard deviations ``s = sqrt(Q)`` from 0.5
    to 32 (the long keys of ssmax training reach 25 at ``L = 256``): the risk and its gradient on 64
    Gauss-Hermite nodes (the first rule), on 64 trapezoidal nodes (the normal rule of narrow fields,
-   ``singleloc._laplace_profiles.normal_rule``) and on the profile grid (the default above
+   ``singleloc.expectations._cubature.normal_rule``) and on the profile grid (the default above
    ``s = 0.6``), all against 8193 trapezoidal nodes in ``z`` and 1024 nodes of the Laplace variable.
 7. Joint layers (bsoftmax) at trained states, the conditional product form (the smallest principal
    variance smoothed into every head's profiles): two heads at token widths 1 to 3.5, three to five
@@ -29,6 +29,12 @@
    on the risk's outer rule (``GRAM_OUTER = 1``, the code before) and on ``GRAM_OUTER`` times it (the
    default), against 160 nodes and against 4 scramblings of 2^16 rank-aware Sobol points (their standard
    error); relative errors (largest entry) and milliseconds per term.
+9. One program for every ``L``: the risk with its gradient and the exact Gram term of two heads (softmax,
+   ssmax, bsoftmax; one head of softmax), near copies, ``theory.nodes = 64``, at ``L`` = 4 ... 4096 in one
+   process: the programs compiled at each ``L`` (JAX's backend-compile events), the first call's seconds
+   (compilation included) and milliseconds per call after it. ``L`` and the scale ``alpha`` are arrays of
+   the rule, so a sweep compiles once per layer; ssmax's pair rule has ``nodes * ceil(alpha)`` outer nodes,
+   so it compiles once per value of ``ceil(log L)``.
 
 Times are medians of 3 calls after compilation, as ratios in one run (the machine may be shared).
 Run: ``python benchmarks/06_exact_route.py [--quick] [--sections 3,4] [--save PATH]`` (``--save``: the numbers as
@@ -51,7 +57,7 @@ import numpy as np  # noqa: E402
 from _common import add_save_option, save  # noqa: E402
 
 import singleloc as sl  # noqa: E402
-from singleloc._sgd_rule import flat_drift  # noqa: E402
+from singleloc.sgd._sgd_rule import flat_drift  # noqa: E402
 
 REFERENCE_NODES = 160
 
@@ -194,20 +200,20 @@ def gram_precision(quick: bool) -> list[dict]:
 
 
 def wide_fields(quick: bool) -> list[dict]:
-    from singleloc import _laplace, _laplace_profiles
+    from singleloc.expectations import _cubature, _laplace
 
     print("\nWide fields: one softmax head, L = 64; risk error | relative gradient error")
     print("| s | Gauss-Hermite (64 nodes) | trapezoidal (64 nodes) | profile grid | ms / gradient (grid) |")
     print("|---|---|---|---|---|")
     prior = sl.spikes(1, 2.5)
     rule = sl.exact_rule(sl.get_activation("softmax"), 64, 1, prior)
-    trapezoid_from, _laplace_profiles.TRAPEZOID_FROM = _laplace_profiles.TRAPEZOID_FROM, 10**9
+    trapezoid_from, _cubature.TRAPEZOID_FROM = _cubature.TRAPEZOID_FROM, 10**9
     rule_gh = sl.exact_rule(sl.get_activation("softmax"), 64, 1, prior)  # every normal rule Gauss-Hermite
-    _laplace_profiles.TRAPEZOID_FROM = trapezoid_from
+    _cubature.TRAPEZOID_FROM = trapezoid_from
     z = np.linspace(-12.0, 12.0, 8193)
     w = np.exp(-z**2 / 2)
-    reference = eqx.tree_at(lambda r: (r.z_outer, r.w_outer), sl.LaplaceRule.make(rule.form, 64, 1, prior, n_t=1024),
-                            (jnp.asarray(z), jnp.asarray(w / w.sum())))
+    dense = sl.LaplaceRule.make(rule.form, 64, 1, prior, n_t=1024, n_outer=64, n_inner=64)
+    reference = eqx.tree_at(lambda r: (r.z_outer, r.w_outer), dense, (jnp.asarray(z), jnp.asarray(w / w.sum())))
     def grad(r, *x):  # the risk and then its gradient's entries, as one vector; traced anew at every call of this
         return eqx.filter_jit(lambda r, *x: jnp.concatenate([jnp.ravel(a) for a in jax.tree.leaves(
             jax.value_and_grad(r.risk, argnums=(0, 1, 2))(*x))]))(r, *x)
@@ -263,7 +269,7 @@ def joint_layers(quick: bool) -> list[dict]:
     rows = []
     for H, kind, M, Q, b in joint_states(quick):
         default = sl.exact_rule(act, 16, H, prior)
-        sizes, small = default.joint_layout
+        sizes, small = default.layer.layout
         rules = {"default": default, "half": sl.exact_rule(act, 16, H, prior, joint_sizes=tuple(n // 2 for n in sizes))}
         reference = sl.exact_rule(act, 16, H, prior, joint_sizes=tuple(3 * n // 2 for n in sizes) + (8,) * small)
         state = tuple(jnp.asarray(x) for x in (M, Q, b))
@@ -276,16 +282,16 @@ def joint_layers(quick: bool) -> list[dict]:
         std, small_std = float(np.sqrt(lam[-1])), np.sqrt(np.maximum(lam[1:max(H - 2, 1)] - lam[0], 0.0))
         (dr, dg, dt), (hr, hg, ht) = out["default"], out["half"]
         small_text = ", ".join(f"{x:.2f}" for x in small_std) or "-"
-        print(f"| {H} | {kind} | {std:.2f} | {small_text} | {dr:.1e} \\| {dg:.1e} ({default.w_joint.shape[0]}) | {dt:.0f} | "
+        print(f"| {H} | {kind} | {std:.2f} | {small_text} | {dr:.1e} \\| {dg:.1e} ({default.layer.w.shape[0]}) | {dt:.0f} | "
               f"{hr:.1e} \\| {hg:.1e} | {ht:.0f} |", flush=True)
         rows.append({"H": H, "heads": kind, "token_std": std, "small_std": small_std.tolist(),
-                     "nodes": int(default.w_joint.shape[0]), "risk_error": dr, "gradient_error": dg, "ms": dt,
+                     "nodes": int(default.layer.w.shape[0]), "risk_error": dr, "gradient_error": dg, "ms": dt,
                      "half_risk_error": hr, "half_gradient_error": hg, "half_ms": ht})
     return rows
 
 
 def wide_gram(quick: bool) -> list[dict]:
-    from singleloc import _laplace
+    from singleloc.expectations import _laplace_heads
 
     print("\nThe exact two-head Gram term at wide fields (relative error | ms per term)")
     print("| L | s | risk's outer rule | GRAM_OUTER x | against Sobol (its s.e.) |")
@@ -293,7 +299,7 @@ def wide_gram(quick: bool) -> list[dict]:
     make = lambda L, n, prior: sl.exact_rule(sl.get_activation("softmax"), L, 2, prior, nodes=n)  # noqa: E731
     term = eqx.filter_jit(lambda r, *x: r.gram(*x))
     sobol = eqx.filter_jit(lambda ode, *x: ode.gram(*x))
-    default, rows = _laplace.GRAM_OUTER, []
+    default, rows = _laplace_heads.GRAM_OUTER, []
     for L in (4,) if quick else (4, 64):
         prior = sl.spikes(2, 2.5)
         ode = sl.OrderParameterODE.from_config(config("softmax", 2, L, 2, route="rule", axes="principal"))
@@ -302,9 +308,9 @@ def wide_gram(quick: bool) -> list[dict]:
             state = (M, M @ M.T + s * s / 128 * jnp.eye(2), jnp.zeros(2))
             ref = np.asarray(term(make(L, REFERENCE_NODES, prior), *state))
             rel = lambda G, R=ref: float(np.max(np.abs(G - R)) / np.max(np.abs(R)))  # noqa: E731
-            _laplace.GRAM_OUTER = 1  # read when the rule is made
+            _laplace_heads.GRAM_OUTER = 1  # read when the rule is made
             before, t_before = timed(term, make(L, 64, prior), *state)
-            _laplace.GRAM_OUTER = default
+            _laplace_heads.GRAM_OUTER = default
             after, t_after = timed(term, make(L, 64, prior), *state)
             row = {"L": L, "s": s, "before": rel(before), "before_ms": t_before, "after": rel(after), "after_ms": t_after}
             text = ""
@@ -321,10 +327,56 @@ def wide_gram(quick: bool) -> list[dict]:
     return rows
 
 
+def length_sweep(quick: bool) -> list[dict]:
+    """Section 9: the risk with its gradient and the exact Gram term across ``L`` on one program."""
+    compiled: list[str] = []
+
+    def listener(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiled.append(str(kwargs.get("fun_name")))
+
+    value_grad = eqx.filter_jit(lambda r, *x: jnp.concatenate([jnp.ravel(a) for a in jax.tree.leaves(
+        jax.value_and_grad(r.risk, argnums=(0, 1, 2))(*x))]))
+    term = eqx.filter_jit(lambda r, *x: r.gram(*x))
+    lengths = (4, 64, 1024, 4096) if quick else (4, 16, 64, 256, 1024, 4096)
+    prior = sl.spikes(1, 2.5)
+    print("\nOne program for every L (near copies, theory.nodes = 64): programs compiled at each L, the first call (s, "
+          "compilation included), ms per call after it")
+    print("| activation | H | L | outer nodes | compiled | risk + gradient: first (s) \\| ms | Gram term: first (s) \\| ms |")
+    print("|---|---|---|---|---|---|---|")
+    rows = []
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        for act, H in (("softmax", 2), ("ssmax", 2), ("bsoftmax", 2), ("softmax", 1)):
+            state = trained("near copies", H, 1)
+            for L in lengths:
+                before = len(compiled)
+                rule = sl.exact_rule(sl.get_activation(act), L, H, prior)
+                t0 = time.perf_counter()
+                jax.block_until_ready(value_grad(rule, *state))
+                first = time.perf_counter() - t0
+                _, ms = timed(value_grad, rule, *state)
+                gram_first, gram_ms = float("nan"), float("nan")
+                if rule.exact_gram:
+                    t0 = time.perf_counter()
+                    jax.block_until_ready(term(rule, *state))
+                    gram_first = time.perf_counter() - t0
+                    _, gram_ms = timed(term, rule, *state)
+                row = {"activation": act, "H": H, "L": L, "outer_nodes": int(rule.z_outer.shape[0]),
+                       "compiled": len(compiled) - before, "first_s": first, "ms": ms, "gram_first_s": gram_first,
+                       "gram_ms": gram_ms}
+                print(f"| {act} | {H} | {L} | {row['outer_nodes']} | {row['compiled']} | {first:.1f} \\| {ms:.0f} | "
+                      f"{gram_first:.1f} \\| {gram_ms:.0f} |", flush=True)
+                rows.append(row)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer rule sizes and head counts")
-    parser.add_argument("--sections", default="1,2,3,4,5,6,7,8", help="which sections to run (default all: 1,...,8; "
+    parser.add_argument("--sections", default="1,2,3,4,5,6,7,8,9", help="which sections to run (default all: 1,...,9; "
                         "1 and 2 run together)")
     args = add_save_option(parser).parse_args()
     sections = {int(x) for x in args.sections.split(",")}
@@ -343,6 +395,8 @@ def main():
         results["joint_layers"] = joint_layers(args.quick)
     if 8 in sections:
         results["wide_gram"] = wide_gram(args.quick)
+    if 9 in sections:
+        results["length_sweep"] = length_sweep(args.quick)
     save(args, __file__, results)
 
 

@@ -39,7 +39,7 @@ import numpy as np  # noqa: E402
 from _common import add_save_option, save  # noqa: E402
 
 import singleloc as sl  # noqa: E402
-from singleloc._sgd_rule import flat_drift  # noqa: E402
+from singleloc.sgd._sgd_rule import flat_drift  # noqa: E402
 
 AXES = ("heads", "principal")
 SCRAMBLINGS = 8

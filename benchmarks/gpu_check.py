@@ -75,7 +75,7 @@ def check_drift() -> None:
         jax.block_until_ready(drift(ode, *args))
         n += 1
     per = (time.perf_counter() - t0) / n
-    print(f"drift H = {H}, L = {L}, F = {F}, 2^{p} QMC points ({ode.expectation.fields.n_nodes} nodes): first call {first:.2f} s "
+    print(f"drift H = {H}, L = {L}, F = {F}, 2^{p} QMC points ({ode.expectation.route} route): first call {first:.2f} s "
           f"(compilation included), {1e3 * per:.2f} ms per evaluation (mean of {n})", flush=True)
 
 

@@ -9,7 +9,7 @@
 * ``<!-- singleloc-help COMMAND -->`` in a page becomes the output of ``singleloc COMMAND --help``
   (``singleloc --help`` for ``-``), so the options on the site are always the CLI's own.
 * ``<!-- sweep-columns -->`` becomes the table of the columns of ``sweep.csv`` and their descriptions
-  (``singleloc._sweep_dataset.COLUMNS``, the descriptions ``sweep.nc`` carries).
+  (``singleloc.sweeps._sweep_dataset.COLUMNS``, the descriptions ``sweep.nc`` carries).
 * ``<!-- module-docstring NAME -->`` becomes the docstring of the module that defines the public
   ``singleloc.NAME`` (rendered by mkdocstrings), so an API page keeps the rules and conventions
   stated there whatever the private module is called.
@@ -148,8 +148,8 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
 
 
 def _sweep_columns() -> str:
-    """The columns of ``sweep.csv`` with their descriptions (``singleloc._sweep_dataset.COLUMNS``) as a table."""
-    from singleloc._sweep_dataset import COLUMNS
+    """The columns of ``sweep.csv`` with their descriptions (``singleloc.sweeps._sweep_dataset.COLUMNS``) as a table."""
+    from singleloc.sweeps._sweep_dataset import COLUMNS
 
     rows = [f"| `{name}` | {text} |" for name, text in COLUMNS.items() if not name.startswith("n_")]
     return "\n".join(["| column | what it holds |", "|---|---|", "| `n_<class>` | heads classified `<class>` at the last "

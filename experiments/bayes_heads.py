@@ -79,7 +79,7 @@ COLORS = {"softmax": "C0", "softmax1": "C1", "bsoftmax": "C2"}
 QUICK = {"spikes": (1, 3), "gaussian": (1, 2), "tau_max": 100.0, "points": 256}
 #: bsoftmax with more heads than this stays on the rule route (module docstring: a joint layer's exact
 #: rule costs 4.7 s per drift at H = 4 on the Gaussian prior, against 0.35 s for eight softmax1 heads).
-#: Stricter than the package's ``theory.route = "auto"`` (singleloc._resources.JOINT_EXACT_MAX), which
+#: Stricter than the package's ``theory.route = "auto"`` (singleloc.io._resources.JOINT_EXACT_MAX), which
 #: takes four heads on the Gaussian prior: hours to tau = 2e4 here.
 BSOFTMAX_EXACT_HEADS = 3
 A_EPS_POINTS = 8192  # the Sobol rule of the E[a_eps] printed for each trained layer
@@ -146,7 +146,9 @@ def heads_used(cfg, run) -> str:
     w = sl.attention_mass(ode, M, Q, b)
     # the relevant token is token 0 of the fields (docs/model.md section 4)
     first = lambda g, theta: jnp.mean(ode.activation(g.T + jnp.asarray(b)[:, None])[:, 0])  # noqa: E731
-    a_eps = float(ode.expectation.fields.expect(first, M, Q))
+    rule = sl.LocalFields.make(cfg.problem.L, cfg.model.heads, cfg.problem.build_prior(), A_EPS_POINTS,
+                               cfg.theory.qmc_seed, symmetric=True)  # the Sobol rule the ODE carried
+    a_eps = float(rule.expect(first, M, Q))
     on = w >= 0.05 * w.max()
     angles = np.sort(np.degrees(np.arctan2(M[on, 1], M[on, 0])).round()) if M.shape[1] == 2 else []
     return (f"E[a_eps] = {a_eps:.3f}, E[sum_l a_l] = {w.mean():.3f}, {int((~on).sum())} of {len(w)} heads off"

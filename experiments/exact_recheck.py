@@ -3,7 +3,7 @@
 The head-count and acceptance experiments (``head_count.py``, ``bayes_acceptance.py``) were run
 on the Sobol rule, whose error at trained states with redundant heads (1e-3 to 1e-2) is of the
 size of the effects they report. This script recomputes their most sensitive numbers on the
-exact route (:mod:`singleloc._laplace`: the risk and the ``O(lr)`` drift to ~1e-10, the ``lr^2``
+exact route (:mod:`singleloc.expectations._laplace`: the risk and the ``O(lr)`` drift to ~1e-10, the ``lr^2``
 Gram term on the rank-aware rule with its stated relative error), side by side with the same
 runs on the rule route (``theory.route = "rule"``, 4096 points, the setting of the original
 figures):

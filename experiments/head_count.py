@@ -45,7 +45,7 @@ import numpy as np  # noqa: E402
 from _common import figure, figures_dir, parser, save_json  # noqa: E402
 
 import singleloc as sl  # noqa: E402
-from singleloc._head_classes import CLASS_LETTERS, class_counts_text  # noqa: E402
+from singleloc.analysis._head_classes import CLASS_LETTERS, class_counts_text  # noqa: E402
 
 ACTIVATIONS = ("softmax", "softmax1", "bsoftmax")  # the presets of the same names ("default" for softmax)
 HEADS, FS, STRENGTHS = (1, 2, 3, 4, 6, 8), (1, 2, 3, 4), (2.5, 3.5)

@@ -64,10 +64,12 @@ def config(activation: str, heads: int, mixing: str, tau_max: float, points: int
 
 def weights_used(cfg: sl.Config, M, Q, b, v) -> tuple[float, float]:
     """``E[a_eps]`` and ``E[sum_l a_l]`` of the layer (token 0 relevant) on an 8192-point rule."""
-    ode = sl.OrderParameterODE.from_config(cfg.replace(theory={"points": EVAL["points"], "qmc_seed": EVAL["seed"]}))
+    rule = sl.LocalFields.make(cfg.problem.L, cfg.model.heads, cfg.problem.build_prior(), EVAL["points"], EVAL["seed"],
+                               symmetric=True)
+    act = sl.get_activation(cfg.model.activation)
     b, v = jnp.asarray(b), jnp.asarray(v)
-    a = lambda g: sl.token_weights(ode.activation, g.T + b[:, None], v)
-    out = ode.expectation.fields.expect(lambda g, theta: jnp.stack([a(g)[0], jnp.sum(a(g))]), jnp.asarray(M), jnp.asarray(Q))
+    a = lambda g: sl.token_weights(act, g.T + b[:, None], v)
+    out = rule.expect(lambda g, theta: jnp.stack([a(g)[0], jnp.sum(a(g))]), jnp.asarray(M), jnp.asarray(Q))
     return float(out[0]), float(out[1])
 
 

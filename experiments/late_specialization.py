@@ -40,7 +40,7 @@ import numpy as np  # noqa: E402
 from _common import cache_dir, figure, figures_dir, fit, fixed_point, parser, save_json, stage  # noqa: E402
 
 import singleloc as sl  # noqa: E402
-from singleloc._numerics import first_crossing  # noqa: E402
+from singleloc.runtime._numerics import first_crossing  # noqa: E402
 
 ACTIVATIONS = ("softmax", "softmax1")
 PLATEAU_WINDOW = (150.0, 500.0)  # where the escapes of D = 250..2000 happen

@@ -1,7 +1,7 @@
 """Long sequences: how attention heads learn as the context grows (docs/long_context.md).
 
 The single-location model at sequence lengths ``L`` = 4 ... 4096 on the exact route of the
-theory (Laplace form, singleloc/_laplace.py), whose risk and ``O(lr)`` drift cost nothing more
+theory (Laplace form, singleloc/expectations/_laplace.py), whose risk and ``O(lr)`` drift cost nothing more
 at large ``L``, nor does the ``lr^2`` Gram term of one head, or of two per-head heads from ``L H >= 64``
 (``theory.gram = "auto"``); with more heads, or bsoftmax, the Gram term is a Sobol rule whose cost
 grows with ``L``. Spikes prior of strength 2.5, lr 0.5, init scale 0.5, no biases; every
@@ -71,7 +71,7 @@ from _common import cache_dir, figure, figures_dir, fit, parser, save_json  # no
 from _common import stage as cached_stage  # noqa: E402
 
 import singleloc as sl  # noqa: E402
-from singleloc._head_classes import class_counts_text  # noqa: E402
+from singleloc.analysis._head_classes import class_counts_text  # noqa: E402
 
 STRENGTH, LR, D_START = 2.5, 0.5, 1000
 ACTIVATIONS = ("softmax", "softmax1", "bsoftmax", "ssmax")

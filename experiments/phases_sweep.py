@@ -32,8 +32,8 @@ jax.config.update("jax_enable_x64", True)
 from _common import figures_dir, parser  # noqa: E402
 
 import singleloc as sl  # noqa: E402
-from singleloc._sweep import write_csv  # noqa: E402
 from singleloc.plots import plot_phase_diagram  # noqa: E402
+from singleloc.sweeps._sweep import write_csv  # noqa: E402
 
 ACTIVATIONS = ("softmax", "softmax1", "bsoftmax")
 HEADS, SPIKES = (1, 2, 4), (1, 2, 3)

@@ -55,8 +55,8 @@ import numpy as np  # noqa: E402
 from _common import figure, figures_dir, parser  # noqa: E402
 
 import singleloc as sl  # noqa: E402
-from singleloc._data import keys_with_overlaps  # noqa: E402
-from singleloc._routes import route_of  # noqa: E402
+from singleloc.expectations._routes import route_of  # noqa: E402
+from singleloc.model._data import keys_with_overlaps  # noqa: E402
 
 H = 8
 ACTIVATIONS = ("softmax", "softmax1", "bsoftmax")
@@ -80,7 +80,7 @@ def make_config(activation: str, F: int, args) -> sl.Config:
 
 def weights_with_overlaps(M, Q, D: int, seed: int):
     """Finite-D keys K (H, D) and spikes k* (F, D) with K k*^T / D = M and K K^T / D = Q
-    (``singleloc._data.keys_with_overlaps``), spikes and Z from one random orthonormal basis."""
+    (``singleloc.model._data.keys_with_overlaps``), spikes and Z from one random orthonormal basis."""
     rng = np.random.default_rng(seed)
     Hh, F = M.shape
     basis, _ = np.linalg.qr(rng.standard_normal((D, F + Hh)))

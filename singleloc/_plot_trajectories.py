@@ -8,7 +8,7 @@ import matplotlib as mpl
 import numpy as np
 from matplotlib.figure import Figure
 
-from ._numerics import TINY
+from .runtime._numerics import TINY
 
 
 def _colors() -> list[str]:

@@ -16,6 +16,7 @@ line. Warnings of the library (a surprise that is not an error) are printed as o
 
 from __future__ import annotations
 
+import _thread
 import argparse
 import os
 import signal
@@ -70,12 +71,14 @@ def build_parser() -> argparse.ArgumentParser:
 def _run(args: argparse.Namespace) -> int:
     import jax
 
-    from ._compilation import enable_compilation_cache, own_process
+    from ._commands._common import reporting_for
+    from .runtime._compilation import enable_compilation_cache, own_process
 
     own_process()  # the command line owns this process: its JAX settings and compiled programs
     jax.config.update("jax_enable_x64", True)  # the ODE runs in double precision; simulations stay in float32
-    enable_compilation_cache()  # compiled programs are kept for the next run (singleloc._compilation)
-    return int(args.func(args) or 0)
+    enable_compilation_cache()  # compiled programs are kept for the next run (singleloc.runtime._compilation)
+    with reporting_for(args):  # phases and estimates on stderr (singleloc.runtime._progress)
+        return int(args.func(args) or 0)
 
 
 def _one_line(message: str) -> str:
@@ -91,7 +94,7 @@ def _cause(err: BaseException) -> str:
     """The message of an expected failure, without Python's decorations."""
     if isinstance(err, OSError) and err.strerror:
         return f"{err.strerror}: {err.filename!r}" if err.filename else err.strerror
-    if isinstance(err, MemoryError):  # NumPy's "Unable to allocate ...", or the estimate of singleloc._resources
+    if isinstance(err, MemoryError):  # NumPy's "Unable to allocate ...", or the estimate of singleloc.io._resources
         return str(err) or "out of memory"
     if isinstance(err, RuntimeError):  # JAX's RESOURCE_EXHAUSTED: the first line says what did not fit
         return f"out of memory on the device: {str(err).splitlines()[0]}; lower the sizes of the run"
@@ -111,7 +114,8 @@ def _show_warning(prog: str):
 INTERRUPT_GRACE = 1.0
 
 
-#: Seconds the unwinding of a taken Ctrl-C may last (closing a Dask cluster, removing temporary files).
+#: Seconds the unwinding of a taken Ctrl-C may last while a Dask cluster is open (closing it ends its
+#: worker processes); without one the unwinding (removing temporary files) gets :data:`INTERRUPT_GRACE`.
 UNWIND_MAX = 10.0
 
 
@@ -126,25 +130,61 @@ def _end(code: int) -> None:
     os._exit(code)
 
 
-def _watch_interrupts(prog: str) -> threading.Event | None:
+def _unwind_seconds() -> float:
+    """How long the watcher lets a taken Ctrl-C unwind: :data:`UNWIND_MAX` while a Dask cluster of
+    this process is open (:func:`singleloc.runtime._distributed.clusters_open`), else :data:`INTERRUPT_GRACE`."""
+    distributed = sys.modules.get("singleloc.runtime._distributed")  # not imported: no cluster
+    return UNWIND_MAX if distributed is not None and distributed.clusters_open() else INTERRUPT_GRACE
+
+
+class _Interrupts:
+    """The state of Ctrl-C in the command-line process: ``taken`` once the main thread has raised
+    ``KeyboardInterrupt``; ``swallowed`` when a callback swallowed it (for the watcher to raise it
+    again), ``again`` while it is raised again."""
+
+    def __init__(self):
+        self.taken = threading.Event()
+        self.swallowed = threading.Event()
+        self.again = False
+
+
+def _watch_interrupts(prog: str) -> _Interrupts | None:
     """In the command-line process: a thread that wakes up on Ctrl-C (through the signal's
     wake-up file, written by the C-level handler even while the main thread is inside XLA) and,
-    if the main thread has not taken the interrupt within :data:`INTERRUPT_GRACE` seconds,
-    prints the one line and ends the process with 130. Returns the event that the main thread's
-    handler sets (``None`` where Ctrl-C is ignored, e.g. a background job, or off the main thread)."""
+    if the main thread has not taken the interrupt within :data:`INTERRUPT_GRACE` seconds (or has
+    not unwound within :func:`_unwind_seconds` after taking it), prints the one line and ends the
+    process with 130.
+
+    An interrupt raised inside a callback that Python runs on its own (JAX's garbage-collection
+    callback ``_xla_gc_callback``, a ``__del__``) cannot propagate: Python would print it as
+    ``Exception ignored in ...`` and go on (issue 54 item 1). :func:`sys.unraisablehook` takes
+    such a ``KeyboardInterrupt`` silently and the thread raises it again in the main thread
+    (``_thread.interrupt_main``), at its next step out of the callback.
+
+    Returns the state (``None`` where Ctrl-C is ignored, e.g. a background job, or off the main thread)."""
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is not \
             signal.default_int_handler:
         return None
-    taken = threading.Event()
+    state = _Interrupts()
     read, write = os.pipe()
     os.set_blocking(write, False)
 
     def on_interrupt(signum, frame):
-        if taken.is_set():  # a second Ctrl-C while the first one unwinds: end now
+        if state.taken.is_set() and not state.again:  # a second Ctrl-C while the first one unwinds: end now
             print(f"{prog}: interrupted", file=sys.stderr)
             _end(INTERRUPTED)
-        taken.set()
+        state.again = False
+        state.taken.set()
         raise KeyboardInterrupt
+
+    previous_hook = sys.unraisablehook
+
+    def unraisable(hook_args) -> None:
+        if isinstance(hook_args.exc_value, KeyboardInterrupt):
+            state.again = True
+            state.swallowed.set()
+            return
+        previous_hook(hook_args)
 
     def watch() -> None:
         while True:
@@ -153,18 +193,24 @@ def _watch_interrupts(prog: str) -> threading.Event | None:
             except OSError:
                 return
             if signal.SIGINT in data:
-                if taken.wait(INTERRUPT_GRACE):  # taken: the work unwinds (a cluster closes...), for a while at most
-                    time.sleep(UNWIND_MAX)
-                print(f"{prog}: interrupted", file=sys.stderr)
-                _end(INTERRUPTED)
+                break
+        if state.taken.wait(INTERRUPT_GRACE):  # taken: the work unwinds (a cluster closes...), for a while at most
+            end = time.monotonic() + _unwind_seconds()
+            while (left := end - time.monotonic()) > 0:
+                if state.swallowed.wait(left):
+                    state.swallowed.clear()
+                    _thread.interrupt_main()
+        print(f"{prog}: interrupted", file=sys.stderr)
+        _end(INTERRUPTED)
 
     try:
         signal.set_wakeup_fd(write, warn_on_full_buffer=False)
     except ValueError:
         return None
     signal.signal(signal.SIGINT, on_interrupt)
+    sys.unraisablehook = unraisable
     threading.Thread(target=watch, name="singleloc-interrupt", daemon=True).start()
-    return taken
+    return state
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -181,25 +227,30 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(err.prog, f"{err} (see {err.prog} --help)")
     prog = f"singleloc {args.command}"
     debug = args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0")
-    if console:
-        _watch_interrupts(prog)
+    interrupts = _watch_interrupts(prog) if console else None
     with warnings.catch_warnings():
         warnings.showwarning = _show_warning(prog)
         try:
             return _run(args)
-        except KeyboardInterrupt:
-            if debug:
-                traceback.print_exc()
-            print(f"{prog}: interrupted", file=sys.stderr)
-            if console:  # the work is unwound (temporary files removed); XLA's threads would keep the exit waiting
-                _end(INTERRUPTED)
-            return INTERRUPTED
-        except (*EXPECTED_ERRORS, RuntimeError) as err:
-            if isinstance(err, RuntimeError) and "RESOURCE_EXHAUSTED" not in str(err):
+        except BaseException as err:
+            # after Ctrl-C whatever the interrupt became on its way out (a library may wrap it) is the interrupt
+            if isinstance(err, KeyboardInterrupt) or (interrupts is not None and interrupts.taken.is_set()):
+                return _interrupted(prog, debug, console)
+            if not isinstance(err, (*EXPECTED_ERRORS, RuntimeError)) or (
+                    isinstance(err, RuntimeError) and "RESOURCE_EXHAUSTED" not in str(err)):
                 raise
             if debug:
                 traceback.print_exc()
             return _fail(prog, _cause(err))
+
+
+def _interrupted(prog: str, debug: bool, console: bool) -> int:
+    if debug:
+        traceback.print_exc()
+    print(f"{prog}: interrupted", file=sys.stderr)
+    if console:  # the work is unwound (temporary files removed); XLA's threads would keep the exit waiting
+        _end(INTERRUPTED)
+    return INTERRUPTED
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -24,10 +24,10 @@ import matplotlib as mpl
 import numpy as np
 from matplotlib.figure import Figure
 
-from ._head_classes import CLASS_LETTERS, LEARNED_CLASSES, class_counts_text
-from ._numerics import TINY
 from ._plot_trajectories import _colors, _time_axis, matched_heads, plot_compare
-from ._run_folders import save_figure
+from .analysis._head_classes import CLASS_LETTERS, LEARNED_CLASSES, class_counts_text
+from .io._run_folders import save_figure
+from .runtime._numerics import TINY
 
 __all__ = ["matched_heads", "plot_compare", "plot_heads_needed", "plot_phase_diagram", "plot_phases", "plot_pruning",
            "plot_sensitivity", "plot_top_n", "plot_vanishing", "save_figure"]

@@ -21,8 +21,8 @@ from __future__ import annotations
 import numpy as np
 
 from singleloc import Config, load_config
-from singleloc._simulation_result import SimulationResult
-from singleloc._theory_result import TheoryResult
+from singleloc.simulation._simulation_result import SimulationResult
+from singleloc.theory._theory_result import TheoryResult
 
 #: The canonical tiny problem on the users' default route (overrides of the ``default`` preset).
 EXACT_TINY = ("problem.L=3", "problem.F=1", "model.heads=2", "sgd.tau_max=2", "sgd.n_save=3", "simulation.D=64",
@@ -58,7 +58,7 @@ def _layer(config: Config, seeds: int, T: int, fall: float = 1.0):
 def canned_theory(config: Config, starts: int = 1, ts=None) -> TheoryResult:
     """A :class:`~singleloc.TheoryResult` of ``config``'s shapes at its saved times (or ``ts``),
     made without solving, stated as the route the config takes would state it."""
-    from singleloc._routes import route_of
+    from singleloc.expectations._routes import route_of
 
     tau = np.asarray(config.sgd.save_times() if ts is None else ts, float)
     M, Q, b, risk = _layer(config, starts, len(tau))
@@ -78,11 +78,11 @@ def canned_simulation(config: Config) -> SimulationResult:
 
 
 def stub_solves(monkeypatch) -> list:
-    """Put :func:`canned_theory` and :func:`canned_simulation` in place of ``singleloc._ode.integrate``
-    and ``singleloc._simulation.simulate`` (what the commands call); returns the list of the
+    """Put :func:`canned_theory` and :func:`canned_simulation` in place of ``singleloc.theory._ode.integrate``
+    and ``singleloc.simulation._simulation.simulate`` (what the commands call); returns the list of the
     ``(kind, config)`` of the calls."""
-    import singleloc._ode
-    import singleloc._simulation
+    import singleloc.theory._ode
+    import singleloc.simulation._simulation
 
     calls = []
 
@@ -95,6 +95,6 @@ def stub_solves(monkeypatch) -> list:
         calls.append(("simulation", config))
         return canned_simulation(config)
 
-    monkeypatch.setattr(singleloc._ode, "integrate", integrate)
-    monkeypatch.setattr(singleloc._simulation, "simulate", simulate)
+    monkeypatch.setattr(singleloc.theory._ode, "integrate", integrate)
+    monkeypatch.setattr(singleloc.simulation._simulation, "simulate", simulate)
     return calls

@@ -6,6 +6,7 @@
   normalised exponential); a test whose subject is another route says so in its config
   (``theory.route=rule``). The canonical tiny problems and the session's shared solves are in
   ``tests/_tiny.py`` (fixtures below).
+* No phase lines on stderr (``SINGLELOC_PROGRESS=off``) except in tests/test_progress.py.
 * A throw-away persistent compilation cache for the session: every ``simulate`` call builds
   fresh closures and therefore retraces, and on a small CPU machine XLA compilation dominates
   the run time of the tiny simulations. Identical programs (same config) are then compiled
@@ -20,6 +21,7 @@
 from __future__ import annotations
 
 import atexit
+import gc
 import json
 import os
 import shutil
@@ -31,6 +33,10 @@ from collections import Counter
 import jax
 
 jax.config.update("jax_enable_x64", True)
+
+# The commands' phase lines and estimates (singleloc.runtime._progress) are off, as for a Python caller under
+# pytest, so that the tests of their other output read it alone; tests/test_progress.py turns them on.
+os.environ["SINGLELOC_PROGRESS"] = "off"
 
 _CACHE_DIR = tempfile.mkdtemp(prefix="singleloc-test-jax-cache-")
 atexit.register(shutil.rmtree, _CACHE_DIR, ignore_errors=True)
@@ -44,7 +50,7 @@ import pytest  # noqa: E402
 from _tiny import tiny  # noqa: E402
 
 import singleloc as sl  # noqa: E402
-from singleloc._run_folders import save_run  # noqa: E402
+from singleloc.io._run_folders import save_run  # noqa: E402
 
 #: New XLA programs a default test may compile unless it declares more with ``@pytest.mark.compiles(n)``.
 #: A program is a jitted computation of singleloc or of the test (JAX's own operations run one by one,
@@ -59,7 +65,7 @@ DEFAULT_EAGER = 100
 
 #: Modules of JAX's operations (``jax.numpy``, ``jax.lax``, ``jax.random``, ... and their ``jax._src`` code): a
 #: jitted function of theirs run outside ``jit`` compiles as ``jit(name)``. (Not ``jax._src.export``: its
-#: ``jit(call)`` is a stored program of singleloc's, :func:`~singleloc._compilation.exported_call`.)
+#: ``jit(call)`` is a stored program of singleloc's, :func:`~singleloc.runtime._compilation.exported_call`.)
 _OPERATION_MODULES = {"numpy", "lax", "random", "prng", "nn", "scipy", "ops", "linalg", "fft", "image"}
 
 
@@ -246,3 +252,26 @@ def tiny_pruning(tiny_theory):
     prunes the tiny problem."""
     final = (x[0, -1] for x in (tiny_theory.M, tiny_theory.Q, tiny_theory.b))
     return sl.prune_theory(tiny(), *final)
+
+
+#: Memory mappings above which the session frees its compiled programs between tests. Every XLA
+#: executable holds a few mappings and Linux caps a process at ``vm.max_map_count`` (65530 by
+#: default); the whole suite in one process compiles past it, and the next compilation crashed the
+#: interpreter (a segmentation fault in ``executable.serialize``, CI at 85 %). Freed programs come
+#: back from the session's persistent cache when a later test needs them.
+MAPPINGS_HIGH = 20000
+
+
+def _mappings() -> int:
+    try:
+        with open("/proc/self/maps", "rb") as fh:
+            return sum(1 for _ in fh)
+    except OSError:  # not Linux: no such cap to stay under
+        return 0
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    if _mappings() > MAPPINGS_HIGH:
+        jax.clear_caches()
+        gc.collect()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from singleloc._data import keys_with_overlaps
+from singleloc.model._data import keys_with_overlaps
 
 
 def random_overlaps(rng: np.random.Generator, H: int, F: int, *, m: float, r: float, b: float):
@@ -22,7 +22,7 @@ def random_overlaps(rng: np.random.Generator, H: int, F: int, *, m: float, r: fl
 
 def weights_with_overlaps(rng: np.random.Generator, M, Q, D: int, orthogonal_spikes):
     """Keys K (H, D) with K k*^T / D = M and K K^T / D = Q exactly, and the spikes k* (F, D)
-    (:func:`singleloc._data.keys_with_overlaps`, with Z drawn orthogonal to the spikes).
+    (:func:`singleloc.model._data.keys_with_overlaps`, with Z drawn orthogonal to the spikes).
     ``orthogonal_spikes(rng, F, D)`` draws the spikes (the conftest fixture)."""
     H, F = M.shape
     kstar = orthogonal_spikes(rng, F, D)
@@ -34,14 +34,14 @@ def weights_with_overlaps(rng: np.random.Generator, M, Q, D: int, orthogonal_spi
 
 def full_disk_after(monkeypatch, files_written: int, code: int | None = None) -> list:
     """Make the disk full after ``files_written`` more files: every later file that
-    :func:`singleloc._atomic_files.atomic_write` creates is created (so its clean-up is tested) but
+    :func:`singleloc.io._atomic_files.atomic_write` creates is created (so its clean-up is tested) but
     written to ``/dev/full`` (each write fails with ENOSPC); with ``code`` (e.g. ``errno.EROFS``,
     ``errno.EACCES``) creating it fails with that error instead (a read-only folder). Returns
     the list of the paths created, in order."""
     import errno
     import os
 
-    from singleloc import _atomic_files
+    from singleloc.io import _atomic_files
 
     real = _atomic_files._create
     created = []

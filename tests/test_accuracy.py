@@ -25,10 +25,10 @@ from helpers import random_overlaps
 
 import singleloc as sl
 from singleloc import LocalFields, OrderParameterODE, OrderParameters
-from singleloc._accuracy import MARGIN, start_drifts
-from singleloc._numerics import principal_factor, rank_aware_factor_and_pinv
-from singleloc._ode import _run
-from singleloc._sgd_rule import flat_drift
+from singleloc.runtime._numerics import principal_factor, rank_aware_factor_and_pinv
+from singleloc.sgd._sgd_rule import flat_drift
+from singleloc.theory._accuracy import MARGIN, start_drifts
+from singleloc.theory._ode import _run
 
 
 def random_state(H, F, rng, scale=0.8):
@@ -169,7 +169,7 @@ def test_rank_aware_rule_at_near_copy_heads():
     M, Q, b = near_copies(8, np.random.default_rng(0))
     exact = OrderParameterODE.from_config(base.replace(theory={"route": "exact"}), points=1024)
     r_ex, d_ex = float(exact.risk(M, Q, b)), np.asarray(flat_drift(exact.drift(M, Q, b)))
-    import equinox as eqx  # after singleloc, which sets EQX_ON_ERROR for equinox's first import
+    import equinox as eqx
 
     risk_and_drift = eqx.filter_jit(lambda ode: (ode.risk(M, Q, b), flat_drift(ode.drift(M, Q, b))))
     n = 8

@@ -12,7 +12,7 @@ import pytest
 
 import singleloc
 from singleloc import bsoftmax, get_activation, register_activation, softmax, softmax1
-from singleloc._layer import limit_loss, token_weights
+from singleloc.model._layer import limit_loss, token_weights
 
 BUILTINS = {"softmax": softmax, "softmax1": softmax1, "bsoftmax": bsoftmax}
 #: Every activation the package registers: the properties every activation must have are tested on

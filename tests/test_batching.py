@@ -11,8 +11,9 @@ import textwrap
 import numpy as np
 import pytest
 
-from singleloc import _sweep, _sweep_cache, _sweep_compute, load_config
+from singleloc import load_config
 from singleloc.cli import main
+from singleloc.sweeps import _sweep, _sweep_cache, _sweep_compute
 
 BASE = ["theory.points=32", "sgd.n_save=5", "simulation.seeds=2", "problem.L=3"]
 VALUES = [  # every batched key moves between the points
@@ -65,7 +66,7 @@ _COUNT = textwrap.dedent("""
     import jax
     jax.config.update("jax_enable_x64", True)
     import singleloc as sl
-    from singleloc import _sweep_cache
+    from singleloc.sweeps import _sweep_cache
     programs = []
     def listener(event, duration, fun_name="", **kw):
         if event == "/jax/core/compile/backend_compile_duration" and fun_name in ("jit(_run_points)", "jit(_trajectories)"):

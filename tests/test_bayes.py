@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 
 from singleloc import LocalFields, Prior, SobolExpectation, binary, flipped, gaussian, get_activation, spikes, token_weights
-from singleloc._activations import register_activation
-from singleloc._bayes import bayes_point, bayes_risk, bayes_route, log_weight
-from singleloc._population_risk import layer_risk, population_risk
+from singleloc.bayes._bayes import bayes_point, bayes_risk, bayes_route, log_weight
+from singleloc.bayes._population_risk import layer_risk, population_risk
 from singleloc.cli import main
+from singleloc.model._activations import register_activation
 
 Z = 4.0
 L = 4

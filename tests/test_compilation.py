@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import singleloc as sl
-from singleloc import _compilation
+from singleloc.runtime import _compilation
 
 
 def test_cache_folder_follows_the_environment(monkeypatch, tmp_path):
@@ -28,13 +28,32 @@ def test_a_cache_folder_in_use_is_kept():
     """The test session set its own folder (conftest): enabling keeps it."""
     folder = jax.config.jax_compilation_cache_dir
     assert folder and sl.enable_compilation_cache() == _compilation.Path(folder)
-    assert os.environ["EQX_ON_ERROR"] == "nan"
+
+
+def test_the_checks_are_nan_only_while_the_package_traces(monkeypatch):
+    """No process-wide knob: ``import singleloc`` sets no environment variable, and the NaN mode of
+    Equinox's checks holds inside :func:`checks_as_nan` only (restored after it, also after an error);
+    a user's ``EQX_ON_ERROR`` is obeyed."""
+    from equinox import _errors
+
+    assert "EQX_ON_ERROR" not in os.environ  # the test session sets none, and neither does the package
+    before = _errors.EQX_ON_ERROR
+    with _compilation.checks_as_nan():
+        assert _errors.EQX_ON_ERROR == "nan"
+    assert _errors.EQX_ON_ERROR == before
+    with pytest.raises(ZeroDivisionError), _compilation.checks_as_nan():
+        raise ZeroDivisionError
+    assert _errors.EQX_ON_ERROR == before and _compilation.checks_mode() == "nan"
+    monkeypatch.setenv("EQX_ON_ERROR", "raise")
+    with _compilation.checks_as_nan():
+        assert _errors.EQX_ON_ERROR == before  # the user's choice stands
+    assert _compilation.checks_mode() == "raise"
 
 
 def test_static_values_outside_the_package_have_no_stable_name():
     cfg = sl.load_config("default", ["theory.points=64"])
     ode = sl.OrderParameterODE.from_config(cfg)
-    assert "singleloc._activations.softmax" in _compilation._structure((ode,))
+    assert "singleloc.model._activations.softmax" in _compilation._structure((ode,))
     sl.register_activation("test_half_softmax", lambda s: jax.nn.softmax(s, axis=-1) / 2, overwrite=True)
     user = sl.OrderParameterODE.from_config(cfg.replace(model={"activation": "test_half_softmax"}))
     assert _compilation._structure((user,)) is None
@@ -58,7 +77,7 @@ def test_a_fresh_process_does_not_trace_the_solve_again(tmp_path):
     script = textwrap.dedent("""
         import jax
         import singleloc as sl
-        from singleloc import _ode
+        from singleloc.theory import _ode
         traced = []
         solve = _ode._solve
         _ode._solve = lambda *a: traced.append(1) or solve(*a)
@@ -76,9 +95,9 @@ def test_a_fresh_process_does_not_trace_the_solve_again(tmp_path):
 
 @pytest.mark.slow
 def test_equinox_imported_first_still_integrates(tmp_path):
-    """equinox reads ``EQX_ON_ERROR`` when it is first imported: a script that imports diffrax
-    before singleloc keeps the checks as host callbacks, which ``jax.export`` refuses. The solve
-    then runs without a stored program instead of failing."""
+    """A script that imports diffrax before singleloc: equinox's own mode stays ``raise`` for the
+    process, and the package's solve is still traced with its checks as NaN (no host callback), so
+    that its program is stored."""
     script = textwrap.dedent("""
         import diffrax, jax
         import singleloc as sl
@@ -95,6 +114,7 @@ def test_equinox_imported_first_still_integrates(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     mode, risk = out.stdout.split()
     assert mode == "raise" and 0 < float(risk) < 1
+    assert list((tmp_path / "exported").glob("integrate-*.bin"))  # stored: no host callback in it
 
 
 def test_programs_of_more_shapes_than_the_bound_are_freed(monkeypatch):

@@ -419,7 +419,7 @@ def test_diagnose_attention_agrees_with_the_row_functions(rng):
 
 
 def test_diagnose_attention_without_values_and_one_row():
-    from singleloc._attention_diagnosis import TEMPERATURES
+    from singleloc.attention._attention_diagnosis import TEMPERATURES
 
     d = singleloc.diagnose_attention(np.array([0.5, 0.25, 0.25]))
     assert d.top_n is None and "top_n" not in d.to_dict() and d.query_rows == (0,) and d.mask == "none"
@@ -428,8 +428,8 @@ def test_diagnose_attention_without_values_and_one_row():
 
 
 def test_diagnose_help_states_the_library_defaults(capsys):
-    from singleloc._attention_diagnosis import TEMPERATURES
-    from singleloc._choices import KS_SAMPLES, MASKS
+    from singleloc.attention._attention_diagnosis import TEMPERATURES
+    from singleloc.configuration._choices import KS_SAMPLES, MASKS
 
     with pytest.raises(SystemExit):
         cli.main(["diagnose", "--help"])

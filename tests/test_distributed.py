@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 
 from singleloc import load_config
-from singleloc._distributed import _homes, check_cluster, open_cluster, run_points, worker_env
-from singleloc._grid import parse_grid
-from singleloc._run_folders import load_npz, save_npz
-from singleloc._sweep import sweep
-from singleloc._sweep_compute import compile_group, compute_point
+from singleloc.io._run_folders import load_npz, save_npz
+from singleloc.runtime._distributed import _homes, check_cluster, open_cluster, run_points, worker_env
+from singleloc.sweeps._grid import parse_grid
+from singleloc.sweeps._sweep import sweep
+from singleloc.sweeps._sweep_compute import compile_group, compute_point
 
 TINY = ["sgd.tau_max=2", "theory.points=256"]  # one compilation: strength changes no shape and no static field
 STARTUP = 120  # seconds allowed for a cluster or a process to start or stop on a loaded machine
@@ -71,7 +71,7 @@ def test_serial_is_in_process_and_records_errors():
 
 def test_importing_singleloc_or_a_serial_run_does_not_import_dask():
     code = ("import sys, singleloc\nassert not {'distributed', 'dask'} & set(sys.modules)\n"
-            "from singleloc._distributed import run_points\n"
+            "from singleloc.runtime._distributed import run_points\n"
             "r = run_points([(1, (2.0,))], abs, lambda k, v: None, progress=False)\n"
             "assert r.where == 'serial' and r.completed == [1]\n"
             "assert run_points([], abs, print, workers=2).completed == []  # nothing to run, no cluster\n"
@@ -192,8 +192,8 @@ INTERRUPTED_RUN = textwrap.dedent("""
         return {"x": np.array([x])}
 
     if __name__ == "__main__":
-        from singleloc._distributed import run_points
-        from singleloc._run_folders import save_npz
+        from singleloc.runtime._distributed import run_points
+        from singleloc.io._run_folders import save_npz
 
         def on_result(key, result):
             save_npz(Path(sys.argv[2]) / f"{key}.npz", result)
@@ -331,7 +331,7 @@ PREDICTIONS_COMPILED = textwrap.dedent("""
     import jax
     jax.config.update("jax_enable_x64", True)  # compute_point leaves a caller's process as it finds it
     from singleloc import load_config
-    from singleloc._sweep_compute import compile_group, compute_point
+    from singleloc.sweeps._sweep_compute import compile_group, compute_point
 
     names = []
     jax.monitoring.register_event_duration_secs_listener(

@@ -1,5 +1,5 @@
 """Extension points from a config file: ``model.activation`` and ``problem.prior`` as
-``"package.module:function"`` references (singleloc._extensions), in this process, on the
+``"package.module:function"`` references (singleloc.configuration._extensions), in this process, on the
 command line, in stored programs and on Dask workers."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import singleloc as sl
-from singleloc import _compilation
-from singleloc._theory import OrderParameterODE
+from singleloc.runtime import _compilation
+from singleloc.theory._theory import OrderParameterODE
 
 MODULE = """
 import jax

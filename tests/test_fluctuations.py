@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 
 from singleloc import OrderParameterODE, OrderParameters, integrate, load_config
-from singleloc import _fluctuations as fl
-from singleloc._activations import get_activation
-from singleloc._data import make_spikes, sample_sequence
-from singleloc._fluctuations import integrate_sde, update_moments
-from singleloc._layer import finite_loss
-from singleloc._numerics import psd_sqrt
-from singleloc._theory import flatten_state
+from singleloc.model._activations import get_activation
+from singleloc.model._data import make_spikes, sample_sequence
+from singleloc.model._layer import finite_loss
+from singleloc.runtime._numerics import psd_sqrt
+from singleloc.theory import _fluctuations as fl
+from singleloc.theory._fluctuations import integrate_sde, update_moments
+from singleloc.theory._theory import flatten_state
 
 CFG = load_config("bsoftmax", ["problem.prior=flipped", "problem.strength=3.0", "sgd.lr=1.0", "theory.points=256"])
 
@@ -81,7 +81,7 @@ def test_one_moment_evaluation_per_step(monkeypatch):
 
 
 def test_a_non_finite_path_raises_naming_the_learning_rate():
-    """diffrax reports a failed solve as NaN (``EQX_ON_ERROR=nan``): the SDE checks its paths
+    """diffrax reports a failed solve as NaN (the package traces its checks as NaN): the SDE checks its paths
     instead of returning them."""
     M0 = jnp.array([[[0.05, jnp.nan], [-0.03, 0.04]], [[0.05, -0.02], [-0.03, 0.04]]])
     y0 = OrderParameters(M0, M0 @ jnp.swapaxes(M0, -1, -2) + 0.25 * jnp.eye(2), jnp.zeros((2, 2)))

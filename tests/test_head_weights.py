@@ -17,12 +17,12 @@ import pytest
 from helpers import random_overlaps
 
 import singleloc as sl
-from singleloc._grid import grid_points, parse_grid
-from singleloc._layer import limit_loss
-from singleloc._routes import route_of
-from singleloc._simulation import _run_functions
-from singleloc._sweep_dataset import sweep_dataset
-from singleloc._theory import flatten_state, unflatten_state
+from singleloc.expectations._routes import route_of
+from singleloc.model._layer import limit_loss
+from singleloc.simulation._simulation import _run_functions
+from singleloc.sweeps._grid import grid_points, parse_grid
+from singleloc.sweeps._sweep_dataset import sweep_dataset
+from singleloc.theory._theory import flatten_state, unflatten_state
 
 
 def test_head_weights_key_is_validated_and_reaches_the_rule(tmp_path):

@@ -1,4 +1,4 @@
-"""The exact route (singleloc._laplace) against independent references.
+"""The exact route (singleloc.expectations._laplace) against independent references.
 
 * plain Monte Carlo over whole sequences, with its standard error, at trained states: heads
   that are exact copies, near copies (small ``R_orth``), specialised heads, random states;
@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 
 import singleloc as sl
-from singleloc._activations import exponential_form
-from singleloc._laplace import LaplaceRule
-from singleloc._layer import limit_loss
+from singleloc.expectations._laplace import LaplaceRule
+from singleloc.model._activations import exponential_form
+from singleloc.model._layer import limit_loss
 
 pytestmark = pytest.mark.exact_route
 
@@ -33,18 +33,67 @@ assert set(ACTIVATIONS) >= {"softmax", "softmax1", "bsoftmax", "ssmax"}
 SLOW = pytest.mark.slow
 
 
+# The programs the tests share: compiled once per layer kind, heads, prior shape and node counts (``L``
+# and ``alpha`` are arrays of the rule), so the cases below that differ in ``L`` alone, or that are softmax
+# and ssmax, run on one program. Risk-only checks take ``_risk``; those with a gradient take
+# ``_value_and_grad`` (also for their risks where that program is compiled anyway: two heads, two spikes).
 @eqx.filter_jit
 def _risk(rule, M, Q, b):
     return rule.risk(M, Q, b)
 
 
-@eqx.filter_jit
-def _grad(rule, M, Q, b):
-    return jax.grad(rule.risk, argnums=(0, 1, 2))(M, Q, b)
+#: The node counts these tests were written for (``theory.nodes = 64`` at a scale ``alpha <= 1``).
+NODES = {"n_t": 128, "n_outer": 64, "n_inner": 64}
 
 
 def rule_for(name, L, H, prior, **kwargs):
-    return LaplaceRule.make(exponential_form(sl.get_activation(name), L), L, H, prior, **kwargs)
+    return LaplaceRule.make(exponential_form(sl.get_activation(name), L), L, H, prior, **{**NODES, **kwargs})
+
+
+@eqx.filter_jit
+def _value_and_grad(rule, M, Q, b):
+    return jax.value_and_grad(rule.risk, argnums=(0, 1, 2))(M, Q, b)
+
+
+@eqx.filter_jit
+def _gram(rule, M, Q, b):
+    return rule.gram(M, Q, b)
+
+
+@eqx.filter_jit
+def _mass(rule, M, Q, b):
+    return rule.attention_mass(M, Q, b)
+
+
+def test_a_sweep_over_L_compiles_the_risk_its_gradient_and_the_gram_term_once():
+    """``L`` and the scalable softmax's ``alpha = log L`` are arrays of the rule, not static fields
+    (issue 49): rules that differ in them alone share one compiled risk with its gradient and one Gram
+    term. Counted by JAX's backend-compile events: after the first ``L`` of softmax, ``L = 64, 1024,
+    4096`` compile nothing, nor does ssmax at any ``L`` (its program is softmax's), nor a joint layer
+    after its first ``L``. Each rule still has its own ``L``: at zero keys ``R = 1 - 1/L`` exactly."""
+    compiled = []
+
+    def listener(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiled.append(kwargs.get("fun_name"))
+
+    H, F = 2, 2
+    prior = sl.spikes(F, 2.5)
+    state = (jnp.zeros((H, F)), jnp.zeros((H, H)), jnp.array([0.3, -0.2]))
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        for name in ("softmax", "ssmax", "bsoftmax"):
+            for i, L in enumerate((4, 64, 1024, 4096)):
+                before = len(compiled)
+                rule = rule_for(name, L, H, prior)
+                risk, grads = _value_and_grad(rule, *state)
+                gram = _gram(rule, *state) if rule.exact_gram else jnp.zeros((H, H))
+                assert float(risk) == pytest.approx(1 - 1 / L, abs=1e-10), (name, L)
+                assert all(bool(jnp.all(jnp.isfinite(x))) for x in (*grads, gram))
+                if i > 0 or name == "ssmax":
+                    assert compiled[before:] == [], (name, L, compiled[before:])
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
 
 
 def monte_carlo(name, prior, L, M, Q, b, n=2**18, seed=0, batches=4):
@@ -163,7 +212,7 @@ def test_bayes_point_has_the_bayes_risk(K):
     prior = sl.spikes(K, 2.5) if K > 1 else sl.discrete([[2.5]], [1.0])
     L = 6
     M, Q, b = sl.bayes_point(prior)
-    exact = float(_risk(rule_for("bsoftmax", L, K, prior), M, Q, b))
+    exact = float(_value_and_grad(rule_for("bsoftmax", L, K, prior), M, Q, b)[0])
     bayes = sl.bayes_risk(prior, L, points=8192, replicates=8, route="rule")  # the closed-form posterior
     assert abs(exact - bayes.value) < 5 * bayes.error + 1e-6, (exact, bayes)
 
@@ -196,7 +245,7 @@ def test_gradient_matches_central_differences(name, rng):
     prior = sl.spikes(2, 2.5)
     M, Q, b = trained_state("random", 3, 2, rng)
     rule = rule_for(name, 5, 3, prior)
-    gM, gQ, gb = _grad(rule, M, Q, b)
+    _, (gM, gQ, gb) = _value_and_grad(rule, M, Q, b)
     fM, fQ, fb = _central_difference(rule, M, Q, b)
     np.testing.assert_allclose(np.asarray(gM), fM, atol=2e-7)
     # a symmetric move of Q_ij changes both entries: the derivative is gQ_ij + gQ_ji (once on the diagonal)
@@ -215,10 +264,10 @@ def test_gradient_at_identical_heads_is_finite_and_continuous(name):
     Q = M @ M.T
     b = jnp.array([0.1, 0.1, 0.1])
     rule = rule_for(name, 4, H, prior)
-    exact = [np.asarray(x) for x in _grad(rule, M, Q, b)]
+    exact = [np.asarray(x) for x in _value_and_grad(rule, M, Q, b)[1]]
     assert all(np.all(np.isfinite(x)) for x in exact)
     for delta in (1e-4, 1e-6):
-        near = [np.asarray(x) for x in _grad(rule, M, Q + delta * jnp.eye(H), b)]
+        near = [np.asarray(x) for x in _value_and_grad(rule, M, Q + delta * jnp.eye(H), b)[1]]
         for a, c in zip(exact, near):
             np.testing.assert_allclose(a, c, atol=50 * delta)
 
@@ -322,7 +371,7 @@ def test_stated_drift_error_covers_the_drift_error(stretch):
     are near copies and at the same state with keys twice as long (token variance ~15, where 64
     Gauss-Hermite nodes resolved the drift to about 1e-4 only, the trapezoidal normal rule to 8e-6):
     within a factor 4 of each other, and under the issue's 1e-4."""
-    from singleloc._laplace_expectation import exact_moments
+    from singleloc.expectations._laplace_expectation import exact_moments
 
     cfg = sl.load_config("default")
     M = stretch * jnp.array([[1.41, 1.28], [1.27, 1.40]])
@@ -345,7 +394,7 @@ def _trapezoid_reference(rule):
     enough for token standard deviations up to about 30) and 1024 nodes of the Laplace variable."""
     z = np.linspace(-12.0, 12.0, 8193)
     w = np.exp(-z**2 / 2)
-    fine = sl.LaplaceRule.make(rule.form, rule.L, 1, sl.spikes(1, 2.5), n_t=1024)
+    fine = sl.LaplaceRule.make(rule.form, rule.L, 1, sl.spikes(1, 2.5), **{**NODES, "n_t": 1024})
     return eqx.tree_at(lambda r: (r.z_outer, r.w_outer), fine, (jnp.asarray(z), jnp.asarray(w / w.sum())))
 
 
@@ -356,14 +405,14 @@ def test_wide_token_fields_stay_exact(monkeypatch, L, M, Q):
     (log L)^2 Q up to 620, where Gauss-Hermite nodes had risk errors of 1e-3): the risk and its
     gradient on the profile grid against the trapezoidal reference, and the stated error (the
     finer rule) within a factor 5 of the actual one."""
-    from singleloc import _laplace
+    from singleloc.expectations import _laplace
 
     rule = sl.exact_rule(sl.get_activation("ssmax"), L, 1, sl.spikes(1, 2.5))
-    value_grad = lambda r: jax.jit(lambda *s: jax.value_and_grad(r.risk, argnums=(0, 1, 2))(*s))
     state = (jnp.array([[M]]), jnp.array([[Q]]), jnp.array([0.1]))
-    (r, g), (rf, _) = value_grad(rule)(*state), value_grad(rule.refined())(*state)
+    (r, g), (rf, _) = _value_and_grad(rule, *state), _value_and_grad(rule.refined(), *state)
     monkeypatch.setattr(_laplace, "WIDE_SIGMA", 1e6)  # the reference: the narrow fields' code path only
-    rr, gr = value_grad(_trapezoid_reference(rule))(*state)
+    reference = _trapezoid_reference(rule)  # traced afresh (not the shared program), with the patch
+    rr, gr = jax.jit(lambda *s: jax.value_and_grad(reference.risk, argnums=(0, 1, 2))(*s))(*state)
     flat = lambda d: np.concatenate([np.ravel(x) for x in d])
     scale = np.max(np.abs(flat(gr)))
     assert abs(float(r - rr)) < 1e-9 and np.max(np.abs(flat(g) - flat(gr))) < 1e-8 * scale
@@ -376,7 +425,7 @@ def _nested_trapezoid_pair(outer_nodes, inner_nodes):
     field on ``outer_nodes`` trapezoidal nodes over [-8.5, 8.5] standard deviations, the second
     given the first on ``inner_nodes`` such nodes, every profile evaluated directly (no table,
     no interpolation, no profile grid), one outer node at a time."""
-    from singleloc._laplace_profiles import _profile, _profiles
+    from singleloc.expectations._laplace_profiles import _profile, _profiles
 
     def normal(n):
         z = np.linspace(-8.5, 8.5, n)
@@ -415,17 +464,17 @@ def test_a_pair_of_wide_fields_is_exact(monkeypatch, name, L, M, Q, b):
     against the nested trapezoidal pair rule with dense nodes (no tabulated smoothing), to 1e-9 and
     1e-8 of the gradient's size; the rule of the former sizes (outer nodes 64, second field on 32
     normal nodes) is off by far more, so the check can fail."""
-    from singleloc._laplace import LaplaceRule
+    from singleloc.expectations._cubature import normal_rule
 
     rule = sl.exact_rule(sl.get_activation(name), L, 2, sl.spikes(len(M[0]), 2.5))
     state = (jnp.asarray(M, float), jnp.asarray(Q, float), jnp.asarray(b, float))
-    value_grad = lambda r: jax.jit(lambda *x: jax.value_and_grad(r.risk, argnums=(0, 1, 2))(*x))(*state)
+    value_grad = lambda r: jax.jit(lambda *x: jax.value_and_grad(r.risk, argnums=(0, 1, 2))(*x))(*state)  # traced afresh
     flat = lambda d: np.concatenate([np.ravel(x) for x in d])
-    r, g = value_grad(rule)
-    monkeypatch.setattr(LaplaceRule, "_pair", _nested_trapezoid_pair(801, 401))
+    r, g = _value_and_grad(rule, *state)
+    monkeypatch.setattr(LaplaceRule, "pair", _nested_trapezoid_pair(801, 401))
     rr, gr = value_grad(rule)
-    former = eqx.tree_at(lambda q: (q.z_outer, q.w_outer), rule, tuple(map(jnp.asarray, sl._laplace_profiles.normal_rule(64))))
-    monkeypatch.setattr(LaplaceRule, "_pair", _nested_trapezoid_pair(64, 32))
+    former = eqx.tree_at(lambda q: (q.z_outer, q.w_outer), rule, tuple(map(jnp.asarray, normal_rule(64))))
+    monkeypatch.setattr(LaplaceRule, "pair", _nested_trapezoid_pair(64, 32))
     rf, gf = value_grad(former)
     scale = np.max(np.abs(flat(gr)))
     assert abs(float(r - rr)) < 1e-9 and np.max(np.abs(flat(g) - flat(gr))) < 1e-8 * scale
@@ -437,8 +486,7 @@ def test_tabulated_smoothing_matches_direct_smoothing():
     the heat equation, in the variance) against direct normal rules of 2001 nodes, across the
     switch from the normal rule's table to the profile grid's and at variance zero (the profiles
     themselves)."""
-    from singleloc._laplace import WIDE_SIGMA
-    from singleloc._laplace_profiles import OMEGA, RHO0, RHO1, RHO2, _profile, smoothed_profiles
+    from singleloc.expectations._laplace_profiles import OMEGA, RHO0, RHO1, RHO2, WIDE_SIGMA, _profile, smoothed_profiles
 
     rule = sl.exact_rule(sl.get_activation("softmax"), 4, 2, sl.spikes(1, 2.5))  # the default rule's tables
     z, w, u = rule.z_inner, rule.w_inner, rule.u_grid
@@ -471,7 +519,7 @@ def test_attention_mass_matches_monte_carlo_at_trained_states(name, rng):
     M, Q, b = trained_state("near", H, F, rng)
     b = b.at[2].set(-12.0)
     prior = sl.spikes(F, 2.5)
-    w = np.asarray(eqx.filter_jit(lambda r, *s: r.attention_mass(*s))(rule_for(name, L, H, prior), M, Q, b))
+    w = np.asarray(_mass(rule_for(name, L, H, prior), M, Q, b))
     act = sl.get_activation(name)
     Qh = jnp.asarray(sl.psd_sqrt(np.asarray(Q)))
     atoms = jnp.asarray(prior.atoms_array())
@@ -499,12 +547,12 @@ def test_attention_mass_matches_monte_carlo_at_trained_states(name, rng):
 def test_the_switch_to_the_profile_grid_is_continuous():
     """Just below and just above ``sqrt(v) = WIDE_SIGMA`` (the normal rule's nodes, then the profile
     grid) the one-token expectations agree to rounding: the drift has no step there."""
-    from singleloc._laplace import RHO2, WIDE_SIGMA
+    from singleloc.expectations._laplace_profiles import RHO2, WIDE_SIGMA
 
     rule = sl.exact_rule(sl.get_activation("softmax"), 8, 1, sl.spikes(1, 2.5))
     y = jnp.linspace(-30.0, 6.0, 128)
-    below = rule._single(y, 0.3, WIDE_SIGMA**2 * (1 - 1e-12))
-    above = rule._single(y, 0.3, WIDE_SIGMA**2 * (1 + 1e-12))
+    below = rule.single(y, 0.3, WIDE_SIGMA**2 * (1 - 1e-12))
+    above = rule.single(y, 0.3, WIDE_SIGMA**2 * (1 + 1e-12))
     np.testing.assert_allclose(np.asarray(below), np.asarray(above), atol=1e-12)
     assert float(jnp.max(below[RHO2])) > 0.01  # the profiles are not all zero there
 
@@ -516,8 +564,7 @@ def test_the_profile_grid_smooths_every_profile_exactly(s):
     widths), for ``c`` from far below the profiles' support to far above it: absolute error at rounding
     (``rho_2`` 5.5e-14 at ``s = 0.6``, the narrowest width the grid takes, where the trapezoidal step 0.25
     resolves its peak least well)."""
-    from singleloc._laplace import U_GRID_HIGH, U_GRID_LOW, U_GRID_STEP
-    from singleloc._laplace_profiles import _profiles, grid_smoothing
+    from singleloc.expectations._laplace_profiles import U_GRID_HIGH, U_GRID_LOW, U_GRID_STEP, _profiles, grid_smoothing
 
     u = jnp.asarray(np.linspace(U_GRID_LOW, U_GRID_HIGH, int(np.ceil((U_GRID_HIGH - U_GRID_LOW) / U_GRID_STEP)) + 1))
     c = jnp.linspace(-45.0 - 8 * s, 40.0 + 8 * s, 301)
@@ -558,7 +605,7 @@ def test_a_trained_joint_layer_has_an_accurate_drift(H, state, reference, tolera
     other direction on normal nodes, relative to the drift's largest entry (the quantity the solve
     states). The former tensor rule of 24 Gauss-Hermite nodes per direction was off by 5.7e-4 at the
     three-head state."""
-    from singleloc._laplace_expectation import exact_moments
+    from singleloc.expectations._laplace_expectation import exact_moments
 
     cfg = sl.load_config("bsoftmax", ["problem.F=2", f"model.heads={H}", "theory.points=1024"])
     M, Q, b = (jnp.asarray(x, float) for x in state)
@@ -576,7 +623,8 @@ def _dense_joint_token(sizes):
     ``x = mean + z Lambda^(1/2) V^T`` (all principal axes of ``C``, none smoothed), ``lse`` evaluated
     at every node and differentiated by plain autodiff (through ``eigh``: the states below have
     distinct eigenvalues). It shares no code with the conditional product form but the profiles."""
-    from singleloc._laplace_profiles import RHO1, _profile, _profiles, normal_rule
+    from singleloc.expectations._cubature import normal_rule
+    from singleloc.expectations._laplace_profiles import RHO1, _profile, _profiles
 
     rules = [normal_rule(n) for n in sizes]
     z = jnp.asarray(np.stack([g.ravel() for g in np.meshgrid(*[r[0] for r in rules], indexing="ij")], axis=1))
@@ -608,29 +656,46 @@ def _dense_joint_token(sizes):
 def test_a_joint_layer_is_exact_in_conditional_product_form(monkeypatch, L, M, Q, b, reference, gradient_tolerance):
     """bsoftmax: one token's ``E[f(y + lse(x))]`` in conditional product form (the smallest principal
     variance smoothed into each head's profiles, a tensor rule on the other directions,
-    ``singleloc._laplace._joint_token``; derivatives by Price's theorem) against a dense tensor rule
+    ``singleloc.expectations._laplace_joint._joint_token``; derivatives by Price's theorem) against a dense tensor rule
     over all ``H`` fields with ``lse`` at every node and plain autodiff (the former route, kept here
     as the reference): the risk to 1e-10, its gradient to ``gradient_tolerance`` of its size, the
     attention masses to 1e-10."""
-    import singleloc._laplace as laplace
+    import singleloc.expectations._laplace_joint as laplace
 
     prior = sl.spikes(2, 2.5)
     state = (jnp.asarray(M, float), jnp.asarray(Q, float), jnp.asarray(b, float))
     flat = lambda d: np.concatenate([np.ravel(x) for x in d])
     rule = rule_for("bsoftmax", L, len(b), prior)
 
-    def evaluate():  # traced afresh on each call: the patched functions are looked up at tracing
-        value, grad = jax.jit(lambda *x: jax.value_and_grad(rule.risk, argnums=(0, 1, 2))(*x))(*state)
-        return float(value), flat(grad), np.asarray(jax.jit(lambda *x: rule.attention_mass(*x))(*state))
-
-    r, g, w = evaluate()
+    value, grad = _value_and_grad(rule, *state)
+    r, g, w = float(value), flat(grad), np.asarray(_mass(rule, *state))
     token, shares = _dense_joint_token(reference)
     monkeypatch.setattr(laplace, "_joint_token", token)
     monkeypatch.setattr(laplace, "_joint_shares", shares)
-    rr, gr, wr = evaluate()
+    # traced afresh (not the shared programs): the patched functions are looked up at tracing
+    value, grad = jax.jit(lambda *x: jax.value_and_grad(rule.risk, argnums=(0, 1, 2))(*x))(*state)
+    rr, gr, wr = float(value), flat(grad), np.asarray(jax.jit(lambda *x: rule.attention_mass(*x))(*state))
     assert abs(r - rr) < 1e-10
     assert np.max(np.abs(g - gr)) < gradient_tolerance * np.max(np.abs(gr))
     np.testing.assert_allclose(w, wr, atol=1e-10)
+
+
+@pytest.mark.parametrize("H, F", [(2, 2), (3, 2), (4, 2), (4, 3), (5, 2)])
+def test_the_refined_rule_is_the_rule_the_joint_budget_counts(H, F):
+    """The refined rule (the stated error's reference) has 1.5 x the nodes of every kind and, in a joint
+    layer, the first degree-5 direction on a normal rule of its own; the joint sizing that budgets the
+    route (``joint_rule_size``, :mod:`singleloc.io._resources`) counts the nodes of exactly these rules."""
+    from singleloc.expectations._laplace_joint import joint_rule_size
+
+    prior = sl.spikes(F, 2.5)
+    rule = sl.exact_rule(sl.get_activation("bsoftmax"), 8, H, prior)
+    fine = rule.refined()
+    assert (fine.n_t, fine.z_outer.shape[0], fine.z_inner.shape[0]) == (192, 96, 96)
+    assert float(fine.u_grid[1] - fine.u_grid[0]) <= float(rule.u_grid[1] - rule.u_grid[0]) / 1.5
+    work = lambda r: r.layer.w.shape[0] * H * len(prior.atoms)  # noqa: E731
+    assert work(rule) == joint_rule_size(H, prior) and work(fine) == joint_rule_size(H, prior, refined=True)
+    sizes, small = rule.layer.layout
+    assert fine.layer.layout == (tuple(int(np.ceil(1.5 * n)) for n in sizes) + ((6,) if small else ()), max(small - 1, 0))
 
 
 def test_one_joint_head_is_one_softmax_head():
@@ -639,8 +704,9 @@ def test_one_joint_head_is_one_softmax_head():
     prior = sl.spikes(2, 2.5)
     M, Q, b = jnp.array([[2.0, 0.3]]), jnp.array([[4.3]]), jnp.array([0.2])
     joint, single = rule_for("bsoftmax", 64, 1, prior), rule_for("softmax", 64, 1, prior)
-    assert float(_risk(joint, M, Q, b)) == pytest.approx(float(_risk(single, M, Q, b)), abs=1e-12)
-    for gj, gs in zip(_grad(joint, M, Q, b), _grad(single, M, Q, b)):
+    (rj, grads_j), (rs, grads_s) = _value_and_grad(joint, M, Q, b), _value_and_grad(single, M, Q, b)
+    assert float(rj) == pytest.approx(float(rs), abs=1e-12)
+    for gj, gs in zip(grads_j, grads_s):
         np.testing.assert_allclose(np.asarray(gj), np.asarray(gs), atol=1e-10)
 
 
@@ -653,15 +719,15 @@ def test_a_head_of_zero_norm_has_a_finite_exact_gradient(name):
     central differences of the risk."""
     rule = rule_for(name, 16, 2, sl.spikes(2, 2.5))
     M, Q, b = jnp.array([[0.0, 0.0], [1.5, 0.2]]), jnp.array([[0.0, 0.0], [0.0, 3.0]]), jnp.array([-0.7, 1.3])
-    gM, gQ, gb = _grad(rule, M, Q, b)
+    _, (gM, gQ, gb) = _value_and_grad(rule, M, Q, b)
     assert all(bool(jnp.all(jnp.isfinite(g))) for g in (gM, gQ, gb))
     h = 1e-5
     entries = [(0, gM, (i, j)) for i in range(2) for j in range(2)] + [(1, gQ, (1, 1)), (2, gb, (0,)), (2, gb, (1,))]
     for arg, grad, index in entries:
         step = [jnp.zeros_like(x) for x in (M, Q, b)]
         step[arg] = step[arg].at[index].set(h)
-        up = float(_risk(rule, *(x + d for x, d in zip((M, Q, b), step))))
-        down = float(_risk(rule, *(x - d for x, d in zip((M, Q, b), step))))
+        up = float(_value_and_grad(rule, *(x + d for x, d in zip((M, Q, b), step)))[0])
+        down = float(_value_and_grad(rule, *(x - d for x, d in zip((M, Q, b), step)))[0])
         assert float(grad[index]) == pytest.approx((up - down) / (2 * h), abs=1e-7)
 
 
@@ -669,7 +735,7 @@ def test_the_token_variance_named_by_the_warning_includes_the_priors_gaussian_pa
     """Under a Gaussian prior the relevant token's fields have variance ``alpha^2 (Q + M Sigma M^T)_hh``,
     ten times ``Q_hh`` at the trained softmax1 state of four heads on N(0, 3^2 I) (keys of 3.5, Q_hh 12.5,
     where the exact route at 64 nodes stated a risk error of 5e-5): the warning must name that variance."""
-    from singleloc._laplace_expectation import largest_token_variance
+    from singleloc.expectations._laplace_expectation import largest_token_variance
 
     M = np.array([[-2.889, 1.824], [-1.893, -2.97], [2.987, -1.874], [1.852, 2.978]])
     Q = M @ M.T + 0.1 * np.eye(4)

@@ -1,4 +1,4 @@
-"""The exact ``lr^2`` Gram term of one head (singleloc/_laplace_gram.py) against independent routes:
+"""The exact ``lr^2`` Gram term of one head (singleloc/expectations/_laplace_gram.py) against independent routes:
 the polynomial and its distinct-token moments against brute-force sums over tokens, a closed form
 where the weights are constant, plain Monte Carlo of whole sequences (with its standard error) at
 trained states, and the ODE's use of it."""
@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 import singleloc as sl
-from singleloc._activations import exponential_form
-from singleloc._laplace import LaplaceRule
-from singleloc._laplace_gram import distinct_moments, gram_polynomials
-from singleloc._layer import limit_loss
+from singleloc.expectations._laplace import LaplaceRule
+from singleloc.expectations._laplace_gram import distinct_moments, gram_polynomials
+from singleloc.model._activations import exponential_form
+from singleloc.model._layer import limit_loss
 
 jax.config.update("jax_enable_x64", True)
 
@@ -39,15 +39,14 @@ def _evaluate(poly, A):
 
 
 def _distinct(moments, A):
-    """The distinct-token moments at the weights ``A``, each sum over distinct noise tokens by brute
-    force, divided by the falling factorial that :func:`distinct_moments` folds into its weights."""
+    """The distinct-token sums of :func:`distinct_moments` at the weights ``A``, each sum over distinct
+    noise tokens by brute force (none when there are fewer noise tokens than factors)."""
     L, total = A.shape[1], 0.0
-    for (a, ks), weight in moments.items():
-        count = np.prod([L - 1 - i for i in range(len(ks))])
+    for (a, ks), coefficient in moments.items():
         tokens = itertools.permutations(range(1, L), len(ks))
         head0 = np.prod(A[:, 0] ** np.array(a))
-        total += weight / count * head0 * sum(np.prod([np.prod(A[:, l] ** np.array(k)) for l, k in zip(ls, ks)])
-                                              for ls in tokens)
+        total += coefficient * head0 * sum(np.prod([np.prod(A[:, l] ** np.array(k)) for l, k in zip(ls, ks)])
+                                           for ls in tokens)
     return total
 
 
@@ -60,11 +59,15 @@ def test_the_gram_polynomials_and_their_distinct_moments_are_the_sums_over_token
         direct = _direct(A)
         for (h, g), poly in polys.items():
             np.testing.assert_allclose(_evaluate(poly, A), direct[h, g], rtol=1e-12, atol=1e-15)
-            np.testing.assert_allclose(_distinct(distinct_moments(poly, L), A), direct[h, g], rtol=1e-12, atol=1e-15)
+            np.testing.assert_allclose(_distinct(distinct_moments(poly), A), direct[h, g], rtol=1e-12, atol=1e-15)
 
 
-def _rule(name, L, prior):
-    return LaplaceRule.make(exponential_form(sl.get_activation(name), L), L, 1, prior)
+#: The node counts these tests were written for (``theory.nodes = 64`` at a scale ``alpha <= 1``).
+NODES = {"n_t": 128, "n_outer": 64, "n_inner": 64}
+
+
+def _rule(name, L, prior, H=1):
+    return LaplaceRule.make(exponential_form(sl.get_activation(name), L), L, H, prior, **NODES)
 
 
 @eqx.filter_jit
@@ -200,7 +203,7 @@ def monte_carlo_gram2(name, prior, L, M, Q, b, n=2**15, batches=8, seed=0):
 def test_the_exact_gram_term_of_two_heads_agrees_with_monte_carlo(name, L, F, M, Q, b):
     prior = sl.spikes(F, 2.5)
     M, Q, b = (jnp.asarray(x, float) for x in (M, Q, b))
-    rule = LaplaceRule.make(exponential_form(sl.get_activation(name), L), L, 2, prior)
+    rule = _rule(name, L, prior, H=2)
     value = np.asarray(_gram(rule, M, Q, b))
     ref, se = monte_carlo_gram2(name, prior, L, M, Q, b)
     assert np.all(np.abs(value - ref) < 5 * se), (value, ref, se)

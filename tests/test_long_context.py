@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 import singleloc as sl
-from singleloc import _resources
-from singleloc._routes import route_of
-from singleloc._sobol_geometry import NODE_BATCH, node_batch
+from singleloc.expectations._routes import route_of
+from singleloc.expectations._sobol_geometry import NODE_BATCH, node_batch
+from singleloc.io import _resources
 
 pytestmark = pytest.mark.exact_route
 
@@ -47,16 +47,16 @@ def test_sweep_accepts_a_long_sequence_on_the_exact_route(monkeypatch, tmp_path)
     replaced: only the checks run)."""
     from types import SimpleNamespace
 
-    import singleloc._sweep
+    import singleloc.sweeps._sweep
     from singleloc import cli
 
     monkeypatch.setenv(_resources.MEMORY_ENV, "24G")
     checked, swept = [], []
     monkeypatch.setattr(_resources, "check_workers", lambda *a, **k: checked.append(True))  # after every point's check_run
     stats = SimpleNamespace(failed=0, computed=0, cached=0, seconds=0.0)
-    monkeypatch.setattr(singleloc._sweep, "compute_sweep", lambda *a, **k: swept.append(True) or
+    monkeypatch.setattr(singleloc.sweeps._sweep, "compute_sweep", lambda *a, **k: swept.append(True) or
                         SimpleNamespace(rows=[], stats=stats))
-    monkeypatch.setattr(singleloc._sweep, "write_sweep_outputs", lambda *a, **k: None)
+    monkeypatch.setattr(singleloc.sweeps._sweep, "write_sweep_outputs", lambda *a, **k: None)
     code = cli.main(["sweep", "default", "--set", "theory.route=auto", "--set", "model.heads=2", "--set", "problem.F=1",
                      "--grid", "problem.L=4,4096", "--out", str(tmp_path / "out")])
     assert code == 0 and checked and swept

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 import singleloc as sl
-from singleloc._fluctuations import update_moments
-from singleloc._simulation import _run_functions
-from singleloc._theory import flatten_state, unflatten_state
+from singleloc.simulation._simulation import _run_functions
+from singleloc.theory._fluctuations import update_moments
+from singleloc.theory._theory import flatten_state, unflatten_state
 
 
 def test_momentum_key_reaches_the_rule_and_stays_out_of_plain_configs():

@@ -9,10 +9,10 @@ import pytest
 from scipy.optimize import brentq
 
 from singleloc import OrderParameterODE, load_config
-from singleloc import _head_classes as hc
-from singleloc import _phase_analysis as pa
-from singleloc import _plateaus as pl
-from singleloc._attention_mass import attention_mass
+from singleloc.analysis import _head_classes as hc
+from singleloc.analysis import _phase_analysis as pa
+from singleloc.analysis import _plateaus as pl
+from singleloc.analysis._attention_mass import attention_mass
 
 
 def logistic(tau, t0, width, hi, lo):

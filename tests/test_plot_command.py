@@ -9,10 +9,12 @@ import json
 import numpy as np
 import pytest
 
-from singleloc import PruningResult, SimulationResult, TheoryResult, _pruning, _sweep_compute, load_config, plots
-from singleloc._predictions import EscapePrediction
-from singleloc._run_folders import load_run, npz_stamp, save_run
+from singleloc import PruningResult, SimulationResult, TheoryResult, load_config, plots
+from singleloc.analysis._predictions import EscapePrediction
 from singleloc.cli import main
+from singleloc.io._run_folders import load_run, npz_stamp, save_run
+from singleloc.pruning import _pruning
+from singleloc.sweeps import _sweep_compute
 
 CONFIG = load_config("default", ["model.heads=3"])
 T = 9
@@ -138,7 +140,7 @@ def test_integrate_draws_its_figure_and_takes_a_horizon(tmp_path, capsys, monkey
 
 
 def test_integrate_suggests_a_log_grid_for_a_long_linear_one(tmp_path, capsys, monkeypatch):
-    import singleloc._ode as ode
+    import singleloc.theory._ode as ode
 
     calls = []
     monkeypatch.setattr(ode, "integrate", lambda config, **kw: calls.append(config) or _fake_theory(config))

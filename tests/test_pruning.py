@@ -8,11 +8,11 @@ from helpers import random_overlaps, weights_with_overlaps
 from scipy import stats
 
 from singleloc import OrderParameterODE, load_config
-from singleloc._bayes import bayes_point
-from singleloc._pruning import TheoryRisk, WeightsRisk, prune, prune_theory, prune_weights
-from singleloc._pruning_result import removable_heads
-from singleloc._run_folders import save_run
+from singleloc.bayes._bayes import bayes_point
 from singleloc.cli import main
+from singleloc.io._run_folders import save_run
+from singleloc.pruning._pruning import TheoryRisk, WeightsRisk, prune, prune_theory, prune_weights
+from singleloc.pruning._pruning_result import removable_heads
 
 ACTIVATIONS = ("softmax", "softmax1", "bsoftmax")
 

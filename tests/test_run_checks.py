@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 
 import singleloc as sl
-from singleloc import _pruning, _resources, _run_checks, _sweep
-from singleloc._grid import parse_grid
+from singleloc.io import _resources, _run_checks
+from singleloc.pruning import _pruning
+from singleloc.sweeps import _sweep
+from singleloc.sweeps._grid import parse_grid
 
 jax.config.update("jax_enable_x64", True)
 
@@ -70,9 +72,9 @@ def test_a_rising_risk_warns_naming_the_learning_rate():
 def test_simulate_warns_when_its_risk_rises(monkeypatch):
     """``simulate`` runs the check on its own result: a stand-in check records what it receives."""
     seen = []
-    import singleloc._simulation
+    import singleloc.simulation._simulation
 
-    monkeypatch.setattr(singleloc._simulation, "warn_if_risk_rose", lambda config, **kw: seen.append((config, kw)))
+    monkeypatch.setattr(singleloc.simulation._simulation, "warn_if_risk_rose", lambda config, **kw: seen.append((config, kw)))
     cfg = sl.load_config("default", TINY_SIM)
     result = sl.simulate(cfg, progress=False)
     assert len(seen) == 1 and seen[0][0] is cfg and seen[0][1]["simulation"] is result
@@ -144,7 +146,7 @@ def test_population_risk_checks_the_rule_it_builds():
 
 
 def test_check_bayes_checks_the_bayes_point_too():
-    from singleloc._bayes import check_bayes
+    from singleloc.bayes._bayes import check_bayes
 
     prior = sl.flipped(2, 2.5)  # 4 atoms: the Bayes point has 4 heads, its risk a rank-aware rule of 2 L H coordinates
     check_bayes(prior, 32, 256)  # 2 x 32 x 4 = 256 coordinates
@@ -227,8 +229,8 @@ def test_auto_takes_a_joint_layers_exact_route_only_while_it_is_affordable(heads
     """bsoftmax's conditional product form grows like a power of H (``joint_rule_size``): "auto" takes
     the rule route beyond ``JOINT_EXACT_MAX`` (H = 4 with three spikes, H = 5 with two), "exact" any
     size, and a per-head layer is never limited."""
-    from singleloc._laplace import joint_rule_size
-    from singleloc._routes import JOINT_EXACT_MAX, route_of
+    from singleloc.expectations._laplace_joint import joint_rule_size
+    from singleloc.expectations._routes import JOINT_EXACT_MAX, route_of
 
     cfg = sl.load_config("bsoftmax", [f"model.heads={heads}", f"problem.F={F}", "theory.route=auto"])
     size = joint_rule_size(heads, cfg.problem.build_prior())

@@ -1,4 +1,4 @@
-"""The SGD rule (singleloc/_sgd_rule.py): its finite-D step, its per-step update in order
+"""The SGD rule (singleloc/sgd/_sgd_rule.py): its finite-D step, its per-step update in order
 parameters and its drift are one rule (issue 23 item 2)."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 import singleloc as sl
-from singleloc._data import make_spikes, sample_sequence
-from singleloc._fluctuations import update_moments
-from singleloc._layer import finite_loss, scores, token_weights
-from singleloc._theory import flatten_state
+from singleloc.model._data import make_spikes, sample_sequence
+from singleloc.model._layer import finite_loss, scores, token_weights
+from singleloc.theory._fluctuations import update_moments
+from singleloc.theory._theory import flatten_state
 
 
 @pytest.mark.parametrize("train_bias", [True, False])

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import singleloc as sl
-from singleloc._theory import OrderParameterODE
+from singleloc.theory._theory import OrderParameterODE
 
 _RUN = textwrap.dedent("""
     import sys
@@ -23,8 +23,8 @@ _RUN = textwrap.dedent("""
     import numpy as np
     jax.config.update("jax_enable_x64", True)
     import singleloc as sl
-    from singleloc._ode import integrate_points
-    from singleloc._sharding import shard_batch
+    from singleloc.theory._ode import integrate_points
+    from singleloc.runtime._sharding import shard_batch
 
     (x,), _, n = shard_batch((jax.numpy.arange(3.0),))
     cfg = sl.load_config("default", ["sgd.tau_max=3", "sgd.n_save=4", "theory.points=64", "simulation.seeds=3",
@@ -67,9 +67,9 @@ _RUN_NODES = textwrap.dedent("""
     import numpy as np
     jax.config.update("jax_enable_x64", True)
     import singleloc as sl
-    from singleloc import _ode
-    from singleloc._sharding import shard_batch
-    from singleloc._theory import OrderParameterODE
+    from singleloc.theory import _ode
+    from singleloc.runtime._sharding import shard_batch
+    from singleloc.theory._theory import OrderParameterODE
 
     cfg = sl.load_config("default", sys.argv[2:])
     received = []  # the rule integrate's program receives

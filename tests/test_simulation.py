@@ -21,12 +21,12 @@ from scipy import stats
 
 import singleloc
 from singleloc import finite_loss, get_activation, limit_loss, load_config, sample_sequence, simulate
-from singleloc._data import seed_keys
-from singleloc._heldout import draw_heldout, heldout_losses
-from singleloc._layer import token_weights
-from singleloc._pruning import WeightsRisk, prune_weights
-from singleloc._simulation import _run_functions
 from singleloc.cli import main
+from singleloc.model._data import seed_keys
+from singleloc.model._heldout import draw_heldout, heldout_losses
+from singleloc.model._layer import token_weights
+from singleloc.pruning._pruning import WeightsRisk, prune_weights
+from singleloc.simulation._simulation import _run_functions
 
 # A tiny run: D = 64, 64 SGD steps, 3 saved times, 2 seeds. softmax1 with trained biases so
 # that every recorded array moves.
@@ -293,7 +293,7 @@ def test_one_sgd_step_matches_numpy(name, train_bias):
     (K0, b0, _), _ = state
     kstar, train_key, _ = consts
     (K1, b1, _), _ = advance(state, consts, 0, 1)
-    # the sample of step t = 0 comes from fold_in(train, 0) (documented in singleloc._data)
+    # the sample of step t = 0 comes from fold_in(train, 0) (documented in singleloc.model._data)
     X, eps = sample_sequence(jax.random.fold_in(train_key, 0), cfg.problem.build_prior(), kstar, L)
     K0n, b0n, Xn = (np.asarray(x, dtype=np.float64) for x in (K0, b0, X))
     gK, gb = _np_grad(name, K0n, b0n, Xn, int(eps))

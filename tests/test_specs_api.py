@@ -123,7 +123,7 @@ def test_library_calls_leave_the_float64_mode_and_matplotlib_alone(tmp_path):
     code = f"""
 import sys, jax
 import singleloc as sl
-from singleloc._sweep_compute import compute_points
+from singleloc.sweeps._sweep_compute import compute_points
 assert 'matplotlib' not in sys.modules
 cfg = sl.load_config("default").replace(simulation={{"D": 100, "seeds": 1, "test_samples": 64}},
                                         sgd={{"tau_max": 1.0, "n_save": 2}})
@@ -144,7 +144,8 @@ assert not jax.config.jax_enable_x64
 def test_only_a_process_singleloc_owns_has_its_programs_freed(monkeypatch):
     """A serial sweep point bounds the compiled programs it holds (``hold_programs``) in the
     command line's process (and on Dask workers), never in a Python caller's."""
-    from singleloc import _compilation, _sweep_compute
+    from singleloc.runtime import _compilation
+    from singleloc.sweeps import _sweep_compute
 
     held = []
     monkeypatch.setattr(_sweep_compute, "hold_programs", held.append)

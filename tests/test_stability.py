@@ -13,11 +13,11 @@ import pytest
 from scipy.integrate import solve_ivp
 
 from singleloc import OrderParameterODE, integrate, load_config
-from singleloc import _drift_jacobian as dj
-from singleloc import _fixed_point as fxp
-from singleloc import _stability as st
-from singleloc._predictions import EscapePrediction, adiabatic_escape, escape_horizon, predicted_escape
-from singleloc._theory import flatten_state, unflatten_state
+from singleloc.analysis import _drift_jacobian as dj
+from singleloc.analysis import _fixed_point as fxp
+from singleloc.analysis import _stability as st
+from singleloc.analysis._predictions import EscapePrediction, adiabatic_escape, escape_horizon, predicted_escape
+from singleloc.theory._theory import flatten_state, unflatten_state
 
 TINY_OVERRIDES = ["theory.points=64", "problem.L=3", "problem.strength=3.0", "sgd.lr=1.0"]
 

@@ -7,11 +7,12 @@ import csv
 import numpy as np
 import pytest
 
-from singleloc import _sweep, _sweep_cache, _sweep_compute, load_config
-from singleloc._grid import grid_points, parse_grid
-from singleloc._predictions import EscapePrediction, escape_horizon
-from singleloc._run_folders import save_npz
+from singleloc import load_config
+from singleloc.analysis._predictions import EscapePrediction, escape_horizon
 from singleloc.cli import main
+from singleloc.io._run_folders import save_npz
+from singleloc.sweeps import _sweep, _sweep_cache, _sweep_compute
+from singleloc.sweeps._grid import grid_points, parse_grid
 
 TINY = ["theory.points=16", "sgd.tau_max=2.0", "sgd.n_save=5", "simulation.seeds=1", "problem.L=3"]
 

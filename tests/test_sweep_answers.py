@@ -1,7 +1,7 @@
 """Answers, not columns (issue 53): a sweep joins the Bayes risk of every problem, the gap to it and
 the heads each activation needs to come within a gap of it, in the CSV, the Dataset, a figure and
 the command's output, under one name per quantity; and it computes without writing
-(:func:`~singleloc._sweep.compute_sweep`) and writes in a step of its own."""
+(:func:`~singleloc.sweeps._sweep.compute_sweep`) and writes in a step of its own."""
 
 from __future__ import annotations
 
@@ -13,11 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from singleloc import _sweep, _sweep_compute, load_config, load_sweep, parse_grid
-from singleloc._predictions import EscapePrediction, escape_horizon
-from singleloc._sweep_answers import heads_needed
-from singleloc._sweep_dataset import COLUMNS, describe_column
+from singleloc import load_config, load_sweep, parse_grid
+from singleloc.analysis._predictions import EscapePrediction, escape_horizon
 from singleloc.cli import main
+from singleloc.sweeps import _sweep, _sweep_compute
+from singleloc.sweeps._sweep_answers import heads_needed
+from singleloc.sweeps._sweep_dataset import COLUMNS, describe_column
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "commands" / "sweep.md"
 

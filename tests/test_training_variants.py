@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 import singleloc as sl
-from singleloc._data import make_spikes, sample_sequence
-from singleloc._fluctuations import update_moments
-from singleloc._layer import finite_loss, scores, token_weights
-from singleloc._simulation import _run_functions
-from singleloc._theory import flatten_state, unflatten_state
+from singleloc.model._data import make_spikes, sample_sequence
+from singleloc.model._layer import finite_loss, scores, token_weights
+from singleloc.simulation._simulation import _run_functions
+from singleloc.theory._fluctuations import update_moments
+from singleloc.theory._theory import flatten_state, unflatten_state
 
 # ---------------------------------------------------------------------------------------------
 # configuration keys

@@ -11,9 +11,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from .._atomic_files import check_output_folder, check_run_folder
-from .._presets import preset_names
-from .._validation import integer
+from ..configuration._presets import preset_names
+from ..configuration._validation import integer
+from ..io._atomic_files import check_output_folder, check_run_folder
 
 CONFIG_HELP = (
     "the name of a shipped preset ({presets}) or a TOML config file (write ./NAME for a file named like a preset); "
@@ -21,9 +21,10 @@ CONFIG_HELP = (
 )
 
 
-def int_at_least(minimum: int):
-    """An argparse type: an integer ``>= minimum``, checked by :func:`singleloc._validation.integer`
-    (argparse names the argument: ``"argument --draws: must be >= 1, got 0"``)."""
+def int_at_least(minimum: int, maximum: int | None = None):
+    """An argparse type: an integer ``>= minimum`` (and ``<= maximum``), checked by
+    :func:`singleloc.configuration._validation.integer` (argparse names the argument: ``"argument --draws: must be
+    >= 1, got 0"``)."""
 
     def parse(text: str) -> int:
         try:
@@ -31,7 +32,7 @@ def int_at_least(minimum: int):
         except ValueError:
             value = text  # not an integer: refused by integer(), which quotes it
         try:
-            return integer("N", value, minimum)
+            return integer("N", value, minimum, maximum)
         except ValueError as err:
             raise argparse.ArgumentTypeError(str(err).removeprefix("N: ")) from None
 
@@ -40,7 +41,7 @@ def int_at_least(minimum: int):
 
 def output_folder(text: str) -> Path:
     """An argparse type: a folder to write files into (created if missing), checked before
-    anything runs (see :func:`singleloc._atomic_files.check_output_folder`)."""
+    anything runs (see :func:`singleloc.io._atomic_files.check_output_folder`)."""
     try:
         check_output_folder(text)
     except (OSError, ValueError) as err:
@@ -50,7 +51,7 @@ def output_folder(text: str) -> Path:
 
 def run_folder(text: str) -> Path:
     """An argparse type: the folder of a run, new or holding a previous run that the new one
-    replaces as a whole; checked before anything runs (see :func:`singleloc._atomic_files.check_run_folder`)."""
+    replaces as a whole; checked before anything runs (see :func:`singleloc.io._atomic_files.check_run_folder`)."""
     try:
         check_run_folder(text)
     except (OSError, ValueError) as err:
@@ -85,20 +86,46 @@ LONG_RUN_SECONDS = 4 * 3600.0
 ANNOUNCE_SECONDS = 60.0
 
 
+#: ``sweep``: an estimated time of one point above which the sweep refuses to start without ``--yes``.
+POINT_SECONDS = 3600.0
+
+
+def reporting_for(args: argparse.Namespace):
+    """What the command says while it runs (:func:`singleloc.runtime._progress.reporting`): its lines start
+    with ``singleloc COMMAND:``; a live status line on a terminal, one line per phase with
+    ``--no-progress`` or when stderr is not a terminal (``SINGLELOC_PROGRESS=lines`` or ``off``
+    too); a run estimated above :data:`LONG_RUN_SECONDS` is refused without ``--force``, a sweep
+    point above :data:`POINT_SECONDS` without ``--yes``."""
+    import os
+
+    from ..runtime._progress import MODE_ENV, reporting
+
+    chosen = os.environ.get(MODE_ENV, "").strip().lower()
+    live = getattr(args, "progress", True) and sys.stderr.isatty() and chosen in ("", "auto", "live")
+    mode = chosen if chosen in ("lines", "off") else "live" if live else "lines"
+    return reporting(mode=mode, prefix=f"singleloc {args.command}",  # limits only where a flag lifts them
+                     run_limit=LONG_RUN_SECONDS if getattr(args, "force", True) is False else None,
+                     point_limit=POINT_SECONDS if getattr(args, "yes", True) is False else None)
+
+
 def add_force_argument(parser: argparse.ArgumentParser) -> None:
     """``--force``: let a deliberate huge run pass the cost checks (:func:`check_cost`)."""
     parser.add_argument("--force", action="store_true", help=FORCE_HELP.format(hours=LONG_RUN_SECONDS / 3600))
 
 
-def check_cost(command: str, cost, force: bool) -> None:
-    """Say on stderr what a run will cost (:class:`singleloc._resources.Cost`) when its estimated
-    time exceeds :data:`ANNOUNCE_SECONDS`, and refuse it (``ValueError``) above
-    :data:`LONG_RUN_SECONDS` unless ``force``."""
+def check_cost(command: str, cost, force: bool, note: bool = True) -> None:
+    """Say on stderr what a run will cost (:class:`singleloc.io._costs.Cost`) when its estimated
+    time exceeds :data:`ANNOUNCE_SECONDS` (and ``note``: a simulation says its measured estimate
+    itself once compiled), and refuse it (``ValueError``) above :data:`LONG_RUN_SECONDS` unless ``force``."""
     if cost.seconds > LONG_RUN_SECONDS and not force:
         raise ValueError(f"{cost.describe()}: more than the {LONG_RUN_SECONDS / 3600:g} h a run may take without --force; "
                          f"lower {cost.keys}, or pass --force to run it anyway")
-    if cost.seconds > ANNOUNCE_SECONDS:
+    if note and cost.seconds > ANNOUNCE_SECONDS:
         print(f"singleloc {command}: note: {cost.describe()}", file=sys.stderr)
+
+
+PROGRESS_HELP = ("no live status line or progress bar: one line per phase (compiling, solving, ...) with its time, as when "
+                 "stderr is not a terminal")
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
@@ -112,12 +139,12 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECTION.KEY=VALUE",
         help="override one config value (repeatable), e.g. --set model.heads=4 --set sgd.lr=0.2",
     )
-    parser.add_argument("--no-progress", dest="progress", action="store_false", help="hide progress bars")
+    parser.add_argument("--no-progress", dest="progress", action="store_false", help=PROGRESS_HELP)
 
 
 def config_from_args(args: argparse.Namespace):
     """The :class:`~singleloc.Config` of ``CONFIG`` and the ``--set`` overrides."""
-    from .._config import load_config
+    from ..configuration._config import load_config
 
     return load_config(args.config, args.overrides)
 
@@ -131,17 +158,18 @@ def describe(config) -> str:
 
 def prepare_run(args: argparse.Namespace, *, simulation: bool = False, theory: str | None = None):
     """The config of a run command, checked before anything is computed: its dimension,
-    quadrature and memory (:func:`singleloc._resources.check_run`) for a simulation and/or the
+    quadrature and memory (:func:`singleloc.io._resources.check_run`) for a simulation and/or the
     theory from ``"one"`` start or one per seed (``"seeds"``), what a simulation will cost
-    (:func:`check_cost`), and a note when ``--out`` holds a run that the new one will replace.
-    (The warnings about a run's results, :mod:`singleloc._run_checks`, come from the library.)"""
-    from .._resources import check_run, simulation_cost
+    (:func:`check_cost`: a huge one is refused), and a note when ``--out`` holds a run that the new one will replace.
+    (The warnings about a run's results, :mod:`singleloc.io._run_checks`, come from the library.)"""
+    from ..io._resources import check_run
+    from ..simulation._simulation_estimate import simulation_cost
 
     config = config_from_args(args)
     starts = {None: 0, "one": 1, "seeds": config.simulation.seeds}[theory]
     check_run(config, simulation=simulation, theory_starts=starts)
-    if simulation:
-        check_cost(args.command, simulation_cost(config), args.force)
+    if simulation:  # refused when huge; its estimate is said once it is measured (singleloc.runtime._estimates)
+        check_cost(args.command, simulation_cost(config), args.force, note=False)
     note_replaced(args.command, args.out)
     return config
 

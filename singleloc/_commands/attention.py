@@ -109,7 +109,7 @@ def _diagnose(out: Path, max_rows: int, force: bool) -> int:
 
 
 def run(args) -> int:
-    from .._resources import check_memory
+    from ..io._resources import check_memory
     from ..language_model import load_model, truncate
     from ..language_model._model_file import find_model
     from ..language_model._outputs import check_disk, disk_bytes, forward_cost, memory_parts, save_attention

@@ -25,13 +25,16 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from .._ode import integrate
-    from .._run_folders import save_run
-    from .._simulation import simulate
-    from .._starts import initial_conditions
+    from ..io._run_folders import save_run
     from ..plots import plot_compare
+    from ..runtime._progress import announce
+    from ..simulation._simulation import simulate
+    from ..simulation._simulation_estimate import compare_estimate
+    from ..theory._ode import integrate
+    from ..theory._starts import initial_conditions
 
     config = prepare_run(args, simulation=True, theory="seeds")
+    announce(f"the simulation and the theory of {config.simulation.seeds} seeds", compare_estimate(config))
     sim = simulate(config, progress=args.progress)  # warns of dropped saved times and of a rising risk
     theory = integrate(config, initial_conditions(config), ts=sim.tau)
     title = f"{describe(config)}, D={config.simulation.D}, lr={config.sgd.lr}"

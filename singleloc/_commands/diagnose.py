@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .._atomic_files import OUTPUT_KEY, check_output_folder, png_has_text, written_together
-from .._choices import KS_SAMPLES, MASKS
+from ..configuration._choices import KS_SAMPLES, MASKS
+from ..io._atomic_files import OUTPUT_KEY, check_output_folder, png_has_text, written_together
 from ._common import add_force_argument, add_out_argument, check_cost, int_at_least
 
 DESCRIPTION = """\
@@ -77,10 +77,10 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from .._attention_diagnosis import TEMPERATURES, diagnose_attention
-    from .._resources import diagnose_cost
-    from .._run_folders import load_npy, save_figure, save_json
-    from .._sensitivity import FD_EPSILONS
+    from ..attention._attention_diagnosis import TEMPERATURES, diagnose_attention
+    from ..attention._sensitivity import FD_EPSILONS
+    from ..io._costs import diagnose_cost
+    from ..io._run_folders import load_npy, save_figure, save_json
     from ..plots import plot_sensitivity, plot_top_n, plot_vanishing
 
     weights = load_npy(args.attn, "ATTN")

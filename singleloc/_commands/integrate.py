@@ -40,9 +40,9 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from .._ode import MAX_STEPS, integrate
-    from .._run_folders import save_run
+    from ..io._run_folders import save_run
     from ..plots import plot_compare
+    from ..theory._ode import MAX_STEPS, integrate
 
     config = prepare_run(args, theory="one")
     if args.horizon != "config":
@@ -71,11 +71,11 @@ def run(args) -> int:
 
 def _resolve_horizon(config, horizon):
     """``config`` integrated to ``horizon`` (``"auto"``: the predicted escape's horizon, as a sweep
-    point; a number), on the sweep's log grid (:func:`singleloc._sweep.resolve_horizon`)."""
-    from .._predictions import EscapePrediction
-    from .._resources import check_run
-    from .._sweep import resolve_horizon, with_chosen_points
-    from .._sweep_compute import compute_prediction
+    point; a number), on the sweep's log grid (:func:`singleloc.sweeps._sweep.resolve_horizon`)."""
+    from ..analysis._predictions import EscapePrediction
+    from ..io._resources import check_run
+    from ..sweeps._sweep import resolve_horizon, with_chosen_points
+    from ..sweeps._sweep_compute import compute_prediction
 
     if horizon == "auto":
         print("singleloc integrate: predicting the escape from the unspecialized plateau (the linearisation along the "

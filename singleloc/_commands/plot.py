@@ -34,10 +34,10 @@ def register(sub) -> None:
 
 def run_figures(run, log_time: bool | None = None) -> dict:
     """The figures of a :class:`~singleloc.Run` (``name.png -> Figure``), as ``singleloc plot`` draws them."""
-    from .._attention_mass import attention_mass
-    from .._phase_analysis import analyze
-    from .._theory import OrderParameterODE
+    from ..analysis._attention_mass import attention_mass
+    from ..analysis._phase_analysis import analyze
     from ..plots import plot_compare, plot_phases
+    from ..theory._theory import OrderParameterODE
     from .prune import pruning_figure
 
     config, theory, simulation = run.config, run.theory, run.simulation
@@ -57,7 +57,7 @@ def run_figures(run, log_time: bool | None = None) -> dict:
 
 
 def run(args) -> int:
-    from .._run_folders import add_to_run, load_run, save_figure
+    from ..io._run_folders import add_to_run, load_run, save_figure
 
     if (args.run_dir / "sweep.nc").is_file() and not (args.run_dir / "config.json").is_file():
         raise ValueError(f"{args.run_dir} is the output folder of `singleloc sweep`, whose figures the sweep draws "

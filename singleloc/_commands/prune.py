@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .._atomic_files import check_run_folder
-from .._choices import PRUNING_ORDERS
-from ._common import add_out_argument, describe, int_at_least, note_replaced
+from ..configuration._choices import PRUNING_DRAWS_MAX, PRUNING_ORDERS
+from ..io._atomic_files import check_run_folder
+from ._common import PROGRESS_HELP, add_out_argument, describe, int_at_least, note_replaced
 
 SOURCES = ("auto", "theory", "simulation")
 
@@ -44,7 +44,7 @@ def register(sub) -> None:
                    help="order of removal: greedy (drop the head whose removal raises the risk least), "
                    "alignment (drop the smallest spike-overlap norm |M_h| first) or random (--draws random orders); "
                    "default greedy")
-    p.add_argument("--draws", type=int_at_least(1), default=20, metavar="N",
+    p.add_argument("--draws", type=int_at_least(1, PRUNING_DRAWS_MAX), default=20, metavar="N",
                    help="number of random orders for --order random (mean and spread are reported); default 20")
     p.add_argument("--seed", type=int_at_least(0), default=0, metavar="S", help="seed of the random orders; default 0")
     p.add_argument("--source", default="auto", choices=SOURCES,
@@ -53,14 +53,15 @@ def register(sub) -> None:
     p.add_argument("--tol", type=float, default=0.01, metavar="DR",
                    help="risk rise that counts as harmful: the summary line reports how many heads can be "
                    "removed before the risk exceeds the unpruned risk by more than DR; default 0.01")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help=PROGRESS_HELP)
     add_out_argument(p, default="RESULT_DIR", run=True)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from .._pruning import prune_run, pruning_config
-    from .._routes import route_of
-    from .._run_folders import RUN_KINDS, add_to_run, load_run, save_run
+    from ..expectations._routes import route_of
+    from ..io._run_folders import RUN_KINDS, add_to_run, load_run, save_run
+    from ..pruning._pruning import prune_run, pruning_config
 
     if not math.isfinite(args.tol) or args.tol < 0:
         raise ValueError(f"--tol must be a non-negative number, got {args.tol}")

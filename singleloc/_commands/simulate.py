@@ -23,8 +23,8 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from .._run_folders import save_simulation
-    from .._simulation import simulate
+    from ..io._run_folders import save_simulation
+    from ..simulation._simulation import simulate
 
     config = prepare_run(args, simulation=True)
     result = simulate(config, progress=args.progress)  # warns of dropped saved times and of a rising risk

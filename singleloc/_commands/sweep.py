@@ -48,6 +48,9 @@ def register(sub) -> None:
                    "sgd.init_scale, problem.strength, simulation.seed, simulation.D, theory.qmc_seed, theory.rtol or "
                    "theory.atol together, as one vmapped ODE solve with one compilation (default; equal to the "
                    "separate solves to the solver's tolerance); --no-batch solves every point on its own")
+    p.add_argument("--yes", action="store_true",
+                   help="start even when a point's estimated time passes an hour (without it the sweep refuses, before "
+                   "anything runs, and names what would make the point cheaper)")
     add_force_argument(p)
     add_out_argument(p)
     p.add_argument("--cache", type=output_folder, default=None, metavar="DIR", help="cache folder (default DIR/cache)")
@@ -56,7 +59,7 @@ def register(sub) -> None:
 
 def horizon_type(text: str) -> str | float:
     """argparse type of --horizon (sweep, integrate): auto, config or a positive number (the library's check)."""
-    from .._choices import HORIZON_WORDS, check_horizon
+    from ..configuration._choices import HORIZON_WORDS, check_horizon
 
     try:
         value = text if text in HORIZON_WORDS else float(text)
@@ -67,11 +70,11 @@ def horizon_type(text: str) -> str | float:
 
 
 def run(args) -> int:
-    from .._distributed import check_cluster
-    from .._grid import parse_grid
-    from .._resources import check_workers
-    from .._sweep import check_gap, check_sweep, compute_sweep, quadrature_summary, write_sweep_outputs
-    from .._sweep_answers import heads_needed_table
+    from ..io._resources import check_workers
+    from ..runtime._distributed import check_cluster
+    from ..sweeps._grid import parse_grid
+    from ..sweeps._sweep import check_gap, check_sweep, compute_sweep, quadrature_summary, write_sweep_outputs
+    from ..sweeps._sweep_answers import heads_needed_table
 
     config = config_from_args(args)
     grids = [parse_grid(g) for g in args.grid]

@@ -1,7 +1,7 @@
 """The files of ``singleloc attention``, written as the blocks are computed, and what a run costs.
 
 Files in the output folder, written together (all of them or none,
-:func:`singleloc._atomic_files.written_together`):
+:func:`singleloc.io._atomic_files.written_together`):
 
 * ``attention.npy`` (layers, heads, L, L) float32: ``[l, h, q, j]`` = weight of query token ``q``
   of head ``h`` of the ``l``-th kept block on token ``j`` (0 for ``j > q``; rows sum to 1),
@@ -21,7 +21,7 @@ is 5-10 % above): ``5.5`` bytes per weight (the float32 arrays, the file's metad
 runtime), ``28 heads L^2`` bytes for one block's scores and weights (seven float32 copies: the
 scores, the masked scores, their exponentials, the weights on the device and on the host, ...),
 ``12 layers heads L head_dim`` for the kept queries, keys and values, plus
-:data:`singleloc._resources.OVERHEAD`.
+:data:`singleloc.io._resources.OVERHEAD`.
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .._atomic_files import OUTPUT_KEY, atomic_write, png_has_text, written_together
-from .._resources import MEASURED_CPUS, Cost, cpu_count
-from .._run_folders import save_json
 from .._version import __version__
+from ..io._atomic_files import OUTPUT_KEY, atomic_write, png_has_text, written_together
+from ..io._costs import Cost, speed
+from ..io._run_folders import save_json
 from ._gguf_reader import LlamaConfig
 
 #: The arrays of an output folder, in the order they are written.
@@ -59,14 +59,14 @@ def layer_flops(config: LlamaConfig, L: int) -> float:
 
 def forward_cost(config: LlamaConfig, L: int, kept: int) -> Cost:
     """What running every block on ``L`` tokens and keeping ``kept`` blocks' arrays costs."""
-    seconds = config.layers * layer_flops(config, L) / FORWARD_FLOPS * MEASURED_CPUS / max(1, min(cpu_count(), 64))
+    seconds = config.layers * layer_flops(config, L) / FORWARD_FLOPS * speed()
     memory = sum(memory_parts(config, L, kept).values())
     return Cost(f"the forward pass of {config.layers} blocks on L = {L} tokens (--max-tokens), keeping {kept} (--layers)",
                 seconds, memory, "--max-tokens or --layers")
 
 
 def memory_parts(config: LlamaConfig, L: int, kept: int) -> dict[str, int]:
-    """Peak bytes of the run, by part (for :func:`singleloc._resources.check_memory`)."""
+    """Peak bytes of the run, by part (for :func:`singleloc.io._resources.check_memory`)."""
     c = config
     return {f"the model's float32 weights ({c.parameters() / 1e6:.0f} M numbers)": int(5.5 * c.parameters()),
             f"one block's scores and weights (7 x {c.heads} heads x L^2 float32, L = {L} from --max-tokens)":

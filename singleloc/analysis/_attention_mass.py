@@ -1,0 +1,43 @@
+"""The attention mass of each head at given overlaps.
+
+``w_h = E[sum_l A_hl]``, the attention weight head
+``h`` puts on the sequence, by the ODE's own expectations: exactly on the exact route
+(:meth:`~singleloc.expectations._laplace.LaplaceRule.attention_mass`, the risk's one-head integrals), by its
+quadrature rule otherwise. The output weights are ``a_l = (1/H) sum_h A_hl``, so ``w_h / H`` is the head's share
+of ``sum_l a_l``: a softmax head has ``w_h = 1`` always, a softmax1 head ``w_h < 1`` (``-> 0``
+as its bias or its scores go to minus infinity), and bsoftmax heads share ``sum_h w_h = H``.
+The phase analysis calls a head switched off when ``w_h`` is below a fraction of the weight
+of a full head (:func:`singleloc.analysis._head_classes.classify_heads`).
+
+Not to be confused with the head weights ``v_h`` of ``model.head_weights`` (how the layer mixes
+its heads): the attention mass is what a head's activation puts on the sequence.
+"""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..configuration._arguments import require_arrays, require_ode
+from ..theory._theory import OrderParameterODE
+
+
+@eqx.filter_jit
+def _attention_mass_many(ode: OrderParameterODE, M: jax.Array, Q: jax.Array, b: jax.Array) -> jax.Array:
+    return jax.lax.map(lambda s: ode.expectation.attention_mass(*s), (M, Q, b))
+
+
+def attention_mass(ode: OrderParameterODE, M, Q, b) -> np.ndarray:
+    """``w_h = E[sum_l A_hl]`` (..., H) at overlaps ``M`` (..., H, F), ``Q`` (..., H, H), ``b``
+    (..., H): the attention weight each head puts on a sequence, exactly on the exact route, by the
+    ODE's quadrature rule otherwise (module docstring)."""
+    require_ode("attention_mass", ode)
+    require_arrays("attention_mass", M=M, Q=Q, b=b)
+    M, Q, b = np.asarray(M, float), np.asarray(Q, float), np.asarray(b, float)
+    H, F = M.shape[-2:]
+    lead = M.shape[:-2]
+    flat = (jnp.asarray(M.reshape(-1, H, F)), jnp.asarray(Q.reshape(-1, H, H)), jnp.asarray(b.reshape(-1, H)))
+    w = _attention_mass_many(ode, *flat)
+    return np.asarray(w).reshape(lead + (H,))

@@ -1,0 +1,188 @@
+"""What the theory predicts about a configuration before its phases are read: when the heads
+leave the unspecialized plateau, how long to integrate to see it, and how much of the
+attention each head carries (docs/model.md section 5; docs/phases.md).
+
+**The predicted escape** (:func:`predicted_escape`). The head-symmetric flow
+(:func:`~singleloc.analysis._stability.symmetric_path`) is integrated from the ``D -> infinity`` limit
+of a random start (``M = 0``, ``R_orth = init_scale^2 I``, ``b = bias_init``) up to
+``tau_flow`` (default 1000).
+
+* ``tau_0`` (``tau_plateau``), the time the flow reaches its plateau: the first saved time at
+  which the risk has come within ``plateau_fraction = 0.05`` of its whole drop,
+  ``R(tau) - R_end <= 0.05 (R(0) - R_end)`` (``R_end`` the risk at the end of the flow).
+* ``lambda(tau)``: the escape rate (:func:`~singleloc.analysis._stability.escape_rate`) of the
+  linearisation at the symmetric state reached at time ``tau``, at ``n_rates = 16`` times
+  log-spaced from ``tau_0`` to the end of the flow.
+* The predicted escape ``tau_esc`` solves ``int_{tau_0}^{tau_esc} lambda = (1/2) log D``
+  (``D = simulation.D``): the symmetry-breaking direction starts at amplitude ``D^{-1/2}``
+  (the random initial overlaps, up to an O(1) factor) and grows like ``exp(int lambda)``
+  (:func:`~singleloc.analysis._stability.linear_escape_time`, with ``lambda`` held at its last value
+  beyond the flow). The reported ``rate`` is the **mean rate along the plateau**,
+  ``lambda = log(D) / (2 (tau_esc - tau_0))``, so that ``tau_esc = tau_0 + log(D) / (2
+  lambda)`` holds exactly.
+
+  Why the mean along the flow and not the rate at a fixed point: the plateau creeps. At the
+  default problem (softmax, spikes of strength 2.5, L = 4, H = F = 2, lr = 0.5) the
+  symmetric flow has no fixed point within reach (``m`` goes 1.11, 1.33, 1.38 at tau = 60,
+  240, 600, and the root finder's "fixed point" is not a valid state), and the rate along it
+  goes 0.0115, 0.0152, 0.0161, 0.0150, 0.0127 at tau = 60, 120, 240, 360, 600. The rate at
+  the end of a flow of arbitrary length would move the prediction by up to 40%; the mean over the
+  stretch the perturbation actually grows on does not depend on that length, and equals the
+  fixed-point rate when the plateau is a fixed point (a zero-mean prior, where ``M = 0``).
+
+  No unstable symmetry-breaking direction (``H = 1``; ``F = 1`` with a non-zero mean, where
+  the only spike is the mean direction; or a rate that stays non-positive) gives
+  ``predicted_escape = inf`` and ``rate`` NaN (no mode) or the last, non-positive rate.
+  Trained head weights (``model.head_weights = "trained"``) have no head-symmetric flow here:
+  every number of the prediction is NaN (not predicted) and the horizon is the ``fallback``.
+
+**The horizon** (:func:`escape_horizon`): ``multiple = 2.5`` times the predicted escape,
+rounded up to two significant digits and capped at ``cap = 3000``; without a predicted escape,
+``fallback = 300`` (at the default problem the symmetric risk changes by less than ``1e-4``
+after tau = 200). ``singleloc sweep`` integrates each point up to its horizon.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from ..configuration._config import Config, gather_specs
+from ..configuration._specs import SGD, Model, Problem, Simulation, Theory
+from ..theory._build import build
+from ..theory._ode import resolve_points
+from ..theory._theory import OrderParameterODE
+from ._stability import linear_escape_time, symmetric_escape_rate, symmetric_path, symmetric_start
+
+#: Defaults of the horizon rule (:func:`escape_horizon`).
+HORIZON_MULTIPLE = 2.5
+HORIZON_CAP = 3000.0
+HORIZON_FALLBACK = 300.0
+
+#: Saved times of the symmetric flow: 0 and this many log-spaced from ``tau_flow * 1e-4``.
+_PATH_POINTS = 240
+
+
+@dataclasses.dataclass(frozen=True)
+class EscapePrediction:
+    """The predicted escape of a configuration (module docstring).
+
+    ``rate``: the mean escape rate along the plateau (NaN without a symmetry-breaking mode);
+    ``tau_plateau``: ``tau_0``; ``plateau_risk``: the symmetric flow's risk at its end;
+    ``predicted_escape``: ``tau_0 + log(D) / (2 rate)`` (``inf`` without an escape);
+    ``horizon``: the integration horizon; ``D``; ``path_tau``, ``path_rate``: the rates of the
+    linearisation along the symmetric flow that were evaluated.
+    """
+
+    rate: float
+    tau_plateau: float
+    plateau_risk: float
+    predicted_escape: float
+    horizon: float
+    D: int
+    path_tau: np.ndarray
+    path_rate: np.ndarray
+
+    @property
+    def escapes(self) -> bool:
+        """Whether an escape is predicted at all."""
+        return bool(np.isfinite(self.predicted_escape))
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The fields as arrays (an entry of the sweep cache)."""
+        return {f.name: np.asarray(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_arrays(cls, data) -> EscapePrediction:
+        """Inverse of :meth:`arrays`."""
+        scalars = {"D": int(data["D"])} | {k: float(data[k]) for k in ("rate", "tau_plateau", "plateau_risk",
+                                                                         "predicted_escape", "horizon")}
+        return cls(**scalars, path_tau=np.asarray(data["path_tau"], float), path_rate=np.asarray(data["path_rate"], float))
+
+
+def plateau_time(tau, risk, fraction: float = 0.05) -> float:
+    """First ``tau`` at which ``risk - risk[-1] <= fraction * (risk[0] - risk[-1])``: the time
+    a decreasing curve reaches its plateau (``tau[0]`` if it does not decrease)."""
+    tau, risk = np.asarray(tau, float), np.asarray(risk, float)
+    drop = risk[0] - risk[-1]
+    return float(tau[np.argmax(risk - risk[-1] <= fraction * max(drop, 0.0))])
+
+
+def adiabatic_escape(path_tau, path_rate, D: int) -> tuple[float, float]:
+    """``(tau_esc, lambda)``: the time at which ``int_{path_tau[0]}^{tau_esc} rate = (1/2)
+    log D`` (the rate held at its last value beyond the path; ``inf`` if never) and the mean
+    rate ``log(D) / (2 (tau_esc - path_tau[0]))`` (without an escape: the last rate; NaN if no
+    rate is finite). NaN rates (no symmetry-breaking mode at that state) are left out."""
+    t, lam = np.asarray(path_tau, float), np.asarray(path_rate, float)
+    ok = np.isfinite(lam)
+    if not ok.any():
+        return math.inf, math.nan
+    t, lam = t[ok], lam[ok]
+    tau_esc = float(linear_escape_time(t, lam, D**-0.5, 1.0, extrapolate=True))
+    if not np.isfinite(tau_esc):
+        return math.inf, float(lam[-1])
+    return tau_esc, (0.5 * math.log(D) / (tau_esc - t[0]) if tau_esc > t[0] else float(lam[0]))
+
+
+def escape_horizon(predicted: float, *, multiple: float = HORIZON_MULTIPLE, cap: float = HORIZON_CAP,
+                   fallback: float = HORIZON_FALLBACK) -> float:
+    """The integration horizon of a point: ``multiple * predicted`` rounded up to two
+    significant digits, at most ``cap``; ``fallback`` (at most ``cap``) without a predicted
+    escape (``predicted`` infinite or NaN)."""
+    if min(multiple, cap, fallback) <= 0:
+        raise ValueError(f"multiple, cap and fallback must be > 0, got {multiple}, {cap}, {fallback}")
+    if not np.isfinite(predicted):
+        return float(min(cap, fallback))
+    x = multiple * max(float(predicted), 0.0)
+    if x == 0:
+        return float(min(cap, fallback))
+    unit = 10.0 ** (math.floor(math.log10(x)) - 1)
+    return float(min(cap, math.ceil(round(x / unit, 9)) * unit))
+
+
+def predicted_escape(config: Config | None = None, *, problem: Problem | None = None, model: Model | None = None,
+                     sgd: SGD | None = None, theory: Theory | None = None, simulation: Simulation | None = None,
+                     multiple: float = HORIZON_MULTIPLE, cap: float = HORIZON_CAP,
+                     fallback: float = HORIZON_FALLBACK, tau_flow: float = 1000.0, plateau_fraction: float = 0.05,
+                     n_rates: int = 16, method: str = "auto") -> EscapePrediction:
+    """The predicted escape from the unspecialized plateau and the integration horizon of
+    ``config`` (module docstring; ``method`` is the Jacobian's, as in
+    :func:`~singleloc.analysis._stability.linearize`). Rates are evaluated in time order and only until
+    the growth reaches ``(1/2) log D``. ``theory.points = "auto"`` is resolved first
+    (:func:`~singleloc.resolve_points`). The run is ``config`` or the specifications by keyword
+    (``simulation``: the dimension ``D`` of the escape; defaults for those not given)."""
+    config = gather_specs("predicted_escape", config, problem=problem, model=model, sgd=sgd, theory=theory,
+                          simulation=simulation)
+    config = resolve_points(config)
+    if config.model.trained_head_weights:  # no head-symmetric flow of the weighted layer: no prediction
+        nan, empty = math.nan, np.zeros(0)
+        return EscapePrediction(rate=nan, tau_plateau=nan, plateau_risk=nan, predicted_escape=nan,
+                                horizon=escape_horizon(nan, multiple=multiple, cap=cap, fallback=fallback),
+                                D=config.simulation.D, path_tau=empty, path_rate=empty)
+    H, F = config.model.heads, config.problem.F
+    D = config.simulation.D
+    setup = build(config)
+    ode, mean = OrderParameterODE.from_setup(setup), setup.prior.mean()
+    x0 = symmetric_start(H, F, config.sgd.init_scale, config.model.bias_init)
+    ts = np.concatenate([[0.0], np.geomspace(tau_flow * 1e-4, tau_flow, _PATH_POINTS)])
+    xs, risk = symmetric_path(ode, x0, H, F, ts)
+    n = int(np.argmin(np.isfinite(risk))) if not np.all(np.isfinite(risk)) else len(ts)
+    ts, xs, risk = ts[:n], xs[:n], risk[:n]
+    tau_0 = plateau_time(ts, risk, plateau_fraction)
+    path_tau, path_rate = [], []
+    if H > 1 and n > 1:
+        grid = np.geomspace(max(tau_0, ts[1]), ts[-1], n_rates)
+        need = 0.5 * math.log(D)
+        for i in np.unique(np.searchsorted(ts, grid * (1 - 1e-12))):
+            path_tau.append(float(ts[i]))
+            path_rate.append(symmetric_escape_rate(ode, xs[i], H, F, mean=mean, method=method))
+            t, lam = np.asarray(path_tau), np.asarray(path_rate)
+            ok = np.isfinite(lam)
+            if ok.sum() > 1 and np.trapezoid(lam[ok], t[ok]) >= need:
+                break
+    tau_esc, rate = adiabatic_escape(path_tau, path_rate, D) if path_tau else (math.inf, math.nan)
+    return EscapePrediction(rate=rate, tau_plateau=tau_0, plateau_risk=float(risk[-1]), predicted_escape=tau_esc,
+                            horizon=escape_horizon(tau_esc, multiple=multiple, cap=cap, fallback=fallback), D=D,
+                            path_tau=np.asarray(path_tau, float), path_rate=np.asarray(path_rate, float))

@@ -1,0 +1,323 @@
+"""Linear stability along the head-symmetric subspace of the ODE (docs/model.md section 5).
+
+Coordinates. The drift :meth:`OrderParameterODE.drift` is linearised over the flattened state
+``v = (M, upper triangle of Q, b)`` of :func:`singleloc.theory._theory.flatten_state` (``b`` only
+when the biases train); its Jacobian is :func:`singleloc.analysis._drift_jacobian.drift_jacobian`
+(autodiff, or central differences where ``Q`` has repeated eigenvalues).
+
+The symmetric subspace. States invariant under permutations of the heads, ``M_h = m`` for
+every head, ``R_orth = r_d I + r_o 1 1^T`` and ``b_h = b_0``, are written
+``x = [m (F), r_d, r_o, b_0]`` (``r_o`` absent when ``H = 1``; :func:`symmetric_state`). The
+subspace is invariant under the flow (the quadrature rule is permutation-equivariant) and
+contains the unspecialized fixed point (:func:`~singleloc.unspecialized_point`, found by
+integrating the restricted flow: :func:`symmetric_flow` with a constant step,
+:func:`symmetric_path` with an adaptive one; diffrax).
+
+Escape. The eigenvectors of the Jacobian at the fixed point that break the head symmetry carry
+the escape, and the largest real part among them is the escape rate ``lambda``
+(:func:`escape_rate`). The log D law: the escape direction starts at amplitude ``O(D^{-1/2})``
+(the random initial overlaps) and grows like ``exp(lambda tau)``, so it reaches ``O(1)`` at
+``tau_esc = tau_0 + (1 / (2 lambda)) log D`` (:func:`predicted_escape_slope`,
+:func:`linear_escape_time`; the prediction for a configuration, with its integration horizon,
+is :func:`singleloc.analysis._predictions.predicted_escape`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..configuration._arguments import require_arrays, require_ode
+from ..runtime._compilation import checks_as_nan
+from ..runtime._numerics import TINY, first_crossing
+from ..theory._theory import OrderParameterODE, OrderParameters, unflatten_state
+from ._drift_jacobian import drift_jacobian
+
+# -- the symmetric subspace and its flow ----------------------------------------------------
+
+
+def symmetric_state(x, H: int, F: int):
+    """Head-symmetric state from ``x = [m (F), r_d, r_o, b_0]``: ``M_h = m``,
+    ``Q = M M^T + r_d I + r_o 1 1^T``, ``b_h = b_0`` (``r_o`` is absent when ``H = 1``)."""
+    m = x[:F]
+    rd = x[F]
+    ro = x[F + 1] if H > 1 else 0.0
+    b0 = x[-1]
+    M = jnp.broadcast_to(m, (H, F))
+    Q = M @ M.T + rd * jnp.eye(H) + ro * jnp.ones((H, H))
+    return M, Q, b0 * jnp.ones(H)
+
+
+def symmetric_start(H: int, F: int, init_scale: float, bias_init: float) -> np.ndarray:
+    """``x`` of the ``D -> infinity`` limit of a random start: ``M = 0``, ``R_orth = init_scale^2 I``,
+    ``b = bias_init``."""
+    return np.asarray([0.0] * F + [init_scale**2] + ([0.0] if H > 1 else []) + [bias_init])
+
+
+def _diagonal_means(A, H: int):
+    """``(d, o)``: the mean of the diagonal of the (H, H) array ``A`` and the mean of its
+    off-diagonal entries (``o = 0`` when ``H = 1``), so that the head-symmetric part of ``A`` is
+    ``(d - o) I + o 1 1^T``. NumPy, or JAX (traceable)."""
+    trace = A.trace()
+    return trace / H, ((A.sum() - trace) / (H * (H - 1)) if H > 1 else 0.0)
+
+
+def symmetric_coordinates(M, Q, b) -> np.ndarray:
+    """Projection of a state onto the symmetric subspace, as ``x`` of :func:`symmetric_state`."""
+    M, Q, b = np.asarray(M, float), np.asarray(Q, float), np.asarray(b, float)
+    H, F = M.shape
+    dia, off = _diagonal_means(Q - M @ M.T, H)
+    x = [*M.mean(0), dia - off] + ([off] if H > 1 else []) + [b.mean()]
+    return np.asarray(x, float)
+
+
+def symmetric_drift(ode: OrderParameterODE, x, H: int, F: int):
+    """The drift restricted to the symmetric subspace, in the coordinates ``x``."""
+    M, Q, b = symmetric_state(x, H, F)
+    dM, dQ, db = ode.drift(M, Q, b)
+    dia, off = _diagonal_means(dQ - dM @ M.T - M @ dM.T, H)
+    return jnp.concatenate([dM.mean(0), jnp.stack([dia - off, off] if H > 1 else [dia]), jnp.stack([db.mean()])])
+
+
+def _symmetric_risk(ode: OrderParameterODE, x, H: int, F: int):
+    return ode.risk(*symmetric_state(x, H, F))
+
+
+@eqx.filter_jit
+def _symmetric_solve(ode: OrderParameterODE, x0: jax.Array, ts: jax.Array, dt0: jax.Array | None,
+                     controller: diffrax.AbstractStepSizeController, H: int, F: int, max_steps: int):
+    term = diffrax.ODETerm(lambda t, x, args: symmetric_drift(ode, x, H, F))
+    sol = diffrax.diffeqsolve(term, diffrax.Tsit5(), ts[0], ts[-1], dt0, x0, saveat=diffrax.SaveAt(ts=ts),
+                              stepsize_controller=controller, max_steps=max_steps, throw=False)
+    return sol.ys, jax.vmap(lambda x: _symmetric_risk(ode, x, H, F))(sol.ys)
+
+
+def symmetric_flow(ode: OrderParameterODE, x0, H: int, F: int, tau_max: float, dt: float = 0.1, n_save: int = 101):
+    """Integrate the restricted flow from ``x0``; returns ``(tau, x, risk)`` at about ``n_save``
+    equally spaced times.
+
+    Tsit5 (diffrax) with the constant step ``h = tau_max / ceil(tau_max / dt)`` (at most
+    ``dt``); the states are saved every ``per = max(n_steps // (n_save - 1), 1)`` steps, so the
+    last saved time is ``tau_max`` rounded down to a multiple of ``per * h``.
+    """
+    n_steps = max(int(np.ceil(tau_max / dt)), 1)
+    h = tau_max / n_steps
+    per = max(n_steps // (n_save - 1), 1)
+    taus = np.arange(n_steps // per + 1) * per * h
+    x0 = jnp.asarray(x0, dtype=jnp.result_type(float))
+    with checks_as_nan():
+        xs, risk = _symmetric_solve(ode, x0, jnp.asarray(taus, x0.dtype), jnp.asarray(h, x0.dtype),
+                                    diffrax.ConstantStepSize(), H, F, n_steps + 16)
+    return taus, np.asarray(xs), np.asarray(risk)
+
+
+def symmetric_path(ode: OrderParameterODE, x0, H: int, F: int, ts, *, rtol: float = 1e-8, atol: float = 1e-10,
+                   max_steps: int = 100_000) -> tuple[np.ndarray, np.ndarray]:
+    """The restricted flow from ``x0`` saved at the times ``ts`` (increasing, ``ts[0]`` the
+    start): ``(x, risk)``. Tsit5 with diffrax's PID step-size controller (``rtol``, ``atol``),
+    for long flows along a creeping plateau, where a constant step wastes thousands of steps
+    (about 100 adaptive steps reach tau = 1000 at the default problem). States after a failure
+    of the solver (out of steps, non-finite drift) are not finite."""
+    x0 = jnp.asarray(x0, dtype=jnp.result_type(float))
+    with checks_as_nan():
+        xs, risk = _symmetric_solve(ode, x0, jnp.asarray(ts, x0.dtype), None, diffrax.PIDController(rtol=rtol, atol=atol),
+                                    H, F, max_steps)
+    return np.asarray(xs), np.asarray(risk)
+
+
+# -- eigen-decomposition and the escape modes -----------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Linearization:
+    """The drift linearised at a state: ``jacobian`` (n, n) over ``flatten_state`` coordinates,
+    its ``eigenvalues`` (n,) sorted by decreasing real part, the matching ``eigenvectors``
+    (n, n) (columns), ``asymmetry`` (n,) the fraction of each eigenvector outside the
+    head-symmetric subspace, and the ``method`` used (``"autodiff"`` or ``"finite-difference"``)."""
+
+    jacobian: np.ndarray
+    eigenvalues: np.ndarray
+    eigenvectors: np.ndarray
+    asymmetry: np.ndarray
+    method: str
+    H: int
+    F: int
+    train_bias: bool
+
+    def mode_M(self, i: int) -> np.ndarray:
+        """The ``M`` block (H, F) of eigenvector ``i`` (real part, unit max-norm)."""
+        v = np.real(self.eigenvectors[: self.H * self.F, i]).reshape(self.H, self.F)
+        return v / max(np.abs(v).max(), TINY)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _unflatten_columns(V: jax.Array, H: int, F: int) -> OrderParameters:
+    """:func:`~singleloc.theory._theory.unflatten_state` of every column of ``V`` (stacked; ``b`` of
+    length 0 where the biases are frozen)."""
+    return jax.vmap(lambda v: unflatten_state(v, H, F, jnp.zeros(0, v.dtype)))(V.T)
+
+
+def _symmetric_projection(M: np.ndarray, Q: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the state, its head-symmetric projection), each flattened with the full ``Q``."""
+    H = M.shape[0]
+    Ms = np.broadcast_to(M.mean(0), M.shape)
+    dia, off = _diagonal_means(Q, H)
+    Qs = (dia - off) * np.eye(H) + off * np.ones((H, H))
+    bs = np.full_like(b, b.mean()) if len(b) else b
+    full = np.concatenate([M.ravel(), Q.ravel(), b])
+    sym = np.concatenate([Ms.ravel(), Qs.ravel(), bs])
+    return full, sym
+
+
+def linearize(ode: OrderParameterODE, M, Q, b, *, method: str = "auto") -> Linearization:
+    """Eigen-decomposition of the drift's Jacobian at ``(M, Q, b)`` (:class:`Linearization`)."""
+    require_ode("linearize", ode)
+    require_arrays("linearize", M=M, Q=Q, b=b)
+    M, Q, b = np.asarray(M, float), np.asarray(Q, float), np.asarray(b, float)
+    H, F = M.shape
+    J, used = drift_jacobian(ode, M, Q, b, method=method)
+    w, V = np.linalg.eig(J)
+    order = np.argsort(-w.real, kind="stable")
+    w, V = w[order], V[:, order]
+    real, imag = ([np.asarray(a) for a in _unflatten_columns(jnp.asarray(part), H, F)] for part in (np.real(V), np.imag(V)))
+    asym = []
+    for i in range(len(w)):
+        full_r, sym_r = _symmetric_projection(*(a[i] for a in real))
+        full_i, sym_i = _symmetric_projection(*(a[i] for a in imag))
+        num = np.linalg.norm(full_r - sym_r) ** 2 + np.linalg.norm(full_i - sym_i) ** 2
+        den = np.linalg.norm(full_r) ** 2 + np.linalg.norm(full_i) ** 2
+        asym.append(np.sqrt(num / den) if den > 0 else 0.0)
+    return Linearization(J, w, V, np.asarray(asym), used, H, F, bool(ode.train_bias))
+
+
+def orthogonal_fraction(lin: Linearization, mean=None) -> np.ndarray:
+    """For each eigenvector, the fraction of its ``M`` block orthogonal to the mean direction
+    ``E[theta]`` in R^F (1 for every mode when ``mean`` is None or zero)."""
+    n = len(lin.eigenvalues)
+    if mean is None or np.linalg.norm(mean) < 1e-12:
+        return np.ones(n)
+    mu = np.asarray(mean, float) / np.linalg.norm(mean)
+    P = np.eye(lin.F) - np.outer(mu, mu)
+    out = []
+    for i in range(n):
+        Mi = lin.eigenvectors[: lin.H * lin.F, i].reshape(lin.H, lin.F)
+        tot = np.linalg.norm(Mi)
+        out.append(np.linalg.norm(Mi @ P) / tot if tot > 1e-12 else 0.0)
+    return np.asarray(out)
+
+
+def _escape_candidates(lin: Linearization, mean, min_asymmetry: float, min_orthogonal: float) -> np.ndarray:
+    """Mask of the modes that break the head symmetry and point away from the mean direction."""
+    return (lin.asymmetry > min_asymmetry) & (orthogonal_fraction(lin, mean) > min_orthogonal)
+
+
+def escape_mode(lin: Linearization, *, mean=None, min_asymmetry: float = 0.5, min_orthogonal: float = 0.5) -> int:
+    """Index of the eigenpair that :func:`escape_rate` selects (-1 if none)."""
+    sel = _escape_candidates(lin, mean, min_asymmetry, min_orthogonal)
+    if not np.any(sel):
+        return -1
+    return int(np.flatnonzero(sel)[np.argmax(lin.eigenvalues.real[sel])])
+
+
+def escape_rate(lin: Linearization, *, mean=None, min_asymmetry: float = 0.5, min_orthogonal: float = 0.5) -> float:
+    """The escape rate ``lambda``: the largest real part among the eigenvalues whose
+    eigenvector breaks the head symmetry (asymmetry fraction above ``min_asymmetry``) and, when
+    the prior's ``mean`` is given, whose ``M`` block points mostly away from the mean direction
+    (fraction above ``min_orthogonal``): a mode along which the heads leave the unspecialized
+    profile. Modes that only split the heads' norms along the mean direction are left out.
+    NaN when no mode qualifies."""
+    k = escape_mode(lin, mean=mean, min_asymmetry=min_asymmetry, min_orthogonal=min_orthogonal)
+    return float(lin.eigenvalues[k].real) if k >= 0 else float("nan")
+
+
+def mode_amplitude(lin: Linearization, index: int, M) -> np.ndarray:
+    """Amplitude of overlaps ``M`` (..., H, F) along the ``M`` block of eigenvector ``index``:
+    ``|<M, V_M>| / |V_M|``. Applied to the initial overlaps it is the ``O(D^{-1/2})`` seed of
+    the escape."""
+    V = np.real(lin.eigenvectors[: lin.H * lin.F, index]).reshape(lin.H, lin.F)
+    return np.abs(np.einsum("...hf,hf->...", np.asarray(M, float), V)) / np.linalg.norm(V)
+
+
+def escape_subspace(lin: Linearization, *, mean=None, rtol: float = 0.02, min_asymmetry: float = 0.5,
+                    min_orthogonal: float = 0.5) -> np.ndarray:
+    """Orthonormal basis (n, H*F) of the ``M`` blocks of the escape modes: every selected
+    mode (as in :func:`escape_rate`) whose rate is within ``rtol`` of the escape rate. With a
+    symmetric prior the escape is degenerate (one mode per equivalent latent direction)."""
+    lam = escape_rate(lin, mean=mean, min_asymmetry=min_asymmetry, min_orthogonal=min_orthogonal)
+    if not np.isfinite(lam):
+        return np.zeros((0, lin.H * lin.F))
+    sel = _escape_candidates(lin, mean, min_asymmetry, min_orthogonal) & (lin.eigenvalues.real >= lam - rtol * abs(lam))
+    V = lin.eigenvectors[: lin.H * lin.F, sel]
+    B = np.concatenate([V.real, V.imag], axis=1)
+    u, sv, _ = np.linalg.svd(B, full_matrices=False)
+    return u[:, sv > 1e-8 * sv.max()].T
+
+
+def subspace_amplitude(basis: np.ndarray, M) -> np.ndarray:
+    """Norm of the projection of overlaps ``M`` (..., H, F) on an :func:`escape_subspace`."""
+    M = np.asarray(M, float)
+    flat = M.reshape(M.shape[:-2] + (-1,))
+    return np.linalg.norm(flat @ basis.T, axis=-1)
+
+
+def unstable_modes(lin: Linearization, *, tol: float = 1e-6, min_asymmetry: float = 0.0) -> list[dict]:
+    """Unstable eigenpairs (``Re lambda > tol``), decreasing: ``rate``, ``asymmetry``, the ``M``
+    block of the eigenvector (H, F) and ``direction``, the spike ``f`` its ``M`` block loads
+    most on (largest column norm)."""
+    out = []
+    for i, lam in enumerate(lin.eigenvalues):
+        if lam.real > tol and lin.asymmetry[i] >= min_asymmetry:
+            Mi = lin.mode_M(i)
+            out.append({"rate": float(lam.real), "imag": float(lam.imag), "asymmetry": float(lin.asymmetry[i]), "M": Mi,
+                        "direction": int(np.argmax(np.linalg.norm(Mi, axis=0)))})
+    return out
+
+
+# -- escape times ---------------------------------------------------------------------------
+
+
+def predicted_escape_slope(rate: float) -> float:
+    """``d tau_esc / d log D = 1 / (2 lambda)``: the amplitude ``D^{-1/2} exp(lambda tau)`` of
+    the escape direction reaches a fixed size when ``lambda tau = (1/2) log D + const``."""
+    return 1.0 / (2.0 * rate)
+
+
+def linear_escape_time(path_tau, path_rate, amplitude, threshold: float = 0.1, *, extrapolate: bool = False) -> np.ndarray:
+    """First time at which ``amplitude * exp(int_{tau_0}^tau rate)`` reaches ``threshold``
+    (``tau_0 = path_tau[0]``): the escape of the linearised dynamics along a plateau whose
+    escape rate ``path_rate`` (at ``path_tau``, e.g. from :func:`escape_rate_along`) drifts
+    (adiabatic approximation). The integral is the trapezoid rule on the path, interpolated
+    linearly within the step where it crosses; the rate may change sign. ``tau_0`` if the
+    amplitude starts at the threshold. Not reached within the path: NaN, or with
+    ``extrapolate`` the rate is held at its last value beyond the path (``inf`` if that value
+    is not positive)."""
+    t, lam = np.asarray(path_tau, float), np.asarray(path_rate, float)
+    growth = np.concatenate([[0.0], np.cumsum(0.5 * (lam[1:] + lam[:-1]) * np.diff(t))])
+    need = np.log(threshold / np.asarray(amplitude, float))
+    out = np.full(np.shape(need), np.nan)
+    for idx, g in np.ndenumerate(need):
+        if (growth >= g).any():
+            out[idx] = first_crossing(t, growth, g)
+        elif extrapolate:
+            out[idx] = t[-1] + (g - growth[-1]) / lam[-1] if lam[-1] > 0 else np.inf
+    return out
+
+
+def symmetric_escape_rate(ode: OrderParameterODE, x, H: int, F: int, *, mean=None, method: str = "auto") -> float:
+    """Escape rate (:func:`escape_rate`) of the linearisation at the symmetric state ``x``."""
+    M, Q, b = (np.asarray(a) for a in symmetric_state(jnp.asarray(x), H, F))
+    return escape_rate(linearize(ode, M, Q, b, method=method), mean=mean)
+
+
+def escape_rate_along(ode: OrderParameterODE, tau, xs, H: int, F: int, *, mean=None, method: str = "auto") -> np.ndarray:
+    """Escape rate (:func:`escape_rate`) of the linearisation at each symmetric state ``xs``
+    (from :func:`symmetric_flow`; ``tau`` their times, unused): the instantaneous growth rate
+    of the symmetry-breaking direction along a plateau that has not yet reached its fixed
+    point."""
+    return np.asarray([symmetric_escape_rate(ode, x, H, F, mean=mean, method=method) for x in xs])

@@ -1,0 +1,242 @@
+"""Top-N selection and the critical top-N (docs/model.md sections 8.2-8.3).
+
+* Top-N selection ``I_N`` (the ``N`` largest weights, :func:`select_top_n`), context
+  ``s = sum_{i in I_N} alpha_i x_i`` and representation distance
+  ``d = sum_{i not in I_N} |alpha_i x_i - s|`` (:func:`top_n_diagnostics`).
+* Geometric separability ``N_s/N``: with ``r = min_{j not in I_N} |s - alpha_j x_j|``, a
+  selected ``i`` is separable when ``|s - alpha_i x_i| < r``.
+* Critical top-N (:func:`critical_top_n`): the ``N`` from which selecting more tokens no
+  longer increases the representation distance (distance collapse), by a one-sided
+  two-sample Kolmogorov-Smirnov test between consecutive ``N`` across rows or heads.
+
+Shapes, masks and validation follow the conventions of :mod:`singleloc.attention._attention_rows`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+from scipy import stats
+
+from ._attention_rows import _count, _mask, _n_grid, _significance, _values, _weights
+
+# --------------------------------------------------------------------------- top-N selection
+
+
+def _select(keys: np.ndarray, valid: np.ndarray, n: int) -> np.ndarray:
+    """The ``n`` valid tokens with the smallest keys (ties: lower index first)."""
+    keys = np.where(valid, keys, np.inf)
+    order = np.argsort(keys, axis=-1, kind="stable")
+    ranks = np.empty_like(order)
+    np.put_along_axis(ranks, order, np.arange(keys.shape[-1]), axis=-1)
+    return (ranks < n) & valid
+
+
+def select_top_n(weights, n: int, mask=None) -> np.ndarray:
+    """``I_N``: a boolean array of ``weights``' shape marking the ``n`` largest weights of each row.
+
+    Ties are broken towards the lower token index; masked tokens are never selected (a row with
+    fewer than ``n`` tokens selects all of them). Requires ``1 <= n < L``.
+    """
+    w = _weights(weights)
+    n = _count("n", n, w.shape[-1])
+    return _select(-w, _mask(mask, w.shape), n)
+
+
+class TopN(NamedTuple):
+    """Top-N diagnostics of each row (shapes: ``B`` = broadcast leading shape of weights/values).
+
+    ``selected`` (B, L): ``I_N``; ``context`` (B, d): ``s = sum_{i in I_N} alpha_i x_i``;
+    ``token_distance`` (B, L): ``|alpha_i x_i - s|`` for every token (NaN for masked ones);
+    ``distance`` (B): ``d = sum_{i not in I_N} |alpha_i x_i - s|``; ``radius`` (B):
+    ``r = min_{j not in I_N} |s - alpha_j x_j|``; ``n_separable`` (B): ``N_s``, the selected
+    tokens with ``|s - alpha_i x_i| < r``; ``separability`` (B): ``N_s/N``. ``distance``,
+    ``radius``, ``n_separable`` and ``separability`` are NaN for rows with no unselected token.
+    """
+
+    selected: np.ndarray
+    context: np.ndarray
+    token_distance: np.ndarray
+    distance: np.ndarray
+    radius: np.ndarray
+    n_separable: np.ndarray
+    separability: np.ndarray
+
+
+def top_n_diagnostics(weights, values, n: int | None = None, *, mask=None, selected=None) -> TopN:
+    """Context, representation distance and geometric separability of a selection of tokens.
+
+    With ``I`` the top-``n`` tokens (:func:`select_top_n`) or any boolean ``selected`` of the
+    weights' shape (e.g. a random selection, as a baseline):
+
+    * ``s = sum_{i in I} alpha_i x_i``;
+    * ``d = sum_{i not in I} |alpha_i x_i - s|`` (Euclidean norms, unmasked tokens only);
+    * ``r = min_{j not in I} |s - alpha_j x_j|``; ``N_s = #{i in I : |s - alpha_i x_i| < r}``
+      and the separability ratio is ``N_s / |I|``.
+
+    ``weights`` (..., L), ``values`` (..., L, d). The distances are computed from Gram products,
+    ``|alpha_i x_i - s|^2 = alpha_i^2 |x_i|^2 - 2 alpha_i <x_i, s> + |s|^2``, in float64,
+    without temporaries of the broadcast size ``(B, L, d)``: values shared by many query rows
+    (a length-1 query axis) cost little memory. Absolute accuracy about ``1e-8`` times the
+    token scale ``alpha_i |x_i| + |s|``.
+    """
+    w = _weights(weights)
+    v = _values(values, w.shape)
+    m = _mask(mask, w.shape)
+    if selected is None:
+        if n is None:
+            raise ValueError("top_n_diagnostics needs n or selected")
+        sel = select_top_n(w, n, m)
+    else:
+        sel = np.asarray(selected)
+        if sel.dtype != bool or sel.shape != w.shape:
+            raise ValueError(f"selected must be a boolean array of the weights' shape {w.shape}")
+        sel = sel & m
+    # Broadcast the leading shapes of weights and values once.
+    batch = np.broadcast_shapes(w.shape[:-1], v.shape[:-2])
+    w = np.broadcast_to(w, batch + w.shape[-1:])
+    sel = np.broadcast_to(sel, w.shape)
+    m = np.broadcast_to(m, w.shape)
+    ws = np.where(sel, w, 0.0)
+    s = np.matmul(ws[..., None, :], v)[..., 0, :]  # (B, d)
+    norms2 = np.sum(v * v, axis=-1)  # (Bv, L)
+    cross = np.matmul(v, s[..., :, None])[..., 0]  # (B, L)
+    s2 = np.sum(s * s, axis=-1, keepdims=True)
+    dist = np.sqrt(np.maximum(w * w * norms2 - 2 * w * cross + s2, 0.0))
+    dist = np.where(m, dist, np.nan)
+    rest = m & ~sel
+    has_rest = rest.any(axis=-1)
+    d = np.where(has_rest, np.sum(np.where(rest, dist, 0.0), axis=-1), np.nan)
+    r = np.where(has_rest, np.min(np.where(rest, dist, np.inf), axis=-1), np.nan)
+    ns = np.sum(sel & (dist < r[..., None]), axis=-1).astype(np.float64)
+    ns = np.where(has_rest, ns, np.nan)
+    size = sel.sum(axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = ns / size
+    return TopN(sel, s, dist, d, r, ns, ratio)
+
+
+def context_vector(weights, values, n: int, *, mask=None) -> np.ndarray:
+    """``s = sum_{i in I_N} alpha_i x_i``, shape (..., d); see :func:`top_n_diagnostics`."""
+    return top_n_diagnostics(weights, values, n, mask=mask).context
+
+
+def representation_distance(weights, values, n: int, *, mask=None) -> np.ndarray:
+    """``d = sum_{i not in I_N} |alpha_i x_i - s|`` per row; see :func:`top_n_diagnostics`."""
+    return top_n_diagnostics(weights, values, n, mask=mask).distance
+
+
+def geometric_separability(weights, values, n: int, *, mask=None) -> np.ndarray:
+    """``N_s/N`` per row: the share of the top-N tokens closer to ``s`` than every other token
+    (distances ``|s - alpha_i x_i|``); see :func:`top_n_diagnostics`."""
+    return top_n_diagnostics(weights, values, n, mask=mask).separability
+
+
+# --------------------------------------------------------------------------- critical top-N
+
+
+class CriticalTopN(NamedTuple):
+    """Result of :func:`critical_top_n` (K = ``len(n_grid)``, S = number of samples).
+
+    ``n_grid`` (K,); ``distance`` (K, S): the samples of ``d`` at each N (NaN where undefined,
+    left out of the test); ``statistic`` and ``pvalue`` (K - 1,): the one-sided two-sample KS
+    test of "``d`` at ``n_grid[k+1]`` is stochastically larger than at ``n_grid[k]``";
+    ``critical_n``: the first ``n_grid[k]`` at which that test fails to reject at level
+    ``significance`` (None if the distance grows significantly over the whole grid);
+    ``significance``: the level used.
+    """
+
+    n_grid: np.ndarray
+    distance: np.ndarray
+    statistic: np.ndarray
+    pvalue: np.ndarray
+    critical_n: int | None
+    significance: float
+
+
+def ks_critical_n(n_grid, distance, *, significance: float = 0.01) -> CriticalTopN:
+    """The statistical part of :func:`critical_top_n`, on precomputed samples ``distance`` (K, S).
+
+    Row ``k`` holds the samples of the representation distance at ``N = n_grid[k]`` (NaNs are
+    dropped). For each ``k < K - 1``, ``scipy.stats.ks_2samp(distance[k], distance[k+1],
+    alternative="greater")`` tests the null "the distribution function of ``d(n_grid[k])`` is
+    nowhere above that of ``d(n_grid[k+1])``" against the alternative that it is somewhere
+    above, i.e. that ``d`` at the larger N tends to be larger. ``critical_n`` is the first
+    ``n_grid[k]`` with ``pvalue >= significance``: from there, selecting more tokens no longer
+    increases the distance between the context and the other tokens.
+    """
+    grid = np.asarray(n_grid)
+    if grid.ndim != 1 or grid.size < 2:
+        raise ValueError(f"n_grid must be a 1-D sequence of at least two values, got shape {grid.shape}")
+    dist = np.asarray(distance, dtype=np.float64)
+    if dist.ndim != 2 or dist.shape[0] != grid.size:
+        raise ValueError(f"distance must have shape (len(n_grid) = {grid.size}, S), got {dist.shape}")
+    significance = _significance(significance)
+    stat = np.full(grid.size - 1, np.nan)
+    pval = np.full(grid.size - 1, np.nan)
+    critical = None
+    for k in range(grid.size - 1):
+        a, b = dist[k][np.isfinite(dist[k])], dist[k + 1][np.isfinite(dist[k + 1])]
+        if a.size >= 2 and b.size >= 2:
+            res = stats.ks_2samp(a, b, alternative="greater")
+            stat[k], pval[k] = res.statistic, res.pvalue
+            if critical is None and res.pvalue >= significance:
+                critical = int(grid[k])
+    return CriticalTopN(grid, dist, stat, pval, critical, significance)
+
+
+def critical_top_n(
+    weights,
+    values,
+    n_grid: Sequence[int],
+    *,
+    significance: float = 0.01,
+    mask=None,
+    pool_axes: Sequence[int] = (),
+) -> CriticalTopN:
+    """Critical top-N: the N at which the representation distance stops growing (distance collapse).
+
+    For every ``N`` of the increasing ``n_grid``, the representation distance
+    ``d(N) = sum_{i not in I_N} |alpha_i x_i - s|`` of :func:`top_n_diagnostics` is computed
+    for every row. Growing ``N`` moves weight into the context ``s`` (``d`` grows) while the
+    complement shrinks (``d`` falls to 0 at ``N = L``); the source paper's Theorem 1 says that
+    once ``N`` is a fixed fraction of ``L`` the distance must collapse. The samples of the test
+    are the rows, after averaging ``d`` over the leading axes ``pool_axes`` (indices into
+    ``weights.shape[:-1]``; e.g. ``pool_axes=(-1,)`` for weights ``(layers, heads, Lq, L)``
+    averages over query positions, so that every head is one sample: the distribution over
+    heads). Consecutive grid values are compared by a one-sided two-sample Kolmogorov-Smirnov
+    test (:func:`ks_critical_n`), and the critical top-N is the first ``N`` at which the
+    distribution of ``d`` at the next grid value is not significantly larger (level
+    ``significance``): selecting more tokens than that brings no more separation. With a
+    doubling grid this locates the onset of the collapse to within a factor of two; pass
+    ``range(1, L)`` to compare ``N`` with ``N + 1``. The result depends on the number of
+    samples (more samples detect smaller increases).
+    """
+    w = _weights(weights)
+    grid = _n_grid(n_grid, w.shape[-1], at_least=2)
+    axes = _pool_axes(pool_axes, w.ndim - 1)
+    distances = [top_n_diagnostics(w, values, n, mask=mask).distance for n in grid]
+    return ks_critical_n(np.array(grid), _ks_samples(distances, axes), significance=significance)
+
+
+def _pool_axes(pool_axes: Sequence[int], batch_ndim: int) -> tuple[int, ...]:
+    """``pool_axes`` as sorted non-negative indices into the ``batch_ndim`` leading axes of the weights."""
+    if not all(isinstance(a, (int, np.integer)) and -batch_ndim <= a < batch_ndim for a in pool_axes):
+        raise ValueError(f"pool_axes {tuple(pool_axes)!r} must be indices into the {batch_ndim} leading axes of weights")
+    return tuple(sorted({int(a) % batch_ndim for a in pool_axes}))
+
+
+def _ks_samples(distances: Sequence[np.ndarray], axes: tuple[int, ...]) -> np.ndarray:
+    """The samples of the test of :func:`critical_top_n`, shape (K, S): the distance of every row
+    at each of the K grid values, averaged over the leading ``axes`` (NaN rows ignored)."""
+    samples = []
+    for d in distances:
+        if axes:
+            with warnings.catch_warnings():  # all-NaN slices (rows too short for n) stay NaN
+                warnings.simplefilter("ignore", RuntimeWarning)
+                d = np.nanmean(d, axis=axes)
+        samples.append(np.ravel(d))
+    return np.stack(samples)

@@ -1,0 +1,61 @@
+"""The enumerations of the library's options that the command line offers as choices.
+
+This module imports nothing (no JAX, SciPy or NumPy), so that building the parser, and
+``--help``, loads no numerical library (see :mod:`singleloc.cli`); the library modules that
+check these options read them from here too.
+"""
+
+from __future__ import annotations
+
+import math
+
+#: The orders of removal of :func:`singleloc.prune` (:mod:`singleloc.pruning._pruning`).
+PRUNING_ORDERS = ("greedy", "alignment", "random")
+
+#: Most random orders of :func:`singleloc.prune` (``draws``, ``singleloc prune --draws``): the mean over the
+#: orders has a standard error shrinking like ``1/sqrt(draws)``, 1 % of their spread at this many, while the
+#: work grows like ``draws`` (a billion ran silently for minutes, issue 54's hostile pass).
+PRUNING_DRAWS_MAX = 10000
+
+#: Which tokens belong to a row of :func:`singleloc.diagnose_attention` (``mask``).
+MASKS = ("auto", "none", "causal")
+
+#: The samples of the Kolmogorov-Smirnov test of :func:`singleloc.diagnose_attention` (``ks_samples``).
+KS_SAMPLES = ("auto", "heads", "rows")
+
+#: The expectation routes (:mod:`singleloc.expectations._routes`) by the name ``theory.route`` gives them: the module and
+#: class of each, imported when a route is built. A new route is a module and one line here.
+ROUTE_CLASSES = {
+    "exact": "singleloc.expectations._laplace_expectation:LaplaceExpectation",
+    "rule": "singleloc.expectations._sobol_expectation:SobolExpectation",
+    "montecarlo": "singleloc.expectations._monte_carlo_expectation:MonteCarloExpectation",
+}
+
+#: Values of ``theory.route``.
+ROUTES = ("auto", *ROUTE_CLASSES)
+
+#: ``theory.gram``: how the exact route computes the ``lr^2`` (Gram) term.
+GRAM_ROUTES = ("auto", "exact", "sobol")
+
+#: ``theory.axes``: the coordinates of the Sobol rule's fields.
+RULE_AXES = ("heads", "principal")
+
+#: Values of ``model.head_weights``.
+HEAD_WEIGHTS = ("uniform", "trained")
+
+#: Most independent scramblings of a risk's error estimate (``singleloc bayes --replicates``,
+#: :func:`singleloc.bayes_risk`, :func:`singleloc.population_risk`): its standard error shrinks like
+#: ``1/sqrt(R)`` while the work grows like ``R``; beyond, more points (``theory.points``) are cheaper.
+REPLICATES_MAX = 1024
+
+#: The words a sweep's ``horizon`` takes besides a positive number (:func:`singleloc.sweep`).
+HORIZON_WORDS = ("auto", "config")
+
+
+def check_horizon(horizon) -> None:
+    """``ValueError`` unless ``horizon`` is ``"auto"``, ``"config"`` or a positive finite number
+    (the library's check, which ``singleloc sweep --horizon`` applies to its parsed value too)."""
+    if horizon in HORIZON_WORDS:
+        return
+    if isinstance(horizon, bool) or not isinstance(horizon, (int, float)) or not math.isfinite(horizon) or horizon <= 0:
+        raise ValueError(f"horizon must be 'auto', 'config' or a positive number, got {horizon!r}; e.g. 'auto'")

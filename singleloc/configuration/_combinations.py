@@ -1,0 +1,57 @@
+"""Combinations of keys that a run would silently drop, refused when a :class:`~singleloc.Config` is
+built (issue 54 item 7): a wrong result is worse than a refusal, and a key the run ignores makes a
+result that is not the one asked for (``theory.gram = "exact"`` with ``theory.route = "rule"`` ran
+with the Sobol rule's Gram term and recorded it).
+
+* ``theory.gram = "exact"`` or a number of ``theory.gram_points``: the exact route's Gram term and
+  its rule, which the rule route does not have (the route resolved as the run resolves it,
+  :func:`~singleloc.choose_route`: ``theory.route``, the activation, a joint layer's size);
+* ``theory.gram`` other than ``"auto"`` or a number of ``theory.gram_points`` with
+  ``sgd.gradient_flow``, which has no ``lr^2`` (Gram) term;
+* ``sgd.bias_decay`` without ``model.train_bias`` (a penalty on biases that do not learn);
+* ``problem.support`` or ``problem.probs`` with a prior other than ``"discrete"``, ``problem.mean``
+  or ``problem.cov`` with a prior other than ``"gaussian"`` (a user's factory, ``"package.module:function"``,
+  may read any key).
+
+Keys whose defaults are numbers (``problem.p``, ``theory.nodes``, ``sgd.schedule_tau``) cannot be told
+given from defaulted, and are not checked.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._config import Config
+
+#: The prior tables and the named prior that reads them.
+PRIOR_TABLES = {"support": "discrete", "probs": "discrete", "mean": "gaussian", "cov": "gaussian"}
+
+
+def check_combinations(config: Config) -> None:
+    """``ValueError`` naming the keys of a combination ``config`` would silently drop (module docstring),
+    with a change that makes it consistent."""
+    th, sgd, pb = config.theory, config.sgd, config.problem
+    gram_points = th.gram_points != "auto"
+    if sgd.gradient_flow and (th.gram != "auto" or gram_points):
+        key = f"theory.gram = {th.gram!r}" if th.gram != "auto" else f"theory.gram_points = {th.gram_points}"
+        raise ValueError(f"{key} has no effect with sgd.gradient_flow = true, which has no lr^2 (Gram) term; "
+                         f"e.g. {'theory.gram' if th.gram != 'auto' else 'theory.gram_points'} = 'auto'")
+    if th.gram == "exact" or gram_points:
+        from ..expectations._routes import route_of
+
+        if not route_of(config).exact:
+            key = "theory.gram = 'exact'" if th.gram == "exact" else f"theory.gram_points = {th.gram_points}"
+            why = ("theory.route = 'rule'" if th.route == "rule" else
+                   f"model.activation = {config.model.activation!r} takes the rule route here")
+            raise ValueError(f"{key} applies to the exact route's Gram term, but {why}, whose Gram term is on its own "
+                             f"Sobol rule (theory.points); e.g. {key.split(' = ')[0]} = 'auto', or theory.route = 'exact' "
+                             "for a normalised-exponential activation")
+    if sgd.bias_decay and not config.model.train_bias:
+        raise ValueError(f"sgd.bias_decay = {sgd.bias_decay:g} penalises biases that do not learn (model.train_bias = false); "
+                         "e.g. model.train_bias = true, or sgd.bias_decay = 0")
+    if isinstance(pb.prior, str) and ":" not in pb.prior:
+        for key, prior in PRIOR_TABLES.items():
+            if getattr(pb, key) is not None and pb.prior != prior:
+                raise ValueError(f"problem.{key} applies to problem.prior = '{prior}' only, and problem.prior = "
+                                 f"{pb.prior!r}; e.g. problem.prior = '{prior}', or leave problem.{key} out")

@@ -1,0 +1,170 @@
+"""The seam between the ODE and its quadrature: what an expectation route computes.
+
+The drift of docs/model.md section 5 is the SGD rule applied to field averages of the limit
+loss's gradient (:class:`~singleloc.GradientMoments`), and the population risk is one more
+field average. How those averages are computed is the *expectation route*:
+
+* :class:`~singleloc.SobolExpectation` (``theory.route = "rule"``): a scrambled Sobol rule over
+  the ``L H`` local fields (:class:`~singleloc.LocalFields`), for any activation;
+* :class:`~singleloc.LaplaceExpectation` (``"exact"``): the Laplace form of the normaliser
+  (:mod:`~singleloc.expectations._laplace`), exact for the normalised-exponential family, whose ``lr^2``
+  Gram term is an :class:`AbstractGramTerm` of its own (exact, or on a rank-aware Sobol rule);
+* :class:`~singleloc.MonteCarloExpectation` (``"montecarlo"``): plain Monte Carlo over the
+  fields, unbiased with a known variance, the independent check of the other two.
+
+Every route is an :class:`AbstractExpectation`: an ``eqx.Module`` whose arrays (nodes, weights)
+are leaves, so that an ODE holding one is a pytree the compiled solve receives as an argument,
+and whose methods are pure functions of the state ``(M, Q, b)`` (and the trained head weights
+``v``). The route is chosen once, for a problem, a layer and the numerics, by
+:func:`~singleloc.choose_route` (:mod:`~singleloc.expectations._routes`), which also holds the budgets that
+decide it; a new route is one module and one line there.
+
+A route also states its own error: :meth:`AbstractExpectation.risk_check` (a finer rule's risk,
+for routes that have one), :meth:`AbstractExpectation.drift_error` (the relative error of the
+``O(lr)`` drift against that finer rule) and :meth:`AbstractExpectation.gram_error` (the relative
+error of the ``lr^2`` term against an independent evaluation), inside the compiled solve, and
+:meth:`AbstractExpectation.statement` after it (the numbers a result carries and the warnings
+they call for, with the route's own thresholds).
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import ClassVar
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..configuration._specs import Theory
+from ..model._activations import Activation
+from ..model._layer import limit_loss
+from ..model._priors import Prior
+from ..sgd._sgd_rule import GradientMoments
+from ._fields import LocalFields
+
+
+class AbstractGramTerm(eqx.Module):
+    """The ``lr^2`` term of ``dQ``, ``E[sum_l c_l c_l^T]`` (H, H) with ``c = dl/ds`` (H, L) the
+    limit loss's gradient at the scores: one route's way of computing it."""
+
+    name: eqx.AbstractClassVar[str]
+
+    @abc.abstractmethod
+    def gram(self, M: jax.Array, Q: jax.Array, b: jax.Array, v: jax.Array | None = None) -> jax.Array:
+        """``E[sum_l c_l c_l^T]`` at the state ``(M, Q, b)`` (head weights ``v``)."""
+
+
+class AbstractExpectation(eqx.Module):
+    """The field averages of one problem and layer that the ODE needs, on one route (module docstring).
+
+    Attributes:
+        activation: the attention activation (scores (H, L) -> weights (H, L)); static.
+
+    A route is built by its class method ``from_setup(setup, *, points, seeds=None, check=False)`` from
+    the objects of a computation (:class:`~singleloc.theory._build.Setup`, :meth:`~singleloc.OrderParameterODE.from_setup`):
+    ``seeds`` stacks the rules of several independent scramblings along a leading axis (the
+    replicates), ``check`` adds what the route's error statement needs.
+    """
+
+    activation: eqx.AbstractVar[Activation]
+    #: The route's name, as ``theory.route`` and the results say it.
+    route: ClassVar[str]
+
+    def loss(self, s: jax.Array, v: jax.Array | None = None) -> jax.Array:
+        """The limit loss at the scores ``s`` (H, L), relevant token 0 (docs/model.md section 3)."""
+        return limit_loss(self.activation, s, 0, v)
+
+    @abc.abstractmethod
+    def risk(self, M: jax.Array, Q: jax.Array, b: jax.Array, v: jax.Array | None = None) -> jax.Array:
+        """Population risk ``R(M, Q, b) = E[(1 - a_eps)^2 + sum_{l != eps} a_l^2]`` (``v``: trained
+        head weights, ``None`` for the head average)."""
+
+    @abc.abstractmethod
+    def gradient_moments(self, M: jax.Array, Q: jax.Array, b: jax.Array, v: jax.Array | None = None) -> GradientMoments:
+        """The field averages of the loss gradient that the SGD rule turns into the drift."""
+
+    @abc.abstractmethod
+    def gram(self, M: jax.Array, Q: jax.Array, b: jax.Array, v: jax.Array | None = None) -> jax.Array:
+        """``E[sum_l c_l c_l^T]`` (H, H), the ``lr^2`` term of ``dQ``."""
+
+    @abc.abstractmethod
+    def attention_mass(self, M: jax.Array, Q: jax.Array, b: jax.Array) -> jax.Array:
+        """``w_h = E[sum_l A_hl]`` (H,), the attention each head puts on the sequence
+        (:mod:`~singleloc.analysis._attention_mass`)."""
+
+    @property
+    def replicates(self) -> int:
+        """Independent scramblings stacked along the leading axis of the rules (1 for one rule)."""
+        return 1
+
+    @property
+    def sde_rule(self) -> LocalFields:
+        """The Sobol rule of what only a rule computes: the second moments of the SDE's update
+        (:func:`~singleloc.theory._fluctuations.update_moments`). ``ValueError`` for a route without one."""
+        raise ValueError(f"theory.route = {self.route!r} has no Sobol rule for the SDE's covariance; use theory.route = "
+                         "'rule' or 'exact'")
+
+    @property
+    def gram_name(self) -> str:
+        """How the ``lr^2`` term is computed: ``"exact"`` or ``"sobol"``."""
+        return "sobol"
+
+    def risk_check(self, M: jax.Array, Q: jax.Array, b: jax.Array, v: jax.Array | None = None) -> jax.Array:
+        """The risk on a finer rule, whose difference to :meth:`risk` is the route's stated error
+        (NaN for a route without one)."""
+        return jnp.full((), jnp.nan, dtype=M.dtype)
+
+    def drift_error(self, sgd, M: jax.Array, Q: jax.Array, b: jax.Array, v: jax.Array | None = None) -> jax.Array:
+        """The stated relative error of the ``O(lr)`` drift of the rule ``sgd`` at one state, against
+        a finer rule (NaN for a route without one)."""
+        return jnp.full((), jnp.nan, dtype=M.dtype)
+
+    def gram_error(self, evaluation: AbstractExpectation, M: jax.Array, Q: jax.Array, b: jax.Array,
+                   v: jax.Array | None = None) -> jax.Array:
+        """The stated relative error of the ``lr^2`` term at one state, ``evaluation`` being the
+        independent expectation of the same problem that evaluates the risks (0 for a route whose
+        drift error is stated otherwise)."""
+        return jnp.zeros((), M.dtype)
+
+    def statement(self, report: SolveReport) -> RouteStatement:
+        """What a result states about this route's error, from what the solve measured
+        (``report``), with the warnings it calls for issued (NaN where the route has no such
+        statement: the Sobol rule's error is its replicates' spread, ``drift_error``)."""
+        return RouteStatement()
+
+
+@dataclasses.dataclass(frozen=True)
+class SolveReport:
+    """What one point's solve measured for its route's statement (host arrays; leading axes
+    starts, replicates): ``ys`` the saved states (a tuple of the state's fields, each (S, R, T, ...)),
+    ``check`` the absolute differences of the risk on the finer rule at the first and last saved time
+    (S, R, 2), ``grams`` the Gram term's stated relative errors there (S, R, 2), ``risk_se`` the
+    replicates' standard errors of the risk (S, T); ``evaluation`` the expectation that evaluated the
+    risks and ``sgd`` the SGD rule; ``theory`` and ``prior`` the specifications the warnings name,
+    ``points`` the Sobol points of the route's rule."""
+
+    ys: tuple
+    check: np.ndarray
+    grams: np.ndarray
+    risk_se: np.ndarray
+    evaluation: AbstractExpectation
+    sgd: object
+    theory: Theory
+    prior: Prior
+    heads: int
+    points: int
+
+
+@dataclasses.dataclass(frozen=True)
+class RouteStatement:
+    """A route's statement of its error on one solve (:class:`~singleloc.TheoryResult`'s fields of
+    the same names): ``risk_error`` against a finer rule, ``gram_error`` the relative error of the
+    ``lr^2`` term, ``exact_drift_error`` the relative error of the ``O(lr)`` drift; NaN where the
+    route states no such number."""
+
+    risk_error: float = float("nan")
+    gram_error: float = float("nan")
+    exact_drift_error: float = float("nan")

@@ -1,0 +1,264 @@
+"""Expectations over the local fields of docs/model.md section 4, by a deterministic rule.
+
+The population risk and the ODE drift are expectations of functions of the scores of one
+sequence. With the relevant token fixed at position 0 (exact for token-permutation
+equivariant activations, since ``eps`` is uniform), the fields are
+
+    g_l = Q^{1/2} w_l            (l = 1..L-1),      g_0 = M theta + Q^{1/2} w_0,
+
+with ``w_l ~ N(0, I_H)`` i.i.d. and ``theta`` from the prior (or any factor ``S`` of ``Q``, ``S^T S = Q``, in
+place of ``Q^{1/2}``: the same law). The spike fields ``nu`` never
+have to be drawn: wherever they appear (the drift of ``M``) their conditional mean given
+``g`` replaces them (see ``_theory.py``), so the rule integrates over ``L * H`` Gaussian
+dimensions, plus ``F`` for the Gaussian part of the prior.
+
+The rule. The atoms of the prior are summed exactly with their probabilities; the Gaussian
+dimensions use scrambled Sobol points mapped to normals by the inverse CDF, together with
+their antithetic mirrors ``-z`` (so every odd moment is integrated exactly), linearly
+whitened so that second moments are exact too (moment matching: it cut the error of second
+moments tenfold at 1024 points). The points are drawn once, from a fixed seed, and held for
+the whole solve: the expectations are deterministic functions of ``(M, Q, b)``, continuous on
+both layouts below.
+
+Rank-aware fields. With ``principal=True`` (the ODE's rule with ``theory.axes = "principal"``,
+:func:`~singleloc.population_risk`'s and the exact route's Gram term's) the fields are ``g_l = w_l S`` with the
+rank-aware factor ``S`` (2H, H) of ``Q`` (:func:`~singleloc.runtime._numerics.rank_aware_factor_and_pinv`: every
+principal direction that is well defined on coordinates of its own, the rest on a symmetric root, blended
+continuously) and the Sobol coordinates assigned row-major in ``S`` -- the first ``L`` to every token's
+leading direction -- so that heads that are (near) copies put the variance on the leading coordinates
+(docs/model.md section 4.4 for what it gains and gives up). :meth:`LocalFields.factors` gives each rule's
+factor with ``T = S Q^+``, which the drift needs.
+
+Exchange symmetry of the heads (``theory.axes = "heads"``, the ODE's default). ``Q^{1/2}`` is the symmetric PSD
+square root (eigenvalues clipped at zero): continuous, defined for singular ``Q`` (identical heads), and
+permutation-equivariant, ``(P Q P^T)^{1/2} = P Q^{1/2} P^T``. Permuting the heads of a state
+therefore permutes the fields of node ``w`` into the fields of node ``w P``, and the rule is
+exactly equivariant under the permutations ``P`` that map its node set onto itself. With
+``symmetric=True`` the nodes are closed under the cyclic shifts of the head
+columns of ``w``: ``points / H`` Sobol points, each with its ``H`` shifts and their mirrors
+(``2 points`` nodes, as without the closure). The drift is then exactly equivariant under
+the cyclic shifts of the heads -- every permutation for ``H <= 2`` -- and so is the solve: a
+start mapped onto itself by a shift of the heads together with a symmetry of the problem
+(e.g. swapping two spikes of the ``spikes`` prior) keeps that symmetry, and quadrature error
+alone cannot split equivalent heads. Without the closure the rule breaks the symmetry at the
+level of its error, and in long runs such heads drifted apart along the slow directions
+(docs/model.md section 4.4). Identical heads stay identical with either rule: their fields
+coincide at every node.
+
+Replicates. :func:`replicate_rules` stacks independently scrambled rules (seeds ``seed + r``)
+along a leading axis, to be ``jax.vmap``-ed over: their spread estimates the rule's error.
+
+Blocks. :meth:`LocalFields.split` cuts the base nodes into equal blocks, one per device
+(:mod:`~singleloc.runtime._sharding`): the expectation is then the sum over the blocks of each block's
+weighted sum, the weight ``1 / n`` of every one of the ``n`` base points (and its images)
+unchanged. A count ``n`` that the blocks do not divide is padded with copies of the last base
+point of weight zero: the padding adds exact zeros, and copies of a real point keep every value
+finite. The ``batch_size`` memory cap then holds per block.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from scipy.special import ndtri
+from scipy.stats import qmc
+
+from ..configuration._arguments import require_prior
+from ..model._priors import Prior
+from ..runtime._numerics import psd_sqrt_and_pinv_sqrt, rank_aware_factor_and_pinv
+from ._sobol_geometry import SOBOL_MAX_DIM, factor_rows, node_batch
+
+
+def sobol_normals(dim: int, n: int, seed: int) -> np.ndarray:
+    """The first ``n`` points of a scrambled Sobol sequence in ``dim`` dimensions (``n`` rounded
+    up to a power of two and cut) mapped to standard normals by the inverse CDF, (n, dim)."""
+    m = max(int(np.ceil(np.log2(n))), 0)
+    u = qmc.Sobol(dim, scramble=True, seed=seed).random_base2(m)[:n]
+    return ndtri(np.clip(u, 1e-12, 1 - 1e-12))
+
+
+def head_shifts(L: int, H: int, extra: int = 0) -> np.ndarray:
+    """Index permutations (H, L*H + extra) of flattened nodes ``(w (L, H), u (extra,))``: row
+    ``k`` shifts the head columns of ``w`` cyclically by ``k`` and leaves ``u`` alone."""
+    heads = (np.arange(H)[None, :] + np.arange(H)[:, None]) % H  # (k, h) -> source head of head h
+    w_index = np.arange(L)[None, :, None] * H + heads[:, None, :]  # (k, L, H)
+    u_index = np.broadcast_to(L * H + np.arange(extra), (H, extra))
+    return np.concatenate([w_index.reshape(H, L * H), u_index], axis=1)
+
+
+def gaussian_nodes(L: int, H: int, extra: int, points: int, seed: int, symmetric: bool) -> np.ndarray:
+    """Base nodes (n, L*H + extra) of the rule: scrambled Sobol normals, whitened so that their
+    orbit (with the head shifts when ``symmetric``, and the mirrors ``-z``) has exactly the
+    first and second moments of ``N(0, I)``. ``n = points`` without the closure and
+    ``points // H`` with it.
+
+    Long sequences (the exact route needs this rule only for its ``lr^2`` term, at any ``L``):
+    coordinates beyond SciPy's Sobol limit (21201) are pseudo-random normals from ``seed``; with fewer
+    orbit points than coordinates the nodes are not whitened (the mirrors still integrate every
+    odd moment exactly). The rule route refuses both cases before it builds a rule
+    (:func:`~singleloc.io._resources.check_quadrature`)."""
+    dim = L * H + extra
+    shifts = head_shifts(L, H, extra) if symmetric and H > 1 else np.arange(dim)[None, :]
+    n = max(points // len(shifts), 1)
+    if dim == 0:
+        return np.zeros((n, 0))
+    z = sobol_normals(min(dim, SOBOL_MAX_DIM), n, seed)
+    if dim > SOBOL_MAX_DIM:
+        z = np.concatenate([z, np.random.default_rng(seed).standard_normal((n, dim - SOBOL_MAX_DIM))], axis=1)
+    if n * len(shifts) < dim:
+        return z
+    C = z.T @ z / n  # second moments of the base points (and of their mirrors)
+    C = np.mean([C[np.ix_(p, p)] for p in shifts], axis=0)  # ... of the orbit: shift-invariant
+    w, v = np.linalg.eigh(C)
+    return z @ (v / np.sqrt(w)) @ v.T  # C^{-1/2} commutes with the shifts: the orbit stays closed
+
+
+class LocalFields(eqx.Module):
+    """Quadrature rule for expectations over the local fields of ``L`` tokens and ``H`` heads.
+
+    Build it with :meth:`make`; then ``rule.expect(fn, M, Q)`` returns ``E[fn(g, theta)]``
+    where ``g`` (L, H) are the head fields (token 0 relevant) and ``theta`` (F,) the latent.
+    ``fn`` may return any pytree of arrays.
+
+    The nodes are the base points ``w``, ``u`` under the cyclic head shifts ``0..orbit-1``
+    (``orbit = H`` for a symmetric rule, 1 otherwise) and the sign flip, each with weight
+    ``1 / (2 * orbit * n)``. ``shards > 1``: the base points are in ``shards`` equal blocks,
+    the last ``padding`` of them of weight zero (:meth:`split`).
+    """
+
+    w: jax.Array  # (n, L, H) base standard normals for the head fields
+    u: jax.Array  # (n, G) base standard normals for the Gaussian part of the prior (G = 0 or F)
+    atoms: jax.Array  # (K, F)
+    probs: jax.Array  # (K,)
+    cov_sqrt: jax.Array  # (F, G): theta = atom + cov_sqrt @ u
+    orbit: int = eqx.field(static=True)
+    batch_size: int = eqx.field(static=True)
+    shards: int = eqx.field(static=True, default=1)
+    padding: int = eqx.field(static=True, default=0)
+    principal: bool = eqx.field(static=True, default=False)
+
+    @classmethod
+    def make(
+        cls, L: int, H: int, prior: Prior, points: int = 4096, seed: int = 0, batch_size: int | None = None, *,
+        symmetric: bool = False, principal: bool = False,
+    ) -> LocalFields:
+        """A rule of ``2 * points`` nodes from ``points`` Sobol points (a power of two) and their
+        mirrors; ``symmetric``: closed under the cyclic shifts of the heads (module docstring).
+        ``batch_size``: nodes evaluated at once (default :func:`~singleloc.expectations._sobol_geometry.node_batch`,
+        fewer at large ``L * H``).
+
+        ``principal`` (rank-aware, not with ``symmetric``): the fields are ``g_l = w_l S`` with the
+        rank-aware factor ``S`` (2H, H) of ``Q`` (:func:`~singleloc.runtime._numerics.rank_aware_factor_and_pinv`:
+        the leading principal direction, a symmetric root of what the well-defined directions leave, the
+        other directions), on ``2 L H`` Sobol coordinates assigned row-major in ``S`` -- the first ``L`` to
+        every token's leading direction -- so that a state whose heads are (near) copies, ``Q`` of (near)
+        low rank, puts its variance on the leading Sobol coordinates, where the sequence is best
+        distributed, instead of spreading one direction over all ``L * H``. Identical heads keep
+        identical fields; the fields are continuous in ``Q``; a permutation of the heads maps the rule
+        onto itself where every principal direction is determined, else up to the symmetric block's
+        rows (equivariant to the rule's error)."""
+        require_prior("LocalFields.make", prior)
+        if points < 1 or points & (points - 1):
+            raise ValueError(f"theory.points must be a power of two, got {points}")
+        if principal and symmetric:
+            raise ValueError("a principal (rank-aware) rule cannot also be closed under the head shifts")
+        G = 0 if prior.is_discrete else prior.F
+        width = factor_rows(H, principal)
+        z = gaussian_nodes(L, width, G, points, seed, symmetric)
+        d = L * width
+        w = z[:, :d].reshape(-1, width, L).transpose(0, 2, 1) if principal else z[:, :d].reshape(-1, L, H)
+        dtype = jnp.result_type(float)
+        return cls(
+            w=jnp.asarray(w, dtype),
+            u=jnp.asarray(z[:, d:], dtype),
+            atoms=jnp.asarray(prior.atoms_array(), dtype),
+            probs=jnp.asarray(prior.probs_array(), dtype),
+            cov_sqrt=jnp.asarray(prior.cov_sqrt() if G else np.zeros((prior.F, 0)), dtype),
+            orbit=H if symmetric and H > 1 else 1,
+            batch_size=node_batch(L, H) if batch_size is None else int(batch_size),
+            principal=principal,
+        )
+
+    @property
+    def n_nodes(self) -> int:
+        """Number of nodes: base points times shifts times signs."""
+        return 2 * self.orbit * (self.w.shape[-3] - self.padding)
+
+    def split(self, shards: int) -> LocalFields:
+        """The same rule with its base points in ``shards`` equal blocks (one per device): padded
+        with copies of the last base point, of weight zero (module docstring). Leading (replicate)
+        axes are kept."""
+        n = self.w.shape[-3] - self.padding
+        pad = -n % shards
+
+        def padded(x, axis):
+            x = jax.lax.slice_in_dim(x, 0, n, axis=axis)
+            return jnp.concatenate([x] + [jax.lax.slice_in_dim(x, n - 1, n, axis=axis)] * pad, axis=axis)
+
+        return dataclasses.replace(self, w=padded(self.w, -3), u=padded(self.u, -2), shards=shards, padding=pad)
+
+    def factors(self, Q: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """``(S, T)``: the factor ``S`` of this rule's fields ``g_l = w_l S`` (``S^T S = Q``) and
+        ``T = S Q^+`` (``T^T T = Q^+``): the rank-aware pair
+        (:func:`~singleloc.runtime._numerics.rank_aware_factor_and_pinv`) for a principal rule, ``(Q^{1/2},
+        (Q^+)^{1/2})`` otherwise. A field average ``E[c w^T] = W`` gives ``E[c g^T] = W S`` and
+        ``E[c g^T] Q^+ = W T``."""
+        return rank_aware_factor_and_pinv(Q) if self.principal else psd_sqrt_and_pinv_sqrt(Q)
+
+    def expect(self, fn: Callable, M: jax.Array, Q: jax.Array, *, factor: jax.Array | None = None,
+               with_noise: bool = False):
+        """``E[fn(g, theta)]`` over the fields of order parameters ``M`` (H, F), ``Q`` (H, H).
+
+        ``factor``: this rule's factor ``S`` of ``Q`` (:meth:`factors`) when the caller already has it.
+        ``with_noise=True`` calls ``fn(g, theta, w)`` with the standard normals ``w`` (L, H) behind
+        ``g = w S`` (``w`` (L, 2H) for a principal rule, whose factor has ``2 H`` rows).
+        """
+        S = self.factors(Q)[0] if factor is None else factor
+        H = self.w.shape[-1]
+        shifts = jnp.arange(self.orbit)
+
+        def at_image(w, u, shift, sign):
+            w = sign * jnp.take(w, (jnp.arange(H) + shift) % H, axis=-1)
+            noise = self.cov_sqrt @ (sign * u)
+            g = w @ S
+
+            def at_atom(atom):
+                theta = atom + noise
+                fields = g.at[0].add(M @ theta)
+                return fn(fields, theta, w) if with_noise else fn(fields, theta)
+
+            values = jax.vmap(at_atom)(self.atoms)
+            return jax.tree.map(lambda v: jnp.tensordot(self.probs, v, axes=1), values)
+
+        def at_node(node):
+            w, u = node
+            images = jax.vmap(jax.vmap(at_image, (None, None, None, 0)), (None, None, 0, None))
+            values = images(w, u, shifts, jnp.array([1.0, -1.0], w.dtype))
+            return jax.tree.map(lambda v: jnp.mean(v, axis=(0, 1)), values)
+
+        def at_nodes(nodes):  # at most batch_size nodes (base points and their images) at once
+            if 2 * self.orbit * nodes[0].shape[0] <= self.batch_size:
+                return jax.vmap(at_node)(nodes)
+            return jax.lax.map(at_node, nodes, batch_size=max(self.batch_size // (2 * self.orbit), 1))
+
+        nodes = (self.w, self.u)
+        if self.shards == 1:
+            return jax.tree.map(lambda v: jnp.mean(v, axis=0), at_nodes(nodes))
+        # block k on device k (_sharding): the contraction over the blocks is XLA's all-reduce
+        blocks = jax.tree.map(lambda x: x.reshape(self.shards, x.shape[0] // self.shards, *x.shape[1:]), nodes)
+        n = self.w.shape[-3]
+        weights = jnp.where(jnp.arange(n) < n - self.padding, 1 / (n - self.padding), 0.0).astype(self.w.dtype)
+        weights = weights.reshape(self.shards, -1)
+        return jax.tree.map(lambda v: jnp.tensordot(weights, v, axes=2), jax.vmap(at_nodes)(blocks))
+
+
+def replicate_rules(L: int, H: int, prior: Prior, points: int, seeds: Sequence[int], **kwargs) -> LocalFields:
+    """Independently scrambled rules (one per seed) stacked along a leading axis: ``jax.vmap``
+    a function of the rule over it (``in_axes=0`` on the rule)."""
+    rules = [LocalFields.make(L, H, prior, points, int(seed), **kwargs) for seed in seeds]
+    return jax.tree.map(lambda *leaves: jnp.asarray(np.stack(leaves)), *rules)

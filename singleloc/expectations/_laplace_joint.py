@@ -1,0 +1,307 @@
+"""A joint layer's exact risk (bsoftmax): one normaliser for all heads, in conditional product form.
+
+The layer. ``a_l = u_l / (kappa + sum_l' u_l')`` with ``u_l = sum_h exp(x_hl)``: the Laplace form of
+:mod:`~singleloc.expectations._laplace` has one variable ``y`` and the token expectations ``E[rho_k(y + lse(x))]``
+over the ``H`` fields of one token (``lse = log sum_h exp``), so that
+
+    E[a_0]   = int dy e^{-kappa e^y} E0[rho_1(y + lse)] P(y)^(L-1),
+    E[a_0^2] = int dy e^{-kappa e^y} E0[rho_2(y + lse)] P(y)^(L-1),
+    E[a_1^2] = int dy e^{-kappa e^y} E1[rho_2(y + lse)] E0[rho_0(y + lse)] P(y)^(L-2),
+
+``P = 1 - E1[omega(y + lse)]``, and the risk ``1 - 2 E[a_0] + E[a_0^2] + (L - 1) E[a_1^2]`` costs
+``O(H n_t N)`` for ``N`` token nodes, whatever ``L``.
+
+The token expectation (:func:`_joint_token`). Write the token's covariance ``C = delta I + S^T S``
+with ``delta`` its smallest eigenvalue: given the standard normals ``z`` on the ``H - 1`` principal
+directions of ``C - delta I``, the fields are independent, ``x_h = mu_h(z) + sqrt(delta) Z_h``, and
+``exp(-t u) = prod_h rho_0(y + x_h)`` (``u = sum_h exp(x_h)``) makes every profile of ``lse(x)`` a
+polynomial in one head's profiles smoothed by ``N(0, delta)``: tabulated once, interpolated. The
+smallest variance is integrated exactly; on the others a tensor of normal rules along the leading
+directions (where trained keys are wide, :data:`JOINT_LEADING`) and the next one times a symmetric
+rule of degree 5 on the rest (the anisotropy of ``R_orth``: small; :func:`joint_layout`,
+:func:`~singleloc.expectations._cubature.joint_nodes`). Heads that are copies leave ``delta = 0`` and fewer
+active directions; the derivative in ``(mu, C)`` is by Price's theorem on the same nodes, never
+through the eigendecomposition.
+
+The work of the rule grows with its nodes, heads and the prior's atoms (:func:`joint_rule_size`);
+the route's budgets for it are in :mod:`~singleloc.io._resources`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from ..model._priors import Prior
+from ..runtime._numerics import principal_factor
+from ._cubature import joint_nodes, refined_sizes
+from ._laplace_profiles import OMEGA, RHO0, RHO1, RHO2, WIDE_SIGMA, _power, interpolated, smoothing_table
+
+if TYPE_CHECKING:
+    from ._laplace import LaplaceRule
+
+#: The sizes of the normal rules (:func:`~singleloc.expectations._cubature.normal_rule`, trapezoidal from 32 nodes)
+#: on the leading principal directions of the token's covariance less its smallest variance, largest
+#: first; on ``min(max(F, 2), 3, H - 1)`` of them (:func:`joint_layout`: trained keys are wide along the
+#: ``F`` directions of ``M``). The next direction, the first whose variance is the anisotropy of
+#: ``R_orth`` (small: its isotropic part is the smoothed ``delta``), on :data:`JOINT_SMALL`
+#: Gauss-Hermite nodes, any others on a symmetric rule of degree 5
+#: (:func:`~singleloc.expectations._cubature.symmetric_degree5`).
+#: Measured (docs/model.md 4.6, against 1.5 x the nodes): at a trained H = 3, F = 2 state (key variances
+#: 5.8 and 7.0, 0.15 on the third direction) (64, 48) leaves a risk error of 5e-16 and a relative
+#: gradient error of 2e-13 ((48, 32), at half the cost: 4.5e-10 and 4.3e-8, and 6e-6 of the O(lr)
+#: drift); at an H = 4 state with variances 10.3 and 11.9 and a third direction of 0.07 beyond the
+#: smallest, that direction on the degree-5 rule (3 nodes) left 4.8e-5 of the O(lr) drift, on 4, 5 and
+#: 6 Gauss-Hermite nodes 1.4e-6, 7e-8 and 3e-8.
+JOINT_LEADING = (64, 48, 16)
+JOINT_SMALL = 5
+#: The refined rule (:func:`refined_layout`) takes the first direction of the degree-5 rule out
+#: of it, onto a normal rule of this many nodes: the stated error then covers that rule too.
+JOINT_PROMOTED = 6
+#: A joint layer's per-head ``rho_0`` factors are floored here before they divide a product of them
+#: (:func:`_conditional_terms`): every term of the token's expectations is a product of bounded
+#: factors, so the floor changes none by more than about this size.
+RHO0_FLOOR = 1e-30
+#: The heads' profiles a joint layer's token needs (:func:`_token_from_heads`).
+JOINT_PROFILES = (RHO0, RHO1, RHO2, OMEGA)
+
+
+# -- sizing ------------------------------------------------------------------------------------
+
+def joint_layout(H: int, F: int, leading: tuple = JOINT_LEADING) -> tuple[tuple[int, ...], int]:
+    """``(sizes, small)`` of the rule of a joint layer of ``H`` heads under a prior on ``F`` directions:
+    normal rules of ``sizes`` on ``min(max(F, 2), len(leading), H - 1)`` leading principal directions
+    (:data:`JOINT_LEADING`) and the next one (:data:`JOINT_SMALL`), the degree-5 rule on the ``small``
+    others."""
+    r = min(max(F, 2), len(leading), H - 1)
+    sizes = tuple(leading[:r]) + ((JOINT_SMALL,) if H - 1 > r else ())
+    return sizes, H - 1 - len(sizes)
+
+
+def refined_layout(layout: tuple[tuple[int, ...], int]) -> tuple[tuple[int, ...], int]:
+    """The layout of the refined rule (the error statement's reference): every normal rule on
+    :func:`~singleloc.expectations._cubature.refined_sizes` and the first direction of the degree-5 rule on a
+    normal rule of :data:`JOINT_PROMOTED` nodes."""
+    sizes, small = layout
+    return refined_sizes(*sizes) + ((JOINT_PROMOTED,) if small else ()), max(small - 1, 0)
+
+
+def joint_rule_size(H: int, prior: Prior, *, refined: bool = False) -> int:
+    """The work of a joint layer's exact rule per Laplace node: its token nodes (:func:`joint_layout`,
+    :func:`~singleloc.expectations._cubature.joint_nodes`) times the heads times the prior's atoms (every atom's
+    token expectation runs over every node and head); ``refined``: of the refined rule
+    (:func:`refined_layout`). Time and memory grow with it: about 75 microseconds of one drift per unit
+    on the shared 2-core machine (4.7 s at 61440: ``H = 4`` on the Gaussian prior with ``F = 2``), and
+    about 0.5 kB of memory per unit of the refined rule (:func:`~singleloc.io._resources.exact_rule_bytes`)."""
+    layout = joint_layout(H, prior.F)
+    sizes, small = refined_layout(layout) if refined else layout
+    return math.prod(sizes) * (2 * small * small + 1) * H * len(prior.atoms)
+
+
+# -- the layer ---------------------------------------------------------------------------------
+
+class JointLayer(eqx.Module):
+    """The joint layer's part of a :class:`~singleloc.expectations._laplace.LaplaceRule`: the token rule
+    ``z`` (N, H - 1), ``w`` (N,) of :func:`~singleloc.expectations._cubature.joint_nodes` on ``layout``
+    (:func:`joint_layout`), and the risk and attention masses in conditional product form."""
+
+    z: jax.Array
+    w: jax.Array
+    layout: tuple = eqx.field(static=True)
+
+    @classmethod
+    def make(cls, H: int, F: int, sizes: tuple | None, dtype) -> JointLayer:
+        """The rule of ``H`` heads under a prior on ``F`` directions; ``sizes``: the normal rules on its
+        leading principal directions (at most ``H - 1``; the others on the degree-5 rule), default
+        :func:`joint_layout`."""
+        layout = joint_layout(H, F) if sizes is None else (tuple(sizes), H - 1 - len(sizes))
+        if layout[1] < 0:
+            raise ValueError(f"joint_sizes = {sizes}: at most H - 1 = {H - 1} sizes (the principal directions "
+                             "but the smallest)")
+        z, w = joint_nodes(*layout)
+        return cls(jnp.asarray(z, dtype), jnp.asarray(w, dtype), layout)
+
+    def refined_sizes(self) -> tuple[int, ...]:
+        """The ``sizes`` of :meth:`make` for the refined rule (:func:`refined_layout`)."""
+        return refined_layout(self.layout)[0]
+
+    def exact_gram(self, H: int) -> bool:
+        """Whether the exact Gram term holds: one head (the layer is then softmax)."""
+        return H == 1
+
+    def risk(self, rule: LaplaceRule, M, Q, b, v=None):
+        """The risk ``1 - 2 E[a_0] + E[a_0^2] + (L - 1) E[a_1^2]`` (module docstring)."""
+        if v is not None:
+            raise ValueError("the exact route of a joint layer (bsoftmax) takes uniform head weights only; "
+                             "model.head_weights = 'trained' goes on theory.route = 'rule'")
+        return self._terms(rule, M, Q, b)[0]
+
+    def attention_mass(self, rule: LaplaceRule, M, Q, b):
+        """The heads' attention masses ``H E[sum_l exp(x_hl) / Z]`` (H,)."""
+        return self._terms(rule, M, Q, b)[1]
+
+    def _terms(self, rule: LaplaceRule, M, Q, b):
+        """The risk and the heads' attention masses, the latter from the token expectations
+        ``E[rho_1(y + lse(x)) p_h(x)]`` (``p = softmax(x)``: the share of head ``h`` in
+        ``u = sum_h exp(x_h)``) on the same nodes."""
+        L, kappa, H = rule.L, rule.offset, Q.shape[0]
+        m1, C1, m0, C0 = rule.token_laws(M, Q, b)
+        y, step = _token_range(rule, m1, C1, m0, C0)
+        pre = step * jnp.exp(-kappa * jnp.exp(y))
+        z, w, tab = self.z, self.w, (rule.z_inner, rule.w_inner, rule.u_grid)
+        noise = _joint_token(y, m1, C1, z, w, tab)
+        rel = rule.atoms_mean(lambda k: _joint_token(y, m0[:, k], C0, z, w, tab))
+        shares1 = _joint_shares(y, m1, C1, z, w, tab)  # (n_t, H)
+        shares0 = rule.atoms_mean(lambda k: _joint_shares(y, m0[:, k], C0, z, w, tab))
+        p1, p2 = _power(noise[OMEGA], L - 1), _power(noise[OMEGA], L - 2)
+        Ea0 = jnp.sum(pre * rel[RHO1] * p1)
+        Ea00 = jnp.sum(pre * rel[RHO2] * p1)
+        Ea11 = jnp.sum(pre * noise[RHO2] * rel[RHO0] * p2)
+        mass = H * ((pre * p1) @ shares0 + (L - 1) * (pre * rel[RHO0] * p2) @ shares1)
+        return 1.0 - 2.0 * Ea0 + Ea00 + (L - 1) * Ea11, mass
+
+
+def _token_range(rule: LaplaceRule, m1, C1, m0, C0):
+    """The ``y`` nodes (n_t,) and step of a joint layer (:meth:`~singleloc.expectations._laplace.LaplaceRule.y_range`)
+    for ``X = lse(x) >= max_h x_h``: ``log E[u]`` and ``log E[u^2] / 2`` of ``u = sum_h exp(x_h)`` in
+    closed form."""
+    def log_moments(m, C):  # log E[u], log E[u^2] / 2 for x ~ N(m, C)
+        v = jnp.diag(C)
+        second = jax.nn.logsumexp(m[:, None] + m[None, :] + (v[:, None] + v[None, :]) / 2 + C)
+        return jnp.stack([jax.nn.logsumexp(m + v / 2), second / 2])
+
+    moments0 = jax.vmap(lambda mk: log_moments(mk, C0), in_axes=1, out_axes=1)(m0)  # (2, K)
+    fields1, fields0 = (m1, jnp.sqrt(jnp.diag(C1))), (m0, jnp.sqrt(jnp.diag(C0)))
+    return rule.y_range(log_moments(m1, C1), moments0, fields1, fields0)
+
+
+# -- one token in conditional product form ----------------------------------------------------
+
+def _conditional_law(C, dims: int):
+    """``(delta, S)``: ``C = delta I + S^T S`` with ``delta`` the least eigenvalue of ``C`` (clipped at
+    zero) and ``S`` (dims, H) the principal factor (:func:`~singleloc.runtime._numerics.principal_factor`) of
+    ``C - delta I`` on its ``dims`` leading directions (``dims = H - 1`` holds all of it: its last
+    eigenvalue is zero). Outside the gradient (the derivatives are by Price's theorem, :func:`_joint_token`)."""
+    C = jax.lax.stop_gradient(C)
+    delta = jnp.maximum(jnp.linalg.eigvalsh(C)[0], 0.0)
+    return delta, principal_factor(C - delta * jnp.eye(C.shape[0], dtype=C.dtype))[:dims]
+
+
+def _conditional_terms(values):
+    """The pieces of the product form from the heads' smoothed profiles ``values`` (4, ..., H) at one
+    ``y`` (:func:`_joint_token`): ``P = prod_h r0_h``, ``q_k = r_k / r0`` (k = 1, 2, per head) with
+    ``r0`` floored at :data:`RHO0_FLOOR`, ``A = sum_h q_1`` and the exclusive products
+    ``prod_{g < h} r0_g`` (the telescoped ``omega``)."""
+    r0, r1, r2, om = values
+    a = jnp.maximum(r0, RHO0_FLOOR)
+    P = jnp.prod(a, axis=-1)
+    q1, q2 = r1 / a, r2 / a
+    before = jnp.cumprod(jnp.concatenate([jnp.ones_like(a[..., :1]), a[..., :-1]], axis=-1), axis=-1)
+    return a, P, q1, q2, jnp.sum(q1, axis=-1), before
+
+
+def _rho2_factor(q1, q2, A):
+    """``rho_2(lse) / P = sum_h q2_h + sum_{h != g} q1_h q1_g``, as ``sum q2 + A^2 - sum q1^2``."""
+    return jnp.sum(q2, axis=-1) + A**2 - jnp.sum(q1**2, axis=-1)
+
+
+def _token_from_heads(values):
+    """One token's ``E[f(y + lse(x)) | z]`` (4, ...) for ``f = rho_0, rho_1, rho_2, omega`` from the
+    heads' smoothed profiles (fields independent given ``z``):
+
+        rho_0(lse) = P,   rho_1(lse) = P sum_h q1_h,   rho_2(lse) = P (sum_h q2_h + sum_{h != g} q1_h q1_g),
+        omega(lse) = sum_h omega_h prod_{g < h} r0_g   (non-negative terms: no digits lost near 0)."""
+    _, P, q1, q2, A, before = _conditional_terms(values)
+    return jnp.stack([P, P * A, P * _rho2_factor(q1, q2, A), jnp.sum(values[OMEGA] * before, axis=-1)])
+
+
+@jax.custom_jvp
+def _joint_token(y, mean, C, z, w, table_rule):
+    """``E[f(y + lse(x))]`` (4, n_t) of the four profiles for the ``H`` fields ``x ~ N(mean, C)`` of
+    one token, in conditional product form.
+
+    Write ``C = delta I + S^T S`` (:func:`_conditional_law`): given the standard normals ``z`` on the
+    ``H - 1`` principal directions of ``C - delta I`` (the nodes ``z`` (N, H - 1), weights ``w``), the
+    fields ``x_h = mu_h + sqrt(delta) Z_h`` with ``mu = mean + z S`` are independent, so
+    ``exp(-t u) = prod_h rho_0(y + x_h)`` (``u = sum_h exp(x_h)``) makes each profile of ``lse(x)`` a
+    polynomial in one head's profiles smoothed by ``N(0, delta)`` (:func:`_token_from_heads`), which
+    are tabulated once and interpolated (:func:`~singleloc.expectations._laplace_profiles.smoothing_table`). The
+    smallest principal variance is integrated exactly, and heads that are copies leave ``delta = 0``
+    and fewer active directions. ``table_rule``: ``(z_inner, w_inner, u_grid)`` of the tables.
+
+    Derivatives by Price's theorem, ``dE[F] = E[grad F] dmean + E[tr(hess F dC)] / 2``, with the
+    gradient and Hessian of the conditional expectation in ``mu`` from the tabulated derivatives of
+    the smoothed profiles (:func:`_joint_token_jvp`): never through ``S``."""
+    tables, mu = _conditional_fields(mean, C, z, table_rule, (0,))
+    return jax.lax.map(lambda yy: _token_from_heads(interpolated(*tables, yy + mu, JOINT_PROFILES, (0,))[0]) @ w, y).T
+
+
+def _conditional_fields(mean, C, z, table_rule, orders):
+    """The table of the heads' profiles smoothed by ``N(0, delta)`` and of their derivatives
+    (``orders``; :func:`~singleloc.expectations._laplace_profiles.smoothing_table`, on ``table_rule = (z_inner,
+    w_inner, u_grid)``) and the conditional means ``mu = mean + z S`` (N, H) at the nodes ``z``
+    (:func:`_conditional_law`)."""
+    zi, wi, u = table_rule
+    delta, S = _conditional_law(C, z.shape[1])
+    return smoothing_table(delta, zi, wi, u, JOINT_PROFILES, WIDE_SIGMA, orders), mean + z @ S
+
+
+@_joint_token.defjvp
+def _joint_token_jvp(primals, tangents):
+    """Price's theorem on the conditional product form. With ``a = r0``, ``l = a' / a``,
+    ``q_k = r_k / a`` (derivatives in the head's conditional mean, from the tables of the smoothed
+    profiles' derivatives) every profile is ``G = P Psi(A, B, C)`` of the sums ``A = sum q1``,
+    ``B = sum q2``, ``C = sum q1^2`` (``Psi`` = 1, ``A``, ``B + A^2 - C``), so
+
+        d_h G = P (l_h Psi + e_h),    e_h = sum_s Psi_s ds_h,
+        d_h d_g G = P (Psi l_h l_g + l_h e_g + e_h l_g + c q1'_h q1'_g) + [h = g] P (l'_h Psi + f_h)
+
+    (``c = Psi_AA``, ``f_h = sum_s Psi_s d^2 s_h``), and ``omega(lse) = 1 - rho_0(lse)``."""
+    y, mean, C, z, w, table_rule = primals
+    _, dmean, dC = tangents[:3]
+    tables, mu = _conditional_fields(mean, C, z, table_rule, (0, 1, 2))
+
+    def one(yy):
+        values, first, second = interpolated(*tables, yy + mu, JOINT_PROFILES, (0, 1, 2))  # (4, N, H) each
+        a, P, q1, q2, A, _ = _conditional_terms(values)
+        l1 = first[RHO0] / a
+        l2 = second[RHO0] / a - l1**2
+        q1p = first[RHO1] / a - q1 * l1
+        q2p = first[RHO2] / a - q2 * l1
+        q1pp = second[RHO1] / a - 2 * q1p * l1 - q1 * second[RHO0] / a
+        q2pp = second[RHO2] / a - 2 * q2p * l1 - q2 * second[RHO0] / a
+        Psi = (jnp.ones_like(A), A, _rho2_factor(q1, q2, A))
+        e = (jnp.zeros_like(q1), q1p, 2 * A[:, None] * q1p + q2p - 2 * q1 * q1p)
+        f = (jnp.zeros_like(q1), q1pp, 2 * A[:, None] * q1pp + q2pp - 2 * (q1p**2 + q1 * q1pp))
+        wP = w * P
+        outer = lambda c, x, xp: jnp.einsum("n,nh,ng->hg", c, x, xp)
+        grads, hessians = [], []
+        for k in range(3):
+            grads.append((wP * Psi[k]) @ l1 + wP @ e[k])
+            cross = outer(wP, l1, e[k])
+            hess = outer(wP * Psi[k], l1, l1) + cross + cross.T + jnp.diag(wP @ (l2 * Psi[k][:, None] + f[k]))
+            hessians.append(hess + (2.0 * outer(wP, q1p, q1p) if k == 2 else 0.0))
+        grads.append(-grads[0])
+        hessians.append(-hessians[0])
+        return _token_from_heads(values) @ w, jnp.stack(grads), jnp.stack(hessians)
+
+    value, grad, hess = jax.lax.map(one, y)  # (n_t, 4), (n_t, 4, H), (n_t, 4, H, H)
+    dC = (dC + dC.T) / 2
+    tangent = jnp.einsum("tkh,h->tk", grad, dmean) + 0.5 * jnp.einsum("tkhg,hg->tk", hess, dC)
+    return value.T, tangent.T
+
+
+def _joint_shares(y, mean, C, z, w, table_rule):
+    """``E[rho_1(y + lse(x)) softmax(x)_h]`` (n_t, H): each head's share ``P q1_h`` of ``rho_1(lse)``
+    (:func:`_joint_token`; no derivatives: the attention mass is not differentiated)."""
+    tables, mu = _conditional_fields(mean, C, z, table_rule, (0,))
+
+    def one(yy):
+        _, P, q1, _, _, _ = _conditional_terms(interpolated(*tables, yy + mu, JOINT_PROFILES, (0,))[0])
+        return (w * P) @ q1
+
+    return jax.lax.map(one, y)

@@ -1,0 +1,164 @@
+"""Which expectation route a computation takes, decided once, with the budgets that decide it.
+
+``theory.route`` names a route (:data:`~singleloc.configuration._choices.ROUTE_CLASSES`) or ``"auto"``.
+:func:`choose_route` turns the problem, the layer and the numerics into a :class:`RouteChoice`: the route, the activation and its
+normalised-exponential form (:func:`~singleloc.exponential_form`), and on the exact route how its
+``lr^2`` (Gram) term is computed. The decision:
+
+* ``"auto"``: the exact route (:class:`~singleloc.LaplaceExpectation`) for a normalised exponential
+  (softmax, softmax1, bsoftmax, ssmax, or an activation that declares its form), else the Sobol rule
+  (:class:`~singleloc.SobolExpectation`); a joint layer (bsoftmax) only while its exact rule is
+  affordable (``budget``: :data:`JOINT_EXACT_MAX` for a solve, :data:`JOINT_RISK_MAX` for one risk),
+  and never with trained head weights (a joint layer's head mixture is not a normalised exponential);
+* ``"exact"``: the exact route whatever its cost (within memory: :func:`exact_rule_bytes`), an error
+  where it does not exist;
+* any other name: that route, for any activation.
+
+The Gram term of the exact route (``theory.gram``): ``"exact"`` in the Laplace form where it exists
+(one head, or two heads of a per-head layer, with the head average; else an error), ``"sobol"`` on the
+rank-aware Sobol rule, ``"auto"`` exactly for one head and for two from ``L * H >=``
+:data:`GRAM_EXACT_FROM` on, where it costs less than the rule.
+
+A new route is a module with a class of :class:`~singleloc.expectations._expectation.AbstractExpectation` (with a
+``from_setup`` class method, :meth:`~singleloc.OrderParameterODE.from_setup`) and one line in
+:data:`~singleloc.configuration._choices.ROUTE_CLASSES`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import TYPE_CHECKING
+
+from ..configuration._choices import ROUTE_CLASSES, ROUTES
+
+if TYPE_CHECKING:  # imported when a route is chosen
+    from ..configuration._specs import Model, Problem, Theory
+    from ..model._activations import Activation, ExponentialForm
+    from ..model._priors import Prior
+
+#: ``theory.route = "auto"`` integrates a joint layer (bsoftmax) on the exact route up to this
+#: :func:`~singleloc.expectations._laplace_joint.joint_rule_size` (nodes x heads x atoms), and on the rule route beyond:
+#: its conditional product form then costs more than about 10 s a drift on a 2-core CPU (4.7 s at 61440,
+#: ``H = 4`` on the Gaussian prior; ``H = 4`` with two spikes, 122880, is the largest it takes, ``H = 4``
+#: with three spikes, 589824, and ``H = 5`` with two, 921600, go to the rule).
+JOINT_EXACT_MAX = 2**17
+#: The same for one risk (:func:`~singleloc.population_risk`, :func:`~singleloc.bayes_risk` with
+#: ``route = "auto"``), computed once on the exact rule and once on its refined copy: about a minute
+#: to a quarter of an hour on a 2-core CPU (the Bayes point of four spikes, 786432; six trained bsoftmax
+#: heads on one spike, 829440; eight binary atoms are beyond it).
+JOINT_RISK_MAX = 2**20
+#: Bytes per unit of a joint layer's refined rule (:func:`~singleloc.expectations._laplace_joint.joint_rule_size`) at
+#: its peak: 0.53 kB measured (binary prior, F = 2, K = H = 4: 472 MB over the process's baseline).
+JOINT_UNIT_BYTES = 640
+
+#: ``theory.gram = "auto"`` takes the exact Gram term of two heads from this many fields ``L * H`` on:
+#: there it costs less than the Sobol rule's share of a drift (docs/model.md section 4.6), whose points
+#: shrink from ``L * H > 256`` on to fit its memory budget.
+GRAM_EXACT_FROM = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class RouteChoice:
+    """The route of one computation (module docstring): ``route`` (a key of
+    :data:`~singleloc.configuration._choices.ROUTE_CLASSES`), the ``activation`` and its
+    normalised-exponential ``form`` (``None`` if it has none), and on the exact route ``gram``:
+    ``"exact"`` or ``"sobol"`` (``None`` elsewhere)."""
+
+    route: str
+    activation: Activation
+    form: ExponentialForm | None
+    gram: str | None = None
+
+    @property
+    def exact(self) -> bool:
+        """Whether this is the exact route."""
+        return self.route == "exact"
+
+
+def route_class(name: str) -> type:
+    """The expectation class of the route ``name`` (:data:`~singleloc.configuration._choices.ROUTE_CLASSES`)."""
+    module, _, attr = ROUTE_CLASSES[name].partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def joint_exact_affordable(H: int, prior: Prior, limit: int) -> bool:
+    """Whether a joint layer of ``H`` heads under ``prior`` has an exact rule of at most ``limit``
+    units (:func:`~singleloc.expectations._laplace_joint.joint_rule_size`)."""
+    from ._laplace_joint import joint_rule_size
+
+    return joint_rule_size(H, prior) <= limit
+
+
+def exact_gram_possible(H: int, form: ExponentialForm, trained_head_weights: bool = False) -> bool:
+    """Whether the Gram term has its exact form (:mod:`~singleloc.expectations._laplace_gram`): one head, or two
+    heads of a per-head layer, with the head average (more heads hold moments of up to four distinct
+    heads)."""
+    return (H == 1 or (H == 2 and not form.joint)) and not trained_head_weights
+
+
+def exact_route_exists(form: ExponentialForm | None, trained_head_weights: bool = False) -> bool:
+    """Whether a layer whose activation has the normalised-exponential ``form`` (``None``: none) has an
+    exact route: a normalised exponential, and not a joint layer with trained head weights (a joint layer's
+    head mixture is not one)."""
+    return form is not None and not (form.joint and trained_head_weights)
+
+
+def decide(activation_name: str, L: int, H: int, prior: Prior, route: str, *, trained_head_weights: bool = False,
+           gram: str = "auto", budget: int = JOINT_EXACT_MAX, key: str = "theory.route") -> RouteChoice:
+    """The route (module docstring) of a layer of ``H`` heads with the activation ``activation_name`` on
+    sequences of ``L`` tokens under ``prior``; ``route`` and ``gram`` as ``theory.route`` and
+    ``theory.gram``; ``budget``: the largest joint-layer rule ``"auto"`` takes exactly; ``key``: the
+    name of ``route`` in messages. ``ValueError`` for a route that does not exist for this layer."""
+    from ..model._activations import exponential_form, get_activation
+
+    if route not in ROUTES:
+        raise ValueError(f"{key} must be one of {', '.join(map(repr, ROUTES))}, got {route!r}")
+    activation = get_activation(activation_name)
+    form = exponential_form(activation, L)
+    exact = exact_route_exists(form, trained_head_weights)
+    if route == "exact" and not exact:
+        if form is not None:
+            raise ValueError(f"{key} = 'exact': activation {activation_name!r} with model.head_weights = 'trained' has no "
+                             "exact route (a joint layer's head mixture is not a normalised exponential); use 'auto' or "
+                             "'rule'")
+        raise ValueError(f"{key} = 'exact': activation {activation_name!r} is not a normalised exponential (softmax, "
+                         "softmax1, bsoftmax, ssmax or one declaring exponential_form); use 'auto' or 'rule'")
+    if route == "auto":
+        route = "exact" if exact and (not form.joint or joint_exact_affordable(H, prior, budget)) else "rule"
+    if route != "exact":  # (a config that asks for the exact Gram term here is refused as it is built: _combinations)
+        return RouteChoice(route, activation, form)
+    possible = exact_gram_possible(H, form, trained_head_weights)
+    if gram == "exact" and not possible:
+        why = "trained head weights" if trained_head_weights else "a joint layer" if form.joint else f"H = {H}"
+        raise ValueError(f"theory.gram = 'exact': the exact Gram term takes one head, or two heads of a per-head layer "
+                         f"with the head average, not {why}; use 'auto' or 'sobol'")
+    auto = H == 1 or L * H >= GRAM_EXACT_FROM
+    exact_gram = possible and (gram == "exact" or (gram == "auto" and auto))
+    return RouteChoice("exact", activation, form, "exact" if exact_gram else "sobol")
+
+
+def choose_route(problem: Problem, model: Model, theory: Theory) -> RouteChoice:
+    """The route of a solve of ``problem`` by ``model`` with the numerics ``theory`` (module
+    docstring; :func:`decide` with the solve's budget :data:`JOINT_EXACT_MAX`)."""
+    return decide(model.activation, problem.L, model.heads, problem.build_prior(), theory.route,
+                  trained_head_weights=model.trained_head_weights, gram=theory.gram)
+
+
+def route_of(config) -> RouteChoice:
+    """:func:`choose_route` of a configuration's ``problem``, ``model`` and ``theory``."""
+    return choose_route(config.problem, config.model, config.theory)
+
+
+def exact_rule_bytes(activation: str, H: int, prior: Prior) -> int:
+    """Estimated peak bytes of the exact route's own rule (its refined copy, the larger): a joint
+    layer's :data:`JOINT_UNIT_BYTES` per unit of :func:`~singleloc.expectations._laplace_joint.joint_rule_size`; 0 for a
+    per-head layer, whose pair rule is small and does not grow with ``H`` or the prior."""
+    from ..model._activations import exponential_form, get_activation
+    from ._laplace_joint import joint_rule_size
+
+    form = exponential_form(get_activation(activation), 2)  # whether a layer is joint does not depend on L
+    if form is None or not form.joint:
+        return 0
+    return JOINT_UNIT_BYTES * joint_rule_size(H, prior, refined=True)
+

@@ -1,0 +1,373 @@
+"""Files and folders written whole, and output places checked before a run starts.
+
+This module uses the standard library only, so that the command line can check ``--out``
+while it parses the arguments, before any numerical library is loaded.
+
+Atomic files. :func:`atomic_write` writes to a hidden temporary name in the target's folder
+and moves it into place with ``os.replace``: a reader sees the old file or the new one, never a
+part. The temporary file is created with mode ``0o666`` less the umask (what ``open`` gives),
+so the result is as readable as any file the user creates.
+
+Files written together. Inside :func:`written_together` (``sweep``'s and ``diagnose``'s outputs),
+the files of a folder are staged as hidden temporary files and renamed into place only when
+all of them are complete: a full disk or a read-only folder leaves the previous outputs as they
+were, never a new file beside old ones, and is one ``OSError`` naming the file and the folder.
+
+Run folders. A run (``integrate``, ``simulate``, ``compare``) is one folder whose files belong
+together. :func:`write_folder` fills a hidden sibling ``.NAME.new-PID-XXXX`` (mode ``0o777``
+less the umask) and swaps it with ``NAME`` in one step (Linux ``renameat2(RENAME_EXCHANGE)``;
+elsewhere the old folder is renamed aside, the new one into place, and the old one removed).
+A failure, Ctrl-C or ``kill -9`` before the swap leaves the previous run as it was; the
+orphaned sibling of a killed process is removed by the next write to the same folder. A run
+folder holds only regular files with the names in :data:`RUN_FILES` (and ``config.json``
+carries ``singleloc_version``): a folder holding anything else is never replaced
+(:func:`check_run_folder` refuses it), so that no file of the user's is ever deleted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import ctypes
+import errno
+import json
+import os
+import re
+import secrets
+import shutil
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+#: The files a run folder may hold: those written by ``integrate``, ``simulate``, ``compare``
+#: ``prune`` (which adds its outputs to the run it pruned) and ``plot`` (which adds its figures).
+RUN_FILES = ("config.json", "theory.npz", "simulation.npz", "theory_seeds.npz", "compare.png", "theory.png", "simulation.png",
+             "phases.png", "prune.npz", "prune.png")
+
+
+def _create(path: Path, mode: int) -> int:
+    """A new file opened for reading and writing, created like ``open(path, 'xb')`` (``mode`` less the umask)."""
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), mode)
+
+
+def _hidden_sibling(path: Path, tag: str) -> Path:
+    """``PARENT/.NAME.TAG-PID-XXXXXXXX``: a fresh hidden name next to ``path``."""
+    return path.parent / f".{path.name}.{tag}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def atomic_write(path: str | Path, write: Callable[[BinaryIO], object]) -> Path:
+    """Write a file by ``write(fh)`` (``fh`` open for writing and reading) into a temporary
+    sibling, then move it onto ``path``.
+
+    The folder is created if missing. On any failure (and on Ctrl-C) the temporary file is
+    removed and ``path`` is unchanged; a failure to write (a full disk, a read-only folder) is
+    an ``OSError`` whose message names ``path``. Inside :func:`written_together` for the
+    folder of ``path``, the file is only staged: it takes its place with the others of the set."""
+    path = Path(path)
+    staging = _STAGING.get()
+    staged = staging is not None and staging.holds(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = _hidden_sibling(path, "tmp")
+        fd = _create(tmp, 0o666)
+    except OSError as err:
+        raise _named(err, path) from err
+    try:
+        with os.fdopen(fd, "w+b") as fh:
+            write(fh)
+        if staged:
+            staging.add(tmp, path)
+        else:
+            os.replace(tmp, path)
+    except BaseException as err:
+        tmp.unlink(missing_ok=True)
+        if isinstance(err, OSError) and not isinstance(err, _Named):
+            raise _named(err, path) from err
+        raise
+    return path
+
+
+class _Named(OSError):
+    """An ``OSError`` whose message already names the file it is about; ``reason``: the
+    system's words alone (``No space left on device``)."""
+
+    def __init__(self, code, message: str, reason: str):
+        super().__init__(code, message)
+        self.reason = reason
+
+
+def _reason(err: OSError) -> str:
+    return err.reason if isinstance(err, _Named) else str(err.strerror or err)
+
+
+def _named(err: OSError, path: Path) -> OSError:
+    """``err`` as one line naming ``path``: ``could not write PATH: No space left on device``."""
+    if isinstance(err, _Named):
+        return err
+    return _Named(err.errno, f"could not write {str(path)!r}: {_reason(err)}", _reason(err))
+
+
+# ----------------------------------------------------------------------------- files written together
+
+
+class _Staging:
+    """The files of one :func:`written_together` block: temporary files written whole, moved
+    into place together when the block ends without error."""
+
+    def __init__(self, folder: Path):
+        self.folder = Path(os.path.abspath(folder))
+        self.files: list[tuple[Path, Path]] = []  # (temporary file, target)
+
+    def holds(self, path: Path) -> bool:
+        return Path(os.path.abspath(path)).parent == self.folder
+
+    def add(self, tmp: Path, path: Path) -> None:
+        self.files.append((tmp, path))
+
+    def discard(self) -> None:
+        for tmp, _ in self.files:
+            tmp.unlink(missing_ok=True)
+        self.files.clear()
+
+
+_STAGING: contextvars.ContextVar[_Staging | None] = contextvars.ContextVar("singleloc_staging", default=None)
+
+
+@contextlib.contextmanager
+def written_together(folder: str | Path, stale: Callable[[set[Path]], Iterable[Path]] | None = None
+                     ) -> Iterator[list[Path]]:
+    """The files written into ``folder`` in this block (by :func:`atomic_write`, so by every
+    ``save_*`` of :mod:`singleloc.io._run_folders`) are one unit: each is written whole into a hidden
+    temporary file, and only when the block ends without error do they all take their places
+    (renames within one folder, which need no free space). On any failure (a full disk, a
+    read-only folder, an error, Ctrl-C) every temporary file is removed and ``folder`` holds
+    what it held before: no new file beside the old ones; the ``OSError`` says so in one line.
+    ``stale(written)``: the files of an earlier output of the same command that this one did not
+    write (e.g. a figure it no longer makes), removed once the new files are in place. Yields
+    the list of the paths put in place (filled when the block ends)."""
+    folder = Path(folder)
+    staging = _Staging(folder)
+    token = _STAGING.set(staging)
+    placed: list[Path] = []
+    try:
+        yield placed
+    except OSError as err:
+        staging.discard()
+        raise _Named(err.errno, f"{err.strerror or err}; {_unchanged(folder)}", _reason(err)) from err
+    except BaseException:
+        staging.discard()
+        raise
+    finally:
+        _STAGING.reset(token)
+    written = {path for _, path in staging.files}
+    try:
+        for tmp, path in staging.files:
+            os.replace(tmp, path)
+            placed.append(path)
+    except OSError as err:
+        staging.discard()
+        raise _Named(err.errno, f"could not move the outputs into {str(folder)!r}: {_reason(err)}", _reason(err)) from err
+    for path in stale(written) if stale is not None else ():
+        if path not in written:
+            Path(path).unlink(missing_ok=True)
+
+
+def _unchanged(folder: Path) -> str:
+    return f"nothing was written to {str(folder)!r}, which is unchanged"
+
+
+#: The PNG text entry by which a command marks the figures it writes outside run folders
+#: (``sweep``, ``diagnose``), so that it removes only its own figures when a later output no longer has them.
+OUTPUT_KEY = "singleloc output"
+
+
+def png_has_text(path: str | Path, key: str, value: str) -> bool:
+    """Whether the PNG file ``path`` carries the text entry ``key`` = ``value`` (as
+    :func:`singleloc.save_figure` writes its ``metadata``): how a command recognises a figure
+    of its own before it removes it."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError:
+        return False
+    return data.startswith(b"\x89PNG") and b"tEXt" + key.encode("latin-1") + b"\x00" + value.encode("latin-1") in data
+
+
+# ----------------------------------------------------------------------------- folder swaps
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+_renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None) if os.name == "posix" else None
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two existing paths atomically; ``False`` where the system cannot."""
+    if _renameat2 is None:
+        return False
+    if _renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), str(b))
+
+
+def _swap_into_place(new: Path, target: Path) -> None:
+    if not target.exists():
+        os.rename(new, target)
+        return
+    if _exchange(new, target):
+        shutil.rmtree(new)  # now the previous run
+        return
+    old = _hidden_sibling(target, "old")
+    os.rename(target, old)
+    os.rename(new, target)
+    shutil.rmtree(old)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_orphans(target: Path) -> None:
+    """Remove the siblings ``.NAME.new-PID-*``/``.NAME.old-PID-*`` left by killed processes."""
+    pattern = re.compile(rf"\.{re.escape(target.name)}\.(new|old)-(\d+)-[0-9a-f]{{8}}")
+    for entry in target.parent.iterdir() if target.parent.is_dir() else ():
+        match = pattern.fullmatch(entry.name)
+        if match and not _alive(int(match.group(2))):
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def write_folder(target: str | Path, fill: Callable[[Path], object], keep: bool = False) -> Path:
+    """Replace the folder ``target`` by the files ``fill(folder)`` writes, in one step.
+
+    ``fill`` writes into a fresh hidden sibling; with ``keep``, the files of ``target`` that
+    ``fill`` does not write are carried over (hard links, or copies where links fail). Then the
+    sibling takes ``target``'s place (see the module docstring). On any failure the sibling is
+    removed and ``target`` is unchanged. A ``target`` that :func:`check_run_folder` refuses
+    (the current folder, a folder with files of the user's) raises before anything is written.
+    Returns ``target``."""
+    check_run_folder(target)
+    given = Path(target)
+    target = Path(os.path.realpath(target))  # a symbolic link keeps pointing to the (new) run
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _remove_orphans(target)
+    new = _hidden_sibling(target, "new")
+    os.mkdir(new, 0o777)
+    try:
+        fill(new)
+        if keep and target.is_dir():
+            written = {p.name for p in new.iterdir()}
+            for src in target.iterdir():
+                if src.name not in written and src.is_file():
+                    _link_or_copy(src, new / src.name)
+        _swap_into_place(new, target)
+    except OSError as err:
+        shutil.rmtree(new, ignore_errors=True)
+        unchanged = f"{str(given)!r} is unchanged" if target.exists() else f"nothing was written to {str(given)!r}"
+        raise _Named(err.errno, f"could not write the run folder: {_reason(err)}; {unchanged}", _reason(err)) from err
+    except BaseException:
+        shutil.rmtree(new, ignore_errors=True)
+        raise
+    return given
+
+
+# ----------------------------------------------------------------------------- checks before a run
+
+
+def describe_path(path: Path) -> str:
+    """What ``path`` is, in a few words: ``"a folder"``, ``"a character device"``, ..."""
+    if path.is_symlink() and not path.exists():
+        return "a broken symbolic link"
+    kinds = ((Path.is_dir, "a folder"), (Path.is_file, "a regular file"), (Path.is_char_device, "a character device"),
+             (Path.is_block_device, "a block device"), (Path.is_fifo, "a named pipe"), (Path.is_socket, "a socket"))
+    return next((words for test, words in kinds if test(path)), "missing" if not path.exists() else "a special file")
+
+
+def _nearest_existing(path: Path) -> Path:
+    path = Path(os.path.abspath(path))
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def check_writable(folder: str | Path) -> None:
+    """Raise ``OSError`` (one line) unless a file can be created in ``folder``, or in its nearest
+    existing ancestor when it does not exist yet: a file is created there and removed again,
+    which tests permissions, read-only mounts and the like before any work."""
+    place = _nearest_existing(Path(folder))
+    if not place.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, f"{str(place)!r} is {describe_path(place)}, not a folder")
+    probe = _hidden_sibling(place / "probe", "tmp")
+    try:
+        os.close(_create(probe, 0o600))
+        probe.unlink()
+    except OSError as err:
+        raise OSError(err.errno, f"cannot create files in {str(place)!r} ({err.strerror})") from None
+
+
+def run_folder_owner(folder: Path) -> str | None:
+    """``None`` if ``folder`` may be replaced by a run (missing, empty, or a run folder as
+    described in the module docstring); else the reason why not, in words."""
+    if not folder.exists():
+        return None
+    if not folder.is_dir():
+        return f"it is {describe_path(folder)}, not a folder"
+    entries = sorted(folder.iterdir())
+    if not entries:
+        return None
+    foreign = [p.name for p in entries if p.name not in RUN_FILES or not p.is_file() or p.is_symlink()]
+    if foreign:
+        listed = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        return f"it holds {listed}, which {'is' if len(foreign) == 1 else 'are'} not part of a singleloc run"
+    try:
+        stamp = json.loads((folder / "config.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        stamp = None
+    if not isinstance(stamp, dict) or "singleloc_version" not in stamp:
+        return "it has no config.json written by singleloc"
+    return None
+
+
+def check_run_folder(folder: str | Path) -> bool:
+    """Check, before a run, that ``folder`` can receive a run: it must not be or contain the
+    current folder (which the swap would move away), must hold nothing but a previous run, and
+    its parent must be writable. Returns whether a previous run is there (and will be
+    replaced). Raises ``ValueError`` or ``OSError`` with one line that starts with the folder."""
+    if not str(folder).strip():
+        raise ValueError("expected a folder, got an empty name")
+    folder = Path(folder)
+    absolute = Path(os.path.realpath(folder))
+    if Path.cwd() == absolute or absolute in Path.cwd().parents:
+        raise ValueError(f"{str(folder)!r} is or contains the current folder, and writing a run replaces its folder as a "
+                         "whole: run singleloc from outside it")
+    reason = run_folder_owner(absolute)
+    if reason is not None:
+        raise ValueError(f"{str(folder)!r} cannot hold a run: {reason}; writing a run replaces its folder as a whole, "
+                         "so choose a new or empty folder")
+    check_writable(absolute.parent)
+    return absolute.is_dir() and any(absolute.iterdir())
+
+
+def check_output_folder(folder: str | Path) -> None:
+    """Check, before a run, that files can be written into ``folder`` (created if missing):
+    it is not an existing non-folder and a file can be created in it (or its nearest ancestor).
+    Raises ``ValueError`` or ``OSError`` with one line."""
+    if not str(folder).strip():
+        raise ValueError("expected a folder, got an empty name")
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"{str(folder)!r} is {describe_path(folder)}, not a folder")
+    check_writable(folder)

@@ -1,0 +1,71 @@
+"""Warnings about a run that completes but did not go as its config says (a surprise, not an
+error): saved times that coincide, and a risk that rose during training.
+
+* **Saved times.** The simulator saves at whole SGD steps: the saved time ``tau`` is the step
+  ``round(tau D / sgd.batch)`` (:func:`~singleloc.simulation._simulation.save_steps`), so times closer than
+  one step apart fall on the same step and fewer than ``sgd.n_save`` are saved
+  (:func:`warn_if_times_dropped`, called by :func:`~singleloc.simulate` before it runs).
+* **A rising risk.** Online SGD at a learning rate that is too large can make the risk rise
+  instead of fall. :func:`warn_if_risk_rose` compares the mean final risk with the mean initial
+  risk against their error (the standard error over the seeds, or the floor of the noise of the
+  risk's estimate); :func:`~singleloc.simulate` calls it on its result, and the command line on
+  the result of :func:`~singleloc.integrate` (call it yourself on a
+  :class:`~singleloc.TheoryResult`).
+
+Both warn with :func:`warnings.warn` (``UserWarning``); the command line prints each as one line
+``singleloc COMMAND: warning: ...``.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+
+from ..configuration._config import Config, require_config
+
+
+def warn_if_times_dropped(config: Config, kept: int, *, stacklevel: int = 2) -> None:
+    """Warn when only ``kept`` distinct SGD steps carry the ``sgd.n_save`` saved times of the
+    simulation of ``config`` (module docstring; ``kept`` is the length of
+    :func:`~singleloc.simulation._simulation.save_steps`)."""
+    if kept < config.sgd.n_save:
+        warnings.warn(f"sgd.n_save = {config.sgd.n_save} saved times fall on {kept} distinct SGD steps (tau = t / D with "
+                      f"simulation.D = {config.simulation.D}); the simulation saves {kept}", stacklevel=stacklevel + 1)
+
+
+def warn_if_risk_rose(config: Config, *, simulation=None, theory=None, stacklevel: int = 2) -> None:
+    """Warn when the mean final risk of a simulation or a theory run exceeds the mean initial risk
+    by more than three times its error.
+
+    The error is the standard error over the seeds (the starts) of the rise, or a floor if larger.
+    The simulation's floor is the test-set noise: the limit loss of one sequence lies in [0, 2]
+    (weights non-negative, summing to at most one), so its standard deviation is at most 1 and a
+    rise compares two independent test sets of ``simulation.test_samples`` sequences per seed:
+    ``sqrt(2 / (test_samples * seeds))``. The theory's floor is the solver's tolerance on the
+    initial risk, ``theory.rtol * R0 + theory.atol``. The warning names ``sgd.lr``.
+
+    Args:
+        config: the config of the run.
+        simulation: a :class:`~singleloc.SimulationResult` (its limit risk ``risk_limit`` is read).
+        theory: a :class:`~singleloc.TheoryResult` (its ``risk`` is read).
+        stacklevel: as for :func:`warnings.warn`, counted from the caller of this function.
+    """
+    require_config(config, "warn_if_risk_rose")
+    sim, th = config.simulation, config.theory
+    checks = []
+    if simulation is not None:
+        checks.append(("simulation's limit", np.asarray(simulation.risk_limit, dtype=float),
+                       math.sqrt(2.0 / (sim.test_samples * sim.seeds))))
+    if theory is not None:
+        risk = np.asarray(theory.risk, dtype=float)
+        checks.append(("theory", risk, th.rtol * float(np.abs(risk[:, 0]).max()) + th.atol))
+    for what, risk, floor in checks:
+        rise = risk[:, -1] - risk[:, 0]
+        spread = float(rise.std(ddof=1) / math.sqrt(len(rise))) if len(rise) > 1 else 0.0
+        error = max(spread, floor)
+        if rise.mean() > 3 * error:
+            warnings.warn(f"the {what} risk rose during training ({risk[:, 0].mean():.4g} -> {risk[:, -1].mean():.4g}, more "
+                          f"than 3 x its error {error:.2g}): sgd.lr = {config.sgd.lr:g} may be too large",
+                          stacklevel=stacklevel + 1)

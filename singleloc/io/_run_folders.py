@@ -1,0 +1,323 @@
+"""Output files and run folders.
+
+Files. :func:`save_npz`, :func:`save_json`, :func:`save_text` and :func:`save_figure` write
+atomically (:func:`singleloc.io._atomic_files.atomic_write`): a reader never sees a half-written file,
+and files get the usual permissions (``0o666`` less the umask).
+
+Run folders. The outputs of one ``integrate``, ``simulate`` or ``compare`` form one unit, a
+folder written by :func:`save_run`:
+
+* every file carries the **config hash** of the run (:func:`config_hash`: SHA-256 of the
+  canonical JSON of the resolved config): ``config.json`` holds it as ``config_hash`` next to
+  the config and ``singleloc_version``; each ``.npz`` as its zip comment
+  ``singleloc config_hash HASH`` (:func:`npz_stamp`; the arrays are unchanged); each ``.png``
+  as the text entry ``singleloc config_hash``;
+* the folder is replaced as a whole (:func:`singleloc.io._atomic_files.write_folder`): the files are
+  written into a hidden sibling that then takes the folder's place, so a failure or a kill
+  leaves the previous run intact and no file of an earlier run survives beside the new ones.
+
+:func:`add_to_run` adds files to an existing run (``prune`` writes ``prune.npz`` and
+``prune.png``, stamped with the hash of the run it pruned) in the same way. :func:`load_run`
+reads a run back and refuses a folder whose files disagree: a data file whose hash is not that
+of ``config.json``, a ``config.json`` edited after the run (its contents no longer give its
+hash), a missing array or one whose shape does not fit the config.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import zipfile
+import zlib
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .._version import __version__
+from ..configuration._config import Config, load_config, require_config
+from ..pruning._pruning_result import PruningResult
+from ..simulation._simulation_result import SimulationResult
+from ..theory._theory_result import TheoryResult, theory_from_arrays
+from ._atomic_files import atomic_write, describe_path, write_folder
+
+#: The data files of a run folder, ``<kind>.npz``, in the order :func:`load_run` reads them.
+RUN_KINDS = ("theory", "simulation")
+
+#: Name of the hash entry in ``config.json`` (and, prefixed by ``singleloc``, in the other files).
+HASH_KEY = "config_hash"
+_NPZ_STAMP = f"singleloc {HASH_KEY} "
+
+#: The errors NumPy and zipfile raise for a damaged or truncated ``.npz`` file.
+NPZ_ERRORS = (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error)
+
+
+def config_hash(config: Config | Mapping[str, Any]) -> str:
+    """First 16 hex digits of the SHA-256 of the canonical JSON (sorted keys, no spaces) of
+    ``config.to_dict()`` (or of the plain dict as stored in ``config.json``)."""
+    if not isinstance(config, Mapping):
+        require_config(config, "config_hash")  # a preset name hashed as a string would be a hash of nothing
+    data = config.to_dict() if isinstance(config, Config) else config
+    return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def save_npz(path: str | Path, arrays: Mapping[str, Any], stamp: str | None = None) -> Path:
+    """Write ``arrays`` to ``path`` (``.npz``) atomically; ``stamp``: a config hash, stored as
+    the zip comment ``singleloc config_hash STAMP`` (see :func:`npz_stamp`)."""
+
+    def write(fh) -> None:
+        np.savez(fh, **{k: np.asarray(v) for k, v in arrays.items()})
+        if stamp is not None:
+            fh.seek(0)
+            with zipfile.ZipFile(fh, "a") as z:
+                z.comment = (_NPZ_STAMP + stamp).encode()
+
+    return atomic_write(Path(path), write)
+
+
+def npz_stamp(path: str | Path) -> str | None:
+    """The config hash an ``.npz`` file of a run carries (its zip comment), or ``None``."""
+    with zipfile.ZipFile(path) as z:
+        comment = z.comment.decode(errors="replace")
+    return comment[len(_NPZ_STAMP):] if comment.startswith(_NPZ_STAMP) else None
+
+
+def save_text(path: str | Path, text: str) -> Path:
+    """Write ``text`` (UTF-8) atomically."""
+    data = text.encode()
+    return atomic_write(Path(path), lambda fh: fh.write(data))
+
+
+def save_json(path: str | Path, data: Any) -> Path:
+    """Write ``data`` as indented JSON atomically."""
+    return save_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+def save_figure(path: str | Path, fig, metadata: Mapping[str, str] | None = None) -> Path:
+    """Save a matplotlib figure as PNG atomically (``metadata``: PNG text entries)."""
+    return atomic_write(Path(path), lambda fh: fig.savefig(fh, format="png", dpi=110, bbox_inches="tight",
+                                                           metadata=dict(metadata or {})))
+
+
+def _write_stamped(folder: Path, files: Mapping[str, Any], stamp: str) -> None:
+    for name, content in files.items():
+        if name.endswith(".npz"):
+            save_npz(folder / name, content, stamp)
+        elif name.endswith(".png"):
+            save_figure(folder / name, content, {f"singleloc {HASH_KEY}": stamp})
+        else:
+            raise ValueError(f"a run holds .npz and .png files, got {name!r}")
+
+
+def save_run(directory: str | Path, config: Config, files: Mapping[str, Any]) -> Path:
+    """Write a run folder: ``config.json`` and ``files`` (name -> arrays for ``.npz``, a
+    matplotlib figure for ``.png``), all stamped with the config hash, replacing ``directory``
+    as a whole (see the module docstring). Returns ``directory``."""
+    require_config(config, "save_run")
+    stamp = config_hash(config)
+
+    def fill(folder: Path) -> None:
+        save_json(folder / "config.json", {"singleloc_version": __version__, HASH_KEY: stamp, **config.to_dict()})
+        _write_stamped(folder, files, stamp)
+
+    return write_folder(directory, fill)
+
+
+def save_theory(directory: str | Path, config: Config, result: TheoryResult, index: int = 0) -> Path:
+    """Write the run folder ``DIR`` of an integration: ``theory.npz`` (trajectory ``index`` of ``result``)
+    and ``config.json`` (with the number of points chosen when ``theory.points = "auto"``), replacing
+    ``DIR`` as a whole (:func:`save_run`); returns ``DIR/theory.npz``."""
+    require_config(config, "save_theory")
+    return save_run(directory, result.resolved(config), {"theory.npz": result.arrays(index)}) / "theory.npz"
+
+
+def save_simulation(directory: str | Path, config: Config, result: SimulationResult) -> Path:
+    """Write the run folder ``DIR`` of a simulation: ``simulation.npz`` and ``config.json``, replacing
+    ``DIR`` as a whole (:func:`save_run`); returns ``DIR/simulation.npz``."""
+    require_config(config, "save_simulation")
+    return save_run(directory, config, {"simulation.npz": result.arrays()}) / "simulation.npz"
+
+
+def add_to_run(run: Run, files: Mapping[str, Any]) -> Path:
+    """Add ``files`` (as for :func:`save_run`) to the folder of ``run``, stamped with its hash;
+    its other files are kept, and the folder is again replaced as a whole."""
+    return write_folder(run.directory, lambda folder: _write_stamped(folder, files, run.config_hash), keep=True)
+
+
+@contextlib.contextmanager
+def _open_npz(path: str | Path) -> Iterator[Any]:
+    """``np.load`` of an ``.npz`` file (``ValueError`` for a file that is not a zip archive,
+    rather than NumPy's attempt to read it as a pickle)."""
+    if not zipfile.is_zipfile(path):
+        raise ValueError("not a zip archive")
+    with np.load(path, allow_pickle=False) as data:
+        yield data
+
+
+def load_npz(path: str | Path) -> dict[str, np.ndarray]:
+    """All arrays of an ``.npz`` file as a dict (errors as :func:`_open_npz`)."""
+    with _open_npz(path) as data:
+        return {k: data[k] for k in data.files}
+
+
+def npz_names(path: str | Path) -> list[str]:
+    """The names of the arrays of an ``.npz`` file, from its zip directory only (no array is
+    read; errors as :func:`load_npz`)."""
+    with _open_npz(path) as data:
+        return list(data.files)
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split()) or type(err).__name__
+
+
+def load_npy(path: str | Path, name: str) -> np.ndarray:
+    """A real numeric ``.npy`` array, memory-mapped (rows are read when indexed).
+
+    ``name`` names the file in the error messages (``FileNotFoundError`` for a missing file,
+    ``ValueError`` for one that is not a real numeric ``.npy`` array)."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{name} {str(path)!r} does not exist")
+    if not path.is_file():
+        raise ValueError(f"{name} {str(path)!r} is {describe_path(path)}; expected a .npy file")
+    try:
+        arr = np.load(path, mmap_mode="r", allow_pickle=False)
+    except Exception as err:  # numpy raises several types for a malformed file
+        raise ValueError(f"{name} {str(path)!r} is not a readable .npy array ({_one_line(err)})") from None
+    if not isinstance(arr, np.ndarray) or arr.dtype.kind not in "biuf":
+        raise ValueError(f"{name} {str(path)!r} must hold a real numeric array, got dtype {getattr(arr, 'dtype', '?')}")
+    return arr
+
+
+#: Further stamped data files a run folder may hold, read by :func:`load_run` when present:
+#: ``theory_seeds.npz`` (``compare``: the theory of every seed) and ``prune.npz`` (``prune``).
+EXTRA_KINDS = ("theory_seeds", "prune")
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """An output folder read back: its ``config``, the ``config_hash`` every file carries and,
+    for each ``<kind>.npz`` present (``kind`` in :data:`RUN_KINDS`), its arrays in ``data[kind]``;
+    the arrays of the further files of :data:`EXTRA_KINDS` present in ``extra[kind]``.
+
+    The same data as the result objects the plotting functions (:mod:`singleloc.plots`) and the
+    analyses take: :attr:`theory` (a :class:`~singleloc.TheoryResult`), :attr:`simulation` (a
+    :class:`~singleloc.SimulationResult`) and :attr:`pruning` (``{source: PruningResult}``), each
+    ``None`` where the folder has no such file; so ``plots.plot_compare(run.theory, run.simulation)``
+    draws a run read back."""
+
+    directory: Path
+    config: Config
+    data: Mapping[str, dict[str, np.ndarray]]
+    config_hash: str
+    extra: Mapping[str, dict[str, np.ndarray]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def theory(self):
+        """The theory as a :class:`~singleloc.TheoryResult` (trajectories with a leading start axis):
+        every seed's of ``theory_seeds.npz`` (``compare``) when present, else the one trajectory of
+        ``theory.npz``; the route and stated errors from ``theory.npz``. ``None`` without either."""
+        if "theory" not in self.data and "theory_seeds" not in self.extra:
+            return None
+        return theory_from_arrays(self.data.get("theory"), self.extra.get("theory_seeds"))
+
+    @property
+    def simulation(self):
+        """``simulation.npz`` as a :class:`~singleloc.SimulationResult` (without the final keys and
+        spikes, which the file does not hold: ``K`` and ``kstar`` are ``None``), or ``None``."""
+        d = self.data.get("simulation")
+        if d is None:
+            return None
+        return SimulationResult(d["tau"], d["M"], d["Q"], d["b"], d["risk"], d["risk_limit"], None, None, d.get("v"))
+
+    @property
+    def pruning(self):
+        """``prune.npz`` as ``{source: PruningResult}`` (``"theory"``, ``"simulation"``: the rows of
+        every seed or random draw), or ``None``."""
+        d = self.extra.get("prune")
+        if d is None:
+            return None
+        order = str(d["order"]) if "order" in d else "given"
+        return {source: PruningResult(order, d[f"{source}_removed"], d[f"{source}_risks"], d.get(f"{source}_stderr"))
+                for source in RUN_KINDS if f"{source}_risks" in d}
+
+
+def _expected_shapes(config: Config, kind: str) -> dict[str, tuple]:
+    """Shapes of the arrays of ``<kind>.npz``; ``"T"`` and ``"S"`` stand for any length."""
+    H, F = config.model.heads, config.problem.F
+    seeds = () if kind == "theory" else ("S",)
+    shapes = {"tau": ("T",), "M": (*seeds, "T", H, F), "Q": (*seeds, "T", H, H), "b": (*seeds, "T", H), "risk": (*seeds, "T")}
+    return shapes if kind == "theory" else {**shapes, "risk_limit": ("S", "T")}
+
+
+def _check_arrays(file: Path, arrays: Mapping[str, np.ndarray], config: Config, kind: str) -> None:
+    sizes: dict[str, int] = {}
+    for key, shape in _expected_shapes(config, kind).items():
+        if key not in arrays:
+            raise ValueError(f"{file} has no array {key!r}: the file is incomplete")
+        got = arrays[key].shape
+        ok = len(got) == len(shape) and all(sizes.setdefault(s, n) == n if isinstance(s, str) else s == n
+                                            for s, n in zip(shape, got))
+        if not ok:
+            want = "(" + ", ".join(map(str, shape)) + ")"
+            raise ValueError(f"{file}: {key} has shape {got}, expected {want} for model.heads = {config.model.heads}, "
+                             f"problem.F = {config.problem.F}")
+
+
+def load_run(directory: str | Path, kinds: Sequence[str] = RUN_KINDS) -> Run:
+    """Read the output folder of ``integrate``, ``simulate``, ``compare`` or ``prune``: ``config.json``,
+    those of ``<kind>.npz`` (``kind`` in ``kinds``) that are present and the further files of
+    :data:`EXTRA_KINDS` present (``theory_seeds.npz``, ``prune.npz``). The :class:`Run` gives them
+    as arrays (``run.data``) and as result objects (``run.theory``, ``run.simulation``,
+    ``run.pruning``).
+
+    Raises ``FileNotFoundError`` when the folder, its ``config.json`` or every wanted data file
+    is missing, and ``ValueError`` when a file present cannot be read, is incomplete, or does
+    not carry the config hash of ``config.json`` (the folder mixes runs), naming the file.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"run folder {str(directory)!r} is not a folder")
+    path = directory / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: a run folder is the output folder of integrate, simulate or compare")
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is not valid JSON: {_one_line(err)}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a table of config sections, got a JSON {type(data).__name__}")
+    version = data.pop("singleloc_version", "unknown")
+    stamp = data.pop(HASH_KEY, None)  # Config.from_dict would ignore both; the hash is of the rest
+    try:
+        config = load_config(data)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{path}: {_one_line(err)}") from None
+    if stamp is None:
+        raise ValueError(f"{path} carries no config hash (written by singleloc {version}, before runs were stamped), "
+                         "so its files cannot be checked to belong together: rerun the command that made it")
+    if config_hash(data) != stamp:
+        raise ValueError(f"{path} was edited after the run: its contents no longer give its config hash {stamp}, "
+                         "so the data files were made by another config; rerun the command instead of editing the file")
+    files = {kind: directory / f"{kind}.npz" for kind in (*kinds, *EXTRA_KINDS) if (directory / f"{kind}.npz").is_file()}
+    if not files:
+        raise FileNotFoundError(f"no {' or '.join(f'{kind}.npz' for kind in kinds)} in {directory}")
+    arrays = {}
+    for kind, file in files.items():
+        try:
+            arrays[kind] = load_npz(file)
+            got = npz_stamp(file)
+        except NPZ_ERRORS as err:
+            raise ValueError(f"{file} is not a readable .npz file ({_one_line(err)})") from None
+        if got != stamp:
+            made = "carries no config hash" if got is None else f"was made by another config (hash {got})"
+            raise ValueError(f"{file} {made}, not by the config.json beside it (hash {stamp}): the folder mixes files "
+                             "of different runs; rerun the command that made it")
+        if kind in RUN_KINDS:
+            _check_arrays(file, arrays[kind], config, kind)
+    extra = {kind: arrays.pop(kind) for kind in EXTRA_KINDS if kind in arrays}
+    return Run(directory, config, arrays, stamp, extra)

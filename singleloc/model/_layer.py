@@ -1,0 +1,50 @@
+"""The attention layer and its losses (docs/model.md sections 2 and 3).
+
+All functions act on one sequence; ``jax.vmap`` them over samples.
+
+* :func:`token_weights`: ``a_l = (1/H) sum_h act(s)_hl`` from scores ``s`` (H, L), or
+  ``a_l = sum_h v_h act(s)_hl`` with trained head weights ``v`` (H,);
+* :func:`limit_loss`: the ``D -> infinity`` loss ``(1 - a_eps)^2 + sum_{l != eps} a_l^2``
+  as a function of the scores; the theory engine differentiates it to get ``c_hl``;
+* :func:`finite_loss`: ``|x_eps - sum_l a_l x_l|^2 / D`` for tokens ``X`` (L, D) and keys
+  ``K`` (H, D); the simulator differentiates it.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ..configuration._arguments import require_activation
+from ._activations import Activation
+
+
+def token_weights(activation: Activation, scores: jax.Array, v: jax.Array | None = None) -> jax.Array:
+    """Aggregated weights ``a`` (L,) from scores (H, L): the head average of ``act(scores)``, or
+    its mixture ``sum_h v_h act(scores)_h`` with head weights ``v`` (H,)."""
+    require_activation("token_weights", activation)
+    if v is None:
+        return jnp.mean(activation(scores), axis=-2)
+    return v @ activation(scores)
+
+
+def limit_loss(activation: Activation, scores: jax.Array, eps: jax.Array | int, v: jax.Array | None = None) -> jax.Array:
+    """``|e_eps - a|^2 = (1 - a_eps)^2 + sum_{l != eps} a_l^2``: the loss as ``D -> infinity``
+    (head weights ``v``: :func:`token_weights`)."""
+    a = token_weights(activation, scores, v)
+    target = jax.nn.one_hot(eps, a.shape[-1], dtype=a.dtype)
+    return jnp.sum((target - a) ** 2, axis=-1)
+
+
+def scores(K: jax.Array, b: jax.Array, X: jax.Array) -> jax.Array:
+    """``s_hl = <k_h, x_l> / sqrt(D) + b_h`` for keys K (H, D), biases b (H,), tokens X (L, D)."""
+    return K @ X.T / jnp.sqrt(X.shape[-1]) + b[:, None]
+
+
+def finite_loss(activation: Activation, K: jax.Array, b: jax.Array, X: jax.Array, eps: jax.Array,
+                v: jax.Array | None = None) -> jax.Array:
+    """The finite-D loss ``|x_eps - sum_l a_l x_l|^2 / D`` of one sequence (head weights ``v``:
+    :func:`token_weights`)."""
+    a = token_weights(activation, scores(K, b, X), v)
+    residual = X[eps] - a @ X
+    return jnp.sum(residual**2) / X.shape[-1]

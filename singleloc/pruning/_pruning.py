@@ -1,0 +1,391 @@
+"""Head pruning of a trained layer (docs/model.md section 7).
+
+A layer with ``H`` heads is pruned by removing heads one at a time; the layer that keeps a
+subset ``S`` of ``H'`` heads is the same activation applied to those ``H'`` heads only, so the
+aggregation is renormalised over the kept heads, ``a = (1/H') sum_{h in S} A_h``, and
+bsoftmax's factor ``H`` becomes ``H'`` (both follow from applying the activation and
+:func:`~singleloc.token_weights` to the ``(H', L)`` scores of the kept heads).
+
+Two evaluators of the risk of a kept subset:
+
+* theory (:class:`TheoryRisk`): the population risk of the kept rows/columns of
+  ``(M, Q, b)``, with an :class:`~singleloc.OrderParameterODE` built for ``H'`` heads (its
+  quadrature rule over the local fields depends on ``H'``; one is built and cached per ``H'``;
+  with ``theory.replicates > 1``, one per replicate, and the risk has a quadrature error);
+* weights (:class:`WeightsRisk`): the kept rows of the keys ``K`` and biases ``b``,
+  evaluated on the simulator's held-out sequences (:mod:`singleloc.model._heldout`: exact in law at
+  any D, finite-D empirical loss or the limit loss), with the same sequences for every subset
+  (common random numbers, so that differences between subsets are measured with little noise).
+
+Three orders of removal (:data:`~singleloc.PRUNING_ORDERS`):
+
+* ``greedy``: at each step remove the head whose removal raises the risk least (ties go to
+  the lowest head index);
+* ``alignment``: remove first the head with the smallest spike-overlap norm ``|M_h|`` (the
+  Euclidean norm of row ``h`` of ``M``, i.e. of the head's overlaps with the ``F`` spikes).
+  The name is the one the CLI accepts; the order ranks by these norms, not by the
+  head-spike cosines ``M_hf / sqrt(Q_hh)`` of the phase analysis;
+* ``random``: ``draws`` uniformly random orders from ``numpy.random.default_rng(seed)``;
+  the result holds every draw, and its mean and spread.
+
+An explicit order (a sequence of head indices) is accepted too.
+
+A run folder (:func:`prune_run`): the final state of ``theory.npz`` and of every seed of
+``simulation.npz``, each pruned with the theory evaluator on one rule, the run's config checked
+(:func:`pruning_config`: the quadrature and the memory of the rule) and ``theory.points = "auto"``
+resolved once, before the first layer is pruned.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..bayes._population_risk import RiskEstimate, layer_risk, layer_risk_check
+from ..configuration._arguments import require_arrays
+from ..configuration._choices import PRUNING_DRAWS_MAX, PRUNING_ORDERS
+from ..configuration._config import Config, gather_specs, require_arguments, require_config, require_uniform_head_weights
+from ..configuration._specs import SGD, Model, Problem, Simulation, Theory
+from ..configuration._validation import integer
+from ..expectations._routes import route_of
+from ..io._resources import check_memory, check_quadrature, theory_bytes
+from ..model._activations import get_activation
+from ..model._data import overlaps
+from ..model._heldout import draw_heldout, heldout_losses
+from ..runtime._estimates import prune_evaluations, pruning
+from ..theory._ode import integrate, resolve_points
+from ..theory._theory import OrderParameterODE, OrderParameters
+from ._pruning_result import PruningResult
+
+
+def keep_heads(M, Q, b, kept: Sequence[int]) -> OrderParameters:
+    """The order parameters of the sub-layer of heads ``kept``: rows of ``M`` and ``b``,
+    rows and columns of ``Q``."""
+    require_arrays("keep_heads", M=M, Q=Q, b=b, kept=kept)
+    idx = np.asarray(kept, dtype=int)
+    return OrderParameters(jnp.asarray(M)[idx], jnp.asarray(Q)[np.ix_(idx, idx)], jnp.asarray(b)[idx])
+
+
+# -- evaluators ---------------------------------------------------------------------------
+
+
+# compiled once per shape: the draw per (H, D, samples, L, prior), the losses per subset size H'
+_draw_heldout = eqx.filter_jit(draw_heldout)
+_heldout_losses = eqx.filter_jit(heldout_losses)
+
+
+def pruning_config(config: Config, heads: int | None = None) -> Config:
+    """The config that :class:`TheoryRisk` scores the sub-layers of a layer of ``heads`` heads
+    (default ``model.heads``) with, checked before a rule is built: on the Sobol rule route the
+    rule over ``problem.L * heads`` fields can be built with ``theory.points`` points
+    (:func:`~singleloc.io._resources.check_quadrature`; ``"auto"`` is checked as the points are
+    chosen), ``theory.points = "auto"`` is resolved (:func:`~singleloc.resolve_points`, one rule
+    for every sub-layer), ``theory.route = "auto"`` is fixed to the full layer's route (one for every
+    sub-layer: bsoftmax beyond :data:`~singleloc.expectations._routes.JOINT_EXACT_MAX` on the rule), and the rule
+    fits in memory (:func:`~singleloc.io._resources.check_memory`).
+    ``ValueError`` or ``MemoryError`` naming the keys otherwise (``model.head_weights =
+    "trained"``: pruning is written for the head average)."""
+    require_config(config, "pruning_config")
+    require_uniform_head_weights(config, "pruning")
+    H = config.model.heads if heads is None else int(heads)
+    if config.theory.route == "auto" and not route_of(config.replace(model={"heads": H})).exact:
+        # one route for every sub-layer, the full layer's: a joint layer too large for the exact route
+        # (JOINT_EXACT_MAX) would otherwise have its smaller sub-layers on it, and the steps mix routes
+        config = config.replace(theory={"route": "rule"})
+    if config.theory.points != "auto" and not route_of(config).exact:
+        check_quadrature(config.problem.L, H, config.problem.build_prior(), config.theory.points,
+                         principal=config.theory.rank_aware)
+    resolved = resolve_points(config)
+    check_memory({f"the theory's quadrature (theory.points = {resolved.theory.points})": theory_bytes(resolved, 1, heads=H)})
+    return resolved
+
+
+class TheoryRisk:
+    """Population risk of sub-layers of the layer ``(M, Q, b)`` (``M`` (H, F), ``Q`` (H, H),
+    ``b`` (H,)). ``risk(kept)`` evaluates the heads ``kept`` with ODE objects for
+    ``len(kept)`` heads, built from ``config`` (problem, activation, ``theory.points``,
+    ``theory.qmc_seed``, ``theory.replicates``) and cached; ``theory.points = "auto"`` is
+    resolved first (:func:`~singleloc.resolve_points`, at the config's start), and the rule is
+    checked before it is built (:func:`pruning_config`: ``ValueError`` or ``MemoryError`` naming
+    the keys).
+
+    On the exact route (``theory.route``, a normalised-exponential activation) a risk is the
+    exact one and its error the difference to the finer exact rule. On the Sobol rule, with
+    ``theory.replicates = R > 1`` a risk is the mean over ``R`` independently scrambled
+    rules and comes with its standard error (their spread over ``sqrt(R)``): the quadrature
+    error of the risk of the given layer. With ``R = 1`` the error is not estimated (0.0).
+
+    The run is ``config`` or the specifications by keyword (``TheoryRisk(M=M, Q=Q, b=b,
+    problem=..., model=..., theory=...)``; ``sgd``'s rule does not enter a risk)."""
+
+    def __init__(self, config: Config | None = None, M=None, Q=None, b=None, *, problem: Problem | None = None,
+                 model: Model | None = None, sgd: SGD | None = None, theory: Theory | None = None):
+        config = gather_specs("TheoryRisk", config, problem=problem, model=model, sgd=sgd, theory=theory)
+        require_arguments("TheoryRisk", M=M, Q=Q, b=b)
+        require_uniform_head_weights(config, "TheoryRisk")
+        dtype = jnp.result_type(float)
+        self.M, self.Q, self.b = (jnp.asarray(x, dtype) for x in (M, Q, b))
+        H = self.M.shape[0]
+        if self.M.shape != (H, config.problem.F) or self.Q.shape != (H, H) or self.b.shape != (H,):
+            raise ValueError(f"order parameters must have shapes (H, F), (H, H), (H,) with F = {config.problem.F}; "
+                             f"got M {self.M.shape}, Q {self.Q.shape}, b {self.b.shape}")
+        self.config = pruning_config(config, heads=H)  # checked; one rule for every sub-layer
+        self.heads = H
+        self._odes: dict[int, list[OrderParameterODE]] = {}
+
+    def odes(self, heads: int) -> list[OrderParameterODE]:
+        """The (cached) :class:`OrderParameterODE` objects of a layer with ``heads`` heads, one
+        per replicate ``r``: the rule of scrambling ``Theory.evaluation_seed + r``, the one on
+        which :func:`~singleloc.integrate` evaluates replicate ``r``'s risk, independent of the
+        nodes that drove a trained layer's dynamics (so that the unpruned risk is the risk
+        ``integrate`` reports)."""
+        if heads not in self._odes:
+            th = self.config.theory
+            self._odes[heads] = [OrderParameterODE.from_config(self.config.replace(
+                model={"heads": heads}, theory={"qmc_seed": th.evaluation_seed + r}), check=True) for r in range(th.replicates)]
+        return self._odes[heads]
+
+    def __call__(self, kept: Sequence[int]) -> tuple[float, float]:
+        """``(risk, standard error)`` of the sub-layer of heads ``kept`` (class docstring)."""
+        M, Q, b = keep_heads(self.M, self.Q, self.b, kept)
+        odes = self.odes(len(kept))
+        if odes[0].expectation.route == "exact":  # the exact route: one rule, its error against the finer one
+            exact = odes[0].expectation
+            estimate = RiskEstimate.from_refinement(layer_risk(exact, M, Q, b), layer_risk_check(exact, M, Q, b))
+            return estimate.value, estimate.error
+        risks = [float(layer_risk(ode.expectation, M, Q, b)) for ode in odes]
+        if len(risks) == 1:
+            return risks[0], 0.0
+        estimate = RiskEstimate.from_replicates(risks, self.config.theory.points)
+        return estimate.value, estimate.error
+
+
+class WeightsRisk:
+    """Risk of sub-layers of the finite-D layer with keys ``K`` (H, D), biases ``b`` (H,) and
+    spikes ``kstar`` (F, D), on ``samples`` fresh sequences (the same sequences for every
+    subset). ``loss="empirical"``: the finite-D loss ``|x_eps - yhat|^2 / D``;
+    ``loss="limit"``: the limit loss of docs/model.md section 3 of the same scores.
+
+    The sequences are those of the simulator's test risk: :func:`~singleloc.model._heldout.draw_heldout`
+    from the JAX key ``key`` (an int is ``jax.random.PRNGKey(key)``), in ``K``'s dtype, and
+    :func:`~singleloc.model._heldout.heldout_losses` scores the kept heads on them. With every head
+    kept and the simulator's key ``fold_in(seed_keys(seed, s).test, i)`` this is the simulator's
+    test risk of seed ``s`` at saved time ``i``. The draws span all ``H`` keys, so every kept
+    subset is scored exactly in law on the same sequences (common random numbers); the jitted
+    evaluation compiles once per subset size.
+
+    The run is ``config`` or the specifications by keyword (``problem``; ``model``: the
+    activation; ``simulation``: ``test_samples``, the default of ``samples``).
+    """
+
+    def __init__(self, config: Config | None = None, K=None, b=None, kstar=None, *, problem: Problem | None = None,
+                 model: Model | None = None, simulation: Simulation | None = None, samples: int | None = None,
+                 key: int | jax.Array = 0, loss: str = "empirical"):
+        config = gather_specs("WeightsRisk", config, problem=problem, model=model, simulation=simulation)
+        require_arguments("WeightsRisk", K=K, b=b, kstar=kstar)
+        require_uniform_head_weights(config, "WeightsRisk")
+        if loss not in ("empirical", "limit"):
+            raise ValueError(f"loss must be 'empirical' or 'limit', got {loss!r}")
+        K = jnp.asarray(K)
+        K = K.astype(jnp.result_type(K.dtype, jnp.float32))
+        b, kstar = jnp.asarray(b, K.dtype), jnp.asarray(kstar, K.dtype)
+        H, D = K.shape
+        F = config.problem.F
+        if b.shape != (H,) or kstar.shape != (F, D):
+            raise ValueError(f"weights must have shapes K (H, D), b (H,), kstar (F, D) with F = {F}; "
+                             f"got K {K.shape}, b {b.shape}, kstar {kstar.shape}")
+        L = config.problem.L
+        if D < H + F + L:
+            raise ValueError(f"D = {D} must be at least H + F + L = {H + F + L}")
+        n = config.simulation.test_samples if samples is None else int(samples)
+        if n < 2:
+            raise ValueError(f"samples must be >= 2, got {n}")
+        key = jax.random.PRNGKey(key) if isinstance(key, (int, np.integer)) else key
+        self.K, self.b, self.kstar, self.heads, self.D = K, b, kstar, H, D
+        self.act = get_activation(config.model.activation)
+        self.loss = loss
+        self.sequences = _draw_heldout(key, config.problem.build_prior(), K, kstar, n, L)
+
+    def overlaps(self) -> tuple[np.ndarray, np.ndarray]:
+        """``M = K k*^T / D`` and ``Q = K K^T / D`` of the full layer."""
+        M, Q = overlaps(self.K, self.kstar)
+        return np.asarray(M), np.asarray(Q)
+
+    def losses(self, kept: Sequence[int]) -> np.ndarray:
+        """``(samples,)`` losses of the sub-layer of heads ``kept``."""
+        finite, limit = _heldout_losses(self.act, self.sequences, self.b, jnp.asarray(kept, dtype=int))
+        return np.asarray(limit if self.loss == "limit" else finite, dtype=np.float64)
+
+    def __call__(self, kept: Sequence[int]) -> tuple[float, float]:
+        """``(mean loss, its standard error)`` of the sub-layer of heads ``kept``."""
+        losses = self.losses(kept)
+        return float(losses.mean()), float(losses.std(ddof=1) / np.sqrt(len(losses)))
+
+
+# -- orders -------------------------------------------------------------------------------
+
+
+def prune(evaluate: Callable[[Sequence[int]], tuple[float, float]], heads: int, order: str | Sequence[int] = "greedy",
+          *, overlap_norms: np.ndarray | None = None, draws: int = 16, seed: int = 0) -> PruningResult:
+    """Remove heads one at a time along ``order`` and record the risk.
+
+    Args:
+        evaluate: ``kept -> (risk, stderr)`` for a subset of head indices.
+        heads: ``H``.
+        order: ``"greedy"``, ``"alignment"``, ``"random"``, or an explicit sequence of ``H - 1``
+            (or ``H``; the last is then ignored) distinct head indices, removed in that order.
+        overlap_norms: ``(H,)`` spike-overlap norms ``|M_h|``, required for ``order="alignment"``
+            (which removes the smallest first; ties go to the lowest head index).
+        draws: number of random orders (``order="random"`` only).
+        seed: seed of the random orders.
+    """
+    H = int(heads)
+    if H < 1:
+        raise ValueError(f"a layer needs at least one head, got {H}")
+    if isinstance(order, str):
+        if order not in PRUNING_ORDERS:
+            raise ValueError(f"unknown pruning order {order!r} (known: {', '.join(PRUNING_ORDERS)})")
+        if order == "greedy":
+            return _greedy(evaluate, H)
+        if order == "alignment":
+            if overlap_norms is None:
+                raise ValueError("order 'alignment' needs the spike-overlap norms |M_h| (overlap_norms)")
+            overlap_norms = np.asarray(overlap_norms, dtype=float)
+            if overlap_norms.shape != (H,):
+                raise ValueError(f"overlap_norms must have shape ({H},), got {overlap_norms.shape}")
+            sequences = [np.argsort(overlap_norms, kind="stable")[: H - 1]]
+        else:
+            draws = integer("draws", draws, 1, PRUNING_DRAWS_MAX, example=16)
+            rng = np.random.default_rng(seed)
+            sequences = [rng.permutation(H)[: H - 1] for _ in range(int(draws))]
+        label = order
+    else:
+        seq = [int(h) for h in order]
+        if len(seq) not in (H - 1, H) or sorted(set(seq)) != sorted(seq) or not all(0 <= h < H for h in seq):
+            raise ValueError(f"an explicit order must list {H - 1} distinct head indices in 0..{H - 1}, got {list(order)}")
+        sequences, label = [np.asarray(seq[: H - 1], dtype=int)], "given"
+    risks, errs = [], []
+    for seq in sequences:
+        kept = list(range(H))
+        r, e = [], []
+        for k in range(H):
+            if k:
+                kept.remove(int(seq[k - 1]))
+            rk, ek = evaluate(kept)
+            r.append(rk)
+            e.append(ek)
+        risks.append(r)
+        errs.append(e)
+    removed = np.asarray(sequences, dtype=int).reshape(len(sequences), H - 1)
+    return PruningResult(label, removed, np.asarray(risks), np.asarray(errs))
+
+
+def _greedy(evaluate, H: int) -> PruningResult:
+    kept = list(range(H))
+    r0, e0 = evaluate(kept)
+    risks, errs, removed = [r0], [e0], []
+    for _ in range(H - 1):
+        trials = [evaluate([k for k in kept if k != h]) for h in kept]
+        i = int(np.argmin([t[0] for t in trials]))
+        removed.append(kept.pop(i))
+        risks.append(trials[i][0])
+        errs.append(trials[i][1])
+    return PruningResult("greedy", np.asarray([removed], dtype=int).reshape(1, H - 1), np.asarray([risks]), np.asarray([errs]))
+
+
+def _finish(result: PruningResult, deterministic: bool) -> PruningResult:
+    return dataclasses.replace(result, stderr=None) if deterministic else result
+
+
+def prune_theory(config: Config | None = None, M=None, Q=None, b=None, order: str | Sequence[int] = "greedy", *,
+                 problem: Problem | None = None, model: Model | None = None, sgd: SGD | None = None,
+                 theory: Theory | None = None, draws: int = 16, seed: int = 0) -> PruningResult:
+    """Prune the layer with order parameters ``M`` (H, F), ``Q`` (H, H), ``b`` (H,), scoring
+    every kept subset by its population risk (see :class:`TheoryRisk`; on the exact route, or
+    with ``theory.replicates > 1`` on the Sobol rule, each risk comes with its quadrature error
+    in ``stderr``: the difference to the finer exact rule, or the replicates' standard error). The run
+    is ``config`` or the specifications by keyword (defaults for those not given)."""
+    config = gather_specs("prune_theory", config, problem=problem, model=model, sgd=sgd, theory=theory)
+    require_arguments("prune_theory", M=M, Q=Q, b=b)
+    require_arrays("prune_theory", M=M, Q=Q, b=b)
+    evaluate = TheoryRisk(config, M, Q, b)
+    norms = np.linalg.norm(np.asarray(M, dtype=float), axis=1)
+    result = prune(evaluate, evaluate.heads, order, overlap_norms=norms, draws=draws, seed=seed)
+    # one Sobol rule states no error; the exact route states its own (against the finer exact rule)
+    return _finish(result, deterministic=config.theory.replicates == 1 and not route_of(evaluate.config).exact)
+
+
+def prune_run(run, order: str | Sequence[int] = "greedy", *, draws: int = 16,
+              seed: int = 0) -> dict[str, list[PruningResult]]:
+    """Prune the trained layers of a run folder read back by :func:`~singleloc.load_run`, with
+    :func:`prune_theory`: the final state of ``theory.npz`` (one layer) and the final order
+    parameters of every seed of ``simulation.npz`` (one layer per seed; the keys are not stored,
+    so a seed is pruned through its order parameters with the theory's risk, not on fresh
+    finite-D data: for that, :func:`prune_weights`). Every layer is scored on one rule of the
+    run's config, checked and with ``theory.points = "auto"`` resolved once
+    (:func:`pruning_config`) before the first layer is pruned.
+
+    Returns:
+        ``{kind: [PruningResult, ...]}`` for each kind of ``run.data`` (``"theory"``: one result;
+        ``"simulation"``: one per seed), in the run's order.
+    """
+    from ..io._run_folders import Run
+
+    if not isinstance(run, Run):
+        raise TypeError(f"prune_run: run must be a singleloc.Run, got {type(run).__name__} {run!r:.40}; pass "
+                        "singleloc.load_run(folder)")
+    config = pruning_config(run.config)
+    results = {}
+    count = sum(1 if kind == "theory" else np.shape(d["M"])[0] for kind, d in run.data.items())
+    with pruning(config, count, prune_evaluations(config.model.heads, order, draws)) as bar:  # said, counted, recorded
+        for kind, d in run.data.items():  # theory.npz: (T, ...) of seed 0; simulation.npz: (S, T, ...)
+            M, Q, b = (np.asarray(d[k], dtype=float) for k in "MQb")
+            layers = [(M[-1], Q[-1], b[-1])] if kind == "theory" else [(M[s, -1], Q[s, -1], b[s, -1]) for s in range(M.shape[0])]
+            results[kind] = [_counted(bar, prune_theory(config, *layer, order, draws=draws, seed=seed)) for layer in layers]
+    return results
+
+
+def _counted(bar, result: PruningResult) -> PruningResult:
+    bar.update()
+    return result
+
+
+def prune_weights(config: Config | None = None, K=None, b=None, kstar=None, order: str | Sequence[int] = "greedy", *,
+                  problem: Problem | None = None, model: Model | None = None, simulation: Simulation | None = None,
+                  draws: int = 16, seed: int = 0, samples: int | None = None, key: int | jax.Array = 0,
+                  loss: str = "empirical") -> PruningResult:
+    """Prune the finite-D layer ``K`` (H, D), ``b`` (H,) with spikes ``kstar`` (F, D), scoring
+    every kept subset on the same ``samples`` fresh sequences (default
+    ``simulation.test_samples``) drawn from the JAX key ``key`` as the simulator draws its test
+    sequences (see :class:`WeightsRisk`). The greedy choices are made on these Monte Carlo
+    estimates; ``stderr`` holds their standard errors. ``alignment`` ranks by ``|M_h|`` with
+    ``M = K k*^T / D``. The run is ``config`` or the specifications by keyword."""
+    config = gather_specs("prune_weights", config, problem=problem, model=model, simulation=simulation)
+    require_arguments("prune_weights", K=K, b=b, kstar=kstar)
+    require_arrays("prune_weights", K=K, b=b, kstar=kstar)
+    evaluate = WeightsRisk(config, K, b, kstar, samples=samples, key=key, loss=loss)
+    norms = np.linalg.norm(evaluate.overlaps()[0], axis=1)
+    return prune(evaluate, evaluate.heads, order, overlap_norms=norms, draws=draws, seed=seed)
+
+
+def finetune(config: Config | None = None, M=None, Q=None, b=None, kept: Sequence[int] | None = None, ts=None, *,
+             problem: Problem | None = None, model: Model | None = None, sgd: SGD | None = None,
+             theory: Theory | None = None, **kwargs):
+    """Continue the ODE from the pruned layer: :func:`~singleloc.integrate` of the
+    ``len(kept)``-head model from ``y0`` = the kept rows/columns of ``(M, Q, b)``, saved at
+    ``ts`` (which start at the pruning time, e.g. 0). Returns a :class:`~singleloc.TheoryResult`.
+    The run is ``config`` or the specifications by keyword (``model``: the unpruned layer)."""
+    config = gather_specs("finetune", config, problem=problem, model=model, sgd=sgd, theory=theory)
+    require_arguments("finetune", M=M, Q=Q, b=b, kept=kept, ts=ts)
+    require_arrays("finetune", M=M, Q=Q, b=b, kept=kept, ts=ts)
+    require_uniform_head_weights(config, "finetune")
+    y0 = keep_heads(M, Q, b, kept)
+    ts = np.asarray(ts, dtype=float)
+    kwargs.setdefault("t0", float(ts.flat[0]) if ts.size else 0.0)  # the pruned layer is the state at ts[0]
+    return integrate(config.replace(model={"heads": len(kept)}), y0, ts=ts, **kwargs)
+

@@ -1,0 +1,296 @@
+"""Compilation: programs that a later process reuses from disk, without tracing or compiling.
+
+A short theory run spends most of its time turning Python into an XLA executable: tracing
+the solve into a program (seconds: diffrax is large) and compiling it (more seconds). Both
+can be skipped in a later process.
+
+* Compiling. JAX keeps executables in a persistent cache (``jax_compilation_cache_dir``),
+  keyed by the program's text. Host callbacks keep a program out of it: their keys hold
+  process-specific pointers. Equinox's runtime checks (``eqx.error_if``, inside diffrax) are
+  host callbacks in their default mode ``EQX_ON_ERROR=raise``; as NaN they are a select that
+  returns NaN, and the solve's own checks report the failure (:func:`~singleloc.integrate`
+  raises on a non-finite trajectory, in one line). The package's solves are traced inside
+  :func:`checks_as_nan`, which sets that mode for their tracing only: nothing is changed for
+  the rest of the process (no environment variable is set at import). A user who sets
+  ``EQX_ON_ERROR`` (``raise`` to debug a failing check) is obeyed; programs traced with host
+  callbacks are then compiled in every process. Diffrax's progress bar is a host callback too, shown
+  only when asked for (``progress=True``). JAX also skips programs that compiled in under a
+  second; :func:`enable_compilation_cache` lowers that floor to zero.
+* Tracing. :func:`exported_call` stores the traced program itself, serialised with
+  ``jax.export`` (StableHLO), next to the executables, and a later process loads it instead
+  of tracing. The file is keyed by everything the program is built from: the shapes and
+  dtypes of the arrays, the structure and static values of the arguments, a digest of the
+  package's source files, the versions of JAX, equinox, diffrax, optimistix and lineax, the
+  backend, the JAX options that change tracing, and ``EQX_ON_ERROR``. A static value that
+  cannot be named across processes (a function defined outside ``singleloc``, e.g. an
+  activation registered from a script; one named by a ``"package.module:function"`` reference
+  is named by it, :mod:`~singleloc.configuration._extensions`) disables the stored program for that call, as do host
+  callbacks in the traced program, a missing ``flatbuffers`` (needed by
+  ``jax.export`` serialisation) and more than one local device (the stored programs are
+  single-device; a batch split over the devices, :mod:`~singleloc.runtime._sharding`, is traced in
+  every process and its executable still comes from the compilation cache).
+
+* Memory. Every executable in a process holds memory-mapped sections of machine code, and
+  Linux caps a process's mappings (``vm.max_map_count``, 65530 by default): one process that
+  compiled the programs of about a hundred shapes (a long serial sweep) failed with "LLVM
+  ERROR: Unable to allocate section memory". :func:`hold_programs` bounds that: a process
+  keeps the programs of at most :data:`MAX_HELD_SHAPES` shapes, then frees them all
+  (``jax.clear_caches``); with the persistent cache on, a shape that comes back is loaded, not
+  compiled again.
+
+The cache is opt-in (it changes JAX's global configuration): the command line turns it on,
+a script calls :func:`enable_compilation_cache`. Its folder is ``$SINGLELOC_CACHE_DIR`` if
+set (an empty value turns it off), else ``$XDG_CACHE_HOME/singleloc/jax`` (by default
+``~/.cache/singleloc/jax``). A stale entry is never used (the keys above), and the folder
+can be deleted at any time.
+
+Faults. A stored program that cannot be read back (a truncated or damaged file) is traced and
+compiled again and replaces the file, with one warning naming it. A cache folder that cannot be
+created or written (a file in its place, no permission, a read-only disk) is not used: one
+warning names it and the variable it comes from, and the programs are compiled in every run.
+A stored program that cannot be written (a full disk) is not stored, with one warning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.metadata
+import importlib.util
+import inspect
+import os
+import re
+import sys
+import tempfile
+import warnings
+from collections.abc import Callable, Hashable
+from pathlib import Path
+
+import jax
+
+from ..configuration._extensions import stable_names
+
+_PACKAGE = Path(__file__).parent.parent  # the package (this module is in singleloc/runtime)
+_DEPENDENCIES = ("jax", "jaxlib", "equinox", "diffrax", "optimistix", "lineax")
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+_LOADED: dict[str, Callable] = {}  # digest -> the loaded program, jitted (one per process and key)
+
+#: Most shapes whose compiled programs one process holds (:func:`hold_programs`). A theory shape
+#: holds a few dozen executables; 16 shapes stay far below ``vm.max_map_count``.
+MAX_HELD_SHAPES = 16
+_HELD: set[Hashable] = set()  # the shapes whose programs this process holds since the last clear
+_OWNED = [False]  # whether singleloc owns this process's JAX state (own_process)
+
+
+@contextlib.contextmanager
+def checks_as_nan():
+    """Trace Equinox's runtime checks as a NaN select, not a host callback, within the block (module
+    docstring): the mode Equinox reads when a check is traced, set for the block and restored after it,
+    unless the process's ``EQX_ON_ERROR`` says otherwise (the user's choice)."""
+    try:
+        from equinox import _errors  # the module whose global the checks read when they are traced
+    except ImportError:  # pragma: no cover - another equinox layout: its default mode stays
+        yield
+        return
+    if "EQX_ON_ERROR" in os.environ or not hasattr(_errors, "EQX_ON_ERROR"):
+        yield
+        return
+    before = _errors.EQX_ON_ERROR
+    _errors.EQX_ON_ERROR = "nan"
+    try:
+        yield
+    finally:
+        _errors.EQX_ON_ERROR = before
+
+
+def checks_mode() -> str:
+    """The mode of Equinox's runtime checks in the package's programs (part of a stored program's key)."""
+    return os.environ.get("EQX_ON_ERROR", "nan")
+
+
+def own_process() -> None:
+    """Declare that singleloc owns this process's JAX state: the command line and a Dask worker
+    (a process the cluster owns) say so, a Python caller's process does not. Only an owned
+    process has its compiled programs freed by :func:`hold_programs`."""
+    _OWNED[0] = True
+
+
+def process_owned() -> bool:
+    """Whether :func:`own_process` was called in this process."""
+    return _OWNED[0]
+
+
+def hold_programs(shape: Hashable) -> None:
+    """Note that the next computation compiles (or reuses) the programs of ``shape`` (any
+    hashable name of the arrays' shapes and the static values, e.g. a sweep's
+    :func:`~singleloc.sweeps._sweep_compute.compile_group`). Before a new shape beyond :data:`MAX_HELD_SHAPES`,
+    every compiled program of this process is freed (``jax.clear_caches()``; module docstring,
+    "Memory"). Results do not change: a freed program is compiled or loaded again when needed."""
+    if shape not in _HELD and len(_HELD) >= MAX_HELD_SHAPES:
+        jax.clear_caches()
+        _HELD.clear()
+    _HELD.add(shape)
+
+
+CACHE_ENV = "SINGLELOC_CACHE_DIR"
+
+
+def cache_dir() -> Path | None:
+    """The folder of the persistent compilation cache (``None``: turned off)."""
+    if CACHE_ENV in os.environ:
+        value = os.environ[CACHE_ENV].strip()
+        return Path(value).expanduser() if value else None
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "singleloc" / "jax"
+
+
+def _cache_source() -> str:
+    """Where :func:`cache_dir` comes from, for messages."""
+    if CACHE_ENV in os.environ:
+        return CACHE_ENV
+    return "XDG_CACHE_HOME" if os.environ.get("XDG_CACHE_HOME") else "the default ~/.cache"
+
+
+def _usable(folder: Path) -> str | None:
+    """``None`` if ``folder`` can be created and written into, else why not."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as err:
+        return err.strerror or str(err)
+    return None
+
+
+def enable_compilation_cache(directory: str | Path | None = None) -> Path | None:
+    """Turn on JAX's persistent compilation cache (and :func:`exported_call`'s stored
+    programs) for this process and return its folder.
+
+    Args:
+        directory: the cache folder; default :func:`cache_dir`.
+
+    A cache folder that JAX already uses (set by the caller, e.g. a test session) is kept.
+    Returns ``None`` when the cache is turned off (``SINGLELOC_CACHE_DIR=""``).
+    """
+    current = jax.config.jax_compilation_cache_dir
+    if current:
+        return Path(current)
+    folder = Path(directory).expanduser() if directory is not None else cache_dir()
+    if folder is None:
+        return None
+    problem = _usable(folder)
+    if problem is not None:
+        source = "the directory argument" if directory is not None else _cache_source()
+        warnings.warn(f"the compilation cache folder {str(folder)!r} (from {source}) cannot be used ({problem}); programs are "
+                      f"compiled in every run: set {CACHE_ENV} to a writable folder, or to an empty value to turn the cache "
+                      "off", stacklevel=2)
+        return None
+    jax.config.update("jax_compilation_cache_dir", str(folder))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return folder
+
+
+def _source_digest() -> str:
+    h = hashlib.sha256()
+    for path in sorted(_PACKAGE.rglob("*.py")):
+        h.update(str(path.relative_to(_PACKAGE)).encode() + path.read_bytes())
+    return h.hexdigest()
+
+
+def _stable_names() -> dict[str, str]:
+    """``repr`` -> ``module.name`` of every module-level function of the imported singleloc
+    modules (their code is covered by the source digest), and ``reference@digest`` of every
+    function a config names by reference (its module's source digest)."""
+    names = stable_names()  # functions a config names by reference (singleloc.configuration._extensions)
+    for module_name, module in list(sys.modules.items()):
+        if module_name == "singleloc" or module_name.startswith("singleloc."):
+            for attr, value in vars(module).items():
+                if callable(value) and inspect.isfunction(value):
+                    names[repr(value)] = f"{module_name}.{attr}"
+    return names
+
+
+def _structure(args) -> str | None:
+    """The structure and static values of ``args`` as a string that is the same in every
+    process, or ``None`` if a static value has no such name."""
+    text = str(jax.tree.structure(args))
+    for value, name in _stable_names().items():
+        text = text.replace(value, name)
+    return None if _ADDRESS.search(text) else text
+
+
+def _environment() -> tuple:
+    versions = tuple(importlib.metadata.version(name) for name in _DEPENDENCIES)
+    options = ("jax_enable_x64", "jax_default_matmul_precision", "jax_numpy_dtype_promotion", "jax_numpy_rank_promotion")
+    return (versions, jax.default_backend(), tuple(str(getattr(jax.config, o)) for o in options), checks_mode(),
+            _source_digest())
+
+
+def exported_call(name: str, fn: Callable, *args, static: tuple = ()):
+    """``fn(*args, *static)`` through a program stored in the cache folder (module docstring).
+
+    ``fn`` (named ``name``, its code in the package) must be a pure function of the array
+    leaves of ``args``; ``static`` holds its static Python arguments (numbers, flags). Without
+    a cache folder, or when the program cannot be stored, this is ``fn(*args, *static)``.
+    """
+    with checks_as_nan():  # the package's checks traced as NaN, for this call only
+        return _exported_call(name, fn, args, static)
+
+
+def _exported_call(name: str, fn: Callable, args: tuple, static: tuple):
+    folder = jax.config.jax_compilation_cache_dir
+    structure = _structure(args)
+    if not folder or structure is None or importlib.util.find_spec("flatbuffers") is None or jax.local_device_count() > 1:
+        return fn(*args, *static)
+    leaves, treedef = jax.tree.flatten(args)
+    shapes = tuple((tuple(x.shape), str(x.dtype)) for x in leaves)
+    digest = hashlib.sha256(repr((name, static, structure, shapes, _environment())).encode()).hexdigest()
+    call = _LOADED.get(digest)
+    if call is None:
+        path = Path(folder) / "exported" / f"{name}-{digest[:32]}.bin"
+        exported = _load(path)
+        if exported is None:
+            try:
+                exported = jax.export.export(jax.jit(lambda *x: fn(*jax.tree.unflatten(treedef, x), *static)))(*leaves)
+            except NotImplementedError:  # host callbacks: jax.export refuses them (newer JAX) ...
+                return fn(*args, *static)
+            if "callback" in exported.mlir_module():  # ... or exports them unserialisable (older JAX)
+                return fn(*args, *static)
+            _store(path, exported.serialize())
+        call = _LOADED[digest] = jax.jit(exported.call)
+    return call(*leaves)
+
+
+def _load(path: Path):
+    """The program stored at ``path``, or ``None`` when there is none or it cannot be read back
+    (damaged: one warning; the caller compiles it again and replaces the file)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        warnings.warn(f"the stored program {str(path)!r} cannot be read ({err.strerror or err}); compiling it again",
+                      stacklevel=3)
+        return None
+    try:
+        return jax.export.deserialize(bytearray(data))
+    except Exception as err:  # a truncated or damaged file: struct.error, flatbuffers' errors, ...
+        warnings.warn(f"the stored program {str(path)!r} is damaged ({type(err).__name__}: {err}); compiling it again and "
+                      "replacing it", stacklevel=3)
+        return None
+
+
+def _store(path: Path, data: bytes) -> None:
+    """Write a program to ``path`` in one step (a temporary sibling, renamed); a folder or disk
+    that refuses it leaves the program unstored, with one warning."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_bytes(data)
+        partial.replace(path)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            partial.unlink(missing_ok=True)
+        warnings.warn(f"the compiled program could not be stored in {str(path.parent)!r} (from {_cache_source()}: "
+                      f"{err.strerror or err}); it is compiled again in the next run", stacklevel=3)

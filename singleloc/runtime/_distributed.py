@@ -1,0 +1,430 @@
+"""Independent points on Dask ``distributed``: in this process, on a local cluster, or on an external one.
+
+:func:`run_points` maps a module-level function over tasks ``(key, args)`` and hands every result
+to a callback ``on_result(key, result)`` **in the calling (client) process**, as the results
+complete. The workers receive the arguments (for a sweep: the kind and the resolved
+configurations of a group of points as plain dicts, :meth:`Config.to_dict`, computed together by
+:func:`~singleloc.sweeps._sweep_compute.compute_points`) and send back arrays; only the client writes files, so
+the workers need no shared file system.
+
+Where the tasks run (a :class:`Cluster`, from :func:`open_cluster`; :func:`run_points` opens one
+for the call unless it is handed an open one, so that several calls, e.g. the two rounds of a
+sweep, share one cluster):
+
+* ``workers == 1`` and no scheduler address: one after the other in this process, in the order
+  given. Dask is neither imported nor started (a plain ``singleloc sweep``).
+* ``workers > 1``: an embedded :class:`distributed.LocalCluster` of ``workers`` processes with one
+  thread each, started when the first task is submitted and closed with the :class:`Cluster`. Its
+  workers get the environment :func:`worker_env` (one CPU thread for XLA and BLAS, no
+  preallocation of accelerator memory, so ``workers`` processes use ``workers`` cores; the
+  caller's persistent compilation cache).
+* ``scheduler="tcp://HOST:PORT"`` (or, with ``workers == 1``, the address in the environment
+  variable ``DASK_SCHEDULER_ADDRESS``, Dask's own convention): an existing cluster (``dask
+  scheduler`` and ``dask worker`` processes, ``dask-jobqueue`` on Slurm or PBS; ``docs/scale.md``).
+  Its workers must have the same version of ``singleloc`` installed.
+
+Faults:
+
+* A task that raises: its exception is recorded under its key (:attr:`PointsReport.errors`) and
+  the other tasks go on. Nothing is retried: the computations are deterministic.
+* A worker process that dies in the middle of a task (killed, out of memory): the scheduler runs
+  the task again on another worker, up to the Dask setting ``distributed.scheduler.allowed-failures``
+  times (3 by default); past that the task is recorded with Dask's ``KilledWorker``. Each result
+  is handed to ``on_result`` once.
+* Ctrl-C or SIGTERM on the client: the results completed so far were already handed to
+  ``on_result``; the pending tasks are cancelled, the local cluster is closed (by the
+  :class:`Cluster`'s context) and :class:`KeyboardInterrupt` propagates.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from concurrent.futures import CancelledError
+from typing import Any
+
+#: Environment variable holding the address of an external scheduler (Dask's convention).
+SCHEDULER_ENV = "DASK_SCHEDULER_ADDRESS"
+
+#: Environment of the worker processes of a local cluster: XLA's CPU code on one thread (the
+#: usual flags; XLA may still start helper threads), so that ``workers`` processes share
+#: ``workers`` cores, and no preallocation of accelerator memory (local workers may share a GPU).
+#: ``XLA_FLAGS`` is appended to the caller's own; Dask itself already sets one thread for
+#: OpenMP, MKL and OpenBLAS (``distributed.nanny.pre-spawn-environ``). Double precision is
+#: enabled by :func:`compute_point` itself (an environment variable would be read too late when
+#: the caller's main module imports JAX, which the spawned workers re-import).
+WORKER_ENV = {
+    "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1",
+    "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+}
+
+
+#: Dask settings of a local cluster: no statistical profiler on the workers. It serves the
+#: dashboard, which is off, and samples the deep stacks of JAX's tracing: a worker's first sweep
+#: point took 25 s with it, 18 s without (once, on a loaded 2-core machine).
+LOCAL_CONFIG = {"distributed.worker.profile.enabled": False}
+
+
+@dataclasses.dataclass
+class PointsReport:
+    """What :func:`run_points` did: the keys handed to ``on_result`` (in completion order), the
+    exception of every task that raised (by key), the wall time and where the tasks ran
+    (``"serial"``, ``"local"`` or the scheduler address)."""
+
+    completed: list[Hashable]
+    errors: dict[Hashable, BaseException]
+    seconds: float
+    where: str
+
+
+#: The Dask clusters of this process started and not yet closed (:func:`clusters_open`).
+_OPEN: set[int] = set()
+
+
+def clusters_open() -> bool:
+    """Whether a cluster of this process is started (a local one running, an external one
+    connected) and not yet closed: Ctrl-C then gives it time to close (``singleloc.cli``)."""
+    return bool(_OPEN)
+
+
+class Cluster:
+    """Where tasks run: this process (``where == "serial"``), a local cluster (``"local"``) or the
+    external cluster at a scheduler address (``where`` is the address). Made by
+    :func:`open_cluster`, which closes it. Dask is imported, and a local cluster started or an
+    external one connected, only when :meth:`client` is first called (by :func:`run_points` with
+    tasks to run, or :attr:`threads` of an external cluster), so that a sweep whose points are all
+    cached starts nothing."""
+
+    def __init__(self, workers: int, address: str | None, source: str = "scheduler"):
+        self.workers = workers
+        self.address = address
+        self.source = source  # where the address comes from, for messages
+        self.where = address or ("local" if workers > 1 else "serial")
+        self._stack = contextlib.ExitStack()
+        self._client = None
+
+    def client(self):
+        """The :class:`distributed.Client` of the cluster, started or connected on the first call."""
+        if self.where == "serial":
+            raise RuntimeError("a serial Cluster has no Dask client")
+        if self._client is None:
+            # Dask is imported here, not at the top: a serial run neither imports nor starts it.
+            import dask
+            from distributed import Client, LocalCluster
+
+            _OPEN.add(id(self))  # from the start: Ctrl-C while it starts lets it close its workers
+
+            if self.address:
+                self._client = self._stack.enter_context(self._connect(Client))
+            else:
+                with dask.config.set(LOCAL_CONFIG):
+                    cluster = self._stack.enter_context(LocalCluster(
+                        n_workers=self.workers, threads_per_worker=1, processes=True, dashboard_address=None,
+                        env=worker_env()))
+                self._client = self._stack.enter_context(Client(cluster))
+                self._client.run(_quiet_worker_logs)
+        return self._client
+
+    def _connect(self, Client):
+        """The client of the external scheduler; a bad or unreachable address is a one-line
+        ``ValueError`` / ``ConnectionError`` naming it and where it comes from."""
+        from distributed.comm.addressing import parse_address, parse_host_port
+        from distributed.comm.registry import get_backend
+
+        what = f"the Dask scheduler address {self.address!r} ({self.source})"
+        try:  # before Client: a Client that fails on the address leaves the next one hanging
+            scheme, location = parse_address(self.address)
+            get_backend(scheme)
+            if scheme in ("tcp", "tls"):
+                parse_host_port(location)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{what} is not usable: {err}; expected tcp://HOST:PORT") from None
+        try:
+            return Client(self.address)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{what} is not usable: {err}; expected tcp://HOST:PORT") from None
+        except (OSError, TimeoutError) as err:
+            raise ConnectionError(f"{what}: cannot connect ({err}); start the scheduler or fix the address"
+                                  + (f" (or unset {SCHEDULER_ENV} to run in this process)" if self.source == SCHEDULER_ENV
+                                     else "")) from None
+
+    @property
+    def threads(self) -> int:
+        """The tasks the cluster runs at once: 1 in this process, ``workers`` on a local cluster,
+        the worker threads of an external cluster now (connecting to it; at least 1)."""
+        if self.where == "serial":
+            return 1
+        if not self.address:
+            return self.workers
+        return max(1, sum(self.client().nthreads().values()))
+
+    def close(self, *, quiet: bool = False) -> None:
+        """Close the client and a local cluster (its worker processes end); idempotent.
+        ``quiet``: without Dask's log lines (after Ctrl-C, when the workers are stopped in the
+        middle of their tasks and Dask logs every cancelled task and every worker it kills)."""
+        client, self._client = self._client, None
+        try:
+            if not quiet:
+                self._stack.close()
+                return
+            _silence_dask_logging()
+            if client is not None and not self.address:  # a local cluster's workers: no tracebacks as the scheduler goes
+                with contextlib.suppress(Exception):
+                    client.run(_silence_worker_logs, wait=False)
+            try:
+                self._stack.close()
+            finally:
+                _restore_dask_logging()
+        finally:
+            _OPEN.discard(id(self))
+
+
+def check_cluster(workers: int, scheduler: str | None, *, local: str = "workers > 1",
+                  external: str = "a scheduler address") -> None:
+    """``workers`` and ``scheduler`` name one place to run (:func:`open_cluster`): ``ValueError`` for
+    ``workers < 1``, or for both ``workers > 1`` and a scheduler (``local`` and ``external`` name the
+    two in the message; the command line names its options)."""
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
+    if scheduler and workers > 1:
+        raise ValueError(f"give either {local} (a local cluster) or {external} (an existing one), not both")
+
+
+@contextlib.contextmanager
+def open_cluster(workers: int = 1, scheduler: str | None = None) -> Iterator[Cluster]:
+    """A :class:`Cluster` for one or more :func:`run_points` calls, closed when the block ends
+    (also on Ctrl-C or an error).
+
+    Args:
+        workers: ``1``: this process (unless ``scheduler`` or ``DASK_SCHEDULER_ADDRESS`` names a
+            cluster); ``N > 1``: a local cluster of ``N`` single-threaded worker processes.
+        scheduler: address of an external Dask scheduler, ``tcp://HOST:PORT``.
+
+    Raises:
+        ValueError: ``workers < 1``, or both ``workers > 1`` and ``scheduler``.
+    """
+    check_cluster(workers, scheduler)
+    if scheduler:
+        cluster = Cluster(workers, scheduler, "scheduler")
+    else:
+        address = os.environ.get(SCHEDULER_ENV, "").strip() if workers == 1 else ""
+        cluster = Cluster(workers, address or None, SCHEDULER_ENV)
+    try:
+        yield cluster
+    except KeyboardInterrupt:
+        cluster.close(quiet=True)
+        raise
+    finally:
+        cluster.close()
+
+
+def run_points(
+    tasks: Sequence[tuple[Hashable, tuple]],
+    fn: Callable[..., Any],
+    on_result: Callable[[Hashable, Any], None],
+    *,
+    workers: int = 1,
+    scheduler: str | None = None,
+    cluster: Cluster | None = None,
+    progress: bool = True,
+    desc: str = "points",
+    group: Callable[..., Hashable] | None = None,
+    size: Callable[..., int] | None = None,
+    costs: Mapping[Hashable, float] | None = None,
+) -> PointsReport:
+    """Run ``fn(*args)`` for every task ``(key, args)`` and call ``on_result(key, result)`` in
+    this process as each result arrives.
+
+    Args:
+        tasks: ``(key, args)`` pairs with distinct keys; the caller leaves out what is done already.
+        fn: a module-level (importable) function; it runs on the workers.
+        on_result: called once per successful task, in this process; an exception it raises
+            stops the run (the pending tasks are cancelled) and propagates.
+        workers, scheduler: where to run, as :func:`open_cluster` (a cluster opened for this call
+            and closed at its end); not with ``cluster``.
+        cluster: an open :class:`Cluster` to run on, left open (:func:`open_cluster`).
+        progress: show a progress bar over the completed tasks (or points, with ``size``).
+        desc: label of the progress bar.
+        group: on a cluster, ``group(*args)`` names the tasks that share compiled programs
+            (e.g. :func:`compile_group`): the groups are dealt to the workers in turn and each
+            task prefers the worker of its group, which has compiled its programs already. The
+            preference is loose: Dask still moves tasks to an idle or surviving worker.
+        size: ``size(*args)`` is the number of points of a task (several points batched in
+            one task), what the progress bar counts; default 1.
+        costs: the estimated seconds of tasks (by key), of which the bar's time left is made
+            (:class:`~singleloc.runtime._progress.Bar`).
+
+    Returns:
+        A :class:`PointsReport`.
+
+    Raises:
+        ValueError: repeated keys, ``workers < 1``, both ``workers > 1`` and ``scheduler``, or
+            ``workers``/``scheduler`` together with ``cluster``.
+        KeyboardInterrupt: Ctrl-C or SIGTERM; the results completed before it were handed to
+            ``on_result``.
+    """
+    keys = [key for key, _ in tasks]
+    if len(set(keys)) != len(keys):
+        raise ValueError("run_points: repeated task keys")
+    if cluster is not None and (workers != 1 or scheduler):
+        raise ValueError("give either an open cluster or workers/scheduler, not both")
+    # SIGTERM is turned into KeyboardInterrupt before a cluster of this call starts and until it is closed.
+    with _sigterm_as_interrupt(), contextlib.ExitStack() as stack:
+        if cluster is None:
+            cluster = stack.enter_context(open_cluster(workers, scheduler))
+        return _run(tasks, fn, on_result, cluster, progress, desc, group, size, costs or {})
+
+
+def _run(tasks, fn, on_result, cluster: Cluster, progress, desc, group, size, costs) -> PointsReport:
+    from ._progress_bar import Bar
+
+    report = PointsReport([], {}, 0.0, cluster.where)
+    t0 = time.perf_counter()
+    sizes = {key: size(*args) if size else 1 for key, args in tasks}
+    bar = Bar(sum(sizes.values()), desc, "point", each=True, live=progress)  # one line a point without a terminal
+    bar.plan([costs.get(key, 0.0) for key, _ in tasks])
+    on_cluster = tasks and cluster.where != "serial"  # nothing to run: no cluster started
+    outcomes = _on_cluster(tasks, fn, cluster, group) if on_cluster else _serial(tasks, fn)
+    # closing(): the pending tasks are cancelled as soon as the loop ends, also when on_result raises.
+    with bar, contextlib.closing(outcomes):
+        try:
+            for key, result, error in outcomes:
+                if error is None:
+                    on_result(key, result)
+                    report.completed.append(key)
+                else:
+                    report.errors[key] = error
+                bar.update(sizes[key], costs.get(key))
+        except KeyboardInterrupt:  # quiet before closing() cancels the pending tasks (open_cluster restores it)
+            if on_cluster:
+                _silence_dask_logging()
+            raise
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+Outcome = tuple[Hashable, Any, "BaseException | None"]
+
+
+def _serial(tasks: Sequence[tuple[Hashable, tuple]], fn: Callable[..., Any]) -> Iterator[Outcome]:
+    for key, args in tasks:
+        try:
+            result = fn(*args)
+        except Exception as err:  # recorded like a failed task on a worker
+            yield key, None, err
+        else:
+            yield key, result, None
+
+
+def _on_cluster(tasks: Sequence[tuple[Hashable, tuple]], fn: Callable[..., Any], cluster: Cluster,
+                group: Callable[..., Hashable] | None) -> Iterator[Outcome]:
+    from distributed import as_completed
+
+    client = cluster.client()
+    homes = _homes([group(*args) for _, args in tasks], list(client.nthreads())) if group else [{}] * len(tasks)
+    futures = {client.submit(fn, *args, pure=False, **home): key for (key, args), home in zip(tasks, homes)}
+    try:
+        for future in as_completed(futures):
+            key = futures[future]
+            if future.status == "finished":
+                yield key, future.result(), None
+            elif future.status == "error":
+                yield key, None, future.exception()
+            else:  # cancelled or lost on the cluster (e.g. by another client)
+                yield key, None, CancelledError(f"task {future.status} on the cluster")
+            future.release()
+    finally:  # interrupted, or on_result raised: drop what is still queued
+        pending = [f for f in futures if f.status == "pending"]
+        if pending:
+            client.cancel(pending)
+
+
+def _homes(groups: list[Hashable], addresses: list[str]) -> list[dict[str, Any]]:
+    """``submit`` options that send the tasks of one group to one worker (loosely), the groups
+    dealt to ``addresses`` in turn in the order they first appear."""
+    if not addresses:  # an external cluster with no worker yet: no preference
+        return [{}] * len(groups)
+    home: dict[Hashable, str] = {}
+    for g in groups:
+        home.setdefault(g, addresses[len(home) % len(addresses)])
+    return [{"workers": [home[g]], "allow_other_workers": True} for g in groups]
+
+
+def worker_env() -> dict[str, str]:
+    """The environment of a local cluster's workers: :data:`WORKER_ENV`, its ``XLA_FLAGS`` after
+    those of this process (e.g. a host device count), and this process's persistent compilation
+    cache when it is on (``JAX_COMPILATION_CACHE_DIR`` and its two thresholds, which JAX reads
+    when a worker imports it): the workers then load the programs that this process, another
+    worker or an earlier run compiled (:mod:`singleloc.runtime._compilation`), instead of compiling
+    them again."""
+    flags = " ".join(filter(None, (os.environ.get("XLA_FLAGS", ""), WORKER_ENV["XLA_FLAGS"])))
+    env = {**WORKER_ENV, "XLA_FLAGS": flags}
+    jax = sys.modules.get("jax")  # not imported: no cache turned on here (the environment is inherited)
+    if jax is not None and jax.config.jax_compilation_cache_dir:
+        env.update(JAX_COMPILATION_CACHE_DIR=str(jax.config.jax_compilation_cache_dir),
+                   JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=str(jax.config.jax_persistent_cache_min_compile_time_secs),
+                   JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=str(jax.config.jax_persistent_cache_min_entry_size_bytes))
+    return env
+
+
+def _quiet_worker_logs() -> None:
+    """Only Dask's errors in a local worker's log (run on each worker as the cluster starts): a
+    worker busy compiling logs "event loop unresponsive" warnings, and one stopped by Ctrl-C a
+    warning for every cancelled task; the errors of tasks come back to the client with the task."""
+    import logging
+
+    logging.getLogger("distributed").setLevel(logging.ERROR)
+
+
+async def _silence_worker_logs() -> None:  # a coroutine: Client.run(..., wait=False) takes only those
+    """No Dask log lines in a local worker (run on each as a cluster closes after Ctrl-C): a worker whose
+    scheduler has gone logs every failed heartbeat with its traceback (45 lines after one Ctrl-C)."""
+    import logging
+
+    logging.getLogger("distributed").setLevel(logging.CRITICAL + 1)
+
+
+_DASK_LEVEL: list[int] = []  # the level of Dask's logger while it is silenced
+
+
+def _silence_dask_logging() -> None:
+    """Turn off Dask's log lines in this process (the scheduler and nannies of a local cluster
+    live here) until :func:`_restore_dask_logging`: after Ctrl-C, the cancelled tasks and the
+    workers stopped in the middle of them would each log a line or a traceback."""
+    import logging
+
+    logger = logging.getLogger("distributed")
+    if not _DASK_LEVEL:
+        _DASK_LEVEL.append(logger.level)
+    logger.setLevel(logging.CRITICAL + 1)
+
+
+def _restore_dask_logging() -> None:
+    import logging
+
+    if _DASK_LEVEL:
+        logging.getLogger("distributed").setLevel(_DASK_LEVEL.pop())
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """Within the block, SIGTERM raises :class:`KeyboardInterrupt` like Ctrl-C, so that the
+    cleanup (cancel, close the cluster, remove temporary files) runs. Only in the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

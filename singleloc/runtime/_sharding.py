@@ -1,0 +1,106 @@
+"""Every local device: a batch, or one solve's quadrature nodes, split over ``jax.devices()``.
+
+The theory's solves and the simulator are batches of independent trajectories along a leading
+axis (initial conditions, seeds, sweep points). With more than one local device (GPUs, or CPU
+devices from ``XLA_FLAGS=--xla_force_host_platform_device_count=N``), :func:`shard_batch`
+places the arguments on a one-dimensional :class:`~jax.sharding.Mesh` of all of them (axis
+``"devices"``) with :class:`~jax.sharding.NamedSharding`, and the jitted programs run each
+device's share there (XLA's SPMD partitioner follows the arguments' shardings). What is split:
+
+* **The batch**, when it has at least as many members as there are devices (or when there is
+  no quadrature rule to split, the simulator): its leading axis is split, every other argument
+  (the rules, the saved times) is on every device. A batch that does not divide the number of
+  devices is padded with copies of its last member, which :func:`unpad` drops from the results.
+  Each trajectory is computed as on one device (to float rounding: kernels may differ with the
+  share's size).
+* **The quadrature nodes**, when the batch is smaller than the device count: one large solve
+  (typically one start with many points, where the drift's expectation over the local fields
+  is the work). Every :class:`~singleloc.LocalFields` among the arguments is cut into one block
+  of base points per device (:meth:`~singleloc.LocalFields.split`: padded with copies of its
+  last point, of weight zero, so the expectation is unchanged) and block ``k`` is placed on
+  device ``k``; everything else, the batch included, is on every device. Each device evaluates
+  the integrand on its block, and the sum over the blocks, a contraction over the split axis,
+  becomes an all-reduce of the few moments (``O(H^2 + H F)`` numbers per drift evaluation)
+  inserted by the partitioner. The ``batch_size`` memory cap of the rule then holds per device.
+
+Why not a two-dimensional mesh (batch x nodes): the batches met here are either large (seeds,
+sweep points: each trajectory on one device needs no communication and keeps its own adaptive
+steps) or a single large solve; a mix would only pay on many devices, at the cost of choosing a
+factorisation of the device count and padding both axes. Splitting the nodes of a batch that
+fills the devices would add an all-reduce to every drift evaluation for nothing.
+
+On one device nothing is moved, split or padded: the programs and their numbers are those of an
+unsharded run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from ..expectations._fields import LocalFields
+
+_AXIS = "devices"
+
+
+def device_count() -> int:
+    """The number of local devices a batch is split over."""
+    return jax.local_device_count()
+
+
+def _put(x, mesh: Mesh, axis: int | None = None):
+    """``x`` split over the mesh along ``axis`` (negative: counted from the end), or on every
+    device for ``axis=None``."""
+    x = jnp.asarray(x)
+    spec = [None] * x.ndim
+    if axis is not None:
+        spec[axis] = _AXIS
+    return jax.device_put(x, NamedSharding(mesh, PartitionSpec(*spec)))
+
+
+def _split_rule(rule: LocalFields, mesh: Mesh) -> LocalFields:
+    """``rule`` in one block of base points per device (node axes: ``w`` (..., n, L, H), ``u``
+    (..., n, G)), the prior's arrays on every device."""
+    rule = rule.split(mesh.size)
+    return dataclasses.replace(rule, w=_put(rule.w, mesh, -3), u=_put(rule.u, mesh, -2), atoms=_put(rule.atoms, mesh),
+                               probs=_put(rule.probs, mesh), cov_sqrt=_put(rule.cov_sqrt, mesh))
+
+
+def _is_rule(x) -> bool:
+    return isinstance(x, LocalFields)
+
+
+def shard_batch(batched, shared=()):
+    """``(batched, shared, n)`` placed on the local devices (module docstring): the leaves of
+    ``batched`` have a leading batch axis, all of length ``n``; with ``n`` at least the device
+    count (or no rule among the arguments) that axis is padded to a multiple of the device count
+    and split, and ``shared`` is on every device; with fewer, the base points of every
+    :class:`~singleloc.LocalFields` in either tree are split and all else is on every device.
+    Unchanged on one device."""
+    leaves = jax.tree.leaves(batched)
+    n = int(leaves[0].shape[0])
+    devices = jax.local_devices()
+    if len(devices) == 1:
+        return batched, shared, n
+    mesh = Mesh(np.array(devices), (_AXIS,))
+    if n < len(devices) and any(map(_is_rule, jax.tree.leaves((batched, shared), is_leaf=_is_rule))):
+        place = lambda x: _split_rule(x, mesh) if _is_rule(x) else _put(x, mesh)
+        return jax.tree.map(place, batched, is_leaf=_is_rule), jax.tree.map(place, shared, is_leaf=_is_rule), n
+    pad = -n % len(devices)
+
+    def split(x):
+        x = jnp.asarray(x)
+        if pad:
+            x = jnp.concatenate([x, jnp.repeat(x[-1:], pad, axis=0)])
+        return _put(x, mesh, 0)
+
+    return jax.tree.map(split, batched), jax.tree.map(lambda x: _put(x, mesh), shared), n
+
+
+def unpad(tree, n: int):
+    """The first ``n`` entries of every leaf's leading axis (the padding of :func:`shard_batch` dropped)."""
+    return jax.tree.map(lambda x: x[:n], tree)

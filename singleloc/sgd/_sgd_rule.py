@@ -1,0 +1,343 @@
+"""Online SGD: the one rule behind the simulator, the ODE and the SDE (docs/model.md sections 5, 11).
+
+Step ``t`` (time ``tau = t / D``) of plain online SGD draws one fresh sequence and updates the keys and biases,
+
+    k_h <- k_h - lr grad_{k_h} l_D,        b_h <- b_h - (lr / D) dl_D/db_h   (when biases train),
+
+:meth:`AbstractSGDRule.step`, the finite-D update the simulator applies. In order parameters
+(docs/model.md section 5.2) the step changes ``(M, Q, b)`` by ``U / D`` with, to leading order
+in ``1/D``,
+
+    U = ( -lr sum_l c_l nu_l^T,   -lr sum_l (c_l g_l^T + g_l c_l^T) + lr^2 sum_l c_l c_l^T,   -lr sum_l c_l )
+
+(``c = dl_inf/ds`` (H, L) the gradient of the limit loss at the scores, ``g`` (L, H) the head
+fields and ``nu`` (L, F) the spike fields of the sequence; the ``lr^2`` term is the Gram matrix
+of the step): :meth:`AbstractSGDRule.update`, one sequence's update. Over ``d tau`` there are
+``D d tau`` independent steps, so the order parameters follow
+
+    drift = E[U]            (:meth:`AbstractSGDRule.drift`, the ODE's vector field),
+    Sigma = Cov(U)          (:meth:`AbstractSGDRule.update_covariance`, the SDE's),
+
+``Sigma`` being the per-step update covariance times ``D^2`` (the diffusion per unit time is
+``Sigma / D``). ``U`` is linear in the products ``c nu^T``, ``c g^T``, ``c``, ``c c^T``, so the
+drift is the same map applied to their field averages, :class:`GradientMoments`, which the ODE
+computes on either route (the Sobol rule, or the exact risk's gradient plus the rule's Gram
+term: :meth:`~singleloc.OrderParameterODE.gradient_moments`).
+
+The interface. :class:`AbstractSGDRule` is the seam: its views are ``learning_rate(tau)`` (the
+finite-D step size), ``rate(tau)`` (the rate per sequence at which the loss gradient moves the
+order parameters), ``init_state``/``step`` (the finite-D update, threading the rule's declared
+state, optax's ``init``/``update``), ``update``, ``drift`` and ``update_covariance``. Every view
+takes the time ``tau``, so that the ODE, the SDE and the simulator see the same rate at the same
+time. Two rules implement it: :class:`OnlineSGD` and its noiseless limit :class:`GradientFlow`
+(docs/model.md section 11.4: no ``lr^2`` term, no covariance, no finite-D step). What trains is
+the rule's: the keys always, the biases with ``train_bias``, the head weights ``v`` of ``a_l =
+sum_h v_h A_hl`` with ``train_head_weights`` (they step like the biases, ``v <- v - (lr / D)
+dl/dv``, so ``U`` gains the block ``-r dl/dv`` and the ODE's state is
+:class:`WeightedOrderParameters`; no ``r^2`` term: ``v`` moves by ``O(1/D)`` per step,
+docs/model.md section 11.5).
+
+Variants. A rule holds a chain of :class:`AbstractVariant` pieces
+(:mod:`~singleloc.sgd._sgd_variants`: mini-batches, weight decay, learning-rate schedules,
+momentum), applied in order to the gradient as optax's ``chain`` applies its transformations.
+A piece is identity in every hook except those it overrides: the learning rate
+(:meth:`AbstractVariant.learning_rate`), the sequences per step
+(:meth:`AbstractVariant.sequences`), the rate at which what enters it moves the state
+(:meth:`AbstractVariant.rate`: a velocity's echo), its finite-D state and its transformation
+of the gradient (:meth:`AbstractVariant.init`, :meth:`AbstractVariant.direction`) and its
+deterministic terms of ``U`` (:meth:`AbstractVariant.increment`). A term a piece adds to the
+gradient is carried by the pieces after it, so it moves the state at the rate of its place in
+the chain (:meth:`AbstractSGDRule.rates`): weight decay before momentum is the coupled decay
+whose ODE runs at the momentum's effective rate, after it the decoupled one.
+
+The simulator (:mod:`~singleloc.simulation._simulation`), the ODE (:mod:`~singleloc.theory._theory`) and the
+SDE (:mod:`~singleloc.theory._fluctuations`) call the rule and nothing else, so the cross-checks (the
+SDE's covariance against single SGD steps, ``tests/test_fluctuations.py``; the ODE against the
+simulation, ``tests/test_simulation.py``, ``tests/test_training_variants.py``,
+``tests/test_momentum.py``) test every variant.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from typing import Any, NamedTuple
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+
+class OrderParameters(NamedTuple):
+    """``M`` (H, F) head-spike overlaps, ``Q`` (H, H) head-head overlaps, ``b`` (H,) biases."""
+
+    M: jax.Array
+    Q: jax.Array
+    b: jax.Array
+
+
+class WeightedOrderParameters(NamedTuple):
+    """The state of a layer with trained head weights (``model.head_weights = "trained"``,
+    docs/model.md section 11.5): :class:`OrderParameters` and the head weights ``v`` (H,) of
+    ``a_l = sum_h v_h A_hl``, an ``O(1)`` vector like the biases."""
+
+    M: jax.Array
+    Q: jax.Array
+    b: jax.Array
+    v: jax.Array
+
+
+def flat_drift(drift: OrderParameters) -> jax.Array:
+    """All entries of ``(dM, dQ, db)`` (and ``dv`` with trained head weights; leading batch axes
+    kept) as one vector."""
+    return jnp.concatenate([jnp.reshape(x, (*x.shape[: x.ndim - k], -1)) for x, k in zip(drift, (2, 2, 1, 1))], axis=-1)
+
+
+class GradientMoments(NamedTuple):
+    """Field averages of the limit loss's gradient ``c`` (H, L) that the drift of online SGD is made
+    of: ``cnu = E[sum_l c_l nu_l^T]`` (H, F), ``cg = E[sum_l c_l g_l^T]`` (H, H), ``c =
+    E[sum_l c_l]`` (H,) and ``cc = E[sum_l c_l c_l^T]`` (H, H); with trained head weights ``v``,
+    ``cv = E[dl/dv]`` (H,) (``None`` otherwise). For one sequence (no average) they are the
+    products themselves."""
+
+    cnu: jax.Array
+    cg: jax.Array
+    c: jax.Array
+    cc: jax.Array
+    cv: jax.Array | None = None
+
+
+class LayerParameters(NamedTuple):
+    """The parameters of the finite-D layer that SGD moves: the keys ``K`` (H, D), the biases ``b``
+    (H,) and the head weights ``v`` (H,) (``None``: the head average, a layer without them). A
+    gradient of the loss has the same structure."""
+
+    K: jax.Array
+    b: jax.Array
+    v: jax.Array | None = None
+
+
+class AbstractVariant(eqx.Module):
+    """A piece of an SGD rule's chain (module docstring; the pieces are in
+    :mod:`~singleloc.sgd._sgd_variants`). Every hook is the identity here; a piece overrides those it
+    changes, and declares its finite-D state in :meth:`init`."""
+
+    def learning_rate(self, lr, tau):
+        """The step size at time ``tau`` given the step size ``lr`` of the pieces before."""
+        return lr
+
+    def sequences(self) -> int:
+        """Fresh sequences a finite-D step draws (the step follows their mean gradient)."""
+        return 1
+
+    def rate(self, r):
+        """The rate per sequence at which what enters this piece moves the order parameters, ``r``
+        being that of what leaves it (a velocity's echo multiplies it)."""
+        return r
+
+    def init(self, params: LayerParameters) -> Any:
+        """This piece's finite-D state at the start (``None``: it has none)."""
+        return None
+
+    def direction(self, params: LayerParameters, grads: LayerParameters, state: Any, D: int
+                  ) -> tuple[LayerParameters, Any]:
+        """The finite-D step's direction after this piece, and its next state, given the direction
+        ``grads`` of the pieces before at the parameters ``params``."""
+        return grads, state
+
+    def increment(self, r, d: OrderParameters, M, Q, b) -> OrderParameters:
+        """``U`` with this piece's deterministic terms at ``(M, Q, b)``, ``r`` the rate of its place
+        in the chain (:meth:`AbstractSGDRule.rates`)."""
+        return d
+
+
+class AbstractSGDRule(eqx.Module):
+    """An SGD rule: one object for the simulator's step, the ODE's drift and the SDE's update
+    covariance (module docstring). A concrete rule holds the learning rate ``lr``, what trains
+    (``train_bias``, ``train_head_weights``) and its chain of ``variants``, and implements the
+    finite-D :meth:`step`, the increment :meth:`increment` and :meth:`update_covariance`; the other
+    views follow from those here."""
+
+    lr: eqx.AbstractVar[float | jax.Array]
+    train_bias: eqx.AbstractVar[bool]
+    variants: eqx.AbstractVar[tuple[AbstractVariant, ...]]
+    train_head_weights: eqx.AbstractVar[bool]
+
+    def learning_rate(self, tau) -> float | jax.Array:
+        """The step size of a finite-D step at time ``tau``: ``lr`` through the chain's schedules
+        (``lr`` itself when there are none)."""
+        lr = self.lr
+        for piece in self.variants:
+            lr = piece.learning_rate(lr, tau)
+        return lr
+
+    @property
+    def batch(self) -> int:
+        """Fresh sequences per finite-D step (``B``; time counts sequences, ``tau = t B / D``)."""
+        return math.prod(piece.sequences() for piece in self.variants)
+
+    def rates(self, tau) -> tuple[list, float | jax.Array]:
+        """``(per_piece, r)``: the rate per sequence at which a term added to the gradient at each
+        piece's place moves the order parameters, and that of the loss gradient itself, ``r =``
+        :meth:`rate`. A step moves by ``learning_rate(tau)`` times its direction and a unit of
+        time holds ``B`` sequences per step, so what leaves the chain moves at
+        ``learning_rate(tau) / B``; each piece maps the rate of what leaves it to that of what
+        enters it (:meth:`AbstractVariant.rate`)."""
+        B, r = self.batch, self.learning_rate(tau)
+        r = r if B == 1 else r / B
+        per_piece = []
+        for piece in reversed(self.variants):
+            per_piece.append(r)
+            r = piece.rate(r)
+        return per_piece[::-1], r
+
+    def rate(self, tau) -> float | jax.Array:
+        """The rate per sequence at time ``tau``: one sequence's gradient moves the order parameters
+        as a step of plain online SGD at this rate (``learning_rate(tau) / B``, divided by ``1 -
+        beta`` with momentum; docs/model.md section 11)."""
+        return self.rates(tau)[1]
+
+    def init_state(self, params: LayerParameters) -> tuple:
+        """The rule's finite-D state at the parameters ``params``: one entry per piece of the chain
+        (:meth:`AbstractVariant.init`; ``None`` for a piece without state), threaded by :meth:`step`."""
+        return tuple(piece.init(params) for piece in self.variants)
+
+    def direction(self, params: LayerParameters, grads: LayerParameters, state: tuple, D: int
+                  ) -> tuple[LayerParameters, tuple]:
+        """The chain applied to the loss gradient ``grads``: the step's direction and the next state."""
+        states = []
+        for piece, s in zip(self.variants, state, strict=True):
+            grads, s = piece.direction(params, grads, s, D)
+            states.append(s)
+        return grads, tuple(states)
+
+    @abc.abstractmethod
+    def step(self, tau, params: LayerParameters, grads: LayerParameters, state: tuple, D: int
+             ) -> tuple[LayerParameters, tuple]:
+        """The finite-D step at time ``tau``: the parameters after one step whose loss ``l_D`` (the
+        mean over the batch) has the gradient ``grads``, and the rule's next state."""
+
+    @abc.abstractmethod
+    def increment(self, tau, m: GradientMoments, M, Q, b) -> OrderParameters | WeightedOrderParameters:
+        """``U`` (not symmetrised) as the linear map of the products (or of their averages) ``m`` at
+        time ``tau`` and state ``(M, Q, b)``, with the chain's terms."""
+
+    @abc.abstractmethod
+    def update_covariance(self, tau, mean: jax.Array, second: jax.Array, cc: jax.Array, xi: jax.Array) -> jax.Array:
+        """``Sigma = Cov(U)`` (n, n) at time ``tau`` over the flattened coordinates
+        (:func:`~singleloc.theory._theory.flatten_state`), from the averages ``mean = E[U]`` and
+        ``second = E[U U^T]`` of :meth:`update` taken with ``nu`` at its conditional mean given the
+        head fields, ``cc = E[sum_l c_l c_l^T]`` (H, H) and ``xi`` (F, F), the conditional
+        covariance of ``nu``."""
+
+    def update(self, tau, M, Q, b, c: jax.Array, g: jax.Array, nu: jax.Array) -> OrderParameters:
+        """``U``, ``D`` times the change of ``(M, Q, b)`` by one sequence at time ``tau`` (one step
+        of batch 1; ``1 / B`` of a step of ``B``), with loss gradient ``c`` (H, L), head fields
+        ``g`` (L, H) and spike fields ``nu`` (L, F), at the state ``(M, Q, b)`` (module docstring
+        at the rate per sequence :meth:`rate`, with the chain's terms; the ``b`` block is 0 when the
+        biases do not train)."""
+        return self.increment(tau, GradientMoments(c @ nu, c @ g, jnp.sum(c, axis=1), c @ c.T), M, Q, b)
+
+    def drift(self, tau, M, Q, b, moments: GradientMoments) -> OrderParameters | WeightedOrderParameters:
+        """``E[U] = (dM, dQ, db) / dtau`` at time ``tau`` and state ``(M, Q, b)`` from the field
+        averages ``moments`` (docs/model.md sections 5.3 and 11; ``dQ`` symmetrised, ``db = 0``
+        unless the biases train); with trained head weights also ``dv / dtau = -r E[dl/dv]``."""
+        d = self.increment(tau, moments, M, Q, b)
+        return d._replace(Q=(d.Q + d.Q.T) / 2)
+
+    def _gradient_increment(self, tau, m: GradientMoments, M, Q, b, gram: bool) -> OrderParameters | WeightedOrderParameters:
+        """``U`` at the rate :meth:`rate` of the loss gradient (with its ``r^2`` Gram term when
+        ``gram``), then each piece's terms at the rate of its place, then what does not train
+        set to 0 (the ``b`` block) or refused (head weights without ``dl/dv``)."""
+        per_piece, r = self.rates(tau)
+        dQ = -r * (m.cg + m.cg.T)
+        d = OrderParameters(-r * m.cnu, dQ + r**2 * m.cc if gram else dQ, -r * m.c)
+        for piece, rp in zip(self.variants, per_piece):
+            d = piece.increment(rp, d, M, Q, b)
+        if not self.train_bias:
+            d = d._replace(b=jnp.zeros_like(b))
+        if not self.train_head_weights:
+            return d
+        if m.cv is None:
+            raise ValueError("model.head_weights = 'trained': this computation gives no head weights v (it is written for "
+                             "the head average: the linearisation, the head-symmetric flow, the SDE); pass the state's v "
+                             "(OrderParameterODE.drift(M, Q, b, tau, v=v)) or set model.head_weights = 'uniform'")
+        return WeightedOrderParameters(*d, -r * m.cv)
+
+
+class OnlineSGD(AbstractSGDRule):
+    """Online SGD (module docstring): one fresh sequence per step at the learning rate ``lr``;
+    ``train_bias``: whether the biases follow their gradient, ``train_head_weights`` the head
+    weights; ``variants``: the chain of pieces (:mod:`~singleloc.sgd._sgd_variants`), e.g.
+    ``OnlineSGD(0.5, True, (MiniBatch(4), WeightDecay(0.1), Momentum(0.9)))``. The variants are
+    static: a variant's programs are its own, while ODEs that differ only in ``lr`` share theirs.
+
+    ``lr`` is a float for the simulator (its update then rounds as ``k - lr * g`` in the keys'
+    precision) and an array in :class:`~singleloc.OrderParameterODE` (a value its compiled
+    programs receive).
+    """
+
+    lr: float | jax.Array
+    train_bias: bool = eqx.field(static=True, default=False)
+    variants: tuple[AbstractVariant, ...] = ()
+    train_head_weights: bool = eqx.field(static=True, default=False)
+
+    def step(self, tau, params: LayerParameters, grads: LayerParameters, state: tuple, D: int
+             ) -> tuple[LayerParameters, tuple]:
+        """The keys move by ``-learning_rate(tau)`` times the chain's direction ``d`` of ``grads``,
+        the biases (when they train) and the head weights (when they train) by ``-learning_rate(tau)
+        / D`` times theirs: ``(K - lr d_K, b - (lr / D) d_b, v - (lr / D) d_v)``, in the keys'
+        precision (a schedule's rate is cast to it); the rule's state is threaded through the
+        chain."""
+        lr = self.learning_rate(tau)
+        if not isinstance(lr, (int, float)):  # a schedule's rate, an array of the run
+            lr = jnp.asarray(lr, params.K.dtype)
+        d, state = self.direction(params, grads, state, D)
+        b = params.b - (lr / D) * d.b if self.train_bias else params.b
+        v = params.v - (lr / D) * d.v if self.train_head_weights else params.v
+        return LayerParameters(params.K - lr * d.K, b, v), state
+
+    def increment(self, tau, m: GradientMoments, M, Q, b) -> OrderParameters | WeightedOrderParameters:
+        """``U`` of the module docstring at the rate :meth:`rate`, its ``r^2`` Gram term included."""
+        return self._gradient_increment(tau, m, M, Q, b, gram=True)
+
+    def update_covariance(self, tau, mean: jax.Array, second: jax.Array, cc: jax.Array, xi: jax.Array) -> jax.Array:
+        """``Cov(U) = second - mean mean^T``, plus the part of the spike fields' conditional
+        covariance ``xi``: it adds ``-r sum_l c_l xi_l^T`` to ``U``'s ``M`` block, so ``r^2 cc (x)
+        xi`` to its covariance (docs/model.md section 5.8), at the rate per sequence ``r``.
+        Sequences are independent, also within a batch, so this is the covariance per sequence
+        of any batch."""
+        r = self.rate(tau)
+        n_M = cc.shape[0] * xi.shape[0]
+        cov = second - jnp.outer(mean, mean)
+        return cov.at[:n_M, :n_M].add(r**2 * jnp.kron(cc, xi))
+
+
+class GradientFlow(AbstractSGDRule):
+    """The gradient flow of the (penalised) population risk: :class:`OnlineSGD`'s ``U`` without its
+    ``r^2`` term and no covariance, the limit ``lr -> 0`` in the time ``lr tau`` (docs/model.md
+    section 11.4); fields and variants as :class:`OnlineSGD`'s. It has no finite-D step."""
+
+    lr: float | jax.Array
+    train_bias: bool = eqx.field(static=True, default=False)
+    variants: tuple[AbstractVariant, ...] = ()
+    train_head_weights: bool = eqx.field(static=True, default=False)
+
+    def init_state(self, params: LayerParameters) -> tuple:
+        """Refused: gradient flow is a limit, with no finite-D state or step."""
+        raise ValueError("sgd.gradient_flow = true has no finite-D simulation (it is the limit lr -> 0 in the time "
+                         "lr tau); simulate plain SGD at a small sgd.lr and compare at equal lr tau, or a large "
+                         "sgd.batch B at equal steps (tau / B) (docs/model.md section 11.4)")
+
+    def step(self, tau, params: LayerParameters, grads: LayerParameters, state: tuple, D: int
+             ) -> tuple[LayerParameters, tuple]:
+        """Refused, as :meth:`init_state`."""
+        return self.init_state(params)
+
+    def increment(self, tau, m: GradientMoments, M, Q, b) -> OrderParameters | WeightedOrderParameters:
+        """``U``'s ``O(r)`` part at the rate :meth:`rate`, with the chain's terms."""
+        return self._gradient_increment(tau, m, M, Q, b, gram=False)
+
+    def update_covariance(self, tau, mean: jax.Array, second: jax.Array, cc: jax.Array, xi: jax.Array) -> jax.Array:
+        """0: the noise vanishes in the limit (docs/model.md section 11.4)."""
+        return jnp.zeros_like(second)

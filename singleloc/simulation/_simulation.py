@@ -1,0 +1,176 @@
+"""Finite-D one-pass SGD in the single-location model (docs/model.md section 5).
+
+Step ``t`` draws ``B`` (``sgd.batch``, default 1) fresh sequences and updates
+
+    k_h <- k_h - lr * grad_{k_h} l,        b_h <- b_h - (lr / D) * dl/db_h  (if biases train),
+
+with ``l`` the mean of ``|x_eps - yhat|^2 / D`` over the ``B`` sequences, differentiated by
+JAX: the step of the configuration's SGD rule (:meth:`~singleloc.OnlineSGD.step`,
+:func:`~singleloc.sgd_rule`, which adds the weight decay and the momentum and takes the learning
+rate of the schedule at the step's time), threading the rule's own state (a velocity with
+momentum). Time counts sequences, ``tau = t B / D`` (``t / D`` for
+``B = 1``), so a saved time ``tau`` is the step ``round(tau D / B)``. Step ``t`` of one
+sequence draws it from ``fold_in(train, t)``; of ``B`` sequences, from the ``B`` keys of
+``split(fold_in(train, t), B)``. The run
+advances all seeds at once (``vmap``, the seeds split over the local devices by
+:mod:`~singleloc.runtime._sharding`) inside one jitted ``fori_loop`` per saved interval,
+and at each saved time records the order parameters and two risks on ``test_samples`` fresh
+sequences: the empirical finite-D risk and the limit risk of docs/model.md section 3 evaluated on
+the same sequences. The held-out sequences of saved time ``i`` are
+:func:`~singleloc.model._heldout.draw_heldout` from ``fold_in(test, i)`` (exact in law at a cost
+independent of D), scored by :func:`~singleloc.model._heldout.heldout_losses`.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..configuration._config import Config, gather_specs, sgd_rule
+from ..configuration._specs import SGD, Model, Problem, Simulation
+from ..io._resources import check_run, check_steps
+from ..io._run_checks import warn_if_risk_rose, warn_if_times_dropped
+from ..model._activations import get_activation
+from ..model._data import init_keys, make_spikes, overlaps, sample_sequence, seed_keys
+from ..model._heldout import draw_heldout, heldout_losses
+from ..model._layer import finite_loss
+from ..runtime._numerics import Q_RUNAWAY
+from ..runtime._sharding import shard_batch, unpad
+from ..sgd._sgd_rule import LayerParameters
+from ._simulation_estimate import simulation_clock
+from ._simulation_result import SimulationResult
+
+
+def save_steps(config: Config) -> np.ndarray:
+    """SGD step counts ``t`` at the saved times (``tau * D / sgd.batch`` rounded, strictly
+    increasing); ``ValueError`` when there are more than :data:`~singleloc.io._resources.STEP_MAX`
+    steps."""
+    check_steps(config)
+    t = np.round(config.sgd.save_times() * config.simulation.D / config.sgd.batch).astype(np.int64)
+    t = np.unique(t)
+    if len(t) < 2:
+        fit = max(1, int(config.sgd.tau_max * config.simulation.D) // max(2, config.sgd.n_save - 1))
+        raise ValueError("sgd.tau_max * simulation.D / sgd.batch is too small: fewer than two distinct saved steps; "
+                         f"e.g. sgd.batch = {fit}")
+    return t
+
+
+def _run_functions(config: Config):
+    """Pure per-seed functions: the initial state, advance by steps, and measure. The state is
+    ``(params, rule_state)``: the layer's :class:`~singleloc.sgd._sgd_rule.LayerParameters` and the SGD
+    rule's own finite-D state (:meth:`~singleloc.OnlineSGD.init_state`: a velocity with momentum,
+    nothing for plain SGD), which the rule's step threads."""
+    pb, mdl, sgd, sim = config.problem, config.model, config.sgd, config.simulation
+    act = get_activation(mdl.activation)
+    prior = pb.build_prior()
+    L, F, H, D = pb.L, pb.F, mdl.heads, sim.D
+    rule = sgd_rule(config)
+    B = rule.batch
+    grad = jax.grad(lambda p, X, eps: finite_loss(act, p.K, p.b, X, eps, p.v))
+
+    def init(index):
+        keys = seed_keys(sim.seed, index)
+        kstar = make_spikes(keys.spikes, F, D)
+        K = init_keys(keys.init, H, D, sgd.init_scale)
+        b = jnp.full((H,), mdl.bias_init, dtype=K.dtype)
+        v = jnp.full((H,), 1.0 / H, dtype=K.dtype) if rule.train_head_weights else None
+        params = LayerParameters(K, b, v)
+        return (params, rule.init_state(params)), (kstar, keys.train, keys.test)
+
+    def advance(state, consts, t0, t1):
+        kstar, train_key, _ = consts
+
+        def gradient(params, key):  # of the mean loss of the step's sequences
+            if B == 1:
+                return grad(params, *sample_sequence(key, prior, kstar, L))
+            grads = jax.vmap(lambda k: grad(params, *sample_sequence(k, prior, kstar, L)))(jax.random.split(key, B))
+            return jax.tree.map(lambda g: jnp.mean(g, axis=0), grads)
+
+        def body(t, state):
+            params, rule_state = state
+            grads = gradient(params, jax.random.fold_in(train_key, t))
+            return rule.step(t * (B / D), params, grads, rule_state, D)
+
+        return jax.lax.fori_loop(t0, t1, body, state)
+
+    def measure(state, consts, i):
+        params = state[0]
+        kstar, _, test_key = consts
+        seqs = draw_heldout(jax.random.fold_in(test_key, i), prior, params.K, kstar, sim.test_samples, L)
+        emp, lim = heldout_losses(act, seqs, params.b, v=params.v)
+        M, Q = overlaps(params.K, kstar)
+        record = (M, Q, params.b, jnp.mean(emp), jnp.mean(lim))
+        return record if params.v is None else (*record, params.v)
+
+    return init, advance, measure
+
+
+def simulate(config: Config | None = None, *, problem: Problem | None = None, model: Model | None = None,
+             sgd: SGD | None = None, simulation: Simulation | None = None, progress: bool = True) -> SimulationResult:
+    """Run online SGD for every seed and record the saved trajectory.
+
+    ``sl.simulate(problem=sl.Problem(L=64), model=sl.Model(heads=4), simulation=sl.Simulation(D=1000))``
+    or ``sl.simulate(sl.load_config("default"))``.
+
+    Args:
+        config: a configuration (see :func:`load_config`), or ``None`` to give the
+            specifications by keyword instead (:func:`~singleloc.configuration._config.gather_specs`).
+        problem: the data (default :class:`~singleloc.Problem` ``()``; so for every spec not given).
+        model: the layer.
+        sgd: the SGD rule and its saved times.
+        simulation: the finite-D run (dimension, seeds, test samples).
+        progress: show a progress bar over the saved times.
+
+    Raises:
+        ValueError, MemoryError: the run cannot be built (:func:`~singleloc.io._resources.check_run`:
+            dimension, steps, memory), naming the keys.
+        FloatingPointError: the dynamics diverged (non-finite or exploding keys); the
+            message gives the time and suggests a smaller ``sgd.lr``.
+
+    Warns:
+        UserWarning: fewer than ``sgd.n_save`` distinct SGD steps carry the saved times, or the
+            limit risk rose during training (:func:`~singleloc.warn_if_risk_rose`).
+    """
+    config = gather_specs("simulate", config, problem=problem, model=model, sgd=sgd, simulation=simulation)
+    check_run(config, simulation=True)  # the dimension, the number of steps and the memory, before anything runs
+    D = config.simulation.D
+    init, advance, measure = _run_functions(config)
+    seeds, _, n = shard_batch(jnp.arange(config.simulation.seeds))
+    state, consts = jax.jit(jax.vmap(init))(seeds)
+    advance_all = jax.jit(jax.vmap(advance, in_axes=(0, 0, None, None)))
+    measure_all = jax.jit(jax.vmap(measure, in_axes=(0, 0, None)))
+    steps = save_steps(config)
+    warn_if_times_dropped(config, len(steps))
+    # compiled, a few steps timed and the estimate said (singleloc.runtime._estimates); its bar records the run's times
+    advance_all, measure_all, bar = simulation_clock(config, advance_all, measure_all, state, consts, steps, progress)
+    records = []
+    t_prev = 0
+    for i, t in enumerate(steps):
+        if t > t_prev:
+            state = advance_all(state, consts, t_prev, int(t))
+            bar.update(int(t) - t_prev)
+            t_prev = int(t)
+        rec = unpad(jax.device_get(measure_all(state, consts, i)), n)
+        _check_finite(rec, t / D, config)
+        records.append(rec)
+    bar.close()
+    M, Q, b, risk, risk_limit, *v = (np.stack([r[j] for r in records], axis=1) for j in range(len(records[0])))
+    K, kstar = unpad(jax.device_get((state[0].K, consts[0])), n)
+    result = SimulationResult(steps * config.sgd.batch / D, M, Q, b, risk, risk_limit, np.asarray(K), np.asarray(kstar),
+                              *v)
+    warn_if_risk_rose(config, simulation=result)
+    return result
+
+
+def _check_finite(record, tau: float, config: Config) -> None:
+    """Raise if a record is not finite or the keys have run away (``max |Q| > Q_RUNAWAY``: the
+    loss is then flat and SGD cannot recover)."""
+    Q = record[1]
+    bad = not all(np.all(np.isfinite(x)) for x in record) or np.max(np.abs(Q)) > Q_RUNAWAY
+    if bad:
+        raise FloatingPointError(
+            f"the SGD dynamics diverged by tau = {tau:.4g} (non-finite or exploding keys, max |Q| = "
+            f"{np.nanmax(np.abs(Q)):.3g}); lower sgd.lr (now {config.sgd.lr:g}; e.g. sgd.lr = {config.sgd.lr / 4:g}), "
+            f"sgd.init_scale or problem.strength (now {config.problem.strength:g}; the steps grow with its square)"
+        )

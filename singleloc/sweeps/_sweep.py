@@ -1,0 +1,424 @@
+"""Parameter sweeps with an on-disk cache: ``singleloc sweep CONFIG --grid section.key=v1,v2``.
+
+A sweep takes a base configuration and one or more grids ``section.key = v1, v2, ...``; the
+points are their Cartesian product. At each point it
+
+1. predicts the escape from the unspecialized plateau and the horizon
+   (:func:`singleloc.analysis._predictions.predicted_escape`: ``tau_0 + log(D) / (2 lambda)`` from the
+   linearisation along the symmetric flow; horizon 2.5 times that, rounded up to two digits,
+   at most 3000; 300 when no escape is predicted); with ``theory.points = "auto"`` it first
+   chooses the point's number of points (:func:`~singleloc.resolve_points` at the starts of
+   step 3), stored with the prediction and used by every later step of the point;
+2. resolves the configuration it integrates (:func:`resolve_horizon`): with ``horizon="auto"``
+   (the default) ``sgd.tau_max`` is the point's horizon, with a number it is that number,
+   and both save ``max(sgd.n_save, 201)`` times on a log grid (``sgd.spacing = "log"``:
+   ``tau = 0`` and log-spaced from ``tau_max / 1000``), which resolves the plateau and an
+   escape at any of these horizons; ``horizon="config"`` keeps the configuration as it is;
+3. integrates the ODE from the simulator's initial overlaps of every seed
+   (``simulation.seeds`` starts, one batched, vmapped solve) and, optionally, runs the
+   finite-D simulation, both on the resolved configuration;
+4. analyses the phases (:func:`singleloc.analysis._phase_analysis.analyze`) of the limit risk (the
+   theory's ``risk``, the simulation's ``risk_limit``) with the heads' attention weights
+   (:func:`singleloc.attention_mass`), which classify every head (``aligned``,
+   ``leaning``, ``combination``, ``redundant``, ``off``, ``unspecialized``).
+
+Beside the points, the Bayes risk of every problem of the grid (one cache entry per problem,
+:func:`singleloc.sweeps._sweep_compute.bayes_config`) gives each point its ``gap_to_bayes`` and each
+activation and spike count its ``heads_needed`` (:mod:`singleloc.sweeps._sweep_answers`).
+
+Each step is a pure function of its configuration (:func:`singleloc.sweeps._sweep_compute.compute` with
+the kinds ``prediction``, ``theory``, ``simulation``; :func:`resolve_horizon`), so the points can
+be computed anywhere, on this process or on a Dask cluster; theory points of the same shapes are
+one batched solve (:mod:`singleloc.sweeps._sweep_compute`), and every entry is cached on disk under a
+hash of its configuration (:mod:`singleloc.sweeps._sweep_cache`), so that a repeated sweep recomputes
+nothing.
+
+Two steps: :func:`compute_sweep` runs (or loads) every point and returns the rows and the
+trajectories; :func:`write_sweep_outputs` writes them; :func:`sweep` (``singleloc.sweep``) does
+both, the second only when given ``out``.
+
+Output: ``DIR/sweep.csv`` with one row per point: the grid values, ``activation``, ``heads``,
+``F``, ``status``, the prediction (``lambda``, ``tau_plateau``, ``predicted_escape``,
+``horizon``), the phase summary of the theory (means over the seeds of
+:meth:`PhaseAnalysis.summary`: ``final_risk``, ``escaped`` (fraction of seeds),
+``escape_time``, ``first_learned``, ``first_specialization``, ``n_<class>`` for every head class,
+``leaning_angle_spike``, ``leaning_angle_mean``, ``n_directions``, ``shared_profiles``), the
+Bayes columns (``bayes_risk``, ``bayes_risk_error``, ``gap_to_bayes``), the theory's quadrature
+as :class:`~singleloc.TheoryResult` states it (``route``, ``gram_route``, ``risk_error``,
+``exact_drift_error``, ``gram_error``, ``drift_error``, ``points``: blank for an entry cached
+before entries carried them, or a failed one), the same phase summary for the simulation with a
+``sim_`` prefix (and ``sim_gap_to_bayes``), ``heads_needed``, ``gap_tol`` and the cache ``key``
+(every column described in :data:`singleloc.sweeps._sweep_dataset.COLUMNS`). ``status`` is ``ok``,
+``not yet (predicted escape at tau = X)`` for a point with a predicted escape where some seed
+has not escaped by the horizon, or the failure. One phase diagram over ``(H, F)`` per
+activation (and per value of the other grid keys): ``DIR/phase_<activation>[_<key>=<value>...].png``;
+the gap to the Bayes risk against the heads: ``DIR/heads_needed.png``.
+The trajectories of every point with the columns of the CSV, as labelled arrays over the grid
+keys, the seeds and the saved times, go to ``DIR/sweep.nc`` (:mod:`singleloc.sweeps._sweep_dataset`),
+read back by :func:`~singleloc.load_sweep`.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import math
+import re
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..analysis._attention_mass import attention_mass
+from ..analysis._head_classes import HEAD_CLASSES
+from ..analysis._phase_analysis import analyze
+from ..analysis._predictions import EscapePrediction
+from ..configuration._choices import check_horizon
+from ..configuration._config import Config, require_config
+from ..io._atomic_files import OUTPUT_KEY, png_has_text, written_together
+from ..io._resources import check_run
+from ..io._run_folders import save_figure, save_text
+from ..runtime._distributed import open_cluster
+from ..runtime._numerics import require_x64
+from ..theory._theory import OrderParameterODE
+from ..theory._theory_result import DRIFT_UNCHECKED, STATEMENT_FIELDS
+from ._grid import Grid, grid_points
+from ._sweep_answers import GAP_TOL, add_heads_needed, bayes_columns
+from ._sweep_cache import _entry_path, cache_key, cached_run, fill_cache
+from ._sweep_compute import bayes_config, compile_group
+from ._sweep_dataset import write_sweep
+from ._sweep_estimate import sweep_costs
+
+#: The figure of the heads each activation needs (:func:`~singleloc.plots.plot_heads_needed`).
+HEADS_FIGURE = "heads_needed.png"
+
+#: Least number of saved times of a point integrated to a predicted or given horizon.
+HORIZON_N_SAVE = 201
+
+#: The risk the phase analysis reads in an entry of each kind: the limit risk in both.
+PHASE_RISK = {"theory": "risk", "simulation": "risk_limit"}
+
+
+def resolve_horizon(config: Config, prediction: EscapePrediction, horizon: str | float = "auto") -> Config:
+    """The configuration a point is integrated with (module docstring): ``"auto"``: up to the
+    prediction's horizon; a number: up to it; both on a log grid of
+    ``max(sgd.n_save, HORIZON_N_SAVE)`` times. ``"config"``: ``config`` unchanged."""
+    check_horizon(horizon)
+    if horizon == "config":
+        return config
+    tau_max = prediction.horizon if horizon == "auto" else float(horizon)
+    return config.replace(sgd={"tau_max": tau_max, "spacing": "log", "n_save": max(config.sgd.n_save, HORIZON_N_SAVE)})
+
+
+def check_gap(gap: float) -> None:
+    """``ValueError`` unless ``gap`` (``--gap``, the largest gap to the Bayes risk that counts as
+    reaching it) is a finite number >= 0."""
+    if isinstance(gap, bool) or not isinstance(gap, (int, float)) or not math.isfinite(gap) or gap < 0:
+        raise ValueError(f"gap must be a finite number >= 0, got {gap!r}")
+
+
+def with_chosen_points(config: Config, prediction: Mapping[str, np.ndarray]) -> Config:
+    """``config`` with ``theory.points = "auto"`` replaced by the number its prediction entry
+    chose (:func:`~singleloc.sweeps._sweep_compute.compute_prediction`); ``config`` itself otherwise."""
+    if config.theory.points != "auto" or "points" not in prediction:
+        return config
+    return config.replace(theory={"points": int(prediction["points"])})
+
+
+def check_sweep(base: Config, grids: Sequence[Grid], *, simulate: bool = False, batch: bool = True) -> None:
+    """Refuse a sweep that cannot run, before its first point does: the dimension, quadrature and
+    memory of every point (:func:`~singleloc.io._resources.check_run`), for its simulation
+    (``simulate``) and for the theory of its ``simulation.seeds`` starts, times the points of its
+    batched solve with ``batch`` (the points of one :func:`~singleloc.sweeps._sweep_compute.compile_group`
+    are one solve); ``ValueError`` or ``MemoryError`` naming the keys. :func:`sweep` runs it."""
+    require_config(base, "check_sweep")
+    _check_points([point for _, point in grid_points(base, grids)], simulate, batch)
+
+
+def _check_points(points: Sequence[Config], simulate: bool, batch: bool) -> None:
+    groups = [compile_group("theory", point.to_dict()) for point in points]
+    sizes = Counter(groups)  # a batched group solves the starts of all its points at once
+    for point, group in zip(points, groups):
+        check_run(point, simulation=simulate, theory_starts=point.simulation.seeds * (sizes[group] if batch else 1))
+
+
+@dataclasses.dataclass
+class SweepStats:
+    """Counts of points of one sweep: computed (some theory or simulation entry computed or
+    failed), loaded entirely from the cache, failed (the theory or the simulation; counted
+    among the computed); wall time. :func:`~singleloc.sweeps._sweep_cache.cached_run` counts entries
+    in the same fields."""
+
+    computed: int = 0
+    cached: int = 0
+    failed: int = 0
+    seconds: float = 0.0
+
+
+def summarize(config: Config, data: dict[str, np.ndarray], kind: str) -> dict[str, float]:
+    """:meth:`PhaseAnalysis.summary` of an entry, with the heads' attention weights."""
+    weights = attention_mass(OrderParameterODE.from_config(config), data["M"], data["Q"], data["b"])
+    a = analyze(data["tau"], data["M"], data["Q"], data[PHASE_RISK[kind]], mean=config.problem.build_prior().mean(),
+                weights=weights)
+    return a.summary()
+
+
+#: The columns of a phase summary, in the order of the CSV.
+SUMMARY_KEYS = ("final_risk", "escaped", "escape_time", "first_learned", "first_specialization",
+                *(f"n_{c}" for c in HEAD_CLASSES), "leaning_angle_spike", "leaning_angle_mean", "n_directions", "shared_profiles")
+
+
+def statement_columns(entry: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """The quadrature statement of a theory entry (:data:`~singleloc.theory._theory_result.STATEMENT_FIELDS`)
+    as CSV values: text for the routes, numbers for the errors and points; ``""`` and NaN where the
+    entry does not carry it (cached by an earlier version, or the point failed)."""
+    text = ("route", "gram_route")
+    return {k: (str(entry[k]) if k in entry else "") if k in text else (float(entry[k]) if k in entry else math.nan)
+            for k in STATEMENT_FIELDS}
+
+
+def quadrature_summary(rows: Sequence[Mapping[str, Any]]) -> str:
+    """One line on the routes of a sweep's theory points and their largest stated errors (what
+    ``singleloc sweep`` prints; the per-point values are :func:`statement_columns`')."""
+    def largest(points, key, none="not computed"):
+        values = [r[key] for r in points if np.isfinite(r[key])]
+        return f"{max(values):.1e}" if values else none
+
+    def points(n):
+        return f"{n} point{'' if n == 1 else 's'}"
+
+    parts = []
+    exact = [r for r in rows if r.get("route") == "exact"]
+    if exact:
+        parts.append(f"exact route at {points(len(exact))} (largest stated risk error {largest(exact, 'risk_error')}, "
+                     f"relative O(lr) drift error {largest(exact, 'exact_drift_error', DRIFT_UNCHECKED)}, lr^2 Gram term "
+                     f"{largest(exact, 'gram_error')})")
+    rule = [r for r in rows if r.get("route") == "rule"]
+    if rule:
+        estimated = largest(rule, "drift_error", None)
+        sizes = sorted({int(r["points"]) for r in rule if np.isfinite(r["points"])})
+        nodes = f"{'/'.join(map(str, sizes))} Sobol points" if sizes else "Sobol points"
+        parts.append(f"rule route at {points(len(rule))} ({nodes}; " + (
+            f"largest estimated relative drift error at the start {estimated})" if estimated else
+            "no error estimate: theory.points = auto chooses the points for a stated drift error)"))
+    unstated = len(rows) - len(exact) - len(rule)
+    if unstated:
+        parts.append(f"not stated at {points(unstated)} (failed, or cached before entries carried it)")
+    return "theory quadrature: " + "; ".join(parts)
+
+
+def _failure(kind: str, err: BaseException) -> str:
+    text = str(err).split(";")[0] if isinstance(err, FloatingPointError) else f"{type(err).__name__}: {err}"
+    return f"{kind} failed: {' '.join(text.split())}"
+
+
+@dataclasses.dataclass
+class SweepOutcome:
+    """What :func:`compute_sweep` found, for :func:`write_sweep_outputs`: the base configuration,
+    the grids, the CSV ``rows``, the cache ``entries`` of every point (kind -> arrays, the points'
+    trajectories), whether it simulated, and the :class:`SweepStats`."""
+
+    base: Config
+    grids: Sequence[Grid]
+    rows: list[dict[str, Any]]
+    entries: list[dict[str, dict[str, np.ndarray]]]
+    simulate: bool
+    stats: SweepStats
+
+
+def sweep(base: Config, grids: Sequence[Grid], out: str | Path | None = None, *, horizon: str | float = "auto",
+          simulate: bool = False, cache_dir: str | Path | None = None, progress: bool = True, figures: bool = True,
+          workers: int = 1, scheduler: str | None = None, batch: bool = True,
+          gap: float = GAP_TOL) -> tuple[list[dict[str, Any]], SweepStats]:
+    """Run (or load) every grid point (:func:`compute_sweep`) and, with ``out``, write its files
+    (:func:`write_sweep_outputs`: ``OUT/sweep.csv``, ``OUT/sweep.nc``, the phase diagrams and the
+    heads-needed figure; ``figures=False``: the CSV and the Dataset only). Returns the CSV rows
+    (dicts) and the :class:`SweepStats`.
+
+    ``horizon``: ``"auto"`` (each point to its predicted horizon), ``"config"``
+    (``sgd.tau_max``) or a number (module docstring). ``cache_dir``: the cache folder (default
+    ``OUT/cache``; one of the two is needed). ``gap``: the largest ``gap_to_bayes`` that counts as
+    reaching the Bayes risk in ``heads_needed`` (:mod:`singleloc.sweeps._sweep_answers`). The other
+    arguments as :func:`compute_sweep`'s.
+
+    Before anything is computed or written, every point is checked (:func:`check_sweep`: its
+    dimension, quadrature and memory); a point that cannot run is refused with ``ValueError`` or
+    ``MemoryError`` naming the keys.
+    """
+    require_config(base, "sweep")
+    t0 = time.perf_counter()
+    if cache_dir is None and out is None:
+        raise ValueError("sweep needs out (its cache goes to OUT/cache) or cache_dir")
+    cache = Path(out) / "cache" if cache_dir is None else Path(cache_dir)
+    outcome = compute_sweep(base, grids, cache, horizon=horizon, simulate=simulate, progress=progress, workers=workers,
+                            scheduler=scheduler, batch=batch, gap=gap)
+    if out is not None:
+        write_sweep_outputs(out, outcome, figures=figures)
+    outcome.stats.seconds = time.perf_counter() - t0
+    return outcome.rows, outcome.stats
+
+
+def compute_sweep(base: Config, grids: Sequence[Grid], cache: str | Path, *, horizon: str | float = "auto",
+                  simulate: bool = False, progress: bool = True, workers: int = 1, scheduler: str | None = None,
+                  batch: bool = True, gap: float = GAP_TOL) -> SweepOutcome:
+    """Run (or load from the cache folder ``cache``) every grid point; write nothing else.
+
+    The entries missing from the cache are computed in two rounds (the escape predictions and
+    the Bayes risks of the problems, then the theory and simulation runs to their horizons) by
+    :func:`~singleloc.sweeps._sweep_cache.fill_cache`: in this process (``workers = 1``, no
+    ``scheduler``), on a local Dask cluster of ``workers`` processes, or on the Dask cluster at
+    ``scheduler`` (or ``DASK_SCHEDULER_ADDRESS``), one cluster for both rounds (started only when
+    some entry is missing); a point that fails is reported in its row and does not stop the
+    others. ``batch``: the theory points of one :func:`~singleloc.sweeps._sweep_compute.compile_group`
+    are one batched solve (one task). ``gap``: as :func:`sweep`'s.
+    """
+    require_config(base, "sweep")
+    check_horizon(horizon)
+    check_gap(gap)
+    t0 = time.perf_counter()
+    points = grid_points(base, grids)
+    _check_points([cfg for _, cfg in points], simulate, batch)  # every point can run, before the first one does
+    cache = Path(cache)
+    kinds = ["theory"] + (["simulation"] if simulate else [])
+    costs = sweep_costs(points, None, kinds, cache, horizon)  # said before anything runs; a point over the limit refused
+    cache.mkdir(parents=True, exist_ok=True)
+    recomputed = SweepStats()
+
+    def read(config: Config, kind: str) -> dict[str, np.ndarray]:
+        """An entry that :func:`fill_cache` left in the cache; one found damaged inside is recomputed here."""
+        before = recomputed.computed
+        data = cached_run(config, kind, cache, recomputed)
+        if recomputed.computed > before:
+            computed.add(_entry_path(cache, config, kind).name)
+        return data
+
+    problems = [bayes_config(cfg) for _, cfg in points]
+    with open_cluster(workers, scheduler) as cluster:  # one cluster for both rounds, started only if needed
+        if cluster.where == "serial":  # the points run in this process, whose JAX settings are the caller's
+            require_x64("singleloc.sweep with workers = 1 (the points run in this process)")
+        run = dict(cluster=cluster, progress=progress, batch=batch)
+        first = [(cfg, "prediction") for _, cfg in points] + [(problem, "bayes") for problem in problems]
+        computed, errors = fill_cache(first, cache, desc="escape predictions and Bayes risks", costs=costs, **run)
+        predictions, run_cfgs = {}, {}
+        for i, (_, cfg) in enumerate(points):
+            path = _entry_path(cache, cfg, "prediction")
+            if path.name not in errors:
+                entry = read(cfg, "prediction")
+                predictions[i] = EscapePrediction.from_arrays(entry)
+                run_cfgs[i] = resolve_horizon(with_chosen_points(cfg, entry), predictions[i], horizon)
+        costs = sweep_costs(points, run_cfgs, kinds, cache, horizon, stage="the runs to the predicted horizons",
+                            quiet=not computed)  # said again, with the horizons the predictions set
+        done, run_errors = fill_cache([(run_cfgs[i], kind) for i in run_cfgs for kind in kinds], cache, desc="sweep",
+                                      costs=costs, **run)
+    computed |= done
+    errors.update(run_errors)
+    stats = SweepStats()
+    rows = []
+    loaded: list[dict[str, dict[str, np.ndarray]]] = []  # per point, its theory/simulation entries, read once
+    for i, (values, cfg) in enumerate(points):
+        loaded.append({})
+        row: dict[str, Any] = dict(values)
+        row.update(activation=cfg.model.activation, heads=cfg.model.heads, F=cfg.problem.F, status="ok")
+        names = [_entry_path(cache, cfg, "prediction").name]
+        failures = []
+        if i not in predictions:
+            failures.append(_failure("prediction", errors[names[0]]))
+            row.update({k: math.nan for k in ("horizon", "lambda", "tau_plateau", "predicted_escape")})
+        else:
+            pred, run_cfg = predictions[i], run_cfgs[i]
+            row.update(horizon=run_cfg.sgd.tau_max, **{"lambda": pred.rate}, tau_plateau=pred.tau_plateau,
+                       predicted_escape=pred.predicted_escape)
+        bayes_name = _entry_path(cache, problems[i], "bayes").name
+        bayes = None
+        if bayes_name in errors:
+            failures.append(_failure("Bayes risk", errors[bayes_name]))
+        else:
+            bayes = read(problems[i], "bayes")
+        for kind in kinds:
+            prefix = "" if kind == "theory" else "sim_"
+            summ = {k: math.nan for k in SUMMARY_KEYS}
+            if i in predictions:
+                name = _entry_path(cache, run_cfgs[i], kind).name
+                names.append(name)
+                if name in errors:
+                    failures.append(_failure(kind, errors[name]))
+                else:
+                    loaded[i][kind] = read(run_cfgs[i], kind)
+                    summ = summarize(run_cfgs[i], loaded[i][kind], kind)
+            row.update({prefix + k: summ[k] for k in SUMMARY_KEYS})
+            if kind == "theory":
+                row.update(bayes_columns(row, bayes, simulate=False))
+                row.update(statement_columns(loaded[i].get("theory", {})))
+        if simulate:
+            row["sim_gap_to_bayes"] = bayes_columns(row, bayes, simulate=True)["sim_gap_to_bayes"]
+        if failures:  # every failure of the point: prediction, Bayes risk, theory and simulation
+            row["status"] = "; ".join(failures)
+            stats.failed += 1
+        if failures or computed.intersection(names):
+            stats.computed += 1
+        else:
+            stats.cached += 1
+        if row["status"] == "ok" and predictions[i].escapes and row["escaped"] < 1:
+            row["status"] = f"not yet (predicted escape at tau = {predictions[i].predicted_escape:.3g})"
+        row["key"] = cache_key(run_cfgs[i], "theory") if i in run_cfgs else ""
+        rows.append(row)
+    add_heads_needed(rows, [g.name for g in grids], gap)
+    stats.seconds = time.perf_counter() - t0
+    return SweepOutcome(base, list(grids), rows, loaded, simulate, stats)
+
+
+def write_sweep_outputs(out: str | Path, outcome: SweepOutcome, *, figures: bool = True) -> Path:
+    """Write the files of a sweep into ``out``: ``sweep.csv`` (:func:`write_csv`), ``sweep.nc``
+    (:func:`~singleloc.sweeps._sweep_dataset.write_sweep`) and, with ``figures``, one phase diagram per
+    activation (and per value of the other grid keys), ``phase_<activation>[_<key>=<value>...].png``,
+    and ``heads_needed.png`` (the gap to the Bayes risk against the heads). All of them or none are
+    renamed into place (:func:`~singleloc.io._atomic_files.written_together`), and figures of an
+    earlier sweep into ``out`` that this one does not draw are removed. Returns ``out``."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows, grids = outcome.rows, outcome.grids
+    mark = {OUTPUT_KEY: "sweep"}
+
+    def own_figures(written):  # figures of an earlier sweep into OUT that this one does not draw
+        return [p for p in [*out.glob("phase_*.png"), out / HEADS_FIGURE]
+                if p.is_file() and p not in written and png_has_text(p, OUTPUT_KEY, "sweep")]
+
+    with written_together(out, stale=own_figures):  # the CSV, the Dataset and the figures: all of them, or none
+        write_csv(out / "sweep.csv", rows)
+        write_sweep(out, outcome.base, grids, rows, outcome.entries)
+        if figures:
+            from ..plots import plot_heads_needed, plot_phase_diagram  # matplotlib is imported only when a figure is drawn
+
+            other = [g.name for g in grids if g.name not in ("model.heads", "problem.F", "model.activation")]
+            groups: dict[tuple, list] = {}
+            for r in rows:
+                groups.setdefault((r["activation"],) + tuple(r[k] for k in other), []).append(r)
+            for gkey, grows in groups.items():
+                tag = "".join(f"_{k.split('.')[-1]}={_slug(v)}" for k, v in zip(other, gkey[1:]))
+                title = f"{gkey[0]}" + "".join(f", {k}={v}" for k, v in zip(other, gkey[1:]))
+                fig = plot_phase_diagram(grows, title=title, simulate=outcome.simulate)
+                save_figure(out / f"phase_{_slug(gkey[0])}{tag}.png", fig, mark)
+            save_figure(out / HEADS_FIGURE, plot_heads_needed(rows, other), mark)
+    return out
+
+
+def _slug(v: Any) -> str:
+    return re.sub(r"[^A-Za-z0-9.+-]+", "-", str(v)).strip("-") or "x"
+
+
+def write_csv(path: str | Path, rows: list[dict[str, Any]]) -> Path:
+    """Write rows (dicts with the same keys) as CSV atomically."""
+    if not rows:
+        raise ValueError("no rows to write")
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(rows[0].keys()), lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: f"{v:.6g}" if isinstance(v, float) else json.dumps(v) if isinstance(v, (list, dict)) else v
+                    for k, v in r.items()})
+    return save_text(path, buf.getvalue())

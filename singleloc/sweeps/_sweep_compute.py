@@ -1,0 +1,212 @@
+"""The work of sweep points (:mod:`singleloc.sweeps._sweep`): the entries of a point, as pure functions
+of its resolved configuration, and their batching.
+
+A point needs entries of the kinds :data:`KINDS`: ``prediction`` (the escape prediction and the
+horizon, :func:`compute_prediction`), ``theory`` (the ODE from the initial overlaps of every
+seed, :func:`compute_theory`), ``simulation`` (finite-D SGD, :func:`compute_simulation`) and
+``bayes`` (the Bayes risk of its problem, :func:`compute_bayes`, one entry per problem:
+:func:`bayes_config`); :func:`compute` gives any of them. :func:`compute_points` (and :func:`compute_point`, one point)
+is what a worker runs; it needs nothing but the configurations, so the points can be computed
+anywhere.
+
+Batching. Theory points that differ only in the :data:`VALUE_KEYS` (``problem.strength``,
+``sgd.lr``, ``sgd.init_scale``, ``sgd.tau_max``, so also the horizon of ``horizon="auto"``,
+``simulation.seed``, ``simulation.D``, ``theory.qmc_seed``, ``theory.rtol``, ``theory.atol``) have
+arrays of the same shapes: with ``batch=True`` (the default) they are one task, one vmapped solve
+of all their seeds' starts with one compilation (:func:`~singleloc.theory._ode.integrate_points`; a group
+is one Dask task with ``workers`` or ``scheduler``, cut into near-equal parts when it holds more
+than ``1 / T`` of the points, with ``T`` the tasks the cluster runs at once,
+:func:`~singleloc.sweeps._sweep_cache.split_groups`). Every trajectory keeps its own adaptive steps, so
+a point's entry equals its own solve to the solver's tolerance (not bitwise: the batched program
+rounds differently; the cache key does not say which, and either entry serves). Any other key (``model.heads``,
+``problem.F``, ``problem.L``, the prior, ``model.activation``, ``theory.points``,
+``theory.replicates``, ``simulation.seeds``, ``sgd.n_save``, ...) starts another group.
+Escape predictions and simulations run one point after the other.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from ..analysis._predictions import predicted_escape
+from ..configuration._config import Config, load_config
+from ..runtime._compilation import hold_programs, own_process, process_owned
+from ..simulation._simulation import simulate as simulate_sgd
+from ..theory._ode import integrate, integrate_points, resolve_points
+from ..theory._starts import initial_conditions
+from ._sweep_estimate import recorded
+
+#: The kinds of cache entries, in the order a point needs them.
+KINDS = ("prediction", "theory", "simulation", "bayes")
+
+#: The ``[theory]`` keys the Bayes risk depends on (:func:`bayes_config`).
+BAYES_THEORY_KEYS = ("route", "points", "qmc_seed")
+
+#: Sobol points of the Bayes risk's rule route where the point has ``theory.points = "auto"``.
+BAYES_POINTS = 4096
+
+
+# The expensive steps; module-level so that tests can count or replace them.
+def compute_prediction(config: Config) -> dict[str, np.ndarray]:
+    """The predicted escape and horizon (:func:`~singleloc.analysis._predictions.predicted_escape`) as arrays.
+    With ``theory.points = "auto"`` the number of points is chosen here, once for the point, at the
+    starts its theory integrates from (:func:`~singleloc.resolve_points` at the initial overlaps of
+    every seed), and stored in the entry as ``points``: the prediction, the theory and the phase
+    summaries of the point all use it (:func:`~singleloc.sweeps._sweep.with_chosen_points`)."""
+    if config.theory.points != "auto":
+        return predicted_escape(config).arrays()
+    resolved = resolve_points(config, initial_conditions(config))
+    return predicted_escape(resolved).arrays() | {"points": np.asarray(resolved.theory.points)}
+
+
+def compute_theory(config: Config) -> dict[str, np.ndarray]:
+    """ODE trajectories from the initial overlaps of every seed (one batched solve), with the
+    route and stated errors of the quadrature (:meth:`~singleloc.TheoryResult.statement`)."""
+    return _theory_arrays(integrate(config, initial_conditions(config), progress=False))
+
+
+def compute_simulation(config: Config) -> dict[str, np.ndarray]:
+    """Finite-D SGD for every seed: ``risk`` (empirical) and ``risk_limit`` as in :class:`~singleloc.SimulationResult`."""
+    r = simulate_sgd(config, progress=False)
+    return _trajectory_arrays(r) | {"risk_limit": r.risk_limit}
+
+
+def bayes_config(config: Config) -> Config:
+    """The configuration of the Bayes risk of a point: its ``[problem]`` and the ``[theory]`` keys
+    of :data:`BAYES_THEORY_KEYS`, every other key at its default, so that the points of one problem
+    share one cache entry (the Bayes risk depends on the problem alone: docs/model.md section 6)."""
+    data = config.to_dict()
+    return load_config({"problem": data["problem"], "theory": {k: data["theory"][k] for k in BAYES_THEORY_KEYS}})
+
+
+def compute_bayes(config: Config) -> dict[str, np.ndarray]:
+    """The Bayes risk of the problem (:func:`~singleloc.bayes_risk`: exact for a discrete prior
+    of up to four atoms, else on ``theory.points`` Sobol points (4096 for ``"auto"``) over 8
+    scramblings) as ``bayes_risk``, its error ``bayes_risk_error`` and ``bayes_route``."""
+    from ..bayes._bayes import bayes_risk, bayes_route
+
+    pb, th = config.problem, config.theory
+    prior = pb.build_prior()
+    route = bayes_route(prior, th.route)
+    points = BAYES_POINTS if th.points == "auto" else th.points
+    risk = bayes_risk(prior, pb.L, points=points, seed=th.qmc_seed, route=route)
+    return {"bayes_risk": np.asarray(risk.value), "bayes_risk_error": np.asarray(risk.error), "bayes_route": np.asarray(route)}
+
+
+def _theory_arrays(r) -> dict[str, np.ndarray]:
+    """A theory entry: the trajectories and the quadrature's statement (:meth:`~singleloc.TheoryResult.statement`)."""
+    return _trajectory_arrays(r) | r.statement()
+
+
+def _trajectory_arrays(r) -> dict[str, np.ndarray]:
+    """The arrays of a theory or simulation entry: ``tau``, ``M``, ``Q``, ``b``, ``risk``, and ``v``
+    with trained head weights."""
+    return {"tau": r.tau, "M": r.M, "Q": r.Q, "b": r.b, "risk": r.risk} | ({} if r.v is None else {"v": r.v})
+
+
+def compute(config: Config, kind: str) -> dict[str, np.ndarray]:
+    """The entry of ``kind`` (``"prediction"``, ``"theory"``, ``"simulation"`` or ``"bayes"``)
+    for ``config``, computed (for a theory or simulation entry ``config`` is the resolved one,
+    :func:`~singleloc.sweeps._sweep.resolve_horizon`; for a Bayes entry :func:`bayes_config`)."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {', '.join(map(repr, KINDS))}, got {kind!r}")
+    with recorded(kind, config):  # a prediction's time, for the next sweep's estimate (singleloc.sweeps._sweep_estimate)
+        return {"prediction": compute_prediction, "theory": compute_theory, "simulation": compute_simulation,
+                "bayes": compute_bayes}[kind](config)
+
+
+def compute_theories(configs: Sequence[Config]) -> list[dict[str, np.ndarray] | FloatingPointError]:
+    """:func:`compute_theory` of several points as one vmapped solve per shape
+    (:func:`~singleloc.theory._ode.integrate_points`): the arrays of each point, or the error its
+    solve stopped with."""
+    results = integrate_points([(config, initial_conditions(config)) for config in configs])
+    return [r if isinstance(r, FloatingPointError) else _theory_arrays(r) for r in results]
+
+
+#: Keys that change only the values the compiled theory programs receive, not the programs:
+#: theory points that differ in them alone have arrays of the same shapes (``sgd.tau_max``
+#: changes the saved times, not their number), share their compilations (:func:`compile_group`)
+#: and, batched, are solved together (:func:`compute_points`).
+VALUE_KEYS = {"problem": ("strength",), "sgd": ("lr", "init_scale", "tau_max"), "simulation": ("seed", "D"),
+              "theory": ("qmc_seed", "rtol", "atol")}
+
+#: The kinds of entries whose points are batched (the others run one point after the other).
+BATCH_KINDS = ("theory",)
+
+
+#: The kinds whose compiled programs depend on the arrays' shapes and static values only, not on
+#: the :data:`VALUE_KEYS` (traced); the simulator's programs hold the configuration's values.
+SHAPE_KINDS = ("prediction", "theory")
+
+
+def compile_group(kind: str, config: Mapping[str, Mapping[str, Any]], *more: Mapping[str, Mapping[str, Any]]) -> str:
+    """The compiled programs a sweep point needs, as a hashable name: ``kind`` and ``config``
+    without :data:`VALUE_KEYS` for a kind in :data:`SHAPE_KINDS`, the whole ``config`` otherwise
+    (a ``group`` for :func:`~singleloc.runtime._distributed.run_points` with :func:`compute_point` or
+    :func:`compute_points`, whose further configs ``more`` are of the same group)."""
+    drop = VALUE_KEYS if kind in SHAPE_KINDS else {}
+    rest = {s: {k: v for k, v in sec.items() if k not in drop.get(s, ())} for s, sec in config.items()}
+    return json.dumps([kind, rest], sort_keys=True)
+
+
+def _on_dask_worker() -> bool:
+    """Whether this runs as a task on a Dask worker (Dask is not imported for it: a process
+    that has not imported ``distributed`` is no worker)."""
+    distributed = sys.modules.get("distributed")
+    if distributed is None:
+        return False
+    try:
+        distributed.get_worker()
+    except ValueError:
+        return False
+    return True
+
+
+def compute_points(kind: str, *configs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, np.ndarray] | BaseException]:
+    """The work of sweep points of one :func:`compile_group`, run on a worker: the entries of
+    ``kind`` (e.g. ``"theory"``) for the resolved configurations ``configs``
+    (:meth:`Config.to_dict`), as NumPy arrays, or the exception a point raised (the others go
+    on). Several theory points are one batched solve (:func:`compute_theories`); other kinds,
+    and a single point, :func:`compute` one after the other.
+
+    On a Dask worker (a process the cluster owns) it sets the process up as the command line
+    sets its own: double precision (the ODE is solved in float64; the simulator keeps its own
+    float32), also on a worker started by hand, and the compiled programs of a bounded number of
+    shapes (:func:`~singleloc.runtime._compilation.hold_programs`), so that a long sweep over many shapes
+    does not exhaust its memory mappings; so in the command line's own process (a serial
+    ``singleloc sweep``). In a Python caller's process (a serial :func:`~singleloc.sweep`) it
+    changes neither: the sweep checks the float64 mode there instead.
+    """
+    if _on_dask_worker():
+        own_process()
+        jax.config.update("jax_enable_x64", True)
+    if process_owned():
+        hold_programs(compile_group(kind, configs[0]))  # a bounded number of groups' programs per process
+    resolved = [load_config(config) for config in configs]
+    if kind in BATCH_KINDS and len(resolved) > 1:
+        results: list = compute_theories(resolved)
+    else:
+        results = []
+        for config in resolved:
+            try:
+                results.append(compute(config, kind))
+            except Exception as err:  # reported for this point only
+                results.append(err)
+    return [r if isinstance(r, BaseException) else {name: np.asarray(value) for name, value in r.items()} for r in results]
+
+
+def compute_point(kind: str, config: Mapping[str, Mapping[str, Any]]) -> dict[str, np.ndarray]:
+    """The work of one sweep point, run on a worker: :func:`singleloc.sweeps._sweep_compute.compute` of ``kind``
+    (an entry kind of the sweep cache, e.g. ``"theory"``) for the resolved configuration
+    ``config`` (a :meth:`Config.to_dict`), as NumPy arrays (:func:`compute_points` of one point;
+    its exception is raised)."""
+    (result,) = compute_points(kind, config)
+    if isinstance(result, BaseException):
+        raise result
+    return result

@@ -1,0 +1,118 @@
+"""The rule's own error: estimates from independent scramblings, and the number of points.
+
+Relative drift error. For the drift ``d`` of a rule (all entries of ``dM``, ``dQ``, ``db``)
+and the exact drift ``d*``, the relative error is ``max_i |d_i - d*_i| / max_i |d*_i|``.
+
+Estimate. ``R >= 2`` independently scrambled rules (seeds ``qmc_seed + r``) give unbiased
+drifts ``d_r`` with independent errors. Each one is compared with the mean of the others:
+``d_r - mean_{r' != r} d_r'`` has the per-entry variance ``R / (R - 1)`` times that of one
+rule's error, so ``sqrt((R - 1) / R) max_i |d_ri - mean_{r' != r} d_r'i|`` is distributed
+like the maximal error of one rule; its mean over ``r``, divided by ``max_i |mean_r d_ri|``,
+estimates one rule's relative error. The mean of ``R`` rules has ``1 / sqrt(R)`` of it.
+
+Automatic points (``theory.points = "auto"``). :func:`choose_points` evaluates the drift at
+the start on ``max(R, 4)`` rules of ``n`` points, and takes the smallest power of two ``n``
+(from 64, or the number of Gaussian coordinates, to ``2**20``; searched by halving or
+doubling from 1024) at which the estimated relative error of the mean of the ``R`` rules
+that drive the solve is at most ``theory.tol / 1.5``: the error of one scrambling scatters
+by about 30 % around the estimate (and the estimate from four scramblings by about as
+much), and the margin keeps the error of the rule actually used below ``theory.tol`` in
+most cases. The error is estimated at the start only:
+later states, with larger overlaps and sharper attention, can need many more points
+(``benchmarks/02_drift_accuracy.py``; ``theory.replicates >= 2`` reports the spread along the
+trajectory). In the work-precision measurements the estimate was within about 30 % of the
+error against a reference of 16 x the points.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import equinox as eqx
+import jax
+import numpy as np
+
+from ..configuration._arguments import require_starts
+from ..configuration._config import Config, gather_specs, require_arguments
+from ..configuration._specs import SGD, Model, Problem, Theory
+from ..sgd._sgd_rule import flat_drift
+from ._theory import OrderParameterODE, OrderParameters
+
+FIRST_POINTS = 1024
+MIN_POINTS = 64
+MAX_POINTS = 2**20
+PROBE_REPLICATES = 4
+MARGIN = 1.5
+
+
+def relative_drift_error(drifts) -> np.ndarray:
+    """Estimated relative error of ONE rule from the drifts (..., R, P) of ``R >= 2``
+    independent rules (module docstring); divide by ``sqrt(R)`` for their mean."""
+    d = np.asarray(drifts)
+    R = d.shape[-2]
+    if R < 2:
+        raise ValueError("an error estimate needs at least two replicates")
+    mean = d.mean(axis=-2, keepdims=True)
+    others = (R * mean - d) / (R - 1)
+    errors = np.sqrt((R - 1) / R) * np.max(np.abs(d - others), axis=-1)
+    return errors.mean(axis=-1) / np.max(np.abs(mean[..., 0, :]), axis=-1)
+
+
+@eqx.filter_jit
+def start_drifts(ode: OrderParameterODE, y0: OrderParameters) -> jax.Array:
+    """Flattened drifts (S, P) of one rule at the starts ``y0`` (leading axis ``S``)."""
+    return flat_drift(jax.vmap(ode.state_drift)(y0))
+
+
+@dataclasses.dataclass(frozen=True)
+class PointsChoice:
+    """The outcome of :func:`choose_points`: the ``points`` chosen, its estimated relative
+    drift ``error`` (of the mean of the ``replicates`` rules) and every ``(points, error)``
+    tried."""
+
+    points: int
+    error: float
+    replicates: int
+    tried: tuple[tuple[int, float], ...]
+
+
+def drift_error(config: Config, y0: OrderParameters, points: int, replicates: int) -> float:
+    """Estimated relative drift error at the starts ``y0`` (worst start) of the mean of
+    ``replicates`` rules of ``points`` points, from ``max(replicates, 4)`` scramblings."""
+    seeds = config.theory.qmc_seed + np.arange(max(replicates, PROBE_REPLICATES))
+    rules = (config.replace(theory={"qmc_seed": int(seed), "points": points}) for seed in seeds)
+    drifts = [start_drifts(OrderParameterODE.from_config(c), y0) for c in rules]
+    return float(np.max(relative_drift_error(np.stack(drifts, axis=-2)))) / np.sqrt(replicates)
+
+
+def choose_points(config: Config | None = None, y0: OrderParameters | None = None, *, problem: Problem | None = None,
+                  model: Model | None = None, sgd: SGD | None = None, theory: Theory | None = None) -> PointsChoice:
+    """The smallest power of two of points whose estimated relative drift error at the
+    starts ``y0`` (leading axis ``S``) is at most ``theory.tol / MARGIN`` (module docstring).
+    The run is ``config`` or the specifications by keyword (defaults for those not given)."""
+    config = gather_specs("choose_points", config, problem=problem, model=model, sgd=sgd, theory=theory)
+    require_arguments("choose_points", y0=y0)
+    require_starts("choose_points", y0)
+    tol, R = config.theory.tol / MARGIN, config.theory.replicates
+    tried: dict[int, float] = {}
+
+    def error(n: int) -> float:
+        tried[n] = drift_error(config, y0, n, R)
+        return tried[n]
+
+    pb = config.problem
+    dim = pb.L * config.model.heads + (0 if pb.build_prior().is_discrete else pb.F)
+    low = max(MIN_POINTS, 1 << (dim - 1).bit_length())  # the whitening needs points >= dim
+    n = max(FIRST_POINTS, low)
+    if error(n) <= tol:
+        while n > low and error(n // 2) <= tol:
+            n //= 2
+    else:
+        while tried[n] > tol and n < MAX_POINTS:
+            n *= 2
+            error(n)
+        if tried[n] > tol:
+            warnings.warn(f"theory.points = 'auto': {n} points reach an estimated relative drift error of {tried[n]:.2g} "
+                          f"only (theory.tol = {config.theory.tol:g}); raise theory.replicates or theory.tol", stacklevel=2)
+    return PointsChoice(n, tried[n], R, tuple(sorted(tried.items())))

@@ -1,0 +1,403 @@
+"""Integration of the order-parameter ODE with diffrax.
+
+The state is ``(M, Q, b)``; the vector field is :meth:`OrderParameterODE.drift`. The solver
+is Tsit5 with a PID step-size controller (``theory.rtol``, ``theory.atol``), saving on the
+config's time grid. A terminating event stops the solve when the state stops being a valid
+set of overlaps: a non-finite entry, runaway keys (``max |Q| > 1e6``), or ``R_orth = Q - M M^T``
+leaving the PSD cone; :func:`integrate` then raises with the time at which it happened.
+
+The default start is the overlaps of the simulator's initial weights
+(:func:`~singleloc.initial_conditions`, :mod:`~singleloc.theory._starts`).
+
+Replicates and the error of the result. With ``theory.replicates = R``, the rules of ``R``
+independent scramblings (seeds ``qmc_seed + r``) each drive their own trajectory (one
+vmapped solve). The result is the mean over the replicates of ``M``, ``Q``, ``b`` and of
+the risk; ``risk_se`` is the standard error of that mean (the spread over replicates over
+``sqrt(R)``), so it holds both the quadrature error of the drift, carried along the
+trajectory, and that of evaluating the risk. ``drift_error`` is the estimated relative
+error of the mean drift at the start (:mod:`~singleloc.theory._accuracy`). ``R = 1`` is one rule
+at the cost of one solve, without an error estimate.
+
+The risk of a trajectory is never evaluated on the nodes that drove it: a trained state fits
+its own rule's error, and its risk on that rule is biased low (by up to 2e-3 in the Bayes
+work). Trajectory ``r`` is evaluated on a rule of yet another scrambling, seed
+``qmc_seed + R + r`` (:attr:`Theory.evaluation_seed` ``+ r``).
+
+Compilation. The solve, the risk along it and the drift at the start are one program per
+shape: the rules, the starts, the saved times and the tolerances are its arguments, so a new
+time grid or a new start of the same shapes runs without compiling again, and a later
+process loads it from the cache folder, neither traced nor compiled again
+(:func:`~singleloc.enable_compilation_cache`, :mod:`~singleloc.runtime._compilation`).
+The learning rate is a value too (:class:`~singleloc.OrderParameterODE`), so
+points that differ in it share the program. Diffrax runs with ``ForwardMode`` (the solve is
+never differentiated: no checkpointing, less to trace). ``progress=True`` adds diffrax's progress bar, a host callback that keeps
+the program out of the persistent cache.
+
+Batched points. :func:`integrate_points` solves several points (configurations) of the same
+shapes as one program: their ODE stacks, starts, saved times and tolerances along a leading
+axis, ``vmap`` over the points of the solve above, each trajectory with its own adaptive steps.
+The batch axis of a solve (the starts, or the points) is split over the local devices, or, for
+a batch smaller than the device count (one start), the quadrature nodes of its rules
+(:mod:`~singleloc.runtime._sharding`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..configuration._arguments import require_starts
+from ..configuration._config import Config, gather_specs, require_config
+from ..configuration._specs import SGD, Model, Problem, Simulation, Theory
+from ..expectations._expectation import SolveReport
+from ..io._resources import check_run
+from ..io._run_checks import warn_if_risk_rose
+from ..runtime._compilation import checks_as_nan, exported_call
+from ..runtime._estimates import TheorySolve
+from ..runtime._numerics import PSD_INPUT, PSD_SOLVE, Q_RUNAWAY
+from ..runtime._sharding import shard_batch, unpad
+from ..sgd._sgd_rule import flat_drift
+from ._accuracy import choose_points, relative_drift_error
+from ._build import Setup, build
+from ._starts import batched_starts, initial_conditions, with_head_weights
+from ._theory import OrderParameterODE, OrderParameters, WeightedOrderParameters, r_orth
+from ._theory_result import TheoryResult
+
+#: First step of the adaptive solver (the controller adapts it at once). A given first step
+#: spares diffrax's initial step-size search, one more evaluation site of the drift in the
+#: compiled program.
+DT0 = 1e-3
+
+#: Saved states whose risks are evaluated together (``lax.map`` in batches): all of them at once
+#: held a joint layer's token rule once per state (H = 3 bsoftmax, 201 saved times: 32 GB).
+RISK_BATCH = 4
+
+#: Default cap on the adaptive solver's steps (:func:`integrate`, :func:`integrate_points`).
+MAX_STEPS = 100_000
+
+
+def _invalid_state(t, y, args, **kwargs):
+    M, Q = y.M, y.Q
+    finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in y]))
+    scale = 1.0 + jnp.max(jnp.abs(jnp.where(jnp.isfinite(Q), Q, 0.0)))
+    min_eig = jnp.min(jnp.linalg.eigvalsh(jnp.where(finite, r_orth(M, Q), 0.0)))
+    return (~finite) | (scale > Q_RUNAWAY) | (min_eig < -PSD_SOLVE * scale)
+
+
+def _solve(ode: OrderParameterODE, y0: OrderParameters, ts: jax.Array, rtol, atol, max_steps: int, progress: bool):
+    term = diffrax.ODETerm(lambda t, y, args: ode.state_drift(y, tau=t))
+    sol = diffrax.diffeqsolve(
+        term,
+        diffrax.Tsit5(),
+        t0=ts[0],
+        t1=ts[-1],
+        dt0=DT0,
+        y0=y0,
+        saveat=diffrax.SaveAt(ts=ts),
+        stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol),
+        event=diffrax.Event(_invalid_state),
+        max_steps=max_steps,
+        throw=False,
+        adjoint=diffrax.ForwardMode(),
+        progress_meter=diffrax.TqdmProgressMeter() if progress else diffrax.NoProgressMeter(),
+    )
+    return sol.ys, sol.result == diffrax.RESULTS.successful
+
+
+def _trajectories(dynamics: OrderParameterODE, evaluation: OrderParameterODE, y0: OrderParameters, ts, rtol, atol, max_steps,
+                  progress):
+    """Trajectories, their risks on the evaluation rules and the drifts at the start, for
+    every start (leading axis of ``y0``) and replicate (leading axis of the ODE stacks)."""
+    replicated = dynamics.expectation.replicates > 1  # the rules stack along a leading replicates axis
+
+    def trajectory(dyn, ev, y):
+        ys, ok = _solve(dyn, y, ts, rtol, atol, max_steps, progress)
+        risk = jax.lax.map(lambda s: jnp.where(jnp.isfinite(s.Q).all(), ev.state_risk(s), jnp.nan), ys,
+                           batch_size=RISK_BATCH)
+        # the exact route's stated error: the risk at the start and at the end on a finer rule
+        ends = jnp.array([0, -1])
+        at_ends = jax.tree.map(lambda x: x[ends], ys)
+        checked = lambda s: jnp.where(jnp.isfinite(s.Q).all(), ev.risk_check(*s), jnp.nan)
+        check = jax.lax.map(checked, at_ends)  # one at a time: the finer rule is the largest
+        # the drift at the start serves the replicates' error estimate only (one replicate: zeros, not traced)
+        drift0 = flat_drift(dyn.state_drift(y)) if replicated else jnp.zeros(sum(x.size for x in y), y.M.dtype)
+        grams = jax.vmap(lambda s: dyn.expectation.gram_error(ev.expectation, *s))(at_ends)
+        # a plain tuple of the state's fields: the stored program's outputs are built-in containers
+        return tuple(ys), risk, ok, drift0, jnp.abs(check - risk[ends]), grams
+
+    # the replicates' rules are stacked, their SGD rule (the learning rate) is one for all
+    rules = lambda ode: eqx.tree_at(lambda o: o.sgd, jax.tree.map(lambda _: 0, ode), None, is_leaf=lambda x: x is None)
+    in_axes = (rules(dynamics), rules(evaluation), None)
+    over_replicates = _batched(trajectory, in_axes, dynamics.expectation.replicates)
+    return _batched(over_replicates, (None, None, 0), y0.M.shape[0])(dynamics, evaluation, y0)
+
+
+def _batched(fn, in_axes, size: int):
+    """``jax.vmap(fn, in_axes)`` over a batch of ``size``; for a batch of one, ``fn`` of its only
+    element with the batch axis put back on every output. The same values, but a vmapped program
+    evaluates both branches of every ``lax.cond`` whose predicate depends on the batch: the exact
+    route's smoothed-profile tables choose between two rules by the state
+    (:func:`~singleloc.expectations._laplace_profiles.smoothing_table`), and one start with one replicate, the
+    common case, then pays for both (the risk gradient took 1.6 times as long)."""
+    if size != 1:
+        return jax.vmap(fn, in_axes=in_axes)
+
+    def only(*args):
+        take = lambda ax, sub: sub if ax is None else jax.tree.map(lambda x: jnp.take(x, 0, axis=ax), sub)
+        element = jax.tree.map(take, in_axes, args, is_leaf=lambda ax: ax is None)
+        return jax.tree.map(lambda x: x[None], fn(*element))
+
+    return only
+
+
+_run = eqx.filter_jit(_trajectories)
+
+
+@eqx.filter_jit
+def _run_points(dynamics: OrderParameterODE, evaluation: OrderParameterODE, y0: OrderParameters, ts, rtol, atol, max_steps):
+    """:func:`_trajectories` of a batch of points: a leading points axis on every argument (the
+    ODE stacks, starts, saved times and tolerances of each point). Every trajectory keeps its
+    own adaptive steps (diffrax's solve under ``vmap``)."""
+    return jax.vmap(lambda *args: _trajectories(*args, max_steps, False))(dynamics, evaluation, y0, ts, rtol, atol)
+
+
+def resolve_points(config: Config, y0: OrderParameters | None = None) -> Config:
+    """``config`` with ``theory.points = "auto"`` replaced by the number of points
+    :func:`~singleloc.choose_points` picks at the starts ``y0`` (leading axis ``S``; default the
+    start :func:`integrate` uses, the simulator's initial overlaps of seed 0); ``config`` itself
+    when ``theory.points`` is a number.
+
+    Every entry point that builds an :class:`~singleloc.OrderParameterODE` from a config that may
+    say ``"auto"`` calls it first (the escape prediction, the SDE, the pruning risks, a sweep's
+    points), so that the value is resolved once, before anything is built, and the ODEs of one
+    computation share one rule. :func:`integrate` resolves it at its own starts, with the error
+    estimate of the choice (:attr:`TheoryResult.drift_error`)."""
+    require_config(config, "resolve_points")
+    require_starts("resolve_points", y0)
+    if config.theory.points != "auto":
+        return config
+    starts = initial_conditions(config, 1) if y0 is None else batched_starts(with_head_weights(config, y0))
+    return config.replace(theory={"points": choose_points(config, starts).points})
+
+
+@dataclasses.dataclass(frozen=True)
+class _Problem:
+    """What one point's solve receives: its objects (``setup``, :func:`~singleloc.theory._build.build`), the
+    arguments of :func:`_trajectories` (``args``: the
+    dynamics and evaluation ODE stacks, the starts, the saved times, ``rtol``, ``atol``) and
+    the rule it was built with (``points``; ``drift_error`` when ``"auto"`` chose it)."""
+
+    config: Config
+    setup: Setup
+    args: tuple
+    points: int
+    drift_error: float
+
+
+def _problem(config: Config, y0: OrderParameters | None, ts: np.ndarray | None) -> _Problem:
+    y0 = batched_starts(initial_conditions(config, 1) if y0 is None else with_head_weights(config, y0))
+    _check_initial(config, y0)
+    ts = jnp.asarray(config.sgd.save_times() if ts is None else ts, dtype=y0.M.dtype)
+    th = config.theory
+    R, points, drift_error = th.replicates, th.points, float("nan")
+    if points == "auto":
+        choice = choose_points(config, y0)
+        points, drift_error = choice.points, choice.error
+    setup = build(config)  # the prior, the SGD rule and the route, once for both ODEs
+    dynamics = OrderParameterODE.from_setup(setup, seeds=th.qmc_seed + np.arange(R), points=points)
+    evaluation = OrderParameterODE.from_setup(setup, seeds=th.evaluation_seed + np.arange(R), points=points, check=True)
+    tol = (jnp.asarray(th.rtol, ts.dtype), jnp.asarray(th.atol, ts.dtype))
+    if dynamics.expectation.route == "exact" and dynamics.expectation.gram_name == "sobol":
+        points = th.gram_rule_points(config.problem.L, config.model.heads, points)  # its one Sobol rule is the Gram term's
+    return _Problem(config, setup, (dynamics, evaluation, y0, ts, *tol), int(points), drift_error)
+
+
+def integrate(
+    config: Config | None = None,
+    y0: OrderParameters | None = None,
+    *,
+    problem: Problem | None = None,
+    model: Model | None = None,
+    sgd: SGD | None = None,
+    theory: Theory | None = None,
+    simulation: Simulation | None = None,
+    ts: np.ndarray | None = None,
+    max_steps: int = MAX_STEPS,
+    progress: bool = False,
+    t0: float = 0.0,
+) -> TheoryResult:
+    """Integrate the order-parameter ODE for one or several initial conditions.
+
+    ``sl.integrate(problem=sl.Problem(L=64), model=sl.Model(heads=4), sgd=sl.SGD(tau_max=300))``
+    or ``sl.integrate(sl.load_config("default"))``.
+
+    Args:
+        config: a configuration (a TOML file's or a preset's), or ``None`` to give the
+            specifications by keyword instead (:func:`~singleloc.configuration._config.gather_specs`).
+        y0: initial ``(M0, Q0, b0)``, each with a leading batch axis ``S`` (or none, for one
+            start). Default: the overlaps of seed 0 of the simulator's initialisation
+            (:func:`~singleloc.initial_conditions`, at ``simulation.D``).
+        problem: the data (default :class:`~singleloc.Problem` ``()``; so for every spec not given).
+        model: the layer.
+        sgd: the SGD rule and its saved times.
+        theory: the numerics; ``theory.points = "auto"`` is resolved here by
+            :func:`~singleloc.choose_points` at the starts ``y0``.
+        simulation: the finite-D initialisation of the default start (only read when ``y0`` is
+            not given).
+        ts: saved times (default: the config's ``sgd`` grid): finite, strictly increasing, none
+            before ``t0``. A first time after ``t0`` is reached by solving from ``t0`` (the start
+            itself is then not among the saved times).
+        max_steps: cap on the number of solver steps.
+        progress: show diffrax's progress bar (the program is then compiled in every process).
+        t0: the time ``tau`` of the start ``y0`` (default 0).
+
+    The starts are split over the local devices; one start (fewer starts than devices) has the
+    nodes of its rules split instead (:mod:`~singleloc.runtime._sharding`).
+
+    Raises:
+        ValueError: invalid ``ts`` or ``t0`` (naming them), or an invalid start.
+        ValueError, MemoryError: the solve cannot be built (:func:`~singleloc.io._resources.check_run`:
+            dimension, quadrature, saved times, memory), naming the keys.
+        FloatingPointError: the state left the set of valid overlaps (non-finite, runaway
+            keys, or ``R_orth`` not PSD); the message gives the time and suggests a remedy.
+
+    Warns when the risk rose during training (:func:`~singleloc.warn_if_risk_rose`).
+    """
+    config = gather_specs("integrate", config, problem=problem, model=model, sgd=sgd, theory=theory,
+                          simulation=simulation)
+    require_starts("integrate", y0)
+    try:
+        times = np.asarray(config.sgd.save_times() if ts is None else ts, dtype=np.float64)
+        t0 = float(t0)
+    except (TypeError, ValueError):
+        raise ValueError(f"ts and t0 must be numbers (saved times tau), got ts = {ts!r:.80}, t0 = {t0!r:.40}") from None
+    if times.ndim != 1 or times.size == 0:
+        raise ValueError(f"ts must be a non-empty 1-D sequence of saved times, got shape {times.shape}")
+    if not np.isfinite(t0):
+        raise ValueError(f"t0 must be finite, got {t0}")
+    if not np.all(np.isfinite(times)):
+        i = int(np.argmin(np.isfinite(times)))
+        raise ValueError(f"ts must be finite, got ts[{i}] = {times[i]}")
+    if np.any(np.diff(times) <= 0):
+        i = int(np.argmax(np.diff(times) <= 0))
+        raise ValueError(f"ts must be strictly increasing (the solve runs forward in tau), got ts[{i}] = {times[i]:g} "
+                         f"then ts[{i + 1}] = {times[i + 1]:g}")
+    if times[0] < t0:
+        raise ValueError(f"ts starts at {times[0]:g}, before the start y0 at t0 = {t0:g}: the saved times must be >= t0 "
+                         "(pass t0 = the time of y0 to start elsewhere than tau = 0)")
+    skip = bool(times[0] > t0)  # solve from the start at t0; do not return it
+    starts = 1 if y0 is None or np.ndim(y0[0]) != 3 else int(np.shape(y0[0])[0])
+    check_run(config, theory_starts=starts)  # dimension, quadrature, saved times and memory, before anything is built
+    solve = TheorySolve("integrate", config, starts, times.size + skip, times[-1] - t0, cached=not progress)
+    solve.announce()  # the estimate, before anything is built (singleloc.runtime._estimates)
+    with solve.preparing():  # the rules and starts (said only if it lasts)
+        problem = _problem(config, y0, np.concatenate([[t0], times]) if skip else times)
+    dynamics, evaluation, y0, ts, rtol, atol = problem.args
+    y0, (dynamics, evaluation, ts, rtol, atol), n = shard_batch(y0, (dynamics, evaluation, ts, rtol, atol))
+    args = (dynamics, evaluation, y0, ts, rtol, atol)
+    with solve.solving():  # compiling or loading, then solving, said on stderr and recorded
+        with checks_as_nan():  # the progress bar's program is traced here (exported_call sets it itself)
+            out = jax.device_get(_run(*args, max_steps, True) if progress else
+                                 exported_call("integrate", _run, *args, static=(max_steps, False)))
+    result = _result(problem, unpad(out, n), max_steps)
+    if isinstance(result, FloatingPointError):
+        raise result
+    if skip:  # the start at t0, solved from but not asked for
+        later = lambda x: x[:, 1:]
+        result = dataclasses.replace(result, tau=result.tau[1:], M=later(result.M), Q=later(result.Q), b=later(result.b),
+                                     risk=later(result.risk), risk_se=later(result.risk_se),
+                                     v=None if result.v is None else later(result.v))
+    warn_if_risk_rose(config, theory=result)
+    return result
+
+
+def integrate_points(problems: Sequence[tuple[Config, OrderParameters | None]], *, max_steps: int = MAX_STEPS
+                     ) -> list[TheoryResult | FloatingPointError]:
+    """:func:`integrate` of several points ``(config, y0)`` as one vmapped solve per shape.
+
+    Points whose arrays have the same shapes (heads, spikes, sequence length, prior support,
+    activation, bias training, number of points (``"auto"`` resolved per point), replicates,
+    starts and saved times) share one program: their ODE stacks, starts, saved times and
+    tolerances are stacked along a leading axis, split over the local devices, and solved
+    together, each trajectory with its own adaptive steps; the results equal :func:`integrate`'s
+    to the solver's tolerance (not bitwise: the batched program rounds differently). Returns
+    one result per point, in order, or the :class:`FloatingPointError` :func:`integrate` would
+    raise for it (a failing point does not stop the others).
+    """
+    prepared = [_problem(config, y0, None) for config, y0 in problems]
+    groups: dict[tuple, list[int]] = {}
+    for i, problem in enumerate(prepared):
+        groups.setdefault(_shape_key(problem.args), []).append(i)
+    results: list = [None] * len(prepared)
+    for members in groups.values():
+        stacked = jax.tree.map(lambda *x: jnp.stack(x), *(prepared[i].args for i in members))
+        stacked, _, n = shard_batch(stacked)
+        with TheorySolve.of_batch([prepared[i] for i in members]).solving():
+            out = unpad(jax.device_get(exported_call("integrate_points", _run_points, *stacked, static=(max_steps,))), n)
+        for j, i in enumerate(members):
+            results[i] = _result(prepared[i], jax.tree.map(lambda x, j=j: x[j], out), max_steps)
+    return results
+
+
+def _shape_key(args) -> tuple:
+    """What decides the program of :func:`_trajectories`: the structure and static values of the
+    arguments and the shapes and dtypes of their arrays."""
+    leaves, treedef = jax.tree.flatten(args)
+    return str(treedef), tuple((x.shape, str(x.dtype)) for x in leaves)
+
+
+def _result(problem: _Problem, out, max_steps: int) -> TheoryResult | FloatingPointError:
+    """The :class:`TheoryResult` of one point's outputs of :func:`_trajectories`, or the error
+    that says where its solve stopped."""
+    config, ts = problem.config, problem.args[3]
+    R = config.theory.replicates
+    ys, risk, ok, drift0, check, grams = out
+    M, Q, b, v = (*ys, None)[:4]  # (M, Q, b) or, with trained head weights, (M, Q, b, v)
+    valid = np.isfinite(risk)
+    if not np.all(ok) or not np.all(valid):
+        i, r = np.unravel_index(np.argmin(np.all(valid, axis=2) & ok), ok.shape)
+        k = int(np.argmin(valid[i, r])) if not np.all(valid[i, r]) else len(ts) - 1
+        return FloatingPointError(
+            f"the order-parameter ODE stopped at tau = {float(ts[k - 1]) if k else 0.0:.4g}..{float(ts[k]):.4g} (start {i}"
+            f"{f', replicate {r}' if R > 1 else ''}): the state left the set of valid overlaps (non-finite values, runaway keys "
+            f"with max |Q| > {Q_RUNAWAY:g}, or R_orth = Q - M M^T not PSD) or the solver ran out of steps (max_steps = "
+            f"{max_steps}); lower sgd.lr (now {config.sgd.lr}) or tighten theory.rtol/theory.atol"
+        )
+    drift_error = problem.drift_error
+    risk_se = risk.std(axis=1, ddof=1) / np.sqrt(R) if R > 1 else np.full(risk.shape[::2], np.nan)
+    if R > 1:
+        drift_error = float(np.max(relative_drift_error(drift0))) / np.sqrt(R)
+    mean = lambda x: x.mean(axis=1)
+    dynamics, evaluation = problem.args[0], problem.args[1]
+    report = SolveReport(ys, check, grams, risk_se, evaluation.expectation, evaluation.sgd, config.theory,
+                         problem.setup.prior, config.model.heads, problem.points)
+    stated = evaluation.expectation.statement(report)
+    return TheoryResult(np.asarray(ts), mean(M), mean(Q), mean(b), mean(risk), risk_se, drift_error, problem.points, R,
+                        evaluation.expectation.route, stated.risk_error, stated.gram_error, stated.exact_drift_error,
+                        None if v is None else mean(v), dynamics.expectation.gram_name, config.theory.axes)
+
+
+def _check_initial(config: Config, y0: OrderParameters) -> None:
+    H, F = config.model.heads, config.problem.F
+    S = y0.M.shape[0]
+    parts = (("M0", y0.M, (S, H, F)), ("Q0", y0.Q, (S, H, H)), ("b0", y0.b, (S, H)))
+    for name, x, shape in parts + ((("v0", y0.v, (S, H)),) if isinstance(y0, WeightedOrderParameters) else ()):
+        if x.shape[1:] == shape[1:] and x.shape[0] != S:  # shapes right, counts of starts not
+            raise ValueError(f"{name} holds {x.shape[0]} start(s) but M0 holds {S}: give every part of y0 the same leading "
+                             f"number of starts, e.g. {name} of shape {shape}")
+        if x.shape != shape:
+            raise ValueError(f"{name} must have shape {shape[1:]} (model.heads = {H}, problem.F = {F}), got {x.shape[1:]}")
+        if not np.all(np.isfinite(np.asarray(x))):
+            raise ValueError(f"{name} must be finite")
+    Q = np.asarray(y0.Q)
+    if not np.allclose(Q, np.swapaxes(Q, -1, -2), atol=1e-10):
+        raise ValueError("Q0 must be symmetric")
+    R = Q - np.asarray(y0.M) @ np.swapaxes(np.asarray(y0.M), -1, -2)
+    if np.min(np.linalg.eigvalsh(R)) < -PSD_INPUT * (1 + np.abs(Q).max()):
+        raise ValueError("Q0 - M0 M0^T must be positive semi-definite (the overlaps of real keys)")

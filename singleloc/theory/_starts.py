@@ -1,0 +1,66 @@
+"""The starts of the order-parameter ODE: the overlaps of the simulator's initial weights.
+
+Initial conditions are the overlaps of a real D-dimensional initialisation
+(:func:`~singleloc.initial_overlaps` with the config's ``simulation.seed`` and ``D``), the
+same weights the simulator starts from, so that ``M(0) = O(1/sqrt(D))`` as in a finite run;
+with trained head weights the state also holds ``v0 = 1/H``.
+"""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from ..configuration._config import Config, gather_specs
+from ..configuration._specs import SGD, Model, Problem, Simulation
+from ..model._data import initial_overlaps
+from ..sgd._sgd_rule import OrderParameters, WeightedOrderParameters
+
+
+@eqx.filter_jit
+def _initial_overlaps(seed: int, indices: jax.Array, F: int, H: int, D: int, init_scale: float):
+    return jax.vmap(lambda s: initial_overlaps(seed, s, F, H, D, init_scale))(indices)
+
+
+def initial_conditions(config: Config | None = None, seeds: int | None = None, *, problem: Problem | None = None,
+                       model: Model | None = None, sgd: SGD | None = None, simulation: Simulation | None = None
+                       ) -> OrderParameters | WeightedOrderParameters:
+    """Overlaps ``(M0, Q0, b0)`` of the simulator's initial weights for seeds ``0..seeds-1``
+    (``simulation.seeds`` by default), stacked along a leading axis (one program for all
+    seeds; the same bits as the simulator's own initialisation); with trained head weights,
+    :class:`~singleloc.WeightedOrderParameters` with ``v0 = 1/H``.
+
+    The run is ``config`` or the specifications by keyword (``problem``: ``F``; ``model``: the
+    heads, ``bias_init``, ``head_weights``; ``sgd``: ``init_scale``; ``simulation``: ``D``,
+    ``seed``, ``seeds``), defaults for those not given (:func:`~singleloc.configuration._config.gather_specs`)."""
+    config = gather_specs("initial_conditions", config, problem=problem, model=model, sgd=sgd, simulation=simulation)
+    pb, sim, sgd, H = config.problem, config.simulation, config.sgd, config.model.heads
+    n = sim.seeds if seeds is None else seeds
+    M, Q = _initial_overlaps(sim.seed, jnp.arange(n), pb.F, H, sim.D, sgd.init_scale)
+    y0 = OrderParameters(M, Q, jnp.full((n, H), config.model.bias_init))
+    return with_head_weights(config, y0)
+
+
+def with_head_weights(config: Config, y0: OrderParameters | WeightedOrderParameters
+                      ) -> OrderParameters | WeightedOrderParameters:
+    """The start ``y0`` in the state kind of ``config``: with trained head weights, ``y0`` with
+    ``v0 = 1/H`` when it has none; ``ValueError`` for head weights in a layer that averages its
+    heads uniformly."""
+    trained, H = config.model.trained_head_weights, config.model.heads
+    if len(y0) == 4:
+        if not trained:
+            raise ValueError("the start has head weights v0 but model.head_weights = 'uniform'; pass (M0, Q0, b0) or set "
+                             "model.head_weights = 'trained'")
+        return WeightedOrderParameters(*y0)
+    if not trained:
+        return y0
+    b = jnp.asarray(y0[2])
+    return WeightedOrderParameters(*y0, jnp.full(b.shape, 1.0 / H, dtype=jnp.result_type(float)))
+
+
+def batched_starts(y0: OrderParameters) -> OrderParameters:
+    """``y0`` in the dtype of the solve, with a leading axis (one start: added)."""
+    kind = WeightedOrderParameters if len(y0) == 4 else OrderParameters  # a plain tuple is read by its length
+    y0 = kind(*(jnp.asarray(x, dtype=jnp.result_type(float)) for x in y0))
+    return kind(*(x[None] for x in y0)) if y0.M.ndim == 2 else y0

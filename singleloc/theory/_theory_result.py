@@ -1,0 +1,112 @@
+"""The result of an ODE solve (:func:`~singleloc.integrate`): trajectories, their risks and the
+stated errors of the quadrature, and the run folder they are written to."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from ..configuration._config import Config, require_config
+
+#: The fields of a :class:`TheoryResult` that state its quadrature (route and errors), as a sweep's
+#: cache entries and CSV columns carry them (:meth:`TheoryResult.statement`).
+STATEMENT_FIELDS = ("route", "gram_route", "risk_error", "exact_drift_error", "gram_error", "drift_error", "points")
+#: The exact route's ``O(lr)`` drift error where it is not computed (``risk_error`` under
+#: ``singleloc.theory._ode.DRIFT_CHECK_ABOVE``: the drift error is then under about 1e-5).
+DRIFT_UNCHECKED = "below 1e-5 (not computed: risk error under 1e-9)"
+
+
+@dataclasses.dataclass(frozen=True)
+class TheoryResult:
+    """ODE trajectories of ``S`` initial conditions at ``T`` saved times.
+
+    ``tau`` (T,), ``M`` (S, T, H, F), ``Q`` (S, T, H, H), ``b`` (S, T, H), ``risk`` (S, T):
+    the means over the ``replicates`` rules (module docstring); ``risk_se`` (S, T): the
+    standard error of ``risk`` (NaN for one replicate); ``drift_error``: the estimated
+    relative drift error at the start, worst start (NaN without an estimate); ``points``:
+    the Sobol points per rule (the choice, for ``theory.points = "auto"``); ``route``:
+    ``"exact"`` (risk and ``O(lr)`` drift by :mod:`~singleloc.expectations._laplace`, the Gram term on the
+    rule) or ``"rule"``; ``risk_error``: on the exact route, the largest difference of the
+    risk at the start and at the end to a finer exact rule (the stated error of ``risk``);
+    ``gram_error``: on the exact route, the estimated relative error of the ``lr^2`` (Gram) term
+    at the start and at the end (its difference between two scramblings, or for an exact Gram term
+    to the finer exact rule: :func:`gram_error`); ``gram_route``: ``"exact"`` where the exact route has
+    the Gram term exactly (``theory.gram``, :mod:`~singleloc.expectations._laplace_gram`), else ``"sobol"``;
+    ``exact_drift_error``: on the exact route, the largest relative difference of the ``O(lr)`` drift
+    to the finer exact rule at the start and at the end
+    (:meth:`~singleloc.OrderParameterODE.exact_drift_error`; a risk error of 1e-3 can come with a
+    drift error of order one), computed where ``risk_error`` exceeds 1e-9, NaN below (where it is
+    under about 1e-5: ``singleloc.theory._ode.DRIFT_CHECK_ABOVE``);
+    ``axes``: the rule route's field layout (``theory.axes``; printed by :meth:`quadrature`, stored in the
+    run's ``config.json``); ``v`` (S, T, H): the trained head weights (``model.head_weights = "trained"``; else ``None``).
+    ``theory.npz`` stores the first trajectory with the leading ``S`` axis dropped.
+    """
+
+    tau: np.ndarray
+    M: np.ndarray
+    Q: np.ndarray
+    b: np.ndarray
+    risk: np.ndarray
+    risk_se: np.ndarray | None = None  # None: no estimate (NaN of the shape of risk)
+    drift_error: float = float("nan")
+    points: int = 0  # the Sobol rule's points (on the exact route: the Gram term's); 0: not known
+    replicates: int = 1
+    route: str = "rule"
+    risk_error: float = float("nan")
+    gram_error: float = float("nan")
+    exact_drift_error: float = float("nan")
+    v: np.ndarray | None = None  # (S, T, H): trained head weights; None for the head average
+    gram_route: str = "sobol"  # the lr^2 Gram term's: "exact" (exact route, theory.gram) or "sobol"
+    axes: str = "heads"  # the rule route's field layout (theory.axes): "heads" or "principal" (rank-aware)
+
+    def __post_init__(self):
+        if self.risk_se is None:
+            object.__setattr__(self, "risk_se", np.full(np.shape(self.risk), np.nan))
+
+    def statement(self) -> dict[str, np.ndarray]:
+        """The route and stated errors (:data:`STATEMENT_FIELDS`) as 0-d arrays."""
+        return {k: np.asarray(getattr(self, k)) for k in STATEMENT_FIELDS}
+
+    def arrays(self, index: int = 0) -> dict[str, np.ndarray]:
+        return {"tau": self.tau, "M": self.M[index], "Q": self.Q[index], "b": self.b[index], "risk": self.risk[index],
+                "risk_se": self.risk_se[index], "replicates": np.asarray(self.replicates), **self.statement(),
+                **({} if self.v is None else {"v": self.v[index]})}
+
+    def quadrature(self) -> str:
+        """One line on the rule: points, replicates and the error estimates (for printing)."""
+        parts = []
+        if self.route == "exact":
+            drift = f"{self.exact_drift_error:.1e}" if np.isfinite(self.exact_drift_error) else DRIFT_UNCHECKED
+            gram = ("lr^2 Gram term exact too (its relative error against the finer rule "
+                    f"{self.gram_error:.1e})" if self.gram_route == "exact" else
+                    f"lr^2 Gram term on the rank-aware Sobol rule (its relative error {self.gram_error:.1e})")
+            parts.append(f"exact route (Laplace form; risk error {self.risk_error:.1e} and relative drift error {drift} "
+                         f"against a finer rule), {gram}")
+        if self.route != "exact" or self.gram_route != "exact":
+            layout = "rank-aware, theory.axes = 'principal'" if self.axes == "principal" else "head-shift rule"
+            rule = "the Gram term's " if self.route == "exact" else f"rule route (Sobol, {layout}): "
+            parts.append(f"{rule}{self.points} points x {self.replicates} replicate{'s' if self.replicates > 1 else ''}")
+        if np.isfinite(self.drift_error):
+            parts.append(f"estimated relative drift error at the start {self.drift_error:.1e}")
+        if self.replicates > 1:
+            parts.append(f"largest standard error of the risk {np.max(self.risk_se):.1e}")
+        return "quadrature: " + "; ".join(parts)
+
+    def resolved(self, config: Config) -> Config:
+        """``config`` with ``theory.points = "auto"`` replaced by the number of points used."""
+        require_config(config, "TheoryResult.resolved")
+        return config.replace(theory={"points": self.points}) if config.theory.points == "auto" else config
+
+
+def theory_from_arrays(one: dict[str, np.ndarray] | None, seeds: dict[str, np.ndarray] | None = None) -> TheoryResult:
+    """A :class:`TheoryResult` from the arrays of a run folder: ``one``, those of ``theory.npz``
+    (:meth:`TheoryResult.arrays`: one trajectory, its route and stated errors), and ``seeds``,
+    those of ``compare``'s ``theory_seeds.npz`` (every seed's trajectories, with a leading axis),
+    which give the trajectories when present. Fields a file does not hold (an older run) keep
+    their defaults."""
+    trajectories = seeds if seeds is not None else {k: (v[None] if k not in ("tau", "replicates") else v)
+                                                    for k, v in one.items() if np.ndim(v) > 0}
+    statement = {} if one is None else {k: one[k].item() for k in (*STATEMENT_FIELDS, "replicates") if k in one}
+    return TheoryResult(tau=trajectories["tau"], M=trajectories["M"], Q=trajectories["Q"], b=trajectories["b"],
+                        risk=trajectories["risk"], risk_se=trajectories.get("risk_se"), v=trajectories.get("v"), **statement)

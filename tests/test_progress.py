@@ -1,0 +1,283 @@
+"""Never silent, and estimates before the work (issue 49 items 2 and 3): the phase lines of the
+commands, the live line on a terminal, the records of measured times per device and shape family
+(written, read back and used), the sweep's estimate per point and its refusal above an hour.
+
+No test asserts on wall time: the times in the lines are matched as numbers, and where a time
+matters its clock is a fake one (``singleloc.runtime._timings.clock``)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import singleloc as sl
+from singleloc.cli import main
+from singleloc.runtime import _compilation, _estimates, _progress, _timings
+from singleloc.runtime._estimates import REFERENCE, TheorySolve, solve_size
+from singleloc.runtime._progress_bar import Bar
+from singleloc.runtime._timings import Estimate, Timings
+from singleloc.simulation import _simulation_estimate
+from singleloc.sweeps import _sweep_compute, _sweep_estimate
+from singleloc.sweeps._grid import grid_points, parse_grid
+
+SETS = ["theory.route=rule", "theory.points=64", "sgd.tau_max=2", "sgd.n_save=3", "simulation.D=200", "simulation.seeds=1"]
+ARGS = [a for s in SETS for a in ("--set", s)]
+TIME = r"[0-9.e+-]+ (s|min|h)"
+
+
+class FakeClock:
+    """A clock that moves by ``step`` seconds at every reading."""
+
+    def __init__(self, step: float = 1.0):
+        self.t, self.step = 0.0, step
+
+    def __call__(self) -> float:
+        self.t += self.step
+        return self.t
+
+
+@pytest.fixture
+def records(tmp_path, monkeypatch):
+    """Fresh records of this device in ``tmp_path``, the device's calibration at the reference
+    CPU's, phase lines as a command prints them without a terminal, and a process that holds no
+    compiled solve yet (so that a solve compiles or loads its program, and says so)."""
+    monkeypatch.setattr(_timings, "timings_path", lambda: tmp_path / "timings.json")
+    monkeypatch.setattr(_timings, "measure_benchmark", lambda: dict(REFERENCE["benchmark"]))
+    monkeypatch.delenv(_progress.MODE_ENV, raising=False)
+    monkeypatch.setattr(_estimates, "_IN_PROCESS", set())
+    monkeypatch.setattr(_compilation, "_LOADED", {})
+    return tmp_path / "timings.json"
+
+
+@pytest.fixture
+def fake_compute(monkeypatch):
+    """Predictions and solves that cost nothing (tests/test_sweep.py's synthetic ones); the list of
+    the points computed."""
+    from test_sweep import fake_prediction
+
+    calls = []
+
+    def prediction(config):
+        calls.append(config)
+        return fake_prediction(config)
+
+    def theory(config):
+        calls.append(config)
+        H, F, S, T = config.model.heads, config.problem.F, config.simulation.seeds, 5
+        M = np.zeros((S, T, H, F))
+        return {"tau": np.linspace(0, 2, T), "M": M, "Q": np.tile(np.eye(H), (S, T, 1, 1)), "b": np.zeros((S, T, H)),
+                "risk": np.tile(np.linspace(0.8, 0.4, T), (S, 1))}
+
+    monkeypatch.setattr(_sweep_compute, "compute_prediction", prediction)
+    monkeypatch.setattr(_sweep_compute, "compute_theory", theory)
+    monkeypatch.setattr(_sweep_compute, "compute_theories", lambda configs: [theory(c) for c in configs])
+    return calls
+
+
+def stderr_lines(capsys) -> list[str]:
+    return [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+
+
+def test_the_records_are_kept_per_device_and_shape_family(tmp_path):
+    path = tmp_path / "timings.json"
+    a = Timings(path, "cpu: A x 2")
+    a.record("integrate:1", "integrate", label="one", features={"route": "rule"}, run=(10.0, 2.0), compile=30.0)
+    a.record("integrate:1", "integrate", run=(20.0, 4.0))
+    back = Timings(path, "cpu: A x 2").family("integrate:1")  # read back from the file
+    assert back["runs"] == [[10.0, 2.0], [20.0, 4.0]] and back["compile"] == 30.0 and back["label"] == "one"
+    assert Timings(path, "gpu: NVIDIA H200").family("integrate:1") is None  # another device: its own records
+    assert Timings(path, "cpu: A x 2").family("integrate:2") is None  # another family
+    path.write_text("{ damaged")
+    assert Timings(path, "cpu: A x 2").family("integrate:1") is None  # ignored, then replaced by the next record
+    Timings(path, "cpu: A x 2").record("integrate:3", "integrate", run=(1.0, 1.0))
+    assert Timings(path, "cpu: A x 2").family("integrate:3")["runs"] == [[1.0, 1.0]]
+
+
+def test_predict_takes_the_median_rate_of_the_latest_runs_times_the_cost_model():
+    runs = [(100.0, 50.0), (100.0, 10.0), (200.0, 20.0), (100.0, 30.0)]  # the first is too old to count
+    assert _timings.predict(runs, 300.0) == pytest.approx(0.1 * 300)  # rates 0.1, 0.1, 0.3: median 0.1
+    assert _timings.predict(runs[-1:], 300.0, lambda w: w + 100.0) == pytest.approx(30.0 / 200 * 400)
+    assert _timings.predict([], 1.0) != _timings.predict([], 1.0)  # NaN: nothing measured
+
+
+def test_a_solve_records_its_times_and_the_next_estimate_is_measured(records, monkeypatch):
+    """Written (after the solve, from the phase's clock), read back and used (the estimate of the
+    next solve of the family, scaled along tau by the cost model), and the basis said."""
+    config = sl.load_config("default", SETS)
+    first = TheorySolve("integrate", config, 1, 3, 2.0)
+    assert first.expect == "compile" and first.why == "first run of this shape family"
+    assert first.estimate.basis == "first run of this shape family: from this CPU's speed"
+    features = first.features
+    expected = REFERENCE["prepare"] + REFERENCE["compile"]["rule"] + solve_size(features, 2.0)  # the reference's speed
+    assert first.estimate.seconds == pytest.approx(expected)
+    monkeypatch.setattr(_timings, "clock", FakeClock(1.0))  # each stage of the phase: one tick
+    sl.integrate(config)
+    record = _timings.timings().family(first.key)
+    assert record["runs"] == [[2.0, 1.0]] and record.get("compile", record.get("load")) == 1.0 and record["prepare"] == 1.0
+    assert record["features"] == features and record["label"] == "integrate, softmax H=2 L=4 F=2 on the rule route"
+    again = TheorySolve("integrate", config, 1, 3, 4.0)  # held by this process now: it only runs
+    assert again.expect == "run" and again.estimate.basis == "measured on this CPU for this shape family"
+    assert dict(again.estimate.parts) == pytest.approx({"building the rules": 1.0,
+                                                        "solving": solve_size(features, 4.0) / solve_size(features, 2.0)})
+    other = TheorySolve("integrate", config.replace(model={"heads": 3}), 1, 3, 2.0)  # a new family, scaled from this one
+    assert "solving scaled from integrate, softmax H=2 L=4 F=2 on the rule route" in other.estimate.basis
+    assert other.estimate.parts[-1][1] == pytest.approx(solve_size(other.features, 2.0) / solve_size(features, 2.0))
+
+
+def test_the_command_line_says_each_phase_in_one_line_with_its_time(records, tmp_path, capsys):
+    """``--no-progress`` (and any stderr that is not a terminal): the estimate, then one line per
+    phase (its start, its end with its time), no carriage returns; then prune's estimate and its
+    layers."""
+    out = str(tmp_path / "run")
+    assert main(["integrate", "default", *ARGS, "--no-progress", "--out", out]) == 0
+    lines = stderr_lines(capsys)
+    assert not any("\r" in line for line in lines)
+    label = "integrate, softmax H=2 L=4 F=2 on the rule route"
+    expected = [
+        rf"singleloc integrate: {label}, to tau = 2: about {TIME} \(.*first run of this shape family.*\)",
+        rf"singleloc integrate: compiling the solve \({label}; first run of this shape family\), about {TIME} \.\.\.",
+        rf"singleloc integrate: compiled the solve in {TIME}; solving to tau = 2, about {TIME} \.\.\.",
+        rf"singleloc integrate: solved in {TIME}",
+    ]
+    assert len(lines) == len(expected) and all(re.fullmatch(p, line) for p, line in zip(expected, lines)), lines
+    record = _timings.timings().family(TheorySolve("integrate", sl.load_config("default", SETS), 1, 3, 2.0).key)
+    assert record["runs"][0][0] == 2.0  # recorded: the next estimate of this family is measured
+    assert main(["prune", out, "--no-progress"]) == 0
+    lines = stderr_lines(capsys)
+    assert re.fullmatch(rf"singleloc prune: pruning 1 layer\(s\) of 2 heads, 3 sub-layer risks each: about {TIME} "
+                        r"\(first run of this shape family: from this CPU's speed\)", lines[0]), lines
+    assert re.fullmatch(rf"singleloc prune: pruned 1 layer\(s\) in {TIME}", lines[-1]), lines
+
+
+def test_a_simulation_times_its_compiled_step_before_it_runs_and_records_it(records, capsys):
+    config = sl.load_config("default", SETS)
+    with _progress.reporting(mode="lines"):
+        sl.simulate(config)
+    lines = [line for line in stderr_lines(capsys) if "compil" not in line]  # said if it takes more than 3 s
+    assert re.fullmatch(rf"singleloc: simulating 400 SGD steps \(sgd.tau_max x simulation.D\) x 1 seeds of model.heads = 2 "
+                        rf"keys in simulation.D = 200 dimensions: about {TIME} \(measured: [0-9]+ steps timed on this CPU\)",
+                        lines[0]), lines
+    assert re.fullmatch(rf"singleloc: simulated 400 SGD steps in {TIME}", lines[-1]), lines
+    (record,) = _timings.timings().families("simulate")
+    assert record["step"] > 0 and record["runs"][0][0] == 400
+    assert _simulation_estimate.simulation_estimate(config).basis == "measured on this CPU for this simulation's sizes"
+
+
+def test_a_sweep_point_over_an_hour_is_refused_before_anything_runs_unless_yes(records, tmp_path, capsys, fake_compute):
+    """The estimate per point comes from this device's records: the escape prediction of the
+    two-head point measured at two hours here."""
+    base = sl.load_config("default")
+    (_, two), = [p for p in grid_points(base, [parse_grid("model.heads=1,2")]) if p[1].model.heads == 2]
+    key, features = _sweep_estimate._prediction_family(two)
+    _timings.timings().record(key, "prediction", label="prediction, softmax H=2", features=features, run=(1.0, 7200.0))
+    args = ["sweep", "default", "--grid", "model.heads=1,2", "--horizon", "config", "--out", str(tmp_path / "sw")]
+    assert main(args) == 2
+    (line,) = stderr_lines(capsys)
+    assert line.startswith("singleloc sweep: error: the point model.heads=2 (escape prediction about 2 h")
+    assert "and 1 more point over the limit" in line  # the one-head point, scaled from this measured family
+    assert "more than the 1 h a sweep point may take without --yes; make it cheaper: fewer model.heads" in line
+    assert line.endswith("or pass --yes to run it anyway")
+    assert fake_compute == [] and not (tmp_path / "sw" / "cache").exists()  # nothing computed, nothing written
+    assert main([*args, "--yes"]) == 0
+    lines = stderr_lines(capsys)
+    assert re.fullmatch(rf"singleloc sweep: 2 points to compute \(0 from the cache\): about {TIME} \(measured on this CPU "
+                        r"for 1 of 4 computations, the others from their nearest shape family measured on this CPU or from "
+                        r"its speed\)", lines[0]), lines
+    assert lines[1].startswith("singleloc sweep: the most expensive: model.heads=2: about 2 h (escape prediction about 2 h")
+
+
+def test_the_time_left_of_a_bar_is_the_estimate_of_what_remains_not_the_pace_of_the_first_items(monkeypatch):
+    """A sweep whose third point costs a hundred times its first two: after those two (a second
+    each, as estimated) the time left is that point's estimate, not one more second."""
+    clock = FakeClock(0.0)
+    monkeypatch.setattr(_timings, "clock", clock)
+    with _progress.reporting(mode="off"), Bar(3, "sweep", "point") as bar:
+        bar.plan([1.0, 1.0, 100.0])
+        for _ in range(2):
+            clock.t += 1.0
+            bar.update(1, 1.0)
+        assert bar.left(clock.t) == pytest.approx(100.0)
+        clock.t += 30.0  # into the third point
+        assert bar.left(clock.t) == pytest.approx(70.0)
+    with _progress.reporting(mode="off"), Bar(3, "sweep", "point") as bar:
+        bar.plan([1.0, 1.0, 100.0])
+        for _ in range(2):
+            clock.t += 2.0  # slower than estimated: twice the estimate of what remains
+            bar.update(1, 1.0)
+        assert bar.left(clock.t) == pytest.approx(200.0)
+
+
+def test_a_long_phase_says_it_is_still_running_and_a_quiet_one_speaks_after_a_few_seconds(monkeypatch, capsys):
+    clock = FakeClock(0.0)
+    monkeypatch.setattr(_timings, "clock", clock)
+    with _progress.reporting(mode="lines", prefix="singleloc test"):
+        with _progress.Phase(("solving to tau = 300", "solved"), [80.0]) as phase:
+            phase.tick(clock.t + 30.0)
+            phase.tick(clock.t + 61.0)
+        with _progress.Phase(("writing", "wrote"), quiet=True) as quiet:
+            quiet.tick(clock.t + 1.0)
+            quiet.tick(clock.t + 3.5)
+        with _progress.Phase(("building", "built"), quiet=True):
+            pass
+    assert stderr_lines(capsys) == ["singleloc test: solving to tau = 300, about 80 s ...",
+                                    "singleloc test: still solving to tau = 300: 61 s (about 80 s estimated)",
+                                    "singleloc test: solved in 0.0 s",
+                                    "singleloc test: writing ...", "singleloc test: wrote in 0.0 s"]
+
+
+def test_the_mode_python_callers_get(monkeypatch):
+    monkeypatch.delenv(_progress.MODE_ENV, raising=False)
+    assert _progress.mode() == "off"  # under pytest
+    monkeypatch.setenv(_progress.MODE_ENV, "lines")
+    assert _progress.mode() == "lines"
+    try:
+        sl.set_progress("live")
+        assert _progress.mode() == "live"
+        with _progress.reporting(mode="off"):
+            assert _progress.mode() == "off"
+        with pytest.raises(ValueError, match="mode = 'loud': expected one of auto, live, lines, off"):
+            sl.set_progress("loud")
+    finally:
+        sl.set_progress("auto")
+    assert _progress.mode() == "lines"
+
+
+def test_a_terminal_gets_a_live_line_and_the_phase_leaves_one_line_with_its_time(tmp_path):
+    """On a pseudo-terminal, a Python caller's default: the status line redrawn in place (with
+    the elapsed time against the estimate), then the phase's line."""
+    code = ("import time\nfrom singleloc.runtime._progress import Phase\n"
+            "with Phase(('waiting for the test', 'waited for the test'), [60.0]):\n    time.sleep(1.6)\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_CURRENT_TEST", _progress.MODE_ENV)}
+    leader, follower = os.openpty()
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], stdin=subprocess.DEVNULL, stdout=follower, stderr=follower,
+                              env=env, timeout=60)
+        os.set_blocking(leader, False)
+        out = b""
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except (BlockingIOError, OSError):
+                break
+            if not chunk:
+                break
+            out += chunk
+    finally:
+        os.close(leader)
+        os.close(follower)
+    text = out.decode()
+    assert proc.returncode == 0, text
+    assert re.search(rf"\rsingleloc: waiting for the test: {TIME} of about 60 s\x1b\[K", text), repr(text)
+    assert re.search(rf"\r\x1b\[Ksingleloc: waited for the test in {TIME}\r?\n", text), repr(text)
+
+
+def test_estimates_say_their_parts_and_basis():
+    estimate = Estimate(70.0, "measured on this CPU for this shape family", (("compiling", 60.0), ("solving", 10.0)))
+    assert estimate.describe() == ("about 70 s (compiling about 60 s, solving about 10 s; measured on this CPU for this "
+                                   "shape family)")
+    assert Estimate(5400.0, "").describe() == "about 1.5 h"
