@@ -1,6 +1,7 @@
 """Batched sweep points: theory points that differ only in values (learning rate, strength,
 horizon, initial scale, seed, D) are one vmapped solve with one compilation, and each point's
-result equals its own solve to the solver's tolerance."""
+result equals its own solve to the solver's tolerance. On the canonical tiny problem (tests/_tiny.py):
+a point solved alone is the session's tiny solve of two starts (tiny_theory_seeds' program)."""
 
 import json
 import os
@@ -10,12 +11,11 @@ import textwrap
 
 import numpy as np
 import pytest
+from _tiny import tiny
 
-from singleloc import load_config
 from singleloc.cli import main
 from singleloc.sweeps import _sweep, _sweep_cache, _sweep_compute
 
-BASE = ["theory.points=32", "sgd.n_save=5", "simulation.seeds=2", "problem.L=3"]
 VALUES = [  # every batched key moves between the points
     ["sgd.lr=0.3", "problem.strength=2.5", "sgd.tau_max=3", "sgd.init_scale=0.5", "simulation.seed=0", "simulation.D=100"],
     ["sgd.lr=0.5", "problem.strength=3.5", "sgd.tau_max=4", "sgd.init_scale=0.4", "simulation.seed=1", "simulation.D=1000"],
@@ -24,7 +24,7 @@ VALUES = [  # every batched key moves between the points
 
 
 def configs(*extra):
-    return [load_config("default", BASE + v + list(extra)) for v in VALUES]
+    return [tiny(*v, *extra) for v in VALUES]
 
 
 def solver_tolerance(cfg, x):
@@ -33,7 +33,8 @@ def solver_tolerance(cfg, x):
     return 10 * (cfg.theory.rtol * np.max(np.abs(x)) + cfg.theory.atol)
 
 
-def test_batched_points_equal_their_own_solves():
+@pytest.mark.compiles(7)  # the batched solve (the subject), the starts' overlaps at each D (small programs)
+def test_batched_points_equal_their_own_solves(tiny_theory_seeds):
     cfgs = configs()
     groups = {_sweep_compute.compile_group("theory", c.to_dict()) for c in cfgs}
     assert len(groups) == 1  # the values do not split the group ...
@@ -50,7 +51,7 @@ def test_batched_points_equal_their_own_solves():
     assert gap > 100 * solver_tolerance(cfgs[0], single[0]["risk"])
 
 
-def test_a_failing_point_does_not_stop_its_batch():
+def test_a_failing_point_does_not_stop_its_batch(tiny_theory_seeds):
     cfgs = configs()
     cfgs[1] = cfgs[1].replace(sgd={"lr": 1e7, "tau_max": 30.0})  # diverges at once
     results = _sweep_compute.compute_points("theory", *(c.to_dict() for c in cfgs))
