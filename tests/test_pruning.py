@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from _tiny import tiny
 from helpers import random_overlaps, weights_with_overlaps
 from scipy import stats
 
 from singleloc import OrderParameterODE, load_config
 from singleloc.bayes._bayes import bayes_point
+from singleloc.bayes._population_risk import layer_risk
 from singleloc.cli import main
 from singleloc.io._run_folders import save_run
 from singleloc.pruning._pruning import TheoryRisk, WeightsRisk, prune, prune_theory, prune_weights
@@ -34,7 +37,7 @@ def risk_with_heads(cfg, M, Q, b):
     """Population risk of a layer of len(b) heads, from an ODE object built for that many heads,
     on the evaluation scrambling (independent of the nodes that drive the dynamics)."""
     ode = OrderParameterODE.from_config(cfg.replace(model={"heads": len(b)}, theory={"qmc_seed": cfg.theory.evaluation_seed}))
-    return float(ode.risk(np.asarray(M), np.asarray(Q), np.asarray(b)))
+    return float(layer_risk(ode.expectation, *(jnp.asarray(x, float) for x in (M, Q, b))))  # jitted: prune's programs
 
 
 # -- theory -------------------------------------------------------------------------------
@@ -57,13 +60,14 @@ def test_no_pruning_and_one_head(rng):
 
 def test_replicated_theory_risk_carries_its_quadrature_error(rng):
     """With theory.replicates = R the risk of each kept subset is the mean over R scramblings
-    and its standard error covers the distance to a reference rule of 16 times the points."""
+    and its standard error covers the distance to a reference rule of 16 times the points (the Sobol rule's
+    replicates: its subject)."""
     H, F = 3, 2
-    cfg = small_config("softmax1", H, F, points=256).replace(theory={"replicates": 6})
+    cfg = small_config("softmax1", H, F, points=256).replace(theory={"replicates": 6, "route": "rule"})
     M, Q, b = random_layer(rng, H, F)
     res = prune_theory(cfg, M, Q, b, [1, 0])
     assert res.stderr.shape == (1, H) and np.all(res.stderr > 0) and np.all(res.stderr < 0.01)
-    fine = small_config("softmax1", H, F, points=256 * 16)
+    fine = small_config("softmax1", H, F, points=256 * 16).replace(theory={"route": "rule"})
     for k, kept in enumerate(([0, 1, 2], [0, 2], [2])):
         reference = risk_with_heads(fine, M[kept], Q[np.ix_(kept, kept)], b[kept])
         assert abs(res.risks[0, k] - reference) < 4 * res.stderr[0, k] + 1e-4, (k, res.risks[0, k], reference, res.stderr)
@@ -71,9 +75,10 @@ def test_replicated_theory_risk_carries_its_quadrature_error(rng):
 
 
 def test_cli_prune_prints_the_quadrature_error(tmp_path, capsys):
-    """The bsoftmax Bayes layer of two spikes: either head removed raises the risk."""
+    """The bsoftmax Bayes layer of two spikes: either head removed raises the risk (on the Sobol rule with
+    replicates: its subject is the rule's standard error)."""
     out = tmp_path / "run"
-    cfg = small_config("bsoftmax", 2, 2, points=256).replace(theory={"replicates": 3})
+    cfg = small_config("bsoftmax", 2, 2, points=256).replace(theory={"replicates": 3, "route": "rule"})
     M, Q, b = (np.asarray(x) for x in bayes_point(cfg.problem.build_prior()))
     T = 2
     save_run(out, cfg, {"theory.npz": {"tau": np.arange(T, dtype=float), "M": np.repeat(M[None], T, 0),
@@ -84,7 +89,7 @@ def test_cli_prune_prints_the_quadrature_error(tmp_path, capsys):
         risks, se = d["theory_risks"][0], d["theory_stderr"][0]
         route = str(d["route"])
     assert "+- quadrature SE" in text and f"{risks[1]:.4f} +- {se[1]:.4f}" in text
-    assert route == "rule" and "on the Sobol rule route" in text  # the suite's mechanics run on the rule (conftest)
+    assert route == "rule" and "on the Sobol rule route" in text
     k = removable_heads(risks, 0.0) + 1  # the first harmful removal
     assert k == 1 and f"removing {k} raises it by {risks[k] - risks[0]:.4f} +- {np.hypot(se[k], se[0]):.4f}" in text
 
@@ -266,40 +271,37 @@ def test_one_draw_serves_every_subset(rng, orthogonal_spikes):
 # -- CLI ----------------------------------------------------------------------------------
 
 
-TINY = ["--set", "model.heads=3", "--set", "problem.F=2", "--set", "sgd.tau_max=1.0", "--set", "sgd.n_save=3",
-        "--set", "simulation.D=64", "--set", "theory.points=64", "--set", "simulation.seeds=2",
-        "--set", "simulation.test_samples=64", "--no-progress"]
-
-
-def test_cli_prune_integrate_output(tmp_path, capsys):
-    out = tmp_path / "run"
-    assert main(["integrate", "bsoftmax", "--out", str(out), *TINY]) == 0
-    capsys.readouterr()
+def test_cli_prune_integrate_output(tiny_run, tiny_pruning, capsys):
+    """``prune`` of the session's tiny run (``integrate``'s files; two heads, one spike: the programs of
+    tiny_pruning)."""
+    out = tiny_run
+    (out / "simulation.npz").unlink()  # the folder as integrate writes it
     assert main(["prune", str(out)]) == 0
     text = capsys.readouterr().out
     assert (out / "prune.png").stat().st_size > 0 and (out / "prune.npz").is_file()
     with np.load(out / "prune.npz") as d, np.load(out / "theory.npz") as th:
-        assert d["theory_risks"].shape == (1, 3) and d["theory_removed"].shape == (1, 2)
+        assert d["theory_risks"].shape == (1, 2) and d["theory_removed"].shape == (1, 1)
         assert d["theory_risks"][0, 0] == pytest.approx(th["risk"][-1], abs=1e-10)  # unpruned = integrate's final risk
+        np.testing.assert_allclose(d["theory_risks"][0], tiny_pruning.risks[0], rtol=0, atol=1e-12)
     assert "theory" in text and "H - F = 1" in text
-    assert len([line for line in text.splitlines() if line.split()[:1] and line.split()[0].isdigit()]) == 3  # rows k = 0, 1, 2
+    assert len([line for line in text.splitlines() if line.split()[:1] and line.split()[0].isdigit()]) == 2  # rows k = 0, 1
     assert main(["prune", str(out), "--order", "random", "--draws", "3", "--seed", "2"]) == 0
     capsys.readouterr()
 
     assert main(["prune", str(out), "--order", "biggest"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--order" in err and "greedy" in err
-    assert main(["prune", str(tmp_path / "missing")]) == 2
+    assert main(["prune", str(out.parent / "missing")]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
     assert main(["prune", str(out), "--source", "simulation"]) == 2
     assert "simulation.npz" in capsys.readouterr().err
 
 
-def test_cli_prune_simulation_output(tmp_path, capsys, rng):
+def test_cli_prune_simulation_output(tmp_path, capsys, rng, tiny_pruning):
     """A folder as `simulate` writes it (config.json + simulation.npz of 2 seeds, float32): every
     seed is pruned through its final order parameters."""
     out = tmp_path / "sim"
-    cfg = load_config("softmax1", [a for a in TINY if "=" in a])
+    cfg = tiny()  # the shapes of tiny_pruning: its programs
     H, F = cfg.model.heads, cfg.problem.F
     Ms, Qs = zip(*(random_layer(rng, H, F)[:2] for _ in range(2)))
     T = 3
