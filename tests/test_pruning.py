@@ -43,6 +43,7 @@ def risk_with_heads(cfg, M, Q, b):
 # -- theory -------------------------------------------------------------------------------
 
 
+@pytest.mark.compiles(6)  # the exact risk and its finer check of three, two and one heads
 def test_no_pruning_and_one_head(rng):
     """k = 0 removed is the unpruned risk; H - 1 removed is the single-head model of the kept
     head, built directly with one head (bsoftmax, whose factor H must become H')."""
@@ -74,6 +75,7 @@ def test_replicated_theory_risk_carries_its_quadrature_error(rng):
     assert prune_theory(cfg.replace(theory={"replicates": 1}), M, Q, b, [1, 0]).stderr is None  # one rule: no estimate
 
 
+@pytest.mark.compiles(3)  # the rule's risk of two heads and of one, the Bayes point
 def test_cli_prune_prints_the_quadrature_error(tmp_path, capsys):
     """The bsoftmax Bayes layer of two spikes: either head removed raises the risk (on the Sobol rule with
     replicates: its subject is the rule's standard error)."""

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _tiny import cli_sets, stub_solves
 
 from singleloc import load_config
 from singleloc.cli import main
@@ -77,6 +78,7 @@ def test_a_new_run_replaces_the_old_one_and_prune_reads_one_consistent_run(tmp_p
 
 
 def test_a_full_disk_fails_in_one_line_and_keeps_the_previous_run(previous_run, capsys, monkeypatch):
+    stub_solves(monkeypatch)  # the subject is the folder: a canned simulation
     before = snapshot(previous_run)
 
     def full(*args, **kwargs):
@@ -151,6 +153,7 @@ def test_a_damaged_cache_entry_is_reported_recomputed_and_replaced(tmp_path, mon
 
 
 def test_a_folder_named_like_a_preset_does_not_hide_it(tmp_path, capsys, monkeypatch):
+    stub_solves(monkeypatch)  # the subject is the path: a canned simulation
     monkeypatch.chdir(tmp_path)
     assert main(["simulate", "default", *TINY, "--out", "default"]) == 0
     assert main(["simulate", "default", *TINY, "--out", "default"]) == 0
@@ -358,7 +361,7 @@ def test_dropped_saved_times_are_a_one_line_warning(tmp_path, capsys):
         assert d["tau"].shape == (65,)
 
 
-def test_a_rising_risk_is_a_one_line_warning(tmp_path, capsys):
+def test_a_rising_risk_is_a_one_line_warning(tmp_path, capsys, tiny_theory):
     from singleloc import warn_if_risk_rose
     from singleloc.theory._theory_result import TheoryResult
 
@@ -376,8 +379,8 @@ def test_a_rising_risk_is_a_one_line_warning(tmp_path, capsys):
         sim = type("Sim", (), {"risk_limit": np.array([[0.80, 0.81], [0.80, 0.82]])})
         warn_if_risk_rose(CONFIG, simulation=sim)
         warn_if_risk_rose(CONFIG, theory=theory([[0.81, 0.5, 0.81 + 1e-7]]))
-    # through the command line: lr = 1e4 (the case of the issue)
-    assert main(["integrate", "default", *TINY, "--set", "sgd.lr=10000", "--out", str(tmp_path / "a")]) in (0, 2)
+    # through the command line: lr = 1e4 (the case of the issue), on the tiny problem's program (tiny_theory)
+    assert main(["integrate", "default", *cli_sets("sgd.lr=10000"), "--out", str(tmp_path / "a")]) in (0, 2)
     captured = capsys.readouterr()
     assert "Traceback" not in captured.err and len(captured.err.strip().splitlines()) == 1
 

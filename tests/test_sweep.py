@@ -6,6 +6,7 @@ import csv
 
 import numpy as np
 import pytest
+from _tiny import cli_sets
 
 from singleloc import load_config
 from singleloc.analysis._predictions import EscapePrediction, escape_horizon
@@ -249,22 +250,20 @@ def test_cli_sweep_batched_and_not_give_the_same_table(tmp_path, capsys, monkeyp
     assert len({r["final_risk"] for r in read_csv(tmp_path / "--batch" / "sweep.csv")}) == 4
 
 
-def test_cli_sweep_with_simulation(tmp_path, capsys, monkeypatch):
+def test_cli_sweep_with_simulation(tmp_path, capsys, monkeypatch, tiny_theory_seeds, tiny_simulation):
+    """A sweep of one point of the canonical tiny problem with ``--simulate``: its theory and simulation
+    are the programs of the session's tiny solves (a point integrates its seeds' starts)."""
     monkeypatch.setattr(_sweep_compute, "compute_prediction", fake_prediction)
     out = tmp_path / "sim"
-    # same theory program as a point of the previous test (D and test_samples do not enter it):
-    # the session's compilation cache serves it
-    sets = TINY + ["simulation.D=32", "simulation.test_samples=16"]
-    args = ["sweep", "default", "--grid", "model.activation=softmax", *[a for s in sets for a in ("--set", s)],
-            "--simulate", "--horizon", "config", "--out", str(out), "--cache", str(tmp_path / "c"), "--no-progress"]
+    args = ["sweep", "default", "--grid", "model.activation=softmax", *cli_sets(), "--simulate", "--horizon", "config",
+            "--out", str(out), "--cache", str(tmp_path / "c")]
     assert main(args) == 0
     (row,) = read_csv(out / "sweep.csv")
     assert np.isfinite(float(row["sim_final_risk"]))
-    # the theory's quadrature as integrate states it: the suite's mechanics run on the rule route (conftest),
-    # 16 points given, so no error estimate (the exact route's statement: test_cli_sweep_real_theory_then_cached)
-    assert (row["route"], float(row["points"])) == ("rule", 16.0) and np.isnan(float(row["risk_error"]))
-    assert ("theory quadrature: rule route at 1 point (16 Sobol points; no error estimate: theory.points = auto chooses "
-            "the points for a stated drift error)") in capsys.readouterr().out
+    assert float(row["final_risk"]) == pytest.approx(float(np.mean(tiny_theory_seeds.risk[:, -1])), rel=1e-5)
+    # the theory's quadrature as integrate states it: the users' default route, exact for softmax
+    assert row["route"] == "exact" and 0 <= float(row["risk_error"]) < 1e-8
+    assert "theory quadrature: exact route at 1 point (largest stated risk error" in capsys.readouterr().out
     assert len(list((tmp_path / "c").glob("simulation-*.npz"))) == 1
 
 
