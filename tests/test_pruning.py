@@ -20,11 +20,14 @@ from singleloc.pruning._pruning_result import removable_heads
 ACTIVATIONS = ("softmax", "softmax1", "bsoftmax")
 
 
-def small_config(activation="bsoftmax", H=3, F=2, points=1024, L=4, strength=2.0):
+def small_config(activation="bsoftmax", H=3, F=2, points=1024, L=4, strength=2.0, route="auto"):
+    """A layer of ``H`` heads on the users' default route, or on the Sobol rule (``route="rule"``) where
+    a test's subject is the rule or the order of removals (greedy over four heads on the exact route
+    compiles the risk and its finer check of every subset size: eight programs of minutes)."""
     return load_config(None).replace(
         problem={"L": L, "F": F, "strength": strength},
         model={"heads": H, "activation": activation, "train_bias": activation != "softmax"},
-        theory={"points": points},
+        theory={"points": points, "route": route},
     )
 
 
@@ -134,7 +137,9 @@ def _single_head_mc(activation, M, Q, b, L, strength, F, n, rng):
     return loss.mean(), loss.std(ddof=1) / np.sqrt(n)
 
 
-@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.compiles(6)  # the exact risk and its finer check of three, two and one heads
+@pytest.mark.parametrize("activation", [pytest.param("softmax", marks=pytest.mark.slow), "softmax1",
+                                        pytest.param("bsoftmax", marks=pytest.mark.slow)])
 def test_one_head_matches_independent_monte_carlo(rng, activation):
     """Pruning down to one head gives the risk of that head alone, checked against a numpy
     Monte Carlo that shares no code with the package (tolerance: 5 standard errors)."""
@@ -151,26 +156,28 @@ def test_renormalisation_over_kept_heads(rng):
     risk unchanged (the factor H becomes H'); softmax cannot switch them off, and its
     uniform average over the kept heads changes when they go. The rules for 4 and 2 heads
     are different quadratures: at 8192 points their error is ~3e-4 (the spread of the risk
-    over rescramblings), hence the tolerance."""
+    over rescramblings), hence the tolerance (and the rule: four exact bsoftmax heads compile for minutes)."""
     F = 2
     M = np.array([[2.0, 0.0], [0.0, 2.0], [0.3, 0.2], [0.1, 0.3]])
     Q = M @ M.T + np.diag([0.05, 0.05, 1.0, 1.0])
     b = np.array([0.0, 0.0, -40.0, -40.0])
-    cfg = small_config("bsoftmax", 4, F, strength=2.0, points=8192)
+    cfg = small_config("bsoftmax", 4, F, strength=2.0, points=8192, route="rule")
     res = prune_theory(cfg, M, Q, b, "greedy")
     assert sorted(res.removed[0, :2]) == [2, 3]
     assert res.risk[2] == pytest.approx(res.risk[0], abs=2e-3)
     assert res.risk[3] > res.risk[2] + 0.05  # one spike head cannot serve both spikes
-    soft = TheoryRisk(small_config("softmax", 4, F, strength=2.0, points=8192), M, Q, b)
+    soft = TheoryRisk(small_config("softmax", 4, F, strength=2.0, points=8192, route="rule"), M, Q, b)
     assert soft([0, 1])[0] < soft([0, 1, 2, 3])[0] - 0.01  # the useless heads added noise
 
 
+@pytest.mark.compiles(4)  # the rule's risk of four, three, two and one heads
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 def test_greedy_first_removal_is_best(rng, activation):
     """Greedy's first removal is the best single removal: <= alignment and every random draw,
-    and equal to the minimum over all H single removals computed directly."""
+    and equal to the minimum over all H single removals computed directly (the orders compared on
+    one rule: the subject is the search, small_config)."""
     H, F = 4, 2
-    cfg = small_config(activation, H, F, points=512)
+    cfg = small_config(activation, H, F, points=512, route="rule")
     M, Q, b = random_layer(rng, H, F)
     greedy = prune_theory(cfg, M, Q, b, "greedy")
     align = prune_theory(cfg, M, Q, b, "alignment")
@@ -193,7 +200,7 @@ def test_greedy_first_removal_is_best(rng, activation):
 
 def test_random_orders_are_seeded(rng):
     H, F = 4, 2
-    cfg = small_config("softmax1", H, F, points=256)
+    cfg = small_config("softmax1", H, F, points=256, route="rule")  # the seeding of the orders: one rule
     M, Q, b = random_layer(rng, H, F)
     a = prune_theory(cfg, M, Q, b, "random", draws=5, seed=3)
     b2 = prune_theory(cfg, M, Q, b, "random", draws=5, seed=3)
@@ -226,14 +233,16 @@ def test_removable_heads():
 # -- theory against weights ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("activation", ["softmax1", "bsoftmax"])
-def test_theory_matches_weights(rng, activation, orthogonal_spikes):
+@pytest.mark.compiles(8)  # the theory's risks of four to one heads, the weights' draws and losses
+@pytest.mark.parametrize("activation, route", [("softmax1", "rule"), ("bsoftmax", "rule"),
+                                               pytest.param("softmax1", "auto", marks=pytest.mark.slow)])
+def test_theory_matches_weights(rng, activation, route, orthogonal_spikes):
     """The same layer pruned in theory (order parameters) and by weights on fresh sequences,
     along the same order, agree within Monte Carlo error at every step. With the limit loss the
     scores have exactly the law of the theory at any D (tolerance 4.5 standard errors); the
     finite-D empirical loss differs from it by O((H + F + strength^2) / D), added to its tolerance."""
     H, F, D, strength = 4, 2, 1500, 2.0
-    cfg = small_config(activation, H, F, points=2048, strength=strength)
+    cfg = small_config(activation, H, F, points=2048, strength=strength, route=route)
     M, Q, b = random_layer(rng, H, F, scale=1.2)
     K, kstar = weights_with_overlaps(rng, M, Q, D, orthogonal_spikes)
     theory = prune_theory(cfg, M, Q, b, "greedy")
