@@ -71,9 +71,11 @@ def fake_bayes(config):
 @pytest.fixture
 def fake_compute(monkeypatch):
     """Replace the prediction and the ODE by cheap synthetic ones and count the ODE calls: head h
-    < F goes from 0 to 2 e_h (aligned for F >= 2; along the mean, so unspecialized, for F = 1)."""
+    < F goes from 0 to 2 e_h (aligned for F >= 2; along the mean, so unspecialized, for F = 1). The
+    phase summary's attention weights are 1 for every head (softmax's exactly: its rows sum to one)."""
     calls = []
     monkeypatch.setattr(_sweep_compute, "compute_prediction", fake_prediction)
+    monkeypatch.setattr(_sweep, "attention_mass", lambda ode, M, Q, b: np.ones(np.shape(b)))
     monkeypatch.setattr(_sweep_compute, "compute_bayes", fake_bayes)
 
     def fake(config):
