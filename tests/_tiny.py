@@ -81,8 +81,8 @@ def stub_solves(monkeypatch) -> list:
     """Put :func:`canned_theory` and :func:`canned_simulation` in place of ``singleloc.theory._ode.integrate``
     and ``singleloc.simulation._simulation.simulate`` (what the commands call); returns the list of the
     ``(kind, config)`` of the calls."""
-    import singleloc.theory._ode
     import singleloc.simulation._simulation
+    import singleloc.theory._ode
 
     calls = []
 
