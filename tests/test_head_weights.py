@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _tiny import tiny
 from helpers import random_overlaps
 
 import singleloc as sl
@@ -37,6 +38,7 @@ def test_head_weights_key_is_validated_and_reaches_the_rule(tmp_path):
     assert type(sl.initial_conditions(sl.load_config("softmax1"), 2)) is sl.OrderParameters
 
 
+@pytest.mark.compiles(2, eager=400)  # both routes' risks, drifts and gradients run eagerly (one call each)
 @pytest.mark.parametrize("activation", ["softmax", "softmax1", "bsoftmax"])
 def test_uniform_head_weights_are_the_head_average(activation):
     """``v = 1/H`` gives the layer of the default (uniform) model: the same loss, risk and drift of
@@ -134,7 +136,8 @@ def test_routes_and_refusals():
         sl.integrate(sl.load_config("softmax1"), sl.WeightedOrderParameters(*y0))
 
 
-def test_integrate_and_simulate_carry_the_head_weights(tmp_path):
+@pytest.mark.compiles(6)  # the solve and the simulation with trained head weights (the subject), the starts
+def test_integrate_and_simulate_carry_the_head_weights(tmp_path, tiny_theory):
     cfg = sl.load_config("softmax1", ["model.head_weights=trained", "theory.points=256", "sgd.tau_max=2", "sgd.n_save=3",
                                       "simulation.D=200", "simulation.seeds=2", "simulation.test_samples=64"])
     th = sl.integrate(cfg)
@@ -143,8 +146,8 @@ def test_integrate_and_simulate_carry_the_head_weights(tmp_path):
     sim = sl.simulate(cfg, progress=False)
     assert sim.v.shape == (2, 3, 2) and np.all(sim.v[:, 0] == 0.5)
     assert "v" in np.load(sl.save_simulation(tmp_path / "sim", cfg, sim))
-    plain = sl.integrate(cfg.replace(model={"head_weights": "uniform"}))
-    assert plain.v is None and "v" not in np.load(sl.save_theory(tmp_path / "plain", cfg, plain))
+    plain = tiny_theory  # a solve of uniform head weights (the session's, on the default route)
+    assert plain.v is None and "v" not in np.load(sl.save_theory(tmp_path / "plain", tiny(), plain))
 
 
 @pytest.mark.slow
