@@ -53,7 +53,8 @@ def test_batched_points_equal_their_own_solves(tiny_theory_seeds):
 
 def test_a_failing_point_does_not_stop_its_batch(tiny_theory_seeds):
     cfgs = configs()
-    cfgs[1] = cfgs[1].replace(sgd={"lr": 1e7, "tau_max": 30.0})  # diverges at once
+    cfgs[1] = cfgs[1].replace(sgd={"lr": 1e5, "tau_max": 30.0})  # diverges at once (as test_ode's; at 1e7 the exact
+    # route's step size shrinks for minutes before the solve gives up)
     results = _sweep_compute.compute_points("theory", *(c.to_dict() for c in cfgs))
     assert isinstance(results[1], FloatingPointError) and "sgd.lr" in str(results[1])
     for cfg, r in zip(cfgs[::2], results[::2]):
