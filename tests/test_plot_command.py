@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import pytest
+from _tiny import stub_solves
 
 from singleloc import PruningResult, SimulationResult, TheoryResult, load_config, plots
 from singleloc.analysis._predictions import EscapePrediction
@@ -124,6 +125,8 @@ def test_compare_figure_averages_like_heads(folders):
 
 
 def test_integrate_draws_its_figure_and_takes_a_horizon(tmp_path, capsys, monkeypatch):
+    """The horizon's saved times, the figure and the stamp (the solve is canned: the subject is the command)."""
+    stub_solves(monkeypatch)
     tiny = ["--set", "theory.points=64", "--set", "problem.L=3", "--set", "sgd.tau_max=300", "--no-progress"]
     assert main(["integrate", "default", *tiny, "--horizon", "20", "--out", str(tmp_path / "a")]) == 0
     run = load_run(tmp_path / "a")
