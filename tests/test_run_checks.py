@@ -9,6 +9,7 @@ import warnings
 import jax
 import numpy as np
 import pytest
+from _tiny import tiny
 
 import singleloc as sl
 from singleloc.io import _resources, _run_checks
@@ -208,14 +209,15 @@ def test_prune_run_refuses_trained_head_weights_by_name():
         sl.prune_run(run)
 
 
-def test_simulate_and_integrate_check_their_memory_before_they_run(monkeypatch):
+def test_simulate_and_integrate_check_their_memory_before_they_run(monkeypatch, tiny_theory):
     """Called from Python, not only from the command line, a run that does not fit is refused
-    before anything is built, naming what it needs (the limit: ``SINGLELOC_MEMORY_LIMIT``)."""
+    before anything is built, naming what it needs (the limit: ``SINGLELOC_MEMORY_LIMIT``). The
+    canonical tiny problem: the run that passes is tiny_theory's program."""
     monkeypatch.setenv(_resources.MEMORY_ENV, "1M")
-    cfg = sl.load_config("default", ["theory.points=256", "sgd.tau_max=1", "simulation.D=200"])
+    cfg = tiny()
     with pytest.raises(MemoryError, match=r"the simulation \(simulation\.seeds"):
         sl.simulate(cfg, progress=False)
-    with pytest.raises(MemoryError, match=r"the theory's quadrature"):
+    with pytest.raises(MemoryError, match=r"the exact route's Gram rule \(theory\.gram_points"):  # the users' route
         sl.integrate(cfg)
     monkeypatch.setenv(_resources.MEMORY_ENV, "none")
     assert sl.integrate(cfg).risk.shape == (1, cfg.sgd.n_save)  # the same run passes without the limit
