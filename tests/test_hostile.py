@@ -242,6 +242,7 @@ def test_a_user_activation_is_probed_with_values_where_it_enters(user_module, tm
     assert line.startswith(f"singleloc integrate: error: model.activation: '{user_module}:{function}' ") and words in line, line
 
 
+@pytest.mark.compiles(8)  # the probe of each activation checked (tiny programs)
 def test_the_probe_takes_the_packages_own_activations_and_an_honest_form(user_module):
     import jax.numpy as jnp
 
