@@ -65,6 +65,7 @@ def _mass(rule, M, Q, b):
     return rule.attention_mass(M, Q, b)
 
 
+@pytest.mark.compiles(3)  # its subject: softmax's risk with its gradient and Gram term, the joint layer's risk
 def test_a_sweep_over_L_compiles_the_risk_its_gradient_and_the_gram_term_once():
     """``L`` and the scalable softmax's ``alpha = log L`` are arrays of the rule, not static fields
     (issue 49): rules that differ in them alone share one compiled risk with its gradient and one Gram
@@ -177,6 +178,7 @@ def test_zero_keys_closed_forms(L):
     assert float(_risk(rule_for("softmax1", L, H, prior), M, Q, b)) == pytest.approx((1 - c) ** 2 + (L - 1) * c**2, abs=1e-10)
 
 
+@pytest.mark.compiles(3)  # the risk of one head, of four and of four on the refined rule
 @pytest.mark.parametrize("name,L", [pytest.param("softmax", 4, marks=SLOW), ("softmax", 256),
                                     pytest.param("softmax1", 4, marks=SLOW), pytest.param("softmax1", 256, marks=SLOW),
                                     ("ssmax", 4), pytest.param("ssmax", 8, marks=SLOW)])
