@@ -154,6 +154,7 @@ def test_the_command_line_says_each_phase_in_one_line_with_its_time(records, tmp
     assert re.fullmatch(rf"singleloc prune: pruned 1 layer\(s\) in {TIME}", lines[-1]), lines
 
 
+@pytest.mark.compiles(3)  # the simulation's three programs (what the test times)
 def test_a_simulation_times_its_compiled_step_before_it_runs_and_records_it(records, capsys):
     config = sl.load_config("default", SETS)
     with _progress.reporting(mode="lines"):
