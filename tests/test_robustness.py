@@ -271,10 +271,11 @@ def test_an_unexpected_runtime_error_is_not_hidden(monkeypatch, tmp_path):
 @pytest.mark.parametrize("command, sets, words", [
     ("simulate", ["simulation.D=1000000000"], "for the simulation (simulation.seeds = 2 x simulation.D = 1000000000"),
     ("simulate", ["problem.L=100000"], "problem.L = 100000"),
-    ("integrate", ["theory.points=1073741824"], "for the theory's quadrature (theory.points = 1073741824"),
+    ("integrate", ["theory.points=1073741824", "theory.route=rule"], "for the theory's quadrature (theory.points = 1073741824"),
     ("compare", ["simulation.test_samples=1000000000"], "simulation.test_samples = 1000000000"),
     # issue 21 item 5: the estimate counts the saved times (16000 of them asked XLA for 10 GB and more)
-    ("integrate", ["sgd.n_save=16000", "theory.points=4096"], "for the theory's saved times and their risks (sgd.n_save = 16000"),
+    ("integrate", ["sgd.n_save=16000", "theory.points=4096", "theory.route=rule"],
+     "for the theory's saved times and their risks (sgd.n_save = 16000"),
     ("simulate", ["sgd.n_save=400000000", "sgd.tau_max=10000000"], "sgd.n_save = 400000000)"),
 ])
 def test_runs_that_cannot_fit_in_memory_are_refused_before_they_start(tmp_path, capsys, monkeypatch, command, sets, words):
@@ -308,7 +309,8 @@ def test_the_memory_limit_can_be_set_or_turned_off(monkeypatch):
     (["problem.L=40", "model.heads=8"], "theory.points = 256 must be at least problem.L * model.heads = 320"),
 ])
 def test_the_quadrature_limits_name_the_keys(tmp_path, capsys, sets, words):
-    args = [a for s in sets for a in ("--set", s)]
+    """The Sobol rule's limits (its subject: the exact route takes any L * H, test_long_context.py)."""
+    args = [a for s in (*sets, "theory.route=rule") for a in ("--set", s)]
     assert main(["integrate", "default", *TINY, *args, "--out", str(tmp_path / "out")]) == 2
     assert words in one_line(capsys, "integrate")
 
