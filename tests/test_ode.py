@@ -92,6 +92,7 @@ def test_integrate_cli_writes_documented_files(tmp_path, capsys, tiny_theory):
     assert "sgd.lr" in err and "Traceback" not in err
 
 
+@pytest.mark.compiles(6)  # the large-D simulation (its subject), its starts and the solve from them
 def test_theory_tracks_a_large_D_simulation():
     """Early dynamics (tau <= 3) at D = 4000: the theory of each seed's own start against its
     simulation, within 4 Monte Carlo errors of the test risk plus the O(1/sqrt(D)) spread
