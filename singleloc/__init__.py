@@ -56,7 +56,8 @@ _EXPORTS = {
     "simulation._simulation_result": ("SimulationResult",),
     "io._run_checks": ("warn_if_risk_rose",),
     "sweeps._grid": ("Grid", "parse_grid"),
-    "sweeps._sweep": ("SweepStats", "sweep"),
+    "sweeps._sweep": ("sweep",),
+    "sweeps._sweep_cache": ("SweepStats",),
     "sweeps._sweep_dataset": ("load_sweep",),
     "configuration._specs": ("SGD", "Model", "Problem", "Simulation", "Theory"),
     "sgd._sgd_rule": ("AbstractSGDRule", "AbstractVariant", "GradientFlow", "GradientMoments", "LayerParameters", "OnlineSGD"),
@@ -217,8 +218,8 @@ if TYPE_CHECKING:
     from .simulation._simulation_result import SimulationResult as SimulationResult
     from .sweeps._grid import Grid as Grid
     from .sweeps._grid import parse_grid as parse_grid
-    from .sweeps._sweep import SweepStats as SweepStats
     from .sweeps._sweep import sweep as sweep
+    from .sweeps._sweep_cache import SweepStats as SweepStats
     from .sweeps._sweep_dataset import load_sweep as load_sweep
     from .theory._accuracy import PointsChoice as PointsChoice
     from .theory._accuracy import choose_points as choose_points

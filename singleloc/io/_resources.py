@@ -50,6 +50,7 @@ from ..expectations._routes import exact_route_exists, exact_rule_bytes, route_o
 from ..expectations._sobol_geometry import SOBOL_MAX_DIM, factor_rows, node_batch, quadrature_dimension
 from ..model._activations import exponential_form, get_activation
 from ..model._priors import Prior
+from ..runtime._timings import cpu_count
 from ..runtime._timings import duration as duration  # re-exported: the durations of messages
 
 #: Bytes of the runtime and compiled programs, on top of the arrays.
@@ -328,14 +329,6 @@ def _fitting_value(config: Config, simulation: bool, theory_starts: int, limit: 
 
 #: Bytes of one local Dask worker process before it computes (Python, JAX and the package).
 WORKER_BYTES = OVERHEAD
-
-
-def cpu_count() -> int:
-    """The CPUs this process may run on (its affinity mask where the system has one)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def check_workers(workers: int, name: str = "workers", force: bool = False) -> None:
