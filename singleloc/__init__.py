@@ -61,6 +61,7 @@ _EXPORTS = {
     "sweeps._sweep_dataset": ("load_sweep",),
     "configuration._specs": ("SGD", "Model", "Problem", "Simulation", "Theory"),
     "sgd._sgd_rule": ("AbstractSGDRule", "AbstractVariant", "GradientFlow", "GradientMoments", "LayerParameters", "OnlineSGD"),
+    "sgd._trajectory": ("Trajectory",),
     "sgd._sgd_variants": ("LearningRateSchedule", "MiniBatch", "Momentum", "WeightDecay"),
     "theory._theory": ("OrderParameterODE", "OrderParameters", "WeightedOrderParameters", "r_orth"),
     "pruning._pruning_result": ("PruningResult", "removable_heads"),
@@ -214,6 +215,7 @@ if TYPE_CHECKING:
     from .sgd._sgd_variants import MiniBatch as MiniBatch
     from .sgd._sgd_variants import Momentum as Momentum
     from .sgd._sgd_variants import WeightDecay as WeightDecay
+    from .sgd._trajectory import Trajectory as Trajectory
     from .simulation._simulation import simulate as simulate
     from .simulation._simulation_result import SimulationResult as SimulationResult
     from .sweeps._grid import Grid as Grid

@@ -8,6 +8,7 @@ import dataclasses
 import numpy as np
 
 from ..configuration._config import Config, require_config
+from ..sgd._trajectory import Trajectory
 
 #: The fields of a :class:`TheoryResult` that state its quadrature (route and errors), as a sweep's
 #: cache entries and CSV columns carry them (:meth:`TheoryResult.statement`).
@@ -18,8 +19,8 @@ DRIFT_UNCHECKED = "below 1e-5 (not computed: risk error under 1e-9)"
 
 
 @dataclasses.dataclass(frozen=True)
-class TheoryResult:
-    """ODE trajectories of ``S`` initial conditions at ``T`` saved times.
+class TheoryResult(Trajectory):
+    """ODE trajectories of ``S`` initial conditions at ``T`` saved times (a :class:`~singleloc.Trajectory`).
 
     ``tau`` (T,), ``M`` (S, T, H, F), ``Q`` (S, T, H, H), ``b`` (S, T, H), ``risk`` (S, T):
     the means over the ``replicates`` rules (module docstring); ``risk_se`` (S, T): the
@@ -43,11 +44,6 @@ class TheoryResult:
     ``theory.npz`` stores the first trajectory with the leading ``S`` axis dropped.
     """
 
-    tau: np.ndarray
-    M: np.ndarray
-    Q: np.ndarray
-    b: np.ndarray
-    risk: np.ndarray
     risk_se: np.ndarray | None = None  # None: no estimate (NaN of the shape of risk)
     drift_error: float = float("nan")
     points: int = 0  # the Sobol rule's points (on the exact route: the Gram term's); 0: not known
