@@ -24,7 +24,6 @@ Run: ``python benchmarks/08_gram_terms.py [--quick] [--sections 1,2,3] [--save P
 from __future__ import annotations
 
 import argparse
-import time
 
 import jax
 
@@ -33,7 +32,7 @@ jax.config.update("jax_enable_x64", True)
 import equinox as eqx  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from _common import add_save_option, save  # noqa: E402
+from _common import add_save_option, save, timed  # noqa: E402
 
 import singleloc as sl  # noqa: E402
 from singleloc.expectations._fields import LocalFields  # noqa: E402
@@ -63,16 +62,6 @@ def gram_and_error(term, M, Q, b):
 @eqx.filter_jit
 def drift(ode, M, Q, b):
     return flat_drift(ode.drift(M, Q, b))
-
-
-def timed(fn, *args, repeats=3):
-    out = jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
-    return out, 1e3 * float(np.median(times))
 
 
 def copies(H):
