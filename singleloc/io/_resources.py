@@ -187,8 +187,11 @@ def theory_bytes(config: Config, starts: int, heads: int | None = None) -> int:
     ``heads`` replaces ``model.heads`` (a pruned layer's largest sub-layer)."""
     pb, H, th = config.problem, config.model.heads if heads is None else heads, config.theory
     points = th.points
-    exact = route_of(config).exact
-    if exact:  # its one Sobol rule, the Gram term's (rank-aware), has as many or more points
+    route = route_of(config)
+    exact = route.exact
+    if exact and route.gram in ("exact", "montecarlo"):  # no Sobol nodes: one batch of draws at most
+        points = max(node_batch(pb.L, H) // 2, 1)
+    elif exact:  # its one Sobol rule, the Gram term's (rank-aware), has as many or more points
         points = th.gram_rule_points(pb.L, H, th.points)
     return rule_bytes(pb.L, H, pb.build_prior(), points, starts, principal=exact or th.rank_aware)
 
