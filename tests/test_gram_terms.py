@@ -239,7 +239,7 @@ def test_copies_drift_as_one_head_at_lr_over_H(activation, L, gram):
     np.testing.assert_allclose(dQ, np.full((H, H), float(dQ1[0, 0])), rtol=0, atol=tolerance)
 
 
-def test_the_population_risks_sobol_check_is_unbiased_at_long_contexts():
+def test_the_sobol_checks_of_the_risks_are_unbiased_at_long_contexts():
     """The rule behind population_risk's check at few points per coordinate (n / 2LH = 2): against the
     exact risk of a trained two-head softmax layer at L = 64, the mean of 8 scramblings within 4 of its
     standard errors (the whitened rule was 2.8 % low there, 27 standard errors)."""
@@ -250,3 +250,6 @@ def test_the_population_risks_sobol_check_is_unbiased_at_long_contexts():
     exact = sl.population_risk(prior, 64, "softmax", M, Q, b)  # the exact route
     rule = sl.population_risk(prior, 64, "softmax", M, Q, b, points=512, replicates=8, route="rule")
     assert abs(rule.value - exact.value) < 4 * rule.error + exact.error, (rule, exact)
+    bayes_exact = sl.bayes_risk(prior, 64)  # bsoftmax at its Bayes point, exactly
+    bayes_rule = sl.bayes_risk(prior, 64, points=512, route="rule")  # the closed-form posterior on the rule: 3.6 % low whitened
+    assert abs(bayes_rule.value - bayes_exact.value) < 4 * bayes_rule.error + bayes_exact.error, (bayes_rule, bayes_exact)
