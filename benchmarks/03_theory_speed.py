@@ -50,6 +50,8 @@ from _common import add_save_option, save
 
 SIM_TAU = 3.0
 STEPS = ("pieces", "simulation")  # the steps --skip can leave out (1 to 3 always run)
+#: The processes run as a user's: on the default route, whatever the test suite's variable says.
+USER = {k: v for k, v in os.environ.items() if k != "SINGLELOC_THEORY_ROUTE"}
 
 # One ``singleloc integrate`` in this process through the command's entry point, timed by phase (the
 # solve's own record of its phases, timers around drawing and writing, and JAX's monitoring events).
@@ -192,7 +194,8 @@ def split(tau_max: float, env: dict, out: str) -> dict:
 
 
 def components(tau_max: float) -> dict:
-    out = subprocess.run([sys.executable, "-c", COMPONENTS, str(tau_max)], check=True, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-c", COMPONENTS, str(tau_max)], check=True, capture_output=True, text=True,
+                         env=USER)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -217,8 +220,8 @@ def main():
         integrate = lambda i: [*cli, "integrate", "default", "--set", f"sgd.tau_max={args.tau_max:g}", "--out", f"{tmp}/i",
                                "--no-progress"]
         floor = lambda i: [sys.executable, "-c", FLOOR, str(args.tau_max)]
-        env_cold = lambda name, i: {**os.environ, "SINGLELOC_CACHE_DIR": f"{tmp}/cold-{name}-{i}"}
-        env_warm = lambda name, i: {**os.environ, "SINGLELOC_CACHE_DIR": f"{tmp}/cold-{name}-0"}  # filled by cold pair 0
+        env_cold = lambda name, i: {**USER, "SINGLELOC_CACHE_DIR": f"{tmp}/cold-{name}-{i}"}
+        env_warm = lambda name, i: {**USER, "SINGLELOC_CACHE_DIR": f"{tmp}/cold-{name}-0"}  # filled by cold pair 0
         cold = against_floor(integrate, floor, env_cold, args.cold_repeat)
         warm = against_floor(integrate, floor, env_warm, args.repeat)
         for label, runs, target in (("cold", cold, 3.0), ("warm", warm, 1.5)):
@@ -230,7 +233,7 @@ def main():
         results.update(integrate_cold=cold, integrate_warm=warm, target_cold=3.0, target_warm=1.5)
 
         compare = [*cli, "compare", "default", "--out", f"{tmp}/c", "--no-progress"]
-        env_compare = {**os.environ, "SINGLELOC_CACHE_DIR": f"{tmp}/compare"}
+        env_compare = {**USER, "SINGLELOC_CACHE_DIR": f"{tmp}/compare"}
         compare_cold = timed(compare, env_compare)
         compare_warm = [timed(compare, env_compare) for _ in range(args.repeat)]
         print(f"compare default: cold {compare_cold['wall_s']:.1f} s wall ({compare_cold['cpu_s']:.1f} s CPU, load "
@@ -238,7 +241,7 @@ def main():
         results.update(compare_cold=compare_cold, compare_warm=compare_warm,
                        compare_warm_wall_median=median(compare_warm, "wall_s"), target_compare_warm_s=30.0)
 
-        env_split = {**os.environ, "SINGLELOC_CACHE_DIR": f"{tmp}/split"}
+        env_split = {**USER, "SINGLELOC_CACHE_DIR": f"{tmp}/split"}
         results["phases"] = {}
         for label in ("cold", "warm"):
             phases = split(args.tau_max, env_split, f"{tmp}/split-{label}")
