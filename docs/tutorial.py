@@ -17,10 +17,10 @@
 # parameters) against finite-$D$ SGD, heads that specialize, the escape rate of the unspecialized point, the
 # Bayes risk, pruning a trained layer, and the diagnostics of an attention array. Every step runs on the
 # default route (`theory.route = "auto"`: the exact expectations for softmax-family activations) except
-# step 5, which says why. The whole script takes about 2.5 minutes of CPU time (145 s when these outputs
-# were made: 8 minutes of wall time on a 2-core CPU shared with other work at a load average of 8-10), most
-# of it JAX compiling each new problem once (a script keeps its compiled programs for the next run only if it
-# calls `sl.enable_compilation_cache()`, as the commands do).
+# step 5, which says why. The whole script ran in 105 s (108 s of CPU time) on a 2-core CPU at a load
+# average of 2-3; the outputs on this page were made at a load of 8-10, where it took 8 minutes (145 s of CPU
+# time). Most of it is JAX compiling each new problem once (a script keeps its compiled programs for the
+# next run only if it calls `sl.enable_compilation_cache()`, as the commands do).
 #
 # Run it as a script, `python docs/tutorial.py` (CI does, so it never goes stale), or open it as a
 # notebook: it is a [jupytext](https://jupytext.readthedocs.io) percent script, so `jupytext --to ipynb
