@@ -18,7 +18,7 @@
 # Bayes risk, pruning a trained layer, and the diagnostics of an attention array. Every step runs on the
 # default route (`theory.route = "auto"`: the exact expectations for softmax-family activations) except
 # step 5, which says why. The whole script ran in 105 s (108 s of CPU time) on a 2-core CPU at a load
-# average of 2-3; the outputs on this page were made at a load of 8-10, where it took 8 minutes (145 s of CPU
+# average of 2-3; the outputs on this page were made at a load of 8-10, where it took 8 minutes (144 s of CPU
 # time). Most of it is JAX compiling each new problem once (a script keeps its compiled programs for the
 # next run only if it calls `sl.enable_compilation_cache()`, as the commands do).
 #
