@@ -114,11 +114,16 @@ def test_a_large_group_is_cut_for_the_workers():
 def test_the_memory_check_counts_the_starts_of_a_batched_group(tmp_path, capsys, monkeypatch):
     """8 learning rates x 4 seeds at 16384 points: 32 starts (366 MiB) in one batched solve, 4
     (58 MiB) a point without batching, each with its saved times' risks (0.19 GB); with 700 MiB
-    available (300 MiB of overhead) only the unbatched sweep may start."""
+    available (300 MiB of overhead) only the unbatched sweep may start. The Sobol rule's memory (its
+    subject: the exact route's is its Gram rule's, tests/test_run_checks.py)."""
     monkeypatch.setenv("SINGLELOC_MEMORY_LIMIT", "700M")
-    monkeypatch.setattr(_sweep, "sweep", lambda *a, **k: ([{"point": 1}], _sweep.SweepStats()))  # nothing computed
+    # nothing computed or written (the command's memory check comes first)
+    monkeypatch.setattr(_sweep, "compute_sweep", lambda base, grids, *a, **k: _sweep.SweepOutcome(base, grids, [], {}, False,
+                                                                                               _sweep.SweepStats()))
+    monkeypatch.setattr(_sweep, "write_sweep_outputs", lambda *a, **k: None)
     args = ["sweep", "default", "--grid", "sgd.lr=0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8", "--set", "theory.points=16384", "--set",
-            "simulation.seeds=4", "--out", str(tmp_path), "--no-progress", "--yes"]  # (the time check: tests/test_progress.py)
+            "theory.route=rule", "--set", "simulation.seeds=4", "--out", str(tmp_path), "--no-progress",
+            "--yes"]  # (the time check: tests/test_progress.py)
     assert main(args) == 2
     assert "32 start(s)" in capsys.readouterr().err
     assert main(args + ["--no-batch"]) == 0
