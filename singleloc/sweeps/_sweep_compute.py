@@ -9,7 +9,7 @@ seed, :func:`compute_theory`), ``simulation`` (finite-D SGD, :func:`compute_simu
 is what a worker runs; it needs nothing but the configurations, so the points can be computed
 anywhere.
 
-Batching. Theory points that differ only in the :data:`VALUE_KEYS` (``problem.strength``,
+Batching. Theory points that differ only in the :data:`~singleloc.runtime._compilation.VALUE_KEYS` (``problem.strength``,
 ``sgd.lr``, ``sgd.init_scale``, ``sgd.tau_max``, so also the horizon of ``horizon="auto"``,
 ``simulation.seed``, ``simulation.D``, ``theory.qmc_seed``, ``theory.rtol``, ``theory.atol``) have
 arrays of the same shapes: with ``batch=True`` (the default) they are one task, one vmapped solve
@@ -34,7 +34,6 @@ import numpy as np
 
 from ..analysis._predictions import predicted_escape
 from ..configuration._config import Config, load_config
-from ..runtime._compilation import VALUE_KEYS as VALUE_KEYS  # re-exported: the sweep batches points by them
 from ..runtime._compilation import compile_group, hold_programs, own_process, process_owned
 from ..runtime._progress import on_dask_worker
 from ..simulation._simulation import simulate as simulate_sgd
