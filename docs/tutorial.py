@@ -18,9 +18,10 @@
 # Bayes risk, pruning a trained layer, and the diagnostics of an attention array. Every step runs on the
 # default route (`theory.route = "auto"`: the exact expectations for softmax-family activations) except
 # step 5, which says why. The whole script ran in 105 s (108 s of CPU time) on a 2-core CPU at a load
-# average of 2-3; the outputs on this page were made at a load of 8-10, where it took 8 minutes (144 s of CPU
-# time). Most of it is JAX compiling each new problem once (a script keeps its compiled programs for the
-# next run only if it calls `sl.enable_compilation_cache()`, as the commands do).
+# average of 2-3; the outputs on this page were made at a load of 1.6, in 70 s (107 s of CPU time; some of
+# the package's stored programs already compiled by earlier runs). Most of it is JAX compiling each new
+# problem once (a script keeps its compiled programs for the next run only if it calls
+# `sl.enable_compilation_cache()`, as the commands do).
 #
 # Run it as a script, `python docs/tutorial.py` (CI does, so it never goes stale), or open it as a
 # notebook: it is a [jupytext](https://jupytext.readthedocs.io) percent script, so `jupytext --to ipynb

@@ -106,7 +106,7 @@ def unspecialized_point(ode: OrderParameterODE, H: int, F: int, x0=None, *, init
         return np.asarray(_symmetric_drift_jit(ode, jnp.asarray(z), H, F))
 
     if polish:
-        with Phase(("polishing the fixed point (a root of the drift)", "polished the fixed point")):
+        with Phase(("polishing the fixed point (a root of the drift)", "polished the fixed point"), quiet=True):
             x = _polished(ode, drift, x, H, F)
     res = float(np.max(np.abs(drift(x))))
     M, Q, b = (np.asarray(a) for a in symmetric_state(jnp.asarray(x), H, F))

@@ -182,7 +182,7 @@ def linearize(ode: OrderParameterODE, M, Q, b, *, method: str = "auto") -> Linea
     require_arrays("linearize", M=M, Q=Q, b=b)
     M, Q, b = np.asarray(M, float), np.asarray(Q, float), np.asarray(b, float)
     H, F = M.shape
-    with Phase((f"linearizing the drift of {H} heads ({ode.expectation.route} route)", "linearized the drift")):
+    with Phase((f"linearizing the drift of {H} heads ({ode.expectation.route} route)", "linearized the drift"), quiet=True):
         J, used = drift_jacobian(ode, M, Q, b, method=method)
     w, V = np.linalg.eig(J)
     order = np.argsort(-w.real, kind="stable")
