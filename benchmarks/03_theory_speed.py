@@ -1,17 +1,21 @@
-"""Speed of the theory: ``integrate`` as a user runs it, and its ratio to a simulation.
+"""Speed of the theory: ``integrate`` and ``compare`` as a user runs them, against the floor of any such command.
 
-1. ``singleloc integrate default --set sgd.tau_max=300 --out DIR`` in a fresh process, cold (an
-   empty cache folder: everything traced and compiled) and warm (the same command again: the
-   stored program and executables are loaded), whole-process wall time and CPU time (user + sys
-   of the child: the machine may be shared, and CPU time is what a quiet machine's wall time
-   would be). Targets: warm < 6 s, cold < 12 s (rule route); 5 s / 2 s (exact route, issue 20).
-2. The floor of any such command here: a fresh process that imports JAX, equinox and diffrax, turns
-   on the same persistent compilation cache and runs a trivial Tsit5 solve (``dy/dt = -y`` on ten
-   numbers, the same saved times, tolerances and step-size controller), cold and warm, timed the
-   same way. What ``integrate`` takes beyond it is the package's; a target below it cannot be met
-   by any program on this machine.
-3. Where a warm and a cold run spend their time, in one process: imports, the initial overlaps,
-   tracing (jaxpr), lowering, XLA compiling, reading the cache, and the solve itself.
+1. ``singleloc integrate default --set sgd.tau_max=300 --out DIR`` in a fresh process against the
+   **floor**: a fresh process that imports JAX, equinox and diffrax, turns on the same persistent
+   compilation cache and runs a trivial Tsit5 solve (``dy/dt = -y`` on ten numbers, the same saved
+   times, tolerances and step-size controller). Cold (each process with an empty cache folder:
+   everything traced and compiled) and warm (the cache filled by a run before: the stored programs
+   are loaded), the two commands in turn, A B A B, and the ratio pair by pair (the machine may be
+   shared: a ratio of neighbours holds when its speed drifts); wall and CPU time (user + sys of the
+   child) and the load average with every number. Targets (issue 49): cold <= 3x the floor, warm
+   <= 1.5x.
+2. ``singleloc compare default --out DIR`` (simulation and theory of the default problem, four
+   seeds, the figure), once cold and then warm. Target: warm <= 30 s on a 2-core CPU.
+3. Where a cold and a warm ``integrate`` spend their time, in one process running the command's own
+   entry point (``singleloc.cli.main``): importing JAX, equinox and diffrax (the floor's imports),
+   importing the package's modules the command needs, building the quadrature rules and the start,
+   compiling or loading the stored solve, solving, drawing the figure and writing the folder; and
+   JAX's own counts of tracing, lowering, XLA compiling and reading the cache.
 4. What the cold run compiles, piece by piece, in one process: the drift alone, the solve around it
    (Tsit5, the step-size controller, the event), the risk on the evaluation rule and on the finer
    check rule, and the Gram term's stated error, each lowered and compiled as its own program at the
@@ -22,11 +26,12 @@
    the difference gives its cost per unit tau (constant: one fresh sample and one gradient per step),
    which extrapolates the first run (compilation included) to ``tau_max``. Two ratios: whole
    processes (what a user waits for, imports included), and in one process (the simulation's
-   cost per unit tau times ``tau_max`` against the warm ``integrate`` call of step 2: the
+   cost per unit tau times ``tau_max`` against the warm ``integrate`` call of step 3: the
    cost of the computation itself, without Python's and JAX's start-up, which is paid once).
 
-Run: ``python benchmarks/03_theory_speed.py [--tau-max 300] [--repeat 3] [--save PATH]`` (``--save``: the numbers
-as JSON, ``benchmarks/_common.py``).
+Run: ``python benchmarks/03_theory_speed.py [--tau-max 300] [--repeat 3] [--cold-repeat 2] [--skip pieces,simulation]
+[--save PATH]`` (``--save``: the numbers as JSON, ``benchmarks/_common.py``). About 10 minutes on a quiet 2-core
+CPU with every step.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import argparse
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -43,29 +49,52 @@ import time
 from _common import add_save_option, save
 
 SIM_TAU = 3.0
+STEPS = ("pieces", "simulation")  # the steps --skip can leave out (1 to 3 always run)
+#: The processes run as a user's: on the default route, whatever the test suite's variable says.
+USER = {k: v for k, v in os.environ.items() if k != "SINGLELOC_THEORY_ROUTE"}
 
-# One integrate in this process, timed by phase (JAX's monitoring events).
+# One ``singleloc integrate`` in this process through the command's entry point, timed by phase (the
+# solve's own record of its phases, timers around drawing and writing, and JAX's monitoring events).
 SPLIT = """
 import json, sys, time
 t0 = time.perf_counter()
+import jax, equinox, diffrax
+t1 = time.perf_counter()
 from jax import monitoring
 spent = {}
 monitoring.register_event_duration_secs_listener(lambda e, d, **k: spent.__setitem__(e, spent.get(e, 0.0) + d))
-import jax
-import singleloc as sl
-from singleloc import _ode  # the modules integrate needs: JAX, equinox, diffrax, SciPy
-jax.config.update("jax_enable_x64", True)
-sl.enable_compilation_cache()
-t1 = time.perf_counter()
-cfg = sl.load_config("default", [f"sgd.tau_max={sys.argv[1]}"])
-y0 = sl.initial_conditions(cfg, 1)
+import singleloc.cli, singleloc.theory._ode, singleloc.io._run_folders, singleloc.plots
+from singleloc.runtime import _estimates
 t2 = time.perf_counter()
-sl.integrate(cfg, y0)
+phases, timed = {}, {"figure": 0.0, "writing": 0.0}
+record = _estimates.TheorySolve._record
+def spy(self, phase):
+    phases.update(rules=getattr(self, "_prepared", 0.0) or 0.0, solve=phase.seconds[-1],
+                  **{"compile or load": phase.seconds[0] if len(phase.seconds) == 2 else 0.0})
+    return record(self, phase)
+_estimates.TheorySolve._record = spy
+def clock(module, name, key):
+    inner = getattr(module, name)
+    def wrapped(*a, **k):
+        t = time.perf_counter()
+        try:
+            return inner(*a, **k)
+        finally:
+            timed[key] += time.perf_counter() - t
+    setattr(module, name, wrapped)
+clock(singleloc.plots, "plot_compare", "figure")
+clock(singleloc.io._run_folders, "save_run", "writing")
+code = singleloc.cli.main(["integrate", "default", "--set", f"sgd.tau_max={sys.argv[1]}", "--out", sys.argv[2], "--no-progress"])
 t3 = time.perf_counter()
+assert code == 0, code
 names = {"trace": "/jax/core/compile/jaxpr_trace_duration", "lower": "/jax/core/compile/jaxpr_to_mlir_module_duration",
-         "compile": "/jax/core/compile/backend_compile_duration", "cache read": "/jax/compilation_cache/cache_retrieval_time_sec"}
-print(json.dumps({"imports": t1 - t0, "initial overlaps": t2 - t1, "integrate": t3 - t2,
-                  **{k: spent.get(v, 0.0) for k, v in names.items()}}))
+         "XLA compile": "/jax/core/compile/backend_compile_duration",
+         "cache read": "/jax/compilation_cache/cache_retrieval_time_sec"}
+command = t3 - t2
+rest = command - sum(phases.values()) - sum(timed.values())
+print(json.dumps({"import jax, equinox, diffrax": t1 - t0, "import the package": t2 - t1, "command": command,
+                  **phases, **timed, "other (config, checks, initial overlaps' start-up, risks' summary)": rest,
+                  "jax events": {k: spent.get(v, 0.0) for k, v in names.items()}}))
 """
 
 # The floor: a trivial diffrax program in a fresh process, set up as integrate's (x64, persistent cache).
@@ -123,79 +152,135 @@ print(json.dumps(out))
 """
 
 
-def timed(cmd: list[str], env: dict) -> tuple[float, float]:
-    """Wall and CPU (user + sys) seconds of a child process."""
+def load() -> float:
+    """The load average of the last minute (the machine may be shared: said with every number)."""
+    return os.getloadavg()[0]
+
+
+def timed(cmd: list[str], env: dict) -> dict:
+    """Wall and CPU (user + sys) seconds of a child process, and the load average as it ended."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env)
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"wall_s": wall, "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), "load": load()}
 
 
-def split(tau_max: float, env: dict) -> dict:
-    out = subprocess.run([sys.executable, "-c", SPLIT, str(tau_max)], check=True, capture_output=True, text=True, env=env)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+def median(runs: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in runs)
+
+
+def said(runs: list[dict]) -> str:
+    """``median wall (CPU), load a-b`` of some runs."""
+    loads = [r["load"] for r in runs]
+    return (f"{median(runs, 'wall_s'):.1f} s wall ({median(runs, 'cpu_s'):.1f} s CPU; median of {len(runs)}, load "
+            f"{min(loads):.1f}-{max(loads):.1f})")
+
+
+def against_floor(command, floor, env_of, runs: int) -> dict:
+    """``command`` and ``floor`` (argument: the run's index) in turn, ``runs`` pairs, each process with the
+    environment ``env_of(name, i)``; the pairs' ratios (wall and CPU) and their medians."""
+    pairs = [(timed(command(i), env_of("integrate", i)), timed(floor(i), env_of("floor", i))) for i in range(runs)]
+    out = {"command": [a for a, _ in pairs], "floor": [b for _, b in pairs],
+           "ratio_wall": [a["wall_s"] / b["wall_s"] for a, b in pairs], "ratio_cpu": [a["cpu_s"] / b["cpu_s"] for a, b in pairs]}
+    out.update(ratio_wall_median=statistics.median(out["ratio_wall"]), ratio_cpu_median=statistics.median(out["ratio_cpu"]))
+    return out
+
+
+def split(tau_max: float, env: dict, out: str) -> dict:
+    done = subprocess.run([sys.executable, "-c", SPLIT, str(tau_max), out], check=True, capture_output=True, text=True, env=env)
+    return {**json.loads(done.stdout.strip().splitlines()[-1]), "load": load()}
 
 
 def components(tau_max: float) -> dict:
-    out = subprocess.run([sys.executable, "-c", COMPONENTS, str(tau_max)], check=True, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-c", COMPONENTS, str(tau_max)], check=True, capture_output=True, text=True,
+                         env=USER)
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def verdict(value: float, target: float) -> str:
+    return f"met (target <= {target:g})" if value <= target else f"NOT met: {value / target:.2f} times the target {target:g}"
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tau-max", type=float, default=300.0)
-    parser.add_argument("--repeat", type=int, default=3, help="warm runs (the median is reported)")
+    parser.add_argument("--repeat", type=int, default=3, help="warm pairs and warm compare runs (medians reported)")
+    parser.add_argument("--cold-repeat", type=int, default=2, help="cold pairs (each with empty cache folders)")
+    parser.add_argument("--skip", default="", help=f"steps to leave out, comma-separated: {', '.join(STEPS)}")
     args = add_save_option(parser).parse_args()
-    results = {"tau_max": args.tau_max, "repeat": args.repeat}
+    skip = {s for s in args.skip.split(",") if s}
+    if skip - set(STEPS):
+        parser.error(f"--skip: unknown step(s) {', '.join(sorted(skip - set(STEPS)))}; choose from {', '.join(STEPS)}")
+    results = {"tau_max": args.tau_max, "repeat": args.repeat, "cold_repeat": args.cold_repeat, "load_at_start": load()}
+    print(f"load average {load():.1f} on {os.cpu_count()} cores at the start")
     cli = [sys.executable, "-m", "singleloc"]
     with tempfile.TemporaryDirectory() as tmp:
-        env = {**os.environ, "SINGLELOC_CACHE_DIR": f"{tmp}/cache"}
-        integrate = [*cli, "integrate", "default", "--set", f"sgd.tau_max={args.tau_max}", "--out", f"{tmp}/i"]
-        cold = timed(integrate, env)
-        warm = sorted(timed(integrate, env) for _ in range(args.repeat))[args.repeat // 2]
-        print(f"integrate default, tau_max = {args.tau_max:g}, whole process: cold {cold[0]:.1f} s wall ({cold[1]:.1f} s CPU), "
-              f"warm {warm[0]:.1f} s wall ({warm[1]:.1f} s CPU; median of {args.repeat}); load average "
-              f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-        results.update(cold_wall_s=cold[0], cold_cpu_s=cold[1], warm_wall_s=warm[0], warm_cpu_s=warm[1],
-                       load_average=os.getloadavg()[0], phases={})
-        env_floor = {**os.environ, "SINGLELOC_CACHE_DIR": f"{tmp}/floor"}
-        floor_cmd = [sys.executable, "-c", FLOOR, str(args.tau_max)]
-        floor_cold = timed(floor_cmd, env_floor)
-        floor_warm = sorted(timed(floor_cmd, env_floor) for _ in range(args.repeat))[args.repeat // 2]
-        print(f"  floor (a trivial Tsit5 solve in a fresh process): cold {floor_cold[0]:.1f} s wall ({floor_cold[1]:.1f} s CPU), "
-              f"warm {floor_warm[0]:.1f} s wall ({floor_warm[1]:.1f} s CPU); integrate / floor: cold "
-              f"{cold[0] / floor_cold[0]:.1f}x, warm {warm[0] / floor_warm[0]:.1f}x")
-        results.update(floor_cold_wall_s=floor_cold[0], floor_cold_cpu_s=floor_cold[1], floor_warm_wall_s=floor_warm[0],
-                       floor_warm_cpu_s=floor_warm[1], ratio_floor_cold=cold[0] / floor_cold[0],
-                       ratio_floor_warm=warm[0] / floor_warm[0])
-        env_split = {**os.environ, "SINGLELOC_CACHE_DIR": f"{tmp}/split"}
+        integrate = lambda i: [*cli, "integrate", "default", "--set", f"sgd.tau_max={args.tau_max:g}", "--out", f"{tmp}/i",
+                               "--no-progress"]
+        floor = lambda i: [sys.executable, "-c", FLOOR, str(args.tau_max)]
+        env_cold = lambda name, i: {**USER, "SINGLELOC_CACHE_DIR": f"{tmp}/cold-{name}-{i}"}
+        env_warm = lambda name, i: {**USER, "SINGLELOC_CACHE_DIR": f"{tmp}/cold-{name}-0"}  # filled by cold pair 0
+        cold = against_floor(integrate, floor, env_cold, args.cold_repeat)
+        warm = against_floor(integrate, floor, env_warm, args.repeat)
+        for label, runs, target in (("cold", cold, 3.0), ("warm", warm, 1.5)):
+            print(f"integrate default, tau_max = {args.tau_max:g}, {label}: {said(runs['command'])}; "
+                  f"floor {said(runs['floor'])}; "
+                  f"integrate / floor pair by pair {', '.join(f'{r:.2f}' for r in runs['ratio_wall'])} (wall), median "
+                  f"{runs['ratio_wall_median']:.2f}: {verdict(runs['ratio_wall_median'], target)}; in CPU time "
+                  f"{runs['ratio_cpu_median']:.2f}")
+        results.update(integrate_cold=cold, integrate_warm=warm, target_cold=3.0, target_warm=1.5)
+
+        compare = [*cli, "compare", "default", "--out", f"{tmp}/c", "--no-progress"]
+        env_compare = {**USER, "SINGLELOC_CACHE_DIR": f"{tmp}/compare"}
+        compare_cold = timed(compare, env_compare)
+        compare_warm = [timed(compare, env_compare) for _ in range(args.repeat)]
+        print(f"compare default: cold {compare_cold['wall_s']:.1f} s wall ({compare_cold['cpu_s']:.1f} s CPU, load "
+              f"{compare_cold['load']:.1f}); warm {said(compare_warm)}: {verdict(median(compare_warm, 'wall_s'), 30.0)}")
+        results.update(compare_cold=compare_cold, compare_warm=compare_warm,
+                       compare_warm_wall_median=median(compare_warm, "wall_s"), target_compare_warm_s=30.0)
+
+        env_split = {**USER, "SINGLELOC_CACHE_DIR": f"{tmp}/split"}
+        results["phases"] = {}
         for label in ("cold", "warm"):
-            phases = split(args.tau_max, env_split)
-            warm_integrate = phases["integrate"]
+            phases = split(args.tau_max, env_split, f"{tmp}/split-{label}")
             results["phases"][label] = phases
-            print(f"  {label}, wall s by phase: " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()))
-        pieces = components(args.tau_max)  # no persistent cache: everything compiled
-        results["compile_by_piece"] = pieces
-        print("  compiled one by one (trace+lower / XLA compile, s): " + ", ".join(
-            f"{k} {v['trace+lower']:.1f} / {v['compile']:.1f}" for k, v in pieces.items()))
-        sim = [*cli, "simulate", "default", "--set", "simulation.D=10000", "--set", "simulation.seeds=1", "--set", "sgd.n_save=4",
-               "--out", f"{tmp}/s", "--no-progress"]
-        t1, c1 = timed([*sim, "--set", f"sgd.tau_max={SIM_TAU}"], env)
-        t2, c2 = timed([*sim, "--set", f"sgd.tau_max={2 * SIM_TAU}"], env)
-    per_tau, cpu_per_tau = (t2 - t1) / SIM_TAU, (c2 - c1) / SIM_TAU
-    t_sim, c_sim = t1 + per_tau * (args.tau_max - SIM_TAU), c1 + cpu_per_tau * (args.tau_max - SIM_TAU)
-    print(f"simulate D = 1e4, 1 seed: {t1:.1f} s to tau = {SIM_TAU:g}, {t2:.1f} s to tau = {2 * SIM_TAU:g}: {per_tau:.1f} s per "
-          f"unit tau -> {t_sim:.0f} s wall ({c_sim:.0f} s CPU) to tau = {args.tau_max:g} (extrapolated)")
-    print(f"ratio simulate / warm integrate, whole processes: {t_sim / warm[0]:.0f}x wall, {c_sim / warm[1]:.0f}x CPU")
-    print(f"ratio in one process (no imports, no compilation on either side): simulation {per_tau * args.tau_max:.0f} s "
-          f"(its cost per unit tau times tau_max) / integrate {warm_integrate:.2f} s (the warm call, program loaded from "
-          f"the cache) = {per_tau * args.tau_max / warm_integrate:.0f}x")
-    results.update(simulate={"D": 10_000, "seeds": 1, "tau": [SIM_TAU, 2 * SIM_TAU], "wall_s": [t1, t2], "cpu_s": [c1, c2],
-                             "wall_s_per_tau": per_tau, "extrapolated_wall_s": t_sim, "extrapolated_cpu_s": c_sim},
-                   ratio_processes_wall=t_sim / warm[0], ratio_processes_cpu=c_sim / warm[1],
-                   ratio_in_process=per_tau * args.tau_max / warm_integrate)
+            events = phases.pop("jax events")
+            print(f"  integrate {label} in one process, wall s by phase (load {phases.pop('load'):.1f}): "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in phases.items())
+                  + "; JAX's events: " + ", ".join(f"{k} {v:.2f}" for k, v in events.items()))
+            phases["jax events"] = events
+        warm_solve = results["phases"]["warm"]["solve"]
+
+        if "pieces" not in skip:
+            pieces = components(args.tau_max)  # no persistent cache: everything compiled
+            results["compile_by_piece"] = pieces
+            print(f"  compiled one by one (trace+lower / XLA compile, s; load {load():.1f}): " + ", ".join(
+                f"{k} {v['trace+lower']:.1f} / {v['compile']:.1f}" for k, v in pieces.items()))
+
+        if "simulation" not in skip:
+            sim = [*cli, "simulate", "default", "--set", "simulation.D=10000", "--set", "simulation.seeds=1", "--set",
+                   "sgd.n_save=4", "--out", f"{tmp}/s", "--no-progress"]
+            env = env_warm("integrate", 0)
+            r1 = timed([*sim, "--set", f"sgd.tau_max={SIM_TAU}"], env)
+            r2 = timed([*sim, "--set", f"sgd.tau_max={2 * SIM_TAU}"], env)
+            (t1, c1), (t2, c2) = (r1["wall_s"], r1["cpu_s"]), (r2["wall_s"], r2["cpu_s"])
+            per_tau, cpu_per_tau = (t2 - t1) / SIM_TAU, (c2 - c1) / SIM_TAU
+            t_sim, c_sim = t1 + per_tau * (args.tau_max - SIM_TAU), c1 + cpu_per_tau * (args.tau_max - SIM_TAU)
+            w_wall, w_cpu = median(warm["command"], "wall_s"), median(warm["command"], "cpu_s")
+            print(f"simulate D = 1e4, 1 seed (load {r2['load']:.1f}): {t1:.1f} s to tau = {SIM_TAU:g}, {t2:.1f} s to tau = "
+                  f"{2 * SIM_TAU:g}: {per_tau:.1f} s per unit tau -> {t_sim:.0f} s wall ({c_sim:.0f} s CPU) to tau = "
+                  f"{args.tau_max:g} (extrapolated)")
+            print(f"ratio simulate / warm integrate, whole processes: {t_sim / w_wall:.0f}x wall, {c_sim / w_cpu:.0f}x CPU")
+            print(f"ratio in one process (no imports, no compilation on either side): simulation {per_tau * args.tau_max:.0f} s "
+                  f"(its cost per unit tau times tau_max) / the warm solve {warm_solve:.2f} s = "
+                  f"{per_tau * args.tau_max / warm_solve:.0f}x")
+            results.update(simulate={"D": 10_000, "seeds": 1, "tau": [SIM_TAU, 2 * SIM_TAU], "runs": [r1, r2],
+                                     "wall_s_per_tau": per_tau, "extrapolated_wall_s": t_sim, "extrapolated_cpu_s": c_sim},
+                           ratio_processes_wall=t_sim / w_wall, ratio_processes_cpu=c_sim / w_cpu,
+                           ratio_in_process=per_tau * args.tau_max / warm_solve)
+    results["load_at_end"] = load()
     save(args, __file__, results)
 
 

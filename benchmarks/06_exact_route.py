@@ -55,6 +55,7 @@ import equinox as eqx  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from _common import add_save_option, save  # noqa: E402
+from _common import timed as median_ms  # noqa: E402
 
 import singleloc as sl  # noqa: E402
 from singleloc.sgd._sgd_rule import flat_drift  # noqa: E402
@@ -73,13 +74,8 @@ def drift(ode, M, Q, b):
 
 
 def timed(fn, *args, repeats=3):
-    out = jax.block_until_ready(fn(*args))  # compiles
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
-    return np.asarray(out), 1e3 * float(np.median(times))
+    out, ms = median_ms(fn, *args, repeats=repeats)
+    return np.asarray(out), ms
 
 
 def config(activation, H, L, F, **theory):

@@ -97,6 +97,22 @@ def _plain(value):
     return value
 
 
+def timed(fn, *args, repeats: int = 3):
+    """``(out, ms)``: ``fn(*args)`` after a first call (which compiles) and the median milliseconds of
+    ``repeats`` more calls, each waited for (``jax.block_until_ready``)."""
+    import time
+
+    import jax
+
+    out = jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - t0)
+    return out, 1e3 * sorted(times)[len(times) // 2]
+
+
 def write_json(path: str | os.PathLike, data) -> Path:
     """Writes ``data`` as JSON to ``path`` atomically, with :func:`singleloc.save_json` (a temporary
     file in the same folder, then :func:`os.replace`; on any failure the temporary file is removed

@@ -59,7 +59,7 @@ def main() -> None:
         old.unlink()
     namespace: dict = {"__name__": "__main__"}
     records = []
-    start = time.time()
+    start, cpu = time.time(), time.process_time()
     with tempfile.TemporaryDirectory() as scratch:
         here = os.getcwd()
         os.chdir(scratch)  # the tutorial writes no files; if it did, they would not land in the repository
@@ -78,11 +78,12 @@ def main() -> None:
                     value.savefig(OUTPUTS / name, dpi=72, bbox_inches="tight")
                     record["figure"] = name
                 records.append(record)
-                print(f"cell {n}: {time.time() - start:.0f} s", file=sys.__stderr__)
+                print(f"cell {n}: {time.time() - start:.0f} s ({time.process_time() - cpu:.0f} s CPU; load average "
+                      f"{os.getloadavg()[0]:.1f})", file=sys.__stderr__)
         finally:
             os.chdir(here)
     (OUTPUTS / "outputs.json").write_text(json.dumps(records, indent=1) + "\n")
-    print(f"wrote {OUTPUTS}: {len(records)} cells in {time.time() - start:.0f} s")
+    print(f"wrote {OUTPUTS}: {len(records)} cells in {time.time() - start:.0f} s ({time.process_time() - cpu:.0f} s CPU)")
 
 
 if __name__ == "__main__":

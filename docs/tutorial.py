@@ -15,9 +15,13 @@
 #
 # A tour of `singleloc` in six steps, each a few lines of the public API: the theory (an ODE for the order
 # parameters) against finite-$D$ SGD, heads that specialize, the escape rate of the unspecialized point, the
-# Bayes risk, pruning a trained layer, and the diagnostics of an attention array. The whole script ran in
-# about seven minutes the first time on a 2-core CPU busy with other work (load average 13), most of it JAX
-# compiling each new problem once, and in four once the compiled programs were in the cache.
+# Bayes risk, pruning a trained layer, and the diagnostics of an attention array. Every step runs on the
+# default route (`theory.route = "auto"`: the exact expectations for softmax-family activations) except
+# step 5, which says why. The whole script ran in 105 s (108 s of CPU time) on a 2-core CPU at a load
+# average of 2-3; the outputs on this page were made at a load of 1.6, in 70 s (107 s of CPU time; some of
+# the package's stored programs already compiled by earlier runs). Most of it is JAX compiling each new
+# problem once (a script keeps its compiled programs for the next run only if it calls
+# `sl.enable_compilation_cache()`, as the commands do).
 #
 # Run it as a script, `python docs/tutorial.py` (CI does, so it never goes stale), or open it as a
 # notebook: it is a [jupytext](https://jupytext.readthedocs.io) percent script, so `jupytext --to ipynb
@@ -38,7 +42,7 @@ import numpy as np  # noqa: E402
 import singleloc as sl  # noqa: E402
 from singleloc import plots  # noqa: E402  (figures: matplotlib Figure objects, no global state)
 
-start = time.time()
+start, cpu = time.time(), time.process_time()  # wall and CPU seconds (the CPU time of all threads)
 
 # %% [markdown]
 # ## 1. The default problem: theory against simulation
@@ -111,17 +115,21 @@ plots.plot_phases(phases, trajectory.risk, title="bsoftmax, H = F = 2")
 # %%
 ode = sl.OrderParameterODE.from_config(bconfig)
 H, F = bconfig.model.heads, bconfig.problem.F
-point = sl.unspecialized_point(ode, H, F, init_scale=bconfig.sgd.init_scale)
+point = sl.unspecialized_point(ode, H, F, init_scale=bconfig.sgd.init_scale, dt=0.5)  # Tsit5 steps of 0.5 (default 0.1)
 rate = sl.escape_rate(sl.linearize(ode, point.M, point.Q, point.b), mean=prior.mean())
 print(f"unspecialized point: M_h = {point.M[0].round(3)}, risk {point.risk:.3f}, converged: {point.converged}")
 print(f"escape rate lambda = {rate:.3f}: d tau_esc / d log D = {sl.predicted_escape_slope(rate):.2f}")
 
 # %% [markdown]
-# Here $\lambda = 0.180$, so every factor $e$ in $D$ would delay the escape by about 2.8. With this prior,
-# though, the plateau creeps towards its fixed point without reaching it at these times, and the
-# rate along the way (`escape_rate_along`, on the symmetric trajectory that led to the point) is larger than
-# at the point itself: the heads leave earlier than $\lambda$ alone predicts. [Specialization
-# phases](phases.md) measures both regimes.
+# The fixed point is found by following the head-symmetric flow and polishing its end with a root finder;
+# `dt=0.5` follows the flow in Tsit5 steps of 0.5 instead of the default 0.1, five times fewer drift
+# evaluations (the flow is smooth: halving the step moves its states at $\tau$ = 5, 10, 20, 40 and 60 by
+# at most 3e-8, and the rate at the point agrees with the default step's to 1e-14). Here $\lambda = 0.180$,
+# so every factor $e$ in $D$ would delay the escape by about 2.8. With this prior, though, the plateau creeps
+# towards its fixed point without reaching it at these times, and the rate along the way
+# (`escape_rate_along`, on the symmetric trajectory that led to the point) is larger than at the point
+# itself, 0.42 at $\tau = 5$ falling to 0.26 at $\tau = 40$: the heads leave earlier than $\lambda$ alone
+# predicts. [Specialization phases](phases.md) measures both regimes.
 
 # %%
 when = np.searchsorted(point.path_tau, [5.0, 10.0, 20.0, 40.0])
@@ -155,10 +163,11 @@ print(f"the trained layer of step 2 at tau = 30: {trajectory.risk[0, -1]:.4f} ({
 #
 # Train a layer with more heads than spikes, $H = 4$, then remove heads one at a time, greedily (the head
 # whose removal raises the risk least), scoring each pruned layer by its population risk
-# ([model, section 7](model.md#7-pruning)). A bsoftmax layer normalises across its heads, so its exact
-# expectations are joint over all four of them: seconds a drift on the exact route, minutes for this
-# trajectory. The Sobol rule (`theory.route = "rule"`, 1024 points as in step 2) takes seconds, at a stated
-# quadrature error of order 1e-3 ([how the theory is computed](theory_route.md)).
+# ([model, section 7](model.md#7-pruning)). This is the one step off the default route. A bsoftmax layer
+# normalises across its heads, so its exact expectations are joint over all of them and their cost grows like
+# a power of $H$: on the 2-core CPU of this page the exact trajectory of three such heads took 2.5 minutes of
+# CPU time to solve, four take longer still. The Sobol rule (`theory.route = "rule"`, 1024 points as in
+# step 2) takes seconds ([how the theory is computed](theory_route.md)).
 
 # %%
 wide = bconfig.replace(model={"heads": 4}, theory={"route": "rule"})  # see below
@@ -167,11 +176,14 @@ M, Q, b = trained.M[0, -1], trained.Q[0, -1], trained.b[0, -1]
 pruned = sl.prune_theory(wide, M, Q, b, "greedy")
 print("risk after removing 0, 1, 2, 3 heads:", pruned.risk.round(4), " removed, in order:", pruned.removed[0])
 print(f"{pruned.removable(0.01)} heads can go before the risk rises by 0.01 (H - F = {4 - F})")
+print(trained.quadrature())
 
 # %% [markdown]
 # The risk after removing 0, 1, 2, 3 heads is about 0.128, 0.129, 0.126, 0.53: the two surplus heads can go
 # (the risk moves by less than 0.002; at $\tau = 30$ they were still mixed over the spikes), and the third
-# removal leaves one spike without a head.
+# removal leaves one spike without a head. One Sobol rule states no error of its own (the quadrature line
+# says so); `theory.replicates = 2` measures it: tried once, the risks moved by up to 0.009 and their stated
+# standard errors were up to 3e-3, the same two heads could go and the third removal still cost 0.39.
 
 # %%
 plots.plot_pruning({"greedy, theory": pruned}, F=F, title="bsoftmax, H = 4, F = 2")
@@ -216,4 +228,4 @@ print(diagnosis.table())
 plots.plot_vanishing(diagnosis)
 
 # %%
-print(f"tutorial ran in {time.time() - start:.0f} s")
+print(f"tutorial ran in {time.time() - start:.0f} s ({time.process_time() - cpu:.0f} s CPU)")

@@ -56,10 +56,12 @@ _EXPORTS = {
     "simulation._simulation_result": ("SimulationResult",),
     "io._run_checks": ("warn_if_risk_rose",),
     "sweeps._grid": ("Grid", "parse_grid"),
-    "sweeps._sweep": ("SweepStats", "sweep"),
+    "sweeps._sweep": ("sweep",),
+    "sweeps._sweep_cache": ("SweepStats",),
     "sweeps._sweep_dataset": ("load_sweep",),
     "configuration._specs": ("SGD", "Model", "Problem", "Simulation", "Theory"),
     "sgd._sgd_rule": ("AbstractSGDRule", "AbstractVariant", "GradientFlow", "GradientMoments", "LayerParameters", "OnlineSGD"),
+    "sgd._trajectory": ("Trajectory",),
     "sgd._sgd_variants": ("LearningRateSchedule", "MiniBatch", "Momentum", "WeightDecay"),
     "theory._theory": ("OrderParameterODE", "OrderParameters", "WeightedOrderParameters", "r_orth"),
     "pruning._pruning_result": ("PruningResult", "removable_heads"),
@@ -213,12 +215,13 @@ if TYPE_CHECKING:
     from .sgd._sgd_variants import MiniBatch as MiniBatch
     from .sgd._sgd_variants import Momentum as Momentum
     from .sgd._sgd_variants import WeightDecay as WeightDecay
+    from .sgd._trajectory import Trajectory as Trajectory
     from .simulation._simulation import simulate as simulate
     from .simulation._simulation_result import SimulationResult as SimulationResult
     from .sweeps._grid import Grid as Grid
     from .sweeps._grid import parse_grid as parse_grid
-    from .sweeps._sweep import SweepStats as SweepStats
     from .sweeps._sweep import sweep as sweep
+    from .sweeps._sweep_cache import SweepStats as SweepStats
     from .sweeps._sweep_dataset import load_sweep as load_sweep
     from .theory._accuracy import PointsChoice as PointsChoice
     from .theory._accuracy import choose_points as choose_points

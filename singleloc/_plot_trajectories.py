@@ -121,9 +121,10 @@ def plot_compare(theory=None, simulation=None, title: str = "", *, log_time: boo
     mean over starts (seeds) with the spread from the min to the max: theory a line with a band,
     simulation markers with bars (a legend says which is which).
 
-    ``theory`` and ``simulation`` are :class:`~singleloc.TheoryResult` /
-    :class:`~singleloc.SimulationResult` (or anything with ``tau``, ``risk`` (S, T), ``M`` (S, T,
-    H, F)); either may be ``None``. With ``match`` (default; with ``H >= F``) the heads of every
+    ``theory`` and ``simulation`` are :class:`~singleloc.Trajectory` records (a
+    :class:`~singleloc.TheoryResult`, :class:`~singleloc.SimulationResult` or :class:`~singleloc.SDEResult`,
+    or anything with ``tau``, ``risk`` (S, T), ``M`` (S, T, H, F)); either may be ``None``. With ``match``
+    (default; with ``H >= F``) the heads of every
     trajectory are put in :func:`matched_heads` order (by their overlaps at the last saved time), so
     that the colour of "the head learning spike ``f``" is the same in every seed and the means are over
     like heads; a head whose overlap with its spike ends negative (a zero-mean prior's heads learn

@@ -126,7 +126,8 @@ def test_the_memory_check_counts_the_starts_of_a_batched_group(tmp_path, capsys,
                                                                                                _sweep.SweepStats()))
     monkeypatch.setattr(_sweep, "write_sweep_outputs", lambda *a, **k: None)
     args = ["sweep", "default", "--grid", "sgd.lr=0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8", "--set", "theory.points=16384", "--set",
-            "theory.route=rule", "--set", "simulation.seeds=4", "--out", str(tmp_path), "--no-progress"]
+            "theory.route=rule", "--set", "simulation.seeds=4", "--out", str(tmp_path), "--no-progress",
+            "--yes"]  # (the time check: tests/test_progress.py)
     assert main(args) == 2
     assert "32 start(s)" in capsys.readouterr().err
     assert main(args + ["--no-batch"]) == 0

@@ -4,6 +4,7 @@ scheduler`` / ``dask worker`` processes on 127.0.0.1), no mocks."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -260,9 +261,12 @@ def external_cluster(tmp_path):
                                "--no-dashboard", "--scheduler-file", str(file)], env=env, stderr=subprocess.DEVNULL)]
     try:
         deadline = time.monotonic() + STARTUP
-        while not file.is_file() and time.monotonic() < deadline:
+        address = None
+        while address is None and time.monotonic() < deadline:  # the file appears before it is written whole
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                address = json.loads(file.read_text())["address"]
             time.sleep(0.1)
-        address = json.loads(file.read_text())["address"]
+        assert address, f"the dask scheduler wrote no address to {file} within {STARTUP} s"
         procs.append(subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker", address, "--nworkers", "1",
                                        "--nthreads", "1", "--no-dashboard"], env=env, stderr=subprocess.DEVNULL))
         yield address

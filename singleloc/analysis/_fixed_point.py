@@ -23,6 +23,7 @@ from scipy import optimize
 from ..configuration._arguments import require_arrays, require_ode
 from ..configuration._validation import integer
 from ..runtime._numerics import PSD_ROUNDING, TINY
+from ..runtime._progress import Phase
 from ..theory._theory import OrderParameterODE
 from ._drift_jacobian import _jacobian
 from ._stability import _symmetric_risk, symmetric_drift, symmetric_flow, symmetric_start, symmetric_state
@@ -96,30 +97,39 @@ def unspecialized_point(ode: OrderParameterODE, H: int, F: int, x0=None, *, init
     require_arrays("unspecialized_point", x0=x0)
     if x0 is None:
         x0 = symmetric_start(H, F, init_scale, bias_init)
-    taus, xs, risks = symmetric_flow(ode, x0, H, F, tau_flow, dt)
+    with Phase((f"following the symmetric flow of {H} heads to tau = {tau_flow:g} ({ode.expectation.route} route)",
+                "followed the symmetric flow")):
+        taus, xs, risks = symmetric_flow(ode, x0, H, F, tau_flow, dt)
     x = xs[-1].copy()
 
     def drift(z):
         return np.asarray(_symmetric_drift_jit(ode, jnp.asarray(z), H, F))
 
     if polish:
-        Q = symmetric_state(jnp.asarray(x), H, F)[1]
-        J, _ = _jacobian(drift, lambda z: _symmetric_drift_jacobian(ode, z, H, F), x, Q, method="auto", step=1e-6)
-        scale = max(np.abs(J).max(), TINY)
-        free = [i for i in range(len(x)) if np.abs(J[:, i]).max() > 1e-8 * scale or np.abs(J[i, :]).max() > 1e-8 * scale]
-
-        def restricted(y):
-            z = x.copy()
-            z[free] = y
-            return drift(z)[free]
-
-        sol = optimize.root(restricted, x[free], method="hybr", options={"xtol": _ROOT_XTOL})
-        cand = x.copy()
-        cand[free] = sol.x
-        if valid_symmetric_state(cand, H, F) and np.max(np.abs(drift(cand))) < np.max(np.abs(drift(x))):
-            x = cand
+        with Phase(("polishing the fixed point (a root of the drift)", "polished the fixed point"), quiet=True):
+            x = _polished(ode, drift, x, H, F)
     res = float(np.max(np.abs(drift(x))))
     M, Q, b = (np.asarray(a) for a in symmetric_state(jnp.asarray(x), H, F))
     risk = float(_symmetric_risk_jit(ode, jnp.asarray(x), H, F))
     return FixedPoint(M, Q, b, x, res, res < tol, risk, taus, xs, risks)
 
+
+def _polished(ode: OrderParameterODE, drift, x: np.ndarray, H: int, F: int) -> np.ndarray:
+    """``x`` moved to a root of the restricted drift over its free coordinates (those the Jacobian
+    couples), if that root is a valid state with a smaller drift; ``x`` otherwise."""
+    Q = symmetric_state(jnp.asarray(x), H, F)[1]
+    J, _ = _jacobian(drift, lambda z: _symmetric_drift_jacobian(ode, z, H, F), x, Q, method="auto", step=1e-6)
+    scale = max(np.abs(J).max(), TINY)
+    free = [i for i in range(len(x)) if np.abs(J[:, i]).max() > 1e-8 * scale or np.abs(J[i, :]).max() > 1e-8 * scale]
+
+    def restricted(y):
+        z = x.copy()
+        z[free] = y
+        return drift(z)[free]
+
+    sol = optimize.root(restricted, x[free], method="hybr", options={"xtol": _ROOT_XTOL})
+    cand = x.copy()
+    cand[free] = sol.x
+    if valid_symmetric_state(cand, H, F) and np.max(np.abs(drift(cand))) < np.max(np.abs(drift(x))):
+        return cand
+    return x

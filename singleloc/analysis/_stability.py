@@ -36,6 +36,7 @@ import numpy as np
 from ..configuration._arguments import require_arrays, require_ode
 from ..runtime._compilation import checks_as_nan
 from ..runtime._numerics import TINY, first_crossing
+from ..runtime._progress import Phase
 from ..theory._theory import OrderParameterODE, OrderParameters, unflatten_state
 from ._drift_jacobian import drift_jacobian
 
@@ -181,7 +182,8 @@ def linearize(ode: OrderParameterODE, M, Q, b, *, method: str = "auto") -> Linea
     require_arrays("linearize", M=M, Q=Q, b=b)
     M, Q, b = np.asarray(M, float), np.asarray(Q, float), np.asarray(b, float)
     H, F = M.shape
-    J, used = drift_jacobian(ode, M, Q, b, method=method)
+    with Phase((f"linearizing the drift of {H} heads ({ode.expectation.route} route)", "linearized the drift"), quiet=True):
+        J, used = drift_jacobian(ode, M, Q, b, method=method)
     w, V = np.linalg.eig(J)
     order = np.argsort(-w.real, kind="stable")
     w, V = w[order], V[:, order]

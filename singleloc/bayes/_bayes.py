@@ -186,7 +186,8 @@ def bayes_risk(prior: Prior, L: int, points: int = 4096, seed: int = 0, replicat
     atoms, log_pi, G, logdet = _weight_params(prior)
     params = (jnp.asarray(atoms, dtype), jnp.asarray(log_pi, dtype), None if G is None else jnp.asarray(G, dtype),
               jnp.asarray(logdet, dtype))
-    rules = (LocalFields.make(int(L), prior.F, prior, points, seed + i) for i in range(int(replicates)))
+    # unwhitened, as population_risk's: the whitening's bias was 30 standard errors at L = 64, 512 points
+    rules = (LocalFields.make(int(L), prior.F, prior, points, seed + i, whiten=False) for i in range(int(replicates)))
     values = [float(_bayes_risk_on_rule(rule, params)) for rule in rules]
     return RiskEstimate.from_replicates(values, points)
 

@@ -35,7 +35,7 @@ ROUTE_CLASSES = {
 ROUTES = ("auto", *ROUTE_CLASSES)
 
 #: ``theory.gram``: how the exact route computes the ``lr^2`` (Gram) term.
-GRAM_ROUTES = ("auto", "exact", "sobol")
+GRAM_ROUTES = ("auto", "exact", "sobol", "montecarlo")
 
 #: ``theory.axes``: the coordinates of the Sobol rule's fields.
 RULE_AXES = ("heads", "principal")

@@ -353,16 +353,16 @@ class Theory:
     for any other activation; ``"rule"``: the Sobol rule for everything.
     ``gram``: the ``lr^2`` (Gram) term on the exact route: ``"exact"`` in the
     Laplace form (:mod:`~singleloc.expectations._laplace_gram`; one head, or two heads of a per-head layer, with
-    the head average; else an error), ``"sobol"`` on the rank-aware Sobol rule, ``"auto"`` (default)
-    exactly where it costs less than the Sobol rule: one head, and two heads of a per-head layer from
-    ``L * H >= 64`` on (at ``L = 4`` the exact two-head term doubles the time of a solve, and the
-    rule's relative error there, about 1e-3, is stated with the run); on the Sobol rule otherwise.
-    The rule route has the Gram term on its own rule.
+    the head average; else an error), ``"sobol"`` on the rank-aware Sobol rule (unwhitened: unbiased),
+    ``"montecarlo"`` by plain Monte Carlo with its standard error (:mod:`~singleloc.expectations._monte_carlo_gram`;
+    any layer), ``"auto"`` (default) exactly where it costs less than the Sobol rule: one head, and two
+    heads of a per-head layer from ``L * H >= 64`` on (at ``L = 4`` the exact term doubles a solve's time);
+    else the rule. The rule route has the Gram term on its own rule.
     ``nodes``: the normal rule of the exact route's token expectations (``2 nodes`` trapezoidal
     nodes of its Laplace variable, ``nodes`` per unit of the activation's scale for a pair's first
     field and for the tables of its second field's conditional expectations).
-    ``gram_points``: the Sobol points of the exact route's Gram term (its rank-aware rule), a
-    power of two or ``"auto"`` (:meth:`gram_rule_points`).
+    ``gram_points``: the Sobol points of the exact route's Gram term (its rank-aware rule; the antithetic
+    pairs of the Monte Carlo term), a power of two or ``"auto"`` (:meth:`gram_rule_points`).
     ``axes``: the coordinates of the rule route's Sobol rule (:class:`~singleloc.LocalFields`;
     docs/model.md section 4.4). ``"heads"`` (default): ``g_l = w_l Q^{1/2}`` on a rule closed under the
     cyclic shifts of the heads: continuous in ``Q`` everywhere and exactly equivariant under those

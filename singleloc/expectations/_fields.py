@@ -20,6 +20,15 @@ moments tenfold at 1024 points). The points are drawn once, from a fixed seed, a
 the whole solve: the expectations are deterministic functions of ``(M, Q, b)``, continuous on
 both layouts below.
 
+The whitening's bias. The whitening ``C^{-1/2}`` is a function of all the nodes, so a whitened
+rule is not unbiased: its error has a part, of order ``d / n`` (``d`` Gaussian coordinates, ``n``
+points), that independent scramblings share and their spread does not see. Where ``n >> d`` it is
+negligible; at long sequences it is not (two identical bsoftmax heads, ``L = 64``, a trained key,
+rank-aware, ``d = 256``: the Gram term ``E[sum_l c_l c_l^T]`` 31%, 8.7%, 1.6% and 0.27% off the exact
+value at ``n / d`` = 2, 4, 16, 64, 4 to 14 of the scramblings' standard errors; unwhitened, within
+1 to 4 of them, with the same spread). So the exact route's Gram rule is not whitened (``whiten =
+False``: tests/test_gram_terms.py).
+
 Rank-aware fields. With ``principal=True`` (the ODE's rule with ``theory.axes = "principal"``,
 :func:`~singleloc.population_risk`'s and the exact route's Gram term's) the fields are ``g_l = w_l S`` with the
 rank-aware factor ``S`` (2H, H) of ``Q`` (:func:`~singleloc.runtime._numerics.rank_aware_factor_and_pinv`: every
@@ -91,11 +100,13 @@ def head_shifts(L: int, H: int, extra: int = 0) -> np.ndarray:
     return np.concatenate([w_index.reshape(H, L * H), u_index], axis=1)
 
 
-def gaussian_nodes(L: int, H: int, extra: int, points: int, seed: int, symmetric: bool) -> np.ndarray:
-    """Base nodes (n, L*H + extra) of the rule: scrambled Sobol normals, whitened so that their
+def gaussian_nodes(L: int, H: int, extra: int, points: int, seed: int, symmetric: bool, whiten: bool = True) -> np.ndarray:
+    """Base nodes (n, L*H + extra) of the rule: scrambled Sobol normals, whitened (``whiten``) so that their
     orbit (with the head shifts when ``symmetric``, and the mirrors ``-z``) has exactly the
     first and second moments of ``N(0, I)``. ``n = points`` without the closure and
-    ``points // H`` with it.
+    ``points // H`` with it. Without ``whiten`` every node is exactly ``N(0, I)`` in law (a scrambled
+    Sobol point through the inverse CDF) and the rule's average is unbiased; the whitening, a function of
+    all the nodes, biases it by about ``0.2 d / n`` relative at trained long-context states (module docstring).
 
     Long sequences (the exact route needs this rule only for its ``lr^2`` term, at any ``L``):
     coordinates beyond SciPy's Sobol limit (21201) are pseudo-random normals from ``seed``; with fewer
@@ -110,7 +121,7 @@ def gaussian_nodes(L: int, H: int, extra: int, points: int, seed: int, symmetric
     z = sobol_normals(min(dim, SOBOL_MAX_DIM), n, seed)
     if dim > SOBOL_MAX_DIM:
         z = np.concatenate([z, np.random.default_rng(seed).standard_normal((n, dim - SOBOL_MAX_DIM))], axis=1)
-    if n * len(shifts) < dim:
+    if not whiten or n * len(shifts) < dim:
         return z
     C = z.T @ z / n  # second moments of the base points (and of their mirrors)
     C = np.mean([C[np.ix_(p, p)] for p in shifts], axis=0)  # ... of the orbit: shift-invariant
@@ -145,7 +156,7 @@ class LocalFields(eqx.Module):
     @classmethod
     def make(
         cls, L: int, H: int, prior: Prior, points: int = 4096, seed: int = 0, batch_size: int | None = None, *,
-        symmetric: bool = False, principal: bool = False,
+        symmetric: bool = False, principal: bool = False, whiten: bool = True,
     ) -> LocalFields:
         """A rule of ``2 * points`` nodes from ``points`` Sobol points (a power of two) and their
         mirrors; ``symmetric``: closed under the cyclic shifts of the heads (module docstring).
@@ -161,7 +172,11 @@ class LocalFields(eqx.Module):
         distributed, instead of spreading one direction over all ``L * H``. Identical heads keep
         identical fields; the fields are continuous in ``Q``; a permutation of the heads maps the rule
         onto itself where every principal direction is determined, else up to the symmetric block's
-        rows (equivariant to the rule's error)."""
+        rows (equivariant to the rule's error).
+
+        ``whiten = False``: the nodes are not whitened (:func:`gaussian_nodes`), so that one scrambling's
+        average is unbiased and the spread of independent scramblings states its whole error (the exact
+        route's Gram rule)."""
         require_prior("LocalFields.make", prior)
         if points < 1 or points & (points - 1):
             raise ValueError(f"theory.points must be a power of two, got {points}")
@@ -169,7 +184,7 @@ class LocalFields(eqx.Module):
             raise ValueError("a principal (rank-aware) rule cannot also be closed under the head shifts")
         G = 0 if prior.is_discrete else prior.F
         width = factor_rows(H, principal)
-        z = gaussian_nodes(L, width, G, points, seed, symmetric)
+        z = gaussian_nodes(L, width, G, points, seed, symmetric, whiten)
         d = L * width
         w = z[:, :d].reshape(-1, width, L).transpose(0, 2, 1) if principal else z[:, :d].reshape(-1, L, H)
         dtype = jnp.result_type(float)

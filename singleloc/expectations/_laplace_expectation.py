@@ -20,7 +20,11 @@ coordinates of their own, the rest on a symmetric root:
 :func:`~singleloc.runtime._numerics.rank_aware_factor_and_pinv`): at trained states with (near) copies of
 six heads it has an eighth to a fiftieth of the error of the head-symmetric rule at the same
 points (``benchmarks/06_exact_route.py``), with ``theory.gram_points`` points
-(:meth:`~singleloc.Theory.gram_rule_points`).
+(:meth:`~singleloc.Theory.gram_rule_points`), not whitened (a whitened rule's bias, of order ``d / n``,
+reached 7% at trained long-context states, beyond its scramblings' spread:
+:mod:`~singleloc.expectations._fields`). ``theory.gram = "montecarlo"`` takes plain Monte Carlo instead
+(:class:`~singleloc.expectations._monte_carlo_gram.MonteCarloGram`: unbiased, with its standard error from
+its own draws, memory independent of the number of draws).
 
 The route states its error (:meth:`LaplaceExpectation.statement`): the risk and the ``O(lr)``
 drift against a finer exact rule (``check``: :meth:`~singleloc.expectations._laplace.LaplaceRule.refined`, 1.5 x
@@ -45,6 +49,7 @@ from ._cubature import REFINEMENT
 from ._expectation import AbstractExpectation, AbstractGramTerm, RouteStatement, SolveReport
 from ._laplace import LaplaceRule, exact_rule
 from ._laplace_gram import WIDE_GRAM_SIGMA
+from ._monte_carlo_gram import MonteCarloGram
 from ._sobol_expectation import SobolGram, sobol_fields
 
 #: A stated risk error of the exact route above this draws a warning (the exact route aims at 1e-5 and
@@ -101,7 +106,8 @@ class LaplaceExpectation(AbstractExpectation):
 
     Attributes:
         rule: the exact rule of the risk and of the ``O(lr)`` drift.
-        gram_term: the ``lr^2`` term (:class:`LaplaceGram` or :class:`~singleloc.SobolGram`).
+        gram_term: the ``lr^2`` term (:class:`LaplaceGram`, :class:`~singleloc.SobolGram` or
+            :class:`~singleloc.expectations._monte_carlo_gram.MonteCarloGram`).
         activation: the activation; static.
 
     Nothing here has the shape of the ``L H`` fields unless the Gram term is on a Sobol rule, so that
@@ -124,7 +130,8 @@ class LaplaceExpectation(AbstractExpectation):
         :func:`~singleloc.choose_route`'s): the exact rule of ``theory.nodes`` (the same for every replicate
         of ``seeds``: it has no scrambling), with ``check`` its refined copy, and the Gram term ``route.gram``
         (the Sobol one on :meth:`~singleloc.Theory.gram_rule_points` rank-aware points, which follow
-        ``points``, one scrambling per seed of ``seeds``)."""
+        ``points``, one scrambling per seed of ``seeds``; the Monte Carlo one on as many antithetic pairs,
+        one key per seed)."""
         problem, theory, H, choice = setup.problem, setup.theory, setup.heads, setup.route
 
         def per_replicate(rule):
@@ -135,12 +142,14 @@ class LaplaceExpectation(AbstractExpectation):
         rule = exact_rule(choice.activation, problem.L, H, setup.prior, nodes=theory.nodes)
         fine = per_replicate(rule.refined()) if check else None
         rule = per_replicate(rule)
+        gram_points = theory.gram_rule_points(problem.L, H, points)
         if choice.gram == "exact":
             gram = LaplaceGram(rule)
-        else:
-            gram_points = theory.gram_rule_points(problem.L, H, points)
-            gram = SobolGram(fields=sobol_fields(setup, gram_points, theory.qmc_seed, seeds, principal=True),
-                             activation=choice.activation)
+        elif choice.gram == "montecarlo":
+            gram = MonteCarloGram.make(choice.activation, setup.prior, problem.L, H, gram_points, theory.qmc_seed, seeds)
+        else:  # unwhitened: one scrambling is unbiased, and the scramblings' spread states the error
+            fields = sobol_fields(setup, gram_points, theory.qmc_seed, seeds, principal=True, whiten=False)
+            gram = SobolGram(fields=fields, activation=choice.activation)
         return cls(rule=rule, gram_term=gram, activation=choice.activation, check=fine)
 
     @property
@@ -185,15 +194,20 @@ class LaplaceExpectation(AbstractExpectation):
 
     def gram_error(self, evaluation, M, Q, b, v=None):
         """``max |G - G'| / (sqrt(2) max |G|)`` for the Gram matrices ``G, G'`` of two independent
-        scramblings (each has the same error law); for the exact Gram term, ``max |G - G'| / max |G|``
-        against the finer exact rule. At a stationary state the Gram term balances the ``O(lr)`` part
-        of ``dQ``, so this is the relative error of that part of the drift there. NaN for a non-finite
-        state. (No gradient here: a second site of the exact gradient in the solve's program would add
-        a quarter to its compile time.)"""
-        G = self.gram(M, Q, b, v)
-        if isinstance(self.gram_term, LaplaceGram):  # against the finer exact rule
+        scramblings (each has the same error law, and is unbiased: the rule is not whitened); for the exact
+        Gram term, ``max |G - G'| / max |G|`` against the finer exact rule; for the Monte Carlo term,
+        ``max se / max |G|`` with ``se`` its standard error from its own draws. At a stationary state the
+        Gram term balances the ``O(lr)`` part of ``dQ``, so this is the relative error of that part of the
+        drift there. NaN for a non-finite state. (No gradient here: a second site of the exact gradient in
+        the solve's program would add a quarter to its compile time.)"""
+        if isinstance(self.gram_term, MonteCarloGram):  # its standard error, from its own draws
+            G, se = self.gram_term.gram_and_error(M, Q, b, v)
+            err = jnp.max(se)
+        elif isinstance(self.gram_term, LaplaceGram):  # against the finer exact rule
+            G = self.gram(M, Q, b, v)
             err = jnp.max(jnp.abs(G - evaluation.check.gram(M, Q, b)))
         else:
+            G = self.gram(M, Q, b, v)
             err = jnp.max(jnp.abs(G - evaluation.gram(M, Q, b, v))) / jnp.sqrt(2.0)
         size = jnp.max(jnp.abs(G))
         return jnp.where(jnp.isfinite(Q).all() & (size > 0), err / size, jnp.nan)
@@ -249,13 +263,17 @@ def _warn_gram(report: SolveReport, gram: float, exact_gram: bool) -> None:
         advice = (f"the exact two-head term resolves token fields of standard deviation up to about "
                   f"{WIDE_GRAM_SIGMA:g} to 1e-4 and {2 * WIDE_GRAM_SIGMA:g} to 3e-3 at theory.nodes = 64 (now {th.nodes}); "
                   "raise theory.nodes or set theory.gram = 'sobol'")
+    elif report.evaluation.gram_name == "montecarlo":
+        advice = (f"it is one standard error of plain Monte Carlo over {report.evaluation.gram_term.draws} antithetic "
+                  "pairs, unbiased; it falls like 1 / sqrt(theory.gram_points)")
     elif th.replicates > 1:
         advice = (f"its effect on the trajectory, the standard error of the risk over the {th.replicates} replicates "
                   f"(independent Gram rules), is at most {float(np.nanmax(report.risk_se)):.1e}")
     else:
         advice = (f"theory.replicates = 2 or more states its effect on the trajectory (the standard error of the risk over "
                   f"independent Gram rules); raising theory.gram_points (now {report.points}) lowers it slowly")
-    against = "the finer exact rule" if exact_gram else "a second, independent Sobol rule"
+    against = ("the finer exact rule" if exact_gram else "its own draws' standard error"
+               if report.evaluation.gram_name == "montecarlo" else "a second, independent Sobol rule")
     warnings.warn(f"the exact route's lr^2 Gram term has a stated relative error of {gram:.1e} (against {against}, at "
                   f"the start and the end of the solve): {advice}", stacklevel=5)
 

@@ -16,8 +16,9 @@ normalised-exponential form (:func:`~singleloc.exponential_form`), and on the ex
 
 The Gram term of the exact route (``theory.gram``): ``"exact"`` in the Laplace form where it exists
 (one head, or two heads of a per-head layer, with the head average; else an error), ``"sobol"`` on the
-rank-aware Sobol rule, ``"auto"`` exactly for one head and for two from ``L * H >=``
-:data:`GRAM_EXACT_FROM` on, where it costs less than the rule.
+rank-aware Sobol rule, ``"montecarlo"`` by plain Monte Carlo with its standard error (any layer),
+``"auto"`` exactly for one head and for two from ``L * H >=`` :data:`GRAM_EXACT_FROM` on, where it costs
+less than the rule.
 
 A new route is a module with a class of :class:`~singleloc.expectations._expectation.AbstractExpectation` (with a
 ``from_setup`` class method, :meth:`~singleloc.OrderParameterODE.from_setup`) and one line in
@@ -63,7 +64,7 @@ class RouteChoice:
     """The route of one computation (module docstring): ``route`` (a key of
     :data:`~singleloc.configuration._choices.ROUTE_CLASSES`), the ``activation`` and its
     normalised-exponential ``form`` (``None`` if it has none), and on the exact route ``gram``:
-    ``"exact"`` or ``"sobol"`` (``None`` elsewhere)."""
+    ``"exact"``, ``"sobol"`` or ``"montecarlo"`` (``None`` elsewhere)."""
 
     route: str
     activation: Activation
@@ -133,6 +134,8 @@ def decide(activation_name: str, L: int, H: int, prior: Prior, route: str, *, tr
         why = "trained head weights" if trained_head_weights else "a joint layer" if form.joint else f"H = {H}"
         raise ValueError(f"theory.gram = 'exact': the exact Gram term takes one head, or two heads of a per-head layer "
                          f"with the head average, not {why}; use 'auto' or 'sobol'")
+    if gram == "montecarlo":
+        return RouteChoice("exact", activation, form, "montecarlo")
     auto = H == 1 or L * H >= GRAM_EXACT_FROM
     exact_gram = possible and (gram == "exact" or (gram == "auto" and auto))
     return RouteChoice("exact", activation, form, "exact" if exact_gram else "sobol")

@@ -17,7 +17,8 @@ autodiff of the loss. The rule's error is the spread of independent scramblings
 (``theory.replicates``, :mod:`~singleloc.theory._ode`).
 
 :class:`SobolGram` is the ``lr^2`` term on such a rule alone: the exact route's term where no
-exact form is taken (:class:`~singleloc.LaplaceExpectation`), on the rank-aware layout.
+exact form is taken (:class:`~singleloc.LaplaceExpectation`), on the rank-aware layout, unwhitened (unbiased:
+:mod:`~singleloc.expectations._fields`).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def _gram_on(fields: LocalFields, activation: Activation, M, Q, b, v=None) -> ja
 
 
 class SobolGram(AbstractGramTerm):
-    """The ``lr^2`` term on a Sobol rule of its own (``fields``, rank-aware on the exact route)."""
+    """The ``lr^2`` term on a Sobol rule of its own (``fields``, rank-aware and unwhitened on the exact route)."""
 
     fields: LocalFields
     activation: Activation = eqx.field(static=True)

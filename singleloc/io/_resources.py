@@ -50,6 +50,7 @@ from ..expectations._routes import exact_route_exists, exact_rule_bytes, route_o
 from ..expectations._sobol_geometry import SOBOL_MAX_DIM, factor_rows, node_batch, quadrature_dimension
 from ..model._activations import exponential_form, get_activation
 from ..model._priors import Prior
+from ..runtime._timings import cpu_count
 from ..runtime._timings import duration as duration  # re-exported: the durations of messages
 
 #: Bytes of the runtime and compiled programs, on top of the arrays.
@@ -186,8 +187,11 @@ def theory_bytes(config: Config, starts: int, heads: int | None = None) -> int:
     ``heads`` replaces ``model.heads`` (a pruned layer's largest sub-layer)."""
     pb, H, th = config.problem, config.model.heads if heads is None else heads, config.theory
     points = th.points
-    exact = route_of(config).exact
-    if exact:  # its one Sobol rule, the Gram term's (rank-aware), has as many or more points
+    route = route_of(config)
+    exact = route.exact
+    if exact and route.gram in ("exact", "montecarlo"):  # no Sobol nodes: one batch of draws at most
+        points = max(node_batch(pb.L, H) // 2, 1)
+    elif exact:  # its one Sobol rule, the Gram term's (rank-aware), has as many or more points
         points = th.gram_rule_points(pb.L, H, th.points)
     return rule_bytes(pb.L, H, pb.build_prior(), points, starts, principal=exact or th.rank_aware)
 
@@ -328,14 +332,6 @@ def _fitting_value(config: Config, simulation: bool, theory_starts: int, limit: 
 
 #: Bytes of one local Dask worker process before it computes (Python, JAX and the package).
 WORKER_BYTES = OVERHEAD
-
-
-def cpu_count() -> int:
-    """The CPUs this process may run on (its affinity mask where the system has one)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def check_workers(workers: int, name: str = "workers", force: bool = False) -> None:

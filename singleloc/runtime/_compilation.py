@@ -58,13 +58,15 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import inspect
+import json
 import os
 import re
 import sys
 import tempfile
 import warnings
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from pathlib import Path
+from typing import Any
 
 import jax
 
@@ -123,7 +125,7 @@ def process_owned() -> bool:
 def hold_programs(shape: Hashable) -> None:
     """Note that the next computation compiles (or reuses) the programs of ``shape`` (any
     hashable name of the arrays' shapes and the static values, e.g. a sweep's
-    :func:`~singleloc.sweeps._sweep_compute.compile_group`). Before a new shape beyond :data:`MAX_HELD_SHAPES`,
+    :func:`~singleloc.runtime._compilation.compile_group`). Before a new shape beyond :data:`MAX_HELD_SHAPES`,
     every compiled program of this process is freed (``jax.clear_caches()``; module docstring,
     "Memory"). Results do not change: a freed program is compiled or loaded again when needed."""
     if shape not in _HELD and len(_HELD) >= MAX_HELD_SHAPES:
@@ -294,3 +296,26 @@ def _store(path: Path, data: bytes) -> None:
             partial.unlink(missing_ok=True)
         warnings.warn(f"the compiled program could not be stored in {str(path.parent)!r} (from {_cache_source()}: "
                       f"{err.strerror or err}); it is compiled again in the next run", stacklevel=3)
+
+
+#: Keys that change only the values the compiled theory programs receive, not the programs:
+#: theory points that differ in them alone have arrays of the same shapes (``sgd.tau_max``
+#: changes the saved times, not their number), share their compilations (:func:`compile_group`)
+#: and, batched, are solved together (:func:`~singleloc.sweeps._sweep_compute.compute_points`).
+VALUE_KEYS = {"problem": ("strength",), "sgd": ("lr", "init_scale", "tau_max"), "simulation": ("seed", "D"),
+              "theory": ("qmc_seed", "rtol", "atol")}
+
+#: The kinds whose compiled programs depend on the arrays' shapes and static values only, not on
+#: the :data:`VALUE_KEYS` (traced); the simulator's programs hold the configuration's values.
+SHAPE_KINDS = ("prediction", "theory")
+
+
+def compile_group(kind: str, config: Mapping[str, Mapping[str, Any]], *more: Mapping[str, Mapping[str, Any]]) -> str:
+    """The compiled programs a sweep point needs, as a hashable name: ``kind`` and ``config``
+    without :data:`VALUE_KEYS` for a kind in :data:`SHAPE_KINDS`, the whole ``config`` otherwise
+    (a ``group`` for :func:`~singleloc.runtime._distributed.run_points` with
+    :func:`~singleloc.sweeps._sweep_compute.compute_point` or :func:`~singleloc.sweeps._sweep_compute.compute_points`,
+    whose further configs ``more`` are of the same group)."""
+    drop = VALUE_KEYS if kind in SHAPE_KINDS else {}
+    rest = {s: {k: v for k, v in sec.items() if k not in drop.get(s, ())} for s, sec in config.items()}
+    return json.dumps([kind, rest], sort_keys=True)

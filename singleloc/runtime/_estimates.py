@@ -138,9 +138,9 @@ def solve_size(features: dict[str, Any], span: float) -> float:
 
 def theory_family(program: str, config: Config, starts: int, saved: int, batch: int = 1) -> str:
     """The shape family of a solve: its program, the configuration without the values the program
-    receives as arguments (:func:`~singleloc.sweeps._sweep_compute.compile_group`), the route, the starts,
+    receives as arguments (:func:`~singleloc.runtime._compilation.compile_group`), the route, the starts,
     the saved times and the points solved together."""
-    from ..sweeps._sweep_compute import compile_group
+    from ._compilation import compile_group
 
     return f"{program}:{_digest(compile_group('theory', config.to_dict()), _route(config), starts, saved, batch)}"
 

@@ -106,12 +106,17 @@ def settings() -> Settings:
     return _SETTINGS[-1]
 
 
-def _on_dask_worker() -> bool:
-    if "distributed" not in sys.modules:  # no worker without it (and no need to import the sweep's modules)
+def on_dask_worker() -> bool:
+    """Whether this runs as a task on a Dask worker (Dask is not imported for it: a process
+    that has not imported ``distributed`` is no worker)."""
+    distributed = sys.modules.get("distributed")
+    if distributed is None:
         return False
-    from ..sweeps._sweep_compute import _on_dask_worker as on_worker
-
-    return on_worker()
+    try:
+        distributed.get_worker()
+    except ValueError:
+        return False
+    return True
 
 
 def _is_terminal(stream) -> bool:
@@ -128,7 +133,7 @@ def mode() -> str:
         chosen = "auto"  # a bad value in the environment does not stop a computation
     if chosen != "auto":
         return chosen
-    if "PYTEST_CURRENT_TEST" in os.environ or _on_dask_worker():
+    if "PYTEST_CURRENT_TEST" in os.environ or on_dask_worker():
         return "off"
     return "live" if _is_terminal(sys.stderr) else "lines"
 

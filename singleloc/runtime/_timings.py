@@ -6,7 +6,7 @@ compilation cache, and its running time against its amount of work (``tau`` solv
 risks evaluated). The records are kept per device (:func:`device`: the platform and its kind,
 for a CPU its model and count) and per *shape family*: the computations that share one compiled
 program (the configuration without the values that a program receives as arguments, e.g. the
-learning rate or ``tau_max``: :func:`~singleloc.sweeps._sweep_compute.compile_group`). The next run of
+learning rate or ``tau_max``: :func:`~singleloc.runtime._compilation.compile_group`). The next run of
 the family is estimated from them; a family not seen on this device is scaled from the records
 of its kind on this device, or, on a device without records, from :func:`benchmark`: a short
 calibration of the device (a small compiled kernel, and a host loop for the speed of XLA's
@@ -33,6 +33,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import os
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -51,12 +52,18 @@ VERSION = 1
 RUNS_KEPT = 8
 
 
+def cpu_count() -> int:
+    """The CPUs this process may run on (its affinity mask where the system has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def device() -> str:
     """The device that runs the computations: ``"gpu: NVIDIA H200"``, ``"cpu: AMD EPYC x 2"``
     (JAX's first device; a CPU named by its model and the CPUs this process may use)."""
     import jax
-
-    from ..io._resources import cpu_count
 
     d = jax.devices()[0]
     if d.platform != "cpu":

@@ -6,10 +6,13 @@ import dataclasses
 
 import numpy as np
 
+from ..sgd._trajectory import Trajectory
+
 
 @dataclasses.dataclass(frozen=True)
-class SimulationResult:
-    """Saved trajectory of a simulation over ``S`` seeds and ``T`` saved times.
+class SimulationResult(Trajectory):
+    """Saved trajectory of a simulation over ``S`` seeds and ``T`` saved times (a
+    :class:`~singleloc.Trajectory`).
 
     ``tau`` (T,), ``M`` (S, T, H, F), ``Q`` (S, T, H, H), ``b`` (S, T, H),
     ``risk`` (S, T) the empirical test risk, ``risk_limit`` (S, T) the limit risk on the
@@ -19,11 +22,6 @@ class SimulationResult:
     weights (``model.head_weights = "trained"``; else ``None``).
     """
 
-    tau: np.ndarray
-    M: np.ndarray
-    Q: np.ndarray
-    b: np.ndarray
-    risk: np.ndarray
     risk_limit: np.ndarray
     K: np.ndarray | None
     kstar: np.ndarray | None

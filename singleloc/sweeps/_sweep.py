@@ -89,7 +89,7 @@ from ..theory._theory import OrderParameterODE
 from ..theory._theory_result import DRIFT_UNCHECKED, STATEMENT_FIELDS
 from ._grid import Grid, grid_points
 from ._sweep_answers import GAP_TOL, add_heads_needed, bayes_columns
-from ._sweep_cache import _entry_path, cache_key, cached_run, fill_cache
+from ._sweep_cache import SweepStats, _entry_path, cache_key, cached_run, fill_cache
 from ._sweep_compute import bayes_config, compile_group
 from ._sweep_dataset import write_sweep
 from ._sweep_estimate import sweep_costs
@@ -134,7 +134,7 @@ def check_sweep(base: Config, grids: Sequence[Grid], *, simulate: bool = False, 
     """Refuse a sweep that cannot run, before its first point does: the dimension, quadrature and
     memory of every point (:func:`~singleloc.io._resources.check_run`), for its simulation
     (``simulate``) and for the theory of its ``simulation.seeds`` starts, times the points of its
-    batched solve with ``batch`` (the points of one :func:`~singleloc.sweeps._sweep_compute.compile_group`
+    batched solve with ``batch`` (the points of one :func:`~singleloc.runtime._compilation.compile_group`
     are one solve); ``ValueError`` or ``MemoryError`` naming the keys. :func:`sweep` runs it."""
     require_config(base, "check_sweep")
     _check_points([point for _, point in grid_points(base, grids)], simulate, batch)
@@ -145,19 +145,6 @@ def _check_points(points: Sequence[Config], simulate: bool, batch: bool) -> None
     sizes = Counter(groups)  # a batched group solves the starts of all its points at once
     for point, group in zip(points, groups):
         check_run(point, simulation=simulate, theory_starts=point.simulation.seeds * (sizes[group] if batch else 1))
-
-
-@dataclasses.dataclass
-class SweepStats:
-    """Counts of points of one sweep: computed (some theory or simulation entry computed or
-    failed), loaded entirely from the cache, failed (the theory or the simulation; counted
-    among the computed); wall time. :func:`~singleloc.sweeps._sweep_cache.cached_run` counts entries
-    in the same fields."""
-
-    computed: int = 0
-    cached: int = 0
-    failed: int = 0
-    seconds: float = 0.0
 
 
 def summarize(config: Config, data: dict[str, np.ndarray], kind: str) -> dict[str, float]:
@@ -274,7 +261,7 @@ def compute_sweep(base: Config, grids: Sequence[Grid], cache: str | Path, *, hor
     ``scheduler``), on a local Dask cluster of ``workers`` processes, or on the Dask cluster at
     ``scheduler`` (or ``DASK_SCHEDULER_ADDRESS``), one cluster for both rounds (started only when
     some entry is missing); a point that fails is reported in its row and does not stop the
-    others. ``batch``: the theory points of one :func:`~singleloc.sweeps._sweep_compute.compile_group`
+    others. ``batch``: the theory points of one :func:`~singleloc.runtime._compilation.compile_group`
     are one batched solve (one task). ``gap``: as :func:`sweep`'s.
     """
     require_config(base, "sweep")

@@ -34,7 +34,6 @@ import math
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -45,8 +44,19 @@ from ..io._run_folders import NPZ_ERRORS, load_npz, npz_names, npz_stamp, save_n
 from ..runtime._distributed import Cluster, open_cluster, run_points
 from ._sweep_compute import BATCH_KINDS, compile_group, compute, compute_points
 
-if TYPE_CHECKING:
-    from ._sweep import SweepStats
+
+@dataclasses.dataclass
+class SweepStats:
+    """Counts of points of one sweep: computed (some theory or simulation entry computed or
+    failed), loaded entirely from the cache, failed (the theory or the simulation; counted
+    among the computed); wall time. :func:`~singleloc.sweeps._sweep_cache.cached_run` counts entries
+    in the same fields."""
+
+    computed: int = 0
+    cached: int = 0
+    failed: int = 0
+    seconds: float = 0.0
+
 
 #: Layout of the cache entries; part of every cache key, so that entries of an earlier layout
 #: are never read. 2: a simulation entry's ``risk`` is the empirical risk (1: the limit risk);
@@ -132,7 +142,7 @@ def fill_cache(entries: Sequence[tuple[Config, str]], cache: Path, *, cluster: C
     :func:`~singleloc.runtime._distributed.run_points` on ``cluster`` (an open
     :class:`~singleloc.runtime._distributed.Cluster`; ``None``: in this process). With ``batch``, the
     entries of a kind in :data:`~singleloc.sweeps._sweep_compute.BATCH_KINDS` are one task per
-    :func:`~singleloc.sweeps._sweep_compute.compile_group` (one batched solve,
+    :func:`~singleloc.runtime._compilation.compile_group` (one batched solve,
     :func:`~singleloc.sweeps._sweep_compute.compute_points`; a large group cut for the cluster's
     :attr:`~singleloc.runtime._distributed.Cluster.threads` by :func:`split_groups`); otherwise one task
     per entry. Only this process writes the cache (atomically), as each result arrives. ``costs``:

@@ -9,7 +9,7 @@ seed, :func:`compute_theory`), ``simulation`` (finite-D SGD, :func:`compute_simu
 is what a worker runs; it needs nothing but the configurations, so the points can be computed
 anywhere.
 
-Batching. Theory points that differ only in the :data:`VALUE_KEYS` (``problem.strength``,
+Batching. Theory points that differ only in the :data:`~singleloc.runtime._compilation.VALUE_KEYS` (``problem.strength``,
 ``sgd.lr``, ``sgd.init_scale``, ``sgd.tau_max``, so also the horizon of ``horizon="auto"``,
 ``simulation.seed``, ``simulation.D``, ``theory.qmc_seed``, ``theory.rtol``, ``theory.atol``) have
 arrays of the same shapes: with ``batch=True`` (the default) they are one task, one vmapped solve
@@ -26,8 +26,6 @@ Escape predictions and simulations run one point after the other.
 
 from __future__ import annotations
 
-import json
-import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -36,7 +34,8 @@ import numpy as np
 
 from ..analysis._predictions import predicted_escape
 from ..configuration._config import Config, load_config
-from ..runtime._compilation import hold_programs, own_process, process_owned
+from ..runtime._compilation import compile_group, hold_programs, own_process, process_owned
+from ..runtime._progress import on_dask_worker
 from ..simulation._simulation import simulate as simulate_sgd
 from ..theory._ode import integrate, integrate_points, resolve_points
 from ..theory._starts import initial_conditions
@@ -129,43 +128,8 @@ def compute_theories(configs: Sequence[Config]) -> list[dict[str, np.ndarray] | 
     return [r if isinstance(r, FloatingPointError) else _theory_arrays(r) for r in results]
 
 
-#: Keys that change only the values the compiled theory programs receive, not the programs:
-#: theory points that differ in them alone have arrays of the same shapes (``sgd.tau_max``
-#: changes the saved times, not their number), share their compilations (:func:`compile_group`)
-#: and, batched, are solved together (:func:`compute_points`).
-VALUE_KEYS = {"problem": ("strength",), "sgd": ("lr", "init_scale", "tau_max"), "simulation": ("seed", "D"),
-              "theory": ("qmc_seed", "rtol", "atol")}
-
 #: The kinds of entries whose points are batched (the others run one point after the other).
 BATCH_KINDS = ("theory",)
-
-
-#: The kinds whose compiled programs depend on the arrays' shapes and static values only, not on
-#: the :data:`VALUE_KEYS` (traced); the simulator's programs hold the configuration's values.
-SHAPE_KINDS = ("prediction", "theory")
-
-
-def compile_group(kind: str, config: Mapping[str, Mapping[str, Any]], *more: Mapping[str, Mapping[str, Any]]) -> str:
-    """The compiled programs a sweep point needs, as a hashable name: ``kind`` and ``config``
-    without :data:`VALUE_KEYS` for a kind in :data:`SHAPE_KINDS`, the whole ``config`` otherwise
-    (a ``group`` for :func:`~singleloc.runtime._distributed.run_points` with :func:`compute_point` or
-    :func:`compute_points`, whose further configs ``more`` are of the same group)."""
-    drop = VALUE_KEYS if kind in SHAPE_KINDS else {}
-    rest = {s: {k: v for k, v in sec.items() if k not in drop.get(s, ())} for s, sec in config.items()}
-    return json.dumps([kind, rest], sort_keys=True)
-
-
-def _on_dask_worker() -> bool:
-    """Whether this runs as a task on a Dask worker (Dask is not imported for it: a process
-    that has not imported ``distributed`` is no worker)."""
-    distributed = sys.modules.get("distributed")
-    if distributed is None:
-        return False
-    try:
-        distributed.get_worker()
-    except ValueError:
-        return False
-    return True
 
 
 def compute_points(kind: str, *configs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, np.ndarray] | BaseException]:
@@ -183,7 +147,7 @@ def compute_points(kind: str, *configs: Mapping[str, Mapping[str, Any]]) -> list
     ``singleloc sweep``). In a Python caller's process (a serial :func:`~singleloc.sweep`) it
     changes neither: the sweep checks the float64 mode there instead.
     """
-    if _on_dask_worker():
+    if on_dask_worker():
         own_process()
         jax.config.update("jax_enable_x64", True)
     if process_owned():

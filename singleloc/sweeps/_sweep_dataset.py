@@ -134,7 +134,8 @@ COLUMNS = {
     "gap_to_bayes": "final_risk - bayes_risk", "heads_needed": "fewest model.heads of the sweep, for this activation, F "
     "and other grid values, whose gap_to_bayes is at most gap_tol (NaN: none)",
     "gap_tol": "the largest gap_to_bayes that counts as reaching the Bayes risk (singleloc sweep --gap)",
-    "route": "the theory's quadrature route: exact or rule", "gram_route": "the lr^2 Gram term's route: exact or sobol",
+    "route": "the theory's quadrature route: exact or rule",
+    "gram_route": "the lr^2 Gram term's route: exact, sobol or montecarlo",
     "risk_error": "exact route: stated error of the risk (largest at start and end)",
     "exact_drift_error": "exact route: relative error of the O(lr) drift against a finer rule (NaN: below 1e-5, "
     "not computed)", "gram_error": "relative error of the lr^2 Gram term", "drift_error": "rule route: estimated relative "

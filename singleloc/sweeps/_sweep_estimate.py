@@ -4,7 +4,7 @@ Each point's entries that are not in the cache are estimated on their own, from 
 this device (:mod:`singleloc.runtime._estimates`, :mod:`singleloc.runtime._timings`): its escape prediction
 (:func:`prediction_estimate`), its theory to its horizon (one solve of its seeds' starts,
 :class:`~singleloc.runtime._estimates.TheorySolve`; a compilation counted once per group of points that
-share their programs, :func:`~singleloc.sweeps._sweep_compute.compile_group`) and its simulation
+share their programs, :func:`~singleloc.runtime._compilation.compile_group`) and its simulation
 (:func:`~singleloc.simulation._simulation_estimate.simulation_estimate`). :func:`announce_sweep` says the total, the
 most expensive points, and how the numbers were made, and refuses a point estimated above the
 point limit of :func:`~singleloc.runtime._progress.reporting` (the command line's hour, unless ``--yes``),
@@ -39,7 +39,7 @@ SHOWN = 3
 
 
 def _prediction_family(config: Config) -> tuple[str, dict[str, Any]]:
-    from ._sweep_compute import compile_group
+    from ..runtime._compilation import compile_group
 
     return f"prediction:{_digest(compile_group('prediction', config.to_dict()))}", theory_features(config, 1)
 
@@ -120,7 +120,7 @@ def announce_sweep(points: Sequence[tuple[Mapping[str, Any], Config]], entries: 
     cache name; ``assumed``: horizons assumed (before the predictions); ``stage``: what the line
     calls this part (``""``: the whole sweep); ``quiet``: refuse, but say nothing (said before)."""
     costs: dict[str, float] = {}
-    from ._sweep_compute import compile_group
+    from ..runtime._compilation import compile_group
 
     per_point: list[tuple[float, int, list[str], list[str]]] = []
     groups_seen: set[str] = set()

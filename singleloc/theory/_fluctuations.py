@@ -47,6 +47,7 @@ from ..expectations._fields import LocalFields
 from ..expectations._sobol_expectation import SobolExpectation
 from ..runtime._compilation import checks_as_nan
 from ..runtime._numerics import psd_sqrt
+from ..sgd._trajectory import Trajectory
 from ._build import Setup, build
 from ._ode import resolve_points
 from ._theory import OrderParameterODE, OrderParameters, flatten_state, unflatten_state
@@ -120,15 +121,9 @@ class _SDETerm(diffrax.AbstractTerm):
 
 
 @dataclasses.dataclass(frozen=True)
-class SDEResult:
-    """SDE paths: ``tau`` (T,), ``M`` (S, T, H, F), ``Q`` (S, T, H, H), ``b`` (S, T, H),
-    ``risk`` (S, T) (the population risk of each state)."""
-
-    tau: np.ndarray
-    M: np.ndarray
-    Q: np.ndarray
-    b: np.ndarray
-    risk: np.ndarray
+class SDEResult(Trajectory):
+    """SDE paths (a :class:`~singleloc.Trajectory`): ``tau`` (T,), ``M`` (S, T, H, F), ``Q`` (S, T, H, H),
+    ``b`` (S, T, H), ``risk`` (S, T) (the population risk of each state)."""
 
 
 def _solve_path(ode: OrderParameterODE, fields: LocalFields, v0, b0, key, inv_D, ts, dt: float, H: int, F: int,

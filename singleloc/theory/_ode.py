@@ -213,8 +213,8 @@ def _problem(config: Config, y0: OrderParameters | None, ts: np.ndarray | None) 
     dynamics = OrderParameterODE.from_setup(setup, seeds=th.qmc_seed + np.arange(R), points=points)
     evaluation = OrderParameterODE.from_setup(setup, seeds=th.evaluation_seed + np.arange(R), points=points, check=True)
     tol = (jnp.asarray(th.rtol, ts.dtype), jnp.asarray(th.atol, ts.dtype))
-    if dynamics.expectation.route == "exact" and dynamics.expectation.gram_name == "sobol":
-        points = th.gram_rule_points(config.problem.L, config.model.heads, points)  # its one Sobol rule is the Gram term's
+    if dynamics.expectation.route == "exact" and dynamics.expectation.gram_name in ("sobol", "montecarlo"):
+        points = th.gram_rule_points(config.problem.L, config.model.heads, points)  # the Gram term's rule (or draws)
     return _Problem(config, setup, (dynamics, evaluation, y0, ts, *tol), int(points), drift_error)
 
 

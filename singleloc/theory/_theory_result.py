@@ -8,6 +8,7 @@ import dataclasses
 import numpy as np
 
 from ..configuration._config import Config, require_config
+from ..sgd._trajectory import Trajectory
 
 #: The fields of a :class:`TheoryResult` that state its quadrature (route and errors), as a sweep's
 #: cache entries and CSV columns carry them (:meth:`TheoryResult.statement`).
@@ -18,8 +19,8 @@ DRIFT_UNCHECKED = "below 1e-5 (not computed: risk error under 1e-9)"
 
 
 @dataclasses.dataclass(frozen=True)
-class TheoryResult:
-    """ODE trajectories of ``S`` initial conditions at ``T`` saved times.
+class TheoryResult(Trajectory):
+    """ODE trajectories of ``S`` initial conditions at ``T`` saved times (a :class:`~singleloc.Trajectory`).
 
     ``tau`` (T,), ``M`` (S, T, H, F), ``Q`` (S, T, H, H), ``b`` (S, T, H), ``risk`` (S, T):
     the means over the ``replicates`` rules (module docstring); ``risk_se`` (S, T): the
@@ -32,7 +33,8 @@ class TheoryResult:
     ``gram_error``: on the exact route, the estimated relative error of the ``lr^2`` (Gram) term
     at the start and at the end (its difference between two scramblings, or for an exact Gram term
     to the finer exact rule: :func:`gram_error`); ``gram_route``: ``"exact"`` where the exact route has
-    the Gram term exactly (``theory.gram``, :mod:`~singleloc.expectations._laplace_gram`), else ``"sobol"``;
+    the Gram term exactly (``theory.gram``, :mod:`~singleloc.expectations._laplace_gram`), ``"montecarlo"`` by
+    plain Monte Carlo (its standard error), else ``"sobol"``;
     ``exact_drift_error``: on the exact route, the largest relative difference of the ``O(lr)`` drift
     to the finer exact rule at the start and at the end
     (:meth:`~singleloc.OrderParameterODE.exact_drift_error`; a risk error of 1e-3 can come with a
@@ -43,11 +45,6 @@ class TheoryResult:
     ``theory.npz`` stores the first trajectory with the leading ``S`` axis dropped.
     """
 
-    tau: np.ndarray
-    M: np.ndarray
-    Q: np.ndarray
-    b: np.ndarray
-    risk: np.ndarray
     risk_se: np.ndarray | None = None  # None: no estimate (NaN of the shape of risk)
     drift_error: float = float("nan")
     points: int = 0  # the Sobol rule's points (on the exact route: the Gram term's); 0: not known
@@ -80,13 +77,16 @@ class TheoryResult:
             drift = f"{self.exact_drift_error:.1e}" if np.isfinite(self.exact_drift_error) else DRIFT_UNCHECKED
             gram = ("lr^2 Gram term exact too (its relative error against the finer rule "
                     f"{self.gram_error:.1e})" if self.gram_route == "exact" else
+                    f"lr^2 Gram term by plain Monte Carlo (its relative standard error {self.gram_error:.1e})"
+                    if self.gram_route == "montecarlo" else
                     f"lr^2 Gram term on the rank-aware Sobol rule (its relative error {self.gram_error:.1e})")
             parts.append(f"exact route (Laplace form; risk error {self.risk_error:.1e} and relative drift error {drift} "
                          f"against a finer rule), {gram}")
         if self.route != "exact" or self.gram_route != "exact":
             layout = "rank-aware, theory.axes = 'principal'" if self.axes == "principal" else "head-shift rule"
             rule = "the Gram term's " if self.route == "exact" else f"rule route (Sobol, {layout}): "
-            parts.append(f"{rule}{self.points} points x {self.replicates} replicate{'s' if self.replicates > 1 else ''}")
+            unit = "antithetic pairs" if self.gram_route == "montecarlo" else "points"
+            parts.append(f"{rule}{self.points} {unit} x {self.replicates} replicate{'s' if self.replicates > 1 else ''}")
         if np.isfinite(self.drift_error):
             parts.append(f"estimated relative drift error at the start {self.drift_error:.1e}")
         if self.replicates > 1:
