@@ -65,13 +65,39 @@ def test_bad_initial_conditions_are_named():
         sl.integrate(cfg, (np.full((2, 2), np.nan), np.eye(2), np.zeros(2)), progress=False)
 
 
+def test_a_learning_rate_far_past_stability_stops_within_seconds_and_names_sgd_lr(tiny_theory):
+    """On the exact route the ODE at lr = 1e4 and 1e5 turns stiff while the keys grow slowly (steps of
+    5e-8 to 2e-7 in tau: hours of steps before the runaway threshold); the solve stops at the step floor
+    and says why. The learning rate is a value: the session's tiny program solves it."""
+    for lr in ("1e4", "1e5"):
+        with pytest.raises(FloatingPointError, match=r"stopped near .*steps fell below 1e-07 .*too stiff.*sgd\.lr \(now"):
+            sl.integrate(tiny(f"sgd.lr={lr}"))
+
+
 @pytest.mark.compiles(3)  # the solve on the rule, its start
-def test_diverging_learning_rate_stops_with_a_clear_error():
-    """On the Sobol rule (the default problem, where lr = 1e5 diverges): on the exact route a diverging
-    solve shrinks its steps for minutes before it stops (the message is the same on both routes)."""
+def test_a_diverging_solve_on_the_rule_stops_with_a_clear_error():
+    """On the Sobol rule of the default problem, lr = 1e5: the same stop, the same message."""
     cfg = sl.load_config("default", ["sgd.lr=1e5", "sgd.tau_max=30", "sgd.n_save=4", "theory.points=256", "theory.route=rule"])
-    with pytest.raises(FloatingPointError, match=r"stopped at tau = .*sgd\.lr"):
+    with pytest.raises(FloatingPointError, match=r"stopped near .*: its steps fell below .*sgd\.lr"):
         sl.integrate(cfg, progress=False)
+
+
+def test_the_terminating_event_fires_on_exactly_the_invalid_states():
+    """The event's three conditions, each on a state just past it and one just inside (eager, no solve)."""
+    from singleloc.runtime._numerics import PSD_SOLVE, Q_RUNAWAY
+    from singleloc.theory._ode import _invalid_state
+    from singleloc.theory._theory import OrderParameters
+
+    M, b = np.array([[0.5], [0.0]]), np.zeros(2)
+    fires = lambda M, Q: bool(_invalid_state(0.0, OrderParameters(M, Q, b), None))  # noqa: E731
+    valid = M @ M.T + np.eye(2)
+    assert not fires(M, valid)
+    assert fires(M, np.where(np.eye(2) > 0, np.nan, valid))  # non-finite
+    assert fires(M, valid * 1.01 * Q_RUNAWAY) and not fires(M, valid * 0.99 * (Q_RUNAWAY - 1) / 1.25)
+    scale = 1.0 + np.abs(valid).max()  # R_orth's smallest eigenvalue of -(1 +- 1 %) PSD_SOLVE * scale
+    for f, expected in ((1.01, True), (0.99, False)):
+        R = np.diag([1.0, -f * PSD_SOLVE * scale])
+        assert fires(M, M @ M.T + R) is expected
 
 
 def test_integrate_cli_writes_documented_files(tmp_path, capsys, tiny_theory):

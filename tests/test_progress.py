@@ -231,6 +231,18 @@ def test_a_long_phase_says_it_is_still_running_and_a_quiet_one_speaks_after_a_fe
                                     "singleloc test: writing ...", "singleloc test: wrote in 0.0 s"]
 
 
+def test_a_stage_far_past_its_estimate_says_why_it_may_be_slow(monkeypatch, capsys):
+    clock = FakeClock(0.0)
+    monkeypatch.setattr(_timings, "clock", clock)
+    with _progress.reporting(mode="lines", prefix="singleloc test"):
+        with _progress.Phase(("solving to tau = 2", "solved"), [5.0], overrun="lower sgd.lr") as phase:
+            phase.tick(clock.t + 31.0)  # 6 times the estimate: the plain line
+            phase.tick(clock.t + 61.0)  # 12 times
+    assert stderr_lines(capsys)[1:3] == ["singleloc test: still solving to tau = 2: 31 s (about 5.0 s estimated)",
+                                         "singleloc test: still solving to tau = 2: 61 s (about 5.0 s estimated): "
+                                         "12 times its estimate; lower sgd.lr"]
+
+
 def test_the_mode_python_callers_get(monkeypatch):
     monkeypatch.delenv(_progress.MODE_ENV, raising=False)
     assert _progress.mode() == "off"  # under pytest

@@ -264,7 +264,9 @@ class TheorySolve:
         event of the solve's program), then its record (module docstring)."""
         parts = [s for _, s in self.estimate.parts[1:]]
         phase = Phase(self.stages(), parts, follow_compiles=("jit(call)", "jit(_trajectories)", "jit(_run_points)"),
-                      draw=not self.meter)  # not over diffrax's own bar (progress=True)
+                      draw=not self.meter,  # not over diffrax's own bar (progress=True)
+                      overrun="a stiff ODE takes many small steps (a learning rate past stability: lower sgd.lr); "
+                              "Ctrl-C stops it")
         with phase:
             yield phase
         self._record(phase)

@@ -57,6 +57,10 @@ TICK = 0.5
 QUIET_AFTER = 3.0
 #: A finished phase leaves its line in ``"live"`` mode when it took at least this long.
 SHOW_AFTER = 1.0
+#: A "still running" line past this many times its stage's estimate says why it may be slow
+#: (:class:`Phase`'s ``overrun``).
+OVERRUN = 10.0
+
 #: ``"lines"`` mode: a phase still running after these seconds says so; then every ``STILL[-1]``.
 STILL = (60.0, 120.0, 240.0, 480.0, 600.0)
 
@@ -279,14 +283,16 @@ class Phase(_Active):
     by :meth:`advance`, or by the end of XLA's compilation of a program named in ``follow_compiles``
     (JAX's ``fun_name``, e.g. ``"jit(call)"``: :func:`_listen_to_compiles`); ``estimates``:
     the expected seconds of each stage (0: none); ``quiet``: a phase expected to be short;
-    ``draw=False``: no live line (another bar draws, e.g. diffrax's). After the block:
+    ``draw=False``: no live line (another bar draws, e.g. diffrax's); ``overrun``: what a "still"
+    line adds once a stage has run past ``OVERRUN`` times its estimate (why it may be slow). After the block:
     :attr:`seconds` of each stage reached,
     :attr:`compile_seconds` (JAX's tracing, lowering and compilation inside it) and
     :attr:`cache_hits` / :attr:`cache_misses` of the persistent compilation cache."""
 
     def __init__(self, stages: Sequence[tuple[str, str]] | tuple[str, str], estimates: Sequence[float] = (), *,
-                 quiet: bool = False, follow_compiles: Sequence[str] = (), draw: bool = True):
+                 quiet: bool = False, follow_compiles: Sequence[str] = (), draw: bool = True, overrun: str = ""):
         self.stages = [stages] if isinstance(stages[0], str) else list(stages)
+        self.overrun = overrun
         self.estimates = list(estimates)
         self.quiet, self.follow, self.draw = quiet, follow_compiles, draw
         self.stage = 0
@@ -363,8 +369,11 @@ class Phase(_Active):
             self._say_start()
         elif (self._said or not self.quiet) and self.still_due(now):
             est = self.estimates[self.stage] if self.stage < len(self.estimates) else 0.0
+            took = now - self._stage_start
             of = f" (about {duration(est)} estimated)" if est > 0 else ""
-            _SCREEN.line(f"{settings().prefix}: still {self.stages[self.stage][0]}: {duration(now - self._stage_start)}{of}")
+            if est > 0 and took > OVERRUN * est and self.overrun:
+                of += f": {took / est:.0f} times its estimate; {self.overrun}"
+            _SCREEN.line(f"{settings().prefix}: still {self.stages[self.stage][0]}: {duration(took)}{of}")
 
     def _compiled(self, event: str, seconds: float, name: str) -> None:
         """A compilation event of JAX inside this phase (:func:`_listen_to_compiles`)."""

@@ -4,7 +4,9 @@ The state is ``(M, Q, b)``; the vector field is :meth:`OrderParameterODE.drift`.
 is Tsit5 with a PID step-size controller (``theory.rtol``, ``theory.atol``), saving on the
 config's time grid. A terminating event stops the solve when the state stops being a valid
 set of overlaps: a non-finite entry, runaway keys (``max |Q| > 1e6``), or ``R_orth = Q - M M^T``
-leaving the PSD cone; :func:`integrate` then raises with the time at which it happened.
+leaving the PSD cone; and the solve stops when its adaptive steps fall below ``MIN_STEP`` (``1e-7``
+in ``tau``: a learning rate far past stability makes the ODE stiff long before the keys run away).
+:func:`integrate` then raises with the time at which it happened.
 
 The default start is the overlaps of the simulator's initial weights
 (:func:`~singleloc.initial_conditions`, :mod:`~singleloc.theory._starts`).
@@ -81,6 +83,14 @@ RISK_BATCH = 4
 #: Default cap on the adaptive solver's steps (:func:`integrate`, :func:`integrate_points`).
 MAX_STEPS = 100_000
 
+#: Smallest step the adaptive solver may take, in ``tau``: below it the solve stops as diverged
+#: (diffrax's ``dtmin``, not forced). A learning rate far past stability makes the ODE stiff while the
+#: keys grow only slowly towards the runaway threshold: on the canonical tiny problem at
+#: ``lr = 1e4`` the first steps were 5e-8 and the later ones 2e-7, and the solve would have taken
+#: hours of steps before reaching ``Q_RUNAWAY``; at ``lr = 1e3`` (which it does follow, in 724 steps)
+#: none was below 5e-6, and at the learning rates that train none below 1e-4.
+MIN_STEP = 1e-7
+
 
 def _invalid_state(t, y, args, **kwargs):
     M, Q = y.M, y.Q
@@ -100,14 +110,14 @@ def _solve(ode: OrderParameterODE, y0: OrderParameters, ts: jax.Array, rtol, ato
         dt0=DT0,
         y0=y0,
         saveat=diffrax.SaveAt(ts=ts),
-        stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol),
+        stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol, dtmin=MIN_STEP, force_dtmin=False),
         event=diffrax.Event(_invalid_state),
         max_steps=max_steps,
         throw=False,
         adjoint=diffrax.ForwardMode(),
         progress_meter=diffrax.TqdmProgressMeter() if progress else diffrax.NoProgressMeter(),
     )
-    return sol.ys, sol.result == diffrax.RESULTS.successful
+    return sol.ys, sol.result._value  # diffrax's result code: 0 success (_STOPS: why it stopped)
 
 
 def _trajectories(dynamics: OrderParameterODE, evaluation: OrderParameterODE, y0: OrderParameters, ts, rtol, atol, max_steps,
@@ -117,7 +127,7 @@ def _trajectories(dynamics: OrderParameterODE, evaluation: OrderParameterODE, y0
     replicated = dynamics.expectation.replicates > 1  # the rules stack along a leading replicates axis
 
     def trajectory(dyn, ev, y):
-        ys, ok = _solve(dyn, y, ts, rtol, atol, max_steps, progress)
+        ys, code = _solve(dyn, y, ts, rtol, atol, max_steps, progress)
         risk = jax.lax.map(lambda s: jnp.where(jnp.isfinite(s.Q).all(), ev.state_risk(s), jnp.nan), ys,
                            batch_size=RISK_BATCH)
         # the exact route's stated error: the risk at the start and at the end on a finer rule
@@ -129,7 +139,7 @@ def _trajectories(dynamics: OrderParameterODE, evaluation: OrderParameterODE, y0
         drift0 = flat_drift(dyn.state_drift(y)) if replicated else jnp.zeros(sum(x.size for x in y), y.M.dtype)
         grams = jax.vmap(lambda s: dyn.expectation.gram_error(ev.expectation, *s))(at_ends)
         # a plain tuple of the state's fields: the stored program's outputs are built-in containers
-        return tuple(ys), risk, ok, drift0, jnp.abs(check - risk[ends]), grams
+        return tuple(ys), risk, code, drift0, jnp.abs(check - risk[ends]), grams
 
     # the replicates' rules are stacked, their SGD rule (the learning rate) is one for all
     rules = lambda ode: eqx.tree_at(lambda o: o.sgd, jax.tree.map(lambda _: 0, ode), None, is_leaf=lambda x: x is None)
@@ -352,22 +362,36 @@ def _shape_key(args) -> tuple:
     return str(treedef), tuple((x.shape, str(x.dtype)) for x in leaves)
 
 
+def _stop_reason(code: int, max_steps: int) -> str:
+    """Why a solve with diffrax's result ``code`` stopped before its last saved time."""
+    if code == int(diffrax.RESULTS.event_occurred._value):
+        return (f"the state left the set of valid overlaps (non-finite values, runaway keys with max |Q| > {Q_RUNAWAY:g}, "
+                "or R_orth = Q - M M^T not PSD)")
+    if code == int(diffrax.RESULTS.dt_min_reached._value):
+        return f"its steps fell below {MIN_STEP:g} in tau (the ODE became too stiff to follow: a diverging solve)"
+    if code == int(diffrax.RESULTS.max_steps_reached._value):
+        return f"the solver ran out of steps (max_steps = {max_steps})"
+    if code == 0:
+        return "the risk along it was not finite"
+    return f"the solver failed (diffrax's result {code})"
+
+
 def _result(problem: _Problem, out, max_steps: int) -> TheoryResult | FloatingPointError:
     """The :class:`TheoryResult` of one point's outputs of :func:`_trajectories`, or the error
-    that says where its solve stopped."""
+    that says where its solve stopped and why."""
     config, ts = problem.config, problem.args[3]
     R = config.theory.replicates
-    ys, risk, ok, drift0, check, grams = out
+    ys, risk, code, drift0, check, grams = out
     M, Q, b, v = (*ys, None)[:4]  # (M, Q, b) or, with trained head weights, (M, Q, b, v)
-    valid = np.isfinite(risk)
+    valid, ok = np.isfinite(risk), np.asarray(code) == 0
     if not np.all(ok) or not np.all(valid):
         i, r = np.unravel_index(np.argmin(np.all(valid, axis=2) & ok), ok.shape)
         k = int(np.argmin(valid[i, r])) if not np.all(valid[i, r]) else len(ts) - 1
+        when = f"tau = {float(ts[k - 1]):.4g}..{float(ts[k]):.4g}" if k else f"its start, tau = {float(ts[0]):.4g}"
         return FloatingPointError(
-            f"the order-parameter ODE stopped at tau = {float(ts[k - 1]) if k else 0.0:.4g}..{float(ts[k]):.4g} (start {i}"
-            f"{f', replicate {r}' if R > 1 else ''}): the state left the set of valid overlaps (non-finite values, runaway keys "
-            f"with max |Q| > {Q_RUNAWAY:g}, or R_orth = Q - M M^T not PSD) or the solver ran out of steps (max_steps = "
-            f"{max_steps}); lower sgd.lr (now {config.sgd.lr}) or tighten theory.rtol/theory.atol"
+            f"the order-parameter ODE stopped near {when} (start {i}{f', replicate {r}' if R > 1 else ''}): "
+            f"{_stop_reason(int(code[i, r]), max_steps)}; lower sgd.lr (now {config.sgd.lr}) or tighten "
+            "theory.rtol/theory.atol"
         )
     drift_error = problem.drift_error
     risk_se = risk.std(axis=1, ddof=1) / np.sqrt(R) if R > 1 else np.full(risk.shape[::2], np.nan)
