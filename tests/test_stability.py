@@ -43,18 +43,50 @@ def test_flatten_state_roundtrip():
     np.testing.assert_array_equal(unflatten_state(v_nb, 3, 2, b).b, b)
 
 
-def test_jacobian_matches_finite_differences(tiny_ode):
-    cfg, ode = tiny_ode
+def _generic_state():
     rng = np.random.default_rng(0)
     M = np.array([[1.2, 0.9], [0.8, 1.1]]) + 0.05 * rng.standard_normal((2, 2))
     Q = M @ M.T + np.array([[0.4, -0.05], [-0.05, 0.35]])
-    b = np.array([0.1, -0.1])
+    return M, Q, np.array([0.1, -0.1])
+
+
+@pytest.mark.compiles(4)  # the drift and its jacobian, per route
+@pytest.mark.parametrize("route", ["rule", "exact"])
+def test_jacobian_matches_finite_differences(route):
+    """Autodiff against central differences where autodiff is the drift's derivative: the Sobol rule
+    (bsoftmax), and a per-head layer on the exact route (softmax)."""
+    preset = "bsoftmax" if route == "rule" else "default"
+    ode = OrderParameterODE.from_config(load_config(preset, TINY_OVERRIDES + ["problem.F=2", f"theory.route={route}"]))
+    M, Q, b = _generic_state()
     J_ad, how = dj.drift_jacobian(ode, M, Q, b, method="autodiff")
     J_fd, _ = dj.drift_jacobian(ode, M, Q, b, method="finite-difference")
-    assert how == "autodiff" and J_ad.shape == (2 * 2 + 3 + 2,) * 2
+    n = 2 * 2 + 3 + (2 if ode.train_bias else 0)
+    assert how == "autodiff" and J_ad.shape == (n, n)
     np.testing.assert_allclose(J_ad, J_fd, rtol=1e-5, atol=1e-7)
+    assert dj.drift_jacobian(ode, M, Q, b)[1] == "autodiff"  # "auto" at distinct eigenvalues
     with pytest.raises(ValueError, match="method must be"):
         dj.drift_jacobian(ode, M, Q, b, method="spline")
+
+
+def test_a_joint_layer_on_the_exact_route_takes_its_jacobian_by_differences(tiny_ode):
+    """bsoftmax on the exact route is differentiated once, by Price's theorem with the token's
+    conditional law held fixed: its drift is exact, autodiff of the drift is not (the ``Q`` columns
+    were off by 0.08 of 0.3 at this state). "auto" takes central differences, checked along a random
+    direction against a Richardson-extrapolated directional difference (error ~ h^4), and "autodiff"
+    is refused with the remedy."""
+    cfg, ode = tiny_ode
+    assert ode.expectation.route == "exact" and not ode.expectation.second_derivatives
+    M, Q, b = _generic_state()
+    J, how = dj.drift_jacobian(ode, M, Q, b)
+    assert how == "finite-difference"
+    with pytest.raises(ValueError, match="method = 'autodiff'.*use method = 'auto'"):
+        dj.drift_jacobian(ode, M, Q, b, method="autodiff")
+    field = jax.jit(lambda v: (lambda d: flatten_state(d.M, d.Q, d.b))(ode.drift(*unflatten_state(v, 2, 2))))
+    v0 = flatten_state(jnp.asarray(M), jnp.asarray(Q), jnp.asarray(b))
+    u = np.random.default_rng(2).standard_normal(len(v0))
+    u = jnp.asarray(u / np.linalg.norm(u))
+    central = lambda h: (np.asarray(field(v0 + h * u)) - np.asarray(field(v0 - h * u))) / (2 * h)  # noqa: E731
+    np.testing.assert_allclose(J @ np.asarray(u), (4 * central(5e-4) - central(1e-3)) / 3, atol=1e-8)
 
 
 @pytest.mark.slow
@@ -93,6 +125,7 @@ def test_unstable_eigenvalue_at_the_unspecialized_point(tiny_ode):
     assert st.mode_amplitude(lin_ad, k, fp.M + 1e-3 * V) == pytest.approx(1e-3 * np.linalg.norm(V), rel=1e-6)
 
 
+@pytest.mark.compiles(3)  # the restricted solve, its field, the risk at its end
 def test_symmetric_flow_against_an_independent_solver(tiny_ode):
     """The restricted flow (diffrax Tsit5, fixed step 0.1) against scipy's DOP853 at tight
     tolerances on the same vector field. Fifth order: the difference is 5e-12 at h = 0.1 here
@@ -107,17 +140,17 @@ def test_symmetric_flow_against_an_independent_solver(tiny_ode):
     ref = solve_ivp(lambda t, x: np.asarray(field(jnp.asarray(x))), (0.0, 6.0), x0, method="DOP853", t_eval=taus,
                     rtol=1e-11, atol=1e-13)
     np.testing.assert_allclose(xs, ref.y.T, atol=1e-9)
-    M, Q, b = st.symmetric_state(jnp.asarray(ref.y[:, -1]), 2, 2)
-    assert risk[-1] == pytest.approx(float(ode.risk(M, Q, b)), abs=1e-9)
+    assert risk[-1] == pytest.approx(float(fxp._symmetric_risk_jit(ode, jnp.asarray(ref.y[:, -1]), 2, 2)), abs=1e-9)
 
 
+@pytest.mark.compiles(3)  # the drift (twice: the two states' constants), the directional field
 def test_auto_jacobian_at_repeated_eigenvalues():
     """At a symmetric H = 3 state ``Q`` has a doubly repeated eigenvalue, split only by rounding:
     autodiff through ``eigh`` is finite there but wrong (about 15% off). "auto" must fall back to
     differences; checked along a random direction against a Richardson-extrapolated directional
     difference (error ~ h^4 = 1e-12, rounding ~ 1e-16 / h = 1e-13), an independent route."""
-    H, F = 3, 2
-    ode = OrderParameterODE.from_config(load_config("bsoftmax", TINY_OVERRIDES + [f"model.heads={H}"]))
+    H, F = 3, 2  # on the Sobol rule, whose Q^{1/2} goes through eigh (a joint exact layer always takes differences)
+    ode = OrderParameterODE.from_config(load_config("bsoftmax", TINY_OVERRIDES + [f"model.heads={H}", "theory.route=rule"]))
     M, Q, b = (np.asarray(a) for a in st.symmetric_state(jnp.asarray([0.6, 0.6, 0.3, 0.05, 0.0]), H, F))
     assert np.ptp(np.linalg.eigvalsh(Q)[:2]) < 1e-14
     J, how = dj.drift_jacobian(ode, M, Q, b)

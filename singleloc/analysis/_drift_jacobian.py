@@ -8,7 +8,10 @@ eigenvalues, so where ``Q`` has repeated eigenvalues (symmetric states with ``H 
 ``M = 0``) autodiff is NaN when the computed eigenvalues are exactly equal and finite but wrong
 when rounding separates them (15% off at a symmetric ``H = 3`` state). ``Q^{1/2}`` itself is
 smooth there, so differences are accurate. The fallback is taken when two eigenvalues of ``Q``
-are within ``_EIGH_GAP_RTOL`` of each other (relative) or autodiff is not finite. One routine
+are within ``_EIGH_GAP_RTOL`` of each other (relative), when autodiff is not finite, and always for a
+route whose autodiff is exact to first order only (a joint layer on the exact route, whose token
+expectation is differentiated by Price's theorem with its conditional law held fixed:
+:attr:`~singleloc.expectations._expectation.AbstractExpectation.second_derivatives`). One routine
 (:func:`_jacobian`) serves the full drift (:func:`drift_jacobian`, linearised by
 :func:`~singleloc.linearize`) and the drift restricted to the symmetric subspace (the gauge
 detection of :func:`~singleloc.unspecialized_point`).
@@ -49,19 +52,25 @@ def _repeated_eigenvalues(Q) -> bool:
     return len(w) > 1 and bool(np.min(np.diff(w)) <= _EIGH_GAP_RTOL * max(np.abs(w).max(), TINY))
 
 
-def _jacobian(field: Callable, jacobian: Callable, v0, Q, *, method: str, step: float) -> tuple[np.ndarray, str]:
+def _jacobian(field: Callable, jacobian: Callable, v0, Q, *, method: str, step: float,
+              differentiable: bool = True) -> tuple[np.ndarray, str]:
     """Jacobian of the vector field ``field(v)`` at ``v0`` (a state whose ``Q`` is given) and the
     method used.
 
     ``jacobian(v)`` is its ``jax.jacobian``. ``method="autodiff"`` uses it; ``"finite-difference"``
     takes central differences with relative step ``step`` (``h_i = step * max(1, |v0_i|)``);
     ``"auto"`` uses autodiff unless ``Q`` has repeated eigenvalues or autodiff is not finite,
-    then differences (module docstring).
+    then differences (module docstring). ``differentiable``: whether autodiff of the field is its
+    derivative (the route's :attr:`~singleloc.expectations._expectation.AbstractExpectation.second_derivatives`);
+    if not, ``"auto"`` takes differences and ``"autodiff"`` is refused.
     """
     if method not in ("auto", "autodiff", "finite-difference"):
         raise ValueError(f"method must be 'auto', 'autodiff' or 'finite-difference', got {method!r}")
+    if method == "autodiff" and not differentiable:
+        raise ValueError("method = 'autodiff': this drift's autodiff is not its derivative (a joint layer on the exact "
+                         "route is differentiated once, by Price's theorem); use method = 'auto' or 'finite-difference'")
     v0 = jnp.asarray(v0, dtype=jnp.result_type(float))
-    if method == "autodiff" or (method == "auto" and not _repeated_eigenvalues(Q)):
+    if method == "autodiff" or (method == "auto" and differentiable and not _repeated_eigenvalues(Q)):
         J = np.asarray(jacobian(v0))
         if np.all(np.isfinite(J)) or method == "autodiff":
             return J, "autodiff"
@@ -82,4 +91,4 @@ def drift_jacobian(ode: OrderParameterODE, M, Q, b, *, method: str = "auto", ste
     H, F = M.shape
     v0 = flatten_state(M, Q, b, bool(ode.train_bias))
     return _jacobian(lambda v: _flat_drift_jit(ode, v, b, H, F), lambda v: _flat_drift_jacobian(ode, v, b, H, F), v0, Q,
-                     method=method, step=step)
+                     method=method, step=step, differentiable=ode.expectation.second_derivatives)

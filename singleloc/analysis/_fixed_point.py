@@ -118,7 +118,8 @@ def _polished(ode: OrderParameterODE, drift, x: np.ndarray, H: int, F: int) -> n
     """``x`` moved to a root of the restricted drift over its free coordinates (those the Jacobian
     couples), if that root is a valid state with a smaller drift; ``x`` otherwise."""
     Q = symmetric_state(jnp.asarray(x), H, F)[1]
-    J, _ = _jacobian(drift, lambda z: _symmetric_drift_jacobian(ode, z, H, F), x, Q, method="auto", step=1e-6)
+    J, _ = _jacobian(drift, lambda z: _symmetric_drift_jacobian(ode, z, H, F), x, Q, method="auto", step=1e-6,
+                     differentiable=ode.expectation.second_derivatives)
     scale = max(np.abs(J).max(), TINY)
     free = [i for i in range(len(x)) if np.abs(J[:, i]).max() > 1e-8 * scale or np.abs(J[i, :]).max() > 1e-8 * scale]
 

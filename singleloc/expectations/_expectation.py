@@ -112,6 +112,14 @@ class AbstractExpectation(eqx.Module):
         """How the ``lr^2`` term is computed: ``"exact"`` or ``"sobol"``."""
         return "sobol"
 
+    @property
+    def second_derivatives(self) -> bool:
+        """Whether ``jax.jacobian`` of the drift is its derivative (the linear stability of
+        :func:`~singleloc.analysis._drift_jacobian.drift_jacobian`). A route whose expectations carry a
+        derivative rule of their own that is exact to first order only says ``False``; the Jacobian is
+        then taken by finite differences."""
+        return True
+
     def risk_check(self, M: jax.Array, Q: jax.Array, b: jax.Array, v: jax.Array | None = None) -> jax.Array:
         """The risk on a finer rule, whose difference to :meth:`risk` is the route's stated error
         (NaN for a route without one)."""

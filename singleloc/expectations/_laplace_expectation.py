@@ -167,6 +167,15 @@ class LaplaceExpectation(AbstractExpectation):
     def gram(self, M, Q, b, v=None):
         return self.gram_term.gram(M, Q, b, v)
 
+    @property
+    def second_derivatives(self) -> bool:
+        """``False`` for a joint layer: its token expectation is differentiated by Price's theorem with
+        the conditional law of the token's covariance held fixed
+        (:func:`~singleloc.expectations._laplace_joint._conditional_law`, outside the gradient), so the
+        drift is exact and its derivatives in ``Q`` are not (``d^2 R / dQ_00^2`` came out 0 by autodiff,
+        -6.1e-5 by differences, bsoftmax at ``L = 3``). A per-head layer's are exact."""
+        return not self.rule.form.joint
+
     def attention_mass(self, M, Q, b):
         return self.rule.attention_mass(M, Q, b)
 
