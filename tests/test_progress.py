@@ -22,7 +22,7 @@ from singleloc.runtime._estimates import REFERENCE, TheorySolve, solve_size
 from singleloc.runtime._progress_bar import Bar
 from singleloc.runtime._timings import Estimate, Timings
 from singleloc.simulation import _simulation_estimate
-from singleloc.sweeps import _sweep_compute, _sweep_estimate
+from singleloc.sweeps import _sweep, _sweep_compute, _sweep_estimate
 from singleloc.sweeps._grid import grid_points, parse_grid
 
 SETS = ["theory.route=rule", "theory.points=64", "sgd.tau_max=2", "sgd.n_save=3", "simulation.D=200", "simulation.seeds=1"]
@@ -58,7 +58,7 @@ def records(tmp_path, monkeypatch):
 def fake_compute(monkeypatch):
     """Predictions and solves that cost nothing (tests/test_sweep.py's synthetic ones); the list of
     the points computed."""
-    from test_sweep import fake_prediction
+    from test_sweep import fake_bayes, fake_prediction
 
     calls = []
 
@@ -74,6 +74,8 @@ def fake_compute(monkeypatch):
                 "risk": np.tile(np.linspace(0.8, 0.4, T), (S, 1))}
 
     monkeypatch.setattr(_sweep_compute, "compute_prediction", prediction)
+    monkeypatch.setattr(_sweep_compute, "compute_bayes", fake_bayes)
+    monkeypatch.setattr(_sweep, "attention_mass", lambda ode, M, Q, b: np.ones(np.shape(b)))  # softmax's exactly
     monkeypatch.setattr(_sweep_compute, "compute_theory", theory)
     monkeypatch.setattr(_sweep_compute, "compute_theories", lambda configs: [theory(c) for c in configs])
     return calls
@@ -181,7 +183,8 @@ def test_a_sweep_point_over_an_hour_is_refused_before_anything_runs_unless_yes(r
     (line,) = stderr_lines(capsys)
     assert line.startswith("singleloc sweep: error: the point model.heads=2 (escape prediction about 2 h")
     assert "and 1 more point over the limit" in line  # the one-head point, scaled from this measured family
-    assert "more than the 1 h a sweep point may take without --yes; make it cheaper: fewer model.heads" in line
+    assert ("more than the 1 h a sweep point may take without --yes; make it cheaper: --set theory.route=rule (its theory "
+            "is on the exact route), fewer model.heads") in line
     assert line.endswith("or pass --yes to run it anyway")
     assert fake_compute == [] and not (tmp_path / "sw" / "cache").exists()  # nothing computed, nothing written
     assert main([*args, "--yes"]) == 0
@@ -235,11 +238,11 @@ def test_a_stage_far_past_its_estimate_says_why_it_may_be_slow(monkeypatch, caps
     clock = FakeClock(0.0)
     monkeypatch.setattr(_timings, "clock", clock)
     with _progress.reporting(mode="lines", prefix="singleloc test"):
-        with _progress.Phase(("solving to tau = 2", "solved"), [5.0], overrun="lower sgd.lr") as phase:
-            phase.tick(clock.t + 31.0)  # 6 times the estimate: the plain line
-            phase.tick(clock.t + 61.0)  # 12 times
-    assert stderr_lines(capsys)[1:3] == ["singleloc test: still solving to tau = 2: 31 s (about 5.0 s estimated)",
-                                         "singleloc test: still solving to tau = 2: 61 s (about 5.0 s estimated): "
+        with _progress.Phase(("solving to tau = 2", "solved"), [10.0], overrun="lower sgd.lr") as phase:
+            phase.tick(clock.t + 61.0)  # 6 times the estimate: the plain line
+            phase.tick(clock.t + 121.0)  # 12 times
+    assert stderr_lines(capsys)[1:3] == ["singleloc test: still solving to tau = 2: 61 s (about 10 s estimated)",
+                                         "singleloc test: still solving to tau = 2: 2 min (about 10 s estimated): "
                                          "12 times its estimate; lower sgd.lr"]
 
 

@@ -355,6 +355,7 @@ def test_a_sweep_counts_failed_points_and_keeps_every_failure(tmp_path, monkeypa
 # ----------------------------------------------------------------------------- 10. silent surprises
 
 
+@pytest.mark.compiles(3)  # the simulation's start, step and measurement at its 65 saved times (a shape of their own)
 def test_dropped_saved_times_are_a_one_line_warning(tmp_path, capsys):
     assert main(["simulate", "default", *TINY, "--set", "sgd.n_save=100000", "--out", str(tmp_path / "a")]) == 0
     line = one_line(capsys, "simulate", "warning")

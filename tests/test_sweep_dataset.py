@@ -9,7 +9,8 @@ import math
 import matplotlib
 import numpy as np
 import pytest
-from test_sweep import TINY, fake_prediction, read_csv
+from _tiny import canned_theory
+from test_sweep import TINY, fake_bayes, fake_prediction, read_csv
 
 from singleloc import load_config, load_sweep
 from singleloc._version import __version__
@@ -32,10 +33,10 @@ def _expected(entry: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def test_sweep_file_round_trips_the_cache_and_the_csv(tmp_path, monkeypatch):
-    """The real ODE over heads = 1, 2 and two horizons (four tau grids), one point whose
-    prediction fails, and a stand-in simulation in float32 on fewer saved times (the real one
-    compiles once per point): every array of the file equals its cache entry, every summary its
-    CSV cell."""
+    """Heads = 1, 2 and two horizons (four tau grids), one point whose prediction fails, canned theories
+    (a TheoryResult of each point's shapes, as the solve returns it) and a stand-in simulation in float32
+    on fewer saved times: every array of the file equals its cache entry, every summary its CSV cell.
+    Its subject is the files: no solve runs (each point's shape would compile its own)."""
 
     def prediction(config):
         if config.model.heads == 2 and config.sgd.tau_max == 1.0:
@@ -51,8 +52,15 @@ def test_sweep_file_round_trips_the_cache_and_the_csv(tmp_path, monkeypatch):
         return {"tau": tau, "M": M, "Q": M @ np.swapaxes(M, -1, -2) + np.eye(H, dtype=np.float32),
                 "b": np.zeros((S, tau.size, H), np.float32), "risk": risk, "risk_limit": risk - np.float32(0.01)}
 
+    def theory(config):
+        return _sweep_compute._theory_arrays(canned_theory(config, starts=config.simulation.seeds))
+
     monkeypatch.setattr(_sweep_compute, "compute_prediction", prediction)
     monkeypatch.setattr(_sweep_compute, "compute_simulation", simulation)
+    monkeypatch.setattr(_sweep_compute, "compute_theory", theory)
+    monkeypatch.setattr(_sweep_compute, "compute_theories", lambda configs: [theory(c) for c in configs])
+    monkeypatch.setattr(_sweep_compute, "compute_bayes", fake_bayes)
+    monkeypatch.setattr(_sweep, "attention_mass", lambda ode, M, Q, b: np.ones(np.shape(b)))  # softmax's exactly
     base = load_config("default", [*TINY, "simulation.seeds=2"])
     grids = [parse_grid("model.heads=1,2"), parse_grid("sgd.tau_max=1.0,2.0")]
     out = tmp_path / "out"
