@@ -51,12 +51,12 @@ def test_batched_points_equal_their_own_solves(tiny_theory_seeds):
     assert gap > 100 * solver_tolerance(cfgs[0], single[0]["risk"])
 
 
-@pytest.mark.compiles(4)  # the rule's batched solve and a point's solve, their starts
-def test_a_failing_point_does_not_stop_its_batch():
-    """On the tiny problem's Sobol rule (the subject is the batch's bookkeeping: on the exact route a
-    diverging point's steps shrink, and the batched solve runs for minutes before it gives up)."""
-    cfgs = configs("theory.route=rule")
-    cfgs[1] = cfgs[1].replace(sgd={"lr": 1e7, "tau_max": 30.0})  # diverges at once
+def test_a_failing_point_does_not_stop_its_batch(tiny_theory_seeds):
+    """The batched solve of the test above and the session's solve of a point: values only, no new
+    program. The middle point's learning rate is far past stability: its solve stops at the step floor
+    within its first steps (singleloc.theory._ode.MIN_STEP) while the others finish."""
+    cfgs = configs()
+    cfgs[1] = cfgs[1].replace(sgd={"lr": 1e5})
     results = _sweep_compute.compute_points("theory", *(c.to_dict() for c in cfgs))
     assert isinstance(results[1], FloatingPointError) and "sgd.lr" in str(results[1])
     for cfg, r in zip(cfgs[::2], results[::2]):
