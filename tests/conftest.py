@@ -76,8 +76,13 @@ class _Compilations:
 
     BACKEND = "/jax/core/compile/backend_compile_duration"
     HIT = "/jax/compilation_cache/cache_hits"
+    #: JAX's phases of making a program, whose seconds the session's summary adds up (tracing to a jaxpr,
+    #: lowering it, XLA's compilation or the persistent cache's load)
+    PHASES = {"/jax/core/compile/jaxpr_trace_duration": "tracing",
+              "/jax/core/compile/jaxpr_to_mlir_module_duration": "lowering", BACKEND: "compiling"}
 
     def __init__(self):
+        self.seconds: Counter = Counter()  # per phase (PHASES), the whole session
         self.programs: list[str] = []  # names of the new programs, in order
         self.eager = 0
         self.loaded = 0
@@ -104,6 +109,8 @@ class _Compilations:
             self._hit.value = True
 
     def duration(self, event: str, seconds: float, **kwargs) -> None:
+        if event in self.PHASES:
+            self.seconds[self.PHASES[event]] += seconds
         if event != self.BACKEND:
             return
         if getattr(self._hit, "value", False):
@@ -180,6 +187,16 @@ def pytest_runtest_call(item):
                     f"(@pytest.mark.compiles({budget}, eager={eager_budget})). Share the program (tests/_tiny.py's "
                     "problems and fixtures), stub the computation, or declare the cost.", pytrace=False)
     return result
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Where the session's time went: the seconds JAX spent making programs (tracing, lowering, XLA's
+    compilation) and the programs it made, beside the wall time that pytest prints."""
+    t = _COMPILATIONS.seconds
+    terminalreporter.write_line(
+        f"compilation: {len(_COMPILATIONS.programs)} programs and {_COMPILATIONS.eager} eager operations compiled, "
+        f"{_COMPILATIONS.loaded} loaded from the session's cache; {t['tracing']:.0f} s tracing, {t['lowering']:.0f} s "
+        f"lowering, {t['compiling']:.0f} s compiling or loading (tests/conftest.py)")
 
 
 def pytest_sessionfinish(session):
