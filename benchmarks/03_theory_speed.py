@@ -50,8 +50,8 @@ from _common import add_save_option, save
 
 SIM_TAU = 3.0
 STEPS = ("pieces", "simulation")  # the steps --skip can leave out (1 to 3 always run)
-#: The processes run as a user's: on the default route, whatever the test suite's variable says.
-USER = {k: v for k, v in os.environ.items() if k != "SINGLELOC_THEORY_ROUTE"}
+#: The processes run as a user's (the environment as it is: no variable chooses the theory's route).
+USER = dict(os.environ)
 
 # One ``singleloc integrate`` in this process through the command's entry point, timed by phase (the
 # solve's own record of its phases, timers around drawing and writing, and JAX's monitoring events).

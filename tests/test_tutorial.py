@@ -1,9 +1,8 @@
 """The tutorial (docs/tutorial.py, a jupytext percent script rendered on the documentation site)
 runs from top to bottom as a user runs it, so that it cannot go stale: a plain script in a fresh
-process, from an empty working directory, with matplotlib's non-interactive backend and the default
-theory route and its phase lines on stderr (the suite's ``SINGLELOC_THEORY_ROUTE`` and
-``SINGLELOC_PROGRESS``, and pytest's ``PYTEST_CURRENT_TEST``, removed from its environment); its outputs
-are not kept.
+process, from an empty working directory, with matplotlib's non-interactive backend and its phase
+lines on stderr (the suite's ``SINGLELOC_PROGRESS`` and pytest's ``PYTEST_CURRENT_TEST`` removed from its
+environment); its outputs are not kept.
 
 Marked ``slow`` (about 2.5 minutes of CPU time, mostly JAX compiling): CI runs it as its own step
 (``.ci/run``), after the default suite."""
@@ -16,9 +15,9 @@ from pathlib import Path
 import pytest
 
 TUTORIAL = Path(__file__).resolve().parents[1] / "docs" / "tutorial.py"
-#: What a user's environment does not have: the suite's settings (tests/conftest.py: the rule route forced,
-#: the phase lines off) and pytest's marker of a running test (which also turns the phase lines off).
-USER_UNSET = ("SINGLELOC_THEORY_ROUTE", "SINGLELOC_PROGRESS", "PYTEST_CURRENT_TEST")
+#: What a user's environment does not have: the suite's setting (tests/conftest.py: the phase lines off) and
+#: pytest's marker of a running test (which also turns the phase lines off).
+USER_UNSET = ("SINGLELOC_PROGRESS", "PYTEST_CURRENT_TEST")
 
 
 @pytest.mark.slow
