@@ -59,9 +59,13 @@ def test_static_values_outside_the_package_have_no_stable_name():
     assert _compilation._structure((user,)) is None
 
 
-def test_integrate_stores_and_reloads_its_program(monkeypatch):
+def test_integrate_stores_and_reloads_its_program(monkeypatch, tiny_theory):
+    """The session's solve of the canonical tiny problem stored its program; a process that has not
+    loaded it (as a new one) reads it from the file, and solves the same numbers."""
+    from _tiny import tiny
+
     pytest.importorskip("flatbuffers")
-    cfg = sl.load_config("default", ["sgd.tau_max=1", "sgd.n_save=3", "theory.points=64"])
+    cfg = tiny()
     first = sl.integrate(cfg)
     stored = list((_compilation.Path(jax.config.jax_compilation_cache_dir) / "exported").glob("integrate-*.bin"))
     assert stored
