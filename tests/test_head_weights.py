@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from functools import partial
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -38,7 +39,7 @@ def test_head_weights_key_is_validated_and_reaches_the_rule(tmp_path):
     assert type(sl.initial_conditions(sl.load_config("softmax1"), 2)) is sl.OrderParameters
 
 
-@pytest.mark.compiles(2, eager=400)  # both routes' risks, drifts and gradients run eagerly (one call each)
+@pytest.mark.compiles(2)  # per route, one program of both layers' risks and drifts and the gradient in v
 @pytest.mark.parametrize("activation", ["softmax", "softmax1", "bsoftmax"])
 def test_uniform_head_weights_are_the_head_average(activation):
     """``v = 1/H`` gives the layer of the default (uniform) model: the same loss, risk and drift of
@@ -50,15 +51,16 @@ def test_uniform_head_weights_are_the_head_average(activation):
     assert float(limit_loss(act, s, 1, v)) == pytest.approx(float(limit_loss(act, s, 1)), rel=1e-14)
     M, Q, b = (jnp.asarray(x) for x in random_overlaps(np.random.default_rng(1), H, 2, m=0.8, r=0.6, b=0.3))
     base = [f"model.activation={activation}", "model.heads=3", "model.train_bias=true", "theory.points=1024", "sgd.lr=0.7"]
+    both = eqx.filter_jit(lambda w, u, M, Q, b, v: (w.risk(M, Q, b, v), u.risk(M, Q, b), w.drift(M, Q, b, v=v),
+                                                    u.drift(M, Q, b), jax.grad(partial(w.risk, M, Q, b))(v)))
     for route in ("rule", "exact") if activation != "bsoftmax" else ("rule",):
         uniform, weighted = (sl.OrderParameterODE.from_config(sl.load_config("default", [*base, f"theory.route={route}",
                                                                                           *extra]))
                              for extra in ([], ["model.head_weights=trained"]))
-        assert float(weighted.risk(M, Q, b, v)) == pytest.approx(float(uniform.risk(M, Q, b)), rel=1e-12, abs=1e-14)
-        d, du = weighted.drift(M, Q, b, v=v), uniform.drift(M, Q, b)
+        risk_v, risk, d, du, grad_v = both(weighted, uniform, M, Q, b, v)
+        assert float(risk_v) == pytest.approx(float(risk), rel=1e-12, abs=1e-14)
         for x, y in zip(d[:3], du):
             np.testing.assert_allclose(x, y, rtol=1e-10, atol=1e-13)
-        grad_v = jax.grad(partial(weighted.risk, M, Q, b))(v)
         np.testing.assert_allclose(d.v, -0.7 * grad_v, rtol=1e-8, atol=1e-12)
 
 
