@@ -274,6 +274,7 @@ def test_gradient_at_identical_heads_is_finite_and_continuous(name):
             np.testing.assert_allclose(a, c, atol=50 * delta)
 
 
+@pytest.mark.compiles(3)  # the start, the exact drift and the converged rule's
 @pytest.mark.parametrize("name", ["softmax", pytest.param("bsoftmax", marks=SLOW)])
 def test_drift_matches_converged_rule(name):
     """The exact drift against the Sobol rule's at 2^16 points (where it converges, a start)."""
