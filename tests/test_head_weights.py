@@ -64,6 +64,7 @@ def test_uniform_head_weights_are_the_head_average(activation):
         np.testing.assert_allclose(d.v, -0.7 * grad_v, rtol=1e-8, atol=1e-12)
 
 
+@pytest.mark.compiles(2, eager=400)  # the exact risk and its gradient in v, the rules' moments, the average's risk, op by op
 @pytest.mark.parametrize("activation", ["softmax", "softmax1", "ssmax"])
 def test_exact_weighted_risk_against_the_rule(activation):
     """The exact route's risk of a weighted layer and its gradient in ``v`` (pairs of heads
@@ -87,6 +88,7 @@ def test_exact_weighted_risk_against_the_rule(activation):
     assert abs(float(exact.risk(M, Q, b)) - float(risk)) > 100 * se(risks) + 1e-3
 
 
+@pytest.mark.compiles(2, eager=200)  # the exact drift and the simulator's steps; their operations op by op
 def test_head_weight_drift_is_the_mean_of_finite_D_steps():
     """The ODE's drift of ``(M, Q, b, v)`` at a trained-like weighted state against the mean
     increment of 4000 independent simulator steps (``D`` times the change), within 4 standard
