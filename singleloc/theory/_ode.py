@@ -91,6 +91,12 @@ MAX_STEPS = 100_000
 #: none was below 5e-6, and at the learning rates that train none below 1e-4.
 MIN_STEP = 1e-7
 
+#: Why a solve stopped, by the index the solve's program returns (diffrax's results; any other: its own
+#: index, ``len(_STOPS)``): it reached its last saved time, the terminating event fired, its steps fell
+#: below ``MIN_STEP``, or it ran out of steps.
+_STOPS = (diffrax.RESULTS.successful, diffrax.RESULTS.event_occurred, diffrax.RESULTS.dt_min_reached,
+          diffrax.RESULTS.max_steps_reached)
+
 
 def _invalid_state(t, y, args, **kwargs):
     M, Q = y.M, y.Q
@@ -117,7 +123,7 @@ def _solve(ode: OrderParameterODE, y0: OrderParameters, ts: jax.Array, rtol, ato
         adjoint=diffrax.ForwardMode(),
         progress_meter=diffrax.TqdmProgressMeter() if progress else diffrax.NoProgressMeter(),
     )
-    return sol.ys, sol.result._value  # diffrax's result code: 0 success (_STOPS: why it stopped)
+    return sol.ys, jnp.select([sol.result == stop for stop in _STOPS], list(range(len(_STOPS))), len(_STOPS))
 
 
 def _trajectories(dynamics: OrderParameterODE, evaluation: OrderParameterODE, y0: OrderParameters, ts, rtol, atol, max_steps,
@@ -363,17 +369,12 @@ def _shape_key(args) -> tuple:
 
 
 def _stop_reason(code: int, max_steps: int) -> str:
-    """Why a solve with diffrax's result ``code`` stopped before its last saved time."""
-    if code == int(diffrax.RESULTS.event_occurred._value):
-        return (f"the state left the set of valid overlaps (non-finite values, runaway keys with max |Q| > {Q_RUNAWAY:g}, "
-                "or R_orth = Q - M M^T not PSD)")
-    if code == int(diffrax.RESULTS.dt_min_reached._value):
-        return f"its steps fell below {MIN_STEP:g} in tau (the ODE became too stiff to follow: a diverging solve)"
-    if code == int(diffrax.RESULTS.max_steps_reached._value):
-        return f"the solver ran out of steps (max_steps = {max_steps})"
-    if code == 0:
-        return "the risk along it was not finite"
-    return f"the solver failed (diffrax's result {code})"
+    """Why a solve that returned ``code`` (an index into :data:`_STOPS`) stopped before its last saved time."""
+    return {0: "the risk along it was not finite",
+            1: (f"the state left the set of valid overlaps (non-finite values, runaway keys with max |Q| > {Q_RUNAWAY:g}, "
+                "or R_orth = Q - M M^T not PSD)"),
+            2: f"its steps fell below {MIN_STEP:g} in tau (the ODE became too stiff to follow: a diverging solve)",
+            3: f"the solver ran out of steps (max_steps = {max_steps})"}.get(code, "the solver failed")
 
 
 def _result(problem: _Problem, out, max_steps: int) -> TheoryResult | FloatingPointError:
