@@ -7,12 +7,18 @@
   (``theory.route=rule``). The canonical tiny problems and the session's shared solves are in
   ``tests/_tiny.py`` (fixtures below).
 * No phase lines on stderr (``SINGLELOC_PROGRESS=off``) except in tests/test_progress.py.
-* A throw-away persistent compilation cache for the session: every ``simulate`` call builds
-  fresh closures and therefore retraces, and on a small CPU machine XLA compilation dominates
-  the run time of the tiny simulations. Identical programs (same config) are then compiled
-  once per session. The cache lives in a temporary folder removed at exit, so nothing leaks
-  between sessions and no stale executable can be picked up; the command lines that tests
-  start (``SINGLELOC_CACHE_DIR``) share it.
+* A persistent compilation cache kept between runs of the suite on one machine (:func:`_kept_cache`):
+  XLA compilation dominates the suite on a small CPU, and a second run loads what the first compiled.
+  Its folder is keyed by the versions of JAX, jaxlib and the package, so a change of any of them starts
+  afresh; within it JAX keys each executable by its program's text and the stored programs of
+  :func:`~singleloc.runtime._compilation.exported_call` by the package's source digest, so an edit to the
+  code is never served a stale program. ``SINGLELOC_TEST_CACHE`` names another folder, or, empty, a
+  throw-away one for the session (removed at exit). The command lines that tests start
+  (``SINGLELOC_CACHE_DIR``) share it. The summary line says how much was compiled and how much loaded.
+* XLA's cheaper optimisation level (``jax_disable_most_optimizations``: LLVM at ``-O0``, no expensive
+  passes), also for the command lines the tests start: the suite compiles far more than it runs, its
+  programs compile in about half the time and run up to about twice as slowly, and the tests'
+  tolerances are derived from the mathematics' errors, not from bits (benchmarks/09_program_size.py).
 * A compilation budget (:class:`_Compilations`): a default test that compiles more new XLA programs
   than it declares with ``@pytest.mark.compiles(n)`` (default :data:`DEFAULT_PROGRAMS`) fails, naming
   them. Time is not a budget (machines are noisy): ``.ci/run`` prints the slowest tests.
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import atexit
 import gc
+import glob
 import json
 import os
 import shutil
@@ -38,12 +45,35 @@ jax.config.update("jax_enable_x64", True)
 # pytest, so that the tests of their other output read it alone; tests/test_progress.py turns them on.
 os.environ["SINGLELOC_PROGRESS"] = "off"
 
-_CACHE_DIR = tempfile.mkdtemp(prefix="singleloc-test-jax-cache-")
-atexit.register(shutil.rmtree, _CACHE_DIR, ignore_errors=True)
+def _kept_cache() -> str:
+    """The suite's compilation cache folder (module docstring): ``$SINGLELOC_TEST_CACHE``, a temporary
+    folder if that is empty, else ``$XDG_CACHE_HOME/singleloc/tests/`` (``~/.cache`` by default) in a
+    folder named by the versions of JAX, jaxlib and singleloc."""
+    from importlib.metadata import version
+
+    chosen = os.environ.get("SINGLELOC_TEST_CACHE")
+    if chosen == "":
+        folder = tempfile.mkdtemp(prefix="singleloc-test-jax-cache-")
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        return folder
+    if chosen is None:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        names = "-".join(f"{name}{version(name)}" for name in ("jax", "jaxlib", "singleloc"))
+        chosen = os.path.join(base, "singleloc", "tests", names)
+        for other in glob.glob(os.path.join(base, "singleloc", "tests", "*")):  # other versions' folders: stale
+            if os.path.basename(other) != names:
+                shutil.rmtree(other, ignore_errors=True)
+    os.makedirs(chosen, exist_ok=True)
+    return chosen
+
+
+_CACHE_DIR = _kept_cache()
 jax.config.update("jax_compilation_cache_dir", _CACHE_DIR)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-os.environ["SINGLELOC_CACHE_DIR"] = _CACHE_DIR  # the command lines that tests start use the session's cache
+os.environ["SINGLELOC_CACHE_DIR"] = _CACHE_DIR  # the command lines that tests start use the suite's cache
+jax.config.update("jax_disable_most_optimizations", True)
+os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1"  # and compile as cheaply
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -195,8 +225,8 @@ def pytest_terminal_summary(terminalreporter):
     t = _COMPILATIONS.seconds
     terminalreporter.write_line(
         f"compilation: {len(_COMPILATIONS.programs)} programs and {_COMPILATIONS.eager} eager operations compiled, "
-        f"{_COMPILATIONS.loaded} loaded from the session's cache; {t['tracing']:.0f} s tracing, {t['lowering']:.0f} s "
-        f"lowering, {t['compiling']:.0f} s compiling or loading (tests/conftest.py)")
+        f"{_COMPILATIONS.loaded} loaded from the kept cache ({_CACHE_DIR}); {t['tracing']:.0f} s tracing, "
+        f"{t['lowering']:.0f} s lowering, {t['compiling']:.0f} s compiling or loading (tests/conftest.py)")
 
 
 def pytest_sessionfinish(session):
