@@ -177,9 +177,9 @@ class TheorySolve:
     def of_batch(cls, problems) -> TheorySolve:
         """The solve of points solved together (:func:`~singleloc.theory._ode.integrate_points`: their
         prepared problems, whose ``args`` are the starts, the saved times, ...), announced."""
-        y0, ts = problems[0].args[2], problems[0].args[3]
+        y0 = problems[0].args[2]
         span = max(float(p.args[3][-1] - p.args[3][0]) for p in problems)
-        solve = cls("integrate_points", problems[0].config, int(y0.M.shape[0]), len(ts), span, batch=len(problems))
+        solve = cls("integrate_points", problems[0].config, int(y0.M.shape[0]), problems[0].saved, span, batch=len(problems))
         prepared = solve.estimate.parts[0][1]  # the rules of the points are built already
         solve.estimate = Estimate(solve.estimate.seconds - prepared, solve.estimate.basis,
                                   (("building the rules", 0.0),) + solve.estimate.parts[1:])

@@ -76,9 +76,25 @@ from ._theory_result import TheoryResult
 #: compiled program.
 DT0 = 1e-3
 
-#: Saved states whose risks are evaluated together (``lax.map`` in batches): all of them at once
+#: Saved states whose risks are evaluated together (a loop over batches of them): all of them at once
 #: held a joint layer's token rule once per state (H = 3 bsoftmax, 201 saved times: 32 GB).
 RISK_BATCH = 4
+
+#: Fewest saved times a solve's program holds (:func:`saved_slots`).
+MIN_SLOTS = 16
+
+
+def saved_slots(n: int) -> int:
+    """The saved times a solve of ``n`` saved times holds: the next power of two, at least :data:`MIN_SLOTS`. The
+    times past ``n`` repeat the last one (diffrax saves the final state there; no step is added) and their risks
+    are not evaluated, so ``sgd.n_save`` = 33 to 64, say, share one program (a new count of saved times was a
+    new program: minutes of compiling)."""
+    return max(MIN_SLOTS, 1 << (int(n) - 1).bit_length())
+
+
+def _padded(ts: jax.Array) -> jax.Array:
+    """``ts`` with its last time repeated up to :func:`saved_slots` entries."""
+    return jnp.concatenate([ts, jnp.full(saved_slots(ts.shape[0]) - ts.shape[0], ts[-1], ts.dtype)])
 
 #: Default cap on the adaptive solver's steps (:func:`integrate`, :func:`integrate_points`).
 MAX_STEPS = 100_000
@@ -134,8 +150,7 @@ def _trajectories(dynamics: OrderParameterODE, evaluation: OrderParameterODE, y0
 
     def trajectory(dyn, ev, y):
         ys, code = _solve(dyn, y, ts, rtol, atol, max_steps, progress)
-        risk = jax.lax.map(lambda s: jnp.where(jnp.isfinite(s.Q).all(), ev.state_risk(s), jnp.nan), ys,
-                           batch_size=RISK_BATCH)
+        risk = _risks(ev, ys, 1 + jnp.sum(jnp.diff(ts) > 0))  # the saved times past the distinct ones repeat the last
         # the exact route's stated error: the risk at the start and at the end on a finer rule
         ends = jnp.array([0, -1])
         at_ends = jax.tree.map(lambda x: x[ends], ys)
@@ -152,6 +167,23 @@ def _trajectories(dynamics: OrderParameterODE, evaluation: OrderParameterODE, y0
     in_axes = (rules(dynamics), rules(evaluation), None)
     over_replicates = _batched(trajectory, in_axes, dynamics.expectation.replicates)
     return _batched(over_replicates, (None, None, 0), y0.M.shape[0])(dynamics, evaluation, y0)
+
+
+def _risks(ev: OrderParameterODE, ys: OrderParameters, n: jax.Array) -> jax.Array:
+    """The risks of the first ``n`` saved states ``ys`` (a traced count; the others NaN), :data:`RISK_BATCH` states
+    at a time in a loop of ``ceil(n / RISK_BATCH)`` turns: one copy of the risk in the program, whatever the
+    number of saved times (``lax.map`` with a batch size traced a second copy for the remainder)."""
+    T = ys.M.shape[0]
+    slots = -(-T // RISK_BATCH) * RISK_BATCH
+    states = jax.tree.map(lambda x: jnp.concatenate([x, jnp.repeat(x[-1:], slots - T, axis=0)])
+                          .reshape(slots // RISK_BATCH, RISK_BATCH, *x.shape[1:]), ys)
+    one = lambda s: jnp.where(jnp.isfinite(s.Q).all(), ev.state_risk(s), jnp.nan)
+
+    def batch(i, risk):
+        return risk.at[i].set(jax.vmap(one)(jax.tree.map(lambda x: x[i], states)))
+
+    risk = jnp.full((slots // RISK_BATCH, RISK_BATCH), jnp.nan, ys.M.dtype)
+    return jax.lax.fori_loop(0, (n + RISK_BATCH - 1) // RISK_BATCH, batch, risk).reshape(slots)[:T]
 
 
 def _batched(fn, in_axes, size: int):
@@ -207,13 +239,15 @@ class _Problem:
     """What one point's solve receives: its objects (``setup``, :func:`~singleloc.theory._build.build`), the
     arguments of :func:`_trajectories` (``args``: the
     dynamics and evaluation ODE stacks, the starts, the saved times, ``rtol``, ``atol``) and
-    the rule it was built with (``points``; ``drift_error`` when ``"auto"`` chose it)."""
+    the rule it was built with (``points``; ``drift_error`` when ``"auto"`` chose it); the saved times are padded
+    to :func:`saved_slots`, of which the first ``saved`` are asked for."""
 
     config: Config
     setup: Setup
     args: tuple
     points: int
     drift_error: float
+    saved: int
 
 
 def _problem(config: Config, y0: OrderParameters | None, ts: np.ndarray | None) -> _Problem:
@@ -229,9 +263,10 @@ def _problem(config: Config, y0: OrderParameters | None, ts: np.ndarray | None) 
     dynamics = OrderParameterODE.from_setup(setup, seeds=th.qmc_seed + np.arange(R), points=points)
     evaluation = OrderParameterODE.from_setup(setup, seeds=th.evaluation_seed + np.arange(R), points=points, check=True)
     tol = (jnp.asarray(th.rtol, ts.dtype), jnp.asarray(th.atol, ts.dtype))
+    saved, ts = ts.shape[0], _padded(ts)
     if dynamics.expectation.route == "exact" and dynamics.expectation.gram_name in ("sobol", "montecarlo"):
         points = th.gram_rule_points(config.problem.L, config.model.heads, points)  # the Gram term's rule (or draws)
-    return _Problem(config, setup, (dynamics, evaluation, y0, ts, *tol), int(points), drift_error)
+    return _Problem(config, setup, (dynamics, evaluation, y0, ts, *tol), int(points), drift_error, saved)
 
 
 def integrate(
@@ -380,9 +415,10 @@ def _stop_reason(code: int, max_steps: int) -> str:
 def _result(problem: _Problem, out, max_steps: int) -> TheoryResult | FloatingPointError:
     """The :class:`TheoryResult` of one point's outputs of :func:`_trajectories`, or the error
     that says where its solve stopped and why."""
-    config, ts = problem.config, problem.args[3]
+    config, ts = problem.config, problem.args[3][:problem.saved]
     R = config.theory.replicates
     ys, risk, code, drift0, check, grams = out
+    ys, risk = tuple(x[:, :, :problem.saved] for x in ys), risk[:, :, :problem.saved]  # the padding's repeats dropped
     M, Q, b, v = (*ys, None)[:4]  # (M, Q, b) or, with trained head weights, (M, Q, b, v)
     valid, ok = np.isfinite(risk), np.asarray(code) == 0
     if not np.all(ok) or not np.all(valid):
