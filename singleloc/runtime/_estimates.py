@@ -82,9 +82,15 @@ def _environment() -> str:
 def _route(config: Config) -> str:
     """The cost class of the route: ``"exact"``, or ``"rule"`` for a route over the fields' nodes (the Sobol
     rule, plain Monte Carlo)."""
+    return _route_and_gram(config)[0]
+
+
+def _route_and_gram(config: Config) -> tuple[str, str | None]:
+    """:func:`_route` and, on the exact route, how its Gram term is computed (``"exact"``, ``"sobol"``, ...)."""
     from ..expectations._routes import route_of
 
-    return "exact" if route_of(config).exact else "rule"
+    choice = route_of(config)
+    return ("exact", choice.gram) if choice.exact else ("rule", None)
 
 
 def _label(config: Config) -> str:
@@ -98,7 +104,8 @@ def theory_features(config: Config, starts: int, saved: int | None = None) -> di
     pb, H, th = config.problem, config.model.heads, config.theory
     prior = pb.build_prior()
     points = th.points if isinstance(th.points, int) else 4096
-    features = {"route": _route(config), "activation": config.model.activation, "H": H, "F": pb.F, "L": pb.L,
+    route, gram = _route_and_gram(config)
+    features = {"route": route, "gram": gram, "activation": config.model.activation, "H": H, "F": pb.F, "L": pb.L,
                 "atoms": len(prior.atoms), "points": points, "replicates": th.replicates, "starts": starts,
                 "saved": config.sgd.n_save if saved is None else saved}
     if features["route"] == "exact":
@@ -115,17 +122,19 @@ def theory_features(config: Config, starts: int, saved: int | None = None) -> di
 def theory_work(features: dict[str, Any]) -> float:
     """The seconds of one drift evaluation on the reference CPU (:data:`REFERENCE`), a model fitted
     there: on the rule route ``3.2e-8`` s per node, field and atom (``2 points x L H x atoms``);
-    on the exact route ``2.8`` ms per ``H^2 atoms (1 + L / 22)`` (the pairs of heads on the
-    Laplace rule, and the Gram term, whose points fall as ``L H`` grows) and ``57`` microseconds
-    per unit of a joint layer's rule (:func:`~singleloc.expectations._laplace_joint.joint_rule_size`); times the
-    starts and replicates (one vmapped evaluation). Measured at load 6 on the 2-core CPU: 27 ms
-    (softmax, H = 2, L = 4), 89 ms (L = 64), 159 ms (softmax1, H = 4, F = 3), 1.05 s (bsoftmax,
-    H = 3), 4 ms (the rule route's default, 4096 points)."""
+    on the exact route ``3.3`` ms per ``H^2 atoms`` with the Gram term on the Sobol rule, ``11`` ms with the exact
+    two-head Gram term (the pairs of heads on the Laplace rule and the Gram term: neither grows with ``L``, whose
+    exponents are values) and ``57`` microseconds per unit of a joint layer's rule
+    (:func:`~singleloc.expectations._laplace_joint.joint_rule_size`); times the starts and replicates (one vmapped
+    evaluation). Measured at load 6 on the 2-core CPU: 27 ms (softmax, H = 2, L = 4), 89 ms (L = 64, the exact Gram
+    term), 159 ms (softmax1, H = 4, F = 3), 1.05 s (bsoftmax, H = 3), 4 ms (the rule route's default, 4096 points).
+    (The model before scaled the exact route by ``1 + L / 22``: ``L = 1024`` after ``L = 64`` was announced at 40
+    times its solve.)"""
     f = features
     per = f["starts"] * f["replicates"]
     if f["route"] == "rule":
         return per * 3.2e-8 * 2.0 * f["points"] * f["L"] * f["H"] * f["atoms"]
-    pairs = 2.8e-3 * f["H"] ** 2 * f["atoms"] * (1.0 + f["L"] / 22.0)
+    pairs = 2.8e-3 * f["H"] ** 2 * f["atoms"] * (3.9 if f.get("gram") == "exact" else 1.18)
     return per * (57e-6 * f["joint"] + 0.1 * pairs if f.get("joint") else pairs)
 
 
