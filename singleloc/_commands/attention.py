@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ._common import add_force_argument, add_out_argument, int_at_least
+from ._common import add_beside_argument, add_force_argument, add_out_argument, int_at_least
 
 DESCRIPTION = """\
 Run a language model (a Llama-architecture GGUF file; default: SmolLM2-135M-Instruct, 4-bit, from
@@ -74,6 +74,7 @@ def register(sub) -> None:
                    help="only save the arrays (run singleloc diagnose on them later)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="hide the progress bar over the blocks")
     add_force_argument(p)
+    add_beside_argument(p)
     add_out_argument(p)
     p.set_defaults(func=run)
 
@@ -109,6 +110,7 @@ def _diagnose(out: Path, max_rows: int, force: bool) -> int:
 
 
 def run(args) -> int:
+    from ..io._atomic_files import check_other_run
     from ..io._resources import check_memory
     from ..language_model import load_model, truncate
     from ..language_model._model_file import find_model
@@ -116,6 +118,7 @@ def run(args) -> int:
     from ._common import check_cost
 
     text = _read_text(args.text)
+    check_other_run(args.out, None, f"the attention of {str(args.text)!r}", (), args.beside_run)
     path = find_model(args.model)  # before the text is tokenised: a missing model or extra is the first error
     size = path.stat().st_size
     if size > READ_NOTE_BYTES:

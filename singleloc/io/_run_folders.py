@@ -42,14 +42,14 @@ from ..configuration._config import Config, load_config, require_config
 from ..pruning._pruning_result import PruningResult
 from ..simulation._simulation_result import SimulationResult
 from ..theory._theory_result import TheoryResult, theory_from_arrays
-from ._atomic_files import atomic_write, describe_path, write_folder
+from ._atomic_files import RUN_FILES, RUN_STAMP, atomic_write, describe_path, run_stamp, write_folder
 
 #: The data files of a run folder, ``<kind>.npz``, in the order :func:`load_run` reads them.
 RUN_KINDS = ("theory", "simulation")
 
 #: Name of the hash entry in ``config.json`` (and, prefixed by ``singleloc``, in the other files).
 HASH_KEY = "config_hash"
-_NPZ_STAMP = f"singleloc {HASH_KEY} "
+_NPZ_STAMP = RUN_STAMP + " "
 
 #: The errors NumPy and zipfile raise for a damaged or truncated ``.npz`` file.
 NPZ_ERRORS = (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error)
@@ -107,7 +107,7 @@ def _write_stamped(folder: Path, files: Mapping[str, Any], stamp: str) -> None:
         if name.endswith(".npz"):
             save_npz(folder / name, content, stamp)
         elif name.endswith(".png"):
-            save_figure(folder / name, content, {f"singleloc {HASH_KEY}": stamp})
+            save_figure(folder / name, content, {RUN_STAMP: stamp})
         else:
             raise ValueError(f"a run holds .npz and .png files, got {name!r}")
 
@@ -268,6 +268,13 @@ def _check_arrays(file: Path, arrays: Mapping[str, np.ndarray], config: Config, 
                              f"problem.F = {config.problem.F}")
 
 
+def _check_stamp(file: Path, got: str | None, stamp: str) -> None:
+    if got != stamp:
+        made = "carries no config hash" if got is None else f"was made by another config (hash {got})"
+        raise ValueError(f"{file} {made}, not by the config.json beside it (hash {stamp}): the folder mixes files "
+                         "of different runs; rerun the command that made it")
+
+
 def load_run(directory: str | Path, kinds: Sequence[str] = RUN_KINDS) -> Run:
     """Read the output folder of ``integrate``, ``simulate``, ``compare`` or ``prune``: ``config.json``,
     those of ``<kind>.npz`` (``kind`` in ``kinds``) that are present and the further files of
@@ -277,7 +284,7 @@ def load_run(directory: str | Path, kinds: Sequence[str] = RUN_KINDS) -> Run:
 
     Raises ``FileNotFoundError`` when the folder, its ``config.json`` or every wanted data file
     is missing, and ``ValueError`` when a file present cannot be read, is incomplete, or does
-    not carry the config hash of ``config.json`` (the folder mixes runs), naming the file.
+    not carry the config hash of ``config.json`` (the folder mixes runs: also a figure of another run), naming the file.
     """
     directory = Path(directory)
     if not directory.is_dir():
@@ -313,11 +320,11 @@ def load_run(directory: str | Path, kinds: Sequence[str] = RUN_KINDS) -> Run:
             got = npz_stamp(file)
         except NPZ_ERRORS as err:
             raise ValueError(f"{file} is not a readable .npz file ({_one_line(err)})") from None
-        if got != stamp:
-            made = "carries no config hash" if got is None else f"was made by another config (hash {got})"
-            raise ValueError(f"{file} {made}, not by the config.json beside it (hash {stamp}): the folder mixes files "
-                             "of different runs; rerun the command that made it")
+        _check_stamp(file, got, stamp)
         if kind in RUN_KINDS:
             _check_arrays(file, arrays[kind], config, kind)
+    for figure in (directory / name for name in RUN_FILES if name.endswith(".png")):
+        if figure.is_file():
+            _check_stamp(figure, run_stamp(figure), stamp)
     extra = {kind: arrays.pop(kind) for kind in EXTRA_KINDS if kind in arrays}
     return Run(directory, config, arrays, stamp, extra)
