@@ -93,7 +93,7 @@ def _read_text(path: Path) -> str:
     if not path.is_file():
         raise ValueError(f"TEXT_FILE {str(path)!r} is not a file")
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8-sig")  # a byte-order mark at the start is no text (nor three tokens)
     except UnicodeDecodeError as err:
         raise ValueError(f"TEXT_FILE {str(path)!r} is not UTF-8 text (byte {err.start}: {err.reason})") from None
 

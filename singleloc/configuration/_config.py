@@ -200,7 +200,7 @@ def _read_toml(source: str | Path) -> dict:
         raise ValueError(f"config file {name} is {describe_path(path)}; expected a TOML file or a preset name "
                          f"({', '.join(preset_names())})")
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
+        return tomllib.loads(path.read_text(encoding="utf-8-sig"))  # a byte-order mark at the start is no TOML
     except UnicodeDecodeError:
         raise ValueError(f"config file {name} is not UTF-8 text (a binary file?); expected a TOML file") from None
     except tomllib.TOMLDecodeError as err:
