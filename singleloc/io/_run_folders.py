@@ -266,6 +266,10 @@ def _check_arrays(file: Path, arrays: Mapping[str, np.ndarray], config: Config, 
             want = "(" + ", ".join(map(str, shape)) + ")"
             raise ValueError(f"{file}: {key} has shape {got}, expected {want} for model.heads = {config.model.heads}, "
                              f"problem.F = {config.problem.F}")
+        bad = [t for t, row in enumerate(np.moveaxis(arrays[key], shape.index("T"), 0)) if not np.isfinite(row).all()]
+        if bad:  # the package never saves such a run (its solves and simulations refuse them): a damaged file
+            raise ValueError(f"{file}: {key} is NaN or infinite at saved time {bad[0]} of {got[shape.index('T')]} (tau = "
+                             f"{arrays['tau'][bad[0]]:.4g}): the file is damaged; rerun the command that made it")
 
 
 def _check_stamp(file: Path, got: str | None, stamp: str) -> None:
@@ -284,7 +288,8 @@ def load_run(directory: str | Path, kinds: Sequence[str] = RUN_KINDS) -> Run:
 
     Raises ``FileNotFoundError`` when the folder, its ``config.json`` or every wanted data file
     is missing, and ``ValueError`` when a file present cannot be read, is incomplete, or does
-    not carry the config hash of ``config.json`` (the folder mixes runs: also a figure of another run), naming the file.
+    not carry the config hash of ``config.json`` (the folder mixes runs: also a figure of another run), or holds
+    NaN or infinite trajectories (damaged), naming the file.
     """
     directory = Path(directory)
     if not directory.is_dir():
