@@ -411,6 +411,12 @@ def test_the_exact_gram_term_on_the_rule_route_is_refused(tmp_path, capsys):
     (["theory.route=auto", "model.activation=bsoftmax", "model.heads=6", "theory.gram=exact"],
      "but model.activation = 'bsoftmax' takes the rule route here"),
     (["sgd.gradient_flow=true", "theory.gram=sobol"], "theory.gram = 'sobol' has no effect with sgd.gradient_flow = true"),
+    # issue 62: the Monte Carlo Gram term on the rule route was dropped; refusals name the route chosen
+    (["theory.route=rule", "theory.gram=montecarlo"], "theory.gram = 'montecarlo' applies to the exact route's Gram term, "
+                                                      "but theory.route = 'rule', whose Gram term is on its own Sobol rule"),
+    (["theory.route=montecarlo", "theory.gram=exact"], "but theory.route = 'montecarlo', whose Gram term is by its own "
+                                                       "Monte Carlo draws"),
+    (["theory.route=montecarlo", "theory.gram=sobol"], "but theory.route = 'montecarlo'"),
     (["sgd.bias_decay=0.1"], "sgd.bias_decay = 0.1 penalises biases that do not learn (model.train_bias = false); "
                              "e.g. model.train_bias = true"),
     (["problem.support=[[1, 0], [0, 1]]"], "problem.support applies to problem.prior = 'discrete' only"),
@@ -423,6 +429,7 @@ def test_keys_a_run_would_silently_drop_are_refused(sets, words):
 
 @pytest.mark.parametrize("sets", [
     ["theory.route=rule", "theory.gram=sobol"],  # the rule route's Gram term is on the Sobol rule: what was asked
+    ["theory.route=montecarlo", "theory.gram=montecarlo"],
     ["theory.route=exact", "theory.gram=exact", "theory.gram_points=1024"],
     ["model.train_bias=true", "sgd.bias_decay=0.1"],
     ["problem.prior=discrete", "problem.support=[[1, 0], [0, 1]]", "problem.probs=[0.5, 0.5]"],

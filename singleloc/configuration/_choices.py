@@ -31,6 +31,9 @@ ROUTE_CLASSES = {
     "montecarlo": "singleloc.expectations._monte_carlo_expectation:MonteCarloExpectation",
 }
 
+#: The routes in printed lines (``"the Monte Carlo route"``).
+ROUTE_WORDS = {"exact": "exact", "rule": "rule", "montecarlo": "Monte Carlo"}
+
 #: Values of ``theory.route``.
 ROUTES = ("auto", *ROUTE_CLASSES)
 

@@ -29,6 +29,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
+from ..configuration._choices import ROUTE_WORDS
 from ..configuration._config import Config
 from ._progress import Phase, announce
 from ._progress_bar import Bar
@@ -162,10 +163,12 @@ class TheorySolve:
                  cached: bool = True):
         import jax
 
+        from ..expectations._routes import route_of
+
         self.program, self.config, self.span, self.batch = program, config, float(span), batch
         self.key = theory_family(program, config, starts, saved, batch)
         self.features = theory_features(config, starts * batch, saved)
-        self.label = f"{program}, {_label(config)} on the {self.features['route']} route"
+        self.label = f"{program}, {_label(config)} on the {ROUTE_WORDS[route_of(config).route]} route"
         self.environment = _environment()
         self.cache = cached and bool(jax.config.jax_compilation_cache_dir)
         self.meter = not cached  # diffrax's progress bar shows the solve
