@@ -357,7 +357,8 @@ class Theory:
     ``"montecarlo"`` by plain Monte Carlo with its standard error (:mod:`~singleloc.expectations._monte_carlo_gram`;
     any layer), ``"auto"`` (default) exactly where it costs less than the Sobol rule: one head, and two
     heads of a per-head layer from ``L * H >= 64`` on (at ``L = 4`` the exact term doubles a solve's time);
-    else the rule. The rule route has the Gram term on its own rule.
+    else the rule. The rule route has the Gram term on its own rule, the Monte Carlo route
+    (``route = "montecarlo"``) by its own draws: a ``gram`` other than ``"auto"`` and that one is refused there.
     ``nodes``: the normal rule of the exact route's token expectations (``2 nodes`` trapezoidal
     nodes of its Laplace variable, ``nodes`` per unit of the activation's scale for a pair's first
     field and for the tables of its second field's conditional expectations).
