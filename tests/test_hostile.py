@@ -654,3 +654,48 @@ def test_a_bayes_rule_beyond_memory_suggests_the_points_that_fit(monkeypatch):
     with pytest.raises(MemoryError, match=r"the quadrature \(theory.points = 65536\)\).*; e.g. theory.points = \d+,") as err:
         check_bayes(sl.flipped(6, 2.5), 4, 65536)  # the Bayes point's check: 12 heads
     check_bayes(sl.flipped(6, 2.5), 4, int(re.search(r"theory.points = (\d+),", str(err.value)).group(1)))  # it fits
+
+
+# ----------------------------------------------------------------------------- issue 62: messages that name the key
+
+
+def test_automatic_points_go_through_the_memory_check_of_each_count_they_try(monkeypatch):
+    """Issue 62: ``theory.points = "auto"`` doubled its points past what the memory check refuses when the
+    same count is given explicitly; now every count it tries passes that check first."""
+    import singleloc as sl
+    from singleloc.io import _resources
+    from singleloc.theory import _accuracy
+
+    cfg = load_config("default", ["theory.route=rule", "theory.points=auto", "problem.L=64", "model.heads=4"])
+    first = _resources.auto_points(cfg)
+    need = {n: _resources.OVERHEAD + sum(_resources._memory_parts(cfg.replace(theory={"points": n}), False, 1).values())
+            for n in (first, 2 * first)}
+    monkeypatch.setenv("SINGLELOC_MEMORY_LIMIT", str(int((need[first] + need[2 * first]) / 2)))  # the first fits, not twice
+    with pytest.raises(MemoryError) as explicit:
+        _resources.check_run(cfg.replace(theory={"points": 2 * first}), theory_starts=1)
+    tried = []
+    monkeypatch.setattr(_accuracy, "drift_error", lambda config, y0, n, R: tried.append(n) or 1.0)  # never accurate enough
+    with pytest.raises(MemoryError, match=rf"^theory.points = 'auto' would try {2 * first} points \(at {first} points its "
+                                          r"estimated relative drift error is 1\), and the run needs") as auto:
+        sl.choose_points(cfg, sl.initial_conditions(cfg, 1))
+    assert tried == [first] and str(auto.value).endswith(str(explicit.value))
+
+
+@pytest.mark.compiles(3)  # the rule route's solve with momentum; its starts and the overlaps where the file runs alone
+def test_a_divergence_with_momentum_names_momentum():
+    """Issue 62: ``sgd.momentum = 0.999999`` diverged with "lower sgd.lr"; the rate is lr / (1 - momentum)."""
+    from _tiny import tiny
+
+    import singleloc as sl
+
+    with pytest.raises(FloatingPointError, match=r"lower sgd.momentum \(now 0.999999: the rate lr / \(1 - momentum\) = "
+                                                 r"5e\+05\) or sgd.lr \(now 0.5\)"):
+        sl.integrate(tiny("sgd.momentum=0.999999", rule=True))
+
+
+@pytest.mark.parametrize("horizon", ["1e-300", "1e-9", "1e300", "2e7"])
+def test_a_horizon_out_of_reach_is_refused_up_front_naming_it(horizon, tmp_path, capsys):
+    """Issue 62: ``--horizon 1e-300`` was blamed on stiffness 160 s later, a huge one named sgd.tau_max."""
+    assert main(["integrate", "default", *TINY, "--horizon", horizon, "--out", str(tmp_path / "o")]) == 2
+    line = one_line(capsys, "integrate")
+    assert "argument --horizon: must lie in [0.001, 1e+07]" in line and "tau_max" not in line, line

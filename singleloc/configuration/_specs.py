@@ -285,6 +285,14 @@ class SGD:
         if self.momentum is not None:  # None (the default, plain SGD) stays out of config.json and the hashes
             object.__setattr__(self, "momentum", number(f"{s}.momentum", self.momentum, nonneg=True, below=1.0))
 
+    def step_keys(self) -> str:
+        """The keys that set the step, for a divergence message: ``"sgd.lr (now 0.5)"``, with momentum
+        ``"sgd.momentum (now 0.999: the rate lr / (1 - momentum) = 500) or sgd.lr (now 0.5)"``."""
+        lr = f"sgd.lr (now {self.lr:g})"
+        if not self.momentum:
+            return lr
+        return f"sgd.momentum (now {self.momentum:g}: the rate lr / (1 - momentum) = {self.lr / (1 - self.momentum):.3g}) or {lr}"
+
     def save_times(self) -> np.ndarray:
         """The requested saved times (before rounding to whole SGD steps)."""
         if self.spacing == "linear":

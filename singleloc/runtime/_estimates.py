@@ -243,7 +243,7 @@ class TheorySolve:
     def announce(self, what: str | None = None) -> None:
         """Say the estimate (and refuse it over the limit: :func:`~singleloc.runtime._progress.announce`)."""
         announce(what or f"{self.label}, to tau = {self.span:g}", self.estimate,
-                 "lower sgd.tau_max, model.heads or problem.L, or set theory.route = rule")
+                 "lower sgd.tau_max (or --horizon), model.heads or problem.L, or set theory.route = rule")
 
     def stages(self) -> list[tuple[str, str]]:
         solve = (f"solving to tau = {self.span:g}" + (f" ({self.batch} points together)" if self.batch > 1 else ""), "solved")
