@@ -394,6 +394,8 @@ def test_maps_in_memory_are_checked_against_the_available_memory(tiny, monkeypat
 def test_bad_layers_option_is_a_usage_error(capsys):
     assert main(["attention", "t.txt", "--layers", "a-b", "--out", "o"]) == 2
     assert "argument --layers: expected 'all' or block indices" in one_error_line(capsys)
+    assert main(["attention", "t.txt", "--layers", "0-99999999999", "--out", "o"]) == 2  # issue 62: was a MemoryError
+    assert "argument --layers: block indices must be at most 9999" in one_error_line(capsys)
 
 
 # ----------------------------------------------------------------------------- the real model (slow)

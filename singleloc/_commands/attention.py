@@ -37,6 +37,11 @@ For other diagnose options, run diagnose on the saved arrays. In Python:
 singleloc.language_model.load_model().attention(text)."""
 
 
+#: Above this block index ``--layers`` is refused as it is parsed, before a range is expanded (``0-99999999999``
+#: was a MemoryError); the model's own count of blocks is checked once it is read.
+BLOCKS_MAX = 9999
+
+
 def layer_list(text: str) -> list[int] | None:
     """argparse type of --layers: ``all``, or block indices and ranges ``0,5,10-12``."""
     if text.strip().lower() == "all":
@@ -45,7 +50,11 @@ def layer_list(text: str) -> list[int] | None:
     try:
         for part in text.split(","):
             first, sep, last = part.strip().partition("-")
-            chosen.extend(range(int(first), int(last) + 1) if sep else [int(first)])
+            first, last = int(first), int(last) if sep else int(first)
+            if max(first, last) > BLOCKS_MAX:
+                raise argparse.ArgumentTypeError(f"block indices must be at most {BLOCKS_MAX} (the model's own count is "
+                                                 f"checked when it is read), got {part.strip()!r}")
+            chosen.extend(range(first, last + 1))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected 'all' or block indices and ranges such as 0,5,10-12, got {text!r}") from None
     if not chosen:

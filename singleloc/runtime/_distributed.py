@@ -142,7 +142,9 @@ class Cluster:
             scheme, location = parse_address(self.address)
             get_backend(scheme)
             if scheme in ("tcp", "tls"):
-                parse_host_port(location)
+                port = parse_host_port(location)[1]
+                if not 1 <= int(port) <= 65535:  # (Dask would wait its connect timeout, 30 s, on it)
+                    raise ValueError(f"port {port} is not a TCP port (1 to 65535)")
         except (TypeError, ValueError) as err:
             raise ValueError(f"{what} is not usable: {err}; expected tcp://HOST:PORT") from None
         try:
