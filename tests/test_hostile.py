@@ -699,3 +699,17 @@ def test_a_horizon_out_of_reach_is_refused_up_front_naming_it(horizon, tmp_path,
     assert main(["integrate", "default", *TINY, "--horizon", horizon, "--out", str(tmp_path / "o")]) == 2
     line = one_line(capsys, "integrate")
     assert "argument --horizon: must lie in [0.001, 1e+07]" in line and "tau_max" not in line, line
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_a_sweep_starts_its_workers_is_one_line(tmp_path):
+    """Issue 62: Ctrl-C while ``sweep --workers 2`` started its workers printed a multiprocessing traceback and
+    "leaked semaphore objects" after "interrupted" (or hung 10 s): the workers started are killed, the
+    semaphores released before the process ends."""
+    pytest.importorskip("distributed")
+    args = ["-m", "singleloc", "sweep", "default", *TINY, "--set", "problem.L=3", "--grid", "model.heads=1,2",
+            "--workers", "2", "--out", "o"]
+    env = {**os.environ, "SINGLELOC_PROGRESS": "lines"}  # the phase lines, which the suite turns off
+    code, seconds, err = interrupt(args, tmp_path, wait_for="escape predictions and Bayes risks", delay=1.5, env=env)
+    assert code == 130 and seconds < 3.0, (code, seconds, err)
+    assert err.strip().splitlines()[-1] == "singleloc sweep: interrupted" and "Traceback" not in err and "leaked" not in err
