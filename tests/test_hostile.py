@@ -522,6 +522,24 @@ def _string_calls():
         "parse_grid": (lambda: sl.parse_grid(3), "parse_grid: expects a string"),
         "load_config source": (lambda: sl.load_config(3), "load_config: source must be a preset name, a path or a dict"),
         "load_config entry": (lambda: sl.load_config("default", [3]), "load_config: every override must be a string"),
+        # issue 62: an internal AttributeError naming no argument, or accepted silently
+        "Config": (lambda: sl.Config("abc"), r"^Config: problem must be a singleloc.Problem, got str 'abc'; to read a preset "
+                                            r"or a TOML file: singleloc.load_config\('abc'\)$"),
+        "Config dict": (lambda: sl.Config(model={"heads": 3}), r"Config: model must be a singleloc.Model, got dict"),
+        "choose_route": (lambda: sl.choose_route("abc", sl.Model(), sl.Theory()), "choose_route: problem must be a "
+                                                                                  "singleloc.Problem, got str 'abc'"),
+        "bayes_route": (lambda: sl.bayes_route("abc"), "bayes_route: prior must be a singleloc.Prior, got str 'abc'"),
+        "escape_rate": (lambda: sl.escape_rate("abc"), "escape_rate: lin must be a singleloc.Linearization, got str"),
+        "add_to_run": (lambda: sl.add_to_run("abc", {}), "add_to_run: run must be a singleloc.Run, got str 'abc'"),
+        "overlaps": (lambda: sl.overlaps("abc", M), "overlaps: K must be a numeric array, got str 'abc'"),
+        "prune": (lambda: sl.prune("abc", 2), "prune: evaluate must be a function"),
+        "prune heads": (lambda: sl.prune(lambda kept: (0.0, 0.0), "abc"), "prune: heads must be an integer, got str"),
+        "MiniBatch": (lambda: sl.MiniBatch("abc"), "^MiniBatch: size must be an integer, got str 'abc'$"),
+        "OnlineSGD": (lambda: sl.OnlineSGD(lr="abc"), "^OnlineSGD: lr must be a real number, got str 'abc'$"),
+        "OnlineSGD flag": (lambda: sl.OnlineSGD(0.5, "yes"), "^OnlineSGD: train_bias must be True or False"),
+        "GradientFlow": (lambda: sl.GradientFlow(None), "^GradientFlow: lr must be a real number, got NoneType"),
+        "WeightDecay": (lambda: sl.WeightDecay("abc"), "^WeightDecay: weight_decay must be a real number"),
+        "LearningRateSchedule": (lambda: sl.LearningRateSchedule("step", "abc"), "^LearningRateSchedule: tau must be a real"),
     }
 
 
@@ -530,6 +548,25 @@ def test_a_string_where_an_array_or_object_is_expected_is_a_type_error(case):
     call, words = _string_calls()[case]
     with pytest.raises(TypeError, match=words):
         call()
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda sl: sl.classify_heads(np.full((2, 1), np.nan), np.eye(2)), r"^classify_heads: M holds 2 NaN or infinite value"),
+    (lambda sl: sl.config_hash({"a": 1}), r"^config_hash: config must be a singleloc.Config or its to_dict\(\)"),
+    (lambda sl: sl.overlaps(np.ones((2, 5)), np.ones((1, 4))), r"^overlaps: expected keys K \(H, D\) and spikes kstar"),
+    (lambda sl: sl.OnlineSGD(-0.5), r"^OnlineSGD: lr: must be > 0, got -0.5"),
+    (lambda sl: sl.MiniBatch(0), r"^MiniBatch: size: must be >= 1"),
+    (lambda sl: sl.LearningRateSchedule("steps"), r"^LearningRateSchedule: kind must be one of constant, step"),
+    (lambda sl: sl.LearningRateSchedule("step", 10.0, 2.0), r"^LearningRateSchedule: factor must lie in \[0, 1\], got 2.0"),
+    (lambda sl: sl.WeightDecay(0.1, -1.0), r"^WeightDecay: bias_decay: must be >= 0"),
+])
+def test_a_value_out_of_its_range_is_a_value_error_naming_function_and_argument(call, words):
+    """Issue 62: 12 public callables accepted such values silently (classes for NaN overlaps, a hash of a dict
+    that is no config, a learning rate < 0)."""
+    import singleloc as sl
+
+    with pytest.raises(ValueError, match=words):
+        call(sl)
 
 
 def test_a_named_activation_has_its_exponential_form():

@@ -43,6 +43,9 @@ GRAM_ROUTES = ("auto", "exact", "sobol", "montecarlo")
 #: ``theory.axes``: the coordinates of the Sobol rule's fields.
 RULE_AXES = ("heads", "principal")
 
+#: Values of ``sgd.schedule`` (the rates are :class:`~singleloc.LearningRateSchedule`'s).
+SCHEDULES = ("constant", "step", "cosine", "inverse", "warmup")
+
 #: Values of ``model.head_weights``.
 HEAD_WEIGHTS = ("uniform", "trained")
 

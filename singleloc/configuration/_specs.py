@@ -17,7 +17,7 @@ from ..model._activations import get_activation
 from ..model._priors import PRIOR_FACTORIES, Prior
 from ..sgd._sgd_rule import AbstractSGDRule, GradientFlow, OnlineSGD
 from ..sgd._sgd_variants import LearningRateSchedule, MiniBatch, Momentum, WeightDecay
-from ._choices import GRAM_ROUTES, HEAD_WEIGHTS, ROUTES, RULE_AXES
+from ._choices import GRAM_ROUTES, HEAD_WEIGHTS, ROUTES, RULE_AXES, SCHEDULES
 from ._extensions import import_reference, is_reference
 from ._user_code import check_prior
 from ._validation import INT32_MAX, integer, number, representable
@@ -206,10 +206,6 @@ class Model:
     def trained_head_weights(self) -> bool:
         """Whether the head weights ``v`` learn (``head_weights = "trained"``)."""
         return self.head_weights == "trained"
-
-
-#: Values of ``sgd.schedule`` (:class:`SGD`; the rates are :class:`~singleloc.LearningRateSchedule`'s).
-SCHEDULES = ("constant", "step", "cosine", "inverse", "warmup")
 
 
 @dataclasses.dataclass(frozen=True)

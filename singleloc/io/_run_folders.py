@@ -38,7 +38,8 @@ from typing import Any
 import numpy as np
 
 from .._version import __version__
-from ..configuration._config import Config, load_config, require_config
+from ..configuration._arguments import require_instance
+from ..configuration._config import SECTIONS, Config, load_config, require_config
 from ..pruning._pruning_result import PruningResult
 from ..simulation._simulation_result import SimulationResult
 from ..theory._theory_result import TheoryResult, theory_from_arrays
@@ -60,6 +61,10 @@ def config_hash(config: Config | Mapping[str, Any]) -> str:
     ``config.to_dict()`` (or of the plain dict as stored in ``config.json``)."""
     if not isinstance(config, Mapping):
         require_config(config, "config_hash")  # a preset name hashed as a string would be a hash of nothing
+    elif set(config) != set(SECTIONS) or not all(isinstance(v, Mapping) for v in config.values()):
+        raise ValueError(f"config_hash: config must be a singleloc.Config or its to_dict() (the sections "
+                         f"{', '.join(SECTIONS)}, each a table), got a {type(config).__name__} with the keys "
+                         f"{sorted(map(str, config))}")
     data = config.to_dict() if isinstance(config, Config) else config
     return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
@@ -144,6 +149,9 @@ def save_simulation(directory: str | Path, config: Config, result: SimulationRes
 def add_to_run(run: Run, files: Mapping[str, Any]) -> Path:
     """Add ``files`` (as for :func:`save_run`) to the folder of ``run``, stamped with its hash;
     its other files are kept, and the folder is again replaced as a whole."""
+    require_instance("add_to_run", "run", run, Run, "singleloc.load_run(folder)")
+    if not isinstance(files, Mapping):
+        raise TypeError(f"add_to_run: files must be a mapping of names to arrays or figures, got {type(files).__name__}")
     return write_folder(run.directory, lambda folder: _write_stamped(folder, files, run.config_hash), keep=True)
 
 
