@@ -380,8 +380,18 @@ def check_run_folder(folder: str | Path) -> bool:
 
 #: The PNG text entry and ``config.json`` key that carry a run's config hash (:mod:`singleloc.io._run_folders`).
 RUN_STAMP = "singleloc config_hash"
+#: The zip comment of a run's ``.npz`` file before its config hash.
+NPZ_STAMP = RUN_STAMP + " "
 #: The command-line flag that lets a command write beside the files of another run (:func:`check_other_run`).
 BESIDE_FLAG = "--beside-run"
+
+
+def npz_stamp(path: str | Path) -> str | None:
+    """The config hash an ``.npz`` file of a run carries (its zip comment), or ``None`` (``zipfile``'s
+    errors for a damaged file)."""
+    with zipfile.ZipFile(path) as z:
+        comment = z.comment.decode(errors="replace")
+    return comment[len(NPZ_STAMP):] if comment.startswith(NPZ_STAMP) else None
 
 
 def run_stamp(path: Path) -> str | None:
@@ -396,12 +406,9 @@ def run_stamp(path: Path) -> str | None:
     if path.suffix == ".png":
         return png_text(path, RUN_STAMP)
     try:
-        with zipfile.ZipFile(path) as z:
-            comment = z.comment.decode(errors="replace")
+        return npz_stamp(path)
     except (OSError, zipfile.BadZipFile):
         return None
-    prefix = RUN_STAMP + " "
-    return comment[len(prefix):] if comment.startswith(prefix) else None
 
 
 def held_run(folder: Path) -> tuple[str, list[str]] | None:

@@ -43,14 +43,13 @@ from ..configuration._config import SECTIONS, Config, load_config, require_confi
 from ..pruning._pruning_result import PruningResult
 from ..simulation._simulation_result import SimulationResult
 from ..theory._theory_result import TheoryResult, theory_from_arrays
-from ._atomic_files import RUN_FILES, RUN_STAMP, atomic_write, describe_path, run_stamp, write_folder
+from ._atomic_files import NPZ_STAMP, RUN_FILES, RUN_STAMP, atomic_write, describe_path, npz_stamp, run_stamp, write_folder
 
 #: The data files of a run folder, ``<kind>.npz``, in the order :func:`load_run` reads them.
 RUN_KINDS = ("theory", "simulation")
 
 #: Name of the hash entry in ``config.json`` (and, prefixed by ``singleloc``, in the other files).
 HASH_KEY = "config_hash"
-_NPZ_STAMP = RUN_STAMP + " "
 
 #: The errors NumPy and zipfile raise for a damaged or truncated ``.npz`` file.
 NPZ_ERRORS = (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error)
@@ -78,16 +77,9 @@ def save_npz(path: str | Path, arrays: Mapping[str, Any], stamp: str | None = No
         if stamp is not None:
             fh.seek(0)
             with zipfile.ZipFile(fh, "a") as z:
-                z.comment = (_NPZ_STAMP + stamp).encode()
+                z.comment = (NPZ_STAMP + stamp).encode()
 
     return atomic_write(Path(path), write)
-
-
-def npz_stamp(path: str | Path) -> str | None:
-    """The config hash an ``.npz`` file of a run carries (its zip comment), or ``None``."""
-    with zipfile.ZipFile(path) as z:
-        comment = z.comment.decode(errors="replace")
-    return comment[len(_NPZ_STAMP):] if comment.startswith(_NPZ_STAMP) else None
 
 
 def save_text(path: str | Path, text: str) -> Path:
