@@ -21,9 +21,8 @@ A failure, Ctrl-C or ``kill -9`` before the swap leaves the previous run as it w
 orphaned sibling of a killed process is removed by the next write to the same folder. A run
 folder holds only regular files with the names in :data:`RUN_FILES` (and ``config.json``
 carries ``singleloc_version``): a folder holding anything else is never replaced
-(:func:`check_run_folder` refuses it), so that no file of the user's is ever deleted. A command
-that writes files into a folder of its own (``plot --out``, ``attention``) refuses one that holds
-another run (:func:`check_other_run`), unless told, and never replaces a file of that run.
+(:func:`check_run_folder` refuses it), so that no file of the user's is ever deleted. ``plot --out``
+and ``attention`` refuse a folder of another run unless told, never replacing its files (:func:`check_other_run`).
 """
 
 from __future__ import annotations
@@ -378,10 +377,8 @@ def check_run_folder(folder: str | Path) -> bool:
     return absolute.is_dir() and any(absolute.iterdir())
 
 
-#: The PNG text entry and ``config.json`` key that carry a run's config hash (:mod:`singleloc.io._run_folders`).
-RUN_STAMP = "singleloc config_hash"
-#: The zip comment of a run's ``.npz`` file before its config hash.
-NPZ_STAMP = RUN_STAMP + " "
+#: The PNG text entry that carries a run's config hash, and the start of its ``.npz`` files' zip comment.
+RUN_STAMP, NPZ_STAMP = "singleloc config_hash", "singleloc config_hash "
 #: The command-line flag that lets a command write beside the files of another run (:func:`check_other_run`).
 BESIDE_FLAG = "--beside-run"
 
