@@ -127,6 +127,9 @@ def _end(code: int) -> None:
             stream.flush()
         except (OSError, ValueError):
             pass
+    util = sys.modules.get("multiprocessing.util")  # a Dask cluster's semaphores: released, as a normal exit does
+    if util is not None:  # (else the resource tracker warns of "leaked semaphore objects" after the line)
+        util._run_finalizers(0)
     os._exit(code)
 
 

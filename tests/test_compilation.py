@@ -75,6 +75,38 @@ def test_integrate_stores_and_reloads_its_program(monkeypatch, tiny_theory):
     np.testing.assert_array_equal(first.M, second.M)
 
 
+def test_a_damaged_stored_program_is_removed_and_compiled_again(monkeypatch, tiny_theory):
+    """Bytes flipped in the middle of the session's stored tiny solve: the checksum catches it before
+    deserialising (no StableHLO traceback), one warning names the file, and the solve is traced again,
+    gives the same numbers and stores a good file in its place."""
+    import warnings
+
+    from _tiny import tiny
+
+    pytest.importorskip("flatbuffers")
+    cfg = tiny()
+    read, load = [], _compilation._load
+    monkeypatch.setattr(_compilation, "_LOADED", {})  # as in a new process: read from the file, whose path is noted
+    monkeypatch.setattr(_compilation, "_load", lambda path: read.append(path) or load(path))
+    first = sl.integrate(cfg)
+    monkeypatch.setattr(_compilation, "_load", load)
+    (path,) = read
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2
+    data[middle:middle + 8] = bytes(b ^ 0xFF for b in data[middle:middle + 8])
+    path.write_bytes(bytes(data))
+    monkeypatch.setattr(_compilation, "_LOADED", {})  # as in a new process: read from the file
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        second = sl.integrate(cfg)
+    damaged = [str(w.message) for w in caught if "damaged" in str(w.message)]
+    assert len(damaged) == 1 and str(path) in damaged[0] and "\n" not in damaged[0], damaged
+    np.testing.assert_array_equal(first.risk, second.risk)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _compilation._load(path) is not None  # stored anew, and it passes the check
+
+
 @pytest.mark.slow
 def test_a_fresh_process_does_not_trace_the_solve_again(tmp_path):
     pytest.importorskip("flatbuffers")

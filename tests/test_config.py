@@ -219,6 +219,13 @@ def test_bad_toml_file(tmp_path):
         load_config(path)
 
 
+def test_a_toml_file_with_a_byte_order_mark_is_read(tmp_path):
+    """Issue 62: a file saved with a UTF-8 byte-order mark (Windows editors) was "not valid TOML"."""
+    path = tmp_path / "bom.toml"
+    path.write_bytes(b"\xef\xbb\xbf[model]\nheads = 3\n")
+    assert load_config(path).model.heads == 3
+
+
 def test_bad_value_in_toml_file(tmp_path):
     path = tmp_path / "bad.toml"
     path.write_text("[sgd]\nlr = -1.0\n")

@@ -411,6 +411,12 @@ def test_the_exact_gram_term_on_the_rule_route_is_refused(tmp_path, capsys):
     (["theory.route=auto", "model.activation=bsoftmax", "model.heads=6", "theory.gram=exact"],
      "but model.activation = 'bsoftmax' takes the rule route here"),
     (["sgd.gradient_flow=true", "theory.gram=sobol"], "theory.gram = 'sobol' has no effect with sgd.gradient_flow = true"),
+    # issue 62: the Monte Carlo Gram term on the rule route was dropped; refusals name the route chosen
+    (["theory.route=rule", "theory.gram=montecarlo"], "theory.gram = 'montecarlo' applies to the exact route's Gram term, "
+                                                      "but theory.route = 'rule', whose Gram term is on its own Sobol rule"),
+    (["theory.route=montecarlo", "theory.gram=exact"], "but theory.route = 'montecarlo', whose Gram term is by its own "
+                                                       "Monte Carlo draws"),
+    (["theory.route=montecarlo", "theory.gram=sobol"], "but theory.route = 'montecarlo'"),
     (["sgd.bias_decay=0.1"], "sgd.bias_decay = 0.1 penalises biases that do not learn (model.train_bias = false); "
                              "e.g. model.train_bias = true"),
     (["problem.support=[[1, 0], [0, 1]]"], "problem.support applies to problem.prior = 'discrete' only"),
@@ -423,6 +429,7 @@ def test_keys_a_run_would_silently_drop_are_refused(sets, words):
 
 @pytest.mark.parametrize("sets", [
     ["theory.route=rule", "theory.gram=sobol"],  # the rule route's Gram term is on the Sobol rule: what was asked
+    ["theory.route=montecarlo", "theory.gram=montecarlo"],
     ["theory.route=exact", "theory.gram=exact", "theory.gram_points=1024"],
     ["model.train_bias=true", "sgd.bias_decay=0.1"],
     ["problem.prior=discrete", "problem.support=[[1, 0], [0, 1]]", "problem.probs=[0.5, 0.5]"],
@@ -515,6 +522,24 @@ def _string_calls():
         "parse_grid": (lambda: sl.parse_grid(3), "parse_grid: expects a string"),
         "load_config source": (lambda: sl.load_config(3), "load_config: source must be a preset name, a path or a dict"),
         "load_config entry": (lambda: sl.load_config("default", [3]), "load_config: every override must be a string"),
+        # issue 62: an internal AttributeError naming no argument, or accepted silently
+        "Config": (lambda: sl.Config("abc"), r"^Config: problem must be a singleloc.Problem, got str 'abc'; to read a preset "
+                                            r"or a TOML file: singleloc.load_config\('abc'\)$"),
+        "Config dict": (lambda: sl.Config(model={"heads": 3}), r"Config: model must be a singleloc.Model, got dict"),
+        "choose_route": (lambda: sl.choose_route("abc", sl.Model(), sl.Theory()), "choose_route: problem must be a "
+                                                                                  "singleloc.Problem, got str 'abc'"),
+        "bayes_route": (lambda: sl.bayes_route("abc"), "bayes_route: prior must be a singleloc.Prior, got str 'abc'"),
+        "escape_rate": (lambda: sl.escape_rate("abc"), "escape_rate: lin must be a singleloc.Linearization, got str"),
+        "add_to_run": (lambda: sl.add_to_run("abc", {}), "add_to_run: run must be a singleloc.Run, got str 'abc'"),
+        "overlaps": (lambda: sl.overlaps("abc", M), "overlaps: K must be a numeric array, got str 'abc'"),
+        "prune": (lambda: sl.prune("abc", 2), "prune: evaluate must be a function"),
+        "prune heads": (lambda: sl.prune(lambda kept: (0.0, 0.0), "abc"), "prune: heads must be an integer, got str"),
+        "MiniBatch": (lambda: sl.MiniBatch("abc"), "^MiniBatch: size must be an integer, got str 'abc'$"),
+        "OnlineSGD": (lambda: sl.OnlineSGD(lr="abc"), "^OnlineSGD: lr must be a real number, got str 'abc'$"),
+        "OnlineSGD flag": (lambda: sl.OnlineSGD(0.5, "yes"), "^OnlineSGD: train_bias must be True or False"),
+        "GradientFlow": (lambda: sl.GradientFlow(None), "^GradientFlow: lr must be a real number, got NoneType"),
+        "WeightDecay": (lambda: sl.WeightDecay("abc"), "^WeightDecay: weight_decay must be a real number"),
+        "LearningRateSchedule": (lambda: sl.LearningRateSchedule("step", "abc"), "^LearningRateSchedule: tau must be a real"),
     }
 
 
@@ -523,6 +548,25 @@ def test_a_string_where_an_array_or_object_is_expected_is_a_type_error(case):
     call, words = _string_calls()[case]
     with pytest.raises(TypeError, match=words):
         call()
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda sl: sl.classify_heads(np.full((2, 1), np.nan), np.eye(2)), r"^classify_heads: M holds 2 NaN or infinite value"),
+    (lambda sl: sl.config_hash({"a": 1}), r"^config_hash: config must be a singleloc.Config or its to_dict\(\)"),
+    (lambda sl: sl.overlaps(np.ones((2, 5)), np.ones((1, 4))), r"^overlaps: expected keys K \(H, D\) and spikes kstar"),
+    (lambda sl: sl.OnlineSGD(-0.5), r"^OnlineSGD: lr: must be > 0, got -0.5"),
+    (lambda sl: sl.MiniBatch(0), r"^MiniBatch: size: must be >= 1"),
+    (lambda sl: sl.LearningRateSchedule("steps"), r"^LearningRateSchedule: kind must be one of constant, step"),
+    (lambda sl: sl.LearningRateSchedule("step", 10.0, 2.0), r"^LearningRateSchedule: factor must lie in \[0, 1\], got 2.0"),
+    (lambda sl: sl.WeightDecay(0.1, -1.0), r"^WeightDecay: bias_decay: must be >= 0"),
+])
+def test_a_value_out_of_its_range_is_a_value_error_naming_function_and_argument(call, words):
+    """Issue 62: 12 public callables accepted such values silently (classes for NaN overlaps, a hash of a dict
+    that is no config, a learning rate < 0)."""
+    import singleloc as sl
+
+    with pytest.raises(ValueError, match=words):
+        call(sl)
 
 
 def test_a_named_activation_has_its_exponential_form():
@@ -647,3 +691,62 @@ def test_a_bayes_rule_beyond_memory_suggests_the_points_that_fit(monkeypatch):
     with pytest.raises(MemoryError, match=r"the quadrature \(theory.points = 65536\)\).*; e.g. theory.points = \d+,") as err:
         check_bayes(sl.flipped(6, 2.5), 4, 65536)  # the Bayes point's check: 12 heads
     check_bayes(sl.flipped(6, 2.5), 4, int(re.search(r"theory.points = (\d+),", str(err.value)).group(1)))  # it fits
+
+
+# ----------------------------------------------------------------------------- issue 62: messages that name the key
+
+
+def test_automatic_points_go_through_the_memory_check_of_each_count_they_try(monkeypatch):
+    """Issue 62: ``theory.points = "auto"`` doubled its points past what the memory check refuses when the
+    same count is given explicitly; now every count it tries passes that check first."""
+    import singleloc as sl
+    from singleloc.io import _resources
+    from singleloc.theory import _accuracy
+
+    cfg = load_config("default", ["theory.route=rule", "theory.points=auto", "problem.L=64", "model.heads=4"])
+    first = _resources.auto_points(cfg)
+    need = {n: _resources.OVERHEAD + sum(_resources._memory_parts(cfg.replace(theory={"points": n}), False, 1).values())
+            for n in (first, 2 * first)}
+    monkeypatch.setenv("SINGLELOC_MEMORY_LIMIT", str(int((need[first] + need[2 * first]) / 2)))  # the first fits, not twice
+    with pytest.raises(MemoryError) as explicit:
+        _resources.check_run(cfg.replace(theory={"points": 2 * first}), theory_starts=1)
+    tried = []
+    monkeypatch.setattr(_accuracy, "drift_error", lambda config, y0, n, R: tried.append(n) or 1.0)  # never accurate enough
+    with pytest.raises(MemoryError, match=rf"^theory.points = 'auto' would try {2 * first} points \(at {first} points its "
+                                          r"estimated relative drift error is 1\), and the run needs") as auto:
+        sl.choose_points(cfg, sl.initial_conditions(cfg, 1))
+    assert tried == [first] and str(auto.value).endswith(str(explicit.value))
+
+
+@pytest.mark.compiles(3)  # the rule route's solve with momentum; its starts and the overlaps where the file runs alone
+def test_a_divergence_with_momentum_names_momentum():
+    """Issue 62: ``sgd.momentum = 0.999999`` diverged with "lower sgd.lr"; the rate is lr / (1 - momentum)."""
+    from _tiny import tiny
+
+    import singleloc as sl
+
+    with pytest.raises(FloatingPointError, match=r"lower sgd.momentum \(now 0.999999: the rate lr / \(1 - momentum\) = "
+                                                 r"5e\+05\) or sgd.lr \(now 0.5\)"):
+        sl.integrate(tiny("sgd.momentum=0.999999", rule=True))
+
+
+@pytest.mark.parametrize("horizon", ["1e-300", "1e-9", "1e300", "2e7"])
+def test_a_horizon_out_of_reach_is_refused_up_front_naming_it(horizon, tmp_path, capsys):
+    """Issue 62: ``--horizon 1e-300`` was blamed on stiffness 160 s later, a huge one named sgd.tau_max."""
+    assert main(["integrate", "default", *TINY, "--horizon", horizon, "--out", str(tmp_path / "o")]) == 2
+    line = one_line(capsys, "integrate")
+    assert "argument --horizon: must lie in [0.001, 1e+07]" in line and "tau_max" not in line, line
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_a_sweep_starts_its_workers_is_one_line(tmp_path):
+    """Issue 62: Ctrl-C while ``sweep --workers 2`` started its workers printed a multiprocessing traceback and
+    "leaked semaphore objects" after "interrupted" (or hung 10 s): the workers started are killed, the
+    semaphores released before the process ends."""
+    pytest.importorskip("distributed")
+    args = ["-m", "singleloc", "sweep", "default", *TINY, "--set", "problem.L=3", "--grid", "model.heads=1,2",
+            "--workers", "2", "--out", "o"]
+    env = {**os.environ, "SINGLELOC_PROGRESS": "lines"}  # the phase lines, which the suite turns off
+    code, seconds, err = interrupt(args, tmp_path, wait_for="escape predictions and Bayes risks", delay=1.5, env=env)
+    assert code == 130 and seconds < 3.0, (code, seconds, err)
+    assert err.strip().splitlines()[-1] == "singleloc sweep: interrupted" and "Traceback" not in err and "leaked" not in err

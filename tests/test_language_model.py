@@ -344,6 +344,38 @@ def test_command_errors_are_one_line(tiny, tmp_path, capsys, monkeypatch, argv, 
     assert words in one_error_line(capsys)
 
 
+@pytest.mark.parametrize("tensor, value, words", [
+    ("blk.1.attn_k.weight", np.nan, "tensor 'blk.1.attn_k.weight' of the GGUF file has 1 NaN or infinite value(s)"),
+    ("blk.0.ffn_up.weight", 1e30, "the activations of block 0 (tensors blk.0.*) are NaN or infinite"),
+])
+def test_a_model_with_non_finite_weights_or_activations_writes_nothing(tmp_path, rng, capsys, tensor, value, words):
+    """Issue 62: damaged tensor data gave NaN attention with exit 0 under --no-diagnose. A NaN weight is
+    refused when the model is read, an overflowing block when it runs: one line naming the file and the
+    tensor (or block), and nothing is written."""
+    weights = tiny_weights(rng)
+    if np.isnan(value):
+        weights[tensor][3, 5] = value
+    else:  # finite weights whose block overflows float32: gate * up ~ 1e60
+        weights[tensor] *= value
+        weights[tensor.replace("up", "gate")] *= value
+    path = write_tiny_model(tmp_path / "bad.gguf", weights)
+    (tmp_path / "t.txt").write_text("the theme of the thesis")
+    out = tmp_path / "out"
+    assert main(["attention", str(tmp_path / "t.txt"), "--model", str(path), "--out", str(out), "--no-diagnose",
+                 "--no-progress"]) == 2
+    line = one_error_line(capsys)
+    assert words in line and str(path) in line, line
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_a_byte_order_mark_is_not_text(tmp_path):
+    """Issue 62: a text starting with a UTF-8 byte-order mark became three byte tokens at positions 0-2."""
+    from singleloc._commands.attention import _read_text
+
+    (tmp_path / "bom.txt").write_bytes(b"\xef\xbb\xbfthe theme")
+    assert _read_text(tmp_path / "bom.txt") == "the theme"
+
+
 def test_command_refuses_a_context_that_does_not_fit_in_memory(tiny, tmp_path, capsys, monkeypatch):
     (tmp_path / "t.txt").write_text("the theme " * 20)
     monkeypatch.setenv("SINGLELOC_MEMORY_LIMIT", "1M")
@@ -362,6 +394,8 @@ def test_maps_in_memory_are_checked_against_the_available_memory(tiny, monkeypat
 def test_bad_layers_option_is_a_usage_error(capsys):
     assert main(["attention", "t.txt", "--layers", "a-b", "--out", "o"]) == 2
     assert "argument --layers: expected 'all' or block indices" in one_error_line(capsys)
+    assert main(["attention", "t.txt", "--layers", "0-99999999999", "--out", "o"]) == 2  # issue 62: was a MemoryError
+    assert "argument --layers: block indices must be at most 9999" in one_error_line(capsys)
 
 
 # ----------------------------------------------------------------------------- the real model (slow)

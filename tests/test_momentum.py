@@ -25,7 +25,7 @@ def test_momentum_key_reaches_the_rule_and_stays_out_of_plain_configs():
     # plain SGD's config.json (so every run folder's and sweep entry's hash) does not gain the key
     assert "momentum" not in sl.load_config("default").to_dict()["sgd"]
     assert sl.sgd_rule(sl.load_config("default", ["sgd.momentum=0"])) == sl.sgd_rule(sl.load_config("default"))
-    with pytest.raises(ValueError, match=r"beta must lie in \[0, 1\)"):
+    with pytest.raises(ValueError, match=r"^Momentum: beta: must be < 1.0, got 1.0"):
         sl.Momentum(1.0)
 
 

@@ -170,3 +170,46 @@ def test_prune_numbers_heads_from_one_as_the_figures_do(folders, capsys, monkeyp
     assert [row[-1] for row in rows] == ["3", "1"] and "+- 2.0e-13" in out and "0.0000" not in out
     with np.load(folders["integrate"] / "prune.npz") as d:
         assert d["theory_removed"].tolist() == [[2, 0]] and str(d["order"]) == "greedy"
+
+
+def test_a_folder_of_another_run_is_refused_and_never_overwritten(folders, tmp_path, capsys):
+    """Issue 62: ``plot RUN --out OTHER_RUN`` overwrote the other run's phases.png, and ``attention --out``
+    into a run folder added its files beside the run's: both refused in one line naming both runs, a file
+    of the other run is never replaced (even with --beside-run), and ``load_run`` refuses the mixed folder."""
+    other_config = load_config("default", ["model.heads=3", "sgd.lr=0.3"])  # same shapes, another run
+    other = save_run(tmp_path / "other", other_config, {"theory.npz": theory_file(trajectories(1))})
+    assert main(["plot", str(other)]) == 0
+    before = {p.name: p.read_bytes() for p in other.iterdir()}
+    capsys.readouterr()
+    mine, theirs = load_run(folders["integrate"]).config_hash, load_run(other).config_hash
+    for extra in ([], ["--beside-run"]):
+        assert main(["plot", str(folders["integrate"]), "--out", str(other), *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and mine in err and theirs in err, err
+        assert {p.name: p.read_bytes() for p in other.iterdir()} == before
+    bare = save_run(tmp_path / "bare", other_config, {"theory.npz": theory_file(trajectories(1))})
+    assert main(["plot", str(folders["integrate"]), "--out", str(bare)]) == 2
+    assert "--beside-run" in capsys.readouterr().err
+    assert main(["plot", str(folders["integrate"]), "--out", str(bare), "--beside-run"]) == 0  # told: added beside
+    with pytest.raises(ValueError, match=f"theory.png was made by another config \\(hash {mine}\\).*mixes"):
+        load_run(bare)
+    text = tmp_path / "t.txt"
+    text.write_text("a short text")
+    assert main(["attention", str(text), "--out", str(other)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and theirs in err and "t.txt" in err and "--beside-run" in err, err
+    assert {p.name: p.read_bytes() for p in other.iterdir()} == before
+
+
+def test_a_run_whose_arrays_turn_nan_is_refused(tmp_path, capsys):
+    """Issue 62: ``plot`` of a run whose arrays turn NaN exited 0 with curves that stop and heads classed as
+    "combination heads": ``load_run`` (and so ``plot``) refuses it in one line naming the file, the array
+    and the first saved time."""
+    sim = trajectories(2)
+    sim["Q"][1, 5:] = np.nan
+    folder = save_run(tmp_path / "nan", CONFIG, {"simulation.npz": simulation_file(sim)})
+    with pytest.raises(ValueError, match=r"simulation.npz: Q is NaN or infinite at saved time 5 of 9 \(tau = 5\)"):
+        load_run(folder)
+    assert main(["plot", str(folder)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Q is NaN or infinite" in err and not (folder / "simulation.png").exists()

@@ -506,6 +506,7 @@ def test_a_malformed_memory_limit_is_named(monkeypatch, value):
     ("nonsense", ValueError, " is not usable: missing port number"),
     ("foo://x:1", ValueError, " is not usable: unknown address scheme 'foo'"),
     ("tcp://127.0.0.1:1", ConnectionError, ": cannot connect .*unset DASK_SCHEDULER_ADDRESS"),
+    ("tcp://127.0.0.1:70000", ValueError, r" is not usable: port 70000 is not a TCP port \(1 to 65535\)"),  # issue 62
 ])
 def test_a_bad_scheduler_address_is_named_with_its_variable(monkeypatch, address, error, words):
     """Issue 21 item 12: a bad ``DASK_SCHEDULER_ADDRESS`` was not named in its error."""

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..configuration._presets import preset_names
 from ..configuration._validation import integer
-from ..io._atomic_files import check_output_folder, check_run_folder
+from ..io._atomic_files import BESIDE_FLAG, check_output_folder, check_run_folder
 
 CONFIG_HELP = (
     "the name of a shipped preset ({presets}) or a TOML config file (write ./NAME for a file named like a preset); "
@@ -73,6 +73,14 @@ def add_out_argument(parser: argparse.ArgumentParser, default: str | None = None
     where = "required" if default is None else f"default: {default}"
     parser.add_argument("--out", type=run_folder if run else output_folder, required=default is None, default=None,
                         metavar="DIR", help=f"{OUT_HELP[run]} ({where})")
+
+
+def add_beside_argument(parser: argparse.ArgumentParser) -> None:
+    """``--beside-run``: write into an ``--out`` folder that holds another run
+    (:func:`~singleloc.io._atomic_files.check_other_run`)."""
+    parser.add_argument(BESIDE_FLAG, dest="beside_run", action="store_true",
+                        help="write into an --out folder that holds another run (integrate, simulate, compare, plot), beside "
+                        "its files; without it such a folder is refused, and a file of the other run is never replaced")
 
 
 FORCE_HELP = ("run even when the estimate says the run is huge: an estimated time above {hours:g} h, or (sweep) more "

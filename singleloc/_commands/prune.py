@@ -129,7 +129,8 @@ def _print_table(results: dict[str, list], args, H: int, F: int, route: str) -> 
         if args.order != "random":
             head += f"  {'dropped':>{max(7, 4 * n)}}"
     how = ("the exact route; its stated error is the difference to a finer exact rule" if route == "exact" else
-           "the Sobol rule route; its error is the replicates' standard error, with theory.replicates > 1")
+           f"the {'Monte Carlo' if route == 'montecarlo' else 'Sobol rule'} route; its error is the replicates' standard "
+           "error, with theory.replicates > 1")
     print(f"{args.order} pruning, H = {H}, F = {F}: risk against heads removed "
           f"(population risk of the kept order parameters, on {how}; heads numbered 1..{H} as in the figures)")
     print(head)

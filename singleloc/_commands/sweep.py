@@ -63,9 +63,12 @@ def horizon_type(text: str) -> str | float:
 
     try:
         value = text if text in HORIZON_WORDS else float(text)
-        check_horizon(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected auto, config or a positive number, got {text!r}") from None
+    try:
+        check_horizon(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err).removeprefix("horizon ")) from None
     return value
 
 

@@ -58,7 +58,7 @@ import dataclasses
 
 import numpy as np
 
-from ..configuration._arguments import require_arrays
+from ..configuration._arguments import require_arrays, require_finite
 from ..runtime._numerics import TINY
 
 
@@ -170,6 +170,7 @@ def classify_heads(M, Q, *, mean=None, weights=None, threshold: float = 0.9, mar
             ``None``: no head is ``off``.
     """
     require_arrays("classify_heads", M=M, Q=Q, mean=mean, weights=weights)
+    require_finite("classify_heads", M=M, Q=Q, mean=mean, weights=weights)  # NaN overlaps have no class
     M, Q = np.asarray(M, float), np.asarray(Q, float)
     u, phi = head_profiles(M, Q)
     F = u.shape[-1]

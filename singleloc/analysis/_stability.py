@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..configuration._arguments import require_arrays, require_ode
+from ..configuration._arguments import require_arrays, require_instance, require_ode
 from ..runtime._compilation import checks_as_nan
 from ..runtime._numerics import TINY, first_crossing
 from ..runtime._progress import Phase
@@ -234,6 +234,7 @@ def escape_rate(lin: Linearization, *, mean=None, min_asymmetry: float = 0.5, mi
     (fraction above ``min_orthogonal``): a mode along which the heads leave the unspecialized
     profile. Modes that only split the heads' norms along the mean direction are left out.
     NaN when no mode qualifies."""
+    require_instance("escape_rate", "lin", lin, Linearization, "singleloc.linearize(ode, M, Q, b)")
     k = escape_mode(lin, mean=mean, min_asymmetry=min_asymmetry, min_orthogonal=min_orthogonal)
     return float(lin.eigenvalues[k].real) if k >= 0 else float("nan")
 

@@ -138,6 +138,7 @@ def bayes_route(prior: Prior, route: str = "auto") -> str:
     ``"auto"`` takes the exact route for a discrete prior whose Bayes point is affordable there
     (:data:`~singleloc.expectations._routes.JOINT_RISK_MAX`); ``"exact"`` for any discrete prior
     (``ValueError`` for one with a Gaussian part); ``"rule"`` never."""
+    require_prior("bayes_route", prior)
     if route not in BAYES_ROUTES:
         raise ValueError(f"route must be one of {', '.join(map(repr, BAYES_ROUTES))}, got {route!r}")
     if route == "exact" and not prior.is_discrete:

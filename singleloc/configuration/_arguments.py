@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from ._validation import integer, number
+
 
 def _short(value: Any, limit: int = 40) -> str:
     text = repr(value)
@@ -34,6 +36,53 @@ def require_arrays(where: str, **arrays: Any) -> None:
                 dtype = None
         if dtype is None or np.dtype(dtype).kind not in "biufc":
             raise TypeError(f"{where}: {name} must be a numeric array, got {type(value).__name__} {_short(value)}")
+
+
+def require_finite(where: str, **arrays: Any) -> None:
+    """``ValueError`` naming the first of ``arrays`` (``None`` skipped) that holds NaN or infinite values
+    (a traced array, whose values are not known, passes)."""
+    for name, value in arrays.items():
+        if value is None:
+            continue
+        try:
+            a = np.asarray(value, dtype=float)
+        except Exception:  # a JAX tracer: checked where it is concrete
+            continue
+        bad = a.size - np.count_nonzero(np.isfinite(a))
+        if bad:
+            raise ValueError(f"{where}: {name} holds {bad} NaN or infinite value(s) of {a.size}; expected finite numbers")
+
+
+def require_real(where: str, name: str, value: Any, **bounds: Any) -> None:
+    """``TypeError`` unless ``value`` is a real number (not a bool) or a real numeric array (a JAX array
+    or tracer: its dtype is read); ``ValueError`` for a concrete number outside ``bounds``
+    (:func:`~singleloc.configuration._validation.number`'s ``positive``, ``nonneg``, ``below``)."""
+    dtype = getattr(value, "dtype", None)
+    if isinstance(value, (bool, np.bool_)) or (dtype is None and not isinstance(value, (int, float))) or \
+            (dtype is not None and np.dtype(dtype).kind not in "iuf"):
+        raise TypeError(f"{where}: {name} must be a real number, got {type(value).__name__} {_short(value)}")
+    if dtype is None:
+        number(f"{where}: {name}", value, **bounds)
+    elif np.ndim(value) == 0:
+        try:
+            concrete = float(value)
+        except Exception:  # a JAX tracer: its value is not known here
+            return
+        number(f"{where}: {name}", concrete, **bounds)
+
+
+def require_count(where: str, name: str, value: Any, minimum: int) -> None:
+    """``TypeError`` unless ``value`` is an integer (not a bool), ``ValueError`` below ``minimum``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{where}: {name} must be an integer, got {type(value).__name__} {_short(value)}")
+    integer(f"{where}: {name}", value, minimum)
+
+
+def require_flag(where: str, **flags: Any) -> None:
+    """``TypeError`` naming the first of ``flags`` that is not ``True`` or ``False``."""
+    for name, value in flags.items():
+        if not isinstance(value, (bool, np.bool_)):
+            raise TypeError(f"{where}: {name} must be True or False, got {type(value).__name__} {_short(value)}")
 
 
 def require_starts(where: str, y0: Any) -> None:
@@ -57,13 +106,19 @@ def require_prior(where: str, prior: Any) -> None:
         raise TypeError(f"{where}: prior must be a singleloc.Prior, got {type(prior).__name__} {_short(prior)}; pass {hint}")
 
 
+def require_instance(where: str, name: str, value: Any, kind: type, remedy: str = "") -> None:
+    """``TypeError`` naming ``where`` and ``name`` unless ``value`` is a ``kind`` (a public class of the
+    package); ``remedy``: how to make one."""
+    if not isinstance(value, kind):
+        raise TypeError(f"{where}: {name} must be a singleloc.{kind.__name__}, got {type(value).__name__} {_short(value)}"
+                        + (f"; pass {remedy}" if remedy else ""))
+
+
 def require_ode(where: str, ode: Any) -> None:
     """``TypeError`` unless ``ode`` is an :class:`~singleloc.OrderParameterODE`."""
     from ..theory._theory import OrderParameterODE
 
-    if not isinstance(ode, OrderParameterODE):
-        raise TypeError(f"{where}: ode must be a singleloc.OrderParameterODE, got {type(ode).__name__} {_short(ode)}; "
-                        "pass singleloc.OrderParameterODE.from_config(config)")
+    require_instance(where, "ode", ode, OrderParameterODE, "singleloc.OrderParameterODE.from_config(config)")
 
 
 def require_activation(where: str, activation: Any) -> None:

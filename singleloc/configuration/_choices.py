@@ -31,6 +31,9 @@ ROUTE_CLASSES = {
     "montecarlo": "singleloc.expectations._monte_carlo_expectation:MonteCarloExpectation",
 }
 
+#: The routes in printed lines (``"the Monte Carlo route"``).
+ROUTE_WORDS = {"exact": "exact", "rule": "rule", "montecarlo": "Monte Carlo"}
+
 #: Values of ``theory.route``.
 ROUTES = ("auto", *ROUTE_CLASSES)
 
@@ -39,6 +42,9 @@ GRAM_ROUTES = ("auto", "exact", "sobol", "montecarlo")
 
 #: ``theory.axes``: the coordinates of the Sobol rule's fields.
 RULE_AXES = ("heads", "principal")
+
+#: Values of ``sgd.schedule`` (the rates are :class:`~singleloc.LearningRateSchedule`'s).
+SCHEDULES = ("constant", "step", "cosine", "inverse", "warmup")
 
 #: Values of ``model.head_weights``.
 HEAD_WEIGHTS = ("uniform", "trained")
@@ -52,10 +58,22 @@ REPLICATES_MAX = 1024
 HORIZON_WORDS = ("auto", "config")
 
 
+#: The range of a numerical horizon (``tau``). Below: the solve's span would approach its smallest step
+#: (``singleloc.theory._ode.MIN_STEP = 1e-7``; a horizon of 1e-9 stopped as "too stiff"), and one SGD step
+#: of a simulation is ``1 / simulation.D``. Above: more than 3000 times the longest predicted horizon
+#: (``HORIZON_CAP = 3000``), a time no solve reaches (its estimate overflowed at 1e300).
+HORIZON_RANGE = (1e-3, 1e7)
+
+
 def check_horizon(horizon) -> None:
-    """``ValueError`` unless ``horizon`` is ``"auto"``, ``"config"`` or a positive finite number
-    (the library's check, which ``singleloc sweep --horizon`` applies to its parsed value too)."""
+    """``ValueError`` unless ``horizon`` is ``"auto"``, ``"config"`` or a number in :data:`HORIZON_RANGE`
+    (the library's check, which ``singleloc sweep --horizon`` and ``integrate --horizon`` apply to their
+    parsed value too)."""
     if horizon in HORIZON_WORDS:
         return
     if isinstance(horizon, bool) or not isinstance(horizon, (int, float)) or not math.isfinite(horizon) or horizon <= 0:
         raise ValueError(f"horizon must be 'auto', 'config' or a positive number, got {horizon!r}; e.g. 'auto'")
+    low, high = HORIZON_RANGE
+    if not low <= horizon <= high:
+        raise ValueError(f"horizon must lie in [{low:g}, {high:g}] (a time tau), got {horizon:g}; e.g. 'auto' (the "
+                         "predicted escape's horizon)")

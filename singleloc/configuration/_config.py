@@ -50,6 +50,8 @@ class Config:
     def __post_init__(self):
         from ._combinations import check_combinations  # keys a run would silently drop (issue 54 item 7)
 
+        for name in SECTIONS:
+            _require_spec("Config", name, getattr(self, name))
         check_combinations(self)
 
     @classmethod
@@ -119,15 +121,21 @@ def gather_specs(where: str, config: Config | None = None, **specs: Any) -> Conf
         return config
     parts = {}
     for name, spec in specs.items():
-        kind = SECTIONS[name]
-        if spec is None:
-            continue
-        if not isinstance(spec, kind):
-            hint = f"; pass singleloc.{kind.__name__}(**{_short(spec, 40)})" if isinstance(spec, Mapping) else ""
-            raise TypeError(f"{where}: {name} must be a singleloc.{kind.__name__}, got {type(spec).__name__} "
-                            f"{_short(spec)}{hint}")
-        parts[name] = spec
+        if spec is not None:
+            _require_spec(where, name, spec)
+            parts[name] = spec
     return Config(**parts)
+
+
+def _require_spec(where: str, name: str, spec: Any) -> None:
+    """``TypeError`` unless ``spec`` is the specification of the section ``name`` (a dict, or a preset's
+    name or a file given in its place, is named with the remedy)."""
+    kind = SECTIONS[name]
+    if not isinstance(spec, kind):
+        hint = (f"; pass singleloc.{kind.__name__}(**{_short(spec, 40)})" if isinstance(spec, Mapping) else
+                f"; to read a preset or a TOML file: singleloc.load_config({_short(spec, 40)})" if isinstance(spec, (str, Path))
+                else "")
+        raise TypeError(f"{where}: {name} must be a singleloc.{kind.__name__}, got {type(spec).__name__} {_short(spec)}{hint}")
 
 
 def require_config(config: Any, where: str) -> None:
@@ -200,7 +208,7 @@ def _read_toml(source: str | Path) -> dict:
         raise ValueError(f"config file {name} is {describe_path(path)}; expected a TOML file or a preset name "
                          f"({', '.join(preset_names())})")
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
+        return tomllib.loads(path.read_text(encoding="utf-8-sig"))  # a byte-order mark at the start is no TOML
     except UnicodeDecodeError:
         raise ValueError(f"config file {name} is not UTF-8 text (a binary file?); expected a TOML file") from None
     except tomllib.TOMLDecodeError as err:

@@ -17,7 +17,7 @@ from ..model._activations import get_activation
 from ..model._priors import PRIOR_FACTORIES, Prior
 from ..sgd._sgd_rule import AbstractSGDRule, GradientFlow, OnlineSGD
 from ..sgd._sgd_variants import LearningRateSchedule, MiniBatch, Momentum, WeightDecay
-from ._choices import GRAM_ROUTES, HEAD_WEIGHTS, ROUTES, RULE_AXES
+from ._choices import GRAM_ROUTES, HEAD_WEIGHTS, ROUTES, RULE_AXES, SCHEDULES
 from ._extensions import import_reference, is_reference
 from ._user_code import check_prior
 from ._validation import INT32_MAX, integer, number, representable
@@ -208,10 +208,6 @@ class Model:
         return self.head_weights == "trained"
 
 
-#: Values of ``sgd.schedule`` (:class:`SGD`; the rates are :class:`~singleloc.LearningRateSchedule`'s).
-SCHEDULES = ("constant", "step", "cosine", "inverse", "warmup")
-
-
 @dataclasses.dataclass(frozen=True)
 class SGD:
     """Online SGD (docs/model.md sections 5 and 11) and the grid of saved times ``tau``.
@@ -285,6 +281,14 @@ class SGD:
         if self.momentum is not None:  # None (the default, plain SGD) stays out of config.json and the hashes
             object.__setattr__(self, "momentum", number(f"{s}.momentum", self.momentum, nonneg=True, below=1.0))
 
+    def step_keys(self) -> str:
+        """The keys that set the step, for a divergence message: ``"sgd.lr (now 0.5)"``, with momentum
+        ``"sgd.momentum (now 0.999: the rate lr / (1 - momentum) = 500) or sgd.lr (now 0.5)"``."""
+        lr = f"sgd.lr (now {self.lr:g})"
+        if not self.momentum:
+            return lr
+        return f"sgd.momentum (now {self.momentum:g}: the rate lr / (1 - momentum) = {self.lr / (1 - self.momentum):.3g}) or {lr}"
+
     def save_times(self) -> np.ndarray:
         """The requested saved times (before rounding to whole SGD steps)."""
         if self.spacing == "linear":
@@ -357,7 +361,8 @@ class Theory:
     ``"montecarlo"`` by plain Monte Carlo with its standard error (:mod:`~singleloc.expectations._monte_carlo_gram`;
     any layer), ``"auto"`` (default) exactly where it costs less than the Sobol rule: one head, and two
     heads of a per-head layer from ``L * H >= 64`` on (at ``L = 4`` the exact term doubles a solve's time);
-    else the rule. The rule route has the Gram term on its own rule.
+    else the rule. The rule route has the Gram term on its own rule, the Monte Carlo route
+    (``route = "montecarlo"``) by its own draws: a ``gram`` other than ``"auto"`` and that one is refused there.
     ``nodes``: the normal rule of the exact route's token expectations (``2 nodes`` trapezoidal
     nodes of its Laplace variable, ``nodes`` per unit of the activation's scale for a pair's first
     field and for the tables of its second field's conditional expectations).

@@ -29,7 +29,7 @@ from ..model._activations import Activation
 from ..model._priors import Prior
 from ..runtime._numerics import psd_sqrt
 from ..sgd._sgd_rule import GradientMoments
-from ._expectation import AbstractExpectation
+from ._expectation import AbstractExpectation, RouteStatement
 
 #: Draws averaged at once (``lax.map`` batches): the memory of one batch's integrand.
 DRAW_BATCH = 4096
@@ -80,6 +80,21 @@ class MonteCarloExpectation(AbstractExpectation):
     @property
     def replicates(self) -> int:
         return self.z.shape[0] if self.z.ndim == 4 else 1
+
+    @property
+    def gram_name(self) -> str:
+        return "montecarlo"
+
+    def risk_check(self, M, Q, b, v=None):
+        """The risk plus its standard error ``sd / sqrt(n)`` over the ``n`` draws: the difference to
+        :meth:`risk` is the route's stated error (:meth:`statement`)."""
+        first, second = self._mean(lambda g, nu: (lambda x: (x, x * x))(self.loss(g.T + b[:, None], v)), M, Q)
+        return first + jnp.sqrt(jnp.maximum(second - first * first, 0.0) / (self.z.shape[-3] - 1))
+
+    def statement(self, report):
+        """``risk_error``: the larger standard error of the risk at the start and at the end (of the mean
+        over the replicates)."""
+        return RouteStatement(risk_error=float(np.max(report.check)) / np.sqrt(report.check.shape[1]))
 
     def _mean(self, fn, M, Q):
         """The mean of ``fn(g, nu)`` over the draws, ``g`` (L, H) and ``nu`` (L, F) one sequence's

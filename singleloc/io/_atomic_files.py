@@ -21,7 +21,8 @@ A failure, Ctrl-C or ``kill -9`` before the swap leaves the previous run as it w
 orphaned sibling of a killed process is removed by the next write to the same folder. A run
 folder holds only regular files with the names in :data:`RUN_FILES` (and ``config.json``
 carries ``singleloc_version``): a folder holding anything else is never replaced
-(:func:`check_run_folder` refuses it), so that no file of the user's is ever deleted.
+(:func:`check_run_folder` refuses it), so that no file of the user's is ever deleted. ``plot --out``
+and ``attention`` refuse a folder of another run unless told, never replacing its files (:func:`check_other_run`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import os
 import re
 import secrets
 import shutil
+import zipfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -181,15 +183,29 @@ def _unchanged(folder: Path) -> str:
 OUTPUT_KEY = "singleloc output"
 
 
-def png_has_text(path: str | Path, key: str, value: str) -> bool:
-    """Whether the PNG file ``path`` carries the text entry ``key`` = ``value`` (as
-    :func:`singleloc.save_figure` writes its ``metadata``): how a command recognises a figure
-    of its own before it removes it."""
+def png_text(path: str | Path, key: str) -> str | None:
+    """The text entry ``key`` of the PNG file ``path`` (as :func:`singleloc.save_figure` writes its
+    ``metadata``: a ``tEXt`` chunk), or ``None`` (no such entry, not a PNG file, unreadable)."""
     try:
         data = Path(path).read_bytes()
     except OSError:
-        return False
-    return data.startswith(b"\x89PNG") and b"tEXt" + key.encode("latin-1") + b"\x00" + value.encode("latin-1") in data
+        return None
+    pos, wanted = 8, key.encode("latin-1") + b"\x00"
+    while data.startswith(b"\x89PNG\r\n\x1a\n") and pos + 8 <= len(data):
+        size, kind = int.from_bytes(data[pos:pos + 4], "big"), data[pos + 4:pos + 8]
+        body = data[pos + 8:pos + 8 + size]
+        if kind == b"tEXt" and body.startswith(wanted):
+            return body[len(wanted):].decode("latin-1")
+        if kind == b"IEND":
+            break
+        pos += 12 + size
+    return None
+
+
+def png_has_text(path: str | Path, key: str, value: str) -> bool:
+    """Whether the PNG file ``path`` carries the text entry ``key`` = ``value`` (:func:`png_text`): how
+    a command recognises a figure of its own before it removes it."""
+    return png_text(path, key) == value
 
 
 # ----------------------------------------------------------------------------- folder swaps
@@ -359,6 +375,65 @@ def check_run_folder(folder: str | Path) -> bool:
                          "so choose a new or empty folder")
     check_writable(absolute.parent)
     return absolute.is_dir() and any(absolute.iterdir())
+
+
+#: The PNG text entry that carries a run's config hash, and the start of its ``.npz`` files' zip comment.
+RUN_STAMP, NPZ_STAMP = "singleloc config_hash", "singleloc config_hash "
+#: The command-line flag that lets a command write beside the files of another run (:func:`check_other_run`).
+BESIDE_FLAG = "--beside-run"
+
+
+def npz_stamp(path: str | Path) -> str | None:
+    """The config hash an ``.npz`` file of a run carries (its zip comment), or ``None`` (``zipfile``'s
+    errors for a damaged file)."""
+    with zipfile.ZipFile(path) as z:
+        comment = z.comment.decode(errors="replace")
+    return comment[len(NPZ_STAMP):] if comment.startswith(NPZ_STAMP) else None
+
+
+def run_stamp(path: Path) -> str | None:
+    """The config hash that the file ``path`` of a run carries: ``config.json``'s ``config_hash``, a
+    figure's :data:`RUN_STAMP` entry, an ``.npz`` file's zip comment; ``None`` if it carries none."""
+    if path.name == "config.json":
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            return None
+        return data.get("config_hash") if isinstance(data, dict) and "singleloc_version" in data else None
+    if path.suffix == ".png":
+        return png_text(path, RUN_STAMP)
+    try:
+        return npz_stamp(path)
+    except (OSError, zipfile.BadZipFile):
+        return None
+
+
+def held_run(folder: Path) -> tuple[str, list[str]] | None:
+    """The run whose files ``folder`` holds: the config hash of its ``config.json`` (or, without one, of
+    its stamped figures, as ``plot --out`` writes them) and the names of the files of :data:`RUN_FILES`
+    there; ``None`` when it holds no run."""
+    names = [n for n in RUN_FILES if (folder / n).is_file()]
+    stamps = [run_stamp(folder / n) for n in names]
+    stamp = next((s for s in stamps if s is not None), None)
+    return None if stamp is None else (stamp, names)
+
+
+def check_other_run(folder: Path, mine: str | None, writer: str, names: Iterable[str], beside: bool) -> None:
+    """Refuse (``ValueError``, one line) to write the files ``names`` of ``writer`` (what is written, in
+    words) into ``folder`` when it holds another run than the one of config hash ``mine`` (``None``: the
+    files are no run's): unless ``beside`` (:data:`BESIDE_FLAG`), and always when one of ``names`` is a
+    file of the other run (never replaced)."""
+    held = held_run(folder)
+    if held is None or held[0] == mine:
+        return
+    other = f"{str(folder)!r} holds the run of config hash {held[0]} ({', '.join(held[1])})"
+    clash = [n for n in names if n in held[1] and run_stamp(folder / n) != mine]
+    if clash:
+        raise ValueError(f"{other}, and {writer} would replace its {', '.join(clash)}: a file of another run is never "
+                         "replaced; choose another --out folder")
+    if not beside:
+        raise ValueError(f"{other}, not {writer}: writing there would mix two runs in one folder; choose another --out "
+                         f"folder, or pass {BESIDE_FLAG} to add the files beside that run's (none of them is replaced)")
 
 
 def check_output_folder(folder: str | Path) -> None:

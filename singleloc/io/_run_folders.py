@@ -38,18 +38,18 @@ from typing import Any
 import numpy as np
 
 from .._version import __version__
-from ..configuration._config import Config, load_config, require_config
+from ..configuration._arguments import require_instance
+from ..configuration._config import SECTIONS, Config, load_config, require_config
 from ..pruning._pruning_result import PruningResult
 from ..simulation._simulation_result import SimulationResult
 from ..theory._theory_result import TheoryResult, theory_from_arrays
-from ._atomic_files import atomic_write, describe_path, write_folder
+from ._atomic_files import NPZ_STAMP, RUN_FILES, RUN_STAMP, atomic_write, describe_path, npz_stamp, run_stamp, write_folder
 
 #: The data files of a run folder, ``<kind>.npz``, in the order :func:`load_run` reads them.
 RUN_KINDS = ("theory", "simulation")
 
 #: Name of the hash entry in ``config.json`` (and, prefixed by ``singleloc``, in the other files).
 HASH_KEY = "config_hash"
-_NPZ_STAMP = f"singleloc {HASH_KEY} "
 
 #: The errors NumPy and zipfile raise for a damaged or truncated ``.npz`` file.
 NPZ_ERRORS = (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error)
@@ -60,6 +60,10 @@ def config_hash(config: Config | Mapping[str, Any]) -> str:
     ``config.to_dict()`` (or of the plain dict as stored in ``config.json``)."""
     if not isinstance(config, Mapping):
         require_config(config, "config_hash")  # a preset name hashed as a string would be a hash of nothing
+    elif set(config) != set(SECTIONS) or not all(isinstance(v, Mapping) for v in config.values()):
+        raise ValueError(f"config_hash: config must be a singleloc.Config or its to_dict() (the sections "
+                         f"{', '.join(SECTIONS)}, each a table), got a {type(config).__name__} with the keys "
+                         f"{sorted(map(str, config))}")
     data = config.to_dict() if isinstance(config, Config) else config
     return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
@@ -73,16 +77,9 @@ def save_npz(path: str | Path, arrays: Mapping[str, Any], stamp: str | None = No
         if stamp is not None:
             fh.seek(0)
             with zipfile.ZipFile(fh, "a") as z:
-                z.comment = (_NPZ_STAMP + stamp).encode()
+                z.comment = (NPZ_STAMP + stamp).encode()
 
     return atomic_write(Path(path), write)
-
-
-def npz_stamp(path: str | Path) -> str | None:
-    """The config hash an ``.npz`` file of a run carries (its zip comment), or ``None``."""
-    with zipfile.ZipFile(path) as z:
-        comment = z.comment.decode(errors="replace")
-    return comment[len(_NPZ_STAMP):] if comment.startswith(_NPZ_STAMP) else None
 
 
 def save_text(path: str | Path, text: str) -> Path:
@@ -107,7 +104,7 @@ def _write_stamped(folder: Path, files: Mapping[str, Any], stamp: str) -> None:
         if name.endswith(".npz"):
             save_npz(folder / name, content, stamp)
         elif name.endswith(".png"):
-            save_figure(folder / name, content, {f"singleloc {HASH_KEY}": stamp})
+            save_figure(folder / name, content, {RUN_STAMP: stamp})
         else:
             raise ValueError(f"a run holds .npz and .png files, got {name!r}")
 
@@ -144,6 +141,9 @@ def save_simulation(directory: str | Path, config: Config, result: SimulationRes
 def add_to_run(run: Run, files: Mapping[str, Any]) -> Path:
     """Add ``files`` (as for :func:`save_run`) to the folder of ``run``, stamped with its hash;
     its other files are kept, and the folder is again replaced as a whole."""
+    require_instance("add_to_run", "run", run, Run, "singleloc.load_run(folder)")
+    if not isinstance(files, Mapping):
+        raise TypeError(f"add_to_run: files must be a mapping of names to arrays or figures, got {type(files).__name__}")
     return write_folder(run.directory, lambda folder: _write_stamped(folder, files, run.config_hash), keep=True)
 
 
@@ -266,6 +266,17 @@ def _check_arrays(file: Path, arrays: Mapping[str, np.ndarray], config: Config, 
             want = "(" + ", ".join(map(str, shape)) + ")"
             raise ValueError(f"{file}: {key} has shape {got}, expected {want} for model.heads = {config.model.heads}, "
                              f"problem.F = {config.problem.F}")
+        bad = [t for t, row in enumerate(np.moveaxis(arrays[key], shape.index("T"), 0)) if not np.isfinite(row).all()]
+        if bad:  # the package never saves such a run (its solves and simulations refuse them): a damaged file
+            raise ValueError(f"{file}: {key} is NaN or infinite at saved time {bad[0]} of {got[shape.index('T')]} (tau = "
+                             f"{arrays['tau'][bad[0]]:.4g}): the file is damaged; rerun the command that made it")
+
+
+def _check_stamp(file: Path, got: str | None, stamp: str) -> None:
+    if got != stamp:
+        made = "carries no config hash" if got is None else f"was made by another config (hash {got})"
+        raise ValueError(f"{file} {made}, not by the config.json beside it (hash {stamp}): the folder mixes files "
+                         "of different runs; rerun the command that made it")
 
 
 def load_run(directory: str | Path, kinds: Sequence[str] = RUN_KINDS) -> Run:
@@ -277,7 +288,8 @@ def load_run(directory: str | Path, kinds: Sequence[str] = RUN_KINDS) -> Run:
 
     Raises ``FileNotFoundError`` when the folder, its ``config.json`` or every wanted data file
     is missing, and ``ValueError`` when a file present cannot be read, is incomplete, or does
-    not carry the config hash of ``config.json`` (the folder mixes runs), naming the file.
+    not carry the config hash of ``config.json`` (the folder mixes runs: also a figure of another run), or holds
+    NaN or infinite trajectories (damaged), naming the file.
     """
     directory = Path(directory)
     if not directory.is_dir():
@@ -313,11 +325,11 @@ def load_run(directory: str | Path, kinds: Sequence[str] = RUN_KINDS) -> Run:
             got = npz_stamp(file)
         except NPZ_ERRORS as err:
             raise ValueError(f"{file} is not a readable .npz file ({_one_line(err)})") from None
-        if got != stamp:
-            made = "carries no config hash" if got is None else f"was made by another config (hash {got})"
-            raise ValueError(f"{file} {made}, not by the config.json beside it (hash {stamp}): the folder mixes files "
-                             "of different runs; rerun the command that made it")
+        _check_stamp(file, got, stamp)
         if kind in RUN_KINDS:
             _check_arrays(file, arrays[kind], config, kind)
+    for figure in (directory / name for name in RUN_FILES if name.endswith(".png")):
+        if figure.is_file():
+            _check_stamp(figure, run_stamp(figure), stamp)
     extra = {kind: arrays.pop(kind) for kind in EXTRA_KINDS if kind in arrays}
     return Run(directory, config, arrays, stamp, extra)

@@ -97,7 +97,9 @@ def block(layer: LlamaLayer, x: jax.Array, cos: jax.Array, sin: jax.Array, *, he
 
 @functools.partial(jax.jit, static_argnames=("heads", "kv_heads", "eps"))
 def _block(arrays: tuple, x, cos, sin, *, heads: int, kv_heads: int, eps: float):
-    return block(LlamaLayer(*arrays), x, cos, sin, heads=heads, kv_heads=kv_heads, eps=eps)
+    """:func:`block`, and whether all of its outputs are finite."""
+    out = block(LlamaLayer(*arrays), x, cos, sin, heads=heads, kv_heads=kv_heads, eps=eps)
+    return out, jnp.all(jnp.asarray([jnp.isfinite(a).all() for a in out]))
 
 
 @jax.jit
@@ -122,18 +124,22 @@ def check_ids(ids: Sequence[int], config: LlamaConfig) -> np.ndarray:
 
 def run_layers(weights: LlamaWeights, config: LlamaConfig, ids: Sequence[int], keep: Sequence[int] | None = None,
                on_logits: Callable[[np.ndarray], object] | None = None,
-               on_block: Callable[[int], object] | None = None) -> Iterator[LayerAttention]:
+               on_block: Callable[[int], object] | None = None, source: str = "the model") -> Iterator[LayerAttention]:
     """Run every block on the tokens ``ids``, yielding a :class:`LayerAttention` for each block
     in ``keep`` (default: all), in order; ``on_block(index)`` (if given) is called after each
     block (a progress bar), and once the last block has run ``on_logits`` (if given) receives
-    the next-token logits after the last token, (vocab,) float32."""
+    the next-token logits after the last token, (vocab,) float32. A block whose outputs are not finite
+    is a ``ValueError`` naming it and ``source`` (the model's file)."""
     ids = check_ids(ids, config)
     keep = set(range(config.layers) if keep is None else keep)
     cos, sin = rope_angles(len(ids), config.head_dim, config.rope_base)
     x = jnp.asarray(weights.embedding[ids], jnp.float32)
     static = dict(heads=config.heads, kv_heads=config.kv_heads, eps=config.rms_epsilon)
     for index, layer in enumerate(weights.layers):
-        x, attention, q, k, v = _block(_arrays(layer), x, cos, sin, **static)
+        (x, attention, q, k, v), finite = _block(_arrays(layer), x, cos, sin, **static)
+        if not finite:
+            raise ValueError(f"{source}: the activations of block {index} (tensors blk.{index}.*) are NaN or infinite "
+                             "(float32 overflow: weights too large); nothing was written")
         if on_block is not None:
             on_block(index)
         if index in keep:

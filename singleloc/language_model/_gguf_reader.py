@@ -147,7 +147,8 @@ def _expected_shapes(c: LlamaConfig) -> dict[str, tuple[int, ...]]:
 
 
 def read_weights(reader, config: LlamaConfig) -> LlamaWeights:
-    """Every tensor of the file, dequantised to float32 and checked against ``config``'s shapes."""
+    """Every tensor of the file, dequantised to float32 and checked against ``config``'s shapes and for
+    NaN or infinite values (``ValueError`` naming the tensor)."""
     quants = require_extra("gguf").quants
     tensors = {t.name: t for t in reader.tensors}
 
@@ -159,6 +160,10 @@ def read_weights(reader, config: LlamaConfig) -> LlamaWeights:
             tuple(int(n) for n in reversed(t.shape)))
         if array.shape != shape:
             raise ValueError(f"tensor {name!r} of the GGUF file has shape {array.shape}, expected {shape}")
+        bad = array.size - np.count_nonzero(np.isfinite(array))
+        if bad:
+            raise ValueError(f"tensor {name!r} of the GGUF file has {bad} NaN or infinite value(s) of {array.size}: "
+                             "the file is damaged")
         return array
 
     shapes = _expected_shapes(config)

@@ -81,6 +81,11 @@ class LanguageModel:
     weights: LlamaWeights
     tokenizer: ByteLevelBPE
 
+    @property
+    def source(self) -> str:
+        """The model in messages: ``model 'PATH'``."""
+        return f"model {str(self.path)!r}"
+
     def encode(self, text: str) -> list[int]:
         """The token ids of ``text``."""
         return self.tokenizer.encode(text)
@@ -96,7 +101,7 @@ class LanguageModel:
         (:func:`~singleloc.language_model.run_layers`)."""
         from ._forward import run_layers
 
-        return run_layers(self.weights, self.config, ids, self.check_layers(keep), on_logits, on_block)
+        return run_layers(self.weights, self.config, ids, self.check_layers(keep), on_logits, on_block, self.source)
 
     def check_layers(self, layers: Sequence[int] | None, name: str = "layers") -> list[int]:
         """``layers`` (default: all) as sorted distinct block indices, each in ``[0, layers)``
@@ -114,7 +119,7 @@ class LanguageModel:
         from ._forward import run_layers
 
         out = []
-        for _ in run_layers(self.weights, self.config, ids, keep=(), on_logits=out.append):
+        for _ in run_layers(self.weights, self.config, ids, (), out.append, source=self.source):
             pass
         return out[0]
 
@@ -168,4 +173,8 @@ def load_model(path: str | Path | None = None) -> LanguageModel:
     if len(tokenizer.tokens) != config.vocab_size:
         raise ValueError(f"model {str(path)!r}: the tokenizer has {len(tokenizer.tokens)} tokens, the weights "
                          f"{config.vocab_size}")
-    return LanguageModel(path=path, config=config, weights=read_weights(reader, config), tokenizer=tokenizer)
+    try:
+        weights = read_weights(reader, config)
+    except ValueError as err:
+        raise ValueError(f"model {str(path)!r}: {err}") from None
+    return LanguageModel(path=path, config=config, weights=weights, tokenizer=tokenizer)

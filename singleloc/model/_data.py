@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..configuration._arguments import require_arrays
 from ._priors import Prior
 
 SIM_DTYPE = jnp.float32
@@ -50,7 +51,12 @@ def init_keys(key: jax.Array, H: int, D: int, init_scale: float) -> jax.Array:
 
 
 def overlaps(K: jax.Array, kstar: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Order parameters ``M = K k*^T / D`` (H, F) and ``Q = K K^T / D`` (H, H)."""
+    """Order parameters ``M = K k*^T / D`` (H, F) and ``Q = K K^T / D`` (H, H) of keys ``K`` (H, D) and
+    spikes ``kstar`` (F, D)."""
+    require_arrays("overlaps", K=K, kstar=kstar)
+    if np.ndim(K) != 2 or np.ndim(kstar) != 2 or np.shape(K)[1] != np.shape(kstar)[1]:
+        raise ValueError(f"overlaps: expected keys K (H, D) and spikes kstar (F, D) of the same D, got shapes "
+                         f"{np.shape(K)} and {np.shape(kstar)}")
     D = K.shape[-1]
     return K @ kstar.T / D, K @ K.T / D
 

@@ -47,7 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..bayes._population_risk import RiskEstimate, layer_risk, layer_risk_check
-from ..configuration._arguments import require_arrays
+from ..configuration._arguments import require_arrays, require_count, require_instance
 from ..configuration._choices import PRUNING_DRAWS_MAX, PRUNING_ORDERS
 from ..configuration._config import Config, gather_specs, require_arguments, require_config, require_uniform_head_weights
 from ..configuration._specs import SGD, Model, Problem, Simulation, Theory
@@ -244,9 +244,10 @@ def prune(evaluate: Callable[[Sequence[int]], tuple[float, float]], heads: int, 
         draws: number of random orders (``order="random"`` only).
         seed: seed of the random orders.
     """
+    if not callable(evaluate):
+        raise TypeError(f"prune: evaluate must be a function kept -> (risk, stderr), got {type(evaluate).__name__}")
+    require_count("prune", "heads", heads, 1)
     H = int(heads)
-    if H < 1:
-        raise ValueError(f"a layer needs at least one head, got {H}")
     if isinstance(order, str):
         if order not in PRUNING_ORDERS:
             raise ValueError(f"unknown pruning order {order!r} (known: {', '.join(PRUNING_ORDERS)})")
@@ -336,9 +337,7 @@ def prune_run(run, order: str | Sequence[int] = "greedy", *, draws: int = 16,
     """
     from ..io._run_folders import Run
 
-    if not isinstance(run, Run):
-        raise TypeError(f"prune_run: run must be a singleloc.Run, got {type(run).__name__} {run!r:.40}; pass "
-                        "singleloc.load_run(folder)")
+    require_instance("prune_run", "run", run, Run, "singleloc.load_run(folder)")
     config = pruning_config(run.config)
     results = {}
     count = sum(1 if kind == "theory" else np.shape(d["M"])[0] for kind, d in run.data.items())

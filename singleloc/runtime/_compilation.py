@@ -44,8 +44,10 @@ set (an empty value turns it off), else ``$XDG_CACHE_HOME/singleloc/jax`` (by de
 ``~/.cache/singleloc/jax``). A stale entry is never used (the keys above), and the folder
 can be deleted at any time.
 
-Faults. A stored program that cannot be read back (a truncated or damaged file) is traced and
-compiled again and replaces the file, with one warning naming it. A cache folder that cannot be
+Faults. Each stored program is written with a SHA-256 checksum of its bytes, checked before it
+is deserialised: a file that fails the check or cannot be read back (truncated, damaged, written
+by another version) is removed, with one warning naming it, and the program is traced and compiled
+again and stored anew. A cache folder that cannot be
 created or written (a file in its place, no permission, a read-only disk) is not used: one
 warning names it and the variable it comes from, and the programs are compiled in every run.
 A stored program that cannot be written (a full disk) is not stored, with one warning.
@@ -75,6 +77,7 @@ from ..configuration._extensions import stable_names
 _PACKAGE = Path(__file__).parent.parent  # the package (this module is in singleloc/runtime)
 _DEPENDENCIES = ("jax", "jaxlib", "equinox", "diffrax", "optimistix", "lineax")
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+_MAGIC = b"singleloc-program-1\n"  # a stored program's file: this, the SHA-256 of the serialised program, the program
 _LOADED: dict[str, Callable] = {}  # digest -> the loaded program, jitted (one per process and key)
 
 #: Most shapes whose compiled programs one process holds (:func:`hold_programs`). A theory shape
@@ -265,8 +268,9 @@ def _exported_call(name: str, fn: Callable, args: tuple, static: tuple):
 
 
 def _load(path: Path):
-    """The program stored at ``path``, or ``None`` when there is none or it cannot be read back
-    (damaged: one warning; the caller compiles it again and replaces the file)."""
+    """The program stored at ``path``, or ``None`` when there is none or it cannot be trusted (a
+    checksum that does not match, or unreadable: one warning, the file removed; the caller compiles
+    it again and stores it anew)."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -275,21 +279,28 @@ def _load(path: Path):
         warnings.warn(f"the stored program {str(path)!r} cannot be read ({err.strerror or err}); compiling it again",
                       stacklevel=3)
         return None
-    try:
-        return jax.export.deserialize(bytearray(data))
-    except Exception as err:  # a truncated or damaged file: struct.error, flatbuffers' errors, ...
-        warnings.warn(f"the stored program {str(path)!r} is damaged ({type(err).__name__}: {err}); compiling it again and "
-                      "replacing it", stacklevel=3)
-        return None
+    head, body = data[:len(_MAGIC) + 32], data[len(_MAGIC) + 32:]
+    problem = None if head == _MAGIC + hashlib.sha256(body).digest() else "its checksum does not match"
+    if problem is None:
+        try:
+            return jax.export.deserialize(bytearray(body))
+        except Exception as err:  # checksum good, yet unreadable (another serialisation): struct.error, flatbuffers' errors
+            problem = f"{type(err).__name__}: {err}"
+    warnings.warn(f"the stored program {str(path)!r} is damaged ({problem}); compiling it again and replacing it",
+                  stacklevel=3)
+    with contextlib.suppress(OSError):
+        path.unlink()
+    return None
 
 
 def _store(path: Path, data: bytes) -> None:
-    """Write a program to ``path`` in one step (a temporary sibling, renamed); a folder or disk
-    that refuses it leaves the program unstored, with one warning."""
+    """Write a program to ``path`` in one step (a temporary sibling, renamed), after :data:`_MAGIC` and
+    the SHA-256 of ``data`` (checked by :func:`_load`); a folder or disk that refuses it leaves the
+    program unstored, with one warning."""
     partial = path.with_name(f".{path.name}.{os.getpid()}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        partial.write_bytes(data)
+        partial.write_bytes(_MAGIC + hashlib.sha256(data).digest() + data)
         partial.replace(path)
     except OSError as err:
         with contextlib.suppress(OSError):

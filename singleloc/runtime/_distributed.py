@@ -123,7 +123,7 @@ class Cluster:
             if self.address:
                 self._client = self._stack.enter_context(self._connect(Client))
             else:
-                with dask.config.set(LOCAL_CONFIG):
+                with dask.config.set(LOCAL_CONFIG), _workers_killed_on_failure():
                     cluster = self._stack.enter_context(LocalCluster(
                         n_workers=self.workers, threads_per_worker=1, processes=True, dashboard_address=None,
                         env=worker_env()))
@@ -142,7 +142,9 @@ class Cluster:
             scheme, location = parse_address(self.address)
             get_backend(scheme)
             if scheme in ("tcp", "tls"):
-                parse_host_port(location)
+                port = parse_host_port(location)[1]
+                if not 1 <= int(port) <= 65535:  # (Dask would wait its connect timeout, 30 s, on it)
+                    raise ValueError(f"port {port} is not a TCP port (1 to 65535)")
         except (TypeError, ValueError) as err:
             raise ValueError(f"{what} is not usable: {err}; expected tcp://HOST:PORT") from None
         try:
@@ -183,6 +185,21 @@ class Cluster:
                 _restore_dask_logging()
         finally:
             _OPEN.discard(id(self))
+
+
+@contextlib.contextmanager
+def _workers_killed_on_failure() -> Iterator[None]:
+    """A local cluster interrupted (or failing) while it starts is not yet closable: its worker processes
+    that have started are killed, so that none outlives this process."""
+    import multiprocessing
+
+    try:
+        yield
+    except BaseException:
+        for child in multiprocessing.active_children():
+            if child.name.startswith("Dask"):
+                child.kill()
+        raise
 
 
 def check_cluster(workers: int, scheduler: str | None, *, local: str = "workers > 1",

@@ -29,6 +29,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
+from ..configuration._choices import ROUTE_WORDS
 from ..configuration._config import Config
 from ._progress import Phase, announce
 from ._progress_bar import Bar
@@ -171,10 +172,12 @@ class TheorySolve:
                  cached: bool = True):
         import jax
 
+        from ..expectations._routes import route_of
+
         self.program, self.config, self.span, self.batch = program, config, float(span), batch
         self.key = theory_family(program, config, starts, saved, batch)
         self.features = theory_features(config, starts * batch, saved)
-        self.label = f"{program}, {_label(config)} on the {self.features['route']} route"
+        self.label = f"{program}, {_label(config)} on the {ROUTE_WORDS[route_of(config).route]} route"
         self.environment = _environment()
         self.cache = cached and bool(jax.config.jax_compilation_cache_dir)
         self.meter = not cached  # diffrax's progress bar shows the solve
@@ -249,7 +252,7 @@ class TheorySolve:
     def announce(self, what: str | None = None) -> None:
         """Say the estimate (and refuse it over the limit: :func:`~singleloc.runtime._progress.announce`)."""
         announce(what or f"{self.label}, to tau = {self.span:g}", self.estimate,
-                 "lower sgd.tau_max, model.heads or problem.L, or set theory.route = rule")
+                 "lower sgd.tau_max (or --horizon), model.heads or problem.L, or set theory.route = rule")
 
     def stages(self) -> list[tuple[str, str]]:
         solve = (f"solving to tau = {self.span:g}" + (f" ({self.batch} points together)" if self.batch > 1 else ""), "solved")

@@ -67,6 +67,8 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from ..configuration._arguments import require_flag, require_real
+
 
 class OrderParameters(NamedTuple):
     """``M`` (H, F) head-spike overlaps, ``Q`` (H, H) head-head overlaps, ``b`` (H,) biases."""
@@ -162,6 +164,14 @@ class AbstractSGDRule(eqx.Module):
     train_bias: eqx.AbstractVar[bool]
     variants: eqx.AbstractVar[tuple[AbstractVariant, ...]]
     train_head_weights: eqx.AbstractVar[bool]
+
+    def __check_init__(self):
+        where = type(self).__name__
+        require_real(where, "lr", self.lr, positive=True)
+        require_flag(where, train_bias=self.train_bias, train_head_weights=self.train_head_weights)
+        if not isinstance(self.variants, tuple) or not all(isinstance(p, AbstractVariant) for p in self.variants):
+            raise TypeError(f"{where}: variants must be a tuple of SGD variants (singleloc.MiniBatch, WeightDecay, "
+                            f"LearningRateSchedule, Momentum), got {self.variants!r}")
 
     def learning_rate(self, tau) -> float | jax.Array:
         """The step size of a finite-D step at time ``tau``: ``lr`` through the chain's schedules

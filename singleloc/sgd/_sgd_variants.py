@@ -47,6 +47,8 @@ import jax
 import jax.numpy as jnp
 from equinox import field
 
+from ..configuration._arguments import require_count, require_real
+from ..configuration._choices import SCHEDULES
 from ._sgd_rule import AbstractVariant, LayerParameters, OrderParameters
 
 
@@ -59,6 +61,15 @@ class LearningRateSchedule(AbstractVariant):
     tau: float = field(static=True, default=10.0)
     factor: float = field(static=True, default=0.1)
     warmup: float = field(static=True, default=0.0)
+
+    def __check_init__(self):
+        if self.kind not in SCHEDULES:
+            raise ValueError(f"LearningRateSchedule: kind must be one of {', '.join(SCHEDULES)}, got {self.kind!r}")
+        require_real("LearningRateSchedule", "tau", self.tau, positive=True)
+        require_real("LearningRateSchedule", "factor", self.factor, nonneg=True)
+        if self.factor > 1:
+            raise ValueError(f"LearningRateSchedule: factor must lie in [0, 1], got {self.factor!r}")
+        require_real("LearningRateSchedule", "warmup", self.warmup, nonneg=True)
 
     @property
     def constant(self) -> bool:
@@ -93,6 +104,9 @@ class MiniBatch(AbstractVariant):
 
     size: int = field(static=True)
 
+    def __check_init__(self):
+        require_count("MiniBatch", "size", self.size, 1)
+
     def sequences(self) -> int:
         return self.size
 
@@ -104,6 +118,10 @@ class WeightDecay(AbstractVariant):
 
     weight_decay: float = field(static=True, default=0.0)
     bias_decay: float = field(static=True, default=0.0)
+
+    def __check_init__(self):
+        require_real("WeightDecay", "weight_decay", self.weight_decay, nonneg=True)
+        require_real("WeightDecay", "bias_decay", self.bias_decay, nonneg=True)
 
     def direction(self, params: LayerParameters, grads: LayerParameters, state, D: int) -> tuple[LayerParameters, None]:
         gK, gb = grads.K, grads.b
@@ -133,8 +151,7 @@ class Momentum(AbstractVariant):
     beta: float = field(static=True)
 
     def __check_init__(self):
-        if not 0 <= self.beta < 1:
-            raise ValueError(f"Momentum: beta must lie in [0, 1), got {self.beta!r}")
+        require_real("Momentum", "beta", self.beta, nonneg=True, below=1.0)
 
     def rate(self, r):
         """A direction that enters the velocity moves the state by its echo, ``1 / (1 - beta)`` times."""

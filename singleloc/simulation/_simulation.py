@@ -171,6 +171,6 @@ def _check_finite(record, tau: float, config: Config) -> None:
     if bad:
         raise FloatingPointError(
             f"the SGD dynamics diverged by tau = {tau:.4g} (non-finite or exploding keys, max |Q| = "
-            f"{np.nanmax(np.abs(Q)):.3g}); lower sgd.lr (now {config.sgd.lr:g}; e.g. sgd.lr = {config.sgd.lr / 4:g}), "
+            f"{np.nanmax(np.abs(Q)):.3g}); lower {config.sgd.step_keys()} (e.g. sgd.lr = {config.sgd.lr / 4:g}), "
             f"sgd.init_scale or problem.strength (now {config.problem.strength:g}; the steps grow with its square)"
         )

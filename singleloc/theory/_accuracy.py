@@ -98,8 +98,18 @@ def choose_points(config: Config | None = None, y0: OrderParameters | None = Non
     tried: dict[int, float] = {}
 
     def error(n: int) -> float:
+        check_points(n)
         tried[n] = drift_error(config, y0, n, R)
         return tried[n]
+
+    def check_points(n: int) -> None:  # the memory check of the same count given explicitly
+        from ..io._resources import check_run
+
+        try:
+            check_run(config.replace(theory={"points": n}), theory_starts=int(y0.M.shape[0]))
+        except MemoryError as err:
+            why = "" if not tried else f" (at {max(tried)} points its estimated relative drift error is {tried[max(tried)]:.2g})"
+            raise MemoryError(f"theory.points = 'auto' would try {n} points{why}, and {err}") from None
 
     pb = config.problem
     dim = pb.L * config.model.heads + (0 if pb.build_prior().is_discrete else pb.F)

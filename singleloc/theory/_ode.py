@@ -427,7 +427,7 @@ def _result(problem: _Problem, out, max_steps: int) -> TheoryResult | FloatingPo
         when = f"tau = {float(ts[k - 1]):.4g}..{float(ts[k]):.4g}" if k else f"its start, tau = {float(ts[0]):.4g}"
         return FloatingPointError(
             f"the order-parameter ODE stopped near {when} (start {i}{f', replicate {r}' if R > 1 else ''}): "
-            f"{_stop_reason(int(code[i, r]), max_steps)}; lower sgd.lr (now {config.sgd.lr}) or tighten "
+            f"{_stop_reason(int(code[i, r]), max_steps)}; lower {config.sgd.step_keys()} or tighten "
             "theory.rtol/theory.atol"
         )
     drift_error = problem.drift_error

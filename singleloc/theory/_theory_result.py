@@ -28,13 +28,14 @@ class TheoryResult(Trajectory):
     relative drift error at the start, worst start (NaN without an estimate); ``points``:
     the Sobol points per rule (the choice, for ``theory.points = "auto"``); ``route``:
     ``"exact"`` (risk and ``O(lr)`` drift by :mod:`~singleloc.expectations._laplace`, the Gram term on the
-    rule) or ``"rule"``; ``risk_error``: on the exact route, the largest difference of the
-    risk at the start and at the end to a finer exact rule (the stated error of ``risk``);
+    rule), ``"rule"`` or ``"montecarlo"`` (plain Monte Carlo, ``2 points`` draws); ``risk_error``: on the exact
+    route, the largest difference of the risk at the start and at the end to a finer exact rule (the stated
+    error of ``risk``), on the Monte Carlo route the larger standard error of the risk there;
     ``gram_error``: on the exact route, the estimated relative error of the ``lr^2`` (Gram) term
     at the start and at the end (its difference between two scramblings, or for an exact Gram term
     to the finer exact rule: :func:`gram_error`); ``gram_route``: ``"exact"`` where the exact route has
     the Gram term exactly (``theory.gram``, :mod:`~singleloc.expectations._laplace_gram`), ``"montecarlo"`` by
-    plain Monte Carlo (its standard error), else ``"sobol"``;
+    plain Monte Carlo (its standard error; also on the Monte Carlo route), else ``"sobol"``;
     ``exact_drift_error``: on the exact route, the largest relative difference of the ``O(lr)`` drift
     to the finer exact rule at the start and at the end
     (:meth:`~singleloc.OrderParameterODE.exact_drift_error`; a risk error of 1e-3 can come with a
@@ -54,7 +55,7 @@ class TheoryResult(Trajectory):
     gram_error: float = float("nan")
     exact_drift_error: float = float("nan")
     v: np.ndarray | None = None  # (S, T, H): trained head weights; None for the head average
-    gram_route: str = "sobol"  # the lr^2 Gram term's: "exact" (exact route, theory.gram) or "sobol"
+    gram_route: str = "sobol"  # the lr^2 Gram term's: "exact" (exact route, theory.gram), "sobol" or "montecarlo"
     axes: str = "heads"  # the rule route's field layout (theory.axes): "heads" or "principal" (rank-aware)
 
     def __post_init__(self):
@@ -82,7 +83,11 @@ class TheoryResult(Trajectory):
                     f"lr^2 Gram term on the rank-aware Sobol rule (its relative error {self.gram_error:.1e})")
             parts.append(f"exact route (Laplace form; risk error {self.risk_error:.1e} and relative drift error {drift} "
                          f"against a finer rule), {gram}")
-        if self.route != "exact" or self.gram_route != "exact":
+        if self.route == "montecarlo":
+            parts.append(f"Monte Carlo route (plain draws): {2 * self.points} draws x {self.replicates} "
+                         f"replicate{'s' if self.replicates > 1 else ''}, standard error of the risk {self.risk_error:.1e} "
+                         "(the larger of the start's and the end's)")
+        elif self.route != "exact" or self.gram_route != "exact":
             layout = "rank-aware, theory.axes = 'principal'" if self.axes == "principal" else "head-shift rule"
             rule = "the Gram term's " if self.route == "exact" else f"rule route (Sobol, {layout}): "
             unit = "antithetic pairs" if self.gram_route == "montecarlo" else "points"
