@@ -62,13 +62,13 @@ from ..io._resources import check_run
 from ..io._run_checks import warn_if_risk_rose
 from ..runtime._compilation import checks_as_nan, exported_call
 from ..runtime._estimates import TheorySolve
-from ..runtime._numerics import PSD_INPUT, PSD_SOLVE, Q_RUNAWAY
+from ..runtime._numerics import PSD_SOLVE, Q_RUNAWAY
 from ..runtime._sharding import shard_batch, unpad
 from ..sgd._sgd_rule import flat_drift
 from ._accuracy import choose_points, relative_drift_error
 from ._build import Setup, build
-from ._starts import batched_starts, initial_conditions, with_head_weights
-from ._theory import OrderParameterODE, OrderParameters, WeightedOrderParameters, r_orth
+from ._starts import batched_starts, check_starts, initial_conditions, with_head_weights
+from ._theory import OrderParameterODE, OrderParameters, r_orth
 from ._theory_result import TheoryResult
 
 #: First step of the adaptive solver (the controller adapts it at once). A given first step
@@ -252,7 +252,7 @@ class _Problem:
 
 def _problem(config: Config, y0: OrderParameters | None, ts: np.ndarray | None) -> _Problem:
     y0 = batched_starts(initial_conditions(config, 1) if y0 is None else with_head_weights(config, y0))
-    _check_initial(config, y0)
+    check_starts(config, y0)
     ts = jnp.asarray(config.sgd.save_times() if ts is None else ts, dtype=y0.M.dtype)
     th = config.theory
     R, points, drift_error = th.replicates, th.points, float("nan")
@@ -442,23 +442,3 @@ def _result(problem: _Problem, out, max_steps: int) -> TheoryResult | FloatingPo
     return TheoryResult(np.asarray(ts), mean(M), mean(Q), mean(b), mean(risk), risk_se, drift_error, problem.points, R,
                         evaluation.expectation.route, stated.risk_error, stated.gram_error, stated.exact_drift_error,
                         None if v is None else mean(v), dynamics.expectation.gram_name, config.theory.axes)
-
-
-def _check_initial(config: Config, y0: OrderParameters) -> None:
-    H, F = config.model.heads, config.problem.F
-    S = y0.M.shape[0]
-    parts = (("M0", y0.M, (S, H, F)), ("Q0", y0.Q, (S, H, H)), ("b0", y0.b, (S, H)))
-    for name, x, shape in parts + ((("v0", y0.v, (S, H)),) if isinstance(y0, WeightedOrderParameters) else ()):
-        if x.shape[1:] == shape[1:] and x.shape[0] != S:  # shapes right, counts of starts not
-            raise ValueError(f"{name} holds {x.shape[0]} start(s) but M0 holds {S}: give every part of y0 the same leading "
-                             f"number of starts, e.g. {name} of shape {shape}")
-        if x.shape != shape:
-            raise ValueError(f"{name} must have shape {shape[1:]} (model.heads = {H}, problem.F = {F}), got {x.shape[1:]}")
-        if not np.all(np.isfinite(np.asarray(x))):
-            raise ValueError(f"{name} must be finite")
-    Q = np.asarray(y0.Q)
-    if not np.allclose(Q, np.swapaxes(Q, -1, -2), atol=1e-10):
-        raise ValueError("Q0 must be symmetric")
-    R = Q - np.asarray(y0.M) @ np.swapaxes(np.asarray(y0.M), -1, -2)
-    if np.min(np.linalg.eigvalsh(R)) < -PSD_INPUT * (1 + np.abs(Q).max()):
-        raise ValueError("Q0 - M0 M0^T must be positive semi-definite (the overlaps of real keys)")

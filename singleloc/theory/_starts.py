@@ -11,10 +11,12 @@ from __future__ import annotations
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ..configuration._config import Config, gather_specs
 from ..configuration._specs import SGD, Model, Problem, Simulation
 from ..model._data import initial_overlaps
+from ..runtime._numerics import PSD_INPUT
 from ..sgd._sgd_rule import OrderParameters, WeightedOrderParameters
 
 
@@ -64,3 +66,25 @@ def batched_starts(y0: OrderParameters) -> OrderParameters:
     kind = WeightedOrderParameters if len(y0) == 4 else OrderParameters  # a plain tuple is read by its length
     y0 = kind(*(jnp.asarray(x, dtype=jnp.result_type(float)) for x in y0))
     return kind(*(x[None] for x in y0)) if y0.M.ndim == 2 else y0
+
+
+def check_starts(config: Config, y0: OrderParameters) -> None:
+    """``ValueError`` naming the part of the batched starts ``y0`` that does not fit ``config`` (shape, count of
+    starts, finiteness, symmetry of ``Q0``, ``Q0 - M0 M0^T`` PSD)."""
+    H, F = config.model.heads, config.problem.F
+    S = y0.M.shape[0]
+    parts = (("M0", y0.M, (S, H, F)), ("Q0", y0.Q, (S, H, H)), ("b0", y0.b, (S, H)))
+    for name, x, shape in parts + ((("v0", y0.v, (S, H)),) if isinstance(y0, WeightedOrderParameters) else ()):
+        if x.shape[1:] == shape[1:] and x.shape[0] != S:  # shapes right, counts of starts not
+            raise ValueError(f"{name} holds {x.shape[0]} start(s) but M0 holds {S}: give every part of y0 the same leading "
+                             f"number of starts, e.g. {name} of shape {shape}")
+        if x.shape != shape:
+            raise ValueError(f"{name} must have shape {shape[1:]} (model.heads = {H}, problem.F = {F}), got {x.shape[1:]}")
+        if not np.all(np.isfinite(np.asarray(x))):
+            raise ValueError(f"{name} must be finite")
+    Q = np.asarray(y0.Q)
+    if not np.allclose(Q, np.swapaxes(Q, -1, -2), atol=1e-10):
+        raise ValueError("Q0 must be symmetric")
+    R = Q - np.asarray(y0.M) @ np.swapaxes(np.asarray(y0.M), -1, -2)
+    if np.min(np.linalg.eigvalsh(R)) < -PSD_INPUT * (1 + np.abs(Q).max()):
+        raise ValueError("Q0 - M0 M0^T must be positive semi-definite (the overlaps of real keys)")
