@@ -182,8 +182,12 @@ def plot_heads_needed(rows, other_keys=(), *, title: str = "") -> Figure:
     ``activation``, ``heads``, ``F``, ``gap_to_bayes``, ``heads_needed``, ``gap_tol``): one panel
     per spike count ``F``, one line per activation (and value of the ``other_keys`` grid keys), a
     dashed line at ``gap_tol`` and a star at ``heads_needed``, the fewest heads within it (the
-    legend says "more than H" where no point comes that close). Log scale; a gap at or below zero
+    legend says "more than H" where no point comes that close, and "3-4 (within error)" where the
+    gaps' errors move the count: :func:`~singleloc.sweeps._sweep_answers.count_text`); error bars
+    ``gap_to_bayes_error`` where stated. Log scale, legend outside the panels; a gap at or below zero
     (within the quadrature error of the Bayes risk) is drawn at the bottom of the panel."""
+    from .sweeps._sweep_answers import count_text
+
     Fs = sorted({int(r["F"]) for r in rows})
     fig = Figure(figsize=(4.4 * len(Fs), 3.8), constrained_layout=True)
     axes = np.atleast_1d(fig.subplots(1, len(Fs)))
@@ -202,9 +206,11 @@ def plot_heads_needed(rows, other_keys=(), *, title: str = "") -> Figure:
             gap = np.array([_value(r, "gap_to_bayes") for r in group])
             need = _value(group[0], "heads_needed")
             name = key[0] + "".join(f", {k.split('.')[-1]}={v}" for k, v in zip(other_keys, key[1:]))
-            answer = f"{int(need)} heads" if np.isfinite(need) else f"more than {H.max()}"
+            answer = count_text(group[0], int(H.max()))
             c = colors[n % len(colors)]
-            ax.plot(H, np.maximum(gap, floor), "o-", color=c, ms=4, label=f"{name}: {answer}")
+            error = np.array([_value(r, "gap_to_bayes_error") for r in group])
+            ax.errorbar(H, np.maximum(gap, floor), yerr=np.where(np.isfinite(error), error, 0.0), fmt="o-", color=c, ms=4,
+                        capsize=2, label=f"{name}: {answer} head{'s' if answer != '1' else ''}")
             if np.isfinite(need):
                 ax.plot(need, max(gap[H == need][0], floor), "*", color=c, ms=14, mec="k", mew=0.5)
         if np.isfinite(gap_tol):
@@ -214,7 +220,7 @@ def plot_heads_needed(rows, other_keys=(), *, title: str = "") -> Figure:
         ax.set_ylabel("gap_to_bayes = final_risk - bayes_risk")
         ax.set_title(f"F = {F} spike{'s' if F > 1 else ''}: heads needed (stars)", fontsize=9)
         ax.xaxis.set_major_locator(mpl.ticker.MaxNLocator(integer=True))
-        ax.legend(frameon=False, fontsize=7)
+        ax.legend(frameon=False, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18))
     fig.suptitle(title or "heads needed to come within gap_tol of the Bayes risk", fontsize=10)
     return fig
 

@@ -339,10 +339,10 @@ def compute_sweep(base: Config, grids: Sequence[Grid], cache: str | Path, *, hor
                     summ = summarize(run_cfgs[i], loaded[i][kind], kind)
             row.update({prefix + k: summ[k] for k in SUMMARY_KEYS})
             if kind == "theory":
-                row.update(bayes_columns(row, bayes, simulate=False))
+                row.update(bayes_columns(row, bayes, loaded[i].get("theory", {}), simulate=False))
                 row.update(statement_columns(loaded[i].get("theory", {})))
         if simulate:
-            row["sim_gap_to_bayes"] = bayes_columns(row, bayes, simulate=True)["sim_gap_to_bayes"]
+            row["sim_gap_to_bayes"] = bayes_columns(row, bayes, {}, simulate=True)["sim_gap_to_bayes"]
         if failures:  # every failure of the point: prediction, Bayes risk, theory and simulation
             row["status"] = "; ".join(failures)
             stats.failed += 1
