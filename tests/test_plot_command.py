@@ -133,7 +133,12 @@ def test_integrate_draws_its_figure_and_takes_a_horizon(tmp_path, capsys, monkey
     tau = run.theory.tau
     assert tau[-1] == pytest.approx(20.0) and len(tau) == 201 and tau[2] / tau[1] == pytest.approx(tau[-1] / tau[-2])
     assert npz_stamp(tmp_path / "a" / "theory.npz") == run.config_hash and (tmp_path / "a" / "theory.png").is_file()
-    assert "on a log grid of 201 saved times" in capsys.readouterr().err
+    captured = capsys.readouterr()
+    assert "on a log grid of 201 saved times" in captured.err
+    # the canned risk falls to the end: the run says it has not settled, and its theory.npz stores that
+    assert "the run NOT settled: its final risk and head classes are what the horizon caught" in captured.out
+    with np.load(tmp_path / "a" / "theory.npz") as f:
+        assert not bool(f["settled"]) and float(f["risk_change"]) > 1e-3
     # auto: the sweep's predicted horizon (the prediction is stubbed: 2.5 x 12 rounded up = 30)
     prediction = EscapePrediction(0.1, 3.0, 0.3, 12.0, 30.0, 1000, np.array([3.0]), np.array([0.1]))
     monkeypatch.setattr(_sweep_compute, "compute_prediction", lambda config: prediction.arrays())

@@ -40,6 +40,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from ..analysis._settled import run_settledness
     from ..io._run_folders import save_run
     from ..plots import plot_compare
     from ..theory._ode import MAX_STEPS, integrate
@@ -61,11 +62,13 @@ def run(args) -> int:
     result = integrate(config, max_steps=MAX_STEPS, progress=long and args.progress)
     sim = config.simulation
     title = f"{describe(config)}, theory from the D={sim.D} start of seed {sim.seed}, lr={config.sgd.lr}"
-    path = save_run(args.out, result.resolved(config), {"theory.npz": result.arrays(0),
+    settled = run_settledness(config, result.tau, result.M, result.Q, result.b, result.risk)
+    path = save_run(args.out, result.resolved(config), {"theory.npz": result.arrays(0) | settled.arrays(0),
                                                         "theory.png": plot_compare(result, title=title)}) / "theory.npz"
     se = f" +- {result.risk_se[0, -1]:.1e}" if result.replicates > 1 else ""
     print(f"wrote {path} and theory.png: tau 0..{result.tau[-1]:g}, risk {result.risk[0, 0]:.4f} -> {result.risk[0, -1]:.4f}{se}")
     print(result.quadrature())
+    print(settled.text("the run"))
     return 0
 
 

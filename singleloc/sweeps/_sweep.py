@@ -42,7 +42,8 @@ Output: ``DIR/sweep.csv`` with one row per point: the grid values, ``activation`
 ``horizon``), the phase summary of the theory (means over the seeds of
 :meth:`PhaseAnalysis.summary`: ``final_risk``, ``escaped`` (fraction of seeds),
 ``escape_time``, ``first_learned``, ``first_specialization``, ``n_<class>`` for every head class,
-``leaning_angle_spike``, ``leaning_angle_mean``, ``n_directions``, ``shared_profiles``), the
+``leaning_angle_spike``, ``leaning_angle_mean``, ``n_directions``, ``shared_profiles``, ``settled``
+(fraction of the seeds settled at the horizon: :mod:`singleloc.analysis._settled`), ``risk_change``), the
 Bayes columns (``bayes_risk``, ``bayes_risk_error``, ``gap_to_bayes``), the theory's quadrature
 as :class:`~singleloc.TheoryResult` states it (``route``, ``gram_route``, ``risk_error``,
 ``exact_drift_error``, ``gram_error``, ``drift_error``, ``points``: blank for an entry cached
@@ -157,7 +158,8 @@ def summarize(config: Config, data: dict[str, np.ndarray], kind: str) -> dict[st
 
 #: The columns of a phase summary, in the order of the CSV.
 SUMMARY_KEYS = ("final_risk", "escaped", "escape_time", "first_learned", "first_specialization",
-                *(f"n_{c}" for c in HEAD_CLASSES), "leaning_angle_spike", "leaning_angle_mean", "n_directions", "shared_profiles")
+                *(f"n_{c}" for c in HEAD_CLASSES), "leaning_angle_spike", "leaning_angle_mean", "n_directions", "shared_profiles",
+                "settled", "risk_change")
 
 
 def statement_columns(entry: Mapping[str, np.ndarray]) -> dict[str, Any]:
@@ -197,6 +199,21 @@ def quadrature_summary(rows: Sequence[Mapping[str, Any]]) -> str:
     if unstated:
         parts.append(f"not stated at {points(unstated)} (failed, or cached before entries carried it)")
     return "theory quadrature: " + "; ".join(parts)
+
+
+def settled_summary(rows: Sequence[Mapping[str, Any]]) -> str:
+    """One line on the points whose theory has not settled at its horizon (:mod:`singleloc.analysis._settled`;
+    what ``singleloc sweep`` prints); empty when every point has."""
+    from ..analysis._settled import RTOL, WINDOW
+
+    unsettled = [r for r in rows if np.isfinite(r["settled"]) and r["settled"] < 1]
+    if not unsettled:
+        return ""
+    where = ", ".join(f"{r['activation']} H={r['heads']} F={r['F']}" for r in unsettled[:8])
+    where += ", ..." if len(unsettled) > 8 else ""
+    return (f"not settled at the horizon: {len(unsettled)} of {len(rows)} points ({where}): over the last {WINDOW:.0%} of "
+            f"the horizon the risk changed by more than {RTOL:g} relative or a head changed class (columns settled, "
+            "risk_change); their final_risk and classes are what the horizon caught: rerun with a longer --horizon")
 
 
 def _failure(kind: str, err: BaseException) -> str:

@@ -118,9 +118,12 @@ def count_text(row: Mapping[str, Any], largest: int) -> str:
 
 
 def gap_text(row: Mapping[str, Any]) -> str:
-    """A row's gap with its error, ``"0.00992 +- 1e-05"``; ``"(error not stated)"`` where it has none."""
+    """A row's gap with its error, ``"0.00992 +- 1e-05"``; ``"(error not stated)"`` where it has none;
+    ``" unsettled"`` after it where the point's theory has not settled at its horizon
+    (:mod:`singleloc.analysis._settled`)."""
     error = row.get("gap_to_bayes_error", math.nan)
-    return f"{row['gap_to_bayes']:.3g} " + (f"+- {error:.1g}" if np.isfinite(error) else "(error not stated)")
+    flag = " unsettled" if row.get("settled", 1.0) < 1 else ""
+    return f"{row['gap_to_bayes']:.3g} " + (f"+- {error:.1g}" if np.isfinite(error) else "(error not stated)") + flag
 
 
 def heads_needed_table(rows: Sequence[Mapping[str, Any]], grid_keys: Sequence[str]) -> str:

@@ -129,7 +129,9 @@ COLUMNS = {
     "leaning_angle_spike": "mean angle of the leaning heads to their spike (degrees)",
     "leaning_angle_mean": "mean angle of the leaning heads to the mean direction (degrees)",
     "n_directions": "spike directions with a specialized head", "shared_profiles": "pairs of heads with the same spike "
-    "profile", "bayes_risk": "Bayes risk of the point's problem (the best any estimator can do)",
+    "profile", "settled": "fraction of seeds settled at the horizon: over its last 20% the risk moved at most 1e-3 "
+    "relative and no head changed class (docs/phases.md)", "risk_change": "largest relative change of a seed's risk over "
+    "the last 20% of the horizon", "bayes_risk": "Bayes risk of the point's problem (the best any estimator can do)",
     "bayes_risk_error": "error of bayes_risk (exact route, taken wherever it exists whatever theory.route: against a "
     "finer rule; else standard error over scramblings)",
     "final_risk_error": "stated error of final_risk: the exact route's risk_error or the standard error over "
