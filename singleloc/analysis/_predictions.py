@@ -175,9 +175,11 @@ def predicted_escape(config: Config | None = None, *, problem: Problem | None = 
     if H > 1 and n > 1:
         grid = np.geomspace(max(tau_0, ts[1]), ts[-1], n_rates)
         need = 0.5 * math.log(D)
-        for i in np.unique(np.searchsorted(ts, grid * (1 - 1e-12))):
+        along = np.unique(np.searchsorted(ts, grid * (1 - 1e-12)))
+        for k, i in enumerate(along):  # until the rates integrate to log(D) / 2: "k of at most n"
             path_tau.append(float(ts[i]))
-            path_rate.append(symmetric_escape_rate(ode, xs[i], H, F, mean=mean, method=method))
+            path_rate.append(symmetric_escape_rate(ode, xs[i], H, F, mean=mean, method=method,
+                                                   count=f"{k + 1} of at most {len(along)} along the plateau"))
             t, lam = np.asarray(path_tau), np.asarray(path_rate)
             ok = np.isfinite(lam)
             if ok.sum() > 1 and np.trapezoid(lam[ok], t[ok]) >= need:

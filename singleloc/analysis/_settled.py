@@ -95,6 +95,7 @@ def run_settledness(config, tau, M, Q, b, risk) -> Settledness:
     """:func:`settledness` of the trajectories ``M`` (S, T, H, F), ``Q``, ``b`` and ``risk`` (S, T) of
     a run of ``config`` at ``tau`` (T,), with the head classes of the window's saved times (with the
     heads' attention weights, :func:`~singleloc.attention_mass`, so that a head switching off counts)."""
+    from ..runtime._progress import Phase
     from ..theory._theory import OrderParameterODE
     from ._attention_mass import attention_mass
     from ._head_classes import classify_heads
@@ -102,6 +103,8 @@ def run_settledness(config, tau, M, Q, b, risk) -> Settledness:
     tau = np.asarray(tau, float)
     start = window_start(tau)
     M, Q, b, risk = (np.asarray(x, float)[:, start:] for x in (M, Q, b, risk))
-    weights = attention_mass(OrderParameterODE.from_config(config), M, Q, b)
+    with Phase((f"classifying the heads at the last {len(tau) - start} saved times (whether the run settled)",
+                "classified the heads"), quiet=True):
+        weights = attention_mass(OrderParameterODE.from_config(config), M, Q, b)
     codes = classify_heads(M, Q, mean=config.problem.build_prior().mean(), weights=weights).code
     return settledness(tau[start:], risk, codes)
