@@ -449,7 +449,8 @@ def _causal_attention(rng, shape, L):
     return softmax_np(s)
 
 
-def test_diagnose_command_writes_files(tmp_path, rng, capsys):
+def test_diagnose_command_writes_files(tmp_path, rng, capsys, monkeypatch):
+    monkeypatch.setenv("SINGLELOC_PROGRESS", "lines")  # the suite's "off" (tests/conftest.py): the lines said here
     L = 16
     w = _causal_attention(rng, (2, 3), L)
     v = rng.standard_normal((2, 3, L, 4))
@@ -470,8 +471,11 @@ def test_diagnose_command_writes_files(tmp_path, rng, capsys):
     assert data["vanishing"]["L_times_max_weight"]["max"] == pytest.approx(expected_max, rel=1e-6)
     assert [r["T"] for r in data["jacobian"]] == [0.1, 1.0]
     assert data["top_n"]["N"] == [1, 2, 4] and data["top_n"]["ks_samples"] == "heads"
-    printed = capsys.readouterr().out
-    assert "critical top-N" in printed and "mask: causal" in printed
+    captured = capsys.readouterr()
+    assert "critical top-N" in captured.out and "mask: causal" in captured.out
+    # what it is doing, said before the seconds it takes (stderr is no terminal: one line at the start and the end)
+    assert "singleloc diagnose: diagnosing 6 head(s) of 16 tokens (vanishing attention, sensitivity at 2 temperatures, top-N)" \
+        in captured.err and "singleloc diagnose: diagnosed in " in captured.err
 
 
 def test_diagnose_defaults_next_to_the_input(tmp_path, rng):

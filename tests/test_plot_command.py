@@ -5,6 +5,7 @@ figure and ``--horizon``, and prune's table numbering heads from 1."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -75,7 +76,8 @@ def test_load_run_gives_the_result_objects(folders):
 
 @pytest.mark.parametrize("kind, figures", [("integrate", ["theory.png", "phases.png"]), ("simulate", ["simulation.png"]),
                                            ("compare", ["compare.png", "phases.png"]), ("prune", ["prune.png"])])
-def test_plot_adds_the_figures_of_every_kind_of_run(folders, capsys, kind, figures):
+def test_plot_adds_the_figures_of_every_kind_of_run(folders, capsys, monkeypatch, kind, figures):
+    monkeypatch.setenv("SINGLELOC_PROGRESS", "lines")  # the suite's "off" (tests/conftest.py): the lines said here
     folder = folders[kind]
     before = {p.name: p.read_bytes() for p in folder.iterdir()}
     assert main(["plot", str(folder)]) == 0
@@ -84,7 +86,11 @@ def test_plot_adds_the_figures_of_every_kind_of_run(folders, capsys, kind, figur
     assert all((folder / name).read_bytes() == data for name, data in before.items())  # the run's files kept
     assert sorted(p.name for p in folder.iterdir()) == sorted({*before, *figures})
     assert load_run(folder).config_hash == json.loads((folder / "config.json").read_text())["config_hash"]
-    assert capsys.readouterr().out.startswith("wrote ")
+    captured = capsys.readouterr()
+    assert captured.out.startswith("wrote ")
+    if "phases.png" in figures:  # the seconds of the heads' classification are said (stderr is no terminal: lines)
+        assert re.search(r"singleloc plot: classifying the 3 heads at 9 saved times .* for phases.png \.\.\.\n"
+                         r"singleloc plot: classified the heads in [0-9.]+ (ms|s)", captured.err), captured.err
 
 
 def test_plot_into_another_folder_and_refusals(folders, tmp_path, capsys):
