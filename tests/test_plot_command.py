@@ -121,7 +121,7 @@ def test_compare_figure_averages_like_heads(folders):
     theory = TheoryResult(base["tau"], M, np.concatenate([base["Q"]] * 2), np.zeros((2, T, 2)), np.tile(base["risk"], (2, 1)))
     fig = plots.plot_compare(theory, title="t")
     assert len(fig.axes) == 1 + 2 + 1  # risk, two spikes, the alignment panel
-    lines = [line for line in fig.axes[1].lines if line.get_label() == "head learning spike 1"]
+    lines = [line for line in fig.axes[1].lines if line.get_label() == "head 1: aligned to spike 1"]  # its class, both seeds
     np.testing.assert_allclose(lines[0].get_ydata(), base["M"][0, :, 0, 0])
     legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert legend == ["theory: mean of 2 starts", "theory: min to max over starts"]
@@ -151,6 +151,13 @@ def test_integrate_draws_its_figure_and_takes_a_horizon(tmp_path, capsys, monkey
     assert main(["integrate", "default", *tiny, "--horizon", "auto", "--out", str(tmp_path / "b")]) == 0
     assert load_run(tmp_path / "b").theory.tau[-1] == pytest.approx(30.0)
     assert "predicted escape at tau = 12" in capsys.readouterr().err
+    # the prediction is kept, and plot's phases.png tells it from the measured escape (issue 61 item 5)
+    from singleloc._commands.plot import run_figures
+
+    risk_panel = run_figures(load_run(tmp_path / "b"))["phases.png"].axes[0]
+    legend = [t.get_text() for t in risk_panel.get_legend().get_texts()]
+    assert "predicted escape: 12 (linearisation)" in legend
+    assert [line.get_marker() for line in risk_panel.lines if line.get_label().startswith("predicted")] == ["D"]
 
 
 def test_integrate_suggests_a_log_grid_for_a_long_linear_one(tmp_path, capsys, monkeypatch):

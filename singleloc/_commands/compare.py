@@ -44,7 +44,7 @@ def run(args) -> int:
         "simulation.npz": sim.arrays(), "theory.npz": theory.arrays(0) | settled.arrays(0),
         "theory_seeds.npz": {"tau": theory.tau, "M": theory.M, "Q": theory.Q, "b": theory.b, "risk": theory.risk,
                              "risk_se": theory.risk_se} | settled.arrays(),
-        "compare.png": plot_compare(theory, sim, title=title)})
+        "compare.png": plot_compare(theory, sim, title=title, mean=config.problem.build_prior().mean())})
     dev = np.abs(sim.risk - theory.risk)
     print(f"wrote {args.out}/compare.png: simulation risk {sim.risk.mean(0)[0]:.4f} -> {sim.risk.mean(0)[-1]:.4f}, "
           f"theory {theory.risk.mean(0)[0]:.4f} -> {theory.risk.mean(0)[-1]:.4f}, max |sim - theory| per seed = {dev.max():.4f}")

@@ -46,7 +46,7 @@ def run_figures(run, log_time: bool | None = None) -> dict:
     figures = {}
     if theory is not None or simulation is not None:
         name = TRAJECTORY_FIGURE[theory is not None, simulation is not None]
-        figures[name] = plot_compare(theory, simulation, title=title, log_time=log_time)
+        figures[name] = plot_compare(theory, simulation, title=title, log_time=log_time, mean=config.problem.build_prior().mean())
     if theory is not None:
         ode = OrderParameterODE.from_config(config)
         with Phase((f"classifying the {config.model.heads} heads at {len(theory.tau)} saved times (their attention "
@@ -54,7 +54,9 @@ def run_figures(run, log_time: bool | None = None) -> dict:
             weights = attention_mass(ode, theory.M[:1], theory.Q[:1], theory.b[:1])
             analysis = analyze(theory.tau, theory.M[:1], theory.Q[:1], theory.risk[:1],
                                mean=config.problem.build_prior().mean(), weights=weights)
-        figures["phases.png"] = plot_phases(analysis, theory.risk[:1], title=f"theory, {title}", log_time=log_time)
+        predicted = run.data.get("theory", {}).get("predicted_escape")  # integrate --horizon auto keeps it
+        figures["phases.png"] = plot_phases(analysis, theory.risk[:1], title=f"theory, {title}", log_time=log_time,
+                                            predicted_escape=None if predicted is None else float(predicted))
     if run.pruning:
         figures["prune.png"] = pruning_figure(run.pruning, config, float(run.extra["prune"].get("tol", 0.01)))
     return figures
