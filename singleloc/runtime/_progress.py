@@ -93,7 +93,7 @@ def set_progress(mode: str = "auto") -> None:
     on a terminal), ``"lines"`` (a line per phase, for logs), ``"off"``, or ``"auto"`` (the
     default: live on a terminal, lines otherwise, off under pytest; ``SINGLELOC_PROGRESS``
     overrides it). Phases are compiling, loading, solving and evaluating, with their estimated
-    and measured times (docs/commands/index.md, "Progress and estimates")."""
+    and measured times (docs/commands/progress.md)."""
     _SETTINGS[0] = dataclasses.replace(_SETTINGS[0], mode=None if mode == "auto" else _check_mode(mode, "mode"))
 
 
