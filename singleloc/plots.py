@@ -227,7 +227,8 @@ def plot_heads_needed(rows, other_keys=(), *, title: str = "") -> Figure:
             c = colors[n % len(colors)]
             error = np.array([_value(r, "gap_to_bayes_error") for r in group])
             ax.errorbar(H, np.maximum(gap, floor), yerr=np.where(np.isfinite(error), error, 0.0), fmt="o-", color=c, ms=4,
-                        capsize=2, label=f"{name}: {answer} head{'s' if answer != '1' else ''}")
+                        capsize=2, label=f"{name}: " + (answer.replace(" (", " heads (", 1) if " (" in answer else
+                                                       f"{answer} head{'s' if answer != '1' else ''}"))
             if np.isfinite(need):
                 ax.plot(need, max(gap[H == need][0], floor), "*", color=c, ms=14, mec="k", mew=0.5)
         if np.isfinite(gap_tol):

@@ -180,6 +180,10 @@ def test_a_count_decided_within_the_error_says_so():
     table = heads_needed_table(rows, ["model.heads"])
     assert "bsoftmax, F=2: 3-4 (within error)" in table and "H=3: 0.00992 +- 0.0005" in table
     assert "H=4: 0.006 (error not stated)" in table
+    from singleloc.plots import plot_heads_needed
+
+    legend = [t.get_text() for t in plot_heads_needed(rows).axes[0].get_legend().get_texts()]
+    assert "bsoftmax: 3-4 heads (within error)" in legend  # the figure says what the table says
     rows[2]["gap_to_bayes_error"] = 1e-5  # the margin now exceeds the error: one number
     add_heads_needed(rows, ["model.heads"], 0.01)
     assert count_text(rows[0], 4) == "3"
