@@ -44,11 +44,13 @@ Output: ``DIR/sweep.csv`` with one row per point: the grid values, ``activation`
 ``escape_time``, ``first_learned``, ``first_specialization``, ``n_<class>`` for every head class,
 ``leaning_angle_spike``, ``leaning_angle_mean``, ``n_directions``, ``shared_profiles``, ``settled``
 (fraction of the seeds settled at the horizon: :mod:`singleloc.analysis._settled`), ``risk_change``), the
-Bayes columns (``bayes_risk``, ``bayes_risk_error``, ``gap_to_bayes``), the theory's quadrature
+Bayes columns (``bayes_risk``, ``bayes_risk_error``, ``final_risk_error``, ``gap_to_bayes``,
+``gap_to_bayes_error``), the theory's quadrature
 as :class:`~singleloc.TheoryResult` states it (``route``, ``gram_route``, ``risk_error``,
 ``exact_drift_error``, ``gram_error``, ``drift_error``, ``points``: blank for an entry cached
 before entries carried them, or a failed one), the same phase summary for the simulation with a
-``sim_`` prefix (and ``sim_gap_to_bayes``), ``heads_needed``, ``gap_tol`` and the cache ``key``
+``sim_`` prefix (and ``sim_gap_to_bayes``), ``heads_needed`` (with ``heads_needed_low`` and
+``heads_needed_high``: the count with the gaps moved by their errors), ``gap_tol`` and the cache ``key``
 (every column described in :data:`singleloc.sweeps._sweep_dataset.COLUMNS`). ``status`` is ``ok``,
 ``not yet (predicted escape at tau = X)`` for a point with a predicted escape where some seed
 has not escaped by the horizon, or the failure. One phase diagram over ``(H, F)`` per
