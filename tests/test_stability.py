@@ -370,6 +370,9 @@ def test_a_series_of_linearizations_says_k_of_n(tiny_ode, monkeypatch):
     counts = []
     monkeypatch.setattr(_predictions, "symmetric_path", lambda ode, x0, H, F, ts: (np.tile(x0, (len(ts), 1)), np.exp(-ts) + 0.1))
     monkeypatch.setattr(_predictions, "symmetric_escape_rate", lambda *a, count, **k: counts.append(count) or 0.01)
+    said.clear()
+    monkeypatch.setattr(_predictions, "Phase", Recorder)
     predicted_escape(cfg, tau_flow=10.0)
+    assert said[0][0].startswith("following the head-symmetric flow of 2 heads to tau = 10 (")  # the flow is said too
     n = len(counts)
     assert n > 1 and counts == [f"{k} of at most {n} along the plateau" for k in range(1, n + 1)]  # a rate too small to escape

@@ -51,6 +51,7 @@ import numpy as np
 
 from ..configuration._config import Config, gather_specs
 from ..configuration._specs import SGD, Model, Problem, Simulation, Theory
+from ..runtime._progress import Phase
 from ..theory._build import build
 from ..theory._ode import resolve_points
 from ..theory._theory import OrderParameterODE
@@ -167,7 +168,9 @@ def predicted_escape(config: Config | None = None, *, problem: Problem | None = 
     ode, mean = OrderParameterODE.from_setup(setup), setup.prior.mean()
     x0 = symmetric_start(H, F, config.sgd.init_scale, config.model.bias_init)
     ts = np.concatenate([[0.0], np.geomspace(tau_flow * 1e-4, tau_flow, _PATH_POINTS)])
-    xs, risk = symmetric_path(ode, x0, H, F, ts)
+    with Phase((f"following the head-symmetric flow of {H} heads to tau = {tau_flow:g} ({ode.expectation.route} route; "
+                f"then at most {n_rates} linearizations along its plateau)", "followed the head-symmetric flow")):
+        xs, risk = symmetric_path(ode, x0, H, F, ts)
     n = int(np.argmin(np.isfinite(risk))) if not np.all(np.isfinite(risk)) else len(ts)
     ts, xs, risk = ts[:n], xs[:n], risk[:n]
     tau_0 = plateau_time(ts, risk, plateau_fraction)
