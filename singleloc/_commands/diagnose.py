@@ -94,7 +94,8 @@ def run(args) -> int:
     cost = diagnose_cost(weights.shape, args.max_rows, len(temperatures), len(epsilons), args.directions)
     check_cost("diagnose", cost, args.force)
     heads = int(np.prod(weights.shape[:-2])) if weights.ndim > 2 else 1
-    with Phase((f"diagnosing {heads} head(s) of {weights.shape[-1]} tokens (vanishing attention, sensitivity at "
+    tokens = weights.shape[-1] if weights.ndim else 0  # a 0-d array is refused inside, in one line
+    with Phase((f"diagnosing {heads} head(s) of {tokens} tokens (vanishing attention, sensitivity at "
                 f"{len(temperatures)} temperatures{', top-N' if values is not None else ''})", "diagnosed"), [cost.seconds]):
         diagnosis = diagnose_attention(
             weights, values, top_n=args.top_n, temperatures=temperatures, epsilons=epsilons,
