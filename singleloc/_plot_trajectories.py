@@ -214,8 +214,10 @@ def plot_compare(theory=None, simulation=None, title: str = "", *, log_time: boo
             for kind, r, M, _, norms in series:
                 if norms is not None:
                     _mean_and_spread(ax, r.tau, M[:, :, k, k % F] / norms[:, :, k], c, kind, None)
-        ax.axhline(1 / np.sqrt(F), color="0.5", ls=":", lw=1, label=rf"$1/\sqrt{{{F}}}$: heads along the mean of the spikes")
-        ax.axhline(0.9, color="0.5", ls="--", lw=1, label="0.9: specialized")
+        along = np.asarray(first.tau, dtype=float)  # reference lines drawn through every saved time, so that the
+        for level, ls, label in ((1 / np.sqrt(F), ":", rf"$1/\sqrt{{{F}}}$: heads along the mean of the spikes"),
+                                 (0.9, "--", "0.9: specialized")):  # legend's loc="best" sees them as data
+            ax.plot(along, np.full(len(along), level), color="0.5", ls=ls, lw=1, label=label)
         _time_axis(ax, first.tau, log_time)
         ax.set_title(r"specialization: $M_{hf}/\sqrt{Q_{hh}}$ of each head with its spike", fontsize=9)
         ax.legend(frameon=False, fontsize=7, loc="best")
