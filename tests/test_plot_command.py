@@ -143,6 +143,7 @@ def test_integrate_draws_its_figure_and_takes_a_horizon(tmp_path, capsys, monkey
     assert "on a log grid of 201 saved times" in captured.err
     # the canned risk falls to the end: the run says it has not settled, and its theory.npz stores that
     assert "the run NOT settled: its final risk and head classes are what the horizon caught" in captured.out
+    assert re.search(r"risk 0\.8000 -> 0\.5000 \+- 1\.0e-12\n", captured.out), captured.out  # the canned exact route's error
     with np.load(tmp_path / "a" / "theory.npz") as f:
         assert not bool(f["settled"]) and float(f["risk_change"]) > 1e-3
     # auto: the sweep's predicted horizon (the prediction is stubbed: 2.5 x 12 rounded up = 30)

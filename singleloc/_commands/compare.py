@@ -31,6 +31,7 @@ def run(args) -> int:
     from ..runtime._progress import announce
     from ..simulation._simulation import simulate
     from ..simulation._simulation_estimate import compare_estimate
+    from ..sweeps._sweep_answers import error_text, final_risk_error
     from ..theory._ode import integrate
     from ..theory._starts import initial_conditions
 
@@ -46,8 +47,10 @@ def run(args) -> int:
                              "risk_se": theory.risk_se} | settled.arrays(),
         "compare.png": plot_compare(theory, sim, title=title, mean=config.problem.build_prior().mean())})
     dev = np.abs(sim.risk - theory.risk)
+    error = error_text(final_risk_error({"route": theory.route, "risk_error": theory.risk_error, "risk_se": theory.risk_se}))
     print(f"wrote {args.out}/compare.png: simulation risk {sim.risk.mean(0)[0]:.4f} -> {sim.risk.mean(0)[-1]:.4f}, "
-          f"theory {theory.risk.mean(0)[0]:.4f} -> {theory.risk.mean(0)[-1]:.4f}, max |sim - theory| per seed = {dev.max():.4f}")
+          f"theory {theory.risk.mean(0)[0]:.4f} -> {theory.risk.mean(0)[-1]:.4f}{error}, "
+          f"max |sim - theory| per seed = {dev.max():.4f}")
     print(f"theory {theory.quadrature()}")
     print(settled.text(f"the theory of {config.simulation.seeds} seeds"))
     return 0

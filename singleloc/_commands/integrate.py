@@ -43,6 +43,7 @@ def run(args) -> int:
     from ..analysis._settled import run_settledness
     from ..io._run_folders import save_run
     from ..plots import plot_compare
+    from ..sweeps._sweep_answers import error_text, final_risk_error
     from ..theory._ode import MAX_STEPS, integrate
 
     config = prepare_run(args, theory="one")
@@ -67,8 +68,8 @@ def run(args) -> int:
     figure = plot_compare(result, title=title, mean=config.problem.build_prior().mean())
     path = save_run(args.out, result.resolved(config), {"theory.npz": result.arrays(0) | settled.arrays(0) | predicted,
                                                         "theory.png": figure}) / "theory.npz"
-    se = f" +- {result.risk_se[0, -1]:.1e}" if result.replicates > 1 else ""
-    print(f"wrote {path} and theory.png: tau 0..{result.tau[-1]:g}, risk {result.risk[0, 0]:.4f} -> {result.risk[0, -1]:.4f}{se}")
+    print(f"wrote {path} and theory.png: tau 0..{result.tau[-1]:g}, risk {result.risk[0, 0]:.4f} -> {result.risk[0, -1]:.4f}"
+          f"{error_text(final_risk_error(result.arrays(0)))}")
     print(result.quadrature())
     print(settled.text("the run"))
     return 0

@@ -52,6 +52,14 @@ def final_risk_error(theory: Mapping[str, np.ndarray]) -> float:
     return max(errors) if errors else math.nan
 
 
+def error_text(error: float) -> str:
+    """A final risk's stated error as printed after it: ``" +- 1.2e-05"``, or ``" (error not stated: the rule
+    route with theory.replicates = 1)"``."""
+    if np.isfinite(error):
+        return f" +- {error:.1e}"
+    return " (error not stated: the rule route with theory.replicates = 1; 2 or more state it)"
+
+
 def bayes_columns(row: Mapping[str, Any], entry: Mapping[str, np.ndarray] | None, theory: Mapping[str, np.ndarray],
                   simulate: bool) -> dict[str, float]:
     """``bayes_risk``, ``bayes_risk_error``, ``final_risk_error``, ``gap_to_bayes``,
