@@ -54,11 +54,33 @@ def _time_axis(ax, tau, log_time: bool | None) -> None:
         ax.set_xlim(float(tau[0]), float(tau[-1]))  # no margin into negative times
 
 
-def _head_label(k: int, F: int, matched: bool) -> str:
-    if not matched:
-        return f"head {k + 1}"
-    nth = k // F + 1
-    return f"head learning spike {k % F + 1}" if nth == 1 else f"head {nth} on spike {k % F + 1}"
+def head_labels(result, match: bool, mean=None) -> list[str]:
+    """The legend labels of the heads of ``result`` (in :func:`matched_heads` order with ``match``):
+    what each has learned by its last saved time, as the phase analysis classes it
+    (:func:`~singleloc.analysis._head_classes.classify_heads` with the prior's ``mean``, without the
+    attention weights: no head is called ``off``), e.g. ``"head 1: aligned to spike 2"``, ``"head 3:
+    combination"``, and ``"(in 3 of 4 starts)"`` where the starts differ; ``"head k"`` without ``Q``."""
+    from collections import Counter
+
+    from .analysis._head_classes import classify_heads
+
+    M, Q = np.asarray(result.M, dtype=float)[:, -1], getattr(result, "Q", None)
+    S, H, F = M.shape
+    if Q is None:
+        return [f"head {k + 1}" for k in range(H)]
+    Q = np.asarray(Q, dtype=float)[:, -1]
+    classes = classify_heads(M, Q, mean=mean)
+    names, spikes = classes.names(), classes.spike
+    if match:
+        order = matched_heads(M)
+        names, spikes = np.take_along_axis(names, order, axis=1), np.take_along_axis(spikes, order, axis=1)
+    labels = []
+    for k in range(H):
+        said = Counter(f"{n} to spike {f + 1}" if n in ("aligned", "leaning") else str(n)
+                       for n, f in zip(names[:, k], spikes[:, k]))
+        ((text, n),) = said.most_common(1)
+        labels.append(f"head {k + 1}: {text}" + (f" (in {n} of {S} starts)" if n < S else ""))
+    return labels
 
 
 def _matched(result, match: bool):
@@ -116,7 +138,7 @@ def _style_legend(theory, simulation) -> list:
 
 
 def plot_compare(theory=None, simulation=None, title: str = "", *, log_time: bool | None = None,
-                 match: bool = True) -> Figure:
+                 match: bool = True, mean=None) -> Figure:
     """Risk against tau and the overlaps ``M_hf(tau)``, theory against simulation, each as its
     mean over starts (seeds) with the spread from the min to the max: theory a line with a band,
     simulation markers with bars (a legend says which is which).
@@ -126,8 +148,10 @@ def plot_compare(theory=None, simulation=None, title: str = "", *, log_time: boo
     or anything with ``tau``, ``risk`` (S, T), ``M`` (S, T, H, F)); either may be ``None``. With ``match``
     (default; with ``H >= F``) the heads of every
     trajectory are put in :func:`matched_heads` order (by their overlaps at the last saved time), so
-    that the colour of "the head learning spike ``f``" is the same in every seed and the means are over
-    like heads; a head whose overlap with its spike ends negative (a zero-mean prior's heads learn
+    that the colour of the head with the largest overlap with spike ``f`` is the same in every seed and
+    the means are over like heads; the legend names each head by what it has learned at the end
+    (:func:`head_labels`: its class, as the phase analysis gives it with the prior's ``mean``, the
+    zero vector by default); a head whose overlap with its spike ends negative (a zero-mean prior's heads learn
     ``-e_f`` as often as ``e_f``) is drawn with the signs of its overlaps flipped. One panel per
     spike ``f`` shows ``M_hf`` of every head; with ``match`` and ``Q`` (``H >= F``) one more shows
     the cosine ``M_hf / sqrt(Q_hh)`` of each head with its own spike, which sits at ``1/sqrt(F)``
@@ -169,40 +193,44 @@ def plot_compare(theory=None, simulation=None, title: str = "", *, log_time: boo
 
         dev = float(np.max(np.abs(np.asarray(simulation.risk) - np.asarray(theory.risk))))
         handles.append(Line2D([], [], ls="none", label=f"largest |simulation - theory| of one seed: {dev:.3f}"))
-    ax.legend(handles=handles, frameon=False, fontsize=7, loc="upper right")
+    ax.legend(handles=handles, frameon=False, fontsize=7, loc="best")
     ax.set_ylabel("risk")
     ax.set_title("risk")
     _time_axis(ax, first.tau, log_time)
     heads = [(k, colors[k % len(colors)]) for k in range(H)]
+    labels = head_labels(first, match, mean)
     for f in range(F):
         ax = axes[1 + f]
         for k, c in heads:
             for kind, r, M, *_ in series:
-                _mean_and_spread(ax, r.tau, M[:, :, k, f], c, kind, _head_label(k, F, match) if kind == series[0][0] else None)
+                _mean_and_spread(ax, r.tau, M[:, :, k, f], c, kind, labels[k] if kind == series[0][0] else None)
         _time_axis(ax, first.tau, log_time)
         ax.set_title(rf"$M_{{h{f + 1}}}$: overlap of each head with spike {f + 1}", fontsize=9)
         if f == 0:  # the colours of the heads, once
-            ax.legend(frameon=False, fontsize=7)
+            ax.legend(frameon=False, fontsize=7, loc="best")
     if aligned:  # the cosine of each matched head with its own spike: 1/sqrt(F) on the plateau, 1 once specialized
         ax = axes[1 + F]
         for k, c in heads:
             for kind, r, M, _, norms in series:
                 if norms is not None:
                     _mean_and_spread(ax, r.tau, M[:, :, k, k % F] / norms[:, :, k], c, kind, None)
-        ax.axhline(1 / np.sqrt(F), color="0.5", ls=":", lw=1, label=rf"$1/\sqrt{{{F}}}$: heads along the mean of the spikes")
-        ax.axhline(0.9, color="0.5", ls="--", lw=1, label="0.9: specialized")
+        along = np.asarray(first.tau, dtype=float)  # reference lines drawn through every saved time, so that the
+        for level, ls, label in ((1 / np.sqrt(F), ":", rf"$1/\sqrt{{{F}}}$: heads along the mean of the spikes"),
+                                 (0.9, "--", "0.9: specialized")):  # legend's loc="best" sees them as data
+            ax.plot(along, np.full(len(along), level), color="0.5", ls=ls, lw=1, label=label)
         _time_axis(ax, first.tau, log_time)
         ax.set_title(r"specialization: $M_{hf}/\sqrt{Q_{hh}}$ of each head with its spike", fontsize=9)
-        ax.legend(frameon=False, fontsize=7, loc="lower right")
+        ax.legend(frameon=False, fontsize=7, loc="best")
     if v_of is not None:
         ax = axes[-1]
         for k, c in heads:
             for kind, r, _, v, _ in series:
                 if v is not None:
-                    _mean_and_spread(ax, r.tau, v[:, :, k], c, kind, _head_label(k, F, match) if kind == series[0][0] else None)
+                    _mean_and_spread(ax, r.tau, v[:, :, k], c, kind, labels[k] if kind == series[0][0] else None)
         _time_axis(ax, first.tau, log_time)
         ax.set_title(r"head weights $v_h$ of $a_l = \sum_h v_h A_{hl}$", fontsize=9)
-        ax.legend(frameon=False, fontsize=7)
+        ax.legend(frameon=False, fontsize=7, loc="best")
     if title:
-        fig.suptitle(title + ("; heads matched to the spike they learn" if match and (H > 1 or F > 1) else ""), fontsize=10)
+        fig.suptitle(title + ("; heads matched across starts by their largest overlap" if match and (H > 1 or F > 1) else ""),
+                     fontsize=10)
     return fig

@@ -37,14 +37,20 @@ __all__ = ["matched_heads", "plot_compare", "plot_heads_needed", "plot_phase_dia
 
 
 def plot_phases(analysis, risk, index: int = 0, *, title: str = "", log_time: bool | None = None,
-                direction_names=None) -> Figure:
+                direction_names=None, predicted_escape: float | None = None) -> Figure:
     """Four panels for trajectory ``index`` of a :class:`~singleloc.PhaseAnalysis`:
-    the risk with its plateaus (dots) and escape times (dashed lines); the alignment
-    ``M_hf / sqrt(Q_hh)`` of every head (colour) with every spike (line style); the number of heads
-    in each class (:data:`~singleloc.HEAD_CLASSES`, the classes that occur; thin vertical lines:
-    aligned heads change spike); the numbers of redundant head pairs and of pairs with a shared
-    spike profile. ``risk`` is (S, T) or (T,). ``log_time``: a log time axis (``None``: when the
-    saved times are log-spaced)."""
+    the risk with its plateaus (dots), the escape from each (thin dashed lines), the measured
+    escape from the unspecialized phase (``escape_time``: a solid line) and, given
+    ``predicted_escape`` (:func:`~singleloc.predicted_escape`), the prediction (a dotted line
+    with a diamond), each named in the legend; the alignment ``M_hf / sqrt(Q_hh)`` of every head
+    (colour) with every spike (line style), with a triangle where a head specializes (named in
+    the legend when one is drawn); the number of heads in each class
+    (:data:`~singleloc.HEAD_CLASSES`, the classes that occur; thin vertical lines: aligned heads
+    change spike); the numbers of redundant head pairs and of pairs with a shared spike profile.
+    ``risk`` is (S, T) or (T,). ``log_time``: a log time axis (``None``: when the saved times
+    are log-spaced). Legends where they cover the least data (``loc="best"``)."""
+    from matplotlib.lines import Line2D
+
     colors = _colors()
     a = analysis
     tau = a.tau
@@ -56,29 +62,40 @@ def plot_phases(analysis, risk, index: int = 0, *, title: str = "", log_time: bo
     for p in a.plateaus[index]:
         ax.plot([p.start, p.end], [p.risk, p.risk], "-", color="C1", lw=4, alpha=0.4)
         ax.plot(p.tau, p.risk, "o", color="C1", ms=4)
+    named = False
     for e in a.escapes[index]:
         if np.isfinite(e):
-            ax.axvline(e, color="C3", ls="--", lw=0.8)
+            ax.axvline(e, color="C3", ls="--", lw=0.8, label=None if named else "escape from a plateau (halfway drop)")
+            named = True
     if np.isfinite(a.escape_time[index]):
-        ax.axvline(a.escape_time[index], color="C3", lw=1.5, label=f"escape {a.escape_time[index]:.1f}")
-        ax.legend(fontsize=8, frameon=False)
+        ax.axvline(a.escape_time[index], color="C3", lw=1.5, label=f"measured escape: {a.escape_time[index]:.3g}")
+    if predicted_escape is not None and np.isfinite(predicted_escape):
+        ax.axvline(predicted_escape, color="C0", ls=":", lw=1.5)
+        ax.plot([predicted_escape], [1.0], "D", color="C0", ms=6, transform=ax.get_xaxis_transform(), clip_on=False,
+                label=f"predicted escape: {predicted_escape:.3g} (linearisation)")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, frameon=False, loc="best")
     ax.set_ylabel("risk")
     ax.set_title("risk, plateaus, escapes")
     ax = axes[1]
     H, F = a.cos.shape[-2:]
     styles = ["-", "--", ":", "-."]
-    from matplotlib.lines import Line2D
-
+    specialized = False
     for h in range(H):
         for f in range(F):
             ax.plot(tau, a.cos[index, :, h, f], styles[f % 4], color=colors[h % len(colors)], lw=1.2)
         t = a.specialization_times[index, h]
         if np.isfinite(t):
             ax.plot(t, a.cos[index, np.searchsorted(tau, t), h].max(), "v", color=colors[h % len(colors)], ms=6)
+            specialized = True
     names = [direction_names[f] if direction_names else f"spike {f + 1}" for f in range(F)]
-    key = ([Line2D([], [], color=colors[h % len(colors)], lw=1.2, label=f"head {h + 1}") for h in range(H)]
-           + [Line2D([], [], color="0.3", ls=styles[f % 4], lw=1.2, label=names[f]) for f in range(F)])
-    ax.set_title(r"alignment $M_{hf}/\sqrt{Q_{hh}}$ (triangles: specialization)", fontsize=9)
+    final = a.classes.names()[index, -1]
+    key = ([Line2D([], [], color=colors[h % len(colors)], lw=1.2, label=f"head {h + 1} ({final[h]} at the end)")
+            for h in range(H)]
+           + [Line2D([], [], color="0.3", ls=styles[f % 4], lw=1.2, label=names[f]) for f in range(F)]
+           + ([Line2D([], [], color="0.3", marker="v", ls="none", label="specializes (stays aligned from here)")]
+              if specialized else []))
+    ax.set_title(r"alignment $M_{hf}/\sqrt{Q_{hh}}$ of each head with each spike", fontsize=9)
     ax.legend(handles=key, fontsize=6, frameon=False, ncol=2 if H + F > 6 else 1, loc="best")
     ax = axes[2]
     for k, (name, count) in enumerate(a.classes.counts().items()):
@@ -88,13 +105,13 @@ def plot_phases(analysis, risk, index: int = 0, *, title: str = "", log_time: bo
         ax.axvline(t, color="0.4", ls=":", lw=0.8)
     ax.set_ylim(-0.2, H + 0.2)
     ax.set_title("head classes (vertical lines: aligned heads change spike)", fontsize=9)
-    ax.legend(fontsize=8, frameon=False)
+    ax.legend(fontsize=8, frameon=False, loc="best")
     ax = axes[3]
     ax.step(tau, a.redundant[index], where="post", color="C4", label="redundant keys (cosine > 0.99)")
     ax.step(tau, a.profiles[index], where="post", color="C5", ls="--", label="shared spike profile")
     ax.set_ylim(-0.2, max(1, H * (H - 1) // 2) + 0.2)
     ax.set_title("head pairs")
-    ax.legend(fontsize=8, frameon=False)
+    ax.legend(fontsize=8, frameon=False, loc="best")
     for ax in axes:
         _time_axis(ax, tau, log_time)
     if title:
@@ -182,8 +199,12 @@ def plot_heads_needed(rows, other_keys=(), *, title: str = "") -> Figure:
     ``activation``, ``heads``, ``F``, ``gap_to_bayes``, ``heads_needed``, ``gap_tol``): one panel
     per spike count ``F``, one line per activation (and value of the ``other_keys`` grid keys), a
     dashed line at ``gap_tol`` and a star at ``heads_needed``, the fewest heads within it (the
-    legend says "more than H" where no point comes that close). Log scale; a gap at or below zero
+    legend says "more than H" where no point comes that close, and "3-4 (within error)" where the
+    gaps' errors move the count: :func:`~singleloc.sweeps._sweep_answers.count_text`); error bars
+    ``gap_to_bayes_error`` where stated. Log scale, legend outside the panels; a gap at or below zero
     (within the quadrature error of the Bayes risk) is drawn at the bottom of the panel."""
+    from .sweeps._sweep_answers import count_text
+
     Fs = sorted({int(r["F"]) for r in rows})
     fig = Figure(figsize=(4.4 * len(Fs), 3.8), constrained_layout=True)
     axes = np.atleast_1d(fig.subplots(1, len(Fs)))
@@ -202,9 +223,12 @@ def plot_heads_needed(rows, other_keys=(), *, title: str = "") -> Figure:
             gap = np.array([_value(r, "gap_to_bayes") for r in group])
             need = _value(group[0], "heads_needed")
             name = key[0] + "".join(f", {k.split('.')[-1]}={v}" for k, v in zip(other_keys, key[1:]))
-            answer = f"{int(need)} heads" if np.isfinite(need) else f"more than {H.max()}"
+            answer = count_text(group[0], int(H.max()))
             c = colors[n % len(colors)]
-            ax.plot(H, np.maximum(gap, floor), "o-", color=c, ms=4, label=f"{name}: {answer}")
+            error = np.array([_value(r, "gap_to_bayes_error") for r in group])
+            ax.errorbar(H, np.maximum(gap, floor), yerr=np.where(np.isfinite(error), error, 0.0), fmt="o-", color=c, ms=4,
+                        capsize=2, label=f"{name}: " + (answer.replace(" (", " heads (", 1) if " (" in answer else
+                                                       f"{answer} head{'s' if answer != '1' else ''}"))
             if np.isfinite(need):
                 ax.plot(need, max(gap[H == need][0], floor), "*", color=c, ms=14, mec="k", mew=0.5)
         if np.isfinite(gap_tol):
@@ -214,7 +238,7 @@ def plot_heads_needed(rows, other_keys=(), *, title: str = "") -> Figure:
         ax.set_ylabel("gap_to_bayes = final_risk - bayes_risk")
         ax.set_title(f"F = {F} spike{'s' if F > 1 else ''}: heads needed (stars)", fontsize=9)
         ax.xaxis.set_major_locator(mpl.ticker.MaxNLocator(integer=True))
-        ax.legend(frameon=False, fontsize=7)
+        ax.legend(frameon=False, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18))
     fig.suptitle(title or "heads needed to come within gap_tol of the Bayes risk", fontsize=10)
     return fig
 
@@ -259,6 +283,20 @@ def plot_pruning(curves: dict, *, F: int | None = None, tol: float | None = 0.01
 # --------------------------------------------------------------------------- attention diagnostics
 
 
+def _plain_log_axis(axis, ticks=None) -> None:
+    """A log axis labelled with plain numbers (``2``, ``64``), its minor ticks unlabelled (their
+    ``3x10^1``-style labels overlapped on a range of one or two decades); ``ticks``: label those values."""
+    if ticks is not None:
+        ticks = np.unique(np.asarray(ticks, float))
+        if len(ticks) > 8:  # at most about 8 labels: every k-th of them
+            ticks = ticks[:: int(np.ceil(len(ticks) / 8))]
+        axis.set_major_locator(mpl.ticker.FixedLocator(ticks))
+    else:
+        axis.set_major_locator(mpl.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(mpl.ticker.FuncFormatter(lambda x, _: f"{x:g}"))
+    axis.set_minor_formatter(mpl.ticker.NullFormatter())
+
+
 def plot_vanishing(diagnosis) -> Figure:
     """Vanishing attention of an :class:`~singleloc.AttentionDiagnosis`: histograms of
     ``L * max alpha`` and ``L * min alpha`` (log scale), and the largest weight of each row
@@ -279,6 +317,7 @@ def plot_vanishing(diagnosis) -> Figure:
     ul = np.unique(lens)
     ax2.loglog(ul, [np.median(wmax[lens == u]) for u in ul], "o-", ms=3, color="C3", label="median per length")
     ax2.loglog(ul, 1.0 / ul, color="k", lw=0.8, ls="--", label="1/L")
+    _plain_log_axis(ax2.xaxis)
     ax2.set(xlabel="tokens in the row", ylabel="max_i alpha_i", title="largest weight against the row length")
     ax2.legend(fontsize=8)
     fig.tight_layout()
@@ -323,6 +362,7 @@ def plot_top_n(diagnosis) -> Figure:
     ax2.plot(N, sep, "o-", color="C1")
     for ax in (ax1, ax2):
         ax.set_xscale("log")
+        _plain_log_axis(ax.xaxis, N)
         if topn["critical_n"] is not None:
             ax.axvline(topn["critical_n"], color="C3", lw=0.8, ls="--", label=f"critical top-N = {topn['critical_n']}")
             ax.legend(fontsize=8)

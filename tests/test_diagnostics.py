@@ -449,7 +449,8 @@ def _causal_attention(rng, shape, L):
     return softmax_np(s)
 
 
-def test_diagnose_command_writes_files(tmp_path, rng, capsys):
+def test_diagnose_command_writes_files(tmp_path, rng, capsys, monkeypatch):
+    monkeypatch.setenv("SINGLELOC_PROGRESS", "lines")  # the suite's "off" (tests/conftest.py): the lines said here
     L = 16
     w = _causal_attention(rng, (2, 3), L)
     v = rng.standard_normal((2, 3, L, 4))
@@ -470,8 +471,11 @@ def test_diagnose_command_writes_files(tmp_path, rng, capsys):
     assert data["vanishing"]["L_times_max_weight"]["max"] == pytest.approx(expected_max, rel=1e-6)
     assert [r["T"] for r in data["jacobian"]] == [0.1, 1.0]
     assert data["top_n"]["N"] == [1, 2, 4] and data["top_n"]["ks_samples"] == "heads"
-    printed = capsys.readouterr().out
-    assert "critical top-N" in printed and "mask: causal" in printed
+    captured = capsys.readouterr()
+    assert "critical top-N" in captured.out and "mask: causal" in captured.out
+    # what it is doing, said before the seconds it takes (stderr is no terminal: one line at the start and the end)
+    assert "singleloc diagnose: diagnosing 6 head(s) of 16 tokens (vanishing attention, sensitivity at 2 temperatures, top-N)" \
+        in captured.err and "singleloc diagnose: diagnosed in " in captured.err
 
 
 def test_diagnose_defaults_next_to_the_input(tmp_path, rng):
@@ -519,3 +523,35 @@ def test_diagnose_rejects_a_file_that_is_not_npy(tmp_path, capsys):
     assert cli.main(["diagnose", str(tmp_path / "x.npy")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "not a readable .npy" in err
+
+
+@pytest.mark.parametrize("samples", [20, 45, 116, 270])
+def test_the_stated_power_is_the_smallest_ks_statistic_that_rejects(samples):
+    """The detectable shift against scipy's exact one-sided test: samples ``a`` and ``a`` shifted by
+    ``k + 1/2`` have the KS statistic ``(k + 1) / S``; the smallest one that rejects at 0.01 lies
+    within one step ``1/S`` above the stated shift."""
+    from scipy import stats
+
+    from singleloc.attention._top_n import detectable_shift
+
+    a = np.arange(samples, dtype=float)
+    rejecting = [stats.ks_2samp(a, a + k + 0.5, alternative="greater") for k in range(samples)]
+    smallest = min(r.statistic for r in rejecting if r.pvalue < 0.01)
+    shift = detectable_shift(samples, samples, 0.01)
+    assert shift - 1e-9 <= smallest <= shift + 1.0 / samples + 1e-9
+
+
+def test_diagnose_states_its_power_and_warns_when_it_is_low(rng):
+    from singleloc.attention._top_n import stable_samples
+
+    L = 16
+    few = singleloc.diagnose_attention(_causal_attention(rng, (1, 45), L), rng.standard_normal((1, 45, L, 4)),
+                                       top_n=[1, 2, 4], temperatures=[1.0], max_rows=4)
+    table = few.table()
+    assert few.ks_sample_count == 45 and few.top_n["detectable_shift"] == pytest.approx(math.sqrt(math.log(100) / 45))
+    assert "power: with 45 samples per N the tests detect a rise of d only where it moves" in table
+    assert f"warning: low power: fewer than {stable_samples(0.01)} samples (heads: 45)" in table
+    many = singleloc.diagnose_attention(_causal_attention(rng, (1, 150), L), rng.standard_normal((1, 150, L, 4)),
+                                        top_n=[1, 2, 4], temperatures=[1.0], max_rows=4)
+    assert many.top_n["detectable_shift"] < 0.2 and "power: with 150 samples" in many.table()
+    assert "warning: low power" not in many.table() and stable_samples(0.01) == 116

@@ -30,7 +30,7 @@ def test_the_site_loads_nothing_from_the_network():
     config = (ROOT / "mkdocs.yml").read_text()
     assert not re.search(r"^\s*-\s*https?://", config, re.MULTILINE)  # no remote script or stylesheet
     assert re.search(r"^\s*font: false", config, re.MULTILINE)  # the theme's web fonts are off
-    shipped = re.findall(r"^\s*-\s*(assets/\S+|javascripts/\S+)", config, re.MULTILINE)
+    shipped = re.findall(r"^\s*-\s*(assets/\S+|javascripts/\S+|stylesheets/\S+)", config, re.MULTILINE)
     assert shipped and all((DOCS / path).is_file() for path in shipped)
     css = (DOCS / "assets" / "katex" / "katex.min.css").read_text()
     fonts = set(re.findall(r"url\((fonts/[^)]+)\)", css))
@@ -89,3 +89,27 @@ def docs_run(monkeypatch):
     spec.loader.exec_module(module)
     monkeypatch.setitem(sys.modules, "docs_run", module)
     return module
+
+
+def test_the_built_site_browses_from_disk_and_its_code_wraps():
+    """Issue 61 item 8: opened from disk, a link to a page must name its file (``page.html``), not a
+    folder (``page/``, which a browser shows as a directory listing); long code lines wrap."""
+    config = (ROOT / "mkdocs.yml").read_text()
+    assert re.search(r"^use_directory_urls: false", config, re.MULTILINE)
+    sheets = re.findall(r"^\s*-\s*(stylesheets/\S+\.css)", config, re.MULTILINE)
+    assert any("white-space: pre-wrap" in (DOCS / sheet).read_text() for sheet in sheets)
+
+
+COMMANDS = ("simulate", "integrate", "compare", "plot", "bayes", "prune", "sweep", "diagnose", "attention")
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_command_page_answers_first(command):
+    """Each command's page: a command to run before its first section (or in its first one), the
+    options (the long --help text) last."""
+    text = (DOCS / "commands" / f"{command}.md").read_text()
+    sections = re.findall(r"^## (.+)$", text, re.MULTILINE)
+    first_section = text.index("\n## ")
+    second_section = text.index("\n## ", first_section + 1)
+    assert f"singleloc {command}" in text[:second_section] and "```bash" in text[:second_section], command
+    assert sections[-1] == "Options", sections

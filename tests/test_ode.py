@@ -106,7 +106,8 @@ def test_integrate_cli_writes_documented_files(tmp_path, capsys, tiny_theory):
     gram_points = tiny().theory.gram_rule_points(3, 2, 64)  # the exact route's one Sobol rule is its Gram term's
     with np.load(out / "theory.npz") as f:
         assert set(f.files) == {"tau", "M", "Q", "b", "risk", "risk_se", "drift_error", "points", "replicates", "route",
-                                "risk_error", "gram_error", "exact_drift_error", "gram_route"}
+                                "risk_error", "gram_error", "exact_drift_error", "gram_route", "settled", "risk_change",
+                                "class_change"}
         assert f["M"].shape == (3, 2, 1) and f["Q"].shape == (3, 2, 2) and f["b"].shape == (3, 2) and f["risk"].shape == (3,)
         assert f["risk_se"].shape == (3,) and int(f["points"]) == gram_points and int(f["replicates"]) == 1
         assert str(f["route"]) == "exact"

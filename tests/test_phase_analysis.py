@@ -271,3 +271,33 @@ def test_attention_mass_against_monte_carlo():
     assert w1[1] < 1e-3
     c = hc.classify_heads(M, Q, mean=[1.25, 1.25], weights=w1)
     assert c.names()[1] == "off"
+
+
+def test_a_run_has_settled_only_when_its_risk_and_classes_held_over_the_window():
+    """The criterion of singleloc.analysis._settled on hand-made trajectories: 11 saved times on
+    [0, 10], so the window (the last 20 %) is tau = 8, 9, 10."""
+    from singleloc.analysis._settled import RTOL, settledness
+
+    tau = np.linspace(0.0, 10.0, 11)
+    flat = np.r_[np.linspace(0.8, 0.2, 8), [0.2, 0.2, 0.2]]
+    codes = np.zeros((11, 2), int)
+    s = settledness(tau, flat, codes)
+    assert s.settled.tolist() == [True] and s.window_start == 8.0 and s.times == 3 and np.isnan(s.class_change[0])
+    dip = flat.copy()
+    dip[9] = 0.2 * (1 + 3 * RTOL)  # a dip that climbs back: the two ends agree, the window does not
+    assert settledness(tau, dip, codes).settled.tolist() == [False]
+    near = flat.copy()
+    near[9] = 0.2 * (1 + 0.5 * RTOL)
+    assert settledness(tau, near, codes).settled.tolist() == [True]
+    late = codes.copy()
+    late[10, 1] = 2  # head 1 changes class at the last saved time
+    s = settledness(tau, flat, late)
+    assert s.settled.tolist() == [False] and s.class_change[0] == 10.0 and s.changed_heads[0] == 1
+    assert "NOT settled" in s.text() and "1 head(s) changed class (last at tau = 10)" in s.text()
+    early = codes.copy()
+    early[8:, 1] = 2  # changed before the window (between tau = 7 and 8): held over it
+    assert settledness(tau, flat, early).settled.tolist() == [True]
+    both = settledness(tau, np.stack([flat, flat]), np.stack([codes, late]))  # a run settles when each trajectory has
+    assert both.settled.tolist() == [True, False] and "(1 of 2 trajectories)" in both.text()
+    short = settledness(tau[:2], flat[:2], codes[:2])  # fewer saved times than the window needs: the last two
+    assert short.times == 2 and short.settled.tolist() == [False]

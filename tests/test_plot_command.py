@@ -5,6 +5,7 @@ figure and ``--horizon``, and prune's table numbering heads from 1."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -75,7 +76,8 @@ def test_load_run_gives_the_result_objects(folders):
 
 @pytest.mark.parametrize("kind, figures", [("integrate", ["theory.png", "phases.png"]), ("simulate", ["simulation.png"]),
                                            ("compare", ["compare.png", "phases.png"]), ("prune", ["prune.png"])])
-def test_plot_adds_the_figures_of_every_kind_of_run(folders, capsys, kind, figures):
+def test_plot_adds_the_figures_of_every_kind_of_run(folders, capsys, monkeypatch, kind, figures):
+    monkeypatch.setenv("SINGLELOC_PROGRESS", "lines")  # the suite's "off" (tests/conftest.py): the lines said here
     folder = folders[kind]
     before = {p.name: p.read_bytes() for p in folder.iterdir()}
     assert main(["plot", str(folder)]) == 0
@@ -84,7 +86,11 @@ def test_plot_adds_the_figures_of_every_kind_of_run(folders, capsys, kind, figur
     assert all((folder / name).read_bytes() == data for name, data in before.items())  # the run's files kept
     assert sorted(p.name for p in folder.iterdir()) == sorted({*before, *figures})
     assert load_run(folder).config_hash == json.loads((folder / "config.json").read_text())["config_hash"]
-    assert capsys.readouterr().out.startswith("wrote ")
+    captured = capsys.readouterr()
+    assert captured.out.startswith("wrote ")
+    if "phases.png" in figures:  # the seconds of the heads' classification are said (stderr is no terminal: lines)
+        assert re.search(r"singleloc plot: classifying the 3 heads at 9 saved times .* for phases.png \.\.\.\n"
+                         r"singleloc plot: classified the heads in [0-9.]+ (ms|s)", captured.err), captured.err
 
 
 def test_plot_into_another_folder_and_refusals(folders, tmp_path, capsys):
@@ -115,7 +121,7 @@ def test_compare_figure_averages_like_heads(folders):
     theory = TheoryResult(base["tau"], M, np.concatenate([base["Q"]] * 2), np.zeros((2, T, 2)), np.tile(base["risk"], (2, 1)))
     fig = plots.plot_compare(theory, title="t")
     assert len(fig.axes) == 1 + 2 + 1  # risk, two spikes, the alignment panel
-    lines = [line for line in fig.axes[1].lines if line.get_label() == "head learning spike 1"]
+    lines = [line for line in fig.axes[1].lines if line.get_label() == "head 1: aligned to spike 1"]  # its class, both seeds
     np.testing.assert_allclose(lines[0].get_ydata(), base["M"][0, :, 0, 0])
     legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert legend == ["theory: mean of 2 starts", "theory: min to max over starts"]
@@ -133,13 +139,26 @@ def test_integrate_draws_its_figure_and_takes_a_horizon(tmp_path, capsys, monkey
     tau = run.theory.tau
     assert tau[-1] == pytest.approx(20.0) and len(tau) == 201 and tau[2] / tau[1] == pytest.approx(tau[-1] / tau[-2])
     assert npz_stamp(tmp_path / "a" / "theory.npz") == run.config_hash and (tmp_path / "a" / "theory.png").is_file()
-    assert "on a log grid of 201 saved times" in capsys.readouterr().err
+    captured = capsys.readouterr()
+    assert "on a log grid of 201 saved times" in captured.err
+    # the canned risk falls to the end: the run says it has not settled, and its theory.npz stores that
+    assert "the run NOT settled: its final risk and head classes are what the horizon caught" in captured.out
+    assert re.search(r"risk 0\.8000 -> 0\.5000 \+- 1\.0e-12\n", captured.out), captured.out  # the canned exact route's error
+    with np.load(tmp_path / "a" / "theory.npz") as f:
+        assert not bool(f["settled"]) and float(f["risk_change"]) > 1e-3
     # auto: the sweep's predicted horizon (the prediction is stubbed: 2.5 x 12 rounded up = 30)
     prediction = EscapePrediction(0.1, 3.0, 0.3, 12.0, 30.0, 1000, np.array([3.0]), np.array([0.1]))
     monkeypatch.setattr(_sweep_compute, "compute_prediction", lambda config: prediction.arrays())
     assert main(["integrate", "default", *tiny, "--horizon", "auto", "--out", str(tmp_path / "b")]) == 0
     assert load_run(tmp_path / "b").theory.tau[-1] == pytest.approx(30.0)
     assert "predicted escape at tau = 12" in capsys.readouterr().err
+    # the prediction is kept, and plot's phases.png tells it from the measured escape (issue 61 item 5)
+    from singleloc._commands.plot import run_figures
+
+    risk_panel = run_figures(load_run(tmp_path / "b"))["phases.png"].axes[0]
+    legend = [t.get_text() for t in risk_panel.get_legend().get_texts()]
+    assert "predicted escape: 12 (linearisation)" in legend
+    assert [line.get_marker() for line in risk_panel.lines if line.get_label().startswith("predicted")] == ["D"]
 
 
 def test_integrate_suggests_a_log_grid_for_a_long_linear_one(tmp_path, capsys, monkeypatch):

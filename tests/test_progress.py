@@ -131,6 +131,7 @@ def test_a_solve_records_its_times_and_the_next_estimate_is_measured(records, mo
     assert other.estimate.parts[-1][1] == pytest.approx(solve_size(other.features, 2.0) / solve_size(features, 2.0))
 
 
+@pytest.mark.compiles(3)  # the solve's program, the heads' attention mass of the settled check, prune's risks
 def test_the_command_line_says_each_phase_in_one_line_with_its_time(records, tmp_path, capsys):
     """``--no-progress`` (and any stderr that is not a terminal): the estimate, then one line per
     phase (its start, its end with its time), no carriage returns; then prune's estimate and its
@@ -263,14 +264,17 @@ def test_the_mode_python_callers_get(monkeypatch):
     assert _progress.mode() == "lines"
 
 
-def test_a_terminal_gets_a_live_line_and_the_phase_leaves_one_line_with_its_time(tmp_path):
-    """On a pseudo-terminal, a Python caller's default: the status line redrawn in place (with
-    the elapsed time against the estimate), then the phase's line."""
-    code = ("import time\nfrom singleloc.runtime._progress import Phase\n"
-            "with Phase(('waiting for the test', 'waited for the test'), [60.0]):\n    time.sleep(1.6)\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_CURRENT_TEST", _progress.MODE_ENV)}
+def _on_a_terminal(code: str, columns: int = 0) -> tuple[int, str]:
+    """Run ``code`` in a Python process whose stdout and stderr are a pseudo-terminal of
+    ``columns`` columns (0: one that reports no width, as a fresh pty does); its exit code and output."""
+    import fcntl
+    import struct
+    import termios
+
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_CURRENT_TEST", _progress.MODE_ENV, "COLUMNS")}
     leader, follower = os.openpty()
     try:
+        fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24 if columns else 0, columns, 0, 0))
         proc = subprocess.run([sys.executable, "-c", code], stdin=subprocess.DEVNULL, stdout=follower, stderr=follower,
                               env=env, timeout=60)
         os.set_blocking(leader, False)
@@ -286,8 +290,29 @@ def test_a_terminal_gets_a_live_line_and_the_phase_leaves_one_line_with_its_time
     finally:
         os.close(leader)
         os.close(follower)
-    text = out.decode()
-    assert proc.returncode == 0, text
+    return proc.returncode, out.decode()
+
+
+def test_a_bar_falls_back_to_lines_on_a_terminal_that_reports_no_width():
+    """Issue 61 item 4: tqdm draws nothing on a terminal of 0 columns; the bar says its lines there,
+    and draws itself on a terminal with a width."""
+    code = ("from singleloc.runtime._progress_bar import Bar\n"
+            "with Bar(3, 'counting', 'item', each=True) as bar:\n    [bar.update(1) for _ in range(3)]\n")
+    returncode, text = _on_a_terminal(code, columns=0)
+    assert returncode == 0, text
+    assert "singleloc: counting: 3 items ..." in text and re.search(rf"singleloc: counting: 3 items in {TIME}", text), repr(text)
+    returncode, text = _on_a_terminal(code, columns=80)
+    assert returncode == 0, text
+    assert "0/3 [" in text and "counting: 3 items ..." not in text, repr(text)  # tqdm's bar
+
+
+def test_a_terminal_gets_a_live_line_and_the_phase_leaves_one_line_with_its_time(tmp_path):
+    """On a pseudo-terminal, a Python caller's default: the status line redrawn in place (with
+    the elapsed time against the estimate), then the phase's line."""
+    code = ("import time\nfrom singleloc.runtime._progress import Phase\n"
+            "with Phase(('waiting for the test', 'waited for the test'), [60.0]):\n    time.sleep(1.6)\n")
+    returncode, text = _on_a_terminal(code)
+    assert returncode == 0, text
     assert re.search(rf"\rsingleloc: waiting for the test: {TIME} of about 60 s\x1b\[K", text), repr(text)
     assert re.search(rf"\r\x1b\[Ksingleloc: waited for the test in {TIME}\r?\n", text), repr(text)
 

@@ -341,3 +341,38 @@ def test_predicted_escape_of_a_configuration(flipped):
     one = predicted_escape(cfg.replace(model={"heads": 1}))
     assert not one.escapes and np.isnan(one.rate) and one.horizon == 300.0 and len(one.path_rate) == 0
     assert EscapePrediction.from_arrays(p.arrays()).predicted_escape == p.predicted_escape
+
+
+def test_a_series_of_linearizations_says_k_of_n(tiny_ode, monkeypatch):
+    """Issue 61 item 4: the repeated "linearized the drift" lines of an escape prediction say where
+    they stand ("k of at most n" along the plateau; "k of n" along given states)."""
+    from singleloc.analysis import _predictions
+
+    cfg, ode = tiny_ode
+    said = []
+
+    class Recorder:
+        def __init__(self, stages, *args, **kwargs):
+            said.append(stages)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(st, "Phase", Recorder)
+    stable = lambda ode, M, Q, b, method: (np.diag(-np.arange(1.0, M.size + Q.size + b.size + 1)), "autodiff")  # noqa: E731
+    monkeypatch.setattr(st, "drift_jacobian", stable)
+    x = st.symmetric_start(2, 2, cfg.sgd.init_scale, cfg.model.bias_init)
+    st.escape_rate_along(ode, [0.0, 1.0, 2.0], [x, x, x], 2, 2)
+    assert [s[1] for s in said] == [f"linearized the drift, {k} of 3" for k in (1, 2, 3)]
+    counts = []
+    monkeypatch.setattr(_predictions, "symmetric_path", lambda ode, x0, H, F, ts: (np.tile(x0, (len(ts), 1)), np.exp(-ts) + 0.1))
+    monkeypatch.setattr(_predictions, "symmetric_escape_rate", lambda *a, count, **k: counts.append(count) or 0.01)
+    said.clear()
+    monkeypatch.setattr(_predictions, "Phase", Recorder)
+    predicted_escape(cfg, tau_flow=10.0)
+    assert said[0][0].startswith("following the head-symmetric flow of 2 heads to tau = 10 (")  # the flow is said too
+    n = len(counts)
+    assert n > 1 and counts == [f"{k} of at most {n} along the plateau" for k in range(1, n + 1)]  # a rate too small to escape

@@ -12,12 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _tiny import tiny
 
-from singleloc import load_config, load_sweep, parse_grid
+from singleloc import bayes_risk, load_config, load_sweep, parse_grid
 from singleloc.analysis._predictions import EscapePrediction, escape_horizon
 from singleloc.cli import main
 from singleloc.sweeps import _sweep, _sweep_compute
-from singleloc.sweeps._sweep_answers import heads_needed
+from singleloc.sweeps._sweep_answers import add_heads_needed, count_text, final_risk_error, heads_needed, heads_needed_table
 from singleloc.sweeps._sweep_dataset import COLUMNS, describe_column
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "commands" / "sweep.md"
@@ -35,8 +36,9 @@ def final_risk(H: int, F: int) -> float:
 
 @pytest.fixture
 def fake(monkeypatch):
-    """Synthetic entries: the theory's risk ends at 0.05 / H + 0.01 F, the Bayes risk of a problem
-    with F spikes is 0.01 F, so gap_to_bayes = 0.05 / H. Counts the Bayes computations."""
+    """Synthetic entries: the theory's risk ends at 0.05 / H + 0.01 F with a standard error 1e-6
+    at the end, the Bayes risk of a problem with F spikes is 0.01 F (error 1e-7), so gap_to_bayes =
+    0.05 / H. Counts the Bayes computations."""
     bayes_calls = []
 
     def theory(config):
@@ -45,7 +47,8 @@ def fake(monkeypatch):
         M = np.zeros((S, 11, H, F))
         Q = np.tile(np.eye(H), (S, 11, 1, 1))
         risk = np.tile(np.linspace(0.8, final_risk(H, F), 11), (S, 1))
-        return {"tau": tau, "M": M, "Q": Q, "b": np.zeros((S, 11, H)), "risk": risk}
+        return {"tau": tau, "M": M, "Q": Q, "b": np.zeros((S, 11, H)), "risk": risk, "risk_se": np.full((S, 11), 1e-6),
+                "route": np.asarray("rule")}
 
     def bayes(config):
         bayes_calls.append(config.problem.F)
@@ -89,6 +92,8 @@ def test_sweep_joins_the_bayes_risk_once_per_problem(tmp_path, fake):
         assert float(row["bayes_risk"]) == pytest.approx(0.01 * F) and float(row["bayes_risk_error"]) == 1e-7
         assert float(row["final_risk"]) == pytest.approx(final_risk(H, F))
         assert float(row["gap_to_bayes"]) == pytest.approx(0.05 / H)
+        assert float(row["final_risk_error"]) == 1e-6
+        assert float(row["gap_to_bayes_error"]) == pytest.approx(math.hypot(1e-6, 1e-7), rel=1e-5)
         # 0.05 / H <= 0.02 first at H = 4 (H = 2: 0.025)
         assert float(row["heads_needed"]) == 4.0 and float(row["gap_tol"]) == 0.02
     ds = load_sweep(tmp_path)
@@ -127,11 +132,14 @@ def test_a_failed_bayes_risk_is_named_in_the_row(tmp_path, fake, monkeypatch):
 
 def test_the_command_prints_the_answer(tmp_path, fake, capsys):
     args = ["sweep", "default", "--grid", "model.heads=1,2,4", "--grid", "problem.F=1,2", "--set", "theory.points=64",
-            "--out", str(tmp_path / "o"), "--no-progress", "--gap", "0.03"]
-    assert main(args) == 0
+            "--out", str(tmp_path / "o"), "--no-progress", "--yes", "--force", "--gap", "0.03"]
+    assert main(args) == 0  # --yes, --force: estimates scaled from earlier tests' records of fake points are no subject here
     out = capsys.readouterr().out
     assert "heads needed to come within gap_tol = 0.03 of the Bayes risk" in out
-    assert re.search(r"softmax, F=2: 2 \(gap_to_bayes H=1: 0.05, H=2: 0.025, H=4: 0.0125\)", out)
+    # the fake risks still fall at the horizon: every point is flagged, in the table and in a line of its own
+    assert re.search(r"softmax, F=2: 2 \(gap_to_bayes H=1: 0.05 \+- 1e-06 unsettled, H=2: 0.025 \+- 1e-06 unsettled, "
+                     r"H=4: 0.0125 \+- 1e-06 unsettled\)", out)
+    assert "not settled at the horizon: 6 of 6 points (softmax H=1 F=1," in out
     assert main([*args[:-1], "-1"]) == 2
     assert "singleloc sweep: error: --gap: must be a finite number >= 0, got -1.0" in capsys.readouterr().err
 
@@ -148,3 +156,46 @@ def test_one_name_per_quantity_in_the_csv_the_dataset_the_figure_and_the_docs(tm
     titles = [ax.get_title() for ax in plot_phase_diagram(rows).axes if ax.get_title()]
     assert any("first_learned" in t and "predicted_escape" in t for t in titles)  # the CSV's names, not "escape"
     assert any("final_risk" in t for t in titles)
+
+
+@pytest.mark.compiles(3)  # the exact Bayes risk and its finer check
+def test_a_rule_route_point_reports_the_exact_bayes_risk():
+    """Issue 61 item 1: ``theory.route = rule`` moves the dynamics onto the Sobol rule, not the
+    Bayes baseline, which stays the exact risk that ``singleloc bayes`` reports."""
+    rule, exact = tiny(rule=True), tiny()
+    assert _sweep_compute.bayes_config(rule) == _sweep_compute.bayes_config(exact)  # one entry, whatever the route
+    entry = _sweep_compute.compute(_sweep_compute.bayes_config(rule), "bayes")
+    reference = bayes_risk(rule.problem.build_prior(), rule.problem.L)  # `singleloc bayes`: the exact route
+    assert str(entry["bayes_route"]) == "exact" and reference.points == 0
+    assert float(entry["bayes_risk"]) == reference.value and float(entry["bayes_risk_error"]) < 1e-9
+
+
+def test_a_count_decided_within_the_error_says_so():
+    rows = [{"activation": "bsoftmax", "F": 2, "heads": H, "gap_to_bayes": g, "gap_to_bayes_error": e}
+            for H, g, e in [(1, 0.13, 1e-4), (2, 0.012, 1e-4), (3, 0.00992, 5e-4), (4, 0.006, math.nan)]]
+    add_heads_needed(rows, ["model.heads"], 0.01)
+    # H = 3 is 8e-5 under the gap with an error of 5e-4: it may be 3 or 4 heads (H = 4's unstated error counts as 0)
+    assert [rows[0][k] for k in ("heads_needed", "heads_needed_low", "heads_needed_high")] == [3.0, 3.0, 4.0]
+    assert count_text(rows[0], 4) == "3-4 (within error)"
+    table = heads_needed_table(rows, ["model.heads"])
+    assert "bsoftmax, F=2: 3-4 (within error)" in table and "H=3: 0.00992 +- 0.0005" in table
+    assert "H=4: 0.006 (error not stated)" in table
+    from singleloc.plots import plot_heads_needed
+
+    legend = [t.get_text() for t in plot_heads_needed(rows).axes[0].get_legend().get_texts()]
+    assert "bsoftmax: 3-4 heads (within error)" in legend  # the figure says what the table says
+    rows[2]["gap_to_bayes_error"] = 1e-5  # the margin now exceeds the error: one number
+    add_heads_needed(rows, ["model.heads"], 0.01)
+    assert count_text(rows[0], 4) == "3"
+    rows[3]["gap_to_bayes"] = 0.0101  # nothing but H = 3 within the gap, and that within error
+    rows[2]["gap_to_bayes_error"] = 5e-4
+    add_heads_needed(rows, ["model.heads"], 0.01)
+    assert count_text(rows[0], 4) == "3 or more than 4 (within error)"
+
+
+def test_the_final_risk_error_is_the_larger_stated_one():
+    se = np.array([[0.1, 2e-4], [0.1, 3e-4]])  # (seeds, times): the last time counts
+    assert final_risk_error({"route": np.asarray("exact"), "risk_error": np.asarray(1e-12), "risk_se": se}) == 3e-4
+    assert final_risk_error({"route": np.asarray("exact"), "risk_error": np.asarray(1e-3)}) == 1e-3
+    assert math.isnan(final_risk_error({"route": np.asarray("rule"), "risk_error": np.asarray(math.nan),
+                                        "risk_se": np.full((2, 2), math.nan)}))

@@ -25,11 +25,13 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from ..analysis._settled import run_settledness
     from ..io._run_folders import save_run
     from ..plots import plot_compare
     from ..runtime._progress import announce
     from ..simulation._simulation import simulate
     from ..simulation._simulation_estimate import compare_estimate
+    from ..sweeps._sweep_answers import error_text, final_risk_error
     from ..theory._ode import integrate
     from ..theory._starts import initial_conditions
 
@@ -38,13 +40,17 @@ def run(args) -> int:
     sim = simulate(config, progress=args.progress)  # warns of dropped saved times and of a rising risk
     theory = integrate(config, initial_conditions(config), ts=sim.tau)
     title = f"{describe(config)}, D={config.simulation.D}, lr={config.sgd.lr}"
+    settled = run_settledness(config, theory.tau, theory.M, theory.Q, theory.b, theory.risk)
     save_run(args.out, theory.resolved(config), {
-        "simulation.npz": sim.arrays(), "theory.npz": theory.arrays(0),
+        "simulation.npz": sim.arrays(), "theory.npz": theory.arrays(0) | settled.arrays(0),
         "theory_seeds.npz": {"tau": theory.tau, "M": theory.M, "Q": theory.Q, "b": theory.b, "risk": theory.risk,
-                             "risk_se": theory.risk_se},
-        "compare.png": plot_compare(theory, sim, title=title)})
+                             "risk_se": theory.risk_se} | settled.arrays(),
+        "compare.png": plot_compare(theory, sim, title=title, mean=config.problem.build_prior().mean())})
     dev = np.abs(sim.risk - theory.risk)
+    error = error_text(final_risk_error({"route": theory.route, "risk_error": theory.risk_error, "risk_se": theory.risk_se}))
     print(f"wrote {args.out}/compare.png: simulation risk {sim.risk.mean(0)[0]:.4f} -> {sim.risk.mean(0)[-1]:.4f}, "
-          f"theory {theory.risk.mean(0)[0]:.4f} -> {theory.risk.mean(0)[-1]:.4f}, max |sim - theory| per seed = {dev.max():.4f}")
+          f"theory {theory.risk.mean(0)[0]:.4f} -> {theory.risk.mean(0)[-1]:.4f}{error}, "
+          f"max |sim - theory| per seed = {dev.max():.4f}")
     print(f"theory {theory.quadrature()}")
+    print(settled.text(f"the theory of {config.simulation.seeds} seeds"))
     return 0

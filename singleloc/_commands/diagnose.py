@@ -77,23 +77,30 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    import numpy as np
+
     from ..attention._attention_diagnosis import TEMPERATURES, diagnose_attention
     from ..attention._sensitivity import FD_EPSILONS
     from ..io._costs import diagnose_cost
     from ..io._run_folders import load_npy, save_figure, save_json
     from ..plots import plot_sensitivity, plot_top_n, plot_vanishing
+    from ..runtime._progress import Phase
 
     weights = load_npy(args.attn, "ATTN")
     values = None if args.values is None else load_npy(args.values, "--values")
     out = args.out if args.out is not None else args.attn.resolve().parent
     check_output_folder(out)  # before the work (--out itself was checked by the parser)
     temperatures, epsilons = args.temperature or TEMPERATURES, args.epsilon or FD_EPSILONS
-    check_cost("diagnose", diagnose_cost(weights.shape, args.max_rows, len(temperatures), len(epsilons), args.directions),
-               args.force)
-    diagnosis = diagnose_attention(
-        weights, values, top_n=args.top_n, temperatures=temperatures, epsilons=epsilons,
-        directions=args.directions, mask=args.mask, max_rows=args.max_rows, ks_samples=args.ks_over,
-        significance=args.significance, seed=args.seed)
+    cost = diagnose_cost(weights.shape, args.max_rows, len(temperatures), len(epsilons), args.directions)
+    check_cost("diagnose", cost, args.force)
+    heads = int(np.prod(weights.shape[:-2])) if weights.ndim > 2 else 1
+    tokens = weights.shape[-1] if weights.ndim else 0  # a 0-d array is refused inside, in one line
+    with Phase((f"diagnosing {heads} head(s) of {tokens} tokens (vanishing attention, sensitivity at "
+                f"{len(temperatures)} temperatures{', top-N' if values is not None else ''})", "diagnosed"), [cost.seconds]):
+        diagnosis = diagnose_attention(
+            weights, values, top_n=args.top_n, temperatures=temperatures, epsilons=epsilons,
+            directions=args.directions, mask=args.mask, max_rows=args.max_rows, ks_samples=args.ks_over,
+            significance=args.significance, seed=args.seed)
     print(f"ATTN {args.attn}: {diagnosis.table()}")
 
     stem = args.attn.stem
@@ -106,7 +113,8 @@ def run(args) -> int:
         return [p for p in (out / f"{stem}_{name}.png" for name in FIGURES) if p not in written
                 and png_has_text(p, OUTPUT_KEY, mark[OUTPUT_KEY])]
 
-    with written_together(out, stale=own_figures) as files:  # all of them, or none on a full disk
+    with Phase((f"drawing {len(figures)} figures", "drew the figures"), quiet=True), \
+            written_together(out, stale=own_figures) as files:  # all of them, or none on a full disk
         save_json(out / f"{stem}_diagnostics.json", {"attn": str(args.attn), **diagnosis.to_dict()})
         for name, plot in figures.items():
             save_figure(out / f"{stem}_{name}.png", plot(diagnosis), mark)

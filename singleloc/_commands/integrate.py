@@ -40,13 +40,16 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from ..analysis._settled import run_settledness
     from ..io._run_folders import save_run
     from ..plots import plot_compare
+    from ..sweeps._sweep_answers import error_text, final_risk_error
     from ..theory._ode import MAX_STEPS, integrate
 
     config = prepare_run(args, theory="one")
+    predicted = {}
     if args.horizon != "config":
-        config = _resolve_horizon(config, args.horizon)
+        config, predicted = _resolve_horizon(config, args.horizon)
     step = config.sgd.tau_max / max(config.sgd.n_save - 1, 1)
     if config.sgd.spacing == "linear" and step > COARSE_STEP:
         print(f"singleloc integrate: note: a linear grid of {config.sgd.n_save} saved times is a step of {step:.3g} in tau, "
@@ -61,17 +64,24 @@ def run(args) -> int:
     result = integrate(config, max_steps=MAX_STEPS, progress=long and args.progress)
     sim = config.simulation
     title = f"{describe(config)}, theory from the D={sim.D} start of seed {sim.seed}, lr={config.sgd.lr}"
-    path = save_run(args.out, result.resolved(config), {"theory.npz": result.arrays(0),
-                                                        "theory.png": plot_compare(result, title=title)}) / "theory.npz"
-    se = f" +- {result.risk_se[0, -1]:.1e}" if result.replicates > 1 else ""
-    print(f"wrote {path} and theory.png: tau 0..{result.tau[-1]:g}, risk {result.risk[0, 0]:.4f} -> {result.risk[0, -1]:.4f}{se}")
+    settled = run_settledness(config, result.tau, result.M, result.Q, result.b, result.risk)
+    figure = plot_compare(result, title=title, mean=config.problem.build_prior().mean())
+    path = save_run(args.out, result.resolved(config), {"theory.npz": result.arrays(0) | settled.arrays(0) | predicted,
+                                                        "theory.png": figure}) / "theory.npz"
+    print(f"wrote {path} and theory.png: tau 0..{result.tau[-1]:g}, risk {result.risk[0, 0]:.4f} -> {result.risk[0, -1]:.4f}"
+          f"{error_text(final_risk_error(result.arrays(0)))}")
     print(result.quadrature())
+    print(settled.text("the run"))
     return 0
 
 
 def _resolve_horizon(config, horizon):
     """``config`` integrated to ``horizon`` (``"auto"``: the predicted escape's horizon, as a sweep
-    point; a number), on the sweep's log grid (:func:`singleloc.sweeps._sweep.resolve_horizon`)."""
+    point; a number), on the sweep's log grid (:func:`singleloc.sweeps._sweep.resolve_horizon`), and
+    the prediction as ``theory.npz`` keeps it (``{"predicted_escape": tau}`` with ``"auto"``, for
+    ``plot``'s phases.png; else empty)."""
+    import numpy as np
+
     from ..analysis._predictions import EscapePrediction
     from ..io._resources import check_run
     from ..sweeps._sweep import resolve_horizon, with_chosen_points
@@ -85,10 +95,11 @@ def _resolve_horizon(config, horizon):
         config = resolve_horizon(with_chosen_points(config, entry), prediction, "auto")
         said = (f"predicted escape at tau = {prediction.predicted_escape:.3g} (plateau from tau = {prediction.tau_plateau:.3g}, "
                 f"escape rate lambda = {prediction.rate:.3g})" if prediction.escapes else "no escape predicted")
+        predicted = {"predicted_escape": np.asarray(prediction.predicted_escape, float)}
     else:
         config = resolve_horizon(config, None, horizon)
-        said = "horizon given"
+        said, predicted = "horizon given", {}
     check_run(config, theory_starts=1)  # the log grid's saved times too
     print(f"singleloc integrate: {said}; integrating to tau = {config.sgd.tau_max:g} on a log grid of {config.sgd.n_save} "
           "saved times", file=sys.stderr)
-    return config
+    return config, predicted

@@ -39,6 +39,7 @@ def run_figures(run, log_time: bool | None = None) -> dict:
     from ..analysis._attention_mass import attention_mass
     from ..analysis._phase_analysis import analyze
     from ..plots import plot_compare, plot_phases
+    from ..runtime._progress import Phase
     from ..theory._theory import OrderParameterODE
     from .prune import pruning_figure
 
@@ -47,12 +48,17 @@ def run_figures(run, log_time: bool | None = None) -> dict:
     figures = {}
     if theory is not None or simulation is not None:
         name = TRAJECTORY_FIGURE[theory is not None, simulation is not None]
-        figures[name] = plot_compare(theory, simulation, title=title, log_time=log_time)
+        figures[name] = plot_compare(theory, simulation, title=title, log_time=log_time, mean=config.problem.build_prior().mean())
     if theory is not None:
-        weights = attention_mass(OrderParameterODE.from_config(config), theory.M[:1], theory.Q[:1], theory.b[:1])
-        analysis = analyze(theory.tau, theory.M[:1], theory.Q[:1], theory.risk[:1],
-                           mean=config.problem.build_prior().mean(), weights=weights)
-        figures["phases.png"] = plot_phases(analysis, theory.risk[:1], title=f"theory, {title}", log_time=log_time)
+        ode = OrderParameterODE.from_config(config)
+        with Phase((f"classifying the {config.model.heads} heads at {len(theory.tau)} saved times (their attention "
+                    f"weights on the {ode.expectation.route} route) for phases.png", "classified the heads")):
+            weights = attention_mass(ode, theory.M[:1], theory.Q[:1], theory.b[:1])
+            analysis = analyze(theory.tau, theory.M[:1], theory.Q[:1], theory.risk[:1],
+                               mean=config.problem.build_prior().mean(), weights=weights)
+        predicted = run.data.get("theory", {}).get("predicted_escape")  # integrate --horizon auto keeps it
+        figures["phases.png"] = plot_phases(analysis, theory.risk[:1], title=f"theory, {title}", log_time=log_time,
+                                            predicted_escape=None if predicted is None else float(predicted))
     if run.pruning:
         figures["prune.png"] = pruning_figure(run.pruning, config, float(run.extra["prune"].get("tol", 0.01)))
     return figures

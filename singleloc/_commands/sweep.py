@@ -76,7 +76,7 @@ def run(args) -> int:
     from ..io._resources import check_workers
     from ..runtime._distributed import check_cluster
     from ..sweeps._grid import parse_grid
-    from ..sweeps._sweep import check_gap, check_sweep, compute_sweep, quadrature_summary, write_sweep_outputs
+    from ..sweeps._sweep import check_gap, check_sweep, compute_sweep, quadrature_summary, settled_summary, write_sweep_outputs
     from ..sweeps._sweep_answers import heads_needed_table
 
     config = config_from_args(args)
@@ -99,4 +99,6 @@ def run(args) -> int:
           f"in {stats.seconds:.1f} s; wrote {args.out / 'sweep.csv'}, {args.out / 'sweep.nc'} and the figures")
     print(heads_needed_table(rows, [g.name for g in grids]))
     print(quadrature_summary(rows))
+    if unsettled := settled_summary(rows):
+        print(unsettled)
     return 0

@@ -40,6 +40,7 @@ from ._head_classes import (
     specialization_times,
 )
 from ._plateaus import escape_times, halfway_time, plateaus
+from ._settled import Settledness, settledness
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +60,8 @@ class PhaseAnalysis:
     ``first_learned`` (S,) the first saved time from which a head stays in a learned class;
     ``first_specialization`` (S,) the first saved time at which a head is aligned;
     ``final_risk`` (S,); ``rearrangements`` (per trajectory, a list of ``(tau, head,
-    old, new)`` changes of the aligned direction).
+    old, new)`` changes of the aligned direction); ``settled`` whether each trajectory has settled
+    at its last saved time (:mod:`singleloc.analysis._settled`).
     """
 
     tau: np.ndarray
@@ -79,13 +81,16 @@ class PhaseAnalysis:
     first_specialization: np.ndarray
     final_risk: np.ndarray
     rearrangements: list
+    settled: Settledness
 
     def summary(self, index: int | None = None) -> dict:
         """Scalars for tables: means over trajectories (or one trajectory) at the last saved
         time: ``final_risk``, ``escaped`` (fraction of trajectories), ``escape_time``,
         ``first_learned``, ``first_specialization``, ``n_<class>`` for every class of :data:`HEAD_CLASSES`,
         ``leaning_angle_spike`` and ``leaning_angle_mean`` (mean angles of the leaning heads,
-        in degrees; NaN if none), ``n_directions`` and ``shared_profiles``."""
+        in degrees; NaN if none), ``n_directions``, ``shared_profiles``, ``settled`` (fraction of the
+        trajectories settled, :mod:`singleloc.analysis._settled`) and ``risk_change`` (the largest
+        relative change of their risks over the criterion's window)."""
         sel = slice(None) if index is None else slice(index, index + 1)
 
         def nanmean(x):
@@ -105,6 +110,8 @@ class PhaseAnalysis:
         out["leaning_angle_mean"] = nanmean(np.where(lean, self.classes.angle_mean[sel, -1], np.nan))
         out["n_directions"] = float(np.mean(self.n_directions[sel, -1]))
         out["shared_profiles"] = float(np.mean(self.profiles[sel, -1]))
+        out["settled"] = float(np.mean(self.settled.settled[sel]))
+        out["risk_change"] = float(np.max(self.settled.risk_change[sel]))
         return out
 
 
@@ -165,5 +172,5 @@ def analyze(tau, M, Q, risk, *, mean=None, weights=None, directions=None, thresh
         cos=head_spike_cosines(M, Q), specialization_times=specialization_times(tau, labels), plateaus=pls, escapes=escs,
         escape_time=np.asarray(esc, float), first_learned=np.asarray(first, float),
         first_specialization=np.asarray(first_aligned, float), final_risk=risk[:, -1].copy(),
-        rearrangements=rearr,
+        rearrangements=rearr, settled=settledness(tau, risk, classes.code),
     )

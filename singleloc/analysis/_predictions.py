@@ -51,6 +51,7 @@ import numpy as np
 
 from ..configuration._config import Config, gather_specs
 from ..configuration._specs import SGD, Model, Problem, Simulation, Theory
+from ..runtime._progress import Phase
 from ..theory._build import build
 from ..theory._ode import resolve_points
 from ..theory._theory import OrderParameterODE
@@ -167,7 +168,9 @@ def predicted_escape(config: Config | None = None, *, problem: Problem | None = 
     ode, mean = OrderParameterODE.from_setup(setup), setup.prior.mean()
     x0 = symmetric_start(H, F, config.sgd.init_scale, config.model.bias_init)
     ts = np.concatenate([[0.0], np.geomspace(tau_flow * 1e-4, tau_flow, _PATH_POINTS)])
-    xs, risk = symmetric_path(ode, x0, H, F, ts)
+    with Phase((f"following the head-symmetric flow of {H} heads to tau = {tau_flow:g} ({ode.expectation.route} route; "
+                f"then at most {n_rates} linearizations along its plateau)", "followed the head-symmetric flow")):
+        xs, risk = symmetric_path(ode, x0, H, F, ts)
     n = int(np.argmin(np.isfinite(risk))) if not np.all(np.isfinite(risk)) else len(ts)
     ts, xs, risk = ts[:n], xs[:n], risk[:n]
     tau_0 = plateau_time(ts, risk, plateau_fraction)
@@ -175,9 +178,11 @@ def predicted_escape(config: Config | None = None, *, problem: Problem | None = 
     if H > 1 and n > 1:
         grid = np.geomspace(max(tau_0, ts[1]), ts[-1], n_rates)
         need = 0.5 * math.log(D)
-        for i in np.unique(np.searchsorted(ts, grid * (1 - 1e-12))):
+        along = np.unique(np.searchsorted(ts, grid * (1 - 1e-12)))
+        for k, i in enumerate(along):  # until the rates integrate to log(D) / 2: "k of at most n"
             path_tau.append(float(ts[i]))
-            path_rate.append(symmetric_escape_rate(ode, xs[i], H, F, mean=mean, method=method))
+            path_rate.append(symmetric_escape_rate(ode, xs[i], H, F, mean=mean, method=method,
+                                                   count=f"{k + 1} of at most {len(along)} along the plateau"))
             t, lam = np.asarray(path_tau), np.asarray(path_rate)
             ok = np.isfinite(lam)
             if ok.sum() > 1 and np.trapezoid(lam[ok], t[ok]) >= need:

@@ -176,13 +176,16 @@ def _symmetric_projection(M: np.ndarray, Q: np.ndarray, b: np.ndarray) -> tuple[
     return full, sym
 
 
-def linearize(ode: OrderParameterODE, M, Q, b, *, method: str = "auto") -> Linearization:
-    """Eigen-decomposition of the drift's Jacobian at ``(M, Q, b)`` (:class:`Linearization`)."""
+def linearize(ode: OrderParameterODE, M, Q, b, *, method: str = "auto", count: str = "") -> Linearization:
+    """Eigen-decomposition of the drift's Jacobian at ``(M, Q, b)`` (:class:`Linearization`).
+    ``count``: where this one stands in a series (``"3 of at most 16"``), said in its phase lines."""
     require_ode("linearize", ode)
     require_arrays("linearize", M=M, Q=Q, b=b)
     M, Q, b = np.asarray(M, float), np.asarray(Q, float), np.asarray(b, float)
     H, F = M.shape
-    with Phase((f"linearizing the drift of {H} heads ({ode.expectation.route} route)", "linearized the drift"), quiet=True):
+    where = f", {count}" if count else ""
+    with Phase((f"linearizing the drift of {H} heads ({ode.expectation.route} route{where})", f"linearized the drift{where}"),
+               quiet=True):
         J, used = drift_jacobian(ode, M, Q, b, method=method)
     w, V = np.linalg.eig(J)
     order = np.argsort(-w.real, kind="stable")
@@ -312,10 +315,12 @@ def linear_escape_time(path_tau, path_rate, amplitude, threshold: float = 0.1, *
     return out
 
 
-def symmetric_escape_rate(ode: OrderParameterODE, x, H: int, F: int, *, mean=None, method: str = "auto") -> float:
-    """Escape rate (:func:`escape_rate`) of the linearisation at the symmetric state ``x``."""
+def symmetric_escape_rate(ode: OrderParameterODE, x, H: int, F: int, *, mean=None, method: str = "auto",
+                          count: str = "") -> float:
+    """Escape rate (:func:`escape_rate`) of the linearisation at the symmetric state ``x``
+    (``count`` as :func:`linearize`'s)."""
     M, Q, b = (np.asarray(a) for a in symmetric_state(jnp.asarray(x), H, F))
-    return escape_rate(linearize(ode, M, Q, b, method=method), mean=mean)
+    return escape_rate(linearize(ode, M, Q, b, method=method, count=count), mean=mean)
 
 
 def escape_rate_along(ode: OrderParameterODE, tau, xs, H: int, F: int, *, mean=None, method: str = "auto") -> np.ndarray:
@@ -323,4 +328,5 @@ def escape_rate_along(ode: OrderParameterODE, tau, xs, H: int, F: int, *, mean=N
     (from :func:`symmetric_flow`; ``tau`` their times, unused): the instantaneous growth rate
     of the symmetry-breaking direction along a plateau that has not yet reached its fixed
     point."""
-    return np.asarray([symmetric_escape_rate(ode, x, H, F, mean=mean, method=method) for x in xs])
+    return np.asarray([symmetric_escape_rate(ode, x, H, F, mean=mean, method=method, count=f"{k + 1} of {len(xs)}")
+                       for k, x in enumerate(xs)])

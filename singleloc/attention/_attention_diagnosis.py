@@ -21,7 +21,7 @@ import numpy as np
 from ..configuration._choices import KS_SAMPLES, MASKS
 from ._attention_rows import _n_grid, _positive, _significance, _weights, logits_from_weights
 from ._sensitivity import FD_EPSILONS, finite_difference_sensitivity, random_directions, softmax_jacobian_norm
-from ._top_n import _ks_samples, ks_critical_n, top_n_diagnostics
+from ._top_n import STABLE_SHIFT, _ks_samples, ks_critical_n, stable_samples, top_n_diagnostics
 from ._vanishing_attention import vanishing_attention
 
 #: Temperatures of the gradient-sensitivity table (from very sharp to nearly uniform rows).
@@ -57,7 +57,11 @@ class AttentionDiagnosis:
     temperature ``T``, the mean and median spectral norm, the mean Frobenius norm of the exact
     Jacobian, the bound ``1/(2T)`` and the mean finite difference per ``eps``; ``top_n`` (None
     without values): the grid ``N``, the statistics of ``d`` and ``N_s/N`` per ``N``, the KS
-    statistics and p-values, ``critical_n``. Also ``epsilons`` (the finite-difference sizes),
+    statistics and p-values, ``critical_n``, ``detectable_shift`` (the power of the tests: the
+    smallest change of the distribution function of ``d`` they detect,
+    :func:`~singleloc.attention._top_n.detectable_shift`) and ``stable_samples`` (the samples below
+    which that exceeds :data:`~singleloc.attention._top_n.STABLE_SHIFT` and the critical top-N is
+    unstable). Also ``epsilons`` (the finite-difference sizes),
     ``value_dim`` (``d``, None without values) and ``ks_sample_count`` (the finite samples of the
     KS test at the first ``N``).
 
@@ -133,6 +137,15 @@ class AttentionDiagnosis:
         else:
             lines.append(f"critical top-N: {crit} ({crit / self.L:.3g} L): d at the next N is not "
                          f"significantly larger (level {t['significance']:g})")
+        shift = t.get("detectable_shift")
+        if shift is not None:
+            lines.append(f"power: with {self.ks_sample_count} samples per N the tests detect a rise of d only where it moves "
+                         f"the distribution function of d by at least {shift:.2f} (KS distance at level {t['significance']:g})")
+            if shift > STABLE_SHIFT:
+                lines.append(f"warning: low power: fewer than {t['stable_samples']} samples ({t['ks_samples']}: "
+                             f"{self.ks_sample_count}), so the critical top-N is unstable (a smaller rise of d is missed and "
+                             "the answer comes out early, moving from one sample to another); use more heads or layers, "
+                             "or --ks-over rows")
         return "\n".join(lines)
 
 
@@ -278,7 +291,9 @@ def diagnose_attention(
                 "distance": [_stats(d) for d in distances], "separability": [_stats(s) for s in separabilities],
                 "ks_statistic": None if crit is None else _finite_or_none(crit.statistic),
                 "ks_pvalue": None if crit is None else _finite_or_none(crit.pvalue),
-                "critical_n": None if crit is None else crit.critical_n}
+                "critical_n": None if crit is None else crit.critical_n,
+                "detectable_shift": None if crit is None or not np.isfinite(crit.detectable) else crit.detectable,
+                "stable_samples": stable_samples(significance)}
 
     return AttentionDiagnosis(
         shape=tuple(raw.shape), heads=heads, query_rows=tuple(int(r) for r in rows), queries=queries, mask=mask_name,

@@ -16,6 +16,10 @@ loading a stored program, solving, evaluating risks, writing) or a bar
   the bar's lines name them.
 * ``"off"``: nothing.
 
+On a terminal that reports no width (0 columns: some containers and CI pseudo-terminals) a bar
+says its lines instead of tqdm's bar, which would draw nothing there
+(:func:`terminal_width`); the live line takes 100 columns.
+
 The mode is, in this order: the one :func:`reporting` or :func:`set_progress` gave, the
 environment variable ``SINGLELOC_PROGRESS`` (``auto``, ``live``, ``lines``, ``off``), else
 ``"auto"``: ``"live"`` when stderr is a terminal and ``"lines"`` otherwise, but ``"off"`` under
@@ -40,7 +44,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import shutil
 import sys
 import threading
 from collections.abc import Iterator, Sequence
@@ -90,7 +93,7 @@ def set_progress(mode: str = "auto") -> None:
     on a terminal), ``"lines"`` (a line per phase, for logs), ``"off"``, or ``"auto"`` (the
     default: live on a terminal, lines otherwise, off under pytest; ``SINGLELOC_PROGRESS``
     overrides it). Phases are compiling, loading, solving and evaluating, with their estimated
-    and measured times (docs/commands/index.md, "Progress and estimates")."""
+    and measured times (docs/commands/progress.md)."""
     _SETTINGS[0] = dataclasses.replace(_SETTINGS[0], mode=None if mode == "auto" else _check_mode(mode, "mode"))
 
 
@@ -130,16 +133,32 @@ def _is_terminal(stream) -> bool:
         return False
 
 
+def terminal_width(stream=None) -> int:
+    """The columns of the terminal ``stream`` (default stderr) is, ``COLUMNS`` where set; 0 where it
+    reports no width (not a terminal, or one that says 0 columns: a bar drawn there shows nothing)."""
+    stream = sys.stderr if stream is None else stream
+    try:
+        columns = int(os.environ.get("COLUMNS", "0"))
+    except ValueError:
+        columns = 0
+    if columns > 0:
+        return columns
+    try:
+        return os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, ValueError, OSError):
+        return 0
+
+
 def mode() -> str:
     """The mode now (module docstring)."""
     chosen = settings().mode or os.environ.get(MODE_ENV, "").strip().lower() or "auto"
     if chosen not in MODES:
         chosen = "auto"  # a bad value in the environment does not stop a computation
-    if chosen != "auto":
-        return chosen
-    if "PYTEST_CURRENT_TEST" in os.environ or on_dask_worker():
-        return "off"
-    return "live" if _is_terminal(sys.stderr) else "lines"
+    if chosen == "auto":
+        if "PYTEST_CURRENT_TEST" in os.environ or on_dask_worker():
+            return "off"
+        chosen = "live" if _is_terminal(sys.stderr) else "lines"
+    return chosen
 
 
 # ----------------------------------------------------------------------------- output
@@ -173,7 +192,7 @@ class _Screen:
 
     def draw(self, text: str, tail: str = "") -> None:
         """The live line: ``text`` cut to the terminal's width, keeping ``tail`` (the times) whole."""
-        width = max(20, shutil.get_terminal_size((100, 20)).columns - 1) - len(tail)
+        width = max(20, (terminal_width() or 100) - 1) - len(tail)  # no width reported: 100 columns
         text = text if len(text) <= width else text[:max(width - 3, 0)] + "..."
         sys.stderr.write("\r" + text + tail + "\x1b[K")
         sys.stderr.flush()

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 
 from . import _timings
-from ._progress import _SCREEN, Phase, _Active, settings
+from ._progress import _SCREEN, Phase, _Active, settings, terminal_width
 from ._timings import Estimate, duration
 
 
@@ -51,8 +51,8 @@ class Bar(_Active):
         if self.total <= 0:  # nothing to count (a sweep whose points are all cached): nothing to say
             self._leave()
             self.mode = "off"
-        if self.mode == "live" and not self.live:  # no live bar asked for (progress=False): its lines
-            self.mode = "lines"
+        if self.mode == "live" and (not self.live or terminal_width() <= 0):  # no live bar asked for (progress=False),
+            self.mode = "lines"  # or a terminal that reports no width, where tqdm draws nothing: its lines
         if self.inside_bar:  # a bar inside a bar (a simulation inside a sweep): the outer one speaks
             pass
         elif self.mode == "live":

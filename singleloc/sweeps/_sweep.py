@@ -42,12 +42,15 @@ Output: ``DIR/sweep.csv`` with one row per point: the grid values, ``activation`
 ``horizon``), the phase summary of the theory (means over the seeds of
 :meth:`PhaseAnalysis.summary`: ``final_risk``, ``escaped`` (fraction of seeds),
 ``escape_time``, ``first_learned``, ``first_specialization``, ``n_<class>`` for every head class,
-``leaning_angle_spike``, ``leaning_angle_mean``, ``n_directions``, ``shared_profiles``), the
-Bayes columns (``bayes_risk``, ``bayes_risk_error``, ``gap_to_bayes``), the theory's quadrature
+``leaning_angle_spike``, ``leaning_angle_mean``, ``n_directions``, ``shared_profiles``, ``settled``
+(fraction of the seeds settled at the horizon: :mod:`singleloc.analysis._settled`), ``risk_change``), the
+Bayes columns (``bayes_risk``, ``bayes_risk_error``, ``final_risk_error``, ``gap_to_bayes``,
+``gap_to_bayes_error``), the theory's quadrature
 as :class:`~singleloc.TheoryResult` states it (``route``, ``gram_route``, ``risk_error``,
 ``exact_drift_error``, ``gram_error``, ``drift_error``, ``points``: blank for an entry cached
 before entries carried them, or a failed one), the same phase summary for the simulation with a
-``sim_`` prefix (and ``sim_gap_to_bayes``), ``heads_needed``, ``gap_tol`` and the cache ``key``
+``sim_`` prefix (and ``sim_gap_to_bayes``), ``heads_needed`` (with ``heads_needed_low`` and
+``heads_needed_high``: the count with the gaps moved by their errors), ``gap_tol`` and the cache ``key``
 (every column described in :data:`singleloc.sweeps._sweep_dataset.COLUMNS`). ``status`` is ``ok``,
 ``not yet (predicted escape at tau = X)`` for a point with a predicted escape where some seed
 has not escaped by the horizon, or the failure. One phase diagram over ``(H, F)`` per
@@ -157,7 +160,8 @@ def summarize(config: Config, data: dict[str, np.ndarray], kind: str) -> dict[st
 
 #: The columns of a phase summary, in the order of the CSV.
 SUMMARY_KEYS = ("final_risk", "escaped", "escape_time", "first_learned", "first_specialization",
-                *(f"n_{c}" for c in HEAD_CLASSES), "leaning_angle_spike", "leaning_angle_mean", "n_directions", "shared_profiles")
+                *(f"n_{c}" for c in HEAD_CLASSES), "leaning_angle_spike", "leaning_angle_mean", "n_directions", "shared_profiles",
+                "settled", "risk_change")
 
 
 def statement_columns(entry: Mapping[str, np.ndarray]) -> dict[str, Any]:
@@ -197,6 +201,21 @@ def quadrature_summary(rows: Sequence[Mapping[str, Any]]) -> str:
     if unstated:
         parts.append(f"not stated at {points(unstated)} (failed, or cached before entries carried it)")
     return "theory quadrature: " + "; ".join(parts)
+
+
+def settled_summary(rows: Sequence[Mapping[str, Any]]) -> str:
+    """One line on the points whose theory has not settled at its horizon (:mod:`singleloc.analysis._settled`;
+    what ``singleloc sweep`` prints); empty when every point has."""
+    from ..analysis._settled import RTOL, WINDOW
+
+    unsettled = [r for r in rows if np.isfinite(r["settled"]) and r["settled"] < 1]
+    if not unsettled:
+        return ""
+    where = ", ".join(f"{r['activation']} H={r['heads']} F={r['F']}" for r in unsettled[:8])
+    where += ", ..." if len(unsettled) > 8 else ""
+    return (f"not settled at the horizon: {len(unsettled)} of {len(rows)} points ({where}): over the last {WINDOW:.0%} of "
+            f"the horizon the risk changed by more than {RTOL:g} relative or a head changed class (columns settled, "
+            "risk_change); their final_risk and classes are what the horizon caught: rerun with a longer --horizon")
 
 
 def _failure(kind: str, err: BaseException) -> str:
@@ -339,10 +358,10 @@ def compute_sweep(base: Config, grids: Sequence[Grid], cache: str | Path, *, hor
                     summ = summarize(run_cfgs[i], loaded[i][kind], kind)
             row.update({prefix + k: summ[k] for k in SUMMARY_KEYS})
             if kind == "theory":
-                row.update(bayes_columns(row, bayes, simulate=False))
+                row.update(bayes_columns(row, bayes, loaded[i].get("theory", {}), simulate=False))
                 row.update(statement_columns(loaded[i].get("theory", {})))
         if simulate:
-            row["sim_gap_to_bayes"] = bayes_columns(row, bayes, simulate=True)["sim_gap_to_bayes"]
+            row["sim_gap_to_bayes"] = bayes_columns(row, bayes, {}, simulate=True)["sim_gap_to_bayes"]
         if failures:  # every failure of the point: prediction, Bayes risk, theory and simulation
             row["status"] = "; ".join(failures)
             stats.failed += 1

@@ -3,15 +3,23 @@ its problem, and how many heads each activation needs to come within a gap of it
 
 * ``bayes_risk``, ``bayes_risk_error``: the Bayes risk of the point's problem (the best any
   estimator of the relevant token can do, docs/model.md section 6; exact for a discrete prior of
-  up to four atoms, on a Sobol rule with its standard error otherwise), one cache entry per problem
-  (:func:`singleloc.sweeps._sweep_compute.bayes_config`), so a sweep over heads or activations computes it
-  once per spike count.
-* ``gap_to_bayes`` = ``final_risk - bayes_risk`` (the theory's final risk, mean over its seeds);
+  up to four atoms, on a Sobol rule with its standard error otherwise), whatever route the
+  point's dynamics take (``theory.route = "rule"`` moves the theory onto the Sobol rule, never the
+  Bayes risk), one cache entry per problem (:func:`singleloc.sweeps._sweep_compute.bayes_config`),
+  so a sweep over heads or activations computes it once per spike count.
+* ``final_risk_error``: the stated error of the theory's ``final_risk`` (:func:`final_risk_error`:
+  the exact route's ``risk_error`` and the standard error over ``theory.replicates`` scramblings,
+  the larger; NaN where neither is stated: the rule route with one replicate).
+* ``gap_to_bayes`` = ``final_risk - bayes_risk`` (the theory's final risk, mean over its seeds)
+  and its error ``gap_to_bayes_error = sqrt(final_risk_error^2 + bayes_risk_error^2)``;
   ``sim_gap_to_bayes`` the same for the simulation's limit risk.
 * ``heads_needed``: for the points of one activation and one spike count (and one value of every
   other grid key), the smallest ``model.heads`` whose ``gap_to_bayes`` is at most ``gap_tol``;
   NaN when no point of the group comes that close. ``gap_tol`` (``singleloc sweep --gap``,
-  default 0.01) is a column of its own.
+  default 0.01) is a column of its own. ``heads_needed_low`` and ``heads_needed_high``: the same
+  count with every gap moved down, or up, by its error (``gap -+ gap_to_bayes_error``; an unstated
+  error counts as 0): where they differ the margin that decides the count is within the error,
+  and the table prints the range, "3-4 (within error)", instead of one number.
 """
 
 from __future__ import annotations
@@ -30,13 +38,39 @@ GAP_TOL = 0.01
 SPANNED = ("model.heads", "model.activation", "problem.F")
 
 
-def bayes_columns(row: Mapping[str, Any], entry: Mapping[str, np.ndarray] | None, simulate: bool) -> dict[str, float]:
-    """``bayes_risk``, ``bayes_risk_error``, ``gap_to_bayes`` (and ``sim_gap_to_bayes`` with
-    ``simulate``) of a row with the phase summary's ``final_risk`` (and ``sim_final_risk``); NaN
-    where the Bayes entry is missing (its computation failed)."""
+def final_risk_error(theory: Mapping[str, np.ndarray]) -> float:
+    """The stated error of a theory entry's final risk: the larger of the exact route's
+    ``risk_error`` and the largest standard error over scramblings (``risk_se``) at the last saved
+    time; NaN where neither is stated (the rule route with ``theory.replicates = 1``, or an entry
+    cached before entries carried them)."""
+    errors = []
+    if str(theory.get("route", "")) == "exact" and "risk_error" in theory:
+        errors.append(float(theory["risk_error"]))
+    if "risk_se" in theory:
+        errors.extend(np.asarray(theory["risk_se"], float)[..., -1].ravel().tolist())
+    errors = [e for e in errors if np.isfinite(e)]
+    return max(errors) if errors else math.nan
+
+
+def error_text(error: float) -> str:
+    """A final risk's stated error as printed after it: ``" +- 1.2e-05"``, or ``" (error not stated: the rule
+    route with theory.replicates = 1)"``."""
+    if np.isfinite(error):
+        return f" +- {error:.1e}"
+    return " (error not stated: the rule route with theory.replicates = 1; 2 or more state it)"
+
+
+def bayes_columns(row: Mapping[str, Any], entry: Mapping[str, np.ndarray] | None, theory: Mapping[str, np.ndarray],
+                  simulate: bool) -> dict[str, float]:
+    """``bayes_risk``, ``bayes_risk_error``, ``final_risk_error``, ``gap_to_bayes``,
+    ``gap_to_bayes_error`` (and ``sim_gap_to_bayes`` with ``simulate``) of a row with the phase
+    summary's ``final_risk`` (and ``sim_final_risk``) and its ``theory`` entry; NaN where the
+    Bayes entry is missing (its computation failed)."""
     bayes = float(entry["bayes_risk"]) if entry is not None else math.nan
-    out = {"bayes_risk": bayes, "bayes_risk_error": float(entry["bayes_risk_error"]) if entry is not None else math.nan,
-           "gap_to_bayes": row["final_risk"] - bayes}
+    bayes_error = float(entry["bayes_risk_error"]) if entry is not None else math.nan
+    error = final_risk_error(theory)
+    out = {"bayes_risk": bayes, "bayes_risk_error": bayes_error, "final_risk_error": error,
+           "gap_to_bayes": row["final_risk"] - bayes, "gap_to_bayes_error": math.hypot(error, bayes_error)}
     if simulate:
         out["sim_gap_to_bayes"] = row["sim_final_risk"] - bayes
     return out
@@ -47,13 +81,16 @@ def group_key(row: Mapping[str, Any], grid_keys: Sequence[str]) -> tuple:
     return (row["activation"], int(row["F"]), *(row[k] for k in grid_keys if k not in SPANNED))
 
 
-def heads_needed(rows: Sequence[Mapping[str, Any]], grid_keys: Sequence[str], gap_tol: float) -> dict[tuple, float]:
+def heads_needed(rows: Sequence[Mapping[str, Any]], grid_keys: Sequence[str], gap_tol: float,
+                 shift: float = 0.0) -> dict[tuple, float]:
     """``{group: H}``: the smallest ``heads`` of the rows of each :func:`group_key` whose
-    ``gap_to_bayes`` is at most ``gap_tol`` (NaN if none)."""
+    ``gap_to_bayes + shift * gap_to_bayes_error`` is at most ``gap_tol`` (NaN if none; an
+    unstated error counts as 0)."""
     groups: dict[tuple, float] = {}
     for row in rows:
         key = group_key(row, grid_keys)
-        gap = row["gap_to_bayes"]
+        error = row.get("gap_to_bayes_error", math.nan)
+        gap = row["gap_to_bayes"] + (shift * error if shift and np.isfinite(error) else 0.0)
         reached = np.isfinite(gap) and gap <= gap_tol
         best = groups.setdefault(key, math.nan)
         if reached and not (best <= row["heads"]):
@@ -62,11 +99,39 @@ def heads_needed(rows: Sequence[Mapping[str, Any]], grid_keys: Sequence[str], ga
 
 
 def add_heads_needed(rows: Sequence[dict[str, Any]], grid_keys: Sequence[str], gap_tol: float) -> None:
-    """Add ``heads_needed`` and ``gap_tol`` to every row (module docstring)."""
-    needed = heads_needed(rows, grid_keys, gap_tol)
+    """Add ``heads_needed``, ``heads_needed_low``, ``heads_needed_high`` and ``gap_tol`` to every
+    row (module docstring)."""
+    counts = {name: heads_needed(rows, grid_keys, gap_tol, shift)
+              for name, shift in (("heads_needed", 0.0), ("heads_needed_low", -1.0), ("heads_needed_high", 1.0))}
     for row in rows:
-        row["heads_needed"] = needed[group_key(row, grid_keys)]
+        row.update({name: needed[group_key(row, grid_keys)] for name, needed in counts.items()})
         row["gap_tol"] = float(gap_tol)
+
+
+def count_text(row: Mapping[str, Any], largest: int) -> str:
+    """The heads-needed answer of a row as text: ``"3"``, ``"3-4 (within error)"`` where the
+    count moves with the gaps' errors (module docstring), ``"more than 4"`` where no point comes
+    within ``gap_tol``, ``"4 or more than 4 (within error)"`` where only the error decides that."""
+    def text(n):
+        return f"{int(n)}" if np.isfinite(n) else f"more than {largest}"
+
+    def number(key):  # a row of sweep.csv read back holds text
+        value = row.get(key, row["heads_needed"])
+        return math.nan if value in (None, "") else float(value)
+
+    n, low, high = (number(k) for k in ("heads_needed", "heads_needed_low", "heads_needed_high"))
+    if text(low) == text(high):
+        return text(n)
+    return f"{text(low)}-{int(high)} (within error)" if np.isfinite(high) else f"{text(low)} or {text(high)} (within error)"
+
+
+def gap_text(row: Mapping[str, Any]) -> str:
+    """A row's gap with its error, ``"0.00992 +- 1e-05"``; ``"(error not stated)"`` where it has none;
+    ``" unsettled"`` after it where the point's theory has not settled at its horizon
+    (:mod:`singleloc.analysis._settled`)."""
+    error = row.get("gap_to_bayes_error", math.nan)
+    flag = " unsettled" if row.get("settled", 1.0) < 1 else ""
+    return f"{row['gap_to_bayes']:.3g} " + (f"+- {error:.1g}" if np.isfinite(error) else "(error not stated)") + flag
 
 
 def heads_needed_table(rows: Sequence[Mapping[str, Any]], grid_keys: Sequence[str]) -> str:
@@ -74,7 +139,8 @@ def heads_needed_table(rows: Sequence[Mapping[str, Any]], grid_keys: Sequence[st
     if not rows:
         return ""
     gap_tol = rows[0]["gap_tol"]
-    lines = [f"heads needed to come within gap_tol = {gap_tol:g} of the Bayes risk (gap_to_bayes = final_risk - bayes_risk):"]
+    lines = [f"heads needed to come within gap_tol = {gap_tol:g} of the Bayes risk (gap_to_bayes = final_risk - bayes_risk, "
+             "+- its stated error):"]
     others = [k for k in grid_keys if k not in SPANNED]
     seen = set()
     for row in rows:
@@ -83,10 +149,8 @@ def heads_needed_table(rows: Sequence[Mapping[str, Any]], grid_keys: Sequence[st
             continue
         seen.add(key)
         group = [r for r in rows if group_key(r, grid_keys) == key]
-        gaps = ", ".join(f"H={r['heads']}: {r['gap_to_bayes']:.3g}" for r in sorted(group, key=lambda r: r["heads"]))
-        n = row["heads_needed"]
-        largest = max(r["heads"] for r in group)
-        answer = f"{int(n)}" if np.isfinite(n) else f"more than {largest}"
+        gaps = ", ".join(f"H={r['heads']}: {gap_text(r)}" for r in sorted(group, key=lambda r: r["heads"]))
+        answer = count_text(row, max(r["heads"] for r in group))
         where = "".join(f", {k}={row[k]}" for k in others)
         lines.append(f"  {row['activation']}, F={row['F']}{where}: {answer} (gap_to_bayes {gaps})")
     return "\n".join(lines)

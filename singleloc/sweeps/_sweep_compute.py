@@ -44,8 +44,8 @@ from ._sweep_estimate import recorded
 #: The kinds of cache entries, in the order a point needs them.
 KINDS = ("prediction", "theory", "simulation", "bayes")
 
-#: The ``[theory]`` keys the Bayes risk depends on (:func:`bayes_config`).
-BAYES_THEORY_KEYS = ("route", "points", "qmc_seed")
+#: The ``[theory]`` keys the Bayes risk's Sobol rule depends on (:func:`bayes_config`; not its exact route's).
+BAYES_THEORY_KEYS = ("points", "qmc_seed")
 
 #: Sobol points of the Bayes risk's rule route where the point has ``theory.points = "auto"``.
 BAYES_POINTS = 4096
@@ -77,30 +77,37 @@ def compute_simulation(config: Config) -> dict[str, np.ndarray]:
 
 
 def bayes_config(config: Config) -> Config:
-    """The configuration of the Bayes risk of a point: its ``[problem]`` and the ``[theory]`` keys
-    of :data:`BAYES_THEORY_KEYS`, every other key at its default, so that the points of one problem
-    share one cache entry (the Bayes risk depends on the problem alone: docs/model.md section 6)."""
+    """The configuration of the Bayes risk of a point: its ``[problem]`` and, where the Bayes risk
+    has no exact route (:func:`~singleloc.bayes._bayes.bayes_route` with ``"auto"``), the ``[theory]``
+    keys of its Sobol rule (:data:`BAYES_THEORY_KEYS`), every other key at its default, so that the
+    points of one problem share one cache entry (the Bayes risk depends on the problem alone:
+    docs/model.md section 6). The route the dynamics take (``theory.route``) is not among them: the
+    Bayes risk is exact wherever it can be, whatever route the theory's solve takes."""
+    from ..bayes._bayes import bayes_route
+
     data = config.to_dict()
-    return load_config({"problem": data["problem"], "theory": {k: data["theory"][k] for k in BAYES_THEORY_KEYS}})
+    exact = bayes_route(config.problem.build_prior(), "auto") == "exact"
+    return load_config({"problem": data["problem"], "theory": {} if exact else {k: data["theory"][k] for k in BAYES_THEORY_KEYS}})
 
 
 def compute_bayes(config: Config) -> dict[str, np.ndarray]:
-    """The Bayes risk of the problem (:func:`~singleloc.bayes_risk`: exact for a discrete prior
-    of up to four atoms, else on ``theory.points`` Sobol points (4096 for ``"auto"``) over 8
-    scramblings) as ``bayes_risk``, its error ``bayes_risk_error`` and ``bayes_route``."""
+    """The Bayes risk of the problem (:func:`~singleloc.bayes_risk` on its ``"auto"`` route: exact
+    for a discrete prior of up to four atoms, else on ``theory.points`` Sobol points (4096 for
+    ``"auto"``) over 8 scramblings) as ``bayes_risk``, its error ``bayes_risk_error`` and ``bayes_route``."""
     from ..bayes._bayes import bayes_risk, bayes_route
 
     pb, th = config.problem, config.theory
     prior = pb.build_prior()
-    route = bayes_route(prior, th.route)
+    route = bayes_route(prior, "auto")
     points = BAYES_POINTS if th.points == "auto" else th.points
     risk = bayes_risk(prior, pb.L, points=points, seed=th.qmc_seed, route=route)
     return {"bayes_risk": np.asarray(risk.value), "bayes_risk_error": np.asarray(risk.error), "bayes_route": np.asarray(route)}
 
 
 def _theory_arrays(r) -> dict[str, np.ndarray]:
-    """A theory entry: the trajectories and the quadrature's statement (:meth:`~singleloc.TheoryResult.statement`)."""
-    return _trajectory_arrays(r) | r.statement()
+    """A theory entry: the trajectories, the risk's standard error ``risk_se`` (NaN for one replicate)
+    and the quadrature's statement (:meth:`~singleloc.TheoryResult.statement`)."""
+    return _trajectory_arrays(r) | {"risk_se": r.risk_se} | r.statement()
 
 
 def _trajectory_arrays(r) -> dict[str, np.ndarray]:

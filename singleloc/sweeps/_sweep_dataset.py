@@ -129,10 +129,18 @@ COLUMNS = {
     "leaning_angle_spike": "mean angle of the leaning heads to their spike (degrees)",
     "leaning_angle_mean": "mean angle of the leaning heads to the mean direction (degrees)",
     "n_directions": "spike directions with a specialized head", "shared_profiles": "pairs of heads with the same spike "
-    "profile", "bayes_risk": "Bayes risk of the point's problem (the best any estimator can do)",
-    "bayes_risk_error": "error of bayes_risk (exact route: against a finer rule; else standard error over scramblings)",
-    "gap_to_bayes": "final_risk - bayes_risk", "heads_needed": "fewest model.heads of the sweep, for this activation, F "
+    "profile", "settled": "fraction of seeds settled at the horizon: over its last 20% the risk moved at most 1e-3 "
+    "relative and no head changed class (docs/phases.md)", "risk_change": "largest relative change of a seed's risk over "
+    "the last 20% of the horizon", "bayes_risk": "Bayes risk of the point's problem (the best any estimator can do)",
+    "bayes_risk_error": "error of bayes_risk (exact route, taken wherever it exists whatever theory.route: against a "
+    "finer rule; else standard error over scramblings)",
+    "final_risk_error": "stated error of final_risk: the exact route's risk_error or the standard error over "
+    "theory.replicates scramblings, the larger (NaN: not stated, the rule route with one replicate)",
+    "gap_to_bayes": "final_risk - bayes_risk", "gap_to_bayes_error": "error of gap_to_bayes: final_risk_error and "
+    "bayes_risk_error in quadrature", "heads_needed": "fewest model.heads of the sweep, for this activation, F "
     "and other grid values, whose gap_to_bayes is at most gap_tol (NaN: none)",
+    "heads_needed_low": "heads_needed with every gap_to_bayes lowered by its error (differs from heads_needed_high: "
+    "the count is within error)", "heads_needed_high": "heads_needed with every gap_to_bayes raised by its error",
     "gap_tol": "the largest gap_to_bayes that counts as reaching the Bayes risk (singleloc sweep --gap)",
     "route": "the theory's quadrature route: exact or rule",
     "gram_route": "the lr^2 Gram term's route: exact, sobol or montecarlo",
@@ -156,7 +164,7 @@ def describe_column(name: str) -> str:
 
 #: Columns that do not vary over ``model.heads`` (a summary over the heads): in ``sweep.nc`` over the
 #: other grid dimensions only.
-OVER_HEADS = ("heads_needed",)
+OVER_HEADS = ("heads_needed", "heads_needed_low", "heads_needed_high")
 
 
 def dim_name(key: str) -> str:
