@@ -150,9 +150,10 @@ def _trajectories(dynamics: OrderParameterODE, evaluation: OrderParameterODE, y0
 
     def trajectory(dyn, ev, y):
         ys, code = _solve(dyn, y, ts, rtol, atol, max_steps, progress)
-        risk = _risks(ev, ys, 1 + jnp.sum(jnp.diff(ts) > 0))  # the saved times past the distinct ones repeat the last
+        n = 1 + jnp.sum(jnp.diff(ts) > 0)  # the saved times past the n distinct ones repeat the last (_padded)
+        risk = _risks(ev, ys, n)
         # the exact route's stated error: the risk at the start and at the end on a finer rule
-        ends = jnp.array([0, -1])
+        ends = jnp.stack([0, n - 1])
         at_ends = jax.tree.map(lambda x: x[ends], ys)
         checked = lambda s: jnp.where(jnp.isfinite(s.Q).all(), ev.risk_check(*s), jnp.nan)
         check = jax.lax.map(checked, at_ends)  # one at a time: the finer rule is the largest
