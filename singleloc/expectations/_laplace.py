@@ -170,6 +170,7 @@ class LaplaceRule(eqx.Module):
     offset: float = eqx.field(static=True)  # the form's offset kappa (ExponentialForm.offset)
     n_t: int = eqx.field(static=True)
     heads: int = eqx.field(static=True)
+    discrete: bool = eqx.field(static=True, default=False)  # no Gaussian part: both tokens' fields share C
 
     @classmethod
     def make(cls, form: ExponentialForm, L: int, H: int, prior: Prior, *, n_t: int, n_outer: int, n_inner: int,
@@ -194,7 +195,7 @@ class LaplaceRule(eqx.Module):
         layer = JointLayer.make(H, F, joint_sizes, dtype) if form.joint else PerHeadLayer.make(H, n_outer, dtype)
         return cls(as_array(zo), as_array(wo), as_array(zi), as_array(wi), as_array(profile_grid(u_step)),
                    as_array(prior.atoms_array()), as_array(prior.probs_array()), as_array(np.asarray(prior.noise_cov)),
-                   as_array(int(L)), as_array(form.scale), layer, float(form.offset), int(n_t), int(H))
+                   as_array(int(L)), as_array(form.scale), layer, float(form.offset), int(n_t), int(H), prior.is_discrete)
 
     @property
     def form(self) -> ExponentialForm:
@@ -313,20 +314,23 @@ class LaplaceRule(eqx.Module):
         return jnp.where(v > WIDE_SIGMA**2, wide, narrow)
 
     def pair(self, combos, y, yp, m, mp, C11, C12, C22, outer_rule=None):
-        """``E[f_a(y + x) f_b(y' + x')]`` (len(combos), n_t, n_t) on the grid ``y x y'`` for the profile
+        """``E[f_a(y + x) f_b(y' + x')]`` (len(combos), *batch, n_t, n_t) on the grid ``y x y'`` for the profile
         pairs ``(a, b)`` in ``combos``, ``(x, x')`` Gaussian with means ``(m, m')`` and covariance
         ``[[C11, C12], [C12, C22]]`` (module docstring): the first field on the normal rule
         ``outer_rule`` (nodes and weights; default the rule's outer one), the second given the
-        first smoothed by its conditional Gaussian (:func:`~singleloc.expectations._laplace_profiles.smoothed_profiles`)."""
+        first smoothed by its conditional Gaussian (:func:`~singleloc.expectations._laplace_profiles.smoothed_profiles`).
+        The means may be arrays of the shape ``batch`` (e.g. one per atom of the prior): they share the
+        covariance, so the second field's table of smoothed profiles is built once for all of them."""
         z, w = (self.z_outer, self.w_outer) if outer_rule is None else outer_rule
         C11 = jnp.maximum(C11, PAIR_VAR_FLOOR)
         sx = jnp.sqrt(C11) * z  # x - m at the outer nodes
         beta = C12 / C11
         s2 = C22 - C12**2 / C11
+        m, mp = (jnp.asarray(x)[..., None, None] for x in (m, mp))
         firsts, seconds = (tuple(sorted({pair[i] for pair in combos})) for i in (0, 1))
-        outer = w * _profiles(y[:, None] + m + sx, firsts)  # (., n_t, n_outer)
+        outer = w * _profiles(y[:, None] + m + sx, firsts)  # (., *batch, n_t, n_outer)
         inner = smoothed_profiles(yp[None, :] + mp + beta * sx[:, None], s2, self.z_inner, self.w_inner, self.u_grid,
-                                  seconds, WIDE_SIGMA)  # (., n_outer, n_t)
+                                  seconds, WIDE_SIGMA)  # (., *batch, n_outer, n_t)
         return jnp.stack([outer[firsts.index(a)] @ inner[seconds.index(b)] for a, b in combos])
 
 
