@@ -15,10 +15,6 @@
   code is never served a stale program. ``SINGLELOC_TEST_CACHE`` names another folder, or, empty, a
   throw-away one for the session (removed at exit). The command lines that tests start
   (``SINGLELOC_CACHE_DIR``) share it. The summary line says how much was compiled and how much loaded.
-* XLA's cheaper optimisation level (``jax_disable_most_optimizations``: LLVM at ``-O0``, no expensive
-  passes), also for the command lines the tests start: the suite compiles far more than it runs, its
-  programs compile in about half the time and run up to about twice as slowly, and the tests'
-  tolerances are derived from the mathematics' errors, not from bits (benchmarks/09_program_size.py).
 * A compilation budget (:class:`_Compilations`): a default test that compiles more new XLA programs
   than it declares with ``@pytest.mark.compiles(n)`` (default :data:`DEFAULT_PROGRAMS`) fails, naming
   them. Time is not a budget (machines are noisy): ``.ci/run`` prints the slowest tests.
@@ -72,8 +68,6 @@ jax.config.update("jax_compilation_cache_dir", _CACHE_DIR)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 os.environ["SINGLELOC_CACHE_DIR"] = _CACHE_DIR  # the command lines that tests start use the suite's cache
-jax.config.update("jax_disable_most_optimizations", True)
-os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1"  # and compile as cheaply
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
