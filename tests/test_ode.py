@@ -131,3 +131,15 @@ def test_theory_tracks_a_large_D_simulation():
     se = 1.0 / np.sqrt(cfg.simulation.test_samples)  # the per-sample loss lies in [0, 2]: sd <= 1
     assert np.max(np.abs(sim.risk - th.risk)) < 4 * se + 0.01
     assert np.max(np.abs(sim.M - th.M)) < 0.05
+
+
+def test_saved_time_counts_within_a_power_of_two_share_one_program():
+    """The saved times are padded to ``saved_slots`` (a power of two, at least 16): counts 3 and 5 give arguments
+    of the same shapes (one program), 17 another; the padding repeats the last time."""
+    from singleloc.theory._ode import _problem, _shape_key, saved_slots
+
+    assert [saved_slots(n) for n in (1, 3, 16, 17, 33, 64, 65)] == [16, 16, 16, 32, 64, 64, 128]
+    keys = {n: _shape_key(_problem(tiny().replace(sgd={"n_save": n}), None, None).args) for n in (3, 5, 17)}
+    assert keys[3] == keys[5] != keys[17]
+    ts = _problem(tiny().replace(sgd={"n_save": 5}), None, None).args[3]
+    assert ts.shape == (16,) and bool(np.all(ts[4:] == ts[4]))
