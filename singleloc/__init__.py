@@ -23,7 +23,7 @@ _EXPORTS = {
                      "register_activation", "scalable_softmax", "softmax", "softmax1", "ssmax"),
     "bayes._bayes": ("bayes_point", "bayes_risk", "bayes_route", "log_weight", "posterior"),
     "bayes._population_risk": ("RiskEstimate", "population_risk"),
-    "configuration._choices": ("PRUNING_ORDERS",),
+    "ground._choices": ("PRUNING_ORDERS",),
     "configuration._config": ("Config", "load_config", "preset_names", "sgd_rule"),
     "model._data": ("initial_overlaps", "make_spikes", "overlaps", "sample_sequence", "seed_keys"),
     "attention._attention_diagnosis": ("AttentionDiagnosis", "diagnose_attention"),
@@ -132,7 +132,6 @@ if TYPE_CHECKING:
     from .bayes._bayes import posterior as posterior
     from .bayes._population_risk import RiskEstimate as RiskEstimate
     from .bayes._population_risk import population_risk as population_risk
-    from .configuration._choices import PRUNING_ORDERS as PRUNING_ORDERS
     from .configuration._config import Config as Config
     from .configuration._config import load_config as load_config
     from .configuration._config import preset_names as preset_names
@@ -155,6 +154,7 @@ if TYPE_CHECKING:
     from .expectations._routes import choose_route as choose_route
     from .expectations._sobol_expectation import SobolExpectation as SobolExpectation
     from .expectations._sobol_expectation import SobolGram as SobolGram
+    from .ground._choices import PRUNING_ORDERS as PRUNING_ORDERS
     from .io._run_checks import warn_if_risk_rose as warn_if_risk_rose
     from .io._run_folders import Run as Run
     from .io._run_folders import add_to_run as add_to_run

@@ -34,7 +34,7 @@ def weights_with_overlaps(rng: np.random.Generator, M, Q, D: int, orthogonal_spi
 
 def full_disk_after(monkeypatch, files_written: int, code: int | None = None) -> list:
     """Make the disk full after ``files_written`` more files: every later file that
-    :func:`singleloc.io._atomic_files.atomic_write` creates is created (so its clean-up is tested) but
+    :func:`singleloc.ground._atomic_files.atomic_write` creates is created (so its clean-up is tested) but
     written to ``/dev/full`` (each write fails with ENOSPC); with ``code`` (e.g. ``errno.EROFS``,
     ``errno.EACCES``) creating it fails with that error instead (a read-only folder). Returns
     the list of the paths created, in order."""

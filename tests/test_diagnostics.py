@@ -429,7 +429,7 @@ def test_diagnose_attention_without_values_and_one_row():
 
 def test_diagnose_help_states_the_library_defaults(capsys):
     from singleloc.attention._attention_diagnosis import TEMPERATURES
-    from singleloc.configuration._choices import KS_SAMPLES, MASKS
+    from singleloc.ground._choices import KS_SAMPLES, MASKS
 
     with pytest.raises(SystemExit):
         cli.main(["diagnose", "--help"])

@@ -1,5 +1,5 @@
 """Extension points from a config file: ``model.activation`` and ``problem.prior`` as
-``"package.module:function"`` references (singleloc.configuration._extensions), in this process, on the
+``"package.module:function"`` references (singleloc.ground._extensions), in this process, on the
 command line, in stored programs and on Dask workers."""
 
 from __future__ import annotations

@@ -250,7 +250,7 @@ def test_the_probe_takes_the_packages_own_activations_and_an_honest_form(user_mo
     import jax.numpy as jnp
 
     import singleloc as sl
-    from singleloc.configuration._user_code import check_activation
+    from singleloc.ground._user_code import check_activation
 
     for name in ("softmax", "softmax1", "bsoftmax", "ssmax"):
         check_activation(sl.get_activation(name), name)

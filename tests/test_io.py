@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from singleloc import Config, load_config
-from singleloc.io._atomic_files import check_output_folder, check_run_folder, write_folder
+from singleloc.ground._atomic_files import check_output_folder, check_run_folder, write_folder
 from singleloc.io._run_folders import add_to_run, config_hash, load_run, npz_stamp, save_npz, save_run
 
 CONFIG = load_config("default", ["model.heads=3"])
@@ -194,7 +194,7 @@ def test_ctrl_c_while_writing_leaves_the_previous_run_intact(run_dir):
 KILLED_WRITER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from singleloc.io._atomic_files import write_folder
+    from singleloc.ground._atomic_files import write_folder
 
     def fill(folder):
         (folder / "config.json").write_text("new")

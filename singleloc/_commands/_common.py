@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 from ..configuration._presets import preset_names
-from ..configuration._validation import integer
-from ..io._atomic_files import BESIDE_FLAG, check_output_folder, check_run_folder
+from ..ground._atomic_files import BESIDE_FLAG, check_output_folder, check_run_folder
+from ..ground._validation import integer
 
 CONFIG_HELP = (
     "the name of a shipped preset ({presets}) or a TOML config file (write ./NAME for a file named like a preset); "
@@ -23,7 +23,7 @@ CONFIG_HELP = (
 
 def int_at_least(minimum: int, maximum: int | None = None):
     """An argparse type: an integer ``>= minimum`` (and ``<= maximum``), checked by
-    :func:`singleloc.configuration._validation.integer` (argparse names the argument: ``"argument --draws: must be
+    :func:`singleloc.ground._validation.integer` (argparse names the argument: ``"argument --draws: must be
     >= 1, got 0"``)."""
 
     def parse(text: str) -> int:
@@ -41,7 +41,7 @@ def int_at_least(minimum: int, maximum: int | None = None):
 
 def output_folder(text: str) -> Path:
     """An argparse type: a folder to write files into (created if missing), checked before
-    anything runs (see :func:`singleloc.io._atomic_files.check_output_folder`)."""
+    anything runs (see :func:`singleloc.ground._atomic_files.check_output_folder`)."""
     try:
         check_output_folder(text)
     except (OSError, ValueError) as err:
@@ -51,7 +51,7 @@ def output_folder(text: str) -> Path:
 
 def run_folder(text: str) -> Path:
     """An argparse type: the folder of a run, new or holding a previous run that the new one
-    replaces as a whole; checked before anything runs (see :func:`singleloc.io._atomic_files.check_run_folder`)."""
+    replaces as a whole; checked before anything runs (see :func:`singleloc.ground._atomic_files.check_run_folder`)."""
     try:
         check_run_folder(text)
     except (OSError, ValueError) as err:
@@ -77,7 +77,7 @@ def add_out_argument(parser: argparse.ArgumentParser, default: str | None = None
 
 def add_beside_argument(parser: argparse.ArgumentParser) -> None:
     """``--beside-run``: write into an ``--out`` folder that holds another run
-    (:func:`~singleloc.io._atomic_files.check_other_run`)."""
+    (:func:`~singleloc.ground._atomic_files.check_other_run`)."""
     parser.add_argument(BESIDE_FLAG, dest="beside_run", action="store_true",
                         help="write into an --out folder that holds another run (integrate, simulate, compare, plot), beside "
                         "its files; without it such a folder is refused, and a file of the other run is never replaced")

@@ -119,7 +119,7 @@ def _diagnose(out: Path, max_rows: int, force: bool) -> int:
 
 
 def run(args) -> int:
-    from ..io._atomic_files import check_other_run
+    from ..ground._atomic_files import check_other_run
     from ..io._resources import check_memory
     from ..language_model import load_model, truncate
     from ..language_model._model_file import find_model

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import warnings
 
-from ..configuration._choices import REPLICATES_MAX
+from ..ground._choices import REPLICATES_MAX
 from ._common import add_config_arguments, config_from_args, int_at_least
 
 

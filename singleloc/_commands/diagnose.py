@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..configuration._choices import KS_SAMPLES, MASKS
-from ..io._atomic_files import OUTPUT_KEY, check_output_folder, png_has_text, written_together
+from ..ground._atomic_files import OUTPUT_KEY, check_output_folder, png_has_text, written_together
+from ..ground._choices import KS_SAMPLES, MASKS
 from ._common import add_force_argument, add_out_argument, check_cost, int_at_least
 
 DESCRIPTION = """\

@@ -65,7 +65,7 @@ def run_figures(run, log_time: bool | None = None) -> dict:
 
 
 def run(args) -> int:
-    from ..io._atomic_files import RUN_STAMP, check_other_run
+    from ..ground._atomic_files import RUN_STAMP, check_other_run
     from ..io._run_folders import add_to_run, load_run, save_figure
 
     if (args.run_dir / "sweep.nc").is_file() and not (args.run_dir / "config.json").is_file():

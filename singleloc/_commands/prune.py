@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..configuration._choices import PRUNING_DRAWS_MAX, PRUNING_ORDERS
-from ..io._atomic_files import check_run_folder
+from ..ground._atomic_files import check_run_folder
+from ..ground._choices import PRUNING_DRAWS_MAX, PRUNING_ORDERS
 from ._common import PROGRESS_HELP, add_out_argument, describe, int_at_least, note_replaced
 
 SOURCES = ("auto", "theory", "simulation")

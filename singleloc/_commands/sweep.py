@@ -59,7 +59,7 @@ def register(sub) -> None:
 
 def horizon_type(text: str) -> str | float:
     """argparse type of --horizon (sweep, integrate): auto, config or a positive number (the library's check)."""
-    from ..configuration._choices import HORIZON_WORDS, check_horizon
+    from ..ground._choices import HORIZON_WORDS, check_horizon
 
     try:
         value = text if text in HORIZON_WORDS else float(text)

@@ -20,8 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..configuration._arguments import require_arrays, require_ode
-from ..theory._theory import OrderParameterODE
+from ..ground._arguments import require_arrays
+from ..theory._theory import OrderParameterODE, require_ode
 
 
 @eqx.filter_jit

@@ -20,11 +20,11 @@ import jax.numpy as jnp
 import numpy as np
 from scipy import optimize
 
-from ..configuration._arguments import require_arrays, require_ode
-from ..configuration._validation import integer
+from ..ground._arguments import require_arrays
+from ..ground._validation import integer
 from ..runtime._numerics import PSD_ROUNDING, TINY
 from ..runtime._progress import Phase
-from ..theory._theory import OrderParameterODE
+from ..theory._theory import OrderParameterODE, require_ode
 from ._drift_jacobian import _jacobian
 from ._stability import _symmetric_risk, symmetric_drift, symmetric_flow, symmetric_start, symmetric_state
 

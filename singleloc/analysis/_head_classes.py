@@ -58,7 +58,7 @@ import dataclasses
 
 import numpy as np
 
-from ..configuration._arguments import require_arrays, require_finite
+from ..ground._arguments import require_arrays, require_finite
 from ..runtime._numerics import TINY
 
 

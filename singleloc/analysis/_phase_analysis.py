@@ -27,7 +27,7 @@ import dataclasses
 
 import numpy as np
 
-from ..configuration._arguments import require_arrays
+from ..ground._arguments import require_arrays
 from ._head_classes import (
     HEAD_CLASSES,
     HeadClasses,

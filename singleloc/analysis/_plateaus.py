@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..configuration._arguments import require_arrays
+from ..ground._arguments import require_arrays
 from ..runtime._numerics import first_crossing
 
 

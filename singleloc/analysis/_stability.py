@@ -33,11 +33,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..configuration._arguments import require_arrays, require_instance, require_ode
+from ..ground._arguments import require_arrays, require_instance
 from ..runtime._compilation import checks_as_nan
 from ..runtime._numerics import TINY, first_crossing
 from ..runtime._progress import Phase
-from ..theory._theory import OrderParameterODE, OrderParameters, unflatten_state
+from ..theory._theory import OrderParameterODE, OrderParameters, require_ode, unflatten_state
 from ._drift_jacobian import drift_jacobian
 
 # -- the symmetric subspace and its flow ----------------------------------------------------

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..configuration._validation import integer, number
+from ..ground._validation import integer, number
 
 # --------------------------------------------------------------------------- validation
 

@@ -56,10 +56,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..configuration._arguments import require_arrays, require_prior
 from ..expectations._fields import LocalFields
 from ..expectations._routes import JOINT_RISK_MAX, joint_exact_affordable
-from ..model._priors import Prior
+from ..ground._arguments import require_arrays
+from ..model._priors import Prior, require_prior
 from ..theory._theory import OrderParameters
 from ._population_risk import RiskEstimate, _check_counts, _check_rules, population_risk
 

@@ -17,9 +17,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..configuration._arguments import require_arrays, require_prior
-from ..configuration._choices import REPLICATES_MAX
-from ..configuration._validation import integer
 from ..expectations._expectation import AbstractExpectation
 from ..expectations._fields import LocalFields
 from ..expectations._laplace import NODES, exact_rule
@@ -27,9 +24,12 @@ from ..expectations._monte_carlo_expectation import MonteCarloExpectation
 from ..expectations._routes import JOINT_RISK_MAX, decide, exact_rule_bytes
 from ..expectations._sobol_expectation import SobolExpectation
 from ..expectations._sobol_geometry import quadrature_dimension
+from ..ground._arguments import require_arrays
+from ..ground._choices import REPLICATES_MAX
+from ..ground._validation import integer
 from ..io._resources import OVERHEAD, available_memory, check_memory, check_quadrature, rule_bytes
 from ..model._activations import get_activation
-from ..model._priors import Prior
+from ..model._priors import Prior, require_prior
 
 
 @dataclasses.dataclass(frozen=True)

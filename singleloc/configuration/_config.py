@@ -24,7 +24,7 @@ try:  # Python >= 3.11
 except ModuleNotFoundError:  # pragma: no cover
     import tomli as tomllib
 
-from ..io._atomic_files import describe_path
+from ..ground._atomic_files import describe_path
 from ..model._priors import Prior
 from ..sgd._sgd_rule import AbstractSGDRule
 from ._presets import preset_names

@@ -13,14 +13,13 @@ from typing import Any
 
 import numpy as np
 
+from ..ground._choices import GRAM_ROUTES, HEAD_WEIGHTS, ROUTES, RULE_AXES, SCHEDULES
+from ..ground._extensions import import_reference, is_reference
+from ..ground._validation import INT32_MAX, integer, number, representable
 from ..model._activations import get_activation
-from ..model._priors import PRIOR_FACTORIES, Prior
+from ..model._priors import PRIOR_FACTORIES, Prior, check_prior
 from ..sgd._sgd_rule import AbstractSGDRule, GradientFlow, OnlineSGD
 from ..sgd._sgd_variants import LearningRateSchedule, MiniBatch, Momentum, WeightDecay
-from ._choices import GRAM_ROUTES, HEAD_WEIGHTS, ROUTES, RULE_AXES, SCHEDULES
-from ._extensions import import_reference, is_reference
-from ._user_code import check_prior
-from ._validation import INT32_MAX, integer, number, representable
 
 #: Largest ``|model.bias_init|``: float32 (the simulation's precision) spaces numbers near 1000 by
 #: 6e-5, so O(1) scores keep four digits beside the bias; near 1e30 they vanish entirely.
@@ -40,7 +39,7 @@ GRAM_POINTS_MAX = 16384
 GRAM_NODE_BUDGET = 2**22
 
 #: Most Sobol points of a rule (``theory.points``, ``theory.gram_points``): its ``2 points`` nodes are
-#: counted in 32 bits (:data:`~singleloc.configuration._validation.INT32_MAX`).
+#: counted in 32 bits (:data:`~singleloc.ground._validation.INT32_MAX`).
 SOBOL_POINTS_MAX = 2**30
 
 #: Smallest ``theory.rtol``: the relative spacing of float64 numbers.
@@ -53,7 +52,7 @@ def _fail(section: str, key: str, message: str):
 
 def _count(section: str, key: str, value: Any, minimum: int, example: int) -> int:
     """A count that sizes or indexes arrays: an integer in ``[minimum, INT32_MAX]``
-    (:data:`~singleloc.configuration._validation.INT32_MAX`, JAX's integer without its x64 mode); ``example`` is
+    (:data:`~singleloc.ground._validation.INT32_MAX`, JAX's integer without its x64 mode); ``example`` is
     suggested when it is refused."""
     return integer(f"{section}.{key}", value, minimum, INT32_MAX, example=example)
 
@@ -118,7 +117,7 @@ class Problem:
 
     ``prior`` is a name (``spikes``, ``flipped``, ``binary``, ``discrete``, ``gaussian``) whose
     parameters are the other keys, a reference ``"package.module:function"`` to a function
-    ``problem -> Prior`` (:mod:`~singleloc.configuration._extensions`; it reads the keys it needs from this
+    ``problem -> Prior`` (:mod:`~singleloc.ground._extensions`; it reads the keys it needs from this
     section), or a :class:`~singleloc.Prior` object. Defaults of the
     optional keys: ``discrete`` takes ``support = strength * I_F`` and uniform ``probs``;
     ``gaussian`` takes ``mean = 0`` and ``cov = strength^2 I_F`` (isotropic).

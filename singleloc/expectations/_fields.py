@@ -77,8 +77,7 @@ import numpy as np
 from scipy.special import ndtri
 from scipy.stats import qmc
 
-from ..configuration._arguments import require_prior
-from ..model._priors import Prior
+from ..model._priors import Prior, require_prior
 from ..runtime._numerics import psd_sqrt_and_pinv_sqrt, rank_aware_factor_and_pinv
 from ._sobol_geometry import SOBOL_MAX_DIM, factor_rows, node_batch
 

@@ -1,6 +1,6 @@
 """Which expectation route a computation takes, decided once, with the budgets that decide it.
 
-``theory.route`` names a route (:data:`~singleloc.configuration._choices.ROUTE_CLASSES`) or ``"auto"``.
+``theory.route`` names a route (:data:`~singleloc.ground._choices.ROUTE_CLASSES`) or ``"auto"``.
 :func:`choose_route` turns the problem, the layer and the numerics into a :class:`RouteChoice`: the route, the activation and its
 normalised-exponential form (:func:`~singleloc.exponential_form`), and on the exact route how its
 ``lr^2`` (Gram) term is computed. The decision:
@@ -22,7 +22,7 @@ less than the rule.
 
 A new route is a module with a class of :class:`~singleloc.expectations._expectation.AbstractExpectation` (with a
 ``from_setup`` class method, :meth:`~singleloc.OrderParameterODE.from_setup`) and one line in
-:data:`~singleloc.configuration._choices.ROUTE_CLASSES`.
+:data:`~singleloc.ground._choices.ROUTE_CLASSES`.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ import dataclasses
 import importlib
 from typing import TYPE_CHECKING
 
-from ..configuration._arguments import require_instance
-from ..configuration._choices import ROUTE_CLASSES, ROUTES
+from ..ground._arguments import require_instance
+from ..ground._choices import ROUTE_CLASSES, ROUTES
 
 if TYPE_CHECKING:  # imported when a route is chosen
     from ..configuration._specs import Model, Problem, Theory
@@ -63,7 +63,7 @@ GRAM_EXACT_FROM = 64
 @dataclasses.dataclass(frozen=True)
 class RouteChoice:
     """The route of one computation (module docstring): ``route`` (a key of
-    :data:`~singleloc.configuration._choices.ROUTE_CLASSES`), the ``activation`` and its
+    :data:`~singleloc.ground._choices.ROUTE_CLASSES`), the ``activation`` and its
     normalised-exponential ``form`` (``None`` if it has none), and on the exact route ``gram``:
     ``"exact"``, ``"sobol"`` or ``"montecarlo"`` (``None`` elsewhere)."""
 
@@ -79,7 +79,7 @@ class RouteChoice:
 
 
 def route_class(name: str) -> type:
-    """The expectation class of the route ``name`` (:data:`~singleloc.configuration._choices.ROUTE_CLASSES`)."""
+    """The expectation class of the route ``name`` (:data:`~singleloc.ground._choices.ROUTE_CLASSES`)."""
     module, _, attr = ROUTE_CLASSES[name].partition(":")
     return getattr(importlib.import_module(module), attr)
 

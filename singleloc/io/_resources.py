@@ -101,10 +101,10 @@ FLOAT32_KEYS = (("problem", "strength", True, 2.5), ("sgd", "lr", False, 0.5), (
 
 def check_float32(config: Config) -> None:
     """The values a simulation holds in float32 (:data:`FLOAT32_KEYS`, the prior's atoms and
-    covariance) are in its range (:func:`~singleloc.configuration._validation.representable`): ``ValueError``
+    covariance) are in its range (:func:`~singleloc.ground._validation.representable`): ``ValueError``
     naming the key otherwise (``problem.strength = 1e300`` became infinite data, and the simulation
     said to lower ``sgd.lr``, issue 54 item 8)."""
-    from ..configuration._validation import representable
+    from ..ground._validation import representable
 
     for section, key, squared, example in FLOAT32_KEYS:
         representable(f"{section}.{key}", getattr(getattr(config, section), key), "float32", squared=squared,

@@ -1,7 +1,7 @@
 """Output files and run folders.
 
 Files. :func:`save_npz`, :func:`save_json`, :func:`save_text` and :func:`save_figure` write
-atomically (:func:`singleloc.io._atomic_files.atomic_write`): a reader never sees a half-written file,
+atomically (:func:`singleloc.ground._atomic_files.atomic_write`): a reader never sees a half-written file,
 and files get the usual permissions (``0o666`` less the umask).
 
 Run folders. The outputs of one ``integrate``, ``simulate`` or ``compare`` form one unit, a
@@ -12,7 +12,7 @@ folder written by :func:`save_run`:
   the config and ``singleloc_version``; each ``.npz`` as its zip comment
   ``singleloc config_hash HASH`` (:func:`npz_stamp`; the arrays are unchanged); each ``.png``
   as the text entry ``singleloc config_hash``;
-* the folder is replaced as a whole (:func:`singleloc.io._atomic_files.write_folder`): the files are
+* the folder is replaced as a whole (:func:`singleloc.ground._atomic_files.write_folder`): the files are
   written into a hidden sibling that then takes the folder's place, so a failure or a kill
   leaves the previous run intact and no file of an earlier run survives beside the new ones.
 
@@ -38,12 +38,21 @@ from typing import Any
 import numpy as np
 
 from .._version import __version__
-from ..configuration._arguments import require_instance
 from ..configuration._config import SECTIONS, Config, load_config, require_config
+from ..ground._arguments import require_instance
+from ..ground._atomic_files import (
+    NPZ_STAMP,
+    RUN_FILES,
+    RUN_STAMP,
+    atomic_write,
+    describe_path,
+    npz_stamp,
+    run_stamp,
+    write_folder,
+)
 from ..pruning._pruning_result import PruningResult
 from ..simulation._simulation_result import SimulationResult
 from ..theory._theory_result import TheoryResult, theory_from_arrays
-from ._atomic_files import NPZ_STAMP, RUN_FILES, RUN_STAMP, atomic_write, describe_path, npz_stamp, run_stamp, write_folder
 
 #: The data files of a run folder, ``<kind>.npz``, in the order :func:`load_run` reads them.
 RUN_KINDS = ("theory", "simulation")

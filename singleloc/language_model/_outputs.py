@@ -1,7 +1,7 @@
 """The files of ``singleloc attention``, written as the blocks are computed, and what a run costs.
 
 Files in the output folder, written together (all of them or none,
-:func:`singleloc.io._atomic_files.written_together`):
+:func:`singleloc.ground._atomic_files.written_together`):
 
 * ``attention.npy`` (layers, heads, L, L) float32: ``[l, h, q, j]`` = weight of query token ``q``
   of head ``h`` of the ``l``-th kept block on token ``j`` (0 for ``j > q``; rows sum to 1),
@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from .._version import __version__
-from ..io._atomic_files import OUTPUT_KEY, atomic_write, png_has_text, written_together
+from ..ground._atomic_files import OUTPUT_KEY, atomic_write, png_has_text, written_together
 from ..io._costs import Cost, speed
 from ..io._run_folders import save_json
 from ._gguf_reader import LlamaConfig

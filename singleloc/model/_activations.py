@@ -17,7 +17,7 @@ An activation is any JAX function ``scores (H, L) -> weights (H, L)`` that is eq
 under permutations of the tokens (the theory engine fixes the relevant token at position 0
 and relies on this). Register your own with :func:`register_activation`, or name it in a config
 as ``model.activation = "package.module:function"`` (imported where the config is used, Dask
-workers included: :mod:`~singleloc.configuration._extensions`); the simulator, the population risk and the
+workers included: :mod:`~singleloc.ground._extensions`); the simulator, the population risk and the
 ODE (whose drift is obtained by autodiff) then handle it with no further code.
 """
 
@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..configuration._extensions import import_reference, is_reference
+from ..ground._extensions import import_reference, is_reference
 
 Activation = Callable[[jax.Array], jax.Array]
 
@@ -60,7 +60,7 @@ def exponential_form(activation: Activation, L: int) -> ExponentialForm | None:
     return None if form is None else ExponentialForm(*form(int(L)))
 
 _REGISTRY: dict[str, Activation] = {}
-#: References ("package.module:function") whose probe (:func:`~singleloc.configuration._user_code.check_activation`)
+#: References ("package.module:function") whose probe (:func:`~singleloc.ground._user_code.check_activation`)
 #: has passed in this process.
 _CHECKED: set[str] = set()
 
@@ -96,7 +96,7 @@ def register_activation(name: str, fn: Activation, *, overwrite: bool = False) -
 
     ``fn`` maps scores of shape ``(H, L)`` to weights of the same shape and must be
     equivariant under token permutations; it is probed here with random scores
-    (:func:`~singleloc.configuration._user_code.check_activation`: shape, finite weights and gradient,
+    (:func:`~singleloc.ground._user_code.check_activation`: shape, finite weights and gradient,
     equivariance, a declared ``exponential_form``), and a ``ValueError`` names what failed.
     Re-registering an existing name needs ``overwrite=True``.
     """
@@ -107,7 +107,7 @@ def register_activation(name: str, fn: Activation, *, overwrite: bool = False) -
     if name in _REGISTRY and not overwrite and _REGISTRY[name] is not fn:
         raise ValueError(f"activation {name!r} is already registered (pass overwrite=True to replace it)")
     if _REGISTRY.get(name) is not fn:
-        from ..configuration._user_code import check_activation
+        from ..ground._user_code import check_activation
 
         check_activation(fn, name, key="activation")
     _REGISTRY[name] = fn
@@ -115,15 +115,15 @@ def register_activation(name: str, fn: Activation, *, overwrite: bool = False) -
 
 def get_activation(name: str) -> Activation:
     """The activation registered under ``name``, or the function a reference
-    ``"package.module:function"`` names (imported on first use, :mod:`~singleloc.configuration._extensions`,
-    and probed once per process, :func:`~singleloc.configuration._user_code.check_activation`). A clear error
+    ``"package.module:function"`` names (imported on first use, :mod:`~singleloc.ground._extensions`,
+    and probed once per process, :func:`~singleloc.ground._user_code.check_activation`). A clear error
     lists the known names."""
     if name in _REGISTRY:
         return _REGISTRY[name]
     if is_reference(name):
         fn = import_reference(name, "model.activation")
         if name not in _CHECKED:  # once per process: every config that names it asks again
-            from ..configuration._user_code import check_activation
+            from ..ground._user_code import check_activation
 
             check_activation(fn, name)
             _CHECKED.add(name)

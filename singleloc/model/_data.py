@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..configuration._arguments import require_arrays
+from ..ground._arguments import require_arrays
 from ._priors import Prior
 
 SIM_DTYPE = jnp.float32

@@ -15,7 +15,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ..configuration._arguments import require_activation
+from ..ground._arguments import require_activation
 from ._activations import Activation
 
 

@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..configuration._validation import integer, number
+from ..ground._arguments import require_instance
+from ..ground._user_code import UserCodeError
+from ..ground._validation import integer, number
 from ..runtime._numerics import PSD_ROUNDING, psd_sqrt
 
 
@@ -114,6 +117,25 @@ class Prior:
             u = jax.random.normal(k_noise, shape + (self.F,), dtype=theta.dtype)
             theta = theta + u @ jnp.asarray(self.cov_sqrt(), dtype=theta.dtype)
         return theta
+
+
+def require_prior(where: str, prior: Any) -> None:
+    """``TypeError`` unless ``prior`` is a :class:`~singleloc.Prior` (a prior's name is named with the remedy)."""
+    hint = (f"singleloc.{prior}(F, strength)" if prior in ("spikes", "flipped", "binary") else
+            "config.problem.build_prior()") if isinstance(prior, str) else "config.problem.build_prior()"
+    require_instance(where, "prior", prior, Prior, hint)
+
+
+def check_prior(prior: Any, reference: str, key: str = "problem.prior") -> None:
+    """The probe of a prior a factory returned (:mod:`~singleloc.ground._user_code`); :class:`UserCodeError`
+    naming ``reference``."""
+    if not isinstance(prior, Prior):
+        raise UserCodeError(f"{key}: {reference!r} must return a singleloc.Prior, got {type(prior).__name__}")
+    with np.errstate(all="ignore"):
+        moments = (prior.mean(), prior.cov())
+    if not all(np.all(np.isfinite(m)) for m in moments):
+        raise UserCodeError(f"{key}: {reference!r} returned a prior whose mean or covariance overflows float64 (atoms up "
+                            f"to {np.max(np.abs(prior.atoms_array())):.3g}); scale its atoms and covariance down")
 
 
 def spikes(F: int, strength: float) -> Prior:

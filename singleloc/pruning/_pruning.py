@@ -47,12 +47,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..bayes._population_risk import RiskEstimate, layer_risk, layer_risk_check
-from ..configuration._arguments import require_arrays, require_count, require_instance
-from ..configuration._choices import PRUNING_DRAWS_MAX, PRUNING_ORDERS
 from ..configuration._config import Config, gather_specs, require_arguments, require_config, require_uniform_head_weights
 from ..configuration._specs import SGD, Model, Problem, Simulation, Theory
-from ..configuration._validation import integer
 from ..expectations._routes import route_of
+from ..ground._arguments import require_arrays, require_count, require_instance
+from ..ground._choices import PRUNING_DRAWS_MAX, PRUNING_ORDERS
+from ..ground._validation import integer
 from ..io._resources import check_memory, check_quadrature, theory_bytes
 from ..model._activations import get_activation
 from ..model._data import overlaps

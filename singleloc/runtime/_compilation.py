@@ -24,7 +24,7 @@ can be skipped in a later process.
   backend, the JAX options that change tracing, and ``EQX_ON_ERROR``. A static value that
   cannot be named across processes (a function defined outside ``singleloc``, e.g. an
   activation registered from a script; one named by a ``"package.module:function"`` reference
-  is named by it, :mod:`~singleloc.configuration._extensions`) disables the stored program for that call, as do host
+  is named by it, :mod:`~singleloc.ground._extensions`) disables the stored program for that call, as do host
   callbacks in the traced program, a missing ``flatbuffers`` (needed by
   ``jax.export`` serialisation) and more than one local device (the stored programs are
   single-device; a batch split over the devices, :mod:`~singleloc.runtime._sharding`, is traced in
@@ -72,7 +72,7 @@ from typing import Any
 
 import jax
 
-from ..configuration._extensions import stable_names
+from ..ground._extensions import stable_names
 
 _PACKAGE = Path(__file__).parent.parent  # the package (this module is in singleloc/runtime)
 _DEPENDENCIES = ("jax", "jaxlib", "equinox", "diffrax", "optimistix", "lineax")
@@ -207,7 +207,7 @@ def _stable_names() -> dict[str, str]:
     """``repr`` -> ``module.name`` of every module-level function of the imported singleloc
     modules (their code is covered by the source digest), and ``reference@digest`` of every
     function a config names by reference (its module's source digest)."""
-    names = stable_names()  # functions a config names by reference (singleloc.configuration._extensions)
+    names = stable_names()  # functions a config names by reference (singleloc.ground._extensions)
     for module_name, module in list(sys.modules.items()):
         if module_name == "singleloc" or module_name.startswith("singleloc."):
             for attr, value in vars(module).items():

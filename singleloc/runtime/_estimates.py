@@ -29,8 +29,8 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-from ..configuration._choices import ROUTE_WORDS
 from ..configuration._config import Config
+from ..ground._choices import ROUTE_WORDS
 from ._progress import Phase, announce
 from ._progress_bar import Bar
 from ._timings import Estimate, device_label, predict, timings

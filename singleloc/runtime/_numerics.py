@@ -62,7 +62,7 @@ def psd_sqrt_and_pinv_sqrt(A):
 def psd_sqrt(A):
     """Symmetric square root ``A^{1/2}`` of a symmetric PSD matrix (negative eigenvalues,
     from rounding, clipped at zero); NumPy in, NumPy out; JAX in, JAX out."""
-    from ..configuration._arguments import require_arrays
+    from ..ground._arguments import require_arrays
 
     require_arrays("psd_sqrt", A=A)
     return psd_sqrt_and_pinv_sqrt(A)[0]

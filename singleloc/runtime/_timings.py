@@ -40,7 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..io._atomic_files import atomic_write
+from ..ground._atomic_files import atomic_write
 
 #: The clock of every measurement (seconds; replaced by tests).
 clock = time.perf_counter

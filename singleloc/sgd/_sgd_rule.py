@@ -67,7 +67,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ..configuration._arguments import require_flag, require_real
+from ..ground._arguments import require_flag, require_real
 
 
 class OrderParameters(NamedTuple):

@@ -47,8 +47,8 @@ import jax
 import jax.numpy as jnp
 from equinox import field
 
-from ..configuration._arguments import require_count, require_real
-from ..configuration._choices import SCHEDULES
+from ..ground._arguments import require_count, require_real
+from ..ground._choices import SCHEDULES
 from ._sgd_rule import AbstractVariant, LayerParameters, OrderParameters
 
 

@@ -81,9 +81,9 @@ from ..analysis._attention_mass import attention_mass
 from ..analysis._head_classes import HEAD_CLASSES
 from ..analysis._phase_analysis import analyze
 from ..analysis._predictions import EscapePrediction
-from ..configuration._choices import check_horizon
 from ..configuration._config import Config, require_config
-from ..io._atomic_files import OUTPUT_KEY, png_has_text, written_together
+from ..ground._atomic_files import OUTPUT_KEY, png_has_text, written_together
+from ..ground._choices import check_horizon
 from ..io._resources import check_run
 from ..io._run_folders import save_figure, save_text
 from ..runtime._distributed import open_cluster
@@ -383,7 +383,7 @@ def write_sweep_outputs(out: str | Path, outcome: SweepOutcome, *, figures: bool
     (:func:`~singleloc.sweeps._sweep_dataset.write_sweep`) and, with ``figures``, one phase diagram per
     activation (and per value of the other grid keys), ``phase_<activation>[_<key>=<value>...].png``,
     and ``heads_needed.png`` (the gap to the Bayes risk against the heads). All of them or none are
-    renamed into place (:func:`~singleloc.io._atomic_files.written_together`), and figures of an
+    renamed into place (:func:`~singleloc.ground._atomic_files.written_together`), and figures of an
     earlier sweep into ``out`` that this one does not draw are removed. Returns ``out``."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -53,7 +53,7 @@ arrays are NaN throughout and its ``status`` says what failed. Reductions such a
 
 Why netCDF (netCDF-4 on HDF5, written with ``h5netcdf``) rather than zarr: the sweep is one
 self-describing file (dimensions, coordinates and attributes inside it), written to a
-temporary sibling and moved into place in one step (:func:`singleloc.io._atomic_files.atomic_write`), so a
+temporary sibling and moved into place in one step (:func:`singleloc.ground._atomic_files.atomic_write`), so a
 reader never sees a half-written sweep, and readable by any netCDF or HDF5 tool (xarray,
 netCDF4, h5py, ``ncdump``); a zarr store is a folder of many files, which cannot be replaced in
 one step. Floating-point arrays are compressed losslessly (zlib).
@@ -77,7 +77,7 @@ import xarray as xr
 from .._version import __version__
 from ..analysis._head_classes import HEAD_CLASSES
 from ..configuration._config import Config
-from ..io._atomic_files import atomic_write
+from ..ground._atomic_files import atomic_write
 
 if TYPE_CHECKING:
     from ._grid import Grid

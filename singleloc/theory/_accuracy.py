@@ -33,9 +33,9 @@ import equinox as eqx
 import jax
 import numpy as np
 
-from ..configuration._arguments import require_starts
 from ..configuration._config import Config, gather_specs, require_arguments
 from ..configuration._specs import SGD, Model, Problem, Theory
+from ..ground._arguments import require_starts
 from ..sgd._sgd_rule import flat_drift
 from ._theory import OrderParameterODE, OrderParameters
 

@@ -40,11 +40,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..configuration._arguments import require_starts
 from ..configuration._config import Config, gather_specs, require_arguments, require_uniform_head_weights
 from ..configuration._specs import SGD, Model, Problem, Simulation, Theory
 from ..expectations._fields import LocalFields
 from ..expectations._sobol_expectation import SobolExpectation
+from ..ground._arguments import require_starts
 from ..runtime._compilation import checks_as_nan
 from ..runtime._numerics import psd_sqrt
 from ..sgd._trajectory import Trajectory

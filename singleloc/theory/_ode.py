@@ -54,10 +54,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..configuration._arguments import require_starts
 from ..configuration._config import Config, gather_specs, require_config
 from ..configuration._specs import SGD, Model, Problem, Simulation, Theory
 from ..expectations._expectation import SolveReport
+from ..ground._arguments import require_starts
 from ..io._resources import check_run
 from ..io._run_checks import warn_if_risk_rose
 from ..runtime._compilation import checks_as_nan, exported_call

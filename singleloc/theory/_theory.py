@@ -25,15 +25,15 @@ any registered activation gets its ODE from autodiff.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ..configuration._arguments import require_arrays
 from ..expectations._expectation import AbstractExpectation
 from ..expectations._routes import route_class
+from ..ground._arguments import require_arrays, require_instance
 from ..runtime._numerics import require_x64
 from ..sgd._sgd_rule import AbstractSGDRule, GradientMoments, OrderParameters, WeightedOrderParameters
 
@@ -167,6 +167,11 @@ class OrderParameterODE(eqx.Module):
     def state_risk(self, y: OrderParameters | WeightedOrderParameters) -> jax.Array:
         """:meth:`risk` of a state ``y`` of either kind."""
         return self.risk(y.M, y.Q, y.b, getattr(y, "v", None))
+
+
+def require_ode(where: str, ode: Any) -> None:
+    """``TypeError`` unless ``ode`` is an :class:`~singleloc.OrderParameterODE`."""
+    require_instance(where, "ode", ode, OrderParameterODE, "singleloc.OrderParameterODE.from_config(config)")
 
 
 def flatten_state(M: jax.Array, Q: jax.Array, b: jax.Array, train_bias: bool = True) -> jax.Array:

@@ -56,7 +56,7 @@ def require_finite(where: str, **arrays: Any) -> None:
 def require_real(where: str, name: str, value: Any, **bounds: Any) -> None:
     """``TypeError`` unless ``value`` is a real number (not a bool) or a real numeric array (a JAX array
     or tracer: its dtype is read); ``ValueError`` for a concrete number outside ``bounds``
-    (:func:`~singleloc.configuration._validation.number`'s ``positive``, ``nonneg``, ``below``)."""
+    (:func:`~singleloc.ground._validation.number`'s ``positive``, ``nonneg``, ``below``)."""
     dtype = getattr(value, "dtype", None)
     if isinstance(value, (bool, np.bool_)) or (dtype is None and not isinstance(value, (int, float))) or \
             (dtype is not None and np.dtype(dtype).kind not in "iuf"):
@@ -96,29 +96,12 @@ def require_starts(where: str, y0: Any) -> None:
     require_arrays(where, **dict(zip(("M0", "Q0", "b0", "v0"), y0)))
 
 
-def require_prior(where: str, prior: Any) -> None:
-    """``TypeError`` unless ``prior`` is a :class:`~singleloc.Prior` (a prior's name is named with the remedy)."""
-    from ..model._priors import Prior
-
-    if not isinstance(prior, Prior):
-        hint = (f"singleloc.{prior}(F, strength)" if prior in ("spikes", "flipped", "binary") else
-                "config.problem.build_prior()") if isinstance(prior, str) else "config.problem.build_prior()"
-        raise TypeError(f"{where}: prior must be a singleloc.Prior, got {type(prior).__name__} {_short(prior)}; pass {hint}")
-
-
 def require_instance(where: str, name: str, value: Any, kind: type, remedy: str = "") -> None:
     """``TypeError`` naming ``where`` and ``name`` unless ``value`` is a ``kind`` (a public class of the
     package); ``remedy``: how to make one."""
     if not isinstance(value, kind):
         raise TypeError(f"{where}: {name} must be a singleloc.{kind.__name__}, got {type(value).__name__} {_short(value)}"
                         + (f"; pass {remedy}" if remedy else ""))
-
-
-def require_ode(where: str, ode: Any) -> None:
-    """``TypeError`` unless ``ode`` is an :class:`~singleloc.OrderParameterODE`."""
-    from ..theory._theory import OrderParameterODE
-
-    require_instance(where, "ode", ode, OrderParameterODE, "singleloc.OrderParameterODE.from_config(config)")
 
 
 def require_activation(where: str, activation: Any) -> None:

@@ -11,8 +11,8 @@ function in any importable module:
   :class:`~singleloc.Problem` section (it reads ``F``, ``strength`` or any other key it needs)
   returning a :class:`~singleloc.Prior`.
 
-The function is called through :func:`~singleloc.configuration._user_code.guarded` (an exception it raises is one
-line naming it) and checked with values where it enters (:mod:`~singleloc.configuration._user_code`). The module is
+The function is called through :func:`~singleloc.ground._user_code.guarded` (an exception it raises is one
+line naming it) and checked with values where it enters (:mod:`~singleloc.ground._user_code`). The module is
 imported where the config is used: in this process, and in each Dask worker
 process of a sweep (the config carries the string, not the function), so a user's activation
 works from the command line, in sweeps and on clusters as long as its module is importable
@@ -34,7 +34,7 @@ from typing import Any
 
 #: ``reference -> (object, digest of its module's source file or None)`` of every reference imported.
 _IMPORTED: dict[str, tuple[Any, str | None]] = {}
-#: ``(reference, key) -> the object called through its guard`` (:func:`~singleloc.configuration._user_code.guarded`,
+#: ``(reference, key) -> the object called through its guard`` (:func:`~singleloc.ground._user_code.guarded`,
 #: which names the config key in its errors).
 _GUARDED: dict[tuple[str, str], Any] = {}
 

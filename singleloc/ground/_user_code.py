@@ -1,5 +1,5 @@
 """User code where it enters: the activations and priors that a config names by reference
-(``"package.module:function"``, :mod:`~singleloc.configuration._extensions`) or that are registered
+(``"package.module:function"``, :mod:`~singleloc.ground._extensions`) or that are registered
 (:func:`~singleloc.register_activation`), checked with values before any computation uses them.
 
 Exceptions. A referenced function is called through :func:`guarded`: whatever it raises (in this
@@ -19,7 +19,7 @@ normalised-exponential form (``exponential_form``, which puts it on the exact ro
 is valid and that the function is that form (the exact route computes the form, the simulation the
 function). One line names the function and what failed.
 
-Priors (:func:`check_prior`). A factory ``problem -> Prior`` returns a :class:`~singleloc.Prior`,
+Priors (:func:`~singleloc.model._priors.check_prior`). A factory ``problem -> Prior`` returns a :class:`~singleloc.Prior`,
 which validates itself (finite atoms, probabilities, a PSD covariance); the probe adds that its
 mean and covariance are finite in float64 (atoms of 1e200 are finite, their squares are not).
 """
@@ -29,7 +29,6 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
@@ -127,18 +126,15 @@ def _check_form(fn: Callable, what: str, scores: np.ndarray, weights: np.ndarray
     """A declared ``exponential_form`` is valid and is the function (module docstring)."""
     import jax.numpy as jnp
 
-    from ..model._activations import ExponentialForm
-
     declared = getattr(fn, "exponential_form", None)
     if declared is None:
         return
     H, L = PROBE_SHAPE
     try:
-        form = ExponentialForm(*declared(L))
+        scale, offset, joint = declared(L)
     except Exception as err:
         raise UserCodeError(f"{what}: its exponential_form(L) must return (scale, offset, joint); at L = {L} it "
                             f"raised {_first_line(err)}") from err
-    scale, offset, joint = form
     if not (isinstance(scale, (int, float, np.number)) and math.isfinite(scale) and scale > 0):
         raise UserCodeError(f"{what}: its exponential_form at L = {L} has scale {scale!r}; it must be a finite number > 0")
     if not (isinstance(offset, (int, float, np.number)) and math.isfinite(offset) and offset >= 0):
@@ -165,17 +161,3 @@ def _check_form(fn: Callable, what: str, scores: np.ndarray, weights: np.ndarray
         raise UserCodeError(f"{what} is not the normalised exponential it declares (exponential_form at L = {L}: scale "
                             f"{scale:g}, offset {offset:g}, joint {joint}, i.e. {form_text}): they differ by {gap:.3g} on "
                             "random scores; the exact route would compute the declared form, not the function")
-
-
-def check_prior(prior: Any, reference: str, key: str = "problem.prior") -> None:
-    """The probe of a prior a factory returned (module docstring); :class:`UserCodeError` naming
-    ``reference``."""
-    from ..model._priors import Prior
-
-    if not isinstance(prior, Prior):
-        raise UserCodeError(f"{key}: {reference!r} must return a singleloc.Prior, got {type(prior).__name__}")
-    with np.errstate(all="ignore"):
-        moments = (prior.mean(), prior.cov())
-    if not all(np.all(np.isfinite(m)) for m in moments):
-        raise UserCodeError(f"{key}: {reference!r} returned a prior whose mean or covariance overflows float64 (atoms up "
-                            f"to {np.max(np.abs(prior.atoms_array())):.3g}); scale its atoms and covariance down")
