@@ -19,6 +19,7 @@ import pytest
 
 import singleloc as sl
 from singleloc.expectations._routes import ROUTE_CLASSES, ROUTES, decide, route_class, route_of
+from singleloc.theory._build import build
 
 Z = 5.0
 DRAWS, SETS = 8192, 8
@@ -152,7 +153,7 @@ def test_the_route_is_decided_once_with_its_budgets():
     with pytest.raises(ValueError, match="not a normalised exponential"):
         decide("test_expectations_tanh", 4, 2, spikes, "exact")
     with pytest.raises(ValueError, match=r"theory\.gram = 'exact' applies to the exact route's Gram term"):
-        sl.load_config("default", ["theory.route=rule", "theory.gram=exact"])
+        build(sl.load_config("default", ["theory.route=rule", "theory.gram=exact"]))
     with pytest.raises(ValueError, match=r"theory\.gram = 'exact': the exact Gram term takes one head"):
         decide("softmax", 4, 3, spikes, "exact", gram="exact")
     with pytest.raises(ValueError, match="theory.route must be one of"):

@@ -22,6 +22,7 @@ from singleloc.cli import main
 from singleloc.configuration._config import Config
 from singleloc.io._run_folders import load_npz, save_npz
 from singleloc.sweeps import _sweep_cache
+from singleloc.theory._build import build
 
 #: A command line that solves in seconds (issue 54's ``S``).
 TINY = ["--set", "sgd.tau_max=2", "--set", "simulation.D=200", "--set", "simulation.seeds=1", "--set", "sgd.n_save=3",
@@ -423,8 +424,9 @@ def test_the_exact_gram_term_on_the_rule_route_is_refused(tmp_path, capsys):
     (["problem.prior=discrete", "problem.mean=[1, 0]"], "problem.mean applies to problem.prior = 'gaussian' only"),
 ])
 def test_keys_a_run_would_silently_drop_are_refused(sets, words):
+    """Refused when the config loads, or (a key the chosen route has no use for) when its run is built."""
     with pytest.raises(ValueError, match=re.escape(words)):
-        load_config("default", sets)
+        build(load_config("default", sets))
 
 
 @pytest.mark.parametrize("sets", [
@@ -436,7 +438,7 @@ def test_keys_a_run_would_silently_drop_are_refused(sets, words):
     ["problem.prior=gaussian", "problem.mean=[1, 0]", "problem.cov=2.0"],
 ])
 def test_consistent_combinations_load(sets):
-    load_config("default", sets)
+    build(load_config("default", sets))
 
 
 # ----------------------------------------------------------------------------- 9. the Python API checks its arguments

@@ -3,10 +3,6 @@ built (issue 54 item 7): a wrong result is worse than a refusal, and a key the r
 result that is not the one asked for (``theory.gram = "exact"`` with ``theory.route = "rule"`` ran
 with the Sobol rule's Gram term and recorded it).
 
-* ``theory.gram`` other than ``"auto"`` and the route's own Gram term (``"sobol"`` on the rule route,
-  ``"montecarlo"`` on the Monte Carlo route), or a number of ``theory.gram_points``: the exact route's
-  Gram term and its rule, which the other routes do not have (the route resolved as the run resolves it,
-  :func:`~singleloc.choose_route`: ``theory.route``, the activation, a joint layer's size);
 * ``theory.gram`` other than ``"auto"`` or a number of ``theory.gram_points`` with
   ``sgd.gradient_flow``, which has no ``lr^2`` (Gram) term;
 * ``sgd.bias_decay`` without ``model.train_bias`` (a penalty on biases that do not learn);
@@ -15,7 +11,8 @@ with the Sobol rule's Gram term and recorded it).
   may read any key).
 
 Keys whose defaults are numbers (``problem.p``, ``theory.nodes``, ``sgd.schedule_tau``) cannot be told
-given from defaulted, and are not checked.
+given from defaulted, and are not checked. A Gram key that the chosen route has no use for is refused
+when the route is chosen (:func:`~singleloc.theory._build.build`): the configuration does not choose routes.
 """
 
 from __future__ import annotations
@@ -38,19 +35,6 @@ def check_combinations(config: Config) -> None:
         key = f"theory.gram = {th.gram!r}" if th.gram != "auto" else f"theory.gram_points = {th.gram_points}"
         raise ValueError(f"{key} has no effect with sgd.gradient_flow = true, which has no lr^2 (Gram) term; "
                          f"e.g. {'theory.gram' if th.gram != 'auto' else 'theory.gram_points'} = 'auto'")
-    if th.gram != "auto" or gram_points:
-        from ..expectations._routes import route_of
-
-        route = route_of(config).route  # a route without the exact one's Gram rule: its Gram term is its own
-        own = {"rule": "sobol", "montecarlo": "montecarlo"}.get(route)
-        if own is not None and (gram_points or th.gram != own):
-            key = f"theory.gram = {th.gram!r}" if th.gram != "auto" else f"theory.gram_points = {th.gram_points}"
-            why = (f"theory.route = {th.route!r}" if th.route != "auto" else
-                   f"model.activation = {config.model.activation!r} takes the rule route here")
-            how = "by its own Monte Carlo draws" if own == "montecarlo" else "on its own Sobol rule (theory.points)"
-            raise ValueError(f"{key} applies to the exact route's Gram term, but {why}, whose Gram term is {how}; e.g. "
-                             f"{key.split(' = ')[0]} = 'auto', or theory.route = 'exact' for a normalised-exponential "
-                             "activation")
     if sgd.bias_decay and not config.model.train_bias:
         raise ValueError(f"sgd.bias_decay = {sgd.bias_decay:g} penalises biases that do not learn (model.train_bias = false); "
                          "e.g. model.train_bias = true, or sgd.bias_decay = 0")
