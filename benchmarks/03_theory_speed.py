@@ -64,7 +64,7 @@ from jax import monitoring
 spent = {}
 monitoring.register_event_duration_secs_listener(lambda e, d, **k: spent.__setitem__(e, spent.get(e, 0.0) + d))
 import singleloc.cli, singleloc.theory._ode, singleloc.io._run_folders, singleloc.plots
-from singleloc.runtime import _estimates
+from singleloc.preflight import _estimates
 t2 = time.perf_counter()
 phases, timed = {}, {"figure": 0.0, "writing": 0.0}
 record = _estimates.TheorySolve._record

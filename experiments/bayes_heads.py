@@ -79,7 +79,7 @@ COLORS = {"softmax": "C0", "softmax1": "C1", "bsoftmax": "C2"}
 QUICK = {"spikes": (1, 3), "gaussian": (1, 2), "tau_max": 100.0, "points": 256}
 #: bsoftmax with more heads than this stays on the rule route (module docstring: a joint layer's exact
 #: rule costs 4.7 s per drift at H = 4 on the Gaussian prior, against 0.35 s for eight softmax1 heads).
-#: Stricter than the package's ``theory.route = "auto"`` (singleloc.io._resources.JOINT_EXACT_MAX), which
+#: Stricter than the package's ``theory.route = "auto"`` (singleloc.preflight._resources.JOINT_EXACT_MAX), which
 #: takes four heads on the Gaussian prior: hours to tau = 2e4 here.
 BSOFTMAX_EXACT_HEADS = 3
 A_EPS_POINTS = 8192  # the Sobol rule of the E[a_eps] printed for each trained layer

@@ -1,7 +1,7 @@
 """bsoftmax with many heads on the rank-aware rule: the head-count rows the exact route cannot reach.
 
 A joint layer (bsoftmax) stays on the exact route only while its rule is affordable (up to four
-heads with one or two spikes, three with three or four: ``singleloc.io._resources.JOINT_EXACT_MAX``).
+heads with one or two spikes, three with three or four: ``singleloc.preflight._resources.JOINT_EXACT_MAX``).
 Its head-count rows beyond that -- ``H`` = 4 (from three spikes), 6 and 8, where trained heads are
 redundant or switched off -- were computed on the rule route with the head-shift rule
 (``theory.axes = "heads"``), whose error at near-copy heads is of the size of the differences the

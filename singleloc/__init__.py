@@ -54,7 +54,7 @@ _EXPORTS = {
     "model._priors": ("Prior", "binary", "discrete", "flipped", "gaussian", "spikes"),
     "simulation._simulation": ("simulate",),
     "simulation._simulation_result": ("SimulationResult",),
-    "io._run_checks": ("warn_if_risk_rose",),
+    "preflight._run_checks": ("warn_if_risk_rose",),
     "sweeps._grid": ("Grid", "parse_grid"),
     "sweeps._sweep": ("sweep",),
     "sweeps._sweep_cache": ("SweepStats",),
@@ -155,7 +155,6 @@ if TYPE_CHECKING:
     from .expectations._sobol_expectation import SobolExpectation as SobolExpectation
     from .expectations._sobol_expectation import SobolGram as SobolGram
     from .ground._choices import PRUNING_ORDERS as PRUNING_ORDERS
-    from .io._run_checks import warn_if_risk_rose as warn_if_risk_rose
     from .io._run_folders import Run as Run
     from .io._run_folders import add_to_run as add_to_run
     from .io._run_folders import config_hash as config_hash
@@ -192,6 +191,7 @@ if TYPE_CHECKING:
     from .model._priors import flipped as flipped
     from .model._priors import gaussian as gaussian
     from .model._priors import spikes as spikes
+    from .preflight._run_checks import warn_if_risk_rose as warn_if_risk_rose
     from .pruning._pruning import TheoryRisk as TheoryRisk
     from .pruning._pruning import WeightsRisk as WeightsRisk
     from .pruning._pruning import finetune as finetune

@@ -94,7 +94,7 @@ def _cause(err: BaseException) -> str:
     """The message of an expected failure, without Python's decorations."""
     if isinstance(err, OSError) and err.strerror:
         return f"{err.strerror}: {err.filename!r}" if err.filename else err.strerror
-    if isinstance(err, MemoryError):  # NumPy's "Unable to allocate ...", or the estimate of singleloc.io._resources
+    if isinstance(err, MemoryError):  # NumPy's "Unable to allocate ...", or the estimate of singleloc.preflight._resources
         return str(err) or "out of memory"
     if isinstance(err, RuntimeError):  # JAX's RESOURCE_EXHAUSTED: the first line says what did not fit
         return f"out of memory on the device: {str(err).splitlines()[0]}; lower the sizes of the run"

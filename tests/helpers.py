@@ -41,7 +41,7 @@ def full_disk_after(monkeypatch, files_written: int, code: int | None = None) ->
     import errno
     import os
 
-    from singleloc.io import _atomic_files
+    from singleloc.ground import _atomic_files
 
     real = _atomic_files._create
     created = []

@@ -384,7 +384,7 @@ def test_every_numeric_key_refuses_in_one_line_naming_it_with_a_value_that_passe
     ("sgd.weight_decay", 1e39, "it must be a float32 number"),
 ])
 def test_what_a_simulation_holds_in_float32_is_checked_before_it_runs(key, value, words):
-    from singleloc.io import _resources
+    from singleloc.preflight import _resources
 
     cfg = load_config("default", [f"{key}={value!r}"])
     _resources.check_run(cfg, theory_starts=1)  # the theory runs in float64: fine
@@ -616,7 +616,7 @@ def test_bayes_at_a_million_tokens_runs_on_the_exact_route_and_says_it_has_no_ch
 
 def test_the_memory_check_runs_for_automatic_points(monkeypatch):
     """Issue 54 item 10: with ``theory.points = "auto"`` the memory check was skipped."""
-    from singleloc.io import _resources
+    from singleloc.preflight import _resources
 
     monkeypatch.setenv("SINGLELOC_MEMORY_LIMIT", "10G")
     cfg = load_config("default", ["theory.route=rule", "theory.points=auto", "problem.L=1000", "model.heads=8"])
@@ -702,7 +702,7 @@ def test_automatic_points_go_through_the_memory_check_of_each_count_they_try(mon
     """Issue 62: ``theory.points = "auto"`` doubled its points past what the memory check refuses when the
     same count is given explicitly; now every count it tries passes that check first."""
     import singleloc as sl
-    from singleloc.io import _resources
+    from singleloc.preflight import _resources
     from singleloc.theory import _accuracy
 
     cfg = load_config("default", ["theory.route=rule", "theory.points=auto", "problem.L=64", "model.heads=4"])

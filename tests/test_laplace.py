@@ -697,7 +697,7 @@ def test_a_joint_layer_is_exact_in_conditional_product_form(monkeypatch, L, M, Q
 def test_the_refined_rule_is_the_rule_the_joint_budget_counts(H, F):
     """The refined rule (the stated error's reference) has 1.5 x the nodes of every kind and, in a joint
     layer, the first degree-5 direction on a normal rule of its own; the joint sizing that budgets the
-    route (``joint_rule_size``, :mod:`singleloc.io._resources`) counts the nodes of exactly these rules."""
+    route (``joint_rule_size``, :mod:`singleloc.preflight._resources`) counts the nodes of exactly these rules."""
     from singleloc.expectations._laplace_joint import joint_rule_size
 
     prior = sl.spikes(F, 2.5)

@@ -19,7 +19,7 @@ import pytest
 import singleloc as sl
 from singleloc.expectations._routes import route_of
 from singleloc.expectations._sobol_geometry import NODE_BATCH, node_batch
-from singleloc.io import _resources
+from singleloc.preflight import _resources
 
 pytestmark = pytest.mark.exact_route
 

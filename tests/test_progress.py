@@ -17,8 +17,9 @@ import pytest
 
 import singleloc as sl
 from singleloc.cli import main
-from singleloc.runtime import _compilation, _estimates, _progress, _timings
-from singleloc.runtime._estimates import REFERENCE, TheorySolve, solve_size
+from singleloc.preflight import _estimates
+from singleloc.preflight._estimates import REFERENCE, TheorySolve, solve_size
+from singleloc.runtime import _compilation, _progress, _timings
 from singleloc.runtime._progress_bar import Bar
 from singleloc.runtime._timings import Estimate, Timings
 from singleloc.simulation import _simulation_estimate

@@ -19,8 +19,8 @@ from _tiny import stub_solves
 
 from singleloc import load_config
 from singleloc.cli import main
-from singleloc.io import _costs, _resources
 from singleloc.io._run_folders import load_npz, load_run, npz_stamp, save_npz, save_run
+from singleloc.preflight import _costs, _resources
 from singleloc.sweeps import _sweep, _sweep_cache, _sweep_compute
 from singleloc.sweeps._grid import parse_grid
 
@@ -717,8 +717,9 @@ def test_a_sweep_with_more_workers_than_the_machine_runs_is_refused_before_any_c
 def test_a_simulation_of_many_hours_is_refused_without_force_and_says_its_cost(tmp_path, capsys, monkeypatch):
     """Issue 21 item 11: a 10000-head simulate passed the memory check without a word on its time.
     (Its time comes from this device's records, none here, and its calibration, stubbed at the
-    reference CPU's: singleloc.runtime._estimates.)"""
-    from singleloc.runtime import _estimates, _timings
+    reference CPU's: singleloc.preflight._estimates.)"""
+    from singleloc.preflight import _estimates
+    from singleloc.runtime import _timings
 
     monkeypatch.setattr(_timings, "timings_path", lambda: tmp_path / "timings.json")
     monkeypatch.setattr(_timings, "measure_benchmark", lambda: dict(_estimates.REFERENCE["benchmark"]))

@@ -12,7 +12,7 @@ import pytest
 from _tiny import tiny
 
 import singleloc as sl
-from singleloc.io import _resources, _run_checks
+from singleloc.preflight import _resources, _run_checks
 from singleloc.pruning import _pruning
 from singleloc.sweeps import _sweep
 from singleloc.sweeps._grid import parse_grid

@@ -24,7 +24,7 @@ _RUN = textwrap.dedent("""
     jax.config.update("jax_enable_x64", True)
     import singleloc as sl
     from singleloc.theory._ode import integrate_points
-    from singleloc.runtime._sharding import shard_batch
+    from singleloc.expectations._sharding import shard_batch
 
     (x,), _, n = shard_batch((jax.numpy.arange(3.0),))
     cfg = sl.load_config("default", ["sgd.tau_max=3", "sgd.n_save=4", "theory.points=64", "simulation.seeds=3",
@@ -68,7 +68,7 @@ _RUN_NODES = textwrap.dedent("""
     jax.config.update("jax_enable_x64", True)
     import singleloc as sl
     from singleloc.theory import _ode
-    from singleloc.runtime._sharding import shard_batch
+    from singleloc.expectations._sharding import shard_batch
     from singleloc.theory._theory import OrderParameterODE
 
     cfg = sl.load_config("default", sys.argv[2:])

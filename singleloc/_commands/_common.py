@@ -122,7 +122,7 @@ def add_force_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def check_cost(command: str, cost, force: bool, note: bool = True) -> None:
-    """Say on stderr what a run will cost (:class:`singleloc.io._costs.Cost`) when its estimated
+    """Say on stderr what a run will cost (:class:`singleloc.preflight._costs.Cost`) when its estimated
     time exceeds :data:`ANNOUNCE_SECONDS` (and ``note``: a simulation says its measured estimate
     itself once compiled), and refuse it (``ValueError``) above :data:`LONG_RUN_SECONDS` unless ``force``."""
     if cost.seconds > LONG_RUN_SECONDS and not force:
@@ -166,17 +166,17 @@ def describe(config) -> str:
 
 def prepare_run(args: argparse.Namespace, *, simulation: bool = False, theory: str | None = None):
     """The config of a run command, checked before anything is computed: its dimension,
-    quadrature and memory (:func:`singleloc.io._resources.check_run`) for a simulation and/or the
+    quadrature and memory (:func:`singleloc.preflight._resources.check_run`) for a simulation and/or the
     theory from ``"one"`` start or one per seed (``"seeds"``), what a simulation will cost
     (:func:`check_cost`: a huge one is refused), and a note when ``--out`` holds a run that the new one will replace.
-    (The warnings about a run's results, :mod:`singleloc.io._run_checks`, come from the library.)"""
-    from ..io._resources import check_run
+    (The warnings about a run's results, :mod:`singleloc.preflight._run_checks`, come from the library.)"""
+    from ..preflight._resources import check_run
     from ..simulation._simulation_estimate import simulation_cost
 
     config = config_from_args(args)
     starts = {None: 0, "one": 1, "seeds": config.simulation.seeds}[theory]
     check_run(config, simulation=simulation, theory_starts=starts)
-    if simulation:  # refused when huge; its estimate is said once it is measured (singleloc.runtime._estimates)
+    if simulation:  # refused when huge; its estimate is said once it is measured (singleloc.preflight._estimates)
         check_cost(args.command, simulation_cost(config), args.force, note=False)
     note_replaced(args.command, args.out)
     return config

@@ -120,10 +120,10 @@ def _diagnose(out: Path, max_rows: int, force: bool) -> int:
 
 def run(args) -> int:
     from ..ground._atomic_files import check_other_run
-    from ..io._resources import check_memory
     from ..language_model import load_model, truncate
     from ..language_model._model_file import find_model
     from ..language_model._outputs import check_disk, disk_bytes, forward_cost, memory_parts, save_attention
+    from ..preflight._resources import check_memory
     from ._common import check_cost
 
     text = _read_text(args.text)

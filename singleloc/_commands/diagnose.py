@@ -81,9 +81,9 @@ def run(args) -> int:
 
     from ..attention._attention_diagnosis import TEMPERATURES, diagnose_attention
     from ..attention._sensitivity import FD_EPSILONS
-    from ..io._costs import diagnose_cost
     from ..io._run_folders import load_npy, save_figure, save_json
     from ..plots import plot_sensitivity, plot_top_n, plot_vanishing
+    from ..preflight._costs import diagnose_cost
     from ..runtime._progress import Phase
 
     weights = load_npy(args.attn, "ATTN")

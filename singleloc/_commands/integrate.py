@@ -83,7 +83,7 @@ def _resolve_horizon(config, horizon):
     import numpy as np
 
     from ..analysis._predictions import EscapePrediction
-    from ..io._resources import check_run
+    from ..preflight._resources import check_run
     from ..sweeps._sweep import resolve_horizon, with_chosen_points
     from ..sweeps._sweep_compute import compute_prediction
 

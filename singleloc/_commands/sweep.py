@@ -73,7 +73,7 @@ def horizon_type(text: str) -> str | float:
 
 
 def run(args) -> int:
-    from ..io._resources import check_workers
+    from ..preflight._resources import check_workers
     from ..runtime._distributed import check_cluster
     from ..sweeps._grid import parse_grid
     from ..sweeps._sweep import check_gap, check_sweep, compute_sweep, quadrature_summary, settled_summary, write_sweep_outputs

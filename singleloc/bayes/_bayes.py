@@ -43,8 +43,8 @@ same point is the softmax Bayes point (``M = strength``, ``Q = strength^2`` for 
 
 Checks. Before a Sobol rule is built, :func:`bayes_risk` (over the ``L F`` spike fields) and
 :func:`~singleloc.population_risk` on the rule route (over the ``L H`` head fields) check that it can be
-built with ``points`` points and fits in memory (:func:`~singleloc.io._resources.check_quadrature`,
-:func:`~singleloc.io._resources.check_memory`): ``ValueError`` or ``MemoryError`` naming the keys
+built with ``points`` points and fits in memory (:func:`~singleloc.preflight._resources.check_quadrature`,
+:func:`~singleloc.preflight._resources.check_memory`): ``ValueError`` or ``MemoryError`` naming the keys
 (``problem.L``, ``problem.F``, ``model.heads``, ``theory.points``). :func:`check_bayes` checks both
 rules of ``singleloc bayes`` (the Bayes risk's, and the Bayes point's over ``L K`` fields) at once.
 """
@@ -175,7 +175,7 @@ def bayes_risk(prior: Prior, L: int, points: int = 4096, seed: int = 0, replicat
         ValueError: an unknown ``route``, ``"exact"`` for a prior with a Gaussian part, or a rule over
             the ``L F`` spike fields that cannot be built with ``points`` points (too few, or more
             dimensions than SciPy's Sobol sequence has).
-        MemoryError: the rule does not fit in the available memory (:mod:`singleloc.io._resources`).
+        MemoryError: the rule does not fit in the available memory (:mod:`singleloc.preflight._resources`).
     """
     require_prior("bayes_risk", prior)
     _check_counts(L, replicates)

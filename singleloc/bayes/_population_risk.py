@@ -27,9 +27,9 @@ from ..expectations._sobol_geometry import quadrature_dimension
 from ..ground._arguments import require_arrays
 from ..ground._choices import REPLICATES_MAX
 from ..ground._validation import integer
-from ..io._resources import OVERHEAD, available_memory, check_memory, check_quadrature, rule_bytes
 from ..model._activations import get_activation
 from ..model._priors import Prior, require_prior
+from ..preflight._resources import OVERHEAD, available_memory, check_memory, check_quadrature, rule_bytes
 
 
 @dataclasses.dataclass(frozen=True)

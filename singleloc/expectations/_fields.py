@@ -58,7 +58,7 @@ Replicates. :func:`replicate_rules` stacks independently scrambled rules (seeds 
 along a leading axis, to be ``jax.vmap``-ed over: their spread estimates the rule's error.
 
 Blocks. :meth:`LocalFields.split` cuts the base nodes into equal blocks, one per device
-(:mod:`~singleloc.runtime._sharding`): the expectation is then the sum over the blocks of each block's
+(:mod:`~singleloc.expectations._sharding`): the expectation is then the sum over the blocks of each block's
 weighted sum, the weight ``1 / n`` of every one of the ``n`` base points (and its images)
 unchanged. A count ``n`` that the blocks do not divide is padded with copies of the last base
 point of weight zero: the padding adds exact zeros, and copies of a real point keep every value
@@ -111,7 +111,7 @@ def gaussian_nodes(L: int, H: int, extra: int, points: int, seed: int, symmetric
     coordinates beyond SciPy's Sobol limit (21201) are pseudo-random normals from ``seed``; with fewer
     orbit points than coordinates the nodes are not whitened (the mirrors still integrate every
     odd moment exactly). The rule route refuses both cases before it builds a rule
-    (:func:`~singleloc.io._resources.check_quadrature`)."""
+    (:func:`~singleloc.preflight._resources.check_quadrature`)."""
     dim = L * H + extra
     shifts = head_shifts(L, H, extra) if symmetric and H > 1 else np.arange(dim)[None, :]
     n = max(points // len(shifts), 1)

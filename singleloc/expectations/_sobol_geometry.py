@@ -4,7 +4,7 @@ The rule of :class:`~singleloc.LocalFields` integrates over ``d = L r + G`` Gaus
 normals per token (:func:`factor_rows`: ``H``, or ``2 H`` on the rank-aware layout) and ``G = F`` for a
 prior with a Gaussian part (else 0) (:func:`quadrature_dimension`). SciPy's Sobol sequence has at most
 :data:`SOBOL_MAX_DIM` dimensions. The rule sums its nodes in batches of :func:`node_batch`. Here, beside
-nothing numerical, so that the rule, the checks before a run (:mod:`~singleloc.io._resources`) and the
+nothing numerical, so that the rule, the checks before a run (:mod:`~singleloc.preflight._resources`) and the
 memory estimates read one definition.
 """
 

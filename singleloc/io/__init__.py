@@ -1,3 +1,3 @@
-"""Files and the checks before a run: atomic files, run folders, memory and cost checks, checks after a run.
+"""Run folders: the results of every kind written atomically with their configuration and read back.
 
 Private modules: the public names are ``singleloc``'s (``import singleloc as sl``)."""

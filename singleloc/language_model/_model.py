@@ -133,7 +133,7 @@ class LanguageModel:
         if max_tokens is not None and len(ids) > max_tokens:
             raise ValueError(f"the text is {len(ids)} tokens, more than max_tokens = {max_tokens}; cut it with truncate()")
         keep = self.check_layers(layers)
-        from ..io._resources import check_memory
+        from ..preflight._resources import check_memory
         from ._outputs import memory_parts
 
         c, L = self.config, len(ids)

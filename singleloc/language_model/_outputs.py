@@ -21,7 +21,7 @@ is 5-10 % above): ``5.5`` bytes per weight (the float32 arrays, the file's metad
 runtime), ``28 heads L^2`` bytes for one block's scores and weights (seven float32 copies: the
 scores, the masked scores, their exponentials, the weights on the device and on the host, ...),
 ``12 layers heads L head_dim`` for the kept queries, keys and values, plus
-:data:`singleloc.io._resources.OVERHEAD`.
+:data:`singleloc.preflight._resources.OVERHEAD`.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ import numpy as np
 
 from .._version import __version__
 from ..ground._atomic_files import OUTPUT_KEY, atomic_write, png_has_text, written_together
-from ..io._costs import Cost, speed
 from ..io._run_folders import save_json
+from ..preflight._costs import Cost, speed
 from ._gguf_reader import LlamaConfig
 
 #: The arrays of an output folder, in the order they are written.
@@ -66,7 +66,7 @@ def forward_cost(config: LlamaConfig, L: int, kept: int) -> Cost:
 
 
 def memory_parts(config: LlamaConfig, L: int, kept: int) -> dict[str, int]:
-    """Peak bytes of the run, by part (for :func:`singleloc.io._resources.check_memory`)."""
+    """Peak bytes of the run, by part (for :func:`singleloc.preflight._resources.check_memory`)."""
     c = config
     return {f"the model's float32 weights ({c.parameters() / 1e6:.0f} M numbers)": int(5.5 * c.parameters()),
             f"one block's scores and weights (7 x {c.heads} heads x L^2 float32, L = {L} from --max-tokens)":

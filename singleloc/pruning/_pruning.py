@@ -53,11 +53,11 @@ from ..expectations._routes import route_of
 from ..ground._arguments import require_arrays, require_count, require_instance
 from ..ground._choices import PRUNING_DRAWS_MAX, PRUNING_ORDERS
 from ..ground._validation import integer
-from ..io._resources import check_memory, check_quadrature, theory_bytes
 from ..model._activations import get_activation
 from ..model._data import overlaps
 from ..model._heldout import draw_heldout, heldout_losses
-from ..runtime._estimates import prune_evaluations, pruning
+from ..preflight._estimates import prune_evaluations, pruning
+from ..preflight._resources import check_memory, check_quadrature, theory_bytes
 from ..theory._ode import integrate, resolve_points
 from ..theory._theory import OrderParameterODE, OrderParameters
 from ._pruning_result import PruningResult
@@ -83,11 +83,11 @@ def pruning_config(config: Config, heads: int | None = None) -> Config:
     """The config that :class:`TheoryRisk` scores the sub-layers of a layer of ``heads`` heads
     (default ``model.heads``) with, checked before a rule is built: on the Sobol rule route the
     rule over ``problem.L * heads`` fields can be built with ``theory.points`` points
-    (:func:`~singleloc.io._resources.check_quadrature`; ``"auto"`` is checked as the points are
+    (:func:`~singleloc.preflight._resources.check_quadrature`; ``"auto"`` is checked as the points are
     chosen), ``theory.points = "auto"`` is resolved (:func:`~singleloc.resolve_points`, one rule
     for every sub-layer), ``theory.route = "auto"`` is fixed to the full layer's route (one for every
     sub-layer: bsoftmax beyond :data:`~singleloc.expectations._routes.JOINT_EXACT_MAX` on the rule), and the rule
-    fits in memory (:func:`~singleloc.io._resources.check_memory`).
+    fits in memory (:func:`~singleloc.preflight._resources.check_memory`).
     ``ValueError`` or ``MemoryError`` naming the keys otherwise (``model.head_weights =
     "trained"``: pruning is written for the head average)."""
     require_config(config, "pruning_config")

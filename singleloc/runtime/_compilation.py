@@ -27,7 +27,7 @@ can be skipped in a later process.
   is named by it, :mod:`~singleloc.ground._extensions`) disables the stored program for that call, as do host
   callbacks in the traced program, a missing ``flatbuffers`` (needed by
   ``jax.export`` serialisation) and more than one local device (the stored programs are
-  single-device; a batch split over the devices, :mod:`~singleloc.runtime._sharding`, is traced in
+  single-device; a batch split over the devices, :mod:`~singleloc.expectations._sharding`, is traced in
   every process and its executable still comes from the compilation cache).
 
 * Memory. Every executable in a process holds memory-mapped sections of machine code, and

@@ -1,4 +1,4 @@
-"""Times measured on this device, kept between runs: what the estimates of :mod:`singleloc.runtime._estimates` are made of.
+"""Times measured on this device, kept between runs: what the estimates of :mod:`singleloc.preflight._estimates` are made of.
 
 Every long computation (a theory solve, a simulation, a pruning) records, after it ran, what it
 took on the device that ran it: the time to compile its program or to load it from the
@@ -11,7 +11,7 @@ the family is estimated from them; a family not seen on this device is scaled fr
 of its kind on this device, or, on a device without records, from :func:`benchmark`: a short
 calibration of the device (a small compiled kernel, and a host loop for the speed of XLA's
 compiler), measured once per device, against the same calibration on the 2-core CPU where the
-cost models of :mod:`singleloc.runtime._estimates` were fitted.
+cost models of :mod:`singleloc.preflight._estimates` were fitted.
 
 File. ``timings.json`` in the compilation cache folder (JAX's folder when the persistent cache
 is on, else :func:`~singleloc.runtime._compilation.cache_dir`; none when the cache is turned off with

@@ -13,7 +13,7 @@ momentum). Time counts sequences, ``tau = t B / D`` (``t / D`` for
 sequence draws it from ``fold_in(train, t)``; of ``B`` sequences, from the ``B`` keys of
 ``split(fold_in(train, t), B)``. The run
 advances all seeds at once (``vmap``, the seeds split over the local devices by
-:mod:`~singleloc.runtime._sharding`) inside one jitted ``fori_loop`` per saved interval,
+:mod:`~singleloc.expectations._sharding`) inside one jitted ``fori_loop`` per saved interval,
 and at each saved time records the order parameters and two risks on ``test_samples`` fresh
 sequences: the empirical finite-D risk and the limit risk of docs/model.md section 3 evaluated on
 the same sequences. The held-out sequences of saved time ``i`` are
@@ -29,14 +29,14 @@ import numpy as np
 
 from ..configuration._config import Config, gather_specs, sgd_rule
 from ..configuration._specs import SGD, Model, Problem, Simulation
-from ..io._resources import check_run, check_steps
-from ..io._run_checks import warn_if_risk_rose, warn_if_times_dropped
+from ..expectations._sharding import shard_batch, unpad
 from ..model._activations import get_activation
 from ..model._data import init_keys, make_spikes, overlaps, sample_sequence, seed_keys
 from ..model._heldout import draw_heldout, heldout_losses
 from ..model._layer import finite_loss
+from ..preflight._resources import check_run, check_steps
+from ..preflight._run_checks import warn_if_risk_rose, warn_if_times_dropped
 from ..runtime._numerics import Q_RUNAWAY
-from ..runtime._sharding import shard_batch, unpad
 from ..sgd._sgd_rule import LayerParameters
 from ._simulation_estimate import simulation_clock
 from ._simulation_result import SimulationResult
@@ -44,7 +44,7 @@ from ._simulation_result import SimulationResult
 
 def save_steps(config: Config) -> np.ndarray:
     """SGD step counts ``t`` at the saved times (``tau * D / sgd.batch`` rounded, strictly
-    increasing); ``ValueError`` when there are more than :data:`~singleloc.io._resources.STEP_MAX`
+    increasing); ``ValueError`` when there are more than :data:`~singleloc.preflight._resources.STEP_MAX`
     steps."""
     check_steps(config)
     t = np.round(config.sgd.save_times() * config.simulation.D / config.sgd.batch).astype(np.int64)
@@ -123,7 +123,7 @@ def simulate(config: Config | None = None, *, problem: Problem | None = None, mo
         progress: show a progress bar over the saved times.
 
     Raises:
-        ValueError, MemoryError: the run cannot be built (:func:`~singleloc.io._resources.check_run`:
+        ValueError, MemoryError: the run cannot be built (:func:`~singleloc.preflight._resources.check_run`:
             dimension, steps, memory), naming the keys.
         FloatingPointError: the dynamics diverged (non-finite or exploding keys); the
             message gives the time and suggests a smaller ``sgd.lr``.
@@ -142,7 +142,7 @@ def simulate(config: Config | None = None, *, problem: Problem | None = None, mo
     measure_all = jax.jit(jax.vmap(measure, in_axes=(0, 0, None)))
     steps = save_steps(config)
     warn_if_times_dropped(config, len(steps))
-    # compiled, a few steps timed and the estimate said (singleloc.runtime._estimates); its bar records the run's times
+    # compiled, a few steps timed and the estimate said (singleloc.preflight._estimates); its bar records the run's times
     advance_all, measure_all, bar = simulation_clock(config, advance_all, measure_all, state, consts, steps, progress)
     records = []
     t_prev = 0

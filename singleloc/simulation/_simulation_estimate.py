@@ -7,7 +7,7 @@ H200 ran a simulation announced as 17 minutes in 18 s). Its bar records the run'
 family (:mod:`singleloc.runtime._timings`). :func:`simulation_estimate` is the estimate before anything is
 compiled (the command line's check of a huge run, ``compare``'s and ``sweep``'s estimates):
 measured for this family, else scaled from the device's other simulations by ``seeds x batch x L
-x D x (H + F)``, else from its speed (:data:`~singleloc.runtime._estimates.REFERENCE`).
+x D x (H + F)``, else from its speed (:data:`~singleloc.preflight._estimates.REFERENCE`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import math
 from typing import Any
 
 from ..configuration._config import Config
+from ..preflight._estimates import REFERENCE, TheorySolve, _digest, _label, speed
 from ..runtime import _timings
-from ..runtime._estimates import REFERENCE, TheorySolve, _digest, _label, speed
 from ..runtime._progress import Phase, announce
 from ..runtime._progress_bar import Bar
 from ..runtime._timings import Estimate, device_label, timings
@@ -72,10 +72,10 @@ SIMULATION_KEYS = "sgd.tau_max, simulation.D, simulation.seeds or model.heads"
 
 
 def simulation_cost(config: Config):
-    """The cost of :func:`~singleloc.simulate` before it is compiled (:class:`~singleloc.io._costs.Cost`:
+    """The cost of :func:`~singleloc.simulate` before it is compiled (:class:`~singleloc.preflight._costs.Cost`:
     :func:`simulation_estimate` and the memory estimate), for the command line's check of a huge run."""
-    from ..io._costs import Cost
-    from ..io._resources import OVERHEAD, simulation_bytes
+    from ..preflight._costs import Cost
+    from ..preflight._resources import OVERHEAD, simulation_bytes
 
     estimate = simulation_estimate(config)
     return Cost(simulation_work(config), estimate.seconds, OVERHEAD + simulation_bytes(config), SIMULATION_KEYS,

@@ -84,8 +84,8 @@ from ..analysis._predictions import EscapePrediction
 from ..configuration._config import Config, require_config
 from ..ground._atomic_files import OUTPUT_KEY, png_has_text, written_together
 from ..ground._choices import check_horizon
-from ..io._resources import check_run
 from ..io._run_folders import save_figure, save_text
+from ..preflight._resources import check_run
 from ..runtime._distributed import open_cluster
 from ..runtime._numerics import require_x64
 from ..theory._theory import OrderParameterODE
@@ -135,7 +135,7 @@ def with_chosen_points(config: Config, prediction: Mapping[str, np.ndarray]) -> 
 
 def check_sweep(base: Config, grids: Sequence[Grid], *, simulate: bool = False, batch: bool = True) -> None:
     """Refuse a sweep that cannot run, before its first point does: the dimension, quadrature and
-    memory of every point (:func:`~singleloc.io._resources.check_run`), for its simulation
+    memory of every point (:func:`~singleloc.preflight._resources.check_run`), for its simulation
     (``simulate``) and for the theory of its ``simulation.seeds`` starts, times the points of its
     batched solve with ``batch`` (the points of one :func:`~singleloc.runtime._compilation.compile_group`
     are one solve); ``ValueError`` or ``MemoryError`` naming the keys. :func:`sweep` runs it."""

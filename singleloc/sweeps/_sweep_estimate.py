@@ -1,9 +1,9 @@
 """What a sweep (:mod:`singleloc.sweeps._sweep`) will take, said before it starts, point by point.
 
 Each point's entries that are not in the cache are estimated on their own, from the records of
-this device (:mod:`singleloc.runtime._estimates`, :mod:`singleloc.runtime._timings`): its escape prediction
+this device (:mod:`singleloc.preflight._estimates`, :mod:`singleloc.runtime._timings`): its escape prediction
 (:func:`prediction_estimate`), its theory to its horizon (one solve of its seeds' starts,
-:class:`~singleloc.runtime._estimates.TheorySolve`; a compilation counted once per group of points that
+:class:`~singleloc.preflight._estimates.TheorySolve`; a compilation counted once per group of points that
 share their programs, :func:`~singleloc.runtime._compilation.compile_group`) and its simulation
 (:func:`~singleloc.simulation._simulation_estimate.simulation_estimate`). :func:`announce_sweep` says the total, the
 most expensive points, and how the numbers were made, and refuses a point estimated above the
@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from ..configuration._config import Config
+from ..preflight._estimates import REFERENCE, TheorySolve, _digest, _label, speed, theory_features, theory_work
 from ..runtime import _timings
-from ..runtime._estimates import REFERENCE, TheorySolve, _digest, _label, speed, theory_features, theory_work
 from ..runtime._progress import announce, say, settings
 from ..runtime._timings import Estimate, device_label, duration, timings
 from ..simulation._simulation_estimate import simulation_estimate
@@ -46,7 +46,7 @@ def _prediction_family(config: Config) -> tuple[str, dict[str, Any]]:
 
 def _prediction_size(features: dict[str, Any]) -> float:
     """Reference seconds of an escape prediction: its program, the symmetric path and the Jacobians
-    of its rates (:data:`~singleloc.runtime._estimates.REFERENCE`)."""
+    of its rates (:data:`~singleloc.preflight._estimates.REFERENCE`)."""
     H, F = features["H"], features["F"]
     drifts = REFERENCE["prediction_drifts"] + 16 * (H * F + H * H + H)
     return REFERENCE["prediction"][features["route"]] + drifts * theory_work(features)
@@ -72,7 +72,7 @@ def prediction_estimate(config: Config) -> Estimate:
 @contextlib.contextmanager
 def recorded(kind: str, config: Config) -> Iterator[None]:
     """Record the time of an escape prediction (``kind == "prediction"``) computed in the block;
-    other kinds record themselves (:mod:`singleloc.runtime._estimates`)."""
+    other kinds record themselves (:mod:`singleloc.preflight._estimates`)."""
     if kind != "prediction":
         yield
         return

@@ -36,11 +36,10 @@ import numpy as np
 from ..configuration._config import Config, gather_specs, require_arguments
 from ..configuration._specs import SGD, Model, Problem, Theory
 from ..ground._arguments import require_starts
+from ..preflight._resources import FIRST_POINTS, MIN_POINTS, check_run
 from ..sgd._sgd_rule import flat_drift
 from ._theory import OrderParameterODE, OrderParameters
 
-FIRST_POINTS = 1024
-MIN_POINTS = 64
 MAX_POINTS = 2**20
 PROBE_REPLICATES = 4
 MARGIN = 1.5
@@ -103,8 +102,6 @@ def choose_points(config: Config | None = None, y0: OrderParameters | None = Non
         return tried[n]
 
     def check_points(n: int) -> None:  # the memory check of the same count given explicitly
-        from ..io._resources import check_run
-
         try:
             check_run(config.replace(theory={"points": n}), theory_starts=int(y0.M.shape[0]))
         except MemoryError as err:

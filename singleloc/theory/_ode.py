@@ -40,7 +40,7 @@ shapes as one program: their ODE stacks, starts, saved times and tolerances alon
 axis, ``vmap`` over the points of the solve above, each trajectory with its own adaptive steps.
 The batch axis of a solve (the starts, or the points) is split over the local devices, or, for
 a batch smaller than the device count (one start), the quadrature nodes of its rules
-(:mod:`~singleloc.runtime._sharding`).
+(:mod:`~singleloc.expectations._sharding`).
 """
 
 from __future__ import annotations
@@ -57,13 +57,13 @@ import numpy as np
 from ..configuration._config import Config, gather_specs, require_config
 from ..configuration._specs import SGD, Model, Problem, Simulation, Theory
 from ..expectations._expectation import SolveReport
+from ..expectations._sharding import shard_batch, unpad
 from ..ground._arguments import require_starts
-from ..io._resources import check_run
-from ..io._run_checks import warn_if_risk_rose
+from ..preflight._estimates import TheorySolve
+from ..preflight._resources import check_run
+from ..preflight._run_checks import warn_if_risk_rose
 from ..runtime._compilation import checks_as_nan, exported_call
-from ..runtime._estimates import TheorySolve
 from ..runtime._numerics import PSD_SOLVE, Q_RUNAWAY
-from ..runtime._sharding import shard_batch, unpad
 from ..sgd._sgd_rule import flat_drift
 from ._accuracy import choose_points, relative_drift_error
 from ._build import Setup, build
@@ -310,11 +310,11 @@ def integrate(
         t0: the time ``tau`` of the start ``y0`` (default 0).
 
     The starts are split over the local devices; one start (fewer starts than devices) has the
-    nodes of its rules split instead (:mod:`~singleloc.runtime._sharding`).
+    nodes of its rules split instead (:mod:`~singleloc.expectations._sharding`).
 
     Raises:
         ValueError: invalid ``ts`` or ``t0`` (naming them), or an invalid start.
-        ValueError, MemoryError: the solve cannot be built (:func:`~singleloc.io._resources.check_run`:
+        ValueError, MemoryError: the solve cannot be built (:func:`~singleloc.preflight._resources.check_run`:
             dimension, quadrature, saved times, memory), naming the keys.
         FloatingPointError: the state left the set of valid overlaps (non-finite, runaway
             keys, or ``R_orth`` not PSD); the message gives the time and suggests a remedy.
@@ -347,7 +347,7 @@ def integrate(
     starts = 1 if y0 is None or np.ndim(y0[0]) != 3 else int(np.shape(y0[0])[0])
     check_run(config, theory_starts=starts)  # dimension, quadrature, saved times and memory, before anything is built
     solve = TheorySolve("integrate", config, starts, times.size + skip, times[-1] - t0, cached=not progress)
-    solve.announce()  # the estimate, before anything is built (singleloc.runtime._estimates)
+    solve.announce()  # the estimate, before anything is built (singleloc.preflight._estimates)
     with solve.preparing():  # the rules and starts (said only if it lasts)
         problem = _problem(config, y0, np.concatenate([[t0], times]) if skip else times)
     dynamics, evaluation, y0, ts, rtol, atol = problem.args

@@ -31,9 +31,9 @@ from typing import Any
 
 from ..configuration._config import Config
 from ..ground._choices import ROUTE_WORDS
-from ._progress import Phase, announce
-from ._progress_bar import Bar
-from ._timings import Estimate, device_label, predict, timings
+from ..runtime._progress import Phase, announce
+from ..runtime._progress_bar import Bar
+from ..runtime._timings import Estimate, device_label, predict, timings
 
 #: The reference: the 2-core CPU where the cost models were fitted (shared, at load 5-7 on
 #: 2026-12-04), with its calibration (:func:`~singleloc.runtime._timings.measure_benchmark`) at the same
@@ -75,7 +75,7 @@ def _digest(*parts: Any) -> str:
 def _environment() -> str:
     """What makes a stored program stale: the package's sources, the versions and options
     (:func:`singleloc.runtime._compilation._environment`)."""
-    from ._compilation import _environment
+    from ..runtime._compilation import _environment
 
     return _digest(repr(_environment()))
 
@@ -150,7 +150,7 @@ def theory_family(program: str, config: Config, starts: int, saved: int, batch: 
     """The shape family of a solve: its program, the configuration without the values the program
     receives as arguments (:func:`~singleloc.runtime._compilation.compile_group`), the route, the starts,
     the saved times and the points solved together."""
-    from ._compilation import compile_group
+    from ..runtime._compilation import compile_group
 
     return f"{program}:{_digest(compile_group('theory', config.to_dict()), _route(config), starts, saved, batch)}"
 

@@ -21,7 +21,7 @@ above in most cases), for ``S`` seeds (or ODE starts):
 * theory (float64): ``8 [7 N d + 2 S B K (4 L H + H F + 2 H^2)]`` with ``N = 2 points`` nodes,
   ``B = min(N, 8192)`` nodes evaluated at once and ``K`` atoms of the prior (the nodes in
   NumPy while they are built; the vmapped integrand). A solve whose nodes are split over
-  several devices (:mod:`~singleloc.runtime._sharding`) evaluates up to ``B`` nodes on each; the
+  several devices (:mod:`~singleloc.expectations._sharding`) evaluates up to ``B`` nodes on each; the
   estimate counts ``B`` once (on CPU host devices, which share the host's memory, the integrand
   part can reach the device count times that);
 * the saved times (``T = sgd.n_save``, ``R`` replicates): ``8 T R (2 S s + 6 B L H)``, ``s``
@@ -57,6 +57,11 @@ from ..runtime._timings import duration as duration  # re-exported: the duration
 OVERHEAD = 300 * 2**20
 
 MEMORY_ENV = "SINGLELOC_MEMORY_LIMIT"
+
+#: The first number of points ``theory.points = "auto"`` tries, and the fewest it may take
+#: (:func:`~singleloc.choose_points`).
+FIRST_POINTS = 1024
+MIN_POINTS = 64
 
 #: Most saved times of one ODE start (and replicate): the risk at the saved times is one
 #: vectorised evaluation, which XLA materialises whole for many of them (issue 21 item 5).
@@ -250,8 +255,6 @@ def _has_exact_route(config: Config) -> bool:
 def auto_points(config: Config) -> int:
     """The first number of points ``theory.points = "auto"`` tries (:func:`~singleloc.choose_points`:
     at least ``FIRST_POINTS`` and the quadrature's dimension), the least it may build."""
-    from ..theory._accuracy import FIRST_POINTS, MIN_POINTS
-
     pb = config.problem
     dim = pb.L * config.model.heads + (0 if pb.build_prior().is_discrete else pb.F)
     return max(FIRST_POINTS, MIN_POINTS, 1 << (dim - 1).bit_length())

@@ -42,7 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from ..expectations._fields import LocalFields
+from ._fields import LocalFields
 
 _AXIS = "devices"
 

@@ -2,8 +2,8 @@
 model of ``diagnose`` (:func:`diagnose_cost`), so that the command line can say how long a run will
 take and refuse one of days without ``--force`` (:func:`singleloc._commands._common.check_cost`).
 The theory's and the simulation's times are measured on the device that runs them
-(:mod:`singleloc.runtime._estimates`, :mod:`singleloc.simulation._simulation_estimate`); the memory a run may use is
-checked in :mod:`singleloc.io._resources`.
+(:mod:`singleloc.preflight._estimates`, :mod:`singleloc.simulation._simulation_estimate`); the memory a run may use is
+checked in :mod:`singleloc.preflight._resources`.
 """
 
 from __future__ import annotations
