@@ -50,7 +50,7 @@ from ..bayes._population_risk import RiskEstimate, layer_risk, layer_risk_check
 from ..configuration._config import Config, gather_specs, require_arguments, require_config, require_uniform_head_weights
 from ..configuration._specs import SGD, Model, Problem, Simulation, Theory
 from ..expectations._routes import route_of
-from ..ground._arguments import require_arrays, require_count, require_instance
+from ..ground._arguments import _short, require_arrays, require_count
 from ..ground._choices import PRUNING_DRAWS_MAX, PRUNING_ORDERS
 from ..ground._validation import integer
 from ..model._activations import get_activation
@@ -335,9 +335,9 @@ def prune_run(run, order: str | Sequence[int] = "greedy", *, draws: int = 16,
         ``{kind: [PruningResult, ...]}`` for each kind of ``run.data`` (``"theory"``: one result;
         ``"simulation"``: one per seed), in the run's order.
     """
-    from ..io._run_folders import Run
-
-    require_instance("prune_run", "run", run, Run, "singleloc.load_run(folder)")
+    if not (hasattr(run, "config") and hasattr(run, "data")):  # a Run: the run folders stand a floor above (io/)
+        raise TypeError(f"prune_run: run must be a singleloc.Run, got {type(run).__name__} {_short(run)}; "
+                        "pass singleloc.load_run(folder)")
     config = pruning_config(run.config)
     results = {}
     count = sum(1 if kind == "theory" else np.shape(d["M"])[0] for kind, d in run.data.items())
