@@ -21,7 +21,7 @@ from singleloc import load_config
 from singleloc.cli import main
 from singleloc.configuration._config import Config
 from singleloc.io._run_folders import load_npz, save_npz
-from singleloc.sweeps import _sweep_cache
+from singleloc.sweeps import _sweep_cache, _sweep_entries
 from singleloc.theory._build import build
 
 #: A command line that solves in seconds (issue 54's ``S``).
@@ -131,7 +131,7 @@ def test_a_cache_entry_copied_over_another_points_entry_is_recomputed(tmp_path, 
     one, two = (load_config("default", ["theory.route=rule", f"model.heads={h}"]) for h in (1, 2))
     _sweep_cache.cached_run(one, "theory", tmp_path)
     _sweep_cache.cached_run(two, "theory", tmp_path)
-    path_one, path_two = (_sweep_cache._entry_path(tmp_path, c, "theory") for c in (one, two))
+    path_one, path_two = (_sweep_entries._entry_path(tmp_path, c, "theory") for c in (one, two))
     shutil.copyfile(path_one, path_two)
     with pytest.warns(UserWarning, match=f"cache entry {path_two} holds the result of another configuration"):
         done, errors = _sweep_cache.fill_cache([(one, "theory"), (two, "theory")], tmp_path, progress=False)
@@ -155,7 +155,7 @@ def test_the_issues_swapped_sweep_entry_is_recomputed_through_the_command_line(t
     first = (tmp_path / "o" / "sweep.csv").read_text()
     capsys.readouterr()
     one, two = (load_config("default", [a for a in TINY if "=" in a] + [f"model.heads={h}", "sgd.tau_max=2"]) for h in (1, 2))
-    paths = [_sweep_cache._entry_path(tmp_path / "o" / "cache", c, "theory") for c in (one, two)]
+    paths = [_sweep_entries._entry_path(tmp_path / "o" / "cache", c, "theory") for c in (one, two)]
     assert all(p.is_file() for p in paths)
     shutil.copyfile(*paths)
     assert main(args) == 0

@@ -12,11 +12,11 @@ import pytest
 from _tiny import stub_solves
 
 from singleloc import PruningResult, SimulationResult, TheoryResult, load_config, plots
+from singleloc.analysis import _predictions
 from singleloc.analysis._predictions import EscapePrediction
 from singleloc.cli import main
 from singleloc.io._run_folders import load_run, npz_stamp, save_run
 from singleloc.pruning import _pruning
-from singleloc.sweeps import _sweep_compute
 
 CONFIG = load_config("default", ["model.heads=3"])
 T = 9
@@ -148,7 +148,7 @@ def test_integrate_draws_its_figure_and_takes_a_horizon(tmp_path, capsys, monkey
         assert not bool(f["settled"]) and float(f["risk_change"]) > 1e-3
     # auto: the sweep's predicted horizon (the prediction is stubbed: 2.5 x 12 rounded up = 30)
     prediction = EscapePrediction(0.1, 3.0, 0.3, 12.0, 30.0, 1000, np.array([3.0]), np.array([0.1]))
-    monkeypatch.setattr(_sweep_compute, "compute_prediction", lambda config: prediction.arrays())
+    monkeypatch.setattr(_predictions, "compute_prediction", lambda config: prediction.arrays())
     assert main(["integrate", "default", *tiny, "--horizon", "auto", "--out", str(tmp_path / "b")]) == 0
     assert load_run(tmp_path / "b").theory.tau[-1] == pytest.approx(30.0)
     assert "predicted escape at tau = 12" in capsys.readouterr().err

@@ -9,10 +9,10 @@ import pytest
 from _tiny import cli_sets
 
 from singleloc import load_config
-from singleloc.analysis._predictions import EscapePrediction, escape_horizon
+from singleloc.analysis._predictions import EscapePrediction, escape_horizon, resolve_horizon
 from singleloc.cli import main
 from singleloc.io._run_folders import save_npz
-from singleloc.sweeps import _sweep, _sweep_cache, _sweep_compute
+from singleloc.sweeps import _sweep, _sweep_compute, _sweep_entries
 from singleloc.sweeps._grid import grid_points, parse_grid
 
 TINY = ["theory.points=16", "sgd.tau_max=2.0", "sgd.n_save=5", "simulation.seeds=1", "problem.L=3"]
@@ -48,9 +48,9 @@ def test_grid_points_product_and_validation():
 
 def test_cache_key_depends_on_config_and_kind_only():
     a = load_config("default")
-    assert _sweep_cache.cache_key(a, "theory") == _sweep_cache.cache_key(load_config("default"), "theory")
-    assert _sweep_cache.cache_key(a, "theory") != _sweep_cache.cache_key(a, "simulation")
-    assert _sweep_cache.cache_key(a, "theory") != _sweep_cache.cache_key(a.replace(sgd={"lr": 0.25}), "theory")
+    assert _sweep_entries.cache_key(a, "theory") == _sweep_entries.cache_key(load_config("default"), "theory")
+    assert _sweep_entries.cache_key(a, "theory") != _sweep_entries.cache_key(a, "simulation")
+    assert _sweep_entries.cache_key(a, "theory") != _sweep_entries.cache_key(a.replace(sgd={"lr": 0.25}), "theory")
 
 
 def fake_prediction(config):
@@ -175,9 +175,9 @@ def test_simulation_entry_names_its_risks_as_simulation_result(tmp_path, fake_co
 
 def test_cache_key_changes_with_the_cache_layout(monkeypatch):
     a = load_config("default")
-    key = _sweep_cache.cache_key(a, "simulation")
-    monkeypatch.setattr(_sweep_cache, "CACHE_VERSION", _sweep_cache.CACHE_VERSION - 1)
-    assert _sweep_cache.cache_key(a, "simulation") != key
+    key = _sweep_entries.cache_key(a, "simulation")
+    monkeypatch.setattr(_sweep_entries, "CACHE_VERSION", _sweep_entries.CACHE_VERSION - 1)
+    assert _sweep_entries.cache_key(a, "simulation") != key
 
 
 def test_horizon_modes(tmp_path, fake_compute):
@@ -189,10 +189,10 @@ def test_horizon_modes(tmp_path, fake_compute):
         rows, _ = _sweep.sweep(base, grids, tmp_path, horizon=horizon, progress=False, figures=False)
         sgd = fake_compute[-1].sgd
         assert (sgd.tau_max, sgd.spacing, sgd.n_save) == want and rows[0]["horizon"] == want[0]
-        assert rows[0]["key"] == _sweep_cache.cache_key(fake_compute[-1], "theory")
+        assert rows[0]["key"] == _sweep_entries.cache_key(fake_compute[-1], "theory")
     assert len(fake_compute) == 3
     big = base.replace(sgd={"n_save": 401})
-    assert _sweep.resolve_horizon(big, EscapePrediction.from_arrays(fake_prediction(big)), "auto").sgd.n_save == 401
+    assert resolve_horizon(big, EscapePrediction.from_arrays(fake_prediction(big)), "auto").sgd.n_save == 401
     for bad in ("never", 0, -1.0, float("inf"), True):
         with pytest.raises(ValueError, match="horizon must be"):
             _sweep.sweep(base, grids, tmp_path, horizon=bad, progress=False, figures=False)

@@ -15,7 +15,7 @@ from test_sweep import TINY, fake_bayes, fake_prediction, read_csv
 from singleloc import load_config, load_sweep
 from singleloc._version import __version__
 from singleloc.io._run_folders import load_npz
-from singleloc.sweeps import _sweep, _sweep_cache, _sweep_compute
+from singleloc.sweeps import _sweep, _sweep_compute, _sweep_entries
 from singleloc.sweeps._grid import grid_points, parse_grid
 from singleloc.sweeps._sweep_dataset import ENTRY_DIMS, SWEEP_FILE, sweep_dataset
 
@@ -82,9 +82,9 @@ def test_sweep_file_round_trips_the_cache_and_the_csv(tmp_path, monkeypatch):
     for row, csv_row, (values, config) in zip(rows, table, grid_points(base, grids)):
         point = ds.sel(model_heads=values["model.heads"], sgd_tau_max=values["sgd.tau_max"])
         failed = values == {"model.heads": 2, "sgd.tau_max": 1.0}
-        assert row["key"] == ("" if failed else _sweep_cache.cache_key(config, "theory"))
+        assert row["key"] == ("" if failed else _sweep_entries.cache_key(config, "theory"))
         for kind, prefix in (("theory", ""), ("simulation", "sim_")):
-            path = cache / f"{kind}-{_sweep_cache.cache_key(config, kind)}.npz"
+            path = cache / f"{kind}-{_sweep_entries.cache_key(config, kind)}.npz"
             assert path.is_file() != failed
             entry = load_npz(path) if path.is_file() else None
             for name, dims in ENTRY_DIMS.items():

@@ -77,15 +77,13 @@ def run(args) -> int:
 
 def _resolve_horizon(config, horizon):
     """``config`` integrated to ``horizon`` (``"auto"``: the predicted escape's horizon, as a sweep
-    point; a number), on the sweep's log grid (:func:`singleloc.sweeps._sweep.resolve_horizon`), and
+    point; a number), on the sweep's log grid (:func:`singleloc.analysis._predictions.resolve_horizon`), and
     the prediction as ``theory.npz`` keeps it (``{"predicted_escape": tau}`` with ``"auto"``, for
     ``plot``'s phases.png; else empty)."""
     import numpy as np
 
-    from ..analysis._predictions import EscapePrediction
+    from ..analysis._predictions import EscapePrediction, compute_prediction, resolve_horizon, with_chosen_points
     from ..preflight._resources import check_run
-    from ..sweeps._sweep import resolve_horizon, with_chosen_points
-    from ..sweeps._sweep_compute import compute_prediction
 
     if horizon == "auto":
         print("singleloc integrate: predicting the escape from the unspecialized plateau (the linearisation along the "

@@ -39,21 +39,25 @@ of a random start (``M = 0``, ``R_orth = init_scale^2 I``, ``b = bias_init``) up
 **The horizon** (:func:`escape_horizon`): ``multiple = 2.5`` times the predicted escape,
 rounded up to two significant digits and capped at ``cap = 3000``; without a predicted escape,
 ``fallback = 300`` (at the default problem the symmetric risk changes by less than ``1e-4``
-after tau = 200). ``singleloc sweep`` integrates each point up to its horizon.
+after tau = 200). ``singleloc sweep`` and ``singleloc integrate --horizon auto`` integrate each point up
+to its horizon on a log grid (:func:`resolve_horizon`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 
 import numpy as np
 
 from ..configuration._config import Config, gather_specs
 from ..configuration._specs import SGD, Model, Problem, Simulation, Theory
+from ..ground._choices import check_horizon
 from ..runtime._progress import Phase
 from ..theory._build import build
 from ..theory._ode import resolve_points
+from ..theory._starts import initial_conditions
 from ..theory._theory import OrderParameterODE
 from ._stability import linear_escape_time, symmetric_escape_rate, symmetric_path, symmetric_start
 
@@ -191,3 +195,38 @@ def predicted_escape(config: Config | None = None, *, problem: Problem | None = 
     return EscapePrediction(rate=rate, tau_plateau=tau_0, plateau_risk=float(risk[-1]), predicted_escape=tau_esc,
                             horizon=escape_horizon(tau_esc, multiple=multiple, cap=cap, fallback=fallback), D=D,
                             path_tau=np.asarray(path_tau, float), path_rate=np.asarray(path_rate, float))
+
+
+def compute_prediction(config: Config) -> dict[str, np.ndarray]:
+    """The predicted escape and horizon (:func:`~singleloc.analysis._predictions.predicted_escape`) as arrays.
+    With ``theory.points = "auto"`` the number of points is chosen here, once for the point, at the
+    starts its theory integrates from (:func:`~singleloc.resolve_points` at the initial overlaps of
+    every seed), and stored in the entry as ``points``: the prediction, the theory and the phase
+    summaries of the point all use it (:func:`with_chosen_points`)."""
+    if config.theory.points != "auto":
+        return predicted_escape(config).arrays()
+    resolved = resolve_points(config, initial_conditions(config))
+    return predicted_escape(resolved).arrays() | {"points": np.asarray(resolved.theory.points)}
+
+
+#: Least number of saved times of a point integrated to a predicted or given horizon.
+HORIZON_N_SAVE = 201
+
+
+def resolve_horizon(config: Config, prediction: EscapePrediction, horizon: str | float = "auto") -> Config:
+    """The configuration a point is integrated with (module docstring): ``"auto"``: up to the
+    prediction's horizon; a number: up to it; both on a log grid of
+    ``max(sgd.n_save, HORIZON_N_SAVE)`` times. ``"config"``: ``config`` unchanged."""
+    check_horizon(horizon)
+    if horizon == "config":
+        return config
+    tau_max = prediction.horizon if horizon == "auto" else float(horizon)
+    return config.replace(sgd={"tau_max": tau_max, "spacing": "log", "n_save": max(config.sgd.n_save, HORIZON_N_SAVE)})
+
+
+def with_chosen_points(config: Config, prediction: Mapping[str, np.ndarray]) -> Config:
+    """``config`` with ``theory.points = "auto"`` replaced by the number its prediction entry
+    chose (:func:`compute_prediction`); ``config`` itself otherwise."""
+    if config.theory.points != "auto" or "points" not in prediction:
+        return config
+    return config.replace(theory={"points": int(prediction["points"])})

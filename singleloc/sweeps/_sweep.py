@@ -9,7 +9,7 @@ points are their Cartesian product. At each point it
    at most 3000; 300 when no escape is predicted); with ``theory.points = "auto"`` it first
    chooses the point's number of points (:func:`~singleloc.resolve_points` at the starts of
    step 3), stored with the prediction and used by every later step of the point;
-2. resolves the configuration it integrates (:func:`resolve_horizon`): with ``horizon="auto"``
+2. resolves the configuration it integrates (:func:`~singleloc.analysis._predictions.resolve_horizon`): with ``horizon="auto"``
    (the default) ``sgd.tau_max`` is the point's horizon, with a number it is that number,
    and both save ``max(sgd.n_save, 201)`` times on a log grid (``sgd.spacing = "log"``:
    ``tau = 0`` and log-spaced from ``tau_max / 1000``), which resolves the plateau and an
@@ -27,7 +27,7 @@ Beside the points, the Bayes risk of every problem of the grid (one cache entry 
 activation and spike count its ``heads_needed`` (:mod:`singleloc.sweeps._sweep_answers`).
 
 Each step is a pure function of its configuration (:func:`singleloc.sweeps._sweep_compute.compute` with
-the kinds ``prediction``, ``theory``, ``simulation``; :func:`resolve_horizon`), so the points can
+the kinds ``prediction``, ``theory``, ``simulation``; :func:`~singleloc.analysis._predictions.resolve_horizon`), so the points can
 be computed anywhere, on this process or on a Dask cluster; theory points of the same shapes are
 one batched solve (:mod:`singleloc.sweeps._sweep_compute`), and every entry is cached on disk under a
 hash of its configuration (:mod:`singleloc.sweeps._sweep_cache`), so that a repeated sweep recomputes
@@ -80,7 +80,7 @@ import numpy as np
 from ..analysis._attention_mass import attention_mass
 from ..analysis._head_classes import HEAD_CLASSES
 from ..analysis._phase_analysis import analyze
-from ..analysis._predictions import EscapePrediction
+from ..analysis._predictions import EscapePrediction, resolve_horizon, with_chosen_points
 from ..configuration._config import Config, require_config
 from ..ground._atomic_files import OUTPUT_KEY, png_has_text, written_together
 from ..ground._choices import check_horizon
@@ -92,30 +92,17 @@ from ..theory._theory import OrderParameterODE
 from ..theory._theory_result import DRIFT_UNCHECKED, STATEMENT_FIELDS
 from ._grid import Grid, grid_points
 from ._sweep_answers import GAP_TOL, add_heads_needed, bayes_columns
-from ._sweep_cache import SweepStats, _entry_path, cache_key, cached_run, fill_cache
+from ._sweep_cache import SweepStats, cached_run, fill_cache
 from ._sweep_compute import bayes_config, compile_group
 from ._sweep_dataset import write_sweep
+from ._sweep_entries import _entry_path, cache_key
 from ._sweep_estimate import sweep_costs
 
 #: The figure of the heads each activation needs (:func:`~singleloc.plots.plot_heads_needed`).
 HEADS_FIGURE = "heads_needed.png"
 
-#: Least number of saved times of a point integrated to a predicted or given horizon.
-HORIZON_N_SAVE = 201
-
 #: The risk the phase analysis reads in an entry of each kind: the limit risk in both.
 PHASE_RISK = {"theory": "risk", "simulation": "risk_limit"}
-
-
-def resolve_horizon(config: Config, prediction: EscapePrediction, horizon: str | float = "auto") -> Config:
-    """The configuration a point is integrated with (module docstring): ``"auto"``: up to the
-    prediction's horizon; a number: up to it; both on a log grid of
-    ``max(sgd.n_save, HORIZON_N_SAVE)`` times. ``"config"``: ``config`` unchanged."""
-    check_horizon(horizon)
-    if horizon == "config":
-        return config
-    tau_max = prediction.horizon if horizon == "auto" else float(horizon)
-    return config.replace(sgd={"tau_max": tau_max, "spacing": "log", "n_save": max(config.sgd.n_save, HORIZON_N_SAVE)})
 
 
 def check_gap(gap: float) -> None:
@@ -123,14 +110,6 @@ def check_gap(gap: float) -> None:
     reaching it) is a finite number >= 0."""
     if isinstance(gap, bool) or not isinstance(gap, (int, float)) or not math.isfinite(gap) or gap < 0:
         raise ValueError(f"gap must be a finite number >= 0, got {gap!r}")
-
-
-def with_chosen_points(config: Config, prediction: Mapping[str, np.ndarray]) -> Config:
-    """``config`` with ``theory.points = "auto"`` replaced by the number its prediction entry
-    chose (:func:`~singleloc.sweeps._sweep_compute.compute_prediction`); ``config`` itself otherwise."""
-    if config.theory.points != "auto" or "points" not in prediction:
-        return config
-    return config.replace(theory={"points": int(prediction["points"])})
 
 
 def check_sweep(base: Config, grids: Sequence[Grid], *, simulate: bool = False, batch: bool = True) -> None:

@@ -2,7 +2,7 @@
 of its resolved configuration, and their batching.
 
 A point needs entries of the kinds :data:`KINDS`: ``prediction`` (the escape prediction and the
-horizon, :func:`compute_prediction`), ``theory`` (the ODE from the initial overlaps of every
+horizon, :func:`~singleloc.analysis._predictions.compute_prediction`), ``theory`` (the ODE from the initial overlaps of every
 seed, :func:`compute_theory`), ``simulation`` (finite-D SGD, :func:`compute_simulation`) and
 ``bayes`` (the Bayes risk of its problem, :func:`compute_bayes`, one entry per problem:
 :func:`bayes_config`); :func:`compute` gives any of them. :func:`compute_points` (and :func:`compute_point`, one point)
@@ -32,12 +32,12 @@ from typing import Any
 import jax
 import numpy as np
 
-from ..analysis._predictions import predicted_escape
+from ..analysis._predictions import compute_prediction
 from ..configuration._config import Config, load_config
 from ..runtime._compilation import compile_group, hold_programs, own_process, process_owned
 from ..runtime._progress import on_dask_worker
 from ..simulation._simulation import simulate as simulate_sgd
-from ..theory._ode import integrate, integrate_points, resolve_points
+from ..theory._ode import integrate, integrate_points
 from ..theory._starts import initial_conditions
 from ._sweep_estimate import recorded
 
@@ -52,18 +52,6 @@ BAYES_POINTS = 4096
 
 
 # The expensive steps; module-level so that tests can count or replace them.
-def compute_prediction(config: Config) -> dict[str, np.ndarray]:
-    """The predicted escape and horizon (:func:`~singleloc.analysis._predictions.predicted_escape`) as arrays.
-    With ``theory.points = "auto"`` the number of points is chosen here, once for the point, at the
-    starts its theory integrates from (:func:`~singleloc.resolve_points` at the initial overlaps of
-    every seed), and stored in the entry as ``points``: the prediction, the theory and the phase
-    summaries of the point all use it (:func:`~singleloc.sweeps._sweep.with_chosen_points`)."""
-    if config.theory.points != "auto":
-        return predicted_escape(config).arrays()
-    resolved = resolve_points(config, initial_conditions(config))
-    return predicted_escape(resolved).arrays() | {"points": np.asarray(resolved.theory.points)}
-
-
 def compute_theory(config: Config) -> dict[str, np.ndarray]:
     """ODE trajectories from the initial overlaps of every seed (one batched solve), with the
     route and stated errors of the quadrature (:meth:`~singleloc.TheoryResult.statement`)."""
@@ -119,7 +107,7 @@ def _trajectory_arrays(r) -> dict[str, np.ndarray]:
 def compute(config: Config, kind: str) -> dict[str, np.ndarray]:
     """The entry of ``kind`` (``"prediction"``, ``"theory"``, ``"simulation"`` or ``"bayes"``)
     for ``config``, computed (for a theory or simulation entry ``config`` is the resolved one,
-    :func:`~singleloc.sweeps._sweep.resolve_horizon`; for a Bayes entry :func:`bayes_config`)."""
+    :func:`~singleloc.analysis._predictions.resolve_horizon`; for a Bayes entry :func:`bayes_config`)."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(map(repr, KINDS))}, got {kind!r}")
     with recorded(kind, config):  # a prediction's time, for the next sweep's estimate (singleloc.sweeps._sweep_estimate)

@@ -86,8 +86,7 @@ def recorded(kind: str, config: Config) -> Iterator[None]:
 def _assumed(config: Config, horizon: str | float) -> tuple[Config, bool]:
     """The configuration a point integrates, before its prediction: ``horizon = "auto"`` at the
     prediction's fallback (``True``: assumed)."""
-    from ..analysis._predictions import HORIZON_FALLBACK
-    from ._sweep import HORIZON_N_SAVE
+    from ..analysis._predictions import HORIZON_FALLBACK, HORIZON_N_SAVE
 
     if horizon == "config":
         return config, False
@@ -188,9 +187,8 @@ def sweep_costs(points: Sequence[tuple[Mapping[str, Any], Config]], run_cfgs: Ma
     ``None``): each point's prediction, and its theory and simulation at its horizon, assumed for
     ``"auto"`` (or read from a cached prediction); after them: the theory and simulation of the
     points' resolved configurations ``run_cfgs``."""
-    from ..analysis._predictions import EscapePrediction
-    from ._sweep import resolve_horizon, with_chosen_points
-    from ._sweep_cache import _entry_path, _read_entry
+    from ..analysis._predictions import EscapePrediction, resolve_horizon, with_chosen_points
+    from ._sweep_entries import _entry_path, _read_entry
 
     entries: dict[int, list[tuple[Config, str]]] = {}
     names, missing = {}, {}
