@@ -79,7 +79,7 @@ def register(sub) -> None:
 def run(args) -> int:
     import numpy as np
 
-    from ..attention._attention_diagnosis import TEMPERATURES, diagnose_attention
+    from ..attention._attention_diagnosis import FIGURES, TEMPERATURES, diagnose_attention
     from ..attention._sensitivity import FD_EPSILONS
     from ..io._run_folders import load_npy, save_figure, save_json
     from ..plots import plot_sensitivity, plot_top_n, plot_vanishing
@@ -120,7 +120,3 @@ def run(args) -> int:
             save_figure(out / f"{stem}_{name}.png", plot(diagnosis), mark)
     print("\nwrote " + ", ".join(str(f) for f in files))
     return 0
-
-
-#: The figures of a diagnosis, ``STEM_NAME.png``.
-FIGURES = ("vanishing", "jacobian", "topn")

@@ -24,6 +24,9 @@ from ._sensitivity import FD_EPSILONS, finite_difference_sensitivity, random_dir
 from ._top_n import STABLE_SHIFT, _ks_samples, ks_critical_n, stable_samples, top_n_diagnostics
 from ._vanishing_attention import vanishing_attention
 
+#: The figures of a diagnosis (``singleloc diagnose``), ``STEM_NAME.png``.
+FIGURES = ("vanishing", "jacobian", "topn")
+
 #: Temperatures of the gradient-sensitivity table (from very sharp to nearly uniform rows).
 TEMPERATURES = (0.001, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 100.0)
 

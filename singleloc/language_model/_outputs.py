@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from .._version import __version__
+from ..attention._attention_diagnosis import FIGURES
 from ..ground._atomic_files import OUTPUT_KEY, atomic_write, png_has_text, written_together
 from ..io._run_folders import save_json
 from ..preflight._costs import Cost, speed
@@ -109,8 +110,6 @@ def _stream_npy(fh, shape: tuple[int, ...], blocks: Iterable[np.ndarray]) -> Non
 def diagnose_outputs(folder: Path, stem: str = "attention") -> list[Path]:
     """The files of an earlier ``singleloc diagnose`` of ``folder/STEM.npy`` (its JSON and its
     marked figures), which describe arrays that a new run replaces."""
-    from .._commands.diagnose import FIGURES
-
     found = [p for p in (folder / f"{stem}_{name}.png" for name in FIGURES) if png_has_text(p, OUTPUT_KEY, f"diagnose {stem}")]
     report = folder / f"{stem}_diagnostics.json"
     try:
