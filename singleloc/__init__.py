@@ -61,7 +61,7 @@ _EXPORTS = {
     "sweeps._sweep_dataset": ("load_sweep",),
     "configuration._specs": ("SGD", "Model", "Problem", "Simulation", "Theory"),
     "sgd._sgd_rule": ("AbstractSGDRule", "AbstractVariant", "GradientFlow", "GradientMoments", "LayerParameters", "OnlineSGD"),
-    "sgd._trajectory": ("Trajectory",),
+    "theory._trajectory": ("Trajectory",),
     "sgd._sgd_variants": ("LearningRateSchedule", "MiniBatch", "Momentum", "WeightDecay"),
     "theory._theory": ("OrderParameterODE", "OrderParameters", "WeightedOrderParameters", "r_orth"),
     "pruning._pruning_result": ("PruningResult", "removable_heads"),
@@ -215,7 +215,6 @@ if TYPE_CHECKING:
     from .sgd._sgd_variants import MiniBatch as MiniBatch
     from .sgd._sgd_variants import Momentum as Momentum
     from .sgd._sgd_variants import WeightDecay as WeightDecay
-    from .sgd._trajectory import Trajectory as Trajectory
     from .simulation._simulation import simulate as simulate
     from .simulation._simulation_result import SimulationResult as SimulationResult
     from .sweeps._grid import Grid as Grid
@@ -236,6 +235,7 @@ if TYPE_CHECKING:
     from .theory._theory import WeightedOrderParameters as WeightedOrderParameters
     from .theory._theory import r_orth as r_orth
     from .theory._theory_result import TheoryResult as TheoryResult
+    from .theory._trajectory import Trajectory as Trajectory
 
 # public name -> (module, name in the module)
 _ORIGIN = {public: (module, name) for module, names in _EXPORTS.items()

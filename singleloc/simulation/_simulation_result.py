@@ -6,7 +6,7 @@ import dataclasses
 
 import numpy as np
 
-from ..sgd._trajectory import Trajectory
+from ..theory._trajectory import Trajectory
 
 
 @dataclasses.dataclass(frozen=True)

@@ -47,10 +47,10 @@ from ..expectations._sobol_expectation import SobolExpectation
 from ..ground._arguments import require_starts
 from ..runtime._compilation import checks_as_nan
 from ..runtime._numerics import psd_sqrt
-from ..sgd._trajectory import Trajectory
 from ._build import Setup, build
 from ._ode import resolve_points
 from ._theory import OrderParameterODE, OrderParameters, flatten_state, unflatten_state
+from ._trajectory import Trajectory
 
 
 def update_moments(ode: OrderParameterODE, M, Q, b, tau=0.0, fields: LocalFields | None = None):

@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 
 from ..configuration._config import Config, require_config
-from ..sgd._trajectory import Trajectory
+from ._trajectory import Trajectory
 
 #: The fields of a :class:`TheoryResult` that state its quadrature (route and errors), as a sweep's
 #: cache entries and CSV columns carry them (:meth:`TheoryResult.statement`).
