@@ -200,10 +200,10 @@ def plot_heads_needed(rows, other_keys=(), *, title: str = "") -> Figure:
     per spike count ``F``, one line per activation (and value of the ``other_keys`` grid keys), a
     dashed line at ``gap_tol`` and a star at ``heads_needed``, the fewest heads within it (the
     legend says "more than H" where no point comes that close, and "3-4 (within error)" where the
-    gaps' errors move the count: :func:`~singleloc.sweeps._sweep_answers.count_text`); error bars
+    gaps' errors move the count: :func:`~singleloc.analysis._sweep_answers.count_text`); error bars
     ``gap_to_bayes_error`` where stated. Log scale, legend outside the panels; a gap at or below zero
     (within the quadrature error of the Bayes risk) is drawn at the bottom of the panel."""
-    from .sweeps._sweep_answers import count_text
+    from .analysis._sweep_answers import count_text
 
     Fs = sorted({int(r["F"]) for r in rows})
     fig = Figure(figsize=(4.4 * len(Fs), 3.8), constrained_layout=True)

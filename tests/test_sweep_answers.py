@@ -16,9 +16,9 @@ from _tiny import tiny
 
 from singleloc import bayes_risk, load_config, load_sweep, parse_grid
 from singleloc.analysis._predictions import EscapePrediction, escape_horizon
+from singleloc.analysis._sweep_answers import add_heads_needed, count_text, final_risk_error, heads_needed, heads_needed_table
 from singleloc.cli import main
 from singleloc.sweeps import _sweep, _sweep_compute
-from singleloc.sweeps._sweep_answers import add_heads_needed, count_text, final_risk_error, heads_needed, heads_needed_table
 from singleloc.sweeps._sweep_dataset import COLUMNS, describe_column
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "commands" / "sweep.md"

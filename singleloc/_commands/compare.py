@@ -26,12 +26,12 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from ..analysis._settled import run_settledness
+    from ..analysis._sweep_answers import error_text, final_risk_error
     from ..io._run_folders import save_run
     from ..plots import plot_compare
     from ..runtime._progress import announce
     from ..simulation._simulation import simulate
     from ..simulation._simulation_estimate import compare_estimate
-    from ..sweeps._sweep_answers import error_text, final_risk_error
     from ..theory._ode import integrate
     from ..theory._starts import initial_conditions
 

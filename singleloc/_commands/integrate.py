@@ -41,9 +41,9 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from ..analysis._settled import run_settledness
+    from ..analysis._sweep_answers import error_text, final_risk_error
     from ..io._run_folders import save_run
     from ..plots import plot_compare
-    from ..sweeps._sweep_answers import error_text, final_risk_error
     from ..theory._ode import MAX_STEPS, integrate
 
     config = prepare_run(args, theory="one")

@@ -73,11 +73,11 @@ def horizon_type(text: str) -> str | float:
 
 
 def run(args) -> int:
+    from ..analysis._sweep_answers import heads_needed_table
     from ..preflight._resources import check_workers
     from ..runtime._distributed import check_cluster
     from ..sweeps._grid import parse_grid
     from ..sweeps._sweep import check_gap, check_sweep, compute_sweep, quadrature_summary, settled_summary, write_sweep_outputs
-    from ..sweeps._sweep_answers import heads_needed_table
 
     config = config_from_args(args)
     grids = [parse_grid(g) for g in args.grid]

@@ -24,7 +24,7 @@ points are their Cartesian product. At each point it
 
 Beside the points, the Bayes risk of every problem of the grid (one cache entry per problem,
 :func:`singleloc.sweeps._sweep_compute.bayes_config`) gives each point its ``gap_to_bayes`` and each
-activation and spike count its ``heads_needed`` (:mod:`singleloc.sweeps._sweep_answers`).
+activation and spike count its ``heads_needed`` (:mod:`singleloc.analysis._sweep_answers`).
 
 Each step is a pure function of its configuration (:func:`singleloc.sweeps._sweep_compute.compute` with
 the kinds ``prediction``, ``theory``, ``simulation``; :func:`~singleloc.analysis._predictions.resolve_horizon`), so the points can
@@ -81,6 +81,7 @@ from ..analysis._attention_mass import attention_mass
 from ..analysis._head_classes import HEAD_CLASSES
 from ..analysis._phase_analysis import analyze
 from ..analysis._predictions import EscapePrediction, resolve_horizon, with_chosen_points
+from ..analysis._sweep_answers import GAP_TOL, add_heads_needed, bayes_columns
 from ..configuration._config import Config, require_config
 from ..ground._atomic_files import OUTPUT_KEY, png_has_text, written_together
 from ..ground._choices import check_horizon
@@ -91,7 +92,6 @@ from ..runtime._numerics import require_x64
 from ..theory._theory import OrderParameterODE
 from ..theory._theory_result import DRIFT_UNCHECKED, STATEMENT_FIELDS
 from ._grid import Grid, grid_points
-from ._sweep_answers import GAP_TOL, add_heads_needed, bayes_columns
 from ._sweep_cache import SweepStats, cached_run, fill_cache
 from ._sweep_compute import bayes_config, compile_group
 from ._sweep_dataset import write_sweep
@@ -228,7 +228,7 @@ def sweep(base: Config, grids: Sequence[Grid], out: str | Path | None = None, *,
     ``horizon``: ``"auto"`` (each point to its predicted horizon), ``"config"``
     (``sgd.tau_max``) or a number (module docstring). ``cache_dir``: the cache folder (default
     ``OUT/cache``; one of the two is needed). ``gap``: the largest ``gap_to_bayes`` that counts as
-    reaching the Bayes risk in ``heads_needed`` (:mod:`singleloc.sweeps._sweep_answers`). The other
+    reaching the Bayes risk in ``heads_needed`` (:mod:`singleloc.analysis._sweep_answers`). The other
     arguments as :func:`compute_sweep`'s.
 
     Before anything is computed or written, every point is checked (:func:`check_sweep`: its
