@@ -48,11 +48,9 @@ class Config:
     theory: Theory = Theory()
 
     def __post_init__(self):
-        from ._combinations import check_combinations  # keys a run would silently drop (issue 54 item 7)
-
         for name in SECTIONS:
             _require_spec("Config", name, getattr(self, name))
-        check_combinations(self)
+        check_combinations(self)  # keys a run would silently drop (issue 54 item 7)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Mapping[str, Any]]) -> Config:
@@ -271,3 +269,38 @@ def load_config(source: str | Path | Mapping | None = None, overrides: Sequence[
             raise ValueError(f"--set {text!r}: config section [{section}] is {_toml_kind(current)}, not a table")
         data[section] = {**current, key: value}
     return Config.from_dict(_restore_prior(data))
+
+
+#: The prior tables and the named prior that reads them.
+PRIOR_TABLES = {"support": "discrete", "probs": "discrete", "mean": "gaussian", "cov": "gaussian"}
+
+
+def check_combinations(config: Config) -> None:
+    """``ValueError`` naming the keys of a combination that a run would silently drop, with a change that
+    makes it consistent (issue 54 item 7: a wrong result is worse than a refusal; ``theory.gram = "exact"``
+    with ``theory.route = "rule"`` ran with the Sobol rule's Gram term and recorded it):
+
+    * ``theory.gram`` other than ``"auto"`` or a number of ``theory.gram_points`` with
+      ``sgd.gradient_flow``, which has no ``lr^2`` (Gram) term;
+    * ``sgd.bias_decay`` without ``model.train_bias`` (a penalty on biases that do not learn);
+    * ``problem.support`` or ``problem.probs`` with a prior other than ``"discrete"``, ``problem.mean``
+      or ``problem.cov`` with a prior other than ``"gaussian"`` (a user's factory, ``"package.module:function"``,
+      may read any key).
+
+    Keys whose defaults are numbers (``problem.p``, ``theory.nodes``, ``sgd.schedule_tau``) cannot be told
+    given from defaulted, and are not checked. A Gram key that the chosen route has no use for is refused
+    when the route is chosen (:func:`~singleloc.theory._build.check_gram`): a configuration chooses no route."""
+    th, sgd, pb = config.theory, config.sgd, config.problem
+    gram_points = th.gram_points != "auto"
+    if sgd.gradient_flow and (th.gram != "auto" or gram_points):
+        key = f"theory.gram = {th.gram!r}" if th.gram != "auto" else f"theory.gram_points = {th.gram_points}"
+        raise ValueError(f"{key} has no effect with sgd.gradient_flow = true, which has no lr^2 (Gram) term; "
+                         f"e.g. {'theory.gram' if th.gram != 'auto' else 'theory.gram_points'} = 'auto'")
+    if sgd.bias_decay and not config.model.train_bias:
+        raise ValueError(f"sgd.bias_decay = {sgd.bias_decay:g} penalises biases that do not learn (model.train_bias = false); "
+                         "e.g. model.train_bias = true, or sgd.bias_decay = 0")
+    if isinstance(pb.prior, str) and ":" not in pb.prior:
+        for key, prior in PRIOR_TABLES.items():
+            if getattr(pb, key) is not None and pb.prior != prior:
+                raise ValueError(f"problem.{key} applies to problem.prior = '{prior}' only, and problem.prior = "
+                                 f"{pb.prior!r}; e.g. problem.prior = '{prior}', or leave problem.{key} out")
