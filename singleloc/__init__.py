@@ -24,7 +24,7 @@ _EXPORTS = {
     "bayes._bayes": ("bayes_point", "bayes_risk", "bayes_route", "log_weight", "posterior"),
     "bayes._population_risk": ("RiskEstimate", "population_risk"),
     "ground._choices": ("PRUNING_ORDERS",),
-    "configuration._config": ("Config", "load_config", "preset_names", "sgd_rule"),
+    "configuration._config": ("Config", "load_config", "preset_names"),
     "model._data": ("initial_overlaps", "make_spikes", "overlaps", "sample_sequence", "seed_keys"),
     "attention._attention_diagnosis": ("AttentionDiagnosis", "diagnose_attention"),
     "attention._attention_rows": ("logits_from_weights",),
@@ -47,6 +47,7 @@ _EXPORTS = {
     "runtime._numerics": ("psd_sqrt",),
     "model._layer": ("finite_loss", "limit_loss", "token_weights"),
     "theory._ode": ("integrate", "resolve_points"),
+    "theory._build": ("sgd_rule",),
     "runtime._progress": ("set_progress",),
     "theory._starts": ("initial_conditions",),
     "theory._theory_result": ("TheoryResult",),
@@ -135,7 +136,6 @@ if TYPE_CHECKING:
     from .configuration._config import Config as Config
     from .configuration._config import load_config as load_config
     from .configuration._config import preset_names as preset_names
-    from .configuration._config import sgd_rule as sgd_rule
     from .configuration._specs import SGD as SGD
     from .configuration._specs import Model as Model
     from .configuration._specs import Problem as Problem
@@ -225,6 +225,7 @@ if TYPE_CHECKING:
     from .theory._accuracy import PointsChoice as PointsChoice
     from .theory._accuracy import choose_points as choose_points
     from .theory._accuracy import relative_drift_error as relative_drift_error
+    from .theory._build import sgd_rule as sgd_rule
     from .theory._fluctuations import SDEResult as SDEResult
     from .theory._fluctuations import integrate_sde as integrate_sde
     from .theory._ode import integrate as integrate

@@ -26,7 +26,6 @@ except ModuleNotFoundError:  # pragma: no cover
 
 from ..ground._atomic_files import describe_path
 from ..model._priors import Prior
-from ..sgd._sgd_rule import AbstractSGDRule
 from ._presets import preset_names
 from ._specs import SGD, Model, Problem, Simulation, Theory
 
@@ -96,12 +95,6 @@ def _section_keys(name: str, values: Any) -> Mapping[str, Any]:
         listed = ", ".join(f"{name}.{k}" for k in sorted(bad))
         raise ValueError(f"unknown key(s) {listed} (known: {', '.join(sorted(fields))})")
     return values
-
-
-def sgd_rule(config: Config) -> AbstractSGDRule:
-    """The SGD rule of a configuration (:meth:`SGD.build_rule` of its ``sgd`` and ``model`` sections)."""
-    require_config(config, "sgd_rule")
-    return config.sgd.build_rule(config.model)
 
 
 def gather_specs(where: str, config: Config | None = None, **specs: Any) -> Config:

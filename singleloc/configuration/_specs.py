@@ -18,8 +18,6 @@ from ..ground._extensions import import_reference, is_reference
 from ..ground._validation import INT32_MAX, integer, number, representable
 from ..model._activations import get_activation
 from ..model._priors import PRIOR_FACTORIES, Prior, check_prior
-from ..sgd._sgd_rule import AbstractSGDRule, GradientFlow, OnlineSGD
-from ..sgd._sgd_variants import LearningRateSchedule, MiniBatch, Momentum, WeightDecay
 
 #: Largest ``|model.bias_init|``: float32 (the simulation's precision) spaces numbers near 1000 by
 #: 6e-5, so O(1) scores keep four digits beside the bias; near 1e30 they vanish entirely.
@@ -236,7 +234,7 @@ class SGD:
       parameter and the step along it; its ODE and SDE are plain SGD's at the rate ``lr / (1 - beta)``
       (``None``, the default, is plain SGD and is not written to ``config.json``).
 
-    :meth:`build_rule` turns the section into the SGD rule (:func:`~singleloc.sgd_rule` of a config).
+    :func:`~singleloc.sgd_rule` turns the section into the SGD rule.
     """
 
     lr: float = 0.5
@@ -295,26 +293,6 @@ class SGD:
         if self.n_save == 2:  # geomspace of one point gives its start, tau_max / 1000: the grid ends at tau_max
             return np.array([0.0, self.tau_max])
         return np.concatenate([[0.0], np.geomspace(self.tau_max * 1e-3, self.tau_max, self.n_save - 1)])
-
-    def build_rule(self, model: Model) -> AbstractSGDRule:
-        """The SGD rule of this section for the layer ``model``: :class:`~singleloc.OnlineSGD` (or
-        :class:`~singleloc.GradientFlow`) at ``lr``, the biases training with ``model.train_bias``,
-        the head weights with ``model.head_weights``, and the chain of the variants that are on,
-        in the order schedule, batch, decay, momentum (the decay enters the velocity);
-        ``bias_decay`` without trained biases is a ``ValueError``."""
-        if self.bias_decay and not model.train_bias:
-            raise ValueError(f"sgd.bias_decay = {self.bias_decay:g} acts on trained biases only; set model.train_bias = "
-                             "true or sgd.bias_decay = 0")
-        schedule = LearningRateSchedule(self.schedule, self.schedule_tau, self.decay_factor, self.warmup_tau)
-        chain = [] if schedule.constant else [schedule]
-        if self.batch > 1:
-            chain.append(MiniBatch(self.batch))
-        if self.weight_decay or self.bias_decay:
-            chain.append(WeightDecay(self.weight_decay, self.bias_decay))
-        if self.momentum:
-            chain.append(Momentum(self.momentum))
-        rule = GradientFlow if self.gradient_flow else OnlineSGD
-        return rule(self.lr, model.train_bias, tuple(chain), train_head_weights=model.trained_head_weights)
 
 
 @dataclasses.dataclass(frozen=True)

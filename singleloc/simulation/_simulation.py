@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..configuration._config import Config, gather_specs, sgd_rule
+from ..configuration._config import Config, gather_specs
 from ..configuration._specs import SGD, Model, Problem, Simulation
 from ..expectations._sharding import shard_batch, unpad
 from ..model._activations import get_activation
@@ -38,6 +38,7 @@ from ..preflight._resources import check_run, check_steps
 from ..preflight._run_checks import warn_if_risk_rose, warn_if_times_dropped
 from ..runtime._numerics import Q_RUNAWAY
 from ..sgd._sgd_rule import LayerParameters
+from ..theory._build import sgd_rule
 from ._simulation_estimate import simulation_clock
 from ._simulation_result import SimulationResult
 

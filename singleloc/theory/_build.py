@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..configuration._config import Config, require_config, sgd_rule
+from ..configuration._config import Config, require_config
 from ..configuration._specs import Model, Problem, Theory
 from ..expectations._routes import RouteChoice, route_of
 from ..model._activations import Activation
 from ..model._priors import Prior
-from ..sgd._sgd_rule import AbstractSGDRule
+from ..sgd._sgd_rule import AbstractSGDRule, GradientFlow, OnlineSGD
+from ..sgd._sgd_variants import LearningRateSchedule, MiniBatch, Momentum, WeightDecay
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,7 +30,7 @@ class Setup:
         model: the layer (``heads``; what trains).
         theory: the numerics of the ODE.
         prior: the prior of ``theta``, built.
-        sgd: the SGD rule, built (:meth:`~singleloc.SGD.build_rule`).
+        sgd: the SGD rule, built (:func:`sgd_rule`).
         route: the expectation route, chosen (:func:`~singleloc.choose_route`): it holds the
             activation function and its form.
     """
@@ -60,6 +61,25 @@ def build(config: Config) -> Setup:
     route = route_of(config)  # the activation resolved, the route decided
     check_gram(config, route.route)
     return Setup(config.problem, config.model, config.theory, config.problem.build_prior(), sgd_rule(config), route)
+
+
+def sgd_rule(config: Config) -> AbstractSGDRule:
+    """The SGD rule of a configuration's ``sgd`` section for its layer (``model``):
+    :class:`~singleloc.OnlineSGD` (or :class:`~singleloc.GradientFlow`) at ``sgd.lr``, the biases training
+    with ``model.train_bias``, the head weights with ``model.head_weights``, and the chain of the variants
+    that are on, in the order schedule, batch, decay, momentum (the decay enters the velocity)."""
+    require_config(config, "sgd_rule")
+    sgd, model = config.sgd, config.model
+    schedule = LearningRateSchedule(sgd.schedule, sgd.schedule_tau, sgd.decay_factor, sgd.warmup_tau)
+    chain = [] if schedule.constant else [schedule]
+    if sgd.batch > 1:
+        chain.append(MiniBatch(sgd.batch))
+    if sgd.weight_decay or sgd.bias_decay:
+        chain.append(WeightDecay(sgd.weight_decay, sgd.bias_decay))
+    if sgd.momentum:
+        chain.append(Momentum(sgd.momentum))
+    rule = GradientFlow if sgd.gradient_flow else OnlineSGD
+    return rule(sgd.lr, model.train_bias, tuple(chain), train_head_weights=model.trained_head_weights)
 
 
 def check_gram(config: Config, route: str) -> None:
