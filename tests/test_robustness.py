@@ -718,10 +718,10 @@ def test_a_simulation_of_many_hours_is_refused_without_force_and_says_its_cost(t
     """Issue 21 item 11: a 10000-head simulate passed the memory check without a word on its time.
     (Its time comes from this device's records, none here, and its calibration, stubbed at the
     reference CPU's: singleloc.runtime._estimates.)"""
-    from singleloc.runtime import _estimates, _timings
+    from singleloc.runtime import _estimates
 
-    monkeypatch.setattr(_timings, "timings_path", lambda: tmp_path / "timings.json")
-    monkeypatch.setattr(_timings, "measure_benchmark", lambda: dict(_estimates.REFERENCE["benchmark"]))
+    monkeypatch.setattr(_estimates, "timings_path", lambda: tmp_path / "timings.json")
+    monkeypatch.setattr(_estimates, "measure_benchmark", lambda: dict(_estimates.REFERENCE["benchmark"]))
     monkeypatch.setenv(_resources.MEMORY_ENV, "16G")
     big = ["--set", "model.heads=2000", "--set", "simulation.D=5000"]
     out = str(tmp_path / "out")
