@@ -239,14 +239,14 @@ def _label(config: Config) -> str:
 # ----------------------------------------------------------------------------- theory solves
 
 
-def cost_class(config: Config) -> tuple[str, str | None]:
-    """The route's cost class, ``"exact"`` or ``"rule"`` (a route over the fields' nodes: the Sobol rule,
-    Monte Carlo), and on the exact route its Gram term's rule. THE ONE PLACE the estimates ask a route by its
-    name: to be replaced by the route's own cost class attribute (issue 60 item 2)."""
+def route_costs(config: Config) -> tuple[str, str | None, str]:
+    """The route's cost class (``"exact"``, or ``"rule"`` for a route over the fields' nodes: the Sobol rule,
+    Monte Carlo), its Gram term's rule on the exact route, and its name in words. THE ONE PLACE where the
+    estimates ask a route by its name, until the routes say their cost class themselves (issue 60 item 2)."""
     from ..expectations._routes import route_of
 
     choice = route_of(config)
-    return ("exact", choice.gram) if choice.exact else ("rule", None)
+    return ("exact" if choice.exact else "rule", choice.gram if choice.exact else None, ROUTE_WORDS[choice.route])
 
 
 def theory_work(config: Config, starts: int) -> float:
@@ -260,7 +260,7 @@ def theory_work(config: Config, starts: int) -> float:
     from ..model._activations import exponential_form, get_activation
 
     pb, H, th = config.problem, config.model.heads, config.theory
-    prior, (route, gram) = pb.build_prior(), cost_class(config)
+    prior, (route, gram, _) = pb.build_prior(), route_costs(config)
     per = starts * th.replicates
     if route == "rule":
         return per * 3.2e-8 * 2.0 * (th.points if isinstance(th.points, int) else 4096) * pb.L * H * len(prior.atoms)
@@ -295,16 +295,11 @@ class TheorySolve:
 
         from ._compilation import _environment, compile_group
 
-        self.span, self.batch, self.saved, self.meter = float(span), batch, saved, not cached
-        route = cost_class(config)[0]
-        self.kind = f"{program}:{route}"
+        route, _, words = route_costs(config)
+        self.span, self.batch, self.saved, self.meter, self.kind = float(span), batch, saved, not cached, f"{program}:{route}"
         self.key = f"{program}:{_digest(compile_group('theory', config.to_dict()), route, starts, saved, batch)}"
-        self.work = theory_work(config, starts * batch)
-        from ..expectations._routes import route_of
-
-        self.label = f"{program}, {_label(config)} on the {ROUTE_WORDS[route_of(config).route]} route"
-        self.env = _digest(repr(_environment()))
-        self.cache = cached and bool(jax.config.jax_compilation_cache_dir)
+        self.work, self.label = theory_work(config, starts * batch), f"{program}, {_label(config)} on the {words} route"
+        self.env, self.cache = _digest(repr(_environment())), cached and bool(jax.config.jax_compilation_cache_dir)
         rec = timings().family(self.key)
         self.expect, self.why = (
             ("run", "") if self.key in _IN_PROCESS else
@@ -313,14 +308,12 @@ class TheorySolve:
             ("compile", "the package changed since its last run" if rec else "first run of this shape family"))
         solve = estimate(self.kind, self.key, self.work, solve_size(self.work, self.span, saved))
         prepare, _ = fixed(self.kind, self.key, "prepare", REFERENCE["prepare"])
-        first, measured = (0.0, True) if self.expect == "run" else fixed(self.kind, self.key, self.expect,
-                                                                         REFERENCE[self.expect][route])
-        basis = first_run(solve).basis if measured or not solve.basis.startswith("measured") else \
-            f"{solve.basis}; {'compiling' if self.expect == 'compile' else 'loading'} as other families here"
+        first, own = fixed(self.kind, self.key, self.expect, REFERENCE[self.expect][route]) if self.expect != "run" else (0, 1)
         doing = {"run": "", "load": "loading the stored program", "compile": "compiling"}[self.expect]
-        self.estimate = Estimate(prepare + first + solve.seconds, basis,
-                                 (("building the rules", prepare),) + (((doing, first),) if doing else ()) + (
-                                     ("solving", solve.seconds),))
+        basis = first_run(solve).basis + ("" if own or not solve.basis.startswith("measured") else
+                                          f"; {doing} as other families here")
+        self.estimate = Estimate(prepare + first + solve.seconds, basis, (("building the rules", prepare),)
+                                 + (((doing, first),) if doing else ()) + (("solving", solve.seconds),))
 
     @classmethod
     def of_batch(cls, problems) -> TheorySolve:
@@ -388,7 +381,7 @@ def pruning(config: Config, layers: int, evaluations: int) -> Iterator[Bar]:
     """Announce the pruning of ``layers`` layers of ``evaluations`` sub-layer risks each (per layer
     ``REFERENCE["risk"]`` drift evaluations a risk; its first layer also compiles a risk per head), count them in
     a bar updated by the caller, and record the times: the first layer's excess over the others as compiling."""
-    route, work = cost_class(config)[0], theory_work(config, 1)
+    route, work = route_costs(config)[0], theory_work(config, 1)
     key, size = f"prune:{_digest(_label(config), route, work, evaluations)}", REFERENCE["risk"] * work * evaluations
     per = estimate(f"prune:{route}", key, work, size)
     first, _ = fixed(f"prune:{route}", key, "compile", REFERENCE["risk_compile"][route] * config.model.heads)

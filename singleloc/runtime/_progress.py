@@ -123,12 +123,9 @@ def on_dask_worker() -> bool:
 
 
 def terminal_width() -> int:
-    """The columns of stderr's terminal (``COLUMNS`` where set); 0 where it reports none."""
-    with contextlib.suppress(ValueError):
-        if int(os.environ.get("COLUMNS", "0")) > 0:
-            return int(os.environ["COLUMNS"])
+    """The columns of stderr's terminal (``COLUMNS`` where set); 0 where it reports none, or is none."""
     try:
-        return os.get_terminal_size(sys.stderr.fileno()).columns
+        return int(os.environ.get("COLUMNS") or os.get_terminal_size(sys.stderr.fileno()).columns)
     except (AttributeError, ValueError, OSError):
         return 0
 
@@ -140,10 +137,7 @@ def mode() -> str:
         return chosen
     if on_dask_worker():
         return "off"
-    try:
-        return "live" if sys.stderr.isatty() else "lines"
-    except (AttributeError, ValueError):
-        return "lines"
+    return "live" if getattr(sys.stderr, "isatty", lambda: False)() else "lines"
 
 
 class _Screen:
@@ -182,24 +176,23 @@ class _Screen:
     def push(self, active: _Active) -> None:
         with self.lock:
             self.stack.append(active)
-            if self.thread is None or not self.thread.is_alive():
+            if active.mode != "off" and (self.thread is None or not self.thread.is_alive()):
                 self.thread = threading.Thread(target=self._beat, name="singleloc-progress", daemon=True)
                 self.thread.start()
             self.wake.notify_all()
 
     def pop(self, active: _Active) -> None:
-        with self.lock:
-            if active in self.stack:
-                self.stack.remove(active)
+        with self.lock, contextlib.suppress(ValueError):
+            self.stack.remove(active)
 
     def _beat(self) -> None:
         with self.lock:
             while self.stack:
                 now = clock()
                 with contextlib.suppress(Exception):  # a closed stream at exit: nothing to say
-                    for active in list(self.stack):
+                    for active in [a for a in self.stack if a.mode != "off"]:
                         active.tick(now)
-                    top = next((a for a in reversed(self.stack) if not a.inside_bar), None)
+                    top = next((a for a in reversed(self.stack) if not a.inside_bar and a.mode != "off"), None)
                     if top is not None and top.mode == "live" and getattr(top, "draw", True):
                         self.draw(*top.status(now))
                 self.wake.wait(TICK)
@@ -225,8 +218,13 @@ def announce(what: str, estimate: Estimate, remedy: str = "", *, limit: str = "r
         hours = f"{bound / 3600:g} h" if bound >= 3600 else duration(bound)
         raise ValueError(f"{what}: {estimate.describe()}: more than the {hours} {who} may take without {flag}; "
                          f"{remedy + ', or ' if remedy else ''}pass {flag} to run it anyway")
-    if not any(isinstance(a, Bar) for a in _SCREEN.stack):
+    if not _in_bar():
         say(f"{what}: {estimate.describe()}")
+
+
+def _in_bar() -> bool:
+    """Whether a bar is shown now (it speaks for what runs inside it)."""
+    return any(isinstance(a, Bar) and a.mode != "off" for a in _SCREEN.stack)
 
 
 class _Active:
@@ -237,8 +235,8 @@ class _Active:
 
     def _enter(self) -> None:
         self.mode, self.start = mode(), clock()
-        self.inside_bar = any(isinstance(a, Bar) for a in _SCREEN.stack)
-        if self.mode != "off" and self.watched:
+        self.inside_bar = _in_bar()
+        if self.watched:  # also in mode "off": JAX's compilation events go to the innermost phase
             _SCREEN.push(self)
 
     def _leave(self, text: str | None) -> None:
@@ -289,9 +287,8 @@ class Phase(_Active):
     def __enter__(self) -> Phase:
         self._enter()
         self._since = self.start
-        if "jax" in sys.modules:  # also in mode "off": the measured times are recorded whatever is shown
+        if "jax" in sys.modules:
             _listen_to_compiles()
-        _PHASES.append(self)
         if self.mode == "lines" and not self.inside_bar and not self.quiet:
             self._start_line()
         return self
@@ -311,7 +308,6 @@ class Phase(_Active):
 
     def __exit__(self, kind, err, tb) -> None:
         self.seconds.append(clock() - self._since)
-        _PHASES.remove(self)
         if self.follow and self.stage == 0 and len(self.stages) > 1:
             self.stage = len(self.stages) - 1  # its program did not compile (this process held it): it only ran
         shown = self.seconds[-1] >= SHOW_AFTER if self.mode == "live" else self._said
@@ -357,7 +353,6 @@ class Bar(_Active):
     def __enter__(self) -> Bar:
         self._enter()
         if self.total <= 0:  # nothing to count (a sweep whose points are all cached): nothing to say
-            _SCREEN.pop(self)
             self.mode = "off"
         if self.mode == "live" and (not self.live or terminal_width() <= 0):  # no width reported: lines (issue 61 item 4)
             self.mode = "lines"
@@ -419,7 +414,6 @@ class Bar(_Active):
             _SCREEN.line(self._counted(now) + (f" (now {inner.stages[inner.stage][0]})" if inner else ""))
 
 
-_PHASES: list[Phase] = []  # the phases running now, innermost last (whatever the mode): JAX's events go to the last
 _LISTENING = [False]
 
 
@@ -429,13 +423,16 @@ def _listen_to_compiles() -> None:
         return
     import jax
 
-    def on_duration(event: str, seconds: float, **kwargs) -> None:
-        if _PHASES and event == "/jax/core/compile/backend_compile_duration" and kwargs.get("fun_name") in _PHASES[-1].follow:
-            _PHASES[-1].advance()
+    def phase() -> Phase | None:
+        return next((a for a in reversed(_SCREEN.stack) if isinstance(a, Phase)), None)
+
+    def on_duration(event: str, seconds: float, fun_name: str = "", **kwargs) -> None:
+        if event == "/jax/core/compile/backend_compile_duration" and (p := phase()) is not None and fun_name in p.follow:
+            p.advance()
 
     def on_event(event: str, **kwargs) -> None:
-        if _PHASES and event == "/jax/compilation_cache/cache_misses":
-            _PHASES[-1].cache_misses += 1
+        if event == "/jax/compilation_cache/cache_misses" and (p := phase()) is not None:
+            p.cache_misses += 1
 
     jax.monitoring.register_event_duration_secs_listener(on_duration)
     jax.monitoring.register_event_listener(on_event)
