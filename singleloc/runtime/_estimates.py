@@ -217,14 +217,15 @@ def first_run(e: Estimate) -> Estimate:
     return e if e.basis.startswith("measured") else Estimate(e.seconds, f"first run of this shape family: {e.basis}", e.parts)
 
 
-def fixed(kind: str, key: str, name: str, reference: float) -> tuple[float, bool]:
-    """A fixed cost (``name``: ``"compile"``, ``"load"``, ``"prepare"``) of family ``key`` and whether it was
-    measured for it: its own, else the median of its kind's families here, else ``reference`` at the host's speed."""
+def fixed(kind: str, key: str, name: str, reference: float) -> tuple[float, str]:
+    """A fixed cost (``name``: ``"compile"``, ``"load"``, ``"prepare"``) of family ``key`` and where it comes from
+    (``""``: measured for it): its own, else the median of its kind's families here, else ``reference`` at the
+    host's speed."""
     t = timings()
     if name in t.family(key):
-        return t.family(key)[name], True
+        return t.family(key)[name], ""
     others = [r[name] for r in t.families(kind) if name in r]
-    return (_median(others) if others else reference * speed("host")), False
+    return (_median(others), "as other families here") if others else (reference * speed("host"), f"from {t.here}'s speed")
 
 
 def _digest(*parts: Any) -> str:
@@ -308,10 +309,11 @@ class TheorySolve:
             ("compile", "the package changed since its last run" if rec else "first run of this shape family"))
         solve = estimate(self.kind, self.key, self.work, solve_size(self.work, self.span, saved))
         prepare, _ = fixed(self.kind, self.key, "prepare", REFERENCE["prepare"])
-        first, own = fixed(self.kind, self.key, self.expect, REFERENCE[self.expect][route]) if self.expect != "run" else (0, 1)
+        first, how = fixed(self.kind, self.key, self.expect, REFERENCE[self.expect][route]) if self.expect != "run" else (0, "")
+        if self.expect == "load" and how and "compile" in rec:  # compiled here, never loaded yet
+            first, how = rec["compile"] * REFERENCE["load"][route] / REFERENCE["compile"][route], "scaled from its compile time"
         doing = {"run": "", "load": "loading the stored program", "compile": "compiling"}[self.expect]
-        basis = first_run(solve).basis + ("" if own or not solve.basis.startswith("measured") else
-                                          f"; {doing} as other families here")
+        basis = first_run(solve).basis + (f"; {doing} {how}" if how and solve.basis.startswith("measured") else "")
         self.estimate = Estimate(prepare + first + solve.seconds, basis, (("building the rules", prepare),)
                                  + (((doing, first),) if doing else ()) + (("solving", solve.seconds),))
 

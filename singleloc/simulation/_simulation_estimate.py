@@ -66,8 +66,8 @@ def simulation_clock(config: Config, advance, measure, params, consts, steps, pr
     key, work, _ = _model(config, total, saved)
     what = (f"compiling the simulation (SGD step and held-out risk: {_label(config)}, D={config.simulation.D}, "
             f"{config.simulation.seeds} seeds)")
-    expected, measured = fixed("simulate", key, "compile", REFERENCE["sim_compile"])
-    with Phase((what, "compiled the simulation"), [expected], quiet=measured) as compiling:  # loaded quickly if measured
+    expected, how = fixed("simulate", key, "compile", REFERENCE["sim_compile"])
+    with Phase((what, "compiled the simulation"), [expected], quiet=not how) as compiling:  # loaded quickly if measured
         advance = advance.lower(params, consts, 0, 1).compile()
         measure = measure.lower(params, consts, 0).compile()
         jax.block_until_ready((advance(params, consts, 0, 1), measure(params, consts, 0)))  # first calls allocate
