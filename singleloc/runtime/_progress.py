@@ -147,7 +147,7 @@ class _Screen:
     def __init__(self):
         self.lock = threading.RLock()
         self.wake = threading.Condition(self.lock)
-        self.stack: list[_Active] = []
+        self.stack: list[Phase] = []
         self.drawn, self.thread = False, None
 
     def clear(self) -> None:
@@ -173,7 +173,7 @@ class _Screen:
         """The innermost phase running inside a bar (the bar names it)."""
         return next((a for a in reversed(self.stack) if isinstance(a, Phase) and a.inside_bar), None)
 
-    def push(self, active: _Active) -> None:
+    def push(self, active: Phase) -> None:
         with self.lock:
             self.stack.append(active)
             if active.mode != "off" and (self.thread is None or not self.thread.is_alive()):
@@ -181,7 +181,7 @@ class _Screen:
                 self.thread.start()
             self.wake.notify_all()
 
-    def pop(self, active: _Active) -> None:
+    def pop(self, active: Phase) -> None:
         with self.lock, contextlib.suppress(ValueError):
             self.stack.remove(active)
 
@@ -193,7 +193,7 @@ class _Screen:
                     for active in [a for a in self.stack if a.mode != "off"]:
                         active.tick(now)
                     top = next((a for a in reversed(self.stack) if not a.inside_bar and a.mode != "off"), None)
-                    if top is not None and top.mode == "live" and getattr(top, "draw", True):
+                    if top is not None and top.mode == "live" and top.draw:
                         self.draw(*top.status(now))
                 self.wake.wait(TICK)
             self.thread = None
@@ -227,57 +227,32 @@ def _in_bar() -> bool:
     return any(isinstance(a, Bar) and a.mode != "off" for a in _SCREEN.stack)
 
 
-class _Active:
-    """A running :class:`Phase` or :class:`Bar`. ``watched``: on the heartbeat's stack (a bar its caller may
-    leave unclosed is not, and speaks when updated)."""
-
-    mode, inside_bar, watched, start, _next_still = "off", False, True, 0.0, 0
-
-    def _enter(self) -> None:
-        self.mode, self.start = mode(), clock()
-        self.inside_bar = _in_bar()
-        if self.watched:  # also in mode "off": JAX's compilation events go to the innermost phase
-            _SCREEN.push(self)
-
-    def _leave(self, text: str | None) -> None:
-        """Off the screen, leaving ``text`` (``None``: nothing) as a line."""
-        _SCREEN.pop(self)
-        with _SCREEN.lock:
-            if self.mode == "live" and not self.inside_bar:
-                _SCREEN.clear()
-            if text is not None and self.mode != "off" and not self.inside_bar:
-                _SCREEN.line(text)
-
-    @property
-    def elapsed(self) -> float:
-        return clock() - self.start
-
-    def still_due(self, now: float, since: float) -> bool:
-        """``"lines"``: whether a "still running" line is due (module docstring)."""
-        k = self._next_still
-        if self.mode != "lines" or self.inside_bar or now - since < (STILL[k] if k < len(STILL) else 600 * (k - 3)):
-            return False
-        self._next_still += 1
-        return True
-
-
-class Phase(_Active):
+class Phase:
     """A phase of a computation, a context manager: ``with Phase([("compiling the solve", "compiled the
-    solve"), ("solving to tau = 300", "solved")], [55.0, 10.0]) as phase:``. ``stages``: ``(doing, done)``
-    texts (or one pair), moved through by :meth:`advance` or by the end of XLA's compilation of a program
-    named in ``follow_compiles`` (e.g. ``"jit(call)"``); ``estimates``: each stage's expected seconds (0:
-    none); ``quiet``: expected to be short; ``draw=False``: no live line (another bar draws); ``overrun``:
-    why a stage far past its estimate may be slow. After the block: :attr:`seconds` of each stage reached,
-    and :attr:`cache_misses` of the persistent compilation cache."""
+    solve"), ("solving to tau = 300", "solved")], [55.0, 10.0]) as phase:``. ``stages``: ``(doing, done)`` texts
+    (or one pair), moved through by :meth:`advance` or by the end of XLA's compilation of a program named in
+    ``follow_compiles`` (e.g. ``"jit(call)"``); ``estimates``: each stage's expected seconds (0: none);
+    ``quiet``: expected to be short; ``said``: its start was just said (:func:`announce`); ``draw=False``: no
+    live line (another bar draws); ``live=False``: lines, not the live line; ``watched=False``: off the screen's
+    stack, for a phase its caller may leave unclosed (it speaks when updated); ``overrun``: why a stage far past
+    its estimate may be slow; ``on_close(elapsed)``: called when it ends normally. After the block:
+    :attr:`seconds` of each stage reached, and :attr:`cache_misses` of the persistent compilation cache."""
 
-    def __init__(self, stages, estimates: Sequence[float] = (), *, quiet: bool = False,
-                 follow_compiles: Sequence[str] = (), draw: bool = True, overrun: str = ""):
+    total = None  # a count: Bar
+
+    def __init__(self, stages, estimates: Sequence[float] = (), *, quiet: bool = False, said: bool = False,
+                 follow_compiles: Sequence[str] = (), draw: bool = True, live: bool = True, watched: bool = True,
+                 overrun: str = "", on_close: Callable[[float], None] | None = None):
         self.stages = [stages] if isinstance(stages[0], str) else list(stages)
-        self.estimates, self.quiet, self.follow, self.draw, self.overrun = list(estimates), quiet, follow_compiles, draw, overrun
-        self.stage, self.seconds, self.cache_misses, self._said, self._since = 0, [], 0, False, 0.0
+        self.estimates, self.quiet, self._said, self.follow = list(estimates), quiet, said, follow_compiles
+        self.draw, self.live, self.watched, self.overrun, self.on_close = draw, live, watched, overrun, on_close
+        self.stage, self.seconds, self.cache_misses, self._still, self.mode, self.inside_bar = 0, [], 0, 0, "off", False
 
     def _estimate(self) -> float:
         return self.estimates[self.stage] if self.stage < len(self.estimates) else 0.0
+
+    def _speaks(self) -> bool:
+        return self.mode == "lines" and not self.inside_bar and (self._said or not self.quiet)
 
     def _start_line(self, before: str = "") -> None:
         self._said = True
@@ -285,13 +260,23 @@ class Phase(_Active):
                      + " ...")
 
     def __enter__(self) -> Phase:
-        self._enter()
+        self.mode, self.start, self.inside_bar = mode(), clock(), _in_bar()
         self._since = self.start
+        if self.mode == "live" and (not self.live or self.total is not None and terminal_width() <= 0):
+            self.mode = "lines"  # a bar on a terminal that reports no width: lines (issue 61 item 4)
+        if self.total is not None and self.total <= 0:  # nothing to count (a sweep's points all cached)
+            self.mode = "off"
+        if self.watched:  # also in mode "off": JAX's compilation events go to the innermost phase
+            _SCREEN.push(self)
         if "jax" in sys.modules:
             _listen_to_compiles()
-        if self.mode == "lines" and not self.inside_bar and not self.quiet:
+        if self.mode == "lines" and not self.inside_bar and not self.quiet and not self._said:
             self._start_line()
         return self
+
+    @property
+    def elapsed(self) -> float:
+        return clock() - self.start
 
     def advance(self) -> None:
         """Move to the next stage (``"lines"``: one line, the end of this one and the start of the next)."""
@@ -300,71 +285,73 @@ class Phase(_Active):
         now = clock()
         self.seconds.append(now - self._since)
         done = f"{self.stages[self.stage][1]} in {duration(self.seconds[-1])}"
-        self.stage, self._since, self._next_still = self.stage + 1, now, 0
-        if self.mode == "lines" and not self.inside_bar and (self._said or not self.quiet):
+        self.stage, self._since, self._still = self.stage + 1, now, 0
+        if self._speaks():
             self._start_line(f"{done}; ")
         elif self.mode == "live" and not self.inside_bar and self.seconds[-1] >= SHOW_AFTER:
             _SCREEN.line(done)
 
     def __exit__(self, kind, err, tb) -> None:
         self.seconds.append(clock() - self._since)
+        _SCREEN.pop(self)
         if self.follow and self.stage == 0 and len(self.stages) > 1:
             self.stage = len(self.stages) - 1  # its program did not compile (this process held it): it only ran
-        shown = self.seconds[-1] >= SHOW_AFTER if self.mode == "live" else self._said
-        self._leave(f"{self.stages[self.stage][1]} in {duration(self.seconds[-1])}"
-                    if kind is None and (shown or not self.quiet) else None)
+        with _SCREEN.lock:
+            if self.mode == "live" and not self.inside_bar:
+                _SCREEN.clear()
+            shown = self.seconds[-1] >= SHOW_AFTER or not self.quiet if self.mode == "live" else self._speaks()
+            done = self.stages[self.stage][1] if self.total is None else self.stages[0][1].format(n=self.n)
+            if kind is None and shown and not self.inside_bar and self.mode != "off":
+                _SCREEN.line(f"{done} in {duration(self.seconds[-1])}")
+        if kind is None and self.on_close is not None:
+            self.on_close(self.elapsed)
+
+    def close(self) -> None:
+        self.__exit__(None, None, None)
 
     def status(self, now: float) -> tuple[str, str]:
         """The live line: what it does, and the elapsed time against the estimate."""
         about = f" of about {duration(self._estimate())}" if self._estimate() else ""
         return f"{settings().prefix}: {self.stages[self.stage][0]}", f": {duration(now - self._since)}{about}"
 
+    def _still_due(self, now: float) -> bool:
+        """``"lines"``: whether a "still running" line is due (module docstring)."""
+        due = STILL[self._still] if self._still < len(STILL) else STILL[-1] * (self._still - 3)
+        if not self._speaks() or now - self._since < due:
+            return False
+        self._still += 1
+        return True
+
     def tick(self, now: float) -> None:
         if self.mode == "lines" and not self.inside_bar and self.quiet and not self._said and now - self.start >= QUIET_AFTER:
             self._start_line()
-        elif (self._said or not self.quiet) and self.still_due(now, self._since):
+        elif self._still_due(now):
             est, took = self._estimate(), now - self._since
             slow = f": {took / est:.0f} times its estimate; {self.overrun}" if self.overrun and took > OVERRUN * est > 0 else ""
             _SCREEN.line(f"still {self.stages[self.stage][0]}: {duration(took)}" + (
                 f" (about {duration(est)} estimated){slow}" if est else ""))
 
 
-class Bar(_Active):
-    """A count of ``total`` ``unit``\\ s (SGD steps, sweep points), a context manager :meth:`update`\\ d as they
-    are done. ``estimate``: the whole's expected seconds; ``costs`` (:meth:`plan`, :meth:`update`): each item's,
-    so that the time left is the estimate of what remains at the pace measured so far, not the mean of the first
-    items. ``each``: in ``"lines"`` mode a line per item, else only "still" lines. ``live=False``: lines, not a
-    live bar. ``watched=False``: see :class:`_Active`. ``announced``: the estimate was just said (no start
-    line). ``done``: the closing line (``{n}``: the count); ``on_close(elapsed)``: called when it closes
-    normally. :attr:`marks`: the clock at every update."""
+class Bar(Phase):
+    """A count of ``total`` ``unit``\\ s (SGD steps, sweep points, layers): a :class:`Phase` of one stage,
+    :meth:`update`\\ d as they are done. ``estimate``: the whole's; ``costs`` (:meth:`plan`, :meth:`update`):
+    each item's expected seconds, so that the time left is the estimate of what remains at the pace measured
+    so far, not the mean of the first items. ``each``: in ``"lines"`` mode a line per item, else "still" lines;
+    ``announced``: the estimate was just said; ``done``: the closing line (``{n}``: the count). :attr:`marks`:
+    the clock at every update."""
 
     def __init__(self, total: int, desc: str, unit: str, *, estimate: Estimate | None = None, each: bool = False,
-                 done: str | None = None, live: bool = True, watched: bool = True, announced: bool = False,
-                 on_close: Callable[[float], None] | None = None):
-        self.total, self.desc, self.unit, self.each, self.live, self.watched = int(total), desc, unit, each, live, watched
-        self.announced, self.on_close = announced, on_close
-        self.expected = estimate.seconds if estimate is not None else 0.0
-        self.done = done or f"{desc}: {{n}} {self._units(total)}"
+                 done: str | None = None, announced: bool = False, **kwargs):
+        units = unit if total == 1 else unit + "s"
+        super().__init__((f"{desc}: {total} {units}", done or f"{desc}: {{n}} {units}"),
+                         [estimate.seconds if estimate else 0.0], said=announced, **kwargs)
+        self.total, self.desc, self.units, self.each = int(total), desc, units, each
         self.n, self.cost_done, self.cost_total, self.marks = 0, 0.0, 0.0, []
-
-    def _units(self, n: int) -> str:
-        return self.unit if n == 1 else self.unit + "s"
-
-    def __enter__(self) -> Bar:
-        self._enter()
-        if self.total <= 0:  # nothing to count (a sweep whose points are all cached): nothing to say
-            self.mode = "off"
-        if self.mode == "live" and (not self.live or terminal_width() <= 0):  # no width reported: lines (issue 61 item 4)
-            self.mode = "lines"
-        if self.mode == "lines" and not self.inside_bar and not self.announced:
-            _SCREEN.line(f"{self.desc}: {self.total} {self._units(self.total)}"
-                         + (f", about {duration(self.expected)}" if self.expected else "") + " ...")
-        return self
 
     def plan(self, costs: Sequence[float]) -> None:
         """The expected seconds of every item to come."""
         self.cost_total = float(sum(costs))
-        self.expected = self.expected or self.cost_total
+        self.estimates[0] = self.estimates[0] or self.cost_total
 
     def left(self, now: float) -> float:
         """Seconds left: the expected cost of what remains times the pace so far (measured seconds per expected
@@ -376,7 +363,7 @@ class Bar(_Active):
             return max(0.0, max(0.0, self.cost_total - self.cost_done) * pace - (now - last))
         if self.n > 0:
             return (now - self.start) / self.n * (self.total - self.n)
-        return max(0.0, self.expected - (now - self.start)) if self.expected else math.nan
+        return max(0.0, self.estimates[0] - (now - self.start)) if self.estimates[0] else math.nan
 
     def update(self, n: int = 1, cost: float | None = None) -> None:
         now = clock()
@@ -384,34 +371,24 @@ class Bar(_Active):
         self.n, self.cost_done = self.n + n, self.cost_done + (cost or 0.0)
         if self.mode == "live" and not self.inside_bar:
             _SCREEN.draw(*self.status(now))
-        elif self.n < self.total and (self.each and self.mode == "lines" and not self.inside_bar or
-                                      not self.watched and self.still_due(now, self.start)):  # the last: closing
-            _SCREEN.line(self._counted(now))
+        elif self.n < self.total and (self.each and self._speaks() or not self.watched and self._still_due(now)):
+            _SCREEN.line(self._counted(now))  # (the last: the closing line)
 
     def _counted(self, now: float) -> str:
-        left = self.left(now)
+        left, inner = self.left(now), _SCREEN.inner()
         rest = "" if self.n >= self.total or math.isnan(left) else (
             f", about {duration(left)} left" if left > 0 else ", longer than estimated")
-        return f"{self.desc}: {self.n}/{self.total} {self._units(self.total)} after {duration(now - self.start)}{rest}"
-
-    def close(self, failed: bool = False) -> None:
-        self._leave(None if failed or self.mode == "live" else f"{self.done.format(n=self.n)} in {duration(self.elapsed)}")
-        if self.on_close is not None and not failed:
-            self.on_close(self.elapsed)
-
-    def __exit__(self, kind, err, tb) -> None:
-        self.close(failed=kind is not None)
+        return (f"{self.desc}: {self.n}/{self.total} {self.units} after {duration(now - self.start)}{rest}"
+                + (f" (now {inner.stages[inner.stage][0]})" if inner is not None else ""))
 
     def status(self, now: float) -> tuple[str, str]:
-        """The live bar: the count, a bar of 20 columns, the time left and the phase inside it."""
-        inner, filled = _SCREEN.inner(), round(20 * self.n / max(self.total, 1))
-        now_doing = f" (now {inner.stages[inner.stage][0]})" if inner is not None else ""
-        return f"{settings().prefix}: |{'#' * filled}{' ' * (20 - filled)}| {self._counted(now)}{now_doing}", ""
+        """The live bar: 20 columns, the count, the time left and the phase inside it."""
+        filled = round(20 * self.n / max(self.total, 1))
+        return f"{settings().prefix}: |{'#' * filled}{' ' * (20 - filled)}| {self._counted(now)}", ""
 
     def tick(self, now: float) -> None:
-        if self.still_due(now, self.start):
-            inner = _SCREEN.inner()
-            _SCREEN.line(self._counted(now) + (f" (now {inner.stages[inner.stage][0]})" if inner else ""))
+        if self._still_due(now):
+            _SCREEN.line(self._counted(now))
 
 
 _LISTENING = [False]
