@@ -272,6 +272,14 @@ def test_the_mode_python_callers_get(monkeypatch):
     assert _progress.mode() == "lines"
 
 
+def test_the_library_does_not_ask_whether_it_runs_under_pytest():
+    """Issue 60 item 5: a test suite silences the lines itself (``SINGLELOC_PROGRESS=off``, tests/conftest.py)."""
+    from pathlib import Path
+
+    sources = Path(sl.__file__).parent.rglob("*.py")
+    assert [str(p) for p in sources if "PYTEST_CURRENT_TEST" in p.read_text()] == []
+
+
 def _on_a_terminal(code: str, columns: int = 0) -> tuple[int, str]:
     """Run ``code`` in a Python process whose stdout and stderr are a pseudo-terminal of
     ``columns`` columns (0: one that reports no width, as a fresh pty does); its exit code and output."""

@@ -44,7 +44,7 @@ from typing import Any
 from ..configuration._choices import ROUTE_WORDS
 from ..configuration._config import Config
 from ..io._atomic_files import atomic_write
-from ._progress import Bar, Estimate, Phase, announce, clock, settings
+from ._progress import Bar, Estimate, Phase, announce, clock, mode, settings
 
 #: The reference CPU (shared, load 5-7, 2026-12-04), with its calibration (:func:`measure_benchmark`).
 #: ``compile``: a solve's program from an empty cache (34 s exact, 4.2 s rule, the default problem);
@@ -189,7 +189,11 @@ def measure_benchmark() -> dict[str, float]:
 
 
 def speed(kind: str = "run") -> float:
-    """How much slower this device is than the reference: ``"run"``, its kernels; ``"host"``, its compiler's host."""
+    """How much slower this device is than the reference: ``"run"``, its kernels; ``"host"``, its compiler's host
+    (1 where no estimate is shown, refused or recorded: not worth a calibration)."""
+    s = settings()
+    if mode() == "off" and not s.record and s.run_limit is None and s.point_limit is None:
+        return 1.0
     return timings().benchmark()[kind] / REFERENCE["benchmark"][kind]
 
 

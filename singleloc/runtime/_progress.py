@@ -4,8 +4,8 @@ A computation that can take more than a few seconds runs inside a :class:`Phase`
 program, solving, writing: stages in turn) or a :class:`Bar` (a count of SGD steps, sweep points, layers). In
 mode ``"live"`` (stderr a terminal) one status line is redrawn every :data:`TICK` seconds by a heartbeat thread
 (XLA releases the GIL while it compiles and runs) with the elapsed time against the estimate, or a bar's count
-and time left; a phase that took :data:`SHOW_AFTER` s leaves a line with its time. A terminal that reports no
-width gets the lines instead. In mode ``"lines"`` (``--no-progress``, a log) a phase says one line when it
+and time left; a phase that took :data:`SHOW_AFTER` s leaves a line with its time. A bar on a terminal that
+reports no width says the lines instead. In mode ``"lines"`` (``--no-progress``, a log) a phase says one line when it
 starts, one when it ends with its time, one when still running after 1, 2, 4 and 8 minutes, then every 10; a
 ``quiet`` phase only if it lasts :data:`QUIET_AFTER` s; inside a bar the bar speaks. Mode ``"off"``: nothing.
 
