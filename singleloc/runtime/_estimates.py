@@ -35,7 +35,6 @@ import contextlib
 import hashlib
 import json
 import math
-import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,7 +43,7 @@ from typing import Any
 from ..configuration._choices import ROUTE_WORDS
 from ..configuration._config import Config
 from ..io._atomic_files import atomic_write
-from ._progress import Bar, Estimate, Phase, announce, clock, mode, settings
+from ._progress import Bar, Estimate, Phase, announce, clock, cpu_count, mode, settings
 
 #: The reference CPU (shared, load 5-7, 2026-12-04), with its calibration (:func:`measure_benchmark`).
 #: ``compile``: a solve's program from an empty cache (34 s exact, 4.2 s rule, the default problem);
@@ -63,14 +62,6 @@ REFERENCE = {
     "prediction": {"exact": 50.0, "rule": 10.0}, "prediction_drifts": 300,
 }
 VERSION, RATES_KEPT = 2, 3
-
-
-def cpu_count() -> int:
-    """The CPUs this process may run on (its affinity mask where the system has one)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def device() -> str:

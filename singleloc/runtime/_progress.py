@@ -130,6 +130,14 @@ def terminal_width() -> int:
         return 0
 
 
+def cpu_count() -> int:
+    """The CPUs this process may run on (its affinity mask where the system has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def mode() -> str:
     """The mode now (module docstring); a bad value in the environment counts as ``"auto"``."""
     chosen = settings().mode or os.environ.get(MODE_ENV, "").strip().lower()
