@@ -3,7 +3,7 @@ commands, the live line on a terminal, the records of measured times per device 
 (written, read back and used), the sweep's estimate per point and its refusal above an hour.
 
 No test asserts on wall time: the times in the lines are matched as numbers, and where a time
-matters its clock is a fake one (``singleloc.runtime._timings.clock``)."""
+matters its clock is a fake one (``singleloc.runtime._progress.clock``)."""
 
 from __future__ import annotations
 
@@ -18,10 +18,9 @@ import pytest
 import singleloc as sl
 from singleloc.cli import main
 from singleloc.preflight import _estimates
-from singleloc.preflight._estimates import REFERENCE, TheorySolve, solve_size
-from singleloc.runtime import _compilation, _progress, _timings
-from singleloc.runtime._progress_bar import Bar
-from singleloc.runtime._timings import Estimate, Timings
+from singleloc.runtime import _compilation, _progress
+from singleloc.preflight._estimates import REFERENCE, TheorySolve, Timings, solve_size
+from singleloc.runtime._progress import Bar, Estimate
 from singleloc.simulation import _simulation_estimate
 from singleloc.sweeps import _sweep, _sweep_compute, _sweep_estimate
 from singleloc.sweeps._grid import grid_points, parse_grid
@@ -44,15 +43,16 @@ class FakeClock:
 
 @pytest.fixture
 def records(tmp_path, monkeypatch):
-    """Fresh records of this device in ``tmp_path``, the device's calibration at the reference
-    CPU's, phase lines as a command prints them without a terminal, and a process that holds no
-    compiled solve yet (so that a solve compiles or loads its program, and says so)."""
-    monkeypatch.setattr(_timings, "timings_path", lambda: tmp_path / "timings.json")
-    monkeypatch.setattr(_timings, "measure_benchmark", lambda: dict(REFERENCE["benchmark"]))
+    """Fresh records of this device in ``tmp_path``, written as a command writes them, the device's
+    calibration at the reference CPU's, a Python caller's lines off (the commands' as without a terminal),
+    and a process that holds no compiled solve yet (so that a solve compiles or loads its program)."""
+    monkeypatch.setattr(_estimates, "timings_path", lambda: tmp_path / "timings.json")
+    monkeypatch.setattr(_estimates, "measure_benchmark", lambda: dict(REFERENCE["benchmark"]))
     monkeypatch.delenv(_progress.MODE_ENV, raising=False)
     monkeypatch.setattr(_estimates, "_IN_PROCESS", set())
     monkeypatch.setattr(_compilation, "_LOADED", {})
-    return tmp_path / "timings.json"
+    with _progress.reporting(mode="off", record=True):
+        yield tmp_path / "timings.json"
 
 
 @pytest.fixture
@@ -86,26 +86,33 @@ def stderr_lines(capsys) -> list[str]:
     return [line for line in capsys.readouterr().err.splitlines() if line.strip()]
 
 
-def test_the_records_are_kept_per_device_and_shape_family(tmp_path):
+def test_the_records_are_kept_per_device_and_shape_family_and_written_by_the_commands_only(tmp_path):
     path = tmp_path / "timings.json"
     a = Timings(path, "cpu: A x 2")
-    a.record("integrate:1", "integrate", label="one", features={"route": "rule"}, run=(10.0, 2.0), compile=30.0)
-    a.record("integrate:1", "integrate", run=(20.0, 4.0))
+    a.record("integrate:0", "integrate", "zero", 1.0, 2.0)  # a Python caller's: kept in its process
+    assert a.family("integrate:0")["rates"] == [2.0] and not path.exists()
+    with _progress.reporting(record=True):  # a command's: written
+        a.record("integrate:1", "integrate", "one", 1.0, 2.0, compile=30.0)
+        Timings(path, "cpu: A x 2").record("integrate:1", "integrate", "one", 1.0, 4.0)  # another process's
     back = Timings(path, "cpu: A x 2").family("integrate:1")  # read back from the file
-    assert back["runs"] == [[10.0, 2.0], [20.0, 4.0]] and back["compile"] == 30.0 and back["label"] == "one"
-    assert Timings(path, "gpu: NVIDIA H200").family("integrate:1") is None  # another device: its own records
-    assert Timings(path, "cpu: A x 2").family("integrate:2") is None  # another family
+    assert back["rates"] == [2.0, 4.0] and back["compile"] == 30.0 and back["label"] == "one"
+    assert Timings(path, "gpu: NVIDIA H200").family("integrate:1") == {}  # another device: its own records
+    assert Timings(path, "cpu: A x 2").family("integrate:2") == {}  # another family
     path.write_text("{ damaged")
-    assert Timings(path, "cpu: A x 2").family("integrate:1") is None  # ignored, then replaced by the next record
-    Timings(path, "cpu: A x 2").record("integrate:3", "integrate", run=(1.0, 1.0))
-    assert Timings(path, "cpu: A x 2").family("integrate:3")["runs"] == [[1.0, 1.0]]
+    assert Timings(path, "cpu: A x 2").family("integrate:1") == {}  # ignored, then replaced by the next record
+    with _progress.reporting(record=True):
+        Timings(path, "cpu: A x 2").record("integrate:3", "integrate", "three", 1.0, 1.0)
+    assert Timings(path, "cpu: A x 2").family("integrate:3")["rates"] == [1.0]
 
 
-def test_predict_takes_the_median_rate_of_the_latest_runs_times_the_cost_model():
-    runs = [(100.0, 50.0), (100.0, 10.0), (200.0, 20.0), (100.0, 30.0)]  # the first is too old to count
-    assert _timings.predict(runs, 300.0) == pytest.approx(0.1 * 300)  # rates 0.1, 0.1, 0.3: median 0.1
-    assert _timings.predict(runs[-1:], 300.0, lambda w: w + 100.0) == pytest.approx(30.0 / 200 * 400)
-    assert _timings.predict([], 1.0) != _timings.predict([], 1.0)  # NaN: nothing measured
+def test_an_estimate_is_the_model_times_the_rate_of_its_family_else_the_nearest_else_the_speed(records):
+    t = _estimates.timings()
+    for rate in (50.0, 1.0, 1.0, 3.0):  # the first is too old to count: rates 1, 1, 3, median 1
+        t.record("a", "kind", "family a", 1.0, rate)
+    t.record("b", "kind", "family b", 100.0, 7.0)
+    assert _estimates.estimate("kind", "a", 1.0, 10.0) == Estimate(10.0, "measured on this CPU for this shape family")
+    assert _estimates.estimate("kind", "c", 50.0, 10.0) == Estimate(70.0, "scaled from family b on this CPU")  # nearer
+    assert _estimates.estimate("other", "d", 1.0, 10.0) == Estimate(10.0, "from this CPU's speed")  # the reference's
 
 
 def test_a_solve_records_its_times_and_the_next_estimate_is_measured(records, monkeypatch):
@@ -115,21 +122,22 @@ def test_a_solve_records_its_times_and_the_next_estimate_is_measured(records, mo
     first = TheorySolve("integrate", config, 1, 3, 2.0)
     assert first.expect == "compile" and first.why == "first run of this shape family"
     assert first.estimate.basis == "first run of this shape family: from this CPU's speed"
-    features = first.features
-    expected = REFERENCE["prepare"] + REFERENCE["compile"]["rule"] + solve_size(features, 2.0)  # the reference's speed
+    work = first.work
+    expected = REFERENCE["prepare"] + REFERENCE["compile"]["rule"] + solve_size(work, 2.0, 3)  # the reference's speed
     assert first.estimate.seconds == pytest.approx(expected)
-    monkeypatch.setattr(_timings, "clock", FakeClock(1.0))  # each stage of the phase: one tick
+    monkeypatch.setattr(_progress, "clock", FakeClock(1.0))  # each stage of the phase: one tick
     sl.integrate(config)
-    record = _timings.timings().family(first.key)
-    assert record["runs"] == [[2.0, 1.0]] and record.get("compile", record.get("load")) == 1.0 and record["prepare"] == 1.0
-    assert record["features"] == features and record["label"] == "integrate, softmax H=2 L=4 F=2 on the rule route"
+    record = _estimates.timings().family(first.key)
+    assert record["rates"] == pytest.approx([1.0 / solve_size(work, 2.0, 3)])
+    assert record.get("compile", record.get("load")) == 1.0 and record["prepare"] == 1.0
+    assert record["work"] == work and record["label"] == "integrate, softmax H=2 L=4 F=2 on the rule route"
     again = TheorySolve("integrate", config, 1, 3, 4.0)  # held by this process now: it only runs
     assert again.expect == "run" and again.estimate.basis == "measured on this CPU for this shape family"
     assert dict(again.estimate.parts) == pytest.approx({"building the rules": 1.0,
-                                                        "solving": solve_size(features, 4.0) / solve_size(features, 2.0)})
+                                                        "solving": solve_size(work, 4.0, 3) / solve_size(work, 2.0, 3)})
     other = TheorySolve("integrate", config.replace(model={"heads": 3}), 1, 3, 2.0)  # a new family, scaled from this one
-    assert "solving scaled from integrate, softmax H=2 L=4 F=2 on the rule route" in other.estimate.basis
-    assert other.estimate.parts[-1][1] == pytest.approx(solve_size(other.features, 2.0) / solve_size(features, 2.0))
+    assert "scaled from integrate, softmax H=2 L=4 F=2 on the rule route" in other.estimate.basis
+    assert other.estimate.parts[-1][1] == pytest.approx(solve_size(other.work, 2.0, 3) / solve_size(work, 2.0, 3))
 
 
 @pytest.mark.compiles(3)  # the solve's program, the heads' attention mass of the settled check, prune's risks
@@ -149,8 +157,8 @@ def test_the_command_line_says_each_phase_in_one_line_with_its_time(records, tmp
         rf"singleloc integrate: solved in {TIME}",
     ]
     assert len(lines) == len(expected) and all(re.fullmatch(p, line) for p, line in zip(expected, lines)), lines
-    record = _timings.timings().family(TheorySolve("integrate", sl.load_config("default", SETS), 1, 3, 2.0).key)
-    assert record["runs"][0][0] == 2.0  # recorded: the next estimate of this family is measured
+    record = _estimates.timings().family(TheorySolve("integrate", sl.load_config("default", SETS), 1, 3, 2.0).key)
+    assert len(record["rates"]) == 1  # recorded: the next estimate of this family is measured
     assert main(["prune", out, "--no-progress"]) == 0
     lines = stderr_lines(capsys)
     assert re.fullmatch(rf"singleloc prune: pruning 1 layer\(s\) of 2 heads, 3 sub-layer risks each: about {TIME} "
@@ -168,8 +176,8 @@ def test_a_simulation_times_its_compiled_step_before_it_runs_and_records_it(reco
                         rf"keys in simulation.D = 200 dimensions: about {TIME} \(measured: [0-9]+ steps timed on this CPU\)",
                         lines[0]), lines
     assert re.fullmatch(rf"singleloc: simulated 400 SGD steps in {TIME}", lines[-1]), lines
-    (record,) = _timings.timings().families("simulate")
-    assert record["step"] > 0 and record["runs"][0][0] == 400
+    (record,) = _estimates.timings().families("simulate")
+    assert record["rates"][0] > 0 and record["compile"] > 0
     assert _simulation_estimate.simulation_estimate(config).basis == "measured on this CPU for this simulation's sizes"
 
 
@@ -178,8 +186,8 @@ def test_a_sweep_point_over_an_hour_is_refused_before_anything_runs_unless_yes(r
     two-head point measured at two hours here."""
     base = sl.load_config("default")
     (_, two), = [p for p in grid_points(base, [parse_grid("model.heads=1,2")]) if p[1].model.heads == 2]
-    key, features = _sweep_estimate._prediction_family(two)
-    _timings.timings().record(key, "prediction", label="prediction, softmax H=2", features=features, run=(1.0, 7200.0))
+    kind, key, work, size = _sweep_estimate._prediction_model(two)
+    _estimates.timings().record(key, kind, "prediction, softmax H=2", work, 7200.0 / size)
     args = ["sweep", "default", "--grid", "model.heads=1,2", "--horizon", "config", "--out", str(tmp_path / "sw")]
     assert main(args) == 2
     (line,) = stderr_lines(capsys)
@@ -201,7 +209,7 @@ def test_the_time_left_of_a_bar_is_the_estimate_of_what_remains_not_the_pace_of_
     """A sweep whose third point costs a hundred times its first two: after those two (a second
     each, as estimated) the time left is that point's estimate, not one more second."""
     clock = FakeClock(0.0)
-    monkeypatch.setattr(_timings, "clock", clock)
+    monkeypatch.setattr(_progress, "clock", clock)
     with _progress.reporting(mode="off"), Bar(3, "sweep", "point") as bar:
         bar.plan([1.0, 1.0, 100.0])
         for _ in range(2):
@@ -220,7 +228,7 @@ def test_the_time_left_of_a_bar_is_the_estimate_of_what_remains_not_the_pace_of_
 
 def test_a_long_phase_says_it_is_still_running_and_a_quiet_one_speaks_after_a_few_seconds(monkeypatch, capsys):
     clock = FakeClock(0.0)
-    monkeypatch.setattr(_timings, "clock", clock)
+    monkeypatch.setattr(_progress, "clock", clock)
     with _progress.reporting(mode="lines", prefix="singleloc test"):
         with _progress.Phase(("solving to tau = 300", "solved"), [80.0]) as phase:
             phase.tick(clock.t + 30.0)
@@ -238,7 +246,7 @@ def test_a_long_phase_says_it_is_still_running_and_a_quiet_one_speaks_after_a_fe
 
 def test_a_stage_far_past_its_estimate_says_why_it_may_be_slow(monkeypatch, capsys):
     clock = FakeClock(0.0)
-    monkeypatch.setattr(_timings, "clock", clock)
+    monkeypatch.setattr(_progress, "clock", clock)
     with _progress.reporting(mode="lines", prefix="singleloc test"):
         with _progress.Phase(("solving to tau = 2", "solved"), [10.0], overrun="lower sgd.lr") as phase:
             phase.tick(clock.t + 61.0)  # 6 times the estimate: the plain line
@@ -250,7 +258,7 @@ def test_a_stage_far_past_its_estimate_says_why_it_may_be_slow(monkeypatch, caps
 
 def test_the_mode_python_callers_get(monkeypatch):
     monkeypatch.delenv(_progress.MODE_ENV, raising=False)
-    assert _progress.mode() == "off"  # under pytest
+    assert _progress.mode() == "lines"  # stderr is no terminal here (pytest is not asked: tests/conftest.py sets "off")
     monkeypatch.setenv(_progress.MODE_ENV, "lines")
     assert _progress.mode() == "lines"
     try:
@@ -263,6 +271,14 @@ def test_the_mode_python_callers_get(monkeypatch):
     finally:
         sl.set_progress("auto")
     assert _progress.mode() == "lines"
+
+
+def test_the_library_does_not_ask_whether_it_runs_under_pytest():
+    """Issue 60 item 5: a test suite silences the lines itself (``SINGLELOC_PROGRESS=off``, tests/conftest.py)."""
+    from pathlib import Path
+
+    sources = Path(sl.__file__).parent.rglob("*.py")
+    assert [str(p) for p in sources if "PYTEST_CURRENT_TEST" in p.read_text()] == []
 
 
 def _on_a_terminal(code: str, columns: int = 0) -> tuple[int, str]:
@@ -297,14 +313,14 @@ def _on_a_terminal(code: str, columns: int = 0) -> tuple[int, str]:
 def test_a_bar_falls_back_to_lines_on_a_terminal_that_reports_no_width():
     """Issue 61 item 4: tqdm draws nothing on a terminal of 0 columns; the bar says its lines there,
     and draws itself on a terminal with a width."""
-    code = ("from singleloc.runtime._progress_bar import Bar\n"
+    code = ("from singleloc.runtime._progress import Bar\n"
             "with Bar(3, 'counting', 'item', each=True) as bar:\n    [bar.update(1) for _ in range(3)]\n")
     returncode, text = _on_a_terminal(code, columns=0)
     assert returncode == 0, text
     assert "singleloc: counting: 3 items ..." in text and re.search(rf"singleloc: counting: 3 items in {TIME}", text), repr(text)
     returncode, text = _on_a_terminal(code, columns=80)
     assert returncode == 0, text
-    assert "0/3 [" in text and "counting: 3 items ..." not in text, repr(text)  # tqdm's bar
+    assert "|#######             | counting: 1/3 items after" in text and "counting: 3 items ..." not in text, repr(text)
 
 
 def test_a_terminal_gets_a_live_line_and_the_phase_leaves_one_line_with_its_time(tmp_path):

@@ -19,8 +19,8 @@ from _tiny import stub_solves
 
 from singleloc import load_config
 from singleloc.cli import main
-from singleloc.io._run_folders import load_npz, load_run, npz_stamp, save_npz, save_run
 from singleloc.preflight import _costs, _resources
+from singleloc.io._run_folders import load_npz, load_run, npz_stamp, save_npz, save_run
 from singleloc.sweeps import _sweep, _sweep_cache, _sweep_compute
 from singleloc.sweeps._grid import parse_grid
 
@@ -719,10 +719,9 @@ def test_a_simulation_of_many_hours_is_refused_without_force_and_says_its_cost(t
     (Its time comes from this device's records, none here, and its calibration, stubbed at the
     reference CPU's: singleloc.preflight._estimates.)"""
     from singleloc.preflight import _estimates
-    from singleloc.runtime import _timings
 
-    monkeypatch.setattr(_timings, "timings_path", lambda: tmp_path / "timings.json")
-    monkeypatch.setattr(_timings, "measure_benchmark", lambda: dict(_estimates.REFERENCE["benchmark"]))
+    monkeypatch.setattr(_estimates, "timings_path", lambda: tmp_path / "timings.json")
+    monkeypatch.setattr(_estimates, "measure_benchmark", lambda: dict(_estimates.REFERENCE["benchmark"]))
     monkeypatch.setenv(_resources.MEMORY_ENV, "16G")
     big = ["--set", "model.heads=2000", "--set", "simulation.D=5000"]
     out = str(tmp_path / "out")

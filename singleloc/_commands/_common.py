@@ -103,7 +103,7 @@ def reporting_for(args: argparse.Namespace):
     with ``singleloc COMMAND:``; a live status line on a terminal, one line per phase with
     ``--no-progress`` or when stderr is not a terminal (``SINGLELOC_PROGRESS=lines`` or ``off``
     too); a run estimated above :data:`LONG_RUN_SECONDS` is refused without ``--force``, a sweep
-    point above :data:`POINT_SECONDS` without ``--yes``."""
+    point above :data:`POINT_SECONDS` without ``--yes``; the measured times are written to the timings file."""
     import os
 
     from ..runtime._progress import MODE_ENV, reporting
@@ -111,7 +111,7 @@ def reporting_for(args: argparse.Namespace):
     chosen = os.environ.get(MODE_ENV, "").strip().lower()
     live = getattr(args, "progress", True) and sys.stderr.isatty() and chosen in ("", "auto", "live")
     mode = chosen if chosen in ("lines", "off") else "live" if live else "lines"
-    return reporting(mode=mode, prefix=f"singleloc {args.command}",  # limits only where a flag lifts them
+    return reporting(mode=mode, prefix=f"singleloc {args.command}", record=True,  # limits only where a flag lifts them
                      run_limit=LONG_RUN_SECONDS if getattr(args, "force", True) is False else None,
                      point_limit=POINT_SECONDS if getattr(args, "yes", True) is False else None)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from ..runtime._timings import cpu_count, duration
+from ..runtime._progress import cpu_count, duration
 from ._resources import _gb
 
 #: Seconds of ``diagnose``'s cost model, measured on a 2-core CPU (scaled by 2 / the CPUs of this
@@ -41,7 +41,7 @@ class Cost:
 
 def speed() -> float:
     """The 2-core CPU's time over this machine's: the CPUs the cost models were measured with over this
-    process's (:func:`~singleloc.runtime._timings.cpu_count`)."""
+    process's (:func:`~singleloc.runtime._progress.cpu_count`)."""
     return MEASURED_CPUS / max(1, min(cpu_count(), 64))
 
 

@@ -50,8 +50,8 @@ from ..expectations._routes import exact_route_exists, exact_rule_bytes, route_o
 from ..expectations._sobol_geometry import SOBOL_MAX_DIM, factor_rows, node_batch, quadrature_dimension
 from ..model._activations import exponential_form, get_activation
 from ..model._priors import Prior
-from ..runtime._timings import cpu_count
-from ..runtime._timings import duration as duration  # re-exported: the durations of messages
+from ..runtime._progress import cpu_count
+from ..runtime._progress import duration as duration  # re-exported: the durations of messages
 
 #: Bytes of the runtime and compiled programs, on top of the arrays.
 OVERHEAD = 300 * 2**20

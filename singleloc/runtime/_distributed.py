@@ -299,7 +299,7 @@ def run_points(
 
 
 def _run(tasks, fn, on_result, cluster: Cluster, progress, desc, group, size, costs) -> PointsReport:
-    from ._progress_bar import Bar
+    from ._progress import Bar
 
     report = PointsReport([], {}, 0.0, cluster.where)
     t0 = time.perf_counter()
