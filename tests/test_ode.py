@@ -173,3 +173,13 @@ def test_the_step_budget_stops_a_solve_whose_pace_exceeds_it_and_leaves_the_othe
         assert steps <= 20_000
         if rate >= 1e7:
             assert steps == WARMUP
+
+
+@pytest.mark.slow
+def test_the_issue_s_solve_at_lr_1e4_stops_by_its_budget(capsys, tmp_path):
+    """The hostile pass's case (issue 62): ``integrate default --set sgd.lr=1e4`` on the exact route took steps just
+    above the step floor and was still solving after 300 s. It now stops by its pace after the warm-up's 256 steps
+    (about a minute on the 2-core CPU), one line naming sgd.lr, exit 2."""
+    assert main(["integrate", "default", "--set", "sgd.lr=1e4", "--no-progress", "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "at its pace it would have taken more than" in err and "sgd.lr (now 10000)" in err and "tighten" not in err
