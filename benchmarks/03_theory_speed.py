@@ -123,7 +123,7 @@ import singleloc as sl
 from singleloc.theory._ode import _problem, _run, _solve
 jax.config.update("jax_enable_x64", True)
 cfg = sl.load_config("default", [f"sgd.tau_max={sys.argv[1]}"])
-dynamics, evaluation, y0, ts, rtol, atol = _problem(cfg, None, None).args
+dynamics, evaluation, y0, ts, rtol, atol, budget = _problem(cfg, None, None).args
 def first(ode):  # replicate 0 of an ODE stack (its SGD rule is shared, not stacked)
     rules = eqx.tree_at(lambda o: o.sgd, ode, None, is_leaf=lambda x: x is None)
     one = jax.tree.map(lambda x: x[0] if eqx.is_array(x) else x, rules)
@@ -131,7 +131,7 @@ def first(ode):  # replicate 0 of an ODE stack (its SGD rule is shared, not stac
 dyn, ev, y = first(dynamics), first(evaluation), jax.tree.map(lambda x: x[0], y0)
 pieces = {
     "drift": (lambda o, y: o.state_drift(y, tau=0.0), dyn, y),
-    "solve": (lambda o, y: _solve(o, y, ts, rtol, atol, 100_000, False), dyn, y),
+    "solve": (lambda o, y: _solve(o, y, ts, rtol, atol, budget, 100_000, False), dyn, y),
     "risk": (lambda o, y: o.state_risk(y), ev, y),
     "risk check": (lambda o, y: o.risk_check(*y), ev, y),
     "gram error": (lambda o, e, y: o.expectation.gram_error(e.expectation, *y), dyn, ev, y),

@@ -52,7 +52,7 @@ jax.config.update("jax_enable_x64", True)
 import singleloc as sl
 from singleloc.theory._ode import MAX_STEPS, _problem, _solve, _trajectories
 cfg = sl.load_config("default", ["sgd.tau_max=300", *json.loads(sys.argv[1])])
-dynamics, evaluation, y0, ts, rtol, atol = _problem(cfg, None, None).args
+dynamics, evaluation, y0, ts, rtol, atol, budget = _problem(cfg, None, None).args
 def first(ode):  # replicate 0 of an ODE stack (its SGD rule is shared, not stacked)
     rules = eqx.tree_at(lambda o: o.sgd, ode, None, is_leaf=lambda x: x is None)
     one = jax.tree.map(lambda x: x[0] if eqx.is_array(x) else x, rules)
@@ -74,8 +74,8 @@ parts = {
     "risk": (lambda o, y: o.state_risk(y), ev, y),
     "risk check": (lambda o, y: o.risk_check(*y), ev, y),
     "gram error": (lambda o, e, y: o.expectation.gram_error(e.expectation, *y), dyn, ev, y),
-    "solve": (lambda o, y: _solve(o, y, ts, rtol, atol, MAX_STEPS, False), dyn, y),
-    "whole program": (lambda *a: _trajectories(*a, MAX_STEPS, False), dynamics, evaluation, y0, ts, rtol, atol),
+    "solve": (lambda o, y: _solve(o, y, ts, rtol, atol, budget, MAX_STEPS, False), dyn, y),
+    "whole program": (lambda *a: _trajectories(*a, MAX_STEPS, False), dynamics, evaluation, y0, ts, rtol, atol, budget),
 }
 out = {name: measure(fn, *args) for name, (fn, *args) in parts.items()}
 out["solver machinery"] = {"ops": out["solve"]["ops"] - out["drift"]["ops"]}

@@ -54,7 +54,7 @@ def test_batched_points_equal_their_own_solves(tiny_theory_seeds):
 def test_a_failing_point_does_not_stop_its_batch(tiny_theory_seeds):
     """The batched solve of the test above and the session's solve of a point: values only, no new
     program. The middle point's learning rate is far past stability: its solve stops at the step floor
-    within its first steps (singleloc.theory._ode.MIN_STEP) while the others finish."""
+    within its first steps (singleloc.theory._step_budget.MIN_STEP) while the others finish."""
     cfgs = configs()
     cfgs[1] = cfgs[1].replace(sgd={"lr": 1e5})
     results = _sweep_compute.compute_points("theory", *(c.to_dict() for c in cfgs))

@@ -143,3 +143,43 @@ def test_saved_time_counts_within_a_power_of_two_share_one_program():
     assert keys[3] == keys[5] != keys[17]
     ts = _problem(tiny().replace(sgd={"n_save": 5}), None, None).args[3]
     assert ts.shape == (16,) and bool(np.all(ts[4:] == ts[4]))
+
+
+@pytest.mark.parametrize("rate, stops", [(1.0, False), (3e4, False), (1e5, True), (1e7, True)])
+def test_the_step_budget_stops_a_solve_whose_pace_exceeds_it_and_leaves_the_others_bit_for_bit(rate, stops):
+    """``y' = -rate y`` on ``[0, 1]`` with Tsit5: an explicit method's steps are bounded by its stability
+    region (``|rate dt| <~ 3.5``), so the solve needs about ``rate / 3.5`` steps (independent of the wrapper).
+    With a budget of 20000 steps: rates 1 and 3e4 (about 9000 steps) finish, bit for bit the plain
+    controller's solve; 1e5 (about 29000) stops within the budget; 1e7 (3e6 steps) stops after the warm-up's
+    256 steps, having covered 1e-4 of its span."""
+    import diffrax
+    import jax.numpy as jnp
+
+    from singleloc.theory._step_budget import WARMUP, StepBudget
+
+    def solve(controller):
+        return diffrax.diffeqsolve(diffrax.ODETerm(lambda t, y, a: -rate * y), diffrax.Tsit5(), 0.0, 1.0, 1e-3, jnp.ones(()),
+                                   stepsize_controller=controller, max_steps=100_000, throw=False)
+
+    pid = diffrax.PIDController(rtol=1e-6, atol=1e-9)
+    budgeted = solve(StepBudget(pid, jnp.asarray(20_000)))
+    steps = int(budgeted.stats["num_steps"])
+    if not stops:
+        plain = solve(pid)
+        assert budgeted.result == diffrax.RESULTS.successful
+        assert steps == int(plain.stats["num_steps"]) and float(budgeted.ys[-1]) == float(plain.ys[-1])
+    else:
+        assert budgeted.result == diffrax.RESULTS.max_steps_reached
+        assert steps <= 20_000
+        if rate >= 1e7:
+            assert steps == WARMUP
+
+
+@pytest.mark.slow
+def test_the_issue_s_solve_at_lr_1e4_stops_by_its_budget(capsys, tmp_path):
+    """The hostile pass's case (issue 62): ``integrate default --set sgd.lr=1e4`` on the exact route took steps just
+    above the step floor and was still solving after 300 s. It now stops by its pace after the warm-up's 256 steps
+    (about a minute on the 2-core CPU), one line naming sgd.lr, exit 2."""
+    assert main(["integrate", "default", "--set", "sgd.lr=1e4", "--no-progress", "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "at its pace it would have taken more than" in err and "sgd.lr (now 10000)" in err and "tighten" not in err

@@ -18,8 +18,8 @@ import pytest
 import singleloc as sl
 from singleloc.cli import main
 from singleloc.preflight import _estimates
-from singleloc.runtime import _compilation, _progress
 from singleloc.preflight._estimates import REFERENCE, TheorySolve, Timings, solve_size
+from singleloc.runtime import _compilation, _progress
 from singleloc.runtime._progress import Bar, Estimate
 from singleloc.simulation import _simulation_estimate
 from singleloc.sweeps import _sweep, _sweep_compute, _sweep_estimate

@@ -19,8 +19,8 @@ from _tiny import stub_solves
 
 from singleloc import load_config
 from singleloc.cli import main
-from singleloc.preflight import _costs, _resources
 from singleloc.io._run_folders import load_npz, load_run, npz_stamp, save_npz, save_run
+from singleloc.preflight import _costs, _resources
 from singleloc.sweeps import _sweep, _sweep_cache, _sweep_compute
 from singleloc.sweeps._grid import parse_grid
 

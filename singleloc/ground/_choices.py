@@ -59,7 +59,7 @@ HORIZON_WORDS = ("auto", "config")
 
 
 #: The range of a numerical horizon (``tau``). Below: the solve's span would approach its smallest step
-#: (``singleloc.theory._ode.MIN_STEP = 1e-7``; a horizon of 1e-9 stopped as "too stiff"), and one SGD step
+#: (``singleloc.theory._step_budget.MIN_STEP = 1e-7``; a horizon of 1e-9 stopped as "too stiff"), and one SGD step
 #: of a simulation is ``1 / simulation.D``. Above: more than 3000 times the longest predicted horizon
 #: (``HORIZON_CAP = 3000``), a time no solve reaches (its estimate overflowed at 1e300).
 HORIZON_RANGE = (1e-3, 1e7)

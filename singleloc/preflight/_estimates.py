@@ -40,9 +40,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..ground._choices import ROUTE_WORDS
 from ..configuration._config import Config
 from ..ground._atomic_files import atomic_write
+from ..ground._choices import ROUTE_WORDS
 from ..runtime._progress import Bar, Estimate, Phase, announce, clock, cpu_count, mode, settings
 
 #: The reference CPU (shared, load 5-7, 2026-12-04), with its calibration (:func:`measure_benchmark`).

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from ..configuration._config import Config
-from ..runtime._compilation import compile_group
 from ..preflight._estimates import REFERENCE, TheorySolve, _digest, _label, estimate, first_run, route_costs, theory_work, timings
+from ..runtime._compilation import compile_group
 from ..runtime._progress import Estimate, announce, clock, duration, say, settings
 from ..simulation._simulation_estimate import simulation_estimate
 

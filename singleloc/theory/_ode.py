@@ -5,8 +5,9 @@ is Tsit5 with a PID step-size controller (``theory.rtol``, ``theory.atol``), sav
 config's time grid. A terminating event stops the solve when the state stops being a valid
 set of overlaps: a non-finite entry, runaway keys (``max |Q| > 1e6``), or ``R_orth = Q - M M^T``
 leaving the PSD cone; and the solve stops when its adaptive steps fall below ``MIN_STEP`` (``1e-7``
-in ``tau``: a learning rate far past stability makes the ODE stiff long before the keys run away).
-:func:`integrate` then raises with the time at which it happened.
+in ``tau``) or when, at its pace, it would take several times the steps a solve at its learning rate is
+expected to take (:mod:`~singleloc.theory._step_budget`: a learning rate far past stability makes the ODE stiff
+long before the keys run away). :func:`integrate` then raises with the time at which it happened.
 
 The default start is the overlaps of the simulator's initial weights
 (:func:`~singleloc.initial_conditions`, :mod:`~singleloc.theory._starts`).
@@ -63,11 +64,12 @@ from ..preflight._estimates import TheorySolve
 from ..preflight._resources import check_run
 from ..preflight._run_checks import warn_if_risk_rose
 from ..runtime._compilation import checks_as_nan, exported_call
-from ..runtime._numerics import PSD_SOLVE, Q_RUNAWAY
+from ..runtime._numerics import PSD_SOLVE, Q_RUNAWAY, expected_steps
 from ..sgd._sgd_rule import flat_drift
 from ._accuracy import choose_points, relative_drift_error
 from ._build import Setup, build
 from ._starts import batched_starts, check_starts, initial_conditions, with_head_weights
+from ._step_budget import MIN_STEP, STEP_MARGIN, WARMUP, StepBudget, too_slow
 from ._theory import OrderParameterODE, OrderParameters, r_orth
 from ._theory_result import TheoryResult
 
@@ -99,14 +101,6 @@ def _padded(ts: jax.Array) -> jax.Array:
 #: Default cap on the adaptive solver's steps (:func:`integrate`, :func:`integrate_points`).
 MAX_STEPS = 100_000
 
-#: Smallest step the adaptive solver may take, in ``tau``: below it the solve stops as diverged
-#: (diffrax's ``dtmin``, not forced). A learning rate far past stability makes the ODE stiff while the
-#: keys grow only slowly towards the runaway threshold: on the canonical tiny problem at
-#: ``lr = 1e4`` the first steps were 5e-8 and the later ones 2e-7, and the solve would have taken
-#: hours of steps before reaching ``Q_RUNAWAY``; at ``lr = 1e3`` (which it does follow, in 724 steps)
-#: none was below 5e-6, and at the learning rates that train none below 1e-4.
-MIN_STEP = 1e-7
-
 #: Why a solve stopped, by the index the solve's program returns (diffrax's results; any other: its own
 #: index, ``len(_STOPS)``): it reached its last saved time, the terminating event fired, its steps fell
 #: below ``MIN_STEP``, or it ran out of steps.
@@ -122,7 +116,7 @@ def _invalid_state(t, y, args, **kwargs):
     return (~finite) | (scale > Q_RUNAWAY) | (min_eig < -PSD_SOLVE * scale)
 
 
-def _solve(ode: OrderParameterODE, y0: OrderParameters, ts: jax.Array, rtol, atol, max_steps: int, progress: bool):
+def _solve(ode: OrderParameterODE, y0: OrderParameters, ts: jax.Array, rtol, atol, budget, max_steps: int, progress: bool):
     term = diffrax.ODETerm(lambda t, y, args: ode.state_drift(y, tau=t))
     sol = diffrax.diffeqsolve(
         term,
@@ -132,7 +126,8 @@ def _solve(ode: OrderParameterODE, y0: OrderParameters, ts: jax.Array, rtol, ato
         dt0=DT0,
         y0=y0,
         saveat=diffrax.SaveAt(ts=ts),
-        stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol, dtmin=MIN_STEP, force_dtmin=False),
+        stepsize_controller=StepBudget(diffrax.PIDController(rtol=rtol, atol=atol, dtmin=MIN_STEP, force_dtmin=False),
+                                       jnp.minimum(budget, max_steps)),
         event=diffrax.Event(_invalid_state),
         max_steps=max_steps,
         throw=False,
@@ -142,14 +137,14 @@ def _solve(ode: OrderParameterODE, y0: OrderParameters, ts: jax.Array, rtol, ato
     return sol.ys, jnp.select([sol.result == stop for stop in _STOPS], list(range(len(_STOPS))), len(_STOPS))
 
 
-def _trajectories(dynamics: OrderParameterODE, evaluation: OrderParameterODE, y0: OrderParameters, ts, rtol, atol, max_steps,
-                  progress):
+def _trajectories(dynamics: OrderParameterODE, evaluation: OrderParameterODE, y0: OrderParameters, ts, rtol, atol, budget,
+                  max_steps, progress):
     """Trajectories, their risks on the evaluation rules and the drifts at the start, for
     every start (leading axis of ``y0``) and replicate (leading axis of the ODE stacks)."""
     replicated = dynamics.expectation.replicates > 1  # the rules stack along a leading replicates axis
 
     def trajectory(dyn, ev, y):
-        ys, code = _solve(dyn, y, ts, rtol, atol, max_steps, progress)
+        ys, code = _solve(dyn, y, ts, rtol, atol, budget, max_steps, progress)
         n = 1 + jnp.sum(jnp.diff(ts) > 0)  # the saved times past the n distinct ones repeat the last (_padded)
         risk = _risks(ev, ys, n)
         # the exact route's stated error: the risk at the start and at the end on a finer rule
@@ -209,11 +204,12 @@ _run = eqx.filter_jit(_trajectories)
 
 
 @eqx.filter_jit
-def _run_points(dynamics: OrderParameterODE, evaluation: OrderParameterODE, y0: OrderParameters, ts, rtol, atol, max_steps):
+def _run_points(dynamics: OrderParameterODE, evaluation: OrderParameterODE, y0: OrderParameters, ts, rtol, atol, budget,
+                max_steps):
     """:func:`_trajectories` of a batch of points: a leading points axis on every argument (the
-    ODE stacks, starts, saved times and tolerances of each point). Every trajectory keeps its
+    ODE stacks, starts, saved times, tolerances and step budgets of each point). Every trajectory keeps its
     own adaptive steps (diffrax's solve under ``vmap``)."""
-    return jax.vmap(lambda *args: _trajectories(*args, max_steps, False))(dynamics, evaluation, y0, ts, rtol, atol)
+    return jax.vmap(lambda *args: _trajectories(*args, max_steps, False))(dynamics, evaluation, y0, ts, rtol, atol, budget)
 
 
 def resolve_points(config: Config, y0: OrderParameters | None = None) -> Config:
@@ -264,10 +260,12 @@ def _problem(config: Config, y0: OrderParameters | None, ts: np.ndarray | None) 
     dynamics = OrderParameterODE.from_setup(setup, seeds=th.qmc_seed + np.arange(R), points=points)
     evaluation = OrderParameterODE.from_setup(setup, seeds=th.evaluation_seed + np.arange(R), points=points, check=True)
     tol = (jnp.asarray(th.rtol, ts.dtype), jnp.asarray(th.atol, ts.dtype))
+    expected = expected_steps(float(setup.sgd.rate(float(ts[0]))), float(ts[-1] - ts[0]))
+    budget = jnp.asarray(int(min(MAX_STEPS, max(WARMUP, STEP_MARGIN * expected))), jnp.int32)  # :mod:`._step_budget`
     saved, ts = ts.shape[0], _padded(ts)
     if dynamics.expectation.route == "exact" and dynamics.expectation.gram_name in ("sobol", "montecarlo"):
         points = th.gram_rule_points(config.problem.L, config.model.heads, points)  # the Gram term's rule (or draws)
-    return _Problem(config, setup, (dynamics, evaluation, y0, ts, *tol), int(points), drift_error, saved)
+    return _Problem(config, setup, (dynamics, evaluation, y0, ts, *tol, budget), int(points), drift_error, saved)
 
 
 def integrate(
@@ -350,9 +348,9 @@ def integrate(
     solve.announce()  # the estimate, before anything is built (singleloc.preflight._estimates)
     with solve.preparing():  # the rules and starts (said only if it lasts)
         problem = _problem(config, y0, np.concatenate([[t0], times]) if skip else times)
-    dynamics, evaluation, y0, ts, rtol, atol = problem.args
-    y0, (dynamics, evaluation, ts, rtol, atol), n = shard_batch(y0, (dynamics, evaluation, ts, rtol, atol))
-    args = (dynamics, evaluation, y0, ts, rtol, atol)
+    dynamics, evaluation, y0, *rest = problem.args
+    y0, (dynamics, evaluation, *rest), n = shard_batch(y0, (dynamics, evaluation, *rest))
+    args = (dynamics, evaluation, y0, *rest)
     with solve.solving():  # compiling or loading, then solving, said on stderr and recorded
         with checks_as_nan():  # the progress bar's program is traced here (exported_call sets it itself)
             out = jax.device_get(_run(*args, max_steps, True) if progress else
@@ -404,13 +402,13 @@ def _shape_key(args) -> tuple:
     return str(treedef), tuple((x.shape, str(x.dtype)) for x in leaves)
 
 
-def _stop_reason(code: int, max_steps: int) -> str:
+def _stop_reason(code: int, budget: int) -> str:
     """Why a solve that returned ``code`` (an index into :data:`_STOPS`) stopped before its last saved time."""
     return {0: "the risk along it was not finite",
             1: (f"the state left the set of valid overlaps (non-finite values, runaway keys with max |Q| > {Q_RUNAWAY:g}, "
                 "or R_orth = Q - M M^T not PSD)"),
             2: f"its steps fell below {MIN_STEP:g} in tau (the ODE became too stiff to follow: a diverging solve)",
-            3: f"the solver ran out of steps (max_steps = {max_steps})"}.get(code, "the solver failed")
+            3: too_slow(budget)}.get(code, "the solver failed")
 
 
 def _result(problem: _Problem, out, max_steps: int) -> TheoryResult | FloatingPointError:
@@ -426,11 +424,11 @@ def _result(problem: _Problem, out, max_steps: int) -> TheoryResult | FloatingPo
         i, r = np.unravel_index(np.argmin(np.all(valid, axis=2) & ok), ok.shape)
         k = int(np.argmin(valid[i, r])) if not np.all(valid[i, r]) else len(ts) - 1
         when = f"tau = {float(ts[k - 1]):.4g}..{float(ts[k]):.4g}" if k else f"its start, tau = {float(ts[0]):.4g}"
+        code = int(code[i, r])  # smaller steps do not make a stiff solve (codes 2, 3) any less stiff
         return FloatingPointError(
             f"the order-parameter ODE stopped near {when} (start {i}{f', replicate {r}' if R > 1 else ''}): "
-            f"{_stop_reason(int(code[i, r]), max_steps)}; lower {config.sgd.step_keys()} or tighten "
-            "theory.rtol/theory.atol"
-        )
+            f"{_stop_reason(code, min(max_steps, int(problem.args[6])))}; lower {config.sgd.step_keys()}"
+            + (" or tighten theory.rtol/theory.atol" if code in (0, 1) else ""))
     drift_error = problem.drift_error
     risk_se = risk.std(axis=1, ddof=1) / np.sqrt(R) if R > 1 else np.full(risk.shape[::2], np.nan)
     if R > 1:

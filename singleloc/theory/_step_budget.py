@@ -1,0 +1,85 @@
+"""The step budget of a solve: every solve stops, whatever its learning rate.
+
+A learning rate far past stability, or an exact route whose quadrature no longer resolves the fields, makes the
+order-parameter ODE stiff while its state stays valid: at ``sgd.lr = 1e4`` on the default problem the adaptive
+steps were ``1e-7`` to ``2e-7`` in ``tau``, so a solve to ``tau = 300`` would have taken about ``1e9`` steps (hours)
+before the keys ran away or the steps fell below the solver's floor, and diffrax's ``max_steps`` (``1e5`` steps of
+0.3 s) bounds nothing a user can wait for.
+
+:class:`StepBudget` wraps the step-size controller and counts the steps. With ``n`` steps taken and the solve at
+``t`` of its span ``[t_0, t_1]``, it stops the solve (diffrax's ``max_steps_reached``) once
+
+    ``n >= min(WARMUP, B)``  and  ``n (t_1 - t_0) > B (t - t_0)``,
+
+that is when, at its pace so far, the solve would take more than ``B`` steps; at ``n = B`` the second condition
+holds unless the solve is done, so ``B`` also caps the steps. ``B`` (the ``budget``, a value the compiled program
+receives, so every learning rate shares one program) is :data:`STEP_MARGIN` times the steps a solve at its rate is
+expected to take (:func:`~singleloc.runtime._numerics.expected_steps`), at most ``max_steps``. A solve that
+follows its expected pace within the margin never meets it; a solve at ``lr = 1e4`` stops after :data:`WARMUP`
+steps, having covered a millionth of its span.
+"""
+
+from __future__ import annotations
+
+import diffrax
+import equinox as eqx
+import jax.numpy as jnp
+
+#: Steps after which the pace is judged (before them a stiff start, whose first steps the controller grows
+#: from ``dt0``, is not a pace).
+WARMUP = 256
+
+#: The budget's margin over the expected steps.
+STEP_MARGIN = 8.0
+
+#: Smallest step the adaptive solver may take, in ``tau``: below it the solve stops as diverged
+#: (diffrax's ``dtmin``, not forced). A learning rate far past stability makes the ODE stiff while the
+#: keys grow only slowly towards the runaway threshold: on the canonical tiny problem at
+#: ``lr = 1e4`` the first steps were 5e-8 and the later ones 2e-7, and the solve would have taken
+#: hours of steps before reaching ``Q_RUNAWAY``; at ``lr = 1e3`` (which it does follow, in 724 steps)
+#: none was below 5e-6, and at the learning rates that train none below 1e-4.
+MIN_STEP = 1e-7
+
+
+def too_slow(budget: int) -> str:
+    """Why a solve stopped by its budget (:func:`~singleloc.theory._ode.integrate`'s error)."""
+    return (f"at its pace it would have taken more than {budget} steps, {STEP_MARGIN:g} times what a solve at this rate "
+            "is expected to take (or max_steps): the ODE became stiff (a learning rate past stability, or a quadrature "
+            "that no longer resolves the fields)")
+
+
+class StepBudget(diffrax.AbstractAdaptiveStepSizeController):
+    """``controller`` (diffrax's PID controller) that stops the solve when it would take more than ``budget``
+    steps at its pace so far (module docstring)."""
+
+    controller: diffrax.PIDController
+    budget: jnp.ndarray  # the largest number of steps, a value of the compiled program
+
+    @property
+    def rtol(self):
+        return self.controller.rtol
+
+    @property
+    def atol(self):
+        return self.controller.atol
+
+    @property
+    def norm(self):
+        return self.controller.norm
+
+    def wrap(self, direction):
+        return eqx.tree_at(lambda c: c.controller, self, self.controller.wrap(direction))
+
+    def init(self, terms, t0, t1, y0, dt0, args, func, error_order):
+        t, inner = self.controller.init(terms, t0, t1, y0, dt0, args, func, error_order)
+        return t, (inner, jnp.zeros((), jnp.int32), jnp.asarray(t0), jnp.asarray(t1) - t0)
+
+    def adapt_step_size(self, t0, t1, y0, y1_candidate, args, y_error, error_order, controller_state):
+        inner, steps, start, span = controller_state
+        keep, t, t_next, jump, inner, result = self.controller.adapt_step_size(
+            t0, t1, y0, y1_candidate, args, y_error, error_order, inner)
+        steps = steps + 1
+        budget = self.budget.astype(span.dtype)
+        slow = (steps >= jnp.minimum(WARMUP, budget)) & (steps * span > budget * (t - start))
+        result = diffrax.RESULTS.where(slow, diffrax.RESULTS.max_steps_reached, result)
+        return keep, t, t_next, jump, (inner, steps, start, span), result
