@@ -278,6 +278,12 @@ class SGD:
         if self.momentum is not None:  # None (the default, plain SGD) stays out of config.json and the hashes
             object.__setattr__(self, "momentum", number(f"{s}.momentum", self.momentum, nonneg=True, below=1.0))
 
+    @property
+    def rate(self) -> float:
+        """The rate per sequence at the start, ``lr / batch``, over ``1 - momentum`` with momentum (the time
+        estimates' and the step budget's measure of how fast the ODE moves)."""
+        return self.lr / self.batch / (1.0 - (self.momentum or 0.0))
+
     def step_keys(self) -> str:
         """The keys that set the step, for a divergence message: ``"sgd.lr (now 0.5)"``, with momentum
         ``"sgd.momentum (now 0.999: the rate lr / (1 - momentum) = 500) or sgd.lr (now 0.5)"``."""

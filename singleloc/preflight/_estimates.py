@@ -43,13 +43,14 @@ from typing import Any
 from ..configuration._config import Config
 from ..ground._atomic_files import atomic_write
 from ..ground._choices import ROUTE_WORDS
+from ..runtime._numerics import expected_steps
 from ..runtime._progress import Bar, Estimate, Phase, announce, clock, cpu_count, mode, settings
 
 #: The reference CPU (shared, load 5-7, 2026-12-04), with its calibration (:func:`measure_benchmark`).
 #: ``compile``: a solve's program from an empty cache (34 s exact, 4.2 s rule, the default problem);
 #: ``load``: from the persistent cache; ``prepare``: building its rules and starts; ``solve``: drift evaluations
-#: (:func:`theory_work`) per unit of ``tau`` solved, ``saved`` per saved time (6.2 s to ``tau = 300`` at 27 ms a
-#: drift, 61 saved times); ``sgd_step``: one SGD step per ``seeds x batch x L x D x (H + F)`` (6.0 s for the
+#: (:func:`theory_work`) per adaptive step expected (:func:`~singleloc.runtime._numerics.expected_steps`), ``saved``
+#: per saved time (6.2 s to ``tau = 300`` at 27 ms a drift, 61 saved times); ``sgd_step``: one SGD step per ``seeds x batch x L x D x (H + F)`` (6.0 s for the
 #: default simulation), ``measure``: one saved time's held-out risk per ``seeds x test_samples x L x (H + F)``,
 #: ``sim_compile`` its programs; ``risk``: drift evaluations per sub-layer risk of pruning, ``risk_compile`` its
 #: program per head; ``prediction``: an escape prediction's programs, ``prediction_drifts`` its drift
@@ -57,11 +58,11 @@ from ..runtime._progress import Bar, Estimate, Phase, announce, clock, cpu_count
 REFERENCE = {
     "benchmark": {"run": 1.84e-3, "host": 1.26e-2},
     "compile": {"exact": 34.0, "rule": 4.2}, "load": {"exact": 1.1, "rule": 0.5}, "prepare": 1.0,
-    "solve": 0.7, "saved": 0.35, "sgd_step": 3.1e-9, "measure": 2.0e-8, "sim_compile": 8.0,
+    "solve": 4.7, "saved": 0.35, "sgd_step": 3.1e-9, "measure": 2.0e-8, "sim_compile": 8.0,
     "risk": 0.5, "risk_compile": {"exact": 5.0, "rule": 2.0},
     "prediction": {"exact": 50.0, "rule": 10.0}, "prediction_drifts": 300,
 }
-VERSION, RATES_KEPT = 2, 3
+VERSION, RATES_KEPT = 3, 3
 
 
 def device() -> str:
@@ -269,10 +270,12 @@ def theory_work(config: Config, starts: int) -> float:
     return per * pairs
 
 
-def solve_size(work: float, span: float, saved: int) -> float:
-    """The reference seconds of a solve over ``span`` of ``tau`` with ``saved`` times: the drift evaluations of
-    its adaptive steps (``REFERENCE["solve"]`` per unit of ``tau``) and of its saved times' risks."""
-    return work * (REFERENCE["solve"] * span + REFERENCE["saved"] * saved)
+def solve_size(work: float, span: float, saved: int, rate: float = 1.0) -> float:
+    """The reference seconds of a solve over ``span`` of ``tau`` with ``saved`` times at the rate per sequence
+    ``rate``: the drift evaluations of its adaptive steps (``REFERENCE["solve"]`` per step expected,
+    :func:`~singleloc.runtime._numerics.expected_steps`: the steps grow as ``rate^0.75`` past 1) and of its saved
+    times' risks."""
+    return work * (REFERENCE["solve"] * expected_steps(rate, span) + REFERENCE["saved"] * saved)
 
 
 #: The families whose solve this process has compiled or loaded (nothing to compile or load).
@@ -292,6 +295,7 @@ class TheorySolve:
         from ..runtime._compilation import _environment, compile_group
 
         route, _, words = route_costs(config)
+        self.rate = config.sgd.rate
         self.span, self.batch, self.saved, self.meter, self.kind = float(span), batch, saved, not cached, f"{program}:{route}"
         self.key = f"{program}:{_digest(compile_group('theory', config.to_dict()), route, starts, saved, batch)}"
         self.work, self.label = theory_work(config, starts * batch), f"{program}, {_label(config)} on the {words} route"
@@ -302,7 +306,7 @@ class TheorySolve:
             ("compile", "programs are compiled in every process without the compilation cache") if not self.cache else
             ("load", "") if rec.get("env") == self.env and ("compile" in rec or "load" in rec) else
             ("compile", "the package changed since its last run" if rec else "first run of this shape family"))
-        solve = estimate(self.kind, self.key, self.work, solve_size(self.work, self.span, saved))
+        solve = estimate(self.kind, self.key, self.work, solve_size(self.work, self.span, saved, self.rate))
         prepare, _ = fixed(self.kind, self.key, "prepare", REFERENCE["prepare"])
         first, how = fixed(self.kind, self.key, self.expect, REFERENCE[self.expect][route]) if self.expect != "run" else (0, "")
         if self.expect == "load" and how and "compile" in rec:  # compiled here, never loaded yet
@@ -361,7 +365,7 @@ class TheorySolve:
         old = timings().family(self.key)
         fields = {k: 0.5 * (v + old[k]) if k in old and old.get("env") == self.env else v for k, v in fields.items()}
         timings().record(self.key, self.kind, self.label, self.work,
-                         phase.seconds[-1] / solve_size(self.work, self.span, self.saved),
+                         phase.seconds[-1] / solve_size(self.work, self.span, self.saved, self.rate),
                          env=self.env if self.cache else old.get("env"), **fields)
 
 
