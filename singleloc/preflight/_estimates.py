@@ -47,14 +47,14 @@ from ..runtime._numerics import expected_steps
 from ..runtime._progress import Bar, Estimate, Phase, announce, clock, cpu_count, mode, settings
 
 #: The reference CPU (shared, load 5-7, 2026-12-04), with its calibration (:func:`measure_benchmark`).
-#: ``compile``: a solve's program from an empty cache (34 s exact, 4.2 s rule, the default problem);
-#: ``load``: from the persistent cache; ``prepare``: building its rules and starts; ``solve``: drift evaluations
-#: (:func:`theory_work`) per adaptive step expected (:func:`~singleloc.runtime._numerics.expected_steps`), ``saved``
-#: per saved time (6.2 s to ``tau = 300`` at 27 ms a drift, 61 saved times); ``sgd_step``: one SGD step per
-#: ``seeds x batch x L x D x (H + F)`` (6.0 s for the default simulation), ``measure``: one saved time's held-out risk per ``seeds x test_samples x L x (H + F)``,
-#: ``sim_compile`` its programs; ``risk``: drift evaluations per sub-layer risk of pruning, ``risk_compile`` its
-#: program per head; ``prediction``: an escape prediction's programs, ``prediction_drifts`` its drift
-#: evaluations besides the Jacobians of its 16 rates.
+#: ``compile``: a solve's program from an empty cache (34 s exact, 4.2 s rule, the default problem); ``load``: from the
+#: persistent cache; ``prepare``: building its rules and starts; ``solve``: drift evaluations (:func:`theory_work`) per
+#: adaptive step expected (:func:`~singleloc.runtime._numerics.expected_steps`), ``saved`` per saved time (6.2 s to ``tau =
+#: 300`` at 27 ms a drift, 61 saved times); ``sgd_step``: one SGD step per ``seeds x batch x L x D x (H + F)`` (6.0 s for the
+#: default simulation), ``measure``: one saved time's held-out risk per ``seeds x test_samples x L x (H + F)``, ``sim_compile``
+#: its programs; ``risk``: drift evaluations per sub-layer risk of pruning, ``risk_compile`` its program per head;
+#: ``prediction``: an escape prediction's programs, ``prediction_drifts`` its drift evaluations besides the Jacobians of its 16
+#: rates.
 REFERENCE = {
     "benchmark": {"run": 1.84e-3, "host": 1.26e-2},
     "compile": {"exact": 34.0, "rule": 4.2}, "load": {"exact": 1.1, "rule": 0.5}, "prepare": 1.0,
