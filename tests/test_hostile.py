@@ -245,7 +245,6 @@ def test_a_user_activation_is_probed_with_values_where_it_enters(user_module, tm
     assert line.startswith(f"singleloc integrate: error: model.activation: '{user_module}:{function}' ") and words in line, line
 
 
-@pytest.mark.compiles(8)  # the probe of each activation checked (tiny programs)
 def test_the_probe_takes_the_packages_own_activations_and_an_honest_form(user_module):
     import jax.numpy as jnp
 
@@ -718,7 +717,6 @@ def test_automatic_points_go_through_the_memory_check_of_each_count_they_try(mon
     assert tried == [first] and str(auto.value).endswith(str(explicit.value))
 
 
-@pytest.mark.compiles(3)  # the rule route's solve with momentum; its starts and the overlaps where the file runs alone
 def test_a_divergence_with_momentum_names_momentum():
     """Issue 62: ``sgd.momentum = 0.999999`` diverged with "lower sgd.lr"; the rate is lr / (1 - momentum)."""
     from _tiny import tiny

@@ -355,7 +355,6 @@ def test_a_sweep_counts_failed_points_and_keeps_every_failure(tmp_path, monkeypa
 # ----------------------------------------------------------------------------- 10. silent surprises
 
 
-@pytest.mark.compiles(3)  # the simulation's start, step and measurement at its 65 saved times (a shape of their own)
 def test_dropped_saved_times_are_a_one_line_warning(tmp_path, capsys):
     assert main(["simulate", "default", *TINY, "--set", "sgd.n_save=100000", "--out", str(tmp_path / "a")]) == 0
     line = one_line(capsys, "simulate", "warning")
@@ -364,7 +363,6 @@ def test_dropped_saved_times_are_a_one_line_warning(tmp_path, capsys):
         assert d["tau"].shape == (65,)
 
 
-@pytest.mark.compiles(3)  # the solve on the rule, its start
 def test_a_rising_risk_is_a_one_line_warning(tmp_path, capsys):
     from singleloc import warn_if_risk_rose
     from singleloc.theory._theory_result import TheoryResult

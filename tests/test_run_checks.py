@@ -41,7 +41,6 @@ def test_dropped_saved_times_warn_with_the_counts():
         _run_checks.warn_if_times_dropped(cfg, 100)  # every saved time kept: silent
 
 
-@pytest.mark.compiles(4)  # the simulation's start, kernel, step and measurement at its saved times
 def test_simulate_warns_of_dropped_saved_times_once():
     cfg = sl.load_config("default", [*TINY_SIM, "sgd.n_save=100"])
     with warnings.catch_warnings(record=True) as record:

@@ -15,7 +15,6 @@ from singleloc.theory._fluctuations import update_moments
 from singleloc.theory._theory import flatten_state
 
 
-@pytest.mark.compiles(2, eager=200)  # the finite-D steps and the moments, op by op
 @pytest.mark.parametrize("train_bias", [True, False])
 def test_the_step_in_order_parameters_is_the_update(train_bias):
     """D times the change of ``(M, Q, b)`` by one finite-D :meth:`OnlineSGD.step` on one sequence
@@ -46,7 +45,6 @@ def test_the_step_in_order_parameters_is_the_update(train_bias):
     assert not train_bias or np.abs(U.b).max() > 1e-3  # (the biases do move)
 
 
-@pytest.mark.compiles(2, eager=200)  # the SDE's moments and the ODE's drift, op by op
 def test_the_sde_drift_is_the_ode_drift_from_one_pass():
     """On the Sobol rule the SDE's drift is the mean update of the pass that gives its covariance
     (review D5: no second quadrature); it is the ODE's drift to rounding, and the rule's drift of the

@@ -191,7 +191,6 @@ def test_heldout_losses_match_brute_force(rng, orthogonal_spikes):
     assert abs(emp_b.mean() - lim_a.mean()) > 4 * se
 
 
-@pytest.mark.compiles(3)  # the held-out draw and the losses of both kinds (the simulator's own are in its program)
 def test_pruning_weights_route_reproduces_the_test_risk(tiny_run, tiny_config):
     """Pruning's weights evaluator and the simulator draw the same held-out sequences: with
     every head kept and the simulator's test key of the last saved time, ``WeightsRisk``

@@ -50,7 +50,6 @@ def _generic_state():
     return M, Q, np.array([0.1, -0.1])
 
 
-@pytest.mark.compiles(4)  # the drift and its jacobian, per route
 @pytest.mark.parametrize("route", ["rule", "exact"])
 def test_jacobian_matches_finite_differences(route):
     """Autodiff against central differences where autodiff is the drift's derivative: the Sobol rule
@@ -125,7 +124,6 @@ def test_unstable_eigenvalue_at_the_unspecialized_point(tiny_ode):
     assert st.mode_amplitude(lin_ad, k, fp.M + 1e-3 * V) == pytest.approx(1e-3 * np.linalg.norm(V), rel=1e-6)
 
 
-@pytest.mark.compiles(3)  # the restricted solve, its field, the risk at its end
 def test_symmetric_flow_against_an_independent_solver(tiny_ode):
     """The restricted flow (diffrax Tsit5, fixed step 0.1) against scipy's DOP853 at tight
     tolerances on the same vector field. Fifth order: the difference is 5e-12 at h = 0.1 here
@@ -143,7 +141,6 @@ def test_symmetric_flow_against_an_independent_solver(tiny_ode):
     assert risk[-1] == pytest.approx(float(fxp._symmetric_risk_jit(ode, jnp.asarray(ref.y[:, -1]), 2, 2)), abs=1e-9)
 
 
-@pytest.mark.compiles(3)  # the drift (twice: the two states' constants), the directional field
 def test_auto_jacobian_at_repeated_eigenvalues():
     """At a symmetric H = 3 state ``Q`` has a doubly repeated eigenvalue, split only by rounding:
     autodiff through ``eigh`` is finite there but wrong (about 15% off). "auto" must fall back to

@@ -252,7 +252,6 @@ def test_cli_sweep_batched_and_not_give_the_same_table(tmp_path, capsys, monkeyp
     assert len({r["final_risk"] for r in read_csv(tmp_path / "--batch" / "sweep.csv")}) == 4
 
 
-@pytest.mark.compiles(3)  # the phase summary's exact attention mass, the exact risks of the stated error
 def test_cli_sweep_with_simulation(tmp_path, capsys, monkeypatch, tiny_theory_seeds, tiny_simulation):
     """A sweep of one point of the canonical tiny problem with ``--simulate``: its theory and simulation
     are the programs of the session's tiny solves (a point integrates its seeds' starts)."""

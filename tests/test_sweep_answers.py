@@ -158,7 +158,6 @@ def test_one_name_per_quantity_in_the_csv_the_dataset_the_figure_and_the_docs(tm
     assert any("final_risk" in t for t in titles)
 
 
-@pytest.mark.compiles(3)  # the exact Bayes risk and its finer check
 def test_a_rule_route_point_reports_the_exact_bayes_risk():
     """Issue 61 item 1: ``theory.route = rule`` moves the dynamics onto the Sobol rule, not the
     Bayes baseline, which stays the exact risk that ``singleloc bayes`` reports."""

@@ -222,7 +222,6 @@ GF = ["problem.prior=flipped", "problem.strength=3.0", "problem.L=3", "theory.po
       "theory.rtol=1e-8", "theory.atol=1e-10", "simulation.D=200", "simulation.seeds=1"]
 
 
-@pytest.mark.compiles(4)  # the start, the Gram kernel, the two rules' solves
 def test_gradient_flow_is_the_small_rate_limit_in_the_time_lr_tau():
     """SGD's ODE at rate ``eps`` on the times ``s / eps`` tends to gradient flow at rate 1 on ``s``,
     its difference halving with ``eps`` (an O(eps) correction, docs/model.md section 11.4); and the
