@@ -14,8 +14,8 @@ import sys
 
 import numpy as np
 import pytest
-from test_robustness import _interrupt as interrupt
-from test_robustness import one_line
+from _tiny import cli_sets
+from helpers import interrupt, one_line
 
 from singleloc import load_config
 from singleloc.cli import main
@@ -23,9 +23,10 @@ from singleloc.configuration._config import Config
 from singleloc.io._run_folders import load_npz, save_npz
 from singleloc.sweeps import _sweep_cache
 
-#: A command line that solves in seconds (issue 54's ``S``).
-TINY = ["--set", "sgd.tau_max=2", "--set", "simulation.D=200", "--set", "simulation.seeds=1", "--set", "sgd.n_save=3",
-        "--set", "theory.route=rule", "--set", "theory.points=64", "--no-progress"]
+#: A command line that solves in seconds (issue 54's ``S``): the default preset's problem (the messages below name
+#: its L = 4 and F = 2) on the rule, one seed at D = 200.
+TINY = cli_sets("problem.L=4", "problem.F=2", "simulation.D=200", "simulation.seeds=1", "simulation.test_samples=4096",
+                rule=True)
 
 
 # ----------------------------------------------------------------------------- 1. Ctrl-C
