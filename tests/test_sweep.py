@@ -6,7 +6,7 @@ import csv
 
 import numpy as np
 import pytest
-from _tiny import cli_sets
+from _tiny import EXACT_TINY, cli_sets
 
 from singleloc import load_config
 from singleloc.analysis._predictions import EscapePrediction, escape_horizon
@@ -15,7 +15,8 @@ from singleloc.io._run_folders import save_npz
 from singleloc.sweeps import _sweep, _sweep_cache, _sweep_compute
 from singleloc.sweeps._grid import grid_points, parse_grid
 
-TINY = ["theory.points=16", "sgd.tau_max=2.0", "sgd.n_save=5", "simulation.seeds=1", "problem.L=3"]
+TINY = [*EXACT_TINY, "problem.F=2", "theory.points=16", "sgd.n_save=5", "simulation.seeds=1", "simulation.D=1000",
+        "simulation.test_samples=4096"]  # the slow tests' problem
 
 
 def read_csv(path):

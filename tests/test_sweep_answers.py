@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from _tiny import tiny
 
-from singleloc import bayes_risk, load_config, load_sweep, parse_grid
+from singleloc import bayes_risk, load_sweep, parse_grid
 from singleloc.analysis._predictions import EscapePrediction, escape_horizon
 from singleloc.cli import main
 from singleloc.sweeps import _sweep, _sweep_compute
@@ -63,7 +63,7 @@ def fake(monkeypatch):
     return bayes_calls
 
 
-BASE = load_config("default", ["simulation.seeds=2", "theory.points=64"])
+BASE = tiny()
 GRIDS = [parse_grid("model.heads=1,2,4"), parse_grid("problem.F=1,2")]
 
 
