@@ -5,11 +5,13 @@
 * :func:`finite_windows`: many independent finite-D SGD windows from one trained-like state (the drift's and the
   SDE's Monte Carlo);
 * :func:`full_disk_after`: a disk that fills after some files; :func:`one_line`: a failed command's one line;
-  :func:`interrupt`: a process sent Ctrl-C.
+  :func:`interrupt`: a process sent Ctrl-C;
+* the sweeps' stand-ins: :func:`fake_prediction`, :func:`fake_bayes`, and :func:`read_csv` of a sweep's table.
 """
 
 from __future__ import annotations
 
+import csv
 import signal
 import subprocess
 import sys
@@ -18,6 +20,8 @@ import time
 import numpy as np
 import pytest
 
+from singleloc import load_config
+from singleloc.analysis._predictions import EscapePrediction, escape_horizon
 from singleloc.model._data import keys_with_overlaps
 
 
@@ -137,3 +141,23 @@ def interrupt(args, tmp_path, wait_for=None, delay=0.0, limit=10.0, env=None):
         proc.communicate()
         pytest.fail(f"still running {limit} s after Ctrl-C")
     return proc.returncode, time.monotonic() - start, seen + err
+
+
+def read_csv(path):
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def fake_prediction(config):
+    """An escape predicted at tau = 40 (rate 0.1) for H >= 2, none for H = 1."""
+    esc = 40.0 if config.model.heads > 1 else np.inf
+    return EscapePrediction(rate=0.1 if config.model.heads > 1 else np.nan, tau_plateau=5.0, plateau_risk=0.3,
+                            predicted_escape=esc, horizon=escape_horizon(esc), D=config.simulation.D,
+                            path_tau=np.array([5.0, 40.0]), path_rate=np.array([0.1, 0.1])).arrays()
+
+
+def fake_bayes(config):
+    """A Bayes risk of 0.01 F (with an error of 1e-6) for a problem with F spikes; it must see the problem only."""
+    assert config.to_dict()["model"] == load_config("default").to_dict()["model"]  # one entry per problem
+    return {"bayes_risk": np.asarray(0.01 * config.problem.F), "bayes_risk_error": np.asarray(1e-6),
+            "bayes_route": np.asarray("exact")}

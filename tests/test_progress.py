@@ -58,7 +58,7 @@ def records(tmp_path, monkeypatch):
 def fake_compute(monkeypatch):
     """Predictions and solves that cost nothing (tests/test_sweep.py's synthetic ones); the list of
     the points computed."""
-    from test_sweep import fake_bayes, fake_prediction
+    from helpers import fake_bayes, fake_prediction
 
     calls = []
 
