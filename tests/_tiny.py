@@ -13,14 +13,20 @@
   without computing (a risk that falls, overlaps of a valid layer), for tests whose subject is a
   command, a file or a message; :func:`stub_solves` puts them in place of the solves.
 
-Session fixtures of the shared solves (one per route and kind) are in ``tests/conftest.py``.
+Session fixtures of the shared solves of :func:`tiny` (``tiny_theory``, ``tiny_theory_seeds``, ``tiny_simulation``,
+``tiny_run``, ``tiny_pruning``) are at the end.
 """
 
 from __future__ import annotations
 
-import numpy as np
+import shutil
 
+import numpy as np
+import pytest
+
+import singleloc as sl
 from singleloc import Config, load_config
+from singleloc.io._run_folders import save_run
 from singleloc.simulation._simulation_result import SimulationResult
 from singleloc.theory._theory_result import TheoryResult
 
@@ -98,3 +104,43 @@ def stub_solves(monkeypatch) -> list:
     monkeypatch.setattr(singleloc.theory._ode, "integrate", integrate)
     monkeypatch.setattr(singleloc.simulation._simulation, "simulate", simulate)
     return calls
+
+
+# The session's shared solves of the canonical tiny problem, read by tests, never changed: a test that keeps their
+# shapes shares their programs (a plugin of tests/conftest.py).
+
+
+@pytest.fixture(scope="session")
+def tiny_theory():
+    """:func:`~singleloc.integrate` of the tiny problem from its default start."""
+    return sl.integrate(tiny())
+
+
+@pytest.fixture(scope="session")
+def tiny_theory_seeds():
+    """:func:`~singleloc.integrate` of the tiny problem from its two seeds' starts (what ``compare`` solves)."""
+    return sl.integrate(tiny(), sl.initial_conditions(tiny()))
+
+
+@pytest.fixture(scope="session")
+def tiny_simulation():
+    """:func:`~singleloc.simulate` of the tiny problem (two seeds at D = 64)."""
+    return sl.simulate(tiny(), progress=False)
+
+
+@pytest.fixture(scope="session")
+def _tiny_run_folder(tmp_path_factory, tiny_theory, tiny_simulation):
+    return save_run(tmp_path_factory.mktemp("tiny") / "run", tiny_theory.resolved(tiny()),
+                    {"theory.npz": tiny_theory.arrays(0), "simulation.npz": tiny_simulation.arrays()})
+
+
+@pytest.fixture
+def tiny_run(tmp_path, _tiny_run_folder):
+    """The test's own copy of the tiny problem's run folder (config.json, theory.npz, simulation.npz)."""
+    return shutil.copytree(_tiny_run_folder, tmp_path / "run", copy_function=shutil.copy2)
+
+
+@pytest.fixture(scope="session")
+def tiny_pruning(tiny_theory):
+    """:func:`~singleloc.prune_theory` (greedy) of the tiny problem's final state."""
+    return sl.prune_theory(tiny(), *(x[0, -1] for x in (tiny_theory.M, tiny_theory.Q, tiny_theory.b)))

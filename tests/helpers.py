@@ -1,13 +1,27 @@
 """Factories shared by the test modules (x64 is switched on once, in conftest.py).
 
 * :func:`random_overlaps`: the order parameters ``(M, Q, b)`` of a valid layer, drawn at random;
-* :func:`weights_with_overlaps`: finite-D keys whose overlaps are exactly given ones.
+* :func:`weights_with_overlaps`: finite-D keys whose overlaps are exactly given ones;
+* :func:`finite_windows`: many independent finite-D SGD windows from one trained-like state (the drift's and the
+  SDE's Monte Carlo);
+* :func:`full_disk_after`: a disk that fills after some files; :func:`one_line`: a failed command's one line;
+  :func:`interrupt`: a process sent Ctrl-C;
+* the sweeps' stand-ins: :func:`fake_prediction`, :func:`fake_bayes`, and :func:`read_csv` of a sweep's table.
 """
 
 from __future__ import annotations
 
-import numpy as np
+import csv
+import signal
+import subprocess
+import sys
+import time
 
+import numpy as np
+import pytest
+
+from singleloc import load_config
+from singleloc.analysis._predictions import EscapePrediction, escape_horizon
 from singleloc.model._data import keys_with_overlaps
 
 
@@ -30,6 +44,43 @@ def weights_with_overlaps(rng: np.random.Generator, M, Q, D: int, orthogonal_spi
     K = keys_with_overlaps(M, Q, kstar, np.sqrt(D) * basis[:, F:].T)  # Z (H, D) orthogonal to the spikes
     assert np.allclose(K @ kstar.T / D, M, atol=1e-10) and np.allclose(K @ K.T / D, Q, atol=1e-10)
     return K, kstar
+
+
+def finite_windows(cfg, n: int, *, t: int = 0, steps: int = 1, flush: int = 0):
+    """``(y0, v)``: the flat state ``(M, Q, b)`` (float64, biases trained) of a fixed trained-like layer of 2 heads
+    and 2 spikes (spike overlaps ``[[1.2, 0.2], [0.1, 0.9]]`` of the simulator's spikes, an orthogonal part of
+    scale 0.6, biases ``(0.3, -0.4)``), and ``D / steps`` times the change of the flat state by ``n`` independent
+    windows from it (n, dim): each window is the simulator's steps ``t .. t + steps`` from the rule's initial state
+    (a zero velocity), fed the sequences of ``PRNGKey(5)``'s ``n`` keys, then ``flush`` steps of the rule with
+    zero gradients, which deliver what a momentum's velocity still holds (and nothing for the other rules)."""
+    import jax
+    import jax.numpy as jnp
+
+    import singleloc as sl
+    from singleloc.simulation._simulation import _run_functions
+    from singleloc.theory._theory import flatten_state
+
+    init, advance, _ = _run_functions(cfg)
+    ((K0, b0, _), state0), (kstar, _, test) = init(0)
+    D, rule = cfg.simulation.D, sl.sgd_rule(cfg)
+    orth = jax.random.normal(jax.random.PRNGKey(11), K0.shape, K0.dtype)
+    orth = 0.6 * (orth - (orth @ kstar.T / D) @ kstar)
+    K = (jnp.array([[1.2, 0.2], [0.1, 0.9]], K0.dtype) @ kstar + orth).astype(K0.dtype)
+    b = jnp.array([0.3, -0.4], b0.dtype)
+    zero = sl.LayerParameters(jnp.zeros_like(K), jnp.zeros_like(b))
+
+    def flat(params):
+        K, ks = params.K.astype(jnp.float64), kstar.astype(jnp.float64)
+        return flatten_state(K @ ks.T / D, K @ K.T / D, params.b.astype(jnp.float64), True)
+
+    def window(key):
+        state = advance((sl.LayerParameters(K, b), state0), (kstar, key, test), t, t + steps)
+        state = jax.lax.fori_loop(0, flush, lambda _, s: rule.step(0.0, s[0], zero, s[1], D), state)
+        return flat(state[0])
+
+    y0 = flat(sl.LayerParameters(K, b))
+    v = D / steps * (np.asarray(jax.jit(jax.vmap(window))(jax.random.split(jax.random.PRNGKey(5), n))) - np.asarray(y0))
+    return y0, v
 
 
 def full_disk_after(monkeypatch, files_written: int, code: int | None = None) -> list:
@@ -58,3 +109,55 @@ def full_disk_after(monkeypatch, files_written: int, code: int | None = None) ->
     assert errno.ENOSPC and os.path.exists("/dev/full")
     monkeypatch.setattr(_atomic_files, "_create", create)
     return created
+
+
+def one_line(capsys, command: str, kind: str = "error") -> str:
+    """The single line a failed command printed on stderr (and nothing else, no traceback)."""
+    captured = capsys.readouterr()
+    lines = [line for line in captured.err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in captured.err, captured.err
+    assert lines[0].startswith(f"singleloc {command}: {kind}"), lines[0]
+    return lines[0]
+
+
+def interrupt(args, tmp_path, wait_for=None, delay=0.0, limit=10.0, env=None):
+    """Start ``python ARGS`` (SIGINT at its default, as in a terminal; ``env``: its environment), send
+    SIGINT once its stderr shows ``wait_for`` (then ``delay`` seconds), and return (exit code, seconds
+    until it ended, stderr)."""
+    proc = subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=tmp_path, env=env, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    seen = ""
+    while wait_for is not None and wait_for not in seen:
+        line = proc.stderr.readline()
+        assert line, f"ended before {wait_for!r}: {seen}"
+        seen += line
+    time.sleep(delay)
+    start = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    try:
+        _, err = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        pytest.fail(f"still running {limit} s after Ctrl-C")
+    return proc.returncode, time.monotonic() - start, seen + err
+
+
+def read_csv(path):
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def fake_prediction(config):
+    """An escape predicted at tau = 40 (rate 0.1) for H >= 2, none for H = 1."""
+    esc = 40.0 if config.model.heads > 1 else np.inf
+    return EscapePrediction(rate=0.1 if config.model.heads > 1 else np.nan, tau_plateau=5.0, plateau_risk=0.3,
+                            predicted_escape=esc, horizon=escape_horizon(esc), D=config.simulation.D,
+                            path_tau=np.array([5.0, 40.0]), path_rate=np.array([0.1, 0.1])).arrays()
+
+
+def fake_bayes(config):
+    """A Bayes risk of 0.01 F (with an error of 1e-6) for a problem with F spikes; it must see the problem only."""
+    assert config.to_dict()["model"] == load_config("default").to_dict()["model"]  # one entry per problem
+    return {"bayes_risk": np.asarray(0.01 * config.problem.F), "bayes_risk_error": np.asarray(1e-6),
+            "bayes_route": np.asarray("exact")}

@@ -163,7 +163,6 @@ def near_copies(H, rng):
     return jnp.asarray(M), jnp.asarray(M @ M.T + 0.02 + A @ A.T + 0.03 * np.eye(H)), jnp.zeros(H)
 
 
-@pytest.mark.compiles(3, eager=10)  # the risk and drift of the exact route, the rank-aware and the head-shift rules
 def test_rank_aware_rule_at_near_copy_heads():
     """Eight near-copy softmax heads (L = 4): on the rank-aware rule the risk and the O(lr) drift of
     8 scramblings of 4096 points agree with the exact route within their standard errors, and the

@@ -33,7 +33,6 @@ def solver_tolerance(cfg, x):
     return 10 * (cfg.theory.rtol * np.max(np.abs(x)) + cfg.theory.atol)
 
 
-@pytest.mark.compiles(7)  # the batched solve (the subject), the starts' overlaps at each D (small programs)
 def test_batched_points_equal_their_own_solves(tiny_theory_seeds):
     cfgs = configs()
     groups = {_sweep_compute.compile_group("theory", c.to_dict()) for c in cfgs}

@@ -150,7 +150,6 @@ def test_population_risk_at_the_bayes_point_equals_the_bayes_risk(prior, activat
     assert abs(at_point.value - bayes.value) <= tol, (at_point, bayes)
 
 
-@pytest.mark.compiles(3)  # the risk of each of the three activations on the rule
 @pytest.mark.parametrize("prior, activation", CASES[:3], ids=lambda c: getattr(c, "name", c))
 def test_the_bayes_risk_is_below_every_other_point(prior, activation, bayes_values, rng):
     bayes = bayes_values[prior]
@@ -236,7 +235,6 @@ def _write(tmp_path, text):
     return str(path)
 
 
-@pytest.mark.compiles(3)  # the Bayes risk on the rule, the exact risk and its finer check
 def test_cli_bayes_json_discrete(tmp_path, capsys):
     # F = 1: two atoms, two bsoftmax heads at the Bayes point (the four-head point of F = 2 is checked above)
     cfg = _write(tmp_path, '[problem]\nL = 4\nF = 1\nprior = "flipped"\nstrength = 2.0\n[theory]\npoints = 1024\n')
@@ -290,7 +288,6 @@ def test_population_risk_names_a_bad_route():
         population_risk(prior, 4, "softmax", M, Q, b, nodes=4)
 
 
-@pytest.mark.compiles(6)  # the exact risk and its finer check at each of the three node counts
 def test_population_risk_takes_the_nodes_that_wide_trained_fields_need():
     """Two softmax1 heads of key length 3 on the Gaussian prior N(0, 9 I): token fields of variance
     Q_hh + 9 |M_h|^2 = 90.5, as trained keys reach there. At the default 64 nodes the refined rule states

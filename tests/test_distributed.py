@@ -18,6 +18,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from _tiny import EXACT_TINY
 
 from singleloc import load_config
 from singleloc.io._run_folders import load_npz, save_npz
@@ -26,7 +27,7 @@ from singleloc.sweeps._grid import parse_grid
 from singleloc.sweeps._sweep import sweep
 from singleloc.sweeps._sweep_compute import compile_group, compute_point
 
-TINY = ["sgd.tau_max=2", "theory.points=256"]  # one compilation: strength changes no shape and no static field
+TINY = list(EXACT_TINY)  # one compilation: strength changes no shape and no static field
 STARTUP = 120  # seconds allowed for a cluster or a process to start or stop on a loaded machine
 
 

@@ -98,7 +98,6 @@ def test_the_sobol_route_agrees_with_plain_monte_carlo(state):
         assert np.all(np.abs(got[key] - mean[key]) <= tol), (key, got[key], mean[key], se[key], rule_se[key])
 
 
-@pytest.mark.compiles(2, eager=300)  # the exact Gram term, called once outside jit
 def test_a_wrong_reference_is_caught():
     """The comparison can fail: a Gram term 5% off leaves the Monte Carlo band at the trained state."""
     L, H, prior = 4, 1, sl.spikes(2, 2.5)
@@ -111,7 +110,6 @@ def test_a_wrong_reference_is_caught():
     assert np.any(np.abs(wrong - mean) > Z * se)
 
 
-@pytest.mark.compiles(4, eager=300)  # the Monte Carlo route's solve and start; the exact drift and risk once, eagerly
 def test_the_monte_carlo_route_is_a_registered_route_end_to_end():
     """``theory.route = "montecarlo"``: one module and one line in the registry take it through the
     ODE, the solve and its statement; its drift at the start agrees with the exact route's within its

@@ -7,8 +7,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _tiny import tiny
 
-from singleloc import OrderParameterODE, OrderParameters, integrate, load_config
+from singleloc import OrderParameterODE, OrderParameters, integrate
 from singleloc.model._activations import get_activation
 from singleloc.model._data import make_spikes, sample_sequence
 from singleloc.model._layer import finite_loss
@@ -17,7 +18,8 @@ from singleloc.theory import _fluctuations as fl
 from singleloc.theory._fluctuations import integrate_sde, update_moments
 from singleloc.theory._theory import flatten_state
 
-CFG = load_config("bsoftmax", ["problem.prior=flipped", "problem.strength=3.0", "sgd.lr=1.0", "theory.points=256"])
+CFG = tiny("problem.L=4", "problem.F=2", "problem.prior=flipped", "problem.strength=3.0", "sgd.lr=1.0", "theory.points=256",
+           preset="bsoftmax")
 
 
 @pytest.mark.slow

@@ -239,7 +239,6 @@ def test_copies_drift_as_one_head_at_lr_over_H(activation, L, gram):
     np.testing.assert_allclose(dQ, np.full((H, H), float(dQ1[0, 0])), rtol=0, atol=tolerance)
 
 
-@pytest.mark.compiles(6)  # the exact risks (two layers, each with its check), the rule's risk, the Bayes risk on the rule
 def test_the_sobol_checks_of_the_risks_are_unbiased_at_long_contexts():
     """The rule behind population_risk's check at few points per coordinate (n / 2LH = 2): against the
     exact risk of a trained two-head softmax layer at L = 64, the mean of 8 scramblings within 4 of its

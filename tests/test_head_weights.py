@@ -39,7 +39,6 @@ def test_head_weights_key_is_validated_and_reaches_the_rule(tmp_path):
     assert type(sl.initial_conditions(sl.load_config("softmax1"), 2)) is sl.OrderParameters
 
 
-@pytest.mark.compiles(2)  # per route, one program of both layers' risks and drifts and the gradient in v
 @pytest.mark.parametrize("activation", ["softmax", "softmax1", "bsoftmax"])
 def test_uniform_head_weights_are_the_head_average(activation):
     """``v = 1/H`` gives the layer of the default (uniform) model: the same loss, risk and drift of
@@ -64,7 +63,6 @@ def test_uniform_head_weights_are_the_head_average(activation):
         np.testing.assert_allclose(d.v, -0.7 * grad_v, rtol=1e-8, atol=1e-12)
 
 
-@pytest.mark.compiles(2, eager=400)  # the exact risk and its gradient in v, the rules' moments, the average's risk, op by op
 @pytest.mark.parametrize("activation", ["softmax", "softmax1", "ssmax"])
 def test_exact_weighted_risk_against_the_rule(activation):
     """The exact route's risk of a weighted layer and its gradient in ``v`` (pairs of heads
@@ -88,7 +86,6 @@ def test_exact_weighted_risk_against_the_rule(activation):
     assert abs(float(exact.risk(M, Q, b)) - float(risk)) > 100 * se(risks) + 1e-3
 
 
-@pytest.mark.compiles(2, eager=200)  # the exact drift and the simulator's steps; their operations op by op
 def test_head_weight_drift_is_the_mean_of_finite_D_steps():
     """The ODE's drift of ``(M, Q, b, v)`` at a trained-like weighted state against the mean
     increment of 4000 independent simulator steps (``D`` times the change), within 4 standard
@@ -140,7 +137,6 @@ def test_routes_and_refusals():
         sl.integrate(sl.load_config("softmax1"), sl.WeightedOrderParameters(*y0))
 
 
-@pytest.mark.compiles(6)  # the solve and the simulation with trained head weights (the subject), the starts
 def test_integrate_and_simulate_carry_the_head_weights(tmp_path, tiny_theory):
     cfg = sl.load_config("softmax1", ["model.head_weights=trained", "theory.points=256", "sgd.tau_max=2", "sgd.n_save=3",
                                       "simulation.D=200", "simulation.seeds=2", "simulation.test_samples=64"])

@@ -14,8 +14,8 @@ import sys
 
 import numpy as np
 import pytest
-from test_robustness import _interrupt as interrupt
-from test_robustness import one_line
+from _tiny import cli_sets
+from helpers import interrupt, one_line
 
 from singleloc import load_config
 from singleloc.cli import main
@@ -24,9 +24,10 @@ from singleloc.io._run_folders import load_npz, save_npz
 from singleloc.sweeps import _sweep_cache, _sweep_entries
 from singleloc.theory._build import build
 
-#: A command line that solves in seconds (issue 54's ``S``).
-TINY = ["--set", "sgd.tau_max=2", "--set", "simulation.D=200", "--set", "simulation.seeds=1", "--set", "sgd.n_save=3",
-        "--set", "theory.route=rule", "--set", "theory.points=64", "--no-progress"]
+#: A command line that solves in seconds (issue 54's ``S``): the default preset's problem (the messages below name
+#: its L = 4 and F = 2) on the rule, one seed at D = 200.
+TINY = cli_sets("problem.L=4", "problem.F=2", "simulation.D=200", "simulation.seeds=1", "simulation.test_samples=4096",
+                rule=True)
 
 
 # ----------------------------------------------------------------------------- 1. Ctrl-C
@@ -246,7 +247,6 @@ def test_a_user_activation_is_probed_with_values_where_it_enters(user_module, tm
     assert line.startswith(f"singleloc integrate: error: model.activation: '{user_module}:{function}' ") and words in line, line
 
 
-@pytest.mark.compiles(8)  # the probe of each activation checked (tiny programs)
 def test_the_probe_takes_the_packages_own_activations_and_an_honest_form(user_module):
     import jax.numpy as jnp
 
@@ -720,7 +720,6 @@ def test_automatic_points_go_through_the_memory_check_of_each_count_they_try(mon
     assert tried == [first] and str(auto.value).endswith(str(explicit.value))
 
 
-@pytest.mark.compiles(3)  # the rule route's solve with momentum; its starts and the overlaps where the file runs alone
 def test_a_divergence_with_momentum_names_momentum():
     """Issue 62: ``sgd.momentum = 0.999999`` diverged with "lower sgd.lr"; the rate is lr / (1 - momentum)."""
     from _tiny import tiny

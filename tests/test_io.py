@@ -15,12 +15,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _tiny import tiny
 
-from singleloc import Config, load_config
+from singleloc import Config
 from singleloc.ground._atomic_files import check_output_folder, check_run_folder, write_folder
 from singleloc.io._run_folders import add_to_run, config_hash, load_run, npz_stamp, save_npz, save_run
 
-CONFIG = load_config("default", ["model.heads=3"])
+CONFIG = tiny("model.heads=3", "problem.F=2")  # the shapes of the messages below
 T = 3
 
 

@@ -65,7 +65,6 @@ def _mass(rule, M, Q, b):
     return rule.attention_mass(M, Q, b)
 
 
-@pytest.mark.compiles(3)  # its subject: softmax's risk with its gradient and Gram term, the joint layer's risk
 def test_a_sweep_over_L_compiles_the_risk_its_gradient_and_the_gram_term_once():
     """``L`` and the scalable softmax's ``alpha = log L`` are arrays of the rule, not static fields
     (issue 49): rules that differ in them alone share one compiled risk with its gradient and one Gram
@@ -178,7 +177,6 @@ def test_zero_keys_closed_forms(L):
     assert float(_risk(rule_for("softmax1", L, H, prior), M, Q, b)) == pytest.approx((1 - c) ** 2 + (L - 1) * c**2, abs=1e-10)
 
 
-@pytest.mark.compiles(3)  # the risk of one head, of four and of four on the refined rule
 @pytest.mark.parametrize("name,L", [pytest.param("softmax", 4, marks=SLOW), ("softmax", 256),
                                     pytest.param("softmax1", 4, marks=SLOW), pytest.param("softmax1", 256, marks=SLOW),
                                     ("ssmax", 4), pytest.param("ssmax", 8, marks=SLOW)])
@@ -274,7 +272,6 @@ def test_gradient_at_identical_heads_is_finite_and_continuous(name):
             np.testing.assert_allclose(a, c, atol=50 * delta)
 
 
-@pytest.mark.compiles(3)  # the start, the exact drift and the converged rule's
 @pytest.mark.parametrize("name", ["softmax", pytest.param("bsoftmax", marks=SLOW)])
 def test_drift_matches_converged_rule(name):
     """The exact drift against the Sobol rule's at 2^16 points (where it converges, a start)."""
@@ -335,7 +332,6 @@ def test_integrate_runs_on_the_exact_route_and_states_its_error(tiny_theory):
     np.testing.assert_allclose(exact.risk, rule.risk, atol=3e-3)
 
 
-@pytest.mark.compiles(4)  # the Gram terms compared (exact, rank-aware, their finer rules)
 def test_gram_term_is_rank_aware_and_its_stated_error_covers_it(rng):
     """The exact route's lr^2 term at a trained state with near-copy heads: the rank-aware rule
     (principal axes, direction-major Sobol coordinates) against the head-symmetric one at the
@@ -371,7 +367,6 @@ def test_a_large_stated_error_warns_with_the_token_variance():
     assert r.risk_error > 1e-6 and r.exact_drift_error > 1e-4  # the drift's error is computed and stated too
 
 
-@pytest.mark.compiles(3)  # the drift, its stated error and the finer rule's drift
 @pytest.mark.parametrize("stretch", [pytest.param(1.0, marks=pytest.mark.slow), 2.0])
 def test_stated_drift_error_covers_the_drift_error(stretch):
     """The exact route's stated drift error (its ``O(lr)`` drift against a rule of 1.5 x the nodes)
@@ -406,7 +401,6 @@ def _trapezoid_reference(rule):
     return eqx.tree_at(lambda r: (r.z_outer, r.w_outer), fine, (jnp.asarray(z), jnp.asarray(w / w.sum())))
 
 
-@pytest.mark.compiles(3)  # the risk with its gradient on both rules, the wide-field reference
 @pytest.mark.parametrize("L, M, Q", [pytest.param(64, 1.68, 3.39, marks=pytest.mark.slow), (64, 4.23, 20.1), (256, 2.0, 5.0),
                                      pytest.param(4, 4.23, 20.1, marks=pytest.mark.slow)])
 def test_wide_token_fields_stay_exact(monkeypatch, L, M, Q):
@@ -461,7 +455,6 @@ def _nested_trapezoid_pair(outer_nodes, inner_nodes):
     return pair
 
 
-@pytest.mark.compiles(3)  # the risk with its gradient and the pair's references
 @pytest.mark.parametrize("name, L, M, Q, b", [
     # token variances 64, 66, key correlation 0.72 (two ssmax heads trained at L = 64)
     ("ssmax", 64, [[1.7], [1.75]], [[3.7, 2.66], [2.66, 3.8]], [0.1, -0.2]),
@@ -658,7 +651,6 @@ def _dense_joint_token(sizes):
     return token, shares
 
 
-@pytest.mark.compiles(4)  # the joint layer's risk with its gradient, its mass and the product-form references
 @pytest.mark.parametrize("L, M, Q, b, reference, gradient_tolerance", [
     # two bsoftmax heads trained on two spikes at L = 16 (experiments/long_context.py --heads): variance 6.9
     (16, [[2.605, 0.005], [0.005, 2.605]], [[6.937, 0.025], [0.025, 6.937]], [0.0, 0.0], (160, 160), 1e-9),

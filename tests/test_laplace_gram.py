@@ -147,7 +147,6 @@ def test_the_stated_error_is_against_the_finer_rule(name, L, F, M, Q, b):
     assert abs(value - finer) < 1e-9 * abs(finer)
 
 
-@pytest.mark.compiles(3)  # the Gram kernel, the start, the solve
 def test_a_one_head_ode_has_the_exact_gram_term_and_states_it():
     cfg = sl.load_config("default", ["model.heads=1", "problem.F=1", "sgd.tau_max=5", "sgd.n_save=3", "theory.route=exact"])
     ode = sl.OrderParameterODE.from_config(cfg)

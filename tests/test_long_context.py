@@ -62,7 +62,6 @@ def test_sweep_accepts_a_long_sequence_on_the_exact_route(monkeypatch, tmp_path)
     assert code == 0 and checked and swept
 
 
-@pytest.mark.compiles(4)  # the exact risk and its finer check of each activation
 def test_ssmax_risk_is_softmax_risk_on_rescaled_keys():
     prior = sl.spikes(1, 2.5)
     L = 64

@@ -74,7 +74,6 @@ def test_a_learning_rate_far_past_stability_stops_within_seconds_and_names_sgd_l
             sl.integrate(tiny(f"sgd.lr={lr}"))
 
 
-@pytest.mark.compiles(3)  # the solve on the rule, its start
 def test_a_diverging_solve_on_the_rule_stops_with_a_clear_error():
     """On the Sobol rule of the default problem, lr = 1e5: the same stop, the same message."""
     cfg = sl.load_config("default", ["sgd.lr=1e5", "sgd.tau_max=30", "sgd.n_save=4", "theory.points=256", "theory.route=rule"])
@@ -119,7 +118,6 @@ def test_integrate_cli_writes_documented_files(tmp_path, capsys, tiny_theory):
     assert "sgd.lr" in err and "Traceback" not in err
 
 
-@pytest.mark.compiles(6)  # the large-D simulation (its subject), its starts and the solve from them
 def test_theory_tracks_a_large_D_simulation():
     """Early dynamics (tau <= 3) at D = 4000: the theory of each seed's own start against its
     simulation, within 4 Monte Carlo errors of the test risk plus the O(1/sqrt(D)) spread

@@ -243,7 +243,6 @@ def test_escape_from_a_plateau_that_runs_to_the_end():
     assert np.isnan(a.first_specialization[0])
 
 
-@pytest.mark.compiles(3)  # the attention masses of softmax, bsoftmax and softmax1
 def test_attention_mass_against_monte_carlo():
     """w_h = E[sum_l A_hl] by the ODE's route (the exact one): 1 for softmax, summing to H for bsoftmax, and
     for softmax1 against plain Monte Carlo over the fields (a head with a bias of -12 is off)."""

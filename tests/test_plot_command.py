@@ -9,7 +9,7 @@ import re
 
 import numpy as np
 import pytest
-from _tiny import stub_solves
+from _tiny import stub_solves, tiny
 
 from singleloc import PruningResult, SimulationResult, TheoryResult, load_config, plots
 from singleloc.analysis import _predictions
@@ -18,7 +18,7 @@ from singleloc.cli import main
 from singleloc.io._run_folders import load_run, npz_stamp, save_run
 from singleloc.pruning import _pruning
 
-CONFIG = load_config("default", ["model.heads=3"])
+CONFIG = tiny("model.heads=3", "problem.F=2")  # the shapes of the arrays below
 T = 9
 
 

@@ -59,7 +59,7 @@ def records(tmp_path, monkeypatch):
 def fake_compute(monkeypatch):
     """Predictions and solves that cost nothing (tests/test_sweep.py's synthetic ones); the list of
     the points computed."""
-    from test_sweep import fake_bayes, fake_prediction
+    from helpers import fake_bayes, fake_prediction
 
     calls = []
 
@@ -140,7 +140,6 @@ def test_a_solve_records_its_times_and_the_next_estimate_is_measured(records, mo
     assert other.estimate.parts[-1][1] == pytest.approx(solve_size(other.work, 2.0, 3) / solve_size(work, 2.0, 3))
 
 
-@pytest.mark.compiles(3)  # the solve's program, the heads' attention mass of the settled check, prune's risks
 def test_the_command_line_says_each_phase_in_one_line_with_its_time(records, tmp_path, capsys):
     """``--no-progress`` (and any stderr that is not a terminal): the estimate, then one line per
     phase (its start, its end with its time), no carriage returns; then prune's estimate and its
@@ -166,7 +165,6 @@ def test_the_command_line_says_each_phase_in_one_line_with_its_time(records, tmp
     assert re.fullmatch(rf"singleloc prune: pruned 1 layer\(s\) in {TIME}", lines[-1]), lines
 
 
-@pytest.mark.compiles(3)  # the simulation's three programs (what the test times)
 def test_a_simulation_times_its_compiled_step_before_it_runs_and_records_it(records, capsys):
     config = sl.load_config("default", SETS)
     with _progress.reporting(mode="lines"):

@@ -46,7 +46,6 @@ def risk_with_heads(cfg, M, Q, b):
 # -- theory -------------------------------------------------------------------------------
 
 
-@pytest.mark.compiles(6)  # the exact risk and its finer check of three, two and one heads
 def test_no_pruning_and_one_head(rng):
     """k = 0 removed is the unpruned risk; H - 1 removed is the single-head model of the kept
     head, built directly with one head (bsoftmax, whose factor H must become H')."""
@@ -62,7 +61,6 @@ def test_no_pruning_and_one_head(rng):
 
 
 
-@pytest.mark.compiles(6)  # the rule's risk of three, two and one heads, and on the reference rule
 def test_replicated_theory_risk_carries_its_quadrature_error(rng):
     """With theory.replicates = R the risk of each kept subset is the mean over R scramblings
     and its standard error covers the distance to a reference rule of 16 times the points (the Sobol rule's
@@ -79,7 +77,6 @@ def test_replicated_theory_risk_carries_its_quadrature_error(rng):
     assert prune_theory(cfg.replace(theory={"replicates": 1}), M, Q, b, [1, 0]).stderr is None  # one rule: no estimate
 
 
-@pytest.mark.compiles(3)  # the rule's risk of two heads and of one, the Bayes point
 def test_cli_prune_prints_the_quadrature_error(tmp_path, capsys):
     """The bsoftmax Bayes layer of two spikes: either head removed raises the risk (on the Sobol rule with
     replicates: its subject is the rule's standard error)."""
@@ -138,7 +135,6 @@ def _single_head_mc(activation, M, Q, b, L, strength, F, n, rng):
     return loss.mean(), loss.std(ddof=1) / np.sqrt(n)
 
 
-@pytest.mark.compiles(6)  # the exact risk and its finer check of three, two and one heads
 @pytest.mark.parametrize("activation", [pytest.param("softmax", marks=pytest.mark.slow), "softmax1",
                                         pytest.param("bsoftmax", marks=pytest.mark.slow)])
 def test_one_head_matches_independent_monte_carlo(rng, activation):
@@ -152,7 +148,6 @@ def test_one_head_matches_independent_monte_carlo(rng, activation):
     assert abs(res.risk[-1] - mc) < 5 * se, (res.risk[-1], mc, se)
 
 
-@pytest.mark.compiles(6)  # the rule's risks of four to one heads of both activations
 def test_renormalisation_over_kept_heads(rng):
     """bsoftmax: heads with a very negative bias carry no weight, so removing them leaves the
     risk unchanged (the factor H becomes H'); softmax cannot switch them off, and its
@@ -172,7 +167,6 @@ def test_renormalisation_over_kept_heads(rng):
     assert soft([0, 1])[0] < soft([0, 1, 2, 3])[0] - 0.01  # the useless heads added noise
 
 
-@pytest.mark.compiles(4)  # the rule's risk of four, three, two and one heads
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 def test_greedy_first_removal_is_best(rng, activation):
     """Greedy's first removal is the best single removal: <= alignment and every random draw,
@@ -235,7 +229,6 @@ def test_removable_heads():
 # -- theory against weights ---------------------------------------------------------------
 
 
-@pytest.mark.compiles(9)  # the theory's risks of four to one heads, the weights' draw and losses
 @pytest.mark.parametrize("activation, route", [("softmax1", "rule"), ("bsoftmax", "rule"),
                                                pytest.param("softmax1", "auto", marks=pytest.mark.slow)])
 def test_theory_matches_weights(rng, activation, route, orthogonal_spikes):

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _tiny import stub_solves
+from _tiny import cli_sets, stub_solves, tiny
+from helpers import interrupt, one_line
 
 from singleloc import load_config
 from singleloc.cli import main
@@ -24,18 +25,9 @@ from singleloc.preflight import _costs, _resources
 from singleloc.sweeps import _sweep, _sweep_cache, _sweep_compute
 from singleloc.sweeps._grid import parse_grid
 
-TINY = ["--set", "sgd.tau_max=1", "--set", "sgd.n_save=3", "--set", "simulation.D=64", "--set", "simulation.seeds=2",
-        "--set", "theory.points=256", "--no-progress"]
-CONFIG = load_config("default", [a for a in TINY if "=" in a])
-
-
-def one_line(capsys, command: str, kind: str = "error") -> str:
-    """The single line a failed command printed on stderr (and nothing else, no traceback)."""
-    captured = capsys.readouterr()
-    lines = [line for line in captured.err.splitlines() if line.strip()]
-    assert len(lines) == 1 and "Traceback" not in captured.err, captured.err
-    assert lines[0].startswith(f"singleloc {command}: {kind}"), lines[0]
-    return lines[0]
+#: The default preset's problem (L = 4, F = 2, 4096 test samples: the limits' messages below name them), small.
+SETS = ("problem.L=4", "problem.F=2", "sgd.tau_max=1", "simulation.test_samples=4096", "theory.points=256")
+TINY, CONFIG = cli_sets(*SETS), tiny(*SETS)
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
@@ -355,7 +347,6 @@ def test_a_sweep_counts_failed_points_and_keeps_every_failure(tmp_path, monkeypa
 # ----------------------------------------------------------------------------- 10. silent surprises
 
 
-@pytest.mark.compiles(3)  # the simulation's start, step and measurement at its 65 saved times (a shape of their own)
 def test_dropped_saved_times_are_a_one_line_warning(tmp_path, capsys):
     assert main(["simulate", "default", *TINY, "--set", "sgd.n_save=100000", "--out", str(tmp_path / "a")]) == 0
     line = one_line(capsys, "simulate", "warning")
@@ -364,7 +355,6 @@ def test_dropped_saved_times_are_a_one_line_warning(tmp_path, capsys):
         assert d["tau"].shape == (65,)
 
 
-@pytest.mark.compiles(3)  # the solve on the rule, its start
 def test_a_rising_risk_is_a_one_line_warning(tmp_path, capsys):
     from singleloc import warn_if_risk_rose
     from singleloc.theory._theory_result import TheoryResult
@@ -646,37 +636,12 @@ sys.exit(main())
 """
 
 
-def _interrupt(args, tmp_path, wait_for=None, delay=0.0, limit=10.0, env=None):
-    """Start ``python ARGS`` (SIGINT at its default, as in a terminal; ``env``: its environment), send
-    SIGINT once its stderr shows ``wait_for`` (then ``delay`` seconds), and return (exit code, seconds
-    until it ended, stderr)."""
-    import time
-
-    proc = subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=tmp_path, env=env, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    seen = ""
-    while wait_for is not None and wait_for not in seen:
-        line = proc.stderr.readline()
-        assert line, f"ended before {wait_for!r}: {seen}"
-        seen += line
-    time.sleep(delay)
-    start = time.monotonic()
-    proc.send_signal(signal.SIGINT)
-    try:
-        _, err = proc.communicate(timeout=limit)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
-        pytest.fail(f"still running {limit} s after Ctrl-C")
-    return proc.returncode, time.monotonic() - start, seen + err
-
-
 @pytest.mark.slow
 def test_ctrl_c_ends_the_process_while_xla_runs(tmp_path):
     """Issue 21 item 6: Ctrl-C printed "interrupted" but the process ran on for minutes (the main
     thread inside XLA sees the signal only when XLA returns)."""
     (tmp_path / "stuck.py").write_text(_STUCK)
-    code, seconds, err = _interrupt(["stuck.py", str(tmp_path / "out")], tmp_path, wait_for="solving", delay=1.0)
+    code, seconds, err = interrupt(["stuck.py", str(tmp_path / "out")], tmp_path, wait_for="solving", delay=1.0)
     assert code == 130 and seconds < 3.0, (code, seconds, err)
     assert err.strip().splitlines()[-1] == "singleloc integrate: interrupted" and "Traceback" not in err
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.*"))
@@ -687,7 +652,7 @@ def test_ctrl_c_of_a_long_integrate_ends_it_at_once(tmp_path):
     """The issue's case: ``integrate --set sgd.tau_max=1e6``, interrupted while it compiles or solves."""
     args = ["-m", "singleloc", "integrate", "default", "--set", "sgd.tau_max=1e6", "--set", "theory.points=256",
             "--no-progress", "--force", "--out", "out"]
-    code, seconds, err = _interrupt(args, tmp_path, delay=15.0)
+    code, seconds, err = interrupt(args, tmp_path, delay=15.0)
     assert code == 130 and seconds < 3.0, (code, seconds, err)
     assert err.strip().splitlines()[-1] == "singleloc integrate: interrupted" and "Traceback" not in err
 

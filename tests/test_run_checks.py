@@ -21,8 +21,7 @@ jax.config.update("jax_enable_x64", True)
 
 CONFIG = sl.load_config("default")
 #: A simulation of a few steps (64 SGD steps, two seeds).
-TINY_SIM = ["sgd.tau_max=1", "sgd.n_save=3", "simulation.D=64", "simulation.seeds=2", "simulation.test_samples=64",
-            "theory.points=256"]
+TINY_SIM = ("problem.L=4", "problem.F=2", "sgd.tau_max=1", "simulation.test_samples=64", "theory.points=256")  # of tiny()
 
 
 def _messages(record) -> list[str]:
@@ -41,9 +40,8 @@ def test_dropped_saved_times_warn_with_the_counts():
         _run_checks.warn_if_times_dropped(cfg, 100)  # every saved time kept: silent
 
 
-@pytest.mark.compiles(4)  # the simulation's start, kernel, step and measurement at its saved times
 def test_simulate_warns_of_dropped_saved_times_once():
-    cfg = sl.load_config("default", [*TINY_SIM, "sgd.n_save=100"])
+    cfg = tiny(*TINY_SIM, "sgd.n_save=100")
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         result = sl.simulate(cfg, progress=False)
@@ -77,7 +75,7 @@ def test_simulate_warns_when_its_risk_rises(monkeypatch):
     import singleloc.simulation._simulation
 
     monkeypatch.setattr(singleloc.simulation._simulation, "warn_if_risk_rose", lambda config, **kw: seen.append((config, kw)))
-    cfg = sl.load_config("default", TINY_SIM)
+    cfg = tiny(*TINY_SIM)
     result = sl.simulate(cfg, progress=False)
     assert len(seen) == 1 and seen[0][0] is cfg and seen[0][1]["simulation"] is result
 

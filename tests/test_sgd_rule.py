@@ -1,5 +1,5 @@
-"""The SGD rule (singleloc/sgd/_sgd_rule.py): its finite-D step, its per-step update in order
-parameters and its drift are one rule (issue 23 item 2)."""
+"""The SGD rule (singleloc/sgd/_sgd_rule.py): its per-step update in order parameters and its drift are one
+rule (issue 23 item 2); its finite-D step against the update is the contract of tests/test_training_variants.py."""
 
 from __future__ import annotations
 
@@ -7,51 +7,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _tiny import tiny
 
 import singleloc as sl
-from singleloc.model._data import make_spikes, sample_sequence
-from singleloc.model._layer import finite_loss, scores, token_weights
 from singleloc.theory._fluctuations import update_moments
 from singleloc.theory._theory import flatten_state
 
 
-@pytest.mark.compiles(2, eager=200)  # the finite-D steps and the moments, op by op
-@pytest.mark.parametrize("train_bias", [True, False])
-def test_the_step_in_order_parameters_is_the_update(train_bias):
-    """D times the change of ``(M, Q, b)`` by one finite-D :meth:`OnlineSGD.step` on one sequence
-    equals :meth:`OnlineSGD.update` of that sequence's score gradient and fields (docs/model.md
-    section 5.2), exactly, once the update's Gram term ``lr^2 d d^T`` is given the sequence's own
-    token Gram matrix ``X X^T / D`` in place of its limit ``I``."""
-    D, H, F, L, lr = 512, 2, 2, 4, 0.7
-    rule = sl.OnlineSGD(lr, train_bias)
-    act = sl.get_activation("bsoftmax")
-    kstar = make_spikes(jax.random.PRNGKey(0), F, D).astype(jnp.float64)
-    K = jnp.array([[0.8, 0.3], [-0.2, 0.6]]) @ kstar + 0.5 * jax.random.normal(jax.random.PRNGKey(1), (H, D))
-    b = jnp.array([0.1, -0.2])
-    X, eps = sample_sequence(jax.random.PRNGKey(2), sl.binary(F, 3.0), kstar, L)
-    gK, gb = jax.grad(lambda K, b: finite_loss(act, K, b, X, eps), argnums=(0, 1))(K, b)
-    params = sl.LayerParameters(K, b)
-    (K1, b1, _), state = rule.step(0.0, params, sl.LayerParameters(gK, gb), rule.init_state(params), D)
-    assert state == ()  # plain SGD has no state of its own
-    M, Q = K @ kstar.T / D, K @ K.T / D
-    stepped = (D * (K1 @ kstar.T / D - M), D * (K1 @ K1.T / D - Q), D * (b1 - b))
-
-    d = jax.grad(lambda S: jnp.sum((X[eps] - token_weights(act, S) @ X) ** 2) / D)(scores(K, b, X))  # (H, L)
-    g, nu = X @ K.T / jnp.sqrt(D), X @ kstar.T / jnp.sqrt(D)  # head fields (L, H), spike fields (L, F)
-    U = rule.update(0.0, M, Q, b, d, g, nu)
-    gram = lr**2 * d @ (X @ X.T / D - jnp.eye(L)) @ d.T
-    np.testing.assert_allclose(stepped[0], U.M, rtol=0, atol=1e-12)
-    np.testing.assert_allclose(stepped[1], U.Q + gram, rtol=0, atol=1e-12)
-    np.testing.assert_allclose(stepped[2], U.b if train_bias else 0 * b, rtol=0, atol=1e-12)
-    assert not train_bias or np.abs(U.b).max() > 1e-3  # (the biases do move)
-
-
-@pytest.mark.compiles(2, eager=200)  # the SDE's moments and the ODE's drift, op by op
 def test_the_sde_drift_is_the_ode_drift_from_one_pass():
     """On the Sobol rule the SDE's drift is the mean update of the pass that gives its covariance
     (review D5: no second quadrature); it is the ODE's drift to rounding, and the rule's drift of the
     ODE's field averages is the ODE's drift."""
-    cfg = sl.load_config("bsoftmax", ["theory.points=256", "theory.route=rule", "model.train_bias=true", "problem.L=3"])
+    cfg = tiny("problem.F=2", "theory.points=256", rule=True, preset="bsoftmax")  # (bsoftmax trains its biases)
     ode = sl.OrderParameterODE.from_config(cfg)
     M = jnp.array([[0.8, 0.3], [-0.2, 0.6]])
     Q, b = M @ M.T + 0.3 * jnp.eye(2), jnp.array([0.1, -0.2])

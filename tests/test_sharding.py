@@ -113,7 +113,6 @@ def test_one_start_splits_its_nodes_over_two_devices(tmp_path):
 
 
 # all nodes at once (nodes w only: a discrete prior), or lax.map over batches of 2 base points (w and u)
-@pytest.mark.compiles(4)  # the starts, the moments of the whole rule and of its 2 and 4 blocks
 @pytest.mark.parametrize("prior, batch_size", [("spikes", 8192), ("gaussian", 12)])
 def test_split_rule_integrates_as_the_whole_rule(prior, batch_size):
     """The padding of LocalFields.split is neutral: 21 base points in 2 or 4 blocks (1 or 3 padded

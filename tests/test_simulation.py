@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _tiny import EXACT_TINY
 from scipy import stats
 
 import singleloc
@@ -28,16 +29,9 @@ from singleloc.model._layer import token_weights
 from singleloc.pruning._pruning import WeightsRisk, prune_weights
 from singleloc.simulation._simulation import _run_functions
 
-# A tiny run: D = 64, 64 SGD steps, 3 saved times, 2 seeds. softmax1 with trained biases so
-# that every recorded array moves.
-TINY = [
-    "simulation.D=64",
-    "sgd.tau_max=1",
-    "sgd.n_save=3",
-    "simulation.seeds=2",
-    "simulation.test_samples=256",
-    "simulation.seed=0",
-]
+# The tiny run (_tiny.py: D = 64, 3 saved times, 2 seeds) of the preset's L = 4 and F = 2 and 64 SGD steps; softmax1
+# with trained biases so that every recorded array moves.
+TINY = [*EXACT_TINY, "problem.L=4", "problem.F=2", "sgd.tau_max=1"]
 TINY_PRESET = "softmax1"
 ARRAYS = ("tau", "M", "Q", "b", "risk", "risk_limit")
 
@@ -191,7 +185,6 @@ def test_heldout_losses_match_brute_force(rng, orthogonal_spikes):
     assert abs(emp_b.mean() - lim_a.mean()) > 4 * se
 
 
-@pytest.mark.compiles(3)  # the held-out draw and the losses of both kinds (the simulator's own are in its program)
 def test_pruning_weights_route_reproduces_the_test_risk(tiny_run, tiny_config):
     """Pruning's weights evaluator and the simulator draw the same held-out sequences: with
     every head kept and the simulator's test key of the last saved time, ``WeightsRisk``

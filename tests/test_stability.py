@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _tiny import tiny
 from scipy.integrate import solve_ivp
 
 from singleloc import OrderParameterODE, integrate, load_config
@@ -19,12 +20,13 @@ from singleloc.analysis import _stability as st
 from singleloc.analysis._predictions import EscapePrediction, adiabatic_escape, escape_horizon, predicted_escape
 from singleloc.theory._theory import flatten_state, unflatten_state
 
-TINY_OVERRIDES = ["theory.points=64", "problem.L=3", "problem.strength=3.0", "sgd.lr=1.0"]
+#: The tiny problem with two spikes (the states below are of 2 heads x 2 spikes), stronger and faster.
+SETS = ("problem.F=2", "problem.strength=3.0", "sgd.lr=1.0")
 
 
 @pytest.fixture(scope="module")
 def tiny_ode():
-    cfg = load_config("bsoftmax", TINY_OVERRIDES)
+    cfg = tiny(*SETS, preset="bsoftmax")
     return cfg, OrderParameterODE.from_config(cfg)
 
 
@@ -50,13 +52,12 @@ def _generic_state():
     return M, Q, np.array([0.1, -0.1])
 
 
-@pytest.mark.compiles(4)  # the drift and its jacobian, per route
 @pytest.mark.parametrize("route", ["rule", "exact"])
 def test_jacobian_matches_finite_differences(route):
     """Autodiff against central differences where autodiff is the drift's derivative: the Sobol rule
     (bsoftmax), and a per-head layer on the exact route (softmax)."""
     preset = "bsoftmax" if route == "rule" else "default"
-    ode = OrderParameterODE.from_config(load_config(preset, TINY_OVERRIDES + ["problem.F=2", f"theory.route={route}"]))
+    ode = OrderParameterODE.from_config(tiny(*SETS, f"theory.route={route}", preset=preset))
     M, Q, b = _generic_state()
     J_ad, how = dj.drift_jacobian(ode, M, Q, b, method="autodiff")
     J_fd, _ = dj.drift_jacobian(ode, M, Q, b, method="finite-difference")
@@ -125,7 +126,6 @@ def test_unstable_eigenvalue_at_the_unspecialized_point(tiny_ode):
     assert st.mode_amplitude(lin_ad, k, fp.M + 1e-3 * V) == pytest.approx(1e-3 * np.linalg.norm(V), rel=1e-6)
 
 
-@pytest.mark.compiles(3)  # the restricted solve, its field, the risk at its end
 def test_symmetric_flow_against_an_independent_solver(tiny_ode):
     """The restricted flow (diffrax Tsit5, fixed step 0.1) against scipy's DOP853 at tight
     tolerances on the same vector field. Fifth order: the difference is 5e-12 at h = 0.1 here
@@ -143,14 +143,13 @@ def test_symmetric_flow_against_an_independent_solver(tiny_ode):
     assert risk[-1] == pytest.approx(float(fxp._symmetric_risk_jit(ode, jnp.asarray(ref.y[:, -1]), 2, 2)), abs=1e-9)
 
 
-@pytest.mark.compiles(3)  # the drift (twice: the two states' constants), the directional field
 def test_auto_jacobian_at_repeated_eigenvalues():
     """At a symmetric H = 3 state ``Q`` has a doubly repeated eigenvalue, split only by rounding:
     autodiff through ``eigh`` is finite there but wrong (about 15% off). "auto" must fall back to
     differences; checked along a random direction against a Richardson-extrapolated directional
     difference (error ~ h^4 = 1e-12, rounding ~ 1e-16 / h = 1e-13), an independent route."""
     H, F = 3, 2  # on the Sobol rule, whose Q^{1/2} goes through eigh (a joint exact layer always takes differences)
-    ode = OrderParameterODE.from_config(load_config("bsoftmax", TINY_OVERRIDES + [f"model.heads={H}", "theory.route=rule"]))
+    ode = OrderParameterODE.from_config(tiny(*SETS, f"model.heads={H}", "theory.route=rule", preset="bsoftmax"))
     M, Q, b = (np.asarray(a) for a in st.symmetric_state(jnp.asarray([0.6, 0.6, 0.3, 0.05, 0.0]), H, F))
     assert np.ptp(np.linalg.eigvalsh(Q)[:2]) < 1e-14
     J, how = dj.drift_jacobian(ode, M, Q, b)

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import csv
-
 import numpy as np
 import pytest
-from _tiny import cli_sets
+from _tiny import EXACT_TINY, cli_sets
+from helpers import fake_bayes, fake_prediction, read_csv
 
 from singleloc import load_config
 from singleloc.analysis._predictions import EscapePrediction, escape_horizon, resolve_horizon
@@ -15,12 +14,8 @@ from singleloc.io._run_folders import save_npz
 from singleloc.sweeps import _sweep, _sweep_compute, _sweep_entries
 from singleloc.sweeps._grid import grid_points, parse_grid
 
-TINY = ["theory.points=16", "sgd.tau_max=2.0", "sgd.n_save=5", "simulation.seeds=1", "problem.L=3"]
-
-
-def read_csv(path):
-    with open(path, newline="") as fh:
-        return list(csv.DictReader(fh))
+TINY = [*EXACT_TINY, "problem.F=2", "theory.points=16", "sgd.n_save=5", "simulation.seeds=1", "simulation.D=1000",
+        "simulation.test_samples=4096"]  # the slow tests' problem
 
 
 def test_parse_grid():
@@ -51,21 +46,6 @@ def test_cache_key_depends_on_config_and_kind_only():
     assert _sweep_entries.cache_key(a, "theory") == _sweep_entries.cache_key(load_config("default"), "theory")
     assert _sweep_entries.cache_key(a, "theory") != _sweep_entries.cache_key(a, "simulation")
     assert _sweep_entries.cache_key(a, "theory") != _sweep_entries.cache_key(a.replace(sgd={"lr": 0.25}), "theory")
-
-
-def fake_prediction(config):
-    """An escape predicted at tau = 40 (rate 0.1) for H >= 2, none for H = 1."""
-    esc = 40.0 if config.model.heads > 1 else np.inf
-    return EscapePrediction(rate=0.1 if config.model.heads > 1 else np.nan, tau_plateau=5.0, plateau_risk=0.3,
-                            predicted_escape=esc, horizon=escape_horizon(esc), D=config.simulation.D,
-                            path_tau=np.array([5.0, 40.0]), path_rate=np.array([0.1, 0.1])).arrays()
-
-
-def fake_bayes(config):
-    """A Bayes risk of 0.01 F (with an error of 1e-6) for a problem with F spikes; it must see the problem only."""
-    assert config.to_dict()["model"] == load_config("default").to_dict()["model"]  # one entry per problem
-    return {"bayes_risk": np.asarray(0.01 * config.problem.F), "bayes_risk_error": np.asarray(1e-6),
-            "bayes_route": np.asarray("exact")}
 
 
 @pytest.fixture
@@ -252,7 +232,6 @@ def test_cli_sweep_batched_and_not_give_the_same_table(tmp_path, capsys, monkeyp
     assert len({r["final_risk"] for r in read_csv(tmp_path / "--batch" / "sweep.csv")}) == 4
 
 
-@pytest.mark.compiles(3)  # the phase summary's exact attention mass, the exact risks of the stated error
 def test_cli_sweep_with_simulation(tmp_path, capsys, monkeypatch, tiny_theory_seeds, tiny_simulation):
     """A sweep of one point of the canonical tiny problem with ``--simulate``: its theory and simulation
     are the programs of the session's tiny solves (a point integrates its seeds' starts)."""

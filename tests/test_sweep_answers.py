@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from _tiny import tiny
 
-from singleloc import bayes_risk, load_config, load_sweep, parse_grid
+from singleloc import bayes_risk, load_sweep, parse_grid
 from singleloc.analysis._predictions import EscapePrediction, escape_horizon
 from singleloc.analysis._sweep_answers import add_heads_needed, count_text, final_risk_error, heads_needed, heads_needed_table
 from singleloc.cli import main
@@ -63,7 +63,7 @@ def fake(monkeypatch):
     return bayes_calls
 
 
-BASE = load_config("default", ["simulation.seeds=2", "theory.points=64"])
+BASE = tiny()
 GRIDS = [parse_grid("model.heads=1,2,4"), parse_grid("problem.F=1,2")]
 
 
@@ -158,7 +158,6 @@ def test_one_name_per_quantity_in_the_csv_the_dataset_the_figure_and_the_docs(tm
     assert any("final_risk" in t for t in titles)
 
 
-@pytest.mark.compiles(3)  # the exact Bayes risk and its finer check
 def test_a_rule_route_point_reports_the_exact_bayes_risk():
     """Issue 61 item 1: ``theory.route = rule`` moves the dynamics onto the Sobol rule, not the
     Bayes baseline, which stays the exact risk that ``singleloc bayes`` reports."""

@@ -9,8 +9,8 @@ import math
 import matplotlib
 import numpy as np
 import pytest
-from _tiny import canned_theory
-from test_sweep import TINY, fake_bayes, fake_prediction, read_csv
+from _tiny import canned_theory, tiny
+from helpers import fake_bayes, fake_prediction, read_csv
 
 from singleloc import load_config, load_sweep
 from singleloc._version import __version__
@@ -61,7 +61,7 @@ def test_sweep_file_round_trips_the_cache_and_the_csv(tmp_path, monkeypatch):
     monkeypatch.setattr(_sweep_compute, "compute_theories", lambda configs: [theory(c) for c in configs])
     monkeypatch.setattr(_sweep_compute, "compute_bayes", fake_bayes)
     monkeypatch.setattr(_sweep, "attention_mass", lambda ode, M, Q, b: np.ones(np.shape(b)))  # softmax's exactly
-    base = load_config("default", [*TINY, "simulation.seeds=2"])
+    base = tiny("problem.F=2", "theory.points=16", "sgd.n_save=5", "simulation.D=1000", "simulation.test_samples=4096")
     grids = [parse_grid("model.heads=1,2"), parse_grid("sgd.tau_max=1.0,2.0")]
     out = tmp_path / "out"
     rows, stats = _sweep.sweep(base, grids, out, horizon="config", simulate=True, progress=False, figures=False)

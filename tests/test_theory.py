@@ -48,7 +48,6 @@ def gradient_flow(ode, M, Q, b):
     return [-(P + S @ M), -(P @ M.T + M @ P.T + S @ Q + Q @ S), -Pb]
 
 
-@pytest.mark.compiles(2, eager=200)  # four drifts and two gradients of the rule, op by op
 @pytest.mark.parametrize("activation", ["softmax", "softmax1", "bsoftmax"])
 def test_drift_is_gradient_flow_plus_lr2_term(activation):
     rng = np.random.default_rng(3)

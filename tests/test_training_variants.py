@@ -14,11 +14,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _tiny import tiny
+from helpers import finite_windows
 
 import singleloc as sl
 from singleloc.model._data import make_spikes, sample_sequence
 from singleloc.model._layer import finite_loss, scores, token_weights
-from singleloc.simulation._simulation import _run_functions
+from singleloc.sgd._sgd_rule import AbstractVariant
 from singleloc.theory._fluctuations import update_moments
 from singleloc.theory._theory import flatten_state, unflatten_state
 
@@ -79,18 +81,24 @@ def test_schedule_values():
 
 
 # ---------------------------------------------------------------------------------------------
-# one finite-D step, exactly
+# one finite-D step, exactly (every rule: plain SGD, a batch with decay)
 
 
-def test_a_batch_step_with_decay_in_order_parameters():
-    """``D`` times the change of ``(M, Q, b)`` by one finite-D step of ``B`` sequences with weight
-    and bias decay (the rule's :meth:`step` of the batch's mean gradient) is the sum over the
-    batch of the rule's per-sequence ``update`` (rate ``lr / B``), exactly, once the finite-D
-    terms docs/model.md section 11 drops are added: the batch's full token Gram matrix (its cross
-    blocks included) and the decay's square and its product with the gradient."""
-    D, H, F, L, B, lr, wd, bd = 512, 2, 2, 4, 3, 0.9, 0.7, 0.4
-    rule = sl.OnlineSGD(lr, True, (sl.MiniBatch(B), sl.WeightDecay(wd, bd)))
-    act = sl.get_activation("softmax1")
+@pytest.mark.parametrize("activation, lr, train_bias, B, wd, bd", [("bsoftmax", 0.7, True, 1, 0.0, 0.0),
+                                                                   ("bsoftmax", 0.7, False, 1, 0.0, 0.0),
+                                                                   ("softmax1", 0.9, True, 3, 0.7, 0.4)],
+                         ids=["plain", "plain-fixed-bias", "batch-decay"])
+def test_a_step_in_order_parameters_is_the_update(activation, lr, train_bias, B, wd, bd):
+    """The contract of a step: ``D`` times the change of ``(M, Q, b)`` by one finite-D :meth:`step` of ``B``
+    sequences (the mean gradient of the batch; plain SGD: one, docs/model.md section 5.2), with weight and
+    bias decay, is the sum over the batch of the rule's per-sequence ``update`` (rate ``lr / B``), exactly,
+    once the finite-D terms docs/model.md section 11 drops are added: the batch's full token Gram matrix (its
+    cross blocks included; ``I`` in the update's limit) and the decay's square and its product with the
+    gradient. Plain SGD has no state of its own, and fixed biases do not move."""
+    D, H, F, L = 512, 2, 2, 4
+    variants = (sl.MiniBatch(B), sl.WeightDecay(wd, bd)) if B > 1 else ()
+    rule = sl.OnlineSGD(lr, train_bias, variants)
+    act = sl.get_activation(activation)
     kstar = make_spikes(jax.random.PRNGKey(0), F, D).astype(jnp.float64)
     K = jnp.array([[0.8, 0.3], [-0.2, 0.6]]) @ kstar + 0.5 * jax.random.normal(jax.random.PRNGKey(1), (H, D))
     b = jnp.array([0.1, -0.2])
@@ -99,7 +107,8 @@ def test_a_batch_step_with_decay_in_order_parameters():
     grads = [grad(K, b, X, eps) for X, eps in seqs]
     gK, gb = sum(g[0] for g in grads) / B, sum(g[1] for g in grads) / B
     params = sl.LayerParameters(K, b)
-    (K1, b1, _), _ = rule.step(0.0, params, sl.LayerParameters(gK, gb), rule.init_state(params), D)
+    (K1, b1, _), state = rule.step(0.0, params, sl.LayerParameters(gK, gb), rule.init_state(params), D)
+    assert variants or state == ()
     M, Q = K @ kstar.T / D, K @ K.T / D
     stepped = (D * (K1 @ kstar.T / D - M), D * (K1 @ K1.T / D - Q), D * (b1 - b))
 
@@ -122,37 +131,17 @@ def test_a_batch_step_with_decay_in_order_parameters():
     decay = a**2 * D * Q + a * lr * (gbar @ K.T + K @ gbar.T)
     np.testing.assert_allclose(stepped[0], total[0], rtol=0, atol=1e-12)
     np.testing.assert_allclose(stepped[1], total[1] + gram + decay, rtol=0, atol=1e-11)
-    np.testing.assert_allclose(stepped[2], total[2], rtol=0, atol=1e-12)
-    assert np.abs(B * r * wd * M).max() > 0.1 and np.abs(B * r * bd * b).max() > 0.01  # the decay acts
+    np.testing.assert_allclose(stepped[2], total[2] if train_bias else 0 * b, rtol=0, atol=1e-12)
+    assert not train_bias or np.abs(total[2]).max() > 1e-3  # (the biases do move)
+    assert not wd or (np.abs(B * r * wd * M).max() > 0.1 and np.abs(B * r * bd * b).max() > 0.01)  # the decay acts
 
 
 # ---------------------------------------------------------------------------------------------
 # the drift and the covariance against many finite-D steps from one state
 
-BASE = ["model.train_bias=true", "simulation.D=600", "theory.points=256", "theory.route=rule", "sgd.lr=1.0"]
+#: The tiny problem on the rule with the state's 2 heads x 2 spikes (helpers.finite_windows), at D = 600.
+BASE = ("problem.L=4", "problem.F=2", "simulation.D=600", "theory.points=256", "sgd.lr=1.0")
 N_STEPS = 4000
-
-
-def _finite_steps(cfg, t: int, n: int):
-    """``(y0, v)``: the flat state ``(M, Q, b)`` (float64) of a fixed trained-like layer, and ``D``
-    times the change of the flat state by ``n`` independent simulator steps ``t -> t + 1`` from
-    it (one fresh batch each), (n, dim)."""
-    init, advance, _ = _run_functions(cfg)
-    ((K0, b0, _), rule_state), (kstar, _, test) = init(0)
-    D = cfg.simulation.D
-    orth = jax.random.normal(jax.random.PRNGKey(11), K0.shape, K0.dtype)
-    orth = 0.6 * (orth - (orth @ kstar.T / D) @ kstar)
-    K = (jnp.array([[1.2, 0.2], [0.1, 0.9]], K0.dtype) @ kstar + orth).astype(K0.dtype)
-    b = jnp.array([0.3, -0.4], b0.dtype)
-
-    def flat(K, b):
-        K, ks = K.astype(jnp.float64), kstar.astype(jnp.float64)
-        return flatten_state(K @ ks.T / D, K @ K.T / D, b.astype(jnp.float64), True)
-
-    step = jax.jit(jax.vmap(lambda key: flat(*advance((sl.LayerParameters(K, b), rule_state), (kstar, key, test), t,
-                                                       t + 1)[0][:2])))
-    v = D * (np.asarray(step(jax.random.split(jax.random.PRNGKey(5), n))) - np.asarray(flat(K, b)))
-    return flat(K, b), v
 
 
 VARIANTS = {
@@ -160,40 +149,54 @@ VARIANTS = {
     "batch": ["sgd.batch=4", "sgd.lr=2.0"],
     "decay": ["sgd.weight_decay=0.5", "sgd.bias_decay=1.0"],
     "schedule": ["sgd.batch=2", "sgd.lr=2.0", "sgd.schedule=step", "sgd.schedule_tau=0.5", "sgd.decay_factor=0.5"],
+    "momentum": ["sgd.lr=0.5", "sgd.momentum=0.75"],  # effective rate 2; windows of 4 steps and 100 that land the echo
 }
+
+
+def variant(name: str):
+    """The config of a variant of :data:`VARIANTS` (softmax1: trained biases)."""
+    return tiny(*BASE, *VARIANTS[name], rule=True, preset="softmax1")
+
+
+def test_the_contract_covers_every_variant_class():
+    """Every SGD variant class of the package is in the contract (:data:`VARIANTS`)."""
+    classes = {type(p) for name in VARIANTS for p in sl.sgd_rule(variant(name)).variants}
+    assert classes == {c for c in AbstractVariant.__subclasses__() if c.__module__.startswith("singleloc.")}
 
 
 @pytest.fixture(scope="module")
 def moments():
-    """The field averages of the loss gradient at the state of :func:`_finite_steps` (the same
+    """The field averages of the loss gradient at the state of :func:`~helpers.finite_windows` (the same
     layer for every variant: the spikes and the state depend on the seed and ``D`` only)."""
-    cfg = sl.load_config("softmax1", BASE)
-    y0, _ = _finite_steps(cfg, 0, 2)
+    cfg = variant("plain")
+    y0, _ = finite_windows(cfg, 2)
     M, Q, b = unflatten_state(y0, 2, 2)
     return (M, Q, b), sl.OrderParameterODE.from_config(cfg).gradient_moments(M, Q, b)
 
 
 # plain SGD is the control (slow: tests/test_simulation.py and tests/test_sgd_rule.py cover it)
-@pytest.mark.parametrize("variant", [pytest.param("plain", marks=pytest.mark.slow), "batch", "decay", "schedule"])
-def test_variant_drift_is_the_mean_of_finite_D_steps(variant, moments):
-    """The rule's drift at a trained-like state against the mean increment of 4000 independent
-    simulator steps there (time ``tau = t B / D``, so the drift is ``D / B`` times the mean change
-    of a step), within 4 standard errors plus 0.01 (quadrature and O(1/D)); the plain rule at the
-    same ``sgd.lr`` (no batch, no decay, no schedule) is rejected by the same data."""
-    cfg = sl.load_config("softmax1", BASE + VARIANTS[variant])
+@pytest.mark.parametrize("name", [pytest.param("plain", marks=pytest.mark.slow), "batch", "decay", "schedule", "momentum"])
+def test_variant_drift_is_the_mean_of_finite_D_steps(name, moments):
+    """The contract of every variant: the rule's drift at a trained-like state against the mean increment
+    per sequence of 4000 independent windows of simulator steps there (time ``tau = t B / D``, so the drift is
+    ``D / B`` times the mean change of a step; with momentum, windows of 4 steps whose echo 100 zero-gradient
+    steps land), within 4 standard errors plus 0.01 (quadrature and O(1/D)); the plain rule at the same
+    ``sgd.lr`` (no batch, no decay, no schedule, no momentum) is rejected by the same data."""
+    cfg = variant(name)
     B, D = cfg.sgd.batch, cfg.simulation.D
-    t = 330 if variant == "schedule" else 0  # tau = t B / D = 1.1: the rate has dropped twice (lr / 4)
+    t = 330 if name == "schedule" else 0  # tau = t B / D = 1.1: the rate has dropped twice (lr / 4)
     tau = t * B / D
-    y0, v = _finite_steps(cfg, t, N_STEPS)
+    windows = {"steps": 4, "flush": 100} if name == "momentum" else {}
+    y0, v = finite_windows(cfg, N_STEPS, t=t, **windows)
     mean, se = v.mean(0) / B, v.std(0, ddof=1) / B / np.sqrt(len(v))
     (M, Q, b), m = moments
     np.testing.assert_array_equal(y0, flatten_state(M, Q, b, True))
     drift = np.asarray(flatten_state(*sl.sgd_rule(cfg).drift(tau, M, Q, b, m), True))
     err = np.abs(mean - drift)
-    assert np.all(err <= 4 * se + 0.01), (variant, err, se)
-    if variant != "plain":
+    assert np.all(err <= 4 * se + 0.01), (name, err, se)
+    if name != "plain":
         plain = np.asarray(flatten_state(*sl.OnlineSGD(cfg.sgd.lr, True).drift(tau, M, Q, b, m), True))
-        assert np.max(np.abs(mean - plain) / (4 * se + 0.01)) > 3, variant
+        assert np.max(np.abs(mean - plain) / (4 * se + 0.01)) > 3, name
 
 
 @pytest.mark.slow
@@ -204,8 +207,8 @@ def test_batch_update_covariance_is_the_single_sequence_covariance_at_rate_lr_ov
     noise carries ``1 / B``. Relative Frobenius error below 0.1 (Monte Carlo of fourth moments
     over 6000 steps and finite D; the single-step test of tests/test_fluctuations.py sees 4-6%);
     a covariance ``B`` times larger (noise summed over the batch, not averaged) is rejected."""
-    cfg = sl.load_config("softmax1", BASE + ["sgd.batch=4", "sgd.lr=2.0"])
-    y0, v = _finite_steps(cfg, 0, 6000)
+    cfg = variant("batch")
+    y0, v = finite_windows(cfg, 6000)
     emp = np.cov(v.T)
     ode = sl.OrderParameterODE.from_config(cfg)
     _, Sigma = update_moments(ode, *unflatten_state(y0, 2, 2))
@@ -222,7 +225,6 @@ GF = ["problem.prior=flipped", "problem.strength=3.0", "problem.L=3", "theory.po
       "theory.rtol=1e-8", "theory.atol=1e-10", "simulation.D=200", "simulation.seeds=1"]
 
 
-@pytest.mark.compiles(4)  # the start, the Gram kernel, the two rules' solves
 def test_gradient_flow_is_the_small_rate_limit_in_the_time_lr_tau():
     """SGD's ODE at rate ``eps`` on the times ``s / eps`` tends to gradient flow at rate 1 on ``s``,
     its difference halving with ``eps`` (an O(eps) correction, docs/model.md section 11.4); and the
