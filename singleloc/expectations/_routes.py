@@ -77,6 +77,11 @@ class RouteChoice:
         """Whether this is the exact route."""
         return self.route == "exact"
 
+    @property
+    def route_class(self) -> type:
+        """The route's class (:func:`route_class`), which answers for it."""
+        return route_class(self.route)
+
 
 def route_class(name: str) -> type:
     """The expectation class of the route ``name`` (:data:`~singleloc.configuration._choices.ROUTE_CLASSES`)."""

@@ -91,7 +91,7 @@ def _route_and_gram(config: Config) -> tuple[str, str | None]:
     from ..expectations._routes import route_of
 
     choice = route_of(config)
-    return ("exact", choice.gram) if choice.exact else ("rule", None)
+    return ("rule", None) if choice.route_class.field_nodes else ("exact", choice.gram)
 
 
 def _label(config: Config) -> str:

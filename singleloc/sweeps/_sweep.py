@@ -83,13 +83,14 @@ from ..analysis._phase_analysis import analyze
 from ..analysis._predictions import EscapePrediction
 from ..configuration._choices import check_horizon
 from ..configuration._config import Config, require_config
+from ..expectations._laplace_expectation import DRIFT_UNCHECKED
 from ..io._atomic_files import OUTPUT_KEY, png_has_text, written_together
 from ..io._resources import check_run
 from ..io._run_folders import save_figure, save_text
 from ..runtime._distributed import open_cluster
 from ..runtime._numerics import require_x64
 from ..theory._theory import OrderParameterODE
-from ..theory._theory_result import DRIFT_UNCHECKED, STATEMENT_FIELDS
+from ..theory._theory_result import STATEMENT_FIELDS
 from ._grid import Grid, grid_points
 from ._sweep_answers import GAP_TOL, add_heads_needed, bayes_columns
 from ._sweep_cache import SweepStats, _entry_path, cache_key, cached_run, fill_cache

@@ -265,8 +265,7 @@ def _problem(config: Config, y0: OrderParameters | None, ts: np.ndarray | None) 
     evaluation = OrderParameterODE.from_setup(setup, seeds=th.evaluation_seed + np.arange(R), points=points, check=True)
     tol = (jnp.asarray(th.rtol, ts.dtype), jnp.asarray(th.atol, ts.dtype))
     saved, ts = ts.shape[0], _padded(ts)
-    if dynamics.expectation.route == "exact" and dynamics.expectation.gram_name in ("sobol", "montecarlo"):
-        points = th.gram_rule_points(config.problem.L, config.model.heads, points)  # the Gram term's rule (or draws)
+    points = dynamics.expectation.stated_points(th, config.problem.L, config.model.heads, points)
     return _Problem(config, setup, (dynamics, evaluation, y0, ts, *tol), int(points), drift_error, saved)
 
 
