@@ -49,8 +49,9 @@ from ._cubature import REFINEMENT
 from ._expectation import AbstractExpectation, AbstractGramTerm, RouteStatement, SolveReport, times
 from ._laplace import LaplaceRule, exact_rule
 from ._laplace_gram import WIDE_GRAM_SIGMA
+from ._laplace_joint import joint_rule_size
 from ._monte_carlo_gram import MonteCarloGram
-from ._routes import exact_rule_bytes
+from ._routes import JOINT_UNIT_BYTES
 from ._sobol_expectation import SobolGram, sobol_fields
 from ._sobol_geometry import node_batch
 
@@ -177,8 +178,10 @@ class LaplaceExpectation(AbstractExpectation):
 
     @classmethod
     def rule_bytes(cls, choice, H, prior):
-        """A joint layer's exact rule, which grows with ``H`` and the atoms (:func:`~singleloc.exact_rule_bytes`)."""
-        return exact_rule_bytes(choice.activation, H, prior)
+        """A joint layer's refined exact rule (the larger), :data:`~singleloc.expectations._routes.JOINT_UNIT_BYTES`
+        per unit of :func:`~singleloc.expectations._laplace_joint.joint_rule_size`, which grows with ``H`` and the
+        atoms; 0 for a per-head layer, whose pair rule is small and does not grow with ``H`` or the prior."""
+        return JOINT_UNIT_BYTES * joint_rule_size(H, prior, refined=True) if choice.form.joint else 0
 
     def stated_points(self, theory, L, H, points):
         """The Gram term's points (or draws), where it is not exact."""
