@@ -92,7 +92,7 @@ def test_cli_prune_prints_the_quadrature_error(tmp_path, capsys):
         risks, se = d["theory_risks"][0], d["theory_stderr"][0]
         route = str(d["route"])
     assert "+- quadrature SE" in text and f"{risks[1]:.4f} +- {se[1]:.4f}" in text
-    assert route == "rule" and "on the Sobol rule route" in text
+    assert route == "rule" and "on the rule route" in text
     k = removable_heads(risks, 0.0) + 1  # the first harmful removal
     assert k == 1 and f"removing {k} raises it by {risks[k] - risks[0]:.4f} +- {np.hypot(se[k], se[0]):.4f}" in text
 

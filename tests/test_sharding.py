@@ -58,7 +58,7 @@ def test_two_devices_give_the_numbers_of_one(tmp_path):
 
 # one start of H = 3 heads: 64 points make 21 base points (each with its 3 head shifts and mirrors),
 # which two devices split as 11 + 11 with one padded point; a Gaussian prior also splits its nodes u
-_NODES = ["model.heads=3", "theory.points=64", "problem.prior=gaussian", "sgd.tau_max=3", "sgd.n_save=4"]
+_NODES = ["theory.route=rule", "model.heads=3", "theory.points=64", "problem.prior=gaussian", "sgd.tau_max=3", "sgd.n_save=4"]
 
 _RUN_NODES = textwrap.dedent("""
     import re

@@ -35,17 +35,19 @@ def register(sub) -> None:
 def run(args) -> int:
     from ..bayes._bayes import bayes_point, bayes_risk, bayes_route, check_bayes
     from ..bayes._population_risk import _check_rules, population_risk
+    from ..expectations._routes import route_class
     from ..runtime._progress import Phase
 
     config = config_from_args(args)
     pb, th = config.problem, config.theory
     prior = pb.build_prior()
     route = bayes_route(prior, th.route)
+    exact = route_class(route).refined_error  # the Bayes point's layer, its error against a finer rule
     unchecked = None  # why the exact route's independent check cannot run (the exact route takes any L)
     if th.points == "auto":
         raise ValueError("theory.points = 'auto' is chosen by integrate from the drift at the start; the Bayes risk's "
                          "Sobol rules need a number of points: e.g. theory.points = 4096")
-    if route == "exact":  # the check's rule over the L F spike fields, before anything is computed
+    if exact:  # the check's rule over the L F spike fields, before anything is computed
         try:
             _check_rules(prior, pb.L, th.points, {"problem.F": (prior.F, False)})
         except (ValueError, MemoryError) as err:  # the reason without its remedy, which is for a run on the rule
@@ -62,7 +64,7 @@ def run(args) -> int:
     if prior.is_discrete:
         M, Q, b = bayes_point(prior)
         with Phase(("checking it on an independent route", "checked it")):
-            if route == "exact":  # the Bayes risk is this point's; the independent check: the posterior on the rule
+            if exact:  # the Bayes risk is this point's; the independent check: the posterior on the rule
                 risk = bayes
                 check = None if unchecked else {"what": "the closed-form posterior on the Sobol rule",
                                                 "risk": bayes_risk(prior, pb.L, **kw, route="rule").to_dict()}
@@ -78,7 +80,7 @@ def run(args) -> int:
                "bayes_point": point}
         print(json.dumps(out))
         return 0
-    how = ("exact route: bsoftmax at the Bayes point, error against a finer rule" if route == "exact" else
+    how = ("exact route: bsoftmax at the Bayes point, error against a finer rule" if exact else
            f"standard error over {args.replicates} scramblings of {th.points} Sobol points")
     print(f"Bayes risk ({prior.name} prior, F = {prior.F}, L = {pb.L}): {bayes.value:.6f} +- {bayes.error:.1e} ({how})")
     if check is not None:

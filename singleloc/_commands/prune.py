@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from ..ground._atomic_files import check_run_folder
-from ..ground._choices import PRUNING_DRAWS_MAX, PRUNING_ORDERS
+from ..ground._choices import PRUNING_DRAWS_MAX, PRUNING_ORDERS, ROUTE_WORDS
 from ._common import PROGRESS_HELP, add_out_argument, describe, int_at_least, note_replaced
 
 SOURCES = ("auto", "theory", "simulation")
@@ -82,9 +82,10 @@ def run(args) -> int:
     results = prune_run(dataclasses.replace(loaded, config=theory), args.order, draws=args.draws, seed=args.seed)
 
     H, F = config.model.heads, config.problem.F
-    route = route_of(theory).route
+    route = route_of(theory).route_class
     _print_table(results, args, H, F, route)
-    arrays = {"n_removed": np.arange(H), "route": np.asarray(route), "order": np.asarray(args.order), "tol": np.asarray(args.tol)}
+    arrays = {"n_removed": np.arange(H), "route": np.asarray(route.route), "order": np.asarray(args.order),
+              "tol": np.asarray(args.tol)}
     for source, res in results.items():
         arrays[f"{source}_risks"] = np.concatenate([r.risks for r in res])
         arrays[f"{source}_removed"] = np.concatenate([r.removed for r in res])
@@ -117,9 +118,9 @@ def _merge(res: list):
                                risks=np.concatenate([r.risks for r in res]))
 
 
-def _print_table(results: dict[str, list], args, H: int, F: int, route: str) -> None:
+def _print_table(results: dict[str, list], args, H: int, F: int, route: type) -> None:
     spread = args.order == "random"
-    error = "stated error" if route == "exact" else "quadrature SE"  # the finer exact rule's difference, or replicates'
+    error = "stated error" if route.refined_error else "quadrature SE"  # the finer rule's difference, or replicates'
     head = f"{'removed':>7} {'kept':>4}"
     for source, res in results.items():
         n = len(res)
@@ -128,9 +129,8 @@ def _print_table(results: dict[str, list], args, H: int, F: int, route: str) -> 
         head += f"  {name:>28}"
         if args.order != "random":
             head += f"  {'dropped':>{max(7, 4 * n)}}"
-    how = ("the exact route; its stated error is the difference to a finer exact rule" if route == "exact" else
-           f"the {'Monte Carlo' if route == 'montecarlo' else 'Sobol rule'} route; its error is the replicates' standard "
-           "error, with theory.replicates > 1")
+    how = (f"the {ROUTE_WORDS[route.route]} route; " + ("its stated error is the difference to a finer exact rule"
+           if route.refined_error else "its error is the replicates' standard error, with theory.replicates > 1"))
     print(f"{args.order} pruning, H = {H}, F = {F}: risk against heads removed "
           f"(population risk of the kept order parameters, on {how}; heads numbered 1..{H} as in the figures)")
     print(head)

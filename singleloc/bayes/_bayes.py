@@ -57,7 +57,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..expectations._fields import LocalFields
-from ..expectations._routes import JOINT_RISK_MAX, joint_exact_affordable
+from ..expectations._routes import JOINT_RISK_MAX, decide, route_class
 from ..ground._arguments import require_arrays
 from ..model._priors import Prior, require_prior
 from ..theory._theory import OrderParameters
@@ -144,10 +144,9 @@ def bayes_route(prior: Prior, route: str = "auto") -> str:
     if route == "exact" and not prior.is_discrete:
         raise ValueError(f"route (theory.route) = 'exact': prior {prior.name!r} has a Gaussian part, so the Bayes "
                          "estimator is no finite bsoftmax layer and has no exact route; use 'auto' or 'rule' (the Sobol rule)")
+    # the Bayes estimator of a discrete prior is bsoftmax with K heads: that layer's route, decided as any layer's
     K = int(np.sum(prior.probs_array() > 0))
-    if route == "exact" or (route == "auto" and prior.is_discrete and joint_exact_affordable(K, prior, JOINT_RISK_MAX)):
-        return "exact"
-    return "rule"
+    return decide("bsoftmax", 2, K, prior, route if prior.is_discrete else "rule", budget=JOINT_RISK_MAX, key="route").route
 
 
 def bayes_risk(prior: Prior, L: int, points: int = 4096, seed: int = 0, replicates: int = 8,
@@ -179,9 +178,10 @@ def bayes_risk(prior: Prior, L: int, points: int = 4096, seed: int = 0, replicat
     """
     require_prior("bayes_risk", prior)
     _check_counts(L, replicates)
-    if bayes_route(prior, route) == "exact":
+    chosen = route_class(bayes_route(prior, route))
+    if not chosen.field_nodes:  # the Bayes point's bsoftmax layer on the exact route
         M, Q, b = bayes_point(prior)
-        return population_risk(prior, L, "bsoftmax", M, Q, b, route="exact")
+        return population_risk(prior, L, "bsoftmax", M, Q, b, route=chosen.route)
     _check_rules(prior, L, points, {"problem.F": (prior.F, False)})
     dtype = jnp.result_type(float)
     atoms, log_pi, G, logdet = _weight_params(prior)

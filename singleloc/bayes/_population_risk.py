@@ -18,11 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..expectations._expectation import AbstractExpectation
-from ..expectations._fields import LocalFields
-from ..expectations._laplace import NODES, exact_rule
-from ..expectations._monte_carlo_expectation import MonteCarloExpectation
-from ..expectations._routes import JOINT_RISK_MAX, decide, exact_rule_bytes
-from ..expectations._sobol_expectation import SobolExpectation
+from ..expectations._laplace import NODES
+from ..expectations._routes import JOINT_RISK_MAX, decide
 from ..expectations._sobol_geometry import quadrature_dimension
 from ..ground._arguments import require_arrays
 from ..ground._choices import REPLICATES_MAX
@@ -97,9 +94,9 @@ def layer_risk(expectation: AbstractExpectation, M, Q, b, v=None) -> jax.Array:
 
 
 @eqx.filter_jit
-def layer_risk_check(expectation: AbstractExpectation, M, Q, b) -> jax.Array:
+def layer_risk_check(expectation: AbstractExpectation, M, Q, b, v=None) -> jax.Array:
     """:meth:`~singleloc.expectations._expectation.AbstractExpectation.risk_check` (the route's finer rule's risk), jitted."""
-    return expectation.risk_check(M, Q, b)
+    return expectation.risk_check(M, Q, b, v)
 
 
 def population_risk(
@@ -138,24 +135,14 @@ def population_risk(
     nodes = integer("nodes", nodes, 8, 1024)  # the bounds of theory.nodes
     choice = decide(activation, int(L), H, prior, route, trained_head_weights=v is not None, budget=JOINT_RISK_MAX,
                     key="route")
-    if choice.exact:
-        if need := exact_rule_bytes(activation, H, prior):  # a joint layer's rule grows with H and the atoms
-            check_memory({f"the exact route's rule ({activation}, {H} heads, {len(prior.atoms)} atoms of the prior)": need})
-        exact = exact_rule(choice.activation, int(L), H, prior, nodes=nodes)
-        return RiskEstimate.from_refinement(_exact_risk(exact, M, Q, b, v), _exact_risk(exact.refined(), M, Q, b, v))
-    if choice.route == "montecarlo":
-        draws = (MonteCarloExpectation.make(choice.activation, prior, int(L), H, 2 * points, seed + i)
-                 for i in range(int(replicates)))
-        return RiskEstimate.from_replicates([float(layer_risk(e, M, Q, b, v)) for e in draws], points)
-    _check_rules(prior, L, points, {"model.heads": (H, True)})
-    # unwhitened: each scrambling unbiased, so that their spread states the error (the whitening's bias reached
-    # 27-61 standard errors at n / 2LH = 2-3, with the same spread either way: docs/model.md section 4.5)
-    rules = (LocalFields.make(int(L), H, prior, points, seed + i, principal=True, whiten=False)
-             for i in range(int(replicates)))
-    values = [float(layer_risk(SobolExpectation(fields=rule, activation=choice.activation), M, Q, b, v)) for rule in rules]
+    route = choice.route_class  # the registry's class, which builds the route's rules (AbstractExpectation.for_risk)
+    if route.field_nodes:
+        _check_rules(prior, L, points, {"model.heads": (H, True)})
+    elif need := route.rule_bytes(choice, H, prior):  # a joint layer's exact rule grows with H and the atoms
+        check_memory({f"the exact route's rule ({activation}, {H} heads, {len(prior.atoms)} atoms of the prior)": need})
+    if route.refined_error:  # one rule, its error against its finer copy
+        e = route.for_risk(choice, prior, int(L), H, points, seed, nodes)
+        return RiskEstimate.from_refinement(layer_risk(e, M, Q, b, v), layer_risk_check(e, M, Q, b, v))
+    values = [float(layer_risk(route.for_risk(choice, prior, int(L), H, points, seed + i, nodes), M, Q, b, v))
+              for i in range(int(replicates))]
     return RiskEstimate.from_replicates(values, points)
-
-
-@eqx.filter_jit
-def _exact_risk(rule, M, Q, b, v=None) -> jax.Array:
-    return rule.risk(M, Q, b, v)

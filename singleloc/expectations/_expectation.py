@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import ClassVar
 
 import equinox as eqx
 import jax
@@ -56,6 +55,12 @@ class AbstractGramTerm(eqx.Module):
     def gram(self, M: jax.Array, Q: jax.Array, b: jax.Array, v: jax.Array | None = None) -> jax.Array:
         """``E[sum_l c_l c_l^T]`` at the state ``(M, Q, b)`` (head weights ``v``)."""
 
+    @abc.abstractmethod
+    def error(self, evaluation: AbstractExpectation, M: jax.Array, Q: jax.Array, b: jax.Array,
+              v: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+        """``(G, e)``: this term ``G`` at one state and its stated absolute error ``e`` (the largest over the
+        entries), ``evaluation`` being the independent expectation of the same problem that evaluates the risks."""
+
 
 class AbstractExpectation(eqx.Module):
     """The field averages of one problem and layer that the ODE needs, on one route (module docstring).
@@ -63,15 +68,66 @@ class AbstractExpectation(eqx.Module):
     Attributes:
         activation: the attention activation (scores (H, L) -> weights (H, L)); static.
 
-    A route is built by its class method ``from_setup(setup, *, points, seeds=None, check=False)`` from
-    the objects of a computation (:class:`~singleloc.theory._build.Setup`, :meth:`~singleloc.OrderParameterODE.from_setup`):
-    ``seeds`` stacks the rules of several independent scramblings along a leading axis (the
-    replicates), ``check`` adds what the route's error statement needs.
+    The rest of the package asks a route, never its name, what it costs and how it is described: its
+    class variables, :meth:`memory_points`, :meth:`rule_bytes`, :meth:`describe`, :meth:`shard`.
     """
 
     activation: eqx.AbstractVar[Activation]
     #: The route's name, as ``theory.route`` and the results say it.
-    route: ClassVar[str]
+    route: eqx.AbstractClassVar[str]
+    #: Whether the risk and the ``O(lr)`` drift are averages over nodes of the ``L H`` fields (a Sobol rule,
+    #: Monte Carlo draws): their time and memory grow with ``L H``, and the nodes must span the fields (the
+    #: time estimates' cost class ``"rule"``); ``False``: a rule whose size does not depend on ``L`` (``"exact"``).
+    field_nodes: eqx.AbstractClassVar[bool]
+    #: Whether one rule states the error of its risk, against a finer rule of its own (:meth:`risk_check`);
+    #: ``False``: the spread of independent replicates states it.
+    refined_error: eqx.AbstractClassVar[bool]
+
+    @classmethod
+    @abc.abstractmethod
+    def from_setup(cls, setup, *, points: int, seeds=None, check: bool = False) -> AbstractExpectation:
+        """The route of the objects of a computation (:class:`~singleloc.theory._build.Setup`,
+        :meth:`~singleloc.OrderParameterODE.from_setup`) on ``points`` Sobol points: ``seeds`` stacks the rules of
+        several independent scramblings along a leading axis (the replicates), ``check`` adds what the route's
+        error statement needs."""
+
+    @classmethod
+    @abc.abstractmethod
+    def for_risk(cls, choice, prior: Prior, L: int, H: int, points: int, seed: int, nodes: int) -> AbstractExpectation:
+        """One rule of the route for the risk of one layer (:func:`~singleloc.population_risk`; ``choice`` a
+        :class:`~singleloc.RouteChoice`): ``points`` Sobol points of scrambling ``seed`` (``2 points`` draws), or an
+        exact rule of ``nodes`` nodes with its finer copy."""
+
+    @classmethod
+    @abc.abstractmethod
+    def describe(cls, result) -> str:
+        """The route and its stated errors in words, from a :class:`~singleloc.TheoryResult` ``result``."""
+
+    @classmethod
+    def memory_points(cls, choice, theory: Theory, L: int, H: int, points: int) -> tuple[int, bool]:
+        """``(n, principal)``: the Sobol points (or draws) whose nodes the route holds at once, and whether they
+        are on the rank-aware layout (the preflight's memory, :mod:`~singleloc.preflight._resources`): by default its
+        own rule's, ``points`` on ``theory.axes``."""
+        return points, theory.rank_aware
+
+    @classmethod
+    def rule_bytes(cls, choice, H: int, prior: Prior) -> int:
+        """Peak bytes of a rule of the route's own besides its nodes over the fields (0 by default)."""
+        return 0
+
+    def stated_points(self, theory: Theory, L: int, H: int, points: int) -> int:
+        """The points (or draws) of the rule a result states (:attr:`~singleloc.TheoryResult.points`):
+        by default ``points``, the route's own."""
+        return points
+
+    def shard(self, mesh, put) -> AbstractExpectation | None:
+        """This route with the nodes of its rules (every :class:`~singleloc.LocalFields` it holds) in one block
+        per device of ``mesh`` and the rest on every device (``put(x, mesh, axis=None)`` places an array:
+        :mod:`~singleloc.expectations._sharding`), or ``None`` for a route with no nodes to split."""
+        is_rule = lambda x: isinstance(x, LocalFields)
+        if not any(map(is_rule, jax.tree.leaves(self, is_leaf=is_rule))):
+            return None
+        return jax.tree.map(lambda x: x.shard(mesh, put) if is_rule(x) else put(x, mesh), self, is_leaf=is_rule)
 
     def loss(self, s: jax.Array, v: jax.Array | None = None) -> jax.Array:
         """The limit loss at the scores ``s`` (H, L), relevant token 0 (docs/model.md section 3)."""
@@ -108,9 +164,9 @@ class AbstractExpectation(eqx.Module):
                          "'rule' or 'exact'")
 
     @property
+    @abc.abstractmethod
     def gram_name(self) -> str:
-        """How the ``lr^2`` term is computed: ``"exact"`` or ``"sobol"``."""
-        return "sobol"
+        """How the ``lr^2`` term is computed (``"exact"``, ``"sobol"``, ``"montecarlo"``), as a result states it."""
 
     @property
     def second_derivatives(self) -> bool:
@@ -142,6 +198,11 @@ class AbstractExpectation(eqx.Module):
         (``report``), with the warnings it calls for issued (NaN where the route has no such
         statement: the Sobol rule's error is its replicates' spread, ``drift_error``)."""
         return RouteStatement()
+
+
+def times(n: int, unit: str, replicates: int) -> str:
+    """``"n unit x R replicate(s)"``, as :meth:`AbstractExpectation.describe` says a rule's size."""
+    return f"{n} {unit} x {replicates} replicate{'s' if replicates > 1 else ''}"
 
 
 @dataclasses.dataclass(frozen=True)

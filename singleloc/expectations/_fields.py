@@ -216,6 +216,14 @@ class LocalFields(eqx.Module):
 
         return dataclasses.replace(self, w=padded(self.w, -3), u=padded(self.u, -2), shards=shards, padding=pad)
 
+    def shard(self, mesh, put) -> LocalFields:
+        """The same rule in one block of base points per device of ``mesh`` (:meth:`split`), block ``k`` on
+        device ``k`` (node axes: ``w`` (..., n, L, H), ``u`` (..., n, G)), the prior's arrays on every device
+        (``put(x, mesh, axis=None)``: :mod:`~singleloc.expectations._sharding`)."""
+        rule = self.split(mesh.size)
+        return dataclasses.replace(rule, w=put(rule.w, mesh, -3), u=put(rule.u, mesh, -2), atoms=put(rule.atoms, mesh),
+                                   probs=put(rule.probs, mesh), cov_sqrt=put(rule.cov_sqrt, mesh))
+
     def factors(self, Q: jax.Array) -> tuple[jax.Array, jax.Array]:
         """``(S, T)``: the factor ``S`` of this rule's fields ``g_l = w_l S`` (``S^T S = Q``) and
         ``T = S Q^+`` (``T^T T = Q^+``): the rank-aware pair

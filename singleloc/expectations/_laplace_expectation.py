@@ -46,11 +46,14 @@ import numpy as np
 from ..model._activations import Activation
 from ..sgd._sgd_rule import GradientMoments, flat_drift
 from ._cubature import REFINEMENT
-from ._expectation import AbstractExpectation, AbstractGramTerm, RouteStatement, SolveReport
+from ._expectation import AbstractExpectation, AbstractGramTerm, RouteStatement, SolveReport, times
 from ._laplace import LaplaceRule, exact_rule
 from ._laplace_gram import WIDE_GRAM_SIGMA
+from ._laplace_joint import joint_rule_size
 from ._monte_carlo_gram import MonteCarloGram
+from ._routes import JOINT_UNIT_BYTES
 from ._sobol_expectation import SobolGram, sobol_fields
+from ._sobol_geometry import node_batch
 
 #: A stated risk error of the exact route above this draws a warning (the exact route aims at 1e-5 and
 #: reaches 1e-10 at the states of L = 4 training; large token variances ``alpha^2 Q_hh`` need more nodes).
@@ -68,6 +71,8 @@ GRAM_ERROR_WARN = 1e-2
 #: choice (trained, specialised, copies, random; softmax, softmax1, ssmax; L = 4 ... 1024), so that
 #: below this it is under about 1e-5.
 DRIFT_CHECK_ABOVE = 1e-9
+#: The ``O(lr)`` drift error where it is not computed (``risk_error`` under :data:`DRIFT_CHECK_ABOVE`).
+DRIFT_UNCHECKED = "below 1e-5 (not computed: risk error under 1e-9)"
 
 
 class LaplaceGram(AbstractGramTerm):
@@ -82,6 +87,11 @@ class LaplaceGram(AbstractGramTerm):
             raise ValueError("the exact Gram term takes the head average only (model.head_weights = 'trained' "
                              "builds the ODE with its Sobol rule)")
         return self.rule.gram(M, Q, b)
+
+    def error(self, evaluation, M, Q, b, v=None):
+        """Against the finer exact rule (``evaluation.check``): ``max |G - G'|``."""
+        G = self.gram(M, Q, b, v)
+        return G, jnp.max(jnp.abs(G - evaluation.check.gram(M, Q, b)))
 
 
 @jax.jit
@@ -123,6 +133,8 @@ class LaplaceExpectation(AbstractExpectation):
     activation: Activation = eqx.field(static=True)
     check: LaplaceRule | None = None
     route: ClassVar[str] = "exact"
+    field_nodes: ClassVar[bool] = False
+    refined_error: ClassVar[bool] = True
 
     @classmethod
     def from_setup(cls, setup, *, points: int, seeds=None, check: bool = False) -> LaplaceExpectation:
@@ -151,6 +163,43 @@ class LaplaceExpectation(AbstractExpectation):
             fields = sobol_fields(setup, gram_points, theory.qmc_seed, seeds, principal=True, whiten=False)
             gram = SobolGram(fields=fields, activation=choice.activation)
         return cls(rule=rule, gram_term=gram, activation=choice.activation, check=fine)
+
+    @classmethod
+    def for_risk(cls, choice, prior, L, H, points, seed, nodes):
+        """The exact rule of ``nodes`` nodes, checked by its refined copy (no Gram term is asked for)."""
+        rule = exact_rule(choice.activation, int(L), H, prior, nodes=nodes)
+        return cls(rule=rule, gram_term=LaplaceGram(rule), activation=choice.activation, check=rule.refined())
+
+    @classmethod
+    def memory_points(cls, choice, theory, L, H, points):
+        """The Gram term's rank-aware Sobol rule (:meth:`~singleloc.Theory.gram_rule_points`); one batch of
+        nodes at most for the exact or Monte Carlo term, which hold no rule."""
+        return (theory.gram_rule_points(L, H, points) if choice.gram == "sobol" else max(node_batch(L, H) // 2, 1)), True
+
+    @classmethod
+    def rule_bytes(cls, choice, H, prior):
+        """A joint layer's refined exact rule (the larger), :data:`~singleloc.expectations._routes.JOINT_UNIT_BYTES`
+        per unit of :func:`~singleloc.expectations._laplace_joint.joint_rule_size`, which grows with ``H`` and the
+        atoms; 0 for a per-head layer, whose pair rule is small and does not grow with ``H`` or the prior."""
+        return JOINT_UNIT_BYTES * joint_rule_size(H, prior, refined=True) if choice.form.joint else 0
+
+    def stated_points(self, theory, L, H, points):
+        """The Gram term's points (or draws), where it is not exact."""
+        return points if isinstance(self.gram_term, LaplaceGram) else theory.gram_rule_points(L, H, points)
+
+    @classmethod
+    def describe(cls, result) -> str:
+        drift = f"{result.exact_drift_error:.1e}" if np.isfinite(result.exact_drift_error) else DRIFT_UNCHECKED
+        gram = {"exact": f"lr^2 Gram term exact too (its relative error against the finer rule {result.gram_error:.1e})",
+                "montecarlo": f"lr^2 Gram term by plain Monte Carlo (its relative standard error {result.gram_error:.1e})"
+                }.get(result.gram_route, f"lr^2 Gram term on the rank-aware Sobol rule (its relative error "
+                                         f"{result.gram_error:.1e})")
+        text = (f"exact route (Laplace form; risk error {result.risk_error:.1e} and relative drift error {drift} against "
+                f"a finer rule), {gram}")
+        if result.gram_route == "exact":
+            return text
+        unit = "antithetic pairs" if result.gram_route == "montecarlo" else "points"
+        return f"{text}; the Gram term's {times(result.points, unit, result.replicates)}"
 
     @property
     def replicates(self) -> int:
@@ -209,15 +258,7 @@ class LaplaceExpectation(AbstractExpectation):
         Gram term balances the ``O(lr)`` part of ``dQ``, so this is the relative error of that part of the
         drift there. NaN for a non-finite state. (No gradient here: a second site of the exact gradient in
         the solve's program would add a quarter to its compile time.)"""
-        if isinstance(self.gram_term, MonteCarloGram):  # its standard error, from its own draws
-            G, se = self.gram_term.gram_and_error(M, Q, b, v)
-            err = jnp.max(se)
-        elif isinstance(self.gram_term, LaplaceGram):  # against the finer exact rule
-            G = self.gram(M, Q, b, v)
-            err = jnp.max(jnp.abs(G - evaluation.check.gram(M, Q, b)))
-        else:
-            G = self.gram(M, Q, b, v)
-            err = jnp.max(jnp.abs(G - evaluation.gram(M, Q, b, v))) / jnp.sqrt(2.0)
+        G, err = self.gram_term.error(evaluation, M, Q, b, v)  # each term states its own (AbstractGramTerm.error)
         size = jnp.max(jnp.abs(G))
         return jnp.where(jnp.isfinite(Q).all() & (size > 0), err / size, jnp.nan)
 

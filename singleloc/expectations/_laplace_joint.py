@@ -96,7 +96,7 @@ def joint_rule_size(H: int, prior: Prior, *, refined: bool = False) -> int:
     token expectation runs over every node and head); ``refined``: of the refined rule
     (:func:`refined_layout`). Time and memory grow with it: about 75 microseconds of one drift per unit
     on the shared 2-core machine (4.7 s at 61440: ``H = 4`` on the Gaussian prior with ``F = 2``), and
-    about 0.5 kB of memory per unit of the refined rule (:func:`~singleloc.preflight._resources.exact_rule_bytes`)."""
+    about 0.5 kB of memory per unit of the refined rule (:meth:`~singleloc.LaplaceExpectation.rule_bytes`)."""
     layout = joint_layout(H, prior.F)
     sizes, small = refined_layout(layout) if refined else layout
     return math.prod(sizes) * (2 * small * small + 1) * H * len(prior.atoms)

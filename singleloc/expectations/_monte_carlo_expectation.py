@@ -29,7 +29,7 @@ from ..model._activations import Activation
 from ..model._priors import Prior
 from ..runtime._numerics import psd_sqrt
 from ..sgd._sgd_rule import GradientMoments
-from ._expectation import AbstractExpectation, RouteStatement
+from ._expectation import AbstractExpectation, RouteStatement, times
 
 #: Draws averaged at once (``lax.map`` batches): the memory of one batch's integrand.
 DRAW_BATCH = 4096
@@ -56,6 +56,9 @@ class MonteCarloExpectation(AbstractExpectation):
     theta: jax.Array
     activation: Activation = eqx.field(static=True)
     route: ClassVar[str] = "montecarlo"
+    field_nodes: ClassVar[bool] = True
+    refined_error: ClassVar[bool] = False
+    gram_name: ClassVar[str] = "montecarlo"
 
     @classmethod
     def from_setup(cls, setup, *, points: int, seeds=None, check: bool = False) -> MonteCarloExpectation:
@@ -77,13 +80,19 @@ class MonteCarloExpectation(AbstractExpectation):
         z, nu, theta = (jnp.asarray(x, dtype) for x in draw_fields(prior, L, H, n, seed))
         return cls(z=z, nu=nu, theta=theta, activation=activation)
 
+    @classmethod
+    def for_risk(cls, choice, prior, L, H, points, seed, nodes):
+        """``2 points`` draws from ``seed``."""
+        return cls.make(choice.activation, prior, int(L), H, 2 * points, seed)
+
+    @classmethod
+    def describe(cls, result) -> str:
+        return (f"Monte Carlo route (plain draws): {times(2 * result.points, 'draws', result.replicates)}, standard error "
+                f"of the risk {result.risk_error:.1e} (the larger of the start's and the end's)")
+
     @property
     def replicates(self) -> int:
         return self.z.shape[0] if self.z.ndim == 4 else 1
-
-    @property
-    def gram_name(self) -> str:
-        return "montecarlo"
 
     def risk_check(self, M, Q, b, v=None):
         """The risk plus its standard error ``sd / sqrt(n)`` over the ``n`` draws: the difference to

@@ -118,3 +118,8 @@ class MonteCarloGram(AbstractGramTerm):
 
     def gram(self, M, Q, b, v=None):
         return self.gram_and_error(M, Q, b, v)[0]
+
+    def error(self, evaluation, M, Q, b, v=None):
+        """Its standard error, from its own draws (``evaluation`` is not needed)."""
+        G, se = self.gram_and_error(M, Q, b, v)
+        return G, jnp.max(se)

@@ -10,7 +10,8 @@ normalised-exponential form (:func:`~singleloc.exponential_form`), and on the ex
   (:class:`~singleloc.SobolExpectation`); a joint layer (bsoftmax) only while its exact rule is
   affordable (``budget``: :data:`JOINT_EXACT_MAX` for a solve, :data:`JOINT_RISK_MAX` for one risk),
   and never with trained head weights (a joint layer's head mixture is not a normalised exponential);
-* ``"exact"``: the exact route whatever its cost (within memory: :func:`exact_rule_bytes`), an error
+* ``"exact"``: the exact route whatever its cost (within memory:
+  :meth:`~singleloc.LaplaceExpectation.rule_bytes`), an error
   where it does not exist;
 * any other name: that route, for any activation.
 
@@ -76,6 +77,11 @@ class RouteChoice:
     def exact(self) -> bool:
         """Whether this is the exact route."""
         return self.route == "exact"
+
+    @property
+    def route_class(self) -> type:
+        """The route's class (:func:`route_class`), which answers for it."""
+        return route_class(self.route)
 
 
 def route_class(name: str) -> type:
@@ -156,17 +162,3 @@ def choose_route(problem: Problem, model: Model, theory: Theory) -> RouteChoice:
 def route_of(config) -> RouteChoice:
     """:func:`choose_route` of a configuration's ``problem``, ``model`` and ``theory``."""
     return choose_route(config.problem, config.model, config.theory)
-
-
-def exact_rule_bytes(activation: str, H: int, prior: Prior) -> int:
-    """Estimated peak bytes of the exact route's own rule (its refined copy, the larger): a joint
-    layer's :data:`JOINT_UNIT_BYTES` per unit of :func:`~singleloc.expectations._laplace_joint.joint_rule_size`; 0 for a
-    per-head layer, whose pair rule is small and does not grow with ``H`` or the prior."""
-    from ..model._activations import exponential_form, get_activation
-    from ._laplace_joint import joint_rule_size
-
-    form = exponential_form(get_activation(activation), 2)  # whether a layer is joint does not depend on L
-    if form is None or not form.joint:
-        return 0
-    return JOINT_UNIT_BYTES * joint_rule_size(H, prior, refined=True)
-

@@ -15,13 +15,15 @@ device's share there (XLA's SPMD partitioner follows the arguments' shardings). 
   share's size).
 * **The quadrature nodes**, when the batch is smaller than the device count: one large solve
   (typically one start with many points, where the drift's expectation over the local fields
-  is the work). Every :class:`~singleloc.LocalFields` among the arguments is cut into one block
-  of base points per device (:meth:`~singleloc.LocalFields.split`: padded with copies of its
-  last point, of weight zero, so the expectation is unchanged) and block ``k`` is placed on
-  device ``k``; everything else, the batch included, is on every device. Each device evaluates
-  the integrand on its block, and the sum over the blocks, a contraction over the split axis,
-  becomes an all-reduce of the few moments (``O(H^2 + H F)`` numbers per drift evaluation)
-  inserted by the partitioner. The ``batch_size`` memory cap of the rule then holds per device.
+  is the work). Every expectation route among the arguments splits its own nodes
+  (:meth:`~singleloc.expectations._expectation.AbstractExpectation.shard`): each of its
+  :class:`~singleloc.LocalFields` is cut into one block of base points per device
+  (:meth:`~singleloc.LocalFields.split`: padded with copies of its last point, of weight zero, so
+  the expectation is unchanged) and block ``k`` is placed on device ``k``; everything else, the
+  batch included, is on every device. Each device evaluates the integrand on its block, and the
+  sum over the blocks, a contraction over the split axis, becomes an all-reduce of the few
+  moments (``O(H^2 + H F)`` numbers per drift evaluation) inserted by the partitioner.
+  The ``batch_size`` memory cap of the rule then holds per device.
 
 Why not a two-dimensional mesh (batch x nodes): the batches met here are either large (seeds,
 sweep points: each trajectory on one device needs no communication and keeps its own adaptive
@@ -35,14 +37,12 @@ unsharded run.
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from ._fields import LocalFields
+from ._expectation import AbstractExpectation
 
 _AXIS = "devices"
 
@@ -62,34 +62,25 @@ def _put(x, mesh: Mesh, axis: int | None = None):
     return jax.device_put(x, NamedSharding(mesh, PartitionSpec(*spec)))
 
 
-def _split_rule(rule: LocalFields, mesh: Mesh) -> LocalFields:
-    """``rule`` in one block of base points per device (node axes: ``w`` (..., n, L, H), ``u``
-    (..., n, G)), the prior's arrays on every device."""
-    rule = rule.split(mesh.size)
-    return dataclasses.replace(rule, w=_put(rule.w, mesh, -3), u=_put(rule.u, mesh, -2), atoms=_put(rule.atoms, mesh),
-                               probs=_put(rule.probs, mesh), cov_sqrt=_put(rule.cov_sqrt, mesh))
-
-
-def _is_rule(x) -> bool:
-    return isinstance(x, LocalFields)
-
-
 def shard_batch(batched, shared=()):
     """``(batched, shared, n)`` placed on the local devices (module docstring): the leaves of
     ``batched`` have a leading batch axis, all of length ``n``; with ``n`` at least the device
     count (or no rule among the arguments) that axis is padded to a multiple of the device count
-    and split, and ``shared`` is on every device; with fewer, the base points of every
-    :class:`~singleloc.LocalFields` in either tree are split and all else is on every device.
-    Unchanged on one device."""
+    and split, and ``shared`` is on every device; with fewer, every route in either tree splits its
+    nodes (:meth:`~singleloc.expectations._expectation.AbstractExpectation.shard`) and all else is on
+    every device. Unchanged on one device."""
     leaves = jax.tree.leaves(batched)
     n = int(leaves[0].shape[0])
     devices = jax.local_devices()
     if len(devices) == 1:
         return batched, shared, n
     mesh = Mesh(np.array(devices), (_AXIS,))
-    if n < len(devices) and any(map(_is_rule, jax.tree.leaves((batched, shared), is_leaf=_is_rule))):
-        place = lambda x: _split_rule(x, mesh) if _is_rule(x) else _put(x, mesh)
-        return jax.tree.map(place, batched, is_leaf=_is_rule), jax.tree.map(place, shared, is_leaf=_is_rule), n
+    is_route = lambda x: isinstance(x, AbstractExpectation)
+    routes = [x for x in jax.tree.leaves((batched, shared), is_leaf=is_route) if is_route(x)] if n < len(devices) else []
+    split = {id(x): x.shard(mesh, _put) for x in routes}  # each route splits its own nodes (None: it has none)
+    if any(x is not None for x in split.values()):
+        place = lambda x: (split[id(x)] or jax.tree.map(lambda y: _put(y, mesh), x)) if is_route(x) else _put(x, mesh)
+        return jax.tree.map(place, batched, is_leaf=is_route), jax.tree.map(place, shared, is_leaf=is_route), n
     pad = -n % len(devices)
 
     def split(x):

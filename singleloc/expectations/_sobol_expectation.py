@@ -32,7 +32,7 @@ import jax.numpy as jnp
 from ..model._activations import Activation
 from ..model._layer import limit_loss
 from ..sgd._sgd_rule import GradientMoments
-from ._expectation import AbstractExpectation, AbstractGramTerm
+from ._expectation import AbstractExpectation, AbstractGramTerm, times
 from ._fields import LocalFields, replicate_rules
 
 
@@ -65,6 +65,12 @@ class SobolGram(AbstractGramTerm):
     def gram(self, M, Q, b, v=None):
         return _gram_on(self.fields, self.activation, M, Q, b, v)
 
+    def error(self, evaluation, M, Q, b, v=None):
+        """Against the term of a second, independent scrambling (``evaluation``'s): each has the same error
+        law and is unbiased (the rule is not whitened), so ``max |G - G'| / sqrt(2)``."""
+        G = self.gram(M, Q, b, v)
+        return G, jnp.max(jnp.abs(G - evaluation.gram(M, Q, b, v))) / jnp.sqrt(2.0)
+
 
 class SobolExpectation(AbstractExpectation):
     """Every average on the scrambled Sobol rule ``fields`` (module docstring)."""
@@ -72,6 +78,9 @@ class SobolExpectation(AbstractExpectation):
     fields: LocalFields
     activation: Activation = eqx.field(static=True)
     route: ClassVar[str] = "rule"
+    field_nodes: ClassVar[bool] = True
+    refined_error: ClassVar[bool] = False
+    gram_name: ClassVar[str] = "sobol"
 
     @classmethod
     def from_setup(cls, setup, *, points: int, seeds=None, check: bool = False) -> SobolExpectation:
@@ -82,6 +91,19 @@ class SobolExpectation(AbstractExpectation):
         axes = {"principal": True} if theory.rank_aware else {"symmetric": True}
         fields = sobol_fields(setup, points, theory.qmc_seed, seeds, **axes)
         return cls(fields=fields, activation=setup.activation)
+
+    @classmethod
+    def for_risk(cls, choice, prior, L, H, points, seed, nodes):
+        """Unwhitened and rank-aware: each scrambling unbiased, so that their spread states the error (the
+        whitening's bias reached 27-61 standard errors at n / 2LH = 2-3, with the same spread either way:
+        docs/model.md section 4.5), and heads that are copies lose no accuracy."""
+        return cls(fields=LocalFields.make(int(L), H, prior, points, seed, principal=True, whiten=False),
+                   activation=choice.activation)
+
+    @classmethod
+    def describe(cls, result) -> str:
+        layout = "rank-aware, theory.axes = 'principal'" if result.axes == "principal" else "head-shift rule"
+        return f"rule route (Sobol, {layout}): {times(result.points, 'points', result.replicates)}"
 
     @property
     def replicates(self) -> int:

@@ -237,13 +237,14 @@ def _label(config: Config) -> str:
 
 
 def route_costs(config: Config) -> tuple[str, str | None, str]:
-    """The route's cost class (``"exact"``, or ``"rule"`` for a route over the fields' nodes: the Sobol rule,
-    Monte Carlo), its Gram term's rule on the exact route, and its name in words. THE ONE PLACE where the
-    estimates ask a route by its name, until the routes say their cost class themselves (issue 60 item 2)."""
+    """The route's cost class (``"rule"`` for a route that averages over the fields' nodes, as the Sobol rule and
+    Monte Carlo do: :attr:`~singleloc.AbstractExpectation.field_nodes`; else ``"exact"``), its Gram term on the exact
+    route, and its name in words."""
     from ..expectations._routes import route_of
 
     choice = route_of(config)
-    return ("exact" if choice.exact else "rule", choice.gram if choice.exact else None, ROUTE_WORDS[choice.route])
+    nodes = choice.route_class.field_nodes
+    return ("rule" if nodes else "exact", None if nodes else choice.gram, ROUTE_WORDS[choice.route])
 
 
 def theory_work(config: Config, starts: int) -> float:

@@ -46,7 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from ..configuration._config import Config
-from ..expectations._routes import exact_route_exists, exact_rule_bytes, route_of
+from ..expectations._routes import exact_route_exists, route_of
 from ..expectations._sobol_geometry import SOBOL_MAX_DIM, factor_rows, node_batch, quadrature_dimension
 from ..model._activations import exponential_form, get_activation
 from ..model._priors import Prior
@@ -183,7 +183,7 @@ def saved_bytes(config: Config, starts: int) -> int:
     saved = config.sgd.n_save * th.replicates
     batch = node_batch(pb.L, H)
     nodes = min(2 * th.points, batch) if isinstance(th.points, int) else batch
-    risk = 0 if route_of(config).exact else 6 * nodes * pb.L * H
+    risk = 6 * nodes * pb.L * H if route_of(config).route_class.field_nodes else 0
     return 8 * saved * (2 * starts * state_size(config) + risk)
 
 
@@ -191,14 +191,9 @@ def theory_bytes(config: Config, starts: int, heads: int | None = None) -> int:
     """Estimated peak bytes of the quadrature for ``starts`` ODE starts (module docstring);
     ``heads`` replaces ``model.heads`` (a pruned layer's largest sub-layer)."""
     pb, H, th = config.problem, config.model.heads if heads is None else heads, config.theory
-    points = th.points
-    route = route_of(config)
-    exact = route.exact
-    if exact and route.gram in ("exact", "montecarlo"):  # no Sobol nodes: one batch of draws at most
-        points = max(node_batch(pb.L, H) // 2, 1)
-    elif exact:  # its one Sobol rule, the Gram term's (rank-aware), has as many or more points
-        points = th.gram_rule_points(pb.L, H, th.points)
-    return rule_bytes(pb.L, H, pb.build_prior(), points, starts, principal=exact or th.rank_aware)
+    choice = route_of(config)
+    points, principal = choice.route_class.memory_points(choice, th, pb.L, H, th.points)  # the nodes it holds
+    return rule_bytes(pb.L, H, pb.build_prior(), points, starts, principal=principal)
 
 
 def rule_bytes(L: int, heads: int, prior: Prior, points: int, starts: int = 1, principal: bool = False) -> int:
@@ -273,7 +268,7 @@ def check_run(config: Config, *, simulation: bool = False, theory_starts: int = 
         check_float32(config)
     if theory_starts:
         check_dimension(config, "theory")
-        if not route_of(config).exact:
+        if route_of(config).route_class.field_nodes:
             points = config.theory.points if config.theory.points != "auto" else auto_points(config)
             check_quadrature(pb.L, H, pb.build_prior(), points, principal=config.theory.rank_aware,
                              exact_hint=_has_exact_route(config))
@@ -295,13 +290,14 @@ def _memory_parts(config: Config, simulation: bool, theory_starts: int) -> dict[
         auto = th.points == "auto"
         if auto:
             config = config.replace(theory={"points": auto_points(config)})
-        exact = route_of(config).exact
+        choice = route_of(config)
         points = config.theory.points
-        rule = (f"the exact route's Gram rule (theory.gram_points = {th.gram_rule_points(pb.L, H, points)}" if exact else
-                f"the theory's quadrature (theory.points = {points}") + (" at least, 'auto'" if auto else "")
+        rule = (f"the theory's quadrature (theory.points = {points}" if choice.route_class.field_nodes else
+                f"the exact route's Gram rule (theory.gram_points = {th.gram_rule_points(pb.L, H, points)}") + \
+            (" at least, 'auto'" if auto else "")
         parts[f"{rule} x problem.L = {pb.L} x model.heads = {H}, {theory_starts} start(s))"] = \
             theory_bytes(config, theory_starts * th.replicates)
-        if exact and (joint := exact_rule_bytes(config.model.activation, H, pb.build_prior())):
+        if joint := choice.route_class.rule_bytes(choice, H, pb.build_prior()):
             parts[f"the exact route's rule of a joint layer (model.heads = {H}, problem.F = {pb.F}, "
                   f"{len(pb.build_prior().atoms)} atoms of the prior)"] = joint
         parts[f"the theory's saved times and their risks (sgd.n_save = {config.sgd.n_save} x {theory_starts} start(s))"] = \
@@ -317,11 +313,12 @@ def _fitting_value(config: Config, simulation: bool, theory_starts: int, limit: 
     keys = [("simulation", "seeds", config.simulation.seeds, 1)] if simulation else []
     keys += [("simulation", "test_samples", config.simulation.test_samples, 1)] if simulation else []
     if theory_starts:
-        exact = route_of(config).exact
         points = th.points if th.points != "auto" else auto_points(config)
-        low = 16 if exact else 1 << (quadrature_dimension(pb.L, H, pb.build_prior(), th.rank_aware) - 1).bit_length()
-        keys += [("theory", "gram_points", th.gram_rule_points(pb.L, H, points), max(16, points))] if exact else \
-            [("theory", "points", points, max(16, low))]
+        if route_of(config).route_class.field_nodes:  # its rule over the fields, down to their dimension
+            low = 1 << (quadrature_dimension(pb.L, H, pb.build_prior(), th.rank_aware) - 1).bit_length()
+            keys += [("theory", "points", points, max(16, low))]
+        else:  # the Gram term's rule, down to theory.points
+            keys += [("theory", "gram_points", th.gram_rule_points(pb.L, H, points), max(16, points))]
         keys += [("sgd", "n_save", config.sgd.n_save, 2)]
     keys += [("model", "heads", H, 1), ("problem", "L", pb.L, 2)]  # the sizes themselves, last
     for section, key, value, minimum in keys:

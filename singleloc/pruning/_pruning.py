@@ -93,11 +93,11 @@ def pruning_config(config: Config, heads: int | None = None) -> Config:
     require_config(config, "pruning_config")
     require_uniform_head_weights(config, "pruning")
     H = config.model.heads if heads is None else int(heads)
-    if config.theory.route == "auto" and not route_of(config.replace(model={"heads": H})).exact:
+    if config.theory.route == "auto" and (full := route_of(config.replace(model={"heads": H}))).route_class.field_nodes:
         # one route for every sub-layer, the full layer's: a joint layer too large for the exact route
         # (JOINT_EXACT_MAX) would otherwise have its smaller sub-layers on it, and the steps mix routes
-        config = config.replace(theory={"route": "rule"})
-    if config.theory.points != "auto" and not route_of(config).exact:
+        config = config.replace(theory={"route": full.route})
+    if config.theory.points != "auto" and route_of(config).route_class.field_nodes:
         check_quadrature(config.problem.L, H, config.problem.build_prior(), config.theory.points,
                          principal=config.theory.rank_aware)
     resolved = resolve_points(config)
@@ -154,7 +154,7 @@ class TheoryRisk:
         """``(risk, standard error)`` of the sub-layer of heads ``kept`` (class docstring)."""
         M, Q, b = keep_heads(self.M, self.Q, self.b, kept)
         odes = self.odes(len(kept))
-        if odes[0].expectation.route == "exact":  # the exact route: one rule, its error against the finer one
+        if odes[0].expectation.refined_error:  # one rule, its error against its finer copy
             exact = odes[0].expectation
             estimate = RiskEstimate.from_refinement(layer_risk(exact, M, Q, b), layer_risk_check(exact, M, Q, b))
             return estimate.value, estimate.error
@@ -318,7 +318,8 @@ def prune_theory(config: Config | None = None, M=None, Q=None, b=None, order: st
     norms = np.linalg.norm(np.asarray(M, dtype=float), axis=1)
     result = prune(evaluate, evaluate.heads, order, overlap_norms=norms, draws=draws, seed=seed)
     # one Sobol rule states no error; the exact route states its own (against the finer exact rule)
-    return _finish(result, deterministic=config.theory.replicates == 1 and not route_of(evaluate.config).exact)
+    refined = route_of(evaluate.config).route_class.refined_error
+    return _finish(result, deterministic=config.theory.replicates == 1 and not refined)
 
 
 def prune_run(run, order: str | Sequence[int] = "greedy", *, draws: int = 16,

@@ -83,6 +83,7 @@ from ..analysis._phase_analysis import analyze
 from ..analysis._predictions import EscapePrediction, resolve_horizon, with_chosen_points
 from ..analysis._sweep_answers import GAP_TOL, add_heads_needed, bayes_columns
 from ..configuration._config import Config, require_config
+from ..expectations._laplace_expectation import DRIFT_UNCHECKED
 from ..ground._atomic_files import OUTPUT_KEY, png_has_text, written_together
 from ..ground._choices import check_horizon
 from ..io._run_folders import save_figure, save_text
@@ -90,7 +91,7 @@ from ..preflight._resources import check_run
 from ..runtime._distributed import open_cluster
 from ..runtime._numerics import require_x64
 from ..theory._theory import OrderParameterODE
-from ..theory._theory_result import DRIFT_UNCHECKED, STATEMENT_FIELDS
+from ..theory._theory_result import STATEMENT_FIELDS
 from ._grid import Grid, grid_points
 from ._sweep_cache import SweepStats, cached_run, fill_cache
 from ._sweep_compute import bayes_config, compile_group

@@ -85,7 +85,7 @@ def update_moments(ode: OrderParameterODE, M, Q, b, tau=0.0, fields: LocalFields
     m = fields.expect(integrand, M, Q, factor=S, with_noise=True)
     xi = jnp.eye(F) - M.T @ (T.T @ T) @ M  # Cov(nu | g), PSD up to rounding
     Sigma = rule.update_covariance(tau, m["u"], m["uu"], m["cc"], xi)
-    if ode.expectation.route == "rule":  # the drift is this pass's mean
+    if isinstance(ode.expectation, SobolExpectation):  # the drift is this pass's mean
         return m["u"], Sigma
     d = ode.drift(M, Q, b, tau)
     return flatten_state(d.M, d.Q, d.b, tb), Sigma

@@ -263,8 +263,7 @@ def _problem(config: Config, y0: OrderParameters | None, ts: np.ndarray | None) 
     expected = expected_steps(float(setup.sgd.rate(float(ts[0]))), float(ts[-1] - ts[0]))
     budget = jnp.asarray(int(min(MAX_STEPS, max(WARMUP, STEP_MARGIN * expected))), jnp.int32)  # :mod:`._step_budget`
     saved, ts = ts.shape[0], _padded(ts)
-    if dynamics.expectation.route == "exact" and dynamics.expectation.gram_name in ("sobol", "montecarlo"):
-        points = th.gram_rule_points(config.problem.L, config.model.heads, points)  # the Gram term's rule (or draws)
+    points = dynamics.expectation.stated_points(th, config.problem.L, config.model.heads, points)
     return _Problem(config, setup, (dynamics, evaluation, y0, ts, *tol, budget), int(points), drift_error, saved)
 
 

@@ -8,14 +8,12 @@ import dataclasses
 import numpy as np
 
 from ..configuration._config import Config, require_config
+from ..expectations._routes import route_class
 from ._trajectory import Trajectory
 
 #: The fields of a :class:`TheoryResult` that state its quadrature (route and errors), as a sweep's
 #: cache entries and CSV columns carry them (:meth:`TheoryResult.statement`).
 STATEMENT_FIELDS = ("route", "gram_route", "risk_error", "exact_drift_error", "gram_error", "drift_error", "points")
-#: The exact route's ``O(lr)`` drift error where it is not computed (``risk_error`` under
-#: ``singleloc.theory._ode.DRIFT_CHECK_ABOVE``: the drift error is then under about 1e-5).
-DRIFT_UNCHECKED = "below 1e-5 (not computed: risk error under 1e-9)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,25 +71,7 @@ class TheoryResult(Trajectory):
 
     def quadrature(self) -> str:
         """One line on the rule: points, replicates and the error estimates (for printing)."""
-        parts = []
-        if self.route == "exact":
-            drift = f"{self.exact_drift_error:.1e}" if np.isfinite(self.exact_drift_error) else DRIFT_UNCHECKED
-            gram = ("lr^2 Gram term exact too (its relative error against the finer rule "
-                    f"{self.gram_error:.1e})" if self.gram_route == "exact" else
-                    f"lr^2 Gram term by plain Monte Carlo (its relative standard error {self.gram_error:.1e})"
-                    if self.gram_route == "montecarlo" else
-                    f"lr^2 Gram term on the rank-aware Sobol rule (its relative error {self.gram_error:.1e})")
-            parts.append(f"exact route (Laplace form; risk error {self.risk_error:.1e} and relative drift error {drift} "
-                         f"against a finer rule), {gram}")
-        if self.route == "montecarlo":
-            parts.append(f"Monte Carlo route (plain draws): {2 * self.points} draws x {self.replicates} "
-                         f"replicate{'s' if self.replicates > 1 else ''}, standard error of the risk {self.risk_error:.1e} "
-                         "(the larger of the start's and the end's)")
-        elif self.route != "exact" or self.gram_route != "exact":
-            layout = "rank-aware, theory.axes = 'principal'" if self.axes == "principal" else "head-shift rule"
-            rule = "the Gram term's " if self.route == "exact" else f"rule route (Sobol, {layout}): "
-            unit = "antithetic pairs" if self.gram_route == "montecarlo" else "points"
-            parts.append(f"{rule}{self.points} {unit} x {self.replicates} replicate{'s' if self.replicates > 1 else ''}")
+        parts = [route_class(self.route).describe(self)]
         if np.isfinite(self.drift_error):
             parts.append(f"estimated relative drift error at the start {self.drift_error:.1e}")
         if self.replicates > 1:
