@@ -56,7 +56,7 @@ def run(args) -> int:
     elif args.horizon != "config":
         config, predicted = _resolve_horizon(config, args.horizon)
     step = config.sgd.tau_max / max(config.sgd.n_save - 1, 1)
-    if config.sgd.spacing == "linear" and step > COARSE_STEP:
+    if resume is None and config.sgd.spacing == "linear" and step > COARSE_STEP:
         print(f"singleloc integrate: note: a linear grid of {config.sgd.n_save} saved times is a step of {step:.3g} in tau, "
               "coarser than the first drop of the risk; --set sgd.spacing=log saves on a log grid (as --horizon TAU does)",
               file=sys.stderr)
