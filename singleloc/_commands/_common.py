@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import types
 from pathlib import Path
 
 from ..configuration._presets import preset_names
@@ -136,9 +137,20 @@ PROGRESS_HELP = ("no live status line or progress bar: one line per phase (compi
                  "stderr is not a terminal")
 
 
-def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    """``CONFIG``, repeatable ``--set section.key=value`` and ``--no-progress``."""
-    parser.add_argument("config", metavar="CONFIG", help=CONFIG_HELP.format(presets=", ".join(preset_names())))
+CONTINUE_HELP = ("in place of CONFIG: continue the stored run in RUN_DIR (written by this command) to --horizon TAU with "
+                 "its configuration, from its state at its last saved time; the run written to --out holds the stored "
+                 "trajectory followed by sgd.n_save - 1 new saved times up to TAU (on the config's spacing), so the solve "
+                 "has the stored run's shapes and reuses its compiled program; --out may be RUN_DIR itself, which is then "
+                 "replaced as a whole once the continued run completes")
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, resume: bool = False) -> None:
+    """``CONFIG``, repeatable ``--set section.key=value`` and ``--no-progress``; with ``resume``,
+    ``--continue RUN_DIR`` in place of ``CONFIG`` (:func:`continued_run`)."""
+    parser.add_argument("config", metavar="CONFIG", nargs="?" if resume else None,
+                        help=CONFIG_HELP.format(presets=", ".join(preset_names())))
+    if resume:
+        parser.add_argument("--continue", dest="resume", type=Path, metavar="RUN_DIR", help=CONTINUE_HELP)
     parser.add_argument(
         "--set",
         dest="overrides",
@@ -157,6 +169,56 @@ def config_from_args(args: argparse.Namespace):
     return load_config(args.config, args.overrides)
 
 
+def continued_run(args: argparse.Namespace, files: tuple[str, ...]):
+    """The run of ``--continue RUN_DIR`` (:func:`~singleloc.io._run_folders.load_run`, holding the data ``files``),
+    its config to the horizon ``--horizon TAU``, the stored run's last saved time ``t0`` and the new saved times
+    after it (``sgd.n_save - 1`` of them up to ``TAU``, linear or geometric as ``sgd.spacing``): the solve from ``t0``
+    has ``sgd.n_save`` saved times, the stored run's shapes. ``None`` without ``--continue``; ``ValueError``
+    naming the option for ``CONFIG`` or ``--set`` given too, a horizon not beyond ``t0``, or a folder that is not
+    such a run."""
+    import numpy as np
+
+    from ..io._run_folders import load_run
+
+    if args.resume is None:
+        if args.config is None:
+            raise ValueError("give CONFIG, or --continue RUN_DIR to continue a stored run")
+        return None
+    if args.config is not None or args.overrides:
+        raise ValueError(f"--continue: a continued run keeps the configuration of {str(args.resume)!r}; "
+                         f"give --continue RUN_DIR without {'CONFIG' if args.config is not None else '--set'}")
+    try:
+        run = load_run(args.resume)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"--continue: {err}") from None
+    missing = [f for f in files if f not in run.data and f not in run.extra]
+    if missing:
+        raise ValueError(f"--continue: {str(args.resume)!r} holds no {missing[0]}.npz: not a run of `singleloc {args.command}`")
+    t0 = float(run.data["theory"]["tau"][-1]) if "theory" in run.data else float(run.extra["theory_seeds"]["tau"][-1])
+    if not isinstance(args.horizon, float) or args.horizon <= t0:
+        got = f", got {args.horizon:g}" if isinstance(args.horizon, float) else ""
+        raise ValueError(f"--horizon: --continue needs a horizon TAU beyond the stored run's last saved time tau = {t0:g}{got}")
+    sgd = run.config.sgd
+    grid = np.linspace if sgd.spacing == "linear" else np.geomspace
+    config = run.config.replace(sgd={"tau_max": args.horizon})
+    return types.SimpleNamespace(run=run, config=config, t0=t0, ts=grid(t0, args.horizon, sgd.n_save)[1:])
+
+
+def joined(old, new):
+    """The :class:`~singleloc.TheoryResult` ``old`` followed by ``new`` (its continuation, from ``old``'s last
+    saved time on): the trajectories concatenated along the saved times; the statement of the quadrature is
+    ``new``'s with each stated error the larger of the two."""
+    import dataclasses
+
+    import numpy as np
+
+    cat = lambda a, b: None if a is None or b is None else np.concatenate([a, b], axis=1)  # noqa: E731
+    errors = {k: float(np.fmax(getattr(old, k), getattr(new, k)))
+              for k in ("risk_error", "exact_drift_error", "gram_error", "drift_error")}
+    return dataclasses.replace(new, tau=np.concatenate([old.tau, new.tau]), **errors,
+                               **{k: cat(getattr(old, k), getattr(new, k)) for k in ("M", "Q", "b", "risk", "risk_se", "v")})
+
+
 def describe(config) -> str:
     """``"softmax, H=2, L=4, F=2, gaussian prior"``: the config in a figure title."""
     pb, m = config.problem, config.model
@@ -164,16 +226,17 @@ def describe(config) -> str:
     return f"{m.activation}, H={m.heads}, L={pb.L}, F={pb.F}, {prior} prior"
 
 
-def prepare_run(args: argparse.Namespace, *, simulation: bool = False, theory: str | None = None):
+def prepare_run(args: argparse.Namespace, *, simulation: bool = False, theory: str | None = None, continued=None):
     """The config of a run command, checked before anything is computed: its dimension,
     quadrature and memory (:func:`singleloc.preflight._resources.check_run`) for a simulation and/or the
     theory from ``"one"`` start or one per seed (``"seeds"``), what a simulation will cost
     (:func:`check_cost`: a huge one is refused), and a note when ``--out`` holds a run that the new one will replace.
-    (The warnings about a run's results, :mod:`singleloc.preflight._run_checks`, come from the library.)"""
+    (The warnings about a run's results, :mod:`singleloc.preflight._run_checks`, come from the library.) ``continued``:
+    the run of ``--continue`` (:func:`continued_run`), whose config is taken instead of ``CONFIG``."""
     from ..preflight._resources import check_run
     from ..simulation._simulation_estimate import simulation_cost
 
-    config = config_from_args(args)
+    config = config_from_args(args) if continued is None else continued.config
     starts = {None: 0, "one": 1, "seeds": config.simulation.seeds}[theory]
     check_run(config, simulation=simulation, theory_starts=starts)
     if simulation:  # refused when huge; its estimate is said once it is measured (singleloc.preflight._estimates)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
-from ._common import add_config_arguments, add_force_argument, add_out_argument, describe, prepare_run
+from ._common import add_config_arguments, add_force_argument, add_out_argument, continued_run, describe, joined, prepare_run
 
 
 def register(sub) -> None:
@@ -16,9 +18,12 @@ def register(sub) -> None:
         "DIR/simulation.npz (as `simulate`), DIR/theory.npz (seed 0, as `integrate`), "
         "DIR/theory_seeds.npz (every seed: M (S,T,H,F), Q (S,T,H,H), b (S,T,H), risk and risk_se (S,T)), "
         "DIR/config.json and DIR/compare.png (risk and overlaps M_hf against tau). Every file carries "
-        "the config hash, and DIR is replaced as a whole when all of them are written.",
+        "the config hash, and DIR is replaced as a whole when all of them are written. --continue RUN_DIR "
+        "--horizon TAU continues a stored compare: the theory of every seed from its stored state, the simulation "
+        "rerun from tau = 0 (its weights are not stored).",
     )
-    add_config_arguments(p)
+    add_config_arguments(p, resume=True)
+    p.add_argument("--horizon", type=float, metavar="TAU", help="with --continue: the new horizon, beyond the stored run's")
     add_force_argument(p)
     add_out_argument(p, run=True)
     p.set_defaults(func=run)
@@ -35,10 +40,22 @@ def run(args) -> int:
     from ..theory._ode import integrate
     from ..theory._starts import initial_conditions
 
-    config = prepare_run(args, simulation=True, theory="seeds")
+    resume = continued_run(args, ("simulation", "theory_seeds"))
+    if resume is None and args.horizon is not None:
+        raise ValueError("--horizon is the new horizon of --continue RUN_DIR; without it, set sgd.tau_max")
+    config = prepare_run(args, simulation=True, theory="seeds", continued=resume)
     announce(f"the simulation and the theory of {config.simulation.seeds} seeds", compare_estimate(config))
-    sim = simulate(config, progress=args.progress)  # warns of dropped saved times and of a rising risk
-    theory = integrate(config, initial_conditions(config), ts=sim.tau)
+    if resume is None:
+        sim = simulate(config, progress=args.progress)  # warns of dropped saved times and of a rising risk
+        theory = integrate(config, initial_conditions(config), ts=sim.tau)
+    else:  # the simulation's weights are not stored: it is rerun, saved at the stored times and the new ones
+        old = resume.run.theory
+        print(f"singleloc compare: continuing {str(args.resume)!r} to tau = {config.sgd.tau_max:g}: the simulation is rerun "
+              f"from tau = 0 (its weights are not stored), the theory of every seed continues from tau = {resume.t0:g}",
+              file=sys.stderr)
+        sim = simulate(config, progress=args.progress, ts=np.concatenate([old.tau, resume.ts]))
+        last = tuple(x[:, -1] for x in (old.M, old.Q, old.b, *(() if old.v is None else (old.v,))))
+        theory = joined(old, integrate(config, last, ts=sim.tau[len(old.tau):], t0=resume.t0))
     title = f"{describe(config)}, D={config.simulation.D}, lr={config.sgd.lr}"
     settled = run_settledness(config, theory.tau, theory.M, theory.Q, theory.b, theory.risk)
     save_run(args.out, theory.resolved(config), {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from ._common import add_config_arguments, add_force_argument, add_out_argument, describe, prepare_run
+from ._common import add_config_arguments, add_force_argument, add_out_argument, continued_run, describe, joined, prepare_run
 from .sweep import horizon_type
 
 #: Above this ``sgd.tau_max`` (the sweep's horizon cap), ``integrate`` says that the solve may be
@@ -26,14 +26,14 @@ def register(sub) -> None:
         "simulation.D), and save at the sgd time grid. Writes DIR/theory.npz with tau (T), "
         "M (T,H,F), Q (T,H,H), b (T,H), risk (T), DIR/theory.png (the risk and the overlaps M_hf against "
         "tau; `singleloc plot DIR` adds the phases) and DIR/config.json; every file carries the "
-        "config hash, and DIR is replaced as a whole.",
+        "config hash, and DIR is replaced as a whole. --continue RUN_DIR --horizon TAU continues a stored run.",
     )
-    add_config_arguments(p)
+    add_config_arguments(p, resume=True)
     p.add_argument("--horizon", type=horizon_type, default="config", metavar="config|auto|TAU",
                    help="how far to integrate: config (default): sgd.tau_max on the config's grid; auto: 2.5 times "
                    "the predicted escape from the unspecialized plateau (tau_0 + log(D) / (2 lambda), as `sweep` "
                    "predicts it; rounded up to two digits, at most 3000, 300 without a predicted escape); TAU: that "
-                   "time; both on a log grid of at least 201 saved times")
+                   "time; both on a log grid of at least 201 saved times; with --continue: TAU, the new horizon")
     add_force_argument(p)
     add_out_argument(p, run=True)
     p.set_defaults(func=run)
@@ -46,12 +46,17 @@ def run(args) -> int:
     from ..plots import plot_compare
     from ..theory._ode import MAX_STEPS, integrate
 
-    config = prepare_run(args, theory="one")
+    resume = continued_run(args, ("theory",))
+    config = prepare_run(args, theory="one", continued=resume)
     predicted = {}
-    if args.horizon != "config":
+    if resume is not None:
+        predicted = {k: v for k, v in resume.run.data["theory"].items() if k == "predicted_escape"}
+        print(f"singleloc integrate: continuing {str(args.resume)!r} from tau = {resume.t0:g} to {config.sgd.tau_max:g}",
+              file=sys.stderr)
+    elif args.horizon != "config":
         config, predicted = _resolve_horizon(config, args.horizon)
     step = config.sgd.tau_max / max(config.sgd.n_save - 1, 1)
-    if config.sgd.spacing == "linear" and step > COARSE_STEP:
+    if resume is None and config.sgd.spacing == "linear" and step > COARSE_STEP:
         print(f"singleloc integrate: note: a linear grid of {config.sgd.n_save} saved times is a step of {step:.3g} in tau, "
               "coarser than the first drop of the risk; --set sgd.spacing=log saves on a log grid (as --horizon TAU does)",
               file=sys.stderr)
@@ -61,7 +66,13 @@ def run(args) -> int:
               f"steps (each 6 drift evaluations over {2 * config.theory.points if config.theory.points != 'auto' else 'the'} "
               f"quadrature nodes), which can take many minutes{'; its progress bar follows' if args.progress else ''}",
               file=sys.stderr)
-    result = integrate(config, max_steps=MAX_STEPS, progress=long and args.progress)
+    if resume is None:
+        result = integrate(config, max_steps=MAX_STEPS, progress=long and args.progress)
+    else:  # from the stored state at its last saved time: the stored run's shapes, so its compiled program
+        old = resume.run.theory
+        last = tuple(x[:, -1] for x in (old.M, old.Q, old.b, *(() if old.v is None else (old.v,))))
+        new = integrate(config, last, ts=resume.ts, t0=resume.t0, max_steps=MAX_STEPS, progress=long and args.progress)
+        result = joined(old, new)
     sim = config.simulation
     title = f"{describe(config)}, theory from the D={sim.D} start of seed {sim.seed}, lr={config.sgd.lr}"
     settled = run_settledness(config, result.tau, result.M, result.Q, result.b, result.risk)

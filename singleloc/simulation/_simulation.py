@@ -43,12 +43,13 @@ from ._simulation_estimate import simulation_clock
 from ._simulation_result import SimulationResult
 
 
-def save_steps(config: Config) -> np.ndarray:
-    """SGD step counts ``t`` at the saved times (``tau * D / sgd.batch`` rounded, strictly
+def save_steps(config: Config, ts: np.ndarray | None = None) -> np.ndarray:
+    """SGD step counts ``t`` at the saved times (``ts``, default the config's; ``tau * D / sgd.batch`` rounded, strictly
     increasing); ``ValueError`` when there are more than :data:`~singleloc.preflight._resources.STEP_MAX`
     steps."""
     check_steps(config)
-    t = np.round(config.sgd.save_times() * config.simulation.D / config.sgd.batch).astype(np.int64)
+    times = config.sgd.save_times() if ts is None else np.asarray(ts, float)
+    t = np.round(times * config.simulation.D / config.sgd.batch).astype(np.int64)
     t = np.unique(t)
     if len(t) < 2:
         fit = max(1, int(config.sgd.tau_max * config.simulation.D) // max(2, config.sgd.n_save - 1))
@@ -108,7 +109,8 @@ def _run_functions(config: Config):
 
 
 def simulate(config: Config | None = None, *, problem: Problem | None = None, model: Model | None = None,
-             sgd: SGD | None = None, simulation: Simulation | None = None, progress: bool = True) -> SimulationResult:
+             sgd: SGD | None = None, simulation: Simulation | None = None, progress: bool = True, ts: np.ndarray | None = None
+             ) -> SimulationResult:
     """Run online SGD for every seed and record the saved trajectory.
 
     ``sl.simulate(problem=sl.Problem(L=64), model=sl.Model(heads=4), simulation=sl.Simulation(D=1000))``
@@ -122,6 +124,7 @@ def simulate(config: Config | None = None, *, problem: Problem | None = None, mo
         sgd: the SGD rule and its saved times.
         simulation: the finite-D run (dimension, seeds, test samples).
         progress: show a progress bar over the saved times.
+        ts: the saved times (default: the config's ``sgd`` grid), rounded to whole SGD steps.
 
     Raises:
         ValueError, MemoryError: the run cannot be built (:func:`~singleloc.preflight._resources.check_run`:
@@ -141,7 +144,7 @@ def simulate(config: Config | None = None, *, problem: Problem | None = None, mo
     state, consts = jax.jit(jax.vmap(init))(seeds)
     advance_all = jax.jit(jax.vmap(advance, in_axes=(0, 0, None, None)))
     measure_all = jax.jit(jax.vmap(measure, in_axes=(0, 0, None)))
-    steps = save_steps(config)
+    steps = save_steps(config, ts)
     warn_if_times_dropped(config, len(steps))
     # compiled, a few steps timed and the estimate said (singleloc.preflight._estimates); its bar records the run's times
     advance_all, measure_all, bar = simulation_clock(config, advance_all, measure_all, state, consts, steps, progress)

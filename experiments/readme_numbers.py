@@ -1,0 +1,96 @@
+"""The numbers the README quotes for its three questions, regenerated: the commands of
+``user_stories.py`` run as a user runs them, and the numbers read from their run folders.
+
+1. When do the heads specialize: the predicted escape of ``integrate --horizon auto`` (``theory.npz``'s
+   ``predicted_escape``), the horizon it chose and the run's wall time.
+2. How many heads: the sweep's ``heads_needed`` (with ``heads_needed_low``/``_high``, the counts with the gaps
+   moved by their errors) per activation and spike count, the gaps to the Bayes risk at four heads, the
+   sweep's wall time.
+3. Which heads can go: the heads greedy pruning removes within 0.01 of the theory's risk, ``prune``'s wall time.
+
+Prints them and writes figures/readme_numbers.json, which tests/test_readme_numbers.py compares with the
+README (without rerunning; its slow test reruns the cheapest question, pruning, on the cached run).
+About 25 minutes on a loaded 2-core CPU. ``--cache DIR``: keep the run folders (a question whose folder
+is complete is not run again); ``--quick``: tiny sizes, to check that the script runs.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from _common import cache_dir, figures_dir, parser, save_json
+from user_stories import FIGURES, QUICK, STORIES, _run
+
+import singleloc as sl
+
+#: The rise of the risk within which ``prune`` counts a head as removable (its ``--tol`` default).
+PRUNE_TOL = 0.01
+
+
+def run_stories(out: Path, quick: bool) -> dict[str, float]:
+    """Run the commands of every story not yet complete in ``out``; their wall times (s) by story."""
+    seconds = {}
+    for story, commands in STORIES.items():
+        if (out / FIGURES[story]).is_file():
+            print(f"{story}: {out / FIGURES[story]} is there (cached)")
+            continue
+        seconds[story] = 0.0
+        for command in commands:
+            argv = [a.format(out=out) for a in command]
+            if quick and argv[:2] == ["integrate", "softmax1"]:
+                argv = [a for a in argv if a not in ("--horizon", "auto")] + QUICK
+            if quick and argv[0] == "sweep":
+                small = {"model.heads=1,2,3,4": "model.heads=1,2", "problem.F=2,3": "problem.F=2"}
+                argv = [small.get(a, a) for a in argv] + ["--set", "theory.points=256", "--horizon", "10"]
+            seconds[story] += round(_run(argv)[1], 1)
+    return seconds
+
+
+def numbers(out: Path) -> dict:
+    """The README's numbers, read from the run folders in ``out`` (``a``: integrate, ``c``: sweep, ``d``: prune)."""
+    from singleloc.analysis._phase_analysis import analyze
+
+    run = sl.load_run(out / "a")
+    theory = run.data["theory"]
+    escape = float(theory["predicted_escape"]) if "predicted_escape" in theory else float("nan")
+    measured = analyze(theory["tau"], theory["M"], theory["Q"], theory["risk"], mean=run.config.problem.build_prior().mean())
+    with open(out / "c" / "sweep.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    needed, gaps = {}, {}
+    for row in rows:
+        key = f"{row['activation']}, F={row['problem.F']}"
+        needed[key] = {k: int(float(row[k])) if row[k] not in ("", "nan") else None
+                       for k in ("heads_needed", "heads_needed_low", "heads_needed_high")}
+        gaps.setdefault(key, {})[f"H={row['model.heads']}"] = [float(row["gap_to_bayes"]), float(row["gap_to_bayes_error"])]
+    pruning = sl.load_run(out / "d").pruning["theory"]
+    return {"specialization": {"heads": run.config.model.heads, "F": run.config.problem.F, "predicted_escape": escape,
+                               "measured_escape": float(measured.escape_time[0]), "settled": bool(theory["settled"]),
+                               "horizon": float(theory["tau"][-1]), "final_risk": float(theory["risk"][-1])},
+            "heads_needed": {"needed": needed, "gap_to_bayes": gaps},
+            "prune": {"heads": pruning.heads, "removable": pruning.removable(PRUNE_TOL), "tol": PRUNE_TOL,
+                      "risks": [float(r) for r in np.asarray(pruning.risk)]}}
+
+
+def main() -> None:
+    args = parser(__doc__).parse_args()
+    load = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = cache_dir(args, "readme_numbers") or Path(tmp)
+        out.mkdir(parents=True, exist_ok=True)
+        seconds = run_stories(out, args.quick)
+        record = {"numbers": numbers(out), "seconds": seconds, "load_average": [load, os.getloadavg()[0]]}
+    saved = figures_dir(args) / "readme_numbers.json"
+    if saved.is_file():  # a cached story keeps the wall time saved with it
+        record["seconds"] = {**json.loads(saved.read_text()).get("seconds", {}), **seconds}
+    for story, values in record["numbers"].items():
+        print(f"{story}: {values}")
+    print(f"wrote {save_json(saved, record)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""The README quotes, for its three questions, what ``experiments/readme_numbers.py`` printed and saved
+(``figures/readme_numbers.json``): the default test reads both files (it reruns nothing); the slow one reruns
+the script and compares its numbers with the saved ones."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SAVED = ROOT / "figures" / "readme_numbers.json"
+WORDS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8}
+
+
+def _quoted(pattern: str) -> tuple[str, ...]:
+    text = " ".join((ROOT / "README.md").read_text().split())  # a sentence may break across lines
+    found = re.search(pattern, text)
+    assert found, f"README.md no longer says {pattern!r}: update it and this test together"
+    return found.groups()
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} minutes"
+
+
+@pytest.fixture(scope="module")
+def saved() -> dict:
+    return json.loads(SAVED.read_text())
+
+
+def test_the_escape_and_its_run_time(saved):
+    story = saved["numbers"]["specialization"]
+    assert _quoted(r"escape near `tau = (\d+)` \(predicted: (\d+)\)") == (
+        f"{story['measured_escape']:.0f}", f"{story['predicted_escape']:.0f}")
+    assert _quoted(r"into combinations of spikes \(([^)]*)\)")[0] == _minutes(saved["seconds"]["specialization"])
+    horizon, state = _quoted(r"at its horizon `tau = (\d+)` the run (has not settled|has settled)")
+    assert (horizon, state) == (f"{story['horizon']:.0f}", "has settled" if story["settled"] else "has not settled")
+
+
+def test_the_heads_needed_and_the_gaps(saved):
+    story = saved["numbers"]["heads_needed"]
+    needed = {F: story["needed"][f"bsoftmax, F={F}"] for F in (2, 3)}
+    counts = _quoted(r"bsoftmax needs (\d) heads for two spikes and (\d) for three")
+    for F, count in zip((2, 3), counts):  # a count the gaps' errors could move is not quoted as one number
+        assert needed[F]["heads_needed_low"] == needed[F]["heads_needed_high"] == needed[F]["heads_needed"] == int(count)
+    gaps = [story["gap_to_bayes"][f"softmax1, F={F}"]["H=4"][0] for F in (2, 3)]
+    assert _quoted(r"softmax1 stays ([\d.]+)-([\d.]+) above the Bayes risk with four") == (f"{min(gaps):.2f}", f"{max(gaps):.2f}")
+    close = story["gap_to_bayes"]["bsoftmax, F=2"][f"H={counts[0]}"]
+    assert _quoted(r"a close call at (\d): a gap of ([\d.]+),")[:2] == (counts[0], f"{close[0]:.2g}")
+    assert _quoted(r"this figure; ([^)]*)\)")[0] == _minutes(saved["seconds"]["heads_needed"])
+
+
+def test_the_heads_pruning_removes(saved):
+    story = saved["numbers"]["prune"]
+    removable, heads = _quoted(r"\): (\w+) of the (\w+) heads, as `H - F = 1` says")
+    assert (WORDS[removable], WORDS[heads]) == (story["removable"], story["heads"])
+    assert story["heads"] - saved["numbers"]["specialization"]["F"] == story["removable"]  # "as H - F = 1 says"
+    assert _quoted(r"the first story \(([^)]*)\)")[0] == _minutes(saved["seconds"]["prune"])
+
+
+@pytest.mark.slow  # the three questions again: half an hour on a loaded 2-core CPU
+def test_the_script_reprints_the_saved_numbers(tmp_path, saved):
+    env = {**os.environ, "SINGLELOC_FIGURES": str(tmp_path)}
+    subprocess.run([sys.executable, str(ROOT / "experiments" / "readme_numbers.py")], env=env, check=True)
+    again = json.loads((tmp_path / "readme_numbers.json").read_text())["numbers"]
+
+    def same(a, b, where):
+        if isinstance(a, dict):
+            assert a.keys() == b.keys(), where
+            for key in a:
+                same(a[key], b[key], f"{where}.{key}")
+        elif isinstance(a, list):
+            for i, (x, y) in enumerate(zip(a, b, strict=True)):
+                same(x, y, f"{where}[{i}]")
+        elif isinstance(a, float):  # the same solves on another machine: rounding only
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-9, err_msg=where)
+        else:
+            assert a == b, where
+
+    same(again, saved["numbers"], "numbers")
