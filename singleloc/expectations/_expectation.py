@@ -82,6 +82,10 @@ class AbstractExpectation(eqx.Module):
     #: Whether one rule states the error of its risk, against a finer rule of its own (:meth:`risk_check`);
     #: ``False``: the spread of independent replicates states it.
     refined_error: eqx.AbstractClassVar[bool]
+    #: A route whose ``lr^2`` (Gram) term is its own (:attr:`gram_name`, which ``theory.gram`` may name; no
+    #: ``theory.gram_points``): how, in words (``"on its own Sobol rule (theory.points)"``); ``None``: the route
+    #: computes it as those keys say (the exact route).
+    own_gram: eqx.AbstractClassVar[str | None]
 
     @classmethod
     @abc.abstractmethod

@@ -59,6 +59,7 @@ class MonteCarloExpectation(AbstractExpectation):
     field_nodes: ClassVar[bool] = True
     refined_error: ClassVar[bool] = False
     gram_name: ClassVar[str] = "montecarlo"
+    own_gram: ClassVar[str] = "by its own Monte Carlo draws"
 
     @classmethod
     def from_setup(cls, setup, *, points: int, seeds=None, check: bool = False) -> MonteCarloExpectation:

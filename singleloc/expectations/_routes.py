@@ -74,11 +74,6 @@ class RouteChoice:
     gram: str | None = None
 
     @property
-    def exact(self) -> bool:
-        """Whether this is the exact route."""
-        return self.route == "exact"
-
-    @property
     def route_class(self) -> type:
         """The route's class (:func:`route_class`), which answers for it."""
         return route_class(self.route)

@@ -84,8 +84,9 @@ from ..analysis._predictions import EscapePrediction, resolve_horizon, with_chos
 from ..analysis._sweep_answers import GAP_TOL, add_heads_needed, bayes_columns
 from ..configuration._config import Config, require_config
 from ..expectations._laplace_expectation import DRIFT_UNCHECKED
+from ..expectations._routes import route_class
 from ..ground._atomic_files import OUTPUT_KEY, png_has_text, written_together
-from ..ground._choices import check_horizon
+from ..ground._choices import ROUTE_WORDS, check_horizon
 from ..io._run_folders import save_figure, save_text
 from ..preflight._resources import check_run
 from ..runtime._distributed import open_cluster
@@ -163,23 +164,23 @@ def quadrature_summary(rows: Sequence[Mapping[str, Any]]) -> str:
     def points(n):
         return f"{n} point{'' if n == 1 else 's'}"
 
-    parts = []
-    exact = [r for r in rows if r.get("route") == "exact"]
-    if exact:
-        parts.append(f"exact route at {points(len(exact))} (largest stated risk error {largest(exact, 'risk_error')}, "
-                     f"relative O(lr) drift error {largest(exact, 'exact_drift_error', DRIFT_UNCHECKED)}, lr^2 Gram term "
-                     f"{largest(exact, 'gram_error')})")
-    rule = [r for r in rows if r.get("route") == "rule"]
-    if rule:
-        estimated = largest(rule, "drift_error", None)
-        sizes = sorted({int(r["points"]) for r in rule if np.isfinite(r["points"])})
-        nodes = f"{'/'.join(map(str, sizes))} Sobol points" if sizes else "Sobol points"
-        parts.append(f"rule route at {points(len(rule))} ({nodes}; " + (
-            f"largest estimated relative drift error at the start {estimated})" if estimated else
-            "no error estimate: theory.points = auto chooses the points for a stated drift error)"))
-    unstated = len(rows) - len(exact) - len(rule)
-    if unstated:
-        parts.append(f"not stated at {points(unstated)} (failed, or cached before entries carried it)")
+    parts, stated = [], 0
+    for name, words in ROUTE_WORDS.items():  # each route as its class states its error
+        at = [r for r in rows if r.get("route") == name]
+        stated += len(at)
+        if at and route_class(name).refined_error:
+            parts.append(f"{words} route at {points(len(at))} (largest stated risk error {largest(at, 'risk_error')}, "
+                         f"relative O(lr) drift error {largest(at, 'exact_drift_error', DRIFT_UNCHECKED)}, lr^2 Gram term "
+                         f"{largest(at, 'gram_error')})")
+        elif at:
+            estimated = largest(at, "drift_error", None)
+            sizes = sorted({int(r["points"]) for r in at if np.isfinite(r["points"])})
+            nodes = f"theory.points = {'/'.join(map(str, sizes))}; " if sizes else ""
+            parts.append(f"{words} route at {points(len(at))} ({nodes}" + (
+                f"largest estimated relative drift error at the start {estimated})" if estimated else
+                "no error estimate: theory.points = auto chooses the points for a stated drift error)"))
+    if len(rows) > stated:
+        parts.append(f"not stated at {points(len(rows) - stated)} (failed, or cached before entries carried it)")
     return "theory quadrature: " + "; ".join(parts)
 
 

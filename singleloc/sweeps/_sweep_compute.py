@@ -34,6 +34,7 @@ import numpy as np
 
 from ..analysis._predictions import compute_prediction
 from ..configuration._config import Config, load_config
+from ..expectations._routes import route_class
 from ..runtime._compilation import compile_group, hold_programs, own_process, process_owned
 from ..runtime._progress import on_dask_worker
 from ..simulation._simulation import simulate as simulate_sgd
@@ -66,16 +67,16 @@ def compute_simulation(config: Config) -> dict[str, np.ndarray]:
 
 def bayes_config(config: Config) -> Config:
     """The configuration of the Bayes risk of a point: its ``[problem]`` and, where the Bayes risk
-    has no exact route (:func:`~singleloc.bayes._bayes.bayes_route` with ``"auto"``), the ``[theory]``
-    keys of its Sobol rule (:data:`BAYES_THEORY_KEYS`), every other key at its default, so that the
+    takes a route over the fields' nodes (:func:`~singleloc.bayes._bayes.bayes_route` with ``"auto"``), the
+    ``[theory]`` keys of its Sobol rule (:data:`BAYES_THEORY_KEYS`), every other key at its default, so that the
     points of one problem share one cache entry (the Bayes risk depends on the problem alone:
     docs/model.md section 6). The route the dynamics take (``theory.route``) is not among them: the
     Bayes risk is exact wherever it can be, whatever route the theory's solve takes."""
     from ..bayes._bayes import bayes_route
 
     data = config.to_dict()
-    exact = bayes_route(config.problem.build_prior(), "auto") == "exact"
-    return load_config({"problem": data["problem"], "theory": {} if exact else {k: data["theory"][k] for k in BAYES_THEORY_KEYS}})
+    rule = route_class(bayes_route(config.problem.build_prior(), "auto")).field_nodes
+    return load_config({"problem": data["problem"], "theory": {k: data["theory"][k] for k in BAYES_THEORY_KEYS} if rule else {}})
 
 
 def compute_bayes(config: Config) -> dict[str, np.ndarray]:
