@@ -85,15 +85,10 @@ Error statement. The risk is compared with that of a finer rule
 and a joint layer's first degree-5 direction on a normal rule of its own): the difference bounds the
 error of the coarse rule for a geometrically convergent rule.
 
-The code. :class:`LaplaceRule` (here) holds the rules and the expectations every layer shares: the
-token laws (:meth:`~LaplaceRule.token_laws`), the ``y`` nodes, one token's (:meth:`~LaplaceRule.single`)
-and a pair's (:meth:`~LaplaceRule.pair`) profile expectations, the prior's average
-(:meth:`~LaplaceRule.atoms_mean`). Its ``layer`` composes them into the risk and the attention masses:
-:class:`~singleloc.expectations._laplace_heads.PerHeadLayer` (heads one and two at a time) or
-:class:`~singleloc.expectations._laplace_joint.JointLayer` (conditional product form). The ``lr^2`` Gram term is
-:mod:`~singleloc.expectations._laplace_gram`, the profiles and their smoothings :mod:`~singleloc.expectations._laplace_profiles`,
-the normal rules :mod:`~singleloc.expectations._cubature`. :func:`exact_rule` builds the rule of an activation with
-the package's node counts (``theory.nodes``).
+The code. :class:`LaplaceRule` (here) holds the rules and the expectations every layer shares; its ``layer``
+(:mod:`~singleloc.expectations._laplace_heads`, :mod:`~singleloc.expectations._laplace_joint`) composes them; the Gram
+term is :mod:`~singleloc.expectations._laplace_gram`, the profiles :mod:`~singleloc.expectations._laplace_profiles`,
+the normal rules :mod:`~singleloc.expectations._cubature`.
 """
 
 from __future__ import annotations

@@ -37,22 +37,13 @@ Two steps: :func:`compute_sweep` runs (or loads) every point and returns the row
 trajectories; :func:`write_sweep_outputs` writes them; :func:`sweep` (``singleloc.sweep``) does
 both, the second only when given ``out``.
 
-Output: ``DIR/sweep.csv`` with one row per point: the grid values, ``activation``, ``heads``,
-``F``, ``status``, the prediction (``lambda``, ``tau_plateau``, ``predicted_escape``,
-``horizon``), the phase summary of the theory (means over the seeds of
-:meth:`PhaseAnalysis.summary`: ``final_risk``, ``escaped`` (fraction of seeds),
-``escape_time``, ``first_learned``, ``first_specialization``, ``n_<class>`` for every head class,
-``leaning_angle_spike``, ``leaning_angle_mean``, ``n_directions``, ``shared_profiles``, ``settled``
-(fraction of the seeds settled at the horizon: :mod:`singleloc.analysis._settled`), ``risk_change``), the
-Bayes columns (``bayes_risk``, ``bayes_risk_error``, ``final_risk_error``, ``gap_to_bayes``,
-``gap_to_bayes_error``), the theory's quadrature
-as :class:`~singleloc.TheoryResult` states it (``route``, ``gram_route``, ``risk_error``,
-``exact_drift_error``, ``gram_error``, ``drift_error``, ``points``: blank for an entry cached
-before entries carried them, or a failed one), the same phase summary for the simulation with a
-``sim_`` prefix (and ``sim_gap_to_bayes``), ``heads_needed`` (with ``heads_needed_low`` and
-``heads_needed_high``: the count with the gaps moved by their errors), ``gap_tol`` and the cache ``key``
-(every column described in :data:`singleloc.sweeps._sweep_dataset.COLUMNS`). ``status`` is ``ok``,
-``not yet (predicted escape at tau = X)`` for a point with a predicted escape where some seed
+Output: ``DIR/sweep.csv`` with one row per point (every column described in
+:data:`singleloc.sweeps._sweep_dataset.COLUMNS`): the grid values, the layer, ``status``, the prediction, the
+phase summary of the theory (means over the seeds of :meth:`PhaseAnalysis.summary`, ``settled`` from
+:mod:`singleloc.analysis._settled`) and of the simulation (``sim_`` prefix), the Bayes columns, the theory's
+quadrature as :class:`~singleloc.TheoryResult` states it (:func:`statement_columns`: blank for an entry cached
+before entries carried it, or a failed one), ``heads_needed`` with its range, ``gap_tol`` and the cache ``key``.
+``status`` is ``ok``, ``not yet (predicted escape at tau = X)`` for a point with a predicted escape where some seed
 has not escaped by the horizon, or the failure. One phase diagram over ``(H, F)`` per
 activation (and per value of the other grid keys): ``DIR/phase_<activation>[_<key>=<value>...].png``;
 the gap to the Bayes risk against the heads: ``DIR/heads_needed.png``.

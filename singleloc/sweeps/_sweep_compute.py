@@ -9,19 +9,13 @@ seed, :func:`compute_theory`), ``simulation`` (finite-D SGD, :func:`compute_simu
 is what a worker runs; it needs nothing but the configurations, so the points can be computed
 anywhere.
 
-Batching. Theory points that differ only in the :data:`~singleloc.runtime._compilation.VALUE_KEYS` (``problem.strength``,
-``sgd.lr``, ``sgd.init_scale``, ``sgd.tau_max``, so also the horizon of ``horizon="auto"``,
-``simulation.seed``, ``simulation.D``, ``theory.qmc_seed``, ``theory.rtol``, ``theory.atol``) have
-arrays of the same shapes: with ``batch=True`` (the default) they are one task, one vmapped solve
-of all their seeds' starts with one compilation (:func:`~singleloc.theory._ode.integrate_points`; a group
-is one Dask task with ``workers`` or ``scheduler``, cut into near-equal parts when it holds more
-than ``1 / T`` of the points, with ``T`` the tasks the cluster runs at once,
-:func:`~singleloc.sweeps._sweep_cache.split_groups`). Every trajectory keeps its own adaptive steps, so
-a point's entry equals its own solve to the solver's tolerance (not bitwise: the batched program
-rounds differently; the cache key does not say which, and either entry serves). Any other key (``model.heads``,
-``problem.F``, ``problem.L``, the prior, ``model.activation``, ``theory.points``,
-``theory.replicates``, ``simulation.seeds``, ``sgd.n_save``, ...) starts another group.
-Escape predictions and simulations run one point after the other.
+Batching. Theory points that differ only in the :data:`~singleloc.runtime._compilation.VALUE_KEYS` (the horizon of
+``horizon="auto"`` among them) have arrays of the same shapes: with ``batch=True`` (the default) they are one task,
+one vmapped solve of all their seeds' starts with one compilation (:func:`~singleloc.theory._ode.integrate_points`;
+cut into near-equal tasks on a cluster: :func:`~singleloc.sweeps._sweep_cache.split_groups`). Every trajectory keeps
+its own adaptive steps, so a point's entry equals its own solve to the solver's tolerance (not bitwise: the batched
+program rounds differently; the cache key does not say which, and either entry serves). Escape predictions and
+simulations run one point after the other.
 """
 
 from __future__ import annotations
