@@ -68,9 +68,10 @@ def canned_theory(config: Config, starts: int = 1, ts=None) -> TheoryResult:
 
     tau = np.asarray(config.sgd.save_times() if ts is None else ts, float)
     M, Q, b, risk = _layer(config, starts, len(tau))
-    exact = route_of(config).exact
+    choice = route_of(config)
+    exact = choice.route_class.refined_error
     points = config.theory.points if config.theory.points != "auto" else 64
-    return TheoryResult(tau, M, Q, b, risk, points=int(points), route="exact" if exact else "rule",
+    return TheoryResult(tau, M, Q, b, risk, points=int(points), route=choice.route,
                         risk_error=1e-12 if exact else float("nan"), gram_error=1e-3 if exact else float("nan"))
 
 

@@ -157,4 +157,4 @@ def test_the_route_is_decided_once_with_its_budgets():
     with pytest.raises(ValueError, match="theory.route must be one of"):
         decide("softmax", 4, 2, spikes, "quadrature")
     choice = sl.choose_route(sl.Problem(), sl.Model(), sl.Theory(route="auto"))
-    assert isinstance(choice, sl.RouteChoice) and choice.exact and choice.form is not None
+    assert isinstance(choice, sl.RouteChoice) and choice.route == "exact" and choice.form is not None

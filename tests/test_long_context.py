@@ -32,7 +32,7 @@ def _config(L: int, route: str, **extra) -> sl.Config:
 def test_long_sequences_pass_the_checks_on_the_exact_route_only(monkeypatch):
     monkeypatch.setenv(_resources.MEMORY_ENV, "none")  # the quadrature's limits alone
     exact = _config(4096, "auto")
-    assert route_of(exact).exact
+    assert route_of(exact).route == "exact"
     _resources.check_run(exact, theory_starts=exact.simulation.seeds)  # 4 starts at L * H = 16384: not refused
     _resources.check_run(_config(32768, "auto"), theory_starts=1)  # beyond Sobol's 21201 dimensions
     with pytest.raises(ValueError, match="theory.points = 4096 must be at least"):

@@ -237,10 +237,10 @@ def test_auto_takes_a_joint_layers_exact_route_only_while_it_is_affordable(heads
     cfg = sl.load_config("bsoftmax", [f"model.heads={heads}", f"problem.F={F}", "theory.route=auto"])
     size = joint_rule_size(heads, cfg.problem.build_prior())
     assert (size <= JOINT_EXACT_MAX) == exact
-    assert route_of(cfg).exact == exact
+    assert (route_of(cfg).route == "exact") == exact
     assert (sl.OrderParameterODE.from_config(cfg, points=64).expectation.route == "exact") == exact
-    assert route_of(cfg.replace(theory={"route": "exact"})).exact
-    assert route_of(cfg.replace(model={"activation": "softmax"})).exact
+    assert route_of(cfg.replace(theory={"route": "exact"})).route == "exact"
+    assert route_of(cfg.replace(model={"activation": "softmax"})).route == "exact"
 
 
 def test_a_joint_exact_rule_that_does_not_fit_is_refused_by_name(monkeypatch):

@@ -30,6 +30,9 @@ from typing import Any
 
 import numpy as np
 
+from ..expectations._routes import route_class
+from ..ground._choices import ROUTE_CLASSES
+
 #: ``--gap``: the default largest gap to the Bayes risk at which a layer counts as having reached it.
 GAP_TOL = 0.01
 
@@ -39,12 +42,14 @@ SPANNED = ("model.heads", "model.activation", "problem.F")
 
 
 def final_risk_error(theory: Mapping[str, np.ndarray]) -> float:
-    """The stated error of a theory entry's final risk: the larger of the exact route's
-    ``risk_error`` and the largest standard error over scramblings (``risk_se``) at the last saved
-    time; NaN where neither is stated (the rule route with ``theory.replicates = 1``, or an entry
-    cached before entries carried them)."""
+    """The stated error of a theory entry's final risk: the larger of the ``risk_error`` of a route that
+    states it against a finer rule (:attr:`~singleloc.AbstractExpectation.refined_error`: the exact route)
+    and the largest standard error over scramblings (``risk_se``) at the last saved time; NaN where
+    neither is stated (the rule route with ``theory.replicates = 1``, or an entry cached before entries
+    carried them)."""
     errors = []
-    if str(theory.get("route", "")) == "exact" and "risk_error" in theory:
+    route = str(theory.get("route", ""))
+    if route in ROUTE_CLASSES and route_class(route).refined_error and "risk_error" in theory:
         errors.append(float(theory["risk_error"]))
     if "risk_se" in theory:
         errors.extend(np.asarray(theory["risk_se"], float)[..., -1].ravel().tolist())

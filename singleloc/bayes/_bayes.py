@@ -141,8 +141,8 @@ def bayes_route(prior: Prior, route: str = "auto") -> str:
     require_prior("bayes_route", prior)
     if route not in BAYES_ROUTES:
         raise ValueError(f"route must be one of {', '.join(map(repr, BAYES_ROUTES))}, got {route!r}")
-    if route == "exact" and not prior.is_discrete:
-        raise ValueError(f"route (theory.route) = 'exact': prior {prior.name!r} has a Gaussian part, so the Bayes "
+    if route != "auto" and not route_class(route).field_nodes and not prior.is_discrete:
+        raise ValueError(f"route (theory.route) = {route!r}: prior {prior.name!r} has a Gaussian part, so the Bayes "
                          "estimator is no finite bsoftmax layer and has no exact route; use 'auto' or 'rule' (the Sobol rule)")
     # the Bayes estimator of a discrete prior is bsoftmax with K heads: that layer's route, decided as any layer's
     K = int(np.sum(prior.probs_array() > 0))

@@ -81,9 +81,7 @@ def joint_nodes(sizes: tuple, small: int) -> tuple[np.ndarray, np.ndarray]:
     (:func:`~singleloc.expectations._laplace_joint._joint_token`), coordinate ``j`` along the ``j``-th principal
     direction of its token's covariance."""
     nodes, weights = np.zeros((1, 0)), np.ones(1)
-    for z, w in (normal_rule(n) for n in sizes):
-        nodes = np.concatenate([np.repeat(nodes, len(w), axis=0), np.tile(z[:, None], (len(weights), 1))], axis=1)
+    for z, w in [*map(normal_rule, sizes), symmetric_degree5(small)]:
+        nodes = np.concatenate([np.repeat(nodes, len(w), axis=0), np.tile(z.reshape(len(w), -1), (len(weights), 1))], axis=1)
         weights = np.repeat(weights, len(w)) * np.tile(w, len(weights))
-    zs, ws = symmetric_degree5(small)
-    nodes = np.concatenate([np.repeat(nodes, len(ws), axis=0), np.tile(zs, (len(weights), 1))], axis=1)
-    return nodes, np.repeat(weights, len(ws)) * np.tile(ws, len(weights))
+    return nodes, weights

@@ -1,30 +1,19 @@
 """The seam between the ODE and its quadrature: what an expectation route computes.
 
-The drift of docs/model.md section 5 is the SGD rule applied to field averages of the limit
-loss's gradient (:class:`~singleloc.GradientMoments`), and the population risk is one more
-field average. How those averages are computed is the *expectation route*:
+The drift of docs/model.md section 5 is the SGD rule applied to field averages of the limit loss's gradient
+(:class:`~singleloc.GradientMoments`), and the population risk is one more field average. How those averages are
+computed is the *expectation route*: a scrambled Sobol rule over the ``L H`` local fields
+(:class:`~singleloc.SobolExpectation`, ``theory.route = "rule"``, any activation), the Laplace form of the
+normaliser (:class:`~singleloc.LaplaceExpectation`, ``"exact"``, the normalised-exponential family) or plain
+Monte Carlo (:class:`~singleloc.MonteCarloExpectation`, ``"montecarlo"``, the independent check of the other two),
+chosen once by :func:`~singleloc.choose_route` (:mod:`~singleloc.expectations._routes`).
 
-* :class:`~singleloc.SobolExpectation` (``theory.route = "rule"``): a scrambled Sobol rule over
-  the ``L H`` local fields (:class:`~singleloc.LocalFields`), for any activation;
-* :class:`~singleloc.LaplaceExpectation` (``"exact"``): the Laplace form of the normaliser
-  (:mod:`~singleloc.expectations._laplace`), exact for the normalised-exponential family, whose ``lr^2``
-  Gram term is an :class:`AbstractGramTerm` of its own (exact, or on a rank-aware Sobol rule);
-* :class:`~singleloc.MonteCarloExpectation` (``"montecarlo"``): plain Monte Carlo over the
-  fields, unbiased with a known variance, the independent check of the other two.
-
-Every route is an :class:`AbstractExpectation`: an ``eqx.Module`` whose arrays (nodes, weights)
-are leaves, so that an ODE holding one is a pytree the compiled solve receives as an argument,
-and whose methods are pure functions of the state ``(M, Q, b)`` (and the trained head weights
-``v``). The route is chosen once, for a problem, a layer and the numerics, by
-:func:`~singleloc.choose_route` (:mod:`~singleloc.expectations._routes`), which also holds the budgets that
-decide it; a new route is one module and one line there.
-
-A route also states its own error: :meth:`AbstractExpectation.risk_check` (a finer rule's risk,
-for routes that have one), :meth:`AbstractExpectation.drift_error` (the relative error of the
-``O(lr)`` drift against that finer rule) and :meth:`AbstractExpectation.gram_error` (the relative
-error of the ``lr^2`` term against an independent evaluation), inside the compiled solve, and
-:meth:`AbstractExpectation.statement` after it (the numbers a result carries and the warnings
-they call for, with the route's own thresholds).
+Every route is an :class:`AbstractExpectation`: an ``eqx.Module`` whose arrays (nodes, weights) are leaves, so that
+an ODE holding one is a pytree the compiled solve receives as an argument, and whose methods are pure functions of
+the state ``(M, Q, b)`` (and the trained head weights ``v``). It states its own error: inside the compiled solve
+(:meth:`~AbstractExpectation.risk_check`, :meth:`~AbstractExpectation.drift_error`,
+:meth:`~AbstractExpectation.gram_error`) and after it (:meth:`~AbstractExpectation.statement`: the numbers a result
+carries and the warnings they call for, with the route's own thresholds).
 """
 
 from __future__ import annotations
@@ -82,6 +71,10 @@ class AbstractExpectation(eqx.Module):
     #: Whether one rule states the error of its risk, against a finer rule of its own (:meth:`risk_check`);
     #: ``False``: the spread of independent replicates states it.
     refined_error: eqx.AbstractClassVar[bool]
+    #: A route whose ``lr^2`` (Gram) term is its own (:attr:`gram_name`, which ``theory.gram`` may name; no
+    #: ``theory.gram_points``): how, in words (``"on its own Sobol rule (theory.points)"``); ``None``: the route
+    #: computes it as those keys say (the exact route).
+    own_gram: eqx.AbstractClassVar[str | None]
 
     @classmethod
     @abc.abstractmethod

@@ -35,7 +35,9 @@ rank-aware factor ``S`` (2H, H) of ``Q`` (:func:`~singleloc.runtime._numerics.ra
 principal direction that is well defined on coordinates of its own, the rest on a symmetric root, blended
 continuously) and the Sobol coordinates assigned row-major in ``S`` -- the first ``L`` to every token's
 leading direction -- so that heads that are (near) copies put the variance on the leading coordinates
-(docs/model.md section 4.4 for what it gains and gives up). :meth:`LocalFields.factors` gives each rule's
+(docs/model.md section 4.4 for what it gains and gives up). Identical heads keep identical fields, the fields are
+continuous in ``Q``, and a permutation of the heads maps the rule onto itself where every principal direction is
+determined, else up to the symmetric block's rows. :meth:`LocalFields.factors` gives each rule's
 factor with ``T = S Q^+``, which the drift needs.
 
 Exchange symmetry of the heads (``theory.axes = "heads"``, the ODE's default). ``Q^{1/2}`` is the symmetric PSD
@@ -58,11 +60,8 @@ Replicates. :func:`replicate_rules` stacks independently scrambled rules (seeds 
 along a leading axis, to be ``jax.vmap``-ed over: their spread estimates the rule's error.
 
 Blocks. :meth:`LocalFields.split` cuts the base nodes into equal blocks, one per device
-(:mod:`~singleloc.expectations._sharding`): the expectation is then the sum over the blocks of each block's
-weighted sum, the weight ``1 / n`` of every one of the ``n`` base points (and its images)
-unchanged. A count ``n`` that the blocks do not divide is padded with copies of the last base
-point of weight zero: the padding adds exact zeros, and copies of a real point keep every value
-finite. The ``batch_size`` memory cap then holds per block.
+(:mod:`~singleloc.expectations._sharding`), padded with copies of the last base point of weight zero: the
+expectation is unchanged, and the ``batch_size`` memory cap holds per block.
 """
 
 from __future__ import annotations
@@ -162,16 +161,8 @@ class LocalFields(eqx.Module):
         ``batch_size``: nodes evaluated at once (default :func:`~singleloc.expectations._sobol_geometry.node_batch`,
         fewer at large ``L * H``).
 
-        ``principal`` (rank-aware, not with ``symmetric``): the fields are ``g_l = w_l S`` with the
-        rank-aware factor ``S`` (2H, H) of ``Q`` (:func:`~singleloc.runtime._numerics.rank_aware_factor_and_pinv`:
-        the leading principal direction, a symmetric root of what the well-defined directions leave, the
-        other directions), on ``2 L H`` Sobol coordinates assigned row-major in ``S`` -- the first ``L`` to
-        every token's leading direction -- so that a state whose heads are (near) copies, ``Q`` of (near)
-        low rank, puts its variance on the leading Sobol coordinates, where the sequence is best
-        distributed, instead of spreading one direction over all ``L * H``. Identical heads keep
-        identical fields; the fields are continuous in ``Q``; a permutation of the heads maps the rule
-        onto itself where every principal direction is determined, else up to the symmetric block's
-        rows (equivariant to the rule's error).
+        ``principal`` (rank-aware, not with ``symmetric``): the fields are ``g_l = w_l S`` with the rank-aware
+        factor ``S`` (2H, H) of ``Q`` on ``2 L H`` Sobol coordinates assigned row-major (module docstring).
 
         ``whiten = False``: the nodes are not whitened (:func:`gaussian_nodes`), so that one scrambling's
         average is unbiased and the spread of independent scramblings states its whole error (the exact

@@ -59,18 +59,9 @@ The rules, and why they are exact to the precision stated.
   argument instead of ``n_inner`` profile evaluations. Identical heads make the conditional variance vanish: its derivative
   is taken by the heat equation (Price's theorem), ``d E[f(u + s z)] / d(s^2) = E[f''(u + s z)] / 2``,
   so the gradient stays finite and exact at ``R_orth = 0``.
-* A joint layer's ``H``-dimensional token expectation, in conditional product form
-  (:mod:`~singleloc.expectations._laplace_joint`). Write the token's covariance ``C = delta I + S^T S`` with ``delta`` its
-  smallest eigenvalue: given the standard normals ``z`` on the ``H - 1`` principal directions of
-  ``C - delta I``, the fields are independent, ``x_h = mu_h(z) + sqrt(delta) Z_h``, and
-  ``exp(-t u) = prod_h rho_0(y + x_h)`` (``u = sum_h exp(x_h)``) makes every profile of ``lse(x)``
-  a polynomial in one head's profiles smoothed by ``N(0, delta)``: tabulated once, interpolated. The
-  smallest variance is integrated exactly; on the others a tensor of normal rules along the
-  leading directions (where trained keys are wide,
-  :data:`~singleloc.expectations._laplace_joint.JOINT_LEADING`) and the next one times a symmetric
-  rule of degree 5 on the rest (the anisotropy of ``R_orth``: small). Heads that are copies leave
-  ``delta = 0`` and fewer active directions; the derivative in ``(mu, C)`` is by Price's theorem
-  on the same nodes, never through the eigendecomposition.
+* A joint layer's ``H``-dimensional token expectation, in conditional product form: given the token's
+  principal directions but the smallest, the fields are independent and every profile of ``lse(x)`` is a
+  polynomial in one head's smoothed profiles (:mod:`~singleloc.expectations._laplace_joint`).
 * ``theta``: the atoms of the prior exactly; a Gaussian part is folded into the relevant
   token's covariance, ``C0 = alpha^2 (Q + M Sigma M^T)`` (the relevant token's fields are
   Gaussian given the atom).
@@ -85,15 +76,10 @@ Error statement. The risk is compared with that of a finer rule
 and a joint layer's first degree-5 direction on a normal rule of its own): the difference bounds the
 error of the coarse rule for a geometrically convergent rule.
 
-The code. :class:`LaplaceRule` (here) holds the rules and the expectations every layer shares: the
-token laws (:meth:`~LaplaceRule.token_laws`), the ``y`` nodes, one token's (:meth:`~LaplaceRule.single`)
-and a pair's (:meth:`~LaplaceRule.pair`) profile expectations, the prior's average
-(:meth:`~LaplaceRule.atoms_mean`). Its ``layer`` composes them into the risk and the attention masses:
-:class:`~singleloc.expectations._laplace_heads.PerHeadLayer` (heads one and two at a time) or
-:class:`~singleloc.expectations._laplace_joint.JointLayer` (conditional product form). The ``lr^2`` Gram term is
-:mod:`~singleloc.expectations._laplace_gram`, the profiles and their smoothings :mod:`~singleloc.expectations._laplace_profiles`,
-the normal rules :mod:`~singleloc.expectations._cubature`. :func:`exact_rule` builds the rule of an activation with
-the package's node counts (``theory.nodes``).
+The code. :class:`LaplaceRule` (here) holds the rules and the expectations every layer shares; its ``layer``
+(:mod:`~singleloc.expectations._laplace_heads`, :mod:`~singleloc.expectations._laplace_joint`) composes them; the Gram
+term is :mod:`~singleloc.expectations._laplace_gram`, the profiles :mod:`~singleloc.expectations._laplace_profiles`,
+the normal rules :mod:`~singleloc.expectations._cubature`.
 """
 
 from __future__ import annotations

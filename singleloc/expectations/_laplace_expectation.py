@@ -135,6 +135,7 @@ class LaplaceExpectation(AbstractExpectation):
     route: ClassVar[str] = "exact"
     field_nodes: ClassVar[bool] = False
     refined_error: ClassVar[bool] = True
+    own_gram: ClassVar[None] = None
 
     @classmethod
     def from_setup(cls, setup, *, points: int, seeds=None, check: bool = False) -> LaplaceExpectation:

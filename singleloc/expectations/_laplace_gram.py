@@ -48,15 +48,11 @@ from __future__ import annotations
 import functools
 import math
 from fractions import Fraction
-from typing import TYPE_CHECKING
 
 import jax.numpy as jnp
 import numpy as np
 
 from ._laplace_profiles import OMEGA, RHO0, _power, rho
-
-if TYPE_CHECKING:
-    from ._laplace import LaplaceRule
 
 #: Two heads: the pair moments' outer rule (:data:`~singleloc.expectations._laplace_heads.GRAM_OUTER` times ``theory.nodes = 64``)
 #: resolves the Gram term's moments (profiles up to the sixth power, narrower than the risk's) to 1e-4 for
@@ -198,7 +194,7 @@ def _powers_of(omega, L, blocks: int):
     return jnp.stack([jnp.where(j <= L - 1, _power(omega, jnp.maximum(L - 1 - j, 0)), 0.0) for j in range(blocks + 1)])
 
 
-def laplace_gram(rule: LaplaceRule, M: jnp.ndarray, Q: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
+def laplace_gram(rule, M: jnp.ndarray, Q: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
     """``E[sum_l c_l c_l^T]`` (H, H) of a per-head layer of ``H <= 2`` heads (the head average) on
     the exact rule ``rule`` (:class:`~singleloc.expectations._laplace.LaplaceRule`, through its public one-token and
     pair expectations; module docstring): each moment of one head on the risk's one-head rule, of two

@@ -32,7 +32,6 @@ The ``lr^2`` Gram term of one or two heads (:mod:`~singleloc.expectations._lapla
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING
 
 import equinox as eqx
 import jax
@@ -41,9 +40,6 @@ import numpy as np
 
 from ._cubature import normal_rule
 from ._laplace_profiles import OMEGA, RHO0, RHO1, RHO2, _power
-
-if TYPE_CHECKING:
-    from ._laplace import LaplaceRule
 
 #: The ``lr^2`` Gram term's pair moments (:mod:`~singleloc.expectations._laplace_gram`) take this many times the outer
 #: nodes: their profiles (up to the sixth power) are narrower than the risk's, and a wide first field
@@ -80,7 +76,7 @@ class PerHeadLayer(eqx.Module):
         four distinct heads, :mod:`~singleloc.expectations._laplace_gram`)."""
         return H <= 2
 
-    def risk(self, rule: LaplaceRule, M, Q, b, v=None):
+    def risk(self, rule, M, Q, b, v=None):
         """The risk of the mixture ``a = sum_h v_h A_h`` (module docstring; ``v``: default the head
         average ``1/H``)."""
         H, L = Q.shape[0], rule.L
@@ -109,11 +105,11 @@ class PerHeadLayer(eqx.Module):
             cross = jax.lax.map(jax.checkpoint(pair), jnp.asarray(pairs)) @ (v[pairs[:, 0]] * v[pairs[:, 1]])
         return 1.0 - 2.0 * (v @ EA0) + v**2 @ EAA_same + 2.0 * cross
 
-    def attention_mass(self, rule: LaplaceRule, M, Q, b):
+    def attention_mass(self, rule, M, Q, b):
         """``E[sum_l A_hl] = E[A_h0] + (L - 1) E[A_h1]`` (H,) from the one-head integrals."""
         return self._head_terms(rule, M, Q, b)[1]["mass"]
 
-    def _head_terms(self, rule: LaplaceRule, M, Q, b):
+    def _head_terms(self, rule, M, Q, b):
         """What the risk and attention mass need of each head alone: the token laws, the ``y`` nodes
         ``Y`` and weights ``pre`` (H, n_t), and per head ``E[A_h0]``, ``E[A_h0^2] + (L - 1) E[A_h1^2]``,
         the noise token's ``E1[omega]`` on its nodes and ``E[sum_l A_hl]``."""

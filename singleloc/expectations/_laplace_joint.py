@@ -30,7 +30,6 @@ the route's budgets for it are in :mod:`~singleloc.preflight._resources`.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import equinox as eqx
 import jax
@@ -40,9 +39,6 @@ from ..model._priors import Prior
 from ..runtime._numerics import principal_factor
 from ._cubature import joint_nodes, refined_sizes
 from ._laplace_profiles import OMEGA, RHO0, RHO1, RHO2, WIDE_SIGMA, _power, interpolated, smoothing_table
-
-if TYPE_CHECKING:
-    from ._laplace import LaplaceRule
 
 #: The sizes of the normal rules (:func:`~singleloc.expectations._cubature.normal_rule`, trapezoidal from 32 nodes)
 #: on the leading principal directions of the token's covariance less its smallest variance, largest
@@ -133,18 +129,18 @@ class JointLayer(eqx.Module):
         """Whether the exact Gram term holds: one head (the layer is then softmax)."""
         return H == 1
 
-    def risk(self, rule: LaplaceRule, M, Q, b, v=None):
+    def risk(self, rule, M, Q, b, v=None):
         """The risk ``1 - 2 E[a_0] + E[a_0^2] + (L - 1) E[a_1^2]`` (module docstring)."""
         if v is not None:
             raise ValueError("the exact route of a joint layer (bsoftmax) takes uniform head weights only; "
                              "model.head_weights = 'trained' goes on theory.route = 'rule'")
         return self._terms(rule, M, Q, b)[0]
 
-    def attention_mass(self, rule: LaplaceRule, M, Q, b):
+    def attention_mass(self, rule, M, Q, b):
         """The heads' attention masses ``H E[sum_l exp(x_hl) / Z]`` (H,)."""
         return self._terms(rule, M, Q, b)[1]
 
-    def _terms(self, rule: LaplaceRule, M, Q, b):
+    def _terms(self, rule, M, Q, b):
         """The risk and the heads' attention masses, the latter from the token expectations
         ``E[rho_1(y + lse(x)) p_h(x)]`` (``p = softmax(x)``: the share of head ``h`` in
         ``u = sum_h exp(x_h)``) on the same nodes."""
@@ -165,7 +161,7 @@ class JointLayer(eqx.Module):
         return 1.0 - 2.0 * Ea0 + Ea00 + (L - 1) * Ea11, mass
 
 
-def _token_range(rule: LaplaceRule, m1, C1, m0, C0):
+def _token_range(rule, m1, C1, m0, C0):
     """The ``y`` nodes (n_t,) and step of a joint layer (:meth:`~singleloc.expectations._laplace.LaplaceRule.y_range`)
     for ``X = lse(x) >= max_h x_h``: ``log E[u]`` and ``log E[u^2] / 2`` of ``u = sum_h exp(x_h)`` in
     closed form."""

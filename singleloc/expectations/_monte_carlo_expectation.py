@@ -59,25 +59,22 @@ class MonteCarloExpectation(AbstractExpectation):
     field_nodes: ClassVar[bool] = True
     refined_error: ClassVar[bool] = False
     gram_name: ClassVar[str] = "montecarlo"
+    own_gram: ClassVar[str] = "by its own Monte Carlo draws"
 
     @classmethod
     def from_setup(cls, setup, *, points: int, seeds=None, check: bool = False) -> MonteCarloExpectation:
         """``2 points`` draws from seed ``theory.qmc_seed`` (or one set per seed of ``seeds``, stacked), for
         the problem and layer of ``setup`` (:class:`~singleloc.theory._build.Setup`)."""
-        prior, L, H, theory = setup.prior, setup.problem.L, setup.heads, setup.theory
-        dtype = jnp.result_type(float)
-        if seeds is None:
-            draws = draw_fields(prior, L, H, 2 * points, theory.qmc_seed)
-        else:
-            draws = [np.stack(x) for x in zip(*(draw_fields(prior, L, H, 2 * points, int(s)) for s in seeds))]
-        z, nu, theta = (jnp.asarray(x, dtype) for x in draws)
-        return cls(z=z, nu=nu, theta=theta, activation=setup.activation)
+        return cls.make(setup.activation, setup.prior, setup.problem.L, setup.heads, 2 * points,
+                        setup.theory.qmc_seed if seeds is None else seeds)
 
     @classmethod
-    def make(cls, activation: Activation, prior: Prior, L: int, H: int, n: int, seed: int = 0) -> MonteCarloExpectation:
-        """``n`` draws of the fields of ``H`` heads on sequences of ``L`` tokens under ``prior``."""
-        dtype = jnp.result_type(float)
-        z, nu, theta = (jnp.asarray(x, dtype) for x in draw_fields(prior, L, H, n, seed))
+    def make(cls, activation: Activation, prior: Prior, L: int, H: int, n: int, seed=0) -> MonteCarloExpectation:
+        """``n`` draws of the fields of ``H`` heads on sequences of ``L`` tokens under ``prior`` from ``seed`` (a
+        sequence of seeds: one set per seed, stacked along a leading axis)."""
+        draws = draw_fields(prior, L, H, n, seed) if np.ndim(seed) == 0 else \
+            [np.stack(x) for x in zip(*(draw_fields(prior, L, H, n, int(s)) for s in seed))]
+        z, nu, theta = (jnp.asarray(x, jnp.result_type(float)) for x in draws)
         return cls(z=z, nu=nu, theta=theta, activation=activation)
 
     @classmethod

@@ -1,29 +1,20 @@
 """Which expectation route a computation takes, decided once, with the budgets that decide it.
 
-``theory.route`` names a route (:data:`~singleloc.ground._choices.ROUTE_CLASSES`) or ``"auto"``.
-:func:`choose_route` turns the problem, the layer and the numerics into a :class:`RouteChoice`: the route, the activation and its
-normalised-exponential form (:func:`~singleloc.exponential_form`), and on the exact route how its
-``lr^2`` (Gram) term is computed. The decision:
+``theory.route`` names a route (:data:`~singleloc.ground._choices.ROUTE_CLASSES`) or ``"auto"``;
+:func:`choose_route` (:func:`decide`) turns the problem, the layer and the numerics into a :class:`RouteChoice`.
+``"auto"`` takes the exact route (:class:`~singleloc.LaplaceExpectation`) for a normalised exponential (softmax,
+softmax1, bsoftmax, ssmax, or an activation declaring its form: :func:`~singleloc.exponential_form`), else the Sobol
+rule (:class:`~singleloc.SobolExpectation`); a joint layer (bsoftmax) only while its exact rule is affordable
+(:data:`JOINT_EXACT_MAX` for a solve, :data:`JOINT_RISK_MAX` for one risk) and never with trained head weights (its
+head mixture is not a normalised exponential). ``"exact"`` takes it whatever its cost (within memory:
+:meth:`~singleloc.LaplaceExpectation.rule_bytes`), an error where it does not exist; any other name, that route.
 
-* ``"auto"``: the exact route (:class:`~singleloc.LaplaceExpectation`) for a normalised exponential
-  (softmax, softmax1, bsoftmax, ssmax, or an activation that declares its form), else the Sobol rule
-  (:class:`~singleloc.SobolExpectation`); a joint layer (bsoftmax) only while its exact rule is
-  affordable (``budget``: :data:`JOINT_EXACT_MAX` for a solve, :data:`JOINT_RISK_MAX` for one risk),
-  and never with trained head weights (a joint layer's head mixture is not a normalised exponential);
-* ``"exact"``: the exact route whatever its cost (within memory:
-  :meth:`~singleloc.LaplaceExpectation.rule_bytes`), an error
-  where it does not exist;
-* any other name: that route, for any activation.
-
-The Gram term of the exact route (``theory.gram``): ``"exact"`` in the Laplace form where it exists
-(one head, or two heads of a per-head layer, with the head average; else an error), ``"sobol"`` on the
-rank-aware Sobol rule, ``"montecarlo"`` by plain Monte Carlo with its standard error (any layer),
-``"auto"`` exactly for one head and for two from ``L * H >=`` :data:`GRAM_EXACT_FROM` on, where it costs
-less than the rule.
-
-A new route is a module with a class of :class:`~singleloc.expectations._expectation.AbstractExpectation` (with a
-``from_setup`` class method, :meth:`~singleloc.OrderParameterODE.from_setup`) and one line in
-:data:`~singleloc.ground._choices.ROUTE_CLASSES`.
+The exact route's ``lr^2`` (Gram) term (``theory.gram``): ``"exact"`` in the Laplace form where it exists (one head,
+or two heads of a per-head layer, with the head average; more heads hold moments of up to four distinct heads),
+``"sobol"`` on the rank-aware Sobol rule, ``"montecarlo"`` by plain Monte Carlo with its standard error (any layer),
+``"auto"`` exactly for one head and for two from ``L * H >=`` :data:`GRAM_EXACT_FROM` on, where it costs less than
+the rule. A new route is a module with a class of :class:`~singleloc.expectations._expectation.AbstractExpectation`
+and one line in :data:`~singleloc.ground._choices.ROUTE_CLASSES`.
 """
 
 from __future__ import annotations
@@ -74,11 +65,6 @@ class RouteChoice:
     gram: str | None = None
 
     @property
-    def exact(self) -> bool:
-        """Whether this is the exact route."""
-        return self.route == "exact"
-
-    @property
     def route_class(self) -> type:
         """The route's class (:func:`route_class`), which answers for it."""
         return route_class(self.route)
@@ -88,21 +74,6 @@ def route_class(name: str) -> type:
     """The expectation class of the route ``name`` (:data:`~singleloc.ground._choices.ROUTE_CLASSES`)."""
     module, _, attr = ROUTE_CLASSES[name].partition(":")
     return getattr(importlib.import_module(module), attr)
-
-
-def joint_exact_affordable(H: int, prior: Prior, limit: int) -> bool:
-    """Whether a joint layer of ``H`` heads under ``prior`` has an exact rule of at most ``limit``
-    units (:func:`~singleloc.expectations._laplace_joint.joint_rule_size`)."""
-    from ._laplace_joint import joint_rule_size
-
-    return joint_rule_size(H, prior) <= limit
-
-
-def exact_gram_possible(H: int, form: ExponentialForm, trained_head_weights: bool = False) -> bool:
-    """Whether the Gram term has its exact form (:mod:`~singleloc.expectations._laplace_gram`): one head, or two
-    heads of a per-head layer, with the head average (more heads hold moments of up to four distinct
-    heads)."""
-    return (H == 1 or (H == 2 and not form.joint)) and not trained_head_weights
 
 
 def exact_route_exists(form: ExponentialForm | None, trained_head_weights: bool = False) -> bool:
@@ -133,10 +104,12 @@ def decide(activation_name: str, L: int, H: int, prior: Prior, route: str, *, tr
         raise ValueError(f"{key} = 'exact': activation {activation_name!r} is not a normalised exponential (softmax, "
                          "softmax1, bsoftmax, ssmax or one declaring exponential_form); use 'auto' or 'rule'")
     if route == "auto":
-        route = "exact" if exact and (not form.joint or joint_exact_affordable(H, prior, budget)) else "rule"
-    if route != "exact":  # (a config that asks for the exact Gram term here is refused as it is built: _combinations)
+        from ._laplace_joint import joint_rule_size
+
+        route = "exact" if exact and (not form.joint or joint_rule_size(H, prior) <= budget) else "rule"
+    if route != "exact":  # (a config that asks for the exact Gram term here is refused as it is built: check_gram)
         return RouteChoice(route, activation, form)
-    possible = exact_gram_possible(H, form, trained_head_weights)
+    possible = (H == 1 or (H == 2 and not form.joint)) and not trained_head_weights  # the Laplace form's (module docstring)
     if gram == "exact" and not possible:
         why = "trained head weights" if trained_head_weights else "a joint layer" if form.joint else f"H = {H}"
         raise ValueError(f"theory.gram = 'exact': the exact Gram term takes one head, or two heads of a per-head layer "

@@ -16,14 +16,10 @@ device's share there (XLA's SPMD partitioner follows the arguments' shardings). 
 * **The quadrature nodes**, when the batch is smaller than the device count: one large solve
   (typically one start with many points, where the drift's expectation over the local fields
   is the work). Every expectation route among the arguments splits its own nodes
-  (:meth:`~singleloc.expectations._expectation.AbstractExpectation.shard`): each of its
-  :class:`~singleloc.LocalFields` is cut into one block of base points per device
-  (:meth:`~singleloc.LocalFields.split`: padded with copies of its last point, of weight zero, so
-  the expectation is unchanged) and block ``k`` is placed on device ``k``; everything else, the
-  batch included, is on every device. Each device evaluates the integrand on its block, and the
-  sum over the blocks, a contraction over the split axis, becomes an all-reduce of the few
-  moments (``O(H^2 + H F)`` numbers per drift evaluation) inserted by the partitioner.
-  The ``batch_size`` memory cap of the rule then holds per device.
+  (:meth:`~singleloc.expectations._expectation.AbstractExpectation.shard`: each
+  :class:`~singleloc.LocalFields` in one block of base points per device, :meth:`~singleloc.LocalFields.split`);
+  everything else, the batch included, is on every device. The sum over the blocks becomes an all-reduce of
+  the few moments (``O(H^2 + H F)`` numbers per drift evaluation) inserted by the partitioner.
 
 Why not a two-dimensional mesh (batch x nodes): the batches met here are either large (seeds,
 sweep points: each trajectory on one device needs no communication and keeps its own adaptive

@@ -81,6 +81,7 @@ class SobolExpectation(AbstractExpectation):
     field_nodes: ClassVar[bool] = True
     refined_error: ClassVar[bool] = False
     gram_name: ClassVar[str] = "sobol"
+    own_gram: ClassVar[str] = "on its own Sobol rule (theory.points)"
 
     @classmethod
     def from_setup(cls, setup, *, points: int, seeds=None, check: bool = False) -> SobolExpectation:

@@ -37,22 +37,13 @@ Two steps: :func:`compute_sweep` runs (or loads) every point and returns the row
 trajectories; :func:`write_sweep_outputs` writes them; :func:`sweep` (``singleloc.sweep``) does
 both, the second only when given ``out``.
 
-Output: ``DIR/sweep.csv`` with one row per point: the grid values, ``activation``, ``heads``,
-``F``, ``status``, the prediction (``lambda``, ``tau_plateau``, ``predicted_escape``,
-``horizon``), the phase summary of the theory (means over the seeds of
-:meth:`PhaseAnalysis.summary`: ``final_risk``, ``escaped`` (fraction of seeds),
-``escape_time``, ``first_learned``, ``first_specialization``, ``n_<class>`` for every head class,
-``leaning_angle_spike``, ``leaning_angle_mean``, ``n_directions``, ``shared_profiles``, ``settled``
-(fraction of the seeds settled at the horizon: :mod:`singleloc.analysis._settled`), ``risk_change``), the
-Bayes columns (``bayes_risk``, ``bayes_risk_error``, ``final_risk_error``, ``gap_to_bayes``,
-``gap_to_bayes_error``), the theory's quadrature
-as :class:`~singleloc.TheoryResult` states it (``route``, ``gram_route``, ``risk_error``,
-``exact_drift_error``, ``gram_error``, ``drift_error``, ``points``: blank for an entry cached
-before entries carried them, or a failed one), the same phase summary for the simulation with a
-``sim_`` prefix (and ``sim_gap_to_bayes``), ``heads_needed`` (with ``heads_needed_low`` and
-``heads_needed_high``: the count with the gaps moved by their errors), ``gap_tol`` and the cache ``key``
-(every column described in :data:`singleloc.sweeps._sweep_dataset.COLUMNS`). ``status`` is ``ok``,
-``not yet (predicted escape at tau = X)`` for a point with a predicted escape where some seed
+Output: ``DIR/sweep.csv`` with one row per point (every column described in
+:data:`singleloc.sweeps._sweep_dataset.COLUMNS`): the grid values, the layer, ``status``, the prediction, the
+phase summary of the theory (means over the seeds of :meth:`PhaseAnalysis.summary`, ``settled`` from
+:mod:`singleloc.analysis._settled`) and of the simulation (``sim_`` prefix), the Bayes columns, the theory's
+quadrature as :class:`~singleloc.TheoryResult` states it (:func:`statement_columns`: blank for an entry cached
+before entries carried it, or a failed one), ``heads_needed`` with its range, ``gap_tol`` and the cache ``key``.
+``status`` is ``ok``, ``not yet (predicted escape at tau = X)`` for a point with a predicted escape where some seed
 has not escaped by the horizon, or the failure. One phase diagram over ``(H, F)`` per
 activation (and per value of the other grid keys): ``DIR/phase_<activation>[_<key>=<value>...].png``;
 the gap to the Bayes risk against the heads: ``DIR/heads_needed.png``.
@@ -84,8 +75,9 @@ from ..analysis._predictions import EscapePrediction, resolve_horizon, with_chos
 from ..analysis._sweep_answers import GAP_TOL, add_heads_needed, bayes_columns
 from ..configuration._config import Config, require_config
 from ..expectations._laplace_expectation import DRIFT_UNCHECKED
+from ..expectations._routes import route_class
 from ..ground._atomic_files import OUTPUT_KEY, png_has_text, written_together
-from ..ground._choices import check_horizon
+from ..ground._choices import ROUTE_WORDS, check_horizon
 from ..io._run_folders import save_figure, save_text
 from ..preflight._resources import check_run
 from ..runtime._distributed import open_cluster
@@ -163,23 +155,23 @@ def quadrature_summary(rows: Sequence[Mapping[str, Any]]) -> str:
     def points(n):
         return f"{n} point{'' if n == 1 else 's'}"
 
-    parts = []
-    exact = [r for r in rows if r.get("route") == "exact"]
-    if exact:
-        parts.append(f"exact route at {points(len(exact))} (largest stated risk error {largest(exact, 'risk_error')}, "
-                     f"relative O(lr) drift error {largest(exact, 'exact_drift_error', DRIFT_UNCHECKED)}, lr^2 Gram term "
-                     f"{largest(exact, 'gram_error')})")
-    rule = [r for r in rows if r.get("route") == "rule"]
-    if rule:
-        estimated = largest(rule, "drift_error", None)
-        sizes = sorted({int(r["points"]) for r in rule if np.isfinite(r["points"])})
-        nodes = f"{'/'.join(map(str, sizes))} Sobol points" if sizes else "Sobol points"
-        parts.append(f"rule route at {points(len(rule))} ({nodes}; " + (
-            f"largest estimated relative drift error at the start {estimated})" if estimated else
-            "no error estimate: theory.points = auto chooses the points for a stated drift error)"))
-    unstated = len(rows) - len(exact) - len(rule)
-    if unstated:
-        parts.append(f"not stated at {points(unstated)} (failed, or cached before entries carried it)")
+    parts, stated = [], 0
+    for name, words in ROUTE_WORDS.items():  # each route as its class states its error
+        at = [r for r in rows if r.get("route") == name]
+        stated += len(at)
+        if at and route_class(name).refined_error:
+            parts.append(f"{words} route at {points(len(at))} (largest stated risk error {largest(at, 'risk_error')}, "
+                         f"relative O(lr) drift error {largest(at, 'exact_drift_error', DRIFT_UNCHECKED)}, lr^2 Gram term "
+                         f"{largest(at, 'gram_error')})")
+        elif at:
+            estimated = largest(at, "drift_error", None)
+            sizes = sorted({int(r["points"]) for r in at if np.isfinite(r["points"])})
+            nodes = f"theory.points = {'/'.join(map(str, sizes))}; " if sizes else ""
+            parts.append(f"{words} route at {points(len(at))} ({nodes}" + (
+                f"largest estimated relative drift error at the start {estimated})" if estimated else
+                "no error estimate: theory.points = auto chooses the points for a stated drift error)"))
+    if len(rows) > stated:
+        parts.append(f"not stated at {points(len(rows) - stated)} (failed, or cached before entries carried it)")
     return "theory quadrature: " + "; ".join(parts)
 
 

@@ -9,19 +9,13 @@ seed, :func:`compute_theory`), ``simulation`` (finite-D SGD, :func:`compute_simu
 is what a worker runs; it needs nothing but the configurations, so the points can be computed
 anywhere.
 
-Batching. Theory points that differ only in the :data:`~singleloc.runtime._compilation.VALUE_KEYS` (``problem.strength``,
-``sgd.lr``, ``sgd.init_scale``, ``sgd.tau_max``, so also the horizon of ``horizon="auto"``,
-``simulation.seed``, ``simulation.D``, ``theory.qmc_seed``, ``theory.rtol``, ``theory.atol``) have
-arrays of the same shapes: with ``batch=True`` (the default) they are one task, one vmapped solve
-of all their seeds' starts with one compilation (:func:`~singleloc.theory._ode.integrate_points`; a group
-is one Dask task with ``workers`` or ``scheduler``, cut into near-equal parts when it holds more
-than ``1 / T`` of the points, with ``T`` the tasks the cluster runs at once,
-:func:`~singleloc.sweeps._sweep_cache.split_groups`). Every trajectory keeps its own adaptive steps, so
-a point's entry equals its own solve to the solver's tolerance (not bitwise: the batched program
-rounds differently; the cache key does not say which, and either entry serves). Any other key (``model.heads``,
-``problem.F``, ``problem.L``, the prior, ``model.activation``, ``theory.points``,
-``theory.replicates``, ``simulation.seeds``, ``sgd.n_save``, ...) starts another group.
-Escape predictions and simulations run one point after the other.
+Batching. Theory points that differ only in the :data:`~singleloc.runtime._compilation.VALUE_KEYS` (the horizon of
+``horizon="auto"`` among them) have arrays of the same shapes: with ``batch=True`` (the default) they are one task,
+one vmapped solve of all their seeds' starts with one compilation (:func:`~singleloc.theory._ode.integrate_points`;
+cut into near-equal tasks on a cluster: :func:`~singleloc.sweeps._sweep_cache.split_groups`). Every trajectory keeps
+its own adaptive steps, so a point's entry equals its own solve to the solver's tolerance (not bitwise: the batched
+program rounds differently; the cache key does not say which, and either entry serves). Escape predictions and
+simulations run one point after the other.
 """
 
 from __future__ import annotations
@@ -34,6 +28,7 @@ import numpy as np
 
 from ..analysis._predictions import compute_prediction
 from ..configuration._config import Config, load_config
+from ..expectations._routes import route_class
 from ..runtime._compilation import compile_group, hold_programs, own_process, process_owned
 from ..runtime._progress import on_dask_worker
 from ..simulation._simulation import simulate as simulate_sgd
@@ -66,16 +61,16 @@ def compute_simulation(config: Config) -> dict[str, np.ndarray]:
 
 def bayes_config(config: Config) -> Config:
     """The configuration of the Bayes risk of a point: its ``[problem]`` and, where the Bayes risk
-    has no exact route (:func:`~singleloc.bayes._bayes.bayes_route` with ``"auto"``), the ``[theory]``
-    keys of its Sobol rule (:data:`BAYES_THEORY_KEYS`), every other key at its default, so that the
+    takes a route over the fields' nodes (:func:`~singleloc.bayes._bayes.bayes_route` with ``"auto"``), the
+    ``[theory]`` keys of its Sobol rule (:data:`BAYES_THEORY_KEYS`), every other key at its default, so that the
     points of one problem share one cache entry (the Bayes risk depends on the problem alone:
     docs/model.md section 6). The route the dynamics take (``theory.route``) is not among them: the
     Bayes risk is exact wherever it can be, whatever route the theory's solve takes."""
     from ..bayes._bayes import bayes_route
 
     data = config.to_dict()
-    exact = bayes_route(config.problem.build_prior(), "auto") == "exact"
-    return load_config({"problem": data["problem"], "theory": {} if exact else {k: data["theory"][k] for k in BAYES_THEORY_KEYS}})
+    rule = route_class(bayes_route(config.problem.build_prior(), "auto")).field_nodes
+    return load_config({"problem": data["problem"], "theory": {k: data["theory"][k] for k in BAYES_THEORY_KEYS} if rule else {}})
 
 
 def compute_bayes(config: Config) -> dict[str, np.ndarray]:

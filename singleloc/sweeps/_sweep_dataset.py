@@ -28,13 +28,8 @@ step, head, other_head)``, ``b (grid..., seed, step, head)`` and ``risk (grid...
 (the limit risk), as in :class:`~singleloc.TheoryResult`; with ``--simulate`` the simulation's
 ``sim_M``, ``sim_Q``, ``sim_b``, ``sim_risk`` (the empirical finite-D risk) and
 ``sim_risk_limit`` over ``sim_step``, as in :class:`~singleloc.SimulationResult`. The values are
-those of the cache entries, unchanged. Per point, over the grid dimensions only: every column
-of ``sweep.csv`` other than the grid values (``activation``, ``heads``, ``F``, ``status``,
-``horizon``, ``lambda``, ``tau_plateau``, ``predicted_escape``, the phase summary ``final_risk``,
-``escaped``, ..., ``n_<class>``, ..., the Bayes columns ``bayes_risk``, ``bayes_risk_error``,
-``gap_to_bayes``, the theory's quadrature ``route``, ``risk_error``, ..., the summary's ``sim_``
-twin with ``sim_gap_to_bayes``, ``heads_needed``, ``gap_tol`` and ``key``, the cache key of the
-point's theory entry), each with its ``description`` (:data:`COLUMNS`); ``heads_needed``, a
+those of the cache entries, unchanged. Per point, over the grid dimensions only: every column of
+``sweep.csv`` other than the grid values, each with its ``description`` (:data:`COLUMNS`); ``heads_needed``, a
 summary over the heads, is over the other grid dimensions only (no ``model_heads``).
 Attributes: ``config`` (the base configuration as JSON), ``grids`` (``{key: [values]}`` as JSON)
 and ``singleloc_version``.
@@ -142,7 +137,7 @@ COLUMNS = {
     "heads_needed_low": "heads_needed with every gap_to_bayes lowered by its error (differs from heads_needed_high: "
     "the count is within error)", "heads_needed_high": "heads_needed with every gap_to_bayes raised by its error",
     "gap_tol": "the largest gap_to_bayes that counts as reaching the Bayes risk (singleloc sweep --gap)",
-    "route": "the theory's quadrature route: exact or rule",
+    "route": "the theory's quadrature route: exact, rule or montecarlo",
     "gram_route": "the lr^2 Gram term's route: exact, sobol or montecarlo",
     "risk_error": "exact route: stated error of the risk (largest at start and end)",
     "exact_drift_error": "exact route: relative error of the O(lr) drift against a finer rule (NaN: below 1e-5, "

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..configuration._config import Config
+from ..expectations._routes import route_of
 from ..preflight._estimates import REFERENCE, TheorySolve, _digest, _label, estimate, first_run, route_costs, theory_work, timings
 from ..runtime._compilation import compile_group
 from ..runtime._progress import Estimate, announce, clock, duration, say, settings
@@ -116,7 +117,7 @@ def sweep_costs(points: Sequence[tuple[Mapping[str, Any], Config]], run_cfgs: Ma
 
 def _cheaper(config: Config) -> str:
     """What would make a point cheaper (the refusal's advice)."""
-    ways = ["--set theory.route=rule (its theory is on the exact route)"] if route_costs(config)[0] == "exact" else []
+    ways = [] if route_of(config).route_class.field_nodes else ["--set theory.route=rule (its theory is on the exact route)"]
     ways += ["fewer model.heads"] if config.model.heads > 1 else []
     return "make it cheaper: " + ", ".join(ways + ["a shorter horizon (--horizon TAU, or sgd.tau_max with --horizon config)"])
 

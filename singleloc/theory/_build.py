@@ -14,7 +14,7 @@ import dataclasses
 
 from ..configuration._config import Config, require_config
 from ..configuration._specs import Model, Problem, Theory
-from ..expectations._routes import RouteChoice, route_of
+from ..expectations._routes import RouteChoice, route_class, route_of
 from ..model._activations import Activation
 from ..model._priors import Prior
 from ..sgd._sgd_rule import AbstractSGDRule, GradientFlow, OnlineSGD
@@ -88,12 +88,11 @@ def check_gram(config: Config, route: str) -> None:
     route without the exact route's Gram rule (issue 54 item 7: a key the run would drop silently)."""
     th = config.theory
     gram_points = th.gram_points != "auto"
-    own = {"rule": "sobol", "montecarlo": "montecarlo"}.get(route)
-    if own is not None and (gram_points or th.gram not in ("auto", own)):
+    own = route_class(route)
+    if own.own_gram is not None and (gram_points or th.gram not in ("auto", own.gram_name)):
         key = f"theory.gram = {th.gram!r}" if th.gram != "auto" else f"theory.gram_points = {th.gram_points}"
         why = (f"theory.route = {th.route!r}" if th.route != "auto" else
                f"model.activation = {config.model.activation!r} takes the rule route here")
-        how = "by its own Monte Carlo draws" if own == "montecarlo" else "on its own Sobol rule (theory.points)"
-        raise ValueError(f"{key} applies to the exact route's Gram term, but {why}, whose Gram term is {how}; e.g. "
+        raise ValueError(f"{key} applies to the exact route's Gram term, but {why}, whose Gram term is {own.own_gram}; e.g. "
                          f"{key.split(' = ')[0]} = 'auto', or theory.route = 'exact' for a normalised-exponential "
                          "activation")
