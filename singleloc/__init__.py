@@ -17,69 +17,7 @@ from typing import TYPE_CHECKING
 
 from ._version import __version__ as __version__
 
-# The public API: private module -> the names it exports ("NAME as PUBLIC" renames).
-_EXPORTS = {
-    "model._activations": ("Activation", "ExponentialForm", "activation_names", "bsoftmax", "exponential_form", "get_activation",
-                     "register_activation", "scalable_softmax", "softmax", "softmax1", "ssmax"),
-    "bayes._bayes": ("bayes_point", "bayes_risk", "bayes_route", "log_weight", "posterior"),
-    "bayes._population_risk": ("RiskEstimate", "population_risk"),
-    "ground._choices": ("PRUNING_ORDERS",),
-    "configuration._config": ("Config", "load_config", "preset_names"),
-    "model._data": ("initial_overlaps", "make_spikes", "overlaps", "sample_sequence", "seed_keys"),
-    "attention._attention_diagnosis": ("AttentionDiagnosis", "diagnose_attention"),
-    "attention._attention_rows": ("logits_from_weights",),
-    "attention._vanishing_attention": ("VanishingAttention", "effective_logit_bound", "vanishing_attention"),
-    "attention._top_n": ("CriticalTopN", "TopN", "context_vector", "critical_top_n", "geometric_separability", "ks_critical_n",
-               "representation_distance", "select_top_n", "top_n_diagnostics"),
-    "attention._sensitivity": ("FD_EPSILONS", "finite_difference_sensitivity", "random_directions", "softmax_jacobian",
-                     "softmax_jacobian_norm"),
-    "theory._accuracy": ("PointsChoice", "choose_points", "relative_drift_error"),
-    "runtime._compilation": ("enable_compilation_cache",),
-    "expectations._fields": ("LocalFields", "replicate_rules"),
-    "expectations._expectation": ("AbstractExpectation", "AbstractGramTerm"),
-    "expectations._sobol_expectation": ("SobolExpectation", "SobolGram"),
-    "expectations._laplace_expectation": ("LaplaceExpectation", "LaplaceGram"),
-    "expectations._monte_carlo_expectation": ("MonteCarloExpectation",),
-    "expectations._routes": ("RouteChoice", "choose_route"),
-    "expectations._laplace": ("LaplaceRule", "exact_rule"),
-    "io._run_folders": ("Run", "add_to_run", "config_hash", "load_npz", "load_run", "save_figure", "save_json", "save_npz",
-                     "save_run", "save_simulation", "save_theory"),
-    "runtime._numerics": ("psd_sqrt",),
-    "model._layer": ("finite_loss", "limit_loss", "token_weights"),
-    "theory._ode": ("integrate", "resolve_points"),
-    "theory._build": ("sgd_rule",),
-    "runtime._progress": ("set_progress",),
-    "theory._starts": ("initial_conditions",),
-    "theory._theory_result": ("TheoryResult",),
-    "theory._fluctuations": ("SDEResult", "integrate_sde"),
-    "model._priors": ("Prior", "binary", "discrete", "flipped", "gaussian", "spikes"),
-    "simulation._simulation": ("simulate",),
-    "simulation._simulation_result": ("SimulationResult",),
-    "preflight._run_checks": ("warn_if_risk_rose",),
-    "sweeps._grid": ("Grid", "parse_grid"),
-    "sweeps._sweep": ("sweep",),
-    "sweeps._sweep_cache": ("SweepStats",),
-    "sweeps._sweep_dataset": ("load_sweep",),
-    "configuration._specs": ("SGD", "Model", "Problem", "Simulation", "Theory"),
-    "sgd._sgd_rule": ("AbstractSGDRule", "AbstractVariant", "GradientFlow", "GradientMoments", "LayerParameters", "OnlineSGD"),
-    "theory._trajectory": ("Trajectory",),
-    "sgd._sgd_variants": ("LearningRateSchedule", "MiniBatch", "Momentum", "WeightDecay"),
-    "theory._theory": ("OrderParameterODE", "OrderParameters", "WeightedOrderParameters", "r_orth"),
-    "pruning._pruning_result": ("PruningResult", "removable_heads"),
-    "pruning._pruning": ("TheoryRisk", "WeightsRisk", "finetune", "keep_heads", "prune", "prune_run", "prune_theory",
-                 "prune_weights"),
-    "analysis._phase_analysis": ("PhaseAnalysis", "analyze"),
-    "analysis._plateaus": ("Plateau", "escape_times", "halfway_time", "plateaus"),
-    "analysis._head_classes": ("HEAD_CLASSES", "HeadClasses", "classify_heads"),
-    "analysis._predictions": ("EscapePrediction", "escape_horizon", "predicted_escape"),
-    "analysis._attention_mass": ("attention_mass",),
-    "analysis._fixed_point": ("FixedPoint", "unspecialized_point"),
-    "analysis._stability": ("Linearization", "escape_mode", "escape_rate", "escape_rate_along", "escape_subspace",
-                            "linear_escape_time", "linearize", "predicted_escape_slope", "subspace_amplitude", "unstable_modes"),
-}
-
-# What a type checker or an IDE reads (runtime imports stay lazy, above); tests/test_public_api.py checks
-# that it names exactly the exports of _EXPORTS.
+# The public API, read by type checkers and IDEs; at run time each name is imported on first use (below).
 if TYPE_CHECKING:
     from .analysis._attention_mass import attention_mass as attention_mass
     from .analysis._fixed_point import FixedPoint as FixedPoint
@@ -238,10 +176,19 @@ if TYPE_CHECKING:
     from .theory._theory_result import TheoryResult as TheoryResult
     from .theory._trajectory import Trajectory as Trajectory
 
-# public name -> (module, name in the module)
-_ORIGIN = {public: (module, name) for module, names in _EXPORTS.items()
-           for name, _, alias in (entry.partition(" as ") for entry in names) for public in (alias or name,)}
 
+def _public_names() -> dict[str, tuple[str, str]]:
+    """public name -> (module, name in the module): the ``TYPE_CHECKING`` imports above, read from this file
+    (one list for the type checkers and for ``__getattr__``, as ``lazy_loader.attach_stub`` reads a stub)."""
+    import ast
+
+    with open(__file__, encoding="utf-8") as file:
+        tree = ast.parse(file.read())
+    block = next(node for node in tree.body if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING")
+    return {alias.asname or alias.name: (node.module, alias.name) for node in block.body for alias in node.names}
+
+
+_ORIGIN = _public_names()
 __all__ = sorted(_ORIGIN)
 
 

@@ -34,7 +34,6 @@ from ._stability import _symmetric_risk, symmetric_drift, symmetric_flow, symmet
 _ROOT_XTOL = 1e-13
 
 
-
 def valid_symmetric_state(x, H: int, F: int) -> bool:
     """Whether symmetric coordinates ``x`` are finite overlaps of real keys: ``R_orth =
     r_d I + r_o 1 1^T`` is PSD, i.e. its eigenvalues ``r_d`` and ``r_d + H r_o`` are

@@ -230,16 +230,11 @@ def specialization_times(tau, labels) -> np.ndarray:
     """First saved ``tau`` from which each head stays specialized to the end (..., H); NaN
     for a head that is not specialized at the end. ``labels`` (..., T, H) from
     :func:`specialization`."""
-    tau, labels = np.asarray(tau, float), np.asarray(labels)
-    spec = labels >= 0  # (..., T, H)
-    # index of the last unspecialized time; the head is specialized from the next one on
+    tau, spec = np.asarray(tau, float), np.asarray(labels) >= 0  # (..., T, H)
     T = spec.shape[-2]
-    rev = np.flip(~spec, axis=-2)
-    last_off = T - 1 - np.argmax(rev, axis=-2)  # (..., H), valid where any ~spec
-    any_off = (~spec).any(axis=-2)
-    first_on = np.where(any_off, last_off + 1, 0)
-    out = np.where(first_on < T, tau[np.minimum(first_on, T - 1)], np.nan)
-    return np.where(spec[..., -1, :], out, np.nan)
+    # the saved time after the last unspecialized one (the first when there is none)
+    first_on = np.where((~spec).any(axis=-2), T - np.argmax(np.flip(~spec, axis=-2), axis=-2), 0)
+    return np.where(spec[..., -1, :], tau[np.minimum(first_on, T - 1)], np.nan)
 
 
 def rearrangements(tau, labels) -> list[tuple[float, int, int, int]]:

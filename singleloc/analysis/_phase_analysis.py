@@ -145,22 +145,19 @@ def analyze(tau, M, Q, risk, *, mean=None, weights=None, directions=None, thresh
     learned = classes.learned().any(axis=-1)  # (S, T)
     K = M.shape[-1] if directions is None else np.atleast_2d(directions).shape[0]
     n_dir = np.sum(np.stack([(labels == k).any(axis=-1) for k in range(K)], axis=-1), axis=-1)
-    pls, escs, esc, rearr, first, first_aligned = [], [], [], [], [], []
+    # first saved time from which some head stays learned to the end (NaN where none is learned at the end)
+    first = specialization_times(tau, np.where(learned, 0, -1)[..., None])[..., 0]
+    pls, escs, esc, rearr, first_aligned = [], [], [], [], []
     for s in range(M.shape[0]):
         ps = plateaus(tau, risk[s], plateau_tol=plateau_tol, prominence=prominence)
         e = escape_times(tau, risk[s], ps)
         pls.append(ps)
         escs.append(e)
-        # first saved time from which some head stays learned to the end
-        off = np.flatnonzero(~learned[s])
-        start = 0 if len(off) == 0 else off[-1] + 1
-        t_first = tau[start] if start < len(tau) else np.nan
-        first.append(t_first)
         on = np.flatnonzero((labels[s] >= 0).any(axis=-1))
         first_aligned.append(tau[on[0]] if len(on) else np.nan)
         # the escape from the last plateau before it, also when that plateau runs to the end of
         # the curve (a drop too small for the rate criterion, as for late softmax heads)
-        cand = [k for k, p in enumerate(ps) if p.tau < t_first]
+        cand = [k for k, p in enumerate(ps) if p.tau < first[s]]
         k = cand[-1] if cand else -1
         esc.append(np.nan if k < 0 else halfway_time(tau, risk[s], ps[k].tau, ps[k].risk,
                                                      ps[k + 1].risk if k + 1 < len(ps) else risk[s, -1]))
@@ -170,7 +167,7 @@ def analyze(tau, M, Q, risk, *, mean=None, weights=None, directions=None, thresh
         n_directions=n_dir,
         redundant=redundant_pairs(Q, redundancy), profiles=shared_profiles(M, Q, redundancy, min_fraction),
         cos=head_spike_cosines(M, Q), specialization_times=specialization_times(tau, labels), plateaus=pls, escapes=escs,
-        escape_time=np.asarray(esc, float), first_learned=np.asarray(first, float),
+        escape_time=np.asarray(esc, float), first_learned=first,
         first_specialization=np.asarray(first_aligned, float), final_risk=risk[:, -1].copy(),
         rearrangements=rearr, settled=settledness(tau, risk, classes.code),
     )

@@ -69,15 +69,6 @@ def _diagonal_means(A, H: int):
     return trace / H, ((A.sum() - trace) / (H * (H - 1)) if H > 1 else 0.0)
 
 
-def symmetric_coordinates(M, Q, b) -> np.ndarray:
-    """Projection of a state onto the symmetric subspace, as ``x`` of :func:`symmetric_state`."""
-    M, Q, b = np.asarray(M, float), np.asarray(Q, float), np.asarray(b, float)
-    H, F = M.shape
-    dia, off = _diagonal_means(Q - M @ M.T, H)
-    x = [*M.mean(0), dia - off] + ([off] if H > 1 else []) + [b.mean()]
-    return np.asarray(x, float)
-
-
 def symmetric_drift(ode: OrderParameterODE, x, H: int, F: int):
     """The drift restricted to the symmetric subspace, in the coordinates ``x``."""
     M, Q, b = symmetric_state(x, H, F)
@@ -240,14 +231,6 @@ def escape_rate(lin: Linearization, *, mean=None, min_asymmetry: float = 0.5, mi
     require_instance("escape_rate", "lin", lin, Linearization, "singleloc.linearize(ode, M, Q, b)")
     k = escape_mode(lin, mean=mean, min_asymmetry=min_asymmetry, min_orthogonal=min_orthogonal)
     return float(lin.eigenvalues[k].real) if k >= 0 else float("nan")
-
-
-def mode_amplitude(lin: Linearization, index: int, M) -> np.ndarray:
-    """Amplitude of overlaps ``M`` (..., H, F) along the ``M`` block of eigenvector ``index``:
-    ``|<M, V_M>| / |V_M|``. Applied to the initial overlaps it is the ``O(D^{-1/2})`` seed of
-    the escape."""
-    V = np.real(lin.eigenvectors[: lin.H * lin.F, index]).reshape(lin.H, lin.F)
-    return np.abs(np.einsum("...hf,hf->...", np.asarray(M, float), V)) / np.linalg.norm(V)
 
 
 def escape_subspace(lin: Linearization, *, mean=None, rtol: float = 0.02, min_asymmetry: float = 0.5,

@@ -147,13 +147,11 @@ def heads_needed_table(rows: Sequence[Mapping[str, Any]], grid_keys: Sequence[st
     lines = [f"heads needed to come within gap_tol = {gap_tol:g} of the Bayes risk (gap_to_bayes = final_risk - bayes_risk, "
              "+- its stated error):"]
     others = [k for k in grid_keys if k not in SPANNED]
-    seen = set()
+    groups: dict[tuple, list] = {}
     for row in rows:
-        key = group_key(row, grid_keys)
-        if key in seen:
-            continue
-        seen.add(key)
-        group = [r for r in rows if group_key(r, grid_keys) == key]
+        groups.setdefault(group_key(row, grid_keys), []).append(row)
+    for group in groups.values():
+        row = group[0]
         gaps = ", ".join(f"H={r['heads']}: {gap_text(r)}" for r in sorted(group, key=lambda r: r["heads"]))
         answer = count_text(row, max(r["heads"] for r in group))
         where = "".join(f", {k}={row[k]}" for k in others)

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..ground._choices import KS_SAMPLES, MASKS
-from ._attention_rows import _n_grid, _positive, _significance, _weights, logits_from_weights
+from ._attention_rows import _as_float, _n_grid, _positive, _significance, _weights, logits_from_weights
 from ._sensitivity import FD_EPSILONS, finite_difference_sensitivity, random_directions, softmax_jacobian_norm
 from ._top_n import STABLE_SHIFT, _ks_samples, ks_critical_n, stable_samples, top_n_diagnostics
 from ._vanishing_attention import vanishing_attention
@@ -29,7 +29,6 @@ FIGURES = ("vanishing", "jacobian", "topn")
 
 #: Temperatures of the gradient-sensitivity table (from very sharp to nearly uniform rows).
 TEMPERATURES = (0.001, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 100.0)
-
 
 
 def _stats(x: np.ndarray) -> dict:
@@ -171,12 +170,7 @@ def _row_values(values, shape: tuple[int, ...], rows: np.ndarray) -> np.ndarray:
         per_head = ", ".join(str(n) for n in heads_shape + (L,))
         raise ValueError(f"values of shape {v.shape} do not match the weights {shape}: expected ({per_head}, d) "
                          f"(per head) or ({', '.join(str(n) for n in shape)}, d) (per row)")
-    v = np.asarray(v, dtype=np.float64)
-    if np.isnan(v).any():
-        raise ValueError("values contain NaN")
-    if not np.isfinite(v).all():
-        raise ValueError("values contain inf")
-    return v
+    return _as_float("values", v, min_ndim=2)
 
 
 def _mask(name: str, w: np.ndarray, rows: np.ndarray, shape: tuple[int, ...]) -> tuple[np.ndarray, str]:

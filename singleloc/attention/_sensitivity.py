@@ -27,7 +27,6 @@ FD_EPSILONS = (1e-3, 1e-1, 10.0)
 _TIE_RTOL = 1e-15
 
 
-
 def _softmax_complement(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``alpha = softmax(logits)``, ``1 - alpha`` and the top-token indicator, all to full
     relative precision: for the top token ``1 - alpha = sum_{j != top} alpha_j`` is summed
@@ -80,7 +79,6 @@ def _largest_eigenvalue(a: np.ndarray, c: np.ndarray, top: np.ndarray, iteration
     a2 = np.max(others, axis=-1)
     tie = a1 - a2 <= _TIE_RTOL * a1
     single = a2 <= 0
-    lo0, hi0 = a2, a1
     lo = np.where(single | tie, 0.5 * a1, a2)  # placeholders keep the iteration finite
     hi = a1.copy()
     sq = others * others
@@ -91,7 +89,7 @@ def _largest_eigenvalue(a: np.ndarray, c: np.ndarray, top: np.ndarray, iteration
             up = f < 0  # the root lies above mid
             lo = np.where(up, mid, lo)
             hi = np.where(up, hi, mid)
-    lam = np.clip(np.sqrt(lo * hi), lo0, hi0)
+    lam = np.clip(np.sqrt(lo * hi), a2, a1)
     return np.where(tie, a1, np.where(single, a1 * c1, lam))
 
 

@@ -165,7 +165,6 @@ def stable_samples(significance: float) -> int:
     return int(np.ceil(-np.log(significance) / STABLE_SHIFT**2))
 
 
-
 class CriticalTopN(NamedTuple):
     """Result of :func:`critical_top_n` (K = ``len(n_grid)``, S = number of samples).
 

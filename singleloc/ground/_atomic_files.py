@@ -348,13 +348,16 @@ def run_folder_owner(folder: Path) -> str | None:
     if foreign:
         listed = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
         return f"it holds {listed}, which {'is' if len(foreign) == 1 else 'are'} not part of a singleloc run"
+    return None if _written_config(folder / "config.json") else "it has no config.json written by singleloc"
+
+
+def _written_config(path: Path) -> dict | None:
+    """The ``config.json`` at ``path`` if singleloc wrote it (it has ``singleloc_version``), else ``None``."""
     try:
-        stamp = json.loads((folder / "config.json").read_text())
+        data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        stamp = None
-    if not isinstance(stamp, dict) or "singleloc_version" not in stamp:
-        return "it has no config.json written by singleloc"
-    return None
+        return None
+    return data if isinstance(data, dict) and "singleloc_version" in data else None
 
 
 def check_run_folder(folder: str | Path) -> bool:
@@ -395,11 +398,7 @@ def run_stamp(path: Path) -> str | None:
     """The config hash that the file ``path`` of a run carries: ``config.json``'s ``config_hash``, a
     figure's :data:`RUN_STAMP` entry, an ``.npz`` file's zip comment; ``None`` if it carries none."""
     if path.name == "config.json":
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            return None
-        return data.get("config_hash") if isinstance(data, dict) and "singleloc_version" in data else None
+        return (_written_config(path) or {}).get("config_hash")
     if path.suffix == ".png":
         return png_text(path, RUN_STAMP)
     try:

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import signal
 import sys
@@ -128,7 +129,7 @@ class Cluster:
                         n_workers=self.workers, threads_per_worker=1, processes=True, dashboard_address=None,
                         env=worker_env()))
                 self._client = self._stack.enter_context(Client(cluster))
-                self._client.run(_quiet_worker_logs)
+                self._client.run(_worker_log_level, logging.ERROR)
         return self._client
 
     def _connect(self, Client):
@@ -178,7 +179,7 @@ class Cluster:
             _silence_dask_logging()
             if client is not None and not self.address:  # a local cluster's workers: no tracebacks as the scheduler goes
                 with contextlib.suppress(Exception):
-                    client.run(_silence_worker_logs, wait=False)
+                    client.run(_worker_log_level, logging.CRITICAL + 1, wait=False)
             try:
                 self._stack.close()
             finally:
@@ -390,21 +391,12 @@ def worker_env() -> dict[str, str]:
     return env
 
 
-def _quiet_worker_logs() -> None:
-    """Only Dask's errors in a local worker's log (run on each worker as the cluster starts): a
-    worker busy compiling logs "event loop unresponsive" warnings, and one stopped by Ctrl-C a
-    warning for every cancelled task; the errors of tasks come back to the client with the task."""
-    import logging
-
-    logging.getLogger("distributed").setLevel(logging.ERROR)
-
-
-async def _silence_worker_logs() -> None:  # a coroutine: Client.run(..., wait=False) takes only those
-    """No Dask log lines in a local worker (run on each as a cluster closes after Ctrl-C): a worker whose
-    scheduler has gone logs every failed heartbeat with its traceback (45 lines after one Ctrl-C)."""
-    import logging
-
-    logging.getLogger("distributed").setLevel(logging.CRITICAL + 1)
+async def _worker_log_level(level: int) -> None:  # a coroutine: Client.run(..., wait=False) takes only those
+    """Dask's log level in a local worker (run on each): errors only as the cluster starts (a worker busy
+    compiling logs "event loop unresponsive" warnings, one stopped by Ctrl-C a warning for every cancelled
+    task; the errors of tasks come back to the client with the task), none as it closes after Ctrl-C (a worker
+    whose scheduler has gone logs every failed heartbeat with its traceback, 45 lines after one Ctrl-C)."""
+    logging.getLogger("distributed").setLevel(level)
 
 
 _DASK_LEVEL: list[int] = []  # the level of Dask's logger while it is silenced
@@ -414,8 +406,6 @@ def _silence_dask_logging() -> None:
     """Turn off Dask's log lines in this process (the scheduler and nannies of a local cluster
     live here) until :func:`_restore_dask_logging`: after Ctrl-C, the cancelled tasks and the
     workers stopped in the middle of them would each log a line or a traceback."""
-    import logging
-
     logger = logging.getLogger("distributed")
     if not _DASK_LEVEL:
         _DASK_LEVEL.append(logger.level)
@@ -423,8 +413,6 @@ def _silence_dask_logging() -> None:
 
 
 def _restore_dask_logging() -> None:
-    import logging
-
     if _DASK_LEVEL:
         logging.getLogger("distributed").setLevel(_DASK_LEVEL.pop())
 

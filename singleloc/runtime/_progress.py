@@ -177,9 +177,9 @@ class _Screen:
             sys.stderr.flush()
             self.drawn = True
 
-    def inner(self) -> Phase | None:
-        """The innermost phase running inside a bar (the bar names it)."""
-        return next((a for a in reversed(self.stack) if isinstance(a, Phase) and a.inside_bar), None)
+    def innermost(self, inside_bar: bool = False) -> Phase | None:
+        """The innermost phase (``inside_bar``: of those running inside a bar, which the bar names)."""
+        return next((a for a in reversed(self.stack) if a.inside_bar or not inside_bar), None)
 
     def push(self, active: Phase) -> None:
         with self.lock:
@@ -282,10 +282,6 @@ class Phase:
             self._start_line()
         return self
 
-    @property
-    def elapsed(self) -> float:
-        return clock() - self.start
-
     def advance(self) -> None:
         """Move to the next stage (``"lines"``: one line, the end of this one and the start of the next)."""
         if self.stage + 1 >= len(self.stages):
@@ -312,7 +308,7 @@ class Phase:
             if kind is None and shown and not self.inside_bar and self.mode != "off":
                 _SCREEN.line(f"{done} in {duration(self.seconds[-1])}")
         if kind is None and self.on_close is not None:
-            self.on_close(self.elapsed)
+            self.on_close(clock() - self.start)
 
     def close(self) -> None:
         self.__exit__(None, None, None)
@@ -383,7 +379,7 @@ class Bar(Phase):
             _SCREEN.line(self._counted(now))  # (the last: the closing line)
 
     def _counted(self, now: float) -> str:
-        left, inner = self.left(now), _SCREEN.inner()
+        left, inner = self.left(now), _SCREEN.innermost(inside_bar=True)
         rest = "" if self.n >= self.total or math.isnan(left) else (
             f", about {duration(left)} left" if left > 0 else ", longer than estimated")
         return (f"{self.desc}: {self.n}/{self.total} {self.units} after {duration(now - self.start)}{rest}"
@@ -399,26 +395,23 @@ class Bar(Phase):
             _SCREEN.line(self._counted(now))
 
 
-_LISTENING = [False]
+_LISTENING = []
 
 
 def _listen_to_compiles() -> None:
     """Register (once per process) the listeners of JAX's compilation events for the innermost phase."""
-    if _LISTENING[0]:
+    if _LISTENING:
         return
     import jax
 
-    def phase() -> Phase | None:
-        return next((a for a in reversed(_SCREEN.stack) if isinstance(a, Phase)), None)
-
     def on_duration(event: str, seconds: float, fun_name: str = "", **kwargs) -> None:
-        if event == "/jax/core/compile/backend_compile_duration" and (p := phase()) is not None and fun_name in p.follow:
+        if event == "/jax/core/compile/backend_compile_duration" and (p := _SCREEN.innermost()) and fun_name in p.follow:
             p.advance()
 
     def on_event(event: str, **kwargs) -> None:
-        if event == "/jax/compilation_cache/cache_misses" and (p := phase()) is not None:
+        if event == "/jax/compilation_cache/cache_misses" and (p := _SCREEN.innermost()):
             p.cache_misses += 1
 
     jax.monitoring.register_event_duration_secs_listener(on_duration)
     jax.monitoring.register_event_listener(on_event)
-    _LISTENING[0] = True
+    _LISTENING.append(True)
