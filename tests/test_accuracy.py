@@ -312,6 +312,6 @@ def test_the_solve_has_no_host_callback():
     ode = OrderParameterODE.from_config(cfg, seeds=[0])
     y0 = sl.initial_conditions(cfg, 1)
     with checks_as_nan():
-        text = _run.lower(ode, ode, y0, jnp.linspace(0.0, 1.0, 3), jnp.asarray(1e-6), jnp.asarray(1e-8), 100,
-                          False).as_text()
+        text = _run.lower(ode, ode, y0, jnp.linspace(0.0, 1.0, 3), jnp.asarray(1e-6), jnp.asarray(1e-8),
+                          jnp.asarray(100), 100, False).as_text()  # the step budget, max_steps, no progress bar
     assert "callback" not in text
