@@ -46,7 +46,7 @@ def run(args) -> int:
     from ..plots import plot_compare
     from ..theory._ode import MAX_STEPS, integrate
 
-    config = prepare_run(args, theory="one")
+    config = prepare_run(args, theory="one" if args.horizon == "auto" else None)  # integrate checks its own run
     predicted = {}
     if args.horizon != "config":
         config, predicted = _resolve_horizon(config, args.horizon)
@@ -83,8 +83,6 @@ def _resolve_horizon(config, horizon):
     import numpy as np
 
     from ..analysis._predictions import EscapePrediction, compute_prediction, resolve_horizon, with_chosen_points
-    from ..preflight._resources import check_run
-
     if horizon == "auto":
         print("singleloc integrate: predicting the escape from the unspecialized plateau (the linearisation along the "
               "head-symmetric flow: a few solves, a minute or more on the exact route)", file=sys.stderr)
@@ -97,7 +95,6 @@ def _resolve_horizon(config, horizon):
     else:
         config = resolve_horizon(config, None, horizon)
         said, predicted = "horizon given", {}
-    check_run(config, theory_starts=1)  # the log grid's saved times too
     print(f"singleloc integrate: {said}; integrating to tau = {config.sgd.tau_max:g} on a log grid of {config.sgd.n_save} "
           "saved times", file=sys.stderr)
     return config, predicted

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..configuration._config import Config
+from ..expectations._routes import route_of
 from ..preflight._estimates import REFERENCE, TheorySolve, _digest, _label, estimate, first_run, route_costs, theory_work, timings
 from ..runtime._compilation import compile_group
 from ..runtime._progress import Estimate, announce, clock, duration, say, settings
@@ -28,7 +29,8 @@ SHOWN = 3
 def _prediction_model(config: Config) -> tuple[str, str, float, float]:
     """The kind, key, work and reference seconds of an escape prediction: its programs, the symmetric path and
     the Jacobians of its 16 rates (of ``H F + H^2 + H`` columns each)."""
-    route, work, H, F = route_costs(config)[0], theory_work(config, 1), config.model.heads, config.problem.F
+    choice, H, F = route_of(config), config.model.heads, config.problem.F
+    route, work = route_costs(choice)[0], theory_work(config, choice, 1)
     size = REFERENCE["prediction"][route] + (REFERENCE["prediction_drifts"] + 16 * (H * F + H * H + H)) * work
     return f"prediction:{route}", f"prediction:{_digest(compile_group('prediction', config.to_dict()))}", work, size
 
@@ -49,7 +51,8 @@ def _entry(config: Config, kind: str, groups: set[str]) -> Estimate:
         return first_run(estimate(*_prediction_model(config)))
     if kind == "simulation":
         return simulation_estimate(config)
-    est = TheorySolve("integrate", config, config.simulation.seeds, config.sgd.n_save, config.sgd.tau_max).estimate
+    est = TheorySolve("integrate", config, route_of(config), config.simulation.seeds, config.sgd.n_save,
+                      config.sgd.tau_max).estimate
     group = compile_group("theory", config.to_dict())
     if group in groups:
         return Estimate(est.parts[-1][1], est.basis)  # the solving only
@@ -116,7 +119,7 @@ def sweep_costs(points: Sequence[tuple[Mapping[str, Any], Config]], run_cfgs: Ma
 
 def _cheaper(config: Config) -> str:
     """What would make a point cheaper (the refusal's advice)."""
-    ways = ["--set theory.route=rule (its theory is on the exact route)"] if route_costs(config)[0] == "exact" else []
+    ways = ["--set theory.route=rule (its theory is on the exact route)"] if route_costs(route_of(config))[0] == "exact" else []
     ways += ["fewer model.heads"] if config.model.heads > 1 else []
     return "make it cheaper: " + ", ".join(ways + ["a shorter horizon (--horizon TAU, or sgd.tau_max with --horizon config)"])
 
