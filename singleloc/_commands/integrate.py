@@ -62,11 +62,12 @@ def run(args) -> int:
               f"quadrature nodes), which can take many minutes{'; its progress bar follows' if args.progress else ''}",
               file=sys.stderr)
     result = integrate(config, max_steps=MAX_STEPS, progress=long and args.progress)
+    config = result.resolved(config)  # theory.points = "auto": the points used (the settledness below builds its ODE)
     sim = config.simulation
     title = f"{describe(config)}, theory from the D={sim.D} start of seed {sim.seed}, lr={config.sgd.lr}"
     settled = run_settledness(config, result.tau, result.M, result.Q, result.b, result.risk)
     figure = plot_compare(result, title=title, mean=config.problem.build_prior().mean())
-    path = save_run(args.out, result.resolved(config), {"theory.npz": result.arrays(0) | settled.arrays(0) | predicted,
+    path = save_run(args.out, config, {"theory.npz": result.arrays(0) | settled.arrays(0) | predicted,
                                                         "theory.png": figure}) / "theory.npz"
     print(f"wrote {path} and theory.png: tau 0..{result.tau[-1]:g}, risk {result.risk[0, 0]:.4f} -> {result.risk[0, -1]:.4f}"
           f"{error_text(final_risk_error(result.arrays(0)))}")
