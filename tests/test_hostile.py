@@ -707,7 +707,7 @@ def test_automatic_points_go_through_the_memory_check_of_each_count_they_try(mon
     from singleloc.theory import _accuracy
 
     cfg = load_config("default", ["theory.route=rule", "theory.points=auto", "problem.L=64", "model.heads=4"])
-    first = _resources.auto_points(cfg)
+    first = _resources.auto_points(cfg.problem.L, cfg.model.heads, cfg.problem.build_prior())
     parts = lambda n: _resources._memory_parts(cfg.replace(theory={"points": n}), route_of(cfg), False, 1)
     need = {n: _resources.OVERHEAD + sum(parts(n).values()) for n in (first, 2 * first)}
     monkeypatch.setenv("SINGLELOC_MEMORY_LIMIT", str(int((need[first] + need[2 * first]) / 2)))  # the first fits, not twice

@@ -428,7 +428,7 @@ def test_a_log_grid_of_two_saved_times_ends_at_tau_max(n_save, expected):
 
     cfg = load_config("default", ["sgd.spacing=log", f"sgd.n_save={n_save}"])
     np.testing.assert_allclose(cfg.sgd.save_times(), expected)
-    np.testing.assert_array_equal(save_steps(cfg), np.round(np.asarray(expected) * cfg.simulation.D))
+    np.testing.assert_array_equal(save_steps(cfg.sgd, cfg.simulation.D), np.round(np.asarray(expected) * cfg.simulation.D))
 
 
 @pytest.mark.parametrize("tau_max", ["1e300", "1e8"])

@@ -71,10 +71,9 @@ SAVED_MAX = 16384
 STEP_MAX = 2**31 - 1
 
 
-def check_dimension(config: Config, use: str) -> None:
-    """``simulation.D`` large enough for ``use`` = ``"simulation"`` (``D > H + F``) or
+def check_dimension(H: int, F: int, D: int, use: str) -> None:
+    """``simulation.D`` large enough for ``H`` heads and ``F`` spikes for ``use`` = ``"simulation"`` (``D > H + F``) or
     ``"theory"`` (``D >= H + F``, the initial overlaps); ``ValueError`` naming the keys."""
-    H, F, D = config.model.heads, config.problem.F, config.simulation.D
     if use == "simulation" and D <= H + F:
         raise ValueError(f"simulation.D = {D} must exceed model.heads + problem.F = {H + F}: the held-out risk integrates "
                          "the token components outside the span of the keys and spikes; e.g. simulation.D = "
@@ -85,10 +84,9 @@ def check_dimension(config: Config, use: str) -> None:
                          f"{max(H + F, 1000)}")
 
 
-def check_steps(config: Config) -> None:
+def check_steps(tau_max: float, D: int) -> None:
     """The simulation's ``round(sgd.tau_max * simulation.D)`` SGD steps can be counted
     (:data:`STEP_MAX`); ``ValueError`` naming the keys otherwise."""
-    tau_max, D = config.sgd.tau_max, config.simulation.D
     steps = tau_max * D
     if not steps <= STEP_MAX:
         raise ValueError(f"sgd.tau_max: tau_max * simulation.D = {tau_max:g} * {D} = {steps:.3g} SGD steps, more than the "
@@ -152,19 +150,17 @@ def simulation_bytes(config: Config) -> int:
     pb, H, sim = config.problem, config.model.heads, config.simulation
     r = H + pb.F
     return 4 * sim.seeds * (sim.D * (10 * pb.L + 5 * r) + sim.test_samples * pb.L * (3 * r + 4 * H)
-                            + 2 * config.sgd.n_save * state_size(config))
+                            + 2 * config.sgd.n_save * state_size(H, pb.F))
 
 
-def state_size(config: Config) -> int:
+def state_size(H: int, F: int) -> int:
     """Numbers saved per saved time and start: ``M`` (H, F), ``Q`` (H, H), ``b`` (H) and two risks."""
-    H, F = config.model.heads, config.problem.F
     return H * F + H * H + H + 2
 
 
-def check_saved_times(config: Config) -> None:
-    """At most :data:`SAVED_MAX` saved times per ODE start and replicate; ``ValueError`` naming
-    ``sgd.n_save`` and the bound otherwise."""
-    n, R = config.sgd.n_save, config.theory.replicates
+def check_saved_times(n: int, R: int) -> None:
+    """At most :data:`SAVED_MAX` saved times (``sgd.n_save = n``) per ODE start and replicate (``R``); ``ValueError``
+    naming ``sgd.n_save`` and the bound otherwise."""
     if n * R > SAVED_MAX:
         times = f"sgd.n_save = {n}" + (f" x theory.replicates = {R}" if R > 1 else "")
         # the fewest saved times are 2: past SAVED_MAX / 2 replicates only fewer replicates help
@@ -183,7 +179,7 @@ def saved_bytes(config: Config, route: RouteChoice, starts: int) -> int:
     batch = node_batch(pb.L, H)
     nodes = min(2 * th.points, batch) if isinstance(th.points, int) else batch
     risk = 6 * nodes * pb.L * H if route.route_class.field_nodes else 0
-    return 8 * saved * (2 * starts * state_size(config) + risk)
+    return 8 * saved * (2 * starts * state_size(H, pb.F) + risk)
 
 
 def theory_bytes(config: Config, route: RouteChoice, starts: int, heads: int | None = None) -> int:
@@ -239,11 +235,10 @@ def check_memory(parts: dict[str, int], remedy: str = "") -> None:
                           f"{remedy or 'lower those values'}, or set {MEMORY_ENV} (a size, or none) to override the estimate")
 
 
-def auto_points(config: Config) -> int:
+def auto_points(L: int, H: int, prior: Prior) -> int:
     """The first number of points ``theory.points = "auto"`` tries (:func:`~singleloc.choose_points`:
     at least ``FIRST_POINTS`` and the quadrature's dimension), the least it may build."""
-    pb = config.problem
-    dim = pb.L * config.model.heads + (0 if pb.build_prior().is_discrete else pb.F)
+    dim = L * H + (0 if prior.is_discrete else prior.F)
     return max(FIRST_POINTS, MIN_POINTS, 1 << (dim - 1).bit_length())
 
 
@@ -256,17 +251,18 @@ def check_run(config: Config, *, simulation: bool = False, theory_starts: int = 
     (:func:`_fitting_value`)."""
     pb, H = config.problem, config.model.heads
     if simulation:
-        check_dimension(config, "simulation")
-        check_steps(config)
+        check_dimension(H, pb.F, config.simulation.D, "simulation")
+        check_steps(config.sgd.tau_max, config.simulation.D)
         check_float32(config)
     if theory_starts:
         route = route or route_of(config)
-        check_dimension(config, "theory")
+        check_dimension(H, pb.F, config.simulation.D, "theory")
         if route.route_class.field_nodes:
-            points = config.theory.points if config.theory.points != "auto" else auto_points(config)
-            check_quadrature(pb.L, H, pb.build_prior(), points, principal=config.theory.rank_aware,
+            prior = pb.build_prior()
+            points = config.theory.points if config.theory.points != "auto" else auto_points(pb.L, H, prior)
+            check_quadrature(pb.L, H, prior, points, principal=config.theory.rank_aware,
                              exact_hint=exact_route_exists(route.form, config.model.trained_head_weights))
-        check_saved_times(config)
+        check_saved_times(config.sgd.n_save, config.theory.replicates)
     parts = _memory_parts(config, route, simulation, theory_starts)
     limit, _ = available_memory()
     if OVERHEAD + sum(parts.values()) > limit:
@@ -283,7 +279,7 @@ def _memory_parts(config: Config, route: RouteChoice | None, simulation: bool, t
     if theory_starts:
         auto = th.points == "auto"
         if auto:
-            config = config.replace(theory={"points": auto_points(config)})
+            config = config.replace(theory={"points": auto_points(pb.L, H, pb.build_prior())})
         points = config.theory.points
         rule = (f"the theory's quadrature (theory.points = {points}" if route.route_class.field_nodes else
                 f"the exact route's Gram rule (theory.gram_points = {th.gram_rule_points(pb.L, H, points)}") + \
@@ -306,7 +302,7 @@ def _fitting_value(config: Config, route: RouteChoice | None, simulation: bool, 
     keys = [("simulation", "seeds", config.simulation.seeds, 1)] if simulation else []
     keys += [("simulation", "test_samples", config.simulation.test_samples, 1)] if simulation else []
     if theory_starts:
-        points = th.points if th.points != "auto" else auto_points(config)
+        points = th.points if th.points != "auto" else auto_points(pb.L, H, pb.build_prior())
         if route.route_class.field_nodes:  # its rule over the fields, down to their dimension
             low = 1 << (quadrature_dimension(pb.L, H, pb.build_prior(), th.rank_aware) - 1).bit_length()
             keys += [("theory", "points", points, max(16, low))]

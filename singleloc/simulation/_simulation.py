@@ -43,15 +43,14 @@ from ._simulation_estimate import simulation_clock
 from ._simulation_result import SimulationResult
 
 
-def save_steps(config: Config) -> np.ndarray:
-    """SGD step counts ``t`` at the saved times (``tau * D / sgd.batch`` rounded, strictly
+def save_steps(sgd: SGD, D: int) -> np.ndarray:
+    """SGD step counts ``t`` at the saved times of ``sgd`` in dimension ``D`` (``tau * D / sgd.batch`` rounded, strictly
     increasing); ``ValueError`` when there are more than :data:`~singleloc.preflight._resources.STEP_MAX`
     steps."""
-    check_steps(config)
-    t = np.round(config.sgd.save_times() * config.simulation.D / config.sgd.batch).astype(np.int64)
-    t = np.unique(t)
+    check_steps(sgd.tau_max, D)
+    t = np.unique(np.round(sgd.save_times() * D / sgd.batch).astype(np.int64))
     if len(t) < 2:
-        fit = max(1, int(config.sgd.tau_max * config.simulation.D) // max(2, config.sgd.n_save - 1))
+        fit = max(1, int(sgd.tau_max * D) // max(2, sgd.n_save - 1))
         raise ValueError("sgd.tau_max * simulation.D / sgd.batch is too small: fewer than two distinct saved steps; "
                          f"e.g. sgd.batch = {fit}")
     return t
@@ -141,7 +140,7 @@ def simulate(config: Config | None = None, *, problem: Problem | None = None, mo
     state, consts = jax.jit(jax.vmap(init))(seeds)
     advance_all = jax.jit(jax.vmap(advance, in_axes=(0, 0, None, None)))
     measure_all = jax.jit(jax.vmap(measure, in_axes=(0, 0, None)))
-    steps = save_steps(config)
+    steps = save_steps(config.sgd, config.simulation.D)
     warn_if_times_dropped(config, len(steps))
     # compiled, a few steps timed and the estimate said (singleloc.preflight._estimates); its bar records the run's times
     advance_all, measure_all, bar = simulation_clock(config, advance_all, measure_all, state, consts, steps, progress)
@@ -153,7 +152,7 @@ def simulate(config: Config | None = None, *, problem: Problem | None = None, mo
             bar.update(int(t) - t_prev)
             t_prev = int(t)
         rec = unpad(jax.device_get(measure_all(state, consts, i)), n)
-        _check_finite(rec, t / D, config)
+        _check_finite(rec, t / D, config.sgd, config.problem.strength)
         records.append(rec)
     bar.close()
     M, Q, b, risk, risk_limit, *v = (np.stack([r[j] for r in records], axis=1) for j in range(len(records[0])))
@@ -164,14 +163,14 @@ def simulate(config: Config | None = None, *, problem: Problem | None = None, mo
     return result
 
 
-def _check_finite(record, tau: float, config: Config) -> None:
-    """Raise if a record is not finite or the keys have run away (``max |Q| > Q_RUNAWAY``: the
-    loss is then flat and SGD cannot recover)."""
+def _check_finite(record, tau: float, sgd: SGD, strength: float) -> None:
+    """Raise if a record of a run of ``sgd`` on data of ``problem.strength`` is not finite or the keys have run away
+    (``max |Q| > Q_RUNAWAY``: the loss is then flat and SGD cannot recover)."""
     Q = record[1]
     bad = not all(np.all(np.isfinite(x)) for x in record) or np.max(np.abs(Q)) > Q_RUNAWAY
     if bad:
         raise FloatingPointError(
             f"the SGD dynamics diverged by tau = {tau:.4g} (non-finite or exploding keys, max |Q| = "
-            f"{np.nanmax(np.abs(Q)):.3g}); lower {config.sgd.step_keys()} (e.g. sgd.lr = {config.sgd.lr / 4:g}), "
-            f"sgd.init_scale or problem.strength (now {config.problem.strength:g}; the steps grow with its square)"
+            f"{np.nanmax(np.abs(Q)):.3g}); lower {sgd.step_keys()} (e.g. sgd.lr = {sgd.lr / 4:g}), "
+            f"sgd.init_scale or problem.strength (now {strength:g}; the steps grow with its square)"
         )

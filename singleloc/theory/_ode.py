@@ -227,7 +227,7 @@ def resolve_points(config: Config, y0: OrderParameters | None = None) -> Config:
     require_starts("resolve_points", y0)
     if config.theory.points != "auto":
         return config
-    starts = initial_conditions(config, 1) if y0 is None else batched_starts(with_head_weights(config, y0))
+    starts = initial_conditions(config, 1) if y0 is None else batched_starts(with_head_weights(config.model, y0))
     return config.replace(theory={"points": choose_points(config, starts).points})
 
 
@@ -249,8 +249,8 @@ class _Problem:
 
 def _problem(config: Config, y0: OrderParameters | None, ts: np.ndarray | None, setup: Setup | None = None) -> _Problem:
     setup = build(config) if setup is None else setup  # the prior, the SGD rule and the route, once for the point
-    y0 = batched_starts(initial_conditions(config, 1) if y0 is None else with_head_weights(config, y0))
-    check_starts(config, y0)
+    y0 = batched_starts(initial_conditions(config, 1) if y0 is None else with_head_weights(setup.model, y0))
+    check_starts(setup.heads, setup.problem.F, y0)
     ts = jnp.asarray(config.sgd.save_times() if ts is None else ts, dtype=y0.M.dtype)
     th = config.theory
     R, points, drift_error = th.replicates, th.points, float("nan")
