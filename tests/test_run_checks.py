@@ -35,10 +35,10 @@ def _messages(record) -> list[str]:
 def test_dropped_saved_times_warn_with_the_counts():
     cfg = sl.load_config("default", ["simulation.D=64", "sgd.tau_max=1", "sgd.n_save=100"])
     with pytest.warns(UserWarning, match=r"sgd.n_save = 100 saved times fall on 65 distinct SGD steps .*simulation.D = 64"):
-        _run_checks.warn_if_times_dropped(cfg, 65)
+        _run_checks.warn_if_times_dropped(cfg.sgd.n_save, cfg.simulation.D, 65)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        _run_checks.warn_if_times_dropped(cfg, 100)  # every saved time kept: silent
+        _run_checks.warn_if_times_dropped(cfg.sgd.n_save, cfg.simulation.D, 100)  # every saved time kept: silent
 
 
 def test_simulate_warns_of_dropped_saved_times_once():

@@ -141,7 +141,7 @@ def simulate(config: Config | None = None, *, problem: Problem | None = None, mo
     advance_all = jax.jit(jax.vmap(advance, in_axes=(0, 0, None, None)))
     measure_all = jax.jit(jax.vmap(measure, in_axes=(0, 0, None)))
     steps = save_steps(config.sgd, config.simulation.D)
-    warn_if_times_dropped(config, len(steps))
+    warn_if_times_dropped(config.sgd.n_save, config.simulation.D, len(steps))
     # compiled, a few steps timed and the estimate said (singleloc.preflight._estimates); its bar records the run's times
     advance_all, measure_all, bar = simulation_clock(config, advance_all, measure_all, state, consts, steps, progress)
     records = []
