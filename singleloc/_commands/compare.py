@@ -39,9 +39,10 @@ def run(args) -> int:
     announce(f"the simulation and the theory of {config.simulation.seeds} seeds", compare_estimate(config))
     sim = simulate(config, progress=args.progress)  # warns of dropped saved times and of a rising risk
     theory = integrate(config, initial_conditions(config), ts=sim.tau)
+    config = theory.resolved(config)  # theory.points = "auto": the points used (the settledness below builds its ODE)
     title = f"{describe(config)}, D={config.simulation.D}, lr={config.sgd.lr}"
     settled = run_settledness(config, theory.tau, theory.M, theory.Q, theory.b, theory.risk)
-    save_run(args.out, theory.resolved(config), {
+    save_run(args.out, config, {
         "simulation.npz": sim.arrays(), "theory.npz": theory.arrays(0) | settled.arrays(0),
         "theory_seeds.npz": {"tau": theory.tau, "M": theory.M, "Q": theory.Q, "b": theory.b, "risk": theory.risk,
                              "risk_se": theory.risk_se} | settled.arrays(),
