@@ -68,7 +68,7 @@ def run(args) -> int:
     settled = run_settledness(config, result.tau, result.M, result.Q, result.b, result.risk)
     figure = plot_compare(result, title=title, mean=config.problem.build_prior().mean())
     path = save_run(args.out, config, {"theory.npz": result.arrays(0) | settled.arrays(0) | predicted,
-                                                        "theory.png": figure}) / "theory.npz"
+                                       "theory.png": figure}) / "theory.npz"
     print(f"wrote {path} and theory.png: tau 0..{result.tau[-1]:g}, risk {result.risk[0, 0]:.4f} -> {result.risk[0, -1]:.4f}"
           f"{error_text(final_risk_error(result.arrays(0)))}")
     print(result.quadrature())
@@ -84,6 +84,7 @@ def _resolve_horizon(config, horizon):
     import numpy as np
 
     from ..analysis._predictions import EscapePrediction, compute_prediction, resolve_horizon, with_chosen_points
+
     if horizon == "auto":
         print("singleloc integrate: predicting the escape from the unspecialized plateau (the linearisation along the "
               "head-symmetric flow: a few solves, a minute or more on the exact route)", file=sys.stderr)
