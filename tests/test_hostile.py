@@ -20,6 +20,7 @@ from helpers import interrupt, one_line
 from singleloc import load_config
 from singleloc.cli import main
 from singleloc.configuration._config import Config
+from singleloc.expectations._routes import route_of
 from singleloc.io._run_folders import load_npz, save_npz
 from singleloc.sweeps import _sweep_cache, _sweep_entries
 from singleloc.theory._build import build
@@ -706,9 +707,9 @@ def test_automatic_points_go_through_the_memory_check_of_each_count_they_try(mon
     from singleloc.theory import _accuracy
 
     cfg = load_config("default", ["theory.route=rule", "theory.points=auto", "problem.L=64", "model.heads=4"])
-    first = _resources.auto_points(cfg)
-    need = {n: _resources.OVERHEAD + sum(_resources._memory_parts(cfg.replace(theory={"points": n}), False, 1).values())
-            for n in (first, 2 * first)}
+    first = _resources.auto_points(cfg.problem.L, cfg.model.heads, cfg.problem.build_prior())
+    parts = lambda n: _resources._memory_parts(cfg.replace(theory={"points": n}), route_of(cfg), False, 1)
+    need = {n: _resources.OVERHEAD + sum(parts(n).values()) for n in (first, 2 * first)}
     monkeypatch.setenv("SINGLELOC_MEMORY_LIMIT", str(int((need[first] + need[2 * first]) / 2)))  # the first fits, not twice
     with pytest.raises(MemoryError) as explicit:
         _resources.check_run(cfg.replace(theory={"points": 2 * first}), theory_starts=1)

@@ -174,6 +174,16 @@ def test_the_step_budget_stops_a_solve_whose_pace_exceeds_it_and_leaves_the_othe
 
 
 @pytest.mark.slow
+def test_integrate_cli_with_automatic_points_keeps_the_points_it_used(tmp_path):
+    """``theory.points = "auto"``: the command's settledness builds an ODE after the solve, and failed there ("a
+    number is needed here", exit 2); the run folder's config holds the points integrate chose."""
+    out = tmp_path / "run"
+    assert main(["integrate", "default", "--out", str(out), *cli_sets("theory.points=auto", rule=True)]) == 0
+    with np.load(out / "theory.npz") as f:
+        assert json.loads((out / "config.json").read_text())["theory"]["points"] == int(f["points"]) >= 64
+
+
+@pytest.mark.slow
 def test_the_issue_s_solve_at_lr_1e4_stops_by_its_budget(capsys, tmp_path):
     """The hostile pass's case (issue 62): ``integrate default --set sgd.lr=1e4`` on the exact route took steps just
     above the step floor and was still solving after 300 s. It now stops by its pace after the warm-up's 256 steps

@@ -17,6 +17,7 @@ import pytest
 
 import singleloc as sl
 from singleloc.cli import main
+from singleloc.expectations._routes import route_of
 from singleloc.preflight import _estimates
 from singleloc.preflight._estimates import REFERENCE, TheorySolve, Timings, solve_size
 from singleloc.runtime import _compilation, _progress
@@ -119,7 +120,7 @@ def test_a_solve_records_its_times_and_the_next_estimate_is_measured(records, mo
     """Written (after the solve, from the phase's clock), read back and used (the estimate of the
     next solve of the family, scaled along tau by the cost model), and the basis said."""
     config = sl.load_config("default", SETS)
-    first = TheorySolve("integrate", config, 1, 3, 2.0)
+    first = TheorySolve("integrate", config, route_of(config), 1, 3, 2.0)
     assert first.expect == "compile" and first.why == "first run of this shape family"
     assert first.estimate.basis == "first run of this shape family: from this CPU's speed"
     work = first.work
@@ -131,11 +132,12 @@ def test_a_solve_records_its_times_and_the_next_estimate_is_measured(records, mo
     assert record["rates"] == pytest.approx([1.0 / solve_size(work, 2.0, 3)])
     assert record.get("compile", record.get("load")) == 1.0 and record["prepare"] == 1.0
     assert record["work"] == work and record["label"] == "integrate, softmax H=2 L=4 F=2 on the rule route"
-    again = TheorySolve("integrate", config, 1, 3, 4.0)  # held by this process now: it only runs
+    again = TheorySolve("integrate", config, route_of(config), 1, 3, 4.0)  # held by this process now: it only runs
     assert again.expect == "run" and again.estimate.basis == "measured on this CPU for this shape family"
     assert dict(again.estimate.parts) == pytest.approx({"building the rules": 1.0,
                                                         "solving": solve_size(work, 4.0, 3) / solve_size(work, 2.0, 3)})
-    other = TheorySolve("integrate", config.replace(model={"heads": 3}), 1, 3, 2.0)  # a new family, scaled from this one
+    wider = config.replace(model={"heads": 3})
+    other = TheorySolve("integrate", wider, route_of(wider), 1, 3, 2.0)  # a new family, scaled from this one
     assert "scaled from integrate, softmax H=2 L=4 F=2 on the rule route" in other.estimate.basis
     assert other.estimate.parts[-1][1] == pytest.approx(solve_size(other.work, 2.0, 3) / solve_size(work, 2.0, 3))
 
@@ -156,7 +158,8 @@ def test_the_command_line_says_each_phase_in_one_line_with_its_time(records, tmp
         rf"singleloc integrate: solved in {TIME}",
     ]
     assert len(lines) == len(expected) and all(re.fullmatch(p, line) for p, line in zip(expected, lines)), lines
-    record = _estimates.timings().family(TheorySolve("integrate", sl.load_config("default", SETS), 1, 3, 2.0).key)
+    config = sl.load_config("default", SETS)
+    record = _estimates.timings().family(TheorySolve("integrate", config, route_of(config), 1, 3, 2.0).key)
     assert len(record["rates"]) == 1  # recorded: the next estimate of this family is measured
     assert main(["prune", out, "--no-progress"]) == 0
     lines = stderr_lines(capsys)

@@ -20,6 +20,7 @@ from helpers import interrupt, one_line
 
 from singleloc import load_config
 from singleloc.cli import main
+from singleloc.expectations._routes import route_of
 from singleloc.io._run_folders import load_npz, load_run, npz_stamp, save_npz, save_run
 from singleloc.preflight import _costs, _resources
 from singleloc.sweeps import _sweep, _sweep_cache, _sweep_compute
@@ -427,7 +428,7 @@ def test_a_log_grid_of_two_saved_times_ends_at_tau_max(n_save, expected):
 
     cfg = load_config("default", ["sgd.spacing=log", f"sgd.n_save={n_save}"])
     np.testing.assert_allclose(cfg.sgd.save_times(), expected)
-    np.testing.assert_array_equal(save_steps(cfg), np.round(np.asarray(expected) * cfg.simulation.D))
+    np.testing.assert_array_equal(save_steps(cfg.sgd, cfg.simulation.D), np.round(np.asarray(expected) * cfg.simulation.D))
 
 
 @pytest.mark.parametrize("tau_max", ["1e300", "1e8"])
@@ -773,8 +774,8 @@ def test_long_sequences_pass_the_checks_on_the_exact_route_only(monkeypatch):
     with pytest.raises(ValueError, match="more than the 21201"):
         _resources.check_run(cfg.replace(theory={"route": "rule"}), theory_starts=1)
     long = load_config("default", ["problem.L=4096"])  # the exact route's risk at the saved times does not grow with L
-    assert _resources.saved_bytes(long.replace(theory={"route": "exact"}), 1) < 1e-3 * _resources.saved_bytes(
-        long.replace(theory={"route": "rule"}), 1)
+    exact, rule = long.replace(theory={"route": "exact"}), long.replace(theory={"route": "rule"})
+    assert _resources.saved_bytes(exact, route_of(exact), 1) < 1e-3 * _resources.saved_bytes(rule, route_of(rule), 1)
     z = gaussian_nodes(11000, 2, 0, 64, 0, symmetric=False)
     assert z.shape == (64, 22000) and np.all(np.isfinite(z))
     assert abs(float(np.mean(z[:, -1000:] ** 2)) - 1) < 0.05  # the pseudo-random tail is standard normal

@@ -12,6 +12,7 @@ import pytest
 from _tiny import tiny
 
 import singleloc as sl
+from singleloc.expectations._routes import route_of
 from singleloc.preflight import _resources, _run_checks
 from singleloc.pruning import _pruning
 from singleloc.sweeps import _sweep
@@ -34,10 +35,10 @@ def _messages(record) -> list[str]:
 def test_dropped_saved_times_warn_with_the_counts():
     cfg = sl.load_config("default", ["simulation.D=64", "sgd.tau_max=1", "sgd.n_save=100"])
     with pytest.warns(UserWarning, match=r"sgd.n_save = 100 saved times fall on 65 distinct SGD steps .*simulation.D = 64"):
-        _run_checks.warn_if_times_dropped(cfg, 65)
+        _run_checks.warn_if_times_dropped(cfg.sgd.n_save, cfg.simulation.D, 65)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        _run_checks.warn_if_times_dropped(cfg, 100)  # every saved time kept: silent
+        _run_checks.warn_if_times_dropped(cfg.sgd.n_save, cfg.simulation.D, 100)  # every saved time kept: silent
 
 
 def test_simulate_warns_of_dropped_saved_times_once():
@@ -96,8 +97,9 @@ def test_sweep_refuses_a_point_that_cannot_run_before_it_writes_anything(tmp_pat
 
 def _theory_bytes(cfg, starts):
     """What check_run counts for the theory of ``starts`` ODE starts, with the overhead."""
-    return _resources.OVERHEAD + _resources.theory_bytes(cfg, starts * cfg.theory.replicates) + \
-        _resources.saved_bytes(cfg, starts)
+    route = route_of(cfg)
+    return _resources.OVERHEAD + _resources.theory_bytes(cfg, route, starts * cfg.theory.replicates) + \
+        _resources.saved_bytes(cfg, route, starts)
 
 
 def test_the_sweep_memory_check_counts_the_starts_of_a_batched_solve(monkeypatch):
@@ -232,7 +234,7 @@ def test_auto_takes_a_joint_layers_exact_route_only_while_it_is_affordable(heads
     the rule route beyond ``JOINT_EXACT_MAX`` (H = 4 with three spikes, H = 5 with two), "exact" any
     size, and a per-head layer is never limited."""
     from singleloc.expectations._laplace_joint import joint_rule_size
-    from singleloc.expectations._routes import JOINT_EXACT_MAX, route_of
+    from singleloc.expectations._routes import JOINT_EXACT_MAX
 
     cfg = sl.load_config("bsoftmax", [f"model.heads={heads}", f"problem.F={F}", "theory.route=auto"])
     size = joint_rule_size(heads, cfg.problem.build_prior())
@@ -263,8 +265,8 @@ def test_pruning_scores_every_sub_layer_on_the_full_layers_route():
     and fewer, which the exact route would take, are scored on the rule too, so that no pruning step
     compares two routes; eight softmax heads stay on the exact route."""
     cfg = sl.load_config("bsoftmax", ["model.heads=8", "theory.route=auto", "theory.points=1024"])
-    assert _pruning.pruning_config(cfg).theory.route == "rule"
-    assert _pruning.pruning_config(cfg, heads=4).theory.route == "auto"  # a layer of four: its own exact route
-    assert _pruning.pruning_config(cfg.replace(model={"activation": "softmax"})).theory.route == "auto"
+    assert _pruning.pruning_config(cfg)[0].theory.route == "rule"
+    assert _pruning.pruning_config(cfg, heads=4)[0].theory.route == "auto"  # a layer of four: its own exact route
+    assert _pruning.pruning_config(cfg.replace(model={"activation": "softmax"}))[0].theory.route == "auto"
     risk = _pruning.TheoryRisk(cfg, M=np.zeros((8, 2)), Q=np.eye(8), b=np.zeros(8))
     assert risk.odes(4)[0].expectation.route == "rule" and risk.odes(8)[0].expectation.route == "rule"

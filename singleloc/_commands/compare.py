@@ -56,9 +56,10 @@ def run(args) -> int:
         sim = simulate(config, progress=args.progress, ts=np.concatenate([old.tau, resume.ts]))
         last = tuple(x[:, -1] for x in (old.M, old.Q, old.b, *(() if old.v is None else (old.v,))))
         theory = joined(old, integrate(config, last, ts=sim.tau[len(old.tau):], t0=resume.t0))
+    config = theory.resolved(config)  # theory.points = "auto": the points used (the settledness below builds its ODE)
     title = f"{describe(config)}, D={config.simulation.D}, lr={config.sgd.lr}"
     settled = run_settledness(config, theory.tau, theory.M, theory.Q, theory.b, theory.risk)
-    save_run(args.out, theory.resolved(config), {
+    save_run(args.out, config, {
         "simulation.npz": sim.arrays(), "theory.npz": theory.arrays(0) | settled.arrays(0),
         "theory_seeds.npz": {"tau": theory.tau, "M": theory.M, "Q": theory.Q, "b": theory.b, "risk": theory.risk,
                              "risk_se": theory.risk_se} | settled.arrays(),

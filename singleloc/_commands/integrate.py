@@ -47,7 +47,7 @@ def run(args) -> int:
     from ..theory._ode import MAX_STEPS, integrate
 
     resume = continued_run(args, ("theory",))
-    config = prepare_run(args, theory="one", continued=resume)
+    config = prepare_run(args, theory="one" if args.horizon == "auto" else None, continued=resume)  # integrate checks its own run
     predicted = {}
     if resume is not None:
         predicted = {k: v for k, v in resume.run.data["theory"].items() if k == "predicted_escape"}
@@ -73,12 +73,13 @@ def run(args) -> int:
         last = tuple(x[:, -1] for x in (old.M, old.Q, old.b, *(() if old.v is None else (old.v,))))
         new = integrate(config, last, ts=resume.ts, t0=resume.t0, max_steps=MAX_STEPS, progress=long and args.progress)
         result = joined(old, new)
+    config = result.resolved(config)  # theory.points = "auto": the points used (the settledness below builds its ODE)
     sim = config.simulation
     title = f"{describe(config)}, theory from the D={sim.D} start of seed {sim.seed}, lr={config.sgd.lr}"
     settled = run_settledness(config, result.tau, result.M, result.Q, result.b, result.risk)
     figure = plot_compare(result, title=title, mean=config.problem.build_prior().mean())
-    path = save_run(args.out, result.resolved(config), {"theory.npz": result.arrays(0) | settled.arrays(0) | predicted,
-                                                        "theory.png": figure}) / "theory.npz"
+    path = save_run(args.out, config, {"theory.npz": result.arrays(0) | settled.arrays(0) | predicted,
+                                       "theory.png": figure}) / "theory.npz"
     print(f"wrote {path} and theory.png: tau 0..{result.tau[-1]:g}, risk {result.risk[0, 0]:.4f} -> {result.risk[0, -1]:.4f}"
           f"{error_text(final_risk_error(result.arrays(0)))}")
     print(result.quadrature())
@@ -94,7 +95,6 @@ def _resolve_horizon(config, horizon):
     import numpy as np
 
     from ..analysis._predictions import EscapePrediction, compute_prediction, resolve_horizon, with_chosen_points
-    from ..preflight._resources import check_run
 
     if horizon == "auto":
         print("singleloc integrate: predicting the escape from the unspecialized plateau (the linearisation along the "
@@ -108,7 +108,6 @@ def _resolve_horizon(config, horizon):
     else:
         config = resolve_horizon(config, None, horizon)
         said, predicted = "horizon given", {}
-    check_run(config, theory_starts=1)  # the log grid's saved times too
     print(f"singleloc integrate: {said}; integrating to tau = {config.sgd.tau_max:g} on a log grid of {config.sgd.n_save} "
           "saved times", file=sys.stderr)
     return config, predicted

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from ..configuration._config import Config
+from ..expectations._routes import RouteChoice
 from ..ground._atomic_files import atomic_write
 from ..ground._choices import ROUTE_WORDS
 from ..runtime._numerics import expected_steps
@@ -236,35 +237,30 @@ def _label(config: Config) -> str:
 # ----------------------------------------------------------------------------- theory solves
 
 
-def route_costs(config: Config) -> tuple[str, str | None, str]:
-    """The route's cost class (``"rule"`` for a route that averages over the fields' nodes, as the Sobol rule and
-    Monte Carlo do: :attr:`~singleloc.AbstractExpectation.field_nodes`; else ``"exact"``), its Gram term on the exact
-    route, and its name in words."""
-    from ..expectations._routes import route_of
-
-    choice = route_of(config)
-    nodes = choice.route_class.field_nodes
-    return ("rule" if nodes else "exact", None if nodes else choice.gram, ROUTE_WORDS[choice.route])
+def route_costs(route: RouteChoice) -> tuple[str, str | None, str]:
+    """The cost class of the chosen ``route`` (``"rule"`` for a route that averages over the fields' nodes, as the Sobol
+    rule and Monte Carlo do: :attr:`~singleloc.AbstractExpectation.field_nodes`; else ``"exact"``), its Gram term on the
+    exact route, and its name in words."""
+    nodes = route.route_class.field_nodes
+    return ("rule" if nodes else "exact", None if nodes else route.gram, ROUTE_WORDS[route.route])
 
 
-def theory_work(config: Config, starts: int) -> float:
+def theory_work(config: Config, route: RouteChoice, starts: int) -> float:
     """The reference seconds of one drift evaluation, a model fitted on the reference CPU: on the rule route
     ``3.2e-8`` s per node, field and atom (``2 points x L H x atoms``); on the exact route ``3.3`` ms per ``H^2
     atoms`` with the Gram term on the Sobol rule, ``11`` ms with the exact two-head Gram term (neither grows with
     ``L``), and ``57`` microseconds per unit of a joint layer's rule
     (:func:`~singleloc.expectations._laplace_joint.joint_rule_size`); times the starts and replicates (one
-    vmapped evaluation). Measured at load 6: 27 ms (softmax, H = 2, L = 4), 89 ms (L = 64, the exact Gram
-    term), 159 ms (softmax1, H = 4, F = 3), 1.05 s (bsoftmax, H = 3), 4 ms (the rule route, 4096 points)."""
-    from ..model._activations import exponential_form, get_activation
-
+    vmapped evaluation); ``route``: the run's chosen route. Measured at load 6: 27 ms (softmax, H = 2, L = 4),
+    89 ms (L = 64, the exact Gram term), 159 ms (softmax1, H = 4, F = 3), 1.05 s (bsoftmax, H = 3), 4 ms (the rule
+    route, 4096 points)."""
     pb, H, th = config.problem, config.model.heads, config.theory
-    prior, (route, gram, _) = pb.build_prior(), route_costs(config)
+    prior, (cost, gram, _) = pb.build_prior(), route_costs(route)
     per = starts * th.replicates
-    if route == "rule":
+    if cost == "rule":
         return per * 3.2e-8 * 2.0 * (th.points if isinstance(th.points, int) else 4096) * pb.L * H * len(prior.atoms)
     pairs = 2.8e-3 * H ** 2 * len(prior.atoms) * (3.9 if gram == "exact" else 1.18)
-    form = exponential_form(get_activation(config.model.activation), pb.L)
-    if form is not None and form.joint:
+    if route.form is not None and route.form.joint:
         from ..expectations._laplace_joint import joint_rule_size
 
         return per * (57e-6 * joint_rule_size(H, prior) + 0.1 * pairs)
@@ -285,21 +281,21 @@ _IN_PROCESS: set[str] = set()
 
 class TheorySolve:
     """The estimate, the phases and the record of one solve: ``program`` (``"integrate"`` or
-    ``"integrate_points"``), the ``config`` of its first point, ``starts`` per point, ``saved`` times, the
-    ``span`` of ``tau`` solved (the longest of a batch), ``batch`` points solved together; ``cached``: whether
-    the program can come from the persistent cache (not with diffrax's progress bar, a host callback)."""
+    ``"integrate_points"``), the ``config`` of its first point and its chosen ``route``, ``starts`` per point,
+    ``saved`` times, the ``span`` of ``tau`` solved (the longest of a batch), ``batch`` points solved together;
+    ``cached``: whether the program can come from the persistent cache (not with diffrax's progress bar, a host callback)."""
 
-    def __init__(self, program: str, config: Config, starts: int, saved: int, span: float, batch: int = 1,
-                 cached: bool = True):
+    def __init__(self, program: str, config: Config, route: RouteChoice, starts: int, saved: int, span: float,
+                 batch: int = 1, cached: bool = True):
         import jax
 
         from ..runtime._compilation import _environment, compile_group
 
-        route, _, words = route_costs(config)
+        work, (route, _, words) = theory_work(config, route, starts * batch), route_costs(route)
         self.rate = config.sgd.rate
         self.span, self.batch, self.saved, self.meter, self.kind = float(span), batch, saved, not cached, f"{program}:{route}"
         self.key = f"{program}:{_digest(compile_group('theory', config.to_dict()), route, starts, saved, batch)}"
-        self.work, self.label = theory_work(config, starts * batch), f"{program}, {_label(config)} on the {words} route"
+        self.work, self.label = work, f"{program}, {_label(config)} on the {words} route"
         self.env, self.cache = _digest(repr(_environment())), cached and bool(jax.config.jax_compilation_cache_dir)
         rec = timings().family(self.key)
         self.expect, self.why = (
@@ -322,7 +318,8 @@ class TheorySolve:
         """The solve of points solved together (:func:`~singleloc.theory._ode.integrate_points`: their prepared
         problems, whose rules are built), announced."""
         span = max(float(p.args[3][-1] - p.args[3][0]) for p in problems)
-        solve = cls("integrate_points", problems[0].config, int(problems[0].args[2].M.shape[0]), problems[0].saved, span,
+        first = problems[0]
+        solve = cls("integrate_points", first.config, first.setup.route, int(first.args[2].M.shape[0]), first.saved, span,
                     batch=len(problems))
         e = solve.estimate
         solve.estimate = Estimate(e.seconds - e.parts[0][1], e.basis, (("building the rules", 0.0),) + e.parts[1:])
@@ -379,11 +376,11 @@ def prune_evaluations(H: int, order, draws: int) -> int:
 
 
 @contextlib.contextmanager
-def pruning(config: Config, layers: int, evaluations: int) -> Iterator[Bar]:
-    """Announce the pruning of ``layers`` layers of ``evaluations`` sub-layer risks each (per layer
+def pruning(config: Config, route: RouteChoice, layers: int, evaluations: int) -> Iterator[Bar]:
+    """Announce the pruning on ``route`` of ``layers`` layers of ``evaluations`` sub-layer risks each (per layer
     ``REFERENCE["risk"]`` drift evaluations a risk; its first layer also compiles a risk per head), count them in
     a bar updated by the caller, and record the times: the first layer's excess over the others as compiling."""
-    route, work = route_costs(config)[0], theory_work(config, 1)
+    route, work = route_costs(route)[0], theory_work(config, route, 1)
     key, size = f"prune:{_digest(_label(config), route, work, evaluations)}", REFERENCE["risk"] * work * evaluations
     per = estimate(f"prune:{route}", key, work, size)
     first, _ = fixed(f"prune:{route}", key, "compile", REFERENCE["risk_compile"][route] * config.model.heads)

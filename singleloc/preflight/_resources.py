@@ -46,9 +46,8 @@ from pathlib import Path
 import numpy as np
 
 from ..configuration._config import Config
-from ..expectations._routes import exact_route_exists, route_of
+from ..expectations._routes import RouteChoice, exact_route_exists, route_of
 from ..expectations._sobol_geometry import SOBOL_MAX_DIM, factor_rows, node_batch, quadrature_dimension
-from ..model._activations import exponential_form, get_activation
 from ..model._priors import Prior
 from ..runtime._progress import cpu_count
 from ..runtime._progress import duration as duration  # re-exported: the durations of messages
@@ -72,10 +71,9 @@ SAVED_MAX = 16384
 STEP_MAX = 2**31 - 1
 
 
-def check_dimension(config: Config, use: str) -> None:
-    """``simulation.D`` large enough for ``use`` = ``"simulation"`` (``D > H + F``) or
+def check_dimension(H: int, F: int, D: int, use: str) -> None:
+    """``simulation.D`` large enough for ``H`` heads and ``F`` spikes for ``use`` = ``"simulation"`` (``D > H + F``) or
     ``"theory"`` (``D >= H + F``, the initial overlaps); ``ValueError`` naming the keys."""
-    H, F, D = config.model.heads, config.problem.F, config.simulation.D
     if use == "simulation" and D <= H + F:
         raise ValueError(f"simulation.D = {D} must exceed model.heads + problem.F = {H + F}: the held-out risk integrates "
                          "the token components outside the span of the keys and spikes; e.g. simulation.D = "
@@ -86,10 +84,9 @@ def check_dimension(config: Config, use: str) -> None:
                          f"{max(H + F, 1000)}")
 
 
-def check_steps(config: Config) -> None:
+def check_steps(tau_max: float, D: int) -> None:
     """The simulation's ``round(sgd.tau_max * simulation.D)`` SGD steps can be counted
     (:data:`STEP_MAX`); ``ValueError`` naming the keys otherwise."""
-    tau_max, D = config.sgd.tau_max, config.simulation.D
     steps = tau_max * D
     if not steps <= STEP_MAX:
         raise ValueError(f"sgd.tau_max: tau_max * simulation.D = {tau_max:g} * {D} = {steps:.3g} SGD steps, more than the "
@@ -153,19 +150,17 @@ def simulation_bytes(config: Config) -> int:
     pb, H, sim = config.problem, config.model.heads, config.simulation
     r = H + pb.F
     return 4 * sim.seeds * (sim.D * (10 * pb.L + 5 * r) + sim.test_samples * pb.L * (3 * r + 4 * H)
-                            + 2 * config.sgd.n_save * state_size(config))
+                            + 2 * config.sgd.n_save * state_size(H, pb.F))
 
 
-def state_size(config: Config) -> int:
+def state_size(H: int, F: int) -> int:
     """Numbers saved per saved time and start: ``M`` (H, F), ``Q`` (H, H), ``b`` (H) and two risks."""
-    H, F = config.model.heads, config.problem.F
     return H * F + H * H + H + 2
 
 
-def check_saved_times(config: Config) -> None:
-    """At most :data:`SAVED_MAX` saved times per ODE start and replicate; ``ValueError`` naming
-    ``sgd.n_save`` and the bound otherwise."""
-    n, R = config.sgd.n_save, config.theory.replicates
+def check_saved_times(n: int, R: int) -> None:
+    """At most :data:`SAVED_MAX` saved times (``sgd.n_save = n``) per ODE start and replicate (``R``); ``ValueError``
+    naming ``sgd.n_save`` and the bound otherwise."""
     if n * R > SAVED_MAX:
         times = f"sgd.n_save = {n}" + (f" x theory.replicates = {R}" if R > 1 else "")
         # the fewest saved times are 2: past SAVED_MAX / 2 replicates only fewer replicates help
@@ -175,24 +170,23 @@ def check_saved_times(config: Config) -> None:
                          f"aborts); e.g. {remedy}")
 
 
-def saved_bytes(config: Config, starts: int) -> int:
-    """Estimated peak bytes of the theory's saved states and of its risk at the saved times
+def saved_bytes(config: Config, route: RouteChoice, starts: int) -> int:
+    """Estimated peak bytes of the theory's saved states and of its risk at the saved times on ``route``
     (module docstring; on the exact route that risk is the Laplace rule's, whose size does not
     depend on ``L``: only the saved states count)."""
     pb, H, th = config.problem, config.model.heads, config.theory
     saved = config.sgd.n_save * th.replicates
     batch = node_batch(pb.L, H)
     nodes = min(2 * th.points, batch) if isinstance(th.points, int) else batch
-    risk = 6 * nodes * pb.L * H if route_of(config).route_class.field_nodes else 0
-    return 8 * saved * (2 * starts * state_size(config) + risk)
+    risk = 6 * nodes * pb.L * H if route.route_class.field_nodes else 0
+    return 8 * saved * (2 * starts * state_size(H, pb.F) + risk)
 
 
-def theory_bytes(config: Config, starts: int, heads: int | None = None) -> int:
-    """Estimated peak bytes of the quadrature for ``starts`` ODE starts (module docstring);
+def theory_bytes(config: Config, route: RouteChoice, starts: int, heads: int | None = None) -> int:
+    """Estimated peak bytes of the quadrature of ``route`` for ``starts`` ODE starts (module docstring);
     ``heads`` replaces ``model.heads`` (a pruned layer's largest sub-layer)."""
     pb, H, th = config.problem, config.model.heads if heads is None else heads, config.theory
-    choice = route_of(config)
-    points, principal = choice.route_class.memory_points(choice, th, pb.L, H, th.points)  # the nodes it holds
+    points, principal = route.route_class.memory_points(route, th, pb.L, H, th.points)  # the nodes it holds
     return rule_bytes(pb.L, H, pb.build_prior(), points, starts, principal=principal)
 
 
@@ -241,45 +235,41 @@ def check_memory(parts: dict[str, int], remedy: str = "") -> None:
                           f"{remedy or 'lower those values'}, or set {MEMORY_ENV} (a size, or none) to override the estimate")
 
 
-def _has_exact_route(config: Config) -> bool:
-    """Whether ``config``'s layer has an exact route, whatever ``theory.route`` says."""
-    return exact_route_exists(exponential_form(get_activation(config.model.activation), config.problem.L),
-                              config.model.trained_head_weights)
-
-
-def auto_points(config: Config) -> int:
+def auto_points(L: int, H: int, prior: Prior) -> int:
     """The first number of points ``theory.points = "auto"`` tries (:func:`~singleloc.choose_points`:
     at least ``FIRST_POINTS`` and the quadrature's dimension), the least it may build."""
-    pb = config.problem
-    dim = pb.L * config.model.heads + (0 if pb.build_prior().is_discrete else pb.F)
+    dim = L * H + (0 if prior.is_discrete else prior.F)
     return max(FIRST_POINTS, MIN_POINTS, 1 << (dim - 1).bit_length())
 
 
-def check_run(config: Config, *, simulation: bool = False, theory_starts: int = 0) -> None:
+def check_run(config: Config, *, simulation: bool = False, theory_starts: int = 0, route: RouteChoice | None = None) -> None:
     """Everything above, before a command computes: the dimension and memory of a simulation
-    of every seed, and of the theory for ``theory_starts`` ODE starts (0: no theory). With
+    of every seed, and of the theory for ``theory_starts`` ODE starts (0: no theory) on ``route``, the
+    run's chosen route (:func:`~singleloc.choose_route`; decided here when not given). With
     ``theory.points = "auto"`` the theory is checked at the first points it tries (:func:`auto_points`;
     it may take more). A run that does not fit is refused with a value of one of its keys that fits
     (:func:`_fitting_value`)."""
     pb, H = config.problem, config.model.heads
     if simulation:
-        check_dimension(config, "simulation")
-        check_steps(config)
+        check_dimension(H, pb.F, config.simulation.D, "simulation")
+        check_steps(config.sgd.tau_max, config.simulation.D)
         check_float32(config)
     if theory_starts:
-        check_dimension(config, "theory")
-        if route_of(config).route_class.field_nodes:
-            points = config.theory.points if config.theory.points != "auto" else auto_points(config)
-            check_quadrature(pb.L, H, pb.build_prior(), points, principal=config.theory.rank_aware,
-                             exact_hint=_has_exact_route(config))
-        check_saved_times(config)
-    parts = _memory_parts(config, simulation, theory_starts)
+        route = route or route_of(config)
+        check_dimension(H, pb.F, config.simulation.D, "theory")
+        if route.route_class.field_nodes:
+            prior = pb.build_prior()
+            points = config.theory.points if config.theory.points != "auto" else auto_points(pb.L, H, prior)
+            check_quadrature(pb.L, H, prior, points, principal=config.theory.rank_aware,
+                             exact_hint=exact_route_exists(route.form, config.model.trained_head_weights))
+        check_saved_times(config.sgd.n_save, config.theory.replicates)
+    parts = _memory_parts(config, route, simulation, theory_starts)
     limit, _ = available_memory()
     if OVERHEAD + sum(parts.values()) > limit:
-        check_memory(parts, _fitting_value(config, simulation, theory_starts, limit))
+        check_memory(parts, _fitting_value(config, route, simulation, theory_starts, limit))
 
 
-def _memory_parts(config: Config, simulation: bool, theory_starts: int) -> dict[str, int]:
+def _memory_parts(config: Config, route: RouteChoice | None, simulation: bool, theory_starts: int) -> dict[str, int]:
     """The estimated bytes of a run (:func:`check_run`), by what holds them."""
     pb, H, sim, th = config.problem, config.model.heads, config.simulation, config.theory
     parts = {}
@@ -289,32 +279,31 @@ def _memory_parts(config: Config, simulation: bool, theory_starts: int) -> dict[
     if theory_starts:
         auto = th.points == "auto"
         if auto:
-            config = config.replace(theory={"points": auto_points(config)})
-        choice = route_of(config)
+            config = config.replace(theory={"points": auto_points(pb.L, H, pb.build_prior())})
         points = config.theory.points
-        rule = (f"the theory's quadrature (theory.points = {points}" if choice.route_class.field_nodes else
+        rule = (f"the theory's quadrature (theory.points = {points}" if route.route_class.field_nodes else
                 f"the exact route's Gram rule (theory.gram_points = {th.gram_rule_points(pb.L, H, points)}") + \
             (" at least, 'auto'" if auto else "")
         parts[f"{rule} x problem.L = {pb.L} x model.heads = {H}, {theory_starts} start(s))"] = \
-            theory_bytes(config, theory_starts * th.replicates)
-        if joint := choice.route_class.rule_bytes(choice, H, pb.build_prior()):
+            theory_bytes(config, route, theory_starts * th.replicates)
+        if joint := route.route_class.rule_bytes(route, H, pb.build_prior()):
             parts[f"the exact route's rule of a joint layer (model.heads = {H}, problem.F = {pb.F}, "
                   f"{len(pb.build_prior().atoms)} atoms of the prior)"] = joint
         parts[f"the theory's saved times and their risks (sgd.n_save = {config.sgd.n_save} x {theory_starts} start(s))"] = \
-            saved_bytes(config, theory_starts)
+            saved_bytes(config, route, theory_starts)
     return parts
 
 
-def _fitting_value(config: Config, simulation: bool, theory_starts: int, limit: float) -> str:
+def _fitting_value(config: Config, route: RouteChoice | None, simulation: bool, theory_starts: int, limit: float) -> str:
     """``"e.g. KEY = VALUE"``: the largest value, halving from the current one, of the first key (the
     simulation's seeds and test samples, the rules' points, the saved times, then the heads and the
-    tokens) at which the run fits in ``limit`` bytes; ``""`` when none does."""
+    tokens, whose runs decide their own route) at which the run fits in ``limit`` bytes; ``""`` when none does."""
     th, pb, H = config.theory, config.problem, config.model.heads
     keys = [("simulation", "seeds", config.simulation.seeds, 1)] if simulation else []
     keys += [("simulation", "test_samples", config.simulation.test_samples, 1)] if simulation else []
     if theory_starts:
-        points = th.points if th.points != "auto" else auto_points(config)
-        if route_of(config).route_class.field_nodes:  # its rule over the fields, down to their dimension
+        points = th.points if th.points != "auto" else auto_points(pb.L, H, pb.build_prior())
+        if route.route_class.field_nodes:  # its rule over the fields, down to their dimension
             low = 1 << (quadrature_dimension(pb.L, H, pb.build_prior(), th.rank_aware) - 1).bit_length()
             keys += [("theory", "points", points, max(16, low))]
         else:  # the Gram term's rule, down to theory.points
@@ -325,7 +314,8 @@ def _fitting_value(config: Config, simulation: bool, theory_starts: int, limit: 
         while value // 2 >= minimum:
             value //= 2
             trial = config.replace(**{section: {key: value}})
-            if OVERHEAD + sum(_memory_parts(trial, simulation, theory_starts).values()) <= limit:
+            choice = route_of(trial) if theory_starts and section in ("model", "problem") else route
+            if OVERHEAD + sum(_memory_parts(trial, choice, simulation, theory_starts).values()) <= limit:
                 return f"e.g. {section}.{key} = {value}"
     return ""
 

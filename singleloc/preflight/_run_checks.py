@@ -26,13 +26,13 @@ import numpy as np
 from ..configuration._config import Config, require_config
 
 
-def warn_if_times_dropped(config: Config, kept: int, *, stacklevel: int = 2) -> None:
-    """Warn when only ``kept`` distinct SGD steps carry the ``sgd.n_save`` saved times of the
-    simulation of ``config`` (module docstring; ``kept`` is the length of
+def warn_if_times_dropped(n_save: int, D: int, kept: int, *, stacklevel: int = 2) -> None:
+    """Warn when only ``kept`` distinct SGD steps carry the ``sgd.n_save`` saved times of a
+    simulation in ``simulation.D`` dimensions (module docstring; ``kept`` is the length of
     :func:`~singleloc.simulation._simulation.save_steps`)."""
-    if kept < config.sgd.n_save:
-        warnings.warn(f"sgd.n_save = {config.sgd.n_save} saved times fall on {kept} distinct SGD steps (tau = t / D with "
-                      f"simulation.D = {config.simulation.D}); the simulation saves {kept}", stacklevel=stacklevel + 1)
+    if kept < n_save:
+        warnings.warn(f"sgd.n_save = {n_save} saved times fall on {kept} distinct SGD steps (tau = t / D with "
+                      f"simulation.D = {D}); the simulation saves {kept}", stacklevel=stacklevel + 1)
 
 
 def warn_if_risk_rose(config: Config, *, simulation=None, theory=None, stacklevel: int = 2) -> None:

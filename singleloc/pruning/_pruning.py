@@ -49,7 +49,7 @@ import numpy as np
 from ..bayes._population_risk import RiskEstimate, layer_risk, layer_risk_check
 from ..configuration._config import Config, gather_specs, require_arguments, require_config, require_uniform_head_weights
 from ..configuration._specs import SGD, Model, Problem, Simulation, Theory
-from ..expectations._routes import route_of
+from ..expectations._routes import RouteChoice, route_of
 from ..ground._arguments import _short, require_arrays, require_count
 from ..ground._choices import PRUNING_DRAWS_MAX, PRUNING_ORDERS
 from ..ground._validation import integer
@@ -79,10 +79,10 @@ _draw_heldout = eqx.filter_jit(draw_heldout)
 _heldout_losses = eqx.filter_jit(heldout_losses)
 
 
-def pruning_config(config: Config, heads: int | None = None) -> Config:
+def pruning_config(config: Config, heads: int | None = None) -> tuple[Config, RouteChoice]:
     """The config that :class:`TheoryRisk` scores the sub-layers of a layer of ``heads`` heads
-    (default ``model.heads``) with, checked before a rule is built: on the Sobol rule route the
-    rule over ``problem.L * heads`` fields can be built with ``theory.points`` points
+    (default ``model.heads``) with, and that layer's route, chosen once; checked before a rule is built: on the Sobol
+    rule route the rule over ``problem.L * heads`` fields can be built with ``theory.points`` points
     (:func:`~singleloc.preflight._resources.check_quadrature`; ``"auto"`` is checked as the points are
     chosen), ``theory.points = "auto"`` is resolved (:func:`~singleloc.resolve_points`, one rule
     for every sub-layer), ``theory.route = "auto"`` is fixed to the full layer's route (one for every
@@ -93,16 +93,18 @@ def pruning_config(config: Config, heads: int | None = None) -> Config:
     require_config(config, "pruning_config")
     require_uniform_head_weights(config, "pruning")
     H = config.model.heads if heads is None else int(heads)
-    if config.theory.route == "auto" and (full := route_of(config.replace(model={"heads": H}))).route_class.field_nodes:
+    route = route_of(config.replace(model={"heads": H}))
+    if config.theory.route == "auto" and route.route_class.field_nodes:
         # one route for every sub-layer, the full layer's: a joint layer too large for the exact route
         # (JOINT_EXACT_MAX) would otherwise have its smaller sub-layers on it, and the steps mix routes
-        config = config.replace(theory={"route": full.route})
-    if config.theory.points != "auto" and route_of(config).route_class.field_nodes:
+        config = config.replace(theory={"route": route.route})
+    if config.theory.points != "auto" and route.route_class.field_nodes:
         check_quadrature(config.problem.L, H, config.problem.build_prior(), config.theory.points,
                          principal=config.theory.rank_aware)
     resolved = resolve_points(config)
-    check_memory({f"the theory's quadrature (theory.points = {resolved.theory.points})": theory_bytes(resolved, 1, heads=H)})
-    return resolved
+    check_memory({f"the theory's quadrature (theory.points = {resolved.theory.points})":
+                  theory_bytes(resolved, route, 1, heads=H)})
+    return resolved, route
 
 
 class TheoryRisk:
@@ -134,7 +136,7 @@ class TheoryRisk:
         if self.M.shape != (H, config.problem.F) or self.Q.shape != (H, H) or self.b.shape != (H,):
             raise ValueError(f"order parameters must have shapes (H, F), (H, H), (H,) with F = {config.problem.F}; "
                              f"got M {self.M.shape}, Q {self.Q.shape}, b {self.b.shape}")
-        self.config = pruning_config(config, heads=H)  # checked; one rule for every sub-layer
+        self.config, self.route = pruning_config(config, heads=H)  # checked; one rule for every sub-layer
         self.heads = H
         self._odes: dict[int, list[OrderParameterODE]] = {}
 
@@ -318,7 +320,7 @@ def prune_theory(config: Config | None = None, M=None, Q=None, b=None, order: st
     norms = np.linalg.norm(np.asarray(M, dtype=float), axis=1)
     result = prune(evaluate, evaluate.heads, order, overlap_norms=norms, draws=draws, seed=seed)
     # one Sobol rule states no error; the exact route states its own (against the finer exact rule)
-    refined = route_of(evaluate.config).route_class.refined_error
+    refined = evaluate.route.route_class.refined_error
     return _finish(result, deterministic=config.theory.replicates == 1 and not refined)
 
 
@@ -339,10 +341,10 @@ def prune_run(run, order: str | Sequence[int] = "greedy", *, draws: int = 16,
     if not (hasattr(run, "config") and hasattr(run, "data")):  # a Run: the run folders stand a floor above (io/)
         raise TypeError(f"prune_run: run must be a singleloc.Run, got {type(run).__name__} {_short(run)}; "
                         "pass singleloc.load_run(folder)")
-    config = pruning_config(run.config)
+    config, route = pruning_config(run.config)
     results = {}
     count = sum(1 if kind == "theory" else np.shape(d["M"])[0] for kind, d in run.data.items())
-    with pruning(config, count, prune_evaluations(config.model.heads, order, draws)) as bar:  # said, counted, recorded
+    with pruning(config, route, count, prune_evaluations(config.model.heads, order, draws)) as bar:  # said, counted, recorded
         for kind, d in run.data.items():  # theory.npz: (T, ...) of seed 0; simulation.npz: (S, T, ...)
             M, Q, b = (np.asarray(d[k], dtype=float) for k in "MQb")
             layers = [(M[-1], Q[-1], b[-1])] if kind == "theory" else [(M[s, -1], Q[s, -1], b[s, -1]) for s in range(M.shape[0])]

@@ -43,16 +43,14 @@ from ._simulation_estimate import simulation_clock
 from ._simulation_result import SimulationResult
 
 
-def save_steps(config: Config, ts: np.ndarray | None = None) -> np.ndarray:
-    """SGD step counts ``t`` at the saved times (``ts``, default the config's; ``tau * D / sgd.batch`` rounded, strictly
-    increasing); ``ValueError`` when there are more than :data:`~singleloc.preflight._resources.STEP_MAX`
-    steps."""
-    check_steps(config)
-    times = config.sgd.save_times() if ts is None else np.asarray(ts, float)
-    t = np.round(times * config.simulation.D / config.sgd.batch).astype(np.int64)
-    t = np.unique(t)
+def save_steps(sgd: SGD, D: int, ts: np.ndarray | None = None) -> np.ndarray:
+    """SGD step counts ``t`` at the saved times (``ts``, default those of ``sgd``) in dimension ``D`` (``tau * D /
+    sgd.batch`` rounded, strictly increasing); ``ValueError`` when there are more than
+    :data:`~singleloc.preflight._resources.STEP_MAX` steps."""
+    check_steps(sgd.tau_max, D)
+    t = np.unique(np.round((sgd.save_times() if ts is None else np.asarray(ts, float)) * D / sgd.batch).astype(np.int64))
     if len(t) < 2:
-        fit = max(1, int(config.sgd.tau_max * config.simulation.D) // max(2, config.sgd.n_save - 1))
+        fit = max(1, int(sgd.tau_max * D) // max(2, sgd.n_save - 1))
         raise ValueError("sgd.tau_max * simulation.D / sgd.batch is too small: fewer than two distinct saved steps; "
                          f"e.g. sgd.batch = {fit}")
     return t
@@ -144,8 +142,8 @@ def simulate(config: Config | None = None, *, problem: Problem | None = None, mo
     state, consts = jax.jit(jax.vmap(init))(seeds)
     advance_all = jax.jit(jax.vmap(advance, in_axes=(0, 0, None, None)))
     measure_all = jax.jit(jax.vmap(measure, in_axes=(0, 0, None)))
-    steps = save_steps(config, ts)
-    warn_if_times_dropped(config, len(steps))
+    steps = save_steps(config.sgd, config.simulation.D, ts)
+    warn_if_times_dropped(config.sgd.n_save if ts is None else len(ts), config.simulation.D, len(steps))
     # compiled, a few steps timed and the estimate said (singleloc.preflight._estimates); its bar records the run's times
     advance_all, measure_all, bar = simulation_clock(config, advance_all, measure_all, state, consts, steps, progress)
     records = []
@@ -156,7 +154,7 @@ def simulate(config: Config | None = None, *, problem: Problem | None = None, mo
             bar.update(int(t) - t_prev)
             t_prev = int(t)
         rec = unpad(jax.device_get(measure_all(state, consts, i)), n)
-        _check_finite(rec, t / D, config)
+        _check_finite(rec, t / D, config.sgd, config.problem.strength)
         records.append(rec)
     bar.close()
     M, Q, b, risk, risk_limit, *v = (np.stack([r[j] for r in records], axis=1) for j in range(len(records[0])))
@@ -167,14 +165,14 @@ def simulate(config: Config | None = None, *, problem: Problem | None = None, mo
     return result
 
 
-def _check_finite(record, tau: float, config: Config) -> None:
-    """Raise if a record is not finite or the keys have run away (``max |Q| > Q_RUNAWAY``: the
-    loss is then flat and SGD cannot recover)."""
+def _check_finite(record, tau: float, sgd: SGD, strength: float) -> None:
+    """Raise if a record of a run of ``sgd`` on data of ``problem.strength`` is not finite or the keys have run away
+    (``max |Q| > Q_RUNAWAY``: the loss is then flat and SGD cannot recover)."""
     Q = record[1]
     bad = not all(np.all(np.isfinite(x)) for x in record) or np.max(np.abs(Q)) > Q_RUNAWAY
     if bad:
         raise FloatingPointError(
             f"the SGD dynamics diverged by tau = {tau:.4g} (non-finite or exploding keys, max |Q| = "
-            f"{np.nanmax(np.abs(Q)):.3g}); lower {config.sgd.step_keys()} (e.g. sgd.lr = {config.sgd.lr / 4:g}), "
-            f"sgd.init_scale or problem.strength (now {config.problem.strength:g}; the steps grow with its square)"
+            f"{np.nanmax(np.abs(Q)):.3g}); lower {sgd.step_keys()} (e.g. sgd.lr = {sgd.lr / 4:g}), "
+            f"sgd.init_scale or problem.strength (now {strength:g}; the steps grow with its square)"
         )

@@ -11,6 +11,7 @@ constant as 17 minutes in 18 s); its bar records the run's rate for the family.
 from __future__ import annotations
 
 from ..configuration._config import Config
+from ..expectations._routes import route_of
 from ..preflight._estimates import REFERENCE, TheorySolve, _digest, _label, estimate, fixed, timings
 from ..runtime._progress import Bar, Estimate, Phase, announce, clock
 
@@ -96,6 +97,7 @@ def simulation_clock(config: Config, advance, measure, params, consts, steps, pr
 def compare_estimate(config: Config) -> Estimate:
     """The time of ``compare``: the simulation and the theory from every seed's start."""
     sim = simulation_estimate(config)
-    theory = TheorySolve("integrate", config, config.simulation.seeds, config.sgd.n_save, config.sgd.tau_max).estimate
+    theory = TheorySolve("integrate", config, route_of(config), config.simulation.seeds, config.sgd.n_save,
+                         config.sgd.tau_max).estimate
     return Estimate(sim.seconds + theory.seconds, f"simulation {sim.basis}; theory {theory.basis}",
                     (("simulating", sim.seconds), ("the theory", theory.seconds)))

@@ -29,7 +29,8 @@ SHOWN = 3
 def _prediction_model(config: Config) -> tuple[str, str, float, float]:
     """The kind, key, work and reference seconds of an escape prediction: its programs, the symmetric path and
     the Jacobians of its 16 rates (of ``H F + H^2 + H`` columns each)."""
-    route, work, H, F = route_costs(config)[0], theory_work(config, 1), config.model.heads, config.problem.F
+    choice, H, F = route_of(config), config.model.heads, config.problem.F
+    route, work = route_costs(choice)[0], theory_work(config, choice, 1)
     size = REFERENCE["prediction"][route] + (REFERENCE["prediction_drifts"] + 16 * (H * F + H * H + H)) * work
     return f"prediction:{route}", f"prediction:{_digest(compile_group('prediction', config.to_dict()))}", work, size
 
@@ -50,7 +51,8 @@ def _entry(config: Config, kind: str, groups: set[str]) -> Estimate:
         return first_run(estimate(*_prediction_model(config)))
     if kind == "simulation":
         return simulation_estimate(config)
-    est = TheorySolve("integrate", config, config.simulation.seeds, config.sgd.n_save, config.sgd.tau_max).estimate
+    est = TheorySolve("integrate", config, route_of(config), config.simulation.seeds, config.sgd.n_save,
+                      config.sgd.tau_max).estimate
     group = compile_group("theory", config.to_dict())
     if group in groups:
         return Estimate(est.parts[-1][1], est.basis)  # the solving only

@@ -38,6 +38,7 @@ from ..configuration._specs import SGD, Model, Problem, Theory
 from ..ground._arguments import require_starts
 from ..preflight._resources import FIRST_POINTS, MIN_POINTS, check_run
 from ..sgd._sgd_rule import flat_drift
+from ._build import Setup, build
 from ._theory import OrderParameterODE, OrderParameters
 
 MAX_POINTS = 2**20
@@ -76,12 +77,12 @@ class PointsChoice:
     tried: tuple[tuple[int, float], ...]
 
 
-def drift_error(config: Config, y0: OrderParameters, points: int, replicates: int) -> float:
+def drift_error(setup: Setup, y0: OrderParameters, points: int, replicates: int) -> float:
     """Estimated relative drift error at the starts ``y0`` (worst start) of the mean of
-    ``replicates`` rules of ``points`` points, from ``max(replicates, 4)`` scramblings."""
-    seeds = config.theory.qmc_seed + np.arange(max(replicates, PROBE_REPLICATES))
-    rules = (config.replace(theory={"qmc_seed": int(seed), "points": points}) for seed in seeds)
-    drifts = [start_drifts(OrderParameterODE.from_config(c), y0) for c in rules]
+    ``replicates`` rules of ``points`` points, from ``max(replicates, 4)`` scramblings of ``setup``'s rule."""
+    seeds = setup.theory.qmc_seed + np.arange(max(replicates, PROBE_REPLICATES))
+    theories = (dataclasses.replace(setup.theory, qmc_seed=int(seed), points=points) for seed in seeds)
+    drifts = [start_drifts(OrderParameterODE.from_setup(dataclasses.replace(setup, theory=th)), y0) for th in theories]
     return float(np.max(relative_drift_error(np.stack(drifts, axis=-2)))) / np.sqrt(replicates)
 
 
@@ -93,23 +94,28 @@ def choose_points(config: Config | None = None, y0: OrderParameters | None = Non
     config = gather_specs("choose_points", config, problem=problem, model=model, sgd=sgd, theory=theory)
     require_arguments("choose_points", y0=y0)
     require_starts("choose_points", y0)
+    return points_for(config, build(config), y0)
+
+
+def points_for(config: Config, setup: Setup, y0: OrderParameters) -> PointsChoice:
+    """:func:`choose_points` of ``config`` built as ``setup`` (its route chosen once, for the probes and their checks)."""
     tol, R = config.theory.tol / MARGIN, config.theory.replicates
     tried: dict[int, float] = {}
 
     def error(n: int) -> float:
         check_points(n)
-        tried[n] = drift_error(config, y0, n, R)
+        tried[n] = drift_error(setup, y0, n, R)
         return tried[n]
 
     def check_points(n: int) -> None:  # the memory check of the same count given explicitly
         try:
-            check_run(config.replace(theory={"points": n}), theory_starts=int(y0.M.shape[0]))
+            check_run(config.replace(theory={"points": n}), theory_starts=int(y0.M.shape[0]), route=setup.route)
         except MemoryError as err:
             why = "" if not tried else f" (at {max(tried)} points its estimated relative drift error is {tried[max(tried)]:.2g})"
             raise MemoryError(f"theory.points = 'auto' would try {n} points{why}, and {err}") from None
 
     pb = config.problem
-    dim = pb.L * config.model.heads + (0 if pb.build_prior().is_discrete else pb.F)
+    dim = pb.L * config.model.heads + (0 if setup.prior.is_discrete else pb.F)
     low = max(MIN_POINTS, 1 << (dim - 1).bit_length())  # the whitening needs points >= dim
     n = max(FIRST_POINTS, low)
     if error(n) <= tol:

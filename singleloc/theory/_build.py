@@ -59,7 +59,7 @@ def build(config: Config) -> Setup:
     has no use for: :func:`check_gram`)."""
     require_config(config, "build")
     route = route_of(config)  # the activation resolved, the route decided
-    check_gram(config, route.route)
+    check_gram(config.theory, config.model.activation, route.route)
     return Setup(config.problem, config.model, config.theory, config.problem.build_prior(), sgd_rule(config), route)
 
 
@@ -82,17 +82,17 @@ def sgd_rule(config: Config) -> AbstractSGDRule:
     return rule(sgd.lr, model.train_bias, tuple(chain), train_head_weights=model.trained_head_weights)
 
 
-def check_gram(config: Config, route: str) -> None:
+def check_gram(th: Theory, activation: str, route: str) -> None:
     """``ValueError`` for ``theory.gram`` other than ``"auto"`` and the route's own Gram term (``"sobol"`` on
     the rule route, ``"montecarlo"`` on the Monte Carlo route), or a number of ``theory.gram_points``, on a
-    route without the exact route's Gram rule (issue 54 item 7: a key the run would drop silently)."""
-    th = config.theory
+    route without the exact route's Gram rule (issue 54 item 7: a key the run would drop silently); ``activation``:
+    ``model.activation``, named in the message."""
     gram_points = th.gram_points != "auto"
     own = route_class(route)
     if own.own_gram is not None and (gram_points or th.gram not in ("auto", own.gram_name)):
         key = f"theory.gram = {th.gram!r}" if th.gram != "auto" else f"theory.gram_points = {th.gram_points}"
         why = (f"theory.route = {th.route!r}" if th.route != "auto" else
-               f"model.activation = {config.model.activation!r} takes the rule route here")
+               f"model.activation = {activation!r} takes the rule route here")
         raise ValueError(f"{key} applies to the exact route's Gram term, but {why}, whose Gram term is {own.own_gram}; e.g. "
                          f"{key.split(' = ')[0]} = 'auto', or theory.route = 'exact' for a normalised-exponential "
                          "activation")

@@ -66,7 +66,7 @@ from ..preflight._run_checks import warn_if_risk_rose
 from ..runtime._compilation import checks_as_nan, exported_call
 from ..runtime._numerics import PSD_SOLVE, Q_RUNAWAY, expected_steps
 from ..sgd._sgd_rule import flat_drift
-from ._accuracy import choose_points, relative_drift_error
+from ._accuracy import choose_points, points_for, relative_drift_error
 from ._build import Setup, build
 from ._starts import batched_starts, check_starts, initial_conditions, with_head_weights
 from ._step_budget import MIN_STEP, STEP_MARGIN, WARMUP, StepBudget, too_slow
@@ -227,7 +227,7 @@ def resolve_points(config: Config, y0: OrderParameters | None = None) -> Config:
     require_starts("resolve_points", y0)
     if config.theory.points != "auto":
         return config
-    starts = initial_conditions(config, 1) if y0 is None else batched_starts(with_head_weights(config, y0))
+    starts = initial_conditions(config, 1) if y0 is None else batched_starts(with_head_weights(config.model, y0))
     return config.replace(theory={"points": choose_points(config, starts).points})
 
 
@@ -247,16 +247,16 @@ class _Problem:
     saved: int
 
 
-def _problem(config: Config, y0: OrderParameters | None, ts: np.ndarray | None) -> _Problem:
-    y0 = batched_starts(initial_conditions(config, 1) if y0 is None else with_head_weights(config, y0))
-    check_starts(config, y0)
+def _problem(config: Config, y0: OrderParameters | None, ts: np.ndarray | None, setup: Setup | None = None) -> _Problem:
+    setup = build(config) if setup is None else setup  # the prior, the SGD rule and the route, once for the point
+    y0 = batched_starts(initial_conditions(config, 1) if y0 is None else with_head_weights(setup.model, y0))
+    check_starts(setup.heads, setup.problem.F, y0)
     ts = jnp.asarray(config.sgd.save_times() if ts is None else ts, dtype=y0.M.dtype)
     th = config.theory
     R, points, drift_error = th.replicates, th.points, float("nan")
     if points == "auto":
-        choice = choose_points(config, y0)
+        choice = points_for(config, setup, y0)
         points, drift_error = choice.points, choice.error
-    setup = build(config)  # the prior, the SGD rule and the route, once for both ODEs
     dynamics = OrderParameterODE.from_setup(setup, seeds=th.qmc_seed + np.arange(R), points=points)
     evaluation = OrderParameterODE.from_setup(setup, seeds=th.evaluation_seed + np.arange(R), points=points, check=True)
     tol = (jnp.asarray(th.rtol, ts.dtype), jnp.asarray(th.atol, ts.dtype))
@@ -342,11 +342,12 @@ def integrate(
                          "(pass t0 = the time of y0 to start elsewhere than tau = 0)")
     skip = bool(times[0] > t0)  # solve from the start at t0; do not return it
     starts = 1 if y0 is None or np.ndim(y0[0]) != 3 else int(np.shape(y0[0])[0])
-    check_run(config, theory_starts=starts)  # dimension, quadrature, saved times and memory, before anything is built
-    solve = TheorySolve("integrate", config, starts, times.size + skip, times[-1] - t0, cached=not progress)
+    setup = build(config)  # the prior, the SGD rule and the route: chosen once for the checks, the estimate and the solve
+    check_run(config, theory_starts=starts, route=setup.route)  # dimension, quadrature, saved times and memory
+    solve = TheorySolve("integrate", config, setup.route, starts, times.size + skip, times[-1] - t0, cached=not progress)
     solve.announce()  # the estimate, before anything is built (singleloc.preflight._estimates)
     with solve.preparing():  # the rules and starts (said only if it lasts)
-        problem = _problem(config, y0, np.concatenate([[t0], times]) if skip else times)
+        problem = _problem(config, y0, np.concatenate([[t0], times]) if skip else times, setup)
     dynamics, evaluation, y0, *rest = problem.args
     y0, (dynamics, evaluation, *rest), n = shard_batch(y0, (dynamics, evaluation, *rest))
     args = (dynamics, evaluation, y0, *rest)

@@ -41,15 +41,15 @@ def initial_conditions(config: Config | None = None, seeds: int | None = None, *
     n = sim.seeds if seeds is None else seeds
     M, Q = _initial_overlaps(sim.seed, jnp.arange(n), pb.F, H, sim.D, sgd.init_scale)
     y0 = OrderParameters(M, Q, jnp.full((n, H), config.model.bias_init))
-    return with_head_weights(config, y0)
+    return with_head_weights(config.model, y0)
 
 
-def with_head_weights(config: Config, y0: OrderParameters | WeightedOrderParameters
+def with_head_weights(model: Model, y0: OrderParameters | WeightedOrderParameters
                       ) -> OrderParameters | WeightedOrderParameters:
-    """The start ``y0`` in the state kind of ``config``: with trained head weights, ``y0`` with
+    """The start ``y0`` in the state kind of the layer ``model``: with trained head weights, ``y0`` with
     ``v0 = 1/H`` when it has none; ``ValueError`` for head weights in a layer that averages its
     heads uniformly."""
-    trained, H = config.model.trained_head_weights, config.model.heads
+    trained, H = model.trained_head_weights, model.heads
     if len(y0) == 4:
         if not trained:
             raise ValueError("the start has head weights v0 but model.head_weights = 'uniform'; pass (M0, Q0, b0) or set "
@@ -68,10 +68,9 @@ def batched_starts(y0: OrderParameters) -> OrderParameters:
     return kind(*(x[None] for x in y0)) if y0.M.ndim == 2 else y0
 
 
-def check_starts(config: Config, y0: OrderParameters) -> None:
-    """``ValueError`` naming the part of the batched starts ``y0`` that does not fit ``config`` (shape, count of
-    starts, finiteness, symmetry of ``Q0``, ``Q0 - M0 M0^T`` PSD)."""
-    H, F = config.model.heads, config.problem.F
+def check_starts(H: int, F: int, y0: OrderParameters) -> None:
+    """``ValueError`` naming the part of the batched starts ``y0`` that does not fit a layer of ``H`` heads and ``F``
+    spikes (shape, count of starts, finiteness, symmetry of ``Q0``, ``Q0 - M0 M0^T`` PSD)."""
     S = y0.M.shape[0]
     parts = (("M0", y0.M, (S, H, F)), ("Q0", y0.Q, (S, H, H)), ("b0", y0.b, (S, H)))
     for name, x, shape in parts + ((("v0", y0.v, (S, H)),) if isinstance(y0, WeightedOrderParameters) else ()):
