@@ -23,7 +23,7 @@ from singleloc.preflight._estimates import REFERENCE, TheorySolve, Timings, solv
 from singleloc.runtime import _compilation, _progress
 from singleloc.runtime._progress import Bar, Estimate
 from singleloc.simulation import _simulation_estimate
-from singleloc.sweeps import _sweep, _sweep_compute, _sweep_estimate
+from singleloc.sweeps import _sweep, _sweep_compute
 from singleloc.sweeps._grid import grid_points, parse_grid
 
 SETS = ["theory.route=rule", "theory.points=64", "sgd.tau_max=2", "sgd.n_save=3", "simulation.D=200", "simulation.seeds=1"]
@@ -187,7 +187,7 @@ def test_a_sweep_point_over_an_hour_is_refused_before_anything_runs_unless_yes(r
     two-head point measured at two hours here."""
     base = sl.load_config("default")
     (_, two), = [p for p in grid_points(base, [parse_grid("model.heads=1,2")]) if p[1].model.heads == 2]
-    kind, key, work, size = _sweep_estimate._prediction_model(two)
+    kind, key, work, size = _estimates._prediction_model(two)
     _estimates.timings().record(key, kind, "prediction, softmax H=2", work, 7200.0 / size)
     args = ["sweep", "default", "--grid", "model.heads=1,2", "--horizon", "config", "--out", str(tmp_path / "sw")]
     assert main(args) == 2

@@ -95,11 +95,14 @@ def _resolve_horizon(config, horizon):
     import numpy as np
 
     from ..analysis._predictions import EscapePrediction, compute_prediction, resolve_horizon, with_chosen_points
+    from ..preflight._estimates import prediction_estimate, recorded
+    from ..runtime._progress import announce
 
     if horizon == "auto":
-        print("singleloc integrate: predicting the escape from the unspecialized plateau (the linearisation along the "
-              "head-symmetric flow: a few solves, a minute or more on the exact route)", file=sys.stderr)
-        entry = compute_prediction(config)
+        announce("predicting the escape from the unspecialized plateau (the head-symmetric flow, then its linearisation "
+                 "along the plateau)", prediction_estimate(config), "give --horizon a number")
+        with recorded("prediction", config):  # its time, for the next estimate
+            entry = compute_prediction(config)
         prediction = EscapePrediction.from_arrays(entry)
         config = resolve_horizon(with_chosen_points(config, entry), prediction, "auto")
         said = (f"predicted escape at tau = {prediction.predicted_escape:.3g} (plateau from tau = {prediction.tau_plateau:.3g}, "

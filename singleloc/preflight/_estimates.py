@@ -275,6 +275,33 @@ def solve_size(work: float, span: float, saved: int, rate: float = 1.0) -> float
     return work * (REFERENCE["solve"] * expected_steps(rate, span) + REFERENCE["saved"] * saved)
 
 
+def _prediction_model(config: Config) -> tuple[str, str, float, float]:
+    """The kind, key, work and reference seconds of an escape prediction: its programs, the symmetric path and
+    the Jacobians of its 16 rates (of ``H F + H^2 + H`` columns each)."""
+    from ..expectations._routes import route_of
+    from ..runtime._compilation import compile_group
+
+    choice, H, F = route_of(config), config.model.heads, config.problem.F
+    route, work = route_costs(choice)[0], theory_work(config, choice, 1)
+    size = REFERENCE["prediction"][route] + (REFERENCE["prediction_drifts"] + 16 * (H * F + H * H + H)) * work
+    return f"prediction:{route}", f"prediction:{_digest(compile_group('prediction', config.to_dict()))}", work, size
+
+
+def prediction_estimate(config: Config) -> Estimate:
+    """The estimate of an escape prediction (:func:`~singleloc.analysis._predictions.compute_prediction`)."""
+    return first_run(estimate(*_prediction_model(config)))
+
+
+@contextlib.contextmanager
+def recorded(kind: str, config: Config) -> Iterator[None]:
+    """Record the time of an escape prediction (``kind == "prediction"``) computed in the block."""
+    t0 = clock()
+    yield
+    if kind == "prediction":
+        kind, key, work, size = _prediction_model(config)
+        timings().record(key, kind, f"prediction, {_label(config)}", work, (clock() - t0) / size)
+
+
 #: The families whose solve this process has compiled or loaded (nothing to compile or load).
 _IN_PROCESS: set[str] = set()
 

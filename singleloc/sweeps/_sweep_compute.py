@@ -29,12 +29,12 @@ import numpy as np
 from ..analysis._predictions import compute_prediction
 from ..configuration._config import Config, load_config
 from ..expectations._routes import route_class
+from ..preflight._estimates import recorded
 from ..runtime._compilation import compile_group, hold_programs, own_process, process_owned
 from ..runtime._progress import on_dask_worker
 from ..simulation._simulation import simulate as simulate_sgd
 from ..theory._ode import integrate, integrate_points
 from ..theory._starts import initial_conditions
-from ._sweep_estimate import recorded
 
 #: The kinds of cache entries, in the order a point needs them.
 KINDS = ("prediction", "theory", "simulation", "bayes")

@@ -10,45 +10,25 @@ Before the escape predictions, ``horizon = "auto"`` is taken as the prediction's
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ..configuration._config import Config
 from ..expectations._routes import route_of
-from ..preflight._estimates import REFERENCE, TheorySolve, _digest, _label, estimate, first_run, route_costs, theory_work, timings
+from ..preflight._estimates import TheorySolve, prediction_estimate, timings
 from ..runtime._compilation import compile_group
-from ..runtime._progress import Estimate, announce, clock, duration, say, settings
+from ..runtime._progress import Estimate, announce, duration, say, settings
 from ..simulation._simulation_estimate import simulation_estimate
 
 #: The points named as the most expensive before a sweep starts.
 SHOWN = 3
 
 
-def _prediction_model(config: Config) -> tuple[str, str, float, float]:
-    """The kind, key, work and reference seconds of an escape prediction: its programs, the symmetric path and
-    the Jacobians of its 16 rates (of ``H F + H^2 + H`` columns each)."""
-    choice, H, F = route_of(config), config.model.heads, config.problem.F
-    route, work = route_costs(choice)[0], theory_work(config, choice, 1)
-    size = REFERENCE["prediction"][route] + (REFERENCE["prediction_drifts"] + 16 * (H * F + H * H + H)) * work
-    return f"prediction:{route}", f"prediction:{_digest(compile_group('prediction', config.to_dict()))}", work, size
-
-
-@contextlib.contextmanager
-def recorded(kind: str, config: Config) -> Iterator[None]:
-    """Record the time of an escape prediction (``kind == "prediction"``) computed in the block."""
-    t0 = clock()
-    yield
-    if kind == "prediction":
-        kind, key, work, size = _prediction_model(config)
-        timings().record(key, kind, f"prediction, {_label(config)}", work, (clock() - t0) / size)
-
-
 def _entry(config: Config, kind: str, groups: set[str]) -> Estimate:
     """The estimate of one entry; a theory's compilation once per group of points that share it."""
     if kind == "prediction":
-        return first_run(estimate(*_prediction_model(config)))
+        return prediction_estimate(config)
     if kind == "simulation":
         return simulation_estimate(config)
     est = TheorySolve("integrate", config, route_of(config), config.simulation.seeds, config.sgd.n_save,
