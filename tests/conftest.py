@@ -74,7 +74,7 @@ class _Compilations:
 
     def __init__(self):
         self.seconds, self.compiled, self.loaded = Counter(), Counter(), Counter()
-        self.test, self._hit = "(outside tests)", threading.local()
+        self.test, self._hit, self.watchers = "(outside tests)", threading.local(), []
 
     def event(self, event: str, **kwargs) -> None:
         if event == "/jax/compilation_cache/cache_hits":
@@ -84,7 +84,10 @@ class _Compilations:
         if event in self.PHASES:
             self.seconds[self.PHASES[event]] += seconds
         if event == self.BACKEND:
-            (self.loaded if getattr(self._hit, "value", False) else self.compiled)[self.test] += 1
+            loaded = getattr(self._hit, "value", False)
+            (self.loaded if loaded else self.compiled)[self.test] += 1
+            for watcher in self.watchers:
+                watcher.append((kwargs.get("fun_name"), loaded))
             self._hit.value = False
 
     def made(self) -> int:
@@ -131,6 +134,16 @@ def pytest_terminal_summary(terminalreporter, config):
     if _over_ceiling(config):
         write(f"compilation ceiling: the default suite made {c.made()} programs, more than tests/conftest.py's CEILING "
               f"of {CEILING} (--compilations 25 lists the tests that made the most)", red=True)
+
+
+@pytest.fixture
+def programs():
+    """The programs JAX makes from here on in the test, as they are made: ``(name, loaded)``, ``loaded`` when the
+    kept cache served it (a program held in memory makes none)."""
+    made = []
+    _COMPILATIONS.watchers.append(made)
+    yield made
+    _COMPILATIONS.watchers.remove(made)
 
 
 @pytest.fixture

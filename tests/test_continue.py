@@ -24,31 +24,13 @@ def _same(got, want, what):
         np.testing.assert_allclose(getattr(got, key), getattr(want, key), atol=TOL, rtol=0, err_msg=f"{what}: {key}")
 
 
-def test_integrate_continued_equals_one_solve_to_the_later_horizon(tiny_run, tmp_path, tiny_theory):
+def test_integrate_continued_equals_one_solve_to_the_later_horizon(tiny_run, tmp_path, tiny_theory, programs):
     """The continuation solves with the stored run's program (the session's tiny solve, held in this process or
     loaded from the compilation cache): no solve program is compiled."""
-    import jax
-
-    solves, hit = [], [False]
-
-    def cached(event, **kw):
-        hit[0] = hit[0] or event == "/jax/compilation_cache/cache_hits"
-
-    def compiled(event, seconds, fun_name="", **kw):
-        if event == "/jax/core/compile/backend_compile_duration":
-            if fun_name in ("jit(_trajectories)", "jit(call)") and not hit[0]:
-                solves.append(fun_name)
-            hit[0] = False
-
-    jax.monitoring.register_event_listener(cached)
-    jax.monitoring.register_event_duration_secs_listener(compiled)
-    try:
-        assert main(["integrate", "--continue", str(tiny_run), "--horizon", "4", "--out", str(tmp_path / "b"),
-                     "--no-progress"]) == 0
-    finally:
-        jax.monitoring.unregister_event_listener(cached)
-        jax.monitoring.unregister_event_duration_listener(compiled)
-    assert solves == []
+    before = len(programs)
+    assert main(["integrate", "--continue", str(tiny_run), "--horizon", "4", "--out", str(tmp_path / "b"),
+                 "--no-progress"]) == 0
+    assert [name for name, loaded in programs[before:] if name in ("jit(_trajectories)", "jit(call)") and not loaded] == []
     run = sl.load_run(tmp_path / "b")
     got = run.theory
     n = tiny_theory.tau.size

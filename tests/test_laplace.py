@@ -65,35 +65,25 @@ def _mass(rule, M, Q, b):
     return rule.attention_mass(M, Q, b)
 
 
-def test_a_sweep_over_L_compiles_the_risk_its_gradient_and_the_gram_term_once():
+def test_a_sweep_over_L_compiles_the_risk_its_gradient_and_the_gram_term_once(programs):
     """``L`` and the scalable softmax's ``alpha = log L`` are arrays of the rule, not static fields
     (issue 49): rules that differ in them alone share one compiled risk with its gradient and one Gram
     term. Counted by JAX's backend-compile events: after the first ``L`` of softmax, ``L = 64, 1024,
     4096`` compile nothing, nor does ssmax at any ``L`` (its program is softmax's), nor a joint layer
     after its first ``L``. Each rule still has its own ``L``: at zero keys ``R = 1 - 1/L`` exactly."""
-    compiled = []
-
-    def listener(event, duration, **kwargs):
-        if event == "/jax/core/compile/backend_compile_duration":
-            compiled.append(kwargs.get("fun_name"))
-
     H, F = 2, 2
     prior = sl.spikes(F, 2.5)
     state = (jnp.zeros((H, F)), jnp.zeros((H, H)), jnp.array([0.3, -0.2]))
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
-        for name in ("softmax", "ssmax", "bsoftmax"):
-            for i, L in enumerate((4, 64, 1024, 4096)):
-                before = len(compiled)
-                rule = rule_for(name, L, H, prior)
-                risk, grads = _value_and_grad(rule, *state)
-                gram = _gram(rule, *state) if rule.exact_gram else jnp.zeros((H, H))
-                assert float(risk) == pytest.approx(1 - 1 / L, abs=1e-10), (name, L)
-                assert all(bool(jnp.all(jnp.isfinite(x))) for x in (*grads, gram))
-                if i > 0 or name == "ssmax":
-                    assert compiled[before:] == [], (name, L, compiled[before:])
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
+    for name in ("softmax", "ssmax", "bsoftmax"):
+        for i, L in enumerate((4, 64, 1024, 4096)):
+            before = len(programs)
+            rule = rule_for(name, L, H, prior)
+            risk, grads = _value_and_grad(rule, *state)
+            gram = _gram(rule, *state) if rule.exact_gram else jnp.zeros((H, H))
+            assert float(risk) == pytest.approx(1 - 1 / L, abs=1e-10), (name, L)
+            assert all(bool(jnp.all(jnp.isfinite(x))) for x in (*grads, gram))
+            if i > 0 or name == "ssmax":
+                assert programs[before:] == [], (name, L, programs[before:])
 
 
 def monte_carlo(name, prior, L, M, Q, b, n=2**18, seed=0, batches=4):

@@ -2,41 +2,28 @@
 the rule (the noise tokens enter only through powers), the exact two-head Gram term has no table that
 depends on ``L``, and the route carries no array of the fields' shape (the SDE's Sobol rule is its
 own), so integrating at L = 64, 1024 and 4096 after L = 4 compiles nothing: counted with JAX's
-backend-compile events. Slow: the first solve compiles the exact two-head Gram term (a minute or two
+backend-compile events (conftest's ``programs``). Slow: the first solve compiles the exact two-head Gram term (a minute or two
 on a 2-core CPU)."""
 
 from __future__ import annotations
 
-import jax.monitoring
 import numpy as np
 import pytest
 
 import singleloc as sl
 
-COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
-
 
 @pytest.mark.slow
-def test_a_sweep_over_L_compiles_one_solve():
-    compiled = []
-
-    def listen(event, duration, **kwargs):
-        if event == COMPILE_EVENT:
-            compiled.append(kwargs.get("fun_name"))
-
-    jax.monitoring.register_event_duration_secs_listener(listen)
-    try:
-        risks = {}
-        for L in (4, 64, 1024, 4096):
-            before = len(compiled)
-            cfg = sl.load_config("default", [f"problem.L={L}", "theory.route=exact", "theory.gram=exact",
-                                             "sgd.tau_max=5", "sgd.n_save=3"])
-            risks[L] = sl.integrate(cfg).risk[0]
-            if L > 4:
-                assert compiled[before:] == [], f"L = {L} compiled {compiled[before:]}"
-        assert "jit(_trajectories)" in compiled  # the solve did compile once (the count can fail)
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listen)
+def test_a_sweep_over_L_compiles_one_solve(programs):
+    risks = {}
+    for L in (4, 64, 1024, 4096):
+        before = len(programs)
+        cfg = sl.load_config("default", [f"problem.L={L}", "theory.route=exact", "theory.gram=exact",
+                                         "sgd.tau_max=5", "sgd.n_save=3"])
+        risks[L] = sl.integrate(cfg).risk[0]
+        if L > 4:
+            assert programs[before:] == [], f"L = {L} made {programs[before:]}"
+    assert "jit(_trajectories)" in [name for name, _ in programs]  # the solve was made once (the count can fail)
     # the risk at the start: the initial keys are nearly orthogonal to the spikes and to each other, so
     # attention is nearly uniform and R = 1 - 1/L to leading order; it grows with L towards 1
     starts = np.array([risks[L][0] for L in (4, 64, 1024, 4096)])
