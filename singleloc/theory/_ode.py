@@ -69,7 +69,7 @@ from ..sgd._sgd_rule import flat_drift
 from ._accuracy import choose_points, points_for, relative_drift_error
 from ._build import Setup, build
 from ._starts import batched_starts, check_starts, initial_conditions, with_head_weights
-from ._step_budget import MIN_STEP, STEP_MARGIN, WARMUP, StepBudget, too_slow
+from ._step_budget import MIN_STEP, STEP_MARGIN, StepBudget, too_slow
 from ._theory import OrderParameterODE, OrderParameters, r_orth
 from ._theory_result import TheoryResult
 
@@ -261,7 +261,7 @@ def _problem(config: Config, y0: OrderParameters | None, ts: np.ndarray | None, 
     evaluation = OrderParameterODE.from_setup(setup, seeds=th.evaluation_seed + np.arange(R), points=points, check=True)
     tol = (jnp.asarray(th.rtol, ts.dtype), jnp.asarray(th.atol, ts.dtype))
     expected = expected_steps(float(setup.sgd.rate(float(ts[0]))), float(ts[-1] - ts[0]))
-    budget = jnp.asarray(int(min(MAX_STEPS, max(WARMUP, STEP_MARGIN * expected))), jnp.int32)  # :mod:`._step_budget`
+    budget = jnp.asarray(int(min(MAX_STEPS, STEP_MARGIN * expected)), jnp.int32)  # at least 256 (:mod:`._step_budget`)
     saved, ts = ts.shape[0], _padded(ts)
     points = dynamics.expectation.stated_points(th, config.problem.L, config.model.heads, points)
     return _Problem(config, setup, (dynamics, evaluation, y0, ts, *tol, budget), int(points), drift_error, saved)
