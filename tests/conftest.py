@@ -120,8 +120,18 @@ def _over_ceiling(config) -> bool:
 
 
 def pytest_sessionfinish(session):
-    if _over_ceiling(session.config) and session.exitstatus == pytest.ExitCode.OK:
+    if hasattr(session.config, "workeroutput"):  # a pytest-xdist worker: its counts go to the controller
+        c = _COMPILATIONS
+        session.config.workeroutput["compilations"] = (dict(c.compiled), dict(c.loaded), dict(c.seconds))
+    elif _over_ceiling(session.config) and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """pytest-xdist's controller: a worker's programs and seconds added to the session's."""
+    compiled, loaded, seconds = node.workeroutput.get("compilations", ({}, {}, {}))
+    _COMPILATIONS.compiled.update(compiled), _COMPILATIONS.loaded.update(loaded), _COMPILATIONS.seconds.update(seconds)
 
 
 def pytest_terminal_summary(terminalreporter, config):

@@ -23,7 +23,8 @@ def test_a_sweep_over_L_compiles_one_solve(programs):
         risks[L] = sl.integrate(cfg).risk[0]
         if L > 4:
             assert programs[before:] == [], f"L = {L} made {programs[before:]}"
-    assert "jit(_trajectories)" in [name for name, _ in programs]  # the solve was made once (the count can fail)
+    # the solve was made once (so the count can fail): traced as itself, exported (a lambda) or served by the stored program
+    assert {"jit(_trajectories)", "jit(<lambda>)", "jit(call)"} & {name for name, _ in programs}
     # the risk at the start: the initial keys are nearly orthogonal to the spikes and to each other, so
     # attention is nearly uniform and R = 1 - 1/L to leading order; it grows with L towards 1
     starts = np.array([risks[L][0] for L in (4, 64, 1024, 4096)])
