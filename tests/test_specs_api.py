@@ -121,7 +121,8 @@ def test_library_calls_leave_the_float64_mode_and_matplotlib_alone(tmp_path):
     mode), a sweep point computed in the caller's process leaves the mode as it was, and
     importing the sweep does not import matplotlib."""
     code = f"""
-import sys, jax
+import os, sys, jax
+jax.config.update("jax_compilation_cache_dir", os.environ["SINGLELOC_CACHE_DIR"])  # the suite's kept programs
 import singleloc as sl
 from singleloc.sweeps._sweep_compute import compute_points
 assert 'matplotlib' not in sys.modules
