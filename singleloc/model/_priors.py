@@ -23,7 +23,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..ground._arguments import require_instance
 from ..ground._user_code import UserCodeError
 from ..ground._validation import integer, number
 from ..runtime._numerics import PSD_ROUNDING, psd_sqrt
@@ -117,13 +116,6 @@ class Prior:
             u = jax.random.normal(k_noise, shape + (self.F,), dtype=theta.dtype)
             theta = theta + u @ jnp.asarray(self.cov_sqrt(), dtype=theta.dtype)
         return theta
-
-
-def require_prior(where: str, prior: Any) -> None:
-    """``TypeError`` unless ``prior`` is a :class:`~singleloc.Prior` (a prior's name is named with the remedy)."""
-    hint = (f"singleloc.{prior}(F, strength)" if prior in ("spikes", "flipped", "binary") else
-            "config.problem.build_prior()") if isinstance(prior, str) else "config.problem.build_prior()"
-    require_instance(where, "prior", prior, Prior, hint)
 
 
 def check_prior(prior: Any, reference: str, key: str = "problem.prior") -> None:

@@ -23,7 +23,7 @@ import warnings
 
 import numpy as np
 
-from ..configuration._config import Config, require_config
+from ..configuration._config import Config
 
 
 def warn_if_times_dropped(n_save: int, D: int, kept: int, *, stacklevel: int = 2) -> None:
@@ -52,7 +52,6 @@ def warn_if_risk_rose(config: Config, *, simulation=None, theory=None, stackleve
         theory: a :class:`~singleloc.TheoryResult` (its ``risk`` is read).
         stacklevel: as for :func:`warnings.warn`, counted from the caller of this function.
     """
-    require_config(config, "warn_if_risk_rose")
     sim, th = config.simulation, config.theory
     checks = []
     if simulation is not None:
