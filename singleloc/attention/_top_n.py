@@ -233,7 +233,7 @@ def critical_top_n(
     n_grid: Sequence[int],
     *,
     significance: float = 0.01,
-    mask=None,
+    mask: Shaped[ArrayLike, "..."] | None = None,
     pool_axes: Sequence[int] = (),
 ) -> CriticalTopN:
     """Critical top-N: the N at which the representation distance stops growing (distance collapse).

@@ -204,9 +204,6 @@ def load_config(source: str | Path | Mapping | None = None, overrides: Sequence[
     if isinstance(overrides, (str, bytes)) or not isinstance(overrides, Sequence):
         raise TypeError(f"load_config: overrides must be a list of 'section.key=value' strings, got "
                         f"{type(overrides).__name__} {_short(overrides)}; e.g. [{_short(overrides)}]")
-    if not isinstance(source, (str, Path, Mapping, type(None))):
-        raise TypeError(f"load_config: source must be a preset name, a path or a dict, got {type(source).__name__} "
-                        f"{_short(source)}; e.g. 'default'")
     if source is None:
         data: dict = {}
     elif isinstance(source, Mapping):

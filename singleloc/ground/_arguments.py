@@ -16,7 +16,7 @@ import functools
 import inspect
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +24,13 @@ import numpy as np
 
 
 def _short(value: Any, limit: int = 40) -> str:
-    text = repr(value)
+    text = " ".join(repr(value).split())
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 _WORDS = {int: "an integer", float: "a number", bool: "True or False", str: "a string", Path: "a path",
-          type(None): "None"}
+          type(None): "None", Mapping: "a mapping"}
+_PLURALS = {int: "integers", float: "numbers", str: "strings"}
 
 
 #: What to pass instead of a name (or a dict) given where an object is expected.
@@ -52,11 +53,17 @@ def _expects(hint: Any, optional: bool) -> str:
             dims = arg.dim_str.replace(",", " ").split()
             word = f"a {arg.__name__.split('[')[0].lower()} array" + ("" if dims == ["..."] else
                                                                      f" of shape ({', '.join(dims)}{',' * (len(dims) == 1)})")
+        elif typing.get_origin(arg) in (Mapping, dict):
+            word = "a mapping"
+        elif typing.get_origin(arg) in (Sequence, list) or (typing.get_origin(arg) is tuple and arg.__args__[-1] is Ellipsis):
+            item = arg.__args__[0]
+            word = (f"a {'tuple' if typing.get_origin(arg) is tuple else 'sequence'} of "
+                    f"{_PLURALS.get(item) or _expects(item, False).removeprefix('a ') + ' items'}")
         elif arg in _WORDS:
             word = _WORDS[arg]
         elif typing.get_origin(arg) is Callable:
             word = "a function"
-        elif getattr(arg, "__module__", "").startswith("jax") and arg.__name__ == "Array":
+        elif getattr(arg, "__module__", "") == "jax" and arg.__name__.endswith("Array"):
             word = "a JAX array"
         elif isinstance(arg, type):
             word = f"a {'singleloc.' * arg.__module__.startswith('singleloc')}{arg.__name__}"
@@ -106,7 +113,7 @@ class _Public(dict):
 def checked(fn):
     """``fn`` checking its arguments against its annotations (module docstring); the annotations are read at
     the first call (the names they use are then all defined)."""
-    signature, where = inspect.signature(fn), fn.__qualname__
+    signature, where = inspect.signature(fn), fn.__qualname__.removesuffix(".__init__")
 
     @functools.cache
     def hints() -> tuple[dict, frozenset]:

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections.abc import Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import ArrayLike, Real
 
 from ..ground._user_code import UserCodeError
 from ..ground._validation import integer, number
@@ -156,7 +158,8 @@ def binary(F: int, strength: float, p: float = 0.5) -> Prior:
     return Prior(s * u, probs, np.zeros((F, F)), name="binary")
 
 
-def discrete(support, probs) -> Prior:
+def discrete(support: Real[ArrayLike, "A F"] | Sequence[Sequence[float]],
+             probs: Real[ArrayLike, " A"] | Sequence[float]) -> Prior:
     """User-given support points ``(K, F)`` and probabilities ``(K,)``."""
     support = np.asarray(support, dtype=float)
     if support.ndim != 2:
@@ -170,7 +173,7 @@ def discrete(support, probs) -> Prior:
     return Prior(support, probs, np.zeros((F, F)), name="discrete")
 
 
-def gaussian(mean, cov) -> Prior:
+def gaussian(mean: Real[ArrayLike, " F"] | Sequence[float], cov: Real[ArrayLike, "F F"] | Sequence[Sequence[float]]) -> Prior:
     """``theta ~ N(mean, cov)``; ``cov`` may be a scalar (isotropic) or an ``(F, F)`` PSD matrix."""
     mean = np.atleast_1d(np.asarray(mean, dtype=float))
     if mean.ndim != 1:

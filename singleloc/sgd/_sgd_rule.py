@@ -134,7 +134,7 @@ class AbstractVariant(eqx.Module):
     :mod:`~singleloc.sgd._sgd_variants`). Every hook is the identity here; a piece overrides those it
     changes, and declares its finite-D state in :meth:`init`."""
 
-    __check_init__ = check_fields  # its fields' types (each piece checks their ranges)
+    __post_init__ = check_fields  # its fields' types, before each piece's __check_init__ checks their ranges
 
     def learning_rate(self, lr, tau):
         """The step size at time ``tau`` given the step size ``lr`` of the pieces before."""
