@@ -58,7 +58,7 @@ RECORDS = {
     "Grid": (lambda: sl.Grid("model", "heads", "1,2"), "values"),
     "OrderParameterODE": (lambda: sl.OrderParameterODE.from_config({"model": {"heads": 2}}), "config"),
     "LocalFields": (lambda: sl.LocalFields.make(4, 2, np.zeros(2), 64), "prior"),
-    "TheoryRisk": (lambda: sl.TheoryRisk(load_config("default"), np.zeros((2, 2)), np.eye(2), None), "b"),
+    "TheoryRisk": (lambda: sl.TheoryRisk(load_config("default"), np.zeros((2, 2)), np.eye(2), "b"), "b"),
     "WeightsRisk": (lambda: sl.WeightsRisk(load_config("default"), np.zeros((2, 8)), np.zeros(2), np.zeros((2, 7))), "kstar"),
 }
 
@@ -107,6 +107,40 @@ def test_a_wrong_first_argument_is_one_line_naming_the_function_and_the_argument
     assert message.startswith(f"{name}: {first} must be ") and message.endswith("got Wrong Wrong()"), message
     assert "\n" not in message
     assert programs == []
+
+
+def _checked_callables():
+    """``(name, function)`` of every checked public function and checked method of a public class (unwrapped)."""
+    for name in sl.__all__:
+        obj = getattr(sl, name)
+        if hasattr(obj, "__wrapped__") and not inspect.isclass(obj):
+            yield name, obj.__wrapped__
+        for method in ("from_config", "from_specs", "make", "__init__") if inspect.isclass(obj) else ():
+            if hasattr(vars(obj).get(method), "__wrapped__") or hasattr(getattr(vars(obj).get(method), "__func__", None),
+                                                                         "__wrapped__"):
+                yield f"{name}.{method}", inspect.unwrap(getattr(obj, method))
+
+
+def test_every_default_passes_its_annotation_or_is_none_for_data_a_call_needs():
+    """A default the check would refuse is a mistake in the annotation, except ``None`` where the signature puts data
+    after optional keywords (``prune_theory(config=None, M=None, ...)``), which the check names as missing."""
+    import typing
+
+    from beartype import BeartypeConf
+    from beartype.door import is_bearable
+
+    from singleloc.ground._arguments import _Public
+
+    names, wrong = [], []
+    for name, fn in _checked_callables():
+        names.append(name)
+        hints = typing.get_type_hints(fn, localns=_Public(), include_extras=True)
+        for p in inspect.signature(fn).parameters.values():
+            if p.name in hints and p.default is not p.empty and p.default is not None:
+                wrong += [f"{name}({p.name}={p.default!r})"] * (not is_bearable(p.default, hints[p.name],
+                                                                                  conf=BeartypeConf(is_pep484_tower=True)))
+    assert {"integrate", "TheoryRisk.__init__", "OrderParameterODE.from_config", "LocalFields.make"} <= set(names)
+    assert not wrong
 
 
 def _calls():

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import sys
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -93,21 +94,41 @@ def _check(where: str, values: Mapping[str, Any], hints: Mapping[str, Any], opti
             hint = hints.get(name)
             if hint is not None and not is_bearable(value, hint, conf=conf):
                 expects = _expects(hint, name in optional)
-                remedy = next((f"; pass {fix.format(_short(value))}" for kind, fix in _REMEDIES.items()
-                               if kind in expects and isinstance(value, (str, Path, Mapping))), "")
-                raise TypeError(f"{where}: {name} must be {expects}, got {_got(value)}{remedy}")
+                if value is None and name in optional:  # data a call needs, optional in the signature for the keywords before
+                    raise TypeError(f"{where}: missing {name} ({expects})")
+                raise TypeError(f"{where}: {name} must be {expects}, got {_got(value)}{_remedy(value, expects)}")
+
+
+def _remedy(value: Any, expects: str) -> str:
+    """What to pass instead of a name or a dict given where an object is expected."""
+    if not isinstance(value, (str, Path, Mapping)):
+        return ""
+    fix = next((fix.format(_short(value)) for kind, fix in _REMEDIES.items() if kind in expects), None)
+    if fix is None and isinstance(value, Mapping) and expects.startswith("a singleloc.") and " " not in expects[2:]:
+        fix = f"{expects[2:]}(**{_short(value)})"
+    return f"; pass {fix}" if fix else ""
 
 
 class _Public(dict):
     """The names a module imports for its type checker only (``TYPE_CHECKING``), read from :mod:`singleloc`."""
 
     def __missing__(self, name: str) -> Any:
-        import singleloc
-
         try:
-            return getattr(singleloc, name)
+            return getattr(sys.modules["singleloc"], name)  # the package itself (always imported), no import arrow upwards
         except AttributeError:
             raise KeyError(name) from None
+
+
+def beyond_the_door(stacklevel: int) -> int:
+    """``stacklevel`` for :func:`warnings.warn` (counted from the function that calls it) with one more level for
+    each frame of :func:`checked`'s wrapper it passes: a warning meant for the caller of a public function names the
+    caller's line, not the door's."""
+    frame, level, step = sys._getframe(1), stacklevel, 1
+    while frame is not None and step < level:
+        frame, step = frame.f_back, step + 1
+        if frame is not None and frame.f_code is _DOOR:
+            level += 1
+    return level
 
 
 def checked(fn):
@@ -125,13 +146,17 @@ def checked(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
-            values = signature.bind(*args, **kwargs).arguments
+            bound = signature.bind(*args, **kwargs)
         except TypeError as err:
             raise TypeError(f"{where}: {err}") from None
-        _check(where, values, *hints())
+        bound.apply_defaults()  # a None default where data are needed is named as missing
+        _check(where, bound.arguments, *hints())
         return fn(*args, **kwargs)
 
     return wrapper
+
+
+_DOOR = checked(lambda: None).__code__  # the code of every wrapper
 
 
 @functools.cache

@@ -173,7 +173,8 @@ def discrete(support: Real[ArrayLike, "A F"] | Sequence[Sequence[float]],
     return Prior(support, probs, np.zeros((F, F)), name="discrete")
 
 
-def gaussian(mean: Real[ArrayLike, " F"] | Sequence[float], cov: Real[ArrayLike, "F F"] | Sequence[Sequence[float]]) -> Prior:
+def gaussian(mean: Real[ArrayLike, " F"] | Sequence[float],
+             cov: Real[ArrayLike, "..."] | Sequence[float] | Sequence[Sequence[float]]) -> Prior:
     """``theta ~ N(mean, cov)``; ``cov`` may be a scalar (isotropic) or an ``(F, F)`` PSD matrix."""
     mean = np.atleast_1d(np.asarray(mean, dtype=float))
     if mean.ndim != 1:
