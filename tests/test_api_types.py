@@ -126,10 +126,9 @@ def test_every_default_passes_its_annotation_or_is_none_for_data_a_call_needs():
     after optional keywords (``prune_theory(config=None, M=None, ...)``), which the check names as missing."""
     import typing
 
-    from beartype import BeartypeConf
     from beartype.door import is_bearable
 
-    from singleloc.ground._arguments import _Public
+    from singleloc.ground._arguments import _Public, beartype_conf
 
     names, wrong = [], []
     for name, fn in _checked_callables():
@@ -137,8 +136,7 @@ def test_every_default_passes_its_annotation_or_is_none_for_data_a_call_needs():
         hints = typing.get_type_hints(fn, localns=_Public(), include_extras=True)
         for p in inspect.signature(fn).parameters.values():
             if p.name in hints and p.default is not p.empty and p.default is not None:
-                wrong += [f"{name}({p.name}={p.default!r})"] * (not is_bearable(p.default, hints[p.name],
-                                                                                  conf=BeartypeConf(is_pep484_tower=True)))
+                wrong += [f"{name}({p.name}={p.default!r})"] * (not is_bearable(p.default, hints[p.name], conf=beartype_conf()))
     assert {"integrate", "TheoryRisk.__init__", "OrderParameterODE.from_config", "LocalFields.make"} <= set(names)
     assert not wrong
 

@@ -17,7 +17,7 @@ import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
-from jaxtyping import ArrayLike, Real
+from jaxtyping import ArrayLike, Integer, Real
 
 from ..ground._choices import KS_SAMPLES, MASKS
 from ._attention_rows import _as_float, _n_grid, _positive, _significance, _weights, logits_from_weights
@@ -196,7 +196,7 @@ def diagnose_attention(
     weights: Real[ArrayLike, "..."],
     values: Real[ArrayLike, "..."] | None = None,
     *,
-    top_n: Sequence[int] | None = None,
+    top_n: Sequence[int] | Integer[ArrayLike, " K"] | None = None,
     temperatures: Sequence[float] = TEMPERATURES,
     epsilons: Sequence[float] = FD_EPSILONS,
     directions: int = 4,

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
-from jaxtyping import ArrayLike, Real, Shaped
+from jaxtyping import ArrayLike, Integer, Real, Shaped
 from scipy import stats
 
 from ._attention_rows import _count, _mask, _n_grid, _significance, _values, _weights
@@ -230,11 +230,11 @@ def ks_critical_n(n_grid: Real[ArrayLike, "..."] | Sequence[int], distance: Real
 def critical_top_n(
     weights: Real[ArrayLike, "..."],
     values: Real[ArrayLike, "..."],
-    n_grid: Sequence[int],
+    n_grid: Sequence[int] | Integer[ArrayLike, " K"],
     *,
     significance: float = 0.01,
     mask: Shaped[ArrayLike, "..."] | None = None,
-    pool_axes: Sequence[int] = (),
+    pool_axes: Sequence[int] | Integer[ArrayLike, " K"] = (),
 ) -> CriticalTopN:
     """Critical top-N: the N at which the representation distance stops growing (distance collapse).
 

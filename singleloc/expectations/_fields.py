@@ -73,6 +73,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import ArrayLike, Integer
 from scipy.special import ndtri
 from scipy.stats import qmc
 
@@ -271,7 +272,8 @@ class LocalFields(eqx.Module):
         return jax.tree.map(lambda v: jnp.tensordot(weights, v, axes=2), jax.vmap(at_nodes)(blocks))
 
 
-def replicate_rules(L: int, H: int, prior: Prior, points: int, seeds: Sequence[int], **kwargs) -> LocalFields:
+def replicate_rules(L: int, H: int, prior: Prior, points: int, seeds: Sequence[int] | Integer[ArrayLike, " K"],
+                    **kwargs) -> LocalFields:
     """Independently scrambled rules (one per seed) stacked along a leading axis: ``jax.vmap``
     a function of the rule over it (``in_axes=0`` on the rule)."""
     rules = [LocalFields.make(L, H, prior, points, int(seed), **kwargs) for seed in seeds]

@@ -52,7 +52,8 @@ def _expects(hint: Any, optional: bool) -> str:
             word = arg.__metadata__[0]
         elif isinstance(arg, type) and issubclass(arg, AbstractArray):
             dims = arg.dim_str.replace(",", " ").split()
-            word = f"a {arg.__name__.split('[')[0].lower()} array" + ("" if dims == ["..."] else
+            kind = arg.__name__.split("[")[0].lower()
+            word = f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} array" + ("" if dims == ["..."] else
                                                                      f" of shape ({', '.join(dims)}{',' * (len(dims) == 1)})")
         elif typing.get_origin(arg) in (Mapping, dict):
             word = "a mapping"
@@ -81,14 +82,22 @@ def _got(value: Any) -> str:
     return f"{type(value).__name__} {_short(value)}"
 
 
+@functools.cache
+def beartype_conf():
+    """The check's configuration: an integer where a float is expected, NumPy's scalars as Python's."""
+    from beartype import BeartypeConf, BeartypeHintOverrides
+
+    return BeartypeConf(hint_overrides=BeartypeHintOverrides({float: float | int | np.floating | np.integer,
+                                                              int: int | np.integer}))
+
+
 def _check(where: str, values: Mapping[str, Any], hints: Mapping[str, Any], optional: frozenset = frozenset()) -> None:
     """``TypeError`` naming ``where`` and the first of ``values`` (name -> value) that its hint refuses; the
     arrays' named dimensions must agree across ``values``."""
-    from beartype import BeartypeConf
     from beartype.door import is_bearable
     from jaxtyping import jaxtyped
 
-    conf = BeartypeConf(is_pep484_tower=True)  # an int where a float is expected
+    conf = beartype_conf()
     with jaxtyped("context"):
         for name, value in values.items():
             hint = hints.get(name)

@@ -45,7 +45,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import ArrayLike, Real
+from jaxtyping import ArrayLike, Integer, Real
 
 from ..bayes._population_risk import RiskEstimate, layer_risk, layer_risk_check
 from ..configuration._config import Config, gather_specs, require_uniform_head_weights
@@ -65,7 +65,7 @@ from ._pruning_result import PruningResult
 
 
 def keep_heads(M: Real[ArrayLike, "H F"], Q: Real[ArrayLike, "H H"], b: Real[ArrayLike, " H"],
-               kept: Sequence[int]) -> OrderParameters:
+               kept: Sequence[int] | Integer[ArrayLike, " K"]) -> OrderParameters:
     """The order parameters of the sub-layer of heads ``kept``: rows of ``M`` and ``b``,
     rows and columns of ``Q``."""
     idx = np.asarray(kept, dtype=int)
@@ -234,7 +234,8 @@ class WeightsRisk:
 # -- orders -------------------------------------------------------------------------------
 
 
-def prune(evaluate: Callable[[Sequence[int]], tuple[float, float]], heads: int, order: str | Sequence[int] = "greedy",
+def prune(evaluate: Callable[[Sequence[int]], tuple[float, float]], heads: int,
+          order: str | Sequence[int] | Integer[ArrayLike, " K"] = "greedy",
           *, overlap_norms: np.ndarray | None = None, draws: int = 16, seed: int = 0) -> PruningResult:
     """Remove heads one at a time along ``order`` and record the risk.
 
@@ -306,7 +307,7 @@ def _finish(result: PruningResult, deterministic: bool) -> PruningResult:
 
 
 def prune_theory(config: Config | None = None, M: Real[ArrayLike, "H F"] = None, Q: Real[ArrayLike, "H H"] = None,
-                 b: Real[ArrayLike, " H"] = None, order: str | Sequence[int] = "greedy", *,
+                 b: Real[ArrayLike, " H"] = None, order: str | Sequence[int] | Integer[ArrayLike, " K"] = "greedy", *,
                  problem: Problem | None = None, model: Model | None = None, sgd: SGD | None = None,
                  theory: Theory | None = None, draws: int = 16, seed: int = 0) -> PruningResult:
     """Prune the layer with order parameters ``M`` (H, F), ``Q`` (H, H), ``b`` (H,), scoring
@@ -323,7 +324,7 @@ def prune_theory(config: Config | None = None, M: Real[ArrayLike, "H F"] = None,
     return _finish(result, deterministic=config.theory.replicates == 1 and not refined)
 
 
-def prune_run(run, order: str | Sequence[int] = "greedy", *, draws: int = 16,
+def prune_run(run, order: str | Sequence[int] | Integer[ArrayLike, " K"] = "greedy", *, draws: int = 16,
               seed: int = 0) -> dict[str, list[PruningResult]]:
     """Prune the trained layers of a run folder read back by :func:`~singleloc.load_run`, with
     :func:`prune_theory`: the final state of ``theory.npz`` (one layer) and the final order
@@ -357,7 +358,7 @@ def _counted(bar, result: PruningResult) -> PruningResult:
 
 
 def prune_weights(config: Config | None = None, K: Real[ArrayLike, "H D"] = None, b: Real[ArrayLike, " H"] = None,
-                  kstar: Real[ArrayLike, "F D"] = None, order: str | Sequence[int] = "greedy", *,
+                  kstar: Real[ArrayLike, "F D"] = None, order: str | Sequence[int] | Integer[ArrayLike, " K"] = "greedy", *,
                   problem: Problem | None = None, model: Model | None = None, simulation: Simulation | None = None,
                   draws: int = 16, seed: int = 0, samples: int | None = None, key: int | jax.Array = 0,
                   loss: str = "empirical") -> PruningResult:
@@ -375,7 +376,7 @@ def prune_weights(config: Config | None = None, K: Real[ArrayLike, "H D"] = None
 
 def finetune(config: Config | None = None, M: Real[ArrayLike, "H F"] = None, Q: Real[ArrayLike, "H H"] = None,
              b: Real[ArrayLike, " H"] = None,
-             kept: Sequence[int] = None, ts: Real[ArrayLike, " T"] = None, *,
+             kept: Sequence[int] | Integer[ArrayLike, " K"] = None, ts: Real[ArrayLike, " T"] = None, *,
              problem: Problem | None = None, model: Model | None = None, sgd: SGD | None = None,
              theory: Theory | None = None, **kwargs):
     """Continue the ODE from the pruned layer: :func:`~singleloc.integrate` of the

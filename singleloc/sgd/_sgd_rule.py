@@ -179,7 +179,7 @@ class AbstractSGDRule(eqx.Module):
 
     def __check_init__(self):
         check_fields(self)
-        if isinstance(self.lr, (int, float)):  # a traced rate is checked where it is concrete
+        if not isinstance(self.lr, jax.Array):  # a traced rate is checked where it is concrete
             number(f"{type(self).__name__}: lr", self.lr, positive=True)
 
     def learning_rate(self, tau) -> float | jax.Array:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import ArrayLike, Real
+from jaxtyping import ArrayLike, Integer, Real
 
 from ..expectations._expectation import AbstractExpectation
 from ..expectations._routes import route_class
@@ -88,7 +88,8 @@ class OrderParameterODE(eqx.Module):
     @classmethod
     @checked
     def from_specs(cls, problem: Problem | None = None, model: Model | None = None, sgd: SGD | None = None,
-                   theory: Theory | None = None, *, seeds: Sequence[int] | None = None, points: int | None = None,
+                   theory: Theory | None = None, *, seeds: Sequence[int] | Integer[ArrayLike, " K"] | None = None,
+                   points: int | None = None,
                    check: bool = False) -> OrderParameterODE:
         """The ODE of the specifications (defaults for those not given): the data ``problem``,
         the layer ``model``, the SGD rule ``sgd`` and the numerics ``theory``; the other
@@ -100,7 +101,8 @@ class OrderParameterODE(eqx.Module):
 
     @classmethod
     @checked
-    def from_config(cls, config: Config, *, seeds: Sequence[int] | None = None, points: int | None = None,
+    def from_config(cls, config: Config, *, seeds: Sequence[int] | Integer[ArrayLike, " K"] | None = None,
+                    points: int | None = None,
                     check: bool = False) -> OrderParameterODE:
         """The ODE of a configuration: its objects built once (:func:`~singleloc.theory._build.build`), then
         :meth:`from_setup` (the other arguments are its)."""
@@ -109,7 +111,7 @@ class OrderParameterODE(eqx.Module):
         return cls.from_setup(build(config), seeds=seeds, points=points, check=check)
 
     @classmethod
-    def from_setup(cls, setup: Setup, *, seeds: Sequence[int] | None = None, points: int | None = None,
+    def from_setup(cls, setup: Setup, *, seeds: Sequence[int] | Integer[ArrayLike, " K"] | None = None, points: int | None = None,
                    check: bool = False) -> OrderParameterODE:
         """The ODE of the objects ``setup`` (:class:`~singleloc.theory._build.Setup`): its SGD rule on the
         expectation of its route (the route class's ``from_setup``, :func:`~singleloc.expectations._routes.route_class`).
