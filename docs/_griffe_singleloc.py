@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import importlib
 import re
 import sys
 from pathlib import Path
@@ -36,7 +37,8 @@ class SingleLoc(griffe.Extension):
 
         public = set(singleloc.__all__)
         for name in sorted(public - set(pkg.members)):
-            target = _defining_path(pkg, getattr(singleloc, name))
+            module, attr = singleloc._ORIGIN[name]  # the object itself, not the argument check singleloc.NAME wraps it in
+            target = _defining_path(pkg, getattr(importlib.import_module(f"singleloc.{module}"), attr))
             if target is not None:
                 pkg.set_member(name, griffe.Alias(name, target, parent=pkg))
 

@@ -13,6 +13,7 @@ eager imports. Figures live in :mod:`singleloc.plots` (imported explicitly).
 from __future__ import annotations
 
 import importlib
+import types
 from typing import TYPE_CHECKING
 
 from ._version import __version__ as __version__
@@ -190,6 +191,8 @@ def _public_names() -> dict[str, tuple[str, str]]:
 
 _ORIGIN = _public_names()
 __all__ = sorted(_ORIGIN)
+#: Public functions given to the package as values (activations, called in its traced code): not wrapped.
+UNCHECKED = frozenset({"softmax", "softmax1", "ssmax", "bsoftmax"})
 
 
 def __getattr__(name: str):
@@ -197,6 +200,10 @@ def __getattr__(name: str):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     module, attr = _ORIGIN[name]
     value = getattr(importlib.import_module(f".{module}", __name__), attr)
+    if isinstance(value, types.FunctionType) and name not in UNCHECKED:
+        from .ground._arguments import checked
+
+        value = checked(value)  # arguments checked at the door; the package's own calls skip it
     globals()[name] = value  # later look-ups skip __getattr__
     return value
 

@@ -131,7 +131,7 @@ def test_bayes_risk_checks_its_rule():
         sl.bayes_risk(sl.spikes(2, 2.5), 200, points=256, route="rule")
     with pytest.raises(ValueError, match=r"problem.L \* problem.F \+ problem.F \(Gaussian prior\) = 264"):
         sl.bayes_risk(sl.gaussian([1.0, 0.0], 1.0), 131, points=256)
-    with pytest.raises(ValueError, match=r"theory.points = 'auto': this computation needs a number of points"):
+    with pytest.raises(TypeError, match=r"^bayes_risk: points must be an integer, got str 'auto'$"):  # at the door
         sl.bayes_risk(sl.spikes(2, 2.5), 4, points="auto", route="rule")
 
 

@@ -19,9 +19,9 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import ArrayLike, Real
 
-from ..ground._arguments import require_arrays
-from ..theory._theory import OrderParameterODE, require_ode
+from ..theory._theory import OrderParameterODE
 
 
 @eqx.filter_jit
@@ -29,12 +29,11 @@ def _attention_mass_many(ode: OrderParameterODE, M: jax.Array, Q: jax.Array, b: 
     return jax.lax.map(lambda s: ode.expectation.attention_mass(*s), (M, Q, b))
 
 
-def attention_mass(ode: OrderParameterODE, M, Q, b) -> np.ndarray:
+def attention_mass(ode: OrderParameterODE, M: Real[ArrayLike, "*S H F"], Q: Real[ArrayLike, "*S H H"],
+                   b: Real[ArrayLike, "*S H"]) -> np.ndarray:
     """``w_h = E[sum_l A_hl]`` (..., H) at overlaps ``M`` (..., H, F), ``Q`` (..., H, H), ``b``
     (..., H): the attention weight each head puts on a sequence, exactly on the exact route, by the
     ODE's quadrature rule otherwise (module docstring)."""
-    require_ode("attention_mass", ode)
-    require_arrays("attention_mass", M=M, Q=Q, b=b)
     M, Q, b = np.asarray(M, float), np.asarray(Q, float), np.asarray(b, float)
     H, F = M.shape[-2:]
     lead = M.shape[:-2]

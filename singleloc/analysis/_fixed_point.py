@@ -18,13 +18,13 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import ArrayLike, Real
 from scipy import optimize
 
-from ..ground._arguments import require_arrays
 from ..ground._validation import integer
 from ..runtime._numerics import PSD_ROUNDING, TINY
 from ..runtime._progress import Phase
-from ..theory._theory import OrderParameterODE, require_ode
+from ..theory._theory import OrderParameterODE
 from ._drift_jacobian import _jacobian
 from ._stability import _symmetric_risk, symmetric_drift, symmetric_flow, symmetric_start, symmetric_state
 
@@ -73,7 +73,8 @@ class FixedPoint:
     path_risk: np.ndarray
 
 
-def unspecialized_point(ode: OrderParameterODE, H: int, F: int, x0=None, *, init_scale: float = 0.5, bias_init: float = 0.0,
+def unspecialized_point(ode: OrderParameterODE, H: int, F: int, x0: Real[ArrayLike, " N"] | None = None, *,
+                        init_scale: float = 0.5, bias_init: float = 0.0,
                         tau_flow: float = 60.0, dt: float = 0.1, polish: bool = True, tol: float = 1e-10) -> FixedPoint:
     """The unspecialized (head-symmetric) fixed point of the ODE.
 
@@ -91,9 +92,7 @@ def unspecialized_point(ode: OrderParameterODE, H: int, F: int, x0=None, *, init
     with ``converged=False``; use the rate along the flow there
     (:func:`~singleloc.escape_rate_along`, :func:`singleloc.analysis._predictions.predicted_escape`).
     """
-    require_ode("unspecialized_point", ode)
     H, F = integer("H", H, 1), integer("F", F, 1)
-    require_arrays("unspecialized_point", x0=x0)
     if x0 is None:
         x0 = symmetric_start(H, F, init_scale, bias_init)
     with Phase((f"following the symmetric flow of {H} heads to tau = {tau_flow:g} ({ode.expectation.route} route)",

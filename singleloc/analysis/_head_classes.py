@@ -57,8 +57,9 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+from jaxtyping import ArrayLike, Real
 
-from ..ground._arguments import require_arrays, require_finite
+from ..ground._arguments import require_finite
 from ..runtime._numerics import TINY
 
 
@@ -156,7 +157,9 @@ class HeadClasses:
         return np.isin(self.code, [HEAD_CLASSES.index(c) for c in LEARNED_CLASSES])
 
 
-def classify_heads(M, Q, *, mean=None, weights=None, threshold: float = 0.9, margin: float = 0.05, min_fraction: float = 0.3,
+def classify_heads(M: Real[ArrayLike, "*S H F"], Q: Real[ArrayLike, "*S H H"], *, mean: Real[ArrayLike, " F"] | None = None,
+                   weights: Real[ArrayLike, "*S H"] | None = None, threshold: float = 0.9, margin: float = 0.05,
+                   min_fraction: float = 0.3,
                    mean_tol: float = 0.1, plane_tol: float = 0.2, redundancy: float = 0.99,
                    off_fraction: float = 0.05) -> HeadClasses:
     """The class of every head (rules and defaults in the module docstring).
@@ -169,7 +172,6 @@ def classify_heads(M, Q, *, mean=None, weights=None, threshold: float = 0.9, mar
         weights: ``w_h = E[sum_l A_hl]`` (..., H) from :func:`singleloc.attention_mass`;
             ``None``: no head is ``off``.
     """
-    require_arrays("classify_heads", M=M, Q=Q, mean=mean, weights=weights)
     require_finite("classify_heads", M=M, Q=Q, mean=mean, weights=weights)  # NaN overlaps have no class
     M, Q = np.asarray(M, float), np.asarray(Q, float)
     u, phi = head_profiles(M, Q)

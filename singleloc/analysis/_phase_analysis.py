@@ -26,8 +26,8 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+from jaxtyping import ArrayLike, Real
 
-from ..ground._arguments import require_arrays
 from ._head_classes import (
     HEAD_CLASSES,
     HeadClasses,
@@ -115,7 +115,10 @@ class PhaseAnalysis:
         return out
 
 
-def analyze(tau, M, Q, risk, *, mean=None, weights=None, directions=None, threshold: float = 0.9, margin: float = 0.05,
+def analyze(tau: Real[ArrayLike, " T"], M: Real[ArrayLike, "*S T H F"], Q: Real[ArrayLike, "*S T H H"],
+            risk: Real[ArrayLike, "*S T"], *, mean: Real[ArrayLike, " F"] | None = None,
+            weights: Real[ArrayLike, "*S T H"] | None = None, directions: Real[ArrayLike, "..."] | None = None,
+            threshold: float = 0.9, margin: float = 0.05,
             min_fraction: float = 0.3, mean_tol: float = 0.1, plane_tol: float = 0.2, redundancy: float = 0.99,
             off_fraction: float = 0.05, plateau_tol: float = 0.1, prominence: float = 2.0) -> PhaseAnalysis:
     """Phase analysis of one trajectory (``M`` (T, H, F), ``Q`` (T, H, H), ``risk`` (T,)) or
@@ -128,7 +131,6 @@ def analyze(tau, M, Q, risk, *, mean=None, weights=None, directions=None, thresh
     without which no head is classified ``off``; ``directions`` the latent directions of the
     ``labels`` (default the spikes).
     """
-    require_arrays("analyze", tau=tau, M=M, Q=Q, risk=risk, mean=mean, weights=weights, directions=directions)
     tau = np.asarray(tau, float)
     M, Q, risk = np.asarray(M, float), np.asarray(Q, float), np.asarray(risk, float)
     if M.ndim == 3:

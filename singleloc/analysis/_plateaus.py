@@ -21,8 +21,8 @@ import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
+from jaxtyping import ArrayLike, Real
 
-from ..ground._arguments import require_arrays
 from ..runtime._numerics import first_crossing
 
 
@@ -47,9 +47,9 @@ def _log_slope(tau: np.ndarray, risk: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return idx, np.abs(np.gradient(r, np.log(tau[idx]))) / span
 
 
-def plateaus(tau, risk, *, plateau_tol: float = 0.1, prominence: float = 2.0) -> list[Plateau]:
+def plateaus(tau: Real[ArrayLike, " T"] | Sequence[float], risk: Real[ArrayLike, " T"] | Sequence[float], *,
+             plateau_tol: float = 0.1, prominence: float = 2.0) -> list[Plateau]:
     """Plateaus of one risk curve, in time order (see the module docstring for the rule)."""
-    require_arrays("plateaus", tau=tau, risk=risk)
     tau, risk = np.asarray(tau, float), np.asarray(risk, float)
     if tau.ndim != 1 or risk.shape != tau.shape:
         raise ValueError(f"plateaus expects tau (T,) and risk (T,), got {tau.shape} and {risk.shape}")
@@ -90,7 +90,8 @@ def plateaus(tau, risk, *, plateau_tol: float = 0.1, prominence: float = 2.0) ->
     return merged
 
 
-def halfway_time(tau, risk, after: float, r_from: float, r_to: float) -> float:
+def halfway_time(tau: Real[ArrayLike, " T"] | Sequence[float], risk: Real[ArrayLike, " T"] | Sequence[float], after: float,
+                 r_from: float, r_to: float) -> float:
     """First ``tau >= after`` at which ``risk`` has moved halfway from ``r_from`` to ``r_to``
     (linear interpolation between saved points); NaN if it never does."""
     tau, risk = np.asarray(tau, float), np.asarray(risk, float)
@@ -106,10 +107,10 @@ def halfway_time(tau, risk, after: float, r_from: float, r_to: float) -> float:
     return float(tau[0]) if halfway_at_start else float("nan")
 
 
-def escape_times(tau, risk, plateau_list: Sequence[Plateau] | None = None, **kwargs) -> np.ndarray:
+def escape_times(tau: Real[ArrayLike, " T"] | Sequence[float], risk: Real[ArrayLike, " T"] | Sequence[float],
+                 plateau_list: Sequence[Plateau] | None = None, **kwargs) -> np.ndarray:
     """Escape time from every plateau but the last (module docstring): an array of length
     ``len(plateaus) - 1`` if the curve ends on a plateau, else ``len(plateaus)``."""
-    require_arrays("escape_times", tau=tau, risk=risk)
     tau, risk = np.asarray(tau, float), np.asarray(risk, float)
     ps = plateaus(tau, risk, **kwargs) if plateau_list is None else list(plateau_list)
     out = []

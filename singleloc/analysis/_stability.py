@@ -32,12 +32,12 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import ArrayLike, Real
 
-from ..ground._arguments import require_arrays, require_instance
 from ..runtime._compilation import checks_as_nan
 from ..runtime._numerics import TINY, first_crossing
 from ..runtime._progress import Phase
-from ..theory._theory import OrderParameterODE, OrderParameters, require_ode, unflatten_state
+from ..theory._theory import OrderParameterODE, OrderParameters, unflatten_state
 from ._drift_jacobian import drift_jacobian
 
 # -- the symmetric subspace and its flow ----------------------------------------------------
@@ -167,11 +167,10 @@ def _symmetric_projection(M: np.ndarray, Q: np.ndarray, b: np.ndarray) -> tuple[
     return full, sym
 
 
-def linearize(ode: OrderParameterODE, M, Q, b, *, method: str = "auto", count: str = "") -> Linearization:
+def linearize(ode: OrderParameterODE, M: Real[ArrayLike, "H F"], Q: Real[ArrayLike, "H H"], b: Real[ArrayLike, " H"], *,
+              method: str = "auto", count: str = "") -> Linearization:
     """Eigen-decomposition of the drift's Jacobian at ``(M, Q, b)`` (:class:`Linearization`).
     ``count``: where this one stands in a series (``"3 of at most 16"``), said in its phase lines."""
-    require_ode("linearize", ode)
-    require_arrays("linearize", M=M, Q=Q, b=b)
     M, Q, b = np.asarray(M, float), np.asarray(Q, float), np.asarray(b, float)
     H, F = M.shape
     where = f", {count}" if count else ""
@@ -213,7 +212,8 @@ def _escape_candidates(lin: Linearization, mean, min_asymmetry: float, min_ortho
     return (lin.asymmetry > min_asymmetry) & (orthogonal_fraction(lin, mean) > min_orthogonal)
 
 
-def escape_mode(lin: Linearization, *, mean=None, min_asymmetry: float = 0.5, min_orthogonal: float = 0.5) -> int:
+def escape_mode(lin: Linearization, *, mean: Real[ArrayLike, " F"] | None = None, min_asymmetry: float = 0.5,
+                min_orthogonal: float = 0.5) -> int:
     """Index of the eigenpair that :func:`escape_rate` selects (-1 if none)."""
     sel = _escape_candidates(lin, mean, min_asymmetry, min_orthogonal)
     if not np.any(sel):
@@ -221,19 +221,20 @@ def escape_mode(lin: Linearization, *, mean=None, min_asymmetry: float = 0.5, mi
     return int(np.flatnonzero(sel)[np.argmax(lin.eigenvalues.real[sel])])
 
 
-def escape_rate(lin: Linearization, *, mean=None, min_asymmetry: float = 0.5, min_orthogonal: float = 0.5) -> float:
+def escape_rate(lin: Linearization, *, mean: Real[ArrayLike, " F"] | None = None, min_asymmetry: float = 0.5,
+                min_orthogonal: float = 0.5) -> float:
     """The escape rate ``lambda``: the largest real part among the eigenvalues whose
     eigenvector breaks the head symmetry (asymmetry fraction above ``min_asymmetry``) and, when
     the prior's ``mean`` is given, whose ``M`` block points mostly away from the mean direction
     (fraction above ``min_orthogonal``): a mode along which the heads leave the unspecialized
     profile. Modes that only split the heads' norms along the mean direction are left out.
     NaN when no mode qualifies."""
-    require_instance("escape_rate", "lin", lin, Linearization, "singleloc.linearize(ode, M, Q, b)")
     k = escape_mode(lin, mean=mean, min_asymmetry=min_asymmetry, min_orthogonal=min_orthogonal)
     return float(lin.eigenvalues[k].real) if k >= 0 else float("nan")
 
 
-def escape_subspace(lin: Linearization, *, mean=None, rtol: float = 0.02, min_asymmetry: float = 0.5,
+def escape_subspace(lin: Linearization, *, mean: Real[ArrayLike, " F"] | None = None, rtol: float = 0.02,
+                    min_asymmetry: float = 0.5,
                     min_orthogonal: float = 0.5) -> np.ndarray:
     """Orthonormal basis (n, H*F) of the ``M`` blocks of the escape modes: every selected
     mode (as in :func:`escape_rate`) whose rate is within ``rtol`` of the escape rate. With a
@@ -248,7 +249,7 @@ def escape_subspace(lin: Linearization, *, mean=None, rtol: float = 0.02, min_as
     return u[:, sv > 1e-8 * sv.max()].T
 
 
-def subspace_amplitude(basis: np.ndarray, M) -> np.ndarray:
+def subspace_amplitude(basis: Real[ArrayLike, "n N"], M: Real[ArrayLike, "*S H F"]) -> np.ndarray:
     """Norm of the projection of overlaps ``M`` (..., H, F) on an :func:`escape_subspace`."""
     M = np.asarray(M, float)
     flat = M.reshape(M.shape[:-2] + (-1,))
@@ -277,7 +278,8 @@ def predicted_escape_slope(rate: float) -> float:
     return 1.0 / (2.0 * rate)
 
 
-def linear_escape_time(path_tau, path_rate, amplitude, threshold: float = 0.1, *, extrapolate: bool = False) -> np.ndarray:
+def linear_escape_time(path_tau: Real[ArrayLike, " T"], path_rate: Real[ArrayLike, " T"], amplitude: Real[ArrayLike, "..."],
+                       threshold: float = 0.1, *, extrapolate: bool = False) -> np.ndarray:
     """First time at which ``amplitude * exp(int_{tau_0}^tau rate)`` reaches ``threshold``
     (``tau_0 = path_tau[0]``): the escape of the linearised dynamics along a plateau whose
     escape rate ``path_rate`` (at ``path_tau``, e.g. from :func:`escape_rate_along`) drifts
@@ -306,7 +308,8 @@ def symmetric_escape_rate(ode: OrderParameterODE, x, H: int, F: int, *, mean=Non
     return escape_rate(linearize(ode, M, Q, b, method=method, count=count), mean=mean)
 
 
-def escape_rate_along(ode: OrderParameterODE, tau, xs, H: int, F: int, *, mean=None, method: str = "auto") -> np.ndarray:
+def escape_rate_along(ode: OrderParameterODE, tau: Real[ArrayLike, " T"], xs: Real[ArrayLike, "T N"], H: int, F: int, *,
+                      mean: Real[ArrayLike, " F"] | None = None, method: str = "auto") -> np.ndarray:
     """Escape rate (:func:`escape_rate`) of the linearisation at each symmetric state ``xs``
     (from :func:`symmetric_flow`; ``tau`` their times, unused): the instantaneous growth rate
     of the symmetry-breaking direction along a plateau that has not yet reached its fixed

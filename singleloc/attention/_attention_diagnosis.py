@@ -17,6 +17,7 @@ import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
+from jaxtyping import ArrayLike, Integer, Real
 
 from ..ground._choices import KS_SAMPLES, MASKS
 from ._attention_rows import _as_float, _n_grid, _positive, _significance, _weights, logits_from_weights
@@ -192,10 +193,10 @@ def _mask(name: str, w: np.ndarray, rows: np.ndarray, shape: tuple[int, ...]) ->
 
 
 def diagnose_attention(
-    weights,
-    values=None,
+    weights: Real[ArrayLike, "..."],
+    values: Real[ArrayLike, "..."] | None = None,
     *,
-    top_n: Sequence[int] | None = None,
+    top_n: Sequence[int] | Integer[ArrayLike, " K"] | None = None,
     temperatures: Sequence[float] = TEMPERATURES,
     epsilons: Sequence[float] = FD_EPSILONS,
     directions: int = 4,

@@ -37,6 +37,7 @@ temperatures, significance levels) and turns weights into logits (:func:`logits_
 from __future__ import annotations
 
 import numpy as np
+from jaxtyping import ArrayLike, Real, Shaped
 
 from ..ground._validation import integer, number
 
@@ -147,7 +148,7 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
     return e / np.sum(e, axis=-1, keepdims=True)
 
 
-def logits_from_weights(weights, mask=None) -> np.ndarray:
+def logits_from_weights(weights: Real[ArrayLike, "..."], mask: Shaped[ArrayLike, "..."] | None = None) -> np.ndarray:
     """Logits that reproduce softmax weights: ``log(alpha)``, with ``-inf`` for zero or masked weights.
 
     Softmax is invariant under adding a constant to a row, so these are the logits up to that

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
+from jaxtyping import ArrayLike, Integer, Real, Shaped
 from scipy import stats
 
 from ._attention_rows import _count, _mask, _n_grid, _significance, _values, _weights
@@ -41,7 +42,7 @@ def _select(keys: np.ndarray, valid: np.ndarray, n: int) -> np.ndarray:
     return (ranks < n) & valid
 
 
-def select_top_n(weights, n: int, mask=None) -> np.ndarray:
+def select_top_n(weights: Real[ArrayLike, "..."], n: int, mask: Shaped[ArrayLike, "..."] | None = None) -> np.ndarray:
     """``I_N``: a boolean array of ``weights``' shape marking the ``n`` largest weights of each row.
 
     Ties are broken towards the lower token index; masked tokens are never selected (a row with
@@ -72,7 +73,9 @@ class TopN(NamedTuple):
     separability: np.ndarray
 
 
-def top_n_diagnostics(weights, values, n: int | None = None, *, mask=None, selected=None) -> TopN:
+def top_n_diagnostics(weights: Real[ArrayLike, "..."], values: Real[ArrayLike, "..."], n: int | None = None, *,
+                      mask: Shaped[ArrayLike, "..."] | None = None,
+                      selected: Shaped[ArrayLike, "..."] | None = None) -> TopN:
     """Context, representation distance and geometric separability of a selection of tokens.
 
     With ``I`` the top-``n`` tokens (:func:`select_top_n`) or any boolean ``selected`` of the
@@ -125,17 +128,20 @@ def top_n_diagnostics(weights, values, n: int | None = None, *, mask=None, selec
     return TopN(sel, s, dist, d, r, ns, ratio)
 
 
-def context_vector(weights, values, n: int, *, mask=None) -> np.ndarray:
+def context_vector(weights: Real[ArrayLike, "..."], values: Real[ArrayLike, "..."], n: int, *,
+                   mask: Shaped[ArrayLike, "..."] | None = None) -> np.ndarray:
     """``s = sum_{i in I_N} alpha_i x_i``, shape (..., d); see :func:`top_n_diagnostics`."""
     return top_n_diagnostics(weights, values, n, mask=mask).context
 
 
-def representation_distance(weights, values, n: int, *, mask=None) -> np.ndarray:
+def representation_distance(weights: Real[ArrayLike, "..."], values: Real[ArrayLike, "..."], n: int, *,
+                            mask: Shaped[ArrayLike, "..."] | None = None) -> np.ndarray:
     """``d = sum_{i not in I_N} |alpha_i x_i - s|`` per row; see :func:`top_n_diagnostics`."""
     return top_n_diagnostics(weights, values, n, mask=mask).distance
 
 
-def geometric_separability(weights, values, n: int, *, mask=None) -> np.ndarray:
+def geometric_separability(weights: Real[ArrayLike, "..."], values: Real[ArrayLike, "..."], n: int, *,
+                           mask: Shaped[ArrayLike, "..."] | None = None) -> np.ndarray:
     """``N_s/N`` per row: the share of the top-N tokens closer to ``s`` than every other token
     (distances ``|s - alpha_i x_i|``); see :func:`top_n_diagnostics`."""
     return top_n_diagnostics(weights, values, n, mask=mask).separability
@@ -186,7 +192,8 @@ class CriticalTopN(NamedTuple):
     detectable: float = float("nan")
 
 
-def ks_critical_n(n_grid, distance, *, significance: float = 0.01) -> CriticalTopN:
+def ks_critical_n(n_grid: Real[ArrayLike, "..."] | Sequence[int], distance: Real[ArrayLike, "..."], *,
+                  significance: float = 0.01) -> CriticalTopN:
     """The statistical part of :func:`critical_top_n`, on precomputed samples ``distance`` (K, S).
 
     Row ``k`` holds the samples of the representation distance at ``N = n_grid[k]`` (NaNs are
@@ -221,13 +228,13 @@ def ks_critical_n(n_grid, distance, *, significance: float = 0.01) -> CriticalTo
 
 
 def critical_top_n(
-    weights,
-    values,
-    n_grid: Sequence[int],
+    weights: Real[ArrayLike, "..."],
+    values: Real[ArrayLike, "..."],
+    n_grid: Sequence[int] | Integer[ArrayLike, " K"],
     *,
     significance: float = 0.01,
-    mask=None,
-    pool_axes: Sequence[int] = (),
+    mask: Shaped[ArrayLike, "..."] | None = None,
+    pool_axes: Sequence[int] | Integer[ArrayLike, " K"] = (),
 ) -> CriticalTopN:
     """Critical top-N: the N at which the representation distance stops growing (distance collapse).
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
+from jaxtyping import ArrayLike, Real, Shaped
 
 from ._attention_rows import _as_float, _logits, _mask, _softmax, _weights
 
@@ -38,7 +39,7 @@ class VanishingAttention(NamedTuple):
     holds: np.ndarray
 
 
-def effective_logit_bound(weights, mask=None) -> np.ndarray:
+def effective_logit_bound(weights: Real[ArrayLike, "..."], mask: Shaped[ArrayLike, "..."] | None = None) -> np.ndarray:
     """The smallest ``a`` such that logits in ``[-a, a]`` give these weights through softmax.
 
     Softmax weights fix the logits up to a shift, ``l_i = log(alpha_i) + c``; the smallest
@@ -57,7 +58,9 @@ def effective_logit_bound(weights, mask=None) -> np.ndarray:
         return 0.5 * (np.log(wmax) - np.log(wmin))
 
 
-def vanishing_attention(weights=None, *, logits=None, logit_bound=None, mask=None) -> VanishingAttention:
+def vanishing_attention(weights: Real[ArrayLike, "..."] | None = None, *, logits: Real[ArrayLike, "..."] | None = None,
+                        logit_bound: Real[ArrayLike, "..."] | None = None,
+                        mask: Shaped[ArrayLike, "..."] | None = None) -> VanishingAttention:
     """Compare attention rows with the softmax bounds ``exp(-2a)/L <= alpha_i <= exp(2a)/L``.
 
     For softmax with logits in ``[-a, a]``, ``alpha_i = exp(l_i)/sum_j exp(l_j)`` lies between

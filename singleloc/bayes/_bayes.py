@@ -55,11 +55,11 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import ArrayLike, Real
 
 from ..expectations._fields import LocalFields
 from ..expectations._routes import JOINT_RISK_MAX, decide, route_class
-from ..ground._arguments import require_arrays
-from ..model._priors import Prior, require_prior
+from ..model._priors import Prior
 from ..theory._theory import OrderParameters
 from ._population_risk import RiskEstimate, _check_counts, _check_rules, population_risk
 
@@ -86,21 +86,19 @@ def _log_weight(nu, atoms, log_pi, G, logdet):
     return jax.nn.logsumexp(lin + quad, axis=-1) - 0.5 * logdet
 
 
-def log_weight(prior: Prior, nu: jax.Array) -> jax.Array:
+def log_weight(prior: Prior, nu: Real[ArrayLike, "*S F"]) -> jax.Array:
     """``log E_theta[exp(theta . nu - |theta|^2 / 2)]`` for spike fields ``nu`` (..., F).
 
     Exact (closed form per mixture component), valid for singular covariances; the result has
     the shape ``nu.shape[:-1]``.
     """
-    require_prior("log_weight", prior)
-    require_arrays("log_weight", nu=nu)
     dtype = jnp.result_type(jnp.asarray(nu).dtype, float)
     atoms, log_pi, G, logdet = _weight_params(prior)
     cast = lambda x: None if x is None else jnp.asarray(x, dtype)  # noqa: E731
     return _log_weight(jnp.asarray(nu, dtype), cast(atoms), cast(log_pi), cast(G), logdet)
 
 
-def posterior(prior: Prior, nu: jax.Array) -> jax.Array:
+def posterior(prior: Prior, nu: Real[ArrayLike, "*S F"]) -> jax.Array:
     """Posterior of the location ``p`` (..., L) from the spike fields ``nu`` (..., L, F)."""
     return jax.nn.softmax(log_weight(prior, nu), axis=-1)
 
@@ -138,7 +136,6 @@ def bayes_route(prior: Prior, route: str = "auto") -> str:
     ``"auto"`` takes the exact route for a discrete prior whose Bayes point is affordable there
     (:data:`~singleloc.expectations._routes.JOINT_RISK_MAX`); ``"exact"`` for any discrete prior
     (``ValueError`` for one with a Gaussian part); ``"rule"`` never."""
-    require_prior("bayes_route", prior)
     if route not in BAYES_ROUTES:
         raise ValueError(f"route must be one of {', '.join(map(repr, BAYES_ROUTES))}, got {route!r}")
     if route != "auto" and not route_class(route).field_nodes and not prior.is_discrete:
@@ -176,7 +173,6 @@ def bayes_risk(prior: Prior, L: int, points: int = 4096, seed: int = 0, replicat
             dimensions than SciPy's Sobol sequence has).
         MemoryError: the rule does not fit in the available memory (:mod:`singleloc.preflight._resources`).
     """
-    require_prior("bayes_risk", prior)
     _check_counts(L, replicates)
     chosen = route_class(bayes_route(prior, route))
     if not chosen.field_nodes:  # the Bayes point's bsoftmax layer on the exact route
@@ -203,7 +199,6 @@ def bayes_point(prior: Prior, dtype=None) -> OrderParameters:
     Raises:
         ValueError: the prior has a Gaussian part (no finite number of heads is exact).
     """
-    require_prior("bayes_point", prior)
     if not prior.is_discrete:
         raise ValueError(f"prior {prior.name!r} has a Gaussian part: the Bayes estimator is not a finite bsoftmax layer "
                          "(bayes_point needs a discrete prior)")

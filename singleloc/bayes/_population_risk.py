@@ -16,16 +16,16 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import ArrayLike, Real
 
 from ..expectations._expectation import AbstractExpectation
 from ..expectations._laplace import NODES
 from ..expectations._routes import JOINT_RISK_MAX, decide
 from ..expectations._sobol_geometry import quadrature_dimension
-from ..ground._arguments import require_arrays
 from ..ground._choices import REPLICATES_MAX
 from ..ground._validation import integer
 from ..model._activations import get_activation
-from ..model._priors import Prior, require_prior
+from ..model._priors import Prior
 from ..preflight._resources import OVERHEAD, available_memory, check_memory, check_quadrature, rule_bytes
 
 
@@ -100,8 +100,9 @@ def layer_risk_check(expectation: AbstractExpectation, M, Q, b, v=None) -> jax.A
 
 
 def population_risk(
-    prior: Prior, L: int, activation: str, M, Q, b, points: int = 4096, seed: int = 0, replicates: int = 8,
-    route: str = "auto", v=None, nodes: int = NODES,
+    prior: Prior, L: int, activation: str, M: Real[ArrayLike, "H F"], Q: Real[ArrayLike, "H H"],
+    b: Real[ArrayLike, " H"], points: int = 4096, seed: int = 0, replicates: int = 8,
+    route: str = "auto", v: Real[ArrayLike, " H"] | None = None, nodes: int = NODES,
 ) -> RiskEstimate:
     """Population risk ``R(M, Q, b)`` of a layer (docs/model.md section 3) with its numerical error.
 
@@ -118,8 +119,6 @@ def population_risk(
     ``L H`` fields (``ValueError`` or ``MemoryError``, as :func:`bayes_risk`); its rules are
     rank-aware (``theory.axes = "principal"``, :class:`~singleloc.LocalFields`): heads that are copies
     lose no accuracy."""
-    require_prior("population_risk", prior)
-    require_arrays("population_risk", M=M, Q=Q, b=b, v=v)
     _check_counts(L, replicates)
     get_activation(activation)  # an unknown activation is named before anything else
     dtype = jnp.result_type(float)

@@ -24,6 +24,7 @@ try:  # Python >= 3.11
 except ModuleNotFoundError:  # pragma: no cover
     import tomli as tomllib
 
+from ..ground._arguments import check_fields
 from ..ground._atomic_files import describe_path
 from ..model._priors import Prior
 from ._presets import preset_names
@@ -47,8 +48,7 @@ class Config:
     theory: Theory = Theory()
 
     def __post_init__(self):
-        for name in SECTIONS:
-            _require_spec("Config", name, getattr(self, name))
+        check_fields(self)
         check_combinations(self)  # keys a run would silently drop (issue 54 item 7)
 
     @classmethod
@@ -101,51 +101,15 @@ def gather_specs(where: str, config: Config | None = None, **specs: Any) -> Conf
     """The specifications a computation runs on, as one :class:`Config` (the bundle the
     internals pass on): either ``config`` (a TOML file's, a preset's) or the specification
     objects given by keyword (``problem=Problem(...)``, ``model=Model(...)``, ...; one not
-    given takes its defaults), never both. ``TypeError`` naming ``where`` and the parameter
-    otherwise (a preset name or a dict given in place of an object is named with the remedy)."""
+    given takes its defaults), never both (``TypeError`` naming ``where``); their types are checked at the
+    door (:mod:`~singleloc.ground._arguments`)."""
     if config is not None:
-        require_config(config, where)
         given = sorted(name for name, spec in specs.items() if spec is not None)
         if given:
             raise TypeError(f"{where}: pass either a config or the specifications ({', '.join(given)}), not both; "
                             f"to change a section of a config: config.replace({given[0]}={{...}})")
         return config
-    parts = {}
-    for name, spec in specs.items():
-        if spec is not None:
-            _require_spec(where, name, spec)
-            parts[name] = spec
-    return Config(**parts)
-
-
-def _require_spec(where: str, name: str, spec: Any) -> None:
-    """``TypeError`` unless ``spec`` is the specification of the section ``name`` (a dict, or a preset's
-    name or a file given in its place, is named with the remedy)."""
-    kind = SECTIONS[name]
-    if not isinstance(spec, kind):
-        hint = (f"; pass singleloc.{kind.__name__}(**{_short(spec, 40)})" if isinstance(spec, Mapping) else
-                f"; to read a preset or a TOML file: singleloc.load_config({_short(spec, 40)})" if isinstance(spec, (str, Path))
-                else "")
-        raise TypeError(f"{where}: {name} must be a singleloc.{kind.__name__}, got {type(spec).__name__} {_short(spec)}{hint}")
-
-
-def require_config(config: Any, where: str) -> None:
-    """``TypeError`` unless ``config`` is a :class:`Config`: the functions of the Python API take
-    a resolved config, and a preset name or a dict given in its place is named with the remedy."""
-    if not isinstance(config, Config):
-        hint = (f"singleloc.load_config({_short(config, 40)})" if isinstance(config, (str, Path, Mapping))
-                else "singleloc.load_config(...)")
-        raise TypeError(f"{where}: config must be a singleloc.Config, got {type(config).__name__} {_short(config)}; "
-                        f"pass {hint}")
-
-
-def require_arguments(where: str, **values: Any) -> None:
-    """``TypeError`` naming the arguments of ``values`` that are ``None``: the data a call needs
-    (a start, a layer), optional in its signature only because the specifications before them
-    may be given by keyword."""
-    missing = [name for name, value in values.items() if value is None]
-    if missing:
-        raise TypeError(f"{where}: missing the argument(s) {', '.join(missing)}")
+    return Config(**{name: spec for name, spec in specs.items() if spec is not None})
 
 
 def require_uniform_head_weights(config: Config, where: str) -> None:
@@ -240,9 +204,6 @@ def load_config(source: str | Path | Mapping | None = None, overrides: Sequence[
     if isinstance(overrides, (str, bytes)) or not isinstance(overrides, Sequence):
         raise TypeError(f"load_config: overrides must be a list of 'section.key=value' strings, got "
                         f"{type(overrides).__name__} {_short(overrides)}; e.g. [{_short(overrides)}]")
-    if not isinstance(source, (str, Path, Mapping, type(None))):
-        raise TypeError(f"load_config: source must be a preset name, a path or a dict, got {type(source).__name__} "
-                        f"{_short(source)}; e.g. 'default'")
     if source is None:
         data: dict = {}
     elif isinstance(source, Mapping):

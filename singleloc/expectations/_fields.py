@@ -73,10 +73,12 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import ArrayLike, Integer
 from scipy.special import ndtri
 from scipy.stats import qmc
 
-from ..model._priors import Prior, require_prior
+from ..ground._arguments import checked
+from ..model._priors import Prior
 from ..runtime._numerics import psd_sqrt_and_pinv_sqrt, rank_aware_factor_and_pinv
 from ._sobol_geometry import SOBOL_MAX_DIM, factor_rows, node_batch
 
@@ -152,6 +154,7 @@ class LocalFields(eqx.Module):
     principal: bool = eqx.field(static=True, default=False)
 
     @classmethod
+    @checked
     def make(
         cls, L: int, H: int, prior: Prior, points: int = 4096, seed: int = 0, batch_size: int | None = None, *,
         symmetric: bool = False, principal: bool = False, whiten: bool = True,
@@ -167,7 +170,6 @@ class LocalFields(eqx.Module):
         ``whiten = False``: the nodes are not whitened (:func:`gaussian_nodes`), so that one scrambling's
         average is unbiased and the spread of independent scramblings states its whole error (the exact
         route's Gram rule)."""
-        require_prior("LocalFields.make", prior)
         if points < 1 or points & (points - 1):
             raise ValueError(f"theory.points must be a power of two, got {points}")
         if principal and symmetric:
@@ -270,7 +272,8 @@ class LocalFields(eqx.Module):
         return jax.tree.map(lambda v: jnp.tensordot(weights, v, axes=2), jax.vmap(at_nodes)(blocks))
 
 
-def replicate_rules(L: int, H: int, prior: Prior, points: int, seeds: Sequence[int], **kwargs) -> LocalFields:
+def replicate_rules(L: int, H: int, prior: Prior, points: int, seeds: Sequence[int] | Integer[ArrayLike, " K"],
+                    **kwargs) -> LocalFields:
     """Independently scrambled rules (one per seed) stacked along a leading axis: ``jax.vmap``
     a function of the rule over it (``in_axes=0`` on the rule)."""
     rules = [LocalFields.make(L, H, prior, points, int(seed), **kwargs) for seed in seeds]

@@ -23,7 +23,6 @@ import dataclasses
 import importlib
 from typing import TYPE_CHECKING
 
-from ..ground._arguments import require_instance
 from ..ground._choices import ROUTE_CLASSES, ROUTES
 
 if TYPE_CHECKING:  # imported when a route is chosen
@@ -124,10 +123,6 @@ def decide(activation_name: str, L: int, H: int, prior: Prior, route: str, *, tr
 def choose_route(problem: Problem, model: Model, theory: Theory) -> RouteChoice:
     """The route of a solve of ``problem`` by ``model`` with the numerics ``theory`` (module
     docstring; :func:`decide` with the solve's budget :data:`JOINT_EXACT_MAX`)."""
-    from ..configuration._specs import Model, Problem, Theory
-
-    for name, value, kind in (("problem", problem, Problem), ("model", model, Model), ("theory", theory, Theory)):
-        require_instance("choose_route", name, value, kind, f"config.{name} (singleloc.load_config(...))")
     return decide(model.activation, problem.L, model.heads, problem.build_prior(), theory.route,
                   trained_head_weights=model.trained_head_weights, gram=theory.gram)
 

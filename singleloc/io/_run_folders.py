@@ -38,8 +38,7 @@ from typing import Any
 import numpy as np
 
 from .._version import __version__
-from ..configuration._config import SECTIONS, Config, load_config, require_config
-from ..ground._arguments import require_instance
+from ..configuration._config import SECTIONS, Config, load_config
 from ..ground._atomic_files import (
     NPZ_STAMP,
     RUN_FILES,
@@ -67,9 +66,7 @@ NPZ_ERRORS = (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.
 def config_hash(config: Config | Mapping[str, Any]) -> str:
     """First 16 hex digits of the SHA-256 of the canonical JSON (sorted keys, no spaces) of
     ``config.to_dict()`` (or of the plain dict as stored in ``config.json``)."""
-    if not isinstance(config, Mapping):
-        require_config(config, "config_hash")  # a preset name hashed as a string would be a hash of nothing
-    elif set(config) != set(SECTIONS) or not all(isinstance(v, Mapping) for v in config.values()):
+    if isinstance(config, Mapping) and (set(config) != set(SECTIONS) or not all(isinstance(v, Mapping) for v in config.values())):
         raise ValueError(f"config_hash: config must be a singleloc.Config or its to_dict() (the sections "
                          f"{', '.join(SECTIONS)}, each a table), got a {type(config).__name__} with the keys "
                          f"{sorted(map(str, config))}")
@@ -122,7 +119,6 @@ def save_run(directory: str | Path, config: Config, files: Mapping[str, Any]) ->
     """Write a run folder: ``config.json`` and ``files`` (name -> arrays for ``.npz``, a
     matplotlib figure for ``.png``), all stamped with the config hash, replacing ``directory``
     as a whole (see the module docstring). Returns ``directory``."""
-    require_config(config, "save_run")
     stamp = config_hash(config)
 
     def fill(folder: Path) -> None:
@@ -136,23 +132,18 @@ def save_theory(directory: str | Path, config: Config, result: TheoryResult, ind
     """Write the run folder ``DIR`` of an integration: ``theory.npz`` (trajectory ``index`` of ``result``)
     and ``config.json`` (with the number of points chosen when ``theory.points = "auto"``), replacing
     ``DIR`` as a whole (:func:`save_run`); returns ``DIR/theory.npz``."""
-    require_config(config, "save_theory")
     return save_run(directory, result.resolved(config), {"theory.npz": result.arrays(index)}) / "theory.npz"
 
 
 def save_simulation(directory: str | Path, config: Config, result: SimulationResult) -> Path:
     """Write the run folder ``DIR`` of a simulation: ``simulation.npz`` and ``config.json``, replacing
     ``DIR`` as a whole (:func:`save_run`); returns ``DIR/simulation.npz``."""
-    require_config(config, "save_simulation")
     return save_run(directory, config, {"simulation.npz": result.arrays()}) / "simulation.npz"
 
 
 def add_to_run(run: Run, files: Mapping[str, Any]) -> Path:
     """Add ``files`` (as for :func:`save_run`) to the folder of ``run``, stamped with its hash;
     its other files are kept, and the folder is again replaced as a whole."""
-    require_instance("add_to_run", "run", run, Run, "singleloc.load_run(folder)")
-    if not isinstance(files, Mapping):
-        raise TypeError(f"add_to_run: files must be a mapping of names to arrays or figures, got {type(files).__name__}")
     return write_folder(run.directory, lambda folder: _write_stamped(folder, files, run.config_hash), keep=True)
 
 

@@ -18,8 +18,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import ArrayLike, Real
 
-from ..ground._arguments import require_arrays
 from ._priors import Prior
 
 SIM_DTYPE = jnp.float32
@@ -50,13 +50,9 @@ def init_keys(key: jax.Array, H: int, D: int, init_scale: float) -> jax.Array:
     return init_scale * jax.random.normal(key, (H, D), dtype=SIM_DTYPE)
 
 
-def overlaps(K: jax.Array, kstar: jax.Array) -> tuple[jax.Array, jax.Array]:
+def overlaps(K: Real[ArrayLike, "H D"], kstar: Real[ArrayLike, "F D"]) -> tuple[jax.Array, jax.Array]:
     """Order parameters ``M = K k*^T / D`` (H, F) and ``Q = K K^T / D`` (H, H) of keys ``K`` (H, D) and
     spikes ``kstar`` (F, D)."""
-    require_arrays("overlaps", K=K, kstar=kstar)
-    if np.ndim(K) != 2 or np.ndim(kstar) != 2 or np.shape(K)[1] != np.shape(kstar)[1]:
-        raise ValueError(f"overlaps: expected keys K (H, D) and spikes kstar (F, D) of the same D, got shapes "
-                         f"{np.shape(K)} and {np.shape(kstar)}")
     D = K.shape[-1]
     return K @ kstar.T / D, K @ K.T / D
 
@@ -77,7 +73,7 @@ def initial_overlaps(seed: int, index: int, F: int, H: int, D: int, init_scale: 
     return overlaps(init_keys(keys.init, H, D, init_scale), make_spikes(keys.spikes, F, D))
 
 
-def sample_sequence(key: jax.Array, prior: Prior, kstar: jax.Array, L: int) -> tuple[jax.Array, jax.Array]:
+def sample_sequence(key: jax.Array, prior: Prior, kstar: Real[ArrayLike, "F D"], L: int) -> tuple[jax.Array, jax.Array]:
     """One sequence: tokens X (L, D) and the relevant location ``eps``.
 
     ``x_l ~ N(0, I_D)`` and ``x_eps = z + (1/sqrt(D)) sum_f theta_f k*_f``.

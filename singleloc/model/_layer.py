@@ -14,21 +14,21 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jaxtyping import ArrayLike, Integer, Real
 
-from ..ground._arguments import require_activation
 from ._activations import Activation
 
 
-def token_weights(activation: Activation, scores: jax.Array, v: jax.Array | None = None) -> jax.Array:
+def token_weights(activation: Activation, scores: Real[ArrayLike, "*S H L"], v: Real[ArrayLike, " H"] | None = None) -> jax.Array:
     """Aggregated weights ``a`` (L,) from scores (H, L): the head average of ``act(scores)``, or
     its mixture ``sum_h v_h act(scores)_h`` with head weights ``v`` (H,)."""
-    require_activation("token_weights", activation)
     if v is None:
         return jnp.mean(activation(scores), axis=-2)
     return v @ activation(scores)
 
 
-def limit_loss(activation: Activation, scores: jax.Array, eps: jax.Array | int, v: jax.Array | None = None) -> jax.Array:
+def limit_loss(activation: Activation, scores: Real[ArrayLike, "H L"], eps: Integer[ArrayLike, ""],
+               v: Real[ArrayLike, " H"] | None = None) -> jax.Array:
     """``|e_eps - a|^2 = (1 - a_eps)^2 + sum_{l != eps} a_l^2``: the loss as ``D -> infinity``
     (head weights ``v``: :func:`token_weights`)."""
     a = token_weights(activation, scores, v)
@@ -41,8 +41,8 @@ def scores(K: jax.Array, b: jax.Array, X: jax.Array) -> jax.Array:
     return K @ X.T / jnp.sqrt(X.shape[-1]) + b[:, None]
 
 
-def finite_loss(activation: Activation, K: jax.Array, b: jax.Array, X: jax.Array, eps: jax.Array,
-                v: jax.Array | None = None) -> jax.Array:
+def finite_loss(activation: Activation, K: Real[ArrayLike, "H D"], b: Real[ArrayLike, " H"], X: Real[ArrayLike, "L D"],
+                eps: Integer[ArrayLike, ""], v: Real[ArrayLike, " H"] | None = None) -> jax.Array:
     """The finite-D loss ``|x_eps - sum_l a_l x_l|^2 / D`` of one sequence (head weights ``v``:
     :func:`token_weights`)."""
     a = token_weights(activation, scores(K, b, X), v)

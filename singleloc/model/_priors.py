@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections.abc import Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import ArrayLike, Real
 
-from ..ground._arguments import require_instance
 from ..ground._user_code import UserCodeError
 from ..ground._validation import integer, number
 from ..runtime._numerics import PSD_ROUNDING, psd_sqrt
@@ -119,13 +120,6 @@ class Prior:
         return theta
 
 
-def require_prior(where: str, prior: Any) -> None:
-    """``TypeError`` unless ``prior`` is a :class:`~singleloc.Prior` (a prior's name is named with the remedy)."""
-    hint = (f"singleloc.{prior}(F, strength)" if prior in ("spikes", "flipped", "binary") else
-            "config.problem.build_prior()") if isinstance(prior, str) else "config.problem.build_prior()"
-    require_instance(where, "prior", prior, Prior, hint)
-
-
 def check_prior(prior: Any, reference: str, key: str = "problem.prior") -> None:
     """The probe of a prior a factory returned (:mod:`~singleloc.ground._user_code`); :class:`UserCodeError`
     naming ``reference``."""
@@ -164,7 +158,8 @@ def binary(F: int, strength: float, p: float = 0.5) -> Prior:
     return Prior(s * u, probs, np.zeros((F, F)), name="binary")
 
 
-def discrete(support, probs) -> Prior:
+def discrete(support: Real[ArrayLike, "A F"] | Sequence[Sequence[float]],
+             probs: Real[ArrayLike, " A"] | Sequence[float]) -> Prior:
     """User-given support points ``(K, F)`` and probabilities ``(K,)``."""
     support = np.asarray(support, dtype=float)
     if support.ndim != 2:
@@ -178,7 +173,8 @@ def discrete(support, probs) -> Prior:
     return Prior(support, probs, np.zeros((F, F)), name="discrete")
 
 
-def gaussian(mean, cov) -> Prior:
+def gaussian(mean: Real[ArrayLike, " F"] | Sequence[float],
+             cov: Real[ArrayLike, "..."] | Sequence[float] | Sequence[Sequence[float]]) -> Prior:
     """``theta ~ N(mean, cov)``; ``cov`` may be a scalar (isotropic) or an ``(F, F)`` PSD matrix."""
     mean = np.atleast_1d(np.asarray(mean, dtype=float))
     if mean.ndim != 1:

@@ -23,7 +23,8 @@ import warnings
 
 import numpy as np
 
-from ..configuration._config import Config, require_config
+from ..configuration._config import Config
+from ..ground._arguments import beyond_the_door
 
 
 def warn_if_times_dropped(n_save: int, D: int, kept: int, *, stacklevel: int = 2) -> None:
@@ -32,7 +33,7 @@ def warn_if_times_dropped(n_save: int, D: int, kept: int, *, stacklevel: int = 2
     :func:`~singleloc.simulation._simulation.save_steps`)."""
     if kept < n_save:
         warnings.warn(f"sgd.n_save = {n_save} saved times fall on {kept} distinct SGD steps (tau = t / D with "
-                      f"simulation.D = {D}); the simulation saves {kept}", stacklevel=stacklevel + 1)
+                      f"simulation.D = {D}); the simulation saves {kept}", stacklevel=beyond_the_door(stacklevel + 1))
 
 
 def warn_if_risk_rose(config: Config, *, simulation=None, theory=None, stacklevel: int = 2) -> None:
@@ -52,7 +53,6 @@ def warn_if_risk_rose(config: Config, *, simulation=None, theory=None, stackleve
         theory: a :class:`~singleloc.TheoryResult` (its ``risk`` is read).
         stacklevel: as for :func:`warnings.warn`, counted from the caller of this function.
     """
-    require_config(config, "warn_if_risk_rose")
     sim, th = config.simulation, config.theory
     checks = []
     if simulation is not None:
@@ -68,4 +68,4 @@ def warn_if_risk_rose(config: Config, *, simulation=None, theory=None, stackleve
         if rise.mean() > 3 * error:
             warnings.warn(f"the {what} risk rose during training ({risk[:, 0].mean():.4g} -> {risk[:, -1].mean():.4g}, more "
                           f"than 3 x its error {error:.2g}): sgd.lr = {config.sgd.lr:g} may be too large",
-                          stacklevel=stacklevel + 1)
+                          stacklevel=beyond_the_door(stacklevel + 1))

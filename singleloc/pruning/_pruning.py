@@ -45,12 +45,13 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import ArrayLike, Integer, Real
 
 from ..bayes._population_risk import RiskEstimate, layer_risk, layer_risk_check
-from ..configuration._config import Config, gather_specs, require_arguments, require_config, require_uniform_head_weights
+from ..configuration._config import Config, gather_specs, require_uniform_head_weights
 from ..configuration._specs import SGD, Model, Problem, Simulation, Theory
 from ..expectations._routes import RouteChoice, route_of
-from ..ground._arguments import _short, require_arrays, require_count
+from ..ground._arguments import _short, checked
 from ..ground._choices import PRUNING_DRAWS_MAX, PRUNING_ORDERS
 from ..ground._validation import integer
 from ..model._activations import get_activation
@@ -63,10 +64,10 @@ from ..theory._theory import OrderParameterODE, OrderParameters
 from ._pruning_result import PruningResult
 
 
-def keep_heads(M, Q, b, kept: Sequence[int]) -> OrderParameters:
+def keep_heads(M: Real[ArrayLike, "H F"], Q: Real[ArrayLike, "H H"], b: Real[ArrayLike, " H"],
+               kept: Sequence[int] | Integer[ArrayLike, " K"]) -> OrderParameters:
     """The order parameters of the sub-layer of heads ``kept``: rows of ``M`` and ``b``,
     rows and columns of ``Q``."""
-    require_arrays("keep_heads", M=M, Q=Q, b=b, kept=kept)
     idx = np.asarray(kept, dtype=int)
     return OrderParameters(jnp.asarray(M)[idx], jnp.asarray(Q)[np.ix_(idx, idx)], jnp.asarray(b)[idx])
 
@@ -90,7 +91,6 @@ def pruning_config(config: Config, heads: int | None = None) -> tuple[Config, Ro
     fits in memory (:func:`~singleloc.preflight._resources.check_memory`).
     ``ValueError`` or ``MemoryError`` naming the keys otherwise (``model.head_weights =
     "trained"``: pruning is written for the head average)."""
-    require_config(config, "pruning_config")
     require_uniform_head_weights(config, "pruning")
     H = config.model.heads if heads is None else int(heads)
     route = route_of(config.replace(model={"heads": H}))
@@ -125,10 +125,11 @@ class TheoryRisk:
     The run is ``config`` or the specifications by keyword (``TheoryRisk(M=M, Q=Q, b=b,
     problem=..., model=..., theory=...)``; ``sgd``'s rule does not enter a risk)."""
 
-    def __init__(self, config: Config | None = None, M=None, Q=None, b=None, *, problem: Problem | None = None,
+    @checked
+    def __init__(self, config: Config | None = None, M: Real[ArrayLike, "H F"] = None, Q: Real[ArrayLike, "H H"] = None,
+                 b: Real[ArrayLike, " H"] = None, *, problem: Problem | None = None,
                  model: Model | None = None, sgd: SGD | None = None, theory: Theory | None = None):
         config = gather_specs("TheoryRisk", config, problem=problem, model=model, sgd=sgd, theory=theory)
-        require_arguments("TheoryRisk", M=M, Q=Q, b=b)
         require_uniform_head_weights(config, "TheoryRisk")
         dtype = jnp.result_type(float)
         self.M, self.Q, self.b = (jnp.asarray(x, dtype) for x in (M, Q, b))
@@ -185,11 +186,12 @@ class WeightsRisk:
     activation; ``simulation``: ``test_samples``, the default of ``samples``).
     """
 
-    def __init__(self, config: Config | None = None, K=None, b=None, kstar=None, *, problem: Problem | None = None,
+    @checked
+    def __init__(self, config: Config | None = None, K: Real[ArrayLike, "H D"] = None, b: Real[ArrayLike, " H"] = None,
+                 kstar: Real[ArrayLike, "F D"] = None, *, problem: Problem | None = None,
                  model: Model | None = None, simulation: Simulation | None = None, samples: int | None = None,
                  key: int | jax.Array = 0, loss: str = "empirical"):
         config = gather_specs("WeightsRisk", config, problem=problem, model=model, simulation=simulation)
-        require_arguments("WeightsRisk", K=K, b=b, kstar=kstar)
         require_uniform_head_weights(config, "WeightsRisk")
         if loss not in ("empirical", "limit"):
             raise ValueError(f"loss must be 'empirical' or 'limit', got {loss!r}")
@@ -232,7 +234,8 @@ class WeightsRisk:
 # -- orders -------------------------------------------------------------------------------
 
 
-def prune(evaluate: Callable[[Sequence[int]], tuple[float, float]], heads: int, order: str | Sequence[int] = "greedy",
+def prune(evaluate: Callable[[Sequence[int]], tuple[float, float]], heads: int,
+          order: str | Sequence[int] | Integer[ArrayLike, " K"] = "greedy",
           *, overlap_norms: np.ndarray | None = None, draws: int = 16, seed: int = 0) -> PruningResult:
     """Remove heads one at a time along ``order`` and record the risk.
 
@@ -246,9 +249,7 @@ def prune(evaluate: Callable[[Sequence[int]], tuple[float, float]], heads: int, 
         draws: number of random orders (``order="random"`` only).
         seed: seed of the random orders.
     """
-    if not callable(evaluate):
-        raise TypeError(f"prune: evaluate must be a function kept -> (risk, stderr), got {type(evaluate).__name__}")
-    require_count("prune", "heads", heads, 1)
+    integer("prune: heads", heads, 1)
     H = int(heads)
     if isinstance(order, str):
         if order not in PRUNING_ORDERS:
@@ -305,7 +306,8 @@ def _finish(result: PruningResult, deterministic: bool) -> PruningResult:
     return dataclasses.replace(result, stderr=None) if deterministic else result
 
 
-def prune_theory(config: Config | None = None, M=None, Q=None, b=None, order: str | Sequence[int] = "greedy", *,
+def prune_theory(config: Config | None = None, M: Real[ArrayLike, "H F"] = None, Q: Real[ArrayLike, "H H"] = None,
+                 b: Real[ArrayLike, " H"] = None, order: str | Sequence[int] | Integer[ArrayLike, " K"] = "greedy", *,
                  problem: Problem | None = None, model: Model | None = None, sgd: SGD | None = None,
                  theory: Theory | None = None, draws: int = 16, seed: int = 0) -> PruningResult:
     """Prune the layer with order parameters ``M`` (H, F), ``Q`` (H, H), ``b`` (H,), scoring
@@ -314,8 +316,6 @@ def prune_theory(config: Config | None = None, M=None, Q=None, b=None, order: st
     in ``stderr``: the difference to the finer exact rule, or the replicates' standard error). The run
     is ``config`` or the specifications by keyword (defaults for those not given)."""
     config = gather_specs("prune_theory", config, problem=problem, model=model, sgd=sgd, theory=theory)
-    require_arguments("prune_theory", M=M, Q=Q, b=b)
-    require_arrays("prune_theory", M=M, Q=Q, b=b)
     evaluate = TheoryRisk(config, M, Q, b)
     norms = np.linalg.norm(np.asarray(M, dtype=float), axis=1)
     result = prune(evaluate, evaluate.heads, order, overlap_norms=norms, draws=draws, seed=seed)
@@ -324,7 +324,7 @@ def prune_theory(config: Config | None = None, M=None, Q=None, b=None, order: st
     return _finish(result, deterministic=config.theory.replicates == 1 and not refined)
 
 
-def prune_run(run, order: str | Sequence[int] = "greedy", *, draws: int = 16,
+def prune_run(run, order: str | Sequence[int] | Integer[ArrayLike, " K"] = "greedy", *, draws: int = 16,
               seed: int = 0) -> dict[str, list[PruningResult]]:
     """Prune the trained layers of a run folder read back by :func:`~singleloc.load_run`, with
     :func:`prune_theory`: the final state of ``theory.npz`` (one layer) and the final order
@@ -357,7 +357,8 @@ def _counted(bar, result: PruningResult) -> PruningResult:
     return result
 
 
-def prune_weights(config: Config | None = None, K=None, b=None, kstar=None, order: str | Sequence[int] = "greedy", *,
+def prune_weights(config: Config | None = None, K: Real[ArrayLike, "H D"] = None, b: Real[ArrayLike, " H"] = None,
+                  kstar: Real[ArrayLike, "F D"] = None, order: str | Sequence[int] | Integer[ArrayLike, " K"] = "greedy", *,
                   problem: Problem | None = None, model: Model | None = None, simulation: Simulation | None = None,
                   draws: int = 16, seed: int = 0, samples: int | None = None, key: int | jax.Array = 0,
                   loss: str = "empirical") -> PruningResult:
@@ -368,14 +369,14 @@ def prune_weights(config: Config | None = None, K=None, b=None, kstar=None, orde
     estimates; ``stderr`` holds their standard errors. ``alignment`` ranks by ``|M_h|`` with
     ``M = K k*^T / D``. The run is ``config`` or the specifications by keyword."""
     config = gather_specs("prune_weights", config, problem=problem, model=model, simulation=simulation)
-    require_arguments("prune_weights", K=K, b=b, kstar=kstar)
-    require_arrays("prune_weights", K=K, b=b, kstar=kstar)
     evaluate = WeightsRisk(config, K, b, kstar, samples=samples, key=key, loss=loss)
     norms = np.linalg.norm(evaluate.overlaps()[0], axis=1)
     return prune(evaluate, evaluate.heads, order, overlap_norms=norms, draws=draws, seed=seed)
 
 
-def finetune(config: Config | None = None, M=None, Q=None, b=None, kept: Sequence[int] | None = None, ts=None, *,
+def finetune(config: Config | None = None, M: Real[ArrayLike, "H F"] = None, Q: Real[ArrayLike, "H H"] = None,
+             b: Real[ArrayLike, " H"] = None,
+             kept: Sequence[int] | Integer[ArrayLike, " K"] = None, ts: Real[ArrayLike, " T"] = None, *,
              problem: Problem | None = None, model: Model | None = None, sgd: SGD | None = None,
              theory: Theory | None = None, **kwargs):
     """Continue the ODE from the pruned layer: :func:`~singleloc.integrate` of the
@@ -383,8 +384,6 @@ def finetune(config: Config | None = None, M=None, Q=None, b=None, kept: Sequenc
     ``ts`` (which start at the pruning time, e.g. 0). Returns a :class:`~singleloc.TheoryResult`.
     The run is ``config`` or the specifications by keyword (``model``: the unpruned layer)."""
     config = gather_specs("finetune", config, problem=problem, model=model, sgd=sgd, theory=theory)
-    require_arguments("finetune", M=M, Q=Q, b=b, kept=kept, ts=ts)
-    require_arrays("finetune", M=M, Q=Q, b=b, kept=kept, ts=ts)
     require_uniform_head_weights(config, "finetune")
     y0 = keep_heads(M, Q, b, kept)
     ts = np.asarray(ts, dtype=float)

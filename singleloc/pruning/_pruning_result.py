@@ -10,6 +10,7 @@ import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
+from jaxtyping import ArrayLike, Real
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +61,7 @@ class PruningResult:
         return removable_heads(self.risk, tol)
 
 
-def removable_heads(risk: Sequence[float], tol: float = 0.01) -> int:
+def removable_heads(risk: Real[ArrayLike, " K"] | Sequence[float], tol: float = 0.01) -> int:
     """The largest ``k`` with ``risk[j] <= risk[0] + tol`` for every ``j <= k``."""
     risk = np.asarray(risk, dtype=float)
     over = np.nonzero(risk > risk[0] + tol)[0]

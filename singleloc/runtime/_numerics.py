@@ -12,6 +12,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import ArrayLike, Real
 
 #: Keys whose overlaps exceed this in absolute value are "runaway": the dynamics diverged.
 #: Used by the ODE's terminating event and by the simulator's finiteness check.
@@ -75,12 +76,9 @@ def psd_sqrt_and_pinv_sqrt(A):
     return (v * root[..., None, :]) @ vt, (v * inv_root[..., None, :]) @ vt
 
 
-def psd_sqrt(A):
+def psd_sqrt(A: Real[ArrayLike, "*S N N"]):
     """Symmetric square root ``A^{1/2}`` of a symmetric PSD matrix (negative eigenvalues,
     from rounding, clipped at zero); NumPy in, NumPy out; JAX in, JAX out."""
-    from ..ground._arguments import require_arrays
-
-    require_arrays("psd_sqrt", A=A)
     return psd_sqrt_and_pinv_sqrt(A)[0]
 
 

@@ -61,13 +61,15 @@ from __future__ import annotations
 
 import abc
 import math
-from typing import Any, NamedTuple
+from typing import Annotated, Any, NamedTuple
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+from jaxtyping import ArrayLike, Real
 
-from ..ground._arguments import require_flag, require_real
+from ..ground._arguments import check_fields
+from ..ground._validation import number
 
 
 class OrderParameters(NamedTuple):
@@ -87,6 +89,14 @@ class WeightedOrderParameters(NamedTuple):
     Q: jax.Array
     b: jax.Array
     v: jax.Array
+
+
+#: The annotation of a start given to the public functions: ``(M0, Q0, b0)`` (an :class:`OrderParameters`)
+#: or ``(M0, Q0, b0, v0)`` (a :class:`WeightedOrderParameters`) as arrays, with any leading axes ``S``.
+Starts = Annotated[tuple[Real[ArrayLike, "*S H F"], Real[ArrayLike, "*S H H"], Real[ArrayLike, "*S H"]]
+                   | tuple[Real[ArrayLike, "*S H F"], Real[ArrayLike, "*S H H"], Real[ArrayLike, "*S H"],
+                           Real[ArrayLike, "*S H"]],
+                   "the starts (M0, Q0, b0) (or (M0, Q0, b0, v0)) as arrays, e.g. singleloc.initial_conditions(config, 1)"]
 
 
 def flat_drift(drift: OrderParameters) -> jax.Array:
@@ -123,6 +133,8 @@ class AbstractVariant(eqx.Module):
     """A piece of an SGD rule's chain (module docstring; the pieces are in
     :mod:`~singleloc.sgd._sgd_variants`). Every hook is the identity here; a piece overrides those it
     changes, and declares its finite-D state in :meth:`init`."""
+
+    __post_init__ = check_fields  # its fields' types, before each piece's __check_init__ checks their ranges
 
     def learning_rate(self, lr, tau):
         """The step size at time ``tau`` given the step size ``lr`` of the pieces before."""
@@ -166,12 +178,9 @@ class AbstractSGDRule(eqx.Module):
     train_head_weights: eqx.AbstractVar[bool]
 
     def __check_init__(self):
-        where = type(self).__name__
-        require_real(where, "lr", self.lr, positive=True)
-        require_flag(where, train_bias=self.train_bias, train_head_weights=self.train_head_weights)
-        if not isinstance(self.variants, tuple) or not all(isinstance(p, AbstractVariant) for p in self.variants):
-            raise TypeError(f"{where}: variants must be a tuple of SGD variants (singleloc.MiniBatch, WeightDecay, "
-                            f"LearningRateSchedule, Momentum), got {self.variants!r}")
+        check_fields(self)
+        if not isinstance(self.lr, jax.Array):  # a traced rate is checked where it is concrete
+            number(f"{type(self).__name__}: lr", self.lr, positive=True)
 
     def learning_rate(self, tau) -> float | jax.Array:
         """The step size of a finite-D step at time ``tau``: ``lr`` through the chain's schedules

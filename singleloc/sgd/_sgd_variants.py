@@ -47,8 +47,8 @@ import jax
 import jax.numpy as jnp
 from equinox import field
 
-from ..ground._arguments import require_count, require_real
 from ..ground._choices import SCHEDULES
+from ..ground._validation import integer, number
 from ._sgd_rule import AbstractVariant, LayerParameters, OrderParameters
 
 
@@ -65,11 +65,10 @@ class LearningRateSchedule(AbstractVariant):
     def __check_init__(self):
         if self.kind not in SCHEDULES:
             raise ValueError(f"LearningRateSchedule: kind must be one of {', '.join(SCHEDULES)}, got {self.kind!r}")
-        require_real("LearningRateSchedule", "tau", self.tau, positive=True)
-        require_real("LearningRateSchedule", "factor", self.factor, nonneg=True)
-        if self.factor > 1:
+        number("LearningRateSchedule: tau", self.tau, positive=True)
+        if not 0 <= self.factor <= 1:
             raise ValueError(f"LearningRateSchedule: factor must lie in [0, 1], got {self.factor!r}")
-        require_real("LearningRateSchedule", "warmup", self.warmup, nonneg=True)
+        number("LearningRateSchedule: warmup", self.warmup, nonneg=True)
 
     @property
     def constant(self) -> bool:
@@ -105,7 +104,7 @@ class MiniBatch(AbstractVariant):
     size: int = field(static=True)
 
     def __check_init__(self):
-        require_count("MiniBatch", "size", self.size, 1)
+        integer("MiniBatch: size", self.size, 1)
 
     def sequences(self) -> int:
         return self.size
@@ -120,8 +119,8 @@ class WeightDecay(AbstractVariant):
     bias_decay: float = field(static=True, default=0.0)
 
     def __check_init__(self):
-        require_real("WeightDecay", "weight_decay", self.weight_decay, nonneg=True)
-        require_real("WeightDecay", "bias_decay", self.bias_decay, nonneg=True)
+        number("WeightDecay: weight_decay", self.weight_decay, nonneg=True)
+        number("WeightDecay: bias_decay", self.bias_decay, nonneg=True)
 
     def direction(self, params: LayerParameters, grads: LayerParameters, state, D: int) -> tuple[LayerParameters, None]:
         gK, gb = grads.K, grads.b
@@ -151,7 +150,7 @@ class Momentum(AbstractVariant):
     beta: float = field(static=True)
 
     def __check_init__(self):
-        require_real("Momentum", "beta", self.beta, nonneg=True, below=1.0)
+        number("Momentum: beta", self.beta, nonneg=True, below=1.0)
 
     def rate(self, r):
         """A direction that enters the velocity moves the state by its echo, ``1 / (1 - beta)`` times."""

@@ -23,9 +23,12 @@ independent of D), scored by :func:`~singleloc.model._heldout.heldout_losses`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import ArrayLike, Real
 
 from ..configuration._config import Config, gather_specs
 from ..configuration._specs import SGD, Model, Problem, Simulation
@@ -107,7 +110,8 @@ def _run_functions(config: Config):
 
 
 def simulate(config: Config | None = None, *, problem: Problem | None = None, model: Model | None = None,
-             sgd: SGD | None = None, simulation: Simulation | None = None, progress: bool = True, ts: np.ndarray | None = None
+             sgd: SGD | None = None, simulation: Simulation | None = None, progress: bool = True,
+             ts: Real[ArrayLike, " T"] | Sequence[float] | None = None
              ) -> SimulationResult:
     """Run online SGD for every seed and record the saved trajectory.
 

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..configuration._config import SECTIONS, Config, parse_override
+from ..ground._arguments import check_fields
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,6 +24,8 @@ class Grid:
     section: str
     key: str
     values: tuple
+
+    __post_init__ = check_fields
 
     @property
     def name(self) -> str:
@@ -53,8 +56,6 @@ def _split_top_level(text: str) -> list[str]:
 def parse_grid(text: str) -> Grid:
     """``"model.heads=1,2,4"`` -> :class:`Grid`. Each value is read as TOML (a bare word as a
     string); commas inside brackets belong to the value (``problem.mean=[1,0],[0,1]``)."""
-    if not isinstance(text, str):
-        raise TypeError(f"parse_grid: expects a string 'section.key=v1,v2,...', got {type(text).__name__} {text!r:.40}")
     if "=" not in text or "." not in text.split("=", 1)[0]:
         raise ValueError(f"--grid expects section.key=v1,v2,..., got {text!r}")
     lhs, rhs = text.split("=", 1)

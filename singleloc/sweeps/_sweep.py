@@ -73,7 +73,7 @@ from ..analysis._head_classes import HEAD_CLASSES
 from ..analysis._phase_analysis import analyze
 from ..analysis._predictions import EscapePrediction, resolve_horizon, with_chosen_points
 from ..analysis._sweep_answers import GAP_TOL, add_heads_needed, bayes_columns
-from ..configuration._config import Config, require_config
+from ..configuration._config import Config
 from ..expectations._laplace_expectation import DRIFT_UNCHECKED
 from ..expectations._routes import route_class
 from ..ground._atomic_files import OUTPUT_KEY, png_has_text, written_together
@@ -111,7 +111,6 @@ def check_sweep(base: Config, grids: Sequence[Grid], *, simulate: bool = False, 
     (``simulate``) and for the theory of its ``simulation.seeds`` starts, times the points of its
     batched solve with ``batch`` (the points of one :func:`~singleloc.runtime._compilation.compile_group`
     are one solve); ``ValueError`` or ``MemoryError`` naming the keys. :func:`sweep` runs it."""
-    require_config(base, "check_sweep")
     _check_points([point for _, point in grid_points(base, grids)], simulate, batch)
 
 
@@ -228,7 +227,6 @@ def sweep(base: Config, grids: Sequence[Grid], out: str | Path | None = None, *,
     dimension, quadrature and memory); a point that cannot run is refused with ``ValueError`` or
     ``MemoryError`` naming the keys.
     """
-    require_config(base, "sweep")
     t0 = time.perf_counter()
     if cache_dir is None and out is None:
         raise ValueError("sweep needs out (its cache goes to OUT/cache) or cache_dir")
@@ -255,7 +253,6 @@ def compute_sweep(base: Config, grids: Sequence[Grid], cache: str | Path, *, hor
     others. ``batch``: the theory points of one :func:`~singleloc.runtime._compilation.compile_group`
     are one batched solve (one task). ``gap``: as :func:`sweep`'s.
     """
-    require_config(base, "sweep")
     check_horizon(horizon)
     check_gap(gap)
     t0 = time.perf_counter()

@@ -32,12 +32,12 @@ import warnings
 import equinox as eqx
 import jax
 import numpy as np
+from jaxtyping import ArrayLike, Real
 
-from ..configuration._config import Config, gather_specs, require_arguments
+from ..configuration._config import Config, gather_specs
 from ..configuration._specs import SGD, Model, Problem, Theory
-from ..ground._arguments import require_starts
 from ..preflight._resources import FIRST_POINTS, MIN_POINTS, check_run
-from ..sgd._sgd_rule import flat_drift
+from ..sgd._sgd_rule import Starts, flat_drift
 from ._build import Setup, build
 from ._theory import OrderParameterODE, OrderParameters
 
@@ -46,7 +46,7 @@ PROBE_REPLICATES = 4
 MARGIN = 1.5
 
 
-def relative_drift_error(drifts) -> np.ndarray:
+def relative_drift_error(drifts: Real[ArrayLike, "*S R P"]) -> np.ndarray:
     """Estimated relative error of ONE rule from the drifts (..., R, P) of ``R >= 2``
     independent rules (module docstring); divide by ``sqrt(R)`` for their mean."""
     d = np.asarray(drifts)
@@ -86,14 +86,12 @@ def drift_error(setup: Setup, y0: OrderParameters, points: int, replicates: int)
     return float(np.max(relative_drift_error(np.stack(drifts, axis=-2)))) / np.sqrt(replicates)
 
 
-def choose_points(config: Config | None = None, y0: OrderParameters | None = None, *, problem: Problem | None = None,
+def choose_points(config: Config | None = None, y0: Starts = None, *, problem: Problem | None = None,
                   model: Model | None = None, sgd: SGD | None = None, theory: Theory | None = None) -> PointsChoice:
     """The smallest power of two of points whose estimated relative drift error at the
     starts ``y0`` (leading axis ``S``) is at most ``theory.tol / MARGIN`` (module docstring).
     The run is ``config`` or the specifications by keyword (defaults for those not given)."""
     config = gather_specs("choose_points", config, problem=problem, model=model, sgd=sgd, theory=theory)
-    require_arguments("choose_points", y0=y0)
-    require_starts("choose_points", y0)
     return points_for(config, build(config), y0)
 
 

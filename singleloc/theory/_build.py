@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..configuration._config import Config, require_config
+from ..configuration._config import Config
 from ..configuration._specs import Model, Problem, Theory
 from ..expectations._routes import RouteChoice, route_class, route_of
 from ..model._activations import Activation
@@ -57,7 +57,6 @@ def build(config: Config) -> Setup:
     ``ValueError`` naming the key of a specification that cannot be built (an unknown activation, a
     route that does not exist for this layer, a bias decay without trained biases, a Gram key the route
     has no use for: :func:`check_gram`)."""
-    require_config(config, "build")
     route = route_of(config)  # the activation resolved, the route decided
     check_gram(config.theory, config.model.activation, route.route)
     return Setup(config.problem, config.model, config.theory, config.problem.build_prior(), sgd_rule(config), route)
@@ -68,7 +67,6 @@ def sgd_rule(config: Config) -> AbstractSGDRule:
     :class:`~singleloc.OnlineSGD` (or :class:`~singleloc.GradientFlow`) at ``sgd.lr``, the biases training
     with ``model.train_bias``, the head weights with ``model.head_weights``, and the chain of the variants
     that are on, in the order schedule, batch, decay, momentum (the decay enters the velocity)."""
-    require_config(config, "sgd_rule")
     sgd, model = config.sgd, config.model
     schedule = LearningRateSchedule(sgd.schedule, sgd.schedule_tau, sgd.decay_factor, sgd.warmup_tau)
     chain = [] if schedule.constant else [schedule]

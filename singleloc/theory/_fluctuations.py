@@ -39,17 +39,18 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import Shaped
 
-from ..configuration._config import Config, gather_specs, require_arguments, require_uniform_head_weights
+from ..configuration._config import Config, gather_specs, require_uniform_head_weights
 from ..configuration._specs import SGD, Model, Problem, Simulation, Theory
 from ..expectations._fields import LocalFields
 from ..expectations._sobol_expectation import SobolExpectation
-from ..ground._arguments import require_starts
 from ..runtime._compilation import checks_as_nan
 from ..runtime._numerics import psd_sqrt
+from ..sgd._sgd_rule import Starts
 from ._build import Setup, build
 from ._ode import resolve_points
-from ._theory import OrderParameterODE, OrderParameters, flatten_state, unflatten_state
+from ._theory import OrderParameterODE, flatten_state, unflatten_state
 from ._trajectory import Trajectory
 
 
@@ -151,7 +152,7 @@ def sde_rule(setup: Setup, points: int) -> LocalFields:
     return SobolExpectation.from_setup(setup, points=points).fields
 
 
-def integrate_sde(config: Config | None = None, y0: OrderParameters | None = None, keys=None, *,
+def integrate_sde(config: Config | None = None, y0: Starts = None, keys: Shaped[jax.Array, "S ..."] = None, *,
                   problem: Problem | None = None, model: Model | None = None, sgd: SGD | None = None,
                   theory: Theory | None = None, simulation: Simulation | None = None, D=None, ts=None,
                   dt: float = 0.05) -> SDEResult:
@@ -168,8 +169,6 @@ def integrate_sde(config: Config | None = None, y0: OrderParameters | None = Non
     """
     config = gather_specs("integrate_sde", config, problem=problem, model=model, sgd=sgd, theory=theory,
                           simulation=simulation)
-    require_arguments("integrate_sde", y0=y0, keys=keys)
-    require_starts("integrate_sde", y0)
     require_uniform_head_weights(config, "integrate_sde")
     config = resolve_points(config, y0)
     D = config.simulation.D if D is None else D

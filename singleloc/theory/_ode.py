@@ -54,18 +54,18 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import ArrayLike, Real
 
-from ..configuration._config import Config, gather_specs, require_config
+from ..configuration._config import Config, gather_specs
 from ..configuration._specs import SGD, Model, Problem, Simulation, Theory
 from ..expectations._expectation import SolveReport
 from ..expectations._sharding import shard_batch, unpad
-from ..ground._arguments import require_starts
 from ..preflight._estimates import TheorySolve
 from ..preflight._resources import check_run
 from ..preflight._run_checks import warn_if_risk_rose
 from ..runtime._compilation import checks_as_nan, exported_call
 from ..runtime._numerics import PSD_SOLVE, Q_RUNAWAY, expected_steps
-from ..sgd._sgd_rule import flat_drift
+from ..sgd._sgd_rule import Starts, flat_drift
 from ._accuracy import choose_points, points_for, relative_drift_error
 from ._build import Setup, build
 from ._starts import batched_starts, check_starts, initial_conditions, with_head_weights
@@ -212,7 +212,7 @@ def _run_points(dynamics: OrderParameterODE, evaluation: OrderParameterODE, y0: 
     return jax.vmap(lambda *args: _trajectories(*args, max_steps, False))(dynamics, evaluation, y0, ts, rtol, atol, budget)
 
 
-def resolve_points(config: Config, y0: OrderParameters | None = None) -> Config:
+def resolve_points(config: Config, y0: Starts | None = None) -> Config:
     """``config`` with ``theory.points = "auto"`` replaced by the number of points
     :func:`~singleloc.choose_points` picks at the starts ``y0`` (leading axis ``S``; default the
     start :func:`integrate` uses, the simulator's initial overlaps of seed 0); ``config`` itself
@@ -223,8 +223,6 @@ def resolve_points(config: Config, y0: OrderParameters | None = None) -> Config:
     points), so that the value is resolved once, before anything is built, and the ODEs of one
     computation share one rule. :func:`integrate` resolves it at its own starts, with the error
     estimate of the choice (:attr:`TheoryResult.drift_error`)."""
-    require_config(config, "resolve_points")
-    require_starts("resolve_points", y0)
     if config.theory.points != "auto":
         return config
     starts = initial_conditions(config, 1) if y0 is None else batched_starts(with_head_weights(config.model, y0))
@@ -269,14 +267,14 @@ def _problem(config: Config, y0: OrderParameters | None, ts: np.ndarray | None, 
 
 def integrate(
     config: Config | None = None,
-    y0: OrderParameters | None = None,
+    y0: Starts | None = None,
     *,
     problem: Problem | None = None,
     model: Model | None = None,
     sgd: SGD | None = None,
     theory: Theory | None = None,
     simulation: Simulation | None = None,
-    ts: np.ndarray | None = None,
+    ts: Real[ArrayLike, " T"] | Sequence[float] | None = None,
     max_steps: int = MAX_STEPS,
     progress: bool = False,
     t0: float = 0.0,
@@ -320,7 +318,6 @@ def integrate(
     """
     config = gather_specs("integrate", config, problem=problem, model=model, sgd=sgd, theory=theory,
                           simulation=simulation)
-    require_starts("integrate", y0)
     try:
         times = np.asarray(config.sgd.save_times() if ts is None else ts, dtype=np.float64)
         t0 = float(t0)

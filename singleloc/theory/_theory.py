@@ -25,15 +25,16 @@ any registered activation gets its ODE from autodiff.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+from jaxtyping import ArrayLike, Integer, Real
 
 from ..expectations._expectation import AbstractExpectation
 from ..expectations._routes import route_class
-from ..ground._arguments import require_arrays, require_instance
+from ..ground._arguments import checked
 from ..runtime._numerics import require_x64
 from ..sgd._sgd_rule import AbstractSGDRule, GradientMoments, OrderParameters, WeightedOrderParameters
 
@@ -43,9 +44,8 @@ if TYPE_CHECKING:
     from ._build import Setup
 
 
-def r_orth(M: jax.Array, Q: jax.Array) -> jax.Array:
+def r_orth(M: Real[ArrayLike, "H F"], Q: Real[ArrayLike, "H H"]) -> jax.Array:
     """``R_orth = Q - M M^T``: Gram matrix of the key components orthogonal to the spikes."""
-    require_arrays("r_orth", M=M, Q=Q)
     return Q - M @ M.T
 
 
@@ -86,8 +86,10 @@ class OrderParameterODE(eqx.Module):
         return self.sgd.train_bias
 
     @classmethod
+    @checked
     def from_specs(cls, problem: Problem | None = None, model: Model | None = None, sgd: SGD | None = None,
-                   theory: Theory | None = None, *, seeds: Sequence[int] | None = None, points: int | None = None,
+                   theory: Theory | None = None, *, seeds: Sequence[int] | Integer[ArrayLike, " K"] | None = None,
+                   points: int | None = None,
                    check: bool = False) -> OrderParameterODE:
         """The ODE of the specifications (defaults for those not given): the data ``problem``,
         the layer ``model``, the SGD rule ``sgd`` and the numerics ``theory``; the other
@@ -98,18 +100,18 @@ class OrderParameterODE(eqx.Module):
         return cls.from_config(config, seeds=seeds, points=points, check=check)
 
     @classmethod
-    def from_config(cls, config: Config, *, seeds: Sequence[int] | None = None, points: int | None = None,
+    @checked
+    def from_config(cls, config: Config, *, seeds: Sequence[int] | Integer[ArrayLike, " K"] | None = None,
+                    points: int | None = None,
                     check: bool = False) -> OrderParameterODE:
         """The ODE of a configuration: its objects built once (:func:`~singleloc.theory._build.build`), then
         :meth:`from_setup` (the other arguments are its)."""
-        from ..configuration._config import require_config
         from ._build import build  # the edge: a config's objects (this module takes objects)
 
-        require_config(config, "OrderParameterODE.from_config")
         return cls.from_setup(build(config), seeds=seeds, points=points, check=check)
 
     @classmethod
-    def from_setup(cls, setup: Setup, *, seeds: Sequence[int] | None = None, points: int | None = None,
+    def from_setup(cls, setup: Setup, *, seeds: Sequence[int] | Integer[ArrayLike, " K"] | None = None, points: int | None = None,
                    check: bool = False) -> OrderParameterODE:
         """The ODE of the objects ``setup`` (:class:`~singleloc.theory._build.Setup`): its SGD rule on the
         expectation of its route (the route class's ``from_setup``, :func:`~singleloc.expectations._routes.route_class`).
@@ -167,11 +169,6 @@ class OrderParameterODE(eqx.Module):
     def state_risk(self, y: OrderParameters | WeightedOrderParameters) -> jax.Array:
         """:meth:`risk` of a state ``y`` of either kind."""
         return self.risk(y.M, y.Q, y.b, getattr(y, "v", None))
-
-
-def require_ode(where: str, ode: Any) -> None:
-    """``TypeError`` unless ``ode`` is an :class:`~singleloc.OrderParameterODE`."""
-    require_instance(where, "ode", ode, OrderParameterODE, "singleloc.OrderParameterODE.from_config(config)")
 
 
 def flatten_state(M: jax.Array, Q: jax.Array, b: jax.Array, train_bias: bool = True) -> jax.Array:

@@ -7,7 +7,7 @@ import dataclasses
 
 import numpy as np
 
-from ..configuration._config import Config, require_config
+from ..configuration._config import Config
 from ..expectations._routes import route_class
 from ._trajectory import Trajectory
 
@@ -80,7 +80,6 @@ class TheoryResult(Trajectory):
 
     def resolved(self, config: Config) -> Config:
         """``config`` with ``theory.points = "auto"`` replaced by the number of points used."""
-        require_config(config, "TheoryResult.resolved")
         return config.replace(theory={"points": self.points}) if config.theory.points == "auto" else config
 
 
