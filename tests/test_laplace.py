@@ -675,11 +675,11 @@ def test_a_joint_layer_is_exact_in_conditional_product_form(monkeypatch, L, M, Q
     np.testing.assert_allclose(w, wr, atol=1e-10)
 
 
-@pytest.mark.parametrize("H, F", [(2, 2), (3, 2), (4, 2), (4, 3), (5, 2)])
+@pytest.mark.parametrize("H, F", [(2, 2), (3, 2), (4, 2), (4, 3), (5, 2), (8, 1)])
 def test_the_refined_rule_is_the_rule_the_joint_budget_counts(H, F):
-    """The refined rule (the stated error's reference) has 1.5 x the nodes of every kind and, in a joint
-    layer, the first degree-5 direction on a normal rule of its own; the joint sizing that budgets the
-    route (``joint_rule_size``, :mod:`singleloc.preflight._resources`) counts the nodes of exactly these rules."""
+    """The refined rule (the stated error's reference) has 1.5 x the nodes of every kind (in a joint layer
+    every leading normal rule and each small direction's Gauss-Hermite rule); the joint sizing that budgets the
+    route (``joint_rule_size``, :mod:`singleloc.expectations._routes`) counts the nodes of exactly these rules."""
     from singleloc.expectations._laplace_joint import joint_rule_size
 
     prior = sl.spikes(F, 2.5)
@@ -689,8 +689,32 @@ def test_the_refined_rule_is_the_rule_the_joint_budget_counts(H, F):
     assert float(fine.u_grid[1] - fine.u_grid[0]) <= float(rule.u_grid[1] - rule.u_grid[0]) / 1.5
     work = lambda r: r.layer.w.shape[0] * H * len(prior.atoms)  # noqa: E731
     assert work(rule) == joint_rule_size(H, prior) and work(fine) == joint_rule_size(H, prior, refined=True)
-    sizes, small = rule.layer.layout
-    assert fine.layer.layout == (tuple(int(np.ceil(1.5 * n)) for n in sizes) + ((6,) if small else ()), max(small - 1, 0))
+    levels, small, axis = rule.layer.layout
+    assert fine.layer.layout == (tuple(tuple(int(np.ceil(1.5 * n)) for n in sizes) for sizes in levels), small,
+                                 int(np.ceil(1.5 * axis)))
+
+
+@pytest.mark.parametrize("small", [1, 2, 5])
+def test_the_joint_combination_rule_integrates_the_moments_it_claims(small):
+    """``joint_nodes`` (a joint layer's token rule, the leading rules of a combination rule times difference rules
+    on the small directions) against the moments of standard normals, ``E[z^(2k)] = (2k - 1)!!``: every monomial
+    of degree 5 in the small coordinates times any leading moment its normal rules hold, and powers of one small
+    coordinate up to ``2 axis - 1``; the weights sum to one."""
+    import itertools
+    import math
+
+    from singleloc.expectations._cubature import joint_nodes
+
+    axis = 5
+    z, w = joint_nodes(((8, 6), (6, 4), (4, 2)), small, axis)
+    moment = lambda k: 0.0 if k % 2 else float(math.prod(range(k - 1, 0, -2)))  # noqa: E731
+    expect = lambda powers: math.prod(moment(k) for k in powers)  # noqa: E731
+    lead = [(0, 0), (2, 0), (0, 2), (2, 1)]  # within the coarsest leading rule's (Gauss-Hermite 4 x 2) degree
+    monomials = [p for d in range(6) for p in itertools.product(range(d + 1), repeat=small) if sum(p) == d]
+    monomials += [(k,) + (0,) * (small - 1) for k in range(6, 2 * axis)] + [(0,) * (small - 1) + (8,)]
+    for a, p in itertools.product(lead, monomials):
+        powers = a + tuple(p)
+        assert np.sum(w * np.prod(z ** np.array(powers), axis=1)) == pytest.approx(expect(powers), abs=1e-10), powers
 
 
 def test_one_joint_head_is_one_softmax_head():
