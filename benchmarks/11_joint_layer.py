@@ -2,18 +2,19 @@
 
 1. Cost: at trained-like states (heads near ``F`` spikes of strength 2.5, ``M_{h, h mod F} = 2.4 - 0.05 h``, a random
    ``R_orth`` of scale 0.15; key variances 10 to 16 on ``F`` directions, 0.03 to 0.1 on the others beyond the
-   smallest) for ``H`` = 2, 3, 4, 5, 8, ``F`` = 1 (``L = 8``) and 2 (``L`` = 8, 1024): the token rule's nodes, its size
-   (``joint_rule_size``: nodes x heads x atoms, what ``theory.route = "auto"`` budgets), the StableHLO operations of
-   the lowered risk-and-gradient program (the ``O(lr)`` drift's part), its compile seconds and the milliseconds per
-   risk and gradient (median of 3 calls after compilation).
+   smallest) for ``H`` = 2, 3, 4, 5, 8, ``F`` = 1, 2 and ``L`` = 8, 1024 (``--heads``, ``--spikes``, ``--lengths``):
+   the token rule's nodes, its size (``joint_rule_size``: nodes x heads x atoms, what ``theory.route = "auto"``
+   budgets), the StableHLO operations of the lowered risk-and-gradient program (the ``O(lr)`` drift's part), its
+   compile seconds and the milliseconds per risk and gradient (one call after compilation).
 2. Accuracy, ``L = 16``, two spikes: (a) the stated error (against the refined rule, as a solve states it): risk
    and relative gradient; (b) identical heads: ``H`` copies of one head with biases ``b_h`` are one softmax head
    with bias ``lse(b)`` (``sum_h exp(k.xi + b_h) = exp(k.xi + lse(b))``), so the risk is the one head's and, the
    softmax ``p = softmax(b)`` being the derivative of ``lse`` at the copies, ``dR/dM_h = p_h dR_1/dM`` and
    ``dR/db_h = p_h dR_1/db`` (``Q`` moves the heads apart at second order in ``lse``: no identity); (c) plain
-   Monte Carlo of the risk (``n`` sequences of the fields' law, numpy, its standard error).
+   Monte Carlo of the risk (``n`` sequences of the fields' law, numpy, its standard error); the process's peak
+   memory (after the refined rule at each ``H``).
 
-Run: ``python benchmarks/11_joint_layer.py [--quick] [--sections cost,accuracy] [--save PATH]``. Times are of one
+Run: ``python benchmarks/11_joint_layer.py [--quick] [--sections cost,accuracy] [--heads 2,4] [--save PATH]``. Times are of one
 run on the shared machine; its load is saved with the numbers (``benchmarks/_common.py``).
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import resource
 import time
 
 import jax
@@ -65,18 +67,18 @@ def program(rule, state):
     return sum(1 for line in lowered.as_text().splitlines() if OPS.search(line)), time.perf_counter() - t0
 
 
-def cost(quick: bool) -> list[dict]:
+def cost(quick: bool, spikes=(1, 2), heads=(2, 3, 4, 5, 8), lengths=(8, 1024)) -> list[dict]:
     print("| F | H | L | nodes | size | ops | compile s | ms per gradient |")
     print("|---|---|---|---|---|---|---|---|")
     rows = []
-    for F in (1, 2):
+    for F in spikes:
         prior = sl.spikes(F, 2.5)
-        for H in (2, 4, 8) if quick else (2, 3, 4, 5, 8):
-            for L in (8,) if quick or F == 1 else (8, 1024):
+        for H in (2, 4, 8) if quick else heads:
+            for L in (8,) if quick else lengths:
                 rule = sl.exact_rule(ACT, L, H, prior)
                 state = tuple(jnp.asarray(x) for x in near_the_spikes(H, F))
                 ops, compile_s = program(rule, state)
-                ms = timed(value_and_grad, rule, *state)[1]
+                ms = timed(value_and_grad, rule, *state, repeats=1)[1]
                 row = {"F": F, "H": H, "L": L, "nodes": int(rule.layer.w.shape[0]), "size": joint_rule_size(H, prior),
                        "ops": ops, "compile_s": compile_s, "ms": ms}
                 print(f"| {F} | {H} | {L} | {row['nodes']} | {row['size']} | {ops} | {compile_s:.1f} | {ms:.0f} |", flush=True)
@@ -105,12 +107,13 @@ def accuracy(quick: bool) -> list[dict]:
     prior, L = sl.spikes(2, 2.5), 16
     rows = []
     print("\n| H | stated risk error | stated gradient error | copies: risk | copies: dR/dM, dR/db | exact risk | "
-          "Monte Carlo (s.e.) |")
-    print("|---|---|---|---|---|---|---|")
+          "Monte Carlo (s.e.) | peak GB |")
+    print("|---|---|---|---|---|---|---|---|")
     for H in (4,) if quick else (4, 8):
         rule = sl.exact_rule(ACT, L, H, prior)
         state = tuple(jnp.asarray(x) for x in near_the_spikes(H, 2))
         out, fine = np.asarray(value_and_grad(rule, *state)), np.asarray(value_and_grad(rule.refined(), *state))
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # GB: the refined rule's program, the largest
         risk_error = abs(out[0] - fine[0])
         grad_error = float(np.max(np.abs(out[1:] - fine[1:])) / np.max(np.abs(fine[1:])))
         # identical heads against one softmax head with bias lse(b)
@@ -124,9 +127,9 @@ def accuracy(quick: bool) -> list[dict]:
         copies_grad = float(max(np.max(np.abs(gM - p[:, None] * one[1:3])), np.max(np.abs(gb - p * one[-1]))))
         mc, se = monte_carlo(prior, L, *near_the_spikes(H, 2), n=200_000 if quick else 2_000_000)
         row = {"H": H, "risk_error": risk_error, "gradient_error": grad_error, "copies_risk": copies_risk,
-               "copies_gradient": copies_grad, "risk": float(out[0]), "monte_carlo": mc, "monte_carlo_se": se}
+               "copies_gradient": copies_grad, "risk": float(out[0]), "monte_carlo": mc, "monte_carlo_se": se, "peak_gb": peak}
         print(f"| {H} | {risk_error:.1e} | {grad_error:.1e} | {copies_risk:.1e} | {copies_grad:.1e} | {out[0]:.6f} | "
-              f"{mc:.6f} ({se:.1e}) |", flush=True)
+              f"{mc:.6f} ({se:.1e}) | {peak:.2f} |", flush=True)
         rows.append(row)
     return rows
 
@@ -135,11 +138,15 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--sections", default="cost,accuracy")
+    for name, default in (("spikes", "1,2"), ("heads", "2,3,4,5,8"), ("lengths", "8,1024")):
+        parser.add_argument(f"--{name}", default=default, help=f"section 1's {name} (default {default})")
     args = add_save_option(parser).parse_args()
+    grid = {name: tuple(int(x) for x in getattr(args, name).split(",")) for name in ("spikes", "heads", "lengths")}
     results = {}
-    for name, fn in (("cost", cost), ("accuracy", accuracy)):
-        if name in args.sections.split(","):
-            results[name] = fn(args.quick)
+    if "cost" in args.sections.split(","):
+        results["cost"] = cost(args.quick, **grid)
+    if "accuracy" in args.sections.split(","):
+        results["accuracy"] = accuracy(args.quick)
     save(args, "11_joint_layer", results)
 
 

@@ -16,15 +16,21 @@ with ``delta`` its smallest eigenvalue: given the standard normals ``z`` on the 
 directions of ``C - delta I``, the fields are independent, ``x_h = mu_h(z) + sqrt(delta) Z_h``, and
 ``exp(-t u) = prod_h rho_0(y + x_h)`` (``u = sum_h exp(x_h)``) makes every profile of ``lse(x)`` a
 polynomial in one head's profiles smoothed by ``N(0, delta)``: tabulated once, interpolated. The
-smallest variance is integrated exactly; on the others a tensor of normal rules along the leading
-directions (where trained keys are wide, :data:`JOINT_LEADING`) and the next one times a symmetric
-rule of degree 5 on the rest (the anisotropy of ``R_orth``: small; :func:`joint_layout`,
-:func:`~singleloc.expectations._cubature.joint_nodes`). Heads that are copies leave ``delta = 0`` and fewer
-active directions; the derivative in ``(mu, C)`` is by Price's theorem on the same nodes, never
+smallest variance is integrated exactly; the others by a combination rule
+(:func:`~singleloc.expectations._cubature.joint_nodes`): the leading directions (where trained keys are wide,
+:data:`JOINT_LEADING`) on a tensor of normal rules, each of the ``n`` other directions' own effect (of the order
+of its variance, the anisotropy of ``R_orth``: small) on :data:`JOINT_SMALL` Gauss-Hermite nodes times that tensor
+coarsened (:data:`JOINT_COARSENING`), the cross terms of two of them (of the order of a product of two variances) on
+the degree-5 rule times a coarser tensor still (:func:`joint_layout`). Heads that are copies leave ``delta = 0``
+and fewer active directions; the derivative in ``(mu, C)`` is by Price's theorem on the same nodes, never
 through the eigendecomposition.
 
-The work of the rule grows with its nodes, heads and the prior's atoms (:func:`joint_rule_size`);
-the route's budgets for it are in :mod:`~singleloc.preflight._resources`.
+Cost. ``O((1 + K) n_t N H)`` for ``K`` atoms, ``n_t`` Laplace nodes and ``N = |T_0| + |T_1| (4n + 1) + |T_2| 2n^2``
+token nodes (``T_i`` the leading tensors; ``H - 1 - n`` leading directions), almost all of it interpolating the
+tabulated profiles: linear in ``H`` where the leading tensor dominates, quadratic in ``n`` beyond
+(:func:`joint_rule_size`: 5120 nodes at ``H = 4`` and 23436 at ``H = 8`` under two spikes, where the tensor of the
+leading rule with every small direction had 15360 and 506880). The route's budgets for it are in
+:mod:`~singleloc.expectations._routes`.
 """
 
 from __future__ import annotations
