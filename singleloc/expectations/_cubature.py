@@ -3,7 +3,7 @@
 The exact route (:mod:`~singleloc.expectations._laplace`) integrates smooth functions of Gaussian token fields
 on deterministic rules: one-dimensional normal rules (:func:`normal_rule`: trapezoidal from
 :data:`TRAPEZOID_FROM` nodes, Gauss-Hermite below), the fully symmetric rule of degree 5 in several
-dimensions (:func:`symmetric_degree5`), and their tensor products (:func:`joint_nodes`). Every
+dimensions (:func:`symmetric_degree5`), and a combination of their tensor products (:func:`joint_nodes`). Every
 rule's error is stated against the same rule with :data:`REFINEMENT` times the nodes of every kind
 (:func:`refined_sizes`): for a geometrically convergent rule the difference bounds the error of
 the coarser one.
@@ -21,6 +21,9 @@ from scipy.special import roots_hermitenorm
 TRAPEZOID_FROM = 32
 #: Half-width, in standard deviations, of the trapezoidal normal rule (the mass beyond: 1.2e-15).
 NORMAL_RANGE = 8.0
+#: A joint layer's token rule (:func:`joint_nodes`) leaves out its nodes of a smaller weight than this (a quarter of
+#: a tensor of trapezoidal rules: its corners), whose integrands are bounded: at most 4e-14 of the weight in all.
+NODE_FLOOR = 1e-16
 #: The finer rule of every stated error of the exact route has this many times the nodes of each kind.
 REFINEMENT = 1.5
 
@@ -74,14 +77,64 @@ def symmetric_degree5(n: int) -> tuple[np.ndarray, np.ndarray]:
     return np.array(points).reshape(len(weights), n), np.array(weights)
 
 
-def joint_nodes(sizes: tuple, small: int) -> tuple[np.ndarray, np.ndarray]:
-    """Standard normal nodes ``(N, len(sizes) + small)`` and weights of the tensor rule of
-    :func:`normal_rule` of ``sizes`` (one per coordinate, in order) times :func:`symmetric_degree5`
-    on the ``small`` last coordinates: a joint layer's rule
-    (:func:`~singleloc.expectations._laplace_joint._joint_token`), coordinate ``j`` along the ``j``-th principal
-    direction of its token's covariance."""
+def _tensor(*rules) -> tuple[np.ndarray, np.ndarray]:
+    """The tensor product of rules ``(nodes (n, d), weights (n,))``, coordinates in order."""
     nodes, weights = np.zeros((1, 0)), np.ones(1)
-    for z, w in [*map(normal_rule, sizes), symmetric_degree5(small)]:
+    for z, w in rules:
         nodes = np.concatenate([np.repeat(nodes, len(w), axis=0), np.tile(z.reshape(len(w), -1), (len(weights), 1))], axis=1)
         weights = np.repeat(weights, len(w)) * np.tile(w, len(weights))
     return nodes, weights
+
+
+def _on_axes(rule: tuple[np.ndarray, np.ndarray], n: int) -> tuple[np.ndarray, np.ndarray]:
+    """``sum_j (rule_j - delta_0)``: the one-dimensional ``rule`` on each of ``n`` coordinates, the others at 0,
+    less the origin once per coordinate (weights summing to zero)."""
+    z, w = rule
+    nodes = [np.zeros((1, n))] + [np.outer(z, np.eye(n)[j]) for j in range(n)]
+    return np.concatenate(nodes), np.concatenate([[-float(n)], np.tile(w, n)])
+
+
+def _merged(nodes: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The rule with coinciding nodes merged (weights added) and nodes of zero weight dropped."""
+    keys, index = np.unique(np.round(nodes, 12), axis=0, return_inverse=True)
+    merged = np.bincount(index.ravel(), weights, minlength=len(keys))
+    keep = np.abs(merged) > 1e-15
+    return keys[keep], merged[keep]
+
+
+def small_rules(n: int, axis: int) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """Two difference rules on ``n`` small coordinates, ``(D1, D2)``, whose sum with the origin ``delta_0`` is
+    the rule ``S = symmetric_degree5(n) + sum_j (GH_axis - GH_3)_j``: exact for every polynomial of degree 5 and
+    for powers of one coordinate up to ``2 axis - 1`` (the degree-5 rule's marginal on a coordinate is the
+    three-point Gauss-Hermite rule, which the ``axis``-point one replaces). ``D1 = sum_j (GH_axis - delta_0)_j``
+    holds each coordinate's own effect, ``D2 = S - delta_0 - D1`` the cross terms (moments ``z_i^2 z_j^2`` on
+    the off-axis points); the weights of each sum to zero."""
+    gh = gauss_hermite(axis)
+    D1 = _on_axes(gh, n)
+    cross = [symmetric_degree5(n), _on_axes(gh, n), _on_axes(gauss_hermite(3), n), D1]
+    signs = (1.0, 1.0, -1.0, -1.0)
+    nodes = np.concatenate([z for z, _ in cross] + [np.zeros((1, n))])
+    weights = np.concatenate([s * w for s, (_, w) in zip(signs, cross)] + [[-1.0]])
+    return _merged(*D1), _merged(nodes, weights)
+
+
+def joint_nodes(levels: tuple, small: int, axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """Standard normal nodes ``(N, len(levels[0]) + small)`` and weights of a joint layer's token rule
+    (:func:`~singleloc.expectations._laplace_joint._joint_token`), coordinate ``j`` along the ``j``-th principal
+    direction of its token's covariance: a combination (sparse-grid) rule over the leading and the ``small``
+    coordinates,
+
+        L_0 x delta_0  +  L_1 x D1  +  L_2 x D2,
+
+    ``L_i`` the tensor of :func:`normal_rule` of ``levels[i]`` (one size per leading coordinate, finest first)
+    and ``D1, D2`` of :func:`small_rules`: the leading directions of the full effect on the finest rule,
+    each small direction's own effect (of the order of its variance) on a coarser one, the cross terms (of
+    the order of products of two variances) on the coarsest. The ``N`` nodes are ``|L_0| + |L_1| |D1| +
+    |L_2| |D2|``, linear in the small directions' own nodes and quadratic in their number, never a product
+    of the leading rule with all of them. Nodes of weight below :data:`NODE_FLOOR` are left out."""
+    lead = [_tensor(*map(normal_rule, sizes)) for sizes in levels]
+    parts = [(lead[0], (np.zeros((1, small)), np.ones(1)))]
+    parts += list(zip(lead[1:], small_rules(small, axis))) if small else []
+    nodes, weights = map(np.concatenate, zip(*(_tensor(a, b) for a, b in parts if len(b[1]))))
+    keep = np.abs(weights) >= NODE_FLOOR
+    return nodes[keep], weights[keep]

@@ -16,86 +16,103 @@ with ``delta`` its smallest eigenvalue: given the standard normals ``z`` on the 
 directions of ``C - delta I``, the fields are independent, ``x_h = mu_h(z) + sqrt(delta) Z_h``, and
 ``exp(-t u) = prod_h rho_0(y + x_h)`` (``u = sum_h exp(x_h)``) makes every profile of ``lse(x)`` a
 polynomial in one head's profiles smoothed by ``N(0, delta)``: tabulated once, interpolated. The
-smallest variance is integrated exactly; on the others a tensor of normal rules along the leading
-directions (where trained keys are wide, :data:`JOINT_LEADING`) and the next one times a symmetric
-rule of degree 5 on the rest (the anisotropy of ``R_orth``: small; :func:`joint_layout`,
-:func:`~singleloc.expectations._cubature.joint_nodes`). Heads that are copies leave ``delta = 0`` and fewer
-active directions; the derivative in ``(mu, C)`` is by Price's theorem on the same nodes, never
+smallest variance is integrated exactly; the others by a combination rule
+(:func:`~singleloc.expectations._cubature.joint_nodes`): the leading directions (where trained keys are wide,
+:data:`JOINT_LEADING`) on a tensor of normal rules, each of the ``n`` other directions' own effect (of the order
+of its variance, the anisotropy of ``R_orth``: small) on :data:`JOINT_SMALL` Gauss-Hermite nodes times that tensor
+coarsened (:data:`JOINT_COARSENING`), the cross terms of two of them (of the order of a product of two variances) on
+the degree-5 rule times a coarser tensor still (:func:`joint_layout`). Heads that are copies leave ``delta = 0``
+and fewer active directions; the derivative in ``(mu, C)`` is by Price's theorem on the same nodes, never
 through the eigendecomposition.
 
-The work of the rule grows with its nodes, heads and the prior's atoms (:func:`joint_rule_size`);
-the route's budgets for it are in :mod:`~singleloc.preflight._resources`.
+Cost. ``O((1 + K) n_t N H)`` for ``K`` atoms, ``n_t`` Laplace nodes and ``N = |T_0| + |T_1| (4n + 1) + |T_2| 2n^2``
+token nodes (``T_i`` the leading tensors; ``H - 1 - n`` leading directions), almost all of it interpolating the
+tabulated profiles: linear in ``H`` where the leading tensor dominates, quadratic in ``n`` beyond
+(:func:`joint_rule_size`: 5120 nodes at ``H = 4`` and 23436 at ``H = 8`` under two spikes, where the tensor of the
+leading rule with every small direction had 15360 and 506880). The route's budgets for it are in
+:mod:`~singleloc.expectations._routes`.
 """
 
 from __future__ import annotations
 
-import math
+import functools
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ..model._priors import Prior
 from ..runtime._numerics import principal_factor
 from ._cubature import joint_nodes, refined_sizes
-from ._laplace_profiles import OMEGA, RHO0, RHO1, RHO2, WIDE_SIGMA, _power, interpolated, smoothing_table
+from ._laplace_profiles import OMEGA, RHO0, RHO1, RHO2, WIDE_SIGMA, _power, interpolated, rho, smoothing_table
 
 #: The sizes of the normal rules (:func:`~singleloc.expectations._cubature.normal_rule`, trapezoidal from 32 nodes)
 #: on the leading principal directions of the token's covariance less its smallest variance, largest
 #: first; on ``min(max(F, 2), 3, H - 1)`` of them (:func:`joint_layout`: trained keys are wide along the
-#: ``F`` directions of ``M``). The next direction, the first whose variance is the anisotropy of
-#: ``R_orth`` (small: its isotropic part is the smoothed ``delta``), on :data:`JOINT_SMALL`
-#: Gauss-Hermite nodes, any others on a symmetric rule of degree 5
-#: (:func:`~singleloc.expectations._cubature.symmetric_degree5`).
+#: ``F`` directions of ``M``). The others, the anisotropy of ``R_orth`` (small: its isotropic part is the
+#: smoothed ``delta``), on the combination rule of :func:`~singleloc.expectations._cubature.joint_nodes`.
 #: Measured (docs/model.md 4.6, against 1.5 x the nodes): at a trained H = 3, F = 2 state (key variances
 #: 5.8 and 7.0, 0.15 on the third direction) (64, 48) leaves a risk error of 5e-16 and a relative
 #: gradient error of 2e-13 ((48, 32), at half the cost: 4.5e-10 and 4.3e-8, and 6e-6 of the O(lr)
-#: drift); at an H = 4 state with variances 10.3 and 11.9 and a third direction of 0.07 beyond the
-#: smallest, that direction on the degree-5 rule (3 nodes) left 4.8e-5 of the O(lr) drift, on 4, 5 and
-#: 6 Gauss-Hermite nodes 1.4e-6, 7e-8 and 3e-8.
+#: drift).
 JOINT_LEADING = (64, 48, 16)
+#: The leading rules of the combination rule (:func:`~singleloc.expectations._cubature.joint_nodes`): the full
+#: effect on :data:`JOINT_LEADING`, each small direction's own effect on its sizes divided by the second
+#: entry, the cross terms of two small directions by the third (every size rounded up).
+JOINT_COARSENING = (1, 2, 4)
+#: Gauss-Hermite nodes of each small direction's own rule (the degree-5 rule's three raised to this; on a
+#: direction of variance 0.07 beyond the smallest, 3 nodes left 4.8e-5 of the O(lr) drift, 4, 5 and 6
+#: nodes 1.4e-6, 7e-8 and 3e-8).
 JOINT_SMALL = 5
-#: The refined rule (:func:`refined_layout`) takes the first direction of the degree-5 rule out
-#: of it, onto a normal rule of this many nodes: the stated error then covers that rule too.
-JOINT_PROMOTED = 6
 #: A joint layer's per-head ``rho_0`` factors are floored here before they divide a product of them
 #: (:func:`_conditional_terms`): every term of the token's expectations is a product of bounded
 #: factors, so the floor changes none by more than about this size.
 RHO0_FLOOR = 1e-30
 #: The heads' profiles a joint layer's token needs (:func:`_token_from_heads`).
 JOINT_PROFILES = (RHO0, RHO1, RHO2, OMEGA)
+#: The tabulated profiles of the derivatives (:func:`_joint_token_jvp`): ``rho_0 ... rho_4`` and ``omega``, whose
+#: derivatives are sums of them (``rho_k' = k rho_k - rho_{k+1}``), so that one table of values serves all three
+#: orders.
+JVP_PROFILES = (RHO0, RHO1, RHO2, OMEGA, rho(3), rho(4))
 
 
 # -- sizing ------------------------------------------------------------------------------------
 
-def joint_layout(H: int, F: int, leading: tuple = JOINT_LEADING) -> tuple[tuple[int, ...], int]:
-    """``(sizes, small)`` of the rule of a joint layer of ``H`` heads under a prior on ``F`` directions:
-    normal rules of ``sizes`` on ``min(max(F, 2), len(leading), H - 1)`` leading principal directions
-    (:data:`JOINT_LEADING`) and the next one (:data:`JOINT_SMALL`), the degree-5 rule on the ``small``
-    others."""
+def joint_layout(H: int, F: int, leading: tuple = JOINT_LEADING) -> tuple:
+    """``(levels, small, axis)`` of the rule of a joint layer of ``H`` heads under a prior on ``F`` directions
+    (:func:`~singleloc.expectations._cubature.joint_nodes`): normal rules on ``r = min(max(F, 2), len(leading),
+    H - 1)`` leading principal directions, of :data:`JOINT_LEADING` and its coarsenings (:data:`JOINT_COARSENING`),
+    and the ``small = H - 1 - r`` others on :data:`JOINT_SMALL` nodes each and the degree-5 rule."""
     r = min(max(F, 2), len(leading), H - 1)
-    sizes = tuple(leading[:r]) + ((JOINT_SMALL,) if H - 1 > r else ())
-    return sizes, H - 1 - len(sizes)
+    return _layout(tuple(leading[:r]), H - 1 - r, JOINT_SMALL)
 
 
-def refined_layout(layout: tuple[tuple[int, ...], int]) -> tuple[tuple[int, ...], int]:
+def _layout(sizes: tuple, small: int, axis: int) -> tuple:
+    return tuple(tuple(-(-n // d) for n in sizes) for d in JOINT_COARSENING), small, axis
+
+
+def refined_layout(layout: tuple) -> tuple:
     """The layout of the refined rule (the error statement's reference): every normal rule on
-    :func:`~singleloc.expectations._cubature.refined_sizes` and the first direction of the degree-5 rule on a
-    normal rule of :data:`JOINT_PROMOTED` nodes."""
-    sizes, small = layout
-    return refined_sizes(*sizes) + ((JOINT_PROMOTED,) if small else ()), max(small - 1, 0)
+    :func:`~singleloc.expectations._cubature.refined_sizes`, and as many Gauss-Hermite nodes on each small direction."""
+    levels, small, axis = layout
+    return tuple(refined_sizes(*sizes) for sizes in levels), small, refined_sizes(axis)[0]
+
+
+@functools.cache
+def _nodes(layout: tuple) -> tuple[np.ndarray, np.ndarray]:
+    return joint_nodes(*layout)
 
 
 def joint_rule_size(H: int, prior: Prior, *, refined: bool = False) -> int:
     """The work of a joint layer's exact rule per Laplace node: its token nodes (:func:`joint_layout`,
     :func:`~singleloc.expectations._cubature.joint_nodes`) times the heads times the prior's atoms (every atom's
     token expectation runs over every node and head); ``refined``: of the refined rule
-    (:func:`refined_layout`). Time and memory grow with it: about 75 microseconds of one drift per unit
-    on the shared 2-core machine (4.7 s at 61440: ``H = 4`` on the Gaussian prior with ``F = 2``), and
-    about 0.5 kB of memory per unit of the refined rule (:meth:`~singleloc.LaplaceExpectation.rule_bytes`)."""
+    (:func:`refined_layout`). Time and memory grow with it: about 15 microseconds of one drift per unit
+    on the shared 2-core machine, and about 0.5 kB of memory per unit of the refined rule
+    (:meth:`~singleloc.LaplaceExpectation.rule_bytes`)."""
     layout = joint_layout(H, prior.F)
-    sizes, small = refined_layout(layout) if refined else layout
-    return math.prod(sizes) * (2 * small * small + 1) * H * len(prior.atoms)
+    return len(_nodes(refined_layout(layout) if refined else layout)[1]) * H * len(prior.atoms)
 
 
 # -- the layer ---------------------------------------------------------------------------------
@@ -112,18 +129,21 @@ class JointLayer(eqx.Module):
     @classmethod
     def make(cls, H: int, F: int, sizes: tuple | None, dtype) -> JointLayer:
         """The rule of ``H`` heads under a prior on ``F`` directions; ``sizes``: the normal rules on its
-        leading principal directions (at most ``H - 1``; the others on the degree-5 rule), default
-        :func:`joint_layout`."""
-        layout = joint_layout(H, F) if sizes is None else (tuple(sizes), H - 1 - len(sizes))
+        leading principal directions (at most ``H - 1``; the others small, :func:`joint_layout`), or a whole
+        layout (:meth:`refined_sizes`); default :func:`joint_layout`."""
+        if sizes is None or not isinstance(sizes[0], tuple):
+            layout = joint_layout(H, F) if sizes is None else _layout(tuple(sizes), H - 1 - len(sizes), JOINT_SMALL)
+        else:
+            layout = tuple(sizes)
         if layout[1] < 0:
             raise ValueError(f"joint_sizes = {sizes}: at most H - 1 = {H - 1} sizes (the principal directions "
                              "but the smallest)")
-        z, w = joint_nodes(*layout)
+        z, w = _nodes(layout)
         return cls(jnp.asarray(z, dtype), jnp.asarray(w, dtype), layout)
 
-    def refined_sizes(self) -> tuple[int, ...]:
-        """The ``sizes`` of :meth:`make` for the refined rule (:func:`refined_layout`)."""
-        return refined_layout(self.layout)[0]
+    def refined_sizes(self) -> tuple:
+        """The ``sizes`` of :meth:`make` for the refined rule: its layout (:func:`refined_layout`)."""
+        return refined_layout(self.layout)
 
     def exact_gram(self, H: int) -> bool:
         """Whether the exact Gram term holds: one head (the layer is then softmax)."""
@@ -232,18 +252,17 @@ def _joint_token(y, mean, C, z, w, table_rule):
     Derivatives by Price's theorem, ``dE[F] = E[grad F] dmean + E[tr(hess F dC)] / 2``, with the
     gradient and Hessian of the conditional expectation in ``mu`` from the tabulated derivatives of
     the smoothed profiles (:func:`_joint_token_jvp`): never through ``S``."""
-    tables, mu = _conditional_fields(mean, C, z, table_rule, (0,))
+    tables, mu = _conditional_fields(mean, C, z, table_rule)
     return jax.lax.map(lambda yy: _token_from_heads(interpolated(*tables, yy + mu, JOINT_PROFILES, (0,))[0]) @ w, y).T
 
 
-def _conditional_fields(mean, C, z, table_rule, orders):
-    """The table of the heads' profiles smoothed by ``N(0, delta)`` and of their derivatives
-    (``orders``; :func:`~singleloc.expectations._laplace_profiles.smoothing_table`, on ``table_rule = (z_inner,
-    w_inner, u_grid)``) and the conditional means ``mu = mean + z S`` (N, H) at the nodes ``z``
-    (:func:`_conditional_law`)."""
+def _conditional_fields(mean, C, z, table_rule, which=JOINT_PROFILES):
+    """The table of the heads' profiles ``which`` smoothed by ``N(0, delta)``
+    (:func:`~singleloc.expectations._laplace_profiles.smoothing_table`, on ``table_rule = (z_inner, w_inner,
+    u_grid)``) and the conditional means ``mu = mean + z S`` (N, H) at the nodes ``z`` (:func:`_conditional_law`)."""
     zi, wi, u = table_rule
     delta, S = _conditional_law(C, z.shape[1])
-    return smoothing_table(delta, zi, wi, u, JOINT_PROFILES, WIDE_SIGMA, orders), mean + z @ S
+    return smoothing_table(delta, zi, wi, u, which, WIDE_SIGMA, (0,)), mean + z @ S
 
 
 @_joint_token.defjvp
@@ -259,10 +278,13 @@ def _joint_token_jvp(primals, tangents):
     (``c = Psi_AA``, ``f_h = sum_s Psi_s d^2 s_h``), and ``omega(lse) = 1 - rho_0(lse)``."""
     y, mean, C, z, w, table_rule = primals
     _, dmean, dC = tangents[:3]
-    tables, mu = _conditional_fields(mean, C, z, table_rule, (0, 1, 2))
+    tables, mu = _conditional_fields(mean, C, z, table_rule, JVP_PROFILES)
 
     def one(yy):
-        values, first, second = interpolated(*tables, yy + mu, JOINT_PROFILES, (0, 1, 2))  # (4, N, H) each
+        r0, r1, r2, om, r3, r4 = interpolated(*tables, yy + mu, JVP_PROFILES, (0,))[0]  # (N, H) each
+        values = jnp.stack([r0, r1, r2, om])
+        first = (-r1, r1 - r2, 2 * r2 - r3)  # rho_k' = k rho_k - rho_{k+1}
+        second = (r2 - r1, r1 - 3 * r2 + r3, 4 * r2 - 5 * r3 + r4)
         a, P, q1, q2, A, _ = _conditional_terms(values)
         l1 = first[RHO0] / a
         l2 = second[RHO0] / a - l1**2
@@ -294,7 +316,7 @@ def _joint_token_jvp(primals, tangents):
 def _joint_shares(y, mean, C, z, w, table_rule):
     """``E[rho_1(y + lse(x)) softmax(x)_h]`` (n_t, H): each head's share ``P q1_h`` of ``rho_1(lse)``
     (:func:`_joint_token`; no derivatives: the attention mass is not differentiated)."""
-    tables, mu = _conditional_fields(mean, C, z, table_rule, (0,))
+    tables, mu = _conditional_fields(mean, C, z, table_rule)
 
     def one(yy):
         _, P, q1, _, _, _ = _conditional_terms(interpolated(*tables, yy + mu, JOINT_PROFILES, (0,))[0])
