@@ -233,6 +233,9 @@ class LaplaceExpectation(AbstractExpectation):
     def gram_name(self) -> str:
         return self.gram_term.name
 
+    def resolves(self, M, Q, b):
+        return self.rule.resolves(M, Q, b)
+
     def risk_check(self, M, Q, b, v=None):
         if self.check is None:
             return jnp.full((), jnp.nan, dtype=M.dtype)
