@@ -50,7 +50,8 @@ The rules, and why they are exact to the precision stated.
   written as the first head's field ``x = m + sqrt(C11) z`` (``n_outer`` trapezoidal nodes,
   ``nodes * ceil(alpha)`` from :func:`exact_rule` (``theory.nodes``): 64 per unit of ``alpha`` resolve fields of
   standard deviation ``alpha sqrt(Q_hh)`` up to about 3 to 1e-10 in the risk and 1e-7 in its
-  gradient) and the second head's given the first,
+  gradient, up to :data:`RESOLVED_SIGMA` = 5 within the route's stated accuracy; a solve stops where its fields
+  grow wider, :meth:`LaplaceRule.resolves`) and the second head's given the first,
   ``x' = m' + (C12 / C11)(x - m) + sqrt(C22 - C12^2/C11) z'``. The second head's profiles smoothed by
   that conditional Gaussian are one function of their argument: they are tabulated on a lattice
   and interpolated (:func:`~singleloc.expectations._laplace_profiles.smoothed_profiles`: on ``n_inner`` normal
