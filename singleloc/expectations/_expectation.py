@@ -169,6 +169,11 @@ class AbstractExpectation(eqx.Module):
         then taken by finite differences."""
         return True
 
+    def resolves(self, M: jax.Array, Q: jax.Array, b: jax.Array) -> jax.Array:
+        """Whether the route's rule resolves the fields of the state to its stated accuracy (a boolean array; a
+        solve stops where it does not, :func:`~singleloc.integrate`): ``True`` for a rule over the fields themselves."""
+        return jnp.ones((), bool)
+
     def risk_check(self, M: jax.Array, Q: jax.Array, b: jax.Array, v: jax.Array | None = None) -> jax.Array:
         """The risk on a finer rule, whose difference to :meth:`risk` is the route's stated error
         (NaN for a route without one)."""

@@ -50,7 +50,8 @@ The rules, and why they are exact to the precision stated.
   written as the first head's field ``x = m + sqrt(C11) z`` (``n_outer`` trapezoidal nodes,
   ``nodes * ceil(alpha)`` from :func:`exact_rule` (``theory.nodes``): 64 per unit of ``alpha`` resolve fields of
   standard deviation ``alpha sqrt(Q_hh)`` up to about 3 to 1e-10 in the risk and 1e-7 in its
-  gradient) and the second head's given the first,
+  gradient, up to :data:`RESOLVED_SIGMA` = 5 within the route's stated accuracy; a solve stops where its fields
+  grow wider, :meth:`LaplaceRule.resolves`) and the second head's given the first,
   ``x' = m' + (C12 / C11)(x - m) + sqrt(C22 - C12^2/C11) z'``. The second head's profiles smoothed by
   that conditional Gaussian are one function of their argument: they are tabulated on a lattice
   and interpolated (:func:`~singleloc.expectations._laplace_profiles.smoothed_profiles`: on ``n_inner`` normal
@@ -126,6 +127,9 @@ VAR_FLOOR = 1e-300
 PAIR_VAR_FLOOR = 1e-12
 #: The default ``nodes`` of :func:`exact_rule` (``theory.nodes``): the one source of the rule's node counts.
 NODES = 64
+#: The widest token field, a standard deviation ``alpha sqrt((Q + M Sigma M^T)_hh)``, that :data:`NODES` nodes resolve
+#: within the route's stated accuracy; ``nodes`` nodes resolve ``nodes / NODES`` times as wide (:meth:`LaplaceRule.resolves`).
+RESOLVED_SIGMA = 5.0
 
 
 class LaplaceRule(eqx.Module):
@@ -224,6 +228,19 @@ class LaplaceRule(eqx.Module):
             raise ValueError(f"the exact Gram term takes one head or two heads of a per-head layer, got H = {self.heads}"
                              f"{' (a joint layer)' if self.form.joint else ''}: the Sobol rule holds it there")
         return laplace_gram(self, M, Q, b)
+
+    @property
+    def widest(self) -> float:
+        """The largest standard deviation of a token field that the rule resolves: :data:`RESOLVED_SIGMA` per
+        :data:`NODES` nodes of a pair's first field (``nodes * ceil(alpha)``, :func:`exact_rule`), whose spacing,
+        ``16 / n_outer`` standard deviations, is what wide fields outgrow (module docstring)."""
+        return RESOLVED_SIGMA * self.z_outer.shape[-1] / NODES
+
+    def resolves(self, M: jax.Array, Q: jax.Array, b: jax.Array) -> jax.Array:
+        """Whether every token field of the state is at most :attr:`widest` wide (the relevant token's covariance
+        ``C0`` of :meth:`token_laws` bounds the noise token's)."""
+        C0 = self.token_laws(*self.state(M, Q, b))[3]
+        return jnp.max(jnp.diagonal(C0)) <= self.widest**2
 
     # -- the laws of one token's fields ------------------------------------------------------
     def state(self, M: jax.Array, Q: jax.Array, b: jax.Array):

@@ -30,7 +30,8 @@ The route states its error (:meth:`LaplaceExpectation.statement`): the risk and 
 drift against a finer exact rule (``check``: :meth:`~singleloc.expectations._laplace.LaplaceRule.refined`, 1.5 x
 the nodes), the Gram term against the finer exact rule or a second, independent Sobol rule; each
 warns above its threshold (:data:`RISK_ERROR_WARN`, :data:`DRIFT_ERROR_WARN`,
-:data:`GRAM_ERROR_WARN`), naming what to change.
+:data:`GRAM_ERROR_WARN`), naming what to change. Fields wider than the rule resolves stop the solve instead
+(:meth:`LaplaceExpectation.resolves`; :func:`~singleloc.integrate` then goes on on the Sobol rule or refuses).
 """
 
 from __future__ import annotations
@@ -232,6 +233,13 @@ class LaplaceExpectation(AbstractExpectation):
     @property
     def gram_name(self) -> str:
         return self.gram_term.name
+
+    def resolves(self, M, Q, b):
+        """Whether the token fields are within the width the rule resolves
+        (:meth:`~singleloc.expectations._laplace.LaplaceRule.resolves`): beyond it the drift is wrong, not merely less
+        precise (issue 59: at ``lr = 32`` on the default problem the heads split where the Sobol rule keeps them
+        together), so a solve stops there rather than warning after it."""
+        return self.rule.resolves(M, Q, b)
 
     def risk_check(self, M, Q, b, v=None):
         if self.check is None:

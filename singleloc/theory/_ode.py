@@ -65,6 +65,7 @@ from ..preflight._resources import check_run
 from ..preflight._run_checks import warn_if_risk_rose
 from ..runtime._compilation import checks_as_nan, exported_call
 from ..runtime._numerics import PSD_SOLVE, Q_RUNAWAY, expected_steps
+from ..runtime._progress import say
 from ..sgd._sgd_rule import Starts, flat_drift
 from ._accuracy import choose_points, points_for, relative_drift_error
 from ._build import Setup, build
@@ -106,6 +107,15 @@ MAX_STEPS = 100_000
 #: below ``MIN_STEP``, or it ran out of steps.
 _STOPS = (diffrax.RESULTS.successful, diffrax.RESULTS.event_occurred, diffrax.RESULTS.dt_min_reached,
           diffrax.RESULTS.max_steps_reached)
+#: The code of a solve stopped because its route's rule no longer resolves the fields of its state
+#: (:meth:`~singleloc.expectations._expectation.AbstractExpectation.resolves`).
+UNRESOLVED = len(_STOPS) + 1
+
+
+class UnresolvedFields(FloatingPointError):
+    """A solve stopped where its route's rule no longer resolves the token fields (:data:`UNRESOLVED`):
+    :func:`integrate` then continues on the Sobol rule when the route was ``"auto"``'s choice, and raises this
+    when ``theory.route = "exact"`` was asked for."""
 
 
 def _invalid_state(t, y, args, **kwargs):
@@ -118,6 +128,7 @@ def _invalid_state(t, y, args, **kwargs):
 
 def _solve(ode: OrderParameterODE, y0: OrderParameters, ts: jax.Array, rtol, atol, budget, max_steps: int, progress: bool):
     term = diffrax.ODETerm(lambda t, y, args: ode.state_drift(y, tau=t))
+    unresolved = lambda t, y, args, **kwargs: ~ode.expectation.resolves(y.M, y.Q, y.b)
     sol = diffrax.diffeqsolve(
         term,
         diffrax.Tsit5(),
@@ -128,13 +139,14 @@ def _solve(ode: OrderParameterODE, y0: OrderParameters, ts: jax.Array, rtol, ato
         saveat=diffrax.SaveAt(ts=ts),
         stepsize_controller=StepBudget(diffrax.PIDController(rtol=rtol, atol=atol, dtmin=MIN_STEP, force_dtmin=False),
                                        jnp.minimum(budget, max_steps)),
-        event=diffrax.Event(_invalid_state),
+        event=diffrax.Event((_invalid_state, unresolved)),
         max_steps=max_steps,
         throw=False,
         adjoint=diffrax.ForwardMode(),
         progress_meter=diffrax.TqdmProgressMeter() if progress else diffrax.NoProgressMeter(),
     )
-    return sol.ys, jnp.select([sol.result == stop for stop in _STOPS], list(range(len(_STOPS))), len(_STOPS))
+    code = jnp.select([sol.result == stop for stop in _STOPS], list(range(len(_STOPS))), len(_STOPS))
+    return sol.ys, jnp.where((sol.result == diffrax.RESULTS.event_occurred) & sol.event_mask[1], UNRESOLVED, code)
 
 
 def _trajectories(dynamics: OrderParameterODE, evaluation: OrderParameterODE, y0: OrderParameters, ts, rtol, atol, budget,
@@ -318,6 +330,7 @@ def integrate(
     """
     config = gather_specs("integrate", config, problem=problem, model=model, sgd=sgd, theory=theory,
                           simulation=simulation)
+    start = y0
     try:
         times = np.asarray(config.sgd.save_times() if ts is None else ts, dtype=np.float64)
         t0 = float(t0)
@@ -353,6 +366,10 @@ def integrate(
             out = jax.device_get(_run(*args, max_steps, True) if progress else
                                  exported_call("integrate", _run, *args, static=(max_steps, False)))
     result = _result(problem, unpad(out, n), max_steps)
+    if isinstance(result, UnresolvedFields) and config.theory.route == "auto":  # auto's choice: on to the Sobol rule
+        say(f"{str(result).split(';')[0]}: solving on the Sobol rule instead (theory.route = 'rule')")
+        return integrate(config.replace(theory={"route": "rule"}), start, ts=ts, max_steps=max_steps, progress=progress,
+                         t0=t0)
     if isinstance(result, FloatingPointError):
         raise result
     if skip:  # the start at t0, solved from but not asked for
@@ -389,6 +406,13 @@ def integrate_points(problems: Sequence[tuple[Config, OrderParameters | None]], 
             out = unpad(jax.device_get(exported_call("integrate_points", _run_points, *stacked, static=(max_steps,))), n)
         for j, i in enumerate(members):
             results[i] = _result(prepared[i], jax.tree.map(lambda x, j=j: x[j], out), max_steps)
+    redo = [i for i, r in enumerate(results) if isinstance(r, UnresolvedFields) and problems[i][0].theory.route == "auto"]
+    if redo:  # auto's choice, as integrate does: on to the Sobol rule
+        say(f"{len(redo)} of {len(results)} points left what the exact route's rule resolves: solving them on the Sobol rule "
+            "instead (theory.route = 'rule')")
+        rule = [(problems[i][0].replace(theory={"route": "rule"}), problems[i][1]) for i in redo]
+        for i, result in zip(redo, integrate_points(rule, max_steps=max_steps)):
+            results[i] = result
     return results
 
 
@@ -416,12 +440,20 @@ def _result(problem: _Problem, out, max_steps: int) -> TheoryResult | FloatingPo
     ys, risk, code, drift0, check, grams = out
     ys, risk = tuple(x[:, :, :problem.saved] for x in ys), risk[:, :, :problem.saved]  # the padding's repeats dropped
     M, Q, b, v = (*ys, None)[:4]  # (M, Q, b) or, with trained head weights, (M, Q, b, v)
-    valid, ok = np.isfinite(risk), np.asarray(code) == 0
+    valid, ok, unresolved = np.isfinite(risk), np.asarray(code) == 0, np.asarray(code) == UNRESOLVED
     if not np.all(ok) or not np.all(valid):
-        i, r = np.unravel_index(np.argmin(np.all(valid, axis=2) & ok), ok.shape)
+        first = np.argmax(unresolved) if unresolved.any() else np.argmin(np.all(valid, axis=2) & ok)
+        i, r = np.unravel_index(first, ok.shape)
         k = int(np.argmin(valid[i, r])) if not np.all(valid[i, r]) else len(ts) - 1
         when = f"tau = {float(ts[k - 1]):.4g}..{float(ts[k]):.4g}" if k else f"its start, tau = {float(ts[0]):.4g}"
         code = int(code[i, r])  # smaller steps do not make a stiff solve (codes 2, 3) any less stiff
+        if code == UNRESOLVED:  # only the exact route's rule has a width it resolves
+            widest = float(np.max(problem.args[0].expectation.rule.widest))
+            return UnresolvedFields(
+                f"the exact route stopped near {when} (start {i}): the token fields grew wider than its rule resolves "
+                f"within its stated accuracy (a standard deviation alpha sqrt((Q + M Sigma M^T)_hh) of {widest:.3g} at "
+                f"theory.nodes = {config.theory.nodes}, in proportion to it); set theory.route = 'rule' (or 'auto', which "
+                "continues there by itself) or raise theory.nodes")
         return FloatingPointError(
             f"the order-parameter ODE stopped near {when} (start {i}{f', replicate {r}' if R > 1 else ''}): "
             f"{_stop_reason(code, min(max_steps, int(problem.args[6])))}; lower {config.sgd.step_keys()}"

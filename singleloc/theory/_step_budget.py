@@ -1,7 +1,8 @@
 """The step budget of a solve: every solve stops, whatever its learning rate.
 
-A learning rate far past stability, or an exact route whose quadrature no longer resolves the fields, makes the
-order-parameter ODE stiff while its state stays valid: at ``sgd.lr = 1e4`` on the default problem the adaptive
+A learning rate far past stability makes the order-parameter ODE stiff while its state stays valid (an exact route
+whose quadrature no longer resolved the fields did too; the solve now stops before that, where the fields outgrow its
+rule: :meth:`~singleloc.expectations._laplace.LaplaceRule.resolves`): at ``sgd.lr = 1e4`` on the default problem the adaptive
 steps were ``1e-7`` to ``2e-7`` in ``tau``, so a solve to ``tau = 300`` would have taken about ``1e9`` steps (hours)
 before the keys ran away or the steps fell below the solver's floor, and diffrax's ``max_steps`` (``1e5`` steps of
 0.3 s) bounds nothing a user can wait for.
@@ -44,8 +45,7 @@ MIN_STEP = 1e-7
 def too_slow(budget: int) -> str:
     """Why a solve stopped by its budget (:func:`~singleloc.theory._ode.integrate`'s error)."""
     return (f"at its pace it would have taken more than {budget} steps, {STEP_MARGIN:g} times what a solve at this rate "
-            "is expected to take (or max_steps): the ODE became stiff (a learning rate past stability, or a quadrature "
-            "that no longer resolves the fields)")
+            "is expected to take (or max_steps): the ODE became stiff (a learning rate past stability)")
 
 
 class StepBudget(diffrax.AbstractAdaptiveStepSizeController):
