@@ -155,6 +155,12 @@ class AbstractExpectation(eqx.Module):
         """``w_h = E[sum_l A_hl]`` (H,), the attention each head puts on the sequence
         (:mod:`~singleloc.analysis._attention_mass`)."""
 
+    @classmethod
+    def scrambling(cls, setup, points: int) -> AbstractExpectation:
+        """One independent, unbiased scrambling of the route's rule (scrambling ``setup.theory.qmc_seed``) of the
+        same shapes, for its error statement (:func:`solve_report`): by default :meth:`from_setup`'s."""
+        return cls.from_setup(setup, points=points)
+
     @property
     def replicates(self) -> int:
         """Independent scramblings stacked along the leading axis of the rules (1 for one rule)."""
@@ -236,22 +242,31 @@ class SolveReport:
 
 @dataclasses.dataclass(frozen=True)
 class Scrambled:
-    """What ``K`` independent scramblings of a route's rule give at ``N`` states (the first and last saved
-    times of every start): ``risk`` (K, N) and ``drift`` (K, N, P), the flattened drift (``None`` where only
-    the Gram term is on a scrambled rule: the exact route), and ``gram`` (K, N, H, H), the ``lr^2`` term."""
+    """What ``K`` independent, unbiased scramblings of a route's rule give at ``N`` states (the first and last
+    saved times of every start), and the rules the solve used there: ``risk`` (K, N) and ``drift`` (K, N, P), the
+    flattened drift, with ``used_risk`` (N,) on the rule that evaluated the risks and ``used_drift`` (N, P) on the
+    rule that drove the trajectory (all ``None`` where only the Gram term is on a scrambled rule: the exact route),
+    and ``gram`` (K, N, H, H), the ``lr^2`` term."""
 
     risk: np.ndarray | None
     drift: np.ndarray | None
     gram: np.ndarray
+    used_risk: np.ndarray | None = None
+    used_drift: np.ndarray | None = None
 
-    def risk_error(self, replicates: int) -> float:
-        """The standard error of the risk of the mean of ``replicates`` rules, the largest over the states."""
-        return float(np.max(self.risk.std(axis=0, ddof=1))) / np.sqrt(replicates)
+    def risk_error(self) -> float:
+        """The error of the risk on the rule that evaluated it, against the mean of the scramblings (a finer,
+        unbiased rule), plus twice that mean's standard error: the largest over the states."""
+        K = self.risk.shape[0]
+        return float(np.max(np.abs(self.used_risk - self.risk.mean(0)) + 2 * self.risk.std(0, ddof=1) / np.sqrt(K)))
 
-    def drift_error(self, replicates: int) -> float:
-        """The estimated relative drift error (:func:`relative_drift_error`) of the mean of ``replicates``
-        rules, the largest over the states."""
-        return float(np.max(relative_drift_error(np.swapaxes(self.drift, 0, 1)))) / np.sqrt(replicates)
+    def drift_error(self) -> float:
+        """The relative error of the drift of the rule that drove the trajectory, ``max |d - d'| / max |d'|``
+        against the mean ``d'`` of the scramblings, plus twice that mean's estimated relative error
+        (:func:`relative_drift_error` over ``sqrt(K)``): the largest over the states."""
+        mean = self.drift.mean(0)
+        own = np.max(np.abs(self.used_drift - mean), axis=-1) / np.max(np.abs(mean), axis=-1)
+        return float(np.max(own + 2 * relative_drift_error(np.swapaxes(self.drift, 0, 1)) / np.sqrt(self.drift.shape[0])))
 
     def gram_errors(self) -> np.ndarray:
         """The relative standard error of ONE rule's Gram term at each state (N,): ``max sd / max |mean|``
@@ -279,25 +294,33 @@ def relative_drift_error(drifts) -> np.ndarray:
 
 def solve_report(setup, ys, check, grams, risk_se, evaluation: AbstractExpectation, sgd, points: int) -> SolveReport:
     """The :class:`SolveReport` of one point's solve of ``setup`` (:class:`~singleloc.theory._build.Setup`),
-    with the route's scrambled statement: for a route whose averages are over nodes of the fields
-    (:attr:`~AbstractExpectation.field_nodes`: the rule, Monte Carlo) the risk, the drift and the Gram term on
-    :data:`SCRAMBLINGS` rules of further independent scramblings (seeds from ``theory.evaluation_seed +
-    replicates`` on: neither the rules that drove the trajectories nor those that evaluated them) at the first and
-    last saved times of every start (its first replicate); for a Gram term on a scrambled rule of its own
-    (:attr:`AbstractGramTerm.scrambled`) the Gram term there, whose relative standard errors become ``grams``. One
-    rule at a time, by one compiled program."""
+    with the route's scrambled statement at the first and last saved times of every start (its first replicate),
+    by :data:`SCRAMBLINGS` further scramblings (:meth:`~AbstractExpectation.scrambling`, seeds from
+    ``theory.evaluation_seed + replicates`` on: neither the rules that drove the trajectories nor those that
+    evaluated them), one rule at a time by one compiled program. A route whose averages are over nodes of the
+    fields (:attr:`~AbstractExpectation.field_nodes`: the rule, Monte Carlo): their risk, drift and Gram term, and
+    the risk on the rule that evaluated the risks and the drift on the one that drove the trajectory (both
+    rebuilt). A Gram term on a scrambled rule of its own (:attr:`AbstractGramTerm.scrambled`): the term, whose
+    relative standard errors become ``grams``."""
     gram_term = getattr(evaluation, "gram_term", None)
-    parts = "drift" if evaluation.field_nodes else "gram" if gram_term is not None and gram_term.scrambled else None
+    drift = evaluation.field_nodes
     scrambled = None
-    if parts is not None:
+    if drift or (gram_term is not None and gram_term.scrambled):
         theory = setup.theory
         states = tuple(jnp.asarray(np.concatenate([x[:, 0, 0], x[:, 0, -1]])) for x in ys)
+        cls = type(evaluation)
+        at = lambda seed: dataclasses.replace(setup, theory=dataclasses.replace(theory, qmc_seed=int(seed)))
         first = theory.evaluation_seed + theory.replicates
-        values = [_at_states(type(evaluation).from_setup(dataclasses.replace(setup, theory=dataclasses.replace(
-            theory, qmc_seed=int(first + k))), points=points), sgd, states, parts == "drift") for k in range(SCRAMBLINGS)]
-        risk, drift, gram = (None if x[0] is None else np.stack([np.asarray(v) for v in x]) for x in zip(*values))
-        scrambled = Scrambled(risk, drift, gram)
-        if parts == "gram":  # (S, R, 2): the same statement for every replicate
+        values = [_at_states(cls.scrambling(at(first + k), points), sgd, states, drift) for k in range(SCRAMBLINGS)]
+        risk, drift_values, gram = (None if x[0] is None else np.stack([np.asarray(v) for v in x]) for x in zip(*values))
+        used = {}
+        if drift:
+            used["used_risk"] = np.asarray(_at_states(cls.from_setup(at(theory.evaluation_seed), points=points), sgd,
+                                                      states, True)[0])
+            used["used_drift"] = np.asarray(_at_states(cls.from_setup(at(theory.qmc_seed), points=points), sgd,
+                                                       states, True)[1])
+        scrambled = Scrambled(risk, drift_values, gram, **used)
+        if not drift:  # (S, R, 2): the same statement for every replicate
             S = ys[0].shape[0]
             grams = np.broadcast_to(scrambled.gram_errors().reshape(2, S).T[:, None, :], np.shape(grams))
     return SolveReport(ys, check, grams, risk_se, evaluation, sgd, theory=setup.theory, prior=setup.prior,
@@ -334,10 +357,10 @@ class RouteStatement:
 
 
 def scrambled_statement(report: SolveReport, risk_error: float | None = None) -> RouteStatement:
-    """The statement of a route whose averages are over nodes of the fields, from its scramblings at the ends
-    (``report.scrambled``, :func:`solve_report`), each of the mean of the ``theory.replicates`` rules: the risk's
-    standard error (or ``risk_error``, the route's own), the relative drift error and the Gram term's relative
-    standard error, the largest at the first and last saved times."""
-    s, R = report.scrambled, report.theory.replicates
-    return RouteStatement(risk_error=s.risk_error(R) if risk_error is None else risk_error,
-                          gram_error=float(np.nanmax(s.gram_errors())) / np.sqrt(R), drift_error=s.drift_error(R))
+    """The statement of a route whose averages are over nodes of the fields, from the scramblings at the ends
+    (``report.scrambled``, :func:`solve_report`): the risk's error (or ``risk_error``, the route's own) and the
+    drift's of the rules the solve used (of one of the ``theory.replicates``: an upper bound for their mean), and
+    the Gram term's relative standard error (of their mean), the largest at the first and last saved times."""
+    s = report.scrambled
+    return RouteStatement(risk_error=s.risk_error() if risk_error is None else risk_error, drift_error=s.drift_error(),
+                          gram_error=float(np.nanmax(s.gram_errors())) / np.sqrt(report.theory.replicates))
