@@ -31,6 +31,7 @@ from ..configuration._specs import Theory
 from ..model._activations import Activation
 from ..model._layer import limit_loss
 from ..model._priors import Prior
+from ..runtime._progress import Phase
 from ..sgd._sgd_rule import GradientMoments, flat_drift
 from ._fields import LocalFields
 
@@ -311,7 +312,9 @@ def solve_report(setup, ys, check, grams, risk_se, evaluation: AbstractExpectati
         cls = type(evaluation)
         at = lambda seed: dataclasses.replace(setup, theory=dataclasses.replace(theory, qmc_seed=int(seed)))
         first = theory.evaluation_seed + theory.replicates
-        values = [_at_states(cls.scrambling(at(first + k), points), sgd, states, drift) for k in range(SCRAMBLINGS)]
+        with Phase((f"stating the quadrature's error: {SCRAMBLINGS} further scramblings at the start and the end",
+                    "stated the quadrature's error"), quiet=True):
+            values = [_at_states(cls.scrambling(at(first + k), points), sgd, states, drift) for k in range(SCRAMBLINGS)]
         risk, drift_values, gram = (None if x[0] is None else np.stack([np.asarray(v) for v in x]) for x in zip(*values))
         used = {}
         if drift:
