@@ -26,11 +26,14 @@ import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
+import jax
 import numpy as np
 from _common import cache_dir, figures_dir, parser, save_json
 from user_stories import FIGURES, QUICK, STORIES, _run
 
 import singleloc as sl
+
+jax.config.update("jax_enable_x64", True)
 
 #: The rise of the risk within which ``prune`` counts a head as removable (its ``--tol`` default).
 PRUNE_TOL = 0.01
@@ -46,7 +49,7 @@ def run_stories(out: Path, quick: bool, stories) -> dict[str, float]:
         if story not in stories:
             continue
         if (out / COMPLETE[story]).is_file():
-            print(f"{story}: {out / FIGURES[story]} is there (cached)")
+            print(f"{story}: {out / COMPLETE[story]} is there (cached)")
             continue
         seconds[story] = 0.0
         for command in commands:
@@ -124,6 +127,8 @@ def main() -> None:
         before = json.loads(saved.read_text())
         record["numbers"] = {**before.get("numbers", {}), **record["numbers"]}
         record["seconds"] = {**before.get("seconds", {}), **seconds}
+        if not questions_too:  # the load at which the questions' wall times were measured
+            record["load_average"] = before.get("load_average", record["load_average"])
     for story, values in record["numbers"].items():
         print(f"{story}: {values}")
     print(f"wrote {save_json(saved, record)}")

@@ -170,7 +170,7 @@ def plot_compare(theory=None, simulation=None, title: str = "", *, log_time: boo
     on the same saved times, the risk panel states the largest per-seed ``|sim - theory|``. The risk panel draws
     every start and seed as a thin line beside the means; ``outcomes``: what the heads of the theory's starts and
     the simulation's seeds have learned at the end, in words
-    (:func:`~singleloc.analysis._head_classes.outcomes_text`), added to its legend.
+    (:func:`~singleloc.analysis._head_classes.outcomes_text`), written below the panels.
     ``log_time``: a log time axis (``None``: when the saved times are log-spaced).
     """
     if theory is None and simulation is None:
@@ -201,8 +201,7 @@ def plot_compare(theory=None, simulation=None, title: str = "", *, log_time: boo
     if theory is not None and simulation is not None and np.shape(theory.risk) == np.shape(simulation.risk):
         dev = float(np.max(np.abs(np.asarray(simulation.risk) - np.asarray(theory.risk))))
         handles.append(Line2D([], [], ls="none", label=f"largest |simulation - theory| of one seed: {dev:.3f}"))
-    for kind, text in zip(("theory", "simulation"), outcomes or ()):  # the heads at the end, per start and seed
-        handles.append(Line2D([], [], ls="none", label=fill(f"heads at the end, {kind}: {text}", 60)))
+
     ax.legend(handles=handles, frameon=False, fontsize=7, loc="best")
     ax.set_ylabel("risk")
     ax.set_title("risk")
@@ -240,6 +239,9 @@ def plot_compare(theory=None, simulation=None, title: str = "", *, log_time: boo
         _time_axis(ax, first.tau, log_time)
         ax.set_title(r"head weights $v_h$ of $a_l = \sum_h v_h A_{hl}$", fontsize=9)
         ax.legend(frameon=False, fontsize=7, loc="best")
+    if outcomes:  # the heads at the end, per start and seed: below the panels, over no data
+        fig.supxlabel("\n".join(fill(f"heads at tau = {first.tau[-1]:g}, {kind}: {text}", 60 * panels)
+                                for kind, text in zip(("theory", "simulation"), outcomes)), fontsize=8)
     if title:
         fig.suptitle(title + ("; heads matched across starts by their largest overlap" if match and (H > 1 or F > 1) else ""),
                      fontsize=10)

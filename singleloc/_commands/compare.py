@@ -30,7 +30,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..analysis._head_classes import final_outcomes, outcomes_text
+    from ..analysis._head_classes import final_outcomes
     from ..analysis._settled import run_settledness
     from ..analysis._sweep_answers import error_text, final_risk_error
     from ..io._run_folders import save_run
@@ -60,7 +60,7 @@ def run(args) -> int:
     config = theory.resolved(config)  # theory.points = "auto": the points used (the settledness below builds its ODE)
     title = f"{describe(config)}, D={config.simulation.D}, lr={config.sgd.lr}"
     settled = run_settledness(config, theory.tau, theory.M, theory.Q, theory.b, theory.risk)
-    outcomes = [outcomes_text(words, unit) for words, unit in zip(final_outcomes(config, theory, sim), ("starts", "seeds"))]
+    outcomes = final_outcomes(config, theory, sim, units=("starts", "seeds"))
     save_run(args.out, config, {
         "simulation.npz": sim.arrays(), "theory.npz": theory.arrays(0) | settled.arrays(0),
         "theory_seeds.npz": {"tau": theory.tau, "M": theory.M, "Q": theory.Q, "b": theory.b, "risk": theory.risk,
