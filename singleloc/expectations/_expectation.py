@@ -37,9 +37,9 @@ from ._fields import LocalFields
 
 #: Independent scramblings of a route's rule that state its error at the ends of a solve (:func:`solve_report`):
 #: a standard deviation from ``K`` of them is within 0.70 to 1.29 of the true one (5% to 95%, chi with ``K - 1 = 15``
-#: degrees of freedom), where the difference of one pair, the earlier statement, ranged over 0.1 to 1.3 of the
-#: actual error (three copies of a softmax1 key at ``L = 64``: tests/test_scrambled_errors.py). Their cost is
-#: ``2 K`` evaluations of the drift (or of the Gram term alone) per start: a few percent of a solve's.
+#: degrees of freedom), where one pair's difference, the earlier statement, said 1.6e-4 for an error of 4.8e-3
+#: (three copies of a softmax1 key at ``L = 64``, issue 61; tests/test_scrambled_errors.py). Their cost is
+#: ``2 (K + 2)`` evaluations of the drift (or ``2 K`` of the Gram term alone) per start, where a solve makes hundreds.
 SCRAMBLINGS = 16
 
 
