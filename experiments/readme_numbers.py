@@ -1,6 +1,8 @@
-"""The numbers the README quotes for its three questions, regenerated: the commands of
-``user_stories.py`` run as a user runs them, and the numbers read from their run folders.
+"""The numbers the README quotes for its main job and its three questions, regenerated: the commands of
+``user_stories.py`` and the main job run as a user runs them, and the numbers read from their run folders.
 
+0. The main job (``compare showcase``): what the heads of each theory start and each simulated seed have learned
+   at the end (:func:`~singleloc.analysis._head_classes.final_outcomes`), counted, with the final risks.
 1. When do the heads specialize: the predicted escape of ``integrate --horizon auto`` (``theory.npz``'s
    ``predicted_escape``), the horizon it chose and the run's wall time.
 2. How many heads: the sweep's ``heads_needed`` (with ``heads_needed_low``/``_high``, the counts with the gaps
@@ -11,7 +13,8 @@
 Prints them and writes figures/readme_numbers.json, which tests/test_readme_numbers.py compares with the
 README (without rerunning; its slow test reruns the cheapest question, pruning, on the cached run).
 About 25 minutes on a loaded 2-core CPU. ``--cache DIR``: keep the run folders (a question whose folder
-is complete is not run again); ``--quick``: tiny sizes, to check that the script runs.
+is complete is not run again); ``--quick``: tiny sizes, to check that the script runs; ``--story NAME``
+(``showcase`` or ``questions``, repeatable): run those only, keeping the saved numbers of the others.
 """
 
 from __future__ import annotations
@@ -21,29 +24,40 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
+import jax
 import numpy as np
 from _common import cache_dir, figures_dir, parser, save_json
 from user_stories import FIGURES, QUICK, STORIES, _run
 
 import singleloc as sl
 
+jax.config.update("jax_enable_x64", True)
+
 #: The rise of the risk within which ``prune`` counts a head as removable (its ``--tol`` default).
 PRUNE_TOL = 0.01
+#: The main job, as the README's first command runs it, and the file that says it is complete.
+SHOWCASE = {"showcase": [["compare", "showcase", "--out", "{out}/s"]]}
+COMPLETE = {**FIGURES, "showcase": "s/compare.png"}
 
 
-def run_stories(out: Path, quick: bool) -> dict[str, float]:
-    """Run the commands of every story not yet complete in ``out``; their wall times (s) by story."""
+def run_stories(out: Path, quick: bool, stories) -> dict[str, float]:
+    """Run the commands of each of ``stories`` not yet complete in ``out``; their wall times (s) by story."""
     seconds = {}
-    for story, commands in STORIES.items():
-        if (out / FIGURES[story]).is_file():
-            print(f"{story}: {out / FIGURES[story]} is there (cached)")
+    for story, commands in {**SHOWCASE, **STORIES}.items():
+        if story not in stories:
+            continue
+        if (out / COMPLETE[story]).is_file():
+            print(f"{story}: {out / COMPLETE[story]} is there (cached)")
             continue
         seconds[story] = 0.0
         for command in commands:
             argv = [a.format(out=out) for a in command]
             if quick and argv[:2] == ["integrate", "softmax1"]:
                 argv = [a for a in argv if a not in ("--horizon", "auto")] + QUICK
+            if quick and argv[0] == "compare":
+                argv += ["--set", "sgd.tau_max=4", "--set", "simulation.D=100"]
             if quick and argv[0] == "sweep":
                 small = {"model.heads=1,2,3,4": "model.heads=1,2", "problem.F=2,3": "problem.F=2"}
                 argv = [small.get(a, a) for a in argv] + ["--set", "theory.points=256", "--horizon", "10"]
@@ -51,8 +65,25 @@ def run_stories(out: Path, quick: bool) -> dict[str, float]:
     return seconds
 
 
-def numbers(out: Path) -> dict:
-    """The README's numbers, read from the run folders in ``out`` (``a``: integrate, ``c``: sweep, ``d``: prune)."""
+def showcase(out: Path) -> dict:
+    """The main job's heads at the end, per theory start and per simulated seed (``s``: its run folder)."""
+    from collections import Counter
+
+    from singleloc.analysis._head_classes import final_outcomes
+
+    run = sl.load_run(out / "s")
+    theory = SimpleNamespace(**{k: run.extra["theory_seeds"][k] for k in ("M", "Q", "b")})
+    simulation = SimpleNamespace(**{k: run.data["simulation"][k] for k in ("M", "Q", "b")})
+    words = final_outcomes(run.config, theory, simulation)
+    return {"horizon": float(run.data["simulation"]["tau"][-1]),
+            "theory": dict(Counter(words[0]).most_common()), "simulation": dict(Counter(words[1]).most_common()),
+            "theory_final_risk": [float(r) for r in run.extra["theory_seeds"]["risk"][:, -1]],
+            "simulation_final_risk": [float(r) for r in run.data["simulation"]["risk"][:, -1]]}
+
+
+def questions(out: Path) -> dict:
+    """The three questions' numbers, read from the run folders in ``out`` (``a``: integrate, ``c``: sweep, ``d``:
+    prune)."""
     from singleloc.analysis._phase_analysis import analyze
 
     run = sl.load_run(out / "a")
@@ -77,16 +108,27 @@ def numbers(out: Path) -> dict:
 
 
 def main() -> None:
-    args = parser(__doc__).parse_args()
+    p = parser(__doc__)
+    p.add_argument("--story", action="append", choices=["showcase", "questions"],
+                   help="run the main job or the three questions only (repeatable)")
+    args = p.parse_args()
+    stories = [*(["showcase"] if args.story is None or "showcase" in args.story else []),
+               *(STORIES if args.story is None or "questions" in args.story else [])]
+    questions_too = any(story in STORIES for story in stories)
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         out = cache_dir(args, "readme_numbers") or Path(tmp)
         out.mkdir(parents=True, exist_ok=True)
-        seconds = run_stories(out, args.quick)
-        record = {"numbers": numbers(out), "seconds": seconds, "load_average": [load, os.getloadavg()[0]]}
+        seconds = run_stories(out, args.quick, stories)
+        numbers = {**({"showcase": showcase(out)} if "showcase" in stories else {}), **(questions(out) if questions_too else {})}
+        record = {"numbers": numbers, "seconds": seconds, "load_average": [load, os.getloadavg()[0]]}
     saved = figures_dir(args) / "readme_numbers.json"
-    if saved.is_file():  # a cached story keeps the wall time saved with it
-        record["seconds"] = {**json.loads(saved.read_text()).get("seconds", {}), **seconds}
+    if saved.is_file():  # a cached or unrun story keeps what was saved with it
+        before = json.loads(saved.read_text())
+        record["numbers"] = {**before.get("numbers", {}), **record["numbers"]}
+        record["seconds"] = {**before.get("seconds", {}), **seconds}
+        if not questions_too:  # the load at which the questions' wall times were measured
+            record["load_average"] = before.get("load_average", record["load_average"])
     for story, values in record["numbers"].items():
         print(f"{story}: {values}")
     print(f"wrote {save_json(saved, record)}")

@@ -82,6 +82,7 @@ if TYPE_CHECKING:
     from .configuration._specs import Theory as Theory
     from .expectations._expectation import AbstractExpectation as AbstractExpectation
     from .expectations._expectation import AbstractGramTerm as AbstractGramTerm
+    from .expectations._expectation import relative_drift_error as relative_drift_error
     from .expectations._fields import LocalFields as LocalFields
     from .expectations._fields import replicate_rules as replicate_rules
     from .expectations._laplace import LaplaceRule as LaplaceRule
@@ -163,7 +164,6 @@ if TYPE_CHECKING:
     from .sweeps._sweep_dataset import load_sweep as load_sweep
     from .theory._accuracy import PointsChoice as PointsChoice
     from .theory._accuracy import choose_points as choose_points
-    from .theory._accuracy import relative_drift_error as relative_drift_error
     from .theory._build import sgd_rule as sgd_rule
     from .theory._fluctuations import SDEResult as SDEResult
     from .theory._fluctuations import integrate_sde as integrate_sde

@@ -4,9 +4,12 @@ colour cycle, the time axis). Imported by :mod:`singleloc.plots`, which is where
 
 from __future__ import annotations
 
+from textwrap import fill
+
 import matplotlib as mpl
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
 from .runtime._numerics import TINY
 
@@ -104,10 +107,13 @@ def _matched(result, match: bool):
     return M, v, norms
 
 
-def _mean_and_spread(ax, tau, values, color, kind: str, label: str | None) -> None:
+def _mean_and_spread(ax, tau, values, color, kind: str, label: str | None, each: bool = False) -> None:
     """The mean over the first axis of ``values`` (S, T) with its min-max spread: a line and a
-    band for the theory, markers with bars for the simulation."""
+    band for the theory, markers with bars for the simulation; ``each``: every start (seed) as a thin
+    line too, solid for the theory and dashed for the simulation."""
     mean, lo, hi = values.mean(0), values.min(0), values.max(0)
+    if each and values.shape[0] > 1:
+        ax.plot(tau, values.T, "-" if kind == "theory" else "--", color=color, lw=0.6, alpha=0.5)
     if kind == "theory":
         ax.plot(tau, mean, "-", color=color, lw=1.6, label=label)
         if values.shape[0] > 1:
@@ -121,7 +127,6 @@ def _mean_and_spread(ax, tau, values, color, kind: str, label: str | None) -> No
 
 def _style_legend(theory, simulation) -> list:
     """A legend of the line styles: theory (line, band) and simulation (markers, bars)."""
-    from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
     handles = []
@@ -130,6 +135,8 @@ def _style_legend(theory, simulation) -> list:
         handles.append(Line2D([], [], color="0.2", lw=1.6, label="theory" + (f": mean of {S} starts" if S > 1 else "")))
         if S > 1:
             handles.append(Patch(color="0.2", alpha=0.2, lw=0, label="theory: min to max over starts"))
+    if max(np.shape(r.risk)[0] if np.ndim(r.risk) > 1 else 1 for r in (theory, simulation) if r is not None) > 1:
+        handles.append(Line2D([], [], color="0.2", lw=0.6, alpha=0.5, label="thin lines: each start (seed) on its own"))
     if simulation is not None:
         S = simulation.M.shape[0]
         handles.append(Line2D([], [], color="0.2", marker="o", mfc="none", ls="none",
@@ -138,7 +145,7 @@ def _style_legend(theory, simulation) -> list:
 
 
 def plot_compare(theory=None, simulation=None, title: str = "", *, log_time: bool | None = None,
-                 match: bool = True, mean=None) -> Figure:
+                 match: bool = True, mean=None, outcomes: tuple[str, ...] | None = None) -> Figure:
     """Risk against tau and the overlaps ``M_hf(tau)``, theory against simulation, each as its
     mean over starts (seeds) with the spread from the min to the max: theory a line with a band,
     simulation markers with bars (a legend says which is which).
@@ -160,7 +167,10 @@ def plot_compare(theory=None, simulation=None, title: str = "", *, log_time: boo
     specializes. With trained head weights
     (``theory.v`` not ``None``) a last panel shows ``v_h(tau)``; with a stated quadrature error
     (``theory.risk_se``, ``theory.replicates > 1``) an inset shows its size. When both are given
-    on the same saved times, the risk panel states the largest per-seed ``|sim - theory|``.
+    on the same saved times, the risk panel states the largest per-seed ``|sim - theory|``. The risk panel draws
+    every start and seed as a thin line beside the means; ``outcomes``: what the heads of the theory's starts and
+    the simulation's seeds have learned at the end, in words
+    (:func:`~singleloc.analysis._head_classes.outcomes_text`), written below the panels.
     ``log_time``: a log time axis (``None``: when the saved times are log-spaced).
     """
     if theory is None and simulation is None:
@@ -178,7 +188,7 @@ def plot_compare(theory=None, simulation=None, title: str = "", *, log_time: boo
     ax = axes[0]
     for kind, r, *_ in series:
         _mean_and_spread(ax, r.tau, np.atleast_2d(np.asarray(r.risk, dtype=float)), "k" if kind == "theory" else colors[0],
-                         kind, None)
+                         kind, None, each=True)
     se = getattr(theory, "risk_se", None)
     se = se if se is not None and np.all(np.isfinite(se)) else None  # theory.replicates > 1: quadrature error
     if se is not None:  # the quadrature's error is often thinner than the line: its width, on a log scale
@@ -189,10 +199,9 @@ def plot_compare(theory=None, simulation=None, title: str = "", *, log_time: boo
         inset.yaxis.set_minor_formatter(mpl.ticker.NullFormatter())
     handles = _style_legend(theory, simulation)
     if theory is not None and simulation is not None and np.shape(theory.risk) == np.shape(simulation.risk):
-        from matplotlib.lines import Line2D
-
         dev = float(np.max(np.abs(np.asarray(simulation.risk) - np.asarray(theory.risk))))
         handles.append(Line2D([], [], ls="none", label=f"largest |simulation - theory| of one seed: {dev:.3f}"))
+
     ax.legend(handles=handles, frameon=False, fontsize=7, loc="best")
     ax.set_ylabel("risk")
     ax.set_title("risk")
@@ -230,6 +239,9 @@ def plot_compare(theory=None, simulation=None, title: str = "", *, log_time: boo
         _time_axis(ax, first.tau, log_time)
         ax.set_title(r"head weights $v_h$ of $a_l = \sum_h v_h A_{hl}$", fontsize=9)
         ax.legend(frameon=False, fontsize=7, loc="best")
+    if outcomes:  # the heads at the end, per start and seed: below the panels, over no data
+        fig.supxlabel("\n".join(fill(f"heads at tau = {first.tau[-1]:g}, {kind}: {text}", 60 * panels)
+                                for kind, text in zip(("theory", "simulation"), outcomes)), fontsize=8)
     if title:
         fig.suptitle(title + ("; heads matched across starts by their largest overlap" if match and (H > 1 or F > 1) else ""),
                      fontsize=10)

@@ -351,16 +351,15 @@ def test_integrate_runs_on_the_exact_route_and_states_its_error(tiny_theory):
     assert "exact route" in exact.quadrature() and "relative drift error" in exact.quadrature()
     assert np.isnan(exact.exact_drift_error) or exact.exact_drift_error < 1e-5
     rule = sl.integrate(cfg.replace(theory={"route": "rule", "points": 1024}))
-    assert rule.route == "rule" and np.isnan(rule.risk_error)
+    assert rule.route == "rule" and abs(rule.risk[0, -1] - exact.risk[0, -1]) < rule.risk_error + exact.risk_error
     assert exact.risk[0, -1] < exact.risk[0, 0] - 0.05  # it trained: the comparison is not of two starts
     np.testing.assert_allclose(exact.risk, rule.risk, atol=3e-3)
 
 
-def test_gram_term_is_rank_aware_and_its_stated_error_covers_it(rng):
+def test_gram_term_is_rank_aware(rng):
     """The exact route's lr^2 term at a trained state with near-copy heads: the rank-aware rule
     (principal axes, direction-major Sobol coordinates) against the head-symmetric one at the
-    same points, both against the rank-aware rule at 2^17 points; the stated error (two
-    scramblings, :meth:`singleloc.LaplaceExpectation.gram_error`) within a factor 4 of the actual error."""
+    same points, both against the rank-aware rule at 2^17 points (its stated error: tests/test_scrambled_errors.py)."""
     H, L = 6, 4
     cfg = sl.load_config("default").replace(model={"heads": H}, problem={"F": 1})
     M, Q, b = trained_state("near", H, 1, rng)
@@ -374,10 +373,6 @@ def test_gram_term_is_rank_aware_and_its_stated_error_covers_it(rng):
             sl.LocalFields.make(L, H, prior, 4096, s, principal=principal, symmetric=not principal), ode, M, Q, b)) - ref))
             for s in range(4)])
     assert err[True] < err[False] / 3
-    other = sl.OrderParameterODE.from_config(cfg.replace(theory={"qmc_seed": 7}))
-    stated = float(eqx.filter_jit(lambda e, o, *s: e.gram_error(o, *s))(ode.expectation, other.expectation, M, Q, b))
-    actual = float(np.max(np.abs(np.asarray(ode.gram(M, Q, b)) - ref))) / np.max(np.abs(ref))
-    assert actual / 4 < stated < 4 * actual + 1e-4
 
 
 def test_a_large_stated_error_warns_with_the_token_variance():

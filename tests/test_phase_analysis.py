@@ -183,6 +183,23 @@ def test_one_hand_made_head_per_class():
     assert hc.classify_heads(M, Q, mean=[1.25, 1.25], weights=w_off0).names()[[0, 4]].tolist() == ["off", "aligned"]
 
 
+def test_head_outcomes_count_the_heads_on_each_spike_per_trajectory():
+    """The showcase's question, per start: how many heads on each spike (a copy of an aligned head counted on its
+    spike), and the rest by class; the outcomes counted over the starts, the most common first."""
+    def state(last):  # heads on e_1, a copy of it, on e_2, and ``last``
+        orth = 0.3 * np.eye(4)
+        orth[1] = orth[0]
+        return _keys_state([[2.0, 0.1], [2.0, 0.1], [0.1, 2.0], last], orth)
+
+    (Ma, Qa), (Mb, Qb) = state([0.05, 2.1]), state([0.05, 0.0])
+    M, Q = np.stack([Ma, Ma, Mb, Ma]), np.stack([Qa, Qa, Qb, Qa])
+    words = hc.head_outcomes(hc.classify_heads(M, Q))
+    assert words == ["2 on e1, 2 on e2"] * 2 + ["2 on e1, 1 on e2, 1 unspecialized", "2 on e1, 2 on e2"]
+    assert hc.outcomes_text(words, "starts") == "3 of 4 starts: 2 on e1, 2 on e2; 1 of 4: 2 on e1, 1 on e2, 1 unspecialized"
+    off = hc.head_outcomes(hc.classify_heads(Ma, Qa, weights=np.array([1.0, 1.0, 1.0, 0.01])))
+    assert off == ["2 on e1, 1 on e2, 1 off"]
+
+
 def test_class_boundaries():
     """The thresholds of the rules, on heads placed just inside and outside them (F = 2, spikes
     prior; each head alone, orthogonal part 0 unless stated, so the spike fraction is 1)."""

@@ -124,10 +124,15 @@ def test_compare_figure_averages_like_heads(folders):
     lines = [line for line in fig.axes[1].lines if line.get_label() == "head 1: aligned to spike 1"]  # its class, both seeds
     np.testing.assert_allclose(lines[0].get_ydata(), base["M"][0, :, 0, 0])
     legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
-    assert legend == ["theory: mean of 2 starts", "theory: min to max over starts"]
+    assert legend == ["theory: mean of 2 starts", "theory: min to max over starts", "thin lines: each start (seed) on its own"]
+    assert sum(len(line.get_ydata()) == T and line.get_linewidth() < 1 for line in fig.axes[0].lines) == 2  # each start
     sim = SimulationResult(base["tau"], M, theory.Q, theory.b, theory.risk, theory.risk, None, None)
-    legend = [t.get_text() for t in plots.plot_compare(theory, sim).axes[0].get_legend().get_texts()]
+    fig = plots.plot_compare(theory, sim, outcomes=("2 of 2 starts: 2 on e1", "1 of 2 seeds: 2 on e1; 1 of 2: 1 on e1, 1 off"))
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert legend[-2:] == ["simulation: mean of 2 seeds, bars min to max", "largest |simulation - theory| of one seed: 0.000"]
+    assert fig._supxlabel.get_text().split("\n") == [f"heads at tau = {base['tau'][-1]:g}, theory: 2 of 2 starts: 2 on e1",
+                                                     f"heads at tau = {base['tau'][-1]:g}, simulation: 1 of 2 seeds: 2 on e1; "
+                                                     "1 of 2: 1 on e1, 1 off"]
 
 
 def test_integrate_draws_its_figure_and_takes_a_horizon(tmp_path, capsys, monkeypatch):

@@ -35,6 +35,18 @@ def saved() -> dict:
     return json.loads(SAVED.read_text())
 
 
+def test_the_main_jobs_heads_per_start_and_seed(saved):
+    """The main job's claim says in how many starts and seeds it holds (issue 61), as the script counted them."""
+    story = saved["numbers"]["showcase"]
+    quoted = _quoted(r"at the figure's horizon `tau = (\d+)`, where the run has not settled, two heads are on each "
+                     r"direction in (\d) of the (\d) theory starts and (\d) of the (\d) simulated seeds")
+    both = "2 on e1, 2 on e2"
+    assert quoted == (f"{story['horizon']:.0f}", str(story["theory"].get(both, 0)), str(sum(story["theory"].values())),
+                      str(story["simulation"].get(both, 0)), str(sum(story["simulation"].values())))
+    others = [o for kind in ("theory", "simulation") for o in story[kind] if o != both]
+    assert all("combination" in o for o in others)  # "the others still hold one to three heads on a combination"
+
+
 def test_the_escape_and_its_run_time(saved):
     story = saved["numbers"]["specialization"]
     assert _quoted(r"escape near `tau = (\d+)` \(predicted: (\d+)\)") == (

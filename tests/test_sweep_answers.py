@@ -196,5 +196,6 @@ def test_the_final_risk_error_is_the_larger_stated_one():
     se = np.array([[0.1, 2e-4], [0.1, 3e-4]])  # (seeds, times): the last time counts
     assert final_risk_error({"route": np.asarray("exact"), "risk_error": np.asarray(1e-12), "risk_se": se}) == 3e-4
     assert final_risk_error({"route": np.asarray("exact"), "risk_error": np.asarray(1e-3)}) == 1e-3
+    assert final_risk_error({"route": np.asarray("rule"), "risk_error": np.asarray(2e-3)}) == 2e-3  # every route's
     assert math.isnan(final_risk_error({"route": np.asarray("rule"), "risk_error": np.asarray(math.nan),
-                                        "risk_se": np.full((2, 2), math.nan)}))
+                                        "risk_se": np.full((2, 2), math.nan)}))  # an entry cached before

@@ -30,6 +30,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from ..analysis._head_classes import final_outcomes
     from ..analysis._settled import run_settledness
     from ..analysis._sweep_answers import error_text, final_risk_error
     from ..io._run_folders import save_run
@@ -59,11 +60,12 @@ def run(args) -> int:
     config = theory.resolved(config)  # theory.points = "auto": the points used (the settledness below builds its ODE)
     title = f"{describe(config)}, D={config.simulation.D}, lr={config.sgd.lr}"
     settled = run_settledness(config, theory.tau, theory.M, theory.Q, theory.b, theory.risk)
+    outcomes = final_outcomes(config, theory, sim, units=("starts", "seeds"))
     save_run(args.out, config, {
         "simulation.npz": sim.arrays(), "theory.npz": theory.arrays(0) | settled.arrays(0),
         "theory_seeds.npz": {"tau": theory.tau, "M": theory.M, "Q": theory.Q, "b": theory.b, "risk": theory.risk,
                              "risk_se": theory.risk_se} | settled.arrays(),
-        "compare.png": plot_compare(theory, sim, title=title, mean=config.problem.build_prior().mean())})
+        "compare.png": plot_compare(theory, sim, title=title, mean=config.problem.build_prior().mean(), outcomes=outcomes)})
     dev = np.abs(sim.risk - theory.risk)
     error = error_text(final_risk_error({"route": theory.route, "risk_error": theory.risk_error, "risk_se": theory.risk_se}))
     print(f"wrote {args.out}/compare.png: simulation risk {sim.risk.mean(0)[0]:.4f} -> {sim.risk.mean(0)[-1]:.4f}, "
@@ -71,4 +73,5 @@ def run(args) -> int:
           f"max |sim - theory| per seed = {dev.max():.4f}")
     print(f"theory {theory.quadrature()}")
     print(settled.text(f"the theory of {config.simulation.seeds} seeds"))
+    print(f"heads at tau = {theory.tau[-1]:g}: theory {outcomes[0]}; simulation {outcomes[1]}")
     return 0

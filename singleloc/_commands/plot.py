@@ -37,6 +37,7 @@ def register(sub) -> None:
 def run_figures(run, log_time: bool | None = None) -> dict:
     """The figures of a :class:`~singleloc.Run` (``name.png -> Figure``), as ``singleloc plot`` draws them."""
     from ..analysis._attention_mass import attention_mass
+    from ..analysis._head_classes import final_outcomes
     from ..analysis._phase_analysis import analyze
     from ..plots import plot_compare, plot_phases
     from ..runtime._progress import Phase
@@ -48,7 +49,10 @@ def run_figures(run, log_time: bool | None = None) -> dict:
     figures = {}
     if theory is not None or simulation is not None:
         name = TRAJECTORY_FIGURE[theory is not None, simulation is not None]
-        figures[name] = plot_compare(theory, simulation, title=title, log_time=log_time, mean=config.problem.build_prior().mean())
+        outcomes = None if theory is None or simulation is None else \
+            final_outcomes(config, theory, simulation, units=("starts", "seeds"))  # as compare draws it
+        figures[name] = plot_compare(theory, simulation, title=title, log_time=log_time, mean=config.problem.build_prior().mean(),
+                                     outcomes=outcomes)
     if theory is not None:
         ode = OrderParameterODE.from_config(config)
         with Phase((f"classifying the {config.model.heads} heads at {len(theory.tau)} saved times (their attention "

@@ -55,6 +55,7 @@ Norms are floored at :data:`singleloc.runtime._numerics.TINY` before a division:
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 
 import numpy as np
 from jaxtyping import ArrayLike, Real
@@ -206,6 +207,44 @@ def classify_heads(M: Real[ArrayLike, "*S H F"], Q: Real[ArrayLike, "*S H H"], *
         redundant[..., h] = np.any((cos[..., :h, h] >= redundancy) & ~off[..., :h], axis=-1)
     code = np.where(off, HEAD_CLASSES.index("off"), np.where(redundant, HEAD_CLASSES.index("redundant"), code))
     return HeadClasses(code.astype(np.int8), f, angle_spike, angle_mean)
+
+
+def head_outcomes(classes: HeadClasses) -> list[str]:
+    """What the heads of each trajectory have learned, in words, from their classes at one time (S, H): how many
+    heads are on each spike (aligned to it, or a copy of one that is: ``redundant`` within the aligned angle), then
+    how many are in each other class: ``"2 on e1, 2 on e2"``, ``"2 on e1, 1 on e2, 1 unspecialized"``."""
+    aligned = np.degrees(np.arccos(0.9))  # the aligned class's threshold on |cos|, as an angle
+    words = []
+    for code, spike, angle in zip(*(np.atleast_2d(x) for x in (classes.code, classes.spike, classes.angle_spike))):
+        names = [HEAD_CLASSES[c] for c in code]
+        on = [n == "aligned" or (n == "redundant" and a <= aligned) for n, a in zip(names, angle)]
+        parts = Counter(f"on e{f + 1}" if o else n for n, f, o in zip(names, spike, on))
+        words.append(", ".join(f"{k} {p}" for p, k in sorted(parts.items(), key=lambda x: (not x[0].startswith("on"), x[0]))))
+    return words
+
+
+def outcomes_text(outcomes: list[str], unit: str) -> str:
+    """How many trajectories end with each outcome of :func:`head_outcomes`, the most common first:
+    ``"3 of 4 starts: 2 on e1, 2 on e2; 1 of 4: 2 on e1, 1 on e2, 1 off"``."""
+    n = len(outcomes)
+    return "; ".join(f"{c} of {n}{f' {unit}' if i == 0 else ''}: {o}" for i, (o, c) in enumerate(Counter(outcomes).most_common()))
+
+
+def final_outcomes(config, *results, units: tuple[str, ...] | None = None) -> list[list[str]] | list[str]:
+    """:func:`head_outcomes` of every trajectory of each of ``results`` (theory, simulation: ``M`` (S, T, H, F),
+    ``Q``, ``b``) at its last saved time, classed with the heads' attention weights on ``config``'s route
+    (:func:`~singleloc.attention_mass`), so that a head switching off counts; with ``units`` (``("starts",
+    "seeds")``), each result's :func:`outcomes_text` instead."""
+    from ..theory._theory import OrderParameterODE
+    from ._attention_mass import attention_mass
+
+    last = [tuple(np.asarray(getattr(r, k), float)[:, -1] for k in ("M", "Q", "b")) for r in results]
+    M, Q, b = (np.concatenate(x) for x in zip(*last))
+    weights = attention_mass(OrderParameterODE.from_config(config), M, Q, b)
+    words = head_outcomes(classify_heads(M, Q, mean=config.problem.build_prior().mean(), weights=weights))
+    ends = np.cumsum([0, *(x[0].shape[0] for x in last)])
+    each = [words[i:j] for i, j in zip(ends[:-1], ends[1:])]
+    return each if units is None else [outcomes_text(w, unit) for w, unit in zip(each, units)]
 
 
 def _count_pairs(pair_mask: np.ndarray) -> np.ndarray:

@@ -30,9 +30,6 @@ from typing import Any
 
 import numpy as np
 
-from ..expectations._routes import route_class
-from ..ground._choices import ROUTE_CLASSES
-
 #: ``--gap``: the default largest gap to the Bayes risk at which a layer counts as having reached it.
 GAP_TOL = 0.01
 
@@ -42,15 +39,11 @@ SPANNED = ("model.heads", "model.activation", "problem.F")
 
 
 def final_risk_error(theory: Mapping[str, np.ndarray]) -> float:
-    """The stated error of a theory entry's final risk: the larger of the ``risk_error`` of a route that
-    states it against a finer rule (:attr:`~singleloc.AbstractExpectation.refined_error`: the exact route)
-    and the largest standard error over scramblings (``risk_se``) at the last saved time; NaN where
-    neither is stated (the rule route with ``theory.replicates = 1``, or an entry cached before entries
-    carried them)."""
-    errors = []
-    route = str(theory.get("route", ""))
-    if route in ROUTE_CLASSES and route_class(route).refined_error and "risk_error" in theory:
-        errors.append(float(theory["risk_error"]))
+    """The stated error of a theory entry's final risk: the larger of the route's ``risk_error`` (against a
+    finer rule on the exact route, a standard error over scramblings or draws on the others) and the largest
+    standard error over the replicates (``risk_se``) at the last saved time; NaN where neither is stated (an
+    entry cached before entries carried them)."""
+    errors = [float(theory["risk_error"])] if "risk_error" in theory else []
     if "risk_se" in theory:
         errors.extend(np.asarray(theory["risk_se"], float)[..., -1].ravel().tolist())
     errors = [e for e in errors if np.isfinite(e)]
@@ -58,11 +51,8 @@ def final_risk_error(theory: Mapping[str, np.ndarray]) -> float:
 
 
 def error_text(error: float) -> str:
-    """A final risk's stated error as printed after it: ``" +- 1.2e-05"``, or ``" (error not stated: the rule
-    route with theory.replicates = 1)"``."""
-    if np.isfinite(error):
-        return f" +- {error:.1e}"
-    return " (error not stated: the rule route with theory.replicates = 1; 2 or more state it)"
+    """A final risk's stated error as printed after it: ``" +- 1.2e-05"``, or ``" (error not stated)"``."""
+    return f" +- {error:.1e}" if np.isfinite(error) else " (error not stated)"
 
 
 def bayes_columns(row: Mapping[str, Any], entry: Mapping[str, np.ndarray] | None, theory: Mapping[str, np.ndarray],

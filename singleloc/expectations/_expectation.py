@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+from typing import ClassVar
 
 import equinox as eqx
 import jax
@@ -30,8 +31,16 @@ from ..configuration._specs import Theory
 from ..model._activations import Activation
 from ..model._layer import limit_loss
 from ..model._priors import Prior
-from ..sgd._sgd_rule import GradientMoments
+from ..runtime._progress import Phase
+from ..sgd._sgd_rule import GradientMoments, flat_drift
 from ._fields import LocalFields
+
+#: Independent scramblings of a route's rule that state its error at the ends of a solve (:func:`solve_report`):
+#: a standard deviation from ``K`` of them is within 0.70 to 1.29 of the true one (5% to 95%, chi with ``K - 1 = 15``
+#: degrees of freedom), where one pair's difference, the earlier statement, said 1.6e-4 for an error of 4.8e-3
+#: (three copies of a softmax1 key at ``L = 64``, issue 61; tests/test_scrambled_errors.py). Their cost is
+#: ``2 (K + 2)`` evaluations of the drift (or ``2 K`` of the Gram term alone) per start, where a solve makes hundreds.
+SCRAMBLINGS = 16
 
 
 class AbstractGramTerm(eqx.Module):
@@ -39,6 +48,9 @@ class AbstractGramTerm(eqx.Module):
     limit loss's gradient at the scores: one route's way of computing it."""
 
     name: eqx.AbstractClassVar[str]
+    #: Whether the term's error is the spread of independent scramblings of its rule, stated after the solve
+    #: (:func:`solve_report`), rather than by :meth:`error` inside it.
+    scrambled: ClassVar[bool] = False
 
     @abc.abstractmethod
     def gram(self, M: jax.Array, Q: jax.Array, b: jax.Array, v: jax.Array | None = None) -> jax.Array:
@@ -144,6 +156,12 @@ class AbstractExpectation(eqx.Module):
         """``w_h = E[sum_l A_hl]`` (H,), the attention each head puts on the sequence
         (:mod:`~singleloc.analysis._attention_mass`)."""
 
+    @classmethod
+    def scrambling(cls, setup, points: int) -> AbstractExpectation:
+        """One independent, unbiased scrambling of the route's rule (scrambling ``setup.theory.qmc_seed``) of the
+        same shapes, for its error statement (:func:`solve_report`): by default :meth:`from_setup`'s."""
+        return cls.from_setup(setup, points=points)
+
     @property
     def replicates(self) -> int:
         """Independent scramblings stacked along the leading axis of the rules (1 for one rule)."""
@@ -194,7 +212,7 @@ class AbstractExpectation(eqx.Module):
     def statement(self, report: SolveReport) -> RouteStatement:
         """What a result states about this route's error, from what the solve measured
         (``report``), with the warnings it calls for issued (NaN where the route has no such
-        statement: the Sobol rule's error is its replicates' spread, ``drift_error``)."""
+        statement)."""
         return RouteStatement()
 
 
@@ -211,7 +229,9 @@ class SolveReport:
     (S, R, 2), ``grams`` the Gram term's stated relative errors there (S, R, 2), ``risk_se`` the
     replicates' standard errors of the risk (S, T); ``evaluation`` the expectation that evaluated the
     risks and ``sgd`` the SGD rule; ``theory`` and ``prior`` the specifications the warnings name,
-    ``points`` the Sobol points of the route's rule."""
+    ``points`` the Sobol points of the route's rule; ``scrambled`` (:class:`Scrambled`) the
+    values of :data:`SCRAMBLINGS` independent scramblings of the route's rule at the first and last saved
+    times (``None`` for a route with no scrambled rule)."""
 
     ys: tuple
     check: np.ndarray
@@ -223,15 +243,132 @@ class SolveReport:
     prior: Prior
     heads: int
     points: int
+    scrambled: Scrambled | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Scrambled:
+    """What ``K`` independent, unbiased scramblings of a route's rule give at ``N`` states (the first and last
+    saved times of every start), and the rules the solve used there: ``risk`` (K, N) and ``drift`` (K, N, P), the
+    flattened drift, with ``used_risk`` (N,) on the rule that evaluated the risks and ``used_drift`` (N, P) on the
+    rule that drove the trajectory (all ``None`` where only the Gram term is on a scrambled rule: the exact route),
+    and ``gram`` (K, N, H, H), the ``lr^2`` term."""
+
+    risk: np.ndarray | None
+    drift: np.ndarray | None
+    gram: np.ndarray
+    used_risk: np.ndarray | None = None
+    used_drift: np.ndarray | None = None
+
+    def risk_error(self) -> float:
+        """The error of the risk on the rule that evaluated it, against the mean of the scramblings (a finer,
+        unbiased rule), plus twice that mean's standard error: the largest over the states."""
+        K = self.risk.shape[0]
+        return float(np.max(np.abs(self.used_risk - self.risk.mean(0)) + 2 * self.risk.std(0, ddof=1) / np.sqrt(K)))
+
+    def drift_error(self) -> float:
+        """The relative error of the drift of the rule that drove the trajectory, ``max |d - d'| / max |d'|``
+        against the mean ``d'`` of the scramblings, plus twice that mean's estimated relative error
+        (:func:`relative_drift_error` over ``sqrt(K)``): the largest over the states."""
+        mean = self.drift.mean(0)
+        own = np.max(np.abs(self.used_drift - mean), axis=-1) / np.max(np.abs(mean), axis=-1)
+        return float(np.max(own + 2 * relative_drift_error(np.swapaxes(self.drift, 0, 1)) / np.sqrt(self.drift.shape[0])))
+
+    def gram_errors(self) -> np.ndarray:
+        """The relative standard error of ONE rule's Gram term at each state (N,): ``max sd / max |mean|``
+        over the entries."""
+        size = np.max(np.abs(self.gram.mean(axis=0)), axis=(-2, -1))
+        return np.max(self.gram.std(axis=0, ddof=1), axis=(-2, -1)) / np.where(size > 0, size, np.nan)
+
+
+def relative_drift_error(drifts) -> np.ndarray:
+    """Estimated relative error of ONE rule from the drifts (..., R, P) of ``R >= 2`` independent rules;
+    divide by ``sqrt(R)`` for their mean. For the drift ``d`` of a rule and the exact one ``d*``, the relative
+    error is ``max_i |d_i - d*_i| / max_i |d*_i|``; ``d_r - mean_{r' != r} d_r'`` has ``R / (R - 1)`` times the
+    per-entry variance of one rule's error, so ``sqrt((R - 1) / R) max_i |d_ri - mean_{r' != r} d_r'i|`` is
+    distributed like one rule's largest error: its mean over ``r`` over ``max_i |mean_r d_ri|``
+    (:mod:`~singleloc.theory._accuracy`)."""
+    d = np.asarray(drifts)
+    R = d.shape[-2]
+    if R < 2:
+        raise ValueError("an error estimate needs at least two replicates")
+    mean = d.mean(axis=-2, keepdims=True)
+    others = (R * mean - d) / (R - 1)
+    errors = np.sqrt((R - 1) / R) * np.max(np.abs(d - others), axis=-1)
+    return errors.mean(axis=-1) / np.max(np.abs(mean[..., 0, :]), axis=-1)
+
+
+def solve_report(setup, ys, check, grams, risk_se, evaluation: AbstractExpectation, sgd, points: int) -> SolveReport:
+    """The :class:`SolveReport` of one point's solve of ``setup`` (:class:`~singleloc.theory._build.Setup`),
+    with the route's scrambled statement at the first and last saved times of every start (its first replicate),
+    by :data:`SCRAMBLINGS` further scramblings (:meth:`~AbstractExpectation.scrambling`, seeds from
+    ``theory.evaluation_seed + replicates`` on: neither the rules that drove the trajectories nor those that
+    evaluated them), one rule at a time by one compiled program. A route whose averages are over nodes of the
+    fields (:attr:`~AbstractExpectation.field_nodes`: the rule, Monte Carlo): their risk, drift and Gram term, and
+    the risk on the rule that evaluated the risks and the drift on the one that drove the trajectory (both
+    rebuilt). A Gram term on a scrambled rule of its own (:attr:`AbstractGramTerm.scrambled`): the term, whose
+    relative standard errors become ``grams``."""
+    gram_term = getattr(evaluation, "gram_term", None)
+    drift = evaluation.field_nodes
+    scrambled = None
+    if drift or (gram_term is not None and gram_term.scrambled):
+        theory = setup.theory
+        states = tuple(jnp.asarray(np.concatenate([x[:, 0, 0], x[:, 0, -1]])) for x in ys)
+        cls = type(evaluation)
+        at = lambda seed: dataclasses.replace(setup, theory=dataclasses.replace(theory, qmc_seed=int(seed)))
+        first = theory.evaluation_seed + theory.replicates
+        with Phase((f"stating the quadrature's error: {SCRAMBLINGS} further scramblings at the start and the end",
+                    "stated the quadrature's error"), quiet=True):
+            values = [_at_states(cls.scrambling(at(first + k), points), sgd, states, drift) for k in range(SCRAMBLINGS)]
+        risk, drift_values, gram = (None if x[0] is None else np.stack([np.asarray(v) for v in x]) for x in zip(*values))
+        used = {}
+        if drift:
+            used["used_risk"] = np.asarray(_at_states(cls.from_setup(at(theory.evaluation_seed), points=points), sgd,
+                                                      states, True)[0])
+            used["used_drift"] = np.asarray(_at_states(cls.from_setup(at(theory.qmc_seed), points=points), sgd,
+                                                       states, True)[1])
+        scrambled = Scrambled(risk, drift_values, gram, **used)
+        if not drift:  # (S, R, 2): the same statement for every replicate
+            S = ys[0].shape[0]
+            grams = np.broadcast_to(scrambled.gram_errors().reshape(2, S).T[:, None, :], np.shape(grams))
+    return SolveReport(ys, check, grams, risk_se, evaluation, sgd, theory=setup.theory, prior=setup.prior,
+                       heads=setup.heads, points=points, scrambled=scrambled)
+
+
+@eqx.filter_jit
+def _at_states(expectation: AbstractExpectation, sgd, states, drift: bool):
+    """``(risk, flat drift, Gram term)`` of ``expectation`` at the states (leading axis ``N``), or with
+    ``drift = False`` ``(None, None, Gram term)``, one state at a time."""
+
+    def one(s):
+        if not drift:
+            return expectation.gram(*s)
+        m = expectation.gradient_moments(*s)
+        return expectation.risk(*s), flat_drift(sgd.drift(0.0, *s[:3], m)), m.cc
+
+    out = jax.lax.map(one, states)
+    return out if drift else (None, None, out)
 
 
 @dataclasses.dataclass(frozen=True)
 class RouteStatement:
     """A route's statement of its error on one solve (:class:`~singleloc.TheoryResult`'s fields of
-    the same names): ``risk_error`` against a finer rule, ``gram_error`` the relative error of the
-    ``lr^2`` term, ``exact_drift_error`` the relative error of the ``O(lr)`` drift; NaN where the
-    route states no such number."""
+    the same names): ``risk_error`` against a finer rule or a standard error, ``gram_error`` the relative error
+    of the ``lr^2`` term, ``exact_drift_error`` the relative error of the ``O(lr)`` drift against a finer rule,
+    ``drift_error`` that of the whole drift from scramblings (:func:`scrambled_statement`); NaN where the route
+    states no such number."""
 
     risk_error: float = float("nan")
     gram_error: float = float("nan")
     exact_drift_error: float = float("nan")
+    drift_error: float = float("nan")
+
+
+def scrambled_statement(report: SolveReport, risk_error: float | None = None) -> RouteStatement:
+    """The statement of a route whose averages are over nodes of the fields, from the scramblings at the ends
+    (``report.scrambled``, :func:`solve_report`): the risk's error (or ``risk_error``, the route's own) and the
+    drift's of the rules the solve used (of one of the ``theory.replicates``: an upper bound for their mean), and
+    the Gram term's relative standard error (of their mean), the largest at the first and last saved times."""
+    s = report.scrambled
+    return RouteStatement(risk_error=s.risk_error() if risk_error is None else risk_error, drift_error=s.drift_error(),
+                          gram_error=float(np.nanmax(s.gram_errors())) / np.sqrt(report.theory.replicates))

@@ -332,7 +332,7 @@ def _warn_gram(report: SolveReport, gram: float, exact_gram: bool) -> None:
         advice = (f"theory.replicates = 2 or more states its effect on the trajectory (the standard error of the risk over "
                   f"independent Gram rules); raising theory.gram_points (now {report.points}) lowers it slowly")
     against = ("the finer exact rule" if exact_gram else "its own draws' standard error"
-               if report.evaluation.gram_name == "montecarlo" else "a second, independent Sobol rule")
+               if report.evaluation.gram_name == "montecarlo" else "the spread of 16 independent Sobol rules")
     warnings.warn(f"the exact route's lr^2 Gram term has a stated relative error of {gram:.1e} (against {against}, at "
                   f"the start and the end of the solve): {advice}", stacklevel=5)
 

@@ -29,7 +29,7 @@ from ..model._activations import Activation
 from ..model._priors import Prior
 from ..runtime._numerics import psd_sqrt
 from ..sgd._sgd_rule import GradientMoments
-from ._expectation import AbstractExpectation, RouteStatement, times
+from ._expectation import AbstractExpectation, scrambled_statement, times
 
 #: Draws averaged at once (``lax.map`` batches): the memory of one batch's integrand.
 DRAW_BATCH = 4096
@@ -99,8 +99,9 @@ class MonteCarloExpectation(AbstractExpectation):
 
     def statement(self, report):
         """``risk_error``: the larger standard error of the risk at the start and at the end (of the mean
-        over the replicates)."""
-        return RouteStatement(risk_error=float(np.max(report.check)) / np.sqrt(report.check.shape[1]))
+        over the replicates); the drift's and the Gram term's from further sets of draws
+        (:func:`~singleloc.expectations._expectation.scrambled_statement`)."""
+        return scrambled_statement(report, float(np.max(report.check)) / np.sqrt(report.check.shape[1]))
 
     def _mean(self, fn, M, Q):
         """The mean of ``fn(g, nu)`` over the draws, ``g`` (L, H) and ``nu`` (L, F) one sequence's

@@ -163,12 +163,10 @@ def quadrature_summary(rows: Sequence[Mapping[str, Any]]) -> str:
                          f"relative O(lr) drift error {largest(at, 'exact_drift_error', DRIFT_UNCHECKED)}, lr^2 Gram term "
                          f"{largest(at, 'gram_error')})")
         elif at:
-            estimated = largest(at, "drift_error", None)
             sizes = sorted({int(r["points"]) for r in at if np.isfinite(r["points"])})
             nodes = f"theory.points = {'/'.join(map(str, sizes))}; " if sizes else ""
-            parts.append(f"{words} route at {points(len(at))} ({nodes}" + (
-                f"largest estimated relative drift error at the start {estimated})" if estimated else
-                "no error estimate: theory.points = auto chooses the points for a stated drift error)"))
+            parts.append(f"{words} route at {points(len(at))} ({nodes}largest standard error of the risk "
+                         f"{largest(at, 'risk_error')}, estimated relative drift error {largest(at, 'drift_error')})")
     if len(rows) > stated:
         parts.append(f"not stated at {points(len(rows) - stated)} (failed, or cached before entries carried it)")
     return "theory quadrature: " + "; ".join(parts)

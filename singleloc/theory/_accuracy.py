@@ -32,10 +32,10 @@ import warnings
 import equinox as eqx
 import jax
 import numpy as np
-from jaxtyping import ArrayLike, Real
 
 from ..configuration._config import Config, gather_specs
 from ..configuration._specs import SGD, Model, Problem, Theory
+from ..expectations._expectation import relative_drift_error
 from ..preflight._resources import FIRST_POINTS, MIN_POINTS, check_run
 from ..sgd._sgd_rule import Starts, flat_drift
 from ._build import Setup, build
@@ -44,19 +44,6 @@ from ._theory import OrderParameterODE, OrderParameters
 MAX_POINTS = 2**20
 PROBE_REPLICATES = 4
 MARGIN = 1.5
-
-
-def relative_drift_error(drifts: Real[ArrayLike, "*S R P"]) -> np.ndarray:
-    """Estimated relative error of ONE rule from the drifts (..., R, P) of ``R >= 2``
-    independent rules (module docstring); divide by ``sqrt(R)`` for their mean."""
-    d = np.asarray(drifts)
-    R = d.shape[-2]
-    if R < 2:
-        raise ValueError("an error estimate needs at least two replicates")
-    mean = d.mean(axis=-2, keepdims=True)
-    others = (R * mean - d) / (R - 1)
-    errors = np.sqrt((R - 1) / R) * np.max(np.abs(d - others), axis=-1)
-    return errors.mean(axis=-1) / np.max(np.abs(mean[..., 0, :]), axis=-1)
 
 
 @eqx.filter_jit

@@ -18,8 +18,11 @@ vmapped solve). The result is the mean over the replicates of ``M``, ``Q``, ``b`
 the risk; ``risk_se`` is the standard error of that mean (the spread over replicates over
 ``sqrt(R)``), so it holds both the quadrature error of the drift, carried along the
 trajectory, and that of evaluating the risk. ``drift_error`` is the estimated relative
-error of the mean drift at the start (:mod:`~singleloc.theory._accuracy`). ``R = 1`` is one rule
-at the cost of one solve, without an error estimate.
+error of the mean drift at the start (:mod:`~singleloc.theory._accuracy`) and at the end. Whatever ``R``, a route
+with a scrambled rule states its error at the first and last saved times from
+:data:`~singleloc.expectations._expectation.SCRAMBLINGS` further scramblings
+(:func:`~singleloc.expectations._expectation.solve_report`): ``R = 1`` is one rule at the cost of one solve, with
+the errors of evaluating the risk and the drift there, not the error the drift carried along the trajectory.
 
 The risk of a trajectory is never evaluated on the nodes that drove it: a trained state fits
 its own rule's error, and its risk on that rule is biased low (by up to 2e-3 in the Bayes
@@ -58,7 +61,7 @@ from jaxtyping import ArrayLike, Real
 
 from ..configuration._config import Config, gather_specs
 from ..configuration._specs import SGD, Model, Problem, Simulation, Theory
-from ..expectations._expectation import SolveReport
+from ..expectations._expectation import relative_drift_error, solve_report
 from ..expectations._sharding import shard_batch, unpad
 from ..preflight._estimates import TheorySolve
 from ..preflight._resources import check_run
@@ -67,7 +70,7 @@ from ..runtime._compilation import checks_as_nan, exported_call
 from ..runtime._numerics import PSD_SOLVE, Q_RUNAWAY, expected_steps
 from ..runtime._progress import say
 from ..sgd._sgd_rule import Starts, flat_drift
-from ._accuracy import choose_points, points_for, relative_drift_error
+from ._accuracy import choose_points, points_for
 from ._build import Setup, build
 from ._starts import batched_starts, check_starts, initial_conditions, with_head_weights
 from ._step_budget import MIN_STEP, STEP_MARGIN, StepBudget, too_slow
@@ -464,9 +467,9 @@ def _result(problem: _Problem, out, max_steps: int) -> TheoryResult | FloatingPo
         drift_error = float(np.max(relative_drift_error(drift0))) / np.sqrt(R)
     mean = lambda x: x.mean(axis=1)
     dynamics, evaluation = problem.args[0], problem.args[1]
-    report = SolveReport(ys, check, grams, risk_se, evaluation.expectation, evaluation.sgd, config.theory,
-                         problem.setup.prior, config.model.heads, problem.points)
+    report = solve_report(problem.setup, ys, check, grams, risk_se, evaluation.expectation, evaluation.sgd, problem.points)
     stated = evaluation.expectation.statement(report)
+    drift_error = float(np.fmax(drift_error, stated.drift_error))  # the start (replicates, "auto") and the ends
     return TheoryResult(np.asarray(ts), mean(M), mean(Q), mean(b), mean(risk), risk_se, drift_error, problem.points, R,
                         evaluation.expectation.route, stated.risk_error, stated.gram_error, stated.exact_drift_error,
                         None if v is None else mean(v), dynamics.expectation.gram_name, config.theory.axes)

@@ -23,14 +23,15 @@ class TheoryResult(Trajectory):
     ``tau`` (T,), ``M`` (S, T, H, F), ``Q`` (S, T, H, H), ``b`` (S, T, H), ``risk`` (S, T):
     the means over the ``replicates`` rules (module docstring); ``risk_se`` (S, T): the
     standard error of ``risk`` (NaN for one replicate); ``drift_error``: the estimated
-    relative drift error at the start, worst start (NaN without an estimate); ``points``:
+    relative drift error at the start and the end, worst start (from independent scramblings:
+    :func:`~singleloc.expectations._expectation.solve_report`; NaN on the exact route); ``points``:
     the Sobol points per rule (the choice, for ``theory.points = "auto"``); ``route``:
     ``"exact"`` (risk and ``O(lr)`` drift by :mod:`~singleloc.expectations._laplace`, the Gram term on the
     rule), ``"rule"`` or ``"montecarlo"`` (plain Monte Carlo, ``2 points`` draws); ``risk_error``: on the exact
     route, the largest difference of the risk at the start and at the end to a finer exact rule (the stated
-    error of ``risk``), on the Monte Carlo route the larger standard error of the risk there;
+    error of ``risk``), on the rule and Monte Carlo routes the larger standard error of the risk there;
     ``gram_error``: on the exact route, the estimated relative error of the ``lr^2`` (Gram) term
-    at the start and at the end (its difference between two scramblings, or for an exact Gram term
+    at the start and at the end (its standard error over independent scramblings, or for an exact Gram term
     to the finer exact rule: :func:`gram_error`); ``gram_route``: ``"exact"`` where the exact route has
     the Gram term exactly (``theory.gram``, :mod:`~singleloc.expectations._laplace_gram`), ``"montecarlo"`` by
     plain Monte Carlo (its standard error; also on the Monte Carlo route), else ``"sobol"``;
@@ -73,7 +74,7 @@ class TheoryResult(Trajectory):
         """One line on the rule: points, replicates and the error estimates (for printing)."""
         parts = [route_class(self.route).describe(self)]
         if np.isfinite(self.drift_error):
-            parts.append(f"estimated relative drift error at the start {self.drift_error:.1e}")
+            parts.append(f"estimated relative drift error {self.drift_error:.1e} (the largest at the start and the end)")
         if self.replicates > 1:
             parts.append(f"largest standard error of the risk {np.max(self.risk_se):.1e}")
         return "quadrature: " + "; ".join(parts)
