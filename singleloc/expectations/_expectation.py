@@ -26,6 +26,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import ArrayLike, Real
 
 from ..configuration._specs import Theory
 from ..model._activations import Activation
@@ -281,7 +282,7 @@ class Scrambled:
         return np.max(self.gram.std(axis=0, ddof=1), axis=(-2, -1)) / np.where(size > 0, size, np.nan)
 
 
-def relative_drift_error(drifts) -> np.ndarray:
+def relative_drift_error(drifts: Real[ArrayLike, "*S R P"]) -> np.ndarray:
     """Estimated relative error of ONE rule from the drifts (..., R, P) of ``R >= 2`` independent rules;
     divide by ``sqrt(R)`` for their mean. For the drift ``d`` of a rule and the exact one ``d*``, the relative
     error is ``max_i |d_i - d*_i| / max_i |d*_i|``; ``d_r - mean_{r' != r} d_r'`` has ``R / (R - 1)`` times the
