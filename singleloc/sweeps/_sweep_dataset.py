@@ -143,7 +143,8 @@ COLUMNS = {
     "independent scramblings (rule, Monte Carlo)",
     "exact_drift_error": "exact route: relative error of the O(lr) drift against a finer rule (NaN: below 1e-5, "
     "not computed)", "gram_error": "relative error of the lr^2 Gram term", "drift_error": "rule and Monte Carlo routes: "
-    "estimated relative drift error (largest at start and end, against independent scramblings)", "points": "Sobol points of the rule "
+    "estimated relative drift error (largest at start and end, against independent scramblings)",
+    "points": "Sobol points of the rule "
     "(exact route: of the Gram term)", "key": "cache key of the point's theory entry",
 }
 
