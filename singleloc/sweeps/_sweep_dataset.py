@@ -139,10 +139,12 @@ COLUMNS = {
     "gap_tol": "the largest gap_to_bayes that counts as reaching the Bayes risk (singleloc sweep --gap)",
     "route": "the theory's quadrature route: exact, rule or montecarlo",
     "gram_route": "the lr^2 Gram term's route: exact, sobol or montecarlo",
-    "risk_error": "exact route: stated error of the risk (largest at start and end)",
+    "risk_error": "stated error of the risk (largest at start and end): against a finer rule (exact route), or against "
+    "independent scramblings (rule, Monte Carlo)",
     "exact_drift_error": "exact route: relative error of the O(lr) drift against a finer rule (NaN: below 1e-5, "
-    "not computed)", "gram_error": "relative error of the lr^2 Gram term", "drift_error": "rule route: estimated relative "
-    "drift error at the start (NaN: no estimate, theory.points not auto)", "points": "Sobol points of the rule "
+    "not computed)", "gram_error": "relative error of the lr^2 Gram term", "drift_error": "rule and Monte Carlo routes: "
+    "estimated relative drift error (largest at start and end, against independent scramblings)",
+    "points": "Sobol points of the rule "
     "(exact route: of the Gram term)", "key": "cache key of the point's theory entry",
 }
 
