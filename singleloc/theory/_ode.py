@@ -68,7 +68,7 @@ from ..runtime._numerics import PSD_SOLVE, Q_RUNAWAY, expected_steps
 from ..sgd._sgd_rule import flat_drift
 from ._accuracy import choose_points, points_for, relative_drift_error
 from ._build import Setup, build
-from ._starts import batched_starts, check_starts, initial_conditions, with_head_weights
+from ._starts import batched_starts, check_starts, initial_conditions
 from ._step_budget import MIN_STEP, STEP_MARGIN, StepBudget, too_slow
 from ._theory import OrderParameterODE, OrderParameters, r_orth
 from ._theory_result import TheoryResult
@@ -227,7 +227,7 @@ def resolve_points(config: Config, y0: OrderParameters | None = None) -> Config:
     require_starts("resolve_points", y0)
     if config.theory.points != "auto":
         return config
-    starts = initial_conditions(config, 1) if y0 is None else batched_starts(with_head_weights(config.model, y0))
+    starts = initial_conditions(config, 1) if y0 is None else batched_starts(config.model.weighting.state(y0))
     return config.replace(theory={"points": choose_points(config, starts).points})
 
 
@@ -249,7 +249,7 @@ class _Problem:
 
 def _problem(config: Config, y0: OrderParameters | None, ts: np.ndarray | None, setup: Setup | None = None) -> _Problem:
     setup = build(config) if setup is None else setup  # the prior, the SGD rule and the route, once for the point
-    y0 = batched_starts(initial_conditions(config, 1) if y0 is None else with_head_weights(setup.model, y0))
+    y0 = batched_starts(initial_conditions(config, 1) if y0 is None else setup.model.weighting.state(y0))
     check_starts(setup.heads, setup.problem.F, y0)
     ts = jnp.asarray(config.sgd.save_times() if ts is None else ts, dtype=y0.M.dtype)
     th = config.theory
@@ -417,8 +417,9 @@ def _result(problem: _Problem, out, max_steps: int) -> TheoryResult | FloatingPo
     config, ts = problem.config, problem.args[3][:problem.saved]
     R = config.theory.replicates
     ys, risk, code, drift0, check, grams = out
-    ys, risk = tuple(x[:, :, :problem.saved] for x in ys), risk[:, :, :problem.saved]  # the padding's repeats dropped
-    M, Q, b, v = (*ys, None)[:4]  # (M, Q, b) or, with trained head weights, (M, Q, b, v)
+    weighting = problem.setup.sgd.weighting  # its State, and the layer's head weights v along it (None: the average)
+    ys, risk = weighting.State(*(x[:, :, :problem.saved] for x in ys)), risk[:, :, :problem.saved]  # padding's repeats dropped
+    M, Q, b, v = ys.M, ys.Q, ys.b, weighting.weights(ys)
     valid, ok = np.isfinite(risk), np.asarray(code) == 0
     if not np.all(ok) or not np.all(valid):
         i, r = np.unravel_index(np.argmin(np.all(valid, axis=2) & ok), ok.shape)
