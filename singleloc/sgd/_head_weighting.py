@@ -1,27 +1,14 @@
-"""How the layer mixes its heads: one object for the layer, the routes, the SGD rule and the ODE's state
-(docs/model.md section 11.5).
+"""How the layer mixes its heads, ``a_l = sum_h v_h A_hl`` (``A = act(s)`` (H, L)): one object that the layer,
+the routes, the SGD rule and the ODE's state read (docs/model.md section 11.5).
 
-The layer's token weights are ``a_l = sum_h v_h A_hl`` (``A = act(s)``, (H, L)). A head weighting says what
-``v`` is and whether it moves, and declares what the rest of the package asks of it, as a diffrax solver
-declares its term structure:
-
-* ``State``: the ODE's state, a named tuple of ``(M, Q, b)`` followed by the weighting's own per-head
-  vectors (H,) (:class:`OrderParameters` when it has none), and their starts (:meth:`~AbstractHeadWeighting.start`);
-* :meth:`~AbstractHeadWeighting.weights`: the ``v`` the layer and the routes use at a state (``None``: the head
-  average itself, which the routes take in closed forms);
-* :meth:`~AbstractHeadWeighting.drift`: the state's drift from that of ``(M, Q, b)`` and the gradient of the
-  loss in ``v``;
-* :meth:`~AbstractHeadWeighting.layer_start` and :meth:`~AbstractHeadWeighting.step`: the finite-D layer's
-  ``v`` and its SGD step;
-* ``head_average``: whether the layer is the head average (the exact route's joint layer, its exact Gram
-  term and the computations written for the head-symmetric flow take only that one).
-
-:class:`UniformHeads` (``model.head_weights = "uniform"``): ``v_h = 1/H``, fixed. :class:`TrainedHeads`
-(``"trained"``): ``v`` starts at ``1/H`` and steps like the biases, ``v <- v - (lr / D) dl/dv``; it moves by
-``O(1/D)`` per step, so ``dv/dtau = -r E[dl/dv]`` (no ``r^2`` term) and the state is
-:class:`WeightedOrderParameters`. A new weighting is one class here and its entry in :data:`HEAD_WEIGHTINGS`
-(whose names ``model.head_weights`` takes); ``tests/test_head_weighting.py`` runs every entry through one
-contract.
+A head weighting declares, as a diffrax solver declares its term structure, the ODE's ``State`` (``(M, Q, b)``
+followed by its own per-head vectors, with their starts), the ``v`` the layer uses at a state, the drift of its
+parts, the finite-D layer's ``v`` and its step, and whether it is the ``head_average`` (the exact route's joint
+layer, its exact Gram term and the computations written for the head-symmetric flow take only that one).
+:class:`UniformHeads` is the head average, ``v_h = 1/H``; :class:`TrainedHeads` learns ``v`` like the biases,
+``v <- v - (lr / D) dl/dv``: it moves by ``O(1/D)`` per step, so ``dv/dtau = -r E[dl/dv]`` (no ``r^2`` term).
+A new weighting is one class here and its entry in :data:`HEAD_WEIGHTINGS`, whose names ``model.head_weights``
+takes; ``tests/test_head_weighting.py`` runs every entry through one contract.
 """
 
 from __future__ import annotations

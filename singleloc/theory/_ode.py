@@ -417,9 +417,9 @@ def _result(problem: _Problem, out, max_steps: int) -> TheoryResult | FloatingPo
     config, ts = problem.config, problem.args[3][:problem.saved]
     R = config.theory.replicates
     ys, risk, code, drift0, check, grams = out
-    weighting = problem.setup.sgd.weighting  # its State, and the layer's head weights v along it (None: the average)
-    ys, risk = weighting.State(*(x[:, :, :problem.saved] for x in ys)), risk[:, :, :problem.saved]  # padding's repeats dropped
-    M, Q, b, v = ys.M, ys.Q, ys.b, weighting.weights(ys)
+    rule = problem.setup.sgd  # its State, and the layer's head weights v along it (None: the head average)
+    ys, risk = rule.State(*(x[:, :, :problem.saved] for x in ys)), risk[:, :, :problem.saved]  # padding's repeats dropped
+    M, Q, b, v = ys.M, ys.Q, ys.b, rule.weighting.weights(ys)
     valid, ok = np.isfinite(risk), np.asarray(code) == 0
     if not np.all(ok) or not np.all(valid):
         i, r = np.unravel_index(np.argmin(np.all(valid, axis=2) & ok), ok.shape)
