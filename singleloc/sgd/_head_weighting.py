@@ -4,8 +4,8 @@ the routes, the SGD rule and the ODE's state read (docs/model.md section 11.5).
 A head weighting declares, as a diffrax solver declares its term structure, the ODE's ``State`` (``(M, Q, b)``,
 followed by the layer's weights ``v`` when they move, with their start: the simulator steps and the results
 store that same ``v``), the ``v`` the layer uses at a state, the drift of ``v``, the finite-D layer's ``v`` and
-its step, and whether it is the ``head_average`` (the exact route's joint
-layer, its exact Gram term and the computations written for the head-symmetric flow take only that one).
+its step, and whether it is the ``head_average`` (the exact route's joint layer, its exact Gram term and the
+computations written for the head-symmetric flow take only that one).
 :class:`UniformHeads` is the head average, ``v_h = 1/H``; :class:`TrainedHeads` learns ``v`` like the biases,
 ``v <- v - (lr / D) dl/dv``: it moves by ``O(1/D)`` per step, so ``dv/dtau = -r E[dl/dv]`` (no ``r^2`` term).
 A new weighting is one class here and its entry in :data:`HEAD_WEIGHTINGS`, whose names ``model.head_weights``
@@ -50,7 +50,7 @@ class AbstractHeadWeighting(eqx.Module):
     head_average: eqx.AbstractClassVar[bool]
 
     def start(self, b: jax.Array) -> tuple:
-        """The starts of the weighting's own parts of the state, given the biases ``b`` (..., H)."""
+        """The start of the weighting's own part of the state (``v``; none: ``()``), given the biases ``b`` (..., H)."""
         return ()
 
     @abc.abstractmethod
