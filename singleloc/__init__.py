@@ -145,6 +145,11 @@ if TYPE_CHECKING:
     from .runtime._compilation import enable_compilation_cache as enable_compilation_cache
     from .runtime._numerics import psd_sqrt as psd_sqrt
     from .runtime._progress import set_progress as set_progress
+    from .sgd._head_weighting import AbstractHeadWeighting as AbstractHeadWeighting
+    from .sgd._head_weighting import OrderParameters as OrderParameters
+    from .sgd._head_weighting import TrainedHeads as TrainedHeads
+    from .sgd._head_weighting import UniformHeads as UniformHeads
+    from .sgd._head_weighting import WeightedOrderParameters as WeightedOrderParameters
     from .sgd._sgd_rule import AbstractSGDRule as AbstractSGDRule
     from .sgd._sgd_rule import AbstractVariant as AbstractVariant
     from .sgd._sgd_rule import GradientFlow as GradientFlow
@@ -171,8 +176,6 @@ if TYPE_CHECKING:
     from .theory._ode import resolve_points as resolve_points
     from .theory._starts import initial_conditions as initial_conditions
     from .theory._theory import OrderParameterODE as OrderParameterODE
-    from .theory._theory import OrderParameters as OrderParameters
-    from .theory._theory import WeightedOrderParameters as WeightedOrderParameters
     from .theory._theory import r_orth as r_orth
     from .theory._theory_result import TheoryResult as TheoryResult
     from .theory._trajectory import Trajectory as Trajectory

@@ -145,7 +145,7 @@ def test_the_route_is_decided_once_with_its_budgets():
     assert decide("bsoftmax", 4, 8, spikes, "auto").route == "exact"
     assert decide("bsoftmax", 4, 9, spikes, "auto").route == "rule"  # beyond JOINT_EXACT_MAX
     assert decide("bsoftmax", 4, 9, spikes, "exact").route == "exact"
-    assert decide("bsoftmax", 4, 2, spikes, "auto", trained_head_weights=True).route == "rule"
+    assert decide("bsoftmax", 4, 2, spikes, "auto", weighting=sl.TrainedHeads()).route == "rule"
     assert decide("softmax", 4, 2, spikes, "montecarlo").route == "montecarlo"
     sl.register_activation("test_expectations_tanh", lambda s: jnp.tanh(s), overwrite=True)
     assert decide("test_expectations_tanh", 4, 2, spikes, "auto").route == "rule"  # no normalised-exponential form

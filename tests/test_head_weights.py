@@ -31,7 +31,8 @@ def test_head_weights_key_is_validated_and_reaches_the_rule(tmp_path):
     with pytest.raises(ValueError, match=r"model\.head_weights"):
         sl.load_config("default", ["model.head_weights=learned"])
     cfg = sl.load_config("softmax1", ["model.head_weights=trained"])
-    assert sl.sgd_rule(cfg).train_head_weights and not sl.sgd_rule(sl.load_config("default")).train_head_weights
+    assert sl.sgd_rule(cfg).weighting == sl.TrainedHeads()
+    assert sl.sgd_rule(sl.load_config("default")).weighting == sl.UniformHeads()
     assert sl.Config.from_dict(cfg.to_dict()) == cfg
     y0 = sl.initial_conditions(cfg, 2)
     assert isinstance(y0, sl.WeightedOrderParameters)
@@ -179,7 +180,7 @@ def test_sweep_dataset_holds_the_head_weights_of_the_points_that_train_them():
         rows.append({**values, "heads": 2, "F": 2, "status": "ok"})
         theory = {"tau": np.array([0.0, 1.0]), "M": np.ones((1, 2, 2, 2)), "Q": np.ones((1, 2, 2, 2)), "b": np.zeros((1, 2, 2)),
                   "risk": np.ones((1, 2))}
-        if config.model.trained_head_weights:
+        if config.model.head_weights == "trained":
             theory["v"] = np.array([[[0.5, 0.5], [0.7, 0.4]]])
         entries.append({"theory": theory})
     ds = sweep_dataset(sl.load_config("default"), grids, rows, entries)

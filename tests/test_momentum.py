@@ -39,7 +39,7 @@ def test_the_heavy_ball_step_is_the_geometric_echo_of_the_gradients():
     keys = jax.random.split(jax.random.PRNGKey(0), 4)
     p0 = sl.LayerParameters(jax.random.normal(keys[0], (H, D)), jnp.array([0.2, -0.1]), jnp.array([0.5, 0.5]))
     gs = [sl.LayerParameters(*(jax.random.normal(k, x.shape) for x in p0)) for k in jax.random.split(keys[1], n)]
-    rule = sl.OnlineSGD(lr, True, (sl.Momentum(beta),), train_head_weights=True)
+    rule = sl.OnlineSGD(lr, True, (sl.Momentum(beta),), weighting=sl.TrainedHeads())
     params, state = p0, rule.init_state(p0)
     for g in gs:
         params, state = rule.step(0.0, params, g, state, D)

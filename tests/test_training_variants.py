@@ -48,7 +48,7 @@ def test_variant_keys_reach_the_rule():
     rule = sl.sgd_rule(cfg)
     assert rule == sl.GradientFlow(cfg.sgd.lr, True, (sl.LearningRateSchedule("cosine", 20.0, 0.05, 1.5), sl.MiniBatch(8),
                                                       sl.WeightDecay(0.3, 0.2)))
-    assert rule.batch == 8 and not rule.train_head_weights
+    assert rule.batch == 8 and rule.weighting == sl.UniformHeads()
     assert sl.Config.from_dict(cfg.to_dict()) == cfg  # config.json reads back
     assert sl.sgd_rule(sl.load_config("default")) == sl.OnlineSGD(0.5, False)  # the defaults are plain SGD
     with pytest.raises(ValueError, match=r"sgd\.bias_decay .*model\.train_bias"):

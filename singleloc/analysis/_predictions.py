@@ -161,7 +161,7 @@ def predicted_escape(config: Config | None = None, *, problem: Problem | None = 
     config = gather_specs("predicted_escape", config, problem=problem, model=model, sgd=sgd, theory=theory,
                           simulation=simulation)
     config = resolve_points(config)
-    if config.model.trained_head_weights:  # no head-symmetric flow of the weighted layer: no prediction
+    if not config.model.weighting.head_average:  # no head-symmetric flow of the weighted layer: no prediction
         nan, empty = math.nan, np.zeros(0)
         return EscapePrediction(rate=nan, tau_plateau=nan, plateau_risk=nan, predicted_escape=nan,
                                 horizon=escape_horizon(nan, multiple=multiple, cap=cap, fallback=fallback),

@@ -27,6 +27,7 @@ from ..ground._validation import integer
 from ..model._activations import get_activation
 from ..model._priors import Prior
 from ..preflight._resources import OVERHEAD, available_memory, check_memory, check_quadrature, rule_bytes
+from ..sgd._head_weighting import TrainedHeads, UniformHeads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,8 +133,8 @@ def population_risk(
         if v.shape != (H,) or not bool(jnp.all(jnp.isfinite(v))):
             raise ValueError(f"head weights v must be finite with shape ({H},), got shape {v.shape}")
     nodes = integer("nodes", nodes, 8, 1024)  # the bounds of theory.nodes
-    choice = decide(activation, int(L), H, prior, route, trained_head_weights=v is not None, budget=JOINT_RISK_MAX,
-                    key="route")
+    weighting = UniformHeads() if v is None else TrainedHeads()  # given weights v: not the head average
+    choice = decide(activation, int(L), H, prior, route, weighting=weighting, budget=JOINT_RISK_MAX, key="route")
     route = choice.route_class  # the registry's class, which builds the route's rules (AbstractExpectation.for_risk)
     if route.field_nodes:
         _check_rules(prior, L, points, {"model.heads": (H, True)})

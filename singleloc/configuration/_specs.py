@@ -13,11 +13,12 @@ from typing import Any
 
 import numpy as np
 
-from ..ground._choices import GRAM_ROUTES, HEAD_WEIGHTS, ROUTES, RULE_AXES, SCHEDULES
+from ..ground._choices import GRAM_ROUTES, ROUTES, RULE_AXES, SCHEDULES
 from ..ground._extensions import import_reference, is_reference
 from ..ground._validation import INT32_MAX, integer, number, representable
 from ..model._activations import get_activation
 from ..model._priors import PRIOR_FACTORIES, Prior, check_prior
+from ..sgd._head_weighting import HEAD_WEIGHTINGS, AbstractHeadWeighting
 
 #: Largest ``|model.bias_init|``: float32 (the simulation's precision) spaces numbers near 1000 by
 #: 6e-5, so O(1) scores keep four digits beside the bias; near 1e30 they vanish entirely.
@@ -174,9 +175,10 @@ class Problem:
 class Model:
     """The predictor (docs/model.md section 2): ``heads`` keys, an activation, optional biases.
 
-    ``head_weights``: how the layer mixes its heads, ``a_l = sum_h v_h A_hl``. ``"uniform"``
-    (the default): ``v_h = 1/H`` fixed, the head average; ``"trained"``: ``v`` starts at ``1/H``
-    and learns by SGD like the biases, ``v <- v - (lr / D) dl/dv`` (docs/model.md section 11.5).
+    ``head_weights``: how the layer mixes its heads, ``a_l = sum_h v_h A_hl``, by the name of its head
+    weighting (:attr:`weighting`): ``"uniform"`` (the default), ``v_h = 1/H`` fixed, the head average;
+    ``"trained"``: ``v`` starts at ``1/H`` and learns by SGD like the biases, ``v <- v - (lr / D) dl/dv``
+    (docs/model.md section 11.5).
     """
 
     heads: int = 2
@@ -196,13 +198,14 @@ class Model:
         if abs(self.bias_init) > BIAS_MAX:
             _fail(s, "bias_init", f"must lie in [-{BIAS_MAX:g}, {BIAS_MAX:g}], got {self.bias_init:g}: the scores are O(1) "
                   "and the simulation runs in float32, whose spacing near a larger bias erases them; e.g. model.bias_init = 0")
-        if self.head_weights not in HEAD_WEIGHTS:
-            _fail(s, "head_weights", f"must be one of {', '.join(map(repr, HEAD_WEIGHTS))}, got {self.head_weights!r}")
+        if self.head_weights not in HEAD_WEIGHTINGS:
+            _fail(s, "head_weights", f"must be one of {', '.join(map(repr, HEAD_WEIGHTINGS))}, got {self.head_weights!r}")
 
     @property
-    def trained_head_weights(self) -> bool:
-        """Whether the head weights ``v`` learn (``head_weights = "trained"``)."""
-        return self.head_weights == "trained"
+    def weighting(self) -> AbstractHeadWeighting:
+        """The head weighting named by ``head_weights`` (:class:`~singleloc.UniformHeads`,
+        :class:`~singleloc.TrainedHeads`)."""
+        return HEAD_WEIGHTINGS[self.head_weights]()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,6 +24,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 from ..ground._choices import ROUTE_CLASSES, ROUTES
+from ..sgd._head_weighting import HEAD_AVERAGE, AbstractHeadWeighting
 
 if TYPE_CHECKING:  # imported when a route is chosen
     from ..configuration._specs import Model, Problem, Theory
@@ -74,17 +75,17 @@ def route_class(name: str) -> type:
     return getattr(importlib.import_module(module), attr)
 
 
-def exact_route_exists(form: ExponentialForm | None, trained_head_weights: bool = False) -> bool:
-    """Whether a layer whose activation has the normalised-exponential ``form`` (``None``: none) has an
-    exact route: a normalised exponential, and not a joint layer with trained head weights (a joint layer's
-    head mixture is not one)."""
-    return form is not None and not (form.joint and trained_head_weights)
+def exact_route_exists(form: ExponentialForm | None, weighting: AbstractHeadWeighting = HEAD_AVERAGE) -> bool:
+    """Whether a layer whose activation has the normalised-exponential ``form`` (``None``: none) and whose heads
+    mix by ``weighting`` has an exact route: a normalised exponential, and not a joint layer with other weights
+    than the head average (a joint layer's head mixture is not one)."""
+    return form is not None and not (form.joint and not weighting.head_average)
 
 
-def decide(activation_name: str, L: int, H: int, prior: Prior, route: str, *, trained_head_weights: bool = False,
+def decide(activation_name: str, L: int, H: int, prior: Prior, route: str, *, weighting: AbstractHeadWeighting = HEAD_AVERAGE,
            gram: str = "auto", budget: int = JOINT_EXACT_MAX, key: str = "theory.route") -> RouteChoice:
     """The route (module docstring) of a layer of ``H`` heads with the activation ``activation_name`` on
-    sequences of ``L`` tokens under ``prior``; ``route`` and ``gram`` as ``theory.route`` and
+    sequences of ``L`` tokens under ``prior``, its heads mixed by ``weighting``; ``route`` and ``gram`` as ``theory.route`` and
     ``theory.gram``; ``budget``: the largest joint-layer rule ``"auto"`` takes exactly; ``key``: the
     name of ``route`` in messages. ``ValueError`` for a route that does not exist for this layer."""
     from ..model._activations import exponential_form, get_activation
@@ -93,12 +94,12 @@ def decide(activation_name: str, L: int, H: int, prior: Prior, route: str, *, tr
         raise ValueError(f"{key} must be one of {', '.join(map(repr, ROUTES))}, got {route!r}")
     activation = get_activation(activation_name)
     form = exponential_form(activation, L)
-    exact = exact_route_exists(form, trained_head_weights)
+    exact = exact_route_exists(form, weighting)
     if route == "exact" and not exact:
         if form is not None:
-            raise ValueError(f"{key} = 'exact': activation {activation_name!r} with model.head_weights = 'trained' has no "
-                             "exact route (a joint layer's head mixture is not a normalised exponential); use 'auto' or "
-                             "'rule'")
+            raise ValueError(f"{key} = 'exact': activation {activation_name!r} with model.head_weights = "
+                             f"{weighting.name!r} has no exact route (a joint layer's head mixture is not a normalised "
+                             "exponential); use 'auto' or 'rule'")
         raise ValueError(f"{key} = 'exact': activation {activation_name!r} is not a normalised exponential (softmax, "
                          "softmax1, bsoftmax, ssmax or one declaring exponential_form); use 'auto' or 'rule'")
     if route == "auto":
@@ -107,9 +108,9 @@ def decide(activation_name: str, L: int, H: int, prior: Prior, route: str, *, tr
         route = "exact" if exact and (not form.joint or joint_rule_size(H, prior) <= budget) else "rule"
     if route != "exact":  # (a config that asks for the exact Gram term here is refused as it is built: check_gram)
         return RouteChoice(route, activation, form)
-    possible = (H == 1 or (H == 2 and not form.joint)) and not trained_head_weights  # the Laplace form's (module docstring)
+    possible = (H == 1 or (H == 2 and not form.joint)) and weighting.head_average  # the Laplace form's (module docstring)
     if gram == "exact" and not possible:
-        why = "trained head weights" if trained_head_weights else "a joint layer" if form.joint else f"H = {H}"
+        why = f"{weighting.name} head weights" if not weighting.head_average else "a joint layer" if form.joint else f"H = {H}"
         raise ValueError(f"theory.gram = 'exact': the exact Gram term takes one head, or two heads of a per-head layer "
                          f"with the head average, not {why}; use 'auto' or 'sobol'")
     if gram == "montecarlo":
@@ -123,7 +124,7 @@ def choose_route(problem: Problem, model: Model, theory: Theory) -> RouteChoice:
     """The route of a solve of ``problem`` by ``model`` with the numerics ``theory`` (module
     docstring; :func:`decide` with the solve's budget :data:`JOINT_EXACT_MAX`)."""
     return decide(model.activation, problem.L, model.heads, problem.build_prior(), theory.route,
-                  trained_head_weights=model.trained_head_weights, gram=theory.gram)
+                  weighting=model.weighting, gram=theory.gram)
 
 
 def route_of(config) -> RouteChoice:

@@ -46,9 +46,6 @@ RULE_AXES = ("heads", "principal")
 #: Values of ``sgd.schedule`` (the rates are :class:`~singleloc.LearningRateSchedule`'s).
 SCHEDULES = ("constant", "step", "cosine", "inverse", "warmup")
 
-#: Values of ``model.head_weights``.
-HEAD_WEIGHTS = ("uniform", "trained")
-
 #: Most independent scramblings of a risk's error estimate (``singleloc bayes --replicates``,
 #: :func:`singleloc.bayes_risk`, :func:`singleloc.population_risk`): its standard error shrinks like
 #: ``1/sqrt(R)`` while the work grows like ``R``; beyond, more points (``theory.points``) are cheaper.

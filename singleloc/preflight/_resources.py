@@ -261,7 +261,7 @@ def check_run(config: Config, *, simulation: bool = False, theory_starts: int = 
             prior = pb.build_prior()
             points = config.theory.points if config.theory.points != "auto" else auto_points(pb.L, H, prior)
             check_quadrature(pb.L, H, prior, points, principal=config.theory.rank_aware,
-                             exact_hint=exact_route_exists(route.form, config.model.trained_head_weights))
+                             exact_hint=exact_route_exists(route.form, config.model.weighting))
         check_saved_times(config.sgd.n_save, config.theory.replicates)
     parts = _memory_parts(config, route, simulation, theory_starts)
     limit, _ = available_memory()

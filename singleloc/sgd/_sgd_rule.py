@@ -31,11 +31,10 @@ state, optax's ``init``/``update``), ``update``, ``drift`` and ``update_covarian
 takes the time ``tau``, so that the ODE, the SDE and the simulator see the same rate at the same
 time. Two rules implement it: :class:`OnlineSGD` and its noiseless limit :class:`GradientFlow`
 (docs/model.md section 11.4: no ``lr^2`` term, no covariance, no finite-D step). What trains is
-the rule's: the keys always, the biases with ``train_bias``, the head weights ``v`` of ``a_l =
-sum_h v_h A_hl`` with ``train_head_weights`` (they step like the biases, ``v <- v - (lr / D)
-dl/dv``, so ``U`` gains the block ``-r dl/dv`` and the ODE's state is
-:class:`WeightedOrderParameters`; no ``r^2`` term: ``v`` moves by ``O(1/D)`` per step,
-docs/model.md section 11.5).
+the rule's: the keys always, the biases with ``train_bias``, and the head weights ``v`` of ``a_l =
+sum_h v_h A_hl`` as its ``weighting`` says (:mod:`~singleloc.sgd._head_weighting`: fixed at the head
+average, or trained like the biases, ``U`` then gaining the block ``-r dl/dv``); the weighting declares
+the ODE's state (:attr:`AbstractSGDRule.State`).
 
 Variants. A rule holds a chain of :class:`AbstractVariant` pieces
 (:mod:`~singleloc.sgd._sgd_variants`: mini-batches, weight decay, learning-rate schedules,
@@ -70,26 +69,7 @@ from jaxtyping import ArrayLike, Real
 
 from ..ground._arguments import check_fields
 from ..ground._validation import number
-
-
-class OrderParameters(NamedTuple):
-    """``M`` (H, F) head-spike overlaps, ``Q`` (H, H) head-head overlaps, ``b`` (H,) biases."""
-
-    M: jax.Array
-    Q: jax.Array
-    b: jax.Array
-
-
-class WeightedOrderParameters(NamedTuple):
-    """The state of a layer with trained head weights (``model.head_weights = "trained"``,
-    docs/model.md section 11.5): :class:`OrderParameters` and the head weights ``v`` (H,) of
-    ``a_l = sum_h v_h A_hl``, an ``O(1)`` vector like the biases."""
-
-    M: jax.Array
-    Q: jax.Array
-    b: jax.Array
-    v: jax.Array
-
+from ._head_weighting import AbstractHeadWeighting, OrderParameters, UniformHeads
 
 #: The annotation of a start given to the public functions: ``(M0, Q0, b0)`` (an :class:`OrderParameters`)
 #: or ``(M0, Q0, b0, v0)`` (a :class:`WeightedOrderParameters`) as arrays, with any leading axes ``S``.
@@ -100,9 +80,10 @@ Starts = Annotated[tuple[Real[ArrayLike, "*S H F"], Real[ArrayLike, "*S H H"], R
 
 
 def flat_drift(drift: OrderParameters) -> jax.Array:
-    """All entries of ``(dM, dQ, db)`` (and ``dv`` with trained head weights; leading batch axes
-    kept) as one vector."""
-    return jnp.concatenate([jnp.reshape(x, (*x.shape[: x.ndim - k], -1)) for x, k in zip(drift, (2, 2, 1, 1))], axis=-1)
+    """All entries of ``(dM, dQ, db)`` (and of the head weighting's per-head parts, e.g. ``dv``; leading
+    batch axes kept) as one vector."""
+    ks = (2, 2, *(1,) * (len(drift) - 2))
+    return jnp.concatenate([jnp.reshape(x, (*x.shape[: x.ndim - k], -1)) for x, k in zip(drift, ks)], axis=-1)
 
 
 class GradientMoments(NamedTuple):
@@ -168,19 +149,25 @@ class AbstractVariant(eqx.Module):
 class AbstractSGDRule(eqx.Module):
     """An SGD rule: one object for the simulator's step, the ODE's drift and the SDE's update
     covariance (module docstring). A concrete rule holds the learning rate ``lr``, what trains
-    (``train_bias``, ``train_head_weights``) and its chain of ``variants``, and implements the
+    (``train_bias``, the head ``weighting``) and its chain of ``variants``, and implements the
     finite-D :meth:`step`, the increment :meth:`increment` and :meth:`update_covariance`; the other
     views follow from those here."""
 
     lr: eqx.AbstractVar[float | jax.Array]
     train_bias: eqx.AbstractVar[bool]
     variants: eqx.AbstractVar[tuple[AbstractVariant, ...]]
-    train_head_weights: eqx.AbstractVar[bool]
+    weighting: eqx.AbstractVar[AbstractHeadWeighting]
 
     def __check_init__(self):
         check_fields(self)
         if not isinstance(self.lr, jax.Array):  # a traced rate is checked where it is concrete
             number(f"{type(self).__name__}: lr", self.lr, positive=True)
+
+    @property
+    def State(self) -> type:
+        """The type of the ODE's state: ``(M, Q, b)`` and the head weighting's own parts
+        (:class:`~singleloc.OrderParameters` for the head average)."""
+        return self.weighting.State
 
     def learning_rate(self, tau) -> float | jax.Array:
         """The step size of a finite-D step at time ``tau``: ``lr`` through the chain's schedules
@@ -237,9 +224,9 @@ class AbstractSGDRule(eqx.Module):
         mean over the batch) has the gradient ``grads``, and the rule's next state."""
 
     @abc.abstractmethod
-    def increment(self, tau, m: GradientMoments, M, Q, b) -> OrderParameters | WeightedOrderParameters:
+    def increment(self, tau, m: GradientMoments, M, Q, b, v=None) -> OrderParameters:
         """``U`` (not symmetrised) as the linear map of the products (or of their averages) ``m`` at
-        time ``tau`` and state ``(M, Q, b)``, with the chain's terms."""
+        time ``tau`` and state ``(M, Q, b)`` (head weights ``v``), with the chain's terms."""
 
     @abc.abstractmethod
     def update_covariance(self, tau, mean: jax.Array, second: jax.Array, cc: jax.Array, xi: jax.Array) -> jax.Array:
@@ -257,17 +244,17 @@ class AbstractSGDRule(eqx.Module):
         biases do not train)."""
         return self.increment(tau, GradientMoments(c @ nu, c @ g, jnp.sum(c, axis=1), c @ c.T), M, Q, b)
 
-    def drift(self, tau, M, Q, b, moments: GradientMoments) -> OrderParameters | WeightedOrderParameters:
+    def drift(self, tau, M, Q, b, moments: GradientMoments, v=None) -> OrderParameters:
         """``E[U] = (dM, dQ, db) / dtau`` at time ``tau`` and state ``(M, Q, b)`` from the field
-        averages ``moments`` (docs/model.md sections 5.3 and 11; ``dQ`` symmetrised, ``db = 0``
-        unless the biases train); with trained head weights also ``dv / dtau = -r E[dl/dv]``."""
-        d = self.increment(tau, moments, M, Q, b)
+        averages ``moments`` taken at the head weights ``v`` (docs/model.md sections 5.3 and 11; ``dQ`` symmetrised, ``db = 0``
+        unless the biases train), and that of the head weighting's parts (:attr:`State`)."""
+        d = self.increment(tau, moments, M, Q, b, v)
         return d._replace(Q=(d.Q + d.Q.T) / 2)
 
-    def _gradient_increment(self, tau, m: GradientMoments, M, Q, b, gram: bool) -> OrderParameters | WeightedOrderParameters:
+    def _gradient_increment(self, tau, m: GradientMoments, M, Q, b, v, gram: bool) -> OrderParameters:
         """``U`` at the rate :meth:`rate` of the loss gradient (with its ``r^2`` Gram term when
         ``gram``), then each piece's terms at the rate of its place, then what does not train
-        set to 0 (the ``b`` block) or refused (head weights without ``dl/dv``)."""
+        set to 0 (the ``b`` block); the head weighting adds its parts (:meth:`~singleloc.TrainedHeads.drift`)."""
         per_piece, r = self.rates(tau)
         dQ = -r * (m.cg + m.cg.T)
         d = OrderParameters(-r * m.cnu, dQ + r**2 * m.cc if gram else dQ, -r * m.c)
@@ -275,20 +262,15 @@ class AbstractSGDRule(eqx.Module):
             d = piece.increment(rp, d, M, Q, b)
         if not self.train_bias:
             d = d._replace(b=jnp.zeros_like(b))
-        if not self.train_head_weights:
-            return d
-        if m.cv is None:
-            raise ValueError("model.head_weights = 'trained': this computation gives no head weights v (it is written for "
-                             "the head average: the linearisation, the head-symmetric flow, the SDE); pass the state's v "
-                             "(OrderParameterODE.drift(M, Q, b, tau, v=v)) or set model.head_weights = 'uniform'")
-        return WeightedOrderParameters(*d, -r * m.cv)
+        return self.weighting.drift(d, r, m.cv, v)
 
 
 class OnlineSGD(AbstractSGDRule):
     """Online SGD (module docstring): one fresh sequence per step at the learning rate ``lr``;
-    ``train_bias``: whether the biases follow their gradient, ``train_head_weights`` the head
-    weights; ``variants``: the chain of pieces (:mod:`~singleloc.sgd._sgd_variants`), e.g.
-    ``OnlineSGD(0.5, True, (MiniBatch(4), WeightDecay(0.1), Momentum(0.9)))``. The variants are
+    ``train_bias``: whether the biases follow their gradient; ``weighting``: the layer's head weights
+    (:class:`~singleloc.UniformHeads`, :class:`~singleloc.TrainedHeads`); ``variants``: the chain of pieces
+    (:mod:`~singleloc.sgd._sgd_variants`), e.g. ``OnlineSGD(0.5, True, (MiniBatch(4), WeightDecay(0.1),
+    Momentum(0.9)))``. The variants are
     static: a variant's programs are its own, while ODEs that differ only in ``lr`` share theirs.
 
     ``lr`` is a float for the simulator (its update then rounds as ``k - lr * g`` in the keys'
@@ -299,13 +281,13 @@ class OnlineSGD(AbstractSGDRule):
     lr: float | jax.Array
     train_bias: bool = eqx.field(static=True, default=False)
     variants: tuple[AbstractVariant, ...] = ()
-    train_head_weights: bool = eqx.field(static=True, default=False)
+    weighting: AbstractHeadWeighting = UniformHeads()
 
     def step(self, tau, params: LayerParameters, grads: LayerParameters, state: tuple, D: int
              ) -> tuple[LayerParameters, tuple]:
         """The keys move by ``-learning_rate(tau)`` times the chain's direction ``d`` of ``grads``,
-        the biases (when they train) and the head weights (when they train) by ``-learning_rate(tau)
-        / D`` times theirs: ``(K - lr d_K, b - (lr / D) d_b, v - (lr / D) d_v)``, in the keys'
+        the biases (when they train) and the head weights (as the weighting steps them) by
+        ``-learning_rate(tau) / D`` times theirs: ``(K - lr d_K, b - (lr / D) d_b, v - (lr / D) d_v)``, in the keys'
         precision (a schedule's rate is cast to it); the rule's state is threaded through the
         chain."""
         lr = self.learning_rate(tau)
@@ -313,12 +295,12 @@ class OnlineSGD(AbstractSGDRule):
             lr = jnp.asarray(lr, params.K.dtype)
         d, state = self.direction(params, grads, state, D)
         b = params.b - (lr / D) * d.b if self.train_bias else params.b
-        v = params.v - (lr / D) * d.v if self.train_head_weights else params.v
+        v = self.weighting.step(params.v, d.v, lr, D)
         return LayerParameters(params.K - lr * d.K, b, v), state
 
-    def increment(self, tau, m: GradientMoments, M, Q, b) -> OrderParameters | WeightedOrderParameters:
+    def increment(self, tau, m: GradientMoments, M, Q, b, v=None) -> OrderParameters:
         """``U`` of the module docstring at the rate :meth:`rate`, its ``r^2`` Gram term included."""
-        return self._gradient_increment(tau, m, M, Q, b, gram=True)
+        return self._gradient_increment(tau, m, M, Q, b, v, gram=True)
 
     def update_covariance(self, tau, mean: jax.Array, second: jax.Array, cc: jax.Array, xi: jax.Array) -> jax.Array:
         """``Cov(U) = second - mean mean^T``, plus the part of the spike fields' conditional
@@ -340,7 +322,7 @@ class GradientFlow(AbstractSGDRule):
     lr: float | jax.Array
     train_bias: bool = eqx.field(static=True, default=False)
     variants: tuple[AbstractVariant, ...] = ()
-    train_head_weights: bool = eqx.field(static=True, default=False)
+    weighting: AbstractHeadWeighting = UniformHeads()
 
     def init_state(self, params: LayerParameters) -> tuple:
         """Refused: gradient flow is a limit, with no finite-D state or step."""
@@ -353,9 +335,9 @@ class GradientFlow(AbstractSGDRule):
         """Refused, as :meth:`init_state`."""
         return self.init_state(params)
 
-    def increment(self, tau, m: GradientMoments, M, Q, b) -> OrderParameters | WeightedOrderParameters:
+    def increment(self, tau, m: GradientMoments, M, Q, b, v=None) -> OrderParameters:
         """``U``'s ``O(r)`` part at the rate :meth:`rate`, with the chain's terms."""
-        return self._gradient_increment(tau, m, M, Q, b, gram=False)
+        return self._gradient_increment(tau, m, M, Q, b, v, gram=False)
 
     def update_covariance(self, tau, mean: jax.Array, second: jax.Array, cc: jax.Array, xi: jax.Array) -> jax.Array:
         """0: the noise vanishes in the limit (docs/model.md section 11.4)."""

@@ -77,7 +77,7 @@ def _run_functions(config: Config):
         kstar = make_spikes(keys.spikes, F, D)
         K = init_keys(keys.init, H, D, sgd.init_scale)
         b = jnp.full((H,), mdl.bias_init, dtype=K.dtype)
-        v = jnp.full((H,), 1.0 / H, dtype=K.dtype) if rule.train_head_weights else None
+        v = rule.weighting.layer_start(H, K.dtype)
         params = LayerParameters(K, b, v)
         return (params, rule.init_state(params)), (kstar, keys.train, keys.test)
 

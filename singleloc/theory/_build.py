@@ -65,7 +65,7 @@ def build(config: Config) -> Setup:
 def sgd_rule(config: Config) -> AbstractSGDRule:
     """The SGD rule of a configuration's ``sgd`` section for its layer (``model``):
     :class:`~singleloc.OnlineSGD` (or :class:`~singleloc.GradientFlow`) at ``sgd.lr``, the biases training
-    with ``model.train_bias``, the head weights with ``model.head_weights``, and the chain of the variants
+    with ``model.train_bias``, the head weighting of ``model.head_weights``, and the chain of the variants
     that are on, in the order schedule, batch, decay, momentum (the decay enters the velocity)."""
     sgd, model = config.sgd, config.model
     schedule = LearningRateSchedule(sgd.schedule, sgd.schedule_tau, sgd.decay_factor, sgd.warmup_tau)
@@ -77,7 +77,7 @@ def sgd_rule(config: Config) -> AbstractSGDRule:
     if sgd.momentum:
         chain.append(Momentum(sgd.momentum))
     rule = GradientFlow if sgd.gradient_flow else OnlineSGD
-    return rule(sgd.lr, model.train_bias, tuple(chain), train_head_weights=model.trained_head_weights)
+    return rule(sgd.lr, model.train_bias, tuple(chain), weighting=model.weighting)
 
 
 def check_gram(th: Theory, activation: str, route: str) -> None:

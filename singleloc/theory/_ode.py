@@ -72,7 +72,7 @@ from ..runtime._progress import say
 from ..sgd._sgd_rule import Starts, flat_drift
 from ._accuracy import choose_points, points_for
 from ._build import Setup, build
-from ._starts import batched_starts, check_starts, initial_conditions, with_head_weights
+from ._starts import batched_starts, check_starts, initial_conditions
 from ._step_budget import MIN_STEP, STEP_MARGIN, StepBudget, too_slow
 from ._theory import OrderParameterODE, OrderParameters, r_orth
 from ._theory_result import TheoryResult
@@ -240,7 +240,7 @@ def resolve_points(config: Config, y0: Starts | None = None) -> Config:
     estimate of the choice (:attr:`TheoryResult.drift_error`)."""
     if config.theory.points != "auto":
         return config
-    starts = initial_conditions(config, 1) if y0 is None else batched_starts(with_head_weights(config.model, y0))
+    starts = initial_conditions(config, 1) if y0 is None else batched_starts(config.model.weighting.state(y0))
     return config.replace(theory={"points": choose_points(config, starts).points})
 
 
@@ -262,7 +262,7 @@ class _Problem:
 
 def _problem(config: Config, y0: OrderParameters | None, ts: np.ndarray | None, setup: Setup | None = None) -> _Problem:
     setup = build(config) if setup is None else setup  # the prior, the SGD rule and the route, once for the point
-    y0 = batched_starts(initial_conditions(config, 1) if y0 is None else with_head_weights(setup.model, y0))
+    y0 = batched_starts(initial_conditions(config, 1) if y0 is None else setup.model.weighting.state(y0))
     check_starts(setup.heads, setup.problem.F, y0)
     ts = jnp.asarray(config.sgd.save_times() if ts is None else ts, dtype=y0.M.dtype)
     th = config.theory
@@ -441,8 +441,9 @@ def _result(problem: _Problem, out, max_steps: int) -> TheoryResult | FloatingPo
     config, ts = problem.config, problem.args[3][:problem.saved]
     R = config.theory.replicates
     ys, risk, code, drift0, check, grams = out
-    ys, risk = tuple(x[:, :, :problem.saved] for x in ys), risk[:, :, :problem.saved]  # the padding's repeats dropped
-    M, Q, b, v = (*ys, None)[:4]  # (M, Q, b) or, with trained head weights, (M, Q, b, v)
+    rule = problem.setup.sgd  # its State, and the layer's head weights v along it (None: the head average)
+    ys, risk = rule.State(*(x[:, :, :problem.saved] for x in ys)), risk[:, :, :problem.saved]  # padding's repeats dropped
+    M, Q, b, v = ys.M, ys.Q, ys.b, rule.weighting.weights(ys)
     valid, ok, unresolved = np.isfinite(risk), np.asarray(code) == 0, np.asarray(code) == UNRESOLVED
     if not np.all(ok) or not np.all(valid):
         first = np.argmax(unresolved) if unresolved.any() else np.argmin(np.all(valid, axis=2) & ok)

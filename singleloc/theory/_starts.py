@@ -2,8 +2,9 @@
 
 Initial conditions are the overlaps of a real D-dimensional initialisation
 (:func:`~singleloc.initial_overlaps` with the config's ``simulation.seed`` and ``D``), the
-same weights the simulator starts from, so that ``M(0) = O(1/sqrt(D))`` as in a finite run;
-with trained head weights the state also holds ``v0 = 1/H``.
+same weights the simulator starts from, so that ``M(0) = O(1/sqrt(D))`` as in a finite run; the
+layer's head weighting adds its own parts at their start (:meth:`~singleloc.AbstractHeadWeighting.state`:
+with trained head weights ``v0 = 1/H``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from ..configuration._config import Config, gather_specs
 from ..configuration._specs import SGD, Model, Problem, Simulation
 from ..model._data import initial_overlaps
 from ..runtime._numerics import PSD_INPUT
-from ..sgd._sgd_rule import OrderParameters, WeightedOrderParameters
+from ..sgd._head_weighting import OrderParameters
 
 
 @eqx.filter_jit
@@ -27,11 +28,11 @@ def _initial_overlaps(seed: int, indices: jax.Array, F: int, H: int, D: int, ini
 
 def initial_conditions(config: Config | None = None, seeds: int | None = None, *, problem: Problem | None = None,
                        model: Model | None = None, sgd: SGD | None = None, simulation: Simulation | None = None
-                       ) -> OrderParameters | WeightedOrderParameters:
+                       ) -> OrderParameters:
     """Overlaps ``(M0, Q0, b0)`` of the simulator's initial weights for seeds ``0..seeds-1``
     (``simulation.seeds`` by default), stacked along a leading axis (one program for all
-    seeds; the same bits as the simulator's own initialisation); with trained head weights,
-    :class:`~singleloc.WeightedOrderParameters` with ``v0 = 1/H``.
+    seeds; the same bits as the simulator's own initialisation), in the state of the layer's head
+    weighting (with trained head weights :class:`~singleloc.WeightedOrderParameters` with ``v0 = 1/H``).
 
     The run is ``config`` or the specifications by keyword (``problem``: ``F``; ``model``: the
     heads, ``bias_init``, ``head_weights``; ``sgd``: ``init_scale``; ``simulation``: ``D``,
@@ -41,39 +42,23 @@ def initial_conditions(config: Config | None = None, seeds: int | None = None, *
     n = sim.seeds if seeds is None else seeds
     M, Q = _initial_overlaps(sim.seed, jnp.arange(n), pb.F, H, sim.D, sgd.init_scale)
     y0 = OrderParameters(M, Q, jnp.full((n, H), config.model.bias_init))
-    return with_head_weights(config.model, y0)
-
-
-def with_head_weights(model: Model, y0: OrderParameters | WeightedOrderParameters
-                      ) -> OrderParameters | WeightedOrderParameters:
-    """The start ``y0`` in the state kind of the layer ``model``: with trained head weights, ``y0`` with
-    ``v0 = 1/H`` when it has none; ``ValueError`` for head weights in a layer that averages its
-    heads uniformly."""
-    trained, H = model.trained_head_weights, model.heads
-    if len(y0) == 4:
-        if not trained:
-            raise ValueError("the start has head weights v0 but model.head_weights = 'uniform'; pass (M0, Q0, b0) or set "
-                             "model.head_weights = 'trained'")
-        return WeightedOrderParameters(*y0)
-    if not trained:
-        return y0
-    b = jnp.asarray(y0[2])
-    return WeightedOrderParameters(*y0, jnp.full(b.shape, 1.0 / H, dtype=jnp.result_type(float)))
+    return config.model.weighting.state(y0)
 
 
 def batched_starts(y0: OrderParameters) -> OrderParameters:
-    """``y0`` in the dtype of the solve, with a leading axis (one start: added)."""
-    kind = WeightedOrderParameters if len(y0) == 4 else OrderParameters  # a plain tuple is read by its length
-    y0 = kind(*(jnp.asarray(x, dtype=jnp.result_type(float)) for x in y0))
-    return kind(*(x[None] for x in y0)) if y0.M.ndim == 2 else y0
+    """The state ``y0`` (a weighting's ``State``) in the dtype of the solve, with a leading axis (one start:
+    added)."""
+    y0 = y0._make(jnp.asarray(x, dtype=jnp.result_type(float)) for x in y0)
+    return y0._make(x[None] for x in y0) if y0.M.ndim == 2 else y0
 
 
 def check_starts(H: int, F: int, y0: OrderParameters) -> None:
-    """``ValueError`` naming the part of the batched starts ``y0`` that does not fit a layer of ``H`` heads and ``F``
-    spikes (shape, count of starts, finiteness, symmetry of ``Q0``, ``Q0 - M0 M0^T`` PSD)."""
+    """``ValueError`` naming the part of the batched starts ``y0`` (a weighting's ``State``, whose own parts are
+    per-head vectors) that does not fit a layer of ``H`` heads and ``F`` spikes (shape, count of starts,
+    finiteness, symmetry of ``Q0``, ``Q0 - M0 M0^T`` PSD)."""
     S = y0.M.shape[0]
     parts = (("M0", y0.M, (S, H, F)), ("Q0", y0.Q, (S, H, H)), ("b0", y0.b, (S, H)))
-    for name, x, shape in parts + ((("v0", y0.v, (S, H)),) if isinstance(y0, WeightedOrderParameters) else ()):
+    for name, x, shape in parts + tuple((f"{field}0", x, (S, H)) for field, x in zip(y0._fields[3:], y0[3:])):
         if x.shape[1:] == shape[1:] and x.shape[0] != S:  # shapes right, counts of starts not
             raise ValueError(f"{name} holds {x.shape[0]} start(s) but M0 holds {S}: give every part of y0 the same leading "
                              f"number of starts, e.g. {name} of shape {shape}")

@@ -36,7 +36,8 @@ from ..expectations._expectation import AbstractExpectation
 from ..expectations._routes import route_class
 from ..ground._arguments import checked
 from ..runtime._numerics import require_x64
-from ..sgd._sgd_rule import AbstractSGDRule, GradientMoments, OrderParameters, WeightedOrderParameters
+from ..sgd._head_weighting import OrderParameters
+from ..sgd._sgd_rule import AbstractSGDRule, GradientMoments
 
 if TYPE_CHECKING:
     from ..configuration._config import Config
@@ -148,27 +149,26 @@ class OrderParameterODE(eqx.Module):
         """The field averages of the loss gradient the drift is made of, on the route."""
         return self.expectation.gradient_moments(M, Q, b, v)
 
-    def drift(self, M: jax.Array, Q: jax.Array, b: jax.Array, tau=0.0, v: jax.Array | None = None
-              ) -> OrderParameters | WeightedOrderParameters:
+    def drift(self, M: jax.Array, Q: jax.Array, b: jax.Array, tau=0.0, v: jax.Array | None = None) -> OrderParameters:
         """``(dM, dQ, db) / dtau`` of docs/model.md section 5 at time ``tau`` (``db = 0`` unless
         biases train): the SGD rule's mean update (:meth:`~singleloc.OnlineSGD.drift`) of
-        :meth:`gradient_moments`; with trained head weights ``v``, also ``dv / dtau``
-        (:class:`~singleloc.WeightedOrderParameters`)."""
-        return self.sgd.drift(tau, M, Q, b, self.gradient_moments(M, Q, b, v))
+        :meth:`gradient_moments` at the head weights ``v``, in the state its head weighting declares (with
+        trained head weights also ``dv / dtau``: :class:`~singleloc.WeightedOrderParameters`)."""
+        return self.sgd.drift(tau, M, Q, b, self.gradient_moments(M, Q, b, v), v)
 
     def exact_drift_error(self, M: jax.Array, Q: jax.Array, b: jax.Array, v: jax.Array | None = None) -> jax.Array:
         """The route's stated relative error of the ``O(lr)`` drift at one state
         (:meth:`~singleloc.LaplaceExpectation.drift_error`; NaN for a route without one)."""
         return self.expectation.drift_error(self.sgd, M, Q, b, v)
 
-    def state_drift(self, y: OrderParameters | WeightedOrderParameters, tau=0.0
-                    ) -> OrderParameters | WeightedOrderParameters:
-        """:meth:`drift` of a state ``y`` of either kind (the vector field of the solve)."""
-        return self.drift(y.M, y.Q, y.b, tau, getattr(y, "v", None))
+    def state_drift(self, y: OrderParameters, tau=0.0) -> OrderParameters:
+        """:meth:`drift` of a state ``y`` of the rule's ``State`` (the vector field of the solve), at the head
+        weights its weighting reads from it (:meth:`~singleloc.AbstractHeadWeighting.weights`)."""
+        return self.drift(y.M, y.Q, y.b, tau, self.sgd.weighting.weights(y))
 
-    def state_risk(self, y: OrderParameters | WeightedOrderParameters) -> jax.Array:
-        """:meth:`risk` of a state ``y`` of either kind."""
-        return self.risk(y.M, y.Q, y.b, getattr(y, "v", None))
+    def state_risk(self, y: OrderParameters) -> jax.Array:
+        """:meth:`risk` of a state ``y`` of the rule's ``State``."""
+        return self.risk(y.M, y.Q, y.b, self.sgd.weighting.weights(y))
 
 
 def flatten_state(M: jax.Array, Q: jax.Array, b: jax.Array, train_bias: bool = True) -> jax.Array:
