@@ -169,11 +169,11 @@ if TYPE_CHECKING:
     from .sweeps._sweep_dataset import load_sweep as load_sweep
     from .theory._accuracy import PointsChoice as PointsChoice
     from .theory._accuracy import choose_points as choose_points
+    from .theory._accuracy import resolve_points as resolve_points
     from .theory._build import sgd_rule as sgd_rule
     from .theory._fluctuations import SDEResult as SDEResult
     from .theory._fluctuations import integrate_sde as integrate_sde
     from .theory._ode import integrate as integrate
-    from .theory._ode import resolve_points as resolve_points
     from .theory._starts import initial_conditions as initial_conditions
     from .theory._theory import OrderParameterODE as OrderParameterODE
     from .theory._theory import r_orth as r_orth

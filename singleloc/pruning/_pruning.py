@@ -59,7 +59,8 @@ from ..model._data import overlaps
 from ..model._heldout import draw_heldout, heldout_losses
 from ..preflight._estimates import prune_evaluations, pruning
 from ..preflight._resources import check_memory, check_quadrature, theory_bytes
-from ..theory._ode import integrate, resolve_points
+from ..theory._accuracy import resolve_points
+from ..theory._ode import integrate
 from ..theory._theory import OrderParameterODE, OrderParameters
 from ._pruning_result import PruningResult
 

@@ -39,6 +39,7 @@ from ..expectations._expectation import relative_drift_error
 from ..preflight._resources import FIRST_POINTS, MIN_POINTS, check_run
 from ..sgd._sgd_rule import Starts, flat_drift
 from ._build import Setup, build
+from ._starts import batched_starts, initial_conditions
 from ._theory import OrderParameterODE, OrderParameters
 
 MAX_POINTS = 2**20
@@ -114,3 +115,20 @@ def points_for(config: Config, setup: Setup, y0: OrderParameters) -> PointsChoic
             warnings.warn(f"theory.points = 'auto': {n} points reach an estimated relative drift error of {tried[n]:.2g} "
                           f"only (theory.tol = {config.theory.tol:g}); raise theory.replicates or theory.tol", stacklevel=2)
     return PointsChoice(n, tried[n], R, tuple(sorted(tried.items())))
+
+
+def resolve_points(config: Config, y0: Starts | None = None) -> Config:
+    """``config`` with ``theory.points = "auto"`` replaced by the number of points
+    :func:`~singleloc.choose_points` picks at the starts ``y0`` (leading axis ``S``; default the
+    start :func:`integrate` uses, the simulator's initial overlaps of seed 0); ``config`` itself
+    when ``theory.points`` is a number.
+
+    Every entry point that builds an :class:`~singleloc.OrderParameterODE` from a config that may
+    say ``"auto"`` calls it first (the escape prediction, the SDE, the pruning risks, a sweep's
+    points), so that the value is resolved once, before anything is built, and the ODEs of one
+    computation share one rule. :func:`integrate` resolves it at its own starts, with the error
+    estimate of the choice (:attr:`TheoryResult.drift_error`)."""
+    if config.theory.points != "auto":
+        return config
+    starts = initial_conditions(config, 1) if y0 is None else batched_starts(config.model.weighting.state(y0))
+    return config.replace(theory={"points": choose_points(config, starts).points})

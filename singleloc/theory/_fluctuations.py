@@ -48,8 +48,8 @@ from ..expectations._sobol_expectation import SobolExpectation
 from ..runtime._compilation import checks_as_nan
 from ..runtime._numerics import psd_sqrt
 from ..sgd._sgd_rule import Starts
+from ._accuracy import resolve_points
 from ._build import Setup, build
-from ._ode import resolve_points
 from ._theory import OrderParameterODE, flatten_state, unflatten_state
 from ._trajectory import Trajectory
 

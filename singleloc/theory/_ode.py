@@ -70,10 +70,10 @@ from ..runtime._compilation import checks_as_nan, exported_call
 from ..runtime._numerics import PSD_SOLVE, Q_RUNAWAY, expected_steps
 from ..runtime._progress import say
 from ..sgd._sgd_rule import Starts, flat_drift
-from ._accuracy import choose_points, points_for
+from ._accuracy import points_for
 from ._build import Setup, build
 from ._starts import batched_starts, check_starts, initial_conditions
-from ._step_budget import MIN_STEP, STEP_MARGIN, StepBudget, too_slow
+from ._step_budget import MIN_STEP, STEP_MARGIN, StepBudget, stop_reason
 from ._theory import OrderParameterODE, OrderParameters, r_orth
 from ._theory_result import TheoryResult
 
@@ -225,23 +225,6 @@ def _run_points(dynamics: OrderParameterODE, evaluation: OrderParameterODE, y0: 
     ODE stacks, starts, saved times, tolerances and step budgets of each point). Every trajectory keeps its
     own adaptive steps (diffrax's solve under ``vmap``)."""
     return jax.vmap(lambda *args: _trajectories(*args, max_steps, False))(dynamics, evaluation, y0, ts, rtol, atol, budget)
-
-
-def resolve_points(config: Config, y0: Starts | None = None) -> Config:
-    """``config`` with ``theory.points = "auto"`` replaced by the number of points
-    :func:`~singleloc.choose_points` picks at the starts ``y0`` (leading axis ``S``; default the
-    start :func:`integrate` uses, the simulator's initial overlaps of seed 0); ``config`` itself
-    when ``theory.points`` is a number.
-
-    Every entry point that builds an :class:`~singleloc.OrderParameterODE` from a config that may
-    say ``"auto"`` calls it first (the escape prediction, the SDE, the pruning risks, a sweep's
-    points), so that the value is resolved once, before anything is built, and the ODEs of one
-    computation share one rule. :func:`integrate` resolves it at its own starts, with the error
-    estimate of the choice (:attr:`TheoryResult.drift_error`)."""
-    if config.theory.points != "auto":
-        return config
-    starts = initial_conditions(config, 1) if y0 is None else batched_starts(config.model.weighting.state(y0))
-    return config.replace(theory={"points": choose_points(config, starts).points})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -426,15 +409,6 @@ def _shape_key(args) -> tuple:
     return str(treedef), tuple((x.shape, str(x.dtype)) for x in leaves)
 
 
-def _stop_reason(code: int, budget: int) -> str:
-    """Why a solve that returned ``code`` (an index into :data:`_STOPS`) stopped before its last saved time."""
-    return {0: "the risk along it was not finite",
-            1: (f"the state left the set of valid overlaps (non-finite values, runaway keys with max |Q| > {Q_RUNAWAY:g}, "
-                "or R_orth = Q - M M^T not PSD)"),
-            2: f"its steps fell below {MIN_STEP:g} in tau (the ODE became too stiff to follow: a diverging solve)",
-            3: too_slow(budget)}.get(code, "the solver failed")
-
-
 def _result(problem: _Problem, out, max_steps: int) -> TheoryResult | FloatingPointError:
     """The :class:`TheoryResult` of one point's outputs of :func:`_trajectories`, or the error
     that says where its solve stopped and why."""
@@ -460,7 +434,7 @@ def _result(problem: _Problem, out, max_steps: int) -> TheoryResult | FloatingPo
                 "continues there by itself) or raise theory.nodes")
         return FloatingPointError(
             f"the order-parameter ODE stopped near {when} (start {i}{f', replicate {r}' if R > 1 else ''}): "
-            f"{_stop_reason(code, min(max_steps, int(problem.args[6])))}; lower {config.sgd.step_keys()}"
+            f"{stop_reason(code, min(max_steps, int(problem.args[6])))}; lower {config.sgd.step_keys()}"
             + (" or tighten theory.rtol/theory.atol" if code in (0, 1) else ""))
     drift_error = problem.drift_error
     risk_se = risk.std(axis=1, ddof=1) / np.sqrt(R) if R > 1 else np.full(risk.shape[::2], np.nan)

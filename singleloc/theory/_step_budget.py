@@ -26,6 +26,8 @@ import diffrax
 import equinox as eqx
 import jax.numpy as jnp
 
+from ..runtime._numerics import Q_RUNAWAY
+
 #: Steps after which the pace is judged (before them a stiff start, whose first steps the controller grows
 #: from ``dt0``, is not a pace).
 WARMUP = 256
@@ -42,10 +44,16 @@ STEP_MARGIN = 8.0
 MIN_STEP = 1e-7
 
 
-def too_slow(budget: int) -> str:
-    """Why a solve stopped by its budget (:func:`~singleloc.theory._ode.integrate`'s error)."""
-    return (f"at its pace it would have taken more than {budget} steps, {STEP_MARGIN:g} times what a solve at this rate "
-            "is expected to take (or max_steps): the ODE became stiff (a learning rate past stability)")
+def stop_reason(code: int, budget: int) -> str:
+    """Why a solve that returned ``code`` (an index into :data:`~singleloc.theory._ode._STOPS`) stopped before its
+    last saved time (:func:`~singleloc.theory._ode.integrate`'s error); ``budget``: its :class:`StepBudget`'s."""
+    return {0: "the risk along it was not finite",
+            1: (f"the state left the set of valid overlaps (non-finite values, runaway keys with max |Q| > {Q_RUNAWAY:g}, "
+                "or R_orth = Q - M M^T not PSD)"),
+            2: f"its steps fell below {MIN_STEP:g} in tau (the ODE became too stiff to follow: a diverging solve)",
+            3: (f"at its pace it would have taken more than {budget} steps, {STEP_MARGIN:g} times what a solve at this "
+                "rate is expected to take (or max_steps): the ODE became stiff (a learning rate past stability)")
+            }.get(code, "the solver failed")
 
 
 class StepBudget(diffrax.AbstractAdaptiveStepSizeController):
