@@ -411,8 +411,8 @@ def integrate_points(problems: Sequence[tuple[Config, OrderParameters | None]], 
             results[i] = _result(prepared[i], jax.tree.map(lambda x, j=j: x[j], out), max_steps)
     redo = [i for i, r in enumerate(results) if isinstance(r, UnresolvedFields) and problems[i][0].theory.route == "auto"]
     if redo:  # auto's choice, as integrate does: on to the Sobol rule
-        say(f"{len(redo)} of {len(results)} points left what the exact route's rule resolves: solving them on the Sobol rule "
-            "instead (theory.route = 'rule')")
+        say(f"{len(redo)} of {len(results)} points (theory.route = 'auto') left what the exact route's rule resolves: solving "
+            "them on the Sobol rule instead (theory.route = 'rule')")
         rule = [(problems[i][0].replace(theory={"route": "rule"}), problems[i][1]) for i in redo]
         for i, result in zip(redo, integrate_points(rule, max_steps=max_steps)):
             results[i] = result
