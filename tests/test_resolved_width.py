@@ -18,7 +18,7 @@ import singleloc as sl
 from singleloc.expectations._laplace import NODES, RESOLVED_SIGMA, exact_rule
 from singleloc.expectations._laplace_expectation import DRIFT_ERROR_WARN, RISK_ERROR_WARN, LaplaceExpectation
 from singleloc.theory._build import build
-from singleloc.theory._ode import UnresolvedFields
+from singleloc.theory._step_budget import UnresolvedFields
 
 #: A start of the tiny problem just inside the widest field the default rule resolves (standard deviation 4.9 of
 #: 5), whose keys grow past it at this learning rate within the tiny solve.

@@ -73,7 +73,7 @@ from ..sgd._sgd_rule import Starts, flat_drift
 from ._accuracy import points_for
 from ._build import Setup, build
 from ._starts import batched_starts, check_starts, initial_conditions
-from ._step_budget import MIN_STEP, STEP_MARGIN, StepBudget, stop_reason
+from ._step_budget import MIN_STEP, STEP_MARGIN, UNRESOLVED, StepBudget, UnresolvedFields, stop_code, stop_reason
 from ._theory import OrderParameterODE, OrderParameters, r_orth
 from ._theory_result import TheoryResult
 
@@ -105,22 +105,6 @@ def _padded(ts: jax.Array) -> jax.Array:
 #: Default cap on the adaptive solver's steps (:func:`integrate`, :func:`integrate_points`).
 MAX_STEPS = 100_000
 
-#: Why a solve stopped, by the index the solve's program returns (diffrax's results; any other: its own
-#: index, ``len(_STOPS)``): it reached its last saved time, the terminating event fired, its steps fell
-#: below ``MIN_STEP``, or it ran out of steps.
-_STOPS = (diffrax.RESULTS.successful, diffrax.RESULTS.event_occurred, diffrax.RESULTS.dt_min_reached,
-          diffrax.RESULTS.max_steps_reached)
-#: The code of a solve stopped because its route's rule no longer resolves the fields of its state
-#: (:meth:`~singleloc.expectations._expectation.AbstractExpectation.resolves`).
-UNRESOLVED = len(_STOPS) + 1
-
-
-class UnresolvedFields(FloatingPointError):
-    """A solve stopped where its route's rule no longer resolves the token fields (:data:`UNRESOLVED`):
-    :func:`integrate` then continues on the Sobol rule when the route was ``"auto"``'s choice, and raises this
-    when ``theory.route = "exact"`` was asked for."""
-
-
 def _invalid_state(t, y, args, **kwargs):
     M, Q = y.M, y.Q
     finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in y]))
@@ -148,8 +132,7 @@ def _solve(ode: OrderParameterODE, y0: OrderParameters, ts: jax.Array, rtol, ato
         adjoint=diffrax.ForwardMode(),
         progress_meter=diffrax.TqdmProgressMeter() if progress else diffrax.NoProgressMeter(),
     )
-    code = jnp.select([sol.result == stop for stop in _STOPS], list(range(len(_STOPS))), len(_STOPS))
-    return sol.ys, jnp.where((sol.result == diffrax.RESULTS.event_occurred) & sol.event_mask[1], UNRESOLVED, code)
+    return sol.ys, stop_code(sol)
 
 
 def _trajectories(dynamics: OrderParameterODE, evaluation: OrderParameterODE, y0: OrderParameters, ts, rtol, atol, budget,
@@ -394,8 +377,8 @@ def integrate_points(problems: Sequence[tuple[Config, OrderParameters | None]], 
             results[i] = _result(prepared[i], jax.tree.map(lambda x, j=j: x[j], out), max_steps)
     redo = [i for i, r in enumerate(results) if isinstance(r, UnresolvedFields) and problems[i][0].theory.route == "auto"]
     if redo:  # auto's choice, as integrate does: on to the Sobol rule
-        say(f"{len(redo)} of {len(results)} points left what the exact route's rule resolves: solving them on the Sobol rule "
-            "instead (theory.route = 'rule')")
+        say(f"{len(redo)} of {len(results)} points (theory.route = 'auto') left what the exact route's rule resolves: solving "
+            "them on the Sobol rule instead (theory.route = 'rule')")
         rule = [(problems[i][0].replace(theory={"route": "rule"}), problems[i][1]) for i in redo]
         for i, result in zip(redo, integrate_points(rule, max_steps=max_steps)):
             results[i] = result
@@ -426,12 +409,7 @@ def _result(problem: _Problem, out, max_steps: int) -> TheoryResult | FloatingPo
         when = f"tau = {float(ts[k - 1]):.4g}..{float(ts[k]):.4g}" if k else f"its start, tau = {float(ts[0]):.4g}"
         code = int(code[i, r])  # smaller steps do not make a stiff solve (codes 2, 3) any less stiff
         if code == UNRESOLVED:  # only the exact route's rule has a width it resolves
-            widest = float(np.max(problem.args[0].expectation.rule.widest))
-            return UnresolvedFields(
-                f"the exact route stopped near {when} (start {i}): the token fields grew wider than its rule resolves "
-                f"within its stated accuracy (a standard deviation alpha sqrt((Q + M Sigma M^T)_hh) of {widest:.3g} at "
-                f"theory.nodes = {config.theory.nodes}, in proportion to it); set theory.route = 'rule' (or 'auto', which "
-                "continues there by itself) or raise theory.nodes")
+            return UnresolvedFields.at(when, i, float(np.max(problem.args[0].expectation.rule.widest)), config.theory.nodes)
         return FloatingPointError(
             f"the order-parameter ODE stopped near {when} (start {i}{f', replicate {r}' if R > 1 else ''}): "
             f"{stop_reason(code, min(max_steps, int(problem.args[6])))}; lower {config.sgd.step_keys()}"

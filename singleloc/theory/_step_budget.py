@@ -1,4 +1,4 @@
-"""The step budget of a solve: every solve stops, whatever its learning rate.
+"""The step budget of a solve: every solve stops, whatever its learning rate; and why a solve stopped.
 
 A learning rate far past stability makes the order-parameter ODE stiff while its state stays valid (an exact route
 whose quadrature no longer resolved the fields did too; the solve now stops before that, where the fields outgrow its
@@ -43,16 +43,46 @@ STEP_MARGIN = 8.0
 #: none was below 5e-6, and at the learning rates that train none below 1e-4.
 MIN_STEP = 1e-7
 
+#: Why a solve stopped, by the index the solve's program returns (:func:`stop_code`; diffrax's results, any other
+#: its own index ``len(STOPS)``): it reached its last saved time, the terminating event fired, its steps fell below
+#: ``MIN_STEP``, or it ran out of steps.
+STOPS = (diffrax.RESULTS.successful, diffrax.RESULTS.event_occurred, diffrax.RESULTS.dt_min_reached,
+         diffrax.RESULTS.max_steps_reached)
+#: The code of a solve stopped by its second event: its route's rule no longer resolves the fields of its state
+#: (:meth:`~singleloc.expectations._expectation.AbstractExpectation.resolves`).
+UNRESOLVED = len(STOPS) + 1
+
+
+class UnresolvedFields(FloatingPointError):
+    """A solve stopped where its route's rule no longer resolves the token fields (:data:`UNRESOLVED`):
+    :func:`~singleloc.integrate` then solves again on the Sobol rule when the route was ``"auto"``'s choice, and
+    raises this when ``theory.route = "exact"`` was asked for."""
+
+    @classmethod
+    def at(cls, when: str, start: int, widest: float, nodes: int) -> UnresolvedFields:
+        """The error of a solve stopped near ``when`` (start ``start``) by fields wider than ``widest``, the width
+        its rule of ``theory.nodes = nodes`` resolves."""
+        return cls(f"the exact route stopped near {when} (start {start}): the token fields grew wider than its rule resolves "
+                   f"within its stated accuracy (a standard deviation alpha sqrt((Q + M Sigma M^T)_hh) of {widest:.3g} at "
+                   f"theory.nodes = {nodes}, in proportion to it); set theory.route = 'rule' (or 'auto', which continues there "
+                   "by itself) or raise theory.nodes")
+
+
+def stop_code(sol) -> jnp.ndarray:
+    """The index of why the diffrax solution ``sol`` stopped (:data:`STOPS`, :data:`UNRESOLVED`), its events
+    ``(invalid state, unresolved fields)``."""
+    code = jnp.select([sol.result == stop for stop in STOPS], list(range(len(STOPS))), len(STOPS))
+    return jnp.where((sol.result == diffrax.RESULTS.event_occurred) & sol.event_mask[1], UNRESOLVED, code)
+
 
 def stop_reason(code: int, budget: int) -> str:
-    """Why a solve that returned ``code`` (an index into :data:`~singleloc.theory._ode._STOPS`) stopped before its
-    last saved time (:func:`~singleloc.theory._ode.integrate`'s error); ``budget``: its :class:`StepBudget`'s."""
+    """Why a solve that returned ``code`` (:func:`stop_code`) stopped before its last saved time, ``budget`` its steps."""
     return {0: "the risk along it was not finite",
             1: (f"the state left the set of valid overlaps (non-finite values, runaway keys with max |Q| > {Q_RUNAWAY:g}, "
                 "or R_orth = Q - M M^T not PSD)"),
             2: f"its steps fell below {MIN_STEP:g} in tau (the ODE became too stiff to follow: a diverging solve)",
-            3: (f"at its pace it would have taken more than {budget} steps, {STEP_MARGIN:g} times what a solve at this "
-                "rate is expected to take (or max_steps): the ODE became stiff (a learning rate past stability)")
+            3: (f"at its pace it would have taken more than {budget} steps, {STEP_MARGIN:g} times what a solve at this rate "
+                "is expected to take (or max_steps): the ODE became stiff (a learning rate past stability)")
             }.get(code, "the solver failed")
 
 
