@@ -169,7 +169,7 @@ def _calls():
         "bayes_risk points": (lambda: sl.bayes_risk(prior, 4, points=None),
                               "bayes_risk: points must be an integer, got NoneType"),
         "keep_heads kept": (lambda: sl.keep_heads(M, Q, b, "01"),
-                            "keep_heads: kept must be a sequence of integers, got str '01'"),
+                            r"keep_heads: kept must be a sequence of integers or an integer array of shape \(K,\), got str '01'"),
         "r_orth": (lambda: sl.r_orth(M, np.eye(3)), r"r_orth: Q must be a real array of shape \(H, H\)"),
         "psd_sqrt": (lambda: sl.psd_sqrt(np.zeros((2, 3))), r"psd_sqrt: A must be a real array of shape \(\*S, N, N\)"),
         "initial_conditions": (lambda: sl.initial_conditions(cfg, "2"), "initial_conditions: seeds must be an integer"),

@@ -91,8 +91,7 @@ class WeightedOrderParameters(NamedTuple):
     v: jax.Array
 
 
-#: The annotation of a start given to the public functions: ``(M0, Q0, b0)`` (an :class:`OrderParameters`)
-#: or ``(M0, Q0, b0, v0)`` (a :class:`WeightedOrderParameters`) as arrays, with any leading axes ``S``.
+#: A start given to the public functions: ``(M0, Q0, b0)`` or ``(M0, Q0, b0, v0)`` as arrays, leading axes ``S``.
 Starts = Annotated[tuple[Real[ArrayLike, "*S H F"], Real[ArrayLike, "*S H H"], Real[ArrayLike, "*S H"]]
                    | tuple[Real[ArrayLike, "*S H F"], Real[ArrayLike, "*S H H"], Real[ArrayLike, "*S H"],
                            Real[ArrayLike, "*S H"]],
