@@ -91,10 +91,10 @@ class WeightedOrderParameters(NamedTuple):
     v: jax.Array
 
 
-#: A start given to the public functions: ``(M0, Q0, b0)`` or ``(M0, Q0, b0, v0)`` as arrays, leading axes ``S``.
-Starts = Annotated[tuple[Real[ArrayLike, "*S H F"], Real[ArrayLike, "*S H H"], Real[ArrayLike, "*S H"]]
-                   | tuple[Real[ArrayLike, "*S H F"], Real[ArrayLike, "*S H H"], Real[ArrayLike, "*S H"],
-                           Real[ArrayLike, "*S H"]],
+#: A start given to the public functions: ``(M0, Q0, b0)`` or ``(M0, Q0, b0, v0)`` as arrays (their leading axes: checked later).
+Starts = Annotated[tuple[Real[ArrayLike, "... H F"], Real[ArrayLike, "... H H"], Real[ArrayLike, "... H"]]
+                   | tuple[Real[ArrayLike, "... H F"], Real[ArrayLike, "... H H"], Real[ArrayLike, "... H"],
+                           Real[ArrayLike, "... H"]],
                    "the starts (M0, Q0, b0) (or (M0, Q0, b0, v0)) as arrays, e.g. singleloc.initial_conditions(config, 1)"]
 
 
