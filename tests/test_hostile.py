@@ -290,7 +290,7 @@ def test_scalable_softmax_refuses_a_scale_beyond_what_it_can_compute(s):
     import singleloc as sl
 
     with pytest.raises((TypeError, ValueError),  # None: at the door (a TypeError)
-                       match=r"^scalable_softmax: s must be a number( in \(0, 1000\], got .*; e.g. s = 1|, got NoneType None)$"):
+                       match=r"^scalable_softmax: s must be a number( in \(0, 1000\], got .*; e.g. s = 1|, got NoneType None$)"):
         sl.scalable_softmax(s)
     assert sl.scalable_softmax(1e3).exponential_form(4).scale == pytest.approx(1e3 * np.log(4))
 
