@@ -51,9 +51,10 @@ def _expects(hint: Any, optional: bool) -> str:
             word = f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} array" + ("" if dims == ["..."] else
                                                                      f" of shape ({', '.join(dims)}{',' * (len(dims) == 1)})")
         elif typing.get_origin(arg) in (Sequence, list) or (typing.get_origin(arg) is tuple and arg.__args__[-1] is Ellipsis):
-            item = arg.__args__[0]
-            word = (f"a {'tuple' if typing.get_origin(arg) is tuple else 'sequence'} of "
-                    f"{_PLURALS.get(item) or _expects(item, False).removeprefix('a ') + ' items'}")
+            item, inner = arg.__args__[0], _expects(arg.__args__[0], False).removeprefix("a ")
+            inner = _PLURALS.get(item) or (inner.replace("sequence", "sequences", 1) if inner.startswith("sequence ") else
+                                           inner + " items")
+            word = f"a {'tuple' if typing.get_origin(arg) is tuple else 'sequence'} of {inner}"
         elif arg in _WORDS or typing.get_origin(arg) in _WORDS:
             word = _WORDS.get(arg) or _WORDS[typing.get_origin(arg)]
         elif getattr(arg, "__module__", "") == "jax" and arg.__name__.endswith("Array"):
@@ -63,7 +64,7 @@ def _expects(hint: Any, optional: bool) -> str:
         else:
             word = repr(arg).replace("typing.", "").replace("collections.abc.", "")
         words += [word] * (word not in words)
-    return " or ".join(words)
+    return " or ".join(w for w in words if w != "an integer" or "a number" not in words)
 
 
 def _got(value: Any) -> str:
