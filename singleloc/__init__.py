@@ -202,6 +202,7 @@ def __getattr__(name: str):
     value = getattr(importlib.import_module(f".{module}", __name__), attr)
     if isinstance(value, types.FunctionType) and name not in UNCHECKED:  # arguments checked at the door; not the package's calls
         value = importlib.import_module(".ground._arguments", __name__).checked(value)
+        value.__module__, value.__qualname__ = __name__, name  # pickled by reference as singleloc.NAME, this object
     globals()[name] = value  # later look-ups skip __getattr__
     return value
 

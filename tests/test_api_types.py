@@ -6,6 +6,7 @@ is either checked here or exempted with its reason."""
 from __future__ import annotations
 
 import inspect
+import pickle
 
 import jax
 import numpy as np
@@ -223,4 +224,5 @@ def test_the_check_passes_numpy_jax_and_traced_arrays_and_the_package_skips_it()
     np.testing.assert_array_equal(sl.r_orth(jax.numpy.asarray(M), Q), Q - M @ M.T)
     assert "sub" in str(jax.make_jaxpr(sl.r_orth)(M, Q))
     assert sl.r_orth.__wrapped__ is _theory.r_orth and sl.r_orth is not _theory.r_orth
+    assert pickle.loads(pickle.dumps(sl.r_orth)) is sl.r_orth  # by reference, as singleloc.r_orth (a process pool's)
     assert sl.removable_heads([0.2, 0.2, 0.3], 0.01) == sl.removable_heads(np.array([0.2, 0.2, 0.3]), 0.01) == 1
