@@ -38,9 +38,8 @@ def _expects(hint: Any, optional: bool) -> str:
     """What ``hint`` asks for, in words (``None`` left out where it only marks an ``optional`` argument)."""
     from jaxtyping import AbstractArray
 
-    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
     words: list[str] = []
-    for arg in typing.get_args(hint) if union else (hint,):
+    for arg in typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,):
         if arg is type(None) and optional:
             continue
         if typing.get_origin(arg) is typing.Annotated:
