@@ -203,10 +203,9 @@ def __getattr__(name: str):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     module, attr = _ORIGIN[name]
     value = getattr(importlib.import_module(f".{module}", __name__), attr)
-    if isinstance(value, types.FunctionType) and name not in UNCHECKED:
-        from .ground._arguments import checked
-
-        value = checked(value)  # arguments checked at the door; the package's own calls skip it
+    if isinstance(value, types.FunctionType) and name not in UNCHECKED:  # arguments checked at the door; not the package's calls
+        value = importlib.import_module(".ground._arguments", __name__).checked(value)
+        value.__module__, value.__qualname__ = __name__, name  # pickled by reference as singleloc.NAME, this object
     globals()[name] = value  # later look-ups skip __getattr__
     return value
 

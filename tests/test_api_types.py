@@ -6,6 +6,7 @@ is either checked here or exempted with its reason."""
 from __future__ import annotations
 
 import inspect
+import pickle
 
 import jax
 import numpy as np
@@ -170,7 +171,7 @@ def _calls():
         "bayes_risk points": (lambda: sl.bayes_risk(prior, 4, points=None),
                               "bayes_risk: points must be an integer, got NoneType"),
         "keep_heads kept": (lambda: sl.keep_heads(M, Q, b, "01"),
-                            "keep_heads: kept must be a sequence of integers, got str '01'"),
+                            r"keep_heads: kept must be a sequence of integers or an integer array of shape \(K,\), got str '01'"),
         "r_orth": (lambda: sl.r_orth(M, np.eye(3)), r"r_orth: Q must be a real array of shape \(H, H\)"),
         "psd_sqrt": (lambda: sl.psd_sqrt(np.zeros((2, 3))), r"psd_sqrt: A must be a real array of shape \(\*S, N, N\)"),
         "initial_conditions": (lambda: sl.initial_conditions(cfg, "2"), "initial_conditions: seeds must be an integer"),
@@ -224,4 +225,5 @@ def test_the_check_passes_numpy_jax_and_traced_arrays_and_the_package_skips_it()
     np.testing.assert_array_equal(sl.r_orth(jax.numpy.asarray(M), Q), Q - M @ M.T)
     assert "sub" in str(jax.make_jaxpr(sl.r_orth)(M, Q))
     assert sl.r_orth.__wrapped__ is _theory.r_orth and sl.r_orth is not _theory.r_orth
+    assert pickle.loads(pickle.dumps(sl.r_orth)) is sl.r_orth  # by reference, as singleloc.r_orth (a process pool's)
     assert sl.removable_heads([0.2, 0.2, 0.3], 0.01) == sl.removable_heads(np.array([0.2, 0.2, 0.3]), 0.01) == 1

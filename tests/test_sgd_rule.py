@@ -37,6 +37,6 @@ def test_the_ode_takes_an_expectation_route_and_a_rule():
     ode = sl.OrderParameterODE(sl.SobolExpectation(fields=fields, activation=act), sl.OnlineSGD(0.5, True))
     assert float(ode.lr) == 0.5 and ode.train_bias and ode.activation is act
     assert isinstance(ode.sgd.lr, jax.Array)  # a value of the compiled programs, not a constant
-    with pytest.raises(TypeError, match="expectation must be an expectation route"):
+    with pytest.raises(TypeError, match="^OrderParameterODE: expectation must be a singleloc.AbstractExpectation, got Local"):
         sl.OrderParameterODE(fields, sl.OnlineSGD(0.5))
     assert sl.sgd_rule(sl.load_config("default", ["sgd.lr=0.25"])) == sl.OnlineSGD(0.25, False)

@@ -17,10 +17,10 @@ import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
-from jaxtyping import ArrayLike, Integer, Real
+from jaxtyping import ArrayLike, Integer
 
 from ..ground._choices import KS_SAMPLES, MASKS
-from ._attention_rows import _as_float, _n_grid, _positive, _significance, _weights, logits_from_weights
+from ._attention_rows import Rows, _as_float, _n_grid, _positive, _significance, _weights, logits_from_weights
 from ._sensitivity import FD_EPSILONS, finite_difference_sensitivity, random_directions, softmax_jacobian_norm
 from ._top_n import STABLE_SHIFT, _ks_samples, ks_critical_n, stable_samples, top_n_diagnostics
 from ._vanishing_attention import vanishing_attention
@@ -193,8 +193,8 @@ def _mask(name: str, w: np.ndarray, rows: np.ndarray, shape: tuple[int, ...]) ->
 
 
 def diagnose_attention(
-    weights: Real[ArrayLike, "..."],
-    values: Real[ArrayLike, "..."] | None = None,
+    weights: Rows,
+    values: Rows | None = None,
     *,
     top_n: Sequence[int] | Integer[ArrayLike, " K"] | None = None,
     temperatures: Sequence[float] = TEMPERATURES,

@@ -37,18 +37,18 @@ temperatures, significance levels) and turns weights into logits (:func:`logits_
 from __future__ import annotations
 
 import numpy as np
-from jaxtyping import ArrayLike, Real, Shaped
+from jaxtyping import ArrayLike, Bool, Real
 
 from ..ground._validation import integer, number
+
+#: The annotations of the public functions' arrays (checked at the door: a real array of any shape, a boolean mask).
+Rows, Mask = Real[ArrayLike, "..."], Bool[ArrayLike, "..."] | None
 
 # --------------------------------------------------------------------------- validation
 
 
 def _as_float(name: str, x, *, min_ndim: int = 1, allow_neg_inf: bool = False) -> np.ndarray:
-    try:
-        arr = np.asarray(x, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a numeric array, got {type(x).__name__}") from None
+    arr = np.asarray(x, dtype=np.float64)  # a number type: checked at the door (singleloc.ground._arguments)
     if arr.ndim < min_ndim:
         raise ValueError(f"{name} must have at least {min_ndim} dimension(s), got shape {arr.shape}")
     if any(n == 0 for n in arr.shape):
@@ -78,9 +78,7 @@ def _logits(logits) -> np.ndarray:
 def _mask(mask, shape: tuple[int, ...]) -> np.ndarray:
     if mask is None:
         return np.ones(shape, dtype=bool)
-    m = np.asarray(mask)
-    if m.dtype != bool:
-        raise ValueError(f"mask must be a boolean array, got dtype {m.dtype}")
+    m = np.asarray(mask)  # boolean: checked at the door
     try:
         return np.broadcast_to(m, shape)
     except ValueError:
@@ -148,7 +146,7 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
     return e / np.sum(e, axis=-1, keepdims=True)
 
 
-def logits_from_weights(weights: Real[ArrayLike, "..."], mask: Shaped[ArrayLike, "..."] | None = None) -> np.ndarray:
+def logits_from_weights(weights: Rows, mask: Mask = None) -> np.ndarray:
     """Logits that reproduce softmax weights: ``log(alpha)``, with ``-inf`` for zero or masked weights.
 
     Softmax is invariant under adding a constant to a row, so these are the logits up to that

@@ -16,9 +16,8 @@ Shapes and masks follow the conventions of :mod:`singleloc.attention._attention_
 from __future__ import annotations
 
 import numpy as np
-from jaxtyping import ArrayLike, Real, Shaped
 
-from ._attention_rows import _as_float, _logits, _mask, _positive, _softmax
+from ._attention_rows import Mask, Rows, _as_float, _logits, _mask, _positive, _softmax
 
 #: The perturbation sizes of the finite-difference sensitivity (as in the source paper).
 FD_EPSILONS = (1e-3, 1e-1, 10.0)
@@ -43,7 +42,7 @@ def _softmax_complement(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.
     return alpha, comp, top
 
 
-def softmax_jacobian(logits: Real[ArrayLike, "..."], temperature: float = 1.0) -> np.ndarray:
+def softmax_jacobian(logits: Rows, temperature: float = 1.0) -> np.ndarray:
     """Exact Jacobian of ``l -> softmax(l/T)``: ``(diag(alpha) - alpha alpha^T)/T``, shape (..., L, L).
 
     ``alpha = softmax(l/T)``; entry ``[..., i, j] = d alpha_i / d l_j`` (the diagonal is
@@ -94,7 +93,7 @@ def _largest_eigenvalue(a: np.ndarray, c: np.ndarray, top: np.ndarray, iteration
     return np.where(tie, a1, np.where(single, a1 * c1, lam))
 
 
-def softmax_jacobian_norm(logits: Real[ArrayLike, "..."], temperature: float = 1.0, *, norm: str = "spectral") -> np.ndarray:
+def softmax_jacobian_norm(logits: Rows, temperature: float = 1.0, *, norm: str = "spectral") -> np.ndarray:
     """Norm of the exact Jacobian ``J = (diag(alpha) - alpha alpha^T)/T`` per row, shape (...).
 
     ``alpha = softmax(l/T)``. ``norm="spectral"`` (default): the operator 2-norm, i.e. the
@@ -119,8 +118,7 @@ def softmax_jacobian_norm(logits: Real[ArrayLike, "..."], temperature: float = 1
     raise ValueError(f"norm must be 'spectral' or 'frobenius', got {norm!r}")
 
 
-def random_directions(shape: tuple[int, ...], num: int = 1, *, seed: int = 0,
-                      mask: Shaped[ArrayLike, "..."] | None = None) -> np.ndarray:
+def random_directions(shape: tuple[int, ...], num: int = 1, *, seed: int = 0, mask: Mask = None) -> np.ndarray:
     """``num`` random unit vectors per row, shape ``shape[:-1] + (num, L)``.
 
     Uniform on the unit sphere of the unmasked coordinates (normalised Gaussians, zero on the
@@ -136,8 +134,7 @@ def random_directions(shape: tuple[int, ...], num: int = 1, *, seed: int = 0,
 
 
 def finite_difference_sensitivity(
-    logits: Real[ArrayLike, "..."], temperature: float, eps: float, *, num_directions: int = 1, seed: int = 0,
-    directions: Real[ArrayLike, "..."] | None = None,
+    logits: Rows, temperature: float, eps: float, *, num_directions: int = 1, seed: int = 0, directions: Rows | None = None
 ) -> np.ndarray:
     """Finite-difference gradient sensitivity ``|softmax((l + eps v)/T) - softmax(l/T)| / eps``.
 

@@ -25,10 +25,10 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
-from jaxtyping import ArrayLike, Integer, Real, Shaped
+from jaxtyping import ArrayLike, Integer, Shaped
 from scipy import stats
 
-from ._attention_rows import _count, _mask, _n_grid, _significance, _values, _weights
+from ._attention_rows import Mask, Rows, _count, _mask, _n_grid, _significance, _values, _weights
 
 # --------------------------------------------------------------------------- top-N selection
 
@@ -42,7 +42,7 @@ def _select(keys: np.ndarray, valid: np.ndarray, n: int) -> np.ndarray:
     return (ranks < n) & valid
 
 
-def select_top_n(weights: Real[ArrayLike, "..."], n: int, mask: Shaped[ArrayLike, "..."] | None = None) -> np.ndarray:
+def select_top_n(weights: Rows, n: int, mask: Mask = None) -> np.ndarray:
     """``I_N``: a boolean array of ``weights``' shape marking the ``n`` largest weights of each row.
 
     Ties are broken towards the lower token index; masked tokens are never selected (a row with
@@ -73,8 +73,7 @@ class TopN(NamedTuple):
     separability: np.ndarray
 
 
-def top_n_diagnostics(weights: Real[ArrayLike, "..."], values: Real[ArrayLike, "..."], n: int | None = None, *,
-                      mask: Shaped[ArrayLike, "..."] | None = None,
+def top_n_diagnostics(weights: Rows, values: Rows, n: int | None = None, *, mask: Mask = None,
                       selected: Shaped[ArrayLike, "..."] | None = None) -> TopN:
     """Context, representation distance and geometric separability of a selection of tokens.
 
@@ -128,20 +127,17 @@ def top_n_diagnostics(weights: Real[ArrayLike, "..."], values: Real[ArrayLike, "
     return TopN(sel, s, dist, d, r, ns, ratio)
 
 
-def context_vector(weights: Real[ArrayLike, "..."], values: Real[ArrayLike, "..."], n: int, *,
-                   mask: Shaped[ArrayLike, "..."] | None = None) -> np.ndarray:
+def context_vector(weights: Rows, values: Rows, n: int, *, mask: Mask = None) -> np.ndarray:
     """``s = sum_{i in I_N} alpha_i x_i``, shape (..., d); see :func:`top_n_diagnostics`."""
     return top_n_diagnostics(weights, values, n, mask=mask).context
 
 
-def representation_distance(weights: Real[ArrayLike, "..."], values: Real[ArrayLike, "..."], n: int, *,
-                            mask: Shaped[ArrayLike, "..."] | None = None) -> np.ndarray:
+def representation_distance(weights: Rows, values: Rows, n: int, *, mask: Mask = None) -> np.ndarray:
     """``d = sum_{i not in I_N} |alpha_i x_i - s|`` per row; see :func:`top_n_diagnostics`."""
     return top_n_diagnostics(weights, values, n, mask=mask).distance
 
 
-def geometric_separability(weights: Real[ArrayLike, "..."], values: Real[ArrayLike, "..."], n: int, *,
-                           mask: Shaped[ArrayLike, "..."] | None = None) -> np.ndarray:
+def geometric_separability(weights: Rows, values: Rows, n: int, *, mask: Mask = None) -> np.ndarray:
     """``N_s/N`` per row: the share of the top-N tokens closer to ``s`` than every other token
     (distances ``|s - alpha_i x_i|``); see :func:`top_n_diagnostics`."""
     return top_n_diagnostics(weights, values, n, mask=mask).separability
@@ -192,8 +188,7 @@ class CriticalTopN(NamedTuple):
     detectable: float = float("nan")
 
 
-def ks_critical_n(n_grid: Real[ArrayLike, "..."] | Sequence[int], distance: Real[ArrayLike, "..."], *,
-                  significance: float = 0.01) -> CriticalTopN:
+def ks_critical_n(n_grid: Rows | Sequence[int], distance: Rows, *, significance: float = 0.01) -> CriticalTopN:
     """The statistical part of :func:`critical_top_n`, on precomputed samples ``distance`` (K, S).
 
     Row ``k`` holds the samples of the representation distance at ``N = n_grid[k]`` (NaNs are
@@ -228,12 +223,12 @@ def ks_critical_n(n_grid: Real[ArrayLike, "..."] | Sequence[int], distance: Real
 
 
 def critical_top_n(
-    weights: Real[ArrayLike, "..."],
-    values: Real[ArrayLike, "..."],
+    weights: Rows,
+    values: Rows,
     n_grid: Sequence[int] | Integer[ArrayLike, " K"],
     *,
     significance: float = 0.01,
-    mask: Shaped[ArrayLike, "..."] | None = None,
+    mask: Mask = None,
     pool_axes: Sequence[int] | Integer[ArrayLike, " K"] = (),
 ) -> CriticalTopN:
     """Critical top-N: the N at which the representation distance stops growing (distance collapse).

@@ -10,9 +10,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from jaxtyping import ArrayLike, Real, Shaped
 
-from ._attention_rows import _as_float, _logits, _mask, _softmax, _weights
+from ._attention_rows import Mask, Rows, _as_float, _logits, _mask, _softmax, _weights
 
 
 class VanishingAttention(NamedTuple):
@@ -39,7 +38,7 @@ class VanishingAttention(NamedTuple):
     holds: np.ndarray
 
 
-def effective_logit_bound(weights: Real[ArrayLike, "..."], mask: Shaped[ArrayLike, "..."] | None = None) -> np.ndarray:
+def effective_logit_bound(weights: Rows, mask: Mask = None) -> np.ndarray:
     """The smallest ``a`` such that logits in ``[-a, a]`` give these weights through softmax.
 
     Softmax weights fix the logits up to a shift, ``l_i = log(alpha_i) + c``; the smallest
@@ -58,9 +57,8 @@ def effective_logit_bound(weights: Real[ArrayLike, "..."], mask: Shaped[ArrayLik
         return 0.5 * (np.log(wmax) - np.log(wmin))
 
 
-def vanishing_attention(weights: Real[ArrayLike, "..."] | None = None, *, logits: Real[ArrayLike, "..."] | None = None,
-                        logit_bound: Real[ArrayLike, "..."] | None = None,
-                        mask: Shaped[ArrayLike, "..."] | None = None) -> VanishingAttention:
+def vanishing_attention(weights: Rows | None = None, *, logits: Rows | None = None, logit_bound: Rows | None = None,
+                        mask: Mask = None) -> VanishingAttention:
     """Compare attention rows with the softmax bounds ``exp(-2a)/L <= alpha_i <= exp(2a)/L``.
 
     For softmax with logits in ``[-a, a]``, ``alpha_i = exp(l_i)/sum_j exp(l_j)`` lies between

@@ -24,7 +24,7 @@ try:  # Python >= 3.11
 except ModuleNotFoundError:  # pragma: no cover
     import tomli as tomllib
 
-from ..ground._arguments import check_fields
+from ..ground._arguments import _short, check_fields
 from ..ground._atomic_files import describe_path
 from ..model._priors import Prior
 from ._presets import preset_names
@@ -120,11 +120,6 @@ def require_uniform_head_weights(config: Config, where: str) -> None:
         raise ValueError(f"{where}: model.head_weights = {config.model.head_weights!r} is not supported here (it is written "
                          "for the head average a_l = (1/H) sum_h A_hl); integrate, simulate, compare and sweep (with a numeric "
                          "horizon) take trained head weights; set model.head_weights = 'uniform'")
-
-
-def _short(value: Any, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _toml_kind(value: Any) -> str:

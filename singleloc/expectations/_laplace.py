@@ -337,7 +337,7 @@ class LaplaceRule(eqx.Module):
         return jnp.stack([outer[firsts.index(a)] @ inner[seconds.index(b)] for a, b in combos])
 
 
-def exact_rule(activation: Activation, L: int, H: int, prior: Prior, *, nodes: int = NODES,
+def exact_rule(activation: Activation | str, L: int, H: int, prior: Prior, *, nodes: int = NODES,
                **kwargs) -> LaplaceRule | None:
     """The :class:`LaplaceRule` of an activation that declares its normalised-exponential form
     (:func:`~singleloc.exponential_form`), or ``None``. ``nodes`` (``theory.nodes``): the normal rules

@@ -71,11 +71,10 @@ from ..ground._arguments import check_fields
 from ..ground._validation import number
 from ._head_weighting import AbstractHeadWeighting, OrderParameters, UniformHeads
 
-#: The annotation of a start given to the public functions: ``(M0, Q0, b0)`` (an :class:`OrderParameters`)
-#: or ``(M0, Q0, b0, v0)`` (a :class:`WeightedOrderParameters`) as arrays, with any leading axes ``S``.
-Starts = Annotated[tuple[Real[ArrayLike, "*S H F"], Real[ArrayLike, "*S H H"], Real[ArrayLike, "*S H"]]
-                   | tuple[Real[ArrayLike, "*S H F"], Real[ArrayLike, "*S H H"], Real[ArrayLike, "*S H"],
-                           Real[ArrayLike, "*S H"]],
+#: A start given to the public functions: ``(M0, Q0, b0)`` or ``(M0, Q0, b0, v0)`` as arrays (their leading axes: checked later).
+Starts = Annotated[tuple[Real[ArrayLike, "... H F"], Real[ArrayLike, "... H H"], Real[ArrayLike, "... H"]]
+                   | tuple[Real[ArrayLike, "... H F"], Real[ArrayLike, "... H H"], Real[ArrayLike, "... H"],
+                           Real[ArrayLike, "... H"]],
                    "the starts (M0, Q0, b0) (or (M0, Q0, b0, v0)) as arrays, e.g. singleloc.initial_conditions(config, 1)"]
 
 

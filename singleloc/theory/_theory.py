@@ -64,10 +64,8 @@ class OrderParameterODE(eqx.Module):
     expectation: AbstractExpectation
     sgd: AbstractSGDRule
 
+    @checked
     def __init__(self, expectation: AbstractExpectation, sgd: AbstractSGDRule):
-        if not isinstance(expectation, AbstractExpectation):
-            raise TypeError(f"OrderParameterODE: expectation must be an expectation route (singleloc.SobolExpectation, "
-                            f"LaplaceExpectation, ...), got {type(expectation).__name__}")
         self.expectation = expectation
         self.sgd = jax.tree.map(jnp.asarray, sgd)
 
