@@ -116,7 +116,7 @@ def joint_rule_size(H: int, prior: Prior, *, refined: bool = False) -> int:
     """The work of a joint layer's exact rule per Laplace node: its token nodes (:func:`joint_layout`,
     :func:`~singleloc.expectations._cubature.joint_nodes`) times the heads times the prior's atoms (every atom's
     token expectation runs over every node and head); ``refined``: of the refined rule
-    (:func:`refined_layout`). Time and memory grow with it: 56 to 100 microseconds of one drift per unit
+    (:func:`refined_layout`). Time and memory grow with it: 57 to 116 microseconds of one drift per unit
     on the shared 2-core machine (:data:`~singleloc.expectations._routes.JOINT_EXACT_MAX`), and about 0.5 kB of memory
     per unit of the refined rule
     (:meth:`~singleloc.LaplaceExpectation.rule_bytes`)."""
