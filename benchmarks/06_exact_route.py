@@ -265,7 +265,7 @@ def joint_layers(quick: bool) -> list[dict]:
     rows = []
     for H, kind, M, Q, b in joint_states(quick):
         default = sl.exact_rule(act, 16, H, prior)
-        sizes, small = default.layer.layout
+        (sizes, *_), small, _ = default.layer.layout  # the finest leading rule, the small directions
         rules = {"default": default, "half": sl.exact_rule(act, 16, H, prior, joint_sizes=tuple(n // 2 for n in sizes))}
         reference = sl.exact_rule(act, 16, H, prior, joint_sizes=tuple(3 * n // 2 for n in sizes) + (8,) * small)
         state = tuple(jnp.asarray(x) for x in (M, Q, b))

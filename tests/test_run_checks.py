@@ -228,11 +228,11 @@ def test_simulate_and_integrate_check_their_memory_before_they_run(monkeypatch, 
 # ----------------------------------------------------------------------------- a joint layer's exact rule
 
 
-@pytest.mark.parametrize("heads, F, exact", [(4, 3, True), (8, 1, True), (8, 2, True), (5, 3, False), (9, 2, False)])
+@pytest.mark.parametrize("heads, F, exact", [(3, 3, True), (4, 2, True), (4, 3, False), (5, 2, False), (8, 2, False)])
 def test_auto_takes_a_joint_layers_exact_route_only_while_it_is_affordable(heads, F, exact):
-    """bsoftmax's conditional product form grows with H (``joint_rule_size``): "auto" takes the exact route to
-    eight heads with one or two spikes (four with three) and the rule route beyond ``JOINT_EXACT_MAX`` (H = 9 with
-    two spikes, H = 5 with three), "exact" any size, and a per-head layer is never limited."""
+    """bsoftmax's conditional product form grows like a power of H (``joint_rule_size``): "auto" takes
+    the rule route beyond ``JOINT_EXACT_MAX`` (H = 4 with three spikes, H = 5 with two), "exact" any
+    size, and a per-head layer is never limited."""
     from singleloc.expectations._laplace_joint import joint_rule_size
     from singleloc.expectations._routes import JOINT_EXACT_MAX
 
@@ -246,7 +246,7 @@ def test_auto_takes_a_joint_layers_exact_route_only_while_it_is_affordable(heads
 
 
 def test_a_joint_exact_rule_that_does_not_fit_is_refused_by_name(monkeypatch):
-    """Asked for on the exact route, 32 bsoftmax heads under four binary atoms need 70 GB: the
+    """Asked for on the exact route, 32 bsoftmax heads under four binary atoms need 220 GB: the
     run is refused before anything is built, naming the heads, the spikes and the atoms."""
     monkeypatch.setenv(_resources.MEMORY_ENV, "64G")
     cfg = sl.load_config("bsoftmax", ["model.heads=32", "problem.F=2", "problem.prior=binary", "theory.route=exact",
@@ -261,12 +261,12 @@ def test_a_joint_exact_rule_that_does_not_fit_is_refused_by_name(monkeypatch):
 
 
 def test_pruning_scores_every_sub_layer_on_the_full_layers_route():
-    """Twelve bsoftmax heads are beyond the joint exact rule of "auto": their sub-layers of four heads
+    """Eight bsoftmax heads are beyond the joint exact rule of "auto": their sub-layers of four heads
     and fewer, which the exact route would take, are scored on the rule too, so that no pruning step
-    compares two routes; twelve softmax heads stay on the exact route."""
-    cfg = sl.load_config("bsoftmax", ["model.heads=12", "theory.route=auto", "theory.points=1024"])
+    compares two routes; eight softmax heads stay on the exact route."""
+    cfg = sl.load_config("bsoftmax", ["model.heads=8", "theory.route=auto", "theory.points=1024"])
     assert _pruning.pruning_config(cfg)[0].theory.route == "rule"
     assert _pruning.pruning_config(cfg, heads=4)[0].theory.route == "auto"  # a layer of four: its own exact route
     assert _pruning.pruning_config(cfg.replace(model={"activation": "softmax"}))[0].theory.route == "auto"
-    risk = _pruning.TheoryRisk(cfg, M=np.zeros((12, 2)), Q=np.eye(12), b=np.zeros(12))
-    assert risk.odes(4)[0].expectation.route == "rule" and risk.odes(12)[0].expectation.route == "rule"
+    risk = _pruning.TheoryRisk(cfg, M=np.zeros((8, 2)), Q=np.eye(8), b=np.zeros(8))
+    assert risk.odes(4)[0].expectation.route == "rule" and risk.odes(8)[0].expectation.route == "rule"

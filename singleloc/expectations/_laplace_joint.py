@@ -28,7 +28,7 @@ through the eigendecomposition.
 Cost. ``O((1 + K) n_t N H)`` for ``K`` atoms, ``n_t`` Laplace nodes and ``N = |T_0| + |T_1| (4n + 1) + |T_2| 2n^2``
 token nodes (``T_i`` the leading tensors; ``H - 1 - n`` leading directions), almost all of it interpolating the
 tabulated profiles: linear in ``H`` where the leading tensor dominates, quadratic in ``n`` beyond
-(:func:`joint_rule_size`: 5120 nodes at ``H = 4`` and 23436 at ``H = 8`` under two spikes, where the tensor of the
+(:func:`joint_rule_size`: 9580 nodes at ``H = 4`` and 60032 at ``H = 8`` under two spikes, where the tensor of the
 leading rule with every small direction had 15360 and 506880). The route's budgets for it are in
 :mod:`~singleloc.expectations._routes`.
 """
@@ -36,6 +36,7 @@ leading rule with every small direction had 15360 and 506880). The route's budge
 from __future__ import annotations
 
 import functools
+import math
 
 import equinox as eqx
 import jax
@@ -59,8 +60,12 @@ from ._laplace_profiles import OMEGA, RHO0, RHO1, RHO2, WIDE_SIGMA, _power, inte
 JOINT_LEADING = (64, 48, 16)
 #: The leading rules of the combination rule (:func:`~singleloc.expectations._cubature.joint_nodes`): the full
 #: effect on :data:`JOINT_LEADING`, each small direction's own effect on its sizes divided by the second
-#: entry, the cross terms of two small directions by the third (every size rounded up).
-JOINT_COARSENING = (1, 2, 4)
+#: entry, the cross terms of two small directions by the third (every size rounded up). Measured, the O(lr)
+#: drift at L = 4 of four heads near two spikes (key variances 10.3 and 11.9, a third direction of 0.07), relative
+#: to its largest entry against 96 x 72 x 8 normal nodes: (1, 2, 4) 7.3e-5 (5120 nodes), (1, 1.5, 3) 6.1e-6
+#: (7276), (1, 1.25, 2) 1.6e-7 (9580), (1, 1, 2) 7.0e-8 (13264; the tensor of the leading rule with the direction's
+#: 5 nodes, 15360: 7e-8): the drift there is 1/200 of the gradient, whose own error is that much smaller.
+JOINT_COARSENING = (1, 1.25, 2)
 #: Gauss-Hermite nodes of each small direction's own rule (the degree-5 rule's three raised to this; on a
 #: direction of variance 0.07 beyond the smallest, 3 nodes left 4.8e-5 of the O(lr) drift, 4, 5 and 6
 #: nodes 1.4e-6, 7e-8 and 3e-8).
@@ -69,6 +74,9 @@ JOINT_SMALL = 5
 #: (:func:`_conditional_terms`): every term of the token's expectations is a product of bounded
 #: factors, so the floor changes none by more than about this size.
 RHO0_FLOOR = 1e-30
+#: The token nodes a joint layer's expectations take at a time (:func:`_over_nodes`): all at once, the drift at
+#: ``H = 8`` (23436 nodes) took 28 times the one at ``H = 4`` (5120) for 9 times the work (in chunks: 16 times).
+NODE_CHUNK = 1024
 #: The heads' profiles a joint layer's token needs (:func:`_token_from_heads`).
 JOINT_PROFILES = (RHO0, RHO1, RHO2, OMEGA)
 #: The tabulated profiles of the derivatives (:func:`_joint_token_jvp`): ``rho_0 ... rho_4`` and ``omega``, whose
@@ -89,7 +97,7 @@ def joint_layout(H: int, F: int, leading: tuple = JOINT_LEADING) -> tuple:
 
 
 def _layout(sizes: tuple, small: int, axis: int) -> tuple:
-    return tuple(tuple(-(-n // d) for n in sizes) for d in JOINT_COARSENING), small, axis
+    return tuple(tuple(math.ceil(n / d) for n in sizes) for d in JOINT_COARSENING), small, axis
 
 
 def refined_layout(layout: tuple) -> tuple:
@@ -108,8 +116,9 @@ def joint_rule_size(H: int, prior: Prior, *, refined: bool = False) -> int:
     """The work of a joint layer's exact rule per Laplace node: its token nodes (:func:`joint_layout`,
     :func:`~singleloc.expectations._cubature.joint_nodes`) times the heads times the prior's atoms (every atom's
     token expectation runs over every node and head); ``refined``: of the refined rule
-    (:func:`refined_layout`). Time and memory grow with it: about 15 microseconds of one drift per unit
-    on the shared 2-core machine, and about 0.5 kB of memory per unit of the refined rule
+    (:func:`refined_layout`). Time and memory grow with it: 57 to 116 microseconds of one drift per unit
+    on the shared 2-core machine (:data:`~singleloc.expectations._routes.JOINT_EXACT_MAX`), and about 0.5 kB of memory
+    per unit of the refined rule
     (:meth:`~singleloc.LaplaceExpectation.rule_bytes`)."""
     layout = joint_layout(H, prior.F)
     return len(_nodes(refined_layout(layout) if refined else layout)[1]) * H * len(prior.atoms)
@@ -253,7 +262,19 @@ def _joint_token(y, mean, C, z, w, table_rule):
     gradient and Hessian of the conditional expectation in ``mu`` from the tabulated derivatives of
     the smoothed profiles (:func:`_joint_token_jvp`): never through ``S``."""
     tables, mu = _conditional_fields(mean, C, z, table_rule)
-    return jax.lax.map(lambda yy: _token_from_heads(interpolated(*tables, yy + mu, JOINT_PROFILES, (0,))[0]) @ w, y).T
+    return _over_nodes(lambda yy, m, ww: _token_from_heads(interpolated(*tables, yy + m, JOINT_PROFILES, (0,))[0]) @ ww,
+                       y, mu, w).T
+
+
+def _over_nodes(fn, y, mu, w):
+    """``sum_nodes fn(yy, mu, w)`` (any tree of arrays) at every ``yy`` of ``y``, stacked: the nodes (their
+    conditional means ``mu`` (N, H) and weights ``w``) in chunks of :data:`NODE_CHUNK`, the last padded with nodes
+    of weight zero, so that one chunk's interpolated profiles stay in the processor's cache at any ``N H``."""
+    c = min(NODE_CHUNK, w.shape[0])
+    pad = -w.shape[0] % c
+    chunks = (jnp.pad(mu, ((0, pad), (0, 0))).reshape(-1, c, mu.shape[1]), jnp.pad(w, (0, pad)).reshape(-1, c))
+    total = lambda parts: jax.tree.map(lambda x: jnp.sum(x, axis=0), parts)  # noqa: E731
+    return jax.lax.map(lambda yy: total(jax.lax.map(lambda a: fn(yy, *a), chunks)), y)
 
 
 def _conditional_fields(mean, C, z, table_rule, which=JOINT_PROFILES):
@@ -280,7 +301,7 @@ def _joint_token_jvp(primals, tangents):
     _, dmean, dC = tangents[:3]
     tables, mu = _conditional_fields(mean, C, z, table_rule, JVP_PROFILES)
 
-    def one(yy):
+    def one(yy, mu, w):
         r0, r1, r2, om, r3, r4 = interpolated(*tables, yy + mu, JVP_PROFILES, (0,))[0]  # (N, H) each
         values = jnp.stack([r0, r1, r2, om])
         first = (-r1, r1 - r2, 2 * r2 - r3)  # rho_k' = k rho_k - rho_{k+1}
@@ -307,7 +328,7 @@ def _joint_token_jvp(primals, tangents):
         hessians.append(-hessians[0])
         return _token_from_heads(values) @ w, jnp.stack(grads), jnp.stack(hessians)
 
-    value, grad, hess = jax.lax.map(one, y)  # (n_t, 4), (n_t, 4, H), (n_t, 4, H, H)
+    value, grad, hess = _over_nodes(one, y, mu, w)  # (n_t, 4), (n_t, 4, H), (n_t, 4, H, H)
     dC = (dC + dC.T) / 2
     tangent = jnp.einsum("tkh,h->tk", grad, dmean) + 0.5 * jnp.einsum("tkhg,hg->tk", hess, dC)
     return value.T, tangent.T
@@ -318,8 +339,8 @@ def _joint_shares(y, mean, C, z, w, table_rule):
     (:func:`_joint_token`; no derivatives: the attention mass is not differentiated)."""
     tables, mu = _conditional_fields(mean, C, z, table_rule)
 
-    def one(yy):
+    def one(yy, mu, w):
         _, P, q1, _, _, _ = _conditional_terms(interpolated(*tables, yy + mu, JOINT_PROFILES, (0,))[0])
         return (w * P) @ q1
 
-    return jax.lax.map(one, y)
+    return _over_nodes(one, y, mu, w)

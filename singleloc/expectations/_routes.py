@@ -33,9 +33,11 @@ if TYPE_CHECKING:  # imported when a route is chosen
 
 #: ``theory.route = "auto"`` integrates a joint layer (bsoftmax) on the exact route up to this
 #: :func:`~singleloc.expectations._laplace_joint.joint_rule_size` (nodes x heads x atoms), and on the rule route beyond:
-#: eight heads with one or two spikes (374976 with two), four with three (335520) are the largest it takes; nine
-#: heads with two spikes (535536) and five with three (709440) go to the rule.
-JOINT_EXACT_MAX = 2**19
+#: its conditional product form then costs more than about 10 s a drift on a 2-core CPU (57 to 116 microseconds per
+#: unit measured at a load of 5, benchmark 11: 7.6 to 8.9 s at 76640, 55 s at 960512); ``H = 4`` with two spikes,
+#: 76640, ``H = 5`` with one, 100980, are the largest it takes, ``H = 4`` with three spikes, 335520, ``H = 5`` with
+#: two, 201960, and ``H = 8`` with two, 960512, go to the rule.
+JOINT_EXACT_MAX = 2**17
 #: The same for one risk (:func:`~singleloc.population_risk`, :func:`~singleloc.bayes_risk` with
 #: ``route = "auto"``), computed once on the exact rule and once on its refined copy: about a minute
 #: to a quarter of an hour on a 2-core CPU (the Bayes point of four spikes, 786432; six trained bsoftmax
