@@ -376,14 +376,16 @@ def test_gram_term_is_rank_aware(rng):
 
 
 def test_a_large_stated_error_warns_with_the_token_variance():
-    """Long keys (token variance alpha^2 Q_hh ~ 100) are beyond what few nodes resolve: the
-    solve's stated risk error says so (a warning naming theory.nodes), not silently."""
+    """Few nodes (theory.nodes = 16: 32 nodes of y over a range of about 40) do not resolve even narrow fields
+    to the route's targets: the solve's stated errors say so (a warning naming the token variance and
+    theory.nodes), not silently. (Fields wider than the rule claims to resolve, 5 x 16 / 64 here, stop the
+    solve instead: tests/test_resolved_width.py.)"""
     cfg = sl.load_config("default", ["sgd.tau_max=0.01", "sgd.n_save=2", "theory.nodes=16", "problem.F=1"])
-    M = jnp.full((2, 1), 10.0)
-    Q = M @ M.T + 0.5 * jnp.eye(2)
-    with pytest.warns(UserWarning, match=r"variance of 1[0-9][0-9] .*raise theory\.nodes"):
+    M = jnp.full((2, 1), 1.0)
+    Q = M @ M.T + 0.5 * jnp.eye(2)  # token variance 1.5, within the width 1.25^2
+    with pytest.warns(UserWarning, match=r"variance of 1\.5 .*raise theory\.nodes"):
         r = sl.integrate(cfg, (M, Q, jnp.zeros(2)))
-    assert r.risk_error > 1e-6 and r.exact_drift_error > 1e-4  # the drift's error is computed and stated too
+    assert r.route == "exact" and (r.risk_error > 1e-6 or r.exact_drift_error > 1e-4)
 
 
 @pytest.mark.parametrize("stretch", [pytest.param(1.0, marks=pytest.mark.slow), 2.0])
