@@ -24,6 +24,17 @@ its atoms). Where the time goes (softmax, ``L = 8``, ``H = 8``, near copies, con
 per pair on the shared 2-core machine): the table 5-6 ms on the profile grid (1-2 ms on the normal rule), its
 interpolation at 2 x 8192 arguments 3-4 ms, the first field's profiles 0.3 ms, the products 0.5 ms; a pair's
 value 10 ms, with its gradient 14 ms. Tables and interpolation are what a faster layout must remove.
+Measured again (issue 59, minimum CPU time of 21 calls, load 12-14; the noise token and one atom, 2 x 8192
+arguments): the normal-rule table of three profiles 0.67 ms for values, 2.1 ms with the two derivative orders
+the gradient takes, now 0.53 and 1.0 ms (the two exponentials at each node computed once for every profile and
+order, :func:`~singleloc.expectations._laplace_profiles.normal_smoothing`); the profile-grid table 4.4 and 5.0 ms;
+the interpolation 2.4 ms (values) and 4.0 ms (three orders), now the larger part; the first field's profiles
+0.1-0.2 ms, the products 0.2-0.5 ms. A pair's value 3.6 ms, its value and gradient without recomputation 6.6 ms.
+Neither dropping the checkpoint (the stacked residuals cost more: 640 against 410 ms per gradient at H = 8) nor
+``lax.map`` in chunks of four pairs (840 ms) was faster on this CPU. The interpolation touches 8 points x 9 rows
+per argument whatever its layout (contiguous slices on a lattice aligned with the ``y'`` nodes: 1.3-1.5x): a
+layout that meets the target evaluates fewer arguments, e.g. an outer rule whose nodes fall on the ``y'``
+lattice, so that every argument of a pair is one lattice point and no interpolation is needed.
 
 The ``lr^2`` Gram term of one or two heads (:mod:`~singleloc.expectations._laplace_gram`) takes its pair moments on
 :data:`GRAM_OUTER` times the pair rule's outer nodes, which this layer holds (``H = 2`` only).

@@ -52,13 +52,20 @@ def rho(k: int) -> int:
     return (RHO0, RHO1, RHO2)[k] if k < 3 else OMEGA + k - 2
 
 
-def _profile(u, which: int, order: int = 0):
+def _exponentials(u):
+    """``(e^u, rho_0(u) = exp(-e^u))`` with ``u`` clipped at :data:`U_CLIP`: the two exponentials every profile
+    and derivative at ``u`` is a polynomial of (:func:`_profile`)."""
+    e = jnp.exp(jnp.minimum(u, U_CLIP))
+    return e, jnp.exp(-e)
+
+
+def _profile(u, which: int, order: int = 0, exponentials=None):
     """Profile ``which`` at ``u`` (``order`` 0), or its first or second derivative, in closed form:
     ``rho_k' = (k - e^u) rho_k``, ``rho_k'' = ((k - e^u)^2 - e^u) rho_k``, ``omega' = rho_1``,
     ``omega'' = (1 - e^u) rho_1``. One profile at a time, so that a sum over nodes fuses with
-    its evaluation (no stacked intermediate the size of the nodes)."""
-    e = jnp.exp(jnp.minimum(u, U_CLIP))
-    r0 = jnp.exp(-e)
+    its evaluation (no stacked intermediate the size of the nodes); ``exponentials``: those of
+    :func:`_exponentials` at ``u``, where several profiles share them."""
+    e, r0 = _exponentials(u) if exponentials is None else exponentials
     if which == OMEGA:
         return (-jnp.expm1(-e), e * r0, (1 - e) * e * r0)[order]
     k = which if which < OMEGA else which - 1
@@ -75,9 +82,12 @@ def normal_smoothing(c, s, z, w, which, orders=(0,)):
     """``E[f^(order)(c + s Z)]`` ``(len(orders), len(which), *c.shape)`` for the profiles ``f`` listed
     in ``which`` and the derivatives listed in ``orders``, ``Z`` on the standard normal nodes ``z``
     with weights ``w``: exact for a narrow Gaussian (``s`` up to a few times the profiles' own scale,
-    :func:`~singleloc.expectations._cubature.normal_rule`)."""
+    :func:`~singleloc.expectations._cubature.normal_rule`). Several profiles or orders share the two
+    exponentials at the nodes (computed once, held apart from the sums: fused into each sum, XLA
+    computed them once per sum, three times the cost of a table of three profiles and orders)."""
     x = c[..., None] + s * z
-    return jnp.stack([jnp.stack([jnp.sum(w * _profile(x, p, order), axis=-1) for p in which]) for order in orders])
+    shared = jax.lax.optimization_barrier(_exponentials(x)) if len(which) * len(orders) > 1 else None
+    return jnp.stack([jnp.stack([jnp.sum(w * _profile(x, p, order, shared), axis=-1) for p in which]) for order in orders])
 
 
 def grid_smoothing(c, s, u, which, orders=(0,)):
