@@ -167,6 +167,25 @@ def test_auto_jacobian_at_repeated_eigenvalues():
     assert how_generic == "autodiff"
 
 
+@pytest.mark.parametrize("route, H", [("rule", 3), ("exact", 2)])
+def test_escape_rate_from_the_antisymmetric_subspace_matches_the_full_jacobian(route, H):
+    """Issue 61 item 3: the escape rate of the prediction, from the Jacobian restricted to the
+    perturbations antisymmetric between heads 1 and 2 (k directions), against the full
+    Jacobian's (n directions, every eigenvector's asymmetry) at symmetric states, with and
+    without a mean filter; both by central differences (step 1e-6, error ~1e-9 here)."""
+    preset = "bsoftmax" if route == "rule" else "default"  # the programs of the two tests above
+    ode = OrderParameterODE.from_config(tiny(*SETS, f"model.heads={H}", f"theory.route={route}", preset=preset))
+    U = st.antisymmetric_basis(H, 2, bool(ode.train_bias))
+    np.testing.assert_allclose(U.T @ U, np.eye(U.shape[1]), atol=1e-15)
+    for x in ([0.6, 0.4, 0.5, 0.1, 0.05], [0.0, 0.0, 0.3, 0.0, -0.1]):  # on the plateau; at a zero-mean start
+        M, Q, b = (np.asarray(a) for a in st.symmetric_state(jnp.asarray(x), H, 2))
+        lin = st.linearize(ode, M, Q, b, method="finite-difference")
+        for mean in (None, np.array([1.0, 0.5]), np.array([1.0, 0.0])):
+            full = st.escape_rate(lin, mean=mean)
+            assert np.isfinite(full)
+            assert st.symmetric_escape_rate(ode, x, H, 2, mean=mean, method="finite-difference") == pytest.approx(full, abs=1e-7)
+
+
 def test_linear_escape_time_and_predicted_slope():
     t = np.linspace(0, 50, 501)
     lam = np.full_like(t, 0.25)
@@ -353,7 +372,7 @@ def test_a_series_of_linearizations_says_k_of_n(tiny_ode, monkeypatch):
             return False
 
     monkeypatch.setattr(st, "Phase", Recorder)
-    stable = lambda ode, M, Q, b, method: (np.diag(-np.arange(1.0, M.size + Q.size + b.size + 1)), "autodiff")  # noqa: E731
+    stable = lambda ode, M, Q, b, method, basis: (-basis, "autodiff")  # noqa: E731
     monkeypatch.setattr(st, "drift_jacobian", stable)
     x = st.symmetric_start(2, 2, cfg.sgd.init_scale, cfg.model.bias_init)
     st.escape_rate_along(ode, [0.0, 1.0, 2.0], [x, x, x], 2, 2)
