@@ -340,7 +340,12 @@ def symmetric_escape_rate(ode: OrderParameterODE, x, H: int, F: int, *, mean=Non
     eigenvectors break the symmetry entirely (asymmetry 1, above any ``min_asymmetry < 1``); the
     mean filter reads the ``M`` block ``u (e_1 - e_2)`` of the eigenvector ``U w`` as
     :func:`escape_rate` reads the full one's, ``u c`` with ``c`` orthogonal to ``1`` (the same
-    fraction ``|P u| / |u|``). NaN when no mode qualifies (``H = 1``)."""
+    fraction ``|P u| / |u|``). NaN when no mode qualifies (``H = 1``).
+
+    Where a quadrature is not symmetric in the heads (the Sobol rule; the exact route's Gram
+    term), the full Jacobian commutes with the permutations only to that quadrature's error, and
+    the two rates differ by about as much: ``U^T J U`` drops the part of ``J`` that anticommutes
+    with the swap (with two heads it is exactly the swap-averaged Jacobian's rate)."""
     M, Q, b = (np.asarray(a) for a in symmetric_state(jnp.asarray(x), H, F))
     train_bias = bool(ode.train_bias)
     U = antisymmetric_basis(H, F, train_bias)
