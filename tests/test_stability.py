@@ -167,6 +167,37 @@ def test_auto_jacobian_at_repeated_eigenvalues():
     assert how_generic == "autodiff"
 
 
+@pytest.mark.parametrize("route", ["rule", "exact"])
+def test_escape_rate_from_the_antisymmetric_subspace_matches_the_full_jacobian(route, monkeypatch):
+    """Issue 61 item 3: the escape rate of the prediction, from the Jacobian restricted to the
+    perturbations antisymmetric between heads 1 and 2 (k directions), against the full
+    Jacobian's (n directions, every eigenvector's asymmetry) at symmetric states, with and
+    without a mean filter; both by central differences (step 1e-6: error ~1e-9 here). The full
+    Jacobian is averaged with its image under the swap of the two heads, ``(J + S J S) / 2``: the
+    quadratures (the Sobol rule; the exact route's Gram term) are not symmetric in the heads and
+    break the commutation by their own error (2e-5 here on the exact route), which the restriction
+    ``U^T J U`` leaves out exactly (the part of ``J`` that anticommutes with ``S`` maps the
+    subspace into its complement)."""
+    H, F = 2, 2
+    preset = "bsoftmax" if route == "rule" else "default"  # the programs of test_jacobian_matches_finite_differences
+    ode = OrderParameterODE.from_config(tiny(*SETS, f"theory.route={route}", preset=preset))
+    U = st.antisymmetric_basis(H, F, bool(ode.train_bias))
+    assert U.shape[1] == F + 1 + bool(ode.train_bias)
+    np.testing.assert_allclose(U.T @ U, np.eye(U.shape[1]), atol=1e-15)
+    S = np.eye(len(U)) - 2 * U @ U.T  # the swap of the two heads: -1 on U, +1 on its complement
+    for x in ([0.6, 0.4, 0.5, 0.1, 0.05], [0.0, 0.0, 0.3, 0.0, -0.1]):  # on a plateau; at a zero-mean start
+        M, Q, b = (np.asarray(a) for a in st.symmetric_state(jnp.asarray(x), H, F))
+        J = dj.drift_jacobian(ode, M, Q, b, method="finite-difference")[0]
+        symmetrized = ((J + S @ J @ S) / 2, "finite-difference")
+        with monkeypatch.context() as m:
+            m.setattr(st, "drift_jacobian", lambda *a, J=symmetrized, **k: J)
+            lin = st.linearize(ode, M, Q, b)
+        for mean in (None, np.array([1.0, 0.5]), np.array([1.0, 0.0])):
+            full = st.escape_rate(lin, mean=mean)
+            assert np.isfinite(full)
+            assert st.symmetric_escape_rate(ode, x, H, F, mean=mean, method="finite-difference") == pytest.approx(full, abs=1e-8)
+
+
 def test_linear_escape_time_and_predicted_slope():
     t = np.linspace(0, 50, 501)
     lam = np.full_like(t, 0.25)
@@ -353,7 +384,7 @@ def test_a_series_of_linearizations_says_k_of_n(tiny_ode, monkeypatch):
             return False
 
     monkeypatch.setattr(st, "Phase", Recorder)
-    stable = lambda ode, M, Q, b, method: (np.diag(-np.arange(1.0, M.size + Q.size + b.size + 1)), "autodiff")  # noqa: E731
+    stable = lambda ode, M, Q, b, method, basis: (-basis, "autodiff")  # noqa: E731
     monkeypatch.setattr(st, "drift_jacobian", stable)
     x = st.symmetric_start(2, 2, cfg.sgd.init_scale, cfg.model.bias_init)
     st.escape_rate_along(ode, [0.0, 1.0, 2.0], [x, x, x], 2, 2)

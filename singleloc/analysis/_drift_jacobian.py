@@ -53,9 +53,10 @@ def _repeated_eigenvalues(Q) -> bool:
 
 
 def _jacobian(field: Callable, jacobian: Callable, v0, Q, *, method: str, step: float,
-              differentiable: bool = True) -> tuple[np.ndarray, str]:
+              differentiable: bool = True, basis=None) -> tuple[np.ndarray, str]:
     """Jacobian of the vector field ``field(v)`` at ``v0`` (a state whose ``Q`` is given) and the
-    method used.
+    method used; with ``basis`` (n, k), its product ``J U`` with those directions (differences
+    along the k columns instead of the n axes: 2k evaluations of the field instead of 2n).
 
     ``jacobian(v)`` is its ``jax.jacobian``. ``method="autodiff"`` uses it; ``"finite-difference"``
     takes central differences with relative step ``step`` (``h_i = step * max(1, |v0_i|)``);
@@ -73,22 +74,25 @@ def _jacobian(field: Callable, jacobian: Callable, v0, Q, *, method: str, step: 
     if method == "autodiff" or (method == "auto" and differentiable and not _repeated_eigenvalues(Q)):
         J = np.asarray(jacobian(v0))
         if np.all(np.isfinite(J)) or method == "autodiff":
-            return J, "autodiff"
+            return (J if basis is None else J @ basis), "autodiff"
+    U = np.eye(len(v0)) if basis is None else np.asarray(basis, float)
     cols = []
-    for i in range(len(v0)):
-        h = step * max(1.0, abs(float(v0[i])))
-        delta = jnp.zeros_like(v0).at[i].set(h)
+    for u in U.T:  # the step of an axis i: step * max(1, |v0_i|); of a direction, the largest over its support
+        h = step * max(1.0, float(np.max(np.abs(np.asarray(v0))[u != 0], initial=0.0)))
+        delta = jnp.asarray(h * u, v0.dtype)
         cols.append((np.asarray(field(v0 + delta)) - np.asarray(field(v0 - delta))) / (2 * h))
     return np.stack(cols, axis=1), "finite-difference"
 
 
-def drift_jacobian(ode: OrderParameterODE, M, Q, b, *, method: str = "auto", step: float = 1e-6) -> tuple[np.ndarray, str]:
+def drift_jacobian(ode: OrderParameterODE, M, Q, b, *, method: str = "auto", step: float = 1e-6,
+                   basis=None) -> tuple[np.ndarray, str]:
     """Jacobian of ``ode.drift`` over :func:`flatten_state` coordinates at ``(M, Q, b)``, and the
     method used: ``"autodiff"``, ``"finite-difference"`` (relative ``step``) or ``"auto"``
-    (autodiff, or differences where ``Q`` has repeated eigenvalues or autodiff is not finite)."""
+    (autodiff, or differences where ``Q`` has repeated eigenvalues or autodiff is not finite).
+    With ``basis`` (n, k): ``J U``, its action on those directions only (``_jacobian``)."""
     M = jnp.asarray(M, dtype=jnp.result_type(float))
     Q, b = jnp.asarray(Q, dtype=M.dtype), jnp.asarray(b, dtype=M.dtype)
     H, F = M.shape
     v0 = flatten_state(M, Q, b, bool(ode.train_bias))
     return _jacobian(lambda v: _flat_drift_jit(ode, v, b, H, F), lambda v: _flat_drift_jacobian(ode, v, b, H, F), v0, Q,
-                     method=method, step=step, differentiable=ode.expectation.second_derivatives)
+                     method=method, step=step, differentiable=ode.expectation.second_derivatives, basis=basis)

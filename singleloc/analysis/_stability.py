@@ -37,7 +37,7 @@ from jaxtyping import ArrayLike, Real
 from ..runtime._compilation import checks_as_nan
 from ..runtime._numerics import TINY, first_crossing
 from ..runtime._progress import Phase
-from ..theory._theory import OrderParameterODE, OrderParameters, unflatten_state
+from ..theory._theory import OrderParameterODE, OrderParameters, flatten_state, unflatten_state
 from ._drift_jacobian import drift_jacobian
 
 # -- the symmetric subspace and its flow ----------------------------------------------------
@@ -191,20 +191,21 @@ def linearize(ode: OrderParameterODE, M: Real[ArrayLike, "H F"], Q: Real[ArrayLi
     return Linearization(J, w, V, np.asarray(asym), used, H, F, bool(ode.train_bias))
 
 
+def _orthogonal_fractions(Ms: np.ndarray, mean) -> np.ndarray:
+    """For each ``M`` block (n, H, F) of a unit vector, the fraction of it orthogonal to the mean
+    direction ``E[theta]`` in R^F (1 when ``mean`` is None or zero; 0 for a block below 1e-12)."""
+    if mean is None or np.linalg.norm(mean) < 1e-12:
+        return np.ones(len(Ms))
+    mu = np.asarray(mean, float) / np.linalg.norm(mean)
+    P = np.eye(Ms.shape[-1]) - np.outer(mu, mu)
+    tot = np.linalg.norm(Ms, axis=(1, 2))
+    return np.where(tot > 1e-12, np.linalg.norm(Ms @ P, axis=(1, 2)) / np.maximum(tot, TINY), 0.0)
+
+
 def orthogonal_fraction(lin: Linearization, mean=None) -> np.ndarray:
     """For each eigenvector, the fraction of its ``M`` block orthogonal to the mean direction
     ``E[theta]`` in R^F (1 for every mode when ``mean`` is None or zero)."""
-    n = len(lin.eigenvalues)
-    if mean is None or np.linalg.norm(mean) < 1e-12:
-        return np.ones(n)
-    mu = np.asarray(mean, float) / np.linalg.norm(mean)
-    P = np.eye(lin.F) - np.outer(mu, mu)
-    out = []
-    for i in range(n):
-        Mi = lin.eigenvectors[: lin.H * lin.F, i].reshape(lin.H, lin.F)
-        tot = np.linalg.norm(Mi)
-        out.append(np.linalg.norm(Mi @ P) / tot if tot > 1e-12 else 0.0)
-    return np.asarray(out)
+    return _orthogonal_fractions(lin.eigenvectors[: lin.H * lin.F].T.reshape(-1, lin.H, lin.F), mean)
 
 
 def _escape_candidates(lin: Linearization, mean, min_asymmetry: float, min_orthogonal: float) -> np.ndarray:
@@ -300,12 +301,67 @@ def linear_escape_time(path_tau: Real[ArrayLike, " T"], path_rate: Real[ArrayLik
     return out
 
 
+def antisymmetric_basis(H: int, F: int, train_bias: bool) -> np.ndarray:
+    """Orthonormal basis (n, k) of the perturbations antisymmetric between heads 1 and 2, over
+    :func:`flatten_state` coordinates: ``M_1 = -M_2 = e_f`` (F of them), ``Q_11 = -Q_22``,
+    ``Q_1g = -Q_2g`` for each head ``g >= 3`` and ``b_1 = -b_2`` (when the biases train);
+    ``k = F + H - 1 (+1)`` against ``n = H F + H (H + 1) / 2 (+H)``. At a head-symmetric state
+    the Jacobian commutes with the head permutations, so it maps this subspace (the -1
+    eigenspace of the swap of heads 1 and 2) into itself, and every irreducible component of
+    the permutations but the trivial one meets it: the eigenvalues of the Jacobian restricted
+    to it are those of the symmetry-breaking modes (every mode but the head-symmetric ones)."""
+    if H < 2:
+        return np.zeros((H * F + H * (H + 1) // 2 + (H if train_bias else 0), 0))
+    units = []
+    for f in range(F):
+        M = np.zeros((H, F))
+        M[0, f], M[1, f] = 1.0, -1.0
+        units.append((M, np.zeros((H, H)), np.zeros(H)))
+    for g in [None, *range(2, H)]:  # Q_11 - Q_22, then Q_1g - Q_2g
+        Q = np.zeros((H, H))
+        if g is None:
+            Q[0, 0], Q[1, 1] = 1.0, -1.0
+        else:
+            Q[0, g] = Q[g, 0] = 1.0
+            Q[1, g] = Q[g, 1] = -1.0
+        units.append((np.zeros((H, F)), Q, np.zeros(H)))
+    if train_bias:
+        units.append((np.zeros((H, F)), np.zeros((H, H)), np.asarray([1.0, -1.0] + [0.0] * (H - 2))))
+    U = np.stack([np.asarray(flatten_state(jnp.asarray(M), jnp.asarray(Q), jnp.asarray(b), train_bias)) for M, Q, b in units],
+                 axis=1)
+    return U / np.linalg.norm(U, axis=0)
+
+
 def symmetric_escape_rate(ode: OrderParameterODE, x, H: int, F: int, *, mean=None, method: str = "auto",
-                          count: str = "") -> float:
+                          count: str = "", min_orthogonal: float = 0.5) -> float:
     """Escape rate (:func:`escape_rate`) of the linearisation at the symmetric state ``x``
-    (``count`` as :func:`linearize`'s)."""
+    (``count`` as :func:`linearize`'s), from the Jacobian restricted to the perturbations
+    antisymmetric between heads 1 and 2 (:func:`antisymmetric_basis`): ``U^T J U`` from ``J U``
+    (:func:`~singleloc.analysis._drift_jacobian.drift_jacobian` along ``k`` directions instead of
+    ``n``). Its eigenvalues are the symmetry-breaking ones of the full Jacobian, whose
+    eigenvectors break the symmetry entirely (asymmetry 1, above any ``min_asymmetry < 1``); the
+    mean filter reads the ``M`` block ``u (e_1 - e_2)`` of the eigenvector ``U w`` as
+    :func:`escape_rate` reads the full one's, ``u c`` with ``c`` orthogonal to ``1`` (the same
+    fraction ``|P u| / |u|``). NaN when no mode qualifies (``H = 1``).
+
+    Where a quadrature is not symmetric in the heads (the Sobol rule; the exact route's Gram
+    term), the full Jacobian commutes with the permutations only to that quadrature's error, and
+    the two rates differ by about as much: ``U^T J U`` drops the part of ``J`` that anticommutes
+    with the swap (with two heads it is exactly the swap-averaged Jacobian's rate)."""
     M, Q, b = (np.asarray(a) for a in symmetric_state(jnp.asarray(x), H, F))
-    return escape_rate(linearize(ode, M, Q, b, method=method, count=count), mean=mean)
+    train_bias = bool(ode.train_bias)
+    U = antisymmetric_basis(H, F, train_bias)
+    if U.shape[1] == 0:
+        return float("nan")
+    where = f", {count}" if count else ""
+    with Phase((f"linearizing the drift of {H} heads along its {U.shape[1]} head-1-2-antisymmetric directions "
+                f"({ode.expectation.route} route{where})", f"linearized the drift{where}"), quiet=True):
+        JU, _ = drift_jacobian(ode, M, Q, b, method=method, basis=U)
+    w, W = np.linalg.eig(U.T @ JU)
+    V = U @ W
+    Ms = V[: H * F].T.reshape(-1, H, F)
+    sel = _orthogonal_fractions(Ms, mean) > min_orthogonal
+    return float(w.real[sel].max()) if sel.any() else float("nan")
 
 
 def escape_rate_along(ode: OrderParameterODE, tau: Real[ArrayLike, " T"], xs: Real[ArrayLike, "T N"], H: int, F: int, *,
