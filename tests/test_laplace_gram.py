@@ -216,16 +216,16 @@ def test_trained_head_weights_keep_the_sobol_gram_term():
     assert ode.expectation.route == "exact" and ode.expectation.gram_name == "sobol"
 
 
-def test_a_gram_term_beyond_its_resolution_warns_naming_what_to_change():
-    """Two heads with token fields of standard deviation 8 on half the default nodes (beyond what the
-    exact term resolves there: ``WIDE_GRAM_SIGMA`` is for 64 nodes): its stated error against the finer
-    rule is large, and the solve says so, naming ``theory.nodes`` and ``theory.gram``."""
+def test_a_gram_term_beyond_its_resolution_is_refused_naming_what_to_change():
+    """Two heads with token fields of standard deviation 8 on half the default nodes, beyond what the exact
+    term resolves there (``WIDE_GRAM_SIGMA`` is for 64 nodes): the exact route's width check (``RESOLVED_SIGMA``,
+    below ``WIDE_GRAM_SIGMA``, so the Gram term never meets fields it does not resolve) refuses the solve at its
+    start, naming ``theory.nodes`` and ``theory.route``, instead of integrating it."""
     cfg = sl.load_config("default", ["sgd.tau_max=0.01", "sgd.n_save=2", "theory.route=exact",
                                      "theory.gram=exact", "theory.nodes=32"])
     M = jnp.diag(jnp.array([8.0, 8.0]))
-    with pytest.warns(UserWarning, match=r"Gram term has a stated relative error .*raise theory\.nodes or set theory\.gram"):
-        r = sl.integrate(cfg, (M, M @ M.T + 0.4 * jnp.eye(2), jnp.zeros(2)))
-    assert r.gram_route == "exact" and r.gram_error > 1e-2
+    with pytest.raises(FloatingPointError, match=r"grew wider than its rule resolves.*theory\.route = 'rule'.*theory\.nodes"):
+        sl.integrate(cfg, (M, M @ M.T + 0.4 * jnp.eye(2), jnp.zeros(2)))
 
 
 @pytest.mark.parametrize("replicates", [1, pytest.param(2, marks=pytest.mark.slow)])
