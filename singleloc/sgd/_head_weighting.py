@@ -59,9 +59,9 @@ class AbstractHeadWeighting(eqx.Module):
         average)."""
 
     @abc.abstractmethod
-    def drift(self, d: OrderParameters, r, cv: jax.Array | None, v: jax.Array | None):
-        """The state's drift (a ``State``) from the drift ``d`` of ``(M, Q, b)``, the rate per sequence ``r``,
-        ``cv = E[dl/dv]`` and the head weights ``v`` at the state (either ``None`` where a computation has none)."""
+    def drift(self, d: OrderParameters, r, cv: jax.Array | None):
+        """The state's drift (a ``State``) from the drift ``d`` of ``(M, Q, b)``, the rate per sequence ``r`` and
+        ``cv = E[dl/dv]`` (``None`` where a computation gives none)."""
 
     @abc.abstractmethod
     def layer_start(self, H: int, dtype) -> jax.Array | None:
@@ -94,7 +94,7 @@ class UniformHeads(AbstractHeadWeighting):
     def weights(self, y) -> None:
         return None
 
-    def drift(self, d: OrderParameters, r, cv, v) -> OrderParameters:
+    def drift(self, d: OrderParameters, r, cv) -> OrderParameters:
         return d
 
     def layer_start(self, H: int, dtype) -> None:
@@ -119,7 +119,7 @@ class TrainedHeads(AbstractHeadWeighting):
     def weights(self, y: WeightedOrderParameters) -> jax.Array:
         return y.v
 
-    def drift(self, d: OrderParameters, r, cv, v) -> WeightedOrderParameters:
+    def drift(self, d: OrderParameters, r, cv) -> WeightedOrderParameters:
         if cv is None:
             raise ValueError("model.head_weights = 'trained': this computation gives no head weights v (it is written for "
                              "the head average: the linearisation, the head-symmetric flow, the SDE); pass the state's v "

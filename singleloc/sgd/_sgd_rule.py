@@ -223,9 +223,9 @@ class AbstractSGDRule(eqx.Module):
         mean over the batch) has the gradient ``grads``, and the rule's next state."""
 
     @abc.abstractmethod
-    def increment(self, tau, m: GradientMoments, M, Q, b, v=None) -> OrderParameters:
+    def increment(self, tau, m: GradientMoments, M, Q, b) -> OrderParameters:
         """``U`` (not symmetrised) as the linear map of the products (or of their averages) ``m`` at
-        time ``tau`` and state ``(M, Q, b)`` (head weights ``v``), with the chain's terms."""
+        time ``tau`` and state ``(M, Q, b)``, with the chain's terms."""
 
     @abc.abstractmethod
     def update_covariance(self, tau, mean: jax.Array, second: jax.Array, cc: jax.Array, xi: jax.Array) -> jax.Array:
@@ -243,14 +243,14 @@ class AbstractSGDRule(eqx.Module):
         biases do not train)."""
         return self.increment(tau, GradientMoments(c @ nu, c @ g, jnp.sum(c, axis=1), c @ c.T), M, Q, b)
 
-    def drift(self, tau, M, Q, b, moments: GradientMoments, v=None) -> OrderParameters:
+    def drift(self, tau, M, Q, b, moments: GradientMoments) -> OrderParameters:
         """``E[U] = (dM, dQ, db) / dtau`` at time ``tau`` and state ``(M, Q, b)`` from the field
-        averages ``moments`` taken at the head weights ``v`` (docs/model.md sections 5.3 and 11; ``dQ`` symmetrised, ``db = 0``
+        averages ``moments`` (docs/model.md sections 5.3 and 11; ``dQ`` symmetrised, ``db = 0``
         unless the biases train), and that of the head weighting's parts (:attr:`State`)."""
-        d = self.increment(tau, moments, M, Q, b, v)
+        d = self.increment(tau, moments, M, Q, b)
         return d._replace(Q=(d.Q + d.Q.T) / 2)
 
-    def _gradient_increment(self, tau, m: GradientMoments, M, Q, b, v, gram: bool) -> OrderParameters:
+    def _gradient_increment(self, tau, m: GradientMoments, M, Q, b, gram: bool) -> OrderParameters:
         """``U`` at the rate :meth:`rate` of the loss gradient (with its ``r^2`` Gram term when
         ``gram``), then each piece's terms at the rate of its place, then what does not train
         set to 0 (the ``b`` block); the head weighting adds its parts (:meth:`~singleloc.TrainedHeads.drift`)."""
@@ -261,7 +261,7 @@ class AbstractSGDRule(eqx.Module):
             d = piece.increment(rp, d, M, Q, b)
         if not self.train_bias:
             d = d._replace(b=jnp.zeros_like(b))
-        return self.weighting.drift(d, r, m.cv, v)
+        return self.weighting.drift(d, r, m.cv)
 
 
 class OnlineSGD(AbstractSGDRule):
@@ -297,9 +297,9 @@ class OnlineSGD(AbstractSGDRule):
         v = self.weighting.step(params.v, d.v, lr, D)
         return LayerParameters(params.K - lr * d.K, b, v), state
 
-    def increment(self, tau, m: GradientMoments, M, Q, b, v=None) -> OrderParameters:
+    def increment(self, tau, m: GradientMoments, M, Q, b) -> OrderParameters:
         """``U`` of the module docstring at the rate :meth:`rate`, its ``r^2`` Gram term included."""
-        return self._gradient_increment(tau, m, M, Q, b, v, gram=True)
+        return self._gradient_increment(tau, m, M, Q, b, gram=True)
 
     def update_covariance(self, tau, mean: jax.Array, second: jax.Array, cc: jax.Array, xi: jax.Array) -> jax.Array:
         """``Cov(U) = second - mean mean^T``, plus the part of the spike fields' conditional
@@ -334,9 +334,9 @@ class GradientFlow(AbstractSGDRule):
         """Refused, as :meth:`init_state`."""
         return self.init_state(params)
 
-    def increment(self, tau, m: GradientMoments, M, Q, b, v=None) -> OrderParameters:
+    def increment(self, tau, m: GradientMoments, M, Q, b) -> OrderParameters:
         """``U``'s ``O(r)`` part at the rate :meth:`rate`, with the chain's terms."""
-        return self._gradient_increment(tau, m, M, Q, b, v, gram=False)
+        return self._gradient_increment(tau, m, M, Q, b, gram=False)
 
     def update_covariance(self, tau, mean: jax.Array, second: jax.Array, cc: jax.Array, xi: jax.Array) -> jax.Array:
         """0: the noise vanishes in the limit (docs/model.md section 11.4)."""

@@ -152,7 +152,7 @@ class OrderParameterODE(eqx.Module):
         biases train): the SGD rule's mean update (:meth:`~singleloc.OnlineSGD.drift`) of
         :meth:`gradient_moments` at the head weights ``v``, in the state its head weighting declares (with
         trained head weights also ``dv / dtau``: :class:`~singleloc.WeightedOrderParameters`)."""
-        return self.sgd.drift(tau, M, Q, b, self.gradient_moments(M, Q, b, v), v)
+        return self.sgd.drift(tau, M, Q, b, self.gradient_moments(M, Q, b, v))
 
     def exact_drift_error(self, M: jax.Array, Q: jax.Array, b: jax.Array, v: jax.Array | None = None) -> jax.Array:
         """The route's stated relative error of the ``O(lr)`` drift at one state
