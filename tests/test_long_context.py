@@ -98,7 +98,7 @@ def test_four_heads_at_L_4096_fit_because_the_node_batch_follows_L(monkeypatch):
     monkeypatch.setenv(_resources.MEMORY_ENV, "24G")
     cfg = _config(4096, "auto")
     _resources.check_run(cfg, theory_starts=4)
-    assert _resources.theory_bytes(cfg, route_of(cfg), 4) < 20e9
+    assert _resources.theory_bytes(cfg.problem.L, cfg.model.heads, cfg.problem.build_prior(), cfg.theory, route_of(cfg), 4) < 20e9
     rule = sl.LocalFields.make(4096, 4, cfg.problem.build_prior(), 16)
     assert rule.batch_size == node_batch(4096, 4) == 256
     assert sl.LocalFields.make(4, 2, cfg.problem.build_prior(), 16).batch_size == NODE_BATCH

@@ -89,7 +89,8 @@ def test_every_route_keeps_the_contract(name, exact_reference):
     points, principal = cls.memory_points(choice, setup.theory, 3, 2, 64)
     assert points >= 1 and isinstance(principal, bool) and cls.rule_bytes(choice, 2, setup.prior) >= 0
     config = tiny(f"theory.route={name}")
-    assert theory_bytes(config, route_of(config), 1) > 0
+    pb = config.problem
+    assert theory_bytes(pb.L, config.model.heads, pb.build_prior(), config.theory, route_of(config), 1) > 0
     assert expectation.stated_points(setup.theory, 3, 2, 64) >= 1
     # its device split: on a mesh of one device, the same risk (None: no nodes to split)
     split = expectation.shard(Mesh(np.array(jax.devices()[:1]), ("devices",)), _put)

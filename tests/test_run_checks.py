@@ -97,9 +97,9 @@ def test_sweep_refuses_a_point_that_cannot_run_before_it_writes_anything(tmp_pat
 
 def _theory_bytes(cfg, starts):
     """What check_run counts for the theory of ``starts`` ODE starts, with the overhead."""
-    route = route_of(cfg)
-    return _resources.OVERHEAD + _resources.theory_bytes(cfg, route, starts * cfg.theory.replicates) + \
-        _resources.saved_bytes(cfg, route, starts)
+    route, pb, H, th = route_of(cfg), cfg.problem, cfg.model.heads, cfg.theory
+    return _resources.OVERHEAD + _resources.theory_bytes(pb.L, H, pb.build_prior(), th, route, starts * th.replicates) + \
+        _resources.saved_bytes(pb.L, H, pb.F, th, cfg.sgd.n_save, route, starts)
 
 
 def test_the_sweep_memory_check_counts_the_starts_of_a_batched_solve(monkeypatch):

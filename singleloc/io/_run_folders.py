@@ -246,17 +246,13 @@ class Run:
                 for source in RUN_KINDS if f"{source}_risks" in d}
 
 
-def _expected_shapes(config: Config, kind: str) -> dict[str, tuple]:
-    """Shapes of the arrays of ``<kind>.npz``; ``"T"`` and ``"S"`` stand for any length."""
-    H, F = config.model.heads, config.problem.F
+def _check_arrays(file: Path, arrays: Mapping[str, np.ndarray], H: int, F: int, kind: str) -> None:
+    """The arrays of ``<kind>.npz`` of a layer of ``H`` heads and ``F`` spikes: present, of their shapes (``"T"`` and
+    ``"S"`` stand for any length) and finite; ``ValueError`` naming the file otherwise."""
     seeds = () if kind == "theory" else ("S",)
     shapes = {"tau": ("T",), "M": (*seeds, "T", H, F), "Q": (*seeds, "T", H, H), "b": (*seeds, "T", H), "risk": (*seeds, "T")}
-    return shapes if kind == "theory" else {**shapes, "risk_limit": ("S", "T")}
-
-
-def _check_arrays(file: Path, arrays: Mapping[str, np.ndarray], config: Config, kind: str) -> None:
     sizes: dict[str, int] = {}
-    for key, shape in _expected_shapes(config, kind).items():
+    for key, shape in (shapes if kind == "theory" else {**shapes, "risk_limit": ("S", "T")}).items():
         if key not in arrays:
             raise ValueError(f"{file} has no array {key!r}: the file is incomplete")
         got = arrays[key].shape
@@ -264,8 +260,7 @@ def _check_arrays(file: Path, arrays: Mapping[str, np.ndarray], config: Config, 
                                             for s, n in zip(shape, got))
         if not ok:
             want = "(" + ", ".join(map(str, shape)) + ")"
-            raise ValueError(f"{file}: {key} has shape {got}, expected {want} for model.heads = {config.model.heads}, "
-                             f"problem.F = {config.problem.F}")
+            raise ValueError(f"{file}: {key} has shape {got}, expected {want} for model.heads = {H}, problem.F = {F}")
         bad = [t for t, row in enumerate(np.moveaxis(arrays[key], shape.index("T"), 0)) if not np.isfinite(row).all()]
         if bad:  # the package never saves such a run (its solves and simulations refuse them): a damaged file
             raise ValueError(f"{file}: {key} is NaN or infinite at saved time {bad[0]} of {got[shape.index('T')]} (tau = "
@@ -327,7 +322,7 @@ def load_run(directory: str | Path, kinds: Sequence[str] = RUN_KINDS) -> Run:
             raise ValueError(f"{file} is not a readable .npz file ({_one_line(err)})") from None
         _check_stamp(file, got, stamp)
         if kind in RUN_KINDS:
-            _check_arrays(file, arrays[kind], config, kind)
+            _check_arrays(file, arrays[kind], config.model.heads, config.problem.F, kind)
     for figure in (directory / name for name in RUN_FILES if name.endswith(".png")):
         if figure.is_file():
             _check_stamp(figure, run_stamp(figure), stamp)

@@ -39,6 +39,7 @@ suffix ``K``, ``M``, ``G``, ``T``: ``SINGLELOC_MEMORY_LIMIT=200G``); ``none`` tu
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from pathlib import Path
@@ -46,6 +47,7 @@ from pathlib import Path
 import numpy as np
 
 from ..configuration._config import Config
+from ..configuration._specs import SGD, Problem, Simulation, Theory
 from ..expectations._routes import RouteChoice, exact_route_exists, route_of
 from ..expectations._sobol_geometry import SOBOL_MAX_DIM, factor_rows, node_batch, quadrature_dimension
 from ..model._priors import Prior
@@ -101,7 +103,7 @@ FLOAT32_KEYS = (("problem", "strength", True, 2.5), ("sgd", "lr", False, 0.5), (
                 ("sgd", "decay_factor", False, 0.1), ("sgd", "warmup_tau", False, 1.0))
 
 
-def check_float32(config: Config) -> None:
+def check_float32(problem: Problem, sgd: SGD) -> None:
     """The values a simulation holds in float32 (:data:`FLOAT32_KEYS`, the prior's atoms and
     covariance) are in its range (:func:`~singleloc.ground._validation.representable`): ``ValueError``
     naming the key otherwise (``problem.strength = 1e300`` became infinite data, and the simulation
@@ -109,9 +111,9 @@ def check_float32(config: Config) -> None:
     from ..ground._validation import representable
 
     for section, key, squared, example in FLOAT32_KEYS:
-        representable(f"{section}.{key}", getattr(getattr(config, section), key), "float32", squared=squared,
-                      where="the simulation, which runs in float32", example=example)
-    prior = config.problem.build_prior()
+        representable(f"{section}.{key}", getattr({"problem": problem, "sgd": sgd}[section], key), "float32",
+                      squared=squared, where="the simulation, which runs in float32", example=example)
+    prior = problem.build_prior()
     atoms, cov = prior.atoms_array(), np.asarray(prior.noise_cov)
     representable("problem.prior", float(np.max(np.abs(atoms))), "float32", squared=True,
                   where="the simulation's atoms of the prior", example=2.5)
@@ -145,12 +147,10 @@ def check_quadrature(L: int, heads: int, prior: Prior, points: int, heads_key: s
                          f"points as dimensions): use theory.points = {need} or more")
 
 
-def simulation_bytes(config: Config) -> int:
-    """Estimated peak bytes of :func:`~singleloc.simulate` (module docstring)."""
-    pb, H, sim = config.problem, config.model.heads, config.simulation
-    r = H + pb.F
-    return 4 * sim.seeds * (sim.D * (10 * pb.L + 5 * r) + sim.test_samples * pb.L * (3 * r + 4 * H)
-                            + 2 * config.sgd.n_save * state_size(H, pb.F))
+def simulation_bytes(L: int, H: int, F: int, sim: Simulation, n_save: int) -> int:
+    """Estimated peak bytes of :func:`~singleloc.simulate` of ``sim`` with ``n_save`` saved times (module docstring)."""
+    return 4 * sim.seeds * (sim.D * (10 * L + 5 * (H + F)) + sim.test_samples * L * (3 * (H + F) + 4 * H)
+                            + 2 * n_save * state_size(H, F))
 
 
 def state_size(H: int, F: int) -> int:
@@ -170,24 +170,21 @@ def check_saved_times(n: int, R: int) -> None:
                          f"aborts); e.g. {remedy}")
 
 
-def saved_bytes(config: Config, route: RouteChoice, starts: int) -> int:
-    """Estimated peak bytes of the theory's saved states and of its risk at the saved times on ``route``
-    (module docstring; on the exact route that risk is the Laplace rule's, whose size does not
-    depend on ``L``: only the saved states count)."""
-    pb, H, th = config.problem, config.model.heads, config.theory
-    saved = config.sgd.n_save * th.replicates
-    batch = node_batch(pb.L, H)
+def saved_bytes(L: int, H: int, F: int, th: Theory, n_save: int, route: RouteChoice, starts: int) -> int:
+    """Estimated peak bytes of the theory's ``n_save`` saved states (times ``th.replicates``) and of its risk at the
+    saved times on ``route`` (module docstring; on the exact route that risk is the Laplace rule's, whose size does
+    not depend on ``L``: only the saved states count)."""
+    batch = node_batch(L, H)
     nodes = min(2 * th.points, batch) if isinstance(th.points, int) else batch
-    risk = 6 * nodes * pb.L * H if route.route_class.field_nodes else 0
-    return 8 * saved * (2 * starts * state_size(H, pb.F) + risk)
+    risk = 6 * nodes * L * H if route.route_class.field_nodes else 0
+    return 8 * n_save * th.replicates * (2 * starts * state_size(H, F) + risk)
 
 
-def theory_bytes(config: Config, route: RouteChoice, starts: int, heads: int | None = None) -> int:
-    """Estimated peak bytes of the quadrature of ``route`` for ``starts`` ODE starts (module docstring);
-    ``heads`` replaces ``model.heads`` (a pruned layer's largest sub-layer)."""
-    pb, H, th = config.problem, config.model.heads if heads is None else heads, config.theory
-    points, principal = route.route_class.memory_points(route, th, pb.L, H, th.points)  # the nodes it holds
-    return rule_bytes(pb.L, H, pb.build_prior(), points, starts, principal=principal)
+def theory_bytes(L: int, H: int, prior: Prior, th: Theory, route: RouteChoice, starts: int) -> int:
+    """Estimated peak bytes of the quadrature of ``route`` (``th``'s points) over ``L`` tokens and ``H`` heads
+    for ``starts`` ODE starts (module docstring)."""
+    points, principal = route.route_class.memory_points(route, th, L, H, th.points)  # the nodes it holds
+    return rule_bytes(L, H, prior, points, starts, principal=principal)
 
 
 def rule_bytes(L: int, heads: int, prior: Prior, points: int, starts: int = 1, principal: bool = False) -> int:
@@ -253,7 +250,7 @@ def check_run(config: Config, *, simulation: bool = False, theory_starts: int = 
     if simulation:
         check_dimension(H, pb.F, config.simulation.D, "simulation")
         check_steps(config.sgd.tau_max, config.simulation.D)
-        check_float32(config)
+        check_float32(pb, config.sgd)
     if theory_starts:
         route = route or route_of(config)
         check_dimension(H, pb.F, config.simulation.D, "theory")
@@ -271,26 +268,26 @@ def check_run(config: Config, *, simulation: bool = False, theory_starts: int = 
 
 def _memory_parts(config: Config, route: RouteChoice | None, simulation: bool, theory_starts: int) -> dict[str, int]:
     """The estimated bytes of a run (:func:`check_run`), by what holds them."""
-    pb, H, sim, th = config.problem, config.model.heads, config.simulation, config.theory
+    pb, H, sim, th, n_save = config.problem, config.model.heads, config.simulation, config.theory, config.sgd.n_save
     parts = {}
     if simulation:
         parts[f"the simulation (simulation.seeds = {sim.seeds} x simulation.D = {sim.D} x problem.L = {pb.L}, "
-              f"simulation.test_samples = {sim.test_samples}, sgd.n_save = {config.sgd.n_save})"] = simulation_bytes(config)
+              f"simulation.test_samples = {sim.test_samples}, sgd.n_save = {n_save})"] = \
+            simulation_bytes(pb.L, H, pb.F, sim, n_save)
     if theory_starts:
-        auto = th.points == "auto"
+        prior, auto = pb.build_prior(), th.points == "auto"
         if auto:
-            config = config.replace(theory={"points": auto_points(pb.L, H, pb.build_prior())})
-        points = config.theory.points
-        rule = (f"the theory's quadrature (theory.points = {points}" if route.route_class.field_nodes else
-                f"the exact route's Gram rule (theory.gram_points = {th.gram_rule_points(pb.L, H, points)}") + \
+            th = dataclasses.replace(th, points=auto_points(pb.L, H, prior))
+        rule = (f"the theory's quadrature (theory.points = {th.points}" if route.route_class.field_nodes else
+                f"the exact route's Gram rule (theory.gram_points = {th.gram_rule_points(pb.L, H, th.points)}") + \
             (" at least, 'auto'" if auto else "")
         parts[f"{rule} x problem.L = {pb.L} x model.heads = {H}, {theory_starts} start(s))"] = \
-            theory_bytes(config, route, theory_starts * th.replicates)
-        if joint := route.route_class.rule_bytes(route, H, pb.build_prior()):
+            theory_bytes(pb.L, H, prior, th, route, theory_starts * th.replicates)
+        if joint := route.route_class.rule_bytes(route, H, prior):
             parts[f"the exact route's rule of a joint layer (model.heads = {H}, problem.F = {pb.F}, "
-                  f"{len(pb.build_prior().atoms)} atoms of the prior)"] = joint
-        parts[f"the theory's saved times and their risks (sgd.n_save = {config.sgd.n_save} x {theory_starts} start(s))"] = \
-            saved_bytes(config, route, theory_starts)
+                  f"{len(prior.atoms)} atoms of the prior)"] = joint
+        parts[f"the theory's saved times and their risks (sgd.n_save = {n_save} x {theory_starts} start(s))"] = \
+            saved_bytes(pb.L, H, pb.F, th, n_save, route, theory_starts)
     return parts
 
 

@@ -104,7 +104,7 @@ def pruning_config(config: Config, heads: int | None = None) -> tuple[Config, Ro
                          principal=config.theory.rank_aware)
     resolved = resolve_points(config)
     check_memory({f"the theory's quadrature (theory.points = {resolved.theory.points})":
-                  theory_bytes(resolved, route, 1, heads=H)})
+                  theory_bytes(config.problem.L, H, config.problem.build_prior(), resolved.theory, route, 1)})
     return resolved, route
 
 

@@ -51,8 +51,9 @@ def simulation_cost(config: Config):
     from ..preflight._costs import Cost
     from ..preflight._resources import OVERHEAD, simulation_bytes
 
-    e = simulation_estimate(config)
-    return Cost(simulation_work(config), e.seconds, OVERHEAD + simulation_bytes(config), SIMULATION_KEYS, e.basis)
+    e, pb = simulation_estimate(config), config.problem
+    size = simulation_bytes(pb.L, config.model.heads, pb.F, config.simulation, config.sgd.n_save)
+    return Cost(simulation_work(config), e.seconds, OVERHEAD + size, SIMULATION_KEYS, e.basis)
 
 
 def simulation_clock(config: Config, advance, measure, params, consts, steps, progress: bool = True):
