@@ -41,9 +41,11 @@ from pathlib import Path
 from typing import Any
 
 from ..configuration._config import Config
+from ..configuration._specs import Theory
 from ..expectations._routes import RouteChoice
 from ..ground._atomic_files import atomic_write
 from ..ground._choices import ROUTE_WORDS
+from ..model._priors import Prior
 from ..runtime._numerics import expected_steps
 from ..runtime._progress import Bar, Estimate, Phase, announce, clock, cpu_count, mode, settings
 
@@ -245,20 +247,18 @@ def route_costs(route: RouteChoice) -> tuple[str, str | None, str]:
     return ("rule" if nodes else "exact", None if nodes else route.gram, ROUTE_WORDS[route.route])
 
 
-def theory_work(config: Config, route: RouteChoice, starts: int) -> float:
+def theory_work(L: int, H: int, prior: Prior, th: Theory, route: RouteChoice, starts: int) -> float:
     """The reference seconds of one drift evaluation, a model fitted on the reference CPU: on the rule route
     ``3.2e-8`` s per node, field and atom (``2 points x L H x atoms``); on the exact route ``3.3`` ms per ``H^2
     atoms`` with the Gram term on the Sobol rule, ``11`` ms with the exact two-head Gram term (neither grows with
     ``L``), and ``57`` microseconds per unit of a joint layer's rule
     (:func:`~singleloc.expectations._laplace_joint.joint_rule_size`); times the starts and replicates (one
-    vmapped evaluation); ``route``: the run's chosen route. Measured at load 6: 27 ms (softmax, H = 2, L = 4),
-    89 ms (L = 64, the exact Gram term), 159 ms (softmax1, H = 4, F = 3), 1.05 s (bsoftmax, H = 3), 4 ms (the rule
-    route, 4096 points)."""
-    pb, H, th = config.problem, config.model.heads, config.theory
-    prior, (cost, gram, _) = pb.build_prior(), route_costs(route)
-    per = starts * th.replicates
+    vmapped evaluation; ``th``: the theory's points and replicates) of ``L`` tokens, ``H`` heads and the ``prior``;
+    ``route``: the run's chosen route. Measured at load 6: 27 ms (softmax, H = 2, L = 4), 89 ms (L = 64, the exact
+    Gram term), 159 ms (softmax1, H = 4, F = 3), 1.05 s (bsoftmax, H = 3), 4 ms (the rule route, 4096 points)."""
+    (cost, gram, _), per = route_costs(route), starts * th.replicates
     if cost == "rule":
-        return per * 3.2e-8 * 2.0 * (th.points if isinstance(th.points, int) else 4096) * pb.L * H * len(prior.atoms)
+        return per * 3.2e-8 * 2.0 * (th.points if isinstance(th.points, int) else 4096) * L * H * len(prior.atoms)
     pairs = 2.8e-3 * H ** 2 * len(prior.atoms) * (3.9 if gram == "exact" else 1.18)
     if route.form is not None and route.form.joint:
         from ..expectations._laplace_joint import joint_rule_size
@@ -282,7 +282,8 @@ def _prediction_model(config: Config) -> tuple[str, str, float, float]:
     from ..runtime._compilation import compile_group
 
     choice, H, F = route_of(config), config.model.heads, config.problem.F
-    route, work = route_costs(choice)[0], theory_work(config, choice, 1)
+    pb = config.problem
+    route, work = route_costs(choice)[0], theory_work(pb.L, H, pb.build_prior(), config.theory, choice, 1)
     size = REFERENCE["prediction"][route] + (REFERENCE["prediction_drifts"] + 16 * (H * F + H * H + H)) * work
     return f"prediction:{route}", f"prediction:{_digest(compile_group('prediction', config.to_dict()))}", work, size
 
@@ -318,7 +319,9 @@ class TheorySolve:
 
         from ..runtime._compilation import _environment, compile_group
 
-        work, (route, _, words) = theory_work(config, route, starts * batch), route_costs(route)
+        pb = config.problem
+        work = theory_work(pb.L, config.model.heads, pb.build_prior(), config.theory, route, starts * batch)
+        route, _, words = route_costs(route)
         self.rate = config.sgd.rate
         self.span, self.batch, self.saved, self.meter, self.kind = float(span), batch, saved, not cached, f"{program}:{route}"
         self.key = f"{program}:{_digest(compile_group('theory', config.to_dict()), route, starts, saved, batch)}"
@@ -407,12 +410,13 @@ def pruning(config: Config, route: RouteChoice, layers: int, evaluations: int) -
     """Announce the pruning on ``route`` of ``layers`` layers of ``evaluations`` sub-layer risks each (per layer
     ``REFERENCE["risk"]`` drift evaluations a risk; its first layer also compiles a risk per head), count them in
     a bar updated by the caller, and record the times: the first layer's excess over the others as compiling."""
-    route, work = route_costs(route)[0], theory_work(config, route, 1)
+    pb, H = config.problem, config.model.heads
+    route, work = route_costs(route)[0], theory_work(pb.L, H, pb.build_prior(), config.theory, route, 1)
     key, size = f"prune:{_digest(_label(config), route, work, evaluations)}", REFERENCE["risk"] * work * evaluations
     per = estimate(f"prune:{route}", key, work, size)
-    first, _ = fixed(f"prune:{route}", key, "compile", REFERENCE["risk_compile"][route] * config.model.heads)
+    first, _ = fixed(f"prune:{route}", key, "compile", REFERENCE["risk_compile"][route] * H)
     whole = first_run(Estimate(first + layers * per.seconds, per.basis))
-    announce(f"pruning {layers} layer(s) of {config.model.heads} heads, {evaluations} sub-layer risks each", whole,
+    announce(f"pruning {layers} layer(s) of {H} heads, {evaluations} sub-layer risks each", whole,
              "lower model.heads")
     with Bar(layers, "pruning", "layer", estimate=whole, each=True, done="pruned {n} layer(s)", announced=True) as bar:
         yield bar
