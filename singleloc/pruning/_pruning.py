@@ -303,10 +303,6 @@ def _greedy(evaluate, H: int) -> PruningResult:
     return PruningResult("greedy", np.asarray([removed], dtype=int).reshape(1, H - 1), np.asarray([risks]), np.asarray([errs]))
 
 
-def _finish(result: PruningResult, deterministic: bool) -> PruningResult:
-    return dataclasses.replace(result, stderr=None) if deterministic else result
-
-
 def prune_theory(config: Config | None = None, M: Real[ArrayLike, "H F"] = None, Q: Real[ArrayLike, "H H"] = None,
                  b: Real[ArrayLike, " H"] = None, order: str | Sequence[int] | Integer[ArrayLike, " K"] = "greedy", *,
                  problem: Problem | None = None, model: Model | None = None, sgd: SGD | None = None,
@@ -322,7 +318,7 @@ def prune_theory(config: Config | None = None, M: Real[ArrayLike, "H F"] = None,
     result = prune(evaluate, evaluate.heads, order, overlap_norms=norms, draws=draws, seed=seed)
     # one Sobol rule states no error; the exact route states its own (against the finer exact rule)
     refined = evaluate.route.route_class.refined_error
-    return _finish(result, deterministic=config.theory.replicates == 1 and not refined)
+    return dataclasses.replace(result, stderr=None) if config.theory.replicates == 1 and not refined else result
 
 
 def prune_run(run, order: str | Sequence[int] | Integer[ArrayLike, " K"] = "greedy", *, draws: int = 16,
