@@ -65,7 +65,7 @@ def simulation_clock(config: Config, advance, measure, params, consts, steps, pr
     import jax
 
     total, saved = int(steps[-1]), len(steps)
-    key, work, _ = _model(config, total, saved)
+    key, work, size = _model(config, total, saved)
     what = (f"compiling the simulation (SGD step and held-out risk: {_label(config)}, D={config.simulation.D}, "
             f"{config.simulation.seeds} seeds)")
     expected, how = fixed("simulate", key, "compile", REFERENCE["sim_compile"])
@@ -88,8 +88,8 @@ def simulation_clock(config: Config, advance, measure, params, consts, steps, pr
     announce(f"simulating {simulation_work(config)}", guess, f"lower {SIMULATION_KEYS}")
 
     def record(elapsed: float) -> None:
-        timings().record(key, "simulate", f"simulate, {_label(config)} D={config.simulation.D}", work,
-                         elapsed / _model(config, total, saved)[2], compile=compiling.seconds[-1])
+        timings().record(key, "simulate", f"simulate, {_label(config)} D={config.simulation.D}", work, elapsed / size,
+                         compile=compiling.seconds[-1])
 
     return advance, measure, Bar(total, "simulate", "step", estimate=guess, live=progress, on_close=record,
                                  done="simulated {n} SGD steps", watched=False, announced=True).__enter__()
