@@ -110,11 +110,11 @@ def check_float32(problem: Problem, sgd: SGD) -> None:
     said to lower ``sgd.lr``, issue 54 item 8)."""
     from ..ground._validation import representable
 
+    prior = problem.build_prior()
+    atoms, cov = prior.atoms_array(), np.asarray(prior.noise_cov)
     for section, key, squared, example in FLOAT32_KEYS:
         representable(f"{section}.{key}", getattr({"problem": problem, "sgd": sgd}[section], key), "float32",
                       squared=squared, where="the simulation, which runs in float32", example=example)
-    prior = problem.build_prior()
-    atoms, cov = prior.atoms_array(), np.asarray(prior.noise_cov)
     representable("problem.prior", float(np.max(np.abs(atoms))), "float32", squared=True,
                   where="the simulation's atoms of the prior", example=2.5)
     representable("problem.prior", float(np.max(np.abs(cov))), "float32", where="the simulation's covariance of the prior",
