@@ -38,6 +38,7 @@ resolved once, before the first layer is pruned.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Callable, Sequence
 
@@ -141,6 +142,13 @@ class TheoryRisk:
         self.config, self.route = pruning_config(config, heads=H)  # checked; one rule for every sub-layer
         self.heads = H
         self._odes: dict[int, list[OrderParameterODE]] = {}
+
+    def of_layer(self, M: Real[ArrayLike, "H F"], Q: Real[ArrayLike, "H H"], b: Real[ArrayLike, " H"]) -> TheoryRisk:
+        """The risks of the sub-layers of another layer of the same shape, on the same (cached) rules: checked and
+        built once for the layers of a run (:func:`prune_run`)."""
+        other = copy.copy(self)
+        other.M, other.Q, other.b = (jnp.asarray(x, self.M.dtype) for x in (M, Q, b))
+        return other
 
     def odes(self, heads: int) -> list[OrderParameterODE]:
         """The (cached) :class:`OrderParameterODE` objects of a layer with ``heads`` heads, one
@@ -313,12 +321,16 @@ def prune_theory(config: Config | None = None, M: Real[ArrayLike, "H F"] = None,
     in ``stderr``: the difference to the finer exact rule, or the replicates' standard error). The run
     is ``config`` or the specifications by keyword (defaults for those not given)."""
     config = gather_specs("prune_theory", config, problem=problem, model=model, sgd=sgd, theory=theory)
-    evaluate = TheoryRisk(config, M, Q, b)
+    return _pruned(TheoryRisk(config, M, Q, b), M, order, draws, seed)
+
+
+def _pruned(evaluate: TheoryRisk, M, order, draws: int, seed: int) -> PruningResult:
+    """:func:`prune` of the layer of ``evaluate`` (its ``M``: the alignment order's norms) with its stated errors."""
     norms = np.linalg.norm(np.asarray(M, dtype=float), axis=1)
     result = prune(evaluate, evaluate.heads, order, overlap_norms=norms, draws=draws, seed=seed)
     # one Sobol rule states no error; the exact route states its own (against the finer exact rule)
     refined = evaluate.route.route_class.refined_error
-    return dataclasses.replace(result, stderr=None) if config.theory.replicates == 1 and not refined else result
+    return dataclasses.replace(result, stderr=None) if evaluate.config.theory.replicates == 1 and not refined else result
 
 
 def prune_run(run, order: str | Sequence[int] | Integer[ArrayLike, " K"] = "greedy", *, draws: int = 16,
@@ -329,7 +341,7 @@ def prune_run(run, order: str | Sequence[int] | Integer[ArrayLike, " K"] = "gree
     so a seed is pruned through its order parameters with the theory's risk, not on fresh
     finite-D data: for that, :func:`prune_weights`). Every layer is scored on one rule of the
     run's config, checked and with ``theory.points = "auto"`` resolved once
-    (:func:`pruning_config`) before the first layer is pruned.
+    (:func:`pruning_config`) before the first layer is pruned, and built once (:meth:`TheoryRisk.of_layer`).
 
     Returns:
         ``{kind: [PruningResult, ...]}`` for each kind of ``run.data`` (``"theory"``: one result;
@@ -339,19 +351,18 @@ def prune_run(run, order: str | Sequence[int] | Integer[ArrayLike, " K"] = "gree
         raise TypeError(f"prune_run: run must be a singleloc.Run, got {type(run).__name__} {_short(run)}; "
                         "pass singleloc.load_run(folder)")
     config, route = pruning_config(run.config)
-    results = {}
+    results, evaluate = {}, None
     count = sum(1 if kind == "theory" else np.shape(d["M"])[0] for kind, d in run.data.items())
     with pruning(config, route, count, prune_evaluations(config.model.heads, order, draws)) as bar:  # said, counted, recorded
         for kind, d in run.data.items():  # theory.npz: (T, ...) of seed 0; simulation.npz: (S, T, ...)
             M, Q, b = (np.asarray(d[k], dtype=float) for k in "MQb")
             layers = [(M[-1], Q[-1], b[-1])] if kind == "theory" else [(M[s, -1], Q[s, -1], b[s, -1]) for s in range(M.shape[0])]
-            results[kind] = [_counted(bar, prune_theory(config, *layer, order, draws=draws, seed=seed)) for layer in layers]
+            results[kind] = []
+            for layer in layers:
+                evaluate = TheoryRisk(config, *layer) if evaluate is None else evaluate.of_layer(*layer)
+                results[kind].append(_pruned(evaluate, layer[0], order, draws, seed))
+                bar.update()
     return results
-
-
-def _counted(bar, result: PruningResult) -> PruningResult:
-    bar.update()
-    return result
 
 
 def prune_weights(config: Config | None = None, K: Real[ArrayLike, "H D"] = None, b: Real[ArrayLike, " H"] = None,
