@@ -281,10 +281,9 @@ def _prediction_model(config: Config) -> tuple[str, str, float, float]:
     from ..expectations._routes import route_of
     from ..runtime._compilation import compile_group
 
-    choice, H, F = route_of(config), config.model.heads, config.problem.F
-    pb = config.problem
+    choice, pb, H = route_of(config), config.problem, config.model.heads
     route, work = route_costs(choice)[0], theory_work(pb.L, H, pb.build_prior(), config.theory, choice, 1)
-    size = REFERENCE["prediction"][route] + (REFERENCE["prediction_drifts"] + 16 * (H * F + H * H + H)) * work
+    size = REFERENCE["prediction"][route] + (REFERENCE["prediction_drifts"] + 16 * (H * pb.F + H * H + H)) * work
     return f"prediction:{route}", f"prediction:{_digest(compile_group('prediction', config.to_dict()))}", work, size
 
 
@@ -416,8 +415,7 @@ def pruning(config: Config, route: RouteChoice, layers: int, evaluations: int) -
     per = estimate(f"prune:{route}", key, work, size)
     first, _ = fixed(f"prune:{route}", key, "compile", REFERENCE["risk_compile"][route] * H)
     whole = first_run(Estimate(first + layers * per.seconds, per.basis))
-    announce(f"pruning {layers} layer(s) of {H} heads, {evaluations} sub-layer risks each", whole,
-             "lower model.heads")
+    announce(f"pruning {layers} layer(s) of {H} heads, {evaluations} sub-layer risks each", whole, "lower model.heads")
     with Bar(layers, "pruning", "layer", estimate=whole, each=True, done="pruned {n} layer(s)", announced=True) as bar:
         yield bar
     times = [b - a for a, b in zip([bar.start, *bar.marks], bar.marks)]
