@@ -52,7 +52,6 @@ from ..expectations._routes import RouteChoice, exact_route_exists, route_of
 from ..expectations._sobol_geometry import SOBOL_MAX_DIM, factor_rows, node_batch, quadrature_dimension
 from ..model._priors import Prior
 from ..runtime._progress import cpu_count
-from ..runtime._progress import duration as duration  # re-exported: the durations of messages
 
 #: Bytes of the runtime and compiled programs, on top of the arrays.
 OVERHEAD = 300 * 2**20
