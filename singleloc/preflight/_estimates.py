@@ -82,12 +82,6 @@ def device() -> str:
     return f"cpu: {model} x {cpu_count()}"
 
 
-def device_label(name: str) -> str:
-    """``"this CPU"``, ``"this GPU (NVIDIA H200)"``."""
-    platform, _, kind = name.partition(": ")
-    return "this CPU" if platform == "cpu" else f"this {platform.upper()} ({kind})"
-
-
 def timings_path() -> Path | None:
     """Where the records are kept (module docstring); ``None``: in this process only."""
     import jax
@@ -99,10 +93,13 @@ def timings_path() -> Path | None:
 
 
 class Timings:
-    """The records of one device (module docstring), read from ``path`` (``None``: none kept)."""
+    """The records of one device (module docstring), read from ``path`` (``None``: none kept); ``here``: the device in
+    words (``"this CPU"``, ``"this GPU (NVIDIA H200)"``)."""
 
     def __init__(self, path: Path | None, device_name: str):
-        self.path, self.device, self.here = path, device_name, device_label(device_name)
+        platform, _, kind = device_name.partition(": ")
+        self.path, self.device = path, device_name
+        self.here = "this CPU" if platform == "cpu" else f"this {platform.upper()} ({kind})"
         self._data = self._read()
 
     def _read(self) -> dict[str, Any]:
