@@ -181,7 +181,8 @@ def test_pruning_checks_its_memory(monkeypatch):
 
 
 def test_prune_run_prunes_the_final_state_of_every_stored_layer(monkeypatch):
-    """The theory's final state and every seed's; one resolution of ``theory.points = "auto"``."""
+    """The theory's final state and every seed's, on one checked rule: one resolution of ``theory.points = "auto"``
+    (the layers' risks see the number), one evaluator whose rules the layers share."""
     cfg = sl.load_config("default", ["theory.points=auto"])
     T, S, H, F = 5, 3, cfg.model.heads, cfg.problem.F
     rng = np.random.default_rng(0)
@@ -189,15 +190,16 @@ def test_prune_run_prunes_the_final_state_of_every_stored_layer(monkeypatch):
     sim = {k: rng.normal(size=(S, *v.shape)) for k, v in theory.items() if k != "tau"}
     run = sl.Run(None, cfg, {"theory": theory, "simulation": sim}, "hash")
     resolved, calls = [], []
-    monkeypatch.setattr(_pruning, "resolve_points", lambda config: resolved.append(config) or config.replace(
-        theory={"points": 512}))
-    monkeypatch.setattr(_pruning, "prune_theory", lambda config, M, Q, b, order, **kw: calls.append((config, M, Q, b, order, kw)))
+    monkeypatch.setattr(_pruning, "resolve_points", lambda config: config if config.theory.points != "auto" else
+                        resolved.append(config) or config.replace(theory={"points": 512}))
+    monkeypatch.setattr(_pruning, "_pruned", lambda risk, M, order, draws, seed: calls.append(
+        (risk, risk.config, risk.M, risk.Q, risk.b, order, {"draws": draws, "seed": seed})))
     results = sl.prune_run(run, "alignment", draws=3, seed=7)
     assert len(resolved) == 1 and list(results) == ["theory", "simulation"] and len(results["simulation"]) == S
     layers = [(theory["M"][-1], theory["Q"][-1], theory["b"][-1])] + [(sim["M"][s, -1], sim["Q"][s, -1], sim["b"][s, -1])
                                                                       for s in range(S)]
-    assert len(calls) == 1 + S
-    for (config, M, Q, b, order, kw), layer in zip(calls, layers):
+    assert len(calls) == 1 + S and all(risk._odes is calls[0][0]._odes for risk, *_ in calls)
+    for (_, config, M, Q, b, order, kw), layer in zip(calls, layers):
         assert config.theory.points == 512 and order == "alignment" and kw == {"draws": 3, "seed": 7}
         for got, want in zip((M, Q, b), layer):
             np.testing.assert_array_equal(got, want)
