@@ -390,7 +390,8 @@ def test_a_series_of_linearizations_says_k_of_n(tiny_ode, monkeypatch):
     st.escape_rate_along(ode, [0.0, 1.0, 2.0], [x, x, x], 2, 2)
     assert [s[1] for s in said] == [f"linearized the drift, {k} of 3" for k in (1, 2, 3)]
     counts = []
-    monkeypatch.setattr(_predictions, "symmetric_path", lambda ode, x0, H, F, ts: (np.tile(x0, (len(ts), 1)), np.exp(-ts) + 0.1))
+    monkeypatch.setattr(_predictions, "symmetric_path", lambda ode, x0, H, F, ts, **tol:
+                        (np.tile(x0, (len(ts), 1)), np.exp(-ts) + 0.1))
     monkeypatch.setattr(_predictions, "symmetric_escape_rate", lambda *a, count, **k: counts.append(count) or 0.01)
     said.clear()
     monkeypatch.setattr(_predictions, "Phase", Recorder)

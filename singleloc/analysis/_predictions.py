@@ -174,7 +174,7 @@ def predicted_escape(config: Config | None = None, *, problem: Problem | None = 
     ts = np.concatenate([[0.0], np.geomspace(tau_flow * 1e-4, tau_flow, _PATH_POINTS)])
     with Phase((f"following the head-symmetric flow of {H} heads to tau = {tau_flow:g} ({ode.expectation.route} route; "
                 f"then at most {n_rates} linearizations along its plateau)", "followed the head-symmetric flow")):
-        xs, risk = symmetric_path(ode, x0, H, F, ts)
+        xs, risk = symmetric_path(ode, x0, H, F, ts, rtol=config.theory.rtol, atol=config.theory.atol)
     n = int(np.argmin(np.isfinite(risk))) if not np.all(np.isfinite(risk)) else len(ts)
     ts, xs, risk = ts[:n], xs[:n], risk[:n]
     tau_0 = plateau_time(ts, risk, plateau_fraction)
