@@ -795,3 +795,15 @@ def test_a_terminals_ctrl_c_while_a_sweep_starts_its_workers_is_one_line(tmp_pat
     assert code == 130 and seconds < 5.0, (code, seconds, err)
     assert err.strip().splitlines()[-1] == "singleloc sweep: interrupted" and "Traceback" not in err, err
     assert "leaked" not in err, err
+
+
+def test_plot_into_a_sweeps_folder_is_refused(previous_run, tmp_path, capsys):
+    """Issue 62 item 6 (a hostile pass): ``plot RUN --out SWEEP`` wrote the run's figures among a sweep's files
+    without a word (a sweep's folder held no run's files, so no run was seen there)."""
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "sweep.csv").write_text("model.heads,final_risk\n1,0.5\n")
+    assert main(["plot", str(previous_run), "--out", str(sweep)]) == 2
+    line = one_line(capsys, "plot")
+    assert "holds a sweep (sweep.csv)" in line and "choose another --out folder" in line, line
+    assert [p.name for p in sweep.iterdir()] == ["sweep.csv"]
