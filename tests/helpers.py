@@ -12,10 +12,12 @@
 from __future__ import annotations
 
 import csv
+import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -120,27 +122,49 @@ def one_line(capsys, command: str, kind: str = "error") -> str:
     return lines[0]
 
 
-def interrupt(args, tmp_path, wait_for=None, delay=0.0, limit=10.0, env=None):
+def interrupt(args, tmp_path, wait_for=None, delay=0.0, limit=10.0, env=None, group=None):
     """Start ``python ARGS`` (SIGINT at its default, as in a terminal; ``env``: its environment), send
     SIGINT once its stderr shows ``wait_for`` (then ``delay`` seconds), and return (exit code, seconds
-    until it ended, stderr)."""
+    until it ended, stderr). ``group = n``: SIGINT to its whole process group, as a terminal's Ctrl-C, once the
+    group holds ``n`` processes besides it (then ``delay``); the group must be empty a few seconds later."""
     proc = subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=tmp_path, env=env, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            cwd=tmp_path, env=env, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+                            start_new_session=group is not None)
     seen = ""
     while wait_for is not None and wait_for not in seen:
         line = proc.stderr.readline()
         assert line, f"ended before {wait_for!r}: {seen}"
         seen += line
+    while group is not None and len(_group(proc.pid)) <= group and proc.poll() is None:
+        time.sleep(0.02)
     time.sleep(delay)
     start = time.monotonic()
-    proc.send_signal(signal.SIGINT)
+    send = proc.send_signal if group is None else (lambda sig: os.killpg(proc.pid, sig))
+    send(signal.SIGINT)
     try:
         _, err = proc.communicate(timeout=limit)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        send(signal.SIGKILL)
         proc.communicate()
         pytest.fail(f"still running {limit} s after Ctrl-C")
-    return proc.returncode, time.monotonic() - start, seen + err
+    ended = time.monotonic() - start
+    while group is not None and _group(proc.pid) and time.monotonic() < start + limit:
+        time.sleep(0.1)
+    assert group is None or not _group(proc.pid), f"processes of the group left running: {_group(proc.pid)}"
+    return proc.returncode, ended, seen + err
+
+
+def _group(pgid: int) -> list[int]:
+    """The live processes of the process group ``pgid`` (from /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            found.append(int(entry))
+    return found
 
 
 def read_csv(path):

@@ -227,3 +227,25 @@ def test_the_check_passes_numpy_jax_and_traced_arrays_and_the_package_skips_it()
     assert sl.r_orth.__wrapped__ is _theory.r_orth and sl.r_orth is not _theory.r_orth
     assert pickle.loads(pickle.dumps(sl.r_orth)) is sl.r_orth  # by reference, as singleloc.r_orth (a process pool's)
     assert sl.removable_heads([0.2, 0.2, 0.3], 0.01) == sl.removable_heads(np.array([0.2, 0.2, 0.3]), 0.01) == 1
+
+
+def test_values_that_gave_a_silent_wrong_answer_are_refused():
+    """Issue 62 item 6 (a hostile pass): heads out of range or repeated gave another sub-layer (index 5 of two heads
+    kept head 1), a NaN risk or a negative tol a count, NaN order parameters a NaN risk, and the exact route in
+    float32 a NaN Bayes risk; each is now one line naming the argument (or JAX's float64 mode)."""
+    M, Q, b = np.ones((2, 2)), np.eye(2), np.zeros(2)
+    for kept in ([0, 0], [5], [-1]):
+        with pytest.raises(ValueError, match=r"^keep_heads: kept must be distinct heads in 0..1, got"):
+            sl.keep_heads(M, Q, b, kept)
+    for risk, tol in (([0.1, np.nan, 0.2], 0.01), ([0.1, 0.2], -1.0), ([0.1, 0.2], np.nan)):
+        with pytest.raises(ValueError, match=r"^removable_heads: risk must be finite and tol >= 0"):
+            sl.removable_heads(risk, tol)
+    with pytest.raises(ValueError, match=r"^population_risk: the order parameters M, Q and b must be finite"):
+        sl.population_risk(sl.spikes(2, 1.0), 4, "softmax", np.full((1, 2), np.nan), np.eye(1), np.zeros(1))
+    x64 = jax.config.jax_enable_x64
+    try:  # refused before anything is built or compiled
+        jax.config.update("jax_enable_x64", False)
+        with pytest.raises(RuntimeError, match=r"^population_risk on the exact route needs JAX's float64 mode"):
+            sl.bayes_risk(sl.spikes(2, 1.0), 4)
+    finally:
+        jax.config.update("jax_enable_x64", x64)

@@ -76,3 +76,18 @@ def test_bad_continuations_are_refused_in_one_line(tiny_run, tmp_path, capsys, a
     assert "\n" not in err and "Traceback" not in err, err
     assert all(w in err for w in words), err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_run_of_another_version_is_continued_with_a_note(tiny_run, tmp_path, capsys):
+    """Issue 62 item 6 (a hostile pass): a run folder written by another version of singleloc was continued without
+    a word, its stored part and its continuation then made by two versions."""
+    import json
+    import shutil
+
+    other = shutil.copytree(tiny_run, tmp_path / "other")
+    data = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**data, "singleloc_version": "0.0.1"}))
+    assert main(["integrate", "--continue", str(other), "--horizon", "1", "--out", str(tmp_path / "out"), "--no-progress"]) == 2
+    note, error = capsys.readouterr().err.strip().splitlines()  # (here refused after the note: a horizon not beyond)
+    assert note.startswith("singleloc integrate: note: ") and "singleloc 0.0.1, this is " + sl.__version__ in note, note
+    assert error.startswith("singleloc integrate: error: --horizon"), error

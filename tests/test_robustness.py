@@ -782,3 +782,31 @@ def test_long_sequences_pass_the_checks_on_the_exact_route_only(monkeypatch):
     z = gaussian_nodes(11000, 2, 0, 64, 0, symmetric=False)
     assert z.shape == (64, 22000) and np.all(np.isfinite(z))
     assert abs(float(np.mean(z[:, -1000:] ** 2)) - 1) < 0.05  # the pseudo-random tail is standard normal
+
+
+@pytest.mark.slow
+def test_a_terminals_ctrl_c_while_a_sweep_starts_its_workers_is_one_line(tmp_path):
+    """Issue 62: a terminal's Ctrl-C reaches the whole process group; while ``sweep --workers 2`` started its
+    workers, a worker also printed a ``KeyboardInterrupt`` traceback (66 lines) after "interrupted". The
+    workers now ignore SIGINT (this process closes them): the signal lands as the first worker starts."""
+    pytest.importorskip("distributed")
+    args = ["-m", "singleloc", "sweep", "default", *cli_sets(*SETS[:3], "simulation.D=64", "simulation.seeds=1"),
+            "--grid", "model.heads=1,2", "--workers", "2", "--yes", "--no-progress", "--out", "o"]
+    # three processes besides it (spawned: the resource tracker and two workers; forked: the tracker, the fork
+    # server and the first worker): the signal lands while the workers start, where it printed the traceback
+    code, seconds, err = interrupt(args, tmp_path, delay=0.5, limit=30.0, group=3)
+    assert code == 130 and seconds < 5.0, (code, seconds, err)
+    assert err.strip().splitlines()[-1] == "singleloc sweep: interrupted" and "Traceback" not in err, err
+    assert "leaked" not in err, err
+
+
+def test_plot_into_a_sweeps_folder_is_refused(previous_run, tmp_path, capsys):
+    """Issue 62 item 6 (a hostile pass): ``plot RUN --out SWEEP`` wrote the run's figures among a sweep's files
+    without a word (a sweep's folder held no run's files, so no run was seen there)."""
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "sweep.csv").write_text("model.heads,final_risk\n1,0.5\n")
+    assert main(["plot", str(previous_run), "--out", str(sweep)]) == 2
+    line = one_line(capsys, "plot")
+    assert "holds a sweep (sweep.csv)" in line and "choose another --out folder" in line, line
+    assert [p.name for p in sweep.iterdir()] == ["sweep.csv"]

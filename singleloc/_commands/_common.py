@@ -8,10 +8,12 @@ parser, and ``--help``, stays fast; the commands import the library inside ``run
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import types
 from pathlib import Path
 
+from .._version import __version__
 from ..configuration._presets import preset_names
 from ..ground._atomic_files import BESIDE_FLAG, check_output_folder, check_run_folder
 from ..ground._validation import integer
@@ -191,6 +193,10 @@ def continued_run(args: argparse.Namespace, files: tuple[str, ...]):
         run = load_run(args.resume)
     except (OSError, ValueError) as err:
         raise ValueError(f"--continue: {err}") from None
+    written = json.loads((args.resume / "config.json").read_text()).get("singleloc_version")
+    if written != __version__:  # (the stored part and its continuation made by two versions)
+        print(f"singleloc {args.command}: note: {str(args.resume)!r} was written by singleloc {written}, this is "
+              f"{__version__}: its continuation is computed by this version", file=sys.stderr)
     missing = [f for f in files if f not in run.data and f not in run.extra]
     if missing:
         raise ValueError(f"--continue: {str(args.resume)!r} holds no {missing[0]}.npz: not a run of `singleloc {args.command}`")

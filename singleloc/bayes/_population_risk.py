@@ -27,6 +27,7 @@ from ..ground._validation import integer
 from ..model._activations import get_activation
 from ..model._priors import Prior
 from ..preflight._resources import OVERHEAD, available_memory, check_memory, check_quadrature, rule_bytes
+from ..runtime._numerics import require_x64
 from ..sgd._head_weighting import TrainedHeads, UniformHeads
 
 
@@ -128,6 +129,8 @@ def population_risk(
     if M.ndim != 2 or M.shape[1] != prior.F or Q.shape != (H, H) or b.shape != (H,):
         raise ValueError(f"order parameters must have shapes M (H, {prior.F}), Q (H, H), b (H,), "
                          f"got {M.shape}, {Q.shape}, {b.shape}")
+    if not all(bool(jnp.all(jnp.isfinite(x))) for x in (M, Q, b)):  # (a NaN risk otherwise)
+        raise ValueError("population_risk: the order parameters M, Q and b must be finite")
     if v is not None:
         v = jnp.asarray(v, dtype)
         if v.shape != (H,) or not bool(jnp.all(jnp.isfinite(v))):
@@ -141,6 +144,7 @@ def population_risk(
     elif need := route.rule_bytes(choice, H, prior):  # a joint layer's exact rule grows with H and the atoms
         check_memory({f"the exact route's rule ({activation}, {H} heads, {len(prior.atoms)} atoms of the prior)": need})
     if route.refined_error:  # one rule, its error against its finer copy
+        require_x64(f"population_risk on the {choice.route} route")  # (in float32: a NaN risk)
         e = route.for_risk(choice, prior, int(L), H, points, seed, nodes)
         return RiskEstimate.from_refinement(layer_risk(e, M, Q, b, v), layer_risk_check(e, M, Q, b, v))
     values = [float(layer_risk(route.for_risk(choice, prior, int(L), H, points, seed + i, nodes), M, Q, b, v))

@@ -423,6 +423,8 @@ def check_other_run(folder: Path, mine: str | None, writer: str, names: Iterable
     files are no run's): unless ``beside`` (:data:`BESIDE_FLAG`), and always when one of ``names`` is a
     file of the other run (never replaced)."""
     held = held_run(folder)
+    if held is None and (sweep := [n for n in ("sweep.csv", "sweep.nc") if (Path(folder) / n).is_file()]):
+        raise ValueError(f"{str(folder)!r} holds a sweep ({', '.join(sweep)}), not {writer}: choose another --out folder")
     if held is None or held[0] == mine:
         return
     other = f"{str(folder)!r} holds the run of config hash {held[0]} ({', '.join(held[1])})"

@@ -71,6 +71,8 @@ def keep_heads(M: Real[ArrayLike, "H F"], Q: Real[ArrayLike, "H H"], b: Real[Arr
     """The order parameters of the sub-layer of heads ``kept``: rows of ``M`` and ``b``,
     rows and columns of ``Q``."""
     idx = np.asarray(kept, dtype=int)
+    if len(set(idx.tolist())) != idx.size or not all(0 <= i < np.shape(M)[0] for i in idx.tolist()):
+        raise ValueError(f"keep_heads: kept must be distinct heads in 0..{np.shape(M)[0] - 1}, got {idx.tolist()}")
     return OrderParameters(jnp.asarray(M)[idx], jnp.asarray(Q)[np.ix_(idx, idx)], jnp.asarray(b)[idx])
 
 

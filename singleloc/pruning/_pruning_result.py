@@ -64,5 +64,7 @@ class PruningResult:
 def removable_heads(risk: Real[ArrayLike, " K"] | Sequence[float], tol: float = 0.01) -> int:
     """The largest ``k`` with ``risk[j] <= risk[0] + tol`` for every ``j <= k``."""
     risk = np.asarray(risk, dtype=float)
+    if not (np.all(np.isfinite(risk)) and np.isfinite(tol) and tol >= 0):  # (else a count from NaN, or -1)
+        raise ValueError(f"removable_heads: risk must be finite and tol >= 0, got risk {risk.tolist()}, tol {tol}")
     over = np.nonzero(risk > risk[0] + tol)[0]
     return int(over[0] - 1) if len(over) else len(risk) - 1

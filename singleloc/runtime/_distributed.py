@@ -17,7 +17,7 @@ sweep, share one cluster):
   thread each, started when the first task is submitted and closed with the :class:`Cluster`. Its
   workers get the environment :func:`worker_env` (one CPU thread for XLA and BLAS, no
   preallocation of accelerator memory, so ``workers`` processes use ``workers`` cores; the
-  caller's persistent compilation cache).
+  caller's persistent compilation cache) and ignore Ctrl-C (this process closes them).
 * ``scheduler="tcp://HOST:PORT"`` (or, with ``workers == 1``, the address in the environment
   variable ``DASK_SCHEDULER_ADDRESS``, Dask's own convention): an existing cluster (``dask
   scheduler`` and ``dask worker`` processes, ``dask-jobqueue`` on Slurm or PBS; ``docs/scale.md``).
@@ -25,15 +25,14 @@ sweep, share one cluster):
 
 Faults:
 
-* A task that raises: its exception is recorded under its key (:attr:`PointsReport.errors`) and
-  the other tasks go on. Nothing is retried: the computations are deterministic.
-* A worker process that dies in the middle of a task (killed, out of memory): the scheduler runs
-  the task again on another worker, up to the Dask setting ``distributed.scheduler.allowed-failures``
-  times (3 by default); past that the task is recorded with Dask's ``KilledWorker``. Each result
-  is handed to ``on_result`` once.
-* Ctrl-C or SIGTERM on the client: the results completed so far were already handed to
-  ``on_result``; the pending tasks are cancelled, the local cluster is closed (by the
-  :class:`Cluster`'s context) and :class:`KeyboardInterrupt` propagates.
+* A task that raises: its exception is recorded under its key (:attr:`PointsReport.errors`) and the other tasks go
+  on. Nothing is retried: the computations are deterministic.
+* A worker process that dies in the middle of a task (killed, out of memory): the scheduler runs the task again on
+  another worker, up to the Dask setting ``distributed.scheduler.allowed-failures`` times (3 by default); past that
+  the task is recorded with Dask's ``KilledWorker``. Each result is handed to ``on_result`` once.
+* Ctrl-C or SIGTERM on the client: the results completed so far were already handed to ``on_result``; the pending
+  tasks are cancelled, the local cluster is closed (by the :class:`Cluster`'s context) and
+  :class:`KeyboardInterrupt` propagates.
 """
 
 from __future__ import annotations
@@ -66,10 +65,10 @@ WORKER_ENV = {
 }
 
 
-#: Dask settings of a local cluster: no statistical profiler on the workers. It serves the
-#: dashboard, which is off, and samples the deep stacks of JAX's tracing: a worker's first sweep
-#: point took 25 s with it, 18 s without (once, on a loaded 2-core machine).
-LOCAL_CONFIG = {"distributed.worker.profile.enabled": False}
+#: Dask settings of a local cluster: workers forked from a server deaf to Ctrl-C (:func:`_fork_server_deaf_to_ctrl_c`);
+#: no statistical profiler on the workers (it serves the dashboard, which is off, and samples JAX's deep stacks: a
+#: worker's first sweep point took 25 s with it, 18 s without, once, on a loaded 2-core machine).
+LOCAL_CONFIG = {"distributed.worker.profile.enabled": False, "distributed.worker.multiprocessing-method": "forkserver"}
 
 
 @dataclasses.dataclass
@@ -114,8 +113,7 @@ class Cluster:
         """The :class:`distributed.Client` of the cluster, started or connected on the first call."""
         if self.where == "serial":
             raise RuntimeError("a serial Cluster has no Dask client")
-        if self._client is None:
-            # Dask is imported here, not at the top: a serial run neither imports nor starts it.
+        if self._client is None:  # Dask imported here: a serial run neither imports nor starts it
             import dask
             from distributed import Client, LocalCluster
 
@@ -125,9 +123,10 @@ class Cluster:
                 self._client = self._stack.enter_context(self._connect(Client))
             else:
                 with dask.config.set(LOCAL_CONFIG), _workers_killed_on_failure():
-                    cluster = self._stack.enter_context(LocalCluster(
+                    _fork_server_deaf_to_ctrl_c()
+                    cluster = self._stack.enter_context(LocalCluster(  # (the environment now, not the server's)
                         n_workers=self.workers, threads_per_worker=1, processes=True, dashboard_address=None,
-                        env=worker_env()))
+                        env={**os.environ, **worker_env()}))
                 self._client = self._stack.enter_context(Client(cluster))
                 self._client.run(_worker_log_level, logging.ERROR)
         return self._client
@@ -168,9 +167,8 @@ class Cluster:
         return max(1, sum(self.client().nthreads().values()))
 
     def close(self, *, quiet: bool = False) -> None:
-        """Close the client and a local cluster (its worker processes end); idempotent.
-        ``quiet``: without Dask's log lines (after Ctrl-C, when the workers are stopped in the
-        middle of their tasks and Dask logs every cancelled task and every worker it kills)."""
+        """Close the client and a local cluster (its worker processes end); idempotent. ``quiet``: without Dask's
+        log lines (after Ctrl-C, when Dask logs every cancelled task and every worker it kills)."""
         client, self._client = self._client, None
         try:
             if not quiet:
@@ -188,10 +186,27 @@ class Cluster:
             _OPEN.discard(id(self))
 
 
+def _fork_server_deaf_to_ctrl_c() -> None:
+    """Start multiprocessing's fork server, of which a local cluster forks its workers (:data:`LOCAL_CONFIG`),
+    with SIGINT ignored, which the workers inherit: a terminal's Ctrl-C (sent to the process group) then reaches
+    only this process, which closes them, and no starting worker prints a ``KeyboardInterrupt`` traceback (Dask
+    has no option for it, dask/distributed#1925). Ignored here only while the server is spawned (milliseconds,
+    once a process), after Dask's ``pre-spawn-environ`` is set (the workers start with the server's)."""
+    import multiprocessing
+    from multiprocessing import forkserver
+
+    import dask
+
+    multiprocessing.get_context("forkserver").set_forkserver_preload([])  # workers forked at once (Dask's preload: 4 s)
+    os.environ.update({k: os.environ.get(k, str(v)) for k, v in dask.config.get("distributed.nanny.pre-spawn-environ").items()
+                       if v is not None})
+    with _signal_taken(signal.SIGINT, signal.SIG_IGN):
+        forkserver.ensure_running()
+
+
 @contextlib.contextmanager
 def _workers_killed_on_failure() -> Iterator[None]:
-    """A local cluster interrupted (or failing) while it starts is not yet closable: its worker processes
-    that have started are killed, so that none outlives this process."""
+    """A local cluster interrupted (or failing) as it starts, not yet closable: its started workers are killed."""
     import multiprocessing
 
     try:
@@ -293,7 +308,7 @@ def run_points(
     if cluster is not None and (workers != 1 or scheduler):
         raise ValueError("give either an open cluster or workers/scheduler, not both")
     # SIGTERM is turned into KeyboardInterrupt before a cluster of this call starts and until it is closed.
-    with _sigterm_as_interrupt(), contextlib.ExitStack() as stack:
+    with _signal_taken(signal.SIGTERM, _interrupt), contextlib.ExitStack() as stack:
         if cluster is None:
             cluster = stack.enter_context(open_cluster(workers, scheduler))
         return _run(tasks, fn, on_result, cluster, progress, desc, group, size, costs or {})
@@ -417,19 +432,19 @@ def _restore_dask_logging() -> None:
         logging.getLogger("distributed").setLevel(_DASK_LEVEL.pop())
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 @contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """Within the block, SIGTERM raises :class:`KeyboardInterrupt` like Ctrl-C, so that the
-    cleanup (cancel, close the cluster, remove temporary files) runs. Only in the main thread."""
+def _signal_taken(signum: int, handler) -> Iterator[None]:
+    """Within the block, ``handler`` takes the signal ``signum`` (:func:`_interrupt`: SIGTERM raises
+    :class:`KeyboardInterrupt` like Ctrl-C, so that the cleanup runs). Only in the main thread."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    previous = signal.signal(signum, handler)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signum, previous)
