@@ -73,7 +73,7 @@ class _Compilations:
               "/jax/core/compile/jaxpr_to_mlir_module_duration": "lowering", BACKEND: "compiling"}
 
     def __init__(self):
-        self.seconds, self.compiled, self.loaded = Counter(), Counter(), Counter()
+        self.seconds, self.compiled, self.loaded, self.making = Counter(), Counter(), Counter(), Counter()
         self.test, self._hit, self.watchers = "(outside tests)", threading.local(), []
 
     def event(self, event: str, **kwargs) -> None:
@@ -83,6 +83,7 @@ class _Compilations:
     def duration(self, event: str, seconds: float, **kwargs) -> None:
         if event in self.PHASES:
             self.seconds[self.PHASES[event]] += seconds
+            self.making[self.test] += seconds
         if event == self.BACKEND:
             loaded = getattr(self._hit, "value", False)
             (self.loaded if loaded else self.compiled)[self.test] += 1
@@ -101,7 +102,8 @@ jax.monitoring.register_event_duration_secs_listener(_COMPILATIONS.duration)
 
 def pytest_addoption(parser):
     parser.addoption("--compilations", type=int, metavar="N", default=0,
-                     help="list the N tests that made the most XLA programs (compiled or loaded)")
+                     help="list the N tests that made the most XLA programs (compiled or loaded), with their seconds "
+                          "tracing, lowering and compiling or loading")
 
 
 @pytest.hookimpl(wrapper=True)
@@ -122,7 +124,7 @@ def _over_ceiling(config) -> bool:
 def pytest_sessionfinish(session):
     if hasattr(session.config, "workeroutput"):  # a pytest-xdist worker: its counts go to the controller
         c = _COMPILATIONS
-        session.config.workeroutput["compilations"] = (dict(c.compiled), dict(c.loaded), dict(c.seconds))
+        session.config.workeroutput["compilations"] = (dict(c.compiled), dict(c.loaded), dict(c.seconds), dict(c.making))
     elif _over_ceiling(session.config) and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
@@ -130,8 +132,9 @@ def pytest_sessionfinish(session):
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node, error):
     """pytest-xdist's controller: a worker's programs and seconds added to the session's."""
-    compiled, loaded, seconds = node.workeroutput.get("compilations", ({}, {}, {}))
-    _COMPILATIONS.compiled.update(compiled), _COMPILATIONS.loaded.update(loaded), _COMPILATIONS.seconds.update(seconds)
+    c = _COMPILATIONS
+    for counter, part in zip((c.compiled, c.loaded, c.seconds, c.making), node.workeroutput.get("compilations", ())):
+        counter.update(part)
 
 
 def pytest_terminal_summary(terminalreporter, config):
@@ -140,7 +143,7 @@ def pytest_terminal_summary(terminalreporter, config):
           f"({_CACHE_DIR}); {t['tracing']:.0f} s tracing, {t['lowering']:.0f} s lowering, {t['compiling']:.0f} s "
           "compiling or loading (tests/conftest.py)")
     for test, n in (c.compiled + c.loaded).most_common(config.getoption("--compilations")):
-        write(f"{n:5d} programs ({c.compiled[test]} compiled)  {test}")
+        write(f"{n:5d} programs ({c.compiled[test]} compiled, {c.making[test]:5.1f} s)  {test}")
     if _over_ceiling(config):
         write(f"compilation ceiling: the default suite made {c.made()} programs, more than tests/conftest.py's CEILING "
               f"of {CEILING} (--compilations 25 lists the tests that made the most)", red=True)

@@ -17,9 +17,9 @@ from singleloc.cli import main
 from singleloc.sweeps import _sweep, _sweep_cache, _sweep_compute
 
 VALUES = [  # every batched key moves between the points
-    ["sgd.lr=0.3", "problem.strength=2.5", "sgd.tau_max=3", "sgd.init_scale=0.5", "simulation.seed=0", "simulation.D=100"],
-    ["sgd.lr=0.5", "problem.strength=3.5", "sgd.tau_max=4", "sgd.init_scale=0.4", "simulation.seed=1", "simulation.D=1000"],
-    ["sgd.lr=0.4", "problem.strength=3.0", "sgd.tau_max=2", "sgd.init_scale=0.6", "simulation.seed=2", "simulation.D=300"],
+    ["sgd.lr=0.3", "problem.strength=2.5", "sgd.tau_max=1.5", "sgd.init_scale=0.5", "simulation.seed=0", "simulation.D=100"],
+    ["sgd.lr=0.5", "problem.strength=3.5", "sgd.tau_max=2", "sgd.init_scale=0.4", "simulation.seed=1", "simulation.D=1000"],
+    ["sgd.lr=0.4", "problem.strength=3.0", "sgd.tau_max=1", "sgd.init_scale=0.6", "simulation.seed=2", "simulation.D=300"],
 ]
 
 
@@ -33,24 +33,29 @@ def solver_tolerance(cfg, x):
     return 10 * (cfg.theory.rtol * np.max(np.abs(x)) + cfg.theory.atol)
 
 
-def test_batched_points_equal_their_own_solves(tiny_theory_seeds):
+@pytest.fixture(scope="module")
+def singles(tiny_theory_seeds):
+    """Each point of :func:`configs` solved alone (the session's tiny program), shared by the tests below."""
+    return [_sweep_compute.compute_point("theory", c.to_dict()) for c in configs()]
+
+
+def test_batched_points_equal_their_own_solves(singles):
     cfgs = configs()
     groups = {_sweep_compute.compile_group("theory", c.to_dict()) for c in cfgs}
     assert len(groups) == 1  # the values do not split the group ...
     assert _sweep_compute.compile_group("theory", cfgs[0].replace(model={"heads": 1}).to_dict()) not in groups  # ... a shape does
     batched = _sweep_compute.compute_points("theory", *(c.to_dict() for c in cfgs))
-    single = [_sweep_compute.compute_point("theory", c.to_dict()) for c in cfgs]
-    for cfg, b, s in zip(cfgs, batched, single):
+    for cfg, b, s in zip(cfgs, batched, singles):
         np.testing.assert_array_equal(b["tau"], s["tau"])  # each point its own horizon
         assert b["tau"][-1] == cfg.sgd.tau_max
         for name in ("M", "Q", "b", "risk"):
             np.testing.assert_allclose(b[name], s[name], rtol=0, atol=solver_tolerance(cfg, s[name]), err_msg=name)
     # the points differ by far more than the tolerance: a result given to the wrong point fails
-    gap = np.max(np.abs(single[0]["risk"][:, -1] - single[1]["risk"][:, -1]))
-    assert gap > 100 * solver_tolerance(cfgs[0], single[0]["risk"])
+    gap = np.max(np.abs(singles[0]["risk"][:, -1] - singles[1]["risk"][:, -1]))
+    assert gap > 100 * solver_tolerance(cfgs[0], singles[0]["risk"])
 
 
-def test_a_failing_point_does_not_stop_its_batch(tiny_theory_seeds):
+def test_a_failing_point_does_not_stop_its_batch(singles):
     """The batched solve of the test above and the session's solve of a point: values only, no new
     program. The middle point's learning rate is far past stability: its solve stops at the step floor
     within its first steps (singleloc.theory._step_budget.MIN_STEP) while the others finish."""
@@ -58,8 +63,7 @@ def test_a_failing_point_does_not_stop_its_batch(tiny_theory_seeds):
     cfgs[1] = cfgs[1].replace(sgd={"lr": 1e5})
     results = _sweep_compute.compute_points("theory", *(c.to_dict() for c in cfgs))
     assert isinstance(results[1], FloatingPointError) and "sgd.lr" in str(results[1])
-    for cfg, r in zip(cfgs[::2], results[::2]):
-        s = _sweep_compute.compute_point("theory", cfg.to_dict())
+    for cfg, r, s in zip(cfgs[::2], results[::2], singles[::2]):
         np.testing.assert_allclose(r["risk"], s["risk"], rtol=0, atol=solver_tolerance(cfg, s["risk"]))
 
 

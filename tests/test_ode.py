@@ -44,7 +44,7 @@ def test_one_start_solves_as_in_a_batch(tiny_theory, tiny_theory_seeds):
 
 def test_identical_heads_stay_identical_along_the_solution():
     """On the Sobol rule, closed under the cyclic shifts of the heads (its subject: the exact route's
-    symmetry is that of its quadrature, tests/test_laplace.py)."""
+    symmetry is that of its quadrature, tests/test_laplace_gradients.py)."""
     cfg = sl.load_config("bsoftmax", ["sgd.tau_max=2", "sgd.n_save=5", "theory.points=256", "theory.route=rule"])
     M0 = np.array([[0.01, 0.02], [0.01, 0.02]])
     Q0 = np.full((2, 2), 0.25)
