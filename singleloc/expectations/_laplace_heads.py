@@ -62,6 +62,9 @@ GRAM_OUTER = 3
 #: the relevant token's ``E[rho_1 rho_1']`` and ``E[rho_0 rho_0']`` (the last two): one list, so that one table of the
 #: second field's smoothed profiles serves both tokens where their fields share a covariance (a discrete prior).
 PAIR_COMBOS = ((RHO0, OMEGA), (RHO1, RHO1), (RHO0, RHO0))
+#: Where the noise token and the atoms share one table (a discrete prior: the means ``(noise, atom_1, ...)``), the part
+#: of those means each of :data:`PAIR_COMBOS` is wanted at: no product for a combo that a token does not use.
+PAIR_BATCHES = (slice(0, 1), slice(None), slice(1, None))
 
 
 class PerHeadLayer(eqx.Module):
@@ -101,8 +104,8 @@ class PerHeadLayer(eqx.Module):
             y, yp = Y[h], Y[g]
             if rule.discrete:  # both tokens' fields have the covariance C1: one table for the noise token and every atom
                 means = [jnp.concatenate([m1[k][None], m0[k]]) for k in (h, g)]
-                both = rule.pair(PAIR_COMBOS, y, yp, *means, C1[h, h], C1[h, g], C1[g, g])
-                noise, rel = both[:2, 0], both[1:, 1:]
+                both = rule.pair(PAIR_COMBOS, y, yp, *means, C1[h, h], C1[h, g], C1[g, g], batches=PAIR_BATCHES)
+                noise, rel = (both[0][0], both[1][0]), jnp.stack([both[1][1:], both[2]])
             else:
                 noise = rule.pair(PAIR_COMBOS[:2], y, yp, m1[h], m1[g], C1[h, h], C1[h, g], C1[g, g])
                 rel = rule.pair(PAIR_COMBOS[1:], y, yp, m0[h], m0[g], C0[h, h], C0[h, g], C0[g, g])
