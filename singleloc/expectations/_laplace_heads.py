@@ -37,8 +37,8 @@ rule on the ``y'`` lattice would now save only the interpolation, at the price o
 that follows the state needs slack in the node count to cover ``[-8, 8]``). A one-pass value and gradient per
 pair (``jax.custom_vjp``, about 1.3-1.5x on the gradient) was not landed; the 5.7e-6 by which it "moved" a
 gradient is most likely the relative change of ``dR/db``, which vanishes for softmax (a common shift of one
-head's logits) and is rounding of size 1e-12: the rounding-only change above shows 1.4e-5 by that measure and
-agrees with central differences to 1e-12.
+head's logits) and is rounding of size 1e-12: the rounding-only change above shows 1.4e-5 by that measure, 3.1e-16
+of the gradient's largest entry (eight states, H = 2, 3), and agrees with central differences to 1e-12.
 
 The ``lr^2`` Gram term of one or two heads (:mod:`~singleloc.expectations._laplace_gram`) takes its pair moments on
 :data:`GRAM_OUTER` times the pair rule's outer nodes, which this layer holds (``H = 2`` only).
