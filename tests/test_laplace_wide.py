@@ -63,9 +63,10 @@ def _nested_trapezoid_pair(outer_nodes, inner_nodes):
 
     (zo, wo), (zi, wi) = normal(outer_nodes), normal(inner_nodes)
 
-    def pair(self, combos, y, yp, m, mp, C11, C12, C22):
+    def pair(self, combos, y, yp, m, mp, C11, C12, C22, batches=None):
         if jnp.ndim(m):  # a batch of means sharing the covariance: one at a time
-            return jnp.stack([pair(self, combos, y, yp, a, b, C11, C12, C22) for a, b in zip(m, mp)], axis=1)
+            every = jnp.stack([pair(self, combos, y, yp, a, b, C11, C12, C22) for a, b in zip(m, mp)], axis=1)
+            return every if batches is None else [every[k][part] for k, part in enumerate(batches)]
         sx = jnp.sqrt(C11) * zo
         beta, s = C12 / C11, jnp.sqrt(C22 - C12**2 / C11)
         outer = wo * _profiles(y[:, None] + m + sx)  # (4, n_t, outer_nodes)

@@ -316,14 +316,16 @@ class LaplaceRule(eqx.Module):
         wide = grid_smoothing(y + m, jnp.sqrt(jnp.maximum(v, WIDE_SIGMA**2)), self.u_grid, which)[0]  # finite where not taken
         return jnp.where(v > WIDE_SIGMA**2, wide, narrow)
 
-    def pair(self, combos, y, yp, m, mp, C11, C12, C22, outer_rule=None):
+    def pair(self, combos, y, yp, m, mp, C11, C12, C22, outer_rule=None, batches=None):
         """``E[f_a(y + x) f_b(y' + x')]`` (len(combos), *batch, n_t, n_t) on the grid ``y x y'`` for the profile
         pairs ``(a, b)`` in ``combos``, ``(x, x')`` Gaussian with means ``(m, m')`` and covariance
         ``[[C11, C12], [C12, C22]]`` (module docstring): the first field on the normal rule
         ``outer_rule`` (nodes and weights; default the rule's outer one), the second given the
         first smoothed by its conditional Gaussian (:func:`~singleloc.expectations._laplace_profiles.smoothed_profiles`).
         The means may be arrays of the shape ``batch`` (e.g. one per atom of the prior): they share the
-        covariance, so the second field's table of smoothed profiles is built once for all of them."""
+        covariance, so the second field's table of smoothed profiles is built once for all of them.
+        ``batches``: per combo, the part of the (one-dimensional) batch it is wanted at (a slice; default all): then
+        a list of the combos' arrays, each product taken on its part only."""
         z, w = (self.z_outer, self.w_outer) if outer_rule is None else outer_rule
         C11 = jnp.maximum(C11, PAIR_VAR_FLOOR)
         sx = jnp.sqrt(C11) * z  # x - m at the outer nodes
@@ -334,7 +336,9 @@ class LaplaceRule(eqx.Module):
         outer = w * _profiles(y[:, None] + m + sx, firsts)  # (., *batch, n_t, n_outer)
         inner = smoothed_profiles(yp[None, :] + mp + beta * sx[:, None], s2, self.z_inner, self.w_inner, self.u_grid,
                                   seconds, WIDE_SIGMA)  # (., *batch, n_outer, n_t)
-        return jnp.stack([outer[firsts.index(a)] @ inner[seconds.index(b)] for a, b in combos])
+        if batches is None:
+            return jnp.stack([outer[firsts.index(a)] @ inner[seconds.index(b)] for a, b in combos])
+        return [outer[firsts.index(a)][part] @ inner[seconds.index(b)][part] for (a, b), part in zip(combos, batches)]
 
 
 def exact_rule(activation: Activation | str, L: int, H: int, prior: Prior, *, nodes: int = NODES,

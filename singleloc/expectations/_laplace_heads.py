@@ -20,21 +20,25 @@ CDF each), interpolated at ``n_outer x n_t`` arguments per token law; the first 
 ``n_t x n_outer`` nodes; and ``(n_t x n_outer) @ (n_outer x n_t)`` products. The table depends on the pair's
 conditional variance only, so it is built once for the noise token and every atom of a discrete prior (whose
 fields share the covariance ``C1``; a Gaussian part gives the relevant token a table of its own, shared by
-its atoms). Where the time goes (softmax, ``L = 8``, ``H = 8``, near copies, conditional width 0.62, CPU time
-per pair on the shared 2-core machine): the table 5-6 ms on the profile grid (1-2 ms on the normal rule), its
-interpolation at 2 x 8192 arguments 3-4 ms, the first field's profiles 0.3 ms, the products 0.5 ms; a pair's
-value 10 ms, with its gradient 14 ms. Tables and interpolation are what a faster layout must remove.
-Measured again (issue 59, minimum CPU time of 21 calls, load 12-14; the noise token and one atom, 2 x 8192
-arguments): the normal-rule table of three profiles 0.67 ms for values, 2.1 ms with the two derivative orders
-the gradient takes, now 0.53 and 1.0 ms (the two exponentials at each node computed once for every profile and
-order, :func:`~singleloc.expectations._laplace_profiles.normal_smoothing`); the profile-grid table 4.4 and 5.0 ms;
-the interpolation 2.4 ms (values) and 4.0 ms (three orders), now the larger part; the first field's profiles
-0.1-0.2 ms, the products 0.2-0.5 ms. A pair's value 3.6 ms, its value and gradient without recomputation 6.6 ms.
-Neither dropping the checkpoint (the stacked residuals cost more: 640 against 410 ms per gradient at H = 8) nor
-``lax.map`` in chunks of four pairs (840 ms) was faster on this CPU. The interpolation touches 8 points x 9 rows
-per argument whatever its layout (contiguous slices on a lattice aligned with the ``y'`` nodes: 1.3-1.5x): a
-layout that meets the target evaluates fewer arguments, e.g. an outer rule whose nodes fall on the ``y'``
-lattice, so that every argument of a pair is one lattice point and no interpolation is needed.
+its atoms). Per pair, a value costs ``2 n_t n_outer n_t`` multiply-adds per product (four with a
+discrete prior: :data:`PAIR_BATCHES` takes each combo on the tokens that use it) plus ``TABLE_POINTS n_inner``
+profile evaluations per order and ``(1 + K) n_t n_outer`` interpolations; its gradient about three times that,
+one value more for the checkpoint's recomputation. Where the time goes (issue 59; softmax, ``L = 8``, ``H = 8``,
+near copies, conditional width 0.32, minimum CPU time of 21 calls per pair, the noise token and one atom):
+the normal-rule table 0.5 ms for values, 1.0 ms with the two derivative orders (the profile-grid table of wide
+pairs 4.4-5 ms), the interpolation at 2 x 8192 arguments 0.3 ms (values) and 0.3-1.2 ms (three orders), the
+first field's profiles 0.2 ms, the products 0.5-0.8 ms; a pair's value 2.1 ms, with its gradient 6.5 ms. The
+interpolation was 3.4 and 3.7 ms (80% of a value) before it took one gather per interpolation point along the
+table's rows (:func:`~singleloc.expectations._laplace_profiles.interpolated`) instead of eight rows per
+argument: XLA's gather, not the arithmetic, was its cost. What is left is the products and their transposes,
+the table's derivative orders and the checkpoint's recomputation of the value (dropping the checkpoint stacks
+the residuals: 640 against 410 ms per gradient at H = 8; ``lax.map`` in chunks of four pairs: 840 ms). An outer
+rule on the ``y'`` lattice would now save only the interpolation, at the price of more outer nodes (a spacing
+that follows the state needs slack in the node count to cover ``[-8, 8]``). A one-pass value and gradient per
+pair (``jax.custom_vjp``, about 1.3-1.5x on the gradient) was not landed; the 5.7e-6 by which it "moved" a
+gradient is most likely the relative change of ``dR/db``, which vanishes for softmax (a common shift of one
+head's logits) and is rounding of size 1e-12: the rounding-only change above shows 1.4e-5 by that measure, 3.1e-16
+of the gradient's largest entry (eight states, H = 2, 3), and agrees with central differences to 1e-12.
 
 The ``lr^2`` Gram term of one or two heads (:mod:`~singleloc.expectations._laplace_gram`) takes its pair moments on
 :data:`GRAM_OUTER` times the pair rule's outer nodes, which this layer holds (``H = 2`` only).
@@ -62,6 +66,9 @@ GRAM_OUTER = 3
 #: the relevant token's ``E[rho_1 rho_1']`` and ``E[rho_0 rho_0']`` (the last two): one list, so that one table of the
 #: second field's smoothed profiles serves both tokens where their fields share a covariance (a discrete prior).
 PAIR_COMBOS = ((RHO0, OMEGA), (RHO1, RHO1), (RHO0, RHO0))
+#: Where the noise token and the atoms share one table (a discrete prior: the means ``(noise, atom_1, ...)``), the part
+#: of those means each of :data:`PAIR_COMBOS` is wanted at: no product for a combo that a token does not use.
+PAIR_BATCHES = (slice(0, 1), slice(None), slice(1, None))
 
 
 class PerHeadLayer(eqx.Module):
@@ -101,8 +108,8 @@ class PerHeadLayer(eqx.Module):
             y, yp = Y[h], Y[g]
             if rule.discrete:  # both tokens' fields have the covariance C1: one table for the noise token and every atom
                 means = [jnp.concatenate([m1[k][None], m0[k]]) for k in (h, g)]
-                both = rule.pair(PAIR_COMBOS, y, yp, *means, C1[h, h], C1[h, g], C1[g, g])
-                noise, rel = both[:2, 0], both[1:, 1:]
+                both = rule.pair(PAIR_COMBOS, y, yp, *means, C1[h, h], C1[h, g], C1[g, g], batches=PAIR_BATCHES)
+                noise, rel = (both[0][0], both[1][0]), jnp.stack([both[1][1:], both[2]])
             else:
                 noise = rule.pair(PAIR_COMBOS[:2], y, yp, m1[h], m1[g], C1[h, h], C1[h, g], C1[g, g])
                 rel = rule.pair(PAIR_COMBOS[1:], y, yp, m0[h], m0[g], C0[h, h], C0[h, g], C0[g, g])

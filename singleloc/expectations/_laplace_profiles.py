@@ -173,8 +173,8 @@ def interpolated(lo, h, table, c, which, orders):
     t = (c - lo) / h
     k0 = jnp.clip(jnp.floor(t).astype(jnp.int32) - (P // 2 - 1), 0, TABLE_POINTS - P)
     weights = _lagrange_weights(t - k0)  # (*c.shape, P)
-    rows = table.reshape(-1, TABLE_POINTS).T[k0[..., None] + np.arange(P)]  # (*c.shape, P, orders x profiles)
-    value = jnp.moveaxis(jnp.sum(weights[..., None] * rows, axis=-2), -1, 0).reshape(table.shape[:2] + c.shape)
+    rows = table.reshape(-1, TABLE_POINTS)  # (orders x profiles, TABLE_POINTS)
+    value = sum(weights[..., r] * jnp.take(rows, k0 + r, axis=1) for r in range(P)).reshape(table.shape[:2] + c.shape)
     shape = (len(orders), len(which)) + (1,) * c.ndim
     low = np.array([[1.0 if (p == RHO0 and order == 0) else 0.0 for p in which] for order in orders]).reshape(shape)
     high = np.array([[1.0 if (p == OMEGA and order == 0) else 0.0 for p in which] for order in orders]).reshape(shape)
