@@ -34,8 +34,8 @@ class SeedKeys(NamedTuple):
 
 
 def seed_keys(seed: int, index: int | jax.Array) -> SeedKeys:
-    """The four independent streams of seed number ``index`` of a run with base ``seed`` (both 32-bit:
-    :data:`~singleloc.ground._validation.SEED_MAX`; ``index`` may be traced)."""
+    """The four independent streams of seed number ``index`` of a run with base ``seed`` (both below
+    ``2**32``: JAX's key keeps 32 bits of them; ``index`` may be traced)."""
     seed = integer("seed_keys: seed", seed, 0, SEED_MAX, example=0)
     if not isinstance(index, jax.Array):
         index = integer("seed_keys: index", index, 0, SEED_MAX, example=0)
