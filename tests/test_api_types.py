@@ -249,3 +249,31 @@ def test_values_that_gave_a_silent_wrong_answer_are_refused():
             sl.bayes_risk(sl.spikes(2, 1.0), 4)
     finally:
         jax.config.update("jax_enable_x64", x64)
+
+
+_NAN = float("nan")
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda: sl.escape_horizon(10.0, multiple=_NAN), "escape_horizon: multiple: must be finite"),
+    (lambda: sl.escape_horizon(10.0, cap=float("inf")), "escape_horizon: cap: must be finite"),
+    (lambda: sl.escape_horizon(_NAN, fallback=-1.0), "escape_horizon: fallback: must be > 0"),
+    (lambda: sl.escape_horizon(-5.0), "escape_horizon: predicted must be >= 0"),
+    (lambda: sl.halfway_time([0.0, 1.0, 2.0], [1.0, _NAN, 0.0], 0.0, 1.0, 0.0), "halfway_time: risk holds 1 NaN"),
+    (lambda: sl.halfway_time([0.0, 1.0], [1.0, 0.0], 0.0, _NAN, 0.0), "halfway_time: r_from holds 1 NaN"),
+    (lambda: sl.plateaus([1.0, 2.0, 3.0, 4.0], [1.0, _NAN, 0.0, 0.0]), "plateaus: risk holds 1 NaN"),
+    (lambda: sl.plateaus([1.0, 2.0, 3.0, 4.0], [1.0, 1.0, 0.0, 0.0], plateau_tol=-1.0), "plateaus: plateau_tol: must be > 0"),
+    (lambda: sl.plateaus([1.0, 2.0, 3.0, 4.0], [1.0, 1.0, 0.0, 0.0], prominence=_NAN), "plateaus: prominence: must be finite"),
+    (lambda: sl.initial_overlaps(0, 0, 2, 2, 10, _NAN), "initial_overlaps: init_scale: must be finite"),
+    (lambda: sl.seed_keys(-1, 0), "seed_keys: seed: must be >= 0"),
+    (lambda: sl.seed_keys(2**70, 0), "seed_keys: seed: must be <= 4294967295"),
+    (lambda: sl.seed_keys(0, 2**40), "seed_keys: index: must be <= 4294967295"),  # JAX kept its low 32 bits: seed 0's keys
+    (lambda: sl.spikes(10**12, 1.0), r"problem.F: 1000000000000 is too large: the prior's F x F float64"),
+])
+def test_bad_values_are_one_value_error_naming_function_and_argument(call, words, programs):
+    """Issue 62 (a hostile pass): each gave a silent answer (the fallback horizon, NaN overlaps, another seed's
+    keys) or an error naming no argument (NumPy's "array is too big", "cannot convert float NaN to integer")."""
+    with pytest.raises(ValueError, match="^" + words) as err:
+        call()
+    assert "\n" not in str(err.value)
+    assert programs == []

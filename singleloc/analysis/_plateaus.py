@@ -23,6 +23,8 @@ from collections.abc import Sequence
 import numpy as np
 from jaxtyping import ArrayLike, Real
 
+from ..ground._arguments import require_finite
+from ..ground._validation import number
 from ..runtime._numerics import first_crossing
 
 
@@ -41,8 +43,8 @@ def _log_slope(tau: np.ndarray, risk: np.ndarray) -> tuple[np.ndarray, np.ndarra
     """Indices of the saved points with ``tau > 0`` and the normalised rate ``sigma`` there."""
     idx = np.flatnonzero(tau > 0)
     r = risk[idx]
-    span = float(np.nanmax(risk) - np.nanmin(risk))
-    if len(idx) < 3 or not np.isfinite(span) or span <= 0:
+    span = float(np.ptp(risk))
+    if len(idx) < 3 or span <= 0:
         return idx, np.zeros(len(idx))
     return idx, np.abs(np.gradient(r, np.log(tau[idx]))) / span
 
@@ -53,6 +55,9 @@ def plateaus(tau: Real[ArrayLike, " T"] | Sequence[float], risk: Real[ArrayLike,
     tau, risk = np.asarray(tau, float), np.asarray(risk, float)
     if tau.ndim != 1 or risk.shape != tau.shape:
         raise ValueError(f"plateaus expects tau (T,) and risk (T,), got {tau.shape} and {risk.shape}")
+    require_finite("plateaus", tau=tau, risk=risk)
+    plateau_tol, prominence = (number(f"plateaus: {name}", value, positive=True)
+                               for name, value in (("plateau_tol", plateau_tol), ("prominence", prominence)))
     idx, sigma = _log_slope(tau, risk)
     n = len(sigma)
     if n == 0:
@@ -95,6 +100,7 @@ def halfway_time(tau: Real[ArrayLike, " T"] | Sequence[float], risk: Real[ArrayL
     """First ``tau >= after`` at which ``risk`` has moved halfway from ``r_from`` to ``r_to``
     (linear interpolation between saved points); NaN if it never does."""
     tau, risk = np.asarray(tau, float), np.asarray(risk, float)
+    require_finite("halfway_time", tau=tau, risk=risk, after=after, r_from=r_from, r_to=r_to)
     sign = 1.0 if r_to <= r_from else -1.0
     y, level = -sign * risk, -sign * 0.5 * (r_from + r_to)  # y rises through level where the risk is halfway
     reached = y >= level

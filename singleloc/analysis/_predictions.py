@@ -54,6 +54,7 @@ import numpy as np
 from ..configuration._config import Config, gather_specs
 from ..configuration._specs import SGD, Model, Problem, Simulation, Theory
 from ..ground._choices import check_horizon
+from ..ground._validation import number
 from ..runtime._progress import Phase
 from ..theory._accuracy import resolve_points
 from ..theory._build import build
@@ -135,12 +136,15 @@ def escape_horizon(predicted: float, *, multiple: float = HORIZON_MULTIPLE, cap:
                    fallback: float = HORIZON_FALLBACK) -> float:
     """The integration horizon of a point: ``multiple * predicted`` rounded up to two
     significant digits, at most ``cap``; ``fallback`` (at most ``cap``) without a predicted
-    escape (``predicted`` infinite or NaN)."""
-    if min(multiple, cap, fallback) <= 0:
-        raise ValueError(f"multiple, cap and fallback must be > 0, got {multiple}, {cap}, {fallback}")
+    escape (``predicted`` NaN, ``+inf`` or 0). A negative ``predicted`` is refused (an escape
+    time is ``>= 0``)."""
+    multiple, cap, fallback = (number(f"escape_horizon: {name}", value, positive=True)
+                               for name, value in (("multiple", multiple), ("cap", cap), ("fallback", fallback)))
+    if predicted < 0:
+        raise ValueError(f"escape_horizon: predicted must be >= 0 (a time), NaN or inf (no escape predicted), got {predicted}")
     if not np.isfinite(predicted):
         return float(min(cap, fallback))
-    x = multiple * max(float(predicted), 0.0)
+    x = min(multiple * float(predicted), cap)  # an overflow to inf is the cap
     if x == 0:
         return float(min(cap, fallback))
     unit = 10.0 ** (math.floor(math.log10(x)) - 1)

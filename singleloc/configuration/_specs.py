@@ -15,7 +15,7 @@ import numpy as np
 
 from ..ground._choices import GRAM_ROUTES, ROUTES, RULE_AXES, SCHEDULES
 from ..ground._extensions import import_reference, is_reference
-from ..ground._validation import INT32_MAX, integer, number, representable
+from ..ground._validation import INT32_MAX, SEED_MAX, integer, number, representable
 from ..model._activations import get_activation
 from ..model._priors import PRIOR_FACTORIES, Prior, check_prior
 from ..sgd._head_weighting import HEAD_WEIGHTINGS, AbstractHeadWeighting
@@ -23,11 +23,6 @@ from ..sgd._head_weighting import HEAD_WEIGHTINGS, AbstractHeadWeighting
 #: Largest ``|model.bias_init|``: float32 (the simulation's precision) spaces numbers near 1000 by
 #: 6e-5, so O(1) scores keep four digits beside the bias; near 1e30 they vanish entirely.
 BIAS_MAX = 1000.0
-
-#: Seeds are 32-bit: ``jax.random.PRNGKey`` keeps only the low 32 bits of a larger seed when
-#: JAX's x64 mode is off, so larger seeds would not give the same weights in every process
-#: (``simulation.seed``; ``theory.qmc_seed`` alike, whose rules take the seeds ``qmc_seed + r``).
-SEED_MAX = 2**32 - 1
 
 
 #: ``theory.gram_points = "auto"``: at most this many points, and nodes of at most

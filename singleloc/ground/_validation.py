@@ -25,6 +25,10 @@ import numpy as np
 #: Largest integers of the types a count or a seed reaches.
 INT32_MAX = int(np.iinfo(np.int32).max)
 INT64_MAX = int(np.iinfo(np.int64).max)
+#: Seeds are 32-bit: ``jax.random.PRNGKey`` keeps only the low 32 bits of a larger seed when
+#: JAX's x64 mode is off, so larger seeds would not give the same weights in every process
+#: (:func:`~singleloc.seed_keys`, ``simulation.seed``; ``theory.qmc_seed`` alike, whose rules take the seeds ``qmc_seed + r``).
+SEED_MAX = 2**32 - 1
 
 #: Names of the float types a value reaches, for the messages.
 FLOAT_TYPES = {"float32": np.float32, "float64": np.float64}

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import ArrayLike, Real
 
+from ..ground._validation import SEED_MAX, integer, number
 from ._priors import Prior
 
 SIM_DTYPE = jnp.float32
@@ -33,7 +34,11 @@ class SeedKeys(NamedTuple):
 
 
 def seed_keys(seed: int, index: int | jax.Array) -> SeedKeys:
-    """The four independent streams of seed number ``index`` of a run with base ``seed``."""
+    """The four independent streams of seed number ``index`` of a run with base ``seed`` (both below
+    ``2**32``: JAX's key keeps 32 bits of them; ``index`` may be traced)."""
+    seed = integer("seed_keys: seed", seed, 0, SEED_MAX, example=0)
+    if not isinstance(index, jax.Array):
+        index = integer("seed_keys: index", index, 0, SEED_MAX, example=0)
     return SeedKeys(*jax.random.split(jax.random.fold_in(jax.random.PRNGKey(seed), index), 4))
 
 
@@ -69,6 +74,7 @@ def keys_with_overlaps(M, Q, kstar, Z) -> np.ndarray:
 
 def initial_overlaps(seed: int, index: int, F: int, H: int, D: int, init_scale: float) -> tuple[jax.Array, jax.Array]:
     """``(M0, Q0)`` of the D-dimensional initialisation of seed ``index`` (as in the simulator)."""
+    init_scale = number("initial_overlaps: init_scale", init_scale, nonneg=True, example=0.5)  # concrete: static when jitted
     keys = seed_keys(seed, index)
     return overlaps(init_keys(keys.init, H, D, init_scale), make_spikes(keys.spikes, F, D))
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -132,22 +133,31 @@ def check_prior(prior: Any, reference: str, key: str = "problem.prior") -> None:
                             f"to {np.max(np.abs(prior.atoms_array())):.3g}); scale its atoms and covariance down")
 
 
+def _dimension(F: Any) -> int:
+    """``problem.F``: an integer ``>= 1`` whose ``F x F`` float64 atoms and covariance fit in this machine's memory."""
+    F, memory = integer("problem.F", F, 1), os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if 16 * F * F > memory:
+        raise ValueError(f"problem.F: {F} is too large: the prior's F x F float64 atoms and covariance need "
+                         f"{16 * F * F / 1e9:.3g} GB, more than this machine's {memory / 1e9:.3g} GB; e.g. problem.F = 2")
+    return F
+
+
 def spikes(F: int, strength: float) -> Prior:
     """``theta = strength * e_f`` with ``f`` uniform in ``1..F``."""
-    F, s = integer("problem.F", F, 1), number("problem.strength", strength, positive=True)
+    F, s = _dimension(F), number("problem.strength", strength, positive=True)
     return Prior(s * np.eye(F), np.full(F, 1.0 / F), np.zeros((F, F)), name="spikes")
 
 
 def flipped(F: int, strength: float) -> Prior:
     """``theta = +- strength * e_f``, ``f`` and the sign uniform (zero mean)."""
-    F, s = integer("problem.F", F, 1), number("problem.strength", strength, positive=True)
+    F, s = _dimension(F), number("problem.strength", strength, positive=True)
     atoms = np.concatenate([s * np.eye(F), -s * np.eye(F)])
     return Prior(atoms, np.full(2 * F, 1.0 / (2 * F)), np.zeros((F, F)), name="flipped")
 
 
 def binary(F: int, strength: float, p: float = 0.5) -> Prior:
     """``theta = strength * u`` with ``u_f ~ Bernoulli(p)`` i.i.d. (``2^F`` atoms)."""
-    F, s = integer("problem.F", F, 1), number("problem.strength", strength, positive=True)
+    F, s = _dimension(F), number("problem.strength", strength, positive=True)
     p = float(p)
     if not 0.0 < p < 1.0:
         raise ValueError(f"problem.p must lie in (0, 1), got {p}")
