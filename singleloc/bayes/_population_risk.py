@@ -22,6 +22,7 @@ from ..expectations._expectation import AbstractExpectation
 from ..expectations._laplace import NODES
 from ..expectations._routes import JOINT_RISK_MAX, decide
 from ..expectations._sobol_geometry import quadrature_dimension
+from ..ground._arguments import require_finite
 from ..ground._choices import REPLICATES_MAX
 from ..ground._validation import integer
 from ..model._activations import get_activation
@@ -129,8 +130,7 @@ def population_risk(
     if M.ndim != 2 or M.shape[1] != prior.F or Q.shape != (H, H) or b.shape != (H,):
         raise ValueError(f"order parameters must have shapes M (H, {prior.F}), Q (H, H), b (H,), "
                          f"got {M.shape}, {Q.shape}, {b.shape}")
-    if not all(bool(jnp.all(jnp.isfinite(x))) for x in (M, Q, b)):  # (a NaN risk otherwise)
-        raise ValueError("population_risk: the order parameters M, Q and b must be finite")
+    require_finite("population_risk", M=M, Q=Q, b=b)  # (a NaN risk otherwise)
     if v is not None:
         v = jnp.asarray(v, dtype)
         if v.shape != (H,) or not bool(jnp.all(jnp.isfinite(v))):

@@ -12,6 +12,9 @@ from collections.abc import Sequence
 import numpy as np
 from jaxtyping import ArrayLike, Real
 
+from ..ground._arguments import require_finite
+from ..ground._validation import number
+
 
 @dataclasses.dataclass(frozen=True)
 class PruningResult:
@@ -64,7 +67,7 @@ class PruningResult:
 def removable_heads(risk: Real[ArrayLike, " K"] | Sequence[float], tol: float = 0.01) -> int:
     """The largest ``k`` with ``risk[j] <= risk[0] + tol`` for every ``j <= k``."""
     risk = np.asarray(risk, dtype=float)
-    if not (np.all(np.isfinite(risk)) and np.isfinite(tol) and tol >= 0):  # (else a count from NaN, or -1)
-        raise ValueError(f"removable_heads: risk must be finite and tol >= 0, got risk {risk.tolist()}, tol {tol}")
+    require_finite("removable_heads", risk=risk)  # (else a count from NaN, or -1 from a negative tol)
+    tol = number("removable_heads: tol", tol, nonneg=True, example=0.01)
     over = np.nonzero(risk > risk[0] + tol)[0]
     return int(over[0] - 1) if len(over) else len(risk) - 1
