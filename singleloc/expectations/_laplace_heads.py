@@ -27,18 +27,11 @@ one value more for the checkpoint's recomputation. Where the time goes (issue 59
 near copies, conditional width 0.32, minimum CPU time of 21 calls per pair, the noise token and one atom):
 the normal-rule table 0.5 ms for values, 1.0 ms with the two derivative orders (the profile-grid table of wide
 pairs 4.4-5 ms), the interpolation at 2 x 8192 arguments 0.3 ms (values) and 0.3-1.2 ms (three orders), the
-first field's profiles 0.2 ms, the products 0.5-0.8 ms; a pair's value 2.1 ms, with its gradient 6.5 ms. The
-interpolation was 3.4 and 3.7 ms (80% of a value) before it took one gather per interpolation point along the
-table's rows (:func:`~singleloc.expectations._laplace_profiles.interpolated`) instead of eight rows per
-argument: XLA's gather, not the arithmetic, was its cost. What is left is the products and their transposes,
-the table's derivative orders and the checkpoint's recomputation of the value (dropping the checkpoint stacks
-the residuals: 640 against 410 ms per gradient at H = 8; ``lax.map`` in chunks of four pairs: 840 ms). An outer
-rule on the ``y'`` lattice would now save only the interpolation, at the price of more outer nodes (a spacing
-that follows the state needs slack in the node count to cover ``[-8, 8]``). A one-pass value and gradient per
-pair (``jax.custom_vjp``, about 1.3-1.5x on the gradient) was not landed; the 5.7e-6 by which it "moved" a
-gradient is most likely the relative change of ``dR/db``, which vanishes for softmax (a common shift of one
-head's logits) and is rounding of size 1e-12: the rounding-only change above shows 1.4e-5 by that measure, 3.1e-16
-of the gradient's largest entry (eight states, H = 2, 3), and agrees with central differences to 1e-12.
+first field's profiles 0.2 ms, the products 0.5-0.8 ms; a pair's value 2.1 ms, with its gradient 6.5 ms
+(docs/benchmarks/06 has the history). What is left is the products and their transposes, the table's derivative
+orders and the checkpoint's recomputation of the value (dropping the checkpoint stacks the residuals: 640 against
+410 ms per gradient at H = 8; ``lax.map`` in chunks of four pairs: 840 ms). An outer rule on the ``y'`` lattice
+would save only the interpolation, at the price of more outer nodes.
 
 The ``lr^2`` Gram term of one or two heads (:mod:`~singleloc.expectations._laplace_gram`) takes its pair moments on
 :data:`GRAM_OUTER` times the pair rule's outer nodes, which this layer holds (``H = 2`` only).
