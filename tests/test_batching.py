@@ -39,12 +39,19 @@ def singles(tiny_theory_seeds):
     return [_sweep_compute.compute_point("theory", c.to_dict()) for c in configs()]
 
 
-def test_batched_points_equal_their_own_solves(singles):
+@pytest.fixture(scope="module")
+def batched():
+    """The points of :func:`configs` and, last, the middle one at a learning rate far past stability, as one batched
+    solve (one program; values only), shared by the tests below."""
+    cfgs = configs()
+    return _sweep_compute.compute_points("theory", *(c.to_dict() for c in (*cfgs, cfgs[1].replace(sgd={"lr": 1e5}))))
+
+
+def test_batched_points_equal_their_own_solves(singles, batched):
     cfgs = configs()
     groups = {_sweep_compute.compile_group("theory", c.to_dict()) for c in cfgs}
     assert len(groups) == 1  # the values do not split the group ...
     assert _sweep_compute.compile_group("theory", cfgs[0].replace(model={"heads": 1}).to_dict()) not in groups  # ... a shape does
-    batched = _sweep_compute.compute_points("theory", *(c.to_dict() for c in cfgs))
     for cfg, b, s in zip(cfgs, batched, singles):
         np.testing.assert_array_equal(b["tau"], s["tau"])  # each point its own horizon
         assert b["tau"][-1] == cfg.sgd.tau_max
@@ -55,15 +62,12 @@ def test_batched_points_equal_their_own_solves(singles):
     assert gap > 100 * solver_tolerance(cfgs[0], singles[0]["risk"])
 
 
-def test_a_failing_point_does_not_stop_its_batch(singles):
-    """The batched solve of the test above and the session's solve of a point: values only, no new
-    program. The middle point's learning rate is far past stability: its solve stops at the step floor
-    within its first steps (singleloc.theory._step_budget.MIN_STEP) while the others finish."""
-    cfgs = configs()
-    cfgs[1] = cfgs[1].replace(sgd={"lr": 1e5})
-    results = _sweep_compute.compute_points("theory", *(c.to_dict() for c in cfgs))
-    assert isinstance(results[1], FloatingPointError) and "sgd.lr" in str(results[1])
-    for cfg, r, s in zip(cfgs[::2], results[::2], singles[::2]):
+def test_a_failing_point_does_not_stop_its_batch(singles, batched):
+    """The batch of the test above holds a fourth point, the middle one at a learning rate far past stability:
+    its solve stops at the step floor within its first steps (singleloc.theory._step_budget.MIN_STEP) while the
+    others finish, each its own solve's result."""
+    assert isinstance(batched[3], FloatingPointError) and "sgd.lr" in str(batched[3])
+    for cfg, r, s in zip(configs(), batched[:3], singles):
         np.testing.assert_allclose(r["risk"], s["risk"], rtol=0, atol=solver_tolerance(cfg, s["risk"]))
 
 

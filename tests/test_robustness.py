@@ -405,19 +405,21 @@ def test_integrate_refuses_saved_times_it_would_mislabel(ts, t0, words):
         sl.integrate(CONFIG, ts=ts, **({} if t0 == 0 else {"t0": t0}))
 
 
-def test_integrate_from_zero_to_a_later_first_time_labels_the_states_by_their_tau():
-    """Issue 21 item 1: ``ts = [0.5, 1]`` started the solve at 0.5, labelling the start's risk tau = 0.5.
-    Now the solve starts at t0 = 0 and the state at 0.5 is the one of the full grid at 0.5."""
+def test_integrate_from_zero_to_a_later_first_time_labels_the_states_by_their_tau(tiny_theory):
+    """Issue 21 item 1: ``ts = [1, 2]`` started the solve at 1, labelling the start's risk tau = 1.
+    Now the solve starts at t0 = 0 and the state at 1 is the one of the full grid at 1 (the session's solve of the
+    tiny problem, saved at tau = 0, 1, 2: the same program)."""
     import singleloc as sl
 
-    full = sl.integrate(CONFIG, ts=[0.0, 0.5, 1.0])
-    later = sl.integrate(CONFIG, ts=[0.5, 1.0])
-    np.testing.assert_array_equal(later.tau, [0.5, 1.0])
+    full = tiny_theory
+    np.testing.assert_array_equal(full.tau, [0.0, 1.0, 2.0])
+    later = sl.integrate(tiny(), ts=[1.0, 2.0])
+    np.testing.assert_array_equal(later.tau, [1.0, 2.0])
     assert later.M.shape[1] == later.risk.shape[1] == later.risk_se.shape[1] == 2
     np.testing.assert_allclose(later.risk, full.risk[:, 1:], rtol=1e-12)
     np.testing.assert_allclose(later.M, full.M[:, 1:], rtol=1e-12)
     assert later.risk[0, 0] < full.risk[0, 0] - 1e-3  # not the start's risk
-    shifted = sl.integrate(CONFIG, ts=[-1.0, -0.5, 0.0], t0=-1.0)  # an explicit start time: the ODE is autonomous
+    shifted = sl.integrate(tiny(), ts=[-1.0, 0.0, 1.0], t0=-1.0)  # an explicit start time: the ODE is autonomous
     np.testing.assert_allclose(shifted.risk, full.risk, rtol=1e-12)
 
 

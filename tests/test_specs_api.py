@@ -37,11 +37,11 @@ def test_integrate_from_specs_is_integrate_from_their_config(tiny_theory):
         np.testing.assert_array_equal(getattr(by_specs, name), getattr(by_config, name), err_msg=name)
 
 
-def test_a_spec_not_given_takes_its_defaults():
+def test_a_spec_not_given_takes_its_defaults(tiny_theory):
     """``simulation`` is read only for the default start: given the start, it does not matter."""
-    y0 = sl.initial_conditions(CONFIG, 1)
+    y0 = sl.initial_conditions(CONFIG, 1)  # the default start of sl.integrate(CONFIG), the session's tiny_theory
     with_default = sl.integrate(y0=y0, problem=PROBLEM, model=MODEL, sgd=SGD, theory=THEORY)
-    np.testing.assert_array_equal(with_default.risk, sl.integrate(CONFIG, y0).risk)
+    np.testing.assert_array_equal(with_default.risk, tiny_theory.risk)
     assert sl.integrate(problem=PROBLEM, model=MODEL, sgd=SGD, theory=THEORY).M.shape == with_default.M.shape
 
 
