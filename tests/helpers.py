@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import csv
+import functools
 import os
 import signal
 import subprocess
@@ -48,13 +49,15 @@ def weights_with_overlaps(rng: np.random.Generator, M, Q, D: int, orthogonal_spi
     return K, kstar
 
 
+@functools.cache  # the same windows computed once per process (tests/test_momentum.py, test_training_variants.py)
 def finite_windows(cfg, n: int, *, t: int = 0, steps: int = 1, flush: int = 0):
     """``(y0, v)``: the flat state ``(M, Q, b)`` (float64, biases trained) of a fixed trained-like layer of 2 heads
     and 2 spikes (spike overlaps ``[[1.2, 0.2], [0.1, 0.9]]`` of the simulator's spikes, an orthogonal part of
     scale 0.6, biases ``(0.3, -0.4)``), and ``D / steps`` times the change of the flat state by ``n`` independent
     windows from it (n, dim): each window is the simulator's steps ``t .. t + steps`` from the rule's initial state
     (a zero velocity), fed the sequences of ``PRNGKey(5)``'s ``n`` keys, then ``flush`` steps of the rule with
-    zero gradients, which deliver what a momentum's velocity still holds (and nothing for the other rules)."""
+    zero gradients, which deliver what a momentum's velocity still holds (and nothing for the other rules).
+    Computed once per process for the same arguments (``v`` read-only)."""
     import jax
     import jax.numpy as jnp
 
@@ -82,6 +85,7 @@ def finite_windows(cfg, n: int, *, t: int = 0, steps: int = 1, flush: int = 0):
 
     y0 = flat(sl.LayerParameters(K, b))
     v = D / steps * (np.asarray(jax.jit(jax.vmap(window))(jax.random.split(jax.random.PRNGKey(5), n))) - np.asarray(y0))
+    v.setflags(write=False)
     return y0, v
 
 
