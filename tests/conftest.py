@@ -3,7 +3,8 @@ single precision), no phase lines (tests/test_progress.py turns them on), a comp
 on one machine (:func:`_kept_cache`; JAX keys each executable by its program's text and the package's stored
 programs carry its source digest, so an edit is never served a stale program), a ceiling on the programs the
 default suite makes (:data:`CEILING`) with a summary line and ``--compilations N`` (the N tests that made the
-most), the memory-map guard, and tests/_tiny.py's session fixtures of the canonical tiny problem.
+most), the memory-map guard (the only thing that frees the session's programs: :func:`_programs_kept`), and
+tests/_tiny.py's session fixtures of the canonical tiny problem.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ class _Compilations:
 
     def __init__(self):
         self.seconds, self.compiled, self.loaded, self.making = Counter(), Counter(), Counter(), Counter()
+        self.freed = Counter()  # {"times": how often the programs were freed for the memory maps (MAPPINGS_HIGH)}
         self.test, self._hit, self.watchers = "(outside tests)", threading.local(), []
 
     def event(self, event: str, **kwargs) -> None:
@@ -124,7 +126,8 @@ def _over_ceiling(config) -> bool:
 def pytest_sessionfinish(session):
     if hasattr(session.config, "workeroutput"):  # a pytest-xdist worker: its counts go to the controller
         c = _COMPILATIONS
-        session.config.workeroutput["compilations"] = (dict(c.compiled), dict(c.loaded), dict(c.seconds), dict(c.making))
+        session.config.workeroutput["compilations"] = (dict(c.compiled), dict(c.loaded), dict(c.seconds), dict(c.making),
+                                                       dict(c.freed))
     elif _over_ceiling(session.config) and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
@@ -133,7 +136,7 @@ def pytest_sessionfinish(session):
 def pytest_testnodedown(node, error):
     """pytest-xdist's controller: a worker's programs and seconds added to the session's."""
     c = _COMPILATIONS
-    for counter, part in zip((c.compiled, c.loaded, c.seconds, c.making), node.workeroutput.get("compilations", ())):
+    for counter, part in zip((c.compiled, c.loaded, c.seconds, c.making, c.freed), node.workeroutput.get("compilations", ())):
         counter.update(part)
 
 
@@ -141,12 +144,25 @@ def pytest_terminal_summary(terminalreporter, config):
     c, t, write = _COMPILATIONS, _COMPILATIONS.seconds, terminalreporter.write_line
     write(f"compilation: {c.compiled.total()} programs compiled, {c.loaded.total()} loaded from the kept cache "
           f"({_CACHE_DIR}); {t['tracing']:.0f} s tracing, {t['lowering']:.0f} s lowering, {t['compiling']:.0f} s "
-          "compiling or loading (tests/conftest.py)")
+          f"compiling or loading; freed {c.freed['times']} times at {MAPPINGS_HIGH} memory maps (tests/conftest.py)")
     for test, n in (c.compiled + c.loaded).most_common(config.getoption("--compilations")):
         write(f"{n:5d} programs ({c.compiled[test]} compiled, {c.making[test]:5.1f} s)  {test}")
     if _over_ceiling(config):
         write(f"compilation ceiling: the default suite made {c.made()} programs, more than tests/conftest.py's CEILING "
               f"of {CEILING} (--compilations 25 lists the tests that made the most)", red=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _programs_kept():
+    """The session's compiled programs are freed by the memory-map guard below only: a test's ``main([...])``
+    declares the worker a process the command line owns (:func:`~singleloc.runtime._compilation.own_process`), after
+    which every sweep point's :func:`~singleloc.runtime._compilation.hold_programs` would free them all at its
+    seventeenth group (tests/test_compilation.py and test_specs_api.py test that bound on their own)."""
+    from singleloc.sweeps import _sweep_compute
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_sweep_compute, "hold_programs", lambda shape: None)
+        yield
 
 
 @pytest.fixture
@@ -185,3 +201,4 @@ def pytest_runtest_teardown(item, nextitem):
             if sum(1 for _ in fh) > MAPPINGS_HIGH:
                 jax.clear_caches()
                 gc.collect()
+                _COMPILATIONS.freed["times"] += 1
