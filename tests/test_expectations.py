@@ -25,11 +25,10 @@ Z = 5.0
 DRAWS, SETS = 8192, 8
 
 
-def _monte_carlo(fn, activation, prior, L, H):
-    """``fn(expectation)`` over ``SETS`` independent Monte Carlo routes (one compiled program: the draws
-    are its arguments): the mean and standard error of every leaf."""
-    fn = eqx.filter_jit(fn)
-    values = [jax.tree.map(np.asarray, fn(sl.MonteCarloExpectation.make(activation, prior, L, H, DRAWS, seed)))
+def _monte_carlo(fn, state, activation, prior, L, H):
+    """``fn(expectation, state)`` (jitted) over ``SETS`` independent Monte Carlo routes (one compiled program for
+    every state of its shapes: the draws and the state are its arguments): the mean and standard error of every leaf."""
+    values = [jax.tree.map(np.asarray, fn(sl.MonteCarloExpectation.make(activation, prior, L, H, DRAWS, seed), state))
               for seed in range(SETS)]
     stacked = jax.tree.map(lambda *x: np.stack(x), *values)
     return jax.tree.map(lambda x: x.mean(0), stacked), jax.tree.map(lambda x: x.std(0, ddof=1) / np.sqrt(SETS), stacked)
@@ -73,7 +72,7 @@ def test_the_exact_route_agrees_with_plain_monte_carlo(activation, heads, gram, 
     M, Q, b = _state(state)
     s = (M[:heads], Q[:heads, :heads], b[:heads])
     got = jax.tree.map(np.asarray, _moments(exact, s))
-    mean, se = _monte_carlo(lambda e: _moments(e, s), sl.get_activation(activation), prior, L, heads)
+    mean, se = _monte_carlo(_moments, s, sl.get_activation(activation), prior, L, heads)
     for key in got:
         if key == "cc" and gram != "exact":
             continue  # the Sobol Gram term: tests/test_laplace.py
@@ -92,7 +91,7 @@ def test_the_sobol_route_agrees_with_plain_monte_carlo(state):
                                                                  activation=act), s)) for k in range(4)]
     got = jax.tree.map(lambda *x: np.mean(x, 0), *rule)
     rule_se = jax.tree.map(lambda *x: np.std(x, 0, ddof=1) / 2, *rule)
-    mean, se = _monte_carlo(lambda e: _moments(e, s), act, prior, L, H)
+    mean, se = _monte_carlo(_moments, s, act, prior, L, H)
     for key in got:
         tol = Z * np.sqrt(se[key] ** 2 + rule_se[key] ** 2) + 1e-9
         assert np.all(np.abs(got[key] - mean[key]) <= tol), (key, got[key], mean[key], se[key], rule_se[key])
@@ -105,7 +104,7 @@ def test_a_wrong_reference_is_caught():
     exact = sl.OrderParameterODE.from_config(cfg, points=64).expectation
     M, Q, b = _state("trained")
     s = (M[:1], Q[:1, :1], b[:1])
-    mean, se = _monte_carlo(lambda e: e.gram(*s), sl.get_activation("softmax"), prior, L, H)
+    mean, se = _monte_carlo(eqx.filter_jit(lambda e, s: e.gram(*s)), s, sl.get_activation("softmax"), prior, L, H)
     wrong = 1.05 * np.asarray(exact.gram(*s))
     assert np.any(np.abs(wrong - mean) > Z * se)
 
