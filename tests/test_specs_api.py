@@ -52,13 +52,13 @@ def test_simulate_from_specs_is_simulate_from_their_config(tiny_simulation):
     np.testing.assert_array_equal(by_specs.Q, by_config.Q)
 
 
-def test_ode_and_pruning_from_specs(tiny_pruning):
+def test_ode_and_pruning_from_specs(tiny_theory, tiny_pruning):
     ode = sl.OrderParameterODE.from_specs(PROBLEM, MODEL, SGD, THEORY)
     reference = sl.OrderParameterODE.from_config(CONFIG)
     assert eqx.tree_equal(ode, reference)  # the same route, rule and numbers: the same risk and drift everywhere
-    M, Q, b = np.array([[1.0], [0.2]]), np.array([[1.5, 0.3], [0.3, 0.8]]), np.zeros(2)
+    M, Q, b = (x[0, -1] for x in (tiny_theory.M, tiny_theory.Q, tiny_theory.b))  # tiny_pruning's layer
     by_specs = sl.prune_theory(M=M, Q=Q, b=b, problem=PROBLEM, model=MODEL, theory=THEORY)
-    by_config = sl.prune_theory(CONFIG, M, Q, b)
+    by_config = tiny_pruning  # sl.prune_theory(CONFIG, M, Q, b), the session's
     np.testing.assert_array_equal(by_specs.risk, by_config.risk)
     assert sl.TheoryRisk(M=M, Q=Q, b=b, problem=PROBLEM, model=MODEL, theory=THEORY)([0, 1]) == \
         sl.TheoryRisk(CONFIG, M, Q, b)([0, 1])
