@@ -35,6 +35,9 @@
    (compilation included) and milliseconds per call after it. ``L`` and the scale ``alpha`` are arrays of
    the rule, so a sweep compiles once per layer; ssmax's pair rule has ``nodes * ceil(alpha)`` outer nodes,
    so it compiles once per value of ``ceil(log L)``.
+10. Where a per-head drift's time goes (softmax, ``L = 8``, ``H = 8``, 4 with ``--quick``, near copies): the drift, the
+   risk, its gradient, the Gram term and one pair's parts, process CPU ms (run it single-threaded, ``XLA_FLAGS=
+   "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"``, so that the time is the work at any load).
 
 Times are medians of 3 calls after compilation, as ratios in one run (the machine may be shared).
 Run: ``python benchmarks/06_exact_route.py [--quick] [--sections 3,4] [--save PATH]`` (``--save``: the numbers as
@@ -58,6 +61,8 @@ from _common import add_save_option, save  # noqa: E402
 from _common import timed as median_ms  # noqa: E402
 
 import singleloc as sl  # noqa: E402
+from singleloc.expectations import _laplace_heads as lh  # noqa: E402
+from singleloc.expectations import _laplace_profiles as lp  # noqa: E402
 from singleloc.sgd._sgd_rule import flat_drift  # noqa: E402
 
 REFERENCE_NODES = 160
@@ -369,10 +374,59 @@ def length_sweep(quick: bool) -> list[dict]:
     return rows
 
 
+def profile(quick: bool) -> list[dict]:
+    """Section 10: the drift by part at one state (process CPU ms, min and median of 9)."""
+    H = 4 if quick else 8
+    cfg = sl.load_config("default").replace(model={"heads": H}, problem={"L": 8})
+    M, Q, b = trained("near copies", H, cfg.problem.F)
+    ode = sl.OrderParameterODE.from_config(cfg)
+    e, rule = ode.expectation, ode.expectation.rule
+    m1, C1, m0, C0 = rule.token_laws(*rule.state(M, Q, b))
+    Y, step = rule.head_ranges(m1, jnp.diag(C1), m0, jnp.diag(C0))
+    pre, omega = step[:, None] * jnp.exp(-rule.offset * jnp.exp(Y)), rule.single(Y[0], m1[0], C1[0, 0])[lp.OMEGA]
+    means = [jnp.concatenate([m1[k][None], m0[k]]) for k in (0, 1)]
+
+    def pair(means, C11, C12, C22):  # the (0, 1) pair's term, as PerHeadLayer.risk takes it (discrete prior)
+        both = rule.pair(lh.PAIR_COMBOS, Y[0], Y[1], *means, C11, C12, C22, batches=lh.PAIR_BATCHES)
+        noise, rel = (both[0][0], both[1][0]), jnp.tensordot(rule.probs, jnp.stack([both[1][1:], both[2]]), axes=([0], [1]))
+        W, w = omega[:, None] + noise[0], pre[0][:, None] * pre[1][None, :]
+        return jnp.sum(w * rel[0] * lp._power(W, rule.L - 1)) + (rule.L - 1) * jnp.sum(w * noise[1] * rel[1] * lp._power(
+            W, rule.L - 2))
+
+    seconds, laws = (lp.RHO0, lp.RHO1, lp.OMEGA), (means, C1[0, 0], C1[0, 1], C1[1, 1])
+    s2, sx = C1[1, 1] - C1[0, 1] ** 2 / C1[0, 0], jnp.sqrt(C1[0, 0]) * rule.z_outer
+    c = Y[1] + means[1][:, None, None] + (C1[0, 1] / C1[0, 0]) * sx[None, :, None]
+    table = jax.jit(lambda s2, o: lp.smoothing_table(s2, rule.z_inner, rule.w_inner, rule.u_grid, seconds, lp.WIDE_SIGMA, o),
+                    static_argnums=1)
+    look_up = jax.jit(lambda t, c, o: lp.interpolated(*t, c, seconds, o), static_argnums=2)
+    n = rule.z_outer.shape[0]
+    parts = {"drift": (eqx.filter_jit(lambda o, *s: flat_drift(o.drift(*s))), (ode, M, Q, b)),
+             "risk gradient": (eqx.filter_jit(lambda e, *s: jax.grad(e.rule.risk, argnums=(0, 1, 2))(*s)), (e, M, Q, b)),
+             "risk": (eqx.filter_jit(lambda e, *s: e.rule.risk(*s)), (e, M, Q, b)),
+             "Gram term": (eqx.filter_jit(lambda e, *s: e.gram(*s)), (e, M, Q, b)),
+             "one pair": (jax.jit(pair), laws), "one pair, gradient": (jax.jit(jax.grad(pair, argnums=(0, 1, 2, 3))), laws),
+             "table": (table, (s2, (0,))), "table, 3 orders": (table, (s2, (0, 1, 2))),
+             "interpolation": (look_up, (table(s2, (0,)), c, (0,))),
+             "interpolation, 3 orders": (look_up, (table(s2, (0, 1, 2)), c, (0, 1, 2))),
+             "first field's profiles": (jax.jit(lambda m: lp._profiles(Y[0][:, None] + m[:, None, None] + sx, seconds[:2])),
+                                        (means[0],)),
+             "six products": (jax.jit(jnp.matmul), (jnp.ones((6, rule.n_t, n)), jnp.ones((6, n, rule.n_t))))}
+    ms = {k: [] for k in parts}
+    for _, (k, (f, args)) in itertools.product(range(10), parts.items()):  # the first round compiles
+        t = time.process_time()
+        jax.block_until_ready(f(*args))
+        ms[k].append(1e3 * (time.process_time() - t))
+    rows = [{"part": k, "H": H, "min_ms": float(np.min(v[1:])), "median_ms": float(np.median(v[1:]))} for k, v in ms.items()]
+    print(f"\nWhere a drift's time goes (softmax, L = 8, H = {H}, near copies): process CPU ms")
+    print("| part | min | median |\n|---|---|---|")
+    print("\n".join(f"| {r['part']} | {r['min_ms']:.2f} | {r['median_ms']:.2f} |" for r in rows))
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer rule sizes and head counts")
-    parser.add_argument("--sections", default="1,2,3,4,5,6,7,8,9", help="which sections to run (default all: 1,...,9; "
+    parser.add_argument("--sections", default="1,2,3,4,5,6,7,8,9,10", help="which sections to run (default all: 1,...,10; "
                         "1 and 2 run together)")
     args = add_save_option(parser).parse_args()
     sections = {int(x) for x in args.sections.split(",")}
@@ -393,6 +447,8 @@ def main():
         results["wide_gram"] = wide_gram(args.quick)
     if 9 in sections:
         results["length_sweep"] = length_sweep(args.quick)
+    if 10 in sections:
+        results["profile"] = profile(args.quick)
     save(args, __file__, results)
 
 

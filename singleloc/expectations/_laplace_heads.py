@@ -22,15 +22,17 @@ conditional variance only, so it is built once for the noise token and every ato
 fields share the covariance ``C1``; a Gaussian part gives the relevant token a table of its own, shared by
 its atoms). Per pair, a value costs ``2 n_t n_outer n_t`` multiply-adds per product (four with a
 discrete prior: :data:`PAIR_BATCHES` takes each combo on the tokens that use it) plus ``TABLE_POINTS n_inner``
-profile evaluations per order and ``(1 + K) n_t n_outer`` interpolations; its gradient about three times that,
-one value more for the checkpoint's recomputation. Where the time goes (issue 59; softmax, ``L = 8``, ``H = 8``,
-near copies, conditional width 0.32, minimum CPU time of 21 calls per pair, the noise token and one atom):
-the normal-rule table 0.5 ms for values, 1.0 ms with the two derivative orders (the profile-grid table of wide
-pairs 4.4-5 ms), the interpolation at 2 x 8192 arguments 0.3 ms (values) and 0.3-1.2 ms (three orders), the
-first field's profiles 0.2 ms, the products 0.5-0.8 ms; a pair's value 2.1 ms, with its gradient 6.5 ms
-(docs/benchmarks/06 has the history). What is left is the products and their transposes, the table's derivative
-orders and the checkpoint's recomputation of the value (dropping the checkpoint stacks the residuals: 640 against
-410 ms per gradient at H = 8; ``lax.map`` in chunks of four pairs: 840 ms). An outer rule on the ``y'`` lattice
+profile evaluations per order and ``(1 + K) n_t n_outer`` interpolations. Its gradient (``jax.grad``, as the drift
+takes it) is one value, its linearisation (the table's three derivative orders) and transpose, in the checkpoint's
+backward pass: the forward pass's value is unused and JAX drops it (the lowered gradient holds one loop over the
+pairs, ``value_and_grad`` two), so there is no recomputation to save (a one-pass custom VJP per pair was no faster:
+docs/benchmarks/06). Where the time goes (issue 59; softmax, ``L = 8``, ``H = 8``, near copies, two spikes,
+single-threaded CPU ms, medians of 9 at a load of 13, ranges min-median): the gradient 404 of a 533 ms drift (the Gram term 125),
+that is 28 pairs of 9.7-17 ms (a value 2.8-3.1 ms: the table 0.7-1.0, 1.2-1.5 with its derivative orders; the
+interpolation at 3 x 8192 arguments 0.6-0.8, 1.9-2.2 with three orders; the first field's profiles 0.3-0.4; six
+products 0.1-0.7) and the one-head terms (44-49). What is left is the products and their transposes and the
+table's and interpolation's derivative orders (dropping the checkpoint stacks the residuals: 640 against 410 ms
+per gradient at H = 8; ``lax.map`` in chunks of four pairs: 840 ms). An outer rule on the ``y'`` lattice
 would save only the interpolation, at the price of more outer nodes.
 
 The ``lr^2`` Gram term of one or two heads (:mod:`~singleloc.expectations._laplace_gram`) takes its pair moments on
