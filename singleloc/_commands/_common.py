@@ -240,15 +240,17 @@ def prepare_run(args: argparse.Namespace, *, simulation: bool = False, theory: s
     (:func:`check_cost`: a huge one is refused), and a note when ``--out`` holds a run that the new one will replace.
     (The warnings about a run's results, :mod:`singleloc.preflight._run_checks`, come from the library.) ``continued``:
     the run of ``--continue`` (:func:`continued_run`), whose config is taken instead of ``CONFIG``."""
+    from ..preflight._build import build
     from ..preflight._resources import check_run
     from ..simulation._simulation_estimate import simulation_cost
 
     config = config_from_args(args) if continued is None else continued.config
     starts = {None: 0, "one": 1, "seeds": config.simulation.seeds}[theory]
     if simulation or starts:
-        check_run(config, simulation=simulation, theory_starts=starts)
+        setup = build(config, theory=bool(starts))  # the route decided for these checks (a command's edge)
+        check_run(setup, simulation=simulation, theory_starts=starts)
     if simulation:  # refused when huge; its estimate is said once it is measured (singleloc.preflight._estimates)
-        check_cost(args.command, simulation_cost(config), args.force, note=False)
+        check_cost(args.command, simulation_cost(setup), args.force, note=False)
     note_replaced(args.command, args.out)
     return config
 

@@ -35,6 +35,7 @@ def run(args) -> int:
     from ..analysis._sweep_answers import error_text, final_risk_error
     from ..io._run_folders import save_run
     from ..plots import plot_compare
+    from ..preflight._build import build
     from ..runtime._progress import announce
     from ..simulation._simulation import simulate
     from ..simulation._simulation_estimate import compare_estimate
@@ -45,7 +46,7 @@ def run(args) -> int:
     if resume is None and args.horizon is not None:
         raise ValueError("--horizon is the new horizon of --continue RUN_DIR; without it, set sgd.tau_max")
     config = prepare_run(args, simulation=True, theory="seeds", continued=resume)
-    announce(f"the simulation and the theory of {config.simulation.seeds} seeds", compare_estimate(config))
+    announce(f"the simulation and the theory of {config.simulation.seeds} seeds", compare_estimate(build(config)))
     if resume is None:
         sim = simulate(config, progress=args.progress)  # warns of dropped saved times and of a rising risk
         theory = integrate(config, initial_conditions(config), ts=sim.tau)

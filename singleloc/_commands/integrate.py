@@ -95,13 +95,15 @@ def _resolve_horizon(config, horizon):
     import numpy as np
 
     from ..analysis._predictions import EscapePrediction, compute_prediction, resolve_horizon, with_chosen_points
+    from ..preflight._build import build
     from ..preflight._estimates import prediction_estimate, recorded
     from ..runtime._progress import announce
 
     if horizon == "auto":
+        setup = build(config)
         announce("predicting the escape from the unspecialized plateau (the head-symmetric flow, then its linearisation "
-                 "along the plateau)", prediction_estimate(config), "give --horizon a number")
-        with recorded("prediction", config):  # its time, for the next estimate
+                 "along the plateau)", prediction_estimate(setup), "give --horizon a number")
+        with recorded(setup):  # its time, for the next estimate
             entry = compute_prediction(config)
         prediction = EscapePrediction.from_arrays(entry)
         config = resolve_horizon(with_chosen_points(config, entry), prediction, "auto")

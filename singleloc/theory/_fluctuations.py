@@ -45,11 +45,11 @@ from ..configuration._config import Config, gather_specs, require_uniform_head_w
 from ..configuration._specs import SGD, Model, Problem, Simulation, Theory
 from ..expectations._fields import LocalFields
 from ..expectations._sobol_expectation import SobolExpectation
+from ..preflight._build import Setup, build
 from ..runtime._compilation import checks_as_nan
 from ..runtime._numerics import psd_sqrt
 from ..sgd._sgd_rule import Starts
 from ._accuracy import resolve_points
-from ._build import Setup, build
 from ._theory import OrderParameterODE, flatten_state, unflatten_state
 from ._trajectory import Trajectory
 
