@@ -47,14 +47,15 @@ def run(args) -> int:
     from ..theory._ode import MAX_STEPS, integrate
 
     resume = continued_run(args, ("theory",))
-    config = prepare_run(args, theory="one" if args.horizon == "auto" else None, continued=resume)  # integrate checks its own run
+    setup = prepare_run(args, theory="one" if args.horizon == "auto" else None, continued=resume)  # integrate checks its own run
+    config = setup.config
     predicted = {}
     if resume is not None:
         predicted = {k: v for k, v in resume.run.data["theory"].items() if k == "predicted_escape"}
         print(f"singleloc integrate: continuing {str(args.resume)!r} from tau = {resume.t0:g} to {config.sgd.tau_max:g}",
               file=sys.stderr)
     elif args.horizon != "config":
-        config, predicted = _resolve_horizon(config, args.horizon)
+        config, predicted = _resolve_horizon(setup, args.horizon)
     step = config.sgd.tau_max / max(config.sgd.n_save - 1, 1)
     if resume is None and config.sgd.spacing == "linear" and step > COARSE_STEP:
         print(f"singleloc integrate: note: a linear grid of {config.sgd.n_save} saved times is a step of {step:.3g} in tau, "
@@ -74,9 +75,10 @@ def run(args) -> int:
         new = integrate(config, last, ts=resume.ts, t0=resume.t0, max_steps=MAX_STEPS, progress=long and args.progress)
         result = joined(old, new)
     config = result.resolved(config)  # theory.points = "auto": the points used (the settledness below builds its ODE)
+    setup = setup.replace("theory", points=config.theory.points)  # its route as decided
     sim = config.simulation
     title = f"{describe(config)}, theory from the D={sim.D} start of seed {sim.seed}, lr={config.sgd.lr}"
-    settled = run_settledness(config, result.tau, result.M, result.Q, result.b, result.risk)
+    settled = run_settledness(setup, result.tau, result.M, result.Q, result.b, result.risk)
     figure = plot_compare(result, title=title, mean=config.problem.build_prior().mean())
     path = save_run(args.out, config, {"theory.npz": result.arrays(0) | settled.arrays(0) | predicted,
                                        "theory.png": figure}) / "theory.npz"
@@ -87,20 +89,19 @@ def run(args) -> int:
     return 0
 
 
-def _resolve_horizon(config, horizon):
-    """``config`` integrated to ``horizon`` (``"auto"``: the predicted escape's horizon, as a sweep
+def _resolve_horizon(setup, horizon):
+    """The config of ``setup`` integrated to ``horizon`` (``"auto"``: the predicted escape's horizon, as a sweep
     point; a number), on the sweep's log grid (:func:`singleloc.analysis._predictions.resolve_horizon`), and
     the prediction as ``theory.npz`` keeps it (``{"predicted_escape": tau}`` with ``"auto"``, for
     ``plot``'s phases.png; else empty)."""
     import numpy as np
 
     from ..analysis._predictions import EscapePrediction, compute_prediction, resolve_horizon, with_chosen_points
-    from ..preflight._build import build
     from ..preflight._estimates import prediction_estimate, recorded
     from ..runtime._progress import announce
 
+    config = setup.config
     if horizon == "auto":
-        setup = build(config)
         announce("predicting the escape from the unspecialized plateau (the head-symmetric flow, then its linearisation "
                  "along the plateau)", prediction_estimate(setup), "give --horizon a number")
         with recorded(setup):  # its time, for the next estimate
