@@ -627,13 +627,13 @@ import jax
 import singleloc.theory._ode
 from singleloc.cli import main
 
-def stuck(config, *args, **kwargs):  # a solve that XLA does not leave for about a minute
+def stuck(setup, *args, **kwargs):  # a solve that XLA does not leave for about a minute
     inner = lambda i, y: jax.lax.fori_loop(0, 2**31 - 1, lambda j, z: z * 1.0000001 + 1e-9, y)
     spin = jax.jit(lambda x: jax.lax.fori_loop(0, 8, inner, x))
     print("solving", file=sys.stderr, flush=True)
     return spin(1.0).block_until_ready()
 
-singleloc.theory._ode.integrate = stuck
+singleloc.theory._ode.integrate_setup = stuck
 sys.argv = ["singleloc", "integrate", "default", "--no-progress", "--out", sys.argv[1]]
 sys.exit(main())
 """
@@ -731,11 +731,11 @@ def test_a_long_integrate_says_so_and_shows_its_progress(tmp_path, capsys, monke
     import singleloc.theory._ode
 
     calls = []
-    def started(config, **kwargs):
+    def started(setup, **kwargs):
         calls.append(kwargs)
         raise ValueError("started")
 
-    monkeypatch.setattr(singleloc.theory._ode, "integrate", started)
+    monkeypatch.setattr(singleloc.theory._ode, "integrate_setup", started)
     assert main(["integrate", "default", *TINY, "--set", "sgd.tau_max=1e6", "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert "singleloc integrate: note: sgd.tau_max = 1e+06 is a long solve: up to 100000 adaptive steps" in err

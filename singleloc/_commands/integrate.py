@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 from ._common import add_config_arguments, add_force_argument, add_out_argument, continued_run, describe, joined, prepare_run
@@ -44,7 +45,7 @@ def run(args) -> int:
     from ..analysis._sweep_answers import error_text, final_risk_error
     from ..io._run_folders import save_run
     from ..plots import plot_compare
-    from ..theory._ode import MAX_STEPS, integrate
+    from ..theory._ode import MAX_STEPS, integrate_setup
 
     resume = continued_run(args, ("theory",))
     setup = prepare_run(args, theory="one" if args.horizon == "auto" else None, continued=resume)  # integrate checks its own run
@@ -56,6 +57,7 @@ def run(args) -> int:
               file=sys.stderr)
     elif args.horizon != "config":
         config, predicted = _resolve_horizon(setup, args.horizon)
+        setup = dataclasses.replace(setup, sgd=config.sgd, theory=config.theory)  # the horizon's grid (and points)
     step = config.sgd.tau_max / max(config.sgd.n_save - 1, 1)
     if resume is None and config.sgd.spacing == "linear" and step > COARSE_STEP:
         print(f"singleloc integrate: note: a linear grid of {config.sgd.n_save} saved times is a step of {step:.3g} in tau, "
@@ -68,11 +70,11 @@ def run(args) -> int:
               f"quadrature nodes), which can take many minutes{'; its progress bar follows' if args.progress else ''}",
               file=sys.stderr)
     if resume is None:
-        result = integrate(config, max_steps=MAX_STEPS, progress=long and args.progress)
+        result = integrate_setup(setup, max_steps=MAX_STEPS, progress=long and args.progress)
     else:  # from the stored state at its last saved time: the stored run's shapes, so its compiled program
         old = resume.run.theory
         last = tuple(x[:, -1] for x in (old.M, old.Q, old.b, *(() if old.v is None else (old.v,))))
-        new = integrate(config, last, ts=resume.ts, t0=resume.t0, max_steps=MAX_STEPS, progress=long and args.progress)
+        new = integrate_setup(setup, last, ts=resume.ts, t0=resume.t0, max_steps=MAX_STEPS, progress=long and args.progress)
         result = joined(old, new)
     config = result.resolved(config)  # theory.points = "auto": the points used (the settledness below builds its ODE)
     setup = setup.replace("theory", points=config.theory.points)  # its route as decided

@@ -297,9 +297,16 @@ def integrate(
     """
     config = gather_specs("integrate", config, problem=problem, model=model, sgd=sgd, theory=theory,
                           simulation=simulation)
+    return integrate_setup(build(config), y0, ts=ts, max_steps=max_steps, progress=progress, t0=t0)
+
+
+def integrate_setup(setup: Setup, y0: Starts | None = None, *, ts: Real[ArrayLike, " T"] | Sequence[float] | None = None,
+                    max_steps: int = MAX_STEPS, progress: bool = False, t0: float = 0.0) -> TheoryResult:
+    """:func:`integrate` of a config built as ``setup`` (:func:`~singleloc.preflight._build.build`: the prior, the SGD
+    rule and the route, chosen once for the checks, the estimate and the solve; the commands pass the one they checked)."""
     start = y0
     try:
-        times = np.asarray(config.sgd.save_times() if ts is None else ts, dtype=np.float64)
+        times = np.asarray(setup.sgd.save_times() if ts is None else ts, dtype=np.float64)
         t0 = float(t0)
     except (TypeError, ValueError):
         raise ValueError(f"ts and t0 must be numbers (saved times tau), got ts = {ts!r:.80}, t0 = {t0!r:.40}") from None
@@ -319,7 +326,6 @@ def integrate(
                          "(pass t0 = the time of y0 to start elsewhere than tau = 0)")
     skip = bool(times[0] > t0)  # solve from the start at t0; do not return it
     starts = 1 if y0 is None or np.ndim(y0[0]) != 3 else int(np.shape(y0[0])[0])
-    setup = build(config)  # the prior, the SGD rule and the route: chosen once for the checks, the estimate and the solve
     check_run(setup, theory_starts=starts)  # dimension, quadrature, saved times and memory
     solve = TheorySolve("integrate", setup, starts, times.size + skip, times[-1] - t0, cached=not progress)
     solve.announce()  # the estimate, before anything is built (singleloc.preflight._estimates)
@@ -333,10 +339,10 @@ def integrate(
             out = jax.device_get(_run(*args, max_steps, True) if progress else
                                  exported_call("integrate", _run, *args, static=(max_steps, False)))
     result = _result(problem, unpad(out, n), max_steps)
-    if isinstance(result, UnresolvedFields) and config.theory.route == "auto":  # auto's choice: on to the Sobol rule
+    if isinstance(result, UnresolvedFields) and setup.theory.route == "auto":  # auto's choice: on to the Sobol rule
         say(f"{str(result).split(';')[0]}: solving on the Sobol rule instead (theory.route = 'rule')")
-        return integrate(config.replace(theory={"route": "rule"}), start, ts=ts, max_steps=max_steps, progress=progress,
-                         t0=t0)
+        return integrate_setup(build(setup.config.replace(theory={"route": "rule"})), start, ts=ts, max_steps=max_steps,
+                               progress=progress, t0=t0)
     if isinstance(result, FloatingPointError):
         raise result
     if skip:  # the start at t0, solved from but not asked for
@@ -344,7 +350,7 @@ def integrate(
         result = dataclasses.replace(result, tau=result.tau[1:], M=later(result.M), Q=later(result.Q), b=later(result.b),
                                      risk=later(result.risk), risk_se=later(result.risk_se),
                                      v=None if result.v is None else later(result.v))
-    warn_if_risk_rose(config, theory=result)
+    warn_if_risk_rose(setup.config, theory=result)
     return result
 
 
