@@ -64,13 +64,16 @@ class Setup:
         return Config(self.problem, self.model, self.sgd, self.simulation, self.theory)
 
     def replace(self, section: str, **values: Any) -> Setup:
-        """This setup with keys of one section changed (validated as the section is); a changed layer or
-        problem (``model``, ``problem``) has its prior and route decided again."""
+        """This setup with keys of one section changed (validated as the section is), and what they build built
+        again: the SGD rule for ``model`` and ``sgd``, the prior and the route (decided again) for ``model`` and
+        ``problem``. ``theory`` keeps the route decided (its ``route`` key may only name it)."""
         new = dataclasses.replace(self, **{section: dataclasses.replace(getattr(self, section), **values)})
-        if section not in ("model", "problem"):
-            return new
-        return dataclasses.replace(new, prior=new.problem.build_prior(),
-                                   route=None if self.route is None else choose_route(new.problem, new.model, new.theory))
+        if section in ("model", "sgd"):
+            new = dataclasses.replace(new, rule=sgd_rule(new.config))
+        if section in ("model", "problem"):
+            route = None if self.route is None else choose_route(new.problem, new.model, new.theory)
+            new = dataclasses.replace(new, prior=new.problem.build_prior(), route=route)
+        return new
 
 
 def build(config: Config, *, theory: bool = True) -> Setup:

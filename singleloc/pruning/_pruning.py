@@ -144,7 +144,6 @@ class TheoryRisk:
             raise ValueError(f"order parameters must have shapes (H, F), (H, H), (H,) with F = {config.problem.F}; "
                              f"got M {self.M.shape}, Q {self.Q.shape}, b {self.b.shape}")
         self.setup = pruning_setup(build(config), heads=H)  # checked; one route and rule for every sub-layer
-        self.route = self.setup.route
         self.heads = H
         self._odes: dict[int, list[OrderParameterODE]] = {}
 
@@ -334,7 +333,7 @@ def _pruned(evaluate: TheoryRisk, M, order, draws: int, seed: int) -> PruningRes
     norms = np.linalg.norm(np.asarray(M, dtype=float), axis=1)
     result = prune(evaluate, evaluate.heads, order, overlap_norms=norms, draws=draws, seed=seed)
     # one Sobol rule states no error; the exact route states its own (against the finer exact rule)
-    refined = evaluate.route.route_class.refined_error
+    refined = evaluate.setup.route.route_class.refined_error
     return dataclasses.replace(result, stderr=None) if evaluate.setup.theory.replicates == 1 and not refined else result
 
 
