@@ -56,7 +56,7 @@ def collecting(*args, **kwargs):
 
 gc.callbacks.append(callback)
 if WORK:
-    singleloc.theory._ode.integrate = collecting
+    singleloc.theory._ode.integrate_setup = collecting
 sys.argv = ["singleloc", *sys.argv[1:]]
 sys.exit(main())
 """
