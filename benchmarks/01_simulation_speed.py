@@ -41,6 +41,7 @@ import numpy as np  # noqa: E402
 from _common import add_save_option, save  # noqa: E402
 
 import singleloc as sl  # noqa: E402
+from singleloc.preflight._build import build  # noqa: E402
 
 # the simulator's own per-seed step, timed on purpose: private, as no public function runs SGD steps without measuring
 from singleloc.simulation._simulation import _run_functions  # noqa: E402
@@ -86,7 +87,7 @@ def _best_rate(run, seconds: float) -> float:
 
 
 def jax_rate(D: int, seeds: int, seconds: float) -> tuple[float, str]:
-    init, advance, _ = _run_functions(_config(D, seeds))
+    init, advance, _ = _run_functions(build(_config(D, seeds), theory=False))
     params, consts = jax.jit(jax.vmap(init))(jnp.arange(seeds))
     advance_all = jax.jit(jax.vmap(advance, in_axes=(0, 0, None, None)))
     state = {"params": params, "t": 0}

@@ -121,9 +121,10 @@ import json, sys, time
 import equinox as eqx, jax
 import singleloc as sl
 from singleloc.theory._ode import _problem, _run, _solve
+from singleloc.preflight._build import build
 jax.config.update("jax_enable_x64", True)
 cfg = sl.load_config("default", [f"sgd.tau_max={sys.argv[1]}"])
-dynamics, evaluation, y0, ts, rtol, atol, budget = _problem(cfg, None, None).args
+dynamics, evaluation, y0, ts, rtol, atol, budget = _problem(build(cfg), None, None).args
 def first(ode):  # replicate 0 of an ODE stack (its SGD rule is shared, not stacked)
     rules = eqx.tree_at(lambda o: o.sgd, ode, None, is_leaf=lambda x: x is None)
     one = jax.tree.map(lambda x: x[0] if eqx.is_array(x) else x, rules)

@@ -51,8 +51,9 @@ import equinox as eqx, jax
 jax.config.update("jax_enable_x64", True)
 import singleloc as sl
 from singleloc.theory._ode import MAX_STEPS, _problem, _solve, _trajectories
+from singleloc.preflight._build import build
 cfg = sl.load_config("default", ["sgd.tau_max=300", *json.loads(sys.argv[1])])
-dynamics, evaluation, y0, ts, rtol, atol, budget = _problem(cfg, None, None).args
+dynamics, evaluation, y0, ts, rtol, atol, budget = _problem(build(cfg), None, None).args
 def first(ode):  # replicate 0 of an ODE stack (its SGD rule is shared, not stacked)
     rules = eqx.tree_at(lambda o: o.sgd, ode, None, is_leaf=lambda x: x is None)
     one = jax.tree.map(lambda x: x[0] if eqx.is_array(x) else x, rules)
@@ -91,8 +92,9 @@ jax.config.update("jax_enable_x64", True)
 import singleloc as sl
 from jax._src import compiler
 from singleloc.theory._ode import MAX_STEPS, _problem, _run
+from singleloc.preflight._build import build
 cfg = sl.load_config("default", ["sgd.tau_max=300"])
-args = _problem(cfg, None, None).args
+args = _problem(build(cfg), None, None).args
 dynamics, evaluation, y0 = args[:3]
 dyn = jax.tree.map(lambda x: x[0] if eqx.is_array(x) and x.ndim and x.shape[0] == 1 else x, dynamics)
 y = jax.tree.map(lambda x: x[0], y0)

@@ -70,11 +70,12 @@ def showcase(out: Path) -> dict:
     from collections import Counter
 
     from singleloc.analysis._head_classes import final_outcomes
+    from singleloc.preflight._build import build
 
     run = sl.load_run(out / "s")
     theory = SimpleNamespace(**{k: run.extra["theory_seeds"][k] for k in ("M", "Q", "b")})
     simulation = SimpleNamespace(**{k: run.data["simulation"][k] for k in ("M", "Q", "b")})
-    words = final_outcomes(run.config, theory, simulation)
+    words = final_outcomes(build(run.config), theory, simulation)
     return {"horizon": float(run.data["simulation"]["tau"][-1]),
             "theory": dict(Counter(words[0]).most_common()), "simulation": dict(Counter(words[1]).most_common()),
             "theory_final_risk": [float(r) for r in run.extra["theory_seeds"]["risk"][:, -1]],

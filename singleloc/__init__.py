@@ -131,6 +131,7 @@ if TYPE_CHECKING:
     from .model._priors import flipped as flipped
     from .model._priors import gaussian as gaussian
     from .model._priors import spikes as spikes
+    from .preflight._build import sgd_rule as sgd_rule
     from .preflight._run_checks import warn_if_risk_rose as warn_if_risk_rose
     from .pruning._pruning import TheoryRisk as TheoryRisk
     from .pruning._pruning import WeightsRisk as WeightsRisk
@@ -170,7 +171,6 @@ if TYPE_CHECKING:
     from .theory._accuracy import PointsChoice as PointsChoice
     from .theory._accuracy import choose_points as choose_points
     from .theory._accuracy import resolve_points as resolve_points
-    from .theory._build import sgd_rule as sgd_rule
     from .theory._fluctuations import SDEResult as SDEResult
     from .theory._fluctuations import integrate_sde as integrate_sde
     from .theory._ode import integrate as integrate

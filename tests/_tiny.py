@@ -85,7 +85,7 @@ def canned_simulation(config: Config) -> SimulationResult:
 
 
 def stub_solves(monkeypatch) -> list:
-    """Put :func:`canned_theory` and :func:`canned_simulation` in place of ``singleloc.theory._ode.integrate``
+    """Put :func:`canned_theory` and :func:`canned_simulation` in place of ``singleloc.theory._ode.integrate_setup``
     and ``singleloc.simulation._simulation.simulate`` (what the commands call); returns the list of the
     ``(kind, config)`` of the calls."""
     import singleloc.simulation._simulation
@@ -93,16 +93,16 @@ def stub_solves(monkeypatch) -> list:
 
     calls = []
 
-    def integrate(config, y0=None, *, ts=None, **kwargs):
-        calls.append(("theory", config))
+    def integrate(setup, y0=None, *, ts=None, **kwargs):
+        calls.append(("theory", setup.config))
         starts = 1 if y0 is None or np.ndim(y0[0]) != 3 else int(np.shape(y0[0])[0])
-        return canned_theory(config, starts, ts)
+        return canned_theory(setup.config, starts, ts)
 
     def simulate(config, *args, **kwargs):
         calls.append(("simulation", config))
         return canned_simulation(config)
 
-    monkeypatch.setattr(singleloc.theory._ode, "integrate", integrate)
+    monkeypatch.setattr(singleloc.theory._ode, "integrate_setup", integrate)
     monkeypatch.setattr(singleloc.simulation._simulation, "simulate", simulate)
     return calls
 

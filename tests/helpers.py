@@ -62,10 +62,11 @@ def finite_windows(cfg, n: int, *, t: int = 0, steps: int = 1, flush: int = 0):
     import jax.numpy as jnp
 
     import singleloc as sl
+    from singleloc.preflight._build import build
     from singleloc.simulation._simulation import _run_functions
     from singleloc.theory._theory import flatten_state
 
-    init, advance, _ = _run_functions(cfg)
+    init, advance, _ = _run_functions(build(cfg, theory=False))
     ((K0, b0, _), state0), (kstar, _, test) = init(0)
     D, rule = cfg.simulation.D, sl.sgd_rule(cfg)
     orth = jax.random.normal(jax.random.PRNGKey(11), K0.shape, K0.dtype)

@@ -19,7 +19,7 @@ import pytest
 
 import singleloc as sl
 from singleloc.expectations._routes import ROUTE_CLASSES, ROUTES, decide, route_class, route_of
-from singleloc.theory._build import build
+from singleloc.preflight._build import build
 
 Z = 5.0
 DRAWS, SETS = 8192, 8

@@ -21,6 +21,7 @@ from helpers import random_overlaps
 import singleloc as sl
 from singleloc.expectations._routes import route_of
 from singleloc.model._layer import limit_loss
+from singleloc.preflight._build import build
 from singleloc.simulation._simulation import _run_functions
 from singleloc.sweeps._grid import grid_points, parse_grid
 from singleloc.sweeps._sweep_dataset import sweep_dataset
@@ -94,7 +95,7 @@ def test_head_weight_drift_is_the_mean_of_finite_D_steps():
     cfg = sl.load_config("softmax1", ["model.train_bias=true", "model.head_weights=trained", "simulation.D=600",
                                       "sgd.lr=1.0", "theory.route=exact"])
     D = cfg.simulation.D
-    init, advance, _ = _run_functions(cfg)
+    init, advance, _ = _run_functions(build(cfg, theory=False))
     ((K0, b0, v0), rule_state), (kstar, _, test) = init(0)
     orth = jax.random.normal(jax.random.PRNGKey(11), K0.shape, K0.dtype)
     orth = 0.6 * (orth - (orth @ kstar.T / D) @ kstar)

@@ -20,10 +20,9 @@ from helpers import interrupt, one_line
 from singleloc import load_config
 from singleloc.cli import main
 from singleloc.configuration._config import Config
-from singleloc.expectations._routes import route_of
 from singleloc.io._run_folders import load_npz, save_npz
+from singleloc.preflight._build import build
 from singleloc.sweeps import _sweep_cache, _sweep_entries
-from singleloc.theory._build import build
 
 #: A command line that solves in seconds (issue 54's ``S``): the default preset's problem (the messages below name
 #: its L = 4 and F = 2) on the rule, one seed at D = 200.
@@ -57,7 +56,7 @@ def collecting(*args, **kwargs):
 
 gc.callbacks.append(callback)
 if WORK:
-    singleloc.theory._ode.integrate = collecting
+    singleloc.theory._ode.integrate_setup = collecting
 sys.argv = ["singleloc", *sys.argv[1:]]
 sys.exit(main())
 """
@@ -389,10 +388,10 @@ def test_what_a_simulation_holds_in_float32_is_checked_before_it_runs(key, value
     from singleloc.preflight import _resources
 
     cfg = load_config("default", [f"{key}={value!r}"])
-    _resources.check_run(cfg, theory_starts=1)  # the theory runs in float64: fine
+    _resources.check_run(build(cfg), theory_starts=1)  # the theory runs in float64: fine
     with pytest.raises(ValueError, match=rf"^{key}: .* is out of range for the simulation, which runs in float32: {words}.*"
                                          rf"; e.g. {key} = "):
-        _resources.check_run(cfg, simulation=True)
+        _resources.check_run(build(cfg, theory=False), simulation=True)
 
 
 # ----------------------------------------------------------------------------- 7. combinations a run would drop
@@ -629,16 +628,16 @@ def test_the_memory_check_runs_for_automatic_points(monkeypatch):
     cfg = load_config("default", ["theory.route=rule", "theory.points=auto", "problem.L=1000", "model.heads=8"])
     with pytest.raises(MemoryError, match=r"for the theory's quadrature \(theory.points = 8192 at least, 'auto' x problem.L = "
                                           r"1000 x model.heads = 8, 1 start\(s\)\).*; e.g. sgd.n_save = (\d+),") as err:
-        _resources.check_run(cfg, theory_starts=1)
+        _resources.check_run(build(cfg), theory_starts=1)
     fits = int(re.search(r"e.g. sgd.n_save = (\d+),", str(err.value)).group(1))
-    _resources.check_run(cfg.replace(sgd={"n_save": fits}), theory_starts=1)  # the suggestion fits
+    _resources.check_run(build(cfg.replace(sgd={"n_save": fits})), theory_starts=1)  # the suggestion fits
     monkeypatch.setenv("SINGLELOC_MEMORY_LIMIT", "2G")  # no saved times or points fit: fewer heads or tokens
     with pytest.raises(MemoryError, match=r"; e.g. (model.heads|problem.L) = \d+, or set SINGLELOC_MEMORY_LIMIT"):
-        _resources.check_run(cfg, theory_starts=1)
+        _resources.check_run(build(cfg), theory_starts=1)
     wide = load_config("default", ["theory.route=rule", "theory.points=auto", "problem.L=100000"])
     with pytest.raises(ValueError, match="200000 Gaussian dimensions, more than the 21201 of SciPy's Sobol sequence; e.g. "
                                          "problem.L = 10600"):
-        _resources.check_run(wide, theory_starts=1)
+        _resources.check_run(build(wide), theory_starts=1)
 
 
 @pytest.mark.parametrize("args, words", [
@@ -714,11 +713,11 @@ def test_automatic_points_go_through_the_memory_check_of_each_count_they_try(mon
 
     cfg = load_config("default", ["theory.route=rule", "theory.points=auto", "problem.L=64", "model.heads=4"])
     first = _resources.auto_points(cfg.problem.L, cfg.model.heads, cfg.problem.build_prior())
-    parts = lambda n: _resources._memory_parts(cfg.replace(theory={"points": n}), route_of(cfg), False, 1)
+    parts = lambda n: _resources._memory_parts(build(cfg.replace(theory={"points": n})), False, 1)
     need = {n: _resources.OVERHEAD + sum(parts(n).values()) for n in (first, 2 * first)}
     monkeypatch.setenv("SINGLELOC_MEMORY_LIMIT", str(int((need[first] + need[2 * first]) / 2)))  # the first fits, not twice
     with pytest.raises(MemoryError) as explicit:
-        _resources.check_run(cfg.replace(theory={"points": 2 * first}), theory_starts=1)
+        _resources.check_run(build(cfg.replace(theory={"points": 2 * first})), theory_starts=1)
     tried = []
     monkeypatch.setattr(_accuracy, "drift_error", lambda config, y0, n, R: tried.append(n) or 1.0)  # never accurate enough
     with pytest.raises(MemoryError, match=rf"^theory.points = 'auto' would try {2 * first} points \(at {first} points its "

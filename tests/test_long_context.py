@@ -20,6 +20,7 @@ import singleloc as sl
 from singleloc.expectations._routes import route_of
 from singleloc.expectations._sobol_geometry import NODE_BATCH, node_batch
 from singleloc.preflight import _resources
+from singleloc.preflight._build import build
 
 pytestmark = pytest.mark.exact_route
 
@@ -33,12 +34,12 @@ def test_long_sequences_pass_the_checks_on_the_exact_route_only(monkeypatch):
     monkeypatch.setenv(_resources.MEMORY_ENV, "none")  # the quadrature's limits alone
     exact = _config(4096, "auto")
     assert route_of(exact).route == "exact"
-    _resources.check_run(exact, theory_starts=exact.simulation.seeds)  # 4 starts at L * H = 16384: not refused
-    _resources.check_run(_config(32768, "auto"), theory_starts=1)  # beyond Sobol's 21201 dimensions
+    _resources.check_run(build(exact), theory_starts=exact.simulation.seeds)  # 4 starts at L * H = 16384: not refused
+    _resources.check_run(build(_config(32768, "auto")), theory_starts=1)  # beyond Sobol's 21201 dimensions
     with pytest.raises(ValueError, match="theory.points = 4096 must be at least"):
-        _resources.check_run(_config(4096, "rule"), theory_starts=1)
+        _resources.check_run(build(_config(4096, "rule")), theory_starts=1)
     with pytest.raises(ValueError, match="Sobol"):
-        _resources.check_run(_config(8192, "rule", **{"theory.points": 65536}), theory_starts=1)
+        _resources.check_run(build(_config(8192, "rule", **{"theory.points": 65536})), theory_starts=1)
 
 
 def test_sweep_accepts_a_long_sequence_on_the_exact_route(monkeypatch, tmp_path):
@@ -97,7 +98,7 @@ def test_four_heads_at_L_4096_fit_because_the_node_batch_follows_L(monkeypatch):
     node); a few fields keep the batch of 8192 (no number changes there)."""
     monkeypatch.setenv(_resources.MEMORY_ENV, "24G")
     cfg = _config(4096, "auto")
-    _resources.check_run(cfg, theory_starts=4)
+    _resources.check_run(build(cfg), theory_starts=4)
     assert _resources.theory_bytes(cfg.problem.L, cfg.model.heads, cfg.problem.build_prior(), cfg.theory, route_of(cfg), 4) < 20e9
     rule = sl.LocalFields.make(4096, 4, cfg.problem.build_prior(), 16)
     assert rule.batch_size == node_batch(4096, 4) == 256

@@ -134,12 +134,13 @@ def test_theory_tracks_a_large_D_simulation():
 def test_saved_time_counts_within_a_power_of_two_share_one_program():
     """The saved times are padded to ``saved_slots`` (a power of two, at least 16): counts 3 and 5 give arguments
     of the same shapes (one program), 17 another; the padding repeats the last time."""
+    from singleloc.preflight._build import build
     from singleloc.theory._ode import _problem, _shape_key, saved_slots
 
     assert [saved_slots(n) for n in (1, 3, 16, 17, 33, 64, 65)] == [16, 16, 16, 32, 64, 64, 128]
-    keys = {n: _shape_key(_problem(tiny().replace(sgd={"n_save": n}), None, None).args) for n in (3, 5, 17)}
+    keys = {n: _shape_key(_problem(build(tiny().replace(sgd={"n_save": n})), None, None).args) for n in (3, 5, 17)}
     assert keys[3] == keys[5] != keys[17]
-    ts = _problem(tiny().replace(sgd={"n_save": 5}), None, None).args[3]
+    ts = _problem(build(tiny().replace(sgd={"n_save": 5})), None, None).args[3]
     assert ts.shape == (16,) and bool(np.all(ts[4:] == ts[4]))
 
 

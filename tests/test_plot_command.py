@@ -170,7 +170,7 @@ def test_integrate_suggests_a_log_grid_for_a_long_linear_one(tmp_path, capsys, m
     import singleloc.theory._ode as ode
 
     calls = []
-    monkeypatch.setattr(ode, "integrate", lambda config, **kw: calls.append(config) or _fake_theory(config))
+    monkeypatch.setattr(ode, "integrate_setup", lambda setup, **kw: calls.append(setup) or _fake_theory(setup.config))
     assert main(["integrate", "default", "--set", "sgd.tau_max=600", "--out", str(tmp_path / "c")]) == 0
     assert "--set sgd.spacing=log" in capsys.readouterr().err
     assert main(["integrate", "default", "--out", str(tmp_path / "d")]) == 0  # tau_max = 30 on 61 times: fine

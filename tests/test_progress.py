@@ -17,8 +17,8 @@ import pytest
 
 import singleloc as sl
 from singleloc.cli import main
-from singleloc.expectations._routes import route_of
 from singleloc.preflight import _estimates
+from singleloc.preflight._build import build
 from singleloc.preflight._estimates import REFERENCE, TheorySolve, Timings, solve_size
 from singleloc.runtime import _compilation, _progress
 from singleloc.runtime._progress import Bar, Estimate
@@ -120,7 +120,7 @@ def test_a_solve_records_its_times_and_the_next_estimate_is_measured(records, mo
     """Written (after the solve, from the phase's clock), read back and used (the estimate of the
     next solve of the family, scaled along tau by the cost model), and the basis said."""
     config = sl.load_config("default", SETS)
-    first = TheorySolve("integrate", config, route_of(config), 1, 3, 2.0)
+    first = TheorySolve("integrate", build(config), 1, 3, 2.0)
     assert first.expect == "compile" and first.why == "first run of this shape family"
     assert first.estimate.basis == "first run of this shape family: from this CPU's speed"
     work = first.work
@@ -132,12 +132,12 @@ def test_a_solve_records_its_times_and_the_next_estimate_is_measured(records, mo
     assert record["rates"] == pytest.approx([1.0 / solve_size(work, 2.0, 3)])
     assert record.get("compile", record.get("load")) == 1.0 and record["prepare"] == 1.0
     assert record["work"] == work and record["label"] == "integrate, softmax H=2 L=4 F=2 on the rule route"
-    again = TheorySolve("integrate", config, route_of(config), 1, 3, 4.0)  # held by this process now: it only runs
+    again = TheorySolve("integrate", build(config), 1, 3, 4.0)  # held by this process now: it only runs
     assert again.expect == "run" and again.estimate.basis == "measured on this CPU for this shape family"
     assert dict(again.estimate.parts) == pytest.approx({"building the rules": 1.0,
                                                         "solving": solve_size(work, 4.0, 3) / solve_size(work, 2.0, 3)})
     wider = config.replace(model={"heads": 3})
-    other = TheorySolve("integrate", wider, route_of(wider), 1, 3, 2.0)  # a new family, scaled from this one
+    other = TheorySolve("integrate", build(wider), 1, 3, 2.0)  # a new family, scaled from this one
     assert "scaled from integrate, softmax H=2 L=4 F=2 on the rule route" in other.estimate.basis
     assert other.estimate.parts[-1][1] == pytest.approx(solve_size(other.work, 2.0, 3) / solve_size(work, 2.0, 3))
 
@@ -159,7 +159,7 @@ def test_the_command_line_says_each_phase_in_one_line_with_its_time(records, tmp
     ]
     assert len(lines) == len(expected) and all(re.fullmatch(p, line) for p, line in zip(expected, lines)), lines
     config = sl.load_config("default", SETS)
-    record = _estimates.timings().family(TheorySolve("integrate", config, route_of(config), 1, 3, 2.0).key)
+    record = _estimates.timings().family(TheorySolve("integrate", build(config), 1, 3, 2.0).key)
     assert len(record["rates"]) == 1  # recorded: the next estimate of this family is measured
     assert main(["prune", out, "--no-progress"]) == 0
     lines = stderr_lines(capsys)
@@ -179,7 +179,8 @@ def test_a_simulation_times_its_compiled_step_before_it_runs_and_records_it(reco
     assert re.fullmatch(rf"singleloc: simulated 400 SGD steps in {TIME}", lines[-1]), lines
     (record,) = _estimates.timings().families("simulate")
     assert record["rates"][0] > 0 and record["compile"] > 0
-    assert _simulation_estimate.simulation_estimate(config).basis == "measured on this CPU for this simulation's sizes"
+    estimate = _simulation_estimate.simulation_estimate(build(config, theory=False))
+    assert estimate.basis == "measured on this CPU for this simulation's sizes"
 
 
 def test_a_sweep_point_over_an_hour_is_refused_before_anything_runs_unless_yes(records, tmp_path, capsys, fake_compute):
@@ -187,7 +188,7 @@ def test_a_sweep_point_over_an_hour_is_refused_before_anything_runs_unless_yes(r
     two-head point measured at two hours here."""
     base = sl.load_config("default")
     (_, two), = [p for p in grid_points(base, [parse_grid("model.heads=1,2")]) if p[1].model.heads == 2]
-    kind, key, work, size = _estimates._prediction_model(two)
+    kind, key, work, size = _estimates._prediction_model(build(two))
     _estimates.timings().record(key, kind, "prediction, softmax H=2", work, 7200.0 / size)
     args = ["sweep", "default", "--grid", "model.heads=1,2", "--horizon", "config", "--out", str(tmp_path / "sw")]
     assert main(args) == 2

@@ -17,7 +17,7 @@ from _tiny import tiny
 import singleloc as sl
 from singleloc.expectations._laplace import NODES, RESOLVED_SIGMA, exact_rule
 from singleloc.expectations._laplace_expectation import DRIFT_ERROR_WARN, RISK_ERROR_WARN, LaplaceExpectation
-from singleloc.theory._build import build
+from singleloc.preflight._build import build
 from singleloc.theory._step_budget import UnresolvedFields
 
 #: A start of the tiny problem just inside the widest field the default rule resolves (standard deviation 4.9 of
@@ -59,7 +59,7 @@ def test_the_widest_field_is_within_the_stated_accuracy(sigma):
         scale = s**2 / shape_Q.max()
         M, Q, b = jnp.asarray(np.sqrt(scale) * shape_M), jnp.asarray(scale * shape_Q), jnp.zeros(2)
         assert bool(coarse.resolves(M, Q, b)) is (s <= RESOLVED_SIGMA)
-        errors.append(tuple(map(float, _errors(expectation, setup.sgd, M, Q, b))))
+        errors.append(tuple(map(float, _errors(expectation, setup.rule, M, Q, b))))
     (risk, drift), (wide_risk, wide_drift) = errors
     assert risk < RISK_ERROR_WARN and drift < DRIFT_ERROR_WARN, errors
     assert wide_risk > RISK_ERROR_WARN or wide_drift > DRIFT_ERROR_WARN, errors

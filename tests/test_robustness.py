@@ -23,6 +23,7 @@ from singleloc.cli import main
 from singleloc.expectations._routes import route_of
 from singleloc.io._run_folders import load_npz, load_run, npz_stamp, save_npz, save_run
 from singleloc.preflight import _costs, _resources
+from singleloc.preflight._build import build
 from singleloc.sweeps import _sweep, _sweep_cache, _sweep_compute
 from singleloc.sweeps._grid import parse_grid
 
@@ -284,10 +285,11 @@ def test_the_memory_limit_can_be_set_or_turned_off(monkeypatch):
     monkeypatch.setenv(_resources.MEMORY_ENV, "1M")
     assert _resources.available_memory() == (2.0**20, "SINGLELOC_MEMORY_LIMIT=1M")
     with pytest.raises(MemoryError, match="more than the 0.00105 GB available"):
-        _resources.check_run(CONFIG, simulation=True)
+        _resources.check_run(build(CONFIG, theory=False), simulation=True)
     monkeypatch.setenv(_resources.MEMORY_ENV, "none")
     assert _resources.available_memory()[0] == float("inf")
-    _resources.check_run(load_config("default", ["simulation.D=1000000000000", "sgd.tau_max=0.001"]), simulation=True)
+    huge = load_config("default", ["simulation.D=1000000000000", "sgd.tau_max=0.001"])
+    _resources.check_run(build(huge, theory=False), simulation=True)
     monkeypatch.setenv(_resources.MEMORY_ENV, "lots")
     with pytest.raises(ValueError, match="expected a size such as"):
         _resources.available_memory()
@@ -627,13 +629,13 @@ import jax
 import singleloc.theory._ode
 from singleloc.cli import main
 
-def stuck(config, *args, **kwargs):  # a solve that XLA does not leave for about a minute
+def stuck(setup, *args, **kwargs):  # a solve that XLA does not leave for about a minute
     inner = lambda i, y: jax.lax.fori_loop(0, 2**31 - 1, lambda j, z: z * 1.0000001 + 1e-9, y)
     spin = jax.jit(lambda x: jax.lax.fori_loop(0, 8, inner, x))
     print("solving", file=sys.stderr, flush=True)
     return spin(1.0).block_until_ready()
 
-singleloc.theory._ode.integrate = stuck
+singleloc.theory._ode.integrate_setup = stuck
 sys.argv = ["singleloc", "integrate", "default", "--no-progress", "--out", sys.argv[1]]
 sys.exit(main())
 """
@@ -731,11 +733,11 @@ def test_a_long_integrate_says_so_and_shows_its_progress(tmp_path, capsys, monke
     import singleloc.theory._ode
 
     calls = []
-    def started(config, **kwargs):
+    def started(setup, **kwargs):
         calls.append(kwargs)
         raise ValueError("started")
 
-    monkeypatch.setattr(singleloc.theory._ode, "integrate", started)
+    monkeypatch.setattr(singleloc.theory._ode, "integrate_setup", started)
     assert main(["integrate", "default", *TINY, "--set", "sgd.tau_max=1e6", "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert "singleloc integrate: note: sgd.tau_max = 1e+06 is a long solve: up to 100000 adaptive steps" in err
@@ -772,9 +774,9 @@ def test_long_sequences_pass_the_checks_on_the_exact_route_only(monkeypatch):
 
     monkeypatch.setenv(_resources.MEMORY_ENV, "none")
     cfg = load_config("default", ["problem.L=11000", "theory.points=64"])
-    _resources.check_run(cfg.replace(theory={"route": "exact"}), theory_starts=1)
+    _resources.check_run(build(cfg.replace(theory={"route": "exact"})), theory_starts=1)
     with pytest.raises(ValueError, match="more than the 21201"):
-        _resources.check_run(cfg.replace(theory={"route": "rule"}), theory_starts=1)
+        _resources.check_run(build(cfg.replace(theory={"route": "rule"})), theory_starts=1)
     long = load_config("default", ["problem.L=4096"])  # the exact route's risk at the saved times does not grow with L
     exact, rule = long.replace(theory={"route": "exact"}), long.replace(theory={"route": "rule"})
 

@@ -25,8 +25,8 @@ from singleloc.expectations._expectation import AbstractExpectation
 from singleloc.expectations._routes import ROUTE_CLASSES, route_class, route_of
 from singleloc.expectations._sharding import _put
 from singleloc.ground._choices import ROUTE_WORDS
+from singleloc.preflight._build import build
 from singleloc.preflight._resources import theory_bytes
-from singleloc.theory._build import build
 
 Z, R = 5.0, 4
 

@@ -14,9 +14,11 @@ from _tiny import tiny
 import singleloc as sl
 from singleloc.expectations._routes import route_of
 from singleloc.preflight import _resources, _run_checks
+from singleloc.preflight._build import build
 from singleloc.pruning import _pruning
 from singleloc.sweeps import _sweep
 from singleloc.sweeps._grid import parse_grid
+from singleloc.theory._accuracy import PointsChoice
 
 jax.config.update("jax_enable_x64", True)
 
@@ -190,17 +192,16 @@ def test_prune_run_prunes_the_final_state_of_every_stored_layer(monkeypatch):
     sim = {k: rng.normal(size=(S, *v.shape)) for k, v in theory.items() if k != "tau"}
     run = sl.Run(None, cfg, {"theory": theory, "simulation": sim}, "hash")
     resolved, calls = [], []
-    monkeypatch.setattr(_pruning, "resolve_points", lambda config: config if config.theory.points != "auto" else
-                        resolved.append(config) or config.replace(theory={"points": 512}))
+    monkeypatch.setattr(_pruning, "points_for", lambda setup, y0: resolved.append(setup) or PointsChoice(512, 0.0, 1, ()))
     monkeypatch.setattr(_pruning, "_pruned", lambda risk, M, order, draws, seed: calls.append(
-        (risk, risk.config, risk.M, risk.Q, risk.b, order, {"draws": draws, "seed": seed})))
+        (risk, risk.setup, risk.M, risk.Q, risk.b, order, {"draws": draws, "seed": seed})))
     results = sl.prune_run(run, "alignment", draws=3, seed=7)
     assert len(resolved) == 1 and list(results) == ["theory", "simulation"] and len(results["simulation"]) == S
     layers = [(theory["M"][-1], theory["Q"][-1], theory["b"][-1])] + [(sim["M"][s, -1], sim["Q"][s, -1], sim["b"][s, -1])
                                                                       for s in range(S)]
     assert len(calls) == 1 + S and all(risk._odes is calls[0][0]._odes for risk, *_ in calls)
-    for (_, config, M, Q, b, order, kw), layer in zip(calls, layers):
-        assert config.theory.points == 512 and order == "alignment" and kw == {"draws": 3, "seed": 7}
+    for (_, setup, M, Q, b, order, kw), layer in zip(calls, layers):
+        assert setup.theory.points == 512 and order == "alignment" and kw == {"draws": 3, "seed": 7}
         for got, want in zip((M, Q, b), layer):
             np.testing.assert_array_equal(got, want)
 
@@ -255,8 +256,8 @@ def test_a_joint_exact_rule_that_does_not_fit_is_refused_by_name(monkeypatch):
                                       "theory.points=4096"])
     with pytest.raises(MemoryError, match=r"for the exact route's rule of a joint layer \(model.heads = 32, problem.F = 2, "
                                           r"4 atoms of the prior\)"):
-        _resources.check_run(cfg, theory_starts=1)
-    _resources.check_run(cfg.replace(theory={"route": "auto"}), theory_starts=1)  # auto: the rule route, which fits
+        _resources.check_run(build(cfg), theory_starts=1)
+    _resources.check_run(build(cfg.replace(theory={"route": "auto"})), theory_starts=1)  # auto: the rule route, which fits
     with pytest.raises(MemoryError, match=r"the exact route's rule \(bsoftmax, 32 heads, 4 atoms of the prior\)"):
         sl.population_risk(cfg.problem.build_prior(), 4, "bsoftmax", np.zeros((32, 2)), np.eye(32), np.zeros(32),
                            route="exact")
@@ -267,8 +268,8 @@ def test_pruning_scores_every_sub_layer_on_the_full_layers_route():
     and fewer, which the exact route would take, are scored on the rule too, so that no pruning step
     compares two routes; eight softmax heads stay on the exact route."""
     cfg = sl.load_config("bsoftmax", ["model.heads=8", "theory.route=auto", "theory.points=1024"])
-    assert _pruning.pruning_config(cfg)[0].theory.route == "rule"
-    assert _pruning.pruning_config(cfg, heads=4)[0].theory.route == "auto"  # a layer of four: its own exact route
-    assert _pruning.pruning_config(cfg.replace(model={"activation": "softmax"}))[0].theory.route == "auto"
+    assert _pruning.pruning_setup(build(cfg)).theory.route == "rule"
+    assert _pruning.pruning_setup(build(cfg), heads=4).theory.route == "auto"  # a layer of four: its own exact route
+    assert _pruning.pruning_setup(build(cfg.replace(model={"activation": "softmax"}))).theory.route == "auto"
     risk = _pruning.TheoryRisk(cfg, M=np.zeros((8, 2)), Q=np.eye(8), b=np.zeros(8))
     assert risk.odes(4)[0].expectation.route == "rule" and risk.odes(8)[0].expectation.route == "rule"

@@ -24,8 +24,8 @@ import pytest
 
 import singleloc as sl
 from singleloc.expectations._expectation import SCRAMBLINGS, solve_report
+from singleloc.preflight._build import build
 from singleloc.sgd._sgd_rule import flat_drift
-from singleloc.theory._build import build
 
 jax.config.update("jax_enable_x64", True)
 
@@ -46,7 +46,7 @@ def _report(config, H):
     ys = tuple(np.broadcast_to(np.asarray(x), (1, 1, 2, *x.shape)) for x in state)
     nan = np.full((1, 1, 2), np.nan)
     points = evaluation.expectation.stated_points(config.theory, L, H, config.theory.points)
-    report = solve_report(setup, ys, nan, nan, np.full((1, 2), np.nan), evaluation.expectation, setup.sgd, points)
+    report = solve_report(setup, ys, nan, nan, np.full((1, 2), np.nan), evaluation.expectation, setup.rule, points)
     return report, evaluation, state
 
 

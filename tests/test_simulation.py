@@ -26,6 +26,7 @@ from singleloc.cli import main
 from singleloc.model._data import seed_keys
 from singleloc.model._heldout import draw_heldout, heldout_losses
 from singleloc.model._layer import token_weights
+from singleloc.preflight._build import build
 from singleloc.pruning._pruning import WeightsRisk, prune_weights
 from singleloc.simulation._simulation import _run_functions
 
@@ -282,7 +283,7 @@ def test_one_sgd_step_matches_numpy(name, train_bias):
             "simulation.seed=5",
         ],
     )
-    init, advance, _ = _run_functions(cfg)
+    init, advance, _ = _run_functions(build(cfg, theory=False))
     state, consts = init(1)
     (K0, b0, _), _ = state
     kstar, train_key, _ = consts
@@ -308,7 +309,7 @@ def test_one_sgd_step_matches_numpy(name, train_bias):
 
 
 def test_advance_does_not_depend_on_chunking(tiny_config):
-    init, advance, _ = _run_functions(tiny_config)
+    init, advance, _ = _run_functions(build(tiny_config, theory=False))
     params, consts = init(0)
     step = jax.jit(advance)
     whole = step(params, consts, 0, 6)

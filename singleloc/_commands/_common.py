@@ -233,24 +233,27 @@ def describe(config) -> str:
 
 
 def prepare_run(args: argparse.Namespace, *, simulation: bool = False, theory: str | None = None, continued=None):
-    """The config of a run command, checked before anything is computed: its dimension,
+    """The objects of a run command's config (:func:`singleloc.preflight._build.build`, its route decided unless it
+    only simulates; ``.config``: the config), checked before anything is computed: its dimension,
     quadrature and memory (:func:`singleloc.preflight._resources.check_run`) for a simulation and/or the
     theory from ``"one"`` start or one per seed (``"seeds"``; ``None``: not here, e.g. where ``integrate`` checks it as it
     starts), what a simulation will cost
     (:func:`check_cost`: a huge one is refused), and a note when ``--out`` holds a run that the new one will replace.
     (The warnings about a run's results, :mod:`singleloc.preflight._run_checks`, come from the library.) ``continued``:
     the run of ``--continue`` (:func:`continued_run`), whose config is taken instead of ``CONFIG``."""
+    from ..preflight._build import build
     from ..preflight._resources import check_run
     from ..simulation._simulation_estimate import simulation_cost
 
     config = config_from_args(args) if continued is None else continued.config
     starts = {None: 0, "one": 1, "seeds": config.simulation.seeds}[theory]
+    setup = build(config, theory=bool(starts) or not simulation)  # the route decided once for the command
     if simulation or starts:
-        check_run(config, simulation=simulation, theory_starts=starts)
+        check_run(setup, simulation=simulation, theory_starts=starts)
     if simulation:  # refused when huge; its estimate is said once it is measured (singleloc.preflight._estimates)
-        check_cost(args.command, simulation_cost(config), args.force, note=False)
+        check_cost(args.command, simulation_cost(setup), args.force, note=False)
     note_replaced(args.command, args.out)
-    return config
+    return setup
 
 
 def note_replaced(command: str, out: Path) -> None:

@@ -38,17 +38,18 @@ def run(args) -> int:
     from ..runtime._progress import announce
     from ..simulation._simulation import simulate
     from ..simulation._simulation_estimate import compare_estimate
-    from ..theory._ode import integrate
+    from ..theory._ode import integrate_setup
     from ..theory._starts import initial_conditions
 
     resume = continued_run(args, ("simulation", "theory_seeds"))
     if resume is None and args.horizon is not None:
         raise ValueError("--horizon is the new horizon of --continue RUN_DIR; without it, set sgd.tau_max")
-    config = prepare_run(args, simulation=True, theory="seeds", continued=resume)
-    announce(f"the simulation and the theory of {config.simulation.seeds} seeds", compare_estimate(config))
+    setup = prepare_run(args, simulation=True, theory="seeds", continued=resume)
+    config = setup.config
+    announce(f"the simulation and the theory of {config.simulation.seeds} seeds", compare_estimate(setup))
     if resume is None:
         sim = simulate(config, progress=args.progress)  # warns of dropped saved times and of a rising risk
-        theory = integrate(config, initial_conditions(config), ts=sim.tau)
+        theory = integrate_setup(setup, initial_conditions(config), ts=sim.tau)
     else:  # the simulation's weights are not stored: it is rerun, saved at the stored times and the new ones
         old = resume.run.theory
         print(f"singleloc compare: continuing {str(args.resume)!r} to tau = {config.sgd.tau_max:g}: the simulation is rerun "
@@ -56,11 +57,12 @@ def run(args) -> int:
               file=sys.stderr)
         sim = simulate(config, progress=args.progress, ts=np.concatenate([old.tau, resume.ts]))
         last = tuple(x[:, -1] for x in (old.M, old.Q, old.b, *(() if old.v is None else (old.v,))))
-        theory = joined(old, integrate(config, last, ts=sim.tau[len(old.tau):], t0=resume.t0))
+        theory = joined(old, integrate_setup(setup, last, ts=sim.tau[len(old.tau):], t0=resume.t0))
     config = theory.resolved(config)  # theory.points = "auto": the points used (the settledness below builds its ODE)
+    setup = setup.replace("theory", points=config.theory.points)  # its route as decided
     title = f"{describe(config)}, D={config.simulation.D}, lr={config.sgd.lr}"
-    settled = run_settledness(config, theory.tau, theory.M, theory.Q, theory.b, theory.risk)
-    outcomes = final_outcomes(config, theory, sim, units=("starts", "seeds"))
+    settled = run_settledness(setup, theory.tau, theory.M, theory.Q, theory.b, theory.risk)
+    outcomes = final_outcomes(setup, theory, sim, units=("starts", "seeds"))
     save_run(args.out, config, {
         "simulation.npz": sim.arrays(), "theory.npz": theory.arrays(0) | settled.arrays(0),
         "theory_seeds.npz": {"tau": theory.tau, "M": theory.M, "Q": theory.Q, "b": theory.b, "risk": theory.risk,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 from ._common import add_config_arguments, add_force_argument, add_out_argument, continued_run, describe, joined, prepare_run
@@ -44,17 +45,19 @@ def run(args) -> int:
     from ..analysis._sweep_answers import error_text, final_risk_error
     from ..io._run_folders import save_run
     from ..plots import plot_compare
-    from ..theory._ode import MAX_STEPS, integrate
+    from ..theory._ode import MAX_STEPS, integrate_setup
 
     resume = continued_run(args, ("theory",))
-    config = prepare_run(args, theory="one" if args.horizon == "auto" else None, continued=resume)  # integrate checks its own run
+    setup = prepare_run(args, theory="one" if args.horizon == "auto" else None, continued=resume)  # integrate checks its own run
+    config = setup.config
     predicted = {}
     if resume is not None:
         predicted = {k: v for k, v in resume.run.data["theory"].items() if k == "predicted_escape"}
         print(f"singleloc integrate: continuing {str(args.resume)!r} from tau = {resume.t0:g} to {config.sgd.tau_max:g}",
               file=sys.stderr)
     elif args.horizon != "config":
-        config, predicted = _resolve_horizon(config, args.horizon)
+        config, predicted = _resolve_horizon(setup, args.horizon)
+        setup = dataclasses.replace(setup, sgd=config.sgd, theory=config.theory)  # the horizon's grid (and points)
     step = config.sgd.tau_max / max(config.sgd.n_save - 1, 1)
     if resume is None and config.sgd.spacing == "linear" and step > COARSE_STEP:
         print(f"singleloc integrate: note: a linear grid of {config.sgd.n_save} saved times is a step of {step:.3g} in tau, "
@@ -67,16 +70,17 @@ def run(args) -> int:
               f"quadrature nodes), which can take many minutes{'; its progress bar follows' if args.progress else ''}",
               file=sys.stderr)
     if resume is None:
-        result = integrate(config, max_steps=MAX_STEPS, progress=long and args.progress)
+        result = integrate_setup(setup, max_steps=MAX_STEPS, progress=long and args.progress)
     else:  # from the stored state at its last saved time: the stored run's shapes, so its compiled program
         old = resume.run.theory
         last = tuple(x[:, -1] for x in (old.M, old.Q, old.b, *(() if old.v is None else (old.v,))))
-        new = integrate(config, last, ts=resume.ts, t0=resume.t0, max_steps=MAX_STEPS, progress=long and args.progress)
+        new = integrate_setup(setup, last, ts=resume.ts, t0=resume.t0, max_steps=MAX_STEPS, progress=long and args.progress)
         result = joined(old, new)
     config = result.resolved(config)  # theory.points = "auto": the points used (the settledness below builds its ODE)
+    setup = setup.replace("theory", points=config.theory.points)  # its route as decided
     sim = config.simulation
     title = f"{describe(config)}, theory from the D={sim.D} start of seed {sim.seed}, lr={config.sgd.lr}"
-    settled = run_settledness(config, result.tau, result.M, result.Q, result.b, result.risk)
+    settled = run_settledness(setup, result.tau, result.M, result.Q, result.b, result.risk)
     figure = plot_compare(result, title=title, mean=config.problem.build_prior().mean())
     path = save_run(args.out, config, {"theory.npz": result.arrays(0) | settled.arrays(0) | predicted,
                                        "theory.png": figure}) / "theory.npz"
@@ -87,8 +91,8 @@ def run(args) -> int:
     return 0
 
 
-def _resolve_horizon(config, horizon):
-    """``config`` integrated to ``horizon`` (``"auto"``: the predicted escape's horizon, as a sweep
+def _resolve_horizon(setup, horizon):
+    """The config of ``setup`` integrated to ``horizon`` (``"auto"``: the predicted escape's horizon, as a sweep
     point; a number), on the sweep's log grid (:func:`singleloc.analysis._predictions.resolve_horizon`), and
     the prediction as ``theory.npz`` keeps it (``{"predicted_escape": tau}`` with ``"auto"``, for
     ``plot``'s phases.png; else empty)."""
@@ -98,10 +102,11 @@ def _resolve_horizon(config, horizon):
     from ..preflight._estimates import prediction_estimate, recorded
     from ..runtime._progress import announce
 
+    config = setup.config
     if horizon == "auto":
         announce("predicting the escape from the unspecialized plateau (the head-symmetric flow, then its linearisation "
-                 "along the plateau)", prediction_estimate(config), "give --horizon a number")
-        with recorded("prediction", config):  # its time, for the next estimate
+                 "along the plateau)", prediction_estimate(setup), "give --horizon a number")
+        with recorded(setup):  # its time, for the next estimate
             entry = compute_prediction(config)
         prediction = EscapePrediction.from_arrays(entry)
         config = resolve_horizon(with_chosen_points(config, entry), prediction, "auto")

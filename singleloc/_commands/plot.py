@@ -40,21 +40,23 @@ def run_figures(run, log_time: bool | None = None) -> dict:
     from ..analysis._head_classes import final_outcomes
     from ..analysis._phase_analysis import analyze
     from ..plots import plot_compare, plot_phases
+    from ..preflight._build import build
     from ..runtime._progress import Phase
     from ..theory._theory import OrderParameterODE
     from .prune import pruning_figure
 
     config, theory, simulation = run.config, run.theory, run.simulation
+    setup = build(config, theory=theory is not None)  # its route (for a theory), decided once
     title = f"{describe(config)}, D={config.simulation.D}, lr={config.sgd.lr}"
     figures = {}
     if theory is not None or simulation is not None:
         name = TRAJECTORY_FIGURE[theory is not None, simulation is not None]
         outcomes = None if theory is None or simulation is None else \
-            final_outcomes(config, theory, simulation, units=("starts", "seeds"))  # as compare draws it
+            final_outcomes(setup, theory, simulation, units=("starts", "seeds"))  # as compare draws it
         figures[name] = plot_compare(theory, simulation, title=title, log_time=log_time, mean=config.problem.build_prior().mean(),
                                      outcomes=outcomes)
     if theory is not None:
-        ode = OrderParameterODE.from_config(config)
+        ode = OrderParameterODE.from_setup(setup)
         with Phase((f"classifying the {config.model.heads} heads at {len(theory.tau)} saved times (their attention "
                     f"weights on the {ode.expectation.route} route) for phases.png", "classified the heads")):
             weights = attention_mass(ode, theory.M[:1], theory.Q[:1], theory.b[:1])

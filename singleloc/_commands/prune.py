@@ -60,7 +60,8 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from ..io._run_folders import RUN_KINDS, add_to_run, load_run, save_run
-    from ..pruning._pruning import prune_run, pruning_config
+    from ..preflight._build import build
+    from ..pruning._pruning import prune_run, pruning_setup
 
     if not math.isfinite(args.tol) or args.tol < 0:
         raise ValueError(f"--tol must be a non-negative number, got {args.tol}")
@@ -75,13 +76,13 @@ def run(args) -> int:
         except ValueError as err:
             raise ValueError(f"RESULT_DIR {err}; or write elsewhere with --out") from None
     config = loaded.config
-    theory, route = pruning_config(config)  # checked and "auto" resolved, before the note (the run folder keeps its config)
+    setup = pruning_setup(build(config))  # checked and "auto" resolved, before the note (the run folder keeps its config)
     if not in_place:
         note_replaced(args.command, args.out)
-    results = prune_run(dataclasses.replace(loaded, config=theory), args.order, draws=args.draws, seed=args.seed)
+    results = prune_run(dataclasses.replace(loaded, config=setup.config), args.order, draws=args.draws, seed=args.seed)
 
     H, F = config.model.heads, config.problem.F
-    route = route.route_class
+    route = setup.route.route_class
     _print_table(results, args, H, F, route)
     arrays = {"n_removed": np.arange(H), "route": np.asarray(route.route), "order": np.asarray(args.order),
               "tol": np.asarray(args.tol)}

@@ -26,7 +26,7 @@ def run(args) -> int:
     from ..io._run_folders import save_simulation
     from ..simulation._simulation import simulate
 
-    config = prepare_run(args, simulation=True)
+    config = prepare_run(args, simulation=True).config
     result = simulate(config, progress=args.progress)  # warns of dropped saved times and of a rising risk
     path = save_simulation(args.out, config, result)
     r = result.risk.mean(axis=0)

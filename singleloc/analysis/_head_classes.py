@@ -230,9 +230,9 @@ def outcomes_text(outcomes: list[str], unit: str) -> str:
     return "; ".join(f"{c} of {n}{f' {unit}' if i == 0 else ''}: {o}" for i, (o, c) in enumerate(Counter(outcomes).most_common()))
 
 
-def final_outcomes(config, *results, units: tuple[str, ...] | None = None) -> list[list[str]] | list[str]:
+def final_outcomes(setup, *results, units: tuple[str, ...] | None = None) -> list[list[str]] | list[str]:
     """:func:`head_outcomes` of every trajectory of each of ``results`` (theory, simulation: ``M`` (S, T, H, F),
-    ``Q``, ``b``) at its last saved time, classed with the heads' attention weights on ``config``'s route
+    ``Q``, ``b``) at its last saved time, classed with the heads' attention weights on ``setup``'s route
     (:func:`~singleloc.attention_mass`), so that a head switching off counts; with ``units`` (``("starts",
     "seeds")``), each result's :func:`outcomes_text` instead."""
     from ..theory._theory import OrderParameterODE
@@ -240,8 +240,8 @@ def final_outcomes(config, *results, units: tuple[str, ...] | None = None) -> li
 
     last = [tuple(np.asarray(getattr(r, k), float)[:, -1] for k in ("M", "Q", "b")) for r in results]
     M, Q, b = (np.concatenate(x) for x in zip(*last))
-    weights = attention_mass(OrderParameterODE.from_config(config), M, Q, b)
-    words = head_outcomes(classify_heads(M, Q, mean=config.problem.build_prior().mean(), weights=weights))
+    weights = attention_mass(OrderParameterODE.from_setup(setup), M, Q, b)
+    words = head_outcomes(classify_heads(M, Q, mean=setup.prior.mean(), weights=weights))
     ends = np.cumsum([0, *(x[0].shape[0] for x in last)])
     each = [words[i:j] for i, j in zip(ends[:-1], ends[1:])]
     return each if units is None else [outcomes_text(w, unit) for w, unit in zip(each, units)]

@@ -55,9 +55,9 @@ from ..configuration._config import Config, gather_specs
 from ..configuration._specs import SGD, Model, Problem, Simulation, Theory
 from ..ground._choices import check_horizon
 from ..ground._validation import number
+from ..preflight._build import build
 from ..runtime._progress import Phase
 from ..theory._accuracy import resolve_points
-from ..theory._build import build
 from ..theory._starts import initial_conditions
 from ..theory._theory import OrderParameterODE
 from ._stability import linear_escape_time, symmetric_escape_rate, symmetric_path, symmetric_start

@@ -91,10 +91,10 @@ def settledness(tau, risk, codes, *, window: float = WINDOW, rtol: float = RTOL)
     return Settledness(settled, change, when, heads, float(tau[start]), len(tau) - start)
 
 
-def run_settledness(config, tau, M, Q, b, risk) -> Settledness:
-    """:func:`settledness` of the trajectories ``M`` (S, T, H, F), ``Q``, ``b`` and ``risk`` (S, T) of
-    a run of ``config`` at ``tau`` (T,), with the head classes of the window's saved times (with the
-    heads' attention weights, :func:`~singleloc.attention_mass`, so that a head switching off counts)."""
+def run_settledness(setup, tau, M, Q, b, risk) -> Settledness:
+    """:func:`settledness` of the trajectories ``M`` (S, T, H, F), ``Q``, ``b`` and ``risk`` (S, T) of a run of
+    ``setup`` (:func:`~singleloc.preflight._build.build`) at ``tau`` (T,), with the head classes of the window's saved
+    times (with the heads' attention weights, :func:`~singleloc.attention_mass`, so that a head switching off counts)."""
     from ..runtime._progress import Phase
     from ..theory._theory import OrderParameterODE
     from ._attention_mass import attention_mass
@@ -105,6 +105,6 @@ def run_settledness(config, tau, M, Q, b, risk) -> Settledness:
     M, Q, b, risk = (np.asarray(x, float)[:, start:] for x in (M, Q, b, risk))
     with Phase((f"classifying the heads at the last {len(tau) - start} saved times (whether the run settled)",
                 "classified the heads"), quiet=True):
-        weights = attention_mass(OrderParameterODE.from_config(config), M, Q, b)
-    codes = classify_heads(M, Q, mean=config.problem.build_prior().mean(), weights=weights).code
+        weights = attention_mass(OrderParameterODE.from_setup(setup), M, Q, b)
+    codes = classify_heads(M, Q, mean=setup.prior.mean(), weights=weights).code
     return settledness(tau[start:], risk, codes)

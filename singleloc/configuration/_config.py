@@ -238,7 +238,7 @@ def check_combinations(config: Config) -> None:
 
     Keys whose defaults are numbers (``problem.p``, ``theory.nodes``, ``sgd.schedule_tau``) cannot be told
     given from defaulted, and are not checked. A Gram key that the chosen route has no use for is refused
-    when the route is chosen (:func:`~singleloc.theory._build.check_gram`): a configuration chooses no route."""
+    when the route is chosen (:func:`~singleloc.preflight._build.check_gram`): a configuration chooses no route."""
     th, sgd, pb = config.theory, config.sgd, config.problem
     gram_points = th.gram_points != "auto"
     if sgd.gradient_flow and (th.gram != "auto" or gram_points):

@@ -92,7 +92,7 @@ class AbstractExpectation(eqx.Module):
     @classmethod
     @abc.abstractmethod
     def from_setup(cls, setup, *, points: int, seeds=None, check: bool = False) -> AbstractExpectation:
-        """The route of the objects of a computation (:class:`~singleloc.theory._build.Setup`,
+        """The route of the objects of a computation (:class:`~singleloc.preflight._build.Setup`,
         :meth:`~singleloc.OrderParameterODE.from_setup`) on ``points`` Sobol points: ``seeds`` stacks the rules of
         several independent scramblings along a leading axis (the replicates), ``check`` adds what the route's
         error statement needs."""
@@ -300,7 +300,7 @@ def relative_drift_error(drifts: Real[ArrayLike, "*S R P"]) -> np.ndarray:
 
 
 def solve_report(setup, ys, check, grams, risk_se, evaluation: AbstractExpectation, sgd, points: int) -> SolveReport:
-    """The :class:`SolveReport` of one point's solve of ``setup`` (:class:`~singleloc.theory._build.Setup`),
+    """The :class:`SolveReport` of one point's solve of ``setup`` (:class:`~singleloc.preflight._build.Setup`),
     with the route's scrambled statement at the first and last saved times of every start (its first replicate),
     by :data:`SCRAMBLINGS` further scramblings (:meth:`~AbstractExpectation.scrambling`, seeds from
     ``theory.evaluation_seed + replicates`` on: neither the rules that drove the trajectories nor those that

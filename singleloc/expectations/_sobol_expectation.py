@@ -40,7 +40,7 @@ from ._fields import LocalFields, replicate_rules
 
 def sobol_fields(setup, points: int, seed: int, seeds=None, **kind) -> LocalFields:
     """A Sobol rule of ``points`` points over the fields of the problem and layer of ``setup``
-    (:class:`~singleloc.theory._build.Setup`): scrambling ``seed``, or (``seeds``) one rule per seed stacked along
+    (:class:`~singleloc.preflight._build.Setup`): scrambling ``seed``, or (``seeds``) one rule per seed stacked along
     a leading axis (:func:`~singleloc.replicate_rules`); ``kind``: the layout (``symmetric`` or ``principal``)."""
     if seeds is None:
         return LocalFields.make(setup.problem.L, setup.heads, setup.prior, points, seed, **kind)
@@ -87,7 +87,7 @@ class SobolExpectation(AbstractExpectation):
 
     @classmethod
     def from_setup(cls, setup, *, points: int, seeds=None, check: bool = False, whiten: bool = True) -> SobolExpectation:
-        """The rule route of ``setup`` (:class:`~singleloc.theory._build.Setup`): ``points`` Sobol points on the
+        """The rule route of ``setup`` (:class:`~singleloc.preflight._build.Setup`): ``points`` Sobol points on the
         coordinates of ``theory.axes`` (scrambling ``theory.qmc_seed``, or one rule per seed of ``seeds``,
         stacked); ``whiten = False``: unbiased, the scramblings of its error statement
         (:meth:`~singleloc.expectations._expectation.AbstractExpectation.scrambling`)."""

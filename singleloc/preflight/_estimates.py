@@ -40,7 +40,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..configuration._config import Config
 from ..configuration._specs import Theory
 from ..expectations._routes import RouteChoice
 from ..ground._atomic_files import atomic_write
@@ -48,6 +47,7 @@ from ..ground._choices import ROUTE_WORDS
 from ..model._priors import Prior
 from ..runtime._numerics import expected_steps
 from ..runtime._progress import Bar, Estimate, Phase, announce, clock, cpu_count, mode, settings
+from ._build import Setup
 
 #: The reference CPU (shared, load 5-7, 2026-12-04), with its calibration (:func:`measure_benchmark`).
 #: ``compile``: a solve's program from an empty cache (34 s exact, 4.2 s rule, the default problem); ``load``: from the
@@ -228,9 +228,9 @@ def _digest(*parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _label(config: Config) -> str:
+def _label(setup: Setup) -> str:
     """``"softmax H=2 L=4 F=2"``."""
-    return f"{config.model.activation} H={config.model.heads} L={config.problem.L} F={config.problem.F}"
+    return f"{setup.model.activation} H={setup.heads} L={setup.problem.L} F={setup.problem.F}"
 
 
 # ----------------------------------------------------------------------------- theory solves
@@ -272,31 +272,29 @@ def solve_size(work: float, span: float, saved: int, rate: float = 1.0) -> float
     return work * (REFERENCE["solve"] * expected_steps(rate, span) + REFERENCE["saved"] * saved)
 
 
-def _prediction_model(config: Config) -> tuple[str, str, float, float]:
+def _prediction_model(setup: Setup) -> tuple[str, str, float, float]:
     """The kind, key, work and reference seconds of an escape prediction: its programs, the symmetric path and
     the Jacobians of its 16 rates (of ``H F + H^2 + H`` columns each)."""
-    from ..expectations._routes import route_of
     from ..runtime._compilation import compile_group
 
-    choice, pb, H = route_of(config), config.problem, config.model.heads
-    route, work = route_costs(choice)[0], theory_work(pb.L, H, pb.build_prior(), config.theory, choice, 1)
+    pb, H = setup.problem, setup.heads
+    route, work = route_costs(setup.route)[0], theory_work(pb.L, H, setup.prior, setup.theory, setup.route, 1)
     size = REFERENCE["prediction"][route] + (REFERENCE["prediction_drifts"] + 16 * (H * pb.F + H * H + H)) * work
-    return f"prediction:{route}", f"prediction:{_digest(compile_group('prediction', config.to_dict()))}", work, size
+    return f"prediction:{route}", f"prediction:{_digest(compile_group('prediction', setup.config.to_dict()))}", work, size
 
 
-def prediction_estimate(config: Config) -> Estimate:
+def prediction_estimate(setup: Setup) -> Estimate:
     """The estimate of an escape prediction (:func:`~singleloc.analysis._predictions.compute_prediction`)."""
-    return first_run(estimate(*_prediction_model(config)))
+    return first_run(estimate(*_prediction_model(setup)))
 
 
 @contextlib.contextmanager
-def recorded(kind: str, config: Config) -> Iterator[None]:
-    """Record the time of an escape prediction (``kind == "prediction"``) computed in the block."""
+def recorded(setup: Setup) -> Iterator[None]:
+    """Record the time of the escape prediction of ``setup`` computed in the block."""
     t0 = clock()
     yield
-    if kind == "prediction":
-        kind, key, work, size = _prediction_model(config)
-        timings().record(key, kind, f"prediction, {_label(config)}", work, (clock() - t0) / size)
+    kind, key, work, size = _prediction_model(setup)
+    timings().record(key, kind, f"prediction, {_label(setup)}", work, (clock() - t0) / size)
 
 
 #: The families whose solve this process has compiled or loaded (nothing to compile or load).
@@ -305,23 +303,22 @@ _IN_PROCESS: set[str] = set()
 
 class TheorySolve:
     """The estimate, the phases and the record of one solve: ``program`` (``"integrate"`` or
-    ``"integrate_points"``), the ``config`` of its first point and its chosen ``route``, ``starts`` per point,
+    ``"integrate_points"``), the ``setup`` of its first point (:func:`~singleloc.preflight._build.build`), ``starts`` per point,
     ``saved`` times, the ``span`` of ``tau`` solved (the longest of a batch), ``batch`` points solved together;
     ``cached``: whether the program can come from the persistent cache (not with diffrax's progress bar, a host callback)."""
 
-    def __init__(self, program: str, config: Config, route: RouteChoice, starts: int, saved: int, span: float,
-                 batch: int = 1, cached: bool = True):
+    def __init__(self, program: str, setup: Setup, starts: int, saved: int, span: float, batch: int = 1,
+                 cached: bool = True):
         import jax
 
         from ..runtime._compilation import _environment, compile_group
 
-        pb = config.problem
-        work = theory_work(pb.L, config.model.heads, pb.build_prior(), config.theory, route, starts * batch)
-        route, _, words = route_costs(route)
-        self.rate = config.sgd.rate
+        work = theory_work(setup.problem.L, setup.heads, setup.prior, setup.theory, setup.route, starts * batch)
+        route, _, words = route_costs(setup.route)
+        self.rate = setup.sgd.rate
         self.span, self.batch, self.saved, self.meter, self.kind = float(span), batch, saved, not cached, f"{program}:{route}"
-        self.key = f"{program}:{_digest(compile_group('theory', config.to_dict()), route, starts, saved, batch)}"
-        self.work, self.label = work, f"{program}, {_label(config)} on the {words} route"
+        self.key = f"{program}:{_digest(compile_group('theory', setup.config.to_dict()), route, starts, saved, batch)}"
+        self.work, self.label = work, f"{program}, {_label(setup)} on the {words} route"
         self.env, self.cache = _digest(repr(_environment())), cached and bool(jax.config.jax_compilation_cache_dir)
         rec = timings().family(self.key)
         self.expect, self.why = (
@@ -345,8 +342,7 @@ class TheorySolve:
         problems, whose rules are built), announced."""
         span = max(float(p.args[3][-1] - p.args[3][0]) for p in problems)
         first = problems[0]
-        solve = cls("integrate_points", first.config, first.setup.route, int(first.args[2].M.shape[0]), first.saved, span,
-                    batch=len(problems))
+        solve = cls("integrate_points", first.setup, int(first.args[2].M.shape[0]), first.saved, span, batch=len(problems))
         e = solve.estimate
         solve.estimate = Estimate(e.seconds - e.parts[0][1], e.basis, (("building the rules", 0.0),) + e.parts[1:])
         solve.announce(f"{solve.label}, {len(problems)} points to tau = {span:g}")
@@ -402,13 +398,13 @@ def prune_evaluations(H: int, order, draws: int) -> int:
 
 
 @contextlib.contextmanager
-def pruning(config: Config, route: RouteChoice, layers: int, evaluations: int) -> Iterator[Bar]:
-    """Announce the pruning on ``route`` of ``layers`` layers of ``evaluations`` sub-layer risks each (per layer
+def pruning(setup: Setup, layers: int, evaluations: int) -> Iterator[Bar]:
+    """Announce the pruning on ``setup``'s route of ``layers`` layers of ``evaluations`` sub-layer risks each (per layer
     ``REFERENCE["risk"]`` drift evaluations a risk; its first layer also compiles a risk per head), count them in
     a bar updated by the caller, and record the times: the first layer's excess over the others as compiling."""
-    pb, H = config.problem, config.model.heads
-    route, work = route_costs(route)[0], theory_work(pb.L, H, pb.build_prior(), config.theory, route, 1)
-    key, size = f"prune:{_digest(_label(config), route, work, evaluations)}", REFERENCE["risk"] * work * evaluations
+    H = setup.heads
+    route, work = route_costs(setup.route)[0], theory_work(setup.problem.L, H, setup.prior, setup.theory, setup.route, 1)
+    key, size = f"prune:{_digest(_label(setup), route, work, evaluations)}", REFERENCE["risk"] * work * evaluations
     per = estimate(f"prune:{route}", key, work, size)
     first, _ = fixed(f"prune:{route}", key, "compile", REFERENCE["risk_compile"][route] * H)
     whole = first_run(Estimate(first + layers * per.seconds, per.basis))
@@ -418,5 +414,5 @@ def pruning(config: Config, route: RouteChoice, layers: int, evaluations: int) -
     times = [b - a for a, b in zip([bar.start, *bar.marks], bar.marks)]
     if times:
         steady = sum(times[1:] or times) / len(times[1:] or times)
-        timings().record(key, f"prune:{route}", f"prune, {_label(config)}", work, steady / size,
+        timings().record(key, f"prune:{route}", f"prune, {_label(setup)}", work, steady / size,
                          compile=max(times[0] - steady, 0.0))

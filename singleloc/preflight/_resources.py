@@ -46,12 +46,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..configuration._config import Config
 from ..configuration._specs import SGD, Problem, Simulation, Theory
-from ..expectations._routes import RouteChoice, exact_route_exists, route_of
+from ..expectations._routes import RouteChoice, exact_route_exists
 from ..expectations._sobol_geometry import SOBOL_MAX_DIM, factor_rows, node_batch, quadrature_dimension
 from ..model._priors import Prior
 from ..runtime._progress import cpu_count
+from ._build import Setup
 
 #: Bytes of the runtime and compiled programs, on top of the arrays.
 OVERHEAD = 300 * 2**20
@@ -238,43 +238,43 @@ def auto_points(L: int, H: int, prior: Prior) -> int:
     return max(FIRST_POINTS, MIN_POINTS, 1 << (dim - 1).bit_length())
 
 
-def check_run(config: Config, *, simulation: bool = False, theory_starts: int = 0, route: RouteChoice | None = None) -> None:
+def check_run(setup: Setup, *, simulation: bool = False, theory_starts: int = 0) -> None:
     """Everything above, before a command computes: the dimension and memory of a simulation
-    of every seed, and of the theory for ``theory_starts`` ODE starts (0: no theory) on ``route``, the
-    run's chosen route (:func:`~singleloc.choose_route`; decided here when not given). With
+    of every seed, and of the theory for ``theory_starts`` ODE starts (0: no theory) on the run's chosen
+    route (``setup``: :func:`~singleloc.preflight._build.build`). With
     ``theory.points = "auto"`` the theory is checked at the first points it tries (:func:`auto_points`;
     it may take more). A run that does not fit is refused with a value of one of its keys that fits
     (:func:`_fitting_value`)."""
-    pb, H = config.problem, config.model.heads
+    pb, H, route = setup.problem, setup.heads, setup.route
     if simulation:
-        check_dimension(H, pb.F, config.simulation.D, "simulation")
-        check_steps(config.sgd.tau_max, config.simulation.D)
-        check_float32(pb, config.sgd)
+        check_dimension(H, pb.F, setup.simulation.D, "simulation")
+        check_steps(setup.sgd.tau_max, setup.simulation.D)
+        check_float32(pb, setup.sgd)
     if theory_starts:
-        route = route or route_of(config)
-        check_dimension(H, pb.F, config.simulation.D, "theory")
+        check_dimension(H, pb.F, setup.simulation.D, "theory")
         if route.route_class.field_nodes:
-            prior = pb.build_prior()
-            points = config.theory.points if config.theory.points != "auto" else auto_points(pb.L, H, prior)
-            check_quadrature(pb.L, H, prior, points, principal=config.theory.rank_aware,
-                             exact_hint=exact_route_exists(route.form, config.model.weighting))
-        check_saved_times(config.sgd.n_save, config.theory.replicates)
-    parts = _memory_parts(config, route, simulation, theory_starts)
+            th = setup.theory
+            points = th.points if th.points != "auto" else auto_points(pb.L, H, setup.prior)
+            check_quadrature(pb.L, H, setup.prior, points, principal=th.rank_aware,
+                             exact_hint=exact_route_exists(route.form, setup.model.weighting))
+        check_saved_times(setup.sgd.n_save, setup.theory.replicates)
+    parts = _memory_parts(setup, simulation, theory_starts)
     limit, _ = available_memory()
     if OVERHEAD + sum(parts.values()) > limit:
-        check_memory(parts, _fitting_value(config, route, simulation, theory_starts, limit))
+        check_memory(parts, _fitting_value(setup, simulation, theory_starts, limit))
 
 
-def _memory_parts(config: Config, route: RouteChoice | None, simulation: bool, theory_starts: int) -> dict[str, int]:
+def _memory_parts(setup: Setup, simulation: bool, theory_starts: int) -> dict[str, int]:
     """The estimated bytes of a run (:func:`check_run`), by what holds them."""
-    pb, H, sim, th, n_save = config.problem, config.model.heads, config.simulation, config.theory, config.sgd.n_save
+    pb, H, sim, th, n_save, prior, route = (setup.problem, setup.heads, setup.simulation, setup.theory, setup.sgd.n_save,
+                                            setup.prior, setup.route)
     parts = {}
     if simulation:
         parts[f"the simulation (simulation.seeds = {sim.seeds} x simulation.D = {sim.D} x problem.L = {pb.L}, "
               f"simulation.test_samples = {sim.test_samples}, sgd.n_save = {n_save})"] = \
             simulation_bytes(pb.L, H, pb.F, sim, n_save)
     if theory_starts:
-        prior, auto = pb.build_prior(), th.points == "auto"
+        auto = th.points == "auto"
         if auto:
             th = dataclasses.replace(th, points=auto_points(pb.L, H, prior))
         rule = (f"the theory's quadrature (theory.points = {th.points}" if route.route_class.field_nodes else
@@ -290,28 +290,28 @@ def _memory_parts(config: Config, route: RouteChoice | None, simulation: bool, t
     return parts
 
 
-def _fitting_value(config: Config, route: RouteChoice | None, simulation: bool, theory_starts: int, limit: float) -> str:
+def _fitting_value(setup: Setup, simulation: bool, theory_starts: int, limit: float) -> str:
     """``"e.g. KEY = VALUE"``: the largest value, halving from the current one, of the first key (the
     simulation's seeds and test samples, the rules' points, the saved times, then the heads and the
-    tokens, whose runs decide their own route) at which the run fits in ``limit`` bytes; ``""`` when none does."""
-    th, pb, H = config.theory, config.problem, config.model.heads
-    keys = [("simulation", "seeds", config.simulation.seeds, 1)] if simulation else []
-    keys += [("simulation", "test_samples", config.simulation.test_samples, 1)] if simulation else []
+    tokens, whose runs decide their own route: :meth:`Setup.replace`) at which the run fits in ``limit`` bytes;
+    ``""`` when none does."""
+    th, pb, H, prior = setup.theory, setup.problem, setup.heads, setup.prior
+    keys = [("simulation", "seeds", setup.simulation.seeds, 1)] if simulation else []
+    keys += [("simulation", "test_samples", setup.simulation.test_samples, 1)] if simulation else []
     if theory_starts:
-        points = th.points if th.points != "auto" else auto_points(pb.L, H, pb.build_prior())
-        if route.route_class.field_nodes:  # its rule over the fields, down to their dimension
-            low = 1 << (quadrature_dimension(pb.L, H, pb.build_prior(), th.rank_aware) - 1).bit_length()
+        points = th.points if th.points != "auto" else auto_points(pb.L, H, prior)
+        if setup.route.route_class.field_nodes:  # its rule over the fields, down to their dimension
+            low = 1 << (quadrature_dimension(pb.L, H, prior, th.rank_aware) - 1).bit_length()
             keys += [("theory", "points", points, max(16, low))]
         else:  # the Gram term's rule, down to theory.points
             keys += [("theory", "gram_points", th.gram_rule_points(pb.L, H, points), max(16, points))]
-        keys += [("sgd", "n_save", config.sgd.n_save, 2)]
+        keys += [("sgd", "n_save", setup.sgd.n_save, 2)]
     keys += [("model", "heads", H, 1), ("problem", "L", pb.L, 2)]  # the sizes themselves, last
     for section, key, value, minimum in keys:
         while value // 2 >= minimum:
             value //= 2
-            trial = config.replace(**{section: {key: value}})
-            choice = route_of(trial) if theory_starts and section in ("model", "problem") else route
-            if OVERHEAD + sum(_memory_parts(trial, choice, simulation, theory_starts).values()) <= limit:
+            trial = setup.replace(section, **{key: value})
+            if OVERHEAD + sum(_memory_parts(trial, simulation, theory_starts).values()) <= limit:
                 return f"e.g. {section}.{key} = {value}"
     return ""
 

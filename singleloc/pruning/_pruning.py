@@ -32,7 +32,7 @@ An explicit order (a sequence of head indices) is accepted too.
 
 A run folder (:func:`prune_run`): the final state of ``theory.npz`` and of every seed of
 ``simulation.npz``, each pruned with the theory evaluator on one rule, the run's config checked
-(:func:`pruning_config`: the quadrature and the memory of the rule) and ``theory.points = "auto"``
+(:func:`pruning_setup`: the quadrature and the memory of the rule) and ``theory.points = "auto"``
 resolved once, before the first layer is pruned.
 """
 
@@ -51,17 +51,18 @@ from jaxtyping import ArrayLike, Integer, Real
 from ..bayes._population_risk import RiskEstimate, layer_risk, layer_risk_check
 from ..configuration._config import Config, gather_specs, require_uniform_head_weights
 from ..configuration._specs import SGD, Model, Problem, Simulation, Theory
-from ..expectations._routes import RouteChoice, route_of
 from ..ground._arguments import _short, checked
 from ..ground._choices import PRUNING_DRAWS_MAX, PRUNING_ORDERS
 from ..ground._validation import integer
 from ..model._activations import get_activation
 from ..model._data import overlaps
 from ..model._heldout import draw_heldout, heldout_losses
+from ..preflight._build import Setup, build
 from ..preflight._estimates import prune_evaluations, pruning
 from ..preflight._resources import check_memory, check_quadrature, theory_bytes
-from ..theory._accuracy import resolve_points
+from ..theory._accuracy import points_for
 from ..theory._ode import integrate
+from ..theory._starts import initial_conditions
 from ..theory._theory import OrderParameterODE, OrderParameters
 from ._pruning_result import PruningResult
 
@@ -84,31 +85,32 @@ _draw_heldout = eqx.filter_jit(draw_heldout)
 _heldout_losses = eqx.filter_jit(heldout_losses)
 
 
-def pruning_config(config: Config, heads: int | None = None) -> tuple[Config, RouteChoice]:
-    """The config that :class:`TheoryRisk` scores the sub-layers of a layer of ``heads`` heads
-    (default ``model.heads``) with, and that layer's route, chosen once; checked before a rule is built: on the Sobol
-    rule route the rule over ``problem.L * heads`` fields can be built with ``theory.points`` points
+def pruning_setup(setup: Setup, heads: int | None = None) -> Setup:
+    """The objects (:func:`~singleloc.preflight._build.build`) that :class:`TheoryRisk` scores the sub-layers of a layer
+    of ``heads`` heads (default ``model.heads``) with, its route chosen once; checked before a rule is built: on the
+    Sobol rule route the rule over ``problem.L * heads`` fields can be built with ``theory.points`` points
     (:func:`~singleloc.preflight._resources.check_quadrature`; ``"auto"`` is checked as the points are
-    chosen), ``theory.points = "auto"`` is resolved (:func:`~singleloc.resolve_points`, one rule
+    chosen), ``theory.points = "auto"`` is resolved (:func:`~singleloc.choose_points` at the layer's start, one rule
     for every sub-layer), ``theory.route = "auto"`` is fixed to the full layer's route (one for every
     sub-layer: bsoftmax beyond :data:`~singleloc.expectations._routes.JOINT_EXACT_MAX` on the rule), and the rule
     fits in memory (:func:`~singleloc.preflight._resources.check_memory`).
     ``ValueError`` or ``MemoryError`` naming the keys otherwise (``model.head_weights =
     "trained"``: pruning is written for the head average)."""
-    require_uniform_head_weights(config, "pruning")
-    H = config.model.heads if heads is None else int(heads)
-    route = route_of(config.replace(model={"heads": H}))
-    if config.theory.route == "auto" and route.route_class.field_nodes:
+    require_uniform_head_weights(setup, "pruning")
+    if heads is not None and int(heads) != setup.heads:
+        setup = setup.replace("model", heads=int(heads))
+    th, pb, route = setup.theory, setup.problem, setup.route
+    if th.route == "auto" and route.route_class.field_nodes:
         # one route for every sub-layer, the full layer's: a joint layer too large for the exact route
         # (JOINT_EXACT_MAX) would otherwise have its smaller sub-layers on it, and the steps mix routes
-        config = config.replace(theory={"route": route.route})
-    if config.theory.points != "auto" and route.route_class.field_nodes:
-        check_quadrature(config.problem.L, H, config.problem.build_prior(), config.theory.points,
-                         principal=config.theory.rank_aware)
-    resolved = resolve_points(config)
-    check_memory({f"the theory's quadrature (theory.points = {resolved.theory.points})":
-                  theory_bytes(config.problem.L, H, config.problem.build_prior(), resolved.theory, route, 1)})
-    return resolved, route
+        setup = setup.replace("theory", route=route.route)
+    if th.points != "auto" and route.route_class.field_nodes:
+        check_quadrature(pb.L, setup.heads, setup.prior, th.points, principal=th.rank_aware)
+    if th.points == "auto":
+        setup = setup.replace("theory", points=points_for(setup, initial_conditions(setup, 1)).points)
+    check_memory({f"the theory's quadrature (theory.points = {setup.theory.points})":
+                  theory_bytes(pb.L, setup.heads, setup.prior, setup.theory, route, 1)})
+    return setup
 
 
 class TheoryRisk:
@@ -117,7 +119,7 @@ class TheoryRisk:
     ``len(kept)`` heads, built from ``config`` (problem, activation, ``theory.points``,
     ``theory.qmc_seed``, ``theory.replicates``) and cached; ``theory.points = "auto"`` is
     resolved first (:func:`~singleloc.resolve_points`, at the config's start), and the rule is
-    checked before it is built (:func:`pruning_config`: ``ValueError`` or ``MemoryError`` naming
+    checked before it is built (:func:`pruning_setup`: ``ValueError`` or ``MemoryError`` naming
     the keys).
 
     On the exact route (``theory.route``, a normalised-exponential activation) a risk is the
@@ -141,7 +143,7 @@ class TheoryRisk:
         if self.M.shape != (H, config.problem.F) or self.Q.shape != (H, H) or self.b.shape != (H,):
             raise ValueError(f"order parameters must have shapes (H, F), (H, H), (H,) with F = {config.problem.F}; "
                              f"got M {self.M.shape}, Q {self.Q.shape}, b {self.b.shape}")
-        self.config, self.route = pruning_config(config, heads=H)  # checked; one rule for every sub-layer
+        self.setup = pruning_setup(build(config), heads=H)  # checked; one route and rule for every sub-layer
         self.heads = H
         self._odes: dict[int, list[OrderParameterODE]] = {}
 
@@ -159,9 +161,9 @@ class TheoryRisk:
         nodes that drove a trained layer's dynamics (so that the unpruned risk is the risk
         ``integrate`` reports)."""
         if heads not in self._odes:
-            th = self.config.theory
-            self._odes[heads] = [OrderParameterODE.from_config(self.config.replace(
-                model={"heads": heads}, theory={"qmc_seed": th.evaluation_seed + r}), check=True) for r in range(th.replicates)]
+            th, sub = self.setup.theory, self.setup if heads == self.heads else self.setup.replace("model", heads=heads)
+            self._odes[heads] = [OrderParameterODE.from_setup(sub.replace("theory", qmc_seed=th.evaluation_seed + r), check=True)
+                                 for r in range(th.replicates)]
         return self._odes[heads]
 
     def __call__(self, kept: Sequence[int]) -> tuple[float, float]:
@@ -175,7 +177,7 @@ class TheoryRisk:
         risks = [float(layer_risk(ode.expectation, M, Q, b)) for ode in odes]
         if len(risks) == 1:
             return risks[0], 0.0
-        estimate = RiskEstimate.from_replicates(risks, self.config.theory.points)
+        estimate = RiskEstimate.from_replicates(risks, self.setup.theory.points)
         return estimate.value, estimate.error
 
 
@@ -331,8 +333,8 @@ def _pruned(evaluate: TheoryRisk, M, order, draws: int, seed: int) -> PruningRes
     norms = np.linalg.norm(np.asarray(M, dtype=float), axis=1)
     result = prune(evaluate, evaluate.heads, order, overlap_norms=norms, draws=draws, seed=seed)
     # one Sobol rule states no error; the exact route states its own (against the finer exact rule)
-    refined = evaluate.route.route_class.refined_error
-    return dataclasses.replace(result, stderr=None) if evaluate.config.theory.replicates == 1 and not refined else result
+    refined = evaluate.setup.route.route_class.refined_error
+    return dataclasses.replace(result, stderr=None) if evaluate.setup.theory.replicates == 1 and not refined else result
 
 
 def prune_run(run, order: str | Sequence[int] | Integer[ArrayLike, " K"] = "greedy", *, draws: int = 16,
@@ -343,7 +345,7 @@ def prune_run(run, order: str | Sequence[int] | Integer[ArrayLike, " K"] = "gree
     so a seed is pruned through its order parameters with the theory's risk, not on fresh
     finite-D data: for that, :func:`prune_weights`). Every layer is scored on one rule of the
     run's config, checked and with ``theory.points = "auto"`` resolved once
-    (:func:`pruning_config`) before the first layer is pruned, and built once (:meth:`TheoryRisk.of_layer`).
+    (:func:`pruning_setup`) before the first layer is pruned, and built once (:meth:`TheoryRisk.of_layer`).
 
     Returns:
         ``{kind: [PruningResult, ...]}`` for each kind of ``run.data`` (``"theory"``: one result;
@@ -352,16 +354,16 @@ def prune_run(run, order: str | Sequence[int] | Integer[ArrayLike, " K"] = "gree
     if not (hasattr(run, "config") and hasattr(run, "data")):  # a Run: the run folders stand a floor above (io/)
         raise TypeError(f"prune_run: run must be a singleloc.Run, got {type(run).__name__} {_short(run)}; "
                         "pass singleloc.load_run(folder)")
-    config, route = pruning_config(run.config)
+    setup = pruning_setup(build(run.config))
     results, evaluate = {}, None
     count = sum(1 if kind == "theory" else np.shape(d["M"])[0] for kind, d in run.data.items())
-    with pruning(config, route, count, prune_evaluations(config.model.heads, order, draws)) as bar:  # said, counted, recorded
+    with pruning(setup, count, prune_evaluations(setup.heads, order, draws)) as bar:  # said, counted, recorded
         for kind, d in run.data.items():  # theory.npz: (T, ...) of seed 0; simulation.npz: (S, T, ...)
             M, Q, b = (np.asarray(d[k], dtype=float) for k in "MQb")
             layers = [(M[-1], Q[-1], b[-1])] if kind == "theory" else [(M[s, -1], Q[s, -1], b[s, -1]) for s in range(M.shape[0])]
             results[kind] = []
             for layer in layers:
-                evaluate = TheoryRisk(config, *layer) if evaluate is None else evaluate.of_layer(*layer)
+                evaluate = TheoryRisk(setup.config, *layer) if evaluate is None else evaluate.of_layer(*layer)
                 results[kind].append(_pruned(evaluate, layer[0], order, draws, seed))
                 bar.update()
     return results

@@ -6,7 +6,7 @@ changes (:class:`~singleloc.sgd._sgd_rule.AbstractVariant`): the step size, the 
 the rate of what passes through it, its finite-D state and direction, its deterministic terms of
 ``U``. Writing a variant is writing one such piece; a stateful one declares its state in
 ``init`` and threads it in ``direction``, and the simulator carries it without knowing it.
-:func:`~singleloc.sgd_rule` (:mod:`~singleloc.theory._build`) builds the chain of a config in the order
+:func:`~singleloc.sgd_rule` (:mod:`~singleloc.preflight._build`) builds the chain of a config in the order
 ``LearningRateSchedule, MiniBatch, WeightDecay, Momentum``.
 
 * :class:`MiniBatch` ``B``: a step follows the mean gradient of ``B`` fresh sequences, and time

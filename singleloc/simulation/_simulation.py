@@ -37,11 +37,11 @@ from ..model._activations import get_activation
 from ..model._data import init_keys, make_spikes, overlaps, sample_sequence, seed_keys
 from ..model._heldout import draw_heldout, heldout_losses
 from ..model._layer import finite_loss
+from ..preflight._build import Setup, build
 from ..preflight._resources import check_run, check_steps
 from ..preflight._run_checks import warn_if_risk_rose, warn_if_times_dropped
 from ..runtime._numerics import Q_RUNAWAY
 from ..sgd._sgd_rule import LayerParameters
-from ..theory._build import sgd_rule
 from ._simulation_estimate import simulation_clock
 from ._simulation_result import SimulationResult
 
@@ -59,16 +59,14 @@ def save_steps(sgd: SGD, D: int, ts: np.ndarray | None = None) -> np.ndarray:
     return t
 
 
-def _run_functions(config: Config):
+def _run_functions(setup: Setup):
     """Pure per-seed functions: the initial state, advance by steps, and measure. The state is
     ``(params, rule_state)``: the layer's :class:`~singleloc.sgd._sgd_rule.LayerParameters` and the SGD
     rule's own finite-D state (:meth:`~singleloc.OnlineSGD.init_state`: a velocity with momentum,
     nothing for plain SGD), which the rule's step threads."""
-    pb, mdl, sgd, sim = config.problem, config.model, config.sgd, config.simulation
+    pb, mdl, sgd, sim, prior, rule = setup.problem, setup.model, setup.sgd, setup.simulation, setup.prior, setup.rule
     act = get_activation(mdl.activation)
-    prior = pb.build_prior()
     L, F, H, D = pb.L, pb.F, mdl.heads, sim.D
-    rule = sgd_rule(config)
     B = rule.batch
     grad = jax.grad(lambda p, X, eps: finite_loss(act, p.K, p.b, X, eps, p.v))
 
@@ -139,9 +137,10 @@ def simulate(config: Config | None = None, *, problem: Problem | None = None, mo
             limit risk rose during training (:func:`~singleloc.warn_if_risk_rose`).
     """
     config = gather_specs("simulate", config, problem=problem, model=model, sgd=sgd, simulation=simulation)
-    check_run(config, simulation=True)  # the dimension, the number of steps and the memory, before anything runs
+    setup = build(config, theory=False)  # the prior and the SGD rule, once
+    check_run(setup, simulation=True)  # the dimension, the number of steps and the memory, before anything runs
     D = config.simulation.D
-    init, advance, measure = _run_functions(config)
+    init, advance, measure = _run_functions(setup)
     seeds, _, n = shard_batch(jnp.arange(config.simulation.seeds))
     state, consts = jax.jit(jax.vmap(init))(seeds)
     advance_all = jax.jit(jax.vmap(advance, in_axes=(0, 0, None, None)))
@@ -149,7 +148,7 @@ def simulate(config: Config | None = None, *, problem: Problem | None = None, mo
     steps = save_steps(config.sgd, config.simulation.D, ts)
     warn_if_times_dropped(config.sgd.n_save if ts is None else len(ts), config.simulation.D, len(steps))
     # compiled, a few steps timed and the estimate said (singleloc.preflight._estimates); its bar records the run's times
-    advance_all, measure_all, bar = simulation_clock(config, advance_all, measure_all, state, consts, steps, progress)
+    advance_all, measure_all, bar = simulation_clock(setup, advance_all, measure_all, state, consts, steps, progress)
     records = []
     t_prev = 0
     for i, t in enumerate(steps):

@@ -10,8 +10,7 @@ constant as 17 minutes in 18 s); its bar records the run's rate for the family.
 
 from __future__ import annotations
 
-from ..configuration._config import Config
-from ..expectations._routes import route_of
+from ..preflight._build import Setup
 from ..preflight._estimates import REFERENCE, TheorySolve, _digest, _label, estimate, fixed, timings
 from ..runtime._progress import Bar, Estimate, Phase, announce, clock
 
@@ -21,42 +20,42 @@ SIMULATION_KEYS = "sgd.tau_max, simulation.D, simulation.seeds or model.heads"
 TIMED = 0.25
 
 
-def _model(config: Config, steps: float, saved: int) -> tuple[str, float, float]:
+def _model(setup: Setup, steps: float, saved: int) -> tuple[str, float, float]:
     """The family's key, the model's work per SGD step and the reference seconds of ``steps`` and ``saved`` times."""
-    pb, m, sim, sgd = config.problem, config.model, config.simulation, config.sgd
-    heads_fields = pb.L * (m.heads + pb.F)
-    key = f"simulate:{_digest(_label(config), sim.D, sim.seeds, sgd.batch, sim.test_samples, pb.build_prior().atoms)}"
+    pb, sim, sgd = setup.problem, setup.simulation, setup.sgd
+    heads_fields = pb.L * (setup.heads + pb.F)
+    key = f"simulate:{_digest(_label(setup), sim.D, sim.seeds, sgd.batch, sim.test_samples, setup.prior.atoms)}"
     work = REFERENCE["sgd_step"] * sim.seeds * sgd.batch * sim.D * heads_fields
     return key, work, steps * work + saved * REFERENCE["measure"] * sim.seeds * sim.test_samples * heads_fields
 
 
-def simulation_estimate(config: Config) -> Estimate:
+def simulation_estimate(setup: Setup) -> Estimate:
     """The time of :func:`~singleloc.simulate` before anything is compiled (module docstring)."""
-    key, work, size = _model(config, round(config.sgd.tau_max * config.simulation.D / config.sgd.batch), config.sgd.n_save)
+    key, work, size = _model(setup, round(setup.sgd.tau_max * setup.simulation.D / setup.sgd.batch), setup.sgd.n_save)
     run = estimate("simulate", key, work, size)
     compiling, _ = fixed("simulate", key, "compile", REFERENCE["sim_compile"])
     return Estimate(run.seconds + compiling, run.basis.replace("shape family", "simulation's sizes"))
 
 
-def simulation_work(config: Config) -> str:
+def simulation_work(setup: Setup) -> str:
     """The simulation in words (the estimate's line)."""
-    sim = config.simulation
-    return (f"{round(config.sgd.tau_max * sim.D):.3g} SGD steps (sgd.tau_max x simulation.D) x {sim.seeds} seeds of "
-            f"model.heads = {config.model.heads} keys in simulation.D = {sim.D} dimensions")
+    sim = setup.simulation
+    return (f"{round(setup.sgd.tau_max * sim.D):.3g} SGD steps (sgd.tau_max x simulation.D) x {sim.seeds} seeds of "
+            f"model.heads = {setup.heads} keys in simulation.D = {sim.D} dimensions")
 
 
-def simulation_cost(config: Config):
+def simulation_cost(setup: Setup):
     """The cost of :func:`~singleloc.simulate` before it is compiled (:class:`~singleloc.preflight._costs.Cost`), for the
     command line's check of a huge run."""
     from ..preflight._costs import Cost
     from ..preflight._resources import OVERHEAD, simulation_bytes
 
-    e, pb = simulation_estimate(config), config.problem
-    size = simulation_bytes(pb.L, config.model.heads, pb.F, config.simulation, config.sgd.n_save)
-    return Cost(simulation_work(config), e.seconds, OVERHEAD + size, SIMULATION_KEYS, e.basis)
+    e, pb = simulation_estimate(setup), setup.problem
+    size = simulation_bytes(pb.L, setup.heads, pb.F, setup.simulation, setup.sgd.n_save)
+    return Cost(simulation_work(setup), e.seconds, OVERHEAD + size, SIMULATION_KEYS, e.basis)
 
 
-def simulation_clock(config: Config, advance, measure, params, consts, steps, progress: bool = True):
+def simulation_clock(setup: Setup, advance, measure, params, consts, steps, progress: bool = True):
     """Compile the simulation's jitted SGD step ``advance`` and measurement ``measure`` for ``params`` and
     ``consts``, time a few steps and one measurement (thrown away: the run is unchanged), say the estimate of the
     run over the saved ``steps`` (refused over the run limit), and return the compiled ``advance``, ``measure``
@@ -65,9 +64,9 @@ def simulation_clock(config: Config, advance, measure, params, consts, steps, pr
     import jax
 
     total, saved = int(steps[-1]), len(steps)
-    key, work, size = _model(config, total, saved)
-    what = (f"compiling the simulation (SGD step and held-out risk: {_label(config)}, D={config.simulation.D}, "
-            f"{config.simulation.seeds} seeds)")
+    key, work, size = _model(setup, total, saved)
+    what = (f"compiling the simulation (SGD step and held-out risk: {_label(setup)}, D={setup.simulation.D}, "
+            f"{setup.simulation.seeds} seeds)")
     expected, how = fixed("simulate", key, "compile", REFERENCE["sim_compile"])
     with Phase((what, "compiled the simulation"), [expected], quiet=not how) as compiling:  # loaded quickly if measured
         advance = advance.lower(params, consts, 0, 1).compile()
@@ -85,20 +84,19 @@ def simulation_clock(config: Config, advance, measure, params, consts, steps, pr
     jax.block_until_ready(measure(params, consts, 0))
     per_measure = clock() - t0
     guess = Estimate(total * seconds / n + saved * per_measure, f"measured: {n} steps timed on {timings().here}")
-    announce(f"simulating {simulation_work(config)}", guess, f"lower {SIMULATION_KEYS}")
+    announce(f"simulating {simulation_work(setup)}", guess, f"lower {SIMULATION_KEYS}")
 
     def record(elapsed: float) -> None:
-        timings().record(key, "simulate", f"simulate, {_label(config)} D={config.simulation.D}", work, elapsed / size,
+        timings().record(key, "simulate", f"simulate, {_label(setup)} D={setup.simulation.D}", work, elapsed / size,
                          compile=compiling.seconds[-1])
 
     return advance, measure, Bar(total, "simulate", "step", estimate=guess, live=progress, on_close=record,
                                  done="simulated {n} SGD steps", watched=False, announced=True).__enter__()
 
 
-def compare_estimate(config: Config) -> Estimate:
+def compare_estimate(setup: Setup) -> Estimate:
     """The time of ``compare``: the simulation and the theory from every seed's start."""
-    sim = simulation_estimate(config)
-    theory = TheorySolve("integrate", config, route_of(config), config.simulation.seeds, config.sgd.n_save,
-                         config.sgd.tau_max).estimate
+    sim = simulation_estimate(setup)
+    theory = TheorySolve("integrate", setup, setup.simulation.seeds, setup.sgd.n_save, setup.sgd.tau_max).estimate
     return Estimate(sim.seconds + theory.seconds, f"simulation {sim.basis}; theory {theory.basis}",
                     (("simulating", sim.seconds), ("the theory", theory.seconds)))

@@ -79,6 +79,7 @@ from ..expectations._routes import route_class
 from ..ground._atomic_files import OUTPUT_KEY, png_has_text, written_together
 from ..ground._choices import ROUTE_WORDS, check_horizon
 from ..io._run_folders import save_figure, save_text
+from ..preflight._build import build
 from ..preflight._resources import check_run
 from ..runtime._distributed import open_cluster
 from ..runtime._numerics import require_x64
@@ -118,7 +119,7 @@ def _check_points(points: Sequence[Config], simulate: bool, batch: bool) -> None
     groups = [compile_group("theory", point.to_dict()) for point in points]
     sizes = Counter(groups)  # a batched group solves the starts of all its points at once
     for point, group in zip(points, groups):
-        check_run(point, simulation=simulate, theory_starts=point.simulation.seeds * (sizes[group] if batch else 1))
+        check_run(build(point), simulation=simulate, theory_starts=point.simulation.seeds * (sizes[group] if batch else 1))
 
 
 def summarize(config: Config, data: dict[str, np.ndarray], kind: str) -> dict[str, float]:

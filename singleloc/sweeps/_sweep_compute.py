@@ -29,6 +29,7 @@ import numpy as np
 from ..analysis._predictions import compute_prediction
 from ..configuration._config import Config, load_config
 from ..expectations._routes import route_class
+from ..preflight._build import build
 from ..preflight._estimates import recorded
 from ..runtime._compilation import compile_group, hold_programs, own_process, process_owned
 from ..runtime._progress import on_dask_worker
@@ -105,9 +106,10 @@ def compute(config: Config, kind: str) -> dict[str, np.ndarray]:
     :func:`~singleloc.analysis._predictions.resolve_horizon`; for a Bayes entry :func:`bayes_config`)."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(map(repr, KINDS))}, got {kind!r}")
-    with recorded(kind, config):  # a prediction's time, for the next sweep's estimate (singleloc.sweeps._sweep_estimate)
-        return {"prediction": compute_prediction, "theory": compute_theory, "simulation": compute_simulation,
-                "bayes": compute_bayes}[kind](config)
+    if kind != "prediction":
+        return {"theory": compute_theory, "simulation": compute_simulation, "bayes": compute_bayes}[kind](config)
+    with recorded(build(config)):  # a prediction's time, for the next sweep's estimate (singleloc.sweeps._sweep_estimate)
+        return compute_prediction(config)
 
 
 def compute_theories(configs: Sequence[Config]) -> list[dict[str, np.ndarray] | FloatingPointError]:

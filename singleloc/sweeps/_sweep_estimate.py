@@ -16,6 +16,7 @@ from typing import Any
 
 from ..configuration._config import Config
 from ..expectations._routes import route_of
+from ..preflight._build import build
 from ..preflight._estimates import TheorySolve, prediction_estimate, timings
 from ..runtime._compilation import compile_group
 from ..runtime._progress import Estimate, announce, duration, say, settings
@@ -27,12 +28,12 @@ SHOWN = 3
 
 def _entry(config: Config, kind: str, groups: set[str]) -> Estimate:
     """The estimate of one entry; a theory's compilation once per group of points that share it."""
-    if kind == "prediction":
-        return prediction_estimate(config)
     if kind == "simulation":
-        return simulation_estimate(config)
-    est = TheorySolve("integrate", config, route_of(config), config.simulation.seeds, config.sgd.n_save,
-                      config.sgd.tau_max).estimate
+        return simulation_estimate(build(config, theory=False))
+    setup = build(config)
+    if kind == "prediction":
+        return prediction_estimate(setup)
+    est = TheorySolve("integrate", setup, config.simulation.seeds, config.sgd.n_save, config.sgd.tau_max).estimate
     group = compile_group("theory", config.to_dict())
     if group in groups:
         return Estimate(est.parts[-1][1], est.basis)  # the solving only

@@ -36,9 +36,9 @@ import numpy as np
 from ..configuration._config import Config, gather_specs
 from ..configuration._specs import SGD, Model, Problem, Theory
 from ..expectations._expectation import relative_drift_error
+from ..preflight._build import Setup, build
 from ..preflight._resources import FIRST_POINTS, MIN_POINTS, check_run
 from ..sgd._sgd_rule import Starts, flat_drift
-from ._build import Setup, build
 from ._starts import batched_starts, initial_conditions
 from ._theory import OrderParameterODE, OrderParameters
 
@@ -80,12 +80,12 @@ def choose_points(config: Config | None = None, y0: Starts = None, *, problem: P
     starts ``y0`` (leading axis ``S``) is at most ``theory.tol / MARGIN`` (module docstring).
     The run is ``config`` or the specifications by keyword (defaults for those not given)."""
     config = gather_specs("choose_points", config, problem=problem, model=model, sgd=sgd, theory=theory)
-    return points_for(config, build(config), y0)
+    return points_for(build(config), y0)
 
 
-def points_for(config: Config, setup: Setup, y0: OrderParameters) -> PointsChoice:
-    """:func:`choose_points` of ``config`` built as ``setup`` (its route chosen once, for the probes and their checks)."""
-    tol, R = config.theory.tol / MARGIN, config.theory.replicates
+def points_for(setup: Setup, y0: OrderParameters) -> PointsChoice:
+    """:func:`choose_points` of a config built as ``setup`` (its route chosen once, for the probes and their checks)."""
+    tol, R = setup.theory.tol / MARGIN, setup.theory.replicates
     tried: dict[int, float] = {}
 
     def error(n: int) -> float:
@@ -95,13 +95,13 @@ def points_for(config: Config, setup: Setup, y0: OrderParameters) -> PointsChoic
 
     def check_points(n: int) -> None:  # the memory check of the same count given explicitly
         try:
-            check_run(config.replace(theory={"points": n}), theory_starts=int(y0.M.shape[0]), route=setup.route)
+            check_run(setup.replace("theory", points=n), theory_starts=int(y0.M.shape[0]))
         except MemoryError as err:
             why = "" if not tried else f" (at {max(tried)} points its estimated relative drift error is {tried[max(tried)]:.2g})"
             raise MemoryError(f"theory.points = 'auto' would try {n} points{why}, and {err}") from None
 
-    pb = config.problem
-    dim = pb.L * config.model.heads + (0 if setup.prior.is_discrete else pb.F)
+    pb = setup.problem
+    dim = pb.L * setup.heads + (0 if setup.prior.is_discrete else pb.F)
     low = max(MIN_POINTS, 1 << (dim - 1).bit_length())  # the whitening needs points >= dim
     n = max(FIRST_POINTS, low)
     if error(n) <= tol:
@@ -113,7 +113,7 @@ def points_for(config: Config, setup: Setup, y0: OrderParameters) -> PointsChoic
             error(n)
         if tried[n] > tol:
             warnings.warn(f"theory.points = 'auto': {n} points reach an estimated relative drift error of {tried[n]:.2g} "
-                          f"only (theory.tol = {config.theory.tol:g}); raise theory.replicates or theory.tol", stacklevel=2)
+                          f"only (theory.tol = {setup.theory.tol:g}); raise theory.replicates or theory.tol", stacklevel=2)
     return PointsChoice(n, tried[n], R, tuple(sorted(tried.items())))
 
 

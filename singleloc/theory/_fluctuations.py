@@ -45,11 +45,12 @@ from ..configuration._config import Config, gather_specs, require_uniform_head_w
 from ..configuration._specs import SGD, Model, Problem, Simulation, Theory
 from ..expectations._fields import LocalFields
 from ..expectations._sobol_expectation import SobolExpectation
+from ..preflight._build import Setup, build
 from ..runtime._compilation import checks_as_nan
 from ..runtime._numerics import psd_sqrt
 from ..sgd._sgd_rule import Starts
-from ._accuracy import resolve_points
-from ._build import Setup, build
+from ._accuracy import points_for
+from ._starts import batched_starts
 from ._theory import OrderParameterODE, flatten_state, unflatten_state
 from ._trajectory import Trajectory
 
@@ -164,17 +165,18 @@ def integrate_sde(config: Config | None = None, y0: Starts = None, keys: Shaped[
     Euler-Maruyama with step ``dt`` on a ``diffrax.VirtualBrownianTree`` (tolerance ``dt/4``).
     ``Q`` is symmetrised through the flattened coordinates; the state is not projected back
     onto valid overlaps (at the D used here the noise is far too small to leave them).
-    ``theory.points = "auto"`` is resolved at the starts ``y0`` (:func:`~singleloc.resolve_points`).
+    ``theory.points = "auto"`` is resolved at the starts ``y0`` (as :func:`~singleloc.resolve_points` does).
     The run is ``config`` or the specifications by keyword (defaults for those not given).
     """
     config = gather_specs("integrate_sde", config, problem=problem, model=model, sgd=sgd, theory=theory,
                           simulation=simulation)
     require_uniform_head_weights(config, "integrate_sde")
-    config = resolve_points(config, y0)
+    setup = build(config)  # the route decided once, for the points' probes and the SDE
+    if setup.theory.points == "auto":
+        setup = setup.replace("theory", points=points_for(setup, batched_starts(setup.model.weighting.state(y0))).points)
     D = config.simulation.D if D is None else D
-    setup = build(config)
     ode = OrderParameterODE.from_setup(setup)
-    fields = sde_rule(setup, config.theory.points)
+    fields = sde_rule(setup, setup.theory.points)
     H, F = config.model.heads, config.problem.F
     tb = bool(ode.train_bias)
     dtype = jnp.result_type(float)

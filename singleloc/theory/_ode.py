@@ -63,6 +63,7 @@ from ..configuration._config import Config, gather_specs
 from ..configuration._specs import SGD, Model, Problem, Simulation, Theory
 from ..expectations._expectation import relative_drift_error, solve_report
 from ..expectations._sharding import shard_batch, unpad
+from ..preflight._build import Setup, build
 from ..preflight._estimates import TheorySolve
 from ..preflight._resources import check_run
 from ..preflight._run_checks import warn_if_risk_rose
@@ -71,7 +72,6 @@ from ..runtime._numerics import PSD_SOLVE, Q_RUNAWAY, expected_steps
 from ..runtime._progress import say
 from ..sgd._sgd_rule import Starts, flat_drift
 from ._accuracy import points_for
-from ._build import Setup, build
 from ._starts import batched_starts, check_starts, initial_conditions
 from ._step_budget import MIN_STEP, STEP_MARGIN, UNRESOLVED, StepBudget, UnresolvedFields, stop_code, stop_reason
 from ._theory import OrderParameterODE, OrderParameters, r_orth
@@ -212,13 +212,12 @@ def _run_points(dynamics: OrderParameterODE, evaluation: OrderParameterODE, y0: 
 
 @dataclasses.dataclass(frozen=True)
 class _Problem:
-    """What one point's solve receives: its objects (``setup``, :func:`~singleloc.theory._build.build`), the
+    """What one point's solve receives: its objects (``setup``, :func:`~singleloc.preflight._build.build`), the
     arguments of :func:`_trajectories` (``args``: the
     dynamics and evaluation ODE stacks, the starts, the saved times, ``rtol``, ``atol``) and
     the rule it was built with (``points``; ``drift_error`` when ``"auto"`` chose it); the saved times are padded
     to :func:`saved_slots`, of which the first ``saved`` are asked for."""
 
-    config: Config
     setup: Setup
     args: tuple
     points: int
@@ -226,24 +225,23 @@ class _Problem:
     saved: int
 
 
-def _problem(config: Config, y0: OrderParameters | None, ts: np.ndarray | None, setup: Setup | None = None) -> _Problem:
-    setup = build(config) if setup is None else setup  # the prior, the SGD rule and the route, once for the point
-    y0 = batched_starts(initial_conditions(config, 1) if y0 is None else setup.model.weighting.state(y0))
+def _problem(setup: Setup, y0: OrderParameters | None, ts: np.ndarray | None) -> _Problem:
+    y0 = batched_starts(initial_conditions(setup, 1) if y0 is None else setup.model.weighting.state(y0))
     check_starts(setup.heads, setup.problem.F, y0)
-    ts = jnp.asarray(config.sgd.save_times() if ts is None else ts, dtype=y0.M.dtype)
-    th = config.theory
+    ts = jnp.asarray(setup.sgd.save_times() if ts is None else ts, dtype=y0.M.dtype)
+    th = setup.theory
     R, points, drift_error = th.replicates, th.points, float("nan")
     if points == "auto":
-        choice = points_for(config, setup, y0)
+        choice = points_for(setup, y0)
         points, drift_error = choice.points, choice.error
     dynamics = OrderParameterODE.from_setup(setup, seeds=th.qmc_seed + np.arange(R), points=points)
     evaluation = OrderParameterODE.from_setup(setup, seeds=th.evaluation_seed + np.arange(R), points=points, check=True)
     tol = (jnp.asarray(th.rtol, ts.dtype), jnp.asarray(th.atol, ts.dtype))
-    expected = expected_steps(float(setup.sgd.rate(float(ts[0]))), float(ts[-1] - ts[0]))
+    expected = expected_steps(float(setup.rule.rate(float(ts[0]))), float(ts[-1] - ts[0]))
     budget = jnp.asarray(int(min(MAX_STEPS, STEP_MARGIN * expected)), jnp.int32)  # at least 256 (:mod:`._step_budget`)
     saved, ts = ts.shape[0], _padded(ts)
-    points = dynamics.expectation.stated_points(th, config.problem.L, config.model.heads, points)
-    return _Problem(config, setup, (dynamics, evaluation, y0, ts, *tol, budget), int(points), drift_error, saved)
+    points = dynamics.expectation.stated_points(th, setup.problem.L, setup.heads, points)
+    return _Problem(setup, (dynamics, evaluation, y0, ts, *tol, budget), int(points), drift_error, saved)
 
 
 def integrate(
@@ -299,9 +297,16 @@ def integrate(
     """
     config = gather_specs("integrate", config, problem=problem, model=model, sgd=sgd, theory=theory,
                           simulation=simulation)
+    return integrate_setup(build(config), y0, ts=ts, max_steps=max_steps, progress=progress, t0=t0)
+
+
+def integrate_setup(setup: Setup, y0: Starts | None = None, *, ts: Real[ArrayLike, " T"] | Sequence[float] | None = None,
+                    max_steps: int = MAX_STEPS, progress: bool = False, t0: float = 0.0) -> TheoryResult:
+    """:func:`integrate` of a config built as ``setup`` (:func:`~singleloc.preflight._build.build`: the prior, the SGD
+    rule and the route, chosen once for the checks, the estimate and the solve; the commands pass the one they checked)."""
     start = y0
     try:
-        times = np.asarray(config.sgd.save_times() if ts is None else ts, dtype=np.float64)
+        times = np.asarray(setup.sgd.save_times() if ts is None else ts, dtype=np.float64)
         t0 = float(t0)
     except (TypeError, ValueError):
         raise ValueError(f"ts and t0 must be numbers (saved times tau), got ts = {ts!r:.80}, t0 = {t0!r:.40}") from None
@@ -321,12 +326,11 @@ def integrate(
                          "(pass t0 = the time of y0 to start elsewhere than tau = 0)")
     skip = bool(times[0] > t0)  # solve from the start at t0; do not return it
     starts = 1 if y0 is None or np.ndim(y0[0]) != 3 else int(np.shape(y0[0])[0])
-    setup = build(config)  # the prior, the SGD rule and the route: chosen once for the checks, the estimate and the solve
-    check_run(config, theory_starts=starts, route=setup.route)  # dimension, quadrature, saved times and memory
-    solve = TheorySolve("integrate", config, setup.route, starts, times.size + skip, times[-1] - t0, cached=not progress)
+    check_run(setup, theory_starts=starts)  # dimension, quadrature, saved times and memory
+    solve = TheorySolve("integrate", setup, starts, times.size + skip, times[-1] - t0, cached=not progress)
     solve.announce()  # the estimate, before anything is built (singleloc.preflight._estimates)
     with solve.preparing():  # the rules and starts (said only if it lasts)
-        problem = _problem(config, y0, np.concatenate([[t0], times]) if skip else times, setup)
+        problem = _problem(setup, y0, np.concatenate([[t0], times]) if skip else times)
     dynamics, evaluation, y0, *rest = problem.args
     y0, (dynamics, evaluation, *rest), n = shard_batch(y0, (dynamics, evaluation, *rest))
     args = (dynamics, evaluation, y0, *rest)
@@ -335,10 +339,10 @@ def integrate(
             out = jax.device_get(_run(*args, max_steps, True) if progress else
                                  exported_call("integrate", _run, *args, static=(max_steps, False)))
     result = _result(problem, unpad(out, n), max_steps)
-    if isinstance(result, UnresolvedFields) and config.theory.route == "auto":  # auto's choice: on to the Sobol rule
+    if isinstance(result, UnresolvedFields) and setup.theory.route == "auto":  # auto's choice: on to the Sobol rule
         say(f"{str(result).split(';')[0]}: solving on the Sobol rule instead (theory.route = 'rule')")
-        return integrate(config.replace(theory={"route": "rule"}), start, ts=ts, max_steps=max_steps, progress=progress,
-                         t0=t0)
+        return integrate_setup(build(setup.config.replace(theory={"route": "rule"})), start, ts=ts, max_steps=max_steps,
+                               progress=progress, t0=t0)
     if isinstance(result, FloatingPointError):
         raise result
     if skip:  # the start at t0, solved from but not asked for
@@ -346,7 +350,7 @@ def integrate(
         result = dataclasses.replace(result, tau=result.tau[1:], M=later(result.M), Q=later(result.Q), b=later(result.b),
                                      risk=later(result.risk), risk_se=later(result.risk_se),
                                      v=None if result.v is None else later(result.v))
-    warn_if_risk_rose(config, theory=result)
+    warn_if_risk_rose(setup.config, theory=result)
     return result
 
 
@@ -363,7 +367,7 @@ def integrate_points(problems: Sequence[tuple[Config, OrderParameters | None]], 
     one result per point, in order, or the :class:`FloatingPointError` :func:`integrate` would
     raise for it (a failing point does not stop the others).
     """
-    prepared = [_problem(config, y0, None) for config, y0 in problems]
+    prepared = [_problem(build(config), y0, None) for config, y0 in problems]  # each point's route decided once
     groups: dict[tuple, list[int]] = {}
     for i, problem in enumerate(prepared):
         groups.setdefault(_shape_key(problem.args), []).append(i)
@@ -395,10 +399,10 @@ def _shape_key(args) -> tuple:
 def _result(problem: _Problem, out, max_steps: int) -> TheoryResult | FloatingPointError:
     """The :class:`TheoryResult` of one point's outputs of :func:`_trajectories`, or the error
     that says where its solve stopped and why."""
-    config, ts = problem.config, problem.args[3][:problem.saved]
-    R = config.theory.replicates
+    setup, ts = problem.setup, problem.args[3][:problem.saved]
+    R = setup.theory.replicates
     ys, risk, code, drift0, check, grams = out
-    rule = problem.setup.sgd  # its State, and the layer's head weights v along it (None: the head average)
+    rule = setup.rule  # its State, and the layer's head weights v along it (None: the head average)
     ys, risk = rule.State(*(x[:, :, :problem.saved] for x in ys)), risk[:, :, :problem.saved]  # padding's repeats dropped
     M, Q, b, v = ys.M, ys.Q, ys.b, rule.weighting.weights(ys)
     valid, ok, unresolved = np.isfinite(risk), np.asarray(code) == 0, np.asarray(code) == UNRESOLVED
@@ -409,10 +413,10 @@ def _result(problem: _Problem, out, max_steps: int) -> TheoryResult | FloatingPo
         when = f"tau = {float(ts[k - 1]):.4g}..{float(ts[k]):.4g}" if k else f"its start, tau = {float(ts[0]):.4g}"
         code = int(code[i, r])  # smaller steps do not make a stiff solve (codes 2, 3) any less stiff
         if code == UNRESOLVED:  # only the exact route's rule has a width it resolves
-            return UnresolvedFields.at(when, i, float(np.max(problem.args[0].expectation.rule.widest)), config.theory.nodes)
+            return UnresolvedFields.at(when, i, float(np.max(problem.args[0].expectation.rule.widest)), setup.theory.nodes)
         return FloatingPointError(
             f"the order-parameter ODE stopped near {when} (start {i}{f', replicate {r}' if R > 1 else ''}): "
-            f"{stop_reason(code, min(max_steps, int(problem.args[6])))}; lower {config.sgd.step_keys()}"
+            f"{stop_reason(code, min(max_steps, int(problem.args[6])))}; lower {setup.sgd.step_keys()}"
             + (" or tighten theory.rtol/theory.atol" if code in (0, 1) else ""))
     drift_error = problem.drift_error
     risk_se = risk.std(axis=1, ddof=1) / np.sqrt(R) if R > 1 else np.full(risk.shape[::2], np.nan)
@@ -420,9 +424,9 @@ def _result(problem: _Problem, out, max_steps: int) -> TheoryResult | FloatingPo
         drift_error = float(np.max(relative_drift_error(drift0))) / np.sqrt(R)
     mean = lambda x: x.mean(axis=1)
     dynamics, evaluation = problem.args[0], problem.args[1]
-    report = solve_report(problem.setup, ys, check, grams, risk_se, evaluation.expectation, evaluation.sgd, problem.points)
+    report = solve_report(setup, ys, check, grams, risk_se, evaluation.expectation, evaluation.sgd, problem.points)
     stated = evaluation.expectation.statement(report)
     drift_error = float(np.fmax(drift_error, stated.drift_error))  # the start (replicates, "auto") and the ends
     return TheoryResult(np.asarray(ts), mean(M), mean(Q), mean(b), mean(risk), risk_se, drift_error, problem.points, R,
                         evaluation.expectation.route, stated.risk_error, stated.gram_error, stated.exact_drift_error,
-                        None if v is None else mean(v), dynamics.expectation.gram_name, config.theory.axes)
+                        None if v is None else mean(v), dynamics.expectation.gram_name, setup.theory.axes)

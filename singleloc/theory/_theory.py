@@ -42,7 +42,7 @@ from ..sgd._sgd_rule import AbstractSGDRule, GradientMoments
 if TYPE_CHECKING:
     from ..configuration._config import Config
     from ..configuration._specs import SGD, Model, Problem, Theory
-    from ._build import Setup
+    from ..preflight._build import Setup
 
 
 def r_orth(M: Real[ArrayLike, "H F"], Q: Real[ArrayLike, "H H"]) -> jax.Array:
@@ -103,16 +103,16 @@ class OrderParameterODE(eqx.Module):
     def from_config(cls, config: Config, *, seeds: Sequence[int] | Integer[ArrayLike, " K"] | None = None,
                     points: int | None = None,
                     check: bool = False) -> OrderParameterODE:
-        """The ODE of a configuration: its objects built once (:func:`~singleloc.theory._build.build`), then
+        """The ODE of a configuration: its objects built once (:func:`~singleloc.preflight._build.build`), then
         :meth:`from_setup` (the other arguments are its)."""
-        from ._build import build  # the edge: a config's objects (this module takes objects)
+        from ..preflight._build import build  # the edge: a config's objects (this module takes objects)
 
         return cls.from_setup(build(config), seeds=seeds, points=points, check=check)
 
     @classmethod
     def from_setup(cls, setup: Setup, *, seeds: Sequence[int] | Integer[ArrayLike, " K"] | None = None, points: int | None = None,
                    check: bool = False) -> OrderParameterODE:
-        """The ODE of the objects ``setup`` (:class:`~singleloc.theory._build.Setup`): its SGD rule on the
+        """The ODE of the objects ``setup`` (:class:`~singleloc.preflight._build.Setup`): its SGD rule on the
         expectation of its route (the route class's ``from_setup``, :func:`~singleloc.expectations._routes.route_class`).
 
         ``seeds``: a stack of rules with these scrambling seeds (leading axis, see
@@ -127,7 +127,7 @@ class OrderParameterODE(eqx.Module):
             raise ValueError(f"theory.points = {points!r}: a number is needed here; resolve 'auto' first with "
                              "singleloc.resolve_points(config) (integrate does it itself)")
         expectation = route_class(setup.route.route).from_setup(setup, points=points, seeds=seeds, check=check)
-        return cls(expectation, setup.sgd)
+        return cls(expectation, setup.rule)
 
     def risk(self, M: jax.Array, Q: jax.Array, b: jax.Array, v: jax.Array | None = None) -> jax.Array:
         """Population risk ``R(M, Q, b) = E[(1 - a_eps)^2 + sum_{l != eps} a_l^2]`` on the route.

@@ -3,18 +3,20 @@
 A configuration holds names and numbers: an activation's name, a prior's parameters, the keys of
 the ``sgd`` section, ``theory.route``. Before a computation, :func:`build` turns them into objects,
 once: the prior, the SGD rule, and the expectation route's choice with the activation function and
-its normalised-exponential form (:class:`Setup`). The ODE
-(:meth:`~singleloc.OrderParameterODE.from_setup`), the solve, the SDE and the escape prediction take
-these objects; a config enters only at the edges (the command line, the Python API's entry points).
+its normalised-exponential form (:class:`Setup`, which keeps the sections beside them). The checks
+before a run and its estimates (this folder), the ODE (:meth:`~singleloc.OrderParameterODE.from_setup`),
+the solve, the simulation, the SDE and the escape prediction take these objects; a config enters only
+at the edges (the command line, the Python API's entry points), which build it once and pass it down.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from ..configuration._config import Config
-from ..configuration._specs import Model, Problem, Theory
-from ..expectations._routes import RouteChoice, route_class, route_of
+from ..configuration._specs import SGD, Model, Problem, Simulation, Theory
+from ..expectations._routes import RouteChoice, choose_route, route_class
 from ..model._activations import Activation
 from ..model._priors import Prior
 from ..sgd._sgd_rule import AbstractSGDRule, GradientFlow, OnlineSGD
@@ -23,24 +25,29 @@ from ..sgd._sgd_variants import LearningRateSchedule, MiniBatch, Momentum, Weigh
 
 @dataclasses.dataclass(frozen=True)
 class Setup:
-    """What one computation runs on (module docstring).
+    """What one computation runs on (module docstring): a configuration's sections, under the same names, and
+    the objects built from them.
 
     Attributes:
         problem: the data (``L``, ``F``; the prior's specification).
         model: the layer (``heads``; what trains).
+        sgd: the ``sgd`` section (rate, horizon, saved times).
+        simulation: the finite-D run (dimension, seeds, test samples).
         theory: the numerics of the ODE.
         prior: the prior of ``theta``, built.
-        sgd: the SGD rule, built (:func:`sgd_rule`).
+        rule: the SGD rule, built (:func:`sgd_rule`).
         route: the expectation route, chosen (:func:`~singleloc.choose_route`): it holds the
-            activation function and its form.
+            activation function and its form; ``None`` for a simulation alone (``build(..., theory=False)``).
     """
 
     problem: Problem
     model: Model
+    sgd: SGD
+    simulation: Simulation
     theory: Theory
     prior: Prior
-    sgd: AbstractSGDRule
-    route: RouteChoice
+    rule: AbstractSGDRule
+    route: RouteChoice | None
 
     @property
     def activation(self) -> Activation:
@@ -51,15 +58,35 @@ class Setup:
     def heads(self) -> int:
         return self.model.heads
 
+    @property
+    def config(self) -> Config:
+        """The sections as one configuration (the keys of the compiled programs' families; a run folder's config)."""
+        return Config(self.problem, self.model, self.sgd, self.simulation, self.theory)
 
-def build(config: Config) -> Setup:
-    """The objects of ``config`` (module docstring): its prior, SGD rule and route, each built once.
+    def replace(self, section: str, **values: Any) -> Setup:
+        """This setup with keys of one section changed (validated as the section is), and what they build built
+        again: the SGD rule for ``model`` and ``sgd``, the prior and the route (decided again) for ``model`` and
+        ``problem``. ``theory`` keeps the route decided (its ``route`` key may only name it)."""
+        new = dataclasses.replace(self, **{section: dataclasses.replace(getattr(self, section), **values)})
+        if section in ("model", "sgd"):
+            new = dataclasses.replace(new, rule=sgd_rule(new.config))
+        if section in ("model", "problem"):
+            route = None if self.route is None else choose_route(new.problem, new.model, new.theory)
+            new = dataclasses.replace(new, prior=new.problem.build_prior(), route=route)
+        return new
+
+
+def build(config: Config, *, theory: bool = True) -> Setup:
+    """The objects of ``config`` (module docstring): its prior, SGD rule and route, each built once
+    (``theory=False``, a simulation alone: no route, so that a theory key decides nothing there).
     ``ValueError`` naming the key of a specification that cannot be built (an unknown activation, a
     route that does not exist for this layer, a bias decay without trained biases, a Gram key the route
     has no use for: :func:`check_gram`)."""
-    route = route_of(config)  # the activation resolved, the route decided
-    check_gram(config.theory, config.model.activation, route.route)
-    return Setup(config.problem, config.model, config.theory, config.problem.build_prior(), sgd_rule(config), route)
+    route = choose_route(config.problem, config.model, config.theory) if theory else None  # the route decided
+    if theory:
+        check_gram(config.theory, config.model.activation, route.route)
+    return Setup(config.problem, config.model, config.sgd, config.simulation, config.theory, config.problem.build_prior(),
+                 sgd_rule(config), route)
 
 
 def sgd_rule(config: Config) -> AbstractSGDRule:
