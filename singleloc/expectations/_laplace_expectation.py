@@ -140,7 +140,7 @@ class LaplaceExpectation(AbstractExpectation):
 
     @classmethod
     def from_setup(cls, setup, *, points: int, seeds=None, check: bool = False) -> LaplaceExpectation:
-        """The exact route of ``setup`` (:class:`~singleloc.theory._build.Setup`, whose route is
+        """The exact route of ``setup`` (:class:`~singleloc.preflight._build.Setup`, whose route is
         :func:`~singleloc.choose_route`'s): the exact rule of ``theory.nodes`` (the same for every replicate
         of ``seeds``: it has no scrambling), with ``check`` its refined copy, and the Gram term ``route.gram``
         (the Sobol one on :meth:`~singleloc.Theory.gram_rule_points` rank-aware points, which follow
