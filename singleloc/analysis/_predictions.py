@@ -36,6 +36,14 @@ of a random start (``M = 0``, ``R_orth = init_scale^2 I``, ``b = bias_init``) up
   Trained head weights (``model.head_weights = "trained"``) have no head-symmetric flow here:
   every number of the prediction is NaN (not predicted) and the horizon is the ``fallback``.
 
+**Its rule.** On the rule route the flow and the rates are on a Sobol rule of
+:meth:`~singleloc.configuration._specs.Theory.prediction_points` points: the run's own, but at most
+``2^18 / (L H)`` (never fewer than 256). The prediction only chooses the horizon and must land within 1.5x
+of the measured escape, not carry the run's accuracy; every problem with ``L H <= 64`` at the default 4096
+points keeps the run's rule (the README's, bit for bit). Softmax1 with ``H = 8, F = 3, L = 64``: 512
+points, predicted escape 742.1 (1024 points: 736.6; 256: 795.5; the run's 4096: see docs/phases.md) in
+74 s. The exact route takes the run's numerics.
+
 **The horizon** (:func:`escape_horizon`): ``multiple = 2.5`` times the predicted escape,
 rounded up to two significant digits and capped at ``cap = 3000``; without a predicted escape,
 ``fallback = 300`` (at the default problem the symmetric risk changes by less than ``1e-4``
@@ -173,10 +181,14 @@ def predicted_escape(config: Config | None = None, *, problem: Problem | None = 
     H, F = config.model.heads, config.problem.F
     D = config.simulation.D
     setup = build(config)
-    ode, mean = OrderParameterODE.from_setup(setup), setup.prior.mean()
+    points = config.theory.points
+    if setup.route.route == "rule":  # a cheaper rule where the run's is large (module docstring)
+        points = config.theory.prediction_points(config.problem.L, H, points)
+    ode, mean = OrderParameterODE.from_setup(setup, points=points), setup.prior.mean()
     x0 = symmetric_start(H, F, config.sgd.init_scale, config.model.bias_init)
     ts = np.concatenate([[0.0], np.geomspace(tau_flow * 1e-4, tau_flow, _PATH_POINTS)])
-    with Phase((f"following the head-symmetric flow of {H} heads to tau = {tau_flow:g} ({ode.expectation.route} route; "
+    on = f"rule route, {points} points" if setup.route.route == "rule" else f"{ode.expectation.route} route"
+    with Phase((f"following the head-symmetric flow of {H} heads to tau = {tau_flow:g} ({on}; "
                 f"then at most {n_rates} linearizations along its plateau)", "followed the head-symmetric flow")):
         xs, risk = symmetric_path(ode, x0, H, F, ts, rtol=config.theory.rtol, atol=config.theory.atol)
     n = int(np.argmin(np.isfinite(risk))) if not np.all(np.isfinite(risk)) else len(ts)
