@@ -41,10 +41,11 @@ of a random start (``M = 0``, ``R_orth = init_scale^2 I``, ``b = bias_init``) up
 ``2^18 / (L H)`` (never fewer than 256). The prediction only chooses the horizon and must land within 1.5x
 of the measured escape, not carry the run's accuracy; every problem with ``L H <= 64`` at the default 4096
 points keeps the run's rule (the README's, bit for bit). Softmax1 with ``H = 8, F = 3, L = 64``: 512
-points, predicted escape 742.1 (1024 points: 736.6; 256: 795.5; the run's 4096: see docs/phases.md) in
-47-74 s. The exact route takes the run's numerics. There the heads escaped at 423, 1.75x earlier: where the
-plateau is reached late (``tau_0 = 382``) the rate is already positive on the way down, which the integral
-from ``tau_0`` leaves out, and the prediction comes late (the horizon long, not short).
+points, predicted escape 742.1 (1024 points: 736.6; 256: 795.5; the run's 4096: 728.4, the same horizon) in
+47-74 s (15.5 min on the run's rule). The exact route takes the run's numerics. There the heads escaped at
+423, 1.75x earlier: where the plateau is reached late (``tau_0 = 382``) the rate is already positive on the
+way down, which the integral from ``tau_0`` leaves out, and the prediction comes late (the horizon long, not
+short).
 
 **The horizon** (:func:`escape_horizon`): ``multiple = 2.5`` times the predicted escape,
 rounded up to two significant digits and capped at ``cap = 3000``; without a predicted escape,
