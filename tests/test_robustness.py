@@ -267,9 +267,6 @@ def test_an_unexpected_runtime_error_is_not_hidden(monkeypatch, tmp_path):
     ("simulate", ["problem.L=100000"], "problem.L = 100000"),
     ("integrate", ["theory.points=1073741824", "theory.route=rule"], "for the theory's quadrature (theory.points = 1073741824"),
     ("compare", ["simulation.test_samples=1000000000"], "simulation.test_samples = 1000000000"),
-    # issue 21 item 5: the estimate counts the saved times (16000 of them asked XLA for 10 GB and more)
-    ("integrate", ["sgd.n_save=16000", "theory.points=4096", "theory.route=rule"],
-     "for the theory's saved times and their risks (sgd.n_save = 16000"),
     ("simulate", ["sgd.n_save=400000000", "sgd.tau_max=10000000"], "sgd.n_save = 400000000)"),
 ])
 def test_runs_that_cannot_fit_in_memory_are_refused_before_they_start(tmp_path, capsys, monkeypatch, command, sets, words):

@@ -399,3 +399,26 @@ def test_a_series_of_linearizations_says_k_of_n(tiny_ode, monkeypatch):
     assert said[0][0].startswith("following the head-symmetric flow of 2 heads to tau = 10 (")  # the flow is said too
     n = len(counts)
     assert n > 1 and counts == [f"{k} of at most {n} along the plateau" for k in range(1, n + 1)]  # a rate too small to escape
+
+
+def test_the_prediction_takes_a_cheaper_rule_only_where_the_runs_is_large(monkeypatch):
+    """Issue 61 item 3: on the rule route the escape prediction's rule has at most 2^18 / (L H) points, never
+    fewer than 256, and the run's own below (every problem of the README, L H <= 16, keeps its rule: bit for
+    bit); on the exact route the run's numerics."""
+    from singleloc.analysis import _predictions
+
+    th = tiny(rule=True).theory
+    assert th.prediction_points(4, 4, 4096) == 4096 and th.prediction_points(4, 2, 65536) == 32768
+    assert th.prediction_points(64, 8, 4096) == 512 and th.prediction_points(64, 8, 256) == 256
+    assert th.prediction_points(64, 3, 4096) == 1024 and th.prediction_points(1024, 16, 4096) == 256
+    seen = []
+
+    def stop(setup, *, points=None, **kwargs):
+        seen.append((setup.route.route, points))
+        raise RuntimeError("stop: the rule is chosen")
+
+    monkeypatch.setattr(_predictions.OrderParameterODE, "from_setup", stop)
+    for rule in (True, False):
+        with pytest.raises(RuntimeError, match="stop"):
+            predicted_escape(tiny("problem.L=64", "model.heads=8", "theory.points=4096", rule=rule))
+    assert seen == [("rule", 512), ("exact", 4096)]

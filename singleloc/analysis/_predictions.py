@@ -36,6 +36,17 @@ of a random start (``M = 0``, ``R_orth = init_scale^2 I``, ``b = bias_init``) up
   Trained head weights (``model.head_weights = "trained"``) have no head-symmetric flow here:
   every number of the prediction is NaN (not predicted) and the horizon is the ``fallback``.
 
+**Its rule.** On the rule route the flow and the rates are on a Sobol rule of
+:meth:`~singleloc.configuration._specs.Theory.prediction_points` points: the run's own, but at most
+``2^18 / (L H)`` (never fewer than 256). The prediction only chooses the horizon and must land within 1.5x
+of the measured escape, not carry the run's accuracy; every problem with ``L H <= 64`` at the default 4096
+points keeps the run's rule (the README's, bit for bit). Softmax1 with ``H = 8, F = 3, L = 64``: 512
+points, predicted escape 742.1 (1024 points: 736.6; 256: 795.5; the run's 4096: 728.4, the same horizon) in
+47-74 s (15.5 min on the run's rule). The exact route takes the run's numerics. There the heads escaped at
+423, 1.75x earlier: where the plateau is reached late (``tau_0 = 382``) the rate is already positive on the
+way down, which the integral from ``tau_0`` leaves out, and the prediction comes late (the horizon long, not
+short).
+
 **The horizon** (:func:`escape_horizon`): ``multiple = 2.5`` times the predicted escape,
 rounded up to two significant digits and capped at ``cap = 3000``; without a predicted escape,
 ``fallback = 300`` (at the default problem the symmetric risk changes by less than ``1e-4``
@@ -57,7 +68,7 @@ from ..ground._choices import check_horizon
 from ..ground._validation import number
 from ..preflight._build import build
 from ..runtime._progress import Phase
-from ..theory._accuracy import resolve_points
+from ..theory._accuracy import points_for, resolve_points
 from ..theory._starts import initial_conditions
 from ..theory._theory import OrderParameterODE
 from ._stability import linear_escape_time, symmetric_escape_rate, symmetric_path, symmetric_start
@@ -160,11 +171,10 @@ def predicted_escape(config: Config | None = None, *, problem: Problem | None = 
     ``config`` (module docstring; ``method`` is the Jacobian's, as in
     :func:`~singleloc.analysis._stability.linearize`). Rates are evaluated in time order and only until
     the growth reaches ``(1/2) log D``. ``theory.points = "auto"`` is resolved first
-    (:func:`~singleloc.resolve_points`). The run is ``config`` or the specifications by keyword
+    (as :func:`~singleloc.resolve_points` does, on the route built once). The run is ``config`` or the specifications by keyword
     (``simulation``: the dimension ``D`` of the escape; defaults for those not given)."""
     config = gather_specs("predicted_escape", config, problem=problem, model=model, sgd=sgd, theory=theory,
                           simulation=simulation)
-    config = resolve_points(config)
     if not config.model.weighting.head_average:  # no head-symmetric flow of the weighted layer: no prediction
         nan, empty = math.nan, np.zeros(0)
         return EscapePrediction(rate=nan, tau_plateau=nan, plateau_risk=nan, predicted_escape=nan,
@@ -172,11 +182,17 @@ def predicted_escape(config: Config | None = None, *, problem: Problem | None = 
                                 D=config.simulation.D, path_tau=empty, path_rate=empty)
     H, F = config.model.heads, config.problem.F
     D = config.simulation.D
-    setup = build(config)
-    ode, mean = OrderParameterODE.from_setup(setup), setup.prior.mean()
+    setup = build(config)  # the route decided once, for "auto"'s probes and the flow
+    if setup.theory.points == "auto":
+        setup = setup.replace("theory", points=points_for(setup, initial_conditions(config, 1)).points)
+    points, field_nodes = setup.theory.points, setup.route.route_class.field_nodes
+    if field_nodes:  # a cheaper rule where the run's is large (module docstring)
+        points = setup.theory.prediction_points(config.problem.L, H, points)
+    ode, mean = OrderParameterODE.from_setup(setup, points=points), setup.prior.mean()
     x0 = symmetric_start(H, F, config.sgd.init_scale, config.model.bias_init)
     ts = np.concatenate([[0.0], np.geomspace(tau_flow * 1e-4, tau_flow, _PATH_POINTS)])
-    with Phase((f"following the head-symmetric flow of {H} heads to tau = {tau_flow:g} ({ode.expectation.route} route; "
+    on = f"{ode.expectation.route} route" + (f", {points} points" if field_nodes else "")
+    with Phase((f"following the head-symmetric flow of {H} heads to tau = {tau_flow:g} ({on}; "
                 f"then at most {n_rates} linearizations along its plateau)", "followed the head-symmetric flow")):
         xs, risk = symmetric_path(ode, x0, H, F, ts, rtol=config.theory.rtol, atol=config.theory.atol)
     n = int(np.argmin(np.isfinite(risk))) if not np.all(np.isfinite(risk)) else len(ts)

@@ -32,6 +32,10 @@ BIAS_MAX = 1000.0
 GRAM_POINTS_MAX = 16384
 GRAM_NODE_BUDGET = 2**22
 
+#: An escape prediction on the rule route: nodes of at most this many fields (``points * L * H``;
+#: :meth:`Theory.prediction_points`).
+PREDICTION_NODE_BUDGET = 2**18
+
 #: Most Sobol points of a rule (``theory.points``, ``theory.gram_points``): its ``2 points`` nodes are
 #: counted in 32 bits (:data:`~singleloc.ground._validation.INT32_MAX`).
 SOBOL_POINTS_MAX = 2**30
@@ -411,6 +415,15 @@ class Theory:
             return int(self.gram_points)
         fit = 1 << max(int(GRAM_NODE_BUDGET // (L * H)).bit_length() - 1, 0)
         return max(int(points), min(GRAM_POINTS_MAX, fit))
+
+    def prediction_points(self, L: int, H: int, points: int) -> int:
+        """The Sobol points of an escape prediction's rule on the rule route
+        (:func:`~singleloc.analysis._predictions.predicted_escape`) for ``L`` tokens, ``H`` heads and the resolved
+        ``theory.points``: ``points``, but at most the largest power of two whose nodes over ``L * H`` fields are
+        at most :data:`PREDICTION_NODE_BUDGET` (never fewer than 256), so that the prediction costs a fraction of
+        the run's solve where the rule is large (docs/phases.md, "What the prediction costs")."""
+        fit = 1 << max(int(PREDICTION_NODE_BUDGET // (L * H)).bit_length() - 1, 0)
+        return min(int(points), max(256, fit))
 
     @property
     def rank_aware(self) -> bool:

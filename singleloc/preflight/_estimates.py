@@ -32,6 +32,7 @@ recorded. Simulations: :mod:`singleloc.simulation._simulation_estimate`; sweeps:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import math
@@ -274,12 +275,15 @@ def solve_size(work: float, span: float, saved: int, rate: float = 1.0) -> float
 
 def _prediction_model(setup: Setup) -> tuple[str, str, float, float]:
     """The kind, key, work and reference seconds of an escape prediction: its programs, the symmetric path and
-    the Jacobians of its 16 rates (of ``H F + H^2 + H`` columns each)."""
+    the Jacobians of its 16 rates (along ``F + H`` antisymmetric directions each, by central differences; on a
+    rule of field nodes at :meth:`~singleloc.configuration._specs.Theory.prediction_points`)."""
     from ..runtime._compilation import compile_group
 
-    pb, H = setup.problem, setup.heads
-    route, work = route_costs(setup.route)[0], theory_work(pb.L, H, setup.prior, setup.theory, setup.route, 1)
-    size = REFERENCE["prediction"][route] + (REFERENCE["prediction_drifts"] + 16 * (H * pb.F + H * H + H)) * work
+    pb, H, th = setup.problem, setup.heads, setup.theory
+    if setup.route.route_class.field_nodes:
+        th = dataclasses.replace(th, points=th.prediction_points(pb.L, H, th.points if isinstance(th.points, int) else 4096))
+    route, work = route_costs(setup.route)[0], theory_work(pb.L, H, setup.prior, th, setup.route, 1)
+    size = REFERENCE["prediction"][route] + (REFERENCE["prediction_drifts"] + 16 * 2 * (pb.F + H)) * work
     return f"prediction:{route}", f"prediction:{_digest(compile_group('prediction', setup.config.to_dict()))}", work, size
 
 

@@ -24,9 +24,10 @@ above in most cases), for ``S`` seeds (or ODE starts):
   several devices (:mod:`~singleloc.expectations._sharding`) evaluates up to ``B`` nodes on each; the
   estimate counts ``B`` once (on CPU host devices, which share the host's memory, the integrand
   part can reach the device count times that);
-* the saved times (``T = sgd.n_save``, ``R`` replicates): ``8 T R (2 S s + 6 B L H)``, ``s``
+* the saved times (``T = sgd.n_save``, ``R`` replicates): ``8 R (2 T S s + 6 min(T, 4) B L H)``, ``s``
   the numbers of one saved state (:func:`state_size`), and the risk at the saved times, whose
-  integrand XLA materialises for all of them at once (10 GB at ``T = 4000`` on the rule); the
+  integrand is held for :data:`RISK_BATCH` = 4 of them at a time (softmax1, H = 8, L = 64, 4096 points,
+  T = 201: 1.4 GB at its peak, where counting all T at once said 41.9 GB); the
   simulation stores ``4 S 2 T s`` more. At most :data:`SAVED_MAX` saved times per start
   and replicate: above, XLA's evaluation of the risk needs terabytes or aborts (issue 21);
 * plus :data:`OVERHEAD` for the runtime and the compiled programs.
@@ -52,6 +53,10 @@ from ..expectations._sobol_geometry import SOBOL_MAX_DIM, factor_rows, node_batc
 from ..model._priors import Prior
 from ..runtime._progress import cpu_count
 from ._build import Setup
+
+#: Saved states whose risks the theory evaluates together (a loop over batches of them): all of them at once
+#: held a joint layer's token rule once per state (H = 3 bsoftmax, 201 saved times: 32 GB).
+RISK_BATCH = 4
 
 #: Bytes of the runtime and compiled programs, on top of the arrays.
 OVERHEAD = 300 * 2**20
@@ -176,7 +181,7 @@ def saved_bytes(L: int, H: int, F: int, th: Theory, n_save: int, route: RouteCho
     batch = node_batch(L, H)
     nodes = min(2 * th.points, batch) if isinstance(th.points, int) else batch
     risk = 6 * nodes * L * H if route.route_class.field_nodes else 0
-    return 8 * n_save * th.replicates * (2 * starts * state_size(H, F) + risk)
+    return 8 * th.replicates * (2 * n_save * starts * state_size(H, F) + min(n_save, RISK_BATCH) * risk)
 
 
 def theory_bytes(L: int, H: int, prior: Prior, th: Theory, route: RouteChoice, starts: int) -> int:

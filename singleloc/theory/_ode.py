@@ -65,7 +65,7 @@ from ..expectations._expectation import relative_drift_error, solve_report
 from ..expectations._sharding import shard_batch, unpad
 from ..preflight._build import Setup, build
 from ..preflight._estimates import TheorySolve
-from ..preflight._resources import check_run
+from ..preflight._resources import RISK_BATCH, check_run
 from ..preflight._run_checks import warn_if_risk_rose
 from ..runtime._compilation import checks_as_nan, exported_call
 from ..runtime._numerics import PSD_SOLVE, Q_RUNAWAY, expected_steps
@@ -81,10 +81,6 @@ from ._theory_result import TheoryResult
 #: spares diffrax's initial step-size search, one more evaluation site of the drift in the
 #: compiled program.
 DT0 = 1e-3
-
-#: Saved states whose risks are evaluated together (a loop over batches of them): all of them at once
-#: held a joint layer's token rule once per state (H = 3 bsoftmax, 201 saved times: 32 GB).
-RISK_BATCH = 4
 
 #: Fewest saved times a solve's program holds (:func:`saved_slots`).
 MIN_SLOTS = 16
