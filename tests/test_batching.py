@@ -123,11 +123,12 @@ def test_a_large_group_is_cut_for_the_workers():
 
 
 def test_the_memory_check_counts_the_starts_of_a_batched_group(tmp_path, capsys, monkeypatch):
-    """8 learning rates x 4 seeds at 16384 points: 32 starts (366 MiB) in one batched solve, 4
-    (58 MiB) a point without batching, each with its saved times' risks (0.19 GB); with 700 MiB
-    available (300 MiB of overhead) only the unbatched sweep may start. The Sobol rule's memory (its
-    subject: the exact route's is its Gram rule's, tests/test_run_checks.py)."""
-    monkeypatch.setenv("SINGLELOC_MEMORY_LIMIT", "700M")
+    """8 learning rates x 4 seeds at 16384 points: 32 starts (0.384 GB) in one batched solve, 4
+    (0.061 GB) a point without batching, each with its saved times and their risks (0.013 GB, held
+    four states at a time); with 500 MiB available (0.31 GB of overhead) only the unbatched sweep may
+    start. The Sobol rule's memory (its subject: the exact route's is its Gram rule's,
+    tests/test_run_checks.py)."""
+    monkeypatch.setenv("SINGLELOC_MEMORY_LIMIT", "500M")
     # nothing computed or written (the command's memory check comes first)
     monkeypatch.setattr(_sweep, "compute_sweep", lambda base, grids, *a, **k: _sweep.SweepOutcome(base, grids, [], {}, False,
                                                                                                _sweep.SweepStats()))
