@@ -47,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..configuration._specs import SGD, Problem, Simulation, Theory
+from ..configuration._specs import Simulation, Theory
 from ..expectations._routes import RouteChoice, exact_route_exists
 from ..expectations._sobol_geometry import SOBOL_MAX_DIM, factor_rows, node_batch, quadrature_dimension
 from ..model._priors import Prior
@@ -107,18 +107,17 @@ FLOAT32_KEYS = (("problem", "strength", True, 2.5), ("sgd", "lr", False, 0.5), (
                 ("sgd", "decay_factor", False, 0.1), ("sgd", "warmup_tau", False, 1.0))
 
 
-def check_float32(problem: Problem, sgd: SGD) -> None:
+def check_float32(setup: Setup) -> None:
     """The values a simulation holds in float32 (:data:`FLOAT32_KEYS`, the prior's atoms and
     covariance) are in its range (:func:`~singleloc.ground._validation.representable`): ``ValueError``
     naming the key otherwise (``problem.strength = 1e300`` became infinite data, and the simulation
     said to lower ``sgd.lr``, issue 54 item 8)."""
     from ..ground._validation import representable
 
-    prior = problem.build_prior()
-    atoms, cov = prior.atoms_array(), np.asarray(prior.noise_cov)
     for section, key, squared, example in FLOAT32_KEYS:
-        representable(f"{section}.{key}", getattr({"problem": problem, "sgd": sgd}[section], key), "float32",
-                      squared=squared, where="the simulation, which runs in float32", example=example)
+        representable(f"{section}.{key}", getattr(getattr(setup, section), key), "float32", squared=squared,
+                      where="the simulation, which runs in float32", example=example)
+    atoms, cov = setup.prior.atoms_array(), np.asarray(setup.prior.noise_cov)
     representable("problem.prior", float(np.max(np.abs(atoms))), "float32", squared=True,
                   where="the simulation's atoms of the prior", example=2.5)
     representable("problem.prior", float(np.max(np.abs(cov))), "float32", where="the simulation's covariance of the prior",
@@ -254,7 +253,7 @@ def check_run(setup: Setup, *, simulation: bool = False, theory_starts: int = 0)
     if simulation:
         check_dimension(H, pb.F, setup.simulation.D, "simulation")
         check_steps(setup.sgd.tau_max, setup.simulation.D)
-        check_float32(pb, setup.sgd)
+        check_float32(setup)
     if theory_starts:
         check_dimension(H, pb.F, setup.simulation.D, "theory")
         if route.route_class.field_nodes:
