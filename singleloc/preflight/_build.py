@@ -82,8 +82,9 @@ def build(config: Config, *, theory: bool = True) -> Setup:
     ``ValueError`` naming the key of a specification that cannot be built (an unknown activation, a
     route that does not exist for this layer, a bias decay without trained biases, a Gram key the route
     has no use for: :func:`check_gram`)."""
-    route = choose_route(config.problem, config.model, config.theory) if theory else None  # the route decided
-    if theory:
+    route = None
+    if theory:  # the route decided
+        route = choose_route(config.problem, config.model, config.theory)
         check_gram(config.theory, config.model.activation, route.route)
     return Setup(config.problem, config.model, config.sgd, config.simulation, config.theory, config.problem.build_prior(),
                  sgd_rule(config), route)

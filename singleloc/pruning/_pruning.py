@@ -96,7 +96,7 @@ def pruning_setup(setup: Setup, heads: int | None = None) -> Setup:
     fits in memory (:func:`~singleloc.preflight._resources.check_memory`).
     ``ValueError`` or ``MemoryError`` naming the keys otherwise (``model.head_weights =
     "trained"``: pruning is written for the head average)."""
-    require_uniform_head_weights(setup, "pruning")
+    require_uniform_head_weights(setup.config, "pruning")
     if heads is not None and int(heads) != setup.heads:
         setup = setup.replace("model", heads=int(heads))
     th, pb, route = setup.theory, setup.problem, setup.route
@@ -107,7 +107,7 @@ def pruning_setup(setup: Setup, heads: int | None = None) -> Setup:
     if th.points != "auto" and route.route_class.field_nodes:
         check_quadrature(pb.L, setup.heads, setup.prior, th.points, principal=th.rank_aware)
     if th.points == "auto":
-        setup = setup.replace("theory", points=points_for(setup, initial_conditions(setup, 1)).points)
+        setup = setup.replace("theory", points=points_for(setup, initial_conditions(setup.config, 1)).points)
     check_memory({f"the theory's quadrature (theory.points = {setup.theory.points})":
                   theory_bytes(pb.L, setup.heads, setup.prior, setup.theory, route, 1)})
     return setup

@@ -222,7 +222,7 @@ class _Problem:
 
 
 def _problem(setup: Setup, y0: OrderParameters | None, ts: np.ndarray | None) -> _Problem:
-    y0 = batched_starts(initial_conditions(setup, 1) if y0 is None else setup.model.weighting.state(y0))
+    y0 = batched_starts(initial_conditions(setup.config, 1) if y0 is None else setup.model.weighting.state(y0))
     check_starts(setup.heads, setup.problem.F, y0)
     ts = jnp.asarray(setup.sgd.save_times() if ts is None else ts, dtype=y0.M.dtype)
     th = setup.theory
