@@ -83,7 +83,7 @@ def run(args) -> int:
     from ..attention._sensitivity import FD_EPSILONS
     from ..io._run_folders import load_npy, save_figure, save_json
     from ..plots import plot_sensitivity, plot_top_n, plot_vanishing
-    from ..preflight._costs import diagnose_cost
+    from ..preflight._estimates import diagnose_cost
     from ..runtime._progress import Phase
 
     weights = load_npy(args.attn, "ATTN")

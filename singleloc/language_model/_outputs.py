@@ -37,7 +37,7 @@ from .._version import __version__
 from ..attention._attention_diagnosis import FIGURES
 from ..ground._atomic_files import OUTPUT_KEY, atomic_write, png_has_text, written_together
 from ..io._run_folders import save_json
-from ..preflight._costs import Cost, speed
+from ..preflight._estimates import Cost, cpu_speed
 from ._gguf_reader import LlamaConfig
 
 #: The arrays of an output folder, in the order they are written.
@@ -60,7 +60,7 @@ def layer_flops(config: LlamaConfig, L: int) -> float:
 
 def forward_cost(config: LlamaConfig, L: int, kept: int) -> Cost:
     """What running every block on ``L`` tokens and keeping ``kept`` blocks' arrays costs."""
-    seconds = config.layers * layer_flops(config, L) / FORWARD_FLOPS * speed()
+    seconds = config.layers * layer_flops(config, L) / FORWARD_FLOPS * cpu_speed()
     memory = sum(memory_parts(config, L, kept).values())
     return Cost(f"the forward pass of {config.layers} blocks on L = {L} tokens (--max-tokens), keeping {kept} (--layers)",
                 seconds, memory, "--max-tokens or --layers")

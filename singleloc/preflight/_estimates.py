@@ -1,32 +1,23 @@
 """What a computation will take, said before it starts, from times measured on this device.
 
-**The model.** Each kind of computation (a theory solve, a pruning, an escape prediction, a simulation) has a
-cost model in *reference seconds*: its time on the 2-core CPU where the models were fitted (:data:`REFERENCE`),
-e.g. :func:`theory_work` times the drift evaluations of a solve. What a device measures is kept as *rates*:
-measured seconds per reference second, per device and per *shape family* (the computations that share one
-compiled program: the configuration without the values a program receives as arguments,
-:func:`~singleloc.runtime._compilation.compile_group`). :func:`estimate` is the one estimate of them all: the
-model's seconds times the family's own rate (the median of its latest three), else the rate of the nearest
-family of its kind on this device (nearest in the model's work per unit), else the device's :func:`speed`,
-a short calibration (a small compiled kernel, and a host loop for XLA's compiler) against the same on the
-reference CPU. Fixed costs (compiling a program, loading it from the persistent cache, building the rules)
-are measured seconds per family, else the median of the kind's other families here, else the reference's
-at the host's speed.
+**The model.** Each kind of computation (a theory solve, a pruning, an escape prediction, a simulation) has a cost model
+in *reference seconds*, its time on the 2-core CPU where the models were fitted (:data:`REFERENCE`). A device keeps
+*rates*: measured seconds per reference second, per *shape family* (the computations that share one compiled program,
+:func:`~singleloc.runtime._compilation.compile_group`). :func:`estimate` is the model's seconds times the family's rate
+(the median of its latest three), else the rate of the nearest family of its kind here (in the model's work per unit),
+else the device's :func:`speed`: a short calibration against the same on the reference CPU. Fixed costs (compiling,
+loading from the persistent cache, building the rules) are the family's measured seconds, else the median of its kind's
+families here, else the reference's at the host's speed.
 
 **The file.** ``timings.json`` in the compilation cache folder (none with ``SINGLELOC_CACHE_DIR=""``)::
 
-    {"version": 2, "devices": {DEVICE: {"benchmark": {"run": s, "host": s},
+    {"version": 3, "devices": {DEVICE: {"benchmark": {"run": s, "host": s},
                                        "families": {KEY: {"kind": ..., "label": ..., "work": ..., "rates": [...],
                                                           "compile": s, "load": s, "prepare": s, "env": ...}}}}}
 
-The commands write it (atomically) after each measured computation (:func:`~singleloc.runtime._progress.reporting`'s
-``record``); a Python caller reads it and keeps what it measures in its process. Deleting it resets the
-estimates; a damaged file is ignored.
-
-**Theory solves** (:class:`TheorySolve`) run as a phase that follows JAX's compilation events: compiling (or
-loading the stored program, or nothing when this process holds it), then solving; the measured times are
-recorded. Simulations: :mod:`singleloc.simulation._simulation_estimate`; sweeps:
-:mod:`singleloc.sweeps._sweep_estimate`.
+Only the commands write it (atomically, re-read first), within :func:`~singleloc.runtime._progress.reporting`'s
+``record``; a Python caller keeps what it measures in its process. Deleting it resets the estimates; a damaged file is
+ignored. The commands' check of a huge run (:class:`Cost`) and ``diagnose``'s cost model are here too.
 """
 
 from __future__ import annotations
@@ -37,6 +28,7 @@ import hashlib
 import json
 import math
 import re
+import timeit
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -47,8 +39,9 @@ from ..ground._atomic_files import atomic_write
 from ..ground._choices import ROUTE_WORDS
 from ..model._priors import Prior
 from ..runtime._numerics import expected_steps
-from ..runtime._progress import Bar, Estimate, Phase, announce, clock, cpu_count, mode, settings
+from ..runtime._progress import Bar, Estimate, Phase, announce, clock, cpu_count, duration, mode, settings
 from ._build import Setup
+from ._resources import _gb, auto_points
 
 #: The reference CPU (shared, load 5-7, 2026-12-04), with its calibration (:func:`measure_benchmark`).
 #: ``compile``: a solve's program from an empty cache (34 s exact, 4.2 s rule, the default problem); ``load``: from the
@@ -67,16 +60,19 @@ REFERENCE = {
     "prediction": {"exact": 50.0, "rule": 10.0}, "prediction_drifts": 300,
 }
 VERSION, RATES_KEPT = 3, 3
+#: ``diagnose``: seconds per analysed row and temperature of its finite differences and Jacobians, ``DIAGNOSE_UNIT (L / 256)
+#: (1 + E K) / 13`` (``E`` perturbation sizes, ``K`` directions) on a 2-core CPU, scaled by 2 / the CPUs here (within a
+#: factor of about 2: it tells a run of minutes from one of days).
+DIAGNOSE_UNIT = 0.33e-3
 
 
 def device() -> str:
     """``"gpu: NVIDIA H200"``, ``"cpu: AMD EPYC x 2"`` (JAX's first device; a CPU by its model and count)."""
     import jax
 
-    d = jax.devices()[0]
+    d, model = jax.devices()[0], "cpu"
     if d.platform != "cpu":
         return f"{d.platform}: {d.device_kind}"
-    model = "cpu"
     with contextlib.suppress(OSError):
         found = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.MULTILINE)
         model = found.group(1).strip() if found else model
@@ -94,38 +90,36 @@ def timings_path() -> Path | None:
 
 
 class Timings:
-    """The records of one device (module docstring), read from ``path`` (``None``: none kept); ``here``: the device in
-    words (``"this CPU"``, ``"this GPU (NVIDIA H200)"``)."""
+    """The records of device ``name`` (module docstring) at ``path``; ``here``: the device in words (``"this CPU"``,
+    ``"this GPU (NVIDIA H200)"``)."""
 
-    def __init__(self, path: Path | None, device_name: str):
-        platform, _, kind = device_name.partition(": ")
-        self.path, self.device = path, device_name
+    def __init__(self, path: Path | None, name: str):
+        platform, _, kind = name.partition(": ")
+        self.path, self.device, self.data = path, name, self._read(path)
         self.here = "this CPU" if platform == "cpu" else f"this {platform.upper()} ({kind})"
-        self._data = self._read()
 
-    def _read(self) -> dict[str, Any]:
+    @staticmethod
+    def _read(path: Path | None) -> dict[str, Any]:
         with contextlib.suppress(OSError, ValueError, AttributeError):
-            data = json.loads(self.path.read_text())
+            data = json.loads(path.read_text())
             if data.get("version") == VERSION and isinstance(data.get("devices"), dict):
                 return data
         return {"version": VERSION, "devices": {}}  # none yet, or damaged: replaced by the next record
 
-    def _mine(self) -> dict[str, Any]:
-        return self._data["devices"].setdefault(self.device, {"families": {}})
+    def mine(self) -> dict[str, Any]:
+        return self.data["devices"].setdefault(self.device, {"families": {}})
 
     def family(self, key: str) -> dict[str, Any]:
-        """The record of a shape family on this device (empty: none)."""
-        return self._mine()["families"].get(key, {})
+        return self.mine()["families"].get(key, {})
 
     def families(self, kind: str) -> list[dict[str, Any]]:
-        return [f for f in self._mine()["families"].values() if f.get("kind") == kind]
+        return [f for f in self.mine()["families"].values() if f.get("kind") == kind]
 
     def record(self, key: str, kind: str, label: str, work: float, rate: float | None = None, **fields: float) -> None:
-        """Add to family ``key``'s record: ``rate`` joins its latest ones, ``fields`` (``compile=12.3``) replace
-        the stored ones; the commands then rewrite the file (re-read first: other processes' records stay)."""
+        """Add to family ``key``: ``rate`` joins its latest rates, ``fields`` (``compile=12.3``) replace its own."""
         if settings().record:
-            self._data = self._read()
-        entry = self._mine()["families"].setdefault(key, {"rates": []})
+            self.data = self._read(self.path)  # other processes' records stay
+        entry = self.mine()["families"].setdefault(key, {"rates": []})
         entry.update(kind=kind, label=label, work=work, **fields)
         if rate is not None and rate >= 0:
             entry["rates"] = (entry["rates"] + [rate])[-RATES_KEPT:]
@@ -133,14 +127,14 @@ class Timings:
 
     def benchmark(self) -> dict[str, float]:
         """This device's calibration (:func:`measure_benchmark`), measured once per device."""
-        if "benchmark" not in self._mine():
-            self._mine()["benchmark"] = measure_benchmark()
+        if "benchmark" not in self.mine():
+            self.mine()["benchmark"] = measure_benchmark()
             self._write()
-        return self._mine()["benchmark"]
+        return self.mine()["benchmark"]
 
     def _write(self) -> None:
-        if self.path is not None and settings().record:
-            text = json.dumps(self._data, indent=1, sort_keys=True).encode()
+        if self.path is not None and settings().record:  # the commands only
+            text = json.dumps(self.data, indent=1, sort_keys=True).encode()
             with contextlib.suppress(OSError):  # not writable: kept in this process
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 atomic_write(self.path, lambda fh: fh.write(text))
@@ -158,9 +152,9 @@ def timings() -> Timings:
 
 
 def measure_benchmark() -> dict[str, float]:
-    """Seconds of a compiled kernel on JAX's first device (4096 x 32 float32 fields through 20 rounds of a
-    matrix product, ``tanh`` and a sum of exponentials: the best of five) and of a pure-Python loop on the
-    host, what XLA's compiler runs on (the best of three)."""
+    """Seconds of a compiled kernel on JAX's first device (4096 x 32 float32 fields through 20 rounds of a matrix product,
+    ``tanh`` and a sum of exponentials: the best of five) and of a pure-Python loop on the host, what XLA's compiler runs
+    on (the best of three)."""
     import jax
     import jax.numpy as jnp
 
@@ -169,16 +163,8 @@ def measure_benchmark() -> dict[str, float]:
     w = jnp.eye(32, dtype=jnp.float32) * 0.5
     run(x, w).block_until_ready()
 
-    def best(fn, times: int) -> float:
-        seconds = []
-        for _ in range(times):
-            t0 = clock()
-            fn()
-            seconds.append(clock() - t0)
-        return min(seconds)
-
-    return {"run": best(lambda: run(x, w).block_until_ready(), 5),
-            "host": best(lambda: sum(i * i % 7 for i in range(200_000)), 3)}
+    return {"run": min(timeit.repeat(lambda: run(x, w).block_until_ready(), number=1, repeat=5)),
+            "host": min(timeit.repeat(lambda: sum(i * i % 7 for i in range(200_000)), number=1, repeat=3))}
 
 
 def speed(kind: str = "run") -> float:
@@ -191,14 +177,13 @@ def speed(kind: str = "run") -> float:
 
 
 def _median(values) -> float:
-    values = sorted(values)
-    return values[len(values) // 2]
+    return sorted(values)[len(values) // 2]
 
 
 def estimate(kind: str, key: str, work: float, size: float) -> Estimate:
-    """The seconds of a computation of ``kind`` in shape family ``key`` whose cost model says ``size``
-    reference seconds (``work``: the model's work per unit, to find the nearest family): ``size`` times the
-    family's measured rate, else the nearest family's of its kind here, else :func:`speed` (module docstring)."""
+    """The seconds of a computation of ``kind`` in family ``key`` whose model says ``size`` reference seconds (``work``:
+    its work per unit, to find the nearest family): ``size`` times the family's rate, else the nearest family's of its
+    kind here, else :func:`speed`."""
     t = timings()
     if t.family(key).get("rates"):
         return Estimate(size * _median(t.family(key)["rates"]), f"measured on {t.here} for this shape family")
@@ -215,9 +200,8 @@ def first_run(e: Estimate) -> Estimate:
 
 
 def fixed(kind: str, key: str, name: str, reference: float) -> tuple[float, str]:
-    """A fixed cost (``name``: ``"compile"``, ``"load"``, ``"prepare"``) of family ``key`` and where it comes from
-    (``""``: measured for it): its own, else the median of its kind's families here, else ``reference`` at the
-    host's speed."""
+    """A fixed cost (``name``: ``"compile"``, ``"load"``, ``"prepare"``) of family ``key`` and where it comes from (``""``:
+    measured for it): its own, else the median of its kind's families here, else ``reference`` at the host's speed."""
     t = timings()
     if name in t.family(key):
         return t.family(key)[name], ""
@@ -234,9 +218,6 @@ def _label(setup: Setup) -> str:
     return f"{setup.model.activation} H={setup.heads} L={setup.problem.L} F={setup.problem.F}"
 
 
-# ----------------------------------------------------------------------------- theory solves
-
-
 def route_costs(route: RouteChoice) -> tuple[str, str | None, str]:
     """The cost class of the chosen ``route`` (``"rule"`` for a route that averages over the fields' nodes, as the Sobol
     rule and Monte Carlo do: :attr:`~singleloc.AbstractExpectation.field_nodes`; else ``"exact"``), its Gram term on the
@@ -245,18 +226,22 @@ def route_costs(route: RouteChoice) -> tuple[str, str | None, str]:
     return ("rule" if nodes else "exact", None if nodes else route.gram, ROUTE_WORDS[route.route])
 
 
+def _points(L: int, H: int, prior: Prior, th: Theory) -> int:
+    """The rule's field nodes, as the run takes them (``"auto"``: :func:`~singleloc.preflight._resources.auto_points`)."""
+    return th.points if isinstance(th.points, int) else auto_points(L, H, prior)
+
+
 def theory_work(L: int, H: int, prior: Prior, th: Theory, route: RouteChoice, starts: int) -> float:
-    """The reference seconds of one drift evaluation, a model fitted on the reference CPU: on the rule route
-    ``3.2e-8`` s per node, field and atom (``2 points x L H x atoms``); on the exact route ``3.3`` ms per ``H^2
-    atoms`` with the Gram term on the Sobol rule, ``11`` ms with the exact two-head Gram term (neither grows with
-    ``L``), and ``57`` microseconds per unit of a joint layer's rule
-    (:func:`~singleloc.expectations._laplace_joint.joint_rule_size`); times the starts and replicates (one
-    vmapped evaluation; ``th``: the theory's points and replicates) of ``L`` tokens, ``H`` heads and the ``prior``;
-    ``route``: the run's chosen route. Measured at load 6: 27 ms (softmax, H = 2, L = 4), 89 ms (L = 64, the exact
-    Gram term), 159 ms (softmax1, H = 4, F = 3), 1.05 s (bsoftmax, H = 3), 4 ms (the rule route, 4096 points)."""
+    """The reference seconds of one drift evaluation, a model fitted on the reference CPU: on the rule route ``3.2e-8`` s
+    per node, field and atom (``2 points x L H x atoms``); on the exact route ``3.3`` ms per ``H^2 atoms`` with the Gram
+    term on the Sobol rule, ``11`` ms with the exact two-head Gram term (neither grows with ``L``), and ``57`` microseconds
+    per unit of a joint layer's rule (:func:`~singleloc.expectations._laplace_joint.joint_rule_size`); times the starts and
+    replicates (one vmapped evaluation) of ``L`` tokens, ``H`` heads and the ``prior`` on the run's ``route``. Measured at
+    load 6: 27 ms (softmax, H = 2, L = 4), 89 ms (L = 64, the exact Gram term), 159 ms (softmax1, H = 4, F = 3), 1.05 s
+    (bsoftmax, H = 3), 4 ms (the rule route, 4096 points)."""
     (cost, gram, _), per = route_costs(route), starts * th.replicates
     if cost == "rule":
-        return per * 3.2e-8 * 2.0 * (th.points if isinstance(th.points, int) else 4096) * L * H * len(prior.atoms)
+        return per * 3.2e-8 * 2.0 * _points(L, H, prior, th) * L * H * len(prior.atoms)
     pairs = 2.8e-3 * H ** 2 * len(prior.atoms) * (3.9 if gram == "exact" else 1.18)
     if route.form is not None and route.form.joint:
         from ..expectations._laplace_joint import joint_rule_size
@@ -266,22 +251,21 @@ def theory_work(L: int, H: int, prior: Prior, th: Theory, route: RouteChoice, st
 
 
 def solve_size(work: float, span: float, saved: int, rate: float = 1.0) -> float:
-    """The reference seconds of a solve over ``span`` of ``tau`` with ``saved`` times at the rate per sequence
-    ``rate``: the drift evaluations of its adaptive steps (``REFERENCE["solve"]`` per step expected,
-    :func:`~singleloc.runtime._numerics.expected_steps`: the steps grow as ``rate^0.75`` past 1) and of its saved
-    times' risks."""
+    """The reference seconds of a solve over ``span`` of ``tau`` with ``saved`` times at the rate per sequence ``rate``:
+    the drift evaluations of its adaptive steps (``REFERENCE["solve"]`` per step expected,
+    :func:`~singleloc.runtime._numerics.expected_steps`: they grow as ``rate^0.75`` past 1) and of its saved times' risks."""
     return work * (REFERENCE["solve"] * expected_steps(rate, span) + REFERENCE["saved"] * saved)
 
 
 def _prediction_model(setup: Setup) -> tuple[str, str, float, float]:
-    """The kind, key, work and reference seconds of an escape prediction: its programs, the symmetric path and
-    the Jacobians of its 16 rates (along ``F + H`` antisymmetric directions each, by central differences; on a
-    rule of field nodes at :meth:`~singleloc.configuration._specs.Theory.prediction_points`)."""
+    """The kind, key, work and reference seconds of an escape prediction: its programs, the symmetric path and the
+    Jacobians of its 16 rates (along ``F + H`` antisymmetric directions each, by central differences; on a rule of field
+    nodes at :meth:`~singleloc.configuration._specs.Theory.prediction_points`)."""
     from ..runtime._compilation import compile_group
 
     pb, H, th = setup.problem, setup.heads, setup.theory
     if setup.route.route_class.field_nodes:
-        th = dataclasses.replace(th, points=th.prediction_points(pb.L, H, th.points if isinstance(th.points, int) else 4096))
+        th = dataclasses.replace(th, points=th.prediction_points(pb.L, H, _points(pb.L, H, setup.prior, th)))
     route, work = route_costs(setup.route)[0], theory_work(pb.L, H, setup.prior, th, setup.route, 1)
     size = REFERENCE["prediction"][route] + (REFERENCE["prediction_drifts"] + 16 * 2 * (pb.F + H)) * work
     return f"prediction:{route}", f"prediction:{_digest(compile_group('prediction', setup.config.to_dict()))}", work, size
@@ -306,10 +290,10 @@ _IN_PROCESS: set[str] = set()
 
 
 class TheorySolve:
-    """The estimate, the phases and the record of one solve: ``program`` (``"integrate"`` or
-    ``"integrate_points"``), the ``setup`` of its first point (:func:`~singleloc.preflight._build.build`), ``starts`` per point,
-    ``saved`` times, the ``span`` of ``tau`` solved (the longest of a batch), ``batch`` points solved together;
-    ``cached``: whether the program can come from the persistent cache (not with diffrax's progress bar, a host callback)."""
+    """The estimate, the phases and the record of one solve: ``program`` (``"integrate"`` or ``"integrate_points"``),
+    the ``setup`` of its first point, ``starts`` per point, ``saved`` times, the ``span`` of ``tau`` (the longest of a
+    batch), ``batch`` points solved together; ``cached``: whether the program can come from the persistent cache (not
+    with diffrax's progress bar, a host callback, which then draws instead of the live line)."""
 
     def __init__(self, program: str, setup: Setup, starts: int, saved: int, span: float, batch: int = 1,
                  cached: bool = True):
@@ -317,12 +301,12 @@ class TheorySolve:
 
         from ..runtime._compilation import _environment, compile_group
 
-        work = theory_work(setup.problem.L, setup.heads, setup.prior, setup.theory, setup.route, starts * batch)
         route, _, words = route_costs(setup.route)
-        self.rate = setup.sgd.rate
-        self.span, self.batch, self.saved, self.meter, self.kind = float(span), batch, saved, not cached, f"{program}:{route}"
+        self.work = theory_work(setup.problem.L, setup.heads, setup.prior, setup.theory, setup.route, starts * batch)
+        self.span, self.batch, self.live, self.kind = float(span), batch, cached, f"{program}:{route}"
+        self.size = solve_size(self.work, self.span, saved, setup.sgd.rate)
         self.key = f"{program}:{_digest(compile_group('theory', setup.config.to_dict()), route, starts, saved, batch)}"
-        self.work, self.label = work, f"{program}, {_label(setup)} on the {words} route"
+        self.label, self._prepared = f"{program}, {_label(setup)} on the {words} route", None
         self.env, self.cache = _digest(repr(_environment())), cached and bool(jax.config.jax_compilation_cache_dir)
         rec = timings().family(self.key)
         self.expect, self.why = (
@@ -330,7 +314,7 @@ class TheorySolve:
             ("compile", "programs are compiled in every process without the compilation cache") if not self.cache else
             ("load", "") if rec.get("env") == self.env and ("compile" in rec or "load" in rec) else
             ("compile", "the package changed since its last run" if rec else "first run of this shape family"))
-        solve = estimate(self.kind, self.key, self.work, solve_size(self.work, self.span, saved, self.rate))
+        solve = estimate(self.kind, self.key, self.work, self.size)
         prepare, _ = fixed(self.kind, self.key, "prepare", REFERENCE["prepare"])
         first, how = fixed(self.kind, self.key, self.expect, REFERENCE[self.expect][route]) if self.expect != "run" else (0, "")
         if self.expect == "load" and how and "compile" in rec:  # compiled here, never loaded yet
@@ -342,10 +326,9 @@ class TheorySolve:
 
     @classmethod
     def of_batch(cls, problems) -> TheorySolve:
-        """The solve of points solved together (:func:`~singleloc.theory._ode.integrate_points`: their prepared
-        problems, whose rules are built), announced."""
-        span = max(float(p.args[3][-1] - p.args[3][0]) for p in problems)
-        first = problems[0]
+        """The solve of points solved together (:func:`~singleloc.theory._ode.integrate_points`: their prepared problems,
+        whose rules are built), announced."""
+        span, first = max(float(p.args[3][-1] - p.args[3][0]) for p in problems), problems[0]
         solve = cls("integrate_points", first.setup, int(first.args[2].M.shape[0]), first.saved, span, batch=len(problems))
         e = solve.estimate
         solve.estimate = Estimate(e.seconds - e.parts[0][1], e.basis, (("building the rules", 0.0),) + e.parts[1:])
@@ -353,13 +336,13 @@ class TheorySolve:
         return solve
 
     def announce(self, what: str | None = None) -> None:
-        """Say the estimate (and refuse it over the limit: :func:`~singleloc.runtime._progress.announce`)."""
+        """Say the estimate (refused over the limit: :func:`~singleloc.runtime._progress.announce`)."""
         announce(what or f"{self.label}, to tau = {self.span:g}", self.estimate,
                  "lower sgd.tau_max (or --horizon), model.heads or problem.L, or set theory.route = rule")
 
     @contextlib.contextmanager
     def preparing(self) -> Iterator[Phase]:
-        """The phase of building the solve's rules and starts (quiet: said if it lasts), recorded."""
+        """The phase of building the solve's rules and starts (said if it lasts), recorded."""
         with Phase(("building the quadrature rules", "built the quadrature rules"), [self.estimate.parts[0][1]],
                    quiet=True) as phase:
             yield phase
@@ -367,33 +350,27 @@ class TheorySolve:
 
     @contextlib.contextmanager
     def solving(self) -> Iterator[Phase]:
-        """The solve's phase: compiling or loading, then solving (moved on by JAX's compilation event of the
-        solve's program), then its record."""
+        """The solve's phase: compiling or loading, then solving (moved on by JAX's compilation event of the solve's
+        program); then the times are recorded: the first stage's as compiling or loading, the rate of the solve's."""
         solve = (f"solving to tau = {self.span:g}" + (f" ({self.batch} points together)" if self.batch > 1 else ""), "solved")
         stages = {"run": [solve], "load": [(f"loading the stored solve ({self.label})", "loaded the stored solve"), solve],
                   "compile": [(f"compiling the solve ({self.label}; {self.why})", "compiled the solve"), solve]}[self.expect]
-        phase = Phase(stages, [s for _, s in self.estimate.parts[1:]],
-                      follow_compiles=("jit(call)", "jit(_trajectories)", "jit(_run_points)"),
-                      draw=not self.meter,  # not over diffrax's own bar (progress=True)
-                      overrun="a stiff ODE takes many small steps (a learning rate past stability: lower sgd.lr); "
-                              "Ctrl-C stops it")
-        with phase:
+        with Phase(stages, [s for _, s in self.estimate.parts[1:]], live=self.live,
+                   follow_compiles=("jit(call)", "jit(_trajectories)", "jit(_run_points)"),
+                   overrun="a stiff ODE takes many small steps (a learning rate past stability: lower sgd.lr); "
+                           "Ctrl-C stops it") as phase:
             yield phase
         self._record(phase)
 
     def _record(self, phase: Phase) -> None:
         _IN_PROCESS.add(self.key)
-        fields = {"prepare": self._prepared} if getattr(self, "_prepared", None) is not None else {}
+        fields = {} if self._prepared is None else {"prepare": self._prepared}
         if len(phase.seconds) == 2:  # its program compiled or was loaded (the compilation event came), then ran
             fields["compile" if phase.cache_misses or not self.cache else "load"] = phase.seconds[0]
         old = timings().family(self.key)
         fields = {k: 0.5 * (v + old[k]) if k in old and old.get("env") == self.env else v for k, v in fields.items()}
-        timings().record(self.key, self.kind, self.label, self.work,
-                         phase.seconds[-1] / solve_size(self.work, self.span, self.saved, self.rate),
+        timings().record(self.key, self.kind, self.label, self.work, phase.seconds[-1] / self.size,
                          env=self.env if self.cache else old.get("env"), **fields)
-
-
-# ----------------------------------------------------------------------------- pruning
 
 
 def prune_evaluations(H: int, order, draws: int) -> int:
@@ -404,8 +381,8 @@ def prune_evaluations(H: int, order, draws: int) -> int:
 @contextlib.contextmanager
 def pruning(setup: Setup, layers: int, evaluations: int) -> Iterator[Bar]:
     """Announce the pruning on ``setup``'s route of ``layers`` layers of ``evaluations`` sub-layer risks each (per layer
-    ``REFERENCE["risk"]`` drift evaluations a risk; its first layer also compiles a risk per head), count them in
-    a bar updated by the caller, and record the times: the first layer's excess over the others as compiling."""
+    ``REFERENCE["risk"]`` drift evaluations a risk; its first layer also compiles a risk per head), count them in a bar
+    updated by the caller, and record the times: the first layer's excess over the others as compiling."""
     H = setup.heads
     route, work = route_costs(setup.route)[0], theory_work(setup.problem.L, H, setup.prior, setup.theory, setup.route, 1)
     key, size = f"prune:{_digest(_label(setup), route, work, evaluations)}", REFERENCE["risk"] * work * evaluations
@@ -420,3 +397,37 @@ def pruning(setup: Setup, layers: int, evaluations: int) -> Iterator[Bar]:
         steady = sum(times[1:] or times) / len(times[1:] or times)
         timings().record(key, f"prune:{route}", f"prune, {_label(setup)}", work, steady / size,
                          compile=max(times[0] - steady, 0.0))
+
+
+@dataclasses.dataclass(frozen=True)
+class Cost:
+    """What a run will cost, for the commands' check of a huge run (:func:`singleloc._commands._common.check_cost`):
+    ``work`` in words, the estimated ``seconds`` and peak ``memory`` in bytes, the ``keys`` that drive it and the
+    ``basis`` of the time."""
+
+    work: str
+    seconds: float
+    memory: float
+    keys: str
+    basis: str = ""
+
+    def describe(self) -> str:
+        basis = f" ({self.basis})" if self.basis else ""
+        return f"{self.work}: about {duration(self.seconds)}{basis} and {_gb(self.memory)} of memory (estimated)"
+
+
+def cpu_speed() -> float:
+    """The 2-core CPU's time over this machine's, for the cost models measured there without a calibration."""
+    return 2 / max(1, min(cpu_count(), 64))
+
+
+def diagnose_cost(shape: tuple, max_rows: int, temperatures: int, epsilons: int, directions: int) -> Cost:
+    """The cost of ``diagnose`` of weights of ``shape`` (:data:`DIAGNOSE_UNIT`; a shape that
+    :func:`~singleloc.diagnose_attention` refuses costs nothing, and is refused there)."""
+    L = shape[-1] if shape else 0
+    queries = shape[-2] if len(shape) >= 2 else 1
+    rows = (int(math.prod(shape[:-2])) if len(shape) >= 2 else 1) * (min(max_rows, queries) if max_rows else queries)
+    seconds = rows * temperatures * DIAGNOSE_UNIT * (L / 256) * (1 + epsilons * directions) / 13 * cpu_speed()
+    work = (f"{rows} rows of L = {L} tokens x {temperatures} temperatures x {epsilons} perturbation sizes x {directions} "
+            "directions")
+    return Cost(work, seconds, 8.0 * rows * L * (4 + temperatures), "--temperature, --epsilon, --directions or --max-rows")

@@ -1,21 +1,18 @@
 """What a long computation says on stderr while it runs: its estimate, its phases and counts, and their times.
 
-A computation that can take more than a few seconds runs inside a :class:`Phase` (compiling, loading a stored
-program, solving, writing: stages in turn) or a :class:`Bar` (a count of SGD steps, sweep points, layers). In
-mode ``"live"`` (stderr a terminal) one status line is redrawn every :data:`TICK` seconds by a heartbeat thread
-(XLA releases the GIL while it compiles and runs) with the elapsed time against the estimate, or a bar's count
-and time left; a phase that took :data:`SHOW_AFTER` s leaves a line with its time. A bar on a terminal that
-reports no width says the lines instead. In mode ``"lines"`` (``--no-progress``, a log) a phase says one line when it
-starts, one when it ends with its time, one when still running after 1, 2, 4 and 8 minutes, then every 10; a
-``quiet`` phase only if it lasts :data:`QUIET_AFTER` s; inside a bar the bar speaks. Mode ``"off"``: nothing.
+A computation that can take more than a few seconds runs in a :class:`Phase` (stages in turn: compiling, solving,
+writing) or a :class:`Bar` (a count of SGD steps, sweep points, layers). Mode ``"live"`` (stderr a terminal): one status
+line redrawn every :data:`TICK` s by a heartbeat thread (XLA releases the GIL) with the elapsed time against the
+estimate, or a bar's count and time left; a phase that took :data:`SHOW_AFTER` s leaves a line with its time; a bar on a
+terminal that reports no width says lines instead. Mode ``"lines"`` (``--no-progress``, a log): a line when a stage
+starts, one when it ends with its time, one when still running after 1, 2, 4 and 8 minutes, then every 10; a ``quiet``
+phase only past :data:`QUIET_AFTER` s; inside a bar the bar speaks. Mode ``"off"``: nothing.
 
-The mode is :func:`reporting`'s or :func:`set_progress`'s, else ``SINGLELOC_PROGRESS`` (``auto``, ``live``,
-``lines``, ``off``), else live on a terminal, lines otherwise, off on a Dask worker. :func:`reporting` also
-sets the lines' ``prefix``, the limits above which :func:`announce` refuses an estimate in one line, and
-``record``: whether measured times are written to the timings file (:mod:`singleloc.preflight._estimates`: the
-commands do; a Python caller keeps them in its process). A phase may follow JAX's compilation events
-(``follow_compiles``) to move on when XLA has compiled its program: no host callback is added to a program,
-so nothing shown keeps it out of the persistent compilation cache.
+The mode is :func:`reporting`'s or :func:`set_progress`'s, else ``SINGLELOC_PROGRESS`` (``auto``, ``live``, ``lines``,
+``off``), else live on a terminal, lines otherwise, off on a Dask worker. :func:`reporting` also sets the lines'
+``prefix``, the limits above which :func:`announce` refuses an estimate, and ``record``: whether measured times are
+written to the timings file (the commands set it: :mod:`singleloc.preflight._estimates`). A phase follows JAX's
+compilation events (``follow_compiles``), so that no host callback keeps a program out of the persistent cache.
 """
 
 from __future__ import annotations
@@ -54,8 +51,8 @@ def duration(seconds: float) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Estimate:
-    """What a computation is expected to take: ``seconds`` in all, its ``basis`` (what the number comes
-    from: ``"measured on this CPU for this shape family"``) and its ``parts`` (``(what, seconds)``)."""
+    """What a computation is expected to take: ``seconds`` in all, its ``basis`` (what the number comes from) and its
+    ``parts`` (``(what, seconds)``)."""
 
     seconds: float
     basis: str
@@ -83,25 +80,20 @@ class Settings:
 _SETTINGS = [Settings()]
 
 
-def _check_mode(mode: str) -> str:
-    if mode not in MODES:
-        raise ValueError(f"mode = {mode!r}: expected one of {', '.join(MODES)}")
-    return mode
-
-
 def set_progress(mode: str = "auto") -> None:
     """Say what long computations of this process print on stderr: ``"live"`` (a status line on a
     terminal), ``"lines"`` (a line per phase, for logs), ``"off"``, or ``"auto"`` (the default: live on a
     terminal, lines otherwise; ``SINGLELOC_PROGRESS`` overrides it). Phases are compiling, loading,
     solving and evaluating, with their estimated and measured times (docs/commands/progress.md)."""
-    _SETTINGS[0] = dataclasses.replace(_SETTINGS[0], mode=None if mode == "auto" else _check_mode(mode))
+    with reporting(mode=None if mode == "auto" else mode) as chosen:
+        _SETTINGS[0] = dataclasses.replace(_SETTINGS[0], mode=chosen.mode)
 
 
 @contextlib.contextmanager
 def reporting(**changes) -> Iterator[Settings]:
     """Within the block, :class:`Settings` changed by ``changes`` (``mode``, ``prefix``, limits, ``record``)."""
-    if changes.get("mode") is not None:
-        _check_mode(changes["mode"])
+    if changes.get("mode") not in (None, *MODES):
+        raise ValueError(f"mode = {changes['mode']!r}: expected one of {', '.join(MODES)}")
     _SETTINGS.append(dataclasses.replace(_SETTINGS[-1], **changes))
     try:
         yield _SETTINGS[-1]
@@ -143,14 +135,12 @@ def mode() -> str:
     chosen = settings().mode or os.environ.get(MODE_ENV, "").strip().lower()
     if chosen in MODES[1:]:
         return chosen
-    if on_dask_worker():
-        return "off"
-    return "live" if getattr(sys.stderr, "isatty", lambda: False)() else "lines"
+    return "off" if on_dask_worker() else "live" if getattr(sys.stderr, "isatty", lambda: False)() else "lines"
 
 
 class _Screen:
-    """What is on stderr: whether a live line is drawn, the running phases and bars (innermost last), and the
-    heartbeat thread that redraws the live line and says the "still running" lines."""
+    """What is on stderr: whether a live line is drawn, the running phases (innermost last), and the heartbeat thread
+    that redraws the live line and says the "still running" lines."""
 
     def __init__(self):
         self.lock = threading.RLock()
@@ -189,19 +179,15 @@ class _Screen:
                 self.thread.start()
             self.wake.notify_all()
 
-    def pop(self, active: Phase) -> None:
-        with self.lock, contextlib.suppress(ValueError):
-            self.stack.remove(active)
-
     def _beat(self) -> None:
         with self.lock:
             while self.stack:
-                now = clock()
+                now, shown = clock(), [a for a in self.stack if a.mode != "off"]
                 with contextlib.suppress(Exception):  # a closed stream at exit: nothing to say
-                    for active in [a for a in self.stack if a.mode != "off"]:
+                    for active in shown:
                         active.tick(now)
-                    top = next((a for a in reversed(self.stack) if not a.inside_bar and a.mode != "off"), None)
-                    if top is not None and top.mode == "live" and top.draw:
+                    top = next((a for a in reversed(shown) if not a.inside_bar), None)
+                    if top is not None and top.mode == "live":
                         self.draw(*top.status(now))
                 self.wake.wait(TICK)
             self.thread = None
@@ -217,9 +203,8 @@ def say(text: str) -> None:
 
 
 def announce(what: str, estimate: Estimate, remedy: str = "", *, limit: str = "run") -> None:
-    """Say ``what: about X (basis)`` before a computation starts; refuse it (``ValueError``, one line with
-    ``remedy``, what would make it cheaper) when the estimate exceeds :func:`reporting`'s limit (``limit``:
-    ``"run"``, or ``"point"`` for a sweep point)."""
+    """Say ``what: about X (basis)`` before a computation starts; refuse it (``ValueError``, one line with ``remedy``,
+    what would make it cheaper) above :func:`reporting`'s limit (``limit``: ``"run"``, or ``"point"`` for a sweep point)."""
     s = settings()
     bound, flag, who = (s.run_limit, "--force", "a run") if limit == "run" else (s.point_limit, "--yes", "a sweep point")
     if bound is not None and estimate.seconds > bound:
@@ -236,40 +221,38 @@ def _in_bar() -> bool:
 
 
 class Phase:
-    """A phase of a computation, a context manager: ``with Phase([("compiling the solve", "compiled the
-    solve"), ("solving to tau = 300", "solved")], [55.0, 10.0]) as phase:``. ``stages``: ``(doing, done)`` texts
-    (or one pair), moved through by :meth:`advance` or by the end of XLA's compilation of a program named in
-    ``follow_compiles`` (e.g. ``"jit(call)"``); ``estimates``: each stage's expected seconds (0: none);
-    ``quiet``: expected to be short; ``said``: its start was just said (:func:`announce`); ``draw=False``: no
-    live line (another bar draws); ``live=False``: lines, not the live line; ``watched=False``: off the screen's
-    stack, for a phase its caller may leave unclosed (it speaks when updated); ``overrun``: why a stage far past
-    its estimate may be slow; ``on_close(elapsed)``: called when it ends normally. After the block:
+    """A phase of a computation, a context manager: ``with Phase([("compiling the solve", "compiled the solve"),
+    ("solving to tau = 300", "solved")], [55.0, 10.0]) as phase:``. ``stages``: ``(doing, done)`` texts (or one pair),
+    moved through by :meth:`advance` or by the end of XLA's compilation of a program named in ``follow_compiles``
+    (``"jit(call)"``); ``estimates``: each stage's expected seconds (0: none); ``quiet``: expected to be short;
+    ``said``: its start was just said (:func:`announce`); ``live=False``: lines, not the live line; ``watched=False``:
+    off the screen's stack, for a phase its caller may leave unclosed (it speaks when updated); ``overrun``: why a
+    stage far past its estimate may be slow; ``on_close(elapsed)``: called when it ends normally. After the block:
     :attr:`seconds` of each stage reached, and :attr:`cache_misses` of the persistent compilation cache."""
 
     total = None  # a count: Bar
 
     def __init__(self, stages, estimates: Sequence[float] = (), *, quiet: bool = False, said: bool = False,
-                 follow_compiles: Sequence[str] = (), draw: bool = True, live: bool = True, watched: bool = True,
-                 overrun: str = "", on_close: Callable[[float], None] | None = None):
+                 follow_compiles: Sequence[str] = (), live: bool = True, watched: bool = True, overrun: str = "",
+                 on_close: Callable[[float], None] | None = None):
         self.stages = [stages] if isinstance(stages[0], str) else list(stages)
-        self.estimates, self.quiet, self._said, self.follow = list(estimates), quiet, said, follow_compiles
-        self.draw, self.live, self.watched, self.overrun, self.on_close = draw, live, watched, overrun, on_close
-        self.stage, self.seconds, self.cache_misses, self._still, self.mode, self.inside_bar = 0, [], 0, 0, "off", False
+        self.estimates, self.quiet, self.said, self.follow = list(estimates), quiet, said, follow_compiles
+        self.live, self.watched, self.overrun, self.on_close = live, watched, overrun, on_close
+        self.stage, self.seconds, self.cache_misses, self.still, self.mode, self.inside_bar = 0, [], 0, 0, "off", False
 
     def _estimate(self) -> float:
         return self.estimates[self.stage] if self.stage < len(self.estimates) else 0.0
 
     def _speaks(self) -> bool:
-        return self.mode == "lines" and not self.inside_bar and (self._said or not self.quiet)
+        return self.mode == "lines" and not self.inside_bar and (self.said or not self.quiet)
 
     def _start_line(self, before: str = "") -> None:
-        self._said = True
-        _SCREEN.line(before + self.stages[self.stage][0] + (f", about {duration(self._estimate())}" if self._estimate() else "")
-                     + " ...")
+        self.said, about = True, f", about {duration(self._estimate())}" if self._estimate() else ""
+        _SCREEN.line(f"{before}{self.stages[self.stage][0]}{about} ...")
 
     def __enter__(self) -> Phase:
         self.mode, self.start, self.inside_bar = mode(), clock(), _in_bar()
-        self._since = self.start
+        self.since = self.start
         if self.mode == "live" and (not self.live or self.total is not None and terminal_width() <= 0):
             self.mode = "lines"  # a bar on a terminal that reports no width: lines (issue 61 item 4)
         if self.total is not None and self.total <= 0:  # nothing to count (a sweep's points all cached)
@@ -278,7 +261,7 @@ class Phase:
             _SCREEN.push(self)
         if "jax" in sys.modules:
             _listen_to_compiles()
-        if self.mode == "lines" and not self.inside_bar and not self.quiet and not self._said:
+        if self.mode == "lines" and not (self.inside_bar or self.quiet or self.said):
             self._start_line()
         return self
 
@@ -287,17 +270,18 @@ class Phase:
         if self.stage + 1 >= len(self.stages):
             return
         now = clock()
-        self.seconds.append(now - self._since)
+        self.seconds.append(now - self.since)
         done = f"{self.stages[self.stage][1]} in {duration(self.seconds[-1])}"
-        self.stage, self._since, self._still = self.stage + 1, now, 0
+        self.stage, self.since, self.still = self.stage + 1, now, 0
         if self._speaks():
             self._start_line(f"{done}; ")
         elif self.mode == "live" and not self.inside_bar and self.seconds[-1] >= SHOW_AFTER:
             _SCREEN.line(done)
 
     def __exit__(self, kind, err, tb) -> None:
-        self.seconds.append(clock() - self._since)
-        _SCREEN.pop(self)
+        self.seconds.append(clock() - self.since)
+        with _SCREEN.lock, contextlib.suppress(ValueError):
+            _SCREEN.stack.remove(self)
         if self.follow and self.stage == 0 and len(self.stages) > 1:
             self.stage = len(self.stages) - 1  # its program did not compile (this process held it): it only ran
         with _SCREEN.lock:
@@ -305,7 +289,7 @@ class Phase:
                 _SCREEN.clear()
             shown = self.seconds[-1] >= SHOW_AFTER or not self.quiet if self.mode == "live" else self._speaks()
             done = self.stages[self.stage][1] if self.total is None else self.stages[0][1].format(n=self.n)
-            if kind is None and shown and not self.inside_bar and self.mode != "off":
+            if kind is None and shown and not self.inside_bar:
                 _SCREEN.line(f"{done} in {duration(self.seconds[-1])}")
         if kind is None and self.on_close is not None:
             self.on_close(clock() - self.start)
@@ -316,33 +300,32 @@ class Phase:
     def status(self, now: float) -> tuple[str, str]:
         """The live line: what it does, and the elapsed time against the estimate."""
         about = f" of about {duration(self._estimate())}" if self._estimate() else ""
-        return f"{settings().prefix}: {self.stages[self.stage][0]}", f": {duration(now - self._since)}{about}"
+        return f"{settings().prefix}: {self.stages[self.stage][0]}", f": {duration(now - self.since)}{about}"
 
     def _still_due(self, now: float) -> bool:
         """``"lines"``: whether a "still running" line is due (module docstring)."""
-        due = STILL[self._still] if self._still < len(STILL) else STILL[-1] * (self._still - 3)
-        if not self._speaks() or now - self._since < due:
-            return False
-        self._still += 1
-        return True
+        due = STILL[self.still] if self.still < len(STILL) else STILL[-1] * (self.still - 3)
+        if self._speaks() and now - self.since >= due:
+            self.still += 1
+            return True
+        return False
 
     def tick(self, now: float) -> None:
-        if self.mode == "lines" and not self.inside_bar and self.quiet and not self._said and now - self.start >= QUIET_AFTER:
+        if self.mode == "lines" and not self.inside_bar and self.quiet and not self.said and now - self.start >= QUIET_AFTER:
             self._start_line()
         elif self._still_due(now):
-            est, took = self._estimate(), now - self._since
+            est, took = self._estimate(), now - self.since
             slow = f": {took / est:.0f} times its estimate; {self.overrun}" if self.overrun and took > OVERRUN * est > 0 else ""
-            _SCREEN.line(f"still {self.stages[self.stage][0]}: {duration(took)}" + (
-                f" (about {duration(est)} estimated){slow}" if est else ""))
+            _SCREEN.line(f"still {self.stages[self.stage][0]}: {duration(took)}"
+                         + (f" (about {duration(est)} estimated){slow}" if est else ""))
 
 
 class Bar(Phase):
-    """A count of ``total`` ``unit``\\ s (SGD steps, sweep points, layers): a :class:`Phase` of one stage,
-    :meth:`update`\\ d as they are done. ``estimate``: the whole's; ``costs`` (:meth:`plan`, :meth:`update`):
-    each item's expected seconds, so that the time left is the estimate of what remains at the pace measured
-    so far, not the mean of the first items. ``each``: in ``"lines"`` mode a line per item, else "still" lines;
-    ``announced``: the estimate was just said; ``done``: the closing line (``{n}``: the count). :attr:`marks`:
-    the clock at every update."""
+    """A count of ``total`` ``unit``\\ s: a :class:`Phase` of one stage, :meth:`update`\\ d as they are done.
+    ``estimate``: the whole's; ``costs`` (:meth:`plan`, :meth:`update`): each item's expected seconds, so that the time
+    left is the estimate of what remains at the pace measured so far, not the mean of the first items. ``each``: in
+    ``"lines"`` a line per item, else "still" lines; ``done``: the closing line (``{n}``: the count); ``announced``: the
+    estimate was just said. :attr:`marks`: the clock at every update."""
 
     def __init__(self, total: int, desc: str, unit: str, *, estimate: Estimate | None = None, each: bool = False,
                  done: str | None = None, announced: bool = False, **kwargs):
@@ -358,9 +341,8 @@ class Bar(Phase):
         self.estimates[0] = self.estimates[0] or self.cost_total
 
     def left(self, now: float) -> float:
-        """Seconds left: the expected cost of what remains times the pace so far (measured seconds per expected
-        second, up to the last item done), less the time since that item; without costs, the elapsed time per
-        item times the items left."""
+        """Seconds left: the expected cost of what remains times the pace so far (measured seconds per expected second,
+        up to the last item done), less the time since that item; without costs, the time per item times those left."""
         if self.cost_total > 0:
             last = self.marks[-1] if self.marks else self.start
             pace = (last - self.start) / self.cost_done if self.cost_done > 0 and last > self.start else 1.0

@@ -1,17 +1,16 @@
 """What a simulation (:func:`~singleloc.simulate`) and ``compare`` will take, said before they start.
 
-Before anything is compiled (the command line's check of a huge run, ``compare``'s and ``sweep``'s estimates),
-:func:`simulation_estimate` is :func:`~singleloc.preflight._estimates.estimate` of the cost model: SGD steps times
-``seeds x batch x L x D x (H + F)`` and saved times times ``seeds x test_samples x L x (H + F)``, plus compiling.
-Before it runs, :func:`simulation_clock` compiles the SGD step and the measurement, times a few steps on the
-device and says the extrapolated time, what the device does (an H200 ran a simulation announced from a CPU
-constant as 17 minutes in 18 s); its bar records the run's rate for the family.
+Before anything is compiled, :func:`simulation_estimate` is :func:`~singleloc.preflight._estimates.estimate` of the cost
+model: SGD steps times ``seeds x batch x L x D x (H + F)`` and saved times times ``seeds x test_samples x L x (H + F)``,
+plus compiling. Before it runs, :func:`simulation_clock` compiles the step, times a few steps on the device and says the
+extrapolated time (an H200 ran a simulation announced from a CPU constant as 17 minutes in 18 s).
 """
 
 from __future__ import annotations
 
 from ..preflight._build import Setup
-from ..preflight._estimates import REFERENCE, TheorySolve, _digest, _label, estimate, fixed, timings
+from ..preflight._estimates import REFERENCE, Cost, TheorySolve, _digest, _label, estimate, fixed, timings
+from ..preflight._resources import OVERHEAD, simulation_bytes
 from ..runtime._progress import Bar, Estimate, Phase, announce, clock
 
 #: What drives a simulation's cost (the messages' advice).
@@ -44,23 +43,18 @@ def simulation_work(setup: Setup) -> str:
             f"model.heads = {setup.heads} keys in simulation.D = {sim.D} dimensions")
 
 
-def simulation_cost(setup: Setup):
-    """The cost of :func:`~singleloc.simulate` before it is compiled (:class:`~singleloc.preflight._costs.Cost`), for the
-    command line's check of a huge run."""
-    from ..preflight._costs import Cost
-    from ..preflight._resources import OVERHEAD, simulation_bytes
-
+def simulation_cost(setup: Setup) -> Cost:
+    """The cost of :func:`~singleloc.simulate` before it is compiled, for the command line's check of a huge run."""
     e, pb = simulation_estimate(setup), setup.problem
     size = simulation_bytes(pb.L, setup.heads, pb.F, setup.simulation, setup.sgd.n_save)
     return Cost(simulation_work(setup), e.seconds, OVERHEAD + size, SIMULATION_KEYS, e.basis)
 
 
 def simulation_clock(setup: Setup, advance, measure, params, consts, steps, progress: bool = True):
-    """Compile the simulation's jitted SGD step ``advance`` and measurement ``measure`` for ``params`` and
-    ``consts``, time a few steps and one measurement (thrown away: the run is unchanged), say the estimate of the
-    run over the saved ``steps`` (refused over the run limit), and return the compiled ``advance``, ``measure``
-    and the run's entered :class:`~singleloc.runtime._progress.Bar` (``progress=False``: lines), which records the
-    run's rate when it closes."""
+    """Compile the jitted SGD step ``advance`` and measurement ``measure`` for ``params`` and ``consts``, time a few steps
+    and one measurement (thrown away: the run is unchanged), say the estimate of the run over the saved ``steps`` (refused
+    over the run limit), and return the compiled ``advance``, ``measure`` and the run's entered bar (``progress=False``:
+    lines), which records the run's rate when it closes."""
     import jax
 
     total, saved = int(steps[-1]), len(steps)

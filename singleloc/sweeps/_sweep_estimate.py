@@ -1,11 +1,7 @@
-"""What a sweep (:mod:`singleloc.sweeps._sweep`) will take, said before it starts, point by point.
-
-Each point's entries missing from the cache are estimated on their own (:mod:`singleloc.preflight._estimates`):
-its escape prediction, its theory to its horizon (one solve of its seeds' starts, compiled once per
-:func:`~singleloc.runtime._compilation.compile_group`) and its simulation. :func:`sweep_costs` says the total and
-the most expensive points, refuses a point above the point limit (the command line's hour, unless ``--yes``)
-naming what would make it cheaper, and returns the estimates, by which the sweep's bar weighs its points.
-Before the escape predictions, ``horizon = "auto"`` is taken as the prediction's fallback (300), and said so.
+"""What a sweep (:mod:`singleloc.sweeps._sweep`) will take, said before it starts, point by point: each point's entries
+missing from the cache (its escape prediction, its theory to its horizon, compiled once per
+:func:`~singleloc.runtime._compilation.compile_group`, and its simulation) estimated on their own
+(:mod:`singleloc.preflight._estimates`); before the predictions, ``horizon = "auto"`` is taken as their fallback (300).
 """
 
 from __future__ import annotations
@@ -44,11 +40,11 @@ def _entry(config: Config, kind: str, groups: set[str]) -> Estimate:
 def sweep_costs(points: Sequence[tuple[Mapping[str, Any], Config]], run_cfgs: Mapping[int, Config] | None,
                 kinds: Sequence[str], cache: Path, horizon: str | float, *, stage: str = "", quiet: bool = False
                 ) -> dict[str, float]:
-    """Estimate the missing entries of a sweep's round, say the total and the most expensive points (``stage``:
-    what the line calls the round; ``quiet``: refuse, but say nothing), refuse a point above the point limit, and
-    return the estimated seconds of each entry to compute by its cache file's name. Before the predictions
-    (``run_cfgs is None``): each point's prediction, and its theory and simulation at its horizon (``"auto"``:
-    assumed); after them, those of the resolved configurations ``run_cfgs``."""
+    """Estimate the missing entries of a sweep's round, say the total and the :data:`SHOWN` most expensive points
+    (``stage``: what the line calls the round; ``quiet``: refuse, but say nothing), refuse a point above the point limit
+    (``--yes`` lifts it) naming what would make it cheaper, and return the estimated seconds of each entry to compute by
+    its cache file's name (the sweep's bar weighs its points by them). Before the predictions (``run_cfgs is None``):
+    each point's prediction, and its theory and simulation at its horizon; after them, those of ``run_cfgs``."""
     from ..analysis._predictions import HORIZON_FALLBACK, HORIZON_N_SAVE
     from ._sweep_entries import _entry_path
 
@@ -83,12 +79,12 @@ def sweep_costs(points: Sequence[tuple[Mapping[str, Any], Config]], run_cfgs: Ma
     if quiet:
         return costs
     bases = [e[1] for p in per_point for e in p[2]]
-    measured, n, others = sum(b.startswith("measured") for b in bases), len(per_point), "from their nearest shape family"
-    basis = (f"measured on {here}" if measured == len(bases) else f"first runs of these shape families: {others} measured "
-             f"on {here} or from its speed" if not measured else f"measured on {here} for {measured} of {len(bases)} "
-             f"computations, the others {others} measured on {here} or from its speed")
-    basis += "; horizons 'auto' taken as 300 until the escape predictions have set them" if run_cfgs is None and \
-        horizon == "auto" else ""
+    measured = sum(b.startswith("measured") for b in bases)
+    basis = (f"measured on {here}" if measured == len(bases) else f"{len(bases) - measured} of {len(bases)} computations "
+             f"first runs of their shape family, from the nearest measured on {here} or its speed")
+    if run_cfgs is None and horizon == "auto":
+        basis += "; horizons 'auto' taken as 300 until the escape predictions have set them"
+    n = len(per_point)
     counted = f"{n} point{'s' * (n > 1)}"
     announce(f"{stage} of {counted}" if stage else f"{counted} to compute ({len(points) - n} from the cache)",
              Estimate(sum(p[0] for p in per_point), basis))
