@@ -7,6 +7,7 @@ matters its clock is a fake one (``singleloc.runtime._progress.clock``)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -44,15 +45,15 @@ class FakeClock:
 
 @pytest.fixture
 def records(tmp_path, monkeypatch):
-    """Fresh records of this device in ``tmp_path``, written as a command writes them, the device's
-    calibration at the reference CPU's, a Python caller's lines off (the commands' as without a terminal),
-    and a process that holds no compiled solve yet (so that a solve compiles or loads its program)."""
+    """Fresh records of this device at ``tmp_path / "timings.json"`` (a command writes them, a Python caller keeps them
+    in its process), the device's calibration at the reference CPU's, a Python caller's lines off (the commands' as
+    without a terminal), and a process that holds no compiled solve yet (so that a solve compiles or loads its program)."""
     monkeypatch.setattr(_estimates, "timings_path", lambda: tmp_path / "timings.json")
     monkeypatch.setattr(_estimates, "measure_benchmark", lambda: dict(REFERENCE["benchmark"]))
     monkeypatch.delenv(_progress.MODE_ENV, raising=False)
     monkeypatch.setattr(_estimates, "_IN_PROCESS", set())
     monkeypatch.setattr(_compilation, "_LOADED", {})
-    with _progress.reporting(mode="off", record=True):
+    with _progress.reporting(mode="off"):
         yield tmp_path / "timings.json"
 
 
@@ -128,6 +129,7 @@ def test_a_solve_records_its_times_and_the_next_estimate_is_measured(records, mo
     assert first.estimate.seconds == pytest.approx(expected)
     monkeypatch.setattr(_progress, "clock", FakeClock(1.0))  # each stage of the phase: one tick
     sl.integrate(config)
+    assert not records.exists()  # a Python caller's records stay in its process (issue 60 item 5)
     record = _estimates.timings().family(first.key)
     assert record["rates"] == pytest.approx([1.0 / solve_size(work, 2.0, 3)])
     assert record.get("compile", record.get("load")) == 1.0 and record["prepare"] == 1.0
@@ -159,8 +161,9 @@ def test_the_command_line_says_each_phase_in_one_line_with_its_time(records, tmp
     ]
     assert len(lines) == len(expected) and all(re.fullmatch(p, line) for p, line in zip(expected, lines)), lines
     config = sl.load_config("default", SETS)
-    record = _estimates.timings().family(TheorySolve("integrate", build(config), 1, 3, 2.0).key)
-    assert len(record["rates"]) == 1  # recorded: the next estimate of this family is measured
+    key = TheorySolve("integrate", build(config), 1, 3, 2.0).key
+    written = json.loads(records.read_text())["devices"][_estimates.device()]["families"][key]
+    assert len(written["rates"]) == 1  # the command wrote its record: the next estimate of this family is measured
     assert main(["prune", out, "--no-progress"]) == 0
     lines = stderr_lines(capsys)
     assert re.fullmatch(rf"singleloc prune: pruning 1 layer\(s\) of 2 heads, 3 sub-layer risks each: about {TIME} "
@@ -178,7 +181,7 @@ def test_a_simulation_times_its_compiled_step_before_it_runs_and_records_it(reco
                         lines[0]), lines
     assert re.fullmatch(rf"singleloc: simulated 400 SGD steps in {TIME}", lines[-1]), lines
     (record,) = _estimates.timings().families("simulate")
-    assert record["rates"][0] > 0 and record["compile"] > 0
+    assert record["rates"][0] > 0 and record["compile"] > 0 and not records.exists()  # kept in the process only
     estimate = _simulation_estimate.simulation_estimate(build(config, theory=False))
     assert estimate.basis == "measured on this CPU for this simulation's sizes"
 

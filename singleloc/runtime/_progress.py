@@ -24,7 +24,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 MODE_ENV = "SINGLELOC_PROGRESS"
 MODES = ("auto", "live", "lines", "off")
@@ -225,19 +225,17 @@ class Phase:
     ("solving to tau = 300", "solved")], [55.0, 10.0]) as phase:``. ``stages``: ``(doing, done)`` texts (or one pair),
     moved through by :meth:`advance` or by the end of XLA's compilation of a program named in ``follow_compiles``
     (``"jit(call)"``); ``estimates``: each stage's expected seconds (0: none); ``quiet``: expected to be short;
-    ``said``: its start was just said (:func:`announce`); ``live=False``: lines, not the live line; ``watched=False``:
-    off the screen's stack, for a phase its caller may leave unclosed (it speaks when updated); ``overrun``: why a
-    stage far past its estimate may be slow; ``on_close(elapsed)``: called when it ends normally. After the block:
-    :attr:`seconds` of each stage reached, and :attr:`cache_misses` of the persistent compilation cache."""
+    ``said``: its start was just said (:func:`announce`); ``live=False``: lines, not the live line; ``overrun``: why a
+    stage far past its estimate may be slow. After the block: :attr:`seconds` of each stage reached, and
+    :attr:`cache_misses` of the persistent compilation cache."""
 
     total = None  # a count: Bar
 
     def __init__(self, stages, estimates: Sequence[float] = (), *, quiet: bool = False, said: bool = False,
-                 follow_compiles: Sequence[str] = (), live: bool = True, watched: bool = True, overrun: str = "",
-                 on_close: Callable[[float], None] | None = None):
+                 follow_compiles: Sequence[str] = (), live: bool = True, overrun: str = ""):
         self.stages = [stages] if isinstance(stages[0], str) else list(stages)
         self.estimates, self.quiet, self.said, self.follow = list(estimates), quiet, said, follow_compiles
-        self.live, self.watched, self.overrun, self.on_close = live, watched, overrun, on_close
+        self.live, self.overrun = live, overrun
         self.stage, self.seconds, self.cache_misses, self.still, self.mode, self.inside_bar = 0, [], 0, 0, "off", False
 
     def _estimate(self) -> float:
@@ -257,8 +255,7 @@ class Phase:
             self.mode = "lines"  # a bar on a terminal that reports no width: lines (issue 61 item 4)
         if self.total is not None and self.total <= 0:  # nothing to count (a sweep's points all cached)
             self.mode = "off"
-        if self.watched:  # also in mode "off": JAX's compilation events go to the innermost phase
-            _SCREEN.push(self)
+        _SCREEN.push(self)  # also in mode "off": JAX's compilation events go to the innermost phase
         if "jax" in sys.modules:
             _listen_to_compiles()
         if self.mode == "lines" and not (self.inside_bar or self.quiet or self.said):
@@ -291,11 +288,6 @@ class Phase:
             done = self.stages[self.stage][1] if self.total is None else self.stages[0][1].format(n=self.n)
             if kind is None and shown and not self.inside_bar:
                 _SCREEN.line(f"{done} in {duration(self.seconds[-1])}")
-        if kind is None and self.on_close is not None:
-            self.on_close(clock() - self.start)
-
-    def close(self) -> None:
-        self.__exit__(None, None, None)
 
     def status(self, now: float) -> tuple[str, str]:
         """The live line: what it does, and the elapsed time against the estimate."""
@@ -357,7 +349,7 @@ class Bar(Phase):
         self.n, self.cost_done = self.n + n, self.cost_done + (cost or 0.0)
         if self.mode == "live" and not self.inside_bar:
             _SCREEN.draw(*self.status(now))
-        elif self.n < self.total and (self.each and self._speaks() or not self.watched and self._still_due(now)):
+        elif self.n < self.total and self.each and self._speaks():
             _SCREEN.line(self._counted(now))  # (the last: the closing line)
 
     def _counted(self, now: float) -> str:

@@ -148,18 +148,16 @@ def simulate(config: Config | None = None, *, problem: Problem | None = None, mo
     steps = save_steps(config.sgd, config.simulation.D, ts)
     warn_if_times_dropped(config.sgd.n_save if ts is None else len(ts), config.simulation.D, len(steps))
     # compiled, a few steps timed and the estimate said (singleloc.preflight._estimates); its bar records the run's times
-    advance_all, measure_all, bar = simulation_clock(setup, advance_all, measure_all, state, consts, steps, progress)
-    records = []
-    t_prev = 0
-    for i, t in enumerate(steps):
-        if t > t_prev:
-            state = advance_all(state, consts, t_prev, int(t))
-            bar.update(int(t) - t_prev)
-            t_prev = int(t)
-        rec = unpad(jax.device_get(measure_all(state, consts, i)), n)
-        _check_finite(rec, t / D, config.sgd, config.problem.strength)
-        records.append(rec)
-    bar.close()
+    records, t_prev = [], 0
+    with simulation_clock(setup, advance_all, measure_all, state, consts, steps, progress) as (advance_all, measure_all, bar):
+        for i, t in enumerate(steps):
+            if t > t_prev:
+                state = advance_all(state, consts, t_prev, int(t))
+                bar.update(int(t) - t_prev)
+                t_prev = int(t)
+            rec = unpad(jax.device_get(measure_all(state, consts, i)), n)
+            _check_finite(rec, t / D, config.sgd, config.problem.strength)
+            records.append(rec)
     M, Q, b, risk, risk_limit, *v = (np.stack([r[j] for r in records], axis=1) for j in range(len(records[0])))
     K, kstar = unpad(jax.device_get((state[0].K, consts[0])), n)
     result = SimulationResult(steps * config.sgd.batch / D, M, Q, b, risk, risk_limit, np.asarray(K), np.asarray(kstar),

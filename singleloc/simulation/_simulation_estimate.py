@@ -8,6 +8,8 @@ extrapolated time (an H200 ran a simulation announced from a CPU constant as 17 
 
 from __future__ import annotations
 
+import contextlib
+
 from ..preflight._build import Setup
 from ..preflight._estimates import REFERENCE, Cost, TheorySolve, _digest, _label, estimate, fixed, timings
 from ..preflight._resources import OVERHEAD, simulation_bytes
@@ -50,11 +52,12 @@ def simulation_cost(setup: Setup) -> Cost:
     return Cost(simulation_work(setup), e.seconds, OVERHEAD + size, SIMULATION_KEYS, e.basis)
 
 
+@contextlib.contextmanager
 def simulation_clock(setup: Setup, advance, measure, params, consts, steps, progress: bool = True):
     """Compile the jitted SGD step ``advance`` and measurement ``measure`` for ``params`` and ``consts``, time a few steps
     and one measurement (thrown away: the run is unchanged), say the estimate of the run over the saved ``steps`` (refused
-    over the run limit), and return the compiled ``advance``, ``measure`` and the run's entered bar (``progress=False``:
-    lines), which records the run's rate when it closes."""
+    over the run limit), and yield the compiled ``advance``, ``measure`` and the run's bar (``progress=False``: lines);
+    then record the run's rate."""
     import jax
 
     total, saved = int(steps[-1]), len(steps)
@@ -76,16 +79,12 @@ def simulation_clock(setup: Setup, advance, measure, params, consts, steps, prog
             break
     t0 = clock()
     jax.block_until_ready(measure(params, consts, 0))
-    per_measure = clock() - t0
-    guess = Estimate(total * seconds / n + saved * per_measure, f"measured: {n} steps timed on {timings().here}")
+    guess = Estimate(total * seconds / n + saved * (clock() - t0), f"measured: {n} steps timed on {timings().here}")
     announce(f"simulating {simulation_work(setup)}", guess, f"lower {SIMULATION_KEYS}")
-
-    def record(elapsed: float) -> None:
-        timings().record(key, "simulate", f"simulate, {_label(setup)} D={setup.simulation.D}", work, elapsed / size,
-                         compile=compiling.seconds[-1])
-
-    return advance, measure, Bar(total, "simulate", "step", estimate=guess, live=progress, on_close=record,
-                                 done="simulated {n} SGD steps", watched=False, announced=True).__enter__()
+    with Bar(total, "simulate", "step", estimate=guess, live=progress, done="simulated {n} SGD steps", announced=True) as bar:
+        yield advance, measure, bar
+    timings().record(key, "simulate", f"simulate, {_label(setup)} D={setup.simulation.D}", work,
+                     (clock() - bar.start) / size, compile=compiling.seconds[-1])
 
 
 def compare_estimate(setup: Setup) -> Estimate:
