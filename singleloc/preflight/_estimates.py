@@ -293,10 +293,10 @@ class TheorySolve:
     """The estimate, the phases and the record of one solve: ``program`` (``"integrate"`` or ``"integrate_points"``),
     the ``setup`` of its first point, ``starts`` per point, ``saved`` times, the ``span`` of ``tau`` (the longest of a
     batch), ``batch`` points solved together; ``cached``: whether the program can come from the persistent cache (not
-    with diffrax's progress bar, a host callback, which then draws instead of the live line)."""
+    with diffrax's progress bar, a host callback, which then draws instead of the live line); ``built``: its rules are."""
 
     def __init__(self, program: str, setup: Setup, starts: int, saved: int, span: float, batch: int = 1,
-                 cached: bool = True):
+                 cached: bool = True, built: bool = False):
         import jax
 
         from ..runtime._compilation import _environment, compile_group
@@ -315,7 +315,7 @@ class TheorySolve:
             ("load", "") if rec.get("env") == self.env and ("compile" in rec or "load" in rec) else
             ("compile", "the package changed since its last run" if rec else "first run of this shape family"))
         solve = estimate(self.kind, self.key, self.work, self.size)
-        prepare, _ = fixed(self.kind, self.key, "prepare", REFERENCE["prepare"])
+        prepare = 0.0 if built else fixed(self.kind, self.key, "prepare", REFERENCE["prepare"])[0]
         first, how = fixed(self.kind, self.key, self.expect, REFERENCE[self.expect][route]) if self.expect != "run" else (0, "")
         if self.expect == "load" and how and "compile" in rec:  # compiled here, never loaded yet
             first, how = rec["compile"] * REFERENCE["load"][route] / REFERENCE["compile"][route], "scaled from its compile time"
@@ -329,9 +329,7 @@ class TheorySolve:
         """The solve of points solved together (:func:`~singleloc.theory._ode.integrate_points`: their prepared problems,
         whose rules are built), announced."""
         span, first = max(float(p.args[3][-1] - p.args[3][0]) for p in problems), problems[0]
-        solve = cls("integrate_points", first.setup, int(first.args[2].M.shape[0]), first.saved, span, batch=len(problems))
-        e = solve.estimate
-        solve.estimate = Estimate(e.seconds - e.parts[0][1], e.basis, (("building the rules", 0.0),) + e.parts[1:])
+        solve = cls("integrate_points", first.setup, int(first.args[2].M.shape[0]), first.saved, span, len(problems), built=True)
         solve.announce(f"{solve.label}, {len(problems)} points to tau = {span:g}")
         return solve
 

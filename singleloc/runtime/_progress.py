@@ -149,9 +149,8 @@ class _Screen:
         self.drawn, self.thread = False, None
 
     def clear(self) -> None:
-        if self.drawn:
-            sys.stderr.write("\r\x1b[K")
-            self.drawn = False
+        sys.stderr.write("\r\x1b[K" if self.drawn else "")
+        self.drawn = False
 
     def line(self, text: str) -> None:
         """A whole line ``PREFIX: text``, above the live line."""
@@ -234,19 +233,20 @@ class Phase:
     def __init__(self, stages, estimates: Sequence[float] = (), *, quiet: bool = False, said: bool = False,
                  follow_compiles: Sequence[str] = (), live: bool = True, overrun: str = ""):
         self.stages = [stages] if isinstance(stages[0], str) else list(stages)
-        self.estimates, self.quiet, self.said, self.follow = list(estimates), quiet, said, follow_compiles
+        self.estimates = [*estimates, *[0.0] * (len(self.stages) - len(estimates))]
+        self.quiet, self.said, self.follow = quiet, said, follow_compiles
         self.live, self.overrun = live, overrun
         self.stage, self.seconds, self.cache_misses, self.still, self.mode, self.inside_bar = 0, [], 0, 0, "off", False
-
-    def _estimate(self) -> float:
-        return self.estimates[self.stage] if self.stage < len(self.estimates) else 0.0
 
     def _speaks(self) -> bool:
         return self.mode == "lines" and not self.inside_bar and (self.said or not self.quiet)
 
     def _start_line(self, before: str = "") -> None:
-        self.said, about = True, f", about {duration(self._estimate())}" if self._estimate() else ""
-        _SCREEN.line(f"{before}{self.stages[self.stage][0]}{about} ...")
+        self.said = True
+        _SCREEN.line(f"{before}{self.stages[self.stage][0]}{self._about(', ')} ...")
+
+    def _about(self, before: str) -> str:
+        return f"{before}about {duration(self.estimates[self.stage])}" if self.estimates[self.stage] else ""
 
     def __enter__(self) -> Phase:
         self.mode, self.start, self.inside_bar = mode(), clock(), _in_bar()
@@ -277,11 +277,10 @@ class Phase:
 
     def __exit__(self, kind, err, tb) -> None:
         self.seconds.append(clock() - self.since)
-        with _SCREEN.lock, contextlib.suppress(ValueError):
-            _SCREEN.stack.remove(self)
         if self.follow and self.stage == 0 and len(self.stages) > 1:
             self.stage = len(self.stages) - 1  # its program did not compile (this process held it): it only ran
         with _SCREEN.lock:
+            _SCREEN.stack.remove(self)
             if self.mode == "live" and not self.inside_bar:
                 _SCREEN.clear()
             shown = self.seconds[-1] >= SHOW_AFTER or not self.quiet if self.mode == "live" else self._speaks()
@@ -291,8 +290,7 @@ class Phase:
 
     def status(self, now: float) -> tuple[str, str]:
         """The live line: what it does, and the elapsed time against the estimate."""
-        about = f" of about {duration(self._estimate())}" if self._estimate() else ""
-        return f"{settings().prefix}: {self.stages[self.stage][0]}", f": {duration(now - self.since)}{about}"
+        return f"{settings().prefix}: {self.stages[self.stage][0]}", f": {duration(now - self.since)}{self._about(' of ')}"
 
     def _still_due(self, now: float) -> bool:
         """``"lines"``: whether a "still running" line is due (module docstring)."""
@@ -306,7 +304,7 @@ class Phase:
         if self.mode == "lines" and not self.inside_bar and self.quiet and not self.said and now - self.start >= QUIET_AFTER:
             self._start_line()
         elif self._still_due(now):
-            est, took = self._estimate(), now - self.since
+            est, took = self.estimates[self.stage], now - self.since
             slow = f": {took / est:.0f} times its estimate; {self.overrun}" if self.overrun and took > OVERRUN * est > 0 else ""
             _SCREEN.line(f"still {self.stages[self.stage][0]}: {duration(took)}"
                          + (f" (about {duration(est)} estimated){slow}" if est else ""))
