@@ -9,15 +9,12 @@ else the device's :func:`speed`: a short calibration against the same on the ref
 loading from the persistent cache, building the rules) are the family's measured seconds, else the median of its kind's
 families here, else the reference's at the host's speed.
 
-**The file.** ``timings.json`` in the compilation cache folder (none with ``SINGLELOC_CACHE_DIR=""``)::
-
-    {"version": 3, "devices": {DEVICE: {"benchmark": {"run": s, "host": s},
-                                       "families": {KEY: {"kind": ..., "label": ..., "work": ..., "rates": [...],
-                                                          "compile": s, "load": s, "prepare": s, "env": ...}}}}}
-
-Only the commands write it (atomically, re-read first), within :func:`~singleloc.runtime._progress.reporting`'s
-``record``; a Python caller keeps what it measures in its process. Deleting it resets the estimates; a damaged file is
-ignored. The commands' check of a huge run (:class:`Cost`) and ``diagnose``'s cost model are here too.
+**The file.** ``timings.json`` in the compilation cache folder (none with ``SINGLELOC_CACHE_DIR=""``): ``{"version": 3,
+"devices": {DEVICE: {"benchmark": {"run": s, "host": s}, "families": {KEY: {"kind", "label", "work", "rates", "compile",
+"load", "prepare", "env"}}}}}``. Only the commands write it (atomically, re-read first), within
+:func:`~singleloc.runtime._progress.reporting`'s ``record``; a Python caller keeps what it measures in its process.
+Deleting it resets the estimates; a damaged file is ignored. The commands' check of a huge run (:class:`Cost`) and
+``diagnose``'s cost model are here too.
 """
 
 from __future__ import annotations
@@ -125,13 +122,6 @@ class Timings:
             entry["rates"] = (entry["rates"] + [rate])[-RATES_KEPT:]
         self._write()
 
-    def benchmark(self) -> dict[str, float]:
-        """This device's calibration (:func:`measure_benchmark`), measured once per device."""
-        if "benchmark" not in self.mine():
-            self.mine()["benchmark"] = measure_benchmark()
-            self._write()
-        return self.mine()["benchmark"]
-
     def _write(self) -> None:
         if self.path is not None and settings().record:  # the commands only
             text = json.dumps(self.data, indent=1, sort_keys=True).encode()
@@ -173,7 +163,11 @@ def speed(kind: str = "run") -> float:
     s = settings()
     if mode() == "off" and not s.record and s.run_limit is None and s.point_limit is None:
         return 1.0
-    return timings().benchmark()[kind] / REFERENCE["benchmark"][kind]
+    t = timings()
+    if "benchmark" not in t.mine():  # measured once per device
+        t.mine()["benchmark"] = measure_benchmark()
+        t._write()
+    return t.mine()["benchmark"][kind] / REFERENCE["benchmark"][kind]
 
 
 def _median(values) -> float:
@@ -303,7 +297,7 @@ class TheorySolve:
 
         route, _, words = route_costs(setup.route)
         self.work = theory_work(setup.problem.L, setup.heads, setup.prior, setup.theory, setup.route, starts * batch)
-        self.span, self.batch, self.live, self.kind = float(span), batch, cached, f"{program}:{route}"
+        self.span, self.batch, self.draw, self.kind = float(span), batch, cached, f"{program}:{route}"
         self.size = solve_size(self.work, self.span, saved, setup.sgd.rate)
         self.key = f"{program}:{_digest(compile_group('theory', setup.config.to_dict()), route, starts, saved, batch)}"
         self.label, self._prepared = f"{program}, {_label(setup)} on the {words} route", None
@@ -353,7 +347,7 @@ class TheorySolve:
         solve = (f"solving to tau = {self.span:g}" + (f" ({self.batch} points together)" if self.batch > 1 else ""), "solved")
         stages = {"run": [solve], "load": [(f"loading the stored solve ({self.label})", "loaded the stored solve"), solve],
                   "compile": [(f"compiling the solve ({self.label}; {self.why})", "compiled the solve"), solve]}[self.expect]
-        with Phase(stages, [s for _, s in self.estimate.parts[1:]], live=self.live,
+        with Phase(stages, [s for _, s in self.estimate.parts[1:]], draw=self.draw,  # not over diffrax's bar
                    follow_compiles=("jit(call)", "jit(_trajectories)", "jit(_run_points)"),
                    overrun="a stiff ODE takes many small steps (a learning rate past stability: lower sgd.lr); "
                            "Ctrl-C stops it") as phase:

@@ -1,18 +1,14 @@
-"""What a long computation says on stderr while it runs: its estimate, its phases and counts, and their times.
+"""What a long computation says on stderr while it runs: its estimate, its phases and counts, and their times
+(docs/commands/progress.md).
 
-A computation that can take more than a few seconds runs in a :class:`Phase` (stages in turn: compiling, solving,
-writing) or a :class:`Bar` (a count of SGD steps, sweep points, layers). Mode ``"live"`` (stderr a terminal): one status
-line redrawn every :data:`TICK` s by a heartbeat thread (XLA releases the GIL) with the elapsed time against the
-estimate, or a bar's count and time left; a phase that took :data:`SHOW_AFTER` s leaves a line with its time; a bar on a
-terminal that reports no width says lines instead. Mode ``"lines"`` (``--no-progress``, a log): a line when a stage
-starts, one when it ends with its time, one when still running after 1, 2, 4 and 8 minutes, then every 10; a ``quiet``
-phase only past :data:`QUIET_AFTER` s; inside a bar the bar speaks. Mode ``"off"``: nothing.
-
-The mode is :func:`reporting`'s or :func:`set_progress`'s, else ``SINGLELOC_PROGRESS`` (``auto``, ``live``, ``lines``,
-``off``), else live on a terminal, lines otherwise, off on a Dask worker. :func:`reporting` also sets the lines'
-``prefix``, the limits above which :func:`announce` refuses an estimate, and ``record``: whether measured times are
-written to the timings file (the commands set it: :mod:`singleloc.preflight._estimates`). A phase follows JAX's
-compilation events (``follow_compiles``), so that no host callback keeps a program out of the persistent cache.
+A :class:`Phase` (stages in turn: compiling, solving, writing) or a :class:`Bar` (a count of SGD steps, sweep points,
+layers). Mode ``"live"`` (stderr a terminal): one status line redrawn every :data:`TICK` s by a heartbeat thread (XLA
+releases the GIL), and a line per phase that took :data:`SHOW_AFTER` s; a bar on a terminal that reports no width says
+lines instead. Mode ``"lines"``: a line when a stage starts, one when it ends, one when still running after
+:data:`STILL` seconds (a ``quiet`` phase only past :data:`QUIET_AFTER` s); inside a bar the bar speaks. Mode ``"off"``:
+nothing. The mode is :func:`reporting`'s or :func:`set_progress`'s, else ``SINGLELOC_PROGRESS``, else live on a
+terminal, lines otherwise, off on a Dask worker. A phase follows JAX's compilation events (``follow_compiles``): no host
+callback keeps a program out of the persistent cache.
 """
 
 from __future__ import annotations
@@ -68,7 +64,9 @@ class Estimate:
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """How a process reports (module docstring); ``mode=None``: from the environment."""
+    """How a process reports (module docstring; ``mode=None``: from the environment): the lines' ``prefix``, the limits
+    above which :func:`announce` refuses an estimate, and whether measured times are written to the timings file
+    (``record``: the commands set it, :mod:`singleloc.preflight._estimates`)."""
 
     mode: str | None = None
     prefix: str = "singleloc"
@@ -186,7 +184,7 @@ class _Screen:
                     for active in shown:
                         active.tick(now)
                     top = next((a for a in reversed(shown) if not a.inside_bar), None)
-                    if top is not None and top.mode == "live":
+                    if top is not None and top.mode == "live" and top.draw:
                         self.draw(*top.status(now))
                 self.wake.wait(TICK)
             self.thread = None
@@ -224,18 +222,18 @@ class Phase:
     ("solving to tau = 300", "solved")], [55.0, 10.0]) as phase:``. ``stages``: ``(doing, done)`` texts (or one pair),
     moved through by :meth:`advance` or by the end of XLA's compilation of a program named in ``follow_compiles``
     (``"jit(call)"``); ``estimates``: each stage's expected seconds (0: none); ``quiet``: expected to be short;
-    ``said``: its start was just said (:func:`announce`); ``live=False``: lines, not the live line; ``overrun``: why a
-    stage far past its estimate may be slow. After the block: :attr:`seconds` of each stage reached, and
-    :attr:`cache_misses` of the persistent compilation cache."""
+    ``said``: its start was just said (:func:`announce`); ``live=False``: lines, not the live line; ``draw=False``: no
+    live line (another bar draws); ``overrun``: why a stage far past its estimate may be slow. After the block:
+    :attr:`seconds` of each stage reached, and :attr:`cache_misses` of the persistent compilation cache."""
 
     total = None  # a count: Bar
 
     def __init__(self, stages, estimates: Sequence[float] = (), *, quiet: bool = False, said: bool = False,
-                 follow_compiles: Sequence[str] = (), live: bool = True, overrun: str = ""):
+                 follow_compiles: Sequence[str] = (), live: bool = True, draw: bool = True, overrun: str = ""):
         self.stages = [stages] if isinstance(stages[0], str) else list(stages)
         self.estimates = [*estimates, *[0.0] * (len(self.stages) - len(estimates))]
         self.quiet, self.said, self.follow = quiet, said, follow_compiles
-        self.live, self.overrun = live, overrun
+        self.live, self.draw, self.overrun = live, draw, overrun
         self.stage, self.seconds, self.cache_misses, self.still, self.mode, self.inside_bar = 0, [], 0, 0, "off", False
 
     def _speaks(self) -> bool:

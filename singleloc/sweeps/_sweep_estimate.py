@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from ..configuration._config import Config
-from ..expectations._routes import route_of
 from ..preflight._build import build
 from ..preflight._estimates import TheorySolve, prediction_estimate, timings
 from ..runtime._compilation import compile_group
@@ -96,7 +95,7 @@ def sweep_costs(points: Sequence[tuple[Mapping[str, Any], Config]], run_cfgs: Ma
 
 def _cheaper(config: Config) -> str:
     """What would make a point cheaper (the refusal's advice)."""
-    ways = [] if route_of(config).route_class.field_nodes else ["--set theory.route=rule (its theory is on the exact route)"]
+    ways = [] if build(config).route.route_class.field_nodes else ["--set theory.route=rule (its theory is on the exact route)"]
     ways += ["fewer model.heads"] if config.model.heads > 1 else []
     return "make it cheaper: " + ", ".join(ways + ["a shorter horizon (--horizon TAU, or sgd.tau_max with --horizon config)"])
 
