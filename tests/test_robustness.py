@@ -19,10 +19,11 @@ from _tiny import cli_sets, stub_solves, tiny
 from helpers import interrupt, one_line
 
 from singleloc import load_config
+from singleloc._commands import diagnose
 from singleloc.cli import main
 from singleloc.expectations._routes import route_of
 from singleloc.io._run_folders import load_npz, load_run, npz_stamp, save_npz, save_run
-from singleloc.preflight import _estimates, _resources
+from singleloc.preflight import _resources
 from singleloc.preflight._build import build
 from singleloc.sweeps import _sweep, _sweep_cache, _sweep_compute
 from singleloc.sweeps._grid import parse_grid
@@ -715,12 +716,12 @@ def test_a_long_diagnosis_is_refused_without_force_and_a_minute_long_one_is_anno
     attn = _attention(tmp_path)
     temps = [str(0.01 * (i + 1)) for i in range(1000)]
     monkeypatch.setattr(_resources, "cpu_count", lambda: 2)
-    monkeypatch.setattr(_estimates, "DIAGNOSE_UNIT", 20.0)  # the 48 rows of 8 tokens as slow as a large model's
+    monkeypatch.setattr(diagnose, "DIAGNOSE_UNIT", 20.0)  # the 48 rows of 8 tokens as slow as a large model's
     assert main(["diagnose", str(attn), "--temperature", *temps, "--out", str(tmp_path / "o")]) == 2
     line = one_line(capsys, "diagnose")
     assert "48 rows of L = 8 tokens x 1000 temperatures x 3 perturbation sizes x 4 directions: about" in line
     assert "lower --temperature, --epsilon, --directions or --max-rows, or pass --force" in line
-    monkeypatch.setattr(_estimates, "DIAGNOSE_UNIT", 25.0)  # 75 s
+    monkeypatch.setattr(diagnose, "DIAGNOSE_UNIT", 25.0)  # 75 s
     assert main(["diagnose", str(attn), "--temperature", "1", "2", "--out", str(tmp_path / "o")]) == 0
     assert "singleloc diagnose: note: 48 rows of L = 8 tokens x 2 temperatures" in capsys.readouterr().err
 

@@ -76,6 +76,28 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+#: Seconds per analysed row and temperature of diagnose's finite differences and Jacobians, ``DIAGNOSE_UNIT (L / 256)
+#: (1 + E K) / 13`` (``E`` perturbation sizes, ``K`` directions) on a 2-core CPU, scaled by 2 / the CPUs here (within a
+#: factor of about 2: it tells a run of minutes from one of days).
+DIAGNOSE_UNIT = 0.33e-3
+
+
+def diagnose_cost(shape: tuple, max_rows: int, temperatures: int, epsilons: int, directions: int):
+    """The cost of diagnosing weights of ``shape`` (:data:`DIAGNOSE_UNIT`; a shape that
+    :func:`~singleloc.diagnose_attention` refuses costs nothing, and is refused there)."""
+    import math
+
+    from ..preflight._estimates import Cost, cpu_speed
+
+    L = shape[-1] if shape else 0
+    queries = shape[-2] if len(shape) >= 2 else 1
+    rows = (int(math.prod(shape[:-2])) if len(shape) >= 2 else 1) * (min(max_rows, queries) if max_rows else queries)
+    seconds = rows * temperatures * DIAGNOSE_UNIT * (L / 256) * (1 + epsilons * directions) / 13 * cpu_speed()
+    work = (f"{rows} rows of L = {L} tokens x {temperatures} temperatures x {epsilons} perturbation sizes x {directions} "
+            "directions")
+    return Cost(work, seconds, 8.0 * rows * L * (4 + temperatures), "--temperature, --epsilon, --directions or --max-rows")
+
+
 def run(args) -> int:
     import numpy as np
 
@@ -83,7 +105,6 @@ def run(args) -> int:
     from ..attention._sensitivity import FD_EPSILONS
     from ..io._run_folders import load_npy, save_figure, save_json
     from ..plots import plot_sensitivity, plot_top_n, plot_vanishing
-    from ..preflight._estimates import diagnose_cost
     from ..runtime._progress import Phase
 
     weights = load_npy(args.attn, "ATTN")

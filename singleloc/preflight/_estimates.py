@@ -13,8 +13,7 @@ families here, else the reference's at the host's speed.
 "devices": {DEVICE: {"benchmark": {"run": s, "host": s}, "families": {KEY: {"kind", "label", "work", "rates", "compile",
 "load", "prepare", "env"}}}}}``. Only the commands write it (atomically, re-read first), within
 :func:`~singleloc.runtime._progress.reporting`'s ``record``; a Python caller keeps what it measures in its process.
-Deleting it resets the estimates; a damaged file is ignored. The commands' check of a huge run (:class:`Cost`) and
-``diagnose``'s cost model are here too.
+Deleting it resets the estimates; a damaged file is ignored. The commands' check of a huge run (:class:`Cost`) is here too.
 """
 
 from __future__ import annotations
@@ -57,10 +56,6 @@ REFERENCE = {
     "prediction": {"exact": 50.0, "rule": 10.0}, "prediction_drifts": 300,
 }
 VERSION, RATES_KEPT = 3, 3
-#: ``diagnose``: seconds per analysed row and temperature of its finite differences and Jacobians, ``DIAGNOSE_UNIT (L / 256)
-#: (1 + E K) / 13`` (``E`` perturbation sizes, ``K`` directions) on a 2-core CPU, scaled by 2 / the CPUs here (within a
-#: factor of about 2: it tells a run of minutes from one of days).
-DIAGNOSE_UNIT = 0.33e-3
 
 
 def device() -> str:
@@ -411,15 +406,3 @@ class Cost:
 def cpu_speed() -> float:
     """The 2-core CPU's time over this machine's, for the cost models measured there without a calibration."""
     return 2 / max(1, min(cpu_count(), 64))
-
-
-def diagnose_cost(shape: tuple, max_rows: int, temperatures: int, epsilons: int, directions: int) -> Cost:
-    """The cost of ``diagnose`` of weights of ``shape`` (:data:`DIAGNOSE_UNIT`; a shape that
-    :func:`~singleloc.diagnose_attention` refuses costs nothing, and is refused there)."""
-    L = shape[-1] if shape else 0
-    queries = shape[-2] if len(shape) >= 2 else 1
-    rows = (int(math.prod(shape[:-2])) if len(shape) >= 2 else 1) * (min(max_rows, queries) if max_rows else queries)
-    seconds = rows * temperatures * DIAGNOSE_UNIT * (L / 256) * (1 + epsilons * directions) / 13 * cpu_speed()
-    work = (f"{rows} rows of L = {L} tokens x {temperatures} temperatures x {epsilons} perturbation sizes x {directions} "
-            "directions")
-    return Cost(work, seconds, 8.0 * rows * L * (4 + temperatures), "--temperature, --epsilon, --directions or --max-rows")
