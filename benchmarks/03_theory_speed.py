@@ -29,6 +29,10 @@
    cost per unit tau times ``tau_max`` against the warm ``integrate`` call of step 3: the
    cost of the computation itself, without Python's and JAX's start-up, which is paid once).
 
+6. ``singleloc compare showcase`` cold (the README's main job: bsoftmax H = 4 on the Sobol rule, 4 seeds, D = 1000),
+   its phases as the command says them (compiling and running the simulation; compiling, solving and stating the
+   error of the theory): the theory's seconds over the simulation's, in one process. Target (issue 58): <= 1.
+
 Run: ``python benchmarks/03_theory_speed.py [--tau-max 300] [--repeat 3] [--cold-repeat 2] [--skip pieces,simulation]
 [--save PATH]`` (``--save``: the numbers as JSON, ``benchmarks/_common.py``). About 10 minutes on a quiet 2-core
 CPU with every step.
@@ -49,7 +53,7 @@ import time
 from _common import add_save_option, save
 
 SIM_TAU = 3.0
-STEPS = ("pieces", "simulation")  # the steps --skip can leave out (1 to 3 always run)
+STEPS = ("pieces", "simulation", "showcase")  # the steps --skip can leave out (1 to 3 always run)
 #: The processes run as a user's (the environment as it is: no variable chooses the theory's route).
 USER = dict(os.environ)
 
@@ -200,6 +204,27 @@ def components(tau_max: float) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+#: The phases ``compare`` says on stderr, and which side each belongs to.
+PHASES = {"simulation": (r"compiled the simulation in", r"simulated \d+ SGD steps in"),
+          "theory": (r"compiled the solve in", r"solved in", r"stated the quadrature's error in")}
+
+
+def showcase(env: dict, out: str) -> dict:
+    """``compare showcase`` in a fresh process with ``env``: wall and CPU, and the seconds of each side's phases."""
+    import re
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "singleloc", "compare", "showcase", "--out", out, "--no-progress"],
+                          check=True, capture_output=True, text=True, env=env)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    seconds = lambda m: float(m[1]) * (60.0 if m[2] == "min" else 1.0)
+    sides = {side: sum(seconds(re.search(p + r" ([\d.]+) (s|min)", done.stderr)) for p in phases)
+             for side, phases in PHASES.items()}
+    return {"wall_s": time.perf_counter() - t0, "load": load(), **{f"{k}_s": v for k, v in sides.items()},
+            "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+            "theory_over_simulation": sides["theory"] / sides["simulation"]}
+
+
 def verdict(value: float, target: float) -> str:
     return f"met (target <= {target:g})" if value <= target else f"NOT met: {value / target:.2f} times the target {target:g}"
 
@@ -281,6 +306,13 @@ def main():
                                      "wall_s_per_tau": per_tau, "extrapolated_wall_s": t_sim, "extrapolated_cpu_s": c_sim},
                            ratio_processes_wall=t_sim / w_wall, ratio_processes_cpu=c_sim / w_cpu,
                            ratio_in_process=per_tau * args.tau_max / warm_solve)
+
+        if "showcase" not in skip:
+            sc = showcase({**USER, "SINGLELOC_CACHE_DIR": f"{tmp}/showcase"}, f"{tmp}/sc")
+            results["showcase_cold"] = sc
+            print(f"compare showcase, cold (load {sc['load']:.1f}): {sc['wall_s']:.1f} s wall; the simulation "
+                  f"{sc['simulation_s']:.1f} s, the theory {sc['theory_s']:.1f} s (compiling and running each): theory / "
+                  f"simulation {sc['theory_over_simulation']:.2f}: {verdict(sc['theory_over_simulation'], 1.0)}")
     results["load_at_end"] = load()
     save(args, __file__, results)
 

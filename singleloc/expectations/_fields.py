@@ -226,12 +226,16 @@ class LocalFields(eqx.Module):
         return rank_aware_factor_and_pinv(Q) if self.principal else psd_sqrt_and_pinv_sqrt(Q)
 
     def expect(self, fn: Callable, M: jax.Array, Q: jax.Array, *, factor: jax.Array | None = None,
-               with_noise: bool = False):
+               with_noise: bool = False, contract: Callable | None = None):
         """``E[fn(g, theta)]`` over the fields of order parameters ``M`` (H, F), ``Q`` (H, H).
 
         ``factor``: this rule's factor ``S`` of ``Q`` (:meth:`factors`) when the caller already has it.
         ``with_noise=True`` calls ``fn(g, theta, w)`` with the standard normals ``w`` (L, H) behind
         ``g = w S`` (``w`` (L, 2H) for a principal rule, whose factor has ``2 H`` rows).
+        ``contract``: the weighted sum over the nodes is taken by ``contract(values, p)`` instead, ``values``
+        being ``fn``'s values at a batch of nodes (leading axes: base points, shifts, signs, atoms) and ``p``
+        their weights (those axes; summing to 1 over all batches): a product of two per-node factors then
+        becomes one contraction over the nodes rather than a tiny product at each (the rule route's drift).
         """
         S = self.factors(Q)[0] if factor is None else factor
         H = self.w.shape[-1]
@@ -248,13 +252,13 @@ class LocalFields(eqx.Module):
                 return fn(fields, theta, w) if with_noise else fn(fields, theta)
 
             values = jax.vmap(at_atom)(self.atoms)
-            return jax.tree.map(lambda v: jnp.tensordot(self.probs, v, axes=1), values)
+            return values if contract else jax.tree.map(lambda v: jnp.tensordot(self.probs, v, axes=1), values)
 
         def at_node(node):
             w, u = node
             images = jax.vmap(jax.vmap(at_image, (None, None, None, 0)), (None, None, 0, None))
             values = images(w, u, shifts, jnp.array([1.0, -1.0], w.dtype))
-            return jax.tree.map(lambda v: jnp.mean(v, axis=(0, 1)), values)
+            return values if contract else jax.tree.map(lambda v: jnp.mean(v, axis=(0, 1)), values)
 
         def at_nodes(nodes):  # at most batch_size nodes (base points and their images) at once
             if 2 * self.orbit * nodes[0].shape[0] <= self.batch_size:
@@ -262,6 +266,25 @@ class LocalFields(eqx.Module):
             return jax.lax.map(at_node, nodes, batch_size=max(self.batch_size // (2 * self.orbit), 1))
 
         nodes = (self.w, self.u)
+        if contract is not None:  # blocks (one per device) of batches of base points, the padding weighing zero
+            n, per = self.w.shape[-3], max(self.batch_size // (2 * self.orbit), 1)
+            weights = jnp.where(jnp.arange(n) < n - self.padding, 1 / (2 * self.orbit * (n - self.padding)), 0.0)
+            m = n // self.shards
+            k = -(-m // per) if m > per else 1
+            per = -(-m // k)
+
+            def batches(x):
+                x = x.reshape(self.shards, m, *x.shape[1:])
+                pad = jnp.zeros((self.shards, k * per - m, *x.shape[2:]), x.dtype)
+                return jnp.concatenate([x, pad], axis=1).reshape(self.shards, k, per, *x.shape[2:])
+
+            def part(batch):
+                nodes, p = batch
+                p = jnp.broadcast_to(p[:, None, None, None] * self.probs, (p.shape[0], self.orbit, 2, self.probs.shape[0]))
+                return contract(jax.vmap(at_node)(nodes), p)
+
+            parts = jax.vmap(lambda block: jax.lax.map(part, block))(jax.tree.map(batches, (nodes, weights.astype(self.w.dtype))))
+            return jax.tree.map(lambda v: jnp.sum(v, axis=(0, 1)), parts)
         if self.shards == 1:
             return jax.tree.map(lambda v: jnp.mean(v, axis=0), at_nodes(nodes))
         # block k on device k (_sharding): the contraction over the blocks is XLA's all-reduce

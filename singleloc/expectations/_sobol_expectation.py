@@ -134,22 +134,28 @@ class SobolExpectation(AbstractExpectation):
 
     def moments(self, M: jax.Array, Q: jax.Array, b: jax.Array, factor: jax.Array | None = None,
                 v: jax.Array | None = None) -> dict[str, jax.Array]:
-        """The rule's averages the drift is made of: ``risk``, ``c_sum`` = E[sum_l c_l] (H,),
-        ``P`` (H, F), ``W`` = E[sum_l c_l w_l^T] (H, H) and ``cc`` = E[sum_l c_l c_l^T] (H, H);
-        ``factor``: the rule's factor ``S`` of ``Q`` (:meth:`~singleloc.LocalFields.factors`) if
-        already known; with head weights ``v``, also ``cv`` = E[dl/dv] (H,)."""
+        """The rule's averages the drift is made of: ``risk``, ``c_sum`` = E[sum_l c_l] (H,), ``P`` (H, F),
+        ``W`` = E[sum_l c_l w_l^T] (H, H) and ``cc`` = E[sum_l c_l c_l^T] (H, H); ``factor``: the rule's factor
+        ``S`` of ``Q`` (:meth:`~singleloc.LocalFields.factors`) if already known; with head weights ``v``, also
+        ``cv`` = E[dl/dv] (H,). The gradients ``c`` are taken at every node, the products summed over the nodes
+        as contractions (:meth:`~singleloc.LocalFields.expect`'s ``contract``)."""
 
         def integrand(g, theta, w):
             if v is None:
                 f, c = jax.value_and_grad(self.loss)(g.T + b[:, None])
-                extra = {}
-            else:
-                f, (c, cv) = jax.value_and_grad(self.loss, argnums=(0, 1))(g.T + b[:, None], v)
-                extra = {"cv": cv}
-            return {"risk": f, "c_sum": jnp.sum(c, axis=1), "P": jnp.outer(c[:, 0], theta), "W": c @ w, "cc": c @ c.T,
-                    **extra}
+                return {"f": f, "c": c, "theta": theta, "w": w}
+            f, (c, cv) = jax.value_and_grad(self.loss, argnums=(0, 1))(g.T + b[:, None], v)
+            return {"f": f, "c": c, "theta": theta, "w": w, "cv": cv}
 
-        return self.fields.expect(integrand, M, Q, factor=factor, with_noise=True)
+        def contract(x, p):
+            flat = lambda a, k: a.reshape(p.size, *a.shape[a.ndim - k:])  # the nodes' axes as one
+            c, w, theta, p = flat(x["c"], 2), flat(x["w"], 2), flat(x["theta"], 1), p.reshape(-1)
+            pc = p[:, None, None] * c
+            out = {"risk": p @ flat(x["f"], 0), "c_sum": jnp.sum(pc, axis=(0, 2)), "P": pc[:, :, 0].T @ theta,
+                   "W": jnp.einsum("nhl,nlk->hk", pc, w), "cc": jnp.einsum("nhl,ngl->hg", pc, c)}
+            return out | ({"cv": p @ flat(x["cv"], 1)} if "cv" in x else {})
+
+        return self.fields.expect(integrand, M, Q, factor=factor, with_noise=True, contract=contract)
 
     def gradient_moments(self, M, Q, b, v=None):
         """On the rule, whose fields are ``g_l = w_l S`` with ``T = S Q^+``
