@@ -66,10 +66,10 @@ from ..configuration._config import Config, gather_specs
 from ..configuration._specs import SGD, Model, Problem, Simulation, Theory
 from ..ground._choices import check_horizon
 from ..ground._validation import number
-from ..preflight._build import build
+from ..preflight._build import Setup, build
 from ..runtime._progress import Phase
-from ..theory._accuracy import points_for, resolve_points
-from ..theory._starts import initial_conditions
+from ..theory._accuracy import points_for
+from ..theory._starts import batched_starts, initial_conditions
 from ..theory._theory import OrderParameterODE
 from ._stability import linear_escape_time, symmetric_escape_rate, symmetric_path, symmetric_start
 
@@ -162,7 +162,7 @@ def escape_horizon(predicted: float, *, multiple: float = HORIZON_MULTIPLE, cap:
     return float(min(cap, math.ceil(round(x / unit, 9)) * unit))
 
 
-def predicted_escape(config: Config | None = None, *, problem: Problem | None = None, model: Model | None = None,
+def predicted_escape(config: Config | Setup | None = None, *, problem: Problem | None = None, model: Model | None = None,
                      sgd: SGD | None = None, theory: Theory | None = None, simulation: Simulation | None = None,
                      multiple: float = HORIZON_MULTIPLE, cap: float = HORIZON_CAP,
                      fallback: float = HORIZON_FALLBACK, tau_flow: float = 1000.0, plateau_fraction: float = 0.05,
@@ -171,30 +171,32 @@ def predicted_escape(config: Config | None = None, *, problem: Problem | None = 
     ``config`` (module docstring; ``method`` is the Jacobian's, as in
     :func:`~singleloc.analysis._stability.linearize`). Rates are evaluated in time order and only until
     the growth reaches ``(1/2) log D``. ``theory.points = "auto"`` is resolved first
-    (as :func:`~singleloc.resolve_points` does, on the route built once). The run is ``config`` or the specifications by keyword
-    (``simulation``: the dimension ``D`` of the escape; defaults for those not given)."""
-    config = gather_specs("predicted_escape", config, problem=problem, model=model, sgd=sgd, theory=theory,
-                          simulation=simulation)
+    (as :func:`~singleloc.resolve_points` does, on the route built once). The run is a
+    :class:`~singleloc.preflight._build.Setup` (its route decided: not again here), ``config`` (built here, once)
+    or the specifications by keyword (``simulation``: the dimension ``D`` of the escape; defaults for those not given)."""
+    if not isinstance(config, Setup):
+        config = gather_specs("predicted_escape", config, problem=problem, model=model, sgd=sgd, theory=theory,
+                              simulation=simulation)
     if not config.model.weighting.head_average:  # no head-symmetric flow of the weighted layer: no prediction
         nan, empty = math.nan, np.zeros(0)
         return EscapePrediction(rate=nan, tau_plateau=nan, plateau_risk=nan, predicted_escape=nan,
                                 horizon=escape_horizon(nan, multiple=multiple, cap=cap, fallback=fallback),
                                 D=config.simulation.D, path_tau=empty, path_rate=empty)
+    setup = config if isinstance(config, Setup) else build(config)  # the route decided once, for "auto"'s probes and the flow
     H, F = config.model.heads, config.problem.F
     D = config.simulation.D
-    setup = build(config)  # the route decided once, for "auto"'s probes and the flow
     if setup.theory.points == "auto":
-        setup = setup.replace("theory", points=points_for(setup, initial_conditions(config, 1)).points)
+        setup = setup.replace("theory", points=points_for(setup, initial_conditions(setup.config, 1)).points)
     points, field_nodes = setup.theory.points, setup.route.route_class.field_nodes
     if field_nodes:  # a cheaper rule where the run's is large (module docstring)
-        points = setup.theory.prediction_points(config.problem.L, H, points)
+        points = setup.theory.prediction_points(setup.problem.L, H, points)
     ode, mean = OrderParameterODE.from_setup(setup, points=points), setup.prior.mean()
-    x0 = symmetric_start(H, F, config.sgd.init_scale, config.model.bias_init)
+    x0 = symmetric_start(H, F, setup.sgd.init_scale, setup.model.bias_init)
     ts = np.concatenate([[0.0], np.geomspace(tau_flow * 1e-4, tau_flow, _PATH_POINTS)])
     on = f"{ode.expectation.route} route" + (f", {points} points" if field_nodes else "")
     with Phase((f"following the head-symmetric flow of {H} heads to tau = {tau_flow:g} ({on}; "
                 f"then at most {n_rates} linearizations along its plateau)", "followed the head-symmetric flow")):
-        xs, risk = symmetric_path(ode, x0, H, F, ts, rtol=config.theory.rtol, atol=config.theory.atol)
+        xs, risk = symmetric_path(ode, x0, H, F, ts, rtol=setup.theory.rtol, atol=setup.theory.atol)
     n = int(np.argmin(np.isfinite(risk))) if not np.all(np.isfinite(risk)) else len(ts)
     ts, xs, risk = ts[:n], xs[:n], risk[:n]
     tau_0 = plateau_time(ts, risk, plateau_fraction)
@@ -217,36 +219,39 @@ def predicted_escape(config: Config | None = None, *, problem: Problem | None = 
                             path_tau=np.asarray(path_tau, float), path_rate=np.asarray(path_rate, float))
 
 
-def compute_prediction(config: Config) -> dict[str, np.ndarray]:
-    """The predicted escape and horizon (:func:`~singleloc.analysis._predictions.predicted_escape`) as arrays.
+def compute_prediction(setup: Setup) -> dict[str, np.ndarray]:
+    """The predicted escape and horizon (:func:`~singleloc.analysis._predictions.predicted_escape`) of a run built
+    as ``setup`` (its route decided once, by :func:`~singleloc.preflight._build.build`), as arrays.
     With ``theory.points = "auto"`` the number of points is chosen here, once for the point, at the
     starts its theory integrates from (:func:`~singleloc.resolve_points` at the initial overlaps of
     every seed), and stored in the entry as ``points``: the prediction, the theory and the phase
-    summaries of the point all use it (:func:`with_chosen_points`)."""
-    if config.theory.points != "auto":
-        return predicted_escape(config).arrays()
-    resolved = resolve_points(config, initial_conditions(config))
-    return predicted_escape(resolved).arrays() | {"points": np.asarray(resolved.theory.points)}
+    summaries of the point all use it (:func:`resolve_horizon`)."""
+    if setup.theory.points != "auto":
+        return predicted_escape(setup).arrays()
+    starts = batched_starts(setup.model.weighting.state(initial_conditions(setup.config)))
+    setup = setup.replace("theory", points=points_for(setup, starts).points)
+    return predicted_escape(setup).arrays() | {"points": np.asarray(setup.theory.points)}
 
 
 #: Least number of saved times of a point integrated to a predicted or given horizon.
 HORIZON_N_SAVE = 201
 
 
-def resolve_horizon(config: Config, prediction: EscapePrediction, horizon: str | float = "auto") -> Config:
-    """The configuration a point is integrated with (module docstring): ``"auto"``: up to the
-    prediction's horizon; a number: up to it; both on a log grid of
-    ``max(sgd.n_save, HORIZON_N_SAVE)`` times. ``"config"``: ``config`` unchanged."""
+def resolve_horizon(run: Config | Setup, prediction: Mapping[str, np.ndarray] | None, horizon: str | float = "auto"
+                    ) -> Config | Setup:
+    """The configuration (or the setup) a point is integrated with (module docstring): ``theory.points = "auto"``
+    replaced by the number its ``prediction`` entry chose (:func:`compute_prediction`); then ``"auto"``: up to the
+    prediction's horizon; a number: up to it; both on a log grid of ``max(sgd.n_save, HORIZON_N_SAVE)`` times;
+    ``"config"``: the horizon and grid of ``run``."""
     check_horizon(horizon)
-    if horizon == "config":
-        return config
-    tau_max = prediction.horizon if horizon == "auto" else float(horizon)
-    return config.replace(sgd={"tau_max": tau_max, "spacing": "log", "n_save": max(config.sgd.n_save, HORIZON_N_SAVE)})
-
-
-def with_chosen_points(config: Config, prediction: Mapping[str, np.ndarray]) -> Config:
-    """``config`` with ``theory.points = "auto"`` replaced by the number its prediction entry
-    chose (:func:`compute_prediction`); ``config`` itself otherwise."""
-    if config.theory.points != "auto" or "points" not in prediction:
-        return config
-    return config.replace(theory={"points": int(prediction["points"])})
+    keys = {}
+    if run.theory.points == "auto" and prediction is not None and "points" in prediction:
+        keys["theory"] = {"points": int(prediction["points"])}
+    if horizon != "config":
+        tau_max = float(prediction["horizon"]) if horizon == "auto" else float(horizon)
+        keys["sgd"] = {"tau_max": tau_max, "spacing": "log", "n_save": max(run.sgd.n_save, HORIZON_N_SAVE)}
+    if isinstance(run, Setup):
+        for section, values in keys.items():
+            run = run.replace(section, **values)
+        return run
+    return run.replace(**keys)
