@@ -206,7 +206,7 @@ def predicted_escape(config: Config | Setup | None = None, *, problem: Problem |
                 break
     tau_esc = tangent_escape(path_tau, jacobians, variances, H, F, mean=mean)[0] if path_tau else math.inf
     rate = math.nan if not np.isfinite(path_rate).any() else float(np.asarray(path_rate)[np.isfinite(path_rate)][-1])
-    if np.isfinite(tau_esc) and tau_esc > tau_0:  # the mean rate along the plateau (module docstring)
+    if np.isfinite(tau_esc) and tau_esc > tau_0:  # the effective rate along the plateau (module docstring)
         rate = 0.5 * math.log(D) / (tau_esc - tau_0)
     return EscapePrediction(rate=rate, tau_plateau=tau_0, plateau_risk=float(risk[-1]), predicted_escape=tau_esc,
                             horizon=escape_horizon(tau_esc, multiple=multiple, cap=cap, fallback=fallback), D=D,

@@ -18,8 +18,9 @@ the escape, and the largest real part among them is the escape rate ``lambda``
 (:func:`escape_rate`). The log D law: the escape direction starts at amplitude ``O(D^{-1/2})``
 (the random initial overlaps) and grows like ``exp(lambda tau)``, so it reaches ``O(1)`` at
 ``tau_esc = tau_0 + (1 / (2 lambda)) log D`` (:func:`predicted_escape_slope`,
-:func:`linear_escape_time`; the prediction for a configuration, with its integration horizon,
-is :func:`singleloc.analysis._predictions.predicted_escape`).
+:func:`linear_escape_time`). The prediction for a configuration, with its integration horizon
+(:func:`singleloc.analysis._predictions.predicted_escape`), carries the start's symmetry-breaking part
+(:func:`start_variances`) by the Jacobians along the symmetric flow from ``tau = 0`` (:func:`tangent_escape`).
 """
 
 from __future__ import annotations
