@@ -8,7 +8,7 @@ from _tiny import EXACT_TINY, cli_sets
 from helpers import fake_bayes, fake_prediction, read_csv
 
 from singleloc import load_config
-from singleloc.analysis._predictions import EscapePrediction, escape_horizon, resolve_horizon
+from singleloc.analysis._predictions import escape_horizon, resolve_horizon
 from singleloc.cli import main
 from singleloc.io._run_folders import save_npz
 from singleloc.sweeps import _sweep, _sweep_compute, _sweep_entries
@@ -172,7 +172,7 @@ def test_horizon_modes(tmp_path, fake_compute):
         assert rows[0]["key"] == _sweep_entries.cache_key(fake_compute[-1], "theory")
     assert len(fake_compute) == 3
     big = base.replace(sgd={"n_save": 401})
-    assert resolve_horizon(big, EscapePrediction.from_arrays(fake_prediction(big)), "auto").sgd.n_save == 401
+    assert resolve_horizon(big, fake_prediction(big), "auto").sgd.n_save == 401
     for bad in ("never", 0, -1.0, float("inf"), True):
         with pytest.raises(ValueError, match="horizon must be"):
             _sweep.sweep(base, grids, tmp_path, horizon=bad, progress=False, figures=False)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 
 from ._common import add_config_arguments, add_force_argument, add_out_argument, continued_run, describe, joined, prepare_run
@@ -56,8 +55,8 @@ def run(args) -> int:
         print(f"singleloc integrate: continuing {str(args.resume)!r} from tau = {resume.t0:g} to {config.sgd.tau_max:g}",
               file=sys.stderr)
     elif args.horizon != "config":
-        config, predicted = _resolve_horizon(setup, args.horizon)
-        setup = dataclasses.replace(setup, sgd=config.sgd, theory=config.theory)  # the horizon's grid (and points)
+        setup, predicted = _resolve_horizon(setup, args.horizon)  # the horizon's grid (and points)
+        config = setup.config
     step = config.sgd.tau_max / max(config.sgd.n_save - 1, 1)
     if resume is None and config.sgd.spacing == "linear" and step > COARSE_STEP:
         print(f"singleloc integrate: note: a linear grid of {config.sgd.n_save} saved times is a step of {step:.3g} in tau, "
@@ -92,30 +91,27 @@ def run(args) -> int:
 
 
 def _resolve_horizon(setup, horizon):
-    """The config of ``setup`` integrated to ``horizon`` (``"auto"``: the predicted escape's horizon, as a sweep
+    """``setup`` integrated to ``horizon`` (``"auto"``: the predicted escape's horizon, as a sweep
     point; a number), on the sweep's log grid (:func:`singleloc.analysis._predictions.resolve_horizon`), and
     the prediction as ``theory.npz`` keeps it (``{"predicted_escape": tau}`` with ``"auto"``, for
     ``plot``'s phases.png; else empty)."""
     import numpy as np
 
-    from ..analysis._predictions import EscapePrediction, compute_prediction, resolve_horizon, with_chosen_points
+    from ..analysis._predictions import EscapePrediction, compute_prediction, resolve_horizon
     from ..preflight._estimates import prediction_estimate, recorded
     from ..runtime._progress import announce
 
-    config = setup.config
+    entry, said, predicted = None, "horizon given", {}
     if horizon == "auto":
         announce("predicting the escape from the unspecialized plateau (the head-symmetric flow, then its linearisation "
                  "along the plateau)", prediction_estimate(setup), "give --horizon a number")
         with recorded(setup):  # its time, for the next estimate
-            entry = compute_prediction(config)
+            entry = compute_prediction(setup)  # on the route decided (no second decision)
         prediction = EscapePrediction.from_arrays(entry)
-        config = resolve_horizon(with_chosen_points(config, entry), prediction, "auto")
         said = (f"predicted escape at tau = {prediction.predicted_escape:.3g} (plateau from tau = {prediction.tau_plateau:.3g}, "
                 f"escape rate lambda = {prediction.rate:.3g})" if prediction.escapes else "no escape predicted")
         predicted = {"predicted_escape": np.asarray(prediction.predicted_escape, float)}
-    else:
-        config = resolve_horizon(config, None, horizon)
-        said, predicted = "horizon given", {}
-    print(f"singleloc integrate: {said}; integrating to tau = {config.sgd.tau_max:g} on a log grid of {config.sgd.n_save} "
+    setup = resolve_horizon(setup, entry, horizon)
+    print(f"singleloc integrate: {said}; integrating to tau = {setup.sgd.tau_max:g} on a log grid of {setup.sgd.n_save} "
           "saved times", file=sys.stderr)
-    return config, predicted
+    return setup, predicted

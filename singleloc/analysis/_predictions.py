@@ -10,25 +10,29 @@ of a random start (``M = 0``, ``R_orth = init_scale^2 I``, ``b = bias_init``) up
 * ``tau_0`` (``tau_plateau``), the time the flow reaches its plateau: the first saved time at
   which the risk has come within ``plateau_fraction = 0.05`` of its whole drop,
   ``R(tau) - R_end <= 0.05 (R(0) - R_end)`` (``R_end`` the risk at the end of the flow).
-* ``lambda(tau)``: the escape rate (:func:`~singleloc.analysis._stability.escape_rate`) of the
-  linearisation at the symmetric state reached at time ``tau``, at ``n_rates = 16`` times
-  log-spaced from ``tau_0`` to the end of the flow.
-* The predicted escape ``tau_esc`` solves ``int_{tau_0}^{tau_esc} lambda = (1/2) log D``
-  (``D = simulation.D``): the symmetry-breaking direction starts at amplitude ``D^{-1/2}``
-  (the random initial overlaps, up to an O(1) factor) and grows like ``exp(int lambda)``
-  (:func:`~singleloc.analysis._stability.linear_escape_time`, with ``lambda`` held at its last value
-  beyond the flow). The reported ``rate`` is the **mean rate along the plateau**,
-  ``lambda = log(D) / (2 (tau_esc - tau_0))``, so that ``tau_esc = tau_0 + log(D) / (2
-  lambda)`` holds exactly.
+* ``A(tau)``: the Jacobian of the drift at the symmetric state reached at time ``tau``, restricted to the
+  perturbations antisymmetric between two heads (:func:`~singleloc.analysis._stability.symmetric_jacobian`), at
+  ``tau = 0`` and ``n_rates - 1 = 15`` times log-spaced from the flow's first saved time to its end; ``lambda(tau)``
+  its escape rate (:func:`~singleloc.analysis._stability.escape_rate`), reported as ``path_rate``.
+* The predicted escape ``tau_esc`` is the time at which the symmetry-breaking part of a random start,
+  ``|(M - mean_h M) P|_F`` (``P``: orthogonal to the prior's mean), grows to 1 under the flow linearised along
+  the symmetric path (the tangent-linear model, :func:`~singleloc.analysis._stability.tangent_escape`): from
+  the start's covariance (keys ``N(0, init_scale^2 I_D)``: ``M`` entries of variance ``init_scale^2 / D``, the
+  ``Q`` entries' differences of order ``init_scale^2 D^{-1/2}``;
+  :func:`~singleloc.analysis._stability.start_variances`), by the products of the exponentials of ``A``.
+  The reported ``rate`` is the effective rate along the plateau, ``lambda = log(D) / (2 (tau_esc - tau_0))``,
+  so that ``tau_esc = tau_0 + log(D) / (2 lambda)`` holds exactly (where the escape comes after ``tau_0``;
+  before it, the rate at the last state evaluated).
 
-  Why the mean along the flow and not the rate at a fixed point: the plateau creeps. At the
-  default problem (softmax, spikes of strength 2.5, L = 4, H = F = 2, lr = 0.5) the
-  symmetric flow has no fixed point within reach (``m`` goes 1.11, 1.33, 1.38 at tau = 60,
-  240, 600, and the root finder's "fixed point" is not a valid state), and the rate along it
-  goes 0.0115, 0.0152, 0.0161, 0.0150, 0.0127 at tau = 60, 120, 240, 360, 600. The rate at
-  the end of a flow of arbitrary length would move the prediction by up to 40%; the mean over the
-  stretch the perturbation actually grows on does not depend on that length, and equals the
-  fixed-point rate when the plateau is a fixed point (a zero-mean prior, where ``M = 0``).
+  Why the tangent-linear model and not ``int_{tau_0} lambda = (1/2) log D`` (the rule before, issue 61 item 3):
+  the perturbation grows or decays on the way down to the plateau too, and its size at the start grows with
+  the number of heads (``init_scale sqrt((H - 1) F / D)``, against the ``D^{-1/2}`` the old rule took). On
+  softmax1 with ``F = 3, L = 8`` (rule route, 512 points, four D = 1000 starts) the old rule came 0.98, 1.41
+  and 1.78 times late at ``H = 2, 4, 8`` against the median time at which the integrated ODE's
+  symmetry-breaking amplitude reaches 1; the tangent-linear model 0.75, 0.95 and 0.97 (89.5, 146.4, 277.9
+  against 119.4, 154.4, 286.3). Its amplitude follows the four runs' root-mean-square amplitude within their
+  spread (within 14% from the start to 1 at ``H = 8``; at ``H = 2`` 0.326 against 0.339 at ``tau = 60``), up to
+  about 0.3 at ``H = 2``, where the nonlinear terms then slow the growth and the model comes early.
 
   No unstable symmetry-breaking direction (``H = 1``; ``F = 1`` with a non-zero mean, where
   the only spike is the mean direction; or a rate that stays non-positive) gives
@@ -40,12 +44,10 @@ of a random start (``M = 0``, ``R_orth = init_scale^2 I``, ``b = bias_init``) up
 :meth:`~singleloc.configuration._specs.Theory.prediction_points` points: the run's own, but at most
 ``2^18 / (L H)`` (never fewer than 256). The prediction only chooses the horizon and must land within 1.5x
 of the measured escape, not carry the run's accuracy; every problem with ``L H <= 64`` at the default 4096
-points keeps the run's rule (the README's, bit for bit). Softmax1 with ``H = 8, F = 3, L = 64``: 512
-points, predicted escape 742.1 (1024 points: 736.6; 256: 795.5; the run's 4096: 728.4, the same horizon) in
-47-74 s (15.5 min on the run's rule). The exact route takes the run's numerics. There the heads escaped at
-423, 1.75x earlier: where the plateau is reached late (``tau_0 = 382``) the rate is already positive on the
-way down, which the integral from ``tau_0`` leaves out, and the prediction comes late (the horizon long, not
-short).
+points keeps the run's rule. Softmax1 with ``H = 8, F = 3, L = 64``: 512
+points, predicted escape 742.1 by the old rule (1024 points: 736.6; 256: 795.5; the run's 4096: 728.4, the same
+horizon) in 47-74 s (15.5 min on the run's rule); the heads escaped at 423. The exact route takes the run's
+numerics.
 
 **The horizon** (:func:`escape_horizon`): ``multiple = 2.5`` times the predicted escape,
 rounded up to two significant digits and capped at ``cap = 3000``; without a predicted escape,
@@ -66,12 +68,19 @@ from ..configuration._config import Config, gather_specs
 from ..configuration._specs import SGD, Model, Problem, Simulation, Theory
 from ..ground._choices import check_horizon
 from ..ground._validation import number
-from ..preflight._build import build
+from ..preflight._build import Setup, build
 from ..runtime._progress import Phase
-from ..theory._accuracy import points_for, resolve_points
-from ..theory._starts import initial_conditions
+from ..theory._accuracy import points_for
+from ..theory._starts import batched_starts, initial_conditions
 from ..theory._theory import OrderParameterODE
-from ._stability import linear_escape_time, symmetric_escape_rate, symmetric_path, symmetric_start
+from ._stability import (
+    start_variances,
+    symmetric_escape_rate,
+    symmetric_jacobian,
+    symmetric_path,
+    symmetric_start,
+    tangent_escape,
+)
 
 #: Defaults of the horizon rule (:func:`escape_horizon`).
 HORIZON_MULTIPLE = 2.5
@@ -86,11 +95,11 @@ _PATH_POINTS = 240
 class EscapePrediction:
     """The predicted escape of a configuration (module docstring).
 
-    ``rate``: the mean escape rate along the plateau (NaN without a symmetry-breaking mode);
+    ``rate``: the effective escape rate along the plateau (NaN without a symmetry-breaking mode);
     ``tau_plateau``: ``tau_0``; ``plateau_risk``: the symmetric flow's risk at its end;
-    ``predicted_escape``: ``tau_0 + log(D) / (2 rate)`` (``inf`` without an escape);
-    ``horizon``: the integration horizon; ``D``; ``path_tau``, ``path_rate``: the rates of the
-    linearisation along the symmetric flow that were evaluated.
+    ``predicted_escape``: the tangent-linear model's escape, ``tau_0 + log(D) / (2 rate)`` (``inf`` without an
+    escape); ``horizon``: the integration horizon; ``D``; ``path_tau``, ``path_rate``: the times along the symmetric
+    flow where the linearisation was evaluated and its escape rates there.
     """
 
     rate: float
@@ -127,22 +136,6 @@ def plateau_time(tau, risk, fraction: float = 0.05) -> float:
     return float(tau[np.argmax(risk - risk[-1] <= fraction * max(drop, 0.0))])
 
 
-def adiabatic_escape(path_tau, path_rate, D: int) -> tuple[float, float]:
-    """``(tau_esc, lambda)``: the time at which ``int_{path_tau[0]}^{tau_esc} rate = (1/2)
-    log D`` (the rate held at its last value beyond the path; ``inf`` if never) and the mean
-    rate ``log(D) / (2 (tau_esc - path_tau[0]))`` (without an escape: the last rate; NaN if no
-    rate is finite). NaN rates (no symmetry-breaking mode at that state) are left out."""
-    t, lam = np.asarray(path_tau, float), np.asarray(path_rate, float)
-    ok = np.isfinite(lam)
-    if not ok.any():
-        return math.inf, math.nan
-    t, lam = t[ok], lam[ok]
-    tau_esc = float(linear_escape_time(t, lam, D**-0.5, 1.0, extrapolate=True))
-    if not np.isfinite(tau_esc):
-        return math.inf, float(lam[-1])
-    return tau_esc, (0.5 * math.log(D) / (tau_esc - t[0]) if tau_esc > t[0] else float(lam[0]))
-
-
 def escape_horizon(predicted: float, *, multiple: float = HORIZON_MULTIPLE, cap: float = HORIZON_CAP,
                    fallback: float = HORIZON_FALLBACK) -> float:
     """The integration horizon of a point: ``multiple * predicted`` rounded up to two
@@ -162,91 +155,97 @@ def escape_horizon(predicted: float, *, multiple: float = HORIZON_MULTIPLE, cap:
     return float(min(cap, math.ceil(round(x / unit, 9)) * unit))
 
 
-def predicted_escape(config: Config | None = None, *, problem: Problem | None = None, model: Model | None = None,
+def predicted_escape(config: Config | Setup | None = None, *, problem: Problem | None = None, model: Model | None = None,
                      sgd: SGD | None = None, theory: Theory | None = None, simulation: Simulation | None = None,
                      multiple: float = HORIZON_MULTIPLE, cap: float = HORIZON_CAP,
                      fallback: float = HORIZON_FALLBACK, tau_flow: float = 1000.0, plateau_fraction: float = 0.05,
                      n_rates: int = 16, method: str = "auto") -> EscapePrediction:
     """The predicted escape from the unspecialized plateau and the integration horizon of
     ``config`` (module docstring; ``method`` is the Jacobian's, as in
-    :func:`~singleloc.analysis._stability.linearize`). Rates are evaluated in time order and only until
-    the growth reaches ``(1/2) log D``. ``theory.points = "auto"`` is resolved first
-    (as :func:`~singleloc.resolve_points` does, on the route built once). The run is ``config`` or the specifications by keyword
-    (``simulation``: the dimension ``D`` of the escape; defaults for those not given)."""
-    config = gather_specs("predicted_escape", config, problem=problem, model=model, sgd=sgd, theory=theory,
-                          simulation=simulation)
+    :func:`~singleloc.analysis._stability.linearize`). Jacobians are evaluated in time order and only until
+    the tangent-linear amplitude reaches 1. ``theory.points = "auto"`` is resolved first
+    (as :func:`~singleloc.resolve_points` does, on the route built once). The run is a
+    :class:`~singleloc.preflight._build.Setup` (its route decided: not again here), ``config`` (built here, once)
+    or the specifications by keyword (``simulation``: the dimension ``D`` of the escape; defaults for those not given)."""
+    if not isinstance(config, Setup):
+        config = gather_specs("predicted_escape", config, problem=problem, model=model, sgd=sgd, theory=theory,
+                              simulation=simulation)
     if not config.model.weighting.head_average:  # no head-symmetric flow of the weighted layer: no prediction
         nan, empty = math.nan, np.zeros(0)
         return EscapePrediction(rate=nan, tau_plateau=nan, plateau_risk=nan, predicted_escape=nan,
                                 horizon=escape_horizon(nan, multiple=multiple, cap=cap, fallback=fallback),
                                 D=config.simulation.D, path_tau=empty, path_rate=empty)
+    setup = config if isinstance(config, Setup) else build(config)  # the route decided once, for "auto"'s probes and the flow
     H, F = config.model.heads, config.problem.F
     D = config.simulation.D
-    setup = build(config)  # the route decided once, for "auto"'s probes and the flow
     if setup.theory.points == "auto":
-        setup = setup.replace("theory", points=points_for(setup, initial_conditions(config, 1)).points)
+        setup = setup.replace("theory", points=points_for(setup, initial_conditions(setup.config, 1)).points)
     points, field_nodes = setup.theory.points, setup.route.route_class.field_nodes
     if field_nodes:  # a cheaper rule where the run's is large (module docstring)
-        points = setup.theory.prediction_points(config.problem.L, H, points)
+        points = setup.theory.prediction_points(setup.problem.L, H, points)
     ode, mean = OrderParameterODE.from_setup(setup, points=points), setup.prior.mean()
-    x0 = symmetric_start(H, F, config.sgd.init_scale, config.model.bias_init)
+    x0 = symmetric_start(H, F, setup.sgd.init_scale, setup.model.bias_init)
     ts = np.concatenate([[0.0], np.geomspace(tau_flow * 1e-4, tau_flow, _PATH_POINTS)])
     on = f"{ode.expectation.route} route" + (f", {points} points" if field_nodes else "")
     with Phase((f"following the head-symmetric flow of {H} heads to tau = {tau_flow:g} ({on}; "
                 f"then at most {n_rates} linearizations along its plateau)", "followed the head-symmetric flow")):
-        xs, risk = symmetric_path(ode, x0, H, F, ts, rtol=config.theory.rtol, atol=config.theory.atol)
+        xs, risk = symmetric_path(ode, x0, H, F, ts, rtol=setup.theory.rtol, atol=setup.theory.atol)
     n = int(np.argmin(np.isfinite(risk))) if not np.all(np.isfinite(risk)) else len(ts)
     ts, xs, risk = ts[:n], xs[:n], risk[:n]
     tau_0 = plateau_time(ts, risk, plateau_fraction)
-    path_tau, path_rate = [], []
+    path_tau, path_rate, jacobians = [], [], []
     if H > 1 and n > 1:
-        grid = np.geomspace(max(tau_0, ts[1]), ts[-1], n_rates)
-        need = 0.5 * math.log(D)
-        along = np.unique(np.searchsorted(ts, grid * (1 - 1e-12)))
-        for k, i in enumerate(along):  # until the rates integrate to log(D) / 2: "k of at most n"
+        variances = start_variances(H, F, setup.sgd.init_scale, D, bool(ode.train_bias))
+        along = np.unique(np.concatenate([[0], np.searchsorted(ts, np.geomspace(ts[1], ts[-1], n_rates - 1) * (1 - 1e-12))]))
+        for k, i in enumerate(along):  # until the tangent-linear amplitude reaches 1: "k of at most n"
             path_tau.append(float(ts[i]))
-            path_rate.append(symmetric_escape_rate(ode, xs[i], H, F, mean=mean, method=method,
-                                                   count=f"{k + 1} of at most {len(along)} along the plateau"))
-            t, lam = np.asarray(path_tau), np.asarray(path_rate)
-            ok = np.isfinite(lam)
-            if ok.sum() > 1 and np.trapezoid(lam[ok], t[ok]) >= need:
+            jacobians.append(symmetric_jacobian(ode, xs[i], H, F, method=method,
+                                                count=f"{k + 1} of at most {len(along)} along the flow"))
+            path_rate.append(symmetric_escape_rate(ode, xs[i], H, F, mean=mean, jacobian=jacobians[-1]))
+            if tangent_escape(path_tau, jacobians, variances, H, F, mean=mean)[1][-1] >= 1.0:
                 break
-    tau_esc, rate = adiabatic_escape(path_tau, path_rate, D) if path_tau else (math.inf, math.nan)
+    tau_esc = tangent_escape(path_tau, jacobians, variances, H, F, mean=mean)[0] if path_tau else math.inf
+    rate = math.nan if not np.isfinite(path_rate).any() else float(np.asarray(path_rate)[np.isfinite(path_rate)][-1])
+    if np.isfinite(tau_esc) and tau_esc > tau_0:  # the effective rate along the plateau (module docstring)
+        rate = 0.5 * math.log(D) / (tau_esc - tau_0)
     return EscapePrediction(rate=rate, tau_plateau=tau_0, plateau_risk=float(risk[-1]), predicted_escape=tau_esc,
                             horizon=escape_horizon(tau_esc, multiple=multiple, cap=cap, fallback=fallback), D=D,
                             path_tau=np.asarray(path_tau, float), path_rate=np.asarray(path_rate, float))
 
 
-def compute_prediction(config: Config) -> dict[str, np.ndarray]:
-    """The predicted escape and horizon (:func:`~singleloc.analysis._predictions.predicted_escape`) as arrays.
+def compute_prediction(setup: Setup) -> dict[str, np.ndarray]:
+    """The predicted escape and horizon (:func:`~singleloc.analysis._predictions.predicted_escape`) of a run built
+    as ``setup`` (its route decided once, by :func:`~singleloc.preflight._build.build`), as arrays.
     With ``theory.points = "auto"`` the number of points is chosen here, once for the point, at the
     starts its theory integrates from (:func:`~singleloc.resolve_points` at the initial overlaps of
     every seed), and stored in the entry as ``points``: the prediction, the theory and the phase
-    summaries of the point all use it (:func:`with_chosen_points`)."""
-    if config.theory.points != "auto":
-        return predicted_escape(config).arrays()
-    resolved = resolve_points(config, initial_conditions(config))
-    return predicted_escape(resolved).arrays() | {"points": np.asarray(resolved.theory.points)}
+    summaries of the point all use it (:func:`resolve_horizon`)."""
+    if setup.theory.points != "auto":
+        return predicted_escape(setup).arrays()
+    starts = batched_starts(setup.model.weighting.state(initial_conditions(setup.config)))
+    setup = setup.replace("theory", points=points_for(setup, starts).points)
+    return predicted_escape(setup).arrays() | {"points": np.asarray(setup.theory.points)}
 
 
 #: Least number of saved times of a point integrated to a predicted or given horizon.
 HORIZON_N_SAVE = 201
 
 
-def resolve_horizon(config: Config, prediction: EscapePrediction, horizon: str | float = "auto") -> Config:
-    """The configuration a point is integrated with (module docstring): ``"auto"``: up to the
-    prediction's horizon; a number: up to it; both on a log grid of
-    ``max(sgd.n_save, HORIZON_N_SAVE)`` times. ``"config"``: ``config`` unchanged."""
+def resolve_horizon(run: Config | Setup, prediction: Mapping[str, np.ndarray] | None, horizon: str | float = "auto"
+                    ) -> Config | Setup:
+    """The configuration (or the setup) a point is integrated with (module docstring): ``theory.points = "auto"``
+    replaced by the number its ``prediction`` entry chose (:func:`compute_prediction`); then ``"auto"``: up to the
+    prediction's horizon; a number: up to it; both on a log grid of ``max(sgd.n_save, HORIZON_N_SAVE)`` times;
+    ``"config"``: the horizon and grid of ``run``."""
     check_horizon(horizon)
-    if horizon == "config":
-        return config
-    tau_max = prediction.horizon if horizon == "auto" else float(horizon)
-    return config.replace(sgd={"tau_max": tau_max, "spacing": "log", "n_save": max(config.sgd.n_save, HORIZON_N_SAVE)})
-
-
-def with_chosen_points(config: Config, prediction: Mapping[str, np.ndarray]) -> Config:
-    """``config`` with ``theory.points = "auto"`` replaced by the number its prediction entry
-    chose (:func:`compute_prediction`); ``config`` itself otherwise."""
-    if config.theory.points != "auto" or "points" not in prediction:
-        return config
-    return config.replace(theory={"points": int(prediction["points"])})
+    keys = {}
+    if run.theory.points == "auto" and prediction is not None and "points" in prediction:
+        keys["theory"] = {"points": int(prediction["points"])}
+    if horizon != "config":
+        tau_max = float(prediction["horizon"]) if horizon == "auto" else float(horizon)
+        keys["sgd"] = {"tau_max": tau_max, "spacing": "log", "n_save": max(run.sgd.n_save, HORIZON_N_SAVE)}
+    if isinstance(run, Setup):
+        for section, values in keys.items():
+            run = run.replace(section, **values)
+        return run
+    return run.replace(**keys)

@@ -18,8 +18,9 @@ the escape, and the largest real part among them is the escape rate ``lambda``
 (:func:`escape_rate`). The log D law: the escape direction starts at amplitude ``O(D^{-1/2})``
 (the random initial overlaps) and grows like ``exp(lambda tau)``, so it reaches ``O(1)`` at
 ``tau_esc = tau_0 + (1 / (2 lambda)) log D`` (:func:`predicted_escape_slope`,
-:func:`linear_escape_time`; the prediction for a configuration, with its integration horizon,
-is :func:`singleloc.analysis._predictions.predicted_escape`).
+:func:`linear_escape_time`). The prediction for a configuration, with its integration horizon
+(:func:`singleloc.analysis._predictions.predicted_escape`), carries the start's symmetry-breaking part
+(:func:`start_variances`) by the Jacobians along the symmetric flow from ``tau = 0`` (:func:`tangent_escape`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import scipy.linalg
 from jaxtyping import ArrayLike, Real
 
 from ..runtime._compilation import checks_as_nan
@@ -335,13 +337,28 @@ def antisymmetric_basis(H: int, F: int, train_bias: bool) -> np.ndarray:
     return U / np.linalg.norm(U, axis=0)
 
 
+def symmetric_jacobian(ode: OrderParameterODE, x, H: int, F: int, *, method: str = "auto", count: str = "") -> np.ndarray:
+    """``U^T J U`` (k, k): the Jacobian of the drift at the symmetric state ``x`` restricted to the perturbations
+    antisymmetric between heads 1 and 2 (``U``: :func:`antisymmetric_basis`), from ``J U``
+    (:func:`~singleloc.analysis._drift_jacobian.drift_jacobian` along ``k`` directions instead of ``n``); ``count`` as
+    :func:`linearize`'s. (0, 0) when ``H = 1``."""
+    M, Q, b = (np.asarray(a) for a in symmetric_state(jnp.asarray(x), H, F))
+    U = antisymmetric_basis(H, F, bool(ode.train_bias))
+    if U.shape[1] == 0:
+        return np.zeros((0, 0))
+    where = f", {count}" if count else ""
+    with Phase((f"linearizing the drift of {H} heads along its {U.shape[1]} head-1-2-antisymmetric directions "
+                f"({ode.expectation.route} route{where})", f"linearized the drift{where}"), quiet=True):
+        JU, _ = drift_jacobian(ode, M, Q, b, method=method, basis=U)
+    return U.T @ np.asarray(JU)
+
+
 def symmetric_escape_rate(ode: OrderParameterODE, x, H: int, F: int, *, mean=None, method: str = "auto",
-                          count: str = "", min_orthogonal: float = 0.5) -> float:
+                          count: str = "", min_orthogonal: float = 0.5, jacobian: np.ndarray | None = None) -> float:
     """Escape rate (:func:`escape_rate`) of the linearisation at the symmetric state ``x``
     (``count`` as :func:`linearize`'s), from the Jacobian restricted to the perturbations
-    antisymmetric between heads 1 and 2 (:func:`antisymmetric_basis`): ``U^T J U`` from ``J U``
-    (:func:`~singleloc.analysis._drift_jacobian.drift_jacobian` along ``k`` directions instead of
-    ``n``). Its eigenvalues are the symmetry-breaking ones of the full Jacobian, whose
+    antisymmetric between heads 1 and 2 (:func:`symmetric_jacobian`, or ``jacobian`` where it is at hand).
+    Its eigenvalues are the symmetry-breaking ones of the full Jacobian, whose
     eigenvectors break the symmetry entirely (asymmetry 1, above any ``min_asymmetry < 1``); the
     mean filter reads the ``M`` block ``u (e_1 - e_2)`` of the eigenvector ``U w`` as
     :func:`escape_rate` reads the full one's, ``u c`` with ``c`` orthogonal to ``1`` (the same
@@ -351,20 +368,57 @@ def symmetric_escape_rate(ode: OrderParameterODE, x, H: int, F: int, *, mean=Non
     term), the full Jacobian commutes with the permutations only to that quadrature's error, and
     the two rates differ by about as much: ``U^T J U`` drops the part of ``J`` that anticommutes
     with the swap (with two heads it is exactly the swap-averaged Jacobian's rate)."""
-    M, Q, b = (np.asarray(a) for a in symmetric_state(jnp.asarray(x), H, F))
-    train_bias = bool(ode.train_bias)
-    U = antisymmetric_basis(H, F, train_bias)
-    if U.shape[1] == 0:
+    A = symmetric_jacobian(ode, x, H, F, method=method, count=count) if jacobian is None else jacobian
+    if A.size == 0:
         return float("nan")
-    where = f", {count}" if count else ""
-    with Phase((f"linearizing the drift of {H} heads along its {U.shape[1]} head-1-2-antisymmetric directions "
-                f"({ode.expectation.route} route{where})", f"linearized the drift{where}"), quiet=True):
-        JU, _ = drift_jacobian(ode, M, Q, b, method=method, basis=U)
-    w, W = np.linalg.eig(U.T @ JU)
-    V = U @ W
+    w, W = np.linalg.eig(A)
+    V = antisymmetric_basis(H, F, bool(ode.train_bias)) @ W
     Ms = V[: H * F].T.reshape(-1, H, F)
     sel = _orthogonal_fractions(Ms, mean) > min_orthogonal
     return float(w.real[sel].max()) if sel.any() else float("nan")
+
+
+def start_variances(H: int, F: int, init_scale: float, D: int, train_bias: bool) -> np.ndarray:
+    """The variances of a random start's coordinates along the columns of :func:`antisymmetric_basis`: keys
+    ``k_h ~ N(0, init_scale^2 I_D)`` give ``M_hf ~ N(0, s^2 / D)`` (``s = init_scale``; the ``M`` columns),
+    ``(Q_11 - Q_22) / sqrt 2`` of variance ``2 s^4 / D`` and ``(Q_1g - Q_2g) / sqrt 2`` of variance ``s^4 / D``
+    (independent entries of ``K K^T / D``); the biases start equal (0)."""
+    return np.asarray([init_scale**2 / D] * F + [2 * init_scale**4 / D] + [init_scale**4 / D] * (H - 2)
+                      + [0.0] * train_bias)
+
+
+def tangent_escape(path_tau, jacobians, variances, H: int, F: int, *, mean=None, threshold: float = 1.0
+                   ) -> tuple[float, np.ndarray]:
+    """``(tau_esc, amplitude)``: the escape of the symmetry-breaking part of a random start under the flow
+    linearised along the head-symmetric path (the tangent-linear model). On ``[tau_i, tau_i+1]`` the perturbation
+    ``delta`` (coordinates of :func:`antisymmetric_basis`) follows ``d delta / d tau = A delta`` with ``A`` the mean of
+    the two ends' :func:`symmetric_jacobian` (``Phi`` the product of their exponentials), from the covariance
+    ``diag(variances)`` (:func:`start_variances`). ``amplitude`` at ``path_tau``: the root mean square of
+    ``|(M - mean_h M) P|_F``, ``P`` the projection of R^F orthogonal to the prior's ``mean`` (the identity without
+    one): ``H - 1`` independent copies of the antisymmetric pair (the head permutations act on ``M - mean_h M`` as
+    ``H - 1`` copies of their standard representation, which the Jacobian cannot mix with the others), so
+    ``amplitude^2 = (H - 1) sum_f (P Phi_M C Phi_M^T P)_ff`` (``Phi_M``: the ``M`` rows of ``Phi``). ``tau_esc``: the
+    first time it reaches ``threshold`` (log-linear within a step); beyond the path, growth at the largest real part
+    of the last Jacobian's eigenvalues (``inf`` if it is not positive). Unlike
+    ``exp(int lambda)`` from a plateau time, it counts the growth and the decay on the way to the plateau and the
+    turning of the growing direction (docs/phases.md, "When the heads leave the plateau")."""
+    t, A = np.asarray(path_tau, float), np.asarray(jacobians, float)
+    P = np.eye(F)
+    if mean is not None and np.linalg.norm(mean) > 1e-12:
+        mu = np.asarray(mean, float) / np.linalg.norm(mean)
+        P = P - np.outer(mu, mu)
+    Phi, sd = np.eye(A.shape[1]), np.sqrt(np.asarray(variances, float))
+    amplitude = []
+    for i in range(len(t)):
+        if i:
+            Phi = scipy.linalg.expm(0.5 * (A[i] + A[i - 1]) * (t[i] - t[i - 1])) @ Phi
+        amplitude.append(np.sqrt((H - 1) * np.sum((P @ Phi[:F] * sd) ** 2)))
+    amplitude = np.asarray(amplitude)
+    log_a, log_t = np.log(np.maximum(amplitude, TINY)), np.log(threshold)
+    if (amplitude >= threshold).any():
+        return float(first_crossing(t, log_a, log_t)), amplitude
+    top = np.linalg.eigvals(A[-1]).real.max() if len(t) else -np.inf
+    return (float(t[-1] + (log_t - log_a[-1]) / top) if top > 0 and amplitude[-1] > 0 else np.inf), amplitude
 
 
 def escape_rate_along(ode: OrderParameterODE, tau: Real[ArrayLike, " T"], xs: Real[ArrayLike, "T N"], H: int, F: int, *,

@@ -36,6 +36,11 @@ GRAM_NODE_BUDGET = 2**22
 #: :meth:`Theory.prediction_points`).
 PREDICTION_NODE_BUDGET = 2**18
 
+def _fitting_points(budget: int, L: int, H: int) -> int:
+    """The largest power of two of points whose nodes over ``L * H`` fields take at most ``budget`` numbers (1 at least)."""
+    return 1 << max(int(budget // (L * H)).bit_length() - 1, 0)
+
+
 #: Most Sobol points of a rule (``theory.points``, ``theory.gram_points``): its ``2 points`` nodes are
 #: counted in 32 bits (:data:`~singleloc.ground._validation.INT32_MAX`).
 SOBOL_POINTS_MAX = 2**30
@@ -413,8 +418,7 @@ class Theory:
         problem) and 4.1e-6 (``F = 1``). (One head has the term exactly: :mod:`~singleloc.expectations._laplace_gram`.)"""
         if self.gram_points != "auto":
             return int(self.gram_points)
-        fit = 1 << max(int(GRAM_NODE_BUDGET // (L * H)).bit_length() - 1, 0)
-        return max(int(points), min(GRAM_POINTS_MAX, fit))
+        return max(int(points), min(GRAM_POINTS_MAX, _fitting_points(GRAM_NODE_BUDGET, L, H)))
 
     def prediction_points(self, L: int, H: int, points: int) -> int:
         """The Sobol points of an escape prediction's rule on the rule route
@@ -422,8 +426,7 @@ class Theory:
         ``theory.points``: ``points``, but at most the largest power of two whose nodes over ``L * H`` fields are
         at most :data:`PREDICTION_NODE_BUDGET` (never fewer than 256), so that the prediction costs a fraction of
         the run's solve where the rule is large (docs/phases.md, "What the prediction costs")."""
-        fit = 1 << max(int(PREDICTION_NODE_BUDGET // (L * H)).bit_length() - 1, 0)
-        return min(int(points), max(256, fit))
+        return min(int(points), max(256, _fitting_points(PREDICTION_NODE_BUDGET, L, H)))
 
     @property
     def rank_aware(self) -> bool:

@@ -71,7 +71,7 @@ import numpy as np
 from ..analysis._attention_mass import attention_mass
 from ..analysis._head_classes import HEAD_CLASSES
 from ..analysis._phase_analysis import analyze
-from ..analysis._predictions import EscapePrediction, resolve_horizon, with_chosen_points
+from ..analysis._predictions import EscapePrediction, resolve_horizon
 from ..analysis._sweep_answers import GAP_TOL, add_heads_needed, bayes_columns
 from ..configuration._config import Config
 from ..expectations._laplace_expectation import DRIFT_UNCHECKED
@@ -284,7 +284,7 @@ def compute_sweep(base: Config, grids: Sequence[Grid], cache: str | Path, *, hor
             if path.name not in errors:
                 entry = read(cfg, "prediction")
                 predictions[i] = EscapePrediction.from_arrays(entry)
-                run_cfgs[i] = resolve_horizon(with_chosen_points(cfg, entry), predictions[i], horizon)
+                run_cfgs[i] = resolve_horizon(cfg, entry, horizon)
         costs = sweep_costs(points, run_cfgs, kinds, cache, horizon, stage="the runs to the predicted horizons",
                             quiet=not computed)  # said again, with the horizons the predictions set
         done, run_errors = fill_cache([(run_cfgs[i], kind) for i in run_cfgs for kind in kinds], cache, desc="sweep",

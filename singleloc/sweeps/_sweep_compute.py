@@ -108,8 +108,9 @@ def compute(config: Config, kind: str) -> dict[str, np.ndarray]:
         raise ValueError(f"kind must be one of {', '.join(map(repr, KINDS))}, got {kind!r}")
     if kind != "prediction":
         return {"theory": compute_theory, "simulation": compute_simulation, "bayes": compute_bayes}[kind](config)
-    with recorded(build(config)):  # a prediction's time, for the next sweep's estimate (singleloc.sweeps._sweep_estimate)
-        return compute_prediction(config)
+    setup = build(config)  # the route decided once, for the prediction and its recorded time
+    with recorded(setup):  # a prediction's time, for the next sweep's estimate (singleloc.sweeps._sweep_estimate)
+        return compute_prediction(setup)
 
 
 def compute_theories(configs: Sequence[Config]) -> list[dict[str, np.ndarray] | FloatingPointError]:
