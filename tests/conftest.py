@@ -25,14 +25,14 @@ os.environ["SINGLELOC_PROGRESS"] = "off"  # the commands' phase lines, as for a 
 
 
 def _kept_cache() -> str:
-    """``$SINGLELOC_TEST_CACHE``, a throw-away folder if that is empty, else ``$XDG_CACHE_HOME/singleloc/tests/``
-    (``~/.cache`` by default) in a folder named by the versions of JAX, jaxlib and singleloc (other versions'
-    folders are removed)."""
+    """``$SINGLELOC_TEST_CACHE``, a throw-away folder if that is empty (one for the session: pytest-xdist's workers
+    inherit it, as they share the kept one), else ``$XDG_CACHE_HOME/singleloc/tests/`` (``~/.cache`` by default) in a
+    folder named by the versions of JAX, jaxlib and singleloc (other versions' folders are removed)."""
     from importlib.metadata import version
 
     chosen = os.environ.get("SINGLELOC_TEST_CACHE")
     if chosen == "":
-        chosen = tempfile.mkdtemp(prefix="singleloc-test-jax-cache-")
+        chosen = os.environ["SINGLELOC_TEST_CACHE"] = tempfile.mkdtemp(prefix="singleloc-test-jax-cache-")
         atexit.register(shutil.rmtree, chosen, ignore_errors=True)
     elif chosen is None:
         base = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "singleloc", "tests")
