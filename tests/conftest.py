@@ -25,14 +25,14 @@ os.environ["SINGLELOC_PROGRESS"] = "off"  # the commands' phase lines, as for a 
 
 
 def _kept_cache() -> str:
-    """``$SINGLELOC_TEST_CACHE``, a throw-away folder if that is empty, else ``$XDG_CACHE_HOME/singleloc/tests/``
-    (``~/.cache`` by default) in a folder named by the versions of JAX, jaxlib and singleloc (other versions'
-    folders are removed)."""
+    """``$SINGLELOC_TEST_CACHE``, a throw-away folder if that is empty (one for the session: pytest-xdist's workers
+    inherit it, as they share the kept one), else ``$XDG_CACHE_HOME/singleloc/tests/`` (``~/.cache`` by default) in a
+    folder named by the versions of JAX, jaxlib and singleloc (other versions' folders are removed)."""
     from importlib.metadata import version
 
     chosen = os.environ.get("SINGLELOC_TEST_CACHE")
     if chosen == "":
-        chosen = tempfile.mkdtemp(prefix="singleloc-test-jax-cache-")
+        chosen = os.environ["SINGLELOC_TEST_CACHE"] = tempfile.mkdtemp(prefix="singleloc-test-jax-cache-")
         atexit.register(shutil.rmtree, chosen, ignore_errors=True)
     elif chosen is None:
         base = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "singleloc", "tests")
@@ -74,7 +74,8 @@ class _Compilations:
               "/jax/core/compile/jaxpr_to_mlir_module_duration": "lowering", BACKEND: "compiling"}
 
     def __init__(self):
-        self.seconds, self.compiled, self.loaded, self.making = Counter(), Counter(), Counter(), Counter()
+        self.seconds, self.compiled, self.loaded = Counter(), Counter(), Counter()
+        self.making = {phase: Counter() for phase in self.PHASES.values()}  # {phase: {test: seconds}}
         self.freed = Counter()  # {"times": how often the programs were freed for the memory maps (MAPPINGS_HIGH)}
         self.test, self._hit, self.watchers = "(outside tests)", threading.local(), []
 
@@ -85,7 +86,7 @@ class _Compilations:
     def duration(self, event: str, seconds: float, **kwargs) -> None:
         if event in self.PHASES:
             self.seconds[self.PHASES[event]] += seconds
-            self.making[self.test] += seconds
+            self.making[self.PHASES[event]][self.test] += seconds
         if event == self.BACKEND:
             loaded = getattr(self._hit, "value", False)
             (self.loaded if loaded else self.compiled)[self.test] += 1
@@ -106,6 +107,8 @@ def pytest_addoption(parser):
     parser.addoption("--compilations", type=int, metavar="N", default=0,
                      help="list the N tests that made the most XLA programs (compiled or loaded), with their seconds "
                           "tracing, lowering and compiling or loading")
+    parser.addoption("--compilations-by", choices=("test", "file"), default="test",
+                     help="what --compilations lists: tests (the default) or test files")
 
 
 @pytest.hookimpl(wrapper=True)
@@ -126,8 +129,8 @@ def _over_ceiling(config) -> bool:
 def pytest_sessionfinish(session):
     if hasattr(session.config, "workeroutput"):  # a pytest-xdist worker: its counts go to the controller
         c = _COMPILATIONS
-        session.config.workeroutput["compilations"] = (dict(c.compiled), dict(c.loaded), dict(c.seconds), dict(c.making),
-                                                       dict(c.freed))
+        session.config.workeroutput["compilations"] = (dict(c.compiled), dict(c.loaded), dict(c.seconds), dict(c.freed),
+                                                       *(dict(c.making[phase]) for phase in c.making))
     elif _over_ceiling(session.config) and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
@@ -136,7 +139,8 @@ def pytest_sessionfinish(session):
 def pytest_testnodedown(node, error):
     """pytest-xdist's controller: a worker's programs and seconds added to the session's."""
     c = _COMPILATIONS
-    for counter, part in zip((c.compiled, c.loaded, c.seconds, c.making, c.freed), node.workeroutput.get("compilations", ())):
+    for counter, part in zip((c.compiled, c.loaded, c.seconds, c.freed, *c.making.values()),
+                             node.workeroutput.get("compilations", ())):
         counter.update(part)
 
 
@@ -145,8 +149,15 @@ def pytest_terminal_summary(terminalreporter, config):
     write(f"compilation: {c.compiled.total()} programs compiled, {c.loaded.total()} loaded from the kept cache "
           f"({_CACHE_DIR}); {t['tracing']:.0f} s tracing, {t['lowering']:.0f} s lowering, {t['compiling']:.0f} s "
           f"compiling or loading; freed {c.freed['times']} times at {MAPPINGS_HIGH} memory maps (tests/conftest.py)")
-    for test, n in (c.compiled + c.loaded).most_common(config.getoption("--compilations")):
-        write(f"{n:5d} programs ({c.compiled[test]} compiled, {c.making[test]:5.1f} s)  {test}")
+    def by(counter: Counter) -> Counter:  # per test, or summed per file
+        return counter if config.getoption("--compilations-by") == "test" else Counter(
+            {name: sum(v for test, v in counter.items() if test.split("::")[0] == name)
+             for name in {test.split("::")[0] for test in counter}})
+
+    compiled, making = by(c.compiled), {phase: by(counter) for phase, counter in c.making.items()}
+    for name, n in (compiled + by(c.loaded)).most_common(config.getoption("--compilations")):
+        write(f"{n:5d} programs ({compiled[name]} compiled; {making['tracing'][name]:5.1f} s tracing, "
+              f"{making['lowering'][name]:5.1f} s lowering, {making['compiling'][name]:5.1f} s compiling)  {name}")
     if _over_ceiling(config):
         write(f"compilation ceiling: the default suite made {c.made()} programs, more than tests/conftest.py's CEILING "
               f"of {CEILING} (--compilations 25 lists the tests that made the most)", red=True)

@@ -44,11 +44,10 @@ def test_one_start_solves_as_in_a_batch(tiny_theory, tiny_theory_seeds):
 
 def test_identical_heads_stay_identical_along_the_solution():
     """On the Sobol rule, closed under the cyclic shifts of the heads (its subject: the exact route's
-    symmetry is that of its quadrature, tests/test_laplace_gradients.py)."""
-    cfg = sl.load_config("bsoftmax", ["sgd.tau_max=2", "sgd.n_save=5", "theory.points=256", "theory.route=rule"])
-    M0 = np.array([[0.01, 0.02], [0.01, 0.02]])
+    symmetry is that of its quadrature, tests/test_laplace_gradients.py); the tiny problem's rule program."""
+    M0 = np.array([[0.02], [0.02]])
     Q0 = np.full((2, 2), 0.25)
-    res = sl.integrate(cfg, (M0, Q0, np.zeros(2)), progress=False)
+    res = sl.integrate(tiny("sgd.n_save=5", rule=True), (M0, Q0, np.zeros(2)), progress=False)
     np.testing.assert_allclose(res.M[0, :, 0], res.M[0, :, 1], rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(res.Q[0, :, 0, 0], res.Q[0, :, 0, 1], rtol=1e-10)
 
@@ -75,8 +74,9 @@ def test_a_learning_rate_far_past_stability_stops_within_seconds_and_names_sgd_l
 
 
 def test_a_diverging_solve_on_the_rule_stops_with_a_clear_error():
-    """On the Sobol rule of the default problem, lr = 1e5: the same stop, the same message."""
-    cfg = sl.load_config("default", ["sgd.lr=1e5", "sgd.tau_max=30", "sgd.n_save=4", "theory.points=256", "theory.route=rule"])
+    """On the Sobol rule of the tiny problem (its program: the learning rate is a value), lr = 1e5: the same
+    stop, the same message."""
+    cfg = tiny("sgd.lr=1e5", "sgd.tau_max=30", "sgd.n_save=4", rule=True)
     with pytest.raises(FloatingPointError, match=r"stopped near .*: its steps fell below .*sgd\.lr"):
         sl.integrate(cfg, progress=False)
 
