@@ -30,7 +30,7 @@ def register(sub) -> None:
     )
     add_config_arguments(p, resume=True)
     p.add_argument("--horizon", type=horizon_type, default="config", metavar="config|auto|TAU",
-                   help="how far to integrate: config (default): sgd.tau_max on the config's grid; auto: 2.5 times "
+                   help="how far to integrate: config (default): sgd.tau_max on the config's grid; auto: 5 times "
                    "the predicted escape from the unspecialized plateau (tau_0 + log(D) / (2 lambda), as `sweep` "
                    "predicts it; rounded up to two digits, at most 3000, 300 without a predicted escape); TAU: that "
                    "time; both on a log grid of at least 201 saved times; with --continue: TAU, the new horizon")

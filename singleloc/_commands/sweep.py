@@ -30,7 +30,7 @@ def register(sub) -> None:
                    help="values of one config key (repeatable; the sweep is the product), "
                    "e.g. --grid model.heads=1,2,4 --grid problem.F=1,2")
     p.add_argument("--horizon", type=horizon_type, default="auto", metavar="auto|config|TAU",
-                   help="how far to integrate each point: auto (default): 2.5 times its predicted escape, "
+                   help="how far to integrate each point: auto (default): 5 times its predicted escape, "
                    "rounded up to two digits, at most 3000 (300 without a predicted escape); TAU: that time; "
                    "both on a log grid of at least 201 saved times; config: sgd.tau_max and the config's grid")
     p.add_argument("--simulate", action="store_true", help="also run the finite-D simulation at every point")

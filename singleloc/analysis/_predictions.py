@@ -49,7 +49,10 @@ points, predicted escape 742.1 by the old rule (1024 points: 736.6; 256: 795.5; 
 horizon) in 47-74 s (15.5 min on the run's rule); the heads escaped at 423. The exact route takes the run's
 numerics.
 
-**The horizon** (:func:`escape_horizon`): ``multiple = 2.5`` times the predicted escape,
+**The horizon** (:func:`escape_horizon`): ``multiple = 5`` times the predicted escape (the escape of the first
+direction: the later directions' escapes and the settling come after it; on the README sweep 2.5 times the
+tangent-linear prediction left every bsoftmax point with two heads or more unsettled, its gaps to the Bayes risk
+2.1-2.7x those at the longer horizons of the earlier, late rule: F = 2, H = 3 and 4; F = 3, H = 4),
 rounded up to two significant digits and capped at ``cap = 3000``; without a predicted escape,
 ``fallback = 300`` (at the default problem the symmetric risk changes by less than ``1e-4``
 after tau = 200). ``singleloc sweep`` and ``singleloc integrate --horizon auto`` integrate each point up
@@ -83,7 +86,7 @@ from ._stability import (
 )
 
 #: Defaults of the horizon rule (:func:`escape_horizon`).
-HORIZON_MULTIPLE = 2.5
+HORIZON_MULTIPLE = 5.0
 HORIZON_CAP = 3000.0
 HORIZON_FALLBACK = 300.0
 

@@ -5,7 +5,7 @@ points are their Cartesian product. At each point it
 
 1. predicts the escape from the unspecialized plateau and the horizon
    (:func:`singleloc.analysis._predictions.predicted_escape`: ``tau_0 + log(D) / (2 lambda)`` from the
-   linearisation along the symmetric flow; horizon 2.5 times that, rounded up to two digits,
+   linearisation along the symmetric flow; horizon 5 times that, rounded up to two digits,
    at most 3000; 300 when no escape is predicted); with ``theory.points = "auto"`` it first
    chooses the point's number of points (:func:`~singleloc.resolve_points` at the starts of
    step 3), stored with the prediction and used by every later step of the point;
