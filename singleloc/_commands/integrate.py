@@ -103,8 +103,8 @@ def _resolve_horizon(setup, horizon):
 
     entry, said, predicted = None, "horizon given", {}
     if horizon == "auto":
-        announce("predicting the escape from the unspecialized plateau (the head-symmetric flow, then its linearisation "
-                 "along the plateau)", prediction_estimate(setup), "give --horizon a number")
+        announce("predicting the escape from the unspecialized plateau (the head-symmetric flow, then the start's "
+                 "symmetry-breaking part carried by its linearisations)", prediction_estimate(setup), "give --horizon a number")
         with recorded(setup):  # its time, for the next estimate
             entry = compute_prediction(setup)  # on the route decided (no second decision)
         prediction = EscapePrediction.from_arrays(entry)

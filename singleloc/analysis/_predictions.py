@@ -191,7 +191,7 @@ def predicted_escape(config: Config | Setup | None = None, *, problem: Problem |
     ts = np.concatenate([[0.0], np.geomspace(tau_flow * 1e-4, tau_flow, _PATH_POINTS)])
     on = f"{ode.expectation.route} route" + (f", {points} points" if field_nodes else "")
     with Phase((f"following the head-symmetric flow of {H} heads to tau = {tau_flow:g} ({on}; "
-                f"then at most {n_rates} linearizations along its plateau)", "followed the head-symmetric flow")):
+                f"then at most {n_rates} linearizations along it)", "followed the head-symmetric flow")):
         xs, risk = symmetric_path(ode, x0, H, F, ts, rtol=setup.theory.rtol, atol=setup.theory.atol)
     n = int(np.argmin(np.isfinite(risk))) if not np.all(np.isfinite(risk)) else len(ts)
     ts, xs, risk = ts[:n], xs[:n], risk[:n]
