@@ -347,17 +347,17 @@ def test_start_variances_are_those_of_the_simulators_starts():
 
 
 def test_escape_horizon_rule():
-    assert escape_horizon(100.0) == 250.0
-    assert escape_horizon(123.4) == 310.0  # 2.5 * 123.4 = 308.5, rounded up to two digits
-    assert escape_horizon(0.42) == 1.1
-    assert escape_horizon(2000.0) == 3000.0  # the cap
+    assert escape_horizon(100.0) == 500.0
+    assert escape_horizon(123.4) == 620.0  # 5 * 123.4 = 617, rounded up to two digits
+    assert escape_horizon(0.42) == 2.1
+    assert escape_horizon(700.0) == 3000.0  # the cap
     assert escape_horizon(np.inf) == escape_horizon(np.nan) == 300.0  # the fallback
     assert escape_horizon(np.inf, fallback=5000.0) == 3000.0
     assert escape_horizon(100.0, multiple=4.0, cap=350.0) == 350.0
     grid = np.geomspace(0.1, 5000.0, 400)
     h = np.array([escape_horizon(x) for x in grid])
     assert np.all(np.diff(h) >= 0)
-    assert np.all(h >= np.minimum(2.5 * grid, 3000.0)) and np.all(h <= np.minimum(2.75 * grid, 3000.0))
+    assert np.all(h >= np.minimum(5.0 * grid, 3000.0)) and np.all(h <= np.minimum(5.5 * grid, 3000.0))
     with pytest.raises(ValueError, match="must be > 0"):
         escape_horizon(10.0, multiple=0.0)
 

@@ -99,7 +99,7 @@ def test_second_sweep_hits_the_cache_and_changes_recompute_only_affected_points(
     for r in table:
         H, F = int(r["heads"]), int(r["F"])
         assert float(r["final_risk"]) == pytest.approx(0.2 * 0.25)
-        assert float(r["horizon"]) == (100.0 if H > 1 else 300.0)
+        assert float(r["horizon"]) == (200.0 if H > 1 else 300.0)
         # with F = 1 the only spike is the mean direction: along it, a head is unspecialized;
         # head 1 of H = 2, F = 1 has no spike part (unspecialized too)
         assert float(r["n_aligned"]) == (min(H, F) if F > 1 else 0)
@@ -165,7 +165,7 @@ def test_horizon_modes(tmp_path, fake_compute):
     the same grid; config: the configuration as it is. The horizon is part of the cache key."""
     base = load_config("default", ["sgd.n_save=31", "theory.points=64"])
     grids = [parse_grid("model.heads=2")]
-    for horizon, want in (("auto", (100.0, "log", 201)), (77.0, (77.0, "log", 201)), ("config", (30.0, "linear", 31))):
+    for horizon, want in (("auto", (200.0, "log", 201)), (77.0, (77.0, "log", 201)), ("config", (30.0, "linear", 31))):
         rows, _ = _sweep.sweep(base, grids, tmp_path, horizon=horizon, progress=False, figures=False)
         sgd = fake_compute[-1].sgd
         assert (sgd.tau_max, sgd.spacing, sgd.n_save) == want and rows[0]["horizon"] == want[0]
