@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SAVED = ROOT / "figures" / "readme_numbers.json"
-WORDS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8}
+WORDS = {"none": 0, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8}
 
 
 def _quoted(pattern: str) -> tuple[str, ...]:
@@ -81,9 +81,11 @@ def test_the_heads_needed_and_the_gaps(saved):
 
 def test_the_heads_pruning_removes(saved):
     story = saved["numbers"]["prune"]
-    removable, heads = _quoted(r"\): (\w+) of the (\w+) heads, as `H - F = 1` says")
+    removable, heads = _quoted(r"the first story \([^)]*\): (\w+) of the (\w+) heads within 0.01")
     assert (WORDS[removable], WORDS[heads]) == (story["removable"], story["heads"])
-    assert story["heads"] - saved["numbers"]["specialization"]["F"] == story["removable"]  # "as H - F = 1 says"
+    rise = min(story["risks"][1:]) - story["risks"][0]  # the cheapest removal, as the README words it
+    assert _quoted(r"removing the least useful one raises the risk by ([\d.]+) \(([\d.]+) to ([\d.]+)\)") == (
+        f"{rise:.3f}", f"{story['risks'][0]:.3f}", f"{story['risks'][0] + rise:.3f}")
     assert _quoted(r"the first story \(([^)]*)\)")[0] == _minutes(saved["seconds"]["prune"])
 
 
