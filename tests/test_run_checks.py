@@ -18,6 +18,7 @@ from singleloc.preflight._build import build
 from singleloc.pruning import _pruning
 from singleloc.sweeps import _sweep
 from singleloc.sweeps._grid import parse_grid
+from singleloc.theory import _accuracy
 from singleloc.theory._accuracy import PointsChoice
 
 jax.config.update("jax_enable_x64", True)
@@ -192,7 +193,7 @@ def test_prune_run_prunes_the_final_state_of_every_stored_layer(monkeypatch):
     sim = {k: rng.normal(size=(S, *v.shape)) for k, v in theory.items() if k != "tau"}
     run = sl.Run(None, cfg, {"theory": theory, "simulation": sim}, "hash")
     resolved, calls = [], []
-    monkeypatch.setattr(_pruning, "points_for", lambda setup, y0: resolved.append(setup) or PointsChoice(512, 0.0, 1, ()))
+    monkeypatch.setattr(_accuracy, "points_for", lambda setup, y0: resolved.append(setup) or PointsChoice(512, 0.0, 1, ()))
     monkeypatch.setattr(_pruning, "_pruned", lambda risk, M, order, draws, seed: calls.append(
         (risk, risk.setup, risk.M, risk.Q, risk.b, order, {"draws": draws, "seed": seed})))
     results = sl.prune_run(run, "alignment", draws=3, seed=7)

@@ -73,8 +73,8 @@ from ..ground._choices import check_horizon
 from ..ground._validation import number
 from ..preflight._build import Setup, build
 from ..runtime._progress import Phase
-from ..theory._accuracy import points_for
-from ..theory._starts import batched_starts, initial_conditions
+from ..theory._accuracy import resolve_points
+from ..theory._starts import initial_conditions
 from ..theory._theory import OrderParameterODE
 from ._stability import (
     start_variances,
@@ -181,8 +181,7 @@ def predicted_escape(config: Config | Setup | None = None, *, problem: Problem |
     setup = config if isinstance(config, Setup) else build(config)  # the route decided once, for "auto"'s probes and the flow
     H, F = config.model.heads, config.problem.F
     D = config.simulation.D
-    if setup.theory.points == "auto":
-        setup = setup.replace("theory", points=points_for(setup, initial_conditions(setup.config, 1)).points)
+    setup = resolve_points(setup)
     points, field_nodes = setup.theory.points, setup.route.route_class.field_nodes
     if field_nodes:  # a cheaper rule where the run's is large (module docstring)
         points = setup.theory.prediction_points(setup.problem.L, H, points)
@@ -196,7 +195,7 @@ def predicted_escape(config: Config | Setup | None = None, *, problem: Problem |
     n = int(np.argmin(np.isfinite(risk))) if not np.all(np.isfinite(risk)) else len(ts)
     ts, xs, risk = ts[:n], xs[:n], risk[:n]
     tau_0 = plateau_time(ts, risk, plateau_fraction)
-    path_tau, path_rate, jacobians = [], [], []
+    path_tau, path_rate, jacobians, tau_esc = [], [], [], math.inf
     if H > 1 and n > 1:
         variances = start_variances(H, F, setup.sgd.init_scale, D, bool(ode.train_bias))
         along = np.unique(np.concatenate([[0], np.searchsorted(ts, np.geomspace(ts[1], ts[-1], n_rates - 1) * (1 - 1e-12))]))
@@ -205,9 +204,9 @@ def predicted_escape(config: Config | Setup | None = None, *, problem: Problem |
             jacobians.append(symmetric_jacobian(ode, xs[i], H, F, method=method,
                                                 count=f"{k + 1} of at most {len(along)} along the flow"))
             path_rate.append(symmetric_escape_rate(ode, xs[i], H, F, mean=mean, jacobian=jacobians[-1]))
-            if tangent_escape(path_tau, jacobians, variances, H, F, mean=mean)[1][-1] >= 1.0:
+            tau_esc, amplitude = tangent_escape(path_tau, jacobians, variances, H, F, mean=mean)
+            if amplitude[-1] >= 1.0:
                 break
-    tau_esc = tangent_escape(path_tau, jacobians, variances, H, F, mean=mean)[0] if path_tau else math.inf
     rate = math.nan if not np.isfinite(path_rate).any() else float(np.asarray(path_rate)[np.isfinite(path_rate)][-1])
     if np.isfinite(tau_esc) and tau_esc > tau_0:  # the effective rate along the plateau (module docstring)
         rate = 0.5 * math.log(D) / (tau_esc - tau_0)
@@ -225,8 +224,7 @@ def compute_prediction(setup: Setup) -> dict[str, np.ndarray]:
     summaries of the point all use it (:func:`resolve_horizon`)."""
     if setup.theory.points != "auto":
         return predicted_escape(setup).arrays()
-    starts = batched_starts(setup.model.weighting.state(initial_conditions(setup.config)))
-    setup = setup.replace("theory", points=points_for(setup, starts).points)
+    setup = resolve_points(setup, initial_conditions(setup.config))
     return predicted_escape(setup).arrays() | {"points": np.asarray(setup.theory.points)}
 
 

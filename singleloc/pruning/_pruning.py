@@ -60,9 +60,8 @@ from ..model._heldout import draw_heldout, heldout_losses
 from ..preflight._build import Setup, build
 from ..preflight._estimates import prune_evaluations, pruning
 from ..preflight._resources import check_memory, check_quadrature, theory_bytes
-from ..theory._accuracy import points_for
+from ..theory._accuracy import resolve_points
 from ..theory._ode import integrate
-from ..theory._starts import initial_conditions
 from ..theory._theory import OrderParameterODE, OrderParameters
 from ._pruning_result import PruningResult
 
@@ -106,8 +105,7 @@ def pruning_setup(setup: Setup, heads: int | None = None) -> Setup:
         setup = setup.replace("theory", route=route.route)
     if th.points != "auto" and route.route_class.field_nodes:
         check_quadrature(pb.L, setup.heads, setup.prior, th.points, principal=th.rank_aware)
-    if th.points == "auto":
-        setup = setup.replace("theory", points=points_for(setup, initial_conditions(setup.config, 1)).points)
+    setup = resolve_points(setup)
     check_memory({f"the theory's quadrature (theory.points = {setup.theory.points})":
                   theory_bytes(pb.L, setup.heads, setup.prior, setup.theory, route, 1)})
     return setup

@@ -117,11 +117,12 @@ def points_for(setup: Setup, y0: OrderParameters) -> PointsChoice:
     return PointsChoice(n, tried[n], R, tuple(sorted(tried.items())))
 
 
-def resolve_points(config: Config, y0: Starts | None = None) -> Config:
+def resolve_points(config: Config | Setup, y0: Starts | None = None) -> Config | Setup:
     """``config`` with ``theory.points = "auto"`` replaced by the number of points
     :func:`~singleloc.choose_points` picks at the starts ``y0`` (leading axis ``S``; default the
     start :func:`integrate` uses, the simulator's initial overlaps of seed 0); ``config`` itself
-    when ``theory.points`` is a number.
+    when ``theory.points`` is a number. A :class:`~singleloc.preflight._build.Setup` is probed on its
+    route as decided (:func:`points_for`) and comes back as a Setup.
 
     Every entry point that builds an :class:`~singleloc.OrderParameterODE` from a config that may
     say ``"auto"`` calls it first (the escape prediction, the SDE, the pruning risks, a sweep's
@@ -130,5 +131,7 @@ def resolve_points(config: Config, y0: Starts | None = None) -> Config:
     estimate of the choice (:attr:`TheoryResult.drift_error`)."""
     if config.theory.points != "auto":
         return config
-    starts = initial_conditions(config, 1) if y0 is None else batched_starts(config.model.weighting.state(y0))
-    return config.replace(theory={"points": choose_points(config, starts).points})
+    setup = config if isinstance(config, Setup) else build(config)
+    starts = initial_conditions(setup.config, 1) if y0 is None else batched_starts(setup.model.weighting.state(y0))
+    points = points_for(setup, starts).points
+    return setup.replace("theory", points=points) if config is setup else config.replace(theory={"points": points})

@@ -49,8 +49,7 @@ from ..preflight._build import Setup, build
 from ..runtime._compilation import checks_as_nan
 from ..runtime._numerics import psd_sqrt
 from ..sgd._sgd_rule import Starts
-from ._accuracy import points_for
-from ._starts import batched_starts
+from ._accuracy import resolve_points
 from ._theory import OrderParameterODE, flatten_state, unflatten_state
 from ._trajectory import Trajectory
 
@@ -172,8 +171,7 @@ def integrate_sde(config: Config | None = None, y0: Starts = None, keys: Shaped[
                           simulation=simulation)
     require_uniform_head_weights(config, "integrate_sde")
     setup = build(config)  # the route decided once, for the points' probes and the SDE
-    if setup.theory.points == "auto":
-        setup = setup.replace("theory", points=points_for(setup, batched_starts(setup.model.weighting.state(y0))).points)
+    setup = resolve_points(setup, y0)
     D = config.simulation.D if D is None else D
     ode = OrderParameterODE.from_setup(setup)
     fields = sde_rule(setup, setup.theory.points)
