@@ -1,5 +1,5 @@
-"""The numbers the README quotes for its main job and its three questions, regenerated: the commands of
-``user_stories.py`` and the main job run as a user runs them, and the numbers read from their run folders.
+"""The README's main job and its three questions, run as a user runs them (the command line), and the numbers
+the README quotes read from their run folders; the story figures copied from the same runs.
 
 0. The main job (``compare showcase``): what the heads of each theory start and each simulated seed have learned
    at the end (:func:`~singleloc.analysis._head_classes.final_outcomes`), counted, with the final risks.
@@ -10,8 +10,15 @@
    sweep's wall time.
 3. Which heads can go: the heads greedy pruning removes within 0.01 of the theory's risk, ``prune``'s wall time.
 
-Prints them and writes figures/readme_numbers.json, which tests/test_readme_numbers.py compares with the
-README (without rerunning; its slow test reruns the cheapest question, pruning, on the cached run).
+The three questions' commands: ``singleloc integrate softmax1 --set model.heads=4 --set problem.F=3 --horizon auto``
+then ``singleloc plot`` (figures/story_specialization.png), the 16-point sweep ``singleloc sweep default --grid
+model.activation=softmax1,bsoftmax --grid model.heads=1,2,3,4 --grid problem.F=2,3 --set simulation.seeds=1 --set
+theory.route=rule`` (figures/story_heads_needed.png) and ``singleloc prune`` of the first run
+(figures/story_prune.png).
+
+Prints them and writes figures/readme_numbers.json (the numbers, and every command with its wall time and what it
+printed), which tests/test_readme_numbers.py compares with the README (without rerunning; its slow test reruns the
+cheapest question, pruning, on the cached run).
 About 25 minutes on a loaded 2-core CPU. ``--cache DIR``: keep the run folders (a question whose folder
 is complete is not run again); ``--quick``: tiny sizes, to check that the script runs; ``--story NAME``
 (``showcase`` or ``questions``, repeatable): run those only, keeping the saved numbers of the others.
@@ -19,32 +26,61 @@ is complete is not run again); ``--quick``: tiny sizes, to check that the script
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
 import json
 import os
+import shutil
 import tempfile
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import jax
 import numpy as np
 from _common import cache_dir, figures_dir, parser, save_json
-from user_stories import FIGURES, QUICK, STORIES, _run
 
 import singleloc as sl
+from singleloc.cli import main as singleloc_command
 
 jax.config.update("jax_enable_x64", True)
 
 #: The rise of the risk within which ``prune`` counts a head as removable (its ``--tol`` default).
 PRUNE_TOL = 0.01
+#: The three questions' commands (``{out}``: the run folders) and the figure each story's README section shows.
+STORIES = {
+    "specialization": [["integrate", "softmax1", "--set", "model.heads=4", "--set", "problem.F=3", "--horizon", "auto",
+                        "--out", "{out}/a"], ["plot", "{out}/a"]],
+    "heads_needed": [["sweep", "default", "--grid", "model.activation=softmax1,bsoftmax", "--grid", "model.heads=1,2,3,4",
+                      "--grid", "problem.F=2,3", "--set", "simulation.seeds=1", "--set", "theory.route=rule",
+                      "--out", "{out}/c"]],
+    "prune": [["prune", "{out}/a", "--out", "{out}/d"]],
+}
+FIGURES = {"specialization": "a/theory.png", "heads_needed": "c/heads_needed.png", "prune": "d/prune.png"}
+QUICK = ["--set", "theory.route=rule", "--set", "theory.points=256", "--set", "sgd.tau_max=20"]
 #: The main job, as the README's first command runs it, and the file that says it is complete.
 SHOWCASE = {"showcase": [["compare", "showcase", "--out", "{out}/s"]]}
 COMPLETE = {**FIGURES, "showcase": "s/compare.png"}
 
 
-def run_stories(out: Path, quick: bool, stories) -> dict[str, float]:
-    """Run the commands of each of ``stories`` not yet complete in ``out``; their wall times (s) by story."""
-    seconds = {}
+def _run(argv: list[str]) -> tuple[str, float]:
+    """One command, its stdout and wall time (stderr goes to the terminal: progress and notes)."""
+    out = io.StringIO()
+    start = time.perf_counter()
+    with contextlib.redirect_stdout(out):
+        code = singleloc_command(argv)
+    seconds = time.perf_counter() - start
+    print(f"$ singleloc {' '.join(argv)}\n{out.getvalue()}({seconds:.0f} s)", flush=True)
+    if code != 0:
+        raise SystemExit(f"singleloc {argv[0]} failed")
+    return out.getvalue(), seconds
+
+
+def run_stories(out: Path, quick: bool, stories) -> tuple[dict[str, float], dict[str, list[dict]]]:
+    """Run the commands of each of ``stories`` not yet complete in ``out``; their wall times (s) by story, and
+    each command as a user typed it (``runs/``), its wall time and what it printed."""
+    seconds, outputs = {}, {}
     for story, commands in {**SHOWCASE, **STORIES}.items():
         if story not in stories:
             continue
@@ -61,8 +97,11 @@ def run_stories(out: Path, quick: bool, stories) -> dict[str, float]:
             if quick and argv[0] == "sweep":
                 small = {"model.heads=1,2,3,4": "model.heads=1,2", "problem.F=2,3": "problem.F=2"}
                 argv = [small.get(a, a) for a in argv] + ["--set", "theory.points=256", "--horizon", "10"]
-            seconds[story] += round(_run(argv)[1], 1)
-    return seconds
+            text, took = _run(argv)
+            seconds[story] += round(took, 1)
+            outputs.setdefault(story, []).append({"command": "singleloc " + " ".join(argv).replace(str(out), "runs"),
+                                                  "seconds": round(took, 1), "output": text.replace(str(out), "runs")})
+    return seconds, outputs
 
 
 def showcase(out: Path) -> dict:
@@ -120,14 +159,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out = cache_dir(args, "readme_numbers") or Path(tmp)
         out.mkdir(parents=True, exist_ok=True)
-        seconds = run_stories(out, args.quick, stories)
+        seconds, outputs = run_stories(out, args.quick, stories)
         numbers = {**({"showcase": showcase(out)} if "showcase" in stories else {}), **(questions(out) if questions_too else {})}
-        record = {"numbers": numbers, "seconds": seconds, "load_average": [load, os.getloadavg()[0]]}
-    saved = figures_dir(args) / "readme_numbers.json"
+        record = {"numbers": numbers, "seconds": seconds, "outputs": outputs, "load_average": [load, os.getloadavg()[0]]}
+        figures = figures_dir(args)
+        for story, source in FIGURES.items():
+            if story in stories:
+                print(f"wrote {shutil.copyfile(out / source, figures / f'story_{story}.png')}")
+    saved = figures / "readme_numbers.json"
     if saved.is_file():  # a cached or unrun story keeps what was saved with it
         before = json.loads(saved.read_text())
-        record["numbers"] = {**before.get("numbers", {}), **record["numbers"]}
-        record["seconds"] = {**before.get("seconds", {}), **seconds}
+        for key in ("numbers", "seconds", "outputs"):
+            record[key] = {**before.get(key, {}), **record[key]}
         if not questions_too:  # the load at which the questions' wall times were measured
             record["load_average"] = before.get("load_average", record["load_average"])
     for story, values in record["numbers"].items():
