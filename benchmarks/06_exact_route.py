@@ -416,10 +416,24 @@ def profile(quick: bool) -> list[dict]:
         t = time.process_time()
         jax.block_until_ready(f(*args))
         ms[k].append(1e3 * (time.process_time() - t))
-    rows = [{"part": k, "H": H, "min_ms": float(np.min(v[1:])), "median_ms": float(np.median(v[1:]))} for k, v in ms.items()]
-    print(f"\nWhere a drift's time goes (softmax, L = 8, H = {H}, near copies): process CPU ms")
-    print("| part | min | median |\n|---|---|---|")
-    print("\n".join(f"| {r['part']} | {r['min_ms']:.2f} | {r['median_ms']:.2f} |" for r in rows))
+    def mflop(f, args):  # XLA's count, for the parts without a loop (jax.jit; it counts a loop's body once)
+        if isinstance(f, eqx.Module):
+            return float("nan")
+        cost = f.lower(*args).compile().cost_analysis()
+        return float((cost[0] if isinstance(cost, list) else cost).get("flops", np.nan)) / 1e6
+
+    rows = [{"part": k, "H": H, "min_ms": float(np.min(v[1:])), "median_ms": float(np.median(v[1:])),
+             "mflop": mflop(*parts[k])} for k, v in ms.items()]
+    print(f"\nWhere a drift's time goes (softmax, L = 8, H = {H}, near copies): process CPU ms, and XLA's count of "
+          "floating-point operations (MFLOP; blank for programs with a loop)")
+    print("| part | min | median | MFLOP |\n|---|---|---|---|")
+    print("\n".join(f"| {r['part']} | {r['min_ms']:.2f} | {r['median_ms']:.2f} | {r['mflop']:.1f} |" for r in rows))
+    by = {r["part"]: r for r in rows}
+    rate = by["six products"]["mflop"] / by["six products"]["min_ms"]  # GFLOP/s of a matrix product here
+    pairs = H * (H - 1) // 2
+    print(f"The pairs' gradients at the matrix product's rate ({rate:.1f} GFLOP/s): {pairs} x "
+          f"{by['one pair, gradient']['mflop']:.0f} MFLOP = {pairs * by['one pair, gradient']['mflop'] / rate:.0f} ms, "
+          f"the floor of this layout (measured: {pairs * by['one pair, gradient']['min_ms']:.0f} ms)")
     return rows
 
 
