@@ -127,22 +127,6 @@ def top_n_diagnostics(weights: Rows, values: Rows, n: int | None = None, *, mask
     return TopN(sel, s, dist, d, r, ns, ratio)
 
 
-def context_vector(weights: Rows, values: Rows, n: int, *, mask: Mask = None) -> np.ndarray:
-    """``s = sum_{i in I_N} alpha_i x_i``, shape (..., d); see :func:`top_n_diagnostics`."""
-    return top_n_diagnostics(weights, values, n, mask=mask).context
-
-
-def representation_distance(weights: Rows, values: Rows, n: int, *, mask: Mask = None) -> np.ndarray:
-    """``d = sum_{i not in I_N} |alpha_i x_i - s|`` per row; see :func:`top_n_diagnostics`."""
-    return top_n_diagnostics(weights, values, n, mask=mask).distance
-
-
-def geometric_separability(weights: Rows, values: Rows, n: int, *, mask: Mask = None) -> np.ndarray:
-    """``N_s/N`` per row: the share of the top-N tokens closer to ``s`` than every other token
-    (distances ``|s - alpha_i x_i|``); see :func:`top_n_diagnostics`."""
-    return top_n_diagnostics(weights, values, n, mask=mask).separability
-
-
 # --------------------------------------------------------------------------- critical top-N
 
 #: The largest detectable shift (:func:`detectable_shift`) at which the critical top-N counts as stable:
