@@ -24,15 +24,11 @@ of a random start (``M = 0``, ``R_orth = init_scale^2 I``, ``b = bias_init``) up
   so that ``tau_esc = tau_0 + log(D) / (2 lambda)`` holds exactly (where the escape comes after ``tau_0``;
   before it, the rate at the last state evaluated).
 
-  Why the tangent-linear model and not ``int_{tau_0} lambda = (1/2) log D`` (the rule before, issue 61 item 3):
-  the perturbation grows or decays on the way down to the plateau too, and its size at the start grows with
-  the number of heads (``init_scale sqrt((H - 1) F / D)``, against the ``D^{-1/2}`` the old rule took). On
-  softmax1 with ``F = 3, L = 8`` (rule route, 512 points, four D = 1000 starts) the old rule came 0.98, 1.41
-  and 1.78 times late at ``H = 2, 4, 8`` against the median time at which the integrated ODE's
-  symmetry-breaking amplitude reaches 1; the tangent-linear model 0.75, 0.95 and 0.97 (89.5, 146.4, 277.9
-  against 119.4, 154.4, 286.3). Its amplitude follows the four runs' root-mean-square amplitude within their
-  spread (within 14% from the start to 1 at ``H = 8``; at ``H = 2`` 0.326 against 0.339 at ``tau = 60``), up to
-  about 0.3 at ``H = 2``, where the nonlinear terms then slow the growth and the model comes early.
+  It counts the growth and decay on the way down to the plateau and a start whose size grows with the heads
+  (``init_scale sqrt((H - 1) F / D)``). On softmax1 with ``F = 3, L = 8`` (rule route, 512 points, four
+  ``D = 1000`` starts) it comes 0.75, 0.95 and 0.97 times the median time at which the integrated ODE's
+  symmetry-breaking amplitude reaches 1 at ``H = 2, 4, 8``; its amplitude follows the runs' within their
+  spread up to about 0.3 at ``H = 2``, where the nonlinear terms slow the growth and the model comes early.
 
   No unstable symmetry-breaking direction (``H = 1``; ``F = 1`` with a non-zero mean, where
   the only spike is the mean direction; or a rate that stays non-positive) gives
@@ -42,18 +38,14 @@ of a random start (``M = 0``, ``R_orth = init_scale^2 I``, ``b = bias_init``) up
 
 **Its rule.** On the rule route the flow and the rates are on a Sobol rule of
 :meth:`~singleloc.configuration._specs.Theory.prediction_points` points: the run's own, but at most
-``2^18 / (L H)`` (never fewer than 256). The prediction only chooses the horizon and must land within 1.5x
-of the measured escape, not carry the run's accuracy; every problem with ``L H <= 64`` at the default 4096
-points keeps the run's rule. Softmax1 with ``H = 8, F = 3, L = 64``: 512
-points, predicted escape 742.1 by the old rule (1024 points: 736.6; 256: 795.5; the run's 4096: 728.4, the same
-horizon) in 47-74 s (15.5 min on the run's rule); the heads escaped at 423. The exact route takes the run's
-numerics.
+``2^18 / (L H)`` (never fewer than 256): the prediction only chooses the horizon and must land within 1.5x
+of the measured escape, not carry the run's accuracy (every problem with ``L H <= 64`` at the default 4096
+points keeps the run's rule). The exact route takes the run's numerics.
 
 **The horizon** (:func:`escape_horizon`): ``multiple = 5`` times the predicted escape (the escape of the first
-direction: the later directions' escapes and the settling come after it; on the README sweep 2.5 times the
-tangent-linear prediction left every bsoftmax point with two heads or more unsettled, its gaps to the Bayes risk
-2.1-2.7x those at the longer horizons of the earlier, late rule: F = 2, H = 3 and 4; F = 3, H = 4),
-rounded up to two significant digits and capped at ``cap = 3000``; without a predicted escape,
+direction: the later directions' escapes and the settling come after it; at 2.5 times the README sweep left
+its bsoftmax points with two heads or more unsettled), rounded up to two significant digits and capped at
+``cap = 3000``; without a predicted escape,
 ``fallback = 300`` (at the default problem the symmetric risk changes by less than ``1e-4``
 after tau = 200). ``singleloc sweep`` and ``singleloc integrate --horizon auto`` integrate each point up
 to its horizon on a log grid (:func:`resolve_horizon`).
