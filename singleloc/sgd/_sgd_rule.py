@@ -49,11 +49,7 @@ gradient is carried by the pieces after it, so it moves the state at the rate of
 the chain (:meth:`AbstractSGDRule.rates`): weight decay before momentum is the coupled decay
 whose ODE runs at the momentum's effective rate, after it the decoupled one.
 
-The simulator (:mod:`~singleloc.simulation._simulation`), the ODE (:mod:`~singleloc.theory._theory`) and the
-SDE (:mod:`~singleloc.theory._fluctuations`) call the rule and nothing else, so the cross-checks (the
-SDE's covariance against single SGD steps, ``tests/test_fluctuations.py``; the ODE against the
-simulation, ``tests/test_simulation.py``, ``tests/test_training_variants.py``,
-``tests/test_momentum.py``) test every variant.
+The simulator, the ODE and the SDE call the rule and nothing else, so their cross-checks test every variant.
 """
 
 from __future__ import annotations
