@@ -189,11 +189,7 @@ def sweep(base: Config, grids: Sequence[Grid], out: str | Path | None = None, *,
     (``sgd.tau_max``) or a number (module docstring). ``cache_dir``: the cache folder (default
     ``OUT/cache``; one of the two is needed). ``gap``: the largest ``gap_to_bayes`` that counts as
     reaching the Bayes risk in ``heads_needed`` (:mod:`singleloc.analysis._sweep_answers`). The other
-    arguments as :func:`compute_sweep`'s.
-
-    Before anything is computed or written, every point is checked (:func:`check_sweep`: its
-    dimension, quadrature and memory); a point that cannot run is refused with ``ValueError`` or
-    ``MemoryError`` naming the keys.
+    arguments as :func:`compute_sweep`'s, which checks every point first (:func:`check_sweep`).
     """
     t0 = time.perf_counter()
     if cache_dir is None and out is None:
