@@ -24,17 +24,13 @@ drift is the same map applied to their field averages, :class:`GradientMoments`,
 computes on either route (the Sobol rule, or the exact risk's gradient plus the rule's Gram
 term: :meth:`~singleloc.OrderParameterODE.gradient_moments`).
 
-The interface. :class:`AbstractSGDRule` is the seam: its views are ``learning_rate(tau)`` (the
-finite-D step size), ``rate(tau)`` (the rate per sequence at which the loss gradient moves the
-order parameters), ``init_state``/``step`` (the finite-D update, threading the rule's declared
-state, optax's ``init``/``update``), ``update``, ``drift`` and ``update_covariance``. Every view
-takes the time ``tau``, so that the ODE, the SDE and the simulator see the same rate at the same
+The interface. :class:`AbstractSGDRule` is the seam (``init_state``/``step`` are optax's ``init``/``update``);
+every view takes the time ``tau``, so that the ODE, the SDE and the simulator see the same rate at the same
 time. Two rules implement it: :class:`OnlineSGD` and its noiseless limit :class:`GradientFlow`
-(docs/model.md section 11.4: no ``lr^2`` term, no covariance, no finite-D step). What trains is
-the rule's: the keys always, the biases with ``train_bias``, and the head weights ``v`` of ``a_l =
-sum_h v_h A_hl`` as its ``weighting`` says (:mod:`~singleloc.sgd._head_weighting`: fixed at the head
-average, or trained like the biases, ``U`` then gaining the block ``-r dl/dv``); the weighting declares
-the ODE's state (:attr:`AbstractSGDRule.State`).
+(docs/model.md section 11.4: no ``lr^2`` term, no covariance, no finite-D step). What trains is the rule's:
+the keys always, the biases with ``train_bias``, and the head weights ``v`` of ``a_l = sum_h v_h A_hl`` as
+its ``weighting`` says (:mod:`~singleloc.sgd._head_weighting`, ``U`` then gaining the block ``-r dl/dv``),
+which declares the ODE's state (:attr:`AbstractSGDRule.State`).
 
 Variants. A rule holds a chain of :class:`AbstractVariant` pieces
 (:mod:`~singleloc.sgd._sgd_variants`: mini-batches, weight decay, learning-rate schedules,
