@@ -158,10 +158,9 @@ def predicted_escape(config: Config | Setup | None = None, *, problem: Problem |
     """The predicted escape from the unspecialized plateau and the integration horizon of
     ``config`` (module docstring; ``method`` is the Jacobian's, as in
     :func:`~singleloc.analysis._stability.linearize`). Jacobians are evaluated in time order and only until
-    the tangent-linear amplitude reaches 1. ``theory.points = "auto"`` is resolved first
-    (as :func:`~singleloc.resolve_points` does, on the route built once). The run is a
-    :class:`~singleloc.preflight._build.Setup` (its route decided: not again here), ``config`` (built here, once)
-    or the specifications by keyword (``simulation``: the dimension ``D`` of the escape; defaults for those not given)."""
+    the tangent-linear amplitude reaches 1; ``theory.points = "auto"`` is resolved first
+    (:func:`~singleloc.resolve_points`). The run is a :class:`~singleloc.preflight._build.Setup`, ``config``
+    or the specifications by keyword (``simulation``: the dimension ``D`` of the escape)."""
     if not isinstance(config, Setup):
         config = gather_specs("predicted_escape", config, problem=problem, model=model, sgd=sgd, theory=theory,
                               simulation=simulation)
@@ -208,12 +207,10 @@ def predicted_escape(config: Config | Setup | None = None, *, problem: Problem |
 
 
 def compute_prediction(setup: Setup) -> dict[str, np.ndarray]:
-    """The predicted escape and horizon (:func:`~singleloc.analysis._predictions.predicted_escape`) of a run built
-    as ``setup`` (its route decided once, by :func:`~singleloc.preflight._build.build`), as arrays.
+    """The predicted escape and horizon (:func:`predicted_escape`) of a run built as ``setup``, as arrays.
     With ``theory.points = "auto"`` the number of points is chosen here, once for the point, at the
-    starts its theory integrates from (:func:`~singleloc.resolve_points` at the initial overlaps of
-    every seed), and stored in the entry as ``points``: the prediction, the theory and the phase
-    summaries of the point all use it (:func:`resolve_horizon`)."""
+    initial overlaps of every seed (:func:`~singleloc.resolve_points`), and stored in the entry as
+    ``points``, which the point's theory then uses (:func:`resolve_horizon`)."""
     if setup.theory.points != "auto":
         return predicted_escape(setup).arrays()
     setup = resolve_points(setup, initial_conditions(setup.config))
