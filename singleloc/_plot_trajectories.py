@@ -196,8 +196,7 @@ def plot_compare(theory=None, simulation=None, title: str = "", *, log_time: boo
         handles.append(Line2D([], [], ls="none", label=f"largest |simulation - theory| of one seed: {dev:.3f}"))
 
     ax.legend(handles=handles, frameon=False, fontsize=7, loc="best")
-    ax.set_ylabel("risk")
-    ax.set_title("risk")
+    ax.set(ylabel="risk", title="risk")
     _time_axis(ax, first.tau, log_time)
     heads = [(k, colors[k % len(colors)]) for k in range(H)]
     labels = head_labels(first, match, mean)
