@@ -100,11 +100,8 @@ def _matched(result, match: bool):
     H, F = M.shape[-2:]
     own = M[:, -1, np.arange(H), np.arange(H) % F]  # (S, H): each slot's overlap with its spike at the end
     M = M * np.where(own < 0, -1.0, 1.0)[:, None, :, None]  # a head on -e_f (zero-mean priors) drawn as on +e_f
-    if v is not None:
-        v = np.take_along_axis(np.asarray(v, dtype=float), order[:, None, :], axis=2)
-    if norms is not None:
-        norms = np.take_along_axis(norms, order[:, None, :], axis=2)
-    return M, v, norms
+    take = lambda a: None if a is None else np.take_along_axis(np.asarray(a, dtype=float), order[:, None, :], axis=2)
+    return M, take(v), take(norms)
 
 
 def _mean_and_spread(ax, tau, values, color, kind: str, label: str | None, each: bool = False) -> None:
