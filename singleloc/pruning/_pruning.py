@@ -298,11 +298,9 @@ def prune_theory(config: Config | None = None, M: Real[ArrayLike, "H F"] = None,
                  b: Real[ArrayLike, " H"] = None, order: str | Sequence[int] | Integer[ArrayLike, " K"] = "greedy", *,
                  problem: Problem | None = None, model: Model | None = None, sgd: SGD | None = None,
                  theory: Theory | None = None, draws: int = 16, seed: int = 0) -> PruningResult:
-    """Prune the layer with order parameters ``M`` (H, F), ``Q`` (H, H), ``b`` (H,), scoring
-    every kept subset by its population risk (see :class:`TheoryRisk`; on the exact route, or
-    with ``theory.replicates > 1`` on the Sobol rule, each risk comes with its quadrature error
-    in ``stderr``: the difference to the finer exact rule, or the replicates' standard error). The run
-    is ``config`` or the specifications by keyword (defaults for those not given)."""
+    """Prune the layer with order parameters ``M`` (H, F), ``Q`` (H, H), ``b`` (H,), scoring every kept
+    subset by its population risk with its quadrature error in ``stderr`` where one is stated
+    (:class:`TheoryRisk`). The run is ``config`` or the specifications by keyword."""
     config = gather_specs("prune_theory", config, problem=problem, model=model, sgd=sgd, theory=theory)
     return _pruned(TheoryRisk(config, M, Q, b), M, order, draws, seed)
 
@@ -351,11 +349,9 @@ def prune_weights(config: Config | None = None, K: Real[ArrayLike, "H D"] = None
                   problem: Problem | None = None, model: Model | None = None, simulation: Simulation | None = None,
                   draws: int = 16, seed: int = 0, samples: int | None = None, key: int | jax.Array = 0,
                   loss: str = "empirical") -> PruningResult:
-    """Prune the finite-D layer ``K`` (H, D), ``b`` (H,) with spikes ``kstar`` (F, D), scoring
-    every kept subset on the same ``samples`` fresh sequences (default
-    ``simulation.test_samples``) drawn from the JAX key ``key`` as the simulator draws its test
-    sequences (see :class:`WeightsRisk`). The greedy choices are made on these Monte Carlo
-    estimates; ``stderr`` holds their standard errors. ``alignment`` ranks by ``|M_h|`` with
+    """Prune the finite-D layer ``K`` (H, D), ``b`` (H,) with spikes ``kstar`` (F, D), scoring every kept
+    subset on the same fresh sequences (:class:`WeightsRisk`); the greedy choices are made on these Monte
+    Carlo estimates, ``stderr`` holds their standard errors, and ``alignment`` ranks by ``|M_h|`` with
     ``M = K k*^T / D``. The run is ``config`` or the specifications by keyword."""
     config = gather_specs("prune_weights", config, problem=problem, model=model, simulation=simulation)
     evaluate = WeightsRisk(config, K, b, kstar, samples=samples, key=key, loss=loss)
