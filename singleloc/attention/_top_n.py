@@ -225,11 +225,8 @@ def critical_top_n(
     are the rows, after averaging ``d`` over the leading axes ``pool_axes`` (indices into
     ``weights.shape[:-1]``; e.g. ``pool_axes=(-1,)`` for weights ``(layers, heads, Lq, L)``
     averages over query positions, so that every head is one sample: the distribution over
-    heads). Consecutive grid values are compared by a one-sided two-sample Kolmogorov-Smirnov
-    test (:func:`ks_critical_n`), and the critical top-N is the first ``N`` at which the
-    distribution of ``d`` at the next grid value is not significantly larger (level
-    ``significance``): selecting more tokens than that brings no more separation. With a
-    doubling grid this locates the onset of the collapse to within a factor of two; pass
+    heads). Consecutive grid values are compared by :func:`ks_critical_n` at level ``significance``.
+    With a doubling grid this locates the onset of the collapse to within a factor of two; pass
     ``range(1, L)`` to compare ``N`` with ``N + 1``. The result depends on the number of
     samples (more samples detect smaller increases).
     """

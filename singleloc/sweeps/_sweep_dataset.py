@@ -250,12 +250,10 @@ def write_sweep(out: str | Path, base: Config, grids: Sequence[Grid], rows: Sequ
 
 
 def load_sweep(directory: str | Path) -> xr.Dataset:
-    """The Dataset of the sweep whose output folder is ``directory`` (``singleloc sweep --out
-    DIR`` writes ``DIR/sweep.nc``; layout in :mod:`singleloc.sweeps._sweep_dataset`), loaded into memory
-    (the file is closed again). Raises ``FileNotFoundError`` when the folder holds no sweep file
-    and ``ValueError`` when the file is not readable, is not a sweep of singleloc (another netCDF
-    or HDF5 file: no trailer) or is damaged (its bytes differ from its trailer's digest; checked
-    before the file is parsed), each in one line naming the path."""
+    """The Dataset of the sweep whose output folder is ``directory`` (``DIR/sweep.nc``, module docstring),
+    loaded into memory. Raises ``FileNotFoundError`` when the folder holds no sweep file and ``ValueError``
+    when the file is not readable, not a sweep of singleloc (no trailer) or damaged (its bytes differ from
+    its trailer's digest), each in one line naming the path."""
     path = Path(directory) / SWEEP_FILE
     if not path.is_file():
         raise FileNotFoundError(f"no sweep file {path}: {str(directory)!r} is not the output folder of singleloc sweep "
