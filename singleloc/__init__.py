@@ -55,11 +55,8 @@ if TYPE_CHECKING:
     from .attention._sensitivity import softmax_jacobian_norm as softmax_jacobian_norm
     from .attention._top_n import CriticalTopN as CriticalTopN
     from .attention._top_n import TopN as TopN
-    from .attention._top_n import context_vector as context_vector
     from .attention._top_n import critical_top_n as critical_top_n
-    from .attention._top_n import geometric_separability as geometric_separability
     from .attention._top_n import ks_critical_n as ks_critical_n
-    from .attention._top_n import representation_distance as representation_distance
     from .attention._top_n import select_top_n as select_top_n
     from .attention._top_n import top_n_diagnostics as top_n_diagnostics
     from .attention._vanishing_attention import VanishingAttention as VanishingAttention

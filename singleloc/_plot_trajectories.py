@@ -100,11 +100,8 @@ def _matched(result, match: bool):
     H, F = M.shape[-2:]
     own = M[:, -1, np.arange(H), np.arange(H) % F]  # (S, H): each slot's overlap with its spike at the end
     M = M * np.where(own < 0, -1.0, 1.0)[:, None, :, None]  # a head on -e_f (zero-mean priors) drawn as on +e_f
-    if v is not None:
-        v = np.take_along_axis(np.asarray(v, dtype=float), order[:, None, :], axis=2)
-    if norms is not None:
-        norms = np.take_along_axis(norms, order[:, None, :], axis=2)
-    return M, v, norms
+    take = lambda a: None if a is None else np.take_along_axis(np.asarray(a, dtype=float), order[:, None, :], axis=2)
+    return M, take(v), take(norms)
 
 
 def _mean_and_spread(ax, tau, values, color, kind: str, label: str | None, each: bool = False) -> None:
@@ -150,21 +147,14 @@ def plot_compare(theory=None, simulation=None, title: str = "", *, log_time: boo
     mean over starts (seeds) with the spread from the min to the max: theory a line with a band,
     simulation markers with bars (a legend says which is which).
 
-    ``theory`` and ``simulation`` are :class:`~singleloc.Trajectory` records (a
-    :class:`~singleloc.TheoryResult`, :class:`~singleloc.SimulationResult` or :class:`~singleloc.SDEResult`,
-    or anything with ``tau``, ``risk`` (S, T), ``M`` (S, T, H, F)); either may be ``None``. With ``match``
-    (default; with ``H >= F``) the heads of every
-    trajectory are put in :func:`matched_heads` order (by their overlaps at the last saved time), so
-    that the colour of the head with the largest overlap with spike ``f`` is the same in every seed and
-    the means are over like heads; the legend names each head by what it has learned at the end
-    (:func:`head_labels`: its class, as the phase analysis gives it with the prior's ``mean``, the
-    zero vector by default); a head whose overlap with its spike ends negative (a zero-mean prior's heads learn
-    ``-e_f`` as often as ``e_f``) is drawn with the signs of its overlaps flipped. One panel per
-    spike ``f`` shows ``M_hf`` of every head; with ``match`` and ``Q`` (``H >= F``) one more shows
-    the cosine ``M_hf / sqrt(Q_hh)`` of each head with its own spike, which sits at ``1/sqrt(F)``
-    while the heads lie along the mean of the spikes (the unspecialized plateau of the spikes prior),
-    near 0 while they have learned nothing (a zero-mean prior), and rises to 1 as the head
-    specializes. With trained head weights
+    ``theory`` and ``simulation`` are :class:`~singleloc.Trajectory` records (or anything with ``tau``,
+    ``risk`` (S, T), ``M`` (S, T, H, F)); either may be ``None``. With ``match`` (default; with ``H >= F``)
+    the heads of every trajectory are put in :func:`matched_heads` order, so that colours and means are
+    over like heads, and a head whose overlap with its spike ends negative is drawn with its signs
+    flipped; the legend names each head by its class at the end (:func:`head_labels`, with the prior's
+    ``mean``). One panel per spike ``f`` shows ``M_hf`` of every head; with ``match`` and ``Q`` one more
+    shows the cosine ``M_hf / sqrt(Q_hh)`` of each head with its own spike (``1/sqrt(F)`` along the mean
+    of the spikes, 1 once specialized). With trained head weights
     (``theory.v`` not ``None``) a last panel shows ``v_h(tau)``; with a stated quadrature error
     (``theory.risk_se``, ``theory.replicates > 1``) an inset shows its size. When both are given
     on the same saved times, the risk panel states the largest per-seed ``|sim - theory|``. The risk panel draws
@@ -203,8 +193,7 @@ def plot_compare(theory=None, simulation=None, title: str = "", *, log_time: boo
         handles.append(Line2D([], [], ls="none", label=f"largest |simulation - theory| of one seed: {dev:.3f}"))
 
     ax.legend(handles=handles, frameon=False, fontsize=7, loc="best")
-    ax.set_ylabel("risk")
-    ax.set_title("risk")
+    ax.set(ylabel="risk", title="risk")
     _time_axis(ax, first.tau, log_time)
     heads = [(k, colors[k % len(colors)]) for k in range(H)]
     labels = head_labels(first, match, mean)

@@ -75,8 +75,7 @@ def plot_phases(analysis, risk, index: int = 0, *, title: str = "", log_time: bo
                 label=f"predicted escape: {predicted_escape:.3g} (linearisation)")
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7, frameon=False, loc="best")
-    ax.set_ylabel("risk")
-    ax.set_title("risk, plateaus, escapes")
+    ax.set(ylabel="risk", title="risk, plateaus, escapes")
     ax = axes[1]
     H, F = a.cos.shape[-2:]
     styles = ["-", "--", ":", "-."]
@@ -178,8 +177,7 @@ def plot_phase_diagram(rows, *, title: str = "", simulate: bool = False) -> Figu
             im = ax.imshow(A, origin="lower", cmap=cmap, aspect="auto")
             ax.set_xticks(range(len(Hs)), [str(h) for h in Hs])
             ax.set_yticks(range(len(Fs)), [str(f) for f in Fs])
-            ax.set_xlabel("heads H")
-            ax.set_ylabel("spikes F")
+            ax.set(xlabel="heads H", ylabel="spikes F")
             ax.set_title(("simulation: " if pre else "theory: ") + label, fontsize=9)
             finite = np.any(np.isfinite(A))
             for r in rows:
@@ -233,9 +231,7 @@ def plot_heads_needed(rows, other_keys=(), *, title: str = "") -> Figure:
                 ax.plot(need, max(gap[H == need][0], floor), "*", color=c, ms=14, mec="k", mew=0.5)
         if np.isfinite(gap_tol):
             ax.axhline(gap_tol, color="grey", ls="--", lw=0.9, label=f"gap_tol = {gap_tol:g}")
-        ax.set_yscale("log")
-        ax.set_xlabel("heads H")
-        ax.set_ylabel("gap_to_bayes = final_risk - bayes_risk")
+        ax.set(yscale="log", xlabel="heads H", ylabel="gap_to_bayes = final_risk - bayes_risk")
         ax.set_title(f"F = {F} spike{'s' if F > 1 else ''}: heads needed (stars)", fontsize=9)
         ax.xaxis.set_major_locator(mpl.ticker.MaxNLocator(integer=True))
         ax.legend(frameon=False, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18))
@@ -272,8 +268,7 @@ def plot_pruning(curves: dict, *, F: int | None = None, tol: float | None = 0.01
         if tol is not None:
             ax.axhline(first.risk[0] + tol, color="grey", ls="--", lw=0.8, label=f"unpruned + {tol:g}")
         ax.set_xticks(np.arange(H))
-    ax.set_xlabel("heads removed")
-    ax.set_ylabel("risk")
+    ax.set(xlabel="heads removed", ylabel="risk")
     if title:
         ax.set_title(title, fontsize=9)
     ax.legend(frameon=False, fontsize=7)

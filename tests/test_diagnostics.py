@@ -132,9 +132,6 @@ def test_top_n_uniform_weights_orthonormal_tokens():
     assert t.distance == pytest.approx(2 * math.sqrt(3) / 4)
     assert t.radius == pytest.approx(math.sqrt(3) / 4)
     assert t.n_separable == 2 and t.separability == 1.0
-    assert singleloc.representation_distance(w, x, N) == pytest.approx(2 * math.sqrt(3) / 4)
-    np.testing.assert_allclose(singleloc.context_vector(w, x, N), [0.25, 0.25, 0, 0])
-    assert singleloc.geometric_separability(w, x, N) == 1.0
 
 
 def test_top_n_one_hot_and_strict_separability():

@@ -31,9 +31,8 @@ def _attention_mass_many(ode: OrderParameterODE, M: jax.Array, Q: jax.Array, b: 
 
 def attention_mass(ode: OrderParameterODE, M: Real[ArrayLike, "*S H F"], Q: Real[ArrayLike, "*S H H"],
                    b: Real[ArrayLike, "*S H"]) -> np.ndarray:
-    """``w_h = E[sum_l A_hl]`` (..., H) at overlaps ``M`` (..., H, F), ``Q`` (..., H, H), ``b``
-    (..., H): the attention weight each head puts on a sequence, exactly on the exact route, by the
-    ODE's quadrature rule otherwise (module docstring)."""
+    """``w_h = E[sum_l A_hl]`` (..., H) at overlaps ``M`` (..., H, F), ``Q`` (..., H, H), ``b`` (..., H)
+    (module docstring)."""
     M, Q, b = np.asarray(M, float), np.asarray(Q, float), np.asarray(b, float)
     H, F = M.shape[-2:]
     lead = M.shape[:-2]

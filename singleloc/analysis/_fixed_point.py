@@ -2,12 +2,8 @@
 
 The head-symmetric subspace (coordinates ``x = [m (F), r_d, r_o, b_0]``,
 :func:`singleloc.analysis._stability.symmetric_state`) is invariant under the flow and contains the
-unspecialized fixed point, found by integrating the restricted flow
-(:func:`singleloc.analysis._stability.symmetric_flow`) and polishing with a root finder
-(:func:`unspecialized_point`). A polished point must be a valid set of overlaps (``R_orth``
-PSD: ``r_d >= 0`` and ``r_d + H r_o >= 0``, which makes ``Q`` PSD too;
-:func:`valid_symmetric_state`); where the flow creeps, the root finder can land outside that
-set, and the flow's end point is kept instead.
+unspecialized fixed point (:func:`unspecialized_point`: the restricted flow, then a root finder whose
+point must be a valid set of overlaps, :func:`valid_symmetric_state`).
 """
 
 from __future__ import annotations

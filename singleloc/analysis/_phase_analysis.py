@@ -98,21 +98,14 @@ class PhaseAnalysis:
 
         code = self.classes.code[sel, -1]
         lean = code == HEAD_CLASSES.index("leaning")
-        out = {
-            "final_risk": float(np.nanmean(self.final_risk[sel])),
-            "escaped": float(np.mean(self.escaped[sel])),
-            "escape_time": nanmean(self.escape_time[sel]),
-            "first_learned": nanmean(self.first_learned[sel]),
-            "first_specialization": nanmean(self.first_specialization[sel]),
-        }
-        out.update({f"n_{name}": float(np.mean(code == k, axis=0).sum()) for k, name in enumerate(HEAD_CLASSES)})
-        out["leaning_angle_spike"] = nanmean(np.where(lean, self.classes.angle_spike[sel, -1], np.nan))
-        out["leaning_angle_mean"] = nanmean(np.where(lean, self.classes.angle_mean[sel, -1], np.nan))
-        out["n_directions"] = float(np.mean(self.n_directions[sel, -1]))
-        out["shared_profiles"] = float(np.mean(self.profiles[sel, -1]))
-        out["settled"] = float(np.mean(self.settled.settled[sel]))
-        out["risk_change"] = float(np.max(self.settled.risk_change[sel]))
-        return out
+        return {"final_risk": float(np.nanmean(self.final_risk[sel])), "escaped": float(np.mean(self.escaped[sel])),
+                **{key: nanmean(getattr(self, key)[sel]) for key in ("escape_time", "first_learned", "first_specialization")},
+                **{f"n_{name}": float(np.mean(code == k, axis=0).sum()) for k, name in enumerate(HEAD_CLASSES)},
+                "leaning_angle_spike": nanmean(np.where(lean, self.classes.angle_spike[sel, -1], np.nan)),
+                "leaning_angle_mean": nanmean(np.where(lean, self.classes.angle_mean[sel, -1], np.nan)),
+                "n_directions": float(np.mean(self.n_directions[sel, -1])),
+                "shared_profiles": float(np.mean(self.profiles[sel, -1])),
+                "settled": float(np.mean(self.settled.settled[sel])), "risk_change": float(np.max(self.settled.risk_change[sel]))}
 
 
 def analyze(tau: Real[ArrayLike, " T"], M: Real[ArrayLike, "*S T H F"], Q: Real[ArrayLike, "*S T H H"],

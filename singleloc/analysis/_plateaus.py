@@ -66,33 +66,21 @@ def plateaus(tau: Real[ArrayLike, " T"] | Sequence[float], risk: Real[ArrayLike,
         return [Plateau(float(tau[idx[0]]), float(tau[idx[0]]), float(tau[idx[-1]]), float(risk[idx[-1]]))]
     # candidate centres: interior local minima and the two ends
     cands = [0] + [i for i in range(1, n - 1) if sigma[i] <= sigma[i - 1] and sigma[i] < sigma[i + 1]] + [n - 1]
-    centres = []
+    out: list[Plateau] = []
     for j, i in enumerate(cands):
-        if sigma[i] >= plateau_tol:
-            continue
-        lo = cands[j - 1] if j > 0 else None
-        hi = cands[j + 1] if j + 1 < len(cands) else None
-        left = sigma[lo : i + 1].max() if lo is not None else np.inf
-        right = sigma[i : hi + 1].max() if hi is not None else np.inf
+        left = sigma[cands[j - 1] : i + 1].max() if j > 0 else np.inf
+        right = sigma[i : cands[j + 1] + 1].max() if j + 1 < len(cands) else np.inf
         need = prominence * max(sigma[i], 1e-3 * plateau_tol)
-        if left >= need and right >= need:
-            centres.append(i)
-    out = []
-    for i in centres:
-        a = i
+        if sigma[i] >= plateau_tol or not (left >= need and right >= need):
+            continue
+        a = b = i
         while a > 0 and sigma[a - 1] < plateau_tol:
             a -= 1
-        b = i
         while b < n - 1 and sigma[b + 1] < plateau_tol:
             b += 1
-        out.append(Plateau(float(tau[idx[i]]), float(tau[idx[a]]), float(tau[idx[b]]), float(risk[idx[i]])))
-    # merge plateaus whose extents overlap (a flat stretch with a wiggle): keep the flatter
-    merged: list[Plateau] = []
-    for p in out:
-        if merged and p.start <= merged[-1].end:
-            continue
-        merged.append(p)
-    return merged
+        if not out or tau[idx[a]] > out[-1].end:  # extents that overlap (a flat stretch with a wiggle): the first kept
+            out.append(Plateau(float(tau[idx[i]]), float(tau[idx[a]]), float(tau[idx[b]]), float(risk[idx[i]])))
+    return out
 
 
 def halfway_time(tau: Real[ArrayLike, " T"] | Sequence[float], risk: Real[ArrayLike, " T"] | Sequence[float], after: float,

@@ -24,15 +24,11 @@ of a random start (``M = 0``, ``R_orth = init_scale^2 I``, ``b = bias_init``) up
   so that ``tau_esc = tau_0 + log(D) / (2 lambda)`` holds exactly (where the escape comes after ``tau_0``;
   before it, the rate at the last state evaluated).
 
-  Why the tangent-linear model and not ``int_{tau_0} lambda = (1/2) log D`` (the rule before, issue 61 item 3):
-  the perturbation grows or decays on the way down to the plateau too, and its size at the start grows with
-  the number of heads (``init_scale sqrt((H - 1) F / D)``, against the ``D^{-1/2}`` the old rule took). On
-  softmax1 with ``F = 3, L = 8`` (rule route, 512 points, four D = 1000 starts) the old rule came 0.98, 1.41
-  and 1.78 times late at ``H = 2, 4, 8`` against the median time at which the integrated ODE's
-  symmetry-breaking amplitude reaches 1; the tangent-linear model 0.75, 0.95 and 0.97 (89.5, 146.4, 277.9
-  against 119.4, 154.4, 286.3). Its amplitude follows the four runs' root-mean-square amplitude within their
-  spread (within 14% from the start to 1 at ``H = 8``; at ``H = 2`` 0.326 against 0.339 at ``tau = 60``), up to
-  about 0.3 at ``H = 2``, where the nonlinear terms then slow the growth and the model comes early.
+  It counts the growth and decay on the way down to the plateau and a start whose size grows with the heads
+  (``init_scale sqrt((H - 1) F / D)``). On softmax1 with ``F = 3, L = 8`` (rule route, 512 points, four
+  ``D = 1000`` starts) it comes 0.75, 0.95 and 0.97 times the median time at which the integrated ODE's
+  symmetry-breaking amplitude reaches 1 at ``H = 2, 4, 8``; its amplitude follows the runs' within their
+  spread up to about 0.3 at ``H = 2``, where the nonlinear terms slow the growth and the model comes early.
 
   No unstable symmetry-breaking direction (``H = 1``; ``F = 1`` with a non-zero mean, where
   the only spike is the mean direction; or a rate that stays non-positive) gives
@@ -42,18 +38,14 @@ of a random start (``M = 0``, ``R_orth = init_scale^2 I``, ``b = bias_init``) up
 
 **Its rule.** On the rule route the flow and the rates are on a Sobol rule of
 :meth:`~singleloc.configuration._specs.Theory.prediction_points` points: the run's own, but at most
-``2^18 / (L H)`` (never fewer than 256). The prediction only chooses the horizon and must land within 1.5x
-of the measured escape, not carry the run's accuracy; every problem with ``L H <= 64`` at the default 4096
-points keeps the run's rule. Softmax1 with ``H = 8, F = 3, L = 64``: 512
-points, predicted escape 742.1 by the old rule (1024 points: 736.6; 256: 795.5; the run's 4096: 728.4, the same
-horizon) in 47-74 s (15.5 min on the run's rule); the heads escaped at 423. The exact route takes the run's
-numerics.
+``2^18 / (L H)`` (never fewer than 256): the prediction only chooses the horizon and must land within 1.5x
+of the measured escape, not carry the run's accuracy (every problem with ``L H <= 64`` at the default 4096
+points keeps the run's rule). The exact route takes the run's numerics.
 
 **The horizon** (:func:`escape_horizon`): ``multiple = 5`` times the predicted escape (the escape of the first
-direction: the later directions' escapes and the settling come after it; on the README sweep 2.5 times the
-tangent-linear prediction left every bsoftmax point with two heads or more unsettled, its gaps to the Bayes risk
-2.1-2.7x those at the longer horizons of the earlier, late rule: F = 2, H = 3 and 4; F = 3, H = 4),
-rounded up to two significant digits and capped at ``cap = 3000``; without a predicted escape,
+direction: the later directions' escapes and the settling come after it; at 2.5 times the README sweep left
+its bsoftmax points with two heads or more unsettled), rounded up to two significant digits and capped at
+``cap = 3000``; without a predicted escape,
 ``fallback = 300`` (at the default problem the symmetric risk changes by less than ``1e-4``
 after tau = 200). ``singleloc sweep`` and ``singleloc integrate --horizon auto`` integrate each point up
 to its horizon on a log grid (:func:`resolve_horizon`).
@@ -166,10 +158,9 @@ def predicted_escape(config: Config | Setup | None = None, *, problem: Problem |
     """The predicted escape from the unspecialized plateau and the integration horizon of
     ``config`` (module docstring; ``method`` is the Jacobian's, as in
     :func:`~singleloc.analysis._stability.linearize`). Jacobians are evaluated in time order and only until
-    the tangent-linear amplitude reaches 1. ``theory.points = "auto"`` is resolved first
-    (as :func:`~singleloc.resolve_points` does, on the route built once). The run is a
-    :class:`~singleloc.preflight._build.Setup` (its route decided: not again here), ``config`` (built here, once)
-    or the specifications by keyword (``simulation``: the dimension ``D`` of the escape; defaults for those not given)."""
+    the tangent-linear amplitude reaches 1; ``theory.points = "auto"`` is resolved first
+    (:func:`~singleloc.resolve_points`). The run is a :class:`~singleloc.preflight._build.Setup`, ``config``
+    or the specifications by keyword (``simulation``: the dimension ``D`` of the escape)."""
     if not isinstance(config, Setup):
         config = gather_specs("predicted_escape", config, problem=problem, model=model, sgd=sgd, theory=theory,
                               simulation=simulation)
@@ -216,12 +207,10 @@ def predicted_escape(config: Config | Setup | None = None, *, problem: Problem |
 
 
 def compute_prediction(setup: Setup) -> dict[str, np.ndarray]:
-    """The predicted escape and horizon (:func:`~singleloc.analysis._predictions.predicted_escape`) of a run built
-    as ``setup`` (its route decided once, by :func:`~singleloc.preflight._build.build`), as arrays.
+    """The predicted escape and horizon (:func:`predicted_escape`) of a run built as ``setup``, as arrays.
     With ``theory.points = "auto"`` the number of points is chosen here, once for the point, at the
-    starts its theory integrates from (:func:`~singleloc.resolve_points` at the initial overlaps of
-    every seed), and stored in the entry as ``points``: the prediction, the theory and the phase
-    summaries of the point all use it (:func:`resolve_horizon`)."""
+    initial overlaps of every seed (:func:`~singleloc.resolve_points`), and stored in the entry as
+    ``points``, which the point's theory then uses (:func:`resolve_horizon`)."""
     if setup.theory.points != "auto":
         return predicted_escape(setup).arrays()
     setup = resolve_points(setup, initial_conditions(setup.config))

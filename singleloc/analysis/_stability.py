@@ -207,15 +207,10 @@ def _orthogonal_fractions(Ms: np.ndarray, mean) -> np.ndarray:
     return np.where(tot > 1e-12, np.linalg.norm(Ms @ P, axis=(1, 2)) / np.maximum(tot, TINY), 0.0)
 
 
-def orthogonal_fraction(lin: Linearization, mean=None) -> np.ndarray:
-    """For each eigenvector, the fraction of its ``M`` block orthogonal to the mean direction
-    ``E[theta]`` in R^F (1 for every mode when ``mean`` is None or zero)."""
-    return _orthogonal_fractions(lin.eigenvectors[: lin.H * lin.F].T.reshape(-1, lin.H, lin.F), mean)
-
-
 def _escape_candidates(lin: Linearization, mean, min_asymmetry: float, min_orthogonal: float) -> np.ndarray:
-    """Mask of the modes that break the head symmetry and point away from the mean direction."""
-    return (lin.asymmetry > min_asymmetry) & (orthogonal_fraction(lin, mean) > min_orthogonal)
+    """Mask of the modes that break the head symmetry and whose ``M`` block points away from the mean direction."""
+    Ms = lin.eigenvectors[: lin.H * lin.F].T.reshape(-1, lin.H, lin.F)
+    return (lin.asymmetry > min_asymmetry) & (_orthogonal_fractions(Ms, mean) > min_orthogonal)
 
 
 def escape_mode(lin: Linearization, *, mean: Real[ArrayLike, " F"] | None = None, min_asymmetry: float = 0.5,

@@ -1,25 +1,15 @@
 """The answers a sweep gives beside its columns: how far each point ends from the Bayes risk of
-its problem, and how many heads each activation needs to come within a gap of it.
+its problem, and how many heads each activation needs to come within a gap of it (the columns'
+descriptions: :data:`singleloc.sweeps._sweep_dataset.COLUMNS`).
 
-* ``bayes_risk``, ``bayes_risk_error``: the Bayes risk of the point's problem (the best any
-  estimator of the relevant token can do, docs/model.md section 6; exact for a discrete prior of
-  up to four atoms, on a Sobol rule with its standard error otherwise), whatever route the
-  point's dynamics take (``theory.route = "rule"`` moves the theory onto the Sobol rule, never the
-  Bayes risk), one cache entry per problem (:func:`singleloc.sweeps._sweep_compute.bayes_config`),
-  so a sweep over heads or activations computes it once per spike count.
-* ``final_risk_error``: the stated error of the theory's ``final_risk`` (:func:`final_risk_error`:
-  the exact route's ``risk_error`` and the standard error over ``theory.replicates`` scramblings,
-  the larger; NaN where neither is stated: the rule route with one replicate).
-* ``gap_to_bayes`` = ``final_risk - bayes_risk`` (the theory's final risk, mean over its seeds)
-  and its error ``gap_to_bayes_error = sqrt(final_risk_error^2 + bayes_risk_error^2)``;
-  ``sim_gap_to_bayes`` the same for the simulation's limit risk.
+* ``bayes_risk`` comes from one cache entry per problem (:func:`singleloc.sweeps._sweep_compute.bayes_config`),
+  whatever route the point's dynamics take; ``gap_to_bayes = final_risk - bayes_risk`` with the error
+  ``sqrt(final_risk_error^2 + bayes_risk_error^2)`` (:func:`final_risk_error`).
 * ``heads_needed``: for the points of one activation and one spike count (and one value of every
-  other grid key), the smallest ``model.heads`` whose ``gap_to_bayes`` is at most ``gap_tol``;
-  NaN when no point of the group comes that close. ``gap_tol`` (``singleloc sweep --gap``,
-  default 0.01) is a column of its own. ``heads_needed_low`` and ``heads_needed_high``: the same
-  count with every gap moved down, or up, by its error (``gap -+ gap_to_bayes_error``; an unstated
-  error counts as 0): where they differ the margin that decides the count is within the error,
-  and the table prints the range, "3-4 (within error)", instead of one number.
+  other grid key), the smallest ``model.heads`` whose ``gap_to_bayes`` is at most ``gap_tol`` (NaN:
+  none). ``heads_needed_low`` and ``heads_needed_high``: the same with every gap moved down, or up,
+  by its error (an unstated error counts as 0); where they differ the count is within the error,
+  and the table prints the range, "3-4 (within error)".
 """
 
 from __future__ import annotations

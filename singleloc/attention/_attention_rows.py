@@ -19,18 +19,9 @@ Conventions
   complement of a selection. For logits, a value of ``-inf`` also marks a token as absent.
 * ``|.|`` is the Euclidean norm.
 
-Diagnostics
------------
-* Vanishing attention, the softmax bounds ``exp(-2a)/L <= alpha_i <= exp(2a)/L``:
-  :mod:`singleloc.attention._vanishing_attention`.
-* Top-N selection, the context, the representation distance, geometric separability and the
-  critical top-N (distance collapse): :mod:`singleloc.attention._top_n`.
-* Gradient sensitivity at temperature ``T`` (:mod:`singleloc.attention._sensitivity`): the exact
-  Jacobian of ``softmax(l/T)``, ``(diag(alpha) - alpha alpha^T)/T``, and its finite-difference
-  estimate along random unit directions.
-* All of them on a whole array of dumped attention: :func:`singleloc.attention._attention_diagnosis.diagnose_attention`.
-
-This module validates the arguments (weights, logits, masks, values, counts, grids of ``N``,
+The diagnostics are in :mod:`~singleloc.attention._vanishing_attention`, :mod:`~singleloc.attention._top_n` and
+:mod:`~singleloc.attention._sensitivity`, all at once in :mod:`~singleloc.attention._attention_diagnosis`. This
+module validates the arguments (weights, logits, masks, values, counts, grids of ``N``,
 temperatures, significance levels) and turns weights into logits (:func:`logits_from_weights`).
 """
 

@@ -127,22 +127,6 @@ def top_n_diagnostics(weights: Rows, values: Rows, n: int | None = None, *, mask
     return TopN(sel, s, dist, d, r, ns, ratio)
 
 
-def context_vector(weights: Rows, values: Rows, n: int, *, mask: Mask = None) -> np.ndarray:
-    """``s = sum_{i in I_N} alpha_i x_i``, shape (..., d); see :func:`top_n_diagnostics`."""
-    return top_n_diagnostics(weights, values, n, mask=mask).context
-
-
-def representation_distance(weights: Rows, values: Rows, n: int, *, mask: Mask = None) -> np.ndarray:
-    """``d = sum_{i not in I_N} |alpha_i x_i - s|`` per row; see :func:`top_n_diagnostics`."""
-    return top_n_diagnostics(weights, values, n, mask=mask).distance
-
-
-def geometric_separability(weights: Rows, values: Rows, n: int, *, mask: Mask = None) -> np.ndarray:
-    """``N_s/N`` per row: the share of the top-N tokens closer to ``s`` than every other token
-    (distances ``|s - alpha_i x_i|``); see :func:`top_n_diagnostics`."""
-    return top_n_diagnostics(weights, values, n, mask=mask).separability
-
-
 # --------------------------------------------------------------------------- critical top-N
 
 #: The largest detectable shift (:func:`detectable_shift`) at which the critical top-N counts as stable:
@@ -241,11 +225,8 @@ def critical_top_n(
     are the rows, after averaging ``d`` over the leading axes ``pool_axes`` (indices into
     ``weights.shape[:-1]``; e.g. ``pool_axes=(-1,)`` for weights ``(layers, heads, Lq, L)``
     averages over query positions, so that every head is one sample: the distribution over
-    heads). Consecutive grid values are compared by a one-sided two-sample Kolmogorov-Smirnov
-    test (:func:`ks_critical_n`), and the critical top-N is the first ``N`` at which the
-    distribution of ``d`` at the next grid value is not significantly larger (level
-    ``significance``): selecting more tokens than that brings no more separation. With a
-    doubling grid this locates the onset of the collapse to within a factor of two; pass
+    heads). Consecutive grid values are compared by :func:`ks_critical_n` at level ``significance``.
+    With a doubling grid this locates the onset of the collapse to within a factor of two; pass
     ``range(1, L)`` to compare ``N`` with ``N + 1``. The result depends on the number of
     samples (more samples detect smaller increases).
     """

@@ -1,6 +1,7 @@
 """Vanishing attention (docs/model.md section 8.1): a normaliser that does not know ``L`` keeps
-every weight within ``[C1/L, C2/L]``; for softmax with logits in ``[-a, a]``,
-``exp(-2a)/L <= alpha_i <= exp(2a)/L`` (:func:`vanishing_attention`).
+every weight within ``[C1/L, C2/L]``; for softmax with logits in ``[-a, a]``, ``alpha_i = exp(l_i)/sum_j exp(l_j)``
+lies between ``exp(-a)/(L exp(a))`` and ``exp(a)/(L exp(-a))``, so weights are of order ``1/L`` unless the logits
+grow like ``log L`` (:func:`vanishing_attention`).
 
 Shapes, masks and validation follow the conventions of :mod:`singleloc.attention._attention_rows`.
 """
@@ -59,11 +60,7 @@ def effective_logit_bound(weights: Rows, mask: Mask = None) -> np.ndarray:
 
 def vanishing_attention(weights: Rows | None = None, *, logits: Rows | None = None, logit_bound: Rows | None = None,
                         mask: Mask = None) -> VanishingAttention:
-    """Compare attention rows with the softmax bounds ``exp(-2a)/L <= alpha_i <= exp(2a)/L``.
-
-    For softmax with logits in ``[-a, a]``, ``alpha_i = exp(l_i)/sum_j exp(l_j)`` lies between
-    ``exp(-a)/(L exp(a))`` and ``exp(a)/(L exp(-a))``: a normaliser that does not know ``L``
-    forces weights of order ``1/L`` unless the logits grow like ``log L``.
+    """Compare attention rows with the softmax bounds ``exp(-2a)/L <= alpha_i <= exp(2a)/L`` (module docstring).
 
     Give the rows in one of three ways:
 

@@ -41,12 +41,9 @@ Bayes points. For a discrete prior with ``K`` atoms (of positive probability), b
 (:func:`bayes_point`). With one atom (``K = 1``), bsoftmax with one head is softmax, so the
 same point is the softmax Bayes point (``M = strength``, ``Q = strength^2`` for F = 1).
 
-Checks. Before a Sobol rule is built, :func:`bayes_risk` (over the ``L F`` spike fields) and
-:func:`~singleloc.population_risk` on the rule route (over the ``L H`` head fields) check that it can be
-built with ``points`` points and fits in memory (:func:`~singleloc.preflight._resources.check_quadrature`,
-:func:`~singleloc.preflight._resources.check_memory`): ``ValueError`` or ``MemoryError`` naming the keys
-(``problem.L``, ``problem.F``, ``model.heads``, ``theory.points``). :func:`check_bayes` checks both
-rules of ``singleloc bayes`` (the Bayes risk's, and the Bayes point's over ``L K`` fields) at once.
+Checks. A Sobol rule is checked before it is built (it can be built with ``points`` points and fits in
+memory: ``ValueError`` or ``MemoryError`` naming the keys); :func:`check_bayes` checks both rules of
+``singleloc bayes`` (the Bayes risk's, and the Bayes point's over ``L K`` fields) at once.
 """
 
 from __future__ import annotations
@@ -150,14 +147,11 @@ def bayes_risk(prior: Prior, L: int, points: int = 4096, seed: int = 0, replicat
                route: str = "auto") -> RiskEstimate:
     """Bayes risk ``E[(1 - p_eps)^2 + sum_{l != eps} p_l^2]`` of the location for ``L`` tokens.
 
-    Two routes (:func:`bayes_route`). Exact: for a discrete prior the Bayes estimator *is* bsoftmax
-    with ``K`` heads at :func:`bayes_point`, so its risk is that layer's on the exact route
-    (:mod:`~singleloc.expectations._laplace`, whatever ``L``), with the error against the refined rule
-    (``points = 0`` in the result). Rule: the closed-form posterior on ``replicates`` independently
-    scrambled Sobol rules over the ``L F`` spike fields, with their standard error (the only route
-    for a prior with a Gaussian part; the independent check of the exact one). The rule's stated error
-    is its scatter between scramblings: at long sequences it misses a bias (two spikes at ``L = 64``:
-    3.4e-3 low, 7.5 stated errors, against the exact route and plain Monte Carlo; docs/model.md 6.5).
+    Two routes (:func:`bayes_route`, module docstring): the exact one (``points = 0`` in the result, its
+    error against the refined rule) or ``replicates`` scrambled Sobol rules with their standard error.
+    The rule's stated error is its scatter between scramblings: at long sequences it misses a bias (two
+    spikes at ``L = 64``: 3.4e-3 low, 7.5 stated errors, against the exact route and plain Monte Carlo;
+    docs/model.md 6.5).
 
     Args:
         prior: the prior of ``theta``.

@@ -49,7 +49,7 @@ class Config:
 
     def __post_init__(self):
         check_fields(self)
-        check_combinations(self)  # keys a run would silently drop (issue 54 item 7)
+        check_combinations(self)  # keys a run would silently drop
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Mapping[str, Any]]) -> Config:
@@ -226,8 +226,7 @@ PRIOR_TABLES = {"support": "discrete", "probs": "discrete", "mean": "gaussian", 
 
 def check_combinations(config: Config) -> None:
     """``ValueError`` naming the keys of a combination that a run would silently drop, with a change that
-    makes it consistent (issue 54 item 7: a wrong result is worse than a refusal; ``theory.gram = "exact"``
-    with ``theory.route = "rule"`` ran with the Sobol rule's Gram term and recorded it):
+    makes it consistent (a wrong result is worse than a refusal):
 
     * ``theory.gram`` other than ``"auto"`` or a number of ``theory.gram_points`` with
       ``sgd.gradient_flow``, which has no ``lr^2`` (Gram) term;

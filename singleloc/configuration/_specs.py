@@ -25,10 +25,9 @@ from ..sgd._head_weighting import HEAD_WEIGHTINGS, AbstractHeadWeighting
 BIAS_MAX = 1000.0
 
 
-#: ``theory.gram_points = "auto"``: at most this many points, and nodes of at most
-#: ``GRAM_NODE_BUDGET`` fields (``points * L * H``; the rank-aware rule's nodes hold twice as many numbers, 64 MB),
-#: so that long sequences keep the cost
-#: and memory of ``theory.points`` (:meth:`Theory.gram_rule_points`).
+#: ``theory.gram_points = "auto"``: at most this many points, and nodes of at most ``GRAM_NODE_BUDGET`` fields
+#: (``points * L * H``; the rank-aware rule's nodes hold twice as many numbers, 64 MB), so that long sequences keep
+#: the cost and memory of ``theory.points`` (:meth:`Theory.gram_rule_points`).
 GRAM_POINTS_MAX = 16384
 GRAM_NODE_BUDGET = 2**22
 

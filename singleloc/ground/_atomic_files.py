@@ -3,15 +3,9 @@
 This module uses the standard library only, so that the command line can check ``--out``
 while it parses the arguments, before any numerical library is loaded.
 
-Atomic files. :func:`atomic_write` writes to a hidden temporary name in the target's folder
-and moves it into place with ``os.replace``: a reader sees the old file or the new one, never a
-part. The temporary file is created with mode ``0o666`` less the umask (what ``open`` gives),
-so the result is as readable as any file the user creates.
-
-Files written together. Inside :func:`written_together` (``sweep``'s and ``diagnose``'s outputs),
-the files of a folder are staged as hidden temporary files and renamed into place only when
-all of them are complete: a full disk or a read-only folder leaves the previous outputs as they
-were, never a new file beside old ones, and is one ``OSError`` naming the file and the folder.
+Atomic files. :func:`atomic_write` writes a hidden temporary file in the target's folder (mode
+``0o666`` less the umask, as ``open`` gives) and moves it into place with ``os.replace``: a reader
+sees the old file or the new one, never a part; :func:`written_together` moves a set of them at once.
 
 Run folders. A run (``integrate``, ``simulate``, ``compare``) is one folder whose files belong
 together. :func:`write_folder` fills a hidden sibling ``.NAME.new-PID-XXXX`` (mode ``0o777``

@@ -2,10 +2,8 @@
 (``"package.module:function"``, :mod:`~singleloc.ground._extensions`) or that are registered
 (:func:`~singleloc.register_activation`), checked with values before any computation uses them.
 
-Exceptions. A referenced function is called through :func:`guarded`: whatever it raises (in this
-process, while JAX traces it, on a Dask worker) becomes a :class:`UserCodeError`, one line naming the
-function and its error (the command line prints it and exits with 2; the original exception is its
-``__cause__``, shown by ``--debug``).
+Exceptions. A referenced function is called through :func:`guarded`: whatever it raises (here, while JAX
+traces it, on a Dask worker) becomes a :class:`UserCodeError` naming it (its ``__cause__`` the original).
 
 Activations (:func:`check_activation`). The theory assumes a map ``scores (H, L) -> weights (H, L)``
 that is equivariant under permutations of the tokens (it fixes the relevant token at position 0),

@@ -8,8 +8,7 @@ temperatures and levels (:mod:`singleloc.attention._attention_rows`) and the CLI
 the CLI's parser imports this module).
 
 Ranges of types. A number must be representable where it goes, or NumPy and JAX fail deep inside
-(``"Python int too large to convert to C long"``, ``"An overflow was encountered while parsing an
-argument to a jitted computation"``, issue 54 item 8): an integer is at most :data:`INT64_MAX`
+(``"Python int too large to convert to C long"``): an integer is at most :data:`INT64_MAX`
 unless a smaller bound is given (a count that indexes or sizes a JAX array: :data:`INT32_MAX`, JAX's
 integer without its x64 mode); a float that reaches float32 or float64 lies in that type's range,
 or its square does where the computation squares it (:func:`representable`).

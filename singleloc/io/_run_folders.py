@@ -1,8 +1,4 @@
-"""Output files and run folders.
-
-Files. :func:`save_npz`, :func:`save_json`, :func:`save_text` and :func:`save_figure` write
-atomically (:func:`singleloc.ground._atomic_files.atomic_write`): a reader never sees a half-written file,
-and files get the usual permissions (``0o666`` less the umask).
+"""Output files, written atomically (:func:`singleloc.ground._atomic_files.atomic_write`), and run folders.
 
 Run folders. The outputs of one ``integrate``, ``simulate`` or ``compare`` form one unit, a
 folder written by :func:`save_run`:
@@ -277,9 +273,7 @@ def _check_stamp(file: Path, got: str | None, stamp: str) -> None:
 def load_run(directory: str | Path, kinds: Sequence[str] = RUN_KINDS) -> Run:
     """Read the output folder of ``integrate``, ``simulate``, ``compare`` or ``prune``: ``config.json``,
     those of ``<kind>.npz`` (``kind`` in ``kinds``) that are present and the further files of
-    :data:`EXTRA_KINDS` present (``theory_seeds.npz``, ``prune.npz``). The :class:`Run` gives them
-    as arrays (``run.data``) and as result objects (``run.theory``, ``run.simulation``,
-    ``run.pruning``).
+    :data:`EXTRA_KINDS` present (``theory_seeds.npz``, ``prune.npz``), as a :class:`Run`.
 
     Raises ``FileNotFoundError`` when the folder, its ``config.json`` or every wanted data file
     is missing, and ``ValueError`` when a file present cannot be read, is incomplete, or does

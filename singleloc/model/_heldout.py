@@ -27,14 +27,11 @@ rotation invariance ``w^T W w`` has the law of ``|w|^2 chi2(D - r)`` given ``w``
 with one chi-square per sequence instead of the ``L x D`` token entries: the same law as
 building the D-dimensional tokens (``tests/test_simulation.py`` checks it against brute force).
 
-Subsets of heads. The layer that keeps heads ``S`` (``H'`` of them) is the same activation
-applied to the ``(H', L)`` scores of the kept heads, aggregated as ``a = (1/H') sum_{h in S}
-A_h`` (docs/model.md section 7). The basis ``U`` spans every key, so one draw serves every
-subset exactly (common random numbers across subsets). A head mask on the full ``(H, L)``
-scores cannot express this for every activation: bsoftmax normalises jointly over heads and
-tokens with the factor ``H'``, and a registered activation may couple heads in any way; so
-:func:`heldout_losses` takes the kept heads as an index array, and a jitted caller compiles
-once per subset size ``H'`` (not per subset).
+Subsets of heads. The sub-layer of heads ``S`` (docs/model.md section 7) is scored on the same draw:
+``U`` spans every key (common random numbers across subsets). A head mask on the full scores cannot
+express it for every activation (bsoftmax normalises jointly with the factor ``H'``; a registered
+activation may couple heads), so :func:`heldout_losses` takes the kept heads as an index array, and a
+jitted caller compiles once per subset size ``H'``.
 """
 
 from __future__ import annotations

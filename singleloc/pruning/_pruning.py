@@ -28,12 +28,7 @@ Three orders of removal (:data:`~singleloc.PRUNING_ORDERS`):
 * ``random``: ``draws`` uniformly random orders from ``numpy.random.default_rng(seed)``;
   the result holds every draw, and its mean and spread.
 
-An explicit order (a sequence of head indices) is accepted too.
-
-A run folder (:func:`prune_run`): the final state of ``theory.npz`` and of every seed of
-``simulation.npz``, each pruned with the theory evaluator on one rule, the run's config checked
-(:func:`pruning_setup`: the quadrature and the memory of the rule) and ``theory.points = "auto"``
-resolved once, before the first layer is pruned.
+An explicit order (a sequence of head indices) is accepted too; :func:`prune_run` prunes the layers of a run folder.
 """
 
 from __future__ import annotations
@@ -114,11 +109,8 @@ def pruning_setup(setup: Setup, heads: int | None = None) -> Setup:
 class TheoryRisk:
     """Population risk of sub-layers of the layer ``(M, Q, b)`` (``M`` (H, F), ``Q`` (H, H),
     ``b`` (H,)). ``risk(kept)`` evaluates the heads ``kept`` with ODE objects for
-    ``len(kept)`` heads, built from ``config`` (problem, activation, ``theory.points``,
-    ``theory.qmc_seed``, ``theory.replicates``) and cached; ``theory.points = "auto"`` is
-    resolved first (:func:`~singleloc.resolve_points`, at the config's start), and the rule is
-    checked before it is built (:func:`pruning_setup`: ``ValueError`` or ``MemoryError`` naming
-    the keys).
+    ``len(kept)`` heads, built from ``config`` and cached, after :func:`pruning_setup` (``ValueError``
+    or ``MemoryError`` naming the keys).
 
     On the exact route (``theory.route``, a normalised-exponential activation) a risk is the
     exact one and its error the difference to the finer exact rule. On the Sobol rule, with
@@ -284,20 +276,9 @@ def prune(evaluate: Callable[[Sequence[int]], tuple[float, float]], heads: int,
         if len(seq) not in (H - 1, H) or sorted(set(seq)) != sorted(seq) or not all(0 <= h < H for h in seq):
             raise ValueError(f"an explicit order must list {H - 1} distinct head indices in 0..{H - 1}, got {list(order)}")
         sequences, label = [np.asarray(seq[: H - 1], dtype=int)], "given"
-    risks, errs = [], []
-    for seq in sequences:
-        kept = list(range(H))
-        r, e = [], []
-        for k in range(H):
-            if k:
-                kept.remove(int(seq[k - 1]))
-            rk, ek = evaluate(kept)
-            r.append(rk)
-            e.append(ek)
-        risks.append(r)
-        errs.append(e)
+    scores = np.asarray([[evaluate([h for h in range(H) if h not in seq[:k]]) for k in range(H)] for seq in sequences])
     removed = np.asarray(sequences, dtype=int).reshape(len(sequences), H - 1)
-    return PruningResult(label, removed, np.asarray(risks), np.asarray(errs))
+    return PruningResult(label, removed, scores[..., 0], scores[..., 1])
 
 
 def _greedy(evaluate, H: int) -> PruningResult:
@@ -317,11 +298,9 @@ def prune_theory(config: Config | None = None, M: Real[ArrayLike, "H F"] = None,
                  b: Real[ArrayLike, " H"] = None, order: str | Sequence[int] | Integer[ArrayLike, " K"] = "greedy", *,
                  problem: Problem | None = None, model: Model | None = None, sgd: SGD | None = None,
                  theory: Theory | None = None, draws: int = 16, seed: int = 0) -> PruningResult:
-    """Prune the layer with order parameters ``M`` (H, F), ``Q`` (H, H), ``b`` (H,), scoring
-    every kept subset by its population risk (see :class:`TheoryRisk`; on the exact route, or
-    with ``theory.replicates > 1`` on the Sobol rule, each risk comes with its quadrature error
-    in ``stderr``: the difference to the finer exact rule, or the replicates' standard error). The run
-    is ``config`` or the specifications by keyword (defaults for those not given)."""
+    """Prune the layer with order parameters ``M`` (H, F), ``Q`` (H, H), ``b`` (H,), scoring every kept
+    subset by its population risk with its quadrature error in ``stderr`` where one is stated
+    (:class:`TheoryRisk`). The run is ``config`` or the specifications by keyword."""
     config = gather_specs("prune_theory", config, problem=problem, model=model, sgd=sgd, theory=theory)
     return _pruned(TheoryRisk(config, M, Q, b), M, order, draws, seed)
 
@@ -339,11 +318,9 @@ def prune_run(run, order: str | Sequence[int] | Integer[ArrayLike, " K"] = "gree
               seed: int = 0) -> dict[str, list[PruningResult]]:
     """Prune the trained layers of a run folder read back by :func:`~singleloc.load_run`, with
     :func:`prune_theory`: the final state of ``theory.npz`` (one layer) and the final order
-    parameters of every seed of ``simulation.npz`` (one layer per seed; the keys are not stored,
-    so a seed is pruned through its order parameters with the theory's risk, not on fresh
-    finite-D data: for that, :func:`prune_weights`). Every layer is scored on one rule of the
-    run's config, checked and with ``theory.points = "auto"`` resolved once
-    (:func:`pruning_setup`) before the first layer is pruned, and built once (:meth:`TheoryRisk.of_layer`).
+    parameters of every seed of ``simulation.npz`` (one layer per seed; the keys are not stored:
+    for finite-D data, :func:`prune_weights`). Every layer is scored on one rule of the run's config,
+    checked and resolved once (:func:`pruning_setup`) and built once (:meth:`TheoryRisk.of_layer`).
 
     Returns:
         ``{kind: [PruningResult, ...]}`` for each kind of ``run.data`` (``"theory"``: one result;
@@ -372,11 +349,9 @@ def prune_weights(config: Config | None = None, K: Real[ArrayLike, "H D"] = None
                   problem: Problem | None = None, model: Model | None = None, simulation: Simulation | None = None,
                   draws: int = 16, seed: int = 0, samples: int | None = None, key: int | jax.Array = 0,
                   loss: str = "empirical") -> PruningResult:
-    """Prune the finite-D layer ``K`` (H, D), ``b`` (H,) with spikes ``kstar`` (F, D), scoring
-    every kept subset on the same ``samples`` fresh sequences (default
-    ``simulation.test_samples``) drawn from the JAX key ``key`` as the simulator draws its test
-    sequences (see :class:`WeightsRisk`). The greedy choices are made on these Monte Carlo
-    estimates; ``stderr`` holds their standard errors. ``alignment`` ranks by ``|M_h|`` with
+    """Prune the finite-D layer ``K`` (H, D), ``b`` (H,) with spikes ``kstar`` (F, D), scoring every kept
+    subset on the same fresh sequences (:class:`WeightsRisk`); the greedy choices are made on these Monte
+    Carlo estimates, ``stderr`` holds their standard errors, and ``alignment`` ranks by ``|M_h|`` with
     ``M = K k*^T / D``. The run is ``config`` or the specifications by keyword."""
     config = gather_specs("prune_weights", config, problem=problem, model=model, simulation=simulation)
     evaluate = WeightsRisk(config, K, b, kstar, samples=samples, key=key, loss=loss)

@@ -24,17 +24,13 @@ drift is the same map applied to their field averages, :class:`GradientMoments`,
 computes on either route (the Sobol rule, or the exact risk's gradient plus the rule's Gram
 term: :meth:`~singleloc.OrderParameterODE.gradient_moments`).
 
-The interface. :class:`AbstractSGDRule` is the seam: its views are ``learning_rate(tau)`` (the
-finite-D step size), ``rate(tau)`` (the rate per sequence at which the loss gradient moves the
-order parameters), ``init_state``/``step`` (the finite-D update, threading the rule's declared
-state, optax's ``init``/``update``), ``update``, ``drift`` and ``update_covariance``. Every view
-takes the time ``tau``, so that the ODE, the SDE and the simulator see the same rate at the same
+The interface. :class:`AbstractSGDRule` is the seam (``init_state``/``step`` are optax's ``init``/``update``);
+every view takes the time ``tau``, so that the ODE, the SDE and the simulator see the same rate at the same
 time. Two rules implement it: :class:`OnlineSGD` and its noiseless limit :class:`GradientFlow`
-(docs/model.md section 11.4: no ``lr^2`` term, no covariance, no finite-D step). What trains is
-the rule's: the keys always, the biases with ``train_bias``, and the head weights ``v`` of ``a_l =
-sum_h v_h A_hl`` as its ``weighting`` says (:mod:`~singleloc.sgd._head_weighting`: fixed at the head
-average, or trained like the biases, ``U`` then gaining the block ``-r dl/dv``); the weighting declares
-the ODE's state (:attr:`AbstractSGDRule.State`).
+(docs/model.md section 11.4: no ``lr^2`` term, no covariance, no finite-D step). What trains is the rule's:
+the keys always, the biases with ``train_bias``, and the head weights ``v`` of ``a_l = sum_h v_h A_hl`` as
+its ``weighting`` says (:mod:`~singleloc.sgd._head_weighting`, ``U`` then gaining the block ``-r dl/dv``),
+which declares the ODE's state (:attr:`AbstractSGDRule.State`).
 
 Variants. A rule holds a chain of :class:`AbstractVariant` pieces
 (:mod:`~singleloc.sgd._sgd_variants`: mini-batches, weight decay, learning-rate schedules,
@@ -49,11 +45,7 @@ gradient is carried by the pieces after it, so it moves the state at the rate of
 the chain (:meth:`AbstractSGDRule.rates`): weight decay before momentum is the coupled decay
 whose ODE runs at the momentum's effective rate, after it the decoupled one.
 
-The simulator (:mod:`~singleloc.simulation._simulation`), the ODE (:mod:`~singleloc.theory._theory`) and the
-SDE (:mod:`~singleloc.theory._fluctuations`) call the rule and nothing else, so the cross-checks (the
-SDE's covariance against single SGD steps, ``tests/test_fluctuations.py``; the ODE against the
-simulation, ``tests/test_simulation.py``, ``tests/test_training_variants.py``,
-``tests/test_momentum.py``) test every variant.
+The simulator, the ODE and the SDE call the rule and nothing else, so their cross-checks test every variant.
 """
 
 from __future__ import annotations

@@ -75,7 +75,7 @@ class LearningRateSchedule(AbstractVariant):
         """Whether the rate is constant (``lr`` itself, untouched, is then the rate)."""
         return self.kind in ("constant", "warmup") and self.warmup == 0
 
-    def __call__(self, lr, tau):
+    def learning_rate(self, lr, tau):
         """``lr w(tau) s(tau)``; ``lr`` itself when the schedule is constant."""
         if self.constant:
             return lr
@@ -91,10 +91,6 @@ class LearningRateSchedule(AbstractVariant):
         if self.warmup > 0:
             s = s * jnp.clip(tau / self.warmup, 0.0, 1.0)
         return lr * s
-
-    def learning_rate(self, lr, tau):
-        """``lr w(tau) s(tau)`` (:meth:`__call__`)."""
-        return self(lr, tau)
 
 
 class MiniBatch(AbstractVariant):

@@ -1,55 +1,27 @@
 """Parameter sweeps with an on-disk cache: ``singleloc sweep CONFIG --grid section.key=v1,v2``.
 
-A sweep takes a base configuration and one or more grids ``section.key = v1, v2, ...``; the
-points are their Cartesian product. At each point it
+The points are the Cartesian product of the grids ``section.key = v1, v2, ...`` over a base
+configuration. At each point a sweep
 
 1. predicts the escape from the unspecialized plateau and the horizon
-   (:func:`singleloc.analysis._predictions.predicted_escape`: ``tau_0 + log(D) / (2 lambda)`` from the
-   linearisation along the symmetric flow; horizon 5 times that, rounded up to two digits,
-   at most 3000; 300 when no escape is predicted); with ``theory.points = "auto"`` it first
-   chooses the point's number of points (:func:`~singleloc.resolve_points` at the starts of
-   step 3), stored with the prediction and used by every later step of the point;
-2. resolves the configuration it integrates (:func:`~singleloc.analysis._predictions.resolve_horizon`): with ``horizon="auto"``
-   (the default) ``sgd.tau_max`` is the point's horizon, with a number it is that number,
-   and both save ``max(sgd.n_save, 201)`` times on a log grid (``sgd.spacing = "log"``:
-   ``tau = 0`` and log-spaced from ``tau_max / 1000``), which resolves the plateau and an
-   escape at any of these horizons; ``horizon="config"`` keeps the configuration as it is;
-3. integrates the ODE from the simulator's initial overlaps of every seed
-   (``simulation.seeds`` starts, one batched, vmapped solve) and, optionally, runs the
-   finite-D simulation, both on the resolved configuration;
-4. analyses the phases (:func:`singleloc.analysis._phase_analysis.analyze`) of the limit risk (the
-   theory's ``risk``, the simulation's ``risk_limit``) with the heads' attention weights
-   (:func:`singleloc.attention_mass`), which classify every head (``aligned``,
-   ``leaning``, ``combination``, ``redundant``, ``off``, ``unspecialized``).
+   (:func:`singleloc.analysis._predictions.predicted_escape`); with ``theory.points = "auto"`` it
+   first chooses the point's number of points (:func:`~singleloc.resolve_points`), used by every
+   later step of the point;
+2. resolves the configuration it integrates (:func:`~singleloc.analysis._predictions.resolve_horizon`:
+   ``horizon="auto"``, a number, or ``"config"``);
+3. integrates the ODE from the simulator's initial overlaps of every seed (one batched solve)
+   and, optionally, runs the finite-D simulation;
+4. analyses the phases (:func:`singleloc.analysis._phase_analysis.analyze`) of the limit risk with
+   the heads' attention weights (:func:`singleloc.attention_mass`), which classify every head.
 
-Beside the points, the Bayes risk of every problem of the grid (one cache entry per problem,
-:func:`singleloc.sweeps._sweep_compute.bayes_config`) gives each point its ``gap_to_bayes`` and each
+The Bayes risk of every problem of the grid gives each point its ``gap_to_bayes`` and each
 activation and spike count its ``heads_needed`` (:mod:`singleloc.analysis._sweep_answers`).
-
-Each step is a pure function of its configuration (:func:`singleloc.sweeps._sweep_compute.compute` with
-the kinds ``prediction``, ``theory``, ``simulation``; :func:`~singleloc.analysis._predictions.resolve_horizon`), so the points can
-be computed anywhere, on this process or on a Dask cluster; theory points of the same shapes are
-one batched solve (:mod:`singleloc.sweeps._sweep_compute`), and every entry is cached on disk under a
-hash of its configuration (:mod:`singleloc.sweeps._sweep_cache`), so that a repeated sweep recomputes
-nothing.
-
-Two steps: :func:`compute_sweep` runs (or loads) every point and returns the rows and the
-trajectories; :func:`write_sweep_outputs` writes them; :func:`sweep` (``singleloc.sweep``) does
-both, the second only when given ``out``.
-
-Output: ``DIR/sweep.csv`` with one row per point (every column described in
-:data:`singleloc.sweeps._sweep_dataset.COLUMNS`): the grid values, the layer, ``status``, the prediction, the
-phase summary of the theory (means over the seeds of :meth:`PhaseAnalysis.summary`, ``settled`` from
-:mod:`singleloc.analysis._settled`) and of the simulation (``sim_`` prefix), the Bayes columns, the theory's
-quadrature as :class:`~singleloc.TheoryResult` states it (:func:`statement_columns`: blank for an entry cached
-before entries carried it, or a failed one), ``heads_needed`` with its range, ``gap_tol`` and the cache ``key``.
-``status`` is ``ok``, ``not yet (predicted escape at tau = X)`` for a point with a predicted escape where some seed
-has not escaped by the horizon, or the failure. One phase diagram over ``(H, F)`` per
-activation (and per value of the other grid keys): ``DIR/phase_<activation>[_<key>=<value>...].png``;
-the gap to the Bayes risk against the heads: ``DIR/heads_needed.png``.
-The trajectories of every point with the columns of the CSV, as labelled arrays over the grid
-keys, the seeds and the saved times, go to ``DIR/sweep.nc`` (:mod:`singleloc.sweeps._sweep_dataset`),
-read back by :func:`~singleloc.load_sweep`.
+Each step is a pure function of its configuration (:func:`singleloc.sweeps._sweep_compute.compute`),
+so the points can run in this process or on a Dask cluster, and every entry is cached on disk
+under a hash of its configuration (:mod:`singleloc.sweeps._sweep_cache`): a repeated sweep
+recomputes nothing. :func:`compute_sweep` runs (or loads) every point, :func:`write_sweep_outputs`
+writes the CSV (columns: :data:`singleloc.sweeps._sweep_dataset.COLUMNS`), the Dataset and the
+figures, and :func:`sweep` (``singleloc.sweep``) does both.
 """
 
 from __future__ import annotations
@@ -111,11 +83,8 @@ def check_sweep(base: Config, grids: Sequence[Grid], *, simulate: bool = False, 
     memory of every point (:func:`~singleloc.preflight._resources.check_run`), for its simulation
     (``simulate``) and for the theory of its ``simulation.seeds`` starts, times the points of its
     batched solve with ``batch`` (the points of one :func:`~singleloc.runtime._compilation.compile_group`
-    are one solve); ``ValueError`` or ``MemoryError`` naming the keys. :func:`sweep` runs it."""
-    _check_points([point for _, point in grid_points(base, grids)], simulate, batch)
-
-
-def _check_points(points: Sequence[Config], simulate: bool, batch: bool) -> None:
+    are one solve); ``ValueError`` or ``MemoryError`` naming the keys. :func:`compute_sweep` runs it."""
+    points = [point for _, point in grid_points(base, grids)]
     groups = [compile_group("theory", point.to_dict()) for point in points]
     sizes = Counter(groups)  # a batched group solves the starts of all its points at once
     for point, group in zip(points, groups):
@@ -220,11 +189,7 @@ def sweep(base: Config, grids: Sequence[Grid], out: str | Path | None = None, *,
     (``sgd.tau_max``) or a number (module docstring). ``cache_dir``: the cache folder (default
     ``OUT/cache``; one of the two is needed). ``gap``: the largest ``gap_to_bayes`` that counts as
     reaching the Bayes risk in ``heads_needed`` (:mod:`singleloc.analysis._sweep_answers`). The other
-    arguments as :func:`compute_sweep`'s.
-
-    Before anything is computed or written, every point is checked (:func:`check_sweep`: its
-    dimension, quadrature and memory); a point that cannot run is refused with ``ValueError`` or
-    ``MemoryError`` naming the keys.
+    arguments as :func:`compute_sweep`'s, which checks every point first (:func:`check_sweep`).
     """
     t0 = time.perf_counter()
     if cache_dir is None and out is None:
@@ -256,7 +221,7 @@ def compute_sweep(base: Config, grids: Sequence[Grid], cache: str | Path, *, hor
     check_gap(gap)
     t0 = time.perf_counter()
     points = grid_points(base, grids)
-    _check_points([cfg for _, cfg in points], simulate, batch)  # every point can run, before the first one does
+    check_sweep(base, grids, simulate=simulate, batch=batch)  # every point can run, before the first one does
     cache = Path(cache)
     kinds = ["theory"] + (["simulation"] if simulate else [])
     costs = sweep_costs(points, None, kinds, cache, horizon)  # said before anything runs; a point over the limit refused

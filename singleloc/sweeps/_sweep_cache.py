@@ -51,16 +51,12 @@ def fill_cache(entries: Sequence[tuple[Config, str]], cache: Path, *, cluster: C
                progress: bool = True, desc: str = "points", batch: bool = True, costs: Mapping[str, float] | None = None
                ) -> tuple[set[str], dict[str, BaseException]]:
     """Compute the ``(config, kind)`` entries missing from (or damaged in) the cache, with
-    :func:`~singleloc.runtime._distributed.run_points` on ``cluster`` (an open
-    :class:`~singleloc.runtime._distributed.Cluster`; ``None``: in this process). With ``batch``, the
-    entries of a kind in :data:`~singleloc.sweeps._sweep_compute.BATCH_KINDS` are one task per
-    :func:`~singleloc.runtime._compilation.compile_group` (one batched solve,
-    :func:`~singleloc.sweeps._sweep_compute.compute_points`; a large group cut for the cluster's
-    :attr:`~singleloc.runtime._distributed.Cluster.threads` by :func:`split_groups`); otherwise one task
-    per entry. Only this process writes the cache (atomically), as each result arrives. ``costs``:
-    the estimated seconds of entries (by name, :mod:`singleloc.sweeps._sweep_estimate`), which the bar's
-    time left is made of. Returns the names of the entries computed and the failures (entry name ->
-    exception)."""
+    :func:`~singleloc.runtime._distributed.run_points` on ``cluster`` (``None``: in this process). With
+    ``batch``, the entries of a kind in :data:`~singleloc.sweeps._sweep_compute.BATCH_KINDS` are one task per
+    :func:`~singleloc.runtime._compilation.compile_group` (a large group cut by :func:`split_groups`);
+    otherwise one task per entry. Only this process writes the cache, as each result arrives. ``costs``: the
+    estimated seconds of entries by name (the bar's time left). Returns the names of the entries computed
+    and the failures (entry name -> exception)."""
     tasks = {}
     for config, kind in entries:
         path = _entry_path(cache, config, kind)

@@ -89,8 +89,7 @@ def compute_bayes(config: Config) -> dict[str, np.ndarray]:
 
 
 def _theory_arrays(r) -> dict[str, np.ndarray]:
-    """A theory entry: the trajectories, the risk's standard error ``risk_se`` (NaN for one replicate)
-    and the quadrature's statement (:meth:`~singleloc.TheoryResult.statement`)."""
+    """A theory entry: the trajectories, ``risk_se`` (NaN for one replicate) and the statement."""
     return _trajectory_arrays(r) | {"risk_se": r.risk_se} | r.statement()
 
 
@@ -132,13 +131,10 @@ def compute_points(kind: str, *configs: Mapping[str, Mapping[str, Any]]) -> list
     on). Several theory points are one batched solve (:func:`compute_theories`); other kinds,
     and a single point, :func:`compute` one after the other.
 
-    On a Dask worker (a process the cluster owns) it sets the process up as the command line
-    sets its own: double precision (the ODE is solved in float64; the simulator keeps its own
-    float32), also on a worker started by hand, and the compiled programs of a bounded number of
-    shapes (:func:`~singleloc.runtime._compilation.hold_programs`), so that a long sweep over many shapes
-    does not exhaust its memory mappings; so in the command line's own process (a serial
-    ``singleloc sweep``). In a Python caller's process (a serial :func:`~singleloc.sweep`) it
-    changes neither: the sweep checks the float64 mode there instead.
+    On a Dask worker it sets double precision, and in a process the package owns (a worker, the
+    command line's) it holds the programs of a bounded number of shapes
+    (:func:`~singleloc.runtime._compilation.hold_programs`) so that a long sweep does not exhaust the
+    memory mappings; a Python caller's process is left as it is (the sweep checks float64 there).
     """
     if on_dask_worker():
         own_process()
@@ -159,10 +155,7 @@ def compute_points(kind: str, *configs: Mapping[str, Mapping[str, Any]]) -> list
 
 
 def compute_point(kind: str, config: Mapping[str, Mapping[str, Any]]) -> dict[str, np.ndarray]:
-    """The work of one sweep point, run on a worker: :func:`singleloc.sweeps._sweep_compute.compute` of ``kind``
-    (an entry kind of the sweep cache, e.g. ``"theory"``) for the resolved configuration
-    ``config`` (a :meth:`Config.to_dict`), as NumPy arrays (:func:`compute_points` of one point;
-    its exception is raised)."""
+    """:func:`compute_points` of one point, run on a worker; its exception is raised."""
     (result,) = compute_points(kind, config)
     if isinstance(result, BaseException):
         raise result

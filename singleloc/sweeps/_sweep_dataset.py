@@ -46,12 +46,8 @@ sweep fill the leading part of each axis and are padded with NaN (``tau`` too); 
 arrays are NaN throughout and its ``status`` says what failed. Reductions such as
 ``.mean("seed")`` skip NaN, so the padding does not enter them.
 
-Why netCDF (netCDF-4 on HDF5, written with ``h5netcdf``) rather than zarr: the sweep is one
-self-describing file (dimensions, coordinates and attributes inside it), written to a
-temporary sibling and moved into place in one step (:func:`singleloc.ground._atomic_files.atomic_write`), so a
-reader never sees a half-written sweep, and readable by any netCDF or HDF5 tool (xarray,
-netCDF4, h5py, ``ncdump``); a zarr store is a folder of many files, which cannot be replaced in
-one step. Floating-point arrays are compressed losslessly (zlib).
+NetCDF-4 (``h5netcdf``, floats compressed losslessly) rather than zarr: one self-describing file,
+replaced in one step (:func:`singleloc.ground._atomic_files.atomic_write`) and readable by any netCDF or HDF5 tool.
 """
 
 from __future__ import annotations
@@ -164,11 +160,6 @@ def describe_column(name: str) -> str:
 OVER_HEADS = ("heads_needed", "heads_needed_low", "heads_needed_high")
 
 
-def dim_name(key: str) -> str:
-    """The dimension of the grid key ``section.key``: ``section_key``."""
-    return key.replace(".", "_")
-
-
 def _coordinate(values: Sequence[Any]) -> np.ndarray:
     """Grid values as a coordinate: numbers, booleans or strings as they are; otherwise their text."""
     kinds = {str if isinstance(v, str) else bool if isinstance(v, bool) else float if isinstance(v, (int, float)) else None
@@ -194,7 +185,7 @@ def sweep_dataset(base: Config, grids: Sequence[Grid], rows: Sequence[Mapping[st
     """The Dataset of a sweep (module docstring): ``grids`` its grids, ``rows`` the rows of
     ``sweep.csv`` (one per point, any order), ``entries[i]`` the cache entries of the point of
     ``rows[i]`` (kind -> arrays; a failed kind is absent)."""
-    dims = [dim_name(g.name) for g in grids]
+    dims = [g.name.replace(".", "_") for g in grids]  # the dimension of a grid key (module docstring)
     grid_shape = tuple(len(g.values) for g in grids)
     index = [tuple(g.values.index(r[g.name]) for g in grids) for r in rows]
     if sorted(index) != sorted(np.ndindex(grid_shape)):
@@ -259,12 +250,10 @@ def write_sweep(out: str | Path, base: Config, grids: Sequence[Grid], rows: Sequ
 
 
 def load_sweep(directory: str | Path) -> xr.Dataset:
-    """The Dataset of the sweep whose output folder is ``directory`` (``singleloc sweep --out
-    DIR`` writes ``DIR/sweep.nc``; layout in :mod:`singleloc.sweeps._sweep_dataset`), loaded into memory
-    (the file is closed again). Raises ``FileNotFoundError`` when the folder holds no sweep file
-    and ``ValueError`` when the file is not readable, is not a sweep of singleloc (another netCDF
-    or HDF5 file: no trailer) or is damaged (its bytes differ from its trailer's digest; checked
-    before the file is parsed), each in one line naming the path."""
+    """The Dataset of the sweep whose output folder is ``directory`` (``DIR/sweep.nc``, module docstring),
+    loaded into memory. Raises ``FileNotFoundError`` when the folder holds no sweep file and ``ValueError``
+    when the file is not readable, not a sweep of singleloc (no trailer) or damaged (its bytes differ from
+    its trailer's digest), each in one line naming the path."""
     path = Path(directory) / SWEEP_FILE
     if not path.is_file():
         raise FileNotFoundError(f"no sweep file {path}: {str(directory)!r} is not the output folder of singleloc sweep "
@@ -279,8 +268,7 @@ def load_sweep(directory: str | Path) -> xr.Dataset:
             raise ValueError(f"{path} is not a readable netCDF file (no HDF5 signature)")
         raise ValueError(f"{path} is not a sweep written by singleloc sweep (no singleloc trailer at its end: a truncated "
                          "sweep, another netCDF or HDF5 file, one rewritten by another tool, or a sweep written before sweeps "
-                         "carried one): run the sweep "
-                         "again (its cache makes that quick)")
+                         "carried one): run the sweep again (its cache makes that quick)")
     if trailer != _trailer(body):
         raise ValueError(f"{path} is damaged: its bytes do not match the SHA-256 of its trailer (a changed or missing byte); "
                          "run the sweep again (its cache makes that quick)")

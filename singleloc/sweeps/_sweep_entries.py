@@ -1,27 +1,19 @@
 """The entries of a sweep's on-disk cache (:mod:`singleloc.sweeps._sweep_cache`): their keys, their
 reading and writing.
 
-Cache. Every computed point is stored as ``CACHE/<kind>-<key>.npz`` (kind ``theory`` or
-``simulation``), where ``key`` is the SHA-256 (first 24 hex digits) of the canonical JSON of
-the configuration (for a theory or simulation entry the resolved one, so the key includes the
-horizon), the package version, :data:`CACHE_VERSION` and the kind. A repeated sweep therefore
-recomputes nothing, and changing one value of the base configuration recomputes only the
-points whose configuration changed. A prediction entry holds the fields of
-:class:`~singleloc.EscapePrediction`; a theory entry ``tau``, ``M``, ``Q``, ``b`` and ``risk`` as
-:class:`~singleloc.TheoryResult`; a simulation entry the same names as
-:class:`~singleloc.SimulationResult` (``risk`` the empirical finite-D risk, ``risk_limit`` the
-limit loss). Files are written atomically (:mod:`singleloc.io._run_folders`); a failed point (the ODE left
-the valid set) is not cached, and a damaged entry (unreadable, truncated, or without one of
-its arrays) is reported in one warning line, recomputed and replaced.
+Cache. Every computed entry is stored as ``CACHE/<kind>-<key>.npz``, ``key`` the SHA-256 (first 24
+hex digits) of the canonical JSON of the (resolved) configuration, the package version,
+:data:`CACHE_VERSION` and the kind, so that a repeated sweep recomputes nothing and a changed value
+recomputes only the points it changes. An entry holds the arrays :data:`ENTRY_KEYS` names (those of
+:class:`~singleloc.EscapePrediction`, :class:`~singleloc.TheoryResult`, :class:`~singleloc.SimulationResult`);
+it is written atomically, and a failed point is not cached.
 
-Proof of what an entry holds. Every entry records the key of the configuration it was computed
-from, as run folders record their config hash (:func:`~singleloc.io._run_folders.npz_stamp`: the zip
-comment ``singleloc config_hash KEY``), and every read (:func:`_read_entry`, also the cheap check of
-:func:`~singleloc.sweeps._sweep_cache.fill_cache`) verifies it against the key of the configuration it is read for. An entry whose
-record differs (a file copied or renamed over another point's entry, issue 54 item 6) or is
-missing is reported in one warning line, recomputed and replaced, like a damaged one: the cache is
-a memo the sweep can always rebuild from the configuration, so a wrong entry costs a recomputation,
-never a wrong row, and refusing would only stop a long sweep for a file the user must then delete.
+Proof of what an entry holds. Every entry records its key as its zip comment (as run folders record
+their config hash, :func:`~singleloc.io._run_folders.npz_stamp`), and every read (:func:`_read_entry`)
+checks it against the key of the configuration it is read for. A damaged entry (unreadable,
+truncated, without one of its arrays) or one recorded for another configuration is reported in one
+warning line, recomputed and replaced: the cache is a memo the sweep can always rebuild, so a wrong
+entry costs a recomputation, never a wrong row.
 """
 
 from __future__ import annotations

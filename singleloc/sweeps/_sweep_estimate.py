@@ -44,15 +44,13 @@ def sweep_costs(points: Sequence[tuple[Mapping[str, Any], Config]], run_cfgs: Ma
     (``--yes`` lifts it) naming what would make it cheaper, and return the estimated seconds of each entry to compute by
     its cache file's name (the sweep's bar weighs its points by them). Before the predictions (``run_cfgs is None``):
     each point's prediction, and its theory and simulation at its horizon; after them, those of ``run_cfgs``."""
-    from ..analysis._predictions import HORIZON_FALLBACK, HORIZON_N_SAVE
+    from ..analysis._predictions import HORIZON_FALLBACK, resolve_horizon
     from ._sweep_entries import _entry_path
 
     costs, per_point, groups = {}, [], set()
     for i, (_, cfg) in enumerate(points):
         if run_cfgs is None:
-            tau = HORIZON_FALLBACK if horizon == "auto" else horizon
-            run_cfg = cfg if horizon == "config" else cfg.replace(sgd={"tau_max": float(tau), "spacing": "log",
-                                                                       "n_save": max(cfg.sgd.n_save, HORIZON_N_SAVE)})
+            run_cfg = resolve_horizon(cfg, {"horizon": HORIZON_FALLBACK}, horizon)  # "auto" at the fallback horizon
             todo = [(cfg, "prediction")] + [(run_cfg, kind) for kind in kinds]
         else:
             todo = [(run_cfgs[i], kind) for kind in kinds] if i in run_cfgs else []
