@@ -97,10 +97,12 @@ def run_stories(out: Path, quick: bool, stories) -> tuple[dict[str, float], dict
             if quick and argv[0] == "sweep":
                 small = {"model.heads=1,2,3,4": "model.heads=1,2", "problem.F=2,3": "problem.F=2"}
                 argv = [small.get(a, a) for a in argv] + ["--set", "theory.points=256", "--horizon", "10"]
+            load = os.getloadavg()[0]
             text, took = _run(argv)
             seconds[story] += round(took, 1)
             outputs.setdefault(story, []).append({"command": "singleloc " + " ".join(argv).replace(str(out), "runs"),
-                                                  "seconds": round(took, 1), "output": text.replace(str(out), "runs")})
+                                                  "seconds": round(took, 1), "load_average": [load, os.getloadavg()[0]],
+                                                  "output": text.replace(str(out), "runs")})
     return seconds, outputs
 
 
@@ -121,6 +123,36 @@ def showcase(out: Path) -> dict:
             "simulation_final_risk": [float(r) for r in run.data["simulation"]["risk"][:, -1]]}
 
 
+def amplitude_escape(tau, M, mean) -> float:
+    """The first saved time at which ``|(M - mean_h M) P|_F`` reaches 1 (``P``: orthogonal to the prior's ``mean``):
+    what the tangent-linear prediction predicts (docs/phases.md); NaN if it never does."""
+    P = np.eye(M.shape[-1])
+    if np.linalg.norm(mean) > 1e-12:
+        P -= np.outer(mean, mean) / np.dot(mean, mean)
+    amplitude = np.linalg.norm((M - M.mean(axis=-2, keepdims=True)) @ P, axis=(-2, -1))
+    hit = np.flatnonzero(amplitude >= 1.0)
+    return float(tau[hit[0]]) if len(hit) else float("nan")
+
+
+def sweep_escapes(folder: Path) -> dict:
+    """Every sweep point's predicted escape beside three measures of its theory run: ``first_learned`` (the sweep's),
+    ``escape_time`` (the risk's halfway drop from the plateau before it) and :func:`amplitude_escape`."""
+    import xarray as xr
+
+    ds, out = xr.open_dataset(folder / "sweep.nc"), {}
+    for point in ds["predicted_escape"].stack(p=ds["predicted_escape"].dims).p.values:
+        q = ds.sel(dict(zip(ds["predicted_escape"].dims, point))).isel(seed=0, missing_dims="ignore")
+        act, H, F = str(q["activation"].values), int(q["heads"]), int(q["F"])
+        mean = sl.load_config("default").replace(model={"activation": act, "heads": H},
+                                                 problem={"F": F}).problem.build_prior().mean()
+        M = q["M"].values[:, :H, :F]
+        keep = np.isfinite(M).all(axis=(-2, -1))
+        out[f"{act}, H={H}, F={F}"] = {k: float(q[k]) for k in ("predicted_escape", "tau_plateau", "first_learned",
+                                                                 "escape_time")} | {
+            "amplitude_escape": amplitude_escape(q["tau"].values[keep], M[keep], mean)}
+    return out
+
+
 def questions(out: Path) -> dict:
     """The three questions' numbers, read from the run folders in ``out`` (``a``: integrate, ``c``: sweep, ``d``:
     prune)."""
@@ -129,7 +161,8 @@ def questions(out: Path) -> dict:
     run = sl.load_run(out / "a")
     theory = run.data["theory"]
     escape = float(theory["predicted_escape"]) if "predicted_escape" in theory else float("nan")
-    measured = analyze(theory["tau"], theory["M"], theory["Q"], theory["risk"], mean=run.config.problem.build_prior().mean())
+    mean = run.config.problem.build_prior().mean()
+    measured = analyze(theory["tau"], theory["M"], theory["Q"], theory["risk"], mean=mean)
     with open(out / "c" / "sweep.csv", newline="") as fh:
         rows = list(csv.DictReader(fh))
     needed, gaps = {}, {}
@@ -140,9 +173,10 @@ def questions(out: Path) -> dict:
         gaps.setdefault(key, {})[f"H={row['model.heads']}"] = [float(row["gap_to_bayes"]), float(row["gap_to_bayes_error"])]
     pruning = sl.load_run(out / "d").pruning["theory"]
     return {"specialization": {"heads": run.config.model.heads, "F": run.config.problem.F, "predicted_escape": escape,
-                               "measured_escape": float(measured.escape_time[0]), "settled": bool(theory["settled"]),
+                               "measured_escape": float(measured.escape_time[0]), "amplitude_escape": amplitude_escape(
+                                   theory["tau"], theory["M"], mean), "settled": bool(theory["settled"]),
                                "horizon": float(theory["tau"][-1]), "final_risk": float(theory["risk"][-1])},
-            "heads_needed": {"needed": needed, "gap_to_bayes": gaps},
+            "heads_needed": {"needed": needed, "gap_to_bayes": gaps, "escapes": sweep_escapes(out / "c")},
             "prune": {"heads": pruning.heads, "removable": pruning.removable(PRUNE_TOL), "tol": PRUNE_TOL,
                       "risks": [float(r) for r in np.asarray(pruning.risk)]}}
 
@@ -171,7 +205,7 @@ def main() -> None:
         before = json.loads(saved.read_text())
         for key in ("numbers", "seconds", "outputs"):
             record[key] = {**before.get(key, {}), **record[key]}
-        if not questions_too:  # the load at which the questions' wall times were measured
+        if not any(story in seconds for story in STORIES):  # the load at which the questions' wall times were measured
             record["load_average"] = before.get("load_average", record["load_average"])
     for story, values in record["numbers"].items():
         print(f"{story}: {values}")
