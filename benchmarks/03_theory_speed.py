@@ -275,9 +275,10 @@ def showcase(env: dict, out: str) -> dict:
     done = subprocess.run([sys.executable, "-c", SHOWCASE, out], check=True, capture_output=True, text=True, env=env)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     seconds = lambda m: float(m[1]) * (60.0 if m[2] == "min" else 1.0)
-    sides = {side: sum(seconds(re.search(p + r" ([\d.]+) (s|min)", done.stderr)) for p in phases)
-             for side, phases in PHASES.items()}
-    return {"wall_s": time.perf_counter() - t0, "load": load(), **{f"{k}_s": v for k, v in sides.items()},
+    phases = {p.split(" in")[0]: seconds(re.search(p + r" ([\d.]+) (s|min)", done.stderr)) for ps in PHASES.values()
+              for p in ps}
+    sides = {side: sum(phases[p.split(" in")[0]] for p in ps) for side, ps in PHASES.items()}
+    return {"wall_s": time.perf_counter() - t0, "load": load(), **{f"{k}_s": v for k, v in sides.items()}, "phases": phases,
             "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
             "theory_over_simulation": sides["theory"] / sides["simulation"]}
 
@@ -373,7 +374,9 @@ def main():
                     results.setdefault("showcase_cold" if code == "now" else "showcase_cold_before", []).append(sc)
                     print(f"compare showcase ({code}), cold (load {sc['load']:.1f}): {sc['wall_s']:.1f} s wall; the simulation "
                           f"{sc['simulation_s']:.1f} s, the theory {sc['theory_s']:.1f} s (compiling and running each): "
-                          f"theory / simulation {sc['theory_over_simulation']:.2f}: {verdict(sc['theory_over_simulation'], 1.0)}")
+                          f"theory / simulation {sc['theory_over_simulation']:.2f}: "
+                          f"{verdict(sc['theory_over_simulation'], 1.0)}; by phase, s: "
+                          + ", ".join(f"{k} {v:.1f}" for k, v in sc["phases"].items()))
 
         if "points" not in skip:
             pts = results["points"] = points(args.repeat)
