@@ -213,7 +213,7 @@ def _run_points(dynamics: OrderParameterODE, evaluation: OrderParameterODE, y0: 
                 max_steps):
     """:func:`_trajectories` of a batch of points: a leading points axis on every argument (the
     ODE stacks, starts, saved times, tolerances and step budgets of each point), the points in turn on one CPU
-    device (:func:`_batched`: four showcase points 1.2-1.7 times as fast as vmapped, and each point's numbers
+    device (:func:`_batched`: four showcase points 1.2-1.8 times as fast as vmapped, and each point's numbers
     those of its own :func:`integrate`), vmapped elsewhere. Every trajectory keeps its own adaptive steps."""
     args = (dynamics, evaluation, y0, ts, rtol, atol, budget)
     return _batched(lambda *a: _trajectories(*a, max_steps, False), (0,) * len(args), ts.shape[0])(*args)
