@@ -32,9 +32,15 @@
 6. ``singleloc compare showcase`` cold (the README's main job: bsoftmax H = 4 on the Sobol rule, 4 seeds, D = 1000),
    its phases as the command says them (compiling and running the simulation; compiling, solving and stating the
    error of the theory): the theory's seconds over the simulation's, in one process. Target (issue 58): <= 1.
+   With ``--before DIR`` (a checkout of an earlier commit, e.g. ``git archive REV | tar -x -C DIR``) the command
+   of that code too, the two in turn (``PYTHONPATH``), ``--cold-repeat`` pairs, each with an empty cache folder.
+7. ``integrate_points`` (``sweep``'s theory) of four points of one shape (the showcase at ``sgd.lr`` = 0.4 ... 1.0,
+   one start each, tau 20) in one process without the persistent cache: its program with the points vmapped
+   (the code before) and in turn on one CPU device (``_batched``), each compiled, then run alternately
+   ``--repeat`` times; the two programs' largest difference, and each point's against its own ``integrate``.
 
 Run: ``python benchmarks/03_theory_speed.py [--tau-max 300] [--repeat 3] [--cold-repeat 2] [--skip pieces,simulation]
-[--save PATH]`` (``--save``: the numbers as JSON, ``benchmarks/_common.py``). About 10 minutes on a quiet 2-core
+[--before DIR] [--save PATH]`` (``--save``: the numbers as JSON, ``benchmarks/_common.py``). About 10 minutes on a quiet 2-core
 CPU with every step.
 """
 
@@ -53,7 +59,7 @@ import time
 from _common import add_save_option, save
 
 SIM_TAU = 3.0
-STEPS = ("pieces", "simulation", "showcase")  # the steps --skip can leave out (1 to 3 always run)
+STEPS = ("pieces", "simulation", "showcase", "points")  # the steps --skip can leave out (1 to 3 always run)
 #: The processes run as a user's (the environment as it is: no variable chooses the theory's route).
 USER = dict(os.environ)
 
@@ -157,6 +163,37 @@ print(json.dumps(out))
 """
 
 
+# integrate_points' program of four points of one shape, vmapped against in turn, alternated in one process.
+POINTS = """
+import json, sys, time
+import equinox as eqx, jax, jax.numpy as jnp, numpy as np
+jax.config.update("jax_enable_x64", True)
+import singleloc as sl
+from singleloc.preflight._build import build
+from singleloc.theory import _ode
+from singleloc.theory._starts import initial_conditions
+configs = [sl.load_config("showcase", ["simulation.seeds=1", "sgd.tau_max=20", "sgd.n_save=21", f"sgd.lr={lr}"])
+           for lr in (0.4, 0.6, 0.8, 1.0)]
+prepared = [_ode._problem(build(c), initial_conditions(c), None) for c in configs]
+args = jax.tree.map(lambda *x: jnp.stack(x), *(p.args for p in prepared))
+one = lambda *a: _ode._trajectories(*a, _ode.MAX_STEPS, False)
+fns = {"vmapped": lambda *a: jax.vmap(one)(*a), "in turn": lambda *a: _ode._batched(one, (0,) * 7, 4)(*a)}
+compiled, out, outs = {}, {"compile_s": {}, "run_s": {k: [] for k in fns}}, {}
+for name in (list(fns) if int(sys.argv[1]) % 2 == 0 else list(fns)[::-1]):
+    t = time.perf_counter(); compiled[name] = eqx.filter_jit(fns[name]).lower(*args).compile()
+    out["compile_s"][name] = time.perf_counter() - t
+for _ in range(int(sys.argv[1])):
+    for name, c in compiled.items():
+        t = time.perf_counter(); outs[name] = jax.device_get(c(*args)); out["run_s"][name].append(time.perf_counter() - t)
+single = [jax.device_get(_ode._run(*p.args, _ode.MAX_STEPS, False)) for p in prepared]
+gap = lambda a, b: max(float(np.nanmax(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in zip(a, b))
+out["vmapped_vs_in_turn"] = gap(jax.tree.leaves(outs["vmapped"][:2]), jax.tree.leaves(outs["in turn"][:2]))
+out["against_integrate"] = {k: max(gap(jax.tree.leaves(jax.tree.map(lambda x: x[j], o[:2])), jax.tree.leaves(single[j][:2]))
+                                   for j in range(4)) for k, o in outs.items()}
+print(json.dumps(out))
+"""
+
+
 def load() -> float:
     """The load average of the last minute (the machine may be shared: said with every number)."""
     return os.getloadavg()[0]
@@ -209,18 +246,39 @@ PHASES = {"simulation": (r"compiled the simulation in", r"simulated \d+ SGD step
           "theory": (r"compiled the solve in", r"solved in", r"stated the quadrature's error in")}
 
 
+# ``singleloc compare showcase`` with every phase said, the quiet ones too (the error statement is quiet: under
+# ``QUIET_AFTER`` seconds it says nothing, and its seconds would be missed).
+SHOWCASE = """
+import sys
+from singleloc.runtime import _progress
+enter = _progress.Phase.__enter__
+def said(self):
+    self.quiet = False
+    return enter(self)
+_progress.Phase.__enter__ = said
+from singleloc.cli import main
+sys.exit(main(["compare", "showcase", "--out", sys.argv[1], "--no-progress"]))
+"""
+
+
+def points(repeat: int) -> dict:
+    done = subprocess.run([sys.executable, "-c", POINTS, str(repeat)], check=True, capture_output=True, text=True,
+                          env={**USER, "SINGLELOC_CACHE_DIR": ""})
+    return {**json.loads(done.stdout.strip().splitlines()[-1]), "load": load()}
+
+
 def showcase(env: dict, out: str) -> dict:
     """``compare showcase`` in a fresh process with ``env``: wall and CPU, and the seconds of each side's phases."""
     import re
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "singleloc", "compare", "showcase", "--out", out, "--no-progress"],
-                          check=True, capture_output=True, text=True, env=env)
+    done = subprocess.run([sys.executable, "-c", SHOWCASE, out], check=True, capture_output=True, text=True, env=env)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     seconds = lambda m: float(m[1]) * (60.0 if m[2] == "min" else 1.0)
-    sides = {side: sum(seconds(re.search(p + r" ([\d.]+) (s|min)", done.stderr)) for p in phases)
-             for side, phases in PHASES.items()}
-    return {"wall_s": time.perf_counter() - t0, "load": load(), **{f"{k}_s": v for k, v in sides.items()},
+    phases = {p.split(" in")[0]: seconds(re.search(p + r" ([\d.]+) (s|min)", done.stderr)) for ps in PHASES.values()
+              for p in ps}
+    sides = {side: sum(phases[p.split(" in")[0]] for p in ps) for side, ps in PHASES.items()}
+    return {"wall_s": time.perf_counter() - t0, "load": load(), **{f"{k}_s": v for k, v in sides.items()}, "phases": phases,
             "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
             "theory_over_simulation": sides["theory"] / sides["simulation"]}
 
@@ -235,6 +293,7 @@ def main():
     parser.add_argument("--repeat", type=int, default=3, help="warm pairs and warm compare runs (medians reported)")
     parser.add_argument("--cold-repeat", type=int, default=2, help="cold pairs (each with empty cache folders)")
     parser.add_argument("--skip", default="", help=f"steps to leave out, comma-separated: {', '.join(STEPS)}")
+    parser.add_argument("--before", metavar="DIR", help="step 6: also the command of the earlier code checked out at DIR")
     args = add_save_option(parser).parse_args()
     skip = {s for s in args.skip.split(",") if s}
     if skip - set(STEPS):
@@ -308,11 +367,24 @@ def main():
                            ratio_in_process=per_tau * args.tau_max / warm_solve)
 
         if "showcase" not in skip:
-            sc = showcase({**USER, "SINGLELOC_CACHE_DIR": f"{tmp}/showcase"}, f"{tmp}/sc")
-            results["showcase_cold"] = sc
-            print(f"compare showcase, cold (load {sc['load']:.1f}): {sc['wall_s']:.1f} s wall; the simulation "
-                  f"{sc['simulation_s']:.1f} s, the theory {sc['theory_s']:.1f} s (compiling and running each): theory / "
-                  f"simulation {sc['theory_over_simulation']:.2f}: {verdict(sc['theory_over_simulation'], 1.0)}")
+            codes = {"now": {}} | ({"before": {"PYTHONPATH": os.path.abspath(args.before)}} if args.before else {})
+            for i in range(args.cold_repeat if args.before else 1):
+                for code, env in codes.items():
+                    sc = showcase({**USER, **env, "SINGLELOC_CACHE_DIR": f"{tmp}/showcase-{code}-{i}"}, f"{tmp}/sc")
+                    results.setdefault("showcase_cold" if code == "now" else "showcase_cold_before", []).append(sc)
+                    print(f"compare showcase ({code}), cold (load {sc['load']:.1f}): {sc['wall_s']:.1f} s wall; the simulation "
+                          f"{sc['simulation_s']:.1f} s, the theory {sc['theory_s']:.1f} s (compiling and running each): "
+                          f"theory / simulation {sc['theory_over_simulation']:.2f}: "
+                          f"{verdict(sc['theory_over_simulation'], 1.0)}; by phase, s: "
+                          + ", ".join(f"{k} {v:.1f}" for k, v in sc["phases"].items()))
+
+        if "points" not in skip:
+            pts = results["points"] = points(args.repeat)
+            ratios = [a / b for a, b in zip(pts["run_s"]["vmapped"], pts["run_s"]["in turn"])]
+            print(f"integrate_points, 4 showcase points of one shape (load {pts['load']:.1f}): compiled in "
+                  + ", ".join(f"{k} {v:.1f} s" for k, v in pts["compile_s"].items()) + "; run vmapped / in turn "
+                  + ", ".join(f"{r:.2f}" for r in ratios) + f"; largest difference {pts['vmapped_vs_in_turn']:.1e}, against "
+                  "each point's integrate " + ", ".join(f"{k} {v:.1e}" for k, v in pts["against_integrate"].items()))
     results["load_at_end"] = load()
     save(args, __file__, results)
 

@@ -46,7 +46,8 @@ def _report(config, H):
     ys = tuple(np.broadcast_to(np.asarray(x), (1, 1, 2, *x.shape)) for x in state)
     nan = np.full((1, 1, 2), np.nan)
     points = evaluation.expectation.stated_points(config.theory, L, H, config.theory.points)
-    report = solve_report(setup, ys, nan, nan, np.full((1, 2), np.nan), evaluation.expectation, setup.rule, points)
+    risk = np.full((1, 1, 2), float(eqx.filter_jit(lambda e, *s: e.risk(*s))(evaluation.expectation, *state)))  # the solve's
+    report = solve_report(setup, ys, risk, nan, nan, np.full((1, 2), np.nan), evaluation.expectation, setup.rule, points)
     return report, evaluation, state
 
 

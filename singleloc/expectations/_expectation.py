@@ -148,6 +148,12 @@ class AbstractExpectation(eqx.Module):
     def gradient_moments(self, M: jax.Array, Q: jax.Array, b: jax.Array, v: jax.Array | None = None) -> GradientMoments:
         """The field averages of the loss gradient that the SGD rule turns into the drift."""
 
+    def risk_and_moments(self, M: jax.Array, Q: jax.Array, b: jax.Array, v: jax.Array | None = None
+                         ) -> tuple[jax.Array, GradientMoments]:
+        """:meth:`risk` and :meth:`gradient_moments` on the same rule at one state: two passes over it by default;
+        a route whose moments see the loss at every node takes the risk from the same pass."""
+        return self.risk(M, Q, b, v), self.gradient_moments(M, Q, b, v)
+
     @abc.abstractmethod
     def gram(self, M: jax.Array, Q: jax.Array, b: jax.Array, v: jax.Array | None = None) -> jax.Array:
         """``E[sum_l c_l c_l^T]`` (H, H), the ``lr^2`` term of ``dQ``."""
@@ -299,36 +305,35 @@ def relative_drift_error(drifts: Real[ArrayLike, "*S R P"]) -> np.ndarray:
     return errors.mean(axis=-1) / np.max(np.abs(mean[..., 0, :]), axis=-1)
 
 
-def solve_report(setup, ys, check, grams, risk_se, evaluation: AbstractExpectation, sgd, points: int) -> SolveReport:
+def solve_report(setup, ys, risk, check, grams, risk_se, evaluation: AbstractExpectation, sgd, points: int) -> SolveReport:
     """The :class:`SolveReport` of one point's solve of ``setup`` (:class:`~singleloc.preflight._build.Setup`),
     with the route's scrambled statement at the first and last saved times of every start (its first replicate),
     by :data:`SCRAMBLINGS` further scramblings (:meth:`~AbstractExpectation.scrambling`, seeds from
     ``theory.evaluation_seed + replicates`` on: neither the rules that drove the trajectories nor those that
     evaluated them), one rule at a time by one compiled program. A route whose averages are over nodes of the
-    fields (:attr:`~AbstractExpectation.field_nodes`: the rule, Monte Carlo): their risk, drift and Gram term, and
-    the risk on the rule that evaluated the risks and the drift on the one that drove the trajectory (both
-    rebuilt). A Gram term on a scrambled rule of its own (:attr:`AbstractGramTerm.scrambled`): the term, whose
-    relative standard errors become ``grams``."""
+    fields (:attr:`~AbstractExpectation.field_nodes`: the rule, Monte Carlo): their risk, drift and Gram term (one
+    pass over each rule: :meth:`~AbstractExpectation.risk_and_moments`), the drift on the rule that drove the
+    trajectory (rebuilt) and the risk on the one that evaluated it (the solve's own, ``risk`` (S, R, T)). A Gram
+    term on a scrambled rule of its own (:attr:`AbstractGramTerm.scrambled`): the term, whose relative standard
+    errors become ``grams``."""
     gram_term = getattr(evaluation, "gram_term", None)
     drift = evaluation.field_nodes
     scrambled = None
     if drift or (gram_term is not None and gram_term.scrambled):
         theory = setup.theory
-        states = tuple(jnp.asarray(np.concatenate([x[:, 0, 0], x[:, 0, -1]])) for x in ys)
+        ends = lambda x: np.concatenate([x[:, 0, 0], x[:, 0, -1]])
+        states = tuple(jnp.asarray(ends(x)) for x in ys)
         cls = type(evaluation)
         at = lambda seed: dataclasses.replace(setup, theory=dataclasses.replace(theory, qmc_seed=int(seed)))
         first = theory.evaluation_seed + theory.replicates
+        used = {}
         with Phase((f"stating the quadrature's error: {SCRAMBLINGS} further scramblings at the start and the end",
                     "stated the quadrature's error"), quiet=True):
             values = [_at_states(cls.scrambling(at(first + k), points), sgd, states, drift) for k in range(SCRAMBLINGS)]
-        risk, drift_values, gram = (None if x[0] is None else np.stack([np.asarray(v) for v in x]) for x in zip(*values))
-        used = {}
-        if drift:
-            used["used_risk"] = np.asarray(_at_states(cls.from_setup(at(theory.evaluation_seed), points=points), sgd,
-                                                      states, True)[0])
-            used["used_drift"] = np.asarray(_at_states(cls.from_setup(at(theory.qmc_seed), points=points), sgd,
-                                                       states, True)[1])
-        scrambled = Scrambled(risk, drift_values, gram, **used)
+            if drift:
+                used = {"used_risk": ends(np.asarray(risk)), "used_drift": np.asarray(
+                    _at_states(cls.from_setup(at(theory.qmc_seed), points=points), sgd, states, True)[1])}
+        scrambled = Scrambled(*(None if x[0] is None else np.stack([np.asarray(v) for v in x]) for x in zip(*values)), **used)
         if not drift:  # (S, R, 2): the same statement for every replicate
             S = ys[0].shape[0]
             grams = np.broadcast_to(scrambled.gram_errors().reshape(2, S).T[:, None, :], np.shape(grams))
@@ -344,8 +349,8 @@ def _at_states(expectation: AbstractExpectation, sgd, states, drift: bool):
     def one(s):
         if not drift:
             return expectation.gram(*s)
-        m = expectation.gradient_moments(*s)
-        return expectation.risk(*s), flat_drift(sgd.drift(0.0, *s[:3], m)), m.cc
+        risk, m = expectation.risk_and_moments(*s)
+        return risk, flat_drift(sgd.drift(0.0, *s[:3], m)), m.cc
 
     out = jax.lax.map(one, states)
     return out if drift else (None, None, out)

@@ -158,14 +158,18 @@ class SobolExpectation(AbstractExpectation):
         return self.fields.expect(integrand, M, Q, factor=factor, with_noise=True, contract=contract)
 
     def gradient_moments(self, M, Q, b, v=None):
+        return self.risk_and_moments(M, Q, b, v)[1]
+
+    def risk_and_moments(self, M, Q, b, v=None):
         """On the rule, whose fields are ``g_l = w_l S`` with ``T = S Q^+``
         (:meth:`~singleloc.LocalFields.factors`): ``E[sum_l c_l nu_l^T] = P + W T M`` and
         ``E[sum_l c_l g_l^T] = P M^T + W S`` (module docstring); with head weights ``v`` also
-        ``cv = dR/dv``."""
+        ``cv = dR/dv``; the risk from the same pass (the loss at the nodes, summed as a contraction: the same
+        value as :meth:`risk` up to the order of the sum)."""
         S, T = self.fields.factors(Q)
         m = self.moments(M, Q, b, S, v)
         P, W = m["P"], m["W"]
-        return GradientMoments(P + W @ (T @ M), P @ M.T + W @ S, m["c_sum"], m["cc"], m.get("cv"))
+        return m["risk"], GradientMoments(P + W @ (T @ M), P @ M.T + W @ S, m["c_sum"], m["cc"], m.get("cv"))
 
     def gram(self, M, Q, b, v=None):
         return _gram_on(self.fields, self.activation, M, Q, b, v)
