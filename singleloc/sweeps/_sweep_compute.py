@@ -11,7 +11,7 @@ anywhere.
 
 Batching. Theory points that differ only in the :data:`~singleloc.runtime._compilation.VALUE_KEYS` (the horizon of
 ``horizon="auto"`` among them) have arrays of the same shapes: with ``batch=True`` (the default) they are one task,
-one vmapped solve of all their seeds' starts with one compilation (:func:`~singleloc.theory._ode.integrate_points`;
+one batched solve of all their seeds' starts with one compilation (:func:`~singleloc.theory._ode.integrate_points`;
 cut into near-equal tasks on a cluster: :func:`~singleloc.sweeps._sweep_cache.split_groups`). Every trajectory keeps
 its own adaptive steps, so a point's entry equals its own solve to the solver's tolerance (not bitwise: the batched
 program rounds differently; the cache key does not say which, and either entry serves). Escape predictions and
@@ -113,7 +113,7 @@ def compute(config: Config, kind: str) -> dict[str, np.ndarray]:
 
 
 def compute_theories(configs: Sequence[Config]) -> list[dict[str, np.ndarray] | FloatingPointError]:
-    """:func:`compute_theory` of several points as one vmapped solve per shape
+    """:func:`compute_theory` of several points as one batched solve per shape (in turn on one CPU device)
     (:func:`~singleloc.theory._ode.integrate_points`): the arrays of each point, or the error its
     solve stopped with."""
     results = integrate_points([(config, initial_conditions(config)) for config in configs])
