@@ -13,8 +13,8 @@ Batching. Theory points that differ only in the :data:`~singleloc.runtime._compi
 ``horizon="auto"`` among them) have arrays of the same shapes: with ``batch=True`` (the default) they are one task,
 one batched solve of all their seeds' starts with one compilation (:func:`~singleloc.theory._ode.integrate_points`;
 cut into near-equal tasks on a cluster: :func:`~singleloc.sweeps._sweep_cache.split_groups`). Every trajectory keeps
-its own adaptive steps, so a point's entry equals its own solve to the solver's tolerance (not bitwise: the batched
-program rounds differently; the cache key does not say which, and either entry serves). Escape predictions and
+its own adaptive steps, so a point's entry equals its own solve (bit for bit on one CPU device, where the points go
+in turn; to the solver's tolerance vmapped; the cache key does not say which, and either entry serves). Escape predictions and
 simulations run one point after the other.
 """
 
