@@ -185,10 +185,14 @@ def test_integrate_cli_with_automatic_points_keeps_the_points_it_used(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_issue_s_solve_at_lr_1e4_stops_by_its_budget(capsys, tmp_path):
+def test_the_issue_s_solve_at_lr_1e4_changes_route_and_says_the_route_it_ran_on(capsys, tmp_path):
     """The hostile pass's case (issue 62): ``integrate default --set sgd.lr=1e4`` on the exact route took steps just
-    above the step floor and was still solving after 300 s. It now stops by its pace after the warm-up's 256 steps
-    (about a minute on the 2-core CPU), one line naming sgd.lr, exit 2."""
-    assert main(["integrate", "default", "--set", "sgd.lr=1e4", "--no-progress", "--out", str(tmp_path / "run")]) == 2
-    err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert "at its pace it would have taken more than" in err and "sgd.lr (now 10000)" in err and "tighten" not in err
+    above the step floor and was still solving after 300 s. Since the width check (issue 59 item 4) the exact route's
+    fields outgrow its rule at the start and the run goes on on the Sobol rule, which trains (in seconds): a warning
+    names sgd.lr, and the folder says the route it ran on (its settledness once built the exact route's ODE and
+    stopped on NaN attention weights of fields the rule there does not resolve)."""
+    out = tmp_path / "run"
+    assert main(["integrate", "default", "--set", "sgd.lr=1e4", "--no-progress", "--out", str(out)]) == 0
+    assert "sgd.lr = 10000 may be too large" in capsys.readouterr().err
+    with np.load(out / "theory.npz") as f:
+        assert str(f["route"]) == json.loads((out / "config.json").read_text())["theory"]["route"] == "rule"

@@ -58,8 +58,8 @@ def run(args) -> int:
         sim = simulate(config, progress=args.progress, ts=np.concatenate([old.tau, resume.ts]))
         last = tuple(x[:, -1] for x in (old.M, old.Q, old.b, *(() if old.v is None else (old.v,))))
         theory = joined(old, integrate_setup(setup, last, ts=sim.tau[len(old.tau):], t0=resume.t0))
-    config = theory.resolved(config)  # theory.points = "auto": the points used (the settledness below builds its ODE)
-    setup = setup.replace("theory", points=config.theory.points)  # its route as decided
+    setup = theory.resolved(setup)  # as solved: the points of "auto", the route of a switch (the settledness builds its ODE)
+    config = setup.config
     title = f"{describe(config)}, D={config.simulation.D}, lr={config.sgd.lr}"
     settled = run_settledness(setup, theory.tau, theory.M, theory.Q, theory.b, theory.risk)
     outcomes = final_outcomes(setup, theory, sim, units=("starts", "seeds"))

@@ -75,8 +75,8 @@ def run(args) -> int:
         last = tuple(x[:, -1] for x in (old.M, old.Q, old.b, *(() if old.v is None else (old.v,))))
         new = integrate_setup(setup, last, ts=resume.ts, t0=resume.t0, max_steps=MAX_STEPS, progress=long and args.progress)
         result = joined(old, new)
-    config = result.resolved(config)  # theory.points = "auto": the points used (the settledness below builds its ODE)
-    setup = setup.replace("theory", points=config.theory.points)  # its route as decided
+    setup = result.resolved(setup)  # as solved: the points of "auto", the route of a switch (the settledness builds its ODE)
+    config = setup.config
     sim = config.simulation
     title = f"{describe(config)}, theory from the D={sim.D} start of seed {sim.seed}, lr={config.sgd.lr}"
     settled = run_settledness(setup, result.tau, result.M, result.Q, result.b, result.risk)

@@ -9,6 +9,7 @@ import numpy as np
 
 from ..configuration._config import Config
 from ..expectations._routes import route_class
+from ..preflight._build import Setup, build
 from ._trajectory import Trajectory
 
 #: The fields of a :class:`TheoryResult` that state its quadrature (route and errors), as a sweep's
@@ -79,9 +80,16 @@ class TheoryResult(Trajectory):
             parts.append(f"largest standard error of the risk {np.max(self.risk_se):.1e}")
         return "quadrature: " + "; ".join(parts)
 
-    def resolved(self, config: Config) -> Config:
-        """``config`` with ``theory.points = "auto"`` replaced by the number of points used."""
-        return config.replace(theory={"points": self.points}) if config.theory.points == "auto" else config
+    def resolved(self, run: Config | Setup) -> Config | Setup:
+        """``run`` as this result ran: ``theory.points = "auto"`` replaced by the number of points used, and for a
+        Setup whose solve changed route (the exact route's fields outgrew its rule:
+        :func:`~singleloc.theory._ode.integrate_setup`) the route used, built in place of the one decided."""
+        if isinstance(run, Setup) and run.route is not None and run.route.route != self.route:
+            return build(run.config.replace(theory={"route": self.route, "points": self.points}))
+        if run.theory.points != "auto":
+            return run
+        return run.replace("theory", points=self.points) if isinstance(run, Setup) else run.replace(theory={
+            "points": self.points})
 
 
 def theory_from_arrays(one: dict[str, np.ndarray] | None, seeds: dict[str, np.ndarray] | None = None) -> TheoryResult:
