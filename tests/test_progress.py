@@ -22,6 +22,7 @@ from singleloc.preflight import _estimates
 from singleloc.preflight._build import build
 from singleloc.preflight._estimates import REFERENCE, TheorySolve, Timings, solve_size
 from singleloc.runtime import _compilation, _progress
+from singleloc.runtime._numerics import expected_steps
 from singleloc.runtime._progress import Bar, Estimate
 from singleloc.simulation import _simulation_estimate
 from singleloc.sweeps import _sweep, _sweep_compute
@@ -105,6 +106,23 @@ def test_the_records_are_kept_per_device_and_shape_family_and_written_by_the_com
     with _progress.reporting(record=True):
         Timings(path, "cpu: A x 2").record("integrate:3", "integrate", "three", 1.0, 1.0)
     assert Timings(path, "cpu: A x 2").family("integrate:3")["rates"] == [1.0]
+
+
+def test_the_calibration_is_measured_once_in_a_process_and_never_written(records, monkeypatch):
+    """The kernel reads the share of the processor a process gets now: kept in the process, not in the file."""
+    calls = []
+    twice = {"run": 2 * REFERENCE["benchmark"]["run"], "host": REFERENCE["benchmark"]["host"]}
+    monkeypatch.setattr(_estimates, "measure_benchmark", lambda: calls.append(1) or twice)
+    with _progress.reporting(record=True):
+        assert (_estimates.speed("run"), _estimates.speed("host"), _estimates.speed("run")) == (2.0, 1.0, 2.0)
+        _estimates.timings().record("a", "kind", "family a", 1.0, 1.0)
+    assert len(calls) == 1 and "benchmark" not in records.read_text()
+
+
+def test_a_solves_steps_follow_the_expected_steps_then_grow_as_the_root_of_its_span():
+    assert solve_size(1.0, 200.0, 0, 2.0) == pytest.approx(REFERENCE["solve"] * expected_steps(2.0, 200.0))
+    assert solve_size(1.0, 4 * 1000.0, 0) / solve_size(1.0, 1000.0, 0) == pytest.approx(2.0)
+    assert solve_size(1.0, 1000.0, 10) - solve_size(1.0, 1000.0, 0) == pytest.approx(10 * REFERENCE["saved"])
 
 
 def test_an_estimate_is_the_model_times_the_rate_of_its_family_else_the_nearest_else_the_speed(records):
