@@ -206,25 +206,25 @@ def test_a_simulation_times_its_compiled_step_before_it_runs_and_records_it(reco
 
 def test_a_sweep_point_over_an_hour_is_refused_before_anything_runs_unless_yes(records, tmp_path, capsys, fake_compute):
     """The estimate per point comes from this device's records: the escape prediction of the
-    two-head point measured at two hours here."""
+    two-head point measured at 20 hours here (the one-head point's, scaled by the model's work, over an hour too)."""
     base = sl.load_config("default")
     (_, two), = [p for p in grid_points(base, [parse_grid("model.heads=1,2")]) if p[1].model.heads == 2]
     kind, key, work, size = _estimates._prediction_model(build(two))
-    _estimates.timings().record(key, kind, "prediction, softmax H=2", work, 7200.0 / size)
+    _estimates.timings().record(key, kind, "prediction, softmax H=2", work, 20 * 3600.0 / size)
     args = ["sweep", "default", "--grid", "model.heads=1,2", "--horizon", "config", "--out", str(tmp_path / "sw")]
     assert main(args) == 2
     (line,) = stderr_lines(capsys)
-    assert line.startswith("singleloc sweep: error: the point model.heads=2 (escape prediction about 2 h")
+    assert line.startswith("singleloc sweep: error: the point model.heads=2 (escape prediction about 20 h")
     assert "and 1 more point over the limit" in line  # the one-head point, scaled from this measured family
     assert ("more than the 1 h a sweep point may take without --yes; make it cheaper: --set theory.route=rule (its theory "
             "is on the exact route), fewer model.heads") in line
     assert line.endswith("or pass --yes to run it anyway")
     assert fake_compute == [] and not (tmp_path / "sw" / "cache").exists()  # nothing computed, nothing written
-    assert main([*args, "--yes"]) == 0
+    assert main([*args, "--yes", "--force"]) == 0  # --force: the sweep's whole estimate passes 4 h
     lines = stderr_lines(capsys)
     assert re.fullmatch(rf"singleloc sweep: 2 points to compute \(0 from the cache\): about {TIME} \(3 of 4 computations "
                         r"first runs of their shape family, from the nearest measured on this CPU or its speed\)", lines[0])
-    assert lines[1].startswith("singleloc sweep: the most expensive: model.heads=2: about 2 h (escape prediction about 2 h")
+    assert lines[1].startswith("singleloc sweep: the most expensive: model.heads=2: about 20 h (escape prediction about 20 h")
 
 
 def test_the_time_left_of_a_bar_is_the_estimate_of_what_remains_not_the_pace_of_the_first_items(monkeypatch):

@@ -249,7 +249,7 @@ def solve_size(work: float, span: float, saved: int, rate: float = 1.0) -> float
 
 
 def _prediction_model(setup: Setup) -> tuple[str, str, float, float]:
-    """The kind, key, work and reference seconds of an escape prediction: its programs, the symmetric path and the
+    """The kind, key, work and reference seconds of an escape prediction's drift evaluations: the symmetric path and the
     Jacobians of its 16 rates (along ``F + H`` antisymmetric directions each, by central differences; on a rule of field
     nodes at :meth:`~singleloc.configuration._specs.Theory.prediction_points`)."""
     from ..runtime._compilation import compile_group
@@ -258,22 +258,38 @@ def _prediction_model(setup: Setup) -> tuple[str, str, float, float]:
     if setup.route.route_class.field_nodes:
         th = dataclasses.replace(th, points=th.prediction_points(pb.L, H, _points(pb.L, H, setup.prior, th)))
     route, work = route_costs(setup.route)[0], theory_work(pb.L, H, setup.prior, th, setup.route, 1)
-    size = REFERENCE["prediction"][route] + (REFERENCE["prediction_drifts"] + 16 * 2 * (pb.F + H)) * work
+    size = (REFERENCE["prediction_drifts"] + 16 * 2 * (pb.F + H)) * work
     return f"prediction:{route}", f"prediction:{_digest(compile_group('prediction', setup.config.to_dict()))}", work, size
 
 
 def prediction_estimate(setup: Setup) -> Estimate:
-    """The estimate of an escape prediction (:func:`~singleloc.analysis._predictions.compute_prediction`)."""
-    return first_run(estimate(*_prediction_model(setup)))
+    """The estimate of an escape prediction (:func:`~singleloc.analysis._predictions.compute_prediction`): its drift
+    evaluations and its programs, loaded as measured when its family has run here with the persistent cache, else
+    compiled."""
+    import jax
+
+    kind, key, work, size = _prediction_model(setup)
+    run, rec = estimate(kind, key, work, size), timings().family(key)
+    if jax.config.jax_compilation_cache_dir and ("load" in rec or "compile" in rec):
+        programs = rec.get("load", 0.5 * rec.get("compile", 0.0))  # traced and lowered again, then read
+    else:
+        programs = fixed(kind, key, "compile", REFERENCE["prediction"][kind.partition(":")[2]])[0]
+    return first_run(Estimate(programs + run.seconds, run.basis))
 
 
 @contextlib.contextmanager
 def recorded(setup: Setup) -> Iterator[None]:
-    """Record the time of the escape prediction of ``setup`` computed in the block."""
-    t0 = clock()
+    """Record the time of the escape prediction of ``setup`` computed in the block: making its programs (as compiling if
+    XLA compiled, else loading), then the rate of the rest."""
+    from ..runtime._progress import PROGRAM_SECONDS, _listen_to_compiles
+
+    _listen_to_compiles()
+    t0, before = clock(), dict(PROGRAM_SECONDS)
     yield
     kind, key, work, size = _prediction_model(setup)
-    timings().record(key, kind, f"prediction, {_label(setup)}", work, (clock() - t0) / size)
+    programs = PROGRAM_SECONDS["all"] - before["all"]
+    timings().record(key, kind, f"prediction, {_label(setup)}", work, max(clock() - t0 - programs, 0.0) / size,
+                     **{"compile" if PROGRAM_SECONDS["compile"] > before["compile"] else "load": programs})
 
 
 #: The families whose solve this process has compiled or loaded (nothing to compile or load).
