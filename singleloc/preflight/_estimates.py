@@ -262,34 +262,45 @@ def _prediction_model(setup: Setup) -> tuple[str, str, float, float]:
     return f"prediction:{route}", f"prediction:{_digest(compile_group('prediction', setup.config.to_dict()))}", work, size
 
 
-def prediction_estimate(setup: Setup) -> Estimate:
-    """The estimate of an escape prediction (:func:`~singleloc.analysis._predictions.compute_prediction`): its drift
-    evaluations and its programs, loaded as measured when its family has run here with the persistent cache, else
-    compiled."""
+def _programs(kind: str, key: str, reference: float) -> float:
+    """Seconds making the programs of family ``key``: loaded where it has run here with the persistent cache, as measured
+    (before its first load, half its compile time: traced and lowered again, then read), else compiled (:func:`fixed`)."""
     import jax
 
-    kind, key, work, size = _prediction_model(setup)
-    run, rec = estimate(kind, key, work, size), timings().family(key)
+    rec = timings().family(key)
     if jax.config.jax_compilation_cache_dir and ("load" in rec or "compile" in rec):
-        programs = rec.get("load", 0.5 * rec.get("compile", 0.0))  # traced and lowered again, then read
-    else:
-        programs = fixed(kind, key, "compile", REFERENCE["prediction"][kind.partition(":")[2]])[0]
-    return first_run(Estimate(programs + run.seconds, run.basis))
+        return rec.get("load", 0.5 * rec.get("compile", 0.0))
+    return fixed(kind, key, "compile", reference)[0]
 
 
 @contextlib.contextmanager
-def recorded(setup: Setup) -> Iterator[None]:
-    """Record the time of the escape prediction of ``setup`` computed in the block: making its programs (as compiling if
-    XLA compiled, else loading), then the rate of the rest."""
+def _timed(key: str, kind: str, label: str, work: float, size: float, units: int = 1) -> Iterator[None]:
+    """Record the computation of the block: the seconds making its programs (JAX's compilation events, as compiling if
+    XLA compiled, else as loading) and the rate of the rest (``units`` of ``size`` reference seconds)."""
     from ..runtime._progress import PROGRAM_SECONDS, _listen_to_compiles
 
     _listen_to_compiles()
     t0, before = clock(), dict(PROGRAM_SECONDS)
     yield
-    kind, key, work, size = _prediction_model(setup)
     programs = PROGRAM_SECONDS["all"] - before["all"]
-    timings().record(key, kind, f"prediction, {_label(setup)}", work, max(clock() - t0 - programs, 0.0) / size,
+    timings().record(key, kind, label, work, max(clock() - t0 - programs, 0.0) / (units * size),
                      **{"compile" if PROGRAM_SECONDS["compile"] > before["compile"] else "load": programs})
+
+
+def prediction_estimate(setup: Setup) -> Estimate:
+    """The estimate of an escape prediction (:func:`~singleloc.analysis._predictions.compute_prediction`): its drift
+    evaluations and its programs (:func:`_programs`)."""
+    kind, key, work, size = _prediction_model(setup)
+    run = estimate(kind, key, work, size)
+    return first_run(Estimate(_programs(kind, key, REFERENCE["prediction"][kind.partition(":")[2]]) + run.seconds, run.basis))
+
+
+@contextlib.contextmanager
+def recorded(setup: Setup) -> Iterator[None]:
+    """Record the time of the escape prediction of ``setup`` computed in the block."""
+    kind, key, work, size = _prediction_model(setup)
+    with _timed(key, kind, f"prediction, {_label(setup)}", work, size):
+        yield
 
 
 #: The families whose solve this process has compiled or loaded (nothing to compile or load).
@@ -386,22 +397,18 @@ def prune_evaluations(H: int, order, draws: int) -> int:
 @contextlib.contextmanager
 def pruning(setup: Setup, layers: int, evaluations: int) -> Iterator[Bar]:
     """Announce the pruning on ``setup``'s route of ``layers`` layers of ``evaluations`` sub-layer risks each (per layer
-    ``REFERENCE["risk"]`` drift evaluations a risk; its first layer also compiles a risk per head), count them in a bar
-    updated by the caller, and record the times: the first layer's excess over the others as compiling."""
+    ``REFERENCE["risk"]`` drift evaluations a risk; its programs, a risk per head: :func:`_programs`), count them in a bar
+    updated by the caller, and record the times (:func:`_timed`)."""
     H = setup.heads
     route, work = route_costs(setup.route)[0], theory_work(setup.problem.L, H, setup.prior, setup.theory, setup.route, 1)
     key, size = f"prune:{_digest(_label(setup), route, work, evaluations)}", REFERENCE["risk"] * work * evaluations
     per = estimate(f"prune:{route}", key, work, size)
-    first, _ = fixed(f"prune:{route}", key, "compile", REFERENCE["risk_compile"][route] * H)
+    first = _programs(f"prune:{route}", key, REFERENCE["risk_compile"][route] * H)
     whole = first_run(Estimate(first + layers * per.seconds, per.basis))
     announce(f"pruning {layers} layer(s) of {H} heads, {evaluations} sub-layer risks each", whole, "lower model.heads")
-    with Bar(layers, "pruning", "layer", estimate=whole, each=True, done="pruned {n} layer(s)", announced=True) as bar:
+    with (_timed(key, f"prune:{route}", f"prune, {_label(setup)}", work, size, layers),
+          Bar(layers, "pruning", "layer", estimate=whole, each=True, done="pruned {n} layer(s)", announced=True) as bar):
         yield bar
-    times = [b - a for a, b in zip([bar.start, *bar.marks], bar.marks)]
-    if times:
-        steady = sum(times[1:] or times) / len(times[1:] or times)
-        timings().record(key, f"prune:{route}", f"prune, {_label(setup)}", work, steady / size,
-                         compile=max(times[0] - steady, 0.0))
 
 
 @dataclasses.dataclass(frozen=True)
