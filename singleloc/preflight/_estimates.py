@@ -219,17 +219,18 @@ def _points(L: int, H: int, prior: Prior, th: Theory) -> int:
 def theory_work(L: int, H: int, prior: Prior, th: Theory, route: RouteChoice, starts: int) -> float:
     """The reference seconds of one drift evaluation of ``L`` tokens, ``H`` heads and the ``prior``'s atoms on the run's
     ``route``, times its starts and replicates (evaluated in turn), a model fitted to the drifts of 13 problems timed
-    between readings of :func:`measure_benchmark` (2026-12-06, load 6-8; within 1.45x of each): ``(L / 4)^0.35`` times, on
-    the rule route, ``8e-8`` s per node, field and atom (``points x L H x atoms``); on the exact route, per atom, ``3`` ms
-    per head, and past one head ``25`` ms (the Gram term on its Sobol rule, or exact) and ``8`` ms per pair of heads; a
-    joint layer's rule ``0.14`` ms per unit (:func:`~singleloc.expectations._laplace_joint.joint_rule_size`) and a tenth
-    of the pairs. Measured (kernel readings of 5-7 ms scaled to 5 ms): 87 ms (softmax, H = 2, L = 4), 165 ms (L = 64),
-    0.23, 0.78 and 1.9 s (softmax1, F = 3, H = 4, 8 and 8 at L = 64), 24 ms (the showcase's rule, 4096 points), 1.2 s
-    (softmax1, H = 8, L = 64 on the rule)."""
-    per, atoms, pairs = starts * th.replicates * (L / 4) ** 0.35, len(prior.atoms), H * (H - 1) / 2
+    between readings of :func:`measure_benchmark` (2026-12-06, load 6-8; within 1.45x of each): on the rule route
+    ``8e-8`` s per node, field and atom (``points x L H x atoms``; at ``L = 64`` a drift alone costs 2.6 times more per
+    unit, but inside the solve of eight heads to ``tau = 2100`` about 0.6 times: 85 s for 50 steps); on the exact route
+    ``(L / 4)^0.35`` times, per atom, ``3`` ms per head, and past one head ``25`` ms (the Gram term on its Sobol rule, or
+    exact) and ``8`` ms per pair of heads; a joint layer's rule ``0.14`` ms per unit
+    (:func:`~singleloc.expectations._laplace_joint.joint_rule_size`) and a tenth of the pairs. Measured (kernel readings
+    of 5-7 ms scaled to 5 ms): 87 ms (softmax, H = 2, L = 4), 165 ms (L = 64), 0.23, 0.78 and 1.9 s (softmax1, F = 3,
+    H = 4, 8 and 8 at L = 64), 24 ms (the showcase's rule, 4096 points)."""
+    per, atoms, pairs = starts * th.replicates, len(prior.atoms), H * (H - 1) / 2
     if route.route_class.field_nodes:
         return per * 8e-8 * _points(L, H, prior, th) * L * H * atoms
-    exact = atoms * (3e-3 * H + (25e-3 + 8e-3 * pairs if H > 1 else 0.0))
+    exact = atoms * (3e-3 * H + (25e-3 + 8e-3 * pairs if H > 1 else 0.0)) * (L / 4) ** 0.35
     if route.form is not None and route.form.joint:
         from ..expectations._laplace_joint import joint_rule_size
 
