@@ -22,6 +22,7 @@ from singleloc.preflight import _estimates
 from singleloc.preflight._build import build
 from singleloc.preflight._estimates import REFERENCE, TheorySolve, Timings, solve_size
 from singleloc.runtime import _compilation, _progress
+from singleloc.runtime._numerics import expected_steps
 from singleloc.runtime._progress import Bar, Estimate
 from singleloc.simulation import _simulation_estimate
 from singleloc.sweeps import _sweep, _sweep_compute
@@ -107,6 +108,23 @@ def test_the_records_are_kept_per_device_and_shape_family_and_written_by_the_com
     assert Timings(path, "cpu: A x 2").family("integrate:3")["rates"] == [1.0]
 
 
+def test_the_calibration_is_measured_once_in_a_process_and_never_written(records, monkeypatch):
+    """The kernel reads the share of the processor a process gets now: kept in the process, not in the file."""
+    calls = []
+    twice = {"run": 2 * REFERENCE["benchmark"]["run"], "host": REFERENCE["benchmark"]["host"]}
+    monkeypatch.setattr(_estimates, "measure_benchmark", lambda: calls.append(1) or twice)
+    with _progress.reporting(record=True):
+        assert (_estimates.speed("run"), _estimates.speed("host"), _estimates.speed("run")) == (2.0, 1.0, 2.0)
+        _estimates.timings().record("a", "kind", "family a", 1.0, 1.0)
+    assert len(calls) == 1 and "benchmark" not in records.read_text()
+
+
+def test_a_solves_steps_follow_the_expected_steps_then_grow_as_the_root_of_its_span():
+    assert solve_size(1.0, 200.0, 0, 2.0) == pytest.approx(REFERENCE["solve"] * expected_steps(2.0, 200.0))
+    assert solve_size(1.0, 4 * 1000.0, 0) / solve_size(1.0, 1000.0, 0) == pytest.approx(2.0)
+    assert solve_size(1.0, 1000.0, 10) - solve_size(1.0, 1000.0, 0) == pytest.approx(10 * REFERENCE["saved"])
+
+
 def test_an_estimate_is_the_model_times_the_rate_of_its_family_else_the_nearest_else_the_speed(records):
     t = _estimates.timings()
     for rate in (50.0, 1.0, 1.0, 3.0):  # the first is too old to count: rates 1, 1, 3, median 1
@@ -188,25 +206,25 @@ def test_a_simulation_times_its_compiled_step_before_it_runs_and_records_it(reco
 
 def test_a_sweep_point_over_an_hour_is_refused_before_anything_runs_unless_yes(records, tmp_path, capsys, fake_compute):
     """The estimate per point comes from this device's records: the escape prediction of the
-    two-head point measured at two hours here."""
+    two-head point measured at 20 hours here (the one-head point's, scaled by the model's work, over an hour too)."""
     base = sl.load_config("default")
     (_, two), = [p for p in grid_points(base, [parse_grid("model.heads=1,2")]) if p[1].model.heads == 2]
     kind, key, work, size = _estimates._prediction_model(build(two))
-    _estimates.timings().record(key, kind, "prediction, softmax H=2", work, 7200.0 / size)
+    _estimates.timings().record(key, kind, "prediction, softmax H=2", work, 20 * 3600.0 / size)
     args = ["sweep", "default", "--grid", "model.heads=1,2", "--horizon", "config", "--out", str(tmp_path / "sw")]
     assert main(args) == 2
     (line,) = stderr_lines(capsys)
-    assert line.startswith("singleloc sweep: error: the point model.heads=2 (escape prediction about 2 h")
+    assert line.startswith("singleloc sweep: error: the point model.heads=2 (escape prediction about 20 h")
     assert "and 1 more point over the limit" in line  # the one-head point, scaled from this measured family
     assert ("more than the 1 h a sweep point may take without --yes; make it cheaper: --set theory.route=rule (its theory "
             "is on the exact route), fewer model.heads") in line
     assert line.endswith("or pass --yes to run it anyway")
     assert fake_compute == [] and not (tmp_path / "sw" / "cache").exists()  # nothing computed, nothing written
-    assert main([*args, "--yes"]) == 0
+    assert main([*args, "--yes", "--force"]) == 0  # --force: the sweep's whole estimate passes 4 h
     lines = stderr_lines(capsys)
     assert re.fullmatch(rf"singleloc sweep: 2 points to compute \(0 from the cache\): about {TIME} \(3 of 4 computations "
                         r"first runs of their shape family, from the nearest measured on this CPU or its speed\)", lines[0])
-    assert lines[1].startswith("singleloc sweep: the most expensive: model.heads=2: about 2 h (escape prediction about 2 h")
+    assert lines[1].startswith("singleloc sweep: the most expensive: model.heads=2: about 20 h (escape prediction about 20 h")
 
 
 def test_the_time_left_of_a_bar_is_the_estimate_of_what_remains_not_the_pace_of_the_first_items(monkeypatch):

@@ -9,10 +9,10 @@ else the device's :func:`speed`: a short calibration against the same on the ref
 loading from the persistent cache, building the rules) are the family's measured seconds, else the median of its kind's
 families here, else the reference's at the host's speed.
 
-**The file.** ``timings.json`` in the compilation cache folder (none with ``SINGLELOC_CACHE_DIR=""``): ``{"version": 3,
-"devices": {DEVICE: {"benchmark": {"run": s, "host": s}, "families": {KEY: {"kind", "label", "work", "rates", "compile",
-"load", "prepare", "env"}}}}}``. Only the commands write it (atomically, re-read first), within
-:func:`~singleloc.runtime._progress.reporting`'s ``record``; a Python caller keeps what it measures in its process.
+**The file.** ``timings.json`` in the compilation cache folder (none with ``SINGLELOC_CACHE_DIR=""``): ``{"version": 4,
+"devices": {DEVICE: {"families": {KEY: {"kind", "label", "work", "rates", "compile", "load", "prepare", "env"}}}}}``.
+Only the commands write it (atomically, re-read first), within :func:`~singleloc.runtime._progress.reporting`'s
+``record``; a Python caller keeps what it measures in its process.
 Deleting it resets the estimates; a damaged file is ignored. The commands' check of a huge run (:class:`Cost`) is here too.
 """
 
@@ -39,23 +39,23 @@ from ..runtime._progress import Bar, Estimate, Phase, announce, clock, cpu_count
 from ._build import Setup
 from ._resources import _gb, auto_points
 
-#: The reference CPU (shared, load 5-7, 2026-12-04), with its calibration (:func:`measure_benchmark`).
-#: ``compile``: a solve's program from an empty cache (34 s exact, 4.2 s rule, the default problem); ``load``: from the
-#: persistent cache; ``prepare``: building its rules and starts; ``solve``: drift evaluations (:func:`theory_work`) per
-#: adaptive step expected (:func:`~singleloc.runtime._numerics.expected_steps`), ``saved`` per saved time (6.2 s to ``tau =
-#: 300`` at 27 ms a drift, 61 saved times); ``sgd_step``: one SGD step per ``seeds x batch x L x D x (H + F)`` (6.0 s for the
-#: default simulation), ``measure``: one saved time's held-out risk per ``seeds x test_samples x L x (H + F)``, ``sim_compile``
-#: its programs; ``risk``: drift evaluations per sub-layer risk of pruning, ``risk_compile`` its program per head;
-#: ``prediction``: an escape prediction's programs, ``prediction_drifts`` its drift evaluations besides the Jacobians of its 16
-#: rates.
+#: The reference CPU (shared, load 5-8, 2026-12-04 and -06), with its calibration (:func:`measure_benchmark`: ``run``, its
+#: kernel's reading when the drifts were fitted). ``compile``: a solve's program from an empty cache (44-108 s exact, 10-17 s
+#: rule, measured on six problems at host readings of 1.1-2.1); ``load``: from the persistent cache; ``prepare``: building its
+#: rules and starts (3.9-9.2 s); ``solve``: drift evaluations (:func:`theory_work`) per adaptive step (Tsit5's six stages),
+#: ``saved`` per saved time (:func:`solve_size`); ``sgd_step``: one SGD step per ``seeds x batch x L x D x (H + F)`` (6.0 s
+#: for the default simulation), ``measure``: one saved time's held-out risk per ``seeds x test_samples x L x (H + F)``,
+#: ``sim_compile`` its programs; ``risk``: drift evaluations per sub-layer risk of pruning, ``risk_compile`` its program per
+#: head; ``prediction``: an escape prediction's programs, ``prediction_drifts`` its drift evaluations besides the Jacobians
+#: of its 16 rates.
 REFERENCE = {
-    "benchmark": {"run": 1.84e-3, "host": 1.26e-2},
-    "compile": {"exact": 34.0, "rule": 4.2}, "load": {"exact": 1.1, "rule": 0.5}, "prepare": 1.0,
-    "solve": 4.7, "saved": 0.35, "sgd_step": 3.1e-9, "measure": 2.0e-8, "sim_compile": 8.0,
+    "benchmark": {"run": 5.0e-3, "host": 1.26e-2},
+    "compile": {"exact": 40.0, "rule": 8.0}, "load": {"exact": 1.1, "rule": 0.5}, "prepare": 3.0,
+    "solve": 6.0, "saved": 0.35, "sgd_step": 3.1e-9, "measure": 2.0e-8, "sim_compile": 8.0,
     "risk": 0.5, "risk_compile": {"exact": 5.0, "rule": 2.0},
     "prediction": {"exact": 50.0, "rule": 10.0}, "prediction_drifts": 300,
 }
-VERSION, RATES_KEPT = 3, 3
+VERSION, RATES_KEPT = 4, 3
 
 
 def device() -> str:
@@ -87,7 +87,7 @@ class Timings:
 
     def __init__(self, path: Path | None, name: str):
         platform, _, kind = name.partition(": ")
-        self.path, self.device, self.data = path, name, self._read(path)
+        self.path, self.device, self.data, self.benchmark = path, name, self._read(path), None
         self.here = "this CPU" if platform == "cpu" else f"this {platform.upper()} ({kind})"
 
     @staticmethod
@@ -137,32 +137,30 @@ def timings() -> Timings:
 
 
 def measure_benchmark() -> dict[str, float]:
-    """Seconds of a compiled kernel on JAX's first device (4096 x 32 float32 fields through 20 rounds of a matrix product,
-    ``tanh`` and a sum of exponentials: the best of five) and of a pure-Python loop on the host, what XLA's compiler runs
-    on (the best of three)."""
+    """Seconds of a compiled kernel of small operations one after another, as a drift's are (400 rounds of a 64 x 16
+    matrix product, ``tanh`` and a sum of exponentials: one thread, so that it reads the speed of one operation and the
+    share of the processor this process gets now; the mean of 25 runs) on JAX's first device, and of a pure-Python loop
+    on the host, what XLA's compiler runs on (the best of three)."""
     import jax
     import jax.numpy as jnp
 
-    x = jnp.linspace(-1.0, 1.0, 4096 * 32, dtype=jnp.float32).reshape(4096, 32)
-    run = jax.jit(lambda x, w: jnp.sum(jnp.exp(-jax.lax.fori_loop(0, 20, lambda _, y: jnp.tanh(y @ w) + x, x) ** 2)))
-    w = jnp.eye(32, dtype=jnp.float32) * 0.5
-    run(x, w).block_until_ready()
-
-    return {"run": min(timeit.repeat(lambda: run(x, w).block_until_ready(), number=1, repeat=5)),
+    x = jnp.linspace(-1.0, 1.0, 1024).reshape(64, 16)
+    body = lambda _, y: (z := jnp.tanh(y @ x[:16]) + x) - 0.01 * jnp.exp(-z ** 2).sum(axis=1, keepdims=True)
+    run = jax.jit(lambda x: jax.lax.fori_loop(0, 400, body, x).sum())
+    run(x).block_until_ready()
+    return {"run": timeit.timeit(lambda: run(x).block_until_ready(), number=25) / 25,
             "host": min(timeit.repeat(lambda: sum(i * i % 7 for i in range(200_000)), number=1, repeat=3))}
 
 
 def speed(kind: str = "run") -> float:
-    """How much slower this device is than the reference: ``"run"``, its kernels; ``"host"``, its compiler's host
-    (1 where no estimate is shown, refused or recorded: not worth a calibration)."""
+    """How much slower this device is now than the reference: ``"run"``, its kernels; ``"host"``, its compiler's host
+    (measured once per process and device; 1 where no estimate is shown, refused or recorded: not worth measuring)."""
     s = settings()
     if mode() == "off" and not s.record and s.run_limit is None and s.point_limit is None:
         return 1.0
     t = timings()
-    if "benchmark" not in t.mine():  # measured once per device
-        t.mine()["benchmark"] = measure_benchmark()
-        t._write()
-    return t.mine()["benchmark"][kind] / REFERENCE["benchmark"][kind]
+    t.benchmark = t.benchmark or measure_benchmark()
+    return t.benchmark[kind] / REFERENCE["benchmark"][kind]
 
 
 def _median(values) -> float:
@@ -207,12 +205,10 @@ def _label(setup: Setup) -> str:
     return f"{setup.model.activation} H={setup.heads} L={setup.problem.L} F={setup.problem.F}"
 
 
-def route_costs(route: RouteChoice) -> tuple[str, str | None, str]:
+def route_costs(route: RouteChoice) -> tuple[str, str]:
     """The cost class of the chosen ``route`` (``"rule"`` for a route that averages over the fields' nodes, as the Sobol
-    rule and Monte Carlo do: :attr:`~singleloc.AbstractExpectation.field_nodes`; else ``"exact"``), its Gram term on the
-    exact route, and its name in words."""
-    nodes = route.route_class.field_nodes
-    return ("rule" if nodes else "exact", None if nodes else route.gram, ROUTE_WORDS[route.route])
+    rule and Monte Carlo do: :attr:`~singleloc.AbstractExpectation.field_nodes`; else ``"exact"``) and its name in words."""
+    return "rule" if route.route_class.field_nodes else "exact", ROUTE_WORDS[route.route]
 
 
 def _points(L: int, H: int, prior: Prior, th: Theory) -> int:
@@ -221,33 +217,40 @@ def _points(L: int, H: int, prior: Prior, th: Theory) -> int:
 
 
 def theory_work(L: int, H: int, prior: Prior, th: Theory, route: RouteChoice, starts: int) -> float:
-    """The reference seconds of one drift evaluation, a model fitted on the reference CPU: on the rule route ``3.2e-8`` s
-    per node, field and atom (``2 points x L H x atoms``); on the exact route ``3.3`` ms per ``H^2 atoms`` with the Gram
-    term on the Sobol rule, ``11`` ms with the exact two-head Gram term (neither grows with ``L``), and ``57`` microseconds
-    per unit of a joint layer's rule (:func:`~singleloc.expectations._laplace_joint.joint_rule_size`); times the starts and
-    replicates (one vmapped evaluation) of ``L`` tokens, ``H`` heads and the ``prior`` on the run's ``route``. Measured at
-    load 6: 27 ms (softmax, H = 2, L = 4), 89 ms (L = 64, the exact Gram term), 159 ms (softmax1, H = 4, F = 3), 1.05 s
-    (bsoftmax, H = 3), 4 ms (the rule route, 4096 points)."""
-    (cost, gram, _), per = route_costs(route), starts * th.replicates
-    if cost == "rule":
-        return per * 3.2e-8 * 2.0 * _points(L, H, prior, th) * L * H * len(prior.atoms)
-    pairs = 2.8e-3 * H ** 2 * len(prior.atoms) * (3.9 if gram == "exact" else 1.18)
+    """The reference seconds of one drift evaluation of ``L`` tokens, ``H`` heads and the ``prior``'s atoms on the run's
+    ``route``, times its starts and replicates (evaluated in turn), a model fitted to the drifts of 13 problems timed
+    between readings of :func:`measure_benchmark` (2026-12-06, load 6-8; within 1.45x of each): on the rule route
+    ``8e-8`` s per node, field and atom (``points x L H x atoms``; at ``L = 64`` a drift alone costs 2.6 times more per
+    unit, but inside the solve of eight heads to ``tau = 2100`` about 0.6 times: 85 s for 50 steps); on the exact route
+    ``(L / 4)^0.35`` times, per atom, ``3`` ms per head, and past one head ``25`` ms (the Gram term on its Sobol rule, or
+    exact) and ``8`` ms per pair of heads; a joint layer's rule ``0.14`` ms per unit
+    (:func:`~singleloc.expectations._laplace_joint.joint_rule_size`) and a tenth of the pairs. Measured (kernel readings
+    of 5-7 ms scaled to 5 ms): 87 ms (softmax, H = 2, L = 4), 165 ms (L = 64), 0.23, 0.78 and 1.9 s (softmax1, F = 3,
+    H = 4, 8 and 8 at L = 64), 24 ms (the showcase's rule, 4096 points)."""
+    per, atoms, pairs = starts * th.replicates, len(prior.atoms), H * (H - 1) / 2
+    if route.route_class.field_nodes:
+        return per * 8e-8 * _points(L, H, prior, th) * L * H * atoms
+    exact = atoms * (3e-3 * H + (25e-3 + 8e-3 * pairs if H > 1 else 0.0)) * (L / 4) ** 0.35
     if route.form is not None and route.form.joint:
         from ..expectations._laplace_joint import joint_rule_size
 
-        return per * (57e-6 * joint_rule_size(H, prior) + 0.1 * pairs)
-    return per * pairs
+        return per * (1.4e-4 * joint_rule_size(H, prior) + 0.1 * exact)
+    return per * exact
 
 
 def solve_size(work: float, span: float, saved: int, rate: float = 1.0) -> float:
     """The reference seconds of a solve over ``span`` of ``tau`` with ``saved`` times at the rate per sequence ``rate``:
-    the drift evaluations of its adaptive steps (``REFERENCE["solve"]`` per step expected,
-    :func:`~singleloc.runtime._numerics.expected_steps`: they grow as ``rate^0.75`` past 1) and of its saved times' risks."""
-    return work * (REFERENCE["solve"] * expected_steps(rate, span) + REFERENCE["saved"] * saved)
+    ``REFERENCE["solve"]`` drift evaluations per adaptive step and ``REFERENCE["saved"]`` per saved time's risk. The steps
+    are :func:`~singleloc.runtime._numerics.expected_steps` (they grow as ``rate^0.75`` past 1) up to ``tau = 215``, then as
+    ``span^0.5``: once the fast modes settle the steps lengthen (measured on five problems from ``tau = 50`` to ``3000``:
+    16-57 steps to 200, 57-114 to 1700-2100, 85-199 to 3000; within 1.6x of the law past ``tau = 200``, up to 3.2x at
+    ``tau = 150`` for eight heads at ``L = 64``, whose first steps are long)."""
+    steps = expected_steps(rate, span) * (215.0 / max(span, 215.0)) ** 0.5
+    return work * (REFERENCE["solve"] * steps + REFERENCE["saved"] * saved)
 
 
 def _prediction_model(setup: Setup) -> tuple[str, str, float, float]:
-    """The kind, key, work and reference seconds of an escape prediction: its programs, the symmetric path and the
+    """The kind, key, work and reference seconds of an escape prediction's drift evaluations: the symmetric path and the
     Jacobians of its 16 rates (along ``F + H`` antisymmetric directions each, by central differences; on a rule of field
     nodes at :meth:`~singleloc.configuration._specs.Theory.prediction_points`)."""
     from ..runtime._compilation import compile_group
@@ -256,22 +259,49 @@ def _prediction_model(setup: Setup) -> tuple[str, str, float, float]:
     if setup.route.route_class.field_nodes:
         th = dataclasses.replace(th, points=th.prediction_points(pb.L, H, _points(pb.L, H, setup.prior, th)))
     route, work = route_costs(setup.route)[0], theory_work(pb.L, H, setup.prior, th, setup.route, 1)
-    size = REFERENCE["prediction"][route] + (REFERENCE["prediction_drifts"] + 16 * 2 * (pb.F + H)) * work
+    size = (REFERENCE["prediction_drifts"] + 16 * 2 * (pb.F + H)) * work
     return f"prediction:{route}", f"prediction:{_digest(compile_group('prediction', setup.config.to_dict()))}", work, size
 
 
+def _programs(kind: str, key: str, reference: float) -> float:
+    """Seconds making the programs of family ``key``: loaded where it has run here with the persistent cache, as measured
+    (before its first load, half its compile time: traced and lowered again, then read), else compiled (:func:`fixed`)."""
+    import jax
+
+    rec = timings().family(key)
+    if jax.config.jax_compilation_cache_dir and ("load" in rec or "compile" in rec):
+        return rec.get("load", 0.5 * rec.get("compile", 0.0))
+    return fixed(kind, key, "compile", reference)[0]
+
+
+@contextlib.contextmanager
+def _timed(key: str, kind: str, label: str, work: float, size: float, units: int = 1) -> Iterator[None]:
+    """Record the computation of the block: the seconds making its programs (JAX's compilation events, as compiling if
+    XLA compiled, else as loading) and the rate of the rest (``units`` of ``size`` reference seconds)."""
+    from ..runtime._progress import PROGRAM_SECONDS, _listen_to_compiles
+
+    _listen_to_compiles()
+    t0, before = clock(), dict(PROGRAM_SECONDS)
+    yield
+    programs = PROGRAM_SECONDS["all"] - before["all"]
+    timings().record(key, kind, label, work, max(clock() - t0 - programs, 0.0) / (units * size),
+                     **{"compile" if PROGRAM_SECONDS["compile"] > before["compile"] else "load": programs})
+
+
 def prediction_estimate(setup: Setup) -> Estimate:
-    """The estimate of an escape prediction (:func:`~singleloc.analysis._predictions.compute_prediction`)."""
-    return first_run(estimate(*_prediction_model(setup)))
+    """The estimate of an escape prediction (:func:`~singleloc.analysis._predictions.compute_prediction`): its drift
+    evaluations and its programs (:func:`_programs`)."""
+    kind, key, work, size = _prediction_model(setup)
+    run = estimate(kind, key, work, size)
+    return first_run(Estimate(_programs(kind, key, REFERENCE["prediction"][kind.partition(":")[2]]) + run.seconds, run.basis))
 
 
 @contextlib.contextmanager
 def recorded(setup: Setup) -> Iterator[None]:
     """Record the time of the escape prediction of ``setup`` computed in the block."""
-    t0 = clock()
-    yield
     kind, key, work, size = _prediction_model(setup)
-    timings().record(key, kind, f"prediction, {_label(setup)}", work, (clock() - t0) / size)
+    with _timed(key, kind, f"prediction, {_label(setup)}", work, size):
+        yield
 
 
 #: The families whose solve this process has compiled or loaded (nothing to compile or load).
@@ -290,7 +320,7 @@ class TheorySolve:
 
         from ..runtime._compilation import _environment, compile_group
 
-        route, _, words = route_costs(setup.route)
+        route, words = route_costs(setup.route)
         self.work = theory_work(setup.problem.L, setup.heads, setup.prior, setup.theory, setup.route, starts * batch)
         self.span, self.batch, self.draw, self.kind = float(span), batch, cached, f"{program}:{route}"
         self.size = solve_size(self.work, self.span, saved, setup.sgd.rate)
@@ -368,22 +398,18 @@ def prune_evaluations(H: int, order, draws: int) -> int:
 @contextlib.contextmanager
 def pruning(setup: Setup, layers: int, evaluations: int) -> Iterator[Bar]:
     """Announce the pruning on ``setup``'s route of ``layers`` layers of ``evaluations`` sub-layer risks each (per layer
-    ``REFERENCE["risk"]`` drift evaluations a risk; its first layer also compiles a risk per head), count them in a bar
-    updated by the caller, and record the times: the first layer's excess over the others as compiling."""
+    ``REFERENCE["risk"]`` drift evaluations a risk; its programs, a risk per head: :func:`_programs`), count them in a bar
+    updated by the caller, and record the times (:func:`_timed`)."""
     H = setup.heads
     route, work = route_costs(setup.route)[0], theory_work(setup.problem.L, H, setup.prior, setup.theory, setup.route, 1)
     key, size = f"prune:{_digest(_label(setup), route, work, evaluations)}", REFERENCE["risk"] * work * evaluations
     per = estimate(f"prune:{route}", key, work, size)
-    first, _ = fixed(f"prune:{route}", key, "compile", REFERENCE["risk_compile"][route] * H)
+    first = _programs(f"prune:{route}", key, REFERENCE["risk_compile"][route] * H)
     whole = first_run(Estimate(first + layers * per.seconds, per.basis))
     announce(f"pruning {layers} layer(s) of {H} heads, {evaluations} sub-layer risks each", whole, "lower model.heads")
-    with Bar(layers, "pruning", "layer", estimate=whole, each=True, done="pruned {n} layer(s)", announced=True) as bar:
+    with (_timed(key, f"prune:{route}", f"prune, {_label(setup)}", work, size, layers),
+          Bar(layers, "pruning", "layer", estimate=whole, each=True, done="pruned {n} layer(s)", announced=True) as bar):
         yield bar
-    times = [b - a for a, b in zip([bar.start, *bar.marks], bar.marks)]
-    if times:
-        steady = sum(times[1:] or times) / len(times[1:] or times)
-        timings().record(key, f"prune:{route}", f"prune, {_label(setup)}", work, steady / size,
-                         compile=max(times[0] - steady, 0.0))
 
 
 @dataclasses.dataclass(frozen=True)
