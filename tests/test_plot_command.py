@@ -170,18 +170,20 @@ def test_integrate_suggests_a_log_grid_for_a_long_linear_one(tmp_path, capsys, m
     import singleloc.theory._ode as ode
 
     calls = []
-    monkeypatch.setattr(ode, "integrate_setup", lambda setup, **kw: calls.append(setup) or _fake_theory(setup.config))
+    monkeypatch.setattr(ode, "integrate_setup", lambda setup, **kw: calls.append(setup) or _fake_theory(setup))
     assert main(["integrate", "default", "--set", "sgd.tau_max=600", "--out", str(tmp_path / "c")]) == 0
     assert "--set sgd.spacing=log" in capsys.readouterr().err
     assert main(["integrate", "default", "--out", str(tmp_path / "d")]) == 0  # tau_max = 30 on 61 times: fine
     assert "spacing" not in capsys.readouterr().err and len(calls) == 2
 
 
-def _fake_theory(config) -> TheoryResult:
-    H, F = config.model.heads, config.problem.F
-    tau = np.linspace(0, config.sgd.tau_max, config.sgd.n_save)
+def _fake_theory(setup) -> TheoryResult:
+    """A trajectory of ``setup``'s shapes on the route it decided (as a solve that did not change route)."""
+    H, F, sgd = setup.model.heads, setup.problem.F, setup.sgd
+    tau = np.linspace(0, sgd.tau_max, sgd.n_save)
     M = np.zeros((1, len(tau), H, F))
-    return TheoryResult(tau, M, np.tile(np.eye(H), (1, len(tau), 1, 1)), np.zeros((1, len(tau), H)), np.ones((1, len(tau))))
+    return TheoryResult(tau, M, np.tile(np.eye(H), (1, len(tau), 1, 1)), np.zeros((1, len(tau), H)), np.ones((1, len(tau))),
+                        route=setup.route.route)
 
 
 def test_prune_numbers_heads_from_one_as_the_figures_do(folders, capsys, monkeypatch):
