@@ -31,7 +31,8 @@ def test_fields_outgrowing_the_exact_rule_leave_it_or_refuse():
     exact part is kept), ``"exact"`` raises with the width and the keys to change; before, both returned the
     exact route's trajectory with a warning."""
     assert RESOLVED_SIGMA**2 > START[1].max()
-    auto = sl.integrate(tiny(LR), START)
+    with pytest.warns(UserWarning, match=r"wider than its rule resolves.*: solving on the Sobol rule instead"):
+        auto = sl.integrate(tiny(LR), START)
     assert auto.route == "rule"
     rule = sl.integrate(tiny(LR, rule=True), START)
     np.testing.assert_array_equal(auto.risk, rule.risk)

@@ -51,6 +51,7 @@ a batch smaller than the device count (one start), the quadrature nodes of its r
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Sequence
 
 import diffrax
@@ -70,7 +71,6 @@ from ..preflight._resources import RISK_BATCH, check_run
 from ..preflight._run_checks import warn_if_risk_rose
 from ..runtime._compilation import checks_as_nan, exported_call
 from ..runtime._numerics import PSD_SOLVE, Q_RUNAWAY, expected_steps
-from ..runtime._progress import say
 from ..sgd._sgd_rule import Starts, flat_drift
 from ._accuracy import points_for
 from ._starts import batched_starts, check_starts, initial_conditions
@@ -349,7 +349,8 @@ def integrate_setup(setup: Setup, y0: Starts | None = None, *, ts: Real[ArrayLik
                                  exported_call("integrate", _run, *args, static=(max_steps, False)))
     result = _result(problem, unpad(out, n), max_steps)
     if isinstance(result, UnresolvedFields) and setup.theory.route == "auto":  # auto's choice: on to the Sobol rule
-        say(f"{str(result).split(';')[0]}: solving on the Sobol rule instead (theory.route = 'rule')")
+        warnings.warn(f"{str(result).split(';')[0]}: solving on the Sobol rule instead (theory.route = 'rule')",
+                      stacklevel=2)  # a warning, said also without progress lines: the run changes route
         return integrate_setup(build(setup.config.replace(theory={"route": "rule"})), start, ts=ts, max_steps=max_steps,
                                progress=progress, t0=t0)
     if isinstance(result, FloatingPointError):
@@ -390,8 +391,8 @@ def integrate_points(problems: Sequence[tuple[Config, OrderParameters | None]], 
             results[i] = _result(prepared[i], jax.tree.map(lambda x, j=j: x[j], out), max_steps)
     redo = [i for i, r in enumerate(results) if isinstance(r, UnresolvedFields) and problems[i][0].theory.route == "auto"]
     if redo:  # auto's choice, as integrate does: on to the Sobol rule
-        say(f"{len(redo)} of {len(results)} points (theory.route = 'auto') left what the exact route's rule resolves: solving "
-            "them on the Sobol rule instead (theory.route = 'rule')")
+        warnings.warn(f"{len(redo)} of {len(results)} points (theory.route = 'auto') left what the exact route's rule "
+                      "resolves: solving them on the Sobol rule instead (theory.route = 'rule')", stacklevel=2)
         rule = [(problems[i][0].replace(theory={"route": "rule"}), problems[i][1]) for i in redo]
         for i, result in zip(redo, integrate_points(rule, max_steps=max_steps)):
             results[i] = result
