@@ -32,3 +32,21 @@ def test_r_orth_is_the_keys_gram_matrix_off_the_spikes(rng):
     np.testing.assert_array_equal(Ms, M[1, 0])
     np.testing.assert_array_equal(Qs, Q[1, 0])
     assert bs.shape == (H,)
+
+
+def test_a_result_resolves_its_setup_to_the_points_and_the_route_it_ran_on():
+    """``TheoryResult.resolved``: ``theory.points = "auto"`` becomes the points used; a solve that left the exact route
+    for the Sobol rule (fields wider than its rule resolves) gives the Setup built for the rule, as the command line
+    then builds its settledness and writes its config.json (``integrate default --set sgd.lr=1e4`` stopped there on
+    the exact route's NaN attention weights)."""
+    from singleloc.preflight._build import build
+
+    zeros = np.zeros((1, 2, 2, 2)), np.zeros((1, 2, 2, 2)), np.zeros((1, 2, 2)), np.ones((1, 2))
+    exact = build(sl.load_config("default"))
+    assert exact.route.route == "exact"
+    result = lambda route: sl.TheoryResult(np.arange(2.0), *zeros, points=512, route=route)  # noqa: E731
+    assert result("exact").resolved(exact) is exact  # no switch, points given: as decided
+    switched = result("rule").resolved(exact)
+    assert switched.route.route == switched.config.theory.route == "rule" and switched.theory.points == 512
+    auto = build(sl.load_config("default").replace(theory={"route": "rule", "points": "auto"}))
+    assert result("rule").resolved(auto).theory.points == 512 == result("rule").resolved(auto.config).theory.points
