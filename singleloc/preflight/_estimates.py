@@ -277,15 +277,19 @@ def _programs(kind: str, key: str, reference: float) -> float:
 @contextlib.contextmanager
 def _timed(key: str, kind: str, label: str, work: float, size: float, units: int = 1) -> Iterator[None]:
     """Record the computation of the block: the seconds making its programs (JAX's compilation events, as compiling if
-    XLA compiled, else as loading) and the rate of the rest (``units`` of ``size`` reference seconds)."""
-    from ..runtime._progress import PROGRAM_SECONDS, _listen_to_compiles
+    XLA compiled one, the persistent cache missing it or absent, else as loading) and the rate of the rest (``units``
+    of ``size`` reference seconds)."""
+    import jax
+
+    from ..runtime._progress import PROGRAMS_MADE, _listen_to_compiles
 
     _listen_to_compiles()
-    t0, before = clock(), dict(PROGRAM_SECONDS)
+    t0, before = clock(), dict(PROGRAMS_MADE)
     yield
-    programs = PROGRAM_SECONDS["all"] - before["all"]
+    programs = PROGRAMS_MADE["seconds"] - before["seconds"]
+    compiled = PROGRAMS_MADE["misses"] > before["misses"] or not jax.config.jax_compilation_cache_dir
     timings().record(key, kind, label, work, max(clock() - t0 - programs, 0.0) / (units * size),
-                     **{"compile" if PROGRAM_SECONDS["compile"] > before["compile"] else "load": programs})
+                     **{"compile" if compiled else "load": programs})
 
 
 def prediction_estimate(setup: Setup) -> Estimate:

@@ -366,29 +366,31 @@ class Bar(Phase):
 
 
 _LISTENING = []
-#: Seconds this process has spent making programs since it listens (:func:`_listen_to_compiles`): ``"compile"``, XLA's
-#: compiling; ``"all"``, also tracing, lowering and reading the persistent cache.
-PROGRAM_SECONDS = {"compile": 0.0, "all": 0.0}
+#: The programs this process has made since it listens (:func:`_listen_to_compiles`): ``"seconds"`` tracing, lowering,
+#: compiling or reading them from the persistent cache; ``"misses"``, how many the persistent cache did not hold (XLA
+#: compiled them: every program, loaded or not, reports a ``backend_compile_duration``).
+PROGRAMS_MADE = {"seconds": 0.0, "misses": 0}
 _MAKING = ("jaxpr_trace_duration", "jaxpr_to_mlir_module_duration", "backend_compile_duration", "cache_retrieval_time_sec")
 
 
 def _listen_to_compiles() -> None:
     """Register (once per process) the listeners of JAX's compilation events: the innermost phase's, and
-    :data:`PROGRAM_SECONDS`."""
+    :data:`PROGRAMS_MADE`."""
     if _LISTENING:
         return
     import jax
 
     def on_duration(event: str, seconds: float, fun_name: str = "", **kwargs) -> None:
-        PROGRAM_SECONDS["all"] += seconds if event.endswith(_MAKING) else 0.0
+        PROGRAMS_MADE["seconds"] += seconds if event.endswith(_MAKING) else 0.0
         if event == "/jax/core/compile/backend_compile_duration":
-            PROGRAM_SECONDS["compile"] += seconds
             if (p := _SCREEN.innermost()) and fun_name in p.follow:
                 p.advance()
 
     def on_event(event: str, **kwargs) -> None:
-        if event == "/jax/compilation_cache/cache_misses" and (p := _SCREEN.innermost()):
-            p.cache_misses += 1
+        if event == "/jax/compilation_cache/cache_misses":
+            PROGRAMS_MADE["misses"] += 1
+            if p := _SCREEN.innermost():
+                p.cache_misses += 1
 
     jax.monitoring.register_event_duration_secs_listener(on_duration)
     jax.monitoring.register_event_listener(on_event)
