@@ -92,7 +92,11 @@ def check_sweep(base: Config, grids: Sequence[Grid], *, simulate: bool = False, 
 
 
 def summarize(config: Config, data: dict[str, np.ndarray], kind: str) -> dict[str, float]:
-    """:meth:`PhaseAnalysis.summary` of an entry, with the heads' attention weights."""
+    """:meth:`PhaseAnalysis.summary` of an entry, with the heads' attention weights on the route it ran on (a theory
+    entry's own: the exact route's point may have gone on on the Sobol rule, whose fields the exact rule does not
+    resolve)."""
+    if "route" in data:
+        config = config.replace(theory={"route": str(data["route"])})
     weights = attention_mass(OrderParameterODE.from_config(config), data["M"], data["Q"], data["b"])
     a = analyze(data["tau"], data["M"], data["Q"], data[PHASE_RISK[kind]], mean=config.problem.build_prior().mean(),
                 weights=weights)
