@@ -156,17 +156,6 @@ def _cache_source() -> str:
     return "XDG_CACHE_HOME" if os.environ.get("XDG_CACHE_HOME") else "the default ~/.cache"
 
 
-def _usable(folder: Path) -> str | None:
-    """``None`` if ``folder`` can be created and written into, else why not."""
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError as err:
-        return err.strerror or str(err)
-    return None
-
-
 def enable_compilation_cache(directory: str | Path | None = None) -> Path | None:
     """Turn on JAX's persistent compilation cache (and :func:`exported_call`'s stored
     programs) for this process and return its folder.
@@ -177,18 +166,20 @@ def enable_compilation_cache(directory: str | Path | None = None) -> Path | None
     A cache folder that JAX already uses (set by the caller, e.g. a test session) is kept.
     Returns ``None`` when the cache is turned off (``SINGLELOC_CACHE_DIR=""``).
     """
-    current = jax.config.jax_compilation_cache_dir
-    if current:
+    if current := jax.config.jax_compilation_cache_dir:
         return Path(current)
     folder = Path(directory).expanduser() if directory is not None else cache_dir()
     if folder is None:
         return None
-    problem = _usable(folder)
-    if problem is not None:
+    try:  # the folder can be created and written into
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as err:
         source = "the directory argument" if directory is not None else _cache_source()
-        warnings.warn(f"the compilation cache folder {str(folder)!r} (from {source}) cannot be used ({problem}); programs are "
-                      f"compiled in every run: set {CACHE_ENV} to a writable folder, or to an empty value to turn the cache "
-                      "off", stacklevel=2)
+        warnings.warn(f"the compilation cache folder {str(folder)!r} (from {source}) cannot be used ({err.strerror or err}); "
+                      f"programs are compiled in every run: set {CACHE_ENV} to a writable folder, or to an empty value to "
+                      "turn the cache off", stacklevel=2)
         return None
     jax.config.update("jax_compilation_cache_dir", str(folder))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
@@ -239,32 +230,27 @@ def exported_call(name: str, fn: Callable, *args, static: tuple = ()):
     leaves of ``args``; ``static`` holds its static Python arguments (numbers, flags). Without
     a cache folder, or when the program cannot be stored, this is ``fn(*args, *static)``.
     """
+    folder, structure = jax.config.jax_compilation_cache_dir, _structure(args)
     with checks_as_nan():  # the package's checks traced as NaN, for this call only
-        return _exported_call(name, fn, args, static)
-
-
-def _exported_call(name: str, fn: Callable, args: tuple, static: tuple):
-    folder = jax.config.jax_compilation_cache_dir
-    structure = _structure(args)
-    if not folder or structure is None or importlib.util.find_spec("flatbuffers") is None or jax.local_device_count() > 1:
-        return fn(*args, *static)
-    leaves, treedef = jax.tree.flatten(args)
-    shapes = tuple((tuple(x.shape), str(x.dtype)) for x in leaves)
-    digest = hashlib.sha256(repr((name, static, structure, shapes, _environment())).encode()).hexdigest()
-    call = _LOADED.get(digest)
-    if call is None:
-        path = Path(folder) / "exported" / f"{name}-{digest[:32]}.bin"
-        exported = _load(path)
-        if exported is None:
-            try:
-                exported = jax.export.export(jax.jit(lambda *x: fn(*jax.tree.unflatten(treedef, x), *static)))(*leaves)
-            except NotImplementedError:  # host callbacks: jax.export refuses them (newer JAX) ...
-                return fn(*args, *static)
-            if "callback" in exported.mlir_module():  # ... or exports them unserialisable (older JAX)
-                return fn(*args, *static)
-            _store(path, exported.serialize())
-        call = _LOADED[digest] = jax.jit(exported.call)
-    return call(*leaves)
+        if not folder or structure is None or importlib.util.find_spec("flatbuffers") is None or jax.local_device_count() > 1:
+            return fn(*args, *static)
+        leaves, treedef = jax.tree.flatten(args)
+        shapes = tuple((tuple(x.shape), str(x.dtype)) for x in leaves)
+        digest = hashlib.sha256(repr((name, static, structure, shapes, _environment())).encode()).hexdigest()
+        call = _LOADED.get(digest)
+        if call is None:
+            path = Path(folder) / "exported" / f"{name}-{digest[:32]}.bin"
+            exported = _load(path)
+            if exported is None:
+                try:
+                    exported = jax.export.export(jax.jit(lambda *x: fn(*jax.tree.unflatten(treedef, x), *static)))(*leaves)
+                except NotImplementedError:  # host callbacks: jax.export refuses them (newer JAX) ...
+                    return fn(*args, *static)
+                if "callback" in exported.mlir_module():  # ... or exports them unserialisable (older JAX)
+                    return fn(*args, *static)
+                _store(path, exported.serialize())
+            call = _LOADED[digest] = jax.jit(exported.call)
+        return call(*leaves)
 
 
 def _load(path: Path):

@@ -53,10 +53,6 @@ def expected_steps(rate: float, span: float) -> float:
     return max(MIN_EXPECTED_STEPS, STEPS_PER_TAU * span * max(1.0, rate) ** 0.75)
 
 
-def _namespace(A):
-    return jnp if isinstance(A, jax.Array) else np
-
-
 def psd_sqrt_and_pinv_sqrt(A):
     """``(A^{1/2}, (A^+)^{1/2})`` of a symmetric PSD matrix from one eigendecomposition.
 
@@ -66,7 +62,7 @@ def psd_sqrt_and_pinv_sqrt(A):
     permutations (two identical heads keep identical fields). Works on NumPy arrays (on the
     host, in float64) and on JAX arrays (traceable), with the same arithmetic.
     """
-    xp = _namespace(A)
+    xp = jnp if isinstance(A, jax.Array) else np
     w, v = xp.linalg.eigh((A + xp.swapaxes(A, -1, -2)) / 2)
     w = xp.clip(w, 0.0, None)
     keep = w > PINV_RTOL * xp.max(w, axis=-1, keepdims=True)
