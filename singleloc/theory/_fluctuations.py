@@ -45,7 +45,7 @@ from ..configuration._config import Config, gather_specs, require_uniform_head_w
 from ..configuration._specs import SGD, Model, Problem, Simulation, Theory
 from ..expectations._fields import LocalFields
 from ..expectations._sobol_expectation import SobolExpectation
-from ..preflight._build import Setup, build
+from ..preflight._build import build
 from ..runtime._compilation import checks_as_nan
 from ..runtime._numerics import psd_sqrt
 from ..sgd._sgd_rule import Starts
@@ -67,7 +67,7 @@ def update_moments(ode: OrderParameterODE, M, Q, b, tau=0.0, fields: LocalFields
     risk's gradient, no second pass over these nodes), so that the SDE's mean is the ODE.
     ``fields``: the Sobol rule of the second moments, by default the route's own
     (:attr:`~singleloc.expectations._expectation.AbstractExpectation.sde_rule`; the exact route has none:
-    :func:`sde_rule` builds it)."""
+    :func:`integrate_sde` builds the rule route's, on the coordinates of ``theory.axes``)."""
     F = M.shape[1]
     rule = ode.sgd
     tb = bool(rule.train_bias)
@@ -127,29 +127,20 @@ class SDEResult(Trajectory):
     ``b`` (S, T, H), ``risk`` (S, T) (the population risk of each state)."""
 
 
-def _solve_path(ode: OrderParameterODE, fields: LocalFields, v0, b0, key, inv_D, ts, dt: float, H: int, F: int,
-                max_steps: int):
-    """One Euler-Maruyama path from the flat state ``v0``: ``(M, Q, b, risk)`` at ``ts``."""
-    t0, t1 = ts[0], ts[-1]
-    bm = diffrax.VirtualBrownianTree(t0, t1, tol=dt / 4, shape=(v0.shape[0],), key=key)
-    term = _SDETerm(ode, fields, bm, b0, inv_D, H, F)
-    sol = diffrax.diffeqsolve(term, diffrax.Euler(), t0, t1, dt, v0, saveat=diffrax.SaveAt(ts=ts), max_steps=max_steps)
-    Ms, Qs, bs = jax.vmap(lambda v: unflatten_state(v, H, F, b0))(sol.ys)
-    bs = bs if ode.train_bias else jnp.broadcast_to(b0, (len(ts), H))
-    return Ms, Qs, bs, jax.vmap(ode.risk)(Ms, Qs, bs)
-
-
 @eqx.filter_jit
 def _solve_paths(ode: OrderParameterODE, fields: LocalFields, v0, b0, keys, inv_D, ts, dt: float, H: int, F: int,
                  max_steps: int):
-    return jax.vmap(lambda v, b, k, i: _solve_path(ode, fields, v, b, k, i, ts, dt, H, F, max_steps))(v0, b0, keys, inv_D)
+    """Euler-Maruyama paths from the flat states ``v0``, one per key: ``(M, Q, b, risk)`` at ``ts``."""
 
+    def path(v0, b0, key, inv_D):
+        bm = diffrax.VirtualBrownianTree(ts[0], ts[-1], tol=dt / 4, shape=(v0.shape[0],), key=key)
+        sol = diffrax.diffeqsolve(_SDETerm(ode, fields, bm, b0, inv_D, H, F), diffrax.Euler(), ts[0], ts[-1], dt, v0,
+                                  saveat=diffrax.SaveAt(ts=ts), max_steps=max_steps)
+        Ms, Qs, bs = jax.vmap(lambda v: unflatten_state(v, H, F, b0))(sol.ys)
+        bs = bs if ode.train_bias else jnp.broadcast_to(b0, (len(ts), H))
+        return Ms, Qs, bs, jax.vmap(ode.risk)(Ms, Qs, bs)
 
-def sde_rule(setup: Setup, points: int) -> LocalFields:
-    """The Sobol rule of the SDE's second moments for ``setup``: the rule route's own rule (``points``
-    points on the coordinates of ``theory.axes``, scrambling ``theory.qmc_seed``), whatever the route
-    of the drift."""
-    return SobolExpectation.from_setup(setup, points=points).fields
+    return jax.vmap(path)(v0, b0, keys, inv_D)
 
 
 def integrate_sde(config: Config | None = None, y0: Starts = None, keys: Shaped[jax.Array, "S ..."] = None, *,
@@ -170,14 +161,11 @@ def integrate_sde(config: Config | None = None, y0: Starts = None, keys: Shaped[
     config = gather_specs("integrate_sde", config, problem=problem, model=model, sgd=sgd, theory=theory,
                           simulation=simulation)
     require_uniform_head_weights(config, "integrate_sde")
-    setup = build(config)  # the route decided once, for the points' probes and the SDE
-    setup = resolve_points(setup, y0)
-    D = config.simulation.D if D is None else D
+    setup = resolve_points(build(config), y0)  # the route decided once, for the points' probes and the SDE
+    D, H, F, dtype = config.simulation.D if D is None else D, config.model.heads, config.problem.F, jnp.result_type(float)
     ode = OrderParameterODE.from_setup(setup)
-    fields = sde_rule(setup, setup.theory.points)
-    H, F = config.model.heads, config.problem.F
+    fields = SobolExpectation.from_setup(setup, points=setup.theory.points).fields  # the rule route's, whatever the drift's
     tb = bool(ode.train_bias)
-    dtype = jnp.result_type(float)
     ts = np.asarray(config.sgd.save_times() if ts is None else ts, float)
     max_steps = int(np.ceil((ts[-1] - ts[0]) / dt)) + 10
     b0 = jnp.asarray(y0.b, dtype)
