@@ -115,10 +115,7 @@ class Timings:
         entry.update(kind=kind, label=label, work=work, **fields)
         if rate is not None and rate >= 0:
             entry["rates"] = (entry["rates"] + [rate])[-RATES_KEPT:]
-        self._write()
-
-    def _write(self) -> None:
-        if self.path is not None and settings().record:  # the commands only
+        if self.path is not None and settings().record:  # written by the commands only
             text = json.dumps(self.data, indent=1, sort_keys=True).encode()
             with contextlib.suppress(OSError):  # not writable: kept in this process
                 self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -211,11 +208,6 @@ def route_costs(route: RouteChoice) -> tuple[str, str]:
     return "rule" if route.route_class.field_nodes else "exact", ROUTE_WORDS[route.route]
 
 
-def _points(L: int, H: int, prior: Prior, th: Theory) -> int:
-    """The rule's field nodes, as the run takes them (``"auto"``: :func:`~singleloc.preflight._resources.auto_points`)."""
-    return th.points if isinstance(th.points, int) else auto_points(L, H, prior)
-
-
 def theory_work(L: int, H: int, prior: Prior, th: Theory, route: RouteChoice, starts: int) -> float:
     """The reference seconds of one drift evaluation of ``L`` tokens, ``H`` heads and the ``prior``'s atoms on the run's
     ``route``, times its starts and replicates (evaluated in turn), a model fitted to the drifts of 13 problems timed
@@ -229,7 +221,7 @@ def theory_work(L: int, H: int, prior: Prior, th: Theory, route: RouteChoice, st
     H = 4, 8 and 8 at L = 64), 24 ms (the showcase's rule, 4096 points)."""
     per, atoms, pairs = starts * th.replicates, len(prior.atoms), H * (H - 1) / 2
     if route.route_class.field_nodes:
-        return per * 8e-8 * _points(L, H, prior, th) * L * H * atoms
+        return per * 8e-8 * auto_points(L, H, prior, th.points) * L * H * atoms
     exact = atoms * (3e-3 * H + (25e-3 + 8e-3 * pairs if H > 1 else 0.0)) * (L / 4) ** 0.35
     if route.form is not None and route.form.joint:
         from ..expectations._laplace_joint import joint_rule_size
@@ -257,7 +249,7 @@ def _prediction_model(setup: Setup) -> tuple[str, str, float, float]:
 
     pb, H, th = setup.problem, setup.heads, setup.theory
     if setup.route.route_class.field_nodes:
-        th = dataclasses.replace(th, points=th.prediction_points(pb.L, H, _points(pb.L, H, setup.prior, th)))
+        th = dataclasses.replace(th, points=th.prediction_points(pb.L, H, auto_points(pb.L, H, setup.prior, th.points)))
     route, work = route_costs(setup.route)[0], theory_work(pb.L, H, setup.prior, th, setup.route, 1)
     size = (REFERENCE["prediction_drifts"] + 16 * 2 * (pb.F + H)) * work
     return f"prediction:{route}", f"prediction:{_digest(compile_group('prediction', setup.config.to_dict()))}", work, size
@@ -300,12 +292,10 @@ def prediction_estimate(setup: Setup) -> Estimate:
     return first_run(Estimate(_programs(kind, key, REFERENCE["prediction"][kind.partition(":")[2]]) + run.seconds, run.basis))
 
 
-@contextlib.contextmanager
-def recorded(setup: Setup) -> Iterator[None]:
+def recorded(setup: Setup) -> contextlib.AbstractContextManager[None]:
     """Record the time of the escape prediction of ``setup`` computed in the block."""
     kind, key, work, size = _prediction_model(setup)
-    with _timed(key, kind, f"prediction, {_label(setup)}", work, size):
-        yield
+    return _timed(key, kind, f"prediction, {_label(setup)}", work, size)
 
 
 #: The families whose solve this process has compiled or loaded (nothing to compile or load).

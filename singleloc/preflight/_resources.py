@@ -235,9 +235,11 @@ def check_memory(parts: dict[str, int], remedy: str = "") -> None:
                           f"{remedy or 'lower those values'}, or set {MEMORY_ENV} (a size, or none) to override the estimate")
 
 
-def auto_points(L: int, H: int, prior: Prior) -> int:
-    """The first number of points ``theory.points = "auto"`` tries (:func:`~singleloc.choose_points`:
+def auto_points(L: int, H: int, prior: Prior, points: int | str = "auto") -> int:
+    """The rule's ``points`` as a run takes them: for ``"auto"`` the first number it tries (:func:`~singleloc.choose_points`:
     at least ``FIRST_POINTS`` and the quadrature's dimension), the least it may build."""
+    if points != "auto":
+        return points
     dim = L * H + (0 if prior.is_discrete else prior.F)
     return max(FIRST_POINTS, MIN_POINTS, 1 << (dim - 1).bit_length())
 
@@ -258,8 +260,7 @@ def check_run(setup: Setup, *, simulation: bool = False, theory_starts: int = 0)
         check_dimension(H, pb.F, setup.simulation.D, "theory")
         if route.route_class.field_nodes:
             th = setup.theory
-            points = th.points if th.points != "auto" else auto_points(pb.L, H, setup.prior)
-            check_quadrature(pb.L, H, setup.prior, points, principal=th.rank_aware,
+            check_quadrature(pb.L, H, setup.prior, auto_points(pb.L, H, setup.prior, th.points), principal=th.rank_aware,
                              exact_hint=exact_route_exists(route.form, setup.model.weighting))
         check_saved_times(setup.sgd.n_save, setup.theory.replicates)
     parts = _memory_parts(setup, simulation, theory_starts)
@@ -303,7 +304,7 @@ def _fitting_value(setup: Setup, simulation: bool, theory_starts: int, limit: fl
     keys = [("simulation", "seeds", setup.simulation.seeds, 1)] if simulation else []
     keys += [("simulation", "test_samples", setup.simulation.test_samples, 1)] if simulation else []
     if theory_starts:
-        points = th.points if th.points != "auto" else auto_points(pb.L, H, prior)
+        points = auto_points(pb.L, H, prior, th.points)
         if setup.route.route_class.field_nodes:  # its rule over the fields, down to their dimension
             low = 1 << (quadrature_dimension(pb.L, H, prior, th.rank_aware) - 1).bit_length()
             keys += [("theory", "points", points, max(16, low))]
