@@ -169,10 +169,8 @@ def predicted_escape(config: Config | Setup | None = None, *, problem: Problem |
         return EscapePrediction(rate=nan, tau_plateau=nan, plateau_risk=nan, predicted_escape=nan,
                                 horizon=escape_horizon(nan, multiple=multiple, cap=cap, fallback=fallback),
                                 D=config.simulation.D, path_tau=empty, path_rate=empty)
-    setup = config if isinstance(config, Setup) else build(config)  # the route decided once, for "auto"'s probes and the flow
-    H, F = config.model.heads, config.problem.F
-    D = config.simulation.D
-    setup = resolve_points(setup)
+    H, F, D = config.model.heads, config.problem.F, config.simulation.D
+    setup = resolve_points(config if isinstance(config, Setup) else build(config))  # the route decided once, for "auto"
     points, field_nodes = setup.theory.points, setup.route.route_class.field_nodes
     if field_nodes:  # a cheaper rule where the run's is large (module docstring)
         points = setup.theory.prediction_points(setup.problem.L, H, points)
@@ -234,8 +232,4 @@ def resolve_horizon(run: Config | Setup, prediction: Mapping[str, np.ndarray] | 
     if horizon != "config":
         tau_max = float(prediction["horizon"]) if horizon == "auto" else float(horizon)
         keys["sgd"] = {"tau_max": tau_max, "spacing": "log", "n_save": max(run.sgd.n_save, HORIZON_N_SAVE)}
-    if isinstance(run, Setup):
-        for section, values in keys.items():
-            run = run.replace(section, **values)
-        return run
     return run.replace(**keys)

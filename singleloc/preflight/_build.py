@@ -12,6 +12,7 @@ at the edges (the command line, the Python API's entry points), which build it o
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 from ..configuration._config import Config
@@ -63,14 +64,16 @@ class Setup:
         """The sections as one configuration (the keys of the compiled programs' families; a run folder's config)."""
         return Config(self.problem, self.model, self.sgd, self.simulation, self.theory)
 
-    def replace(self, section: str, **values: Any) -> Setup:
-        """This setup with keys of one section changed (validated as the section is), and what they build built
-        again: the SGD rule for ``model`` and ``sgd``, the prior and the route (decided again) for ``model`` and
-        ``problem``. ``theory`` keeps the route decided (its ``route`` key may only name it)."""
-        new = dataclasses.replace(self, **{section: dataclasses.replace(getattr(self, section), **values)})
-        if section in ("model", "sgd"):
-            new = dataclasses.replace(new, rule=sgd_rule(new.config))
-        if section in ("model", "problem"):
+    def replace(self, **sections: Mapping[str, Any]) -> Setup:
+        """This setup with keys changed as :meth:`~singleloc.Config.replace` changes them (``setup.replace(theory={"points":
+        1024})``), and what they build built again: the SGD rule for ``model`` and ``sgd``, the prior and the route
+        (decided again) for ``model`` and ``problem``. ``theory`` keeps the route decided (its ``route`` key may only
+        name it)."""
+        config = self.config.replace(**sections)
+        new = dataclasses.replace(self, **{name: getattr(config, name) for name in sections})
+        if {"model", "sgd"} & set(sections):
+            new = dataclasses.replace(new, rule=sgd_rule(config))
+        if {"model", "problem"} & set(sections):
             route = None if self.route is None else choose_route(new.problem, new.model, new.theory)
             new = dataclasses.replace(new, prior=new.problem.build_prior(), route=route)
         return new

@@ -315,7 +315,7 @@ def _fitting_value(setup: Setup, simulation: bool, theory_starts: int, limit: fl
     for section, key, value, minimum in keys:
         while value // 2 >= minimum:
             value //= 2
-            trial = setup.replace(section, **{key: value})
+            trial = setup.replace(**{section: {key: value}})
             if OVERHEAD + sum(_memory_parts(trial, simulation, theory_starts).values()) <= limit:
                 return f"e.g. {section}.{key} = {value}"
     return ""

@@ -92,12 +92,12 @@ def pruning_setup(setup: Setup, heads: int | None = None) -> Setup:
     "trained"``: pruning is written for the head average)."""
     require_uniform_head_weights(setup.config, "pruning")
     if heads is not None and int(heads) != setup.heads:
-        setup = setup.replace("model", heads=int(heads))
+        setup = setup.replace(model={"heads": int(heads)})
     th, pb, route = setup.theory, setup.problem, setup.route
     if th.route == "auto" and route.route_class.field_nodes:
         # one route for every sub-layer, the full layer's: a joint layer too large for the exact route
         # (JOINT_EXACT_MAX) would otherwise have its smaller sub-layers on it, and the steps mix routes
-        setup = setup.replace("theory", route=route.route)
+        setup = setup.replace(theory={"route": route.route})
     if th.points != "auto" and route.route_class.field_nodes:
         check_quadrature(pb.L, setup.heads, setup.prior, th.points, principal=th.rank_aware)
     setup = resolve_points(setup)
@@ -151,9 +151,9 @@ class TheoryRisk:
         nodes that drove a trained layer's dynamics (so that the unpruned risk is the risk
         ``integrate`` reports)."""
         if heads not in self._odes:
-            th, sub = self.setup.theory, self.setup if heads == self.heads else self.setup.replace("model", heads=heads)
-            self._odes[heads] = [OrderParameterODE.from_setup(sub.replace("theory", qmc_seed=th.evaluation_seed + r), check=True)
-                                 for r in range(th.replicates)]
+            th, sub = self.setup.theory, self.setup if heads == self.heads else self.setup.replace(model={"heads": heads})
+            self._odes[heads] = [OrderParameterODE.from_setup(sub.replace(theory={"qmc_seed": th.evaluation_seed + r}),
+                                                              check=True) for r in range(th.replicates)]
         return self._odes[heads]
 
     def __call__(self, kept: Sequence[int]) -> tuple[float, float]:

@@ -37,7 +37,7 @@ from ..configuration._config import Config, gather_specs
 from ..configuration._specs import SGD, Model, Problem, Theory
 from ..expectations._expectation import relative_drift_error
 from ..preflight._build import Setup, build
-from ..preflight._resources import FIRST_POINTS, MIN_POINTS, check_run
+from ..preflight._resources import MIN_POINTS, auto_points, check_run
 from ..sgd._sgd_rule import Starts, flat_drift
 from ._starts import batched_starts, initial_conditions
 from ._theory import OrderParameterODE, OrderParameters
@@ -89,21 +89,17 @@ def points_for(setup: Setup, y0: OrderParameters) -> PointsChoice:
     tried: dict[int, float] = {}
 
     def error(n: int) -> float:
-        check_points(n)
-        tried[n] = drift_error(setup, y0, n, R)
-        return tried[n]
-
-    def check_points(n: int) -> None:  # the memory check of the same count given explicitly
-        try:
-            check_run(setup.replace("theory", points=n), theory_starts=int(y0.M.shape[0]))
+        try:  # the memory check of the same count given explicitly
+            check_run(setup.replace(theory={"points": n}), theory_starts=int(y0.M.shape[0]))
         except MemoryError as err:
             why = "" if not tried else f" (at {max(tried)} points its estimated relative drift error is {tried[max(tried)]:.2g})"
             raise MemoryError(f"theory.points = 'auto' would try {n} points{why}, and {err}") from None
+        tried[n] = drift_error(setup, y0, n, R)
+        return tried[n]
 
     pb = setup.problem
     dim = pb.L * setup.heads + (0 if setup.prior.is_discrete else pb.F)
-    low = max(MIN_POINTS, 1 << (dim - 1).bit_length())  # the whitening needs points >= dim
-    n = max(FIRST_POINTS, low)
+    low, n = max(MIN_POINTS, 1 << (dim - 1).bit_length()), auto_points(pb.L, setup.heads, setup.prior)  # points >= dim
     if error(n) <= tol:
         while n > low and error(n // 2) <= tol:
             n //= 2
@@ -122,16 +118,10 @@ def resolve_points(config: Config | Setup, y0: Starts | None = None) -> Config |
     :func:`~singleloc.choose_points` picks at the starts ``y0`` (leading axis ``S``; default the
     start :func:`integrate` uses, the simulator's initial overlaps of seed 0); ``config`` itself
     when ``theory.points`` is a number. A :class:`~singleloc.preflight._build.Setup` is probed on its
-    route as decided (:func:`points_for`) and comes back as a Setup.
-
-    Every entry point that builds an :class:`~singleloc.OrderParameterODE` from a config that may
-    say ``"auto"`` calls it first (the escape prediction, the SDE, the pruning risks, a sweep's
-    points), so that the value is resolved once, before anything is built, and the ODEs of one
-    computation share one rule. :func:`integrate` resolves it at its own starts, with the error
-    estimate of the choice (:attr:`TheoryResult.drift_error`)."""
+    route as decided (:func:`points_for`) and comes back as a Setup: resolved once, before anything is
+    built, the ODEs of one computation share one rule (:func:`integrate` resolves it at its own starts)."""
     if config.theory.points != "auto":
         return config
     setup = config if isinstance(config, Setup) else build(config)
     starts = initial_conditions(setup.config, 1) if y0 is None else batched_starts(setup.model.weighting.state(y0))
-    points = points_for(setup, starts).points
-    return setup.replace("theory", points=points) if config is setup else config.replace(theory={"points": points})
+    return config.replace(theory={"points": points_for(setup, starts).points})

@@ -86,10 +86,7 @@ class TheoryResult(Trajectory):
         :func:`~singleloc.theory._ode.integrate_setup`) the route used, built in place of the one decided."""
         if isinstance(run, Setup) and run.route is not None and run.route.route != self.route:
             return build(run.config.replace(theory={"route": self.route, "points": self.points}))
-        if run.theory.points != "auto":
-            return run
-        return run.replace("theory", points=self.points) if isinstance(run, Setup) else run.replace(theory={
-            "points": self.points})
+        return run if run.theory.points != "auto" else run.replace(theory={"points": self.points})
 
 
 def theory_from_arrays(one: dict[str, np.ndarray] | None, seeds: dict[str, np.ndarray] | None = None) -> TheoryResult:
