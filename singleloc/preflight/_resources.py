@@ -199,18 +199,16 @@ def rule_bytes(L: int, heads: int, prior: Prior, points: int, starts: int = 1, p
     return 8 * (7 * N * d + 2 * starts * min(N, node_batch(L, H)) * len(prior.atoms) * (4 * L * H + H * F + 2 * H * H))
 
 
-def _parse_size(text: str) -> float:
-    match = re.fullmatch(r"\s*((?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e\+?[0-9]+)?)\s*([kmgt]?)i?b?\s*", text.lower())
-    if not match:
-        raise ValueError(f"{MEMORY_ENV}={text!r}: expected a size such as 2000000000, 64G or 512M, or 'none'")
-    return float(match.group(1)) * 1024 ** " kmgt".index(match.group(2) or " ")
-
-
 def available_memory() -> tuple[float, str]:
     """Bytes a run may use and where the figure comes from (``inf`` when the check is off)."""
     limit = os.environ.get(MEMORY_ENV, "").strip()
+    if limit.lower() == "none":
+        return float("inf"), f"{MEMORY_ENV}=none"
     if limit:
-        return (float("inf"), f"{MEMORY_ENV}=none") if limit.lower() == "none" else (_parse_size(limit), f"{MEMORY_ENV}={limit}")
+        size = re.fullmatch(r"\s*((?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e\+?[0-9]+)?)\s*([kmgt]?)i?b?\s*", limit.lower())
+        if not size:
+            raise ValueError(f"{MEMORY_ENV}={limit!r}: expected a size such as 2000000000, 64G or 512M, or 'none'")
+        return float(size.group(1)) * 1024 ** " kmgt".index(size.group(2) or " "), f"{MEMORY_ENV}={limit}"
     meminfo = Path("/proc/meminfo")
     if meminfo.is_file():
         match = re.search(r"^MemAvailable:\s+(\d+) kB", meminfo.read_text(), re.MULTILINE)

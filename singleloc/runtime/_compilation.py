@@ -187,40 +187,33 @@ def enable_compilation_cache(directory: str | Path | None = None) -> Path | None
     return folder
 
 
-def _source_digest() -> str:
-    h = hashlib.sha256()
-    for path in sorted(_PACKAGE.rglob("*.py")):
-        h.update(str(path.relative_to(_PACKAGE)).encode() + path.read_bytes())
-    return h.hexdigest()
-
-
-def _stable_names() -> dict[str, str]:
-    """``repr`` -> ``module.name`` of every module-level function of the imported singleloc
-    modules (their code is covered by the source digest), and ``reference@digest`` of every
-    function a config names by reference (its module's source digest)."""
+def _structure(args) -> str | None:
+    """The structure and static values of ``args`` as a string that is the same in every
+    process, or ``None`` if a static value has no such name: each function's ``repr`` replaced by
+    ``module.name`` for the module-level functions of the imported singleloc modules (their code is
+    covered by the source digest), and by ``reference@digest`` for a function a config names by
+    reference (its module's source digest)."""
     names = stable_names()  # functions a config names by reference (singleloc.ground._extensions)
     for module_name, module in list(sys.modules.items()):
         if module_name == "singleloc" or module_name.startswith("singleloc."):
-            for attr, value in vars(module).items():
-                if callable(value) and inspect.isfunction(value):
-                    names[repr(value)] = f"{module_name}.{attr}"
-    return names
-
-
-def _structure(args) -> str | None:
-    """The structure and static values of ``args`` as a string that is the same in every
-    process, or ``None`` if a static value has no such name."""
+            names.update({repr(value): f"{module_name}.{attr}" for attr, value in vars(module).items()
+                          if callable(value) and inspect.isfunction(value)})
     text = str(jax.tree.structure(args))
-    for value, name in _stable_names().items():
+    for value, name in names.items():
         text = text.replace(value, name)
     return None if _ADDRESS.search(text) else text
 
 
 def _environment() -> tuple:
+    """What a stored program depends on besides its arguments (module docstring): the dependencies' versions, the
+    backend, the JAX options that change tracing, the checks' mode and a digest of the package's source files."""
     versions = tuple(importlib.metadata.version(name) for name in _DEPENDENCIES)
     options = ("jax_enable_x64", "jax_default_matmul_precision", "jax_numpy_dtype_promotion", "jax_numpy_rank_promotion")
+    source = hashlib.sha256()
+    for path in sorted(_PACKAGE.rglob("*.py")):
+        source.update(str(path.relative_to(_PACKAGE)).encode() + path.read_bytes())
     return (versions, jax.default_backend(), tuple(str(getattr(jax.config, o)) for o in options), checks_mode(),
-            _source_digest())
+            source.hexdigest())
 
 
 def exported_call(name: str, fn: Callable, *args, static: tuple = ()):
