@@ -68,7 +68,7 @@ def finite_windows(cfg, n: int, *, t: int = 0, steps: int = 1, flush: int = 0):
 
     init, advance, _ = _run_functions(build(cfg, theory=False))
     ((K0, b0, _), state0), (kstar, _, test) = init(0)
-    D, rule = cfg.simulation.D, sl.sgd_rule(cfg)
+    D, rule = cfg.simulation.D, sl.sgd_rule(cfg.sgd, cfg.model)
     orth = jax.random.normal(jax.random.PRNGKey(11), K0.shape, K0.dtype)
     orth = 0.6 * (orth - (orth @ kstar.T / D) @ kstar)
     K = (jnp.array([[1.2, 0.2], [0.1, 0.9]], K0.dtype) @ kstar + orth).astype(K0.dtype)

@@ -42,7 +42,7 @@ def test_every_head_weighting_keeps_the_contract(name):
     assert issubclass(cls, sl.AbstractHeadWeighting) and cls.name == name and isinstance(cls.head_average, bool)
     assert cls.State._fields[:3] == ("M", "Q", "b")
     config = tiny(f"model.head_weights={name}", "model.train_bias=true", "sgd.lr=0.7", rule=True)
-    assert config.model.weighting == weighting and sl.sgd_rule(config).weighting == weighting
+    assert config.model.weighting == weighting and sl.sgd_rule(config.sgd, config.model).weighting == weighting
     H = config.model.heads
 
     # the start: (M0, Q0, b0) gains the declared parts, per-head vectors; a full state is kept; others refused
@@ -78,7 +78,7 @@ def test_every_head_weighting_keeps_the_contract(name):
     # simulator's v to O(1/D): D (v' - v) -> its drift
     y = y._make((M, Q, b, *(x + 0.2 * jax.random.normal(jax.random.PRNGKey(2), x.shape) for x in y[3:])))
     risk, drift, grads, cv = _views(ode, y)
-    rule, D = sl.sgd_rule(config), 10**6
+    rule, D = sl.sgd_rule(config.sgd, config.model), 10**6
     for v, d, g in zip(y[3:], drift[3:], grads, strict=True):
         assert float(jnp.vdot(d, g)) < -1e-3 * float(jnp.vdot(g, g))
         params = sl.LayerParameters(jnp.zeros((H, 1)), jnp.zeros(H), v)

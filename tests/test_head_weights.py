@@ -32,8 +32,9 @@ def test_head_weights_key_is_validated_and_reaches_the_rule(tmp_path):
     with pytest.raises(ValueError, match=r"model\.head_weights"):
         sl.load_config("default", ["model.head_weights=learned"])
     cfg = sl.load_config("softmax1", ["model.head_weights=trained"])
-    assert sl.sgd_rule(cfg).weighting == sl.TrainedHeads()
-    assert sl.sgd_rule(sl.load_config("default")).weighting == sl.UniformHeads()
+    assert sl.sgd_rule(cfg.sgd, cfg.model).weighting == sl.TrainedHeads()
+    plain = sl.load_config("default")
+    assert sl.sgd_rule(plain.sgd, plain.model).weighting == sl.UniformHeads()
     assert sl.Config.from_dict(cfg.to_dict()) == cfg
     y0 = sl.initial_conditions(cfg, 2)
     assert isinstance(y0, sl.WeightedOrderParameters)

@@ -20,12 +20,14 @@ from singleloc.theory._theory import flatten_state, unflatten_state
 
 def test_momentum_key_reaches_the_rule_and_stays_out_of_plain_configs():
     cfg = sl.load_config("softmax1", ["model.train_bias=true", "sgd.momentum=0.9", "sgd.batch=2", "sgd.weight_decay=0.1"])
-    assert sl.sgd_rule(cfg) == sl.OnlineSGD(cfg.sgd.lr, True, (sl.MiniBatch(2), sl.WeightDecay(0.1), sl.Momentum(0.9)))
-    assert float(sl.sgd_rule(cfg).rate(0.0)) == pytest.approx(cfg.sgd.lr / 2 / 0.1, rel=1e-12)
+    rule = sl.sgd_rule(cfg.sgd, cfg.model)
+    assert rule == sl.OnlineSGD(cfg.sgd.lr, True, (sl.MiniBatch(2), sl.WeightDecay(0.1), sl.Momentum(0.9)))
+    assert float(rule.rate(0.0)) == pytest.approx(cfg.sgd.lr / 2 / 0.1, rel=1e-12)
     assert sl.Config.from_dict(cfg.to_dict()) == cfg
     # plain SGD's config.json (so every run folder's and sweep entry's hash) does not gain the key
     assert "momentum" not in sl.load_config("default").to_dict()["sgd"]
-    assert sl.sgd_rule(sl.load_config("default", ["sgd.momentum=0"])) == sl.sgd_rule(sl.load_config("default"))
+    plain = sl.load_config("default", ["sgd.momentum=0"])
+    assert sl.sgd_rule(plain.sgd, plain.model) == sl.OnlineSGD(plain.sgd.lr, False)
     with pytest.raises(ValueError, match=r"^Momentum: beta: must be < 1.0, got 1.0"):
         sl.Momentum(1.0)
 
@@ -116,7 +118,7 @@ def test_momentum_drift_is_plain_sgd_at_the_effective_rate(windows):
     M, Q, b = unflatten_state(y0, 2, 2)
     m = sl.OrderParameterODE.from_config(cfg).gradient_moments(M, Q, b)
     r = LR / (1 - BETA)
-    drift = np.asarray(flatten_state(*sl.sgd_rule(cfg).drift(0.0, M, Q, b, m), True))
+    drift = np.asarray(flatten_state(*sl.sgd_rule(cfg.sgd, cfg.model).drift(0.0, M, Q, b, m), True))
     np.testing.assert_array_equal(drift, np.asarray(flatten_state(*sl.OnlineSGD(r, True).drift(0.0, M, Q, b, m), True)))
     paired = v - v_plain
     lag = BETA / (1 - BETA)

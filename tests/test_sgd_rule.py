@@ -39,4 +39,5 @@ def test_the_ode_takes_an_expectation_route_and_a_rule():
     assert isinstance(ode.sgd.lr, jax.Array)  # a value of the compiled programs, not a constant
     with pytest.raises(TypeError, match="^OrderParameterODE: expectation must be a singleloc.AbstractExpectation, got Local"):
         sl.OrderParameterODE(fields, sl.OnlineSGD(0.5))
-    assert sl.sgd_rule(sl.load_config("default", ["sgd.lr=0.25"])) == sl.OnlineSGD(0.25, False)
+    cfg = sl.load_config("default", ["sgd.lr=0.25"])
+    assert sl.sgd_rule(cfg.sgd, cfg.model) == sl.OnlineSGD(0.25, False)

@@ -45,14 +45,15 @@ def test_variant_keys_reach_the_rule():
     cfg = sl.load_config("softmax1", ["model.train_bias=true", "sgd.batch=8", "sgd.weight_decay=0.3", "sgd.bias_decay=0.2",
                                       "sgd.schedule=cosine", "sgd.schedule_tau=20", "sgd.decay_factor=0.05",
                                       "sgd.warmup_tau=1.5", "sgd.gradient_flow=true"])
-    rule = sl.sgd_rule(cfg)
+    rule = sl.sgd_rule(cfg.sgd, cfg.model)
     assert rule == sl.GradientFlow(cfg.sgd.lr, True, (sl.LearningRateSchedule("cosine", 20.0, 0.05, 1.5), sl.MiniBatch(8),
                                                       sl.WeightDecay(0.3, 0.2)))
     assert rule.batch == 8 and rule.weighting == sl.UniformHeads()
     assert sl.Config.from_dict(cfg.to_dict()) == cfg  # config.json reads back
-    assert sl.sgd_rule(sl.load_config("default")) == sl.OnlineSGD(0.5, False)  # the defaults are plain SGD
+    plain = sl.load_config("default")
+    assert sl.sgd_rule(plain.sgd, plain.model) == sl.OnlineSGD(0.5, False)  # the defaults are plain SGD
     with pytest.raises(ValueError, match=r"sgd\.bias_decay .*model\.train_bias"):
-        sl.sgd_rule(sl.load_config("softmax1", ["sgd.bias_decay=0.1", "model.train_bias=false"]))
+        sl.load_config("softmax1", ["sgd.bias_decay=0.1", "model.train_bias=false"])
     with pytest.raises(ValueError, match=r"sgd\.gradient_flow"):
         sl.simulate(sl.load_config("default", ["sgd.gradient_flow=true", "simulation.D=64", "sgd.tau_max=1"]))
 
@@ -63,7 +64,7 @@ def test_schedule_values():
 
     def rate(kind, tau, **kw):
         cfg = sl.load_config("default", [f"sgd.lr={lr}", f"sgd.schedule={kind}"] + [f"sgd.{k}={v}" for k, v in kw.items()])
-        return float(sl.sgd_rule(cfg).learning_rate(tau))
+        return float(sl.sgd_rule(cfg.sgd, cfg.model).learning_rate(tau))
 
     assert rate("constant", 7.0) == lr
     assert [rate("step", t, schedule_tau=10, decay_factor=0.5) for t in (0, 9.99, 10, 25)] == pytest.approx(
@@ -77,7 +78,7 @@ def test_schedule_values():
     assert rate("inverse", 1.0, schedule_tau=1, warmup_tau=4) == pytest.approx(0.8 * 0.25 * 0.5, rel=1e-12)
     # per sequence, a batch of B divides it
     cfg = sl.load_config("default", ["sgd.lr=0.8", "sgd.batch=4", "sgd.schedule=inverse", "sgd.schedule_tau=5"])
-    assert float(sl.sgd_rule(cfg).rate(5.0)) == pytest.approx(0.1, rel=1e-12)
+    assert float(sl.sgd_rule(cfg.sgd, cfg.model).rate(5.0)) == pytest.approx(0.1, rel=1e-12)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -160,7 +161,7 @@ def variant(name: str):
 
 def test_the_contract_covers_every_variant_class():
     """Every SGD variant class of the package is in the contract (:data:`VARIANTS`)."""
-    classes = {type(p) for name in VARIANTS for p in sl.sgd_rule(variant(name)).variants}
+    classes = {type(p) for name in VARIANTS for p in sl.sgd_rule(variant(name).sgd, variant(name).model).variants}
     assert classes == {c for c in AbstractVariant.__subclasses__() if c.__module__.startswith("singleloc.")}
 
 
@@ -191,7 +192,7 @@ def test_variant_drift_is_the_mean_of_finite_D_steps(name, moments):
     mean, se = v.mean(0) / B, v.std(0, ddof=1) / B / np.sqrt(len(v))
     (M, Q, b), m = moments
     np.testing.assert_array_equal(y0, flatten_state(M, Q, b, True))
-    drift = np.asarray(flatten_state(*sl.sgd_rule(cfg).drift(tau, M, Q, b, m), True))
+    drift = np.asarray(flatten_state(*sl.sgd_rule(cfg.sgd, cfg.model).drift(tau, M, Q, b, m), True))
     err = np.abs(mean - drift)
     assert np.all(err <= 4 * se + 0.01), (name, err, se)
     if name != "plain":

@@ -72,7 +72,7 @@ class Setup:
         config = self.config.replace(**sections)
         new = dataclasses.replace(self, **{name: getattr(config, name) for name in sections})
         if {"model", "sgd"} & set(sections):
-            new = dataclasses.replace(new, rule=sgd_rule(config))
+            new = dataclasses.replace(new, rule=sgd_rule(new.sgd, new.model))
         if {"model", "problem"} & set(sections):
             route = None if self.route is None else choose_route(new.problem, new.model, new.theory)
             new = dataclasses.replace(new, prior=new.problem.build_prior(), route=route)
@@ -90,15 +90,14 @@ def build(config: Config, *, theory: bool = True) -> Setup:
         route = choose_route(config.problem, config.model, config.theory)
         check_gram(config.theory, config.model.activation, route.route)
     return Setup(config.problem, config.model, config.sgd, config.simulation, config.theory, config.problem.build_prior(),
-                 sgd_rule(config), route)
+                 sgd_rule(config.sgd, config.model), route)
 
 
-def sgd_rule(config: Config) -> AbstractSGDRule:
-    """The SGD rule of a configuration's ``sgd`` section for its layer (``model``):
+def sgd_rule(sgd: SGD, model: Model) -> AbstractSGDRule:
+    """The SGD rule of a configuration's ``sgd`` section for its layer ``model``:
     :class:`~singleloc.OnlineSGD` (or :class:`~singleloc.GradientFlow`) at ``sgd.lr``, the biases training
     with ``model.train_bias``, the head weighting of ``model.head_weights``, and the chain of the variants
     that are on, in the order schedule, batch, decay, momentum (the decay enters the velocity)."""
-    sgd, model = config.sgd, config.model
     schedule = LearningRateSchedule(sgd.schedule, sgd.schedule_tau, sgd.decay_factor, sgd.warmup_tau)
     chain = [] if schedule.constant else [schedule]
     if sgd.batch > 1:
