@@ -360,20 +360,22 @@ def test_a_rising_risk_is_a_one_line_warning(tmp_path, capsys):
     from singleloc import warn_if_risk_rose
     from singleloc.theory._theory_result import TheoryResult
 
+    setup = build(CONFIG, theory=False)
+
     def theory(risk):
         risk = np.asarray(risk, float)
         return TheoryResult(np.arange(risk.shape[1]), None, None, None, risk)
 
     with pytest.warns(UserWarning, match=r"the theory risk rose during training \(0.81 -> 1.04, .*sgd.lr = 0.5"):
-        warn_if_risk_rose(CONFIG, theory=theory([[0.81, 0.9, 1.04]]))
+        warn_if_risk_rose(setup, theory=theory([[0.81, 0.9, 1.04]]))
     with pytest.warns(UserWarning, match="simulation's limit risk rose"):
         sim = type("Sim", (), {"risk_limit": np.array([[0.81, 1.04], [0.80, 1.05]])})
-        warn_if_risk_rose(CONFIG, simulation=sim)
+        warn_if_risk_rose(setup, simulation=sim)
     with warnings.catch_warnings():  # within the noise of the test sets (2 x 4096 sequences): no warning
         warnings.simplefilter("error")
         sim = type("Sim", (), {"risk_limit": np.array([[0.80, 0.81], [0.80, 0.82]])})
-        warn_if_risk_rose(CONFIG, simulation=sim)
-        warn_if_risk_rose(CONFIG, theory=theory([[0.81, 0.5, 0.81 + 1e-7]]))
+        warn_if_risk_rose(setup, simulation=sim)
+        warn_if_risk_rose(setup, theory=theory([[0.81, 0.5, 0.81 + 1e-7]]))
     # through the command line: lr = 1e4 (the case of the issue), on the Sobol rule (on the exact route a diverging
     # solve shrinks its steps for minutes before it stops)
     assert main(["integrate", "default", *TINY, "--set", "sgd.lr=10000", "--set", "theory.route=rule",

@@ -57,20 +57,22 @@ def test_simulate_warns_of_dropped_saved_times_once():
 
 
 def test_a_rising_risk_warns_naming_the_learning_rate():
+    setup = build(CONFIG, theory=False)
+
     def theory(risk):
         return sl.TheoryResult(np.arange(len(risk[0])), None, None, None, np.asarray(risk, float))
 
     with pytest.warns(UserWarning, match=r"the theory risk rose during training \(0.81 -> 1.04, .*sgd.lr = 0.5 may be too"):
-        sl.warn_if_risk_rose(CONFIG, theory=theory([[0.81, 0.9, 1.04]]))
+        sl.warn_if_risk_rose(setup, theory=theory([[0.81, 0.9, 1.04]]))
     sim = type("Sim", (), {"risk_limit": np.array([[0.81, 1.04], [0.80, 1.05]])})
     with pytest.warns(UserWarning, match=r"the simulation's limit risk rose during training \(0.805 -> 1.045"):
-        sl.warn_if_risk_rose(CONFIG, simulation=sim)
+        sl.warn_if_risk_rose(setup, simulation=sim)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        sl.warn_if_risk_rose(CONFIG, theory=theory([[0.81, 0.5, 0.3]]))  # a falling risk
-        sl.warn_if_risk_rose(CONFIG, theory=theory([[0.81, 0.5, 0.81 + 1e-7]]))  # within the solver's tolerance
+        sl.warn_if_risk_rose(setup, theory=theory([[0.81, 0.5, 0.3]]))  # a falling risk
+        sl.warn_if_risk_rose(setup, theory=theory([[0.81, 0.5, 0.81 + 1e-7]]))  # within the solver's tolerance
         # within the noise of two test sets of 4096 sequences per seed
-        sl.warn_if_risk_rose(CONFIG, simulation=type("Sim", (), {"risk_limit": np.array([[0.80, 0.81], [0.80, 0.82]])}))
+        sl.warn_if_risk_rose(setup, simulation=type("Sim", (), {"risk_limit": np.array([[0.80, 0.81], [0.80, 0.82]])}))
 
 
 def test_simulate_warns_when_its_risk_rises(monkeypatch):
@@ -78,10 +80,10 @@ def test_simulate_warns_when_its_risk_rises(monkeypatch):
     seen = []
     import singleloc.simulation._simulation
 
-    monkeypatch.setattr(singleloc.simulation._simulation, "warn_if_risk_rose", lambda config, **kw: seen.append((config, kw)))
+    monkeypatch.setattr(singleloc.simulation._simulation, "warn_if_risk_rose", lambda setup, **kw: seen.append((setup, kw)))
     cfg = tiny(*TINY_SIM)
     result = sl.simulate(cfg, progress=False)
-    assert len(seen) == 1 and seen[0][0] is cfg and seen[0][1]["simulation"] is result
+    assert len(seen) == 1 and seen[0][0].config == cfg and seen[0][1]["simulation"] is result
 
 
 # ----------------------------------------------------------------------------- the sweep's checks

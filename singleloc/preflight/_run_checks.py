@@ -9,7 +9,7 @@ error): saved times that coincide, and a risk that rose during training.
   instead of fall. :func:`warn_if_risk_rose` compares the mean final risk with the mean initial
   risk against their error (the standard error over the seeds, or the floor of the noise of the
   risk's estimate); :func:`~singleloc.simulate` calls it on its result, and the command line on
-  the result of :func:`~singleloc.integrate` (call it yourself on a
+  the result of :func:`~singleloc.integrate` (call it yourself with the run's setup on a
   :class:`~singleloc.TheoryResult`).
 
 Both warn with :func:`warnings.warn` (``UserWarning``); the command line prints each as one line
@@ -23,8 +23,8 @@ import warnings
 
 import numpy as np
 
-from ..configuration._config import Config
 from ..ground._arguments import beyond_the_door
+from ._build import Setup
 
 
 def warn_if_times_dropped(n_save: int, D: int, kept: int, *, stacklevel: int = 2) -> None:
@@ -36,7 +36,7 @@ def warn_if_times_dropped(n_save: int, D: int, kept: int, *, stacklevel: int = 2
                       f"simulation.D = {D}); the simulation saves {kept}", stacklevel=beyond_the_door(stacklevel + 1))
 
 
-def warn_if_risk_rose(config: Config, *, simulation=None, theory=None, stacklevel: int = 2) -> None:
+def warn_if_risk_rose(setup: Setup, *, simulation=None, theory=None, stacklevel: int = 2) -> None:
     """Warn when the mean final risk of a simulation or a theory run exceeds the mean initial risk
     by more than three times its error.
 
@@ -48,12 +48,12 @@ def warn_if_risk_rose(config: Config, *, simulation=None, theory=None, stackleve
     initial risk, ``theory.rtol * R0 + theory.atol``. The warning names ``sgd.lr``.
 
     Args:
-        config: the config of the run.
+        setup: the run's :class:`~singleloc.preflight._build.Setup` (its ``sgd``, ``simulation`` and ``theory``).
         simulation: a :class:`~singleloc.SimulationResult` (its limit risk ``risk_limit`` is read).
         theory: a :class:`~singleloc.TheoryResult` (its ``risk`` is read).
         stacklevel: as for :func:`warnings.warn`, counted from the caller of this function.
     """
-    sim, th = config.simulation, config.theory
+    sim, th = setup.simulation, setup.theory
     checks = []
     if simulation is not None:
         checks.append(("simulation's limit", np.asarray(simulation.risk_limit, dtype=float),
@@ -67,5 +67,5 @@ def warn_if_risk_rose(config: Config, *, simulation=None, theory=None, stackleve
         error = max(spread, floor)
         if rise.mean() > 3 * error:
             warnings.warn(f"the {what} risk rose during training ({risk[:, 0].mean():.4g} -> {risk[:, -1].mean():.4g}, more "
-                          f"than 3 x its error {error:.2g}): sgd.lr = {config.sgd.lr:g} may be too large",
+                          f"than 3 x its error {error:.2g}): sgd.lr = {setup.sgd.lr:g} may be too large",
                           stacklevel=beyond_the_door(stacklevel + 1))

@@ -154,7 +154,7 @@ def simulate(config: Config | None = None, *, problem: Problem | None = None, mo
     K, kstar = unpad(jax.device_get((state[0].K, consts[0])), n)
     result = SimulationResult(steps * config.sgd.batch / D, M, Q, b, risk, risk_limit, np.asarray(K), np.asarray(kstar),
                               *v)
-    warn_if_risk_rose(config, simulation=result)
+    warn_if_risk_rose(setup, simulation=result)
     return result
 
 

@@ -360,7 +360,7 @@ def integrate_setup(setup: Setup, y0: Starts | None = None, *, ts: Real[ArrayLik
         result = dataclasses.replace(result, tau=result.tau[1:], M=later(result.M), Q=later(result.Q), b=later(result.b),
                                      risk=later(result.risk), risk_se=later(result.risk_se),
                                      v=None if result.v is None else later(result.v))
-    warn_if_risk_rose(setup.config, theory=result)
+    warn_if_risk_rose(setup, theory=result)
     return result
 
 
