@@ -94,7 +94,7 @@ def test_every_head_weighting_keeps_the_contract(name):
     assert decide("bsoftmax", 3, 2, prior, "auto", weighting=weighting).route == ("exact" if cls.head_average else "rule")
     for refused in (lambda: decide("bsoftmax", 3, 2, prior, "exact", weighting=weighting),
                     lambda: decide("softmax", 3, 1, prior, "exact", weighting=weighting, gram="exact"),
-                    lambda: require_uniform_head_weights(config, "here")):
+                    lambda: require_uniform_head_weights(config.model, "here")):
         if cls.head_average:
             refused()
         else:

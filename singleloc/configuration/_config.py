@@ -112,12 +112,12 @@ def gather_specs(where: str, config: Config | None = None, **specs: Any) -> Conf
     return Config(**{name: spec for name, spec in specs.items() if spec is not None})
 
 
-def require_uniform_head_weights(config: Config, where: str) -> None:
-    """``ValueError`` naming ``model.head_weights`` when ``config``'s layer is not the head average and
+def require_uniform_head_weights(model: Model, where: str) -> None:
+    """``ValueError`` naming ``model.head_weights`` when the layer ``model`` is not the head average and
     ``where`` (a computation written for the head average: the SDE, the linearisation and the
     head-symmetric flow, pruning) does not take it."""
-    if not config.model.weighting.head_average:
-        raise ValueError(f"{where}: model.head_weights = {config.model.head_weights!r} is not supported here (it is written "
+    if not model.weighting.head_average:
+        raise ValueError(f"{where}: model.head_weights = {model.head_weights!r} is not supported here (it is written "
                          "for the head average a_l = (1/H) sum_h A_hl); integrate, simulate, compare and sweep (with a numeric "
                          "horizon) take trained head weights; set model.head_weights = 'uniform'")
 

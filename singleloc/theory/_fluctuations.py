@@ -160,7 +160,7 @@ def integrate_sde(config: Config | None = None, y0: Starts = None, keys: Shaped[
     """
     config = gather_specs("integrate_sde", config, problem=problem, model=model, sgd=sgd, theory=theory,
                           simulation=simulation)
-    require_uniform_head_weights(config, "integrate_sde")
+    require_uniform_head_weights(config.model, "integrate_sde")
     setup = resolve_points(build(config), y0)  # the route decided once, for the points' probes and the SDE
     D, H, F, dtype = config.simulation.D if D is None else D, config.model.heads, config.problem.F, jnp.result_type(float)
     ode = OrderParameterODE.from_setup(setup)
