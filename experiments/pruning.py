@@ -127,7 +127,7 @@ def run_one(activation: str, F: int, args) -> dict:
         w = sl.prune_weights(cfg, K, bk, kstar, "greedy", samples=args.samples, key=1000 + s)
         out["sim_weights"].append(w)
         Mk, Qk = (np.asarray(x, dtype=float) for x in sl.overlaps(K.astype(np.float64), kstar.astype(np.float64)))
-        out["sim_op"].append(sl.prune(sl.TheoryRisk(cfg, Mk, Qk, bk.astype(float)), H, list(w.removed[0])))
+        out["sim_op"].append(sl.prune_theory(cfg, Mk, Qk, bk.astype(float), list(w.removed[0])))
     out["sim_risk_trained"] = sim.risk[:, -1]
     out["t_prune"] = time.perf_counter() - t1 - out["t_simulate"]
     if args.finetune:

@@ -14,6 +14,7 @@ import pytest
 
 import singleloc as sl
 from singleloc.configuration._config import load_config
+from singleloc.preflight._build import build
 
 #: Public names that check nothing at the door, and why.
 EXEMPT = {
@@ -60,8 +61,9 @@ RECORDS = {
     "Grid": (lambda: sl.Grid("model", "heads", "1,2"), "values"),
     "OrderParameterODE": (lambda: sl.OrderParameterODE.from_config({"model": {"heads": 2}}), "config"),
     "LocalFields": (lambda: sl.LocalFields.make(4, 2, np.zeros(2), 64), "prior"),
-    "TheoryRisk": (lambda: sl.TheoryRisk(load_config("default"), np.zeros((2, 2)), np.eye(2), "b"), "b"),
-    "WeightsRisk": (lambda: sl.WeightsRisk(load_config("default"), np.zeros((2, 8)), np.zeros(2), np.zeros((2, 7))), "kstar"),
+    "TheoryRisk": (lambda: sl.TheoryRisk(build(load_config("default")), np.zeros((2, 2)), np.eye(2), "b"), "b"),
+    "WeightsRisk": (lambda: sl.WeightsRisk(build(load_config("default")), np.zeros((2, 8)), np.zeros(2), np.zeros((2, 7))),
+                    "kstar"),
 }
 
 

@@ -135,7 +135,7 @@ def test_routes_and_refusals():
     pred = sl.predicted_escape(cfg)  # not predicted (no head-symmetric flow): NaN, and the fallback horizon
     assert np.isnan(pred.predicted_escape) and not pred.escapes and pred.horizon == sl.escape_horizon(np.nan)
     with pytest.raises(ValueError, match=r"TheoryRisk: model\.head_weights"):
-        sl.TheoryRisk(cfg, y0.M[0], y0.Q[0], y0.b[0])
+        sl.TheoryRisk(build(cfg), y0.M[0], y0.Q[0], y0.b[0])
     with pytest.raises(ValueError, match=r"model\.head_weights = 'uniform'"):
         sl.integrate(sl.load_config("softmax1"), sl.WeightedOrderParameters(*y0))
 

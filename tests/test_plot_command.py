@@ -189,7 +189,7 @@ def _fake_theory(setup) -> TheoryResult:
 def test_prune_numbers_heads_from_one_as_the_figures_do(folders, capsys, monkeypatch):
     """The greedy order removes heads 3 then 1 (0-based 2, 0 in prune.npz): the table says 3 and 1."""
     result = PruningResult("greedy", np.array([[2, 0]]), np.array([[0.30, 0.305, 0.42]]), np.array([[1e-13, 2e-13, 1e-13]]))
-    monkeypatch.setattr(_pruning, "prune_run", lambda run, order, **kw: {"theory": [result]})
+    monkeypatch.setattr(_pruning, "prune_layers", lambda setup, data, order, **kw: {"theory": [result]})
     assert main(["prune", str(folders["integrate"])]) == 0
     out = capsys.readouterr().out
     rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["1"], ["2"])]

@@ -14,6 +14,7 @@ from singleloc.bayes._bayes import bayes_point
 from singleloc.bayes._population_risk import layer_risk
 from singleloc.cli import main
 from singleloc.io._run_folders import save_run
+from singleloc.preflight._build import build
 from singleloc.pruning._pruning import TheoryRisk, WeightsRisk, prune, prune_theory, prune_weights
 from singleloc.pruning._pruning_result import removable_heads
 
@@ -163,7 +164,7 @@ def test_renormalisation_over_kept_heads(rng):
     assert sorted(res.removed[0, :2]) == [2, 3]
     assert res.risk[2] == pytest.approx(res.risk[0], abs=2e-3)
     assert res.risk[3] > res.risk[2] + 0.05  # one spike head cannot serve both spikes
-    soft = TheoryRisk(small_config("softmax", 4, F, strength=2.0, points=8192, route="rule"), M, Q, b)
+    soft = TheoryRisk(build(small_config("softmax", 4, F, strength=2.0, points=8192, route="rule")), M, Q, b)
     assert soft([0, 1])[0] < soft([0, 1, 2, 3])[0] - 0.01  # the useless heads added noise
 
 
@@ -267,8 +268,8 @@ def test_one_draw_serves_every_subset(rng, orthogonal_spikes):
     K, kstar = (x.astype(np.float32) for x in weights_with_overlaps(rng, M, Q, D, orthogonal_spikes))
     kept = [1, 3]
     for loss in ("empirical", "limit"):
-        full = WeightsRisk(cfg, K, b, kstar, samples=n, key=6, loss=loss).losses(kept)
-        alone = WeightsRisk(cfg, K[kept], b[kept], kstar, samples=n, key=7, loss=loss).losses([0, 1])
+        full = WeightsRisk(build(cfg, theory=False), K, b, kstar, samples=n, key=6, loss=loss).losses(kept)
+        alone = WeightsRisk(build(cfg, theory=False), K[kept], b[kept], kstar, samples=n, key=7, loss=loss).losses([0, 1])
         se = np.hypot(full.std(ddof=1), alone.std(ddof=1)) / np.sqrt(n)
         assert abs(full.mean() - alone.mean()) < 4.5 * se, (loss, full.mean(), alone.mean(), se)
         assert stats.ks_2samp(full, alone).pvalue > 1e-3, loss

@@ -176,7 +176,7 @@ def test_pruning_checks_the_rule_before_it_builds_one():
     with pytest.raises(ValueError, match=r"theory.points = 256 must be at least problem.L \* model.heads = 320"):
         sl.prune_theory(cfg, *_layer(8, 2))
     with pytest.raises(ValueError, match=r"theory.points = 256 must be at least problem.L \* model.heads = 320"):
-        sl.TheoryRisk(cfg.replace(model={"heads": 2}), *_layer(8, 2))  # the layer's heads count, not the config's
+        sl.TheoryRisk(build(cfg.replace(model={"heads": 2})), *_layer(8, 2))  # the layer's heads count, not the config's
 
 
 def test_pruning_checks_its_memory(monkeypatch):
@@ -274,5 +274,5 @@ def test_pruning_scores_every_sub_layer_on_the_full_layers_route():
     assert _pruning.pruning_setup(build(cfg)).theory.route == "rule"
     assert _pruning.pruning_setup(build(cfg), heads=4).theory.route == "auto"  # a layer of four: its own exact route
     assert _pruning.pruning_setup(build(cfg.replace(model={"activation": "softmax"}))).theory.route == "auto"
-    risk = _pruning.TheoryRisk(cfg, M=np.zeros((8, 2)), Q=np.eye(8), b=np.zeros(8))
+    risk = _pruning.TheoryRisk(build(cfg), M=np.zeros((8, 2)), Q=np.eye(8), b=np.zeros(8))
     assert risk.odes(4)[0].expectation.route == "rule" and risk.odes(8)[0].expectation.route == "rule"

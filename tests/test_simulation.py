@@ -198,8 +198,8 @@ def test_pruning_weights_route_reproduces_the_test_risk(tiny_run, tiny_config):
     for s in range(S):
         key = jax.random.fold_in(seed_keys(cfg.simulation.seed, s).test, T - 1)
         weights = [res.K[s], res.b[s, -1], res.kstar[s]]
-        emp = WeightsRisk(cfg, *weights, key=key)
-        lim = WeightsRisk(cfg, *weights, key=key, loss="limit")
+        emp = WeightsRisk(build(cfg, theory=False), *weights, key=key)
+        lim = WeightsRisk(build(cfg, theory=False), *weights, key=key, loss="limit")
         everyone = list(range(cfg.model.heads))
         for ev, recorded in ((emp, res.risk[s, -1]), (lim, res.risk_limit[s, -1])):
             losses = ev.losses(everyone)
@@ -207,7 +207,7 @@ def test_pruning_weights_route_reproduces_the_test_risk(tiny_run, tiny_config):
             np.testing.assert_allclose(np.float32(losses.astype(np.float32).mean()), recorded, rtol=1e-6)
         pruned = prune_weights(cfg, *weights, [0], key=key)
         assert pruned.risks[0, 0] == pytest.approx(res.risk[s, -1], rel=1e-6)
-        other = WeightsRisk(cfg, *weights, key=jax.random.fold_in(key, 1))(everyone)
+        other = WeightsRisk(build(cfg, theory=False), *weights, key=jax.random.fold_in(key, 1))(everyone)
         assert abs(other[0] - res.risk[s, -1]) > 1e-4 * res.risk[s, -1]
 
 

@@ -61,7 +61,7 @@ def register(sub) -> None:
 def run(args) -> int:
     from ..io._run_folders import RUN_KINDS, add_to_run, load_run, save_run
     from ..preflight._build import build
-    from ..pruning._pruning import prune_run, pruning_setup
+    from ..pruning._pruning import prune_layers, pruning_setup
 
     if not math.isfinite(args.tol) or args.tol < 0:
         raise ValueError(f"--tol must be a non-negative number, got {args.tol}")
@@ -79,7 +79,7 @@ def run(args) -> int:
     setup = pruning_setup(build(config))  # checked and "auto" resolved, before the note (the run folder keeps its config)
     if not in_place:
         note_replaced(args.command, args.out)
-    results = prune_run(dataclasses.replace(loaded, config=setup.config), args.order, draws=args.draws, seed=args.seed)
+    results = prune_layers(setup, loaded.data, args.order, draws=args.draws, seed=args.seed)  # its route decided once
 
     H, F = config.model.heads, config.problem.F
     route = setup.route.route_class

@@ -90,7 +90,7 @@ def pruning_setup(setup: Setup, heads: int | None = None) -> Setup:
     fits in memory (:func:`~singleloc.preflight._resources.check_memory`).
     ``ValueError`` or ``MemoryError`` naming the keys otherwise (``model.head_weights =
     "trained"``: pruning is written for the head average)."""
-    require_uniform_head_weights(setup.config, "pruning")
+    require_uniform_head_weights(setup.model, "pruning")
     if heads is not None and int(heads) != setup.heads:
         setup = setup.replace(model={"heads": int(heads)})
     th, pb, route = setup.theory, setup.problem, setup.route
@@ -109,31 +109,27 @@ def pruning_setup(setup: Setup, heads: int | None = None) -> Setup:
 class TheoryRisk:
     """Population risk of sub-layers of the layer ``(M, Q, b)`` (``M`` (H, F), ``Q`` (H, H),
     ``b`` (H,)). ``risk(kept)`` evaluates the heads ``kept`` with ODE objects for
-    ``len(kept)`` heads, built from ``config`` and cached, after :func:`pruning_setup` (``ValueError``
-    or ``MemoryError`` naming the keys).
+    ``len(kept)`` heads, built from ``setup`` (a :class:`~singleloc.preflight._build.Setup`, whose route is
+    kept) and cached, after :func:`pruning_setup` (``ValueError`` or ``MemoryError`` naming the keys).
 
     On the exact route (``theory.route``, a normalised-exponential activation) a risk is the
     exact one and its error the difference to the finer exact rule. On the Sobol rule, with
     ``theory.replicates = R > 1`` a risk is the mean over ``R`` independently scrambled
     rules and comes with its standard error (their spread over ``sqrt(R)``): the quadrature
     error of the risk of the given layer. With ``R = 1`` the error is not estimated (0.0).
-
-    The run is ``config`` or the specifications by keyword (``TheoryRisk(M=M, Q=Q, b=b,
-    problem=..., model=..., theory=...)``; ``sgd``'s rule does not enter a risk)."""
+    :func:`prune_theory` builds one from a config or the specifications by keyword."""
 
     @checked
-    def __init__(self, config: Config | None = None, M: Real[ArrayLike, "H F"] = None, Q: Real[ArrayLike, "H H"] = None,
-                 b: Real[ArrayLike, " H"] = None, *, problem: Problem | None = None,
-                 model: Model | None = None, sgd: SGD | None = None, theory: Theory | None = None):
-        config = gather_specs("TheoryRisk", config, problem=problem, model=model, sgd=sgd, theory=theory)
-        require_uniform_head_weights(config, "TheoryRisk")
+    def __init__(self, setup: Setup, M: Real[ArrayLike, "H F"] = None, Q: Real[ArrayLike, "H H"] = None,
+                 b: Real[ArrayLike, " H"] = None):
+        require_uniform_head_weights(setup.model, "TheoryRisk")
         dtype = jnp.result_type(float)
         self.M, self.Q, self.b = (jnp.asarray(x, dtype) for x in (M, Q, b))
-        H = self.M.shape[0]
-        if self.M.shape != (H, config.problem.F) or self.Q.shape != (H, H) or self.b.shape != (H,):
-            raise ValueError(f"order parameters must have shapes (H, F), (H, H), (H,) with F = {config.problem.F}; "
+        H, F = self.M.shape[0], setup.problem.F
+        if self.M.shape != (H, F) or self.Q.shape != (H, H) or self.b.shape != (H,):
+            raise ValueError(f"order parameters must have shapes (H, F), (H, H), (H,) with F = {F}; "
                              f"got M {self.M.shape}, Q {self.Q.shape}, b {self.b.shape}")
-        self.setup = pruning_setup(build(config), heads=H)  # checked; one route and rule for every sub-layer
+        self.setup = pruning_setup(setup, heads=H)  # checked; one route and rule for every sub-layer
         self.heads = H
         self._odes: dict[int, list[OrderParameterODE]] = {}
 
@@ -185,38 +181,37 @@ class WeightsRisk:
     subset is scored exactly in law on the same sequences (common random numbers); the jitted
     evaluation compiles once per subset size.
 
-    The run is ``config`` or the specifications by keyword (``problem``; ``model``: the
-    activation; ``simulation``: ``test_samples``, the default of ``samples``).
+    The run is ``setup`` (a :class:`~singleloc.preflight._build.Setup`: ``problem`` and its prior; ``model``: the
+    activation; ``simulation``: ``test_samples``, the default of ``samples``); :func:`prune_weights` builds one from
+    a config or the specifications by keyword.
     """
 
     @checked
-    def __init__(self, config: Config | None = None, K: Real[ArrayLike, "H D"] = None, b: Real[ArrayLike, " H"] = None,
-                 kstar: Real[ArrayLike, "F D"] = None, *, problem: Problem | None = None,
-                 model: Model | None = None, simulation: Simulation | None = None, samples: int | None = None,
-                 key: int | jax.Array = 0, loss: str = "empirical"):
-        config = gather_specs("WeightsRisk", config, problem=problem, model=model, simulation=simulation)
-        require_uniform_head_weights(config, "WeightsRisk")
+    def __init__(self, setup: Setup, K: Real[ArrayLike, "H D"] = None, b: Real[ArrayLike, " H"] = None,
+                 kstar: Real[ArrayLike, "F D"] = None, *, samples: int | None = None, key: int | jax.Array = 0,
+                 loss: str = "empirical"):
+        require_uniform_head_weights(setup.model, "WeightsRisk")
         if loss not in ("empirical", "limit"):
             raise ValueError(f"loss must be 'empirical' or 'limit', got {loss!r}")
         K = jnp.asarray(K)
         K = K.astype(jnp.result_type(K.dtype, jnp.float32))
         b, kstar = jnp.asarray(b, K.dtype), jnp.asarray(kstar, K.dtype)
         H, D = K.shape
-        F = config.problem.F
+        F = setup.problem.F
         if b.shape != (H,) or kstar.shape != (F, D):
             raise ValueError(f"weights must have shapes K (H, D), b (H,), kstar (F, D) with F = {F}; "
                              f"got K {K.shape}, b {b.shape}, kstar {kstar.shape}")
-        L = config.problem.L
+        L = setup.problem.L
         if D < H + F + L:
             raise ValueError(f"D = {D} must be at least H + F + L = {H + F + L}")
-        n = config.simulation.test_samples if samples is None else int(samples)
+        n = setup.simulation.test_samples if samples is None else int(samples)
         if n < 2:
             raise ValueError(f"samples must be >= 2, got {n}")
         key = jax.random.PRNGKey(key) if isinstance(key, (int, np.integer)) else key
         self.K, self.b, self.kstar, self.heads, self.D = K, b, kstar, H, D
-        self.act = get_activation(config.model.activation)
+        self.act = get_activation(setup.model.activation)
         self.loss = loss
-        self.sequences = _draw_heldout(key, config.problem.build_prior(), K, kstar, n, L)
+        self.sequences = _draw_heldout(key, setup.prior, K, kstar, n, L)
 
     def overlaps(self) -> tuple[np.ndarray, np.ndarray]:
         """``M = K k*^T / D`` and ``Q = K K^T / D`` of the full layer."""
@@ -302,7 +297,7 @@ def prune_theory(config: Config | None = None, M: Real[ArrayLike, "H F"] = None,
     subset by its population risk with its quadrature error in ``stderr`` where one is stated
     (:class:`TheoryRisk`). The run is ``config`` or the specifications by keyword."""
     config = gather_specs("prune_theory", config, problem=problem, model=model, sgd=sgd, theory=theory)
-    return _pruned(TheoryRisk(config, M, Q, b), M, order, draws, seed)
+    return _pruned(TheoryRisk(build(config), M, Q, b), M, order, draws, seed)
 
 
 def _pruned(evaluate: TheoryRisk, M, order, draws: int, seed: int) -> PruningResult:
@@ -329,16 +324,22 @@ def prune_run(run, order: str | Sequence[int] | Integer[ArrayLike, " K"] = "gree
     if not (hasattr(run, "config") and hasattr(run, "data")):  # a Run: the run folders stand a floor above (io/)
         raise TypeError(f"prune_run: run must be a singleloc.Run, got {type(run).__name__} {_short(run)}; "
                         "pass singleloc.load_run(folder)")
-    setup = pruning_setup(build(run.config))
+    return prune_layers(pruning_setup(build(run.config)), run.data, order, draws=draws, seed=seed)
+
+
+def prune_layers(setup: Setup, data: dict, order: str | Sequence[int], *, draws: int = 16,
+                 seed: int = 0) -> dict[str, list[PruningResult]]:
+    """:func:`prune_run` of a run's ``data`` (``{kind: arrays}``) on ``setup``, checked and resolved by
+    :func:`pruning_setup` (the ``prune`` command's, its route decided once)."""
     results, evaluate = {}, None
-    count = sum(1 if kind == "theory" else np.shape(d["M"])[0] for kind, d in run.data.items())
+    count = sum(1 if kind == "theory" else np.shape(d["M"])[0] for kind, d in data.items())
     with pruning(setup, count, prune_evaluations(setup.heads, order, draws)) as bar:  # said, counted, recorded
-        for kind, d in run.data.items():  # theory.npz: (T, ...) of seed 0; simulation.npz: (S, T, ...)
+        for kind, d in data.items():  # theory.npz: (T, ...) of seed 0; simulation.npz: (S, T, ...)
             M, Q, b = (np.asarray(d[k], dtype=float) for k in "MQb")
             layers = [(M[-1], Q[-1], b[-1])] if kind == "theory" else [(M[s, -1], Q[s, -1], b[s, -1]) for s in range(M.shape[0])]
             results[kind] = []
             for layer in layers:
-                evaluate = TheoryRisk(setup.config, *layer) if evaluate is None else evaluate.of_layer(*layer)
+                evaluate = TheoryRisk(setup, *layer) if evaluate is None else evaluate.of_layer(*layer)
                 results[kind].append(_pruned(evaluate, layer[0], order, draws, seed))
                 bar.update()
     return results
@@ -354,7 +355,7 @@ def prune_weights(config: Config | None = None, K: Real[ArrayLike, "H D"] = None
     Carlo estimates, ``stderr`` holds their standard errors, and ``alignment`` ranks by ``|M_h|`` with
     ``M = K k*^T / D``. The run is ``config`` or the specifications by keyword."""
     config = gather_specs("prune_weights", config, problem=problem, model=model, simulation=simulation)
-    evaluate = WeightsRisk(config, K, b, kstar, samples=samples, key=key, loss=loss)
+    evaluate = WeightsRisk(build(config, theory=False), K, b, kstar, samples=samples, key=key, loss=loss)
     norms = np.linalg.norm(evaluate.overlaps()[0], axis=1)
     return prune(evaluate, evaluate.heads, order, overlap_norms=norms, draws=draws, seed=seed)
 
@@ -369,7 +370,7 @@ def finetune(config: Config | None = None, M: Real[ArrayLike, "H F"] = None, Q: 
     ``ts`` (which start at the pruning time, e.g. 0). Returns a :class:`~singleloc.TheoryResult`.
     The run is ``config`` or the specifications by keyword (``model``: the unpruned layer)."""
     config = gather_specs("finetune", config, problem=problem, model=model, sgd=sgd, theory=theory)
-    require_uniform_head_weights(config, "finetune")
+    require_uniform_head_weights(config.model, "finetune")
     y0 = keep_heads(M, Q, b, kept)
     ts = np.asarray(ts, dtype=float)
     kwargs.setdefault("t0", float(ts.flat[0]) if ts.size else 0.0)  # the pruned layer is the state at ts[0]
