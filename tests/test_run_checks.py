@@ -12,6 +12,7 @@ import pytest
 from _tiny import tiny
 
 import singleloc as sl
+from singleloc.expectations import _routes
 from singleloc.expectations._routes import route_of
 from singleloc.preflight import _resources, _run_checks
 from singleloc.preflight._build import build
@@ -186,20 +187,21 @@ def test_pruning_checks_its_memory(monkeypatch):
 
 
 def test_prune_run_prunes_the_final_state_of_every_stored_layer(monkeypatch):
-    """The theory's final state and every seed's, on one checked rule: one resolution of ``theory.points = "auto"``
-    (the layers' risks see the number), one evaluator whose rules the layers share."""
+    """The theory's final state and every seed's, on one checked rule: one route decision, one resolution of
+    ``theory.points = "auto"`` (the layers' risks see the number), one evaluator whose rules the layers share."""
     cfg = sl.load_config("default", ["theory.points=auto"])
     T, S, H, F = 5, 3, cfg.model.heads, cfg.problem.F
     rng = np.random.default_rng(0)
     theory = {"tau": np.arange(T), "M": rng.normal(size=(T, H, F)), "Q": rng.normal(size=(T, H, H)), "b": rng.normal(size=(T, H))}
     sim = {k: rng.normal(size=(S, *v.shape)) for k, v in theory.items() if k != "tau"}
     run = sl.Run(None, cfg, {"theory": theory, "simulation": sim}, "hash")
-    resolved, calls = [], []
+    resolved, calls, decided = [], [], []
+    monkeypatch.setattr(_routes, "decide", lambda *a, decide=_routes.decide, **k: decided.append(a) or decide(*a, **k))
     monkeypatch.setattr(_accuracy, "points_for", lambda setup, y0: resolved.append(setup) or PointsChoice(512, 0.0, 1, ()))
     monkeypatch.setattr(_pruning, "_pruned", lambda risk, M, order, draws, seed: calls.append(
         (risk, risk.setup, risk.M, risk.Q, risk.b, order, {"draws": draws, "seed": seed})))
     results = sl.prune_run(run, "alignment", draws=3, seed=7)
-    assert len(resolved) == 1 and list(results) == ["theory", "simulation"] and len(results["simulation"]) == S
+    assert len(decided) == len(resolved) == 1 and list(results) == ["theory", "simulation"] and len(results["simulation"]) == S
     layers = [(theory["M"][-1], theory["Q"][-1], theory["b"][-1])] + [(sim["M"][s, -1], sim["Q"][s, -1], sim["b"][s, -1])
                                                                       for s in range(S)]
     assert len(calls) == 1 + S and all(risk._odes is calls[0][0]._odes for risk, *_ in calls)
