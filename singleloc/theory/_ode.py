@@ -102,7 +102,8 @@ def _padded(ts: jax.Array) -> jax.Array:
 #: Default cap on the adaptive solver's steps (:func:`integrate`, :func:`integrate_points`).
 MAX_STEPS = 100_000
 
-def _invalid_state(t, y, args, **kwargs):
+def invalid_state(t, y, args, **kwargs):
+    """The solve's first event: a state with non-finite entries, runaway keys or ``R_orth`` not PSD."""
     M, Q = y.M, y.Q
     finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in y]))
     scale = 1.0 + jnp.max(jnp.abs(jnp.where(jnp.isfinite(Q), Q, 0.0)))
@@ -130,7 +131,7 @@ def _solve(ode: OrderParameterODE, y0: OrderParameters, ts: jax.Array, rtol, ato
         saveat=diffrax.SaveAt(ts=ts),
         stepsize_controller=StepBudget(diffrax.PIDController(rtol=rtol, atol=atol, dtmin=MIN_STEP, force_dtmin=False),
                                        jnp.minimum(budget, max_steps)),
-        event=diffrax.Event((_invalid_state, unresolved)),
+        event=diffrax.Event((invalid_state, unresolved)),
         max_steps=max_steps,
         throw=False,
         adjoint=diffrax.ForwardMode(),
