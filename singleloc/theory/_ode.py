@@ -348,6 +348,7 @@ def integrate_setup(setup: Setup, y0: Starts | None = None, *, ts: Real[ArrayLik
         with checks_as_nan():  # the progress bar's program is traced here (exported_call sets it itself)
             out = jax.device_get(_run(*args, max_steps, True) if progress else
                                  exported_call("integrate", _run, *args, static=(max_steps, False)))
+        solve.finished = bool(np.all(np.asarray(out[2]) == 0))  # a solve stopped early: no rate recorded
     result = _result(problem, unpad(out, n), max_steps)
     if isinstance(result, UnresolvedFields) and setup.theory.route == "auto":  # auto's choice: on to the Sobol rule
         warnings.warn(f"{str(result).split(';')[0]}: solving on the Sobol rule instead (theory.route = 'rule')",
@@ -386,8 +387,10 @@ def integrate_points(problems: Sequence[tuple[Config, OrderParameters | None]], 
     for members in groups.values():
         stacked = jax.tree.map(lambda *x: jnp.stack(x), *(prepared[i].args for i in members))
         stacked, _, n = shard_batch(stacked)
-        with TheorySolve.of_batch([prepared[i] for i in members]).solving():
+        solve = TheorySolve.of_batch([prepared[i] for i in members])
+        with solve.solving():
             out = unpad(jax.device_get(exported_call("integrate_points", _run_points, *stacked, static=(max_steps,))), n)
+            solve.finished = bool(np.all(np.asarray(out[2]) == 0))
         for j, i in enumerate(members):
             results[i] = _result(prepared[i], jax.tree.map(lambda x, j=j: x[j], out), max_steps)
     redo = [i for i, r in enumerate(results) if isinstance(r, UnresolvedFields) and problems[i][0].theory.route == "auto"]
