@@ -84,11 +84,11 @@ def test_a_diverging_solve_on_the_rule_stops_with_a_clear_error():
 def test_the_terminating_event_fires_on_exactly_the_invalid_states():
     """The event's three conditions, each on a state just past it and one just inside (eager, no solve)."""
     from singleloc.runtime._numerics import PSD_SOLVE, Q_RUNAWAY
-    from singleloc.theory._ode import _invalid_state
+    from singleloc.theory._ode import invalid_state
     from singleloc.theory._theory import OrderParameters
 
     M, b = np.array([[0.5], [0.0]]), np.zeros(2)
-    fires = lambda M, Q: bool(_invalid_state(0.0, OrderParameters(M, Q, b), None))  # noqa: E731
+    fires = lambda M, Q: bool(invalid_state(0.0, OrderParameters(M, Q, b), None))  # noqa: E731
     valid = M @ M.T + np.eye(2)
     assert not fires(M, valid)
     assert fires(M, np.where(np.eye(2) > 0, np.nan, valid))  # non-finite

@@ -162,6 +162,24 @@ def test_a_solve_records_its_times_and_the_next_estimate_is_measured(records, mo
     assert other.estimate.parts[-1][1] == pytest.approx(solve_size(other.work, 2.0, 3) / solve_size(work, 2.0, 3))
 
 
+def test_a_solve_stopped_early_records_its_program_but_no_rate(records):
+    """A solve stopped early (here where its fields outgrow the exact rule) did a fraction of the work its size
+    counts, so its rate would make its family's next estimates that much too short: after a stopped exact solve at
+    ``sgd.lr = 1e4`` (9 s of an estimated hour) a sweep estimated the default problem's runs at 0.3 s; its compiling
+    or loading is recorded."""
+    from _tiny import tiny
+    from test_resolved_width import LR, START
+
+    from singleloc.theory._step_budget import UnresolvedFields
+
+    config = tiny(LR, "theory.route=exact")
+    key = TheorySolve("integrate", build(config), 1, 3, 2.0).key
+    with pytest.raises(UnresolvedFields):
+        sl.integrate(config, START)
+    record = _estimates.timings().family(key)
+    assert record["rates"] == [] and ("compile" in record or "load" in record)
+
+
 def test_the_command_line_says_each_phase_in_one_line_with_its_time(records, tmp_path, capsys):
     """``--no-progress`` (and any stderr that is not a terminal): the estimate, then one line per
     phase (its start, its end with its time), no carriage returns; then prune's estimate and its
@@ -225,6 +243,19 @@ def test_a_sweep_point_over_an_hour_is_refused_before_anything_runs_unless_yes(r
     assert re.fullmatch(rf"singleloc sweep: 2 points to compute \(0 from the cache\): about {TIME} \(3 of 4 computations "
                         r"first runs of their shape family, from the nearest measured on this CPU or its speed\)", lines[0])
     assert lines[1].startswith("singleloc sweep: the most expensive: model.heads=2: about 20 h (escape prediction about 20 h")
+
+
+def test_a_sweeps_accepted_points_are_not_refused_again_by_a_runs_limit(records, tmp_path, fake_compute, monkeypatch):
+    """The sweep checks its points (``--yes``) and its whole estimate (``--force``) before they run; a batch of its
+    points then ran under the command's run limit and was refused by an estimate of its own (at ``sgd.lr = 1e4``
+    beside ``0.5``: 5.8 h, every point of the batch failed, where the sweep had said 80 s), which a cluster's
+    workers never applied."""
+    limits = []
+    monkeypatch.setattr(_sweep_compute, "compute_theory", lambda config: limits.append(_progress.settings().run_limit))
+    with _progress.reporting(run_limit=3600.0):
+        sl.sweep(sl.load_config("default"), [parse_grid("model.heads=1,2")], cache_dir=tmp_path, horizon="config",
+                 progress=False, figures=False, batch=False)
+    assert limits == [None, None]
 
 
 def test_the_time_left_of_a_bar_is_the_estimate_of_what_remains_not_the_pace_of_the_first_items(monkeypatch):

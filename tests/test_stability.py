@@ -418,7 +418,7 @@ def test_a_series_of_linearizations_says_k_of_n(tiny_ode, monkeypatch):
     assert [s[1] for s in said] == [f"linearized the drift, {k} of 3" for k in (1, 2, 3)]
     counts = []
     monkeypatch.setattr(_predictions, "symmetric_path", lambda ode, x0, H, F, ts, **tol:
-                        (np.tile(x0, (len(ts), 1)), np.exp(-ts) + 0.1))
+                        (np.tile(x0, (len(ts), 1)), np.exp(-ts) + 0.1, None))
     monkeypatch.setattr(_predictions, "symmetric_jacobian", lambda ode, x, H, F, *, count, **k:
                         counts.append(count) or 0.001 * np.eye(F + H - 1 + int(ode.train_bias)))
     said.clear()
@@ -452,6 +452,32 @@ def test_the_prediction_takes_a_cheaper_rule_only_where_the_runs_is_large(monkey
     assert seen == [("rule", 512), ("exact", 4096)]
 
 
+def test_a_flow_too_stiff_to_follow_stops_as_a_solve_does_and_says_so():
+    """The escape prediction's head-symmetric flow stops where the solve would (at ``sgd.lr = 1e4`` it ran 100000
+    steps of 1e-7, hours, on the exact route of the default problem): a flow too stiff to follow warns with the
+    reason and predicts nothing (NaN, the fallback horizon) rather than an escape read off a flow stopped at its
+    start."""
+    with pytest.warns(UserWarning, match=r"head-symmetric flow stopped near its start, tau = 0: its steps fell below "
+                                         r"1e-07.*no escape predicted \(the horizon is 300\)"):
+        stiff = predicted_escape(tiny("sgd.lr=1e4", rule=True), tau_flow=100.0)
+    assert np.isnan(stiff.predicted_escape) and np.isnan(stiff.rate) and stiff.horizon == 300.0
+
+
+@pytest.mark.slow
+def test_a_flow_whose_fields_outgrow_the_exact_rule_goes_on_on_the_sobol_rule():
+    """As the solve does (tests/test_resolved_width.py), the prediction's flow on ``"auto"``'s exact route stops
+    where its fields outgrow the rule (``lr = 64``: at tau 0.27 on the tiny problem) and goes on on the Sobol rule,
+    saying so, to the same prediction as the rule route's; ``theory.route = "exact"`` predicts from the flow up to
+    there and says so. (Slow: the exact flow's 241 risks take about 13 s.)"""
+    with pytest.warns(UserWarning, match=r"head-symmetric flow stopped near tau = 0\.2.*wider than its route's rule "
+                                         r"resolves.*: predicting on the Sobol rule instead"):
+        auto = predicted_escape(tiny("sgd.lr=64"), tau_flow=1.0, n_rates=2)
+    np.testing.assert_equal(auto.arrays(), predicted_escape(tiny("sgd.lr=64", rule=True), tau_flow=1.0, n_rates=2).arrays())
+    with pytest.warns(UserWarning, match=r"wider than its route's rule resolves.*; the escape is predicted from the flow "
+                                         r"up to there"):
+        predicted_escape(tiny("sgd.lr=64", "theory.route=exact"), tau_flow=1.0, n_rates=2)
+
+
 @pytest.mark.slow
 def test_the_tangent_linear_amplitude_follows_the_ode_from_random_starts():
     """The tangent-linear model of the escape (issue 61 item 3) against its independent route, the ODE integrated
@@ -469,7 +495,7 @@ def test_the_tangent_linear_amplitude_follows_the_ode_from_random_starts():
     setup = build(cfg)
     ode, mean = OrderParameterODE.from_setup(setup), setup.prior.mean()
     ts = np.linspace(0.0, T, 41)
-    xs, _ = st.symmetric_path(ode, st.symmetric_start(H, F, cfg.sgd.init_scale, cfg.model.bias_init), H, F, ts)
+    xs, _, _ = st.symmetric_path(ode, st.symmetric_start(H, F, cfg.sgd.init_scale, cfg.model.bias_init), H, F, ts)
     variances = st.start_variances(H, F, cfg.sgd.init_scale, cfg.simulation.D, bool(ode.train_bias))
     _, amp = st.tangent_escape(ts[::4], [st.symmetric_jacobian(ode, x, H, F) for x in xs[::4]], variances, H, F, mean=mean)
     M = np.asarray(integrate(cfg, initial_conditions(cfg)).M)

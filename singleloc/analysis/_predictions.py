@@ -34,7 +34,11 @@ of a random start (``M = 0``, ``R_orth = init_scale^2 I``, ``b = bias_init``) up
   the only spike is the mean direction; or a rate that stays non-positive) gives
   ``predicted_escape = inf`` and ``rate`` NaN (no mode) or the last, non-positive rate.
   Trained head weights (``model.head_weights = "trained"``) have no head-symmetric flow here:
-  every number of the prediction is NaN (not predicted) and the horizon is the ``fallback``.
+  every number of the prediction is NaN (not predicted) and the horizon is the ``fallback``. A flow that stops
+  as a solve would (:func:`~singleloc.analysis._stability.symmetric_path`: stiff at a learning rate past
+  stability, an invalid state) says so in a warning and predicts from the flow up to there (nothing, as for
+  trained weights, when it stopped before its first saved time); where its fields outgrow the exact route's rule
+  and the route was ``"auto"``'s choice it goes on on the Sobol rule, as the solve does.
 
 **Its rule.** On the rule route the flow and the rates are on a Sobol rule of
 :meth:`~singleloc.configuration._specs.Theory.prediction_points` points: the run's own, but at most
@@ -55,6 +59,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from collections.abc import Mapping
 
 import numpy as np
@@ -67,6 +72,7 @@ from ..preflight._build import Setup, build
 from ..runtime._progress import Phase
 from ..theory._accuracy import resolve_points
 from ..theory._starts import initial_conditions
+from ..theory._step_budget import UnresolvedFields
 from ..theory._theory import OrderParameterODE
 from ._stability import (
     start_variances,
@@ -164,11 +170,12 @@ def predicted_escape(config: Config | Setup | None = None, *, problem: Problem |
     if not isinstance(config, Setup):
         config = gather_specs("predicted_escape", config, problem=problem, model=model, sgd=sgd, theory=theory,
                               simulation=simulation)
+    nan, empty = math.nan, np.zeros(0)
+    not_predicted = EscapePrediction(rate=nan, tau_plateau=nan, plateau_risk=nan, predicted_escape=nan,
+                                     horizon=escape_horizon(nan, multiple=multiple, cap=cap, fallback=fallback),
+                                     D=config.simulation.D, path_tau=empty, path_rate=empty)
     if not config.model.weighting.head_average:  # no head-symmetric flow of the weighted layer: no prediction
-        nan, empty = math.nan, np.zeros(0)
-        return EscapePrediction(rate=nan, tau_plateau=nan, plateau_risk=nan, predicted_escape=nan,
-                                horizon=escape_horizon(nan, multiple=multiple, cap=cap, fallback=fallback),
-                                D=config.simulation.D, path_tau=empty, path_rate=empty)
+        return not_predicted
     H, F, D = config.model.heads, config.problem.F, config.simulation.D
     setup = resolve_points(config if isinstance(config, Setup) else build(config))  # the route decided once, for "auto"
     points, field_nodes = setup.theory.points, setup.route.route_class.field_nodes
@@ -180,12 +187,22 @@ def predicted_escape(config: Config | Setup | None = None, *, problem: Problem |
     on = f"{ode.expectation.route} route" + (f", {points} points" if field_nodes else "")
     with Phase((f"following the head-symmetric flow of {H} heads to tau = {tau_flow:g} ({on}; "
                 f"then at most {n_rates} linearizations along it)", "followed the head-symmetric flow")):
-        xs, risk = symmetric_path(ode, x0, H, F, ts, rtol=setup.theory.rtol, atol=setup.theory.atol)
-    n = int(np.argmin(np.isfinite(risk))) if not np.all(np.isfinite(risk)) else len(ts)
+        xs, risk, stop = symmetric_path(ode, x0, H, F, ts, rtol=setup.theory.rtol, atol=setup.theory.atol)
+    again = dict(multiple=multiple, cap=cap, fallback=fallback, tau_flow=tau_flow, plateau_fraction=plateau_fraction,
+                 n_rates=n_rates, method=method)
+    if isinstance(stop, UnresolvedFields) and setup.theory.route == "auto":  # as the solve: on to the Sobol rule
+        warnings.warn(f"{stop}: predicting on the Sobol rule instead (theory.route = 'rule')", stacklevel=2)
+        return predicted_escape(build(setup.config.replace(theory={"route": "rule"})), **again)
+    n = int(np.argmin(np.isfinite(risk))) if stop is not None else len(ts)
+    if stop is not None:
+        warnings.warn(f"{stop}; the escape is predicted from the flow up to there" if n > 1 else
+                      f"{stop}; no escape predicted (the horizon is {not_predicted.horizon:g})", stacklevel=2)
+        if n <= 1:
+            return not_predicted
     ts, xs, risk = ts[:n], xs[:n], risk[:n]
     tau_0 = plateau_time(ts, risk, plateau_fraction)
     path_tau, path_rate, jacobians, tau_esc = [], [], [], math.inf
-    if H > 1 and n > 1:
+    if H > 1:
         variances = start_variances(H, F, setup.sgd.init_scale, D, bool(ode.train_bias))
         along = np.unique(np.concatenate([[0], np.searchsorted(ts, np.geomspace(ts[1], ts[-1], n_rates - 1) * (1 - 1e-12))]))
         for k, i in enumerate(along):  # until the tangent-linear amplitude reaches 1: "k of at most n"

@@ -37,8 +37,10 @@ import scipy.linalg
 from jaxtyping import ArrayLike, Real
 
 from ..runtime._compilation import checks_as_nan
-from ..runtime._numerics import TINY, first_crossing
+from ..runtime._numerics import TINY, expected_steps, first_crossing
 from ..runtime._progress import Phase
+from ..theory._ode import invalid_state
+from ..theory._step_budget import MIN_STEP, STEP_MARGIN, UNRESOLVED, StepBudget, UnresolvedFields, stop_code, stop_reason
 from ..theory._theory import OrderParameterODE, OrderParameters, flatten_state, unflatten_state
 from ._drift_jacobian import drift_jacobian
 
@@ -86,11 +88,15 @@ def _symmetric_risk(ode: OrderParameterODE, x, H: int, F: int):
 @eqx.filter_jit
 def _symmetric_solve(ode: OrderParameterODE, x0: jax.Array, ts: jax.Array, dt0: jax.Array | None,
                      controller: diffrax.AbstractStepSizeController, H: int, F: int, max_steps: int):
+    """The restricted flow saved at ``ts``, its risks and why it stopped (:func:`~singleloc.theory._step_budget.stop_code`):
+    the solve's own events (an invalid state; fields its route's rule does not resolve)."""
     term = diffrax.ODETerm(lambda t, x, args: symmetric_drift(ode, x, H, F))
+    events = (lambda t, x, args, **kw: invalid_state(t, OrderParameters(*symmetric_state(x, H, F)), args),
+              lambda t, x, args, **kw: ~ode.expectation.resolves(*symmetric_state(x, H, F)))
     sol = diffrax.diffeqsolve(term, diffrax.Tsit5(), ts[0], ts[-1], dt0, x0, saveat=diffrax.SaveAt(ts=ts),
-                              stepsize_controller=controller, max_steps=max_steps, throw=False)
+                              stepsize_controller=controller, event=diffrax.Event(events), max_steps=max_steps, throw=False)
     # the risks one at a time: vmapped over the saved times they asked for 48.5 GB at H = 8, L = 64 on 4096 points
-    return sol.ys, jax.lax.map(lambda x: _symmetric_risk(ode, x, H, F), sol.ys)
+    return sol.ys, jax.lax.map(lambda x: _symmetric_risk(ode, x, H, F), sol.ys), stop_code(sol)
 
 
 def symmetric_flow(ode: OrderParameterODE, x0, H: int, F: int, tau_max: float, dt: float = 0.1, n_save: int = 101):
@@ -107,25 +113,39 @@ def symmetric_flow(ode: OrderParameterODE, x0, H: int, F: int, tau_max: float, d
     taus = np.arange(n_steps // per + 1) * per * h
     x0 = jnp.asarray(x0, dtype=jnp.result_type(float))
     with checks_as_nan():
-        xs, risk = _symmetric_solve(ode, x0, jnp.asarray(taus, x0.dtype), jnp.asarray(h, x0.dtype),
-                                    diffrax.ConstantStepSize(), H, F, n_steps + 16)
+        xs, risk, _ = _symmetric_solve(ode, x0, jnp.asarray(taus, x0.dtype), jnp.asarray(h, x0.dtype),
+                                       diffrax.ConstantStepSize(), H, F, n_steps + 16)
     return taus, np.asarray(xs), np.asarray(risk)
 
 
 def symmetric_path(ode: OrderParameterODE, x0, H: int, F: int, ts, *, rtol: float = 1e-6, atol: float = 1e-8,
-                   max_steps: int = 100_000) -> tuple[np.ndarray, np.ndarray]:
+                   max_steps: int = 100_000) -> tuple[np.ndarray, np.ndarray, FloatingPointError | None]:
     """The restricted flow from ``x0`` saved at the times ``ts`` (increasing, ``ts[0]`` the
-    start): ``(x, risk)``. Tsit5 with diffrax's PID step-size controller (``rtol``, ``atol``),
+    start): ``(x, risk, stop)``. Tsit5 with diffrax's PID step-size controller (``rtol``, ``atol``),
     for long flows along a creeping plateau, where a constant step wastes thousands of steps
     (52 adaptive steps reach tau = 1000 at the default problem with the theory's default tolerances, 113 with
     ``rtol = 1e-8``, ``atol = 1e-10``, for a risk 7e-7 apart; the escape prediction passes the run's
-    ``theory.rtol``, ``theory.atol``). States after a failure
-    of the solver (out of steps, non-finite drift) are not finite."""
+    ``theory.rtol``, ``theory.atol``). It stops as a solve does (:mod:`~singleloc.theory._step_budget`): steps
+    below ``MIN_STEP``, more than ``STEP_MARGIN`` times the steps expected at its rate, an invalid state, or
+    fields its route's rule no longer resolves (at ``sgd.lr = 1e4`` on the default problem the exact route's
+    flow went on for 100000 steps of ``1e-7`` before). ``stop``: ``None`` where it reached ``ts[-1]``, else
+    why not (an :class:`~singleloc.theory._step_budget.UnresolvedFields` for the fields); the states after the
+    stop are not finite."""
     x0 = jnp.asarray(x0, dtype=jnp.result_type(float))
+    budget = int(min(max_steps, STEP_MARGIN * expected_steps(float(ode.sgd.rate(float(ts[0]))), float(ts[-1] - ts[0]))))
+    controller = StepBudget(diffrax.PIDController(rtol=rtol, atol=atol, dtmin=MIN_STEP, force_dtmin=False),
+                            jnp.asarray(budget, jnp.int32))
     with checks_as_nan():
-        xs, risk = _symmetric_solve(ode, x0, jnp.asarray(ts, x0.dtype), None, diffrax.PIDController(rtol=rtol, atol=atol),
-                                    H, F, max_steps)
-    return np.asarray(xs), np.asarray(risk)
+        xs, risk, code = _symmetric_solve(ode, x0, jnp.asarray(ts, x0.dtype), None, controller, H, F, max_steps)
+    xs, risk, code = np.asarray(xs), np.asarray(risk), int(code)
+    n = int(np.argmin(np.isfinite(risk))) if not np.all(np.isfinite(risk)) else len(risk)
+    when = (f"tau = {float(ts[n - 1]):.3g}..{float(ts[n]):.3g}" if 0 < n < len(risk) else
+            f"its {'start' if n == 0 else 'end'}, tau = {float(ts[min(n, len(risk) - 1)]):.3g}")
+    stop = f"the head-symmetric flow stopped near {when}: "
+    if code == UNRESOLVED:
+        return xs, risk, UnresolvedFields(stop + "its token fields grew wider than its route's rule resolves within its "
+                                          f"stated accuracy (a standard deviation of {float(ode.expectation.rule.widest):.3g})")
+    return xs, risk, FloatingPointError(stop + stop_reason(code, budget)) if code or n < len(risk) else None
 
 
 # -- eigen-decomposition and the escape modes -----------------------------------------------

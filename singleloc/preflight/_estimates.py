@@ -319,7 +319,7 @@ class TheorySolve:
         self.span, self.batch, self.draw, self.kind = float(span), batch, cached, f"{program}:{route}"
         self.size = solve_size(self.work, self.span, saved, setup.sgd.rate)
         self.key = f"{program}:{_digest(compile_group('theory', setup.config.to_dict()), route, starts, saved, batch)}"
-        self.label, self._prepared = f"{program}, {_label(setup)} on the {words} route", None
+        self.label, self._prepared, self.finished = f"{program}, {_label(setup)} on the {words} route", None, True
         self.env, self.cache = _digest(repr(_environment())), cached and bool(jax.config.jax_compilation_cache_dir)
         rec = timings().family(self.key)
         self.expect, self.why = (
@@ -362,7 +362,10 @@ class TheorySolve:
     @contextlib.contextmanager
     def solving(self) -> Iterator[Phase]:
         """The solve's phase: compiling or loading, then solving (moved on by JAX's compilation event of the solve's
-        program); then the times are recorded: the first stage's as compiling or loading, the rate of the solve's."""
+        program); then the times are recorded: the first stage's as compiling or loading, the rate of the solve's where
+        it ran to its end (the caller sets :attr:`finished`: a solve stopped early, by its step budget or by fields its
+        rule does not resolve, did a fraction of the work its size counts, and its rate would make the family's next
+        estimates that much too short)."""
         solve = (f"solving to tau = {self.span:g}" + (f" ({self.batch} points together)" if self.batch > 1 else ""), "solved")
         stages = {"run": [solve], "load": [(f"loading the stored solve ({self.label})", "loaded the stored solve"), solve],
                   "compile": [(f"compiling the solve ({self.label}; {self.why})", "compiled the solve"), solve]}[self.expect]
@@ -380,7 +383,7 @@ class TheorySolve:
             fields["compile" if phase.cache_misses or not self.cache else "load"] = phase.seconds[0]
         old = timings().family(self.key)
         fields = {k: 0.5 * (v + old[k]) if k in old and old.get("env") == self.env else v for k, v in fields.items()}
-        timings().record(self.key, self.kind, self.label, self.work, phase.seconds[-1] / self.size,
+        timings().record(self.key, self.kind, self.label, self.work, phase.seconds[-1] / self.size if self.finished else None,
                          env=self.env if self.cache else old.get("env"), **fields)
 
 

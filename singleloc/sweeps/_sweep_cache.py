@@ -14,6 +14,7 @@ import numpy as np
 
 from ..configuration._config import Config
 from ..runtime._distributed import Cluster, open_cluster, run_points
+from ..runtime._progress import reporting
 from ._sweep_compute import BATCH_KINDS, compile_group, compute, compute_points
 from ._sweep_entries import _entry_path, _read_entry, _store
 
@@ -55,8 +56,10 @@ def fill_cache(entries: Sequence[tuple[Config, str]], cache: Path, *, cluster: C
     ``batch``, the entries of a kind in :data:`~singleloc.sweeps._sweep_compute.BATCH_KINDS` are one task per
     :func:`~singleloc.runtime._compilation.compile_group` (a large group cut by :func:`split_groups`);
     otherwise one task per entry. Only this process writes the cache, as each result arrives. ``costs``: the
-    estimated seconds of entries by name (the bar's time left). Returns the names of the entries computed
-    and the failures (entry name -> exception)."""
+    estimated seconds of entries by name (the bar's time left). The entries were accepted by the sweep's own check
+    of its points (:func:`~singleloc.sweeps._sweep_estimate.sweep_costs`: ``--yes``), so a batch of them is not
+    refused again by a run's limit (``--force``), as it is not on a cluster's workers. Returns the names of the
+    entries computed and the failures (entry name -> exception)."""
     tasks = {}
     for config, kind in entries:
         path = _entry_path(cache, config, kind)
@@ -77,6 +80,7 @@ def fill_cache(entries: Sequence[tuple[Config, str]], cache: Path, *, cluster: C
                 done.add(name)
 
     with contextlib.ExitStack() as stack:
+        stack.enter_context(reporting(run_limit=None))
         cluster = cluster or stack.enter_context(open_cluster())
         threads = cluster.threads if tasks else 1  # an external cluster is connected only when there is work
         work = [(tuple(names), (tasks[names[0]][0], *(tasks[name][1] for name in names)))

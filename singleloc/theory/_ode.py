@@ -102,7 +102,8 @@ def _padded(ts: jax.Array) -> jax.Array:
 #: Default cap on the adaptive solver's steps (:func:`integrate`, :func:`integrate_points`).
 MAX_STEPS = 100_000
 
-def _invalid_state(t, y, args, **kwargs):
+def invalid_state(t, y, args, **kwargs):
+    """The solve's first event: a state with non-finite entries, runaway keys or ``R_orth`` not PSD."""
     M, Q = y.M, y.Q
     finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in y]))
     scale = 1.0 + jnp.max(jnp.abs(jnp.where(jnp.isfinite(Q), Q, 0.0)))
@@ -130,7 +131,7 @@ def _solve(ode: OrderParameterODE, y0: OrderParameters, ts: jax.Array, rtol, ato
         saveat=diffrax.SaveAt(ts=ts),
         stepsize_controller=StepBudget(diffrax.PIDController(rtol=rtol, atol=atol, dtmin=MIN_STEP, force_dtmin=False),
                                        jnp.minimum(budget, max_steps)),
-        event=diffrax.Event((_invalid_state, unresolved)),
+        event=diffrax.Event((invalid_state, unresolved)),
         max_steps=max_steps,
         throw=False,
         adjoint=diffrax.ForwardMode(),
@@ -347,6 +348,7 @@ def integrate_setup(setup: Setup, y0: Starts | None = None, *, ts: Real[ArrayLik
         with checks_as_nan():  # the progress bar's program is traced here (exported_call sets it itself)
             out = jax.device_get(_run(*args, max_steps, True) if progress else
                                  exported_call("integrate", _run, *args, static=(max_steps, False)))
+        solve.finished = bool(np.all(np.asarray(out[2]) == 0))  # a solve stopped early: no rate recorded
     result = _result(problem, unpad(out, n), max_steps)
     if isinstance(result, UnresolvedFields) and setup.theory.route == "auto":  # auto's choice: on to the Sobol rule
         warnings.warn(f"{str(result).split(';')[0]}: solving on the Sobol rule instead (theory.route = 'rule')",
@@ -385,8 +387,10 @@ def integrate_points(problems: Sequence[tuple[Config, OrderParameters | None]], 
     for members in groups.values():
         stacked = jax.tree.map(lambda *x: jnp.stack(x), *(prepared[i].args for i in members))
         stacked, _, n = shard_batch(stacked)
-        with TheorySolve.of_batch([prepared[i] for i in members]).solving():
+        solve = TheorySolve.of_batch([prepared[i] for i in members])
+        with solve.solving():
             out = unpad(jax.device_get(exported_call("integrate_points", _run_points, *stacked, static=(max_steps,))), n)
+            solve.finished = bool(np.all(np.asarray(out[2]) == 0))
         for j, i in enumerate(members):
             results[i] = _result(prepared[i], jax.tree.map(lambda x, j=j: x[j], out), max_steps)
     redo = [i for i, r in enumerate(results) if isinstance(r, UnresolvedFields) and problems[i][0].theory.route == "auto"]
