@@ -26,8 +26,9 @@ and fewer active directions; the derivative in ``(mu, C)`` is by Price's theorem
 through the eigendecomposition.
 
 Cost. ``O((1 + K) n_t N H)`` for ``K`` atoms, ``n_t`` Laplace nodes and ``N = |T_0| + |T_1| (4n + 1) + |T_2| 2n^2``
-token nodes (``T_i`` the leading tensors; ``H - 1 - n`` leading directions), almost all of it interpolating the
-tabulated profiles: linear in ``H`` where the leading tensor dominates, quadratic in ``n`` beyond
+token nodes (``T_i`` the leading tensors; ``H - 1 - n`` leading directions), about half of it interpolating the
+tabulated profiles (one row of the table's windows per argument), the rest the product form's algebra: linear in ``H``
+where the leading tensor dominates, quadratic in ``n`` beyond
 (:func:`joint_rule_size`: 9580 nodes at ``H = 4`` and 60032 at ``H = 8`` under two spikes, where the tensor of the
 leading rule with every small direction had 15360 and 506880). The route's budgets for it are in
 :mod:`~singleloc.expectations._routes`.
@@ -116,7 +117,7 @@ def joint_rule_size(H: int, prior: Prior, *, refined: bool = False) -> int:
     """The work of a joint layer's exact rule per Laplace node: its token nodes (:func:`joint_layout`,
     :func:`~singleloc.expectations._cubature.joint_nodes`) times the heads times the prior's atoms (every atom's
     token expectation runs over every node and head); ``refined``: of the refined rule
-    (:func:`refined_layout`). Time and memory grow with it: 57 to 116 microseconds of one drift per unit
+    (:func:`refined_layout`). Time and memory grow with it: 29 to 37 CPU microseconds of one drift per unit
     on the shared 2-core machine (:data:`~singleloc.expectations._routes.JOINT_EXACT_MAX`), and about 0.5 kB of memory
     per unit of the refined rule
     (:meth:`~singleloc.LaplaceExpectation.rule_bytes`)."""

@@ -153,28 +153,31 @@ def _lagrange_weights(x):
 
 def smoothing_table(s2, z, w, u, which, wide, orders):
     """The smoothed profiles ``E[f^(order)(c + sqrt(s2) Z)]`` of :func:`smoothed_profiles` tabulated on
-    the lattice of :func:`_lattice`, ``(lo, h, table)`` with ``table`` of shape ``(len(orders),
-    len(which), TABLE_POINTS)``: on the normal rule ``z, w`` for ``sqrt(s2) <= wide``, on the profile
-    grid ``u`` above. Built once, looked up at many arguments (:func:`interpolated`)."""
+    the lattice of :func:`_lattice`, ``(lo, h, windows)``: on the normal rule ``z, w`` for ``sqrt(s2) <= wide``,
+    on the profile grid ``u`` above. Built once, looked up at many arguments (:func:`interpolated`), as the
+    table's windows: row ``k`` of ``windows`` ``(TABLE_POINTS - P + 1, len(orders) len(which) P)`` holds the
+    ``P = INTERPOLATION_POINTS`` values from lattice point ``k`` on of every order and profile, so that an
+    argument reads the values of its interpolation as one contiguous row."""
     s2 = jnp.maximum(s2, 0.0)
     lo, h = _lattice(jax.lax.stop_gradient(s2), u)
     lattice = lo + h * jnp.arange(TABLE_POINTS, dtype=u.dtype)
     table = jax.lax.cond(s2 > wide**2, lambda: grid_smoothing(lattice, jnp.sqrt(s2), u, which, orders),
                          lambda: normal_smoothing(lattice, jnp.sqrt(s2), z, w, which, orders))
-    return lo, h, table
+    rows, P = table.reshape(-1, TABLE_POINTS), INTERPOLATION_POINTS
+    windows = jnp.stack([rows[:, q:TABLE_POINTS - P + 1 + q] for q in range(P)], axis=-1)  # (rows, k, P)
+    return lo, h, windows.transpose(1, 0, 2).reshape(TABLE_POINTS - P + 1, -1)
 
 
-def interpolated(lo, h, table, c, which, orders):
+def interpolated(lo, h, windows, c, which, orders):
     """The tabulated smoothed profiles (:func:`smoothing_table`) at the arguments ``c``,
     ``(len(orders), len(which), *c.shape)``: :data:`INTERPOLATION_POINTS`-point Lagrange interpolation
-    inside the lattice, the asymptotes outside it (``rho_0 = 1`` below, ``omega = 1`` above, every
-    other profile and derivative zero)."""
+    inside the lattice (one row of the windows per argument, contracted with its weights), the asymptotes
+    outside it (``rho_0 = 1`` below, ``omega = 1`` above, every other profile and derivative zero)."""
     P = INTERPOLATION_POINTS
     t = (c - lo) / h
     k0 = jnp.clip(jnp.floor(t).astype(jnp.int32) - (P // 2 - 1), 0, TABLE_POINTS - P)
-    weights = _lagrange_weights(t - k0)  # (*c.shape, P)
-    rows = table.reshape(-1, TABLE_POINTS)  # (orders x profiles, TABLE_POINTS)
-    value = sum(weights[..., r] * jnp.take(rows, k0 + r, axis=1) for r in range(P)).reshape(table.shape[:2] + c.shape)
+    window = windows.at[k0].get(mode="promise_in_bounds").reshape(c.shape + (-1, P))  # (*c.shape, rows, P)
+    value = jnp.einsum("...rp,...p->r...", window, _lagrange_weights(t - k0)).reshape((len(orders), len(which)) + c.shape)
     shape = (len(orders), len(which)) + (1,) * c.ndim
     low = np.array([[1.0 if (p == RHO0 and order == 0) else 0.0 for p in which] for order in orders]).reshape(shape)
     high = np.array([[1.0 if (p == OMEGA and order == 0) else 0.0 for p in which] for order in orders]).reshape(shape)

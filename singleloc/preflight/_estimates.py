@@ -215,7 +215,7 @@ def theory_work(L: int, H: int, prior: Prior, th: Theory, route: RouteChoice, st
     ``8e-8`` s per node, field and atom (``points x L H x atoms``; at ``L = 64`` a drift alone costs 2.6 times more per
     unit, but inside the solve of eight heads to ``tau = 2100`` about 0.6 times: 85 s for 50 steps); on the exact route
     ``(L / 4)^0.35`` times, per atom, ``3`` ms per head, and past one head ``25`` ms (the Gram term on its Sobol rule, or
-    exact) and ``8`` ms per pair of heads; a joint layer's rule ``0.14`` ms per unit
+    exact) and ``8`` ms per pair of heads; a joint layer's rule ``0.042`` ms per unit (0.14 before its windowed tables)
     (:func:`~singleloc.expectations._laplace_joint.joint_rule_size`) and a tenth of the pairs. Measured (kernel readings
     of 5-7 ms scaled to 5 ms): 87 ms (softmax, H = 2, L = 4), 165 ms (L = 64), 0.23, 0.78 and 1.9 s (softmax1, F = 3,
     H = 4, 8 and 8 at L = 64), 24 ms (the showcase's rule, 4096 points)."""
@@ -226,7 +226,7 @@ def theory_work(L: int, H: int, prior: Prior, th: Theory, route: RouteChoice, st
     if route.form is not None and route.form.joint:
         from ..expectations._laplace_joint import joint_rule_size
 
-        return per * (1.4e-4 * joint_rule_size(H, prior) + 0.1 * exact)
+        return per * (4.2e-5 * joint_rule_size(H, prior) + 0.1 * exact)
     return per * exact
 
 
