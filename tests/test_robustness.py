@@ -751,19 +751,6 @@ def test_diagnose_of_a_scalar_is_one_line(tmp_path, capsys):
     assert "weights must be a non-empty array of shape (..., L), got shape ()" in one_line(capsys, "diagnose")
 
 
-def test_the_theory_refuses_single_precision_with_the_remedy():
-    """A script that forgot JAX's float64 mode gets one clear error, not float32 NaNs (the exact
-    route's powers) or a crash (the rule route ran out of steps and segfaulted in float32)."""
-    import subprocess
-    import sys
-
-    code = "import singleloc as sl\nsl.integrate(sl.load_config('default'))"
-    env = {k: v for k, v in os.environ.items() if k != "JAX_ENABLE_X64"}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
-    assert done.returncode != 0
-    assert "needs JAX's float64 mode" in done.stderr and "jax_enable_x64" in done.stderr
-
-
 def test_long_sequences_pass_the_checks_on_the_exact_route_only(monkeypatch):
     """The quadrature limits (points >= L*H for the whitening, L*H <= 21201 Sobol dimensions) are the
     rule route's: the exact route integrates no L*H-dimensional rule but its lr^2 term's, which
