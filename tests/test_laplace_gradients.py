@@ -90,10 +90,10 @@ def test_gradient_at_identical_heads_is_finite_and_continuous(name):
     rule = rule_for(name, 4, H, prior)
     exact = [np.asarray(x) for x in _value_and_grad(rule, M, Q, b)[1]]
     assert all(np.all(np.isfinite(x)) for x in exact)
-    for delta in (1e-4, 1e-6):
-        near = [np.asarray(x) for x in _value_and_grad(rule, M, Q + delta * jnp.eye(H), b)[1]]
-        for a, c in zip(exact, near):
-            np.testing.assert_allclose(a, c, atol=50 * delta)
+    delta = 1e-6
+    near = [np.asarray(x) for x in _value_and_grad(rule, M, Q + delta * jnp.eye(H), b)[1]]
+    for a, c in zip(exact, near):
+        np.testing.assert_allclose(a, c, atol=50 * delta)
 
 
 @pytest.mark.parametrize("name", ["softmax", "bsoftmax", pytest.param("softmax1", marks=SLOW), pytest.param("ssmax", marks=SLOW)])
