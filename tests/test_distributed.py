@@ -34,7 +34,7 @@ STARTUP = 120  # seconds allowed for a cluster or a process to start or stop on 
 def _square(x: int) -> dict[str, np.ndarray]:
     if x == 3:
         raise FloatingPointError("diverged by tau = 1; lower sgd.lr")
-    return {"x": np.array([x * x])}
+    return {"x": np.array([x * x]), "pid": np.array(os.getpid())}
 
 
 def _square_once_killed(x: int, flags: str) -> dict[str, np.ndarray]:
@@ -82,18 +82,6 @@ def test_importing_singleloc_or_a_serial_run_does_not_import_dask():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=STARTUP, env=env)
 
 
-def test_local_cluster_reports_a_failing_task_and_completes_the_others():
-    got, on_result = _collect()
-    report = run_points([(x, (x,)) for x in range(6)], _square, on_result, workers=2, progress=False)
-    assert report.where == "local"
-    assert sorted(report.completed) == [0, 1, 2, 4, 5] and len(report.completed) == 5
-    assert {k: int(v["x"][0]) for k, v in got.items()} == {x: x * x for x in (0, 1, 2, 4, 5)}
-    assert list(report.errors) == [3]
-    err = report.errors[3]
-    assert isinstance(err, FloatingPointError) and "lower sgd.lr" in str(err)
-
-
-
 def _pid(x: int) -> dict[str, np.ndarray]:
     """The worker's process and its persistent compilation cache (JAX configured from its environment)."""
     return {"pid": np.array(os.getpid()), "cache": np.array(jax.config.jax_compilation_cache_dir or "")}
@@ -113,15 +101,24 @@ def test_one_check_of_where_to_run_names_the_callers_options(tmp_path, capsys):
 
 
 def test_one_cluster_serves_several_runs_and_starts_only_with_work():
+    """A local cluster starts with the first run that has work and serves the next (e.g. the two rounds of a sweep):
+    the first run's failing task is reported and the others complete, the second runs on the same processes."""
     with open_cluster(workers=2) as cluster:
         assert run_points([], _pid, print, cluster=cluster).completed == [] and cluster._client is None  # nothing started
         assert cluster.threads == 2 and cluster._client is None
-        pids = []
-        for _ in range(2):  # e.g. the two rounds of a sweep
-            got, on_result = _collect()
-            report = run_points([(x, (x,)) for x in range(4)], _pid, on_result, cluster=cluster, progress=False)
-            assert report.where == "local" and sorted(report.completed) == [0, 1, 2, 3]
-            pids.append({int(r["pid"]) for r in got.values()})
+        got, on_result = _collect()
+        report = run_points([(x, (x,)) for x in range(6)], _square, on_result, cluster=cluster, progress=False)
+        assert report.where == "local"
+        assert sorted(report.completed) == [0, 1, 2, 4, 5] and len(report.completed) == 5
+        assert {k: int(v["x"][0]) for k, v in got.items()} == {x: x * x for x in (0, 1, 2, 4, 5)}
+        assert list(report.errors) == [3]
+        err = report.errors[3]
+        assert isinstance(err, FloatingPointError) and "lower sgd.lr" in str(err)
+        pids = [{int(r["pid"]) for r in got.values()}]
+        got, on_result = _collect()
+        report = run_points([(x, (x,)) for x in range(4)], _pid, on_result, cluster=cluster, progress=False)
+        assert report.where == "local" and sorted(report.completed) == [0, 1, 2, 3]
+        pids.append({int(r["pid"]) for r in got.values()})
         assert pids[0] == pids[1] and os.getpid() not in pids[0]  # the same worker processes both times
         assert {str(r["cache"]) for r in got.values()} == {jax.config.jax_compilation_cache_dir}  # this session's cache
         with pytest.raises(ValueError, match="not both"):

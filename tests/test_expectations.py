@@ -56,7 +56,9 @@ def _moments(expectation, state):
 
 
 @pytest.mark.parametrize("activation, heads, gram", [
-    ("softmax", 2, "sobol"), ("softmax1", 2, "sobol"), ("softmax1", 1, "exact"),
+    ("softmax", 2, "sobol"), ("softmax1", 1, "exact"),
+    # softmax1's pair of heads against Monte Carlo in the default suite: tests/test_laplace.py's trained states
+    pytest.param("softmax1", 2, "sobol", marks=pytest.mark.slow),
     pytest.param("softmax", 2, "exact", marks=pytest.mark.slow),  # the two-head exact Gram term compiles for a minute
 ])
 @pytest.mark.parametrize("state", list(STATES))

@@ -42,7 +42,7 @@ def test_head_weights_key_is_validated_and_reaches_the_rule(tmp_path):
     assert type(sl.initial_conditions(sl.load_config("softmax1"), 2)) is sl.OrderParameters
 
 
-@pytest.mark.parametrize("activation", ["softmax", "softmax1", "bsoftmax"])
+@pytest.mark.parametrize("activation", ["softmax", pytest.param("softmax1", marks=pytest.mark.slow), "bsoftmax"])
 def test_uniform_head_weights_are_the_head_average(activation):
     """``v = 1/H`` gives the layer of the default (uniform) model: the same loss, risk and drift of
     ``(M, Q, b)`` on both routes, and a drift of ``v`` that is the risk's gradient."""
@@ -66,7 +66,7 @@ def test_uniform_head_weights_are_the_head_average(activation):
         np.testing.assert_allclose(d.v, -0.7 * grad_v, rtol=1e-8, atol=1e-12)
 
 
-@pytest.mark.parametrize("activation", ["softmax", "softmax1", "ssmax"])
+@pytest.mark.parametrize("activation", ["softmax", *(pytest.param(a, marks=pytest.mark.slow) for a in ("softmax1", "ssmax"))])
 def test_exact_weighted_risk_against_the_rule(activation):
     """The exact route's risk of a weighted layer and its gradient in ``v`` (pairs of heads
     weighted by ``v_h v_g``) against the Sobol rule's expectation of the weighted loss and of

@@ -157,7 +157,7 @@ def test_the_switch_to_the_profile_grid_is_continuous():
     assert float(jnp.max(below[RHO2])) > 0.01  # the profiles are not all zero there
 
 
-@pytest.mark.parametrize("s", [0.6, 1.0, 2.0, 5.0, 20.0])
+@pytest.mark.parametrize("s", [0.6, *(pytest.param(s, marks=pytest.mark.slow) for s in (1.0, 2.0)), 5.0, 20.0])
 def test_the_profile_grid_smooths_every_profile_exactly(s):
     """``E[f(c + s Z)]`` of the four profiles on the profile grid (``omega`` through its smooth step)
     against the trapezoidal rule in ``z`` on 20001 nodes over ``[-12, 12]`` (exact to rounding for these

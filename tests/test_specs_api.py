@@ -118,7 +118,9 @@ def _run(code: str) -> subprocess.CompletedProcess:
 def test_library_calls_leave_the_float64_mode_and_matplotlib_alone(tmp_path):
     """A serial sweep in a float32 process is refused with the remedy (it does not switch the
     mode), a sweep point computed in the caller's process leaves the mode as it was, and
-    importing the sweep does not import matplotlib."""
+    importing the sweep does not import matplotlib. In the same float32 process, a script that forgot JAX's float64
+    mode gets one clear error from the theory, not float32 NaNs (the exact route's powers) or a crash (the rule route
+    ran out of steps and segfaulted in float32)."""
     code = f"""
 import os, sys, jax
 jax.config.update("jax_compilation_cache_dir", os.environ["SINGLELOC_CACHE_DIR"])  # the suite's kept programs
@@ -135,10 +137,16 @@ try:
 except RuntimeError as err:
     print("refused:", err)
 assert not jax.config.jax_enable_x64
+try:
+    sl.integrate(sl.load_config("default"))
+except Exception as err:
+    print("theory refused:", type(err).__name__, err)
 """
     done = _run(code)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "refused: singleloc.sweep with workers = 1" in done.stdout and "jax_enable_x64" in done.stdout
+    refused = done.stdout.split("theory refused: ")[1]
+    assert "needs JAX's float64 mode" in refused and "jax_enable_x64" in refused
 
 
 def test_only_a_process_singleloc_owns_has_its_programs_freed(monkeypatch):

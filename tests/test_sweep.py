@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 from _tiny import EXACT_TINY, cli_sets
@@ -53,6 +55,10 @@ def fake_compute(monkeypatch):
     """Replace the prediction and the ODE by cheap synthetic ones and count the ODE calls: head h
     < F goes from 0 to 2 e_h (aligned for F >= 2; along the mean, so unspecialized, for F = 1). The
     phase summary's attention weights are 1 for every head (softmax's exactly: its rows sum to one)."""
+    return _fake_compute(monkeypatch)
+
+
+def _fake_compute(monkeypatch):
     calls = []
     monkeypatch.setattr(_sweep_compute, "compute_prediction", fake_prediction)
     monkeypatch.setattr(_sweep, "attention_mass", lambda ode, M, Q, b: np.ones(np.shape(b)))
@@ -258,6 +264,18 @@ def test_cli_bad_arguments_exit_2_one_line(tmp_path, capsys, args):
     assert err.startswith("singleloc sweep: error:") and "\n" not in err
 
 
+@pytest.fixture(scope="module")
+def _two_head_sweep(tmp_path_factory):
+    """The folder of ``sweep default --grid model.heads=1,2 --horizon config`` on :func:`fake_compute`'s solves, made
+    once for the tests that damage a copy; its arguments."""
+    out = tmp_path_factory.mktemp("sweep") / "out"
+    args = ["sweep", "default", "--grid", "model.heads=1,2", "--horizon", "config", "--no-progress", "--out", str(out)]
+    with pytest.MonkeyPatch.context() as patch:
+        _fake_compute(patch)
+        assert main(args) == 0
+    return out
+
+
 def _outputs(folder):
     """Every file of a sweep's output folder but its cache: name -> (inode, bytes)."""
     return {p.name: (p.stat().st_ino, p.read_bytes()) for p in sorted(folder.iterdir()) if p.name != "cache"}
@@ -266,7 +284,7 @@ def _outputs(folder):
 @pytest.mark.parametrize("after, code, heads", [(0, None, "1,2"), (1, None, "1,2"), (2, None, "1,2"), (1, "EROFS", "1,2"),
                                                (0, None, "1,2,3")])
 def test_a_full_disk_or_read_only_folder_leaves_the_earlier_sweep_whole(tmp_path, capsys, fake_compute, monkeypatch,
-                                                                         after, code, heads):
+                                                                         after, code, heads, _two_head_sweep):
     """Issue 21 item 4: a full disk during the outputs left a new sweep.csv beside the old
     sweep.nc (and a .sweep.nc.tmp-* file, after h5py's tracebacks and a segmentation fault).
     Now the outputs are replaced together or not at all, with one line. The same grid again
@@ -276,9 +294,8 @@ def test_a_full_disk_or_read_only_folder_leaves_the_earlier_sweep_whole(tmp_path
 
     from helpers import full_disk_after
 
-    out = tmp_path / "out"
+    out = shutil.copytree(_two_head_sweep, tmp_path / "out", copy_function=shutil.copy2)
     args = ["sweep", "default", "--grid", "model.heads=1,2", "--horizon", "config", "--no-progress", "--out", str(out)]
-    assert main(args) == 0
     before = _outputs(out)
     assert {"sweep.csv", "sweep.nc", "phase_softmax.png"} <= set(before)
     capsys.readouterr()
