@@ -229,7 +229,7 @@ def test_a_sweep_point_over_an_hour_is_refused_before_anything_runs_unless_yes(r
     (_, two), = [p for p in grid_points(base, [parse_grid("model.heads=1,2")]) if p[1].model.heads == 2]
     kind, key, work, size = _estimates._prediction_model(build(two))
     _estimates.timings().record(key, kind, "prediction, softmax H=2", work, 20 * 3600.0 / size)
-    args = ["sweep", "default", "--grid", "model.heads=1,2", "--horizon", "config", "--out", str(tmp_path / "sw")]
+    args = ["sweep", "default", "--grid", "model.heads=1,2", "--out", str(tmp_path / "sw")]  # --horizon auto: predicted
     assert main(args) == 2
     (line,) = stderr_lines(capsys)
     assert line.startswith("singleloc sweep: error: the point model.heads=2 (escape prediction about 20 h")
@@ -241,7 +241,8 @@ def test_a_sweep_point_over_an_hour_is_refused_before_anything_runs_unless_yes(r
     assert main([*args, "--yes", "--force"]) == 0  # --force: the sweep's whole estimate passes 4 h
     lines = stderr_lines(capsys)
     assert re.fullmatch(rf"singleloc sweep: 2 points to compute \(0 from the cache\): about {TIME} \(3 of 4 computations "
-                        r"first runs of their shape family, from the nearest measured on this CPU or its speed\)", lines[0])
+                        r"first runs of their shape family, from the nearest measured on this CPU or its speed; horizons "
+                        r"'auto' taken as 300 until the escape predictions have set them\)", lines[0])
     assert lines[1].startswith("singleloc sweep: the most expensive: model.heads=2: about 20 h (escape prediction about 20 h")
 
 

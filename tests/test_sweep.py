@@ -117,6 +117,22 @@ def test_second_sweep_hits_the_cache_and_changes_recompute_only_affected_points(
     assert _sweep.quadrature_summary(rows).endswith("not stated at 4 points (failed, or cached before entries carried it)")
 
 
+def test_a_fixed_horizon_predicts_only_the_points_that_did_not_escape(tmp_path, fake_compute, monkeypatch):
+    """With ``--horizon TAU`` (or ``config``) no prediction is needed to run a point: the escape is predicted after
+    the runs, only where a point has not escaped by its horizon (its status says when it would), and nowhere
+    else (the prediction took 2.2 min a point where the theory to the horizon took 74 s)."""
+    predicted = []
+    monkeypatch.setattr(_sweep_compute, "compute_prediction", lambda c: predicted.append(c) or fake_prediction(c))
+    grids = [parse_grid("model.heads=1,2"), parse_grid("problem.F=1,2")]
+    rows, _ = _sweep.sweep(load_config("default"), grids, tmp_path, horizon=20.0, progress=False, figures=False)
+    assert sorted((c.model.heads, c.problem.F) for c in predicted) == [(1, 1), (2, 1)]  # F = 1: not escaped
+    assert len(fake_compute) == 4 and all(c.sgd.tau_max == 20.0 for c in fake_compute)
+    for r in rows:
+        late = r["F"] == 1
+        assert r["horizon"] == 20.0 and np.isnan(r["predicted_escape"]) != late
+        assert r["status"] == ("not yet (predicted escape at tau = 40)" if late and r["heads"] > 1 else "ok")
+
+
 def test_damaged_cache_file_is_recomputed(tmp_path, fake_compute):
     base = load_config("default")
     grids = [parse_grid("model.heads=1")]

@@ -33,17 +33,17 @@ def _expected(entry: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def test_sweep_file_round_trips_the_cache_and_the_csv(tmp_path, monkeypatch):
-    """Heads = 1, 2 and two horizons (four tau grids), one point whose prediction fails, canned theories
+    """Heads = 1, 2 and two horizons (four tau grids), one point whose theory and simulation fail, canned theories
     (a TheoryResult of each point's shapes, as the solve returns it) and a stand-in simulation in float32
     on fewer saved times: every array of the file equals its cache entry, every summary its CSV cell.
     Its subject is the files: no solve runs (each point's shape would compile its own)."""
 
-    def prediction(config):
+    def failing(config, kind):
         if config.model.heads == 2 and config.sgd.tau_max == 1.0:
-            raise FloatingPointError("the prediction left the valid set at tau = 0.5; details")
-        return fake_prediction(config)
+            raise FloatingPointError(f"the {kind} left the valid set at tau = 0.5; details")
 
     def simulation(config):
+        failing(config, "simulation")
         S, H, F = config.simulation.seeds, config.model.heads, config.problem.F
         tau = np.unique(np.round(config.sgd.save_times()))
         ramp = np.linspace(0.1, 1.0, tau.size * H * F).reshape(tau.size, H, F)
@@ -53,9 +53,10 @@ def test_sweep_file_round_trips_the_cache_and_the_csv(tmp_path, monkeypatch):
                 "b": np.zeros((S, tau.size, H), np.float32), "risk": risk, "risk_limit": risk - np.float32(0.01)}
 
     def theory(config):
+        failing(config, "theory")
         return _sweep_compute._theory_arrays(canned_theory(config, starts=config.simulation.seeds))
 
-    monkeypatch.setattr(_sweep_compute, "compute_prediction", prediction)
+    monkeypatch.setattr(_sweep_compute, "compute_prediction", fake_prediction)
     monkeypatch.setattr(_sweep_compute, "compute_simulation", simulation)
     monkeypatch.setattr(_sweep_compute, "compute_theory", theory)
     monkeypatch.setattr(_sweep_compute, "compute_theories", lambda configs: [theory(c) for c in configs])
@@ -64,7 +65,8 @@ def test_sweep_file_round_trips_the_cache_and_the_csv(tmp_path, monkeypatch):
     base = tiny("problem.F=2", "theory.points=16", "sgd.n_save=5", "simulation.D=1000", "simulation.test_samples=4096")
     grids = [parse_grid("model.heads=1,2"), parse_grid("sgd.tau_max=1.0,2.0")]
     out = tmp_path / "out"
-    rows, stats = _sweep.sweep(base, grids, out, horizon="config", simulate=True, progress=False, figures=False)
+    rows, stats = _sweep.sweep(base, grids, out, horizon="config", simulate=True, progress=False, figures=False,
+                               batch=False)  # the failing point alone
     assert stats.failed == 1
     assert sorted(p.name for p in out.iterdir()) == ["cache", "sweep.csv", SWEEP_FILE]  # no temporary file left
 
@@ -82,7 +84,7 @@ def test_sweep_file_round_trips_the_cache_and_the_csv(tmp_path, monkeypatch):
     for row, csv_row, (values, config) in zip(rows, table, grid_points(base, grids)):
         point = ds.sel(model_heads=values["model.heads"], sgd_tau_max=values["sgd.tau_max"])
         failed = values == {"model.heads": 2, "sgd.tau_max": 1.0}
-        assert row["key"] == ("" if failed else _sweep_entries.cache_key(config, "theory"))
+        assert row["key"] == _sweep_entries.cache_key(config, "theory")  # the run's, failed or not
         for kind, prefix in (("theory", ""), ("simulation", "sim_")):
             path = cache / f"{kind}-{_sweep_entries.cache_key(config, kind)}.npz"
             assert path.is_file() != failed
@@ -111,7 +113,8 @@ def test_sweep_file_round_trips_the_cache_and_the_csv(tmp_path, monkeypatch):
                 assert float(cell) == pytest.approx(value, rel=CSV_RTOL, nan_ok=True), column
             else:
                 assert cell == str(value), column
-        assert (point.status.item() == "prediction failed: the prediction left the valid set at tau = 0.5") == failed
+        assert (point.status.item() == "theory failed: the theory left the valid set at tau = 0.5; simulation failed: the "
+                "simulation left the valid set at tau = 0.5") == failed
 
     # the example of docs/commands/sweep.md: one regime against its own times
     line = ds.risk.sel(model_heads=2, sgd_tau_max=2.0).mean("seed").plot.line(x="tau", xscale="log")

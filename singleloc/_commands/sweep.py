@@ -32,7 +32,8 @@ def register(sub) -> None:
     p.add_argument("--horizon", type=horizon_type, default="auto", metavar="auto|config|TAU",
                    help="how far to integrate each point: auto (default): 5 times its predicted escape, "
                    "rounded up to two digits, at most 3000 (300 without a predicted escape); TAU: that time; "
-                   "both on a log grid of at least 201 saved times; config: sgd.tau_max and the config's grid")
+                   "both on a log grid of at least 201 saved times; config: sgd.tau_max and the config's grid (with "
+                   "TAU or config the escape is predicted only for the points that have not escaped by the horizon)")
     p.add_argument("--simulate", action="store_true", help="also run the finite-D simulation at every point")
     p.add_argument("--gap", type=float, default=0.01, metavar="GAP",
                    help="heads_needed counts a point as reaching the Bayes risk when its gap_to_bayes is at most GAP "

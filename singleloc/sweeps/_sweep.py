@@ -6,7 +6,9 @@ configuration. At each point a sweep
 1. predicts the escape from the unspecialized plateau and the horizon
    (:func:`singleloc.analysis._predictions.predicted_escape`); with ``theory.points = "auto"`` it
    first chooses the point's number of points (:func:`~singleloc.resolve_points`), used by every
-   later step of the point;
+   later step of the point. With a fixed horizon (a number, or ``"config"``) no prediction is needed to run:
+   it is made after the runs, for the points that have not escaped by their horizon (their status says when
+   they would), and read from the cache where an earlier sweep made it;
 2. resolves the configuration it integrates (:func:`~singleloc.analysis._predictions.resolve_horizon`:
    ``horizon="auto"``, a number, or ``"config"``);
 3. integrates the ODE from the simulator's initial overlaps of every seed (one batched solve)
@@ -241,41 +243,71 @@ def compute_sweep(base: Config, grids: Sequence[Grid], cache: str | Path, *, hor
         return data
 
     problems = [bayes_config(cfg) for _, cfg in points]
-    with open_cluster(workers, scheduler) as cluster:  # one cluster for both rounds, started only if needed
+    auto = horizon == "auto"  # a fixed horizon needs no prediction to run: made after the runs, where one did not escape
+    predictions, run_cfgs = {}, {}
+
+    loaded: list[dict[str, dict[str, np.ndarray]]] = [{} for _ in points]  # per point, its theory/simulation entries
+    summaries: dict[tuple[int, str], dict[str, float]] = {}
+
+    def summary(i: int, kind: str) -> dict[str, float]:
+        """The phase summary of the point's entry of ``kind`` (read and summarized once)."""
+        if (i, kind) not in summaries:
+            loaded[i][kind] = read(run_cfgs[i], kind)
+            summaries[i, kind] = summarize(run_cfgs[i], loaded[i][kind], kind)
+        return summaries[i, kind]
+
+    def predicted(i: int, cfg: Config) -> dict[str, np.ndarray] | None:
+        """The point's prediction entry where it is in the cache, also in :attr:`predictions`."""
+        if _entry_path(cache, cfg, "prediction").name in errors or not _entry_path(cache, cfg, "prediction").is_file():
+            return None
+        entry = read(cfg, "prediction")
+        predictions[i] = EscapePrediction.from_arrays(entry)
+        return entry
+
+    with open_cluster(workers, scheduler) as cluster:  # one cluster for every round, started only if needed
         if cluster.where == "serial":  # the points run in this process, whose JAX settings are the caller's
             require_x64("singleloc.sweep with workers = 1 (the points run in this process)")
         run = dict(cluster=cluster, progress=progress, batch=batch)
-        first = [(cfg, "prediction") for _, cfg in points] + [(problem, "bayes") for problem in problems]
-        computed, errors = fill_cache(first, cache, desc="escape predictions and Bayes risks", costs=costs, **run)
-        predictions, run_cfgs = {}, {}
+        first = [(cfg, "prediction") for _, cfg in points if auto] + [(problem, "bayes") for problem in problems]
+        computed, errors = fill_cache(first, cache, desc="escape predictions and Bayes risks" if auto else "Bayes risks",
+                                      costs=costs, **run)
         for i, (_, cfg) in enumerate(points):
-            path = _entry_path(cache, cfg, "prediction")
-            if path.name not in errors:
-                entry = read(cfg, "prediction")
-                predictions[i] = EscapePrediction.from_arrays(entry)
-                run_cfgs[i] = resolve_horizon(cfg, entry, horizon)
-        costs = sweep_costs(points, run_cfgs, kinds, cache, horizon, stage="the runs to the predicted horizons",
+            entry = predicted(i, cfg)
+            if entry is not None or not auto:
+                run_cfgs[i] = resolve_horizon(cfg, entry if auto else None, horizon)
+        costs = sweep_costs(points, run_cfgs, kinds, cache, horizon, stage=f"the runs to the {'predicted ' * auto}horizons",
                             quiet=not computed)  # said again, with the horizons the predictions set
         done, run_errors = fill_cache([(run_cfgs[i], kind) for i in run_cfgs for kind in kinds], cache, desc="sweep",
                                       costs=costs, **run)
-    computed |= done
-    errors.update(run_errors)
+        computed |= done
+        errors.update(run_errors)
+        late = {i: cfg for i, (_, cfg) in enumerate(points) if not auto and i not in predictions
+                and _entry_path(cache, run_cfgs[i], "theory").name not in errors
+                and summary(i, "theory")["escaped"] < 1}
+        if late:  # only these say when they would escape
+            costs = sweep_costs(points, late, ["prediction"], cache, horizon,
+                                stage="escape predictions of the points not escaped by the horizon")
+            done, late_errors = fill_cache([(cfg, "prediction") for cfg in late.values()], cache,
+                                           desc="escape predictions", costs=costs, **run)
+            computed |= done
+            errors.update(late_errors)
+            for i, cfg in late.items():
+                predicted(i, cfg)
     stats = SweepStats()
     rows = []
-    loaded: list[dict[str, dict[str, np.ndarray]]] = []  # per point, its theory/simulation entries, read once
     for i, (values, cfg) in enumerate(points):
-        loaded.append({})
         row: dict[str, Any] = dict(values)
         row.update(activation=cfg.model.activation, heads=cfg.model.heads, F=cfg.problem.F, status="ok")
         names = [_entry_path(cache, cfg, "prediction").name]
         failures = []
-        if i not in predictions:
+        row.update({k: math.nan for k in ("horizon", "lambda", "tau_plateau", "predicted_escape")})
+        if i in run_cfgs:
+            row["horizon"] = run_cfgs[i].sgd.tau_max
+        if i in predictions:
+            pred = predictions[i]
+            row.update(**{"lambda": pred.rate}, tau_plateau=pred.tau_plateau, predicted_escape=pred.predicted_escape)
+        elif names[0] in errors:
             failures.append(_failure("prediction", errors[names[0]]))
-            row.update({k: math.nan for k in ("horizon", "lambda", "tau_plateau", "predicted_escape")})
-        else:
-            pred, run_cfg = predictions[i], run_cfgs[i]
-            row.update(horizon=run_cfg.sgd.tau_max, **{"lambda": pred.rate}, tau_plateau=pred.tau_plateau,
-                       predicted_escape=pred.predicted_escape)
         bayes_name = _entry_path(cache, problems[i], "bayes").name
         bayes = None
         if bayes_name in errors:
@@ -285,14 +317,13 @@ def compute_sweep(base: Config, grids: Sequence[Grid], cache: str | Path, *, hor
         for kind in kinds:
             prefix = "" if kind == "theory" else "sim_"
             summ = {k: math.nan for k in SUMMARY_KEYS}
-            if i in predictions:
+            if i in run_cfgs:
                 name = _entry_path(cache, run_cfgs[i], kind).name
                 names.append(name)
                 if name in errors:
                     failures.append(_failure(kind, errors[name]))
                 else:
-                    loaded[i][kind] = read(run_cfgs[i], kind)
-                    summ = summarize(run_cfgs[i], loaded[i][kind], kind)
+                    summ = summary(i, kind)
             row.update({prefix + k: summ[k] for k in SUMMARY_KEYS})
             if kind == "theory":
                 row.update(bayes_columns(row, bayes, loaded[i].get("theory", {}), simulate=False))
@@ -306,7 +337,7 @@ def compute_sweep(base: Config, grids: Sequence[Grid], cache: str | Path, *, hor
             stats.computed += 1
         else:
             stats.cached += 1
-        if row["status"] == "ok" and predictions[i].escapes and row["escaped"] < 1:
+        if row["status"] == "ok" and i in predictions and predictions[i].escapes and row["escaped"] < 1:
             row["status"] = f"not yet (predicted escape at tau = {predictions[i].predicted_escape:.3g})"
         row["key"] = cache_key(run_cfgs[i], "theory") if i in run_cfgs else ""
         rows.append(row)
