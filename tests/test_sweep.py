@@ -351,7 +351,7 @@ def test_sweep_with_auto_points_resolves_them_once_per_point(tmp_path):
     grids = [parse_grid("model.heads=1,2")]
     auto = load_config("default", sets + ["theory.points=auto", "theory.tol=0.05"])
     rows, _ = _sweep.sweep(auto, grids, tmp_path / "auto", horizon="config", progress=False, figures=False)
-    assert [r["status"] for r in rows] == ["ok", "ok"]
+    assert [r["status"].split(" (")[0] for r in rows] == ["ok", "not yet"]  # none failed; two heads escape later
     from singleloc import initial_conditions, resolve_points
 
     for row in rows:

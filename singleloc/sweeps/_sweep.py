@@ -6,9 +6,9 @@ configuration. At each point a sweep
 1. predicts the escape from the unspecialized plateau and the horizon
    (:func:`singleloc.analysis._predictions.predicted_escape`); with ``theory.points = "auto"`` it
    first chooses the point's number of points (:func:`~singleloc.resolve_points`), used by every
-   later step of the point. With a fixed horizon (a number, or ``"config"``) no prediction is needed to run:
-   it is made after the runs, for the points that have not escaped by their horizon (their status says when
-   they would), and read from the cache where an earlier sweep made it;
+   later step of the point. With a fixed horizon (a number, or ``"config"``) and a number of points no
+   prediction is needed to run: it is made after the runs, for the points that have not escaped by their
+   horizon (their status says when they would), and read from the cache where an earlier sweep made it;
 2. resolves the configuration it integrates (:func:`~singleloc.analysis._predictions.resolve_horizon`:
    ``horizon="auto"``, a number, or ``"config"``);
 3. integrates the ODE from the simulator's initial overlaps of every seed (one batched solve)
@@ -243,7 +243,9 @@ def compute_sweep(base: Config, grids: Sequence[Grid], cache: str | Path, *, hor
         return data
 
     problems = [bayes_config(cfg) for _, cfg in points]
-    auto = horizon == "auto"  # a fixed horizon needs no prediction to run: made after the runs, where one did not escape
+    # a fixed horizon needs no prediction to run (made after the runs, where a point did not escape), but for
+    # theory.points = "auto", whose prediction entry chooses the points
+    needed = [horizon == "auto" or cfg.theory.points == "auto" for _, cfg in points]
     predictions, run_cfgs = {}, {}
 
     loaded: list[dict[str, dict[str, np.ndarray]]] = [{} for _ in points]  # per point, its theory/simulation entries
@@ -268,20 +270,21 @@ def compute_sweep(base: Config, grids: Sequence[Grid], cache: str | Path, *, hor
         if cluster.where == "serial":  # the points run in this process, whose JAX settings are the caller's
             require_x64("singleloc.sweep with workers = 1 (the points run in this process)")
         run = dict(cluster=cluster, progress=progress, batch=batch)
-        first = [(cfg, "prediction") for _, cfg in points if auto] + [(problem, "bayes") for problem in problems]
-        computed, errors = fill_cache(first, cache, desc="escape predictions and Bayes risks" if auto else "Bayes risks",
-                                      costs=costs, **run)
+        first = [(cfg, "prediction") for (_, cfg), need in zip(points, needed) if need] + [(p, "bayes") for p in problems]
+        computed, errors = fill_cache(first, cache, desc="escape predictions and Bayes risks" if any(needed) else
+                                      "Bayes risks", costs=costs, **run)
         for i, (_, cfg) in enumerate(points):
             entry = predicted(i, cfg)
-            if entry is not None or not auto:
-                run_cfgs[i] = resolve_horizon(cfg, entry if auto else None, horizon)
+            if entry is not None or not needed[i]:
+                run_cfgs[i] = resolve_horizon(cfg, entry, horizon)
+        auto = horizon == "auto"
         costs = sweep_costs(points, run_cfgs, kinds, cache, horizon, stage=f"the runs to the {'predicted ' * auto}horizons",
                             quiet=not computed)  # said again, with the horizons the predictions set
         done, run_errors = fill_cache([(run_cfgs[i], kind) for i in run_cfgs for kind in kinds], cache, desc="sweep",
                                       costs=costs, **run)
         computed |= done
         errors.update(run_errors)
-        late = {i: cfg for i, (_, cfg) in enumerate(points) if not auto and i not in predictions
+        late = {i: cfg for i, (_, cfg) in enumerate(points) if not auto and i in run_cfgs and i not in predictions
                 and _entry_path(cache, run_cfgs[i], "theory").name not in errors
                 and summary(i, "theory")["escaped"] < 1}
         if late:  # only these say when they would escape

@@ -43,7 +43,8 @@ def sweep_costs(points: Sequence[tuple[Mapping[str, Any], Config]], run_cfgs: Ma
     (``stage``: what the line calls the round; ``quiet``: refuse, but say nothing), refuse a point above the point limit
     (``--yes`` lifts it) naming what would make it cheaper, and return the estimated seconds of each entry to compute by
     its cache file's name (the sweep's bar weighs its points by them). Before the predictions (``run_cfgs is None``):
-    each point's prediction (with ``horizon = "auto"``: a fixed horizon's are made after the runs, where needed), and
+    each point's prediction (with ``horizon = "auto"`` or ``theory.points = "auto"``: a fixed horizon's are made after
+    the runs, where needed), and
     its theory and simulation at its horizon; after them, those of ``run_cfgs``."""
     from ..analysis._predictions import HORIZON_FALLBACK, resolve_horizon
     from ._sweep_entries import _entry_path
@@ -52,7 +53,8 @@ def sweep_costs(points: Sequence[tuple[Mapping[str, Any], Config]], run_cfgs: Ma
     for i, (_, cfg) in enumerate(points):
         if run_cfgs is None:
             run_cfg = resolve_horizon(cfg, {"horizon": HORIZON_FALLBACK}, horizon)  # "auto" at the fallback horizon
-            todo = [(cfg, "prediction")] * (horizon == "auto") + [(run_cfg, kind) for kind in kinds]
+            predict = horizon == "auto" or cfg.theory.points == "auto"  # a fixed horizon's: after the runs (_sweep)
+            todo = [(cfg, "prediction")] * predict + [(run_cfg, kind) for kind in kinds]
         else:
             todo = [(run_cfgs[i], kind) for kind in kinds] if i in run_cfgs else []
         seconds, entries = 0.0, []
