@@ -193,13 +193,12 @@ def predicted_escape(config: Config | Setup | None = None, *, problem: Problem |
     if isinstance(stop, UnresolvedFields) and setup.theory.route == "auto":  # as the solve: on to the Sobol rule
         warnings.warn(f"{stop}: predicting on the Sobol rule instead (theory.route = 'rule')", stacklevel=2)
         return predicted_escape(build(setup.config.replace(theory={"route": "rule"})), **again)
-    n = int(np.argmin(np.isfinite(risk))) if stop is not None else len(ts)
+    ts = ts[:len(risk)]  # the saved times the flow reached
     if stop is not None:
-        warnings.warn(f"{stop}; the escape is predicted from the flow up to there" if n > 1 else
+        warnings.warn(f"{stop}; the escape is predicted from the flow up to there" if len(ts) > 1 else
                       f"{stop}; no escape predicted (the horizon is {not_predicted.horizon:g})", stacklevel=2)
-        if n <= 1:
+        if len(ts) <= 1:
             return not_predicted
-    ts, xs, risk = ts[:n], xs[:n], risk[:n]
     tau_0 = plateau_time(ts, risk, plateau_fraction)
     path_tau, path_rate, jacobians, tau_esc = [], [], [], math.inf
     if H > 1:

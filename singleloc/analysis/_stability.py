@@ -128,9 +128,9 @@ def symmetric_path(ode: OrderParameterODE, x0, H: int, F: int, ts, *, rtol: floa
     ``theory.rtol``, ``theory.atol``). It stops as a solve does (:mod:`~singleloc.theory._step_budget`): steps
     below ``MIN_STEP``, more than ``STEP_MARGIN`` times the steps expected at its rate, an invalid state, or
     fields its route's rule no longer resolves (at ``sgd.lr = 1e4`` on the default problem the exact route's
-    flow went on for 100000 steps of ``1e-7`` before). ``stop``: ``None`` where it reached ``ts[-1]``, else
-    why not (an :class:`~singleloc.theory._step_budget.UnresolvedFields` for the fields); the states after the
-    stop are not finite."""
+    flow went on for 100000 steps of ``1e-7`` before). ``x`` and ``risk`` at the saved times it reached (the first
+    ``len(risk)`` of ``ts``); ``stop``: ``None`` where it reached ``ts[-1]``, else why not (an
+    :class:`~singleloc.theory._step_budget.UnresolvedFields` for the fields)."""
     x0 = jnp.asarray(x0, dtype=jnp.result_type(float))
     budget = int(min(max_steps, STEP_MARGIN * expected_steps(float(ode.sgd.rate(float(ts[0]))), float(ts[-1] - ts[0]))))
     controller = StepBudget(diffrax.PIDController(rtol=rtol, atol=atol, dtmin=MIN_STEP, force_dtmin=False),
@@ -143,9 +143,10 @@ def symmetric_path(ode: OrderParameterODE, x0, H: int, F: int, ts, *, rtol: floa
             f"its {'start' if n == 0 else 'end'}, tau = {float(ts[min(n, len(risk) - 1)]):.3g}")
     stop = f"the head-symmetric flow stopped near {when}: "
     if code == UNRESOLVED:
-        return xs, risk, UnresolvedFields(stop + "its token fields grew wider than its route's rule resolves within its "
-                                          f"stated accuracy (a standard deviation of {float(ode.expectation.rule.widest):.3g})")
-    return xs, risk, FloatingPointError(stop + stop_reason(code, budget)) if code or n < len(risk) else None
+        return xs[:n], risk[:n], UnresolvedFields(stop + "its token fields grew wider than its route's rule resolves within "
+                                                  f"its stated accuracy (a standard deviation of "
+                                                  f"{float(ode.expectation.rule.widest):.3g})")
+    return xs[:n], risk[:n], FloatingPointError(stop + stop_reason(code, budget)) if code or n < len(risk) else None
 
 
 # -- eigen-decomposition and the escape modes -----------------------------------------------

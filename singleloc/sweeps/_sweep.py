@@ -260,7 +260,8 @@ def compute_sweep(base: Config, grids: Sequence[Grid], cache: str | Path, *, hor
 
     def predicted(i: int, cfg: Config) -> dict[str, np.ndarray] | None:
         """The point's prediction entry where it is in the cache, also in :attr:`predictions`."""
-        if _entry_path(cache, cfg, "prediction").name in errors or not _entry_path(cache, cfg, "prediction").is_file():
+        path = _entry_path(cache, cfg, "prediction")
+        if path.name in errors or not path.is_file():
             return None
         entry = read(cfg, "prediction")
         predictions[i] = EscapePrediction.from_arrays(entry)

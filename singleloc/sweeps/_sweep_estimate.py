@@ -44,8 +44,7 @@ def sweep_costs(points: Sequence[tuple[Mapping[str, Any], Config]], run_cfgs: Ma
     (``--yes`` lifts it) naming what would make it cheaper, and return the estimated seconds of each entry to compute by
     its cache file's name (the sweep's bar weighs its points by them). Before the predictions (``run_cfgs is None``):
     each point's prediction (with ``horizon = "auto"`` or ``theory.points = "auto"``: a fixed horizon's are made after
-    the runs, where needed), and
-    its theory and simulation at its horizon; after them, those of ``run_cfgs``."""
+    the runs, where needed), and its theory and simulation at its horizon; after them, those of ``run_cfgs``."""
     from ..analysis._predictions import HORIZON_FALLBACK, resolve_horizon
     from ._sweep_entries import _entry_path
 
