@@ -1,16 +1,12 @@
 """The attention mass of each head at given overlaps.
 
-``w_h = E[sum_l A_hl]``, the attention weight head
-``h`` puts on the sequence, by the ODE's own expectations: exactly on the exact route
-(:meth:`~singleloc.expectations._laplace.LaplaceRule.attention_mass`, the risk's one-head integrals), by its
-quadrature rule otherwise. The output weights are ``a_l = (1/H) sum_h A_hl``, so ``w_h / H`` is the head's share
-of ``sum_l a_l``: a softmax head has ``w_h = 1`` always, a softmax1 head ``w_h < 1`` (``-> 0``
-as its bias or its scores go to minus infinity), and bsoftmax heads share ``sum_h w_h = H``.
-The phase analysis calls a head switched off when ``w_h`` is below a fraction of the weight
-of a full head (:func:`singleloc.analysis._head_classes.classify_heads`).
-
-Not to be confused with the head weights ``v_h`` of ``model.head_weights`` (how the layer mixes
-its heads): the attention mass is what a head's activation puts on the sequence.
+``w_h = E[sum_l A_hl]``, the attention weight head ``h`` puts on the sequence, by the ODE's own expectations:
+exactly on the exact route (:meth:`~singleloc.expectations._laplace.LaplaceRule.attention_mass`, the risk's one-head
+integrals), by its quadrature rule otherwise. The output weights are ``a_l = (1/H) sum_h A_hl``, so ``w_h / H`` is the
+head's share of ``sum_l a_l``: a softmax head has ``w_h = 1`` always, a softmax1 head ``w_h < 1`` (``-> 0`` as its
+bias or its scores go to minus infinity), and bsoftmax heads share ``sum_h w_h = H``. The phase analysis calls a head
+off when ``w_h`` is below a fraction of a full head's (:func:`~singleloc.analysis._head_classes.classify_heads`). Not
+the head weights ``v_h`` of ``model.head_weights``, which mix the heads.
 """
 
 from __future__ import annotations
@@ -35,7 +31,5 @@ def attention_mass(ode: OrderParameterODE, M: Real[ArrayLike, "*S H F"], Q: Real
     (module docstring)."""
     M, Q, b = np.asarray(M, float), np.asarray(Q, float), np.asarray(b, float)
     H, F = M.shape[-2:]
-    lead = M.shape[:-2]
-    flat = (jnp.asarray(M.reshape(-1, H, F)), jnp.asarray(Q.reshape(-1, H, H)), jnp.asarray(b.reshape(-1, H)))
-    w = _attention_mass_many(ode, *flat)
-    return np.asarray(w).reshape(lead + (H,))
+    flat = jnp.asarray(M.reshape(-1, H, F)), jnp.asarray(Q.reshape(-1, H, H)), jnp.asarray(b.reshape(-1, H))
+    return np.asarray(_attention_mass_many(ode, *flat)).reshape(M.shape[:-2] + (H,))

@@ -1,15 +1,10 @@
 """Phases of a trajectory: plateaus, escapes, what each head has learned, redundancy
 (docs/model.md section 5; docs/phases.md).
 
-Everything here works on plain NumPy arrays, so it applies equally to a theory trajectory
-(:class:`~singleloc.TheoryResult`) and to a simulation (:class:`~singleloc.SimulationResult`):
-``tau`` (T,), ``risk`` (T,) or (S, T), ``M`` (..., T, H, F), ``Q`` (..., T, H, H). The linear
-stability of the unspecialized fixed point, which predicts the escapes, is in
-:mod:`singleloc.analysis._stability`.
-
-:func:`analyze` reads the plateaus and escapes of the risk curve (:mod:`singleloc.analysis._plateaus`)
-and what each head has learned (:mod:`singleloc.analysis._head_classes`) at every saved time; their
-rules, with the keyword defaults, are stated there. One rule is the analysis' own:
+Plain NumPy arrays, from a theory trajectory or a simulation alike: ``tau`` (T,), ``risk`` (T,) or (S, T), ``M``
+(..., T, H, F), ``Q`` (..., T, H, H). :func:`analyze` reads the plateaus and escapes of the risk curve
+(:mod:`singleloc.analysis._plateaus`) and what each head has learned (:mod:`singleloc.analysis._head_classes`) at every
+saved time, by the rules stated there. One rule is its own:
 
 * **Escape from the unspecialized phase.** A trajectory has *escaped* when a head is in a
   learned class at its last saved time; :attr:`PhaseAnalysis.first_learned` is the first
@@ -56,10 +51,8 @@ class PhaseAnalysis:
     ``cos`` (S, T, H, F) head-spike cosines (:func:`~singleloc.analysis._head_classes.head_spike_cosines`);
     ``specialization_times`` (S, H) from which each head stays aligned; ``plateaus`` (per
     trajectory, a list of :class:`Plateau`); ``escapes`` (per trajectory, the escape times of
-    every plateau); ``escape_time`` (S,) the escape from the unspecialized phase;
-    ``first_learned`` (S,) the first saved time from which a head stays in a learned class;
-    ``first_specialization`` (S,) the first saved time at which a head is aligned;
-    ``final_risk`` (S,); ``rearrangements`` (per trajectory, a list of ``(tau, head,
+    every plateau); ``escape_time``, ``first_learned``, ``first_specialization`` (S,) (module
+    docstring); ``final_risk`` (S,); ``rearrangements`` (per trajectory, a list of ``(tau, head,
     old, new)`` changes of the aligned direction); ``settled`` whether each trajectory has settled
     at its last saved time (:mod:`singleloc.analysis._settled`).
     """
@@ -145,22 +138,18 @@ def analyze(tau: Real[ArrayLike, " T"], M: Real[ArrayLike, "*S T H F"], Q: Real[
     pls, escs, esc, rearr, first_aligned = [], [], [], [], []
     for s in range(M.shape[0]):
         ps = plateaus(tau, risk[s], plateau_tol=plateau_tol, prominence=prominence)
-        e = escape_times(tau, risk[s], ps)
         pls.append(ps)
-        escs.append(e)
+        escs.append(escape_times(tau, risk[s], ps))
         on = np.flatnonzero((labels[s] >= 0).any(axis=-1))
         first_aligned.append(tau[on[0]] if len(on) else np.nan)
-        # the escape from the last plateau before it, also when that plateau runs to the end of
-        # the curve (a drop too small for the rate criterion, as for late softmax heads)
-        cand = [k for k, p in enumerate(ps) if p.tau < first[s]]
+        cand = [k for k, p in enumerate(ps) if p.tau < first[s]]  # the escape from the last plateau before it
         k = cand[-1] if cand else -1
         esc.append(np.nan if k < 0 else halfway_time(tau, risk[s], ps[k].tau, ps[k].risk,
                                                      ps[k + 1].risk if k + 1 < len(ps) else risk[s, -1]))
         rearr.append(rearrangements(tau, labels[s]))
     return PhaseAnalysis(
         tau=tau, classes=classes, escaped=learned[:, -1].copy(), labels=labels, n_specialized=np.sum(labels >= 0, axis=-1),
-        n_directions=n_dir,
-        redundant=redundant_pairs(Q, redundancy), profiles=shared_profiles(M, Q, redundancy, min_fraction),
+        n_directions=n_dir, redundant=redundant_pairs(Q, redundancy), profiles=shared_profiles(M, Q, redundancy, min_fraction),
         cos=head_spike_cosines(M, Q), specialization_times=specialization_times(tau, labels), plateaus=pls, escapes=escs,
         escape_time=np.asarray(esc, float), first_learned=first,
         first_specialization=np.asarray(first_aligned, float), final_risk=risk[:, -1].copy(),
