@@ -152,13 +152,6 @@ class AttentionDiagnosis:
         return "\n".join(lines)
 
 
-def _query_rows(queries: int, max_rows: int) -> np.ndarray:
-    """At most ``max_rows`` (0: all) query rows, evenly spaced, always including the last one."""
-    if max_rows and queries > max_rows:
-        return np.unique(np.linspace(queries - 1, 0, max_rows).round().astype(int))
-    return np.arange(queries)
-
-
 def _row_values(values, shape: tuple[int, ...], rows: np.ndarray) -> np.ndarray:
     """The values of the analysed rows, broadcasting against the weights ``shape[:-2] + (rows, L)``."""
     heads_shape, L = shape[:-2], shape[-1]
@@ -246,8 +239,9 @@ def diagnose_attention(
     has_queries = raw.ndim >= 2
     queries = raw.shape[-2] if has_queries else 1
     heads = int(np.prod(raw.shape[:-2])) if has_queries else 1
-
-    rows = _query_rows(queries, max_rows) if has_queries else np.arange(1)
+    rows = np.arange(queries)  # at most max_rows (0: all), evenly spaced, always including the last one
+    if max_rows and queries > max_rows:
+        rows = np.unique(np.linspace(queries - 1, 0, max_rows).round().astype(int))
     w = _weights(raw[..., rows, :] if has_queries else raw)
     m, mask_name = _mask(mask, w, rows, raw.shape)
     length = m.sum(axis=-1)
@@ -277,11 +271,8 @@ def diagnose_attention(
         ks_over = ks_samples if ks_samples != "auto" else ("heads" if heads >= 2 else "rows")
         if ks_over == "heads" and not has_queries:
             ks_over = "rows"
-        distances, separabilities = [], []
-        for n in grid:
-            t = top_n_diagnostics(w, v, n, mask=m)
-            distances.append(t.distance)
-            separabilities.append(t.separability)
+        diagnostics = [top_n_diagnostics(w, v, n, mask=m) for n in grid]
+        distances, separabilities = [t.distance for t in diagnostics], [t.separability for t in diagnostics]
         samples = _ks_samples(distances, (distances[0].ndim - 1,) if ks_over == "heads" else ())
         count = int(np.isfinite(samples[0]).sum())
         crit = ks_critical_n(np.array(grid), samples, significance=significance) if len(grid) >= 2 else None

@@ -19,10 +19,7 @@ Conventions
   complement of a selection. For logits, a value of ``-inf`` also marks a token as absent.
 * ``|.|`` is the Euclidean norm.
 
-The diagnostics are in :mod:`~singleloc.attention._vanishing_attention`, :mod:`~singleloc.attention._top_n` and
-:mod:`~singleloc.attention._sensitivity`, all at once in :mod:`~singleloc.attention._attention_diagnosis`. This
-module validates the arguments (weights, logits, masks, values, counts, grids of ``N``,
-temperatures, significance levels) and turns weights into logits (:func:`logits_from_weights`).
+This module validates the arguments and turns weights into logits (:func:`logits_from_weights`).
 """
 
 from __future__ import annotations
@@ -101,8 +98,8 @@ def _count(name: str, n, L: int) -> int:
 
 #: Range of a temperature or a perturbation size: the logits over a temperature (``|log alpha| <= 745`` for
 #: float64 weights, plus a perturbation) and the Jacobian's bound ``1/(2T)`` then stay far inside float64
-#: and the figures' logarithmic axes (at ``T = 1e-300``, ``1/(2T) = 5e299`` broke the figure's ticks, issue 54
-#: item 10); beyond it a row is one-hot (small ``T``) or uniform (large ``T``) to double precision anyway.
+#: and the figures' logarithmic axes; beyond it a row is one-hot (small ``T``) or uniform (large ``T``) to double
+#: precision anyway.
 SCALE_RANGE = (1e-100, 1e100)
 
 

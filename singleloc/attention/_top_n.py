@@ -103,27 +103,20 @@ def top_n_diagnostics(weights: Rows, values: Rows, n: int | None = None, *, mask
         if sel.dtype != bool or sel.shape != w.shape:
             raise ValueError(f"selected must be a boolean array of the weights' shape {w.shape}")
         sel = sel & m
-    # Broadcast the leading shapes of weights and values once.
-    batch = np.broadcast_shapes(w.shape[:-1], v.shape[:-2])
-    w = np.broadcast_to(w, batch + w.shape[-1:])
-    sel = np.broadcast_to(sel, w.shape)
-    m = np.broadcast_to(m, w.shape)
-    ws = np.where(sel, w, 0.0)
-    s = np.matmul(ws[..., None, :], v)[..., 0, :]  # (B, d)
+    w = np.broadcast_to(w, np.broadcast_shapes(w.shape[:-1], v.shape[:-2]) + w.shape[-1:])
+    sel, m = np.broadcast_to(sel, w.shape), np.broadcast_to(m, w.shape)
+    s = np.matmul(np.where(sel, w, 0.0)[..., None, :], v)[..., 0, :]  # (B, d)
     norms2 = np.sum(v * v, axis=-1)  # (Bv, L)
     cross = np.matmul(v, s[..., :, None])[..., 0]  # (B, L)
     s2 = np.sum(s * s, axis=-1, keepdims=True)
-    dist = np.sqrt(np.maximum(w * w * norms2 - 2 * w * cross + s2, 0.0))
-    dist = np.where(m, dist, np.nan)
+    dist = np.where(m, np.sqrt(np.maximum(w * w * norms2 - 2 * w * cross + s2, 0.0)), np.nan)
     rest = m & ~sel
     has_rest = rest.any(axis=-1)
     d = np.where(has_rest, np.sum(np.where(rest, dist, 0.0), axis=-1), np.nan)
     r = np.where(has_rest, np.min(np.where(rest, dist, np.inf), axis=-1), np.nan)
-    ns = np.sum(sel & (dist < r[..., None]), axis=-1).astype(np.float64)
-    ns = np.where(has_rest, ns, np.nan)
-    size = sel.sum(axis=-1)
+    ns = np.where(has_rest, np.sum(sel & (dist < r[..., None]), axis=-1).astype(np.float64), np.nan)
     with np.errstate(invalid="ignore", divide="ignore"):
-        ratio = ns / size
+        ratio = ns / sel.sum(axis=-1)
     return TopN(sel, s, dist, d, r, ns, ratio)
 
 
@@ -190,9 +183,7 @@ def ks_critical_n(n_grid: Rows | Sequence[int], distance: Rows, *, significance:
     if dist.ndim != 2 or dist.shape[0] != grid.size:
         raise ValueError(f"distance must have shape (len(n_grid) = {grid.size}, S), got {dist.shape}")
     significance = _significance(significance)
-    stat = np.full(grid.size - 1, np.nan)
-    pval = np.full(grid.size - 1, np.nan)
-    shift = np.full(grid.size - 1, np.nan)
+    stat, pval, shift = (np.full(grid.size - 1, np.nan) for _ in range(3))
     critical = None
     for k in range(grid.size - 1):
         a, b = dist[k][np.isfinite(dist[k])], dist[k + 1][np.isfinite(dist[k + 1])]

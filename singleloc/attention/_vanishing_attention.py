@@ -104,9 +104,7 @@ def vanishing_attention(weights: Rows | None = None, *, logits: Rows | None = No
     wmax = np.max(np.where(m, w, -np.inf), axis=-1)
     wmin = np.min(np.where(m, w, np.inf), axis=-1)
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
-        lower = np.exp(-2 * a) / L
-        upper = np.exp(2 * a) / L
-        lower_ratio = wmin / lower
-        upper_ratio = wmax / upper
+        lower, upper = np.exp(-2 * a) / L, np.exp(2 * a) / L
+        ratios = wmin / lower, wmax / upper
     holds = (wmin >= lower * (1 - 1e-9)) & (wmax <= upper * (1 + 1e-9))
-    return VanishingAttention(L, a, lower, upper, wmin, wmax, L * wmin, L * wmax, lower_ratio, upper_ratio, holds)
+    return VanishingAttention(L, a, lower, upper, wmin, wmax, L * wmin, L * wmax, *ratios, holds)
