@@ -1,9 +1,7 @@
 """The points of a sweep: grids ``section.key = v1, v2, ...`` and their Cartesian product.
 
-``parse_grid("model.heads=1,2,4")`` reads one grid (each value as TOML, a bare word as a string;
-commas inside brackets belong to the value, so ``problem.mean=[1,0],[0,1]`` is two values);
-:func:`grid_points` applies the product of several grids to a base configuration and validates
-every point before anything runs.
+``parse_grid("model.heads=1,2,4")`` reads one grid; :func:`grid_points` applies the product of several grids to a
+base configuration and validates every point before anything runs.
 """
 
 from __future__ import annotations

@@ -81,14 +81,13 @@ def check_gap(gap: float) -> None:
 
 
 def check_sweep(base: Config, grids: Sequence[Grid], *, simulate: bool = False, batch: bool = True) -> None:
-    """Refuse a sweep that cannot run, before its first point does: the dimension, quadrature and
-    memory of every point (:func:`~singleloc.preflight._resources.check_run`), for its simulation
-    (``simulate``) and for the theory of its ``simulation.seeds`` starts, times the points of its
-    batched solve with ``batch`` (the points of one :func:`~singleloc.runtime._compilation.compile_group`
-    are one solve); ``ValueError`` or ``MemoryError`` naming the keys. :func:`compute_sweep` runs it."""
+    """Refuse a sweep that cannot run, before its first point does (``ValueError`` or ``MemoryError`` naming the
+    keys): :func:`~singleloc.preflight._resources.check_run` of every point, for its simulation (``simulate``) and its
+    theory's starts, those of every point of its :func:`~singleloc.runtime._compilation.compile_group` with ``batch``
+    (one solve)."""
     points = [point for _, point in grid_points(base, grids)]
     groups = [compile_group("theory", point.to_dict()) for point in points]
-    sizes = Counter(groups)  # a batched group solves the starts of all its points at once
+    sizes = Counter(groups)
     for point, group in zip(points, groups):
         check_run(build(point), simulation=simulate, theory_starts=point.simulation.seeds * (sizes[group] if batch else 1))
 
@@ -214,14 +213,12 @@ def compute_sweep(base: Config, grids: Sequence[Grid], cache: str | Path, *, hor
                   batch: bool = True, gap: float = GAP_TOL) -> SweepOutcome:
     """Run (or load from the cache folder ``cache``) every grid point; write nothing else.
 
-    The entries missing from the cache are computed in two rounds (the escape predictions and
-    the Bayes risks of the problems, then the theory and simulation runs to their horizons) by
-    :func:`~singleloc.sweeps._sweep_cache.fill_cache`: in this process (``workers = 1``, no
-    ``scheduler``), on a local Dask cluster of ``workers`` processes, or on the Dask cluster at
-    ``scheduler`` (or ``DASK_SCHEDULER_ADDRESS``), one cluster for both rounds (started only when
-    some entry is missing); a point that fails is reported in its row and does not stop the
-    others. ``batch``: the theory points of one :func:`~singleloc.runtime._compilation.compile_group`
-    are one batched solve (one task). ``gap``: as :func:`sweep`'s.
+    The entries missing from the cache are computed in rounds (the escape predictions where needed and the Bayes
+    risks, the runs to their horizons, then the predictions of the points not escaped by a fixed horizon) by
+    :func:`~singleloc.sweeps._sweep_cache.fill_cache` on one cluster (:func:`~singleloc.runtime._distributed.open_cluster`
+    of ``workers`` and ``scheduler``, started only when some entry is missing); a point that fails is reported in its
+    row and does not stop the others. ``batch``: the theory points of one
+    :func:`~singleloc.runtime._compilation.compile_group` are one batched solve. ``gap``: as :func:`sweep`'s.
     """
     check_horizon(horizon)
     check_gap(gap)
@@ -302,22 +299,18 @@ def compute_sweep(base: Config, grids: Sequence[Grid], cache: str | Path, *, hor
     for i, (values, cfg) in enumerate(points):
         row: dict[str, Any] = dict(values)
         row.update(activation=cfg.model.activation, heads=cfg.model.heads, F=cfg.problem.F, status="ok")
-        names = [_entry_path(cache, cfg, "prediction").name]
-        failures = []
-        row.update({k: math.nan for k in ("horizon", "lambda", "tau_plateau", "predicted_escape")})
-        if i in run_cfgs:
-            row["horizon"] = run_cfgs[i].sgd.tau_max
+        names, failures = [_entry_path(cache, cfg, "prediction").name], []
+        row.update(horizon=run_cfgs[i].sgd.tau_max if i in run_cfgs else math.nan,
+                   **{k: math.nan for k in ("lambda", "tau_plateau", "predicted_escape")})
         if i in predictions:
             pred = predictions[i]
             row.update(**{"lambda": pred.rate}, tau_plateau=pred.tau_plateau, predicted_escape=pred.predicted_escape)
         elif names[0] in errors:
             failures.append(_failure("prediction", errors[names[0]]))
         bayes_name = _entry_path(cache, problems[i], "bayes").name
-        bayes = None
-        if bayes_name in errors:
+        bayes = None if bayes_name in errors else read(problems[i], "bayes")
+        if bayes is None:
             failures.append(_failure("Bayes risk", errors[bayes_name]))
-        else:
-            bayes = read(problems[i], "bayes")
         for kind in kinds:
             prefix = "" if kind == "theory" else "sim_"
             summ = {k: math.nan for k in SUMMARY_KEYS}

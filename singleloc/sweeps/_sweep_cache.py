@@ -55,11 +55,10 @@ def fill_cache(entries: Sequence[tuple[Config, str]], cache: Path, *, cluster: C
     :func:`~singleloc.runtime._distributed.run_points` on ``cluster`` (``None``: in this process). With
     ``batch``, the entries of a kind in :data:`~singleloc.sweeps._sweep_compute.BATCH_KINDS` are one task per
     :func:`~singleloc.runtime._compilation.compile_group` (a large group cut by :func:`split_groups`);
-    otherwise one task per entry. Only this process writes the cache, as each result arrives. ``costs``: the
-    estimated seconds of entries by name (the bar's time left). The entries were accepted by the sweep's own check
-    of its points (:func:`~singleloc.sweeps._sweep_estimate.sweep_costs`: ``--yes``), so a batch of them is not
-    refused again by a run's limit (``--force``), as it is not on a cluster's workers. Returns the names of the
-    entries computed and the failures (entry name -> exception)."""
+    otherwise one task per entry. Only this process writes the cache. ``costs``: the estimated seconds of entries
+    by name (the bar's time left). No run limit (``--force``): the sweep's own check of its points accepted them
+    (:func:`~singleloc.sweeps._sweep_estimate.sweep_costs`). Returns the names of the entries computed and the
+    failures (entry name -> exception)."""
     tasks = {}
     for config, kind in entries:
         path = _entry_path(cache, config, kind)
@@ -95,10 +94,8 @@ def fill_cache(entries: Sequence[tuple[Config, str]], cache: Path, *, cluster: C
 
 def split_groups(groups: list[list[str]], workers: int) -> list[list[str]]:
     """The tasks of batched groups on a cluster that runs ``workers`` tasks at once: a group of
-    more than ``ceil(points / workers)`` points (``points`` of all groups together) is cut into
-    that many near-equal parts (sizes that differ by one at most, so at most two programs per
-    group), so that one large group still keeps every worker busy. ``workers = 1``: the groups
-    as they are."""
+    more than ``ceil(points / workers)`` points (all groups together) is cut into near-equal parts
+    (sizes within one: at most two programs per group), so that one large group keeps every worker busy."""
     limit = math.ceil(sum(map(len, groups)) / workers)
     parts = []
     for names in groups:

@@ -1,13 +1,10 @@
 """The work of sweep points (:mod:`singleloc.sweeps._sweep`): the entries of a point, as pure functions
 of its resolved configuration, and their batching.
 
-A point needs entries of the kinds :data:`KINDS`: ``prediction`` (the escape prediction and the
-horizon, :func:`~singleloc.analysis._predictions.compute_prediction`), ``theory`` (the ODE from the initial overlaps of every
-seed, :func:`compute_theory`), ``simulation`` (finite-D SGD, :func:`compute_simulation`) and
-``bayes`` (the Bayes risk of its problem, :func:`compute_bayes`, one entry per problem:
-:func:`bayes_config`); :func:`compute` gives any of them. :func:`compute_points` (and :func:`compute_point`, one point)
-is what a worker runs; it needs nothing but the configurations, so the points can be computed
-anywhere.
+A point needs entries of the kinds :data:`KINDS` (the escape prediction, :func:`compute_theory`,
+:func:`compute_simulation`, :func:`compute_bayes` of its problem); :func:`compute` gives any of them.
+:func:`compute_points` (and :func:`compute_point`, one point) is what a worker runs: it needs nothing but the
+configurations, so the points can be computed anywhere.
 
 Batching. Theory points that differ only in the :data:`~singleloc.runtime._compilation.VALUE_KEYS` (the horizon of
 ``horizon="auto"`` among them) have arrays of the same shapes: with ``batch=True`` (the default) they are one task,
@@ -63,10 +60,8 @@ def compute_simulation(config: Config) -> dict[str, np.ndarray]:
 def bayes_config(config: Config) -> Config:
     """The configuration of the Bayes risk of a point: its ``[problem]`` and, where the Bayes risk
     takes a route over the fields' nodes (:func:`~singleloc.bayes._bayes.bayes_route` with ``"auto"``), the
-    ``[theory]`` keys of its Sobol rule (:data:`BAYES_THEORY_KEYS`), every other key at its default, so that the
-    points of one problem share one cache entry (the Bayes risk depends on the problem alone:
-    docs/model.md section 6). The route the dynamics take (``theory.route``) is not among them: the
-    Bayes risk is exact wherever it can be, whatever route the theory's solve takes."""
+    ``[theory]`` keys of its Sobol rule (:data:`BAYES_THEORY_KEYS`), every other key (``theory.route`` included) at
+    its default, so that the points of one problem share one cache entry (docs/model.md section 6)."""
     from ..bayes._bayes import bayes_route
 
     data = config.to_dict()
@@ -126,15 +121,13 @@ BATCH_KINDS = ("theory",)
 
 def compute_points(kind: str, *configs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, np.ndarray] | BaseException]:
     """The work of sweep points of one :func:`compile_group`, run on a worker: the entries of
-    ``kind`` (e.g. ``"theory"``) for the resolved configurations ``configs``
-    (:meth:`Config.to_dict`), as NumPy arrays, or the exception a point raised (the others go
-    on). Several theory points are one batched solve (:func:`compute_theories`); other kinds,
-    and a single point, :func:`compute` one after the other.
+    ``kind`` for the resolved configurations ``configs`` (:meth:`Config.to_dict`), as NumPy arrays, or the
+    exception a point raised (the others go on). Several theory points are one batched solve
+    (:func:`compute_theories`); other kinds, and a single point, :func:`compute` one after the other.
 
-    On a Dask worker it sets double precision, and in a process the package owns (a worker, the
-    command line's) it holds the programs of a bounded number of shapes
-    (:func:`~singleloc.runtime._compilation.hold_programs`) so that a long sweep does not exhaust the
-    memory mappings; a Python caller's process is left as it is (the sweep checks float64 there).
+    On a Dask worker it sets double precision, and in a process the package owns it holds the programs of a
+    bounded number of shapes (:func:`~singleloc.runtime._compilation.hold_programs`); a Python caller's process is
+    left as it is.
     """
     if on_dask_worker():
         own_process()

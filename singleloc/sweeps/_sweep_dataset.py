@@ -231,9 +231,8 @@ def _trailer(data: bytes) -> bytes:
 
 
 def _write_with_trailer(ds: xr.Dataset, encoding: dict, fh) -> None:
-    # HDF5 writes into memory, and the file gets the finished bytes: a full disk is then one
-    # OSError of a plain write, where HDF5 writing to the file failed in ~170 lines of
-    # tracebacks and a segmentation fault (issue 21 item 4)
+    # HDF5 writes into memory and the file gets the finished bytes: a full disk is one OSError of a plain
+    # write (HDF5 writing to the file failed in 170 lines of tracebacks and a segmentation fault)
     buffer = io.BytesIO()
     ds.to_netcdf(buffer, engine=ENGINE, encoding=encoding)
     data = buffer.getvalue()

@@ -31,15 +31,12 @@ from ..analysis._predictions import EscapePrediction
 from ..configuration._config import Config
 from ..io._run_folders import NPZ_ERRORS, load_npz, npz_names, npz_stamp, save_npz
 
-#: Layout of the cache entries; part of every cache key, so that entries of an earlier layout
-#: are never read. 2: a simulation entry's ``risk`` is the empirical risk (1: the limit risk);
-#: 3: every entry records its key (module docstring).
+#: Layout of the cache entries; part of every cache key, so that entries of an earlier layout are never read.
 CACHE_VERSION = 3
 
 
 def cache_key(config: Config, kind: str) -> str:
-    """SHA-256 of the canonical JSON of the resolved config, the package version, the cache
-    layout version and the kind."""
+    """The key of an entry (module docstring)."""
     data = {"singleloc_version": __version__, "cache_version": CACHE_VERSION, "kind": kind, "config": config.to_dict()}
     blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
