@@ -1,56 +1,38 @@
-"""Compilation: programs that a later process reuses from disk, without tracing or compiling.
+"""Compilation: programs that a later process reuses from disk, without tracing or compiling (docs/compilation.md).
 
-A short theory run spends most of its time turning Python into an XLA executable: tracing
-the solve into a program (seconds: diffrax is large) and compiling it (more seconds). Both
-can be skipped in a later process.
+A short theory run spends most of its time tracing the solve into a program (seconds: diffrax is large) and
+compiling it (more seconds). Both can be skipped in a later process.
 
-* Compiling. JAX keeps executables in a persistent cache (``jax_compilation_cache_dir``),
-  keyed by the program's text. Host callbacks keep a program out of it: their keys hold
-  process-specific pointers. Equinox's runtime checks (``eqx.error_if``, inside diffrax) are
-  host callbacks in their default mode ``EQX_ON_ERROR=raise``; as NaN they are a select that
-  returns NaN, and the solve's own checks report the failure (:func:`~singleloc.integrate`
-  raises on a non-finite trajectory, in one line). The package's solves are traced inside
-  :func:`checks_as_nan`, which sets that mode for their tracing only: nothing is changed for
-  the rest of the process (no environment variable is set at import). A user who sets
-  ``EQX_ON_ERROR`` (``raise`` to debug a failing check) is obeyed; programs traced with host
-  callbacks are then compiled in every process. Diffrax's progress bar is a host callback too, shown
-  only when asked for (``progress=True``). JAX also skips programs that compiled in under a
-  second; :func:`enable_compilation_cache` lowers that floor to zero.
-* Tracing. :func:`exported_call` stores the traced program itself, serialised with
-  ``jax.export`` (StableHLO), next to the executables, and a later process loads it instead
-  of tracing. The file is keyed by everything the program is built from: the shapes and
-  dtypes of the arrays, the structure and static values of the arguments, a digest of the
-  package's source files, the versions of JAX, equinox, diffrax, optimistix and lineax, the
-  backend, the JAX options that change tracing, and ``EQX_ON_ERROR``. A static value that
-  cannot be named across processes (a function defined outside ``singleloc``, e.g. an
-  activation registered from a script; one named by a ``"package.module:function"`` reference
-  is named by it, :mod:`~singleloc.ground._extensions`) disables the stored program for that call, as do host
-  callbacks in the traced program, a missing ``flatbuffers`` (needed by
-  ``jax.export`` serialisation) and more than one local device (the stored programs are
-  single-device; a batch split over the devices, :mod:`~singleloc.expectations._sharding`, is traced in
-  every process and its executable still comes from the compilation cache).
+* Compiling. JAX keeps executables in a persistent cache (``jax_compilation_cache_dir``), keyed by the program's
+  text. Host callbacks keep a program out of it (their keys hold process-specific pointers), and Equinox's runtime
+  checks (``eqx.error_if``, inside diffrax) are host callbacks in their default mode ``EQX_ON_ERROR=raise``: the
+  package's solves are traced inside :func:`checks_as_nan`, where they are a select that returns NaN (the solve's
+  own checks then report the failure in one line), for their tracing only. A user who sets ``EQX_ON_ERROR`` is
+  obeyed; programs with host callbacks (also diffrax's progress bar, when asked for) are compiled in every process.
+  :func:`enable_compilation_cache` lowers JAX's floor of one second of compilation to zero.
+* Tracing. :func:`exported_call` stores the traced program itself (``jax.export``, StableHLO) next to the
+  executables, and a later process loads it instead of tracing. The file is keyed by everything the program is
+  built from: the shapes and dtypes of the arrays, the structure and static values of the arguments, a digest of
+  the package's source files, the versions of its dependencies, the backend, the JAX options that change tracing,
+  and ``EQX_ON_ERROR``. A static value that cannot be named across processes (a function defined outside
+  ``singleloc``, unless a config names it by reference, :mod:`~singleloc.ground._extensions`) disables the stored
+  program for that call, as do host callbacks in the traced program, a missing ``flatbuffers`` and more than one
+  local device (a batch split over the devices, :mod:`~singleloc.expectations._sharding`, is traced in every
+  process; its executable still comes from the compilation cache).
+* Memory. Every executable holds memory-mapped sections of machine code, and Linux caps a process's mappings
+  (``vm.max_map_count``, 65530 by default): a process that compiled the programs of about a hundred shapes (a long
+  serial sweep) failed with "LLVM ERROR: Unable to allocate section memory". :func:`hold_programs` keeps the
+  programs of at most :data:`MAX_HELD_SHAPES` shapes, then frees them all (``jax.clear_caches``); with the
+  persistent cache on, a shape that comes back is loaded, not compiled again.
 
-* Memory. Every executable in a process holds memory-mapped sections of machine code, and
-  Linux caps a process's mappings (``vm.max_map_count``, 65530 by default): one process that
-  compiled the programs of about a hundred shapes (a long serial sweep) failed with "LLVM
-  ERROR: Unable to allocate section memory". :func:`hold_programs` bounds that: a process
-  keeps the programs of at most :data:`MAX_HELD_SHAPES` shapes, then frees them all
-  (``jax.clear_caches``); with the persistent cache on, a shape that comes back is loaded, not
-  compiled again.
+The cache is opt-in (it changes JAX's global configuration): the command line turns it on, a script calls
+:func:`enable_compilation_cache`. Its folder is ``$SINGLELOC_CACHE_DIR`` if set (an empty value turns it off), else
+``$XDG_CACHE_HOME/singleloc/jax`` (by default ``~/.cache/singleloc/jax``); it can be deleted at any time.
 
-The cache is opt-in (it changes JAX's global configuration): the command line turns it on,
-a script calls :func:`enable_compilation_cache`. Its folder is ``$SINGLELOC_CACHE_DIR`` if
-set (an empty value turns it off), else ``$XDG_CACHE_HOME/singleloc/jax`` (by default
-``~/.cache/singleloc/jax``). A stale entry is never used (the keys above), and the folder
-can be deleted at any time.
-
-Faults. Each stored program is written with a SHA-256 checksum of its bytes, checked before it
-is deserialised: a file that fails the check or cannot be read back (truncated, damaged, written
-by another version) is removed, with one warning naming it, and the program is traced and compiled
-again and stored anew. A cache folder that cannot be
-created or written (a file in its place, no permission, a read-only disk) is not used: one
-warning names it and the variable it comes from, and the programs are compiled in every run.
-A stored program that cannot be written (a full disk) is not stored, with one warning.
+Faults. Each stored program carries a SHA-256 checksum of its bytes, checked before it is deserialised: a file that
+fails the check or cannot be read back is removed with one warning, and the program is traced, compiled and stored
+anew. A cache folder that cannot be created or written is not used (one warning names it and the variable it comes
+from); a stored program that cannot be written (a full disk) is not stored, with one warning.
 """
 
 from __future__ import annotations
@@ -113,9 +95,8 @@ def checks_mode() -> str:
 
 
 def own_process() -> None:
-    """Declare that singleloc owns this process's JAX state: the command line and a Dask worker
-    (a process the cluster owns) say so, a Python caller's process does not. Only an owned
-    process has its compiled programs freed by :func:`hold_programs`."""
+    """Declare that singleloc owns this process's JAX state (the command line, a Dask worker; not a Python
+    caller's process): only an owned process has its compiled programs freed by :func:`hold_programs`."""
     _OWNED[0] = True
 
 
@@ -125,11 +106,9 @@ def process_owned() -> bool:
 
 
 def hold_programs(shape: Hashable) -> None:
-    """Note that the next computation compiles (or reuses) the programs of ``shape`` (any
-    hashable name of the arrays' shapes and the static values, e.g. a sweep's
-    :func:`~singleloc.runtime._compilation.compile_group`). Before a new shape beyond :data:`MAX_HELD_SHAPES`,
-    every compiled program of this process is freed (``jax.clear_caches()``; module docstring,
-    "Memory"). Results do not change: a freed program is compiled or loaded again when needed."""
+    """Note that the next computation compiles (or reuses) the programs of ``shape`` (a hashable name of the
+    shapes and static values, e.g. :func:`compile_group`'s). Before a new shape beyond :data:`MAX_HELD_SHAPES`, every
+    compiled program of this process is freed (module docstring, "Memory"); a freed one is made again when needed."""
     if shape not in _HELD and len(_HELD) >= MAX_HELD_SHAPES:
         jax.clear_caches()
         _HELD.clear()
@@ -272,9 +251,8 @@ def _load(path: Path):
 
 
 def _store(path: Path, data: bytes) -> None:
-    """Write a program to ``path`` in one step (a temporary sibling, renamed), after :data:`_MAGIC` and
-    the SHA-256 of ``data`` (checked by :func:`_load`); a folder or disk that refuses it leaves the
-    program unstored, with one warning."""
+    """Write a program to ``path`` in one step, after :data:`_MAGIC` and the SHA-256 of ``data`` (checked by
+    :func:`_load`); a folder or disk that refuses it leaves the program unstored, with one warning."""
     partial = path.with_name(f".{path.name}.{os.getpid()}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -302,9 +280,8 @@ SHAPE_KINDS = ("prediction", "theory")
 def compile_group(kind: str, config: Mapping[str, Mapping[str, Any]], *more: Mapping[str, Mapping[str, Any]]) -> str:
     """The compiled programs a sweep point needs, as a hashable name: ``kind`` and ``config``
     without :data:`VALUE_KEYS` for a kind in :data:`SHAPE_KINDS`, the whole ``config`` otherwise
-    (a ``group`` for :func:`~singleloc.runtime._distributed.run_points` with
-    :func:`~singleloc.sweeps._sweep_compute.compute_point` or :func:`~singleloc.sweeps._sweep_compute.compute_points`,
-    whose further configs ``more`` are of the same group)."""
+    (a ``group`` for :func:`~singleloc.runtime._distributed.run_points`; the further configs ``more`` of a task
+    are of the same group)."""
     drop = VALUE_KEYS if kind in SHAPE_KINDS else {}
     rest = {s: {k: v for k, v in sec.items() if k not in drop.get(s, ())} for s, sec in config.items()}
     return json.dumps([kind, rest], sort_keys=True)

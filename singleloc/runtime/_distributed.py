@@ -2,26 +2,18 @@
 
 :func:`run_points` maps a module-level function over tasks ``(key, args)`` and hands every result
 to a callback ``on_result(key, result)`` **in the calling (client) process**, as the results
-complete. The workers receive the arguments (for a sweep: the kind and the resolved
-configurations of a group of points as plain dicts, :meth:`Config.to_dict`, computed together by
-:func:`~singleloc.sweeps._sweep_compute.compute_points`) and send back arrays; only the client writes files, so
-the workers need no shared file system.
+complete. The workers receive plain arguments (for a sweep, :meth:`Config.to_dict` of its points) and send back
+arrays; only the client writes files, so the workers need no shared file system.
 
-Where the tasks run (a :class:`Cluster`, from :func:`open_cluster`; :func:`run_points` opens one
-for the call unless it is handed an open one, so that several calls, e.g. the two rounds of a
-sweep, share one cluster):
+Where the tasks run (a :class:`Cluster`, from :func:`open_cluster`, which several calls may share):
 
 * ``workers == 1`` and no scheduler address: one after the other in this process, in the order
-  given. Dask is neither imported nor started (a plain ``singleloc sweep``).
-* ``workers > 1``: an embedded :class:`distributed.LocalCluster` of ``workers`` processes with one
-  thread each, started when the first task is submitted and closed with the :class:`Cluster`. Its
-  workers get the environment :func:`worker_env` (one CPU thread for XLA and BLAS, no
-  preallocation of accelerator memory, so ``workers`` processes use ``workers`` cores; the
-  caller's persistent compilation cache) and ignore Ctrl-C (this process closes them).
-* ``scheduler="tcp://HOST:PORT"`` (or, with ``workers == 1``, the address in the environment
-  variable ``DASK_SCHEDULER_ADDRESS``, Dask's own convention): an existing cluster (``dask
-  scheduler`` and ``dask worker`` processes, ``dask-jobqueue`` on Slurm or PBS; ``docs/scale.md``).
-  Its workers must have the same version of ``singleloc`` installed.
+  given. Dask is neither imported nor started.
+* ``workers > 1``: an embedded :class:`distributed.LocalCluster` of ``workers`` single-threaded processes, started
+  when the first task is submitted, with the environment :func:`worker_env`; its workers ignore Ctrl-C (this
+  process closes them).
+* ``scheduler="tcp://HOST:PORT"`` (or, with ``workers == 1``, ``DASK_SCHEDULER_ADDRESS``, Dask's own convention): an
+  existing cluster (``docs/scale.md``), whose workers must have the same version of ``singleloc`` installed.
 
 Faults:
 
@@ -52,13 +44,10 @@ from typing import Any
 #: Environment variable holding the address of an external scheduler (Dask's convention).
 SCHEDULER_ENV = "DASK_SCHEDULER_ADDRESS"
 
-#: Environment of the worker processes of a local cluster: XLA's CPU code on one thread (the
-#: usual flags; XLA may still start helper threads), so that ``workers`` processes share
-#: ``workers`` cores, and no preallocation of accelerator memory (local workers may share a GPU).
-#: ``XLA_FLAGS`` is appended to the caller's own; Dask itself already sets one thread for
-#: OpenMP, MKL and OpenBLAS (``distributed.nanny.pre-spawn-environ``). Double precision is
-#: enabled by :func:`compute_point` itself (an environment variable would be read too late when
-#: the caller's main module imports JAX, which the spawned workers re-import).
+#: Environment of the worker processes of a local cluster: XLA's CPU code on one thread, so that ``workers``
+#: processes share ``workers`` cores (Dask already sets one thread for OpenMP, MKL and OpenBLAS), and no
+#: preallocation of accelerator memory (local workers may share a GPU). Double precision is set by the task itself
+#: (an environment variable would be read too late where the caller's main module imports JAX).
 WORKER_ENV = {
     "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1",
     "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
@@ -95,11 +84,9 @@ def clusters_open() -> bool:
 
 class Cluster:
     """Where tasks run: this process (``where == "serial"``), a local cluster (``"local"``) or the
-    external cluster at a scheduler address (``where`` is the address). Made by
-    :func:`open_cluster`, which closes it. Dask is imported, and a local cluster started or an
-    external one connected, only when :meth:`client` is first called (by :func:`run_points` with
-    tasks to run, or :attr:`threads` of an external cluster), so that a sweep whose points are all
-    cached starts nothing."""
+    external cluster at a scheduler address (``where`` is the address). Made by :func:`open_cluster`, which closes
+    it. Dask is imported and a cluster started or connected only when :meth:`client` is first called (by
+    :func:`run_points` with tasks to run, or :attr:`threads` of an external cluster)."""
 
     def __init__(self, workers: int, address: str | None, source: str = "scheduler"):
         self.workers = workers
@@ -138,16 +125,13 @@ class Cluster:
         from distributed.comm.registry import get_backend
 
         what = f"the Dask scheduler address {self.address!r} ({self.source})"
-        try:  # before Client: a Client that fails on the address leaves the next one hanging
+        try:  # the address checked before Client: a Client that fails on the address leaves the next one hanging
             scheme, location = parse_address(self.address)
             get_backend(scheme)
             if scheme in ("tcp", "tls"):
                 port = parse_host_port(location)[1]
                 if not 1 <= int(port) <= 65535:  # (Dask would wait its connect timeout, 30 s, on it)
                     raise ValueError(f"port {port} is not a TCP port (1 to 65535)")
-        except (TypeError, ValueError) as err:
-            raise ValueError(f"{what} is not usable: {err}; expected tcp://HOST:PORT") from None
-        try:
             return Client(self.address)
         except (TypeError, ValueError) as err:
             raise ValueError(f"{what} is not usable: {err}; expected tcp://HOST:PORT") from None
@@ -231,8 +215,7 @@ def check_cluster(workers: int, scheduler: str | None, *, local: str = "workers 
 
 @contextlib.contextmanager
 def open_cluster(workers: int = 1, scheduler: str | None = None) -> Iterator[Cluster]:
-    """A :class:`Cluster` for one or more :func:`run_points` calls, closed when the block ends
-    (also on Ctrl-C or an error).
+    """A :class:`Cluster` for one or more :func:`run_points` calls, closed when the block ends.
 
     Args:
         workers: ``1``: this process (unless ``scheduler`` or ``DASK_SCHEDULER_ADDRESS`` names a
@@ -286,12 +269,9 @@ def run_points(
         desc: label of the progress bar.
         group: on a cluster, ``group(*args)`` names the tasks that share compiled programs
             (e.g. :func:`compile_group`): the groups are dealt to the workers in turn and each
-            task prefers the worker of its group, which has compiled its programs already. The
-            preference is loose: Dask still moves tasks to an idle or surviving worker.
-        size: ``size(*args)`` is the number of points of a task (several points batched in
-            one task), what the progress bar counts; default 1.
-        costs: the estimated seconds of tasks (by key), of which the bar's time left is made
-            (:class:`~singleloc.runtime._progress.Bar`).
+            task prefers (loosely) the worker of its group, which has compiled its programs already.
+        size: ``size(*args)`` is the number of points of a task, what the progress bar counts; default 1.
+        costs: the estimated seconds of tasks (by key), of which the bar's time left is made.
 
     Returns:
         A :class:`PointsReport`.
@@ -391,11 +371,9 @@ def _homes(groups: list[Hashable], addresses: list[str]) -> list[dict[str, Any]]
 
 def worker_env() -> dict[str, str]:
     """The environment of a local cluster's workers: :data:`WORKER_ENV`, its ``XLA_FLAGS`` after
-    those of this process (e.g. a host device count), and this process's persistent compilation
-    cache when it is on (``JAX_COMPILATION_CACHE_DIR`` and its two thresholds, which JAX reads
-    when a worker imports it): the workers then load the programs that this process, another
-    worker or an earlier run compiled (:mod:`singleloc.runtime._compilation`), instead of compiling
-    them again."""
+    those of this process, and this process's persistent compilation cache when it is on (read when a worker
+    imports JAX): the workers then load the programs that this process, another worker or an earlier run
+    compiled (:mod:`singleloc.runtime._compilation`)."""
     flags = " ".join(filter(None, (os.environ.get("XLA_FLAGS", ""), WORKER_ENV["XLA_FLAGS"])))
     env = {**WORKER_ENV, "XLA_FLAGS": flags}
     jax = sys.modules.get("jax")  # not imported: no cache turned on here (the environment is inherited)
@@ -407,10 +385,9 @@ def worker_env() -> dict[str, str]:
 
 
 async def _worker_log_level(level: int) -> None:  # a coroutine: Client.run(..., wait=False) takes only those
-    """Dask's log level in a local worker (run on each): errors only as the cluster starts (a worker busy
-    compiling logs "event loop unresponsive" warnings, one stopped by Ctrl-C a warning for every cancelled
-    task; the errors of tasks come back to the client with the task), none as it closes after Ctrl-C (a worker
-    whose scheduler has gone logs every failed heartbeat with its traceback, 45 lines after one Ctrl-C)."""
+    """Dask's log level in a local worker (run on each): errors only as the cluster starts (a busy worker logs
+    "event loop unresponsive" warnings; the errors of tasks come back with the task), none as it closes after
+    Ctrl-C (a worker whose scheduler has gone logs every failed heartbeat with its traceback)."""
     logging.getLogger("distributed").setLevel(level)
 
 
@@ -418,9 +395,8 @@ _DASK_LEVEL: list[int] = []  # the level of Dask's logger while it is silenced
 
 
 def _silence_dask_logging() -> None:
-    """Turn off Dask's log lines in this process (the scheduler and nannies of a local cluster
-    live here) until :func:`_restore_dask_logging`: after Ctrl-C, the cancelled tasks and the
-    workers stopped in the middle of them would each log a line or a traceback."""
+    """Turn off Dask's log lines in this process (where a local cluster's scheduler and nannies live) until
+    :func:`_restore_dask_logging`: after Ctrl-C, every cancelled task and stopped worker would log a traceback."""
     logger = logging.getLogger("distributed")
     if not _DASK_LEVEL:
         _DASK_LEVEL.append(logger.level)

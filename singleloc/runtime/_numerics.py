@@ -1,11 +1,6 @@
-"""Numerical building blocks shared by the theory, the simulator and the analysis.
-
-One home for the small pieces that several modules need: the symmetric square root of a PSD
-matrix (and its pseudo-inverse root), the first crossing of a level by a sampled curve (escape
-and halfway times), and the named thresholds that decide when a state is "runaway" or a norm is
-"zero". Thresholds are tied to the floating-point format where they
-are floors, and stated in ``docs/model.md`` where they are modelling choices.
-"""
+"""Numerical building blocks shared by the theory, the simulator and the analysis: PSD roots and factors, the
+first crossing of a level, and the named thresholds (tied to the floating-point format where they are floors,
+stated in ``docs/model.md`` where they are modelling choices)."""
 
 from __future__ import annotations
 

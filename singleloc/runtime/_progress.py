@@ -1,12 +1,9 @@
 """What a long computation says on stderr while it runs: its estimate, its phases and counts, and their times
 (docs/commands/progress.md).
 
-A :class:`Phase` (stages in turn: compiling, solving, writing) or a :class:`Bar` (a count of SGD steps, sweep points,
-layers). Mode ``"live"`` (stderr a terminal): one status line redrawn every :data:`TICK` s by a heartbeat thread (XLA
-releases the GIL), and a line per phase that took :data:`SHOW_AFTER` s; a bar on a terminal that reports no width says
-lines instead. Mode ``"lines"``: a line when a stage starts, one when it ends, one when still running after
-:data:`STILL` seconds (a ``quiet`` phase only past :data:`QUIET_AFTER` s); inside a bar the bar speaks. Mode ``"off"``:
-nothing. The mode is :func:`reporting`'s or :func:`set_progress`'s, else ``SINGLELOC_PROGRESS``, else live on a
+A :class:`Phase` (stages in turn) or a :class:`Bar` (a count): mode ``"live"`` redraws one status line by a heartbeat
+thread (XLA releases the GIL), mode ``"lines"`` says a line per stage and when still running, inside a bar the bar
+speaks. The mode is :func:`reporting`'s or :func:`set_progress`'s, else ``SINGLELOC_PROGRESS``, else live on a
 terminal, lines otherwise, off on a Dask worker. A phase follows JAX's compilation events (``follow_compiles``): no host
 callback keeps a program out of the persistent cache.
 """
@@ -81,8 +78,7 @@ _SETTINGS = [Settings()]
 def set_progress(mode: str = "auto") -> None:
     """Say what long computations of this process print on stderr: ``"live"`` (a status line on a
     terminal), ``"lines"`` (a line per phase, for logs), ``"off"``, or ``"auto"`` (the default: live on a
-    terminal, lines otherwise; ``SINGLELOC_PROGRESS`` overrides it). Phases are compiling, loading,
-    solving and evaluating, with their estimated and measured times (docs/commands/progress.md)."""
+    terminal, lines otherwise; ``SINGLELOC_PROGRESS`` overrides it) (docs/commands/progress.md)."""
     with reporting(mode=None if mode == "auto" else mode) as chosen:
         _SETTINGS[0] = dataclasses.replace(_SETTINGS[0], mode=chosen.mode)
 
