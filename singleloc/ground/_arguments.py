@@ -1,4 +1,4 @@
-"""The Python API's arguments checked at the door (issue 62 item 4): each public function (wrapped by
+"""The Python API's arguments checked at the door: each public function (wrapped by
 :func:`checked` when :mod:`singleloc` hands it out) and each public record (:func:`check_fields`) checks its
 arguments against their annotations with beartype, arrays against jaxtyping's dtypes and shapes
 (``Real[ArrayLike, "H F"]``, a name shared by the arguments of one call), and answers a wrong one with one

@@ -72,7 +72,7 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], object]) -> Path:
         with os.fdopen(fd, "w+b") as fh:
             write(fh)
         if staged:
-            staging.add(tmp, path)
+            staging.files.append((tmp, path))
         else:
             os.replace(tmp, path)
     except BaseException as err:
@@ -103,9 +103,6 @@ def _named(err: OSError, path: Path) -> OSError:
     return _Named(err.errno, f"could not write {str(path)!r}: {_reason(err)}", _reason(err))
 
 
-# ----------------------------------------------------------------------------- files written together
-
-
 class _Staging:
     """The files of one :func:`written_together` block: temporary files written whole, moved
     into place together when the block ends without error."""
@@ -116,9 +113,6 @@ class _Staging:
 
     def holds(self, path: Path) -> bool:
         return Path(os.path.abspath(path)).parent == self.folder
-
-    def add(self, tmp: Path, path: Path) -> None:
-        self.files.append((tmp, path))
 
     def discard(self) -> None:
         for tmp, _ in self.files:
@@ -132,12 +126,10 @@ _STAGING: contextvars.ContextVar[_Staging | None] = contextvars.ContextVar("sing
 @contextlib.contextmanager
 def written_together(folder: str | Path, stale: Callable[[set[Path]], Iterable[Path]] | None = None
                      ) -> Iterator[list[Path]]:
-    """The files written into ``folder`` in this block (by :func:`atomic_write`, so by every
-    ``save_*`` of :mod:`singleloc.io._run_folders`) are one unit: each is written whole into a hidden
-    temporary file, and only when the block ends without error do they all take their places
-    (renames within one folder, which need no free space). On any failure (a full disk, a
-    read-only folder, an error, Ctrl-C) every temporary file is removed and ``folder`` holds
-    what it held before: no new file beside the old ones; the ``OSError`` says so in one line.
+    """The files written into ``folder`` in this block (by :func:`atomic_write`) are one unit: each is written
+    whole into a hidden temporary file, and only when the block ends without error do they all take their places
+    (renames within one folder, which need no free space). On any failure every temporary file is removed and
+    ``folder`` holds what it held before; the ``OSError`` says so in one line.
     ``stale(written)``: the files of an earlier output of the same command that this one did not
     write (e.g. a figure it no longer makes), removed once the new files are in place. Yields
     the list of the paths put in place (filled when the block ends)."""
@@ -149,7 +141,8 @@ def written_together(folder: str | Path, stale: Callable[[set[Path]], Iterable[P
         yield placed
     except OSError as err:
         staging.discard()
-        raise _Named(err.errno, f"{err.strerror or err}; {_unchanged(folder)}", _reason(err)) from err
+        raise _Named(err.errno, f"{err.strerror or err}; nothing was written to {str(folder)!r}, which is unchanged",
+                     _reason(err)) from err
     except BaseException:
         staging.discard()
         raise
@@ -166,10 +159,6 @@ def written_together(folder: str | Path, stale: Callable[[set[Path]], Iterable[P
     for path in stale(written) if stale is not None else ():
         if path not in written:
             Path(path).unlink(missing_ok=True)
-
-
-def _unchanged(folder: Path) -> str:
-    return f"nothing was written to {str(folder)!r}, which is unchanged"
 
 
 #: The PNG text entry by which a command marks the figures it writes outside run folders
@@ -201,8 +190,6 @@ def png_has_text(path: str | Path, key: str, value: str) -> bool:
     a command recognises a figure of its own before it removes it."""
     return png_text(path, key) == value
 
-
-# ----------------------------------------------------------------------------- folder swaps
 
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
@@ -253,22 +240,11 @@ def _remove_orphans(target: Path) -> None:
             shutil.rmtree(entry, ignore_errors=True)
 
 
-def _link_or_copy(src: Path, dst: Path) -> None:
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
-
-
 def write_folder(target: str | Path, fill: Callable[[Path], object], keep: bool = False) -> Path:
-    """Replace the folder ``target`` by the files ``fill(folder)`` writes, in one step.
-
-    ``fill`` writes into a fresh hidden sibling; with ``keep``, the files of ``target`` that
-    ``fill`` does not write are carried over (hard links, or copies where links fail). Then the
-    sibling takes ``target``'s place (see the module docstring). On any failure the sibling is
-    removed and ``target`` is unchanged. A ``target`` that :func:`check_run_folder` refuses
-    (the current folder, a folder with files of the user's) raises before anything is written.
-    Returns ``target``."""
+    """Replace the folder ``target`` by the files ``fill(folder)`` writes into a fresh hidden sibling, in one step
+    (module docstring); with ``keep``, the files of ``target`` that ``fill`` does not write are carried over. On any
+    failure the sibling is removed and ``target`` is unchanged; a ``target`` that :func:`check_run_folder` refuses
+    raises before anything is written. Returns ``target``."""
     check_run_folder(target)
     given = Path(target)
     target = Path(os.path.realpath(target))  # a symbolic link keeps pointing to the (new) run
@@ -282,7 +258,10 @@ def write_folder(target: str | Path, fill: Callable[[Path], object], keep: bool 
             written = {p.name for p in new.iterdir()}
             for src in target.iterdir():
                 if src.name not in written and src.is_file():
-                    _link_or_copy(src, new / src.name)
+                    try:
+                        os.link(src, new / src.name)
+                    except OSError:  # a copy where links fail
+                        shutil.copy2(src, new / src.name)
         _swap_into_place(new, target)
     except OSError as err:
         shutil.rmtree(new, ignore_errors=True)
@@ -292,9 +271,6 @@ def write_folder(target: str | Path, fill: Callable[[Path], object], keep: bool 
         shutil.rmtree(new, ignore_errors=True)
         raise
     return given
-
-
-# ----------------------------------------------------------------------------- checks before a run
 
 
 def describe_path(path: Path) -> str:

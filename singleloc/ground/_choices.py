@@ -1,9 +1,5 @@
-"""The enumerations of the library's options that the command line offers as choices.
-
-This module imports nothing (no JAX, SciPy or NumPy), so that building the parser, and
-``--help``, loads no numerical library (see :mod:`singleloc.cli`); the library modules that
-check these options read them from here too.
-"""
+"""The enumerations of the library's options that the command line offers as choices. This module imports no
+numerical library, so that building the parser, and ``--help``, loads none (:mod:`singleloc.cli`)."""
 
 from __future__ import annotations
 
@@ -14,7 +10,7 @@ PRUNING_ORDERS = ("greedy", "alignment", "random")
 
 #: Most random orders of :func:`singleloc.prune` (``draws``, ``singleloc prune --draws``): the mean over the
 #: orders has a standard error shrinking like ``1/sqrt(draws)``, 1 % of their spread at this many, while the
-#: work grows like ``draws`` (a billion ran silently for minutes, issue 54's hostile pass).
+#: work grows like ``draws``.
 PRUNING_DRAWS_MAX = 10000
 
 #: Which tokens belong to a row of :func:`singleloc.diagnose_attention` (``mask``).

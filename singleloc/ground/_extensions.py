@@ -11,18 +11,13 @@ function in any importable module:
   :class:`~singleloc.Problem` section (it reads ``F``, ``strength`` or any other key it needs)
   returning a :class:`~singleloc.Prior`.
 
-The function is called through :func:`~singleloc.ground._user_code.guarded` (an exception it raises is one
-line naming it) and checked with values where it enters (:mod:`~singleloc.ground._user_code`). The module is
-imported where the config is used: in this process, and in each Dask worker
-process of a sweep (the config carries the string, not the function), so a user's activation
-works from the command line, in sweeps and on clusters as long as its module is importable
-there (installed, or on ``PYTHONPATH``). A reference is imported once per process.
+The function is called through :func:`~singleloc.ground._user_code.guarded` and checked with values where it
+enters (:mod:`~singleloc.ground._user_code`). The module is imported once per process where the config is used,
+also on each Dask worker of a sweep (the config carries the string): it must be importable there.
 
-Compiled programs. A referenced function has a name that is the same in every process, the
-reference, so the programs built from it are stored and reused like the package's own
-(:mod:`~singleloc.runtime._compilation`); the key holds a digest of the module's source file, so editing
-that file makes new programs (a change in a module it imports does not: clear the cache folder
-then).
+Compiled programs. A referenced function is named by its reference in every process, so the programs built from
+it are stored and reused like the package's own (:mod:`~singleloc.runtime._compilation`), keyed by a digest of the
+module's source file (a change in a module it imports is not seen: clear the cache folder then).
 """
 
 from __future__ import annotations

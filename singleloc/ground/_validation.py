@@ -1,11 +1,8 @@
 """The one family of validators of numbers given by a user: an integer in a range and a finite
 number, positive or non-negative, optionally below a bound, within the range of the type it
 reaches. Each raises ``ValueError`` naming the parameter and suggesting a value that passes
-(``"problem.L: must be >= 2, got 1; e.g. problem.L = 2"``). Config values
-(:mod:`singleloc.configuration._specs`), the priors' parameters, the Bayes risk's counts, the diagnostics' sizes,
-temperatures and levels (:mod:`singleloc.attention._attention_rows`) and the CLI's integer arguments
-(:func:`singleloc._commands._common.int_at_least`) are checked with them. NumPy only (no JAX:
-the CLI's parser imports this module).
+(``"problem.L: must be >= 2, got 1; e.g. problem.L = 2"``). NumPy only (no JAX: the CLI's parser imports this
+module).
 
 Ranges of types. A number must be representable where it goes, or NumPy and JAX fail deep inside
 (``"Python int too large to convert to C long"``): an integer is at most :data:`INT64_MAX`
@@ -33,15 +30,11 @@ SEED_MAX = 2**32 - 1
 FLOAT_TYPES = {"float32": np.float32, "float64": np.float64}
 
 
-def _key_style(name: str) -> bool:
-    """Whether ``name`` is a config key (``section.key``), suggested as ``key = value``."""
-    return "." in name and " " not in name and not name.startswith("-")
-
-
 def suggest(name: str, value: Any) -> str:
-    """``"; e.g. problem.L = 2"`` (a config key) or ``"; e.g. 2"`` (another parameter)."""
+    """``"; e.g. problem.L = 2"`` (a config key, ``section.key``) or ``"; e.g. 2"`` (another parameter)."""
     text = f"{value:g}" if isinstance(value, float) else repr(value) if isinstance(value, str) else f"{value}"
-    return f"; e.g. {name} = {text}" if _key_style(name) else f"; e.g. {text}"
+    key = "." in name and " " not in name and not name.startswith("-")
+    return f"; e.g. {name} = {text}" if key else f"; e.g. {text}"
 
 
 def integer(name: str, value: Any, minimum: int, maximum: int | None = None, *, example: int | None = None) -> int:
