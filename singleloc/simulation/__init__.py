@@ -1,3 +1,2 @@
-"""Finite-D online SGD (docs/model.md section 5.1) and its result.
-
-Private modules: the public names are ``singleloc``'s (``import singleloc as sl``)."""
+"""Finite-D online SGD (docs/model.md section 5.1) and its result. Private modules: the public names are
+``singleloc``'s."""

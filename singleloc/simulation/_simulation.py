@@ -137,10 +137,9 @@ def simulate(config: Config | None = None, *, problem: Problem | None = None, mo
     state, consts = jax.jit(jax.vmap(init))(seeds)
     advance_all = jax.jit(jax.vmap(advance, in_axes=(0, 0, None, None)))
     measure_all = jax.jit(jax.vmap(measure, in_axes=(0, 0, None)))
-    steps = save_steps(config.sgd, config.simulation.D, ts)
-    warn_if_times_dropped(config.sgd.n_save if ts is None else len(ts), config.simulation.D, len(steps))
-    # compiled, a few steps timed and the estimate said (singleloc.preflight._estimates); its bar records the run's times
-    records, t_prev = [], 0
+    steps = save_steps(config.sgd, D, ts)
+    warn_if_times_dropped(config.sgd.n_save if ts is None else len(ts), D, len(steps))
+    records, t_prev = [], 0  # the clock compiles, times a few steps, says the estimate; its bar records the times
     with simulation_clock(setup, advance_all, measure_all, state, consts, steps, progress) as (advance_all, measure_all, bar):
         for i, t in enumerate(steps):
             if t > t_prev:
@@ -148,24 +147,14 @@ def simulate(config: Config | None = None, *, problem: Problem | None = None, mo
                 bar.update(int(t) - t_prev)
                 t_prev = int(t)
             rec = unpad(jax.device_get(measure_all(state, consts, i)), n)
-            _check_finite(rec, t / D, config.sgd, config.problem.strength)
+            if not all(np.all(np.isfinite(x)) for x in rec) or np.max(np.abs(rec[1])) > Q_RUNAWAY:  # runaway: a flat loss
+                raise FloatingPointError(
+                    f"the SGD dynamics diverged by tau = {t / D:.4g} (non-finite or exploding keys, max |Q| = "
+                    f"{np.nanmax(np.abs(rec[1])):.3g}); lower {config.sgd.step_keys()} (e.g. sgd.lr = {config.sgd.lr / 4:g}), "
+                    f"sgd.init_scale or problem.strength (now {config.problem.strength:g}; the steps grow with its square)")
             records.append(rec)
     M, Q, b, risk, risk_limit, *v = (np.stack([r[j] for r in records], axis=1) for j in range(len(records[0])))
     K, kstar = unpad(jax.device_get((state[0].K, consts[0])), n)
-    result = SimulationResult(steps * config.sgd.batch / D, M, Q, b, risk, risk_limit, np.asarray(K), np.asarray(kstar),
-                              *v)
+    result = SimulationResult(steps * config.sgd.batch / D, M, Q, b, risk, risk_limit, np.asarray(K), np.asarray(kstar), *v)
     warn_if_risk_rose(setup, simulation=result)
     return result
-
-
-def _check_finite(record, tau: float, sgd: SGD, strength: float) -> None:
-    """Raise if a record of a run of ``sgd`` on data of ``problem.strength`` is not finite or the keys have run away
-    (``max |Q| > Q_RUNAWAY``: the loss is then flat and SGD cannot recover)."""
-    Q = record[1]
-    bad = not all(np.all(np.isfinite(x)) for x in record) or np.max(np.abs(Q)) > Q_RUNAWAY
-    if bad:
-        raise FloatingPointError(
-            f"the SGD dynamics diverged by tau = {tau:.4g} (non-finite or exploding keys, max |Q| = "
-            f"{np.nanmax(np.abs(Q)):.3g}); lower {sgd.step_keys()} (e.g. sgd.lr = {sgd.lr / 4:g}), "
-            f"sgd.init_scale or problem.strength (now {strength:g}; the steps grow with its square)"
-        )

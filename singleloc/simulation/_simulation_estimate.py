@@ -3,7 +3,7 @@
 Before anything is compiled, :func:`simulation_estimate` is :func:`~singleloc.preflight._estimates.estimate` of the cost
 model: SGD steps times ``seeds x batch x L x D x (H + F)`` and saved times times ``seeds x test_samples x L x (H + F)``,
 plus compiling. Before it runs, :func:`simulation_clock` compiles the step, times a few steps on the device and says the
-extrapolated time (an H200 ran a simulation announced from a CPU constant as 17 minutes in 18 s).
+extrapolated time.
 """
 
 from __future__ import annotations
