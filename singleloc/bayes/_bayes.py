@@ -41,9 +41,8 @@ Bayes points. For a discrete prior with ``K`` atoms (of positive probability), b
 (:func:`bayes_point`). With one atom (``K = 1``), bsoftmax with one head is softmax, so the
 same point is the softmax Bayes point (``M = strength``, ``Q = strength^2`` for F = 1).
 
-Checks. A Sobol rule is checked before it is built (it can be built with ``points`` points and fits in
-memory: ``ValueError`` or ``MemoryError`` naming the keys); :func:`check_bayes` checks both rules of
-``singleloc bayes`` (the Bayes risk's, and the Bayes point's over ``L K`` fields) at once.
+Checks. A Sobol rule is checked before it is built (``ValueError`` or ``MemoryError`` naming the keys);
+:func:`check_bayes` checks both rules of ``singleloc bayes`` at once.
 """
 
 from __future__ import annotations
@@ -107,8 +106,7 @@ def check_bayes(prior: Prior, L: int, points: int) -> None:
     checked before either is computed; ``ValueError`` or ``MemoryError`` naming the keys."""
     _check_counts(L, 2)
     atoms = {"the number of atoms of the prior": (len(prior.atoms), True)} if prior.is_discrete else {}  # population_risk's
-    heads = {"problem.F": (prior.F, False), **atoms}
-    _check_rules(prior, L, points, heads)
+    _check_rules(prior, L, points, {"problem.F": (prior.F, False), **atoms})
 
 
 @eqx.filter_jit

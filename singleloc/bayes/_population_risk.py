@@ -3,9 +3,7 @@
 :func:`population_risk` is ``R(M, Q, b)`` of docs/model.md section 3: on the exact route
 (:mod:`~singleloc.expectations._laplace`) with its error against the finer rule, else on independently
 scrambled Sobol rules with their standard error (:class:`RiskEstimate`). :func:`layer_risk` is
-the one jitted entry point of a layer's risk that the Bayes baseline and pruning share. The
-checks of a Sobol rule over ``L H`` fields (it can be built, it fits in memory) are here too,
-for the Bayes risk's rule as well.
+the one jitted entry point of a layer's risk that the Bayes baseline and pruning share.
 """
 
 from __future__ import annotations
@@ -90,9 +88,7 @@ def _check_rules(prior: Prior, L: int, points, heads: dict[str, tuple[int, bool]
 @eqx.filter_jit
 def layer_risk(expectation: AbstractExpectation, M, Q, b, v=None) -> jax.Array:
     """The risk of ``(M, Q, b)`` (head weights ``v``) on an expectation route, jitted: one compilation
-    per rule shape and activation (the rule's nodes are traced arguments, so rescrambled rules
-    reuse it). The one jitted entry point of the population risk for the Bayes baseline and for
-    pruning."""
+    per rule shape and activation (the rule's nodes are traced arguments, so rescrambled rules reuse it)."""
     return expectation.risk(M, Q, b, v)
 
 

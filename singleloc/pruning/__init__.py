@@ -1,3 +1,2 @@
-"""Pruning (docs/model.md section 7): orders, evaluators, the result.
-
-Private modules: the public names are ``singleloc``'s (``import singleloc as sl``)."""
+"""Pruning (docs/model.md section 7): orders, evaluators, the result. Private modules: the public names are
+``singleloc``'s."""

@@ -71,32 +71,22 @@ def keep_heads(M: Real[ArrayLike, "H F"], Q: Real[ArrayLike, "H H"], b: Real[Arr
     return OrderParameters(jnp.asarray(M)[idx], jnp.asarray(Q)[np.ix_(idx, idx)], jnp.asarray(b)[idx])
 
 
-# -- evaluators ---------------------------------------------------------------------------
-
-
 # compiled once per shape: the draw per (H, D, samples, L, prior), the losses per subset size H'
 _draw_heldout = eqx.filter_jit(draw_heldout)
 _heldout_losses = eqx.filter_jit(heldout_losses)
 
 
 def pruning_setup(setup: Setup, heads: int | None = None) -> Setup:
-    """The objects (:func:`~singleloc.preflight._build.build`) that :class:`TheoryRisk` scores the sub-layers of a layer
-    of ``heads`` heads (default ``model.heads``) with, its route chosen once; checked before a rule is built: on the
-    Sobol rule route the rule over ``problem.L * heads`` fields can be built with ``theory.points`` points
-    (:func:`~singleloc.preflight._resources.check_quadrature`; ``"auto"`` is checked as the points are
-    chosen), ``theory.points = "auto"`` is resolved (:func:`~singleloc.choose_points` at the layer's start, one rule
-    for every sub-layer), ``theory.route = "auto"`` is fixed to the full layer's route (one for every
-    sub-layer: bsoftmax beyond :data:`~singleloc.expectations._routes.JOINT_EXACT_MAX` on the rule), and the rule
-    fits in memory (:func:`~singleloc.preflight._resources.check_memory`).
-    ``ValueError`` or ``MemoryError`` naming the keys otherwise (``model.head_weights =
-    "trained"``: pruning is written for the head average)."""
+    """The setup with which :class:`TheoryRisk` scores the sub-layers of a layer of ``heads`` heads (default
+    ``model.heads``), checked before a rule is built: ``theory.route = "auto"`` and ``theory.points = "auto"`` fixed
+    to the full layer's (one route and rule for every sub-layer), the Sobol rule buildable with its points
+    (:func:`~singleloc.preflight._resources.check_quadrature`) and within memory. ``ValueError`` or ``MemoryError``
+    naming the keys otherwise (also for ``model.head_weights = "trained"``: pruning is for the head average)."""
     require_uniform_head_weights(setup.model, "pruning")
     if heads is not None and int(heads) != setup.heads:
         setup = setup.replace(model={"heads": int(heads)})
     th, pb, route = setup.theory, setup.problem, setup.route
-    if th.route == "auto" and route.route_class.field_nodes:
-        # one route for every sub-layer, the full layer's: a joint layer too large for the exact route
-        # (JOINT_EXACT_MAX) would otherwise have its smaller sub-layers on it, and the steps mix routes
+    if th.route == "auto" and route.route_class.field_nodes:  # else a joint layer's smaller sub-layers go exact
         setup = setup.replace(theory={"route": route.route})
     if th.points != "auto" and route.route_class.field_nodes:
         check_quadrature(pb.L, setup.heads, setup.prior, th.points, principal=th.rank_aware)
@@ -173,13 +163,10 @@ class WeightsRisk:
     subset). ``loss="empirical"``: the finite-D loss ``|x_eps - yhat|^2 / D``;
     ``loss="limit"``: the limit loss of docs/model.md section 3 of the same scores.
 
-    The sequences are those of the simulator's test risk: :func:`~singleloc.model._heldout.draw_heldout`
-    from the JAX key ``key`` (an int is ``jax.random.PRNGKey(key)``), in ``K``'s dtype, and
-    :func:`~singleloc.model._heldout.heldout_losses` scores the kept heads on them. With every head
-    kept and the simulator's key ``fold_in(seed_keys(seed, s).test, i)`` this is the simulator's
-    test risk of seed ``s`` at saved time ``i``. The draws span all ``H`` keys, so every kept
-    subset is scored exactly in law on the same sequences (common random numbers); the jitted
-    evaluation compiles once per subset size.
+    The sequences are those of the simulator's test risk (:func:`~singleloc.model._heldout.draw_heldout` from the
+    JAX key ``key``, an int for ``jax.random.PRNGKey(key)``; with every head kept and the simulator's key
+    ``fold_in(seed_keys(seed, s).test, i)`` this is its test risk of seed ``s`` at saved time ``i``): every kept
+    subset is scored exactly in law on the same sequences (common random numbers).
 
     The run is ``setup`` (a :class:`~singleloc.preflight._build.Setup`: ``problem`` and its prior; ``model``: the
     activation; ``simulation``: ``test_samples``, the default of ``samples``); :func:`prune_weights` builds one from
@@ -227,9 +214,6 @@ class WeightsRisk:
         """``(mean loss, its standard error)`` of the sub-layer of heads ``kept``."""
         losses = self.losses(kept)
         return float(losses.mean()), float(losses.std(ddof=1) / np.sqrt(len(losses)))
-
-
-# -- orders -------------------------------------------------------------------------------
 
 
 def prune(evaluate: Callable[[Sequence[int]], tuple[float, float]], heads: int,
