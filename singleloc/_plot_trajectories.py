@@ -26,8 +26,7 @@ def matched_heads(M_last) -> np.ndarray:
     spikes that maximises ``sum |M_hf|`` (the Hungarian algorithm,
     :func:`scipy.optimize.linear_sum_assignment`) fills slots ``0 .. F-1``, the same assignment of the
     heads left fills the next ``F`` slots, and so on (with ``H < F``, the ``H`` slots in the order of
-    the spikes assigned). Heads take different spikes in different seeds; matched, slot ``k`` is "the
-    head that learns spike ``k``" in every seed, so means over seeds mean something."""
+    the spikes assigned): slot ``k`` is "the head that learns spike ``k``" in every seed."""
     from scipy.optimize import linear_sum_assignment
 
     M_last = np.abs(np.nan_to_num(np.asarray(M_last, dtype=float)))
@@ -44,15 +43,10 @@ def matched_heads(M_last) -> np.ndarray:
     return np.asarray(orders).reshape(M_last.shape[:-1])
 
 
-def _log_grid(tau) -> bool:
-    """Whether saved times ``tau`` are log-spaced (``sgd.spacing = "log"``): their steps grow."""
-    steps = np.diff(np.asarray(tau, dtype=float)[1:])
-    return len(steps) > 2 and steps[0] > 0 and steps[-1] > 3 * steps[0]
-
-
 def _time_axis(ax, tau, log_time: bool | None) -> None:
     ax.set_xlabel(r"$\tau = t/D$")
-    if log_time or (log_time is None and _log_grid(tau)):
+    steps = np.diff(np.asarray(tau, dtype=float)[1:])  # growing steps: log-spaced saved times (sgd.spacing = "log")
+    if log_time or (log_time is None and len(steps) > 2 and steps[0] > 0 and steps[-1] > 3 * steps[0]):
         ax.set_xscale("symlog", linthresh=max(float(tau[1]), 1e-6) if len(tau) > 1 else 1.0)
         ax.set_xlim(float(tau[0]), float(tau[-1]))  # no margin into negative times
 
@@ -191,7 +185,6 @@ def plot_compare(theory=None, simulation=None, title: str = "", *, log_time: boo
     if theory is not None and simulation is not None and np.shape(theory.risk) == np.shape(simulation.risk):
         dev = float(np.max(np.abs(np.asarray(simulation.risk) - np.asarray(theory.risk))))
         handles.append(Line2D([], [], ls="none", label=f"largest |simulation - theory| of one seed: {dev:.3f}"))
-
     ax.legend(handles=handles, frameon=False, fontsize=7, loc="best")
     ax.set(ylabel="risk", title="risk")
     _time_axis(ax, first.tau, log_time)

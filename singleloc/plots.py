@@ -1,19 +1,8 @@
 """Figures of the package: trajectories, phases, pruning curves and attention diagnostics.
 
-Every function builds and returns a :class:`matplotlib.figure.Figure` through the object API:
-nothing here touches pyplot, the backend or any other global state, so importing this module
-in a notebook changes nothing, and a figure is freed as soon as it is no longer referenced (no
-``close`` needed). Show one in a notebook by evaluating it, save it with ``fig.savefig`` or
-:func:`save_figure` (atomic PNG). This module is not imported by ``import singleloc``.
-
-* :func:`plot_compare`: risk and overlaps against tau, theory against simulation, with the heads
-  of every run in :func:`matched_heads` order (the spike each learns).
-* :func:`plot_phases`: one trajectory's phases (:class:`~singleloc.PhaseAnalysis`).
-* :func:`plot_phase_diagram`: heat maps of sweep rows over heads H and spikes F.
-* :func:`plot_heads_needed`: a sweep's gap to the Bayes risk against H, and the heads needed.
-* :func:`plot_pruning`: risk against heads removed (:class:`~singleloc.PruningResult`).
-* :func:`plot_vanishing`, :func:`plot_sensitivity`, :func:`plot_top_n`: the three figures of
-  an :class:`~singleloc.AttentionDiagnosis`.
+Every function builds and returns a :class:`matplotlib.figure.Figure` through the object API: nothing here touches
+pyplot, the backend or any other global state, and a figure is freed as soon as it is no longer referenced (no
+``close`` needed). Save one with ``fig.savefig`` or :func:`save_figure` (atomic PNG).
 """
 
 from __future__ import annotations
@@ -31,9 +20,6 @@ from .runtime._numerics import TINY
 
 __all__ = ["matched_heads", "plot_compare", "plot_heads_needed", "plot_phase_diagram", "plot_phases", "plot_pruning",
            "plot_sensitivity", "plot_top_n", "plot_vanishing", "save_figure"]
-
-
-# --------------------------------------------------------------------------- phases
 
 
 def plot_phases(analysis, risk, index: int = 0, *, title: str = "", log_time: bool | None = None,
@@ -133,14 +119,6 @@ def _grid(rows, value, prefix: str):
     return Hs, Fs, A
 
 
-def _learned(row, prefix: str) -> float:
-    return sum(_value(row, f"{prefix}n_{c}") for c in LEARNED_CLASSES)
-
-
-def _classes_text(row, prefix: str) -> str:
-    return class_counts_text({c: _value(row, f"{prefix}n_{c}") for c in CLASS_LETTERS}) or "n/a"
-
-
 def _escape_text(row, prefix: str) -> str:
     measured, pred, escaped = (_value(row, k) for k in (prefix + "first_learned", "predicted_escape", prefix + "escaped"))
     head = f"{measured:.3g}" if escaped >= 1 and np.isfinite(measured) else ("not yet" if np.isfinite(pred) else "none")
@@ -158,7 +136,8 @@ def plot_phase_diagram(rows, *, title: str = "", simulate: bool = False) -> Figu
     the simulation when ``simulate`` (without the last panel: the prediction is the theory's)."""
     panels = [("final_risk", "viridis", lambda r, p: _value(r, p + "final_risk"),
                lambda r, p: f"{_value(r, p + 'final_risk'):.3g}"),
-              ("head classes (colour: learned heads)", "magma", _learned, _classes_text),
+              ("head classes (colour: learned heads)", "magma", lambda r, p: sum(_value(r, f"{p}n_{c}") for c in LEARNED_CLASSES),
+               lambda r, p: class_counts_text({c: _value(r, f"{p}n_{c}") for c in CLASS_LETTERS}) or "n/a"),
               ("first_learned (pred: predicted_escape)", "plasma", lambda r, p: _value(r, p + "first_learned"),
                _escape_text),
               ("lambda (h: horizon)", "cividis", lambda r, p: _value(r, "lambda"),
@@ -239,9 +218,6 @@ def plot_heads_needed(rows, other_keys=(), *, title: str = "") -> Figure:
     return fig
 
 
-# --------------------------------------------------------------------------- pruning
-
-
 def plot_pruning(curves: dict, *, F: int | None = None, tol: float | None = 0.01, title: str = "", ax=None) -> Figure:
     """Risk against the number of heads removed, one curve per entry of ``curves``
     (``label -> PruningResult``); random orders get a band of +- one standard deviation
@@ -273,9 +249,6 @@ def plot_pruning(curves: dict, *, F: int | None = None, tol: float | None = 0.01
         ax.set_title(title, fontsize=9)
     ax.legend(frameon=False, fontsize=7)
     return ax.figure
-
-
-# --------------------------------------------------------------------------- attention diagnostics
 
 
 def _plain_log_axis(axis, ticks=None) -> None:
@@ -351,10 +324,8 @@ def plot_top_n(diagnosis) -> Figure:
     fig = Figure(figsize=(11, 4.2))
     ax1, ax2 = fig.subplots(1, 2)
     N = np.array(topn["N"])
-    d = [s["mean"] if s["mean"] is not None else np.nan for s in topn["distance"]]
-    sep = [s["mean"] if s["mean"] is not None else np.nan for s in topn["separability"]]
-    ax1.plot(N, d, "o-", color="C0")
-    ax2.plot(N, sep, "o-", color="C1")
+    for ax, key, color in ((ax1, "distance", "C0"), (ax2, "separability", "C1")):
+        ax.plot(N, [s["mean"] if s["mean"] is not None else np.nan for s in topn[key]], "o-", color=color)
     for ax in (ax1, ax2):
         ax.set_xscale("log")
         _plain_log_axis(ax.xaxis, N)
