@@ -1,6 +1,5 @@
-"""Jacobians of the drift (docs/model.md section 5) over the flattened state
-``v = (M, upper triangle of Q, b)`` of :func:`singleloc.theory._theory.flatten_state` (``b`` only when
-the biases train).
+"""Jacobians of the drift (docs/model.md section 5) over the flattened state ``v = (M, upper triangle of Q, b)`` of
+:func:`singleloc.theory._theory.flatten_state` (``b`` only when the biases train).
 
 ``jax.jacobian`` of the drift, or central finite differences where it cannot be
 trusted: the derivative of ``jnp.linalg.eigh`` (inside ``Q^{1/2}``) divides by the gaps between
@@ -87,9 +86,7 @@ def _jacobian(field: Callable, jacobian: Callable, v0, Q, *, method: str, step: 
 def drift_jacobian(ode: OrderParameterODE, M, Q, b, *, method: str = "auto", step: float = 1e-6,
                    basis=None) -> tuple[np.ndarray, str]:
     """Jacobian of ``ode.drift`` over :func:`flatten_state` coordinates at ``(M, Q, b)``, and the
-    method used: ``"autodiff"``, ``"finite-difference"`` (relative ``step``) or ``"auto"``
-    (autodiff, or differences where ``Q`` has repeated eigenvalues or autodiff is not finite).
-    With ``basis`` (n, k): ``J U``, its action on those directions only (``_jacobian``)."""
+    method used (``method``, ``step`` and ``basis`` as :func:`_jacobian`'s)."""
     M = jnp.asarray(M, dtype=jnp.result_type(float))
     Q, b = jnp.asarray(Q, dtype=M.dtype), jnp.asarray(b, dtype=M.dtype)
     H, F = M.shape

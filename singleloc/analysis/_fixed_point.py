@@ -53,9 +53,8 @@ _symmetric_risk_jit = eqx.filter_jit(_symmetric_risk)
 
 @dataclasses.dataclass(frozen=True)
 class FixedPoint:
-    """The unspecialized fixed point: state ``M`` (H, F), ``Q`` (H, H), ``b`` (H,); symmetric
-    coordinates ``x``; ``residual`` = max |drift| there; ``converged``; its ``risk``; and the
-    symmetric trajectory ``path_tau``, ``path_x``, ``path_risk`` that led to it."""
+    """The unspecialized fixed point: state ``M`` (H, F), ``Q`` (H, H), ``b`` (H,); symmetric coordinates ``x``;
+    ``residual`` = max |drift| there; ``converged``; its ``risk``; the symmetric trajectory ``path_*`` that led to it."""
 
     M: np.ndarray
     Q: np.ndarray

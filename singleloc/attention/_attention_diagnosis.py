@@ -60,13 +60,10 @@ class AttentionDiagnosis:
     temperature ``T``, the mean and median spectral norm, the mean Frobenius norm of the exact
     Jacobian, the bound ``1/(2T)`` and the mean finite difference per ``eps``; ``top_n`` (None
     without values): the grid ``N``, the statistics of ``d`` and ``N_s/N`` per ``N``, the KS
-    statistics and p-values, ``critical_n``, ``detectable_shift`` (the power of the tests: the
-    smallest change of the distribution function of ``d`` they detect,
-    :func:`~singleloc.attention._top_n.detectable_shift`) and ``stable_samples`` (the samples below
-    which that exceeds :data:`~singleloc.attention._top_n.STABLE_SHIFT` and the critical top-N is
-    unstable). Also ``epsilons`` (the finite-difference sizes),
-    ``value_dim`` (``d``, None without values) and ``ks_sample_count`` (the finite samples of the
-    KS test at the first ``N``).
+    statistics and p-values, ``critical_n``, ``detectable_shift`` and ``stable_samples``
+    (:func:`~singleloc.attention._top_n.detectable_shift`, :func:`~singleloc.attention._top_n.stable_samples`).
+    Also ``epsilons``, ``value_dim`` (``d``, None without values) and ``ks_sample_count`` (the finite samples of
+    the KS test at the first ``N``).
 
     Per analysed row with at least two tokens (1-D arrays, for the figures): ``tokens`` (its
     length), ``max_weight``, ``max_scaled = L * max alpha`` and ``min_scaled = L * min alpha``.

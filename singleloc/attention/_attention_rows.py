@@ -32,8 +32,6 @@ from ..ground._validation import integer, number
 #: The annotations of the public functions' arrays (checked at the door: a real array of any shape, a boolean mask).
 Rows, Mask = Real[ArrayLike, "..."], Bool[ArrayLike, "..."] | None
 
-# --------------------------------------------------------------------------- validation
-
 
 def _as_float(name: str, x, *, min_ndim: int = 1, allow_neg_inf: bool = False) -> np.ndarray:
     arr = np.asarray(x, dtype=np.float64)  # a number type: checked at the door (singleloc.ground._arguments)

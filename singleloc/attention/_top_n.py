@@ -30,8 +30,6 @@ from scipy import stats
 
 from ._attention_rows import Mask, Rows, _count, _mask, _n_grid, _significance, _values, _weights
 
-# --------------------------------------------------------------------------- top-N selection
-
 
 def _select(keys: np.ndarray, valid: np.ndarray, n: int) -> np.ndarray:
     """The ``n`` valid tokens with the smallest keys (ties: lower index first)."""
@@ -119,8 +117,6 @@ def top_n_diagnostics(weights: Rows, values: Rows, n: int | None = None, *, mask
         ratio = ns / sel.sum(axis=-1)
     return TopN(sel, s, dist, d, r, ns, ratio)
 
-
-# --------------------------------------------------------------------------- critical top-N
 
 #: The largest detectable shift (:func:`detectable_shift`) at which the critical top-N counts as stable:
 #: a rise of ``d`` that moves its distribution function by a fifth is detected.

@@ -2,12 +2,9 @@
 
 A layer with keys ``K`` (H, D) and biases ``b`` (H,) is scored on ``n`` fresh sequences of the
 model with spikes ``kstar`` (F, D) (docs/model.md section 1): ``x_l ~ N(0, I_D)`` and
-``x_eps = z + (1/sqrt(D)) sum_f theta_f k*_f``. The simulator's test risk and the pruning of
-finite-D weights (:class:`singleloc.WeightsRisk`) both use the two functions of this module:
-
-* :func:`draw_heldout` draws the sequences once, as :class:`HeldoutSequences`;
-* :func:`heldout_losses` evaluates the finite-D and the limit loss of the layer, or of any
-  subset of its heads, on them.
+``x_eps = z + (1/sqrt(D)) sum_f theta_f k*_f``. The simulator's test risk and the pruning of finite-D weights
+(:class:`singleloc.WeightsRisk`) both draw the sequences once (:func:`draw_heldout`) and evaluate the finite-D and the
+limit loss of the layer, or of any subset of its heads, on them (:func:`heldout_losses`).
 
 The reduction. Let ``U`` (r, D) be an orthonormal basis of the span of the keys and spikes
 (``r = H + F`` rows, from a QR factorisation; if the keys are linearly dependent ``U`` spans
@@ -66,11 +63,8 @@ class HeldoutSequences(eqx.Module):
 
 
 def draw_heldout(key: jax.Array, prior: Prior, K: jax.Array, kstar: jax.Array, n: int, L: int) -> HeldoutSequences:
-    """Draw ``n`` fresh sequences of ``L`` tokens for keys ``K`` (H, D) and spikes ``kstar`` (F, D).
-
-    ``key`` is split into four streams (latents, relevant indices, span coordinates,
-    chi-squares); everything is drawn in ``K``'s dtype. Requires ``D > H + F``.
-    """
+    """Draw ``n`` fresh sequences of ``L`` tokens for keys ``K`` (H, D) and spikes ``kstar`` (F, D), in ``K``'s
+    dtype, from four streams of ``key`` (latents, relevant indices, span coordinates, chi-squares); ``D > H + F``."""
     H, D = K.shape
     F = kstar.shape[0]
     r = H + F

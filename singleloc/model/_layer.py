@@ -1,13 +1,5 @@
-"""The attention layer and its losses (docs/model.md sections 2 and 3).
-
-All functions act on one sequence; ``jax.vmap`` them over samples.
-
-* :func:`token_weights`: ``a_l = (1/H) sum_h act(s)_hl`` from scores ``s`` (H, L), or
-  ``a_l = sum_h v_h act(s)_hl`` with trained head weights ``v`` (H,);
-* :func:`limit_loss`: the ``D -> infinity`` loss ``(1 - a_eps)^2 + sum_{l != eps} a_l^2``
-  as a function of the scores; the theory engine differentiates it to get ``c_hl``;
-* :func:`finite_loss`: ``|x_eps - sum_l a_l x_l|^2 / D`` for tokens ``X`` (L, D) and keys
-  ``K`` (H, D); the simulator differentiates it.
+"""The attention layer and its losses (docs/model.md sections 2 and 3), on one sequence (``jax.vmap`` them over
+samples): the theory engine differentiates :func:`limit_loss`, the simulator :func:`finite_loss`.
 """
 
 from __future__ import annotations

@@ -78,7 +78,6 @@ class Prior:
         object.__setattr__(self, "probs", _as_tuple(probs))
         object.__setattr__(self, "noise_cov", _as_tuple(cov))
 
-    # -- shapes and moments -------------------------------------------------------------
     @property
     def F(self) -> int:
         """Number of latent directions (spikes)."""
@@ -108,7 +107,6 @@ class Prior:
         a, p, mu = self.atoms_array(), self.probs_array(), self.mean()
         return (a - mu).T @ ((a - mu) * p[:, None]) + np.asarray(self.noise_cov, dtype=float)
 
-    # -- sampling -----------------------------------------------------------------------
     def sample(self, key: jax.Array, shape: tuple[int, ...] = ()) -> jax.Array:
         """Draw ``theta`` of shape ``shape + (F,)``."""
         k_atom, k_noise = jax.random.split(key)

@@ -32,15 +32,9 @@ the keys always, the biases with ``train_bias``, and the head weights ``v`` of `
 its ``weighting`` says (:mod:`~singleloc.sgd._head_weighting`, ``U`` then gaining the block ``-r dl/dv``),
 which declares the ODE's state (:attr:`AbstractSGDRule.State`).
 
-Variants. A rule holds a chain of :class:`AbstractVariant` pieces
-(:mod:`~singleloc.sgd._sgd_variants`: mini-batches, weight decay, learning-rate schedules,
-momentum), applied in order to the gradient as optax's ``chain`` applies its transformations.
-A piece is identity in every hook except those it overrides: the learning rate
-(:meth:`AbstractVariant.learning_rate`), the sequences per step
-(:meth:`AbstractVariant.sequences`), the rate at which what enters it moves the state
-(:meth:`AbstractVariant.rate`: a velocity's echo), its finite-D state and its transformation
-of the gradient (:meth:`AbstractVariant.init`, :meth:`AbstractVariant.direction`) and its
-deterministic terms of ``U`` (:meth:`AbstractVariant.increment`). A term a piece adds to the
+Variants. A rule holds a chain of :class:`AbstractVariant` pieces (:mod:`~singleloc.sgd._sgd_variants`), applied in
+order to the gradient as optax's ``chain`` applies its transformations; a piece is identity in every hook except
+those it overrides. A term a piece adds to the
 gradient is carried by the pieces after it, so it moves the state at the rate of its place in
 the chain (:meth:`AbstractSGDRule.rates`): weight decay before momentum is the coupled decay
 whose ODE runs at the momentum's effective rate, after it the decoupled one.
@@ -261,8 +255,7 @@ class OnlineSGD(AbstractSGDRule):
     ``train_bias``: whether the biases follow their gradient; ``weighting``: the layer's head weights
     (:class:`~singleloc.UniformHeads`, :class:`~singleloc.TrainedHeads`); ``variants``: the chain of pieces
     (:mod:`~singleloc.sgd._sgd_variants`), e.g. ``OnlineSGD(0.5, True, (MiniBatch(4), WeightDecay(0.1),
-    Momentum(0.9)))``. The variants are
-    static: a variant's programs are its own, while ODEs that differ only in ``lr`` share theirs.
+    Momentum(0.9)))``, static (a variant's programs are its own; ODEs that differ only in ``lr`` share theirs).
 
     ``lr`` is a float for the simulator (its update then rounds as ``k - lr * g`` in the keys'
     precision) and an array in :class:`~singleloc.OrderParameterODE` (a value its compiled
