@@ -160,8 +160,7 @@ class HeadClasses:
 
 def classify_heads(M: Real[ArrayLike, "*S H F"], Q: Real[ArrayLike, "*S H H"], *, mean: Real[ArrayLike, " F"] | None = None,
                    weights: Real[ArrayLike, "*S H"] | None = None, threshold: float = 0.9, margin: float = 0.05,
-                   min_fraction: float = 0.3,
-                   mean_tol: float = 0.1, plane_tol: float = 0.2, redundancy: float = 0.99,
+                   min_fraction: float = 0.3, mean_tol: float = 0.1, plane_tol: float = 0.2, redundancy: float = 0.99,
                    off_fraction: float = 0.05) -> HeadClasses:
     """The class of every head (rules and defaults in the module docstring).
 
@@ -201,9 +200,8 @@ def classify_heads(M: Real[ArrayLike, "*S H F"], Q: Real[ArrayLike, "*S H H"], *
     code = np.select([unspecialized, aligned, leaning], [0, 1, 2], default=3)
     off = np.zeros(code.shape, bool) if weights is None else np.asarray(weights, float) < off_fraction
     cos = head_cosines(Q)
-    H = code.shape[-1]
     redundant = np.zeros(code.shape, bool)
-    for h in range(1, H):
+    for h in range(1, code.shape[-1]):
         redundant[..., h] = np.any((cos[..., :h, h] >= redundancy) & ~off[..., :h], axis=-1)
     code = np.where(off, HEAD_CLASSES.index("off"), np.where(redundant, HEAD_CLASSES.index("redundant"), code))
     return HeadClasses(code.astype(np.int8), f, angle_spike, angle_mean)

@@ -6,14 +6,12 @@ Plain NumPy arrays, from a theory trajectory or a simulation alike: ``tau`` (T,)
 (:mod:`singleloc.analysis._plateaus`) and what each head has learned (:mod:`singleloc.analysis._head_classes`) at every
 saved time, by the rules stated there. One rule is its own:
 
-* **Escape from the unspecialized phase.** A trajectory has *escaped* when a head is in a
-  learned class at its last saved time; :attr:`PhaseAnalysis.first_learned` is the first
-  saved time from which some head stays learned to the end (NaN if none),
-  :attr:`PhaseAnalysis.first_specialization` the first saved time at which some head is
-  aligned, and :attr:`PhaseAnalysis.escape_time` the halfway time from the last plateau whose centre
-  precedes it to the next plateau's value (the final risk after the last plateau, also when
-  that plateau's extent runs to the end: a drop too small for the rate criterion, as for late
-  softmax heads); NaN if the risk has no plateau before.
+* **Escape from the unspecialized phase.** A trajectory has *escaped* when a head is in a learned class at its last
+  saved time; :attr:`PhaseAnalysis.first_learned` is the first saved time from which some head stays learned to the
+  end (NaN if none), :attr:`PhaseAnalysis.first_specialization` the first saved time at which some head is aligned,
+  and :attr:`PhaseAnalysis.escape_time` the halfway time from the last plateau whose centre precedes it to the next
+  plateau's value (the final risk after the last plateau, also when that plateau's extent runs to the end: a drop
+  too small for the rate criterion, as for late softmax heads); NaN if the risk has no plateau before.
 """
 
 from __future__ import annotations
@@ -42,19 +40,17 @@ from ._settled import Settledness, settledness
 class PhaseAnalysis:
     """Phases of ``S`` trajectories on a common time grid (see :func:`analyze`).
 
-    ``tau`` (T,); ``classes`` (:class:`HeadClasses` over (S, T, H)) what each head has
-    learned; ``escaped`` (S,) whether a head is in a learned class at the end; ``labels``
-    (S, T, H) the spike (latent direction) each head is aligned to, or -1;
-    ``n_specialized`` (S, T) number of aligned heads (labels >= 0, copies included);
-    ``n_directions`` (S, T) number of distinct directions they cover;
-    ``redundant`` (S, T) redundant pairs; ``profiles`` (S, T) pairs with a shared profile;
-    ``cos`` (S, T, H, F) head-spike cosines (:func:`~singleloc.analysis._head_classes.head_spike_cosines`);
-    ``specialization_times`` (S, H) from which each head stays aligned; ``plateaus`` (per
-    trajectory, a list of :class:`Plateau`); ``escapes`` (per trajectory, the escape times of
-    every plateau); ``escape_time``, ``first_learned``, ``first_specialization`` (S,) (module
-    docstring); ``final_risk`` (S,); ``rearrangements`` (per trajectory, a list of ``(tau, head,
-    old, new)`` changes of the aligned direction); ``settled`` whether each trajectory has settled
-    at its last saved time (:mod:`singleloc.analysis._settled`).
+    ``tau`` (T,); ``classes`` (:class:`HeadClasses` over (S, T, H)) what each head has learned; ``escaped`` (S,)
+    whether a head is in a learned class at the end; ``labels`` (S, T, H) the spike (latent direction) each head is
+    aligned to, or -1; ``n_specialized`` (S, T) number of aligned heads (labels >= 0, copies included);
+    ``n_directions`` (S, T) number of distinct directions they cover; ``redundant`` (S, T) redundant pairs;
+    ``profiles`` (S, T) pairs with a shared profile; ``cos`` (S, T, H, F) head-spike cosines
+    (:func:`~singleloc.analysis._head_classes.head_spike_cosines`); ``specialization_times`` (S, H) from which each
+    head stays aligned; ``plateaus`` (per trajectory, a list of :class:`Plateau`); ``escapes`` (per trajectory, the
+    escape times of every plateau); ``escape_time``, ``first_learned``, ``first_specialization`` (S,) (module
+    docstring); ``final_risk`` (S,); ``rearrangements`` (per trajectory, a list of ``(tau, head, old, new)``
+    changes of the aligned direction); ``settled`` whether each trajectory has settled at its last saved time
+    (:mod:`singleloc.analysis._settled`).
     """
 
     tau: np.ndarray
@@ -77,13 +73,12 @@ class PhaseAnalysis:
     settled: Settledness
 
     def summary(self, index: int | None = None) -> dict:
-        """Scalars for tables: means over trajectories (or one trajectory) at the last saved
-        time: ``final_risk``, ``escaped`` (fraction of trajectories), ``escape_time``,
-        ``first_learned``, ``first_specialization``, ``n_<class>`` for every class of :data:`HEAD_CLASSES`,
-        ``leaning_angle_spike`` and ``leaning_angle_mean`` (mean angles of the leaning heads,
-        in degrees; NaN if none), ``n_directions``, ``shared_profiles``, ``settled`` (fraction of the
-        trajectories settled, :mod:`singleloc.analysis._settled`) and ``risk_change`` (the largest
-        relative change of their risks over the criterion's window)."""
+        """Scalars for tables: means over trajectories (or one trajectory) at the last saved time: ``final_risk``,
+        ``escaped`` (fraction of trajectories), ``escape_time``, ``first_learned``, ``first_specialization``,
+        ``n_<class>`` for every class of :data:`HEAD_CLASSES`, ``leaning_angle_spike`` and ``leaning_angle_mean``
+        (mean angles of the leaning heads, in degrees; NaN if none), ``n_directions``, ``shared_profiles``,
+        ``settled`` (fraction of the trajectories settled, :mod:`singleloc.analysis._settled`) and ``risk_change``
+        (the largest relative change of their risks over the criterion's window)."""
         sel = slice(None) if index is None else slice(index, index + 1)
 
         def nanmean(x):
@@ -104,18 +99,16 @@ class PhaseAnalysis:
 def analyze(tau: Real[ArrayLike, " T"], M: Real[ArrayLike, "*S T H F"], Q: Real[ArrayLike, "*S T H H"],
             risk: Real[ArrayLike, "*S T"], *, mean: Real[ArrayLike, " F"] | None = None,
             weights: Real[ArrayLike, "*S T H"] | None = None, directions: Real[ArrayLike, "..."] | None = None,
-            threshold: float = 0.9, margin: float = 0.05,
-            min_fraction: float = 0.3, mean_tol: float = 0.1, plane_tol: float = 0.2, redundancy: float = 0.99,
-            off_fraction: float = 0.05, plateau_tol: float = 0.1, prominence: float = 2.0) -> PhaseAnalysis:
-    """Phase analysis of one trajectory (``M`` (T, H, F), ``Q`` (T, H, H), ``risk`` (T,)) or
-    of several (a leading axis ``S``); keyword arguments as in the rules of
-    :mod:`singleloc.analysis._plateaus` (``plateau_tol``, ``prominence``) and
-    :mod:`singleloc.analysis._head_classes` (the others).
+            threshold: float = 0.9, margin: float = 0.05, min_fraction: float = 0.3, mean_tol: float = 0.1,
+            plane_tol: float = 0.2, redundancy: float = 0.99, off_fraction: float = 0.05, plateau_tol: float = 0.1,
+            prominence: float = 2.0) -> PhaseAnalysis:
+    """Phase analysis of one trajectory (``M`` (T, H, F), ``Q`` (T, H, H), ``risk`` (T,)) or of several (a leading
+    axis ``S``); keyword arguments as in the rules of :mod:`singleloc.analysis._plateaus` (``plateau_tol``,
+    ``prominence``) and :mod:`singleloc.analysis._head_classes` (the others).
 
-    ``mean`` is ``E[theta]`` (``config.problem.build_prior().mean()``); ``weights`` (S, T, H)
-    or (T, H) the heads' attention weights (:func:`singleloc.attention_mass`),
-    without which no head is classified ``off``; ``directions`` the latent directions of the
-    ``labels`` (default the spikes).
+    ``mean`` is ``E[theta]`` (``config.problem.build_prior().mean()``); ``weights`` (S, T, H) or (T, H) the heads'
+    attention weights (:func:`singleloc.attention_mass`), without which no head is classified ``off``;
+    ``directions`` the latent directions of the ``labels`` (default the spikes).
     """
     tau = np.asarray(tau, float)
     M, Q, risk = np.asarray(M, float), np.asarray(Q, float), np.asarray(risk, float)

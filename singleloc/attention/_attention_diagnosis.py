@@ -182,20 +182,11 @@ def _mask(name: str, w: np.ndarray, rows: np.ndarray, shape: tuple[int, ...]) ->
     return np.ones(w.shape, dtype=bool), "none"
 
 
-def diagnose_attention(
-    weights: Rows,
-    values: Rows | None = None,
-    *,
-    top_n: Sequence[int] | Integer[ArrayLike, " K"] | None = None,
-    temperatures: Sequence[float] = TEMPERATURES,
-    epsilons: Sequence[float] = FD_EPSILONS,
-    directions: int = 4,
-    mask: str = "auto",
-    max_rows: int = 32,
-    ks_samples: str = "auto",
-    significance: float = 0.01,
-    seed: int = 0,
-) -> AttentionDiagnosis:
+def diagnose_attention(weights: Rows, values: Rows | None = None, *,
+                       top_n: Sequence[int] | Integer[ArrayLike, " K"] | None = None,
+                       temperatures: Sequence[float] = TEMPERATURES, epsilons: Sequence[float] = FD_EPSILONS, directions: int = 4,
+                       mask: str = "auto", max_rows: int = 32, ks_samples: str = "auto", significance: float = 0.01,
+                       seed: int = 0) -> AttentionDiagnosis:
     """Vanishing attention, gradient sensitivity and (with ``values``) the top-N diagnostics.
 
     ``weights`` ``(heads..., Lq, L)`` (a NumPy array, possibly memory-mapped: only the analysed

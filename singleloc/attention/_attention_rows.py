@@ -79,9 +79,8 @@ def _values(values, weights_shape: tuple[int, ...]) -> np.ndarray:
     try:
         np.broadcast_shapes(v.shape[:-2], weights_shape[:-1])
     except ValueError:
-        raise ValueError(
-            f"values' leading shape {v.shape[:-2]} does not broadcast against the weights' leading shape {weights_shape[:-1]}"
-        ) from None
+        raise ValueError(f"values' leading shape {v.shape[:-2]} does not broadcast against the weights' leading shape "
+                         f"{weights_shape[:-1]}") from None
     return v
 
 

@@ -133,9 +133,8 @@ def random_directions(shape: tuple[int, ...], num: int = 1, *, seed: int = 0, ma
     return v / np.linalg.norm(v, axis=-1, keepdims=True)
 
 
-def finite_difference_sensitivity(
-    logits: Rows, temperature: float, eps: float, *, num_directions: int = 1, seed: int = 0, directions: Rows | None = None
-) -> np.ndarray:
+def finite_difference_sensitivity(logits: Rows, temperature: float, eps: float, *, num_directions: int = 1, seed: int = 0,
+                                  directions: Rows | None = None) -> np.ndarray:
     """Finite-difference gradient sensitivity ``|softmax((l + eps v)/T) - softmax(l/T)| / eps``.
 
     Euclidean norm, one value per row and direction: shape ``logits.shape[:-1] + (K,)``. The

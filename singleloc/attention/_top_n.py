@@ -193,15 +193,9 @@ def ks_critical_n(n_grid: Rows | Sequence[int], distance: Rows, *, significance:
     return CriticalTopN(grid, dist, stat, pval, critical, significance, detectable)
 
 
-def critical_top_n(
-    weights: Rows,
-    values: Rows,
-    n_grid: Sequence[int] | Integer[ArrayLike, " K"],
-    *,
-    significance: float = 0.01,
-    mask: Mask = None,
-    pool_axes: Sequence[int] | Integer[ArrayLike, " K"] = (),
-) -> CriticalTopN:
+def critical_top_n(weights: Rows, values: Rows, n_grid: Sequence[int] | Integer[ArrayLike, " K"], *,
+                   significance: float = 0.01, mask: Mask = None,
+                   pool_axes: Sequence[int] | Integer[ArrayLike, " K"] = ()) -> CriticalTopN:
     """Critical top-N: the N at which the representation distance stops growing (distance collapse).
 
     For every ``N`` of the increasing ``n_grid``, the representation distance

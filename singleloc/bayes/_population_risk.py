@@ -98,11 +98,9 @@ def layer_risk_check(expectation: AbstractExpectation, M, Q, b, v=None) -> jax.A
     return expectation.risk_check(M, Q, b, v)
 
 
-def population_risk(
-    prior: Prior, L: int, activation: str, M: Real[ArrayLike, "H F"], Q: Real[ArrayLike, "H H"],
-    b: Real[ArrayLike, " H"], points: int = 4096, seed: int = 0, replicates: int = 8,
-    route: str = "auto", v: Real[ArrayLike, " H"] | None = None, nodes: int = NODES,
-) -> RiskEstimate:
+def population_risk(prior: Prior, L: int, activation: str, M: Real[ArrayLike, "H F"], Q: Real[ArrayLike, "H H"],
+                    b: Real[ArrayLike, " H"], points: int = 4096, seed: int = 0, replicates: int = 8, route: str = "auto",
+                    v: Real[ArrayLike, " H"] | None = None, nodes: int = NODES) -> RiskEstimate:
     """Population risk ``R(M, Q, b)`` of a layer (docs/model.md section 3) with its numerical error.
 
     A normalised-exponential activation (``route = "auto"``): the exact route

@@ -124,8 +124,7 @@ _STAGING: contextvars.ContextVar[_Staging | None] = contextvars.ContextVar("sing
 
 
 @contextlib.contextmanager
-def written_together(folder: str | Path, stale: Callable[[set[Path]], Iterable[Path]] | None = None
-                     ) -> Iterator[list[Path]]:
+def written_together(folder: str | Path, stale: Callable[[set[Path]], Iterable[Path]] | None = None) -> Iterator[list[Path]]:
     """The files written into ``folder`` in this block (by :func:`atomic_write`) are one unit: each is written
     whole into a hidden temporary file, and only when the block ends without error do they all take their places
     (renames within one folder, which need no free space). On any failure every temporary file is removed and

@@ -48,15 +48,12 @@ SCHEDULER_ENV = "DASK_SCHEDULER_ADDRESS"
 #: processes share ``workers`` cores (Dask already sets one thread for OpenMP, MKL and OpenBLAS), and no
 #: preallocation of accelerator memory (local workers may share a GPU). Double precision is set by the task itself
 #: (an environment variable would be read too late where the caller's main module imports JAX).
-WORKER_ENV = {
-    "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1",
-    "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
-}
+WORKER_ENV = {"XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1",
+              "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
 
 
 #: Dask settings of a local cluster: workers forked from a server deaf to Ctrl-C (:func:`_fork_server_deaf_to_ctrl_c`);
-#: no statistical profiler on the workers (it serves the dashboard, which is off, and samples JAX's deep stacks: a
-#: worker's first sweep point took 25 s with it, 18 s without, once, on a loaded 2-core machine).
+#: no statistical profiler on the workers (it serves the dashboard, which is off, and slows JAX's deep stacks).
 LOCAL_CONFIG = {"distributed.worker.profile.enabled": False, "distributed.worker.multiprocessing-method": "forkserver"}
 
 
@@ -89,12 +86,9 @@ class Cluster:
     :func:`run_points` with tasks to run, or :attr:`threads` of an external cluster)."""
 
     def __init__(self, workers: int, address: str | None, source: str = "scheduler"):
-        self.workers = workers
-        self.address = address
-        self.source = source  # where the address comes from, for messages
+        self.workers, self.address, self.source = workers, address, source  # source: of the address, for messages
         self.where = address or ("local" if workers > 1 else "serial")
-        self._stack = contextlib.ExitStack()
-        self._client = None
+        self._stack, self._client = contextlib.ExitStack(), None
 
     def client(self):
         """The :class:`distributed.Client` of the cluster, started or connected on the first call."""
@@ -240,20 +234,10 @@ def open_cluster(workers: int = 1, scheduler: str | None = None) -> Iterator[Clu
         cluster.close()
 
 
-def run_points(
-    tasks: Sequence[tuple[Hashable, tuple]],
-    fn: Callable[..., Any],
-    on_result: Callable[[Hashable, Any], None],
-    *,
-    workers: int = 1,
-    scheduler: str | None = None,
-    cluster: Cluster | None = None,
-    progress: bool = True,
-    desc: str = "points",
-    group: Callable[..., Hashable] | None = None,
-    size: Callable[..., int] | None = None,
-    costs: Mapping[Hashable, float] | None = None,
-) -> PointsReport:
+def run_points(tasks: Sequence[tuple[Hashable, tuple]], fn: Callable[..., Any], on_result: Callable[[Hashable, Any], None],
+               *, workers: int = 1, scheduler: str | None = None, cluster: Cluster | None = None, progress: bool = True,
+               desc: str = "points", group: Callable[..., Hashable] | None = None, size: Callable[..., int] | None = None,
+               costs: Mapping[Hashable, float] | None = None) -> PointsReport:
     """Run ``fn(*args)`` for every task ``(key, args)`` and call ``on_result(key, result)`` in
     this process as each result arrives.
 

@@ -4,9 +4,8 @@ Step ``t`` (time ``tau = t / D``) of plain online SGD draws one fresh sequence a
 
     k_h <- k_h - lr grad_{k_h} l_D,        b_h <- b_h - (lr / D) dl_D/db_h   (when biases train),
 
-:meth:`AbstractSGDRule.step`, the finite-D update the simulator applies. In order parameters
-(docs/model.md section 5.2) the step changes ``(M, Q, b)`` by ``U / D`` with, to leading order
-in ``1/D``,
+:meth:`AbstractSGDRule.step`, the finite-D update the simulator applies. In order parameters (docs/model.md section
+5.2) the step changes ``(M, Q, b)`` by ``U / D`` with, to leading order in ``1/D``,
 
     U = ( -lr sum_l c_l nu_l^T,   -lr sum_l (c_l g_l^T + g_l c_l^T) + lr^2 sum_l c_l c_l^T,   -lr sum_l c_l )
 
@@ -18,11 +17,10 @@ of the step): :meth:`AbstractSGDRule.update`, one sequence's update. Over ``d ta
     drift = E[U]            (:meth:`AbstractSGDRule.drift`, the ODE's vector field),
     Sigma = Cov(U)          (:meth:`AbstractSGDRule.update_covariance`, the SDE's),
 
-``Sigma`` being the per-step update covariance times ``D^2`` (the diffusion per unit time is
-``Sigma / D``). ``U`` is linear in the products ``c nu^T``, ``c g^T``, ``c``, ``c c^T``, so the
-drift is the same map applied to their field averages, :class:`GradientMoments`, which the ODE
-computes on either route (the Sobol rule, or the exact risk's gradient plus the rule's Gram
-term: :meth:`~singleloc.OrderParameterODE.gradient_moments`).
+``Sigma`` being the per-step update covariance times ``D^2`` (the diffusion per unit time is ``Sigma / D``). ``U``
+is linear in the products ``c nu^T``, ``c g^T``, ``c``, ``c c^T``, so the drift is the same map applied to their
+field averages, :class:`GradientMoments`, which the ODE computes on either route (the Sobol rule, or the exact
+risk's gradient plus the rule's Gram term: :meth:`~singleloc.OrderParameterODE.gradient_moments`).
 
 The interface. :class:`AbstractSGDRule` is the seam (``init_state``/``step`` are optax's ``init``/``update``);
 every view takes the time ``tau``, so that the ODE, the SDE and the simulator see the same rate at the same
@@ -34,10 +32,9 @@ which declares the ODE's state (:attr:`AbstractSGDRule.State`).
 
 Variants. A rule holds a chain of :class:`AbstractVariant` pieces (:mod:`~singleloc.sgd._sgd_variants`), applied in
 order to the gradient as optax's ``chain`` applies its transformations; a piece is identity in every hook except
-those it overrides. A term a piece adds to the
-gradient is carried by the pieces after it, so it moves the state at the rate of its place in
-the chain (:meth:`AbstractSGDRule.rates`): weight decay before momentum is the coupled decay
-whose ODE runs at the momentum's effective rate, after it the decoupled one.
+those it overrides. A term a piece adds to the gradient is carried by the pieces after it, so it moves the state at
+the rate of its place in the chain (:meth:`AbstractSGDRule.rates`): weight decay before momentum is the coupled
+decay whose ODE runs at the momentum's effective rate, after it the decoupled one.
 
 The simulator, the ODE and the SDE call the rule and nothing else, so their cross-checks test every variant.
 """
@@ -72,11 +69,10 @@ def flat_drift(drift: OrderParameters) -> jax.Array:
 
 
 class GradientMoments(NamedTuple):
-    """Field averages of the limit loss's gradient ``c`` (H, L) that the drift of online SGD is made
-    of: ``cnu = E[sum_l c_l nu_l^T]`` (H, F), ``cg = E[sum_l c_l g_l^T]`` (H, H), ``c =
-    E[sum_l c_l]`` (H,) and ``cc = E[sum_l c_l c_l^T]`` (H, H); with trained head weights ``v``,
-    ``cv = E[dl/dv]`` (H,) (``None`` otherwise). For one sequence (no average) they are the
-    products themselves."""
+    """Field averages of the limit loss's gradient ``c`` (H, L) that the drift of online SGD is made of:
+    ``cnu = E[sum_l c_l nu_l^T]`` (H, F), ``cg = E[sum_l c_l g_l^T]`` (H, H), ``c = E[sum_l c_l]`` (H,) and
+    ``cc = E[sum_l c_l c_l^T]`` (H, H); with trained head weights ``v``, ``cv = E[dl/dv]`` (H,) (``None``
+    otherwise). For one sequence (no average) they are the products themselves."""
 
     cnu: jax.Array
     cg: jax.Array
@@ -119,8 +115,7 @@ class AbstractVariant(eqx.Module):
         """This piece's finite-D state at the start (``None``: it has none)."""
         return None
 
-    def direction(self, params: LayerParameters, grads: LayerParameters, state: Any, D: int
-                  ) -> tuple[LayerParameters, Any]:
+    def direction(self, params: LayerParameters, grads: LayerParameters, state: Any, D: int) -> tuple[LayerParameters, Any]:
         """The finite-D step's direction after this piece, and its next state, given the direction
         ``grads`` of the pieces before at the parameters ``params``."""
         return grads, state
@@ -132,11 +127,9 @@ class AbstractVariant(eqx.Module):
 
 
 class AbstractSGDRule(eqx.Module):
-    """An SGD rule: one object for the simulator's step, the ODE's drift and the SDE's update
-    covariance (module docstring). A concrete rule holds the learning rate ``lr``, what trains
-    (``train_bias``, the head ``weighting``) and its chain of ``variants``, and implements the
-    finite-D :meth:`step`, the increment :meth:`increment` and :meth:`update_covariance`; the other
-    views follow from those here."""
+    """An SGD rule: one object for the simulator's step, the ODE's drift and the SDE's update covariance (module
+    docstring). A concrete rule holds ``lr``, what trains (``train_bias``, the head ``weighting``) and its chain of
+    ``variants``, and implements :meth:`step`, :meth:`increment` and :meth:`update_covariance`."""
 
     lr: eqx.AbstractVar[float | jax.Array]
     train_bias: eqx.AbstractVar[bool]
@@ -168,12 +161,11 @@ class AbstractSGDRule(eqx.Module):
         return math.prod(piece.sequences() for piece in self.variants)
 
     def rates(self, tau) -> tuple[list, float | jax.Array]:
-        """``(per_piece, r)``: the rate per sequence at which a term added to the gradient at each
-        piece's place moves the order parameters, and that of the loss gradient itself, ``r =``
-        :meth:`rate`. A step moves by ``learning_rate(tau)`` times its direction and a unit of
-        time holds ``B`` sequences per step, so what leaves the chain moves at
-        ``learning_rate(tau) / B``; each piece maps the rate of what leaves it to that of what
-        enters it (:meth:`AbstractVariant.rate`)."""
+        """``(per_piece, r)``: the rate per sequence at which a term added to the gradient at each piece's place
+        moves the order parameters, and that of the loss gradient itself, ``r =`` :meth:`rate`. A step moves by
+        ``learning_rate(tau)`` times its direction and a unit of time holds ``B`` sequences per step, so what
+        leaves the chain moves at ``learning_rate(tau) / B``; each piece maps the rate of what leaves it to that of
+        what enters it (:meth:`AbstractVariant.rate`)."""
         B, r = self.batch, self.learning_rate(tau)
         r = r if B == 1 else r / B
         per_piece = []
@@ -183,9 +175,9 @@ class AbstractSGDRule(eqx.Module):
         return per_piece[::-1], r
 
     def rate(self, tau) -> float | jax.Array:
-        """The rate per sequence at time ``tau``: one sequence's gradient moves the order parameters
-        as a step of plain online SGD at this rate (``learning_rate(tau) / B``, divided by ``1 -
-        beta`` with momentum; docs/model.md section 11)."""
+        """The rate per sequence at time ``tau``: one sequence's gradient moves the order parameters as a step of
+        plain online SGD at this rate (``learning_rate(tau) / B``, divided by ``1 - beta`` with momentum;
+        docs/model.md section 11)."""
         return self.rates(tau)[1]
 
     def init_state(self, params: LayerParameters) -> tuple:
@@ -193,8 +185,7 @@ class AbstractSGDRule(eqx.Module):
         (:meth:`AbstractVariant.init`; ``None`` for a piece without state), threaded by :meth:`step`."""
         return tuple(piece.init(params) for piece in self.variants)
 
-    def direction(self, params: LayerParameters, grads: LayerParameters, state: tuple, D: int
-                  ) -> tuple[LayerParameters, tuple]:
+    def direction(self, params: LayerParameters, grads: LayerParameters, state: tuple, D: int) -> tuple[LayerParameters, tuple]:
         """The chain applied to the loss gradient ``grads``: the step's direction and the next state."""
         states = []
         for piece, s in zip(self.variants, state, strict=True):
@@ -203,8 +194,7 @@ class AbstractSGDRule(eqx.Module):
         return grads, tuple(states)
 
     @abc.abstractmethod
-    def step(self, tau, params: LayerParameters, grads: LayerParameters, state: tuple, D: int
-             ) -> tuple[LayerParameters, tuple]:
+    def step(self, tau, params: LayerParameters, grads: LayerParameters, state: tuple, D: int) -> tuple[LayerParameters, tuple]:
         """The finite-D step at time ``tau``: the parameters after one step whose loss ``l_D`` (the
         mean over the batch) has the gradient ``grads``, and the rule's next state."""
 
@@ -217,16 +207,13 @@ class AbstractSGDRule(eqx.Module):
     def update_covariance(self, tau, mean: jax.Array, second: jax.Array, cc: jax.Array, xi: jax.Array) -> jax.Array:
         """``Sigma = Cov(U)`` (n, n) at time ``tau`` over the flattened coordinates
         (:func:`~singleloc.theory._theory.flatten_state`), from the averages ``mean = E[U]`` and
-        ``second = E[U U^T]`` of :meth:`update` taken with ``nu`` at its conditional mean given the
-        head fields, ``cc = E[sum_l c_l c_l^T]`` (H, H) and ``xi`` (F, F), the conditional
-        covariance of ``nu``."""
+        ``second = E[U U^T]`` of :meth:`update` taken with ``nu`` at its conditional mean given the head fields,
+        ``cc = E[sum_l c_l c_l^T]`` (H, H) and ``xi`` (F, F), the conditional covariance of ``nu``."""
 
     def update(self, tau, M, Q, b, c: jax.Array, g: jax.Array, nu: jax.Array) -> OrderParameters:
-        """``U``, ``D`` times the change of ``(M, Q, b)`` by one sequence at time ``tau`` (one step
-        of batch 1; ``1 / B`` of a step of ``B``), with loss gradient ``c`` (H, L), head fields
-        ``g`` (L, H) and spike fields ``nu`` (L, F), at the state ``(M, Q, b)`` (module docstring
-        at the rate per sequence :meth:`rate`, with the chain's terms; the ``b`` block is 0 when the
-        biases do not train)."""
+        """``U`` of the module docstring: ``D`` times the change of ``(M, Q, b)`` by one sequence at time ``tau``
+        (``1 / B`` of a step of ``B``) with loss gradient ``c`` (H, L), head fields ``g`` (L, H) and spike fields
+        ``nu`` (L, F), at the rate per sequence :meth:`rate`, with the chain's terms."""
         return self.increment(tau, GradientMoments(c @ nu, c @ g, jnp.sum(c, axis=1), c @ c.T), M, Q, b)
 
     def drift(self, tau, M, Q, b, moments: GradientMoments) -> OrderParameters:
@@ -257,9 +244,8 @@ class OnlineSGD(AbstractSGDRule):
     (:mod:`~singleloc.sgd._sgd_variants`), e.g. ``OnlineSGD(0.5, True, (MiniBatch(4), WeightDecay(0.1),
     Momentum(0.9)))``, static (a variant's programs are its own; ODEs that differ only in ``lr`` share theirs).
 
-    ``lr`` is a float for the simulator (its update then rounds as ``k - lr * g`` in the keys'
-    precision) and an array in :class:`~singleloc.OrderParameterODE` (a value its compiled
-    programs receive).
+    ``lr`` is a float for the simulator (its update then rounds as ``k - lr * g`` in the keys' precision) and an
+    array in :class:`~singleloc.OrderParameterODE` (a value its compiled programs receive).
     """
 
     lr: float | jax.Array
@@ -267,13 +253,11 @@ class OnlineSGD(AbstractSGDRule):
     variants: tuple[AbstractVariant, ...] = ()
     weighting: AbstractHeadWeighting = UniformHeads()
 
-    def step(self, tau, params: LayerParameters, grads: LayerParameters, state: tuple, D: int
-             ) -> tuple[LayerParameters, tuple]:
-        """The keys move by ``-learning_rate(tau)`` times the chain's direction ``d`` of ``grads``,
-        the biases (when they train) and the head weights (as the weighting steps them) by
-        ``-learning_rate(tau) / D`` times theirs: ``(K - lr d_K, b - (lr / D) d_b, v - (lr / D) d_v)``, in the keys'
-        precision (a schedule's rate is cast to it); the rule's state is threaded through the
-        chain."""
+    def step(self, tau, params: LayerParameters, grads: LayerParameters, state: tuple, D: int) -> tuple[LayerParameters, tuple]:
+        """The keys move by ``-learning_rate(tau)`` times the chain's direction ``d`` of ``grads``, the biases
+        (when they train) and the head weights (as the weighting steps them) by ``-learning_rate(tau) / D`` times
+        theirs: ``(K - lr d_K, b - (lr / D) d_b, v - (lr / D) d_v)``, in the keys' precision (a schedule's rate is
+        cast to it); the rule's state is threaded through the chain."""
         lr = self.learning_rate(tau)
         if not isinstance(lr, (int, float)):  # a schedule's rate, an array of the run
             lr = jnp.asarray(lr, params.K.dtype)
@@ -287,11 +271,10 @@ class OnlineSGD(AbstractSGDRule):
         return self._gradient_increment(tau, m, M, Q, b, gram=True)
 
     def update_covariance(self, tau, mean: jax.Array, second: jax.Array, cc: jax.Array, xi: jax.Array) -> jax.Array:
-        """``Cov(U) = second - mean mean^T``, plus the part of the spike fields' conditional
-        covariance ``xi``: it adds ``-r sum_l c_l xi_l^T`` to ``U``'s ``M`` block, so ``r^2 cc (x)
-        xi`` to its covariance (docs/model.md section 5.8), at the rate per sequence ``r``.
-        Sequences are independent, also within a batch, so this is the covariance per sequence
-        of any batch."""
+        """``Cov(U) = second - mean mean^T``, plus the part of the spike fields' conditional covariance ``xi``: it
+        adds ``-r sum_l c_l xi_l^T`` to ``U``'s ``M`` block, so ``r^2 cc (x) xi`` to its covariance (docs/model.md
+        section 5.8), at the rate per sequence ``r``. Sequences are independent, also within a batch, so this is
+        the covariance per sequence of any batch."""
         r = self.rate(tau)
         n_M = cc.shape[0] * xi.shape[0]
         cov = second - jnp.outer(mean, mean)
@@ -314,8 +297,7 @@ class GradientFlow(AbstractSGDRule):
                          "lr tau); simulate plain SGD at a small sgd.lr and compare at equal lr tau, or a large "
                          "sgd.batch B at equal steps (tau / B) (docs/model.md section 11.4)")
 
-    def step(self, tau, params: LayerParameters, grads: LayerParameters, state: tuple, D: int
-             ) -> tuple[LayerParameters, tuple]:
+    def step(self, tau, params: LayerParameters, grads: LayerParameters, state: tuple, D: int) -> tuple[LayerParameters, tuple]:
         """Refused, as :meth:`init_state`."""
         return self.init_state(params)
 

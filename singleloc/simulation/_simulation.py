@@ -101,8 +101,7 @@ def _run_functions(setup: Setup):
 
 def simulate(config: Config | None = None, *, problem: Problem | None = None, model: Model | None = None,
              sgd: SGD | None = None, simulation: Simulation | None = None, progress: bool = True,
-             ts: Real[ArrayLike, " T"] | Sequence[float] | None = None
-             ) -> SimulationResult:
+             ts: Real[ArrayLike, " T"] | Sequence[float] | None = None) -> SimulationResult:
     """Run online SGD for every seed and record the saved trajectory.
 
     ``sl.simulate(problem=sl.Problem(L=64), model=sl.Model(heads=4), simulation=sl.Simulation(D=1000))``
