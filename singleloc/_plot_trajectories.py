@@ -20,13 +20,12 @@ def _colors() -> list[str]:
 
 
 def matched_heads(M_last) -> np.ndarray:
-    """The heads of each trajectory reordered to match the spikes: ``M_last`` (S, H, F) (or
-    (H, F)), the overlaps at the last saved time; returns ``order`` (S, H) (or (H,)) such that
-    ``M[s, :, order[s]]`` puts in slot ``k`` a head on spike ``k mod F``: the assignment of heads to
-    spikes that maximises ``sum |M_hf|`` (the Hungarian algorithm,
-    :func:`scipy.optimize.linear_sum_assignment`) fills slots ``0 .. F-1``, the same assignment of the
-    heads left fills the next ``F`` slots, and so on (with ``H < F``, the ``H`` slots in the order of
-    the spikes assigned): slot ``k`` is "the head that learns spike ``k``" in every seed."""
+    """The heads of each trajectory reordered to match the spikes: ``M_last`` (S, H, F) (or (H, F)), the overlaps
+    at the last saved time; returns ``order`` (S, H) (or (H,)) such that ``M[s, :, order[s]]`` puts in slot ``k`` a
+    head on spike ``k mod F``: the assignment of heads to spikes that maximises ``sum |M_hf|`` (the Hungarian
+    algorithm, :func:`scipy.optimize.linear_sum_assignment`) fills slots ``0 .. F-1``, the same assignment of the
+    heads left fills the next ``F`` slots, and so on (with ``H < F``, the ``H`` slots in the order of the spikes
+    assigned): slot ``k`` is "the head that learns spike ``k``" in every seed."""
     from scipy.optimize import linear_sum_assignment
 
     M_last = np.abs(np.nan_to_num(np.asarray(M_last, dtype=float)))
@@ -52,11 +51,11 @@ def _time_axis(ax, tau, log_time: bool | None) -> None:
 
 
 def head_labels(result, match: bool, mean=None) -> list[str]:
-    """The legend labels of the heads of ``result`` (in :func:`matched_heads` order with ``match``):
-    what each has learned by its last saved time, as the phase analysis classes it
-    (:func:`~singleloc.analysis._head_classes.classify_heads` with the prior's ``mean``, without the
-    attention weights: no head is called ``off``), e.g. ``"head 1: aligned to spike 2"``, ``"head 3:
-    combination"``, and ``"(in 3 of 4 starts)"`` where the starts differ; ``"head k"`` without ``Q``."""
+    """The legend labels of the heads of ``result`` (in :func:`matched_heads` order with ``match``): what each has
+    learned by its last saved time, as the phase analysis classes it
+    (:func:`~singleloc.analysis._head_classes.classify_heads` with the prior's ``mean``, without the attention
+    weights: no head is called ``off``), e.g. ``"head 1: aligned to spike 2"``, ``"head 3: combination"``, and
+    ``"(in 3 of 4 starts)"`` where the starts differ; ``"head k"`` without ``Q``."""
     from collections import Counter
 
     from .analysis._head_classes import classify_heads
@@ -141,21 +140,19 @@ def plot_compare(theory=None, simulation=None, title: str = "", *, log_time: boo
     mean over starts (seeds) with the spread from the min to the max: theory a line with a band,
     simulation markers with bars (a legend says which is which).
 
-    ``theory`` and ``simulation`` are :class:`~singleloc.Trajectory` records (or anything with ``tau``,
-    ``risk`` (S, T), ``M`` (S, T, H, F)); either may be ``None``. With ``match`` (default; with ``H >= F``)
-    the heads of every trajectory are put in :func:`matched_heads` order, so that colours and means are
-    over like heads, and a head whose overlap with its spike ends negative is drawn with its signs
-    flipped; the legend names each head by its class at the end (:func:`head_labels`, with the prior's
-    ``mean``). One panel per spike ``f`` shows ``M_hf`` of every head; with ``match`` and ``Q`` one more
-    shows the cosine ``M_hf / sqrt(Q_hh)`` of each head with its own spike (``1/sqrt(F)`` along the mean
-    of the spikes, 1 once specialized). With trained head weights
+    ``theory`` and ``simulation`` are :class:`~singleloc.Trajectory` records (or anything with ``tau``, ``risk``
+    (S, T), ``M`` (S, T, H, F)); either may be ``None``. With ``match`` (default; with ``H >= F``) the heads of
+    every trajectory are put in :func:`matched_heads` order, so that colours and means are over like heads, and a
+    head whose overlap with its spike ends negative is drawn with its signs flipped; the legend names each head by
+    its class at the end (:func:`head_labels`, with the prior's ``mean``). One panel per spike ``f`` shows ``M_hf``
+    of every head; with ``match`` and ``Q`` one more shows the cosine ``M_hf / sqrt(Q_hh)`` of each head with its
+    own spike (``1/sqrt(F)`` along the mean of the spikes, 1 once specialized). With trained head weights
     (``theory.v`` not ``None``) a last panel shows ``v_h(tau)``; with a stated quadrature error
-    (``theory.risk_se``, ``theory.replicates > 1``) an inset shows its size. When both are given
-    on the same saved times, the risk panel states the largest per-seed ``|sim - theory|``. The risk panel draws
-    every start and seed as a thin line beside the means; ``outcomes``: what the heads of the theory's starts and
-    the simulation's seeds have learned at the end, in words
-    (:func:`~singleloc.analysis._head_classes.outcomes_text`), written below the panels.
-    ``log_time``: a log time axis (``None``: when the saved times are log-spaced).
+    (``theory.risk_se``, ``theory.replicates > 1``) an inset shows its size. When both are given on the same saved
+    times, the risk panel states the largest per-seed ``|sim - theory|``. The risk panel draws every start and seed
+    as a thin line beside the means; ``outcomes``: what the heads of the theory's starts and the simulation's seeds
+    have learned at the end, in words (:func:`~singleloc.analysis._head_classes.outcomes_text`), written below the
+    panels. ``log_time``: a log time axis (``None``: when the saved times are log-spaced).
     """
     if theory is None and simulation is None:
         raise ValueError("plot_compare needs a theory or a simulation result")

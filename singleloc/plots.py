@@ -24,17 +24,15 @@ __all__ = ["matched_heads", "plot_compare", "plot_heads_needed", "plot_phase_dia
 
 def plot_phases(analysis, risk, index: int = 0, *, title: str = "", log_time: bool | None = None,
                 direction_names=None, predicted_escape: float | None = None) -> Figure:
-    """Four panels for trajectory ``index`` of a :class:`~singleloc.PhaseAnalysis`:
-    the risk with its plateaus (dots), the escape from each (thin dashed lines), the measured
-    escape from the unspecialized phase (``escape_time``: a solid line) and, given
-    ``predicted_escape`` (:func:`~singleloc.predicted_escape`), the prediction (a dotted line
-    with a diamond), each named in the legend; the alignment ``M_hf / sqrt(Q_hh)`` of every head
-    (colour) with every spike (line style), with a triangle where a head specializes (named in
-    the legend when one is drawn); the number of heads in each class
-    (:data:`~singleloc.HEAD_CLASSES`, the classes that occur; thin vertical lines: aligned heads
-    change spike); the numbers of redundant head pairs and of pairs with a shared spike profile.
-    ``risk`` is (S, T) or (T,). ``log_time``: a log time axis (``None``: when the saved times
-    are log-spaced). Legends where they cover the least data (``loc="best"``)."""
+    """Four panels for trajectory ``index`` of a :class:`~singleloc.PhaseAnalysis`: the risk with its plateaus
+    (dots), the escape from each (thin dashed lines), the measured escape from the unspecialized phase
+    (``escape_time``: a solid line) and, given ``predicted_escape`` (:func:`~singleloc.predicted_escape`), the
+    prediction (a dotted line with a diamond), each named in the legend; the alignment ``M_hf / sqrt(Q_hh)`` of
+    every head (colour) with every spike (line style), with a triangle where a head specializes (named in the
+    legend when one is drawn); the number of heads in each class (:data:`~singleloc.HEAD_CLASSES`, the classes that
+    occur; thin vertical lines: aligned heads change spike); the numbers of redundant head pairs and of pairs with
+    a shared spike profile. ``risk`` is (S, T) or (T,). ``log_time``: a log time axis (``None``: when the saved
+    times are log-spaced). Legends where they cover the least data (``loc="best"``)."""
     from matplotlib.lines import Line2D
 
     colors = _colors()
@@ -126,14 +124,13 @@ def _escape_text(row, prefix: str) -> str:
 
 
 def plot_phase_diagram(rows, *, title: str = "", simulate: bool = False) -> Figure:
-    """Heat maps over (heads H, spikes F) of sweep rows (dicts) of one activation, at the last
-    saved time and as means over seeds: the final risk; the head classes (colour: heads in a
-    learned class, ``aligned + leaning + combination``; text: the count of each class, ``A``
-    aligned, ``L`` leaning, ``C`` combination, ``R`` redundant, ``O`` off, ``U``
-    unspecialized); the escape (colour: ``first_learned``, the first time from which a head stays
-    learned; text: that time or "not yet", and ``predicted_escape``); the escape rate ``lambda``
-    with the ``horizon`` ``h``. Panels are titled by the sweep's column names. A second row for
-    the simulation when ``simulate`` (without the last panel: the prediction is the theory's)."""
+    """Heat maps over (heads H, spikes F) of sweep rows (dicts) of one activation, at the last saved time and as
+    means over seeds: the final risk; the head classes (colour: heads in a learned class,
+    ``aligned + leaning + combination``; text: the count of each class, ``A`` aligned, ``L`` leaning, ``C``
+    combination, ``R`` redundant, ``O`` off, ``U`` unspecialized); the escape (colour: ``first_learned``, the first
+    time from which a head stays learned; text: that time or "not yet", and ``predicted_escape``); the escape rate
+    ``lambda`` with the ``horizon`` ``h``. Panels are titled by the sweep's column names. A second row for the
+    simulation when ``simulate`` (without the last panel: the prediction is the theory's)."""
     panels = [("final_risk", "viridis", lambda r, p: _value(r, p + "final_risk"),
                lambda r, p: f"{_value(r, p + 'final_risk'):.3g}"),
               ("head classes (colour: learned heads)", "magma", lambda r, p: sum(_value(r, f"{p}n_{c}") for c in LEARNED_CLASSES),
@@ -219,10 +216,9 @@ def plot_heads_needed(rows, other_keys=(), *, title: str = "") -> Figure:
 
 
 def plot_pruning(curves: dict, *, F: int | None = None, tol: float | None = 0.01, title: str = "", ax=None) -> Figure:
-    """Risk against the number of heads removed, one curve per entry of ``curves``
-    (``label -> PruningResult``); random orders get a band of +- one standard deviation
-    over draws, Monte Carlo results error bars. ``F`` marks ``H - F`` removed heads;
-    ``tol`` draws the unpruned risk + tol of the first curve. Draws into ``ax`` when given
+    """Risk against the number of heads removed, one curve per entry of ``curves`` (``label -> PruningResult``);
+    random orders get a band of +- one standard deviation over draws, Monte Carlo results error bars. ``F`` marks
+    ``H - F`` removed heads; ``tol`` draws the unpruned risk + tol of the first curve. Draws into ``ax`` when given
     (and returns its figure)."""
     if ax is None:
         ax = Figure(figsize=(5.2, 3.8), constrained_layout=True).subplots()
@@ -293,9 +289,8 @@ def plot_vanishing(diagnosis) -> Figure:
 
 
 def plot_sensitivity(diagnosis) -> Figure:
-    """Gradient sensitivity of an :class:`~singleloc.AttentionDiagnosis` against the
-    temperature: exact Jacobian norms (mean, median), the worst case ``1/(2T)`` and the finite
-    differences of each size ``eps``."""
+    """Gradient sensitivity of an :class:`~singleloc.AttentionDiagnosis` against the temperature: exact Jacobian
+    norms (mean, median), the worst case ``1/(2T)`` and the finite differences of each size ``eps``."""
     jac = diagnosis.jacobian
     fig = Figure(figsize=(6.5, 4.6))
     ax = fig.subplots()

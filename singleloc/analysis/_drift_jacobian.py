@@ -1,19 +1,17 @@
 """Jacobians of the drift (docs/model.md section 5) over the flattened state ``v = (M, upper triangle of Q, b)`` of
 :func:`singleloc.theory._theory.flatten_state` (``b`` only when the biases train).
 
-``jax.jacobian`` of the drift, or central finite differences where it cannot be
-trusted: the derivative of ``jnp.linalg.eigh`` (inside ``Q^{1/2}``) divides by the gaps between
-eigenvalues, so where ``Q`` has repeated eigenvalues (symmetric states with ``H >= 3``, or with
-``M = 0``) autodiff is NaN when the computed eigenvalues are exactly equal and finite but wrong
-when rounding separates them (15% off at a symmetric ``H = 3`` state). ``Q^{1/2}`` itself is
-smooth there, so differences are accurate. The fallback is taken when two eigenvalues of ``Q``
-are within ``_EIGH_GAP_RTOL`` of each other (relative), when autodiff is not finite, and always for a
-route whose autodiff is exact to first order only (a joint layer on the exact route, whose token
-expectation is differentiated by Price's theorem with its conditional law held fixed:
+``jax.jacobian`` of the drift, or central finite differences where it cannot be trusted: the derivative of
+``jnp.linalg.eigh`` (inside ``Q^{1/2}``) divides by the gaps between eigenvalues, so where ``Q`` has repeated
+eigenvalues (symmetric states with ``H >= 3``, or with ``M = 0``) autodiff is NaN when the computed eigenvalues are
+exactly equal and finite but wrong when rounding separates them (15% off at a symmetric ``H = 3`` state).
+``Q^{1/2}`` itself is smooth there, so differences are accurate. The fallback is taken when two eigenvalues of
+``Q`` are within ``_EIGH_GAP_RTOL`` of each other (relative), when autodiff is not finite, and always for a route
+whose autodiff is exact to first order only (a joint layer on the exact route, whose token expectation is
+differentiated by Price's theorem with its conditional law held fixed:
 :attr:`~singleloc.expectations._expectation.AbstractExpectation.second_derivatives`). One routine
-(:func:`_jacobian`) serves the full drift (:func:`drift_jacobian`, linearised by
-:func:`~singleloc.linearize`) and the drift restricted to the symmetric subspace (the gauge
-detection of :func:`~singleloc.unspecialized_point`).
+(:func:`_jacobian`) serves the full drift (:func:`drift_jacobian`, linearised by :func:`~singleloc.linearize`) and
+the drift restricted to the symmetric subspace (the gauge detection of :func:`~singleloc.unspecialized_point`).
 """
 
 from __future__ import annotations

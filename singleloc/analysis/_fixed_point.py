@@ -31,11 +31,10 @@ _ROOT_XTOL = 1e-13
 
 
 def valid_symmetric_state(x, H: int, F: int) -> bool:
-    """Whether symmetric coordinates ``x`` are finite overlaps of real keys: ``R_orth =
-    r_d I + r_o 1 1^T`` is PSD, i.e. its eigenvalues ``r_d`` and ``r_d + H r_o`` are
-    non-negative (up to the rounding slack ``PSD_ROUNDING`` relative to the size of ``Q``: a point on the
-    boundary of the PSD cone, not more); then
-    ``Q = M M^T + R_orth`` is PSD too."""
+    """Whether symmetric coordinates ``x`` are finite overlaps of real keys: ``R_orth = r_d I + r_o 1 1^T`` is PSD,
+    i.e. its eigenvalues ``r_d`` and ``r_d + H r_o`` are non-negative (up to the rounding slack ``PSD_ROUNDING``
+    relative to the size of ``Q``: a point on the boundary of the PSD cone, not more); then ``Q = M M^T + R_orth``
+    is PSD too."""
     x = np.asarray(x, float)
     if not np.all(np.isfinite(x)):
         return False
@@ -73,18 +72,16 @@ def unspecialized_point(ode: OrderParameterODE, H: int, F: int, x0: Real[ArrayLi
                         tau_flow: float = 60.0, dt: float = 0.1, polish: bool = True, tol: float = 1e-10) -> FixedPoint:
     """The unspecialized (head-symmetric) fixed point of the ODE.
 
-    Integrates the restricted flow (:func:`~singleloc.analysis._stability.symmetric_flow`, step ``dt``)
-    from ``x0`` (default: ``M = 0``, ``R_orth = init_scale^2 I``, ``b = bias_init``, the
-    ``D -> infinity`` limit of a random start) for ``tau_flow``, then polishes with
-    ``scipy.optimize.root`` over the coordinates the drift depends on: a coordinate whose row and
-    column of the restricted Jacobian vanish (below ``1e-8`` of its largest entry) is a gauge and
-    is left alone (a common bias shift is a symmetry of softmax and bsoftmax). The polished point
-    is kept only if it is a valid set of overlaps (``R_orth`` PSD, :func:`valid_symmetric_state`)
-    and its residual is smaller; otherwise the flow's end point is kept. ``converged`` tells
-    whether the residual fell below ``tol``. Where the restricted flow creeps (slow modes) it has
-    no fixed point within reach: at the default problem (softmax, spikes of strength 2.5) the root
-    finder lands at ``r_d = -0.29``, outside the valid set, and the result is the flow's end point
-    with ``converged=False``; use the rate along the flow there
+    Integrates the restricted flow (:func:`~singleloc.analysis._stability.symmetric_flow`, step ``dt``) from ``x0``
+    (default: ``M = 0``, ``R_orth = init_scale^2 I``, ``b = bias_init``, the ``D -> infinity`` limit of a random
+    start) for ``tau_flow``, then polishes with ``scipy.optimize.root`` over the coordinates the drift depends on:
+    a coordinate whose row and column of the restricted Jacobian vanish (below ``1e-8`` of its largest entry) is a
+    gauge and is left alone (a common bias shift is a symmetry of softmax and bsoftmax). The polished point is kept
+    only if it is a valid set of overlaps (``R_orth`` PSD, :func:`valid_symmetric_state`) and its residual is
+    smaller; otherwise the flow's end point is kept. ``converged`` tells whether the residual fell below ``tol``.
+    Where the restricted flow creeps (slow modes) it has no fixed point within reach: at the default problem
+    (softmax, spikes of strength 2.5) the root finder lands at ``r_d = -0.29``, outside the valid set, and the
+    result is the flow's end point with ``converged=False``; use the rate along the flow there
     (:func:`~singleloc.escape_rate_along`, :func:`singleloc.analysis._predictions.predicted_escape`).
     """
     H, F = integer("H", H, 1), integer("F", F, 1)

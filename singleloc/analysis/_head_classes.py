@@ -134,11 +134,10 @@ def class_counts_text(counts) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class HeadClasses:
-    """What each head has learned (:func:`classify_heads`): ``code`` (..., H), an index into
-    :data:`HEAD_CLASSES`; ``spike`` (..., H) the nearest spike ``f`` (largest ``|u_hf|``);
-    ``angle_spike`` (..., H) the angle in degrees between the profile ``u_h`` and ``+-e_f``;
-    ``angle_mean`` (..., H) between ``u_h`` and the mean direction (NaN for a zero-mean prior);
-    both angles NaN where ``M_h = 0``."""
+    """What each head has learned (:func:`classify_heads`): ``code`` (..., H), an index into :data:`HEAD_CLASSES`;
+    ``spike`` (..., H) the nearest spike ``f`` (largest ``|u_hf|``); ``angle_spike`` (..., H) the angle in degrees
+    between the profile ``u_h`` and ``+-e_f``; ``angle_mean`` (..., H) between ``u_h`` and the mean direction (NaN
+    for a zero-mean prior); both angles NaN where ``M_h = 0``."""
 
     code: np.ndarray
     spike: np.ndarray
@@ -231,8 +230,8 @@ def outcomes_text(outcomes: list[str], unit: str) -> str:
 def final_outcomes(setup, *results, units: tuple[str, ...] | None = None) -> list[list[str]] | list[str]:
     """:func:`head_outcomes` of every trajectory of each of ``results`` (theory, simulation: ``M`` (S, T, H, F),
     ``Q``, ``b``) at its last saved time, classed with the heads' attention weights on ``setup``'s route
-    (:func:`~singleloc.attention_mass`), so that a head switching off counts; with ``units`` (``("starts",
-    "seeds")``), each result's :func:`outcomes_text` instead."""
+    (:func:`~singleloc.attention_mass`), so that a head switching off counts; with ``units``
+    (``("starts", "seeds")``), each result's :func:`outcomes_text` instead."""
     from ..theory._theory import OrderParameterODE
     from ._attention_mass import attention_mass
 
@@ -257,18 +256,16 @@ def redundant_pairs(Q, threshold: float = 0.99) -> np.ndarray:
 
 
 def shared_profiles(M, Q, threshold: float = 0.99, min_fraction: float = 0.3) -> np.ndarray:
-    """Number of head pairs ``h < h'`` whose spike parts point the same way (...,): cosine of
-    ``M_h`` and ``M_h'`` above ``threshold``, both spike fractions ``|M_h| / sqrt(Q_hh)`` at
-    least ``min_fraction``."""
+    """Number of head pairs ``h < h'`` whose spike parts point the same way (...,): cosine of ``M_h`` and ``M_h'``
+    above ``threshold``, both spike fractions ``|M_h| / sqrt(Q_hh)`` at least ``min_fraction``."""
     u, frac = head_profiles(M, Q)
     big = frac >= min_fraction
     return _count_pairs((u @ np.swapaxes(u, -1, -2) > threshold) & big[..., :, None] & big[..., None, :])
 
 
 def specialization_times(tau, labels) -> np.ndarray:
-    """First saved ``tau`` from which each head stays specialized to the end (..., H); NaN
-    for a head that is not specialized at the end. ``labels`` (..., T, H) from
-    :func:`specialization`."""
+    """First saved ``tau`` from which each head stays specialized to the end (..., H); NaN for a head that is not
+    specialized at the end. ``labels`` (..., T, H) from :func:`specialization`."""
     tau, spec = np.asarray(tau, float), np.asarray(labels) >= 0  # (..., T, H)
     T = spec.shape[-2]
     # the saved time after the last unspecialized one (the first when there is none)

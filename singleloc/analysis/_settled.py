@@ -1,8 +1,7 @@
 """Whether a run has settled at its last saved time: the criterion every run and sweep point states.
 
-Criterion. A trajectory has *settled* at its last saved time ``T`` when, over the last
-:data:`WINDOW` (a fifth) of its horizon, the saved times ``tau >= (1 - WINDOW) T`` (at least the
-last two),
+Criterion. A trajectory has *settled* at its last saved time ``T`` when, over the last :data:`WINDOW` (a fifth) of
+its horizon, the saved times ``tau >= (1 - WINDOW) T`` (at least the last two),
 
 1. its risk stays within :data:`RTOL` (1e-3) of its final value, relative: ``max |r(tau) - r(T)|
    <= RTOL r(T)`` over the window (a dip that climbs back counts, not only the two ends); and
@@ -30,11 +29,10 @@ RTOL = 1e-3
 
 @dataclasses.dataclass(frozen=True)
 class Settledness:
-    """The criterion of the module docstring for ``S`` trajectories: ``settled`` (S,) whether each
-    has settled, ``risk_change`` (S,) the largest relative change of its risk over the window,
-    ``class_change`` (S,) the last saved time of the window at which some head changed class (NaN:
-    none), ``changed_heads`` (S,) how many heads changed class in it; ``window_start`` the first
-    time of the window and ``times`` the saved times it holds."""
+    """The criterion of the module docstring for ``S`` trajectories: ``settled`` (S,) whether each has settled,
+    ``risk_change`` (S,) the largest relative change of its risk over the window, ``class_change`` (S,) the last
+    saved time of the window at which some head changed class (NaN: none), ``changed_heads`` (S,) how many heads
+    changed class in it; ``window_start`` the first time of the window and ``times`` the saved times it holds."""
 
     settled: np.ndarray
     risk_change: np.ndarray
@@ -74,9 +72,8 @@ def window_start(tau: np.ndarray, window: float = WINDOW) -> int:
 
 
 def settledness(tau, risk, codes, *, window: float = WINDOW, rtol: float = RTOL) -> Settledness:
-    """The criterion of the module docstring for ``tau`` (T,), ``risk`` (S, T) and the head classes'
-    ``codes`` (S, T, H) (indices into :data:`~singleloc.analysis._head_classes.HEAD_CLASSES`, as
-    :attr:`HeadClasses.code`)."""
+    """The criterion of the module docstring for ``tau`` (T,), ``risk`` (S, T) and the head classes' ``codes`` (S,
+    T, H) (indices into :data:`~singleloc.analysis._head_classes.HEAD_CLASSES`, as :attr:`HeadClasses.code`)."""
     tau, risk, codes = np.asarray(tau, float), np.atleast_2d(np.asarray(risk, float)), np.asarray(codes)
     if codes.ndim == 2:
         codes = codes[None]

@@ -47,10 +47,9 @@ def error_text(error: float) -> str:
 
 def bayes_columns(row: Mapping[str, Any], entry: Mapping[str, np.ndarray] | None, theory: Mapping[str, np.ndarray],
                   simulate: bool) -> dict[str, float]:
-    """``bayes_risk``, ``bayes_risk_error``, ``final_risk_error``, ``gap_to_bayes``,
-    ``gap_to_bayes_error`` (and ``sim_gap_to_bayes`` with ``simulate``) of a row with the phase
-    summary's ``final_risk`` (and ``sim_final_risk``) and its ``theory`` entry; NaN where the
-    Bayes entry is missing (its computation failed)."""
+    """``bayes_risk``, ``bayes_risk_error``, ``final_risk_error``, ``gap_to_bayes``, ``gap_to_bayes_error`` (and
+    ``sim_gap_to_bayes`` with ``simulate``) of a row with the phase summary's ``final_risk`` (and
+    ``sim_final_risk``) and its ``theory`` entry; NaN where the Bayes entry is missing (its computation failed)."""
     bayes = float(entry["bayes_risk"]) if entry is not None else math.nan
     bayes_error = float(entry["bayes_risk_error"]) if entry is not None else math.nan
     error = final_risk_error(theory)

@@ -4,11 +4,10 @@
 and runs the diagnostics of :mod:`singleloc.attention._vanishing_attention`, :mod:`singleloc.attention._top_n` and
 :mod:`singleloc.attention._sensitivity` on them; it is what ``singleloc diagnose`` prints and saves.
 
-Layout of ``weights`` ``(..., Lq, L)``: the last axis runs over the ``L`` tokens of a row, the
-second-to-last over the query rows, the axes before it index heads (a 1-D array is one row).
-Rows need not sum to one; weights must be finite and non-negative. ``values`` (the token
-vectors ``x_i``, optional) are ``(heads..., L, d)`` (one set per head, shared by its query rows)
-or ``weights.shape + (d,)`` (one set per row).
+Layout of ``weights`` ``(..., Lq, L)``: the last axis runs over the ``L`` tokens of a row, the second-to-last over
+the query rows, the axes before it index heads (a 1-D array is one row). Rows need not sum to one; weights must be
+finite and non-negative. ``values`` (the token vectors ``x_i``, optional) are ``(heads..., L, d)`` (one set per
+head, shared by its query rows) or ``weights.shape + (d,)`` (one set per row).
 """
 
 from __future__ import annotations
@@ -52,18 +51,16 @@ def _finite_or_none(x) -> list:
 class AttentionDiagnosis:
     """The result of :func:`diagnose_attention`.
 
-    Summary (what :meth:`to_dict` writes): ``shape`` of the weights, ``heads`` (product of the
-    head axes), ``query_rows`` (indices of the analysed rows), ``queries`` (query rows per
-    head), ``mask`` (``"causal"`` or ``"none"``), ``rows_analysed`` (rows with at least two
-    tokens); ``vanishing``: mean/median/min/max over those rows of ``L * max alpha``,
-    ``L * min alpha``, the effective logit bound and the row sum; ``jacobian``: per
-    temperature ``T``, the mean and median spectral norm, the mean Frobenius norm of the exact
-    Jacobian, the bound ``1/(2T)`` and the mean finite difference per ``eps``; ``top_n`` (None
-    without values): the grid ``N``, the statistics of ``d`` and ``N_s/N`` per ``N``, the KS
-    statistics and p-values, ``critical_n``, ``detectable_shift`` and ``stable_samples``
-    (:func:`~singleloc.attention._top_n.detectable_shift`, :func:`~singleloc.attention._top_n.stable_samples`).
-    Also ``epsilons``, ``value_dim`` (``d``, None without values) and ``ks_sample_count`` (the finite samples of
-    the KS test at the first ``N``).
+    Summary (what :meth:`to_dict` writes): ``shape`` of the weights, ``heads`` (product of the head axes),
+    ``query_rows`` (indices of the analysed rows), ``queries`` (query rows per head), ``mask`` (``"causal"`` or
+    ``"none"``), ``rows_analysed`` (rows with at least two tokens); ``vanishing``: mean/median/min/max over those
+    rows of ``L * max alpha``, ``L * min alpha``, the effective logit bound and the row sum; ``jacobian``: per
+    temperature ``T``, the mean and median spectral norm, the mean Frobenius norm of the exact Jacobian, the bound
+    ``1/(2T)`` and the mean finite difference per ``eps``; ``top_n`` (None without values): the grid ``N``, the
+    statistics of ``d`` and ``N_s/N`` per ``N``, the KS statistics and p-values, ``critical_n``,
+    ``detectable_shift`` and ``stable_samples`` (:func:`~singleloc.attention._top_n.detectable_shift`,
+    :func:`~singleloc.attention._top_n.stable_samples`). Also ``epsilons``, ``value_dim`` (``d``, None without
+    values) and ``ks_sample_count`` (the finite samples of the KS test at the first ``N``).
 
     Per analysed row with at least two tokens (1-D arrays, for the figures): ``tokens`` (its
     length), ``max_weight``, ``max_scaled = L * max alpha`` and ``min_scaled = L * min alpha``.

@@ -134,10 +134,9 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
 def logits_from_weights(weights: Rows, mask: Mask = None) -> np.ndarray:
     """Logits that reproduce softmax weights: ``log(alpha)``, with ``-inf`` for zero or masked weights.
 
-    Softmax is invariant under adding a constant to a row, so these are the logits up to that
-    shift, which none of the diagnostics here depends on. ``softmax(logits_from_weights(w)/T)``
-    is the row sharpened (``T < 1``) or flattened (``T > 1``) to temperature ``T``; ``T = 1``
-    gives back ``w`` normalised to sum one.
+    Softmax is invariant under adding a constant to a row, so these are the logits up to that shift, which none of
+    the diagnostics here depends on. ``softmax(logits_from_weights(w)/T)`` is the row sharpened (``T < 1``) or
+    flattened (``T > 1``) to temperature ``T``; ``T = 1`` gives back ``w`` normalised to sum one.
     """
     w = _weights(weights)
     m = _mask(mask, w.shape)

@@ -45,9 +45,8 @@ def _softmax_complement(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.
 def softmax_jacobian(logits: Rows, temperature: float = 1.0) -> np.ndarray:
     """Exact Jacobian of ``l -> softmax(l/T)``: ``(diag(alpha) - alpha alpha^T)/T``, shape (..., L, L).
 
-    ``alpha = softmax(l/T)``; entry ``[..., i, j] = d alpha_i / d l_j`` (the diagonal is
-    evaluated as ``alpha_i (1 - alpha_i)/T``). Tokens with logit ``-inf`` have weight 0 and
-    zero rows and columns.
+    ``alpha = softmax(l/T)``; entry ``[..., i, j] = d alpha_i / d l_j`` (the diagonal is evaluated as
+    ``alpha_i (1 - alpha_i)/T``). Tokens with logit ``-inf`` have weight 0 and zero rows and columns.
     """
     lg = _logits(logits)
     t = _positive("temperature", temperature)
@@ -61,15 +60,14 @@ def softmax_jacobian(logits: Rows, temperature: float = 1.0) -> np.ndarray:
 def _largest_eigenvalue(a: np.ndarray, c: np.ndarray, top: np.ndarray, iterations: int = 80) -> np.ndarray:
     """Largest eigenvalue of ``diag(a) - a a^T`` per row, for a probability vector ``a``.
 
-    ``c = 1 - a`` and ``top`` marks the largest entry (see :func:`_softmax_complement`).
-    The eigenvalues of a diagonal matrix minus a rank-one term interlace with the diagonal, so
-    the largest lies in ``[a_(2), a_(1)]`` (the two largest entries) and, when
-    ``a_(1) > a_(2) > 0``, solves the secular equation ``sum_i a_i^2 / (a_i - lam) = 1``.
-    Since ``a_(1)^2/(a_(1) - lam) - 1 = (lam - a_(1) c_(1))/(a_(1) - lam)`` this is written as
-    ``(lam - a_(1) c_(1))/(a_(1) - lam) + sum_{i != (1)} a_i^2/(a_i - lam) = 0``, increasing in
-    ``lam`` and free of cancellation for nearly one-hot rows, and solved by bisection on a
-    logarithmic scale. If ``a_(1) = a_(2)`` the eigenvalue is ``a_(1)`` (eigenvector
-    ``e_(1) - e_(2)``); if ``a_(2) = 0`` it is ``a_(1) c_(1)``.
+    ``c = 1 - a`` and ``top`` marks the largest entry (see :func:`_softmax_complement`). The eigenvalues of a
+    diagonal matrix minus a rank-one term interlace with the diagonal, so the largest lies in ``[a_(2), a_(1)]``
+    (the two largest entries) and, when ``a_(1) > a_(2) > 0``, solves the secular equation
+    ``sum_i a_i^2 / (a_i - lam) = 1``. Since ``a_(1)^2/(a_(1) - lam) - 1 = (lam - a_(1) c_(1))/(a_(1) - lam)`` this
+    is written as ``(lam - a_(1) c_(1))/(a_(1) - lam) + sum_{i != (1)} a_i^2/(a_i - lam) = 0``, increasing in
+    ``lam`` and free of cancellation for nearly one-hot rows, and solved by bisection on a logarithmic scale. If
+    ``a_(1) = a_(2)`` the eigenvalue is ``a_(1)`` (eigenvector ``e_(1) - e_(2)``); if ``a_(2) = 0`` it is
+    ``a_(1) c_(1)``.
     """
     a1 = np.sum(np.where(top, a, 0.0), axis=-1)
     c1 = np.sum(np.where(top, c, 0.0), axis=-1)
@@ -96,13 +94,12 @@ def _largest_eigenvalue(a: np.ndarray, c: np.ndarray, top: np.ndarray, iteration
 def softmax_jacobian_norm(logits: Rows, temperature: float = 1.0, *, norm: str = "spectral") -> np.ndarray:
     """Norm of the exact Jacobian ``J = (diag(alpha) - alpha alpha^T)/T`` per row, shape (...).
 
-    ``alpha = softmax(l/T)``. ``norm="spectral"`` (default): the operator 2-norm, i.e. the
-    largest eigenvalue of the positive semi-definite ``J``, solved from the secular equation
-    (no ``L x L`` matrices; full relative precision also when it is tiny). It never exceeds
-    ``1/(2T)`` (Gershgorin: ``2 alpha_i (1 - alpha_i) <= 1/2``), attained by two tied top
-    tokens; the source paper's ``1/(4T)`` bounds a single entry ``alpha_i (1 - alpha_i)/T``.
-    ``norm="frobenius"``: ``|J|_F^2 = sum_i alpha_i^2 (1 - alpha_i)^2 + sum_{i != j} alpha_i^2 alpha_j^2``
-    over ``T^2``.
+    ``alpha = softmax(l/T)``. ``norm="spectral"`` (default): the operator 2-norm, i.e. the largest eigenvalue of
+    the positive semi-definite ``J``, solved from the secular equation (no ``L x L`` matrices; full relative
+    precision also when it is tiny). It never exceeds ``1/(2T)`` (Gershgorin: ``2 alpha_i (1 - alpha_i) <= 1/2``),
+    attained by two tied top tokens; the source paper's ``1/(4T)`` bounds a single entry
+    ``alpha_i (1 - alpha_i)/T``. ``norm="frobenius"``:
+    ``|J|_F^2 = sum_i alpha_i^2 (1 - alpha_i)^2 + sum_{i != j} alpha_i^2 alpha_j^2`` over ``T^2``.
     """
     lg = _logits(logits)
     t = _positive("temperature", temperature)
@@ -137,12 +134,11 @@ def finite_difference_sensitivity(logits: Rows, temperature: float, eps: float, 
                                   directions: Rows | None = None) -> np.ndarray:
     """Finite-difference gradient sensitivity ``|softmax((l + eps v)/T) - softmax(l/T)| / eps``.
 
-    Euclidean norm, one value per row and direction: shape ``logits.shape[:-1] + (K,)``. The
-    unit directions ``v`` are ``directions`` (shape ``(..., K, L)`` broadcasting against the
-    rows; normalised here) or ``K = num_directions`` random ones (:func:`random_directions`
-    with ``seed``, restricted to the finite logits). As ``eps -> 0`` the estimate tends to
-    ``|J v|`` with ``J`` of :func:`softmax_jacobian`; for large ``eps`` it is at most
-    ``sqrt(2)/eps`` (two probability vectors are at most ``sqrt(2)`` apart).
+    Euclidean norm, one value per row and direction: shape ``logits.shape[:-1] + (K,)``. The unit directions ``v``
+    are ``directions`` (shape ``(..., K, L)`` broadcasting against the rows; normalised here) or
+    ``K = num_directions`` random ones (:func:`random_directions` with ``seed``, restricted to the finite logits).
+    As ``eps -> 0`` the estimate tends to ``|J v|`` with ``J`` of :func:`softmax_jacobian`; for large ``eps`` it is
+    at most ``sqrt(2)/eps`` (two probability vectors are at most ``sqrt(2)`` apart).
     """
     lg = _logits(logits)
     t = _positive("temperature", temperature)

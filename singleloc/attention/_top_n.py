@@ -84,10 +84,9 @@ def top_n_diagnostics(weights: Rows, values: Rows, n: int | None = None, *, mask
       and the separability ratio is ``N_s / |I|``.
 
     ``weights`` (..., L), ``values`` (..., L, d). The distances are computed from Gram products,
-    ``|alpha_i x_i - s|^2 = alpha_i^2 |x_i|^2 - 2 alpha_i <x_i, s> + |s|^2``, in float64,
-    without temporaries of the broadcast size ``(B, L, d)``: values shared by many query rows
-    (a length-1 query axis) cost little memory. Absolute accuracy about ``1e-8`` times the
-    token scale ``alpha_i |x_i| + |s|``.
+    ``|alpha_i x_i - s|^2 = alpha_i^2 |x_i|^2 - 2 alpha_i <x_i, s> + |s|^2``, in float64, without temporaries of
+    the broadcast size ``(B, L, d)``: values shared by many query rows (a length-1 query axis) cost little memory.
+    Absolute accuracy about ``1e-8`` times the token scale ``alpha_i |x_i| + |s|``.
     """
     w = _weights(weights)
     v = _values(values, w.shape)
@@ -124,11 +123,10 @@ STABLE_SHIFT = 0.2
 
 
 def detectable_shift(n: int, m: int, significance: float) -> float:
-    """The smallest one-sided two-sample KS statistic that rejects at level ``significance`` with
-    ``n`` and ``m`` samples, ``sqrt(-ln(significance) (n + m) / (2 n m))`` (the asymptotic critical
-    value; within ``1/n`` of the exact one of :func:`scipy.stats.ks_2samp` from 20 samples): a rise
-    of ``d`` between two ``N`` that moves its distribution function by less is not detected. NaN
-    with fewer than two samples on either side."""
+    """The smallest one-sided two-sample KS statistic that rejects at level ``significance`` with ``n`` and ``m``
+    samples, ``sqrt(-ln(significance) (n + m) / (2 n m))`` (the asymptotic critical value; within ``1/n`` of the
+    exact one of :func:`scipy.stats.ks_2samp` from 20 samples): a rise of ``d`` between two ``N`` that moves its
+    distribution function by less is not detected. NaN with fewer than two samples on either side."""
     if min(n, m) < 2:
         return float("nan")
     return float(np.sqrt(-np.log(significance) * (n + m) / (2.0 * n * m)))
@@ -143,13 +141,12 @@ def stable_samples(significance: float) -> int:
 class CriticalTopN(NamedTuple):
     """Result of :func:`critical_top_n` (K = ``len(n_grid)``, S = number of samples).
 
-    ``n_grid`` (K,); ``distance`` (K, S): the samples of ``d`` at each N (NaN where undefined,
-    left out of the test); ``statistic`` and ``pvalue`` (K - 1,): the one-sided two-sample KS
-    test of "``d`` at ``n_grid[k+1]`` is stochastically larger than at ``n_grid[k]``";
-    ``critical_n``: the first ``n_grid[k]`` at which that test fails to reject at level
-    ``significance`` (None if the distance grows significantly over the whole grid);
-    ``significance``: the level used; ``detectable``: the power of the tests, the largest over
-    the grid of their :func:`detectable_shift` (NaN where no test ran).
+    ``n_grid`` (K,); ``distance`` (K, S): the samples of ``d`` at each N (NaN where undefined, left out of the
+    test); ``statistic`` and ``pvalue`` (K - 1,): the one-sided two-sample KS test of "``d`` at ``n_grid[k+1]`` is
+    stochastically larger than at ``n_grid[k]``"; ``critical_n``: the first ``n_grid[k]`` at which that test fails
+    to reject at level ``significance`` (None if the distance grows significantly over the whole grid);
+    ``significance``: the level used; ``detectable``: the power of the tests, the largest over the grid of their
+    :func:`detectable_shift` (NaN where no test ran).
     """
 
     n_grid: np.ndarray
@@ -164,13 +161,12 @@ class CriticalTopN(NamedTuple):
 def ks_critical_n(n_grid: Rows | Sequence[int], distance: Rows, *, significance: float = 0.01) -> CriticalTopN:
     """The statistical part of :func:`critical_top_n`, on precomputed samples ``distance`` (K, S).
 
-    Row ``k`` holds the samples of the representation distance at ``N = n_grid[k]`` (NaNs are
-    dropped). For each ``k < K - 1``, ``scipy.stats.ks_2samp(distance[k], distance[k+1],
-    alternative="greater")`` tests the null "the distribution function of ``d(n_grid[k])`` is
-    nowhere above that of ``d(n_grid[k+1])``" against the alternative that it is somewhere
-    above, i.e. that ``d`` at the larger N tends to be larger. ``critical_n`` is the first
-    ``n_grid[k]`` with ``pvalue >= significance``: from there, selecting more tokens no longer
-    increases the distance between the context and the other tokens.
+    Row ``k`` holds the samples of the representation distance at ``N = n_grid[k]`` (NaNs are dropped). For each
+    ``k < K - 1``, ``scipy.stats.ks_2samp(distance[k], distance[k+1], alternative="greater")`` tests the null "the
+    distribution function of ``d(n_grid[k])`` is nowhere above that of ``d(n_grid[k+1])``" against the alternative
+    that it is somewhere above, i.e. that ``d`` at the larger N tends to be larger. ``critical_n`` is the first
+    ``n_grid[k]`` with ``pvalue >= significance``: from there, selecting more tokens no longer increases the
+    distance between the context and the other tokens.
     """
     grid = np.asarray(n_grid)
     if grid.ndim != 1 or grid.size < 2:
@@ -199,17 +195,15 @@ def critical_top_n(weights: Rows, values: Rows, n_grid: Sequence[int] | Integer[
     """Critical top-N: the N at which the representation distance stops growing (distance collapse).
 
     For every ``N`` of the increasing ``n_grid``, the representation distance
-    ``d(N) = sum_{i not in I_N} |alpha_i x_i - s|`` of :func:`top_n_diagnostics` is computed
-    for every row. Growing ``N`` moves weight into the context ``s`` (``d`` grows) while the
-    complement shrinks (``d`` falls to 0 at ``N = L``); the source paper's Theorem 1 says that
-    once ``N`` is a fixed fraction of ``L`` the distance must collapse. The samples of the test
-    are the rows, after averaging ``d`` over the leading axes ``pool_axes`` (indices into
-    ``weights.shape[:-1]``; e.g. ``pool_axes=(-1,)`` for weights ``(layers, heads, Lq, L)``
-    averages over query positions, so that every head is one sample: the distribution over
-    heads). Consecutive grid values are compared by :func:`ks_critical_n` at level ``significance``.
-    With a doubling grid this locates the onset of the collapse to within a factor of two; pass
-    ``range(1, L)`` to compare ``N`` with ``N + 1``. The result depends on the number of
-    samples (more samples detect smaller increases).
+    ``d(N) = sum_{i not in I_N} |alpha_i x_i - s|`` of :func:`top_n_diagnostics` is computed for every row. Growing
+    ``N`` moves weight into the context ``s`` (``d`` grows) while the complement shrinks (``d`` falls to 0 at
+    ``N = L``); the source paper's Theorem 1 says that once ``N`` is a fixed fraction of ``L`` the distance must
+    collapse. The samples of the test are the rows, after averaging ``d`` over the leading axes ``pool_axes``
+    (indices into ``weights.shape[:-1]``; e.g. ``pool_axes=(-1,)`` for weights ``(layers, heads, Lq, L)`` averages
+    over query positions, so that every head is one sample: the distribution over heads). Consecutive grid values
+    are compared by :func:`ks_critical_n` at level ``significance``. With a doubling grid this locates the onset of
+    the collapse to within a factor of two; pass ``range(1, L)`` to compare ``N`` with ``N + 1``. The result
+    depends on the number of samples (more samples detect smaller increases).
     """
     w = _weights(weights)
     grid = _n_grid(n_grid, w.shape[-1], at_least=2)

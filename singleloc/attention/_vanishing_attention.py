@@ -18,12 +18,11 @@ from ._attention_rows import Mask, Rows, _as_float, _logits, _mask, _softmax, _w
 class VanishingAttention(NamedTuple):
     """Per-row vanishing-attention diagnostics, every field of shape ``weights.shape[:-1]``.
 
-    ``L``: tokens in the row; ``a``: the logit bound used; ``lower = exp(-2a)/L`` and
-    ``upper = exp(2a)/L``: the softmax bounds; ``min_weight``/``max_weight``: the extreme
-    weights; ``min_scaled = L*min_weight`` and ``max_scaled = L*max_weight`` (both 1 for uniform
-    attention); ``lower_ratio = min_weight/lower >= 1`` and ``upper_ratio = max_weight/upper <= 1``:
-    how close the row comes to the bounds (1 = the bound is attained); ``holds``: whether both
-    bounds hold (up to a relative tolerance of 1e-9).
+    ``L``: tokens in the row; ``a``: the logit bound used; ``lower = exp(-2a)/L`` and ``upper = exp(2a)/L``: the
+    softmax bounds; ``min_weight``/``max_weight``: the extreme weights; ``min_scaled = L*min_weight`` and
+    ``max_scaled = L*max_weight`` (both 1 for uniform attention); ``lower_ratio = min_weight/lower >= 1`` and
+    ``upper_ratio = max_weight/upper <= 1``: how close the row comes to the bounds (1 = the bound is attained);
+    ``holds``: whether both bounds hold (up to a relative tolerance of 1e-9).
     """
 
     L: np.ndarray

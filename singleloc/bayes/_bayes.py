@@ -1,8 +1,7 @@
 """The Bayes-optimal baseline of docs/model.md section 6.
 
-Posterior of the location. Given a sequence, only the spike fields ``nu_l`` (F,) of the
-tokens carry information on ``eps``: under ``eps = l`` token ``l`` has ``nu_l ~ N(theta, I_F)``
-and every other token ``N(0, I_F)``, so
+Posterior of the location. Given a sequence, only the spike fields ``nu_l`` (F,) of the tokens carry information on
+``eps``: under ``eps = l`` token ``l`` has ``nu_l ~ N(theta, I_F)`` and every other token ``N(0, I_F)``, so
 
     p_l = w(nu_l) / sum_l' w(nu_l'),     w(nu) = E_theta[ exp(theta . nu - |theta|^2 / 2) ].
 
@@ -16,29 +15,27 @@ completing the square in ``theta`` gives, for any PSD ``S`` (singular included),
     E_{theta ~ N(a, S)}[exp(theta . nu - |theta|^2/2)]
         = det(I + S)^{-1/2} exp( a . nu - |a|^2/2 + 1/2 (nu - a)^T S (I + S)^{-1} (nu - a) ),
 
-so ``log w(nu) = logsumexp_k [log pi_k + a_k . nu - |a_k|^2/2 + 1/2 (nu - a_k)^T S (I+S)^{-1}
-(nu - a_k)] - 1/2 logdet(I + S)``. For ``S = 0`` this is the finite sum over the support; for
-one Gaussian ``N(mu, S)`` with ``S`` invertible its ``nu``-dependent part equals docs/model.md's
-``1/2 (S^-1 mu + nu)^T (S^-1 + I)^-1 (S^-1 mu + nu)`` (use ``(S^-1 + I)^-1 = S (I + S)^-1`` and
-``(S^-1 + I)^-1 S^-1 = (I + S)^-1``).
+so
+``log w(nu) = logsumexp_k [log pi_k + a_k . nu - |a_k|^2/2 + 1/2 (nu - a_k)^T S (I+S)^{-1} (nu - a_k)] - 1/2 logdet(I + S)``.
+For ``S = 0`` this is the finite sum over the support; for one Gaussian ``N(mu, S)`` with ``S`` invertible its
+``nu``-dependent part equals docs/model.md's ``1/2 (S^-1 mu + nu)^T (S^-1 + I)^-1 (S^-1 mu + nu)`` (use
+``(S^-1 + I)^-1 = S (I + S)^-1`` and ``(S^-1 + I)^-1 S^-1 = (I + S)^-1``).
 
-The expectation over ``nu``, two routes. Exact: for a discrete prior the Bayes estimator is a
-bsoftmax layer (Bayes points, below), whose risk the exact route computes by the Laplace form of
-its normaliser whatever ``L`` (:mod:`~singleloc.expectations._laplace`; error stated against the refined rule,
-1e-12 at the spikes priors); :func:`bayes_risk` takes it where the layer's rule is affordable
-(:func:`bayes_route`: up to four spikes, or four binary or flipped atoms). Rule: the spike fields
-have the law of head fields with ``H = F``, ``M = I_F``, ``Q = I_F`` (``g = nu``), so the risk is
-one :meth:`LocalFields.expect` with those order parameters; :func:`bayes_risk` averages
-``replicates`` independently scrambled rules and reports their standard error (randomised QMC),
-so the error estimate is measured, not assumed; :func:`~singleloc.population_risk` does the same
-for the risk of a layer at given ``(M, Q, b)``. The two routes share no code past the prior: the
-rule's closed-form posterior is the exact route's independent check.
+The expectation over ``nu``, two routes. Exact: for a discrete prior the Bayes estimator is a bsoftmax layer (Bayes
+points, below), whose risk the exact route computes by the Laplace form of its normaliser whatever ``L``
+(:mod:`~singleloc.expectations._laplace`; error stated against the refined rule, 1e-12 at the spikes priors);
+:func:`bayes_risk` takes it where the layer's rule is affordable (:func:`bayes_route`: up to four spikes, or four
+binary or flipped atoms). Rule: the spike fields have the law of head fields with ``H = F``, ``M = I_F``,
+``Q = I_F`` (``g = nu``), so the risk is one :meth:`LocalFields.expect` with those order parameters;
+:func:`bayes_risk` averages ``replicates`` independently scrambled rules and reports their standard error
+(randomised QMC), so the error estimate is measured, not assumed; :func:`~singleloc.population_risk` does the same
+for the risk of a layer at given ``(M, Q, b)``. The two routes share no code past the prior: the rule's closed-form
+posterior is the exact route's independent check.
 
-Bayes points. For a discrete prior with ``K`` atoms (of positive probability), bsoftmax with
-``H = K`` heads, ``M_h = theta^(h)``, ``R_orth = 0`` (``Q = M M^T``) and
-``b_h = log pi_h - |theta^(h)|^2 / 2`` has scores ``s_hl = theta^(h) . nu_l + b_h`` and weights
-``a_l = sum_h exp(s_hl) / sum_{h', l'} exp(s_h'l') = p_l``: it *is* the Bayes estimator
-(:func:`bayes_point`). With one atom (``K = 1``), bsoftmax with one head is softmax, so the
+Bayes points. For a discrete prior with ``K`` atoms (of positive probability), bsoftmax with ``H = K`` heads,
+``M_h = theta^(h)``, ``R_orth = 0`` (``Q = M M^T``) and ``b_h = log pi_h - |theta^(h)|^2 / 2`` has scores
+``s_hl = theta^(h) . nu_l + b_h`` and weights ``a_l = sum_h exp(s_hl) / sum_{h', l'} exp(s_h'l') = p_l``: it *is*
+the Bayes estimator (:func:`bayes_point`). With one atom (``K = 1``), bsoftmax with one head is softmax, so the
 same point is the softmax Bayes point (``M = strength``, ``Q = strength^2`` for F = 1).
 
 Checks. A Sobol rule is checked before it is built (``ValueError`` or ``MemoryError`` naming the keys);
@@ -145,11 +142,10 @@ def bayes_risk(prior: Prior, L: int, points: int = 4096, seed: int = 0, replicat
                route: str = "auto") -> RiskEstimate:
     """Bayes risk ``E[(1 - p_eps)^2 + sum_{l != eps} p_l^2]`` of the location for ``L`` tokens.
 
-    Two routes (:func:`bayes_route`, module docstring): the exact one (``points = 0`` in the result, its
-    error against the refined rule) or ``replicates`` scrambled Sobol rules with their standard error.
-    The rule's stated error is its scatter between scramblings: at long sequences it misses a bias (two
-    spikes at ``L = 64``: 3.4e-3 low, 7.5 stated errors, against the exact route and plain Monte Carlo;
-    docs/model.md 6.5).
+    Two routes (:func:`bayes_route`, module docstring): the exact one (``points = 0`` in the result, its error
+    against the refined rule) or ``replicates`` scrambled Sobol rules with their standard error. The rule's stated
+    error is its scatter between scramblings: at long sequences it misses a bias (two spikes at ``L = 64``: 3.4e-3
+    low, 7.5 stated errors, against the exact route and plain Monte Carlo; docs/model.md 6.5).
 
     Args:
         prior: the prior of ``theta``.

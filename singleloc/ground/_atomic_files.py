@@ -7,16 +7,15 @@ Atomic files. :func:`atomic_write` writes a hidden temporary file in the target'
 ``0o666`` less the umask, as ``open`` gives) and moves it into place with ``os.replace``: a reader
 sees the old file or the new one, never a part; :func:`written_together` moves a set of them at once.
 
-Run folders. A run (``integrate``, ``simulate``, ``compare``) is one folder whose files belong
-together. :func:`write_folder` fills a hidden sibling ``.NAME.new-PID-XXXX`` (mode ``0o777``
-less the umask) and swaps it with ``NAME`` in one step (Linux ``renameat2(RENAME_EXCHANGE)``;
-elsewhere the old folder is renamed aside, the new one into place, and the old one removed).
-A failure, Ctrl-C or ``kill -9`` before the swap leaves the previous run as it was; the
-orphaned sibling of a killed process is removed by the next write to the same folder. A run
-folder holds only regular files with the names in :data:`RUN_FILES` (and ``config.json``
-carries ``singleloc_version``): a folder holding anything else is never replaced
-(:func:`check_run_folder` refuses it), so that no file of the user's is ever deleted. ``plot --out``
-and ``attention`` refuse a folder of another run unless told, never replacing its files (:func:`check_other_run`).
+Run folders. A run (``integrate``, ``simulate``, ``compare``) is one folder whose files belong together.
+:func:`write_folder` fills a hidden sibling ``.NAME.new-PID-XXXX`` (mode ``0o777`` less the umask) and swaps it
+with ``NAME`` in one step (Linux ``renameat2(RENAME_EXCHANGE)``; elsewhere the old folder is renamed aside, the new
+one into place, and the old one removed). A failure, Ctrl-C or ``kill -9`` before the swap leaves the previous run
+as it was; the orphaned sibling of a killed process is removed by the next write to the same folder. A run folder
+holds only regular files with the names in :data:`RUN_FILES` (and ``config.json`` carries ``singleloc_version``): a
+folder holding anything else is never replaced (:func:`check_run_folder` refuses it), so that no file of the user's
+is ever deleted. ``plot --out`` and ``attention`` refuse a folder of another run unless told, never replacing its
+files (:func:`check_other_run`).
 """
 
 from __future__ import annotations
@@ -128,10 +127,9 @@ def written_together(folder: str | Path, stale: Callable[[set[Path]], Iterable[P
     """The files written into ``folder`` in this block (by :func:`atomic_write`) are one unit: each is written
     whole into a hidden temporary file, and only when the block ends without error do they all take their places
     (renames within one folder, which need no free space). On any failure every temporary file is removed and
-    ``folder`` holds what it held before; the ``OSError`` says so in one line.
-    ``stale(written)``: the files of an earlier output of the same command that this one did not
-    write (e.g. a figure it no longer makes), removed once the new files are in place. Yields
-    the list of the paths put in place (filled when the block ends)."""
+    ``folder`` holds what it held before; the ``OSError`` says so in one line. ``stale(written)``: the files of an
+    earlier output of the same command that this one did not write (e.g. a figure it no longer makes), removed once
+    the new files are in place. Yields the list of the paths put in place (filled when the block ends)."""
     folder = Path(folder)
     staging = _Staging(folder)
     token = _STAGING.set(staging)

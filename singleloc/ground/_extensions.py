@@ -1,8 +1,7 @@
 """Extension points a config file can reach: ``"package.module:function"`` references.
 
-``model.activation`` and ``problem.prior`` take, besides the names the package registers, a
-reference ``"package.module:attribute"`` (a dotted attribute path after the colon) to a
-function in any importable module:
+``model.activation`` and ``problem.prior`` take, besides the names the package registers, a reference
+``"package.module:attribute"`` (a dotted attribute path after the colon) to a function in any importable module:
 
 * ``model.activation = "mypkg.layers:sparsemax"``: a function ``scores (H, L) -> weights
   (H, L)``, equivariant under token permutations (as for :func:`~singleloc.register_activation`);

@@ -5,17 +5,16 @@
 Exceptions. A referenced function is called through :func:`guarded`: whatever it raises (here, while JAX
 traces it, on a Dask worker) becomes a :class:`UserCodeError` naming it (its ``__cause__`` the original).
 
-Activations (:func:`check_activation`). The theory assumes a map ``scores (H, L) -> weights (H, L)``
-that is equivariant under permutations of the tokens (it fixes the relevant token at position 0),
-finite, and differentiable by JAX (its drift is the gradient of the loss). A probe checks exactly
-that on random scores of shape :data:`PROBE_SHAPE` at the scales :data:`PROBE_SCALES`, under
-``jax.jit`` (a function JAX cannot trace fails here, not in the middle of a run): the weights'
-shape and, for float32 scores, their dtype (the simulation runs in float32); finite weights and a
-finite gradient; ``act(s P) = act(s) P`` for a permutation ``P`` of the tokens, to the rounding of
-the probe's precision (:data:`EQUIVARIANCE_ULPS`); and, where the function declares its
-normalised-exponential form (``exponential_form``, which puts it on the exact route), that the form
-is valid and that the function is that form (the exact route computes the form, the simulation the
-function). One line names the function and what failed.
+Activations (:func:`check_activation`). The theory assumes a map ``scores (H, L) -> weights (H, L)`` that is
+equivariant under permutations of the tokens (it fixes the relevant token at position 0), finite, and
+differentiable by JAX (its drift is the gradient of the loss). A probe checks exactly that on random scores of
+shape :data:`PROBE_SHAPE` at the scales :data:`PROBE_SCALES`, under ``jax.jit`` (a function JAX cannot trace fails
+here, not in the middle of a run): the weights' shape and, for float32 scores, their dtype (the simulation runs in
+float32); finite weights and a finite gradient; ``act(s P) = act(s) P`` for a permutation ``P`` of the tokens, to
+the rounding of the probe's precision (:data:`EQUIVARIANCE_ULPS`); and, where the function declares its
+normalised-exponential form (``exponential_form``, which puts it on the exact route), that the form is valid and
+that the function is that form (the exact route computes the form, the simulation the function). One line names the
+function and what failed.
 
 Priors (:func:`~singleloc.model._priors.check_prior`). A factory ``problem -> Prior`` returns a :class:`~singleloc.Prior`,
 which validates itself (finite atoms, probabilities, a PSD covariance); the probe adds that its
@@ -56,9 +55,8 @@ def _first_line(err: BaseException) -> str:
 
 
 def guarded(fn: Callable, reference: str, key: str) -> Callable:
-    """``fn`` (a user's function, named ``reference`` by the config key ``key``) such that an
-    exception it raises is a :class:`UserCodeError` naming it; attributes (``exponential_form``)
-    are kept."""
+    """``fn`` (a user's function, named ``reference`` by the config key ``key``) such that an exception it raises
+    is a :class:`UserCodeError` naming it; attributes (``exponential_form``) are kept."""
 
     @functools.wraps(fn)
     def call(*args, **kwargs):

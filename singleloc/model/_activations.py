@@ -13,12 +13,11 @@ aggregates the heads uniformly, ``a_l = (1/H) sum_h A_hl``.
 Every activation is written in max-subtracted form: finite for scores up to any finite
 magnitude, and a score of ``-inf`` gives a weight of exactly zero.
 
-An activation is any JAX function ``scores (H, L) -> weights (H, L)`` that is equivariant
-under permutations of the tokens (the theory engine fixes the relevant token at position 0
-and relies on this). Register your own with :func:`register_activation`, or name it in a config
-as ``model.activation = "package.module:function"`` (imported where the config is used, Dask
-workers included: :mod:`~singleloc.ground._extensions`); the simulator, the population risk and the
-ODE (whose drift is obtained by autodiff) then handle it with no further code.
+An activation is any JAX function ``scores (H, L) -> weights (H, L)`` that is equivariant under permutations of the
+tokens (the theory engine fixes the relevant token at position 0 and relies on this). Register your own with
+:func:`register_activation`, or name it in a config as ``model.activation = "package.module:function"`` (imported
+where the config is used, Dask workers included: :mod:`~singleloc.ground._extensions`); the simulator, the
+population risk and the ODE (whose drift is obtained by autodiff) then handle it with no further code.
 """
 
 from __future__ import annotations
@@ -39,11 +38,10 @@ Activation = Callable[[jax.Array], jax.Array]
 class ExponentialForm(NamedTuple):
     """How a normalised-exponential activation is built from ``x_hl = scale * s_hl``.
 
-    ``joint = False``: ``A_hl = exp(x_hl) / (offset + sum_l' exp(x_hl'))`` per head;
-    ``joint = True``: ``(1/H) sum_h A_hl = u_l / (offset + sum_l' u_l')``, ``u_l = sum_h exp(x_hl)``.
-    An activation declares it as the attribute ``exponential_form``, a function of the
-    sequence length ``L`` returning this tuple; the theory then uses the exact route
-    (:mod:`~singleloc.expectations._laplace`) for it.
+    ``joint = False``: ``A_hl = exp(x_hl) / (offset + sum_l' exp(x_hl'))`` per head; ``joint = True``:
+    ``(1/H) sum_h A_hl = u_l / (offset + sum_l' u_l')``, ``u_l = sum_h exp(x_hl)``. An activation declares it as
+    the attribute ``exponential_form``, a function of the sequence length ``L`` returning this tuple; the theory
+    then uses the exact route (:mod:`~singleloc.expectations._laplace`) for it.
     """
 
     scale: float
@@ -94,11 +92,10 @@ def bsoftmax(scores: jax.Array) -> jax.Array:
 def register_activation(name: str, fn: Activation, *, overwrite: bool = False) -> None:
     """Make ``fn`` available under ``name`` (in configs: ``model.activation = name``).
 
-    ``fn`` maps scores of shape ``(H, L)`` to weights of the same shape and must be
-    equivariant under token permutations; it is probed here with random scores
-    (:func:`~singleloc.ground._user_code.check_activation`: shape, finite weights and gradient,
-    equivariance, a declared ``exponential_form``), and a ``ValueError`` names what failed.
-    Re-registering an existing name needs ``overwrite=True``.
+    ``fn`` maps scores of shape ``(H, L)`` to weights of the same shape and must be equivariant under token
+    permutations; it is probed here with random scores (:func:`~singleloc.ground._user_code.check_activation`:
+    shape, finite weights and gradient, equivariance, a declared ``exponential_form``), and a ``ValueError`` names
+    what failed. Re-registering an existing name needs ``overwrite=True``.
     """
     if not name:
         raise ValueError("register_activation: name must be a non-empty string")
@@ -112,10 +109,9 @@ def register_activation(name: str, fn: Activation, *, overwrite: bool = False) -
 
 
 def get_activation(name: str) -> Activation:
-    """The activation registered under ``name``, or the function a reference
-    ``"package.module:function"`` names (imported on first use, :mod:`~singleloc.ground._extensions`,
-    and probed once per process, :func:`~singleloc.ground._user_code.check_activation`). A clear error
-    lists the known names."""
+    """The activation registered under ``name``, or the function a reference ``"package.module:function"`` names
+    (imported on first use, :mod:`~singleloc.ground._extensions`, and probed once per process,
+    :func:`~singleloc.ground._user_code.check_activation`). A clear error lists the known names."""
     if name in _REGISTRY:
         return _REGISTRY[name]
     if is_reference(name):
@@ -144,13 +140,12 @@ SSMAX_SCALE_MAX = 1e3
 def scalable_softmax(s: float = 1.0) -> Activation:
     """Scalable softmax (SSMax) with a fixed scale ``s``: ``A_hl = softmax_l(s log(L) s_hl)``.
 
-    A length-aware normaliser (docs/model.md section 8): multiplying the scores by ``s log L``
-    lets a score margin of order one keep a weight of order one as ``L`` grows, where plain
-    softmax's weights are squeezed into ``[exp(-2a)/L, exp(2a)/L]``. ``L`` is the number of
-    tokens, ``scores.shape[-1]``. It equals softmax at ``L = exp(1/s)`` (``L = e`` for the
-    default ``s = 1``, the registered ``"ssmax"``); to match softmax at a reference length
-    ``L0`` use ``s = 1/log(L0)`` and register the result under a name of your own. For
-    ``L = 1`` the single weight is 1. Stable for any finite scores; ``-inf`` gives weight 0.
+    A length-aware normaliser (docs/model.md section 8): multiplying the scores by ``s log L`` lets a score margin
+    of order one keep a weight of order one as ``L`` grows, where plain softmax's weights are squeezed into
+    ``[exp(-2a)/L, exp(2a)/L]``. ``L`` is the number of tokens, ``scores.shape[-1]``. It equals softmax at
+    ``L = exp(1/s)`` (``L = e`` for the default ``s = 1``, the registered ``"ssmax"``); to match softmax at a
+    reference length ``L0`` use ``s = 1/log(L0)`` and register the result under a name of your own. For ``L = 1``
+    the single weight is 1. Stable for any finite scores; ``-inf`` gives weight 0.
     """
     if isinstance(s, (bool, np.bool_)) or not isinstance(s, (int, float, np.integer, np.floating)) or not (
             math.isfinite(s) and 0 < s <= SSMAX_SCALE_MAX):

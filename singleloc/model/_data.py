@@ -1,14 +1,12 @@
 """Finite-D data and initial weights (docs/model.md sections 1 and 5), shared by the simulator and
 by the theory's initial conditions so that both start from the same point.
 
-Random streams. A run with base seed ``seed`` gives seed number ``s`` the key
-``fold_in(PRNGKey(seed), s)``, split once into ``(spikes, init, train, test)``; the training
-sample of step ``t`` uses ``fold_in(train, t)``, so results do not depend on how a run is
-chunked.
+Random streams. A run with base seed ``seed`` gives seed number ``s`` the key ``fold_in(PRNGKey(seed), s)``, split
+once into ``(spikes, init, train, test)``; the training sample of step ``t`` uses ``fold_in(train, t)``, so results
+do not depend on how a run is chunked.
 
-Finite-D runs are in single precision (``SIM_DTYPE``) whether or not JAX's x64 mode is on,
-so that a seed gives the same weights in every process; the theory casts the initial
-overlaps to its own precision.
+Finite-D runs are in single precision (``SIM_DTYPE``) whether or not JAX's x64 mode is on, so that a seed gives the
+same weights in every process; the theory casts the initial overlaps to its own precision.
 """
 
 from __future__ import annotations

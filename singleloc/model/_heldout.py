@@ -6,13 +6,12 @@ model with spikes ``kstar`` (F, D) (docs/model.md section 1): ``x_l ~ N(0, I_D)`
 (:class:`singleloc.WeightsRisk`) both draw the sequences once (:func:`draw_heldout`) and evaluate the finite-D and the
 limit loss of the layer, or of any subset of its heads, on them (:func:`heldout_losses`).
 
-The reduction. Let ``U`` (r, D) be an orthonormal basis of the span of the keys and spikes
-(``r = H + F`` rows, from a QR factorisation; if the keys are linearly dependent ``U`` spans
-more than needed, which changes nothing below). A token splits as ``x_l = U^T y_l + x_perp_l``
-with ``y_l ~ N(0, I_r)`` (plus ``U k*^T theta / sqrt(D)`` on ``y_eps``) and ``x_perp_l`` a
-standard Gaussian in the ``(D - r)``-dimensional complement, independent of ``y``. The scores
-``s_hl = <k_h, x_l>/sqrt(D) + b_h = (K U^T / sqrt(D))_h . y_l + b_h`` need ``y`` only, and so
-do the weights ``a`` and ``w = e_eps - a``. The finite-D loss is
+The reduction. Let ``U`` (r, D) be an orthonormal basis of the span of the keys and spikes (``r = H + F`` rows,
+from a QR factorisation; if the keys are linearly dependent ``U`` spans more than needed, which changes nothing
+below). A token splits as ``x_l = U^T y_l + x_perp_l`` with ``y_l ~ N(0, I_r)`` (plus ``U k*^T theta / sqrt(D)`` on
+``y_eps``) and ``x_perp_l`` a standard Gaussian in the ``(D - r)``-dimensional complement, independent of ``y``.
+The scores ``s_hl = <k_h, x_l>/sqrt(D) + b_h = (K U^T / sqrt(D))_h . y_l + b_h`` need ``y`` only, and so do the
+weights ``a`` and ``w = e_eps - a``. The finite-D loss is
 
     |x_eps - sum_l a_l x_l|^2 / D = w^T Gram w / D,     Gram = y y^T + W,
 
@@ -80,11 +79,10 @@ def draw_heldout(key: jax.Array, prior: Prior, K: jax.Array, kstar: jax.Array, n
 
 def heldout_losses(activation: Activation, seqs: HeldoutSequences, b: jax.Array,
                    kept: jax.Array | None = None, *, v: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
-    """Finite-D and limit losses, each of shape ``(n,)``, of the layer with biases ``b`` (H,)
-    and head weights ``v`` (H,; default the head average) on the sequences ``seqs``; ``kept``
-    (H',) int: evaluate the sub-layer of those heads only (its aggregation renormalised over
-    them: the head average of the kept heads, or their weights scaled to the same sum), default
-    all heads."""
+    """Finite-D and limit losses, each of shape ``(n,)``, of the layer with biases ``b`` (H,) and head weights
+    ``v`` (H,; default the head average) on the sequences ``seqs``; ``kept`` (H',) int: evaluate the sub-layer of
+    those heads only (its aggregation renormalised over them: the head average of the kept heads, or their weights
+    scaled to the same sum), default all heads."""
     keys = seqs.keys if kept is None else seqs.keys[kept]
     b = b if kept is None else b[kept]
     if v is not None and kept is not None:

@@ -4,10 +4,9 @@ Every prior of the package is a finite mixture of Gaussians with a common covari
 
     theta = atoms[k] + Sigma^{1/2} u,    k ~ probs,  u ~ N(0, I_F),
 
-which covers the exact discrete priors (``Sigma = 0``: spikes, flipped, binary, discrete)
-and the Gaussian prior (one atom at the mean, ``Sigma = cov``). The theory engine uses this
-form to integrate over ``theta`` exactly on the atoms and by quadrature over ``u``; the
-Bayes baseline has a closed form for each component.
+which covers the exact discrete priors (``Sigma = 0``: spikes, flipped, binary, discrete) and the Gaussian prior
+(one atom at the mean, ``Sigma = cov``). The theory engine uses this form to integrate over ``theta`` exactly on
+the atoms and by quadrature over ``u``; the Bayes baseline has a closed form for each component.
 
 A user-defined prior is simply ``Prior(atoms, probs, noise_cov)``, or one of the factories
 :func:`spikes`, :func:`flipped`, :func:`binary`, :func:`discrete`, :func:`gaussian`.

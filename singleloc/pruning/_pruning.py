@@ -1,10 +1,9 @@
 """Head pruning of a trained layer (docs/model.md section 7).
 
-A layer with ``H`` heads is pruned by removing heads one at a time; the layer that keeps a
-subset ``S`` of ``H'`` heads is the same activation applied to those ``H'`` heads only, so the
-aggregation is renormalised over the kept heads, ``a = (1/H') sum_{h in S} A_h``, and
-bsoftmax's factor ``H`` becomes ``H'`` (both follow from applying the activation and
-:func:`~singleloc.token_weights` to the ``(H', L)`` scores of the kept heads).
+A layer with ``H`` heads is pruned by removing heads one at a time; the layer that keeps a subset ``S`` of ``H'``
+heads is the same activation applied to those ``H'`` heads only, so the aggregation is renormalised over the kept
+heads, ``a = (1/H') sum_{h in S} A_h``, and bsoftmax's factor ``H`` becomes ``H'`` (both follow from applying the
+activation and :func:`~singleloc.token_weights` to the ``(H', L)`` scores of the kept heads).
 
 Two evaluators of the risk of a kept subset:
 
@@ -63,8 +62,7 @@ from ._pruning_result import PruningResult
 
 def keep_heads(M: Real[ArrayLike, "H F"], Q: Real[ArrayLike, "H H"], b: Real[ArrayLike, " H"],
                kept: Sequence[int] | Integer[ArrayLike, " K"]) -> OrderParameters:
-    """The order parameters of the sub-layer of heads ``kept``: rows of ``M`` and ``b``,
-    rows and columns of ``Q``."""
+    """The order parameters of the sub-layer of heads ``kept``: rows of ``M`` and ``b``, rows and columns of ``Q``."""
     idx = np.asarray(kept, dtype=int)
     if len(set(idx.tolist())) != idx.size or not all(0 <= i < np.shape(M)[0] for i in idx.tolist()):
         raise ValueError(f"keep_heads: kept must be distinct heads in 0..{np.shape(M)[0] - 1}, got {idx.tolist()}")
@@ -102,12 +100,11 @@ class TheoryRisk:
     ``len(kept)`` heads, built from ``setup`` (a :class:`~singleloc.preflight._build.Setup`, whose route is
     kept) and cached, after :func:`pruning_setup` (``ValueError`` or ``MemoryError`` naming the keys).
 
-    On the exact route (``theory.route``, a normalised-exponential activation) a risk is the
-    exact one and its error the difference to the finer exact rule. On the Sobol rule, with
-    ``theory.replicates = R > 1`` a risk is the mean over ``R`` independently scrambled
-    rules and comes with its standard error (their spread over ``sqrt(R)``): the quadrature
-    error of the risk of the given layer. With ``R = 1`` the error is not estimated (0.0).
-    :func:`prune_theory` builds one from a config or the specifications by keyword."""
+    On the exact route (``theory.route``, a normalised-exponential activation) a risk is the exact one and its
+    error the difference to the finer exact rule. On the Sobol rule, with ``theory.replicates = R > 1`` a risk is
+    the mean over ``R`` independently scrambled rules and comes with its standard error (their spread over
+    ``sqrt(R)``): the quadrature error of the risk of the given layer. With ``R = 1`` the error is not estimated
+    (0.0). :func:`prune_theory` builds one from a config or the specifications by keyword."""
 
     @checked
     def __init__(self, setup: Setup, M: Real[ArrayLike, "H F"] = None, Q: Real[ArrayLike, "H H"] = None,
@@ -131,11 +128,10 @@ class TheoryRisk:
         return other
 
     def odes(self, heads: int) -> list[OrderParameterODE]:
-        """The (cached) :class:`OrderParameterODE` objects of a layer with ``heads`` heads, one
-        per replicate ``r``: the rule of scrambling ``Theory.evaluation_seed + r``, the one on
-        which :func:`~singleloc.integrate` evaluates replicate ``r``'s risk, independent of the
-        nodes that drove a trained layer's dynamics (so that the unpruned risk is the risk
-        ``integrate`` reports)."""
+        """The (cached) :class:`OrderParameterODE` objects of a layer with ``heads`` heads, one per replicate
+        ``r``: the rule of scrambling ``Theory.evaluation_seed + r``, the one on which :func:`~singleloc.integrate`
+        evaluates replicate ``r``'s risk, independent of the nodes that drove a trained layer's dynamics (so that
+        the unpruned risk is the risk ``integrate`` reports)."""
         if heads not in self._odes:
             th, sub = self.setup.theory, self.setup if heads == self.heads else self.setup.replace(model={"heads": heads})
             self._odes[heads] = [OrderParameterODE.from_setup(sub.replace(theory={"qmc_seed": th.evaluation_seed + r}),
@@ -158,10 +154,9 @@ class TheoryRisk:
 
 
 class WeightsRisk:
-    """Risk of sub-layers of the finite-D layer with keys ``K`` (H, D), biases ``b`` (H,) and
-    spikes ``kstar`` (F, D), on ``samples`` fresh sequences (the same sequences for every
-    subset). ``loss="empirical"``: the finite-D loss ``|x_eps - yhat|^2 / D``;
-    ``loss="limit"``: the limit loss of docs/model.md section 3 of the same scores.
+    """Risk of sub-layers of the finite-D layer with keys ``K`` (H, D), biases ``b`` (H,) and spikes ``kstar`` (F,
+    D), on ``samples`` fresh sequences (the same sequences for every subset). ``loss="empirical"``: the finite-D
+    loss ``|x_eps - yhat|^2 / D``; ``loss="limit"``: the limit loss of docs/model.md section 3 of the same scores.
 
     The sequences are those of the simulator's test risk (:func:`~singleloc.model._heldout.draw_heldout` from the
     JAX key ``key``, an int for ``jax.random.PRNGKey(key)``; with every head kept and the simulator's key

@@ -166,11 +166,10 @@ def enable_compilation_cache(directory: str | Path | None = None) -> Path | None
 
 
 def _structure(args) -> str | None:
-    """The structure and static values of ``args`` as a string that is the same in every
-    process, or ``None`` if a static value has no such name: each function's ``repr`` replaced by
-    ``module.name`` for the module-level functions of the imported singleloc modules (their code is
-    covered by the source digest), and by ``reference@digest`` for a function a config names by
-    reference (its module's source digest)."""
+    """The structure and static values of ``args`` as a string that is the same in every process, or ``None`` if a
+    static value has no such name: each function's ``repr`` replaced by ``module.name`` for the module-level
+    functions of the imported singleloc modules (their code is covered by the source digest), and by
+    ``reference@digest`` for a function a config names by reference (its module's source digest)."""
     names = stable_names()  # functions a config names by reference (singleloc.ground._extensions)
     for module_name, module in list(sys.modules.items()):
         if module_name == "singleloc" or module_name.startswith("singleloc."):
@@ -225,9 +224,8 @@ def exported_call(name: str, fn: Callable, *args, static: tuple = ()):
 
 
 def _load(path: Path):
-    """The program stored at ``path``, or ``None`` when there is none or it cannot be trusted (a
-    checksum that does not match, or unreadable: one warning, the file removed; the caller compiles
-    it again and stores it anew)."""
+    """The program stored at ``path``, or ``None`` when there is none or it cannot be trusted (a checksum that does
+    not match, or unreadable: one warning, the file removed; the caller compiles it again and stores it anew)."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:

@@ -11,15 +11,13 @@ from ..theory._trajectory import Trajectory
 
 @dataclasses.dataclass(frozen=True)
 class SimulationResult(Trajectory):
-    """Saved trajectory of a simulation over ``S`` seeds and ``T`` saved times (a
-    :class:`~singleloc.Trajectory`).
+    """Saved trajectory of a simulation over ``S`` seeds and ``T`` saved times (a :class:`~singleloc.Trajectory`).
 
-    ``tau`` (T,), ``M`` (S, T, H, F), ``Q`` (S, T, H, H), ``b`` (S, T, H),
-    ``risk`` (S, T) the empirical test risk, ``risk_limit`` (S, T) the limit risk on the
-    same test sequences; ``K`` (S, H, D) and ``kstar`` (S, F, D) are the final keys and the
-    spikes (kept in memory, not written to ``simulation.npz``: ``None`` in a run read back by
-    :func:`~singleloc.load_run`); ``v`` (S, T, H): the trained head
-    weights (``model.head_weights = "trained"``; else ``None``).
+    ``tau`` (T,), ``M`` (S, T, H, F), ``Q`` (S, T, H, H), ``b`` (S, T, H), ``risk`` (S, T) the empirical test risk,
+    ``risk_limit`` (S, T) the limit risk on the same test sequences; ``K`` (S, H, D) and ``kstar`` (S, F, D) are
+    the final keys and the spikes (kept in memory, not written to ``simulation.npz``: ``None`` in a run read back
+    by :func:`~singleloc.load_run`); ``v`` (S, T, H): the trained head weights (``model.head_weights = "trained"``;
+    else ``None``).
     """
 
     risk_limit: np.ndarray

@@ -16,14 +16,13 @@ configuration. At each point a sweep
 4. analyses the phases (:func:`singleloc.analysis._phase_analysis.analyze`) of the limit risk with
    the heads' attention weights (:func:`singleloc.attention_mass`), which classify every head.
 
-The Bayes risk of every problem of the grid gives each point its ``gap_to_bayes`` and each
-activation and spike count its ``heads_needed`` (:mod:`singleloc.analysis._sweep_answers`).
-Each step is a pure function of its configuration (:func:`singleloc.sweeps._sweep_compute.compute`),
-so the points can run in this process or on a Dask cluster, and every entry is cached on disk
-under a hash of its configuration (:mod:`singleloc.sweeps._sweep_cache`): a repeated sweep
-recomputes nothing. :func:`compute_sweep` runs (or loads) every point, :func:`write_sweep_outputs`
-writes the CSV (columns: :data:`singleloc.sweeps._sweep_dataset.COLUMNS`), the Dataset and the
-figures, and :func:`sweep` (``singleloc.sweep``) does both.
+The Bayes risk of every problem of the grid gives each point its ``gap_to_bayes`` and each activation and spike
+count its ``heads_needed`` (:mod:`singleloc.analysis._sweep_answers`). Each step is a pure function of its
+configuration (:func:`singleloc.sweeps._sweep_compute.compute`), so the points can run in this process or on a Dask
+cluster, and every entry is cached on disk under a hash of its configuration
+(:mod:`singleloc.sweeps._sweep_cache`): a repeated sweep recomputes nothing. :func:`compute_sweep` runs (or loads)
+every point, :func:`write_sweep_outputs` writes the CSV (columns: :data:`singleloc.sweeps._sweep_dataset.COLUMNS`),
+the Dataset and the figures, and :func:`sweep` (``singleloc.sweep``) does both.
 """
 
 from __future__ import annotations

@@ -21,10 +21,9 @@ from ._sweep_entries import _entry_path, _read_entry, _store
 
 @dataclasses.dataclass
 class SweepStats:
-    """Counts of points of one sweep: computed (some theory or simulation entry computed or
-    failed), loaded entirely from the cache, failed (the theory or the simulation; counted
-    among the computed); wall time. :func:`~singleloc.sweeps._sweep_cache.cached_run` counts entries
-    in the same fields."""
+    """Counts of points of one sweep: computed (some theory or simulation entry computed or failed), loaded
+    entirely from the cache, failed (the theory or the simulation; counted among the computed); wall time.
+    :func:`~singleloc.sweeps._sweep_cache.cached_run` counts entries in the same fields."""
 
     computed: int = 0
     cached: int = 0

@@ -8,12 +8,11 @@ recomputes only the points it changes. An entry holds the arrays :data:`ENTRY_KE
 :class:`~singleloc.EscapePrediction`, :class:`~singleloc.TheoryResult`, :class:`~singleloc.SimulationResult`);
 it is written atomically, and a failed point is not cached.
 
-Proof of what an entry holds. Every entry records its key as its zip comment (as run folders record
-their config hash, :func:`~singleloc.io._run_folders.npz_stamp`), and every read (:func:`_read_entry`)
-checks it against the key of the configuration it is read for. A damaged entry (unreadable,
-truncated, without one of its arrays) or one recorded for another configuration is reported in one
-warning line, recomputed and replaced: the cache is a memo the sweep can always rebuild, so a wrong
-entry costs a recomputation, never a wrong row.
+Proof of what an entry holds. Every entry records its key as its zip comment (as run folders record their config
+hash, :func:`~singleloc.io._run_folders.npz_stamp`), and every read (:func:`_read_entry`) checks it against the key
+of the configuration it is read for. A damaged entry (unreadable, truncated, without one of its arrays) or one
+recorded for another configuration is reported in one warning line, recomputed and replaced: the cache is a memo
+the sweep can always rebuild, so a wrong entry costs a recomputation, never a wrong row.
 """
 
 from __future__ import annotations
@@ -49,12 +48,11 @@ ENTRY_KEYS = {"prediction": tuple(f.name for f in dataclasses.fields(EscapePredi
 
 
 def _read_entry(path: Path, kind: str, *, arrays: bool = True) -> dict[str, np.ndarray | None] | None:
-    """The cache entry at ``path``, or ``None`` (after a one-line warning) when it is damaged:
-    unreadable (truncated, bad CRC, not a zip file), without one of :data:`ENTRY_KEYS`, or
-    recorded for another configuration than the one its name is the key of (module docstring).
-    With ``arrays=False`` only the zip's directory is read (the names map to ``None``): a cheap check
-    that finds a missing, truncated, incomplete or foreign entry; a damaged array inside a whole
-    file is found when the entry is read."""
+    """The cache entry at ``path``, or ``None`` (after a one-line warning) when it is damaged: unreadable
+    (truncated, bad CRC, not a zip file), without one of :data:`ENTRY_KEYS`, or recorded for another configuration
+    than the one its name is the key of (module docstring). With ``arrays=False`` only the zip's directory is read
+    (the names map to ``None``): a cheap check that finds a missing, truncated, incomplete or foreign entry; a
+    damaged array inside a whole file is found when the entry is read."""
     key = _entry_key(path, kind)
     try:
         data = load_npz(path) if arrays else dict.fromkeys(npz_names(path))
