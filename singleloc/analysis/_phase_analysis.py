@@ -144,7 +144,5 @@ def analyze(tau: Real[ArrayLike, " T"], M: Real[ArrayLike, "*S T H F"], Q: Real[
         tau=tau, classes=classes, escaped=learned[:, -1].copy(), labels=labels, n_specialized=np.sum(labels >= 0, axis=-1),
         n_directions=n_dir, redundant=redundant_pairs(Q, redundancy), profiles=shared_profiles(M, Q, redundancy, min_fraction),
         cos=head_spike_cosines(M, Q), specialization_times=specialization_times(tau, labels), plateaus=pls, escapes=escs,
-        escape_time=np.asarray(esc, float), first_learned=first,
-        first_specialization=np.asarray(first_aligned, float), final_risk=risk[:, -1].copy(),
-        rearrangements=rearr, settled=settledness(tau, risk, classes.code),
-    )
+        escape_time=np.asarray(esc, float), first_learned=first, first_specialization=np.asarray(first_aligned, float),
+        final_risk=risk[:, -1].copy(), rearrangements=rearr, settled=settledness(tau, risk, classes.code))

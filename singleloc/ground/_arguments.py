@@ -77,8 +77,7 @@ def beartype_conf():
     """The check's configuration: an integer where a float is expected, NumPy's scalars as Python's."""
     from beartype import BeartypeConf, FrozenDict
 
-    return BeartypeConf(hint_overrides=FrozenDict({float: float | int | np.floating | np.integer,
-                                                              int: int | np.integer}))
+    return BeartypeConf(hint_overrides=FrozenDict({float: float | int | np.floating | np.integer, int: int | np.integer}))
 
 
 def _check(where: str, values: Mapping[str, Any], hints: Mapping[str, Any], optional: frozenset = frozenset()) -> None:

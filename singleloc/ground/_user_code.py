@@ -134,8 +134,7 @@ def _check_form(fn: Callable, what: str, scores: np.ndarray, weights: np.ndarray
     if not (isinstance(scale, (int, float, np.number)) and math.isfinite(scale) and scale > 0):
         raise UserCodeError(f"{what}: its exponential_form at L = {L} has scale {scale!r}; it must be a finite number > 0")
     if not (isinstance(offset, (int, float, np.number)) and math.isfinite(offset) and offset >= 0):
-        raise UserCodeError(f"{what}: its exponential_form at L = {L} has offset {offset!r}; it must be a finite "
-                            "number >= 0")
+        raise UserCodeError(f"{what}: its exponential_form at L = {L} has offset {offset!r}; it must be a finite number >= 0")
     if not isinstance(joint, (bool, np.bool_)):
         raise UserCodeError(f"{what}: its exponential_form at L = {L} has joint = {joint!r}; it must be True or False")
     x = float(scale) * scores.astype(np.float64)

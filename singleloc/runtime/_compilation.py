@@ -241,8 +241,7 @@ def _load(path: Path):
             return jax.export.deserialize(bytearray(body))
         except Exception as err:  # checksum good, yet unreadable (another serialisation): struct.error, flatbuffers' errors
             problem = f"{type(err).__name__}: {err}"
-    warnings.warn(f"the stored program {str(path)!r} is damaged ({problem}); compiling it again and replacing it",
-                  stacklevel=3)
+    warnings.warn(f"the stored program {str(path)!r} is damaged ({problem}); compiling it again and replacing it", stacklevel=3)
     with contextlib.suppress(OSError):
         path.unlink()
     return None
