@@ -136,9 +136,8 @@ def _style_legend(theory, simulation) -> list:
 
 def plot_compare(theory=None, simulation=None, title: str = "", *, log_time: bool | None = None,
                  match: bool = True, mean=None, outcomes: tuple[str, ...] | None = None) -> Figure:
-    """Risk against tau and the overlaps ``M_hf(tau)``, theory against simulation, each as its
-    mean over starts (seeds) with the spread from the min to the max: theory a line with a band,
-    simulation markers with bars (a legend says which is which).
+    """Risk against tau and the overlaps ``M_hf(tau)``, theory against simulation, each as its mean over starts
+    (seeds) with the spread from the min to the max: theory a line with a band, simulation markers with bars.
 
     ``theory`` and ``simulation`` are :class:`~singleloc.Trajectory` records (or anything with ``tau``, ``risk``
     (S, T), ``M`` (S, T, H, F)); either may be ``None``. With ``match`` (default; with ``H >= F``) the heads of

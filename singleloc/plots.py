@@ -169,14 +169,11 @@ def plot_phase_diagram(rows, *, title: str = "", simulate: bool = False) -> Figu
 
 
 def plot_heads_needed(rows, other_keys=(), *, title: str = "") -> Figure:
-    """The gap to the Bayes risk against the number of heads, from sweep rows (dicts with
-    ``activation``, ``heads``, ``F``, ``gap_to_bayes``, ``heads_needed``, ``gap_tol``): one panel
-    per spike count ``F``, one line per activation (and value of the ``other_keys`` grid keys), a
-    dashed line at ``gap_tol`` and a star at ``heads_needed``, the fewest heads within it (the
-    legend says "more than H" where no point comes that close, and "3-4 (within error)" where the
-    gaps' errors move the count: :func:`~singleloc.analysis._sweep_answers.count_text`); error bars
-    ``gap_to_bayes_error`` where stated. Log scale, legend outside the panels; a gap at or below zero
-    (within the quadrature error of the Bayes risk) is drawn at the bottom of the panel."""
+    """The gap to the Bayes risk against the number of heads, from sweep rows (``activation``, ``heads``, ``F``,
+    ``gap_to_bayes``, ``heads_needed``, ``gap_tol``): one panel per spike count ``F``, one line per activation (and
+    value of the ``other_keys``), a dashed line at ``gap_tol`` and a star at ``heads_needed`` (the legend's answer:
+    :func:`~singleloc.analysis._sweep_answers.count_text`); error bars ``gap_to_bayes_error`` where stated. Log
+    scale; a gap at or below zero (within the Bayes risk's error) is drawn at the bottom of the panel."""
     from .analysis._sweep_answers import count_text
 
     Fs = sorted({int(r["F"]) for r in rows})

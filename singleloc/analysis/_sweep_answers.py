@@ -50,8 +50,7 @@ def bayes_columns(row: Mapping[str, Any], entry: Mapping[str, np.ndarray] | None
     """``bayes_risk``, ``bayes_risk_error``, ``final_risk_error``, ``gap_to_bayes``, ``gap_to_bayes_error`` (and
     ``sim_gap_to_bayes`` with ``simulate``) of a row with the phase summary's ``final_risk`` (and
     ``sim_final_risk``) and its ``theory`` entry; NaN where the Bayes entry is missing (its computation failed)."""
-    bayes = float(entry["bayes_risk"]) if entry is not None else math.nan
-    bayes_error = float(entry["bayes_risk_error"]) if entry is not None else math.nan
+    bayes, bayes_error = (math.nan,) * 2 if entry is None else (float(entry["bayes_risk"]), float(entry["bayes_risk_error"]))
     error = final_risk_error(theory)
     out = {"bayes_risk": bayes, "bayes_risk_error": bayes_error, "final_risk_error": error,
            "gap_to_bayes": row["final_risk"] - bayes, "gap_to_bayes_error": math.hypot(error, bayes_error)}

@@ -38,8 +38,7 @@ def _softmax_complement(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.
     np.put_along_axis(top, np.argmax(logits, axis=-1)[..., None], True, axis=-1)
     rest = np.sum(np.where(top, 0.0, e), axis=-1, keepdims=True)
     alpha = e / z
-    comp = np.where(top, rest / z, 1.0 - alpha)
-    return alpha, comp, top
+    return alpha, np.where(top, rest / z, 1.0 - alpha), top
 
 
 def softmax_jacobian(logits: Rows, temperature: float = 1.0) -> np.ndarray:

@@ -287,9 +287,8 @@ def _nearest_existing(path: Path) -> Path:
 
 
 def check_writable(folder: str | Path) -> None:
-    """Raise ``OSError`` (one line) unless a file can be created in ``folder``, or in its nearest
-    existing ancestor when it does not exist yet: a file is created there and removed again,
-    which tests permissions, read-only mounts and the like before any work."""
+    """Raise ``OSError`` (one line) unless a file can be created (and is, and removed again) in ``folder``, or in its
+    nearest existing ancestor when it does not exist yet."""
     place = _nearest_existing(Path(folder))
     if not place.is_dir():
         raise NotADirectoryError(errno.ENOTDIR, f"{str(place)!r} is {describe_path(place)}, not a folder")
@@ -328,10 +327,9 @@ def _written_config(path: Path) -> dict | None:
 
 
 def check_run_folder(folder: str | Path) -> bool:
-    """Check, before a run, that ``folder`` can receive a run: it must not be or contain the
-    current folder (which the swap would move away), must hold nothing but a previous run, and
-    its parent must be writable. Returns whether a previous run is there (and will be
-    replaced). Raises ``ValueError`` or ``OSError`` with one line that starts with the folder."""
+    """Check, before a run, that ``folder`` can receive a run: not the current folder or one containing it (which
+    the swap would move away), holding nothing but a previous run, in a writable parent. Returns whether a previous
+    run is there (and will be replaced). Raises ``ValueError`` or ``OSError`` with one line naming the folder."""
     if not str(folder).strip():
         raise ValueError("expected a folder, got an empty name")
     folder = Path(folder)
@@ -405,9 +403,8 @@ def check_other_run(folder: Path, mine: str | None, writer: str, names: Iterable
 
 
 def check_output_folder(folder: str | Path) -> None:
-    """Check, before a run, that files can be written into ``folder`` (created if missing):
-    it is not an existing non-folder and a file can be created in it (or its nearest ancestor).
-    Raises ``ValueError`` or ``OSError`` with one line."""
+    """Check, before a run, that files can be written into ``folder`` (created if missing): it is not an existing
+    non-folder and a file can be created in it (or its nearest ancestor); ``ValueError`` or ``OSError`` otherwise."""
     if not str(folder).strip():
         raise ValueError("expected a folder, got an empty name")
     folder = Path(folder)

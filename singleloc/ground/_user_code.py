@@ -13,8 +13,7 @@ here, not in the middle of a run): the weights' shape and, for float32 scores, t
 float32); finite weights and a finite gradient; ``act(s P) = act(s) P`` for a permutation ``P`` of the tokens, to
 the rounding of the probe's precision (:data:`EQUIVARIANCE_ULPS`); and, where the function declares its
 normalised-exponential form (``exponential_form``, which puts it on the exact route), that the form is valid and
-that the function is that form (the exact route computes the form, the simulation the function). One line names the
-function and what failed.
+that the function is that form. One line names the function and what failed.
 
 Priors (:func:`~singleloc.model._priors.check_prior`). A factory ``problem -> Prior`` returns a :class:`~singleloc.Prior`,
 which validates itself (finite atoms, probabilities, a PSD covariance); the probe adds that its

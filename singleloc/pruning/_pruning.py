@@ -95,10 +95,9 @@ def pruning_setup(setup: Setup, heads: int | None = None) -> Setup:
 
 
 class TheoryRisk:
-    """Population risk of sub-layers of the layer ``(M, Q, b)`` (``M`` (H, F), ``Q`` (H, H),
-    ``b`` (H,)). ``risk(kept)`` evaluates the heads ``kept`` with ODE objects for
-    ``len(kept)`` heads, built from ``setup`` (a :class:`~singleloc.preflight._build.Setup`, whose route is
-    kept) and cached, after :func:`pruning_setup` (``ValueError`` or ``MemoryError`` naming the keys).
+    """Population risk of sub-layers of the layer ``(M, Q, b)`` (``M`` (H, F), ``Q`` (H, H), ``b`` (H,)): called
+    with the heads ``kept``, it evaluates them with ODE objects for ``len(kept)`` heads, built from ``setup`` (its
+    route kept) and cached, after :func:`pruning_setup` (``ValueError`` or ``MemoryError`` naming the keys).
 
     On the exact route (``theory.route``, a normalised-exponential activation) a risk is the exact one and its
     error the difference to the finer exact rule. On the Sobol rule, with ``theory.replicates = R > 1`` a risk is
@@ -116,8 +115,7 @@ class TheoryRisk:
         if self.M.shape != (H, F) or self.Q.shape != (H, H) or self.b.shape != (H,):
             raise ValueError(f"order parameters must have shapes (H, F), (H, H), (H,) with F = {F}; "
                              f"got M {self.M.shape}, Q {self.Q.shape}, b {self.b.shape}")
-        self.setup = pruning_setup(setup, heads=H)  # checked; one route and rule for every sub-layer
-        self.heads = H
+        self.setup, self.heads = pruning_setup(setup, heads=H), H  # checked; one route and rule for every sub-layer
         self._odes: dict[int, list[OrderParameterODE]] = {}
 
     def of_layer(self, M: Real[ArrayLike, "H F"], Q: Real[ArrayLike, "H H"], b: Real[ArrayLike, " H"]) -> TheoryRisk:
@@ -128,10 +126,9 @@ class TheoryRisk:
         return other
 
     def odes(self, heads: int) -> list[OrderParameterODE]:
-        """The (cached) :class:`OrderParameterODE` objects of a layer with ``heads`` heads, one per replicate
-        ``r``: the rule of scrambling ``Theory.evaluation_seed + r``, the one on which :func:`~singleloc.integrate`
-        evaluates replicate ``r``'s risk, independent of the nodes that drove a trained layer's dynamics (so that
-        the unpruned risk is the risk ``integrate`` reports)."""
+        """The (cached) :class:`OrderParameterODE` objects of a layer with ``heads`` heads, one per replicate ``r``
+        on the rule of scrambling ``Theory.evaluation_seed + r``, where :func:`~singleloc.integrate` evaluates
+        replicate ``r``'s risk (so that the unpruned risk is the risk ``integrate`` reports)."""
         if heads not in self._odes:
             th, sub = self.setup.theory, self.setup if heads == self.heads else self.setup.replace(model={"heads": heads})
             self._odes[heads] = [OrderParameterODE.from_setup(sub.replace(theory={"qmc_seed": th.evaluation_seed + r}),
@@ -290,11 +287,10 @@ def _pruned(evaluate: TheoryRisk, M, order, draws: int, seed: int) -> PruningRes
 
 def prune_run(run, order: str | Sequence[int] | Integer[ArrayLike, " K"] = "greedy", *, draws: int = 16,
               seed: int = 0) -> dict[str, list[PruningResult]]:
-    """Prune the trained layers of a run folder read back by :func:`~singleloc.load_run`, with
-    :func:`prune_theory`: the final state of ``theory.npz`` (one layer) and the final order
-    parameters of every seed of ``simulation.npz`` (one layer per seed; the keys are not stored:
-    for finite-D data, :func:`prune_weights`). Every layer is scored on one rule of the run's config,
-    checked and resolved once (:func:`pruning_setup`) and built once (:meth:`TheoryRisk.of_layer`).
+    """Prune the trained layers of a run folder read back by :func:`~singleloc.load_run`, with :func:`prune_theory`:
+    the final state of ``theory.npz`` (one layer) and the final order parameters of every seed of ``simulation.npz``
+    (one layer per seed; the keys are not stored: for finite-D data, :func:`prune_weights`), all on one rule of the
+    run's config (:func:`pruning_setup`, :meth:`TheoryRisk.of_layer`).
 
     Returns:
         ``{kind: [PruningResult, ...]}`` for each kind of ``run.data`` (``"theory"``: one result;

@@ -25,10 +25,9 @@ class PruningResult:
         removed: ``(draws, H - 1)`` int, the heads removed, in order (indices of the original
             layer); one row unless the order is random.
         risks: ``(draws, H)``, the risk after removing ``k = 0 .. H-1`` heads.
-        stderr: ``(draws, H)`` error of each risk: Monte Carlo standard error (weights evaluator),
-            quadrature (theory evaluator: on the exact route the difference to the finer exact
-            rule, on the Sobol rule with ``theory.replicates > 1`` the replicates' standard
-            error), or ``None`` (one Sobol rule: no estimate).
+        stderr: ``(draws, H)`` error of each risk: Monte Carlo standard error (weights evaluator), quadrature
+            (theory evaluator: on the exact route the difference to the finer exact rule, on the Sobol rule with
+            ``theory.replicates > 1`` the replicates' standard error), or ``None`` (one Sobol rule: no estimate).
     """
 
     order: str

@@ -146,7 +146,7 @@ class Cluster:
 
     def close(self, *, quiet: bool = False) -> None:
         """Close the client and a local cluster (its worker processes end); idempotent. ``quiet``: without Dask's
-        log lines (after Ctrl-C, when Dask logs every cancelled task and every worker it kills)."""
+        log lines (after Ctrl-C)."""
         client, self._client = self._client, None
         try:
             if not quiet:
@@ -165,11 +165,10 @@ class Cluster:
 
 
 def _fork_server_deaf_to_ctrl_c() -> None:
-    """Start multiprocessing's fork server, of which a local cluster forks its workers (:data:`LOCAL_CONFIG`),
-    with SIGINT ignored, which the workers inherit: a terminal's Ctrl-C (sent to the process group) then reaches
-    only this process, which closes them, and no starting worker prints a ``KeyboardInterrupt`` traceback (Dask
-    has no option for it, dask/distributed#1925). Ignored here only while the server is spawned (milliseconds,
-    once a process), after Dask's ``pre-spawn-environ`` is set (the workers start with the server's)."""
+    """Start multiprocessing's fork server, of which a local cluster forks its workers (:data:`LOCAL_CONFIG`), with
+    SIGINT ignored, which the workers inherit: a terminal's Ctrl-C then reaches only this process, which closes them
+    (Dask has no option for it, dask/distributed#1925). SIGINT is ignored only while the server is spawned, after
+    Dask's ``pre-spawn-environ`` is set (the workers start with the server's environment)."""
     import multiprocessing
     from multiprocessing import forkserver
 
@@ -198,9 +197,8 @@ def _workers_killed_on_failure() -> Iterator[None]:
 
 def check_cluster(workers: int, scheduler: str | None, *, local: str = "workers > 1",
                   external: str = "a scheduler address") -> None:
-    """``workers`` and ``scheduler`` name one place to run (:func:`open_cluster`): ``ValueError`` for
-    ``workers < 1``, or for both ``workers > 1`` and a scheduler (``local`` and ``external`` name the
-    two in the message; the command line names its options)."""
+    """``ValueError`` unless ``workers`` and ``scheduler`` name one place to run (:func:`open_cluster`); ``local`` and
+    ``external`` name the two in the message (the command line names its options)."""
     if workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
     if scheduler and workers > 1:
@@ -263,8 +261,7 @@ def run_points(tasks: Sequence[tuple[Hashable, tuple]], fn: Callable[..., Any], 
     Raises:
         ValueError: repeated keys, ``workers < 1``, both ``workers > 1`` and ``scheduler``, or
             ``workers``/``scheduler`` together with ``cluster``.
-        KeyboardInterrupt: Ctrl-C or SIGTERM; the results completed before it were handed to
-            ``on_result``.
+        KeyboardInterrupt: Ctrl-C or SIGTERM; the results completed before it were handed to ``on_result``.
     """
     keys = [key for key, _ in tasks]
     if len(set(keys)) != len(keys):

@@ -52,9 +52,8 @@ def save_steps(sgd: SGD, D: int, ts: np.ndarray | None = None) -> np.ndarray:
 
 def _run_functions(setup: Setup):
     """Pure per-seed functions: the initial state, advance by steps, and measure. The state is
-    ``(params, rule_state)``: the layer's :class:`~singleloc.sgd._sgd_rule.LayerParameters` and the SGD
-    rule's own finite-D state (:meth:`~singleloc.OnlineSGD.init_state`: a velocity with momentum,
-    nothing for plain SGD), which the rule's step threads."""
+    ``(params, rule_state)``: the layer's :class:`~singleloc.sgd._sgd_rule.LayerParameters` and the SGD rule's own
+    finite-D state (:meth:`~singleloc.OnlineSGD.init_state`), which the rule's step threads."""
     pb, mdl, sgd, sim, prior, rule = setup.problem, setup.model, setup.sgd, setup.simulation, setup.prior, setup.rule
     act = get_activation(mdl.activation)
     L, F, H, D = pb.L, pb.F, mdl.heads, sim.D

@@ -16,8 +16,7 @@ class SimulationResult(Trajectory):
     ``tau`` (T,), ``M`` (S, T, H, F), ``Q`` (S, T, H, H), ``b`` (S, T, H), ``risk`` (S, T) the empirical test risk,
     ``risk_limit`` (S, T) the limit risk on the same test sequences; ``K`` (S, H, D) and ``kstar`` (S, F, D) are
     the final keys and the spikes (kept in memory, not written to ``simulation.npz``: ``None`` in a run read back
-    by :func:`~singleloc.load_run`); ``v`` (S, T, H): the trained head weights (``model.head_weights = "trained"``;
-    else ``None``).
+    by :func:`~singleloc.load_run`); ``v`` (S, T, H): the trained head weights (else ``None``).
     """
 
     risk_limit: np.ndarray

@@ -185,15 +185,13 @@ def sweep(base: Config, grids: Sequence[Grid], out: str | Path | None = None, *,
           workers: int = 1, scheduler: str | None = None, batch: bool = True,
           gap: float = GAP_TOL) -> tuple[list[dict[str, Any]], SweepStats]:
     """Run (or load) every grid point (:func:`compute_sweep`) and, with ``out``, write its files
-    (:func:`write_sweep_outputs`: ``OUT/sweep.csv``, ``OUT/sweep.nc``, the phase diagrams and the
-    heads-needed figure; ``figures=False``: the CSV and the Dataset only). Returns the CSV rows
-    (dicts) and the :class:`SweepStats`.
+    (:func:`write_sweep_outputs`; ``figures=False``: the CSV and the Dataset only). Returns the CSV rows (dicts) and
+    the :class:`SweepStats`.
 
-    ``horizon``: ``"auto"`` (each point to its predicted horizon), ``"config"``
-    (``sgd.tau_max``) or a number (module docstring). ``cache_dir``: the cache folder (default
-    ``OUT/cache``; one of the two is needed). ``gap``: the largest ``gap_to_bayes`` that counts as
-    reaching the Bayes risk in ``heads_needed`` (:mod:`singleloc.analysis._sweep_answers`). The other
-    arguments as :func:`compute_sweep`'s, which checks every point first (:func:`check_sweep`).
+    ``horizon``: ``"auto"`` (each point to its predicted horizon), ``"config"`` (``sgd.tau_max``) or a number
+    (module docstring). ``cache_dir``: the cache folder (default ``OUT/cache``; one of the two is needed). ``gap``:
+    the largest ``gap_to_bayes`` that counts as reaching the Bayes risk in ``heads_needed``
+    (:mod:`singleloc.analysis._sweep_answers`). The other arguments as :func:`compute_sweep`'s.
     """
     t0 = time.perf_counter()
     if cache_dir is None and out is None:
@@ -344,11 +342,10 @@ def compute_sweep(base: Config, grids: Sequence[Grid], cache: str | Path, *, hor
 
 def write_sweep_outputs(out: str | Path, outcome: SweepOutcome, *, figures: bool = True) -> Path:
     """Write the files of a sweep into ``out``: ``sweep.csv`` (:func:`write_csv`), ``sweep.nc``
-    (:func:`~singleloc.sweeps._sweep_dataset.write_sweep`) and, with ``figures``, one phase diagram per
-    activation (and per value of the other grid keys), ``phase_<activation>[_<key>=<value>...].png``,
-    and ``heads_needed.png`` (the gap to the Bayes risk against the heads). All of them or none are
-    renamed into place (:func:`~singleloc.ground._atomic_files.written_together`), and figures of an
-    earlier sweep into ``out`` that this one does not draw are removed. Returns ``out``."""
+    (:func:`~singleloc.sweeps._sweep_dataset.write_sweep`) and, with ``figures``, one phase diagram per activation
+    (and per value of the other grid keys), ``phase_<activation>[_<key>=<value>...].png``, and ``heads_needed.png``,
+    all of them or none (:func:`~singleloc.ground._atomic_files.written_together`); figures of an earlier sweep into
+    ``out`` that this one does not draw are removed. Returns ``out``."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     rows, grids = outcome.rows, outcome.grids

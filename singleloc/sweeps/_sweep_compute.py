@@ -8,11 +8,10 @@ configurations, so the points can be computed anywhere.
 
 Batching. Theory points that differ only in the :data:`~singleloc.runtime._compilation.VALUE_KEYS` (the horizon of
 ``horizon="auto"`` among them) have arrays of the same shapes: with ``batch=True`` (the default) they are one task,
-one batched solve of all their seeds' starts with one compilation (:func:`~singleloc.theory._ode.integrate_points`;
-cut into near-equal tasks on a cluster: :func:`~singleloc.sweeps._sweep_cache.split_groups`). Every trajectory keeps
-its own adaptive steps, so a point's entry equals its own solve (bit for bit on one CPU device, where the points go
-in turn; to the solver's tolerance vmapped; the cache key does not say which, and either entry serves). Escape predictions and
-simulations run one point after the other.
+one batched solve of all their seeds' starts with one compilation (:func:`~singleloc.theory._ode.integrate_points`).
+Every trajectory keeps its own adaptive steps, so a point's entry equals its own solve (bit for bit on one CPU
+device, where the points go in turn; to the solver's tolerance vmapped; the cache key does not say which, and either
+entry serves). Escape predictions and simulations run one point after the other.
 """
 
 from __future__ import annotations
@@ -120,15 +119,11 @@ BATCH_KINDS = ("theory",)
 
 
 def compute_points(kind: str, *configs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, np.ndarray] | BaseException]:
-    """The work of sweep points of one :func:`compile_group`, run on a worker: the entries of
-    ``kind`` for the resolved configurations ``configs`` (:meth:`Config.to_dict`), as NumPy arrays, or the
-    exception a point raised (the others go on). Several theory points are one batched solve
-    (:func:`compute_theories`); other kinds, and a single point, :func:`compute` one after the other.
-
-    On a Dask worker it sets double precision, and in a process the package owns it holds the programs of a
-    bounded number of shapes (:func:`~singleloc.runtime._compilation.hold_programs`); a Python caller's process is
-    left as it is.
-    """
+    """The work of sweep points of one :func:`compile_group`, run on a worker: the entries of ``kind`` for the
+    resolved configurations ``configs`` (:meth:`Config.to_dict`), as NumPy arrays, or the exception a point raised
+    (the others go on); several theory points in one batched solve (:func:`compute_theories`). On a Dask worker it
+    sets double precision; in a process the package owns it holds the programs of a bounded number of shapes
+    (:func:`~singleloc.runtime._compilation.hold_programs`)."""
     if on_dask_worker():
         own_process()
         jax.config.update("jax_enable_x64", True)
