@@ -3,7 +3,7 @@
 Run folders. The outputs of one ``integrate``, ``simulate`` or ``compare`` form one unit, a
 folder written by :func:`save_run`:
 
-* every file carries the **config hash** of the run (:func:`config_hash`: SHA-256 of the
+* every file carries the **config hash** of the run (:func:`~singleloc.config_hash`: SHA-256 of the
   canonical JSON of the resolved config): ``config.json`` holds it as ``config_hash`` next to
   the config and ``singleloc_version``; each ``.npz`` as its zip comment
   ``singleloc config_hash HASH`` (:func:`npz_stamp`; the arrays are unchanged); each ``.png``
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import zipfile
 import zlib
@@ -34,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from .._version import __version__
-from ..configuration._config import SECTIONS, Config, load_config
+from ..configuration._config import Config, config_hash, load_config
 from ..ground._atomic_files import (
     NPZ_STAMP,
     RUN_FILES,
@@ -57,17 +56,6 @@ HASH_KEY = "config_hash"
 
 #: The errors NumPy and zipfile raise for a damaged or truncated ``.npz`` file.
 NPZ_ERRORS = (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error)
-
-
-def config_hash(config: Config | Mapping[str, Any]) -> str:
-    """First 16 hex digits of the SHA-256 of the canonical JSON (sorted keys, no spaces) of
-    ``config.to_dict()`` (or of the plain dict as stored in ``config.json``)."""
-    if isinstance(config, Mapping) and (set(config) != set(SECTIONS) or not all(isinstance(v, Mapping) for v in config.values())):
-        raise ValueError(f"config_hash: config must be a singleloc.Config or its to_dict() (the sections "
-                         f"{', '.join(SECTIONS)}, each a table), got a {type(config).__name__} with the keys "
-                         f"{sorted(map(str, config))}")
-    data = config.to_dict() if isinstance(config, Config) else config
-    return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
 def save_npz(path: str | Path, arrays: Mapping[str, Any], stamp: str | None = None) -> Path:
