@@ -128,6 +128,8 @@ if TYPE_CHECKING:
     from .model._priors import flipped as flipped
     from .model._priors import gaussian as gaussian
     from .model._priors import spikes as spikes
+    from .preflight._build import Setup as Setup
+    from .preflight._build import build as build
     from .preflight._build import sgd_rule as sgd_rule
     from .preflight._run_checks import warn_if_risk_rose as warn_if_risk_rose
     from .pruning._pruning import TheoryRisk as TheoryRisk

@@ -468,20 +468,18 @@ def test_prune_into_another_run_folder_says_it_replaces_it(previous_run, tmp_pat
 
 
 @pytest.mark.parametrize("call", ["simulate", "integrate", "sweep", "save_run", "prune_theory", "initial_conditions",
-                                  "choose_points", "integrate_sde", "predicted_escape", "config_hash", "save_theory"])
+                                  "build", "predicted_escape", "config_hash", "save_theory"])
 def test_the_python_api_names_a_config_given_as_a_preset_name(tmp_path, call):
     """Issue 21 item 12: ``sl.simulate("default")`` failed with AttributeError: 'str' object has no attribute 'model';
     so did ``sl.initial_conditions("default")`` and the other functions that take a Config."""
     import singleloc as sl
 
-    zeros = sl.OrderParameters(np.zeros((1, 2, 2)), np.eye(2)[None], np.zeros((1, 2)))
     result = sl.TheoryResult(np.zeros(1), np.zeros((1, 1, 2, 2)), np.zeros((1, 1, 2, 2)), np.zeros((1, 1, 2)), np.zeros((1, 1)))
     calls = {"simulate": lambda: sl.simulate("default"), "integrate": lambda: sl.integrate("default"),
              "sweep": lambda: sl.sweep("default", [], tmp_path), "save_run": lambda: sl.save_run(tmp_path / "r", "default", {}),
              "prune_theory": lambda: sl.prune_theory({"model": {}}, np.zeros((2, 2)), np.eye(2), np.zeros(2)),
              "initial_conditions": lambda: sl.initial_conditions("default"),
-             "choose_points": lambda: sl.choose_points("default", zeros),
-             "integrate_sde": lambda: sl.integrate_sde("default", zeros, np.zeros((1, 2), np.uint32)),
+             "build": lambda: sl.build("default"),
              "predicted_escape": lambda: sl.predicted_escape("default"), "config_hash": lambda: sl.config_hash("default"),
              "save_theory": lambda: sl.save_theory(tmp_path / "r", "default", result)}
     where = {"save_theory": "save_theory"}.get(call, call.split("_")[0])

@@ -72,7 +72,7 @@ from ..preflight._run_checks import warn_if_risk_rose
 from ..runtime._compilation import checks_as_nan, exported_call
 from ..runtime._numerics import PSD_SOLVE, Q_RUNAWAY, expected_steps
 from ..sgd._sgd_rule import Starts, flat_drift
-from ._accuracy import points_for
+from ._accuracy import choose_points
 from ._starts import batched_starts, check_starts, initial_conditions
 from ._step_budget import MIN_STEP, STEP_MARGIN, UNRESOLVED, StepBudget, UnresolvedFields, stop_code, stop_reason
 from ._theory import OrderParameterODE, OrderParameters, r_orth
@@ -242,7 +242,7 @@ def _problem(setup: Setup, y0: OrderParameters | None, ts: np.ndarray | None) ->
     th = setup.theory
     R, points, drift_error = th.replicates, th.points, float("nan")
     if points == "auto":
-        choice = points_for(setup, y0)
+        choice = choose_points(setup, y0)
         points, drift_error = choice.points, choice.error
     dynamics = OrderParameterODE.from_setup(setup, seeds=th.qmc_seed + np.arange(R), points=points)
     evaluation = OrderParameterODE.from_setup(setup, seeds=th.evaluation_seed + np.arange(R), points=points, check=True)
