@@ -24,16 +24,8 @@ its atoms). Per pair, a value costs ``2 n_t n_outer n_t`` multiply-adds per prod
 discrete prior: :data:`PAIR_BATCHES` takes each combo on the tokens that use it) plus ``TABLE_POINTS n_inner``
 profile evaluations per order and ``(1 + K) n_t n_outer`` interpolations. Its gradient (``jax.grad``, as the drift
 takes it) is one value, its linearisation (the table's three derivative orders) and transpose, in the checkpoint's
-backward pass: the forward pass's value is unused and JAX drops it (the lowered gradient holds one loop over the
-pairs, ``value_and_grad`` two), so there is no recomputation to save (a one-pass custom VJP per pair was no faster:
-docs/benchmarks/06). Where the time goes (issue 59; softmax, ``L = 8``, ``H = 8``, near copies, two spikes,
-single-threaded CPU ms, medians of 9 at a load of 13, ranges min-median): the gradient 404 of a 533 ms drift (the Gram term 125),
-that is 28 pairs of 9.7-17 ms (a value 2.8-3.1 ms: the table 0.7-1.0, 1.2-1.5 with its derivative orders; the
-interpolation at 3 x 8192 arguments 0.6-0.8, 1.9-2.2 with three orders; the first field's profiles 0.3-0.4; six
-products 0.1-0.7) and the one-head terms (44-49). What is left is the products and their transposes and the
-table's and interpolation's derivative orders (dropping the checkpoint stacks the residuals: 640 against 410 ms
-per gradient at H = 8; ``lax.map`` in chunks of four pairs: 840 ms). An outer rule on the ``y'`` lattice
-would save only the interpolation, at the price of more outer nodes.
+backward pass: the forward pass's value is unused and JAX drops it, so there is no recomputation to save (where the
+time goes, and what did not pay: docs/benchmarks/06).
 
 The ``lr^2`` Gram term of one or two heads (:mod:`~singleloc.expectations._laplace_gram`) takes its pair moments on
 :data:`GRAM_OUTER` times the pair rule's outer nodes, which this layer holds (``H = 2`` only).

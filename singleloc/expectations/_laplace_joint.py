@@ -117,10 +117,8 @@ def joint_rule_size(H: int, prior: Prior, *, refined: bool = False) -> int:
     """The work of a joint layer's exact rule per Laplace node: its token nodes (:func:`joint_layout`,
     :func:`~singleloc.expectations._cubature.joint_nodes`) times the heads times the prior's atoms (every atom's
     token expectation runs over every node and head); ``refined``: of the refined rule
-    (:func:`refined_layout`). Time and memory grow with it: 29 to 37 CPU microseconds of one drift per unit
-    on the shared 2-core machine (:data:`~singleloc.expectations._routes.JOINT_EXACT_MAX`), and about 0.5 kB of memory
-    per unit of the refined rule
-    (:meth:`~singleloc.LaplaceExpectation.rule_bytes`)."""
+    (:func:`refined_layout`). Time and memory grow with it (:data:`~singleloc.expectations._routes.JOINT_EXACT_MAX`,
+    :data:`~singleloc.expectations._routes.JOINT_UNIT_BYTES`)."""
     layout = joint_layout(H, prior.F)
     return len(_nodes(refined_layout(layout) if refined else layout)[1]) * H * len(prior.atoms)
 
@@ -248,20 +246,13 @@ def _token_from_heads(values):
 @jax.custom_jvp
 def _joint_token(y, mean, C, z, w, table_rule):
     """``E[f(y + lse(x))]`` (4, n_t) of the four profiles for the ``H`` fields ``x ~ N(mean, C)`` of
-    one token, in conditional product form.
-
-    Write ``C = delta I + S^T S`` (:func:`_conditional_law`): given the standard normals ``z`` on the
-    ``H - 1`` principal directions of ``C - delta I`` (the nodes ``z`` (N, H - 1), weights ``w``), the
-    fields ``x_h = mu_h + sqrt(delta) Z_h`` with ``mu = mean + z S`` are independent, so
-    ``exp(-t u) = prod_h rho_0(y + x_h)`` (``u = sum_h exp(x_h)``) makes each profile of ``lse(x)`` a
-    polynomial in one head's profiles smoothed by ``N(0, delta)`` (:func:`_token_from_heads`), which
-    are tabulated once and interpolated (:func:`~singleloc.expectations._laplace_profiles.smoothing_table`). The
-    smallest principal variance is integrated exactly, and heads that are copies leave ``delta = 0``
-    and fewer active directions. ``table_rule``: ``(z_inner, w_inner, u_grid)`` of the tables.
-
-    Derivatives by Price's theorem, ``dE[F] = E[grad F] dmean + E[tr(hess F dC)] / 2``, with the
-    gradient and Hessian of the conditional expectation in ``mu`` from the tabulated derivatives of
-    the smoothed profiles (:func:`_joint_token_jvp`): never through ``S``."""
+    one token, in conditional product form (module docstring): ``C = delta I + S^T S``
+    (:func:`_conditional_law`), the nodes ``z`` (N, H - 1) and weights ``w`` on the principal directions of
+    ``C - delta I``, the fields' conditional means ``mu = mean + z S``; ``table_rule``: ``(z_inner, w_inner,
+    u_grid)`` of the tables of the profiles smoothed by ``N(0, delta)``. Derivatives by Price's theorem,
+    ``dE[F] = E[grad F] dmean + E[tr(hess F dC)] / 2``, with the gradient and Hessian of the conditional
+    expectation in ``mu`` from the tabulated derivatives of the smoothed profiles (:func:`_joint_token_jvp`):
+    never through ``S``."""
     tables, mu = _conditional_fields(mean, C, z, table_rule)
     return _over_nodes(lambda yy, m, ww: _token_from_heads(interpolated(*tables, yy + m, JOINT_PROFILES, (0,))[0]) @ ww,
                        y, mu, w).T

@@ -21,14 +21,9 @@ device's share there (XLA's SPMD partitioner follows the arguments' shardings). 
   everything else, the batch included, is on every device. The sum over the blocks becomes an all-reduce of
   the few moments (``O(H^2 + H F)`` numbers per drift evaluation) inserted by the partitioner.
 
-Why not a two-dimensional mesh (batch x nodes): the batches met here are either large (seeds,
-sweep points: each trajectory on one device needs no communication and keeps its own adaptive
-steps) or a single large solve; a mix would only pay on many devices, at the cost of choosing a
-factorisation of the device count and padding both axes. Splitting the nodes of a batch that
-fills the devices would add an all-reduce to every drift evaluation for nothing.
-
-On one device nothing is moved, split or padded: the programs and their numbers are those of an
-unsharded run.
+No two-dimensional mesh (batch x nodes): the batches met here are either large (each trajectory on one device
+needs no communication and keeps its own adaptive steps) or a single large solve. On one device nothing is
+moved, split or padded: the programs and their numbers are those of an unsharded run.
 """
 
 from __future__ import annotations
@@ -59,12 +54,8 @@ def _put(x, mesh: Mesh, axis: int | None = None):
 
 
 def shard_batch(batched, shared=()):
-    """``(batched, shared, n)`` placed on the local devices (module docstring): the leaves of
-    ``batched`` have a leading batch axis, all of length ``n``; with ``n`` at least the device
-    count (or no rule among the arguments) that axis is padded to a multiple of the device count
-    and split, and ``shared`` is on every device; with fewer, every route in either tree splits its
-    nodes (:meth:`~singleloc.expectations._expectation.AbstractExpectation.shard`) and all else is on
-    every device. Unchanged on one device."""
+    """``(batched, shared, n)`` placed on the local devices (module docstring): the batch (the leaves of
+    ``batched``, a leading axis of length ``n``) split, or the routes' nodes; unchanged on one device."""
     leaves = jax.tree.leaves(batched)
     n = int(leaves[0].shape[0])
     devices = jax.local_devices()

@@ -29,7 +29,7 @@ above in most cases), for ``S`` seeds (or ODE starts):
   integrand is held for :data:`RISK_BATCH` = 4 of them at a time (softmax1, H = 8, L = 64, 4096 points,
   T = 201: 1.4 GB at its peak, where counting all T at once said 41.9 GB); the
   simulation stores ``4 S 2 T s`` more. At most :data:`SAVED_MAX` saved times per start
-  and replicate: above, XLA's evaluation of the risk needs terabytes or aborts (issue 21);
+  and replicate: above, XLA's evaluation of the risk needs terabytes or aborts;
 * plus :data:`OVERHEAD` for the runtime and the compiled programs.
 
 A run whose estimate exceeds the available memory (``MemAvailable`` of ``/proc/meminfo``,
@@ -68,8 +68,7 @@ MEMORY_ENV = "SINGLELOC_MEMORY_LIMIT"
 FIRST_POINTS = 1024
 MIN_POINTS = 64
 
-#: Most saved times of one ODE start (and replicate): the risk at the saved times is one
-#: vectorised evaluation, which XLA materialises whole for many of them (issue 21 item 5).
+#: Most saved times of one ODE start (and replicate) (:func:`check_saved_times`).
 SAVED_MAX = 16384
 
 #: Most SGD steps of a simulation: step ``t`` draws its sequence from ``fold_in(train, t)``, whose
@@ -110,8 +109,7 @@ FLOAT32_KEYS = (("problem", "strength", True, 2.5), ("sgd", "lr", False, 0.5), (
 def check_float32(setup: Setup) -> None:
     """The values a simulation holds in float32 (:data:`FLOAT32_KEYS`, the prior's atoms and
     covariance) are in its range (:func:`~singleloc.ground._validation.representable`): ``ValueError``
-    naming the key otherwise (``problem.strength = 1e300`` became infinite data, and the simulation
-    said to lower ``sgd.lr``, issue 54 item 8)."""
+    naming the key otherwise (``problem.strength = 1e300`` would be infinite data)."""
     from ..ground._validation import representable
 
     for section, key, squared, example in FLOAT32_KEYS:
@@ -319,21 +317,17 @@ def _fitting_value(setup: Setup, simulation: bool, theory_starts: int, limit: fl
     return ""
 
 
-#: Bytes of one local Dask worker process before it computes (Python, JAX and the package).
-WORKER_BYTES = OVERHEAD
-
-
 def check_workers(workers: int, name: str = "workers", force: bool = False) -> None:
     """A local cluster of ``workers`` processes can start: an integer >= 1, each process's
-    :data:`WORKER_BYTES` within the available memory and (unless ``force``) at most one per
+    :data:`OVERHEAD` (Python, JAX and the package) within the available memory and (unless ``force``) at most one per
     CPU (:func:`cpu_count`; more only share the same cores); one line naming ``name`` otherwise."""
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"{name} must be an integer >= 1, got {workers!r}")
     limit, source = available_memory()
-    if workers > 1 and workers * WORKER_BYTES > limit:
-        raise MemoryError(f"{name} = {workers}: {workers} worker processes need about {_gb(workers * WORKER_BYTES)} before "
+    if workers > 1 and workers * OVERHEAD > limit:
+        raise MemoryError(f"{name} = {workers}: {workers} worker processes need about {_gb(workers * OVERHEAD)} before "
                           f"they compute, more than the {_gb(limit)} available ({source}); at most "
-                          f"{int(limit // WORKER_BYTES)} fit, and {cpu_count()} (the CPUs) are useful")
+                          f"{int(limit // OVERHEAD)} fit, and {cpu_count()} (the CPUs) are useful")
     if workers > cpu_count() and not force:
         raise ValueError(f"{name} = {workers} is more than the {cpu_count()} CPUs of this machine (more workers only share "
                          f"them): give {name} <= {cpu_count()}, or pass --force to start them anyway")

@@ -9,9 +9,6 @@ in ``tau``) or when, at its pace, it would take several times the steps a solve 
 expected to take (:mod:`~singleloc.theory._step_budget`: a learning rate far past stability makes the ODE stiff
 long before the keys run away). :func:`integrate` then raises with the time at which it happened.
 
-The default start is the overlaps of the simulator's initial weights
-(:func:`~singleloc.initial_conditions`, :mod:`~singleloc.theory._starts`).
-
 Replicates and the error of the result. With ``theory.replicates = R``, the rules of ``R``
 independent scramblings (seeds ``qmc_seed + r``) each drive their own trajectory (one
 batched solve, :func:`_batched`). The result is the mean over the replicates of ``M``, ``Q``, ``b`` and of
@@ -30,22 +27,11 @@ work). Trajectory ``r`` is evaluated on a rule of yet another scrambling, seed
 ``qmc_seed + R + r`` (:attr:`Theory.evaluation_seed` ``+ r``).
 
 Compilation. The solve, the risk along it and the drift at the start are one program per
-shape: the rules, the starts, the saved times and the tolerances are its arguments, so a new
-time grid or a new start of the same shapes runs without compiling again, and a later
-process loads it from the cache folder, neither traced nor compiled again
-(:func:`~singleloc.enable_compilation_cache`, :mod:`~singleloc.runtime._compilation`).
-The learning rate is a value too (:class:`~singleloc.OrderParameterODE`), so
-points that differ in it share the program. Diffrax runs with ``ForwardMode`` (the solve is
-never differentiated: no checkpointing, less to trace). ``progress=True`` adds diffrax's progress bar, a host callback that keeps
-the program out of the persistent cache.
-
-Batched points. :func:`integrate_points` solves several points (configurations) of the same
-shapes as one program: their ODE stacks, starts, saved times and tolerances along a leading
-axis, the solve above over the points (in turn on one CPU device, vmapped elsewhere: :func:`_batched`),
-each trajectory with its own adaptive steps.
-The batch axis of a solve (the starts, or the points) is split over the local devices, or, for
-a batch smaller than the device count (one start), the quadrature nodes of its rules
-(:mod:`~singleloc.expectations._sharding`).
+shape: the rules, the starts, the saved times, the tolerances and the learning rate are its arguments, so a new
+time grid, start or rate of the same shapes runs without compiling again, and a later process loads it from the
+cache folder (:func:`~singleloc.enable_compilation_cache`). Diffrax runs with ``ForwardMode`` (the solve is
+never differentiated: no checkpointing, less to trace). :func:`integrate_points` solves several points of the same
+shapes as one program.
 """
 
 from __future__ import annotations
@@ -90,8 +76,7 @@ MIN_SLOTS = 16
 def saved_slots(n: int) -> int:
     """The saved times a solve of ``n`` saved times holds: the next power of two, at least :data:`MIN_SLOTS`. The
     times past ``n`` repeat the last one (diffrax saves the final state there; no step is added) and their risks
-    are not evaluated, so ``sgd.n_save`` = 33 to 64, say, share one program (a new count of saved times was a
-    new program: minutes of compiling)."""
+    are not evaluated, so ``sgd.n_save`` = 33 to 64, say, share one program."""
     return max(MIN_SLOTS, 1 << (int(n) - 1).bit_length())
 
 
@@ -171,7 +156,7 @@ def _trajectories(dynamics: OrderParameterODE, evaluation: OrderParameterODE, y0
 def _risks(ev: OrderParameterODE, ys: OrderParameters, n: jax.Array) -> jax.Array:
     """The risks of the first ``n`` saved states ``ys`` (a traced count; the others NaN), :data:`RISK_BATCH` states
     at a time in a loop of ``ceil(n / RISK_BATCH)`` turns: one copy of the risk in the program, whatever the
-    number of saved times (``lax.map`` with a batch size traced a second copy for the remainder)."""
+    number of saved times."""
     T = ys.M.shape[0]
     slots = -(-T // RISK_BATCH) * RISK_BATCH
     states = jax.tree.map(lambda x: jnp.concatenate([x, jnp.repeat(x[-1:], slots - T, axis=0)])
@@ -212,10 +197,8 @@ _run = eqx.filter_jit(_trajectories)
 @eqx.filter_jit
 def _run_points(dynamics: OrderParameterODE, evaluation: OrderParameterODE, y0: OrderParameters, ts, rtol, atol, budget,
                 max_steps):
-    """:func:`_trajectories` of a batch of points: a leading points axis on every argument (the
-    ODE stacks, starts, saved times, tolerances and step budgets of each point), the points in turn on one CPU
-    device (:func:`_batched`: four showcase points 1.2-1.8 times as fast as vmapped, and each point's numbers
-    those of its own :func:`integrate`), vmapped elsewhere. Every trajectory keeps its own adaptive steps."""
+    """:func:`_trajectories` of a batch of points: a leading points axis on every argument, the points in turn on
+    one CPU device (:func:`_batched`: four showcase points 1.2-1.8 times as fast as vmapped), vmapped elsewhere."""
     args = (dynamics, evaluation, y0, ts, rtol, atol, budget)
     return _batched(lambda *a: _trajectories(*a, max_steps, False), (0,) * len(args), ts.shape[0])(*args)
 
@@ -368,17 +351,11 @@ def integrate_setup(setup: Setup, y0: Starts | None = None, *, ts: Real[ArrayLik
 
 def integrate_points(problems: Sequence[tuple[Config, OrderParameters | None]], *, max_steps: int = MAX_STEPS
                      ) -> list[TheoryResult | FloatingPointError]:
-    """:func:`integrate` of several points ``(config, y0)`` as one vmapped solve per shape.
-
-    Points whose arrays have the same shapes (heads, spikes, sequence length, prior support,
-    activation, bias training, number of points (``"auto"`` resolved per point), replicates,
-    starts and saved times) share one program: their ODE stacks, starts, saved times and
-    tolerances are stacked along a leading axis, split over the local devices, and solved
-    together, each trajectory with its own adaptive steps; the results equal :func:`integrate`'s (bit for bit as
-    measured on one CPU device, where the points are solved in turn; to the solver's tolerance vmapped). Returns
-    one result per point, in order, or the :class:`FloatingPointError` :func:`integrate` would
-    raise for it (a failing point does not stop the others).
-    """
+    """:func:`integrate` of several points ``(config, y0)``: points whose arrays have the same shapes share one
+    program, their ODE stacks, starts, saved times and tolerances stacked along a leading axis, split over the local
+    devices, each trajectory with its own adaptive steps; the results equal :func:`integrate`'s (bit for bit on one
+    CPU device, where the points are solved in turn; to the solver's tolerance vmapped). Returns one result per
+    point, in order, or the :class:`FloatingPointError` :func:`integrate` would raise for it."""
     prepared = [_problem(build(config), y0, None) for config, y0 in problems]  # each point's route decided once
     groups: dict[tuple, list[int]] = {}
     for i, problem in enumerate(prepared):
