@@ -16,9 +16,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _tiny import route_of
 
 import singleloc as sl
-from singleloc.expectations._routes import ROUTE_CLASSES, ROUTES, decide, route_class, route_of
+from singleloc.expectations._routes import ROUTE_CLASSES, ROUTES, decide, route_class
 from singleloc.preflight._build import build
 
 Z = 5.0

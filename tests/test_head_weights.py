@@ -15,11 +15,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _tiny import tiny
+from _tiny import route_of, tiny
 from helpers import random_overlaps
 
 import singleloc as sl
-from singleloc.expectations._routes import route_of
 from singleloc.model._layer import limit_loss
 from singleloc.preflight._build import build
 from singleloc.simulation._simulation import _run_functions

@@ -15,9 +15,9 @@ import math
 
 import numpy as np
 import pytest
+from _tiny import route_of
 
 import singleloc as sl
-from singleloc.expectations._routes import route_of
 from singleloc.expectations._sobol_geometry import NODE_BATCH, node_batch
 from singleloc.preflight import _resources
 from singleloc.preflight._build import build

@@ -16,13 +16,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _tiny import cli_sets, stub_solves, tiny
+from _tiny import cli_sets, route_of, stub_solves, tiny
 from helpers import interrupt, one_line
 
 from singleloc import load_config
 from singleloc._commands import diagnose
 from singleloc.cli import main
-from singleloc.expectations._routes import route_of
 from singleloc.io._run_folders import load_npz, load_run, npz_stamp, save_npz, save_run
 from singleloc.preflight import _resources
 from singleloc.preflight._build import build

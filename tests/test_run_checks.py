@@ -9,11 +9,10 @@ import warnings
 import jax
 import numpy as np
 import pytest
-from _tiny import tiny
+from _tiny import route_of, tiny
 
 import singleloc as sl
 from singleloc.expectations import _routes
-from singleloc.expectations._routes import route_of
 from singleloc.preflight import _resources, _run_checks
 from singleloc.preflight._build import build
 from singleloc.pruning import _pruning

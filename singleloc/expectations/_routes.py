@@ -127,8 +127,3 @@ def choose_route(problem: Problem, model: Model, theory: Theory) -> RouteChoice:
     docstring; :func:`decide` with the solve's budget :data:`JOINT_EXACT_MAX`)."""
     return decide(model.activation, problem.L, model.heads, problem.build_prior(), theory.route,
                   weighting=model.weighting, gram=theory.gram)
-
-
-def route_of(config) -> RouteChoice:
-    """:func:`choose_route` of a configuration's ``problem``, ``model`` and ``theory``."""
-    return choose_route(config.problem, config.model, config.theory)

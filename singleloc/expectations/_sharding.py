@@ -38,11 +38,6 @@ from ._expectation import AbstractExpectation
 _AXIS = "devices"
 
 
-def device_count() -> int:
-    """The number of local devices a batch is split over."""
-    return jax.local_device_count()
-
-
 def _put(x, mesh: Mesh, axis: int | None = None):
     """``x`` split over the mesh along ``axis`` (negative: counted from the end), or on every
     device for ``axis=None``."""

@@ -80,10 +80,6 @@ def saved_slots(n: int) -> int:
     return max(MIN_SLOTS, 1 << (int(n) - 1).bit_length())
 
 
-def _padded(ts: jax.Array) -> jax.Array:
-    """``ts`` with its last time repeated up to :func:`saved_slots` entries."""
-    return jnp.concatenate([ts, jnp.full(saved_slots(ts.shape[0]) - ts.shape[0], ts[-1], ts.dtype)])
-
 #: Default cap on the adaptive solver's steps (:func:`integrate`, :func:`integrate_points`).
 MAX_STEPS = 100_000
 
@@ -133,7 +129,7 @@ def _trajectories(dynamics: OrderParameterODE, evaluation: OrderParameterODE, y0
 
     def trajectory(dyn, ev, y):
         ys, code = _solve(dyn, y, ts, rtol, atol, budget, max_steps, progress)
-        n = 1 + jnp.sum(jnp.diff(ts) > 0)  # the saved times past the n distinct ones repeat the last (_padded)
+        n = 1 + jnp.sum(jnp.diff(ts) > 0)  # the saved times past the n distinct ones repeat the last (saved_slots)
         risk = _risks(ev, ys, n)
         # the exact route's stated error: the risk at the start and at the end on a finer rule
         ends = jnp.stack([0, n - 1])
@@ -232,7 +228,8 @@ def _problem(setup: Setup, y0: OrderParameters | None, ts: np.ndarray | None) ->
     tol = (jnp.asarray(th.rtol, ts.dtype), jnp.asarray(th.atol, ts.dtype))
     expected = expected_steps(float(setup.rule.rate(float(ts[0]))), float(ts[-1] - ts[0]))
     budget = jnp.asarray(int(min(MAX_STEPS, STEP_MARGIN * expected)), jnp.int32)  # at least 256 (:mod:`._step_budget`)
-    saved, ts = ts.shape[0], _padded(ts)
+    saved = ts.shape[0]
+    ts = jnp.concatenate([ts, jnp.full(saved_slots(saved) - saved, ts[-1], ts.dtype)])  # the last time repeated
     points = dynamics.expectation.stated_points(th, setup.problem.L, setup.heads, points)
     return _Problem(setup, (dynamics, evaluation, y0, ts, *tol, budget), int(points), drift_error, saved)
 
