@@ -91,10 +91,8 @@ class AbstractExpectation(eqx.Module):
     @classmethod
     @abc.abstractmethod
     def from_setup(cls, setup, *, points: int, seeds=None, check: bool = False) -> AbstractExpectation:
-        """The route of the objects of a computation (:class:`~singleloc.preflight._build.Setup`,
-        :meth:`~singleloc.OrderParameterODE.from_setup`) on ``points`` Sobol points: ``seeds`` stacks the rules of
-        several independent scramblings along a leading axis (the replicates), ``check`` adds what the route's
-        error statement needs."""
+        """The route of ``setup`` (:func:`~singleloc.build`) on ``points`` Sobol points: ``seeds`` stacks the rules of
+        independent scramblings along a leading axis (the replicates), ``check`` adds what its error statement needs."""
 
     @classmethod
     @abc.abstractmethod
@@ -187,10 +185,8 @@ class AbstractExpectation(eqx.Module):
 
     @property
     def second_derivatives(self) -> bool:
-        """Whether ``jax.jacobian`` of the drift is its derivative (the linear stability of
-        :func:`~singleloc.analysis._drift_jacobian.drift_jacobian`). A route whose expectations carry a
-        derivative rule of their own that is exact to first order only says ``False``; the Jacobian is
-        then taken by finite differences."""
+        """Whether ``jax.jacobian`` of the drift is its derivative (:func:`~singleloc.analysis._drift_jacobian.drift_jacobian`);
+        ``False`` where the route's derivative rule is exact to first order only (then finite differences)."""
         return True
 
     def resolves(self, M: jax.Array, Q: jax.Array, b: jax.Array) -> jax.Array:

@@ -147,10 +147,8 @@ class LocalFields(eqx.Module):
 
     @classmethod
     @checked
-    def make(
-        cls, L: int, H: int, prior: Prior, points: int = 4096, seed: int = 0, batch_size: int | None = None, *,
-        symmetric: bool = False, principal: bool = False, whiten: bool = True,
-    ) -> LocalFields:
+    def make(cls, L: int, H: int, prior: Prior, points: int = 4096, seed: int = 0, batch_size: int | None = None, *,
+             symmetric: bool = False, principal: bool = False, whiten: bool = True) -> LocalFields:
         """A rule of ``2 * points`` nodes from ``points`` Sobol points (a power of two) and their
         mirrors; ``symmetric``: closed under the cyclic shifts of the heads (module docstring).
         ``batch_size``: nodes evaluated at once (default :func:`~singleloc.expectations._sobol_geometry.node_batch`,
@@ -166,16 +164,11 @@ class LocalFields(eqx.Module):
         d = L * width
         w = z[:, :d].reshape(-1, width, L).transpose(0, 2, 1) if principal else z[:, :d].reshape(-1, L, H)
         dtype = jnp.result_type(float)
-        return cls(
-            w=jnp.asarray(w, dtype),
-            u=jnp.asarray(z[:, d:], dtype),
-            atoms=jnp.asarray(prior.atoms_array(), dtype),
-            probs=jnp.asarray(prior.probs_array(), dtype),
-            cov_sqrt=jnp.asarray(prior.cov_sqrt() if G else np.zeros((prior.F, 0)), dtype),
-            orbit=H if symmetric and H > 1 else 1,
-            batch_size=node_batch(L, H) if batch_size is None else int(batch_size),
-            principal=principal,
-        )
+        return cls(w=jnp.asarray(w, dtype), u=jnp.asarray(z[:, d:], dtype), atoms=jnp.asarray(prior.atoms_array(), dtype),
+                   probs=jnp.asarray(prior.probs_array(), dtype),
+                   cov_sqrt=jnp.asarray(prior.cov_sqrt() if G else np.zeros((prior.F, 0)), dtype),
+                   orbit=H if symmetric and H > 1 else 1, principal=principal,
+                   batch_size=node_batch(L, H) if batch_size is None else int(batch_size))
 
     @property
     def n_nodes(self) -> int:

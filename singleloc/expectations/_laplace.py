@@ -303,15 +303,11 @@ class LaplaceRule(eqx.Module):
         """``E[f(y + x)]`` (len(which), n_t) of the profiles ``which`` (default the four of the
         risk) for ``x ~ N(m, v)``.
 
-        A narrow field (``sqrt(v) <= WIDE_SIGMA``) on the outer normal rule's nodes. A wide one on
-        the profile grid ``u_p`` instead, where the profiles, not the Gaussian, carry the fine
-        structure: ``E[f(y + x)] = int f(u) phi_s(u - y - m) du`` for ``f = rho_k`` and, as
-        ``omega' = rho_1``, ``E[omega(y + x)] = int rho_1(u) Phi((y + m - u) / s) du`` (a sum of
-        non-negative terms), ``rho_0 = 1 - omega``. Normal-rule nodes are spread over the
-        Gaussian, ``s`` times further apart than the profiles' own scale, so their error grows with
-        ``s`` (64 Gauss-Hermite nodes: 4e-9 at ``s = 1``, 3e-6 at ``s = 1.5``; the two rules cross near
-        ``s = 0.6``); the grid's does not (a trapezoidal rule of an integrand analytic in
-        ``|Im u| < pi/2``)."""
+        A narrow field (``sqrt(v) <= WIDE_SIGMA``) on the outer normal rule's nodes
+        (:func:`~singleloc.expectations._laplace_profiles.normal_smoothing`), a wide one on the profile grid
+        (:func:`~singleloc.expectations._laplace_profiles.grid_smoothing`): normal-rule nodes are ``s`` times further
+        apart than the profiles' own scale, so their error grows with ``s`` (64 Gauss-Hermite nodes: 4e-9 at
+        ``s = 1``, 3e-6 at ``s = 1.5``; the two rules cross near ``s = 0.6``); the grid's does not."""
         narrow = normal_smoothing(y + m, jnp.sqrt(jnp.maximum(v, VAR_FLOOR)), self.z_outer, self.w_outer, which)[0]
         wide = grid_smoothing(y + m, jnp.sqrt(jnp.maximum(v, WIDE_SIGMA**2)), self.u_grid, which)[0]  # finite where not taken
         return jnp.where(v > WIDE_SIGMA**2, wide, narrow)

@@ -34,13 +34,8 @@ rule and the token expectations are the risk's (the lower end of the range moved
 moments), so the term is exact to the same precision, whatever ``L``. Its error is stated against
 the refined rule (:meth:`~singleloc.expectations._laplace.LaplaceRule.refined`), as the risk's. Cost: about a
 millisecond for one head (20 moments), tens of milliseconds for two (177 moments over 46 pair
-products of profiles), whatever ``L``: at ``L = 4`` a two-head solve takes about twice as long as
-with the Sobol rule, whose cost grows with ``L H``, and from ``L H = 64`` on less, where
-``theory.gram = "auto"`` takes the exact term (:data:`~singleloc.theory._theory.GRAM_EXACT_FROM`).
-
-Three heads or more. Then the entries hold moments of up to four distinct heads: four Laplace
-variables, with no cheap exact form. They stay on the rank-aware Sobol rule
-(:class:`~singleloc.OrderParameterODE`).
+products of profiles), whatever ``L`` (:data:`~singleloc.expectations._routes.GRAM_EXACT_FROM`). Three heads or
+more hold moments of up to four distinct heads, with no cheap exact form.
 """
 
 from __future__ import annotations

@@ -54,18 +54,14 @@ from ._laplace_profiles import OMEGA, RHO0, RHO1, RHO2, WIDE_SIGMA, _power, inte
 #: first; on ``min(max(F, 2), 3, H - 1)`` of them (:func:`joint_layout`: trained keys are wide along the
 #: ``F`` directions of ``M``). The others, the anisotropy of ``R_orth`` (small: its isotropic part is the
 #: smoothed ``delta``), on the combination rule of :func:`~singleloc.expectations._cubature.joint_nodes`.
-#: Measured (docs/model.md 4.6, against 1.5 x the nodes): at a trained H = 3, F = 2 state (key variances
-#: 5.8 and 7.0, 0.15 on the third direction) (64, 48) leaves a risk error of 5e-16 and a relative
-#: gradient error of 2e-13 ((48, 32), at half the cost: 4.5e-10 and 4.3e-8, and 6e-6 of the O(lr)
-#: drift).
+#: At a trained H = 3, F = 2 state (key variances 5.8 and 7.0, 0.15 on the third direction) (64, 48) leaves a
+#: risk error of 5e-16 and a relative gradient error of 2e-13 against 1.5 x the nodes (docs/model.md 4.6).
 JOINT_LEADING = (64, 48, 16)
 #: The leading rules of the combination rule (:func:`~singleloc.expectations._cubature.joint_nodes`): the full
 #: effect on :data:`JOINT_LEADING`, each small direction's own effect on its sizes divided by the second
-#: entry, the cross terms of two small directions by the third (every size rounded up). Measured, the O(lr)
-#: drift at L = 4 of four heads near two spikes (key variances 10.3 and 11.9, a third direction of 0.07), relative
-#: to its largest entry against 96 x 72 x 8 normal nodes: (1, 2, 4) 7.3e-5 (5120 nodes), (1, 1.5, 3) 6.1e-6
-#: (7276), (1, 1.25, 2) 1.6e-7 (9580), (1, 1, 2) 7.0e-8 (13264; the tensor of the leading rule with the direction's
-#: 5 nodes, 15360: 7e-8): the drift there is 1/200 of the gradient, whose own error is that much smaller.
+#: entry, the cross terms of two small directions by the third (every size rounded up): the O(lr) drift of four
+#: trained-like heads near two spikes within 1.6e-7 of 96 x 72 x 8 normal nodes on 9580 nodes (the other choices
+#: measured: docs/benchmarks/11).
 JOINT_COARSENING = (1, 1.25, 2)
 #: Gauss-Hermite nodes of each small direction's own rule (the degree-5 rule's three raised to this; on a
 #: direction of variance 0.07 beyond the smallest, 3 nodes left 4.8e-5 of the O(lr) drift, 4, 5 and 6

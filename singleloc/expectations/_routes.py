@@ -34,9 +34,8 @@ if TYPE_CHECKING:  # imported when a route is chosen
 #: ``theory.route = "auto"`` integrates a joint layer (bsoftmax) on the exact route up to this
 #: :func:`~singleloc.expectations._laplace_joint.joint_rule_size` (nodes x heads x atoms), and on the rule route beyond:
 #: its conditional product form then costs more than a few seconds a drift on a 2-core CPU (29 to 37 CPU microseconds
-#: per unit, benchmark 11, load 6-7: 2.2 to 2.5 s at 76640, 7 s at 201960, 36 s at 960512); ``H = 4`` with two spikes,
-#: 76640, ``H = 5`` with one, 100980, are the largest it takes, ``H = 4`` with three spikes, 335520, ``H = 5`` with
-#: two, 201960, and ``H = 8`` with two, 960512, go to the rule.
+#: per unit, docs/benchmarks/11); ``H = 4`` with two spikes (76640) and ``H = 5`` with one (100980) are the largest it
+#: takes.
 JOINT_EXACT_MAX = 2**17
 #: The same for one risk (:func:`~singleloc.population_risk`, :func:`~singleloc.bayes_risk` with
 #: ``route = "auto"``), computed once on the exact rule and once on its refined copy: about a minute

@@ -12,11 +12,8 @@ folder written by :func:`save_run`:
   written into a hidden sibling that then takes the folder's place, so a failure or a kill
   leaves the previous run intact and no file of an earlier run survives beside the new ones.
 
-:func:`add_to_run` adds files to an existing run (``prune`` writes ``prune.npz`` and
-``prune.png``, stamped with the hash of the run it pruned) in the same way. :func:`load_run`
-reads a run back and refuses a folder whose files disagree: a data file whose hash is not that
-of ``config.json``, a ``config.json`` edited after the run (its contents no longer give its
-hash), a missing array or one whose shape does not fit the config.
+:func:`add_to_run` adds files to a run (``prune``'s, stamped with its hash) in the same way; :func:`load_run`
+reads a run back and refuses a folder whose files disagree.
 """
 
 from __future__ import annotations

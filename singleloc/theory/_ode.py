@@ -4,10 +4,8 @@ The state is ``(M, Q, b)``; the vector field is :meth:`OrderParameterODE.drift`.
 is Tsit5 with a PID step-size controller (``theory.rtol``, ``theory.atol``), saving on the
 config's time grid. A terminating event stops the solve when the state stops being a valid
 set of overlaps: a non-finite entry, runaway keys (``max |Q| > 1e6``), or ``R_orth = Q - M M^T``
-leaving the PSD cone; and the solve stops when its adaptive steps fall below ``MIN_STEP`` (``1e-7``
-in ``tau``) or when, at its pace, it would take several times the steps a solve at its learning rate is
-expected to take (:mod:`~singleloc.theory._step_budget`: a learning rate far past stability makes the ODE stiff
-long before the keys run away). :func:`integrate` then raises with the time at which it happened.
+leaving the PSD cone; the solve also stops where it grows too stiff to follow (a learning rate far past
+stability: :mod:`~singleloc.theory._step_budget`). :func:`integrate` then raises with the time at which it happened.
 
 Replicates and the error of the result. With ``theory.replicates = R``, the rules of ``R``
 independent scramblings (seeds ``qmc_seed + r``) each drive their own trajectory (one
@@ -102,22 +100,12 @@ def _vector_field(ode: OrderParameterODE, y: OrderParameters, t) -> OrderParamet
 def _solve(ode: OrderParameterODE, y0: OrderParameters, ts: jax.Array, rtol, atol, budget, max_steps: int, progress: bool):
     term = diffrax.ODETerm(lambda t, y, args: _vector_field(ode, y, t))
     unresolved = lambda t, y, args, **kwargs: ~ode.expectation.resolves(y.M, y.Q, y.b)
-    sol = diffrax.diffeqsolve(
-        term,
-        diffrax.Tsit5(),
-        t0=ts[0],
-        t1=ts[-1],
-        dt0=DT0,
-        y0=y0,
-        saveat=diffrax.SaveAt(ts=ts),
-        stepsize_controller=StepBudget(diffrax.PIDController(rtol=rtol, atol=atol, dtmin=MIN_STEP, force_dtmin=False),
-                                       jnp.minimum(budget, max_steps)),
-        event=diffrax.Event((invalid_state, unresolved)),
-        max_steps=max_steps,
-        throw=False,
-        adjoint=diffrax.ForwardMode(),
-        progress_meter=diffrax.TqdmProgressMeter() if progress else diffrax.NoProgressMeter(),
-    )
+    controller = StepBudget(diffrax.PIDController(rtol=rtol, atol=atol, dtmin=MIN_STEP, force_dtmin=False),
+                            jnp.minimum(budget, max_steps))
+    sol = diffrax.diffeqsolve(term, diffrax.Tsit5(), t0=ts[0], t1=ts[-1], dt0=DT0, y0=y0, saveat=diffrax.SaveAt(ts=ts),
+                              stepsize_controller=controller, event=diffrax.Event((invalid_state, unresolved)),
+                              max_steps=max_steps, throw=False, adjoint=diffrax.ForwardMode(),
+                              progress_meter=diffrax.TqdmProgressMeter() if progress else diffrax.NoProgressMeter())
     return sol.ys, stop_code(sol)
 
 
@@ -201,11 +189,10 @@ def _run_points(dynamics: OrderParameterODE, evaluation: OrderParameterODE, y0: 
 
 @dataclasses.dataclass(frozen=True)
 class _Problem:
-    """What one point's solve receives: its objects (``setup``, :func:`~singleloc.preflight._build.build`), the
-    arguments of :func:`_trajectories` (``args``: the
-    dynamics and evaluation ODE stacks, the starts, the saved times, ``rtol``, ``atol``) and
-    the rule it was built with (``points``; ``drift_error`` when ``"auto"`` chose it); the saved times are padded
-    to :func:`saved_slots`, of which the first ``saved`` are asked for."""
+    """What one point's solve receives: its ``setup``, the arguments of :func:`_trajectories` (``args``: the dynamics
+    and evaluation ODE stacks, the starts, the saved times padded to :func:`saved_slots`, of which the first ``saved``
+    are asked for, ``rtol``, ``atol``) and the rule it was built with (``points``; ``drift_error`` when ``"auto"``
+    chose it)."""
 
     setup: Setup
     args: tuple
@@ -234,20 +221,10 @@ def _problem(setup: Setup, y0: OrderParameters | None, ts: np.ndarray | None) ->
     return _Problem(setup, (dynamics, evaluation, y0, ts, *tol, budget), int(points), drift_error, saved)
 
 
-def integrate(
-    config: Config | None = None,
-    y0: Starts | None = None,
-    *,
-    problem: Problem | None = None,
-    model: Model | None = None,
-    sgd: SGD | None = None,
-    theory: Theory | None = None,
-    simulation: Simulation | None = None,
-    ts: Real[ArrayLike, " T"] | Sequence[float] | None = None,
-    max_steps: int = MAX_STEPS,
-    progress: bool = False,
-    t0: float = 0.0,
-) -> TheoryResult:
+def integrate(config: Config | None = None, y0: Starts | None = None, *, problem: Problem | None = None,
+              model: Model | None = None, sgd: SGD | None = None, theory: Theory | None = None,
+              simulation: Simulation | None = None, ts: Real[ArrayLike, " T"] | Sequence[float] | None = None,
+              max_steps: int = MAX_STEPS, progress: bool = False, t0: float = 0.0) -> TheoryResult:
     """Integrate the order-parameter ODE for one or several initial conditions.
 
     ``sl.integrate(problem=sl.Problem(L=64), model=sl.Model(heads=4), sgd=sl.SGD(tau_max=300))``
