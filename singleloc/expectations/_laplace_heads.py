@@ -5,12 +5,10 @@ softmax) and the head mixture ``a_l = sum_h v_h A_hl`` (the head average: ``v = 
 
     R = 1 - 2 sum_h v_h E[A_h0] + sum_{h, g} v_h v_g E[sum_l A_hl A_gl]
 
-needs, in the Laplace form of :mod:`~singleloc.expectations._laplace`, one head's integrals over one variable ``y``
-(:meth:`~singleloc.expectations._laplace.LaplaceRule.single`) for ``E[A_h0]`` and ``E[sum_l A_hl^2]``, and for
-every pair of heads the same with two variables ``(y, y')`` and the pair's two-dimensional token
-expectations (:meth:`~singleloc.expectations._laplace.LaplaceRule.pair`): heads never enter more than two at a
-time, so the risk costs ``O(H^2 n_t^2 n_outer)``, whatever ``L``. The attention mass
-``E[sum_l A_hl] = E[A_h0] + (L - 1) E[A_h1]`` comes from the same one-head integrals.
+needs, in the Laplace form of :mod:`~singleloc.expectations._laplace`, one head's integrals over ``y``
+(:meth:`~singleloc.expectations._laplace.LaplaceRule.single`) for ``E[A_h0]`` and ``E[sum_l A_hl^2]`` and each pair's
+over ``(y, y')`` (:meth:`~singleloc.expectations._laplace.LaplaceRule.pair`); the attention mass
+``E[sum_l A_hl] = E[A_h0] + (L - 1) E[A_h1]`` comes from the one-head integrals.
 
 Cost model. The risk is ``H (H - 1) / 2`` pairs (one at a time, ``lax.map``; checkpointed, so that the
 gradient recomputes a pair in its backward pass instead of storing its nodes), each: one table of the

@@ -9,12 +9,10 @@ rule (:class:`~singleloc.SobolExpectation`); a joint layer (bsoftmax) only while
 head mixture is not a normalised exponential). ``"exact"`` takes it whatever its cost (within memory:
 :meth:`~singleloc.LaplaceExpectation.rule_bytes`), an error where it does not exist; any other name, that route.
 
-The exact route's ``lr^2`` (Gram) term (``theory.gram``): ``"exact"`` in the Laplace form where it exists (one head,
-or two heads of a per-head layer, with the head average; more heads hold moments of up to four distinct heads),
-``"sobol"`` on the rank-aware Sobol rule, ``"montecarlo"`` by plain Monte Carlo with its standard error (any layer),
-``"auto"`` exactly for one head and for two from ``L * H >=`` :data:`GRAM_EXACT_FROM` on, where it costs less than
-the rule. A new route is a module with a class of :class:`~singleloc.expectations._expectation.AbstractExpectation`
-and one line in :data:`~singleloc.ground._choices.ROUTE_CLASSES`.
+The exact route's ``lr^2`` (Gram) term (``theory.gram``, :class:`~singleloc.Theory`): ``"auto"`` takes it exactly for
+one head and for two from ``L * H >=`` :data:`GRAM_EXACT_FROM` on. A new route is a module with a class of
+:class:`~singleloc.expectations._expectation.AbstractExpectation` and one line in
+:data:`~singleloc.ground._choices.ROUTE_CLASSES`.
 """
 
 from __future__ import annotations

@@ -8,11 +8,9 @@ places the arguments on a one-dimensional :class:`~jax.sharding.Mesh` of all of 
 device's share there (XLA's SPMD partitioner follows the arguments' shardings). What is split:
 
 * **The batch**, when it has at least as many members as there are devices (or when there is
-  no quadrature rule to split, the simulator): its leading axis is split, every other argument
-  (the rules, the saved times) is on every device. A batch that does not divide the number of
-  devices is padded with copies of its last member, which :func:`unpad` drops from the results.
-  Each trajectory is computed as on one device (to float rounding: kernels may differ with the
-  share's size).
+  no quadrature rule to split, the simulator): its leading axis is split (padded with copies of its last member,
+  which :func:`unpad` drops), every other argument is on every device. Each trajectory is computed as on one
+  device (to float rounding).
 * **The quadrature nodes**, when the batch is smaller than the device count: one large solve
   (typically one start with many points, where the drift's expectation over the local fields
   is the work). Every expectation route among the arguments splits its own nodes

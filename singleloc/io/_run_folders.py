@@ -183,13 +183,9 @@ EXTRA_KINDS = ("theory_seeds", "prune")
 class Run:
     """An output folder read back: its ``config``, the ``config_hash`` every file carries and,
     for each ``<kind>.npz`` present (``kind`` in :data:`RUN_KINDS`), its arrays in ``data[kind]``;
-    the arrays of the further files of :data:`EXTRA_KINDS` present in ``extra[kind]``.
-
-    The same data as the result objects the plotting functions (:mod:`singleloc.plots`) and the
-    analyses take: :attr:`theory` (a :class:`~singleloc.TheoryResult`), :attr:`simulation` (a
-    :class:`~singleloc.SimulationResult`) and :attr:`pruning` (``{source: PruningResult}``), each
-    ``None`` where the folder has no such file; so ``plots.plot_compare(run.theory, run.simulation)``
-    draws a run read back."""
+    the arrays of the further files of :data:`EXTRA_KINDS` present in ``extra[kind]``; as results (:attr:`theory`,
+    :attr:`simulation`, :attr:`pruning`), so that ``plots.plot_compare(run.theory, run.simulation)`` draws a run
+    read back."""
 
     directory: Path
     config: Config

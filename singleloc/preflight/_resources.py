@@ -1,17 +1,13 @@
 """What a run needs, checked before it starts: the dimension, the quadrature rule, memory.
 
-Dimension. The simulator's held-out risk splits ``R^D`` into the span of the keys and spikes
-(``H + F`` directions) and its complement, drawn as a ``chi2(D - H - F)``
-(:mod:`singleloc.model._heldout`): a simulation needs ``D > H + F``. The theory starts from the
-overlaps of ``H`` random keys with ``F`` orthogonal spikes, whose ``R_orth = Q - M M^T`` is
-the Gram matrix of the keys' components outside the spikes' span: it is nonsingular, as a
-generic ODE start must be, only for ``D >= H + F``.
+Dimension. The simulator's held-out risk draws the complement of the keys' and spikes' span as a
+``chi2(D - H - F)`` (:mod:`singleloc.model._heldout`): a simulation needs ``D > H + F``; the theory's start,
+the overlaps of ``H`` random keys with ``F`` spikes, has a nonsingular ``R_orth`` only for ``D >= H + F``.
 
-Quadrature. The rule of :class:`~singleloc.LocalFields` integrates over ``d = L H + G`` Gaussian
-dimensions (``G = F`` for a prior with a Gaussian part, else 0) with scrambled Sobol points,
-which SciPy provides up to :data:`SOBOL_MAX_DIM` dimensions, and whitens the node set, which
-needs at least ``d`` points: ``2 points`` nodes (the points and their mirrors) span only
-``points`` dimensions, and fewer than ``d`` leave a zero eigenvalue that the whitening divides by.
+Quadrature. The rule of :class:`~singleloc.LocalFields` integrates over ``d = L H + G`` Gaussian dimensions
+(``G = F`` for a prior with a Gaussian part) with scrambled Sobol points, which SciPy provides up to
+:data:`SOBOL_MAX_DIM` dimensions, and its whitening needs at least ``d`` points (``2 points`` nodes, the points
+and their mirrors, span only ``points`` dimensions).
 
 Memory. Peak bytes, fitted to the peak resident memory of CPU runs (JAX 0.10; within 30 %,
 above in most cases), for ``S`` seeds (or ODE starts):

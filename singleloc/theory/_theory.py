@@ -7,14 +7,10 @@ the relevant token at 0, and ``c = df/ds`` (autodiff). docs/model.md's drift is
     dQ/dtau  = -lr E[sum_l (c_l g_l^T + g_l c_l^T)] + lr^2 E[sum_l c_l c_l^T]
     db/dtau  = -lr E[sum_l c_l]                      (only when biases train).
 
-for plain online SGD. :class:`OrderParameterODE` is two objects: the SGD rule
-(:mod:`~singleloc.sgd._sgd_rule`, :class:`~singleloc.OnlineSGD` and its variants), which turns field
-averages of the loss gradient (:class:`~singleloc.GradientMoments`: ``E[sum_l c_l nu_l^T]``,
-``E[sum_l c_l g_l^T]``, ``E[sum_l c_l]``, ``E[sum_l c_l c_l^T]``) into the drift, and the
-expectation route (:mod:`~singleloc.expectations._expectation`), which computes those averages and the risk:
-on a Sobol rule (:class:`~singleloc.SobolExpectation`), exactly in the Laplace form
-(:class:`~singleloc.LaplaceExpectation`) or by plain Monte Carlo
-(:class:`~singleloc.MonteCarloExpectation`). Each route's module derives its averages.
+for plain online SGD. :class:`OrderParameterODE` is two objects: the SGD rule (:class:`~singleloc.OnlineSGD` and
+its variants), which turns field averages of the loss gradient (:class:`~singleloc.GradientMoments`) into the
+drift, and the expectation route (:mod:`~singleloc.expectations._expectation`), which computes those averages and
+the risk; each route's module derives them.
 
 The ``O(lr)`` part is the gradient flow of the population risk ``R(M, Q, b) = E[f]`` through
 the order parameters; ``tests/test_theory.py`` checks it against derivatives of ``R`` alone
