@@ -60,10 +60,8 @@ def _count(section: str, key: str, value: Any, minimum: int, example: int) -> in
 
 
 def _real(section: str, key: str, value: Any, example: float, *, squared: bool = False, **sign: bool) -> float:
-    """A finite float (``sign``: ``positive`` or ``nonneg``) in the range of float64, the theory's
-    type (its square too where the computation squares it, ``squared``); ``example`` is suggested
-    when it is refused. The simulation's float32 is checked where it runs
-    (:func:`~singleloc.preflight._resources.check_float32`)."""
+    """A finite float (``sign``: ``positive`` or ``nonneg``) in the range of float64 (its square too, ``squared``);
+    ``example`` is suggested when it is refused. The simulation's float32 is checked where it runs."""
     name = f"{section}.{key}"
     value = number(name, value, example=example, **sign)
     representable(name, value, "float64", squared=squared, example=example)

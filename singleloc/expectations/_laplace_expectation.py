@@ -248,13 +248,10 @@ class LaplaceExpectation(AbstractExpectation):
         return jnp.max(jnp.abs(d - fine)) / jnp.max(jnp.abs(fine))
 
     def gram_error(self, evaluation, M, Q, b, v=None):
-        """``max |G - G'| / (sqrt(2) max |G|)`` for the Gram matrices ``G, G'`` of two independent
-        scramblings (each has the same error law, and is unbiased: the rule is not whitened); for the exact
-        Gram term, ``max |G - G'| / max |G|`` against the finer exact rule; for the Monte Carlo term,
-        ``max se / max |G|`` with ``se`` its standard error from its own draws. At a stationary state the
-        Gram term balances the ``O(lr)`` part of ``dQ``, so this is the relative error of that part of the
-        drift there. NaN for a non-finite state. (No gradient here: a second site of the exact gradient in
-        the solve's program would add a quarter to its compile time.)"""
+        """The Gram term's stated absolute error (:meth:`AbstractGramTerm.error`: against the finer exact rule, or the
+        Monte Carlo term's standard error; NaN on a Sobol rule, whose scramblings state it after the solve) over
+        ``max |G|``: at a stationary state the term balances the ``O(lr)`` part of ``dQ``, so this is the relative
+        error of that part of the drift there. NaN for a non-finite state."""
         G, err = self.gram_term.error(evaluation, M, Q, b, v)  # each term states its own (AbstractGramTerm.error)
         size = jnp.max(jnp.abs(G))
         return jnp.where(jnp.isfinite(Q).all() & (size > 0), err / size, jnp.nan)

@@ -26,12 +26,9 @@ and fewer active directions; the derivative in ``(mu, C)`` is by Price's theorem
 through the eigendecomposition.
 
 Cost. ``O((1 + K) n_t N H)`` for ``K`` atoms, ``n_t`` Laplace nodes and ``N = |T_0| + |T_1| (4n + 1) + |T_2| 2n^2``
-token nodes (``T_i`` the leading tensors; ``H - 1 - n`` leading directions), about half of it interpolating the
-tabulated profiles (one row of the table's windows per argument), the rest the product form's algebra: linear in ``H``
-where the leading tensor dominates, quadratic in ``n`` beyond
-(:func:`joint_rule_size`: 9580 nodes at ``H = 4`` and 60032 at ``H = 8`` under two spikes, where the tensor of the
-leading rule with every small direction had 15360 and 506880). The route's budgets for it are in
-:mod:`~singleloc.expectations._routes`.
+token nodes (``T_i`` the leading tensors; ``H - 1 - n`` leading directions): linear in ``H`` where the leading
+tensor dominates, quadratic in ``n`` beyond (:func:`joint_rule_size`: 9580 nodes at ``H = 4`` and 60032 at ``H = 8``
+under two spikes; docs/benchmarks/11).
 """
 
 from __future__ import annotations
