@@ -42,10 +42,8 @@ from ._cubature import normal_rule
 from ._laplace_profiles import OMEGA, RHO0, RHO1, RHO2, _power
 
 #: The ``lr^2`` Gram term's pair moments (:mod:`~singleloc.expectations._laplace_gram`) take this many times the outer
-#: nodes: their profiles (up to the sixth power) are narrower than the risk's, and a wide first field
-#: aliases them on the risk's outer rule (64 nodes: 9% off at a token standard deviation of 6, 1e-10 on
-#: three times the nodes; :data:`~singleloc.expectations._laplace_gram.WIDE_GRAM_SIGMA`). The term then takes about 1.5x
-#: the time (62-78 against 46-54 ms at a trained state, L = 8 to 256).
+#: nodes: their profiles (up to the sixth power) are narrower than the risk's, and a wide first field aliases them
+#: on the risk's outer rule (9% off at a token standard deviation of 6; docs/model.md section 4.6).
 GRAM_OUTER = 3
 #: The profile pairs of a pair of heads: the noise token's ``E[rho_0 omega']`` and ``E[rho_1 rho_1']`` (the first two),
 #: the relevant token's ``E[rho_1 rho_1']`` and ``E[rho_0 rho_0']`` (the last two): one list, so that one table of the
