@@ -23,8 +23,7 @@ above in most cases), for ``S`` seeds (or ODE starts):
 * the saved times (``T = sgd.n_save``, ``R`` replicates): ``8 R (2 T S s + 6 min(T, 4) B L H)``, ``s``
   the numbers of one saved state (:func:`state_size`), and the risk at the saved times, whose
   integrand is held for :data:`RISK_BATCH` = 4 of them at a time (softmax1, H = 8, L = 64, 4096 points,
-  T = 201: 1.4 GB at its peak, where counting all T at once said 41.9 GB); the
-  simulation stores ``4 S 2 T s`` more. At most :data:`SAVED_MAX` saved times per start
+  T = 201: 1.4 GB at its peak); the simulation stores ``4 S 2 T s`` more. At most :data:`SAVED_MAX` saved times per start
   and replicate: above, XLA's evaluation of the risk needs terabytes or aborts;
 * plus :data:`OVERHEAD` for the runtime and the compiled programs.
 
@@ -50,8 +49,8 @@ from ..model._priors import Prior
 from ..runtime._progress import cpu_count
 from ._build import Setup
 
-#: Saved states whose risks the theory evaluates together (a loop over batches of them): all of them at once
-#: held a joint layer's token rule once per state (H = 3 bsoftmax, 201 saved times: 32 GB).
+#: Saved states whose risks the theory evaluates together (a loop over batches of them; all at once hold a joint
+#: layer's token rule once per state).
 RISK_BATCH = 4
 
 #: Bytes of the runtime and compiled programs, on top of the arrays.

@@ -62,9 +62,8 @@ from ._step_budget import MIN_STEP, STEP_MARGIN, UNRESOLVED, StepBudget, Unresol
 from ._theory import OrderParameterODE, OrderParameters, r_orth
 from ._theory_result import TheoryResult
 
-#: First step of the adaptive solver (the controller adapts it at once). A given first step
-#: spares diffrax's initial step-size search, one more evaluation site of the drift in the
-#: compiled program.
+#: First step of the adaptive solver (the controller adapts it at once): it spares diffrax's initial step-size
+#: search, one more evaluation site of the drift in the compiled program.
 DT0 = 1e-3
 
 #: Fewest saved times a solve's program holds (:func:`saved_slots`).
@@ -156,13 +155,10 @@ def _risks(ev: OrderParameterODE, ys: OrderParameters, n: jax.Array) -> jax.Arra
 
 def _batched(fn, in_axes, size: int):
     """``jax.vmap(fn, in_axes)`` over a batch of ``size``, or the same values one member at a time (``lax.map``)
-    on one CPU device, where a vmapped batch's arrays outgrow the caches (the showcase's drift at four starts took
-    2.5 times as long vmapped as in turn) and each member's solve then keeps its own steps; a batch of one is
-    ``fn`` of its only element with the batch axis put back on every output. The same values (up to rounding),
-    but a vmapped program evaluates both branches of every ``lax.cond`` whose predicate depends on the batch: the
-    exact route's smoothed-profile tables choose between two rules by the state
-    (:func:`~singleloc.expectations._laplace_profiles.smoothing_table`), and one start with one replicate, the
-    common case, then pays for both (the risk gradient took 1.6 times as long)."""
+    on one CPU device, where a vmapped batch's arrays outgrow the caches (2.5 times as long vmapped, four starts) and
+    each member's solve keeps its own steps; a batch of one is ``fn`` of its only element with the batch axis put
+    back. A vmapped program also evaluates both branches of every ``lax.cond`` whose predicate depends on the batch
+    (the exact route's smoothed-profile tables: :func:`~singleloc.expectations._laplace_profiles.smoothing_table`)."""
     if size != 1 and (jax.default_backend() != "cpu" or jax.local_device_count() > 1):
         return jax.vmap(fn, in_axes=in_axes)
 
