@@ -86,11 +86,12 @@ def work_precision(points: list[int]) -> list[dict]:
     print("|---|---|---|---|---|---|---|---|")
     for H, L, F in CONFIGS:
         ref_points = 16 * max(points)
-        ref_ode = sl.OrderParameterODE.from_config(config(H, L, F, ref_points, REFERENCE_SEED))
+        ref_ode = sl.OrderParameterODE.from_setup(sl.build(config(H, L, F, ref_points, REFERENCE_SEED)))
         for label, state in states(config(H, L, F)).items():
             ref = np.asarray(drift(ref_ode, *state))
             for n in points:
-                runs = [timed(sl.OrderParameterODE.from_config(config(H, L, F, n, seed)), state) for seed in range(SCRAMBLINGS)]
+                runs = [timed(sl.OrderParameterODE.from_setup(sl.build(config(H, L, F, n, seed))), state)
+                        for seed in range(SCRAMBLINGS)]
                 d = np.stack([r[0] for r in runs])
                 error = np.mean([relative(x, ref) for x in d])
                 estimate = float(sl.relative_drift_error(d))
@@ -127,10 +128,10 @@ def alternatives(n: int = 4096) -> list[dict]:
     print("|---|---|---|---|---|---|---|---|")
     for H, L, F in CONFIGS:
         cfg = config(H, L, F, n)
-        ref_ode = sl.OrderParameterODE.from_config(config(H, L, F, 16 * 65536, REFERENCE_SEED))
+        ref_ode = sl.OrderParameterODE.from_setup(sl.build(config(H, L, F, 16 * 65536, REFERENCE_SEED)))
         for label, state in states(cfg).items():
             ref = np.asarray(drift(ref_ode, *state))
-            kept = [relative(np.asarray(drift(sl.OrderParameterODE.from_config(config(H, L, F, n, s)), *state)), ref)
+            kept = [relative(np.asarray(drift(sl.OrderParameterODE.from_setup(sl.build(config(H, L, F, n, s))), *state)), ref)
                     for s in range(SCRAMBLINGS)]
             row = [np.mean(kept)]
             for kind in ("plain Sobol", "Monte Carlo", "head-major Sobol"):
@@ -148,15 +149,15 @@ def auto_rule(H=16, L=8, F=4, tol=1e-3) -> dict:
                                      f"theory.tol={tol}"])
     y0 = sl.initial_conditions(cfg, 1)
     t0 = time.process_time()
-    choice = sl.choose_points(cfg, y0)
+    choice = sl.choose_points(sl.build(cfg), y0)
     t_choice = time.process_time() - t0
     print(f"\ntheory.points = 'auto' at H={H}, L={L}, F={F}, tol={tol:g}: tried "
           f"{', '.join(f'{n}: {e:.1e}' for n, e in choice.tried)} -> {choice.points} points "
           f"(estimated error {choice.error:.1e}; the choice took {t_choice:.0f} CPU s)")
     state = (y0.M[0], y0.Q[0], y0.b[0])
-    ref = np.asarray(drift(sl.OrderParameterODE.from_config(cfg.replace(theory={"points": 16 * choice.points,
-                                                                                "qmc_seed": REFERENCE_SEED})), *state))
-    d, t = timed(sl.OrderParameterODE.from_config(cfg.replace(theory={"points": choice.points})), state)
+    ref = np.asarray(drift(sl.OrderParameterODE.from_setup(sl.build(cfg.replace(theory={"points": 16 * choice.points,
+                                                                                "qmc_seed": REFERENCE_SEED}))), *state))
+    d, t = timed(sl.OrderParameterODE.from_setup(sl.build(cfg.replace(theory={"points": choice.points}))), state)
     error = relative(d, ref)
     print(f"actual relative drift error at the start against 16 x the points: {error:.1e} (target {tol:g}); "
           f"{t:.2f} CPU s per drift")

@@ -113,11 +113,11 @@ def work_precision(quick: bool) -> list[dict]:
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for act, H, L, F, kind in cases:
         state = trained(kind, H, F)
-        ref = sl.OrderParameterODE.from_config(config(act, H, L, F, nodes=REFERENCE_NODES))
+        ref = sl.OrderParameterODE.from_setup(sl.build(config(act, H, L, F, nodes=REFERENCE_NODES)))
         r_ref, d_ref = float(risk(ref, *state)), np.asarray(drift(ref, *state))
         scale = np.max(np.abs(d_ref))
         for n in nodes:
-            ode = sl.OrderParameterODE.from_config(config(act, H, L, F, nodes=n))
+            ode = sl.OrderParameterODE.from_setup(sl.build(config(act, H, L, F, nodes=n)))
             r, tr = timed(risk, ode, *state)
             d, td = timed(drift, ode, *state)
             err_r, err_d = abs(float(r) - r_ref), np.max(np.abs(d - d_ref)) / scale
@@ -126,7 +126,8 @@ def work_precision(quick: bool) -> list[dict]:
             rows.append({"activation": act, "H": H, "L": L, "F": F, "state": kind, "route": "exact", "nodes": n,
                          "risk_error": err_r, "ms_per_risk": tr, "drift_error": err_d, "ms_per_drift": td})
         for n in points:
-            odes = [sl.OrderParameterODE.from_config(config(act, H, L, F, route="rule", points=n, qmc_seed=s)) for s in range(3)]
+            odes = [sl.OrderParameterODE.from_setup(sl.build(config(act, H, L, F, route="rule", points=n, qmc_seed=s)))
+                    for s in range(3)]
             runs = [(timed(risk, ode, *state), timed(drift, ode, *state)) for ode in odes]
             err_r = np.mean([abs(float(r[0][0]) - r_ref) for r in runs])
             err_d = np.mean([np.max(np.abs(r[1][0] - d_ref)) / scale for r in runs])
@@ -147,7 +148,7 @@ def cost_tables(quick: bool) -> list[dict]:
     for H, L in rows:
         cfg = config("softmax", H, L, 1)
         state = trained("near copies", H, 1)
-        ode = sl.OrderParameterODE.from_config(cfg, check=True)
+        ode = sl.OrderParameterODE.from_setup(sl.build(cfg), check=True)
         r, tr = timed(risk, ode, *state)
         _, td = timed(drift, ode, *state)
         fine = float(eqx.filter_jit(lambda o, *s: o.risk_check(*s))(ode, *state))
@@ -159,9 +160,9 @@ def cost_tables(quick: bool) -> list[dict]:
 def full_drift(H=8, L=8, F=2) -> dict:
     state = trained("near copies", H, F)
     cfg = sl.load_config("default").replace(model={"heads": H}, problem={"L": L, "F": F})
-    exact = sl.OrderParameterODE.from_config(cfg)
+    exact = sl.OrderParameterODE.from_setup(sl.build(cfg))
     d, t = timed(drift, exact, *state)
-    rule = sl.OrderParameterODE.from_config(cfg.replace(theory={"route": "rule", "points": 65536}))
+    rule = sl.OrderParameterODE.from_setup(sl.build(cfg.replace(theory={"route": "rule", "points": 65536})))
     d_rule, t_rule = timed(drift, rule, *state)
     difference = np.max(np.abs(d - d_rule)) / np.max(np.abs(d))
     print(f"\nOne full drift at H = {H}, L = {L}, F = {F} (near copies, lr = {cfg.sgd.lr}): exact route with the Gram term on "
@@ -179,7 +180,7 @@ def gram_precision(quick: bool) -> list[dict]:
     for act, H, L, F, kind in cases:
         state = trained(kind, H, F)
         cfg = config(act, H, L, F).replace(sgd={"lr": 0.5})
-        ode = sl.OrderParameterODE.from_config(cfg)
+        ode = sl.OrderParameterODE.from_setup(sl.build(cfg))
         d = ode.drift(*state)
         first = float(jnp.max(jnp.abs(flat_drift(d._replace(Q=d.Q - ode.lr**2 * ode.gram(*state))))))
         prior = cfg.problem.build_prior()
@@ -303,7 +304,7 @@ def wide_gram(quick: bool) -> list[dict]:
     default, rows = _laplace_heads.GRAM_OUTER, []
     for L in (4,) if quick else (4, 64):
         prior = sl.spikes(2, 2.5)
-        ode = sl.OrderParameterODE.from_config(config("softmax", 2, L, 2, route="rule", axes="principal"))
+        ode = sl.OrderParameterODE.from_setup(sl.build(config("softmax", 2, L, 2, route="rule", axes="principal")))
         for s in (4.0, 6.0, 8.0) if quick else (4.0, 5.0, 6.0, 7.0, 8.0, 10.0, 12.0):
             M = jnp.diag(jnp.array([s, s]))
             state = (M, M @ M.T + s * s / 128 * jnp.eye(2), jnp.zeros(2))
@@ -379,7 +380,7 @@ def profile(quick: bool) -> list[dict]:
     H = 4 if quick else 8
     cfg = sl.load_config("default").replace(model={"heads": H}, problem={"L": 8})
     M, Q, b = trained("near copies", H, cfg.problem.F)
-    ode = sl.OrderParameterODE.from_config(cfg)
+    ode = sl.OrderParameterODE.from_setup(sl.build(cfg))
     e, rule = ode.expectation, ode.expectation.rule
     m1, C1, m0, C0 = rule.token_laws(*rule.state(M, Q, b))
     Y, step = rule.head_ranges(m1, jnp.diag(C1), m0, jnp.diag(C0))

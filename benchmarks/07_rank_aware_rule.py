@@ -66,7 +66,7 @@ def work_precision(activations, heads, points) -> list[dict]:
             base = sl.load_config("default", [f"model.heads={H}", "problem.F=1", f"model.activation={act}", "sgd.lr=1e-6",
                                               "model.train_bias=false"])
             state = near_copies(H)
-            exact = sl.OrderParameterODE.from_config(base.replace(theory={"route": "exact"}), points=1024)
+            exact = sl.OrderParameterODE.from_setup(sl.build(base.replace(theory={"route": "exact"})), points=1024)
             r_ex, d_ex = (np.asarray(x) for x in risk_and_drift(exact, *state))
             for n in points:
                 row = {"activation": act, "H": H, "points": n}
@@ -74,7 +74,7 @@ def work_precision(activations, heads, points) -> list[dict]:
                     risk_err, drift_err, ms = [], [], []
                     for seed in range(SCRAMBLINGS):
                         cfg = base.replace(theory={"route": "rule", "axes": axes, "qmc_seed": seed})
-                        ode = sl.OrderParameterODE.from_config(cfg, points=n)
+                        ode = sl.OrderParameterODE.from_setup(sl.build(cfg), points=n)
                         r, d = jax.block_until_ready(risk_and_drift(ode, *state))
                         t = time.perf_counter()
                         jax.block_until_ready(risk_and_drift(ode, *state))

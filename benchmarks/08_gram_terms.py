@@ -46,7 +46,7 @@ M1, Q1 = 2.5, 6.5
 def expectation(activation, L, H, gram, *extra, F=1):
     cfg = sl.load_config("default", [f"model.activation={activation}", f"model.heads={H}", f"problem.L={L}",
                                      f"problem.F={F}", "theory.route=exact", f"theory.gram={gram}", *extra])
-    return cfg, sl.OrderParameterODE.from_config(cfg)
+    return cfg, sl.OrderParameterODE.from_setup(sl.build(cfg))
 
 
 @eqx.filter_jit

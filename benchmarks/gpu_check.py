@@ -4,7 +4,7 @@ Prints ``jax.devices()`` first, then
 
 1. ``singleloc integrate default --set sgd.tau_max=300``, run twice in this process: the first
    wall time includes the compilation, the second is the steady cost;
-2. the drift ``OrderParameterODE.from_config(...).drift`` at H = 16, L = 8, F = 4 with 2^18
+2. the drift ``OrderParameterODE.from_setup(build(...)).drift`` at H = 16, L = 8, F = 4 with 2^18
    scrambled-Sobol points (2^19 nodes with the mirrors), under ``equinox.filter_jit``: compilation, and
    time per evaluation;
 3. ``singleloc simulate default`` at D = 1e4 with 8 seeds to tau = 10 (1e5 SGD steps per seed),
@@ -45,7 +45,7 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import add_save_option, save  # noqa: E402
 
-from singleloc import OrderParameterODE, load_config  # noqa: E402
+from singleloc import OrderParameterODE, build, load_config  # noqa: E402
 from singleloc.cli import main as cli  # noqa: E402
 
 QUICK = os.environ.get("QUICK", "0") == "1"
@@ -80,7 +80,7 @@ def check_integrate(tmp: str) -> None:
 def time_drift(config, M: np.ndarray, Q: np.ndarray) -> tuple[str, float, float, int]:
     """The route, the first call's seconds (compilation included), the seconds per later call
     and their count, of the drift of ``config``'s ODE at ``(M, Q, 0)`` under ``equinox.filter_jit``."""
-    ode = OrderParameterODE.from_config(config)
+    ode = OrderParameterODE.from_setup(build(config))
     args = (jnp.asarray(M), jnp.asarray(Q), jnp.zeros(M.shape[0]))
     drift = eqx.filter_jit(lambda ode, M, Q, b: ode.drift(M, Q, b))
     t0 = time.perf_counter()

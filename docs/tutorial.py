@@ -113,7 +113,7 @@ plots.plot_phases(phases, trajectory.risk, title="bsoftmax, H = F = 2")
 # ([model, section 5.9](model.md#59-phases-linear-stability-and-the-log-d-law)).
 
 # %%
-ode = sl.OrderParameterODE.from_config(bconfig)
+ode = sl.OrderParameterODE.from_setup(sl.build(bconfig))
 H, F = bconfig.model.heads, bconfig.problem.F
 point = sl.unspecialized_point(ode, H, F, init_scale=bconfig.sgd.init_scale, dt=0.5)  # Tsit5 steps of 0.5 (default 0.1)
 rate = sl.escape_rate(sl.linearize(ode, point.M, point.Q, point.b), mean=prior.mean())

@@ -142,7 +142,7 @@ def heads_used(cfg, run) -> str:
     M, Q, b = run["M"], run["Q"], run["b"]
     if not np.all(np.isfinite(M)):
         return ""
-    ode = sl.OrderParameterODE.from_config(cfg.replace(theory={"points": A_EPS_POINTS}))
+    ode = sl.OrderParameterODE.from_setup(sl.build(cfg.replace(theory={"points": A_EPS_POINTS})))
     w = sl.attention_mass(ode, M, Q, b)
     # the relevant token is token 0 of the fields (docs/model.md section 4)
     first = lambda g, theta: jnp.mean(ode.activation(g.T + jnp.asarray(b)[:, None])[:, 0])  # noqa: E731

@@ -117,7 +117,7 @@ def scaled_theory(activation: str, plan: Plan) -> dict[str, np.ndarray]:
 def plateau_rates(activation: str, plan: Plan) -> dict[str, np.ndarray]:
     """The symmetric flow and the escape rate ``lambda(tau)`` of the linearised ODE along it."""
     cfg = sl.load_config("default", [f"model.activation={activation}"])
-    ode = sl.OrderParameterODE.from_config(cfg)
+    ode = sl.OrderParameterODE.from_setup(sl.build(cfg))
     mean = cfg.problem.build_prior().mean()
     fp = fixed_point(cfg, ode, tau_flow=plan.tau_plateau, polish=False)
     keep = slice(None, None, 5)

@@ -184,7 +184,7 @@ def attention_logits(act: str, s, L: int):
 def probes(act, H, F, L, traj, quick) -> dict:
     """Drift norms, ``E[a_eps]`` and the softmax Jacobian norm at ``N_PROBES`` saved times."""
     cfg = config(act, H, F, L, horizon(L, quick))
-    ode = sl.OrderParameterODE.from_config(cfg)
+    ode = sl.OrderParameterODE.from_setup(sl.build(cfg))
     prior = cfg.problem.build_prior()
     drift = eqx.filter_jit(lambda ode, M, Q, b: (ode.drift(M, Q, b), ode.gram(M, Q, b)))
     weights = jax.jit(jax.vmap(lambda s: sl.token_weights(sl.get_activation(act), s)[0]))

@@ -76,7 +76,7 @@ def main() -> None:
     t_start = time.time()
     H, F = cfg.model.heads, cfg.problem.F
     mean = cfg.problem.build_prior().mean()
-    ode = sl.OrderParameterODE.from_config(cfg)
+    ode = sl.OrderParameterODE.from_setup(sl.build(cfg))
 
     # 1. fixed point and escape rates -------------------------------------------------------
     def fixed():

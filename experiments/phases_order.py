@@ -63,7 +63,7 @@ def main() -> None:
     H = cfg.model.heads
     prior = cfg.problem.build_prior()
     mean, var = prior.mean(), np.diag(prior.cov())
-    ode = sl.OrderParameterODE.from_config(cfg)
+    ode = sl.OrderParameterODE.from_setup(sl.build(cfg))
 
     fp = stage(cache, "fixed", lambda: fixed_point(cfg, ode, tau_flow=40.0, dt=0.1))
     lin = sl.linearize(ode, fp["M"], fp["Q"], fp["b"])

@@ -47,7 +47,7 @@ def main() -> None:
     cfg = CONFIG
     H, F = cfg.model.heads, cfg.problem.F
     mean = cfg.problem.build_prior().mean()
-    ode = sl.OrderParameterODE.from_config(cfg)
+    ode = sl.OrderParameterODE.from_setup(sl.build(cfg))
 
     fp = stage(cache, "fixed", lambda: fixed_point(cfg, ode, tau_flow=20.0, dt=0.1))
     lin = sl.linearize(ode, fp["M"], fp["Q"], fp["b"])
@@ -62,8 +62,8 @@ def main() -> None:
         ode_r = SimpleNamespace(**stage(cache, f"ode_{D}", lambda c=c, y0=y0: vars(sl.integrate(c, y0, ts=ts, progress=False))))
         t1 = time.time()
         keys = jax.random.split(jax.random.PRNGKey(D), seeds)
-        sde_r = SimpleNamespace(**stage(cache, f"sde_{D}",
-                                        lambda c=c, y0=y0, keys=keys: vars(sl.integrate_sde(c, y0, keys, ts=ts, dt=0.05))))
+        sde_r = SimpleNamespace(**stage(cache, f"sde_{D}", lambda c=c, y0=y0, keys=keys: vars(
+            sl.integrate_sde(sl.build(c), y0, keys, ts=ts, dt=0.05))))
         t2 = time.time()
         cs = c.replace(simulation={"seeds": n_sim}, sgd={"tau_max": TAU, "n_save": int(TAU * 4) + 1})
         sim_r = SimpleNamespace(**stage(cache, f"sim_{D}", lambda cs=cs: sl.simulate(cs, progress=False).arrays()))

@@ -55,7 +55,6 @@ import numpy as np  # noqa: E402
 from _common import figure, figures_dir, parser  # noqa: E402
 
 import singleloc as sl  # noqa: E402
-from singleloc.expectations._routes import route_of  # noqa: E402
 from singleloc.model._data import keys_with_overlaps  # noqa: E402
 
 H = 8
@@ -97,7 +96,7 @@ def run_one(activation: str, F: int, args) -> dict:
     t_int = time.perf_counter() - t0
     M, Q, b = th.M[0, -1], th.Q[0, -1], th.b[0, -1]
     out = {"cfg": cfg, "risk_traj": th.risk[0], "tau": ts, "t_integrate": t_int, "quadrature": th.quadrature(),
-           "exact": route_of(cfg).route == "exact"}
+           "exact": sl.choose_route(cfg.problem, cfg.model, cfg.theory).route == "exact"}
     out["risk_decade"] = float(th.risk[0, np.searchsorted(ts, args.tau / 10)])
     out["greedy"] = sl.prune_theory(cfg, M, Q, b, "greedy")
     # the same order on REPLICATES other scramblings: the quadrature error of every step (the exact

@@ -139,7 +139,7 @@ def decay_stage(quick: bool) -> dict:
                     "model.train_bias=true", f"sgd.weight_decay={wd}", f"sgd.tau_max={T}", "sgd.spacing=log", "sgd.n_save=101",
                     "simulation.seeds=1")
             th = sl.integrate(c, sl.initial_conditions(c), progress=False)
-            ode = sl.OrderParameterODE.from_config(c)
+            ode = sl.OrderParameterODE.from_setup(sl.build(c))
             M, Q, b = th.M[0, -1], th.Q[0, -1], th.b[0, -1]
             key = f"{act}_{wd}"
             out[key + "_tau"], out[key + "_risk"] = th.tau, th.risk[0]
@@ -204,7 +204,7 @@ def schedule_stage(quick: bool) -> dict:
                     *extra, *more, f"sgd.tau_max={T}", "sgd.spacing=log", "sgd.n_save=121", "simulation.seeds=1")
             th = sl.integrate(c, sl.initial_conditions(c), progress=False)
             if exact is None:
-                exact = jax.jit(jax.vmap(sl.OrderParameterODE.from_config(c.replace(theory={"route": "exact"})).risk))
+                exact = jax.jit(jax.vmap(sl.OrderParameterODE.from_setup(sl.build(c.replace(theory={"route": "exact"}))).risk))
             out[f"{act}_{name}_tau"] = th.tau
             out[f"{act}_{name}_risk"] = np.asarray(exact(th.M[0], th.Q[0], th.b[0]))
     return out

@@ -70,6 +70,7 @@ if TYPE_CHECKING:
     from .bayes._population_risk import RiskEstimate as RiskEstimate
     from .bayes._population_risk import population_risk as population_risk
     from .configuration._config import Config as Config
+    from .configuration._config import config_hash as config_hash
     from .configuration._config import load_config as load_config
     from .configuration._config import preset_names as preset_names
     from .configuration._specs import SGD as SGD
@@ -94,7 +95,6 @@ if TYPE_CHECKING:
     from .ground._choices import PRUNING_ORDERS as PRUNING_ORDERS
     from .io._run_folders import Run as Run
     from .io._run_folders import add_to_run as add_to_run
-    from .io._run_folders import config_hash as config_hash
     from .io._run_folders import load_npz as load_npz
     from .io._run_folders import load_run as load_run
     from .io._run_folders import save_figure as save_figure
@@ -128,6 +128,8 @@ if TYPE_CHECKING:
     from .model._priors import flipped as flipped
     from .model._priors import gaussian as gaussian
     from .model._priors import spikes as spikes
+    from .preflight._build import Setup as Setup
+    from .preflight._build import build as build
     from .preflight._build import sgd_rule as sgd_rule
     from .preflight._run_checks import warn_if_risk_rose as warn_if_risk_rose
     from .pruning._pruning import TheoryRisk as TheoryRisk

@@ -61,11 +61,14 @@ def _layer(config: Config, seeds: int, T: int, fall: float = 1.0):
     return M, Q, b, risk
 
 
+def route_of(config: Config):
+    """:func:`~singleloc.choose_route` of a configuration's ``problem``, ``model`` and ``theory``."""
+    return sl.choose_route(config.problem, config.model, config.theory)
+
+
 def canned_theory(config: Config, starts: int = 1, ts=None) -> TheoryResult:
     """A :class:`~singleloc.TheoryResult` of ``config``'s shapes at its saved times (or ``ts``),
     made without solving, stated as the route the config takes would state it."""
-    from singleloc.expectations._routes import route_of
-
     tau = np.asarray(config.sgd.save_times() if ts is None else ts, float)
     M, Q, b, risk = _layer(config, starts, len(tau))
     choice = route_of(config)

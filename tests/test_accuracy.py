@@ -25,7 +25,7 @@ import pytest
 from helpers import random_overlaps
 
 import singleloc as sl
-from singleloc import LocalFields, OrderParameterODE, OrderParameters
+from singleloc import LocalFields, OrderParameterODE, OrderParameters, build
 from singleloc.runtime._numerics import principal_factor, rank_aware_factor_and_pinv
 from singleloc.sgd._sgd_rule import flat_drift
 from singleloc.theory._accuracy import MARGIN, start_drifts
@@ -49,7 +49,7 @@ def test_permuting_the_heads_permutes_the_drift(H):
     """The Sobol rule closed under the head shifts (the exact route: tests/test_laplace.py)."""
     cfg = config(H, "theory.points=256", "theory.route=rule")
     y = random_state(H, 2, np.random.default_rng(H))
-    ode = OrderParameterODE.from_config(cfg)
+    ode = OrderParameterODE.from_setup(build(cfg))
     plain = OrderParameterODE(sl.SobolExpectation(fields=LocalFields.make(cfg.problem.L, H, cfg.problem.build_prior(), 256, 0),
                                                   activation=ode.activation), sl.OnlineSGD(ode.lr, True))
     drift = eqx.filter_jit(lambda ode, y: ode.drift(*y))  # one program per rule, every permuted state
@@ -145,7 +145,7 @@ def test_rank_aware_rule_permutes_the_drift_with_every_permutation():
     lam, vecs = np.linalg.eigh(np.asarray(Q))
     assert np.min(np.diff(lam) / lam[1:]) > 0.1 and np.min(np.abs(np.sum(vecs**3, axis=0))) > 0.1  # determined
     y = OrderParameters(M, Q, jnp.asarray(rng.standard_normal(3)))
-    ode = OrderParameterODE.from_config(cfg)
+    ode = OrderParameterODE.from_setup(build(cfg))
     assert ode.expectation.fields.principal
     d = ode.drift(*y)
     scale = float(jnp.max(jnp.abs(flat_drift(d))))
@@ -172,13 +172,13 @@ def test_rank_aware_rule_at_near_copy_heads():
     base = sl.load_config("default", ["model.heads=8", "problem.F=1", "sgd.lr=1e-6"])
     M, Q, b = near_copies(8, np.random.default_rng(0))
     risk_and_drift = eqx.filter_jit(lambda ode: (ode.risk(M, Q, b), flat_drift(ode.drift(M, Q, b))))
-    exact = OrderParameterODE.from_config(base.replace(theory={"route": "exact"}), points=1024)
+    exact = OrderParameterODE.from_setup(build(base.replace(theory={"route": "exact"})), points=1024)
     r_ex, d_ex = (np.asarray(x) for x in risk_and_drift(exact))
     n = 8
 
     def scramblings(axes):
-        out = [risk_and_drift(OrderParameterODE.from_config(base.replace(
-            theory={"route": "rule", "axes": axes, "qmc_seed": s}))) for s in range(n)]
+        out = [risk_and_drift(OrderParameterODE.from_setup(build(base.replace(
+            theory={"route": "rule", "axes": axes, "qmc_seed": s})))) for s in range(n)]
         return np.array([float(r) for r, _ in out]), np.stack([np.asarray(d) for _, d in out])
 
     risks, drifts = scramblings("principal")
@@ -209,8 +209,8 @@ def test_rank_aware_rule_follows_the_exact_route_where_heads_become_copies():
 def test_a_run_on_the_rank_aware_rule_says_so():
     cfg = sl.load_config("default", ["sgd.tau_max=2", "sgd.n_save=3", "theory.points=256", "theory.route=rule",
                                      "theory.axes=principal"])
-    assert OrderParameterODE.from_config(cfg).expectation.fields.principal
-    assert not OrderParameterODE.from_config(cfg.replace(theory={"axes": "heads"})).expectation.fields.principal
+    assert OrderParameterODE.from_setup(build(cfg)).expectation.fields.principal
+    assert not OrderParameterODE.from_setup(build(cfg.replace(theory={"axes": "heads"}))).expectation.fields.principal
     res = sl.integrate(cfg)
     assert res.axes == "principal" and "theory.axes = 'principal'" in res.quadrature() and np.all(np.isfinite(res.risk))
 
@@ -254,8 +254,8 @@ def test_one_replicate_states_its_error_at_the_ends_and_the_risk_uses_other_node
     assert np.all(np.isnan(res.risk_se)) and res.points == 256 and res.replicates == 1
     assert 0 < res.risk_error < 0.05 and 0 < res.drift_error < 1 and 0 < res.gram_error < 1
     y = [jnp.asarray(x[0, -1]) for x in (res.M, res.Q, res.b)]
-    evaluation = OrderParameterODE.from_config(cfg.replace(theory={"qmc_seed": 4}))
-    dynamics = OrderParameterODE.from_config(cfg)
+    evaluation = OrderParameterODE.from_setup(build(cfg.replace(theory={"qmc_seed": 4})))
+    dynamics = OrderParameterODE.from_setup(build(cfg))
     np.testing.assert_allclose(res.risk[0, -1], float(evaluation.risk(*y)), rtol=1e-12)
     assert abs(res.risk[0, -1] - float(dynamics.risk(*y))) > 1e-7
 
@@ -265,12 +265,12 @@ def test_auto_points_reach_the_tolerance():
     tol = 2e-3
     cfg = sl.load_config("default", ["sgd.tau_max=1", "sgd.n_save=2", "theory.points=auto", f"theory.tol={tol}"])
     y0 = sl.initial_conditions(cfg, 1)
-    choice = sl.choose_points(cfg, y0)
+    choice = sl.choose_points(build(cfg), y0)
     tried, target = dict(choice.tried), tol / MARGIN
     assert choice.error == tried[choice.points] <= target
     assert choice.points == 64 or tried[choice.points // 2] > target  # the smallest power of two tried that passes
     # the actual error of rules with the chosen points, against 16 x the points
-    rule = lambda n, seed: OrderParameterODE.from_config(cfg.replace(theory={"points": n, "qmc_seed": seed}))  # noqa: E731
+    rule = lambda n, seed: OrderParameterODE.from_setup(build(cfg.replace(theory={"points": n, "qmc_seed": seed})))  # noqa: E731
     ref = np.asarray(start_drifts(rule(16 * choice.points, 77), y0))
     errors = [np.max(np.abs(np.asarray(start_drifts(rule(choice.points, s), y0)) - ref)) / np.max(np.abs(ref)) for s in range(4)]
     assert max(errors) <= tol, errors
@@ -312,7 +312,7 @@ def test_the_solve_has_no_host_callback():
     from singleloc.runtime._compilation import checks_as_nan
 
     cfg = sl.load_config("default", ["theory.points=16"])
-    ode = OrderParameterODE.from_config(cfg, seeds=[0])
+    ode = OrderParameterODE.from_setup(build(cfg), seeds=[0])
     y0 = sl.initial_conditions(cfg, 1)
     with checks_as_nan():
         text = _run.lower(ode, ode, y0, jnp.linspace(0.0, 1.0, 3), jnp.asarray(1e-6), jnp.asarray(1e-8),

@@ -27,8 +27,8 @@ EXEMPT = {
     **dict.fromkeys(("OrderParameters", "WeightedOrderParameters", "LayerParameters", "GradientMoments"),
                     "a NamedTuple built in the traced code; a start given to a function is checked there (Starts)"),
     **dict.fromkeys(("LaplaceExpectation", "LaplaceGram", "LaplaceRule", "MonteCarloExpectation", "SobolExpectation",
-                     "SobolGram", "ExponentialForm", "RouteChoice"),
-                    "built by the package from a config (OrderParameterODE.from_config, choose_route, exponential_form)"),
+                     "SobolGram", "ExponentialForm", "RouteChoice", "Setup"),
+                    "built by the package from a config (build, OrderParameterODE.from_setup, choose_route, exponential_form)"),
     **dict.fromkeys(("AttentionDiagnosis", "CriticalTopN", "EscapePrediction", "FixedPoint", "HeadClasses", "Linearization",
                      "PhaseAnalysis", "Plateau", "PointsChoice", "PruningResult", "RiskEstimate", "SDEResult",
                      "SimulationResult", "SweepStats", "TheoryResult", "TopN", "Trajectory", "VanishingAttention", "Run"),
@@ -59,7 +59,7 @@ RECORDS = {
     "WeightDecay": (lambda: sl.WeightDecay([0.1]), "weight_decay"),
     "LearningRateSchedule": (lambda: sl.LearningRateSchedule(3), "kind"),
     "Grid": (lambda: sl.Grid("model", "heads", "1,2"), "values"),
-    "OrderParameterODE": (lambda: sl.OrderParameterODE.from_config({"model": {"heads": 2}}), "config"),
+    "OrderParameterODE": (lambda: sl.OrderParameterODE.from_setup({"model": {"heads": 2}}), "setup"),
     "LocalFields": (lambda: sl.LocalFields.make(4, 2, np.zeros(2), 64), "prior"),
     "TheoryRisk": (lambda: sl.TheoryRisk(build(load_config("default")), np.zeros((2, 2)), np.eye(2), "b"), "b"),
     "WeightsRisk": (lambda: sl.WeightsRisk(build(load_config("default")), np.zeros((2, 8)), np.zeros(2), np.zeros((2, 7))),
@@ -119,7 +119,7 @@ def _checked_callables():
         obj = getattr(sl, name)
         if hasattr(obj, "__wrapped__") and not inspect.isclass(obj):
             yield name, obj.__wrapped__
-        for method in ("from_config", "from_specs", "make", "__init__") if inspect.isclass(obj) else ():
+        for method in ("from_setup", "from_specs", "make", "__init__") if inspect.isclass(obj) else ():
             if hasattr(vars(obj).get(method), "__wrapped__") or hasattr(getattr(vars(obj).get(method), "__func__", None),
                                                                          "__wrapped__"):
                 yield f"{name}.{method}", inspect.unwrap(getattr(obj, method))
@@ -141,7 +141,7 @@ def test_every_default_passes_its_annotation_or_is_none_for_data_a_call_needs():
         for p in inspect.signature(fn).parameters.values():
             if p.name in hints and p.default is not p.empty and p.default is not None:
                 wrong += [f"{name}({p.name}={p.default!r})"] * (not is_bearable(p.default, hints[p.name], conf=beartype_conf()))
-    assert {"integrate", "TheoryRisk.__init__", "OrderParameterODE.from_config", "LocalFields.make"} <= set(names)
+    assert {"integrate", "TheoryRisk.__init__", "OrderParameterODE.from_setup", "LocalFields.make"} <= set(names)
     assert not wrong
 
 
@@ -201,7 +201,7 @@ def test_the_issues_wrong_types_are_one_line_naming_function_and_argument(case, 
 @pytest.mark.parametrize("name", list(RECORDS))
 def test_a_record_refuses_a_wrong_field_naming_the_class_and_the_field(name, programs):
     call, argument = RECORDS[name]
-    with pytest.raises(TypeError, match=f"^{name}(.make)?(.from_config)?: {argument} must be ") as err:
+    with pytest.raises(TypeError, match=f"^{name}(.make)?(.from_setup)?: {argument} must be ") as err:
         call()
     assert "\n" not in str(err.value)
     assert programs == []

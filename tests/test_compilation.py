@@ -52,10 +52,10 @@ def test_the_checks_are_nan_only_while_the_package_traces(monkeypatch):
 
 def test_static_values_outside_the_package_have_no_stable_name():
     cfg = sl.load_config("default", ["theory.points=64"])
-    ode = sl.OrderParameterODE.from_config(cfg)
+    ode = sl.OrderParameterODE.from_setup(sl.build(cfg))
     assert "singleloc.model._activations.softmax" in _compilation._structure((ode,))
     sl.register_activation("test_half_softmax", lambda s: jax.nn.softmax(s, axis=-1) / 2, overwrite=True)
-    user = sl.OrderParameterODE.from_config(cfg.replace(model={"activation": "test_half_softmax"}))
+    user = sl.OrderParameterODE.from_setup(sl.build(cfg.replace(model={"activation": "test_half_softmax"})))
     assert _compilation._structure((user,)) is None
 
 

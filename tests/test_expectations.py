@@ -16,9 +16,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _tiny import route_of
 
 import singleloc as sl
-from singleloc.expectations._routes import ROUTE_CLASSES, ROUTES, decide, route_class, route_of
+from singleloc.expectations._routes import ROUTE_CLASSES, ROUTES, decide, route_class
 from singleloc.preflight._build import build
 
 Z = 5.0
@@ -69,7 +70,7 @@ def test_the_exact_route_agrees_with_plain_monte_carlo(activation, heads, gram, 
     L, prior = 4, sl.spikes(2, 2.5)
     cfg = sl.load_config("default", [f"model.activation={activation}", f"model.heads={heads}", "theory.route=exact",
                                      f"theory.gram={gram}", "model.train_bias=true"])
-    exact = sl.OrderParameterODE.from_config(cfg, points=64).expectation
+    exact = sl.OrderParameterODE.from_setup(sl.build(cfg), points=64).expectation
     assert isinstance(exact, sl.LaplaceExpectation) and exact.gram_name == gram
     M, Q, b = _state(state)
     s = (M[:heads], Q[:heads, :heads], b[:heads])
@@ -103,7 +104,7 @@ def test_a_wrong_reference_is_caught():
     """The comparison can fail: a Gram term 5% off leaves the Monte Carlo band at the trained state."""
     L, H, prior = 4, 1, sl.spikes(2, 2.5)
     cfg = sl.load_config("default", ["theory.route=exact", "theory.gram=exact", "model.heads=1"])
-    exact = sl.OrderParameterODE.from_config(cfg, points=64).expectation
+    exact = sl.OrderParameterODE.from_setup(sl.build(cfg), points=64).expectation
     M, Q, b = _state("trained")
     s = (M[:1], Q[:1, :1], b[:1])
     mean, se = _monte_carlo(eqx.filter_jit(lambda e, s: e.gram(*s)), s, sl.get_activation("softmax"), prior, L, H)
@@ -118,9 +119,9 @@ def test_the_monte_carlo_route_is_a_registered_route_end_to_end():
     assert "montecarlo" in ROUTE_CLASSES and "montecarlo" in ROUTES
     assert route_class("montecarlo") is sl.MonteCarloExpectation
     cfg = sl.load_config("default", ["theory.route=montecarlo", "theory.points=8192", "sgd.tau_max=1", "sgd.n_save=3"])
-    ode = sl.OrderParameterODE.from_config(cfg)
+    ode = sl.OrderParameterODE.from_setup(sl.build(cfg))
     assert ode.expectation.route == "montecarlo" and route_of(cfg).route == "montecarlo"
-    exact = sl.OrderParameterODE.from_config(cfg.replace(theory={"route": "exact", "gram": "sobol"}))
+    exact = sl.OrderParameterODE.from_setup(sl.build(cfg.replace(theory={"route": "exact", "gram": "sobol"})))
     y = sl.initial_conditions(cfg, 1)
     s = (y.M[0], y.Q[0], y.b[0])
     d, d_exact = (o.state_drift(sl.OrderParameters(*s)) for o in (ode, exact))

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import singleloc as sl
+from singleloc.preflight._build import build
 from singleloc.runtime import _compilation
 from singleloc.theory._theory import OrderParameterODE
 
@@ -99,7 +100,7 @@ def test_a_referenced_activation_has_a_name_for_stored_programs(user_module):
     """Programs built from a referenced function are keyed by the reference and its file's
     digest, the same in every process; a script's own function has no such name."""
     cfg = sl.load_config("default", [f"model.activation={user_module}:double_softmax", "theory.route=rule"])
-    structure = _compilation._structure(OrderParameterODE.from_config(cfg))
+    structure = _compilation._structure(OrderParameterODE.from_setup(build(cfg)))
     assert structure is not None and f"{user_module}:double_softmax@" in structure
 
     def local(scores):
@@ -107,7 +108,7 @@ def test_a_referenced_activation_has_a_name_for_stored_programs(user_module):
 
     sl.register_activation("test_local_activation", local, overwrite=True)
     cfg = sl.load_config("default", ["model.activation=test_local_activation", "theory.route=rule"])
-    assert _compilation._structure(OrderParameterODE.from_config(cfg)) is None
+    assert _compilation._structure(OrderParameterODE.from_setup(build(cfg))) is None
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from _tiny import tiny
 
-from singleloc import OrderParameterODE, OrderParameters, integrate
+from singleloc import OrderParameterODE, OrderParameters, build, integrate
 from singleloc.model._activations import get_activation
 from singleloc.model._data import make_spikes, sample_sequence
 from singleloc.model._layer import finite_loss
@@ -24,7 +24,7 @@ CFG = tiny("problem.L=4", "problem.F=2", "problem.prior=flipped", "problem.stren
 
 @pytest.mark.slow
 def test_update_covariance_matches_single_sgd_steps():
-    ode = OrderParameterODE.from_config(CFG)
+    ode = OrderParameterODE.from_setup(build(CFG))
     D, H, F, L = 600, 2, 2, 4
     kstar = make_spikes(jax.random.PRNGKey(0), F, D).astype(jnp.float64)
     orth = jax.random.normal(jax.random.PRNGKey(1), (H, D))
@@ -56,7 +56,7 @@ def test_sde_reduces_to_the_ode_as_D_grows():
     ts = np.linspace(0.0, 2.0, 5)
     ode = integrate(CFG, y0, ts=ts, progress=False)
     y2 = OrderParameters(*(jnp.concatenate([x, x]) for x in y0))
-    sde = integrate_sde(CFG, y2, jax.random.split(jax.random.PRNGKey(0), 2), D=jnp.array([1e12, 100.0]), ts=ts, dt=0.01)
+    sde = integrate_sde(build(CFG), y2, jax.random.split(jax.random.PRNGKey(0), 2), D=jnp.array([1e12, 100.0]), ts=ts, dt=0.01)
     np.testing.assert_allclose(sde.M[0], ode.M[0], atol=2e-3)  # Euler at dt = 0.01 vs the adaptive solver
     np.testing.assert_allclose(sde.risk[0], ode.risk[0], atol=2e-3)
     assert np.abs(sde.M[1] - ode.M[0]).max() > 1e-2  # at D = 100 the noise shows
@@ -66,7 +66,7 @@ def test_sde_reduces_to_the_ode_as_D_grows():
 def test_one_moment_evaluation_per_step(monkeypatch):
     """The SDE term's increment is ``drift dt + sqrt(Sigma / D) dW`` from a single
     :func:`update_moments` call (a drift term and a diffusion term would make two)."""
-    ode = OrderParameterODE.from_config(CFG)
+    ode = OrderParameterODE.from_setup(build(CFG))
     M = jnp.array([[0.8, 0.3], [-0.2, 0.6]])
     Q, b = M @ M.T + 0.3 * jnp.eye(2), jnp.array([0.1, -0.2])
     v = flatten_state(M, Q, b)
@@ -88,4 +88,4 @@ def test_a_non_finite_path_raises_naming_the_learning_rate():
     M0 = jnp.array([[[0.05, jnp.nan], [-0.03, 0.04]], [[0.05, -0.02], [-0.03, 0.04]]])
     y0 = OrderParameters(M0, M0 @ jnp.swapaxes(M0, -1, -2) + 0.25 * jnp.eye(2), jnp.zeros((2, 2)))
     with pytest.raises(FloatingPointError, match=r"SDE path 0 stopped being finite by tau = 0 \(sgd.lr = 1.0"):
-        integrate_sde(CFG, y0, jax.random.split(jax.random.PRNGKey(0), 2), D=100.0, ts=np.linspace(0.0, 0.2, 3), dt=0.05)
+        integrate_sde(build(CFG), y0, jax.random.split(jax.random.PRNGKey(0), 2), D=100.0, ts=np.linspace(0.0, 0.2, 3), dt=0.05)

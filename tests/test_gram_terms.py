@@ -36,7 +36,7 @@ M1, Q1 = 2.5, 6.5
 def _expectation(activation, L, H, F=1, gram="auto", *extra):
     cfg = sl.load_config("default", [f"model.activation={activation}", f"model.heads={H}", f"problem.L={L}",
                                      f"problem.F={F}", "theory.route=exact", f"theory.gram={gram}", *extra])
-    return sl.OrderParameterODE.from_config(cfg).expectation
+    return sl.OrderParameterODE.from_setup(sl.build(cfg)).expectation
 
 
 @eqx.filter_jit
@@ -206,7 +206,7 @@ def test_a_solve_with_the_monte_carlo_gram_term_states_its_standard_error():
     y0 = (M, M @ M.T + 0.3 * jnp.eye(3), jnp.zeros(3))
     with pytest.warns(UserWarning, match=r"Gram term has a stated relative error .*standard error.*theory\.gram_points"):
         r = sl.integrate(cfg, y0)
-    term = sl.OrderParameterODE.from_config(cfg).expectation.gram_term
+    term = sl.OrderParameterODE.from_setup(sl.build(cfg)).expectation.gram_term
     G, se = _gram_and_error(term, *y0)
     assert r.gram_route == "montecarlo"
     assert r.gram_error == pytest.approx(float(jnp.max(se) / jnp.max(jnp.abs(G))), rel=0.5)
@@ -224,7 +224,7 @@ def test_copies_drift_as_one_head_at_lr_over_H(activation, L, gram):
     def drift(heads, rate, gram, M, Q, b):
         cfg = sl.load_config("default", [f"model.activation={activation}", f"model.heads={heads}", f"problem.L={L}",
                                          "problem.F=1", "theory.route=exact", f"theory.gram={gram}", f"sgd.lr={rate}"])
-        ode = sl.OrderParameterODE.from_config(cfg)
+        ode = sl.OrderParameterODE.from_setup(sl.build(cfg))
         return eqx.filter_jit(lambda o, *s: o.drift(*s))(ode, M, Q, b), ode
 
     (dM1, dQ1, _), _ = drift(1, lr / H, "exact", jnp.array([[M1]]), jnp.array([[Q1]]), jnp.zeros(1))

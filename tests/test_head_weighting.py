@@ -63,7 +63,7 @@ def test_every_head_weighting_keeps_the_contract(name):
     # risk and drift of (M, Q, b) at a start away from the origin: the uniform layer's
     M, Q, b = (jnp.asarray(x) for x in random_overlaps(np.random.default_rng(1), H, 1, m=0.8, r=0.6, b=0.3))
     y = weighting.state((M, Q, b))
-    ode, uniform = (sl.OrderParameterODE.from_config(c) for c in (config, tiny("model.train_bias=true", "sgd.lr=0.7",
+    ode, uniform = (sl.OrderParameterODE.from_setup(sl.build(c)) for c in (config, tiny("model.train_bias=true", "sgd.lr=0.7",
                                                                                rule=True)))
     risk, drift, *_ = _views(ode, y)
     risk_u, drift_u, *_ = _views(uniform, sl.OrderParameters(M, Q, b))

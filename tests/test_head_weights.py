@@ -15,11 +15,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _tiny import tiny
+from _tiny import route_of, tiny
 from helpers import random_overlaps
 
 import singleloc as sl
-from singleloc.expectations._routes import route_of
 from singleloc.model._layer import limit_loss
 from singleloc.preflight._build import build
 from singleloc.simulation._simulation import _run_functions
@@ -56,8 +55,8 @@ def test_uniform_head_weights_are_the_head_average(activation):
     both = eqx.filter_jit(lambda w, u, M, Q, b, v: (w.risk(M, Q, b, v), u.risk(M, Q, b), w.drift(M, Q, b, v=v),
                                                     u.drift(M, Q, b), jax.grad(partial(w.risk, M, Q, b))(v)))
     for route in ("rule", "exact") if activation != "bsoftmax" else ("rule",):
-        uniform, weighted = (sl.OrderParameterODE.from_config(sl.load_config("default", [*base, f"theory.route={route}",
-                                                                                          *extra]))
+        uniform, weighted = (sl.OrderParameterODE.from_setup(sl.build(sl.load_config("default", [*base, f"theory.route={route}",
+                                                                                          *extra])))
                              for extra in ([], ["model.head_weights=trained"]))
         risk_v, risk, d, du, grad_v = both(weighted, uniform, M, Q, b, v)
         assert float(risk_v) == pytest.approx(float(risk), rel=1e-12, abs=1e-14)
@@ -76,9 +75,10 @@ def test_exact_weighted_risk_against_the_rule(activation):
     v = jnp.array([0.55, 0.15, 0.6])
     cfg = sl.load_config("default", [f"model.activation={activation}", "model.heads=3", "model.train_bias=true",
                                      "model.head_weights=trained", "theory.points=16384"])
-    exact = sl.OrderParameterODE.from_config(cfg.replace(theory={"route": "exact"}))
+    exact = sl.OrderParameterODE.from_setup(sl.build(cfg.replace(theory={"route": "exact"})))
     risk, grad_v = jax.value_and_grad(lambda v: exact.risk(M, Q, b, v))(v)
-    rules = [sl.OrderParameterODE.from_config(cfg.replace(theory={"route": "rule", "qmc_seed": 10 + r})) for r in range(4)]
+    rules = [sl.OrderParameterODE.from_setup(sl.build(cfg.replace(theory={"route": "rule", "qmc_seed": 10 + r})))
+             for r in range(4)]
     moments = [ode.expectation.moments(M, Q, b, v=v) for ode in rules]
     risks = np.array([float(m["risk"]) for m in moments])
     grads = np.array([np.asarray(m["cv"]) for m in moments])
@@ -113,7 +113,7 @@ def test_head_weight_drift_is_the_mean_of_finite_D_steps():
     inc = D * (np.asarray(step(jax.random.split(jax.random.PRNGKey(5), 4000))) - np.asarray(y0))
     mean, se = inc.mean(0), inc.std(0, ddof=1) / np.sqrt(len(inc))
     M, Q, bb = unflatten_state(y0[:-2], 2, 2)
-    d = sl.OrderParameterODE.from_config(cfg).drift(M, Q, bb, v=jnp.asarray(y0[-2:]))
+    d = sl.OrderParameterODE.from_setup(sl.build(cfg)).drift(M, Q, bb, v=jnp.asarray(y0[-2:]))
     drift = np.concatenate([np.asarray(flatten_state(d.M, d.Q, d.b, True)), np.asarray(d.v)])
     err = np.abs(mean - drift)
     assert np.all(err <= 4 * se + 0.01), (err, se)
@@ -127,11 +127,12 @@ def test_routes_and_refusals():
     assert route_of(sl.load_config("bsoftmax", ["model.head_weights=trained", "theory.route=auto"])).route == "rule"
     assert route_of(sl.load_config("softmax1", ["model.head_weights=trained", "theory.route=auto"])).route == "exact"
     with pytest.raises(ValueError, match=r"model\.head_weights"):
-        sl.OrderParameterODE.from_config(sl.load_config("bsoftmax", ["model.head_weights=trained", "theory.route=exact"]))
+        sl.OrderParameterODE.from_setup(sl.build(sl.load_config("bsoftmax", ["model.head_weights=trained",
+                                                                          "theory.route=exact"])))
     cfg = sl.load_config("softmax1", ["model.head_weights=trained", "theory.points=256"])
     y0 = sl.initial_conditions(cfg, 1)
     with pytest.raises(ValueError, match=r"integrate_sde: model\.head_weights"):
-        sl.integrate_sde(cfg, y0, jax.random.split(jax.random.PRNGKey(0), 1))
+        sl.integrate_sde(sl.build(cfg), y0, jax.random.split(jax.random.PRNGKey(0), 1))
     pred = sl.predicted_escape(cfg)  # not predicted (no head-symmetric flow): NaN, and the fallback horizon
     assert np.isnan(pred.predicted_escape) and not pred.escapes and pred.horizon == sl.escape_horizon(np.nan)
     with pytest.raises(ValueError, match=r"TheoryRisk: model\.head_weights"):

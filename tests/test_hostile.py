@@ -446,13 +446,12 @@ def test_consistent_combinations_load(sets):
 
 
 def test_the_issues_api_calls_raise_the_documented_exception_in_one_clear_message():
-    """Issue 54 item 9: ``from_config('default')`` -> AttributeError, ``integrate(cfg, "abc")`` -> a 23-line traceback,
+    """Issue 54 item 9: ``from_setup('default')`` -> AttributeError, ``integrate(cfg, "abc")`` -> a 23-line traceback,
     ``load_config("default", "model.heads=3")`` read the string character by character."""
     import singleloc as sl
 
-    with pytest.raises(TypeError, match=r"^OrderParameterODE.from_config: config must be a singleloc.Config, got str "
-                                        r"'default'; pass singleloc.load_config\('default'\)$"):
-        sl.OrderParameterODE.from_config("default")
+    with pytest.raises(TypeError, match=r"^OrderParameterODE.from_setup: setup must be a singleloc.Setup, got str 'default'$"):
+        sl.OrderParameterODE.from_setup("default")
     cfg = load_config("default", [a for a in TINY if "=" in a])
     with pytest.raises(TypeError, match=r"^integrate: y0 must be the starts \(M0, Q0, b0\) .* got str 'abc'$"):
         sl.integrate(cfg, "abc")
@@ -471,17 +470,16 @@ def _config_functions():
 
     for name in sl.__all__:
         obj = getattr(sl, name)
-        fn = getattr(obj, "from_config", None) if inspect.isclass(obj) else obj
-        if not callable(fn) or inspect.isclass(fn):
+        if not callable(obj) or inspect.isclass(obj):
             continue
         try:
-            params = list(inspect.signature(fn).parameters)
+            params = list(inspect.signature(obj).parameters)
         except (TypeError, ValueError):
             continue
         if params and params[0] in ("config", "base"):
             others = sum(p.default is p.empty and p.kind is p.POSITIONAL_OR_KEYWORD
-                         for p in list(inspect.signature(fn).parameters.values())[1:])
-            yield name, lambda config, fn=fn, n=others: fn(config, *[None] * n)
+                         for p in list(inspect.signature(obj).parameters.values())[1:])
+            yield name, lambda config, fn=obj, n=others: fn(config, *[None] * n)
 
 
 @pytest.mark.parametrize("name, fn", list(_config_functions()), ids=lambda v: v if isinstance(v, str) else "")
@@ -497,10 +495,11 @@ def _string_calls():
 
     cfg = load_config("default", ["theory.route=rule", "theory.points=64"])
     prior, M, Q, b = sl.spikes(2, 2.5), np.zeros((2, 2)), np.eye(2), np.zeros(2)
-    ode = lambda: sl.OrderParameterODE.from_config(cfg)  # noqa: E731
+    ode = lambda: sl.OrderParameterODE.from_setup(sl.build(cfg))  # noqa: E731
     return {
-        "choose_points": (lambda: sl.choose_points(cfg, "abc"), "choose_points: y0 must be the starts"),
-        "resolve_points": (lambda: sl.resolve_points(cfg.replace(theory={"points": "auto"}), "abc"), "resolve_points: y0"),
+        "choose_points": (lambda: sl.choose_points(sl.build(cfg), "abc"), "choose_points: y0 must be the starts"),
+        "resolve_points": (lambda: sl.resolve_points(sl.build(cfg.replace(theory={"points": "auto"})), "abc"),
+                           "resolve_points: y0"),
         "keep_heads": (lambda: sl.keep_heads("M", Q, b, [0]),
                        r"^keep_heads: M must be a real array of shape \(H, F\), got str 'M'$"),
         "population_risk array": (lambda: sl.population_risk(prior, 4, "softmax", M, "Q", b), "population_risk: Q must be"),
@@ -722,7 +721,7 @@ def test_automatic_points_go_through_the_memory_check_of_each_count_they_try(mon
     monkeypatch.setattr(_accuracy, "drift_error", lambda config, y0, n, R: tried.append(n) or 1.0)  # never accurate enough
     with pytest.raises(MemoryError, match=rf"^theory.points = 'auto' would try {2 * first} points \(at {first} points its "
                                           r"estimated relative drift error is 1\), and the run needs") as auto:
-        sl.choose_points(cfg, sl.initial_conditions(cfg, 1))
+        sl.choose_points(build(cfg), sl.initial_conditions(cfg, 1))
     assert tried == [first] and str(auto.value).endswith(str(explicit.value))
 
 

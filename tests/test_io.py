@@ -18,8 +18,9 @@ import pytest
 from _tiny import tiny
 
 from singleloc import Config
+from singleloc.configuration._config import config_hash
 from singleloc.ground._atomic_files import check_output_folder, check_run_folder, write_folder
-from singleloc.io._run_folders import add_to_run, config_hash, load_run, npz_stamp, save_npz, save_run
+from singleloc.io._run_folders import add_to_run, load_run, npz_stamp, save_npz, save_run
 
 CONFIG = tiny("model.heads=3", "problem.F=2")  # the shapes of the messages below
 T = 3

@@ -190,14 +190,14 @@ def test_attention_mass_matches_monte_carlo_at_trained_states(name, rng):
 
 def test_route_rule_and_exact_are_chosen_from_the_config():
     cfg = sl.load_config("default")
-    assert sl.OrderParameterODE.from_config(cfg).expectation.route == "exact"
-    assert sl.OrderParameterODE.from_config(cfg.replace(theory={"route": "rule"})).expectation.route == "rule"
+    assert sl.OrderParameterODE.from_setup(sl.build(cfg)).expectation.route == "exact"
+    assert sl.OrderParameterODE.from_setup(sl.build(cfg.replace(theory={"route": "rule"}))).expectation.route == "rule"
     sl.register_activation("test_laplace_relu", lambda s: jax.nn.relu(s) / (1e-9 + jnp.sum(jax.nn.relu(s), -1, keepdims=True)),
                            overwrite=True)
     other = cfg.replace(model={"activation": "test_laplace_relu"})
-    assert sl.OrderParameterODE.from_config(other).expectation.route == "rule"
+    assert sl.OrderParameterODE.from_setup(sl.build(other)).expectation.route == "rule"
     with pytest.raises(ValueError, match="theory.route"):
-        sl.OrderParameterODE.from_config(other.replace(theory={"route": "exact"}))
+        sl.OrderParameterODE.from_setup(sl.build(other.replace(theory={"route": "exact"})))
 
 
 def test_integrate_runs_on_the_exact_route_and_states_its_error(tiny_theory):
@@ -226,7 +226,7 @@ def test_gram_term_is_rank_aware(rng):
     M, Q, b = trained_state("near", H, 1, rng)
     prior = cfg.problem.build_prior()
     gram = eqx.filter_jit(lambda fields, ode, *s: eqx.tree_at(lambda o: o.expectation.gram_term.fields, ode, fields).gram(*s))
-    ode = sl.OrderParameterODE.from_config(cfg)
+    ode = sl.OrderParameterODE.from_setup(sl.build(cfg))
     ref = np.asarray(gram(sl.LocalFields.make(L, H, prior, 1 << 17, 99, principal=True), ode, M, Q, b))
     err = {}
     for principal in (False, True):

@@ -124,8 +124,8 @@ def test_drift_matches_converged_rule(name):
     y0 = sl.initial_conditions(cfg, 1)
     state = [jnp.asarray(x[0], jnp.float64) for x in y0]
     drift = eqx.filter_jit(lambda ode, *y: ode.drift(*y))
-    exact = drift(sl.OrderParameterODE.from_config(cfg), *state)
-    rule = drift(sl.OrderParameterODE.from_config(cfg.replace(theory={"route": "rule"})), *state)
+    exact = drift(sl.OrderParameterODE.from_setup(sl.build(cfg)), *state)
+    rule = drift(sl.OrderParameterODE.from_setup(sl.build(cfg.replace(theory={"route": "rule"}))), *state)
     scale = max(float(jnp.max(jnp.abs(x))) for x in exact)
     for a, c in zip(exact, rule):
         np.testing.assert_allclose(np.asarray(a), np.asarray(c), atol=2e-3 * scale)
@@ -137,7 +137,7 @@ def test_permuting_the_heads_permutes_the_exact_drift(name, rng):
     within the rule's error (a pair of heads is integrated with one of them outside)."""
     cfg = sl.load_config("default").replace(model={"activation": name, "heads": 3, "train_bias": True})
     M, Q, b = trained_state("random", 3, 2, rng)
-    ode = sl.OrderParameterODE.from_config(cfg)
+    ode = sl.OrderParameterODE.from_setup(sl.build(cfg))
     drift = eqx.filter_jit(lambda o, *y: o.drift(*y))
     d = drift(ode, M, Q, b)
     p = np.array([2, 0, 1])
@@ -161,11 +161,11 @@ def test_stated_drift_error_covers_the_drift_error(stretch):
     M = stretch * jnp.array([[1.41, 1.28], [1.27, 1.40]])
     Q = stretch**2 * jnp.array([[3.79, 3.62], [3.62, 3.75]])
     b = jnp.zeros(2)
-    ode = sl.OrderParameterODE.from_config(cfg, check=True)
+    ode = sl.OrderParameterODE.from_setup(sl.build(cfg), check=True)
     stated = float(eqx.filter_jit(lambda o, *s: o.exact_drift_error(*s))(ode, M, Q, b))
     lr_drift = eqx.filter_jit(lambda rule, sgd: jnp.concatenate(
         [x.ravel() for x in sgd.drift(0.0, M, Q, b, exact_moments(rule, M, Q, b, None, jnp.zeros((2, 2))))]))
-    reference = sl.OrderParameterODE.from_config(cfg.replace(theory={"nodes": 192}))
+    reference = sl.OrderParameterODE.from_setup(sl.build(cfg.replace(theory={"nodes": 192})))
     d, ref = lr_drift(ode.expectation.rule, ode.sgd), lr_drift(reference.expectation.rule, ode.sgd)
     actual = float(jnp.max(jnp.abs(d - ref)) / jnp.max(jnp.abs(ref)))
     assert actual / 4 < stated < 4 * actual

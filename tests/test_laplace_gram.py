@@ -149,18 +149,18 @@ def test_the_stated_error_is_against_the_finer_rule(name, L, F, M, Q, b):
 
 def test_a_one_head_ode_has_the_exact_gram_term_and_states_it():
     cfg = sl.load_config("default", ["model.heads=1", "problem.F=1", "sgd.tau_max=5", "sgd.n_save=3", "theory.route=exact"])
-    ode = sl.OrderParameterODE.from_config(cfg)
+    ode = sl.OrderParameterODE.from_setup(sl.build(cfg))
     assert ode.expectation.gram_name == "exact"
     result = sl.integrate(cfg)
     assert result.gram_route == "exact" and result.gram_error < 1e-9
     assert "Gram term exact" in result.quadrature()
-    two = sl.OrderParameterODE.from_config(cfg.replace(model={"heads": 2})).expectation
+    two = sl.OrderParameterODE.from_setup(sl.build(cfg.replace(model={"heads": 2}))).expectation
     assert two.gram_name == "sobol"  # two heads at L = 4: the Sobol rule
 
 
 def test_theory_gram_chooses_the_gram_term_and_names_itself_when_it_cannot():
     base = ["model.heads=2", "problem.F=1", "theory.route=exact"]
-    ode = lambda *extra: sl.OrderParameterODE.from_config(sl.load_config("default", [*base, *extra])).expectation  # noqa: E731
+    ode = lambda *extra: sl.OrderParameterODE.from_setup(sl.build(sl.load_config("default", [*base, *extra]))).expectation  # noqa: E731
     exact = lambda e: e.gram_name == "exact"  # noqa: E731
     assert not exact(ode())  # auto at L = 4: the Sobol rule for two heads, where it is cheaper
     assert exact(ode("problem.L=32"))  # auto from L H = 64 on: the exact term, cheaper there
@@ -212,7 +212,7 @@ def test_the_exact_gram_term_of_two_heads_agrees_with_monte_carlo(name, L, F, M,
 
 def test_trained_head_weights_keep_the_sobol_gram_term():
     cfg = sl.load_config("default", ["model.heads=1", "problem.F=1", "model.head_weights=trained", "theory.route=exact"])
-    ode = sl.OrderParameterODE.from_config(cfg)
+    ode = sl.OrderParameterODE.from_setup(sl.build(cfg))
     assert ode.expectation.route == "exact" and ode.expectation.gram_name == "sobol"
 
 

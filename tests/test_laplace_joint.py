@@ -106,7 +106,7 @@ def test_a_trained_joint_layer_has_an_accurate_drift(H, state, reference, tolera
 
     cfg = sl.load_config("bsoftmax", ["problem.F=2", f"model.heads={H}", "theory.points=1024"])
     M, Q, b = (jnp.asarray(x, float) for x in state)
-    ode = sl.OrderParameterODE.from_config(cfg)
+    ode = sl.OrderParameterODE.from_setup(sl.build(cfg))
     fine = rule_for("bsoftmax", 4, H, cfg.problem.build_prior(), joint_sizes=reference)
     drift = lambda rule: np.concatenate([np.ravel(x) for x in ode.sgd.drift(
         0.0, M, Q, b, exact_moments(rule, M, Q, b, None, jnp.zeros((H, H))))])

@@ -15,9 +15,9 @@ import math
 
 import numpy as np
 import pytest
+from _tiny import route_of
 
 import singleloc as sl
-from singleloc.expectations._routes import route_of
 from singleloc.expectations._sobol_geometry import NODE_BATCH, node_batch
 from singleloc.preflight import _resources
 from singleloc.preflight._build import build
@@ -84,8 +84,8 @@ def test_ssmax_ode_is_softmax_ode_at_rescaled_learning_rate():
                                     "theory.route=auto", f"sgd.lr={lr}"])
     sm = ss.replace(model={"activation": "softmax"}, sgd={"lr": lr * c**2})
     M, Q, b = jnp.array([[0.7]]), jnp.array([[0.8]]), jnp.zeros(1)
-    d_ss = sl.OrderParameterODE.from_config(ss).drift(M, Q, b)
-    d_sm = sl.OrderParameterODE.from_config(sm).drift(c * M, c**2 * Q, c * b)
+    d_ss = sl.OrderParameterODE.from_setup(sl.build(ss)).drift(M, Q, b)
+    d_sm = sl.OrderParameterODE.from_setup(sl.build(sm)).drift(c * M, c**2 * Q, c * b)
     np.testing.assert_allclose(c * np.asarray(d_ss.M), np.asarray(d_sm.M), rtol=1e-6)
     np.testing.assert_allclose(c**2 * np.asarray(d_ss.Q), np.asarray(d_sm.Q), rtol=1e-6)
 

@@ -116,7 +116,7 @@ def test_momentum_drift_is_plain_sgd_at_the_effective_rate(windows):
     velocity; its shift of the paired difference)."""
     cfg, y0, v, v_plain = windows
     M, Q, b = unflatten_state(y0, 2, 2)
-    m = sl.OrderParameterODE.from_config(cfg).gradient_moments(M, Q, b)
+    m = sl.OrderParameterODE.from_setup(sl.build(cfg)).gradient_moments(M, Q, b)
     r = LR / (1 - BETA)
     drift = np.asarray(flatten_state(*sl.sgd_rule(cfg.sgd, cfg.model).drift(0.0, M, Q, b, m), True))
     np.testing.assert_array_equal(drift, np.asarray(flatten_state(*sl.OnlineSGD(r, True).drift(0.0, M, Q, b, m), True)))
@@ -137,8 +137,8 @@ def test_momentum_update_covariance_is_plain_sgd_at_the_effective_rate(windows):
     cfg, y0, v, _ = windows
     emp = N_SEQ * np.cov(v.T)  # v holds D / N_SEQ times a window's change
     state = unflatten_state(y0, 2, 2)
-    _, Sigma = update_moments(sl.OrderParameterODE.from_config(cfg), *state)
-    _, plain = update_moments(sl.OrderParameterODE.from_config(cfg.replace(sgd={"momentum": None})), *state)
+    _, Sigma = update_moments(sl.OrderParameterODE.from_setup(sl.build(cfg)), *state)
+    _, plain = update_moments(sl.OrderParameterODE.from_setup(sl.build(cfg.replace(sgd={"momentum": None}))), *state)
     rel = lambda S: np.linalg.norm(np.asarray(S) - emp) / np.linalg.norm(emp)
     assert rel(Sigma) < 0.1, rel(Sigma)
     assert rel(plain) > 0.5

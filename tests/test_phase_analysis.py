@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy.optimize import brentq
 
-from singleloc import OrderParameterODE, load_config
+from singleloc import OrderParameterODE, build, load_config
 from singleloc.analysis import _head_classes as hc
 from singleloc.analysis import _phase_analysis as pa
 from singleloc.analysis import _plateaus as pl
@@ -267,13 +267,14 @@ def test_attention_mass_against_monte_carlo():
     Q = M @ M.T + np.array([[0.4, 0.1], [0.1, 0.3]])
     b = np.array([0.5, -12.0])
     cfg = load_config("default", ["theory.points=1024", "problem.L=4"])
-    w_soft = attention_mass(OrderParameterODE.from_config(cfg), M, Q, b)
+    w_soft = attention_mass(OrderParameterODE.from_setup(build(cfg)), M, Q, b)
     np.testing.assert_allclose(w_soft, 1.0, atol=1e-12)
-    w_b = attention_mass(OrderParameterODE.from_config(cfg.replace(model={"activation": "bsoftmax"})), M[None], Q[None], b[None])
+    joint = OrderParameterODE.from_setup(build(cfg.replace(model={"activation": "bsoftmax"})))
+    w_b = attention_mass(joint, M[None], Q[None], b[None])
     # a joint layer's masses sum to H exactly on a rule; on the exact route to its profiles' interpolation
     # error (below 1e-10, singleloc.expectations._laplace_profiles; 1.4e-11 here)
     assert w_b.shape == (1, 2) and w_b.sum() == pytest.approx(2.0, abs=1e-10)
-    w1 = attention_mass(OrderParameterODE.from_config(cfg.replace(model={"activation": "softmax1"})), M, Q, b)
+    w1 = attention_mass(OrderParameterODE.from_setup(build(cfg.replace(model={"activation": "softmax1"}))), M, Q, b)
     # Monte Carlo: token 0 carries M theta, theta = 2.5 e_f with f uniform; 4e5 samples
     rng = np.random.default_rng(0)
     n, L = 400_000, 4

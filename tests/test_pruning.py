@@ -40,7 +40,8 @@ def random_layer(rng, H, F, scale=1.5):
 def risk_with_heads(cfg, M, Q, b):
     """Population risk of a layer of len(b) heads, from an ODE object built for that many heads,
     on the evaluation scrambling (independent of the nodes that drive the dynamics)."""
-    ode = OrderParameterODE.from_config(cfg.replace(model={"heads": len(b)}, theory={"qmc_seed": cfg.theory.evaluation_seed}))
+    ode = OrderParameterODE.from_setup(build(cfg.replace(model={"heads": len(b)},
+                                                       theory={"qmc_seed": cfg.theory.evaluation_seed})))
     return float(layer_risk(ode.expectation, *(jnp.asarray(x, float) for x in (M, Q, b))))  # jitted: prune's programs
 
 

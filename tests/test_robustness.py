@@ -16,13 +16,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _tiny import cli_sets, stub_solves, tiny
+from _tiny import cli_sets, route_of, stub_solves, tiny
 from helpers import interrupt, one_line
 
 from singleloc import load_config
 from singleloc._commands import diagnose
 from singleloc.cli import main
-from singleloc.expectations._routes import route_of
 from singleloc.io._run_folders import load_npz, load_run, npz_stamp, save_npz, save_run
 from singleloc.preflight import _resources
 from singleloc.preflight._build import build
@@ -468,20 +467,18 @@ def test_prune_into_another_run_folder_says_it_replaces_it(previous_run, tmp_pat
 
 
 @pytest.mark.parametrize("call", ["simulate", "integrate", "sweep", "save_run", "prune_theory", "initial_conditions",
-                                  "choose_points", "integrate_sde", "predicted_escape", "config_hash", "save_theory"])
+                                  "build", "predicted_escape", "config_hash", "save_theory"])
 def test_the_python_api_names_a_config_given_as_a_preset_name(tmp_path, call):
     """Issue 21 item 12: ``sl.simulate("default")`` failed with AttributeError: 'str' object has no attribute 'model';
     so did ``sl.initial_conditions("default")`` and the other functions that take a Config."""
     import singleloc as sl
 
-    zeros = sl.OrderParameters(np.zeros((1, 2, 2)), np.eye(2)[None], np.zeros((1, 2)))
     result = sl.TheoryResult(np.zeros(1), np.zeros((1, 1, 2, 2)), np.zeros((1, 1, 2, 2)), np.zeros((1, 1, 2)), np.zeros((1, 1)))
     calls = {"simulate": lambda: sl.simulate("default"), "integrate": lambda: sl.integrate("default"),
              "sweep": lambda: sl.sweep("default", [], tmp_path), "save_run": lambda: sl.save_run(tmp_path / "r", "default", {}),
              "prune_theory": lambda: sl.prune_theory({"model": {}}, np.zeros((2, 2)), np.eye(2), np.zeros(2)),
              "initial_conditions": lambda: sl.initial_conditions("default"),
-             "choose_points": lambda: sl.choose_points("default", zeros),
-             "integrate_sde": lambda: sl.integrate_sde("default", zeros, np.zeros((1, 2), np.uint32)),
+             "build": lambda: sl.build("default"),
              "predicted_escape": lambda: sl.predicted_escape("default"), "config_hash": lambda: sl.config_hash("default"),
              "save_theory": lambda: sl.save_theory(tmp_path / "r", "default", result)}
     where = {"save_theory": "save_theory"}.get(call, call.split("_")[0])

@@ -17,12 +17,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _tiny import tiny
+from _tiny import route_of, tiny
 from jax.sharding import Mesh
 
 import singleloc as sl
 from singleloc.expectations._expectation import AbstractExpectation
-from singleloc.expectations._routes import ROUTE_CLASSES, route_class, route_of
+from singleloc.expectations._routes import ROUTE_CLASSES, route_class
 from singleloc.expectations._sharding import _put
 from singleloc.ground._choices import ROUTE_WORDS
 from singleloc.preflight._build import build

@@ -9,11 +9,10 @@ import warnings
 import jax
 import numpy as np
 import pytest
-from _tiny import tiny
+from _tiny import route_of, tiny
 
 import singleloc as sl
 from singleloc.expectations import _routes
-from singleloc.expectations._routes import route_of
 from singleloc.preflight import _resources, _run_checks
 from singleloc.preflight._build import build
 from singleloc.pruning import _pruning
@@ -197,7 +196,7 @@ def test_prune_run_prunes_the_final_state_of_every_stored_layer(monkeypatch):
     run = sl.Run(None, cfg, {"theory": theory, "simulation": sim}, "hash")
     resolved, calls, decided = [], [], []
     monkeypatch.setattr(_routes, "decide", lambda *a, decide=_routes.decide, **k: decided.append(a) or decide(*a, **k))
-    monkeypatch.setattr(_accuracy, "points_for", lambda setup, y0: resolved.append(setup) or PointsChoice(512, 0.0, 1, ()))
+    monkeypatch.setattr(_accuracy, "choose_points", lambda setup, y0: resolved.append(setup) or PointsChoice(512, 0.0, 1, ()))
     monkeypatch.setattr(_pruning, "_pruned", lambda risk, M, order, draws, seed: calls.append(
         (risk, risk.setup, risk.M, risk.Q, risk.b, order, {"draws": draws, "seed": seed})))
     results = sl.prune_run(run, "alignment", draws=3, seed=7)
@@ -248,7 +247,7 @@ def test_auto_takes_a_joint_layers_exact_route_only_while_it_is_affordable(heads
     size = joint_rule_size(heads, cfg.problem.build_prior())
     assert (size <= JOINT_EXACT_MAX) == exact
     assert (route_of(cfg).route == "exact") == exact
-    assert (sl.OrderParameterODE.from_config(cfg, points=64).expectation.route == "exact") == exact
+    assert (sl.OrderParameterODE.from_setup(sl.build(cfg), points=64).expectation.route == "exact") == exact
     assert route_of(cfg.replace(theory={"route": "exact"})).route == "exact"
     assert route_of(cfg.replace(model={"activation": "softmax"})).route == "exact"
 

@@ -58,7 +58,7 @@ def test_the_gram_terms_stated_error_covers_three_copies_at_L_64():
     within three of it (one pair's difference had stated 1.6e-4 where the error was 4.8e-3)."""
     config = _config(3, "theory.route=exact", "theory.gram=sobol", "theory.gram_points=2048")
     report, evaluation, state = _report(config, 3)
-    one = sl.OrderParameterODE.from_config(_config(1, "theory.route=exact", "theory.gram=exact")).expectation
+    one = sl.OrderParameterODE.from_setup(sl.build(_config(1, "theory.route=exact", "theory.gram=exact"))).expectation
     reference = float(eqx.filter_jit(lambda e: e.gram(jnp.array([[M1]]), jnp.array([[Q1]]), jnp.zeros(1)))(one)[0, 0]) / 9
     stated = report.grams[0, 0]
     assert report.scrambled.gram.shape[0] == SCRAMBLINGS and np.all(stated == stated[0])
@@ -78,7 +78,7 @@ def test_the_rule_routes_stated_errors_cover_two_copies_at_L_64():
     config = _config(2, "theory.route=rule", "theory.points=2048")
     report, evaluation, state = _report(config, 2)
     statement = evaluation.expectation.statement(report)
-    exact = sl.OrderParameterODE.from_config(_config(2, "theory.route=exact", "theory.gram=exact"))
+    exact = sl.OrderParameterODE.from_setup(sl.build(_config(2, "theory.route=exact", "theory.gram=exact")))
     assert exact.expectation.gram_name == "exact"
     risk = float(eqx.filter_jit(lambda o, *s: o.risk(*s))(exact, *state))
     drift = np.asarray(eqx.filter_jit(lambda o, *s: flat_drift(o.drift(*s)))(exact, *state))

@@ -19,7 +19,7 @@ def test_the_sde_drift_is_the_ode_drift_from_one_pass():
     (review D5: no second quadrature); it is the ODE's drift to rounding, and the rule's drift of the
     ODE's field averages is the ODE's drift."""
     cfg = tiny("problem.F=2", "theory.points=256", rule=True, preset="bsoftmax")  # (bsoftmax trains its biases)
-    ode = sl.OrderParameterODE.from_config(cfg)
+    ode = sl.OrderParameterODE.from_setup(sl.build(cfg))
     M = jnp.array([[0.8, 0.3], [-0.2, 0.6]])
     Q, b = M @ M.T + 0.3 * jnp.eye(2), jnp.array([0.1, -0.2])
     drift, _ = update_moments(ode, M, Q, b)

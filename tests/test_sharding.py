@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import singleloc as sl
+from singleloc.preflight._build import build
 from singleloc.theory._theory import OrderParameterODE
 
 _RUN = textwrap.dedent("""
@@ -78,7 +79,7 @@ _RUN_NODES = textwrap.dedent("""
     _ode.exported_call = lambda name, fn, *args, **kw: received.append(rule(args[0])) or call(name, fn, *args, **kw)
     theory = sl.integrate(cfg)
     w = received[0]
-    y0, (ode,), _ = shard_batch(sl.initial_conditions(cfg, 1), (OrderParameterODE.from_config(cfg),))
+    y0, (ode,), _ = shard_batch(sl.initial_conditions(cfg, 1), (OrderParameterODE.from_setup(build(cfg)),))
     drift = jax.jit(lambda ode, y: ode.drift(y.M[0], y.Q[0], y.b[0]))
     hlo = drift.lower(ode, y0).compile().as_text()
     np.savez(sys.argv[1], M=theory.M, Q=theory.Q, risk=theory.risk, drift=np.concatenate([np.ravel(x) for x in drift(ode, y0)]),
@@ -119,7 +120,7 @@ def test_split_rule_integrates_as_the_whole_rule(prior, batch_size):
     """The padding of LocalFields.split is neutral: 21 base points in 2 or 4 blocks (1 or 3 padded
     points) give the moments of the whole rule, on one device."""
     cfg = sl.load_config("default", ["model.heads=3", "theory.points=64", f"problem.prior={prior}", "theory.route=rule"])
-    ode = OrderParameterODE.from_config(cfg).expectation  # the Sobol rule's route (its subject: the rule's blocks)
+    ode = OrderParameterODE.from_setup(build(cfg)).expectation  # the Sobol rule's route (its subject: the rule's blocks)
     ode = dataclasses.replace(ode, fields=dataclasses.replace(ode.fields, batch_size=batch_size))
     M, Q, b = (x[0] for x in sl.initial_conditions(cfg, 1))
     Q = Q + 0.3 * M @ M.T  # a state with some alignment, so that every moment is far from zero

@@ -55,7 +55,7 @@ def test_simulate_from_specs_is_simulate_from_their_config(tiny_simulation):
 
 def test_ode_and_pruning_from_specs(tiny_theory, tiny_pruning):
     ode = sl.OrderParameterODE.from_specs(PROBLEM, MODEL, SGD, THEORY)
-    reference = sl.OrderParameterODE.from_config(CONFIG)
+    reference = sl.OrderParameterODE.from_setup(sl.build(CONFIG))
     assert eqx.tree_equal(ode, reference)  # the same route, rule and numbers: the same risk and drift everywhere
     M, Q, b = (x[0, -1] for x in (tiny_theory.M, tiny_theory.Q, tiny_theory.b))  # tiny_pruning's layer
     by_specs = sl.prune_theory(M=M, Q=Q, b=b, problem=PROBLEM, model=MODEL, theory=THEORY)
@@ -90,8 +90,6 @@ def test_a_preset_name_in_place_of_a_config_is_named():
     (lambda: sl.prune_theory(problem=PROBLEM), r"prune_theory: missing M \(a real array of shape \(H, F\)\)"),
     (lambda: sl.TheoryRisk(build(CONFIG), M=np.zeros((2, 1))), "TheoryRisk: missing Q"),
     (lambda: sl.WeightsRisk(build(CONFIG, theory=False)), "WeightsRisk: missing K"),
-    (lambda: sl.choose_points(problem=PROBLEM), r"choose_points: missing y0 \(the starts \(M0, Q0, b0\)"),
-    (lambda: sl.integrate_sde(CONFIG, sl.initial_conditions(CONFIG, 1)), "integrate_sde: missing keys"),
 ])
 def test_the_data_of_a_call_are_required(call, missing):
     with pytest.raises(TypeError, match=f"^{missing}"):

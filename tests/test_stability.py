@@ -13,7 +13,7 @@ import pytest
 from _tiny import tiny
 from scipy.integrate import solve_ivp
 
-from singleloc import OrderParameterODE, integrate, load_config
+from singleloc import OrderParameterODE, build, integrate, load_config
 from singleloc.analysis import _drift_jacobian as dj
 from singleloc.analysis import _fixed_point as fxp
 from singleloc.analysis import _stability as st
@@ -27,7 +27,7 @@ SETS = ("problem.F=2", "problem.strength=3.0", "sgd.lr=1.0")
 @pytest.fixture(scope="module")
 def tiny_ode():
     cfg = tiny(*SETS, preset="bsoftmax")
-    return cfg, OrderParameterODE.from_config(cfg)
+    return cfg, OrderParameterODE.from_setup(build(cfg))
 
 
 def test_flatten_state_roundtrip():
@@ -57,7 +57,7 @@ def test_jacobian_matches_finite_differences(route):
     """Autodiff against central differences where autodiff is the drift's derivative: the Sobol rule
     (bsoftmax), and a per-head layer on the exact route (softmax)."""
     preset = "bsoftmax" if route == "rule" else "default"
-    ode = OrderParameterODE.from_config(tiny(*SETS, f"theory.route={route}", preset=preset))
+    ode = OrderParameterODE.from_setup(build(tiny(*SETS, f"theory.route={route}", preset=preset)))
     M, Q, b = _generic_state()
     J_ad, how = dj.drift_jacobian(ode, M, Q, b, method="autodiff")
     J_fd, _ = dj.drift_jacobian(ode, M, Q, b, method="finite-difference")
@@ -131,7 +131,7 @@ def test_symmetric_flow_against_an_independent_solver():
     the exact route's took ten times as long to compile). Fifth order: the difference is 5e-12 at h = 0.1
     here (5e-10 at h = 0.2, 1e-7 at h = 0.5, the h^5 law; the state moves by 0.41); 1e-9 leaves room for
     rounding and fails for any method of order below four."""
-    ode = OrderParameterODE.from_config(tiny(*SETS, "theory.route=rule", preset="bsoftmax"))
+    ode = OrderParameterODE.from_setup(build(tiny(*SETS, "theory.route=rule", preset="bsoftmax")))
     x0 = np.array([0.05, 0.02, 0.25, 0.01, 0.1])
     taus, xs, risk = st.symmetric_flow(ode, x0, 2, 2, 2.0, dt=0.1, n_save=3)
     np.testing.assert_allclose(taus, np.arange(3.0), atol=1e-12)
@@ -149,7 +149,7 @@ def test_auto_jacobian_at_repeated_eigenvalues():
     differences; checked along a random direction against a Richardson-extrapolated directional
     difference (error ~ h^4 = 1e-12, rounding ~ 1e-16 / h = 1e-13), an independent route."""
     H, F = 3, 2  # on the Sobol rule, whose Q^{1/2} goes through eigh (a joint exact layer always takes differences)
-    ode = OrderParameterODE.from_config(tiny(*SETS, f"model.heads={H}", "theory.route=rule", preset="bsoftmax"))
+    ode = OrderParameterODE.from_setup(build(tiny(*SETS, f"model.heads={H}", "theory.route=rule", preset="bsoftmax")))
     M, Q, b = (np.asarray(a) for a in st.symmetric_state(jnp.asarray([0.6, 0.6, 0.3, 0.05, 0.0]), H, F))
     assert np.ptp(np.linalg.eigvalsh(Q)[:2]) < 1e-14
     J, how = dj.drift_jacobian(ode, M, Q, b)
@@ -182,7 +182,7 @@ def test_escape_rate_from_the_antisymmetric_subspace_matches_the_full_jacobian(r
     subspace into its complement)."""
     H, F = 2, 2
     preset = "bsoftmax" if route == "rule" else "default"  # the programs of test_jacobian_matches_finite_differences
-    ode = OrderParameterODE.from_config(tiny(*SETS, f"theory.route={route}", preset=preset))
+    ode = OrderParameterODE.from_setup(build(tiny(*SETS, f"theory.route={route}", preset=preset)))
     U = st.antisymmetric_basis(H, F, bool(ode.train_bias))
     assert U.shape[1] == F + 1 + bool(ode.train_bias)
     np.testing.assert_allclose(U.T @ U, np.eye(U.shape[1]), atol=1e-15)
@@ -230,7 +230,7 @@ def test_polish_keeps_the_point_in_the_valid_set():
     length 200 can land outside the valid set (r_d < 0, not a Gram matrix; seen with the rule
     before its head closure). Whatever the polish does, the returned point is a valid state:
     either a converged root inside the set, or the flow's end point, unconverged (about 10 s)."""
-    ode = OrderParameterODE.from_config(load_config("default", ["theory.points=256"]))
+    ode = OrderParameterODE.from_setup(build(load_config("default", ["theory.points=256"])))
     fp = fxp.unspecialized_point(ode, 2, 2, init_scale=0.5, tau_flow=200.0, dt=0.5)
     assert fxp.valid_symmetric_state(fp.x, 2, 2)
     assert np.linalg.eigvalsh(fp.Q - fp.M @ fp.M.T).min() >= -1e-9
@@ -251,7 +251,7 @@ def flipped():
     """bsoftmax, zero-mean prior (theta = +-2.5 e_f), H = F = 2: the unspecialized point is
     M = 0 and is a fixed point of the full flow (no creep in M)."""
     cfg = load_config("bsoftmax", FLIPPED)
-    ode = OrderParameterODE.from_config(cfg)
+    ode = OrderParameterODE.from_setup(build(cfg))
     fp = fxp.unspecialized_point(ode, 2, 2, init_scale=cfg.sgd.init_scale, tau_flow=10.0, dt=0.5)
     return cfg, ode, fp, st.linearize(ode, fp.M, fp.Q, fp.b)
 
@@ -487,7 +487,6 @@ def test_the_tangent_linear_amplitude_follows_the_ode_from_random_starts():
     each (0.5 sqrt(2 / 64) = 0.088: 35%). Measured: 0.88-0.92 of the model (the 32 starts' own size), growing
     from 0.022 to 0.23 by tau = 16; beyond, the runs' growth slows (0.39 of the model at tau = 40)."""
     from singleloc import initial_conditions
-    from singleloc.preflight._build import build
 
     H, F, T = 3, 2, 40.0
     cfg = tiny("model.activation=bsoftmax", f"model.heads={H}", f"problem.F={F}", "simulation.D=1000", "simulation.seeds=32",

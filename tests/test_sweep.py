@@ -352,11 +352,12 @@ def test_sweep_with_auto_points_resolves_them_once_per_point(tmp_path):
     auto = load_config("default", sets + ["theory.points=auto", "theory.tol=0.05"])
     rows, _ = _sweep.sweep(auto, grids, tmp_path / "auto", horizon="config", progress=False, figures=False)
     assert [r["status"].split(" (")[0] for r in rows] == ["ok", "not yet"]  # none failed; two heads escape later
-    from singleloc import initial_conditions, resolve_points
+    from singleloc import build, initial_conditions, resolve_points
 
     for row in rows:
         H = row["heads"]
-        chosen = resolve_points(auto.replace(model={"heads": H}), initial_conditions(auto.replace(model={"heads": H})))
+        point = auto.replace(model={"heads": H})
+        chosen = resolve_points(build(point), initial_conditions(point)).config
         assert isinstance(chosen.theory.points, int)
         fixed, _ = _sweep.sweep(chosen, [parse_grid(f"model.heads={H}")], tmp_path / f"fixed{H}", horizon="config",
                                 progress=False, figures=False)

@@ -172,7 +172,7 @@ def moments():
     cfg = variant("plain")
     y0, _ = finite_windows(cfg, 2)
     M, Q, b = unflatten_state(y0, 2, 2)
-    return (M, Q, b), sl.OrderParameterODE.from_config(cfg).gradient_moments(M, Q, b)
+    return (M, Q, b), sl.OrderParameterODE.from_setup(sl.build(cfg)).gradient_moments(M, Q, b)
 
 
 # plain SGD is the control (slow: tests/test_simulation.py and tests/test_sgd_rule.py cover it)
@@ -211,7 +211,7 @@ def test_batch_update_covariance_is_the_single_sequence_covariance_at_rate_lr_ov
     cfg = variant("batch")
     y0, v = finite_windows(cfg, 6000)
     emp = np.cov(v.T)
-    ode = sl.OrderParameterODE.from_config(cfg)
+    ode = sl.OrderParameterODE.from_setup(sl.build(cfg))
     _, Sigma = update_moments(ode, *unflatten_state(y0, 2, 2))
     B = cfg.sgd.batch
     rel = lambda S: np.linalg.norm(S - emp) / np.linalg.norm(emp)

@@ -14,6 +14,8 @@ file); anything else is a path, which must be a regular file holding UTF-8 TOML.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
@@ -82,6 +84,17 @@ class Config:
                 values = _restore_prior({"problem": dict(values)})["problem"]
             parts[name] = dataclasses.replace(getattr(self, name), **values)
         return dataclasses.replace(self, **parts)
+
+
+def config_hash(config: Config | Mapping[str, Any]) -> str:
+    """First 16 hex digits of the SHA-256 of the canonical JSON (sorted keys, no spaces) of
+    ``config.to_dict()`` (or of the plain dict as stored in ``config.json``)."""
+    if isinstance(config, Mapping) and (set(config) != set(SECTIONS) or not all(isinstance(v, Mapping) for v in config.values())):
+        raise ValueError(f"config_hash: config must be a singleloc.Config or its to_dict() (the sections "
+                         f"{', '.join(SECTIONS)}, each a table), got a {type(config).__name__} with the keys "
+                         f"{sorted(map(str, config))}")
+    data = config.to_dict() if isinstance(config, Config) else config
+    return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
 def _section_keys(name: str, values: Any) -> Mapping[str, Any]:

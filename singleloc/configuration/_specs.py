@@ -60,10 +60,8 @@ def _count(section: str, key: str, value: Any, minimum: int, example: int) -> in
 
 
 def _real(section: str, key: str, value: Any, example: float, *, squared: bool = False, **sign: bool) -> float:
-    """A finite float (``sign``: ``positive`` or ``nonneg``) in the range of float64, the theory's
-    type (its square too where the computation squares it, ``squared``); ``example`` is suggested
-    when it is refused. The simulation's float32 is checked where it runs
-    (:func:`~singleloc.preflight._resources.check_float32`)."""
+    """A finite float (``sign``: ``positive`` or ``nonneg``) in the range of float64 (its square too, ``squared``);
+    ``example`` is suggested when it is refused. The simulation's float32 is checked where it runs."""
     name = f"{section}.{key}"
     value = number(name, value, example=example, **sign)
     representable(name, value, "float64", squared=squared, example=example)
@@ -362,13 +360,10 @@ class Theory:
     cyclic shifts of the heads: continuous in ``Q`` everywhere and exactly equivariant under those
     shifts, which the analyses at head-symmetric states need (fixed points, their Jacobians, escape
     predictions). ``"principal"`` (rank-aware; for trajectories whose heads become copies): fields
-    ``g_l = w_l S`` with the rank-aware factor ``S`` (2H, H) of ``Q`` (the principal directions that are
-    well defined on Sobol coordinates of their own, the leading one first, the rest on a symmetric root,
-    blended continuously), so that (near) copies put their variance on the leading coordinates: at
-    near-copy heads several to tens of times less risk and drift error at the same points
-    (``benchmarks/07_rank_aware_rule.py``); continuous in ``Q``, and exactly equivariant only where every
-    principal direction is determined (at a state that a head exchange maps onto itself, to the rule's
-    error).
+    ``g_l = w_l S`` with the rank-aware factor ``S`` (2H, H) of ``Q`` (:mod:`~singleloc.expectations._fields`), so
+    that (near) copies put their variance on the leading coordinates: several to tens of times less risk and drift
+    error at the same points (``benchmarks/07_rank_aware_rule.py``); exactly equivariant only where every principal
+    direction is determined.
     """
 
     points: int | str = 4096
@@ -411,10 +406,7 @@ class Theory:
         drift's only Sobol integral there and costs a fraction of the exact gradient, so it gets
         more points than the rule route's default: at the default problem (L = 4, H = 2, tau = 300)
         its stated relative error falls from 6.4e-3 at 4096 points to 1.0e-3 at 16384, and the
-        final risk moves by 1.2e-5 between them (by 9e-7 from 16384 to 65536). The error it carries
-        into a final risk is measured by ``theory.replicates``: over four scramblings at 16384
-        points the final risk at ``tau = 300`` spreads by a standard deviation of 4.5e-6 (the default
-        problem) and 4.1e-6 (``F = 1``). (One head has the term exactly: :mod:`~singleloc.expectations._laplace_gram`.)"""
+        final risk moves by 1.2e-5 between them (by 9e-7 from 16384 to 65536)."""
         if self.gram_points != "auto":
             return int(self.gram_points)
         return max(int(points), min(GRAM_POINTS_MAX, _fitting_points(GRAM_NODE_BUDGET, L, H)))

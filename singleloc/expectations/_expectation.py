@@ -38,9 +38,8 @@ from ._fields import LocalFields
 
 #: Independent scramblings of a route's rule that state its error at the ends of a solve (:func:`solve_report`):
 #: a standard deviation from ``K`` of them is within 0.70 to 1.29 of the true one (5% to 95%, chi with ``K - 1 = 15``
-#: degrees of freedom), where one pair's difference, the earlier statement, said 1.6e-4 for an error of 4.8e-3
-#: (three copies of a softmax1 key at ``L = 64``, issue 61; tests/test_scrambled_errors.py). Their cost is
-#: ``2 (K + 2)`` evaluations of the drift (or ``2 K`` of the Gram term alone) per start, where a solve makes hundreds.
+#: degrees of freedom; tests/test_scrambled_errors.py), at ``2 (K + 2)`` evaluations of the drift (or ``2 K`` of
+#: the Gram term alone) per start, where a solve makes hundreds.
 SCRAMBLINGS = 16
 
 
@@ -92,10 +91,8 @@ class AbstractExpectation(eqx.Module):
     @classmethod
     @abc.abstractmethod
     def from_setup(cls, setup, *, points: int, seeds=None, check: bool = False) -> AbstractExpectation:
-        """The route of the objects of a computation (:class:`~singleloc.preflight._build.Setup`,
-        :meth:`~singleloc.OrderParameterODE.from_setup`) on ``points`` Sobol points: ``seeds`` stacks the rules of
-        several independent scramblings along a leading axis (the replicates), ``check`` adds what the route's
-        error statement needs."""
+        """The route of ``setup`` (:func:`~singleloc.build`) on ``points`` Sobol points: ``seeds`` stacks the rules of
+        independent scramblings along a leading axis (the replicates), ``check`` adds what its error statement needs."""
 
     @classmethod
     @abc.abstractmethod
@@ -188,10 +185,8 @@ class AbstractExpectation(eqx.Module):
 
     @property
     def second_derivatives(self) -> bool:
-        """Whether ``jax.jacobian`` of the drift is its derivative (the linear stability of
-        :func:`~singleloc.analysis._drift_jacobian.drift_jacobian`). A route whose expectations carry a
-        derivative rule of their own that is exact to first order only says ``False``; the Jacobian is
-        then taken by finite differences."""
+        """Whether ``jax.jacobian`` of the drift is its derivative (:func:`~singleloc.analysis._drift_jacobian.drift_jacobian`);
+        ``False`` where the route's derivative rule is exact to first order only (then finite differences)."""
         return True
 
     def resolves(self, M: jax.Array, Q: jax.Array, b: jax.Array) -> jax.Array:
@@ -289,12 +284,9 @@ class Scrambled:
 
 
 def relative_drift_error(drifts: Real[ArrayLike, "*S R P"]) -> np.ndarray:
-    """Estimated relative error of ONE rule from the drifts (..., R, P) of ``R >= 2`` independent rules;
-    divide by ``sqrt(R)`` for their mean. For the drift ``d`` of a rule and the exact one ``d*``, the relative
-    error is ``max_i |d_i - d*_i| / max_i |d*_i|``; ``d_r - mean_{r' != r} d_r'`` has ``R / (R - 1)`` times the
-    per-entry variance of one rule's error, so ``sqrt((R - 1) / R) max_i |d_ri - mean_{r' != r} d_r'i|`` is
-    distributed like one rule's largest error: its mean over ``r`` over ``max_i |mean_r d_ri|``
-    (:mod:`~singleloc.theory._accuracy`)."""
+    """Estimated relative error ``max_i |d_i - d*_i| / max_i |d*_i|`` of ONE rule from the drifts (..., R, P) of
+    ``R >= 2`` independent rules (the estimate: :mod:`~singleloc.theory._accuracy`); divide by ``sqrt(R)`` for
+    their mean."""
     d = np.asarray(drifts)
     R = d.shape[-2]
     if R < 2:
@@ -306,16 +298,13 @@ def relative_drift_error(drifts: Real[ArrayLike, "*S R P"]) -> np.ndarray:
 
 
 def solve_report(setup, ys, risk, check, grams, risk_se, evaluation: AbstractExpectation, sgd, points: int) -> SolveReport:
-    """The :class:`SolveReport` of one point's solve of ``setup`` (:class:`~singleloc.preflight._build.Setup`),
-    with the route's scrambled statement at the first and last saved times of every start (its first replicate),
-    by :data:`SCRAMBLINGS` further scramblings (:meth:`~AbstractExpectation.scrambling`, seeds from
-    ``theory.evaluation_seed + replicates`` on: neither the rules that drove the trajectories nor those that
-    evaluated them), one rule at a time by one compiled program. A route whose averages are over nodes of the
-    fields (:attr:`~AbstractExpectation.field_nodes`: the rule, Monte Carlo): their risk, drift and Gram term (one
-    pass over each rule: :meth:`~AbstractExpectation.risk_and_moments`), the drift on the rule that drove the
-    trajectory (rebuilt) and the risk on the one that evaluated it (the solve's own, ``risk`` (S, R, T)). A Gram
-    term on a scrambled rule of its own (:attr:`AbstractGramTerm.scrambled`): the term, whose relative standard
-    errors become ``grams``."""
+    """The :class:`SolveReport` of one point's solve of ``setup``, with the route's scrambled statement at the first
+    and last saved times of every start (its first replicate) by :data:`SCRAMBLINGS` further scramblings (seeds from
+    ``theory.evaluation_seed + replicates`` on: none of the solve's rules), one rule at a time by one program: for a
+    route over nodes of the fields (:attr:`~AbstractExpectation.field_nodes`) their risk, drift and Gram term, with
+    the drift on the rule that drove the trajectory and the risk on the one that evaluated it (``risk`` (S, R, T));
+    for a Gram term on a scrambled rule of its own (:attr:`AbstractGramTerm.scrambled`) the term, whose relative
+    standard errors become ``grams``."""
     gram_term = getattr(evaluation, "gram_term", None)
     drift = evaluation.field_nodes
     scrambled = None

@@ -52,16 +52,9 @@ the cyclic shifts of the heads -- every permutation for ``H <= 2`` -- and so is 
 start mapped onto itself by a shift of the heads together with a symmetry of the problem
 (e.g. swapping two spikes of the ``spikes`` prior) keeps that symmetry, and quadrature error
 alone cannot split equivalent heads. Without the closure the rule breaks the symmetry at the
-level of its error, and in long runs such heads drifted apart along the slow directions
+level of its error, and in long runs such heads drift apart along the slow directions
 (docs/model.md section 4.4). Identical heads stay identical with either rule: their fields
 coincide at every node.
-
-Replicates. :func:`replicate_rules` stacks independently scrambled rules (seeds ``seed + r``)
-along a leading axis, to be ``jax.vmap``-ed over: their spread estimates the rule's error.
-
-Blocks. :meth:`LocalFields.split` cuts the base nodes into equal blocks, one per device
-(:mod:`~singleloc.expectations._sharding`), padded with copies of the last base point of weight zero: the
-expectation is unchanged, and the ``batch_size`` memory cap holds per block.
 """
 
 from __future__ import annotations
@@ -104,9 +97,8 @@ def gaussian_nodes(L: int, H: int, extra: int, points: int, seed: int, symmetric
     """Base nodes (n, L*H + extra) of the rule: scrambled Sobol normals, whitened (``whiten``) so that their
     orbit (with the head shifts when ``symmetric``, and the mirrors ``-z``) has exactly the
     first and second moments of ``N(0, I)``. ``n = points`` without the closure and
-    ``points // H`` with it. Without ``whiten`` every node is exactly ``N(0, I)`` in law (a scrambled
-    Sobol point through the inverse CDF) and the rule's average is unbiased; the whitening, a function of
-    all the nodes, biases it by about ``0.2 d / n`` relative at trained long-context states (module docstring).
+    ``points // H`` with it. Without ``whiten`` every node is exactly ``N(0, I)`` in law and the average is
+    unbiased (the whitening's bias: module docstring).
 
     Long sequences (the exact route needs this rule only for its ``lr^2`` term, at any ``L``):
     coordinates beyond SciPy's Sobol limit (21201) are pseudo-random normals from ``seed``; with fewer
@@ -155,21 +147,13 @@ class LocalFields(eqx.Module):
 
     @classmethod
     @checked
-    def make(
-        cls, L: int, H: int, prior: Prior, points: int = 4096, seed: int = 0, batch_size: int | None = None, *,
-        symmetric: bool = False, principal: bool = False, whiten: bool = True,
-    ) -> LocalFields:
+    def make(cls, L: int, H: int, prior: Prior, points: int = 4096, seed: int = 0, batch_size: int | None = None, *,
+             symmetric: bool = False, principal: bool = False, whiten: bool = True) -> LocalFields:
         """A rule of ``2 * points`` nodes from ``points`` Sobol points (a power of two) and their
         mirrors; ``symmetric``: closed under the cyclic shifts of the heads (module docstring).
         ``batch_size``: nodes evaluated at once (default :func:`~singleloc.expectations._sobol_geometry.node_batch`,
-        fewer at large ``L * H``).
-
-        ``principal`` (rank-aware, not with ``symmetric``): the fields are ``g_l = w_l S`` with the rank-aware
-        factor ``S`` (2H, H) of ``Q`` on ``2 L H`` Sobol coordinates assigned row-major (module docstring).
-
-        ``whiten = False``: the nodes are not whitened (:func:`gaussian_nodes`), so that one scrambling's
-        average is unbiased and the spread of independent scramblings states its whole error (the exact
-        route's Gram rule)."""
+        fewer at large ``L * H``); ``principal``: rank-aware, not with ``symmetric`` (module docstring);
+        ``whiten = False``: not whitened, so that one scrambling's average is unbiased (:func:`gaussian_nodes`)."""
         if points < 1 or points & (points - 1):
             raise ValueError(f"theory.points must be a power of two, got {points}")
         if principal and symmetric:
@@ -180,16 +164,11 @@ class LocalFields(eqx.Module):
         d = L * width
         w = z[:, :d].reshape(-1, width, L).transpose(0, 2, 1) if principal else z[:, :d].reshape(-1, L, H)
         dtype = jnp.result_type(float)
-        return cls(
-            w=jnp.asarray(w, dtype),
-            u=jnp.asarray(z[:, d:], dtype),
-            atoms=jnp.asarray(prior.atoms_array(), dtype),
-            probs=jnp.asarray(prior.probs_array(), dtype),
-            cov_sqrt=jnp.asarray(prior.cov_sqrt() if G else np.zeros((prior.F, 0)), dtype),
-            orbit=H if symmetric and H > 1 else 1,
-            batch_size=node_batch(L, H) if batch_size is None else int(batch_size),
-            principal=principal,
-        )
+        return cls(w=jnp.asarray(w, dtype), u=jnp.asarray(z[:, d:], dtype), atoms=jnp.asarray(prior.atoms_array(), dtype),
+                   probs=jnp.asarray(prior.probs_array(), dtype),
+                   cov_sqrt=jnp.asarray(prior.cov_sqrt() if G else np.zeros((prior.F, 0)), dtype),
+                   orbit=H if symmetric and H > 1 else 1, principal=principal,
+                   batch_size=node_batch(L, H) if batch_size is None else int(batch_size))
 
     @property
     def n_nodes(self) -> int:

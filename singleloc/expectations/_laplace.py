@@ -72,15 +72,9 @@ The rules, and why they are exact to the precision stated.
 Nothing here depends on ``L`` but the exponents: the cost of a risk is
 ``O(H^2 n_t^2 n_outer)`` for a per-head layer, ``O(H n_t N)`` for a joint one with ``N`` nodes.
 
-Error statement. The risk is compared with that of a finer rule
-(:meth:`LaplaceRule.refined`, 1.5 x the nodes of every kind, :func:`~singleloc.expectations._cubature.refined_sizes`,
-and a joint layer's first degree-5 direction on a normal rule of its own): the difference bounds the
-error of the coarse rule for a geometrically convergent rule.
-
-The code. :class:`LaplaceRule` (here) holds the rules and the expectations every layer shares; its ``layer``
-(:mod:`~singleloc.expectations._laplace_heads`, :mod:`~singleloc.expectations._laplace_joint`) composes them; the Gram
-term is :mod:`~singleloc.expectations._laplace_gram`, the profiles :mod:`~singleloc.expectations._laplace_profiles`,
-the normal rules :mod:`~singleloc.expectations._cubature`.
+The risk's error is stated against a finer rule (:meth:`LaplaceRule.refined`, :mod:`~singleloc.expectations._cubature`).
+The layers are :mod:`~singleloc.expectations._laplace_heads` and :mod:`~singleloc.expectations._laplace_joint`, the Gram
+term :mod:`~singleloc.expectations._laplace_gram`, the profiles :mod:`~singleloc.expectations._laplace_profiles`.
 """
 
 from __future__ import annotations
@@ -135,15 +129,11 @@ RESOLVED_SIGMA = 5.0
 class LaplaceRule(eqx.Module):
     """Deterministic rule for the exact risk of a normalised-exponential layer (module docstring).
 
-    Build it with :func:`exact_rule` (or :meth:`make`, every node count given); :meth:`risk` is
-    ``R(M, Q, b)``. It holds the normal rules, the profile grid and the prior, and the expectations
-    every layer shares (:meth:`token_laws`, :meth:`head_ranges`, :meth:`single`, :meth:`pair`,
-    :meth:`atoms_mean`); its ``layer`` (:class:`~singleloc.expectations._laplace_heads.PerHeadLayer` or
-    :class:`~singleloc.expectations._laplace_joint.JointLayer`) composes them into the risk and the attention
-    masses. Its node counts are static (``n_t`` nodes of ``y`` per head, normal rules of the token
-    fields), its ranges follow the state. The sequence length ``L`` and the form's scale ``alpha``
-    are arrays, not static: they enter as exponents and factors only, so rules that differ in them
-    alone share one compiled program.
+    Build it with :func:`exact_rule` (or :meth:`make`, every node count given). It holds the normal rules, the
+    profile grid, the prior and the expectations every layer shares; its ``layer``
+    (:class:`~singleloc.expectations._laplace_heads.PerHeadLayer` or :class:`~singleloc.expectations._laplace_joint.JointLayer`)
+    composes them into the risk and the attention masses. Its node counts are static, its ranges follow the state;
+    ``L`` and ``alpha`` are arrays (exponents and factors only), so rules that differ in them share one program.
     """
 
     z_outer: jax.Array
@@ -303,15 +293,11 @@ class LaplaceRule(eqx.Module):
         """``E[f(y + x)]`` (len(which), n_t) of the profiles ``which`` (default the four of the
         risk) for ``x ~ N(m, v)``.
 
-        A narrow field (``sqrt(v) <= WIDE_SIGMA``) on the outer normal rule's nodes. A wide one on
-        the profile grid ``u_p`` instead, where the profiles, not the Gaussian, carry the fine
-        structure: ``E[f(y + x)] = int f(u) phi_s(u - y - m) du`` for ``f = rho_k`` and, as
-        ``omega' = rho_1``, ``E[omega(y + x)] = int rho_1(u) Phi((y + m - u) / s) du`` (a sum of
-        non-negative terms), ``rho_0 = 1 - omega``. Normal-rule nodes are spread over the
-        Gaussian, ``s`` times further apart than the profiles' own scale, so their error grows with
-        ``s`` (64 Gauss-Hermite nodes: 4e-9 at ``s = 1``, 3e-6 at ``s = 1.5``; the two rules cross near
-        ``s = 0.6``); the grid's does not (a trapezoidal rule of an integrand analytic in
-        ``|Im u| < pi/2``)."""
+        A narrow field (``sqrt(v) <= WIDE_SIGMA``) on the outer normal rule's nodes
+        (:func:`~singleloc.expectations._laplace_profiles.normal_smoothing`), a wide one on the profile grid
+        (:func:`~singleloc.expectations._laplace_profiles.grid_smoothing`): normal-rule nodes are ``s`` times further
+        apart than the profiles' own scale, so their error grows with ``s`` (64 Gauss-Hermite nodes: 4e-9 at
+        ``s = 1``, 3e-6 at ``s = 1.5``; the two rules cross near ``s = 0.6``); the grid's does not."""
         narrow = normal_smoothing(y + m, jnp.sqrt(jnp.maximum(v, VAR_FLOOR)), self.z_outer, self.w_outer, which)[0]
         wide = grid_smoothing(y + m, jnp.sqrt(jnp.maximum(v, WIDE_SIGMA**2)), self.u_grid, which)[0]  # finite where not taken
         return jnp.where(v > WIDE_SIGMA**2, wide, narrow)
@@ -345,10 +331,8 @@ def exact_rule(activation: Activation | str, L: int, H: int, prior: Prior, *, no
                **kwargs) -> LaplaceRule | None:
     """The :class:`LaplaceRule` of an activation that declares its normalised-exponential form
     (:func:`~singleloc.exponential_form`), or ``None``. ``nodes`` (``theory.nodes``): the normal rules
-    of ``nodes`` nodes (the pairs' outer rule ``nodes`` per unit of the form's scale ``alpha``, i.e.
-    ``nodes * ceil(alpha)``: a token field's width is ``alpha sqrt(Q_hh)``, so scalable softmax, ``alpha
-    = log L``, keeps the resolution per unit of key length that softmax has) and ``2 nodes`` nodes of
-    the Laplace variable; the other keywords as :meth:`LaplaceRule.make`."""
+    of ``nodes`` nodes (the pairs' outer rule ``nodes * ceil(alpha)``: a token field's width is ``alpha sqrt(Q_hh)``)
+    and ``2 nodes`` nodes of the Laplace variable; the other keywords as :meth:`LaplaceRule.make`."""
     form = exponential_form(activation, L)
     if form is None:
         return None

@@ -13,18 +13,11 @@ field averages the SGD rule takes are
 at identical heads (Price's theorem inside the rule). The Gram term of one head is exact too (a
 polynomial of degree six in the token weights, whose moments the Laplace form gives:
 :mod:`~singleloc.expectations._laplace_gram`), and of two heads with ``theory.gram = "exact"``
-(:class:`LaplaceGram`). Otherwise, a product of two gradients with up to four distinct heads per
-term (four Laplace variables: no cheap exact form), it stays on a Sobol rule
-(:class:`~singleloc.SobolGram`), the rank-aware one (the well-defined principal axes of ``Q`` on
-coordinates of their own, the rest on a symmetric root:
-:func:`~singleloc.runtime._numerics.rank_aware_factor_and_pinv`): at trained states with (near) copies of
-six heads it has an eighth to a fiftieth of the error of the head-symmetric rule at the same
-points (``benchmarks/06_exact_route.py``), with ``theory.gram_points`` points
-(:meth:`~singleloc.Theory.gram_rule_points`), not whitened (a whitened rule's bias, of order ``d / n``,
-reached 7% at trained long-context states, beyond its scramblings' spread:
-:mod:`~singleloc.expectations._fields`). ``theory.gram = "montecarlo"`` takes plain Monte Carlo instead
-(:class:`~singleloc.expectations._monte_carlo_gram.MonteCarloGram`: unbiased, with its standard error from
-its own draws, memory independent of the number of draws).
+(:class:`LaplaceGram`). Otherwise (up to four distinct heads per term: no cheap exact form) it stays on the
+rank-aware Sobol rule (:class:`~singleloc.SobolGram`, :meth:`~singleloc.Theory.gram_rule_points` points,
+unwhitened: :mod:`~singleloc.expectations._fields`; at trained states with near copies of six heads an eighth to a
+fiftieth of the head-symmetric rule's error, ``benchmarks/06_exact_route.py``), or with ``theory.gram =
+"montecarlo"`` on plain Monte Carlo (:class:`~singleloc.expectations._monte_carlo_gram.MonteCarloGram`).
 
 The route states its error (:meth:`LaplaceExpectation.statement`): the risk and the ``O(lr)``
 drift against a finer exact rule (``check``: :meth:`~singleloc.expectations._laplace.LaplaceRule.refined`, 1.5 x
@@ -120,13 +113,11 @@ class LaplaceExpectation(AbstractExpectation):
         gram_term: the ``lr^2`` term (:class:`LaplaceGram`, :class:`~singleloc.SobolGram` or
             :class:`~singleloc.expectations._monte_carlo_gram.MonteCarloGram`).
         activation: the activation; static.
-
-    Nothing here has the shape of the ``L H`` fields unless the Gram term is on a Sobol rule, so that
-    solves that differ in ``L`` alone share their compiled program (the exact rule takes ``L`` as a
-    value). The SDE's second moments, which only a rule computes, take a Sobol rule of their own
-    (:func:`~singleloc.integrate_sde`).
         check: a finer exact rule (:meth:`~singleloc.expectations._laplace.LaplaceRule.refined`) whose risk and
             drift state the error of ``rule``'s, or ``None``.
+
+    Nothing here has the shape of the ``L H`` fields unless the Gram term is on a Sobol rule, so that
+    solves that differ in ``L`` alone share their compiled program (the exact rule takes ``L`` as a value).
     """
 
     rule: LaplaceRule
@@ -140,12 +131,9 @@ class LaplaceExpectation(AbstractExpectation):
 
     @classmethod
     def from_setup(cls, setup, *, points: int, seeds=None, check: bool = False) -> LaplaceExpectation:
-        """The exact route of ``setup`` (:class:`~singleloc.preflight._build.Setup`, whose route is
-        :func:`~singleloc.choose_route`'s): the exact rule of ``theory.nodes`` (the same for every replicate
-        of ``seeds``: it has no scrambling), with ``check`` its refined copy, and the Gram term ``route.gram``
-        (the Sobol one on :meth:`~singleloc.Theory.gram_rule_points` rank-aware points, which follow
-        ``points``, one scrambling per seed of ``seeds``; the Monte Carlo one on as many antithetic pairs,
-        one key per seed)."""
+        """The exact route of ``setup``: the exact rule of ``theory.nodes`` (the same for every replicate of
+        ``seeds``: it has no scrambling), with ``check`` its refined copy, and the Gram term ``route.gram`` (Sobol
+        or Monte Carlo on :meth:`~singleloc.Theory.gram_rule_points` of ``points``, one scrambling per seed)."""
         problem, theory, H, choice = setup.problem, setup.theory, setup.heads, setup.route
 
         def per_replicate(rule):
@@ -260,13 +248,10 @@ class LaplaceExpectation(AbstractExpectation):
         return jnp.max(jnp.abs(d - fine)) / jnp.max(jnp.abs(fine))
 
     def gram_error(self, evaluation, M, Q, b, v=None):
-        """``max |G - G'| / (sqrt(2) max |G|)`` for the Gram matrices ``G, G'`` of two independent
-        scramblings (each has the same error law, and is unbiased: the rule is not whitened); for the exact
-        Gram term, ``max |G - G'| / max |G|`` against the finer exact rule; for the Monte Carlo term,
-        ``max se / max |G|`` with ``se`` its standard error from its own draws. At a stationary state the
-        Gram term balances the ``O(lr)`` part of ``dQ``, so this is the relative error of that part of the
-        drift there. NaN for a non-finite state. (No gradient here: a second site of the exact gradient in
-        the solve's program would add a quarter to its compile time.)"""
+        """The Gram term's stated absolute error (:meth:`AbstractGramTerm.error`: against the finer exact rule, or the
+        Monte Carlo term's standard error; NaN on a Sobol rule, whose scramblings state it after the solve) over
+        ``max |G|``: at a stationary state the term balances the ``O(lr)`` part of ``dQ``, so this is the relative
+        error of that part of the drift there. NaN for a non-finite state."""
         G, err = self.gram_term.error(evaluation, M, Q, b, v)  # each term states its own (AbstractGramTerm.error)
         size = jnp.max(jnp.abs(G))
         return jnp.where(jnp.isfinite(Q).all() & (size > 0), err / size, jnp.nan)

@@ -34,13 +34,8 @@ rule and the token expectations are the risk's (the lower end of the range moved
 moments), so the term is exact to the same precision, whatever ``L``. Its error is stated against
 the refined rule (:meth:`~singleloc.expectations._laplace.LaplaceRule.refined`), as the risk's. Cost: about a
 millisecond for one head (20 moments), tens of milliseconds for two (177 moments over 46 pair
-products of profiles), whatever ``L``: at ``L = 4`` a two-head solve takes about twice as long as
-with the Sobol rule, whose cost grows with ``L H``, and from ``L H = 64`` on less, where
-``theory.gram = "auto"`` takes the exact term (:data:`~singleloc.theory._theory.GRAM_EXACT_FROM`).
-
-Three heads or more. Then the entries hold moments of up to four distinct heads: four Laplace
-variables, with no cheap exact form. They stay on the rank-aware Sobol rule
-(:class:`~singleloc.OrderParameterODE`).
+products of profiles), whatever ``L`` (:data:`~singleloc.expectations._routes.GRAM_EXACT_FROM`). Three heads or
+more hold moments of up to four distinct heads, with no cheap exact form.
 """
 
 from __future__ import annotations
@@ -55,13 +50,10 @@ import numpy as np
 from ._laplace_profiles import OMEGA, RHO0, _power, rho
 
 #: Two heads: the pair moments' outer rule (:data:`~singleloc.expectations._laplace_heads.GRAM_OUTER` times ``theory.nodes = 64``)
-#: resolves the Gram term's moments (profiles up to the sixth power, narrower than the risk's) to 1e-4 for
-#: token fields of standard deviation up to about this, and to 3e-3 up to twice it (measured, spikes, two
-#: aligned heads of key length ``s`` and ``R_orth = s^2/128``, relative error against 96 and 160 nodes:
-#: at ``L = 4`` 1e-10 up to ``s = 6``, 2.2e-3 at 7, 2.1e-4 at 8, 5.8e-4 at 10, 2.5e-3 at 12; at ``L = 64`` 4e-8
-#: at 6, 9e-5 at 8, 2.4e-3 at 12; within 1 to 2.5 standard errors of 4 x 2^16 rank-aware Sobol points up to 8;
-#: on the risk's outer rule, 64 nodes, it was 9% off at 6). Its stated error (against the finer rule) equals
-#: its actual error there; a stated error above :data:`~singleloc.theory._ode.GRAM_ERROR_WARN` warns.
+#: resolves the Gram term's moments to 1e-4 for token fields of standard deviation up to about this, and to 3e-3
+#: up to twice it (two aligned heads of growing key length, against 96 and 160 nodes and Sobol rules: the table of
+#: docs/model.md section 4.6). Its stated error equals its actual error there; above
+#: :data:`~singleloc.expectations._laplace_expectation.GRAM_ERROR_WARN` it warns.
 WIDE_GRAM_SIGMA = 6.0
 
 #: The highest power of one token's weight in the Gram term (the degree of :func:`gram_polynomials`).

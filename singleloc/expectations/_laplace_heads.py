@@ -5,12 +5,10 @@ softmax) and the head mixture ``a_l = sum_h v_h A_hl`` (the head average: ``v = 
 
     R = 1 - 2 sum_h v_h E[A_h0] + sum_{h, g} v_h v_g E[sum_l A_hl A_gl]
 
-needs, in the Laplace form of :mod:`~singleloc.expectations._laplace`, one head's integrals over one variable ``y``
-(:meth:`~singleloc.expectations._laplace.LaplaceRule.single`) for ``E[A_h0]`` and ``E[sum_l A_hl^2]``, and for
-every pair of heads the same with two variables ``(y, y')`` and the pair's two-dimensional token
-expectations (:meth:`~singleloc.expectations._laplace.LaplaceRule.pair`): heads never enter more than two at a
-time, so the risk costs ``O(H^2 n_t^2 n_outer)``, whatever ``L``. The attention mass
-``E[sum_l A_hl] = E[A_h0] + (L - 1) E[A_h1]`` comes from the same one-head integrals.
+needs, in the Laplace form of :mod:`~singleloc.expectations._laplace`, one head's integrals over ``y``
+(:meth:`~singleloc.expectations._laplace.LaplaceRule.single`) for ``E[A_h0]`` and ``E[sum_l A_hl^2]`` and each pair's
+over ``(y, y')`` (:meth:`~singleloc.expectations._laplace.LaplaceRule.pair`); the attention mass
+``E[sum_l A_hl] = E[A_h0] + (L - 1) E[A_h1]`` comes from the one-head integrals.
 
 Cost model. The risk is ``H (H - 1) / 2`` pairs (one at a time, ``lax.map``; checkpointed, so that the
 gradient recomputes a pair in its backward pass instead of storing its nodes), each: one table of the
@@ -24,16 +22,8 @@ its atoms). Per pair, a value costs ``2 n_t n_outer n_t`` multiply-adds per prod
 discrete prior: :data:`PAIR_BATCHES` takes each combo on the tokens that use it) plus ``TABLE_POINTS n_inner``
 profile evaluations per order and ``(1 + K) n_t n_outer`` interpolations. Its gradient (``jax.grad``, as the drift
 takes it) is one value, its linearisation (the table's three derivative orders) and transpose, in the checkpoint's
-backward pass: the forward pass's value is unused and JAX drops it (the lowered gradient holds one loop over the
-pairs, ``value_and_grad`` two), so there is no recomputation to save (a one-pass custom VJP per pair was no faster:
-docs/benchmarks/06). Where the time goes (issue 59; softmax, ``L = 8``, ``H = 8``, near copies, two spikes,
-single-threaded CPU ms, medians of 9 at a load of 13, ranges min-median): the gradient 404 of a 533 ms drift (the Gram term 125),
-that is 28 pairs of 9.7-17 ms (a value 2.8-3.1 ms: the table 0.7-1.0, 1.2-1.5 with its derivative orders; the
-interpolation at 3 x 8192 arguments 0.6-0.8, 1.9-2.2 with three orders; the first field's profiles 0.3-0.4; six
-products 0.1-0.7) and the one-head terms (44-49). What is left is the products and their transposes and the
-table's and interpolation's derivative orders (dropping the checkpoint stacks the residuals: 640 against 410 ms
-per gradient at H = 8; ``lax.map`` in chunks of four pairs: 840 ms). An outer rule on the ``y'`` lattice
-would save only the interpolation, at the price of more outer nodes.
+backward pass: the forward pass's value is unused and JAX drops it, so there is no recomputation to save (where the
+time goes, and what did not pay: docs/benchmarks/06).
 
 The ``lr^2`` Gram term of one or two heads (:mod:`~singleloc.expectations._laplace_gram`) takes its pair moments on
 :data:`GRAM_OUTER` times the pair rule's outer nodes, which this layer holds (``H = 2`` only).
@@ -52,10 +42,8 @@ from ._cubature import normal_rule
 from ._laplace_profiles import OMEGA, RHO0, RHO1, RHO2, _power
 
 #: The ``lr^2`` Gram term's pair moments (:mod:`~singleloc.expectations._laplace_gram`) take this many times the outer
-#: nodes: their profiles (up to the sixth power) are narrower than the risk's, and a wide first field
-#: aliases them on the risk's outer rule (64 nodes: 9% off at a token standard deviation of 6, 1e-10 on
-#: three times the nodes; :data:`~singleloc.expectations._laplace_gram.WIDE_GRAM_SIGMA`). The term then takes about 1.5x
-#: the time (62-78 against 46-54 ms at a trained state, L = 8 to 256).
+#: nodes: their profiles (up to the sixth power) are narrower than the risk's, and a wide first field aliases them
+#: on the risk's outer rule (9% off at a token standard deviation of 6; docs/model.md section 4.6).
 GRAM_OUTER = 3
 #: The profile pairs of a pair of heads: the noise token's ``E[rho_0 omega']`` and ``E[rho_1 rho_1']`` (the first two),
 #: the relevant token's ``E[rho_1 rho_1']`` and ``E[rho_0 rho_0']`` (the last two): one list, so that one table of the

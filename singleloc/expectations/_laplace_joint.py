@@ -26,12 +26,9 @@ and fewer active directions; the derivative in ``(mu, C)`` is by Price's theorem
 through the eigendecomposition.
 
 Cost. ``O((1 + K) n_t N H)`` for ``K`` atoms, ``n_t`` Laplace nodes and ``N = |T_0| + |T_1| (4n + 1) + |T_2| 2n^2``
-token nodes (``T_i`` the leading tensors; ``H - 1 - n`` leading directions), about half of it interpolating the
-tabulated profiles (one row of the table's windows per argument), the rest the product form's algebra: linear in ``H``
-where the leading tensor dominates, quadratic in ``n`` beyond
-(:func:`joint_rule_size`: 9580 nodes at ``H = 4`` and 60032 at ``H = 8`` under two spikes, where the tensor of the
-leading rule with every small direction had 15360 and 506880). The route's budgets for it are in
-:mod:`~singleloc.expectations._routes`.
+token nodes (``T_i`` the leading tensors; ``H - 1 - n`` leading directions): linear in ``H`` where the leading
+tensor dominates, quadratic in ``n`` beyond (:func:`joint_rule_size`: 9580 nodes at ``H = 4`` and 60032 at ``H = 8``
+under two spikes; docs/benchmarks/11).
 """
 
 from __future__ import annotations
@@ -54,18 +51,14 @@ from ._laplace_profiles import OMEGA, RHO0, RHO1, RHO2, WIDE_SIGMA, _power, inte
 #: first; on ``min(max(F, 2), 3, H - 1)`` of them (:func:`joint_layout`: trained keys are wide along the
 #: ``F`` directions of ``M``). The others, the anisotropy of ``R_orth`` (small: its isotropic part is the
 #: smoothed ``delta``), on the combination rule of :func:`~singleloc.expectations._cubature.joint_nodes`.
-#: Measured (docs/model.md 4.6, against 1.5 x the nodes): at a trained H = 3, F = 2 state (key variances
-#: 5.8 and 7.0, 0.15 on the third direction) (64, 48) leaves a risk error of 5e-16 and a relative
-#: gradient error of 2e-13 ((48, 32), at half the cost: 4.5e-10 and 4.3e-8, and 6e-6 of the O(lr)
-#: drift).
+#: At a trained H = 3, F = 2 state (key variances 5.8 and 7.0, 0.15 on the third direction) (64, 48) leaves a
+#: risk error of 5e-16 and a relative gradient error of 2e-13 against 1.5 x the nodes (docs/model.md 4.6).
 JOINT_LEADING = (64, 48, 16)
 #: The leading rules of the combination rule (:func:`~singleloc.expectations._cubature.joint_nodes`): the full
 #: effect on :data:`JOINT_LEADING`, each small direction's own effect on its sizes divided by the second
-#: entry, the cross terms of two small directions by the third (every size rounded up). Measured, the O(lr)
-#: drift at L = 4 of four heads near two spikes (key variances 10.3 and 11.9, a third direction of 0.07), relative
-#: to its largest entry against 96 x 72 x 8 normal nodes: (1, 2, 4) 7.3e-5 (5120 nodes), (1, 1.5, 3) 6.1e-6
-#: (7276), (1, 1.25, 2) 1.6e-7 (9580), (1, 1, 2) 7.0e-8 (13264; the tensor of the leading rule with the direction's
-#: 5 nodes, 15360: 7e-8): the drift there is 1/200 of the gradient, whose own error is that much smaller.
+#: entry, the cross terms of two small directions by the third (every size rounded up): the O(lr) drift of four
+#: trained-like heads near two spikes within 1.6e-7 of 96 x 72 x 8 normal nodes on 9580 nodes (the other choices
+#: measured: docs/benchmarks/11).
 JOINT_COARSENING = (1, 1.25, 2)
 #: Gauss-Hermite nodes of each small direction's own rule (the degree-5 rule's three raised to this; on a
 #: direction of variance 0.07 beyond the smallest, 3 nodes left 4.8e-5 of the O(lr) drift, 4, 5 and 6
@@ -75,8 +68,8 @@ JOINT_SMALL = 5
 #: (:func:`_conditional_terms`): every term of the token's expectations is a product of bounded
 #: factors, so the floor changes none by more than about this size.
 RHO0_FLOOR = 1e-30
-#: The token nodes a joint layer's expectations take at a time (:func:`_over_nodes`): all at once, the drift at
-#: ``H = 8`` (23436 nodes) took 28 times the one at ``H = 4`` (5120) for 9 times the work (in chunks: 16 times).
+#: The token nodes a joint layer's expectations take at a time (:func:`_over_nodes`), so that a chunk stays in the
+#: processor's cache (all at once, ``H = 8`` cost 28 times ``H = 4`` for 9 times the work; in chunks 16).
 NODE_CHUNK = 1024
 #: The heads' profiles a joint layer's token needs (:func:`_token_from_heads`).
 JOINT_PROFILES = (RHO0, RHO1, RHO2, OMEGA)
@@ -117,10 +110,8 @@ def joint_rule_size(H: int, prior: Prior, *, refined: bool = False) -> int:
     """The work of a joint layer's exact rule per Laplace node: its token nodes (:func:`joint_layout`,
     :func:`~singleloc.expectations._cubature.joint_nodes`) times the heads times the prior's atoms (every atom's
     token expectation runs over every node and head); ``refined``: of the refined rule
-    (:func:`refined_layout`). Time and memory grow with it: 29 to 37 CPU microseconds of one drift per unit
-    on the shared 2-core machine (:data:`~singleloc.expectations._routes.JOINT_EXACT_MAX`), and about 0.5 kB of memory
-    per unit of the refined rule
-    (:meth:`~singleloc.LaplaceExpectation.rule_bytes`)."""
+    (:func:`refined_layout`). Time and memory grow with it (:data:`~singleloc.expectations._routes.JOINT_EXACT_MAX`,
+    :data:`~singleloc.expectations._routes.JOINT_UNIT_BYTES`)."""
     layout = joint_layout(H, prior.F)
     return len(_nodes(refined_layout(layout) if refined else layout)[1]) * H * len(prior.atoms)
 
@@ -248,20 +239,13 @@ def _token_from_heads(values):
 @jax.custom_jvp
 def _joint_token(y, mean, C, z, w, table_rule):
     """``E[f(y + lse(x))]`` (4, n_t) of the four profiles for the ``H`` fields ``x ~ N(mean, C)`` of
-    one token, in conditional product form.
-
-    Write ``C = delta I + S^T S`` (:func:`_conditional_law`): given the standard normals ``z`` on the
-    ``H - 1`` principal directions of ``C - delta I`` (the nodes ``z`` (N, H - 1), weights ``w``), the
-    fields ``x_h = mu_h + sqrt(delta) Z_h`` with ``mu = mean + z S`` are independent, so
-    ``exp(-t u) = prod_h rho_0(y + x_h)`` (``u = sum_h exp(x_h)``) makes each profile of ``lse(x)`` a
-    polynomial in one head's profiles smoothed by ``N(0, delta)`` (:func:`_token_from_heads`), which
-    are tabulated once and interpolated (:func:`~singleloc.expectations._laplace_profiles.smoothing_table`). The
-    smallest principal variance is integrated exactly, and heads that are copies leave ``delta = 0``
-    and fewer active directions. ``table_rule``: ``(z_inner, w_inner, u_grid)`` of the tables.
-
-    Derivatives by Price's theorem, ``dE[F] = E[grad F] dmean + E[tr(hess F dC)] / 2``, with the
-    gradient and Hessian of the conditional expectation in ``mu`` from the tabulated derivatives of
-    the smoothed profiles (:func:`_joint_token_jvp`): never through ``S``."""
+    one token, in conditional product form (module docstring): ``C = delta I + S^T S``
+    (:func:`_conditional_law`), the nodes ``z`` (N, H - 1) and weights ``w`` on the principal directions of
+    ``C - delta I``, the fields' conditional means ``mu = mean + z S``; ``table_rule``: ``(z_inner, w_inner,
+    u_grid)`` of the tables of the profiles smoothed by ``N(0, delta)``. Derivatives by Price's theorem,
+    ``dE[F] = E[grad F] dmean + E[tr(hess F dC)] / 2``, with the gradient and Hessian of the conditional
+    expectation in ``mu`` from the tabulated derivatives of the smoothed profiles (:func:`_joint_token_jvp`):
+    never through ``S``."""
     tables, mu = _conditional_fields(mean, C, z, table_rule)
     return _over_nodes(lambda yy, m, ww: _token_from_heads(interpolated(*tables, yy + m, JOINT_PROFILES, (0,))[0]) @ ww,
                        y, mu, w).T

@@ -83,8 +83,7 @@ def normal_smoothing(c, s, z, w, which, orders=(0,)):
     in ``which`` and the derivatives listed in ``orders``, ``Z`` on the standard normal nodes ``z``
     with weights ``w``: exact for a narrow Gaussian (``s`` up to a few times the profiles' own scale,
     :func:`~singleloc.expectations._cubature.normal_rule`). Several profiles or orders share the two
-    exponentials at the nodes (computed once, held apart from the sums: fused into each sum, XLA
-    computed them once per sum, three times the cost of a table of three profiles and orders)."""
+    exponentials at the nodes (held apart from the sums, which XLA would each recompute them in)."""
     x = c[..., None] + s * z
     shared = jax.lax.optimization_barrier(_exponentials(x)) if len(which) * len(orders) > 1 else None
     return jnp.stack([jnp.stack([jnp.sum(w * _profile(x, p, order, shared), axis=-1) for p in which]) for order in orders])
@@ -194,15 +193,9 @@ def _tabulated(c, s2, z, w, u, which, wide, orders):
 def smoothed_profiles(c, s2, z, w, u, which, wide):
     """``E[f(c + sqrt(s2) Z)]`` (``len(which)``, ``*c.shape``) for the profiles ``f`` in ``which``
     (static): the profiles smoothed by a Gaussian of variance ``s2 >= 0`` (a scalar), at many
-    arguments ``c``.
-
-    How. The smoothed profile is one function of ``c``: it is tabulated at
-    :data:`TABLE_POINTS` equispaced values (on the normal rule ``z, w`` for ``sqrt(s2) <= wide``,
-    on the profile grid ``u`` above, :func:`grid_smoothing`: exact at any width) and interpolated
-    by :data:`INTERPOLATION_POINTS`-point Lagrange polynomials (error below 1e-10 at the
-    lattice's step, 0.04 for ``s2 = 0``, where the profiles themselves are interpolated; less for
-    wide Gaussians, whose smoothing makes the function smoother on the scale of the step). The cost
-    is that of the table plus a few operations per argument, whatever the width.
+    arguments ``c``: one function of ``c``, tabulated (:func:`smoothing_table`: exact at any width) and
+    interpolated (:func:`interpolated`: error below 1e-10 at the lattice's step, 0.04 for ``s2 = 0``, less for
+    wide Gaussians), at the cost of the table plus a few operations per argument.
 
     Derivatives: in ``c`` the smoothed derivative profile, in ``s2`` the heat equation (Price's
     theorem) ``d E[f(c + s Z)] / d(s2) = E[f''(c + s Z)] / 2``, finite at ``s2 = 0`` (heads that are

@@ -63,8 +63,7 @@ class MonteCarloExpectation(AbstractExpectation):
 
     @classmethod
     def from_setup(cls, setup, *, points: int, seeds=None, check: bool = False) -> MonteCarloExpectation:
-        """``2 points`` draws from seed ``theory.qmc_seed`` (or one set per seed of ``seeds``, stacked), for
-        the problem and layer of ``setup`` (:class:`~singleloc.preflight._build.Setup`)."""
+        """``2 points`` draws from seed ``theory.qmc_seed`` (or one set per seed of ``seeds``, stacked)."""
         return cls.make(setup.activation, setup.prior, setup.problem.L, setup.heads, 2 * points,
                         setup.theory.qmc_seed if seeds is None else seeds)
 

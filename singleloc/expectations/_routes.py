@@ -9,12 +9,10 @@ rule (:class:`~singleloc.SobolExpectation`); a joint layer (bsoftmax) only while
 head mixture is not a normalised exponential). ``"exact"`` takes it whatever its cost (within memory:
 :meth:`~singleloc.LaplaceExpectation.rule_bytes`), an error where it does not exist; any other name, that route.
 
-The exact route's ``lr^2`` (Gram) term (``theory.gram``): ``"exact"`` in the Laplace form where it exists (one head,
-or two heads of a per-head layer, with the head average; more heads hold moments of up to four distinct heads),
-``"sobol"`` on the rank-aware Sobol rule, ``"montecarlo"`` by plain Monte Carlo with its standard error (any layer),
-``"auto"`` exactly for one head and for two from ``L * H >=`` :data:`GRAM_EXACT_FROM` on, where it costs less than
-the rule. A new route is a module with a class of :class:`~singleloc.expectations._expectation.AbstractExpectation`
-and one line in :data:`~singleloc.ground._choices.ROUTE_CLASSES`.
+The exact route's ``lr^2`` (Gram) term (``theory.gram``, :class:`~singleloc.Theory`): ``"auto"`` takes it exactly for
+one head and for two from ``L * H >=`` :data:`GRAM_EXACT_FROM` on. A new route is a module with a class of
+:class:`~singleloc.expectations._expectation.AbstractExpectation` and one line in
+:data:`~singleloc.ground._choices.ROUTE_CLASSES`.
 """
 
 from __future__ import annotations
@@ -34,9 +32,8 @@ if TYPE_CHECKING:  # imported when a route is chosen
 #: ``theory.route = "auto"`` integrates a joint layer (bsoftmax) on the exact route up to this
 #: :func:`~singleloc.expectations._laplace_joint.joint_rule_size` (nodes x heads x atoms), and on the rule route beyond:
 #: its conditional product form then costs more than a few seconds a drift on a 2-core CPU (29 to 37 CPU microseconds
-#: per unit, benchmark 11, load 6-7: 2.2 to 2.5 s at 76640, 7 s at 201960, 36 s at 960512); ``H = 4`` with two spikes,
-#: 76640, ``H = 5`` with one, 100980, are the largest it takes, ``H = 4`` with three spikes, 335520, ``H = 5`` with
-#: two, 201960, and ``H = 8`` with two, 960512, go to the rule.
+#: per unit, docs/benchmarks/11); ``H = 4`` with two spikes (76640) and ``H = 5`` with one (100980) are the largest it
+#: takes.
 JOINT_EXACT_MAX = 2**17
 #: The same for one risk (:func:`~singleloc.population_risk`, :func:`~singleloc.bayes_risk` with
 #: ``route = "auto"``), computed once on the exact rule and once on its refined copy: about a minute
@@ -127,8 +124,3 @@ def choose_route(problem: Problem, model: Model, theory: Theory) -> RouteChoice:
     docstring; :func:`decide` with the solve's budget :data:`JOINT_EXACT_MAX`)."""
     return decide(model.activation, problem.L, model.heads, problem.build_prior(), theory.route,
                   weighting=model.weighting, gram=theory.gram)
-
-
-def route_of(config) -> RouteChoice:
-    """:func:`choose_route` of a configuration's ``problem``, ``model`` and ``theory``."""
-    return choose_route(config.problem, config.model, config.theory)

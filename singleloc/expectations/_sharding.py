@@ -8,11 +8,9 @@ places the arguments on a one-dimensional :class:`~jax.sharding.Mesh` of all of 
 device's share there (XLA's SPMD partitioner follows the arguments' shardings). What is split:
 
 * **The batch**, when it has at least as many members as there are devices (or when there is
-  no quadrature rule to split, the simulator): its leading axis is split, every other argument
-  (the rules, the saved times) is on every device. A batch that does not divide the number of
-  devices is padded with copies of its last member, which :func:`unpad` drops from the results.
-  Each trajectory is computed as on one device (to float rounding: kernels may differ with the
-  share's size).
+  no quadrature rule to split, the simulator): its leading axis is split (padded with copies of its last member,
+  which :func:`unpad` drops), every other argument is on every device. Each trajectory is computed as on one
+  device (to float rounding).
 * **The quadrature nodes**, when the batch is smaller than the device count: one large solve
   (typically one start with many points, where the drift's expectation over the local fields
   is the work). Every expectation route among the arguments splits its own nodes
@@ -21,14 +19,9 @@ device's share there (XLA's SPMD partitioner follows the arguments' shardings). 
   everything else, the batch included, is on every device. The sum over the blocks becomes an all-reduce of
   the few moments (``O(H^2 + H F)`` numbers per drift evaluation) inserted by the partitioner.
 
-Why not a two-dimensional mesh (batch x nodes): the batches met here are either large (seeds,
-sweep points: each trajectory on one device needs no communication and keeps its own adaptive
-steps) or a single large solve; a mix would only pay on many devices, at the cost of choosing a
-factorisation of the device count and padding both axes. Splitting the nodes of a batch that
-fills the devices would add an all-reduce to every drift evaluation for nothing.
-
-On one device nothing is moved, split or padded: the programs and their numbers are those of an
-unsharded run.
+No two-dimensional mesh (batch x nodes): the batches met here are either large (each trajectory on one device
+needs no communication and keeps its own adaptive steps) or a single large solve. On one device nothing is
+moved, split or padded: the programs and their numbers are those of an unsharded run.
 """
 
 from __future__ import annotations
@@ -43,11 +36,6 @@ from ._expectation import AbstractExpectation
 _AXIS = "devices"
 
 
-def device_count() -> int:
-    """The number of local devices a batch is split over."""
-    return jax.local_device_count()
-
-
 def _put(x, mesh: Mesh, axis: int | None = None):
     """``x`` split over the mesh along ``axis`` (negative: counted from the end), or on every
     device for ``axis=None``."""
@@ -59,12 +47,8 @@ def _put(x, mesh: Mesh, axis: int | None = None):
 
 
 def shard_batch(batched, shared=()):
-    """``(batched, shared, n)`` placed on the local devices (module docstring): the leaves of
-    ``batched`` have a leading batch axis, all of length ``n``; with ``n`` at least the device
-    count (or no rule among the arguments) that axis is padded to a multiple of the device count
-    and split, and ``shared`` is on every device; with fewer, every route in either tree splits its
-    nodes (:meth:`~singleloc.expectations._expectation.AbstractExpectation.shard`) and all else is on
-    every device. Unchanged on one device."""
+    """``(batched, shared, n)`` placed on the local devices (module docstring): the batch (the leaves of
+    ``batched``, a leading axis of length ``n``) split, or the routes' nodes; unchanged on one device."""
     leaves = jax.tree.leaves(batched)
     n = int(leaves[0].shape[0])
     devices = jax.local_devices()

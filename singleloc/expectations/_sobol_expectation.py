@@ -13,10 +13,7 @@ estimators, of lower variance than the Hessian form of Stein's lemma, which we m
 5x the error for large ``Q``). The pseudo-inverse is safe when ``Q`` is singular:
 ``|(Q^+)^{1/2} M| <= 1`` because ``Q - M M^T`` is PSD, and a direction in which ``Q`` vanishes
 carries no field. Nothing here depends on the activation: any activation gets its drift from
-autodiff of the loss. The rule's error is the spread of independent scramblings: of the replicates
-along the trajectory (``theory.replicates``, :mod:`~singleloc.theory._ode`), and of
-:data:`~singleloc.expectations._expectation.SCRAMBLINGS` further ones at the start and the end of every solve
-(:func:`~singleloc.expectations._expectation.solve_report`), whatever the replicates.
+autodiff of the loss. The rule's error is the spread of independent scramblings (:mod:`~singleloc.theory._ode`).
 
 :class:`SobolGram` is the ``lr^2`` term on such a rule alone: the exact route's term where no
 exact form is taken (:class:`~singleloc.LaplaceExpectation`), on the rank-aware layout, unwhitened (unbiased:
@@ -87,10 +84,8 @@ class SobolExpectation(AbstractExpectation):
 
     @classmethod
     def from_setup(cls, setup, *, points: int, seeds=None, check: bool = False, whiten: bool = True) -> SobolExpectation:
-        """The rule route of ``setup`` (:class:`~singleloc.preflight._build.Setup`): ``points`` Sobol points on the
-        coordinates of ``theory.axes`` (scrambling ``theory.qmc_seed``, or one rule per seed of ``seeds``,
-        stacked); ``whiten = False``: unbiased, the scramblings of its error statement
-        (:meth:`~singleloc.expectations._expectation.AbstractExpectation.scrambling`)."""
+        """The rule route of ``setup``: ``points`` Sobol points on the coordinates of ``theory.axes`` (scrambling
+        ``theory.qmc_seed``, or one rule per seed of ``seeds``, stacked); ``whiten = False``: unbiased (:meth:`scrambling`)."""
         theory = setup.theory
         axes = {"principal": True} if theory.rank_aware else {"symmetric": True}
         fields = sobol_fields(setup, points, theory.qmc_seed, seeds, whiten=whiten, **axes)
@@ -98,16 +93,14 @@ class SobolExpectation(AbstractExpectation):
 
     @classmethod
     def scrambling(cls, setup, points):
-        """Not whitened: the whitening biases a rule by about ``0.2 d / n`` relative, which the spread of
-        scramblings does not see (the risk of two trained softmax1 copies at ``L = 64`` on 2048 points: 0.7% low,
-        1.0 of one rule's standard deviation), so the statement compares with unbiased ones."""
+        """Not whitened: the whitening's bias, which the spread of scramblings does not see
+        (:mod:`~singleloc.expectations._fields`), stays out of the statement's reference."""
         return cls.from_setup(setup, points=points, whiten=False)
 
     @classmethod
     def for_risk(cls, choice, prior, L, H, points, seed, nodes):
-        """Unwhitened and rank-aware: each scrambling unbiased, so that their spread states the error (the
-        whitening's bias reached 27-61 standard errors at n / 2LH = 2-3, with the same spread either way:
-        docs/model.md section 4.5), and heads that are copies lose no accuracy."""
+        """Unwhitened and rank-aware: each scrambling unbiased, so that their spread states the error
+        (docs/model.md section 4.5), and heads that are copies lose no accuracy."""
         return cls(fields=LocalFields.make(int(L), H, prior, points, seed, principal=True, whiten=False),
                    activation=choice.activation)
 

@@ -1,11 +1,8 @@
 """The geometry of a Sobol rule over the local fields: its dimensions and how many nodes it evaluates at once.
 
-The rule of :class:`~singleloc.LocalFields` integrates over ``d = L r + G`` Gaussian coordinates: ``r``
-normals per token (:func:`factor_rows`: ``H``, or ``2 H`` on the rank-aware layout) and ``G = F`` for a
-prior with a Gaussian part (else 0) (:func:`quadrature_dimension`). SciPy's Sobol sequence has at most
-:data:`SOBOL_MAX_DIM` dimensions. The rule sums its nodes in batches of :func:`node_batch`. Here, beside
-nothing numerical, so that the rule, the checks before a run (:mod:`~singleloc.preflight._resources`) and the
-memory estimates read one definition.
+The rule of :class:`~singleloc.LocalFields` integrates over :func:`quadrature_dimension` Gaussian coordinates and
+sums its nodes in batches of :func:`node_batch`. Here, beside nothing numerical, so that the rule, the checks before
+a run (:mod:`~singleloc.preflight._resources`) and the memory estimates read one definition.
 """
 
 from __future__ import annotations
@@ -22,11 +19,9 @@ BATCH_NUMBERS = 2**22
 
 
 def node_batch(L: int, heads: int) -> int:
-    """Nodes the quadrature evaluates at once (:meth:`~singleloc.LocalFields.make`'s default
-    ``batch_size``): ``NODE_BATCH``, fewer over more than ``BATCH_NUMBERS / NODE_BATCH = 512``
-    fields (``L * heads``), so that a batch's integrand holds about ``BATCH_NUMBERS`` numbers per
-    field kind at any ``L`` (256 nodes at ``L = 4096``, ``H = 4``). The batches are summed in turn:
-    the rule and its result do not change, only the memory of one batch."""
+    """Nodes the quadrature evaluates at once (:meth:`~singleloc.LocalFields.make`'s default ``batch_size``):
+    ``NODE_BATCH``, fewer over more than 512 fields (``L * heads``), so that a batch's integrand holds about
+    ``BATCH_NUMBERS`` numbers per field kind at any ``L``; the batches are summed in turn (the result is the same)."""
     return max(16, min(NODE_BATCH, BATCH_NUMBERS // max(L * heads, 1)))
 
 

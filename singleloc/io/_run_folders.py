@@ -3,7 +3,7 @@
 Run folders. The outputs of one ``integrate``, ``simulate`` or ``compare`` form one unit, a
 folder written by :func:`save_run`:
 
-* every file carries the **config hash** of the run (:func:`config_hash`: SHA-256 of the
+* every file carries the **config hash** of the run (:func:`~singleloc.config_hash`: SHA-256 of the
   canonical JSON of the resolved config): ``config.json`` holds it as ``config_hash`` next to
   the config and ``singleloc_version``; each ``.npz`` as its zip comment
   ``singleloc config_hash HASH`` (:func:`npz_stamp`; the arrays are unchanged); each ``.png``
@@ -12,18 +12,14 @@ folder written by :func:`save_run`:
   written into a hidden sibling that then takes the folder's place, so a failure or a kill
   leaves the previous run intact and no file of an earlier run survives beside the new ones.
 
-:func:`add_to_run` adds files to an existing run (``prune`` writes ``prune.npz`` and
-``prune.png``, stamped with the hash of the run it pruned) in the same way. :func:`load_run`
-reads a run back and refuses a folder whose files disagree: a data file whose hash is not that
-of ``config.json``, a ``config.json`` edited after the run (its contents no longer give its
-hash), a missing array or one whose shape does not fit the config.
+:func:`add_to_run` adds files to a run (``prune``'s, stamped with its hash) in the same way; :func:`load_run`
+reads a run back and refuses a folder whose files disagree.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import zipfile
 import zlib
@@ -34,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from .._version import __version__
-from ..configuration._config import SECTIONS, Config, load_config
+from ..configuration._config import Config, config_hash, load_config
 from ..ground._atomic_files import (
     NPZ_STAMP,
     RUN_FILES,
@@ -57,17 +53,6 @@ HASH_KEY = "config_hash"
 
 #: The errors NumPy and zipfile raise for a damaged or truncated ``.npz`` file.
 NPZ_ERRORS = (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error)
-
-
-def config_hash(config: Config | Mapping[str, Any]) -> str:
-    """First 16 hex digits of the SHA-256 of the canonical JSON (sorted keys, no spaces) of
-    ``config.to_dict()`` (or of the plain dict as stored in ``config.json``)."""
-    if isinstance(config, Mapping) and (set(config) != set(SECTIONS) or not all(isinstance(v, Mapping) for v in config.values())):
-        raise ValueError(f"config_hash: config must be a singleloc.Config or its to_dict() (the sections "
-                         f"{', '.join(SECTIONS)}, each a table), got a {type(config).__name__} with the keys "
-                         f"{sorted(map(str, config))}")
-    data = config.to_dict() if isinstance(config, Config) else config
-    return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
 def save_npz(path: str | Path, arrays: Mapping[str, Any], stamp: str | None = None) -> Path:
@@ -198,13 +183,9 @@ EXTRA_KINDS = ("theory_seeds", "prune")
 class Run:
     """An output folder read back: its ``config``, the ``config_hash`` every file carries and,
     for each ``<kind>.npz`` present (``kind`` in :data:`RUN_KINDS`), its arrays in ``data[kind]``;
-    the arrays of the further files of :data:`EXTRA_KINDS` present in ``extra[kind]``.
-
-    The same data as the result objects the plotting functions (:mod:`singleloc.plots`) and the
-    analyses take: :attr:`theory` (a :class:`~singleloc.TheoryResult`), :attr:`simulation` (a
-    :class:`~singleloc.SimulationResult`) and :attr:`pruning` (``{source: PruningResult}``), each
-    ``None`` where the folder has no such file; so ``plots.plot_compare(run.theory, run.simulation)``
-    draws a run read back."""
+    the arrays of the further files of :data:`EXTRA_KINDS` present in ``extra[kind]``; as results (:attr:`theory`,
+    :attr:`simulation`, :attr:`pruning`), so that ``plots.plot_compare(run.theory, run.simulation)`` draws a run
+    read back."""
 
     directory: Path
     config: Config

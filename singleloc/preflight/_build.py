@@ -5,8 +5,8 @@ the ``sgd`` section, ``theory.route``. Before a computation, :func:`build` turns
 once: the prior, the SGD rule, and the expectation route's choice with the activation function and
 its normalised-exponential form (:class:`Setup`, which keeps the sections beside them). The checks
 before a run and its estimates (this folder), the ODE (:meth:`~singleloc.OrderParameterODE.from_setup`),
-the solve, the simulation, the SDE and the escape prediction take these objects; a config enters only
-at the edges (the command line, the Python API's entry points), which build it once and pass it down.
+the solve, the simulation, the SDE, the accuracy probe and the escape prediction take these objects; a config
+enters only at the edges (the command line, the Python API's entry points, the run folders), which build it once.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def sgd_rule(sgd: SGD, model: Model) -> AbstractSGDRule:
 def check_gram(th: Theory, activation: str, route: str) -> None:
     """``ValueError`` for ``theory.gram`` other than ``"auto"`` and the route's own Gram term (``"sobol"`` on
     the rule route, ``"montecarlo"`` on the Monte Carlo route), or a number of ``theory.gram_points``, on a
-    route without the exact route's Gram rule (issue 54 item 7: a key the run would drop silently); ``activation``:
+    route without the exact route's Gram rule (a key the run would drop silently); ``activation``:
     ``model.activation``, named in the message."""
     gram_points = th.gram_points != "auto"
     own = route_class(route)

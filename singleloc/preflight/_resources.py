@@ -1,17 +1,13 @@
 """What a run needs, checked before it starts: the dimension, the quadrature rule, memory.
 
-Dimension. The simulator's held-out risk splits ``R^D`` into the span of the keys and spikes
-(``H + F`` directions) and its complement, drawn as a ``chi2(D - H - F)``
-(:mod:`singleloc.model._heldout`): a simulation needs ``D > H + F``. The theory starts from the
-overlaps of ``H`` random keys with ``F`` orthogonal spikes, whose ``R_orth = Q - M M^T`` is
-the Gram matrix of the keys' components outside the spikes' span: it is nonsingular, as a
-generic ODE start must be, only for ``D >= H + F``.
+Dimension. The simulator's held-out risk draws the complement of the keys' and spikes' span as a
+``chi2(D - H - F)`` (:mod:`singleloc.model._heldout`): a simulation needs ``D > H + F``; the theory's start,
+the overlaps of ``H`` random keys with ``F`` spikes, has a nonsingular ``R_orth`` only for ``D >= H + F``.
 
-Quadrature. The rule of :class:`~singleloc.LocalFields` integrates over ``d = L H + G`` Gaussian
-dimensions (``G = F`` for a prior with a Gaussian part, else 0) with scrambled Sobol points,
-which SciPy provides up to :data:`SOBOL_MAX_DIM` dimensions, and whitens the node set, which
-needs at least ``d`` points: ``2 points`` nodes (the points and their mirrors) span only
-``points`` dimensions, and fewer than ``d`` leave a zero eigenvalue that the whitening divides by.
+Quadrature. The rule of :class:`~singleloc.LocalFields` integrates over ``d = L H + G`` Gaussian dimensions
+(``G = F`` for a prior with a Gaussian part) with scrambled Sobol points, which SciPy provides up to
+:data:`SOBOL_MAX_DIM` dimensions, and its whitening needs at least ``d`` points (``2 points`` nodes, the points
+and their mirrors, span only ``points`` dimensions).
 
 Memory. Peak bytes, fitted to the peak resident memory of CPU runs (JAX 0.10; within 30 %,
 above in most cases), for ``S`` seeds (or ODE starts):
@@ -27,9 +23,8 @@ above in most cases), for ``S`` seeds (or ODE starts):
 * the saved times (``T = sgd.n_save``, ``R`` replicates): ``8 R (2 T S s + 6 min(T, 4) B L H)``, ``s``
   the numbers of one saved state (:func:`state_size`), and the risk at the saved times, whose
   integrand is held for :data:`RISK_BATCH` = 4 of them at a time (softmax1, H = 8, L = 64, 4096 points,
-  T = 201: 1.4 GB at its peak, where counting all T at once said 41.9 GB); the
-  simulation stores ``4 S 2 T s`` more. At most :data:`SAVED_MAX` saved times per start
-  and replicate: above, XLA's evaluation of the risk needs terabytes or aborts (issue 21);
+  T = 201: 1.4 GB at its peak); the simulation stores ``4 S 2 T s`` more. At most :data:`SAVED_MAX` saved times per start
+  and replicate: above, XLA's evaluation of the risk needs terabytes or aborts;
 * plus :data:`OVERHEAD` for the runtime and the compiled programs.
 
 A run whose estimate exceeds the available memory (``MemAvailable`` of ``/proc/meminfo``,
@@ -54,8 +49,8 @@ from ..model._priors import Prior
 from ..runtime._progress import cpu_count
 from ._build import Setup
 
-#: Saved states whose risks the theory evaluates together (a loop over batches of them): all of them at once
-#: held a joint layer's token rule once per state (H = 3 bsoftmax, 201 saved times: 32 GB).
+#: Saved states whose risks the theory evaluates together (a loop over batches of them; all at once hold a joint
+#: layer's token rule once per state).
 RISK_BATCH = 4
 
 #: Bytes of the runtime and compiled programs, on top of the arrays.
@@ -68,8 +63,7 @@ MEMORY_ENV = "SINGLELOC_MEMORY_LIMIT"
 FIRST_POINTS = 1024
 MIN_POINTS = 64
 
-#: Most saved times of one ODE start (and replicate): the risk at the saved times is one
-#: vectorised evaluation, which XLA materialises whole for many of them (issue 21 item 5).
+#: Most saved times of one ODE start (and replicate) (:func:`check_saved_times`).
 SAVED_MAX = 16384
 
 #: Most SGD steps of a simulation: step ``t`` draws its sequence from ``fold_in(train, t)``, whose
@@ -110,8 +104,7 @@ FLOAT32_KEYS = (("problem", "strength", True, 2.5), ("sgd", "lr", False, 0.5), (
 def check_float32(setup: Setup) -> None:
     """The values a simulation holds in float32 (:data:`FLOAT32_KEYS`, the prior's atoms and
     covariance) are in its range (:func:`~singleloc.ground._validation.representable`): ``ValueError``
-    naming the key otherwise (``problem.strength = 1e300`` became infinite data, and the simulation
-    said to lower ``sgd.lr``, issue 54 item 8)."""
+    naming the key otherwise (``problem.strength = 1e300`` would be infinite data)."""
     from ..ground._validation import representable
 
     for section, key, squared, example in FLOAT32_KEYS:
@@ -319,21 +312,17 @@ def _fitting_value(setup: Setup, simulation: bool, theory_starts: int, limit: fl
     return ""
 
 
-#: Bytes of one local Dask worker process before it computes (Python, JAX and the package).
-WORKER_BYTES = OVERHEAD
-
-
 def check_workers(workers: int, name: str = "workers", force: bool = False) -> None:
     """A local cluster of ``workers`` processes can start: an integer >= 1, each process's
-    :data:`WORKER_BYTES` within the available memory and (unless ``force``) at most one per
+    :data:`OVERHEAD` (Python, JAX and the package) within the available memory and (unless ``force``) at most one per
     CPU (:func:`cpu_count`; more only share the same cores); one line naming ``name`` otherwise."""
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"{name} must be an integer >= 1, got {workers!r}")
     limit, source = available_memory()
-    if workers > 1 and workers * WORKER_BYTES > limit:
-        raise MemoryError(f"{name} = {workers}: {workers} worker processes need about {_gb(workers * WORKER_BYTES)} before "
+    if workers > 1 and workers * OVERHEAD > limit:
+        raise MemoryError(f"{name} = {workers}: {workers} worker processes need about {_gb(workers * OVERHEAD)} before "
                           f"they compute, more than the {_gb(limit)} available ({source}); at most "
-                          f"{int(limit // WORKER_BYTES)} fit, and {cpu_count()} (the CPUs) are useful")
+                          f"{int(limit // OVERHEAD)} fit, and {cpu_count()} (the CPUs) are useful")
     if workers > cpu_count() and not force:
         raise ValueError(f"{name} = {workers} is more than the {cpu_count()} CPUs of this machine (more workers only share "
                          f"them): give {name} <= {cpu_count()}, or pass --force to start them anyway")

@@ -1,18 +1,8 @@
-"""Warnings about a run that completes but did not go as its config says (a surprise, not an
-error): saved times that coincide, and a risk that rose during training.
-
-* **Saved times.** The simulator saves at whole SGD steps: the saved time ``tau`` is the step
-  ``round(tau D / sgd.batch)`` (:func:`~singleloc.simulation._simulation.save_steps`), so times closer than
-  one step apart fall on the same step and fewer than ``sgd.n_save`` are saved
-  (:func:`warn_if_times_dropped`, called by :func:`~singleloc.simulate` before it runs).
-* **A rising risk.** Online SGD at a learning rate that is too large can make the risk rise
-  instead of fall. :func:`warn_if_risk_rose` compares the mean final risk with the mean initial
-  risk against their error (the standard error over the seeds, or the floor of the noise of the
-  risk's estimate); :func:`~singleloc.simulate` calls it on its result, and the command line on
-  the result of :func:`~singleloc.integrate` (call it yourself with the run's setup on a
-  :class:`~singleloc.TheoryResult`).
-
-Both warn with :func:`warnings.warn` (``UserWarning``); the command line prints each as one line
+"""Warnings about a run that completes but did not go as its config says (a surprise, not an error): saved
+times closer than one SGD step, which fall on the same step (:func:`warn_if_times_dropped`: the simulator saves
+at the steps ``round(tau D / sgd.batch)``), and a risk that rose during training, as online SGD at too large a
+learning rate makes it (:func:`warn_if_risk_rose`: :func:`~singleloc.simulate` and :func:`~singleloc.integrate`
+call it on their results). Both warn with ``UserWarning``; the command line prints each as one line
 ``singleloc COMMAND: warning: ...``.
 """
 
@@ -48,7 +38,7 @@ def warn_if_risk_rose(setup: Setup, *, simulation=None, theory=None, stacklevel:
     initial risk, ``theory.rtol * R0 + theory.atol``. The warning names ``sgd.lr``.
 
     Args:
-        setup: the run's :class:`~singleloc.preflight._build.Setup` (its ``sgd``, ``simulation`` and ``theory``).
+        setup: the run's :class:`~singleloc.Setup` (its ``sgd``, ``simulation`` and ``theory``).
         simulation: a :class:`~singleloc.SimulationResult` (its limit risk ``risk_limit`` is read).
         theory: a :class:`~singleloc.TheoryResult` (its ``risk`` is read).
         stacklevel: as for :func:`warnings.warn`, counted from the caller of this function.

@@ -97,7 +97,7 @@ def summarize(config: Config, data: dict[str, np.ndarray], kind: str) -> dict[st
     resolve)."""
     if "route" in data:
         config = config.replace(theory={"route": str(data["route"])})
-    weights = attention_mass(OrderParameterODE.from_config(config), data["M"], data["Q"], data["b"])
+    weights = attention_mass(OrderParameterODE.from_setup(build(config)), data["M"], data["Q"], data["b"])
     a = analyze(data["tau"], data["M"], data["Q"], data[PHASE_RISK[kind]], mean=config.problem.build_prior().mean(),
                 weights=weights)
     return a.summary()

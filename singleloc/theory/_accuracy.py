@@ -33,10 +33,9 @@ import equinox as eqx
 import jax
 import numpy as np
 
-from ..configuration._config import Config, gather_specs
-from ..configuration._specs import SGD, Model, Problem, Theory
 from ..expectations._expectation import relative_drift_error
-from ..preflight._build import Setup, build
+from ..ground._arguments import beyond_the_door
+from ..preflight._build import Setup
 from ..preflight._resources import MIN_POINTS, auto_points, check_run
 from ..sgd._sgd_rule import Starts, flat_drift
 from ._starts import batched_starts, initial_conditions
@@ -74,17 +73,10 @@ def drift_error(setup: Setup, y0: OrderParameters, points: int, replicates: int)
     return float(np.max(relative_drift_error(np.stack(drifts, axis=-2)))) / np.sqrt(replicates)
 
 
-def choose_points(config: Config | None = None, y0: Starts = None, *, problem: Problem | None = None,
-                  model: Model | None = None, sgd: SGD | None = None, theory: Theory | None = None) -> PointsChoice:
+def choose_points(setup: Setup, y0: Starts) -> PointsChoice:
     """The smallest power of two of points whose estimated relative drift error at the
-    starts ``y0`` (leading axis ``S``) is at most ``theory.tol / MARGIN`` (module docstring).
-    The run is ``config`` or the specifications by keyword (defaults for those not given)."""
-    config = gather_specs("choose_points", config, problem=problem, model=model, sgd=sgd, theory=theory)
-    return points_for(build(config), y0)
-
-
-def points_for(setup: Setup, y0: OrderParameters) -> PointsChoice:
-    """:func:`choose_points` of a config built as ``setup`` (its route chosen once, for the probes and their checks)."""
+    starts ``y0`` (a weighting's state with a leading axis ``S``) is at most ``theory.tol / MARGIN``
+    (module docstring), probed on the route ``setup`` (:func:`~singleloc.build`) decided."""
     tol, R = setup.theory.tol / MARGIN, setup.theory.replicates
     tried: dict[int, float] = {}
 
@@ -109,19 +101,18 @@ def points_for(setup: Setup, y0: OrderParameters) -> PointsChoice:
             error(n)
         if tried[n] > tol:
             warnings.warn(f"theory.points = 'auto': {n} points reach an estimated relative drift error of {tried[n]:.2g} "
-                          f"only (theory.tol = {setup.theory.tol:g}); raise theory.replicates or theory.tol", stacklevel=2)
+                          f"only (theory.tol = {setup.theory.tol:g}); raise theory.replicates or theory.tol",
+                          stacklevel=beyond_the_door(2))
     return PointsChoice(n, tried[n], R, tuple(sorted(tried.items())))
 
 
-def resolve_points(config: Config | Setup, y0: Starts | None = None) -> Config | Setup:
-    """``config`` with ``theory.points = "auto"`` replaced by the number of points
-    :func:`~singleloc.choose_points` picks at the starts ``y0`` (leading axis ``S``; default the
-    start :func:`integrate` uses, the simulator's initial overlaps of seed 0); ``config`` itself
-    when ``theory.points`` is a number. A :class:`~singleloc.preflight._build.Setup` is probed on its
-    route as decided (:func:`points_for`) and comes back as a Setup: resolved once, before anything is
-    built, the ODEs of one computation share one rule (:func:`integrate` resolves it at its own starts)."""
-    if config.theory.points != "auto":
-        return config
-    setup = config if isinstance(config, Setup) else build(config)
+def resolve_points(setup: Setup, y0: Starts | None = None) -> Setup:
+    """``setup`` (:func:`~singleloc.build`) with ``theory.points = "auto"`` replaced by the number of points
+    :func:`choose_points` picks at the starts ``y0`` (leading axis ``S``; default the start :func:`integrate` uses,
+    the simulator's initial overlaps of seed 0) on its route as decided; ``setup`` itself when ``theory.points`` is a
+    number. Resolved once, before anything is built, the ODEs of one computation share one rule
+    (:func:`integrate` resolves it at its own starts)."""
+    if setup.theory.points != "auto":
+        return setup
     starts = initial_conditions(setup.config, 1) if y0 is None else batched_starts(setup.model.weighting.state(y0))
-    return config.replace(theory={"points": points_for(setup, starts).points})
+    return setup.replace(theory={"points": choose_points(setup, starts).points})

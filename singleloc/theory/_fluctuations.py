@@ -41,11 +41,10 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Shaped
 
-from ..configuration._config import Config, gather_specs, require_uniform_head_weights
-from ..configuration._specs import SGD, Model, Problem, Simulation, Theory
+from ..configuration._config import require_uniform_head_weights
 from ..expectations._fields import LocalFields
 from ..expectations._sobol_expectation import SobolExpectation
-from ..preflight._build import build
+from ..preflight._build import Setup
 from ..runtime._compilation import checks_as_nan
 from ..runtime._numerics import psd_sqrt
 from ..sgd._sgd_rule import Starts
@@ -143,30 +142,25 @@ def _solve_paths(ode: OrderParameterODE, fields: LocalFields, v0, b0, keys, inv_
     return jax.vmap(path)(v0, b0, keys, inv_D)
 
 
-def integrate_sde(config: Config | None = None, y0: Starts = None, keys: Shaped[jax.Array, "S ..."] = None, *,
-                  problem: Problem | None = None, model: Model | None = None, sgd: SGD | None = None,
-                  theory: Theory | None = None, simulation: Simulation | None = None, D=None, ts=None,
+def integrate_sde(setup: Setup, y0: Starts, keys: Shaped[jax.Array, "S ..."], *, D=None, ts=None,
                   dt: float = 0.05) -> SDEResult:
     """Integrate the fluctuation SDE from initial states ``y0`` (an ``OrderParameters`` with a
     leading axis S) with one Brownian path per PRNG key (``keys`` (S, 2)), at dimension ``D``
-    (default ``config.simulation.D``; a scalar or one value per path), saving at ``ts``
-    (default the config's grid).
+    (default ``simulation.D``; a scalar or one value per path), saving at ``ts``
+    (default the ``sgd`` section's grid), for the run ``setup`` (:func:`~singleloc.build`).
 
     Euler-Maruyama with step ``dt`` on a ``diffrax.VirtualBrownianTree`` (tolerance ``dt/4``).
     ``Q`` is symmetrised through the flattened coordinates; the state is not projected back
     onto valid overlaps (at the D used here the noise is far too small to leave them).
-    ``theory.points = "auto"`` is resolved at the starts ``y0`` (as :func:`~singleloc.resolve_points` does).
-    The run is ``config`` or the specifications by keyword (defaults for those not given).
+    ``theory.points = "auto"`` is resolved at the starts ``y0`` (:func:`~singleloc.resolve_points`).
     """
-    config = gather_specs("integrate_sde", config, problem=problem, model=model, sgd=sgd, theory=theory,
-                          simulation=simulation)
-    require_uniform_head_weights(config.model, "integrate_sde")
-    setup = resolve_points(build(config), y0)  # the route decided once, for the points' probes and the SDE
-    D, H, F, dtype = config.simulation.D if D is None else D, config.model.heads, config.problem.F, jnp.result_type(float)
+    require_uniform_head_weights(setup.model, "integrate_sde")
+    setup = resolve_points(setup, y0)
+    D, H, F, dtype = setup.simulation.D if D is None else D, setup.heads, setup.problem.F, jnp.result_type(float)
     ode = OrderParameterODE.from_setup(setup)
     fields = SobolExpectation.from_setup(setup, points=setup.theory.points).fields  # the rule route's, whatever the drift's
     tb = bool(ode.train_bias)
-    ts = np.asarray(config.sgd.save_times() if ts is None else ts, float)
+    ts = np.asarray(setup.sgd.save_times() if ts is None else ts, float)
     max_steps = int(np.ceil((ts[-1] - ts[0]) / dt)) + 10
     b0 = jnp.asarray(y0.b, dtype)
     v0 = jax.vmap(lambda M, Q, b: flatten_state(M, Q, b, tb))(jnp.asarray(y0.M, dtype), jnp.asarray(y0.Q, dtype), b0)
@@ -179,6 +173,6 @@ def integrate_sde(config: Config | None = None, y0: Starts = None, keys: Shaped[
     if bad.any():  # diffrax reports failures as NaN (singleloc.runtime._compilation.checks_as_nan)
         first = int(np.argmax(bad))
         tau = ts[int(np.argmax(~np.isfinite(Qs[first]).all(axis=(1, 2))))]
-        raise FloatingPointError(f"SDE path {first} stopped being finite by tau = {tau:.4g} (sgd.lr = {config.sgd.lr}, "
+        raise FloatingPointError(f"SDE path {first} stopped being finite by tau = {tau:.4g} (sgd.lr = {setup.sgd.lr}, "
                                  f"dt = {dt}); lower sgd.lr or dt")
     return SDEResult(ts, np.asarray(Ms), np.asarray(Qs), np.asarray(bs), np.asarray(risk))

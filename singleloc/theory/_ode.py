@@ -4,13 +4,8 @@ The state is ``(M, Q, b)``; the vector field is :meth:`OrderParameterODE.drift`.
 is Tsit5 with a PID step-size controller (``theory.rtol``, ``theory.atol``), saving on the
 config's time grid. A terminating event stops the solve when the state stops being a valid
 set of overlaps: a non-finite entry, runaway keys (``max |Q| > 1e6``), or ``R_orth = Q - M M^T``
-leaving the PSD cone; and the solve stops when its adaptive steps fall below ``MIN_STEP`` (``1e-7``
-in ``tau``) or when, at its pace, it would take several times the steps a solve at its learning rate is
-expected to take (:mod:`~singleloc.theory._step_budget`: a learning rate far past stability makes the ODE stiff
-long before the keys run away). :func:`integrate` then raises with the time at which it happened.
-
-The default start is the overlaps of the simulator's initial weights
-(:func:`~singleloc.initial_conditions`, :mod:`~singleloc.theory._starts`).
+leaving the PSD cone; the solve also stops where it grows too stiff to follow (a learning rate far past
+stability: :mod:`~singleloc.theory._step_budget`). :func:`integrate` then raises with the time at which it happened.
 
 Replicates and the error of the result. With ``theory.replicates = R``, the rules of ``R``
 independent scramblings (seeds ``qmc_seed + r``) each drive their own trajectory (one
@@ -30,22 +25,11 @@ work). Trajectory ``r`` is evaluated on a rule of yet another scrambling, seed
 ``qmc_seed + R + r`` (:attr:`Theory.evaluation_seed` ``+ r``).
 
 Compilation. The solve, the risk along it and the drift at the start are one program per
-shape: the rules, the starts, the saved times and the tolerances are its arguments, so a new
-time grid or a new start of the same shapes runs without compiling again, and a later
-process loads it from the cache folder, neither traced nor compiled again
-(:func:`~singleloc.enable_compilation_cache`, :mod:`~singleloc.runtime._compilation`).
-The learning rate is a value too (:class:`~singleloc.OrderParameterODE`), so
-points that differ in it share the program. Diffrax runs with ``ForwardMode`` (the solve is
-never differentiated: no checkpointing, less to trace). ``progress=True`` adds diffrax's progress bar, a host callback that keeps
-the program out of the persistent cache.
-
-Batched points. :func:`integrate_points` solves several points (configurations) of the same
-shapes as one program: their ODE stacks, starts, saved times and tolerances along a leading
-axis, the solve above over the points (in turn on one CPU device, vmapped elsewhere: :func:`_batched`),
-each trajectory with its own adaptive steps.
-The batch axis of a solve (the starts, or the points) is split over the local devices, or, for
-a batch smaller than the device count (one start), the quadrature nodes of its rules
-(:mod:`~singleloc.expectations._sharding`).
+shape: the rules, the starts, the saved times, the tolerances and the learning rate are its arguments, so a new
+time grid, start or rate of the same shapes runs without compiling again, and a later process loads it from the
+cache folder (:func:`~singleloc.enable_compilation_cache`). Diffrax runs with ``ForwardMode`` (the solve is
+never differentiated: no checkpointing, less to trace). :func:`integrate_points` solves several points of the same
+shapes as one program.
 """
 
 from __future__ import annotations
@@ -72,15 +56,14 @@ from ..preflight._run_checks import warn_if_risk_rose
 from ..runtime._compilation import checks_as_nan, exported_call
 from ..runtime._numerics import PSD_SOLVE, Q_RUNAWAY, expected_steps
 from ..sgd._sgd_rule import Starts, flat_drift
-from ._accuracy import points_for
+from ._accuracy import choose_points
 from ._starts import batched_starts, check_starts, initial_conditions
 from ._step_budget import MIN_STEP, STEP_MARGIN, UNRESOLVED, StepBudget, UnresolvedFields, stop_code, stop_reason
 from ._theory import OrderParameterODE, OrderParameters, r_orth
 from ._theory_result import TheoryResult
 
-#: First step of the adaptive solver (the controller adapts it at once). A given first step
-#: spares diffrax's initial step-size search, one more evaluation site of the drift in the
-#: compiled program.
+#: First step of the adaptive solver (the controller adapts it at once): it spares diffrax's initial step-size
+#: search, one more evaluation site of the drift in the compiled program.
 DT0 = 1e-3
 
 #: Fewest saved times a solve's program holds (:func:`saved_slots`).
@@ -90,14 +73,9 @@ MIN_SLOTS = 16
 def saved_slots(n: int) -> int:
     """The saved times a solve of ``n`` saved times holds: the next power of two, at least :data:`MIN_SLOTS`. The
     times past ``n`` repeat the last one (diffrax saves the final state there; no step is added) and their risks
-    are not evaluated, so ``sgd.n_save`` = 33 to 64, say, share one program (a new count of saved times was a
-    new program: minutes of compiling)."""
+    are not evaluated, so ``sgd.n_save`` = 33 to 64, say, share one program."""
     return max(MIN_SLOTS, 1 << (int(n) - 1).bit_length())
 
-
-def _padded(ts: jax.Array) -> jax.Array:
-    """``ts`` with its last time repeated up to :func:`saved_slots` entries."""
-    return jnp.concatenate([ts, jnp.full(saved_slots(ts.shape[0]) - ts.shape[0], ts[-1], ts.dtype)])
 
 #: Default cap on the adaptive solver's steps (:func:`integrate`, :func:`integrate_points`).
 MAX_STEPS = 100_000
@@ -121,22 +99,12 @@ def _vector_field(ode: OrderParameterODE, y: OrderParameters, t) -> OrderParamet
 def _solve(ode: OrderParameterODE, y0: OrderParameters, ts: jax.Array, rtol, atol, budget, max_steps: int, progress: bool):
     term = diffrax.ODETerm(lambda t, y, args: _vector_field(ode, y, t))
     unresolved = lambda t, y, args, **kwargs: ~ode.expectation.resolves(y.M, y.Q, y.b)
-    sol = diffrax.diffeqsolve(
-        term,
-        diffrax.Tsit5(),
-        t0=ts[0],
-        t1=ts[-1],
-        dt0=DT0,
-        y0=y0,
-        saveat=diffrax.SaveAt(ts=ts),
-        stepsize_controller=StepBudget(diffrax.PIDController(rtol=rtol, atol=atol, dtmin=MIN_STEP, force_dtmin=False),
-                                       jnp.minimum(budget, max_steps)),
-        event=diffrax.Event((invalid_state, unresolved)),
-        max_steps=max_steps,
-        throw=False,
-        adjoint=diffrax.ForwardMode(),
-        progress_meter=diffrax.TqdmProgressMeter() if progress else diffrax.NoProgressMeter(),
-    )
+    controller = StepBudget(diffrax.PIDController(rtol=rtol, atol=atol, dtmin=MIN_STEP, force_dtmin=False),
+                            jnp.minimum(budget, max_steps))
+    sol = diffrax.diffeqsolve(term, diffrax.Tsit5(), t0=ts[0], t1=ts[-1], dt0=DT0, y0=y0, saveat=diffrax.SaveAt(ts=ts),
+                              stepsize_controller=controller, event=diffrax.Event((invalid_state, unresolved)),
+                              max_steps=max_steps, throw=False, adjoint=diffrax.ForwardMode(),
+                              progress_meter=diffrax.TqdmProgressMeter() if progress else diffrax.NoProgressMeter())
     return sol.ys, stop_code(sol)
 
 
@@ -148,7 +116,7 @@ def _trajectories(dynamics: OrderParameterODE, evaluation: OrderParameterODE, y0
 
     def trajectory(dyn, ev, y):
         ys, code = _solve(dyn, y, ts, rtol, atol, budget, max_steps, progress)
-        n = 1 + jnp.sum(jnp.diff(ts) > 0)  # the saved times past the n distinct ones repeat the last (_padded)
+        n = 1 + jnp.sum(jnp.diff(ts) > 0)  # the saved times past the n distinct ones repeat the last (saved_slots)
         risk = _risks(ev, ys, n)
         # the exact route's stated error: the risk at the start and at the end on a finer rule
         ends = jnp.stack([0, n - 1])
@@ -171,7 +139,7 @@ def _trajectories(dynamics: OrderParameterODE, evaluation: OrderParameterODE, y0
 def _risks(ev: OrderParameterODE, ys: OrderParameters, n: jax.Array) -> jax.Array:
     """The risks of the first ``n`` saved states ``ys`` (a traced count; the others NaN), :data:`RISK_BATCH` states
     at a time in a loop of ``ceil(n / RISK_BATCH)`` turns: one copy of the risk in the program, whatever the
-    number of saved times (``lax.map`` with a batch size traced a second copy for the remainder)."""
+    number of saved times."""
     T = ys.M.shape[0]
     slots = -(-T // RISK_BATCH) * RISK_BATCH
     states = jax.tree.map(lambda x: jnp.concatenate([x, jnp.repeat(x[-1:], slots - T, axis=0)])
@@ -187,13 +155,10 @@ def _risks(ev: OrderParameterODE, ys: OrderParameters, n: jax.Array) -> jax.Arra
 
 def _batched(fn, in_axes, size: int):
     """``jax.vmap(fn, in_axes)`` over a batch of ``size``, or the same values one member at a time (``lax.map``)
-    on one CPU device, where a vmapped batch's arrays outgrow the caches (the showcase's drift at four starts took
-    2.5 times as long vmapped as in turn) and each member's solve then keeps its own steps; a batch of one is
-    ``fn`` of its only element with the batch axis put back on every output. The same values (up to rounding),
-    but a vmapped program evaluates both branches of every ``lax.cond`` whose predicate depends on the batch: the
-    exact route's smoothed-profile tables choose between two rules by the state
-    (:func:`~singleloc.expectations._laplace_profiles.smoothing_table`), and one start with one replicate, the
-    common case, then pays for both (the risk gradient took 1.6 times as long)."""
+    on one CPU device, where a vmapped batch's arrays outgrow the caches (2.5 times as long vmapped, four starts) and
+    each member's solve keeps its own steps; a batch of one is ``fn`` of its only element with the batch axis put
+    back. A vmapped program also evaluates both branches of every ``lax.cond`` whose predicate depends on the batch
+    (the exact route's smoothed-profile tables: :func:`~singleloc.expectations._laplace_profiles.smoothing_table`)."""
     if size != 1 and (jax.default_backend() != "cpu" or jax.local_device_count() > 1):
         return jax.vmap(fn, in_axes=in_axes)
 
@@ -212,21 +177,18 @@ _run = eqx.filter_jit(_trajectories)
 @eqx.filter_jit
 def _run_points(dynamics: OrderParameterODE, evaluation: OrderParameterODE, y0: OrderParameters, ts, rtol, atol, budget,
                 max_steps):
-    """:func:`_trajectories` of a batch of points: a leading points axis on every argument (the
-    ODE stacks, starts, saved times, tolerances and step budgets of each point), the points in turn on one CPU
-    device (:func:`_batched`: four showcase points 1.2-1.8 times as fast as vmapped, and each point's numbers
-    those of its own :func:`integrate`), vmapped elsewhere. Every trajectory keeps its own adaptive steps."""
+    """:func:`_trajectories` of a batch of points: a leading points axis on every argument, the points in turn on
+    one CPU device (:func:`_batched`: four showcase points 1.2-1.8 times as fast as vmapped), vmapped elsewhere."""
     args = (dynamics, evaluation, y0, ts, rtol, atol, budget)
     return _batched(lambda *a: _trajectories(*a, max_steps, False), (0,) * len(args), ts.shape[0])(*args)
 
 
 @dataclasses.dataclass(frozen=True)
 class _Problem:
-    """What one point's solve receives: its objects (``setup``, :func:`~singleloc.preflight._build.build`), the
-    arguments of :func:`_trajectories` (``args``: the
-    dynamics and evaluation ODE stacks, the starts, the saved times, ``rtol``, ``atol``) and
-    the rule it was built with (``points``; ``drift_error`` when ``"auto"`` chose it); the saved times are padded
-    to :func:`saved_slots`, of which the first ``saved`` are asked for."""
+    """What one point's solve receives: its ``setup``, the arguments of :func:`_trajectories` (``args``: the dynamics
+    and evaluation ODE stacks, the starts, the saved times padded to :func:`saved_slots`, of which the first ``saved``
+    are asked for, ``rtol``, ``atol``) and the rule it was built with (``points``; ``drift_error`` when ``"auto"``
+    chose it)."""
 
     setup: Setup
     args: tuple
@@ -242,32 +204,23 @@ def _problem(setup: Setup, y0: OrderParameters | None, ts: np.ndarray | None) ->
     th = setup.theory
     R, points, drift_error = th.replicates, th.points, float("nan")
     if points == "auto":
-        choice = points_for(setup, y0)
+        choice = choose_points(setup, y0)
         points, drift_error = choice.points, choice.error
     dynamics = OrderParameterODE.from_setup(setup, seeds=th.qmc_seed + np.arange(R), points=points)
     evaluation = OrderParameterODE.from_setup(setup, seeds=th.evaluation_seed + np.arange(R), points=points, check=True)
     tol = (jnp.asarray(th.rtol, ts.dtype), jnp.asarray(th.atol, ts.dtype))
     expected = expected_steps(float(setup.rule.rate(float(ts[0]))), float(ts[-1] - ts[0]))
     budget = jnp.asarray(int(min(MAX_STEPS, STEP_MARGIN * expected)), jnp.int32)  # at least 256 (:mod:`._step_budget`)
-    saved, ts = ts.shape[0], _padded(ts)
+    saved = ts.shape[0]
+    ts = jnp.concatenate([ts, jnp.full(saved_slots(saved) - saved, ts[-1], ts.dtype)])  # the last time repeated
     points = dynamics.expectation.stated_points(th, setup.problem.L, setup.heads, points)
     return _Problem(setup, (dynamics, evaluation, y0, ts, *tol, budget), int(points), drift_error, saved)
 
 
-def integrate(
-    config: Config | None = None,
-    y0: Starts | None = None,
-    *,
-    problem: Problem | None = None,
-    model: Model | None = None,
-    sgd: SGD | None = None,
-    theory: Theory | None = None,
-    simulation: Simulation | None = None,
-    ts: Real[ArrayLike, " T"] | Sequence[float] | None = None,
-    max_steps: int = MAX_STEPS,
-    progress: bool = False,
-    t0: float = 0.0,
-) -> TheoryResult:
+def integrate(config: Config | None = None, y0: Starts | None = None, *, problem: Problem | None = None,
+              model: Model | None = None, sgd: SGD | None = None, theory: Theory | None = None,
+              simulation: Simulation | None = None, ts: Real[ArrayLike, " T"] | Sequence[float] | None = None,
+              max_steps: int = MAX_STEPS, progress: bool = False, t0: float = 0.0) -> TheoryResult:
     """Integrate the order-parameter ODE for one or several initial conditions.
 
     ``sl.integrate(problem=sl.Problem(L=64), model=sl.Model(heads=4), sgd=sl.SGD(tau_max=300))``
@@ -368,17 +321,11 @@ def integrate_setup(setup: Setup, y0: Starts | None = None, *, ts: Real[ArrayLik
 
 def integrate_points(problems: Sequence[tuple[Config, OrderParameters | None]], *, max_steps: int = MAX_STEPS
                      ) -> list[TheoryResult | FloatingPointError]:
-    """:func:`integrate` of several points ``(config, y0)`` as one vmapped solve per shape.
-
-    Points whose arrays have the same shapes (heads, spikes, sequence length, prior support,
-    activation, bias training, number of points (``"auto"`` resolved per point), replicates,
-    starts and saved times) share one program: their ODE stacks, starts, saved times and
-    tolerances are stacked along a leading axis, split over the local devices, and solved
-    together, each trajectory with its own adaptive steps; the results equal :func:`integrate`'s (bit for bit as
-    measured on one CPU device, where the points are solved in turn; to the solver's tolerance vmapped). Returns
-    one result per point, in order, or the :class:`FloatingPointError` :func:`integrate` would
-    raise for it (a failing point does not stop the others).
-    """
+    """:func:`integrate` of several points ``(config, y0)``: points whose arrays have the same shapes share one
+    program, their ODE stacks, starts, saved times and tolerances stacked along a leading axis, split over the local
+    devices, each trajectory with its own adaptive steps; the results equal :func:`integrate`'s (bit for bit on one
+    CPU device, where the points are solved in turn; to the solver's tolerance vmapped). Returns one result per
+    point, in order, or the :class:`FloatingPointError` :func:`integrate` would raise for it."""
     prepared = [_problem(build(config), y0, None) for config, y0 in problems]  # each point's route decided once
     groups: dict[tuple, list[int]] = {}
     for i, problem in enumerate(prepared):

@@ -1,10 +1,5 @@
-"""The starts of the order-parameter ODE: the overlaps of the simulator's initial weights.
-
-Initial conditions are the overlaps of a real D-dimensional initialisation
-(:func:`~singleloc.initial_overlaps` with the config's ``simulation.seed`` and ``D``), the
-same weights the simulator starts from, so that ``M(0) = O(1/sqrt(D))`` as in a finite run; the
-layer's head weighting adds its own parts at their start (:meth:`~singleloc.AbstractHeadWeighting.state`:
-with trained head weights ``v0 = 1/H``).
+"""The starts of the order-parameter ODE: the overlaps of the simulator's initial weights (a real D-dimensional
+initialisation, :func:`~singleloc.initial_overlaps`), so that ``M(0) = O(1/sqrt(D))`` as in a finite run.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """The step budget of a solve: every solve stops, whatever its learning rate; and why a solve stopped.
 
-A learning rate far past stability makes the order-parameter ODE stiff while its state stays valid (an exact route
-whose quadrature no longer resolved the fields did too; the solve now stops before that, where the fields outgrow its
-rule: :meth:`~singleloc.expectations._laplace.LaplaceRule.resolves`): at ``sgd.lr = 1e4`` on the default problem the adaptive
-steps were ``1e-7`` to ``2e-7`` in ``tau``, so a solve to ``tau = 300`` would have taken about ``1e9`` steps (hours)
-before the keys ran away or the steps fell below the solver's floor, and diffrax's ``max_steps`` (``1e5`` steps of
-0.3 s) bounds nothing a user can wait for.
+A learning rate far past stability makes the order-parameter ODE stiff while its state stays valid: at
+``sgd.lr = 1e4`` on the default problem the adaptive steps are ``1e-7`` to ``2e-7`` in ``tau`` (a solve to
+``tau = 300`` takes about ``1e9`` steps, hours), and diffrax's ``max_steps`` bounds nothing a user can wait for.
 
 :class:`StepBudget` wraps the step-size controller and counts the steps. With ``n`` steps taken and the solve at
 ``t`` of its span ``[t_0, t_1]``, it stops the solve (diffrax's ``max_steps_reached``) once
@@ -35,12 +32,9 @@ WARMUP = 256
 #: The budget's margin over the expected steps.
 STEP_MARGIN = 8.0
 
-#: Smallest step the adaptive solver may take, in ``tau``: below it the solve stops as diverged
-#: (diffrax's ``dtmin``, not forced). A learning rate far past stability makes the ODE stiff while the
-#: keys grow only slowly towards the runaway threshold: on the canonical tiny problem at
-#: ``lr = 1e4`` the first steps were 5e-8 and the later ones 2e-7, and the solve would have taken
-#: hours of steps before reaching ``Q_RUNAWAY``; at ``lr = 1e3`` (which it does follow, in 724 steps)
-#: none was below 5e-6, and at the learning rates that train none below 1e-4.
+#: Smallest step the adaptive solver may take, in ``tau``: below it the solve stops as diverged (diffrax's
+#: ``dtmin``, not forced). At ``lr = 1e3``, which the solve follows (724 steps), none was below 5e-6; at the
+#: learning rates that train none below 1e-4.
 MIN_STEP = 1e-7
 
 #: Why a solve stopped, by the index the solve's program returns (:func:`stop_code`; diffrax's results, any other

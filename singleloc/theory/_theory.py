@@ -7,14 +7,10 @@ the relevant token at 0, and ``c = df/ds`` (autodiff). docs/model.md's drift is
     dQ/dtau  = -lr E[sum_l (c_l g_l^T + g_l c_l^T)] + lr^2 E[sum_l c_l c_l^T]
     db/dtau  = -lr E[sum_l c_l]                      (only when biases train).
 
-for plain online SGD. :class:`OrderParameterODE` is two objects: the SGD rule
-(:mod:`~singleloc.sgd._sgd_rule`, :class:`~singleloc.OnlineSGD` and its variants), which turns field
-averages of the loss gradient (:class:`~singleloc.GradientMoments`: ``E[sum_l c_l nu_l^T]``,
-``E[sum_l c_l g_l^T]``, ``E[sum_l c_l]``, ``E[sum_l c_l c_l^T]``) into the drift, and the
-expectation route (:mod:`~singleloc.expectations._expectation`), which computes those averages and the risk:
-on a Sobol rule (:class:`~singleloc.SobolExpectation`), exactly in the Laplace form
-(:class:`~singleloc.LaplaceExpectation`) or by plain Monte Carlo
-(:class:`~singleloc.MonteCarloExpectation`). Each route's module derives its averages.
+for plain online SGD. :class:`OrderParameterODE` is two objects: the SGD rule (:class:`~singleloc.OnlineSGD` and
+its variants), which turns field averages of the loss gradient (:class:`~singleloc.GradientMoments`) into the
+drift, and the expectation route (:mod:`~singleloc.expectations._expectation`), which computes those averages and
+the risk; each route's module derives them.
 
 The ``O(lr)`` part is the gradient flow of the population risk ``R(M, Q, b) = E[f]`` through
 the order parameters; ``tests/test_theory.py`` checks it against derivatives of ``R`` alone
@@ -35,14 +31,13 @@ from jaxtyping import ArrayLike, Integer, Real
 from ..expectations._expectation import AbstractExpectation
 from ..expectations._routes import route_class
 from ..ground._arguments import checked
+from ..preflight._build import Setup, build
 from ..runtime._numerics import require_x64
 from ..sgd._head_weighting import OrderParameters
 from ..sgd._sgd_rule import AbstractSGDRule, GradientMoments
 
 if TYPE_CHECKING:
-    from ..configuration._config import Config
     from ..configuration._specs import SGD, Model, Problem, Theory
-    from ..preflight._build import Setup
 
 
 def r_orth(M: Real[ArrayLike, "H F"], Q: Real[ArrayLike, "H H"]) -> jax.Array:
@@ -92,27 +87,17 @@ class OrderParameterODE(eqx.Module):
                    check: bool = False) -> OrderParameterODE:
         """The ODE of the specifications (defaults for those not given): the data ``problem``,
         the layer ``model``, the SGD rule ``sgd`` and the numerics ``theory``; the other
-        arguments as :meth:`from_config`'s, which this is on the bundle of the four."""
+        arguments as :meth:`from_setup`'s, which this is on their :func:`~singleloc.build`."""
         from ..configuration._config import gather_specs  # the edge: specifications bundled, then built once
 
         config = gather_specs("OrderParameterODE.from_specs", problem=problem, model=model, sgd=sgd, theory=theory)
-        return cls.from_config(config, seeds=seeds, points=points, check=check)
-
-    @classmethod
-    @checked
-    def from_config(cls, config: Config, *, seeds: Sequence[int] | Integer[ArrayLike, " K"] | None = None,
-                    points: int | None = None,
-                    check: bool = False) -> OrderParameterODE:
-        """The ODE of a configuration: its objects built once (:func:`~singleloc.preflight._build.build`), then
-        :meth:`from_setup` (the other arguments are its)."""
-        from ..preflight._build import build  # the edge: a config's objects (this module takes objects)
-
         return cls.from_setup(build(config), seeds=seeds, points=points, check=check)
 
     @classmethod
+    @checked
     def from_setup(cls, setup: Setup, *, seeds: Sequence[int] | Integer[ArrayLike, " K"] | None = None, points: int | None = None,
                    check: bool = False) -> OrderParameterODE:
-        """The ODE of the objects ``setup`` (:class:`~singleloc.preflight._build.Setup`): its SGD rule on the
+        """The ODE of the objects ``setup`` (:func:`~singleloc.build`): its SGD rule on the
         expectation of its route (the route class's ``from_setup``, :func:`~singleloc.expectations._routes.route_class`).
 
         ``seeds``: a stack of rules with these scrambling seeds (leading axis, see
@@ -125,7 +110,7 @@ class OrderParameterODE(eqx.Module):
         points = setup.theory.points if points is None else points
         if not isinstance(points, int):
             raise ValueError(f"theory.points = {points!r}: a number is needed here; resolve 'auto' first with "
-                             "singleloc.resolve_points(config) (integrate does it itself)")
+                             "singleloc.resolve_points(setup) (integrate does it itself)")
         expectation = route_class(setup.route.route).from_setup(setup, points=points, seeds=seeds, check=check)
         return cls(expectation, setup.rule)
 

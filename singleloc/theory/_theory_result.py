@@ -21,28 +21,19 @@ STATEMENT_FIELDS = ("route", "gram_route", "risk_error", "exact_drift_error", "g
 class TheoryResult(Trajectory):
     """ODE trajectories of ``S`` initial conditions at ``T`` saved times (a :class:`~singleloc.Trajectory`).
 
-    ``tau`` (T,), ``M`` (S, T, H, F), ``Q`` (S, T, H, H), ``b`` (S, T, H), ``risk`` (S, T):
-    the means over the ``replicates`` rules (module docstring); ``risk_se`` (S, T): the
-    standard error of ``risk`` (NaN for one replicate); ``drift_error``: the estimated
-    relative drift error at the start and the end, worst start (from independent scramblings:
-    :func:`~singleloc.expectations._expectation.solve_report`; NaN on the exact route); ``points``:
-    the Sobol points per rule (the choice, for ``theory.points = "auto"``); ``route``:
-    ``"exact"`` (risk and ``O(lr)`` drift by :mod:`~singleloc.expectations._laplace`, the Gram term on the
-    rule), ``"rule"`` or ``"montecarlo"`` (plain Monte Carlo, ``2 points`` draws); ``risk_error``: on the exact
-    route, the largest difference of the risk at the start and at the end to a finer exact rule (the stated
-    error of ``risk``), on the rule and Monte Carlo routes the larger standard error of the risk there;
-    ``gram_error``: on the exact route, the estimated relative error of the ``lr^2`` (Gram) term
-    at the start and at the end (its standard error over independent scramblings, or for an exact Gram term
-    to the finer exact rule: :func:`gram_error`); ``gram_route``: ``"exact"`` where the exact route has
-    the Gram term exactly (``theory.gram``, :mod:`~singleloc.expectations._laplace_gram`), ``"montecarlo"`` by
-    plain Monte Carlo (its standard error; also on the Monte Carlo route), else ``"sobol"``;
-    ``exact_drift_error``: on the exact route, the largest relative difference of the ``O(lr)`` drift
-    to the finer exact rule at the start and at the end
-    (:meth:`~singleloc.OrderParameterODE.exact_drift_error`; a risk error of 1e-3 can come with a
-    drift error of order one), computed where ``risk_error`` exceeds 1e-9, NaN below (where it is
-    under about 1e-5: ``singleloc.theory._ode.DRIFT_CHECK_ABOVE``);
-    ``axes``: the rule route's field layout (``theory.axes``; printed by :meth:`quadrature`, stored in the
-    run's ``config.json``); ``v`` (S, T, H): the trained head weights (``model.head_weights = "trained"``; else ``None``).
+    ``tau`` (T,), ``M`` (S, T, H, F), ``Q`` (S, T, H, H), ``b`` (S, T, H), ``risk`` (S, T): the means over the
+    ``replicates`` rules; ``risk_se`` (S, T): the standard error of ``risk`` (NaN for one replicate);
+    ``drift_error``: the estimated relative drift error at the start and the end, worst start (from independent
+    scramblings: :func:`~singleloc.expectations._expectation.solve_report`; NaN on the exact route); ``points``: the
+    Sobol points per rule (the choice, for ``theory.points = "auto"``); ``route``: ``"exact"``, ``"rule"`` or
+    ``"montecarlo"`` (``2 points`` draws); ``risk_error``: on the exact route the largest difference of the risk at
+    the start and the end to a finer exact rule, on the others the larger standard error of the risk there;
+    ``gram_error``: on the exact route the estimated relative error of the ``lr^2`` (Gram) term at the start and
+    the end; ``gram_route``: how that term was computed, ``"exact"`` (``theory.gram``), ``"montecarlo"`` or
+    ``"sobol"``; ``exact_drift_error``: on the exact route the largest relative difference of the ``O(lr)`` drift
+    to the finer exact rule at the start and the end (:meth:`~singleloc.OrderParameterODE.exact_drift_error`),
+    NaN where ``risk_error`` is below 1e-9 (it is then under about 1e-5); ``axes``: the rule route's field layout
+    (``theory.axes``); ``v`` (S, T, H): the trained head weights (``model.head_weights = "trained"``; else ``None``).
     ``theory.npz`` stores the first trajectory with the leading ``S`` axis dropped.
     """
 

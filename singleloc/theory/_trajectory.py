@@ -1,15 +1,8 @@
-"""The record of SGD in order parameters, however it was computed.
-
-A trajectory of the single-location layer is its order parameters at saved times (docs/model.md
-sections 3-5): ``tau`` (T,) the time in units of ``D`` steps, and for ``S`` starts (initial
-conditions or seeds) ``M`` (S, T, H, F) the overlaps of the keys with the spikes, ``Q`` (S, T, H, H)
-the keys' Gram matrix, ``b`` (S, T, H) the biases and ``risk`` (S, T) the risk of each state. The
-ODE (:class:`~singleloc.TheoryResult`), the finite-``D`` simulation (:class:`~singleloc.SimulationResult`)
-and the SDE of its fluctuations (:class:`~singleloc.SDEResult`) all return one, with what each adds
-beside it (stated errors, the empirical risk and the final keys, nothing). What reads a trajectory
-(figures, phases, pruning of the final state) reads this record, whichever produced it; the state
-an SGD rule declares beyond ``(M, Q, b)`` (trained head weights ``v`` (S, T, H)) is a field of
-the results that carry it, ``None`` elsewhere.
+"""The record of SGD in order parameters, however it was computed: the ODE (:class:`~singleloc.TheoryResult`), the
+finite-``D`` simulation (:class:`~singleloc.SimulationResult`) and the SDE (:class:`~singleloc.SDEResult`) all
+return one, with what each adds beside it (stated errors; the empirical risk and the final keys; nothing), and what
+reads a trajectory (figures, phases, pruning) reads this record. The state an SGD rule declares beyond
+``(M, Q, b)`` (trained head weights ``v`` (S, T, H)) is a field of the results that carry it.
 """
 
 from __future__ import annotations
@@ -21,8 +14,9 @@ import numpy as np
 
 @dataclasses.dataclass(frozen=True)
 class Trajectory:
-    """Order parameters at saved times: ``tau`` (T,), ``M`` (S, T, H, F), ``Q`` (S, T, H, H),
-    ``b`` (S, T, H), ``risk`` (S, T) (module docstring)."""
+    """Order parameters at saved times (docs/model.md sections 3-5): ``tau`` (T,) the time in units of ``D`` steps,
+    and for ``S`` starts (initial conditions or seeds) ``M`` (S, T, H, F) the overlaps of the keys with the spikes,
+    ``Q`` (S, T, H, H) the keys' Gram matrix, ``b`` (S, T, H) the biases and ``risk`` (S, T) the risk of each state."""
 
     tau: np.ndarray
     M: np.ndarray
