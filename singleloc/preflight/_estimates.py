@@ -25,7 +25,7 @@ import json
 import math
 import re
 import timeit
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -305,19 +305,21 @@ _IN_PROCESS: set[str] = set()
 class TheorySolve:
     """The estimate, the phases and the record of one solve: ``program`` (``"integrate"`` or ``"integrate_points"``),
     the ``setup`` of its first point, ``starts`` per point, ``saved`` times, the ``span`` of ``tau`` (the longest of a
-    batch), ``batch`` points solved together; ``cached``: whether the program can come from the persistent cache (not
+    batch), ``rates``: the rates per sequence of the points solved together, each at its own steps (one point: the
+    setup's); ``cached``: whether the program can come from the persistent cache (not
     with diffrax's progress bar, a host callback, which then draws instead of the live line); ``built``: its rules are."""
 
-    def __init__(self, program: str, setup: Setup, starts: int, saved: int, span: float, batch: int = 1,
+    def __init__(self, program: str, setup: Setup, starts: int, saved: int, span: float, rates: Sequence[float] = (),
                  cached: bool = True, built: bool = False):
         import jax
 
         from ..runtime._compilation import _environment, compile_group
 
         route, words = route_costs(setup.route)
+        rates, batch = rates or (setup.sgd.rate,), max(len(rates), 1)
         self.work = theory_work(setup.problem.L, setup.heads, setup.prior, setup.theory, setup.route, starts * batch)
         self.span, self.batch, self.draw, self.kind = float(span), batch, cached, f"{program}:{route}"
-        self.size = solve_size(self.work, self.span, saved, setup.sgd.rate)
+        self.size = sum(solve_size(self.work / batch, self.span, saved, rate) for rate in rates)  # each point its steps
         self.key = f"{program}:{_digest(compile_group('theory', setup.config.to_dict()), route, starts, saved, batch)}"
         self.label, self._prepared, self.finished = f"{program}, {_label(setup)} on the {words} route", None, True
         self.env, self.cache = _digest(repr(_environment())), cached and bool(jax.config.jax_compilation_cache_dir)
@@ -342,7 +344,8 @@ class TheorySolve:
         """The solve of points solved together (:func:`~singleloc.theory._ode.integrate_points`: their prepared problems,
         whose rules are built), announced."""
         span, first = max(float(p.args[3][-1] - p.args[3][0]) for p in problems), problems[0]
-        solve = cls("integrate_points", first.setup, int(first.args[2].M.shape[0]), first.saved, span, len(problems), built=True)
+        solve = cls("integrate_points", first.setup, int(first.args[2].M.shape[0]), first.saved, span,
+                    [p.setup.sgd.rate for p in problems], built=True)
         solve.announce(f"{solve.label}, {len(problems)} points to tau = {span:g}")
         return solve
 
