@@ -53,7 +53,7 @@ REFERENCE = {
     "compile": {"exact": 40.0, "rule": 8.0}, "load": {"exact": 1.1, "rule": 0.5}, "prepare": 3.0,
     "solve": 6.0, "saved": 0.35, "sgd_step": 3.1e-9, "measure": 2.0e-8, "sim_compile": 8.0,
     "risk": 0.5, "risk_compile": {"exact": 5.0, "rule": 2.0},
-    "prediction": {"exact": 50.0, "rule": 10.0}, "prediction_drifts": 300,
+    "prediction": 10.0, "prediction_drifts": 300,
 }
 VERSION, RATES_KEPT = 4, 3
 
@@ -243,16 +243,16 @@ def solve_size(work: float, span: float, saved: int, rate: float = 1.0) -> float
 
 def _prediction_model(setup: Setup) -> tuple[str, str, float, float]:
     """The kind, key, work and reference seconds of an escape prediction's drift evaluations: the symmetric path and the
-    Jacobians of its 16 rates (along ``F + H`` antisymmetric directions each, by central differences; on a rule of field
-    nodes at :meth:`~singleloc.configuration._specs.Theory.prediction_points`)."""
+    Jacobians of its 16 rates (along ``F + H`` antisymmetric directions each, by central differences), on the Sobol rule
+    at :meth:`~singleloc.configuration._specs.Theory.prediction_points` whatever the run's route
+    (:func:`~singleloc.analysis._predictions.prediction_setup`)."""
     from ..runtime._compilation import compile_group
 
     pb, H, th = setup.problem, setup.heads, setup.theory
-    if setup.route.route_class.field_nodes:
-        th = dataclasses.replace(th, points=th.prediction_points(pb.L, H, auto_points(pb.L, H, setup.prior, th.points)))
-    route, work = route_costs(setup.route)[0], theory_work(pb.L, H, setup.prior, th, setup.route, 1)
+    th = dataclasses.replace(th, points=th.prediction_points(pb.L, H, auto_points(pb.L, H, setup.prior, th.points)))
+    work = theory_work(pb.L, H, setup.prior, th, dataclasses.replace(setup.route, route="rule", gram=None), 1)
     size = (REFERENCE["prediction_drifts"] + 16 * 2 * (pb.F + H)) * work
-    return f"prediction:{route}", f"prediction:{_digest(compile_group('prediction', setup.config.to_dict()))}", work, size
+    return "prediction:rule", f"prediction:{_digest(compile_group('prediction', setup.config.to_dict()))}", work, size
 
 
 def _programs(kind: str, key: str, reference: float) -> float:
@@ -289,7 +289,7 @@ def prediction_estimate(setup: Setup) -> Estimate:
     evaluations and its programs (:func:`_programs`)."""
     kind, key, work, size = _prediction_model(setup)
     run = estimate(kind, key, work, size)
-    return first_run(Estimate(_programs(kind, key, REFERENCE["prediction"][kind.partition(":")[2]]) + run.seconds, run.basis))
+    return first_run(Estimate(_programs(kind, key, REFERENCE["prediction"]) + run.seconds, run.basis))
 
 
 def recorded(setup: Setup) -> contextlib.AbstractContextManager[None]:
