@@ -162,6 +162,19 @@ def test_a_solve_records_its_times_and_the_next_estimate_is_measured(records, mo
     assert other.estimate.parts[-1][1] == pytest.approx(solve_size(other.work, 2.0, 3) / solve_size(work, 2.0, 3))
 
 
+def test_a_batch_of_points_is_sized_by_each_points_rate(records):
+    """Points solved together take each its own adaptive steps (one CPU device: in turn), so a batch's size is the
+    sum of its points' sizes at their own learning rates, whatever their order; it was the first point's law for
+    all (a batch of ``sgd.lr = 1e4`` and ``0.5`` announced at the stiff point's steps twice)."""
+    config = sl.load_config("default", SETS)
+    stiff, mild = (build(config.replace(sgd={"lr": lr})) for lr in (1e4, 0.5))
+    alone = [TheorySolve("integrate", s, 1, 3, 2.0).size for s in (stiff, mild)]
+    assert alone[0] > 5 * alone[1]  # expected_steps grows as rate^0.75
+    for first in (stiff, mild):
+        batch = TheorySolve("integrate_points", first, 1, 3, 2.0, [s.sgd.rate for s in (stiff, mild)])
+        assert batch.batch == 2 and batch.size == pytest.approx(sum(alone), rel=1e-12)
+
+
 def test_a_solve_stopped_early_records_its_program_but_no_rate(records):
     """A solve stopped early (here where its fields outgrow the exact rule) did a fraction of the work its size
     counts, so its rate would make its family's next estimates that much too short: after a stopped exact solve at

@@ -6,6 +6,8 @@ escape and horizon of a configuration."""
 
 from __future__ import annotations
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -429,10 +431,10 @@ def test_a_series_of_linearizations_says_k_of_n(tiny_ode, monkeypatch):
     assert n > 1 and counts == [f"{k} of at most {n} along the flow" for k in range(1, n + 1)]  # a rate too small to escape
 
 
-def test_the_prediction_takes_a_cheaper_rule_only_where_the_runs_is_large(monkeypatch):
-    """Issue 61 item 3: on the rule route the escape prediction's rule has at most 2^18 / (L H) points, never
-    fewer than 256, and the run's own below (every problem of the README, L H <= 16, keeps its rule: bit for
-    bit); on the exact route the run's numerics."""
+def test_the_prediction_takes_the_sobol_rule_whatever_the_runs_route(monkeypatch):
+    """Issue 61 item 3: the escape prediction's rule is the Sobol rule of at most 2^18 / (L H) points, never fewer than
+    256, and the run's own below (every problem of the README, L H <= 16, keeps its rule: bit for bit), on the rule
+    route and the exact route alike (the exact flow cost as much as the run's solve)."""
     from singleloc.analysis import _predictions
 
     th = tiny(rule=True).theory
@@ -441,15 +443,15 @@ def test_the_prediction_takes_a_cheaper_rule_only_where_the_runs_is_large(monkey
     assert th.prediction_points(64, 3, 4096) == 1024 and th.prediction_points(1024, 16, 4096) == 256
     seen = []
 
-    def stop(setup, *, points=None, **kwargs):
-        seen.append((setup.route.route, points))
+    def stop(setup, **kwargs):
+        seen.append((setup.route.route, setup.theory.route, setup.theory.points))
         raise RuntimeError("stop: the rule is chosen")
 
     monkeypatch.setattr(_predictions.OrderParameterODE, "from_setup", stop)
     for rule in (True, False):
         with pytest.raises(RuntimeError, match="stop"):
             predicted_escape(tiny("problem.L=64", "model.heads=8", "theory.points=4096", rule=rule))
-    assert seen == [("rule", 512), ("exact", 4096)]
+    assert seen == [("rule", "rule", 512)] * 2
 
 
 def test_a_flow_too_stiff_to_follow_stops_as_a_solve_does_and_says_so():
@@ -463,19 +465,15 @@ def test_a_flow_too_stiff_to_follow_stops_as_a_solve_does_and_says_so():
     assert np.isnan(stiff.predicted_escape) and np.isnan(stiff.rate) and stiff.horizon == 300.0
 
 
-@pytest.mark.slow
-def test_a_flow_whose_fields_outgrow_the_exact_rule_goes_on_on_the_sobol_rule():
-    """As the solve does (tests/test_resolved_width.py), the prediction's flow on ``"auto"``'s exact route stops
-    where its fields outgrow the rule (``lr = 64``: at tau 0.27 on the tiny problem) and goes on on the Sobol rule,
-    saying so, to the same prediction as the rule route's; ``theory.route = "exact"`` predicts from the flow up to
-    there and says so. (Slow: the exact flow's 241 risks take about 13 s.)"""
-    with pytest.warns(UserWarning, match=r"head-symmetric flow stopped near tau = 0\.2.*wider than its route's rule "
-                                         r"resolves.*: predicting on the Sobol rule instead"):
-        auto = predicted_escape(tiny("sgd.lr=64"), tau_flow=1.0, n_rates=2)
-    np.testing.assert_equal(auto.arrays(), predicted_escape(tiny("sgd.lr=64", rule=True), tau_flow=1.0, n_rates=2).arrays())
-    with pytest.warns(UserWarning, match=r"wider than its route's rule resolves.*; the escape is predicted from the flow "
-                                         r"up to there"):
-        predicted_escape(tiny("sgd.lr=64", "theory.route=exact"), tau_flow=1.0, n_rates=2)
+def test_an_exact_run_whose_fields_outgrow_its_rule_is_predicted_on_the_sobol_rule():
+    """The exact route's flow at ``lr = 64`` on the tiny problem stopped at tau 0.27, where its fields outgrew the rule
+    (and went on on the Sobol rule when the route was "auto"'s choice): the prediction is now on the Sobol rule for
+    every route, so the exact route's runs, chosen or asked for, are predicted as the rule route's, without a stop."""
+    rule = predicted_escape(tiny("sgd.lr=64", rule=True), tau_flow=1.0, n_rates=2).arrays()
+    for route in ("theory.route=auto", "theory.route=exact"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no stop, no switch
+            np.testing.assert_equal(predicted_escape(tiny("sgd.lr=64", route), tau_flow=1.0, n_rates=2).arrays(), rule)
 
 
 @pytest.mark.slow

@@ -37,14 +37,16 @@ of a random start (``M = 0``, ``R_orth = init_scale^2 I``, ``b = bias_init``) up
   every number of the prediction is NaN (not predicted) and the horizon is the ``fallback``. A flow that stops
   as a solve would (:func:`~singleloc.analysis._stability.symmetric_path`: stiff at a learning rate past
   stability, an invalid state) says so in a warning and predicts from the flow up to there (nothing, as for
-  trained weights, when it stopped before its first saved time); where its fields outgrow the exact route's rule
-  and the route was ``"auto"``'s choice it goes on on the Sobol rule, as the solve does.
+  trained weights, when it stopped before its first saved time).
 
-**Its rule.** On the rule route the flow and the rates are on a Sobol rule of
-:meth:`~singleloc.configuration._specs.Theory.prediction_points` points: the run's own, but at most
-``2^18 / (L H)`` (never fewer than 256): the prediction only chooses the horizon and must land within 1.5x
-of the measured escape, not carry the run's accuracy (every problem with ``L H <= 64`` at the default 4096
-points keeps the run's rule). The exact route takes the run's numerics.
+**Its rule** (:func:`prediction_setup`). Whatever the run's route, the flow and the rates are on the Sobol rule (the
+rule route) of :meth:`~singleloc.configuration._specs.Theory.prediction_points` points: the run's ``theory.points``
+(``"auto"``: on the rule route as the run resolves it, elsewhere the rule route's first count), but at most
+``2^18 / (L H)`` (never fewer than 256). The prediction only chooses the horizon and must land within 1.5x of the
+measured escape, not carry the run's accuracy: the rule moves it by 2-8% from the exact route's (the default problem
+302 -> 319, the README's first story 321 -> 296), inside the model's own spread, at a fraction of the cost (the first
+story's prediction took 146-189 s on the exact route, a flow of some 300 four-head exact drifts and 14 linearizations
+of 12 each, and takes 14-16 s on the rule; a joint layer's exact drift costs seconds).
 
 **The horizon** (:func:`escape_horizon`): ``multiple = 5`` times the predicted escape (the escape of the first
 direction: the later directions' escapes and the settling come after it; at 2.5 times the README sweep left
@@ -69,10 +71,10 @@ from ..configuration._specs import SGD, Model, Problem, Simulation, Theory
 from ..ground._choices import check_horizon
 from ..ground._validation import number
 from ..preflight._build import Setup, build
+from ..preflight._resources import auto_points
 from ..runtime._progress import Phase
 from ..theory._accuracy import resolve_points
 from ..theory._starts import initial_conditions
-from ..theory._step_budget import UnresolvedFields
 from ..theory._theory import OrderParameterODE
 from ._stability import (
     start_variances,
@@ -160,10 +162,13 @@ def predicted_escape(config: Config | Setup | None = None, *, problem: Problem |
                      sgd: SGD | None = None, theory: Theory | None = None, simulation: Simulation | None = None,
                      multiple: float = HORIZON_MULTIPLE, cap: float = HORIZON_CAP,
                      fallback: float = HORIZON_FALLBACK, tau_flow: float = 1000.0, plateau_fraction: float = 0.05,
-                     n_rates: int = 16, method: str = "auto") -> EscapePrediction:
+                     n_rates: int = 16, method: str = "finite-difference") -> EscapePrediction:
     """The predicted escape from the unspecialized plateau and the integration horizon of
     ``config`` (module docstring; ``method`` is the Jacobian's, as in
-    :func:`~singleloc.analysis._stability.linearize`). Jacobians are evaluated in time order and only until
+    :func:`~singleloc.analysis._stability.linearize`: central differences by default, whose one program, the drift's,
+    the symmetric start needs anyway (its ``Q`` has repeated eigenvalues), within about 1e-10 of autodiff; ``"auto"``
+    makes the drift's Jacobian a second program, 30 s to compile on the default problem's exact route, and 1.4x the
+    prediction's seconds there once loaded). Jacobians are evaluated in time order and only until
     the tangent-linear amplitude reaches 1; ``theory.points = "auto"`` is resolved first
     (:func:`~singleloc.resolve_points`). The run is a :class:`~singleloc.preflight._build.Setup`, ``config``
     or the specifications by keyword (``simulation``: the dimension ``D`` of the escape)."""
@@ -177,22 +182,14 @@ def predicted_escape(config: Config | Setup | None = None, *, problem: Problem |
     if not config.model.weighting.head_average:  # no head-symmetric flow of the weighted layer: no prediction
         return not_predicted
     H, F, D = config.model.heads, config.problem.F, config.simulation.D
-    setup = resolve_points(config if isinstance(config, Setup) else build(config))  # the route decided once, for "auto"
-    points, field_nodes = setup.theory.points, setup.route.route_class.field_nodes
-    if field_nodes:  # a cheaper rule where the run's is large (module docstring)
-        points = setup.theory.prediction_points(setup.problem.L, H, points)
-    ode, mean = OrderParameterODE.from_setup(setup, points=points), setup.prior.mean()
+    setup = prediction_setup(config if isinstance(config, Setup) else build(config))
+    ode, mean = OrderParameterODE.from_setup(setup), setup.prior.mean()
     x0 = symmetric_start(H, F, setup.sgd.init_scale, setup.model.bias_init)
     ts = np.concatenate([[0.0], np.geomspace(tau_flow * 1e-4, tau_flow, _PATH_POINTS)])
-    on = f"{ode.expectation.route} route" + (f", {points} points" if field_nodes else "")
-    with Phase((f"following the head-symmetric flow of {H} heads to tau = {tau_flow:g} ({on}; "
-                f"then at most {n_rates} linearizations along it)", "followed the head-symmetric flow")):
+    with Phase((f"following the head-symmetric flow of {H} heads to tau = {tau_flow:g} (Sobol rule, "
+                f"{setup.theory.points} points; then at most {n_rates} linearizations along it)",
+                "followed the head-symmetric flow")):
         xs, risk, stop = symmetric_path(ode, x0, H, F, ts, rtol=setup.theory.rtol, atol=setup.theory.atol)
-    again = dict(multiple=multiple, cap=cap, fallback=fallback, tau_flow=tau_flow, plateau_fraction=plateau_fraction,
-                 n_rates=n_rates, method=method)
-    if isinstance(stop, UnresolvedFields) and setup.theory.route == "auto":  # as the solve: on to the Sobol rule
-        warnings.warn(f"{stop}: predicting on the Sobol rule instead (theory.route = 'rule')", stacklevel=2)
-        return predicted_escape(build(setup.config.replace(theory={"route": "rule"})), **again)
     ts = ts[:len(risk)]  # the saved times the flow reached
     if stop is not None:
         warnings.warn(f"{stop}; the escape is predicted from the flow up to there" if len(ts) > 1 else
@@ -218,6 +215,19 @@ def predicted_escape(config: Config | Setup | None = None, *, problem: Problem |
     return EscapePrediction(rate=rate, tau_plateau=tau_0, plateau_risk=float(risk[-1]), predicted_escape=tau_esc,
                             horizon=escape_horizon(tau_esc, multiple=multiple, cap=cap, fallback=fallback), D=D,
                             path_tau=np.asarray(path_tau, float), path_rate=np.asarray(path_rate, float))
+
+
+def prediction_setup(setup: Setup) -> Setup:
+    """The numerics of the escape prediction of a run built as ``setup`` (module docstring, "Its rule"): the rule
+    route (its own Gram term) at :meth:`~singleloc.configuration._specs.Theory.prediction_points` of the run's points
+    (``"auto"``: on the rule route as the run resolves it, :func:`~singleloc.resolve_points`; on another the rule
+    route's first count, :func:`~singleloc.preflight._resources.auto_points`)."""
+    if setup.route.route == "rule":
+        setup = resolve_points(setup)
+    pb, th = setup.problem, setup.theory
+    points = th.prediction_points(pb.L, setup.heads, auto_points(pb.L, setup.heads, setup.prior, th.points))
+    theory = dataclasses.replace(th, route="rule", points=points, gram="auto", gram_points="auto")
+    return dataclasses.replace(setup, theory=theory, route=dataclasses.replace(setup.route, route="rule", gram=None))
 
 
 def compute_prediction(setup: Setup) -> dict[str, np.ndarray]:

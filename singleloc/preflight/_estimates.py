@@ -25,7 +25,7 @@ import json
 import math
 import re
 import timeit
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +53,7 @@ REFERENCE = {
     "compile": {"exact": 40.0, "rule": 8.0}, "load": {"exact": 1.1, "rule": 0.5}, "prepare": 3.0,
     "solve": 6.0, "saved": 0.35, "sgd_step": 3.1e-9, "measure": 2.0e-8, "sim_compile": 8.0,
     "risk": 0.5, "risk_compile": {"exact": 5.0, "rule": 2.0},
-    "prediction": {"exact": 50.0, "rule": 10.0}, "prediction_drifts": 300,
+    "prediction": 10.0, "prediction_drifts": 300,
 }
 VERSION, RATES_KEPT = 4, 3
 
@@ -243,16 +243,16 @@ def solve_size(work: float, span: float, saved: int, rate: float = 1.0) -> float
 
 def _prediction_model(setup: Setup) -> tuple[str, str, float, float]:
     """The kind, key, work and reference seconds of an escape prediction's drift evaluations: the symmetric path and the
-    Jacobians of its 16 rates (along ``F + H`` antisymmetric directions each, by central differences; on a rule of field
-    nodes at :meth:`~singleloc.configuration._specs.Theory.prediction_points`)."""
+    Jacobians of its 16 rates (along ``F + H`` antisymmetric directions each, by central differences), on the Sobol rule
+    at :meth:`~singleloc.configuration._specs.Theory.prediction_points` whatever the run's route
+    (:func:`~singleloc.analysis._predictions.prediction_setup`)."""
     from ..runtime._compilation import compile_group
 
     pb, H, th = setup.problem, setup.heads, setup.theory
-    if setup.route.route_class.field_nodes:
-        th = dataclasses.replace(th, points=th.prediction_points(pb.L, H, auto_points(pb.L, H, setup.prior, th.points)))
-    route, work = route_costs(setup.route)[0], theory_work(pb.L, H, setup.prior, th, setup.route, 1)
+    th = dataclasses.replace(th, points=th.prediction_points(pb.L, H, auto_points(pb.L, H, setup.prior, th.points)))
+    work = theory_work(pb.L, H, setup.prior, th, dataclasses.replace(setup.route, route="rule", gram=None), 1)
     size = (REFERENCE["prediction_drifts"] + 16 * 2 * (pb.F + H)) * work
-    return f"prediction:{route}", f"prediction:{_digest(compile_group('prediction', setup.config.to_dict()))}", work, size
+    return "prediction:rule", f"prediction:{_digest(compile_group('prediction', setup.config.to_dict()))}", work, size
 
 
 def _programs(kind: str, key: str, reference: float) -> float:
@@ -289,7 +289,7 @@ def prediction_estimate(setup: Setup) -> Estimate:
     evaluations and its programs (:func:`_programs`)."""
     kind, key, work, size = _prediction_model(setup)
     run = estimate(kind, key, work, size)
-    return first_run(Estimate(_programs(kind, key, REFERENCE["prediction"][kind.partition(":")[2]]) + run.seconds, run.basis))
+    return first_run(Estimate(_programs(kind, key, REFERENCE["prediction"]) + run.seconds, run.basis))
 
 
 def recorded(setup: Setup) -> contextlib.AbstractContextManager[None]:
@@ -305,19 +305,21 @@ _IN_PROCESS: set[str] = set()
 class TheorySolve:
     """The estimate, the phases and the record of one solve: ``program`` (``"integrate"`` or ``"integrate_points"``),
     the ``setup`` of its first point, ``starts`` per point, ``saved`` times, the ``span`` of ``tau`` (the longest of a
-    batch), ``batch`` points solved together; ``cached``: whether the program can come from the persistent cache (not
+    batch), ``rates``: the rates per sequence of the points solved together, each at its own steps (one point: the
+    setup's); ``cached``: whether the program can come from the persistent cache (not
     with diffrax's progress bar, a host callback, which then draws instead of the live line); ``built``: its rules are."""
 
-    def __init__(self, program: str, setup: Setup, starts: int, saved: int, span: float, batch: int = 1,
+    def __init__(self, program: str, setup: Setup, starts: int, saved: int, span: float, rates: Sequence[float] = (),
                  cached: bool = True, built: bool = False):
         import jax
 
         from ..runtime._compilation import _environment, compile_group
 
         route, words = route_costs(setup.route)
+        rates, batch = rates or (setup.sgd.rate,), max(len(rates), 1)
         self.work = theory_work(setup.problem.L, setup.heads, setup.prior, setup.theory, setup.route, starts * batch)
         self.span, self.batch, self.draw, self.kind = float(span), batch, cached, f"{program}:{route}"
-        self.size = solve_size(self.work, self.span, saved, setup.sgd.rate)
+        self.size = sum(solve_size(self.work / batch, self.span, saved, rate) for rate in rates)  # each point its steps
         self.key = f"{program}:{_digest(compile_group('theory', setup.config.to_dict()), route, starts, saved, batch)}"
         self.label, self._prepared, self.finished = f"{program}, {_label(setup)} on the {words} route", None, True
         self.env, self.cache = _digest(repr(_environment())), cached and bool(jax.config.jax_compilation_cache_dir)
@@ -342,7 +344,8 @@ class TheorySolve:
         """The solve of points solved together (:func:`~singleloc.theory._ode.integrate_points`: their prepared problems,
         whose rules are built), announced."""
         span, first = max(float(p.args[3][-1] - p.args[3][0]) for p in problems), problems[0]
-        solve = cls("integrate_points", first.setup, int(first.args[2].M.shape[0]), first.saved, span, len(problems), built=True)
+        solve = cls("integrate_points", first.setup, int(first.args[2].M.shape[0]), first.saved, span,
+                    [p.setup.sgd.rate for p in problems], built=True)
         solve.announce(f"{solve.label}, {len(problems)} points to tau = {span:g}")
         return solve
 
