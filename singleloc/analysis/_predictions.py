@@ -163,15 +163,13 @@ def predicted_escape(config: Config | Setup | None = None, *, problem: Problem |
                      multiple: float = HORIZON_MULTIPLE, cap: float = HORIZON_CAP,
                      fallback: float = HORIZON_FALLBACK, tau_flow: float = 1000.0, plateau_fraction: float = 0.05,
                      n_rates: int = 16, method: str = "finite-difference") -> EscapePrediction:
-    """The predicted escape from the unspecialized plateau and the integration horizon of
-    ``config`` (module docstring; ``method`` is the Jacobian's, as in
-    :func:`~singleloc.analysis._stability.linearize`: central differences by default, whose one program, the drift's,
-    the symmetric start needs anyway (its ``Q`` has repeated eigenvalues), within about 1e-10 of autodiff; ``"auto"``
-    makes the drift's Jacobian a second program, 30 s to compile on the default problem's exact route, and 1.4x the
-    prediction's seconds there once loaded). Jacobians are evaluated in time order and only until
-    the tangent-linear amplitude reaches 1; ``theory.points = "auto"`` is resolved first
-    (:func:`~singleloc.resolve_points`). The run is a :class:`~singleloc.preflight._build.Setup`, ``config``
-    or the specifications by keyword (``simulation``: the dimension ``D`` of the escape)."""
+    """The predicted escape from the unspecialized plateau and the integration horizon of ``config`` (module docstring)
+    on its rule (:func:`prediction_setup`). ``method``: the Jacobian's, as in :func:`~singleloc.analysis._stability.linearize`;
+    central differences by default, one program, the drift's, which the symmetric start needs anyway (its ``Q`` has
+    repeated eigenvalues), within about 1e-10 of autodiff, which would compile a second. Jacobians are evaluated in
+    time order and only until the tangent-linear amplitude reaches 1. The run is a
+    :class:`~singleloc.preflight._build.Setup`, ``config`` or the specifications by keyword (``simulation``: the
+    dimension ``D`` of the escape)."""
     if not isinstance(config, Setup):
         config = gather_specs("predicted_escape", config, problem=problem, model=model, sgd=sgd, theory=theory,
                               simulation=simulation)
@@ -231,10 +229,9 @@ def prediction_setup(setup: Setup) -> Setup:
 
 
 def compute_prediction(setup: Setup) -> dict[str, np.ndarray]:
-    """The predicted escape and horizon (:func:`predicted_escape`) of a run built as ``setup``, as arrays.
-    With ``theory.points = "auto"`` the number of points is chosen here, once for the point, at the
-    initial overlaps of every seed (:func:`~singleloc.resolve_points`), and stored in the entry as
-    ``points``, which the point's theory then uses (:func:`resolve_horizon`)."""
+    """The predicted escape and horizon (:func:`predicted_escape`) of a run built as ``setup``, as arrays; with
+    ``theory.points = "auto"`` also the ``points`` chosen once for the point at the initial overlaps of every seed
+    (:func:`~singleloc.resolve_points`), which the point's theory then uses (:func:`resolve_horizon`)."""
     if setup.theory.points != "auto":
         return predicted_escape(setup).arrays()
     setup = resolve_points(setup, initial_conditions(setup.config))

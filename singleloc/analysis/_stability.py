@@ -439,9 +439,7 @@ def tangent_escape(path_tau, jacobians, variances, H: int, F: int, *, mean=None,
 
 def escape_rate_along(ode: OrderParameterODE, tau: Real[ArrayLike, " T"], xs: Real[ArrayLike, "T N"], H: int, F: int, *,
                       mean: Real[ArrayLike, " F"] | None = None, method: str = "auto") -> np.ndarray:
-    """Escape rate (:func:`escape_rate`) of the linearisation at each symmetric state ``xs``
-    (from :func:`symmetric_flow`; ``tau`` their times, unused): the instantaneous growth rate
-    of the symmetry-breaking direction along a plateau that has not yet reached its fixed
-    point."""
+    """Escape rate (:func:`escape_rate`) of the linearisation at each symmetric state ``xs`` (from :func:`symmetric_flow`;
+    ``tau`` their times, unused): the instantaneous growth rate of the symmetry-breaking direction along a plateau."""
     return np.asarray([symmetric_escape_rate(ode, x, H, F, mean=mean, method=method, count=f"{k + 1} of {len(xs)}")
                        for k, x in enumerate(xs)])
