@@ -202,7 +202,9 @@ def orthogonal_spikes():
 #: Memory mappings above which the session frees its compiled programs between tests: every XLA executable holds
 #: a few and Linux caps a process at ``vm.max_map_count`` (65530); past it the next compilation crashed the
 #: interpreter (a segmentation fault in ``executable.serialize``). Freed programs come back from the kept cache.
-MAPPINGS_HIGH = 20000
+#: About 13 maps a program (2026-12-07: 483 programs, 7247 maps): 40000 leaves room for some 1900 programs in one test,
+#: and a worker of the default suite (about 1900 programs) is no longer freed (each free cost 3-6 s at load 3).
+MAPPINGS_HIGH = 40000
 
 
 @pytest.hookimpl(trylast=True)

@@ -19,7 +19,6 @@ from singleloc.sweeps import _sweep, _sweep_cache, _sweep_compute
 VALUES = [  # every batched key moves between the points
     ["sgd.lr=0.3", "problem.strength=2.5", "sgd.tau_max=0.75", "sgd.init_scale=0.5", "simulation.seed=0", "simulation.D=100"],
     ["sgd.lr=0.5", "problem.strength=3.5", "sgd.tau_max=1", "sgd.init_scale=0.4", "simulation.seed=1", "simulation.D=1000"],
-    ["sgd.lr=0.4", "problem.strength=3.0", "sgd.tau_max=0.5", "sgd.init_scale=0.6", "simulation.seed=2", "simulation.D=300"],
 ]
 
 
@@ -41,7 +40,7 @@ def singles(tiny_theory_seeds):
 
 @pytest.fixture(scope="module")
 def batched():
-    """The points of :func:`configs` and, last, the middle one at a learning rate far past stability, as one batched
+    """The points of :func:`configs` and, last, the second one at a learning rate far past stability, as one batched
     solve (one program; values only), shared by the tests below."""
     cfgs = configs()
     return _sweep_compute.compute_points("theory", *(c.to_dict() for c in (*cfgs, cfgs[1].replace(sgd={"lr": 1e5}))))
@@ -63,11 +62,11 @@ def test_batched_points_equal_their_own_solves(singles, batched):
 
 
 def test_a_failing_point_does_not_stop_its_batch(singles, batched):
-    """The batch of the test above holds a fourth point, the middle one at a learning rate far past stability:
+    """The batch of the test above holds a third point, the second one at a learning rate far past stability:
     its solve stops at the step floor within its first steps (singleloc.theory._step_budget.MIN_STEP) while the
     others finish, each its own solve's result."""
-    assert isinstance(batched[3], FloatingPointError) and "sgd.lr" in str(batched[3])
-    for cfg, r, s in zip(configs(), batched[:3], singles):
+    assert isinstance(batched[2], FloatingPointError) and "sgd.lr" in str(batched[2])
+    for cfg, r, s in zip(configs(), batched[:2], singles):
         np.testing.assert_allclose(r["risk"], s["risk"], rtol=0, atol=solver_tolerance(cfg, s["risk"]))
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from _dask_tasks import STARTUP, process_of, square, square_once_killed
 from _tiny import EXACT_TINY
 
 from singleloc import load_config
@@ -28,23 +29,6 @@ from singleloc.sweeps._sweep import sweep
 from singleloc.sweeps._sweep_compute import compile_group, compute_point
 
 TINY = list(EXACT_TINY)  # one compilation: strength changes no shape and no static field
-STARTUP = 120  # seconds allowed for a cluster or a process to start or stop on a loaded machine
-
-
-def _square(x: int) -> dict[str, np.ndarray]:
-    if x == 3:
-        raise FloatingPointError("diverged by tau = 1; lower sgd.lr")
-    return {"x": np.array([x * x]), "pid": np.array(os.getpid())}
-
-
-def _square_once_killed(x: int, flags: str) -> dict[str, np.ndarray]:
-    """Marks each start as ``started-X-PID``; the first attempt of ``x == 0`` waits to be killed."""
-    flags = Path(flags)
-    first = not (flags / "killed").exists()
-    (flags / f"started-{x}-{os.getpid()}").touch()
-    if x == 0 and first:
-        time.sleep(STARTUP)  # not killed: the test fails on the number of attempts
-    return {"x": np.array([x * x]), "pid": np.array(os.getpid())}
 
 
 def _collect():
@@ -59,16 +43,16 @@ def _collect():
 
 def test_serial_is_in_process_and_records_errors():
     got, on_result = _collect()
-    report = run_points([(x, (x,)) for x in range(5)], _square, on_result, progress=False)
+    report = run_points([(x, (x,)) for x in range(5)], square, on_result, progress=False)
     assert report.where == "serial" and report.completed == [0, 1, 2, 4]
     assert {k: int(v["x"][0]) for k, v in got.items()} == {0: 0, 1: 1, 2: 4, 4: 16}
     assert list(report.errors) == [3] and isinstance(report.errors[3], FloatingPointError)
     with pytest.raises(ValueError, match="repeated"):
-        run_points([(1, (1,)), (1, (2,))], _square, on_result)
+        run_points([(1, (1,)), (1, (2,))], square, on_result)
     with pytest.raises(ValueError, match="either"):
-        run_points([], _square, on_result, workers=2, scheduler="tcp://127.0.0.1:1")
+        run_points([], square, on_result, workers=2, scheduler="tcp://127.0.0.1:1")
     with pytest.raises(ZeroDivisionError):  # a failing callback stops the run
-        run_points([(1, (1,))], _square, lambda k, r: 1 / 0, progress=False)
+        run_points([(1, (1,))], square, lambda k, r: 1 / 0, progress=False)
 
 
 def test_importing_singleloc_or_a_serial_run_does_not_import_dask():
@@ -80,11 +64,6 @@ def test_importing_singleloc_or_a_serial_run_does_not_import_dask():
             "assert not {'distributed', 'dask'} & set(sys.modules)\n")
     env = {k: v for k, v in os.environ.items() if k != "DASK_SCHEDULER_ADDRESS"}
     subprocess.run([sys.executable, "-c", code], check=True, timeout=STARTUP, env=env)
-
-
-def _pid(x: int) -> dict[str, np.ndarray]:
-    """The worker's process and its persistent compilation cache (JAX configured from its environment)."""
-    return {"pid": np.array(os.getpid()), "cache": np.array(jax.config.jax_compilation_cache_dir or "")}
 
 
 def test_one_check_of_where_to_run_names_the_callers_options(tmp_path, capsys):
@@ -104,10 +83,10 @@ def test_one_cluster_serves_several_runs_and_starts_only_with_work():
     """A local cluster starts with the first run that has work and serves the next (e.g. the two rounds of a sweep):
     the first run's failing task is reported and the others complete, the second runs on the same processes."""
     with open_cluster(workers=2) as cluster:
-        assert run_points([], _pid, print, cluster=cluster).completed == [] and cluster._client is None  # nothing started
+        assert run_points([], process_of, print, cluster=cluster).completed == [] and cluster._client is None  # nothing started
         assert cluster.threads == 2 and cluster._client is None
         got, on_result = _collect()
-        report = run_points([(x, (x,)) for x in range(6)], _square, on_result, cluster=cluster, progress=False)
+        report = run_points([(x, (x,)) for x in range(6)], square, on_result, cluster=cluster, progress=False)
         assert report.where == "local"
         assert sorted(report.completed) == [0, 1, 2, 4, 5] and len(report.completed) == 5
         assert {k: int(v["x"][0]) for k, v in got.items()} == {x: x * x for x in (0, 1, 2, 4, 5)}
@@ -116,13 +95,13 @@ def test_one_cluster_serves_several_runs_and_starts_only_with_work():
         assert isinstance(err, FloatingPointError) and "lower sgd.lr" in str(err)
         pids = [{int(r["pid"]) for r in got.values()}]
         got, on_result = _collect()
-        report = run_points([(x, (x,)) for x in range(4)], _pid, on_result, cluster=cluster, progress=False)
+        report = run_points([(x, (x,)) for x in range(4)], process_of, on_result, cluster=cluster, progress=False)
         assert report.where == "local" and sorted(report.completed) == [0, 1, 2, 3]
         pids.append({int(r["pid"]) for r in got.values()})
         assert pids[0] == pids[1] and os.getpid() not in pids[0]  # the same worker processes both times
         assert {str(r["cache"]) for r in got.values()} == {jax.config.jax_compilation_cache_dir}  # this session's cache
         with pytest.raises(ValueError, match="not both"):
-            run_points([(0, (0,))], _pid, print, cluster=cluster, workers=2)
+            run_points([(0, (0,))], process_of, print, cluster=cluster, workers=2)
     deadline = time.monotonic() + 30
     while any(_alive(pid) for pid in pids[0]) and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -154,7 +133,7 @@ def test_worker_killed_mid_task_is_retried_and_every_result_arrives_once(tmp_pat
         save_npz(cache / f"{key}.npz", result)
 
     # all tasks prefer one worker (one group): the preference must not outlive that worker
-    report = run_points([(x, (x, str(flags))) for x in range(4)], _square_once_killed, store, workers=2, progress=False,
+    report = run_points([(x, (x, str(flags))) for x in range(4)], square_once_killed, store, workers=2, progress=False,
                         group=lambda x, flags: "one")
     killer.join(timeout=5)
     assert len(killed) == 1, "point 0 never started"
@@ -281,16 +260,16 @@ def external_cluster(tmp_path):
 def test_external_scheduler_gives_the_serial_results(external_cluster, monkeypatch):
     tasks = [(x, (x,)) for x in range(5)]
     serial, on_serial = _collect()
-    run_points(tasks, _square, on_serial, progress=False)
+    run_points(tasks, square, on_serial, progress=False)
     remote, on_remote = _collect()
-    report = run_points(tasks, _square, on_remote, scheduler=external_cluster, progress=False)
+    report = run_points(tasks, square, on_remote, scheduler=external_cluster, progress=False)
     assert report.where == external_cluster and sorted(report.completed) == [0, 1, 2, 4], report.errors
     assert list(report.errors) == [3] and isinstance(report.errors[3], FloatingPointError)
     assert remote.keys() == serial.keys() and all(np.array_equal(remote[k]["x"], serial[k]["x"]) for k in serial)
     with open_cluster(scheduler=external_cluster) as cluster:
         assert cluster.threads == 1  # the fixture's one single-threaded worker: a sweep cuts its groups for that
     monkeypatch.setenv("DASK_SCHEDULER_ADDRESS", external_cluster)  # Dask's convention, with workers = 1
-    assert run_points(tasks[:1], _square, lambda k, r: None, progress=False).where == external_cluster
+    assert run_points(tasks[:1], square, lambda k, r: None, progress=False).where == external_cluster
 
 
 @pytest.mark.slow

@@ -76,10 +76,11 @@ def test_exact_weighted_risk_against_the_rule(activation):
     cfg = sl.load_config("default", [f"model.activation={activation}", "model.heads=3", "model.train_bias=true",
                                      "model.head_weights=trained", "theory.points=16384"])
     exact = sl.OrderParameterODE.from_setup(sl.build(cfg.replace(theory={"route": "exact"})))
-    risk, grad_v = jax.value_and_grad(lambda v: exact.risk(M, Q, b, v))(v)
+    risk, grad_v = eqx.filter_jit(lambda exact: jax.value_and_grad(lambda v: exact.risk(M, Q, b, v))(v))(exact)
     rules = [sl.OrderParameterODE.from_setup(sl.build(cfg.replace(theory={"route": "rule", "qmc_seed": 10 + r})))
              for r in range(4)]
-    moments = [ode.expectation.moments(M, Q, b, v=v) for ode in rules]
+    rule_moments = eqx.filter_jit(lambda ode: ode.expectation.moments(M, Q, b, v=v))  # one program for the four
+    moments = [rule_moments(ode) for ode in rules]
     risks = np.array([float(m["risk"]) for m in moments])
     grads = np.array([np.asarray(m["cv"]) for m in moments])
     se = lambda x: x.std(axis=0, ddof=1) / np.sqrt(len(x))

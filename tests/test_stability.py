@@ -196,10 +196,13 @@ def test_escape_rate_from_the_antisymmetric_subspace_matches_the_full_jacobian(r
         with monkeypatch.context() as m:
             m.setattr(st, "drift_jacobian", lambda *a, J=symmetrized, **k: J)
             lin = st.linearize(ode, M, Q, b)
+        A = None  # the restricted Jacobian the first rate computes, given to the others (it does not depend on the mean)
         for mean in (None, np.array([1.0, 0.5]), np.array([1.0, 0.0])):
             full = st.escape_rate(lin, mean=mean)
             assert np.isfinite(full)
-            assert st.symmetric_escape_rate(ode, x, H, F, mean=mean, method="finite-difference") == pytest.approx(full, abs=1e-8)
+            rate = st.symmetric_escape_rate(ode, x, H, F, mean=mean, method="finite-difference", jacobian=A)
+            assert rate == pytest.approx(full, abs=1e-8)
+            A = st.symmetric_jacobian(ode, x, H, F, method="finite-difference") if A is None else A
 
 
 def test_linear_escape_time_and_predicted_slope():
