@@ -236,7 +236,8 @@ def test_drift_error_bars_cover_the_error():
 
 @pytest.mark.slow
 def test_risk_error_bars_cover_the_error_along_a_trajectory():
-    cfg = sl.load_config("default", ["sgd.tau_max=10", "sgd.n_save=6", "theory.points=256", "theory.replicates=8"])
+    cfg = sl.load_config("default", ["sgd.tau_max=10", "sgd.n_save=6", "theory.route=rule", "theory.points=256",
+                                     "theory.replicates=8"])
     res = sl.integrate(cfg)
     ref = sl.integrate(cfg.replace(theory={"points": 32768, "replicates": 1, "qmc_seed": 50}))
     assert res.risk_se.shape == res.risk.shape and np.all(res.risk_se > 0) and np.isfinite(res.drift_error)
@@ -263,7 +264,8 @@ def test_one_replicate_states_its_error_at_the_ends_and_the_risk_uses_other_node
 @pytest.mark.slow
 def test_auto_points_reach_the_tolerance():
     tol = 2e-3
-    cfg = sl.load_config("default", ["sgd.tau_max=1", "sgd.n_save=2", "theory.points=auto", f"theory.tol={tol}"])
+    cfg = sl.load_config("default", ["sgd.tau_max=1", "sgd.n_save=2", "theory.route=rule", "theory.points=auto",
+                                     f"theory.tol={tol}"])
     y0 = sl.initial_conditions(cfg, 1)
     choice = sl.choose_points(build(cfg), y0)
     tried, target = dict(choice.tried), tol / MARGIN
@@ -275,7 +277,8 @@ def test_auto_points_reach_the_tolerance():
     errors = [np.max(np.abs(np.asarray(start_drifts(rule(choice.points, s), y0)) - ref)) / np.max(np.abs(ref)) for s in range(4)]
     assert max(errors) <= tol, errors
     res = sl.integrate(cfg, y0)
-    assert res.points == choice.points and res.drift_error == pytest.approx(choice.error)
+    # the run takes the chosen points; its stated drift error is the probe's at the start or, larger, the ends' statement
+    assert res.points == choice.points and res.drift_error >= choice.error * (1 - 1e-9)
 
 
 _NO_RETRACE = """

@@ -24,7 +24,7 @@ CFG = tiny("problem.L=4", "problem.F=2", "problem.prior=flipped", "problem.stren
 
 @pytest.mark.slow
 def test_update_covariance_matches_single_sgd_steps():
-    ode = OrderParameterODE.from_setup(build(CFG))
+    ode = OrderParameterODE.from_setup(build(CFG.replace(theory={"route": "rule"})))  # the covariance is the rule's
     D, H, F, L = 600, 2, 2, 4
     kstar = make_spikes(jax.random.PRNGKey(0), F, D).astype(jnp.float64)
     orth = jax.random.normal(jax.random.PRNGKey(1), (H, D))
@@ -66,12 +66,12 @@ def test_sde_reduces_to_the_ode_as_D_grows():
 def test_one_moment_evaluation_per_step(monkeypatch):
     """The SDE term's increment is ``drift dt + sqrt(Sigma / D) dW`` from a single
     :func:`update_moments` call (a drift term and a diffusion term would make two)."""
-    ode = OrderParameterODE.from_setup(build(CFG))
+    ode = OrderParameterODE.from_setup(build(CFG.replace(theory={"route": "rule"})))
     M = jnp.array([[0.8, 0.3], [-0.2, 0.6]])
     Q, b = M @ M.T + 0.3 * jnp.eye(2), jnp.array([0.1, -0.2])
     v = flatten_state(M, Q, b)
     bm = diffrax.VirtualBrownianTree(0.0, 1.0, tol=0.01, shape=v.shape, key=jax.random.PRNGKey(3))
-    term = fl._SDETerm(ode, bm, b, jnp.asarray(1e-2), 2, 2)
+    term = fl._SDETerm(ode, ode.expectation.sde_rule, bm, b, jnp.asarray(1e-2), 2, 2)
     calls = []
     monkeypatch.setattr(fl, "update_moments", lambda *a: calls.append(1) or update_moments(*a))
     dt, dW = term.contr(0.0, 0.05)

@@ -175,8 +175,8 @@ class AbstractExpectation(eqx.Module):
     def sde_rule(self) -> LocalFields:
         """The Sobol rule of what only a rule computes: the second moments of the SDE's update
         (:func:`~singleloc.theory._fluctuations.update_moments`). ``ValueError`` for a route without one."""
-        raise ValueError(f"theory.route = {self.route!r} has no Sobol rule for the SDE's covariance; use theory.route = "
-                         "'rule' or 'exact'")
+        raise ValueError(f"theory.route = {self.route!r} has no Sobol rule for the SDE's covariance; pass one as fields "
+                         "(integrate_sde builds the rule route's for any route) or use theory.route = 'rule'")
 
     @property
     @abc.abstractmethod
