@@ -472,8 +472,9 @@ def test_a_flow_too_stiff_to_follow_stops_as_a_solve_does_and_says_so():
 def test_an_exact_run_whose_fields_outgrow_its_rule_is_predicted_on_the_sobol_rule():
     """The exact route's flow at ``lr = 64`` on the tiny problem stopped at tau 0.27, where its fields outgrew the rule
     (and went on on the Sobol rule when the route was "auto"'s choice): the prediction is now on the Sobol rule for
-    every route, so the exact route's runs, chosen or asked for, are predicted as the rule route's, without a stop."""
-    rule = predicted_escape(tiny("sgd.lr=64", rule=True), tau_flow=1.0, n_rates=2).arrays()
+    every route, so the exact route's runs, chosen or asked for, are predicted as the rule route's at its default
+    count (4096; the exact route's ``theory.points`` are its own), without a stop."""
+    rule = predicted_escape(tiny("sgd.lr=64", "theory.points=4096", rule=True), tau_flow=1.0, n_rates=2).arrays()
     for route in ("theory.route=auto", "theory.route=exact"):
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # no stop, no switch

@@ -41,7 +41,7 @@ of a random start (``M = 0``, ``R_orth = init_scale^2 I``, ``b = bias_init``) up
 
 **Its rule** (:func:`prediction_setup`). Whatever the run's route, the flow and the rates are on the Sobol rule (the
 rule route) of :meth:`~singleloc.configuration._specs.Theory.prediction_points` points: the run's ``theory.points``
-(``"auto"``: on the rule route as the run resolves it, elsewhere the rule route's first count), but at most
+on the rule route (``"auto"`` as the run resolves it; elsewhere the rule route's default, 4096), but at most
 ``2^18 / (L H)`` (never fewer than 256). The prediction only chooses the horizon and must land within 1.5x of the
 measured escape, not carry the run's accuracy: the rule moves it by 2-8% from the exact route's (the default problem
 302 -> 319, the README's first story 321 -> 296), inside the model's own spread, at a fraction of the cost (the first
@@ -71,7 +71,6 @@ from ..configuration._specs import SGD, Model, Problem, Simulation, Theory
 from ..ground._choices import check_horizon
 from ..ground._validation import number
 from ..preflight._build import Setup, build
-from ..preflight._resources import auto_points
 from ..runtime._progress import Phase
 from ..theory._accuracy import resolve_points
 from ..theory._starts import initial_conditions
@@ -218,12 +217,11 @@ def predicted_escape(config: Config | Setup | None = None, *, problem: Problem |
 def prediction_setup(setup: Setup) -> Setup:
     """The numerics of the escape prediction of a run built as ``setup`` (module docstring, "Its rule"): the rule
     route (its own Gram term) at :meth:`~singleloc.configuration._specs.Theory.prediction_points` of the run's points
-    (``"auto"``: on the rule route as the run resolves it, :func:`~singleloc.resolve_points`; on another the rule
-    route's first count, :func:`~singleloc.preflight._resources.auto_points`)."""
-    if setup.route.route == "rule":
-        setup = resolve_points(setup)
+    on the rule route (``"auto"`` as the run resolves it, :func:`~singleloc.resolve_points`), of the rule route's
+    default count on another (whose ``theory.points`` is its own: the exact route resolves ``"auto"`` to as few as 64)."""
     pb, th = setup.problem, setup.theory
-    points = th.prediction_points(pb.L, setup.heads, auto_points(pb.L, setup.heads, setup.prior, th.points))
+    points = resolve_points(setup).theory.points if setup.route.route == "rule" else Theory().points
+    points = th.prediction_points(pb.L, setup.heads, points)
     theory = dataclasses.replace(th, route="rule", points=points, gram="auto", gram_points="auto")
     return dataclasses.replace(setup, theory=theory, route=dataclasses.replace(setup.route, route="rule", gram=None))
 
