@@ -30,8 +30,9 @@ from ..analysis._predictions import EscapePrediction
 from ..configuration._config import Config
 from ..io._run_folders import NPZ_ERRORS, load_npz, npz_names, npz_stamp, save_npz
 
-#: Layout of the cache entries; part of every cache key, so that entries of an earlier layout are never read.
-CACHE_VERSION = 3
+#: Layout and methods of the cache entries; part of every cache key, so that entries of an earlier layout or method are
+#: never read (4: escape predictions on the Sobol rule whatever the run's route).
+CACHE_VERSION = 4
 
 
 def cache_key(config: Config, kind: str) -> str:
