@@ -500,6 +500,9 @@ def _string_calls():
         "choose_points": (lambda: sl.choose_points(sl.build(cfg), "abc"), "choose_points: y0 must be the starts"),
         "resolve_points": (lambda: sl.resolve_points(sl.build(cfg.replace(theory={"points": "auto"})), "abc"),
                            "resolve_points: y0"),
+        "choose_points config": (lambda: sl.choose_points(cfg, None),  # a configuration where its objects are taken
+                                 r"choose_points: setup must be a singleloc.Setup, got Config .*; "
+                                 r"pass singleloc.build\(config\)$"),
         "keep_heads": (lambda: sl.keep_heads("M", Q, b, [0]),
                        r"^keep_heads: M must be a real array of shape \(H, F\), got str 'M'$"),
         "population_risk array": (lambda: sl.population_risk(prior, 4, "softmax", M, "Q", b), "population_risk: Q must be"),

@@ -98,10 +98,12 @@ def _check(where: str, values: Mapping[str, Any], hints: Mapping[str, Any], opti
 
 
 def _remedy(value: Any, expects: str) -> str:
-    """What to pass instead of a name or a dict given where an object is expected."""
+    """What to pass instead of a name, a dict or a configuration given where an object is expected."""
     fix = next((fix.format(_short(value)) for kind, fix in _REMEDIES.items() if kind in expects), None)
     if fix is None and isinstance(value, Mapping) and expects.startswith("a singleloc.") and " " not in expects[2:]:
         fix = f"{expects[2:]}(**{_short(value)})"
+    if "singleloc.Setup" in expects and type(value).__name__ == "Config":  # a configuration where its objects are taken
+        return "; pass singleloc.build(config)"
     return f"; pass {fix}" if fix and isinstance(value, (str, Path, Mapping)) else ""
 
 
