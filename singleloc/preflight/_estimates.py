@@ -317,7 +317,8 @@ class TheorySolve:
         from ..runtime._compilation import _environment, compile_group
 
         route, words = route_costs(setup.route)
-        rates, batch = rates or (setup.sgd.rate,), max(len(rates), 1)
+        rates = rates or (setup.sgd.rate,)
+        batch = len(rates)
         self.work = theory_work(setup.problem.L, setup.heads, setup.prior, setup.theory, setup.route, starts * batch)
         self.span, self.batch, self.draw, self.kind = float(span), batch, cached, f"{program}:{route}"
         self.size = sum(solve_size(self.work / batch, self.span, saved, rate) for rate in rates)  # each point its steps
