@@ -43,10 +43,8 @@ of a random start (``M = 0``, ``R_orth = init_scale^2 I``, ``b = bias_init``) up
 rule route) of :meth:`~singleloc.configuration._specs.Theory.prediction_points` points: the run's ``theory.points``
 on the rule route (``"auto"`` as the run resolves it; elsewhere the rule route's default, 4096), but at most
 ``2^18 / (L H)`` (never fewer than 256). The prediction only chooses the horizon and must land within 1.5x of the
-measured escape, not carry the run's accuracy: the rule moves it by 2-8% from the exact route's (the default problem
-302 -> 319, the README's first story 321 -> 296), inside the model's own spread, at a fraction of the cost (the first
-story's prediction took 146-189 s on the exact route, a flow of some 300 four-head exact drifts and 14 linearizations
-of 12 each, and takes 14-16 s on the rule; a joint layer's exact drift costs seconds).
+measured escape, not carry the run's accuracy: the rule moves it by 2-8% from the exact route's, inside the model's
+own spread, at a fraction of the cost (docs/phases.md, "What the prediction costs").
 
 **The horizon** (:func:`escape_horizon`): ``multiple = 5`` times the predicted escape (the escape of the first
 direction: the later directions' escapes and the settling come after it; at 2.5 times the README sweep left
