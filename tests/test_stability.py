@@ -445,6 +445,7 @@ def test_the_prediction_takes_the_sobol_rule_whatever_the_runs_route(monkeypatch
     assert th.prediction_points(4, 4, 4096) == 4096 and th.prediction_points(4, 2, 65536) == 32768
     assert th.prediction_points(64, 8, 4096) == 512 and th.prediction_points(64, 8, 256) == 256
     assert th.prediction_points(64, 3, 4096) == 1024 and th.prediction_points(1024, 16, 4096) == 256
+    assert th.prediction_points(4, 2, None) == 4096 and th.prediction_points(64, 8, None) == 512  # another route: 4096
     seen = []
 
     def stop(setup, **kwargs):

@@ -411,12 +411,14 @@ class Theory:
             return int(self.gram_points)
         return max(int(points), min(GRAM_POINTS_MAX, _fitting_points(GRAM_NODE_BUDGET, L, H)))
 
-    def prediction_points(self, L: int, H: int, points: int) -> int:
+    def prediction_points(self, L: int, H: int, points: int | None) -> int:
         """The Sobol points of an escape prediction's rule on the rule route
-        (:func:`~singleloc.analysis._predictions.predicted_escape`) for ``L`` tokens, ``H`` heads and the resolved
-        ``theory.points``: ``points``, but at most the largest power of two whose nodes over ``L * H`` fields are
+        (:func:`~singleloc.analysis._predictions.predicted_escape`) for ``L`` tokens, ``H`` heads and ``points``, the
+        run's resolved ``theory.points`` on the rule route (``None`` on another, whose points are its own: the rule
+        route's default, 4096), but at most the largest power of two whose nodes over ``L * H`` fields are
         at most :data:`PREDICTION_NODE_BUDGET` (never fewer than 256), so that the prediction costs a fraction of
         the run's solve where the rule is large (docs/phases.md, "What the prediction costs")."""
+        points = type(self)().points if points is None else points
         return min(int(points), max(256, _fitting_points(PREDICTION_NODE_BUDGET, L, H)))
 
     @property

@@ -249,7 +249,7 @@ def _prediction_model(setup: Setup) -> tuple[str, str, float, float]:
     from ..runtime._compilation import compile_group
 
     pb, H, th = setup.problem, setup.heads, setup.theory
-    points = auto_points(pb.L, H, setup.prior, th.points) if setup.route.route == "rule" else Theory().points
+    points = auto_points(pb.L, H, setup.prior, th.points) if setup.route.route == "rule" else None
     th = dataclasses.replace(th, points=th.prediction_points(pb.L, H, points))
     work = theory_work(pb.L, H, setup.prior, th, dataclasses.replace(setup.route, route="rule", gram=None), 1)
     size = (REFERENCE["prediction_drifts"] + 16 * 2 * (pb.F + H)) * work
