@@ -173,6 +173,8 @@ def test_a_batch_of_points_is_sized_by_each_points_rate(records):
     for first in (stiff, mild):
         batch = TheorySolve("integrate_points", first, 1, 3, 2.0, [s.sgd.rate for s in (stiff, mild)])
         assert batch.batch == 2 and batch.size == pytest.approx(sum(alone), rel=1e-12)
+    assert "extrapolated from rates up to 256" in TheorySolve("integrate", stiff, 1, 3, 2.0).estimate.basis  # 12 h, then
+    assert "extrapolated" not in TheorySolve("integrate", mild, 1, 3, 2.0).estimate.basis  # it diverged in 2 minutes
 
 
 def test_a_solve_stopped_early_records_its_program_but_no_rate(records):

@@ -34,7 +34,7 @@ from ..expectations._routes import RouteChoice
 from ..ground._atomic_files import atomic_write
 from ..ground._choices import ROUTE_WORDS
 from ..model._priors import Prior
-from ..runtime._numerics import expected_steps
+from ..runtime._numerics import FITTED_RATE, expected_steps
 from ..runtime._progress import Bar, Estimate, Phase, announce, clock, cpu_count, duration, mode, settings
 from ._build import Setup
 from ._resources import _gb, auto_points
@@ -338,6 +338,9 @@ class TheorySolve:
             first, how = rec["compile"] * REFERENCE["load"][route] / REFERENCE["compile"][route], "scaled from its compile time"
         doing = {"run": "", "load": "loading the stored program", "compile": "compiling"}[self.expect]
         basis = first_run(solve).basis + (f"; {doing} {how}" if how and solve.basis.startswith("measured") else "")
+        if max(rates) > FITTED_RATE:  # sgd.lr = 1e4: "about 12 h", then it diverged in 2 min
+            basis += (f"; its steps extrapolated from rates up to {FITTED_RATE:g}: at sgd.lr = {setup.sgd.lr:g} a solve "
+                      "usually diverges or stops long before")
         self.estimate = Estimate(prepare + first + solve.seconds, basis, (("building the rules", prepare),)
                                  + (((doing, first),) if doing else ()) + (("solving", solve.seconds),))
 

@@ -36,6 +36,9 @@ PINV_RTOL = 1e-12
 #: (:func:`expected_steps`).
 STEPS_PER_TAU = 0.15
 MIN_EXPECTED_STEPS = 32
+#: The largest rate :func:`expected_steps` was fitted at (beyond it the law is extrapolated: a solve there usually
+#: diverges, or leaves its rule's resolved fields, long before its expected steps).
+FITTED_RATE = 256.0
 
 
 def expected_steps(rate: float, span: float) -> float:
