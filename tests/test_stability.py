@@ -462,10 +462,10 @@ def test_a_flow_too_stiff_to_follow_stops_as_a_solve_does_and_says_so():
     """The escape prediction's head-symmetric flow stops where the solve would (at ``sgd.lr = 1e4`` it ran 100000
     steps of 1e-7, hours, on the exact route of the default problem): a flow too stiff to follow warns with the
     reason and predicts nothing (NaN, the fallback horizon) rather than an escape read off a flow stopped at its
-    start."""
+    start. At 4096 points: the flow's program of the test below (the learning rate and the horizon are values)."""
     with pytest.warns(UserWarning, match=r"head-symmetric flow stopped near its start, tau = 0: its steps fell below "
                                          r"1e-07.*no escape predicted \(the horizon is 300\)"):
-        stiff = predicted_escape(tiny("sgd.lr=1e4", rule=True), tau_flow=100.0)
+        stiff = predicted_escape(tiny("sgd.lr=1e4", "theory.points=4096", rule=True), tau_flow=100.0)
     assert np.isnan(stiff.predicted_escape) and np.isnan(stiff.rate) and stiff.horizon == 300.0
 
 
