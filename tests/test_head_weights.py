@@ -143,8 +143,7 @@ def test_routes_and_refusals():
 
 
 def test_integrate_and_simulate_carry_the_head_weights(tmp_path, tiny_theory):
-    cfg = sl.load_config("softmax1", ["model.head_weights=trained", "theory.points=256", "sgd.tau_max=2", "sgd.n_save=3",
-                                      "simulation.D=200", "simulation.seeds=2", "simulation.test_samples=64"])
+    cfg = tiny("model.head_weights=trained", preset="softmax1")  # the smallest shapes: its programs are its own
     th = sl.integrate(cfg)
     assert th.v.shape == (1, 3, 2) and np.all(th.v[:, 0] == 0.5) and np.all(th.v[:, -1] != 0.5)
     assert "v" in np.load(sl.save_theory(tmp_path / "th", cfg, th))

@@ -12,10 +12,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _tiny import tiny
 
 import singleloc as sl
-from singleloc.expectations._laplace import LaplaceRule
-from singleloc.expectations._laplace_gram import distinct_moments, gram_polynomials
+from singleloc.expectations._laplace import RESOLVED_SIGMA, LaplaceRule
+from singleloc.expectations._laplace_gram import WIDE_GRAM_SIGMA, distinct_moments, gram_polynomials
 from singleloc.model._activations import exponential_form
 from singleloc.model._layer import limit_loss
 
@@ -147,15 +148,20 @@ def test_the_stated_error_is_against_the_finer_rule(name, L, F, M, Q, b):
     assert abs(value - finer) < 1e-9 * abs(finer)
 
 
+#: A one-head problem on the exact route (the canonical tiny problem with one head): its solve holds the exact Gram
+#: term; the two tests below share its program (the horizon and the start are values).
+ONE_HEAD = ("model.heads=1", "theory.route=exact")
+
+
 def test_a_one_head_ode_has_the_exact_gram_term_and_states_it():
-    cfg = sl.load_config("default", ["model.heads=1", "problem.F=1", "sgd.tau_max=5", "sgd.n_save=3", "theory.route=exact"])
+    cfg = tiny(*ONE_HEAD, "sgd.tau_max=5")
     ode = sl.OrderParameterODE.from_setup(sl.build(cfg))
     assert ode.expectation.gram_name == "exact"
     result = sl.integrate(cfg)
     assert result.gram_route == "exact" and result.gram_error < 1e-9
     assert "Gram term exact" in result.quadrature()
     two = sl.OrderParameterODE.from_setup(sl.build(cfg.replace(model={"heads": 2}))).expectation
-    assert two.gram_name == "sobol"  # two heads at L = 4: the Sobol rule
+    assert two.gram_name == "sobol"  # two heads at L = 3: the Sobol rule
 
 
 def test_theory_gram_chooses_the_gram_term_and_names_itself_when_it_cannot():
@@ -217,15 +223,15 @@ def test_trained_head_weights_keep_the_sobol_gram_term():
 
 
 def test_a_gram_term_beyond_its_resolution_is_refused_naming_what_to_change():
-    """Two heads with token fields of standard deviation 8 on half the default nodes, beyond what the exact
-    term resolves there (``WIDE_GRAM_SIGMA`` is for 64 nodes): the exact route's width check (``RESOLVED_SIGMA``,
-    below ``WIDE_GRAM_SIGMA``, so the Gram term never meets fields it does not resolve) refuses the solve at its
-    start, naming ``theory.nodes`` and ``theory.route``, instead of integrating it."""
-    cfg = sl.load_config("default", ["sgd.tau_max=0.01", "sgd.n_save=2", "theory.route=exact",
-                                     "theory.gram=exact", "theory.nodes=32"])
-    M = jnp.diag(jnp.array([8.0, 8.0]))
+    """A head with token fields of standard deviation 8, beyond what the exact Gram term resolves
+    (``WIDE_GRAM_SIGMA`` at 64 nodes): the exact route's width check (``RESOLVED_SIGMA``, below
+    ``WIDE_GRAM_SIGMA``, so the Gram term never meets fields it does not resolve) refuses the solve with the
+    exact Gram term at its start, naming ``theory.nodes`` and ``theory.route``, instead of integrating it."""
+    assert RESOLVED_SIGMA < WIDE_GRAM_SIGMA < 8.0
+    cfg = tiny(*ONE_HEAD, "sgd.tau_max=0.01")
+    M = jnp.array([[8.0]])
     with pytest.raises(FloatingPointError, match=r"grew wider than its rule resolves.*theory\.route = 'rule'.*theory\.nodes"):
-        sl.integrate(cfg, (M, M @ M.T + 0.4 * jnp.eye(2), jnp.zeros(2)))
+        sl.integrate(cfg, (M, M @ M.T + 0.4 * jnp.eye(1), jnp.zeros(1)))
 
 
 @pytest.mark.parametrize("replicates", [1, pytest.param(2, marks=pytest.mark.slow)])

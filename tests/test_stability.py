@@ -84,7 +84,7 @@ def test_a_joint_layer_on_the_exact_route_takes_its_jacobian_by_differences(tiny
     assert how == "finite-difference"
     with pytest.raises(ValueError, match="method = 'autodiff'.*use method = 'auto'"):
         dj.drift_jacobian(ode, M, Q, b, method="autodiff")
-    field = jax.jit(lambda v: (lambda d: flatten_state(d.M, d.Q, d.b))(ode.drift(*unflatten_state(v, 2, 2))))
+    field = lambda v: dj._flat_drift_jit(ode, v, jnp.asarray(b), 2, 2)  # noqa: E731 (drift_jacobian's program)
     v0 = flatten_state(jnp.asarray(M), jnp.asarray(Q), jnp.asarray(b))
     u = np.random.default_rng(2).standard_normal(len(v0))
     u = jnp.asarray(u / np.linalg.norm(u))
@@ -156,7 +156,7 @@ def test_auto_jacobian_at_repeated_eigenvalues():
     assert np.ptp(np.linalg.eigvalsh(Q)[:2]) < 1e-14
     J, how = dj.drift_jacobian(ode, M, Q, b)
     assert how == "finite-difference"
-    field = jax.jit(lambda v: (lambda d: flatten_state(d.M, d.Q, d.b))(ode.drift(*unflatten_state(v, H, F))))
+    field = lambda v: dj._flat_drift_jit(ode, v, jnp.asarray(b), H, F)  # noqa: E731 (drift_jacobian's program)
     v0 = flatten_state(jnp.asarray(M), jnp.asarray(Q), jnp.asarray(b))
     u = np.random.default_rng(1).standard_normal(len(v0))
     u = jnp.asarray(u / np.linalg.norm(u))
@@ -463,10 +463,10 @@ def test_a_flow_too_stiff_to_follow_stops_as_a_solve_does_and_says_so():
     """The escape prediction's head-symmetric flow stops where the solve would (at ``sgd.lr = 1e4`` it ran 100000
     steps of 1e-7, hours, on the exact route of the default problem): a flow too stiff to follow warns with the
     reason and predicts nothing (NaN, the fallback horizon) rather than an escape read off a flow stopped at its
-    start."""
+    start. At 4096 points: the flow's program of the test below (the learning rate and the horizon are values)."""
     with pytest.warns(UserWarning, match=r"head-symmetric flow stopped near its start, tau = 0: its steps fell below "
                                          r"1e-07.*no escape predicted \(the horizon is 300\)"):
-        stiff = predicted_escape(tiny("sgd.lr=1e4", rule=True), tau_flow=100.0)
+        stiff = predicted_escape(tiny("sgd.lr=1e4", "theory.points=4096", rule=True), tau_flow=100.0)
     assert np.isnan(stiff.predicted_escape) and np.isnan(stiff.rate) and stiff.horizon == 300.0
 
 
