@@ -38,6 +38,7 @@ from); a stored program that cannot be written (a full disk) is not stored, with
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -52,6 +53,7 @@ from collections.abc import Callable, Hashable, Mapping
 from pathlib import Path
 from typing import Any
 
+import equinox as eqx
 import jax
 
 from ..ground._extensions import stable_names
@@ -113,6 +115,50 @@ def hold_programs(shape: Hashable) -> None:
         jax.clear_caches()
         _HELD.clear()
     _HELD.add(shape)
+
+
+#: XLA's options for the theory's solve programs on a CPU (module docstring, "XLA's effort").
+CPU_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
+
+
+def compiler_options() -> dict | None:
+    """:data:`CPU_OPTIONS` on the CPU backend; ``None`` (XLA's defaults) on another."""
+    return dict(CPU_OPTIONS) if jax.default_backend() == "cpu" else None
+
+
+def filter_jit(fn: Callable) -> Callable:
+    """``eqx.filter_jit(fn)`` (the arrays among the arguments traced, every other leaf static) compiled with
+    :func:`compiler_options`, as :func:`exported_call` compiles the stored program of ``fn``: the same numbers with
+    the cache folder or without (called inside another program, as its part: the options are the outer program's).
+    Named ``jit(fn.__name__)`` in JAX's compile events; ``.lower(*args)`` as a jit's."""
+
+    def traced(static, dynamic):
+        leaves, treedef = static
+        return fn(*eqx.combine(dynamic, jax.tree.unflatten(treedef, leaves)))
+
+    traced.__name__, traced.__qualname__ = fn.__name__, fn.__qualname__
+
+    @functools.cache
+    def jitted(options: tuple) -> Callable:
+        return jax.jit(traced, static_argnums=0, compiler_options=dict(options) or None)
+
+    def split(args):
+        dynamic, static = eqx.partition(args, eqx.is_array)
+        leaves, treedef = jax.tree.flatten(static)
+        nested = any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(dynamic))  # the outer program's options
+        return jitted(() if nested else tuple(sorted((compiler_options() or {}).items()))), ((tuple(leaves), treedef), dynamic)
+
+    @functools.wraps(fn)
+    def call(*args):
+        program, split_args = split(args)
+        return program(*split_args)
+
+    def lower(*args):
+        program, split_args = split(args)
+        return program.lower(*split_args)
+
+    call.lower = lower
+    return call
 
 
 CACHE_ENV = "SINGLELOC_CACHE_DIR"
@@ -219,7 +265,7 @@ def exported_call(name: str, fn: Callable, *args, static: tuple = ()):
                 if "callback" in exported.mlir_module():  # ... or exports them unserialisable (older JAX)
                     return fn(*args, *static)
                 _store(path, exported.serialize())
-            call = _LOADED[digest] = jax.jit(exported.call)
+            call = _LOADED[digest] = jax.jit(exported.call, compiler_options=compiler_options())
         return call(*leaves)
 
 

@@ -53,7 +53,7 @@ from ..preflight._build import Setup, build
 from ..preflight._estimates import TheorySolve
 from ..preflight._resources import RISK_BATCH, check_run
 from ..preflight._run_checks import warn_if_risk_rose
-from ..runtime._compilation import checks_as_nan, exported_call
+from ..runtime._compilation import checks_as_nan, exported_call, filter_jit
 from ..runtime._numerics import PSD_SOLVE, Q_RUNAWAY, expected_steps
 from ..sgd._sgd_rule import Starts, flat_drift
 from ._accuracy import choose_points
@@ -171,10 +171,10 @@ def _batched(fn, in_axes, size: int):
     return lambda *args: jax.lax.map(lambda i: member(args, i), jnp.arange(size))
 
 
-_run = eqx.filter_jit(_trajectories)
+_run = filter_jit(_trajectories)  # XLA's options for the solve (singleloc.runtime._compilation)
 
 
-@eqx.filter_jit
+@filter_jit
 def _run_points(dynamics: OrderParameterODE, evaluation: OrderParameterODE, y0: OrderParameters, ts, rtol, atol, budget,
                 max_steps):
     """:func:`_trajectories` of a batch of points: a leading points axis on every argument, the points in turn on
