@@ -251,7 +251,10 @@ class LaplaceExpectation(AbstractExpectation):
         """The Gram term's stated absolute error (:meth:`AbstractGramTerm.error`: against the finer exact rule, or the
         Monte Carlo term's standard error; NaN on a Sobol rule, whose scramblings state it after the solve) over
         ``max |G|``: at a stationary state the term balances the ``O(lr)`` part of ``dQ``, so this is the relative
-        error of that part of the drift there. NaN for a non-finite state."""
+        error of that part of the drift there. NaN for a non-finite state; on a Sobol rule the term is not evaluated
+        (the solve's program computes nothing for this NaN)."""
+        if self.gram_term.scrambled:
+            return jnp.full((), jnp.nan, M.dtype)
         G, err = self.gram_term.error(evaluation, M, Q, b, v)  # each term states its own (AbstractGramTerm.error)
         size = jnp.max(jnp.abs(G))
         return jnp.where(jnp.isfinite(Q).all() & (size > 0), err / size, jnp.nan)
