@@ -14,8 +14,9 @@
    no expensive passes) and with XLA's loop emitters instead of its MLIR fusion emitters (the package's
    :data:`~singleloc.runtime._compilation.CPU_OPTIONS`): compile seconds (wall and CPU) against the seconds of one
    drift and of the solve to ``tau = 300``,
-   in one process, the levels alternated over ``--rounds`` rounds (the median is printed). A level pays where its
-   compile saving exceeds the extra run time of what the program is used for.
+   in one process, the levels alternated over ``--rounds`` rounds (the median is printed); run seconds are CPU
+   seconds (run with XLA's single-threaded ``XLA_FLAGS``, as the page says, they are the work at any load). A level
+   pays where its compile saving exceeds the extra run time of what the program is used for.
 
 Tracing of nested ``jax.jit`` functions is cached within a process, so a part traced after another that shares
 them traces faster: the seconds of a part are those of a first run of it after the parts listed before it.
@@ -108,8 +109,8 @@ def lowered(name):
     if name == "drift":
         return eqx.filter_jit(lambda o, y: o.state_drift(y, tau=0.0)).lower(dyn, y), (dyn, y)
     return plain.lower(*args, MAX_STEPS, False), (*args, MAX_STEPS, False)
-def run(compiled, call_args):
-    t0 = time.perf_counter(); jax.block_until_ready(compiled(*call_args)); return time.perf_counter() - t0
+def run(compiled, call_args):  # CPU seconds (single-threaded XLA_FLAGS: the work, whatever the load)
+    t0 = time.process_time(); jax.block_until_ready(compiled(*call_args)); return time.process_time() - t0
 out = {}
 for r in range(int(sys.argv[1])):
     for program in ("drift", "whole program"):

@@ -28,7 +28,7 @@ Compilation. The solve, the risk along it and the drift at the start are one pro
 shape: the rules, the starts, the saved times, the tolerances and the learning rate are its arguments, so a new
 time grid, start or rate of the same shapes runs without compiling again, and a later process loads it from the
 cache folder (:func:`~singleloc.enable_compilation_cache`); on a CPU it is compiled with XLA's loop emitters
-(:data:`~singleloc.runtime._compilation.CPU_OPTIONS`: about 0.75x the compile time, the same speed). Diffrax runs with
+(:data:`~singleloc.runtime._compilation.CPU_OPTIONS`: 0.7x the compile time, the same speed). Diffrax runs with
 ``ForwardMode`` (the solve is never differentiated: no checkpointing, less to trace). :func:`integrate_points` solves
 several points of the same shapes as one program.
 """
