@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..model._activations import Activation
+from ..runtime._compilation import filter_jit
 from ..sgd._sgd_rule import GradientMoments, flat_drift
 from ._cubature import REFINEMENT
 from ._expectation import AbstractExpectation, AbstractGramTerm, RouteStatement, SolveReport, times
@@ -336,6 +337,6 @@ def _drift_error_at_ends(evaluation: LaplaceExpectation, sgd, ys) -> float:
     return float(np.nanmax(errors)) if np.any(np.isfinite(errors)) else float("nan")
 
 
-@eqx.filter_jit
+@filter_jit  # the solve's XLA options (singleloc.runtime._compilation)
 def _drift_errors(expectation: LaplaceExpectation, sgd, states) -> jax.Array:
     return jax.lax.map(lambda s: jnp.where(jnp.isfinite(s[1]).all(), expectation.drift_error(sgd, *s), jnp.nan), states)

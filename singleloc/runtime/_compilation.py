@@ -19,12 +19,12 @@ compiling it (more seconds). Both can be skipped in a later process.
   program for that call, as do host callbacks in the traced program, a missing ``flatbuffers`` and more than one
   local device (a batch split over the devices, :mod:`~singleloc.expectations._sharding`, is traced in every
   process; its executable still comes from the compilation cache).
-* XLA's effort. On a CPU the theory's solve programs (:func:`filter_jit`, and the stored ones) are compiled with
-  :data:`CPU_OPTIONS`: XLA's loop emitters instead of its MLIR fusion emitters, which spent most of a solve's
-  compilation setting up a pass pipeline for each of its many small fused kernels. Measured
-  (``benchmarks/09_program_size.py``, section 2): the default problem's solve compiles in 0.7x the CPU time (0.57x
-  the wall time) and runs as fast; its numbers moved by up to 6e-14 relative (another code generator rounds the same
-  operations differently).
+* XLA's effort. On a CPU the theory's programs (the solve and its error statement: :func:`filter_jit`, and the
+  stored solve) are compiled with :data:`CPU_OPTIONS`: XLA's loop emitters instead of its MLIR fusion emitters,
+  which spent most of a solve's compilation setting up a pass pipeline for each of its many small fused kernels.
+  Measured (``benchmarks/09_program_size.py``, section 2): the default problem's solve compiles in 0.7x the CPU time
+  (0.57x the wall time) and runs as fast; its numbers moved by up to 6e-14 relative (another code generator rounds
+  the same operations differently).
 * Memory. Every executable holds memory-mapped sections of machine code, and Linux caps a process's mappings
   (``vm.max_map_count``, 65530 by default): a process that compiled the programs of about a hundred shapes (a long
   serial sweep) failed with "LLVM ERROR: Unable to allocate section memory". :func:`hold_programs` keeps the
