@@ -166,10 +166,11 @@ print(json.dumps(out))
 # integrate_points' program of four points of one shape, vmapped against in turn, alternated in one process.
 POINTS = """
 import json, sys, time
-import equinox as eqx, jax, jax.numpy as jnp, numpy as np
+import jax, jax.numpy as jnp, numpy as np
 jax.config.update("jax_enable_x64", True)
 import singleloc as sl
 from singleloc.preflight._build import build
+from singleloc.runtime._compilation import filter_jit
 from singleloc.theory import _ode
 from singleloc.theory._starts import initial_conditions
 configs = [sl.load_config("showcase", ["simulation.seeds=1", "sgd.tau_max=20", "sgd.n_save=21", f"sgd.lr={lr}"])
@@ -180,7 +181,7 @@ one = lambda *a: _ode._trajectories(*a, _ode.MAX_STEPS, False)
 fns = {"vmapped": lambda *a: jax.vmap(one)(*a), "in turn": lambda *a: _ode._batched(one, (0,) * 7, 4)(*a)}
 compiled, out, outs = {}, {"compile_s": {}, "run_s": {k: [] for k in fns}}, {}
 for name in (list(fns) if int(sys.argv[1]) % 2 == 0 else list(fns)[::-1]):
-    t = time.perf_counter(); compiled[name] = eqx.filter_jit(fns[name]).lower(*args).compile()
+    t = time.perf_counter(); compiled[name] = filter_jit(fns[name]).lower(*args).compile()  # integrate's options
     out["compile_s"][name] = time.perf_counter() - t
 for _ in range(int(sys.argv[1])):
     for name, c in compiled.items():

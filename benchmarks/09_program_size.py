@@ -10,10 +10,13 @@
    the whole program (``integrate``'s: the solve, the risks along it, the checks). "Solver machinery" is the solve
    less the drift. Growth faster than linear in ``H`` would be Python loops unrolled into the graph.
 2. **Optimisation levels.** The drift and the whole program of the default problem compiled at XLA's default
-   level, at ``xla_backend_optimization_level = 1`` and with ``jax_disable_most_optimizations`` (LLVM at ``-O0``,
-   no expensive passes): compile seconds against the seconds of one drift and of the solve to ``tau = 300``,
-   in one process, the levels alternated over ``--rounds`` rounds (the median is printed). A level pays where its
-   compile saving exceeds the extra run time of what the program is used for.
+   level, at ``xla_backend_optimization_level = 1``, with ``jax_disable_most_optimizations`` (LLVM at ``-O0``,
+   no expensive passes) and with XLA's loop emitters instead of its MLIR fusion emitters (the package's
+   :data:`~singleloc.runtime._compilation.CPU_OPTIONS`): compile seconds (wall and CPU) against the seconds of one
+   drift and of the solve to ``tau = 300``,
+   in one process, the levels alternated over ``--rounds`` rounds (the median is printed); run seconds are CPU
+   seconds (run with XLA's single-threaded ``XLA_FLAGS``, as the page says, they are the work at any load). A level
+   pays where its compile saving exceeds the extra run time of what the program is used for.
 
 Tracing of nested ``jax.jit`` functions is cached within a process, so a part traced after another that shares
 them traces faster: the seconds of a part are those of a first run of it after the parts listed before it.
@@ -91,21 +94,23 @@ import equinox as eqx, jax
 jax.config.update("jax_enable_x64", True)
 import singleloc as sl
 from jax._src import compiler
-from singleloc.theory._ode import MAX_STEPS, _problem, _run
+from singleloc.runtime._compilation import CPU_OPTIONS
+from singleloc.theory._ode import MAX_STEPS, _problem, _trajectories
 from singleloc.preflight._build import build
 cfg = sl.load_config("default", ["sgd.tau_max=300"])
 args = _problem(build(cfg), None, None).args
+plain = eqx.filter_jit(_trajectories)  # XLA's defaults (the package's own programs add CPU_OPTIONS)
 dynamics, evaluation, y0 = args[:3]
 dyn = jax.tree.map(lambda x: x[0] if eqx.is_array(x) and x.ndim and x.shape[0] == 1 else x, dynamics)
 y = jax.tree.map(lambda x: x[0], y0)
 LEVEL = {"default": (False, None), "O1": (False, {"xla_backend_optimization_level": 1}),
-         "disable_most_optimizations": (True, None)}
+         "disable_most_optimizations": (True, None), "loop emitters": (False, CPU_OPTIONS)}
 def lowered(name):
     if name == "drift":
         return eqx.filter_jit(lambda o, y: o.state_drift(y, tau=0.0)).lower(dyn, y), (dyn, y)
-    return _run.lower(*args, MAX_STEPS, False), (*args, MAX_STEPS, False)
-def run(compiled, call_args):
-    t0 = time.perf_counter(); jax.block_until_ready(compiled(*call_args)); return time.perf_counter() - t0
+    return plain.lower(*args, MAX_STEPS, False), (*args, MAX_STEPS, False)
+def run(compiled, call_args):  # CPU seconds (single-threaded XLA_FLAGS: the work, whatever the load)
+    t0 = time.process_time(); jax.block_until_ready(compiled(*call_args)); return time.process_time() - t0
 out = {}
 for r in range(int(sys.argv[1])):
     for program in ("drift", "whole program"):
@@ -113,14 +118,15 @@ for r in range(int(sys.argv[1])):
             jax.clear_caches()
             jax.config.update("jax_disable_most_optimizations", most)
             low, call_args = lowered(program)
-            t0 = time.perf_counter(); compiled = low.compile(compiler_options=options) if options else low.compile()
-            seconds = time.perf_counter() - t0
+            t0, c0 = time.perf_counter(), time.process_time()
+            compiled = low.compile(compiler_options=options) if options else low.compile()
+            seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
             if program == "drift":
                 run(compiled, call_args); ran = statistics.median(run(compiled, call_args) for _ in range(5))
             else:
                 ran = run(compiled, call_args)
-            entry = out.setdefault(program, {}).setdefault(level, {"compile": [], "run": []})
-            entry["compile"].append(seconds); entry["run"].append(ran)
+            entry = out.setdefault(program, {}).setdefault(level, {"compile": [], "compile_cpu": [], "run": []})
+            entry["compile"].append(seconds); entry["compile_cpu"].append(cpu); entry["run"].append(ran)
             print(program, level, round(seconds, 2), round(ran, 4), file=sys.stderr, flush=True)
 print(json.dumps(out))
 """
@@ -170,8 +176,10 @@ def main():
             for level, entry in by_level.items():
                 c, r = statistics.median(entry["compile"]), statistics.median(entry["run"])
                 c0, r0 = statistics.median(base["compile"]), statistics.median(base["run"])
+                cc, cc0 = statistics.median(entry["compile_cpu"]), statistics.median(base["compile_cpu"])
                 unit = f"{1e3 * r:8.1f} ms" if program == "drift" else f"{r:8.2f} s "
-                print(f"   {program:13s} {level:27s} compile {c:6.2f} s ({c / c0:4.2f}x)  run {unit} ({r / r0:4.2f}x)")
+                print(f"   {program:13s} {level:27s} compile {c:6.2f} s ({c / c0:4.2f}x; CPU {cc:6.2f} s, {cc / cc0:4.2f}x)  "
+                      f"run {unit} ({r / r0:4.2f}x)")
     results["load_after"] = os.getloadavg()[0]
     save(args, __file__, results)
 

@@ -173,3 +173,24 @@ def test_programs_of_more_shapes_than_the_bound_are_freed(monkeypatch):
     _compilation.hold_programs("c")  # a third: every program freed, then "c" held
     assert f._cache_size() == 0 and _compilation._HELD == {"c"}
     assert float(f(1.0)) == 3.0  # compiled again when needed
+
+
+def test_the_solve_programs_are_compiled_with_the_cpu_options(monkeypatch, tiny_theory):
+    """``filter_jit`` (the theory's solves) and the stored solve are compiled with ``compiler_options()``: an option
+    XLA does not know fails them at the top level; inside another program the options are that program's (none)."""
+    from _tiny import tiny
+
+    def double(x, n):
+        return x * n
+
+    program, x = _compilation.filter_jit(double), jax.numpy.arange(3.0)
+    np.testing.assert_array_equal(program(x, 2), 2 * x)
+    assert "jit_double" in program.lower(x, 2).as_text()  # named as the function, as compile events follow it
+    monkeypatch.setattr(_compilation, "compiler_options", lambda: {"xla_no_such_option": True})
+    with pytest.raises(Exception, match="xla_no_such_option"):
+        program(x, 3)
+    np.testing.assert_array_equal(jax.jit(lambda y: program(y, 3))(x), 3 * x)
+    pytest.importorskip("flatbuffers")
+    monkeypatch.setattr(_compilation, "_LOADED", {})  # as in a new process: the session's stored tiny solve, read
+    with pytest.raises(Exception, match="xla_no_such_option"):
+        sl.integrate(tiny())

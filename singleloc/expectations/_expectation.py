@@ -32,6 +32,7 @@ from ..configuration._specs import Theory
 from ..model._activations import Activation
 from ..model._layer import limit_loss
 from ..model._priors import Prior
+from ..runtime._compilation import filter_jit
 from ..runtime._progress import Phase
 from ..sgd._sgd_rule import GradientMoments, flat_drift
 from ._fields import LocalFields
@@ -330,7 +331,7 @@ def solve_report(setup, ys, risk, check, grams, risk_se, evaluation: AbstractExp
                        heads=setup.heads, points=points, scrambled=scrambled)
 
 
-@eqx.filter_jit
+@filter_jit  # the solve's XLA options (singleloc.runtime._compilation)
 def _at_states(expectation: AbstractExpectation, sgd, states, drift: bool):
     """``(risk, flat drift, Gram term)`` of ``expectation`` at the states (leading axis ``N``), or with
     ``drift = False`` ``(None, None, Gram term)``, one state at a time."""

@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..model._activations import Activation
+from ..runtime._compilation import filter_jit
 from ..sgd._sgd_rule import GradientMoments, flat_drift
 from ._cubature import REFINEMENT
 from ._expectation import AbstractExpectation, AbstractGramTerm, RouteStatement, SolveReport, times
@@ -251,7 +252,10 @@ class LaplaceExpectation(AbstractExpectation):
         """The Gram term's stated absolute error (:meth:`AbstractGramTerm.error`: against the finer exact rule, or the
         Monte Carlo term's standard error; NaN on a Sobol rule, whose scramblings state it after the solve) over
         ``max |G|``: at a stationary state the term balances the ``O(lr)`` part of ``dQ``, so this is the relative
-        error of that part of the drift there. NaN for a non-finite state."""
+        error of that part of the drift there. NaN for a non-finite state; on a Sobol rule the term is not evaluated
+        (the solve's program computes nothing for this NaN)."""
+        if self.gram_term.scrambled:
+            return jnp.full((), jnp.nan, M.dtype)
         G, err = self.gram_term.error(evaluation, M, Q, b, v)  # each term states its own (AbstractGramTerm.error)
         size = jnp.max(jnp.abs(G))
         return jnp.where(jnp.isfinite(Q).all() & (size > 0), err / size, jnp.nan)
@@ -333,6 +337,6 @@ def _drift_error_at_ends(evaluation: LaplaceExpectation, sgd, ys) -> float:
     return float(np.nanmax(errors)) if np.any(np.isfinite(errors)) else float("nan")
 
 
-@eqx.filter_jit
+@filter_jit  # the solve's XLA options (singleloc.runtime._compilation)
 def _drift_errors(expectation: LaplaceExpectation, sgd, states) -> jax.Array:
     return jax.lax.map(lambda s: jnp.where(jnp.isfinite(s[1]).all(), expectation.drift_error(sgd, *s), jnp.nan), states)

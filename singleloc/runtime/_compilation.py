@@ -19,6 +19,12 @@ compiling it (more seconds). Both can be skipped in a later process.
   program for that call, as do host callbacks in the traced program, a missing ``flatbuffers`` and more than one
   local device (a batch split over the devices, :mod:`~singleloc.expectations._sharding`, is traced in every
   process; its executable still comes from the compilation cache).
+* XLA's effort. On a CPU the theory's programs (the solve and its error statement: :func:`filter_jit`, and the
+  stored solve) are compiled with :data:`CPU_OPTIONS`: XLA's loop emitters instead of its MLIR fusion emitters,
+  which spent most of a solve's compilation setting up a pass pipeline for each of its many small fused kernels.
+  Measured (``benchmarks/09_program_size.py``, section 2): the default problem's solve compiles in 0.7x the CPU time
+  (0.57x the wall time) and runs as fast; its numbers moved by up to 6e-14 relative (another code generator rounds
+  the same operations differently).
 * Memory. Every executable holds memory-mapped sections of machine code, and Linux caps a process's mappings
   (``vm.max_map_count``, 65530 by default): a process that compiled the programs of about a hundred shapes (a long
   serial sweep) failed with "LLVM ERROR: Unable to allocate section memory". :func:`hold_programs` keeps the
@@ -38,6 +44,7 @@ from); a stored program that cannot be written (a full disk) is not stored, with
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -52,6 +59,7 @@ from collections.abc import Callable, Hashable, Mapping
 from pathlib import Path
 from typing import Any
 
+import equinox as eqx
 import jax
 
 from ..ground._extensions import stable_names
@@ -113,6 +121,50 @@ def hold_programs(shape: Hashable) -> None:
         jax.clear_caches()
         _HELD.clear()
     _HELD.add(shape)
+
+
+#: XLA's options for the theory's solve programs on a CPU (module docstring, "XLA's effort").
+CPU_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
+
+
+def compiler_options() -> dict | None:
+    """:data:`CPU_OPTIONS` on the CPU backend; ``None`` (XLA's defaults) on another."""
+    return dict(CPU_OPTIONS) if jax.default_backend() == "cpu" else None
+
+
+def filter_jit(fn: Callable) -> Callable:
+    """``eqx.filter_jit(fn)`` (the arrays among the arguments traced, every other leaf static) compiled with
+    :func:`compiler_options`, as :func:`exported_call` compiles the stored program of ``fn``: the same numbers with
+    the cache folder or without (called inside another program, as its part: the options are the outer program's).
+    Named ``jit(fn.__name__)`` in JAX's compile events; ``.lower(*args)`` as a jit's."""
+
+    def traced(static, dynamic):
+        leaves, treedef = static
+        return fn(*eqx.combine(dynamic, jax.tree.unflatten(treedef, leaves)))
+
+    traced.__name__, traced.__qualname__ = fn.__name__, fn.__qualname__
+
+    @functools.cache
+    def jitted(options: tuple) -> Callable:
+        return jax.jit(traced, static_argnums=0, compiler_options=dict(options) or None)
+
+    def split(args):
+        dynamic, static = eqx.partition(args, eqx.is_array)
+        leaves, treedef = jax.tree.flatten(static)
+        nested = any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(dynamic))  # the outer program's options
+        return jitted(() if nested else tuple(sorted((compiler_options() or {}).items()))), ((tuple(leaves), treedef), dynamic)
+
+    @functools.wraps(fn)
+    def call(*args):
+        program, split_args = split(args)
+        return program(*split_args)
+
+    def lower(*args):
+        program, split_args = split(args)
+        return program.lower(*split_args)
+
+    call.lower = lower
+    return call
 
 
 CACHE_ENV = "SINGLELOC_CACHE_DIR"
@@ -219,7 +271,7 @@ def exported_call(name: str, fn: Callable, *args, static: tuple = ()):
                 if "callback" in exported.mlir_module():  # ... or exports them unserialisable (older JAX)
                     return fn(*args, *static)
                 _store(path, exported.serialize())
-            call = _LOADED[digest] = jax.jit(exported.call)
+            call = _LOADED[digest] = jax.jit(exported.call, compiler_options=compiler_options())
         return call(*leaves)
 
 
