@@ -70,6 +70,7 @@ _RUN_NODES = textwrap.dedent("""
     import singleloc as sl
     from singleloc.theory import _ode
     from singleloc.expectations._sharding import shard_batch
+    from singleloc.preflight._build import build
     from singleloc.theory._theory import OrderParameterODE
 
     cfg = sl.load_config("default", sys.argv[2:])
