@@ -217,10 +217,8 @@ def prediction_setup(setup: Setup) -> Setup:
     route (its own Gram term) at :meth:`~singleloc.configuration._specs.Theory.prediction_points` of the run's points
     on the rule route (``"auto"`` as the run resolves it, :func:`~singleloc.resolve_points`), of the rule route's
     default count on another (whose ``theory.points`` is its own: the exact route resolves ``"auto"`` to as few as 64)."""
-    pb, th = setup.problem, setup.theory
-    points = th.prediction_points(pb.L, setup.heads, resolve_points(setup).theory.points if setup.route.route == "rule" else None)
-    theory = dataclasses.replace(th, route="rule", points=points, gram="auto", gram_points="auto")
-    return dataclasses.replace(setup, theory=theory, route=dataclasses.replace(setup.route, route="rule", gram=None))
+    points = resolve_points(setup).theory.points if setup.route.route == "rule" else None
+    return setup.on_rule_route(setup.theory.prediction_points(setup.problem.L, setup.heads, points))
 
 
 def compute_prediction(setup: Setup) -> dict[str, np.ndarray]:

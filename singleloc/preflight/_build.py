@@ -78,6 +78,13 @@ class Setup:
             new = dataclasses.replace(new, prior=new.problem.build_prior(), route=route)
         return new
 
+    def on_rule_route(self, points: int) -> Setup:
+        """This setup on the Sobol rule (the rule route, its own Gram term) at ``points`` points, every other key kept:
+        the escape prediction's numerics whatever the run's route
+        (:func:`~singleloc.analysis._predictions.prediction_setup`, and its estimate)."""
+        theory = dataclasses.replace(self.theory, route="rule", points=points, gram="auto", gram_points="auto")
+        return dataclasses.replace(self, theory=theory, route=dataclasses.replace(self.route, route="rule", gram=None))
+
 
 def build(config: Config, *, theory: bool = True) -> Setup:
     """The objects of ``config`` (module docstring): its prior, SGD rule and route, each built once

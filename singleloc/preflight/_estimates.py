@@ -251,8 +251,8 @@ def _prediction_model(setup: Setup) -> tuple[str, str, float, float]:
 
     pb, H, th = setup.problem, setup.heads, setup.theory
     points = auto_points(pb.L, H, setup.prior, th.points) if setup.route.route == "rule" else None
-    th = dataclasses.replace(th, points=th.prediction_points(pb.L, H, points))
-    work = theory_work(pb.L, H, setup.prior, th, dataclasses.replace(setup.route, route="rule", gram=None), 1)
+    rule = setup.on_rule_route(th.prediction_points(pb.L, H, points))  # as the prediction takes it, unprobed
+    work = theory_work(pb.L, H, setup.prior, rule.theory, rule.route, 1)
     size = (REFERENCE["prediction_drifts"] + 16 * 2 * (pb.F + H)) * work
     return "prediction:rule", f"prediction:{_digest(compile_group('prediction', setup.config.to_dict()))}", work, size
 
