@@ -298,12 +298,7 @@ def integrate_setup(setup: Setup, y0: Starts | None = None, *, ts: Real[ArrayLik
     dynamics, evaluation, y0, *rest = problem.args
     y0, (dynamics, evaluation, *rest), n = shard_batch(y0, (dynamics, evaluation, *rest))
     args = (dynamics, evaluation, y0, *rest)
-    with solve.solving():  # compiling or loading, then solving, said on stderr and recorded
-        with checks_as_nan():  # the progress bar's program is traced here (exported_call sets it itself)
-            out = jax.device_get(_run(*args, max_steps, True) if progress else
-                                 exported_call("integrate", _run, *args, static=(max_steps, False)))
-        solve.finished = bool(np.all(np.asarray(out[2]) == 0))  # a solve stopped early: no rate recorded
-    result = _result(problem, unpad(out, n), max_steps)
+    result = _result(problem, _solved(solve, "integrate", _run, args, (max_steps, progress), n, progress), max_steps)
     if isinstance(result, UnresolvedFields) and setup.theory.route == "auto":  # auto's choice: on to the Sobol rule
         warnings.warn(f"{str(result).split(';')[0]}: solving on the Sobol rule instead (theory.route = 'rule')",
                       stacklevel=2)  # a warning, said also without progress lines: the run changes route
@@ -336,9 +331,7 @@ def integrate_points(problems: Sequence[tuple[Config, OrderParameters | None]], 
         stacked = jax.tree.map(lambda *x: jnp.stack(x), *(prepared[i].args for i in members))
         stacked, _, n = shard_batch(stacked)
         solve = TheorySolve.of_batch([prepared[i] for i in members])
-        with solve.solving():
-            out = unpad(jax.device_get(exported_call("integrate_points", _run_points, *stacked, static=(max_steps,))), n)
-            solve.finished = bool(np.all(np.asarray(out[2]) == 0))
+        out = _solved(solve, "integrate_points", _run_points, stacked, (max_steps,), n)
         for j, i in enumerate(members):
             results[i] = _result(prepared[i], jax.tree.map(lambda x, j=j: x[j], out), max_steps)
     redo = [i for i, r in enumerate(results) if isinstance(r, UnresolvedFields) and problems[i][0].theory.route == "auto"]
@@ -349,6 +342,15 @@ def integrate_points(problems: Sequence[tuple[Config, OrderParameters | None]], 
         for i, result in zip(redo, integrate_points(rule, max_steps=max_steps)):
             results[i] = result
     return results
+
+
+def _solved(solve: TheorySolve, name: str, program, args: tuple, static: tuple, n: int, progress: bool = False):
+    """``program(*args, *static)``'s outputs for the first ``n`` of the batch (:func:`exported_call`'s stored program
+    unless ``progress``), its compiling or loading and solving said on stderr and recorded by ``solve``."""
+    with solve.solving(), checks_as_nan():  # the progress bar's program is traced here (exported_call sets it itself)
+        out = jax.device_get(program(*args, *static) if progress else exported_call(name, program, *args, static=static))
+        solve.finished = bool(np.all(np.asarray(out[2]) == 0))  # a solve stopped early: no rate recorded
+    return unpad(out, n)
 
 
 def _shape_key(args) -> tuple:
