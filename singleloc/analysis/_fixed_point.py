@@ -121,6 +121,4 @@ def _polished(ode: OrderParameterODE, drift, x: np.ndarray, H: int, F: int) -> n
     sol = optimize.root(restricted, x[free], method="hybr", options={"xtol": _ROOT_XTOL})
     cand = x.copy()
     cand[free] = sol.x
-    if valid_symmetric_state(cand, H, F) and np.max(np.abs(drift(cand))) < np.max(np.abs(drift(x))):
-        return cand
-    return x
+    return cand if valid_symmetric_state(cand, H, F) and np.max(np.abs(drift(cand))) < np.max(np.abs(drift(x))) else x

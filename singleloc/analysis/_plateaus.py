@@ -44,9 +44,7 @@ def _log_slope(tau: np.ndarray, risk: np.ndarray) -> tuple[np.ndarray, np.ndarra
     idx = np.flatnonzero(tau > 0)
     r = risk[idx]
     span = float(np.ptp(risk))
-    if len(idx) < 3 or span <= 0:
-        return idx, np.zeros(len(idx))
-    return idx, np.abs(np.gradient(r, np.log(tau[idx]))) / span
+    return idx, (np.zeros(len(idx)) if len(idx) < 3 or span <= 0 else np.abs(np.gradient(r, np.log(tau[idx]))) / span)
 
 
 def plateaus(tau: Real[ArrayLike, " T"] | Sequence[float], risk: Real[ArrayLike, " T"] | Sequence[float], *,

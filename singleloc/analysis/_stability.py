@@ -238,9 +238,7 @@ def escape_mode(lin: Linearization, *, mean: Real[ArrayLike, " F"] | None = None
                 min_orthogonal: float = 0.5) -> int:
     """Index of the eigenpair that :func:`escape_rate` selects (-1 if none)."""
     sel = _escape_candidates(lin, mean, min_asymmetry, min_orthogonal)
-    if not np.any(sel):
-        return -1
-    return int(np.flatnonzero(sel)[np.argmax(lin.eigenvalues.real[sel])])
+    return int(np.flatnonzero(sel)[np.argmax(lin.eigenvalues.real[sel])]) if np.any(sel) else -1
 
 
 def escape_rate(lin: Linearization, *, mean: Real[ArrayLike, " F"] | None = None, min_asymmetry: float = 0.5,

@@ -174,9 +174,7 @@ def _mask(name: str, w: np.ndarray, rows: np.ndarray, shape: tuple[int, ...]) ->
     if use_causal and np.any(w[..., ~causal] > 0):
         raise ValueError("mask 'causal': the weights have positive entries above the diagonal (future tokens); e.g. mask "
                          "'none' (every token of a row)")
-    if use_causal:
-        return np.broadcast_to(causal, w.shape), "causal"
-    return np.ones(w.shape, dtype=bool), "none"
+    return (np.broadcast_to(causal, w.shape), "causal") if use_causal else (np.ones(w.shape, dtype=bool), "none")
 
 
 def diagnose_attention(weights: Rows, values: Rows | None = None, *,

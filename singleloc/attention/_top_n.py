@@ -127,9 +127,7 @@ def detectable_shift(n: int, m: int, significance: float) -> float:
     samples, ``sqrt(-ln(significance) (n + m) / (2 n m))`` (the asymptotic critical value; within ``1/n`` of the
     exact one of :func:`scipy.stats.ks_2samp` from 20 samples): a rise of ``d`` between two ``N`` that moves its
     distribution function by less is not detected. NaN with fewer than two samples on either side."""
-    if min(n, m) < 2:
-        return float("nan")
-    return float(np.sqrt(-np.log(significance) * (n + m) / (2.0 * n * m)))
+    return float(np.sqrt(-np.log(significance) * (n + m) / (2.0 * n * m))) if min(n, m) >= 2 else float("nan")
 
 
 def stable_samples(significance: float) -> int:

@@ -138,9 +138,7 @@ class LaplaceExpectation(AbstractExpectation):
         problem, theory, H, choice = setup.problem, setup.theory, setup.heads, setup.route
 
         def per_replicate(rule):
-            if seeds is None:
-                return rule
-            return jax.tree.map(lambda x: jnp.broadcast_to(x, (len(seeds), *x.shape)), rule)
+            return rule if seeds is None else jax.tree.map(lambda x: jnp.broadcast_to(x, (len(seeds), *x.shape)), rule)
 
         rule = exact_rule(choice.activation, problem.L, H, setup.prior, nodes=theory.nodes)
         fine = per_replicate(rule.refined()) if check else None
@@ -231,9 +229,7 @@ class LaplaceExpectation(AbstractExpectation):
         return self.rule.resolves(M, Q, b)
 
     def risk_check(self, M, Q, b, v=None):
-        if self.check is None:
-            return jnp.full((), jnp.nan, dtype=M.dtype)
-        return self.check.risk(M, Q, b, v)
+        return jnp.full((), jnp.nan, dtype=M.dtype) if self.check is None else self.check.risk(M, Q, b, v)
 
     def drift_error(self, sgd, M, Q, b, v=None):
         """The stated relative error of the ``O(lr)`` drift at one state: ``max |d - d'| / max |d'|``

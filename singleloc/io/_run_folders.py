@@ -198,18 +198,16 @@ class Run:
         """The theory as a :class:`~singleloc.TheoryResult` (trajectories with a leading start axis):
         every seed's of ``theory_seeds.npz`` (``compare``) when present, else the one trajectory of
         ``theory.npz``; the route and stated errors from ``theory.npz``. ``None`` without either."""
-        if "theory" not in self.data and "theory_seeds" not in self.extra:
-            return None
-        return theory_from_arrays(self.data.get("theory"), self.extra.get("theory_seeds"))
+        known = "theory" in self.data or "theory_seeds" in self.extra
+        return theory_from_arrays(self.data.get("theory"), self.extra.get("theory_seeds")) if known else None
 
     @property
     def simulation(self):
         """``simulation.npz`` as a :class:`~singleloc.SimulationResult` (without the final keys and
         spikes, which the file does not hold: ``K`` and ``kstar`` are ``None``), or ``None``."""
         d = self.data.get("simulation")
-        if d is None:
-            return None
-        return SimulationResult(d["tau"], d["M"], d["Q"], d["b"], d["risk"], d["risk_limit"], None, None, d.get("v"))
+        return None if d is None else SimulationResult(d["tau"], d["M"], d["Q"], d["b"], d["risk"], d["risk_limit"],
+                                                       None, None, d.get("v"))
 
     @property
     def pruning(self):

@@ -156,9 +156,7 @@ def scalable_softmax(s: float = 1.0) -> Activation:
 
     def ssmax(scores: jax.Array) -> jax.Array:
         n = scores.shape[-1]
-        if n == 1:
-            return jnp.ones_like(scores)
-        return jax.nn.softmax((scale * math.log(n)) * scores, axis=-1)
+        return jnp.ones_like(scores) if n == 1 else jax.nn.softmax((scale * math.log(n)) * scores, axis=-1)
 
     ssmax.__doc__ = f"Scalable softmax ``softmax_l({scale:g} log(L) s_hl)`` (see :func:`scalable_softmax`)."
     ssmax.exponential_form = lambda L: ExponentialForm(scale * math.log(L) if L > 1 else 1.0, 0.0, False)

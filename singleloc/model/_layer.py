@@ -14,9 +14,7 @@ from ._activations import Activation
 def token_weights(activation: Activation, scores: Real[ArrayLike, "*S H L"], v: Real[ArrayLike, " H"] | None = None) -> jax.Array:
     """Aggregated weights ``a`` (L,) from scores (H, L): the head average of ``act(scores)``, or
     its mixture ``sum_h v_h act(scores)_h`` with head weights ``v`` (H,)."""
-    if v is None:
-        return jnp.mean(activation(scores), axis=-2)
-    return v @ activation(scores)
+    return jnp.mean(activation(scores), axis=-2) if v is None else v @ activation(scores)
 
 
 def limit_loss(activation: Activation, scores: Real[ArrayLike, "H L"], eps: Integer[ArrayLike, ""],

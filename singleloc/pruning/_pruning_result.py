@@ -53,9 +53,7 @@ class PruningResult:
     @property
     def risk_std(self) -> np.ndarray:
         """``(H,)`` standard deviation over draws (zeros for a single order)."""
-        if self.risks.shape[0] < 2:
-            return np.zeros(self.heads)
-        return self.risks.std(axis=0, ddof=1)
+        return np.zeros(self.heads) if self.risks.shape[0] < 2 else self.risks.std(axis=0, ddof=1)
 
     def removable(self, tol: float = 0.01) -> int:
         """How many heads (along this order, on the mean curve) can be removed before the

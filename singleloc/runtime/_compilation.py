@@ -181,9 +181,8 @@ def cache_dir() -> Path | None:
 
 def _cache_source() -> str:
     """Where :func:`cache_dir` comes from, for messages."""
-    if CACHE_ENV in os.environ:
-        return CACHE_ENV
-    return "XDG_CACHE_HOME" if os.environ.get("XDG_CACHE_HOME") else "the default ~/.cache"
+    return CACHE_ENV if CACHE_ENV in os.environ else "XDG_CACHE_HOME" if os.environ.get("XDG_CACHE_HOME") else \
+        "the default ~/.cache"
 
 
 def enable_compilation_cache(directory: str | Path | None = None) -> Path | None:

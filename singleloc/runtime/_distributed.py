@@ -140,9 +140,7 @@ class Cluster:
         the worker threads of an external cluster now (connecting to it; at least 1)."""
         if self.where == "serial":
             return 1
-        if not self.address:
-            return self.workers
-        return max(1, sum(self.client().nthreads().values()))
+        return max(1, sum(self.client().nthreads().values())) if self.address else self.workers
 
     def close(self, *, quiet: bool = False) -> None:
         """Close the client and a local cluster (its worker processes end); idempotent. ``quiet``: without Dask's
