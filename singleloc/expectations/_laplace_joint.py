@@ -81,13 +81,13 @@ JVP_PROFILES = (RHO0, RHO1, RHO2, OMEGA, rho(3), rho(4))
 
 # -- sizing ------------------------------------------------------------------------------------
 
-def joint_layout(H: int, F: int, leading: tuple = JOINT_LEADING) -> tuple:
+def joint_layout(H: int, F: int) -> tuple:
     """``(levels, small, axis)`` of the rule of a joint layer of ``H`` heads under a prior on ``F`` directions
-    (:func:`~singleloc.expectations._cubature.joint_nodes`): normal rules on ``r = min(max(F, 2), len(leading),
+    (:func:`~singleloc.expectations._cubature.joint_nodes`): normal rules on ``r = min(max(F, 2), len(JOINT_LEADING),
     H - 1)`` leading principal directions, of :data:`JOINT_LEADING` and its coarsenings (:data:`JOINT_COARSENING`),
     and the ``small = H - 1 - r`` others on :data:`JOINT_SMALL` nodes each and the degree-5 rule."""
-    r = min(max(F, 2), len(leading), H - 1)
-    return _layout(tuple(leading[:r]), H - 1 - r, JOINT_SMALL)
+    r = min(max(F, 2), len(JOINT_LEADING), H - 1)
+    return _layout(tuple(JOINT_LEADING[:r]), H - 1 - r, JOINT_SMALL)
 
 
 def _layout(sizes: tuple, small: int, axis: int) -> tuple:

@@ -253,16 +253,15 @@ def prune(evaluate: Callable[[Sequence[int]], tuple[float, float]], heads: int,
 
 
 def _greedy(evaluate, H: int) -> PruningResult:
-    kept = list(range(H))
-    r0, e0 = evaluate(kept)
-    risks, errs, removed = [r0], [e0], []
+    kept, removed = list(range(H)), []
+    scores = [evaluate(kept)]  # (risk, stderr) after each removal
     for _ in range(H - 1):
         trials = [evaluate([k for k in kept if k != h]) for h in kept]
         i = int(np.argmin([t[0] for t in trials]))
         removed.append(kept.pop(i))
-        risks.append(trials[i][0])
-        errs.append(trials[i][1])
-    return PruningResult("greedy", np.asarray([removed], dtype=int).reshape(1, H - 1), np.asarray([risks]), np.asarray([errs]))
+        scores.append(trials[i])
+    scores = np.asarray([scores])
+    return PruningResult("greedy", np.asarray([removed], dtype=int).reshape(1, H - 1), scores[..., 0], scores[..., 1])
 
 
 def prune_theory(config: Config | None = None, M: Real[ArrayLike, "H F"] = None, Q: Real[ArrayLike, "H H"] = None,

@@ -325,11 +325,10 @@ VALUE_KEYS = {"problem": ("strength",), "sgd": ("lr", "init_scale", "tau_max"), 
 SHAPE_KINDS = ("prediction", "theory")
 
 
-def compile_group(kind: str, config: Mapping[str, Mapping[str, Any]], *more: Mapping[str, Mapping[str, Any]]) -> str:
-    """The compiled programs a sweep point needs, as a hashable name: ``kind`` and ``config``
-    without :data:`VALUE_KEYS` for a kind in :data:`SHAPE_KINDS`, the whole ``config`` otherwise
-    (a ``group`` for :func:`~singleloc.runtime._distributed.run_points`; the further configs ``more`` of a task
-    are of the same group)."""
+def compile_group(kind: str, config: Mapping[str, Mapping[str, Any]]) -> str:
+    """The compiled programs a sweep point needs, as a hashable name: ``kind`` and ``config`` without
+    :data:`VALUE_KEYS` for a kind in :data:`SHAPE_KINDS`, the whole ``config`` otherwise (a ``group`` for
+    :func:`~singleloc.runtime._distributed.run_points`)."""
     drop = VALUE_KEYS if kind in SHAPE_KINDS else {}
     rest = {s: {k: v for k, v in sec.items() if k not in drop.get(s, ())} for s, sec in config.items()}
     return json.dumps([kind, rest], sort_keys=True)
