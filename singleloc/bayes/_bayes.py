@@ -57,17 +57,17 @@ from ..theory._theory import OrderParameters
 from ._population_risk import RiskEstimate, _check_counts, _check_rules, population_risk
 
 
-def _weight_params(prior: Prior):
-    """Arrays of the closed form: atoms (K, F), log pi (K,), ``G = S (I + S)^-1`` (F, F) or
+def _weight_params(prior: Prior, dtype):
+    """The arrays of the closed form, of ``dtype``: atoms (K, F), log pi (K,), ``G = S (I + S)^-1`` (F, F) or
     ``None`` for a discrete prior, and ``logdet(I + S)``."""
-    atoms = prior.atoms_array()
+    atoms, G, logdet = prior.atoms_array(), None, 0.0
     with np.errstate(divide="ignore"):
         log_pi = np.log(prior.probs_array())  # -inf for atoms of probability 0
-    if prior.is_discrete:
-        return atoms, log_pi, None, 0.0
-    S = np.asarray(prior.noise_cov, dtype=float)
-    eye = np.eye(S.shape[0])
-    return atoms, log_pi, np.linalg.solve(eye + S, S), float(np.linalg.slogdet(eye + S)[1])
+    if not prior.is_discrete:
+        S = np.asarray(prior.noise_cov, dtype=float)
+        eye = np.eye(S.shape[0])
+        G, logdet = np.linalg.solve(eye + S, S), float(np.linalg.slogdet(eye + S)[1])
+    return tuple(None if x is None else jnp.asarray(x, dtype) for x in (atoms, log_pi, G, logdet))
 
 
 def _log_weight(nu, atoms, log_pi, G, logdet):
@@ -86,9 +86,7 @@ def log_weight(prior: Prior, nu: Real[ArrayLike, "*S F"]) -> jax.Array:
     the shape ``nu.shape[:-1]``.
     """
     dtype = jnp.result_type(jnp.asarray(nu).dtype, float)
-    atoms, log_pi, G, logdet = _weight_params(prior)
-    cast = lambda x: None if x is None else jnp.asarray(x, dtype)  # noqa: E731
-    return _log_weight(jnp.asarray(nu, dtype), cast(atoms), cast(log_pi), cast(G), logdet)
+    return _log_weight(jnp.asarray(nu, dtype), *_weight_params(prior, dtype))
 
 
 def posterior(prior: Prior, nu: Real[ArrayLike, "*S F"]) -> jax.Array:
@@ -167,10 +165,7 @@ def bayes_risk(prior: Prior, L: int, points: int = 4096, seed: int = 0, replicat
         M, Q, b = bayes_point(prior)
         return population_risk(prior, L, "bsoftmax", M, Q, b, route=chosen.route)
     _check_rules(prior, L, points, {"problem.F": (prior.F, False)})
-    dtype = jnp.result_type(float)
-    atoms, log_pi, G, logdet = _weight_params(prior)
-    params = (jnp.asarray(atoms, dtype), jnp.asarray(log_pi, dtype), None if G is None else jnp.asarray(G, dtype),
-              jnp.asarray(logdet, dtype))
+    params = _weight_params(prior, jnp.result_type(float))
     # unwhitened, as population_risk's: the whitening's bias was 30 standard errors at L = 64, 512 points
     rules = (LocalFields.make(int(L), prior.F, prior, points, seed + i, whiten=False) for i in range(int(replicates)))
     values = [float(_bayes_risk_on_rule(rule, params)) for rule in rules]
