@@ -111,8 +111,7 @@ def specialization(M, Q, *, mean=None, directions=None, threshold: float = 0.9, 
     if mean is not None and np.linalg.norm(mean) > 1e-12:
         mu = np.asarray(mean, float) / np.linalg.norm(mean)
         ok &= cos >= (u @ mu)[..., None] + margin
-    best = np.argmax(np.where(ok, cos, -1.0), axis=-1)
-    return np.where(ok.any(axis=-1), best, -1)
+    return np.where(ok.any(axis=-1), np.argmax(np.where(ok, cos, -1.0), axis=-1), -1)
 
 
 #: The head classes of :func:`classify_heads`, in the order of their integer codes.

@@ -132,8 +132,7 @@ def plateau_time(tau, risk, fraction: float = 0.05) -> float:
     """First ``tau`` at which ``risk - risk[-1] <= fraction * (risk[0] - risk[-1])``: the time
     a decreasing curve reaches its plateau (``tau[0]`` if it does not decrease)."""
     tau, risk = np.asarray(tau, float), np.asarray(risk, float)
-    drop = risk[0] - risk[-1]
-    return float(tau[np.argmax(risk - risk[-1] <= fraction * max(drop, 0.0))])
+    return float(tau[np.argmax(risk - risk[-1] <= fraction * max(risk[0] - risk[-1], 0.0))])
 
 
 def escape_horizon(predicted: float, *, multiple: float = HORIZON_MULTIPLE, cap: float = HORIZON_CAP,

@@ -103,5 +103,4 @@ def run_settledness(setup, tau, M, Q, b, risk) -> Settledness:
     with Phase((f"classifying the heads at the last {len(tau) - start} saved times (whether the run settled)",
                 "classified the heads"), quiet=True):
         weights = attention_mass(OrderParameterODE.from_setup(setup), M, Q, b)
-    codes = classify_heads(M, Q, mean=setup.prior.mean(), weights=weights).code
-    return settledness(tau[start:], risk, codes)
+    return settledness(tau[start:], risk, classify_heads(M, Q, mean=setup.prior.mean(), weights=weights).code)

@@ -188,9 +188,7 @@ def _symmetric_projection(M: np.ndarray, Q: np.ndarray, b: np.ndarray) -> tuple[
     dia, off = _diagonal_means(Q, H)
     Qs = (dia - off) * np.eye(H) + off * np.ones((H, H))
     bs = np.full_like(b, b.mean()) if len(b) else b
-    full = np.concatenate([M.ravel(), Q.ravel(), b])
-    sym = np.concatenate([Ms.ravel(), Qs.ravel(), bs])
-    return full, sym
+    return np.concatenate([M.ravel(), Q.ravel(), b]), np.concatenate([Ms.ravel(), Qs.ravel(), bs])
 
 
 def linearize(ode: OrderParameterODE, M: Real[ArrayLike, "H F"], Q: Real[ArrayLike, "H H"], b: Real[ArrayLike, " H"], *,
@@ -272,8 +270,7 @@ def escape_subspace(lin: Linearization, *, mean: Real[ArrayLike, " F"] | None = 
 def subspace_amplitude(basis: Real[ArrayLike, "n N"], M: Real[ArrayLike, "*S H F"]) -> np.ndarray:
     """Norm of the projection of overlaps ``M`` (..., H, F) on an :func:`escape_subspace`."""
     M = np.asarray(M, float)
-    flat = M.reshape(M.shape[:-2] + (-1,))
-    return np.linalg.norm(flat @ basis.T, axis=-1)
+    return np.linalg.norm(M.reshape(M.shape[:-2] + (-1,)) @ basis.T, axis=-1)
 
 
 def unstable_modes(lin: Linearization, *, tol: float = 1e-6, min_asymmetry: float = 0.0) -> list[dict]:

@@ -34,9 +34,8 @@ TEMPERATURES = (0.001, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 100.0)
 def _stats(x: np.ndarray) -> dict:
     x = np.asarray(x, dtype=np.float64).ravel()
     x = x[np.isfinite(x)]
-    if x.size == 0:
-        return {"mean": None, "median": None, "min": None, "max": None}
-    return {"mean": float(x.mean()), "median": float(np.median(x)), "min": float(x.min()), "max": float(x.max())}
+    return {key: float(f(x)) if x.size else None for key, f in (("mean", np.mean), ("median", np.median),
+                                                                  ("min", np.min), ("max", np.max))}
 
 
 def _fmt(x) -> str:

@@ -168,8 +168,7 @@ def bayes_risk(prior: Prior, L: int, points: int = 4096, seed: int = 0, replicat
     params = _weight_params(prior, jnp.result_type(float))
     # unwhitened, as population_risk's: the whitening's bias was 30 standard errors at L = 64, 512 points
     rules = (LocalFields.make(int(L), prior.F, prior, points, seed + i, whiten=False) for i in range(int(replicates)))
-    values = [float(_bayes_risk_on_rule(rule, params)) for rule in rules]
-    return RiskEstimate.from_replicates(values, points)
+    return RiskEstimate.from_replicates([float(_bayes_risk_on_rule(rule, params)) for rule in rules], points)
 
 
 def bayes_point(prior: Prior, dtype=None) -> OrderParameters:

@@ -71,8 +71,7 @@ def save_npz(path: str | Path, arrays: Mapping[str, Any], stamp: str | None = No
 
 def save_text(path: str | Path, text: str) -> Path:
     """Write ``text`` (UTF-8) atomically."""
-    data = text.encode()
-    return atomic_write(Path(path), lambda fh: fh.write(data))
+    return atomic_write(Path(path), lambda fh: fh.write(text.encode()))
 
 
 def save_json(path: str | Path, data: Any) -> Path:

@@ -212,8 +212,7 @@ def _discrete_of(problem) -> Prior:
     """``discrete`` from a problem section: ``support`` (default ``strength * I_F``) with ``probs``
     (default uniform)."""
     support = problem.support if problem.support is not None else (problem.strength * np.eye(problem.F)).tolist()
-    probs = problem.probs if problem.probs is not None else [1.0 / len(support)] * len(support)
-    return discrete(support, probs)
+    return discrete(support, problem.probs if problem.probs is not None else [1.0 / len(support)] * len(support))
 
 
 def _gaussian_of(problem) -> Prior:

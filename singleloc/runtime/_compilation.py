@@ -175,8 +175,7 @@ def cache_dir() -> Path | None:
     if CACHE_ENV in os.environ:
         value = os.environ[CACHE_ENV].strip()
         return Path(value).expanduser() if value else None
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "singleloc" / "jax"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "singleloc" / "jax"
 
 
 def _cache_source() -> str:

@@ -98,9 +98,8 @@ def summarize(config: Config, data: dict[str, np.ndarray], kind: str) -> dict[st
     if "route" in data:
         config = config.replace(theory={"route": str(data["route"])})
     weights = attention_mass(OrderParameterODE.from_setup(build(config)), data["M"], data["Q"], data["b"])
-    a = analyze(data["tau"], data["M"], data["Q"], data[PHASE_RISK[kind]], mean=config.problem.build_prior().mean(),
-                weights=weights)
-    return a.summary()
+    return analyze(data["tau"], data["M"], data["Q"], data[PHASE_RISK[kind]], mean=config.problem.build_prior().mean(),
+                   weights=weights).summary()
 
 
 #: The columns of a phase summary, in the order of the CSV.
@@ -385,7 +384,6 @@ def write_csv(path: str | Path, rows: list[dict[str, Any]]) -> Path:
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=list(rows[0].keys()), lineterminator="\n")
     w.writeheader()
-    for r in rows:
-        w.writerow({k: f"{v:.6g}" if isinstance(v, float) else json.dumps(v) if isinstance(v, (list, dict)) else v
-                    for k, v in r.items()})
+    w.writerows({k: f"{v:.6g}" if isinstance(v, float) else json.dumps(v) if isinstance(v, (list, dict)) else v
+                 for k, v in r.items()} for r in rows)
     return save_text(path, buf.getvalue())

@@ -36,8 +36,7 @@ def initial_conditions(config: Config | None = None, seeds: int | None = None, *
     pb, sim, sgd, H = config.problem, config.simulation, config.sgd, config.model.heads
     n = sim.seeds if seeds is None else seeds
     M, Q = _initial_overlaps(sim.seed, jnp.arange(n), pb.F, H, sim.D, sgd.init_scale)
-    y0 = OrderParameters(M, Q, jnp.full((n, H), config.model.bias_init))
-    return config.model.weighting.state(y0)
+    return config.model.weighting.state(OrderParameters(M, Q, jnp.full((n, H), config.model.bias_init)))
 
 
 def batched_starts(y0: OrderParameters) -> OrderParameters:
