@@ -90,9 +90,7 @@ class AttentionDiagnosis:
         """The summary as plain JSON-serialisable data."""
         out = {"shape": list(self.shape), "heads": self.heads, "query_rows": list(self.query_rows), "mask": self.mask,
                "rows_analysed": self.rows_analysed, "vanishing": self.vanishing, "jacobian": list(self.jacobian)}
-        if self.top_n is not None:
-            out["top_n"] = self.top_n
-        return out
+        return out | ({} if self.top_n is None else {"top_n": self.top_n})
 
     def table(self) -> str:
         """The summary as text tables (what ``singleloc diagnose`` prints)."""

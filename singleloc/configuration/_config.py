@@ -66,11 +66,9 @@ class Config:
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """Plain, JSON-serialisable ``{section: {key: value}}`` (a prior object becomes a table)."""
-        out = {}
-        for name in SECTIONS:
-            sec = dataclasses.asdict(getattr(self, name))  # a Prior object becomes the table PRIOR_TABLE
-            out[name] = {k: v for k, v in sec.items() if v is not None}
-        return out
+        # a Prior object becomes the table PRIOR_TABLE
+        return {name: {k: v for k, v in dataclasses.asdict(getattr(self, name)).items() if v is not None}
+                for name in SECTIONS}
 
     def replace(self, **sections: Mapping[str, Any]) -> Config:
         """A copy with some keys changed: ``cfg.replace(model={"heads": 4})``. Only the sections

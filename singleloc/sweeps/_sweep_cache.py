@@ -36,14 +36,13 @@ def cached_run(config: Config, kind: str, cache_dir: Path, stats: SweepStats | N
     damaged or foreign entry)."""
     path = _entry_path(Path(cache_dir), config, kind)
     data = _read_entry(path, kind) if path.is_file() else None
-    if data is not None:
-        if stats:
-            stats.cached += 1
-        return data
-    data = compute(config, kind)
-    _store(path, kind, data)
+    fresh = data is None
+    if fresh:
+        data = compute(config, kind)
+        _store(path, kind, data)
     if stats:
-        stats.computed += 1
+        stats.computed += fresh
+        stats.cached += not fresh
     return data
 
 
