@@ -31,10 +31,9 @@ _ROOT_XTOL = 1e-13
 
 
 def valid_symmetric_state(x, H: int, F: int) -> bool:
-    """Whether symmetric coordinates ``x`` are finite overlaps of real keys: ``R_orth = r_d I + r_o 1 1^T`` is PSD,
-    i.e. its eigenvalues ``r_d`` and ``r_d + H r_o`` are non-negative (up to the rounding slack ``PSD_ROUNDING``
-    relative to the size of ``Q``: a point on the boundary of the PSD cone, not more); then ``Q = M M^T + R_orth``
-    is PSD too."""
+    """Whether symmetric coordinates ``x`` are finite overlaps of real keys: ``R_orth = r_d I + r_o 1 1^T`` is PSD, i.e.
+    its eigenvalues ``r_d`` and ``r_d + H r_o`` are non-negative (up to the rounding slack ``PSD_ROUNDING`` relative to
+    the size of ``Q``: a point on the boundary of the PSD cone, not more); then ``Q = M M^T + R_orth`` is PSD too."""
     x = np.asarray(x, float)
     if not np.all(np.isfinite(x)):
         return False

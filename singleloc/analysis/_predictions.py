@@ -1,11 +1,10 @@
-"""What the theory predicts about a configuration before its phases are read: when the heads
-leave the unspecialized plateau, how long to integrate to see it, and how much of the
-attention each head carries (docs/model.md section 5; docs/phases.md).
+"""What the theory predicts about a configuration before its phases are read: when the heads leave the unspecialized
+plateau, how long to integrate to see it, and how much of the attention each head carries (docs/model.md section 5;
+docs/phases.md).
 
 **The predicted escape** (:func:`predicted_escape`). The head-symmetric flow
-(:func:`~singleloc.analysis._stability.symmetric_path`) is integrated from the ``D -> infinity`` limit
-of a random start (``M = 0``, ``R_orth = init_scale^2 I``, ``b = bias_init``) up to
-``tau_flow`` (default 1000).
+(:func:`~singleloc.analysis._stability.symmetric_path`) is integrated from the ``D -> infinity`` limit of a random start
+(``M = 0``, ``R_orth = init_scale^2 I``, ``b = bias_init``) up to ``tau_flow`` (default 1000).
 
 * ``tau_0`` (``tau_plateau``), the time the flow reaches its plateau: the first saved time at
   which the risk has come within ``plateau_fraction = 0.05`` of its whole drop,
@@ -40,19 +39,18 @@ of a random start (``M = 0``, ``R_orth = init_scale^2 I``, ``b = bias_init``) up
   trained weights, when it stopped before its first saved time).
 
 **Its rule** (:func:`prediction_setup`). Whatever the run's route, the flow and the rates are on the Sobol rule (the
-rule route) of :meth:`~singleloc.configuration._specs.Theory.prediction_points` points: the run's ``theory.points``
-on the rule route (``"auto"`` as the run resolves it; elsewhere the rule route's default, 4096), but at most
-``2^18 / (L H)`` (never fewer than 256). The prediction only chooses the horizon and must land within 1.5x of the
-measured escape, not carry the run's accuracy: the rule moves it by 2-8% from the exact route's, inside the model's
-own spread, at a fraction of the cost (docs/phases.md, "What the prediction costs").
+rule route) of :meth:`~singleloc.configuration._specs.Theory.prediction_points` points: the run's ``theory.points`` on
+the rule route (``"auto"`` as the run resolves it; elsewhere the rule route's default, 4096), but at most ``2^18 / (L
+H)`` (never fewer than 256). The prediction only chooses the horizon and must land within 1.5x of the measured escape,
+not carry the run's accuracy: the rule moves it by 2-8% from the exact route's, inside the model's own spread, at a
+fraction of the cost (docs/phases.md, "What the prediction costs").
 
 **The horizon** (:func:`escape_horizon`): ``multiple = 5`` times the predicted escape (the escape of the first
-direction: the later directions' escapes and the settling come after it; at 2.5 times the README sweep left
-its bsoftmax points with two heads or more unsettled), rounded up to two significant digits and capped at
-``cap = 3000``; without a predicted escape,
-``fallback = 300`` (at the default problem the symmetric risk changes by less than ``1e-4``
-after tau = 200). ``singleloc sweep`` and ``singleloc integrate --horizon auto`` integrate each point up
-to its horizon on a log grid (:func:`resolve_horizon`).
+direction: the later directions' escapes and the settling come after it; at 2.5 times the README sweep left its bsoftmax
+points with two heads or more unsettled), rounded up to two significant digits and capped at ``cap = 3000``; without a
+predicted escape, ``fallback = 300`` (at the default problem the symmetric risk changes by less than ``1e-4`` after tau
+= 200). ``singleloc sweep`` and ``singleloc integrate --horizon auto`` integrate each point up to its horizon on a log
+grid (:func:`resolve_horizon`).
 """
 
 from __future__ import annotations
@@ -137,10 +135,9 @@ def plateau_time(tau, risk, fraction: float = 0.05) -> float:
 
 def escape_horizon(predicted: float, *, multiple: float = HORIZON_MULTIPLE, cap: float = HORIZON_CAP,
                    fallback: float = HORIZON_FALLBACK) -> float:
-    """The integration horizon of a point: ``multiple * predicted`` rounded up to two
-    significant digits, at most ``cap``; ``fallback`` (at most ``cap``) without a predicted
-    escape (``predicted`` NaN, ``+inf`` or 0). A negative ``predicted`` is refused (an escape
-    time is ``>= 0``)."""
+    """The integration horizon of a point: ``multiple * predicted`` rounded up to two significant digits, at most
+    ``cap``; ``fallback`` (at most ``cap``) without a predicted escape (``predicted`` NaN, ``+inf`` or 0). A negative
+    ``predicted`` is refused (an escape time is ``>= 0``)."""
     multiple, cap, fallback = (number(f"escape_horizon: {name}", value, positive=True)
                                for name, value in (("multiple", multiple), ("cap", cap), ("fallback", fallback)))
     if predicted < 0:

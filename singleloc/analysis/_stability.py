@@ -1,24 +1,21 @@
 """Linear stability along the head-symmetric subspace of the ODE (docs/model.md section 5).
 
-Coordinates. The drift :meth:`OrderParameterODE.drift` is linearised over the flattened state
-``v = (M, upper triangle of Q, b)`` of :func:`singleloc.theory._theory.flatten_state` (``b`` only
-when the biases train); its Jacobian is :func:`singleloc.analysis._drift_jacobian.drift_jacobian`
-(autodiff, or central differences where ``Q`` has repeated eigenvalues).
+Coordinates. The drift :meth:`OrderParameterODE.drift` is linearised over the flattened state ``v = (M, upper triangle
+of Q, b)`` of :func:`singleloc.theory._theory.flatten_state` (``b`` only when the biases train); its Jacobian is
+:func:`singleloc.analysis._drift_jacobian.drift_jacobian` (autodiff, or central differences where ``Q`` has repeated
+eigenvalues).
 
-The symmetric subspace. States invariant under permutations of the heads, ``M_h = m`` for
-every head, ``R_orth = r_d I + r_o 1 1^T`` and ``b_h = b_0``, are written
-``x = [m (F), r_d, r_o, b_0]`` (``r_o`` absent when ``H = 1``; :func:`symmetric_state`). The
-subspace is invariant under the flow (the quadrature rule is permutation-equivariant) and
-contains the unspecialized fixed point (:func:`~singleloc.unspecialized_point`, found by
-integrating the restricted flow: :func:`symmetric_flow` with a constant step,
-:func:`symmetric_path` with an adaptive one; diffrax).
+The symmetric subspace. States invariant under permutations of the heads, ``M_h = m`` for every head, ``R_orth = r_d I +
+r_o 1 1^T`` and ``b_h = b_0``, are written ``x = [m (F), r_d, r_o, b_0]`` (``r_o`` absent when ``H = 1``;
+:func:`symmetric_state`). The subspace is invariant under the flow (the quadrature rule is permutation-equivariant) and
+contains the unspecialized fixed point (:func:`~singleloc.unspecialized_point`, found by integrating the restricted
+flow: :func:`symmetric_flow` with a constant step, :func:`symmetric_path` with an adaptive one; diffrax).
 
-Escape. The eigenvectors of the Jacobian at the fixed point that break the head symmetry carry
-the escape, and the largest real part among them is the escape rate ``lambda``
-(:func:`escape_rate`). The log D law: the escape direction starts at amplitude ``O(D^{-1/2})``
-(the random initial overlaps) and grows like ``exp(lambda tau)``, so it reaches ``O(1)`` at
-``tau_esc = tau_0 + (1 / (2 lambda)) log D`` (:func:`predicted_escape_slope`,
-:func:`linear_escape_time`). The prediction for a configuration, with its integration horizon
+Escape. The eigenvectors of the Jacobian at the fixed point that break the head symmetry carry the escape, and the
+largest real part among them is the escape rate ``lambda`` (:func:`escape_rate`). The log D law: the escape direction
+starts at amplitude ``O(D^{-1/2})`` (the random initial overlaps) and grows like ``exp(lambda tau)``, so it reaches
+``O(1)`` at ``tau_esc = tau_0 + (1 / (2 lambda)) log D`` (:func:`predicted_escape_slope`, :func:`linear_escape_time`).
+The prediction for a configuration, with its integration horizon
 (:func:`singleloc.analysis._predictions.predicted_escape`), carries the start's symmetry-breaking part
 (:func:`start_variances`) by the Jacobians along the symmetric flow from ``tau = 0`` (:func:`tangent_escape`).
 """
@@ -100,12 +97,11 @@ def _symmetric_solve(ode: OrderParameterODE, x0: jax.Array, ts: jax.Array, dt0: 
 
 
 def symmetric_flow(ode: OrderParameterODE, x0, H: int, F: int, tau_max: float, dt: float = 0.1, n_save: int = 101):
-    """Integrate the restricted flow from ``x0``; returns ``(tau, x, risk)`` at about ``n_save``
-    equally spaced times.
+    """Integrate the restricted flow from ``x0``; returns ``(tau, x, risk)`` at about ``n_save`` equally spaced times.
 
-    Tsit5 (diffrax) with the constant step ``h = tau_max / ceil(tau_max / dt)`` (at most
-    ``dt``); the states are saved every ``per = max(n_steps // (n_save - 1), 1)`` steps, so the
-    last saved time is ``tau_max`` rounded down to a multiple of ``per * h``.
+    Tsit5 (diffrax) with the constant step ``h = tau_max / ceil(tau_max / dt)`` (at most ``dt``); the states are saved
+    every ``per = max(n_steps // (n_save - 1), 1)`` steps, so the last saved time is ``tau_max`` rounded down to a
+    multiple of ``per * h``.
     """
     n_steps = max(int(np.ceil(tau_max / dt)), 1)
     h = tau_max / n_steps
@@ -120,16 +116,15 @@ def symmetric_flow(ode: OrderParameterODE, x0, H: int, F: int, tau_max: float, d
 
 def symmetric_path(ode: OrderParameterODE, x0, H: int, F: int, ts, *, rtol: float = 1e-6, atol: float = 1e-8,
                    max_steps: int = 100_000) -> tuple[np.ndarray, np.ndarray, FloatingPointError | None]:
-    """The restricted flow from ``x0`` saved at the times ``ts`` (increasing, ``ts[0]`` the
-    start): ``(x, risk, stop)``. Tsit5 with diffrax's PID step-size controller (``rtol``, ``atol``),
-    for long flows along a creeping plateau, where a constant step wastes thousands of steps
-    (52 adaptive steps reach tau = 1000 at the default problem with the theory's default tolerances, 113 with
-    ``rtol = 1e-8``, ``atol = 1e-10``, for a risk 7e-7 apart; the escape prediction passes the run's
-    ``theory.rtol``, ``theory.atol``). It stops as a solve does (:mod:`~singleloc.theory._step_budget`): steps
-    below ``MIN_STEP``, more than ``STEP_MARGIN`` times the steps expected at its rate, an invalid state, or
-    fields its route's rule no longer resolves (at ``sgd.lr = 1e4`` on the default problem the exact route's
-    flow went on for 100000 steps of ``1e-7`` before). ``x`` and ``risk`` at the saved times it reached (the first
-    ``len(risk)`` of ``ts``); ``stop``: ``None`` where it reached ``ts[-1]``, else why not (an
+    """The restricted flow from ``x0`` saved at the times ``ts`` (increasing, ``ts[0]`` the start): ``(x, risk, stop)``.
+    Tsit5 with diffrax's PID step-size controller (``rtol``, ``atol``), for long flows along a creeping plateau, where a
+    constant step wastes thousands of steps (52 adaptive steps reach tau = 1000 at the default problem with the theory's
+    default tolerances, 113 with ``rtol = 1e-8``, ``atol = 1e-10``, for a risk 7e-7 apart; the escape prediction passes
+    the run's ``theory.rtol``, ``theory.atol``). It stops as a solve does (:mod:`~singleloc.theory._step_budget`): steps
+    below ``MIN_STEP``, more than ``STEP_MARGIN`` times the steps expected at its rate, an invalid state, or fields its
+    route's rule no longer resolves (at ``sgd.lr = 1e4`` on the default problem the exact route's flow went on for
+    100000 steps of ``1e-7`` before). ``x`` and ``risk`` at the saved times it reached (the first ``len(risk)`` of
+    ``ts``); ``stop``: ``None`` where it reached ``ts[-1]``, else why not (an
     :class:`~singleloc.theory._step_budget.UnresolvedFields` for the fields)."""
     x0 = jnp.asarray(x0, dtype=jnp.result_type(float))
     budget = int(min(max_steps, STEP_MARGIN * expected_steps(float(ode.sgd.rate(float(ts[0]))), float(ts[-1] - ts[0]))))
@@ -241,12 +236,11 @@ def escape_mode(lin: Linearization, *, mean: Real[ArrayLike, " F"] | None = None
 
 def escape_rate(lin: Linearization, *, mean: Real[ArrayLike, " F"] | None = None, min_asymmetry: float = 0.5,
                 min_orthogonal: float = 0.5) -> float:
-    """The escape rate ``lambda``: the largest real part among the eigenvalues whose
-    eigenvector breaks the head symmetry (asymmetry fraction above ``min_asymmetry``) and, when
-    the prior's ``mean`` is given, whose ``M`` block points mostly away from the mean direction
-    (fraction above ``min_orthogonal``): a mode along which the heads leave the unspecialized
-    profile. Modes that only split the heads' norms along the mean direction are left out.
-    NaN when no mode qualifies."""
+    """The escape rate ``lambda``: the largest real part among the eigenvalues whose eigenvector breaks the head
+    symmetry (asymmetry fraction above ``min_asymmetry``) and, when the prior's ``mean`` is given, whose ``M`` block
+    points mostly away from the mean direction (fraction above ``min_orthogonal``): a mode along which the heads leave
+    the unspecialized profile. Modes that only split the heads' norms along the mean direction are left out. NaN when no
+    mode qualifies."""
     k = escape_mode(lin, mean=mean, min_asymmetry=min_asymmetry, min_orthogonal=min_orthogonal)
     return float(lin.eigenvalues[k].real) if k >= 0 else float("nan")
 
@@ -274,9 +268,8 @@ def subspace_amplitude(basis: Real[ArrayLike, "n N"], M: Real[ArrayLike, "*S H F
 
 
 def unstable_modes(lin: Linearization, *, tol: float = 1e-6, min_asymmetry: float = 0.0) -> list[dict]:
-    """Unstable eigenpairs (``Re lambda > tol``), decreasing: ``rate``, ``asymmetry``, the ``M``
-    block of the eigenvector (H, F) and ``direction``, the spike ``f`` its ``M`` block loads
-    most on (largest column norm)."""
+    """Unstable eigenpairs (``Re lambda > tol``), decreasing: ``rate``, ``asymmetry``, the ``M`` block of the
+    eigenvector (H, F) and ``direction``, the spike ``f`` its ``M`` block loads most on (largest column norm)."""
     out = []
     for i, lam in enumerate(lin.eigenvalues):
         if lam.real > tol and lin.asymmetry[i] >= min_asymmetry:
@@ -297,14 +290,12 @@ def predicted_escape_slope(rate: float) -> float:
 
 def linear_escape_time(path_tau: Real[ArrayLike, " T"], path_rate: Real[ArrayLike, " T"], amplitude: Real[ArrayLike, "..."],
                        threshold: float = 0.1, *, extrapolate: bool = False) -> np.ndarray:
-    """First time at which ``amplitude * exp(int_{tau_0}^tau rate)`` reaches ``threshold``
-    (``tau_0 = path_tau[0]``): the escape of the linearised dynamics along a plateau whose
-    escape rate ``path_rate`` (at ``path_tau``, e.g. from :func:`escape_rate_along`) drifts
-    (adiabatic approximation). The integral is the trapezoid rule on the path, interpolated
-    linearly within the step where it crosses; the rate may change sign. ``tau_0`` if the
-    amplitude starts at the threshold. Not reached within the path: NaN, or with
-    ``extrapolate`` the rate is held at its last value beyond the path (``inf`` if that value
-    is not positive)."""
+    """First time at which ``amplitude * exp(int_{tau_0}^tau rate)`` reaches ``threshold`` (``tau_0 = path_tau[0]``):
+    the escape of the linearised dynamics along a plateau whose escape rate ``path_rate`` (at ``path_tau``, e.g. from
+    :func:`escape_rate_along`) drifts (adiabatic approximation). The integral is the trapezoid rule on the path,
+    interpolated linearly within the step where it crosses; the rate may change sign. ``tau_0`` if the amplitude starts
+    at the threshold. Not reached within the path: NaN, or with ``extrapolate`` the rate is held at its last value
+    beyond the path (``inf`` if that value is not positive)."""
     t, lam = np.asarray(path_tau, float), np.asarray(path_rate, float)
     growth = np.concatenate([[0.0], np.cumsum(0.5 * (lam[1:] + lam[:-1]) * np.diff(t))])
     need = np.log(threshold / np.asarray(amplitude, float))
@@ -318,14 +309,13 @@ def linear_escape_time(path_tau: Real[ArrayLike, " T"], path_rate: Real[ArrayLik
 
 
 def antisymmetric_basis(H: int, F: int, train_bias: bool) -> np.ndarray:
-    """Orthonormal basis (n, k) of the perturbations antisymmetric between heads 1 and 2, over
-    :func:`flatten_state` coordinates: ``M_1 = -M_2 = e_f`` (F of them), ``Q_11 = -Q_22``,
-    ``Q_1g = -Q_2g`` for each head ``g >= 3`` and ``b_1 = -b_2`` (when the biases train);
-    ``k = F + H - 1 (+1)`` against ``n = H F + H (H + 1) / 2 (+H)``. At a head-symmetric state
-    the Jacobian commutes with the head permutations, so it maps this subspace (the -1
-    eigenspace of the swap of heads 1 and 2) into itself, and every irreducible component of
-    the permutations but the trivial one meets it: the eigenvalues of the Jacobian restricted
-    to it are those of the symmetry-breaking modes (every mode but the head-symmetric ones)."""
+    """Orthonormal basis (n, k) of the perturbations antisymmetric between heads 1 and 2, over :func:`flatten_state`
+    coordinates: ``M_1 = -M_2 = e_f`` (F of them), ``Q_11 = -Q_22``, ``Q_1g = -Q_2g`` for each head ``g >= 3`` and ``b_1
+    = -b_2`` (when the biases train); ``k = F + H - 1 (+1)`` against ``n = H F + H (H + 1) / 2 (+H)``. At a
+    head-symmetric state the Jacobian commutes with the head permutations, so it maps this subspace (the -1 eigenspace
+    of the swap of heads 1 and 2) into itself, and every irreducible component of the permutations but the trivial one
+    meets it: the eigenvalues of the Jacobian restricted to it are those of the symmetry-breaking modes (every mode but
+    the head-symmetric ones)."""
     if H < 2:
         return np.zeros((H * F + H * (H + 1) // 2 + (H if train_bias else 0), 0))
     units = []
@@ -366,19 +356,18 @@ def symmetric_jacobian(ode: OrderParameterODE, x, H: int, F: int, *, method: str
 
 def symmetric_escape_rate(ode: OrderParameterODE, x, H: int, F: int, *, mean=None, method: str = "auto",
                           count: str = "", min_orthogonal: float = 0.5, jacobian: np.ndarray | None = None) -> float:
-    """Escape rate (:func:`escape_rate`) of the linearisation at the symmetric state ``x``
-    (``count`` as :func:`linearize`'s), from the Jacobian restricted to the perturbations
-    antisymmetric between heads 1 and 2 (:func:`symmetric_jacobian`, or ``jacobian`` where it is at hand).
-    Its eigenvalues are the symmetry-breaking ones of the full Jacobian, whose
-    eigenvectors break the symmetry entirely (asymmetry 1, above any ``min_asymmetry < 1``); the
-    mean filter reads the ``M`` block ``u (e_1 - e_2)`` of the eigenvector ``U w`` as
-    :func:`escape_rate` reads the full one's, ``u c`` with ``c`` orthogonal to ``1`` (the same
-    fraction ``|P u| / |u|``). NaN when no mode qualifies (``H = 1``).
+    """Escape rate (:func:`escape_rate`) of the linearisation at the symmetric state ``x`` (``count`` as
+    :func:`linearize`'s), from the Jacobian restricted to the perturbations antisymmetric between heads 1 and 2
+    (:func:`symmetric_jacobian`, or ``jacobian`` where it is at hand). Its eigenvalues are the symmetry-breaking ones of
+    the full Jacobian, whose eigenvectors break the symmetry entirely (asymmetry 1, above any ``min_asymmetry < 1``);
+    the mean filter reads the ``M`` block ``u (e_1 - e_2)`` of the eigenvector ``U w`` as :func:`escape_rate` reads the
+    full one's, ``u c`` with ``c`` orthogonal to ``1`` (the same fraction ``|P u| / |u|``). NaN when no mode qualifies
+    (``H = 1``).
 
-    Where a quadrature is not symmetric in the heads (the Sobol rule; the exact route's Gram
-    term), the full Jacobian commutes with the permutations only to that quadrature's error, and
-    the two rates differ by about as much: ``U^T J U`` drops the part of ``J`` that anticommutes
-    with the swap (with two heads it is exactly the swap-averaged Jacobian's rate)."""
+    Where a quadrature is not symmetric in the heads (the Sobol rule; the exact route's Gram term), the full Jacobian
+    commutes with the permutations only to that quadrature's error, and the two rates differ by about as much: ``U^T J
+    U`` drops the part of ``J`` that anticommutes with the swap (with two heads it is exactly the swap-averaged
+    Jacobian's rate)."""
     A = symmetric_jacobian(ode, x, H, F, method=method, count=count) if jacobian is None else jacobian
     if A.size == 0:
         return float("nan")

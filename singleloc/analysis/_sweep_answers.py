@@ -66,9 +66,8 @@ def group_key(row: Mapping[str, Any], grid_keys: Sequence[str]) -> tuple:
 
 def heads_needed(rows: Sequence[Mapping[str, Any]], grid_keys: Sequence[str], gap_tol: float,
                  shift: float = 0.0) -> dict[tuple, float]:
-    """``{group: H}``: the smallest ``heads`` of the rows of each :func:`group_key` whose
-    ``gap_to_bayes + shift * gap_to_bayes_error`` is at most ``gap_tol`` (NaN if none; an
-    unstated error counts as 0)."""
+    """``{group: H}``: the smallest ``heads`` of the rows of each :func:`group_key` whose ``gap_to_bayes + shift *
+    gap_to_bayes_error`` is at most ``gap_tol`` (NaN if none; an unstated error counts as 0)."""
     groups: dict[tuple, float] = {}
     for row in rows:
         key = group_key(row, grid_keys)
@@ -109,9 +108,8 @@ def count_text(row: Mapping[str, Any], largest: int) -> str:
 
 
 def gap_text(row: Mapping[str, Any]) -> str:
-    """A row's gap with its error, ``"0.00992 +- 1e-05"``; ``"(error not stated)"`` where it has none;
-    ``" unsettled"`` after it where the point's theory has not settled at its horizon
-    (:mod:`singleloc.analysis._settled`)."""
+    """A row's gap with its error, ``"0.00992 +- 1e-05"``; ``"(error not stated)"`` where it has none; ``" unsettled"``
+    after it where the point's theory has not settled at its horizon (:mod:`singleloc.analysis._settled`)."""
     error = row.get("gap_to_bayes_error", math.nan)
     flag = " unsettled" if row.get("settled", 1.0) < 1 else ""
     return f"{row['gap_to_bayes']:.3g} " + (f"+- {error:.1g}" if np.isfinite(error) else "(error not stated)") + flag

@@ -159,8 +159,7 @@ def _row_values(values, shape: tuple[int, ...], rows: np.ndarray) -> np.ndarray:
 
 
 def _mask(name: str, w: np.ndarray, rows: np.ndarray, shape: tuple[int, ...]) -> tuple[np.ndarray, str]:
-    """The token mask of the analysed rows ``w`` of weights of ``shape``, and its name
-    (``"causal"`` or ``"none"``)."""
+    """The token mask of the analysed rows ``w`` of weights of ``shape``, and its name (``"causal"`` or ``"none"``)."""
     if name not in MASKS:
         raise ValueError(f"mask must be one of {', '.join(MASKS)}, got {name!r}")
     square = len(shape) >= 2 and shape[-2] == shape[-1]
@@ -181,10 +180,9 @@ def diagnose_attention(weights: Rows, values: Rows | None = None, *,
                        seed: int = 0) -> AttentionDiagnosis:
     """Vanishing attention, gradient sensitivity and (with ``values``) the top-N diagnostics.
 
-    ``weights`` ``(heads..., Lq, L)`` (a NumPy array, possibly memory-mapped: only the analysed
-    rows are read) and ``values`` as in the module docstring. Of the ``Lq`` query rows of each
-    head at most ``max_rows`` are analysed (0 = all), evenly spaced and always including the
-    last one; rows with a single token are left out of every statistic.
+    ``weights`` ``(heads..., Lq, L)`` (a NumPy array, possibly memory-mapped: only the analysed rows are read) and
+    ``values`` as in the module docstring. Of the ``Lq`` query rows of each head at most ``max_rows`` are analysed (0 =
+    all), evenly spaced and always including the last one; rows with a single token are left out of every statistic.
 
     * ``mask``: ``"causal"`` (the tokens ``0..q`` of query ``q``; square last axes),
       ``"none"`` (all ``L`` tokens, zero weights included) or ``"auto"`` (causal when the last

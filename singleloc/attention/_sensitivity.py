@@ -28,9 +28,8 @@ _TIE_RTOL = 1e-15
 
 
 def _softmax_complement(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``alpha = softmax(logits)``, ``1 - alpha`` and the top-token indicator, all to full
-    relative precision: for the top token ``1 - alpha = sum_{j != top} alpha_j`` is summed
-    directly instead of subtracting a number close to one."""
+    """``alpha = softmax(logits)``, ``1 - alpha`` and the top-token indicator, all to full relative precision: for the
+    top token ``1 - alpha = sum_{j != top} alpha_j`` is summed directly instead of subtracting a number close to one."""
     m = np.max(logits, axis=-1, keepdims=True)
     e = np.exp(logits - m)
     z = np.sum(e, axis=-1, keepdims=True)
@@ -59,14 +58,13 @@ def softmax_jacobian(logits: Rows, temperature: float = 1.0) -> np.ndarray:
 def _largest_eigenvalue(a: np.ndarray, c: np.ndarray, top: np.ndarray, iterations: int = 80) -> np.ndarray:
     """Largest eigenvalue of ``diag(a) - a a^T`` per row, for a probability vector ``a``.
 
-    ``c = 1 - a`` and ``top`` marks the largest entry (see :func:`_softmax_complement`). The eigenvalues of a
-    diagonal matrix minus a rank-one term interlace with the diagonal, so the largest lies in ``[a_(2), a_(1)]``
-    (the two largest entries) and, when ``a_(1) > a_(2) > 0``, solves the secular equation
-    ``sum_i a_i^2 / (a_i - lam) = 1``. Since ``a_(1)^2/(a_(1) - lam) - 1 = (lam - a_(1) c_(1))/(a_(1) - lam)`` this
-    is written as ``(lam - a_(1) c_(1))/(a_(1) - lam) + sum_{i != (1)} a_i^2/(a_i - lam) = 0``, increasing in
-    ``lam`` and free of cancellation for nearly one-hot rows, and solved by bisection on a logarithmic scale. If
-    ``a_(1) = a_(2)`` the eigenvalue is ``a_(1)`` (eigenvector ``e_(1) - e_(2)``); if ``a_(2) = 0`` it is
-    ``a_(1) c_(1)``.
+    ``c = 1 - a`` and ``top`` marks the largest entry (see :func:`_softmax_complement`). The eigenvalues of a diagonal
+    matrix minus a rank-one term interlace with the diagonal, so the largest lies in ``[a_(2), a_(1)]`` (the two largest
+    entries) and, when ``a_(1) > a_(2) > 0``, solves the secular equation ``sum_i a_i^2 / (a_i - lam) = 1``. Since
+    ``a_(1)^2/(a_(1) - lam) - 1 = (lam - a_(1) c_(1))/(a_(1) - lam)`` this is written as ``(lam - a_(1) c_(1))/(a_(1) -
+    lam) + sum_{i != (1)} a_i^2/(a_i - lam) = 0``, increasing in ``lam`` and free of cancellation for nearly one-hot
+    rows, and solved by bisection on a logarithmic scale. If ``a_(1) = a_(2)`` the eigenvalue is ``a_(1)`` (eigenvector
+    ``e_(1) - e_(2)``); if ``a_(2) = 0`` it is ``a_(1) c_(1)``.
     """
     a1 = np.sum(np.where(top, a, 0.0), axis=-1)
     c1 = np.sum(np.where(top, c, 0.0), axis=-1)
@@ -93,11 +91,10 @@ def _largest_eigenvalue(a: np.ndarray, c: np.ndarray, top: np.ndarray, iteration
 def softmax_jacobian_norm(logits: Rows, temperature: float = 1.0, *, norm: str = "spectral") -> np.ndarray:
     """Norm of the exact Jacobian ``J = (diag(alpha) - alpha alpha^T)/T`` per row, shape (...).
 
-    ``alpha = softmax(l/T)``. ``norm="spectral"`` (default): the operator 2-norm, i.e. the largest eigenvalue of
-    the positive semi-definite ``J``, solved from the secular equation (no ``L x L`` matrices; full relative
-    precision also when it is tiny). It never exceeds ``1/(2T)`` (Gershgorin: ``2 alpha_i (1 - alpha_i) <= 1/2``),
-    attained by two tied top tokens; the source paper's ``1/(4T)`` bounds a single entry
-    ``alpha_i (1 - alpha_i)/T``. ``norm="frobenius"``:
+    ``alpha = softmax(l/T)``. ``norm="spectral"`` (default): the operator 2-norm, i.e. the largest eigenvalue of the
+    positive semi-definite ``J``, solved from the secular equation (no ``L x L`` matrices; full relative precision also
+    when it is tiny). It never exceeds ``1/(2T)`` (Gershgorin: ``2 alpha_i (1 - alpha_i) <= 1/2``), attained by two tied
+    top tokens; the source paper's ``1/(4T)`` bounds a single entry ``alpha_i (1 - alpha_i)/T``. ``norm="frobenius"``:
     ``|J|_F^2 = sum_i alpha_i^2 (1 - alpha_i)^2 + sum_{i != j} alpha_i^2 alpha_j^2`` over ``T^2``.
     """
     lg = _logits(logits)

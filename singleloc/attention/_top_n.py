@@ -54,12 +54,11 @@ def select_top_n(weights: Rows, n: int, mask: Mask = None) -> np.ndarray:
 class TopN(NamedTuple):
     """Top-N diagnostics of each row (shapes: ``B`` = broadcast leading shape of weights/values).
 
-    ``selected`` (B, L): ``I_N``; ``context`` (B, d): ``s = sum_{i in I_N} alpha_i x_i``;
-    ``token_distance`` (B, L): ``|alpha_i x_i - s|`` for every token (NaN for masked ones);
-    ``distance`` (B): ``d = sum_{i not in I_N} |alpha_i x_i - s|``; ``radius`` (B):
-    ``r = min_{j not in I_N} |s - alpha_j x_j|``; ``n_separable`` (B): ``N_s``, the selected
-    tokens with ``|s - alpha_i x_i| < r``; ``separability`` (B): ``N_s/N``. ``distance``,
-    ``radius``, ``n_separable`` and ``separability`` are NaN for rows with no unselected token.
+    ``selected`` (B, L): ``I_N``; ``context`` (B, d): ``s = sum_{i in I_N} alpha_i x_i``; ``token_distance`` (B, L):
+    ``|alpha_i x_i - s|`` for every token (NaN for masked ones); ``distance`` (B): ``d = sum_{i not in I_N} |alpha_i x_i
+    - s|``; ``radius`` (B): ``r = min_{j not in I_N} |s - alpha_j x_j|``; ``n_separable`` (B): ``N_s``, the selected
+    tokens with ``|s - alpha_i x_i| < r``; ``separability`` (B): ``N_s/N``. ``distance``, ``radius``, ``n_separable``
+    and ``separability`` are NaN for rows with no unselected token.
     """
 
     selected: np.ndarray
@@ -192,16 +191,15 @@ def critical_top_n(weights: Rows, values: Rows, n_grid: Sequence[int] | Integer[
                    pool_axes: Sequence[int] | Integer[ArrayLike, " K"] = ()) -> CriticalTopN:
     """Critical top-N: the N at which the representation distance stops growing (distance collapse).
 
-    For every ``N`` of the increasing ``n_grid``, the representation distance
-    ``d(N) = sum_{i not in I_N} |alpha_i x_i - s|`` of :func:`top_n_diagnostics` is computed for every row. Growing
-    ``N`` moves weight into the context ``s`` (``d`` grows) while the complement shrinks (``d`` falls to 0 at
-    ``N = L``); the source paper's Theorem 1 says that once ``N`` is a fixed fraction of ``L`` the distance must
-    collapse. The samples of the test are the rows, after averaging ``d`` over the leading axes ``pool_axes``
-    (indices into ``weights.shape[:-1]``; e.g. ``pool_axes=(-1,)`` for weights ``(layers, heads, Lq, L)`` averages
-    over query positions, so that every head is one sample: the distribution over heads). Consecutive grid values
-    are compared by :func:`ks_critical_n` at level ``significance``. With a doubling grid this locates the onset of
-    the collapse to within a factor of two; pass ``range(1, L)`` to compare ``N`` with ``N + 1``. The result
-    depends on the number of samples (more samples detect smaller increases).
+    For every ``N`` of the increasing ``n_grid``, the representation distance ``d(N) = sum_{i not in I_N} |alpha_i x_i -
+    s|`` of :func:`top_n_diagnostics` is computed for every row. Growing ``N`` moves weight into the context ``s``
+    (``d`` grows) while the complement shrinks (``d`` falls to 0 at ``N = L``); the source paper's Theorem 1 says that
+    once ``N`` is a fixed fraction of ``L`` the distance must collapse. The samples of the test are the rows, after
+    averaging ``d`` over the leading axes ``pool_axes`` (indices into ``weights.shape[:-1]``; e.g. ``pool_axes=(-1,)``
+    for weights ``(layers, heads, Lq, L)`` averages over query positions, so that every head is one sample: the
+    distribution over heads). Consecutive grid values are compared by :func:`ks_critical_n` at level ``significance``.
+    With a doubling grid this locates the onset of the collapse to within a factor of two; pass ``range(1, L)`` to
+    compare ``N`` with ``N + 1``. The result depends on the number of samples (more samples detect smaller increases).
     """
     w = _weights(weights)
     grid = _n_grid(n_grid, w.shape[-1], at_least=2)

@@ -5,38 +5,36 @@ Posterior of the location. Given a sequence, only the spike fields ``nu_l`` (F,)
 
     p_l = w(nu_l) / sum_l' w(nu_l'),     w(nu) = E_theta[ exp(theta . nu - |theta|^2 / 2) ].
 
-The Bayes estimator ``sum_l p_l x_l`` has the limit risk ``E[(1 - p_eps)^2 + sum_{l != eps} p_l^2]``
-(the loss of docs/model.md section 3 with ``a = p``).
+The Bayes estimator ``sum_l p_l x_l`` has the limit risk ``E[(1 - p_eps)^2 + sum_{l != eps} p_l^2]`` (the loss of
+docs/model.md section 3 with ``a = p``).
 
-The log-weight in closed form. Every prior is a mixture of ``N(a_k, S)`` with probabilities
-``pi_k`` and a common covariance ``S`` (``S = 0`` for the discrete priors). For one component,
-completing the square in ``theta`` gives, for any PSD ``S`` (singular included),
+The log-weight in closed form. Every prior is a mixture of ``N(a_k, S)`` with probabilities ``pi_k`` and a common
+covariance ``S`` (``S = 0`` for the discrete priors). For one component, completing the square in ``theta`` gives, for
+any PSD ``S`` (singular included),
 
     E_{theta ~ N(a, S)}[exp(theta . nu - |theta|^2/2)]
         = det(I + S)^{-1/2} exp( a . nu - |a|^2/2 + 1/2 (nu - a)^T S (I + S)^{-1} (nu - a) ),
 
-so
-``log w(nu) = logsumexp_k [log pi_k + a_k . nu - |a_k|^2/2 + 1/2 (nu - a_k)^T S (I+S)^{-1} (nu - a_k)] - 1/2 logdet(I + S)``.
-For ``S = 0`` this is the finite sum over the support; for one Gaussian ``N(mu, S)`` with ``S`` invertible its
-``nu``-dependent part equals docs/model.md's ``1/2 (S^-1 mu + nu)^T (S^-1 + I)^-1 (S^-1 mu + nu)`` (use
-``(S^-1 + I)^-1 = S (I + S)^-1`` and ``(S^-1 + I)^-1 S^-1 = (I + S)^-1``).
+so ``log w(nu) = logsumexp_k [log pi_k + a_k . nu - |a_k|^2/2 + 1/2 (nu - a_k)^T S (I+S)^{-1} (nu - a_k)] - 1/2 logdet(I
++ S)``. For ``S = 0`` this is the finite sum over the support; for one Gaussian ``N(mu, S)`` with ``S`` invertible its
+``nu``-dependent part equals docs/model.md's ``1/2 (S^-1 mu + nu)^T (S^-1 + I)^-1 (S^-1 mu + nu)`` (use ``(S^-1 + I)^-1
+= S (I + S)^-1`` and ``(S^-1 + I)^-1 S^-1 = (I + S)^-1``).
 
 The expectation over ``nu``, two routes. Exact: for a discrete prior the Bayes estimator is a bsoftmax layer (Bayes
 points, below), whose risk the exact route computes by the Laplace form of its normaliser whatever ``L``
 (:mod:`~singleloc.expectations._laplace`; error stated against the refined rule, 1e-12 at the spikes priors);
-:func:`bayes_risk` takes it where the layer's rule is affordable (:func:`bayes_route`: up to four spikes, or four
-binary or flipped atoms). Rule: the spike fields have the law of head fields with ``H = F``, ``M = I_F``,
-``Q = I_F`` (``g = nu``), so the risk is one :meth:`LocalFields.expect` with those order parameters;
-:func:`bayes_risk` averages ``replicates`` independently scrambled rules and reports their standard error
-(randomised QMC), so the error estimate is measured, not assumed; :func:`~singleloc.population_risk` does the same
-for the risk of a layer at given ``(M, Q, b)``. The two routes share no code past the prior: the rule's closed-form
-posterior is the exact route's independent check.
+:func:`bayes_risk` takes it where the layer's rule is affordable (:func:`bayes_route`: up to four spikes, or four binary
+or flipped atoms). Rule: the spike fields have the law of head fields with ``H = F``, ``M = I_F``, ``Q = I_F`` (``g =
+nu``), so the risk is one :meth:`LocalFields.expect` with those order parameters; :func:`bayes_risk` averages
+``replicates`` independently scrambled rules and reports their standard error (randomised QMC), so the error estimate is
+measured, not assumed; :func:`~singleloc.population_risk` does the same for the risk of a layer at given ``(M, Q, b)``.
+The two routes share no code past the prior: the rule's closed-form posterior is the exact route's independent check.
 
-Bayes points. For a discrete prior with ``K`` atoms (of positive probability), bsoftmax with ``H = K`` heads,
-``M_h = theta^(h)``, ``R_orth = 0`` (``Q = M M^T``) and ``b_h = log pi_h - |theta^(h)|^2 / 2`` has scores
-``s_hl = theta^(h) . nu_l + b_h`` and weights ``a_l = sum_h exp(s_hl) / sum_{h', l'} exp(s_h'l') = p_l``: it *is*
-the Bayes estimator (:func:`bayes_point`). With one atom (``K = 1``), bsoftmax with one head is softmax, so the
-same point is the softmax Bayes point (``M = strength``, ``Q = strength^2`` for F = 1).
+Bayes points. For a discrete prior with ``K`` atoms (of positive probability), bsoftmax with ``H = K`` heads, ``M_h =
+theta^(h)``, ``R_orth = 0`` (``Q = M M^T``) and ``b_h = log pi_h - |theta^(h)|^2 / 2`` has scores ``s_hl = theta^(h) .
+nu_l + b_h`` and weights ``a_l = sum_h exp(s_hl) / sum_{h', l'} exp(s_h'l') = p_l``: it *is* the Bayes estimator
+(:func:`bayes_point`). With one atom (``K = 1``), bsoftmax with one head is softmax, so the same point is the softmax
+Bayes point (``M = strength``, ``Q = strength^2`` for F = 1).
 
 Checks. A Sobol rule is checked before it is built (``ValueError`` or ``MemoryError`` naming the keys);
 :func:`check_bayes` checks both rules of ``singleloc bayes`` at once.

@@ -103,18 +103,17 @@ def population_risk(prior: Prior, L: int, activation: str, M: Real[ArrayLike, "H
                     v: Real[ArrayLike, " H"] | None = None, nodes: int = NODES) -> RiskEstimate:
     """Population risk ``R(M, Q, b)`` of a layer (docs/model.md section 3) with its numerical error.
 
-    A normalised-exponential activation (``route = "auto"``): the exact route
-    (:mod:`~singleloc.expectations._laplace`), its error against the finer rule (for a joint layer, bsoftmax, only
-    up to :data:`~singleloc.expectations._routes.JOINT_RISK_MAX`: four spikes' Bayes point, not eight atoms';
-    ``route = "exact"`` whatever the size, within memory, else ``MemoryError``); otherwise (or ``route = "rule"``)
-    the risk on ``replicates`` independently scrambled Sobol rules, with their standard error
-    (``route = "montecarlo"``: on plain Monte Carlo draws of ``2 points`` sequences each). ``v`` (H,): trained head
-    weights, ``a_l = sum_h v_h A_hl`` (default the head average; a joint layer with weights has no exact route).
-    ``nodes``: the exact route's node count, as ``theory.nodes`` (default 64; wide token fields, e.g. trained keys
-    on a Gaussian prior of strength 3, need 128: the refined rule's error says so). The rule route first checks its
-    rule over the ``L H`` fields (``ValueError`` or ``MemoryError``, as :func:`bayes_risk`); its rules are
-    rank-aware (``theory.axes = "principal"``, :class:`~singleloc.LocalFields`): heads that are copies lose no
-    accuracy."""
+    A normalised-exponential activation (``route = "auto"``): the exact route (:mod:`~singleloc.expectations._laplace`),
+    its error against the finer rule (for a joint layer, bsoftmax, only up to
+    :data:`~singleloc.expectations._routes.JOINT_RISK_MAX`: four spikes' Bayes point, not eight atoms'; ``route =
+    "exact"`` whatever the size, within memory, else ``MemoryError``); otherwise (or ``route = "rule"``) the risk on
+    ``replicates`` independently scrambled Sobol rules, with their standard error (``route = "montecarlo"``: on plain
+    Monte Carlo draws of ``2 points`` sequences each). ``v`` (H,): trained head weights, ``a_l = sum_h v_h A_hl``
+    (default the head average; a joint layer with weights has no exact route). ``nodes``: the exact route's node count,
+    as ``theory.nodes`` (default 64; wide token fields, e.g. trained keys on a Gaussian prior of strength 3, need 128:
+    the refined rule's error says so). The rule route first checks its rule over the ``L H`` fields (``ValueError`` or
+    ``MemoryError``, as :func:`bayes_risk`); its rules are rank-aware (``theory.axes = "principal"``,
+    :class:`~singleloc.LocalFields`): heads that are copies lose no accuracy."""
     _check_counts(L, replicates)
     get_activation(activation)  # an unknown activation is named before anything else
     dtype = jnp.result_type(float)

@@ -1,14 +1,13 @@
 """Run configurations: TOML files, named presets and ``--set section.key=value`` overrides.
 
-A config has the sections ``[problem]``, ``[model]``, ``[sgd]``, ``[simulation]`` and
-``[theory]``; every key is optional and takes the default of the matching specification
-(:class:`Problem`, :class:`Model`, :class:`SGD`, :class:`Simulation`, :class:`Theory`).
-Presets are TOML files shipped in ``singleloc/presets``.
+A config has the sections ``[problem]``, ``[model]``, ``[sgd]``, ``[simulation]`` and ``[theory]``; every key is
+optional and takes the default of the matching specification (:class:`Problem`, :class:`Model`, :class:`SGD`,
+:class:`Simulation`, :class:`Theory`). Presets are TOML files shipped in ``singleloc/presets``.
 
-``CONFIG`` on the command line (and a string or path given to :func:`load_config`) is resolved
-as a shell resolves a command: a name without a folder part that names a preset is the preset
-(even if a file or folder of that name exists in the working folder; write ``./NAME`` for that
-file); anything else is a path, which must be a regular file holding UTF-8 TOML.
+``CONFIG`` on the command line (and a string or path given to :func:`load_config`) is resolved as a shell resolves a
+command: a name without a folder part that names a preset is the preset (even if a file or folder of that name exists in
+the working folder; write ``./NAME`` for that file); anything else is a path, which must be a regular file holding UTF-8
+TOML.
 """
 
 from __future__ import annotations
@@ -109,11 +108,10 @@ def _section_keys(name: str, values: Any) -> Mapping[str, Any]:
 
 
 def gather_specs(where: str, config: Config | None = None, **specs: Any) -> Config:
-    """The specifications a computation runs on, as one :class:`Config` (the bundle the
-    internals pass on): either ``config`` (a TOML file's, a preset's) or the specification
-    objects given by keyword (``problem=Problem(...)``, ``model=Model(...)``, ...; one not
-    given takes its defaults), never both (``TypeError`` naming ``where``); their types are checked at the
-    door (:mod:`~singleloc.ground._arguments`)."""
+    """The specifications a computation runs on, as one :class:`Config` (the bundle the internals pass on): either
+    ``config`` (a TOML file's, a preset's) or the specification objects given by keyword (``problem=Problem(...)``,
+    ``model=Model(...)``, ...; one not given takes its defaults), never both (``TypeError`` naming ``where``); their
+    types are checked at the door (:mod:`~singleloc.ground._arguments`)."""
     if config is not None:
         given = sorted(name for name, spec in specs.items() if spec is not None)
         if given:

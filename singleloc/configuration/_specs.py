@@ -1,9 +1,8 @@
 """Frozen, validated specifications: what is learned, by what layer, with what SGD.
 
-Each section of a config file is one of these dataclasses, with the same key names:
-``[problem]`` -> :class:`Problem`, ``[model]`` -> :class:`Model`, ``[sgd]`` -> :class:`SGD`,
-``[simulation]`` -> :class:`Simulation`, ``[theory]`` -> :class:`Theory`. Construction
-validates every value and raises ``ValueError`` naming the offending ``section.key``.
+Each section of a config file is one of these dataclasses, with the same key names: ``[problem]`` -> :class:`Problem`,
+``[model]`` -> :class:`Model`, ``[sgd]`` -> :class:`SGD`, ``[simulation]`` -> :class:`Simulation`, ``[theory]`` ->
+:class:`Theory`. Construction validates every value and raises ``ValueError`` naming the offending ``section.key``.
 """
 
 from __future__ import annotations
@@ -115,11 +114,10 @@ MATRIX_DEFAULTS = {"support": "strength * I_F", "probs": "uniform", "mean": "0",
 class Problem:
     """The data (docs/model.md section 1): sequence length, spikes, and the prior of ``theta``.
 
-    ``prior`` is a name (``spikes``, ``flipped``, ``binary``, ``discrete``, ``gaussian``) whose
-    parameters are the other keys, a reference ``"package.module:function"`` to a function
-    ``problem -> Prior`` (:mod:`~singleloc.ground._extensions`; it reads the keys it needs from this
-    section), or a :class:`~singleloc.Prior` object. Defaults of the
-    optional keys: ``discrete`` takes ``support = strength * I_F`` and uniform ``probs``;
+    ``prior`` is a name (``spikes``, ``flipped``, ``binary``, ``discrete``, ``gaussian``) whose parameters are the other
+    keys, a reference ``"package.module:function"`` to a function ``problem -> Prior``
+    (:mod:`~singleloc.ground._extensions`; it reads the keys it needs from this section), or a :class:`~singleloc.Prior`
+    object. Defaults of the optional keys: ``discrete`` takes ``support = strength * I_F`` and uniform ``probs``;
     ``gaussian`` takes ``mean = 0`` and ``cov = strength^2 I_F`` (isotropic).
     """
 
@@ -176,10 +174,9 @@ class Problem:
 class Model:
     """The predictor (docs/model.md section 2): ``heads`` keys, an activation, optional biases.
 
-    ``head_weights``: how the layer mixes its heads, ``a_l = sum_h v_h A_hl``, by the name of its head
-    weighting (:attr:`weighting`): ``"uniform"`` (the default), ``v_h = 1/H`` fixed, the head average;
-    ``"trained"``: ``v`` starts at ``1/H`` and learns by SGD like the biases, ``v <- v - (lr / D) dl/dv``
-    (docs/model.md section 11.5).
+    ``head_weights``: how the layer mixes its heads, ``a_l = sum_h v_h A_hl``, by the name of its head weighting
+    (:attr:`weighting`): ``"uniform"`` (the default), ``v_h = 1/H`` fixed, the head average; ``"trained"``: ``v`` starts
+    at ``1/H`` and learns by SGD like the biases, ``v <- v - (lr / D) dl/dv`` (docs/model.md section 11.5).
     """
 
     heads: int = 2
@@ -213,12 +210,11 @@ class Model:
 class SGD:
     """Online SGD (docs/model.md sections 5 and 11) and the grid of saved times ``tau``.
 
-    Time is ``tau = (sequences seen) / D``: ``t B / D`` after ``t`` steps of ``batch = B``
-    sequences (``t / D`` for the default ``B = 1``), so that runs of different batch sizes at
-    one ``tau`` have seen the same data.
+    Time is ``tau = (sequences seen) / D``: ``t B / D`` after ``t`` steps of ``batch = B`` sequences (``t / D`` for the
+    default ``B = 1``), so that runs of different batch sizes at one ``tau`` have seen the same data.
 
-    ``spacing = "linear"`` saves at ``linspace(0, tau_max, n_save)``; ``"log"`` saves at
-    ``tau = 0`` and ``n_save - 1`` points log-spaced from ``tau_max / 1000`` to ``tau_max``.
+    ``spacing = "linear"`` saves at ``linspace(0, tau_max, n_save)``; ``"log"`` saves at ``tau = 0`` and ``n_save - 1``
+    points log-spaced from ``tau_max / 1000`` to ``tau_max``.
 
     Training variants (docs/model.md section 11; the defaults are plain online SGD):
 
@@ -326,44 +322,39 @@ class Simulation:
 class Theory:
     """Numerics of the order-parameter ODE.
 
-    ``points``: number of scrambled-Sobol quadrature points over the Gaussian local fields
-    (a power of two; the rule also uses their antithetic mirrors), or ``"auto"``: the smallest power of two whose estimated
-    relative drift error at the start is at most ``tol`` with a margin (see
-    :func:`~singleloc.choose_points`; the choice is stored with the result).
-    ``replicates``: ``R`` independent scramblings (seeds ``qmc_seed + r``), each driving its
-    own trajectory; the result is their mean, with standard errors (``R = 1``: one rule, no
-    error estimate). ``rtol``/``atol``: the tolerances of diffrax's adaptive step-size
-    controller. ``qmc_seed``: the scrambling seed, fixed so that the rule is deterministic.
+    ``points``: number of scrambled-Sobol quadrature points over the Gaussian local fields (a power of two; the rule
+    also uses their antithetic mirrors), or ``"auto"``: the smallest power of two whose estimated relative drift error
+    at the start is at most ``tol`` with a margin (see :func:`~singleloc.choose_points`; the choice is stored with the
+    result). ``replicates``: ``R`` independent scramblings (seeds ``qmc_seed + r``), each driving its own trajectory;
+    the result is their mean, with standard errors (``R = 1``: one rule, no error estimate). ``rtol``/``atol``: the
+    tolerances of diffrax's adaptive step-size controller. ``qmc_seed``: the scrambling seed, fixed so that the rule is
+    deterministic.
 
     ``route``: how the risk and the ``O(lr)`` drift are computed. ``"auto"`` (default): exactly
-    (:mod:`~singleloc.expectations._laplace`, the Laplace form of the normaliser) when the activation is a
-    normalised exponential (softmax, softmax1, bsoftmax, ssmax), else by the Sobol rule, and for a
-    joint layer (bsoftmax) only while its exact rule is affordable (:data:`~singleloc.expectations._routes.JOINT_EXACT_MAX`:
-    up to ``H = 4`` heads with one or two spikes, ``H = 3`` with three or four; the exact rule's work grows
-    like a power of ``H``); ``"exact"``: the exact route whatever its cost (within memory), and an error
-    for any other activation; ``"rule"``: the Sobol rule for everything.
-    ``gram``: the ``lr^2`` (Gram) term on the exact route: ``"exact"`` in the
-    Laplace form (:mod:`~singleloc.expectations._laplace_gram`; one head, or two heads of a per-head layer, with
-    the head average; else an error), ``"sobol"`` on the rank-aware Sobol rule (unwhitened: unbiased),
-    ``"montecarlo"`` by plain Monte Carlo with its standard error (:mod:`~singleloc.expectations._monte_carlo_gram`;
-    any layer), ``"auto"`` (default) exactly where it costs less than the Sobol rule: one head, and two
-    heads of a per-head layer from ``L * H >= 64`` on (at ``L = 4`` the exact term doubles a solve's time);
-    else the rule. The rule route has the Gram term on its own rule, the Monte Carlo route
-    (``route = "montecarlo"``) by its own draws: a ``gram`` other than ``"auto"`` and that one is refused there.
-    ``nodes``: the normal rule of the exact route's token expectations (``2 nodes`` trapezoidal
-    nodes of its Laplace variable, ``nodes`` per unit of the activation's scale for a pair's first
-    field and for the tables of its second field's conditional expectations).
-    ``gram_points``: the Sobol points of the exact route's Gram term (its rank-aware rule; the antithetic
-    pairs of the Monte Carlo term), a power of two or ``"auto"`` (:meth:`gram_rule_points`).
-    ``axes``: the coordinates of the rule route's Sobol rule (:class:`~singleloc.LocalFields`;
-    docs/model.md section 4.4). ``"heads"`` (default): ``g_l = w_l Q^{1/2}`` on a rule closed under the
-    cyclic shifts of the heads: continuous in ``Q`` everywhere and exactly equivariant under those
-    shifts, which the analyses at head-symmetric states need (fixed points, their Jacobians, escape
-    predictions). ``"principal"`` (rank-aware; for trajectories whose heads become copies): fields
-    ``g_l = w_l S`` with the rank-aware factor ``S`` (2H, H) of ``Q`` (:mod:`~singleloc.expectations._fields`), so
-    that (near) copies put their variance on the leading coordinates: several to tens of times less risk and drift
-    error at the same points (``benchmarks/07_rank_aware_rule.py``); exactly equivariant only where every principal
-    direction is determined.
+    (:mod:`~singleloc.expectations._laplace`, the Laplace form of the normaliser) when the activation is a normalised
+    exponential (softmax, softmax1, bsoftmax, ssmax), else by the Sobol rule, and for a joint layer (bsoftmax) only
+    while its exact rule is affordable (:data:`~singleloc.expectations._routes.JOINT_EXACT_MAX`: up to ``H = 4`` heads
+    with one or two spikes, ``H = 3`` with three or four; the exact rule's work grows like a power of ``H``);
+    ``"exact"``: the exact route whatever its cost (within memory), and an error for any other activation; ``"rule"``:
+    the Sobol rule for everything. ``gram``: the ``lr^2`` (Gram) term on the exact route: ``"exact"`` in the Laplace
+    form (:mod:`~singleloc.expectations._laplace_gram`; one head, or two heads of a per-head layer, with the head
+    average; else an error), ``"sobol"`` on the rank-aware Sobol rule (unwhitened: unbiased), ``"montecarlo"`` by plain
+    Monte Carlo with its standard error (:mod:`~singleloc.expectations._monte_carlo_gram`; any layer), ``"auto"``
+    (default) exactly where it costs less than the Sobol rule: one head, and two heads of a per-head layer from ``L * H
+    >= 64`` on (at ``L = 4`` the exact term doubles a solve's time); else the rule. The rule route has the Gram term on
+    its own rule, the Monte Carlo route (``route = "montecarlo"``) by its own draws: a ``gram`` other than ``"auto"``
+    and that one is refused there. ``nodes``: the normal rule of the exact route's token expectations (``2 nodes``
+    trapezoidal nodes of its Laplace variable, ``nodes`` per unit of the activation's scale for a pair's first field and
+    for the tables of its second field's conditional expectations). ``gram_points``: the Sobol points of the exact
+    route's Gram term (its rank-aware rule; the antithetic pairs of the Monte Carlo term), a power of two or ``"auto"``
+    (:meth:`gram_rule_points`). ``axes``: the coordinates of the rule route's Sobol rule
+    (:class:`~singleloc.LocalFields`; docs/model.md section 4.4). ``"heads"`` (default): ``g_l = w_l Q^{1/2}`` on a rule
+    closed under the cyclic shifts of the heads: continuous in ``Q`` everywhere and exactly equivariant under those
+    shifts, which the analyses at head-symmetric states need (fixed points, their Jacobians, escape predictions).
+    ``"principal"`` (rank-aware; for trajectories whose heads become copies): fields ``g_l = w_l S`` with the rank-aware
+    factor ``S`` (2H, H) of ``Q`` (:mod:`~singleloc.expectations._fields`), so that (near) copies put their variance on
+    the leading coordinates: several to tens of times less risk and drift error at the same points
+    (``benchmarks/07_rank_aware_rule.py``); exactly equivariant only where every principal direction is determined.
     """
 
     points: int | str = 4096
@@ -399,14 +390,13 @@ class Theory:
         object.__setattr__(self, "tol", _real(s, "tol", self.tol, 1e-3, positive=True))
 
     def gram_rule_points(self, L: int, H: int, points: int) -> int:
-        """The Sobol points of the exact route's Gram term for ``L`` tokens, ``H`` heads and the
-        resolved ``theory.points``: ``gram_points``, or for ``"auto"`` the largest power of two up
-        to :data:`GRAM_POINTS_MAX` whose nodes over ``L * H`` fields take at most
-        :data:`GRAM_NODE_BUDGET` numbers, and never fewer than ``points``. The Gram term is the
-        drift's only Sobol integral there and costs a fraction of the exact gradient, so it gets
-        more points than the rule route's default: at the default problem (L = 4, H = 2, tau = 300)
-        its stated relative error falls from 6.4e-3 at 4096 points to 1.0e-3 at 16384, and the
-        final risk moves by 1.2e-5 between them (by 9e-7 from 16384 to 65536)."""
+        """The Sobol points of the exact route's Gram term for ``L`` tokens, ``H`` heads and the resolved
+        ``theory.points``: ``gram_points``, or for ``"auto"`` the largest power of two up to :data:`GRAM_POINTS_MAX`
+        whose nodes over ``L * H`` fields take at most :data:`GRAM_NODE_BUDGET` numbers, and never fewer than
+        ``points``. The Gram term is the drift's only Sobol integral there and costs a fraction of the exact gradient,
+        so it gets more points than the rule route's default: at the default problem (L = 4, H = 2, tau = 300) its
+        stated relative error falls from 6.4e-3 at 4096 points to 1.0e-3 at 16384, and the final risk moves by 1.2e-5
+        between them (by 9e-7 from 16384 to 65536)."""
         if self.gram_points != "auto":
             return int(self.gram_points)
         return max(int(points), min(GRAM_POINTS_MAX, _fitting_points(GRAM_NODE_BUDGET, L, H)))

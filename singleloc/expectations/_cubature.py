@@ -1,12 +1,11 @@
 """Rules for expectations over standard normals, and the refinement that states their error.
 
-The exact route (:mod:`~singleloc.expectations._laplace`) integrates smooth functions of Gaussian token fields
-on deterministic rules: one-dimensional normal rules (:func:`normal_rule`: trapezoidal from
-:data:`TRAPEZOID_FROM` nodes, Gauss-Hermite below), the fully symmetric rule of degree 5 in several
-dimensions (:func:`symmetric_degree5`), and a combination of their tensor products (:func:`joint_nodes`). Every
-rule's error is stated against the same rule with :data:`REFINEMENT` times the nodes of every kind
-(:func:`refined_sizes`): for a geometrically convergent rule the difference bounds the error of
-the coarser one.
+The exact route (:mod:`~singleloc.expectations._laplace`) integrates smooth functions of Gaussian token fields on
+deterministic rules: one-dimensional normal rules (:func:`normal_rule`: trapezoidal from :data:`TRAPEZOID_FROM` nodes,
+Gauss-Hermite below), the fully symmetric rule of degree 5 in several dimensions (:func:`symmetric_degree5`), and a
+combination of their tensor products (:func:`joint_nodes`). Every rule's error is stated against the same rule with
+:data:`REFINEMENT` times the nodes of every kind (:func:`refined_sizes`): for a geometrically convergent rule the
+difference bounds the error of the coarser one.
 """
 
 from __future__ import annotations
@@ -53,11 +52,10 @@ def normal_rule(n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def symmetric_degree5(n: int) -> tuple[np.ndarray, np.ndarray]:
-    """The fully symmetric rule of degree 5 for ``E[f(z)]``, ``z ~ N(0, I_n)``, on ``2 n^2 + 1`` points:
-    the origin, ``+-sqrt(3) e_i`` and ``+-sqrt(3) e_i +- sqrt(3) e_j`` (``i < j``), weights
-    ``(n^2 - 7n + 18) / 18``, ``(4 - n) / 18`` and ``1 / 36`` (the moment equations ``E[1] = E[z_i^2] =
-    E[z_i^2 z_j^2] = 1``, ``E[z_i^4] = 3``; every odd moment vanishes by symmetry). ``n = 1`` is the
-    three-point Gauss-Hermite rule; ``n = 0`` one point."""
+    """The fully symmetric rule of degree 5 for ``E[f(z)]``, ``z ~ N(0, I_n)``, on ``2 n^2 + 1`` points: the origin,
+    ``+-sqrt(3) e_i`` and ``+-sqrt(3) e_i +- sqrt(3) e_j`` (``i < j``), weights ``(n^2 - 7n + 18) / 18``, ``(4 - n) /
+    18`` and ``1 / 36`` (the moment equations ``E[1] = E[z_i^2] = E[z_i^2 z_j^2] = 1``, ``E[z_i^4] = 3``; every odd
+    moment vanishes by symmetry). ``n = 1`` is the three-point Gauss-Hermite rule; ``n = 0`` one point."""
     points, weights = [np.zeros(n)], [(n * n - 7 * n + 18) / 18]
     r = math.sqrt(3.0)
     for i in range(n):

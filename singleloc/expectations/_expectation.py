@@ -207,15 +207,13 @@ class AbstractExpectation(eqx.Module):
 
     def gram_error(self, evaluation: AbstractExpectation, M: jax.Array, Q: jax.Array, b: jax.Array,
                    v: jax.Array | None = None) -> jax.Array:
-        """The stated relative error of the ``lr^2`` term at one state, ``evaluation`` being the
-        independent expectation of the same problem that evaluates the risks (0 for a route whose
-        drift error is stated otherwise)."""
+        """The stated relative error of the ``lr^2`` term at one state, ``evaluation`` being the independent expectation
+        of the same problem that evaluates the risks (0 for a route whose drift error is stated otherwise)."""
         return jnp.zeros((), M.dtype)
 
     def statement(self, report: SolveReport) -> RouteStatement:
-        """What a result states about this route's error, from what the solve measured
-        (``report``), with the warnings it calls for issued (NaN where the route has no such
-        statement)."""
+        """What a result states about this route's error, from what the solve measured (``report``), with the warnings
+        it calls for issued (NaN where the route has no such statement)."""
         return RouteStatement()
 
 
@@ -226,15 +224,14 @@ def times(n: int, unit: str, replicates: int) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class SolveReport:
-    """What one point's solve measured for its route's statement (host arrays; leading axes
-    starts, replicates): ``ys`` the saved states (a tuple of the state's fields, each (S, R, T, ...)),
-    ``check`` the absolute differences of the risk on the finer rule at the first and last saved time
-    (S, R, 2), ``grams`` the Gram term's stated relative errors there (S, R, 2), ``risk_se`` the
-    replicates' standard errors of the risk (S, T); ``evaluation`` the expectation that evaluated the
-    risks and ``sgd`` the SGD rule; ``theory`` and ``prior`` the specifications the warnings name,
-    ``points`` the Sobol points of the route's rule; ``scrambled`` (:class:`Scrambled`) the
-    values of :data:`SCRAMBLINGS` independent scramblings of the route's rule at the first and last saved
-    times (``None`` for a route with no scrambled rule)."""
+    """What one point's solve measured for its route's statement (host arrays; leading axes starts, replicates): ``ys``
+    the saved states (a tuple of the state's fields, each (S, R, T, ...)), ``check`` the absolute differences of the
+    risk on the finer rule at the first and last saved time (S, R, 2), ``grams`` the Gram term's stated relative errors
+    there (S, R, 2), ``risk_se`` the replicates' standard errors of the risk (S, T); ``evaluation`` the expectation that
+    evaluated the risks and ``sgd`` the SGD rule; ``theory`` and ``prior`` the specifications the warnings name,
+    ``points`` the Sobol points of the route's rule; ``scrambled`` (:class:`Scrambled`) the values of
+    :data:`SCRAMBLINGS` independent scramblings of the route's rule at the first and last saved times (``None`` for a
+    route with no scrambled rule)."""
 
     ys: tuple
     check: np.ndarray
@@ -285,9 +282,8 @@ class Scrambled:
 
 
 def relative_drift_error(drifts: Real[ArrayLike, "*S R P"]) -> np.ndarray:
-    """Estimated relative error ``max_i |d_i - d*_i| / max_i |d*_i|`` of ONE rule from the drifts (..., R, P) of
-    ``R >= 2`` independent rules (the estimate: :mod:`~singleloc.theory._accuracy`); divide by ``sqrt(R)`` for
-    their mean."""
+    """Estimated relative error ``max_i |d_i - d*_i| / max_i |d*_i|`` of ONE rule from the drifts (..., R, P) of ``R >=
+    2`` independent rules (the estimate: :mod:`~singleloc.theory._accuracy`); divide by ``sqrt(R)`` for their mean."""
     d = np.asarray(drifts)
     R = d.shape[-2]
     if R < 2:
@@ -348,11 +344,10 @@ def _at_states(expectation: AbstractExpectation, sgd, states, drift: bool):
 
 @dataclasses.dataclass(frozen=True)
 class RouteStatement:
-    """A route's statement of its error on one solve (:class:`~singleloc.TheoryResult`'s fields of
-    the same names): ``risk_error`` against a finer rule or a standard error, ``gram_error`` the relative error
-    of the ``lr^2`` term, ``exact_drift_error`` the relative error of the ``O(lr)`` drift against a finer rule,
-    ``drift_error`` that of the whole drift from scramblings (:func:`scrambled_statement`); NaN where the route
-    states no such number."""
+    """A route's statement of its error on one solve (:class:`~singleloc.TheoryResult`'s fields of the same names):
+    ``risk_error`` against a finer rule or a standard error, ``gram_error`` the relative error of the ``lr^2`` term,
+    ``exact_drift_error`` the relative error of the ``O(lr)`` drift against a finer rule, ``drift_error`` that of the
+    whole drift from scramblings (:func:`scrambled_statement`); NaN where the route states no such number."""
 
     risk_error: float = float("nan")
     gram_error: float = float("nan")

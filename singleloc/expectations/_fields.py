@@ -1,60 +1,52 @@
 """Expectations over the local fields of docs/model.md section 4, by a deterministic rule.
 
-The population risk and the ODE drift are expectations of functions of the scores of one
-sequence. With the relevant token fixed at position 0 (exact for token-permutation
-equivariant activations, since ``eps`` is uniform), the fields are
+The population risk and the ODE drift are expectations of functions of the scores of one sequence. With the relevant
+token fixed at position 0 (exact for token-permutation equivariant activations, since ``eps`` is uniform), the fields
+are
 
     g_l = Q^{1/2} w_l            (l = 1..L-1),      g_0 = M theta + Q^{1/2} w_0,
 
-with ``w_l ~ N(0, I_H)`` i.i.d. and ``theta`` from the prior (or any factor ``S`` of ``Q``, ``S^T S = Q``, in
-place of ``Q^{1/2}``: the same law). The spike fields ``nu`` never
-have to be drawn: wherever they appear (the drift of ``M``) their conditional mean given
-``g`` replaces them (see ``_theory.py``), so the rule integrates over ``L * H`` Gaussian
+with ``w_l ~ N(0, I_H)`` i.i.d. and ``theta`` from the prior (or any factor ``S`` of ``Q``, ``S^T S = Q``, in place of
+``Q^{1/2}``: the same law). The spike fields ``nu`` never have to be drawn: wherever they appear (the drift of ``M``)
+their conditional mean given ``g`` replaces them (see ``_theory.py``), so the rule integrates over ``L * H`` Gaussian
 dimensions, plus ``F`` for the Gaussian part of the prior.
 
-The rule. The atoms of the prior are summed exactly with their probabilities; the Gaussian
-dimensions use scrambled Sobol points mapped to normals by the inverse CDF, together with
-their antithetic mirrors ``-z`` (so every odd moment is integrated exactly), linearly
-whitened so that second moments are exact too (moment matching: it cut the error of second
-moments tenfold at 1024 points). The points are drawn once, from a fixed seed, and held for
-the whole solve: the expectations are deterministic functions of ``(M, Q, b)``, continuous on
-both layouts below.
+The rule. The atoms of the prior are summed exactly with their probabilities; the Gaussian dimensions use scrambled
+Sobol points mapped to normals by the inverse CDF, together with their antithetic mirrors ``-z`` (so every odd moment is
+integrated exactly), linearly whitened so that second moments are exact too (moment matching: it cut the error of second
+moments tenfold at 1024 points). The points are drawn once, from a fixed seed, and held for the whole solve: the
+expectations are deterministic functions of ``(M, Q, b)``, continuous on both layouts below.
 
-The whitening's bias. The whitening ``C^{-1/2}`` is a function of all the nodes, so a whitened
-rule is not unbiased: its error has a part, of order ``d / n`` (``d`` Gaussian coordinates, ``n``
-points), that independent scramblings share and their spread does not see. Where ``n >> d`` it is
-negligible; at long sequences it is not (two identical bsoftmax heads, ``L = 64``, a trained key,
-rank-aware, ``d = 256``: the Gram term ``E[sum_l c_l c_l^T]`` 31%, 8.7%, 1.6% and 0.27% off the exact
-value at ``n / d`` = 2, 4, 16, 64, 4 to 14 of the scramblings' standard errors; unwhitened, within
-1 to 4 of them, with the same spread). So the exact route's Gram rule is not whitened (``whiten =
-False``: tests/test_gram_terms.py).
+The whitening's bias. The whitening ``C^{-1/2}`` is a function of all the nodes, so a whitened rule is not unbiased: its
+error has a part, of order ``d / n`` (``d`` Gaussian coordinates, ``n`` points), that independent scramblings share and
+their spread does not see. Where ``n >> d`` it is negligible; at long sequences it is not (two identical bsoftmax heads,
+``L = 64``, a trained key, rank-aware, ``d = 256``: the Gram term ``E[sum_l c_l c_l^T]`` 31%, 8.7%, 1.6% and 0.27% off
+the exact value at ``n / d`` = 2, 4, 16, 64, 4 to 14 of the scramblings' standard errors; unwhitened, within 1 to 4 of
+them, with the same spread). So the exact route's Gram rule is not whitened (``whiten = False``:
+tests/test_gram_terms.py).
 
 Rank-aware fields. With ``principal=True`` (the ODE's rule with ``theory.axes = "principal"``,
 :func:`~singleloc.population_risk`'s and the exact route's Gram term's) the fields are ``g_l = w_l S`` with the
 rank-aware factor ``S`` (2H, H) of ``Q`` (:func:`~singleloc.runtime._numerics.rank_aware_factor_and_pinv`: every
-principal direction that is well defined on coordinates of its own, the rest on a symmetric root, blended
-continuously) and the Sobol coordinates assigned row-major in ``S`` -- the first ``L`` to every token's
-leading direction -- so that heads that are (near) copies put the variance on the leading coordinates
-(docs/model.md section 4.4 for what it gains and gives up). Identical heads keep identical fields, the fields are
-continuous in ``Q``, and a permutation of the heads maps the rule onto itself where every principal direction is
-determined, else up to the symmetric block's rows. :meth:`LocalFields.factors` gives each rule's
-factor with ``T = S Q^+``, which the drift needs.
+principal direction that is well defined on coordinates of its own, the rest on a symmetric root, blended continuously)
+and the Sobol coordinates assigned row-major in ``S`` -- the first ``L`` to every token's leading direction -- so that
+heads that are (near) copies put the variance on the leading coordinates (docs/model.md section 4.4 for what it gains
+and gives up). Identical heads keep identical fields, the fields are continuous in ``Q``, and a permutation of the heads
+maps the rule onto itself where every principal direction is determined, else up to the symmetric block's rows.
+:meth:`LocalFields.factors` gives each rule's factor with ``T = S Q^+``, which the drift needs.
 
-Exchange symmetry of the heads (``theory.axes = "heads"``, the ODE's default). ``Q^{1/2}`` is the symmetric PSD
-square root (eigenvalues clipped at zero): continuous, defined for singular ``Q`` (identical heads), and
-permutation-equivariant, ``(P Q P^T)^{1/2} = P Q^{1/2} P^T``. Permuting the heads of a state
-therefore permutes the fields of node ``w`` into the fields of node ``w P``, and the rule is
-exactly equivariant under the permutations ``P`` that map its node set onto itself. With
-``symmetric=True`` the nodes are closed under the cyclic shifts of the head
-columns of ``w``: ``points / H`` Sobol points, each with its ``H`` shifts and their mirrors
-(``2 points`` nodes, as without the closure). The drift is then exactly equivariant under
-the cyclic shifts of the heads -- every permutation for ``H <= 2`` -- and so is the solve: a
-start mapped onto itself by a shift of the heads together with a symmetry of the problem
-(e.g. swapping two spikes of the ``spikes`` prior) keeps that symmetry, and quadrature error
-alone cannot split equivalent heads. Without the closure the rule breaks the symmetry at the
-level of its error, and in long runs such heads drift apart along the slow directions
-(docs/model.md section 4.4). Identical heads stay identical with either rule: their fields
-coincide at every node.
+Exchange symmetry of the heads (``theory.axes = "heads"``, the ODE's default). ``Q^{1/2}`` is the symmetric PSD square
+root (eigenvalues clipped at zero): continuous, defined for singular ``Q`` (identical heads), and
+permutation-equivariant, ``(P Q P^T)^{1/2} = P Q^{1/2} P^T``. Permuting the heads of a state therefore permutes the
+fields of node ``w`` into the fields of node ``w P``, and the rule is exactly equivariant under the permutations ``P``
+that map its node set onto itself. With ``symmetric=True`` the nodes are closed under the cyclic shifts of the head
+columns of ``w``: ``points / H`` Sobol points, each with its ``H`` shifts and their mirrors (``2 points`` nodes, as
+without the closure). The drift is then exactly equivariant under the cyclic shifts of the heads -- every permutation
+for ``H <= 2`` -- and so is the solve: a start mapped onto itself by a shift of the heads together with a symmetry of
+the problem (e.g. swapping two spikes of the ``spikes`` prior) keeps that symmetry, and quadrature error alone cannot
+split equivalent heads. Without the closure the rule breaks the symmetry at the level of its error, and in long runs
+such heads drift apart along the slow directions (docs/model.md section 4.4). Identical heads stay identical with either
+rule: their fields coincide at every node.
 """
 
 from __future__ import annotations
@@ -94,17 +86,15 @@ def head_shifts(L: int, H: int, extra: int = 0) -> np.ndarray:
 
 
 def gaussian_nodes(L: int, H: int, extra: int, points: int, seed: int, symmetric: bool, whiten: bool = True) -> np.ndarray:
-    """Base nodes (n, L*H + extra) of the rule: scrambled Sobol normals, whitened (``whiten``) so that their
-    orbit (with the head shifts when ``symmetric``, and the mirrors ``-z``) has exactly the
-    first and second moments of ``N(0, I)``. ``n = points`` without the closure and
-    ``points // H`` with it. Without ``whiten`` every node is exactly ``N(0, I)`` in law and the average is
-    unbiased (the whitening's bias: module docstring).
+    """Base nodes (n, L*H + extra) of the rule: scrambled Sobol normals, whitened (``whiten``) so that their orbit (with
+    the head shifts when ``symmetric``, and the mirrors ``-z``) has exactly the first and second moments of ``N(0, I)``.
+    ``n = points`` without the closure and ``points // H`` with it. Without ``whiten`` every node is exactly ``N(0, I)``
+    in law and the average is unbiased (the whitening's bias: module docstring).
 
-    Long sequences (the exact route needs this rule only for its ``lr^2`` term, at any ``L``):
-    coordinates beyond SciPy's Sobol limit (21201) are pseudo-random normals from ``seed``; with fewer
-    orbit points than coordinates the nodes are not whitened (the mirrors still integrate every
-    odd moment exactly). The rule route refuses both cases before it builds a rule
-    (:func:`~singleloc.preflight._resources.check_quadrature`)."""
+    Long sequences (the exact route needs this rule only for its ``lr^2`` term, at any ``L``): coordinates beyond
+    SciPy's Sobol limit (21201) are pseudo-random normals from ``seed``; with fewer orbit points than coordinates the
+    nodes are not whitened (the mirrors still integrate every odd moment exactly). The rule route refuses both cases
+    before it builds a rule (:func:`~singleloc.preflight._resources.check_quadrature`)."""
     dim = L * H + extra
     shifts = head_shifts(L, H, extra) if symmetric and H > 1 else np.arange(dim)[None, :]
     n = max(points // len(shifts), 1)
@@ -124,14 +114,12 @@ def gaussian_nodes(L: int, H: int, extra: int, points: int, seed: int, symmetric
 class LocalFields(eqx.Module):
     """Quadrature rule for expectations over the local fields of ``L`` tokens and ``H`` heads.
 
-    Build it with :meth:`make`; then ``rule.expect(fn, M, Q)`` returns ``E[fn(g, theta)]``
-    where ``g`` (L, H) are the head fields (token 0 relevant) and ``theta`` (F,) the latent.
-    ``fn`` may return any pytree of arrays.
+    Build it with :meth:`make`; then ``rule.expect(fn, M, Q)`` returns ``E[fn(g, theta)]`` where ``g`` (L, H) are the
+    head fields (token 0 relevant) and ``theta`` (F,) the latent. ``fn`` may return any pytree of arrays.
 
-    The nodes are the base points ``w``, ``u`` under the cyclic head shifts ``0..orbit-1``
-    (``orbit = H`` for a symmetric rule, 1 otherwise) and the sign flip, each with weight
-    ``1 / (2 * orbit * n)``. ``shards > 1``: the base points are in ``shards`` equal blocks,
-    the last ``padding`` of them of weight zero (:meth:`split`).
+    The nodes are the base points ``w``, ``u`` under the cyclic head shifts ``0..orbit-1`` (``orbit = H`` for a
+    symmetric rule, 1 otherwise) and the sign flip, each with weight ``1 / (2 * orbit * n)``. ``shards > 1``: the base
+    points are in ``shards`` equal blocks, the last ``padding`` of them of weight zero (:meth:`split`).
     """
 
     w: jax.Array  # (n, L, H) base standard normals for the head fields
@@ -176,9 +164,8 @@ class LocalFields(eqx.Module):
         return 2 * self.orbit * (self.w.shape[-3] - self.padding)
 
     def split(self, shards: int) -> LocalFields:
-        """The same rule with its base points in ``shards`` equal blocks (one per device): padded
-        with copies of the last base point, of weight zero (module docstring). Leading (replicate)
-        axes are kept."""
+        """The same rule with its base points in ``shards`` equal blocks (one per device): padded with copies of the
+        last base point, of weight zero (module docstring). Leading (replicate) axes are kept."""
         n = self.w.shape[-3] - self.padding
         pad = -n % shards
 
@@ -197,11 +184,10 @@ class LocalFields(eqx.Module):
                                    probs=put(rule.probs, mesh), cov_sqrt=put(rule.cov_sqrt, mesh))
 
     def factors(self, Q: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """``(S, T)``: the factor ``S`` of this rule's fields ``g_l = w_l S`` (``S^T S = Q``) and
-        ``T = S Q^+`` (``T^T T = Q^+``): the rank-aware pair
-        (:func:`~singleloc.runtime._numerics.rank_aware_factor_and_pinv`) for a principal rule, ``(Q^{1/2},
-        (Q^+)^{1/2})`` otherwise. A field average ``E[c w^T] = W`` gives ``E[c g^T] = W S`` and
-        ``E[c g^T] Q^+ = W T``."""
+        """``(S, T)``: the factor ``S`` of this rule's fields ``g_l = w_l S`` (``S^T S = Q``) and ``T = S Q^+`` (``T^T T
+        = Q^+``): the rank-aware pair (:func:`~singleloc.runtime._numerics.rank_aware_factor_and_pinv`) for a principal
+        rule, ``(Q^{1/2}, (Q^+)^{1/2})`` otherwise. A field average ``E[c w^T] = W`` gives ``E[c g^T] = W S`` and ``E[c
+        g^T] Q^+ = W T``."""
         return rank_aware_factor_and_pinv(Q) if self.principal else psd_sqrt_and_pinv_sqrt(Q)
 
     def expect(self, fn: Callable, M: jax.Array, Q: jax.Array, *, factor: jax.Array | None = None,

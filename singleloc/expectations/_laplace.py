@@ -1,34 +1,31 @@
 """Exact population risk of normalised-exponential layers, at a cost independent of ``L``.
 
-The family. An activation is a *normalised exponential* (:class:`~singleloc.ExponentialForm`)
-when, with ``x_hl = alpha (g_hl + b_h)``,
+The family. An activation is a *normalised exponential* (:class:`~singleloc.ExponentialForm`) when, with ``x_hl = alpha
+(g_hl + b_h)``,
 
 * per head (``joint = False``): ``A_hl = exp(x_hl) / (kappa + sum_l' exp(x_hl'))`` -- softmax
   (``alpha = 1, kappa = 0``), softmax1 (``kappa = 1``), scalable softmax (``alpha = s log L``);
 * joint (``joint = True``): ``a_l = u_l / (kappa + sum_l' u_l')`` with ``u_l = sum_h exp(x_hl)``
   -- bsoftmax (``alpha = 1, kappa = 0``), whose head average is one distribution over tokens.
 
-The Laplace form. ``1 / Z^k = int_0^inf t^(k-1) exp(-t Z) dt / (k-1)!`` turns every normaliser
-into a product over tokens, ``exp(-t Z) = exp(-t kappa) prod_l exp(-t exp(x_l))``, and the
-tokens are independent given ``theta``: the ``L - 1`` noise tokens give the ``(L-1)``-th power of
-ONE token's expectation. With ``y = log t`` and the profiles
+The Laplace form. ``1 / Z^k = int_0^inf t^(k-1) exp(-t Z) dt / (k-1)!`` turns every normaliser into a product over
+tokens, ``exp(-t Z) = exp(-t kappa) prod_l exp(-t exp(x_l))``, and the tokens are independent given ``theta``: the ``L -
+1`` noise tokens give the ``(L-1)``-th power of ONE token's expectation. With ``y = log t`` and the profiles
 
     rho_k(u) = exp(k u - e^u)   (k = 0, 1, 2),        omega(u) = 1 - rho_0(u) = -expm1(-e^u),
 
-(so that ``t^k e^{k x} exp(-t e^x) = rho_k(y + x)``) the risk
-``R = 1 - 2 E[a_0] + E[a_0^2] + (L - 1) E[a_1^2]`` (token 0 relevant) needs, per head,
+(so that ``t^k e^{k x} exp(-t e^x) = rho_k(y + x)``) the risk ``R = 1 - 2 E[a_0] + E[a_0^2] + (L - 1) E[a_1^2]`` (token
+0 relevant) needs, per head,
 
     E[A_h0]     = int dy e^{-kappa e^y} E0[rho_1(y + x_h)] P(y)^(L-1),
     E[A_h0^2]   = int dy e^{-kappa e^y} E0[rho_2(y + x_h)] P(y)^(L-1),
     E[A_h1^2]   = int dy e^{-kappa e^y} E1[rho_2(y + x_h)] E0[rho_0(y + x_h)] P(y)^(L-2),
 
-with ``P = 1 - E1[omega(y + x_h)]`` (noise token ``E1``, relevant token ``E0``), and for a
-pair of heads the same with two variables ``(y, y')`` and two-dimensional token
-expectations such as ``E[rho_1(y + x_h) rho_1(y' + x_h')]``. Heads never enter more than
-two at a time: the risk of a per-head layer is a sum over pairs of heads of
-two-dimensional integrals. A joint layer has one normaliser, one variable ``y`` and the
-token expectations ``E[rho_k(y + lse(x))]`` over the ``H`` fields of one token
-(``lse = log sum_h exp``).
+with ``P = 1 - E1[omega(y + x_h)]`` (noise token ``E1``, relevant token ``E0``), and for a pair of heads the same with
+two variables ``(y, y')`` and two-dimensional token expectations such as ``E[rho_1(y + x_h) rho_1(y' + x_h')]``. Heads
+never enter more than two at a time: the risk of a per-head layer is a sum over pairs of heads of two-dimensional
+integrals. A joint layer has one normaliser, one variable ``y`` and the token expectations ``E[rho_k(y + lse(x))]`` over
+the ``H`` fields of one token (``lse = log sum_h exp``).
 
 The rules, and why they are exact to the precision stated.
 
@@ -69,8 +66,8 @@ The rules, and why they are exact to the precision stated.
 * Powers: ``P^(L-1) = exp((L-1) log1p(-E1[omega]))`` with ``E1[omega]`` computed directly (a sum
   of non-negative terms), so ``L`` up to any size costs nothing and loses no digits.
 
-Nothing here depends on ``L`` but the exponents: the cost of a risk is
-``O(H^2 n_t^2 n_outer)`` for a per-head layer, ``O(H n_t N)`` for a joint one with ``N`` nodes.
+Nothing here depends on ``L`` but the exponents: the cost of a risk is ``O(H^2 n_t^2 n_outer)`` for a per-head layer,
+``O(H n_t N)`` for a joint one with ``N`` nodes.
 
 The risk's error is stated against a finer rule (:meth:`LaplaceRule.refined`, :mod:`~singleloc.expectations._cubature`).
 The layers are :mod:`~singleloc.expectations._laplace_heads` and :mod:`~singleloc.expectations._laplace_joint`, the Gram
@@ -240,9 +237,8 @@ class LaplaceRule(eqx.Module):
         return M, (Q + Q.T) / 2, b
 
     def token_laws(self, M: jax.Array, Q: jax.Array, b: jax.Array):
-        """Scaled means and covariances ``(m1, C1, m0, C0)`` of a state (:meth:`state`): noise token
-        ``(alpha b, alpha^2 Q)``; relevant token per atom ``alpha (b + M a_k)`` (H, K) with
-        ``alpha^2 (Q + M Sigma M^T)``."""
+        """Scaled means and covariances ``(m1, C1, m0, C0)`` of a state (:meth:`state`): noise token ``(alpha b, alpha^2
+        Q)``; relevant token per atom ``alpha (b + M a_k)`` (H, K) with ``alpha^2 (Q + M Sigma M^T)``."""
         a = self.alpha
         m1 = a * b
         C1 = a**2 * Q
@@ -258,16 +254,15 @@ class LaplaceRule(eqx.Module):
 
     # -- the y nodes ------------------------------------------------------------------------
     def y_range(self, moments1, moments0, fields1, fields0, powers=(1, 2)):
-        """The ``y`` nodes (..., n_t) and steps (...) for a token whose normaliser term is ``exp(X)``
-        (``X = x_h``, one head of a per-head layer, or ``X = lse(x)``, a joint layer's token), for
-        moments of the weights up to the largest of ``powers`` (the risk's: 2), outside the gradient.
+        """The ``y`` nodes (..., n_t) and steps (...) for a token whose normaliser term is ``exp(X)`` (``X = x_h``, one
+        head of a per-head layer, or ``X = lse(x)``, a joint layer's token), for moments of the weights up to the
+        largest of ``powers`` (the risk's: 2), outside the gradient.
 
-        ``moments1`` (len(powers), ...): ``log E1[exp(k X)] / k`` of a noise token; ``moments0``
-        (len(powers), ..., K): the relevant token's, per atom. ``fields1``: the means and standard
-        deviations (..., G) of fields ``x_g`` with ``X >= max_g x_g`` (``G = 1`` per head, ``G = H`` for
-        ``lse``); ``fields0``: the relevant token's, means per atom (..., G, K). The lower end keeps
-        every neglected tail ``E[exp(k (y + X))]`` below ``TAIL_EPS`` (a noise token's carries the
-        factor ``L``); above the upper end ``y + X > log(U_TOP)`` for both tokens, where their
+        ``moments1`` (len(powers), ...): ``log E1[exp(k X)] / k`` of a noise token; ``moments0`` (len(powers), ..., K):
+        the relevant token's, per atom. ``fields1``: the means and standard deviations (..., G) of fields ``x_g`` with
+        ``X >= max_g x_g`` (``G = 1`` per head, ``G = H`` for ``lse``); ``fields0``: the relevant token's, means per
+        atom (..., G, K). The lower end keeps every neglected tail ``E[exp(k (y + X))]`` below ``TAIL_EPS`` (a noise
+        token's carries the factor ``L``); above the upper end ``y + X > log(U_TOP)`` for both tokens, where their
         profiles vanish, except with probability ``Phi(-TAIL_SIGMAS)``."""
         moments1, moments0, fields1, fields0 = jax.lax.stop_gradient((moments1, moments0, fields1, fields0))
         log_eps, log_L = math.log(TAIL_EPS), jnp.log(self.L)
@@ -303,15 +298,14 @@ class LaplaceRule(eqx.Module):
         return jnp.where(v > WIDE_SIGMA**2, wide, narrow)
 
     def pair(self, combos, y, yp, m, mp, C11, C12, C22, outer_rule=None, batches=None):
-        """``E[f_a(y + x) f_b(y' + x')]`` (len(combos), *batch, n_t, n_t) on the grid ``y x y'`` for the profile
-        pairs ``(a, b)`` in ``combos``, ``(x, x')`` Gaussian with means ``(m, m')`` and covariance
-        ``[[C11, C12], [C12, C22]]`` (module docstring): the first field on the normal rule
-        ``outer_rule`` (nodes and weights; default the rule's outer one), the second given the
-        first smoothed by its conditional Gaussian (:func:`~singleloc.expectations._laplace_profiles.smoothed_profiles`).
-        The means may be arrays of the shape ``batch`` (e.g. one per atom of the prior): they share the
-        covariance, so the second field's table of smoothed profiles is built once for all of them.
-        ``batches``: per combo, the part of the (one-dimensional) batch it is wanted at (a slice; default all): then
-        a list of the combos' arrays, each product taken on its part only."""
+        """``E[f_a(y + x) f_b(y' + x')]`` (len(combos), *batch, n_t, n_t) on the grid ``y x y'`` for the profile pairs
+        ``(a, b)`` in ``combos``, ``(x, x')`` Gaussian with means ``(m, m')`` and covariance ``[[C11, C12], [C12,
+        C22]]`` (module docstring): the first field on the normal rule ``outer_rule`` (nodes and weights; default the
+        rule's outer one), the second given the first smoothed by its conditional Gaussian
+        (:func:`~singleloc.expectations._laplace_profiles.smoothed_profiles`). The means may be arrays of the shape
+        ``batch`` (e.g. one per atom of the prior): they share the covariance, so the second field's table of smoothed
+        profiles is built once for all of them. ``batches``: per combo, the part of the (one-dimensional) batch it is
+        wanted at (a slice; default all): then a list of the combos' arrays, each product taken on its part only."""
         z, w = (self.z_outer, self.w_outer) if outer_rule is None else outer_rule
         C11 = jnp.maximum(C11, PAIR_VAR_FLOOR)
         sx = jnp.sqrt(C11) * z  # x - m at the outer nodes

@@ -1,30 +1,28 @@
 """The exact route: the risk and its gradient in the Laplace form (``theory.route = "exact"``).
 
-For a normalised-exponential activation (:mod:`~singleloc.expectations._laplace`) the risk is computed
-exactly, and the ``O(lr)`` drift is its gradient: with ``G_M, G_Q, G_b`` the derivatives of
-``R`` (``Q``'s entries as independent arguments) and ``S = G_Q + G_Q^T``, the mean SGD step of
-the keys is ``-lr D grad_{k_h} R = -lr (sum_f G_M[h, f] k*_f + sum_h' S[h, h'] k_h')``, so the
-field averages the SGD rule takes are
+For a normalised-exponential activation (:mod:`~singleloc.expectations._laplace`) the risk is computed exactly, and the
+``O(lr)`` drift is its gradient: with ``G_M, G_Q, G_b`` the derivatives of ``R`` (``Q``'s entries as independent
+arguments) and ``S = G_Q + G_Q^T``, the mean SGD step of the keys is ``-lr D grad_{k_h} R = -lr (sum_f G_M[h, f] k*_f +
+sum_h' S[h, h'] k_h')``, so the field averages the SGD rule takes are
 
     E[sum_l c_l nu_l^T] = G_M + S M,     E[sum_l c_l g_l^T] = G_M M^T + S Q,     E[sum_l c_l] = G_b,
 
 (:class:`~singleloc.GradientMoments`), and the ``lr^2`` term ``E[sum_l c_l c_l^T]`` is an
-:class:`~singleloc.expectations._expectation.AbstractGramTerm` of its own. The derivatives are exact and finite
-at identical heads (Price's theorem inside the rule). The Gram term of one head is exact too (a
-polynomial of degree six in the token weights, whose moments the Laplace form gives:
-:mod:`~singleloc.expectations._laplace_gram`), and of two heads with ``theory.gram = "exact"``
-(:class:`LaplaceGram`). Otherwise (up to four distinct heads per term: no cheap exact form) it stays on the
-rank-aware Sobol rule (:class:`~singleloc.SobolGram`, :meth:`~singleloc.Theory.gram_rule_points` points,
-unwhitened: :mod:`~singleloc.expectations._fields`; at trained states with near copies of six heads an eighth to a
-fiftieth of the head-symmetric rule's error, ``benchmarks/06_exact_route.py``), or with ``theory.gram =
-"montecarlo"`` on plain Monte Carlo (:class:`~singleloc.expectations._monte_carlo_gram.MonteCarloGram`).
+:class:`~singleloc.expectations._expectation.AbstractGramTerm` of its own. The derivatives are exact and finite at
+identical heads (Price's theorem inside the rule). The Gram term of one head is exact too (a polynomial of degree six in
+the token weights, whose moments the Laplace form gives: :mod:`~singleloc.expectations._laplace_gram`), and of two heads
+with ``theory.gram = "exact"`` (:class:`LaplaceGram`). Otherwise (up to four distinct heads per term: no cheap exact
+form) it stays on the rank-aware Sobol rule (:class:`~singleloc.SobolGram`, :meth:`~singleloc.Theory.gram_rule_points`
+points, unwhitened: :mod:`~singleloc.expectations._fields`; at trained states with near copies of six heads an eighth to
+a fiftieth of the head-symmetric rule's error, ``benchmarks/06_exact_route.py``), or with ``theory.gram = "montecarlo"``
+on plain Monte Carlo (:class:`~singleloc.expectations._monte_carlo_gram.MonteCarloGram`).
 
-The route states its error (:meth:`LaplaceExpectation.statement`): the risk and the ``O(lr)``
-drift against a finer exact rule (``check``: :meth:`~singleloc.expectations._laplace.LaplaceRule.refined`, 1.5 x
-the nodes), the Gram term against the finer exact rule or a second, independent Sobol rule; each
-warns above its threshold (:data:`RISK_ERROR_WARN`, :data:`DRIFT_ERROR_WARN`,
-:data:`GRAM_ERROR_WARN`), naming what to change. Fields wider than the rule resolves stop the solve instead
-(:meth:`LaplaceExpectation.resolves`; :func:`~singleloc.integrate` then goes on on the Sobol rule or refuses).
+The route states its error (:meth:`LaplaceExpectation.statement`): the risk and the ``O(lr)`` drift against a finer
+exact rule (``check``: :meth:`~singleloc.expectations._laplace.LaplaceRule.refined`, 1.5 x the nodes), the Gram term
+against the finer exact rule or a second, independent Sobol rule; each warns above its threshold
+(:data:`RISK_ERROR_WARN`, :data:`DRIFT_ERROR_WARN`, :data:`GRAM_ERROR_WARN`), naming what to change. Fields wider than
+the rule resolves stop the solve instead (:meth:`LaplaceExpectation.resolves`; :func:`~singleloc.integrate` then goes on
+on the Sobol rule or refuses).
 """
 
 from __future__ import annotations
@@ -207,11 +205,10 @@ class LaplaceExpectation(AbstractExpectation):
 
     @property
     def second_derivatives(self) -> bool:
-        """``False`` for a joint layer: its token expectation is differentiated by Price's theorem with
-        the conditional law of the token's covariance held fixed
-        (:func:`~singleloc.expectations._laplace_joint._conditional_law`, outside the gradient), so the
-        drift is exact and its derivatives in ``Q`` are not (``d^2 R / dQ_00^2`` came out 0 by autodiff,
-        -6.1e-5 by differences, bsoftmax at ``L = 3``). A per-head layer's are exact."""
+        """``False`` for a joint layer: its token expectation is differentiated by Price's theorem with the conditional
+        law of the token's covariance held fixed (:func:`~singleloc.expectations._laplace_joint._conditional_law`,
+        outside the gradient), so the drift is exact and its derivatives in ``Q`` are not (``d^2 R / dQ_00^2`` came out
+        0 by autodiff, -6.1e-5 by differences, bsoftmax at ``L = 3``). A per-head layer's are exact."""
         return not self.rule.form.joint
 
     def attention_mass(self, M, Q, b):
@@ -232,11 +229,10 @@ class LaplaceExpectation(AbstractExpectation):
         return jnp.full((), jnp.nan, dtype=M.dtype) if self.check is None else self.check.risk(M, Q, b, v)
 
     def drift_error(self, sgd, M, Q, b, v=None):
-        """The stated relative error of the ``O(lr)`` drift at one state: ``max |d - d'| / max |d'|``
-        over the entries of the drift without its ``lr^2`` (Gram) term, ``d`` on the exact rule and
-        ``d'`` on its finer copy ``check`` (NaN without one). The risk's error alone can hide a drift
-        that is far off: at token variances ``alpha^2 Q_hh`` of 50 and more (ssmax at ``L = 64``) a
-        risk error of 1e-3 came with drift errors of order one."""
+        """The stated relative error of the ``O(lr)`` drift at one state: ``max |d - d'| / max |d'|`` over the entries
+        of the drift without its ``lr^2`` (Gram) term, ``d`` on the exact rule and ``d'`` on its finer copy ``check``
+        (NaN without one). The risk's error alone can hide a drift that is far off: at token variances ``alpha^2 Q_hh``
+        of 50 and more (ssmax at ``L = 64``) a risk error of 1e-3 came with drift errors of order one."""
         if self.check is None:
             return jnp.full((), jnp.nan, dtype=M.dtype)
         no_gram = jnp.zeros(Q.shape, Q.dtype)

@@ -1,10 +1,9 @@
 """The ``lr^2`` Gram term of one or two heads, exactly, in the Laplace form (:mod:`~singleloc.expectations._laplace`).
 
-The term. The loss ``(1 - a_0)^2 + sum_{l >= 1} a_l^2`` (token 0 relevant) of the head average
-``a_l = sum_h v_h A_hl`` (``v_h = 1 / H``) of normalised exponential heads
-``A_hl = exp(alpha s_hl) / (kappa + sum_m exp(alpha s_hm))`` (softmax, softmax1, scalable softmax;
-bsoftmax is softmax at ``H = 1``) has, as ``dA_hm / ds_hl = alpha A_hm (delta_ml - A_hl)`` for any
-offset ``kappa``, the score gradient
+The term. The loss ``(1 - a_0)^2 + sum_{l >= 1} a_l^2`` (token 0 relevant) of the head average ``a_l = sum_h v_h A_hl``
+(``v_h = 1 / H``) of normalised exponential heads ``A_hl = exp(alpha s_hl) / (kappa + sum_m exp(alpha s_hm))`` (softmax,
+softmax1, scalable softmax; bsoftmax is softmax at ``H = 1``) has, as ``dA_hm / ds_hl = alpha A_hm (delta_ml - A_hl)``
+for any offset ``kappa``, the score gradient
 
     c_hl = alpha v_h A_hl (e_l - e_bar_h),    e_l = 2 (a_l - delta_l0),    e_bar_h = sum_m e_m A_hm.
 
@@ -13,29 +12,28 @@ One head: ``e_bar = 2 (S_2 - A_0)`` with ``S_k = sum_m A_m^k``, and
     G = E[sum_l c_l^2] = 4 alpha^2 E[sum_l A_l^2 B_l^2 - 2 S_2 sum_l A_l^2 B_l + S_2^3],
     B_0 = 2 A_0 - 1,  B_l = A_l + A_0 (l >= 1).
 
-In general every entry ``sum_l c_hl c_gl`` is a polynomial of degree six in the relevant token's
-weights ``A_h0`` and the noise tokens' power sums ``p_k = sum_{l >= 1} prod_h A_hl^(k_h)``
-(:func:`gram_polynomials`, built by expanding the definitions above symbolically).
+In general every entry ``sum_l c_hl c_gl`` is a polynomial of degree six in the relevant token's weights ``A_h0`` and
+the noise tokens' power sums ``p_k = sum_{l >= 1} prod_h A_hl^(k_h)`` (:func:`gram_polynomials`, built by expanding the
+definitions above symbolically).
 
-Its moments. A product of power sums is a sum, over the set partitions of its factors, of sums over
-*distinct* noise tokens with the factors of a block merged into one power (:func:`distinct_moments`).
-The Laplace form ``1 / Z^K = int_0^inf t^(K-1) e^(-t Z) dt / (K-1)!`` then turns each into one
-integral per head over ``y_h = log t_h`` of one-token expectations, as for the risk; for one head
+Its moments. A product of power sums is a sum, over the set partitions of its factors, of sums over *distinct* noise
+tokens with the factors of a block merged into one power (:func:`distinct_moments`). The Laplace form ``1 / Z^K =
+int_0^inf t^(K-1) e^(-t Z) dt / (K-1)!`` then turns each into one integral per head over ``y_h = log t_h`` of one-token
+expectations, as for the risk; for one head
 
     E[A_0^a sum_{distinct l_1..l_j >= 1} prod_i A_{l_i}^(k_i)]
         = (L-1)_j / (K-1)! int dy e^(-kappa e^y) r^0_a(y) prod_i r^1_(k_i)(y) r^1_0(y)^(L-1-j),
 
-with ``K = a + sum_i k_i``, ``(L-1)_j = (L-1)(L-2)...(L-j)`` and ``r^0_k, r^1_k`` the relevant and a
-noise token's ``E[rho_k(y + x)]`` (``rho_k(u) = exp(k u - e^u)``, up to ``k = 6``;
-``r^1_0 = 1 - E[omega]`` through the power of :mod:`~singleloc.expectations._laplace`), and for two heads the same
-with two variables and the pair rule's two-dimensional token expectations. Moments of one head (in a
-two-head entry, those in which the other head's powers all vanish) are one-dimensional. The ``y``
-rule and the token expectations are the risk's (the lower end of the range moved for the sixth
-moments), so the term is exact to the same precision, whatever ``L``. Its error is stated against
-the refined rule (:meth:`~singleloc.expectations._laplace.LaplaceRule.refined`), as the risk's. Cost: about a
-millisecond for one head (20 moments), tens of milliseconds for two (177 moments over 46 pair
-products of profiles), whatever ``L`` (:data:`~singleloc.expectations._routes.GRAM_EXACT_FROM`). Three heads or
-more hold moments of up to four distinct heads, with no cheap exact form.
+with ``K = a + sum_i k_i``, ``(L-1)_j = (L-1)(L-2)...(L-j)`` and ``r^0_k, r^1_k`` the relevant and a noise token's
+``E[rho_k(y + x)]`` (``rho_k(u) = exp(k u - e^u)``, up to ``k = 6``; ``r^1_0 = 1 - E[omega]`` through the power of
+:mod:`~singleloc.expectations._laplace`), and for two heads the same with two variables and the pair rule's
+two-dimensional token expectations. Moments of one head (in a two-head entry, those in which the other head's powers all
+vanish) are one-dimensional. The ``y`` rule and the token expectations are the risk's (the lower end of the range moved
+for the sixth moments), so the term is exact to the same precision, whatever ``L``. Its error is stated against the
+refined rule (:meth:`~singleloc.expectations._laplace.LaplaceRule.refined`), as the risk's. Cost: about a millisecond
+for one head (20 moments), tens of milliseconds for two (177 moments over 46 pair products of profiles), whatever ``L``
+(:data:`~singleloc.expectations._routes.GRAM_EXACT_FROM`). Three heads or more hold moments of up to four distinct
+heads, with no cheap exact form.
 """
 
 from __future__ import annotations
@@ -145,11 +143,10 @@ def _set_partitions(items: list) -> list[list[list]]:
 
 
 def distinct_moments(poly: Polynomial) -> dict[tuple[int, tuple[int, ...]], float]:
-    """The polynomial as sums over distinct noise tokens: ``{(a, ks): c}`` with ``poly = sum c
-    A_0^a sum_{distinct l_1..l_j >= 1} prod_i A_{l_i}^(k_i)`` (``j = len(ks)``; the blocks of a set
-    partition of a product of power sums merged). Whatever ``L``: a sum over ``j`` distinct noise tokens
-    has ``(L-1)_j`` equal terms in expectation (none for ``j > L - 1``), a factor :func:`laplace_gram`
-    applies."""
+    """The polynomial as sums over distinct noise tokens: ``{(a, ks): c}`` with ``poly = sum c A_0^a sum_{distinct
+    l_1..l_j >= 1} prod_i A_{l_i}^(k_i)`` (``j = len(ks)``; the blocks of a set partition of a product of power sums
+    merged). Whatever ``L``: a sum over ``j`` distinct noise tokens has ``(L-1)_j`` equal terms in expectation (none for
+    ``j > L - 1``), a factor :func:`laplace_gram` applies."""
     out: dict = {}
     for (a, ks), c in poly.items():
         for part in _set_partitions(list(ks)):

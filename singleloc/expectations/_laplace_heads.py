@@ -1,29 +1,28 @@
 """A per-head layer's exact risk and attention masses: heads one and two at a time.
 
-The layer. ``A_hl = exp(x_hl) / (kappa + sum_l' exp(x_hl'))`` per head (softmax, softmax1, scalable
-softmax) and the head mixture ``a_l = sum_h v_h A_hl`` (the head average: ``v = 1/H``). Its risk
+The layer. ``A_hl = exp(x_hl) / (kappa + sum_l' exp(x_hl'))`` per head (softmax, softmax1, scalable softmax) and the
+head mixture ``a_l = sum_h v_h A_hl`` (the head average: ``v = 1/H``). Its risk
 
     R = 1 - 2 sum_h v_h E[A_h0] + sum_{h, g} v_h v_g E[sum_l A_hl A_gl]
 
 needs, in the Laplace form of :mod:`~singleloc.expectations._laplace`, one head's integrals over ``y``
 (:meth:`~singleloc.expectations._laplace.LaplaceRule.single`) for ``E[A_h0]`` and ``E[sum_l A_hl^2]`` and each pair's
-over ``(y, y')`` (:meth:`~singleloc.expectations._laplace.LaplaceRule.pair`); the attention mass
-``E[sum_l A_hl] = E[A_h0] + (L - 1) E[A_h1]`` comes from the one-head integrals.
+over ``(y, y')`` (:meth:`~singleloc.expectations._laplace.LaplaceRule.pair`); the attention mass ``E[sum_l A_hl] =
+E[A_h0] + (L - 1) E[A_h1]`` comes from the one-head integrals.
 
-Cost model. The risk is ``H (H - 1) / 2`` pairs (one at a time, ``lax.map``; checkpointed, so that the
-gradient recomputes a pair in its backward pass instead of storing its nodes), each: one table of the
-second field's smoothed profiles (``TABLE_POINTS`` arguments on ``n_inner`` normal nodes, or, for a
-conditional width above ``WIDE_SIGMA``, on the profile grid's 163 points with an exponential and a normal
-CDF each), interpolated at ``n_outer x n_t`` arguments per token law; the first field's profiles on
-``n_t x n_outer`` nodes; and ``(n_t x n_outer) @ (n_outer x n_t)`` products. The table depends on the pair's
-conditional variance only, so it is built once for the noise token and every atom of a discrete prior (whose
-fields share the covariance ``C1``; a Gaussian part gives the relevant token a table of its own, shared by
-its atoms). Per pair, a value costs ``2 n_t n_outer n_t`` multiply-adds per product (four with a
-discrete prior: :data:`PAIR_BATCHES` takes each combo on the tokens that use it) plus ``TABLE_POINTS n_inner``
-profile evaluations per order and ``(1 + K) n_t n_outer`` interpolations. Its gradient (``jax.grad``, as the drift
-takes it) is one value, its linearisation (the table's three derivative orders) and transpose, in the checkpoint's
-backward pass: the forward pass's value is unused and JAX drops it, so there is no recomputation to save (where the
-time goes, and what did not pay: docs/benchmarks/06).
+Cost model. The risk is ``H (H - 1) / 2`` pairs (one at a time, ``lax.map``; checkpointed, so that the gradient
+recomputes a pair in its backward pass instead of storing its nodes), each: one table of the second field's smoothed
+profiles (``TABLE_POINTS`` arguments on ``n_inner`` normal nodes, or, for a conditional width above ``WIDE_SIGMA``, on
+the profile grid's 163 points with an exponential and a normal CDF each), interpolated at ``n_outer x n_t`` arguments
+per token law; the first field's profiles on ``n_t x n_outer`` nodes; and ``(n_t x n_outer) @ (n_outer x n_t)``
+products. The table depends on the pair's conditional variance only, so it is built once for the noise token and every
+atom of a discrete prior (whose fields share the covariance ``C1``; a Gaussian part gives the relevant token a table of
+its own, shared by its atoms). Per pair, a value costs ``2 n_t n_outer n_t`` multiply-adds per product (four with a
+discrete prior: :data:`PAIR_BATCHES` takes each combo on the tokens that use it) plus ``TABLE_POINTS n_inner`` profile
+evaluations per order and ``(1 + K) n_t n_outer`` interpolations. Its gradient (``jax.grad``, as the drift takes it) is
+one value, its linearisation (the table's three derivative orders) and transpose, in the checkpoint's backward pass: the
+forward pass's value is unused and JAX drops it, so there is no recomputation to save (where the time goes, and what did
+not pay: docs/benchmarks/06).
 
 The ``lr^2`` Gram term of one or two heads (:mod:`~singleloc.expectations._laplace_gram`) takes its pair moments on
 :data:`GRAM_OUTER` times the pair rule's outer nodes, which this layer holds (``H = 2`` only).
@@ -78,8 +77,7 @@ class PerHeadLayer(eqx.Module):
         return H <= 2
 
     def risk(self, rule, M, Q, b, v=None):
-        """The risk of the mixture ``a = sum_h v_h A_h`` (module docstring; ``v``: default the head
-        average ``1/H``)."""
+        """The risk of the mixture ``a = sum_h v_h A_h`` (module docstring; ``v``: default the head average ``1/H``)."""
         H, L = Q.shape[0], rule.L
         v = jnp.full((H,), 1.0 / H, M.dtype) if v is None else jnp.asarray(v, M.dtype)
         ((m1, C1, m0, C0), Y, pre), heads = self._head_terms(rule, M, Q, b)

@@ -1,34 +1,32 @@
 """A joint layer's exact risk (bsoftmax): one normaliser for all heads, in conditional product form.
 
 The layer. ``a_l = u_l / (kappa + sum_l' u_l')`` with ``u_l = sum_h exp(x_hl)``: the Laplace form of
-:mod:`~singleloc.expectations._laplace` has one variable ``y`` and the token expectations ``E[rho_k(y + lse(x))]``
-over the ``H`` fields of one token (``lse = log sum_h exp``), so that
+:mod:`~singleloc.expectations._laplace` has one variable ``y`` and the token expectations ``E[rho_k(y + lse(x))]`` over
+the ``H`` fields of one token (``lse = log sum_h exp``), so that
 
     E[a_0]   = int dy e^{-kappa e^y} E0[rho_1(y + lse)] P(y)^(L-1),
     E[a_0^2] = int dy e^{-kappa e^y} E0[rho_2(y + lse)] P(y)^(L-1),
     E[a_1^2] = int dy e^{-kappa e^y} E1[rho_2(y + lse)] E0[rho_0(y + lse)] P(y)^(L-2),
 
-``P = 1 - E1[omega(y + lse)]``, and the risk ``1 - 2 E[a_0] + E[a_0^2] + (L - 1) E[a_1^2]`` costs
-``O(H n_t N)`` for ``N`` token nodes, whatever ``L``.
+``P = 1 - E1[omega(y + lse)]``, and the risk ``1 - 2 E[a_0] + E[a_0^2] + (L - 1) E[a_1^2]`` costs ``O(H n_t N)`` for
+``N`` token nodes, whatever ``L``.
 
-The token expectation (:func:`_joint_token`). Write the token's covariance ``C = delta I + S^T S``
-with ``delta`` its smallest eigenvalue: given the standard normals ``z`` on the ``H - 1`` principal
-directions of ``C - delta I``, the fields are independent, ``x_h = mu_h(z) + sqrt(delta) Z_h``, and
-``exp(-t u) = prod_h rho_0(y + x_h)`` (``u = sum_h exp(x_h)``) makes every profile of ``lse(x)`` a
-polynomial in one head's profiles smoothed by ``N(0, delta)``: tabulated once, interpolated. The
-smallest variance is integrated exactly; the others by a combination rule
+The token expectation (:func:`_joint_token`). Write the token's covariance ``C = delta I + S^T S`` with ``delta`` its
+smallest eigenvalue: given the standard normals ``z`` on the ``H - 1`` principal directions of ``C - delta I``, the
+fields are independent, ``x_h = mu_h(z) + sqrt(delta) Z_h``, and ``exp(-t u) = prod_h rho_0(y + x_h)`` (``u = sum_h
+exp(x_h)``) makes every profile of ``lse(x)`` a polynomial in one head's profiles smoothed by ``N(0, delta)``: tabulated
+once, interpolated. The smallest variance is integrated exactly; the others by a combination rule
 (:func:`~singleloc.expectations._cubature.joint_nodes`): the leading directions (where trained keys are wide,
-:data:`JOINT_LEADING`) on a tensor of normal rules, each of the ``n`` other directions' own effect (of the order
-of its variance, the anisotropy of ``R_orth``: small) on :data:`JOINT_SMALL` Gauss-Hermite nodes times that tensor
-coarsened (:data:`JOINT_COARSENING`), the cross terms of two of them (of the order of a product of two variances) on
-the degree-5 rule times a coarser tensor still (:func:`joint_layout`). Heads that are copies leave ``delta = 0``
-and fewer active directions; the derivative in ``(mu, C)`` is by Price's theorem on the same nodes, never
-through the eigendecomposition.
+:data:`JOINT_LEADING`) on a tensor of normal rules, each of the ``n`` other directions' own effect (of the order of its
+variance, the anisotropy of ``R_orth``: small) on :data:`JOINT_SMALL` Gauss-Hermite nodes times that tensor coarsened
+(:data:`JOINT_COARSENING`), the cross terms of two of them (of the order of a product of two variances) on the degree-5
+rule times a coarser tensor still (:func:`joint_layout`). Heads that are copies leave ``delta = 0`` and fewer active
+directions; the derivative in ``(mu, C)`` is by Price's theorem on the same nodes, never through the eigendecomposition.
 
 Cost. ``O((1 + K) n_t N H)`` for ``K`` atoms, ``n_t`` Laplace nodes and ``N = |T_0| + |T_1| (4n + 1) + |T_2| 2n^2``
-token nodes (``T_i`` the leading tensors; ``H - 1 - n`` leading directions): linear in ``H`` where the leading
-tensor dominates, quadratic in ``n`` beyond (:func:`joint_rule_size`: 9580 nodes at ``H = 4`` and 60032 at ``H = 8``
-under two spikes; docs/benchmarks/11).
+token nodes (``T_i`` the leading tensors; ``H - 1 - n`` leading directions): linear in ``H`` where the leading tensor
+dominates, quadratic in ``n`` beyond (:func:`joint_rule_size`: 9580 nodes at ``H = 4`` and 60032 at ``H = 8`` under two
+spikes; docs/benchmarks/11).
 """
 
 from __future__ import annotations
@@ -162,9 +160,8 @@ class JointLayer(eqx.Module):
         return self._terms(rule, M, Q, b)[1]
 
     def _terms(self, rule, M, Q, b):
-        """The risk and the heads' attention masses, the latter from the token expectations
-        ``E[rho_1(y + lse(x)) p_h(x)]`` (``p = softmax(x)``: the share of head ``h`` in
-        ``u = sum_h exp(x_h)``) on the same nodes."""
+        """The risk and the heads' attention masses, the latter from the token expectations ``E[rho_1(y + lse(x))
+        p_h(x)]`` (``p = softmax(x)``: the share of head ``h`` in ``u = sum_h exp(x_h)``) on the same nodes."""
         L, kappa, H = rule.L, rule.offset, Q.shape[0]
         m1, C1, m0, C0 = rule.token_laws(M, Q, b)
         y, step = _token_range(rule, m1, C1, m0, C0)
@@ -184,8 +181,7 @@ class JointLayer(eqx.Module):
 
 def _token_range(rule, m1, C1, m0, C0):
     """The ``y`` nodes (n_t,) and step of a joint layer (:meth:`~singleloc.expectations._laplace.LaplaceRule.y_range`)
-    for ``X = lse(x) >= max_h x_h``: ``log E[u]`` and ``log E[u^2] / 2`` of ``u = sum_h exp(x_h)`` in
-    closed form."""
+    for ``X = lse(x) >= max_h x_h``: ``log E[u]`` and ``log E[u^2] / 2`` of ``u = sum_h exp(x_h)`` in closed form."""
     def log_moments(m, C):  # log E[u], log E[u^2] / 2 for x ~ N(m, C)
         v = jnp.diag(C)
         second = jax.nn.logsumexp(m[:, None] + m[None, :] + (v[:, None] + v[None, :]) / 2 + C)
@@ -238,14 +234,13 @@ def _token_from_heads(values):
 
 @jax.custom_jvp
 def _joint_token(y, mean, C, z, w, table_rule):
-    """``E[f(y + lse(x))]`` (4, n_t) of the four profiles for the ``H`` fields ``x ~ N(mean, C)`` of
-    one token, in conditional product form (module docstring): ``C = delta I + S^T S``
-    (:func:`_conditional_law`), the nodes ``z`` (N, H - 1) and weights ``w`` on the principal directions of
-    ``C - delta I``, the fields' conditional means ``mu = mean + z S``; ``table_rule``: ``(z_inner, w_inner,
-    u_grid)`` of the tables of the profiles smoothed by ``N(0, delta)``. Derivatives by Price's theorem,
-    ``dE[F] = E[grad F] dmean + E[tr(hess F dC)] / 2``, with the gradient and Hessian of the conditional
-    expectation in ``mu`` from the tabulated derivatives of the smoothed profiles (:func:`_joint_token_jvp`):
-    never through ``S``."""
+    """``E[f(y + lse(x))]`` (4, n_t) of the four profiles for the ``H`` fields ``x ~ N(mean, C)`` of one token, in
+    conditional product form (module docstring): ``C = delta I + S^T S`` (:func:`_conditional_law`), the nodes ``z`` (N,
+    H - 1) and weights ``w`` on the principal directions of ``C - delta I``, the fields' conditional means ``mu = mean +
+    z S``; ``table_rule``: ``(z_inner, w_inner, u_grid)`` of the tables of the profiles smoothed by ``N(0, delta)``.
+    Derivatives by Price's theorem, ``dE[F] = E[grad F] dmean + E[tr(hess F dC)] / 2``, with the gradient and Hessian of
+    the conditional expectation in ``mu`` from the tabulated derivatives of the smoothed profiles
+    (:func:`_joint_token_jvp`): never through ``S``."""
     tables, mu = _conditional_fields(mean, C, z, table_rule)
     return _over_nodes(lambda yy, m, ww: _token_from_heads(interpolated(*tables, yy + m, JOINT_PROFILES, (0,))[0]) @ ww,
                        y, mu, w).T

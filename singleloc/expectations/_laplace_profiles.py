@@ -1,12 +1,11 @@
 """The profiles of the exact route's Laplace form and their Gaussian smoothings (:mod:`~singleloc.expectations._laplace`).
 
-With ``y = log t`` the Laplace form needs, per token, ``rho_k(u) = exp(k u - e^u)`` (``k = 0, 1,
-2``) and ``omega(u) = 1 - rho_0(u) = -expm1(-e^u)`` at ``u = y + x``; their derivatives are in
-closed form, and their smoothing by a Gaussian, ``E[f(u + s Z)]``, has its derivative in ``s^2``
-by the heat equation (Price's theorem), finite at ``s = 0`` where heads are copies. Two rules smooth
-them: normal rules for a narrow Gaussian (:func:`normal_smoothing`) and the profile grid for a wide
-one (:func:`grid_smoothing`); a pair's second field, smoothed at many arguments, goes through a
-table of either on a lattice, interpolated (:func:`smoothed_profiles`).
+With ``y = log t`` the Laplace form needs, per token, ``rho_k(u) = exp(k u - e^u)`` (``k = 0, 1, 2``) and ``omega(u) = 1
+- rho_0(u) = -expm1(-e^u)`` at ``u = y + x``; their derivatives are in closed form, and their smoothing by a Gaussian,
+``E[f(u + s Z)]``, has its derivative in ``s^2`` by the heat equation (Price's theorem), finite at ``s = 0`` where heads
+are copies. Two rules smooth them: normal rules for a narrow Gaussian (:func:`normal_smoothing`) and the profile grid
+for a wide one (:func:`grid_smoothing`); a pair's second field, smoothed at many arguments, goes through a table of
+either on a lattice, interpolated (:func:`smoothed_profiles`).
 """
 
 from __future__ import annotations
@@ -60,11 +59,10 @@ def _exponentials(u):
 
 
 def _profile(u, which: int, order: int = 0, exponentials=None):
-    """Profile ``which`` at ``u`` (``order`` 0), or its first or second derivative, in closed form:
-    ``rho_k' = (k - e^u) rho_k``, ``rho_k'' = ((k - e^u)^2 - e^u) rho_k``, ``omega' = rho_1``,
-    ``omega'' = (1 - e^u) rho_1``. One profile at a time, so that a sum over nodes fuses with
-    its evaluation (no stacked intermediate the size of the nodes); ``exponentials``: those of
-    :func:`_exponentials` at ``u``, where several profiles share them."""
+    """Profile ``which`` at ``u`` (``order`` 0), or its first or second derivative, in closed form: ``rho_k' = (k - e^u)
+    rho_k``, ``rho_k'' = ((k - e^u)^2 - e^u) rho_k``, ``omega' = rho_1``, ``omega'' = (1 - e^u) rho_1``. One profile at
+    a time, so that a sum over nodes fuses with its evaluation (no stacked intermediate the size of the nodes);
+    ``exponentials``: those of :func:`_exponentials` at ``u``, where several profiles share them."""
     e, r0 = _exponentials(u) if exponentials is None else exponentials
     if which == OMEGA:
         return (-jnp.expm1(-e), e * r0, (1 - e) * e * r0)[order]
@@ -90,12 +88,11 @@ def normal_smoothing(c, s, z, w, which, orders=(0,)):
 
 
 def grid_smoothing(c, s, u, which, orders=(0,)):
-    """``E[f^(order)(c + s Z)]`` ``(len(orders), len(which), *c.shape)`` for the profiles in ``which``
-    on the profile grid ``u`` (equispaced, covering the profiles' support): ``int f(v) phi_s(v - c) dv``
-    for ``rho_k`` (``k >= 1``) and, as ``omega' = rho_1``, ``E[omega(c + s Z)] = int rho_1(v) Phi((c - v) / s) dv``
-    (a sum of non-negative terms), ``rho_0 = 1 - omega``. The profiles, not the Gaussian, carry the
-    fine structure, so the rule is exact for any ``s`` above the grid's step (a trapezoidal rule of an
-    integrand analytic in ``|Im v| < pi/2``), however wide."""
+    """``E[f^(order)(c + s Z)]`` ``(len(orders), len(which), *c.shape)`` for the profiles in ``which`` on the profile
+    grid ``u`` (equispaced, covering the profiles' support): ``int f(v) phi_s(v - c) dv`` for ``rho_k`` (``k >= 1``)
+    and, as ``omega' = rho_1``, ``E[omega(c + s Z)] = int rho_1(v) Phi((c - v) / s) dv`` (a sum of non-negative terms),
+    ``rho_0 = 1 - omega``. The profiles, not the Gaussian, carry the fine structure, so the rule is exact for any ``s``
+    above the grid's step (a trapezoidal rule of an integrand analytic in ``|Im v| < pi/2``), however wide."""
     step = u[1] - u[0]
     d = (u - c[..., None]) / s  # (..., n_u)
     density = step * jnp.exp(-0.5 * d**2) / (s * np.sqrt(2 * np.pi))
@@ -136,10 +133,9 @@ def _lattice(s2, u):
 
 
 def _lagrange_weights(x):
-    """Weights ``(*x.shape, P)`` of the ``P = INTERPOLATION_POINTS`` point Lagrange interpolation at
-    ``x`` from the nodes ``0, 1, ..., P - 1``: ``prod_{r != q} (x - r) / (q - r)``, the products
-    left and right of ``q`` built up one factor at a time (no division by ``x - q``; unrolled, so
-    that they fuse into one elementwise pass)."""
+    """Weights ``(*x.shape, P)`` of the ``P = INTERPOLATION_POINTS`` point Lagrange interpolation at ``x`` from the
+    nodes ``0, 1, ..., P - 1``: ``prod_{r != q} (x - r) / (q - r)``, the products left and right of ``q`` built up one
+    factor at a time (no division by ``x - q``; unrolled, so that they fuse into one elementwise pass)."""
     P = INTERPOLATION_POINTS
     d = [x - r for r in range(P)]
     left, right = [jnp.ones_like(x)], [jnp.ones_like(x)]
@@ -212,10 +208,9 @@ def _smoothed_profiles_jvp(which, wide, primals, tangents):
 
 
 def _power(omega, n):
-    """``(1 - omega)^n`` for ``omega`` in ``[0, 1]`` (a sum of non-negative terms, computed
-    directly) and ``n >= 0`` (a number or an array: the sequence length is traced), as
-    ``exp(n log1p(-omega))``: no digits lost for large ``n``, and finite derivatives where
-    ``omega`` reaches one (the power is then zero, or one for ``n = 0``)."""
+    """``(1 - omega)^n`` for ``omega`` in ``[0, 1]`` (a sum of non-negative terms, computed directly) and ``n >= 0`` (a
+    number or an array: the sequence length is traced), as ``exp(n log1p(-omega))``: no digits lost for large ``n``, and
+    finite derivatives where ``omega`` reaches one (the power is then zero, or one for ``n = 0``)."""
     inside = omega < 1.0
     safe = jnp.where(inside, jnp.clip(omega, 0.0, 1.0), 0.0)
     return jnp.where(inside, jnp.exp(n * jnp.log1p(-safe)), jnp.where(n == 0, 1.0, 0.0))

@@ -1,19 +1,17 @@
 """Plain Monte Carlo over the local fields (``theory.route = "montecarlo"``): the independent check.
 
-Every average is the mean over ``n`` independent draws of one sequence's fields, drawn the way the
-data is generated (docs/model.md section 1), with none of the other routes' devices (no Sobol
-points, no mirrors, no head shifts, no conditional expectation of the spike fields, no Laplace form):
-``theta`` from the prior, the spike fields ``nu_l ~ N(0, I_F)`` (plus ``theta`` on the relevant token
-0) and the head fields
+Every average is the mean over ``n`` independent draws of one sequence's fields, drawn the way the data is generated
+(docs/model.md section 1), with none of the other routes' devices (no Sobol points, no mirrors, no head shifts, no
+conditional expectation of the spike fields, no Laplace form): ``theta`` from the prior, the spike fields ``nu_l ~ N(0,
+I_F)`` (plus ``theta`` on the relevant token 0) and the head fields
 
     g_l = M nu_l + R^{1/2} z_l,        R = R_orth = Q - M M^T,   z_l ~ N(0, I_H),
 
-so that ``Cov(g_l) = Q`` and ``Cov(g_l, nu_l) = M`` as for the keys' overlaps. The averages are
-unbiased, with the sampling error of ``n`` draws (a standard error ``sd / sqrt(n)``): the route the
-tests use to check the others (:class:`~singleloc.SobolExpectation`,
-:class:`~singleloc.LaplaceExpectation`) without sharing their code. The draws are fixed at
-construction (seed ``theory.qmc_seed``), so the route is a deterministic function of the state, and
-``2 theory.points`` draws match the Sobol rule's node count.
+so that ``Cov(g_l) = Q`` and ``Cov(g_l, nu_l) = M`` as for the keys' overlaps. The averages are unbiased, with the
+sampling error of ``n`` draws (a standard error ``sd / sqrt(n)``): the route the tests use to check the others
+(:class:`~singleloc.SobolExpectation`, :class:`~singleloc.LaplaceExpectation`) without sharing their code. The draws are
+fixed at construction (seed ``theory.qmc_seed``), so the route is a deterministic function of the state, and ``2
+theory.points`` draws match the Sobol rule's node count.
 """
 
 from __future__ import annotations

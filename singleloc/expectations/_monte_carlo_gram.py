@@ -1,25 +1,24 @@
 """The ``lr^2`` Gram term by plain Monte Carlo, with its standard error (``theory.gram = "montecarlo"``).
 
-The term ``G = E[sum_l c_l c_l^T]`` (H, H), ``c = dl/ds`` the limit loss's gradient at the scores, is
-the mean over ``n`` independent antithetic pairs of sequences,
+The term ``G = E[sum_l c_l c_l^T]`` (H, H), ``c = dl/ds`` the limit loss's gradient at the scores, is the mean over
+``n`` independent antithetic pairs of sequences,
 
     G_hat = (1/n) sum_i y_i,    y_i = (f(z_i, u_i) + f(-z_i, -u_i)) / 2,    f(z, u) = sum_{atoms k} p_k sum_l c_l c_l^T,
 
-with the head fields ``g_l = z_l Q^{1/2}`` (any factor ``S^T S = Q`` gives the same law), plus ``M theta``
-on the relevant token 0, ``z`` (L, H) and ``u`` (G,) standard normals, ``theta = a_k + Sigma^{1/2} u`` (the
-prior's atoms summed exactly with their probabilities, its Gaussian part drawn). Every ``y_i`` has the law
-of the others and mean ``G``: the estimate is unbiased for any ``L``, ``H``, layer (per-head or joint)
-and head weights, and its standard error ``sd(y) / sqrt(n)`` (the sample standard deviation of the
-``y_i``, entry by entry) is estimated from the same draws. Nothing is fitted to the draws (no whitening,
-no control variate), so nothing biases it: the Sobol rule with whitened nodes did, by more than its
-scramblings' spread (:mod:`~singleloc.expectations._fields`, tests/test_gram_terms.py).
+with the head fields ``g_l = z_l Q^{1/2}`` (any factor ``S^T S = Q`` gives the same law), plus ``M theta`` on the
+relevant token 0, ``z`` (L, H) and ``u`` (G,) standard normals, ``theta = a_k + Sigma^{1/2} u`` (the prior's atoms
+summed exactly with their probabilities, its Gaussian part drawn). Every ``y_i`` has the law of the others and mean
+``G``: the estimate is unbiased for any ``L``, ``H``, layer (per-head or joint) and head weights, and its standard error
+``sd(y) / sqrt(n)`` (the sample standard deviation of the ``y_i``, entry by entry) is estimated from the same draws.
+Nothing is fitted to the draws (no whitening, no control variate), so nothing biases it: the Sobol rule with whitened
+nodes did, by more than its scramblings' spread (:mod:`~singleloc.expectations._fields`, tests/test_gram_terms.py).
 
 Memory and time. The draws are made inside the compiled program from a fixed key, ``batch`` pairs at a time
-(``jax.random.fold_in(key, i)`` for batch ``i``) in a ``lax.scan`` that keeps the batches' means and sums
-of squares: memory ``batch x L x H`` numbers (:func:`~singleloc.expectations._sobol_geometry.node_batch`,
-about :data:`~singleloc.expectations._sobol_geometry.BATCH_NUMBERS` whatever ``L``), time ``n x L x H``. The
-key is fixed, so the same draws serve every state: the term is a deterministic, continuous function of
-``(M, Q, b)``, as the ODE's step-size controller needs, and a solve is reproducible from the seed.
+(``jax.random.fold_in(key, i)`` for batch ``i``) in a ``lax.scan`` that keeps the batches' means and sums of squares:
+memory ``batch x L x H`` numbers (:func:`~singleloc.expectations._sobol_geometry.node_batch`, about
+:data:`~singleloc.expectations._sobol_geometry.BATCH_NUMBERS` whatever ``L``), time ``n x L x H``. The key is fixed, so
+the same draws serve every state: the term is a deterministic, continuous function of ``(M, Q, b)``, as the ODE's
+step-size controller needs, and a solve is reproducible from the seed.
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
 """Every local device: a batch, or one solve's quadrature nodes, split over ``jax.devices()``.
 
-The theory's solves and the simulator are batches of independent trajectories along a leading
-axis (initial conditions, seeds, sweep points). With more than one local device (GPUs, or CPU
-devices from ``XLA_FLAGS=--xla_force_host_platform_device_count=N``), :func:`shard_batch`
-places the arguments on a one-dimensional :class:`~jax.sharding.Mesh` of all of them (axis
-``"devices"``) with :class:`~jax.sharding.NamedSharding`, and the jitted programs run each
-device's share there (XLA's SPMD partitioner follows the arguments' shardings). What is split:
+The theory's solves and the simulator are batches of independent trajectories along a leading axis (initial conditions,
+seeds, sweep points). With more than one local device (GPUs, or CPU devices from
+``XLA_FLAGS=--xla_force_host_platform_device_count=N``), :func:`shard_batch` places the arguments on a one-dimensional
+:class:`~jax.sharding.Mesh` of all of them (axis ``"devices"``) with :class:`~jax.sharding.NamedSharding`, and the
+jitted programs run each device's share there (XLA's SPMD partitioner follows the arguments' shardings). What is split:
 
 * **The batch**, when it has at least as many members as there are devices (or when there is
   no quadrature rule to split, the simulator): its leading axis is split (padded with copies of its last member,
@@ -19,9 +18,9 @@ device's share there (XLA's SPMD partitioner follows the arguments' shardings). 
   everything else, the batch included, is on every device. The sum over the blocks becomes an all-reduce of
   the few moments (``O(H^2 + H F)`` numbers per drift evaluation) inserted by the partitioner.
 
-No two-dimensional mesh (batch x nodes): the batches met here are either large (each trajectory on one device
-needs no communication and keeps its own adaptive steps) or a single large solve. On one device nothing is
-moved, split or padded: the programs and their numbers are those of an unsharded run.
+No two-dimensional mesh (batch x nodes): the batches met here are either large (each trajectory on one device needs no
+communication and keeps its own adaptive steps) or a single large solve. On one device nothing is moved, split or
+padded: the programs and their numbers are those of an unsharded run.
 """
 
 from __future__ import annotations

@@ -1,22 +1,20 @@
 """The Sobol route: every field average on one scrambled Sobol rule (``theory.route = "rule"``).
 
-The rule (:class:`~singleloc.LocalFields`) draws the head fields ``g_l = w_l S`` from base
-normals ``w_l`` and a factor ``S`` of ``Q`` (plus ``M theta`` on token 0), and never the spike
-fields ``nu``: given ``theta``, ``(g_l, nu_l)`` is Gaussian with ``Cov(g_l, nu_l) = M``, so
-``E[nu_l | g_l] = M^T Q^+ (g_l - E g_l)`` (plus ``theta`` on token 0). With
+The rule (:class:`~singleloc.LocalFields`) draws the head fields ``g_l = w_l S`` from base normals ``w_l`` and a factor
+``S`` of ``Q`` (plus ``M theta`` on token 0), and never the spike fields ``nu``: given ``theta``, ``(g_l, nu_l)`` is
+Gaussian with ``Cov(g_l, nu_l) = M``, so ``E[nu_l | g_l] = M^T Q^+ (g_l - E g_l)`` (plus ``theta`` on token 0). With
 
     P = E[c_0 theta^T]  (H, F),        W = E[sum_l c_l w_l^T]  (H, H),        T = S Q^+,
 
 this gives ``E[sum_l c_l nu_l^T] = P + W T M`` and ``E[sum_l c_l g_l^T] = P M^T + W S``
-(:meth:`SobolExpectation.gradient_moments`). Only first derivatives of the loss enter (pathwise
-estimators, of lower variance than the Hessian form of Stein's lemma, which we measured at up to
-5x the error for large ``Q``). The pseudo-inverse is safe when ``Q`` is singular:
-``|(Q^+)^{1/2} M| <= 1`` because ``Q - M M^T`` is PSD, and a direction in which ``Q`` vanishes
-carries no field. Nothing here depends on the activation: any activation gets its drift from
+(:meth:`SobolExpectation.gradient_moments`). Only first derivatives of the loss enter (pathwise estimators, of lower
+variance than the Hessian form of Stein's lemma, which we measured at up to 5x the error for large ``Q``). The
+pseudo-inverse is safe when ``Q`` is singular: ``|(Q^+)^{1/2} M| <= 1`` because ``Q - M M^T`` is PSD, and a direction in
+which ``Q`` vanishes carries no field. Nothing here depends on the activation: any activation gets its drift from
 autodiff of the loss. The rule's error is the spread of independent scramblings (:mod:`~singleloc.theory._ode`).
 
-:class:`SobolGram` is the ``lr^2`` term on such a rule alone: the exact route's term where no
-exact form is taken (:class:`~singleloc.LaplaceExpectation`), on the rank-aware layout, unwhitened (unbiased:
+:class:`SobolGram` is the ``lr^2`` term on such a rule alone: the exact route's term where no exact form is taken
+(:class:`~singleloc.LaplaceExpectation`), on the rank-aware layout, unwhitened (unbiased:
 :mod:`~singleloc.expectations._fields`).
 """
 
@@ -154,11 +152,10 @@ class SobolExpectation(AbstractExpectation):
         return self.risk_and_moments(M, Q, b, v)[1]
 
     def risk_and_moments(self, M, Q, b, v=None):
-        """On the rule, whose fields are ``g_l = w_l S`` with ``T = S Q^+``
-        (:meth:`~singleloc.LocalFields.factors`): ``E[sum_l c_l nu_l^T] = P + W T M`` and
-        ``E[sum_l c_l g_l^T] = P M^T + W S`` (module docstring); with head weights ``v`` also
-        ``cv = dR/dv``; the risk from the same pass (the loss at the nodes, summed as a contraction: the same
-        value as :meth:`risk` up to the order of the sum)."""
+        """On the rule, whose fields are ``g_l = w_l S`` with ``T = S Q^+`` (:meth:`~singleloc.LocalFields.factors`):
+        ``E[sum_l c_l nu_l^T] = P + W T M`` and ``E[sum_l c_l g_l^T] = P M^T + W S`` (module docstring); with head
+        weights ``v`` also ``cv = dR/dv``; the risk from the same pass (the loss at the nodes, summed as a contraction:
+        the same value as :meth:`risk` up to the order of the sum)."""
         S, T = self.fields.factors(Q)
         m = self.moments(M, Q, b, S, v)
         P, W = m["P"], m["W"]

@@ -383,10 +383,9 @@ def held_run(folder: Path) -> tuple[str, list[str]] | None:
 
 
 def check_other_run(folder: Path, mine: str | None, writer: str, names: Iterable[str], beside: bool) -> None:
-    """Refuse (``ValueError``, one line) to write the files ``names`` of ``writer`` (what is written, in
-    words) into ``folder`` when it holds another run than the one of config hash ``mine`` (``None``: the
-    files are no run's): unless ``beside`` (:data:`BESIDE_FLAG`), and always when one of ``names`` is a
-    file of the other run (never replaced)."""
+    """Refuse (``ValueError``, one line) to write the files ``names`` of ``writer`` (what is written, in words) into
+    ``folder`` when it holds another run than the one of config hash ``mine`` (``None``: the files are no run's): unless
+    ``beside`` (:data:`BESIDE_FLAG`), and always when one of ``names`` is a file of the other run (never replaced)."""
     held = held_run(folder)
     if held is None and (sweep := [n for n in ("sweep.csv", "sweep.nc") if (Path(folder) / n).is_file()]):
         raise ValueError(f"{str(folder)!r} holds a sweep ({', '.join(sweep)}), not {writer}: choose another --out folder")

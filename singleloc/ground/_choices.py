@@ -59,9 +59,8 @@ HORIZON_RANGE = (1e-3, 1e7)
 
 
 def check_horizon(horizon) -> None:
-    """``ValueError`` unless ``horizon`` is ``"auto"``, ``"config"`` or a number in :data:`HORIZON_RANGE`
-    (the library's check, which ``singleloc sweep --horizon`` and ``integrate --horizon`` apply to their
-    parsed value too)."""
+    """``ValueError`` unless ``horizon`` is ``"auto"``, ``"config"`` or a number in :data:`HORIZON_RANGE` (the library's
+    check, which ``singleloc sweep --horizon`` and ``integrate --horizon`` apply to their parsed value too)."""
     if horizon in HORIZON_WORDS:
         return
     if isinstance(horizon, bool) or not isinstance(horizon, (int, float)) or not math.isfinite(horizon) or horizon <= 0:

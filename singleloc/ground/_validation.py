@@ -1,13 +1,12 @@
 """The one family of validators of numbers given by a user: an integer in a range and a finite number, positive or
-non-negative, optionally below a bound, within the range of the type it reaches. Each raises ``ValueError`` naming
-the parameter and suggesting a value that passes (``"problem.L: must be >= 2, got 1; e.g. problem.L = 2"``). NumPy
-only (no JAX: the CLI's parser imports this module).
+non-negative, optionally below a bound, within the range of the type it reaches. Each raises ``ValueError`` naming the
+parameter and suggesting a value that passes (``"problem.L: must be >= 2, got 1; e.g. problem.L = 2"``). NumPy only (no
+JAX: the CLI's parser imports this module).
 
-Ranges of types. A number must be representable where it goes, or NumPy and JAX fail deep inside
-(``"Python int too large to convert to C long"``): an integer is at most :data:`INT64_MAX`
-unless a smaller bound is given (a count that indexes or sizes a JAX array: :data:`INT32_MAX`, JAX's
-integer without its x64 mode); a float that reaches float32 or float64 lies in that type's range,
-or its square does where the computation squares it (:func:`representable`).
+Ranges of types. A number must be representable where it goes, or NumPy and JAX fail deep inside (``"Python int too
+large to convert to C long"``): an integer is at most :data:`INT64_MAX` unless a smaller bound is given (a count that
+indexes or sizes a JAX array: :data:`INT32_MAX`, JAX's integer without its x64 mode); a float that reaches float32 or
+float64 lies in that type's range, or its square does where the computation squares it (:func:`representable`).
 """
 
 from __future__ import annotations

@@ -180,11 +180,10 @@ EXTRA_KINDS = ("theory_seeds", "prune")
 
 @dataclasses.dataclass(frozen=True)
 class Run:
-    """An output folder read back: its ``config``, the ``config_hash`` every file carries and,
-    for each ``<kind>.npz`` present (``kind`` in :data:`RUN_KINDS`), its arrays in ``data[kind]``;
-    the arrays of the further files of :data:`EXTRA_KINDS` present in ``extra[kind]``; as results (:attr:`theory`,
-    :attr:`simulation`, :attr:`pruning`), so that ``plots.plot_compare(run.theory, run.simulation)`` draws a run
-    read back."""
+    """An output folder read back: its ``config``, the ``config_hash`` every file carries and, for each ``<kind>.npz``
+    present (``kind`` in :data:`RUN_KINDS`), its arrays in ``data[kind]``; the arrays of the further files of
+    :data:`EXTRA_KINDS` present in ``extra[kind]``; as results (:attr:`theory`, :attr:`simulation`, :attr:`pruning`), so
+    that ``plots.plot_compare(run.theory, run.simulation)`` draws a run read back."""
 
     directory: Path
     config: Config

@@ -1,33 +1,32 @@
 """Held-out risk of a finite-D layer, exact in law at a cost independent of D.
 
-A layer with keys ``K`` (H, D) and biases ``b`` (H,) is scored on ``n`` fresh sequences of the
-model with spikes ``kstar`` (F, D) (docs/model.md section 1): ``x_l ~ N(0, I_D)`` and
-``x_eps = z + (1/sqrt(D)) sum_f theta_f k*_f``. The simulator's test risk and the pruning of finite-D weights
-(:class:`singleloc.WeightsRisk`) both draw the sequences once (:func:`draw_heldout`) and evaluate the finite-D and the
-limit loss of the layer, or of any subset of its heads, on them (:func:`heldout_losses`).
+A layer with keys ``K`` (H, D) and biases ``b`` (H,) is scored on ``n`` fresh sequences of the model with spikes
+``kstar`` (F, D) (docs/model.md section 1): ``x_l ~ N(0, I_D)`` and ``x_eps = z + (1/sqrt(D)) sum_f theta_f k*_f``. The
+simulator's test risk and the pruning of finite-D weights (:class:`singleloc.WeightsRisk`) both draw the sequences once
+(:func:`draw_heldout`) and evaluate the finite-D and the limit loss of the layer, or of any subset of its heads, on them
+(:func:`heldout_losses`).
 
-The reduction. Let ``U`` (r, D) be an orthonormal basis of the span of the keys and spikes (``r = H + F`` rows,
-from a QR factorisation; if the keys are linearly dependent ``U`` spans more than needed, which changes nothing
-below). A token splits as ``x_l = U^T y_l + x_perp_l`` with ``y_l ~ N(0, I_r)`` (plus ``U k*^T theta / sqrt(D)`` on
-``y_eps``) and ``x_perp_l`` a standard Gaussian in the ``(D - r)``-dimensional complement, independent of ``y``.
-The scores ``s_hl = <k_h, x_l>/sqrt(D) + b_h = (K U^T / sqrt(D))_h . y_l + b_h`` need ``y`` only, and so do the
-weights ``a`` and ``w = e_eps - a``. The finite-D loss is
+The reduction. Let ``U`` (r, D) be an orthonormal basis of the span of the keys and spikes (``r = H + F`` rows, from a
+QR factorisation; if the keys are linearly dependent ``U`` spans more than needed, which changes nothing below). A token
+splits as ``x_l = U^T y_l + x_perp_l`` with ``y_l ~ N(0, I_r)`` (plus ``U k*^T theta / sqrt(D)`` on ``y_eps``) and
+``x_perp_l`` a standard Gaussian in the ``(D - r)``-dimensional complement, independent of ``y``. The scores ``s_hl =
+<k_h, x_l>/sqrt(D) + b_h = (K U^T / sqrt(D))_h . y_l + b_h`` need ``y`` only, and so do the weights ``a`` and ``w =
+e_eps - a``. The finite-D loss is
 
     |x_eps - sum_l a_l x_l|^2 / D = w^T Gram w / D,     Gram = y y^T + W,
 
-where ``W = (<x_perp_l, x_perp_l'>)`` is Wishart ``(L, D - r)`` and independent of ``w``. By
-rotation invariance ``w^T W w`` has the law of ``|w|^2 chi2(D - r)`` given ``w``, so
+where ``W = (<x_perp_l, x_perp_l'>)`` is Wishart ``(L, D - r)`` and independent of ``w``. By rotation invariance ``w^T W
+w`` has the law of ``|w|^2 chi2(D - r)`` given ``w``, so
 
     finite loss = (|sum_l w_l y_l|^2 + |w|^2 chi2) / D,      limit loss = |w|^2,
 
-with one chi-square per sequence instead of the ``L x D`` token entries: the same law as
-building the D-dimensional tokens (``tests/test_simulation.py`` checks it against brute force).
+with one chi-square per sequence instead of the ``L x D`` token entries: the same law as building the D-dimensional
+tokens (``tests/test_simulation.py`` checks it against brute force).
 
-Subsets of heads. The sub-layer of heads ``S`` (docs/model.md section 7) is scored on the same draw:
-``U`` spans every key (common random numbers across subsets). A head mask on the full scores cannot
-express it for every activation (bsoftmax normalises jointly with the factor ``H'``; a registered
-activation may couple heads), so :func:`heldout_losses` takes the kept heads as an index array, and a
-jitted caller compiles once per subset size ``H'``.
+Subsets of heads. The sub-layer of heads ``S`` (docs/model.md section 7) is scored on the same draw: ``U`` spans every
+key (common random numbers across subsets). A head mask on the full scores cannot express it for every activation
+(bsoftmax normalises jointly with the factor ``H'``; a registered activation may couple heads), so
+:func:`heldout_losses` takes the kept heads as an index array, and a jitted caller compiles once per subset size ``H'``.
 """
 
 from __future__ import annotations

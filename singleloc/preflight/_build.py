@@ -87,11 +87,10 @@ class Setup:
 
 
 def build(config: Config, *, theory: bool = True) -> Setup:
-    """The objects of ``config`` (module docstring): its prior, SGD rule and route, each built once
-    (``theory=False``, a simulation alone: no route, so that a theory key decides nothing there).
-    ``ValueError`` naming the key of a specification that cannot be built (an unknown activation, a
-    route that does not exist for this layer, a bias decay without trained biases, a Gram key the route
-    has no use for: :func:`check_gram`)."""
+    """The objects of ``config`` (module docstring): its prior, SGD rule and route, each built once (``theory=False``, a
+    simulation alone: no route, so that a theory key decides nothing there). ``ValueError`` naming the key of a
+    specification that cannot be built (an unknown activation, a route that does not exist for this layer, a bias decay
+    without trained biases, a Gram key the route has no use for: :func:`check_gram`)."""
     route = None
     if theory:  # the route decided
         route = choose_route(config.problem, config.model, config.theory)

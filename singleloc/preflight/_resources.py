@@ -119,10 +119,9 @@ def check_float32(setup: Setup) -> None:
 
 def check_quadrature(L: int, heads: int, prior: Prior, points: int, heads_key: str = "model.heads",
                      principal: bool = False, exact_hint: bool = False) -> None:
-    """The rule over ``L * heads`` fields (on the rank-aware layout, ``principal``: ``2 L heads``
-    coordinates) can be built with ``points`` Sobol points; ``ValueError`` naming the keys otherwise
-    (``heads_key`` names what plays the heads). ``points = "auto"`` is resolved by ``integrate`` only:
-    here it is an error."""
+    """The rule over ``L * heads`` fields (on the rank-aware layout, ``principal``: ``2 L heads`` coordinates) can be
+    built with ``points`` Sobol points; ``ValueError`` naming the keys otherwise (``heads_key`` names what plays the
+    heads). ``points = "auto"`` is resolved by ``integrate`` only: here it is an error."""
     if not isinstance(points, int):
         raise ValueError(f"theory.points = {points!r}: this computation needs a number of points ('auto' is chosen "
                          "by integrate from the drift at the start); give a power of two, e.g. theory.points = 4096")
@@ -236,12 +235,11 @@ def auto_points(L: int, H: int, prior: Prior, points: int | str = "auto") -> int
 
 
 def check_run(setup: Setup, *, simulation: bool = False, theory_starts: int = 0) -> None:
-    """Everything above, before a command computes: the dimension and memory of a simulation
-    of every seed, and of the theory for ``theory_starts`` ODE starts (0: no theory) on the run's chosen
-    route (``setup``: :func:`~singleloc.preflight._build.build`). With
-    ``theory.points = "auto"`` the theory is checked at the first points it tries (:func:`auto_points`;
-    it may take more). A run that does not fit is refused with a value of one of its keys that fits
-    (:func:`_fitting_value`)."""
+    """Everything above, before a command computes: the dimension and memory of a simulation of every seed, and of the
+    theory for ``theory_starts`` ODE starts (0: no theory) on the run's chosen route (``setup``:
+    :func:`~singleloc.preflight._build.build`). With ``theory.points = "auto"`` the theory is checked at the first
+    points it tries (:func:`auto_points`; it may take more). A run that does not fit is refused with a value of one of
+    its keys that fits (:func:`_fitting_value`)."""
     pb, H, route = setup.problem, setup.heads, setup.route
     if simulation:
         check_dimension(H, pb.F, setup.simulation.D, "simulation")
@@ -287,10 +285,9 @@ def _memory_parts(setup: Setup, simulation: bool, theory_starts: int) -> dict[st
 
 
 def _fitting_value(setup: Setup, simulation: bool, theory_starts: int, limit: float) -> str:
-    """``"e.g. KEY = VALUE"``: the largest value, halving from the current one, of the first key (the
-    simulation's seeds and test samples, the rules' points, the saved times, then the heads and the
-    tokens, whose runs decide their own route: :meth:`Setup.replace`) at which the run fits in ``limit`` bytes;
-    ``""`` when none does."""
+    """``"e.g. KEY = VALUE"``: the largest value, halving from the current one, of the first key (the simulation's seeds
+    and test samples, the rules' points, the saved times, then the heads and the tokens, whose runs decide their own
+    route: :meth:`Setup.replace`) at which the run fits in ``limit`` bytes; ``""`` when none does."""
     th, pb, H, prior = setup.theory, setup.problem, setup.heads, setup.prior
     keys = [("simulation", "seeds", setup.simulation.seeds, 1)] if simulation else []
     keys += [("simulation", "test_samples", setup.simulation.test_samples, 1)] if simulation else []

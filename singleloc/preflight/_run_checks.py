@@ -1,9 +1,8 @@
-"""Warnings about a run that completes but did not go as its config says (a surprise, not an error): saved
-times closer than one SGD step, which fall on the same step (:func:`warn_if_times_dropped`: the simulator saves
-at the steps ``round(tau D / sgd.batch)``), and a risk that rose during training, as online SGD at too large a
-learning rate makes it (:func:`warn_if_risk_rose`: :func:`~singleloc.simulate` and :func:`~singleloc.integrate`
-call it on their results). Both warn with ``UserWarning``; the command line prints each as one line
-``singleloc COMMAND: warning: ...``.
+"""Warnings about a run that completes but did not go as its config says (a surprise, not an error): saved times closer
+than one SGD step, which fall on the same step (:func:`warn_if_times_dropped`: the simulator saves at the steps
+``round(tau D / sgd.batch)``), and a risk that rose during training, as online SGD at too large a learning rate makes it
+(:func:`warn_if_risk_rose`: :func:`~singleloc.simulate` and :func:`~singleloc.integrate` call it on their results). Both
+warn with ``UserWarning``; the command line prints each as one line ``singleloc COMMAND: warning: ...``.
 """
 
 from __future__ import annotations
@@ -27,15 +26,14 @@ def warn_if_times_dropped(n_save: int, D: int, kept: int, *, stacklevel: int = 2
 
 
 def warn_if_risk_rose(setup: Setup, *, simulation=None, theory=None, stacklevel: int = 2) -> None:
-    """Warn when the mean final risk of a simulation or a theory run exceeds the mean initial risk
-    by more than three times its error.
+    """Warn when the mean final risk of a simulation or a theory run exceeds the mean initial risk by more than three
+    times its error.
 
-    The error is the standard error over the seeds (the starts) of the rise, or a floor if larger.
-    The simulation's floor is the test-set noise: the limit loss of one sequence lies in [0, 2]
-    (weights non-negative, summing to at most one), so its standard deviation is at most 1 and a
-    rise compares two independent test sets of ``simulation.test_samples`` sequences per seed:
-    ``sqrt(2 / (test_samples * seeds))``. The theory's floor is the solver's tolerance on the
-    initial risk, ``theory.rtol * R0 + theory.atol``. The warning names ``sgd.lr``.
+    The error is the standard error over the seeds (the starts) of the rise, or a floor if larger. The simulation's
+    floor is the test-set noise: the limit loss of one sequence lies in [0, 2] (weights non-negative, summing to at most
+    one), so its standard deviation is at most 1 and a rise compares two independent test sets of
+    ``simulation.test_samples`` sequences per seed: ``sqrt(2 / (test_samples * seeds))``. The theory's floor is the
+    solver's tolerance on the initial risk, ``theory.rtol * R0 + theory.atol``. The warning names ``sgd.lr``.
 
     Args:
         setup: the run's :class:`~singleloc.Setup` (its ``sgd``, ``simulation`` and ``theory``).

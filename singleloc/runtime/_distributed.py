@@ -59,9 +59,8 @@ LOCAL_CONFIG = {"distributed.worker.profile.enabled": False, "distributed.worker
 
 @dataclasses.dataclass
 class PointsReport:
-    """What :func:`run_points` did: the keys handed to ``on_result`` (in completion order), the
-    exception of every task that raised (by key), the wall time and where the tasks ran
-    (``"serial"``, ``"local"`` or the scheduler address)."""
+    """What :func:`run_points` did: the keys handed to ``on_result`` (in completion order), the exception of every task
+    that raised (by key), the wall time and where the tasks ran (``"serial"``, ``"local"`` or the scheduler address)."""
 
     completed: list[Hashable]
     errors: dict[Hashable, BaseException]

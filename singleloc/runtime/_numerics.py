@@ -99,25 +99,24 @@ def _smoothstep(x, edges):
 
 
 def rank_aware_factor_and_pinv(C: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """``(S, T)``: a factor ``S`` (2H, H) of ``C`` (``S^T S = C``) with ``T = S C^+`` (``T^T T = C^+``),
-    that puts the principal directions which are well defined on rows of their own and the rest of
-    ``C`` on a symmetric root: with ``C = V Lambda V^T`` (largest first),
+    """``(S, T)``: a factor ``S`` (2H, H) of ``C`` (``S^T S = C``) with ``T = S C^+`` (``T^T T = C^+``), that puts the
+    principal directions which are well defined on rows of their own and the rest of ``C`` on a symmetric root: with ``C
+    = V Lambda V^T`` (largest first),
 
         lead = diag(sin phi) Lambda^{1/2} V^T,    sym = V diag(cos phi) Lambda^{1/2} V^T,
         S = [lead_1; sym; lead_2 .. lead_H]     (rows, in the order of the rule's coordinates).
 
     Each eigenvector's sign makes the cube sum of its components ``k_j = sum_h V_hj^3`` positive (odd and
-    permutation-invariant, so a permutation of the heads permutes the chosen vectors; zero where a permutation maps
-    a vector onto its negative, e.g. ``(1, -1)`` at a state that a head swap maps onto itself). The angle
-    ``phi_j = (pi / 2) s_gap s_skew`` runs from 0 to ``pi / 2`` with two smooth steps (:data:`RANK_AWARE_GAP`,
-    :data:`RANK_AWARE_SKEW`): of the distance of ``lambda_j`` to its neighbours relative to ``lambda_j``, and of
-    ``|k_j|``. A direction gets its own coordinates only where it and its sign are determined; where eigenvalues
-    nearly coincide (eigenvectors that turn quickly) or the sign is not fixed, the symmetric block carries it.
-    ``S`` is therefore continuous in ``C`` (the principal factor is not at a near-crossing of eigenvalues, where
-    solves on it took many short steps), and where every ``phi_j = pi / 2`` it is the principal factor, whose rows
-    a permutation of the heads permutes with the columns. Heads that are (near) copies make a leading direction of
-    large, well separated variance, which gets the rule's first coordinates (rank-aware). Eigenvalues below
-    ``PINV_RTOL`` times the largest count as zero in ``T``."""
+    permutation-invariant, so a permutation of the heads permutes the chosen vectors; zero where a permutation maps a
+    vector onto its negative, e.g. ``(1, -1)`` at a state that a head swap maps onto itself). The angle ``phi_j = (pi /
+    2) s_gap s_skew`` runs from 0 to ``pi / 2`` with two smooth steps (:data:`RANK_AWARE_GAP`, :data:`RANK_AWARE_SKEW`):
+    of the distance of ``lambda_j`` to its neighbours relative to ``lambda_j``, and of ``|k_j|``. A direction gets its
+    own coordinates only where it and its sign are determined; where eigenvalues nearly coincide (eigenvectors that turn
+    quickly) or the sign is not fixed, the symmetric block carries it. ``S`` is therefore continuous in ``C`` (the
+    principal factor is not at a near-crossing of eigenvalues, where solves on it took many short steps), and where
+    every ``phi_j = pi / 2`` it is the principal factor, whose rows a permutation of the heads permutes with the
+    columns. Heads that are (near) copies make a leading direction of large, well separated variance, which gets the
+    rule's first coordinates (rank-aware). Eigenvalues below ``PINV_RTOL`` times the largest count as zero in ``T``."""
     lam, V = jnp.linalg.eigh((C + C.T) / 2)
     lam, V = jnp.clip(lam[::-1], 0.0, None), V[:, ::-1]
     skew = jnp.sum(V**3, axis=0)

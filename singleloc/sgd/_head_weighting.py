@@ -1,15 +1,14 @@
-"""How the layer mixes its heads, ``a_l = sum_h v_h A_hl`` (``A = act(s)`` (H, L)): one object that the layer,
-the routes, the SGD rule and the ODE's state read (docs/model.md section 11.5).
+"""How the layer mixes its heads, ``a_l = sum_h v_h A_hl`` (``A = act(s)`` (H, L)): one object that the layer, the
+routes, the SGD rule and the ODE's state read (docs/model.md section 11.5).
 
-A head weighting declares, as a diffrax solver declares its term structure, the ODE's ``State`` (``(M, Q, b)``,
-followed by the layer's weights ``v`` when they move, with their start: the simulator steps and the results
-store that same ``v``), the ``v`` the layer uses at a state, the drift of ``v``, the finite-D layer's ``v`` and
-its step, and whether it is the ``head_average`` (the exact route's joint layer, its exact Gram term and the
-computations written for the head-symmetric flow take only that one).
-:class:`UniformHeads` is the head average, ``v_h = 1/H``; :class:`TrainedHeads` learns ``v`` like the biases,
-``v <- v - (lr / D) dl/dv``: it moves by ``O(1/D)`` per step, so ``dv/dtau = -r E[dl/dv]`` (no ``r^2`` term).
-A new weighting is one class here and its entry in :data:`HEAD_WEIGHTINGS`, whose names ``model.head_weights``
-takes; ``tests/test_head_weighting.py`` runs every entry through one contract.
+A head weighting declares, as a diffrax solver declares its term structure, the ODE's ``State`` (``(M, Q, b)``, followed
+by the layer's weights ``v`` when they move, with their start: the simulator steps and the results store that same
+``v``), the ``v`` the layer uses at a state, the drift of ``v``, the finite-D layer's ``v`` and its step, and whether it
+is the ``head_average`` (the exact route's joint layer, its exact Gram term and the computations written for the
+head-symmetric flow take only that one). :class:`UniformHeads` is the head average, ``v_h = 1/H``; :class:`TrainedHeads`
+learns ``v`` like the biases, ``v <- v - (lr / D) dl/dv``: it moves by ``O(1/D)`` per step, so ``dv/dtau = -r E[dl/dv]``
+(no ``r^2`` term). A new weighting is one class here and its entry in :data:`HEAD_WEIGHTINGS`, whose names
+``model.head_weights`` takes; ``tests/test_head_weighting.py`` runs every entry through one contract.
 """
 
 from __future__ import annotations

@@ -4,37 +4,35 @@ Step ``t`` (time ``tau = t / D``) of plain online SGD draws one fresh sequence a
 
     k_h <- k_h - lr grad_{k_h} l_D,        b_h <- b_h - (lr / D) dl_D/db_h   (when biases train),
 
-:meth:`AbstractSGDRule.step`, the finite-D update the simulator applies. In order parameters (docs/model.md section
-5.2) the step changes ``(M, Q, b)`` by ``U / D`` with, to leading order in ``1/D``,
+:meth:`AbstractSGDRule.step`, the finite-D update the simulator applies. In order parameters (docs/model.md section 5.2)
+the step changes ``(M, Q, b)`` by ``U / D`` with, to leading order in ``1/D``,
 
     U = ( -lr sum_l c_l nu_l^T,   -lr sum_l (c_l g_l^T + g_l c_l^T) + lr^2 sum_l c_l c_l^T,   -lr sum_l c_l )
 
-(``c = dl_inf/ds`` (H, L) the gradient of the limit loss at the scores, ``g`` (L, H) the head
-fields and ``nu`` (L, F) the spike fields of the sequence; the ``lr^2`` term is the Gram matrix
-of the step): :meth:`AbstractSGDRule.update`, one sequence's update. Over ``d tau`` there are
-``D d tau`` independent steps, so the order parameters follow
+(``c = dl_inf/ds`` (H, L) the gradient of the limit loss at the scores, ``g`` (L, H) the head fields and ``nu`` (L, F)
+the spike fields of the sequence; the ``lr^2`` term is the Gram matrix of the step): :meth:`AbstractSGDRule.update`, one
+sequence's update. Over ``d tau`` there are ``D d tau`` independent steps, so the order parameters follow
 
     drift = E[U]            (:meth:`AbstractSGDRule.drift`, the ODE's vector field),
     Sigma = Cov(U)          (:meth:`AbstractSGDRule.update_covariance`, the SDE's),
 
-``Sigma`` being the per-step update covariance times ``D^2`` (the diffusion per unit time is ``Sigma / D``). ``U``
-is linear in the products ``c nu^T``, ``c g^T``, ``c``, ``c c^T``, so the drift is the same map applied to their
-field averages, :class:`GradientMoments`, which the ODE computes on either route (the Sobol rule, or the exact
-risk's gradient plus the rule's Gram term: :meth:`~singleloc.OrderParameterODE.gradient_moments`).
+``Sigma`` being the per-step update covariance times ``D^2`` (the diffusion per unit time is ``Sigma / D``). ``U`` is
+linear in the products ``c nu^T``, ``c g^T``, ``c``, ``c c^T``, so the drift is the same map applied to their field
+averages, :class:`GradientMoments`, which the ODE computes on either route (the Sobol rule, or the exact risk's gradient
+plus the rule's Gram term: :meth:`~singleloc.OrderParameterODE.gradient_moments`).
 
-The interface. :class:`AbstractSGDRule` is the seam (``init_state``/``step`` are optax's ``init``/``update``);
-every view takes the time ``tau``, so that the ODE, the SDE and the simulator see the same rate at the same
-time. Two rules implement it: :class:`OnlineSGD` and its noiseless limit :class:`GradientFlow`
-(docs/model.md section 11.4: no ``lr^2`` term, no covariance, no finite-D step). What trains is the rule's:
-the keys always, the biases with ``train_bias``, and the head weights ``v`` of ``a_l = sum_h v_h A_hl`` as
-its ``weighting`` says (:mod:`~singleloc.sgd._head_weighting`, ``U`` then gaining the block ``-r dl/dv``),
-which declares the ODE's state (:attr:`AbstractSGDRule.State`).
+The interface. :class:`AbstractSGDRule` is the seam (``init_state``/``step`` are optax's ``init``/``update``); every
+view takes the time ``tau``, so that the ODE, the SDE and the simulator see the same rate at the same time. Two rules
+implement it: :class:`OnlineSGD` and its noiseless limit :class:`GradientFlow` (docs/model.md section 11.4: no ``lr^2``
+term, no covariance, no finite-D step). What trains is the rule's: the keys always, the biases with ``train_bias``, and
+the head weights ``v`` of ``a_l = sum_h v_h A_hl`` as its ``weighting`` says (:mod:`~singleloc.sgd._head_weighting`,
+``U`` then gaining the block ``-r dl/dv``), which declares the ODE's state (:attr:`AbstractSGDRule.State`).
 
 Variants. A rule holds a chain of :class:`AbstractVariant` pieces (:mod:`~singleloc.sgd._sgd_variants`), applied in
-order to the gradient as optax's ``chain`` applies its transformations; a piece is identity in every hook except
-those it overrides. A term a piece adds to the gradient is carried by the pieces after it, so it moves the state at
-the rate of its place in the chain (:meth:`AbstractSGDRule.rates`): weight decay before momentum is the coupled
-decay whose ODE runs at the momentum's effective rate, after it the decoupled one.
+order to the gradient as optax's ``chain`` applies its transformations; a piece is identity in every hook except those
+it overrides. A term a piece adds to the gradient is carried by the pieces after it, so it moves the state at the rate
+of its place in the chain (:meth:`AbstractSGDRule.rates`): weight decay before momentum is the coupled decay whose ODE
+runs at the momentum's effective rate, after it the decoupled one.
 
 The simulator, the ODE and the SDE call the rule and nothing else, so their cross-checks test every variant.
 """
@@ -92,9 +90,8 @@ class LayerParameters(NamedTuple):
 
 
 class AbstractVariant(eqx.Module):
-    """A piece of an SGD rule's chain (module docstring; the pieces are in
-    :mod:`~singleloc.sgd._sgd_variants`). Every hook is the identity here; a piece overrides those it
-    changes, and declares its finite-D state in :meth:`init`."""
+    """A piece of an SGD rule's chain (module docstring; the pieces are in :mod:`~singleloc.sgd._sgd_variants`). Every
+    hook is the identity here; a piece overrides those it changes, and declares its finite-D state in :meth:`init`."""
 
     __post_init__ = check_fields  # its fields' types, before each piece's __check_init__ checks their ranges
 

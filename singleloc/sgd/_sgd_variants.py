@@ -3,10 +3,10 @@
 A rule (:class:`~singleloc.OnlineSGD`, :class:`~singleloc.GradientFlow`) applies its pieces to the loss gradient in
 order, as optax's ``chain`` does, and each piece enters only the views it changes
 (:class:`~singleloc.sgd._sgd_rule.AbstractVariant`): the step size, the sequences per step, the rate of what passes
-through it, its finite-D state and direction, its deterministic terms of ``U``. Writing a variant is writing one
-such piece; a stateful one declares its state in ``init`` and threads it in ``direction``, and the simulator
-carries it without knowing it. :func:`~singleloc.sgd_rule` (:mod:`~singleloc.preflight._build`) builds the chain of
-a config in the order ``LearningRateSchedule, MiniBatch, WeightDecay, Momentum``.
+through it, its finite-D state and direction, its deterministic terms of ``U``. Writing a variant is writing one such
+piece; a stateful one declares its state in ``init`` and threads it in ``direction``, and the simulator carries it
+without knowing it. :func:`~singleloc.sgd_rule` (:mod:`~singleloc.preflight._build`) builds the chain of a config in the
+order ``LearningRateSchedule, MiniBatch, WeightDecay, Momentum``.
 
 * :class:`MiniBatch` ``B``: a step follows the mean gradient of ``B`` fresh sequences, and time
   counts sequences, ``tau = t B / D``. To leading order in ``1/D`` the gradients of different
@@ -21,22 +21,20 @@ a config in the order ``LearningRateSchedule, MiniBatch, WeightDecay, Momentum``
   the step along ``u``; its online limit is plain SGD at the rate ``r / (1 - beta)`` (below,
   section 11.6).
 
-Momentum's online limit. With ``u(0) = 0`` the keys after ``T`` steps are
-``k_T = k_0 - lr sum_s g_s (1 - beta^(T - s)) / (1 - beta)``: each gradient ``g_s`` moves the keys by its geometric
-echo, ``-lr g_s / (1 - beta)`` in total, spread over ``O(1 / (1 - beta))`` steps, which at fixed ``beta`` is
-``O(1)`` steps while ``tau`` advances by ``1/D`` per step. The terms of ``U`` linear in the gradient are then plain
-SGD's at ``lr / (1 - beta)``: the echo lands within ``O(1 / ((1 - beta) D))`` of ``tau`` of the state the gradient
-was taken at (an ``O(1/D)`` correction). The Gram term: per step ``D dQ = -lr (k u^T + u k^T) + lr^2 u u^T`` with
-``u = sum_s beta^(t - s) g_s``; the terms quadratic in one sequence's gradient, summed over the steps ``t >= s``
-its echo lasts, are ``lr^2 g_s g_s^T / (1 - beta^2)`` from ``u u^T`` and
-``2 lr^2 g_s g_s^T beta / ((1 - beta)(1 - beta^2))`` from ``k_t`` (which holds
-``-lr g_s (1 - beta^(t - s)) / (1 - beta)`` of the echo) against ``u``; their sum is
-``lr^2 g_s g_s^T / (1 - beta)^2``, the Gram term of one step at ``lr / (1 - beta)``. Products of two different
-sequences' gradients have mean ``O(1/D)`` and zero-mean fluctuations ``O(D^{-1/2})`` (section 11.1), and an echo
-overlaps ``O(1 / (1 - beta))`` others, so they vanish as ``D -> oo``. Each sequence's total update is therefore
-that of plain SGD at ``lr / (1 - beta)``, independent of the others: the ODE and the SDE are plain SGD's at the
-effective rate ``r / (1 - beta)`` (:meth:`Momentum.rate`), the decay terms (which enter the velocity with the
-gradient) included. It needs ``(1 - beta) D >> 1``.
+Momentum's online limit. With ``u(0) = 0`` the keys after ``T`` steps are ``k_T = k_0 - lr sum_s g_s (1 - beta^(T - s))
+/ (1 - beta)``: each gradient ``g_s`` moves the keys by its geometric echo, ``-lr g_s / (1 - beta)`` in total, spread
+over ``O(1 / (1 - beta))`` steps, which at fixed ``beta`` is ``O(1)`` steps while ``tau`` advances by ``1/D`` per step.
+The terms of ``U`` linear in the gradient are then plain SGD's at ``lr / (1 - beta)``: the echo lands within ``O(1 / ((1
+- beta) D))`` of ``tau`` of the state the gradient was taken at (an ``O(1/D)`` correction). The Gram term: per step ``D
+dQ = -lr (k u^T + u k^T) + lr^2 u u^T`` with ``u = sum_s beta^(t - s) g_s``; the terms quadratic in one sequence's
+gradient, summed over the steps ``t >= s`` its echo lasts, are ``lr^2 g_s g_s^T / (1 - beta^2)`` from ``u u^T`` and ``2
+lr^2 g_s g_s^T beta / ((1 - beta)(1 - beta^2))`` from ``k_t`` (which holds ``-lr g_s (1 - beta^(t - s)) / (1 - beta)``
+of the echo) against ``u``; their sum is ``lr^2 g_s g_s^T / (1 - beta)^2``, the Gram term of one step at ``lr / (1 -
+beta)``. Products of two different sequences' gradients have mean ``O(1/D)`` and zero-mean fluctuations ``O(D^{-1/2})``
+(section 11.1), and an echo overlaps ``O(1 / (1 - beta))`` others, so they vanish as ``D -> oo``. Each sequence's total
+update is therefore that of plain SGD at ``lr / (1 - beta)``, independent of the others: the ODE and the SDE are plain
+SGD's at the effective rate ``r / (1 - beta)`` (:meth:`Momentum.rate`), the decay terms (which enter the velocity with
+the gradient) included. It needs ``(1 - beta) D >> 1``.
 """
 
 from __future__ import annotations
@@ -135,11 +133,10 @@ class WeightDecay(AbstractVariant):
 
 
 class Momentum(AbstractVariant):
-    """Heavy-ball momentum ``beta`` in ``[0, 1)`` (``sgd.momentum``, the ``mu`` of docs/model.md
-    section 11.6): a velocity ``u`` per parameter (its state, zero at the start), ``u <- beta u + d``
-    with ``d`` the direction of the pieces before (the gradient, and the decay when it comes first),
-    and the step along ``u`` (so ``k <- k - lr u``, ``b <- b - (lr / D) u_b``). Its online limit is
-    plain SGD at ``r / (1 - beta)`` (module docstring)."""
+    """Heavy-ball momentum ``beta`` in ``[0, 1)`` (``sgd.momentum``, the ``mu`` of docs/model.md section 11.6): a
+    velocity ``u`` per parameter (its state, zero at the start), ``u <- beta u + d`` with ``d`` the direction of the
+    pieces before (the gradient, and the decay when it comes first), and the step along ``u`` (so ``k <- k - lr u``, ``b
+    <- b - (lr / D) u_b``). Its online limit is plain SGD at ``r / (1 - beta)`` (module docstring)."""
 
     beta: float = field(static=True)
 

@@ -1,15 +1,14 @@
 """Finite-D one-pass SGD in the single-location model (docs/model.md section 5).
 
-Step ``t`` draws ``B`` (``sgd.batch``, default 1) fresh sequences and takes the step of the configuration's SGD
-rule (:meth:`~singleloc.OnlineSGD.step`, :func:`~singleloc.sgd_rule`) along the gradient of the mean of
-``|x_eps - yhat|^2 / D`` over them, differentiated by JAX, threading the rule's own state (a velocity with
-momentum). Time counts sequences, ``tau = t B / D``, so a saved time ``tau`` is the step ``round(tau D / B)``. Step
-``t`` draws its sequence from ``fold_in(train, t)`` (``B`` of them from the ``B`` keys of
-``split(fold_in(train, t), B)``). The run advances all seeds at once (``vmap``, the seeds split over the local
-devices by :mod:`~singleloc.expectations._sharding`) inside one jitted ``fori_loop`` per saved interval, and at
-each saved time records the order parameters and two risks on ``test_samples`` fresh sequences: the empirical
-finite-D risk and the limit risk of docs/model.md section 3 on the same sequences, drawn by
-:func:`~singleloc.model._heldout.draw_heldout` from ``fold_in(test, i)`` (exact in law at a cost independent of D).
+Step ``t`` draws ``B`` (``sgd.batch``, default 1) fresh sequences and takes the step of the configuration's SGD rule
+(:meth:`~singleloc.OnlineSGD.step`, :func:`~singleloc.sgd_rule`) along the gradient of the mean of ``|x_eps - yhat|^2 /
+D`` over them, differentiated by JAX, threading the rule's own state (a velocity with momentum). Time counts sequences,
+``tau = t B / D``, so a saved time ``tau`` is the step ``round(tau D / B)``. Step ``t`` draws its sequence from
+``fold_in(train, t)`` (``B`` of them from the ``B`` keys of ``split(fold_in(train, t), B)``). The run advances all seeds
+at once (``vmap``, the seeds split over the local devices by :mod:`~singleloc.expectations._sharding`) inside one jitted
+``fori_loop`` per saved interval, and at each saved time records the order parameters and two risks on ``test_samples``
+fresh sequences: the empirical finite-D risk and the limit risk of docs/model.md section 3 on the same sequences, drawn
+by :func:`~singleloc.model._heldout.draw_heldout` from ``fold_in(test, i)`` (exact in law at a cost independent of D).
 """
 
 from __future__ import annotations

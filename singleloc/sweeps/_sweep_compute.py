@@ -108,8 +108,7 @@ def compute(config: Config, kind: str) -> dict[str, np.ndarray]:
 
 def compute_theories(configs: Sequence[Config]) -> list[dict[str, np.ndarray] | FloatingPointError]:
     """:func:`compute_theory` of several points as one batched solve per shape (in turn on one CPU device)
-    (:func:`~singleloc.theory._ode.integrate_points`): the arrays of each point, or the error its
-    solve stopped with."""
+    (:func:`~singleloc.theory._ode.integrate_points`): the arrays of each point, or the error its solve stopped with."""
     results = integrate_points([(config, initial_conditions(config)) for config in configs])
     return [r if isinstance(r, FloatingPointError) else _theory_arrays(r) for r in results]
 

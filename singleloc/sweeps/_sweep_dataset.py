@@ -1,5 +1,5 @@
-"""A sweep as labelled arrays: ``DIR/sweep.nc``, an :class:`xarray.Dataset` written by ``singleloc sweep``
-beside ``sweep.csv`` and read back by :func:`load_sweep`.
+"""A sweep as labelled arrays: ``DIR/sweep.nc``, an :class:`xarray.Dataset` written by ``singleloc sweep`` beside
+``sweep.csv`` and read back by :func:`load_sweep`.
 
 Dimensions.
 
@@ -23,31 +23,27 @@ Dimensions.
 * ``head``, ``other_head`` (``h``, ``h'`` of ``Q``) and ``direction`` (the spike directions ``f``
   of ``M``).
 
-Variables. The theory's ``M (grid..., seed, step, head, direction)``, ``Q (grid..., seed,
-step, head, other_head)``, ``b (grid..., seed, step, head)`` and ``risk (grid..., seed, step)``
-(the limit risk), as in :class:`~singleloc.TheoryResult`; with ``--simulate`` the simulation's
-``sim_M``, ``sim_Q``, ``sim_b``, ``sim_risk`` (the empirical finite-D risk) and
-``sim_risk_limit`` over ``sim_step``, as in :class:`~singleloc.SimulationResult`. The values are
-those of the cache entries, unchanged. Per point, over the grid dimensions only: every column of
-``sweep.csv`` other than the grid values, each with its ``description`` (:data:`COLUMNS`); ``heads_needed``, a
-summary over the heads, is over the other grid dimensions only (no ``model_heads``).
-Attributes: ``config`` (the base configuration as JSON), ``grids`` (``{key: [values]}`` as JSON)
-and ``singleloc_version``.
+Variables. The theory's ``M (grid..., seed, step, head, direction)``, ``Q (grid..., seed, step, head, other_head)``, ``b
+(grid..., seed, step, head)`` and ``risk (grid..., seed, step)`` (the limit risk), as in
+:class:`~singleloc.TheoryResult`; with ``--simulate`` the simulation's ``sim_M``, ``sim_Q``, ``sim_b``, ``sim_risk``
+(the empirical finite-D risk) and ``sim_risk_limit`` over ``sim_step``, as in :class:`~singleloc.SimulationResult`. The
+values are those of the cache entries, unchanged. Per point, over the grid dimensions only: every column of
+``sweep.csv`` other than the grid values, each with its ``description`` (:data:`COLUMNS`); ``heads_needed``, a summary
+over the heads, is over the other grid dimensions only (no ``model_heads``). Attributes: ``config`` (the base
+configuration as JSON), ``grids`` (``{key: [values]}`` as JSON) and ``singleloc_version``.
 
-Integrity. HDF5 checks neither the data nor the metadata of a file (one flipped bit changes a
-value silently, or makes the library fail or even loop), so the file ends with a trailer of
-:data:`TRAILER_SIZE` bytes after the HDF5 data, ``\nsingleloc-sweep-sha256:<hex>\n``, the
-SHA-256 of everything before it (HDF5 readers ignore bytes past the end of their data).
-:func:`load_sweep` checks it before the file is parsed, and refuses a file without it (another
-netCDF or HDF5 file, or one rewritten by another tool) or whose bytes no longer match it.
+Integrity. HDF5 checks neither the data nor the metadata of a file (one flipped bit changes a value silently, or makes
+the library fail or even loop), so the file ends with a trailer of :data:`TRAILER_SIZE` bytes after the HDF5 data,
+``\nsingleloc-sweep-sha256:<hex>\n``, the SHA-256 of everything before it (HDF5 readers ignore bytes past the end of
+their data). :func:`load_sweep` checks it before the file is parsed, and refuses a file without it (another netCDF or
+HDF5 file, or one rewritten by another tool) or whose bytes no longer match it.
 
-Padding. Points with fewer heads, directions, seeds or saved times than the largest of the
-sweep fill the leading part of each axis and are padded with NaN (``tau`` too); a failed point's
-arrays are NaN throughout and its ``status`` says what failed. Reductions such as
-``.mean("seed")`` skip NaN, so the padding does not enter them.
+Padding. Points with fewer heads, directions, seeds or saved times than the largest of the sweep fill the leading part
+of each axis and are padded with NaN (``tau`` too); a failed point's arrays are NaN throughout and its ``status`` says
+what failed. Reductions such as ``.mean("seed")`` skip NaN, so the padding does not enter them.
 
-NetCDF-4 (``h5netcdf``, floats compressed losslessly) rather than zarr: one self-describing file,
-replaced in one step (:func:`singleloc.ground._atomic_files.atomic_write`) and readable by any netCDF or HDF5 tool.
+NetCDF-4 (``h5netcdf``, floats compressed losslessly) rather than zarr: one self-describing file, replaced in one step
+(:func:`singleloc.ground._atomic_files.atomic_write`) and readable by any netCDF or HDF5 tool.
 """
 
 from __future__ import annotations

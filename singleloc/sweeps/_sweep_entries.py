@@ -1,18 +1,16 @@
-"""The entries of a sweep's on-disk cache (:mod:`singleloc.sweeps._sweep_cache`): their keys, their
-reading and writing.
+"""The entries of a sweep's on-disk cache (:mod:`singleloc.sweeps._sweep_cache`): their keys, their reading and writing.
 
-Cache. Every computed entry is stored as ``CACHE/<kind>-<key>.npz``, ``key`` the SHA-256 (first 24
-hex digits) of the canonical JSON of the (resolved) configuration, the package version,
-:data:`CACHE_VERSION` and the kind, so that a repeated sweep recomputes nothing and a changed value
-recomputes only the points it changes. An entry holds the arrays :data:`ENTRY_KEYS` names (those of
-:class:`~singleloc.EscapePrediction`, :class:`~singleloc.TheoryResult`, :class:`~singleloc.SimulationResult`);
-it is written atomically, and a failed point is not cached.
+Cache. Every computed entry is stored as ``CACHE/<kind>-<key>.npz``, ``key`` the SHA-256 (first 24 hex digits) of the
+canonical JSON of the (resolved) configuration, the package version, :data:`CACHE_VERSION` and the kind, so that a
+repeated sweep recomputes nothing and a changed value recomputes only the points it changes. An entry holds the arrays
+:data:`ENTRY_KEYS` names (those of :class:`~singleloc.EscapePrediction`, :class:`~singleloc.TheoryResult`,
+:class:`~singleloc.SimulationResult`); it is written atomically, and a failed point is not cached.
 
-Proof of what an entry holds. Every entry records its key as its zip comment (as run folders record their config
-hash, :func:`~singleloc.io._run_folders.npz_stamp`), and every read (:func:`_read_entry`) checks it against the key
-of the configuration it is read for. A damaged entry (unreadable, truncated, without one of its arrays) or one
-recorded for another configuration is reported in one warning line, recomputed and replaced: the cache is a memo
-the sweep can always rebuild, so a wrong entry costs a recomputation, never a wrong row.
+Proof of what an entry holds. Every entry records its key as its zip comment (as run folders record their config hash,
+:func:`~singleloc.io._run_folders.npz_stamp`), and every read (:func:`_read_entry`) checks it against the key of the
+configuration it is read for. A damaged entry (unreadable, truncated, without one of its arrays) or one recorded for
+another configuration is reported in one warning line, recomputed and replaced: the cache is a memo the sweep can always
+rebuild, so a wrong entry costs a recomputation, never a wrong row.
 """
 
 from __future__ import annotations

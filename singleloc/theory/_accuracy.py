@@ -1,27 +1,23 @@
 """The rule's own error: estimates from independent scramblings, and the number of points.
 
-Relative drift error. For the drift ``d`` of a rule (all entries of ``dM``, ``dQ``, ``db``)
-and the exact drift ``d*``, the relative error is ``max_i |d_i - d*_i| / max_i |d*_i|``.
+Relative drift error. For the drift ``d`` of a rule (all entries of ``dM``, ``dQ``, ``db``) and the exact drift ``d*``,
+the relative error is ``max_i |d_i - d*_i| / max_i |d*_i|``.
 
-Estimate. ``R >= 2`` independently scrambled rules (seeds ``qmc_seed + r``) give unbiased
-drifts ``d_r`` with independent errors. Each one is compared with the mean of the others:
-``d_r - mean_{r' != r} d_r'`` has the per-entry variance ``R / (R - 1)`` times that of one
-rule's error, so ``sqrt((R - 1) / R) max_i |d_ri - mean_{r' != r} d_r'i|`` is distributed
-like the maximal error of one rule; its mean over ``r``, divided by ``max_i |mean_r d_ri|``,
-estimates one rule's relative error. The mean of ``R`` rules has ``1 / sqrt(R)`` of it.
+Estimate. ``R >= 2`` independently scrambled rules (seeds ``qmc_seed + r``) give unbiased drifts ``d_r`` with
+independent errors. Each one is compared with the mean of the others: ``d_r - mean_{r' != r} d_r'`` has the per-entry
+variance ``R / (R - 1)`` times that of one rule's error, so ``sqrt((R - 1) / R) max_i |d_ri - mean_{r' != r} d_r'i|`` is
+distributed like the maximal error of one rule; its mean over ``r``, divided by ``max_i |mean_r d_ri|``, estimates one
+rule's relative error. The mean of ``R`` rules has ``1 / sqrt(R)`` of it.
 
-Automatic points (``theory.points = "auto"``). :func:`choose_points` evaluates the drift at
-the start on ``max(R, 4)`` rules of ``n`` points, and takes the smallest power of two ``n``
-(from 64, or the number of Gaussian coordinates, to ``2**20``; searched by halving or
-doubling from 1024) at which the estimated relative error of the mean of the ``R`` rules
-that drive the solve is at most ``theory.tol / 1.5``: the error of one scrambling scatters
-by about 30 % around the estimate (and the estimate from four scramblings by about as
-much), and the margin keeps the error of the rule actually used below ``theory.tol`` in
-most cases. The error is estimated at the start only:
-later states, with larger overlaps and sharper attention, can need many more points
-(``benchmarks/02_drift_accuracy.py``; ``theory.replicates >= 2`` reports the spread along the
-trajectory). In the work-precision measurements the estimate was within about 30 % of the
-error against a reference of 16 x the points.
+Automatic points (``theory.points = "auto"``). :func:`choose_points` evaluates the drift at the start on ``max(R, 4)``
+rules of ``n`` points, and takes the smallest power of two ``n`` (from 64, or the number of Gaussian coordinates, to
+``2**20``; searched by halving or doubling from 1024) at which the estimated relative error of the mean of the ``R``
+rules that drive the solve is at most ``theory.tol / 1.5``: the error of one scrambling scatters by about 30 % around
+the estimate (and the estimate from four scramblings by about as much), and the margin keeps the error of the rule
+actually used below ``theory.tol`` in most cases. The error is estimated at the start only: later states, with larger
+overlaps and sharper attention, can need many more points (``benchmarks/02_drift_accuracy.py``; ``theory.replicates >=
+2`` reports the spread along the trajectory). In the work-precision measurements the estimate was within about 30 % of
+the error against a reference of 16 x the points.
 """
 
 from __future__ import annotations
@@ -54,9 +50,8 @@ def start_drifts(ode: OrderParameterODE, y0: OrderParameters) -> jax.Array:
 
 @dataclasses.dataclass(frozen=True)
 class PointsChoice:
-    """The outcome of :func:`choose_points`: the ``points`` chosen, its estimated relative
-    drift ``error`` (of the mean of the ``replicates`` rules) and every ``(points, error)``
-    tried."""
+    """The outcome of :func:`choose_points`: the ``points`` chosen, its estimated relative drift ``error`` (of the mean
+    of the ``replicates`` rules) and every ``(points, error)`` tried."""
 
     points: int
     error: float

@@ -1,33 +1,30 @@
 """Finite-D fluctuations of the order parameters: an SDE around the ODE of docs/model.md section 5.
 
-One SGD step changes the order parameters by ``U / D``, with, for one fresh sequence and plain
-online SGD (the SGD rule's :meth:`~singleloc.OnlineSGD.update`, :mod:`~singleloc.sgd._sgd_rule`),
+One SGD step changes the order parameters by ``U / D``, with, for one fresh sequence and plain online SGD (the SGD
+rule's :meth:`~singleloc.OnlineSGD.update`, :mod:`~singleloc.sgd._sgd_rule`),
 
     U = -lr ( sum_l c_l nu_l^T  (H, F),   sum_l (c_l g_l^T + g_l c_l^T) - lr sum_l c_l c_l^T  (H, H),   sum_l c_l  (H) )
 
-(the last term of the ``Q`` block is the Gram matrix of the step, ``lr^2 / D`` times ``sum_l c_l
-c_l^T``; its mean is the ``lr^2`` term of the drift). For the training variants (docs/model.md
-section 11) ``U`` is the rule's update of one sequence at the rate per sequence (``lr(tau) / B``,
-divided by ``1 - beta`` with momentum, whose echo sums to that of one such step) with the decay: a
-step of ``B`` sequences adds ``B`` independent such updates, and ``tau`` counts sequences, so the
-SDE below holds for every batch size and momentum. Over ``d tau`` there are ``D d tau``
-independent steps, so the state ``y = (M, Q, b)`` (flattened as
-:func:`singleloc.theory._theory.flatten_state`) follows, to leading order in ``1/D``,
+(the last term of the ``Q`` block is the Gram matrix of the step, ``lr^2 / D`` times ``sum_l c_l c_l^T``; its mean is
+the ``lr^2`` term of the drift). For the training variants (docs/model.md section 11) ``U`` is the rule's update of one
+sequence at the rate per sequence (``lr(tau) / B``, divided by ``1 - beta`` with momentum, whose echo sums to that of
+one such step) with the decay: a step of ``B`` sequences adds ``B`` independent such updates, and ``tau`` counts
+sequences, so the SDE below holds for every batch size and momentum. Over ``d tau`` there are ``D d tau`` independent
+steps, so the state ``y = (M, Q, b)`` (flattened as :func:`singleloc.theory._theory.flatten_state`) follows, to leading
+order in ``1/D``,
 
     dy = drift(y) d tau + sqrt(Sigma(y) / D) dW,      drift = E[U],   Sigma = Cov(U):
 
 the per-step update covariance of the order parameters divided by D (per unit time).
 
-``Cov(U)`` is an expectation over the local fields like the drift. ``nu_l`` is never drawn:
-given the head fields it is Gaussian with mean ``theta 1[l = 0] + M^T (Q^+)^{1/2} w_l`` and
-covariance ``I - M^T Q^+ M``; the mean enters ``U`` and the covariance adds
-``lr^2 E[sum_l c_l c_l^T] (x) (I - M^T Q^+ M)`` to the ``M`` block
+``Cov(U)`` is an expectation over the local fields like the drift. ``nu_l`` is never drawn: given the head fields it is
+Gaussian with mean ``theta 1[l = 0] + M^T (Q^+)^{1/2} w_l`` and covariance ``I - M^T Q^+ M``; the mean enters ``U`` and
+the covariance adds ``lr^2 E[sum_l c_l c_l^T] (x) (I - M^T Q^+ M)`` to the ``M`` block
 (:meth:`~singleloc.OnlineSGD.update_covariance`).
 
-:func:`integrate_sde` integrates the SDE with diffrax (Euler-Maruyama on a
-``VirtualBrownianTree``), one Brownian path per key, batched with ``vmap``. Drift and
-diffusion come from one evaluation of :func:`update_moments` per step (:class:`_SDETerm`): one
-pass over the rule's nodes, whose mean update is the drift (on the Sobol rule).
+:func:`integrate_sde` integrates the SDE with diffrax (Euler-Maruyama on a ``VirtualBrownianTree``), one Brownian path
+per key, batched with ``vmap``. Drift and diffusion come from one evaluation of :func:`update_moments` per step
+(:class:`_SDETerm`): one pass over the rule's nodes, whose mean update is the drift (on the Sobol rule).
 """
 
 from __future__ import annotations
@@ -54,17 +51,15 @@ from ._trajectory import Trajectory
 
 
 def update_moments(ode: OrderParameterODE, M, Q, b, tau=0.0, fields: LocalFields | None = None):
-    """``(drift, Sigma)`` at ``(M, Q, b)`` and time ``tau``: the drift over :func:`flatten_state`
-    coordinates and ``Sigma = Cov(U)`` (n, n), the per-step update covariance times ``D^2`` (so
-    the diffusion per unit time is ``Sigma / D``), both from the SGD rule's update ``U`` of one
-    sequence (:meth:`~singleloc.OnlineSGD.update`, :meth:`~singleloc.OnlineSGD.update_covariance`)
-    on one pass over the rule's nodes.
+    """``(drift, Sigma)`` at ``(M, Q, b)`` and time ``tau``: the drift over :func:`flatten_state` coordinates and
+    ``Sigma = Cov(U)`` (n, n), the per-step update covariance times ``D^2`` (so the diffusion per unit time is ``Sigma /
+    D``), both from the SGD rule's update ``U`` of one sequence (:meth:`~singleloc.OnlineSGD.update`,
+    :meth:`~singleloc.OnlineSGD.update_covariance`) on one pass over the rule's nodes.
 
-    On the Sobol rule the drift is ``E[U]`` of that same pass (it equals
-    :meth:`~singleloc.OrderParameterODE.drift` up to rounding, about 1e-16 relative: the same
-    average over the same nodes); on the exact route it is the ODE's own drift (the exact
-    risk's gradient, no second pass over these nodes), so that the SDE's mean is the ODE.
-    ``fields``: the Sobol rule of the second moments, by default the route's own
+    On the Sobol rule the drift is ``E[U]`` of that same pass (it equals :meth:`~singleloc.OrderParameterODE.drift` up
+    to rounding, about 1e-16 relative: the same average over the same nodes); on the exact route it is the ODE's own
+    drift (the exact risk's gradient, no second pass over these nodes), so that the SDE's mean is the ODE. ``fields``:
+    the Sobol rule of the second moments, by default the route's own
     (:attr:`~singleloc.expectations._expectation.AbstractExpectation.sde_rule`; the exact route has none:
     :func:`integrate_sde` builds the rule route's, on the coordinates of ``theory.axes``)."""
     F = M.shape[1]
@@ -94,10 +89,9 @@ def update_moments(ode: OrderParameterODE, M, Q, b, tau=0.0, fields: LocalFields
 class _SDETerm(diffrax.AbstractTerm):
     """``dy = drift(y) dtau + sqrt(Sigma(y) / D) dW`` as one diffrax term.
 
-    The vector field is the pair ``(drift, sqrt(Sigma / D))`` from one :func:`update_moments`
-    call, the control the pair ``(dtau, dW)``, and their product ``drift dtau +
-    sqrt(Sigma / D) dW``: a ``MultiTerm`` of an ``ODETerm`` and a ``ControlTerm`` would evaluate
-    the moments once for each. ``b0`` supplies the biases when they do not train.
+    The vector field is the pair ``(drift, sqrt(Sigma / D))`` from one :func:`update_moments` call, the control the pair
+    ``(dtau, dW)``, and their product ``drift dtau + sqrt(Sigma / D) dW``: a ``MultiTerm`` of an ``ODETerm`` and a
+    ``ControlTerm`` would evaluate the moments once for each. ``b0`` supplies the biases when they do not train.
     """
 
     ode: OrderParameterODE
@@ -144,15 +138,14 @@ def _solve_paths(ode: OrderParameterODE, fields: LocalFields, v0, b0, keys, inv_
 
 def integrate_sde(setup: Setup, y0: Starts, keys: Shaped[jax.Array, "S ..."], *, D=None, ts=None,
                   dt: float = 0.05) -> SDEResult:
-    """Integrate the fluctuation SDE from initial states ``y0`` (an ``OrderParameters`` with a
-    leading axis S) with one Brownian path per PRNG key (``keys`` (S, 2)), at dimension ``D``
-    (default ``simulation.D``; a scalar or one value per path), saving at ``ts``
-    (default the ``sgd`` section's grid), for the run ``setup`` (:func:`~singleloc.build`).
+    """Integrate the fluctuation SDE from initial states ``y0`` (an ``OrderParameters`` with a leading axis S) with one
+    Brownian path per PRNG key (``keys`` (S, 2)), at dimension ``D`` (default ``simulation.D``; a scalar or one value
+    per path), saving at ``ts`` (default the ``sgd`` section's grid), for the run ``setup`` (:func:`~singleloc.build`).
 
-    Euler-Maruyama with step ``dt`` on a ``diffrax.VirtualBrownianTree`` (tolerance ``dt/4``).
-    ``Q`` is symmetrised through the flattened coordinates; the state is not projected back
-    onto valid overlaps (at the D used here the noise is far too small to leave them).
-    ``theory.points = "auto"`` is resolved at the starts ``y0`` (:func:`~singleloc.resolve_points`).
+    Euler-Maruyama with step ``dt`` on a ``diffrax.VirtualBrownianTree`` (tolerance ``dt/4``). ``Q`` is symmetrised
+    through the flattened coordinates; the state is not projected back onto valid overlaps (at the D used here the noise
+    is far too small to leave them). ``theory.points = "auto"`` is resolved at the starts ``y0``
+    (:func:`~singleloc.resolve_points`).
     """
     require_uniform_head_weights(setup.model, "integrate_sde")
     setup = resolve_points(setup, y0)

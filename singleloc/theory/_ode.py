@@ -1,33 +1,30 @@
 """Integration of the order-parameter ODE with diffrax.
 
-The state is ``(M, Q, b)``; the vector field is :meth:`OrderParameterODE.drift`. The solver
-is Tsit5 with a PID step-size controller (``theory.rtol``, ``theory.atol``), saving on the
-config's time grid. A terminating event stops the solve when the state stops being a valid
-set of overlaps: a non-finite entry, runaway keys (``max |Q| > 1e6``), or ``R_orth = Q - M M^T``
-leaving the PSD cone; the solve also stops where it grows too stiff to follow (a learning rate far past
-stability: :mod:`~singleloc.theory._step_budget`). :func:`integrate` then raises with the time at which it happened.
+The state is ``(M, Q, b)``; the vector field is :meth:`OrderParameterODE.drift`. The solver is Tsit5 with a PID
+step-size controller (``theory.rtol``, ``theory.atol``), saving on the config's time grid. A terminating event stops the
+solve when the state stops being a valid set of overlaps: a non-finite entry, runaway keys (``max |Q| > 1e6``), or
+``R_orth = Q - M M^T`` leaving the PSD cone; the solve also stops where it grows too stiff to follow (a learning rate
+far past stability: :mod:`~singleloc.theory._step_budget`). :func:`integrate` then raises with the time at which it
+happened.
 
-Replicates and the error of the result. With ``theory.replicates = R``, the rules of ``R``
-independent scramblings (seeds ``qmc_seed + r``) each drive their own trajectory (one
-batched solve, :func:`_batched`). The result is the mean over the replicates of ``M``, ``Q``, ``b`` and of
-the risk; ``risk_se`` is the standard error of that mean (the spread over replicates over
-``sqrt(R)``), so it holds both the quadrature error of the drift, carried along the
-trajectory, and that of evaluating the risk. ``drift_error`` is the estimated relative
-error of the mean drift at the start (:mod:`~singleloc.theory._accuracy`) and at the end. Whatever ``R``, a route
-with a scrambled rule states its error at the first and last saved times from
-:data:`~singleloc.expectations._expectation.SCRAMBLINGS` further scramblings
-(:func:`~singleloc.expectations._expectation.solve_report`): ``R = 1`` is one rule at the cost of one solve, with
-the errors of evaluating the risk and the drift there, not the error the drift carried along the trajectory.
+Replicates and the error of the result. With ``theory.replicates = R``, the rules of ``R`` independent scramblings
+(seeds ``qmc_seed + r``) each drive their own trajectory (one batched solve, :func:`_batched`). The result is the mean
+over the replicates of ``M``, ``Q``, ``b`` and of the risk; ``risk_se`` is the standard error of that mean (the spread
+over replicates over ``sqrt(R)``), so it holds both the quadrature error of the drift, carried along the trajectory, and
+that of evaluating the risk. ``drift_error`` is the estimated relative error of the mean drift at the start
+(:mod:`~singleloc.theory._accuracy`) and at the end. Whatever ``R``, a route with a scrambled rule states its error at
+the first and last saved times from :data:`~singleloc.expectations._expectation.SCRAMBLINGS` further scramblings
+(:func:`~singleloc.expectations._expectation.solve_report`): ``R = 1`` is one rule at the cost of one solve, with the
+errors of evaluating the risk and the drift there, not the error the drift carried along the trajectory.
 
-The risk of a trajectory is never evaluated on the nodes that drove it: a trained state fits
-its own rule's error, and its risk on that rule is biased low (by up to 2e-3 in the Bayes
-work). Trajectory ``r`` is evaluated on a rule of yet another scrambling, seed
-``qmc_seed + R + r`` (:attr:`Theory.evaluation_seed` ``+ r``).
+The risk of a trajectory is never evaluated on the nodes that drove it: a trained state fits its own rule's error, and
+its risk on that rule is biased low (by up to 2e-3 in the Bayes work). Trajectory ``r`` is evaluated on a rule of yet
+another scrambling, seed ``qmc_seed + R + r`` (:attr:`Theory.evaluation_seed` ``+ r``).
 
-Compilation. The solve, the risk along it and the drift at the start are one program per
-shape: the rules, the starts, the saved times, the tolerances and the learning rate are its arguments, so a new
-time grid, start or rate of the same shapes runs without compiling again, and a later process loads it from the
-cache folder (:func:`~singleloc.enable_compilation_cache`); on a CPU it is compiled with XLA's loop emitters
+Compilation. The solve, the risk along it and the drift at the start are one program per shape: the rules, the starts,
+the saved times, the tolerances and the learning rate are its arguments, so a new time grid, start or rate of the same
+shapes runs without compiling again, and a later process loads it from the cache folder
+(:func:`~singleloc.enable_compilation_cache`); on a CPU it is compiled with XLA's loop emitters
 (:data:`~singleloc.runtime._compilation.CPU_OPTIONS`: 0.7x the compile time, the same speed). Diffrax runs with
 ``ForwardMode`` (the solve is never differentiated: no checkpointing, less to trace). :func:`integrate_points` solves
 several points of the same shapes as one program.

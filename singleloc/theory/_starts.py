@@ -40,8 +40,7 @@ def initial_conditions(config: Config | None = None, seeds: int | None = None, *
 
 
 def batched_starts(y0: OrderParameters) -> OrderParameters:
-    """The state ``y0`` (a weighting's ``State``) in the dtype of the solve, with a leading axis (one start:
-    added)."""
+    """The state ``y0`` (a weighting's ``State``) in the dtype of the solve, with a leading axis (one start: added)."""
     y0 = y0._make(jnp.asarray(x, dtype=jnp.result_type(float)) for x in y0)
     return y0._make(x[None] for x in y0) if y0.M.ndim == 2 else y0
 

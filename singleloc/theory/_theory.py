@@ -1,21 +1,20 @@
 """The order-parameter ODE: an SGD rule applied to the field averages of an expectation route.
 
-Write ``f(s) = l_inf(s)`` for the limit loss as a function of the scores ``s`` (H, L) with
-the relevant token at 0, and ``c = df/ds`` (autodiff). docs/model.md's drift is
+Write ``f(s) = l_inf(s)`` for the limit loss as a function of the scores ``s`` (H, L) with the relevant token at 0, and
+``c = df/ds`` (autodiff). docs/model.md's drift is
 
     dM/dtau  = -lr E[sum_l c_l nu_l^T]
     dQ/dtau  = -lr E[sum_l (c_l g_l^T + g_l c_l^T)] + lr^2 E[sum_l c_l c_l^T]
     db/dtau  = -lr E[sum_l c_l]                      (only when biases train).
 
-for plain online SGD. :class:`OrderParameterODE` is two objects: the SGD rule (:class:`~singleloc.OnlineSGD` and
-its variants), which turns field averages of the loss gradient (:class:`~singleloc.GradientMoments`) into the
-drift, and the expectation route (:mod:`~singleloc.expectations._expectation`), which computes those averages and
-the risk; each route's module derives them.
+for plain online SGD. :class:`OrderParameterODE` is two objects: the SGD rule (:class:`~singleloc.OnlineSGD` and its
+variants), which turns field averages of the loss gradient (:class:`~singleloc.GradientMoments`) into the drift, and the
+expectation route (:mod:`~singleloc.expectations._expectation`), which computes those averages and the risk; each
+route's module derives them.
 
-The ``O(lr)`` part is the gradient flow of the population risk ``R(M, Q, b) = E[f]`` through
-the order parameters; ``tests/test_theory.py`` checks it against derivatives of ``R`` alone
-and against plain Monte Carlo over ``(g, nu)``. Nothing here depends on the activation:
-any registered activation gets its ODE from autodiff.
+The ``O(lr)`` part is the gradient flow of the population risk ``R(M, Q, b) = E[f]`` through the order parameters;
+``tests/test_theory.py`` checks it against derivatives of ``R`` alone and against plain Monte Carlo over ``(g, nu)``.
+Nothing here depends on the activation: any registered activation gets its ODE from autodiff.
 """
 
 from __future__ import annotations
@@ -97,14 +96,13 @@ class OrderParameterODE(eqx.Module):
     @checked
     def from_setup(cls, setup: Setup, *, seeds: Sequence[int] | Integer[ArrayLike, " K"] | None = None, points: int | None = None,
                    check: bool = False) -> OrderParameterODE:
-        """The ODE of the objects ``setup`` (:func:`~singleloc.build`): its SGD rule on the
-        expectation of its route (the route class's ``from_setup``, :func:`~singleloc.expectations._routes.route_class`).
+        """The ODE of the objects ``setup`` (:func:`~singleloc.build`): its SGD rule on the expectation of its route
+        (the route class's ``from_setup``, :func:`~singleloc.expectations._routes.route_class`).
 
-        ``seeds``: a stack of rules with these scrambling seeds (leading axis, see
-        :func:`~singleloc.replicate_rules`) instead of the one rule of ``theory.qmc_seed``;
-        ``points``: instead of ``theory.points`` (which must be a number here:
-        :func:`~singleloc.resolve_points` resolves ``"auto"``); ``check``: with what the route's
-        error statement needs (the exact route's finer rule, :meth:`risk_check`).
+        ``seeds``: a stack of rules with these scrambling seeds (leading axis, see :func:`~singleloc.replicate_rules`)
+        instead of the one rule of ``theory.qmc_seed``; ``points``: instead of ``theory.points`` (which must be a number
+        here: :func:`~singleloc.resolve_points` resolves ``"auto"``); ``check``: with what the route's error statement
+        needs (the exact route's finer rule, :meth:`risk_check`).
         """
         require_x64("the order-parameter ODE")
         points = setup.theory.points if points is None else points

@@ -82,10 +82,9 @@ class TheoryResult(Trajectory):
 
 def theory_from_arrays(one: dict[str, np.ndarray] | None, seeds: dict[str, np.ndarray] | None = None) -> TheoryResult:
     """A :class:`TheoryResult` from the arrays of a run folder: ``one``, those of ``theory.npz``
-    (:meth:`TheoryResult.arrays`: one trajectory, its route and stated errors), and ``seeds``,
-    those of ``compare``'s ``theory_seeds.npz`` (every seed's trajectories, with a leading axis),
-    which give the trajectories when present. Fields a file does not hold (an older run) keep
-    their defaults."""
+    (:meth:`TheoryResult.arrays`: one trajectory, its route and stated errors), and ``seeds``, those of ``compare``'s
+    ``theory_seeds.npz`` (every seed's trajectories, with a leading axis), which give the trajectories when present.
+    Fields a file does not hold (an older run) keep their defaults."""
     trajectories = seeds if seeds is not None else {k: (v[None] if k not in ("tau", "replicates") else v)
                                                     for k, v in one.items() if np.ndim(v) > 0}
     statement = {} if one is None else {k: one[k].item() for k in (*STATEMENT_FIELDS, "replicates") if k in one}
