@@ -84,7 +84,8 @@ def simulation_clock(setup: Setup, advance, measure, params, consts, steps, prog
     with Bar(total, "simulate", "step", estimate=guess, live=progress, done="simulated {n} SGD steps", announced=True) as bar:
         yield advance, measure, bar
     timings().record(key, "simulate", f"simulate, {_label(setup)} D={setup.simulation.D}", work,
-                     (clock() - bar.start) / size, compile=compiling.seconds[-1])
+                     (clock() - bar.start) / size, compile=compiling.seconds[-1],
+                     references={"compile": REFERENCE["sim_compile"]})
 
 
 def compare_estimate(setup: Setup) -> Estimate:
