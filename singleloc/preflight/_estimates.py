@@ -46,16 +46,18 @@ from ._resources import _gb, auto_points
 #: on eight problems, one to eight heads; ``exact_gram``, two heads with their exact Gram term, ``L H >= 64``: 20-25 s;
 #: rule: 2.2-2.9 s on six); ``load``: from the persistent cache; ``prepare``: building its rules and starts (exact 0.8-1.6 s,
 #: rule 0.01-0.2 s); ``solve``: drift evaluations (:func:`theory_work`) per adaptive step (Tsit5's six stages), ``saved`` per
-#: saved time (:func:`solve_size`); ``sgd_step``: one SGD step per ``seeds x batch x L x D x (H + F)``, ``measure``: one
-#: saved time's held-out risk per ``seeds x test_samples x L x (H + F)``, ``sim_compile`` its programs; ``risk``: drift
-#: evaluations per sub-layer risk of pruning, ``risk_compile`` its program per head; ``prediction``: an escape prediction's
-#: programs, ``prediction_drifts`` its drift evaluations besides the Jacobians of its 16 rates (the path's 300 and the
-#: Jacobians' ``2 (F + H)`` each, at 2.25 times the rule's cost per unit: :func:`_prediction_model`).
+#: saved time (:func:`solve_size`); ``sgd_step``: one SGD step per ``seeds x batch x L x D x (H + F)`` and ``sgd_overhead``
+#: per step besides (133 and 205 us a step at 14400 and 96000 units), ``measure``: one saved time's held-out risk per
+#: ``seeds x test_samples x L x (H + F)``, ``sim_compile`` its programs (2.8-5.4 s); ``risk``: drift evaluations per
+#: sub-layer risk of pruning, ``risk_compile`` its program per head; ``prediction``: an escape prediction's programs,
+#: ``prediction_drifts`` its drift evaluations besides the Jacobians of its 16 rates (the path's 300 and the Jacobians'
+#: ``2 (F + H)`` each, at 2.25 times the rule's cost per unit: :func:`_prediction_model`).
 REFERENCE = {
     "benchmark": {"run": 3.0e-3, "compile": 0.11},
     "compile": {"exact": 10.0, "exact_gram": 22.0, "rule": 2.6}, "load": {"exact": 0.7, "exact_gram": 1.5, "rule": 0.17},
-    "prepare": {"exact": 1.3, "rule": 0.15}, "solve": 6.0, "saved": 0.35, "sgd_step": 6.2e-9, "measure": 4.0e-8,
-    "sim_compile": 0.7, "risk": 5.0, "risk_compile": {"exact": 3.3, "rule": 1.3}, "prediction": 4.0, "prediction_drifts": 675,
+    "prepare": {"exact": 1.3, "rule": 0.15}, "solve": 6.0, "saved": 0.35, "sgd_step": 8.8e-10, "sgd_overhead": 1.2e-4,
+    "measure": 4.0e-8, "sim_compile": 4.0, "risk": 5.0, "risk_compile": {"exact": 3.3, "rule": 1.3}, "prediction": 4.0,
+    "prediction_drifts": 675,
 }
 VERSION, RATES_KEPT = 5, 3
 
