@@ -111,12 +111,36 @@ def test_the_records_are_kept_per_device_and_shape_family_and_written_by_the_com
 def test_the_calibration_is_measured_once_in_a_process_and_never_written(records, monkeypatch):
     """The kernel reads the share of the processor a process gets now: kept in the process, not in the file."""
     calls = []
-    twice = {"run": 2 * REFERENCE["benchmark"]["run"], "host": REFERENCE["benchmark"]["host"]}
+    twice = {"run": 2 * REFERENCE["benchmark"]["run"], "compile": REFERENCE["benchmark"]["compile"]}
     monkeypatch.setattr(_estimates, "measure_benchmark", lambda: calls.append(1) or twice)
     with _progress.reporting(record=True):
-        assert (_estimates.speed("run"), _estimates.speed("host"), _estimates.speed("run")) == (2.0, 1.0, 2.0)
+        assert (_estimates.speed("run"), _estimates.speed("compile"), _estimates.speed("run")) == (2.0, 1.0, 2.0)
         _estimates.timings().record("a", "kind", "family a", 1.0, 1.0)
     assert len(calls) == 1 and "benchmark" not in records.read_text()
+
+
+def test_the_calibration_compiles_its_kernel_in_every_process_and_never_stores_it():
+    """Its ``compile`` reading is the compiler's speed now: the kernel is not kept in the persistent cache (where a later
+    process would load it in a millisecond and read nothing)."""
+    from pathlib import Path
+
+    import jax
+
+    folder = jax.config.jax_compilation_cache_dir
+    assert folder, "the suite runs with a persistent compilation cache (tests/conftest.py)"
+    stored = set(Path(folder).rglob("*"))
+    readings = [_estimates.measure_benchmark() for _ in range(2)]
+    assert all(r["compile"] > 10 * r["run"] > 0 for r in readings), readings  # compiling a loop takes longer than running it
+    assert set(Path(folder).rglob("*")) == stored
+
+
+def test_a_fixed_cost_is_the_familys_else_its_model_times_the_kinds_measured_over_modelled_else_the_speed(records):
+    t = _estimates.timings()
+    t.record("a", "kind", "family a", 1.0, compile=30.0, references={"compile": 10.0})  # compiled 3x its model
+    t.record("b", "kind", "family b", 1.0, compile=4.0)  # no model recorded: not a ratio
+    assert _estimates.fixed("kind", "a", "compile", 99.0) == (30.0, "")
+    assert _estimates.fixed("kind", "c", "compile", 20.0) == (60.0, "as other families here")  # twice a's program
+    assert _estimates.fixed("other", "d", "compile", 20.0) == (20.0, "from this CPU's speed")  # the reference's
 
 
 def test_a_solves_steps_follow_the_expected_steps_then_grow_as_the_root_of_its_span():
@@ -143,7 +167,7 @@ def test_a_solve_records_its_times_and_the_next_estimate_is_measured(records, mo
     assert first.expect == "compile" and first.why == "first run of this shape family"
     assert first.estimate.basis == "first run of this shape family: from this CPU's speed"
     work = first.work
-    expected = REFERENCE["prepare"] + REFERENCE["compile"]["rule"] + solve_size(work, 2.0, 3)  # the reference's speed
+    expected = REFERENCE["prepare"]["rule"] + REFERENCE["compile"]["rule"] + solve_size(work, 2.0, 3)  # the reference's speed
     assert first.estimate.seconds == pytest.approx(expected)
     monkeypatch.setattr(_progress, "clock", FakeClock(1.0))  # each stage of the phase: one tick
     sl.integrate(config)

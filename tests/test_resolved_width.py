@@ -18,6 +18,7 @@ import singleloc as sl
 from singleloc.expectations._laplace import NODES, RESOLVED_SIGMA, exact_rule
 from singleloc.expectations._laplace_expectation import DRIFT_ERROR_WARN, RISK_ERROR_WARN, LaplaceExpectation
 from singleloc.preflight._build import build
+from singleloc.theory._ode import on_the_rule
 from singleloc.theory._step_budget import UnresolvedFields
 
 #: A start of the tiny problem just inside the widest field the default rule resolves (standard deviation 4.9 of
@@ -41,6 +42,19 @@ def test_fields_outgrowing_the_exact_rule_leave_it_or_refuse():
     with pytest.raises(UnresolvedFields, match=r"stopped near tau = .*wider than its rule resolves.*of 5 at "
                                                r"theory\.nodes = 64.*theory\.route = 'rule'.*raise theory\.nodes"):
         sl.integrate(tiny(LR, "theory.route=exact"), START)
+
+
+@pytest.mark.parametrize("keys", ["theory.gram=exact", "theory.gram_points=1024"])
+def test_leaving_the_exact_route_drops_its_gram_keys(keys):
+    """A run with the exact route's Gram keys set and ``theory.route = "auto"`` goes on on the Sobol rule, as one
+    without them does (the retry kept them and met the rule route's refusal of them, :func:`check_gram`)."""
+    config = tiny(keys)
+    assert build(config).route.route == "exact"
+    with pytest.raises(ValueError, match="applies to the exact route's Gram term"):
+        build(config.replace(theory={"route": "rule"}))
+    setup = build(on_the_rule(config))
+    assert (setup.route.route, setup.theory.gram, setup.theory.gram_points) == ("rule", "auto", "auto")
+    assert on_the_rule(config).replace(theory={"route": "auto"}) == tiny()
 
 
 @pytest.mark.slow

@@ -6,11 +6,13 @@ in *reference seconds*, its time on the 2-core CPU where the models were fitted 
 :func:`~singleloc.runtime._compilation.compile_group`). :func:`estimate` is the model's seconds times the family's rate
 (the median of its latest three), else the rate of the nearest family of its kind here (in the model's work per unit),
 else the device's :func:`speed`: a short calibration against the same on the reference CPU. Fixed costs (compiling,
-loading from the persistent cache, building the rules) are the family's measured seconds, else the median of its kind's
-families here, else the reference's at the host's speed.
+loading from the persistent cache, building the rules) are the family's measured seconds, else the model's times the
+median measured-over-modelled of its kind's families here, else the model's at the compiler's speed now (the calibration's
+kernel compiled).
 
-**The file.** ``timings.json`` in the compilation cache folder (none with ``SINGLELOC_CACHE_DIR=""``): ``{"version": 4,
-"devices": {DEVICE: {"families": {KEY: {"kind", "label", "work", "rates", "compile", "load", "prepare", "env"}}}}}``.
+**The file.** ``timings.json`` in the compilation cache folder (none with ``SINGLELOC_CACHE_DIR=""``): ``{"version": 5,
+"devices": {DEVICE: {"families": {KEY: {"kind", "label", "work", "rates", "compile", "load", "prepare", "references",
+"env"}}}}}`` (``references``: the model's fixed costs).
 Only the commands write it (atomically, re-read first), within :func:`~singleloc.runtime._progress.reporting`'s
 ``record``; a Python caller keeps what it measures in its process.
 Deleting it resets the estimates; a damaged file is ignored. The commands' check of a huge run (:class:`Cost`) is here too.
@@ -39,24 +41,25 @@ from ..runtime._progress import Bar, Estimate, Phase, announce, clock, cpu_count
 from ._build import Setup
 from ._resources import _gb, auto_points
 
-#: The reference CPU (shared, load 5-8, 2026-12-04 and -06), with its calibration (:func:`measure_benchmark`: ``run``, its
-#: kernel's reading when the drifts were fitted). ``compile``: a solve's program from an empty cache (44-108 s exact, 10-17 s
-#: rule, measured on six problems at host readings of 1.1-2.1; times 0.65 since XLA's loop emitters, whose solve compiles in
-#: 0.57-0.69x, :data:`~singleloc.runtime._compilation.CPU_OPTIONS`); ``load``: from the persistent cache; ``prepare``: building
-#: its rules and starts (3.9-9.2 s); ``solve``: drift evaluations (:func:`theory_work`) per adaptive step (Tsit5's six stages),
-#: ``saved`` per saved time (:func:`solve_size`); ``sgd_step``: one SGD step per ``seeds x batch x L x D x (H + F)`` (6.0 s
-#: for the default simulation), ``measure``: one saved time's held-out risk per ``seeds x test_samples x L x (H + F)``,
-#: ``sim_compile`` its programs; ``risk``: drift evaluations per sub-layer risk of pruning, ``risk_compile`` its program per
-#: head; ``prediction``: an escape prediction's programs, ``prediction_drifts`` its drift evaluations besides the Jacobians
-#: of its 16 rates.
+#: The reference CPU (2 cores, quiet: load about 1, 2026-12-07), with its calibration (:func:`measure_benchmark` in float64:
+#: ``run`` 2.9-3.4 ms, ``compile`` 0.08-0.14 s). ``compile``: a solve's program from an empty cache (exact route: 7.6-14.6 s
+#: on eight problems, one to eight heads; ``exact_gram``, two heads with their exact Gram term, ``L H >= 64``: 20-25 s;
+#: rule: 2.2-2.9 s on six); ``load``: from the persistent cache; ``prepare``: building its rules and starts (exact 0.8-1.6 s,
+#: rule 0.01-0.2 s); ``solve``: drift evaluations (:func:`theory_work`) per adaptive step (Tsit5's six stages), ``saved`` per
+#: saved time (:func:`solve_size`); ``sgd_step``: one SGD step per ``seeds x batch x L x D x (H + F)`` and ``sgd_overhead``
+#: per step besides (133 and 205 us a step at 14400 and 96000 units), ``measure``: one saved time's held-out risk per
+#: ``seeds x test_samples x L x (H + F)``, ``sim_compile`` its programs (2.8-5.4 s); ``risk``: drift evaluations per
+#: sub-layer risk of pruning, ``risk_compile`` its program per head; ``prediction``: an escape prediction's programs,
+#: ``prediction_drifts`` its drift evaluations besides the Jacobians of its 16 rates (the path's 300 and the Jacobians'
+#: ``2 (F + H)`` each, at 2.25 times the rule's cost per unit: :func:`_prediction_model`).
 REFERENCE = {
-    "benchmark": {"run": 5.0e-3, "host": 1.26e-2},
-    "compile": {"exact": 26.0, "rule": 5.2}, "load": {"exact": 1.1, "rule": 0.5}, "prepare": 3.0,
-    "solve": 6.0, "saved": 0.35, "sgd_step": 3.1e-9, "measure": 2.0e-8, "sim_compile": 8.0,
-    "risk": 0.5, "risk_compile": {"exact": 5.0, "rule": 2.0},
-    "prediction": 10.0, "prediction_drifts": 300,
+    "benchmark": {"run": 3.0e-3, "compile": 0.11},
+    "compile": {"exact": 10.0, "exact_gram": 22.0, "rule": 2.6}, "load": {"exact": 0.7, "exact_gram": 1.5, "rule": 0.17},
+    "prepare": {"exact": 1.3, "rule": 0.15}, "solve": 6.0, "saved": 0.35, "sgd_step": 8.8e-10, "sgd_overhead": 1.2e-4,
+    "measure": 4.0e-8, "sim_compile": 4.0, "risk": 5.0, "risk_compile": {"exact": 3.3, "rule": 1.3}, "prediction": 4.0,
+    "prediction_drifts": 675,
 }
-VERSION, RATES_KEPT = 4, 3
+VERSION, RATES_KEPT = 5, 3
 
 
 def device() -> str:
@@ -137,21 +140,31 @@ def timings() -> Timings:
 def measure_benchmark() -> dict[str, float]:
     """Seconds of a compiled kernel of small operations one after another, as a drift's are (400 rounds of a 64 x 16
     matrix product, ``tanh`` and a sum of exponentials: one thread, so that it reads the speed of one operation and the
-    share of the processor this process gets now; the mean of 25 runs) on JAX's first device, and of a pure-Python loop
-    on the host, what XLA's compiler runs on (the best of three)."""
+    share of the processor this process gets now; ``run``, the mean of 25 runs) on JAX's first device, and of its first
+    call less a run (``compile``: tracing, lowering and compiling it with the solve's options, never kept in the
+    persistent cache, so that every process reads its compiler now)."""
     import jax
     import jax.numpy as jnp
 
+    from ..runtime._compilation import compiler_options
+
     x = jnp.linspace(-1.0, 1.0, 1024).reshape(64, 16)
     body = lambda _, y: (z := jnp.tanh(y @ x[:16]) + x) - 0.01 * jnp.exp(-z ** 2).sum(axis=1, keepdims=True)
-    run = jax.jit(lambda x: jax.lax.fori_loop(0, 400, body, x).sum())
-    run(x).block_until_ready()
-    return {"run": timeit.timeit(lambda: run(x).block_until_ready(), number=25) / 25,
-            "host": min(timeit.repeat(lambda: sum(i * i % 7 for i in range(200_000)), number=1, repeat=3))}
+    run = jax.jit(lambda x: jax.lax.fori_loop(0, 400, body, x).sum(), compiler_options=compiler_options())
+    kept = jax.config.jax_persistent_cache_min_compile_time_secs
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1e9)
+    try:
+        first = clock()
+        run(x).block_until_ready()
+        first = clock() - first
+    finally:
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", kept)
+    mean = timeit.timeit(lambda: run(x).block_until_ready(), number=25) / 25
+    return {"run": mean, "compile": max(first - mean, 0.0)}
 
 
 def speed(kind: str = "run") -> float:
-    """How much slower this device is now than the reference: ``"run"``, its kernels; ``"host"``, its compiler's host
+    """How much slower this device is now than the reference: ``"run"``, its kernels; ``"compile"``, its compiler
     (measured once per process and device; 1 where no estimate is shown, refused or recorded: not worth measuring)."""
     s = settings()
     if mode() == "off" and not s.record and s.run_limit is None and s.point_limit is None:
@@ -185,13 +198,16 @@ def first_run(e: Estimate) -> Estimate:
 
 
 def fixed(kind: str, key: str, name: str, reference: float) -> tuple[float, str]:
-    """A fixed cost (``name``: ``"compile"``, ``"load"``, ``"prepare"``) of family ``key`` and where it comes from (``""``:
-    measured for it): its own, else the median of its kind's families here, else ``reference`` at the host's speed."""
+    """A fixed cost (``name``: ``"compile"``, ``"load"``, ``"prepare"``) of family ``key``, whose model says ``reference``
+    seconds, and where it comes from (``""``: measured for it): its own, else ``reference`` times the median of its kind's
+    families' measured over their model's seconds (their ``"references"``: a program twice as large compiles twice as
+    long), else ``reference`` at the compiler's speed now."""
     t = timings()
     if name in t.family(key):
         return t.family(key)[name], ""
-    others = [r[name] for r in t.families(kind) if name in r]
-    return (_median(others), "as other families here") if others else (reference * speed("host"), f"from {t.here}'s speed")
+    others = [r[name] / r["references"][name] for r in t.families(kind) if name in r and r.get("references", {}).get(name)]
+    return ((reference * _median(others), "as other families here") if others else
+            (reference * speed("compile"), f"from {t.here}'s speed"))
 
 
 def _digest(*parts: Any) -> str:
@@ -211,34 +227,39 @@ def route_costs(route: RouteChoice) -> tuple[str, str]:
 
 def theory_work(L: int, H: int, prior: Prior, th: Theory, route: RouteChoice, starts: int) -> float:
     """The reference seconds of one drift evaluation of ``L`` tokens, ``H`` heads and the ``prior``'s atoms on the run's
-    ``route``, times its starts and replicates (evaluated in turn), a model fitted to the drifts of 13 problems timed
-    between readings of :func:`measure_benchmark` (2026-12-06, load 6-8; within 1.45x of each): on the rule route
-    ``8e-8`` s per node, field and atom (``points x L H x atoms``; at ``L = 64`` a drift alone costs 2.6 times more per
-    unit, but inside the solve of eight heads to ``tau = 2100`` about 0.6 times: 85 s for 50 steps); on the exact route
-    ``(L / 4)^0.35`` times, per atom, ``3`` ms per head, and past one head ``25`` ms (the Gram term on its Sobol rule, or
-    exact) and ``8`` ms per pair of heads; a joint layer's rule ``0.042`` ms per unit (0.14 before its windowed tables)
-    (:func:`~singleloc.expectations._laplace_joint.joint_rule_size`) and a tenth of the pairs. Measured (kernel readings
-    of 5-7 ms scaled to 5 ms): 87 ms (softmax, H = 2, L = 4), 165 ms (L = 64), 0.23, 0.78 and 1.9 s (softmax1, F = 3,
-    H = 4, 8 and 8 at L = 64), 24 ms (the showcase's rule, 4096 points)."""
+    ``route``, times its starts and replicates (evaluated in turn): a model fitted to the drifts of 13 problems (2026-12-06,
+    load 6-8; within 1.45x of each), scaled to the quiet reference by the rates of 15 solves there (2026-12-07: the exact
+    route's 0.14-0.29 of the fit, the rule's 0.3-0.6): on the rule route ``3.2e-8`` s per node, field and atom (``points x
+    L H x atoms``; at ``L = 64`` a drift alone costs 2.6 times more per unit, but inside the solve of eight heads to ``tau =
+    2100`` about 0.6 times); on the exact route ``(L / 4)^0.35`` times, per atom, ``0.6`` ms per head, and past one head
+    ``5`` ms (the Gram term on its Sobol rule; the exact two-head term ``15`` ms and flat in ``L``: drifts of 45-52 ms at
+    ``L`` = 64 ... 1024 against 19-22 ms at 4 and 16) and ``1.6`` ms per pair of heads; a joint layer's rule ``8.4e-6`` s
+    per unit (:func:`~singleloc.expectations._laplace_joint.joint_rule_size`) and 1.3 times the pairs' (two heads of
+    bsoftmax solved at 1.2 times the per-head layer's rate)."""
     per, atoms, pairs = starts * th.replicates, len(prior.atoms), H * (H - 1) / 2
     if route.route_class.field_nodes:
-        return per * 8e-8 * auto_points(L, H, prior, th.points) * L * H * atoms
-    exact = atoms * (3e-3 * H + (25e-3 + 8e-3 * pairs if H > 1 else 0.0)) * (L / 4) ** 0.35
+        return per * 3.2e-8 * auto_points(L, H, prior, th.points) * L * H * atoms
+    if route.gram == "exact" and H == 2:
+        return per * atoms * (6e-4 * H + 1.5e-2 + 1.6e-3)
+    exact = atoms * (6e-4 * H + (5e-3 + 1.6e-3 * pairs if H > 1 else 0.0)) * (L / 4) ** 0.35
     if route.form is not None and route.form.joint:
         from ..expectations._laplace_joint import joint_rule_size
 
-        return per * (4.2e-5 * joint_rule_size(H, prior) + 0.1 * exact)
+        return per * (8.4e-6 * joint_rule_size(H, prior) + 1.3 * exact)
     return per * exact
 
 
-def solve_size(work: float, span: float, saved: int, rate: float = 1.0) -> float:
+def solve_size(work: float, span: float, saved: int, rate: float = 1.0, diluted: float = 1.0) -> float:
     """The reference seconds of a solve over ``span`` of ``tau`` with ``saved`` times at the rate per sequence ``rate``:
     ``REFERENCE["solve"]`` drift evaluations per adaptive step and ``REFERENCE["saved"]`` per saved time's risk. The steps
     are :func:`~singleloc.runtime._numerics.expected_steps` (they grow as ``rate^0.75`` past 1) up to ``tau = 215``, then as
     ``span^0.5``: once the fast modes settle the steps lengthen (measured on five problems from ``tau = 50`` to ``3000``:
     16-57 steps to 200, 57-114 to 1700-2100, 85-199 to 3000; within 1.6x of the law past ``tau = 200``, up to 3.2x at
-    ``tau = 150`` for eight heads at ``L = 64``, whose first steps are long)."""
-    steps = expected_steps(rate, span) * (215.0 / max(span, 215.0)) ** 0.5
+    ``tau = 150`` for eight heads at ``L = 64``, whose first steps are long). ``diluted``: the sequence length of a layer
+    whose attention on the relevant token starts at ``1 / L`` (its scale not growing with ``L``): past ``L = 64`` its
+    dynamics slow and the steps fall as ``(64 / L)^0.5`` (the default problem to ``tau = 300`` at ``L`` = 64 ... 1024:
+    about 38, 28, 22, 11 and 10 steps)."""
+    steps = expected_steps(rate, span) * (215.0 / max(span, 215.0)) ** 0.5 * min(1.0, 64.0 / diluted) ** 0.5
     return work * (REFERENCE["solve"] * steps + REFERENCE["saved"] * saved)
 
 
@@ -253,7 +274,7 @@ def _prediction_model(setup: Setup) -> tuple[str, str, float, float]:
     points = auto_points(pb.L, H, setup.prior, th.points) if setup.route.route == "rule" else None
     rule = setup.on_rule_route(th.prediction_points(pb.L, H, points))  # as the prediction takes it, unprobed
     work = theory_work(pb.L, H, setup.prior, rule.theory, rule.route, 1)
-    size = (REFERENCE["prediction_drifts"] + 16 * 2 * (pb.F + H)) * work
+    size = (REFERENCE["prediction_drifts"] + 2.25 * 16 * 2 * (pb.F + H)) * work
     return "prediction:rule", f"prediction:{_digest(compile_group('prediction', setup.config.to_dict()))}", work, size
 
 
@@ -269,10 +290,10 @@ def _programs(kind: str, key: str, reference: float) -> float:
 
 
 @contextlib.contextmanager
-def _timed(key: str, kind: str, label: str, work: float, size: float, units: int = 1) -> Iterator[None]:
+def _timed(key: str, kind: str, label: str, work: float, size: float, compiling: float, units: int = 1) -> Iterator[None]:
     """Record the computation of the block: the seconds making its programs (JAX's compilation events, as compiling if
-    XLA compiled one, the persistent cache missing it or absent, else as loading) and the rate of the rest (``units``
-    of ``size`` reference seconds)."""
+    XLA compiled one, the persistent cache missing it or absent, else as loading; ``compiling``: the model's) and the rate
+    of the rest (``units`` of ``size`` reference seconds)."""
     import jax
 
     from ..runtime._progress import PROGRAMS_MADE, _listen_to_compiles
@@ -283,7 +304,7 @@ def _timed(key: str, kind: str, label: str, work: float, size: float, units: int
     programs = PROGRAMS_MADE["seconds"] - before["seconds"]
     compiled = PROGRAMS_MADE["misses"] > before["misses"] or not jax.config.jax_compilation_cache_dir
     timings().record(key, kind, label, work, max(clock() - t0 - programs, 0.0) / (units * size),
-                     **{"compile" if compiled else "load": programs})
+                     references={"compile": compiling}, **{"compile" if compiled else "load": programs})
 
 
 def prediction_estimate(setup: Setup) -> Estimate:
@@ -297,7 +318,7 @@ def prediction_estimate(setup: Setup) -> Estimate:
 def recorded(setup: Setup) -> contextlib.AbstractContextManager[None]:
     """Record the time of the escape prediction of ``setup`` computed in the block."""
     kind, key, work, size = _prediction_model(setup)
-    return _timed(key, kind, f"prediction, {_label(setup)}", work, size)
+    return _timed(key, kind, f"prediction, {_label(setup)}", work, size, REFERENCE["prediction"])
 
 
 #: The families whose solve this process has compiled or loaded (nothing to compile or load).
@@ -318,14 +339,21 @@ class TheorySolve:
         from ..runtime._compilation import _environment, compile_group
 
         route, words = route_costs(setup.route)
+        made = "exact_gram" if route == "exact" and setup.route.gram == "exact" and setup.heads == 2 else route
         rates = rates or (setup.sgd.rate,)
         batch = len(rates)
         self.work = theory_work(setup.problem.L, setup.heads, setup.prior, setup.theory, setup.route, starts * batch)
         self.span, self.batch, self.draw, self.kind = float(span), batch, cached, f"{program}:{route}"
-        self.size = sum(solve_size(self.work / batch, self.span, saved, rate) for rate in rates)  # each point its steps
-        self.key = f"{program}:{_digest(compile_group('theory', setup.config.to_dict()), route, starts, saved, batch)}"
+        form, group = setup.route.form, setup.config.to_dict()
+        diluted = setup.problem.L if form is None or form.scale == 1 else 1.0
+        self.size = sum(solve_size(self.work / batch, self.span, saved, rate, diluted) for rate in rates)  # each its steps
+        if made == "exact_gram":  # one program for every L
+            group["problem"] = {k: v for k, v in group["problem"].items() if k != "L"}
+        self.key = f"{program}:{_digest(compile_group('theory', group), route, starts, saved, batch)}"
         self.label, self._prepared, self.finished = f"{program}, {_label(setup)} on the {words} route", None, True
         self.env, self.cache = _digest(repr(_environment())), cached and bool(jax.config.jax_compilation_cache_dir)
+        self.references = {"prepare": REFERENCE["prepare"][route], "compile": REFERENCE["compile"][made],
+                           "load": REFERENCE["load"][made]}
         rec = timings().family(self.key)
         self.expect, self.why = (
             ("run", "") if self.key in _IN_PROCESS else
@@ -333,10 +361,10 @@ class TheorySolve:
             ("load", "") if rec.get("env") == self.env and ("compile" in rec or "load" in rec) else
             ("compile", "the package changed since its last run" if rec else "first run of this shape family"))
         solve = estimate(self.kind, self.key, self.work, self.size)
-        prepare = 0.0 if built else fixed(self.kind, self.key, "prepare", REFERENCE["prepare"])[0]
-        first, how = fixed(self.kind, self.key, self.expect, REFERENCE[self.expect][route]) if self.expect != "run" else (0, "")
+        prepare = 0.0 if built else fixed(self.kind, self.key, "prepare", self.references["prepare"])[0]
+        first, how = fixed(self.kind, self.key, self.expect, self.references[self.expect]) if self.expect != "run" else (0, "")
         if self.expect == "load" and how and "compile" in rec:  # compiled here, never loaded yet
-            first, how = rec["compile"] * REFERENCE["load"][route] / REFERENCE["compile"][route], "scaled from its compile time"
+            first, how = rec["compile"] * self.references["load"] / self.references["compile"], "scaled from its compile time"
         doing = {"run": "", "load": "loading the stored program", "compile": "compiling"}[self.expect]
         basis = first_run(solve).basis + (f"; {doing} {how}" if how and solve.basis.startswith("measured") else "")
         if max(rates) > FITTED_RATE:  # sgd.lr = 1e4: "about 12 h", then it diverged in 2 min
@@ -393,7 +421,7 @@ class TheorySolve:
         old = timings().family(self.key)
         fields = {k: 0.5 * (v + old[k]) if k in old and old.get("env") == self.env else v for k, v in fields.items()}
         timings().record(self.key, self.kind, self.label, self.work, phase.seconds[-1] / self.size if self.finished else None,
-                         env=self.env if self.cache else old.get("env"), **fields)
+                         env=self.env if self.cache else old.get("env"), references=self.references, **fields)
 
 
 def prune_evaluations(H: int, order, draws: int) -> int:
@@ -410,10 +438,11 @@ def pruning(setup: Setup, layers: int, evaluations: int) -> Iterator[Bar]:
     route, work = route_costs(setup.route)[0], theory_work(setup.problem.L, H, setup.prior, setup.theory, setup.route, 1)
     key, size = f"prune:{_digest(_label(setup), route, work, evaluations)}", REFERENCE["risk"] * work * evaluations
     per = estimate(f"prune:{route}", key, work, size)
-    first = _programs(f"prune:{route}", key, REFERENCE["risk_compile"][route] * H)
+    compiling = REFERENCE["risk_compile"][route] * H
+    first = _programs(f"prune:{route}", key, compiling)
     whole = first_run(Estimate(first + layers * per.seconds, per.basis))
     announce(f"pruning {layers} layer(s) of {H} heads, {evaluations} sub-layer risks each", whole, "lower model.heads")
-    with (_timed(key, f"prune:{route}", f"prune, {_label(setup)}", work, size, layers),
+    with (_timed(key, f"prune:{route}", f"prune, {_label(setup)}", work, size, compiling, layers),
           Bar(layers, "pruning", "layer", estimate=whole, each=True, done="pruned {n} layer(s)", announced=True) as bar):
         yield bar
 

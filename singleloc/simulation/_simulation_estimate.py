@@ -1,9 +1,9 @@
 """What a simulation (:func:`~singleloc.simulate`) and ``compare`` will take, said before they start.
 
 Before anything is compiled, :func:`simulation_estimate` is :func:`~singleloc.preflight._estimates.estimate` of the cost
-model: SGD steps times ``seeds x batch x L x D x (H + F)`` and saved times times ``seeds x test_samples x L x (H + F)``,
-plus compiling. Before it runs, :func:`simulation_clock` compiles the step, times a few steps on the device and says the
-extrapolated time.
+model: SGD steps times a fixed cost and ``seeds x batch x L x D x (H + F)``, and saved times times ``seeds x test_samples
+x L x (H + F)``, plus compiling. Before it runs, :func:`simulation_clock` compiles the step, times a few steps on the
+device and says the extrapolated time.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def _model(setup: Setup, steps: float, saved: int) -> tuple[str, float, float]:
     pb, sim, sgd = setup.problem, setup.simulation, setup.sgd
     heads_fields = pb.L * (setup.heads + pb.F)
     key = f"simulate:{_digest(_label(setup), sim.D, sim.seeds, sgd.batch, sim.test_samples, setup.prior.atoms)}"
-    work = REFERENCE["sgd_step"] * sim.seeds * sgd.batch * sim.D * heads_fields
+    work = REFERENCE["sgd_step"] * sim.seeds * sgd.batch * sim.D * heads_fields + REFERENCE["sgd_overhead"]
     return key, work, steps * work + saved * REFERENCE["measure"] * sim.seeds * sim.test_samples * heads_fields
 
 
@@ -84,7 +84,8 @@ def simulation_clock(setup: Setup, advance, measure, params, consts, steps, prog
     with Bar(total, "simulate", "step", estimate=guess, live=progress, done="simulated {n} SGD steps", announced=True) as bar:
         yield advance, measure, bar
     timings().record(key, "simulate", f"simulate, {_label(setup)} D={setup.simulation.D}", work,
-                     (clock() - bar.start) / size, compile=compiling.seconds[-1])
+                     (clock() - bar.start) / size, compile=compiling.seconds[-1],
+                     references={"compile": REFERENCE["sim_compile"]})
 
 
 def compare_estimate(setup: Setup) -> Estimate:
