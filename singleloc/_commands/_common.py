@@ -125,7 +125,7 @@ def add_force_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def check_cost(command: str, cost, force: bool, note: bool = True) -> None:
-    """Say on stderr what a run will cost (:class:`singleloc.preflight._estimates.Cost`) when its estimated
+    """Say on stderr what a run will cost (:class:`singleloc.preflight._resources.Cost`) when its estimated
     time exceeds :data:`ANNOUNCE_SECONDS` (and ``note``: a simulation says its measured estimate
     itself once compiled), and refuse it (``ValueError``) above :data:`LONG_RUN_SECONDS` unless ``force``."""
     if cost.seconds > LONG_RUN_SECONDS and not force:

@@ -87,7 +87,7 @@ def diagnose_cost(shape: tuple, max_rows: int, temperatures: int, epsilons: int,
     :func:`~singleloc.diagnose_attention` refuses costs nothing, and is refused there)."""
     import math
 
-    from ..preflight._estimates import Cost, cpu_speed
+    from ..preflight._resources import Cost, cpu_speed
 
     L = shape[-1] if shape else 0
     queries = shape[-2] if len(shape) >= 2 else 1

@@ -37,7 +37,7 @@ from .._version import __version__
 from ..attention._attention_diagnosis import FIGURES
 from ..ground._atomic_files import OUTPUT_KEY, atomic_write, png_has_text, written_together
 from ..io._run_folders import save_json
-from ..preflight._estimates import Cost, cpu_speed
+from ..preflight._resources import Cost, cpu_speed
 from ._gguf_reader import LlamaConfig
 
 #: The arrays of an output folder, in the order they are written.

@@ -15,13 +15,12 @@ kernel compiled).
 "env"}}}}}`` (``references``: the model's fixed costs).
 Only the commands write it (atomically, re-read first), within :func:`~singleloc.runtime._progress.reporting`'s
 ``record``; a Python caller keeps what it measures in its process.
-Deleting it resets the estimates; a damaged file is ignored. The commands' check of a huge run (:class:`Cost`) is here too.
+Deleting it resets the estimates; a damaged file is ignored.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import json
 import math
@@ -37,9 +36,9 @@ from ..ground._atomic_files import atomic_write
 from ..ground._choices import ROUTE_WORDS
 from ..model._priors import Prior
 from ..runtime._numerics import FITTED_RATE, expected_steps
-from ..runtime._progress import Bar, Estimate, Phase, announce, clock, cpu_count, duration, mode, settings
+from ..runtime._progress import Bar, Estimate, Phase, announce, clock, cpu_count, mode, settings
 from ._build import Setup
-from ._resources import _gb, auto_points
+from ._resources import auto_points
 
 #: The reference CPU (2 cores, quiet: load about 1, 2026-12-07), with its calibration (:func:`measure_benchmark` in float64:
 #: ``run`` 2.9-3.4 ms, ``compile`` 0.08-0.14 s). ``compile``: a solve's program from an empty cache (exact route: 7.6-14.6 s
@@ -445,25 +444,3 @@ def pruning(setup: Setup, layers: int, evaluations: int) -> Iterator[Bar]:
     with (_timed(key, f"prune:{route}", f"prune, {_label(setup)}", work, size, compiling, layers),
           Bar(layers, "pruning", "layer", estimate=whole, each=True, done="pruned {n} layer(s)", announced=True) as bar):
         yield bar
-
-
-@dataclasses.dataclass(frozen=True)
-class Cost:
-    """What a run will cost, for the commands' check of a huge run (:func:`singleloc._commands._common.check_cost`):
-    ``work`` in words, the estimated ``seconds`` and peak ``memory`` in bytes, the ``keys`` that drive it and the
-    ``basis`` of the time."""
-
-    work: str
-    seconds: float
-    memory: float
-    keys: str
-    basis: str = ""
-
-    def describe(self) -> str:
-        basis = f" ({self.basis})" if self.basis else ""
-        return f"{self.work}: about {duration(self.seconds)}{basis} and {_gb(self.memory)} of memory (estimated)"
-
-
-def cpu_speed() -> float:
-    """The 2-core CPU's time over this machine's, for the cost models measured there without a calibration."""
-    return 2 / max(1, min(cpu_count(), 64))

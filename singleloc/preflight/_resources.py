@@ -30,7 +30,8 @@ above in most cases), for ``S`` seeds (or ODE starts):
 A run whose estimate exceeds the available memory (``MemAvailable`` of ``/proc/meminfo``,
 else the free physical pages) is refused before it starts, with the estimate and the keys
 that drive it. ``SINGLELOC_MEMORY_LIMIT`` overrides the available memory (bytes, or with a
-suffix ``K``, ``M``, ``G``, ``T``: ``SINGLELOC_MEMORY_LIMIT=200G``); ``none`` turns the check off.
+suffix ``K``, ``M``, ``G``, ``T``: ``SINGLELOC_MEMORY_LIMIT=200G``); ``none`` turns the check off. What a run costs in
+time and memory together, for the commands' check of a huge run, is a :class:`Cost`.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from ..configuration._specs import Simulation, Theory
 from ..expectations._routes import RouteChoice, exact_route_exists
 from ..expectations._sobol_geometry import SOBOL_MAX_DIM, factor_rows, node_batch, quadrature_dimension
 from ..model._priors import Prior
-from ..runtime._progress import cpu_count
+from ..runtime._progress import cpu_count, duration
 from ._build import Setup
 
 #: Saved states whose risks the theory evaluates together (a loop over batches of them; all at once hold a joint
@@ -323,3 +324,25 @@ def check_workers(workers: int, name: str = "workers", force: bool = False) -> N
     if workers > cpu_count() and not force:
         raise ValueError(f"{name} = {workers} is more than the {cpu_count()} CPUs of this machine (more workers only share "
                          f"them): give {name} <= {cpu_count()}, or pass --force to start them anyway")
+
+
+@dataclasses.dataclass(frozen=True)
+class Cost:
+    """What a run will cost, for the commands' check of a huge run (:func:`singleloc._commands._common.check_cost`):
+    ``work`` in words, the estimated ``seconds`` and peak ``memory`` in bytes, the ``keys`` that drive it and the
+    ``basis`` of the time."""
+
+    work: str
+    seconds: float
+    memory: float
+    keys: str
+    basis: str = ""
+
+    def describe(self) -> str:
+        basis = f" ({self.basis})" if self.basis else ""
+        return f"{self.work}: about {duration(self.seconds)}{basis} and {_gb(self.memory)} of memory (estimated)"
+
+
+def cpu_speed() -> float:
+    """The 2-core CPU's time over this machine's, for the cost models measured there without a calibration."""
+    return 2 / max(1, min(cpu_count(), 64))

@@ -11,8 +11,8 @@ from __future__ import annotations
 import contextlib
 
 from ..preflight._build import Setup
-from ..preflight._estimates import REFERENCE, Cost, TheorySolve, _digest, _label, estimate, fixed, timings
-from ..preflight._resources import OVERHEAD, simulation_bytes
+from ..preflight._estimates import REFERENCE, TheorySolve, _digest, _label, estimate, fixed, timings
+from ..preflight._resources import OVERHEAD, Cost, simulation_bytes
 from ..runtime._progress import Bar, Estimate, Phase, announce, clock
 
 #: What drives a simulation's cost (the messages' advice).
