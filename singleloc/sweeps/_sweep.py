@@ -53,9 +53,10 @@ from ..ground._atomic_files import OUTPUT_KEY, png_has_text, written_together
 from ..ground._choices import ROUTE_WORDS, check_horizon
 from ..io._run_folders import save_figure, save_text
 from ..preflight._build import build
-from ..preflight._resources import check_run
+from ..preflight._resources import auto_points, check_run
 from ..runtime._distributed import open_cluster
 from ..runtime._numerics import require_x64
+from ..runtime._progress import Bar
 from ..theory._theory import OrderParameterODE
 from ..theory._theory_result import STATEMENT_FIELDS
 from ._grid import Grid, grid_points
@@ -94,10 +95,15 @@ def check_sweep(base: Config, grids: Sequence[Grid], *, simulate: bool = False, 
 def summarize(config: Config, data: dict[str, np.ndarray], kind: str) -> dict[str, float]:
     """:meth:`PhaseAnalysis.summary` of an entry, with the heads' attention weights on the route it ran on (a theory
     entry's own: the exact route's point may have gone on on the Sobol rule, whose fields the exact rule does not
-    resolve)."""
+    resolve); a joint layer's exact weights on the Sobol rule (at its auto points): exactly they cost its whole rule at
+    every saved time (bsoftmax, ``H = 4``: about a second a state, minutes a sweep point), where the one use of the
+    weights, a head ``off`` below 0.05, needs far less than the rule's 1e-3."""
     if "route" in data:
         config = config.replace(theory={"route": str(data["route"])})
-    weights = attention_mass(OrderParameterODE.from_setup(build(config)), data["M"], data["Q"], data["b"])
+    setup = build(config)
+    if setup.route.form is not None and setup.route.form.joint and not setup.route.route_class.field_nodes:
+        setup = setup.on_rule_route(auto_points(setup.problem.L, setup.heads, setup.prior))
+    weights = attention_mass(OrderParameterODE.from_setup(setup), data["M"], data["Q"], data["b"])
     return analyze(data["tau"], data["M"], data["Q"], data[PHASE_RISK[kind]], mean=config.problem.build_prior().mean(),
                    weights=weights).summary()
 
@@ -292,48 +298,51 @@ def compute_sweep(base: Config, grids: Sequence[Grid], cache: str | Path, *, hor
                 predicted(i, cfg)
     stats = SweepStats()
     rows = []
-    for i, (values, cfg) in enumerate(points):
-        row: dict[str, Any] = dict(values)
-        row.update(activation=cfg.model.activation, heads=cfg.model.heads, F=cfg.problem.F, status="ok")
-        names, failures = [_entry_path(cache, cfg, "prediction").name], []
-        row.update(horizon=run_cfgs[i].sgd.tau_max if i in run_cfgs else math.nan,
-                   **{k: math.nan for k in ("lambda", "tau_plateau", "predicted_escape")})
-        if i in predictions:
-            pred = predictions[i]
-            row.update(**{"lambda": pred.rate}, tau_plateau=pred.tau_plateau, predicted_escape=pred.predicted_escape)
-        elif names[0] in errors:
-            failures.append(_failure("prediction", errors[names[0]]))
-        bayes_name = _entry_path(cache, problems[i], "bayes").name
-        bayes = None if bayes_name in errors else read(problems[i], "bayes")
-        if bayes is None:
-            failures.append(_failure("Bayes risk", errors[bayes_name]))
-        for kind in kinds:
-            prefix = "" if kind == "theory" else "sim_"
-            summ = {k: math.nan for k in SUMMARY_KEYS}
-            if i in run_cfgs:
-                name = _entry_path(cache, run_cfgs[i], kind).name
-                names.append(name)
-                if name in errors:
-                    failures.append(_failure(kind, errors[name]))
-                else:
-                    summ = summary(i, kind)
-            row.update({prefix + k: summ[k] for k in SUMMARY_KEYS})
-            if kind == "theory":
-                row.update(bayes_columns(row, bayes, loaded[i].get("theory", {}), simulate=False))
-                row.update(statement_columns(loaded[i].get("theory", {})))
-        if simulate:
-            row["sim_gap_to_bayes"] = bayes_columns(row, bayes, {}, simulate=True)["sim_gap_to_bayes"]
-        if failures:  # every failure of the point: prediction, Bayes risk, theory and simulation
-            row["status"] = "; ".join(failures)
-            stats.failed += 1
-        if failures or computed.intersection(names):
-            stats.computed += 1
-        else:
-            stats.cached += 1
-        if row["status"] == "ok" and i in predictions and predictions[i].escapes and row["escaped"] < 1:
-            row["status"] = f"not yet (predicted escape at tau = {predictions[i].predicted_escape:.3g})"
-        row["key"] = cache_key(run_cfgs[i], "theory") if i in run_cfgs else ""
-        rows.append(row)
+    with Bar(len(points), "summarizing the points (phases and head classes: the heads' attention masses on their "
+                          "routes)", "point", done="summarized {n} points") as bar:
+        for i, (values, cfg) in enumerate(points):
+            row: dict[str, Any] = dict(values)
+            row.update(activation=cfg.model.activation, heads=cfg.model.heads, F=cfg.problem.F, status="ok")
+            names, failures = [_entry_path(cache, cfg, "prediction").name], []
+            row.update(horizon=run_cfgs[i].sgd.tau_max if i in run_cfgs else math.nan,
+                       **{k: math.nan for k in ("lambda", "tau_plateau", "predicted_escape")})
+            if i in predictions:
+                pred = predictions[i]
+                row.update(**{"lambda": pred.rate}, tau_plateau=pred.tau_plateau, predicted_escape=pred.predicted_escape)
+            elif names[0] in errors:
+                failures.append(_failure("prediction", errors[names[0]]))
+            bayes_name = _entry_path(cache, problems[i], "bayes").name
+            bayes = None if bayes_name in errors else read(problems[i], "bayes")
+            if bayes is None:
+                failures.append(_failure("Bayes risk", errors[bayes_name]))
+            for kind in kinds:
+                prefix = "" if kind == "theory" else "sim_"
+                summ = {k: math.nan for k in SUMMARY_KEYS}
+                if i in run_cfgs:
+                    name = _entry_path(cache, run_cfgs[i], kind).name
+                    names.append(name)
+                    if name in errors:
+                        failures.append(_failure(kind, errors[name]))
+                    else:
+                        summ = summary(i, kind)
+                row.update({prefix + k: summ[k] for k in SUMMARY_KEYS})
+                if kind == "theory":
+                    row.update(bayes_columns(row, bayes, loaded[i].get("theory", {}), simulate=False))
+                    row.update(statement_columns(loaded[i].get("theory", {})))
+            if simulate:
+                row["sim_gap_to_bayes"] = bayes_columns(row, bayes, {}, simulate=True)["sim_gap_to_bayes"]
+            if failures:  # every failure of the point: prediction, Bayes risk, theory and simulation
+                row["status"] = "; ".join(failures)
+                stats.failed += 1
+            if failures or computed.intersection(names):
+                stats.computed += 1
+            else:
+                stats.cached += 1
+            if row["status"] == "ok" and i in predictions and predictions[i].escapes and row["escaped"] < 1:
+                row["status"] = f"not yet (predicted escape at tau = {predictions[i].predicted_escape:.3g})"
+            row["key"] = cache_key(run_cfgs[i], "theory") if i in run_cfgs else ""
+            rows.append(row)
+            bar.update()
     add_heads_needed(rows, [g.name for g in grids], gap)
     stats.seconds = time.perf_counter() - t0
     return SweepOutcome(base, list(grids), rows, loaded, simulate, stats)
