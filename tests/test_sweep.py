@@ -200,6 +200,21 @@ def test_horizon_modes(tmp_path, fake_compute):
             _sweep.sweep(base, grids, tmp_path, horizon=bad, progress=False, figures=False)
 
 
+def test_a_cached_prediction_sets_its_runs_horizon_in_the_estimate(tmp_path):
+    """Before the predictions, a point whose prediction is in the cache is estimated at the horizon it set: a sweep run
+    again from its cache announced 16 minutes of runs (at the fallback horizon's keys) that it then read in 16 s."""
+    from singleloc.runtime._progress import reporting
+    from singleloc.sweeps._sweep_estimate import sweep_costs
+
+    cfg = load_config("default", TINY)
+    np.savez(_sweep_entries._entry_path(tmp_path, cfg, "prediction"), horizon=np.array(123.0))
+    run = _sweep_entries._entry_path(tmp_path, resolve_horizon(cfg, {"horizon": 123.0}, "auto"), "theory")
+    with reporting(mode="off"):
+        assert list(sweep_costs([({}, cfg)], None, ["theory"], tmp_path, "auto", quiet=True)) == [run.name]
+        run.touch()
+        assert sweep_costs([({}, cfg)], None, ["theory"], tmp_path, "auto", quiet=True) == {}
+
+
 @pytest.mark.slow
 def test_cli_sweep_auto_horizon_real_prediction(tmp_path):
     """The default horizon with the real prediction and ODE (bsoftmax escapes fast)."""

@@ -1,14 +1,18 @@
 """What a sweep (:mod:`singleloc.sweeps._sweep`) will take, said before it starts, point by point: each point's entries
 missing from the cache (its escape prediction, its theory to its horizon, compiled once per
 :func:`~singleloc.runtime._compilation.compile_group`, and its simulation) estimated on their own
-(:mod:`singleloc.preflight._estimates`); before the predictions, ``horizon = "auto"`` is taken as their fallback (300).
+(:mod:`singleloc.preflight._estimates`); before the predictions, ``horizon = "auto"`` is a cached prediction's, else
+taken as their fallback (300).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from ..configuration._config import Config
 from ..preflight._build import build
@@ -48,10 +52,12 @@ def sweep_costs(points: Sequence[tuple[Mapping[str, Any], Config]], run_cfgs: Ma
     from ..analysis._predictions import HORIZON_FALLBACK, resolve_horizon
     from ._sweep_entries import _entry_path
 
-    costs, per_point, groups = {}, [], set()
+    costs, per_point, groups, guessed = {}, [], set(), False
     for i, (_, cfg) in enumerate(points):
-        if run_cfgs is None:
-            run_cfg = resolve_horizon(cfg, {"horizon": HORIZON_FALLBACK}, horizon)  # "auto" at the fallback horizon
+        if run_cfgs is None:  # a prediction in the cache sets its runs' horizon, "auto" is else at the fallback horizon
+            stored = _stored(_entry_path(cache, cfg, "prediction"))
+            guessed |= stored is None
+            run_cfg = resolve_horizon(cfg, stored or {"horizon": HORIZON_FALLBACK}, horizon)
             predict = horizon == "auto" or cfg.theory.points == "auto"  # a fixed horizon's: after the runs (_sweep)
             todo = [(cfg, "prediction")] * predict + [(run_cfg, kind) for kind in kinds]
         else:
@@ -81,7 +87,7 @@ def sweep_costs(points: Sequence[tuple[Mapping[str, Any], Config]], run_cfgs: Ma
     measured = sum(b.startswith("measured") for b in bases)
     basis = (f"measured on {here}" if measured == len(bases) else f"{len(bases) - measured} of {len(bases)} computations "
              f"first runs of their shape family, from the nearest measured on {here} or its speed")
-    if run_cfgs is None and horizon == "auto":
+    if run_cfgs is None and horizon == "auto" and guessed:
         basis += "; horizons 'auto' taken as 300 until the escape predictions have set them"
     n = len(per_point)
     counted = f"{n} point{'s' * (n > 1)}"
@@ -91,6 +97,14 @@ def sweep_costs(points: Sequence[tuple[Mapping[str, Any], Config]], run_cfgs: Ma
         say("the most expensive: " + "; ".join(f"{_point(points[i][0])}: about {duration(s)} ({', '.join(e[0] for e in es)})"
                                                for s, i, es in worst[:SHOWN]))
     return costs
+
+
+def _stored(path: Path) -> dict[str, np.ndarray] | None:
+    """The horizon and points of a prediction entry in the cache, or ``None`` (none yet, or unreadable)."""
+    with contextlib.suppress(OSError, ValueError), np.load(path) as entry:
+        if "horizon" in entry.files:
+            return {k: entry[k] for k in ("horizon", "points") if k in entry.files}
+    return None
 
 
 def _cheaper(config: Config) -> str:
