@@ -180,7 +180,8 @@ def _moment_table(H: int):
 
 def _powers_of(omega, L, blocks: int):
     """``(1 - omega)^(L - 1 - j)`` for ``j = 0 ... blocks`` (stacked; zero where ``j > L - 1``; ``L`` an array)."""
-    return jnp.stack([jnp.where(j <= L - 1, _power(omega, jnp.maximum(L - 1 - j, 0)), 0.0) for j in range(blocks + 1)])
+    j = jnp.arange(blocks + 1, dtype=omega.dtype).reshape(-1, *(1,) * omega.ndim)
+    return jnp.where(j <= L - 1, _power(omega, jnp.maximum(L - 1 - j, 0)), 0.0)
 
 
 def laplace_gram(rule, M: jnp.ndarray, Q: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
