@@ -208,8 +208,10 @@ def laplace_gram(rule, M: jnp.ndarray, Q: jnp.ndarray, b: jnp.ndarray) -> jnp.nd
     alone = ((K > 0).sum(axis=1) == 1)[:, None] & (K > 0)  # (M, H)
     rows, heads = np.nonzero(alone)
 
-    def one_head(y, m1, v1, m0, v0):
-        return rule.single(y, m1, v1, (*profiles, OMEGA)), rule.atoms_mean(lambda k: rule.single(y, m0[k], v0, profiles))
+    def one_head(y, m1, v1, m0, v0):  # the noise token and every atom's relevant token in one vmapped evaluation
+        means, variances = jnp.concatenate([m1[None], m0]), jnp.concatenate([v1[None], jnp.broadcast_to(v0, m0.shape)])
+        tokens = jax.vmap(lambda m, v: rule.single(y, m, v, (*profiles, OMEGA)))(means, variances)  # (1 + K, 8, n_t)
+        return tokens[0], jnp.tensordot(rule.probs, tokens[1:, :-1], axes=1)
 
     nz, rel = jax.vmap(one_head)(Y, m1, v1, m0, v0)  # (H, 8, n_t), (H, 7, n_t)
     factors = jnp.concatenate([nz[:, :-1], jnp.ones_like(nz[:, :1])], axis=1)[heads[:, None], noise[rows, :, heads]]  # -1: one
