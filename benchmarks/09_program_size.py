@@ -1,7 +1,8 @@
 """What the theory's compiled program is made of: its size by part, and what XLA's optimisation levels cost (issue 58).
 
-1. **Size by part.** For the default problem (softmax, ``H = 2``, ``L = 4``, ``F = 2``), softmax at ``H`` = 1, 4, 8 and
-   bsoftmax at ``H`` = 2, 3 (a joint layer), each in a fresh process with no compilation cache: every part of
+1. **Size by part.** For the default problem (softmax, ``H = 2``, ``L = 4``, ``F = 2``), the same at ``L = 64`` (the exact
+   two-head Gram term instead of the Sobol rule's), softmax at ``H`` = 1, 4, 8 and bsoftmax at ``H`` = 2, 3 (a joint
+   layer), each in a fresh process with no compilation cache: every part of
    ``integrate``'s program traced, lowered and compiled as a program of its own, with the number of StableHLO
    operations of its lowered text and the seconds of each phase. The parts: the drift (the gradient of the exact
    risk and the ``lr^2`` Gram term, :meth:`~singleloc.OrderParameterODE.state_drift`); the Gram term alone; the risk
@@ -22,7 +23,7 @@ Tracing of nested ``jax.jit`` functions is cached within a process, so a part tr
 them traces faster: the seconds of a part are those of a first run of it after the parts listed before it.
 
 Run: ``python benchmarks/09_program_size.py [--quick] [--rounds 2] [--save PATH]`` (``--quick``: the default problem
-and ``H = 4`` only in section 1). About 6 minutes on a quiet 2-core CPU.
+at ``L`` = 4 and 64 and ``H = 4`` only in section 1). About 6 minutes on a quiet 2-core CPU.
 """
 
 from __future__ import annotations
@@ -39,13 +40,14 @@ from _common import add_save_option, save
 #: The problems of section 1: a label and the overrides of the default preset.
 PROBLEMS = {
     "default (softmax H=2)": [],
+    "default at L=64": ["problem.L=64"],  # from L H >= 64 the exact two-head Gram term (L traced: every L one program)
     "softmax H=1": ["model.heads=1"],
     "softmax H=4": ["model.heads=4"],
     "softmax H=8": ["model.heads=8"],
     "bsoftmax H=2": ["model.activation=bsoftmax"],
     "bsoftmax H=3": ["model.activation=bsoftmax", "model.heads=3"],
 }
-QUICK = ("default (softmax H=2)", "softmax H=4")
+QUICK = ("default (softmax H=2)", "default at L=64", "softmax H=4")
 
 # One problem's parts, in a fresh process (argv: the overrides as JSON).
 PARTS = """
@@ -144,7 +146,7 @@ def fresh(script: str, *argv: str) -> dict:
 
 def main():
     parser = add_save_option(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
-    parser.add_argument("--quick", action="store_true", help="section 1 on the default problem and H = 4 only")
+    parser.add_argument("--quick", action="store_true", help="section 1 on the default problem (L = 4, 64) and H = 4 only")
     parser.add_argument("--rounds", type=int, default=2, help="rounds of section 2 (levels alternated)")
     parser.add_argument("--sections", default="1,2", help="which sections to run (1: size by part, 2: levels)")
     args = parser.parse_args()

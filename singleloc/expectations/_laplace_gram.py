@@ -42,6 +42,7 @@ import functools
 import math
 from fractions import Fraction
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -180,7 +181,8 @@ def _moment_table(H: int):
 
 def _powers_of(omega, L, blocks: int):
     """``(1 - omega)^(L - 1 - j)`` for ``j = 0 ... blocks`` (stacked; zero where ``j > L - 1``; ``L`` an array)."""
-    return jnp.stack([jnp.where(j <= L - 1, _power(omega, jnp.maximum(L - 1 - j, 0)), 0.0) for j in range(blocks + 1)])
+    j = jnp.arange(blocks + 1, dtype=omega.dtype).reshape(-1, *(1,) * omega.ndim)
+    return jnp.where(j <= L - 1, _power(omega, jnp.maximum(L - 1 - j, 0)), 0.0)
 
 
 def laplace_gram(rule, M: jnp.ndarray, Q: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
@@ -201,31 +203,37 @@ def laplace_gram(rule, M: jnp.ndarray, Q: jnp.ndarray, b: jnp.ndarray) -> jnp.nd
     weights = coefficients * falling[j][:, None] * scale[:, None]  # every factor of a moment but its integral
     profiles = tuple(rho(k) for k in range(DEGREE + 1))
     integrals = jnp.zeros(len(K), Y.dtype)
-    for h in range(H):  # moments of head h alone: one-head rule
-        rows = np.flatnonzero(((K > 0).sum(axis=1) == 1) & (K[:, h] > 0))
-        if not len(rows):
-            continue
-        nz = rule.single(Y[h], m1[h], v1[h], (*profiles, OMEGA))
-        rel = rule.atoms_mean(lambda k, h=h: rule.single(Y[h], m0[h, k], v0[h], profiles))
-        factors = jnp.concatenate([nz[:-1], jnp.ones_like(nz[:1])])[noise[rows, :, h]]  # (., blocks, n_t); -1: one
-        value = pre[h] * rel[a[rows, h]] * _powers_of(nz[-1], L, blocks)[j[rows]] * jnp.prod(factors, axis=1)
-        integrals = integrals.at[rows].set(jnp.sum(value, axis=-1))
+    # moments of one head alone, on the one-head rule: every head's one-token expectations at once (vmapped), the
+    # moments of head h gathered from head h's (row ``heads`` of ``rows``)
+    alone = ((K > 0).sum(axis=1) == 1)[:, None] & (K > 0)  # (M, H)
+    rows, heads = np.nonzero(alone)
+
+    def one_head(y, m1, v1, m0, v0):  # the noise token and every atom's relevant token in one vmapped evaluation
+        means, variances = jnp.concatenate([m1[None], m0]), jnp.concatenate([v1[None], jnp.broadcast_to(v0, m0.shape)])
+        tokens = jax.vmap(lambda m, v: rule.single(y, m, v, (*profiles, OMEGA)))(means, variances)  # (1 + K, 8, n_t)
+        return tokens[0], jnp.tensordot(rule.probs, tokens[1:, :-1], axes=1)
+
+    nz, rel = jax.vmap(one_head)(Y, m1, v1, m0, v0)  # (H, 8, n_t), (H, 7, n_t)
+    factors = jnp.concatenate([nz[:, :-1], jnp.ones_like(nz[:, :1])], axis=1)[heads[:, None], noise[rows, :, heads]]  # -1: one
+    powers = _powers_of(nz[:, -1], L, blocks)  # (blocks + 1, H, n_t)
+    value = pre[heads] * rel[heads, a[rows, heads]] * powers[j[rows], heads] * jnp.prod(factors, axis=1)
+    integrals = integrals.at[rows].set(jnp.sum(value, axis=-1))
     rows = np.flatnonzero((K > 0).all(axis=1)) if H == 2 else np.zeros(0, int)
     if len(rows):  # moments of both heads: the pair rule (head 0 the first field)
         pair = lambda k: (rho(k[0]), rho(k[1]))  # noqa: E731
         noise_combos = sorted({pair(k) for k in noise[rows].reshape(-1, 2) if k[0] >= 0} | {(RHO0, OMEGA)})
         rel_combos = sorted({pair(k) for k in a[rows]})
         outer = (rule.layer.z_gram, rule.layer.w_gram)  # finer than the risk's: the sixth powers are narrow
-        nz = rule.pair(noise_combos, Y[0], Y[1], m1[0], m1[1], C1[0, 0], C1[0, 1], C1[1, 1], outer)
+        pairs = rule.pair(noise_combos, Y[0], Y[1], m1[0], m1[1], C1[0, 0], C1[0, 1], C1[1, 1], outer)
         rel = rule.atoms_mean(lambda k: rule.pair(rel_combos, Y[0], Y[1], m0[0, k], m0[1, k], C0[0, 0], C0[0, 1], C0[1, 1],
                                                     outer))
-        omega = rule.single(Y[0], m1[0], v1[0], (OMEGA,))[0][:, None] + nz[noise_combos.index((RHO0, OMEGA))]
+        omega = nz[0, -1][:, None] + pairs[noise_combos.index((RHO0, OMEGA))]  # 1 - E[rho_0 rho_0'], non-negative terms
         # a moment is sum_ij (pre pre' rel[r])_ij (prod of its noise factors and power)_ij: the noise side is
         # formed once per distinct group (factors, j), and every (r, group) sum is one matrix product
         index = np.array([[noise_combos.index(pair(k)) if k[0] >= 0 else len(noise_combos) for k in row]
                           for row in noise[rows]])
         groups, group = np.unique(np.concatenate([index, j[rows, None]], axis=1), axis=0, return_inverse=True)
-        factors = jnp.concatenate([nz, jnp.ones_like(nz[:1])])[groups[:, :-1]]  # (G, blocks, n_t, n_t)
+        factors = jnp.concatenate([pairs, jnp.ones_like(pairs[:1])])[groups[:, :-1]]  # (G, blocks, n_t, n_t)
         noise_side = jnp.prod(factors, axis=1) * _powers_of(omega, L, blocks)[groups[:, -1]]
         rel_side = pre[0][:, None] * pre[1][None, :] * rel
         sums = rel_side.reshape(len(rel_combos), -1) @ noise_side.reshape(len(groups), -1).T  # (R, G)
