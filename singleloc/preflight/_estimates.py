@@ -42,7 +42,8 @@ from ._resources import auto_points
 
 #: The reference CPU (2 cores, quiet: load about 1, 2026-12-07), with its calibration (:func:`measure_benchmark` in float64:
 #: ``run`` 2.9-3.4 ms, ``compile`` 0.08-0.10 s). ``compile``: a solve's program from an empty cache (exact route: 7.6-14.6 s
-#: on eight problems, one to eight heads; ``exact_gram``, two heads with their exact Gram term, ``L H >= 64``: 20-25 s;
+#: on eight problems, one to eight heads; ``exact_gram``, two heads with their exact Gram term, ``L H >= 64``: 20-25 s,
+#: 0.76x since its one-token expectations are one vmapped evaluation;
 #: rule: 2.2-2.9 s on six); ``load``: from the persistent cache; ``prepare``: building its rules and starts (exact 0.8-1.6 s,
 #: rule 0.01-0.2 s); ``solve``: drift evaluations (:func:`theory_work`) per adaptive step (Tsit5's six stages), ``saved`` per
 #: saved time (:func:`solve_size`); ``sgd_step``: one SGD step per ``seeds x batch x L x D x (H + F)`` and ``sgd_overhead``
@@ -53,7 +54,7 @@ from ._resources import auto_points
 #: ``2 (F + H)`` each, at 2.25 times the rule's cost per unit: :func:`_prediction_model`).
 REFERENCE = {
     "benchmark": {"run": 3.0e-3, "compile": 0.09},
-    "compile": {"exact": 10.0, "exact_gram": 22.0, "rule": 2.6}, "load": {"exact": 0.7, "exact_gram": 1.5, "rule": 0.17},
+    "compile": {"exact": 10.0, "exact_gram": 17.0, "rule": 2.6}, "load": {"exact": 0.7, "exact_gram": 1.2, "rule": 0.17},
     "prepare": {"exact": 1.3, "rule": 0.15}, "solve": 6.0, "saved": 0.35, "sgd_step": 8.8e-10, "sgd_overhead": 1.2e-4,
     "measure": 4.0e-8, "sim_compile": 4.0, "risk": 5.0, "risk_compile": {"exact": 3.3, "rule": 1.3}, "prediction": 4.0,
     "prediction_drifts": 675,
