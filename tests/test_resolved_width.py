@@ -15,10 +15,10 @@ import pytest
 from _tiny import tiny
 
 import singleloc as sl
+from singleloc.configuration._specs import ON_THE_RULE
 from singleloc.expectations._laplace import NODES, RESOLVED_SIGMA, exact_rule
 from singleloc.expectations._laplace_expectation import DRIFT_ERROR_WARN, RISK_ERROR_WARN, LaplaceExpectation
 from singleloc.preflight._build import build
-from singleloc.theory._ode import on_the_rule
 from singleloc.theory._step_budget import UnresolvedFields
 
 #: A start of the tiny problem just inside the widest field the default rule resolves (standard deviation 4.9 of
@@ -52,9 +52,9 @@ def test_leaving_the_exact_route_drops_its_gram_keys(keys):
     assert build(config).route.route == "exact"
     with pytest.raises(ValueError, match="applies to the exact route's Gram term"):
         build(config.replace(theory={"route": "rule"}))
-    setup = build(on_the_rule(config))
+    setup = build(config.replace(theory=ON_THE_RULE))
     assert (setup.route.route, setup.theory.gram, setup.theory.gram_points) == ("rule", "auto", "auto")
-    assert on_the_rule(config).replace(theory={"route": "auto"}) == tiny()
+    assert config.replace(theory=ON_THE_RULE).replace(theory={"route": "auto"}) == tiny()
 
 
 @pytest.mark.slow

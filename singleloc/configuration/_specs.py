@@ -33,6 +33,9 @@ GRAM_NODE_BUDGET = 2**22
 #: An escape prediction on the rule route: nodes of at most this many fields (``points * L * H``;
 #: :meth:`Theory.prediction_points`).
 PREDICTION_NODE_BUDGET = 2**18
+#: The theory keys of a run moved onto the Sobol rule (the escape prediction's numerics, ``"auto"``'s way on where the
+#: exact route's rule no longer resolves the fields): the exact route's Gram keys reset, as the rule takes its own.
+ON_THE_RULE = {"route": "rule", "gram": "auto", "gram_points": "auto"}
 
 def _fitting_points(budget: int, L: int, H: int) -> int:
     """The largest power of two of points whose nodes over ``L * H`` fields take at most ``budget`` numbers (1 at least)."""

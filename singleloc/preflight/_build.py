@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..configuration._config import Config
-from ..configuration._specs import SGD, Model, Problem, Simulation, Theory
+from ..configuration._specs import ON_THE_RULE, SGD, Model, Problem, Simulation, Theory
 from ..expectations._routes import RouteChoice, choose_route, route_class
 from ..model._activations import Activation
 from ..model._priors import Prior
@@ -82,7 +82,7 @@ class Setup:
         """This setup on the Sobol rule (the rule route, its own Gram term) at ``points`` points, every other key kept:
         the escape prediction's numerics whatever the run's route
         (:func:`~singleloc.analysis._predictions.prediction_setup`, and its estimate)."""
-        theory = dataclasses.replace(self.theory, route="rule", points=points, gram="auto", gram_points="auto")
+        theory = dataclasses.replace(self.theory, points=points, **ON_THE_RULE)
         return dataclasses.replace(self, theory=theory, route=dataclasses.replace(self.route, route="rule", gram=None))
 
 

@@ -44,7 +44,7 @@ import numpy as np
 from jaxtyping import ArrayLike, Real
 
 from ..configuration._config import Config, gather_specs
-from ..configuration._specs import SGD, Model, Problem, Simulation, Theory
+from ..configuration._specs import ON_THE_RULE, SGD, Model, Problem, Simulation, Theory
 from ..expectations._expectation import relative_drift_error, solve_report
 from ..expectations._sharding import shard_batch, unpad
 from ..preflight._build import Setup, build
@@ -299,7 +299,7 @@ def integrate_setup(setup: Setup, y0: Starts | None = None, *, ts: Real[ArrayLik
     if isinstance(result, UnresolvedFields) and setup.theory.route == "auto":  # auto's choice: on to the Sobol rule
         warnings.warn(f"{str(result).split(';')[0]}: solving on the Sobol rule instead (theory.route = 'rule')",
                       stacklevel=2)  # a warning, said also without progress lines: the run changes route
-        return integrate_setup(build(on_the_rule(setup.config)), start, ts=ts, max_steps=max_steps,
+        return integrate_setup(build(setup.config.replace(theory=ON_THE_RULE)), start, ts=ts, max_steps=max_steps,
                                progress=progress, t0=t0)
     if isinstance(result, FloatingPointError):
         raise result
@@ -335,7 +335,7 @@ def integrate_points(problems: Sequence[tuple[Config, OrderParameters | None]], 
     if redo:  # auto's choice, as integrate does: on to the Sobol rule
         warnings.warn(f"{len(redo)} of {len(results)} points (theory.route = 'auto') left what the exact route's rule "
                       "resolves: solving them on the Sobol rule instead (theory.route = 'rule')", stacklevel=2)
-        rule = [(on_the_rule(problems[i][0]), problems[i][1]) for i in redo]
+        rule = [(problems[i][0].replace(theory=ON_THE_RULE), problems[i][1]) for i in redo]
         for i, result in zip(redo, integrate_points(rule, max_steps=max_steps)):
             results[i] = result
     return results
@@ -348,12 +348,6 @@ def _solved(solve: TheorySolve, name: str, program, args: tuple, static: tuple, 
         out = jax.device_get(program(*args, *static) if progress else exported_call(name, program, *args, static=static))
         solve.finished = bool(np.all(np.asarray(out[2]) == 0))  # a solve stopped early: no rate recorded
     return unpad(out, n)
-
-
-def on_the_rule(config: Config) -> Config:
-    """``config`` on the Sobol rule, where ``"auto"``'s exact route left what its rule resolves: the exact route's Gram
-    keys (``theory.gram``, ``theory.gram_points``) reset, as the rule route takes its own Gram term."""
-    return config.replace(theory={"route": "rule", "gram": "auto", "gram_points": "auto"})
 
 
 def _shape_key(args) -> tuple:
