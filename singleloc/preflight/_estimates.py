@@ -233,9 +233,9 @@ def theory_work(L: int, H: int, prior: Prior, th: Theory, route: RouteChoice, st
     L H x atoms``; at ``L = 64`` a drift alone costs 2.6 times more per unit, but inside the solve of eight heads to ``tau =
     2100`` about 0.6 times); on the exact route ``(L / 4)^0.35`` times, per atom, ``0.6`` ms per head, and past one head
     ``5`` ms (the Gram term on its Sobol rule; the exact two-head term ``15`` ms and flat in ``L``: drifts of 45-52 ms at
-    ``L`` = 64 ... 1024 against 19-22 ms at 4 and 16) and ``1.6`` ms per pair of heads; a joint layer's rule ``8.4e-6`` s
-    per unit (:func:`~singleloc.expectations._laplace_joint.joint_rule_size`) and 1.3 times the pairs' (two heads of
-    bsoftmax solved at 1.2 times the per-head layer's rate)."""
+    ``L`` = 64 ... 1024 against 19-22 ms at 4 and 16) and ``1.6`` ms per pair of heads; a joint layer's rule ``2e-5`` s
+    per unit (:func:`~singleloc.expectations._laplace_joint.joint_rule_size`) and half the pairs' (bsoftmax to ``tau =
+    100``, quiet: two heads solved in 3.2 s, three in 58 s; the four heads' drift alone takes 2.4-3.4 CPU s)."""
     per, atoms, pairs = starts * th.replicates, len(prior.atoms), H * (H - 1) / 2
     if route.route_class.field_nodes:
         return per * 3.2e-8 * auto_points(L, H, prior, th.points) * L * H * atoms
@@ -245,7 +245,7 @@ def theory_work(L: int, H: int, prior: Prior, th: Theory, route: RouteChoice, st
     if route.form is not None and route.form.joint:
         from ..expectations._laplace_joint import joint_rule_size
 
-        return per * (8.4e-6 * joint_rule_size(H, prior) + 1.3 * exact)
+        return per * (2.0e-5 * joint_rule_size(H, prior) + 0.5 * exact)
     return per * exact
 
 
