@@ -207,8 +207,9 @@ def test_a_cached_prediction_sets_its_runs_horizon_in_the_estimate(tmp_path):
     from singleloc.sweeps._sweep_estimate import sweep_costs
 
     cfg = load_config("default", TINY)
-    np.savez(_sweep_entries._entry_path(tmp_path, cfg, "prediction"), horizon=np.array(123.0))
-    run = _sweep_entries._entry_path(tmp_path, resolve_horizon(cfg, {"horizon": 123.0}, "auto"), "theory")
+    prediction = fake_prediction(cfg)
+    _sweep_entries._store(_sweep_entries._entry_path(tmp_path, cfg, "prediction"), "prediction", prediction)
+    run = _sweep_entries._entry_path(tmp_path, resolve_horizon(cfg, prediction, "auto"), "theory")
     with reporting(mode="off"):
         assert list(sweep_costs([({}, cfg)], None, ["theory"], tmp_path, "auto", quiet=True)) == [run.name]
         run.touch()

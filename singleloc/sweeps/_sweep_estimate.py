@@ -7,12 +7,10 @@ taken as their fallback (300).
 
 from __future__ import annotations
 
-import contextlib
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from ..configuration._config import Config
 from ..preflight._build import build
@@ -50,12 +48,14 @@ def sweep_costs(points: Sequence[tuple[Mapping[str, Any], Config]], run_cfgs: Ma
     each point's prediction (with ``horizon = "auto"`` or ``theory.points = "auto"``: a fixed horizon's are made after
     the runs, where needed), and its theory and simulation at its horizon; after them, those of ``run_cfgs``."""
     from ..analysis._predictions import HORIZON_FALLBACK, resolve_horizon
-    from ._sweep_entries import _entry_path
+    from ._sweep_entries import _entry_path, _read_entry
 
     costs, per_point, groups, guessed = {}, [], set(), False
     for i, (_, cfg) in enumerate(points):
         if run_cfgs is None:  # a prediction in the cache sets its runs' horizon, "auto" is else at the fallback horizon
-            stored = _stored(_entry_path(cache, cfg, "prediction"))
+            path = _entry_path(cache, cfg, "prediction")
+            with warnings.catch_warnings(action="ignore"):  # a damaged entry is said when the sweep reads it
+                stored = _read_entry(path, "prediction") if path.is_file() else None
             guessed |= stored is None
             run_cfg = resolve_horizon(cfg, stored or {"horizon": HORIZON_FALLBACK}, horizon)
             predict = horizon == "auto" or cfg.theory.points == "auto"  # a fixed horizon's: after the runs (_sweep)
@@ -97,14 +97,6 @@ def sweep_costs(points: Sequence[tuple[Mapping[str, Any], Config]], run_cfgs: Ma
         say("the most expensive: " + "; ".join(f"{_point(points[i][0])}: about {duration(s)} ({', '.join(e[0] for e in es)})"
                                                for s, i, es in worst[:SHOWN]))
     return costs
-
-
-def _stored(path: Path) -> dict[str, np.ndarray] | None:
-    """The horizon and points of a prediction entry in the cache, or ``None`` (none yet, or unreadable)."""
-    with contextlib.suppress(OSError, ValueError), np.load(path) as entry:
-        if "horizon" in entry.files:
-            return {k: entry[k] for k in ("horizon", "points") if k in entry.files}
-    return None
 
 
 def _cheaper(config: Config) -> str:
