@@ -67,6 +67,11 @@ class RouteChoice:
         """The route's class (:func:`route_class`), which answers for it."""
         return route_class(self.route)
 
+    def two_head_exact_gram(self, H: int) -> bool:
+        """Whether the ``H`` heads take the exact Gram term of two heads: a program of its own, about twice the
+        default's, with ``L`` traced (one for every ``L``), and a drift flat in ``L`` (the estimates' cost class)."""
+        return self.gram == "exact" and H == 2
+
 
 def route_class(name: str) -> type:
     """The expectation class of the route ``name`` (:data:`~singleloc.ground._choices.ROUTE_CLASSES`)."""

@@ -239,7 +239,7 @@ def theory_work(L: int, H: int, prior: Prior, th: Theory, route: RouteChoice, st
     per, atoms, pairs = starts * th.replicates, len(prior.atoms), H * (H - 1) / 2
     if route.route_class.field_nodes:
         return per * 3.2e-8 * auto_points(L, H, prior, th.points) * L * H * atoms
-    if route.gram == "exact" and H == 2:
+    if route.two_head_exact_gram(H):
         return per * atoms * (6e-4 * H + 1.5e-2 + 1.6e-3)
     exact = atoms * (6e-4 * H + (5e-3 + 1.6e-3 * pairs if H > 1 else 0.0)) * (L / 4) ** 0.35
     if route.form is not None and route.form.joint:
@@ -339,7 +339,7 @@ class TheorySolve:
         from ..runtime._compilation import _environment, compile_group
 
         route, words = route_costs(setup.route)
-        made = "exact_gram" if route == "exact" and setup.route.gram == "exact" and setup.heads == 2 else route
+        made = "exact_gram" if setup.route.two_head_exact_gram(setup.heads) else route
         rates = rates or (setup.sgd.rate,)
         batch = len(rates)
         self.work = theory_work(setup.problem.L, setup.heads, setup.prior, setup.theory, setup.route, starts * batch)

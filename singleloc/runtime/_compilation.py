@@ -180,8 +180,9 @@ def cache_dir() -> Path | None:
 
 def _cache_source() -> str:
     """Where :func:`cache_dir` comes from, for messages."""
-    return CACHE_ENV if CACHE_ENV in os.environ else "XDG_CACHE_HOME" if os.environ.get("XDG_CACHE_HOME") else \
-        "the default ~/.cache"
+    if CACHE_ENV in os.environ:
+        return CACHE_ENV
+    return "XDG_CACHE_HOME" if os.environ.get("XDG_CACHE_HOME") else "the default ~/.cache"
 
 
 def enable_compilation_cache(directory: str | Path | None = None) -> Path | None:
