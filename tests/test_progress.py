@@ -143,9 +143,10 @@ def test_a_fixed_cost_is_the_familys_else_its_model_times_the_kinds_measured_ove
     assert _estimates.fixed("other", "d", "compile", 20.0) == (20.0, "from this CPU's speed")  # the reference's
 
 
-def test_a_solves_steps_follow_the_expected_steps_then_grow_as_the_root_of_its_span():
+def test_a_solves_steps_follow_the_expected_steps_then_grow_as_the_root_of_its_span_then_as_the_span():
     assert solve_size(1.0, 200.0, 0, 2.0) == pytest.approx(REFERENCE["solve"] * expected_steps(2.0, 200.0))
-    assert solve_size(1.0, 4 * 1000.0, 0) / solve_size(1.0, 1000.0, 0) == pytest.approx(2.0)
+    assert solve_size(1.0, 4 * 700.0, 0) / solve_size(1.0, 700.0, 0) == pytest.approx(2.0)
+    assert solve_size(1.0, 4 * 5000.0, 0) / solve_size(1.0, 5000.0, 0) == pytest.approx(4.0)  # stability-held steps
     assert solve_size(1.0, 1000.0, 10) - solve_size(1.0, 1000.0, 0) == pytest.approx(10 * REFERENCE["saved"])
 
 
