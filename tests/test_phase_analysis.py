@@ -12,7 +12,7 @@ from singleloc import OrderParameterODE, build, load_config
 from singleloc.analysis import _head_classes as hc
 from singleloc.analysis import _phase_analysis as pa
 from singleloc.analysis import _plateaus as pl
-from singleloc.analysis._attention_mass import attention_mass
+from singleloc.analysis._attention_mass import attention_mass, classifying_weights
 from singleloc.preflight._resources import auto_points
 
 
@@ -275,12 +275,14 @@ def test_attention_mass_against_monte_carlo():
     # a joint layer's masses sum to H exactly on a rule; on the exact route to its profiles' interpolation
     # error (below 1e-10, singleloc.expectations._laplace_profiles; 1.4e-11 here)
     assert w_b.shape == (1, 2) and w_b.sum() == pytest.approx(2.0, abs=1e-10)
-    # a sweep's phase summary takes a joint layer's weights on the Sobol rule at its auto points (the exact ones cost
-    # its whole rule at every saved time): within the rule's error of the exact ones (3.5e-8 here, 1024 points), far
-    # below the 0.05 under which a head is off, the weights' one use there
+    # the head classes of a run and of a sweep's summary take a joint layer's weights on the Sobol rule at its auto
+    # points (the exact ones cost its whole rule at every saved time): within the rule's error of the exact ones
+    # (3.5e-8 here, 1024 points), far below the 0.05 under which a head is off, the weights' one use there
     joint = build(cfg.replace(model={"activation": "bsoftmax"}))
-    on_rule = OrderParameterODE.from_setup(joint.on_rule_route(auto_points(4, 2, joint.prior)))
-    np.testing.assert_allclose(attention_mass(on_rule, M[None], Q[None], b[None]), w_b, atol=1e-6)
+    on_rule = attention_mass(OrderParameterODE.from_setup(joint.on_rule_route(auto_points(4, 2, joint.prior))), M[None],
+                             Q[None], b[None])
+    np.testing.assert_array_equal(classifying_weights(joint, M[None], Q[None], b[None]), on_rule)
+    np.testing.assert_allclose(on_rule, w_b, atol=1e-6)
     w1 = attention_mass(OrderParameterODE.from_setup(build(cfg.replace(model={"activation": "softmax1"}))), M, Q, b)
     # Monte Carlo: token 0 carries M theta, theta = 2.5 e_f with f uniform; 4e5 samples
     rng = np.random.default_rng(0)

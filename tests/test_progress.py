@@ -79,7 +79,7 @@ def fake_compute(monkeypatch):
 
     monkeypatch.setattr(_sweep_compute, "compute_prediction", prediction)
     monkeypatch.setattr(_sweep_compute, "compute_bayes", fake_bayes)
-    monkeypatch.setattr(_sweep, "attention_mass", lambda ode, M, Q, b: np.ones(np.shape(b)))  # softmax's exactly
+    monkeypatch.setattr(_sweep, "classifying_weights", lambda setup, M, Q, b: np.ones(np.shape(b)))  # softmax's exactly
     monkeypatch.setattr(_sweep_compute, "compute_theory", theory)
     monkeypatch.setattr(_sweep_compute, "compute_theories", lambda configs: [theory(c) for c in configs])
     return calls

@@ -61,7 +61,7 @@ def fake_compute(monkeypatch):
 def _fake_compute(monkeypatch):
     calls = []
     monkeypatch.setattr(_sweep_compute, "compute_prediction", fake_prediction)
-    monkeypatch.setattr(_sweep, "attention_mass", lambda ode, M, Q, b: np.ones(np.shape(b)))
+    monkeypatch.setattr(_sweep, "classifying_weights", lambda setup, M, Q, b: np.ones(np.shape(b)))
     monkeypatch.setattr(_sweep_compute, "compute_bayes", fake_bayes)
 
     def fake(config):

@@ -61,7 +61,7 @@ def test_sweep_file_round_trips_the_cache_and_the_csv(tmp_path, monkeypatch):
     monkeypatch.setattr(_sweep_compute, "compute_theory", theory)
     monkeypatch.setattr(_sweep_compute, "compute_theories", lambda configs: [theory(c) for c in configs])
     monkeypatch.setattr(_sweep_compute, "compute_bayes", fake_bayes)
-    monkeypatch.setattr(_sweep, "attention_mass", lambda ode, M, Q, b: np.ones(np.shape(b)))  # softmax's exactly
+    monkeypatch.setattr(_sweep, "classifying_weights", lambda setup, M, Q, b: np.ones(np.shape(b)))  # softmax's exactly
     base = tiny("problem.F=2", "theory.points=16", "sgd.n_save=5", "simulation.D=1000", "simulation.test_samples=4096")
     grids = [parse_grid("model.heads=1,2"), parse_grid("sgd.tau_max=1.0,2.0")]
     out = tmp_path / "out"

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import ArrayLike, Real
 
+from ..preflight._resources import auto_points
 from ..theory._theory import OrderParameterODE
 
 
@@ -33,3 +34,13 @@ def attention_mass(ode: OrderParameterODE, M: Real[ArrayLike, "*S H F"], Q: Real
     H, F = M.shape[-2:]
     flat = jnp.asarray(M.reshape(-1, H, F)), jnp.asarray(Q.reshape(-1, H, H)), jnp.asarray(b.reshape(-1, H))
     return np.asarray(_attention_mass_many(ode, *flat)).reshape(M.shape[:-2] + (H,))
+
+
+def classifying_weights(setup, M, Q, b) -> np.ndarray:
+    """:func:`attention_mass` for the head classes of a run of ``setup`` (:func:`~singleloc.preflight._build.build`),
+    whose one use of it is a head ``off`` below 0.05: on the run's route, but a joint layer's exact masses, which
+    cost its whole rule at every state (bsoftmax, ``H = 4``: about a second a state), on the Sobol rule at its auto
+    points (within 3.5e-8 of the exact ones at tests/test_phase_analysis.py's state)."""
+    if setup.route.form is not None and setup.route.form.joint and not setup.route.route_class.field_nodes:
+        setup = setup.on_rule_route(auto_points(setup.problem.L, setup.heads, setup.prior))
+    return attention_mass(OrderParameterODE.from_setup(setup), M, Q, b)

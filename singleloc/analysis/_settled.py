@@ -91,10 +91,10 @@ def settledness(tau, risk, codes, *, window: float = WINDOW, rtol: float = RTOL)
 def run_settledness(setup, tau, M, Q, b, risk) -> Settledness:
     """:func:`settledness` of the trajectories ``M`` (S, T, H, F), ``Q``, ``b`` and ``risk`` (S, T) of a run of
     ``setup`` (:func:`~singleloc.preflight._build.build`) at ``tau`` (T,), with the head classes of the window's saved
-    times (with the heads' attention weights, :func:`~singleloc.attention_mass`, so that a head switching off counts)."""
+    times (with the heads' attention weights, :func:`~singleloc.analysis._attention_mass.classifying_weights`, so that a
+    head switching off counts)."""
     from ..runtime._progress import Phase
-    from ..theory._theory import OrderParameterODE
-    from ._attention_mass import attention_mass
+    from ._attention_mass import classifying_weights
     from ._head_classes import classify_heads
 
     tau = np.asarray(tau, float)
@@ -102,5 +102,5 @@ def run_settledness(setup, tau, M, Q, b, risk) -> Settledness:
     M, Q, b, risk = (np.asarray(x, float)[:, start:] for x in (M, Q, b, risk))
     with Phase((f"classifying the heads at the last {len(tau) - start} saved times (whether the run settled)",
                 "classified the heads"), quiet=True):
-        weights = attention_mass(OrderParameterODE.from_setup(setup), M, Q, b)
+        weights = classifying_weights(setup, M, Q, b)
     return settledness(tau[start:], risk, classify_heads(M, Q, mean=setup.prior.mean(), weights=weights).code)

@@ -12,9 +12,8 @@ kernel compiled).
 
 **The file.** ``timings.json`` in the compilation cache folder (none with ``SINGLELOC_CACHE_DIR=""``): ``{"version": 5,
 "devices": {DEVICE: {"families": {KEY: {"kind", "label", "work", "rates", "compile", "load", "prepare", "references",
-"env"}}}}}`` (``references``: the model's fixed costs).
-Only the commands write it (atomically, re-read first), within :func:`~singleloc.runtime._progress.reporting`'s
-``record``; a Python caller keeps what it measures in its process.
+"env"}}}}}`` (``references``: the model's fixed costs). Only the commands write it (atomically, re-read first), within
+:func:`~singleloc.runtime._progress.reporting`'s ``record``; a Python caller keeps what it measures in its process.
 Deleting it resets the estimates; a damaged file is ignored.
 """
 
@@ -86,8 +85,7 @@ def timings_path() -> Path | None:
 
 
 class Timings:
-    """The records of device ``name`` (module docstring) at ``path``; ``here``: the device in words (``"this CPU"``,
-    ``"this GPU (NVIDIA H200)"``)."""
+    """The records of device ``name`` at ``path`` (module docstring); ``here``: the device in words (``"this CPU"``)."""
 
     def __init__(self, path: Path | None, name: str):
         platform, _, kind = name.partition(": ")
@@ -234,14 +232,14 @@ def theory_work(L: int, H: int, prior: Prior, th: Theory, route: RouteChoice, st
     2100`` about 0.6 times); on the exact route ``(L / 4)^0.35`` times, per atom, ``0.6`` ms per head, and past one head
     ``5`` ms (the Gram term on its Sobol rule; the exact two-head term ``15`` ms and flat in ``L``: drifts of 45-52 ms at
     ``L`` = 64 ... 1024 against 19-22 ms at 4 and 16), at one head ``0.8`` ms (its exact Gram term: one head's drift is
-    0.14-0.19 of two heads', not the 0.08 of the model without it), and ``1.6`` ms per pair of heads; a Gaussian prior's
-    one atom counts twice (its relevant token's fields are wide, on the profile grid: two heads' drift 0.9-1.2 times
-    that under two spikes); a joint layer's rule ``2e-5`` s per unit (:func:`~singleloc.expectations._laplace_joint.
-    joint_rule_size`) and half the pairs' (bsoftmax to ``tau = 100``, quiet: two heads solved in 3.2 s, three in 58 s)."""
+    0.14-0.19 of two heads'), and ``1.6`` ms per pair of heads; a Gaussian prior's one atom counts twice (wide fields, on
+    the profile grid: two heads' drift 0.9-1.2 times that under two spikes); a joint layer's rule ``2e-5`` s per unit
+    (:func:`~singleloc.expectations._laplace_joint.joint_rule_size`) and half the pairs' (bsoftmax to ``tau = 100``,
+    quiet: two heads solved in 3.2 s, three in 58 s)."""
     per, atoms, pairs = starts * th.replicates, len(prior.atoms), H * (H - 1) / 2
     if route.route_class.field_nodes:
         return per * 3.2e-8 * auto_points(L, H, prior, th.points) * L * H * atoms
-    atoms *= 1 if prior.is_discrete else 2  # the exact route's one atom of a Gaussian prior: wide fields, its grid
+    atoms *= 1 if prior.is_discrete else 2
     if route.two_head_exact_gram(H):
         return per * atoms * (6e-4 * H + 1.5e-2 + 1.6e-3)
     exact = atoms * (6e-4 * H + (5e-3 + 1.6e-3 * pairs if H > 1 else 8e-4)) * (L / 4) ** 0.35
@@ -260,11 +258,10 @@ def solve_size(work: float, span: float, saved: int, rate: float = 1.0, diluted:
     16-57 steps to 200, 57-114 to 1700-2100, 85-199 to 3000; within 1.6x of the law past ``tau = 200``, up to 3.2x at
     ``tau = 150`` for eight heads at ``L = 64``, whose first steps are long); past ``tau = 3000`` as the span again: near
     a fixed point the explicit solver's step is held by the stability of the fastest decaying mode (one and two softmax
-    heads, spikes and Gaussian prior: 84-347 steps to 3000, 370-2205 to 20000, where the root law said 311, 1.2-7.1x
-    short, and this law says 803, 0.36-2.2 times them). ``diluted``: the sequence length of a layer
-    whose attention on the relevant token starts at ``1 / L`` (its scale not growing with ``L``): past ``L = 64`` its
-    dynamics slow and the steps fall as ``(64 / L)^0.5`` (the default problem to ``tau = 300`` at ``L`` = 64 ... 1024:
-    about 38, 28, 22, 11 and 10 steps)."""
+    heads, spikes and Gaussian prior: 84-347 steps to 3000, 370-2205 to 20000, where the root law said 311 and this law
+    803). ``diluted``: the sequence length of a layer whose attention on the relevant token starts at ``1 / L`` (its
+    scale not growing with ``L``): past ``L = 64`` its dynamics slow and the steps fall as ``(64 / L)^0.5`` (the default
+    problem to ``tau = 300`` at ``L`` = 64 ... 1024: about 38, 28, 22, 11 and 10 steps)."""
     steps = expected_steps(rate, span) * (215.0 / min(max(span, 215.0), 3000.0)) ** 0.5 * min(1.0, 64.0 / diluted) ** 0.5
     return work * (REFERENCE["solve"] * steps + REFERENCE["saved"] * saved)
 

@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from ..analysis._attention_mass import attention_mass
+from ..analysis._attention_mass import classifying_weights
 from ..analysis._head_classes import HEAD_CLASSES
 from ..analysis._phase_analysis import analyze
 from ..analysis._predictions import EscapePrediction, resolve_horizon
@@ -53,11 +53,10 @@ from ..ground._atomic_files import OUTPUT_KEY, png_has_text, written_together
 from ..ground._choices import ROUTE_WORDS, check_horizon
 from ..io._run_folders import save_figure, save_text
 from ..preflight._build import build
-from ..preflight._resources import auto_points, check_run
+from ..preflight._resources import check_run
 from ..runtime._distributed import open_cluster
 from ..runtime._numerics import require_x64
 from ..runtime._progress import Bar
-from ..theory._theory import OrderParameterODE
 from ..theory._theory_result import STATEMENT_FIELDS
 from ._grid import Grid, grid_points
 from ._sweep_cache import SweepStats, cached_run, fill_cache
@@ -93,17 +92,12 @@ def check_sweep(base: Config, grids: Sequence[Grid], *, simulate: bool = False, 
 
 
 def summarize(config: Config, data: dict[str, np.ndarray], kind: str) -> dict[str, float]:
-    """:meth:`PhaseAnalysis.summary` of an entry, with the heads' attention weights on the route it ran on (a theory
-    entry's own: the exact route's point may have gone on on the Sobol rule, whose fields the exact rule does not
-    resolve); a joint layer's exact weights on the Sobol rule (at its auto points): exactly they cost its whole rule at
-    every saved time (bsoftmax, ``H = 4``: about a second a state, minutes a sweep point), where the one use of the
-    weights, a head ``off`` below 0.05, needs far less than the rule's 1e-3."""
+    """:meth:`PhaseAnalysis.summary` of an entry, with the heads' attention weights (:func:`classifying_weights`) on
+    the route it ran on (a theory entry's own: the exact route's point may have gone on on the Sobol rule, whose fields
+    the exact rule does not resolve)."""
     if "route" in data:
         config = config.replace(theory={"route": str(data["route"])})
-    setup = build(config)
-    if setup.route.form is not None and setup.route.form.joint and not setup.route.route_class.field_nodes:
-        setup = setup.on_rule_route(auto_points(setup.problem.L, setup.heads, setup.prior))
-    weights = attention_mass(OrderParameterODE.from_setup(setup), data["M"], data["Q"], data["b"])
+    weights = classifying_weights(build(config), data["M"], data["Q"], data["b"])
     return analyze(data["tau"], data["M"], data["Q"], data[PHASE_RISK[kind]], mean=config.problem.build_prior().mean(),
                    weights=weights).summary()
 
