@@ -12,6 +12,8 @@ import pytest
 from _exact import _mass, _risk, _value_and_grad, rule_for
 
 import singleloc as sl
+from singleloc.expectations._cubature import joint_node_count, joint_nodes
+from singleloc.expectations._laplace_joint import joint_layout, refined_layout
 
 pytestmark = pytest.mark.exact_route
 
@@ -217,3 +219,12 @@ def test_the_joint_combination_rule_integrates_the_moments_it_claims(small):
     for a, p in itertools.product(lead, monomials):
         powers = a + tuple(p)
         assert np.sum(w * np.prod(z ** np.array(powers), axis=1)) == pytest.approx(expect(powers), abs=1e-10), powers
+
+
+@pytest.mark.parametrize("H", [2, 3, 4, 6, 8])
+@pytest.mark.parametrize("F", [1, 2, 3])
+def test_the_joint_rules_size_is_counted_without_its_nodes(H, F):
+    """The memory check's and the estimates' count of a joint layer's token nodes (from the weights alone) is the
+    number of nodes the rule is built with, for the default and the refined layout."""
+    for layout in (joint_layout(H, F), refined_layout(joint_layout(H, F))):
+        assert joint_node_count(*layout) == len(joint_nodes(*layout)[1])

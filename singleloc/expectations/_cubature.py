@@ -124,9 +124,23 @@ def joint_nodes(levels: tuple, small: int, axis: int) -> tuple[np.ndarray, np.nd
     the order of products of two variances) on the coarsest. The ``N`` nodes are ``|L_0| + |L_1| |D1| +
     |L_2| |D2|``, linear in the small directions' own nodes and quadratic in their number, never a product
     of the leading rule with all of them. Nodes of weight below :data:`NODE_FLOOR` are left out."""
-    lead = [_tensor(*map(normal_rule, sizes)) for sizes in levels]
-    parts = [(lead[0], (np.zeros((1, small)), np.ones(1)))]
-    parts += list(zip(lead[1:], small_rules(small, axis))) if small else []
-    nodes, weights = map(np.concatenate, zip(*(_tensor(a, b) for a, b in parts if len(b[1]))))
+    nodes, weights = map(np.concatenate, zip(*(_tensor(a, b) for a, b in _joint_parts(levels, small, axis) if len(b[1]))))
     keep = np.abs(weights) >= NODE_FLOOR
     return nodes[keep], weights[keep]
+
+
+def _joint_parts(levels: tuple, small: int, axis: int) -> list:
+    """The pairs of rules ``(L_i, delta_0 | D1 | D2)`` whose tensors make :func:`joint_nodes`."""
+    lead = [_tensor(*map(normal_rule, sizes)) for sizes in levels]
+    return [(lead[0], (np.zeros((1, small)), np.ones(1)))] + (list(zip(lead[1:], small_rules(small, axis))) if small else [])
+
+
+def joint_node_count(levels: tuple, small: int, axis: int) -> int:
+    """``len(joint_nodes(levels, small, axis)[1])`` from the weights alone: for each leading node the nodes of the
+    small rule whose product of weights reaches :data:`NODE_FLOOR` (no tensor of the nodes, which at 32 heads took
+    seconds to build for a memory check that refuses it)."""
+    count = 0
+    for (_, a), (_, b) in _joint_parts(levels, small, axis):
+        b = np.sort(np.abs(b))
+        count += int(np.sum(len(b) - np.searchsorted(b, NODE_FLOOR / np.abs(a))))
+    return count

@@ -41,7 +41,7 @@ import numpy as np
 
 from ..model._priors import Prior
 from ..runtime._numerics import principal_factor
-from ._cubature import joint_nodes, refined_sizes
+from ._cubature import joint_node_count, joint_nodes, refined_sizes
 from ._laplace_profiles import OMEGA, RHO0, RHO1, RHO2, WIDE_SIGMA, _power, interpolated, rho, smoothing_table
 
 #: The sizes of the normal rules (:func:`~singleloc.expectations._cubature.normal_rule`, trapezoidal from 32 nodes)
@@ -111,7 +111,7 @@ def joint_rule_size(H: int, prior: Prior, *, refined: bool = False) -> int:
     (:func:`refined_layout`). Time and memory grow with it (:data:`~singleloc.expectations._routes.JOINT_EXACT_MAX`,
     :data:`~singleloc.expectations._routes.JOINT_UNIT_BYTES`)."""
     layout = joint_layout(H, prior.F)
-    return len(_nodes(refined_layout(layout) if refined else layout)[1]) * H * len(prior.atoms)
+    return joint_node_count(*(refined_layout(layout) if refined else layout)) * H * len(prior.atoms)
 
 
 # -- the layer ---------------------------------------------------------------------------------
