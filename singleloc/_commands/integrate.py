@@ -64,10 +64,12 @@ def run(args) -> int:
               file=sys.stderr)
     long = config.sgd.tau_max > LONG_TAU
     if long:  # the number of adaptive steps is not known before: say the bound, and show the solve
+        points = config.theory.points  # the nodes of a rule route's drift (the exact route's rule is its own)
+        nodes = "" if not setup.route.route_class.field_nodes else (
+            f" over {2 * points if points != 'auto' else 'the'} quadrature nodes")
         print(f"singleloc integrate: note: sgd.tau_max = {config.sgd.tau_max:g} is a long solve: up to {MAX_STEPS} adaptive "
-              f"steps (each 6 drift evaluations over {2 * config.theory.points if config.theory.points != 'auto' else 'the'} "
-              f"quadrature nodes), which can take many minutes{'; its progress bar follows' if args.progress else ''}",
-              file=sys.stderr)
+              f"steps (each 6 drift evaluations{nodes}), which can take many minutes"
+              f"{'; its progress bar follows' if args.progress else ''}", file=sys.stderr)
     if resume is None:
         result = integrate_setup(setup, max_steps=MAX_STEPS, progress=long and args.progress)
     else:  # from the stored state at its last saved time: the stored run's shapes, so its compiled program
