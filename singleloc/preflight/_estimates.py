@@ -250,19 +250,20 @@ def theory_work(L: int, H: int, prior: Prior, th: Theory, route: RouteChoice, st
     return per * exact
 
 
-def solve_size(work: float, span: float, saved: int, rate: float = 1.0, diluted: float = 1.0) -> float:
+def solve_size(work: float, span: float, saved: int, rate: float = 1.0, diluted: float = 1.0, weighted: bool = False
+               ) -> float:
     """The reference seconds of a solve over ``span`` of ``tau`` with ``saved`` times at the rate per sequence ``rate``:
-    ``REFERENCE["solve"]`` drift evaluations per adaptive step and ``REFERENCE["saved"]`` per saved time's risk. The steps
-    are :func:`~singleloc.runtime._numerics.expected_steps` (they grow as ``rate^0.75`` past 1) up to ``tau = 215``, then as
-    ``span^0.5``: once the fast modes settle the steps lengthen (measured on five problems from ``tau = 50`` to ``3000``:
-    16-57 steps to 200, 57-114 to 1700-2100, 85-199 to 3000; within 1.6x of the law past ``tau = 200``, up to 3.2x at
-    ``tau = 150`` for eight heads at ``L = 64``, whose first steps are long); past ``tau = 3000`` as the span again: near
-    a fixed point the explicit solver's step is held by the stability of the fastest decaying mode (one and two softmax
-    heads, spikes and Gaussian prior: 84-347 steps to 3000, 370-2205 to 20000, where the root law said 311 and this law
-    803). ``diluted``: the sequence length of a layer whose attention on the relevant token starts at ``1 / L`` (its
-    scale not growing with ``L``): past ``L = 64`` its dynamics slow and the steps fall as ``(64 / L)^0.5`` (the default
-    problem to ``tau = 300`` at ``L`` = 64 ... 1024: about 38, 28, 22, 11 and 10 steps)."""
-    steps = expected_steps(rate, span) * (215.0 / min(max(span, 215.0), 3000.0)) ** 0.5 * min(1.0, 64.0 / diluted) ** 0.5
+    ``REFERENCE["solve"]`` drift evaluations per adaptive step, ``REFERENCE["saved"]`` per saved time's risk. The steps:
+    :func:`~singleloc.runtime._numerics.expected_steps` (as ``rate^0.75`` past 1) up to ``tau = 215``, then as
+    ``span^0.5`` (the fast modes settle: five problems, 16-57 steps to 200, 57-114 to 1700-2100, 85-199 to 3000), past
+    ``tau = 3000`` as ``span`` again (near a fixed point the stability of the fastest decaying mode holds the step: one
+    and two softmax heads, spikes and Gaussian prior, 84-347 steps to 3000, 370-2205 to 20000, the law 120 and 803).
+    ``diluted``: the sequence length of a layer whose attention on the relevant token starts at ``1 / L``: past ``L = 64``
+    the steps fall as ``(64 / L)^0.5`` (the default problem to ``tau = 300``: 38, 28, 22, 11, 10 steps at ``L`` = 64 ...
+    1024). ``weighted``: trained head weights, whose mode holds the step from the start: 2.3 times the expected steps
+    (two heads, softmax or softmax1, spikes or Gaussian prior: 76-164 steps to 300, 379-1712 to 3000, 4758 to 20000)."""
+    root = 2.3 if weighted else (215.0 / min(max(span, 215.0), 3000.0)) ** 0.5
+    steps = expected_steps(rate, span) * root * min(1.0, 64.0 / diluted) ** 0.5
     return work * (REFERENCE["solve"] * steps + REFERENCE["saved"] * saved)
 
 
@@ -311,8 +312,7 @@ def _timed(key: str, kind: str, label: str, work: float, size: float, compiling:
 
 
 def prediction_estimate(setup: Setup) -> Estimate:
-    """The estimate of an escape prediction (:func:`~singleloc.analysis._predictions.compute_prediction`): its drift
-    evaluations and its programs (:func:`_programs`)."""
+    """The estimate of an escape prediction: its drift evaluations and its programs (:func:`_programs`)."""
     kind, key, work, size = _prediction_model(setup)
     run = estimate(kind, key, work, size)
     return first_run(Estimate(_programs(kind, key, REFERENCE["prediction"]) + run.seconds, run.basis))
@@ -349,7 +349,8 @@ class TheorySolve:
         self.span, self.batch, self.draw, self.kind = float(span), batch, cached, f"{program}:{route}"
         form, group = setup.route.form, setup.config.to_dict()
         diluted = setup.problem.L if form is None or form.scale == 1 else 1.0
-        self.size = sum(solve_size(self.work / batch, self.span, saved, rate, diluted) for rate in rates)  # each its steps
+        weighted = not setup.model.weighting.head_average
+        self.size = sum(solve_size(self.work / batch, self.span, saved, rate, diluted, weighted) for rate in rates)
         if made == "exact_gram":  # one program for every L
             group["problem"] = {k: v for k, v in group["problem"].items() if k != "L"}
         self.key = f"{program}:{_digest(compile_group('theory', group), route, starts, saved, batch)}"
@@ -434,9 +435,8 @@ def prune_evaluations(H: int, order, draws: int) -> int:
 
 @contextlib.contextmanager
 def pruning(setup: Setup, layers: int, evaluations: int) -> Iterator[Bar]:
-    """Announce the pruning on ``setup``'s route of ``layers`` layers of ``evaluations`` sub-layer risks each (per layer
-    ``REFERENCE["risk"]`` drift evaluations a risk; its programs, a risk per head: :func:`_programs`), count them in a bar
-    updated by the caller, and record the times (:func:`_timed`)."""
+    """Announce the pruning on ``setup``'s route of ``layers`` layers of ``evaluations`` sub-layer risks each (``REFERENCE
+    ["risk"]`` drifts a risk; its programs, a risk per head), count them in the caller's bar, and record the times."""
     H = setup.heads
     route, work = route_costs(setup.route)[0], theory_work(setup.problem.L, H, setup.prior, setup.theory, setup.route, 1)
     key, size = f"prune:{_digest(_label(setup), route, work, evaluations)}", REFERENCE["risk"] * work * evaluations
