@@ -262,8 +262,8 @@ def solve_size(work: float, span: float, saved: int, rate: float = 1.0, diluted:
     the steps fall as ``(64 / L)^0.5`` (the default problem to ``tau = 300``: 38, 28, 22, 11, 10 steps at ``L`` = 64 ...
     1024). ``weighted``: trained head weights, whose mode holds the step from the start: 2.3 times the expected steps
     (two heads, softmax or softmax1, spikes or Gaussian prior: 76-164 steps to 300, 379-1712 to 3000, 4758 to 20000)."""
-    root = 2.3 if weighted else (215.0 / min(max(span, 215.0), 3000.0)) ** 0.5
-    steps = expected_steps(rate, span) * root * min(1.0, 64.0 / diluted) ** 0.5
+    settling = 2.3 if weighted else (215.0 / min(max(span, 215.0), 3000.0)) ** 0.5
+    steps = expected_steps(rate, span) * settling * min(1.0, 64.0 / diluted) ** 0.5
     return work * (REFERENCE["solve"] * steps + REFERENCE["saved"] * saved)
 
 
@@ -435,8 +435,8 @@ def prune_evaluations(H: int, order, draws: int) -> int:
 
 @contextlib.contextmanager
 def pruning(setup: Setup, layers: int, evaluations: int) -> Iterator[Bar]:
-    """Announce the pruning on ``setup``'s route of ``layers`` layers of ``evaluations`` sub-layer risks each (``REFERENCE
-    ["risk"]`` drifts a risk; its programs, a risk per head), count them in the caller's bar, and record the times."""
+    """Announce the pruning on ``setup``'s route of ``layers`` layers of ``evaluations`` sub-layer risks each (a risk
+    ``REFERENCE["risk"]`` drifts; its programs, a risk per head), count them in the caller's bar, record the times."""
     H = setup.heads
     route, work = route_costs(setup.route)[0], theory_work(setup.problem.L, H, setup.prior, setup.theory, setup.route, 1)
     key, size = f"prune:{_digest(_label(setup), route, work, evaluations)}", REFERENCE["risk"] * work * evaluations
