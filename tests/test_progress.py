@@ -22,7 +22,7 @@ from singleloc.preflight import _estimates
 from singleloc.preflight._build import build
 from singleloc.preflight._estimates import REFERENCE, TheorySolve, Timings, solve_size
 from singleloc.runtime import _compilation, _progress
-from singleloc.runtime._numerics import expected_steps
+from singleloc.runtime._numerics import WEIGHTED_STEPS, expected_steps
 from singleloc.runtime._progress import Bar, Estimate
 from singleloc.simulation import _simulation_estimate
 from singleloc.sweeps import _sweep, _sweep_compute
@@ -147,8 +147,9 @@ def test_a_solves_steps_follow_the_expected_steps_then_grow_as_the_root_of_its_s
     assert solve_size(1.0, 200.0, 0, 2.0) == pytest.approx(REFERENCE["solve"] * expected_steps(2.0, 200.0))
     assert solve_size(1.0, 4 * 700.0, 0) / solve_size(1.0, 700.0, 0) == pytest.approx(2.0)
     assert solve_size(1.0, 4 * 5000.0, 0) / solve_size(1.0, 5000.0, 0) == pytest.approx(4.0)  # stability-held steps
-    # trained head weights: in proportion to the span from the start
+    # trained head weights: in proportion to the span from the start, WEIGHTED_STEPS times the law
     assert solve_size(1.0, 700.0, 0, weighted=True) == pytest.approx(2.3 * REFERENCE["solve"] * expected_steps(1.0, 700.0))
+    assert expected_steps(1.0, 700.0, weighted=True) == pytest.approx(WEIGHTED_STEPS * expected_steps(1.0, 700.0))
     assert solve_size(1.0, 1000.0, 10) - solve_size(1.0, 1000.0, 0) == pytest.approx(10 * REFERENCE["saved"])
 
 

@@ -127,7 +127,8 @@ def symmetric_path(ode: OrderParameterODE, x0, H: int, F: int, ts, *, rtol: floa
     ``ts``); ``stop``: ``None`` where it reached ``ts[-1]``, else why not (an
     :class:`~singleloc.theory._step_budget.UnresolvedFields` for the fields)."""
     x0 = jnp.asarray(x0, dtype=jnp.result_type(float))
-    budget = int(min(max_steps, STEP_MARGIN * expected_steps(float(ode.sgd.rate(float(ts[0]))), float(ts[-1] - ts[0]))))
+    steps = expected_steps(float(ode.sgd.rate(float(ts[0]))), float(ts[-1] - ts[0]), not ode.sgd.weighting.head_average)
+    budget = int(min(max_steps, STEP_MARGIN * steps))
     controller = StepBudget(diffrax.PIDController(rtol=rtol, atol=atol, dtmin=MIN_STEP, force_dtmin=False),
                             jnp.asarray(budget, jnp.int32))
     with checks_as_nan():

@@ -260,10 +260,10 @@ def solve_size(work: float, span: float, saved: int, rate: float = 1.0, diluted:
     and two softmax heads, spikes and Gaussian prior, 84-347 steps to 3000, 370-2205 to 20000, the law 120 and 803).
     ``diluted``: the sequence length of a layer whose attention on the relevant token starts at ``1 / L``: past ``L = 64``
     the steps fall as ``(64 / L)^0.5`` (the default problem to ``tau = 300``: 38, 28, 22, 11, 10 steps at ``L`` = 64 ...
-    1024). ``weighted``: trained head weights, whose mode holds the step from the start: 2.3 times the expected steps
-    (two heads, softmax or softmax1, spikes or Gaussian prior: 76-164 steps to 300, 379-1712 to 3000, 4758 to 20000)."""
-    settling = 2.3 if weighted else (215.0 / min(max(span, 215.0), 3000.0)) ** 0.5
-    steps = expected_steps(rate, span) * settling * min(1.0, 64.0 / diluted) ** 0.5
+    1024). ``weighted``: trained head weights, whose mode holds the step from the start: the expected steps of such a
+    solve, in proportion to the span (two heads: 76-164 steps to 300, 379-1712 to 3000, 4758 to 20000)."""
+    settling = 1.0 if weighted else (215.0 / min(max(span, 215.0), 3000.0)) ** 0.5
+    steps = expected_steps(rate, span, weighted) * settling * min(1.0, 64.0 / diluted) ** 0.5
     return work * (REFERENCE["solve"] * steps + REFERENCE["saved"] * saved)
 
 

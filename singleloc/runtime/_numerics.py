@@ -39,16 +39,20 @@ MIN_EXPECTED_STEPS = 32
 #: The largest rate :func:`expected_steps` was fitted at (beyond it the law is extrapolated: a solve there usually
 #: diverges, or leaves its rule's resolved fields, long before its expected steps).
 FITTED_RATE = 256.0
+#: The expected steps of a solve with trained head weights, whose mode holds the step from the start, over the law's
+#: (two heads, softmax or softmax1, spikes or a Gaussian prior: 0.84-3.8 times the law to ``tau`` = 300, 3000 and
+#: 20000, where uniform weights take 0.12-1.2 of it).
+WEIGHTED_STEPS = 2.3
 
 
-def expected_steps(rate: float, span: float) -> float:
+def expected_steps(rate: float, span: float, weighted: bool = False) -> float:
     """The adaptive steps a solve of the order-parameter ODE over ``span`` of ``tau`` is expected to take at the
     rate per sequence ``rate`` (the learning rate; :meth:`~singleloc.sgd._sgd_rule.AbstractSGDRule.rate`): the
     drift's fastest mode moves at about ``rate`` and the steps follow it, ``STEPS_PER_TAU * span * max(1, rate)^0.75``
-    and at least ``MIN_EXPECTED_STEPS``. Fitted on Tsit5 at ``rtol = 1e-6`` (the default): 43, 285 and 2648 steps
-    to ``tau = 300`` at ``lr = 1, 16, 256`` on the default problem. The step budget
-    (:mod:`~singleloc.theory._step_budget`) and the time estimates read it."""
-    return max(MIN_EXPECTED_STEPS, STEPS_PER_TAU * span * max(1.0, rate) ** 0.75)
+    and at least ``MIN_EXPECTED_STEPS``; :data:`WEIGHTED_STEPS` times that with trained head weights (``weighted``).
+    Fitted on Tsit5 at ``rtol = 1e-6`` (the default): 43, 285 and 2648 steps to ``tau = 300`` at ``lr = 1, 16, 256``
+    on the default problem. The step budget (:mod:`~singleloc.theory._step_budget`) and the time estimates read it."""
+    return max(MIN_EXPECTED_STEPS, STEPS_PER_TAU * span * max(1.0, rate) ** 0.75) * (WEIGHTED_STEPS if weighted else 1.0)
 
 
 def psd_sqrt_and_pinv_sqrt(A):

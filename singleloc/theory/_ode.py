@@ -207,7 +207,8 @@ def _problem(setup: Setup, y0: OrderParameters | None, ts: np.ndarray | None) ->
     dynamics = OrderParameterODE.from_setup(setup, seeds=th.qmc_seed + np.arange(R), points=points)
     evaluation = OrderParameterODE.from_setup(setup, seeds=th.evaluation_seed + np.arange(R), points=points, check=True)
     tol = (jnp.asarray(th.rtol, ts.dtype), jnp.asarray(th.atol, ts.dtype))
-    expected = expected_steps(float(setup.rule.rate(float(ts[0]))), float(ts[-1] - ts[0]))
+    expected = expected_steps(float(setup.rule.rate(float(ts[0]))), float(ts[-1] - ts[0]),
+                              not setup.model.weighting.head_average)
     budget = jnp.asarray(int(min(MAX_STEPS, STEP_MARGIN * expected)), jnp.int32)  # at least 256 (:mod:`._step_budget`)
     saved = ts.shape[0]
     ts = jnp.concatenate([ts, jnp.full(saved_slots(saved) - saved, ts[-1], ts.dtype)])  # the last time repeated
