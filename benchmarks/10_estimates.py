@@ -11,11 +11,12 @@ refinements said inside them), each measured from its line to the next top-level
 exit (writing the outputs included). Within 2x: ``0.5 <= announced / measured <= 2``.
 
 The commands are the README's (``compare showcase``, ``integrate ... --horizon auto``, the heads-needed
-``sweep``, ``prune`` of the integrated run) and the solve of its first story alone (``story``: four softmax1 heads
-on three spikes to the horizon ``--horizon auto`` set there), by default scaled down (:data:`COMMANDS`) so that the
-whole benchmark takes about 12 minutes on a 2-core CPU; ``--full`` runs them as the README writes them (over an hour).
+``sweep``, ``prune`` of the integrated run), the solve of its first story alone (``story``: four softmax1 heads
+on three spikes to the horizon ``--horizon auto`` set there) and a long solve (``long``: one head to ``tau = 20000``;
+``--full``: two heads with trained weights), by default scaled down (:data:`COMMANDS`) so that the whole benchmark takes
+about 14 minutes on a 2-core CPU; ``--full`` runs them as the README writes them (over an hour).
 
-Run: ``python benchmarks/10_estimates.py [--full] [--commands compare,integrate,story,sweep,prune] [--save PATH]``.
+Run: ``python benchmarks/10_estimates.py [--full] [--commands compare,integrate,story,sweep,prune,long] [--save PATH]``.
 """
 
 from __future__ import annotations
@@ -50,6 +51,10 @@ COMMANDS = {
               "--set simulation.seeds=1 --set theory.route=rule --set simulation.D=100 --out {out}",
               r"points to compute"),
     "prune": ("prune {integrate} --out {out}", "prune {integrate} --out {out}", r"pruning "),
+    # a long solve (the head-mixing study's horizon), where the steps grow with the span again and trained weights
+    # hold them from the start (singleloc.preflight._estimates.solve_size): not a README command
+    "long": ("integrate default --set model.head_weights=trained --set sgd.tau_max=20000 --set sgd.spacing=log --out {out}",
+             "integrate default --set model.heads=1 --set sgd.tau_max=20000 --set sgd.spacing=log --out {out}", r"integrate, "),
 }
 #: An announcement (``: about``) or a phase's end (`` in``); "the most expensive: ..." lists a sweep's points.
 LINE = re.compile(r"^singleloc \w+: (?!the most expensive)(?P<what>.+?)(?P<kind>: about| in) (?P<n>[\d.]+) "
