@@ -18,6 +18,7 @@ import numpy as np
 from jaxtyping import ArrayLike, Real
 
 from ..preflight._resources import auto_points
+from ..runtime._compilation import exported_call
 from ..theory._theory import OrderParameterODE
 
 
@@ -33,7 +34,8 @@ def attention_mass(ode: OrderParameterODE, M: Real[ArrayLike, "*S H F"], Q: Real
     M, Q, b = np.asarray(M, float), np.asarray(Q, float), np.asarray(b, float)
     H, F = M.shape[-2:]
     flat = jnp.asarray(M.reshape(-1, H, F)), jnp.asarray(Q.reshape(-1, H, H)), jnp.asarray(b.reshape(-1, H))
-    return np.asarray(_attention_mass_many(ode, *flat)).reshape(M.shape[:-2] + (H,))
+    masses = exported_call("attention_mass", _attention_mass_many, ode, *flat)  # stored: a later process does not trace it
+    return np.asarray(masses).reshape(M.shape[:-2] + (H,))
 
 
 def classifying_weights(setup, M, Q, b) -> np.ndarray:
