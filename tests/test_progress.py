@@ -27,6 +27,7 @@ from singleloc.runtime._progress import Bar, Estimate
 from singleloc.simulation import _simulation_estimate
 from singleloc.sweeps import _sweep, _sweep_compute
 from singleloc.sweeps._grid import grid_points, parse_grid
+from singleloc.theory._step_budget import STEP_MARGIN, step_budget
 
 SETS = ["theory.route=rule", "theory.points=64", "sgd.tau_max=2", "sgd.n_save=3", "simulation.D=200", "simulation.seeds=1"]
 ARGS = [a for s in SETS for a in ("--set", s)]
@@ -150,6 +151,15 @@ def test_a_solves_steps_follow_the_expected_steps_then_grow_as_the_root_of_its_s
     # trained head weights: in proportion to the span from the start, WEIGHTED_STEPS times the law
     assert solve_size(1.0, 700.0, 0, weighted=True) == pytest.approx(2.3 * REFERENCE["solve"] * expected_steps(1.0, 700.0))
     assert expected_steps(1.0, 700.0, weighted=True) == pytest.approx(WEIGHTED_STEPS * expected_steps(1.0, 700.0))
+
+
+def test_a_solves_step_budget_counts_its_head_weighting():
+    """The budget that stops a solve (integrate's and the stability flows') expects a trained weighting's steps."""
+    uniform, trained = (build(sl.load_config("default", [f"model.head_weights={w}"])).rule for w in ("uniform", "trained"))
+    ts = np.linspace(0.0, 3000.0, 61)
+    assert step_budget(uniform, ts, 10**9) == int(STEP_MARGIN * expected_steps(uniform.rate(0.0), 3000.0))
+    assert step_budget(trained, ts, 10**9) == int(STEP_MARGIN * WEIGHTED_STEPS * expected_steps(uniform.rate(0.0), 3000.0))
+    assert step_budget(trained, ts, 1000) == 1000
     assert solve_size(1.0, 1000.0, 10) - solve_size(1.0, 1000.0, 0) == pytest.approx(10 * REFERENCE["saved"])
 
 

@@ -34,10 +34,10 @@ import scipy.linalg
 from jaxtyping import ArrayLike, Real
 
 from ..runtime._compilation import checks_as_nan
-from ..runtime._numerics import TINY, expected_steps, first_crossing
+from ..runtime._numerics import TINY, first_crossing
 from ..runtime._progress import Phase
 from ..theory._ode import invalid_state
-from ..theory._step_budget import MIN_STEP, STEP_MARGIN, UNRESOLVED, StepBudget, UnresolvedFields, stop_code, stop_reason
+from ..theory._step_budget import MIN_STEP, UNRESOLVED, StepBudget, UnresolvedFields, step_budget, stop_code, stop_reason
 from ..theory._theory import OrderParameterODE, OrderParameters, flatten_state, unflatten_state
 from ._drift_jacobian import drift_jacobian
 
@@ -127,8 +127,7 @@ def symmetric_path(ode: OrderParameterODE, x0, H: int, F: int, ts, *, rtol: floa
     ``ts``); ``stop``: ``None`` where it reached ``ts[-1]``, else why not (an
     :class:`~singleloc.theory._step_budget.UnresolvedFields` for the fields)."""
     x0 = jnp.asarray(x0, dtype=jnp.result_type(float))
-    steps = expected_steps(float(ode.sgd.rate(float(ts[0]))), float(ts[-1] - ts[0]), not ode.sgd.weighting.head_average)
-    budget = int(min(max_steps, STEP_MARGIN * steps))
+    budget = step_budget(ode.sgd, ts, max_steps)
     controller = StepBudget(diffrax.PIDController(rtol=rtol, atol=atol, dtmin=MIN_STEP, force_dtmin=False),
                             jnp.asarray(budget, jnp.int32))
     with checks_as_nan():

@@ -52,11 +52,11 @@ from ..preflight._estimates import TheorySolve
 from ..preflight._resources import RISK_BATCH, check_run
 from ..preflight._run_checks import warn_if_risk_rose
 from ..runtime._compilation import checks_as_nan, exported_call, filter_jit
-from ..runtime._numerics import PSD_SOLVE, Q_RUNAWAY, expected_steps
+from ..runtime._numerics import PSD_SOLVE, Q_RUNAWAY
 from ..sgd._sgd_rule import Starts, flat_drift
 from ._accuracy import choose_points
 from ._starts import batched_starts, check_starts, initial_conditions
-from ._step_budget import MIN_STEP, STEP_MARGIN, UNRESOLVED, StepBudget, UnresolvedFields, stop_code, stop_reason
+from ._step_budget import MIN_STEP, UNRESOLVED, StepBudget, UnresolvedFields, step_budget, stop_code, stop_reason
 from ._theory import OrderParameterODE, OrderParameters, r_orth
 from ._theory_result import TheoryResult
 
@@ -207,9 +207,7 @@ def _problem(setup: Setup, y0: OrderParameters | None, ts: np.ndarray | None) ->
     dynamics = OrderParameterODE.from_setup(setup, seeds=th.qmc_seed + np.arange(R), points=points)
     evaluation = OrderParameterODE.from_setup(setup, seeds=th.evaluation_seed + np.arange(R), points=points, check=True)
     tol = (jnp.asarray(th.rtol, ts.dtype), jnp.asarray(th.atol, ts.dtype))
-    expected = expected_steps(float(setup.rule.rate(float(ts[0]))), float(ts[-1] - ts[0]),
-                              not setup.model.weighting.head_average)
-    budget = jnp.asarray(int(min(MAX_STEPS, STEP_MARGIN * expected)), jnp.int32)  # at least 256 (:mod:`._step_budget`)
+    budget = jnp.asarray(step_budget(setup.rule, ts, MAX_STEPS), jnp.int32)  # at least 256 (:mod:`._step_budget`)
     saved = ts.shape[0]
     ts = jnp.concatenate([ts, jnp.full(saved_slots(saved) - saved, ts[-1], ts.dtype)])  # the last time repeated
     points = dynamics.expectation.stated_points(th, setup.problem.L, setup.heads, points)

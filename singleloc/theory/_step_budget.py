@@ -23,7 +23,7 @@ import diffrax
 import equinox as eqx
 import jax.numpy as jnp
 
-from ..runtime._numerics import Q_RUNAWAY
+from ..runtime._numerics import Q_RUNAWAY, expected_steps
 
 #: Steps after which the pace is judged (before them a stiff start, whose first steps the controller grows
 #: from ``dt0``, is not a pace).
@@ -31,6 +31,14 @@ WARMUP = 256
 
 #: The budget's margin over the expected steps.
 STEP_MARGIN = 8.0
+
+
+def step_budget(rule, ts, max_steps: int) -> int:
+    """The budget ``B`` of a solve of the SGD ``rule`` over the saved times ``ts`` (module docstring): :data:`STEP_MARGIN`
+    times the steps expected at its rate at the start, with its head weighting, at most ``max_steps``."""
+    expected = expected_steps(float(rule.rate(float(ts[0]))), float(ts[-1] - ts[0]), not rule.weighting.head_average)
+    return int(min(max_steps, STEP_MARGIN * expected))
+
 
 #: Smallest step the adaptive solver may take, in ``tau``: below it the solve stops as diverged (diffrax's
 #: ``dtmin``, not forced). At ``lr = 1e3``, which the solve follows (724 steps), none was below 5e-6; at the
