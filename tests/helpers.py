@@ -25,7 +25,6 @@ import pytest
 
 from singleloc import load_config
 from singleloc.analysis._predictions import EscapePrediction, escape_horizon
-from singleloc.model._data import keys_with_overlaps
 
 
 def random_overlaps(rng: np.random.Generator, H: int, F: int, *, m: float, r: float, b: float):
@@ -39,12 +38,14 @@ def random_overlaps(rng: np.random.Generator, H: int, F: int, *, m: float, r: fl
 
 def weights_with_overlaps(rng: np.random.Generator, M, Q, D: int, orthogonal_spikes):
     """Keys K (H, D) with K k*^T / D = M and K K^T / D = Q exactly, and the spikes k* (F, D)
-    (:func:`singleloc.model._data.keys_with_overlaps`, with Z drawn orthogonal to the spikes).
-    ``orthogonal_spikes(rng, F, D)`` draws the spikes (the conftest fixture)."""
+    (``K = M k* + C Z``, ``C C^T = R_orth = Q - M M^T`` from its eigendecomposition, rounding's negative eigenvalues
+    clipped, ``Z`` drawn orthogonal to the spikes with rows of squared norm ``D``). ``orthogonal_spikes(rng, F, D)``
+    draws the spikes (the conftest fixture)."""
     H, F = M.shape
     kstar = orthogonal_spikes(rng, F, D)
     basis, _ = np.linalg.qr(np.concatenate([kstar.T, rng.standard_normal((D, H))], axis=1))
-    K = keys_with_overlaps(M, Q, kstar, np.sqrt(D) * basis[:, F:].T)  # Z (H, D) orthogonal to the spikes
+    w, v = np.linalg.eigh(Q - M @ M.T)
+    K = M @ kstar + (v * np.sqrt(np.clip(w, 0.0, None))) @ (np.sqrt(D) * basis[:, F:].T)
     assert np.allclose(K @ kstar.T / D, M, atol=1e-10) and np.allclose(K @ K.T / D, Q, atol=1e-10)
     return K, kstar
 

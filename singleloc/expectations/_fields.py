@@ -69,61 +69,46 @@ from ..model._priors import Prior
 from ..runtime._numerics import psd_sqrt_and_pinv_sqrt, rank_aware_factor_and_pinv
 from ._sobol_geometry import SOBOL_MAX_DIM, factor_rows, node_batch
 
-#: Bits of the Sobol integers (points are multiples of ``2^-SOBOL_BITS``, as SciPy's default).
+#: Bits of the Sobol integers, and Joe and Kuo's direction numbers (``new-joe-kuo-6.21201``) from SciPy's data file:
+#: ``scipy.stats`` (half a second to import, for its distributions) is not imported.
 SOBOL_BITS = 30
-#: Joe and Kuo's direction numbers (``new-joe-kuo-6.21201``, search criterion D(6)), as SciPy ships them: read from
-#: its data file, so that ``scipy.stats`` (half a second to import, for its distributions) is not imported.
-SOBOL_DIRECTIONS = os.path.join(importlib.util.find_spec("scipy").submodule_search_locations[0], "stats",
-                                "_sobol_direction_numbers.npz")
+SOBOL_TABLE = os.path.join(importlib.util.find_spec("scipy").submodule_search_locations[0], "stats",
+                           "_sobol_direction_numbers.npz")
 
 
 @functools.lru_cache(maxsize=8)
 def _directions(dim: int) -> np.ndarray:
-    """The direction integers ``v`` (dim, SOBOL_BITS) of the first ``dim`` Sobol coordinates (Bratley and Fox): the
-    first ``s`` of coordinate ``d`` (``s`` the degree of its primitive polynomial ``x^s + a_1 x^(s-1) + ... + 1``) from
-    the table, the rest by ``v_j = v_(j-s) ^ (v_(j-s) << s) ^ XOR_(k < s-1, a_(k+1) = 1) v_(j-k-1) << (k + 1)``, each
-    shifted to the top bit."""
-    with np.load(SOBOL_DIRECTIONS) as table:
-        poly, initial = table["poly"][:dim].astype(np.int64), table["vinit"][:dim].astype(np.int64)
-    degree = np.array([int(p).bit_length() - 1 for p in poly])
-    v = np.zeros((dim, SOBOL_BITS), np.int64)
-    v[:, :initial.shape[1]] = initial
+    """The direction integers (dim, SOBOL_BITS) of the first ``dim`` Sobol coordinates (Bratley and Fox): the first
+    ``s`` of a coordinate (``s`` the degree of its primitive polynomial ``x^s + a_1 x^(s-1) + ... + 1``) from the table,
+    the rest ``v_j = v_(j-s) ^ (v_(j-s) << s) ^ XOR_(k < s-1, a_(k+1) = 1) v_(j-k-1) << (k + 1)``, at the top bit."""
+    with np.load(SOBOL_TABLE) as table:
+        poly, v = table["poly"][:dim].astype(np.int64), table["vinit"][:dim].astype(np.int64)
+    degree, v = np.array([int(p).bit_length() - 1 for p in poly]), np.pad(v, ((0, 0), (0, SOBOL_BITS - v.shape[1])))
     for j in range(1, SOBOL_BITS):
-        later = j >= degree
         new = v[np.arange(dim), np.maximum(j - degree, 0)]
-        for k in range(min(j, initial.shape[1])):
-            taps = later & (k < degree) & ((poly >> np.maximum(degree - 1 - k, 0)) & 1).astype(bool)
-            new ^= np.where(taps, v[:, j - k - 1] << (k + 1), 0)
-        v[:, j] = np.where(later, new, v[:, j])
+        for k in range(min(j, degree.max())):
+            new ^= np.where((k < degree) & (poly >> np.maximum(degree - 1 - k, 0)) & 1, v[:, j - k - 1] << (k + 1), 0)
+        v[:, j] = np.where(j >= degree, new, v[:, j])
     v[0] = 1
     return v << (SOBOL_BITS - 1 - np.arange(SOBOL_BITS))
 
 
-def sobol_points(dim: int, m: int, seed: int) -> np.ndarray:
-    """The first ``2^m`` points (2^m, dim) of the Sobol sequence in Gray-code order, scrambled by a random lower
-    triangular matrix on the bits of every direction integer and a random digital shift (Matousek's LMS + shift),
-    both drawn from ``numpy.random.default_rng(seed)``: the same points, to the bit, as
-    ``scipy.stats.qmc.Sobol(dim, scramble=True, seed=seed).random_base2(m)`` (tests/test_expectations.py)."""
-    rng = np.random.default_rng(seed)
+def sobol_normals(dim: int, n: int, seed: int) -> np.ndarray:
+    """The first ``n`` points (n, dim) of the Sobol sequence (Gray-code order, ``2^m >= n`` drawn and cut), scrambled by
+    a random lower triangular matrix on the bits of every direction integer and a random digital shift (LMS + shift,
+    from ``numpy.random.default_rng(seed)``: SciPy's ``qmc.Sobol(dim, scramble=True, seed=seed)`` to the bit,
+    tests/test_expectations.py), mapped to standard normals by the inverse CDF."""
+    rng, top = np.random.default_rng(seed), SOBOL_BITS - 1 - np.arange(SOBOL_BITS)
     shift = rng.integers(2, size=(dim, SOBOL_BITS), dtype=np.uint32) @ (2 ** np.arange(SOBOL_BITS, dtype=np.uint32))
-    scramble = np.tril(rng.integers(2, size=(dim, SOBOL_BITS, SOBOL_BITS), dtype=np.uint32))
-    scramble[:, np.arange(SOBOL_BITS), np.arange(SOBOL_BITS)] = 1
-    top = (SOBOL_BITS - 1 - np.arange(SOBOL_BITS)).astype(np.uint32)
-    columns = (scramble << top[:, None]).sum(axis=1, dtype=np.int64)  # column i of the matrix as an integer, top bit first
+    scramble = np.tril(rng.integers(2, size=(dim, SOBOL_BITS, SOBOL_BITS), dtype=np.uint32)) | np.eye(SOBOL_BITS, dtype=np.uint32)
+    columns = (scramble.astype(np.int64) << top[:, None]).sum(axis=1)  # column i of each matrix as an integer
     v, directions = _directions(dim), np.zeros((dim, SOBOL_BITS), np.int64)
     for i in range(SOBOL_BITS):  # the matrix times each direction's bits (mod 2)
         directions ^= np.where((v >> top[i]) & 1, columns[:, i, None], 0)
     points = shift[None].astype(np.int64)
-    for b in range(m):  # Gray-code order: point 2^b + i is point 2^b - 1 - i with bit b flipped
+    for b in range(max(int(np.ceil(np.log2(n))), 0)):  # point 2^b + i is point 2^b - 1 - i with bit b flipped
         points = np.concatenate([points, points[::-1] ^ directions[:, b]])
-    return points * 2.0**-SOBOL_BITS
-
-
-def sobol_normals(dim: int, n: int, seed: int) -> np.ndarray:
-    """The first ``n`` points of a scrambled Sobol sequence in ``dim`` dimensions (:func:`sobol_points`; ``n`` rounded
-    up to a power of two and cut) mapped to standard normals by the inverse CDF, (n, dim)."""
-    u = sobol_points(dim, max(int(np.ceil(np.log2(n))), 0), seed)[:n]
-    return ndtri(np.clip(u, 1e-12, 1 - 1e-12))
+    return ndtri(np.clip(points[:n] * 2.0**-SOBOL_BITS, 1e-12, 1 - 1e-12))
 
 
 def head_shifts(L: int, H: int, extra: int = 0) -> np.ndarray:

@@ -15,7 +15,6 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jaxtyping import ArrayLike, Real
 
 from ..ground._validation import SEED_MAX, integer, number
@@ -58,16 +57,6 @@ def overlaps(K: Real[ArrayLike, "H D"], kstar: Real[ArrayLike, "F D"]) -> tuple[
     spikes ``kstar`` (F, D)."""
     D = K.shape[-1]
     return K @ kstar.T / D, K @ K.T / D
-
-
-def keys_with_overlaps(M, Q, kstar, Z) -> np.ndarray:
-    """Keys ``K = M k* + C Z`` (H, D) whose overlaps are ``K k*^T / D = M`` and ``K K^T / D = Q``
-    (``C C^T = Q - M M^T``, from its eigendecomposition, rounding's negative eigenvalues clipped),
-    given spikes ``kstar`` (F, D) and ``Z`` (H, D) whose rows are orthogonal to each other and to
-    the spikes, with squared norms ``D``. NumPy, in float64: keys that realise given overlaps."""
-    M, Q = np.asarray(M, float), np.asarray(Q, float)
-    w, v = np.linalg.eigh(Q - M @ M.T)
-    return M @ np.asarray(kstar) + (v * np.sqrt(np.clip(w, 0.0, None))) @ np.asarray(Z)
 
 
 def initial_overlaps(seed: int, index: int, F: int, H: int, D: int, init_scale: float) -> tuple[jax.Array, jax.Array]:
