@@ -69,27 +69,27 @@ from ..model._priors import Prior
 from ..runtime._numerics import psd_sqrt_and_pinv_sqrt, rank_aware_factor_and_pinv
 from ._sobol_geometry import SOBOL_MAX_DIM, factor_rows, node_batch
 
-#: Bits of the Sobol integers, and Joe and Kuo's direction numbers (``new-joe-kuo-6.21201``) from SciPy's data file:
-#: ``scipy.stats`` (half a second to import, for its distributions) is not imported.
+#: Bits of the Sobol integers (as SciPy's).
 SOBOL_BITS = 30
-SOBOL_TABLE = os.path.join(importlib.util.find_spec("scipy").submodule_search_locations[0], "stats",
-                           "_sobol_direction_numbers.npz")
 
 
 @functools.lru_cache(maxsize=8)
 def _directions(dim: int) -> np.ndarray:
     """The direction integers (dim, SOBOL_BITS) of the first ``dim`` Sobol coordinates (Bratley and Fox): the first
-    ``s`` of a coordinate (``s`` the degree of its primitive polynomial ``x^s + a_1 x^(s-1) + ... + 1``) from the table,
-    the rest ``v_j = v_(j-s) ^ (v_(j-s) << s) ^ XOR_(k < s-1, a_(k+1) = 1) v_(j-k-1) << (k + 1)``, at the top bit."""
-    with np.load(SOBOL_TABLE) as table:
+    ``s`` of a coordinate (``s`` the degree of its primitive polynomial ``x^s + a_1 x^(s-1) + ... + 1``) from Joe and
+    Kuo's table (``new-joe-kuo-6.21201``, read from SciPy's data file: ``scipy.stats``, half a second to import for its
+    distributions, is not imported), the rest ``v_j = v_(j-s) ^ (v_(j-s) << s) ^ XOR_(k < s-1, a_(k+1) = 1) v_(j-k-1)
+    << (k + 1)``, at the top bit."""
+    folder = importlib.util.find_spec("scipy").submodule_search_locations[0]
+    with np.load(os.path.join(folder, "stats", "_sobol_direction_numbers.npz")) as table:
         poly, v = table["poly"][:dim].astype(np.int64), table["vinit"][:dim].astype(np.int64)
-    degree, v = np.array([int(p).bit_length() - 1 for p in poly]), np.pad(v, ((0, 0), (0, SOBOL_BITS - v.shape[1])))
+    degree, v = np.array([int(p).bit_length() - 1 for p in poly], int), np.pad(v, ((0, 0), (0, SOBOL_BITS - v.shape[1])))
     for j in range(1, SOBOL_BITS):
         new = v[np.arange(dim), np.maximum(j - degree, 0)]
-        for k in range(min(j, degree.max())):
+        for k in range(min(j, degree.max(initial=0))):
             new ^= np.where((k < degree) & (poly >> np.maximum(degree - 1 - k, 0)) & 1, v[:, j - k - 1] << (k + 1), 0)
         v[:, j] = np.where(j >= degree, new, v[:, j])
-    v[0] = 1
+    v[:1] = 1
     return v << (SOBOL_BITS - 1 - np.arange(SOBOL_BITS))
 
 
@@ -133,8 +133,6 @@ def gaussian_nodes(L: int, H: int, extra: int, points: int, seed: int, symmetric
     dim = L * H + extra
     shifts = head_shifts(L, H, extra) if symmetric and H > 1 else np.arange(dim)[None, :]
     n = max(points // len(shifts), 1)
-    if dim == 0:
-        return np.zeros((n, 0))
     z = sobol_normals(min(dim, SOBOL_MAX_DIM), n, seed)
     if dim > SOBOL_MAX_DIM:
         z = np.concatenate([z, np.random.default_rng(seed).standard_normal((n, dim - SOBOL_MAX_DIM))], axis=1)
@@ -192,11 +190,6 @@ class LocalFields(eqx.Module):
                    cov_sqrt=jnp.asarray(prior.cov_sqrt() if G else np.zeros((prior.F, 0)), dtype),
                    orbit=H if symmetric and H > 1 else 1, principal=principal,
                    batch_size=node_batch(L, H) if batch_size is None else int(batch_size))
-
-    @property
-    def n_nodes(self) -> int:
-        """Number of nodes: base points times shifts times signs."""
-        return 2 * self.orbit * (self.w.shape[-3] - self.padding)
 
     def split(self, shards: int) -> LocalFields:
         """The same rule with its base points in ``shards`` equal blocks (one per device): padded with copies of the
