@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..model._priors import Prior
 
-#: SciPy's largest Sobol dimension (``scipy.stats.qmc.Sobol``: "Maximum supported dimensionality is 21201");
+#: The largest Sobol dimension: the rows of Joe and Kuo's direction numbers (SciPy's table, as ``qmc.Sobol``'s limit);
 #: the rule route's limit (the exact route's ``lr^2`` rule goes on with pseudo-random coordinates).
 SOBOL_MAX_DIM = 21201
 
