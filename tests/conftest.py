@@ -18,7 +18,12 @@ import tempfile
 import threading
 from collections import Counter
 
-import jax
+#: Every program of the suite compiled with XLA's loop emitters on a CPU, as the package's solves are
+#: (singleloc.runtime._compilation.CPU_OPTIONS): a cold suite in 0.76x the time, a warm one 1.04x (docs/development.md).
+XLA_OPTION = "--xla_cpu_use_fusion_emitters=false"
+os.environ["XLA_FLAGS"] = " ".join(filter(None, [os.environ.get("XLA_FLAGS", ""), XLA_OPTION]))
+
+import jax  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 os.environ["SINGLELOC_PROGRESS"] = "off"  # the commands' phase lines, as for a Python caller; test_progress turns them on
@@ -27,7 +32,7 @@ os.environ["SINGLELOC_PROGRESS"] = "off"  # the commands' phase lines, as for a 
 def _kept_cache() -> str:
     """``$SINGLELOC_TEST_CACHE``, a throw-away folder if that is empty (one for the session: pytest-xdist's workers
     inherit it, as they share the kept one), else ``$XDG_CACHE_HOME/singleloc/tests/`` (``~/.cache`` by default) in a
-    folder named by the versions of JAX, jaxlib and singleloc (other versions' folders are removed)."""
+    folder named by the versions of JAX, jaxlib and singleloc and by :data:`XLA_OPTION` (other folders are removed)."""
     from importlib.metadata import version
 
     chosen = os.environ.get("SINGLELOC_TEST_CACHE")
@@ -36,7 +41,7 @@ def _kept_cache() -> str:
         atexit.register(shutil.rmtree, chosen, ignore_errors=True)
     elif chosen is None:
         base = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "singleloc", "tests")
-        names = "-".join(f"{name}{version(name)}" for name in ("jax", "jaxlib", "singleloc"))
+        names = "-".join([*(f"{name}{version(name)}" for name in ("jax", "jaxlib", "singleloc")), "loop-emitters"])
         for other in glob.glob(os.path.join(base, "*")):
             if os.path.basename(other) != names:
                 shutil.rmtree(other, ignore_errors=True)
