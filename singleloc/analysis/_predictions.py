@@ -50,8 +50,7 @@ direction: the later directions' escapes and the settling come after it; at 2.5 
 points with two heads or more unsettled), rounded up to two significant digits and capped at ``cap = 3000``; without a
 predicted escape, ``fallback = 300`` (at the default problem the symmetric risk changes by less than ``1e-4`` after tau
 = 200). ``singleloc sweep`` and ``singleloc integrate --horizon auto`` integrate each point up to its horizon on a log
-grid (:func:`resolve_horizon`).
-"""
+grid (:func:`resolve_horizon`)."""
 
 from __future__ import annotations
 
@@ -213,7 +212,7 @@ def prediction_setup(setup: Setup) -> Setup:
     route (its own Gram term) at :meth:`~singleloc.configuration._specs.Theory.prediction_points` of the run's points
     on the rule route (``"auto"`` as the run resolves it, :func:`~singleloc.resolve_points`), of the rule route's
     default count on another (whose ``theory.points`` is its own: the exact route resolves ``"auto"`` to as few as 64)."""
-    points = resolve_points(setup).theory.points if setup.route.route == "rule" else None
+    points = resolve_points(setup).theory.points if setup.route.on_sobol_rule else None
     return setup.on_rule_route(setup.theory.prediction_points(setup.problem.L, setup.heads, points))
 
 

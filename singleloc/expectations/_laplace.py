@@ -158,8 +158,7 @@ class LaplaceRule(eqx.Module):
 
         ``joint_sizes``: a joint layer's normal-rule sizes on its leading principal directions
         (:meth:`~singleloc.expectations._laplace_joint.JointLayer.make`). ``u_step``: the step of the profile grid
-        (:meth:`single`).
-        """
+        (:meth:`single`)."""
         if L < 2:
             raise ValueError(f"problem.L must be >= 2 for the exact route, got {L}")
         if joint_sizes is not None and not form.joint:

@@ -67,6 +67,11 @@ class RouteChoice:
         """The route's class (:func:`route_class`), which answers for it."""
         return route_class(self.route)
 
+    @property
+    def on_sobol_rule(self) -> bool:
+        """Whether this is the Sobol rule's route, whose ``theory.points`` an escape prediction's rule shares."""
+        return self.route == "rule"
+
     def two_head_exact_gram(self, H: int) -> bool:
         """Whether the ``H`` heads take the exact Gram term of two heads: a program of its own, about twice the
         default's, with ``L`` traced (one for every ``L``), and a drift flat in ``L`` (the estimates' cost class)."""

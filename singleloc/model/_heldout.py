@@ -49,8 +49,7 @@ class HeldoutSequences(eqx.Module):
         theta: (n, F) the latents.
         eps: (n,) the relevant-token indices.
         chi2: (n,) independent ``chi2(D - r)`` variables (the complement of the span).
-        D: the dimension.
-    """
+        D: the dimension."""
 
     keys: jax.Array
     y: jax.Array

@@ -275,7 +275,7 @@ def _prediction_model(setup: Setup) -> tuple[str, str, float, float]:
     from ..runtime._compilation import compile_group
 
     pb, H, th = setup.problem, setup.heads, setup.theory
-    points = auto_points(pb.L, H, setup.prior, th.points) if setup.route.route == "rule" else None
+    points = auto_points(pb.L, H, setup.prior, th.points) if setup.route.on_sobol_rule else None
     rule = setup.on_rule_route(th.prediction_points(pb.L, H, points))  # as the prediction takes it, unprobed
     work = theory_work(pb.L, H, setup.prior, rule.theory, rule.route, 1)
     size = (REFERENCE["prediction_drifts"] + 2.25 * 16 * 2 * (pb.F + H)) * work
