@@ -151,6 +151,7 @@ def test_a_solves_steps_follow_the_expected_steps_then_grow_as_the_root_of_its_s
     # trained head weights: in proportion to the span from the start, WEIGHTED_STEPS times the law
     assert solve_size(1.0, 700.0, 0, weighted=True) == pytest.approx(2.3 * REFERENCE["solve"] * expected_steps(1.0, 700.0))
     assert expected_steps(1.0, 700.0, weighted=True) == pytest.approx(WEIGHTED_STEPS * expected_steps(1.0, 700.0))
+    assert solve_size(1.0, 1000.0, 10) - solve_size(1.0, 1000.0, 0) == pytest.approx(10 * REFERENCE["saved"])
 
 
 def test_a_solves_step_budget_counts_its_head_weighting():
@@ -160,7 +161,6 @@ def test_a_solves_step_budget_counts_its_head_weighting():
     assert step_budget(uniform, ts, 10**9) == int(STEP_MARGIN * expected_steps(uniform.rate(0.0), 3000.0))
     assert step_budget(trained, ts, 10**9) == int(STEP_MARGIN * WEIGHTED_STEPS * expected_steps(uniform.rate(0.0), 3000.0))
     assert step_budget(trained, ts, 1000) == 1000
-    assert solve_size(1.0, 1000.0, 10) - solve_size(1.0, 1000.0, 0) == pytest.approx(10 * REFERENCE["saved"])
 
 
 def test_an_estimate_is_the_model_times_the_rate_of_its_family_else_the_nearest_else_the_speed(records):
