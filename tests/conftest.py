@@ -21,7 +21,9 @@ from collections import Counter
 #: Every program of the suite compiled with XLA's loop emitters on a CPU, as the package's solves are
 #: (singleloc.runtime._compilation.CPU_OPTIONS): a cold suite in 0.76x the time, a warm one 1.04x (docs/development.md).
 XLA_OPTION = "--xla_cpu_use_fusion_emitters=false"
-os.environ["XLA_FLAGS"] = " ".join(filter(None, [os.environ.get("XLA_FLAGS", ""), XLA_OPTION]))
+#: Added once: pytest-xdist's workers inherit the controller's environment, and JAX keys a stored program by the flags as
+#: written, so a repeated flag kept the workers' programs apart from a single process's.
+os.environ["XLA_FLAGS"] = " ".join(dict.fromkeys([*os.environ.get("XLA_FLAGS", "").split(), XLA_OPTION]))
 
 import jax  # noqa: E402
 
