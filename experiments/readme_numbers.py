@@ -12,8 +12,8 @@ the README quotes read from their run folders; the story figures copied from the
 
 The three questions' commands: ``singleloc integrate softmax1 --set model.heads=4 --set problem.F=3 --horizon auto``
 then ``singleloc plot`` (figures/story_specialization.png), the 16-point sweep ``singleloc sweep default --grid
-model.activation=softmax1,bsoftmax --grid model.heads=1,2,3,4 --grid problem.F=2,3 --set simulation.seeds=1 --set
-theory.route=rule`` (figures/story_heads_needed.png) and ``singleloc prune`` of the first run
+model.activation=softmax1,bsoftmax --grid model.heads=1,2,3,4 --grid problem.F=2,3 --set simulation.seeds=1`` on the
+default route (figures/story_heads_needed.png) and ``singleloc prune`` of the first run
 (figures/story_prune.png).
 
 Prints them and writes figures/readme_numbers.json (the numbers, and every command with its wall time and what it
@@ -53,8 +53,7 @@ STORIES = {
     "specialization": [["integrate", "softmax1", "--set", "model.heads=4", "--set", "problem.F=3", "--horizon", "auto",
                         "--out", "{out}/a"], ["plot", "{out}/a"]],
     "heads_needed": [["sweep", "default", "--grid", "model.activation=softmax1,bsoftmax", "--grid", "model.heads=1,2,3,4",
-                      "--grid", "problem.F=2,3", "--set", "simulation.seeds=1", "--set", "theory.route=rule",
-                      "--out", "{out}/c"]],
+                      "--grid", "problem.F=2,3", "--set", "simulation.seeds=1", "--out", "{out}/c"]],
     "prune": [["prune", "{out}/a", "--out", "{out}/d"]],
 }
 FIGURES = {"specialization": "a/theory.png", "heads_needed": "c/heads_needed.png", "prune": "d/prune.png"}

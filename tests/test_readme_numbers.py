@@ -70,10 +70,11 @@ def test_the_heads_needed_and_the_gaps(saved):
                      (3, r"for three, (\S+ or more|\S+) \(([^)]*)\)")):
         count, gaps = _quoted(words)
         assert count == _count(story["needed"][f"bsoftmax, F={F}"])
-        quoted = re.findall(r"([\d.]+) \+- ([\d.]+) at H = (\d)", gaps)
+        quoted = re.findall(r"([\d.]+) \+- ([\d.e-]+) at H = (\d)", gaps)
         assert quoted, gaps
         for gap, error, heads in quoted:
-            assert (gap, error) == tuple(f"{x:.4f}" for x in story["gap_to_bayes"][f"bsoftmax, F={F}"][f"H={heads}"])
+            g, e = story["gap_to_bayes"][f"bsoftmax, F={F}"][f"H={heads}"]
+            assert (gap, error) == (f"{g:.4f}", f"{e:.4f}" if e >= 5e-5 else f"{e:.0e}")  # an exact route's error: 2e-12
     gaps = [story["gap_to_bayes"][f"softmax1, F={F}"]["H=4"][0] for F in (2, 3)]
     assert _quoted(r"softmax1 stays ([\d.]+)-([\d.]+) above the Bayes risk with four") == (f"{min(gaps):.2f}", f"{max(gaps):.2f}")
     assert _quoted(r"this figure; ([^)]*)\)")[0] == _minutes(saved["seconds"]["heads_needed"])
