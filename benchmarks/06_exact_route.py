@@ -397,18 +397,19 @@ def profile(quick: bool) -> list[dict]:
     seconds, laws = (lp.RHO0, lp.RHO1, lp.OMEGA), (means, C1[0, 0], C1[0, 1], C1[1, 1])
     s2, sx = C1[1, 1] - C1[0, 1] ** 2 / C1[0, 0], jnp.sqrt(C1[0, 0]) * rule.z_outer
     c = Y[1] + means[1][:, None, None] + (C1[0, 1] / C1[0, 0]) * sx[None, :, None]
-    table = jax.jit(lambda s2, o: lp.smoothing_table(s2, rule.z_inner, rule.w_inner, rule.u_grid, seconds, lp.WIDE_SIGMA, o),
+    table = jax.jit(lambda s2, p: lp.smoothing_table(s2, rule.z_inner, rule.w_inner, rule.u_grid, p, lp.WIDE_SIGMA),
                     static_argnums=1)
-    look_up = jax.jit(lambda t, c, o: lp.interpolated(*t, c, seconds, o), static_argnums=2)
+    look_up = jax.jit(lambda t, c, p: lp.interpolated(*t, c, p), static_argnums=2)
+    jvp = lp.jvp_profiles(seconds)  # the profiles whose table serves the values and derivatives
     n = rule.z_outer.shape[0]
     parts = {"drift": (eqx.filter_jit(lambda o, *s: flat_drift(o.drift(*s))), (ode, M, Q, b)),
              "risk gradient": (eqx.filter_jit(lambda e, *s: jax.grad(e.rule.risk, argnums=(0, 1, 2))(*s)), (e, M, Q, b)),
              "risk": (eqx.filter_jit(lambda e, *s: e.rule.risk(*s)), (e, M, Q, b)),
              "Gram term": (eqx.filter_jit(lambda e, *s: e.gram(*s)), (e, M, Q, b)),
              "one pair": (jax.jit(pair), laws), "one pair, gradient": (jax.jit(jax.grad(pair, argnums=(0, 1, 2, 3))), laws),
-             "table": (table, (s2, (0,))), "table, 3 orders": (table, (s2, (0, 1, 2))),
-             "interpolation": (look_up, (table(s2, (0,)), c, (0,))),
-             "interpolation, 3 orders": (look_up, (table(s2, (0, 1, 2)), c, (0, 1, 2))),
+             "table": (table, (s2, seconds)), "table, derivatives' profiles": (table, (s2, jvp)),
+             "interpolation": (look_up, (table(s2, seconds), c, seconds)),
+             "interpolation, derivatives' profiles": (look_up, (table(s2, jvp), c, jvp)),
              "first field's profiles": (jax.jit(lambda m: lp._profiles(Y[0][:, None] + m[:, None, None] + sx, seconds[:2])),
                                         (means[0],)),
              "six products": (jax.jit(jnp.matmul), (jnp.ones((6, rule.n_t, n)), jnp.ones((6, n, rule.n_t))))}

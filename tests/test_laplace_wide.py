@@ -4,6 +4,8 @@ normal rules, and the switch from the normal rule's nodes to the profile grid.""
 
 from __future__ import annotations
 
+import functools
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -117,9 +119,9 @@ def test_a_pair_of_wide_fields_is_exact(monkeypatch, name, L, M, Q, b):
 
 def test_tabulated_smoothing_matches_direct_smoothing():
     """The tabulated, interpolated smoothed profiles and their derivatives (in the argument and, by
-    the heat equation, in the variance) against direct trapezoidal normal rules of 801 nodes (within 6e-16 of
-    2001 nodes at every variance below), across the switch from the normal rule's table to the profile grid's and
-    at variance zero (the profiles themselves)."""
+    the heat equation, in the variance) against direct trapezoidal normal rules of 801 nodes (within 6e-16 of 2001
+    nodes at every variance below) of the profiles and their derivatives by autodiff, across the switch from the
+    normal rule's table to the profile grid's and at variance zero (the profiles themselves)."""
     from singleloc.expectations._laplace_profiles import OMEGA, RHO0, RHO1, RHO2, WIDE_SIGMA, _profile, smoothed_profiles
 
     rule = sl.exact_rule(sl.get_activation("softmax"), 4, 2, sl.spikes(1, 2.5))  # the default rule's tables
@@ -131,9 +133,11 @@ def test_tabulated_smoothing_matches_direct_smoothing():
     which = (RHO0, RHO1, RHO2, OMEGA)
     smoothed = lambda c, s2: smoothed_profiles(c, s2, z, w, u, which, WIDE_SIGMA)
 
-    def direct(s, order):
+    def direct(s, order):  # the profiles' derivatives by autodiff (the table's are sums of profiles)
         x = c[:, None] + s * zd
-        return jnp.stack([jnp.sum(wd * _profile(x, p, order), axis=-1) for p in which])
+        derivative = lambda f: lambda u: jax.jvp(f, (u,), (jnp.ones_like(u),))[1]  # noqa: E731
+        profile = lambda p: functools.reduce(lambda f, _: derivative(f), range(order), lambda u: _profile(u, p))  # noqa: E731
+        return jnp.stack([jnp.sum(wd * profile(p)(x), axis=-1) for p in which])
 
     for s in (0.0, 0.3, WIDE_SIGMA * (1 - 1e-9), WIDE_SIGMA * (1 + 1e-9), 1.7, 6.0):
         s2 = jnp.asarray(s**2)
@@ -171,6 +175,6 @@ def test_the_profile_grid_smooths_every_profile_exactly(s):
     z = np.linspace(-12.0, 12.0, 20001)
     w = np.exp(-0.5 * z**2)
     reference = np.asarray(_profiles(c[:, None] + s * jnp.asarray(z))) @ (w / w.sum())  # (4, len(c))
-    value = np.asarray(grid_smoothing(c, s, u, (0, 1, 2, 3))[0])
+    value = np.asarray(grid_smoothing(c, s, u, (0, 1, 2, 3)))
     np.testing.assert_allclose(value, reference, rtol=0, atol=1e-13)
     assert reference[3].min() < 1e-12 and reference[3].max() > 1 - 1e-12  # both asymptotes of omega are in the range

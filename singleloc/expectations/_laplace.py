@@ -292,8 +292,8 @@ class LaplaceRule(eqx.Module):
         (:func:`~singleloc.expectations._laplace_profiles.grid_smoothing`): normal-rule nodes are ``s`` times further
         apart than the profiles' own scale, so their error grows with ``s`` (64 Gauss-Hermite nodes: 4e-9 at
         ``s = 1``, 3e-6 at ``s = 1.5``; the two rules cross near ``s = 0.6``); the grid's does not."""
-        narrow = normal_smoothing(y + m, jnp.sqrt(jnp.maximum(v, VAR_FLOOR)), self.z_outer, self.w_outer, which)[0]
-        wide = grid_smoothing(y + m, jnp.sqrt(jnp.maximum(v, WIDE_SIGMA**2)), self.u_grid, which)[0]  # finite where not taken
+        narrow = normal_smoothing(y + m, jnp.sqrt(jnp.maximum(v, VAR_FLOOR)), self.z_outer, self.w_outer, which)
+        wide = grid_smoothing(y + m, jnp.sqrt(jnp.maximum(v, WIDE_SIGMA**2)), self.u_grid, which)  # finite where not taken
         return jnp.where(v > WIDE_SIGMA**2, wide, narrow)
 
     def pair(self, combos, y, yp, m, mp, C11, C12, C22, outer_rule=None, batches=None):

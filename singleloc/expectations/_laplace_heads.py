@@ -16,13 +16,14 @@ profiles (``TABLE_POINTS`` arguments on ``n_inner`` normal nodes, or, for a cond
 the profile grid's 163 points with an exponential and a normal CDF each), interpolated at ``n_outer x n_t`` arguments
 per token law; the first field's profiles on ``n_t x n_outer`` nodes; and ``(n_t x n_outer) @ (n_outer x n_t)``
 products. The table depends on the pair's conditional variance only, so it is built once for the noise token and every
-atom of a discrete prior (whose fields share the covariance ``C1``; a Gaussian part gives the relevant token a table of
-its own, shared by its atoms). Per pair, a value costs ``2 n_t n_outer n_t`` multiply-adds per product (four with a
-discrete prior: :data:`PAIR_BATCHES` takes each combo on the tokens that use it) plus ``TABLE_POINTS n_inner`` profile
-evaluations per order and ``(1 + K) n_t n_outer`` interpolations. Its gradient (``jax.grad``, as the drift takes it) is
-one value, its linearisation (the table's three derivative orders) and transpose, in the checkpoint's backward pass: the
-forward pass's value is unused and JAX drops it, so there is no recomputation to save (where the time goes, and what did
-not pay: docs/benchmarks/06).
+atom of a discrete prior (whose fields share the covariance ``C1``; a Gaussian part gives the relevant token a table
+of its own, shared by its atoms). Per pair, a value costs ``2 n_t n_outer n_t`` multiply-adds per product (four with a
+discrete prior: :data:`PAIR_BATCHES` takes each combo on the tokens that use it) plus ``TABLE_POINTS n_inner``
+evaluations of each tabulated profile and ``(1 + K) n_t n_outer`` interpolations. Its gradient (``jax.grad``, as the
+drift takes it) is one value, its linearisation and transpose, in the checkpoint's backward pass (one table of five
+profiles, whose sums are the three profiles' values and first two derivatives: ``rho_0 ... rho_3`` and ``omega``, not
+nine rows), where the forward pass's value is unused and JAX drops it, so there is no recomputation to save (where the
+time goes, and what did not pay: docs/benchmarks/06).
 
 The ``lr^2`` Gram term of one or two heads (:mod:`~singleloc.expectations._laplace_gram`) takes its pair moments on
 :data:`GRAM_OUTER` times the pair rule's outer nodes, which this layer holds (``H = 2`` only).

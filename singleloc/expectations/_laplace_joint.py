@@ -42,7 +42,18 @@ import numpy as np
 from ..model._priors import Prior
 from ..runtime._numerics import principal_factor
 from ._cubature import joint_node_count, joint_nodes, refined_sizes
-from ._laplace_profiles import OMEGA, RHO0, RHO1, RHO2, WIDE_SIGMA, _power, interpolated, rho, smoothing_table
+from ._laplace_profiles import (
+    OMEGA,
+    RHO0,
+    RHO1,
+    RHO2,
+    WIDE_SIGMA,
+    _power,
+    derivatives,
+    interpolated,
+    jvp_profiles,
+    smoothing_table,
+)
 
 #: The sizes of the normal rules (:func:`~singleloc.expectations._cubature.normal_rule`, trapezoidal from 32 nodes)
 #: on the leading principal directions of the token's covariance less its smallest variance, largest
@@ -74,7 +85,7 @@ JOINT_PROFILES = (RHO0, RHO1, RHO2, OMEGA)
 #: The tabulated profiles of the derivatives (:func:`_joint_token_jvp`): ``rho_0 ... rho_4`` and ``omega``, whose
 #: derivatives are sums of them (``rho_k' = k rho_k - rho_{k+1}``), so that one table of values serves all three
 #: orders.
-JVP_PROFILES = (RHO0, RHO1, RHO2, OMEGA, rho(3), rho(4))
+JVP_PROFILES = jvp_profiles(JOINT_PROFILES)
 
 
 # -- sizing ------------------------------------------------------------------------------------
@@ -242,7 +253,7 @@ def _joint_token(y, mean, C, z, w, table_rule):
     the conditional expectation in ``mu`` from the tabulated derivatives of the smoothed profiles
     (:func:`_joint_token_jvp`): never through ``S``."""
     tables, mu = _conditional_fields(mean, C, z, table_rule)
-    return _over_nodes(lambda yy, m, ww: _token_from_heads(interpolated(*tables, yy + m, JOINT_PROFILES, (0,))[0]) @ ww,
+    return _over_nodes(lambda yy, m, ww: _token_from_heads(interpolated(*tables, yy + m, JOINT_PROFILES)) @ ww,
                        y, mu, w).T
 
 
@@ -263,7 +274,7 @@ def _conditional_fields(mean, C, z, table_rule, which=JOINT_PROFILES):
     u_grid)``) and the conditional means ``mu = mean + z S`` (N, H) at the nodes ``z`` (:func:`_conditional_law`)."""
     zi, wi, u = table_rule
     delta, S = _conditional_law(C, z.shape[1])
-    return smoothing_table(delta, zi, wi, u, which, WIDE_SIGMA, (0,)), mean + z @ S
+    return smoothing_table(delta, zi, wi, u, which, WIDE_SIGMA), mean + z @ S
 
 
 @_joint_token.defjvp
@@ -282,10 +293,8 @@ def _joint_token_jvp(primals, tangents):
     tables, mu = _conditional_fields(mean, C, z, table_rule, JVP_PROFILES)
 
     def one(yy, mu, w):
-        r0, r1, r2, om, r3, r4 = interpolated(*tables, yy + mu, JVP_PROFILES, (0,))[0]  # (N, H) each
-        values = jnp.stack([r0, r1, r2, om])
-        first = (-r1, r1 - r2, 2 * r2 - r3)  # rho_k' = k rho_k - rho_{k+1}
-        second = (r2 - r1, r1 - 3 * r2 + r3, 4 * r2 - 5 * r3 + r4)
+        table = interpolated(*tables, yy + mu, JVP_PROFILES)  # (6, N, H)
+        values, first, second = (derivatives(table, JVP_PROFILES, JOINT_PROFILES, order) for order in (0, 1, 2))
         a, P, q1, q2, A, _ = _conditional_terms(values)
         l1 = first[RHO0] / a
         l2 = second[RHO0] / a - l1**2
@@ -320,7 +329,7 @@ def _joint_shares(y, mean, C, z, w, table_rule):
     tables, mu = _conditional_fields(mean, C, z, table_rule)
 
     def one(yy, mu, w):
-        _, P, q1, _, _, _ = _conditional_terms(interpolated(*tables, yy + mu, JOINT_PROFILES, (0,))[0])
+        _, P, q1, _, _, _ = _conditional_terms(interpolated(*tables, yy + mu, JOINT_PROFILES))
         return (w * P) @ q1
 
     return _over_nodes(one, y, mu, w)

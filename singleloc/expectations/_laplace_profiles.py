@@ -1,11 +1,11 @@
 """The profiles of the exact route's Laplace form and their Gaussian smoothings (:mod:`~singleloc.expectations._laplace`).
 
 With ``y = log t`` the Laplace form needs, per token, ``rho_k(u) = exp(k u - e^u)`` (``k = 0, 1, 2``) and ``omega(u) = 1
-- rho_0(u) = -expm1(-e^u)`` at ``u = y + x``; their derivatives are in closed form, and their smoothing by a Gaussian,
-``E[f(u + s Z)]``, has its derivative in ``s^2`` by the heat equation (Price's theorem), finite at ``s = 0`` where heads
-are copies. Two rules smooth them: normal rules for a narrow Gaussian (:func:`normal_smoothing`) and the profile grid
-for a wide one (:func:`grid_smoothing`); a pair's second field, smoothed at many arguments, goes through a table of
-either on a lattice, interpolated (:func:`smoothed_profiles`).
+- rho_0(u) = -expm1(-e^u)`` at ``u = y + x``; their derivatives are sums of them (:func:`derivative`), and their
+smoothing by a Gaussian, ``E[f(u + s Z)]``, has its derivative in ``s^2`` by the heat equation (Price's theorem), finite
+at ``s = 0`` where heads are copies. Two rules smooth them: normal rules for a narrow Gaussian (:func:`normal_smoothing`)
+and the profile grid for a wide one (:func:`grid_smoothing`); a pair's second field, smoothed at many arguments, goes
+through a table of either on a lattice, interpolated (:func:`smoothed_profiles`).
 """
 
 from __future__ import annotations
@@ -58,17 +58,48 @@ def _exponentials(u):
     return e, jnp.exp(-e)
 
 
-def _profile(u, which: int, order: int = 0, exponentials=None):
-    """Profile ``which`` at ``u`` (``order`` 0), or its first or second derivative, in closed form: ``rho_k' = (k - e^u)
-    rho_k``, ``rho_k'' = ((k - e^u)^2 - e^u) rho_k``, ``omega' = rho_1``, ``omega'' = (1 - e^u) rho_1``. One profile at
-    a time, so that a sum over nodes fuses with its evaluation (no stacked intermediate the size of the nodes);
-    ``exponentials``: those of :func:`_exponentials` at ``u``, where several profiles share them."""
+def _profile(u, which: int, exponentials=None):
+    """Profile ``which`` at ``u``. One profile at a time, so that a sum over nodes fuses with its evaluation (no stacked
+    intermediate the size of the nodes); ``exponentials``: those of :func:`_exponentials` at ``u``, where several
+    profiles share them."""
     e, r0 = _exponentials(u) if exponentials is None else exponentials
     if which == OMEGA:
-        return (-jnp.expm1(-e), e * r0, (1 - e) * e * r0)[order]
-    k = which if which < OMEGA else which - 1
-    value = e**k * r0 if k else r0
-    return (value, (k - e) * value, ((k - e) ** 2 - e) * value)[order]
+        return -jnp.expm1(-e)
+    k = _power_of(which)
+    return e**k * r0 if k else r0
+
+
+def _power_of(p: int) -> int:
+    """``k`` of the profile ``rho_k`` (:func:`rho`)."""
+    return p if p < OMEGA else p - 1
+
+
+def derivative(p: int, order: int) -> dict:
+    """The ``order``-th derivative of profile ``p`` as a sum of profiles ``{profile: coefficient}``: ``rho_k' = k rho_k -
+    rho_{k+1}`` (as ``e^u rho_k = rho_{k+1}``), ``omega' = rho_1``. Smoothing by a Gaussian is linear, so the smoothed
+    derivatives are the same sums of the smoothed profiles: one table of values serves every order."""
+    if order == 0:
+        return {p: 1.0}
+    if p == OMEGA:
+        return derivative(RHO1, order - 1)
+    terms: dict = {}
+    for q, c in derivative(p, order - 1).items():
+        k = _power_of(q)
+        terms[q] = terms.get(q, 0.0) + k * c
+        terms[rho(k + 1)] = terms.get(rho(k + 1), 0.0) - c
+    return {q: c for q, c in terms.items() if c}
+
+
+def jvp_profiles(which, orders=(0, 1, 2)) -> tuple:
+    """The profiles whose values give those of ``which`` and their derivatives of the ``orders`` (:func:`derivative`),
+    sorted: a JVP's table."""
+    return tuple(sorted({q for p in which for order in orders for q in derivative(p, order)}))
+
+
+def derivatives(values, profiles, which, order: int):
+    """``f^(order)`` ``(len(which), ...)`` of the profiles ``which`` from the (smoothed) ``values`` ``(len(profiles),
+    ...)`` of the ``profiles`` (:func:`jvp_profiles`)."""
+    return jnp.stack([sum(c * values[profiles.index(q)] for q, c in derivative(p, order).items()) for p in which])
 
 
 def _profiles(u, which=(RHO0, RHO1, RHO2, OMEGA)):
@@ -76,40 +107,27 @@ def _profiles(u, which=(RHO0, RHO1, RHO2, OMEGA)):
     return jnp.stack([_profile(u, p) for p in which])
 
 
-def normal_smoothing(c, s, z, w, which, orders=(0,)):
-    """``E[f^(order)(c + s Z)]`` ``(len(orders), len(which), *c.shape)`` for the profiles ``f`` listed
-    in ``which`` and the derivatives listed in ``orders``, ``Z`` on the standard normal nodes ``z``
-    with weights ``w``: exact for a narrow Gaussian (``s`` up to a few times the profiles' own scale,
-    :func:`~singleloc.expectations._cubature.normal_rule`). Several profiles or orders share the two
-    exponentials at the nodes (held apart from the sums, which XLA would each recompute them in)."""
+def normal_smoothing(c, s, z, w, which):
+    """``E[f(c + s Z)]`` ``(len(which), *c.shape)`` for the profiles ``f`` listed in ``which``, ``Z`` on the standard
+    normal nodes ``z`` with weights ``w``: exact for a narrow Gaussian (``s`` up to a few times the profiles' own scale,
+    :func:`~singleloc.expectations._cubature.normal_rule`). Several profiles share the two exponentials at the nodes
+    (held apart from the sums, which XLA would each recompute them in)."""
     x = c[..., None] + s * z
-    shared = jax.lax.optimization_barrier(_exponentials(x)) if len(which) * len(orders) > 1 else None
-    return jnp.stack([jnp.stack([jnp.sum(w * _profile(x, p, order, shared), axis=-1) for p in which]) for order in orders])
+    shared = jax.lax.optimization_barrier(_exponentials(x)) if len(which) > 1 else None
+    return jnp.stack([jnp.sum(w * _profile(x, p, shared), axis=-1) for p in which])
 
 
-def grid_smoothing(c, s, u, which, orders=(0,)):
-    """``E[f^(order)(c + s Z)]`` ``(len(orders), len(which), *c.shape)`` for the profiles in ``which`` on the profile
-    grid ``u`` (equispaced, covering the profiles' support): ``int f(v) phi_s(v - c) dv`` for ``rho_k`` (``k >= 1``)
-    and, as ``omega' = rho_1``, ``E[omega(c + s Z)] = int rho_1(v) Phi((c - v) / s) dv`` (a sum of non-negative terms),
-    ``rho_0 = 1 - omega``. The profiles, not the Gaussian, carry the fine structure, so the rule is exact for any ``s``
-    above the grid's step (a trapezoidal rule of an integrand analytic in ``|Im v| < pi/2``), however wide."""
+def grid_smoothing(c, s, u, which):
+    """``E[f(c + s Z)]`` ``(len(which), *c.shape)`` for the profiles in ``which`` on the profile grid ``u``
+    (equispaced, covering the profiles' support): ``int f(v) phi_s(v - c) dv`` for ``rho_k`` (``k >= 1``) and, as
+    ``omega' = rho_1``, ``E[omega(c + s Z)] = int rho_1(v) Phi((c - v) / s) dv`` (a sum of non-negative terms), ``rho_0
+    = 1 - omega``. The profiles, not the Gaussian, carry the fine structure, so the rule is exact for any ``s`` above
+    the grid's step (a trapezoidal rule of an integrand analytic in ``|Im v| < pi/2``), however wide."""
     step = u[1] - u[0]
     d = (u - c[..., None]) / s  # (..., n_u)
     density = step * jnp.exp(-0.5 * d**2) / (s * np.sqrt(2 * np.pi))
-    omega = None
-    out = []
-    for order in orders:
-        for p in which:
-            if p not in (RHO0, OMEGA):
-                out.append(density @ _profile(u, p, order))
-                continue
-            if order == 0:
-                omega = step * (jax.scipy.special.ndtr(-d) @ _profile(u, RHO1)) if omega is None else omega
-                value = omega
-            else:
-                value = density @ _profile(u, RHO1, order - 1)
-            out.append(value if p == OMEGA else (1.0 - value if order == 0 else -value))
-    return jnp.stack(out).reshape((len(orders), len(which)) + c.shape)
+    omega = step * (jax.scipy.special.ndtr(-d) @ _profile(u, RHO1)) if {RHO0, OMEGA} & set(which) else None
+    return jnp.stack([omega if p == OMEGA else 1.0 - omega if p == RHO0 else density @ _profile(u, p) for p in which])
 
 
 # -- the smoothed profiles of a pair's second field: tables on a lattice, interpolated ---------
@@ -146,43 +164,41 @@ def _lagrange_weights(x):
     return jnp.stack([left[q] * right[P - 1 - q] / denominators[q] for q in range(P)], axis=-1)
 
 
-def smoothing_table(s2, z, w, u, which, wide, orders):
-    """The smoothed profiles ``E[f^(order)(c + sqrt(s2) Z)]`` of :func:`smoothed_profiles` tabulated on
-    the lattice of :func:`_lattice`, ``(lo, h, windows)``: on the normal rule ``z, w`` for ``sqrt(s2) <= wide``,
-    on the profile grid ``u`` above. Built once, looked up at many arguments (:func:`interpolated`), as the
-    table's windows: row ``k`` of ``windows`` ``(TABLE_POINTS - P + 1, len(orders) len(which) P)`` holds the
-    ``P = INTERPOLATION_POINTS`` values from lattice point ``k`` on of every order and profile, so that an
-    argument reads the values of its interpolation as one contiguous row."""
+def smoothing_table(s2, z, w, u, which, wide):
+    """The smoothed profiles ``E[f(c + sqrt(s2) Z)]`` of :func:`smoothed_profiles` tabulated on the lattice of
+    :func:`_lattice`, ``(lo, h, windows)``: on the normal rule ``z, w`` for ``sqrt(s2) <= wide``, on the profile grid
+    ``u`` above. Built once, looked up at many arguments (:func:`interpolated`), as the table's windows: row ``k`` of
+    ``windows`` ``(TABLE_POINTS - P + 1, len(which) P)`` holds the ``P = INTERPOLATION_POINTS`` values from lattice
+    point ``k`` on of every profile, so that an argument reads the values of its interpolation as one contiguous row."""
     s2 = jnp.maximum(s2, 0.0)
     lo, h = _lattice(jax.lax.stop_gradient(s2), u)
     lattice = lo + h * jnp.arange(TABLE_POINTS, dtype=u.dtype)
-    table = jax.lax.cond(s2 > wide**2, lambda: grid_smoothing(lattice, jnp.sqrt(s2), u, which, orders),
-                         lambda: normal_smoothing(lattice, jnp.sqrt(s2), z, w, which, orders))
-    rows, P = table.reshape(-1, TABLE_POINTS), INTERPOLATION_POINTS
-    windows = jnp.stack([rows[:, q:TABLE_POINTS - P + 1 + q] for q in range(P)], axis=-1)  # (rows, k, P)
+    table = jax.lax.cond(s2 > wide**2, lambda: grid_smoothing(lattice, jnp.sqrt(s2), u, which),
+                         lambda: normal_smoothing(lattice, jnp.sqrt(s2), z, w, which))
+    P = INTERPOLATION_POINTS
+    windows = jnp.stack([table[:, q:TABLE_POINTS - P + 1 + q] for q in range(P)], axis=-1)  # (rows, k, P)
     return lo, h, windows.transpose(1, 0, 2).reshape(TABLE_POINTS - P + 1, -1)
 
 
-def interpolated(lo, h, windows, c, which, orders):
-    """The tabulated smoothed profiles (:func:`smoothing_table`) at the arguments ``c``,
-    ``(len(orders), len(which), *c.shape)``: :data:`INTERPOLATION_POINTS`-point Lagrange interpolation
-    inside the lattice (one row of the windows per argument, contracted with its weights), the asymptotes
-    outside it (``rho_0 = 1`` below, ``omega = 1`` above, every other profile and derivative zero)."""
+def interpolated(lo, h, windows, c, which):
+    """The tabulated smoothed profiles ``which`` (:func:`smoothing_table`) at the arguments ``c``, ``(len(which),
+    *c.shape)``: :data:`INTERPOLATION_POINTS`-point Lagrange interpolation inside the lattice (one row of the windows
+    per argument, contracted with its weights), the asymptotes outside it (``rho_0 = 1`` below, ``omega = 1`` above,
+    every other profile zero)."""
     P = INTERPOLATION_POINTS
     t = (c - lo) / h
     k0 = jnp.clip(jnp.floor(t).astype(jnp.int32) - (P // 2 - 1), 0, TABLE_POINTS - P)
     window = windows.at[k0].get(mode="promise_in_bounds").reshape(c.shape + (-1, P))  # (*c.shape, rows, P)
-    value = jnp.einsum("...rp,...p->r...", window, _lagrange_weights(t - k0)).reshape((len(orders), len(which)) + c.shape)
-    shape = (len(orders), len(which)) + (1,) * c.ndim
-    low = np.array([[1.0 if (p == RHO0 and order == 0) else 0.0 for p in which] for order in orders]).reshape(shape)
-    high = np.array([[1.0 if (p == OMEGA and order == 0) else 0.0 for p in which] for order in orders]).reshape(shape)
+    value = jnp.einsum("...rp,...p->r...", window, _lagrange_weights(t - k0))
+    shape = (len(which),) + (1,) * c.ndim
+    low, high = (np.array([float(p == asymptote) for p in which]).reshape(shape) for asymptote in (RHO0, OMEGA))
     return jnp.where(t < 0, low, jnp.where(t > TABLE_POINTS - 1, high, value))
 
 
-def _tabulated(c, s2, z, w, u, which, wide, orders):
-    """The smoothed profiles of :func:`smoothed_profiles` and of their derivatives (``orders``) at
-    ``c``, ``(len(orders), len(which), *c.shape)``: a table (:func:`smoothing_table`), interpolated."""
-    return interpolated(*smoothing_table(s2, z, w, u, which, wide, orders), c, which, orders)
+def _tabulated(c, s2, z, w, u, which, wide):
+    """The smoothed profiles ``which`` of :func:`smoothed_profiles` at ``c``, ``(len(which), *c.shape)``: a table
+    (:func:`smoothing_table`), interpolated."""
+    return interpolated(*smoothing_table(s2, z, w, u, which, wide), c, which)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(5, 6))
@@ -195,15 +211,17 @@ def smoothed_profiles(c, s2, z, w, u, which, wide):
 
     Derivatives: in ``c`` the smoothed derivative profile, in ``s2`` the heat equation (Price's
     theorem) ``d E[f(c + s Z)] / d(s2) = E[f''(c + s Z)] / 2``, finite at ``s2 = 0`` (heads that are
-    copies); both tabulated and interpolated alike."""
-    return _tabulated(c, s2, z, w, u, which, wide, (0,))[0]
+    copies); both sums of smoothed profiles (:func:`derivative`), tabulated and interpolated with the values."""
+    return _tabulated(c, s2, z, w, u, which, wide)
 
 
 @smoothed_profiles.defjvp
 def _smoothed_profiles_jvp(which, wide, primals, tangents):
     c, s2, z, w, u = primals
     dc, ds2 = tangents[:2]
-    value, first, second = _tabulated(c, s2, z, w, u, which, wide, (0, 1, 2))
+    profiles = jvp_profiles(which)
+    values = _tabulated(c, s2, z, w, u, profiles, wide)
+    value, first, second = (derivatives(values, profiles, which, order) for order in (0, 1, 2))
     return value, first * dc + 0.5 * second * ds2
 
 
