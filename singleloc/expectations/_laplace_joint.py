@@ -293,8 +293,7 @@ def _joint_token_jvp(primals, tangents):
     tables, mu = _conditional_fields(mean, C, z, table_rule, JVP_PROFILES)
 
     def one(yy, mu, w):
-        table = interpolated(*tables, yy + mu, JVP_PROFILES)  # (6, N, H)
-        values, first, second = (derivatives(table, JVP_PROFILES, JOINT_PROFILES, order) for order in (0, 1, 2))
+        values, first, second = derivatives(interpolated(*tables, yy + mu, JVP_PROFILES), JOINT_PROFILES)  # (4, N, H) each
         a, P, q1, q2, A, _ = _conditional_terms(values)
         l1 = first[RHO0] / a
         l2 = second[RHO0] / a - l1**2

@@ -90,16 +90,18 @@ def derivative(p: int, order: int) -> dict:
     return {q: c for q, c in terms.items() if c}
 
 
-def jvp_profiles(which, orders=(0, 1, 2)) -> tuple:
-    """The profiles whose values give those of ``which`` and their derivatives of the ``orders`` (:func:`derivative`),
-    sorted: a JVP's table."""
-    return tuple(sorted({q for p in which for order in orders for q in derivative(p, order)}))
+def jvp_profiles(which) -> tuple:
+    """The profiles whose values give those of ``which`` and their first two derivatives (:func:`derivative`), sorted:
+    a JVP's table."""
+    return tuple(sorted({q for p in which for order in (0, 1, 2) for q in derivative(p, order)}))
 
 
-def derivatives(values, profiles, which, order: int):
-    """``f^(order)`` ``(len(which), ...)`` of the profiles ``which`` from the (smoothed) ``values`` ``(len(profiles),
-    ...)`` of the ``profiles`` (:func:`jvp_profiles`)."""
-    return jnp.stack([sum(c * values[profiles.index(q)] for q, c in derivative(p, order).items()) for p in which])
+def derivatives(values, which):
+    """The profiles ``which`` and their first and second derivatives, three arrays ``(len(which), ...)``, from the
+    (smoothed) ``values`` ``(len(profiles), ...)`` of ``profiles = jvp_profiles(which)``."""
+    profiles = jvp_profiles(which)
+    return tuple(jnp.stack([sum(c * values[profiles.index(q)] for q, c in derivative(p, order).items()) for p in which])
+                 for order in (0, 1, 2))
 
 
 def _profiles(u, which=(RHO0, RHO1, RHO2, OMEGA)):
@@ -219,9 +221,7 @@ def smoothed_profiles(c, s2, z, w, u, which, wide):
 def _smoothed_profiles_jvp(which, wide, primals, tangents):
     c, s2, z, w, u = primals
     dc, ds2 = tangents[:2]
-    profiles = jvp_profiles(which)
-    values = _tabulated(c, s2, z, w, u, profiles, wide)
-    value, first, second = (derivatives(values, profiles, which, order) for order in (0, 1, 2))
+    value, first, second = derivatives(_tabulated(c, s2, z, w, u, jvp_profiles(which), wide), which)
     return value, first * dc + 0.5 * second * ds2
 
 
