@@ -42,18 +42,7 @@ import numpy as np
 from ..model._priors import Prior
 from ..runtime._numerics import principal_factor
 from ._cubature import joint_node_count, joint_nodes, refined_sizes
-from ._laplace_profiles import (
-    OMEGA,
-    RHO0,
-    RHO1,
-    RHO2,
-    WIDE_SIGMA,
-    _power,
-    derivatives,
-    interpolated,
-    jvp_profiles,
-    smoothing_table,
-)
+from ._laplace_profiles import OMEGA, RHO0, RHO1, RHO2, _power, derivatives, interpolated, jvp_profiles, smoothing_table
 
 #: The sizes of the normal rules (:func:`~singleloc.expectations._cubature.normal_rule`, trapezoidal from 32 nodes)
 #: on the leading principal directions of the token's covariance less its smallest variance, largest
@@ -274,7 +263,7 @@ def _conditional_fields(mean, C, z, table_rule, which=JOINT_PROFILES):
     u_grid)``) and the conditional means ``mu = mean + z S`` (N, H) at the nodes ``z`` (:func:`_conditional_law`)."""
     zi, wi, u = table_rule
     delta, S = _conditional_law(C, z.shape[1])
-    return smoothing_table(delta, zi, wi, u, which, WIDE_SIGMA), mean + z @ S
+    return smoothing_table(delta, zi, wi, u, which), mean + z @ S
 
 
 @_joint_token.defjvp

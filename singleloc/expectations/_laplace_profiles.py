@@ -166,12 +166,13 @@ def _lagrange_weights(x):
     return jnp.stack([left[q] * right[P - 1 - q] / denominators[q] for q in range(P)], axis=-1)
 
 
-def smoothing_table(s2, z, w, u, which, wide):
+def smoothing_table(s2, z, w, u, which, wide=WIDE_SIGMA):
     """The smoothed profiles ``E[f(c + sqrt(s2) Z)]`` of :func:`smoothed_profiles` tabulated on the lattice of
-    :func:`_lattice`, ``(lo, h, windows)``: on the normal rule ``z, w`` for ``sqrt(s2) <= wide``, on the profile grid
-    ``u`` above. Built once, looked up at many arguments (:func:`interpolated`), as the table's windows: row ``k`` of
-    ``windows`` ``(TABLE_POINTS - P + 1, len(which) P)`` holds the ``P = INTERPOLATION_POINTS`` values from lattice
-    point ``k`` on of every profile, so that an argument reads the values of its interpolation as one contiguous row."""
+    :func:`_lattice`, ``(lo, h, windows)``: on the normal rule ``z, w`` for ``sqrt(s2) <= wide`` (default
+    :data:`WIDE_SIGMA`), on the profile grid ``u`` above. Built once, looked up at many arguments
+    (:func:`interpolated`), as the table's windows: row ``k`` of ``windows`` ``(TABLE_POINTS - P + 1, len(which)
+    P)`` holds the ``P = INTERPOLATION_POINTS`` values from lattice point ``k`` on of every profile, so that an
+    argument reads the values of its interpolation as one contiguous row."""
     s2 = jnp.maximum(s2, 0.0)
     lo, h = _lattice(jax.lax.stop_gradient(s2), u)
     lattice = lo + h * jnp.arange(TABLE_POINTS, dtype=u.dtype)
